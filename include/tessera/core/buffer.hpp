@@ -1,0 +1,85 @@
+// Device-tagged owning storage.
+//
+// A Buffer owns `size` elements on one device. The CPU allocation lives here; a
+// backend that owns other memory (CUDA) constructs Buffers from its own pointer and
+// deleter, so this header needs no device headers. Buffers move, never copy.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
+
+namespace tessera {
+
+template <class T>
+class Buffer {
+ public:
+  using Deleter = void (*)(void*);
+
+  Buffer() = default;
+
+  /// Allocates `size` zero-initialised elements in host memory, 64-byte aligned.
+  explicit Buffer(std::size_t size) : size_(size), device_(Device::cpu), deleter_(&host_free) {
+    if (size == 0) return;
+    std::size_t bytes = round_up(size * sizeof(T));
+    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (data_ == nullptr) fail("out of host memory allocating ", size * sizeof(T), " bytes");
+    std::memset(static_cast<void*>(data_), 0, bytes);
+    memory_stats(device_).on_alloc(size_ * sizeof(T));
+  }
+
+  /// Adopts memory a backend allocated; `deleter` releases it.
+  Buffer(T* data, std::size_t size, Device device, Deleter deleter)
+      : data_(data), size_(size), device_(device), deleter_(deleter) {
+    memory_stats(device_).on_alloc(size_ * sizeof(T));
+  }
+
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::size_t bytes() const { return size_ * sizeof(T); }
+  Device device() const { return device_; }
+  bool empty() const { return size_ == 0; }
+
+  void release() {
+    if (data_ != nullptr) {
+      memory_stats(device_).on_free(size_ * sizeof(T));
+      deleter_(data_);
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  static void host_free(void* p) { std::free(p); }
+  static std::size_t round_up(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+  void swap(Buffer& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(device_, o.device_);
+    std::swap(deleter_, o.deleter_);
+  }
+
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  Device device_ = Device::cpu;
+  Deleter deleter_ = &host_free;
+};
+
+}  // namespace tessera

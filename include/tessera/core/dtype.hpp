@@ -1,0 +1,109 @@
+// Element types: fp32, fp64 (for gradient checks) and bf16 storage.
+//
+// bf16 is a storage type: arithmetic happens in fp32 after conversion, and the
+// conversion back rounds to nearest even, as the hardware does. NaN stays NaN.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/macros.hpp"
+
+namespace tessera {
+
+struct bf16 {
+  std::uint16_t bits = 0;
+
+  bf16() = default;
+  TESSERA_HD explicit bf16(float f) : bits(round_bits(f)) {}
+  TESSERA_HD explicit operator float() const { return from_bits_to_float(bits); }
+
+  TESSERA_HD static bf16 from_bits(std::uint16_t b) {
+    bf16 v;
+    v.bits = b;
+    return v;
+  }
+
+  TESSERA_HD static std::uint16_t round_bits(float f) {
+    std::uint32_t u = bit_cast_u32(f);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+      return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
+    }
+    std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<std::uint16_t>((u + rounding) >> 16);
+  }
+
+  TESSERA_HD static float from_bits_to_float(std::uint16_t b) {
+    return bit_cast_f32(static_cast<std::uint32_t>(b) << 16);
+  }
+
+ private:
+  TESSERA_HD static std::uint32_t bit_cast_u32(float f) {
+    union {
+      float f;
+      std::uint32_t u;
+    } v{f};
+    return v.u;
+  }
+  TESSERA_HD static float bit_cast_f32(std::uint32_t u) {
+    union {
+      std::uint32_t u;
+      float f;
+    } v{u};
+    return v.f;
+  }
+};
+
+/// Rounds an fp32 value to the nearest bf16-representable value.
+TESSERA_HD inline float round_to_bf16(float f) { return static_cast<float>(bf16(f)); }
+
+enum class DType : std::uint8_t { f32, f64, bf16 };
+
+constexpr std::size_t size_of(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::bf16: return 2;
+  }
+  return 0;
+}
+
+constexpr std::string_view name_of(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::bf16: return "bfloat16";
+  }
+  return "?";
+}
+
+/// Parses the names configs use ("float32", "bfloat16", "float64"); `what` names
+/// the key in the error.
+inline DType parse_dtype(std::string_view s, std::string_view what) {
+  if (s == "float32" || s == "fp32") return DType::f32;
+  if (s == "bfloat16" || s == "bf16") return DType::bf16;
+  if (s == "float64" || s == "fp64") return DType::f64;
+  fail(what, ": unknown dtype '", s, "' (expected float32, bfloat16 or float64)");
+}
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::f32;
+  else if constexpr (std::is_same_v<T, double>) return DType::f64;
+  else if constexpr (std::is_same_v<T, bf16>) return DType::bf16;
+  else static_assert(sizeof(T) == 0, "tessera: dtype_of<T>: T must be float, double or bf16");
+}
+
+/// Converts between element types through fp32 (or fp64 when both sides are fp64).
+template <class To, class From>
+TESSERA_HD To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) return v;
+  else if constexpr (std::is_same_v<To, bf16>) return bf16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<From, bf16>) return static_cast<To>(static_cast<float>(v));
+  else return static_cast<To>(v);
+}
+
+}  // namespace tessera

@@ -1,0 +1,164 @@
+// Llama model arguments, the flavors torchtitan and Meta ship, and their derived sizes.
+//
+// A flavor is a named ModelArgs; a config may override any field after picking one.
+// validate() rejects shapes that do not divide, naming the fields involved.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::nn {
+
+/// Llama 3.1 RoPE frequency scaling (Hugging Face rope_type "llama3").
+struct RopeScaling {
+  bool enabled = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  std::int64_t original_max_position = 8192;
+};
+
+struct ModelArgs {
+  std::string flavor = "debugmodel";
+  std::int64_t dim = 256;
+  std::int64_t n_layers = 6;
+  std::int64_t n_heads = 16;
+  std::int64_t n_kv_heads = 0;  // 0: same as n_heads
+  std::int64_t vocab_size = 260;
+  std::int64_t multiple_of = 256;
+  double ffn_dim_multiplier = 0.0;  // 0: none
+  double norm_eps = 1e-5;
+  double rope_theta = 500000.0;
+  RopeScaling rope_scaling{};
+  std::int64_t max_seq_len = 2048;
+  bool tie_embeddings = false;
+  bool depth_init = true;  // torchtitan: output projections scaled by layer depth
+
+  std::int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  std::int64_t head_dim() const { return dim / n_heads; }
+
+  /// The SwiGLU hidden size: 2/3 of 4*dim, times ffn_dim_multiplier, rounded up to
+  /// multiple_of (Meta's and torchtitan's rule).
+  std::int64_t ffn_hidden_dim() const {
+    auto hidden = static_cast<std::int64_t>(2 * (4 * dim) / 3);
+    if (ffn_dim_multiplier > 0) hidden = static_cast<std::int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
+    return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+  }
+
+  /// Rejects arguments no model can be built from; `where` names their source.
+  void validate(std::string_view where = "model") const {
+    auto positive = [&](std::int64_t v, const char* key) {
+      TESSERA_CHECK(v > 0, where, ": ", key, " must be positive, got ", v);
+    };
+    positive(dim, "dim");
+    positive(n_layers, "n_layers");
+    positive(n_heads, "n_heads");
+    positive(vocab_size, "vocab_size");
+    positive(multiple_of, "multiple_of");
+    positive(max_seq_len, "max_seq_len");
+    TESSERA_CHECK(n_kv_heads >= 0, where, ": n_kv_heads must not be negative, got ", n_kv_heads);
+    TESSERA_CHECK(dim % n_heads == 0, where, ": n_heads (", n_heads, ") does not divide dim (", dim, ")");
+    TESSERA_CHECK(n_heads % kv_heads() == 0, where, ": n_kv_heads (", kv_heads(),
+                  ") does not divide n_heads (", n_heads, ")");
+    TESSERA_CHECK(head_dim() % 2 == 0, where, ": head dim dim/n_heads = ", head_dim(),
+                  " must be even for rotary embeddings");
+    TESSERA_CHECK(ffn_dim_multiplier >= 0, where, ": ffn_dim_multiplier must not be negative");
+    TESSERA_CHECK(norm_eps > 0, where, ": norm_eps must be positive");
+    TESSERA_CHECK(rope_theta > 0, where, ": rope_theta must be positive");
+    if (rope_scaling.enabled) {
+      TESSERA_CHECK(rope_scaling.factor >= 1 && rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                        rope_scaling.original_max_position > 0,
+                    where, ": rope_scaling needs factor >= 1, high_freq_factor > low_freq_factor and a "
+                    "positive original_max_position");
+    }
+  }
+
+  /// Parameters in the whole model.
+  std::int64_t num_params() const {
+    std::int64_t hd = head_dim(), kv = kv_heads();
+    std::int64_t attn = dim * n_heads * hd + 2 * dim * kv * hd + n_heads * hd * dim;
+    std::int64_t ffn = 3 * dim * ffn_hidden_dim();
+    std::int64_t block = attn + ffn + 2 * dim;
+    std::int64_t head = tie_embeddings ? 0 : vocab_size * dim;
+    return vocab_size * dim + n_layers * block + dim + head;
+  }
+
+  /// Parameters of the token embedding (torchtitan leaves them out of the FLOP count).
+  std::int64_t num_embedding_params() const { return vocab_size * dim; }
+
+  /// Training FLOPs per token by torchtitan's formula: 6 N_non-embedding + 12 L H d T,
+  /// with no causal halving; `causal_halved` gives the attention term halved.
+  double flops_per_token(std::int64_t seq_len, bool causal_halved = false) const {
+    double n = static_cast<double>(num_params() - num_embedding_params());
+    double attn = 12.0 * static_cast<double>(n_layers * n_heads * head_dim() * seq_len);
+    return 6.0 * n + (causal_halved ? attn / 2 : attn);
+  }
+};
+
+/// Every flavor tessera knows, by the names torchtitan and Hugging Face use.
+inline std::vector<ModelArgs> model_flavors() {
+  std::vector<ModelArgs> f;
+  auto add = [&](const char* name, auto&& edit) {
+    ModelArgs a;
+    a.flavor = name;
+    edit(a);
+    f.push_back(a);
+  };
+  RopeScaling llama31{true, 8.0, 1.0, 4.0, 8192};
+  RopeScaling llama32{true, 32.0, 1.0, 4.0, 8192};
+  // debugmodel: torchtitan's debug shape, with the byte tokenizer's vocabulary.
+  add("debugmodel", [](ModelArgs& a) {
+    a.dim = 256, a.n_layers = 6, a.n_heads = 16, a.vocab_size = 260, a.rope_theta = 500000, a.max_seq_len = 2048;
+  });
+  add("llama2_7b", [](ModelArgs& a) {
+    a.dim = 4096, a.n_layers = 32, a.n_heads = 32, a.vocab_size = 32000, a.multiple_of = 256,
+    a.rope_theta = 10000, a.max_seq_len = 4096;
+  });
+  add("llama2_13b", [](ModelArgs& a) {
+    a.dim = 5120, a.n_layers = 40, a.n_heads = 40, a.vocab_size = 32000, a.multiple_of = 256,
+    a.rope_theta = 10000, a.max_seq_len = 4096;
+  });
+  add("llama2_70b", [](ModelArgs& a) {
+    a.dim = 8192, a.n_layers = 80, a.n_heads = 64, a.n_kv_heads = 8, a.vocab_size = 32000,
+    a.multiple_of = 4096, a.ffn_dim_multiplier = 1.3, a.rope_theta = 10000, a.max_seq_len = 4096;
+  });
+  auto llama3 = [](std::int64_t dim, std::int64_t layers, std::int64_t heads, std::int64_t mult,
+                   double ffn_mult, RopeScaling scaling, std::int64_t max_seq) {
+    return [=](ModelArgs& a) {
+      a.dim = dim, a.n_layers = layers, a.n_heads = heads, a.n_kv_heads = 8, a.vocab_size = 128256,
+      a.multiple_of = mult, a.ffn_dim_multiplier = ffn_mult, a.rope_theta = 500000,
+      a.rope_scaling = scaling, a.max_seq_len = max_seq;
+    };
+  };
+  add("llama3_8b", llama3(4096, 32, 32, 1024, 1.3, {}, 8192));
+  add("llama3_70b", llama3(8192, 80, 64, 4096, 1.3, {}, 8192));
+  add("llama3.1_8b", llama3(4096, 32, 32, 1024, 1.3, llama31, 131072));
+  add("llama3.1_70b", llama3(8192, 80, 64, 4096, 1.3, llama31, 131072));
+  add("llama3.1_405b", llama3(16384, 126, 128, 4096, 1.2, llama31, 131072));
+  add("llama3.2_1b", [&](ModelArgs& a) {
+    llama3(2048, 16, 32, 256, 1.5, llama32, 131072)(a);
+    a.tie_embeddings = true;
+  });
+  add("llama3.2_3b", [&](ModelArgs& a) {
+    llama3(3072, 28, 24, 256, 1.0, llama32, 131072)(a);
+    a.tie_embeddings = true;
+  });
+  return f;
+}
+
+/// The flavor called `name`; the error lists the known ones.
+inline ModelArgs model_flavor(std::string_view name) {
+  std::string known;
+  for (const auto& a : model_flavors()) {
+    if (a.flavor == name) return a;
+    known += (known.empty() ? "" : ", ") + a.flavor;
+  }
+  fail("model.flavor: unknown flavor '", name, "' (known: ", known, ")");
+}
+
+}  // namespace tessera::nn

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Compiles every public header alone with the host compiler: each one includes what
+# it uses, and none outside backend/cuda and comm/nccl pulls in CUDA or NCCL headers.
+set -euo pipefail
+include_dir=$1
+cxx=${2:-g++}
+flags=$(pkg-config --cflags openblas tomlplusplus nlohmann_json 2>/dev/null || true)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$include_dir"
+headers=$(find tessera -name '*.hpp' ! -path 'tessera/backend/cuda/*' ! -path 'tessera/comm/nccl*' | sort)
+status=0
+for h in $headers; do
+  src="$tmp/$(echo "$h" | tr '/.' '__').cpp"
+  printf '#include "%s"\n#include "%s"\n' "$h" "$h" > "$src"
+done
+# Two at a time: CI has two cores.
+if ! ls "$tmp"/*.cpp | xargs -P 2 -I{} sh -c "$cxx -std=c++20 -fopenmp -Wall -Wextra -Werror -fsyntax-only -I'$include_dir' $flags {} || { echo 'header check failed: {}'; exit 1; }"; then
+  status=1
+fi
+n=$(echo "$headers" | wc -w)
+if grep -rlE '#include *<(cuda|cublas|nccl|cub/)' $headers; then
+  echo "CUDA or NCCL header included outside backend/cuda or comm/nccl"
+  status=1
+fi
+[ $status -eq 0 ] && echo "$n headers compile alone with $cxx"
+exit $status
