@@ -1,0 +1,154 @@
+// Every layer's backward against central finite differences in float64.
+#include <doctest/doctest.h>
+
+#include <span>
+#include <vector>
+
+#include "../support/gradcheck.hpp"
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/nn/attention.hpp"
+#include "tessera/nn/block.hpp"
+#include "tessera/nn/embedding.hpp"
+#include "tessera/nn/feed_forward.hpp"
+#include "tessera/nn/linear.hpp"
+#include "tessera/nn/rmsnorm.hpp"
+#include "tessera/nn/transformer.hpp"
+
+using namespace tessera;
+using namespace tessera::nn;
+using tessera::testing::check_gradient;
+using tessera::testing::fill_normal;
+using tessera::testing::to_vector;
+
+namespace {
+
+// f(x) = sum(c * layer(x)) for fixed random c: df/dy = c.
+template <class L>
+void check_layer(const std::string& what, L& layer, Geometry g, std::int64_t in_dim, std::uint64_t seed,
+                 double tol = 1e-6) {
+  Tensor<double> x(Shape{g.rows(), in_dim});
+  fill_normal(x, seed, "x");
+  ActivationStore<double> store;
+  Tensor<double> y = layer.forward(Context<double>(g, &store), x);
+  Tensor<double> c(y.shape());
+  fill_normal(c, seed, "c");
+  layer.for_each_parameter([](Parameter<double>& p) {
+    for (std::int64_t i = 0; i < p.numel(); ++i) p.grad[i] = 0;
+  });
+  Tensor<double> dx = layer.backward(Context<double>(g, &store), c);
+  auto f = [&] {
+    Tensor<double> out = layer.forward(Context<double>(g, nullptr), x);
+    double s = 0;
+    for (std::int64_t i = 0; i < out.numel(); ++i) s += c[i] * out[i];
+    return s;
+  };
+  check_gradient(what + " dx", x, to_vector(dx), f, tol);
+  layer.for_each_parameter([&](Parameter<double>& p) { check_gradient(what + " d" + p.name, p.value, to_vector(p.grad), f, tol); });
+}
+
+ModelArgs tiny_args() {
+  ModelArgs a;
+  a.flavor = "tiny";
+  a.dim = 16;
+  a.n_layers = 2;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.vocab_size = 11;
+  a.multiple_of = 8;
+  a.rope_theta = 10000;
+  a.max_seq_len = 16;
+  return a;
+}
+
+template <class L>
+void randomize(L& layer, std::uint64_t seed) {
+  layer.for_each_parameter([&](Parameter<double>& p) { fill_normal(p.value, seed, p.name, 0.5); });
+}
+
+}  // namespace
+
+TEST_CASE("Linear backward matches finite differences") {
+  Linear<double, Cpu> lin("lin", 6, 5, Init::truncated_normal(0.5));
+  randomize(lin, 1);
+  check_layer("linear", lin, Geometry{2, 3}, 6, 11);
+}
+
+TEST_CASE("RmsNorm backward matches finite differences") {
+  RmsNorm<double, Cpu> norm("norm", 7, 1e-5);
+  randomize(norm, 2);
+  check_layer("rmsnorm", norm, Geometry{3, 2}, 7, 12);
+}
+
+TEST_CASE("FeedForward (SwiGLU) backward matches finite differences") {
+  ModelArgs a = tiny_args();
+  FeedForward<double, Cpu> ffn("ffn", a, 0.1);
+  randomize(ffn, 3);
+  check_layer("feed_forward", ffn, Geometry{2, 3}, a.dim, 13);
+}
+
+TEST_CASE("Attention backward matches finite differences") {
+  SUBCASE("grouped-query, no rope scaling") {
+    ModelArgs a = tiny_args();
+    auto rope = std::make_shared<RopeTable<double, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
+    Attention<double, Cpu> attn("attention", a, 0.1, rope);
+    randomize(attn, 4);
+    check_layer("attention gqa", attn, Geometry{2, 5}, a.dim, 14);
+  }
+  SUBCASE("multi-head with Llama 3.1 rope scaling") {
+    ModelArgs a = tiny_args();
+    a.n_kv_heads = 4;
+    a.rope_scaling = RopeScaling{true, 8.0, 1.0, 4.0, 4};
+    auto rope = std::make_shared<RopeTable<double, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
+    Attention<double, Cpu> attn("attention", a, 0.1, rope);
+    randomize(attn, 5);
+    check_layer("attention mha scaled", attn, Geometry{1, 6}, a.dim, 15);
+  }
+}
+
+TEST_CASE("LlamaBlock backward matches finite differences") {
+  ModelArgs a = tiny_args();
+  auto rope = std::make_shared<RopeTable<double, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
+  LlamaBlock<double, Cpu> block(BlockArgs<double, Cpu>{a, 0, "layers.0", rope});
+  randomize(block, 6);
+  check_layer("block", block, Geometry{2, 4}, a.dim, 16);
+}
+
+TEST_CASE("Embedding backward accumulates repeated ids") {
+  Embedding<double, Cpu> emb("tok", 5, 3, Init::normal(1.0));
+  randomize(emb, 7);
+  std::vector<std::int32_t> ids = {1, 3, 1, 4};
+  Tensor<double> dy(Shape{4, 3});
+  fill_normal(dy, 7, "dy");
+  emb.backward(ids, dy);
+  for (std::int64_t j = 0; j < 3; ++j) {
+    CHECK(emb.weight().grad[1 * 3 + j] == doctest::Approx(dy[0 * 3 + j] + dy[2 * 3 + j]));
+    CHECK(emb.weight().grad[3 * 3 + j] == doctest::Approx(dy[1 * 3 + j]));
+    CHECK(emb.weight().grad[0 * 3 + j] == 0.0);
+  }
+  std::vector<std::int32_t> bad = {1, 5};
+  CHECK_THROWS_WITH_AS(emb.forward(bad), doctest::Contains("token id 5 at position 1"), Error);
+}
+
+TEST_CASE("Whole model: loss gradients match finite differences") {
+  for (bool tied : {false, true}) {
+    CAPTURE(tied);
+    ModelArgs a = tiny_args();
+    a.tie_embeddings = tied;
+    Transformer<double, Cpu> model(a);
+    model.init_weights(3);
+    // Larger weights than the init, so every path carries gradient well above noise.
+    model.for_each_parameter([](Parameter<double>& p) {
+      if (p.name.find("norm") == std::string::npos) fill_normal(p.value, 9, p.name, 0.3);
+    });
+    Geometry g{2, 5};
+    std::vector<std::int32_t> inputs = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    std::vector<std::int32_t> targets = {2, 3, 4, 5, ops::kIgnoreIndex, 7, 8, 9, 10, 0};
+    const double scale = 1.0 / 9.0;
+    model.zero_grad();
+    const double loss = model.forward_backward(inputs, targets, g, scale);
+    CHECK(loss == doctest::Approx(model.loss(inputs, targets, g)).epsilon(1e-12));
+    auto f = [&] { return scale * model.loss(inputs, targets, g); };
+    model.for_each_parameter(
+        [&](Parameter<double>& p) { check_gradient("model d" + p.name, p.value, to_vector(p.grad), f); });
+  }
+}

@@ -1,0 +1,116 @@
+// The CPU backend: OpenBLAS GEMMs and OpenMP loops over the ops/ functors.
+//
+// OpenBLAS is the OpenMP build (Debian's libopenblas0-openmp), so GEMMs called from
+// inside a parallel region run single-threaded on their thread and GEMMs called
+// outside use every core, with no oversubscription. Loops use a static schedule, so
+// every reduction happens in the same order on every run: results are bitwise
+// reproducible for a given thread count.
+#pragma once
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/cpu/attention.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/tensor.hpp"
+
+namespace tessera {
+
+struct Cpu {
+  static constexpr Device device = Device::cpu;
+
+  /// A host tensor whose contents will be overwritten (zeroed all the same: host
+  /// memset is cheap next to the GEMMs that fill it, and it keeps garbage out).
+  template <class T>
+  static Tensor<T> empty(Shape shape) {
+    return Tensor<T>(shape);
+  }
+  template <class T>
+  static Tensor<T> zeros(Shape shape) {
+    return Tensor<T>(shape);
+  }
+
+  static int threads() { return omp_get_max_threads(); }
+
+  /// Calls f(i) for i in [0, n) on every core, in a fixed partition.
+  template <class F>
+  static void for_each(std::int64_t n, const F& f) {
+    if (n <= 0) return;
+    if (n == 1 || omp_in_parallel()) {
+      for (std::int64_t i = 0; i < n; ++i) f(i);
+      return;
+    }
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+  }
+
+  static void synchronize() {}
+
+  /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view
+  /// with unit column stride (its leading dimension may exceed its width).
+  template <class T>
+  static void gemm(Trans ta, Trans tb, T alpha, TensorView<const T> a, TensorView<const T> b, T beta,
+                   TensorView<T> c) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                  "tessera: Cpu::gemm supports float and double");
+    const std::int64_t m = c.rows(), n = c.cols();
+    const std::int64_t k = ta == Trans::no ? a.cols() : a.rows();
+    const std::int64_t am = ta == Trans::no ? a.rows() : a.cols();
+    const std::int64_t bk = tb == Trans::no ? b.rows() : b.cols();
+    const std::int64_t bn = tb == Trans::no ? b.cols() : b.rows();
+    TESSERA_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "gemm: operands must be rank 2");
+    TESSERA_CHECK(am == m && bk == k && bn == n, "gemm: shapes do not chain: op(A) ", am, "x", k,
+                  ", op(B) ", bk, "x", bn, ", C ", m, "x", n);
+    TESSERA_CHECK((a.cols() <= 1 || a.stride(1) == 1) && (b.cols() <= 1 || b.stride(1) == 1) &&
+                      (c.cols() <= 1 || c.stride(1) == 1),
+                  "gemm: operands need unit column stride");
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      scale_matrix(beta, c);
+      return;
+    }
+    auto lda = static_cast<blasint>(std::max<std::int64_t>(a.ld(), std::max<std::int64_t>(a.cols(), 1)));
+    auto ldb = static_cast<blasint>(std::max<std::int64_t>(b.ld(), std::max<std::int64_t>(b.cols(), 1)));
+    auto ldc = static_cast<blasint>(std::max<std::int64_t>(c.ld(), std::max<std::int64_t>(c.cols(), 1)));
+    auto t = [](Trans x) { return x == Trans::no ? CblasNoTrans : CblasTrans; };
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+                  static_cast<blasint>(k), alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+    } else {
+      cblas_dgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+                  static_cast<blasint>(k), alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+    }
+  }
+
+  /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T).
+  template <class T>
+  static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
+                                TensorView<const T> v, TensorView<T> o, T* lse) {
+    detail::cpu_attention_forward<Cpu>(s, q, k, v, o, lse);
+  }
+
+  /// Attention backward: dq overwritten, dk and dv accumulated.
+  template <class T>
+  static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
+                                 TensorView<const T> v, TensorView<const T> o, const T* lse,
+                                 TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+    detail::cpu_attention_backward<Cpu>(s, q, k, v, o, lse, d_o, dq, dk, dv);
+  }
+
+ private:
+  template <class T>
+  static void scale_matrix(T beta, TensorView<T> c) {
+    for (std::int64_t i = 0; i < c.rows(); ++i)
+      for (std::int64_t j = 0; j < c.cols(); ++j) c(i, j) = beta == T(0) ? T(0) : beta * c(i, j);
+  }
+};
+
+static_assert(Backend<Cpu>, "tessera: Cpu must satisfy the Backend concept");
+
+}  // namespace tessera

@@ -1,0 +1,93 @@
+// Causal grouped-query self-attention with rotary embeddings.
+//
+//   q = x Wq^T (rows, H*hd), k = x Wk^T, v = x Wv^T (rows, KV*hd)
+//   q, k <- rope(q), rope(k);  o = softmax(q k^T / sqrt(hd), causal) v;  y = o Wo^T
+// Saves the rotated q and k, v, o and the row log-sum-exp; the backend's attention
+// backward recomputes the probabilities from them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/nn/layer.hpp"
+#include "tessera/nn/linear.hpp"
+#include "tessera/nn/rope.hpp"
+
+namespace tessera::nn {
+
+template <class T, Backend B>
+class Attention {
+ public:
+  using scalar_type = T;
+  using backend_type = B;
+
+  /// `out_std`: the init std of wo (torchtitan scales it by depth).
+  Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope)
+      : n_heads_(a.n_heads),
+        n_kv_heads_(a.kv_heads()),
+        head_dim_(a.head_dim()),
+        wq_(name + ".wq", a.dim, a.n_heads * a.head_dim(), Init::truncated_normal(0.02)),
+        wk_(name + ".wk", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02)),
+        wv_(name + ".wv", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02)),
+        wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std)),
+        rope_(std::move(rope)) {}
+
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
+    const AttentionShape s = shape(ctx.geometry());
+    Tensor<T> q = wq_.forward(ctx.child("wq"), x);
+    Tensor<T> k = wk_.forward(ctx.child("wk"), x);
+    Tensor<T> v = wv_.forward(ctx.child("wv"), x);
+    rope_->rotate(q, n_heads_, s.seq_len, false);
+    rope_->rotate(k, n_kv_heads_, s.seq_len, false);
+    Tensor<T> o = B::template empty<T>(q.shape());
+    Tensor<T> lse = B::template empty<T>(Shape{s.batch, n_heads_, s.seq_len});
+    B::attention_forward(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+    ctx.save("q", SaveKind::pointwise, q);
+    ctx.save("k", SaveKind::pointwise, k);
+    ctx.save("v", SaveKind::matmul, v);
+    ctx.save("o", SaveKind::attention, o);
+    ctx.save("lse", SaveKind::attention, lse);
+    return wo_.forward(ctx.child("wo"), o);
+  }
+
+  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
+    const AttentionShape s = shape(ctx.geometry());
+    Tensor<T> d_o = wo_.backward(ctx.child("wo"), dy);
+    const Tensor<T>& q = ctx.saved("q");
+    const Tensor<T>& k = ctx.saved("k");
+    Tensor<T> dq = B::template empty<T>(q.shape());
+    Tensor<T> dk = B::template zeros<T>(k.shape());
+    Tensor<T> dv = B::template zeros<T>(k.shape());
+    B::attention_backward(s, q.cview(), k.cview(), ctx.saved("v").cview(), ctx.saved("o").cview(),
+                          ctx.saved("lse").data(), d_o.cview(), dq.view(), dk.view(), dv.view());
+    rope_->rotate(dq, n_heads_, s.seq_len, true);
+    rope_->rotate(dk, n_kv_heads_, s.seq_len, true);
+    Tensor<T> dx = wq_.backward(ctx.child("wq"), dq);
+    wk_.backward_into(ctx.child("wk"), dk, dx, T(1));
+    wv_.backward_into(ctx.child("wv"), dv, dx, T(1));
+    return dx;
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    wq_.for_each_parameter(f);
+    wk_.for_each_parameter(f);
+    wv_.for_each_parameter(f);
+    wo_.for_each_parameter(f);
+  }
+
+ private:
+  AttentionShape shape(const Geometry& g) const {
+    return AttentionShape{g.batch, g.seq_len, n_heads_, n_kv_heads_, head_dim_};
+  }
+
+  std::int64_t n_heads_, n_kv_heads_, head_dim_;
+  Linear<T, B> wq_, wk_, wv_, wo_;
+  std::shared_ptr<RopeTable<T, B>> rope_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,83 @@
+// The Llama transformer block: pre-norm attention and feed-forward with residuals.
+//
+//   h = x + attention(attention_norm(x));  y = h + feed_forward(ffn_norm(h))
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/nn/attention.hpp"
+#include "tessera/nn/feed_forward.hpp"
+#include "tessera/nn/layer.hpp"
+#include "tessera/nn/rmsnorm.hpp"
+#include "tessera/nn/rope.hpp"
+#include "tessera/ops/elementwise.hpp"
+
+namespace tessera::nn {
+
+/// torchtitan's init std for a block's output projections (wo, w2, w3).
+inline double output_init_std(const ModelArgs& a, std::int64_t layer_id) {
+  double depth = a.depth_init ? 2.0 * static_cast<double>(layer_id + 1) : 2.0 * static_cast<double>(a.n_layers);
+  return 0.02 / std::sqrt(depth);
+}
+
+/// What the model hands each block's constructor; a user block takes the same.
+template <class T, Backend B>
+struct BlockArgs {
+  const ModelArgs& model;
+  std::int64_t layer_id;
+  std::string name;  // "layers.<layer_id>"
+  std::shared_ptr<RopeTable<T, B>> rope;
+};
+
+template <class T, Backend B>
+class LlamaBlock {
+ public:
+  using scalar_type = T;
+  using backend_type = B;
+
+  explicit LlamaBlock(const BlockArgs<T, B>& b)
+      : attention_norm_(b.name + ".attention_norm", b.model.dim, b.model.norm_eps),
+        attention_(b.name + ".attention", b.model, output_init_std(b.model, b.layer_id), b.rope),
+        ffn_norm_(b.name + ".ffn_norm", b.model.dim, b.model.norm_eps),
+        feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id)) {}
+
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
+    Tensor<T> a = attention_.forward(ctx.child("attention"), attention_norm_.forward(ctx.child("attention_norm"), x));
+    Tensor<T> h = B::template empty<T>(x.shape());
+    B::for_each(x.numel(), ops::Add<T>{x.data(), a.data(), h.data()});
+    a.release();
+    Tensor<T> f = feed_forward_.forward(ctx.child("feed_forward"), ffn_norm_.forward(ctx.child("ffn_norm"), h));
+    B::for_each(f.numel(), ops::Axpy<T>{T(1), h.data(), f.data()});
+    return f;
+  }
+
+  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
+    Tensor<T> dh = ffn_norm_.backward(ctx.child("ffn_norm"), feed_forward_.backward(ctx.child("feed_forward"), dy));
+    B::for_each(dh.numel(), ops::Axpy<T>{T(1), dy.data(), dh.data()});
+    Tensor<T> dx =
+        attention_norm_.backward(ctx.child("attention_norm"), attention_.backward(ctx.child("attention"), dh));
+    B::for_each(dx.numel(), ops::Axpy<T>{T(1), dh.data(), dx.data()});
+    return dx;
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    attention_norm_.for_each_parameter(f);
+    attention_.for_each_parameter(f);
+    ffn_norm_.for_each_parameter(f);
+    feed_forward_.for_each_parameter(f);
+  }
+
+ private:
+  RmsNorm<T, B> attention_norm_;
+  Attention<T, B> attention_;
+  RmsNorm<T, B> ffn_norm_;
+  FeedForward<T, B> feed_forward_;
+};
+
+}  // namespace tessera::nn

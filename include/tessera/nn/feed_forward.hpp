@@ -1,0 +1,60 @@
+// SwiGLU feed-forward: y = W2 (silu(W1 x) * (W3 x)).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/nn/layer.hpp"
+#include "tessera/nn/linear.hpp"
+#include "tessera/ops/swiglu.hpp"
+
+namespace tessera::nn {
+
+template <class T, Backend B>
+class FeedForward {
+ public:
+  using scalar_type = T;
+  using backend_type = B;
+
+  FeedForward(const std::string& name, const ModelArgs& a, double out_std)
+      : w1_(name + ".w1", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(0.02)),
+        w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std)),
+        w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std)) {}
+
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
+    Tensor<T> a = w1_.forward(ctx.child("w1"), x);
+    Tensor<T> b = w3_.forward(ctx.child("w3"), x);
+    Tensor<T> g = B::template empty<T>(a.shape());
+    B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
+    ctx.save("a", SaveKind::matmul, a);
+    ctx.save("b", SaveKind::matmul, b);
+    return w2_.forward(ctx.child("w2"), g);
+  }
+
+  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
+    const Tensor<T>& a = ctx.saved("a");
+    const Tensor<T>& b = ctx.saved("b");
+    Tensor<T> dg = w2_.backward(ctx.child("w2"), dy);
+    Tensor<T> da = B::template empty<T>(a.shape());
+    Tensor<T> db = B::template empty<T>(b.shape());
+    B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
+    dg.release();
+    Tensor<T> dx = w1_.backward(ctx.child("w1"), da);
+    w3_.backward_into(ctx.child("w3"), db, dx, T(1));
+    return dx;
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    w1_.for_each_parameter(f);
+    w2_.for_each_parameter(f);
+    w3_.for_each_parameter(f);
+  }
+
+ private:
+  Linear<T, B> w1_, w2_, w3_;
+};
+
+}  // namespace tessera::nn

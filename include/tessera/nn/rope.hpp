@@ -1,0 +1,50 @@
+// Rotary tables: cos and sin of pos * inv_freq for positions [0, length), grown on
+// demand and shared by every attention layer of a model.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/ops/rope.hpp"
+
+namespace tessera::nn {
+
+template <class T, Backend B>
+class RopeTable {
+ public:
+  RopeTable(std::int64_t head_dim, double theta, RopeScaling scaling)
+      : head_dim_(head_dim), inv_freq_(ops::rope_inv_freq(head_dim, theta, scaling)) {}
+
+  /// Makes the tables cover positions [0, length).
+  void ensure(std::int64_t length) {
+    if (length <= length_) return;
+    const std::int64_t half = head_dim_ / 2;
+    cos_ = B::template empty<T>(Shape{length, half});
+    sin_ = B::template empty<T>(Shape{length, half});
+    for (std::int64_t p = 0; p < length; ++p)
+      for (std::int64_t i = 0; i < half; ++i) {
+        double angle = static_cast<double>(p) * inv_freq_[static_cast<std::size_t>(i)];
+        cos_[p * half + i] = static_cast<T>(std::cos(angle));
+        sin_[p * half + i] = static_cast<T>(std::sin(angle));
+      }
+    length_ = length;
+  }
+
+  /// Rotates (rows, n_heads * head_dim) in place; row r sits at position r % seq_len.
+  void rotate(const Tensor<T>& x, std::int64_t n_heads, std::int64_t seq_len, bool inverse) {
+    ensure(seq_len);
+    B::for_each(x.size(0), ops::RopeRotate<T>{x.data(), x.size(1), n_heads, head_dim_, seq_len, cos_.data(),
+                                              sin_.data(), inverse});
+  }
+
+ private:
+  std::int64_t head_dim_;
+  std::vector<double> inv_freq_;
+  std::int64_t length_ = 0;
+  Tensor<T> cos_, sin_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,74 @@
+// Rotary position embedding in the Hugging Face half-split convention, with Llama 3.1
+// frequency scaling.
+//
+// Head dimension d is split in halves: element i pairs with i + d/2 and rotates by
+// angle pos * inv_freq[i]:
+//   x'[i]       = x[i] cos - x[i + d/2] sin
+//   x'[i + d/2] = x[i + d/2] cos + x[i] sin
+// The backward is the same rotation by -angle.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "tessera/core/macros.hpp"
+#include "tessera/nn/args.hpp"
+
+namespace tessera::ops {
+
+/// inv_freq[i] = theta^(-2i/d) for i < d/2, rescaled as Llama 3.1 does when
+/// `scaling.enabled`: long wavelengths divided by factor, short ones kept, a smooth
+/// blend between.
+inline std::vector<double> rope_inv_freq(std::int64_t head_dim, double theta, const nn::RopeScaling& scaling) {
+  const double pi = 3.14159265358979323846;
+  std::vector<double> f(static_cast<std::size_t>(head_dim / 2));
+  for (std::size_t i = 0; i < f.size(); ++i)
+    f[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+  if (!scaling.enabled) return f;
+  const double old_len = static_cast<double>(scaling.original_max_position);
+  const double low_wavelen = old_len / scaling.low_freq_factor;
+  const double high_wavelen = old_len / scaling.high_freq_factor;
+  for (auto& v : f) {
+    double wavelen = 2 * pi / v;
+    if (wavelen > low_wavelen) {
+      v = v / scaling.factor;
+    } else if (wavelen >= high_wavelen) {
+      double smooth = (old_len / wavelen - scaling.low_freq_factor) /
+                      (scaling.high_freq_factor - scaling.low_freq_factor);
+      v = (1 - smooth) * v / scaling.factor + smooth * v;
+    }
+  }
+  return f;
+}
+
+/// Rotates every head of row r in place. Row r sits at position r % seq_len.
+template <class T>
+struct RopeRotate {
+  T* x;  // (rows, n_heads * head_dim), leading dimension ld
+  std::int64_t ld;
+  std::int64_t n_heads;
+  std::int64_t head_dim;
+  std::int64_t seq_len;
+  const T* cos;  // (seq_len, head_dim / 2)
+  const T* sin;
+  bool inverse;  // rotate by -angle (the backward)
+  TESSERA_HD void operator()(std::int64_t r) const {
+    const std::int64_t half = head_dim / 2;
+    const std::int64_t pos = r % seq_len;
+    const T* c = cos + pos * half;
+    const T* s = sin + pos * half;
+    T* row = x + r * ld;
+    for (std::int64_t h = 0; h < n_heads; ++h) {
+      T* v = row + h * head_dim;
+      for (std::int64_t i = 0; i < half; ++i) {
+        T si = inverse ? -s[i] : s[i];
+        T a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * si;
+        v[i + half] = b * c[i] + a * si;
+      }
+    }
+  }
+};
+
+}  // namespace tessera::ops

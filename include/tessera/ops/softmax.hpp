@@ -1,0 +1,89 @@
+// Causal softmax rows for attention and their backward.
+//
+// Scores row i of one (batch, head) tile holds s_ij = scale * q_i . k_j for every j;
+// only j <= i is kept. Forward writes p_ij = exp(s_ij - lse_i) (zero above the
+// diagonal) and lse_i, the row's log-sum-exp: backward recomputes p from the scores
+// and lse instead of keeping the (T, T) matrix alive, as flash attention does.
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/core/macros.hpp"
+#include "tessera/ops/math.hpp"
+
+namespace tessera::ops {
+
+/// In place on row i of `s` (ld): scores * scale -> probabilities; writes lse[i].
+template <class T>
+struct CausalSoftmaxForward {
+  T* s;
+  std::int64_t ld;
+  std::int64_t cols;
+  T scale;
+  T* lse;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    T* row = s + i * ld;
+    std::int64_t last = i < cols - 1 ? i : cols - 1;
+    T m = row[0] * scale;
+    for (std::int64_t j = 1; j <= last; ++j) m = row[j] * scale > m ? row[j] * scale : m;
+    T sum = 0;
+    for (std::int64_t j = 0; j <= last; ++j) {
+      row[j] = exp_(row[j] * scale - m);
+      sum += row[j];
+    }
+    T inv = T(1) / sum;
+    for (std::int64_t j = 0; j <= last; ++j) row[j] *= inv;
+    for (std::int64_t j = last + 1; j < cols; ++j) row[j] = 0;
+    lse[i] = m + log_(sum);
+  }
+};
+
+/// Recomputes probabilities from raw scores and the saved lse, in place on `s`.
+template <class T>
+struct CausalSoftmaxRecompute {
+  T* s;
+  std::int64_t ld;
+  std::int64_t cols;
+  T scale;
+  const T* lse;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    T* row = s + i * ld;
+    for (std::int64_t j = 0; j < cols; ++j) row[j] = j <= i ? exp_(row[j] * scale - lse[i]) : T(0);
+  }
+};
+
+/// dS_ij = scale * p_ij * (dP_ij - D_i), D_i = sum_k dO_ik O_ik (= sum_j p_ij dP_ij),
+/// in place on dP.
+template <class T>
+struct CausalSoftmaxBackward {
+  const T* p;
+  std::int64_t ldp;
+  T* dp;  // in: dP, out: dS
+  std::int64_t lddp;
+  const T* d;  // (rows) D_i
+  std::int64_t cols;
+  T scale;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const T* pr = p + i * ldp;
+    T* dr = dp + i * lddp;
+    for (std::int64_t j = 0; j < cols; ++j) dr[j] = j <= i ? scale * pr[j] * (dr[j] - d[i]) : T(0);
+  }
+};
+
+/// D_i = sum_k dO_ik * O_ik over a head's columns.
+template <class T>
+struct RowDot {
+  const T* a;
+  std::int64_t lda;
+  const T* b;
+  std::int64_t ldb;
+  std::int64_t n;
+  T* out;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    T s = 0;
+    for (std::int64_t k = 0; k < n; ++k) s += a[i * lda + k] * b[i * ldb + k];
+    out[i] = s;
+  }
+};
+
+}  // namespace tessera::ops
