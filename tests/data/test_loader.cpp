@@ -1,0 +1,239 @@
+// Data loading: packing, windows, data-parallel slicing of the global batch, wrap-around,
+// resuming, and the path from the synthetic corpus through a token shard to a batch.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "tessera/data/loader.hpp"
+#include "tessera/data/synthetic.hpp"
+#include "tessera/io/token_shard.hpp"
+#include "tessera/io/tokenizer.hpp"
+
+namespace {
+
+using tessera::data::Batch;
+using tessera::data::DataLoader;
+using Ids = std::vector<std::uint32_t>;
+using Row = std::vector<std::int32_t>;
+
+template <class F>
+std::string loader_error_of(F&& f) {
+  try {
+    f();
+  } catch (const tessera::Error& e) {
+    return e.what();
+  }
+  return "<no tessera::Error thrown>";
+}
+
+#define CHECK_ERROR_CONTAINS(expr, text)                              \
+  do {                                                                \
+    std::string message_ = loader_error_of([&] { (void)(expr); });    \
+    INFO("message: ", message_);                                      \
+    CHECK(message_.find(text) != std::string::npos);                  \
+  } while (0)
+
+Ids iota_tokens(std::size_t n) {
+  Ids ids(n);
+  std::iota(ids.begin(), ids.end(), 0u);
+  return ids;
+}
+
+/// Row `r` of a (batch, seq_len) array.
+Row row_of(const std::vector<std::int32_t>& v, std::int64_t seq_len, std::int64_t r) {
+  return Row(v.begin() + r * seq_len, v.begin() + (r + 1) * seq_len);
+}
+
+/// The inputs and targets of window `w` of an iota stream.
+Row window_inputs(std::int64_t w, std::int64_t seq_len) {
+  Row row(static_cast<std::size_t>(seq_len));
+  std::iota(row.begin(), row.end(), static_cast<std::int32_t>(w * (seq_len + 1)));
+  return row;
+}
+Row window_targets(std::int64_t w, std::int64_t seq_len) {
+  Row row(static_cast<std::size_t>(seq_len));
+  std::iota(row.begin(), row.end(), static_cast<std::int32_t>(w * (seq_len + 1) + 1));
+  return row;
+}
+
+}  // namespace
+
+TEST_CASE("pack_documents: <|bos|> bytes <|eos|> per document") {
+  tessera::io::ByteTokenizer tok;
+  CHECK(tessera::data::pack_documents({"ab", "c"}, tok) == Ids{256, 97, 98, 257, 256, 99, 257});
+  CHECK(tessera::data::pack_documents({""}, tok) == Ids{256, 257});
+  CHECK(tessera::data::pack_documents({}, tok).empty());
+}
+
+TEST_CASE("DataLoader: consecutive non-overlapping windows of seq_len + 1 tokens") {
+  DataLoader loader(iota_tokens(30), 3, 2);  // 7 windows of 4 tokens; 2 tokens left over
+  CHECK(loader.windows_per_epoch() == 7);
+  Batch b = loader.next();
+  CHECK(b.batch == 2);
+  CHECK(b.seq_len == 3);
+  REQUIRE(b.inputs.size() == 6);
+  REQUIRE(b.targets.size() == 6);
+  CHECK(b.inputs == Row{0, 1, 2, 4, 5, 6});
+  CHECK(b.targets == Row{1, 2, 3, 5, 6, 7});
+  CHECK(b.n_targets == 6);
+  CHECK(tessera::data::count_targets(b) == 6);
+  CHECK(loader.position() == 2);
+  b = loader.next();
+  CHECK(b.inputs == Row{8, 9, 10, 12, 13, 14});
+  CHECK(b.targets == Row{9, 10, 11, 13, 14, 15});
+  CHECK(loader.epoch() == 0);
+}
+
+TEST_CASE("DataLoader: wraps to the start and counts epochs") {
+  const std::int64_t seq = 3;
+  DataLoader loader(iota_tokens(22), seq, 2);  // 5 windows
+  REQUIRE(loader.windows_per_epoch() == 5);
+  const std::int64_t expected[][2] = {{0, 1}, {2, 3}, {4, 0}, {1, 2}, {3, 4}, {0, 1}};
+  const std::int64_t epochs_after[] = {0, 0, 1, 1, 2, 2};
+  for (int step = 0; step < 6; ++step) {
+    CAPTURE(step);
+    Batch b = loader.next();
+    for (std::int64_t r = 0; r < 2; ++r) {
+      CHECK(row_of(b.inputs, seq, r) == window_inputs(expected[step][r], seq));
+      CHECK(row_of(b.targets, seq, r) == window_targets(expected[step][r], seq));
+    }
+    CHECK(loader.epoch() == epochs_after[step]);
+  }
+  CHECK(loader.position() == 12);
+}
+
+TEST_CASE("DataLoader: a global batch larger than the stream wraps more than once") {
+  DataLoader loader(iota_tokens(9), 3, 5);  // 2 windows, 5 per batch
+  Batch b = loader.next();
+  for (std::int64_t r = 0; r < 5; ++r) CHECK(row_of(b.inputs, 3, r) == window_inputs(r % 2, 3));
+  CHECK(loader.epoch() == 2);
+}
+
+TEST_CASE("DataLoader: every data-parallel layout sees the same global batch") {
+  const std::int64_t seq = 4;
+  const Ids tokens = iota_tokens(5 * 23 + 3);  // 23 windows: batches straddle the wrap
+  for (std::int64_t degree : {1, 2, 3, 4}) {
+    for (std::int64_t local : {1, 2, 3}) {
+      CAPTURE(degree);
+      CAPTURE(local);
+      DataLoader single(tokens, seq, local * degree);
+      std::vector<DataLoader> ranks;
+      for (std::int64_t r = 0; r < degree; ++r) ranks.emplace_back(tokens, seq, local, r, degree);
+      for (int step = 0; step < 12; ++step) {
+        Batch whole = single.next();
+        Row inputs, targets;
+        std::int64_t n_targets = 0;
+        for (auto& rank : ranks) {
+          Batch part = rank.next();
+          CHECK(part.batch == local);
+          inputs.insert(inputs.end(), part.inputs.begin(), part.inputs.end());
+          targets.insert(targets.end(), part.targets.begin(), part.targets.end());
+          n_targets += part.n_targets;
+        }
+        CHECK(inputs == whole.inputs);
+        CHECK(targets == whole.targets);
+        CHECK(n_targets == whole.n_targets);
+        for (auto& rank : ranks) {
+          CHECK(rank.position() == single.position());
+          CHECK(rank.epoch() == single.epoch());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("DataLoader: seek to a saved position resumes the stream exactly") {
+  const Ids tokens = iota_tokens(4 * 11);
+  DataLoader a(tokens, 3, 2, 1, 2);
+  for (int i = 0; i < 7; ++i) a.next();  // past one wrap
+  const std::int64_t saved = a.position();
+  CHECK(saved == 28);
+  CHECK(a.epoch() == 2);
+  DataLoader b(tokens, 3, 2, 1, 2);
+  b.seek(saved);
+  CHECK(b.epoch() == a.epoch());
+  for (int i = 0; i < 5; ++i) {
+    Batch x = a.next(), y = b.next();
+    CHECK(x.inputs == y.inputs);
+    CHECK(x.targets == y.targets);
+  }
+  b.seek(0);
+  CHECK(b.next().inputs == DataLoader(tokens, 3, 2, 1, 2).next().inputs);
+  CHECK_ERROR_CONTAINS(b.seek(-1), "window index -1 is negative");
+}
+
+TEST_CASE("DataLoader: bad arguments") {
+  CHECK_ERROR_CONTAINS(DataLoader(iota_tokens(4), 4, 1), "has 4 tokens, fewer than one window of seq_len + 1 = 5");
+  CHECK_ERROR_CONTAINS(DataLoader(Ids{}, 1, 1), "has 0 tokens");
+  CHECK_ERROR_CONTAINS(DataLoader(iota_tokens(10), 0, 1), "seq_len must be positive, got 0");
+  CHECK_ERROR_CONTAINS(DataLoader(iota_tokens(10), -3, 1), "seq_len must be positive, got -3");
+  CHECK_ERROR_CONTAINS(DataLoader(iota_tokens(10), 2, 0), "local_batch_size must be positive, got 0");
+  CHECK_ERROR_CONTAINS(DataLoader(iota_tokens(10), 2, 1, 0, 0), "dp_degree must be positive, got 0");
+  CHECK_ERROR_CONTAINS(DataLoader(iota_tokens(10), 2, 1, 2, 2), "dp_rank 2 is out of range for dp_degree 2");
+  CHECK_ERROR_CONTAINS(DataLoader(iota_tokens(10), 2, 1, -1, 2), "dp_rank -1 is out of range");
+  Ids big = iota_tokens(10);
+  big[7] = 0x80000000u;
+  CHECK_ERROR_CONTAINS(DataLoader(big, 2, 1), "token id 2147483648 at index 7 does not fit in int32");
+  // Exactly one window is enough.
+  DataLoader one(iota_tokens(5), 4, 1);
+  CHECK(one.windows_per_epoch() == 1);
+  CHECK(one.next().targets == Row{1, 2, 3, 4});
+}
+
+TEST_CASE("count_targets skips ignore_index") {
+  Batch b;
+  b.batch = 1;
+  b.seq_len = 4;
+  b.targets = {5, Batch::ignore_index, 7, Batch::ignore_index};
+  CHECK(tessera::data::count_targets(b) == 2);
+  b.targets.clear();
+  CHECK(tessera::data::count_targets(b) == 0);
+}
+
+TEST_CASE("synthetic corpus -> token shard -> DataLoader -> text") {
+  namespace fs = std::filesystem;
+  auto base = fs::temp_directory_path();
+  auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+  fs::path dir;
+  for (int i = 0;; ++i) {
+    dir = base / ("tessera-test-loader-" + std::to_string(stamp) + "-" + std::to_string(i));
+    if (fs::create_directory(dir)) break;
+  }
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{dir};
+
+  tessera::io::ByteTokenizer tok;
+  auto docs = tessera::data::synthetic_corpus(0, 200);
+  Ids packed = tessera::data::pack_documents(docs, tok);
+  const std::string path = (dir / "corpus.bin").string();
+  tessera::io::write_token_shard(path, packed, static_cast<std::uint32_t>(tok.vocab_size()));
+  Ids tokens = tessera::io::read_token_shard(path);
+  REQUIRE(tokens == packed);
+  CHECK(tessera::io::read_token_shard_header(path).count == packed.size());
+
+  std::string all;
+  for (const auto& d : docs) all += d;
+  DataLoader loader(tokens, 64, 4);
+  for (int step = 0; step < 3; ++step) {
+    Batch b = loader.next();
+    for (std::int64_t r = 0; r < b.batch; ++r) {
+      Row in = row_of(b.inputs, b.seq_len, r);
+      Ids ids(in.begin(), in.end());
+      std::string text = tok.decode(ids);
+      CHECK(!text.empty());
+      // With the special tokens removed, each window is text of the corpus; where a
+      // window spans a document boundary the pieces are adjacent in `all`.
+      CHECK(all.find(text) != std::string::npos);
+    }
+  }
+}

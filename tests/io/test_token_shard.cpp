@@ -1,0 +1,295 @@
+// Token shards: CRC-32, the file layout, round trips, and every kind of bad file.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "tessera/io/crc32.hpp"
+#include "tessera/io/token_shard.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Ids = std::vector<std::uint32_t>;
+using Bytes = std::vector<unsigned char>;
+
+template <class F>
+std::string shard_error_of(F&& f) {
+  try {
+    f();
+  } catch (const tessera::Error& e) {
+    return e.what();
+  }
+  return "<no tessera::Error thrown>";
+}
+
+#define CHECK_ERROR_CONTAINS(expr, text)                              \
+  do {                                                                \
+    std::string message_ = shard_error_of([&] { (void)(expr); });     \
+    INFO("message: ", message_);                                      \
+    CHECK(message_.find(text) != std::string::npos);                  \
+  } while (0)
+
+/// A fresh directory under the system's temporary directory, removed at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    auto base = fs::temp_directory_path();
+    auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+    for (int i = 0;; ++i) {
+      path = base / ("tessera-test-shard-" + std::to_string(stamp) + "-" + std::to_string(i));
+      if (fs::create_directory(path)) break;
+    }
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+Bytes read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.is_open());
+  return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const Bytes& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  REQUIRE(out.is_open());
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+std::uint32_t u32_at(const Bytes& b, std::size_t offset) {
+  return static_cast<std::uint32_t>(b[offset]) | static_cast<std::uint32_t>(b[offset + 1]) << 8 |
+         static_cast<std::uint32_t>(b[offset + 2]) << 16 | static_cast<std::uint32_t>(b[offset + 3]) << 24;
+}
+
+void put_u32(Bytes& b, std::size_t offset, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) b[offset + static_cast<std::size_t>(i)] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+Ids sample_tokens(std::size_t n, std::uint32_t vocab) {
+  Ids ids(n);
+  std::uint32_t x = 12345;
+  for (auto& id : ids) {
+    x = x * 1664525u + 1013904223u;
+    id = (x >> 8) % vocab;
+  }
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("crc32: known check values and incremental updates") {
+  using tessera::io::crc32;
+  using tessera::io::crc32_update;
+  CHECK(crc32("123456789", 9) == 0xCBF43926u);
+  CHECK(crc32("", 0) == 0u);
+  const char* fox = "The quick brown fox jumps over the lazy dog";
+  CHECK(crc32(fox, std::strlen(fox)) == 0x414FA339u);
+  CHECK(crc32_update(crc32("12345", 5), "6789", 4) == 0xCBF43926u);
+  const unsigned char one_zero[1] = {0};
+  CHECK(crc32(one_zero, 1) == 0xD202EF8Du);
+}
+
+TEST_CASE("token shard: layout of a written file") {
+  TempDir dir;
+  const std::string path = dir.file("small.bin");
+  Ids ids{1, 0x01020304u, 257, 0};
+  tessera::io::write_token_shard(path, ids, 0x01020305u);
+  Bytes b = read_bytes(path);
+  REQUIRE(b.size() == 32 + 4 * ids.size());
+  CHECK(std::string(b.begin(), b.begin() + 8) == "TSRATOKS");
+  CHECK(u32_at(b, 8) == 1);
+  CHECK(u32_at(b, 12) == 0x01020305u);
+  CHECK(u32_at(b, 16) == 4);  // count, low word
+  CHECK(u32_at(b, 20) == 0);  // count, high word
+  CHECK(u32_at(b, 24) == tessera::io::crc32(b.data() + 32, b.size() - 32));
+  CHECK(u32_at(b, 28) == 0);
+  // Little-endian payload.
+  CHECK(b[36] == 0x04);
+  CHECK(b[37] == 0x03);
+  CHECK(b[38] == 0x02);
+  CHECK(b[39] == 0x01);
+  CHECK(u32_at(b, 40) == 257);
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+}
+
+TEST_CASE("token shard: round trips") {
+  TempDir dir;
+  SUBCASE("several chunks") {
+    const std::string path = dir.file("big.bin");
+    Ids ids = sample_tokens(40000, 258);  // more than one 16384-token write chunk
+    tessera::io::write_token_shard(path, ids, 258);
+    CHECK(tessera::io::read_token_shard(path) == ids);
+    auto h = tessera::io::read_token_shard_header(path);
+    CHECK(h.version == 1);
+    CHECK(h.vocab_size == 258);
+    CHECK(h.count == 40000);
+    CHECK(h.crc32 == u32_at(read_bytes(path), 24));
+  }
+  SUBCASE("empty") {
+    const std::string path = dir.file("empty.bin");
+    tessera::io::write_token_shard(path, Ids{}, 258);
+    CHECK(fs::file_size(path) == 32);
+    CHECK(tessera::io::read_token_shard(path).empty());
+    CHECK(tessera::io::read_token_shard_header(path).count == 0);
+  }
+  SUBCASE("largest ids of a large vocabulary") {
+    const std::string path = dir.file("wide.bin");
+    Ids ids{0xFFFFFFFEu, 0, 128255, 0x80000000u};
+    tessera::io::write_token_shard(path, ids, 0xFFFFFFFFu);
+    CHECK(tessera::io::read_token_shard(path) == ids);
+  }
+  SUBCASE("overwriting an existing shard replaces it whole") {
+    const std::string path = dir.file("again.bin");
+    tessera::io::write_token_shard(path, sample_tokens(1000, 50), 50);
+    Ids second{7, 8, 9};
+    tessera::io::write_token_shard(path, second, 10);
+    CHECK(tessera::io::read_token_shard(path) == second);
+    CHECK(fs::file_size(path) == 32 + 12);
+    CHECK_FALSE(fs::exists(path + ".tmp"));
+  }
+}
+
+TEST_CASE("token shard: the writer rejects bad input and leaves existing files alone") {
+  TempDir dir;
+  const std::string path = dir.file("shard.bin");
+  SUBCASE("id not below vocab_size: nothing written") {
+    CHECK_ERROR_CONTAINS(tessera::io::write_token_shard(path, Ids{1, 2, 258, 3}, 258),
+                         "token id 258 at index 2 is not below vocab_size 258");
+    CHECK_ERROR_CONTAINS(tessera::io::write_token_shard(path, Ids{1, 2, 258, 3}, 258), path);
+    CHECK_FALSE(fs::exists(path));
+    CHECK_FALSE(fs::exists(path + ".tmp"));
+  }
+  SUBCASE("id not below vocab_size: an existing shard is kept") {
+    Ids good{1, 2, 3};
+    tessera::io::write_token_shard(path, good, 10);
+    CHECK_THROWS_AS(tessera::io::write_token_shard(path, Ids{1, 99}, 10), tessera::Error);
+    CHECK(tessera::io::read_token_shard(path) == good);
+  }
+  SUBCASE("vocab_size 0") {
+    CHECK_ERROR_CONTAINS(tessera::io::write_token_shard(path, Ids{}, 0), "vocab_size must be positive");
+  }
+  SUBCASE("missing directory") {
+    const std::string nowhere = dir.file("no/such/dir/shard.bin");
+    CHECK_ERROR_CONTAINS(tessera::io::write_token_shard(nowhere, Ids{1}, 10), "directory does not exist");
+    CHECK_ERROR_CONTAINS(tessera::io::write_token_shard(nowhere, Ids{1}, 10), nowhere);
+  }
+}
+
+TEST_CASE("token shard: the reader rejects every kind of bad file, naming the path") {
+  TempDir dir;
+  const std::string good = dir.file("good.bin");
+  const Ids ids = sample_tokens(100, 258);
+  tessera::io::write_token_shard(good, ids, 258);
+  const Bytes original = read_bytes(good);
+  const std::string bad = dir.file("bad.bin");
+  using tessera::io::read_token_shard;
+  using tessera::io::read_token_shard_header;
+
+  SUBCASE("missing file") {
+    const std::string missing = dir.file("missing.bin");
+    CHECK_ERROR_CONTAINS(read_token_shard(missing), "no such file");
+    CHECK_ERROR_CONTAINS(read_token_shard(missing), missing);
+    CHECK_ERROR_CONTAINS(read_token_shard_header(missing), "no such file");
+  }
+  SUBCASE("a directory") {
+    CHECK_ERROR_CONTAINS(read_token_shard(dir.path.string()), "not a regular file");
+  }
+  SUBCASE("shorter than the header") {
+    write_bytes(bad, Bytes(original.begin(), original.begin() + 10));
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "file is 10 bytes, shorter than the 32-byte header");
+    CHECK_ERROR_CONTAINS(read_token_shard_header(bad), bad);
+    write_bytes(bad, Bytes{});
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "file is 0 bytes");
+  }
+  SUBCASE("wrong magic") {
+    Bytes b = original;
+    b[0] = 'X';
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "not a tessera token shard");
+    CHECK_ERROR_CONTAINS(read_token_shard_header(bad), "not a tessera token shard");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+  }
+  SUBCASE("unsupported version") {
+    Bytes b = original;
+    put_u32(b, 8, 2);
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "unsupported version 2");
+    CHECK_ERROR_CONTAINS(read_token_shard_header(bad), bad);
+  }
+  SUBCASE("reserved field set") {
+    Bytes b = original;
+    put_u32(b, 28, 5);
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "reserved header field is 5");
+  }
+  SUBCASE("vocab_size 0 in the header") {
+    Bytes b = original;
+    put_u32(b, 12, 0);
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "vocab_size is 0");
+  }
+  SUBCASE("truncated by one byte") {
+    write_bytes(bad, Bytes(original.begin(), original.end() - 1));
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "truncated: expected 432 bytes");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "found 431");
+    CHECK_ERROR_CONTAINS(read_token_shard_header(bad), "truncated");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+  }
+  SUBCASE("header only, count says 100") {
+    write_bytes(bad, Bytes(original.begin(), original.begin() + 32));
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "truncated: expected 432 bytes");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "found 32");
+  }
+  SUBCASE("a count no file can hold") {
+    Bytes b = original;
+    put_u32(b, 16, 0xFFFFFFFFu);
+    put_u32(b, 20, 0xFFFFFFFFu);
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "truncated");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "18446744073709551615 tokens");
+  }
+  SUBCASE("one trailing byte") {
+    Bytes b = original;
+    b.push_back(0);
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "1 trailing bytes: expected 432 bytes");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "found 433");
+    CHECK_ERROR_CONTAINS(read_token_shard_header(bad), "trailing");
+  }
+  SUBCASE("a flipped payload byte") {
+    Bytes b = original;
+    b[32 + 4 * 37 + 1] ^= 0x10;
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "corrupt");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+    // The header alone is still consistent: read_token_shard_header does not read the payload.
+    CHECK(read_token_shard_header(bad).count == 100);
+  }
+  SUBCASE("a flipped CRC byte") {
+    Bytes b = original;
+    b[25] ^= 0x01;
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "corrupt");
+  }
+  SUBCASE("an id not below vocab_size, with a correct CRC") {
+    Ids wide = ids;
+    wide[63] = 300;
+    tessera::io::write_token_shard(bad, wide, 1000);
+    Bytes b = read_bytes(bad);
+    put_u32(b, 12, 258);  // the header's vocab_size is outside the CRC
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "token id 300 at index 63 is not below vocab_size 258");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+  }
+}

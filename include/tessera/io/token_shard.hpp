@@ -1,0 +1,204 @@
+// Token shards: a tokenized corpus as one flat file of uint32 token ids.
+//
+// Layout (all little-endian; docs/formats.md is the reference):
+//   offset  0  8 bytes  magic "TSRATOKS"
+//   offset  8  u32      version (1)
+//   offset 12  u32      vocab_size: every id in the payload is below it
+//   offset 16  u64      count: number of tokens
+//   offset 24  u32      CRC-32 (IEEE) of the payload bytes
+//   offset 28  u32      reserved, 0
+//   offset 32  count x u32 token ids
+//
+// The writer checks every id against vocab_size before it writes anything, writes to
+// `path + ".tmp"` and renames, so a reader never sees a half-written shard at `path`.
+// The reader checks everything the header claims (magic, version, exact file size,
+// CRC, ids below vocab_size) and throws tessera::Error with one line naming the path.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/io/crc32.hpp"
+
+namespace tessera::io {
+
+inline constexpr std::string_view token_shard_magic = "TSRATOKS";
+inline constexpr std::uint32_t token_shard_version = 1;
+inline constexpr std::uint64_t token_shard_header_bytes = 32;
+
+struct TokenShardHeader {
+  std::uint32_t version = 0;
+  std::uint32_t vocab_size = 0;  // every id is below it
+  std::uint64_t count = 0;       // number of tokens in the payload
+  std::uint32_t crc32 = 0;       // CRC-32 of the payload bytes
+};
+
+namespace detail {
+
+inline void store_u32_le(unsigned char* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline void store_u64_le(unsigned char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline std::uint32_t load_u32_le(const unsigned char* p) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+inline std::uint64_t load_u64_le(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+/// Opens `path` for reading and returns its size; throws when it is missing or not a file.
+inline std::uint64_t open_token_shard(const std::string& path, std::ifstream& in) {
+  std::error_code ec;
+  auto status = std::filesystem::status(path, ec);
+  TESSERA_CHECK(std::filesystem::exists(status), "token shard '", path, "': no such file");
+  TESSERA_CHECK(std::filesystem::is_regular_file(status), "token shard '", path, "': not a regular file");
+  std::uint64_t size = std::filesystem::file_size(path, ec);
+  TESSERA_CHECK(!ec, "token shard '", path, "': cannot read its size: ", ec.message());
+  in.open(path, std::ios::binary);
+  TESSERA_CHECK(in.is_open(), "token shard '", path, "': cannot open for reading");
+  return size;
+}
+
+/// Reads and checks the 32-byte header of an open shard of `size` bytes: magic, version,
+/// reserved field, vocab_size, and that the file holds exactly `count` ids.
+inline TokenShardHeader read_checked_header(const std::string& path, std::ifstream& in, std::uint64_t size) {
+  TESSERA_CHECK(size >= token_shard_header_bytes, "token shard '", path, "': file is ", size,
+                " bytes, shorter than the ", token_shard_header_bytes, "-byte header");
+  unsigned char raw[token_shard_header_bytes];
+  in.read(reinterpret_cast<char*>(raw), token_shard_header_bytes);
+  TESSERA_CHECK(in.gcount() == static_cast<std::streamsize>(token_shard_header_bytes), "token shard '",
+                path, "': cannot read the header");
+  TESSERA_CHECK(std::memcmp(raw, token_shard_magic.data(), token_shard_magic.size()) == 0, "token shard '",
+                path, "': not a tessera token shard (bad magic)");
+  TokenShardHeader header;
+  header.version = load_u32_le(raw + 8);
+  header.vocab_size = load_u32_le(raw + 12);
+  header.count = load_u64_le(raw + 16);
+  header.crc32 = load_u32_le(raw + 24);
+  std::uint32_t reserved = load_u32_le(raw + 28);
+  TESSERA_CHECK(header.version == token_shard_version, "token shard '", path, "': unsupported version ",
+                header.version, " (this reader knows version ", token_shard_version, ")");
+  TESSERA_CHECK(reserved == 0, "token shard '", path, "': reserved header field is ", reserved,
+                ", expected 0");
+  TESSERA_CHECK(header.vocab_size > 0, "token shard '", path, "': vocab_size is 0");
+  constexpr std::uint64_t max_count = (std::numeric_limits<std::uint64_t>::max() - token_shard_header_bytes) / 4;
+  TESSERA_CHECK(header.count <= max_count, "token shard '", path, "': truncated: header claims ",
+                header.count, " tokens, more than any file can hold; file is ", size, " bytes");
+  std::uint64_t expected = token_shard_header_bytes + 4 * header.count;
+  TESSERA_CHECK(size >= expected, "token shard '", path, "': truncated: expected ", expected,
+                " bytes (32-byte header + 4 x ", header.count, " tokens), found ", size);
+  TESSERA_CHECK(size == expected, "token shard '", path, "': ", size - expected,
+                " trailing bytes: expected ", expected, " bytes (32-byte header + 4 x ", header.count,
+                " tokens), found ", size);
+  return header;
+}
+
+}  // namespace detail
+
+/// Writes `tokens` as a token shard at `path`, by way of `path + ".tmp"` and a rename.
+/// Every id must be below `vocab_size`; nothing is written otherwise.
+inline void write_token_shard(const std::string& path, std::span<const std::uint32_t> tokens,
+                              std::uint32_t vocab_size) {
+  TESSERA_CHECK(vocab_size > 0, "write_token_shard '", path, "': vocab_size must be positive");
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    TESSERA_CHECK(tokens[i] < vocab_size, "write_token_shard '", path, "': token id ", tokens[i],
+                  " at index ", i, " is not below vocab_size ", vocab_size);
+  }
+  const std::string tmp = path + ".tmp";
+  std::error_code ec;
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out.is_open()) {
+      auto parent = std::filesystem::path(tmp).parent_path();
+      bool missing_dir = !parent.empty() && !std::filesystem::is_directory(parent, ec);
+      fail("write_token_shard '", path, "': cannot open '", tmp, "' for writing",
+           missing_dir ? " (its directory does not exist)" : "");
+    }
+    unsigned char header[token_shard_header_bytes] = {};
+    std::memcpy(header, token_shard_magic.data(), token_shard_magic.size());
+    detail::store_u32_le(header + 8, token_shard_version);
+    detail::store_u32_le(header + 12, vocab_size);
+    detail::store_u64_le(header + 16, tokens.size());
+    // CRC (offset 24) is filled in once the payload has been written; reserved stays 0.
+    out.write(reinterpret_cast<const char*>(header), token_shard_header_bytes);
+
+    constexpr std::size_t chunk_tokens = 16384;
+    std::vector<unsigned char> chunk(4 * std::min(chunk_tokens, tokens.size()));
+    std::uint32_t crc = 0;
+    for (std::size_t begin = 0; begin < tokens.size() && out; begin += chunk_tokens) {
+      std::size_t n = std::min(chunk_tokens, tokens.size() - begin);
+      for (std::size_t i = 0; i < n; ++i) detail::store_u32_le(chunk.data() + 4 * i, tokens[begin + i]);
+      crc = crc32_update(crc, chunk.data(), 4 * n);
+      out.write(reinterpret_cast<const char*>(chunk.data()), static_cast<std::streamsize>(4 * n));
+    }
+    unsigned char crc_bytes[4];
+    detail::store_u32_le(crc_bytes, crc);
+    out.seekp(24);
+    out.write(reinterpret_cast<const char*>(crc_bytes), 4);
+    out.close();
+    if (!out) {
+      std::filesystem::remove(tmp, ec);
+      fail("write_token_shard '", path, "': writing '", tmp, "' failed (disk full?)");
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    fail("write_token_shard '", path, "': cannot rename '", tmp, "' to it: ", ec.message());
+  }
+}
+
+/// The header of the shard at `path`, checked against the file's size (the payload is
+/// not read, so its CRC and ids are not checked: read_token_shard does that).
+inline TokenShardHeader read_token_shard_header(const std::string& path) {
+  std::ifstream in;
+  std::uint64_t size = detail::open_token_shard(path, in);
+  return detail::read_checked_header(path, in, size);
+}
+
+/// Every token of the shard at `path`, after checking header, size, CRC and ids.
+inline std::vector<std::uint32_t> read_token_shard(const std::string& path) {
+  std::ifstream in;
+  std::uint64_t size = detail::open_token_shard(path, in);
+  TokenShardHeader header = detail::read_checked_header(path, in, size);
+  TESSERA_CHECK(header.count <= std::numeric_limits<std::size_t>::max() / 4, "token shard '", path,
+                "': ", header.count, " tokens do not fit in memory");
+  std::vector<std::uint32_t> tokens(static_cast<std::size_t>(header.count));
+  // Read the payload straight into the vector's memory, then put the bytes in host order.
+  const auto payload_bytes = static_cast<std::streamsize>(4 * header.count);
+  in.read(reinterpret_cast<char*>(tokens.data()), payload_bytes);
+  TESSERA_CHECK(in.gcount() == payload_bytes, "token shard '", path, "': truncated while reading: got ",
+                in.gcount(), " of ", payload_bytes, " payload bytes");
+  std::uint32_t crc = crc32(tokens.data(), tokens.size() * 4);
+  TESSERA_CHECK(crc == header.crc32, "token shard '", path, "': corrupt: payload CRC-32 is 0x", std::hex,
+                crc, ", header says 0x", header.crc32);
+  if constexpr (std::endian::native != std::endian::little) {
+    for (auto& t : tokens) t = detail::load_u32_le(reinterpret_cast<const unsigned char*>(&t));
+  }
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    TESSERA_CHECK(tokens[i] < header.vocab_size, "token shard '", path, "': token id ", tokens[i],
+                  " at index ", i, " is not below vocab_size ", header.vocab_size);
+  }
+  return tokens;
+}
+
+}  // namespace tessera::io
