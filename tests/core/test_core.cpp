@@ -1,0 +1,111 @@
+// Element types, tensor views, buffers and memory accounting, the Philox generator.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <set>
+
+#include "tessera/core/core.hpp"
+
+using namespace tessera;
+
+TEST_CASE("bf16 rounds to nearest even and keeps specials") {
+  CHECK(bf16(1.0f).bits == 0x3f80);
+  CHECK(static_cast<float>(bf16(1.0f)) == 1.0f);
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  CHECK(round_to_bf16(1.0f + 0x1p-8f) == 1.0f);
+  // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: ties to even go up.
+  CHECK(round_to_bf16(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f);
+  CHECK(round_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 1.0f + 0x1p-7f);
+  CHECK(std::isinf(round_to_bf16(std::numeric_limits<float>::infinity())));
+  CHECK(std::isnan(round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(round_to_bf16(-2.5f) == -2.5f);
+  CHECK(convert<float>(bf16(0.15625f)) == 0.15625f);
+  CHECK(parse_dtype("bfloat16", "k") == DType::bf16);
+  CHECK_THROWS_WITH_AS(parse_dtype("fp8", "training.mixed_precision_param"),
+                       doctest::Contains("training.mixed_precision_param: unknown dtype 'fp8'"), Error);
+}
+
+TEST_CASE("Tensor views: strides, slices, reshapes") {
+  Tensor<float> t(Shape{3, 4});
+  for (std::int64_t i = 0; i < 12; ++i) t[i] = static_cast<float>(i);
+  auto v = t.view();
+  CHECK(v.is_contiguous());
+  CHECK(v(2, 1) == 9.0f);
+  auto rows = v.slice_rows(1, 3);
+  CHECK(rows.rows() == 2);
+  CHECK(rows(0, 0) == 4.0f);
+  auto cols = v.slice_cols(1, 3);
+  CHECK(!cols.is_contiguous());
+  CHECK(cols.ld() == 4);
+  CHECK(cols(2, 1) == 10.0f);
+  CHECK(v.reshape(Shape{2, 6})(1, 0) == 6.0f);
+  CHECK_THROWS_WITH_AS(cols.reshape(Shape{6}), doctest::Contains("contiguous"), Error);
+  CHECK_THROWS_WITH_AS(v.slice_rows(2, 5), doctest::Contains("slice_rows"), Error);
+}
+
+TEST_CASE("Tensors share storage on copy; clone copies") {
+  Tensor<float> a(Shape{4});
+  Tensor<float> b = a;
+  b[1] = 5;
+  CHECK(a[1] == 5);
+  Tensor<float> c = a.clone();
+  c[1] = 7;
+  CHECK(a[1] == 5);
+  CHECK(a.reshape(Shape{2, 2}).data() == a.data());
+  CHECK_THROWS_WITH_AS(a.reshape(Shape{3}), doctest::Contains("changes the size"), Error);
+}
+
+TEST_CASE("Buffers report to the memory counters") {
+  auto& stats = memory_stats(Device::cpu);
+  const auto before = stats.current();
+  stats.reset_peak();
+  {
+    Buffer<double> b(1000);
+    CHECK(stats.current() == before + 8000);
+    Buffer<double> moved = std::move(b);
+    CHECK(stats.current() == before + 8000);
+    CHECK(b.empty());
+  }
+  CHECK(stats.current() == before);
+  CHECK(stats.peak() >= before + 8000);
+  stats.reset_peak();
+  CHECK(stats.peak() == stats.current());
+}
+
+TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
+  auto run = [](std::uint64_t key, std::uint32_t c0, std::uint32_t c1, std::uint32_t c2, std::uint32_t c3) {
+    std::uint32_t ctr[4] = {c0, c1, c2, c3}, out[4];
+    const Philox4x32 gen(key);
+    gen(ctr, out);
+    return std::array<std::uint32_t, 4>{out[0], out[1], out[2], out[3]};
+  };
+  CHECK(run(0, 0, 0, 0, 0) == std::array<std::uint32_t, 4>{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+  CHECK(run(0xffffffffffffffffull, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff) ==
+        std::array<std::uint32_t, 4>{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+  CHECK(run(0x299f31d0a4093822ull, 0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344) ==
+        std::array<std::uint32_t, 4>{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+}
+
+TEST_CASE("Parameter draws depend on seed, name and index only") {
+  auto a = parameter_rng(1, "layers.0.attention.wq.weight");
+  auto b = parameter_rng(1, "layers.0.attention.wk.weight");
+  auto c = parameter_rng(2, "layers.0.attention.wq.weight");
+  CHECK(normal(a, 5, 0, 1) == normal(parameter_rng(1, "layers.0.attention.wq.weight"), 5, 0, 1));
+  CHECK(normal(a, 5, 0, 1) != normal(b, 5, 0, 1));
+  CHECK(normal(a, 5, 0, 1) != normal(c, 5, 0, 1));
+  // Moments of the normal and the truncation of the truncated normal.
+  double s = 0, s2 = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    double x = normal(a, static_cast<std::uint64_t>(i), 0, 1);
+    s += x, s2 += x * x;
+  }
+  CHECK(std::abs(s / n) < 0.01);
+  CHECK(std::abs(s2 / n - 1) < 0.01);
+  for (int i = 0; i < 10000; ++i) {
+    double x = truncated_normal(a, static_cast<std::uint64_t>(i), 0, 1, -0.5, 0.5);
+    CHECK_UNARY(x >= -0.5 && x <= 0.5);
+  }
+}

@@ -1,0 +1,689 @@
+// Tests of the job configuration: defaults, TOML parsing, command-line overrides, every
+// error message, the to_toml round trip, model overrides, and the shipped example configs.
+#include "tessera/train/config.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using tessera::train::JobConfig;
+using tessera::train::load_config;
+using tessera::train::parse_config;
+using tessera::train::to_toml;
+using Args = std::vector<std::string>;
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const tessera::Error& e) {
+    return e.what();
+  }
+  return "<no tessera::Error thrown>";
+}
+
+/// The error thrown by `expr` is one line and contains every one of the given parts.
+#define CHECK_ERROR(expr, ...)                                                   \
+  do {                                                                           \
+    std::string message_ = error_of([&] { (void)(expr); });                      \
+    INFO("error: " << message_);                                                 \
+    CHECK(message_.find('\n') == std::string::npos);                             \
+    for (const std::string& part_ : std::initializer_list<std::string>{__VA_ARGS__}) \
+      CHECK_MESSAGE(message_.find(part_) != std::string::npos, "missing: " << part_); \
+  } while (0)
+
+JobConfig parse(const std::string& text, const Args& args = {}) { return parse_config(text, "job.toml", args); }
+
+/// A fresh temporary folder, removed at the end of the scope.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("tessera_config_test_" + std::to_string(std::random_device{}()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name, std::ios::binary) << text;
+    return (path / name).string();
+  }
+};
+
+/// The source tree: TESSERA_SOURCE_DIR when the build defines it, else found from this
+/// file's path (tests/train/test_config.cpp), which may be relative to the build folder.
+fs::path source_dir() {
+#ifdef TESSERA_SOURCE_DIR
+  return fs::path(TESSERA_SOURCE_DIR);
+#else
+  const fs::path file(__FILE__);
+  const fs::path marker = fs::path("tests") / "train" / "test_config.cpp";
+  auto root_of = [](const fs::path& f) { return fs::weakly_canonical(f).parent_path().parent_path().parent_path(); };
+  if (fs::exists(file)) return root_of(file);
+  // A relative __FILE__ (relative to the build folder): try it from each folder above the
+  // current one and above the test executable.
+  std::error_code ec;
+  std::vector<fs::path> starts = {fs::current_path()};
+  if (fs::path exe = fs::read_symlink("/proc/self/exe", ec); !ec) starts.push_back(exe.parent_path());
+  for (const auto& start : starts) {
+    for (fs::path dir = start;; dir = dir.parent_path()) {
+      if (fs::exists(dir / file)) return root_of(dir / file);
+      if (fs::exists(dir / marker)) return dir;
+      if (dir == dir.parent_path()) break;
+    }
+  }
+  return {};
+#endif
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("defaults follow torchtitan") {
+  const JobConfig c;
+  CHECK(c.job.dump_folder == "./outputs");
+  CHECK(c.job.description.empty());
+  CHECK_FALSE(c.job.print_config);
+  CHECK(c.model.flavor == "debugmodel");
+  CHECK_FALSE(c.model.dim.has_value());
+  CHECK_FALSE(c.model.tie_embeddings.has_value());
+  CHECK(c.model.tokenizer == "byte");
+  CHECK(c.optimizer.name == "AdamW");
+  CHECK(c.optimizer.lr == 8e-4);
+  CHECK(c.optimizer.eps == 1e-8);
+  CHECK(c.optimizer.weight_decay == 0.1);
+  CHECK(c.optimizer.beta1 == 0.9);
+  CHECK(c.optimizer.beta2 == 0.95);
+  CHECK(c.lr_scheduler.warmup_steps == 200);
+  CHECK_FALSE(c.lr_scheduler.decay_ratio.has_value());
+  CHECK(c.lr_scheduler.decay_type == "linear");
+  CHECK(c.lr_scheduler.min_lr_factor == 0.0);
+  CHECK(c.training.local_batch_size == 8);
+  CHECK(c.training.global_batch_size == -1);
+  CHECK(c.training.seq_len == 2048);
+  CHECK(c.training.steps == 10000);
+  CHECK(c.training.max_norm == 1.0);
+  CHECK(c.training.seed == 0);
+  CHECK_FALSE(c.training.deterministic);
+  CHECK(c.training.mixed_precision_param == "bfloat16");
+  CHECK(c.training.mixed_precision_reduce == "float32");
+  CHECK(c.training.dataset == "synthetic");
+  CHECK(c.training.dataset_path.empty());
+  CHECK(c.training.synthetic_documents == 20000);
+  CHECK(c.parallelism.data_parallel_replicate_degree == 1);
+  CHECK(c.parallelism.data_parallel_shard_degree == -1);
+  CHECK(c.parallelism.tensor_parallel_degree == 1);
+  CHECK(c.parallelism.pipeline_parallel_degree == 1);
+  CHECK(c.parallelism.context_parallel_degree == 1);
+  CHECK_FALSE(c.parallelism.disable_loss_parallel);
+  CHECK(c.parallelism.pipeline_parallel_schedule == "1F1B");
+  CHECK(c.parallelism.pipeline_parallel_microbatch_size == 1);
+  CHECK(c.parallelism.fsdp_reshard_after_forward == "default");
+  CHECK(c.activation_checkpoint.mode == "none");
+  CHECK(c.activation_checkpoint.selective_ac_option == "2");
+  CHECK_FALSE(c.checkpoint.enable);
+  CHECK(c.checkpoint.folder == "checkpoint");
+  CHECK(c.checkpoint.interval == 500);
+  CHECK(c.checkpoint.last_save_model_only);
+  CHECK(c.checkpoint.export_dtype == "float32");
+  CHECK(c.checkpoint.keep_latest_k == 10);
+  CHECK(c.checkpoint.initial_load_path.empty());
+  CHECK(c.metrics.log_freq == 10);
+  CHECK_FALSE(c.metrics.enable_tensorboard);
+  CHECK(c.metrics.save_tb_folder == "tb");
+  CHECK(c.metrics.peak_tflops == 0.0);
+
+  // An empty file, and no file at all, give the defaults with debugmodel resolved.
+  for (const JobConfig& loaded : {parse(""), load_config("", {})}) {
+    CHECK(loaded == c);
+    CHECK(loaded.model.args.flavor == "debugmodel");
+    CHECK(loaded.model.args.dim == 256);
+    CHECK(loaded.model.args.n_layers == 6);
+    CHECK(loaded.model.args.n_heads == 16);
+    CHECK(loaded.model.args.vocab_size == 260);
+  }
+}
+
+TEST_CASE("the key table is consistent") {
+  const auto& keys = tessera::train::config_keys();
+  CHECK(keys.size() == 60);
+  std::set<std::string_view> names;
+  for (const auto& k : keys) {
+    INFO(k.name);
+    CHECK(names.insert(k.name).second);
+    CHECK(k.name.find('.') != std::string_view::npos);
+    CHECK_FALSE(k.help.empty());
+    CHECK(k.optional == !k.unset_means.empty());
+    CHECK(tessera::train::find_config_key(k.name) == &k);
+    // Every default is accepted by its own rules.
+    CHECK_NOTHROW(tessera::train::detail::check_key(k, JobConfig{}, "defaults"));
+  }
+  CHECK(tessera::train::find_config_key("training.nope") == nullptr);
+  CHECK(tessera::train::config_sections() ==
+        std::vector<std::string_view>{"job", "model", "optimizer", "lr_scheduler", "training", "parallelism",
+                                      "activation_checkpoint", "checkpoint", "metrics"});
+}
+
+TEST_CASE("each type parses from TOML") {
+  auto c = parse(R"(
+[job]
+description = "a \"quoted\" job"
+print_config = true
+[optimizer]
+lr = 3e-4
+eps = 1          # an integer is fine for a float key
+[lr_scheduler]
+decay_ratio = 0.25
+[training]
+steps = 123
+seed = 7
+deterministic = true
+global_batch_size = 64
+[model]
+n_layers = 2
+rope_theta = 10000
+tie_embeddings = true
+)");
+  CHECK(c.job.description == "a \"quoted\" job");
+  CHECK(c.job.print_config);
+  CHECK(c.optimizer.lr == 3e-4);
+  CHECK(c.optimizer.eps == 1.0);
+  REQUIRE(c.lr_scheduler.decay_ratio.has_value());
+  CHECK(*c.lr_scheduler.decay_ratio == 0.25);
+  CHECK(c.training.steps == 123);
+  CHECK(c.training.seed == 7);
+  CHECK(c.training.deterministic);
+  CHECK(c.training.global_batch_size == 64);
+  CHECK(c.model.n_layers == 2);
+  CHECK(c.model.args.n_layers == 2);
+  CHECK(c.model.args.rope_theta == 10000.0);
+  CHECK(c.model.args.tie_embeddings);
+  CHECK(c.model.args.dim == 256);  // untouched fields keep the flavor's value
+}
+
+TEST_CASE("command-line overrides") {
+  const std::string file = "[training]\nsteps = 100\nseed = 3\n[checkpoint]\nenable = false\n";
+
+  SUBCASE("both forms, and precedence over the file") {
+    auto c = parse(file, {"--training.steps", "5", "--optimizer.lr=0.01", "--job.description=a b=c"});
+    CHECK(c.training.steps == 5);
+    CHECK(c.training.seed == 3);  // the file's value where no override
+    CHECK(c.optimizer.lr == 0.01);
+    CHECK(c.job.description == "a b=c");
+  }
+  SUBCASE("the last override wins") {
+    CHECK(parse(file, {"--training.steps", "5", "--training.steps=6"}).training.steps == 6);
+  }
+  SUBCASE("negative numbers are values, not options") {
+    auto c = parse("", {"--training.max_norm", "-1", "--parallelism.data_parallel_shard_degree", "-1"});
+    CHECK(c.training.max_norm == -1.0);
+    CHECK(c.parallelism.data_parallel_shard_degree == -1);
+  }
+  SUBCASE("booleans: bare flag, explicit value, = form") {
+    CHECK(parse(file, {"--checkpoint.enable"}).checkpoint.enable);
+    auto c = parse(file, {"--checkpoint.enable", "--training.deterministic"});
+    CHECK(c.checkpoint.enable);
+    CHECK(c.training.deterministic);
+    CHECK_FALSE(parse("[checkpoint]\nenable = true\n", {"--checkpoint.enable", "false"}).checkpoint.enable);
+    CHECK_FALSE(parse("[checkpoint]\nenable = true\n", {"--checkpoint.enable=false"}).checkpoint.enable);
+    CHECK(parse(file, {"--checkpoint.enable", "true", "--training.steps", "9"}).checkpoint.enable);
+  }
+  SUBCASE("optional keys: set and unset") {
+    auto c = parse("[lr_scheduler]\ndecay_ratio = 0.5\n", {"--model.n_layers", "3"});
+    CHECK(c.model.args.n_layers == 3);
+    CHECK(c.lr_scheduler.decay_ratio == 0.5);
+    c = parse("[lr_scheduler]\ndecay_ratio = 0.5\n", {"--lr_scheduler.decay_ratio", "none"});
+    CHECK_FALSE(c.lr_scheduler.decay_ratio.has_value());
+    c = parse("", {"--model.tie_embeddings"});
+    CHECK(c.model.tie_embeddings == true);
+    CHECK(c.model.args.tie_embeddings);
+  }
+  SUBCASE("an empty string value") {
+    CHECK(parse("[job]\ndescription = \"x\"\n", {"--job.description="}).job.description.empty());
+  }
+}
+
+TEST_CASE("--config and --job.config_file select the file") {
+  TempDir dir;
+  std::string a = dir.write("a.toml", "[training]\nsteps = 11\n");
+  std::string b = dir.write("b.toml", "[training]\nsteps = 22\nseed = 4\n");
+  CHECK(load_config(a, {}).training.steps == 11);
+  CHECK(load_config(a, {"--config", b}).training.steps == 22);
+  CHECK(load_config("", {"--config=" + b}).training.steps == 22);
+  CHECK(load_config(a, {"--job.config_file", b}).training.steps == 22);
+  auto c = load_config("", {"--training.seed", "9", "--config", b});  // order does not matter
+  CHECK(c.training.steps == 22);
+  CHECK(c.training.seed == 9);
+  CHECK_ERROR(load_config("", {"--config"}), "command line", "--config needs a value");
+  CHECK_ERROR(load_config("", {"--config", "--training.steps", "3"}), "--config needs a value");
+  CHECK_ERROR(parse("", {"--config", b}), "only read by load_config");
+  // Errors in a loaded file name it.
+  std::string bad = dir.write("bad.toml", "[training]\nsteps = 0\n");
+  CHECK_ERROR(load_config(bad, {}), bad + ":2:9", "training.steps must be positive, got 0");
+}
+
+TEST_CASE("a missing config file") {
+  TempDir dir;
+  std::string missing = (dir.path / "nope.toml").string();
+  CHECK_ERROR(load_config(missing, {}), missing, ": config file not found");
+  CHECK_ERROR(load_config("", {"--config", missing}), missing, ": config file not found");
+  CHECK_ERROR(load_config(dir.path.string(), {}), "is a folder, not a TOML config file");
+}
+
+TEST_CASE("TOML syntax errors give the line and column") {
+  CHECK_ERROR(parse("[training]\nsteps = = 3\n"), "job.toml:2:", "TOML syntax error");
+  CHECK_ERROR(parse("[training]\nsteps = 1\nsteps = 2\n"), "job.toml:3:", "TOML syntax error");
+  CHECK_ERROR(parse("[training\n"), "job.toml:1:", "TOML syntax error");
+}
+
+TEST_CASE("unknown sections and keys") {
+  CHECK_ERROR(parse("[trainig]\nsteps = 3\n"), "job.toml:1:", "unknown section [trainig]",
+              "did you mean [training]?");
+  CHECK_ERROR(parse("[float8]\nenable = true\n"), "unknown section [float8]", "known: job, model");
+  CHECK_ERROR(parse("[training]\nstepz = 3\n"), "job.toml:2:1", "unknown key 'training.stepz'",
+              "did you mean 'training.steps'?");
+  CHECK_ERROR(parse("[training]\nlr = 3.0\n"), "unknown key 'training.lr'", "did you mean 'optimizer.lr'?");
+  CHECK_ERROR(parse("[training]\ncompile = true\n"), "unknown key 'training.compile'");
+  CHECK(error_of([] { parse("[training]\ncompile = true\n"); }).find("did you mean") == std::string::npos);
+  CHECK_ERROR(parse("steps = 3\n"), "job.toml:1:1", "'steps' is outside any section",
+              "did you mean 'training.steps'?");
+  CHECK_ERROR(parse("[training.extra]\nx = 1\n"), "unknown key 'training.extra'");
+  CHECK_ERROR(parse("foo = 1\n"), "job.toml:1:1: key 'foo' is outside any section");
+  CHECK_ERROR(parse("[[training]]\nsteps = 1\n"), "job.toml:1:", "[training] must be a table, got an array");
+  CHECK_ERROR(parse("training = 3\n"), "[training] must be a table, got an integer");
+  // Dotted keys are plain TOML and work anywhere.
+  CHECK(parse("training.steps = 5\n").training.steps == 5);
+  CHECK(parse("[training]\nsteps = 5\n[optimizer]\nlr = 0.5\n").optimizer.lr == 0.5);
+}
+
+TEST_CASE("wrong types name the key and both types") {
+  CHECK_ERROR(parse("[training]\nsteps = \"ten\"\n"), "job.toml:2:9",
+              "training.steps: expected an integer, got a string");
+  CHECK_ERROR(parse("[training]\nsteps = 10.0\n"), "training.steps: expected an integer, got a float");
+  CHECK_ERROR(parse("[optimizer]\nlr = true\n"), "optimizer.lr: expected a number, got a boolean");
+  CHECK_ERROR(parse("[optimizer]\nlr = nan\n"), "optimizer.lr: expected a finite number");
+  CHECK_ERROR(parse("[checkpoint]\nenable = \"yes\"\n"), "checkpoint.enable: expected a boolean");
+  CHECK_ERROR(parse("[model]\nflavor = 7\n"), "model.flavor: expected a string, got an integer");
+  CHECK_ERROR(parse("[model]\ndim = [1, 2]\n"), "model.dim: expected an integer, got an array");
+  CHECK_ERROR(parse("[training.steps]\n"), "training.steps: expected an integer, got a table");
+}
+
+TEST_CASE("bad command-line overrides") {
+  CHECK_ERROR(parse("", {"--training.steps"}), "command line", "--training.steps needs a value");
+  CHECK_ERROR(parse("", {"--training.steps", "--training.seed", "1"}), "--training.steps needs a value");
+  CHECK_ERROR(parse("", {"--training.stepz", "3"}), "command line", "unknown option --training.stepz",
+              "did you mean --training.steps?");
+  CHECK_ERROR(parse("", {"--bogus", "3"}), "unknown option --bogus");
+  CHECK_ERROR(parse("", {"--training.steps", "ten"}), "command line",
+              "--training.steps: expected an integer, got 'ten'");
+  CHECK_ERROR(parse("", {"--training.steps", "10x"}), "expected an integer, got '10x'");
+  CHECK_ERROR(parse("", {"--optimizer.lr", "fast"}), "--optimizer.lr: expected a number, got 'fast'");
+  CHECK_ERROR(parse("", {"--optimizer.lr", "inf"}), "--optimizer.lr: expected a number, got 'inf'");
+  CHECK_ERROR(parse("", {"--checkpoint.enable", "yes"}), "--checkpoint.enable: expected a boolean", "got 'yes'");
+  CHECK_ERROR(parse("", {"--training.steps="}), "expected an integer, got ''");
+  CHECK_ERROR(parse("", {"steps", "3"}), "command line: unexpected argument 'steps'");
+  CHECK_ERROR(parse("", {"--training.steps", "3", "4"}), "unexpected argument '4'");
+  CHECK_ERROR(parse("", {"--training.steps", "none"}), "expected an integer, got 'none'");
+  // A range error on an overridden value names the command line, not the file.
+  CHECK_ERROR(parse("[training]\nsteps = 5\n", {"--training.steps", "0"}),
+              "command line: training.steps must be positive, got 0");
+}
+
+TEST_CASE("values out of range") {
+  struct Case {
+    const char* toml;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"[training]\nsteps = 0", "training.steps must be positive, got 0"},
+      {"[training]\nsteps = -5", "training.steps must be positive, got -5"},
+      {"[training]\nlocal_batch_size = 0", "training.local_batch_size must be positive, got 0"},
+      {"[training]\nseq_len = 0", "training.seq_len must be positive, got 0"},
+      {"[training]\nseq_len = 4096", "training.seq_len (4096) exceeds the model's max_seq_len (2048)"},
+      {"[training]\nglobal_batch_size = 0", "training.global_batch_size must be -1"},
+      {"[training]\nglobal_batch_size = 12", "training.global_batch_size (12) must be a multiple of"},
+      {"[training]\nsynthetic_documents = 0", "training.synthetic_documents must be positive"},
+      {"[training]\nseed = -1", "training.seed must be >= 0, got -1"},
+      {"[optimizer]\nlr = -0.1", "optimizer.lr must be >= 0, got -0.1"},
+      {"[optimizer]\neps = 0", "optimizer.eps must be positive, got 0.0"},
+      {"[optimizer]\nweight_decay = -1", "optimizer.weight_decay must be >= 0"},
+      {"[optimizer]\nbeta1 = 1.0", "optimizer.beta1 must be in [0, 1), got 1.0"},
+      {"[optimizer]\nbeta2 = -0.5", "optimizer.beta2 must be in [0, 1), got -0.5"},
+      {"[lr_scheduler]\nwarmup_steps = -1", "lr_scheduler.warmup_steps must be >= 0, got -1"},
+      {"[lr_scheduler]\ndecay_ratio = 1.5", "lr_scheduler.decay_ratio must be in [0, 1], got 1.5"},
+      {"[lr_scheduler]\nmin_lr_factor = 2", "lr_scheduler.min_lr_factor must be in [0, 1], got 2.0"},
+      {"[metrics]\nlog_freq = 0", "metrics.log_freq must be positive, got 0"},
+      {"[metrics]\npeak_tflops = -1", "metrics.peak_tflops must be >= 0"},
+      {"[checkpoint]\ninterval = 0", "checkpoint.interval must be positive"},
+      {"[checkpoint]\nkeep_latest_k = -1", "checkpoint.keep_latest_k must be >= 0"},
+      {"[parallelism]\ntensor_parallel_degree = 0", "parallelism.tensor_parallel_degree must be >= 1, got 0"},
+      {"[parallelism]\ntensor_parallel_degree = -1", "parallelism.tensor_parallel_degree must be >= 1, got -1"},
+      {"[parallelism]\npipeline_parallel_degree = 0", "parallelism.pipeline_parallel_degree must be >= 1"},
+      {"[parallelism]\ncontext_parallel_degree = 0", "parallelism.context_parallel_degree must be >= 1"},
+      {"[parallelism]\ndata_parallel_replicate_degree = 0", "parallelism.data_parallel_replicate_degree must be"},
+      {"[parallelism]\ndata_parallel_shard_degree = 0", "parallelism.data_parallel_shard_degree must be -1"},
+      {"[parallelism]\ndata_parallel_shard_degree = -2",
+       "data_parallel_shard_degree must be -1 (the ranks the other degrees leave) or >= 1, got -2"},
+      {"[parallelism]\npipeline_parallel_microbatch_size = 0", "pipeline_parallel_microbatch_size must be positive"},
+      {"[model]\ndim = 0", "model.dim must be positive, got 0"},
+      {"[model]\nn_kv_heads = -1", "model.n_kv_heads must be >= 0"},
+      {"[model]\nnorm_eps = 0", "model.norm_eps must be positive"},
+      {"[activation_checkpoint]\nselective_ac_option = \"0\"", "selective_ac_option must be \"op\" or a positive"},
+      {"[activation_checkpoint]\nselective_ac_option = \"two\"", "selective_ac_option must be \"op\" or a positive"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.toml);
+    CHECK_ERROR(parse(c.toml), "job.toml:2:", c.message);
+  }
+  // Edges that are accepted.
+  CHECK(parse("[optimizer]\nbeta1 = 0.0\nlr = 0\n").optimizer.beta1 == 0.0);
+  CHECK(parse("[lr_scheduler]\ndecay_ratio = 1.0\nmin_lr_factor = 1\n").lr_scheduler.decay_ratio == 1.0);
+  CHECK(parse("[training]\nmax_norm = 0\nglobal_batch_size = 32\n").training.max_norm == 0.0);
+  CHECK(parse("[activation_checkpoint]\nselective_ac_option = \"op\"\n").activation_checkpoint.selective_ac_option ==
+        "op");
+  CHECK(parse("[training]\nseq_len = 4096\n[model]\nmax_seq_len = 4096\n").training.seq_len == 4096);
+}
+
+TEST_CASE("unknown names in enumerated keys") {
+  CHECK_ERROR(parse("[lr_scheduler]\ndecay_type = \"step\""), "job.toml:2:",
+              "lr_scheduler.decay_type must be one of linear, sqrt, cosine; got \"step\"");
+  CHECK_ERROR(parse("[training]\nmixed_precision_param = \"float16\""),
+              "training.mixed_precision_param must be one of float32, bfloat16; got \"float16\"");
+  CHECK_ERROR(parse("[training]\nmixed_precision_reduce = \"bfloat16\""), "training.mixed_precision_reduce must be");
+  CHECK_ERROR(parse("[activation_checkpoint]\nmode = \"partial\""),
+              "activation_checkpoint.mode must be one of none, full, selective");
+  CHECK_ERROR(parse("[checkpoint]\nexport_dtype = \"float16\""), "checkpoint.export_dtype must be one of");
+  CHECK_ERROR(parse("[training]\ndataset = \"c4\""), "training.dataset must be one of synthetic, shard; got \"c4\"");
+  CHECK_ERROR(parse("[model]\ntokenizer = \"tiktoken\""), "model.tokenizer must be one of byte");
+  CHECK_ERROR(parse("[optimizer]\nname = \"SGD\""), "optimizer.name must be one of AdamW");
+  CHECK_ERROR(parse("[parallelism]\npipeline_parallel_schedule = \"ZeroBubble\""),
+              "parallelism.pipeline_parallel_schedule must be one of");
+  CHECK_ERROR(parse("[parallelism]\nfsdp_reshard_after_forward = \"sometimes\""),
+              "parallelism.fsdp_reshard_after_forward must be one of default, always, never");
+  CHECK_ERROR(parse("[model]\nflavor = \"llama4\""), "job.toml:2:", "model.flavor: unknown flavor 'llama4'",
+              "llama3_8b");
+  CHECK_ERROR(parse("", {"--training.mixed_precision_param", "fp8"}),
+              "command line: training.mixed_precision_param must be one of");
+}
+
+TEST_CASE("dataset shard needs a path") {
+  CHECK_ERROR(parse("[training]\ndataset = \"shard\""), "job.toml:2:",
+              "training.dataset_path is required when training.dataset = \"shard\"");
+  auto c = parse("[training]\ndataset = \"shard\"\ndataset_path = \"data/x.tshard\"");
+  CHECK(c.training.dataset_path == "data/x.tshard");
+}
+
+TEST_CASE("model overrides apply on top of the flavor") {
+  auto c = parse("[model]\nflavor = \"llama3_8b\"\nn_layers = 2\n[training]\nseq_len = 8192\n");
+  const auto& a = c.model.args;
+  CHECK(a.flavor == "llama3_8b");
+  CHECK(a.n_layers == 2);
+  CHECK(a.dim == 4096);
+  CHECK(a.n_heads == 32);
+  CHECK(a.n_kv_heads == 8);
+  CHECK(a.vocab_size == 128256);
+  CHECK(a.multiple_of == 1024);
+  CHECK(a.ffn_dim_multiplier == 1.3);
+  CHECK(a.max_seq_len == 8192);
+
+  auto all = parse(R"([model]
+flavor = "llama3.1_8b"
+dim = 512
+n_layers = 3
+n_heads = 8
+n_kv_heads = 2
+vocab_size = 1000
+multiple_of = 64
+ffn_dim_multiplier = 1.5
+rope_theta = 20000
+norm_eps = 1e-6
+max_seq_len = 1024
+tie_embeddings = true
+[training]
+seq_len = 1024
+)");
+  const auto& b = all.model.args;
+  CHECK(b.dim == 512);
+  CHECK(b.n_layers == 3);
+  CHECK(b.n_heads == 8);
+  CHECK(b.n_kv_heads == 2);
+  CHECK(b.vocab_size == 1000);
+  CHECK(b.multiple_of == 64);
+  CHECK(b.ffn_dim_multiplier == 1.5);
+  CHECK(b.rope_theta == 20000.0);
+  CHECK(b.norm_eps == 1e-6);
+  CHECK(b.max_seq_len == 1024);
+  CHECK(b.tie_embeddings);
+  CHECK(b.rope_scaling.enabled);  // a field without a key keeps the flavor's value
+
+  // The flavor's max_seq_len bounds training.seq_len.
+  CHECK_ERROR(parse("[model]\nflavor = \"llama2_7b\"\n[training]\nseq_len = 8192\n"),
+              "training.seq_len (8192) exceeds the model's max_seq_len (4096) of flavor llama2_7b");
+}
+
+TEST_CASE("model shapes that do not divide are rejected") {
+  CHECK_ERROR(parse("[model]\nn_heads = 7\n"), "job.toml: [model]", "n_heads (7) does not divide dim (256)");
+  CHECK_ERROR(parse("[model]\ndim = 200\n"), "n_heads (16) does not divide dim (200)");
+  CHECK_ERROR(parse("[model]\nn_kv_heads = 3\n"), "job.toml: [model]",
+              "n_kv_heads (3) does not divide n_heads (16)");
+  CHECK_ERROR(parse("", {"--model.n_kv_heads", "5"}), "n_kv_heads (5) does not divide n_heads (16)");
+  CHECK_ERROR(load_config("", {"--model.n_heads", "3"}), "command line: [model]",
+              "n_heads (3) does not divide dim (256)");
+}
+
+TEST_CASE("to_toml round trip") {
+  SUBCASE("defaults") {
+    JobConfig c = parse("");
+    std::string text = to_toml(c);
+    CHECK(text.find("[training]\n") != std::string::npos);
+    CHECK(text.find("steps = 10000\n") != std::string::npos);
+    CHECK(text.find("# decay_ratio: unset") != std::string::npos);
+    CHECK(text.find("# dim: unset, the flavor's value (256)") != std::string::npos);
+    CHECK(parse_config(text, "dump.toml", {}) == c);
+  }
+  SUBCASE("every key changed") {
+    Args args = {"--job.dump_folder", "out dir/ü",
+                 "--job.description", "quote \" backslash \\ tab \t newline \n bell \x07 done",
+                 "--job.print_config",
+                 "--model.flavor", "llama3.2_1b",
+                 "--model.n_layers", "2",
+                 "--model.dim", "512",
+                 "--model.n_heads", "8",
+                 "--model.n_kv_heads", "4",
+                 "--model.vocab_size", "300",
+                 "--model.multiple_of", "32",
+                 "--model.ffn_dim_multiplier", "1.25",
+                 "--model.rope_theta", "12345.678",
+                 "--model.norm_eps", "1e-6",
+                 "--model.max_seq_len", "512",
+                 "--model.tie_embeddings", "false",
+                 "--optimizer.lr", "0.000123456789",
+                 "--optimizer.eps", "1e-12",
+                 "--optimizer.weight_decay", "0",
+                 "--optimizer.beta1", "0.8",
+                 "--optimizer.beta2", "0.999",
+                 "--lr_scheduler.warmup_steps", "7",
+                 "--lr_scheduler.decay_ratio", "0.3",
+                 "--lr_scheduler.decay_type", "sqrt",
+                 "--lr_scheduler.min_lr_factor", "0.05",
+                 "--training.local_batch_size", "3",
+                 "--training.global_batch_size", "12",
+                 "--training.seq_len", "256",
+                 "--training.steps", "17",
+                 "--training.max_norm", "-1",
+                 "--training.seed", "99",
+                 "--training.deterministic",
+                 "--training.mixed_precision_param", "float32",
+                 "--training.dataset", "shard",
+                 "--training.dataset_path", "data/c4.tshard",
+                 "--training.synthetic_documents", "5",
+                 "--parallelism.data_parallel_replicate_degree", "2",
+                 "--parallelism.data_parallel_shard_degree", "4",
+                 "--parallelism.tensor_parallel_degree", "2",
+                 "--parallelism.pipeline_parallel_degree", "2",
+                 "--parallelism.context_parallel_degree", "2",
+                 "--parallelism.disable_loss_parallel",
+                 "--parallelism.pipeline_parallel_schedule", "GPipe",
+                 "--parallelism.pipeline_parallel_microbatch_size", "2",
+                 "--parallelism.fsdp_reshard_after_forward", "never",
+                 "--activation_checkpoint.mode", "full",
+                 "--activation_checkpoint.selective_ac_option", "op",
+                 "--checkpoint.enable",
+                 "--checkpoint.folder", "ckpt",
+                 "--checkpoint.interval", "3",
+                 "--checkpoint.last_save_model_only", "false",
+                 "--checkpoint.export_dtype", "bfloat16",
+                 "--checkpoint.keep_latest_k", "0",
+                 "--checkpoint.initial_load_path", "init/step-0",
+                 "--metrics.log_freq", "1",
+                 "--metrics.enable_tensorboard",
+                 "--metrics.save_tb_folder", "tensorboard",
+                 "--metrics.peak_tflops", "989.5"};
+    JobConfig c = load_config("", args);
+    const JobConfig defaults;
+    for (const auto& k : tessera::train::config_keys()) {
+      INFO(k.name);
+      if (k.choices.size() != 1)  // the case covers every key that has a choice
+        CHECK_FALSE(tessera::train::detail::same_value(k, c, defaults));
+    }
+    std::string text = to_toml(c);
+    JobConfig back = parse_config(text, "dump.toml", {});
+    CHECK(back == c);
+    CHECK(back.job.description == c.job.description);
+    CHECK(back.model.args.n_kv_heads == 4);
+    CHECK(back.model.args.rope_theta == 12345.678);
+    CHECK(back.optimizer.lr == 0.000123456789);
+    CHECK(to_toml(back) == text);
+
+    TempDir dir;
+    CHECK(load_config(dir.write("dump.toml", text), {}) == c);
+  }
+  SUBCASE("inequality is seen") {
+    JobConfig a = parse(""), b = parse("", {"--lr_scheduler.decay_ratio", "0"});
+    CHECK_FALSE(a == b);
+  }
+}
+
+TEST_CASE("finalize_config checks a config built in code") {
+  JobConfig c;
+  c.model.flavor = "llama2_13b";
+  c.model.n_layers = 1;
+  c.training.seq_len = 4096;
+  tessera::train::finalize_config(c, "my trainer");
+  CHECK(c.model.args.dim == 5120);
+  CHECK(c.model.args.n_layers == 1);
+  c.optimizer.beta2 = 1.5;
+  CHECK_ERROR(tessera::train::finalize_config(c, "my trainer"), "my trainer: optimizer.beta2 must be in [0, 1)");
+}
+
+TEST_CASE("config_help lists every key with type and default") {
+  std::string help = tessera::train::config_help();
+  for (const auto& k : tessera::train::config_keys()) {
+    INFO(k.name);
+    CHECK(help.find(tessera::detail::concat("--", k.name, " <")) != std::string::npos);
+  }
+  CHECK(help.find("--training.steps <int>  (default 10000)") != std::string::npos);
+  CHECK(help.find("--optimizer.lr <float>  (default 0.0008)") != std::string::npos);
+  CHECK(help.find("--checkpoint.enable <bool>  (default false)") != std::string::npos);
+  CHECK(help.find("--job.dump_folder <string>  (default \"./outputs\")") != std::string::npos);
+  CHECK(help.find("--lr_scheduler.decay_ratio <float, optional>  (default unset") != std::string::npos);
+  CHECK(help.find("One of: linear, sqrt, cosine.") != std::string::npos);
+}
+
+TEST_CASE("docs/configuration.md describes every key") {
+  fs::path src = source_dir();
+  INFO("source dir: " << src);
+  REQUIRE(fs::exists(src / "docs" / "configuration.md"));
+  std::string doc = read_text(src / "docs" / "configuration.md");
+  for (const auto& k : tessera::train::config_keys()) {
+    INFO(k.name);
+    CHECK(doc.find(tessera::detail::concat("`", k.key(), "`")) != std::string::npos);
+  }
+  for (auto s : tessera::train::config_sections()) CHECK(doc.find(tessera::detail::concat("[", s, "]")) != std::string::npos);
+}
+
+TEST_CASE("every example config loads") {
+  fs::path dir = source_dir() / "examples" / "configs";
+  INFO("configs: " << dir);
+  REQUIRE(fs::is_directory(dir));
+  std::set<std::string> flavors;
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    ++files;
+    INFO(entry.path());
+    JobConfig c;
+    CHECK_NOTHROW(c = load_config(entry.path().string(), {}));
+    flavors.insert(c.model.flavor);
+    if (c.model.flavor != "debugmodel") {
+      CHECK(entry.path().stem().string() == c.model.flavor);
+      CHECK(c.training.mixed_precision_param == "bfloat16");
+      CHECK(c.training.dataset == "shard");
+      CHECK_FALSE(c.training.dataset_path.empty());
+      CHECK(c.training.steps == 1000);
+      CHECK(c.lr_scheduler.warmup_steps == 200);
+      CHECK(c.training.seq_len == (c.model.flavor.rfind("llama2", 0) == 0 ? 4096 : 8192));
+    }
+    // Every shipped file survives the round trip too.
+    CHECK(parse_config(to_toml(c), "dump.toml", {}) == c);
+  }
+  std::set<std::string> expected;
+  for (const auto& a : tessera::nn::model_flavors()) expected.insert(a.flavor);
+  CHECK(flavors == expected);
+  CHECK(files == static_cast<int>(expected.size()));
+
+  auto lr_of = [&](const char* name) { return load_config((dir / name).string(), {}).optimizer.lr; };
+  CHECK(lr_of("llama3_8b.toml") == 3e-4);
+  CHECK(lr_of("llama3_70b.toml") == 1.5e-4);
+  CHECK(lr_of("llama3.1_405b.toml") == 8e-5);
+}
+
+TEST_CASE("debug_model.toml is the default job") {
+  JobConfig c = load_config((source_dir() / "examples" / "configs" / "debug_model.toml").string(), {});
+  CHECK(c.model.flavor == "debugmodel");
+  CHECK(c.model.args.dim == 256);
+  CHECK(c.model.args.n_layers == 6);
+  CHECK(c.model.args.n_heads == 16);
+  CHECK(c.training.local_batch_size == 8);
+  CHECK(c.training.seq_len == 256);
+  CHECK(c.training.steps == 400);
+  CHECK(c.optimizer.lr == 2e-3);
+  CHECK(c.lr_scheduler.warmup_steps == 40);
+  CHECK(c.lr_scheduler.decay_ratio == 0.8);
+  CHECK(c.lr_scheduler.decay_type == "cosine");
+  CHECK(c.lr_scheduler.min_lr_factor == 0.1);
+  CHECK(c.training.mixed_precision_param == "float32");
+  CHECK(c.training.max_norm == 1.0);
+  CHECK(c.training.seed == 0);
+  CHECK(c.training.dataset == "synthetic");
+  CHECK(c.metrics.log_freq == 10);
+  CHECK(c.checkpoint.enable);
+  CHECK(c.checkpoint.folder == "checkpoint");
+  CHECK(c.checkpoint.interval == 200);
+  CHECK(c.activation_checkpoint.mode == "none");
+  CHECK(c.job.dump_folder == "./outputs/debug_model");
+  CHECK(c.job.description == "Llama debug model on the embedded corpus");
+  // Overrides work on top of it as they would from llama-train.
+  JobConfig o = load_config("", {"--config", (source_dir() / "examples" / "configs" / "debug_model.toml").string(),
+                                 "--training.steps", "10"});
+  CHECK(o.training.steps == 10);
+  CHECK(o.training.seq_len == 256);
+}

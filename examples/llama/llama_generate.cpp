@@ -1,0 +1,85 @@
+// llama-generate: samples text from a checkpoint written by llama-train.
+//
+//   llama-generate --checkpoint outputs/debug_model/model.safetensors [--prompt TEXT]
+//                  [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]
+//
+// The model's shape comes from the checkpoint's metadata; text goes through the
+// byte tokenizer, the prompt after a BOS token. Generation stops at EOS.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/io/tokenizer.hpp"
+#include "tessera/nn/generate.hpp"
+#include "tessera/nn/transformer.hpp"
+#include "tessera/train/checkpoint.hpp"
+
+using namespace tessera;
+
+namespace {
+
+template <class V>
+V parse_number(const std::string& flag, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    V v;
+    if constexpr (std::is_floating_point_v<V>) v = static_cast<V>(std::stod(text, &used));
+    else v = static_cast<V>(std::stoll(text, &used));
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  fail(flag, ": expected a number, got '", text, "'");
+}
+
+int run(const std::vector<std::string>& args) {
+  std::string checkpoint, prompt;
+  nn::SampleOptions o;
+  o.max_new_tokens = 200;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: llama-generate --checkpoint FILE.safetensors [--prompt TEXT] [--max-new-tokens N]\n"
+                  "                      [--temperature T] [--top-k K] [--seed S]\n");
+      return 0;
+    }
+    TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
+    const std::string& v = args[++i];
+    if (a == "--checkpoint") checkpoint = v;
+    else if (a == "--prompt") prompt = v;
+    else if (a == "--max-new-tokens") o.max_new_tokens = parse_number<std::int64_t>(a, v);
+    else if (a == "--temperature") o.temperature = parse_number<double>(a, v);
+    else if (a == "--top-k") o.top_k = parse_number<std::int64_t>(a, v);
+    else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, v);
+    else fail("unknown option '", a, "' (see --help)");
+  }
+  TESSERA_CHECK(!checkpoint.empty(), "--checkpoint: required (a model.safetensors written by llama-train)");
+  TESSERA_CHECK(o.max_new_tokens >= 0 && o.temperature >= 0 && o.top_k >= 0,
+                "--max-new-tokens, --temperature and --top-k must not be negative");
+
+  const nn::ModelArgs a = train::read_model_args(checkpoint);
+  io::ByteTokenizer tok;
+  TESSERA_CHECK(a.vocab_size >= tok.vocab_size(), checkpoint, ": vocabulary of ", a.vocab_size,
+                " is smaller than the byte tokenizer's ", tok.vocab_size());
+  nn::Transformer<float, Cpu> model(a);
+  train::load_model(model, checkpoint);
+  std::vector<std::int32_t> ids;
+  for (auto t : tok.encode(prompt, true, false)) ids.push_back(static_cast<std::int32_t>(t));
+  o.context = a.max_seq_len;
+  o.stop_token = io::ByteTokenizer::eos_id;
+  auto out = nn::generate(model, ids, o);
+  std::vector<std::uint32_t> u(out.begin(), out.end());
+  std::printf("%s%s\n", prompt.c_str(), tok.decode(u).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama-generate: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,70 @@
+// Sampling text from a model: temperature and top-k over the last position's logits,
+// with a counter-based generator (the draw for token i depends only on seed and i).
+// Each new token reruns the model over the last `context` tokens (no KV cache: fine
+// for the small models this is used with; long generation wants a cache).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/nn/layer.hpp"
+
+namespace tessera::nn {
+
+struct SampleOptions {
+  std::int64_t max_new_tokens = 200;
+  double temperature = 0.8;  // 0: greedy
+  std::int64_t top_k = 0;    // 0: the whole vocabulary
+  std::uint64_t seed = 0;
+  std::int64_t context = 256;                // tokens the model sees at most
+  std::int64_t stop_token = -1;              // stop after emitting this id
+};
+
+/// Picks one id from logits: argmax at temperature 0, else a draw from the softmax of
+/// logits / temperature restricted to the top_k largest.
+template <class T>
+std::int32_t sample_token(const T* logits, std::int64_t vocab, const SampleOptions& o, std::uint64_t draw_index) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(vocab));
+  std::iota(ids.begin(), ids.end(), 0);
+  auto by_logit = [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b]; };
+  if (o.temperature <= 0) return *std::min_element(ids.begin(), ids.end(), by_logit);
+  std::int64_t k = o.top_k > 0 ? std::min(o.top_k, vocab) : vocab;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), by_logit);
+  std::vector<double> p(static_cast<std::size_t>(k));
+  const double m = static_cast<double>(logits[ids[0]]);
+  double sum = 0;
+  for (std::int64_t i = 0; i < k; ++i) sum += p[i] = std::exp((static_cast<double>(logits[ids[i]]) - m) / o.temperature);
+  std::uint32_t w[4];
+  Philox4x32(mix64(o.seed)).draw(draw_index, 1, 0, w);
+  double u = uniform_open(w[0], w[1]) * sum;
+  for (std::int64_t i = 0; i < k; ++i) {
+    u -= p[i];
+    if (u <= 0) return ids[i];
+  }
+  return ids[k - 1];
+}
+
+/// Continues `prompt` (not empty) by up to max_new_tokens ids; returns the new ids.
+template <class Model>
+std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> prompt, const SampleOptions& o) {
+  TESSERA_CHECK(!prompt.empty(), "generate: the prompt needs at least one token (e.g. BOS)");
+  const std::int64_t context = std::min(o.context, model.args().max_seq_len);
+  std::vector<std::int32_t> out;
+  for (std::int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const auto n = static_cast<std::int64_t>(std::min<std::size_t>(prompt.size(), static_cast<std::size_t>(context)));
+    std::vector<std::int32_t> window(prompt.end() - n, prompt.end());
+    auto logits = model.last_logits(window, Geometry{1, n});
+    const std::int32_t next = sample_token(logits.data(), logits.size(1), o, static_cast<std::uint64_t>(i));
+    out.push_back(next);
+    prompt.push_back(next);
+    if (next == o.stop_token) break;
+  }
+  return out;
+}
+
+}  // namespace tessera::nn

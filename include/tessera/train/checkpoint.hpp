@@ -1,0 +1,110 @@
+// Model checkpoints as safetensors: every parameter under its torchtitan name, and the
+// model arguments in the metadata (key "tessera.model_args", JSON), so a checkpoint
+// alone is enough to rebuild and run the model.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tessera/core/dtype.hpp"
+#include "tessera/io/safetensors.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/nn/layer.hpp"
+
+namespace tessera::train {
+
+inline nlohmann::json model_args_to_json(const nn::ModelArgs& a) {
+  return {{"flavor", a.flavor},
+          {"dim", a.dim},
+          {"n_layers", a.n_layers},
+          {"n_heads", a.n_heads},
+          {"n_kv_heads", a.kv_heads()},
+          {"vocab_size", a.vocab_size},
+          {"multiple_of", a.multiple_of},
+          {"ffn_dim_multiplier", a.ffn_dim_multiplier},
+          {"norm_eps", a.norm_eps},
+          {"rope_theta", a.rope_theta},
+          {"rope_scaling",
+           {{"enabled", a.rope_scaling.enabled},
+            {"factor", a.rope_scaling.factor},
+            {"low_freq_factor", a.rope_scaling.low_freq_factor},
+            {"high_freq_factor", a.rope_scaling.high_freq_factor},
+            {"original_max_position", a.rope_scaling.original_max_position}}},
+          {"max_seq_len", a.max_seq_len},
+          {"tie_embeddings", a.tie_embeddings},
+          {"depth_init", a.depth_init}};
+}
+
+inline nn::ModelArgs model_args_from_json(const nlohmann::json& j, const std::string& where) {
+  nn::ModelArgs a;
+  try {
+    a.flavor = j.at("flavor").get<std::string>();
+    a.dim = j.at("dim").get<std::int64_t>();
+    a.n_layers = j.at("n_layers").get<std::int64_t>();
+    a.n_heads = j.at("n_heads").get<std::int64_t>();
+    a.n_kv_heads = j.at("n_kv_heads").get<std::int64_t>();
+    a.vocab_size = j.at("vocab_size").get<std::int64_t>();
+    a.multiple_of = j.at("multiple_of").get<std::int64_t>();
+    a.ffn_dim_multiplier = j.at("ffn_dim_multiplier").get<double>();
+    a.norm_eps = j.at("norm_eps").get<double>();
+    a.rope_theta = j.at("rope_theta").get<double>();
+    const auto& r = j.at("rope_scaling");
+    a.rope_scaling = {r.at("enabled").get<bool>(), r.at("factor").get<double>(), r.at("low_freq_factor").get<double>(),
+                      r.at("high_freq_factor").get<double>(), r.at("original_max_position").get<std::int64_t>()};
+    a.max_seq_len = j.at("max_seq_len").get<std::int64_t>();
+    a.tie_embeddings = j.at("tie_embeddings").get<bool>();
+    a.depth_init = j.at("depth_init").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, ": model arguments: ", e.what());
+  }
+  a.validate(where);
+  return a;
+}
+
+/// Writes every parameter of `model` to `path` (atomically: a crash leaves any
+/// previous file intact), stored as `dtype` (float32 or bfloat16).
+template <class Model>
+void save_model(Model& model, const std::string& path, DType dtype) {
+  using T = typename Model::scalar_type;
+  io::SafetensorsWriter w;
+  const io::StDtype stored = dtype == DType::bf16 ? io::StDtype::bf16 : io::StDtype::f32;
+  model.for_each_parameter([&](nn::Parameter<T>& p) {
+    std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
+    w.add(p.name, stored, shape, std::span<const T>(p.value.data(), static_cast<std::size_t>(p.numel())));
+  });
+  w.set_metadata("format", "pt");
+  w.set_metadata("tessera.model_args", model_args_to_json(model.args()).dump());
+  w.write(path);
+}
+
+/// The model arguments stored in a checkpoint's metadata.
+inline nn::ModelArgs read_model_args(const std::string& path) {
+  auto file = io::SafetensorsFile::open(path);
+  auto it = file.metadata().find("tessera.model_args");
+  TESSERA_CHECK(it != file.metadata().end(), path, ": no tessera.model_args in the metadata (not a tessera checkpoint)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": tessera.model_args is not valid JSON: ", e.what());
+  }
+  return model_args_from_json(j, path);
+}
+
+/// Loads every parameter of `model` from `path`; a missing tensor or another shape
+/// is an error naming the file and the tensor.
+template <class Model>
+void load_model(Model& model, const std::string& path) {
+  using T = typename Model::scalar_type;
+  auto file = io::SafetensorsFile::open(path);
+  model.for_each_parameter([&](nn::Parameter<T>& p) {
+    std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
+    file.read(p.name, std::span<T>(p.value.data(), static_cast<std::size_t>(p.numel())), shape);
+  });
+}
+
+}  // namespace tessera::train

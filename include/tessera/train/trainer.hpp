@@ -1,0 +1,154 @@
+// The training loop: data -> forward -> loss -> backward -> clip -> AdamW -> metrics.
+//
+// One step consumes one global batch: global_batch_size / local_batch_size
+// micro-batches (gradient accumulation), each a forward_backward whose loss is scaled
+// by 1 / (target tokens in the whole global batch), so the gradient is that of the
+// mean token loss however the batch is split. Then the global gradient norm is
+// clipped, AdamW steps at the scheduled learning rate, and the step's metrics are
+// returned.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/memory.hpp"
+#include "tessera/data/loader.hpp"
+#include "tessera/data/synthetic.hpp"
+#include "tessera/io/token_shard.hpp"
+#include "tessera/io/tokenizer.hpp"
+#include "tessera/nn/layer.hpp"
+#include "tessera/optim/adamw.hpp"
+#include "tessera/optim/clip.hpp"
+#include "tessera/optim/lr_schedule.hpp"
+#include "tessera/train/config.hpp"
+#include "tessera/train/metrics.hpp"
+
+namespace tessera::train {
+
+/// The token stream [training] names: the embedded corpus or a token shard.
+inline std::vector<std::uint32_t> load_training_tokens(const JobConfig& c) {
+  if (c.training.dataset == "synthetic") {
+    auto docs = data::synthetic_corpus(static_cast<std::uint64_t>(c.training.seed), c.training.synthetic_documents);
+    return data::pack_documents(docs, io::ByteTokenizer{});
+  }
+  TESSERA_CHECK(!c.training.dataset_path.empty(), "training.dataset_path: required when training.dataset = \"shard\"");
+  auto tokens = io::read_token_shard(c.training.dataset_path);
+  return tokens;
+}
+
+/// Rejects the settings this build cannot run yet, naming the key.
+inline void check_supported(const JobConfig& c, std::int64_t world_size) {
+  const auto& p = c.parallelism;
+  auto one = [&](std::int64_t v, const char* key) {
+    TESSERA_CHECK(v == 1 || (v == -1 && std::string(key) == "data_parallel_shard_degree"), "parallelism.", key, " = ",
+                  v, ": this build trains on one rank only (world size ", world_size, ")");
+  };
+  one(p.data_parallel_replicate_degree, "data_parallel_replicate_degree");
+  one(p.data_parallel_shard_degree, "data_parallel_shard_degree");
+  one(p.tensor_parallel_degree, "tensor_parallel_degree");
+  one(p.pipeline_parallel_degree, "pipeline_parallel_degree");
+  one(p.context_parallel_degree, "context_parallel_degree");
+  TESSERA_CHECK(c.activation_checkpoint.mode == "none", "activation_checkpoint.mode = \"",
+                c.activation_checkpoint.mode, "\": only \"none\" is available in this build");
+}
+
+template <class Model>
+class Trainer {
+ public:
+  using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
+
+  /// `peak_flops`: the FLOP rate MFU is measured against.
+  Trainer(Model& model, const JobConfig& config, data::DataLoader loader, double peak_flops)
+      : model_(model),
+        config_(config),
+        loader_(std::move(loader)),
+        optimizer_(model, adamw_options(config)),
+        schedule_(config.training.steps, config.lr_scheduler.warmup_steps, config.lr_scheduler.decay_ratio,
+                  optim::parse_decay_type(config.lr_scheduler.decay_type), config.lr_scheduler.min_lr_factor),
+        peak_flops_(peak_flops) {
+    const std::int64_t local = config.training.local_batch_size;
+    const std::int64_t global = config.training.global_batch_size > 0 ? config.training.global_batch_size : local;
+    TESSERA_CHECK(global % local == 0, "training.global_batch_size (", global,
+                  ") must be a multiple of training.local_batch_size (", local, ")");
+    accumulation_ = global / local;
+  }
+
+  /// One optimizer step over one global batch.
+  StepMetrics step() {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<data::Batch> micro;
+    std::int64_t n_targets = 0;
+    for (std::int64_t i = 0; i < accumulation_; ++i) {
+      micro.push_back(loader_.next());
+      n_targets += micro.back().n_targets;
+    }
+    TESSERA_CHECK(n_targets > 0, "step ", step_ + 1, ": the batch has no target tokens");
+    model_.zero_grad();
+    double loss_sum = 0;
+    std::size_t activations = 0;
+    for (const auto& b : micro) {
+      loss_sum += model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
+                                          1.0 / static_cast<double>(n_targets));
+      activations = std::max(activations, model_.saved_activation_bytes());
+    }
+    const double norm = optim::grad_norm<B>(model_);
+    TESSERA_CHECK(std::isfinite(norm) && std::isfinite(loss_sum), "step ", step_ + 1,
+                  ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
+                  "); lower optimizer.lr or training.max_norm");
+    const double lr = config_.optimizer.lr * schedule_.factor(step_);
+    optimizer_.step(lr, optim::clip_coefficient(norm, config_.training.max_norm));
+    B::synchronize();
+    ++step_;
+
+    StepMetrics m;
+    m.step = step_;
+    m.loss = loss_sum / static_cast<double>(n_targets);
+    m.grad_norm = norm;
+    m.lr = lr;
+    m.tokens = 0;
+    for (const auto& b : micro) m.tokens += b.batch * b.seq_len;
+    m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m.tokens_per_sec = static_cast<double>(m.tokens) / m.step_seconds;
+    const auto seq = micro.front().seq_len;
+    if (peak_flops_ > 0) {
+      m.mfu_pct = 100.0 * m.tokens_per_sec * model_.args().flops_per_token(seq) / peak_flops_;
+      m.mfu_causal_pct = 100.0 * m.tokens_per_sec * model_.args().flops_per_token(seq, true) / peak_flops_;
+    }
+    m.peak_memory_bytes = memory_stats(B::device).peak();
+    m.activation_bytes = activations;
+    return m;
+  }
+
+  std::int64_t steps_done() const { return step_; }
+  std::int64_t accumulation_steps() const { return accumulation_; }
+  const optim::AdamW<T, B>& optimizer() const { return optimizer_; }
+  const data::DataLoader& loader() const { return loader_; }
+
+ private:
+  static optim::AdamWOptions adamw_options(const JobConfig& c) {
+    optim::AdamWOptions o;
+    o.lr = c.optimizer.lr;
+    o.beta1 = c.optimizer.beta1;
+    o.beta2 = c.optimizer.beta2;
+    o.eps = c.optimizer.eps;
+    o.weight_decay = c.optimizer.weight_decay;
+    o.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
+    return o;
+  }
+
+  Model& model_;
+  const JobConfig& config_;
+  data::DataLoader loader_;
+  optim::AdamW<T, B> optimizer_;
+  optim::LrSchedule schedule_;
+  double peak_flops_;
+  std::int64_t accumulation_ = 1;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace tessera::train
