@@ -56,10 +56,6 @@ int run(const std::vector<std::string>& args) {
   const train::JobConfig c = train::load_config("", args);
   train::check_supported(c, 1);
   const fs::path dump = c.job.dump_folder;
-  fs::create_directories(dump);
-  {
-    std::ofstream(dump / "config.toml") << train::to_toml(c);
-  }
   if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());
 
   const nn::ModelArgs& a = c.model.args;
@@ -94,6 +90,13 @@ int run(const std::vector<std::string>& args) {
                static_cast<long long>(loader.windows_per_epoch()), Cpu::threads(), peak / 1e9,
                measured_peak ? "measured sgemm" : "metrics.peak_tflops");
 
+  // Only now, with every input checked, does the run touch its dump folder.
+  fs::create_directories(dump);
+  {
+    std::ofstream out(dump / "config.toml");
+    out << train::to_toml(c);
+    TESSERA_CHECK(out.good(), (dump / "config.toml").string(), ": cannot write");
+  }
   train::Trainer<Model> trainer(model, c, std::move(loader), peak);
   train::MetricsLogger log((dump / "metrics.jsonl").string(), c.training.steps, c.metrics.log_freq,
                            isatty(STDERR_FILENO) != 0);
@@ -118,6 +121,7 @@ int run(const std::vector<std::string>& args) {
   o.seed = static_cast<std::uint64_t>(c.training.seed);
   o.context = c.training.seq_len;
   o.stop_token = static_cast<std::int64_t>(io::ByteTokenizer::eos_id);
+  o.vocab_limit = tok.vocab_size();
   auto ids = nn::generate(model, {static_cast<std::int32_t>(io::ByteTokenizer::bos_id)}, o);
   std::vector<std::uint32_t> u(ids.begin(), ids.end());
   std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, tok.decode(u).c_str());

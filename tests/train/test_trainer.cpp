@@ -3,6 +3,7 @@
 // round-trip.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "tessera/backend/cpu/cpu.hpp"
@@ -42,24 +43,49 @@ train::JobConfig small_job(const std::vector<std::string>& overrides = {}) {
 
 }  // namespace
 
-// The stated target: the small debug-shaped model (dim 64, 2 layers) gets below 1.9
-// nats per byte on the embedded corpus within 150 steps from its initial ~5.6.
-TEST_CASE("Training on the embedded corpus reaches the stated loss") {
-  train::JobConfig c = small_job();
+// The stated target: the debug model (dim 256, 6 layers, 16 heads; sequences of 64
+// bytes, batch 8) gets below 1.9 nats per byte on the embedded corpus within 100 steps
+// from its initial ~6. Sanitizer builds run 10 steps and check the loss falls.
+#if TESSERA_SHORT_TESTS
+constexpr int kTrainSteps = 10;
+constexpr double kTargetLoss = 5.0;
+#else
+constexpr int kTrainSteps = 100;
+constexpr double kTargetLoss = 1.9;
+#endif
+
+TEST_CASE("Training the debug model on the embedded corpus reaches the stated loss") {
+  train::JobConfig c = train::parse_config(R"(
+    [model]
+    flavor = "debugmodel"
+    [training]
+    local_batch_size = 8
+    seq_len = 64
+    mixed_precision_param = "float32"
+    synthetic_documents = 2000
+    [optimizer]
+    lr = 3e-3
+    [lr_scheduler]
+    warmup_steps = 10
+    decay_ratio = 0.5
+    decay_type = "cosine"
+    min_lr_factor = 0.1
+  )",
+                                           "test_trainer", {"--training.steps", std::to_string(kTrainSteps)});
   Model model(c.model.args);
   model.init_weights(0);
   data::DataLoader loader(train::load_training_tokens(c), c.training.seq_len, c.training.local_batch_size);
   train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
   double first = 0, last = 0;
-  for (int s = 1; s <= c.training.steps; ++s) {
+  for (int s = 1; s <= kTrainSteps; ++s) {
     auto m = trainer.step();
     if (s == 1) first = m.loss;
     last = m.loss;
     REQUIRE(std::isfinite(m.loss));
   }
-  MESSAGE("loss " << first << " -> " << last);
+  MESSAGE("loss " << first << " -> " << last << " in " << kTrainSteps << " steps");
   CHECK(first > 5.0);
-  CHECK(last < 1.9);
+  CHECK(last < kTargetLoss);
 }
 
 TEST_CASE("Gradient accumulation gives the gradient of the whole global batch") {

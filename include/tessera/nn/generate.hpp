@@ -23,12 +23,14 @@ struct SampleOptions {
   std::uint64_t seed = 0;
   std::int64_t context = 256;                // tokens the model sees at most
   std::int64_t stop_token = -1;              // stop after emitting this id
+  std::int64_t vocab_limit = 0;              // sample ids below this only (the tokenizer's size); 0: all
 };
 
 /// Picks one id from logits: argmax at temperature 0, else a draw from the softmax of
 /// logits / temperature restricted to the top_k largest.
 template <class T>
 std::int32_t sample_token(const T* logits, std::int64_t vocab, const SampleOptions& o, std::uint64_t draw_index) {
+  if (o.vocab_limit > 0) vocab = std::min(vocab, o.vocab_limit);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(vocab));
   std::iota(ids.begin(), ids.end(), 0);
   auto by_logit = [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b]; };

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/ops/softmax.hpp"

@@ -38,11 +38,15 @@ struct Cpu {
 
   static int threads() { return omp_get_max_threads(); }
 
+  /// Below this many indices a loop runs on the calling thread: waking the team
+  /// costs more than tiny loops gain, and hurts badly when cores are shared.
+  static constexpr std::int64_t kMinParallel = 16;
+
   /// Calls f(i) for i in [0, n) on every core, in a fixed partition.
   template <class F>
   static void for_each(std::int64_t n, const F& f) {
     if (n <= 0) return;
-    if (n == 1 || omp_in_parallel()) {
+    if (n < kMinParallel || omp_in_parallel()) {
       for (std::int64_t i = 0; i < n; ++i) f(i);
       return;
     }

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Every bad input to the binaries ends in one clear error line and exit status 1:
+# never a crash (status >= 128), a hang (each run is time-limited) or silence.
+set -uo pipefail
+train=$1
+generate=$2
+configs=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+runs=0
+
+# expect_error DESCRIPTION EXPECTED_TEXT COMMAND...
+expect_error() {
+  local what=$1 expected=$2
+  shift 2
+  runs=$((runs + 1))
+  local out status
+  out=$(timeout 60 "$@" 2>&1 >/dev/null)
+  status=$?
+  local last
+  last=$(printf '%s\n' "$out" | grep -v '^$' | tail -n 1)
+  if [ "$status" -ne 1 ]; then
+    echo "FAIL: $what: exit status $status (expected 1)"; echo "$out" | tail -n 5; failures=$((failures + 1))
+  elif [[ "$last" != *"$expected"* ]]; then
+    echo "FAIL: $what: last line '$last' lacks '$expected'"; failures=$((failures + 1))
+  else
+    echo "ok: $what -> $last"
+  fi
+}
+
+small=(--config "$configs/debug_model.toml" --job.dump_folder "$work/out" --training.steps 1
+       --model.n_layers 1 --model.dim 32 --model.n_heads 2 --training.seq_len 16 --training.local_batch_size 1
+       --training.synthetic_documents 10 --checkpoint.enable false)
+
+expect_error "unknown key" "unknown option --training.stepz (did you mean --training.steps?)" "$train" "${small[@]}" --training.stepz 3
+expect_error "mistyped value" "training.steps: expected an integer" "$train" "${small[@]}" --training.steps three
+printf '[training]\nsteps = "ten"\n' > "$work/typed.toml"
+expect_error "mistyped value in a file" "typed.toml" "$train" --config "$work/typed.toml"
+printf '[training\nsteps = 1\n' > "$work/broken.toml"
+expect_error "TOML syntax error" "broken.toml" "$train" --config "$work/broken.toml"
+expect_error "missing config file" "missing.toml" "$train" --config "$work/missing.toml"
+expect_error "n_heads not dividing dim" "n_heads (3) does not divide dim (32)" "$train" "${small[@]}" --model.n_heads 3
+expect_error "n_kv_heads not dividing n_heads" "n_kv_heads (3) does not divide n_heads (2)" "$train" "${small[@]}" --model.n_kv_heads 3
+expect_error "missing token shard" "$work/none.tshard" "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/none.tshard"
+# A valid shard first, then broken copies of it.
+printf 'TSRATOKS' > "$work/bad_magic.tshard"; head -c 100 /dev/zero >> "$work/bad_magic.tshard"
+expect_error "not a token shard" "bad_magic.tshard" "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/bad_magic.tshard"
+printf 'NOTASHRD' > "$work/wrong.tshard"; head -c 100 /dev/zero >> "$work/wrong.tshard"
+expect_error "wrong magic" "not a tessera token shard" "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/wrong.tshard"
+
+# Train one step to get a real checkpoint, then corrupt it.
+if ! timeout 120 "$train" "${small[@]}" > "$work/train.log" 2>&1; then
+  echo "FAIL: the small training run itself failed"; tail -n 5 "$work/train.log"; exit 1
+fi
+ckpt="$work/out/model.safetensors"
+head -c 50 "$ckpt" > "$work/truncated.safetensors"
+expect_error "truncated checkpoint (generate)" "truncated.safetensors" "$generate" --checkpoint "$work/truncated.safetensors"
+expect_error "truncated checkpoint (resume)" "truncated.safetensors" "$train" "${small[@]}" --checkpoint.initial_load_path "$work/truncated.safetensors"
+cp "$ckpt" "$work/corrupt.safetensors"
+printf '\x7b\x22\x7a' | dd of="$work/corrupt.safetensors" bs=1 seek=8 conv=notrunc status=none
+expect_error "corrupt checkpoint header" "corrupt.safetensors" "$generate" --checkpoint "$work/corrupt.safetensors"
+expect_error "missing checkpoint" "nothing.safetensors" "$generate" --checkpoint "$work/nothing.safetensors"
+expect_error "checkpoint of another shape" "does not match [model]" "$train" "${small[@]}" --model.dim 64 --checkpoint.initial_load_path "$ckpt"
+expect_error "generate: bad number" "--temperature: expected a number" "$generate" --checkpoint "$ckpt" --temperature hot
+expect_error "generate: unknown option" "unknown option '--tempreature'" "$generate" --checkpoint "$ckpt" --tempreature 1
+
+# A checkpoint that was saved is never clobbered by a failed run.
+before=$(md5sum < "$ckpt")
+timeout 60 "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/none.tshard" >/dev/null 2>&1
+after=$(md5sum < "$ckpt")
+runs=$((runs + 1))
+if [ "$before" != "$after" ]; then echo "FAIL: a failed run changed the saved model"; failures=$((failures + 1)); else echo "ok: a failed run leaves the saved model alone"; fi
+
+echo "$((runs - failures)) passed, $failures failed"
+[ "$failures" -eq 0 ]

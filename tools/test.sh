@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds tessera and runs every test: the suite in a release build, then the CPU suite
+# again under AddressSanitizer and UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install-deps.sh
+jobs=$(nproc)
+
+echo "== release build"
+[ -f build/build.ninja ] || meson setup build --buildtype=release
+meson compile -C build -j "$jobs"
+meson test -C build --print-errorlogs --num-processes "$jobs"
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
+[ -f build-san/build.ninja ] || meson setup build-san --buildtype=debugoptimized -Db_sanitize=address,undefined \
+  -Db_lundef=false -Dcuda=disabled -Dsanitize_tests=true
+meson compile -C build-san -j "$jobs"
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+  meson test -C build-san --print-errorlogs --num-processes "$jobs" --suite cpu --suite cli
