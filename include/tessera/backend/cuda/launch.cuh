@@ -1,0 +1,49 @@
+// Launching ops/ functors on a CUDA device, and checking every CUDA return code.
+//
+// This is the CUDA backend's first piece: the same functor structs the CPU backend
+// loops over run here one index per thread. Only backend/cuda/ includes CUDA headers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tessera/core/error.hpp"
+
+#define TESSERA_CUDA_CHECK(expr)                                                               \
+  do {                                                                                         \
+    cudaError_t tessera_status_ = (expr);                                                      \
+    if (tessera_status_ != cudaSuccess)                                                        \
+      ::tessera::fail(#expr, ": ", cudaGetErrorName(tessera_status_), ": ",                  \
+                      cudaGetErrorString(tessera_status_));                                    \
+  } while (0)
+
+namespace tessera::cuda {
+
+namespace detail {
+template <class F>
+__global__ void for_each_kernel(std::int64_t n, F f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    f(i);
+}
+}  // namespace detail
+
+/// Calls f(i) for i in [0, n) on the device, one index per thread (grid-stride).
+template <class F>
+void for_each(std::int64_t n, const F& f, cudaStream_t stream = nullptr) {
+  if (n <= 0) return;
+  constexpr int threads = 256;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
+  detail::for_each_kernel<<<blocks, threads, 0, stream>>>(n, f);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Devices visible to this process (0 when there is no driver or no GPU).
+inline int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+}  // namespace tessera::cuda
