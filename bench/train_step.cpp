@@ -301,7 +301,8 @@ double sgemm_rate(const GemmShape& s, int repeats = 5) {
 /// per block the block input x, attention_norm's rstd and output (the input wq, wk and wv
 /// save, one tensor), the rotated q and k, v, the attention output o (also wo's input),
 /// lse (batch, heads, seq), h (ffn_norm's input), ffn_norm's rstd and output (w1 and
-/// w3's input), a = w1 x and b = w3 x, and g = silu(a) * b (w2's input).
+/// w3's input), a = w1 x and b = w3 x, and g = silu(a) * b (w2's input); and the final
+/// norm's input and rstd.
 double analytic_saved_activation_bytes(const tessera::nn::ModelArgs& a, std::int64_t batch, std::int64_t seq) {
   const double rows = double(batch) * double(seq);
   const double dim = double(a.dim), q = double(a.n_heads * a.head_dim()), kv = double(a.kv_heads() * a.head_dim()),
@@ -318,7 +319,8 @@ double analytic_saved_activation_bytes(const tessera::nn::ModelArgs& a, std::int
                            + rows * dim          // ffn_norm output
                            + 2 * rows * hidden   // a, b
                            + rows * hidden;      // g
-  return double(a.n_layers) * per_block * sizeof(float);
+  const double final_norm = rows * dim + rows;  // the final norm's input and rstd
+  return (double(a.n_layers) * per_block + final_norm) * sizeof(float);
 }
 
 double median(std::vector<double> v) {
@@ -462,7 +464,9 @@ int run(const Options& opt) {
   const double mem_ratio = double(peak) / analytic;
   const bool mem_pass = mem_ratio <= 1.5;
   // Not tracked by memory_stats: the attention kernel's per-thread (T, T) score tiles.
-  const double scratch = double(omp_threads) * (2.0 * double(opt.seq) * double(opt.seq) + double(opt.seq)) * 4;
+  // Per thread: the backward's two (block, seq) score tiles and its block of row sums.
+  const double block = double(std::min<std::int64_t>(tessera::detail::kAttentionBlock, opt.seq));
+  const double scratch = double(omp_threads) * (2.0 * block * double(opt.seq) + block) * 4;
 
   // 4. Where the time goes, summed over the timed steps.
   double total = 0, gemm = 0, gemm_flops = 0, attention = 0, loops = 0;

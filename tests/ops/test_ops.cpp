@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "../support/gradcheck.hpp"
@@ -121,33 +122,75 @@ TEST_CASE("GEMM with transposes and strided operands matches a reference loop") 
 }
 
 TEST_CASE("CPU attention matches a naive causal grouped-query reference") {
-  AttentionShape s{2, 6, 4, 2, 3};
-  Tensor<double> q(Shape{12, 12}), k(Shape{12, 6}), v(Shape{12, 6}), o(Shape{12, 12}), lse(Shape{2, 4, 6});
-  fill_normal(q, 1, "q");
-  fill_normal(k, 2, "k");
-  fill_normal(v, 3, "v");
+  // 6 rows: one partial block; 150 rows: two whole blocks of 64 and a partial one.
+  for (std::int64_t t : {6, 150}) {
+    CAPTURE(t);
+    const std::int64_t hd = 3, rows = 2 * t;
+    AttentionShape s{2, t, 4, 2, hd};
+    Tensor<double> q(Shape{rows, 4 * hd}), k(Shape{rows, 2 * hd}), v(Shape{rows, 2 * hd}), o(Shape{rows, 4 * hd}),
+        lse(Shape{2, 4, t});
+    fill_normal(q, 1, "q");
+    fill_normal(k, 2, "k");
+    fill_normal(v, 3, "v");
+    Cpu::attention_forward(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+    const double scale = 1 / std::sqrt(double(hd));
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t h = 0; h < 4; ++h)
+        for (std::int64_t i = 0; i < t; ++i) {
+          const std::int64_t kvh = h / 2;
+          std::vector<double> p(i + 1);
+          double m = -1e300, sum = 0;
+          for (std::int64_t j = 0; j <= i; ++j) {
+            double d = 0;
+            for (std::int64_t e = 0; e < hd; ++e) d += q.view()(b * t + i, h * hd + e) * k.view()(b * t + j, kvh * hd + e);
+            p[j] = d * scale;
+            m = std::max(m, p[j]);
+          }
+          for (std::int64_t j = 0; j <= i; ++j) sum += p[j] = std::exp(p[j] - m);
+          REQUIRE(lse[(b * 4 + h) * t + i] == doctest::Approx(m + std::log(sum)));
+          for (std::int64_t e = 0; e < hd; ++e) {
+            double out = 0;
+            for (std::int64_t j = 0; j <= i; ++j) out += p[j] / sum * v.view()(b * t + j, kvh * hd + e);
+            REQUIRE(o.view()(b * t + i, h * hd + e) == doctest::Approx(out).epsilon(1e-12));
+          }
+        }
+  }
+}
+
+TEST_CASE("CPU attention backward across several query blocks matches finite differences") {
+  const std::int64_t t = 150, hd = 4, rows = t;
+  AttentionShape s{1, t, 2, 1, hd};
+  Tensor<double> q(Shape{rows, 2 * hd}), k(Shape{rows, hd}), v(Shape{rows, hd}), c(Shape{rows, 2 * hd});
+  fill_normal(q, 4, "q");
+  fill_normal(k, 5, "k");
+  fill_normal(v, 6, "v");
+  fill_normal(c, 7, "c");
+  auto f = [&] {
+    Tensor<double> o(Shape{rows, 2 * hd}), lse(Shape{1, 2, t});
+    Cpu::attention_forward(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+    double sum = 0;
+    for (std::int64_t i = 0; i < o.numel(); ++i) sum += c[i] * o[i];
+    return sum;
+  };
+  Tensor<double> o(Shape{rows, 2 * hd}), lse(Shape{1, 2, t});
   Cpu::attention_forward(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
-  const double scale = 1 / std::sqrt(3.0);
-  for (int b = 0; b < 2; ++b)
-    for (int h = 0; h < 4; ++h)
-      for (int i = 0; i < 6; ++i) {
-        const int kvh = h / 2;
-        std::vector<double> p(i + 1);
-        double m = -1e300, sum = 0;
-        for (int j = 0; j <= i; ++j) {
-          double d = 0;
-          for (int e = 0; e < 3; ++e) d += q[(b * 6 + i) * 12 + h * 3 + e] * k[(b * 6 + j) * 6 + kvh * 3 + e];
-          p[j] = d * scale;
-          m = std::max(m, p[j]);
-        }
-        for (int j = 0; j <= i; ++j) sum += p[j] = std::exp(p[j] - m);
-        CHECK(lse[(b * 4 + h) * 6 + i] == doctest::Approx(m + std::log(sum)));
-        for (int e = 0; e < 3; ++e) {
-          double out = 0;
-          for (int j = 0; j <= i; ++j) out += p[j] / sum * v[(b * 6 + j) * 6 + kvh * 3 + e];
-          CHECK(o[(b * 6 + i) * 12 + h * 3 + e] == doctest::Approx(out).epsilon(1e-12));
-        }
-      }
+  Tensor<double> dq(q.shape()), dk(k.shape()), dv(v.shape());
+  Cpu::attention_backward(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), c.cview(), dq.view(), dk.view(),
+                          dv.view());
+  // Spot checks spread over every block, first and last rows included.
+  for (auto [x, g, name] : {std::tuple{&q, &dq, "dq"}, std::tuple{&k, &dk, "dk"}, std::tuple{&v, &dv, "dv"}}) {
+    for (std::int64_t idx : {std::int64_t{0}, x->numel() / 7, x->numel() / 2, 3 * x->numel() / 5, x->numel() - 1}) {
+      const double saved = (*x)[idx], h = 1e-5;
+      (*x)[idx] = saved + h;
+      const double fp = f();
+      (*x)[idx] = saved - h;
+      const double fm = f();
+      (*x)[idx] = saved;
+      CAPTURE(name);
+      CAPTURE(idx);
+      CHECK((*g)[idx] == doctest::Approx((fp - fm) / (2 * h)).epsilon(1e-6));
+    }
+  }
 }
 
 TEST_CASE("Squared-norm partials do not depend on the chunking") {

@@ -16,6 +16,9 @@
 
 namespace tessera {
 
+/// Tag for an allocation whose elements the caller will overwrite before reading.
+struct Uninitialized {};
+
 template <class T>
 class Buffer {
  public:
@@ -24,12 +27,15 @@ class Buffer {
   Buffer() = default;
 
   /// Allocates `size` zero-initialised elements in host memory, 64-byte aligned.
-  explicit Buffer(std::size_t size) : size_(size), device_(Device::cpu), deleter_(&host_free) {
+  explicit Buffer(std::size_t size) : Buffer(size, Uninitialized{}) {
+    if (data_ != nullptr) std::memset(static_cast<void*>(data_), 0, round_up(size * sizeof(T)));
+  }
+
+  /// Allocates `size` elements in host memory, 64-byte aligned, left as they are.
+  Buffer(std::size_t size, Uninitialized) : size_(size), device_(Device::cpu), deleter_(&host_free) {
     if (size == 0) return;
-    std::size_t bytes = round_up(size * sizeof(T));
-    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    data_ = static_cast<T*>(std::aligned_alloc(64, round_up(size * sizeof(T))));
     if (data_ == nullptr) fail("out of host memory allocating ", size * sizeof(T), " bytes");
-    std::memset(static_cast<void*>(data_), 0, bytes);
     memory_stats(device_).on_alloc(size_ * sizeof(T));
   }
 

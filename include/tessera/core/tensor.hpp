@@ -145,6 +145,10 @@ class Tensor {
   /// Zero-initialised host tensor.
   explicit Tensor(Shape shape)
       : shape_(shape), buffer_(std::make_shared<Buffer<T>>(static_cast<std::size_t>(shape.numel()))) {}
+  /// Host tensor whose elements the caller overwrites before reading them.
+  Tensor(Shape shape, Uninitialized)
+      : shape_(shape),
+        buffer_(std::make_shared<Buffer<T>>(static_cast<std::size_t>(shape.numel()), Uninitialized{})) {}
   Tensor(Shape shape, Buffer<T> buffer)
       : shape_(shape), buffer_(std::make_shared<Buffer<T>>(std::move(buffer))) {
     TESSERA_CHECK(static_cast<std::int64_t>(buffer_->size()) == shape.numel(), "Tensor: buffer of ",

@@ -116,7 +116,7 @@ class Transformer {
     Tensor<T> dhn = B::template empty<T>(hn.shape());
     double loss = head_.forward(hn, targets, static_cast<T>(loss_scale), &dhn);
     hn.release();
-    saved_bytes_peak_ = saved_bytes();
+    saved_bytes_peak_ = saved_bytes() + norm_store.bytes();
     Tensor<T> dh = norm_.backward(Context<T>(g, &norm_store), dhn);
     norm_store.clear();
     dhn.release();

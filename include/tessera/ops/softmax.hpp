@@ -1,7 +1,8 @@
 // Causal softmax rows for attention and their backward.
 //
-// Scores row i of one (batch, head) tile holds s_ij = scale * q_i . k_j for every j;
-// only j <= i is kept. Forward writes p_ij = exp(s_ij - lse_i) (zero above the
+// Row r of a scores tile holds s_rj = q_i . k_j for query i = r + offset (the tile
+// covers queries [offset, offset + rows)) and keys j in [0, cols); only j <= i is kept.
+// Forward writes p_ij = exp(s_ij - lse_i) (zero above the
 // diagonal) and lse_i, the row's log-sum-exp: backward recomputes p from the scores
 // and lse instead of keeping the (T, T) matrix alive, as flash attention does.
 #pragma once
@@ -13,16 +14,18 @@
 
 namespace tessera::ops {
 
-/// In place on row i of `s` (ld): scores * scale -> probabilities; writes lse[i].
+/// In place on row r of `s` (ld): scores * scale -> probabilities; writes lse[r].
 template <class T>
 struct CausalSoftmaxForward {
   T* s;
   std::int64_t ld;
   std::int64_t cols;
+  std::int64_t offset;
   T scale;
   T* lse;
-  TESSERA_HD void operator()(std::int64_t i) const {
-    T* row = s + i * ld;
+  TESSERA_HD void operator()(std::int64_t r) const {
+    T* row = s + r * ld;
+    const std::int64_t i = r + offset;
     std::int64_t last = i < cols - 1 ? i : cols - 1;
     T m = row[0] * scale;
     for (std::int64_t j = 1; j <= last; ++j) m = row[j] * scale > m ? row[j] * scale : m;
@@ -34,7 +37,7 @@ struct CausalSoftmaxForward {
     T inv = T(1) / sum;
     for (std::int64_t j = 0; j <= last; ++j) row[j] *= inv;
     for (std::int64_t j = last + 1; j < cols; ++j) row[j] = 0;
-    lse[i] = m + log_(sum);
+    lse[r] = m + log_(sum);
   }
 };
 
@@ -44,11 +47,13 @@ struct CausalSoftmaxRecompute {
   T* s;
   std::int64_t ld;
   std::int64_t cols;
+  std::int64_t offset;
   T scale;
   const T* lse;
-  TESSERA_HD void operator()(std::int64_t i) const {
-    T* row = s + i * ld;
-    for (std::int64_t j = 0; j < cols; ++j) row[j] = j <= i ? exp_(row[j] * scale - lse[i]) : T(0);
+  TESSERA_HD void operator()(std::int64_t r) const {
+    T* row = s + r * ld;
+    const std::int64_t i = r + offset;
+    for (std::int64_t j = 0; j < cols; ++j) row[j] = j <= i ? exp_(row[j] * scale - lse[r]) : T(0);
   }
 };
 
@@ -62,11 +67,13 @@ struct CausalSoftmaxBackward {
   std::int64_t lddp;
   const T* d;  // (rows) D_i
   std::int64_t cols;
+  std::int64_t offset;
   T scale;
-  TESSERA_HD void operator()(std::int64_t i) const {
-    const T* pr = p + i * ldp;
-    T* dr = dp + i * lddp;
-    for (std::int64_t j = 0; j < cols; ++j) dr[j] = j <= i ? scale * pr[j] * (dr[j] - d[i]) : T(0);
+  TESSERA_HD void operator()(std::int64_t r) const {
+    const T* pr = p + r * ldp;
+    T* dr = dp + r * lddp;
+    const std::int64_t i = r + offset;
+    for (std::int64_t j = 0; j < cols; ++j) dr[j] = j <= i ? scale * pr[j] * (dr[j] - d[r]) : T(0);
   }
 };
 

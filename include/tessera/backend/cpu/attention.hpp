@@ -1,12 +1,16 @@
-// Causal grouped-query attention on the CPU, one (batch, head) tile per task.
+// Causal grouped-query attention on the CPU, in blocks of query rows.
 //
 // Layout: q and o are (B*T, H*hd), k and v are (B*T, KV*hd), row-major; head h reads
-// kv head h / (H/KV). Forward keeps only o and the per-row log-sum-exp lse
-// (B, H, T); backward recomputes the probabilities from q, k and lse, so no (T, T)
-// matrix outlives its tile. Scores are computed as full (T, T) GEMMs and masked: the
-// simple form, twice the FLOPs of a causal-blocked one.
+// kv head h / (H/KV). Queries are taken kBlock rows at a time: block [i0, i1) needs
+// keys [0, i1) only, so the scores are a (i1 - i0, i1) GEMM -- the causal half of the
+// (T, T) product, in a tile that stays in cache -- followed by the row softmax and a
+// second GEMM against V. Forward keeps o and the per-row log-sum-exp lse (B, H, T);
+// backward recomputes each block's probabilities from q, k and lse, so no (T, T)
+// matrix is ever held. One task per (batch, head) forward and per (batch, kv head)
+// backward, the q heads of a group writing the same dk, dv in a fixed order.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -19,23 +23,32 @@
 
 namespace tessera::detail {
 
+inline constexpr std::int64_t kAttentionBlock = 64;
+
+/// A (rows, hd) slice of the columns of head `head` in a (B*T, heads*hd) matrix.
+template <class T>
+TensorView<T> head_rows(TensorView<T> m, std::int64_t row0, std::int64_t rows, std::int64_t head, std::int64_t hd) {
+  return TensorView<T>(m.row(row0) + head * hd, Shape{rows, hd}, {m.ld(), 1});
+}
+
 template <class Cpu, class T>
 void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                            TensorView<const T> v, TensorView<T> o, T* lse) {
-  const std::int64_t t = s.seq_len, hd = s.head_dim;
+  const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
   Cpu::for_each(s.batch * s.n_heads, [&](std::int64_t bh) {
     const std::int64_t b = bh / s.n_heads, h = bh % s.n_heads, kvh = h / s.group();
-    std::vector<T> scores(static_cast<std::size_t>(t * t));
-    TensorView<T> sv(scores.data(), Shape{t, t});
-    TensorView<const T> qh(q.row(b * t) + h * hd, Shape{t, hd}, {q.ld(), 1});
-    TensorView<const T> kh(k.row(b * t) + kvh * hd, Shape{t, hd}, {k.ld(), 1});
-    TensorView<const T> vh(v.row(b * t) + kvh * hd, Shape{t, hd}, {v.ld(), 1});
-    TensorView<T> oh(o.row(b * t) + h * hd, Shape{t, hd}, {o.ld(), 1});
-    Cpu::gemm(Trans::no, Trans::yes, T(1), qh, kh, T(0), sv);
-    ops::CausalSoftmaxForward<T> softmax{scores.data(), t, t, scale, lse + bh * t};
-    for (std::int64_t i = 0; i < t; ++i) softmax(i);
-    Cpu::gemm(Trans::no, Trans::no, T(1), TensorView<const T>(sv), vh, T(0), oh);
+    std::vector<T> scores(static_cast<std::size_t>(bs * t));
+    for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
+      const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
+      TensorView<T> sv(scores.data(), Shape{rows, i1});
+      Cpu::gemm(Trans::no, Trans::yes, T(1), head_rows(q, b * t + i0, rows, h, hd), head_rows(k, b * t, i1, kvh, hd),
+                T(0), sv);
+      ops::CausalSoftmaxForward<T> softmax{scores.data(), i1, i1, i0, scale, lse + bh * t + i0};
+      for (std::int64_t r = 0; r < rows; ++r) softmax(r);
+      Cpu::gemm(Trans::no, Trans::no, T(1), TensorView<const T>(sv), head_rows(v, b * t, i1, kvh, hd), T(0),
+                head_rows(o, b * t + i0, rows, h, hd));
+    }
   });
 }
 
@@ -44,37 +57,37 @@ template <class Cpu, class T>
 void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                             TensorView<const T> v, TensorView<const T> o, const T* lse, TensorView<const T> d_o,
                             TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
-  const std::int64_t t = s.seq_len, hd = s.head_dim;
+  const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
-  // One task per (batch, kv head): the q heads of a group write the same dk, dv.
   Cpu::for_each(s.batch * s.n_kv_heads, [&](std::int64_t bk) {
     const std::int64_t b = bk / s.n_kv_heads, kvh = bk % s.n_kv_heads;
-    std::vector<T> p(static_cast<std::size_t>(t * t)), dp(static_cast<std::size_t>(t * t));
-    std::vector<T> d(static_cast<std::size_t>(t));
-    TensorView<T> pv(p.data(), Shape{t, t}), dpv(dp.data(), Shape{t, t});
-    TensorView<const T> kh(k.row(b * t) + kvh * hd, Shape{t, hd}, {k.ld(), 1});
-    TensorView<const T> vh(v.row(b * t) + kvh * hd, Shape{t, hd}, {v.ld(), 1});
-    TensorView<T> dkh(dk.row(b * t) + kvh * hd, Shape{t, hd}, {dk.ld(), 1});
-    TensorView<T> dvh(dv.row(b * t) + kvh * hd, Shape{t, hd}, {dv.ld(), 1});
+    std::vector<T> p(static_cast<std::size_t>(bs * t)), dp(static_cast<std::size_t>(bs * t));
+    std::vector<T> d(static_cast<std::size_t>(bs));
     for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h) {
       const std::int64_t bh = b * s.n_heads + h;
-      TensorView<const T> qh(q.row(b * t) + h * hd, Shape{t, hd}, {q.ld(), 1});
-      TensorView<const T> oh(o.row(b * t) + h * hd, Shape{t, hd}, {o.ld(), 1});
-      TensorView<const T> doh(d_o.row(b * t) + h * hd, Shape{t, hd}, {d_o.ld(), 1});
-      TensorView<T> dqh(dq.row(b * t) + h * hd, Shape{t, hd}, {dq.ld(), 1});
-      Cpu::gemm(Trans::no, Trans::yes, T(1), qh, kh, T(0), pv);
-      ops::CausalSoftmaxRecompute<T> recompute{p.data(), t, t, scale, lse + bh * t};
-      ops::RowDot<T> rowdot{doh.data(), doh.ld(), oh.data(), oh.ld(), hd, d.data()};
-      for (std::int64_t i = 0; i < t; ++i) {
-        recompute(i);
-        rowdot(i);
+      for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
+        const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
+        TensorView<T> pv(p.data(), Shape{rows, i1}), dpv(dp.data(), Shape{rows, i1});
+        const auto qb = head_rows(q, b * t + i0, rows, h, hd), dob = head_rows(d_o, b * t + i0, rows, h, hd);
+        const auto ob = head_rows(o, b * t + i0, rows, h, hd);
+        const auto kp = head_rows(k, b * t, i1, kvh, hd), vp = head_rows(v, b * t, i1, kvh, hd);
+        Cpu::gemm(Trans::no, Trans::yes, T(1), qb, kp, T(0), pv);  // S = Q K^T
+        ops::CausalSoftmaxRecompute<T> recompute{p.data(), i1, i1, i0, scale, lse + bh * t + i0};
+        ops::RowDot<T> rowdot{dob.data(), dob.ld(), ob.data(), ob.ld(), hd, d.data()};
+        for (std::int64_t r = 0; r < rows; ++r) {
+          recompute(r);
+          rowdot(r);
+        }
+        Cpu::gemm(Trans::yes, Trans::no, T(1), TensorView<const T>(pv), dob, T(1),
+                  head_rows(dv, b * t, i1, kvh, hd));                             // dV += P^T dO
+        Cpu::gemm(Trans::no, Trans::yes, T(1), dob, vp, T(0), dpv);                // dP = dO V^T
+        ops::CausalSoftmaxBackward<T> softmax_back{p.data(), i1, dp.data(), i1, d.data(), i1, i0, scale};
+        for (std::int64_t r = 0; r < rows; ++r) softmax_back(r);
+        Cpu::gemm(Trans::no, Trans::no, T(1), TensorView<const T>(dpv), kp, T(0),
+                  head_rows(dq, b * t + i0, rows, h, hd));                         // dQ = dS K
+        Cpu::gemm(Trans::yes, Trans::no, T(1), TensorView<const T>(dpv), qb, T(1),
+                  head_rows(dk, b * t, i1, kvh, hd));                              // dK += dS^T Q
       }
-      Cpu::gemm(Trans::yes, Trans::no, T(1), TensorView<const T>(pv), doh, T(1), dvh);  // dV += P^T dO
-      Cpu::gemm(Trans::no, Trans::yes, T(1), doh, vh, T(0), dpv);                        // dP = dO V^T
-      ops::CausalSoftmaxBackward<T> softmax_back{p.data(), t, dp.data(), t, d.data(), t, scale};
-      for (std::int64_t i = 0; i < t; ++i) softmax_back(i);
-      Cpu::gemm(Trans::no, Trans::no, T(1), TensorView<const T>(dpv), kh, T(0), dqh);  // dQ = dS K
-      Cpu::gemm(Trans::yes, Trans::no, T(1), TensorView<const T>(dpv), qh, T(1), dkh);  // dK += dS^T Q
     }
   });
 }

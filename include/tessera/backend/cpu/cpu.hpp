@@ -25,11 +25,10 @@ namespace tessera {
 struct Cpu {
   static constexpr Device device = Device::cpu;
 
-  /// A host tensor whose contents will be overwritten (zeroed all the same: host
-  /// memset is cheap next to the GEMMs that fill it, and it keeps garbage out).
+  /// A host tensor the caller fills completely before reading it (not zeroed).
   template <class T>
   static Tensor<T> empty(Shape shape) {
-    return Tensor<T>(shape);
+    return Tensor<T>(shape, Uninitialized{});
   }
   template <class T>
   static Tensor<T> zeros(Shape shape) {
