@@ -81,14 +81,15 @@ int run(const std::vector<std::string>& args) {
   const double peak = measured_peak ? train::measure_gemm_flops<Cpu>() : c.metrics.peak_tflops * 1e12;
   std::fprintf(stderr,
                "tessera llama-train: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fM parameters\n"
-               "  %lld tokens/step (batch %lld x seq %lld), %lld windows per epoch | %d threads | peak %.1f GFLOP/s (%s)\n",
+               "  %lld tokens/step (batch %lld x seq %lld), %lld windows per epoch | %d threads | peak %.1f GFLOP/s (%s, "
+               "OpenBLAS %s kernels)\n",
                a.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
                static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
                static_cast<long long>(a.vocab_size), static_cast<double>(model.num_params()) / 1e6,
                static_cast<long long>(c.training.local_batch_size * c.training.seq_len),
                static_cast<long long>(c.training.local_batch_size), static_cast<long long>(c.training.seq_len),
                static_cast<long long>(loader.windows_per_epoch()), Cpu::threads(), peak / 1e9,
-               measured_peak ? "measured sgemm" : "metrics.peak_tflops");
+               measured_peak ? "measured sgemm" : "metrics.peak_tflops", Cpu::blas_kernels());
 
   // Only now, with every input checked, does the run touch its dump folder.
   fs::create_directories(dump);

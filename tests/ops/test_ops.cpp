@@ -203,3 +203,18 @@ TEST_CASE("Squared-norm partials do not depend on the chunking") {
   for (float v : x) ref += double(v) * v;
   CHECK(s == doctest::Approx(ref).epsilon(1e-14));
 }
+
+TEST_CASE("The vectorisable float exp is within one ulp on [-87.3, 0]") {
+  double worst = 0;
+  for (float x = -87.3f; x <= 0.0f; x += 0.000731f) {
+    const double exact = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(static_cast<double>(ops::exp_poly(x)) - exact) / exact);
+  }
+  CHECK(worst < 0x1p-23);
+  CHECK(ops::exp_poly(0.0f) == 1.0f);
+  CHECK(ops::exp_poly(-1.0f) == doctest::Approx(std::exp(-1.0)).epsilon(1e-7));
+  CHECK(std::isnan(ops::exp_poly(std::nanf(""))));
+  CHECK(ops::exp_poly(-1000.0f) <= 1.2e-38f);
+  CHECK(ops::exp_poly(-1000.0f) >= 0.0f);
+  CHECK(ops::exp_nonpositive(-2.0) == std::exp(-2.0));  // double keeps std::exp
+}

@@ -1,9 +1,9 @@
 // Cross-entropy over a row of logits, fused with its gradient.
 //
-// For row r with target t (or ignore_index): loss_r = lse(z) - z_t, and the row is
-// overwritten in place with d loss / dz = scale * (softmax(z) - onehot(t)), so the
-// logits of a chunk never need a second buffer. An ignored row gets loss 0 and a
-// zero gradient.
+// For row r with target t (or ignore_index): loss_r = lse(z) - z_t. The row is
+// overwritten in place: with d loss / dz = scale * (softmax(z) - onehot(t)) when
+// write_grad, else with exp(z - max z). So the logits of a chunk never need a second
+// buffer. An ignored row gets loss 0 and a zero gradient.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,7 @@ struct CrossEntropyRow {
   std::int64_t vocab;
   const std::int32_t* targets;
   T scale;          // d(total loss)/d(loss_r), e.g. 1 / number of target tokens
-  bool write_grad;  // false: loss only, logits left as they are
+  bool write_grad;  // false: loss only
   double* loss;     // (rows) per-row loss, summed by the caller in order
   TESSERA_HD void operator()(std::int64_t r) const {
     T* z = logits + r * ld;
@@ -33,14 +33,16 @@ struct CrossEntropyRow {
         for (std::int64_t j = 0; j < vocab; ++j) z[j] = 0;
       return;
     }
+    const T zt = z[t];
     T m = z[0];
     for (std::int64_t j = 1; j < vocab; ++j) m = z[j] > m ? z[j] : m;
+    for (std::int64_t j = 0; j < vocab; ++j) z[j] = exp_nonpositive(z[j] - m);  // vectorises
     T sum = 0;
-    for (std::int64_t j = 0; j < vocab; ++j) sum += exp_(z[j] - m);
-    T lse = m + log_(sum);
-    loss[r] = static_cast<double>(lse - z[t]);
+    for (std::int64_t j = 0; j < vocab; ++j) sum += z[j];
+    loss[r] = static_cast<double>(m + log_(sum) - zt);
     if (!write_grad) return;
-    for (std::int64_t j = 0; j < vocab; ++j) z[j] = scale * exp_(z[j] - lse);
+    const T inv = scale / sum;
+    for (std::int64_t j = 0; j < vocab; ++j) z[j] *= inv;
     z[t] -= scale;
   }
 };

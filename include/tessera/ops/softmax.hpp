@@ -26,17 +26,16 @@ struct CausalSoftmaxForward {
   TESSERA_HD void operator()(std::int64_t r) const {
     T* row = s + r * ld;
     const std::int64_t i = r + offset;
-    std::int64_t last = i < cols - 1 ? i : cols - 1;
-    T m = row[0] * scale;
-    for (std::int64_t j = 1; j <= last; ++j) m = row[j] * scale > m ? row[j] * scale : m;
+    const std::int64_t end = i < cols - 1 ? i + 1 : cols;  // keys [0, end) are visible
+    const T sc = scale;  // a local: stores to row[] could alias a member
+    T m = row[0] * sc;
+    for (std::int64_t j = 1; j < end; ++j) m = row[j] * sc > m ? row[j] * sc : m;
+    for (std::int64_t j = 0; j < end; ++j) row[j] = exp_nonpositive(row[j] * sc - m);  // vectorises
     T sum = 0;
-    for (std::int64_t j = 0; j <= last; ++j) {
-      row[j] = exp_(row[j] * scale - m);
-      sum += row[j];
-    }
+    for (std::int64_t j = 0; j < end; ++j) sum += row[j];
     T inv = T(1) / sum;
-    for (std::int64_t j = 0; j <= last; ++j) row[j] *= inv;
-    for (std::int64_t j = last + 1; j < cols; ++j) row[j] = 0;
+    for (std::int64_t j = 0; j < end; ++j) row[j] *= inv;
+    for (std::int64_t j = end; j < cols; ++j) row[j] = 0;
     lse[r] = m + log_(sum);
   }
 };
@@ -53,7 +52,10 @@ struct CausalSoftmaxRecompute {
   TESSERA_HD void operator()(std::int64_t r) const {
     T* row = s + r * ld;
     const std::int64_t i = r + offset;
-    for (std::int64_t j = 0; j < cols; ++j) row[j] = j <= i ? exp_(row[j] * scale - lse[r]) : T(0);
+    const std::int64_t end = i < cols - 1 ? i + 1 : cols;  // keys [0, end) are visible
+    const T l = lse[r], sc = scale;
+    for (std::int64_t j = 0; j < end; ++j) row[j] = exp_nonpositive(row[j] * sc - l);  // vectorises
+    for (std::int64_t j = end; j < cols; ++j) row[j] = T(0);
   }
 };
 
@@ -73,7 +75,10 @@ struct CausalSoftmaxBackward {
     const T* pr = p + r * ldp;
     T* dr = dp + r * lddp;
     const std::int64_t i = r + offset;
-    for (std::int64_t j = 0; j < cols; ++j) dr[j] = j <= i ? scale * pr[j] * (dr[j] - d[r]) : T(0);
+    const std::int64_t end = i < cols - 1 ? i + 1 : cols;  // keys [0, end) are visible
+    const T dd = d[r], sc = scale;
+    for (std::int64_t j = 0; j < end; ++j) dr[j] = sc * pr[j] * (dr[j] - dd);
+    for (std::int64_t j = end; j < cols; ++j) dr[j] = T(0);
   }
 };
 

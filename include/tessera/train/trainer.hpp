@@ -52,6 +52,8 @@ inline void check_supported(const JobConfig& c, std::int64_t world_size) {
   one(p.tensor_parallel_degree, "tensor_parallel_degree");
   one(p.pipeline_parallel_degree, "pipeline_parallel_degree");
   one(p.context_parallel_degree, "context_parallel_degree");
+  TESSERA_CHECK(!c.metrics.enable_tensorboard,
+                "metrics.enable_tensorboard = true: this build writes metrics.jsonl only, no TensorBoard event files");
   TESSERA_CHECK(c.activation_checkpoint.mode == "none", "activation_checkpoint.mode = \"",
                 c.activation_checkpoint.mode, "\": only \"none\" is available in this build");
 }

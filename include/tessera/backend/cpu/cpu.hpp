@@ -37,6 +37,11 @@ struct Cpu {
 
   static int threads() { return omp_get_max_threads(); }
 
+  /// The kernel family OpenBLAS chose for this CPU ("Haswell", "SkylakeX", ...). An old
+  /// OpenBLAS falls back to "Prescott" (SSE3) on CPUs newer than it knows;
+  /// OPENBLAS_CORETYPE=SkylakeX (or Haswell) in the environment overrides the choice.
+  static const char* blas_kernels() { return openblas_get_corename(); }
+
   /// Below this many indices a loop runs on the calling thread: waking the team
   /// costs more than tiny loops gain, and hurts badly when cores are shared.
   static constexpr std::int64_t kMinParallel = 16;
