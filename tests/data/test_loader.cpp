@@ -2,6 +2,8 @@
 // resuming, and the path from the synthetic corpus through a token shard to a batch.
 #include <doctest/doctest.h>
 
+#include "../support/errors.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -21,22 +23,6 @@ using tessera::data::DataLoader;
 using Ids = std::vector<std::uint32_t>;
 using Row = std::vector<std::int32_t>;
 
-template <class F>
-std::string loader_error_of(F&& f) {
-  try {
-    f();
-  } catch (const tessera::Error& e) {
-    return e.what();
-  }
-  return "<no tessera::Error thrown>";
-}
-
-#define CHECK_ERROR_CONTAINS(expr, text)                              \
-  do {                                                                \
-    std::string message_ = loader_error_of([&] { (void)(expr); });    \
-    INFO("message: ", message_);                                      \
-    CHECK(message_.find(text) != std::string::npos);                  \
-  } while (0)
 
 Ids iota_tokens(std::size_t n) {
   Ids ids(n);

@@ -2,6 +2,8 @@
 // learnable it is.
 #include <doctest/doctest.h>
 
+#include "../support/errors.hpp"
+
 #include <cstdint>
 #include <set>
 #include <sstream>
@@ -16,22 +18,6 @@ using tessera::data::synthetic_corpus;
 using tessera::data::synthetic_document;
 namespace syn = tessera::data::detail;
 
-template <class F>
-std::string synthetic_error_of(F&& f) {
-  try {
-    f();
-  } catch (const tessera::Error& e) {
-    return e.what();
-  }
-  return "<no tessera::Error thrown>";
-}
-
-#define CHECK_ERROR_CONTAINS(expr, text)                                 \
-  do {                                                                   \
-    std::string message_ = synthetic_error_of([&] { (void)(expr); });    \
-    INFO("message: ", message_);                                         \
-    CHECK(message_.find(text) != std::string::npos);                     \
-  } while (0)
 
 std::vector<std::string> split(const std::string& text, const std::string& separator) {
   std::vector<std::string> parts;

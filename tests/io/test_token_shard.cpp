@@ -1,6 +1,8 @@
 // Token shards: CRC-32, the file layout, round trips, and every kind of bad file.
 #include <doctest/doctest.h>
 
+#include "../support/errors.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -19,22 +21,6 @@ namespace fs = std::filesystem;
 using Ids = std::vector<std::uint32_t>;
 using Bytes = std::vector<unsigned char>;
 
-template <class F>
-std::string shard_error_of(F&& f) {
-  try {
-    f();
-  } catch (const tessera::Error& e) {
-    return e.what();
-  }
-  return "<no tessera::Error thrown>";
-}
-
-#define CHECK_ERROR_CONTAINS(expr, text)                              \
-  do {                                                                \
-    std::string message_ = shard_error_of([&] { (void)(expr); });     \
-    INFO("message: ", message_);                                      \
-    CHECK(message_.find(text) != std::string::npos);                  \
-  } while (0)
 
 /// A fresh directory under the system's temporary directory, removed at scope exit.
 struct TempDir {

@@ -1,6 +1,8 @@
 // The byte tokenizer: ids, special tokens, round trips and out-of-range ids.
 #include <doctest/doctest.h>
 
+#include "../support/errors.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,23 +11,6 @@
 
 namespace {
 
-/// The message of the tessera::Error that `f` throws, or a marker when it throws none.
-template <class F>
-std::string tokenizer_error_of(F&& f) {
-  try {
-    f();
-  } catch (const tessera::Error& e) {
-    return e.what();
-  }
-  return "<no tessera::Error thrown>";
-}
-
-#define CHECK_ERROR_CONTAINS(expr, text)                                   \
-  do {                                                                     \
-    std::string message_ = tokenizer_error_of([&] { (void)(expr); });      \
-    INFO("message: ", message_);                                           \
-    CHECK(message_.find(text) != std::string::npos);                       \
-  } while (0)
 
 using tessera::io::ByteTokenizer;
 using Ids = std::vector<std::uint32_t>;

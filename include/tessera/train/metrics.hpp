@@ -54,7 +54,7 @@ struct StepMetrics {
 
 /// The FLOP rate of B's GEMM on an (n, n) x (n, n) product, best of a few runs.
 template <Backend B>
-double measure_gemm_flops(std::int64_t n = 1024, int repeats = 3) {
+double measure_gemm_flops(std::int64_t n = 1024, int repeats = 8) {
   Tensor<float> a(Shape{n, n}), b(Shape{n, n}), c(Shape{n, n});
   for (std::int64_t i = 0; i < a.numel(); ++i) a[i] = b[i] = static_cast<float>(i % 13) * 0.01f;
   double best = 0;
