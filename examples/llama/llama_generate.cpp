@@ -63,14 +63,8 @@ int run(const std::vector<std::string>& args) {
                 " is smaller than the byte tokenizer's ", tok.vocab_size());
   nn::Transformer<float, Cpu> model(a);
   train::load_model(model, checkpoint);
-  std::vector<std::int32_t> ids;
-  for (auto t : tok.encode(prompt, true, false)) ids.push_back(static_cast<std::int32_t>(t));
   o.context = a.max_seq_len;
-  o.stop_token = io::ByteTokenizer::eos_id;
-  o.vocab_limit = tok.vocab_size();
-  auto out = nn::generate(model, ids, o);
-  std::vector<std::uint32_t> u(out.begin(), out.end());
-  std::printf("%s%s\n", prompt.c_str(), tok.decode(u).c_str());
+  std::printf("%s%s\n", prompt.c_str(), nn::generate_text(model, tok, prompt, o).c_str());
   return 0;
 }
 

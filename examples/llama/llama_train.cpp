@@ -121,11 +121,7 @@ int run(const std::vector<std::string>& args) {
   o.temperature = 0.7;
   o.seed = static_cast<std::uint64_t>(c.training.seed);
   o.context = c.training.seq_len;
-  o.stop_token = static_cast<std::int64_t>(io::ByteTokenizer::eos_id);
-  o.vocab_limit = tok.vocab_size();
-  auto ids = nn::generate(model, {static_cast<std::int32_t>(io::ByteTokenizer::bos_id)}, o);
-  std::vector<std::uint32_t> u(ids.begin(), ids.end());
-  std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, tok.decode(u).c_str());
+  std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, nn::generate_text(model, tok, "", o).c_str());
   return 0;
 }
 

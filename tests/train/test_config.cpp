@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../support/errors.hpp"
+
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -22,15 +24,7 @@ using tessera::train::parse_config;
 using tessera::train::to_toml;
 using Args = std::vector<std::string>;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tessera::Error& e) {
-    return e.what();
-  }
-  return "<no tessera::Error thrown>";
-}
+using tessera::testing::error_of;
 
 /// The error thrown by `expr` is one line and contains every one of the given parts.
 #define CHECK_ERROR(expr, ...)                                                   \

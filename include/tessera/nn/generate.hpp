@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -67,6 +69,19 @@ std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> promp
     if (next == o.stop_token) break;
   }
   return out;
+}
+
+/// Samples a continuation of the text `prompt` (after a BOS token) and decodes it, with
+/// any tokenizer that has encode(text, bos, eos), decode(ids), vocab_size() and eos_id.
+/// Sampling stops at EOS and never picks an id the tokenizer cannot decode.
+template <class Model, class Tokenizer>
+std::string generate_text(Model& model, const Tokenizer& tok, std::string_view prompt, SampleOptions o) {
+  std::vector<std::int32_t> ids;
+  for (auto t : tok.encode(prompt, true, false)) ids.push_back(static_cast<std::int32_t>(t));
+  o.stop_token = static_cast<std::int64_t>(Tokenizer::eos_id);
+  o.vocab_limit = tok.vocab_size();
+  const std::vector<std::int32_t> out = generate(model, std::move(ids), o);
+  return tok.decode(std::vector<std::uint32_t>(out.begin(), out.end()));
 }
 
 }  // namespace tessera::nn
