@@ -8,6 +8,7 @@
 // `interval` steps; then prints text sampled from the trained model.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -40,8 +41,12 @@ void prune_checkpoints(const fs::path& folder, std::int64_t keep) {
   if (keep <= 0 || !fs::exists(folder)) return;
   std::vector<std::pair<long long, fs::path>> steps;
   for (const auto& e : fs::directory_iterator(folder)) {
+    // Only folders this program names ("step-<digits>"); anything else a user put there stays.
     const std::string name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("step-", 0) == 0) steps.emplace_back(std::stoll(name.substr(5)), e.path());
+    const std::string digits = name.size() > 5 && name.rfind("step-", 0) == 0 ? name.substr(5) : "";
+    if (e.is_directory() && !digits.empty() && digits.size() < 19 &&
+        digits.find_first_not_of("0123456789") == std::string::npos)
+      steps.emplace_back(std::stoll(digits), e.path());
   }
   std::sort(steps.begin(), steps.end());
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < steps.size(); ++i) fs::remove_all(steps[i].second);

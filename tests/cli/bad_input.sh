@@ -72,5 +72,17 @@ after=$(md5sum < "$ckpt")
 runs=$((runs + 1))
 if [ "$before" != "$after" ]; then echo "FAIL: a failed run changed the saved model"; failures=$((failures + 1)); else echo "ok: a failed run leaves the saved model alone"; fi
 
+# Pruning old checkpoints removes only the step-N folders llama-train wrote.
+mkdir -p "$work/out/checkpoint/step-5-best" "$work/out/checkpoint/step-x"
+timeout 120 "$train" "${small[@]}" --training.steps 2 --checkpoint.enable true --checkpoint.interval 1 \
+  --checkpoint.keep_latest_k 1 >/dev/null 2>&1
+runs=$((runs + 1))
+if [ -d "$work/out/checkpoint/step-5-best" ] && [ -d "$work/out/checkpoint/step-x" ] && [ -d "$work/out/checkpoint/step-2" ] \
+   && [ ! -d "$work/out/checkpoint/step-1" ]; then
+  echo "ok: pruning keeps the user's folders and the latest checkpoint"
+else
+  echo "FAIL: checkpoint pruning"; ls "$work/out/checkpoint"; failures=$((failures + 1))
+fi
+
 echo "$((runs - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
