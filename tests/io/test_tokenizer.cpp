@@ -20,8 +20,11 @@ using Ids = std::vector<std::uint32_t>;
 TEST_CASE("byte tokenizer: vocabulary and special ids") {
   ByteTokenizer tok;
   CHECK(tok.vocab_size() == 258);
-  CHECK(ByteTokenizer::bos_id == 256);
-  CHECK(ByteTokenizer::eos_id == 257);
+  CHECK(tok.bos_id() == 256);
+  CHECK(tok.eos_id() == 257);
+  CHECK(tok.kind() == "byte");
+  CHECK(tok.special_id("<|eos|>") == 257u);
+  CHECK_FALSE(tok.special_id("<|eot_id|>").has_value());
 }
 
 TEST_CASE("byte tokenizer: encode maps bytes to ids and adds specials on request") {
@@ -60,8 +63,8 @@ TEST_CASE("byte tokenizer: decode rejects an id outside the vocabulary, naming i
 
 TEST_CASE("byte tokenizer: token_text") {
   ByteTokenizer tok;
-  CHECK(tok.token_text(ByteTokenizer::bos_id) == "<|bos|>");
-  CHECK(tok.token_text(ByteTokenizer::eos_id) == "<|eos|>");
+  CHECK(tok.token_text(ByteTokenizer::kBos) == "<|bos|>");
+  CHECK(tok.token_text(ByteTokenizer::kEos) == "<|eos|>");
   CHECK(tok.token_text(97) == "a");
   CHECK(tok.token_text(0) == std::string(1, '\0'));
   CHECK(tok.token_text(255) == std::string(1, '\xFF'));

@@ -26,10 +26,10 @@
 
 namespace tessera::data {
 
-/// Each document as <|bos|> + its bytes + <|eos|>, concatenated.
-inline std::vector<std::uint32_t> pack_documents(const std::vector<std::string>& docs, const io::ByteTokenizer& tok) {
+/// Each document as BOS + its tokens + EOS, concatenated.
+inline std::vector<std::uint32_t> pack_documents(const std::vector<std::string>& docs, const io::Tokenizer& tok) {
   std::size_t total = 0;
-  for (const auto& d : docs) total += d.size() + 2;
+  for (const auto& d : docs) total += d.size() / 4 + 2;
   std::vector<std::uint32_t> tokens;
   tokens.reserve(total);
   for (const auto& d : docs) {

@@ -14,6 +14,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/layer.hpp"
 
 namespace tessera::nn {
@@ -72,13 +73,13 @@ std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> promp
 }
 
 /// Samples a continuation of the text `prompt` (after a BOS token) and decodes it, with
-/// any tokenizer that has encode(text, bos, eos), decode(ids), vocab_size() and eos_id.
-/// Sampling stops at EOS and never picks an id the tokenizer cannot decode.
-template <class Model, class Tokenizer>
-std::string generate_text(Model& model, const Tokenizer& tok, std::string_view prompt, SampleOptions o) {
+/// any io::Tokenizer. Sampling stops at EOS and never picks an id the tokenizer cannot
+/// decode.
+template <class Model>
+std::string generate_text(Model& model, const io::Tokenizer& tok, std::string_view prompt, SampleOptions o) {
   std::vector<std::int32_t> ids;
   for (auto t : tok.encode(prompt, true, false)) ids.push_back(static_cast<std::int32_t>(t));
-  o.stop_token = static_cast<std::int64_t>(Tokenizer::eos_id);
+  o.stop_token = static_cast<std::int64_t>(tok.eos_id());
   o.vocab_limit = tok.vocab_size();
   const std::vector<std::int32_t> out = generate(model, std::move(ids), o);
   return tok.decode(std::vector<std::uint32_t>(out.begin(), out.end()));
