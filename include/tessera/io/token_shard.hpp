@@ -201,4 +201,32 @@ inline std::vector<std::uint32_t> read_token_shard(const std::string& path) {
   return tokens;
 }
 
+/// The tokens of a file that is either a token shard (told by its magic, whatever its
+/// name) or, when its name ends in ".u32", a headerless array of little-endian uint32
+/// ids as numpy's `tofile` writes it. Anything else is an error naming the file.
+inline std::vector<std::uint32_t> read_token_file(const std::string& path) {
+  std::ifstream in;
+  const std::uint64_t size = detail::open_token_shard(path, in);
+  char magic[8] = {};
+  in.read(magic, sizeof magic);
+  if (in.gcount() == 8 && std::string_view(magic, 8) == token_shard_magic) {
+    in.close();
+    return read_token_shard(path);
+  }
+  TESSERA_CHECK(path.size() > 4 && path.ends_with(".u32"), "token file '", path,
+                "': not a token shard (no TSRATOKS magic) and not named *.u32 (a headerless uint32 array)");
+  TESSERA_CHECK(size % 4 == 0, "token file '", path, "': ", size,
+                " bytes is not a whole number of uint32 ids (a .u32 file is a headerless little-endian uint32 array)");
+  std::vector<std::uint32_t> tokens(static_cast<std::size_t>(size / 4));
+  in.clear();
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(tokens.data()), static_cast<std::streamsize>(size));
+  TESSERA_CHECK(static_cast<std::uint64_t>(in.gcount()) == size, "token file '", path, "': short read: got ",
+                in.gcount(), " of ", size, " bytes");
+  if constexpr (std::endian::native != std::endian::little) {
+    for (auto& t : tokens) t = detail::load_u32_le(reinterpret_cast<const unsigned char*>(&t));
+  }
+  return tokens;
+}
+
 }  // namespace tessera::io

@@ -32,6 +32,8 @@ struct ModelArgs {
   std::int64_t vocab_size = 260;
   std::int64_t multiple_of = 256;
   double ffn_dim_multiplier = 0.0;  // 0: none
+  std::int64_t ffn_hidden = 0;       // > 0: the SwiGLU hidden size as given (Hugging Face's
+                                     // intermediate_size); 0: derived from the two above
   double norm_eps = 1e-5;
   double rope_theta = 500000.0;
   RopeScaling rope_scaling{};
@@ -42,9 +44,10 @@ struct ModelArgs {
   std::int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   std::int64_t head_dim() const { return dim / n_heads; }
 
-  /// The SwiGLU hidden size: 2/3 of 4*dim, times ffn_dim_multiplier, rounded up to
-  /// multiple_of (Meta's and torchtitan's rule).
+  /// The SwiGLU hidden size: ffn_hidden when set, else 2/3 of 4*dim, times
+  /// ffn_dim_multiplier, rounded up to multiple_of (Meta's and torchtitan's rule).
   std::int64_t ffn_hidden_dim() const {
+    if (ffn_hidden > 0) return ffn_hidden;
     auto hidden = static_cast<std::int64_t>(2 * (4 * dim) / 3);
     if (ffn_dim_multiplier > 0) hidden = static_cast<std::int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
     return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
@@ -61,6 +64,7 @@ struct ModelArgs {
     positive(vocab_size, "vocab_size");
     positive(multiple_of, "multiple_of");
     positive(max_seq_len, "max_seq_len");
+    TESSERA_CHECK(ffn_hidden >= 0, where, ": ffn_hidden must not be negative, got ", ffn_hidden);
     TESSERA_CHECK(n_kv_heads >= 0, where, ": n_kv_heads must not be negative, got ", n_kv_heads);
     TESSERA_CHECK(dim % n_heads == 0, where, ": n_heads (", n_heads, ") does not divide dim (", dim, ")");
     TESSERA_CHECK(n_heads % kv_heads() == 0, where, ": n_kv_heads (", kv_heads(),

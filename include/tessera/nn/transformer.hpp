@@ -133,6 +133,10 @@ class Transformer {
     return head_.forward(final_hidden(inputs, g), targets, T(0), nullptr);
   }
 
+  /// Logits (batch * seq_len, vocab) at every position; for evaluation and checks on
+  /// small inputs (a whole (rows, vocab) matrix is made at once).
+  Tensor<T> logits(std::span<const std::int32_t> inputs, Geometry g) { return head_.logits(final_hidden(inputs, g)); }
+
   /// Logits (batch, vocab) at the last position of each sequence.
   Tensor<T> last_logits(std::span<const std::int32_t> inputs, Geometry g) {
     Tensor<T> hn = final_hidden(inputs, g);

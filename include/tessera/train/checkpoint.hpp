@@ -14,6 +14,7 @@
 #include "tessera/io/safetensors.hpp"
 #include "tessera/nn/args.hpp"
 #include "tessera/nn/layer.hpp"
+#include "tessera/train/hf_checkpoint.hpp"  // the Hugging Face directory layout
 
 namespace tessera::train {
 
@@ -26,6 +27,7 @@ inline nlohmann::json model_args_to_json(const nn::ModelArgs& a) {
           {"vocab_size", a.vocab_size},
           {"multiple_of", a.multiple_of},
           {"ffn_dim_multiplier", a.ffn_dim_multiplier},
+          {"ffn_hidden", a.ffn_hidden},
           {"norm_eps", a.norm_eps},
           {"rope_theta", a.rope_theta},
           {"rope_scaling",
@@ -50,6 +52,7 @@ inline nn::ModelArgs model_args_from_json(const nlohmann::json& j, const std::st
     a.vocab_size = j.at("vocab_size").get<std::int64_t>();
     a.multiple_of = j.at("multiple_of").get<std::int64_t>();
     a.ffn_dim_multiplier = j.at("ffn_dim_multiplier").get<double>();
+    a.ffn_hidden = j.value("ffn_hidden", std::int64_t{0});  // absent in older checkpoints
     a.norm_eps = j.at("norm_eps").get<double>();
     a.rope_theta = j.at("rope_theta").get<double>();
     const auto& r = j.at("rope_scaling");
@@ -105,6 +108,19 @@ void load_model(Model& model, const std::string& path) {
     std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
     file.read(p.name, std::span<T>(p.value.data(), static_cast<std::size_t>(p.numel())), shape);
   });
+}
+
+/// The model arguments of either kind of saved model: a Hugging Face directory (its
+/// config.json) or a tessera model.safetensors (its metadata).
+inline nn::ModelArgs read_saved_model_args(const std::string& path) {
+  return is_hf_directory(path) ? read_hf_config(path) : read_model_args(path);
+}
+
+/// Loads `model` from either kind of saved model (see read_saved_model_args).
+template <class Model>
+void load_saved_model(Model& model, const std::string& path) {
+  if (is_hf_directory(path)) load_hf_model(model, path);
+  else load_model(model, path);
 }
 
 }  // namespace tessera::train

@@ -60,6 +60,7 @@ struct ModelSection {
   std::optional<std::int64_t> vocab_size;
   std::optional<std::int64_t> multiple_of;
   std::optional<double> ffn_dim_multiplier;
+  std::optional<std::int64_t> ffn_hidden;
   std::optional<double> rope_theta;
   std::optional<double> norm_eps;
   std::optional<std::int64_t> max_seq_len;
@@ -130,6 +131,8 @@ struct CheckpointSection {
   std::string export_dtype = "float32";
   std::int64_t keep_latest_k = 10;
   std::string initial_load_path;
+  bool initial_load_in_hf = false;
+  bool last_save_in_hf = false;
 };
 
 /// [metrics]
@@ -407,6 +410,9 @@ inline std::vector<ConfigKey> build_config_keys() {
       model_key<&M::ffn_dim_multiplier, &A::ffn_dim_multiplier>(
           "model.ffn_dim_multiplier", "Override: feed-forward hidden size multiplier (0: none).")
           .at_least(0),
+      model_key<&M::ffn_hidden, &A::ffn_hidden>(
+          "model.ffn_hidden", "Override: the feed-forward hidden size itself (Hugging Face's intermediate_size; 0: derived).")
+          .at_least(0),
       model_key<&M::rope_theta, &A::rope_theta>("model.rope_theta", "Override: RoPE base frequency.").positive(),
       model_key<&M::norm_eps, &A::norm_eps>("model.norm_eps", "Override: RMSNorm epsilon.").positive(),
       model_key<&M::max_seq_len, &A::max_seq_len>("model.max_seq_len",
@@ -415,8 +421,8 @@ inline std::vector<ConfigKey> build_config_keys() {
       model_key<&M::tie_embeddings, &A::tie_embeddings>(
           "model.tie_embeddings", "Override: share the token embedding with the output projection."),
       make_key("model.tokenizer", field<&J::model, &M::tokenizer>(),
-               "Tokenizer: \"byte\" (bytes plus special tokens; the only one for now).")
-          .one_of({"byte"}),
+               "Tokenizer: \"byte\", a tiktoken-format (Llama 3) or SentencePiece (Llama 2) tokenizer.model file, "
+               "or a Hugging Face model directory holding one."),
       // [optimizer]
       make_key("optimizer.name", field<&J::optimizer, &OptimizerSection::name>(), "Optimizer.").one_of({"AdamW"}),
       make_key("optimizer.lr", field<&J::optimizer, &OptimizerSection::lr>(), "Peak learning rate.").at_least(0),
@@ -542,7 +548,12 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Keep this many latest checkpoints (0: keep all).")
           .at_least(0),
       make_key("checkpoint.initial_load_path", field<&J::checkpoint, &CheckpointSection::initial_load_path>(),
-               "Checkpoint to start from when the folder has none (\"\": none)."),
+               "Model to start from when the folder has none (\"\": none): a model.safetensors written by tessera, or "
+               "a Hugging Face Llama directory, whose config.json then defines the model."),
+      make_key("checkpoint.initial_load_in_hf", field<&J::checkpoint, &CheckpointSection::initial_load_in_hf>(),
+               "Require initial_load_path to be a Hugging Face Llama directory (config.json + safetensors)."),
+      make_key("checkpoint.last_save_in_hf", field<&J::checkpoint, &CheckpointSection::last_save_in_hf>(),
+               "Also save the final model as a Hugging Face Llama directory, <dump_folder>/hf."),
       // [metrics]
       make_key("metrics.log_freq", field<&J::metrics, &MetricsSection::log_freq>(),
                "Log metrics every this many steps.")
