@@ -1,0 +1,217 @@
+// llama-tokenize: text and JSON lines files -> one token shard, on every core.
+//
+//   llama-tokenize --tokenizer SPEC --output FILE.bin [--threads N] [--no-bos] [--no-eos]
+//                  [--field text] [--format auto|text|jsonl] INPUT...
+//
+// A text file is one document; a .jsonl/.json file holds one document per line in the
+// field "text". Each document becomes BOS + ids + EOS; documents are concatenated in
+// input order (the same shard for any --threads) and written atomically. While it runs,
+// a progress bar goes to stderr when stderr is a terminal; a summary line always
+// follows. docs/tokenize.md has the details.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/data/tokenize.hpp"
+#include "tessera/io/load_tokenizer.hpp"
+#include "tessera/io/token_shard.hpp"
+
+using namespace tessera;
+
+namespace {
+
+void usage() {
+  std::printf(
+      "usage: llama-tokenize --tokenizer SPEC --output FILE.bin [options] INPUT...\n\n"
+      "Tokenizes text and JSON lines files into one token shard, documents in input order.\n\n"
+      "  --tokenizer SPEC   'byte', or a tokenizer file (tiktoken or SentencePiece)\n"
+      "  --output FILE      the token shard to write (replaced whole, only on success)\n"
+      "  --threads N        worker threads (default: every core, %u here)\n"
+      "  --no-bos           do not put BOS before each document\n"
+      "  --no-eos           do not put EOS after each document\n"
+      "  --field NAME       the JSON field holding a document's text (default: text)\n"
+      "  --format F         auto (default: .jsonl/.json are JSON lines, anything else text),\n"
+      "                     text or jsonl for every input\n"
+      "  INPUT              a text file (one document), a .jsonl/.json file (one document per\n"
+      "                     line), or - for standard input\n",
+      std::max(1u, std::thread::hardware_concurrency()));
+}
+
+unsigned parse_threads(const std::string& text) {
+  std::size_t used = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || text[0] == '-' || v == 0 || v > 4096) {
+    fail("--threads: expected a whole number from 1 to 4096, got '", text, "'");
+  }
+  return static_cast<unsigned>(v);
+}
+
+std::size_t terminal_columns() {
+  struct winsize w {};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
+  return 100;
+}
+
+/// Redraws the progress line on stderr at most ten times a second until stopped.
+class ProgressBar {
+ public:
+  ProgressBar(const data::TokenizeProgress& progress, std::optional<std::uint64_t> total)
+      : progress_(progress), total_(total), start_(clock::now()), thread_([this] { loop(); }) {}
+
+  ~ProgressBar() { stop(); }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopped_) return;
+      stopped_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    std::fprintf(stderr, "\r\033[2K");
+    std::fflush(stderr);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopped_; })) {
+      const double seconds = std::chrono::duration<double>(clock::now() - start_).count();
+      const std::string line = data::progress_line(progress_.input_bytes.load(), total_, progress_.tokens.load(),
+                                                   seconds, terminal_columns() - 1);
+      std::fprintf(stderr, "\r\033[2K%s", line.c_str());
+      std::fflush(stderr);
+    }
+  }
+
+  const data::TokenizeProgress& progress_;
+  std::optional<std::uint64_t> total_;
+  clock::time_point start_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopped_ = false;
+  std::thread thread_;  // last: starts once the rest is ready
+};
+
+int run(const std::vector<std::string>& args) {
+  std::string tokenizer_spec, output, format = "auto";
+  data::TokenizeOptions options;
+  std::vector<std::string> inputs;
+  bool options_done = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (options_done || a == "-" || a.empty() || a[0] != '-') {
+      inputs.push_back(a);
+      continue;
+    }
+    if (a == "--") {
+      options_done = true;
+    } else if (a == "--help" || a == "-h") {
+      usage();
+      return 0;
+    } else if (a == "--no-bos") {
+      options.encode.bos = false;
+    } else if (a == "--no-eos") {
+      options.encode.eos = false;
+    } else if (a == "--tokenizer" || a == "--output" || a == "--threads" || a == "--field" || a == "--format") {
+      TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
+      const std::string& v = args[++i];
+      if (a == "--tokenizer") tokenizer_spec = v;
+      else if (a == "--output") output = v;
+      else if (a == "--threads") options.threads = parse_threads(v);
+      else if (a == "--field") options.field = v;
+      else format = v;
+    } else {
+      fail("unknown option '", a, "' (see --help)");
+    }
+  }
+  TESSERA_CHECK(!tokenizer_spec.empty(), "--tokenizer: required ('byte' or a tokenizer file)");
+  TESSERA_CHECK(!output.empty(), "--output: required (the token shard to write)");
+  TESSERA_CHECK(format == "auto" || format == "text" || format == "jsonl", "--format: expected auto, text or jsonl, got '",
+                format, "'");
+  TESSERA_CHECK(!options.field.empty(), "--field: the field name is empty");
+  TESSERA_CHECK(!inputs.empty(), "no input files (give text or .jsonl files, or - for standard input)");
+
+  // Everything that can be checked before the work starts is checked now.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  TESSERA_CHECK(!fs::is_directory(output, ec), output, ": is a directory; --output names the shard file to write");
+  const fs::path parent = fs::path(output).parent_path();
+  TESSERA_CHECK(parent.empty() || fs::is_directory(parent, ec), output, ": its directory ", parent.string(),
+                " does not exist");
+  std::vector<data::InputSource> sources;
+  for (const std::string& path : inputs) {
+    data::InputFormat f = format == "auto" ? data::input_format_of(path)
+                          : format == "jsonl" ? data::InputFormat::jsonl
+                                              : data::InputFormat::text;
+    sources.push_back({path, f});
+  }
+  data::DocumentReader reader(std::move(sources));
+  const std::unique_ptr<io::Tokenizer> tok = io::load_tokenizer(tokenizer_spec);
+  TESSERA_CHECK(tok->vocab_size() > 0 && tok->vocab_size() <= std::numeric_limits<std::uint32_t>::max(),
+                "tokenizer '", tokenizer_spec, "': vocabulary size ", tok->vocab_size(),
+                " does not fit a token shard's u32 field");
+  options.threads = data::resolved_threads(options);
+
+  // The whole stream of ids is kept (4 bytes a token) and written once at the end:
+  // write_token_shard takes them all, writes a temporary file and renames it.
+  const auto start = std::chrono::steady_clock::now();
+  data::TokenizeProgress progress;
+  std::vector<std::uint32_t> tokens;
+  data::TokenizeStats stats;
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  {
+    std::optional<ProgressBar> bar;
+    if (tty) bar.emplace(progress, reader.total_bytes());
+    stats = data::tokenize_sources(
+        reader, *tok, options,
+        [&](std::span<const std::uint32_t> ids) { tokens.insert(tokens.end(), ids.begin(), ids.end()); }, &progress);
+  }
+  if (tty) {
+    std::fprintf(stderr, "writing %llu tokens to %s ...", static_cast<unsigned long long>(tokens.size()), output.c_str());
+    std::fflush(stderr);
+  }
+  try {
+    io::write_token_shard(output, tokens, static_cast<std::uint32_t>(tok->vocab_size()));
+  } catch (...) {
+    if (tty) std::fprintf(stderr, "\n");  // the error goes on a line of its own
+    throw;
+  }
+  if (tty) std::fprintf(stderr, "\r\033[2K");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::fprintf(stderr, "llama-tokenize: %s, %u thread%s -> %s\n", data::summary_line(stats, seconds).c_str(),
+               options.threads, options.threads == 1 ? "" : "s", output.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama-tokenize: error: %s\n", e.what());
+    return 1;
+  }
+}
