@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds tessera and runs every test: the suite in a release build, then the CPU suite
-# again under AddressSanitizer and UndefinedBehaviorSanitizer.
+# Builds tessera and runs every test: the suite in a release build, the CPU suite again
+# under AddressSanitizer and UndefinedBehaviorSanitizer, then the libFuzzer targets (the
+# safetensors parser and the tokenizer loader) for FUZZ_SECONDS each (default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
@@ -17,3 +18,6 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
 meson compile -C build-san -j "$jobs"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   meson test -C build-san --print-errorlogs --num-processes "$jobs" --suite cpu --suite cli
+
+echo "== libFuzzer targets, ${FUZZ_SECONDS:-60} s each"
+bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}" build-fuzz

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang++ (ASan + UBSan) and runs each for a bounded time.
+#
+#   tests/fuzz/run.sh [SECONDS] [BUILD_DIR]     (defaults: 60, $FUZZ_BUILD_DIR or build-fuzz)
+#
+# Each target runs for SECONDS over a copy of its seed corpus made in BUILD_DIR/corpus/
+# (tests/fuzz/corpus/ is never written), with a dictionary where there is one. A crash,
+# leak, undefined behaviour, timeout (10 s per input) or memory blow-up (2 GiB) is a
+# finding: the reproducer is kept under BUILD_DIR/findings/TARGET/, its path is printed,
+# and the script exits 1 once every target has run. Reproduce one with
+#   BUILD_DIR/fuzz_TARGET BUILD_DIR/findings/TARGET/crash-...
+# Environment: CXX (default clang++, then clang++-14), FUZZ_BUILD_DIR, FUZZ_JOBS (parallel
+# fuzzing processes per target, default 1).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+seconds=${1:-60}
+build=${2:-${FUZZ_BUILD_DIR:-build-fuzz}}
+jobs=${FUZZ_JOBS:-1}
+if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -eq 0 ]; then
+  echo "fuzz: SECONDS must be a positive whole number, got '$seconds'" >&2
+  exit 2
+fi
+
+# A clang++ that links libFuzzer (Debian: clang and libclang-rt-dev).
+cxx=${CXX:-}
+if [ -z "$cxx" ]; then
+  for c in clang++ clang++-14; do
+    if command -v "$c" >/dev/null; then cxx=$c; break; fi
+  done
+fi
+if [ -z "$cxx" ] || ! command -v "$cxx" >/dev/null; then
+  echo "fuzz: clang++ not found; install clang and libclang-rt-dev (Debian 12: clang-14, libclang-rt-14-dev)" >&2
+  exit 1
+fi
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+probe="$build/probe.cpp"
+printf '#include <cstddef>\n#include <cstdint>\nextern "C" int LLVMFuzzerTestOneInput(const std::uint8_t*, std::size_t) { return 0; }\n' > "$probe"
+if ! "$cxx" -fsanitize=fuzzer,address,undefined "$probe" -o "$build/probe" 2> "$build/probe.log"; then
+  echo "fuzz: $cxx cannot build a libFuzzer binary with ASan and UBSan (is libclang-rt-dev installed?):" >&2
+  head -n 5 "$build/probe.log" >&2
+  exit 1
+fi
+
+flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+       -Wall -Wextra -I include)
+json_flags=$(pkg-config --cflags nlohmann_json 2>/dev/null) || { echo "fuzz: pkg-config cannot find nlohmann_json (nlohmann-json3-dev)" >&2; exit 1; }
+
+# build TARGET EXTRA_FLAGS...: compiles tests/fuzz/fuzz_TARGET.cpp into $build/fuzz_TARGET.
+build_target() {
+  local target=$1
+  shift
+  echo "== building fuzz_$target"
+  # shellcheck disable=SC2086
+  "$cxx" "${flags[@]}" $json_flags "tests/fuzz/fuzz_$target.cpp" -o "$build/fuzz_$target" "$@"
+}
+
+# run TARGET [MAX_LEN]: fuzzes for $seconds; returns 1 on a finding.
+run_target() {
+  local target=$1 max_len=${2:-}
+  local corpus="$build/corpus/$target" findings="$build/findings/$target" log="$build/fuzz_$target.log"
+  mkdir -p "$corpus" "$findings"
+  cp -n tests/fuzz/corpus/"$target"/* "$corpus"/ 2>/dev/null
+  local args=(-max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
+              -artifact_prefix="$findings/")
+  [ -f "tests/fuzz/$target.dict" ] && args+=(-dict="tests/fuzz/$target.dict")
+  [ -n "$max_len" ] && args+=(-max_len="$max_len")
+  if [ "$jobs" -gt 1 ]; then args+=(-fork="$jobs" -ignore_crashes=0); fi
+  echo "== fuzzing $target for ${seconds}s (corpus $corpus, log $log)"
+  local before
+  before=$(find "$findings" -type f | wc -l)
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+    timeout $((seconds + 300)) "$build/fuzz_$target" "${args[@]}" "$corpus" > "$log" 2>&1
+  local status=$?
+  grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)' "$log"
+  grep -E '^#[0-9]+.*(cov|ft):' "$log" | tail -n 1
+  local new
+  new=$(find "$findings" -type f -newer "$build/fuzz_$target" | sort)
+  if [ "$status" -ne 0 ] || [ "$(find "$findings" -type f | wc -l)" -gt "$before" ]; then
+    echo "FINDING in $target (exit status $status); log: $log"
+    grep -E '^(==[0-9]+==ERROR|SUMMARY|fuzz_|.*runtime error|.*Test unit written)' "$log" | head -n 10
+    for f in $new; do echo "reproducer: $f  (run: $build/fuzz_$target $f)"; done
+    return 1
+  fi
+  echo "ok: $target, no finding"
+  return 0
+}
+
+status=0
+build_target safetensors || { echo "fuzz: building fuzz_safetensors failed" >&2; exit 1; }
+run_target safetensors 8192 || status=1
+
+if [ -f include/tessera/io/tiktoken.hpp ]; then
+  pcre_flags=$(pkg-config --cflags --libs libpcre2-8 2>/dev/null) || { echo "fuzz: pkg-config cannot find libpcre2-8 (libpcre2-dev)" >&2; exit 1; }
+  # shellcheck disable=SC2086
+  build_target tiktoken $pcre_flags || { echo "fuzz: building fuzz_tiktoken failed" >&2; exit 1; }
+  run_target tiktoken 16384 || status=1
+else
+  echo "== skipping fuzz_tiktoken: include/tessera/io/tiktoken.hpp does not exist"
+fi
+
+[ "$status" -eq 0 ] && echo "fuzz: no findings" || echo "fuzz: FINDINGS above"
+exit $status
