@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     using Model = nn::Transformer<float, Cpu, ParallelBlock<float, Cpu>>;
     Model model(c.model.args);
     model.init_weights(0);
-    data::DataLoader loader(train::load_training_tokens(c), c.training.seq_len, c.training.local_batch_size);
+    data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len, c.training.local_batch_size);
     train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
     for (std::int64_t s = 1; s <= c.training.steps; ++s) {
       auto m = trainer.step();

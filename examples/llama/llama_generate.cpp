@@ -1,12 +1,19 @@
-// llama-generate: samples text from a checkpoint written by llama-train.
+// llama-generate: samples text from a saved model.
 //
 //   llama-generate --checkpoint outputs/debug_model/model.safetensors [--prompt TEXT]
-//                  [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]
+//                  [--tokenizer SPEC] [--max-new-tokens N] [--temperature T] [--top-k K]
+//                  [--seed S]
 //
-// The model's shape comes from the checkpoint's metadata; text goes through the
-// byte tokenizer, the prompt after a BOS token. Generation stops at EOS.
+// --checkpoint is a model.safetensors written by llama-train (the model's shape comes
+// from its metadata) or a Hugging Face Llama directory (from its config.json). Text goes
+// through --tokenizer, by default the tokenizer.model beside the file or inside the
+// directory, else the byte tokenizer; the prompt follows a BOS token and generation
+// stops at EOS.
 #include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
@@ -14,8 +21,10 @@
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/train/checkpoint.hpp"
+#include "tessera/train/trainer.hpp"
 
 using namespace tessera;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -33,38 +42,47 @@ V parse_number(const std::string& flag, const std::string& text) {
 }
 
 int run(const std::vector<std::string>& args) {
-  std::string checkpoint, prompt;
+  std::string checkpoint, prompt, tokenizer;
   nn::SampleOptions o;
   o.max_new_tokens = 200;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
-      std::printf("usage: llama-generate --checkpoint FILE.safetensors [--prompt TEXT] [--max-new-tokens N]\n"
-                  "                      [--temperature T] [--top-k K] [--seed S]\n");
+      std::printf("usage: llama-generate --checkpoint FILE.safetensors|DIR [--prompt TEXT] [--tokenizer SPEC]\n"
+                  "                      [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n\n"
+                  "--tokenizer defaults to the tokenizer.model beside the checkpoint file or in the directory,\n"
+                  "else the byte tokenizer.\n");
       return 0;
     }
     TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
     const std::string& v = args[++i];
     if (a == "--checkpoint") checkpoint = v;
     else if (a == "--prompt") prompt = v;
+    else if (a == "--tokenizer") tokenizer = v;
     else if (a == "--max-new-tokens") o.max_new_tokens = parse_number<std::int64_t>(a, v);
     else if (a == "--temperature") o.temperature = parse_number<double>(a, v);
     else if (a == "--top-k") o.top_k = parse_number<std::int64_t>(a, v);
     else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, v);
     else fail("unknown option '", a, "' (see --help)");
   }
-  TESSERA_CHECK(!checkpoint.empty(), "--checkpoint: required (a model.safetensors written by llama-train)");
+  TESSERA_CHECK(!checkpoint.empty(),
+                "--checkpoint: required (a model.safetensors written by llama-train, or a Hugging Face directory)");
   TESSERA_CHECK(o.max_new_tokens >= 0 && o.temperature >= 0 && o.top_k >= 0,
                 "--max-new-tokens, --temperature and --top-k must not be negative");
 
-  const nn::ModelArgs a = train::read_model_args(checkpoint);
-  io::ByteTokenizer tok;
-  TESSERA_CHECK(a.vocab_size >= tok.vocab_size(), checkpoint, ": vocabulary of ", a.vocab_size,
-                " is smaller than the byte tokenizer's ", tok.vocab_size());
+  const nn::ModelArgs a = train::read_saved_model_args(checkpoint);
+  if (tokenizer.empty()) {
+    const fs::path dir = train::is_hf_directory(checkpoint) ? fs::path(checkpoint) : fs::path(checkpoint).parent_path();
+    std::error_code ec;
+    tokenizer = fs::exists(dir / "tokenizer.model", ec) ? (dir / "tokenizer.model").string() : "byte";
+  }
+  const std::unique_ptr<io::Tokenizer> tok = train::make_tokenizer(tokenizer);
+  TESSERA_CHECK(a.vocab_size >= tok->vocab_size(), checkpoint, ": vocabulary of ", a.vocab_size,
+                " is smaller than the tokenizer's (", tokenizer, ") ", tok->vocab_size());
   nn::Transformer<float, Cpu> model(a);
-  train::load_model(model, checkpoint);
+  train::load_saved_model(model, checkpoint);
   o.context = a.max_seq_len;
-  std::printf("%s%s\n", prompt.c_str(), nn::generate_text(model, tok, prompt, o).c_str());
+  std::printf("%s%s\n", prompt.c_str(), nn::generate_text(model, *tok, prompt, o).c_str());
   return 0;
 }
 

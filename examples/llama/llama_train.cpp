@@ -5,13 +5,17 @@
 // Writes <dump_folder>/config.toml (the effective config), <dump_folder>/metrics.jsonl
 // (one JSON object per step), <dump_folder>/model.safetensors (the final model) and,
 // with [checkpoint] enable, <dump_folder>/<folder>/step-N/model.safetensors every
-// `interval` steps; then prints text sampled from the trained model.
+// `interval` steps; <dump_folder>/tokenizer.model when the tokenizer has a file; with
+// checkpoint.last_save_in_hf, <dump_folder>/hf (a Hugging Face Llama directory); then
+// prints text sampled from the trained model. checkpoint.initial_load_path may name a
+// Hugging Face Llama directory to start from: its config.json then defines the model.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,19 +67,32 @@ int run(const std::vector<std::string>& args) {
   const fs::path dump = c.job.dump_folder;
   if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());
 
-  const nn::ModelArgs& a = c.model.args;
+  const std::string& init = c.checkpoint.initial_load_path;
+  const bool init_hf = !init.empty() && train::is_hf_directory(init);
+  TESSERA_CHECK(!c.checkpoint.initial_load_in_hf || init_hf, "checkpoint.initial_load_in_hf = true: initial_load_path '",
+                init, "' is not a Hugging Face model directory (a folder with config.json)");
+  // A Hugging Face directory brings its own model arguments: its config.json.
+  const nn::ModelArgs a = init_hf ? train::read_hf_config(init) : c.model.args;
+  TESSERA_CHECK(c.training.seq_len <= a.max_seq_len, "training.seq_len = ", c.training.seq_len, " exceeds the model's ",
+                init_hf ? "max_position_embeddings (" + init + "/config.json) = " : "max_seq_len = ", a.max_seq_len);
+  const std::unique_ptr<io::Tokenizer> tok = train::make_tokenizer(c.model.tokenizer);
+  TESSERA_CHECK(tok->vocab_size() <= a.vocab_size, "model.tokenizer '", c.model.tokenizer, "' has ", tok->vocab_size(),
+                " ids, more than the model's vocabulary of ", a.vocab_size,
+                init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
   Model model(a);
-  if (!c.checkpoint.initial_load_path.empty()) {
-    const nn::ModelArgs saved = train::read_model_args(c.checkpoint.initial_load_path);
-    TESSERA_CHECK(saved.num_params() == a.num_params() && saved.dim == a.dim && saved.n_layers == a.n_layers,
-                  c.checkpoint.initial_load_path, ": the checkpoint's model (", saved.flavor, ", ", saved.num_params(),
+  if (init_hf) {
+    train::load_hf_model(model, init);
+  } else if (!init.empty()) {
+    const nn::ModelArgs saved = train::read_model_args(init);
+    TESSERA_CHECK(saved.num_params() == a.num_params() && saved.dim == a.dim && saved.n_layers == a.n_layers, init,
+                  ": the checkpoint's model (", saved.flavor, ", ", saved.num_params(),
                   " parameters) does not match [model] (", a.flavor, ", ", a.num_params(), " parameters)");
-    train::load_model(model, c.checkpoint.initial_load_path);
+    train::load_model(model, init);
   } else {
     model.init_weights(static_cast<std::uint64_t>(c.training.seed));
   }
 
-  std::vector<std::uint32_t> tokens = train::load_training_tokens(c);
+  std::vector<std::uint32_t> tokens = train::load_training_tokens(c, *tok);
   for (std::size_t i = 0; i < tokens.size(); ++i)
     TESSERA_CHECK(tokens[i] < static_cast<std::uint32_t>(a.vocab_size), c.training.dataset == "shard" ? c.training.dataset_path : "synthetic corpus",
                   ": token id ", tokens[i], " at index ", i, " is outside the model's vocabulary (model.vocab_size = ",
@@ -103,6 +120,9 @@ int run(const std::vector<std::string>& args) {
     out << train::to_toml(c);
     TESSERA_CHECK(out.good(), (dump / "config.toml").string(), ": cannot write");
   }
+  // The tokenizer travels with the models saved here (none for "byte").
+  const std::string tokenizer_copy = (dump / "tokenizer.model").string();
+  const bool has_tokenizer_file = train::save_tokenizer_file(c.model.tokenizer, tokenizer_copy);
   train::Trainer<Model> trainer(model, c, std::move(loader), peak);
   train::MetricsLogger log((dump / "metrics.jsonl").string(), c.training.steps, c.metrics.log_freq,
                            isatty(STDERR_FILENO) != 0);
@@ -118,15 +138,19 @@ int run(const std::vector<std::string>& args) {
   const std::string final_path = (dump / "model.safetensors").string();
   train::save_model(model, final_path, export_dtype);
   std::fprintf(stderr, "saved %s\n", final_path.c_str());
+  if (c.checkpoint.last_save_in_hf) {
+    const std::string hf_dir = (dump / "hf").string();
+    train::save_hf_model(model, hf_dir, {export_dtype, 5'000'000'000ull, has_tokenizer_file ? tokenizer_copy : ""});
+    std::fprintf(stderr, "saved %s (Hugging Face Llama directory)\n", hf_dir.c_str());
+  }
 
   // A sample from the trained model, seeded from the run's seed.
-  io::ByteTokenizer tok;
   nn::SampleOptions o;
   o.max_new_tokens = 300;
   o.temperature = 0.7;
   o.seed = static_cast<std::uint64_t>(c.training.seed);
   o.context = c.training.seq_len;
-  std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, nn::generate_text(model, tok, "", o).c_str());
+  std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, nn::generate_text(model, *tok, "", o).c_str());
   return 0;
 }
 

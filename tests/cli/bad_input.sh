@@ -5,6 +5,8 @@ set -uo pipefail
 train=$1
 generate=$2
 configs=$3
+eval=$4
+fixtures=$5
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -83,6 +85,49 @@ if [ -d "$work/out/checkpoint/step-5-best" ] && [ -d "$work/out/checkpoint/step-
 else
   echo "FAIL: checkpoint pruning"; ls "$work/out/checkpoint"; failures=$((failures + 1))
 fi
+
+# Hugging Face directories, token files and tokenizers.
+hf=$fixtures/hf/llama3
+python3 -c 'import struct; open("'"$work"'/toks.u32","wb").write(struct.pack("<40I", *[i % 50 for i in range(40)]))'
+expect_error "eval: no --model" "--model: required" "$eval" --tokens "$work/toks.u32"
+expect_error "eval: unknown option" "unknown option '--seqlen'" "$eval" --model "$hf" --tokens "$work/toks.u32" --seqlen 4
+expect_error "eval: bad --seq-len" "--seq-len: expected a positive integer, got 'x'" "$eval" --model "$hf" --tokens "$work/toks.u32" --seq-len x
+expect_error "eval: window too long" "takes at most" "$eval" --model "$hf" --tokens "$work/toks.u32" --seq-len 100000000
+head -c 30 "$work/toks.u32" > "$work/odd.u32"
+expect_error "eval: .u32 of odd size" "odd.u32': 30 bytes is not a whole number" "$eval" --model "$hf" --tokens "$work/odd.u32"
+cp "$work/toks.u32" "$work/toks.bin"
+expect_error "eval: neither shard nor .u32" "toks.bin': not a token shard" "$eval" --model "$hf" --tokens "$work/toks.bin"
+python3 -c 'import struct; open("'"$work"'/big.u32","wb").write(struct.pack("<3I", 1, 2, 4000000))'
+expect_error "eval: id outside the vocabulary" "token id 4000000 at index 2" "$eval" --model "$hf" --tokens "$work/big.u32"
+mkdir -p "$work/hf_missing"
+expect_error "eval: directory without config.json" "hf_missing: a directory without config.json" \
+  "$eval" --model "$work/hf_missing" --tokens "$work/toks.u32"
+cp "$hf/config.json" "$work/hf_missing/"
+expect_error "eval: config.json but no weights" "hf_missing: no model.safetensors and no model.safetensors.index.json" \
+  "$eval" --model "$work/hf_missing" --tokens "$work/toks.u32"
+cp -r "$hf" "$work/hf_shape"
+sed -i 's/"intermediate_size": [0-9]*/"intermediate_size": 64/' "$work/hf_shape/config.json"
+expect_error "HF tensor shaped otherwise than config.json" "but the model config.json describes needs" \
+  "$eval" --model "$work/hf_shape" --tokens "$work/toks.u32"
+cp -r "$hf" "$work/hf_layers"
+sed -i 's/"num_hidden_layers": [0-9]*/"num_hidden_layers": 3/' "$work/hf_layers/config.json"
+expect_error "HF tensor missing" "tensor 'model.layers.2.input_layernorm.weight'" \
+  "$eval" --model "$work/hf_layers" --tokens "$work/toks.u32"
+cp -r "$hf" "$work/hf_nokey"
+sed -i '/"hidden_size"/d' "$work/hf_nokey/config.json"
+expect_error "config.json without hidden_size" "config.json: key 'hidden_size' is missing" \
+  "$eval" --model "$work/hf_nokey" --tokens "$work/toks.u32"
+cp -r "$hf" "$work/hf_trunc"
+head -c 200 "$hf/model.safetensors" > "$work/hf_trunc/model.safetensors"
+expect_error "HF weights truncated" "hf_trunc/model.safetensors: header length" \
+  "$eval" --model "$work/hf_trunc" --tokens "$work/toks.u32"
+expect_error "initial_load_in_hf on a file" "is not a Hugging Face model directory" \
+  "$train" "${small[@]}" --checkpoint.initial_load_in_hf true --checkpoint.initial_load_path "$ckpt"
+printf 'YQ== 0\nnot base64! 1\n' > "$work/bad.tiktoken"
+expect_error "malformed tokenizer line" "bad.tiktoken" "$train" "${small[@]}" --model.tokenizer "$work/bad.tiktoken"
+expect_error "unknown tokenizer" "tokenizer 'gpt2'" "$train" "${small[@]}" --model.tokenizer gpt2
+expect_error "tokenizer larger than the model" "more than the model's vocabulary of 300" \
+  "$train" "${small[@]}" --model.vocab_size 300
 
 echo "$((runs - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

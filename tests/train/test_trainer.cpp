@@ -74,7 +74,7 @@ TEST_CASE("Training the debug model on the embedded corpus reaches the stated lo
                                            "test_trainer", {"--training.steps", std::to_string(kTrainSteps)});
   Model model(c.model.args);
   model.init_weights(0);
-  data::DataLoader loader(train::load_training_tokens(c), c.training.seq_len, c.training.local_batch_size);
+  data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len, c.training.local_batch_size);
   train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
   double first = 0, last = 0;
   for (int s = 1; s <= kTrainSteps; ++s) {
@@ -94,7 +94,7 @@ TEST_CASE("Gradient accumulation gives the gradient of the whole global batch") 
                                     std::to_string(global), "--training.steps", "3"});
     auto m = std::make_unique<Model>(c.model.args);
     m->init_weights(1);
-    data::DataLoader loader(train::load_training_tokens(c), c.training.seq_len, c.training.local_batch_size);
+    data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len, c.training.local_batch_size);
     train::Trainer<Model> t(*m, c, std::move(loader), 0.0);
     std::vector<double> losses;
     for (int s = 0; s < 3; ++s) losses.push_back(t.step().loss);
@@ -109,7 +109,7 @@ TEST_CASE("bf16 parameters train, and the weights stay bf16-representable") {
   train::JobConfig c = small_job({"--training.mixed_precision_param", "bfloat16", "--training.steps", "20"});
   Model model(c.model.args);
   model.init_weights(0);
-  data::DataLoader loader(train::load_training_tokens(c), c.training.seq_len, c.training.local_batch_size);
+  data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len, c.training.local_batch_size);
   train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
   double first = trainer.step().loss, last = 0;
   for (int s = 2; s <= 20; ++s) last = trainer.step().loss;

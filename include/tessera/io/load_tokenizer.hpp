@@ -62,10 +62,11 @@ inline std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path, s
 
 }  // namespace detail
 
-/// The tokenizer `spec` names. Throws naming `spec` when it is neither a built-in name
-/// nor a readable tokenizer file or directory.
-inline std::unique_ptr<Tokenizer> load_tokenizer(std::string_view spec) {
-  if (spec == "byte") return std::make_unique<ByteTokenizer>();
+/// The file a tokenizer spec reads: the file itself, or a directory's tokenizer.model
+/// (else original/tokenizer.model); "" for the built-in "byte". Throws naming `spec`
+/// when there is no such file.
+inline std::string tokenizer_file(std::string_view spec) {
+  if (spec == "byte") return "";
   const std::filesystem::path path{std::string(spec)};
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -74,12 +75,19 @@ inline std::unique_ptr<Tokenizer> load_tokenizer(std::string_view spec) {
   if (std::filesystem::is_directory(status)) {
     for (const char* name : {"tokenizer.model", "original/tokenizer.model"}) {
       const std::filesystem::path candidate = path / name;
-      if (std::filesystem::is_regular_file(candidate, ec)) return detail::load_tokenizer_file(candidate.string(), spec);
+      if (std::filesystem::is_regular_file(candidate, ec)) return candidate.string();
     }
     fail("tokenizer '", spec, "': the directory has neither tokenizer.model nor original/tokenizer.model");
   }
   TESSERA_CHECK(std::filesystem::is_regular_file(status), "tokenizer '", spec, "': not a regular file or directory");
-  return detail::load_tokenizer_file(path.string(), spec);
+  return path.string();
+}
+
+/// The tokenizer `spec` names. Throws naming `spec` when it is neither a built-in name
+/// nor a readable tokenizer file or directory.
+inline std::unique_ptr<Tokenizer> load_tokenizer(std::string_view spec) {
+  if (spec == "byte") return std::make_unique<ByteTokenizer>();
+  return detail::load_tokenizer_file(tokenizer_file(spec), spec);
 }
 
 }  // namespace tessera::io

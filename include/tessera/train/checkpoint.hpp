@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <system_error>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,9 @@ void load_model(Model& model, const std::string& path) {
 /// The model arguments of either kind of saved model: a Hugging Face directory (its
 /// config.json) or a tessera model.safetensors (its metadata).
 inline nn::ModelArgs read_saved_model_args(const std::string& path) {
+  std::error_code ec;
+  TESSERA_CHECK(!std::filesystem::is_directory(path, ec) || is_hf_directory(path), path,
+                ": a directory without config.json (expected a Hugging Face model directory or a model.safetensors)");
   return is_hf_directory(path) ? read_hf_config(path) : read_model_args(path);
 }
 

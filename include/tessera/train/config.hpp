@@ -421,8 +421,8 @@ inline std::vector<ConfigKey> build_config_keys() {
       model_key<&M::tie_embeddings, &A::tie_embeddings>(
           "model.tie_embeddings", "Override: share the token embedding with the output projection."),
       make_key("model.tokenizer", field<&J::model, &M::tokenizer>(),
-               "Tokenizer: \"byte\", a tiktoken-format (Llama 3) or SentencePiece (Llama 2) tokenizer.model file, "
-               "or a Hugging Face model directory holding one."),
+               "Tokenizer: \"byte\", \"synthetic_bpe\" (the embedded corpus's BPE vocabulary), a tiktoken-format "
+               "(Llama 3) or SentencePiece (Llama 2) tokenizer.model file, or a Hugging Face model directory holding one."),
       // [optimizer]
       make_key("optimizer.name", field<&J::optimizer, &OptimizerSection::name>(), "Optimizer.").one_of({"AdamW"}),
       make_key("optimizer.lr", field<&J::optimizer, &OptimizerSection::lr>(), "Peak learning rate.").at_least(0),
