@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
 
 #include <unistd.h>
 
@@ -27,27 +28,7 @@ using namespace tessera::data;
 using Ids = std::vector<std::uint32_t>;
 using tessera::io::ByteTokenizer;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    auto base = fs::temp_directory_path();
-    auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-    for (int i = 0;; ++i) {
-      path = base / ("tessera-test-tokenize-" + std::to_string(stamp) + "-" + std::to_string(i));
-      if (fs::create_directory(path)) break;
-    }
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& content) const {
-    const std::string p = (path / name).string();
-    std::ofstream out(p, std::ios::binary);
-    out << content;
-    return p;
-  }
-};
+using tessera::test::TempDir;
 
 /// BOS + bytes + EOS, as the byte tokenizer encodes a document.
 Ids byte_ids(const std::string& text, bool bos = true, bool eos = true) {

@@ -3,6 +3,8 @@
 // that names the file and the tensor.
 #include <doctest/doctest.h>
 
+#include "../support/temp_dir.hpp"
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -28,22 +30,7 @@ using tessera::io::StDtype;
 
 namespace {
 
-// A fresh directory under the system's temporary directory, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    for (int attempt = 0;; ++attempt) {
-      path = fs::temp_directory_path() / ("tessera_st_" + std::to_string(rd()) + "_" + std::to_string(attempt));
-      if (fs::create_directory(path)) break;
-    }
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using tessera::test::TempDir;
 
 // Runs f, which must throw tessera::Error with a one-line message containing every part.
 template <class F>

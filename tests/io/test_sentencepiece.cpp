@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
 
 #include <sentencepiece_trainer.h>
 
@@ -25,23 +26,7 @@ namespace fs = std::filesystem;
 using tessera::io::SentencePieceTokenizer;
 using Ids = std::vector<std::uint32_t>;
 
-/// A fresh directory under the system's temporary directory, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    for (int attempt = 0;; ++attempt) {
-      path = fs::temp_directory_path() / ("tessera_sentencepiece_" + std::to_string(rd()) + "_" + std::to_string(attempt));
-      if (fs::create_directory(path)) break;
-    }
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using tessera::test::TempDir;
 
 class Sentences : public sentencepiece::SentenceIterator {
  public:

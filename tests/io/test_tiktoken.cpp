@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -63,23 +64,7 @@ std::string random_bytes(std::mt19937& rng, std::size_t max_length) {
   return s;
 }
 
-/// A fresh directory under the system's temporary directory, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    for (int attempt = 0;; ++attempt) {
-      path = fs::temp_directory_path() / ("tessera_tiktoken_" + std::to_string(rd()) + "_" + std::to_string(attempt));
-      if (fs::create_directory(path)) break;
-    }
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using tessera::test::TempDir;
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -22,23 +23,7 @@ using Ids = std::vector<std::uint32_t>;
 using Bytes = std::vector<unsigned char>;
 
 
-/// A fresh directory under the system's temporary directory, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    auto base = fs::temp_directory_path();
-    auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-    for (int i = 0;; ++i) {
-      path = base / ("tessera-test-shard-" + std::to_string(stamp) + "-" + std::to_string(i));
-      if (fs::create_directory(path)) break;
-    }
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using tessera::test::TempDir;
 
 Bytes read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

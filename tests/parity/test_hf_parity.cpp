@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/io/safetensors.hpp"
@@ -196,23 +197,7 @@ void check_parity(const std::string& variant) {
           worst->tensor, " at ", worst->ratio, " * max|hf|");
 }
 
-// A fresh directory under the system's temporary directory, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    for (int attempt = 0;; ++attempt) {
-      path = fs::temp_directory_path() / ("tessera_parity_" + std::to_string(rd()) + "_" + std::to_string(attempt));
-      if (fs::create_directory(path)) break;
-    }
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using tessera::test::TempDir;
 
 /// A copy of a fixture directory (model files only) to modify.
 std::string copy_fixture(const std::string& variant, const TempDir& tmp) {

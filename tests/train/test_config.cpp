@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -38,23 +39,7 @@ using tessera::testing::error_of;
 
 JobConfig parse(const std::string& text, const Args& args = {}) { return parse_config(text, "job.toml", args); }
 
-/// A fresh temporary folder, removed at the end of the scope.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("tessera_config_test_" + std::to_string(std::random_device{}()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return (path / name).string();
-  }
-};
+using tessera::test::TempDir;
 
 /// The source tree: TESSERA_SOURCE_DIR when the build defines it, else found from this
 /// file's path (tests/train/test_config.cpp), which may be relative to the build folder.

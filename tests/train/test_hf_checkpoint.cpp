@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
 
 #include <unistd.h>
 
@@ -34,18 +35,7 @@ nn::ModelArgs tiny(bool tied) {
   return a;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() : path(fs::temp_directory_path() / ("tessera_hf_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-};
+using tessera::test::TempDir;
 
 std::vector<float> values_of(Model& m) {
   std::vector<float> v;
