@@ -173,11 +173,12 @@ int run(const std::vector<std::string>& args) {
                 " does not fit a token shard's u32 field");
   options.threads = data::resolved_threads(options);
 
-  // The whole stream of ids is kept (4 bytes a token) and written once at the end:
-  // write_token_shard takes them all, writes a temporary file and renames it.
+  // Ids stream into OUTPUT.tmp as they come (memory stays at two batches of text); the
+  // shard replaces OUTPUT only once every document has succeeded, and a failed run
+  // removes the temporary file.
   const auto start = std::chrono::steady_clock::now();
   data::TokenizeProgress progress;
-  std::vector<std::uint32_t> tokens;
+  io::TokenShardWriter shard(output, static_cast<std::uint32_t>(tok->vocab_size()));
   data::TokenizeStats stats;
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   {
@@ -185,19 +186,9 @@ int run(const std::vector<std::string>& args) {
     if (tty) bar.emplace(progress, reader.total_bytes());
     stats = data::tokenize_sources(
         reader, *tok, options,
-        [&](std::span<const std::uint32_t> ids) { tokens.insert(tokens.end(), ids.begin(), ids.end()); }, &progress);
+        [&](std::span<const std::uint32_t> ids) { shard.append(ids); }, &progress);
   }
-  if (tty) {
-    std::fprintf(stderr, "writing %llu tokens to %s ...", static_cast<unsigned long long>(tokens.size()), output.c_str());
-    std::fflush(stderr);
-  }
-  try {
-    io::write_token_shard(output, tokens, static_cast<std::uint32_t>(tok->vocab_size()));
-  } catch (...) {
-    if (tty) std::fprintf(stderr, "\n");  // the error goes on a line of its own
-    throw;
-  }
-  if (tty) std::fprintf(stderr, "\r\033[2K");
+  shard.commit();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::fprintf(stderr, "llama-tokenize: %s, %u thread%s -> %s\n", data::summary_line(stats, seconds).c_str(),

@@ -157,6 +157,36 @@ TEST_CASE("token shard: the writer rejects bad input and leaves existing files a
   }
 }
 
+TEST_CASE("token shard: streaming writer gives the same bytes, and abandoning it keeps the old shard") {
+  TempDir dir;
+  const Ids ids = sample_tokens(50000, 1000);  // several internal chunks
+  tessera::io::write_token_shard(dir.file("whole.bin"), ids, 1000);
+  {
+    tessera::io::TokenShardWriter w(dir.file("parts.bin"), 1000);
+    for (std::size_t begin = 0; begin < ids.size(); begin += 7777) {
+      const std::size_t n = std::min<std::size_t>(7777, ids.size() - begin);
+      w.append(std::span<const std::uint32_t>(ids).subspan(begin, n));
+    }
+    w.append(Ids{});
+    CHECK(w.count() == ids.size());
+    CHECK_FALSE(fs::exists(dir.file("parts.bin")));  // nothing at the path before commit
+    w.commit();
+    CHECK_ERROR_CONTAINS(w.append(Ids{1}), "append after commit");
+  }
+  CHECK(read_bytes(dir.file("parts.bin")) == read_bytes(dir.file("whole.bin")));
+
+  const Ids old{4, 5, 6};
+  tessera::io::write_token_shard(dir.file("kept.bin"), old, 10);
+  {
+    tessera::io::TokenShardWriter w(dir.file("kept.bin"), 10);
+    w.append(Ids{1, 2, 3});
+    CHECK_ERROR_CONTAINS(w.append(Ids{7, 12}), "token id 12 at index 4 is not below vocab_size 10");
+    CHECK(fs::exists(dir.file("kept.bin.tmp")));
+  }  // destroyed without commit
+  CHECK_FALSE(fs::exists(dir.file("kept.bin.tmp")));
+  CHECK(tessera::io::read_token_shard(dir.file("kept.bin")) == old);
+}
+
 TEST_CASE("token shard: the reader rejects every kind of bad file, naming the path") {
   TempDir dir;
   const std::string good = dir.file("good.bin");

@@ -9,8 +9,9 @@
 //   offset 28  u32      reserved, 0
 //   offset 32  count x u32 token ids
 //
-// The writer checks every id against vocab_size before it writes anything, writes to
-// `path + ".tmp"` and renames, so a reader never sees a half-written shard at `path`.
+// write_token_shard checks every id against vocab_size before it writes anything;
+// TokenShardWriter streams ids in as they come. Both write to `path + ".tmp"` and
+// rename, so a reader never sees a half-written shard at `path`.
 // The reader checks everything the header claims (magic, version, exact file size,
 // CRC, ids below vocab_size) and throws tessera::Error with one line naming the path.
 #pragma once
@@ -27,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -113,6 +115,84 @@ inline TokenShardHeader read_checked_header(const std::string& path, std::ifstre
 
 }  // namespace detail
 
+/// Writes a token shard in pieces, so a tokenizer's output never has to be held in
+/// memory: ids are appended as they come and the header's count and CRC are filled in
+/// by commit(). Until then the shard lives at `path + ".tmp"`; a writer destroyed
+/// without commit() (an error, an exception) removes it, so `path` is either left as it
+/// was or replaced by a complete shard.
+class TokenShardWriter {
+ public:
+  TokenShardWriter(std::string path, std::uint32_t vocab_size)
+      : path_(std::move(path)), tmp_(path_ + ".tmp"), vocab_size_(vocab_size) {
+    TESSERA_CHECK(vocab_size > 0, "write_token_shard '", path_, "': vocab_size must be positive");
+    out_.open(tmp_, std::ios::binary | std::ios::trunc);
+    if (!out_.is_open()) {
+      std::error_code ec;
+      const auto parent = std::filesystem::path(tmp_).parent_path();
+      const bool missing_dir = !parent.empty() && !std::filesystem::is_directory(parent, ec);
+      fail("write_token_shard '", path_, "': cannot open '", tmp_, "' for writing",
+           missing_dir ? " (its directory does not exist)" : "");
+    }
+    unsigned char header[token_shard_header_bytes] = {};  // count and CRC come at commit()
+    std::memcpy(header, token_shard_magic.data(), token_shard_magic.size());
+    detail::store_u32_le(header + 8, token_shard_version);
+    detail::store_u32_le(header + 12, vocab_size_);
+    out_.write(reinterpret_cast<const char*>(header), token_shard_header_bytes);
+  }
+  TokenShardWriter(const TokenShardWriter&) = delete;
+  TokenShardWriter& operator=(const TokenShardWriter&) = delete;
+  ~TokenShardWriter() {
+    if (committed_) return;
+    out_.close();
+    std::error_code ignored;
+    std::filesystem::remove(tmp_, ignored);
+  }
+
+  /// Appends `ids`; each must be below vocab_size (the error gives its index in the shard).
+  void append(std::span<const std::uint32_t> ids) {
+    TESSERA_CHECK(!committed_, "write_token_shard '", path_, "': append after commit");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      TESSERA_CHECK(ids[i] < vocab_size_, "write_token_shard '", path_, "': token id ", ids[i], " at index ",
+                    count_ + i, " is not below vocab_size ", vocab_size_);
+    }
+    constexpr std::size_t chunk_tokens = 16384;
+    for (std::size_t begin = 0; begin < ids.size(); begin += chunk_tokens) {
+      const std::size_t n = std::min(chunk_tokens, ids.size() - begin);
+      for (std::size_t i = 0; i < n; ++i) detail::store_u32_le(chunk_.data() + 4 * i, ids[begin + i]);
+      crc_ = crc32_update(crc_, chunk_.data(), 4 * n);
+      out_.write(reinterpret_cast<const char*>(chunk_.data()), static_cast<std::streamsize>(4 * n));
+    }
+    count_ += ids.size();
+  }
+
+  std::uint64_t count() const { return count_; }
+
+  /// Completes the header, closes the file and renames it to `path`.
+  void commit() {
+    TESSERA_CHECK(!committed_, "write_token_shard '", path_, "': committed twice");
+    unsigned char fields[12];
+    detail::store_u64_le(fields, count_);
+    detail::store_u32_le(fields + 8, crc_);
+    out_.seekp(16);
+    out_.write(reinterpret_cast<const char*>(fields), sizeof fields);
+    out_.close();
+    std::error_code ec;
+    if (!out_) fail("write_token_shard '", path_, "': writing '", tmp_, "' failed (disk full?)");
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec) fail("write_token_shard '", path_, "': cannot rename '", tmp_, "' to it: ", ec.message());
+    committed_ = true;
+  }
+
+ private:
+  std::string path_, tmp_;
+  std::uint32_t vocab_size_;
+  std::ofstream out_;
+  std::uint64_t count_ = 0;
+  std::uint32_t crc_ = 0;
+  bool committed_ = false;
+  std::vector<unsigned char> chunk_ = std::vector<unsigned char>(4 * 16384);  // little-endian staging
+};
+
 /// Writes `tokens` as a token shard at `path`, by way of `path + ".tmp"` and a rename.
 /// Every id must be below `vocab_size`; nothing is written otherwise.
 inline void write_token_shard(const std::string& path, std::span<const std::uint32_t> tokens,
@@ -122,49 +202,9 @@ inline void write_token_shard(const std::string& path, std::span<const std::uint
     TESSERA_CHECK(tokens[i] < vocab_size, "write_token_shard '", path, "': token id ", tokens[i],
                   " at index ", i, " is not below vocab_size ", vocab_size);
   }
-  const std::string tmp = path + ".tmp";
-  std::error_code ec;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out.is_open()) {
-      auto parent = std::filesystem::path(tmp).parent_path();
-      bool missing_dir = !parent.empty() && !std::filesystem::is_directory(parent, ec);
-      fail("write_token_shard '", path, "': cannot open '", tmp, "' for writing",
-           missing_dir ? " (its directory does not exist)" : "");
-    }
-    unsigned char header[token_shard_header_bytes] = {};
-    std::memcpy(header, token_shard_magic.data(), token_shard_magic.size());
-    detail::store_u32_le(header + 8, token_shard_version);
-    detail::store_u32_le(header + 12, vocab_size);
-    detail::store_u64_le(header + 16, tokens.size());
-    // CRC (offset 24) is filled in once the payload has been written; reserved stays 0.
-    out.write(reinterpret_cast<const char*>(header), token_shard_header_bytes);
-
-    constexpr std::size_t chunk_tokens = 16384;
-    std::vector<unsigned char> chunk(4 * std::min(chunk_tokens, tokens.size()));
-    std::uint32_t crc = 0;
-    for (std::size_t begin = 0; begin < tokens.size() && out; begin += chunk_tokens) {
-      std::size_t n = std::min(chunk_tokens, tokens.size() - begin);
-      for (std::size_t i = 0; i < n; ++i) detail::store_u32_le(chunk.data() + 4 * i, tokens[begin + i]);
-      crc = crc32_update(crc, chunk.data(), 4 * n);
-      out.write(reinterpret_cast<const char*>(chunk.data()), static_cast<std::streamsize>(4 * n));
-    }
-    unsigned char crc_bytes[4];
-    detail::store_u32_le(crc_bytes, crc);
-    out.seekp(24);
-    out.write(reinterpret_cast<const char*>(crc_bytes), 4);
-    out.close();
-    if (!out) {
-      std::filesystem::remove(tmp, ec);
-      fail("write_token_shard '", path, "': writing '", tmp, "' failed (disk full?)");
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    fail("write_token_shard '", path, "': cannot rename '", tmp, "' to it: ", ec.message());
-  }
+  TokenShardWriter w(path, vocab_size);
+  w.append(tokens);
+  w.commit();
 }
 
 /// The header of the shard at `path`, checked against the file's size (the payload is
