@@ -20,8 +20,8 @@
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "tessera/data/tokenizers.hpp"
 #include "tessera/train/checkpoint.hpp"
-#include "tessera/train/trainer.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;
@@ -76,7 +76,7 @@ int run(const std::vector<std::string>& args) {
     std::error_code ec;
     tokenizer = fs::exists(dir / "tokenizer.model", ec) ? (dir / "tokenizer.model").string() : "byte";
   }
-  const std::unique_ptr<io::Tokenizer> tok = train::make_tokenizer(tokenizer);
+  const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(tokenizer);
   TESSERA_CHECK(a.vocab_size >= tok->vocab_size(), checkpoint, ": vocabulary of ", a.vocab_size,
                 " is smaller than the tokenizer's (", tokenizer, ") ", tok->vocab_size());
   nn::Transformer<float, Cpu> model(a);

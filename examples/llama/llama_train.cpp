@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/data/tokenizers.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
@@ -75,7 +76,7 @@ int run(const std::vector<std::string>& args) {
   const nn::ModelArgs a = init_hf ? train::read_hf_config(init) : c.model.args;
   TESSERA_CHECK(c.training.seq_len <= a.max_seq_len, "training.seq_len = ", c.training.seq_len, " exceeds the model's ",
                 init_hf ? "max_position_embeddings (" + init + "/config.json) = " : "max_seq_len = ", a.max_seq_len);
-  const std::unique_ptr<io::Tokenizer> tok = train::make_tokenizer(c.model.tokenizer);
+  const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(c.model.tokenizer);
   TESSERA_CHECK(tok->vocab_size() <= a.vocab_size, "model.tokenizer '", c.model.tokenizer, "' has ", tok->vocab_size(),
                 " ids, more than the model's vocabulary of ", a.vocab_size,
                 init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
@@ -122,7 +123,7 @@ int run(const std::vector<std::string>& args) {
   }
   // The tokenizer travels with the models saved here (none for "byte").
   const std::string tokenizer_copy = (dump / "tokenizer.model").string();
-  const bool has_tokenizer_file = train::save_tokenizer_file(c.model.tokenizer, tokenizer_copy);
+  const bool has_tokenizer_file = data::save_tokenizer_file(c.model.tokenizer, tokenizer_copy);
   train::Trainer<Model> trainer(model, c, std::move(loader), peak);
   train::MetricsLogger log((dump / "metrics.jsonl").string(), c.training.steps, c.metrics.log_freq,
                            isatty(STDERR_FILENO) != 0);

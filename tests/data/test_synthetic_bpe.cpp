@@ -9,7 +9,7 @@
 
 #include "tessera/data/synthetic_bpe.hpp"
 #include "tessera/io/load_tokenizer.hpp"
-#include "tessera/train/trainer.hpp"
+#include "tessera/data/tokenizers.hpp"
 
 using namespace tessera;
 
@@ -44,13 +44,13 @@ TEST_CASE("synthetic_bpe: documents of another seed round-trip and compress well
 TEST_CASE("the tokenizer file llama-train saves loads back as the same tokenizer") {
   const std::string path =
       (std::filesystem::temp_directory_path() / ("tessera_bpe_" + std::to_string(::getpid()) + ".model")).string();
-  REQUIRE(train::save_tokenizer_file("synthetic_bpe", path));
+  REQUIRE(data::save_tokenizer_file("synthetic_bpe", path));
   const auto from_file = io::load_tokenizer(path);
-  const auto built_in = train::make_tokenizer("synthetic_bpe");
+  const auto built_in = data::make_tokenizer("synthetic_bpe");
   CHECK(from_file->kind() == "tiktoken");
   const std::string text = "Maria said that the fox was beside the hill. <|eot_id|> 12345";
   CHECK(from_file->encode(text, true, true) == built_in->encode(text, true, true));
-  CHECK_FALSE(train::save_tokenizer_file("byte", path + ".none"));
+  CHECK_FALSE(data::save_tokenizer_file("byte", path + ".none"));
   CHECK_FALSE(std::filesystem::exists(path + ".none"));
   std::filesystem::remove(path);
 }
