@@ -36,13 +36,14 @@ class Buffer {
     if (size == 0) return;
     data_ = static_cast<T*>(std::aligned_alloc(64, round_up(size * sizeof(T))));
     if (data_ == nullptr) fail("out of host memory allocating ", size * sizeof(T), " bytes");
-    memory_stats(device_).on_alloc(size_ * sizeof(T));
+    stats_ = &memory_stats(device_);
+    stats_->on_alloc(size_ * sizeof(T));
   }
 
   /// Adopts memory a backend allocated; `deleter` releases it.
   Buffer(T* data, std::size_t size, Device device, Deleter deleter)
-      : data_(data), size_(size), device_(device), deleter_(deleter) {
-    memory_stats(device_).on_alloc(size_ * sizeof(T));
+      : data_(data), size_(size), device_(device), deleter_(deleter), stats_(&memory_stats(device)) {
+    stats_->on_alloc(size_ * sizeof(T));
   }
 
   Buffer(Buffer&& o) noexcept { swap(o); }
@@ -64,7 +65,7 @@ class Buffer {
 
   void release() {
     if (data_ != nullptr) {
-      memory_stats(device_).on_free(size_ * sizeof(T));
+      stats_->on_free(size_ * sizeof(T));
       deleter_(data_);
     }
     data_ = nullptr;
@@ -80,12 +81,14 @@ class Buffer {
     std::swap(size_, o.size_);
     std::swap(device_, o.device_);
     std::swap(deleter_, o.deleter_);
+    std::swap(stats_, o.stats_);
   }
 
   T* data_ = nullptr;
   std::size_t size_ = 0;
   Device device_ = Device::cpu;
   Deleter deleter_ = &host_free;
+  MemoryStats* stats_ = nullptr;  // where the allocation was counted: it is uncounted there
 };
 
 }  // namespace tessera

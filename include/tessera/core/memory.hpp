@@ -1,6 +1,6 @@
 // Memory accounting per device: bytes held now and the peak since the last reset.
 //
-// Every Buffer allocation reports here, so the trainer's peak_memory_bytes and the
+// Every Buffer allocation reports here (to the stats current when it was made), so the trainer's peak_memory_bytes and the
 // benchmarks' memory figures are measured, not estimated.
 #pragma once
 
@@ -33,10 +33,31 @@ class MemoryStats {
   std::atomic<std::size_t> peak_{0};
 };
 
-/// The process-wide counters for one device kind.
+namespace detail {
+inline thread_local MemoryStats* thread_memory_stats = nullptr;  // [cpu, cuda], or none
+}
+
+/// The counters for one device kind: the process's, or those of the rank this thread
+/// runs (thread ranks each count their own; see ScopedMemoryStats).
 inline MemoryStats& memory_stats(Device d) {
   static MemoryStats stats[2];
-  return stats[static_cast<int>(d)];
+  MemoryStats* own = detail::thread_memory_stats;
+  return own ? own[static_cast<int>(d)] : stats[static_cast<int>(d)];
 }
+
+/// Makes this thread count its allocations in `stats` ([cpu, cuda]) until the scope
+/// ends: how several ranks in one process each measure their own memory.
+class ScopedMemoryStats {
+ public:
+  explicit ScopedMemoryStats(MemoryStats* stats) : previous_(detail::thread_memory_stats) {
+    detail::thread_memory_stats = stats;
+  }
+  ~ScopedMemoryStats() { detail::thread_memory_stats = previous_; }
+  ScopedMemoryStats(const ScopedMemoryStats&) = delete;
+  ScopedMemoryStats& operator=(const ScopedMemoryStats&) = delete;
+
+ private:
+  MemoryStats* previous_;
+};
 
 }  // namespace tessera

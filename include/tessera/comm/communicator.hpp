@@ -1,0 +1,194 @@
+// The Communicator: collectives between ranks, whatever engine carries them.
+//
+// An engine is any type satisfying comm::Engine: all_gather, reduce_scatter,
+// all_reduce, broadcast, grouped send/recv and barrier, each returning a Handle that
+// completes asynchronously; split by color and key; abort. Three engines exist:
+// ThreadEngine (in-process thread ranks, comm/thread.hpp), MpiEngine (Open MPI,
+// comm/mpi.hpp) and NcclEngine (comm/nccl.hpp, with the CUDA backend).
+//
+// comm::Communicator holds any engine behind one value type. The launch (mpirun, one
+// process with N thread ranks, torchrun) is a run-time choice, and a collective moves
+// kilobytes to megabytes, so one indirect call per collective costs nothing next to
+// it; erasing the engine keeps it out of every model and policy type.
+//
+// The typed front checks sizes and element types, and counts the bytes each rank sends.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "tessera/comm/engine.hpp"
+#include "tessera/comm/self.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera::comm {
+
+/// Bytes one rank sent, per collective kind. A collective over p ranks of N bytes in
+/// all counts (p-1)/p * N for all_gather and reduce_scatter, 2 (p-1)/p * N for
+/// all_reduce (the bandwidth-optimal volume ring algorithms reach), N * (p-1) for
+/// the broadcast root, and every byte of a send.
+struct Traffic {
+  std::uint64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, broadcast = 0, send = 0;
+  std::uint64_t collectives = 0;
+  std::uint64_t total() const { return all_gather + reduce_scatter + all_reduce + broadcast + send; }
+};
+
+class Communicator {
+ public:
+  /// One rank alone: every collective is a copy.
+  Communicator();
+
+  template <Engine E>
+  explicit Communicator(E engine, std::shared_ptr<Traffic> traffic = std::make_shared<Traffic>())
+      : impl_(std::make_shared<Model<E>>(std::move(engine))), traffic_(std::move(traffic)) {}
+
+  int rank() const { return impl_->rank(); }
+  int size() const { return impl_->size(); }
+  std::string_view engine_name() const { return impl_->engine_name(); }
+
+  /// out (size() * in.size()) = the ins of every rank, in rank order.
+  template <class T>
+  Handle all_gather_async(std::span<const T> in, std::span<T> out) {
+    TESSERA_CHECK(out.size() == in.size() * static_cast<std::size_t>(size()), "all_gather: output of ", out.size(),
+                  " elements for ", in.size(), " per rank over ", size(), " ranks");
+    count(traffic_->all_gather, in.size_bytes() * static_cast<std::uint64_t>(size() - 1));
+    return impl_->all_gather(in.data(), out.data(), in.size(), data_type_of<T>());
+  }
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    all_gather_async(in, out).wait();
+  }
+
+  /// out (in.size() / size()) = this rank's block of the element-wise reduction of every rank's in.
+  template <class T>
+  Handle reduce_scatter_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    TESSERA_CHECK(in.size() == out.size() * static_cast<std::size_t>(size()), "reduce_scatter: input of ",
+                  in.size(), " elements for ", out.size(), " per rank over ", size(), " ranks");
+    count(traffic_->reduce_scatter, out.size_bytes() * static_cast<std::uint64_t>(size() - 1));
+    return impl_->reduce_scatter(in.data(), out.data(), out.size(), data_type_of<T>(), op);
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(in, out, op).wait();
+  }
+
+  /// data = the element-wise reduction of every rank's data, the same on every rank.
+  template <class T>
+  Handle all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::sum) {
+    const auto p = static_cast<std::uint64_t>(size());
+    count(traffic_->all_reduce, 2 * data.size_bytes() * (p - 1) / p);
+    return impl_->all_reduce(data.data(), data.data(), data.size(), data_type_of<T>(), op);
+  }
+  template <class T>
+  void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::sum) {
+    all_reduce_async(data, op).wait();
+  }
+  /// One value reduced over every rank.
+  template <class T>
+  T all_reduce_value(T value, ReduceOp op = ReduceOp::sum) {
+    all_reduce(std::span<T>(&value, 1), op);
+    return value;
+  }
+
+  /// data = root's data on every rank.
+  template <class T>
+  Handle broadcast_async(std::span<T> data, int root) {
+    TESSERA_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " outside ", size(), " ranks");
+    count(traffic_->broadcast, rank() == root ? data.size_bytes() * static_cast<std::uint64_t>(size() - 1) : 0);
+    return impl_->broadcast(data.data(), data.size(), data_type_of<T>(), root);
+  }
+  template <class T>
+  void broadcast(std::span<T> data, int root) {
+    broadcast_async(data, root).wait();
+  }
+
+  /// Sends and receives issued as one group: no order among them can deadlock.
+  Handle send_recv_async(std::span<const PeerOp> ops) {
+    std::uint64_t sent = 0;
+    for (const auto& o : ops) {
+      TESSERA_CHECK(o.peer >= 0 && o.peer < size() && o.peer != rank(), "send_recv: rank ", rank(),
+                    " cannot exchange with peer ", o.peer, " of ", size());
+      if (o.kind == PeerOp::Kind::send) sent += o.count * size_of(o.type);
+    }
+    count(traffic_->send, sent);
+    return impl_->send_recv(ops);
+  }
+  void send_recv(std::span<const PeerOp> ops) { send_recv_async(ops).wait(); }
+
+  void barrier() { impl_->barrier().wait(); }
+
+  /// The ranks with the same color form a new communicator, ranked by key (then by
+  /// rank here). Every rank of this communicator must call it. The child counts its
+  /// traffic into the same Traffic as this one.
+  Communicator split(int color, int key) const { return Communicator(impl_->split(color, key), traffic_); }
+
+  /// Makes every rank's pending and future collectives fail with `reason` (thread
+  /// ranks), or ends the job (MPI): the way a failing rank never leaves the others hanging.
+  void abort(const std::string& reason) { impl_->abort(reason); }
+
+  const Traffic& traffic() const { return *traffic_; }
+  void reset_traffic() { *traffic_ = Traffic{}; }
+
+ private:
+  struct Concept {
+    virtual ~Concept() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual std::string_view engine_name() const = 0;
+    virtual Handle all_gather(const void*, void*, std::size_t, DataType) = 0;
+    virtual Handle reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) = 0;
+    virtual Handle all_reduce(const void*, void*, std::size_t, DataType, ReduceOp) = 0;
+    virtual Handle broadcast(void*, std::size_t, DataType, int) = 0;
+    virtual Handle send_recv(std::span<const PeerOp>) = 0;
+    virtual Handle barrier() = 0;
+    virtual std::shared_ptr<Concept> split(int, int) = 0;
+    virtual void abort(const std::string&) = 0;
+  };
+
+  template <class E>
+  struct Model final : Concept {
+    explicit Model(E e) : engine(std::move(e)) {}
+    int rank() const override { return engine.rank(); }
+    int size() const override { return engine.size(); }
+    std::string_view engine_name() const override { return engine.engine_name(); }
+    Handle all_gather(const void* in, void* out, std::size_t n, DataType t) override {
+      return engine.all_gather(in, out, n, t);
+    }
+    Handle reduce_scatter(const void* in, void* out, std::size_t n, DataType t, ReduceOp op) override {
+      return engine.reduce_scatter(in, out, n, t, op);
+    }
+    Handle all_reduce(const void* in, void* out, std::size_t n, DataType t, ReduceOp op) override {
+      return engine.all_reduce(in, out, n, t, op);
+    }
+    Handle broadcast(void* data, std::size_t n, DataType t, int root) override {
+      return engine.broadcast(data, n, t, root);
+    }
+    Handle send_recv(std::span<const PeerOp> ops) override { return engine.send_recv(ops); }
+    Handle barrier() override { return engine.barrier(); }
+    std::shared_ptr<Concept> split(int color, int key) override {
+      return std::make_shared<Model<E>>(engine.split(color, key));
+    }
+    void abort(const std::string& reason) override { engine.abort(reason); }
+    E engine;
+  };
+
+  Communicator(std::shared_ptr<Concept> impl, std::shared_ptr<Traffic> traffic)
+      : impl_(std::move(impl)), traffic_(std::move(traffic)) {}
+
+  void count(std::uint64_t& field, std::uint64_t bytes) {
+    field += bytes;
+    ++traffic_->collectives;
+  }
+
+  std::shared_ptr<Concept> impl_;
+  std::shared_ptr<Traffic> traffic_;
+};
+
+inline Communicator::Communicator() : Communicator(SelfEngine{}) {}
+
+}  // namespace tessera::comm

@@ -1,0 +1,118 @@
+// DeviceMesh: the world's ranks laid out on named dimensions [pp, dp_replicate, dp_shard, tp].
+//
+// A rank's coordinates follow from its world rank with tp varying fastest:
+//   rank = ((pp * dp_replicate + r) * dp_shard + s) * tp + t
+// so tensor-parallel peers are neighbours (one node, fastest links), as torchtitan
+// lays its mesh out. Each dimension has a communicator over the ranks that differ
+// only in that coordinate, made by splitting the world; `dp` spans dp_replicate x
+// dp_shard together (the ranks that read different slices of the batch).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera::comm {
+
+struct MeshShape {
+  int pp = 1;
+  int dp_replicate = 1;
+  int dp_shard = 1;
+  int tp = 1;
+
+  int world() const { return pp * dp_replicate * dp_shard * tp; }
+  int dp() const { return dp_replicate * dp_shard; }
+  std::string str() const {
+    return tessera::detail::concat("[pp ", pp, ", dp_replicate ", dp_replicate, ", dp_shard ", dp_shard, ", tp ", tp, "]");
+  }
+};
+
+/// The mesh torchtitan's [parallelism] degrees describe on `world_size` ranks; a
+/// data_parallel_shard_degree of -1 takes the ranks the other degrees leave. Every
+/// rank computes the same answer from the same config, so a bad layout is the same
+/// error everywhere, before any collective runs.
+inline MeshShape mesh_shape(int world_size, std::int64_t dp_replicate, std::int64_t dp_shard, std::int64_t tp,
+                            std::int64_t pp) {
+  auto positive = [](std::int64_t v, const char* key) {
+    TESSERA_CHECK(v >= 1, "parallelism.", key, " = ", v, ": a degree must be at least 1");
+  };
+  positive(dp_replicate, "data_parallel_replicate_degree");
+  positive(tp, "tensor_parallel_degree");
+  positive(pp, "pipeline_parallel_degree");
+  const std::int64_t others = dp_replicate * tp * pp;
+  if (dp_shard == -1) {
+    TESSERA_CHECK(world_size % others == 0, "parallelism: data_parallel_replicate_degree ", dp_replicate,
+                  " x tensor_parallel_degree ", tp, " x pipeline_parallel_degree ", pp, " = ", others,
+                  " does not divide the world size ", world_size,
+                  ", so data_parallel_shard_degree = -1 cannot be inferred");
+    dp_shard = world_size / others;
+  }
+  positive(dp_shard, "data_parallel_shard_degree");
+  TESSERA_CHECK(others * dp_shard == world_size, "parallelism: data_parallel_replicate_degree ", dp_replicate,
+                " x data_parallel_shard_degree ", dp_shard, " x tensor_parallel_degree ", tp,
+                " x pipeline_parallel_degree ", pp, " = ", others * dp_shard, ", but the world has ", world_size,
+                " ranks");
+  return MeshShape{static_cast<int>(pp), static_cast<int>(dp_replicate), static_cast<int>(dp_shard),
+                   static_cast<int>(tp)};
+}
+
+class DeviceMesh {
+ public:
+  /// Every rank of `world` must construct it (the splits are collective).
+  DeviceMesh(Communicator world, MeshShape shape) : world_(std::move(world)), shape_(shape) {
+    TESSERA_CHECK(shape.world() == world_.size(), "DeviceMesh ", shape.str(), " needs ", shape.world(),
+                  " ranks, the world has ", world_.size());
+    const int r = world_.rank();
+    tp_rank_ = r % shape.tp;
+    shard_rank_ = (r / shape.tp) % shape.dp_shard;
+    replicate_rank_ = (r / (shape.tp * shape.dp_shard)) % shape.dp_replicate;
+    pp_rank_ = r / (shape.tp * shape.dp_shard * shape.dp_replicate);
+    // Each split groups the ranks whose other coordinates agree (color) and ranks
+    // them by their own coordinate (key).
+    tp_ = world_.split(coordinates_without(3), tp_rank_);
+    dp_shard_ = world_.split(coordinates_without(2), shard_rank_);
+    dp_replicate_ = world_.split(coordinates_without(1), replicate_rank_);
+    pp_ = world_.split(coordinates_without(0), pp_rank_);
+    dp_ = world_.split(pp_rank_ * shape.tp + tp_rank_, dp_rank());
+  }
+
+  /// One rank alone.
+  DeviceMesh() : DeviceMesh(Communicator(), MeshShape{}) {}
+
+  const MeshShape& shape() const { return shape_; }
+  Communicator& world() { return world_; }
+  Communicator& pp() { return pp_; }
+  Communicator& dp_replicate() { return dp_replicate_; }
+  Communicator& dp_shard() { return dp_shard_; }
+  Communicator& tp() { return tp_; }
+  Communicator& dp() { return dp_; }
+
+  int rank() const { return world_.rank(); }
+  int pp_rank() const { return pp_rank_; }
+  int dp_replicate_rank() const { return replicate_rank_; }
+  int dp_shard_rank() const { return shard_rank_; }
+  int tp_rank() const { return tp_rank_; }
+  /// This rank's slice of the global batch, and how many slices there are.
+  int dp_rank() const { return replicate_rank_ * shape_.dp_shard + shard_rank_; }
+  int dp_degree() const { return shape_.dp(); }
+
+ private:
+  /// A color identifying the coordinates other than dimension `dim` (0 pp .. 3 tp).
+  int coordinates_without(int dim) const {
+    const int coord[4] = {pp_rank_, replicate_rank_, shard_rank_, tp_rank_};
+    const int extent[4] = {shape_.pp, shape_.dp_replicate, shape_.dp_shard, shape_.tp};
+    int color = 0;
+    for (int d = 0; d < 4; ++d)
+      if (d != dim) color = color * extent[d] + coord[d];
+    return color;
+  }
+
+  Communicator world_;
+  MeshShape shape_;
+  int pp_rank_ = 0, replicate_rank_ = 0, shard_rank_ = 0, tp_rank_ = 0;
+  Communicator pp_, dp_replicate_, dp_shard_, tp_, dp_;
+};
+
+}  // namespace tessera::comm

@@ -1,0 +1,48 @@
+// Element-wise reduction of one buffer into another, for the engines that reduce on
+// the host (thread ranks, and the single rank).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/comm/engine.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera::comm {
+
+namespace detail {
+template <class T>
+void reduce_typed(T* dst, const T* src, std::size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+      break;
+    case ReduceOp::max:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      break;
+    case ReduceOp::min:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      break;
+  }
+}
+}  // namespace detail
+
+/// dst[i] = op(dst[i], src[i]) for n elements of type t.
+inline void reduce_into(void* dst, const void* src, std::size_t n, DataType t, ReduceOp op) {
+  switch (t) {
+    case DataType::f32: detail::reduce_typed(static_cast<float*>(dst), static_cast<const float*>(src), n, op); return;
+    case DataType::f64: detail::reduce_typed(static_cast<double*>(dst), static_cast<const double*>(src), n, op); return;
+    case DataType::i32:
+      detail::reduce_typed(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(src), n, op);
+      return;
+    case DataType::i64:
+      detail::reduce_typed(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n, op);
+      return;
+    case DataType::u8:
+    case DataType::u16: break;
+  }
+  fail("reduction over ", name_of(t), " elements is not supported: reduce f32, f64, i32 or i64");
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,456 @@
+// ThreadEngine: ranks that are threads of one process, exchanging through shared memory.
+//
+// Unit tests run N ranks in one process with it, and several virtual ranks share one
+// device with it (NCCL refuses two ranks on one GPU). Each rank's engine has a worker
+// thread that runs its collectives in issue order, so an *_async call returns at once
+// and the caller computes while the worker communicates: the overlap FSDP prefetch
+// relies on, the same shape as a NCCL stream.
+//
+// A collective is a rendezvous: each rank posts its buffers in its slot, all meet,
+// each computes its own part of the result by reading the others' buffers, all meet
+// again before any buffer may change. Reductions add ranks' contributions in rank
+// order, so every rank gets bitwise the same sums. Sends and receives go through a
+// mailbox per ordered pair of ranks; a send completes when its receiver has copied it.
+//
+// Failure: any rank may abort the world (run_thread_ranks does when a rank throws).
+// Every wait checks the abort flag at least every 50 ms and gives up after the
+// timeout, so a failed or missing rank makes all the others fail with its reason
+// within a bounded time instead of hanging.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/engine.hpp"
+#include "tessera/comm/reduce.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
+
+namespace tessera::comm {
+
+struct ThreadOptions {
+  /// How long a rank waits for the others at one collective before failing the job.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+inline constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+/// Shared by every communicator split from one thread world: the first failure wins.
+struct ThreadWorld {
+  explicit ThreadWorld(ThreadOptions o) : options(o) {}
+  ThreadOptions options;
+  std::atomic<bool> aborted{false};
+  std::mutex mutex;
+  std::string reason;
+
+  /// Records the first reason; later ones are consequences of it.
+  void abort(const std::string& why) {
+    std::lock_guard lock(mutex);
+    if (!aborted.load()) {
+      reason = why;
+      aborted.store(true);
+    }
+  }
+  [[noreturn]] void throw_aborted(int world_rank, std::string_view what) {
+    std::string why;
+    {
+      std::lock_guard lock(mutex);
+      why = reason;
+    }
+    fail("rank ", world_rank, ": ", what, " abandoned: ", why);
+  }
+};
+
+/// A posted send waiting for its receiver.
+struct Parcel {
+  const void* data;
+  std::size_t bytes;
+  bool taken = false;
+};
+
+/// The state the ranks of one communicator share.
+class ThreadGroup {
+ public:
+  ThreadGroup(int size, std::shared_ptr<ThreadWorld> world, std::vector<int> world_ranks)
+      : size_(size),
+        world_(std::move(world)),
+        world_ranks_(std::move(world_ranks)),
+        slots_(static_cast<std::size_t>(size)),
+        mail_(static_cast<std::size_t>(size * size)) {}
+
+  struct Slot {
+    const void* in = nullptr;
+    void* out = nullptr;
+    int color = 0, key = 0;
+    std::shared_ptr<ThreadGroup> child;
+    std::vector<int> child_world_ranks;
+  };
+
+  int size() const { return size_; }
+  ThreadWorld& world() { return *world_; }
+  const std::shared_ptr<ThreadWorld>& world_ptr() const { return world_; }
+  int world_rank(int rank) const { return world_ranks_[static_cast<std::size_t>(rank)]; }
+  Slot& slot(int rank) { return slots_[static_cast<std::size_t>(rank)]; }
+
+  /// Waits until every rank of the group has arrived.
+  void sync(int rank, std::string_view what) {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t gen = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    wait(lock, rank, what, [&] { return generation_ != gen; });
+  }
+
+  void post(int from, int to, Parcel* parcel) {
+    std::lock_guard lock(mutex_);
+    mail_[index(from, to)].push_back(parcel);
+    cv_.notify_all();
+  }
+
+  /// Copies the next parcel from `from` to `to` into `dst` (`bytes` long).
+  void take(int from, int to, void* dst, std::size_t bytes) {
+    std::unique_lock lock(mutex_);
+    auto& box = mail_[index(from, to)];
+    wait(lock, to, "recv", [&] { return !box.empty(); });
+    Parcel* p = box.front();
+    box.pop_front();
+    if (p->bytes != bytes) {
+      const std::size_t sent = p->bytes;
+      p->taken = true;  // release the sender; the mismatch fails the job
+      cv_.notify_all();
+      lock.unlock();
+      const std::string why = tessera::detail::concat("rank ", world_rank(to), ": recv of ", bytes, " bytes from rank ",
+                                             world_rank(from), " met a send of ", sent, " bytes");
+      world_->abort(why);
+      fail(why);
+    }
+    if (bytes > 0) std::memcpy(dst, p->data, bytes);
+    p->taken = true;
+    cv_.notify_all();
+  }
+
+  void wait_taken(int rank, Parcel* parcel) {
+    std::unique_lock lock(mutex_);
+    wait(lock, rank, "send", [&] { return parcel->taken; });
+  }
+
+ private:
+  std::size_t index(int from, int to) const { return static_cast<std::size_t>(from * size_ + to); }
+
+  template <class Ready>
+  void wait(std::unique_lock<std::mutex>& lock, int rank, std::string_view what, Ready ready) {
+    const auto deadline = Clock::now() + world_->options.timeout;
+    while (!ready()) {
+      if (world_->aborted.load()) {
+        lock.unlock();
+        world_->throw_aborted(world_rank(rank), what);
+      }
+      if (Clock::now() >= deadline) {
+        const auto secs = std::chrono::duration<double>(world_->options.timeout).count();
+        const std::string why = tessera::detail::concat("rank ", world_rank(rank), ": ", what, " timed out after ", secs,
+                                               " s waiting for the other ranks of a group of ", size_);
+        lock.unlock();
+        world_->abort(why);
+        fail(why);
+      }
+      cv_.wait_for(lock, kPollInterval);
+    }
+  }
+
+  int size_;
+  std::shared_ptr<ThreadWorld> world_;
+  std::vector<int> world_ranks_;
+  std::vector<Slot> slots_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  std::uint64_t generation_ = 0;
+  std::vector<std::deque<Parcel*>> mail_;
+};
+
+/// Completion of one queued operation.
+struct Completion {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    error = std::move(e);
+    done = true;
+    cv.notify_all();
+  }
+};
+
+struct CompletionHandle final : Handle::Impl {
+  explicit CompletionHandle(std::shared_ptr<Completion> c) : completion(std::move(c)) {}
+  void wait() override {
+    std::unique_lock lock(completion->mutex);
+    completion->cv.wait(lock, [&] { return completion->done; });
+    if (completion->error) std::rethrow_exception(completion->error);
+  }
+  std::shared_ptr<Completion> completion;
+};
+
+/// One rank's worker: runs that rank's operations on one communicator in issue order.
+class RankWorker {
+ public:
+  RankWorker() : thread_([this] { run(); }) {}
+  RankWorker(const RankWorker&) = delete;
+  RankWorker& operator=(const RankWorker&) = delete;
+  ~RankWorker() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  Handle submit(std::function<void()> task) {
+    auto completion = std::make_shared<Completion>();
+    {
+      std::lock_guard lock(mutex_);
+      queue_.emplace_back(std::move(task), completion);
+    }
+    cv_.notify_all();
+    return Handle(std::make_unique<CompletionHandle>(std::move(completion)));
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::pair<std::function<void()>, std::shared_ptr<Completion>> item;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        item.first();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      item.second->finish(error);
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<Completion>>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+/// Memory counters for `ranks` thread ranks ([cpu, cuda] each). They are never
+/// freed: a tensor a rank hands out may be released after its thread has ended.
+inline MemoryStats* rank_memory_stats(int ranks) {
+  static std::mutex mutex;
+  static std::deque<std::unique_ptr<MemoryStats[]>> all;
+  std::lock_guard lock(mutex);
+  all.push_back(std::make_unique<MemoryStats[]>(static_cast<std::size_t>(2 * ranks)));
+  return all.back().get();
+}
+
+}  // namespace detail
+
+class ThreadEngine {
+ public:
+  ThreadEngine(std::shared_ptr<detail::ThreadGroup> group, int rank)
+      : group_(std::move(group)), rank_(rank), worker_(std::make_shared<detail::RankWorker>()) {}
+
+  int rank() const { return rank_; }
+  int size() const { return group_->size(); }
+  std::string_view engine_name() const { return "threads"; }
+
+  Handle all_gather(const void* in, void* out, std::size_t n, DataType t) {
+    return submit([=, this] {
+      auto& g = *group_;
+      const std::size_t bytes = n * size_of(t);
+      g.slot(rank_).in = in;
+      g.sync(rank_, "all_gather");
+      for (int r = 0; r < size(); ++r)
+        if (bytes > 0) std::memmove(static_cast<char*>(out) + r * bytes, g.slot(r).in, bytes);
+      g.sync(rank_, "all_gather");
+    });
+  }
+
+  Handle reduce_scatter(const void* in, void* out, std::size_t n, DataType t, ReduceOp op) {
+    return submit([=, this] {
+      auto& g = *group_;
+      const std::size_t bytes = n * size_of(t);
+      g.slot(rank_).in = in;
+      g.sync(rank_, "reduce_scatter");
+      const std::size_t offset = static_cast<std::size_t>(rank_) * bytes;
+      if (bytes > 0) std::memcpy(out, static_cast<const char*>(g.slot(0).in) + offset, bytes);
+      for (int r = 1; r < size(); ++r) reduce_into(out, static_cast<const char*>(g.slot(r).in) + offset, n, t, op);
+      g.sync(rank_, "reduce_scatter");
+    });
+  }
+
+  Handle all_reduce(const void* in, void* out, std::size_t n, DataType t, ReduceOp op) {
+    return submit([=, this] {
+      auto& g = *group_;
+      const std::size_t es = size_of(t), p = static_cast<std::size_t>(size());
+      auto chunk = [&](int r) {
+        const std::size_t per = (n + p - 1) / p;
+        const std::size_t b = std::min(n, per * static_cast<std::size_t>(r));
+        return std::pair{b, std::min(n, b + per) - b};
+      };
+      g.slot(rank_).in = in;
+      g.slot(rank_).out = out;
+      g.sync(rank_, "all_reduce");
+      // Reduce this rank's chunk of every input, in rank order.
+      const auto [begin, len] = chunk(rank_);
+      std::vector<char> mine(len * es);
+      if (len > 0) {
+        std::memcpy(mine.data(), static_cast<const char*>(g.slot(0).in) + begin * es, len * es);
+        for (int r = 1; r < size(); ++r)
+          reduce_into(mine.data(), static_cast<const char*>(g.slot(r).in) + begin * es, len, t, op);
+      }
+      g.sync(rank_, "all_reduce");  // every input read: outputs may change (in place too)
+      if (len > 0) std::memcpy(static_cast<char*>(out) + begin * es, mine.data(), len * es);
+      g.sync(rank_, "all_reduce");
+      for (int r = 0; r < size(); ++r) {
+        if (r == rank_) continue;
+        const auto [b, l] = chunk(r);
+        if (l > 0) std::memcpy(static_cast<char*>(out) + b * es, static_cast<const char*>(g.slot(r).out) + b * es, l * es);
+      }
+      g.sync(rank_, "all_reduce");
+    });
+  }
+
+  Handle broadcast(void* data, std::size_t n, DataType t, int root) {
+    return submit([=, this] {
+      auto& g = *group_;
+      g.slot(rank_).out = data;
+      g.sync(rank_, "broadcast");
+      if (rank_ != root && n > 0) std::memcpy(data, g.slot(root).out, n * size_of(t));
+      g.sync(rank_, "broadcast");
+    });
+  }
+
+  Handle send_recv(std::span<const PeerOp> ops_in) {
+    std::vector<PeerOp> ops(ops_in.begin(), ops_in.end());
+    return submit([ops = std::move(ops), this] {
+      auto& g = *group_;
+      std::vector<std::unique_ptr<detail::Parcel>> sent;
+      for (const auto& o : ops)
+        if (o.kind == PeerOp::Kind::send) {
+          sent.push_back(std::make_unique<detail::Parcel>(detail::Parcel{o.data, o.count * size_of(o.type)}));
+          g.post(rank_, o.peer, sent.back().get());
+        }
+      for (const auto& o : ops)
+        if (o.kind == PeerOp::Kind::recv) g.take(o.peer, rank_, o.data, o.count * size_of(o.type));
+      for (auto& p : sent) g.wait_taken(rank_, p.get());
+    });
+  }
+
+  Handle barrier() {
+    return submit([this] { group_->sync(rank_, "barrier"); });
+  }
+
+  ThreadEngine split(int color, int key) {
+    std::shared_ptr<detail::ThreadGroup> child;
+    int child_rank = 0;
+    submit([&, this] {
+      auto& g = *group_;
+      g.slot(rank_).color = color;
+      g.slot(rank_).key = key;
+      g.slot(rank_).child.reset();
+      g.sync(rank_, "split");
+      std::vector<std::pair<int, int>> members;  // (key, rank) of my color
+      for (int r = 0; r < size(); ++r)
+        if (g.slot(r).color == color) members.emplace_back(g.slot(r).key, r);
+      std::sort(members.begin(), members.end());
+      const int leader = members.front().second;
+      if (leader == rank_) {
+        std::vector<int> world_ranks;
+        for (const auto& m : members) world_ranks.push_back(g.world_rank(m.second));
+        g.slot(rank_).child = std::make_shared<detail::ThreadGroup>(static_cast<int>(members.size()), g.world_ptr(),
+                                                                    std::move(world_ranks));
+      }
+      g.sync(rank_, "split");
+      child = g.slot(leader).child;
+      for (std::size_t i = 0; i < members.size(); ++i)
+        if (members[i].second == rank_) child_rank = static_cast<int>(i);
+      g.sync(rank_, "split");
+    }).wait();
+    return ThreadEngine(std::move(child), child_rank);
+  }
+
+  void abort(const std::string& reason) { group_->world().abort(reason); }
+
+ private:
+  Handle submit(std::function<void()> task) {
+    if (group_->world().aborted.load()) group_->world().throw_aborted(group_->world_rank(rank_), "collective");
+    return worker_->submit(std::move(task));
+  }
+
+  std::shared_ptr<detail::ThreadGroup> group_;
+  int rank_;
+  std::shared_ptr<detail::RankWorker> worker_;
+};
+
+static_assert(Engine<ThreadEngine>);
+
+/// Runs fn(Communicator&) on `ranks` threads, one communicator each, and waits for
+/// all. If a rank throws, the world is aborted (the others fail at their next
+/// collective) and the first rank's error is rethrown here, naming the rank. Each
+/// rank thread counts its allocations in its own MemoryStats (core/memory.hpp).
+template <class F>
+void run_thread_ranks(int ranks, F&& fn, ThreadOptions options = {}) {
+  TESSERA_CHECK(ranks >= 1, "run_thread_ranks: ", ranks, " ranks");
+  auto world = std::make_shared<detail::ThreadWorld>(options);
+  std::vector<int> ids(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) ids[static_cast<std::size_t>(r)] = r;
+  auto group = std::make_shared<detail::ThreadGroup>(ranks, world, ids);
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  MemoryStats* stats = detail::rank_memory_stats(ranks);
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      ScopedMemoryStats scope(stats + 2 * r);
+      try {
+        Communicator comm(ThreadEngine(group, r));
+        fn(comm);
+      } catch (const std::exception& e) {
+        world->abort(tessera::detail::concat("rank ", r, ": ", e.what()));
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      } catch (...) {
+        world->abort(tessera::detail::concat("rank ", r, ": unknown error"));
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (world->aborted.load()) fail(world->reason);
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,202 @@
+// The thread-rank engine: every collective against its definition, on several world
+// sizes; splits; grouped send/recv in orders that would deadlock if posted one by
+// one; async handles; and failure: a throwing or missing rank ends every rank with
+// its reason within the timeout.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <numeric>
+#include <vector>
+
+#include "../support/errors.hpp"
+#include "tessera/comm/thread.hpp"
+#include "tessera/core/tensor.hpp"
+
+using namespace tessera;
+using namespace tessera::comm;
+
+namespace {
+float value(int rank, std::size_t i) { return static_cast<float>(rank * 1000 + static_cast<int>(i)) * 0.5f; }
+}  // namespace
+
+TEST_CASE("thread ranks: all_gather, reduce_scatter, all_reduce and broadcast match their definitions") {
+  for (int p : {1, 2, 3, 4, 8}) {
+    CAPTURE(p);
+    std::atomic<int> checked{0};
+    run_thread_ranks(p, [&](Communicator& c) {
+      REQUIRE(c.size() == p);
+      const int r = c.rank();
+      const std::size_t n = 7;
+      std::vector<float> mine(n), gathered(n * p);
+      for (std::size_t i = 0; i < n; ++i) mine[i] = value(r, i);
+      c.all_gather(std::span<const float>(mine), std::span<float>(gathered));
+      for (int q = 0; q < p; ++q)
+        for (std::size_t i = 0; i < n; ++i) CHECK(gathered[q * n + i] == value(q, i));
+
+      std::vector<float> full(n * p), block(n);
+      for (std::size_t i = 0; i < full.size(); ++i) full[i] = value(r, i);
+      c.reduce_scatter(std::span<const float>(full), std::span<float>(block));
+      for (std::size_t i = 0; i < n; ++i) {
+        float expect = 0;
+        for (int q = 0; q < p; ++q) expect += value(q, r * n + i);
+        CHECK(block[i] == expect);
+      }
+
+      // Uneven chunking: 11 elements over p ranks, in place; max and min too.
+      std::vector<double> x(11);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = r + 0.25 * static_cast<double>(i);
+      c.all_reduce(std::span<double>(x));
+      for (std::size_t i = 0; i < x.size(); ++i) CHECK(x[i] == p * (p - 1) / 2.0 + p * 0.25 * static_cast<double>(i));
+      CHECK(c.all_reduce_value<std::int64_t>(r, ReduceOp::max) == p - 1);
+      CHECK(c.all_reduce_value<std::int64_t>(r + 5, ReduceOp::min) == 5);
+
+      std::vector<std::int32_t> b(5, r == p - 1 ? 42 : -1);
+      c.broadcast(std::span<std::int32_t>(b), p - 1);
+      for (auto v : b) CHECK(v == 42);
+      c.barrier();
+      ++checked;
+    });
+    CHECK(checked == p);
+  }
+}
+
+TEST_CASE("thread ranks: sums are bitwise the same on every rank") {
+  std::vector<std::vector<float>> results(4);
+  run_thread_ranks(4, [&](Communicator& c) {
+    std::vector<float> x(1000);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1.0f / static_cast<float>(3 + c.rank() * 7 + i);
+    c.all_reduce(std::span<float>(x));
+    results[c.rank()] = x;
+  });
+  for (int r = 1; r < 4; ++r) CHECK(results[r] == results[0]);
+}
+
+TEST_CASE("thread ranks: traffic counts the bytes each rank sends") {
+  run_thread_ranks(4, [&](Communicator& c) {
+    std::vector<float> in(10), out(40), full(40), block(10);
+    c.all_gather(std::span<const float>(in), std::span<float>(out));
+    CHECK(c.traffic().all_gather == 3 * 40);
+    c.reduce_scatter(std::span<const float>(full), std::span<float>(block));
+    CHECK(c.traffic().reduce_scatter == 3 * 40);
+    c.all_reduce(std::span<float>(full));
+    CHECK(c.traffic().all_reduce == 2 * 160 * 3 / 4);
+    CHECK(c.traffic().collectives == 3);
+    Communicator half = c.split(c.rank() % 2, c.rank());
+    half.all_reduce(std::span<float>(block));
+    CHECK(c.traffic().all_reduce == 2 * 160 * 3 / 4 + 2 * 40 * 1 / 2);  // children count into the parent's Traffic
+  });
+}
+
+TEST_CASE("thread ranks: split groups ranks by color, ranked by key") {
+  run_thread_ranks(6, [&](Communicator& c) {
+    const int r = c.rank();
+    Communicator sub = c.split(r % 2, -r);  // reversed order inside each color
+    CHECK(sub.size() == 3);
+    CHECK(sub.rank() == 2 - r / 2);
+    std::vector<std::int32_t> ids(3);
+    std::int32_t me = r;
+    sub.all_gather(std::span<const std::int32_t>(&me, 1), std::span<std::int32_t>(ids));
+    if (r % 2 == 0)
+      CHECK(ids == std::vector<std::int32_t>{4, 2, 0});
+    else
+      CHECK(ids == std::vector<std::int32_t>{5, 3, 1});
+    Communicator nested = sub.split(0, sub.rank());
+    CHECK(nested.all_reduce_value<std::int64_t>(1) == 3);
+  });
+}
+
+TEST_CASE("thread ranks: grouped send/recv around a ring and both ways at once") {
+  run_thread_ranks(5, [&](Communicator& c) {
+    const int r = c.rank(), p = c.size();
+    std::vector<float> to_next(100, static_cast<float>(r)), from_prev(100), to_prev(3, -static_cast<float>(r)),
+        from_next(3);
+    const PeerOp ops[] = {
+        {PeerOp::Kind::recv, (r + p - 1) % p, from_prev.data(), from_prev.size(), DataType::f32},
+        {PeerOp::Kind::recv, (r + 1) % p, from_next.data(), from_next.size(), DataType::f32},
+        {PeerOp::Kind::send, (r + 1) % p, to_next.data(), to_next.size(), DataType::f32},
+        {PeerOp::Kind::send, (r + p - 1) % p, to_prev.data(), to_prev.size(), DataType::f32},
+    };
+    c.send_recv(ops);
+    for (float v : from_prev) CHECK(v == static_cast<float>((r + p - 1) % p));
+    for (float v : from_next) CHECK(v == -static_cast<float>((r + 1) % p));
+    CHECK(c.traffic().send == 103 * sizeof(float));
+  });
+}
+
+TEST_CASE("thread ranks: async collectives complete in issue order while the caller computes") {
+  run_thread_ranks(3, [&](Communicator& c) {
+    std::vector<float> a(1 << 16, 1.0f), b(1 << 16, 2.0f);
+    Handle ha = c.all_reduce_async(std::span<float>(a));
+    Handle hb = c.all_reduce_async(std::span<float>(b));
+    double busy = 0;
+    for (int i = 0; i < 1000; ++i) busy += i;  // the caller's own work
+    hb.wait();
+    ha.wait();
+    CHECK(busy > 0);
+    CHECK(a.front() == 3.0f);
+    CHECK(b.back() == 6.0f);
+  });
+}
+
+TEST_CASE("thread ranks: a rank that throws ends every rank with its reason") {
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_ERROR_CONTAINS(run_thread_ranks(4,
+                                        [&](Communicator& c) {
+                                          std::vector<float> x(8, 1.0f);
+                                          c.all_reduce(std::span<float>(x));
+                                          if (c.rank() == 2) fail("bad batch on this rank");
+                                          for (int step = 0; step < 3; ++step) c.all_reduce(std::span<float>(x));
+                                        }),
+                       "rank 2: bad batch on this rank");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
+TEST_CASE("thread ranks: a rank that never arrives times out every rank") {
+  ThreadOptions o;
+  o.timeout = std::chrono::milliseconds(300);
+  CHECK_ERROR_CONTAINS(run_thread_ranks(
+                           3,
+                           [&](Communicator& c) {
+                             if (c.rank() == 1) return;  // skips the collective the others wait in
+                             c.barrier();
+                           },
+                           o),
+                       "timed out after 0.3 s");
+}
+
+TEST_CASE("thread ranks: a recv that does not match its send fails both sides") {
+  CHECK_ERROR_CONTAINS(run_thread_ranks(2,
+                                        [&](Communicator& c) {
+                                          std::vector<float> buf(c.rank() == 0 ? 4 : 5);
+                                          const PeerOp op{c.rank() == 0 ? PeerOp::Kind::send : PeerOp::Kind::recv,
+                                                          1 - c.rank(), buf.data(), buf.size(), DataType::f32};
+                                          c.send_recv(std::span<const PeerOp>(&op, 1));
+                                        }),
+                       "recv of 20 bytes from rank 0 met a send of 16 bytes");
+}
+
+TEST_CASE("the default communicator is one rank whose collectives are copies") {
+  Communicator c;
+  CHECK(c.size() == 1);
+  CHECK(c.engine_name() == "self");
+  std::vector<float> in{1, 2, 3}, out(3);
+  c.all_gather(std::span<const float>(in), std::span<float>(out));
+  CHECK(out == in);
+  CHECK(c.all_reduce_value(2.5) == 2.5);
+  CHECK(c.split(7, 0).size() == 1);
+  CHECK_ERROR_CONTAINS(c.all_gather(std::span<const float>(in), std::span<float>(out.data(), 2)),
+                       "all_gather: output of 2 elements for 3 per rank over 1 ranks");
+}
+
+TEST_CASE("thread ranks: each rank counts its own memory") {
+  std::vector<std::size_t> peaks(3);
+  run_thread_ranks(3, [&](Communicator& c) {
+    Tensor<float> t(Shape{static_cast<std::int64_t>(1000 * (c.rank() + 1))});
+    peaks[c.rank()] = memory_stats(Device::cpu).peak();
+    c.barrier();
+  });
+  CHECK(peaks[0] == 4000);
+  CHECK(peaks[1] == 8000);
+  CHECK(peaks[2] == 12000);
+}
