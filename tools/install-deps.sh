@@ -3,7 +3,8 @@
 # The CUDA toolkit is optional: when nvcc is on PATH the CUDA parts build too.
 set -euo pipefail
 packages=(g++ meson ninja-build pkg-config doctest-dev libtomlplusplus-dev nlohmann-json3-dev
-          libopenblas-openmp-dev clang libclang-rt-14-dev libpcre2-dev libsentencepiece-dev)
+          libopenblas-openmp-dev clang libclang-rt-14-dev libpcre2-dev libsentencepiece-dev
+          libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

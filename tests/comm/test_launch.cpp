@@ -1,0 +1,177 @@
+// Launch detection from a fake environment: each launcher's variables, which one wins
+// when several are set, and every bad value named with its variable.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "../support/errors.hpp"
+#include "tessera/comm/launch.hpp"
+
+using namespace tessera;
+using namespace tessera::comm;
+
+namespace {
+Launch detect(const std::map<std::string, std::string>& env) {
+  return detect_launch([&](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+}  // namespace
+
+TEST_CASE("launch: no launcher variables is one process") {
+  const Launch l = detect({{"HOME", "/root"}, {"PATH", "/usr/bin"}});
+  CHECK(l.kind == LaunchKind::single);
+  CHECK(l.rank == 0);
+  CHECK(l.world_size == 1);
+  CHECK(l.local_rank == 0);
+  CHECK(l.master_addr.empty());
+  CHECK(l.master_port == 0);
+  CHECK(std::string(name_of(LaunchKind::single)) == "single");
+  CHECK(std::string(name_of(LaunchKind::mpi)) == "mpi");
+  CHECK(std::string(name_of(LaunchKind::torchrun)) == "torchrun");
+}
+
+TEST_CASE("launch: mpirun, PMI and srun variables are an MPI launch") {
+  SUBCASE("Open MPI's mpirun") {
+    const Launch l = detect({{"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_RANK", "5"},
+                             {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
+    CHECK(l.kind == LaunchKind::mpi);
+    CHECK(l.world_size == 8);
+    CHECK(l.rank == 5);
+    CHECK(l.local_rank == 1);
+  }
+  SUBCASE("PMI (MPICH's launcher)") {
+    const Launch l = detect({{"PMI_SIZE", "4"}, {"PMI_RANK", "3"}, {"MPI_LOCALRANKID", "0"}});
+    CHECK(l.kind == LaunchKind::mpi);
+    CHECK(l.world_size == 4);
+    CHECK(l.rank == 3);
+    CHECK(l.local_rank == 0);
+  }
+  SUBCASE("PMIx rank with PMI_SIZE") {
+    const Launch l = detect({{"PMIX_RANK", "2"}, {"PMI_SIZE", "3"}});
+    CHECK(l.kind == LaunchKind::mpi);
+    CHECK(l.rank == 2);
+    CHECK(l.world_size == 3);
+  }
+  SUBCASE("PMIx rank under srun: the size and local rank from Slurm") {
+    const Launch l =
+        detect({{"PMIX_RANK", "6"}, {"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "2"}});
+    CHECK(l.kind == LaunchKind::mpi);
+    CHECK(l.rank == 6);
+    CHECK(l.world_size == 16);
+    CHECK(l.local_rank == 2);
+  }
+  SUBCASE("srun") {
+    const Launch l = detect({{"SLURM_PROCID", "7"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "3"}});
+    CHECK(l.kind == LaunchKind::mpi);
+    CHECK(l.rank == 7);
+    CHECK(l.world_size == 16);
+    CHECK(l.local_rank == 3);
+  }
+  SUBCASE("mpirun wins over Slurm and torchrun variables") {
+    const Launch l = detect({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"SLURM_PROCID", "0"},
+                             {"SLURM_NTASKS", "1"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+    CHECK(l.kind == LaunchKind::mpi);
+    CHECK(l.rank == 1);
+    CHECK(l.world_size == 2);
+    CHECK(l.local_rank == 0);
+  }
+}
+
+TEST_CASE("launch: torchrun-style variables") {
+  const Launch l = detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "node0"},
+                           {"MASTER_PORT", "29500"}});
+  CHECK(l.kind == LaunchKind::torchrun);
+  CHECK(l.rank == 3);
+  CHECK(l.world_size == 4);
+  CHECK(l.local_rank == 1);
+  CHECK(l.master_addr == "node0");
+  CHECK(l.master_port == 29500);
+
+  // One rank needs no rendezvous address.
+  const Launch one = detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  CHECK(one.kind == LaunchKind::torchrun);
+  CHECK(one.world_size == 1);
+  CHECK(one.master_port == 0);
+}
+
+TEST_CASE("launch: bad values name the variable and its value") {
+  CHECK_ERROR_CONTAINS(detect({{"OMPI_COMM_WORLD_SIZE", "four"}, {"OMPI_COMM_WORLD_RANK", "0"}}),
+                       "launch: OMPI_COMM_WORLD_SIZE=\"four\" is not an integer");
+  CHECK_ERROR_CONTAINS(detect({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "4"}}),
+                       "launch: OMPI_COMM_WORLD_RANK=4 is outside [0, 4) (OMPI_COMM_WORLD_SIZE=4)");
+  CHECK_ERROR_CONTAINS(detect({{"OMPI_COMM_WORLD_RANK", "1"}}),
+                       "launch: OMPI_COMM_WORLD_RANK=1 is set without OMPI_COMM_WORLD_SIZE");
+  CHECK_ERROR_CONTAINS(detect({{"OMPI_COMM_WORLD_SIZE", "2"}}),
+                       "launch: OMPI_COMM_WORLD_SIZE=2 is set without OMPI_COMM_WORLD_RANK");
+  CHECK_ERROR_CONTAINS(
+      detect({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "-1"}}),
+      "launch: OMPI_COMM_WORLD_LOCAL_RANK=-1 is outside [0, 2)");
+  CHECK_ERROR_CONTAINS(detect({{"PMI_RANK", "1"}}),
+                       "launch: PMI_RANK=1 is set but neither PMI_SIZE nor SLURM_NTASKS says how many ranks there are");
+  CHECK_ERROR_CONTAINS(detect({{"PMIX_RANK", "x1"}, {"PMI_SIZE", "2"}}), "launch: PMIX_RANK=\"x1\" is not an integer");
+  CHECK_ERROR_CONTAINS(detect({{"SLURM_PROCID", "0"}}), "launch: SLURM_PROCID=0 is set without SLURM_NTASKS");
+  CHECK_ERROR_CONTAINS(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}),
+                       "launch: SLURM_NTASKS=0: a job has at least one rank");
+  CHECK_ERROR_CONTAINS(detect({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}}),
+                       "launch: SLURM_PROCID=3 is outside [0, 2) (SLURM_NTASKS=2)");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}}), "launch: RANK=0 is set without WORLD_SIZE");
+  CHECK_ERROR_CONTAINS(detect({{"WORLD_SIZE", "2"}}), "launch: WORLD_SIZE=2 is set without RANK");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", ""}, {"WORLD_SIZE", "2"}}), "launch: RANK=\"\" is not an integer");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "1 "}, {"WORLD_SIZE", "2"}}), "launch: RANK=\"1 \" is not an integer");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}),
+                       "launch: WORLD_SIZE=\"99999999999\" is not an integer");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}),
+                       "launch: RANK=-1 is outside [0, 2) (WORLD_SIZE=2)");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}}),
+                       "launch: LOCAL_RANK=2 is outside [0, 2)");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}),
+                       "launch: WORLD_SIZE=2 needs MASTER_ADDR");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}}),
+                       "launch: WORLD_SIZE=2 needs MASTER_PORT");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "70000"}}),
+                       "launch: MASTER_PORT=70000 is outside 1..65535");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "0"}}),
+                       "launch: MASTER_PORT=0 is outside 1..65535");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "http"}}),
+                       "launch: MASTER_PORT=\"http\" is not an integer");
+}
+
+TEST_CASE("launch: the CPU engines refuse a torchrun-style launch of several ranks, pointing to mpirun") {
+  check_cpu_launch(Launch{});
+  check_cpu_launch(detect({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "0"}}));
+  check_cpu_launch(detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+  const Launch four = detect({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}});
+  CHECK_ERROR_CONTAINS(check_cpu_launch(four), "a torchrun-style launch of 4 ranks (RANK=1, WORLD_SIZE=4)");
+  CHECK_ERROR_CONTAINS(check_cpu_launch(four), "`mpirun -np 4`");
+}
+
+TEST_CASE("launch: detect_launch() reads this process's environment") {
+  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  std::map<std::string, std::string> saved;
+  for (const char* n : names)
+    if (const char* v = std::getenv(n)) saved[n] = v;
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("LOCAL_RANK", "1", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "29512", 1);
+  const Launch l = detect_launch();
+  for (const char* n : names) {
+    const auto it = saved.find(n);
+    if (it == saved.end())
+      ::unsetenv(n);
+    else
+      ::setenv(n, it->second.c_str(), 1);
+  }
+  if (l.kind == LaunchKind::mpi) return;  // this test itself runs under an MPI launcher, whose variables win
+  CHECK(l.kind == LaunchKind::torchrun);
+  CHECK(l.rank == 1);
+  CHECK(l.world_size == 2);
+  CHECK(l.local_rank == 1);
+  CHECK(l.master_addr == "127.0.0.1");
+  CHECK(l.master_port == 29512);
+}
