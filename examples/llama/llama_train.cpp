@@ -1,6 +1,13 @@
 // llama-train: trains a Llama model from a TOML config, torchtitan style.
 //
 //   llama-train --config examples/configs/debug_model.toml [--section.key value ...]
+//   mpirun -np 4 llama-train --config ...            (four processes)
+//   llama-train --thread-ranks 4 --config ...        (four ranks in one process)
+//
+// The ranks are laid out by [parallelism] (data_parallel_replicate_degree x
+// data_parallel_shard_degree, -1 taking what is left): FSDP, HSDP or DDP follows from
+// the degrees, and [activation_checkpoint] picks the checkpoint mode. Rank 0 writes
+// the files and the metrics; every rank reads its own slice of each global batch.
 //
 // Writes <dump_folder>/config.toml (the effective config), <dump_folder>/metrics.jsonl
 // (one JSON object per step), <dump_folder>/model.safetensors (the final model) and,
@@ -9,6 +16,7 @@
 // checkpoint.last_save_in_hf, <dump_folder>/hf (a Hugging Face Llama directory); then
 // prints text sampled from the trained model. checkpoint.initial_load_path may name a
 // Hugging Face Llama directory to start from: its config.json then defines the model.
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +28,13 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/comm/launch.hpp"
+#include "tessera/comm/mesh.hpp"
+#include "tessera/comm/thread.hpp"
+#if TESSERA_WITH_MPI
+#include "tessera/comm/mpi.hpp"
+#endif
+#include "tessera/parallel/parallel.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
@@ -33,12 +48,15 @@ using namespace tessera;
 
 namespace {
 
-using Model = nn::Transformer<float, Cpu>;
+// Every choice is read at run time from the config, through the Plan.
+using Block = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, Checkpoint<Dynamic>>;
+using Model = nn::Transformer<float, Cpu, Block>;
 
 void usage() {
   std::printf(
-      "usage: llama-train [--config FILE.toml] [--section.key value ...]\n\n"
-      "Trains a Llama model on the CPU. Every config key can be overridden on the command line.\n\n%s",
+      "usage: llama-train [--thread-ranks N] [--config FILE.toml] [--section.key value ...]\n\n"
+      "Trains a Llama model on the CPU. Every config key can be overridden on the command line.\n"
+      "Under mpirun or srun every process is a rank; --thread-ranks N runs N ranks in this process.\n\n%s",
       train::config_help().c_str());
 }
 
@@ -57,16 +75,24 @@ void prune_checkpoints(const fs::path& folder, std::int64_t keep) {
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < steps.size(); ++i) fs::remove_all(steps[i].second);
 }
 
-int run(const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
-    }
-  const train::JobConfig c = train::load_config("", args);
-  train::check_supported(c, 1);
+/// One rank's run; every rank of `world` calls it with the same config and peak.
+int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
+  const bool lead = world.rank() == 0;  // rank 0 writes the files and the metrics
+  // The same checks on every rank, before any collective: a bad layout fails alike everywhere.
+  const auto& p = c.parallelism;
+  const comm::MeshShape shape = comm::mesh_shape(world.size(), p.data_parallel_replicate_degree,
+                                                 p.data_parallel_shard_degree, p.tensor_parallel_degree,
+                                                 p.pipeline_parallel_degree);
+  const std::int64_t dp = shape.dp(), local = c.training.local_batch_size;
+  const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * dp;
+  TESSERA_CHECK(global % (local * dp) == 0, "training.global_batch_size (", global,
+                ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
+                " = ", local * dp, ")");
+  // Thread ranks share this process's cores.
+  if (world.size() > 1 && world.engine_name() == "threads") omp_set_num_threads(std::max(1, Cpu::threads() / world.size()));
+  comm::DeviceMesh mesh(world, shape);
+  const parallel::Plan plan = train::make_plan(c, &mesh);
   const fs::path dump = c.job.dump_folder;
-  if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());
 
   const std::string& init = c.checkpoint.initial_load_path;
   const bool init_hf = !init.empty() && train::is_hf_directory(init);
@@ -80,7 +106,7 @@ int run(const std::vector<std::string>& args) {
   TESSERA_CHECK(tok->vocab_size() <= a.vocab_size, "model.tokenizer '", c.model.tokenizer, "' has ", tok->vocab_size(),
                 " ids, more than the model's vocabulary of ", a.vocab_size,
                 init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
-  Model model(a);
+  Model model(a, plan);
   if (init_hf) {
     train::load_hf_model(model, init);
   } else if (!init.empty()) {
@@ -98,60 +124,119 @@ int run(const std::vector<std::string>& args) {
     TESSERA_CHECK(tokens[i] < static_cast<std::uint32_t>(a.vocab_size), c.training.dataset == "shard" ? c.training.dataset_path : "synthetic corpus",
                   ": token id ", tokens[i], " at index ", i, " is outside the model's vocabulary (model.vocab_size = ",
                   a.vocab_size, ")");
-  data::DataLoader loader(std::move(tokens), c.training.seq_len, c.training.local_batch_size);
+  data::DataLoader loader(std::move(tokens), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
+                          mesh.dp_degree());
 
-  const bool measured_peak = c.metrics.peak_tflops <= 0;
-  const double peak = measured_peak ? train::measure_gemm_flops<Cpu>() : c.metrics.peak_tflops * 1e12;
-  std::fprintf(stderr,
-               "tessera llama-train: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fM parameters\n"
-               "  %lld tokens/step (batch %lld x seq %lld), %lld windows per epoch | %d threads | peak %.1f GFLOP/s (%s, "
-               "OpenBLAS %s kernels)\n",
-               a.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
-               static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
-               static_cast<long long>(a.vocab_size), static_cast<double>(model.num_params()) / 1e6,
-               static_cast<long long>(c.training.local_batch_size * c.training.seq_len),
-               static_cast<long long>(c.training.local_batch_size), static_cast<long long>(c.training.seq_len),
-               static_cast<long long>(loader.windows_per_epoch()), Cpu::threads(), peak / 1e9,
-               measured_peak ? "measured sgemm" : "metrics.peak_tflops", Cpu::blas_kernels());
+  if (lead)
+    std::fprintf(stderr,
+                 "tessera llama-train: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fM parameters\n"
+                 "  %lld tokens/step (global batch %lld x seq %lld), %lld windows per epoch | peak %.1f GFLOP/s (%s, "
+                 "OpenBLAS %s kernels)\n"
+                 "  %d rank%s %s: %s over the %s engine, %d threads each | activation checkpointing: %s\n",
+                 a.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
+                 static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
+                 static_cast<long long>(a.vocab_size), static_cast<double>(model.num_params()) / 1e6,
+                 static_cast<long long>(global * c.training.seq_len), static_cast<long long>(global),
+                 static_cast<long long>(c.training.seq_len), static_cast<long long>(loader.windows_per_epoch()),
+                 peak / 1e9, c.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : "measured sgemm",
+                 Cpu::blas_kernels(), world.size(), world.size() == 1 ? "" : "s", shape.str().c_str(),
+                 parallel::name_of(plan.dynamic_sharding()), std::string(world.engine_name()).c_str(), Cpu::threads(),
+                 plan.checkpoint.str().c_str());
 
   // Only now, with every input checked, does the run touch its dump folder.
-  fs::create_directories(dump);
-  {
+  const std::string tokenizer_copy = (dump / "tokenizer.model").string();
+  bool has_tokenizer_file = false;
+  if (lead) {
+    fs::create_directories(dump);
     std::ofstream out(dump / "config.toml");
     out << train::to_toml(c);
     TESSERA_CHECK(out.good(), (dump / "config.toml").string(), ": cannot write");
+    // The tokenizer travels with the models saved here (none for "byte").
+    has_tokenizer_file = data::save_tokenizer_file(c.model.tokenizer, tokenizer_copy);
   }
-  // The tokenizer travels with the models saved here (none for "byte").
-  const std::string tokenizer_copy = (dump / "tokenizer.model").string();
-  const bool has_tokenizer_file = data::save_tokenizer_file(c.model.tokenizer, tokenizer_copy);
   train::Trainer<Model> trainer(model, c, std::move(loader), peak);
-  train::MetricsLogger log((dump / "metrics.jsonl").string(), c.training.steps, c.metrics.log_freq,
-                           isatty(STDERR_FILENO) != 0);
+  std::unique_ptr<train::MetricsLogger> log;
+  if (lead)
+    log = std::make_unique<train::MetricsLogger>((dump / "metrics.jsonl").string(), c.training.steps,
+                                                 c.metrics.log_freq, isatty(STDERR_FILENO) != 0);
   const DType export_dtype = parse_dtype(c.checkpoint.export_dtype, "checkpoint.export_dtype");
   const fs::path ckpt = dump / c.checkpoint.folder;
+  // Saving gathers the whole parameters on every rank (a collective); rank 0 writes.
+  auto save = [&](auto&& write) {
+    model.with_whole_parameters([&] {
+      if (lead) write();
+    });
+    world.barrier();  // the files are complete before any rank goes on
+  };
   for (std::int64_t s = 1; s <= c.training.steps; ++s) {
-    log.log(trainer.step());
-    if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || s == c.training.steps)) {
-      train::save_model(model, (ckpt / ("step-" + std::to_string(s)) / "model.safetensors").string(), export_dtype);
-      prune_checkpoints(ckpt, c.checkpoint.keep_latest_k);
-    }
+    const train::StepMetrics m = trainer.step();
+    if (log) log->log(m);
+    if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || s == c.training.steps))
+      save([&] {
+        train::save_model(model, (ckpt / ("step-" + std::to_string(s)) / "model.safetensors").string(), export_dtype);
+        prune_checkpoints(ckpt, c.checkpoint.keep_latest_k);
+      });
   }
   const std::string final_path = (dump / "model.safetensors").string();
-  train::save_model(model, final_path, export_dtype);
-  std::fprintf(stderr, "saved %s\n", final_path.c_str());
+  save([&] {
+    train::save_model(model, final_path, export_dtype);
+    std::fprintf(stderr, "saved %s\n", final_path.c_str());
+  });
   if (c.checkpoint.last_save_in_hf) {
     const std::string hf_dir = (dump / "hf").string();
-    train::save_hf_model(model, hf_dir, {export_dtype, 5'000'000'000ull, has_tokenizer_file ? tokenizer_copy : ""});
-    std::fprintf(stderr, "saved %s (Hugging Face Llama directory)\n", hf_dir.c_str());
+    save([&] {
+      train::save_hf_model(model, hf_dir, {export_dtype, 5'000'000'000ull, has_tokenizer_file ? tokenizer_copy : ""});
+      std::fprintf(stderr, "saved %s (Hugging Face Llama directory)\n", hf_dir.c_str());
+    });
   }
 
-  // A sample from the trained model, seeded from the run's seed.
+  // A sample from the trained model, seeded from the run's seed. A sharded model's
+  // forward is collective: every rank samples the same tokens; rank 0 prints them.
   nn::SampleOptions o;
   o.max_new_tokens = 300;
   o.temperature = 0.7;
   o.seed = static_cast<std::uint64_t>(c.training.seed);
   o.context = c.training.seq_len;
-  std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, nn::generate_text(model, *tok, "", o).c_str());
+  const std::string sample = nn::generate_text(model, *tok, "", o);
+  if (lead) std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, sample.c_str());
+  return 0;
+}
+
+/// Picks the ranks: mpirun/srun processes, --thread-ranks N in this process, or one.
+int run(std::vector<std::string> args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      usage();
+      return 0;
+    }
+  int thread_ranks = 1;
+  for (std::size_t i = 0; i < args.size(); ++i)
+    if (args[i] == "--thread-ranks") {
+      const std::string v = i + 1 < args.size() ? args[i + 1] : "";
+      const bool number = !v.empty() && v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
+      TESSERA_CHECK(number && std::stoi(v) >= 1, "--thread-ranks '", v, "': expected a positive number of ranks");
+      thread_ranks = std::stoi(v);
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
+      break;
+    }
+  const train::JobConfig c = train::load_config("", args);
+  train::check_supported(c);
+  if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());
+  const comm::Launch launch = comm::detect_launch();
+  comm::check_cpu_launch(launch);
+  const double peak = c.metrics.peak_tflops > 0 ? c.metrics.peak_tflops * 1e12 : train::measure_gemm_flops<Cpu>();
+  if (launch.kind == comm::LaunchKind::mpi && launch.world_size > 1) {
+    TESSERA_CHECK(thread_ranks == 1, "--thread-ranks ", thread_ranks, " under an MPI launch of ", launch.world_size,
+                  " processes: use one or the other");
+#if TESSERA_WITH_MPI
+    return run_rank(comm::mpi_world(launch), c, peak);
+#else
+    fail("started as rank ", launch.rank, " of ", launch.world_size,
+         " by mpirun or srun, but this llama-train was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+  }
+  if (thread_ranks == 1) return run_rank(comm::Communicator(), c, peak);
+  comm::run_thread_ranks(thread_ranks, [&](comm::Communicator& world) { run_rank(world, c, peak); });
   return 0;
 }
 
@@ -161,6 +246,10 @@ int main(int argc, char** argv) {
   try {
     return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const std::exception& e) {
+#if TESSERA_WITH_MPI
+    // Under mpirun this ends every rank, so none waits for this one.
+    if (comm::detect_launch().world_size > 1) comm::mpi_abort_on_error(e, "\nllama-train: error");
+#endif
     std::fprintf(stderr, "\nllama-train: error: %s\n", e.what());
     return 1;
   }

@@ -143,9 +143,18 @@ TEST_CASE("Checkpoints round-trip and reject a model of another shape") {
 }
 
 TEST_CASE("Settings this build cannot run are rejected by name") {
-  CHECK_THROWS_WITH_AS(train::check_supported(small_job({"--parallelism.tensor_parallel_degree", "2"}), 1),
+  CHECK_THROWS_WITH_AS(train::check_supported(small_job({"--parallelism.tensor_parallel_degree", "2"})),
                        doctest::Contains("parallelism.tensor_parallel_degree = 2"), Error);
-  CHECK_THROWS_WITH_AS(train::check_supported(small_job({"--activation_checkpoint.mode", "full"}), 1),
-                       doctest::Contains("activation_checkpoint.mode"), Error);
-  CHECK_NOTHROW(train::check_supported(small_job(), 1));
+  CHECK_THROWS_WITH_AS(train::check_supported(small_job({"--activation_checkpoint.mode", "partial"})),
+                       doctest::Contains("activation_checkpoint.mode must be one of none, full, selective; got \"partial\""),
+                       Error);
+  CHECK_THROWS_WITH_AS(
+      train::check_supported(small_job({"--activation_checkpoint.mode", "selective",
+                                        "--activation_checkpoint.selective_ac_option", "0"})),
+      doctest::Contains("activation_checkpoint.selective_ac_option must be \"op\" or a positive integer, got \"0\""),
+      Error);
+  CHECK_THROWS_WITH_AS(train::check_supported(small_job({"--parallelism.fsdp_reshard_after_forward", "sometimes"})),
+                       doctest::Contains("parallelism.fsdp_reshard_after_forward must be one of default, always, never"), Error);
+  CHECK_NOTHROW(train::check_supported(small_job({"--activation_checkpoint.mode", "full"})));
+  CHECK_NOTHROW(train::check_supported(small_job()));
 }

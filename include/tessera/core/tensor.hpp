@@ -160,13 +160,13 @@ class Tensor {
   operator TensorView<T>() const { return view(); }
   operator TensorView<const T>() const { return view(); }
 
-  T* data() const { return buffer_ ? buffer_->data() : nullptr; }
+  T* data() const { return buffer_ ? buffer_->data() + offset_ : nullptr; }
   const Shape& shape() const { return shape_; }
   std::int64_t numel() const { return shape_.numel(); }
   std::int64_t size(int i) const { return shape_.dims[i]; }
   Device device() const { return buffer_ ? buffer_->device() : Device::cpu; }
-  std::size_t bytes() const { return buffer_ ? buffer_->bytes() : 0; }
-  bool empty() const { return numel() == 0; }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
+  bool empty() const { return buffer_ == nullptr || numel() == 0; }
   T& operator[](std::int64_t i) const { return data()[i]; }
 
   /// The same elements under another shape of equal size.
@@ -174,6 +174,18 @@ class Tensor {
     TESSERA_CHECK(s.numel() == numel(), "reshape: ", shape_.str(), " to ", s.str(), " changes the size");
     Tensor t = *this;
     t.shape_ = s;
+    return t;
+  }
+
+  /// Elements [offset, offset + shape.numel()) of this tensor under `shape`, sharing
+  /// its storage (which lives while any such tensor does): how a unit's flat buffer
+  /// hands out its parameters.
+  Tensor slice(std::int64_t offset, Shape s) const {
+    TESSERA_CHECK(offset >= 0 && offset + s.numel() <= numel(), "Tensor::slice: [", offset, ", ",
+                  offset + s.numel(), ") out of ", numel(), " elements");
+    Tensor t = *this;
+    t.shape_ = s;
+    t.offset_ += offset;
     return t;
   }
 
@@ -188,10 +200,12 @@ class Tensor {
   void release() {
     buffer_.reset();
     shape_ = Shape{};
+    offset_ = 0;
   }
 
  private:
   Shape shape_{};
+  std::int64_t offset_ = 0;
   std::shared_ptr<Buffer<T>> buffer_{};
 };
 

@@ -38,14 +38,18 @@ class Attention {
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     const AttentionShape s = shape(ctx.geometry());
-    Tensor<T> q = wq_.forward(ctx.child("wq"), x);
-    Tensor<T> k = wk_.forward(ctx.child("wk"), x);
+    // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
+    Tensor<T> q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, s.seq_len);
+    Tensor<T> k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, s.seq_len);
     Tensor<T> v = wv_.forward(ctx.child("wv"), x);
-    rope_->rotate(q, n_heads_, s.seq_len, false);
-    rope_->rotate(k, n_kv_heads_, s.seq_len, false);
-    Tensor<T> o = B::template empty<T>(q.shape());
-    Tensor<T> lse = B::template empty<T>(Shape{s.batch, n_heads_, s.seq_len});
-    B::attention_forward(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+    Tensor<T> lse;
+    Tensor<T> o = ctx.op("o", SaveKind::attention, [&] {
+      Tensor<T> out = B::template empty<T>(q.shape());
+      lse = B::template empty<T>(Shape{s.batch, n_heads_, s.seq_len});
+      B::attention_forward(s, q.cview(), k.cview(), v.cview(), out.view(), lse.data());
+      return out;
+    });
+    lse = ctx.op("lse", SaveKind::attention, [&] { return lse; });  // made with o, kept with o
     ctx.save("q", SaveKind::pointwise, q);
     ctx.save("k", SaveKind::pointwise, k);
     ctx.save("v", SaveKind::matmul, v);

@@ -17,6 +17,10 @@
 #include "tessera/nn/rope.hpp"
 #include "tessera/ops/elementwise.hpp"
 
+namespace tessera::parallel {
+struct Plan;  // parallel/plan.hpp: what the parallel policies read at run time
+}
+
 namespace tessera::nn {
 
 /// torchtitan's init std for a block's output projections (wo, w2, w3).
@@ -32,6 +36,7 @@ struct BlockArgs {
   std::int64_t layer_id;
   std::string name;  // "layers.<layer_id>"
   std::shared_ptr<RopeTable<T, B>> rope;
+  const parallel::Plan* plan = nullptr;  // the run-time layout; nullptr: one rank, no checkpointing
 };
 
 template <class T, Backend B>
@@ -52,8 +57,9 @@ class LlamaBlock {
     B::for_each(x.numel(), ops::Add<T>{x.data(), a.data(), h.data()});
     a.release();
     Tensor<T> f = feed_forward_.forward(ctx.child("feed_forward"), ffn_norm_.forward(ctx.child("ffn_norm"), h));
-    B::for_each(f.numel(), ops::Axpy<T>{T(1), h.data(), f.data()});
-    return f;
+    Tensor<T> y = B::template empty<T>(x.shape());  // not in place: f may be a kept op output
+    B::for_each(y.numel(), ops::Add<T>{h.data(), f.data(), y.data()});
+    return y;
   }
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {

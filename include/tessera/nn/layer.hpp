@@ -10,11 +10,14 @@
 // sharding policies reach parameters through for_each_parameter.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -64,16 +67,70 @@ enum class SaveKind : std::uint8_t {
   pointwise,  // the output of element-wise math
 };
 
+/// Bytes of distinct saved tensors across a tree of stores, now and at the peak: the
+/// activation memory a checkpoint policy leaves. Storage shared by several saves
+/// counts once.
+class ActivationMeter {
+ public:
+  void add(const void* data, std::size_t bytes) {
+    auto& e = live_[data];
+    if (e.count++ == 0) {
+      e.bytes = bytes;
+      current_ += bytes;
+      peak_ = std::max(peak_, current_);
+    }
+  }
+  void remove(const void* data) {
+    auto it = live_.find(data);
+    if (it == live_.end()) return;
+    if (--it->second.count == 0) {
+      current_ -= it->second.bytes;
+      live_.erase(it);
+    }
+  }
+  std::size_t current() const { return current_; }
+  std::size_t peak() const { return peak_; }
+  void reset_peak() { peak_ = current_; }
+
+ private:
+  struct Entry {
+    std::size_t count = 0, bytes = 0;
+  };
+  std::unordered_map<const void*, Entry> live_;
+  std::size_t current_ = 0, peak_ = 0;
+};
+
 /// Activations one layer call saved for its backward, in named scopes that mirror
-/// the layer tree ("attention" / "wq" / "x").
+/// the layer tree ("attention" / "wq" / "x"). A store may report to an
+/// ActivationMeter (its children report to the same one).
 template <class T>
 class ActivationStore {
  public:
-  explicit ActivationStore(std::string scope = "") : scope_(std::move(scope)) {}
+  explicit ActivationStore(std::string scope = "", ActivationMeter* meter = nullptr)
+      : scope_(std::move(scope)), meter_(meter) {}
+  ActivationStore(const ActivationStore&) = delete;
+  ActivationStore& operator=(const ActivationStore&) = delete;
+  ActivationStore(ActivationStore&& o) noexcept
+      : scope_(std::move(o.scope_)),
+        meter_(o.meter_),
+        entries_(std::move(o.entries_)),
+        children_(std::move(o.children_)) {
+    o.entries_.clear();
+    o.children_.clear();
+  }
+  ~ActivationStore() { clear(); }
+
+  /// Reports this store's saves (and its children's, made from now on) to `meter`.
+  void attach(ActivationMeter* meter) {
+    TESSERA_CHECK(entries_.empty() && children_.empty(), "ActivationStore: attach a meter to an empty store");
+    meter_ = meter;
+  }
 
   void save(std::string_view key, SaveKind kind, Tensor<T> tensor) {
+    if (meter_ && tensor.data()) meter_->add(tensor.data(), tensor.bytes());
     for (auto& e : entries_) {
       if (e.key == key) {
+        if (meter_ && e.tensor.data()) meter_->remove(e.tensor.data());
         e = Entry{std::string(key), kind, std::move(tensor)};
         return;
       }
@@ -81,9 +138,15 @@ class ActivationStore {
     entries_.push_back(Entry{std::string(key), kind, std::move(tensor)});
   }
 
-  const Tensor<T>& load(std::string_view key) const {
+  /// The tensor saved under `key`, or nullptr.
+  const Tensor<T>* find(std::string_view key) const {
     for (const auto& e : entries_)
-      if (e.key == key) return e.tensor;
+      if (e.key == key) return &e.tensor;
+    return nullptr;
+  }
+
+  const Tensor<T>& load(std::string_view key) const {
+    if (const Tensor<T>* t = find(key)) return *t;
     fail("activation '", scope_.empty() ? "" : scope_ + ".", key,
          "' was not saved: backward called without its forward");
   }
@@ -93,8 +156,8 @@ class ActivationStore {
     for (auto& c : children_)
       if (c.first == name) return *c.second;
     children_.emplace_back(std::string(name),
-                           std::make_unique<ActivationStore>(scope_.empty() ? std::string(name)
-                                                                             : scope_ + "." + std::string(name)));
+                           std::make_unique<ActivationStore>(
+                               scope_.empty() ? std::string(name) : scope_ + "." + std::string(name), meter_));
     return *children_.back().second;
   }
 
@@ -105,8 +168,11 @@ class ActivationStore {
   }
 
   void clear() {
+    if (meter_)
+      for (const auto& e : entries_)
+        if (e.tensor.data()) meter_->remove(e.tensor.data());
     entries_.clear();
-    children_.clear();
+    children_.clear();  // each child's destructor clears it
   }
 
   const std::string& scope() const { return scope_; }
@@ -127,6 +193,7 @@ class ActivationStore {
   }
 
   std::string scope_;
+  ActivationMeter* meter_ = nullptr;
   std::vector<Entry> entries_;
   std::vector<std::pair<std::string, std::unique_ptr<ActivationStore>>> children_;
 };
@@ -138,33 +205,107 @@ struct Geometry {
   std::int64_t rows() const { return batch * seq_len; }
 };
 
+/// What a context does with saves and op outputs: the lever the checkpoint
+/// policies pull without the layer knowing.
+enum class Recording : std::uint8_t {
+  keep,     // saves are stored: no checkpointing, or the recompute before a backward
+  discard,  // saves are dropped: inference, or a fully checkpointed forward
+  stash,    // saves are dropped; outputs of ops of the stashed kinds are kept (selective forward)
+  replay,   // saves are stored; ops whose outputs were stashed return them instead of recomputing
+};
+
+/// A set of SaveKinds.
+struct SaveKinds {
+  std::uint8_t bits = 0;
+  constexpr SaveKinds() = default;
+  constexpr SaveKinds(std::initializer_list<SaveKind> kinds) {
+    for (SaveKind k : kinds) bits = static_cast<std::uint8_t>(bits | (1u << static_cast<unsigned>(k)));
+  }
+  constexpr bool contains(SaveKind k) const { return (bits >> static_cast<unsigned>(k)) & 1u; }
+};
+
+/// Which op outputs a selective forward keeps: those of `kinds`; of matmuls, only
+/// every other one when `alternate_matmuls` (the 1st, 3rd, ... of the block, as
+/// torchtitan's op policy does to halve what matmuls keep).
+struct StashRule {
+  SaveKinds kinds;
+  bool alternate_matmuls = false;
+  int matmuls_seen = 0;  // counted through one forward
+
+  bool keep(SaveKind kind) {
+    if (!kinds.contains(kind)) return false;
+    if (kind != SaveKind::matmul || !alternate_matmuls) return true;
+    return (++matmuls_seen % 2) == 1;
+  }
+};
+
 /// What a layer call sees: the batch geometry and where to save activations. A
 /// context without a store (inference) drops every save.
+///
+/// A layer declares its expensive ops through op(key, kind, compute): normally that
+/// just runs compute(); a selective checkpoint policy keeps the outputs of some kinds
+/// during the forward (stash) and hands them back during the recompute (replay),
+/// so the recompute skips those ops. An op's output must not be modified in place
+/// afterwards: a stashed tensor is the same storage.
 template <class T>
 class Context {
  public:
-  Context(Geometry geometry, ActivationStore<T>* store) : geometry_(geometry), store_(store) {}
+  Context(Geometry geometry, ActivationStore<T>* store) : geometry_(geometry), store_(store) {
+    recording_ = store ? Recording::keep : Recording::discard;
+  }
+  /// A checkpoint policy's context: `store` receives saves (keep, replay); `stash`
+  /// receives the op outputs `rule` keeps (stash) or gives them back (replay).
+  Context(Geometry geometry, Recording recording, ActivationStore<T>* store, ActivationStore<T>* stash = nullptr,
+          StashRule* rule = nullptr)
+      : geometry_(geometry), store_(store), stash_(stash), recording_(recording), rule_(rule) {
+    TESSERA_CHECK((recording != Recording::keep && recording != Recording::replay) || store != nullptr,
+                  "Context: a recording that keeps saves needs a store");
+    TESSERA_CHECK((recording != Recording::stash && recording != Recording::replay) || stash != nullptr,
+                  "Context: stash and replay need a stash store");
+    TESSERA_CHECK(recording != Recording::stash || rule != nullptr, "Context: stash needs a StashRule");
+  }
+
+  /// Where this context's saves go (nullptr when it keeps none): for checkpoint policies.
+  ActivationStore<T>* store() const { return saving() ? store_ : nullptr; }
 
   const Geometry& geometry() const { return geometry_; }
-  bool saving() const { return store_ != nullptr; }
+  bool saving() const { return recording_ == Recording::keep || recording_ == Recording::replay; }
+  Recording recording() const { return recording_; }
 
   /// The context of the sub-layer `name`.
   Context child(std::string_view name) const {
-    return Context(geometry_, store_ ? &store_->child(name) : nullptr);
+    Context c = *this;
+    c.store_ = store_ ? &store_->child(name) : nullptr;
+    c.stash_ = stash_ ? &stash_->child(name) : nullptr;
+    return c;
   }
 
   void save(std::string_view key, SaveKind kind, const Tensor<T>& tensor) const {
-    if (store_) store_->save(key, kind, tensor);
+    if (saving()) store_->save(key, kind, tensor);
   }
 
   const Tensor<T>& saved(std::string_view key) const {
-    TESSERA_CHECK(store_ != nullptr, "activation '", key, "' requested from a context that saves nothing");
+    TESSERA_CHECK(saving(), "activation '", key, "' requested from a context that saves nothing");
     return store_->load(key);
+  }
+
+  /// The output of the op `key`, of kind `kind`: compute(), or its stashed output.
+  template <class F>
+  Tensor<T> op(std::string_view key, SaveKind kind, F&& compute) const {
+    if (recording_ == Recording::replay) {
+      if (const Tensor<T>* kept = stash_->find(key)) return *kept;
+    }
+    Tensor<T> y = compute();
+    if (recording_ == Recording::stash && rule_->keep(kind)) stash_->save(key, kind, y);
+    return y;
   }
 
  private:
   Geometry geometry_;
-  ActivationStore<T>* store_;
+  ActivationStore<T>* store_ = nullptr;
+  ActivationStore<T>* stash_ = nullptr;
+  Recording recording_ = Recording::discard;
+  StashRule* rule_ = nullptr;
 };
 
 namespace detail {

@@ -21,8 +21,11 @@ class Linear {
       : weight_(std::move(name) + ".weight", Shape{out, in}, init) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
-    Tensor<T> y = B::template empty<T>(Shape{x.size(0), out_features()});
-    B::gemm(Trans::no, Trans::yes, T(1), x.cview(), weight_.value.cview(), T(0), y.view());
+    Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
+      Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
+      B::gemm(Trans::no, Trans::yes, T(1), x.cview(), weight_.value.cview(), T(0), out.view());
+      return out;
+    });
     ctx.save("x", SaveKind::input, x);
     return y;
   }

@@ -40,6 +40,15 @@ class RopeTable {
                                               sin_.data(), inverse});
   }
 
+  /// x rotated into a new tensor; x is left as it is (it may be a kept op output).
+  Tensor<T> rotated(const Tensor<T>& x, std::int64_t n_heads, std::int64_t seq_len) {
+    ensure(seq_len);
+    Tensor<T> y = B::template empty<T>(x.shape());
+    B::for_each(x.size(0), ops::RopeRotate<T>{y.data(), x.size(1), n_heads, head_dim_, seq_len, cos_.data(),
+                                              sin_.data(), false, x.data()});
+    return y;
+  }
+
  private:
   std::int64_t head_dim_;
   std::vector<double> inv_freq_;

@@ -1,4 +1,4 @@
-// Element-wise functors: sums, scaled accumulation, fills, squared-norm partials.
+// Element-wise functors: sums, copies, scaled accumulation, fills, squared-norm partials.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,14 @@ struct Add {
   const T* b;
   T* out;
   TESSERA_HD void operator()(std::int64_t i) const { out[i] = a[i] + b[i]; }
+};
+
+/// y[i] = x[i]
+template <class T>
+struct Copy {
+  const T* x;
+  T* y;
+  TESSERA_HD void operator()(std::int64_t i) const { y[i] = x[i]; }
 };
 
 /// y[i] += alpha * x[i]

@@ -52,18 +52,21 @@ struct RopeRotate {
   std::int64_t seq_len;
   const T* cos;  // (seq_len, head_dim / 2)
   const T* sin;
-  bool inverse;  // rotate by -angle (the backward)
+  bool inverse;           // rotate by -angle (the backward)
+  const T* src = nullptr;  // rotate src (same layout) into x; nullptr: x in place
   TESSERA_HD void operator()(std::int64_t r) const {
     const std::int64_t half = head_dim / 2;
     const std::int64_t pos = r % seq_len;
     const T* c = cos + pos * half;
     const T* s = sin + pos * half;
     T* row = x + r * ld;
+    const T* in_row = src ? src + r * ld : row;
     for (std::int64_t h = 0; h < n_heads; ++h) {
       T* v = row + h * head_dim;
+      const T* u = in_row + h * head_dim;
       for (std::int64_t i = 0; i < half; ++i) {
         T si = inverse ? -s[i] : s[i];
-        T a = v[i], b = v[i + half];
+        T a = u[i], b = u[i + half];
         v[i] = a * c[i] - b * si;
         v[i + half] = b * c[i] + a * si;
       }

@@ -1,5 +1,8 @@
 // AdamW over a model's parameters, with fp32 moments and optional bf16 parameters.
 //
+// Under data-parallel sharding the optimizer sees the model's local parameters (the
+// flat FSDP/HSDP shards), so moments and master copies are sharded with them.
+//
 // Moments live in the parameters' scalar type (fp32 or fp64). With bf16 parameters
 // (mixed_precision_param = "bfloat16"), the optimizer keeps an fp32 master copy of
 // each parameter, updates the master, and writes back its bf16 rounding: forward and
@@ -39,14 +42,19 @@ class AdamW {
                   "optimizer: beta1 and beta2 must lie in [0, 1)");
     TESSERA_CHECK((options.param_dtype != DType::bf16 || std::is_same_v<T, float>),
                   "optimizer: bfloat16 parameters need a float32 model");
-    model.for_each_parameter([&](nn::Parameter<T>& p) {
+    auto add = [&](nn::Parameter<T>& p) {
       State s{&p, B::template zeros<T>(p.shape()), B::template zeros<T>(p.shape()), {}};
       if (rounds_to_bf16()) {
         s.master = p.value.clone();
         round_into(s.master, p.value);
       }
       states_.push_back(std::move(s));
-    });
+    };
+    // A sharded model hands out the parameters this rank updates (its flat shards).
+    if constexpr (requires { model.for_each_local_parameter(add); })
+      model.for_each_local_parameter(add);
+    else
+      model.for_each_parameter(add);
   }
 
   /// One update at learning rate `lr`, gradients multiplied by `grad_scale`.

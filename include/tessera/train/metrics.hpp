@@ -36,6 +36,7 @@ struct StepMetrics {
   double mfu_causal_pct = 0;
   std::size_t peak_memory_bytes = 0;
   std::size_t activation_bytes = 0;
+  std::uint64_t comm_bytes = 0;  // bytes this rank sent in collectives this step
 
   nlohmann::json to_json() const {
     return {{"step", step},
@@ -48,7 +49,8 @@ struct StepMetrics {
             {"mfu_pct", mfu_pct},
             {"mfu_causal_pct", mfu_causal_pct},
             {"peak_memory_bytes", peak_memory_bytes},
-            {"activation_bytes", activation_bytes}};
+            {"activation_bytes", activation_bytes},
+            {"comm_bytes", comm_bytes}};
   }
 };
 

@@ -29,6 +29,8 @@
 #include "tessera/optim/lr_schedule.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/metrics.hpp"
+#include "tessera/comm/mesh.hpp"
+#include "tessera/parallel/plan.hpp"
 
 namespace tessera::train {
 
@@ -45,21 +47,30 @@ inline std::vector<std::uint32_t> load_training_tokens(const JobConfig& c, const
 }
 
 /// Rejects the settings this build cannot run yet, naming the key.
-inline void check_supported(const JobConfig& c, std::int64_t world_size) {
+inline void check_supported(const JobConfig& c) {
   const auto& p = c.parallelism;
   auto one = [&](std::int64_t v, const char* key) {
-    TESSERA_CHECK(v == 1 || (v == -1 && std::string(key) == "data_parallel_shard_degree"), "parallelism.", key, " = ",
-                  v, ": this build trains on one rank only (world size ", world_size, ")");
+    TESSERA_CHECK(v == 1, "parallelism.", key, " = ", v,
+                  ": not available in this build (data parallelism — FSDP, HSDP, DDP — is; "
+                  "tensor, pipeline and context parallelism are not yet)");
   };
-  one(p.data_parallel_replicate_degree, "data_parallel_replicate_degree");
-  one(p.data_parallel_shard_degree, "data_parallel_shard_degree");
   one(p.tensor_parallel_degree, "tensor_parallel_degree");
   one(p.pipeline_parallel_degree, "pipeline_parallel_degree");
   one(p.context_parallel_degree, "context_parallel_degree");
   TESSERA_CHECK(!c.metrics.enable_tensorboard,
                 "metrics.enable_tensorboard = true: this build writes metrics.jsonl only, no TensorBoard event files");
-  TESSERA_CHECK(c.activation_checkpoint.mode == "none", "activation_checkpoint.mode = \"",
-                c.activation_checkpoint.mode, "\": only \"none\" is available in this build");
+  parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
+  parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
+}
+
+/// The run-time plan [parallelism] and [activation_checkpoint] describe, on `mesh`.
+inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
+  parallel::Plan plan;
+  plan.mesh = mesh;
+  plan.reshard = parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
+  plan.checkpoint = parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
+  plan.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
+  return plan;
 }
 
 template <class Model>
@@ -68,20 +79,27 @@ class Trainer {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
 
-  /// `peak_flops`: the FLOP rate MFU is measured against.
+  /// `peak_flops`: the FLOP rate MFU is measured against (one device's). The model
+  /// is sharded here (model.shard()) if its plan is data-parallel; `loader` must read
+  /// this rank's slice (its dp_rank and dp_degree those of the model's plan).
   Trainer(Model& model, const JobConfig& config, data::DataLoader loader, double peak_flops)
-      : model_(model),
+      : model_(prepared(model)),
         config_(config),
         loader_(std::move(loader)),
         optimizer_(model, adamw_options(config)),
         schedule_(config.training.steps, config.lr_scheduler.warmup_steps, config.lr_scheduler.decay_ratio,
                   optim::parse_decay_type(config.lr_scheduler.decay_type), config.lr_scheduler.min_lr_factor),
         peak_flops_(peak_flops) {
+    const std::int64_t dp = model.plan().dp_degree();
+    TESSERA_CHECK(loader_.dp_degree() == dp && loader_.dp_rank() == model.plan().dp_rank(), "Trainer: the loader reads slice ",
+                  loader_.dp_rank(), " of ", loader_.dp_degree(), ", the model is data-parallel rank ",
+                  model.plan().dp_rank(), " of ", dp);
     const std::int64_t local = config.training.local_batch_size;
-    const std::int64_t global = config.training.global_batch_size > 0 ? config.training.global_batch_size : local;
-    TESSERA_CHECK(global % local == 0, "training.global_batch_size (", global,
-                  ") must be a multiple of training.local_batch_size (", local, ")");
-    accumulation_ = global / local;
+    const std::int64_t global = config.training.global_batch_size > 0 ? config.training.global_batch_size : local * dp;
+    TESSERA_CHECK(global % (local * dp) == 0, "training.global_batch_size (", global,
+                  ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
+                  " = ", local * dp, ")");
+    accumulation_ = global / (local * dp);
   }
 
   /// One optimizer step over one global batch.
@@ -93,16 +111,22 @@ class Trainer {
       micro.push_back(loader_.next());
       n_targets += micro.back().n_targets;
     }
+    // The loss is the mean over the global batch's target tokens: count them on every rank.
+    comm::DeviceMesh* mesh = model_.plan().mesh;
+    if (mesh) n_targets = mesh->dp().all_reduce_value(n_targets);
     TESSERA_CHECK(n_targets > 0, "step ", step_ + 1, ": the batch has no target tokens");
     model_.zero_grad();
     double loss_sum = 0;
     std::size_t activations = 0;
-    for (const auto& b : micro) {
+    const std::uint64_t sent_before = mesh ? mesh->world().traffic().total() : 0;
+    for (std::size_t i = 0; i < micro.size(); ++i) {
+      const auto& b = micro[i];
       loss_sum += model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
-                                          1.0 / static_cast<double>(n_targets));
+                                          1.0 / static_cast<double>(n_targets), i + 1 == micro.size());
       activations = std::max(activations, model_.saved_activation_bytes());
     }
-    const double norm = optim::grad_norm<B>(model_);
+    if (mesh) loss_sum = mesh->dp().all_reduce_value(loss_sum);
+    const double norm = model_.grad_norm();
     TESSERA_CHECK(std::isfinite(norm) && std::isfinite(loss_sum), "step ", step_ + 1,
                   ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
                   "); lower optimizer.lr or training.max_norm");
@@ -118,13 +142,19 @@ class Trainer {
     m.lr = lr;
     m.tokens = 0;
     for (const auto& b : micro) m.tokens += b.batch * b.seq_len;
+    m.tokens *= model_.plan().dp_degree();
     m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.tokens_per_sec = static_cast<double>(m.tokens) / m.step_seconds;
     const auto seq = micro.front().seq_len;
     if (peak_flops_ > 0) {
-      m.mfu_pct = 100.0 * m.tokens_per_sec * model_.args().flops_per_token(seq) / peak_flops_;
-      m.mfu_causal_pct = 100.0 * m.tokens_per_sec * model_.args().flops_per_token(seq, true) / peak_flops_;
+      // Per device, as torchtitan reports it. Thread ranks share one device (this
+      // process's cores, which peak_flops measures); other ranks have one each.
+      const bool shared_device = !mesh || mesh->world().engine_name() == "threads";
+      const double per_device = m.tokens_per_sec / static_cast<double>(shared_device ? 1 : mesh->world().size());
+      m.mfu_pct = 100.0 * per_device * model_.args().flops_per_token(seq) / peak_flops_;
+      m.mfu_causal_pct = 100.0 * per_device * model_.args().flops_per_token(seq, true) / peak_flops_;
     }
+    m.comm_bytes = mesh ? mesh->world().traffic().total() - sent_before : 0;
     m.peak_memory_bytes = memory_stats(B::device).peak();
     m.activation_bytes = activations;
     return m;
@@ -136,6 +166,11 @@ class Trainer {
   const data::DataLoader& loader() const { return loader_; }
 
  private:
+  static Model& prepared(Model& model) {
+    model.shard();
+    return model;
+  }
+
   static optim::AdamWOptions adamw_options(const JobConfig& c) {
     optim::AdamWOptions o;
     o.lr = c.optimizer.lr;

@@ -1,0 +1,65 @@
+// Activation checkpointing of one block, through the Context's recording modes.
+//
+//   none           block.forward with the caller's context: every save kept.
+//   full           forward keeps only the block's input (saves discarded); before the
+//                  backward the block runs forward again from that input, saving all.
+//   selective_op   forward keeps the input and, in a stash, the outputs of the ops
+//                  torchtitan's op policy keeps (attention, and every other matmul);
+//                  the recompute replays those and recomputes the rest.
+//   selective_layer  full on every K-th block (the K-th, 2K-th, ... counting from 1,
+//                  as torchtitan counts), none on the others.
+//
+// The recompute runs the same arithmetic on the same inputs (stashed outputs are the
+// very tensors the first forward made), so every mode gives bitwise the gradients of
+// none. The stash and the recompute's saves live under the block's own store, so the
+// model's ActivationMeter sees every byte they hold.
+#pragma once
+
+#include "tessera/nn/layer.hpp"
+#include "tessera/parallel/plan.hpp"
+
+namespace tessera::parallel {
+
+/// The mode one block runs under: selective_layer resolved to full or none.
+inline CheckpointMode checkpoint_for_layer(CheckpointMode mode, std::int64_t layer_id) {
+  using K = CheckpointMode::Kind;
+  if (mode.kind != K::selective_layer) return mode;
+  return (layer_id + 1) % mode.every == 0 ? CheckpointMode{K::full, 0} : CheckpointMode{K::none, 0};
+}
+
+/// What torchtitan's op policy keeps: attention outputs and every other matmul output.
+inline nn::StashRule selective_op_rule() {
+  return nn::StashRule{nn::SaveKinds{nn::SaveKind::matmul, nn::SaveKind::attention}, true, 0};
+}
+
+template <class Block, class T>
+Tensor<T> checkpointed_forward(Block& block, CheckpointMode mode, const nn::Context<T>& ctx, const Tensor<T>& x) {
+  using K = CheckpointMode::Kind;
+  nn::ActivationStore<T>* store = ctx.store();
+  if (mode.kind == K::none || store == nullptr) return block.forward(ctx, x);
+  store->save("checkpoint.input", nn::SaveKind::input, x);
+  if (mode.kind == K::full) return block.forward(nn::Context<T>(ctx.geometry(), nn::Recording::discard, nullptr), x);
+  nn::StashRule rule = selective_op_rule();
+  return block.forward(
+      nn::Context<T>(ctx.geometry(), nn::Recording::stash, nullptr, &store->child("checkpoint.stash"), &rule), x);
+}
+
+template <class Block, class T>
+Tensor<T> checkpointed_backward(Block& block, CheckpointMode mode, const nn::Context<T>& ctx, const Tensor<T>& dy) {
+  using K = CheckpointMode::Kind;
+  if (mode.kind == K::none) return block.backward(ctx, dy);
+  nn::ActivationStore<T>* store = ctx.store();
+  TESSERA_CHECK(store != nullptr, "checkpointed backward without a store: the forward kept nothing");
+  const Tensor<T> x = store->load("checkpoint.input");
+  nn::ActivationStore<T>& saves = store->child("checkpoint.recompute");
+  nn::Context<T> recompute = mode.kind == K::full
+                                 ? nn::Context<T>(ctx.geometry(), nn::Recording::keep, &saves)
+                                 : nn::Context<T>(ctx.geometry(), nn::Recording::replay, &saves,
+                                                  &store->child("checkpoint.stash"));
+  block.forward(recompute, x).release();
+  Tensor<T> dx = block.backward(recompute, dy);
+  store->clear();
+  return dx;
+}
+
+}  // namespace tessera::parallel

@@ -1,0 +1,125 @@
+// Parallel<Block, Policies...>: a layer wrapped in parallelism policies.
+//
+//   using Block = tessera::Parallel<tessera::nn::LlamaBlock<float, tessera::Cpu>,
+//                                   tessera::Sharding<tessera::FSDP>,
+//                                   tessera::Checkpoint<tessera::Selective<tessera::Op>>>;
+//   tessera::nn::Transformer<float, tessera::Cpu, Block> model(args, plan);
+//
+// Block is any type satisfying nn::Layer and constructible from nn::BlockArgs: the
+// Llama block or a user's own. The wrapper is itself such a layer. Around the block's
+// forward and backward it runs the sharding unit's collectives (gather before, free
+// after, reduce the gradients) and the checkpoint policy's recording; the block
+// computes exactly as it would alone. Policies come in any order; a family given
+// twice, or something that is not a policy, stops compilation with a message naming
+// it (tests/compile_fail pins the messages).
+#pragma once
+
+#include <memory>
+#include <type_traits>
+
+#include "tessera/nn/block.hpp"
+#include "tessera/nn/layer.hpp"
+#include "tessera/parallel/checkpoint.hpp"
+#include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/policies.hpp"
+#include "tessera/parallel/sharding.hpp"
+
+namespace tessera {
+
+namespace parallel::detail {
+/// Instantiated once per policy, so a diagnostic names the offending type.
+template <class P>
+struct check_policy {
+  static_assert(is_policy<P>,
+                "tessera::Parallel<Block, Policies...>: every policy must be a tessera::Sharding<...> or a "
+                "tessera::Checkpoint<...> (this one is neither)");
+  static constexpr bool value = true;
+};
+}  // namespace parallel::detail
+
+template <class Block, class... Policies>
+class Parallel {
+  static_assert(nn::Layer<Block>,
+                "tessera::Parallel<Block, Policies...>: Block must satisfy tessera::nn::Layer (forward, backward "
+                "over a Context, for_each_parameter)");
+  static_assert((parallel::detail::check_policy<Policies>::value && ...));
+  static_assert(parallel::count_of<parallel::is_sharding, Policies...> <= 1,
+                "tessera::Parallel: tessera::Sharding<...> is given more than once; give each policy family once");
+  static_assert(parallel::count_of<parallel::is_checkpoint, Policies...> <= 1,
+                "tessera::Parallel: tessera::Checkpoint<...> is given more than once; give each policy family once");
+
+ public:
+  using scalar_type = typename Block::scalar_type;
+  using backend_type = typename Block::backend_type;
+  using block_type = Block;
+  using sharding_policy = typename parallel::find_policy<parallel::is_sharding, Sharding<None>, Policies...>::type;
+  using checkpoint_policy =
+      typename parallel::find_policy<parallel::is_checkpoint, Checkpoint<None>, Policies...>::type;
+  using T = scalar_type;
+  using B = backend_type;
+
+  /// The sharding this wrapper's type and a Plan give: the model applies the same
+  /// to its outer units (the embedding; norm + output).
+  static parallel::ShardingMode sharding_mode(const parallel::Plan& plan) {
+    return parallel::sharding_mode<typename sharding_policy::mode>(plan);
+  }
+
+  explicit Parallel(const nn::BlockArgs<T, B>& args) : block_(args) {
+    static const parallel::Plan kOneRank{};
+    const parallel::Plan& plan = args.plan ? *args.plan : kOneRank;
+    checkpoint_ = parallel::checkpoint_for_layer(
+        parallel::checkpoint_mode<typename checkpoint_policy::mode>(plan), args.layer_id);
+    const parallel::ShardingMode mode = sharding_mode(plan);
+    if (mode != parallel::ShardingMode::none || plan.dp_degree() > 1) {
+      // torchtitan's default keeps the last block gathered: its backward comes next.
+      const bool last = args.layer_id + 1 == args.model.n_layers;
+      const bool reshard = plan.reshard == parallel::Reshard::always ||
+                           (plan.reshard == parallel::Reshard::default_policy && !last);
+      unit_ = std::make_unique<parallel::ShardedUnit<T, B>>(args.name, mode, plan, reshard);
+      block_.for_each_parameter([&](nn::Parameter<T>& p) { unit_->add(p); });
+    }
+  }
+  Parallel(const Parallel&) = delete;  // the unit points into the block
+  Parallel& operator=(const Parallel&) = delete;
+
+  Tensor<T> forward(const nn::Context<T>& ctx, const Tensor<T>& x) {
+    if (unit_) unit_->unshard();
+    Tensor<T> y = parallel::checkpointed_forward(block_, checkpoint_, ctx, x);
+    // Without a backward to come (no store: inference), always free.
+    if (unit_ && (unit_->reshard_after_forward() || !ctx.saving())) unit_->reshard();
+    return y;
+  }
+
+  Tensor<T> backward(const nn::Context<T>& ctx, const Tensor<T>& dy) {
+    if (unit_) {
+      unit_->unshard();
+      unit_->begin_grads();
+    }
+    Tensor<T> dx = parallel::checkpointed_backward(block_, checkpoint_, ctx, dy);
+    if (unit_) {
+      unit_->reduce_grads(last_micro_batch_);
+      unit_->reshard();
+    }
+    return dx;
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    block_.for_each_parameter(f);
+  }
+
+  /// The sharding unit, or nullptr on one rank without sharding.
+  parallel::ShardedUnit<T, B>* unit() { return unit_.get(); }
+  /// Whether the backward about to run is the step's last micro-batch (DDP reduces then).
+  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+  const parallel::CheckpointMode& checkpoint() const { return checkpoint_; }
+  Block& block() { return block_; }
+
+ private:
+  Block block_;
+  parallel::CheckpointMode checkpoint_{};
+  std::unique_ptr<parallel::ShardedUnit<T, B>> unit_;
+  bool last_micro_batch_ = true;
+};
+
+}  // namespace tessera

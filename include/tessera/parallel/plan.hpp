@@ -1,0 +1,113 @@
+// The run-time side of the parallel policies: where this rank sits (the DeviceMesh)
+// and what the Dynamic policies resolve to.
+//
+// Policies are types (parallel/policies.hpp). A static one (Sharding<FSDP>,
+// Checkpoint<Full>) fixes its choice at compile time; Sharding<Dynamic> and
+// Checkpoint<Dynamic>, which the binaries use, read it from the Plan, which
+// llama-train fills from the [parallelism] and [activation_checkpoint] keys.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tessera/comm/mesh.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera::parallel {
+
+enum class ShardingMode : std::uint8_t { none, ddp, fsdp, hsdp };
+
+constexpr const char* name_of(ShardingMode m) {
+  switch (m) {
+    case ShardingMode::none: return "none";
+    case ShardingMode::ddp: return "DDP";
+    case ShardingMode::fsdp: return "FSDP";
+    case ShardingMode::hsdp: return "HSDP";
+  }
+  return "?";
+}
+
+/// torchtitan's fsdp_reshard_after_forward: whether a unit frees its gathered
+/// parameters after its forward (and gathers them again for its backward).
+enum class Reshard : std::uint8_t {
+  default_policy,  // every unit but the last block and norm + output (which backward needs at once)
+  always,
+  never,
+};
+
+inline Reshard parse_reshard(std::string_view s) {
+  if (s == "default") return Reshard::default_policy;
+  if (s == "always") return Reshard::always;
+  if (s == "never") return Reshard::never;
+  fail("parallelism.fsdp_reshard_after_forward = \"", s, "\": expected \"default\", \"always\" or \"never\"");
+}
+
+/// What activation checkpointing does to one block.
+struct CheckpointMode {
+  enum class Kind : std::uint8_t {
+    none,             // every activation kept
+    full,             // only the block's input kept; the block recomputed before its backward
+    selective_op,     // matmul and attention outputs kept (torchtitan's op policy); the rest recomputed
+    selective_layer,  // every `every`-th block fully checkpointed, the others not
+  } kind = Kind::none;
+  int every = 0;  // selective_layer only
+
+  friend bool operator==(const CheckpointMode&, const CheckpointMode&) = default;
+  std::string str() const {
+    switch (kind) {
+      case Kind::none: return "none";
+      case Kind::full: return "full";
+      case Kind::selective_op: return "selective (op)";
+      case Kind::selective_layer: return "selective (every " + std::to_string(every) + " layers)";
+    }
+    return "?";
+  }
+};
+
+/// [activation_checkpoint] mode and selective_ac_option, as torchtitan reads them.
+inline CheckpointMode parse_checkpoint(std::string_view mode, std::string_view option) {
+  using K = CheckpointMode::Kind;
+  if (mode == "none") return {K::none, 0};
+  if (mode == "full") return {K::full, 0};
+  if (mode == "selective") {
+    if (option == "op") return {K::selective_op, 0};
+    int every = 0;
+    bool digits = !option.empty() && option.size() <= 6;
+    for (char c : option) digits = digits && c >= '0' && c <= '9';
+    if (digits) every = std::stoi(std::string(option));
+    TESSERA_CHECK(digits && every >= 1, "activation_checkpoint.selective_ac_option = \"", option,
+                  "\": expected \"op\" or a positive integer (checkpoint every N-th layer)");
+    return {K::selective_layer, every};
+  }
+  fail("activation_checkpoint.mode = \"", mode, "\": expected \"none\", \"full\" or \"selective\"");
+}
+
+/// The sharding a mesh implies (torchtitan's reading of the degrees): replicate and
+/// shard → HSDP; shard only → FSDP; replicate only → DDP; neither → none.
+inline ShardingMode sharding_for(const comm::MeshShape& s) {
+  if (s.dp_replicate > 1 && s.dp_shard > 1) return ShardingMode::hsdp;
+  if (s.dp_shard > 1) return ShardingMode::fsdp;
+  if (s.dp_replicate > 1) return ShardingMode::ddp;
+  return ShardingMode::none;
+}
+
+struct Plan {
+  /// This rank's place; nullptr for one rank alone. Must outlive the model.
+  comm::DeviceMesh* mesh = nullptr;
+  Reshard reshard = Reshard::default_policy;
+  /// For Checkpoint<Dynamic>.
+  CheckpointMode checkpoint{};
+  /// Parameters as the blocks compute with them: bf16 halves what all-gathers send.
+  DType param_dtype = DType::f32;
+  /// Gather the next unit's parameters while this one computes.
+  bool prefetch = true;
+
+  int dp_degree() const { return mesh ? mesh->dp_degree() : 1; }
+  int dp_rank() const { return mesh ? mesh->dp_rank() : 0; }
+  /// What Sharding<Dynamic> means on this plan's mesh.
+  ShardingMode dynamic_sharding() const { return mesh ? sharding_for(mesh->shape()) : ShardingMode::none; }
+};
+
+}  // namespace tessera::parallel

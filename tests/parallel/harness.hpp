@@ -1,0 +1,106 @@
+// What the parallel tests share: the debug model trained for a few steps on a layout
+// (a mesh over some ranks, a checkpoint mode), returning every step's loss, so a
+// layout can be compared with one rank. The same function runs on thread ranks
+// (tests/parallel) and on MPI ranks (tests/mpi).
+#pragma once
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/comm/mesh.hpp"
+#include "tessera/data/loader.hpp"
+#include "tessera/data/tokenizers.hpp"
+#include "tessera/nn/transformer.hpp"
+#include "tessera/parallel/parallel.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace tessera::test {
+
+/// The block the binaries use: every choice read from the Plan.
+using DynamicBlock = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, Checkpoint<Dynamic>>;
+using DynamicModel = nn::Transformer<float, Cpu, DynamicBlock>;
+
+/// The debug model (dim 256, 6 layers, 16 heads, vocabulary 1024) in float32, a
+/// global batch of `global_batch` sequences of 32 tokens (short, so the whole parity
+/// matrix runs in CI's time).
+inline train::JobConfig debug_job(std::int64_t local_batch, std::int64_t global_batch, int steps,
+                                  const std::vector<std::string>& overrides = {}) {
+  std::vector<std::string> o = {"--training.local_batch_size", std::to_string(local_batch),
+                                "--training.global_batch_size", std::to_string(global_batch),
+                                "--training.steps", std::to_string(steps)};
+  o.insert(o.end(), overrides.begin(), overrides.end());
+  return train::parse_config(R"(
+    [model]
+    flavor = "debugmodel"
+    tokenizer = "synthetic_bpe"
+    vocab_size = 1024
+    [optimizer]
+    lr = 3e-3
+    [lr_scheduler]
+    warmup_steps = 3
+    [training]
+    seq_len = 32
+    max_norm = 1.0
+    seed = 0
+    mixed_precision_param = "float32"
+    synthetic_documents = 400
+  )",
+                             "parity_job", o);
+}
+
+/// The tokens every rank trains on (the same on each: every rank loads the whole corpus).
+inline const std::vector<std::uint32_t>& debug_tokens() {
+  static const std::vector<std::uint32_t> tokens = [] {
+    const train::JobConfig c = debug_job(1, 1, 1);
+    auto tok = data::make_tokenizer(c.model.tokenizer);
+    return train::load_training_tokens(c, *tok);
+  }();
+  return tokens;
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::size_t activation_bytes = 0;   // peak saved activations, this rank
+  std::size_t peak_memory_bytes = 0;  // every allocation, this rank
+  std::uint64_t comm_bytes = 0;       // sent by this rank in the last step
+};
+
+/// Trains the debug model on `world` laid out as `shape`, with the config `c`
+/// (its [parallelism] and [activation_checkpoint] keys make the Plan).
+template <class Model = DynamicModel>
+RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const train::JobConfig& c) {
+  if (world.size() > 1) omp_set_num_threads(1);  // ranks share the cores
+  comm::DeviceMesh mesh(world, shape);
+  const parallel::Plan plan = train::make_plan(c, &mesh);
+  Model model(c.model.args, plan);
+  model.init_weights(static_cast<std::uint64_t>(c.training.seed));
+  data::DataLoader loader(debug_tokens(), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
+                          mesh.dp_degree());
+  train::Trainer<Model> trainer(model, c, std::move(loader), 0);
+  RunResult r;
+  for (std::int64_t s = 0; s < c.training.steps; ++s) {
+    const train::StepMetrics m = trainer.step();
+    r.losses.push_back(m.loss);
+    r.grad_norms.push_back(m.grad_norm);
+    r.activation_bytes = std::max(r.activation_bytes, m.activation_bytes);
+    r.peak_memory_bytes = std::max(r.peak_memory_bytes, m.peak_memory_bytes);
+    r.comm_bytes = m.comm_bytes;
+  }
+  return r;
+}
+
+/// Largest |a - b| / |b| over the steps.
+inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return a.size() == b.size() ? worst : INFINITY;
+}
+
+}  // namespace tessera::test

@@ -1,0 +1,86 @@
+// Activation checkpointing: every mode gives bitwise the gradients of none (on one
+// rank and under FSDP), and the activation memory it leaves orders
+// full < selective < none.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "harness.hpp"
+#include "tessera/comm/thread.hpp"
+
+using namespace tessera;
+using namespace tessera::test;
+
+namespace {
+
+const parallel::CheckpointMode kModes[] = {
+    {parallel::CheckpointMode::Kind::none, 0},
+    {parallel::CheckpointMode::Kind::full, 0},
+    {parallel::CheckpointMode::Kind::selective_op, 0},
+    {parallel::CheckpointMode::Kind::selective_layer, 2},
+};
+
+struct Pass {
+  std::vector<std::vector<float>> grads;  // this rank's local gradients, in order
+  double loss = 0;
+  std::size_t activation_bytes = 0;
+};
+
+/// One forward_backward of the debug model's first batch under `mode`.
+Pass one_pass(comm::DeviceMesh* mesh, parallel::CheckpointMode mode) {
+  const train::JobConfig c = debug_job(8, 8, 1);
+  parallel::Plan plan;
+  plan.mesh = mesh;
+  plan.checkpoint = mode;
+  DynamicModel model(c.model.args, plan);
+  model.init_weights(0);
+  model.shard();
+  const int dp = plan.dp_degree();
+  data::DataLoader loader(debug_tokens(), c.training.seq_len, 8 / dp, plan.dp_rank(), dp);
+  const data::Batch b = loader.next();
+  model.zero_grad();
+  Pass p;
+  p.loss = model.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len}, 1.0 / 256);
+  p.activation_bytes = model.saved_activation_bytes();
+  model.for_each_local_parameter([&](nn::Parameter<float>& q) {
+    p.grads.emplace_back(q.grad.data(), q.grad.data() + q.numel());
+  });
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("checkpointing: every mode gives bitwise the gradients of none, on one rank") {
+  const Pass none = one_pass(nullptr, kModes[0]);
+  for (const auto& mode : kModes) {
+    CAPTURE(mode.str());
+    const Pass p = one_pass(nullptr, mode);
+    CHECK(p.loss == none.loss);
+    REQUIRE(p.grads.size() == none.grads.size());
+    for (std::size_t i = 0; i < p.grads.size(); ++i) CHECK(p.grads[i] == none.grads[i]);
+  }
+}
+
+TEST_CASE("checkpointing: every mode gives bitwise the gradients of none, under FSDP over 2 ranks") {
+  comm::run_thread_ranks(2, [&](comm::Communicator& world) {
+    omp_set_num_threads(1);
+    comm::DeviceMesh mesh(world, comm::MeshShape{1, 1, 2, 1});
+    const Pass none = one_pass(&mesh, kModes[0]);
+    for (const auto& mode : kModes) {
+      const Pass p = one_pass(&mesh, mode);
+      REQUIRE(p.grads.size() == none.grads.size());
+      for (std::size_t i = 0; i < p.grads.size(); ++i) CHECK(p.grads[i] == none.grads[i]);
+    }
+  });
+}
+
+TEST_CASE("checkpointing: activation memory orders full < selective < none") {
+  std::size_t bytes[4];
+  for (int i = 0; i < 4; ++i) bytes[i] = one_pass(nullptr, kModes[i]).activation_bytes;
+  MESSAGE("activation bytes: none ", bytes[0], ", full ", bytes[1], ", selective op ", bytes[2],
+          ", selective every 2nd layer ", bytes[3]);
+  CHECK(bytes[1] < bytes[2]);
+  CHECK(bytes[2] < bytes[0]);
+  CHECK(bytes[1] < bytes[3]);
+  CHECK(bytes[3] < bytes[0]);
+}
