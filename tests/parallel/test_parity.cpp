@@ -94,3 +94,10 @@ TEST_CASE("parity: static policies, given in either order, with reshard_after_fo
     CHECK(max_relative_difference(losses, reference_losses()) <= 1e-5);
   }
 }
+
+TEST_CASE("parity: bfloat16 parameters under FSDP (bfloat16 gathers) match one rank with bfloat16 parameters") {
+  const std::vector<std::string> bf16 = {"--training.mixed_precision_param", "bfloat16"};
+  const auto reference =
+      train_layout(comm::Communicator(), comm::MeshShape{}, debug_job(kGlobalBatch, kGlobalBatch, kSteps, bf16)).losses;
+  CHECK(max_relative_difference(layout_losses({1, 1, 4, 1}, kGlobalBatch / 4, kGlobalBatch, bf16), reference) <= 1e-5);
+}

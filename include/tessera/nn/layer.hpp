@@ -226,10 +226,14 @@ struct SaveKinds {
 
 /// Which op outputs a selective forward keeps: those of `kinds`; of matmuls, only
 /// every other one when `alternate_matmuls` (the 1st, 3rd, ... of the block, as
-/// torchtitan's op policy does to halve what matmuls keep).
+/// torchtitan's op policy does to halve what matmuls keep). What is kept is a copy
+/// made by `copy` (the backend's), so a layer that later changes an op's output in
+/// place cannot change what the recompute replays.
+template <class T>
 struct StashRule {
   SaveKinds kinds;
   bool alternate_matmuls = false;
+  Tensor<T> (*copy)(const Tensor<T>&) = nullptr;
   int matmuls_seen = 0;  // counted through one forward
 
   bool keep(SaveKind kind) {
@@ -245,8 +249,8 @@ struct StashRule {
 /// A layer declares its expensive ops through op(key, kind, compute): normally that
 /// just runs compute(); a selective checkpoint policy keeps the outputs of some kinds
 /// during the forward (stash) and hands them back during the recompute (replay),
-/// so the recompute skips those ops. An op's output must not be modified in place
-/// afterwards: a stashed tensor is the same storage.
+/// so the recompute skips those ops. The stash holds copies: a layer may go on to
+/// change an op's output in place.
 template <class T>
 class Context {
  public:
@@ -256,13 +260,14 @@ class Context {
   /// A checkpoint policy's context: `store` receives saves (keep, replay); `stash`
   /// receives the op outputs `rule` keeps (stash) or gives them back (replay).
   Context(Geometry geometry, Recording recording, ActivationStore<T>* store, ActivationStore<T>* stash = nullptr,
-          StashRule* rule = nullptr)
+          StashRule<T>* rule = nullptr)
       : geometry_(geometry), store_(store), stash_(stash), recording_(recording), rule_(rule) {
     TESSERA_CHECK((recording != Recording::keep && recording != Recording::replay) || store != nullptr,
                   "Context: a recording that keeps saves needs a store");
     TESSERA_CHECK((recording != Recording::stash && recording != Recording::replay) || stash != nullptr,
                   "Context: stash and replay need a stash store");
-    TESSERA_CHECK(recording != Recording::stash || rule != nullptr, "Context: stash needs a StashRule");
+    TESSERA_CHECK(recording != Recording::stash || (rule != nullptr && rule->copy != nullptr),
+                  "Context: stash needs a StashRule with a copy function");
   }
 
   /// Where this context's saves go (nullptr when it keeps none): for checkpoint policies.
@@ -296,7 +301,7 @@ class Context {
       if (const Tensor<T>* kept = stash_->find(key)) return *kept;
     }
     Tensor<T> y = compute();
-    if (recording_ == Recording::stash && rule_->keep(kind)) stash_->save(key, kind, y);
+    if (recording_ == Recording::stash && rule_->keep(kind)) stash_->save(key, kind, rule_->copy(y));
     return y;
   }
 
@@ -305,7 +310,7 @@ class Context {
   ActivationStore<T>* store_ = nullptr;
   ActivationStore<T>* stash_ = nullptr;
   Recording recording_ = Recording::discard;
-  StashRule* rule_ = nullptr;
+  StashRule<T>* rule_ = nullptr;
 };
 
 namespace detail {

@@ -3,19 +3,21 @@
 //   none           block.forward with the caller's context: every save kept.
 //   full           forward keeps only the block's input (saves discarded); before the
 //                  backward the block runs forward again from that input, saving all.
-//   selective_op   forward keeps the input and, in a stash, the outputs of the ops
-//                  torchtitan's op policy keeps (attention, and every other matmul);
-//                  the recompute replays those and recomputes the rest.
+//   selective_op   forward keeps the input and, in a stash, copies of the outputs of
+//                  the ops torchtitan's op policy keeps (attention, and every other
+//                  matmul); the recompute replays those and recomputes the rest.
 //   selective_layer  full on every K-th block (the K-th, 2K-th, ... counting from 1,
 //                  as torchtitan counts), none on the others.
 //
-// The recompute runs the same arithmetic on the same inputs (stashed outputs are the
-// very tensors the first forward made), so every mode gives bitwise the gradients of
-// none. The stash and the recompute's saves live under the block's own store, so the
+// The recompute runs the same arithmetic on the same inputs (stashed outputs are
+// exact copies of what the first forward made), so every mode gives bitwise the
+// gradients of none. The stash and the recompute's saves live under the block's own store, so the
 // model's ActivationMeter sees every byte they hold.
 #pragma once
 
+#include "tessera/backend/backend.hpp"
 #include "tessera/nn/layer.hpp"
+#include "tessera/ops/elementwise.hpp"
 #include "tessera/parallel/plan.hpp"
 
 namespace tessera::parallel {
@@ -27,9 +29,19 @@ inline CheckpointMode checkpoint_for_layer(CheckpointMode mode, std::int64_t lay
   return (layer_id + 1) % mode.every == 0 ? CheckpointMode{K::full, 0} : CheckpointMode{K::none, 0};
 }
 
-/// What torchtitan's op policy keeps: attention outputs and every other matmul output.
-inline nn::StashRule selective_op_rule() {
-  return nn::StashRule{nn::SaveKinds{nn::SaveKind::matmul, nn::SaveKind::attention}, true, 0};
+/// What torchtitan's op policy keeps: attention outputs and every other matmul
+/// output, copied on backend B.
+template <class T, Backend B>
+nn::StashRule<T> selective_op_rule() {
+  nn::StashRule<T> rule;
+  rule.kinds = nn::SaveKinds{nn::SaveKind::matmul, nn::SaveKind::attention};
+  rule.alternate_matmuls = true;
+  rule.copy = [](const Tensor<T>& x) {
+    Tensor<T> y = B::template empty<T>(x.shape());
+    B::for_each(x.numel(), ops::Copy<T>{x.data(), y.data()});
+    return y;
+  };
+  return rule;
 }
 
 template <class Block, class T>
@@ -39,7 +51,7 @@ Tensor<T> checkpointed_forward(Block& block, CheckpointMode mode, const nn::Cont
   if (mode.kind == K::none || store == nullptr) return block.forward(ctx, x);
   store->save("checkpoint.input", nn::SaveKind::input, x);
   if (mode.kind == K::full) return block.forward(nn::Context<T>(ctx.geometry(), nn::Recording::discard, nullptr), x);
-  nn::StashRule rule = selective_op_rule();
+  nn::StashRule<T> rule = selective_op_rule<T, typename Block::backend_type>();
   return block.forward(
       nn::Context<T>(ctx.geometry(), nn::Recording::stash, nullptr, &store->child("checkpoint.stash"), &rule), x);
 }

@@ -105,6 +105,8 @@ class Trainer {
   /// One optimizer step over one global batch.
   StepMetrics step() {
     const auto t0 = std::chrono::steady_clock::now();
+    comm::DeviceMesh* mesh = model_.plan().mesh;
+    const std::uint64_t sent_before = mesh ? mesh->world().traffic().total() : 0;
     std::vector<data::Batch> micro;
     std::int64_t n_targets = 0;
     for (std::int64_t i = 0; i < accumulation_; ++i) {
@@ -112,13 +114,11 @@ class Trainer {
       n_targets += micro.back().n_targets;
     }
     // The loss is the mean over the global batch's target tokens: count them on every rank.
-    comm::DeviceMesh* mesh = model_.plan().mesh;
     if (mesh) n_targets = mesh->dp().all_reduce_value(n_targets);
     TESSERA_CHECK(n_targets > 0, "step ", step_ + 1, ": the batch has no target tokens");
     model_.zero_grad();
     double loss_sum = 0;
     std::size_t activations = 0;
-    const std::uint64_t sent_before = mesh ? mesh->world().traffic().total() : 0;
     for (std::size_t i = 0; i < micro.size(); ++i) {
       const auto& b = micro[i];
       loss_sum += model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
