@@ -74,10 +74,10 @@ template <class T, Backend B, class Block = LlamaBlock<T, B>>
 class Transformer {
   using Unit = parallel::ShardedUnit<T, B>;
 
-  static_assert(Layer<Block>, "tessera: Transformer<T, B, Block>: Block must satisfy tessera::nn::Layer "
+  static_assert(Layer<Block>, "tessera::nn::Transformer<T, B, Block>: Block must satisfy tessera::nn::Layer "
                               "(forward, backward over a Context, for_each_parameter)");
   static_assert(std::is_constructible_v<Block, const BlockArgs<T, B>&>,
-                "tessera: Transformer<T, B, Block>: Block must be constructible from BlockArgs<T, B>");
+                "tessera::nn::Transformer<T, B, Block>: Block must be constructible from tessera::nn::BlockArgs<T, B>");
 
  public:
   using scalar_type = T;

@@ -33,7 +33,8 @@ struct check_policy {
   static_assert(is_policy<P>,
                 "tessera::Parallel<Block, Policies...>: every policy must be a tessera::Sharding<...> or a "
                 "tessera::Checkpoint<...> (this one is neither)");
-  static constexpr bool value = true;
+  // Instantiates the policy, so the checks of its choice fire with the wrapper itself.
+  static constexpr bool value = sizeof(P) > 0;
 };
 }  // namespace parallel::detail
 

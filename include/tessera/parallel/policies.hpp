@@ -50,6 +50,10 @@ struct is_selective : std::false_type {};
 template <class W, int K>
 struct is_selective<Selective<W, K>> : std::true_type {};
 template <class T>
+struct is_selective_layer : std::false_type {};
+template <int K>
+struct is_selective_layer<Selective<Layer, K>> : std::true_type {};
+template <class T>
 inline constexpr bool is_checkpoint_choice = std::is_same_v<T, None> || std::is_same_v<T, Full> ||
                                              std::is_same_v<T, Dynamic> || is_selective<T>::value;
 }  // namespace detail
@@ -66,7 +70,10 @@ template <class Mode>
 struct Checkpoint {
   static_assert(detail::is_checkpoint_choice<Mode>,
                 "tessera::Checkpoint<Mode>: Mode must be tessera::None, tessera::Full, tessera::Selective<tessera::Op>, "
-                "tessera::Selective<tessera::Layer, K> or tessera::Dynamic");
+                "tessera::Selective<tessera::Layer, K> or tessera::Dynamic (tessera::Op and tessera::Layer go inside "
+                "tessera::Selective<...>)");
+  // Instantiates Selective<What, K>, so its own checks fire here too.
+  static_assert(!detail::is_selective<Mode>::value || sizeof(Mode) > 0);
   using mode = Mode;
 };
 
@@ -124,9 +131,11 @@ CheckpointMode checkpoint_mode(const Plan& plan) {
     return {K::full, 0};
   else if constexpr (std::is_same_v<Mode, Selective<Op>>)
     return {K::selective_op, 0};
-  else
+  else if constexpr (tessera::detail::is_selective_layer<Mode>::value)
     return []<int K2>(Selective<Layer, K2>*) { return CheckpointMode{K::selective_layer, K2}; }(
         static_cast<Mode*>(nullptr));
+  else
+    return {K::none, 0};  // unreachable: Checkpoint<Mode> has refused Mode already
 }
 
 }  // namespace parallel

@@ -1,0 +1,58 @@
+// expect: compiles
+// The control: valid policies compile with the same flags, so each failing case fails
+// for its own reason. Policies in either order, Dynamic, Selective<Layer, 2>, and a
+// user's own layer wrapped in Parallel with both families.
+#include <type_traits>
+
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/nn/transformer.hpp"
+#include "tessera/parallel/parallel.hpp"
+
+using namespace tessera;
+
+/// y = x * scale: one parameter, enough to be a Layer and to be sharded.
+struct ScaleBlock {
+  using scalar_type = float;
+  using backend_type = Cpu;
+
+  explicit ScaleBlock(const nn::BlockArgs<float, Cpu>& b)
+      : scale_(b.name + ".scale", Shape{b.model.dim}, nn::Init::ones()) {}
+  Tensor<float> forward(const nn::Context<float>&, const Tensor<float>& x) { return x; }
+  Tensor<float> backward(const nn::Context<float>&, const Tensor<float>& dy) { return dy; }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f(scale_);
+  }
+
+ private:
+  nn::Parameter<float> scale_;
+};
+static_assert(nn::Layer<ScaleBlock>);
+
+using ShardingFirst = Parallel<ScaleBlock, Sharding<Dynamic>, Checkpoint<Selective<Layer, 2>>>;
+using CheckpointFirst = Parallel<ScaleBlock, Checkpoint<Selective<Layer, 2>>, Sharding<Dynamic>>;
+using Llama = Parallel<nn::LlamaBlock<float, Cpu>, Checkpoint<Dynamic>, Sharding<HSDP>>;
+using ShardingOnly = Parallel<ScaleBlock, Sharding<DDP>>;
+using CheckpointOnly = Parallel<ScaleBlock, Checkpoint<Selective<Op>>>;
+
+static_assert(std::is_same_v<ShardingFirst::sharding_policy, CheckpointFirst::sharding_policy>);
+static_assert(std::is_same_v<ShardingFirst::checkpoint_policy, CheckpointFirst::checkpoint_policy>);
+static_assert(std::is_same_v<CheckpointFirst::sharding_policy, Sharding<Dynamic>>);
+static_assert(std::is_same_v<CheckpointFirst::checkpoint_policy, Checkpoint<Selective<Layer, 2>>>);
+static_assert(std::is_same_v<ShardingOnly::checkpoint_policy, Checkpoint<None>>);
+static_assert(std::is_same_v<CheckpointOnly::sharding_policy, Sharding<None>>);
+static_assert(nn::Layer<ShardingFirst> && nn::Layer<CheckpointFirst> && nn::Layer<Llama>);
+
+template <class Block>
+void build(const nn::ModelArgs& args, const parallel::Plan& plan) {
+  nn::Transformer<float, Cpu, Block> model(args, plan);
+  model.init_weights(0);
+}
+
+void build_all(const nn::ModelArgs& args, const parallel::Plan& plan) {
+  build<ShardingFirst>(args, plan);
+  build<CheckpointFirst>(args, plan);
+  build<Llama>(args, plan);
+  build<ShardingOnly>(args, plan);
+  build<CheckpointOnly>(args, plan);
+}

@@ -1,0 +1,12 @@
+// expect: tessera::Parallel<Block, Policies...>: every policy must be a tessera::Sharding<...> or a tessera::Checkpoint<...> (this one is neither)
+// expect: check_policy<int>
+// A type that is not a policy among the policies; the diagnostic names it.
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/nn/transformer.hpp"
+#include "tessera/parallel/parallel.hpp"
+
+using namespace tessera;
+
+using Block = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<FSDP>, int>;
+
+void build(const nn::ModelArgs& args) { nn::Transformer<float, Cpu, Block> model(args); }
