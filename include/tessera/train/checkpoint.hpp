@@ -77,6 +77,7 @@ void save_model(Model& model, const std::string& path, DType dtype) {
   io::SafetensorsWriter w;
   const io::StDtype stored = dtype == DType::bf16 ? io::StDtype::bf16 : io::StDtype::f32;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
+    check_whole(p, "saved");
     std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
     w.add(p.name, stored, shape, std::span<const T>(p.value.data(), static_cast<std::size_t>(p.numel())));
   });
@@ -106,6 +107,7 @@ void load_model(Model& model, const std::string& path) {
   using T = typename Model::scalar_type;
   auto file = io::SafetensorsFile::open(path);
   model.for_each_parameter([&](nn::Parameter<T>& p) {
+    check_whole(p, "loaded");
     std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
     file.read(p.name, std::span<T>(p.value.data(), static_cast<std::size_t>(p.numel())), shape);
   });

@@ -39,6 +39,15 @@
 
 namespace tessera::train {
 
+/// A parameter's whole value must be here to save or load it: a sharded model (FSDP,
+/// HSDP) saves inside model.with_whole_parameters(...) and loads before model.shard().
+template <class T>
+void check_whole(const nn::Parameter<T>& p, const char* what) {
+  TESSERA_CHECK(p.value.data() != nullptr, p.name, " cannot be ", what,
+                ": only this rank's shard is here (the model is sharded); save inside "
+                "model.with_whole_parameters(...), load before model.shard()");
+}
+
 // ---------------------------------------------------------------------------------
 // Names.
 
@@ -267,6 +276,7 @@ void load_hf_model(Model& model, const std::string& dir) {
   const io::ShardedSafetensors st = io::ShardedSafetensors::open(dir);
   std::set<std::string> used;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
+    check_whole(p, "loaded");
     const std::string name = hf_name(p.name);
     if (!st.contains(name)) {
       fail(dir, ": tensor '", name, "' (tessera parameter '", p.name, "') is missing from the safetensors files");
@@ -327,6 +337,7 @@ void save_hf_model(Model& model, const std::string& dir, const HfSaveOptions& o 
   }
   std::vector<io::TensorToWrite<T>> tensors;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
+    check_whole(p, "saved");
     tensors.push_back({hf_name(p.name),
                        std::vector<std::int64_t>(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank),
                        std::span<const T>(p.value.data(), static_cast<std::size_t>(p.numel()))});
