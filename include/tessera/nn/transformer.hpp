@@ -11,9 +11,9 @@
 // model's outer units (the embedding; norm + output) are sharded the same way, and
 // this loop drives the order: each unit is gathered before it runs, the next unit's
 // gather is prefetched while the current one computes (forward and backward), and
-// gradient reductions are issued as each unit's backward ends and completed at the
-// end of the micro-step. Parameters are made whole (initialised or loaded) first;
-// shard() then keeps this rank's share.
+// each unit's gradient reduction is issued when its backward ends and completed while
+// the next unit's backward runs (freeing its whole gradient). Parameters are made
+// whole (initialised or loaded) first; shard() then keeps this rank's share.
 #pragma once
 
 #include <cmath>
@@ -223,10 +223,15 @@ class Transformer {
       head_unit_->reduce_grads(last_micro_batch);
       head_unit_->reshard();
     }
+    // One reduction in flight: each unit's completes (and frees its whole gradient)
+    // while the next unit's backward runs.
+    Unit* reducing = head_unit_.get();
     for (std::size_t i = layers_.size(); i-- > 0;) {
       prefetch(i > 0 ? unit_of(layers_[i - 1]) : embedding_unit_.get());
       dh = layers_[i].backward(Context<T>(g, &stores_[i]), dh);
       stores_[i].clear();
+      if (reducing) reducing->finish_grads();
+      reducing = unit_of(layers_[i]);
     }
     if (embedding_unit_) {
       embedding_unit_->unshard();
