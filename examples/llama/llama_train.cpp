@@ -132,7 +132,7 @@ int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
                  "tessera llama-train: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fM parameters\n"
                  "  %lld tokens/step (global batch %lld x seq %lld), %lld windows per epoch | peak %.1f GFLOP/s (%s, "
                  "OpenBLAS %s kernels)\n"
-                 "  %d rank%s %s: %s over the %s engine, %d threads each | activation checkpointing: %s\n",
+                 "  %d rank%s %s: %s over the %s engine, %d OpenMP thread%s each | activation checkpointing: %s\n",
                  a.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
                  static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
                  static_cast<long long>(a.vocab_size), static_cast<double>(model.num_params()) / 1e6,
@@ -141,7 +141,7 @@ int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
                  peak / 1e9, c.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : "measured sgemm",
                  Cpu::blas_kernels(), world.size(), world.size() == 1 ? "" : "s", shape.str().c_str(),
                  parallel::name_of(plan.dynamic_sharding()), std::string(world.engine_name()).c_str(), Cpu::threads(),
-                 plan.checkpoint.str().c_str());
+                 Cpu::threads() == 1 ? "" : "s", plan.checkpoint.str().c_str());
 
   // Only now, with every input checked, does the run touch its dump folder.
   const std::string tokenizer_copy = (dump / "tokenizer.model").string();
@@ -190,15 +190,30 @@ int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
     });
   }
 
-  // A sample from the trained model, seeded from the run's seed. A sharded model's
-  // forward is collective: every rank samples the same tokens; rank 0 prints them.
-  nn::SampleOptions o;
-  o.max_new_tokens = 300;
-  o.temperature = 0.7;
-  o.seed = static_cast<std::uint64_t>(c.training.seed);
-  o.context = c.training.seq_len;
-  const std::string sample = nn::generate_text(model, *tok, "", o);
-  if (lead) std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, sample.c_str());
+  // A sample from the trained model, seeded from the run's seed. With several ranks,
+  // rank 0 copies the whole parameters into a model of its own and samples alone
+  // (a sharded model's every forward would be a collective).
+  std::unique_ptr<nn::Transformer<float, Cpu>> whole;
+  if (world.size() > 1)
+    model.with_whole_parameters([&] {
+      if (!lead) return;
+      whole = std::make_unique<nn::Transformer<float, Cpu>>(a);
+      std::vector<nn::Parameter<float>*> into;
+      whole->for_each_parameter([&](nn::Parameter<float>& q) { into.push_back(&q); });
+      std::size_t i = 0;
+      model.for_each_parameter([&](nn::Parameter<float>& q) {
+        std::copy(q.value.data(), q.value.data() + q.numel(), into.at(i++)->value.data());
+      });
+    });
+  if (lead) {
+    nn::SampleOptions o;
+    o.max_new_tokens = 300;
+    o.temperature = 0.7;
+    o.seed = static_cast<std::uint64_t>(c.training.seed);
+    o.context = c.training.seq_len;
+    const std::string sample = whole ? nn::generate_text(*whole, *tok, "", o) : nn::generate_text(model, *tok, "", o);
+    std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, sample.c_str());
+  }
   return 0;
 }
 

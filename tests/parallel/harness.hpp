@@ -95,12 +95,17 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
   return r;
 }
 
-/// Largest |a - b| / |b| over the steps.
+/// Largest |a - b| / |b| over the steps; infinite if the lengths differ or any value
+/// is not finite (a NaN loss must never pass).
 inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
   double worst = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
-    worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
-  return a.size() == b.size() ? worst : INFINITY;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(a[i] - b[i]) / std::abs(b[i]);
+    if (!std::isfinite(d)) return INFINITY;
+    worst = std::max(worst, d);
+  }
+  return worst;
 }
 
 }  // namespace tessera::test

@@ -58,8 +58,9 @@ std::vector<double> layout_losses(comm::MeshShape shape, std::int64_t local_batc
 
 void check_layout(const char* name, comm::MeshShape shape) {
   for (const auto& ac : kAcModes) {
-    CAPTURE(name);
-    CAPTURE(ac.name);
+    const std::string layout = name, mode = ac.name;  // doctest prints a const char* as an address
+    CAPTURE(layout);
+    CAPTURE(mode);
     const std::int64_t local = kGlobalBatch / shape.dp();
     const auto losses = layout_losses(shape, local, kGlobalBatch, ac.keys);
     CHECK(max_relative_difference(losses, reference_losses()) <= 1e-5);
@@ -88,7 +89,8 @@ TEST_CASE("parity: static policies, given in either order, with reshard_after_fo
   using StaticBlock = Parallel<nn::LlamaBlock<float, Cpu>, Checkpoint<Selective<Op>>, Sharding<FSDP>>;
   using StaticModel = nn::Transformer<float, Cpu, StaticBlock>;
   for (const char* reshard : {"always", "never"}) {
-    CAPTURE(reshard);
+    const std::string policy = reshard;
+    CAPTURE(policy);
     const auto losses = layout_losses<StaticModel>({1, 1, 4, 1}, kGlobalBatch / 4, kGlobalBatch,
                                                    {"--parallelism.fsdp_reshard_after_forward", reshard});
     CHECK(max_relative_difference(losses, reference_losses()) <= 1e-5);

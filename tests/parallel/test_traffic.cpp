@@ -49,7 +49,8 @@ TEST_CASE("traffic: every rank sends what the analytic count says, for each shar
       {"DDP 4, 2 micro-batches", {1, 4, 1, 1}, 2, {}},
   };
   for (const Case& k : cases) {
-    CAPTURE(k.name);
+    const std::string name = k.name;  // doctest prints a const char* as an address
+    CAPTURE(name);
     const train::JobConfig c = debug_job(1, 1, 1, k.keys);
     const parallel::Plan plan = train::make_plan(c, nullptr);
     const std::uint64_t expect = parallel::expected_step_bytes(c.model.args, k.shape, parallel::sharding_for(k.shape),

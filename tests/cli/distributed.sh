@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# llama-train across ranks, end to end: four thread ranks in one process, and two
+# processes under mpirun (where mpirun is given), train the debug model with the same
+# global batch as one rank and must log the same loss at every step (1e-5 relative);
+# rank 0 alone writes the dump folder and prints. Then bad input on every launch mode:
+# exit status 1 (under mpirun: non-zero) with the reason on stderr, never a hang.
+#   distributed.sh LLAMA_TRAIN CONFIGS_DIR MPIRUN|none
+set -uo pipefail
+train=$1
+configs=$2
+mpirun=${3:-none}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+# Ranks share the cores: OpenMP threads sleep rather than spin between loops.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+
+mpi_flags=()
+if [ "$mpirun" != none ]; then
+  # As tests/mpi/run_mpi.sh: more ranks than cores, root in containers, and no CMA copies.
+  mpi_flags=(--oversubscribe)
+  [ "$(id -u)" -eq 0 ] && mpi_flags+=(--allow-run-as-root)
+  export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+  # One OpenMP thread per process: the processes share the cores.
+  mpi_flags+=(-x OMP_NUM_THREADS=1)
+  # When every rank calls MPI_Abort at once (a bad layout fails alike everywhere), Open MPI
+  # 4.1's mpirun can crash (SIGSEGV in pmix_server_log_fn) while aggregating the ranks'
+  # identical abort banners, under meson's MALLOC_PERTURB_; printing each banner avoids it.
+  export OMPI_MCA_orte_base_help_aggregate=${OMPI_MCA_orte_base_help_aggregate:-0}
+else
+  echo "note: no mpirun (or llama-train built without MPI): the mpirun runs are skipped"
+fi
+
+# A short run of the debug model: 3 steps of 32-token sequences, no step checkpoints,
+# a given peak rate (measuring it takes time and changes nothing here).
+small=(--config "$configs/debug_model.toml" --training.steps 3 --training.seq_len 32
+       --checkpoint.enable false --metrics.peak_tflops 1)
+
+# --- The same losses on every launch ---------------------------------------------
+
+# train_run NAME LAUNCH...: trains into $work/NAME; LAUNCH is the command before the
+# config ("$train" alone, or mpirun ... "$train"); stdout and stderr kept beside it.
+train_run() {
+  local name=$1 status start=$SECONDS
+  shift
+  timeout 300 "$@" "${small[@]}" --job.dump_folder "$work/$name" > "$work/$name.out" 2> "$work/$name.err" < /dev/null
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "FAIL: $name: exit status $status after $((SECONDS - start)) s"; tail -n 10 "$work/$name.err"
+    failures=$((failures + 1))
+    return 1
+  fi
+  echo "trained $name in $((SECONDS - start)) s"
+}
+
+# same_losses NAME: NAME's metrics.jsonl against the one-rank run's, step by step.
+same_losses() {
+  python3 - "$work/one/metrics.jsonl" "$work/$1/metrics.jsonl" <<'EOF'
+import json, sys
+ref = [json.loads(l) for l in open(sys.argv[1])]
+got = [json.loads(l) for l in open(sys.argv[2])]
+if [r["step"] for r in got] != [1, 2, 3] or [r["step"] for r in ref] != [1, 2, 3]:
+    sys.exit("steps logged: %s (expected 1, 2, 3 once each; the reference %s)"
+             % ([r["step"] for r in got], [r["step"] for r in ref]))
+worst = max(abs(g["loss"] - r["loss"]) / abs(r["loss"]) for g, r in zip(got, ref))
+print("losses %s, worst relative difference %.3g" % (" ".join("%.6f" % g["loss"] for g in got), worst))
+sys.exit(0 if worst <= 1e-5 else "worst relative difference %.3g > 1e-5" % worst)
+EOF
+}
+
+# check_parity NAME: same losses; rank 0 alone wrote the dump folder and printed.
+check_parity() {
+  local name=$1 result
+  if ! result=$(same_losses "$name" 2>&1); then
+    echo "FAIL: $name: $result"; failures=$((failures + 1)); return
+  fi
+  local files_one files
+  files_one=$(cd "$work/one" && find . | sort)
+  files=$(cd "$work/$name" && find . | sort)
+  if [ "$files" != "$files_one" ]; then
+    echo "FAIL: $name: the dump folder holds other files than one rank's:"
+    diff <(echo "$files_one") <(echo "$files") | head -n 10
+    failures=$((failures + 1)); return
+  fi
+  # Printed once: the run's header, each saved file, the sample.
+  local header saved sample
+  header=$(grep -c '^tessera llama-train:' "$work/$name.err")
+  saved=$(grep -c '^saved .*model.safetensors$' "$work/$name.err")
+  sample=$(grep -c -- '^--- sample' "$work/$name.out")
+  if [ "$header" -ne 1 ] || [ "$saved" -ne 1 ] || [ "$sample" -ne 1 ]; then
+    echo "FAIL: $name: printed $header headers, $saved 'saved' lines and $sample samples (expected one each, from rank 0)"
+    failures=$((failures + 1)); return
+  fi
+  echo "ok: $name: $result; rank 0 alone wrote $(echo "$files" | wc -l) entries and printed once"
+}
+
+# One rank: a global batch of 4 sequences.
+train_run one "$train" --training.local_batch_size 4 || { echo "the one-rank reference failed"; exit 1; }
+# Four thread ranks (FSDP 4), one sequence each: the same global batch.
+train_run threads4 "$train" --thread-ranks 4 --training.local_batch_size 1 && check_parity threads4
+# HSDP 2 x 2 on thread ranks, through the degrees.
+train_run threads_hsdp "$train" --thread-ranks 4 --training.local_batch_size 1 \
+  --parallelism.data_parallel_replicate_degree 2 && check_parity threads_hsdp
+if [ "$mpirun" != none ]; then
+  # Two processes (FSDP 2), two sequences each.
+  train_run mpi2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 2 && check_parity mpi2
+  # Two processes as DDP, each accumulating two micro-batches of one sequence.
+  train_run mpi2_ddp "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 1 \
+    --training.global_batch_size 4 --parallelism.data_parallel_replicate_degree 2 \
+    --parallelism.data_parallel_shard_degree 1 && check_parity mpi2_ddp
+fi
+
+# --- Bad input: exit status 1 and the reason, on every launch --------------------
+bad_start=$SECONDS
+
+# expect_error MODE DESCRIPTION EXPECTED_TEXT COMMAND...: MODE "one" (a single process,
+# thread ranks or not): exit status 1 and the last line of stderr names the problem;
+# MODE "mpi": mpirun exits non-zero (not the time limit's 124) and stderr names it.
+expect_error() {
+  local mode=$1 what=$2 expected=$3 out status last
+  shift 3
+  out=$(timeout 120 "$@" 2>&1 > /dev/null < /dev/null)
+  status=$?
+  last=$(printf '%s\n' "$out" | grep -v '^$' | tail -n 1)
+  if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    echo "FAIL: $what: hung (killed after 120 s)"; failures=$((failures + 1))
+  elif [ "$mode" = one ] && [ "$status" -ne 1 ]; then
+    echo "FAIL: $what: exit status $status (expected 1)"; echo "$out" | tail -n 5; failures=$((failures + 1))
+  elif [ "$mode" = mpi ] && [ "$status" -eq 0 ]; then
+    echo "FAIL: $what: mpirun exit status 0"; failures=$((failures + 1))
+  elif [ "$mode" = one ] && [[ "$last" != *"$expected"* ]]; then
+    echo "FAIL: $what: last line '$last' lacks '$expected'"; failures=$((failures + 1))
+  elif [ "$mode" = mpi ] && ! grep -qF -- "$expected" <<< "$out"; then
+    echo "FAIL: $what: stderr lacks '$expected':"; echo "$out" | tail -n 10; failures=$((failures + 1))
+  else
+    [ "$mode" = mpi ] && last=$(grep -F -- "$expected" <<< "$out" | head -n 1)
+    echo "ok: $what -> exit status $status; $last"
+  fi
+}
+
+bad=(--job.dump_folder "$work/bad")
+mpi2=("$mpirun" "${mpi_flags[@]}" -np 2 "$train")
+# on_every_launch DESCRIPTION EXPECTED ONE_RANK_KEYS -- THREAD_KEYS -- MPI_KEYS: the same
+# mistake made on one rank, on 4 thread ranks and on 2 MPI processes.
+on_every_launch() {
+  local what=$1 expected=$2
+  shift 2
+  local one=() threads=() mpi=() part=one
+  for a in "$@"; do
+    if [ "$a" = -- ]; then [ "$part" = one ] && part=threads || part=mpi; continue; fi
+    case $part in one) one+=("$a") ;; threads) threads+=("$a") ;; mpi) mpi+=("$a") ;; esac
+  done
+  expect_error one "$what (one rank)" "$expected" "$train" "${small[@]}" "${bad[@]}" "${one[@]}"
+  expect_error one "$what (4 thread ranks)" "$expected" "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" "${threads[@]}"
+  if [ "$mpirun" != none ]; then
+    expect_error mpi "$what (mpirun -np 2)" "$expected" "${mpi2[@]}" "${small[@]}" "${bad[@]}" "${mpi[@]}"
+  fi
+}
+
+on_every_launch "degrees not multiplying to the world size" "but the world has" \
+  --parallelism.data_parallel_shard_degree 2 -- --parallelism.data_parallel_shard_degree 3 -- \
+  --parallelism.data_parallel_shard_degree 4
+# The exact sums, one launch each.
+expect_error one "shard degree 3 on 4 thread ranks" \
+  "data_parallel_shard_degree 3 x tensor_parallel_degree 1 x pipeline_parallel_degree 1 = 3, but the world has 4 ranks" \
+  "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" --parallelism.data_parallel_shard_degree 3
+if [ "$mpirun" != none ]; then
+  expect_error mpi "shard degree 4 on 2 MPI processes" \
+    "data_parallel_shard_degree 4 x tensor_parallel_degree 1 x pipeline_parallel_degree 1 = 4, but the world has 2 ranks" \
+    "${mpi2[@]}" "${small[@]}" "${bad[@]}" --parallelism.data_parallel_shard_degree 4
+fi
+on_every_launch "global batch not a multiple of local batch x data-parallel degree" \
+  "must be a multiple of training.local_batch_size" \
+  --training.local_batch_size 4 --training.global_batch_size 6 -- \
+  --training.local_batch_size 1 --training.global_batch_size 6 -- \
+  --training.local_batch_size 2 --training.global_batch_size 6
+expect_error one "global batch 6 over 4 thread ranks of 1" \
+  "training.global_batch_size (6) must be a multiple of training.local_batch_size x the data-parallel degree (1 x 4 = 4)" \
+  "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" --training.local_batch_size 1 --training.global_batch_size 6
+if [ "$mpirun" != none ]; then
+  expect_error mpi "global batch 6 over 2 MPI processes of 2" \
+    "training.global_batch_size (6) must be a multiple of training.local_batch_size x the data-parallel degree (2 x 2 = 4)" \
+    "${mpi2[@]}" "${small[@]}" "${bad[@]}" --training.local_batch_size 2 --training.global_batch_size 6
+fi
+ac_mode=(--activation_checkpoint.mode sometimes)
+on_every_launch "unknown activation_checkpoint.mode" \
+  'activation_checkpoint.mode must be one of none, full, selective; got "sometimes"' \
+  "${ac_mode[@]}" -- "${ac_mode[@]}" -- "${ac_mode[@]}"
+ac_zero=(--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option 0)
+on_every_launch "selective_ac_option 0" \
+  'activation_checkpoint.selective_ac_option must be "op" or a positive integer, got "0"' \
+  "${ac_zero[@]}" -- "${ac_zero[@]}" -- "${ac_zero[@]}"
+tp=(--parallelism.tensor_parallel_degree 2)
+on_every_launch "tensor_parallel_degree 2" "parallelism.tensor_parallel_degree = 2: not available in this build" \
+  "${tp[@]}" -- "${tp[@]}" -- "${tp[@]}"
+
+expect_error one "--thread-ranks 0" "--thread-ranks '0': expected a positive number of ranks" \
+  "$train" --thread-ranks 0 "${small[@]}" "${bad[@]}"
+expect_error one "--thread-ranks abc" "--thread-ranks 'abc': expected a positive number of ranks" \
+  "$train" --thread-ranks abc "${small[@]}" "${bad[@]}"
+expect_error one "--thread-ranks without a number" "--thread-ranks '': expected a positive number of ranks" \
+  "$train" "${small[@]}" "${bad[@]}" --thread-ranks
+if [ "$mpirun" != none ]; then
+  expect_error mpi "--thread-ranks 2 under mpirun -np 2" \
+    "--thread-ranks 2 under an MPI launch of 2 processes: use one or the other" \
+    "${mpi2[@]}" --thread-ranks 2 "${small[@]}" "${bad[@]}"
+fi
+# shellcheck disable=SC2016  # the backquotes are the message's own
+expect_error one "a torchrun-style launch on the CPU" 'on the CPU start the ranks with `mpirun -np 2` (or srun) instead' \
+  env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 "$train" "${small[@]}" "${bad[@]}"
+
+# No failed run touched the dump folder.
+if [ -e "$work/bad" ]; then
+  echo "FAIL: a run with bad input wrote $work/bad:"; find "$work/bad" | head; failures=$((failures + 1))
+else
+  echo "ok: no run with bad input wrote its dump folder"
+fi
+
+echo "bad input checked in $((SECONDS - bad_start)) s"
+[ "$failures" -eq 0 ] && echo "cli_distributed: all checks passed"
+[ "$failures" -eq 0 ]
