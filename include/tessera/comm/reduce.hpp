@@ -28,6 +28,12 @@ void reduce_typed(T* dst, const T* src, std::size_t n, ReduceOp op) {
 }
 }  // namespace detail
 
+/// Refuses element types that have no reduction.
+inline void check_reducible(DataType t) {
+  TESSERA_CHECK(t != DataType::u8 && t != DataType::u16, "reduction over ", name_of(t),
+                " elements is not supported: reduce f32, f64, i32 or i64");
+}
+
 /// dst[i] = op(dst[i], src[i]) for n elements of type t.
 inline void reduce_into(void* dst, const void* src, std::size_t n, DataType t, ReduceOp op) {
   switch (t) {

@@ -111,17 +111,30 @@ class ThreadGroup {
   int world_rank(int rank) const { return world_ranks_[static_cast<std::size_t>(rank)]; }
   Slot& slot(int rank) { return slots_[static_cast<std::size_t>(rank)]; }
 
-  /// Waits until every rank of the group has arrived.
-  void sync(int rank, std::string_view what) {
+  /// The first meeting of a collective: waits until every rank has posted its
+  /// buffers. A rank that gives up here (the world aborted, or the timeout) takes its
+  /// arrival back, so the others can never pass this meeting and read its buffers.
+  void enter(int rank, std::string_view what) {
     std::unique_lock lock(mutex_);
     const std::uint64_t gen = generation_;
-    if (++arrived_ == size_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
+    if (arrive()) return;
+    try {
+      wait(lock, rank, what, [&] { return generation_ != gen; }, true);
+    } catch (...) {
+      if (generation_ == gen) --arrived_;  // still under the lock
+      throw;
     }
-    wait(lock, rank, what, [&] { return generation_ != gen; });
+  }
+
+  /// A later meeting of the same collective. Every rank passed enter(), and between
+  /// meetings ranks only copy and add, so all of them arrive: this waits for them even
+  /// when the world is aborting, because a rank that left early could free a buffer
+  /// another is still reading. Only the timeout (a bug, not a failure) ends it.
+  void meet(int rank, std::string_view what) {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t gen = generation_;
+    if (arrive()) return;
+    wait(lock, rank, what, [&] { return generation_ != gen; }, false);
   }
 
   void post(int from, int to, Parcel* parcel) {
@@ -134,7 +147,7 @@ class ThreadGroup {
   void take(int from, int to, void* dst, std::size_t bytes) {
     std::unique_lock lock(mutex_);
     auto& box = mail_[index(from, to)];
-    wait(lock, to, "recv", [&] { return !box.empty(); });
+    wait(lock, to, "recv", [&] { return !box.empty(); }, true);
     Parcel* p = box.front();
     box.pop_front();
     if (p->bytes != bytes) {
@@ -152,27 +165,57 @@ class ThreadGroup {
     cv_.notify_all();
   }
 
-  void wait_taken(int rank, Parcel* parcel) {
+  /// Waits until the receiver has copied `parcel`. A sender that gives up withdraws
+  /// the parcel first (receivers copy under the lock), so no one reads it afterwards.
+  void wait_taken(int from, int to, Parcel* parcel) {
     std::unique_lock lock(mutex_);
-    wait(lock, rank, "send", [&] { return parcel->taken; });
+    try {
+      wait(lock, from, "send", [&] { return parcel->taken; }, true);
+    } catch (...) {
+      remove(from, to, parcel);  // still under the lock
+      throw;
+    }
+  }
+
+  /// Takes back a parcel its receiver has not copied yet.
+  void withdraw(int from, int to, Parcel* parcel) {
+    std::lock_guard lock(mutex_);
+    remove(from, to, parcel);
   }
 
  private:
   std::size_t index(int from, int to) const { return static_cast<std::size_t>(from * size_ + to); }
 
+  void remove(int from, int to, Parcel* parcel) {
+    auto& box = mail_[index(from, to)];
+    for (auto it = box.begin(); it != box.end(); ++it)
+      if (*it == parcel) {
+        box.erase(it);
+        return;
+      }
+  }
+
+  /// Counts this rank in; true (and the next generation begun) if it was the last.
+  bool arrive() {
+    if (++arrived_ < size_) return false;
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return true;
+  }
+
+  /// Waits (polling the abort flag) until ready(); throws with the group's lock still
+  /// held, so the caller can undo its arrival or withdraw its parcel before anyone
+  /// else sees the group again. The world's mutex is only ever taken inside a group's.
   template <class Ready>
-  void wait(std::unique_lock<std::mutex>& lock, int rank, std::string_view what, Ready ready) {
+  void wait(std::unique_lock<std::mutex>& lock, int rank, std::string_view what, Ready ready, bool abortable) {
     const auto deadline = Clock::now() + world_->options.timeout;
     while (!ready()) {
-      if (world_->aborted.load()) {
-        lock.unlock();
-        world_->throw_aborted(world_rank(rank), what);
-      }
+      if (abortable && world_->aborted.load()) world_->throw_aborted(world_rank(rank), what);
       if (Clock::now() >= deadline) {
         const auto secs = std::chrono::duration<double>(world_->options.timeout).count();
-        const std::string why = tessera::detail::concat("rank ", world_rank(rank), ": ", what, " timed out after ", secs,
-                                               " s waiting for the other ranks of a group of ", size_);
-        lock.unlock();
+        const std::string why = tessera::detail::concat("rank ", world_rank(rank), ": ", what, " timed out after ",
+                                                        secs, " s waiting for the other ranks of a group of ", size_);
         world_->abort(why);
         fail(why);
       }
@@ -295,27 +338,29 @@ class ThreadEngine {
       auto& g = *group_;
       const std::size_t bytes = n * size_of(t);
       g.slot(rank_).in = in;
-      g.sync(rank_, "all_gather");
+      g.enter(rank_, "all_gather");
       for (int r = 0; r < size(); ++r)
         if (bytes > 0) std::memmove(static_cast<char*>(out) + r * bytes, g.slot(r).in, bytes);
-      g.sync(rank_, "all_gather");
+      g.meet(rank_, "all_gather");
     });
   }
 
   Handle reduce_scatter(const void* in, void* out, std::size_t n, DataType t, ReduceOp op) {
+    check_reducible(t);  // here, not between meetings: a rank must not leave a collective midway
     return submit([=, this] {
       auto& g = *group_;
       const std::size_t bytes = n * size_of(t);
       g.slot(rank_).in = in;
-      g.sync(rank_, "reduce_scatter");
+      g.enter(rank_, "reduce_scatter");
       const std::size_t offset = static_cast<std::size_t>(rank_) * bytes;
       if (bytes > 0) std::memcpy(out, static_cast<const char*>(g.slot(0).in) + offset, bytes);
       for (int r = 1; r < size(); ++r) reduce_into(out, static_cast<const char*>(g.slot(r).in) + offset, n, t, op);
-      g.sync(rank_, "reduce_scatter");
+      g.meet(rank_, "reduce_scatter");
     });
   }
 
   Handle all_reduce(const void* in, void* out, std::size_t n, DataType t, ReduceOp op) {
+    check_reducible(t);
     return submit([=, this] {
       auto& g = *group_;
       const std::size_t es = size_of(t), p = static_cast<std::size_t>(size());
@@ -326,7 +371,7 @@ class ThreadEngine {
       };
       g.slot(rank_).in = in;
       g.slot(rank_).out = out;
-      g.sync(rank_, "all_reduce");
+      g.enter(rank_, "all_reduce");
       // Reduce this rank's chunk of every input, in rank order.
       const auto [begin, len] = chunk(rank_);
       std::vector<char> mine(len * es);
@@ -335,15 +380,15 @@ class ThreadEngine {
         for (int r = 1; r < size(); ++r)
           reduce_into(mine.data(), static_cast<const char*>(g.slot(r).in) + begin * es, len, t, op);
       }
-      g.sync(rank_, "all_reduce");  // every input read: outputs may change (in place too)
+      g.meet(rank_, "all_reduce");  // every input read: outputs may change (in place too)
       if (len > 0) std::memcpy(static_cast<char*>(out) + begin * es, mine.data(), len * es);
-      g.sync(rank_, "all_reduce");
+      g.meet(rank_, "all_reduce");
       for (int r = 0; r < size(); ++r) {
         if (r == rank_) continue;
         const auto [b, l] = chunk(r);
         if (l > 0) std::memcpy(static_cast<char*>(out) + b * es, static_cast<const char*>(g.slot(r).out) + b * es, l * es);
       }
-      g.sync(rank_, "all_reduce");
+      g.meet(rank_, "all_reduce");
     });
   }
 
@@ -351,9 +396,9 @@ class ThreadEngine {
     return submit([=, this] {
       auto& g = *group_;
       g.slot(rank_).out = data;
-      g.sync(rank_, "broadcast");
+      g.enter(rank_, "broadcast");
       if (rank_ != root && n > 0) std::memcpy(data, g.slot(root).out, n * size_of(t));
-      g.sync(rank_, "broadcast");
+      g.meet(rank_, "broadcast");
     });
   }
 
@@ -362,19 +407,32 @@ class ThreadEngine {
     return submit([ops = std::move(ops), this] {
       auto& g = *group_;
       std::vector<std::unique_ptr<detail::Parcel>> sent;
-      for (const auto& o : ops)
-        if (o.kind == PeerOp::Kind::send) {
-          sent.push_back(std::make_unique<detail::Parcel>(detail::Parcel{o.data, o.count * size_of(o.type)}));
-          g.post(rank_, o.peer, sent.back().get());
+      std::vector<int> sent_to;
+      try {
+        for (const auto& o : ops)
+          if (o.kind == PeerOp::Kind::send) {
+            sent.push_back(std::make_unique<detail::Parcel>(detail::Parcel{o.data, o.count * size_of(o.type)}));
+            sent_to.push_back(o.peer);
+            g.post(rank_, o.peer, sent.back().get());
+          }
+        for (const auto& o : ops)
+          if (o.kind == PeerOp::Kind::recv) g.take(o.peer, rank_, o.data, o.count * size_of(o.type));
+      } catch (...) {
+        // Withdraw every parcel not yet copied before its buffer can go away.
+        for (std::size_t i = 0; i < sent.size(); ++i) {
+          try {
+            g.withdraw(rank_, sent_to[i], sent[i].get());
+          } catch (...) {
+          }
         }
-      for (const auto& o : ops)
-        if (o.kind == PeerOp::Kind::recv) g.take(o.peer, rank_, o.data, o.count * size_of(o.type));
-      for (auto& p : sent) g.wait_taken(rank_, p.get());
+        throw;
+      }
+      for (std::size_t i = 0; i < sent.size(); ++i) g.wait_taken(rank_, sent_to[i], sent[i].get());
     });
   }
 
   Handle barrier() {
-    return submit([this] { group_->sync(rank_, "barrier"); });
+    return submit([this] { group_->enter(rank_, "barrier"); });
   }
 
   ThreadEngine split(int color, int key) {
@@ -385,7 +443,7 @@ class ThreadEngine {
       g.slot(rank_).color = color;
       g.slot(rank_).key = key;
       g.slot(rank_).child.reset();
-      g.sync(rank_, "split");
+      g.enter(rank_, "split");
       std::vector<std::pair<int, int>> members;  // (key, rank) of my color
       for (int r = 0; r < size(); ++r)
         if (g.slot(r).color == color) members.emplace_back(g.slot(r).key, r);
@@ -397,11 +455,11 @@ class ThreadEngine {
         g.slot(rank_).child = std::make_shared<detail::ThreadGroup>(static_cast<int>(members.size()), g.world_ptr(),
                                                                     std::move(world_ranks));
       }
-      g.sync(rank_, "split");
+      g.meet(rank_, "split");
       child = g.slot(leader).child;
       for (std::size_t i = 0; i < members.size(); ++i)
         if (members[i].second == rank_) child_rank = static_cast<int>(i);
-      g.sync(rank_, "split");
+      g.meet(rank_, "split");
     }).wait();
     return ThreadEngine(std::move(child), child_rank);
   }
