@@ -28,6 +28,10 @@ if [ "$mpirun" != none ]; then
   # 4.1's mpirun can crash (SIGSEGV in pmix_server_log_fn) while aggregating the ranks'
   # identical abort banners, under meson's MALLOC_PERTURB_; printing each banner avoids it.
   export OMPI_MCA_orte_base_help_aggregate=${OMPI_MCA_orte_base_help_aggregate:-0}
+  # In the sanitizer build, LeakSanitizer would report what Open MPI's components keep
+  # until exit (from libraries already unloaded, so no suppression can name them): the
+  # MPI ranks run without leak checks; the one-process and thread-rank runs keep them.
+  mpi_flags+=(-x "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0")
 else
   echo "note: no mpirun (or llama-train built without MPI): the mpirun runs are skipped"
 fi
