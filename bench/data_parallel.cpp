@@ -64,7 +64,11 @@
 #include "tessera/parallel/traffic.hpp"
 #include "tessera/train/trainer.hpp"
 
+#include "machine.hpp"
+
 namespace {
+
+using namespace tessera::bench;
 
 using namespace tessera;
 using clock_type = std::chrono::steady_clock;
@@ -119,14 +123,6 @@ constexpr const char* usage =
     "  defaults: --batch 8 (global) --seq 128 --warmup 2 --steps 5, every layout and mode,\n"
     "  --threads = hardware threads / ranks (at least 1)\n";
 
-std::int64_t parse_count(std::string_view flag, std::string_view text, std::int64_t min) {
-  std::int64_t v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  TESSERA_CHECK(ec == std::errc{} && end == text.data() + text.size() && v >= min, flag, ": expected an integer >= ",
-                min, ", got '", text, "'");
-  return v;
-}
-
 /// The items of a comma-separated list, each looked up by key in `all`.
 template <class Item>
 std::vector<Item> parse_list(std::string_view flag, std::string_view text, const std::vector<Item>& all) {
@@ -178,57 +174,10 @@ Options parse_options(int argc, char** argv) {
 // ---------------------------------------------------------------------------------------
 // The machine.
 
-/// The value of the first "key : value" line of /proc/cpuinfo whose key is `key`.
-std::string cpuinfo_field(std::string_view key) {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos || colon == 0) continue;
-    const auto end = line.find_last_not_of(" \t", colon - 1);
-    if (end == std::string::npos || std::string_view(line).substr(0, end + 1) != key) continue;
-    const auto start = line.find_first_not_of(" \t", colon + 1);
-    return start == std::string::npos ? "" : line.substr(start);
-  }
-  return "unknown";
-}
-
-/// CPU seconds every process on the machine has used (busy time in /proc/stat), or -1.
-double machine_busy_seconds() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-  if (!(in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return -1;
-  return (user + nice + system + irq + softirq + steal) / double(sysconf(_SC_CLK_TCK));
-}
-
-/// User plus system CPU seconds this process has used.
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
-  return sec(u.ru_utime) + sec(u.ru_stime);
-}
-
-std::string utc_date() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char s[32];
-  std::strftime(s, sizeof s, "%Y-%m-%d %H:%M UTC", &tm);
-  return s;
-}
-
 std::string mib(double bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f MiB", bytes / double(1 << 20));
   return s;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // ---------------------------------------------------------------------------------------

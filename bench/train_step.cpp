@@ -56,7 +56,11 @@
 #include "tessera/optim/clip.hpp"
 #include "tessera/train/metrics.hpp"
 
+#include "machine.hpp"
+
 namespace {
+
+using namespace tessera::bench;
 
 using tessera::Cpu;
 using tessera::Shape;
@@ -149,14 +153,6 @@ constexpr const char* usage =
     "usage: bench-train-step [--batch N] [--seq N] [--steps N] [--warmup N] [--markdown] [--commit HASH]\n"
     "  one CPU training step of the debugmodel flavor (fp32); defaults: --batch 8 --seq 1024 --steps 3 --warmup 1\n";
 
-std::int64_t parse_count(std::string_view flag, std::string_view text, std::int64_t min) {
-  std::int64_t v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  TESSERA_CHECK(ec == std::errc{} && end == text.data() + text.size() && v >= min, flag, ": expected an integer >= ",
-                min, ", got '", text, "'");
-  return v;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -184,21 +180,6 @@ Options parse_options(int argc, char** argv) {
 // ---------------------------------------------------------------------------------------
 // The machine.
 
-/// The value of the first "key : value" line of /proc/cpuinfo whose key is `key`.
-std::string cpuinfo_field(std::string_view key) {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const auto end = line.find_last_not_of(" \t", colon - 1);
-    if (end == std::string::npos || std::string_view(line).substr(0, end + 1) != key) continue;
-    const auto start = line.find_first_not_of(" \t", colon + 1);
-    return start == std::string::npos ? "" : line.substr(start);
-  }
-  return "unknown";
-}
-
 /// Whether /proc/cpuinfo lists `flag` among the CPU's flags.
 bool cpu_has_flag(std::string_view flag) {
   const std::string flags = " " + cpuinfo_field("flags") + " ";
@@ -219,32 +200,6 @@ double load_average() {
   double v = -1;
   if (!(in >> v)) return -1;
   return v;
-}
-
-/// CPU seconds every process on the machine has used (busy time in /proc/stat), or -1.
-double machine_busy_seconds() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-  if (!(in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return -1;
-  return (user + nice + system + irq + softirq + steal) / double(sysconf(_SC_CLK_TCK));
-}
-
-/// User plus system CPU seconds this process has used.
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
-  return sec(u.ru_utime) + sec(u.ru_stime);
-}
-
-std::string utc_date() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char s[32];
-  std::strftime(s, sizeof s, "%Y-%m-%d %H:%M UTC", &tm);
-  return s;
 }
 
 std::string bytes_text(double b) {
@@ -321,12 +276,6 @@ double analytic_saved_activation_bytes(const tessera::nn::ModelArgs& a, std::int
                            + rows * hidden;      // g
   const double final_norm = rows * dim + rows;  // the final norm's input and rstd
   return (double(a.n_layers) * per_block + final_norm) * sizeof(float);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int run(const Options& opt) {

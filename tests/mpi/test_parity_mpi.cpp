@@ -35,18 +35,6 @@ constexpr int kWorld = 8;
 constexpr int kSteps = 10;
 constexpr std::int64_t kGlobalBatch = 8;
 
-struct AcMode {
-  const char* name;
-  std::vector<std::string> keys;
-};
-// The modes tests/parallel/test_parity.cpp runs.
-const AcMode kAcModes[] = {
-    {"none", {"--activation_checkpoint.mode", "none"}},
-    {"full", {"--activation_checkpoint.mode", "full"}},
-    {"selective op", {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"}},
-    {"selective every 2nd layer",
-     {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"}},
-};
 constexpr int kModes = static_cast<int>(std::size(kAcModes));
 
 comm::Communicator& world() {

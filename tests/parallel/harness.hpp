@@ -63,6 +63,19 @@ inline const std::vector<std::uint32_t>& debug_tokens() {
   return tokens;
 }
 
+/// The activation checkpoint modes every parity matrix runs, as llama-train keys.
+struct AcMode {
+  const char* name;
+  std::vector<std::string> keys;
+};
+inline const AcMode kAcModes[] = {
+    {"none", {"--activation_checkpoint.mode", "none"}},
+    {"full", {"--activation_checkpoint.mode", "full"}},
+    {"selective op", {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"}},
+    {"selective every 2nd layer",
+     {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"}},
+};
+
 struct RunResult {
   std::vector<double> losses;
   std::vector<double> grad_norms;

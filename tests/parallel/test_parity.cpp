@@ -31,18 +31,6 @@ const std::vector<double>& reference_losses() {
   return losses;
 }
 
-struct AcMode {
-  const char* name;
-  std::vector<std::string> keys;
-};
-const AcMode kAcModes[] = {
-    {"none", {"--activation_checkpoint.mode", "none"}},
-    {"full", {"--activation_checkpoint.mode", "full"}},
-    {"selective op", {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"}},
-    {"selective every 2nd layer",
-     {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"}},
-};
-
 /// Rank 0's losses (every rank gets the same: they are reduced over the data-parallel group).
 template <class Model = DynamicModel>
 std::vector<double> layout_losses(comm::MeshShape shape, std::int64_t local_batch, std::int64_t global_batch,
