@@ -109,3 +109,14 @@ TEST_CASE("Parameter draws depend on seed, name and index only") {
     CHECK_UNARY(x >= -0.5 && x <= 0.5);
   }
 }
+
+TEST_CASE("An empty or released tensor holds no bytes; a slice counts its own elements") {
+  tessera::Tensor<float> t;
+  CHECK(t.bytes() == 0);
+  CHECK(t.empty());
+  tessera::Tensor<float> u(tessera::Shape{10});
+  CHECK(u.slice(2, tessera::Shape{3}).bytes() == 12);
+  CHECK(u.slice(2, tessera::Shape{3}).data() == u.data() + 2);
+  u.release();
+  CHECK(u.bytes() == 0);
+}

@@ -165,7 +165,7 @@ class Tensor {
   std::int64_t numel() const { return shape_.numel(); }
   std::int64_t size(int i) const { return shape_.dims[i]; }
   Device device() const { return buffer_ ? buffer_->device() : Device::cpu; }
-  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
+  std::size_t bytes() const { return buffer_ ? static_cast<std::size_t>(numel()) * sizeof(T) : 0; }
   bool empty() const { return buffer_ == nullptr || numel() == 0; }
   T& operator[](std::int64_t i) const { return data()[i]; }
 
