@@ -1,8 +1,9 @@
 // The MPI engine across processes, run by run_mpi.sh under mpirun on several world
 // sizes: every collective against the same definitions the thread-rank tests use,
-// splits, grouped send/recv, async handles, traffic counting, and MPI's errors turned
-// into tessera errors naming the function and the rank. Every test case runs on every
-// rank and issues the same collectives in the same order on each.
+// splits, grouped send/recv (sends waited on late, matching by tag), async handles,
+// traffic counting, and MPI's errors turned into tessera errors naming the function and
+// the rank. Every test case runs on every rank and issues the same collectives in the
+// same order on each.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -204,6 +205,62 @@ TEST_CASE("mpi: grouped send/recv around a ring and both ways at once") {
   CHECK(in.back() == (r + p - 1) % p);
 }
 
+TEST_CASE("mpi: sends in calls of their own, waited on after the recvs, never deadlock") {
+  Communicator c = world();
+  const int r = c.rank(), p = c.size(), next = (r + 1) % p, prev = (r + p - 1) % p;
+  CAPTURE(r);
+  // Large messages (past the eager limit): MPI completes such a send only once its recv
+  // is posted, so each rank waits on its sends after its recv.
+  std::vector<double> out(1 << 17, r + 0.5), in(1 << 17);
+  const PeerOp send{PeerOp::Kind::send, next, out.data(), out.size(), DataType::f64};
+  const PeerOp recv{PeerOp::Kind::recv, prev, in.data(), in.size(), DataType::f64};
+  Handle sent = c.send_recv_async(std::span<const PeerOp>(&send, 1));
+  c.send_recv(std::span<const PeerOp>(&recv, 1));
+  sent.wait();
+  CHECK(in.front() == prev + 0.5);
+  CHECK(in.back() == prev + 0.5);
+}
+
+TEST_CASE("mpi: a recv takes the send with its tag, and equal tags keep their order") {
+  Communicator c = world();
+  const int r = c.rank(), p = c.size(), next = (r + 1) % p, prev = (r + p - 1) % p;
+  CAPTURE(r);
+  // Tag 1 then tag 2 (same size, different contents, one large), received tag 2 first.
+  const std::size_t n = 1 << 16;
+  std::vector<float> first(n, 100.0f + r), second(n, 200.0f + r), got2(n), got1(n);
+  const PeerOp send1{PeerOp::Kind::send, next, first.data(), n, DataType::f32, 1};
+  const PeerOp send2{PeerOp::Kind::send, next, second.data(), n, DataType::f32, 2};
+  Handle h1 = c.send_recv_async(std::span<const PeerOp>(&send1, 1));
+  Handle h2 = c.send_recv_async(std::span<const PeerOp>(&send2, 1));
+  const PeerOp recv2{PeerOp::Kind::recv, prev, got2.data(), n, DataType::f32, 2};
+  const PeerOp recv1{PeerOp::Kind::recv, prev, got1.data(), n, DataType::f32, 1};
+  c.send_recv(std::span<const PeerOp>(&recv2, 1));
+  c.send_recv(std::span<const PeerOp>(&recv1, 1));
+  h1.wait();
+  h2.wait();
+  CHECK(got2.front() == 200.0f + prev);
+  CHECK(got2.back() == 200.0f + prev);
+  CHECK(got1.front() == 100.0f + prev);
+  CHECK(got1.back() == 100.0f + prev);
+
+  // Three sends with tag kMaxTag and one with tag 0 between them: the tag-0 one first,
+  // then the others in the order they were sent.
+  std::vector<std::int32_t> a{10 * r}, b{10 * r + 1}, z{-r}, d{10 * r + 2}, got(4, -1);
+  const PeerOp sends[] = {{PeerOp::Kind::send, next, a.data(), 1, DataType::i32, kMaxTag},
+                          {PeerOp::Kind::send, next, b.data(), 1, DataType::i32, kMaxTag},
+                          {PeerOp::Kind::send, next, z.data(), 1, DataType::i32, 0},
+                          {PeerOp::Kind::send, next, d.data(), 1, DataType::i32, kMaxTag}};
+  Handle hs = c.send_recv_async(sends);
+  const PeerOp zero{PeerOp::Kind::recv, prev, &got[0], 1, DataType::i32, 0};
+  c.send_recv(std::span<const PeerOp>(&zero, 1));
+  const PeerOp rest[] = {{PeerOp::Kind::recv, prev, &got[1], 1, DataType::i32, kMaxTag},
+                         {PeerOp::Kind::recv, prev, &got[2], 1, DataType::i32, kMaxTag},
+                         {PeerOp::Kind::recv, prev, &got[3], 1, DataType::i32, kMaxTag}};
+  c.send_recv(rest);
+  hs.wait();
+  CHECK(got == std::vector<std::int32_t>{-prev, 10 * prev, 10 * prev + 1, 10 * prev + 2});
+}
+
 TEST_CASE("mpi: async collectives complete while the caller computes, in any wait order") {
   Communicator c = world();
   const int p = c.size();
@@ -278,6 +335,12 @@ TEST_CASE("mpi: bad calls and MPI's own errors name the function and the rank") 
   CHECK_ERROR_CONTAINS(e.send_recv(std::span<const PeerOp>(&bad, 1)),
                        rank + "send_recv: rank " + std::to_string(r) + " cannot exchange with peer " +
                            std::to_string(p) + " of " + std::to_string(p));
+  const int next = (r + 1) % p;
+  const PeerOp bad_tag{PeerOp::Kind::recv, next, &x, 1, DataType::i32, kMaxTag + 1};
+  const std::string refused =
+      rank + "send_recv: the recv from peer " + std::to_string(next) + " has tag 16384, outside 0..16383";
+  CHECK_ERROR_CONTAINS(e.send_recv(std::span<const PeerOp>(&bad_tag, 1)), refused);
+  CHECK_ERROR_CONTAINS(c.send_recv(std::span<const PeerOp>(&bad_tag, 1)), refused);
   c.barrier();  // nothing above was posted: every rank is still in step
 }
 

@@ -107,12 +107,19 @@ class Communicator {
     broadcast_async(data, root).wait();
   }
 
-  /// Sends and receives issued as one group: no order among them can deadlock.
+  /// Sends and receives issued as one group: no order among them can deadlock. A recv
+  /// takes the oldest unmatched send from its peer with the same tag (0 .. kMaxTag), so
+  /// transfers with different tags may be received in any order (PeerOp, engine.hpp).
+  /// A send never waits for its receiver: on thread ranks it completes as soon as the
+  /// rank's worker reaches it, on MPI once the transfer is matched or buffered. A Handle
+  /// holding only sends may therefore be waited on later, after the recvs issued after
+  /// it; the sent buffers must stay untouched until then.
   Handle send_recv_async(std::span<const PeerOp> ops) {
     std::uint64_t sent = 0;
     for (const auto& o : ops) {
       TESSERA_CHECK(o.peer >= 0 && o.peer < size() && o.peer != rank(), "send_recv: rank ", rank(),
                     " cannot exchange with peer ", o.peer, " of ", size());
+      detail::check_tag(o, rank());
       if (o.kind == PeerOp::Kind::send) sent += o.count * size_of(o.type);
     }
     count(traffic_->send, sent);

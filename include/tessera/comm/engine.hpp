@@ -5,6 +5,11 @@
 //
 // Ordering contract (as MPI's and NCCL's): every rank of a communicator issues the
 // same collectives in the same order; an engine completes them in issue order.
+//
+// Point-to-point transfers (send_recv) are matched by peer and tag, not by issue order
+// across ranks: a recv takes the oldest unmatched send from its peer with the same tag.
+// A send never waits for its receiver to post the matching recv (see PeerOp), so a
+// pipeline stage may send its output and go on to its next recv.
 #pragma once
 
 #include <concepts>
@@ -16,6 +21,8 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+
+#include "tessera/core/error.hpp"
 
 namespace tessera::comm {
 
@@ -64,14 +71,50 @@ constexpr DataType data_type_of() {
     static_assert(sizeof(T) == 0, "tessera::comm: no collective element type for this T");
 }
 
+/// The largest tag a point-to-point transfer may carry (tags are 0 .. kMaxTag). MPI
+/// guarantees tags up to 32767; MpiEngine sends tag t as MPI tag 32767 - kMaxTag + t,
+/// which leaves MPI tags below that free for code calling MPI on the engine's communicator.
+inline constexpr int kMaxTag = 16383;
+
 /// One point-to-point transfer in a grouped send/recv.
+///
+/// Matching: a recv from `peer` with tag t takes the oldest send from `peer` to this rank
+/// with tag t that no recv has taken yet. Transfers between two ranks with the same tag
+/// are therefore received in the order they were issued; transfers with different tags
+/// may be received in any order. The recv's count * size_of(type) must equal the send's:
+/// a mismatch fails the job, naming both ranks and both sizes.
+///
+/// Completion: a send_recv Handle completes when each transfer in it has, a recv when its
+/// data has arrived, a send when its buffer may be reused. A send never waits for its
+/// receiver to post the matching recv: ThreadEngine copies the data and completes the send
+/// as soon as the rank's worker reaches it (after the operations issued before it);
+/// MpiEngine's send (an MPI_Isend) completes once MPI has matched or buffered it, which
+/// for a large message means once the receiver has posted its recv. So a Handle holding
+/// only sends may be waited on later, say after the recvs issued after it; the send's
+/// buffer must stay untouched until then. A recv does wait for its send, and on
+/// ThreadEngine and NcclEngine the operations a rank issues after a recv run after it
+/// (on NcclEngine a send also blocks its stream until the receiver takes it): issue the
+/// sends a peer is waiting for before a recv that waits on that peer, or put both in one
+/// send_recv, within which no order of transfers can deadlock.
 struct PeerOp {
   enum class Kind : std::uint8_t { send, recv } kind;
-  int peer;
+  int peer;    // the other rank, numbered in this communicator
   void* data;  // const for a send
   std::size_t count;
   DataType type;
+  int tag = 0;  // 0 .. kMaxTag; NcclEngine takes 0 only (NCCL matches in issue order)
 };
+
+namespace detail {
+
+/// Throws unless `o.tag` is in 0 .. kMaxTag; `rank` is how the message names this rank.
+inline void check_tag(const PeerOp& o, int rank) {
+  TESSERA_CHECK(o.tag >= 0 && o.tag <= kMaxTag, "rank ", rank, ": send_recv: the ",
+                o.kind == PeerOp::Kind::send ? "send to" : "recv from", " peer ", o.peer, " has tag ", o.tag,
+                ", outside 0..", kMaxTag);
+}
+
+}  // namespace detail
 
 /// A collective in flight. wait() returns once this rank's part is complete (its
 /// output written, its input free to reuse) and throws if the collective failed.

@@ -5,6 +5,10 @@
 // MPI_Ireduce_scatter_block, MPI_Iallreduce, MPI_Ibcast, MPI_Ibarrier; a grouped
 // send/recv posts every MPI_Isend and MPI_Irecv before waiting on any, so no order of
 // them can deadlock) and returns a Handle whose wait() completes its MPI requests.
+// A transfer's tag t (0 .. kMaxTag) travels as MPI tag kTagBase + t, so MPI matches a
+// recv to the oldest send from its peer with the same tag, and a send is an MPI_Isend:
+// it never waits for its receiver until its Handle is waited on, and completes once MPI
+// has matched or buffered it.
 // There is no progress thread: MPI advances a collective inside MPI calls, so overlap
 // is what the MPI library gives, and every call stays on the thread that issues it.
 //
@@ -270,16 +274,17 @@ class MpiEngine {
       detail::mpi_count(o.count, o.kind == PeerOp::Kind::send ? "send" : "recv", world_rank_);
       TESSERA_CHECK(o.peer >= 0 && o.peer < size_ && o.peer != rank_, "rank ", world_rank_, ": send_recv: rank ",
                     rank_, " cannot exchange with peer ", o.peer, " of ", size_);
+      detail::check_tag(o, world_rank_);
     }
     auto req = start("send_recv", ops.size());
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const PeerOp& o = ops[i];
-      const int count = static_cast<int>(o.count);
+      const int count = static_cast<int>(o.count), tag = kTagBase + o.tag;
       if (o.kind == PeerOp::Kind::send) {
-        detail::mpi_check(MPI_Isend(o.data, count, detail::mpi_type(o.type), o.peer, kTag, *comm_, &req->requests[i]),
+        detail::mpi_check(MPI_Isend(o.data, count, detail::mpi_type(o.type), o.peer, tag, *comm_, &req->requests[i]),
                           "MPI_Isend", world_rank_);
       } else {
-        detail::mpi_check(MPI_Irecv(o.data, count, detail::mpi_type(o.type), o.peer, kTag, *comm_, &req->requests[i]),
+        detail::mpi_check(MPI_Irecv(o.data, count, detail::mpi_type(o.type), o.peer, tag, *comm_, &req->requests[i]),
                           "MPI_Irecv", world_rank_);
         req->recvs.push_back({i, o.peer, o.count * size_of(o.type)});
       }
@@ -316,7 +321,11 @@ class MpiEngine {
   }
 
  private:
-  static constexpr int kTag = 0x7e55;
+  /// MPI tag of a transfer with tag 0: tags kTagBase .. 32767 (the least MPI_TAG_UB the
+  /// standard allows) are send_recv's, the ones below stay free for code using native().
+  /// Collectives never clash with them: MPI matches collectives apart from point-to-point.
+  static constexpr int kTagBase = 32767 - kMaxTag;
+  static_assert(kTagBase > 0);
   struct Adopt {};
 
   MpiEngine(MPI_Comm comm, Adopt) { adopt(comm); }

@@ -288,10 +288,16 @@ class NcclEngine {
   }
 
   /// One NCCL group: every send and receive progresses together, so no order deadlocks.
+  /// NCCL has no tags: it pairs the sends and recvs between two ranks in the order they
+  /// are issued, so a transfer with a tag other than 0 is refused rather than reordered.
   Handle send_recv(std::span<const PeerOp> ops) {
-    for (const auto& o : ops)
+    for (const auto& o : ops) {
       TESSERA_CHECK(o.peer >= 0 && o.peer < size(), "rank ", state_->world_rank, ": send_recv peer ", o.peer,
                     " outside ", size(), " ranks");
+      TESSERA_CHECK(o.tag == 0, "rank ", state_->world_rank, ": send_recv: the ",
+                    o.kind == PeerOp::Kind::send ? "send to" : "recv from", " peer ", o.peer, " has tag ", o.tag,
+                    ", but NCCL matches point-to-point transfers in issue order; tags are not supported");
+    }
     return issue("send_recv", [&](ncclComm_t c, cudaStream_t s) {
       state_->nccl(ncclGroupStart(), "ncclGroupStart");
       try {

@@ -9,10 +9,17 @@
 // A collective is a rendezvous: each rank posts its buffers in its slot, all meet,
 // each computes its own part of the result by reading the others' buffers, all meet
 // again before any buffer may change. Reductions add ranks' contributions in rank
-// order, so every rank gets bitwise the same sums. Sends and receives go through a
-// mailbox per ordered pair of ranks; a send completes when its receiver has copied it.
+// order, so every rank gets bitwise the same sums.
+//
+// Sends and receives go through a mailbox per ordered pair of ranks. A send is eager:
+// when the rank's worker reaches it, the bytes are copied into a parcel the mailbox owns
+// and the send is complete, whether or not its receiver has posted the recv, so two
+// ranks that each send to the other before receiving never deadlock. A recv waits for
+// the oldest parcel from its peer with its tag (FIFO among equal tags). A parcel still
+// in a mailbox when the job ends is a send nobody received: run_thread_ranks fails.
 //
 // Failure: any rank may abort the world (run_thread_ranks does when a rank throws).
+// A recv whose size differs from its send's fails the job, naming both ranks and sizes.
 // Every wait checks the abort flag at least every 50 ms and gives up after the
 // timeout, so a failed or missing rank makes all the others fail with its reason
 // within a bounded time instead of hanging.
@@ -61,6 +68,7 @@ struct ThreadWorld {
   std::atomic<bool> aborted{false};
   std::mutex mutex;
   std::string reason;
+  std::string undelivered;  // the first send no recv took, noted when its group ended
 
   /// Records the first reason; later ones are consequences of it.
   void abort(const std::string& why) {
@@ -69,6 +77,11 @@ struct ThreadWorld {
       reason = why;
       aborted.store(true);
     }
+  }
+  /// Records the first send that no recv took (ThreadGroup's destructor does).
+  void note_undelivered(const std::string& what) {
+    std::lock_guard lock(mutex);
+    if (undelivered.empty()) undelivered = what;
   }
   [[noreturn]] void throw_aborted(int world_rank, std::string_view what) {
     std::string why;
@@ -80,11 +93,12 @@ struct ThreadWorld {
   }
 };
 
-/// A posted send waiting for its receiver.
+/// A send's bytes, copied out of the sender's buffer and owned by the mailbox until a
+/// recv with the same tag takes them.
 struct Parcel {
-  const void* data;
-  std::size_t bytes;
-  bool taken = false;
+  int tag = 0;
+  std::size_t bytes = 0;
+  std::unique_ptr<char[]> data;
 };
 
 /// The state the ranks of one communicator share.
@@ -96,6 +110,26 @@ class ThreadGroup {
         world_ranks_(std::move(world_ranks)),
         slots_(static_cast<std::size_t>(size)),
         mail_(static_cast<std::size_t>(size * size)) {}
+  ThreadGroup(const ThreadGroup&) = delete;
+  ThreadGroup& operator=(const ThreadGroup&) = delete;
+
+  /// Notes the first parcel no recv took; run_thread_ranks fails the job with it.
+  ~ThreadGroup() {
+    for (int from = 0; from < size_; ++from)
+      for (int to = 0; to < size_; ++to) {
+        const auto& box = mail_[index(from, to)];
+        if (box.empty()) continue;
+        try {
+          world_->note_undelivered(tessera::detail::concat(
+              "rank ", world_rank(from), " sent ", box.size(), box.size() == 1 ? " message" : " messages",
+              " to rank ", world_rank(to), " that no recv took (the first with tag ", box.front().tag, ", ",
+              box.front().bytes, " bytes)"));
+        } catch (...) {
+          // Out of memory while ending: the job loses this note only.
+        }
+        return;
+      }
+  }
 
   struct Slot {
     const void* in = nullptr;
@@ -137,63 +171,45 @@ class ThreadGroup {
     wait(lock, rank, what, [&] { return generation_ != gen; }, false);
   }
 
-  void post(int from, int to, Parcel* parcel) {
+  /// Copies `bytes` bytes from `data` into a parcel for `to`: the send is then complete.
+  void post(int from, int to, int tag, const void* data, std::size_t bytes) {
+    Parcel parcel{tag, bytes, std::make_unique_for_overwrite<char[]>(bytes)};
+    if (bytes > 0) std::memcpy(parcel.data.get(), data, bytes);
     std::lock_guard lock(mutex_);
-    mail_[index(from, to)].push_back(parcel);
+    mail_[index(from, to)].push_back(std::move(parcel));
     cv_.notify_all();
   }
 
-  /// Copies the next parcel from `from` to `to` into `dst` (`bytes` long).
-  void take(int from, int to, void* dst, std::size_t bytes) {
-    std::unique_lock lock(mutex_);
-    auto& box = mail_[index(from, to)];
-    wait(lock, to, "recv", [&] { return !box.empty(); }, true);
-    Parcel* p = box.front();
-    box.pop_front();
-    if (p->bytes != bytes) {
-      const std::size_t sent = p->bytes;
-      p->taken = true;  // release the sender; the mismatch fails the job
-      cv_.notify_all();
-      lock.unlock();
-      const std::string why = tessera::detail::concat("rank ", world_rank(to), ": recv of ", bytes, " bytes from rank ",
-                                             world_rank(from), " met a send of ", sent, " bytes");
+  /// Waits for the oldest parcel from `from` to `to` with `tag` and copies it into `dst`
+  /// (`bytes` long). A parcel of another size fails the job, naming both ranks.
+  void take(int from, int to, int tag, void* dst, std::size_t bytes) {
+    Parcel parcel;
+    {
+      std::unique_lock lock(mutex_);
+      auto& box = mail_[index(from, to)];
+      auto match = box.end();
+      const auto ready = [&] {
+        match = std::find_if(box.begin(), box.end(), [&](const Parcel& p) { return p.tag == tag; });
+        return match != box.end();
+      };
+      if (!ready())
+        wait(lock, to, tessera::detail::concat("recv from rank ", world_rank(from), " (tag ", tag, ")"), ready, true);
+      parcel = std::move(*match);
+      box.erase(match);
+    }
+    // The parcel is this rank's alone now: copy it without the lock.
+    if (parcel.bytes != bytes) {
+      const std::string why =
+          tessera::detail::concat("rank ", world_rank(to), ": recv of ", bytes, " bytes from rank ", world_rank(from),
+                                  " met a send of ", parcel.bytes, " bytes (tag ", tag, ")");
       world_->abort(why);
       fail(why);
     }
-    if (bytes > 0) std::memcpy(dst, p->data, bytes);
-    p->taken = true;
-    cv_.notify_all();
-  }
-
-  /// Waits until the receiver has copied `parcel`. A sender that gives up withdraws
-  /// the parcel first (receivers copy under the lock), so no one reads it afterwards.
-  void wait_taken(int from, int to, Parcel* parcel) {
-    std::unique_lock lock(mutex_);
-    try {
-      wait(lock, from, "send", [&] { return parcel->taken; }, true);
-    } catch (...) {
-      remove(from, to, parcel);  // still under the lock
-      throw;
-    }
-  }
-
-  /// Takes back a parcel its receiver has not copied yet.
-  void withdraw(int from, int to, Parcel* parcel) {
-    std::lock_guard lock(mutex_);
-    remove(from, to, parcel);
+    if (bytes > 0) std::memcpy(dst, parcel.data.get(), bytes);
   }
 
  private:
   std::size_t index(int from, int to) const { return static_cast<std::size_t>(from * size_ + to); }
-
-  void remove(int from, int to, Parcel* parcel) {
-    auto& box = mail_[index(from, to)];
-    for (auto it = box.begin(); it != box.end(); ++it)
-      if (*it == parcel) {
-        box.erase(it);
-        return;
-      }
-  }
 
   /// Counts this rank in; true (and the next generation begun) if it was the last.
   bool arrive() {
@@ -205,8 +221,8 @@ class ThreadGroup {
   }
 
   /// Waits (polling the abort flag) until ready(); throws with the group's lock still
-  /// held, so the caller can undo its arrival or withdraw its parcel before anyone
-  /// else sees the group again. The world's mutex is only ever taken inside a group's.
+  /// held, so the caller can undo its arrival before anyone else sees the group again.
+  /// The world's mutex is only ever taken inside a group's.
   template <class Ready>
   void wait(std::unique_lock<std::mutex>& lock, int rank, std::string_view what, Ready ready, bool abortable) {
     const auto deadline = Clock::now() + world_->options.timeout;
@@ -231,7 +247,7 @@ class ThreadGroup {
   std::condition_variable cv_;
   int arrived_ = 0;
   std::uint64_t generation_ = 0;
-  std::vector<std::deque<Parcel*>> mail_;
+  std::vector<std::deque<Parcel>> mail_;  // [from * size + to], oldest first
 };
 
 /// Completion of one queued operation.
@@ -402,32 +418,21 @@ class ThreadEngine {
     });
   }
 
+  /// Sends first (each complete once copied), then recvs, in the order given.
   Handle send_recv(std::span<const PeerOp> ops_in) {
+    const int me = group_->world_rank(rank_);
+    for (const auto& o : ops_in) {
+      TESSERA_CHECK(o.peer >= 0 && o.peer < size() && o.peer != rank_, "rank ", me, ": send_recv: rank ", rank_,
+                    " cannot exchange with peer ", o.peer, " of ", size());
+      detail::check_tag(o, me);
+    }
     std::vector<PeerOp> ops(ops_in.begin(), ops_in.end());
     return submit([ops = std::move(ops), this] {
       auto& g = *group_;
-      std::vector<std::unique_ptr<detail::Parcel>> sent;
-      std::vector<int> sent_to;
-      try {
-        for (const auto& o : ops)
-          if (o.kind == PeerOp::Kind::send) {
-            sent.push_back(std::make_unique<detail::Parcel>(detail::Parcel{o.data, o.count * size_of(o.type)}));
-            sent_to.push_back(o.peer);
-            g.post(rank_, o.peer, sent.back().get());
-          }
-        for (const auto& o : ops)
-          if (o.kind == PeerOp::Kind::recv) g.take(o.peer, rank_, o.data, o.count * size_of(o.type));
-      } catch (...) {
-        // Withdraw every parcel not yet copied before its buffer can go away.
-        for (std::size_t i = 0; i < sent.size(); ++i) {
-          try {
-            g.withdraw(rank_, sent_to[i], sent[i].get());
-          } catch (...) {
-          }
-        }
-        throw;
-      }
-      for (std::size_t i = 0; i < sent.size(); ++i) g.wait_taken(rank_, sent_to[i], sent[i].get());
+      for (const auto& o : ops)
+        if (o.kind == PeerOp::Kind::send) g.post(rank_, o.peer, o.tag, o.data, o.count * size_of(o.type));
+      for (const auto& o : ops)
+        if (o.kind == PeerOp::Kind::recv) g.take(o.peer, rank_, o.tag, o.data, o.count * size_of(o.type));
     });
   }
 
@@ -481,7 +486,8 @@ static_assert(Engine<ThreadEngine>);
 
 /// Runs fn(Communicator&) on `ranks` threads, one communicator each, and waits for
 /// all. If a rank throws, the world is aborted (the others fail at their next
-/// collective) and the first rank's error is rethrown here, naming the rank. Each
+/// collective) and the first rank's error is rethrown here, naming the rank. A send
+/// that no recv took fails it too, naming both ranks and the tag. Each
 /// rank thread counts its allocations in its own MemoryStats (core/memory.hpp).
 template <class F>
 void run_thread_ranks(int ranks, F&& fn, ThreadOptions options = {}) {
@@ -509,6 +515,13 @@ void run_thread_ranks(int ranks, F&& fn, ThreadOptions options = {}) {
     });
   for (auto& t : threads) t.join();
   if (world->aborted.load()) fail(world->reason);
+  group.reset();  // the ranks' engines are gone: this ends the world group, noting unreceived sends
+  std::string undelivered;
+  {
+    std::lock_guard lock(world->mutex);
+    undelivered = world->undelivered;
+  }
+  TESSERA_CHECK(undelivered.empty(), undelivered);
 }
 
 }  // namespace tessera::comm
