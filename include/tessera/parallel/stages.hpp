@@ -1,0 +1,139 @@
+// Splitting the Llama model over pipeline stages.
+//
+// The model is a chain of units: the embedding, the transformer blocks 0 .. n_layers-1,
+// then the output (final norm + head). For balance the embedding and the output each
+// count as one layer, as torchtitan counts them, so there are n_layers + 2 units to
+// place on n_stages stages (n_stages = pipeline degree x virtual stages per rank).
+//
+// Default split: every stage gets units / n_stages units and the first units % n_stages
+// stages one more; stage 0 therefore starts with the embedding and the last stage ends
+// with the output. With 8 blocks on 4 stages (10 units): 3, 3, 2, 2 units, that is
+// embedding + blocks 0-1 | blocks 2-4 | blocks 5-6 | block 7 + output.
+//
+// Explicit split: torchtitan's `pipeline_parallel_split_points` names the block where each
+// new stage begins ("layers.3"). n_stages - 1 strictly increasing points in [0, n_layers]
+// are needed; 0 leaves stage 0 the embedding alone, n_layers the last stage the output
+// alone. Which stages a rank holds, and in what order they run, is parallel/schedule.hpp.
+#pragma once
+
+#include <charconv>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::parallel {
+
+/// What one pipeline stage holds: blocks [first_block, end_block), plus the embedding
+/// before them (stage 0 only) and the output after them (the last stage only).
+struct StageRange {
+  int first_block = 0;
+  int end_block = 0;
+  bool embedding = false;
+  bool output = false;
+
+  /// The transformer blocks in this stage.
+  [[nodiscard]] int blocks() const { return end_block - first_block; }
+  /// Blocks plus the embedding and the output, each counted as one layer.
+  [[nodiscard]] int units() const { return blocks() + (embedding ? 1 : 0) + (output ? 1 : 0); }
+
+  friend bool operator==(const StageRange&, const StageRange&) = default;
+};
+
+namespace detail {
+
+inline void check_stage_shape(int n_layers, int n_stages) {
+  TESSERA_CHECK(n_layers >= 1, "pipeline stages: the model needs at least one layer, got n_layers = ", n_layers);
+  TESSERA_CHECK(n_stages >= 1, "parallelism.pipeline_parallel_degree: the pipeline needs at least one stage, got ",
+                n_stages);
+}
+
+/// The stage covering units [u0, u1) of the n_layers + 2 units.
+inline StageRange stage_of_units(int n_layers, int u0, int u1) {
+  StageRange r;
+  r.embedding = u0 == 0;
+  r.output = u1 == n_layers + 2;
+  r.first_block = u0 == 0 ? 0 : u0 - 1;
+  r.end_block = u1 == n_layers + 2 ? n_layers : u1 - 1;
+  return r;
+}
+
+}  // namespace detail
+
+/// Splits n_layers blocks (plus the embedding and the output) over n_stages stages.
+/// Without `split_points`: equal unit counts, the remainder to the early stages. With
+/// them: stage i + 1 begins at block split_points[i]; exactly n_stages - 1 strictly
+/// increasing points in [0, n_layers]. Throws naming the config key and the numbers when
+/// a stage would be empty or the points are malformed.
+inline std::vector<StageRange> split_stages(int n_layers, int n_stages, std::span<const int> split_points = {}) {
+  detail::check_stage_shape(n_layers, n_stages);
+  const int units = n_layers + 2;
+  std::vector<StageRange> stages;
+  stages.reserve(static_cast<std::size_t>(n_stages));
+  if (split_points.empty()) {
+    TESSERA_CHECK(n_stages <= units, "parallelism.pipeline_parallel_degree: pipeline degree larger than the layer count: ",
+                  n_stages, " stages for ", n_layers, " layers + embedding + output = ", units,
+                  " units, and each stage needs at least one");
+    const int base = units / n_stages, extra = units % n_stages;
+    int u = 0;
+    for (int s = 0; s < n_stages; ++s) {
+      const int next = u + base + (s < extra ? 1 : 0);
+      stages.push_back(detail::stage_of_units(n_layers, u, next));
+      u = next;
+    }
+    return stages;
+  }
+  const int n_points = static_cast<int>(split_points.size());
+  TESSERA_CHECK(n_points == n_stages - 1, "parallelism.pipeline_parallel_split_points: ", n_points,
+                " split points make ", n_points + 1, " stages, but the pipeline has ", n_stages,
+                " (pipeline_parallel_degree x stages per rank); give ", n_stages - 1);
+  for (int i = 0; i < n_points; ++i) {
+    const int p = split_points[static_cast<std::size_t>(i)];
+    TESSERA_CHECK(p >= 0 && p <= n_layers, "parallelism.pipeline_parallel_split_points: layers.", p,
+                  " is out of range: the model has blocks layers.0 .. layers.", n_layers - 1,
+                  " (a split point may be 0 .. ", n_layers, ")");
+    if (i > 0) {
+      const int prev = split_points[static_cast<std::size_t>(i - 1)];
+      TESSERA_CHECK(p != prev, "parallelism.pipeline_parallel_split_points: stage ", i,
+                    " would hold nothing: split point layers.", p, " is given twice");
+      TESSERA_CHECK(p > prev, "parallelism.pipeline_parallel_split_points: split points must be strictly increasing, "
+                    "got layers.", prev, " before layers.", p);
+    }
+  }
+  // Stage s covers blocks [start(s), start(s + 1)); stage 0 adds the embedding, the last the output.
+  for (int s = 0; s < n_stages; ++s) {
+    StageRange r;
+    r.first_block = s == 0 ? 0 : split_points[static_cast<std::size_t>(s - 1)];
+    r.end_block = s == n_stages - 1 ? n_layers : split_points[static_cast<std::size_t>(s)];
+    r.embedding = s == 0;
+    r.output = s == n_stages - 1;
+    stages.push_back(r);
+  }
+  return stages;
+}
+
+/// Parses torchtitan's split points ("layers.3") into block indices, in the given order
+/// (split_stages checks the order and the range). Throws naming the key and the string.
+inline std::vector<int> parse_split_points(std::span<const std::string> names) {
+  std::vector<int> points;
+  points.reserve(names.size());
+  constexpr std::string_view prefix = "layers.";
+  for (const std::string& name : names) {
+    const std::string_view s = name;
+    const std::string_view digits = s.substr(s.starts_with(prefix) ? prefix.size() : s.size());
+    int value = -1;
+    const char* end = digits.data() + digits.size();
+    const auto [ptr, ec] = std::from_chars(digits.data(), end, value);
+    TESSERA_CHECK(s.starts_with(prefix) && !digits.empty() && digits.size() <= 9 && ec == std::errc() && ptr == end &&
+                      digits.front() != '-' && (digits.size() == 1 || digits.front() != '0'),
+                  "parallelism.pipeline_parallel_split_points: \"", name,
+                  "\" is not a block name of the form layers.<index> (e.g. \"layers.3\")");
+    points.push_back(value);
+  }
+  return points;
+}
+
+}  // namespace tessera::parallel
