@@ -74,7 +74,8 @@ using namespace tessera;
 using clock_type = std::chrono::steady_clock;
 
 /// The block llama-train builds: sharding and checkpointing read from the Plan.
-using Block = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, Checkpoint<Dynamic>>;
+using Block = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
+                       Checkpoint<Dynamic>>;
 using Model = nn::Transformer<float, Cpu, Block>;
 
 struct Layout {
@@ -286,8 +287,7 @@ Result run_combination(const Options& o, const Layout& layout, const AcMode& ac,
   r.ac_name = plan.checkpoint.str();
   r.threads = threads;
   r.other_share = other / (wall * double(hw));
-  r.sent_analytic = parallel::expected_step_bytes(c.model.args, shape, parallel::sharding_for(shape), plan.reshard,
-                                                  plan.param_dtype, ranks.front().micro_batches);
+  r.sent_analytic = parallel::expected_step_bytes(train::step_layout(c, shape));
   std::vector<double> step_times;
   for (std::int64_t s = 0; s < o.warmup + o.steps; ++s) {
     double slowest = 0;

@@ -5,9 +5,11 @@
 //   llama-train --thread-ranks 4 --config ...        (four ranks in one process)
 //
 // The ranks are laid out by [parallelism] (data_parallel_replicate_degree x
-// data_parallel_shard_degree, -1 taking what is left): FSDP, HSDP or DDP follows from
-// the degrees, and [activation_checkpoint] picks the checkpoint mode. Rank 0 writes
-// the files and the metrics; every rank reads its own slice of each global batch.
+// data_parallel_shard_degree x tensor_parallel_degree, -1 taking what is left): FSDP,
+// HSDP or DDP follows from the degrees, tensor parallelism splits each block over
+// tensor_parallel_degree neighbouring ranks, and [activation_checkpoint] picks the
+// checkpoint mode. Rank 0 writes the files and the metrics; every rank reads its own
+// slice of each global batch (the tensor-parallel ranks of a slice read the same).
 //
 // Writes <dump_folder>/config.toml (the effective config), <dump_folder>/metrics.jsonl
 // (one JSON object per step), <dump_folder>/model.safetensors (the final model) and,
@@ -49,7 +51,8 @@ using namespace tessera;
 namespace {
 
 // Every choice is read at run time from the config, through the Plan.
-using Block = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, Checkpoint<Dynamic>>;
+using Block = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
+                       Checkpoint<Dynamic>>;
 using Model = nn::Transformer<float, Cpu, Block>;
 
 void usage() {
@@ -107,6 +110,12 @@ int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
                 " ids, more than the model's vocabulary of ", a.vocab_size,
                 init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
   Model model(a, plan);
+  // The model has checked its heads, hidden units and vocabulary against the tp degree;
+  // sequence parallelism also gives each tp rank an equal share of a micro-batch's rows.
+  const std::int64_t rows = local * c.training.seq_len;
+  TESSERA_CHECK(rows % shape.tp == 0, "training.local_batch_size x training.seq_len (", local, " x ",
+                c.training.seq_len, " = ", rows, " tokens) does not split into equal rows over ",
+                "parallelism.tensor_parallel_degree = ", shape.tp, " ranks");
   if (init_hf) {
     train::load_hf_model(model, init);
   } else if (!init.empty()) {

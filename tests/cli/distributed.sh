@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# llama-train across ranks, end to end: four thread ranks in one process, and two
-# processes under mpirun (where mpirun is given), train the debug model with the same
-# global batch as one rank and must log the same loss at every step (1e-5 relative);
-# rank 0 alone writes the dump folder and prints. Then bad input on every launch mode:
+# llama-train across ranks, end to end: thread ranks in one process, and two processes
+# under mpirun (where mpirun is given), train the debug model with the same global batch
+# as one rank, data parallel (FSDP, HSDP, DDP), tensor parallel, and both at once, and
+# must log the same loss at every step (1e-5 relative); rank 0 alone writes the dump
+# folder and prints. Then bad input on every launch mode:
 # exit status 1 (under mpirun: non-zero) with the reason on stderr, never a hang.
 #   distributed.sh LLAMA_TRAIN CONFIGS_DIR MPIRUN|none
 set -uo pipefail
@@ -106,6 +107,17 @@ train_run threads4 "$train" --thread-ranks 4 --training.local_batch_size 1 && ch
 # HSDP 2 x 2 on thread ranks, through the degrees.
 train_run threads_hsdp "$train" --thread-ranks 4 --training.local_batch_size 1 \
   --parallelism.data_parallel_replicate_degree 2 && check_parity threads_hsdp
+# Tensor parallel 2 on two thread ranks: both read the whole batch of 4 and split each
+# block's heads and hidden units, the rows between blocks and the vocabulary.
+train_run threads_tp2 "$train" --thread-ranks 2 --training.local_batch_size 4 \
+  --parallelism.tensor_parallel_degree 2 && check_parity threads_tp2
+# The same without loss parallelism: every rank holds the output whole.
+train_run threads_tp2_no_loss_parallel "$train" --thread-ranks 2 --training.local_batch_size 4 \
+  --parallelism.tensor_parallel_degree 2 --parallelism.disable_loss_parallel true \
+  && check_parity threads_tp2_no_loss_parallel
+# FSDP 2 x TP 2 on four thread ranks, two sequences per data-parallel slice.
+train_run threads_fsdp2_tp2 "$train" --thread-ranks 4 --training.local_batch_size 2 \
+  --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 && check_parity threads_fsdp2_tp2
 if [ "$mpirun" != none ]; then
   # Two processes (FSDP 2), two sequences each.
   train_run mpi2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 2 && check_parity mpi2
@@ -113,6 +125,9 @@ if [ "$mpirun" != none ]; then
   train_run mpi2_ddp "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 1 \
     --training.global_batch_size 4 --parallelism.data_parallel_replicate_degree 2 \
     --parallelism.data_parallel_shard_degree 1 && check_parity mpi2_ddp
+  # Two processes as tensor parallel 2, each reading the whole batch of 4.
+  train_run mpi2_tp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
+    --parallelism.tensor_parallel_degree 2 && check_parity mpi2_tp2
 fi
 
 # --- Bad input: exit status 1 and the reason, on every launch --------------------
@@ -195,9 +210,30 @@ ac_zero=(--activation_checkpoint.mode selective --activation_checkpoint.selectiv
 on_every_launch "selective_ac_option 0" \
   'activation_checkpoint.selective_ac_option must be "op" or a positive integer, got "0"' \
   "${ac_zero[@]}" -- "${ac_zero[@]}" -- "${ac_zero[@]}"
-tp=(--parallelism.tensor_parallel_degree 2)
-on_every_launch "tensor_parallel_degree 2" "parallelism.tensor_parallel_degree = 2: not available in this build" \
-  "${tp[@]}" -- "${tp[@]}" -- "${tp[@]}"
+cp=(--parallelism.context_parallel_degree 2)
+on_every_launch "context_parallel_degree 2" "parallelism.context_parallel_degree = 2: not available in this build" \
+  "${cp[@]}" -- "${cp[@]}" -- "${cp[@]}"
+# Tensor parallelism the model cannot take, refused on every rank before any file is written.
+expect_error one "tensor_parallel_degree 3 on 3 thread ranks (16 heads)" \
+  "parallelism.tensor_parallel_degree = 3 does not divide n_heads = 16" \
+  "$train" --thread-ranks 3 "${small[@]}" "${bad[@]}" --parallelism.tensor_parallel_degree 3
+no_loss_parallel_tied=(--parallelism.tensor_parallel_degree 2 --parallelism.disable_loss_parallel true
+                       --model.tie_embeddings true)
+expect_error one "disable_loss_parallel with tied embeddings on 2 thread ranks of TP 2" \
+  "parallelism.disable_loss_parallel = true with tied embeddings (debugmodel) and tensor parallelism" \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" "${no_loss_parallel_tied[@]}"
+if [ "$mpirun" != none ]; then
+  expect_error mpi "disable_loss_parallel with tied embeddings on 2 MPI processes of TP 2" \
+    "parallelism.disable_loss_parallel = true with tied embeddings (debugmodel) and tensor parallelism" \
+    "${mpi2[@]}" "${small[@]}" "${bad[@]}" "${no_loss_parallel_tied[@]}"
+fi
+expect_error one "33 tokens per micro-batch over TP 2" \
+  "training.local_batch_size x training.seq_len (1 x 33 = 33 tokens) does not split into equal rows over parallelism.tensor_parallel_degree = 2 ranks" \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.tensor_parallel_degree 2 \
+  --training.local_batch_size 1 --training.seq_len 33
+expect_error one "tensor_parallel_degree 2 on one rank" \
+  "data_parallel_replicate_degree 1 x tensor_parallel_degree 2 x pipeline_parallel_degree 1 = 2 does not divide the world size 1" \
+  "$train" "${small[@]}" "${bad[@]}" --parallelism.tensor_parallel_degree 2
 
 expect_error one "--thread-ranks 0" "--thread-ranks '0': expected a positive number of ranks" \
   "$train" --thread-ranks 0 "${small[@]}" "${bad[@]}"

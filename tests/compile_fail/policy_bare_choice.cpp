@@ -1,4 +1,4 @@
-// expect: tessera::Parallel<Block, Policies...>: every policy must be a tessera::Sharding<...> or a tessera::Checkpoint<...> (this one is neither)
+// expect: tessera::Parallel<Block, Policies...>: every policy must be a tessera::Sharding<...>, a tessera::TensorParallel<...>, a tessera::Pipeline<...> or a tessera::Checkpoint<...> (this one is none of them)
 // expect: check_policy<tessera::FSDP>
 // A choice given without its family (FSDP for Sharding<FSDP>); the diagnostic names it.
 #include "tessera/backend/cpu/cpu.hpp"

@@ -22,7 +22,9 @@
 namespace tessera::test {
 
 /// The block the binaries use: every choice read from the Plan.
-using DynamicBlock = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, Checkpoint<Dynamic>>;
+using DynamicBlock =
+    Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
+             Checkpoint<Dynamic>>;
 using DynamicModel = nn::Transformer<float, Cpu, DynamicBlock>;
 
 /// The debug model (dim 256, 6 layers, 16 heads, vocabulary 1024) in float32, a

@@ -1,7 +1,8 @@
 // Bytes sent per step, measured at the Communicator, against the analytic count of
 // parallel/traffic.hpp: the sharding schedule issues exactly the collectives it
-// should (gathers per reshard policy, bf16 gathers, reductions per micro-batch),
-// and parameter memory per rank falls with the shard degree.
+// should (gathers per reshard policy, bf16 gathers, reductions per micro-batch;
+// tensor parallelism's row gathers and reduce-scatters, loss-parallel reductions and
+// recomputed forwards), and parameter memory per rank falls with the shard degree.
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -47,25 +48,38 @@ TEST_CASE("traffic: every rank sends what the analytic count says, for each shar
       {"FSDP 3 (shards padded)", {1, 1, 3, 1}, 1, {}},
       {"HSDP 2 x 2", {1, 2, 2, 1}, 1, {}},
       {"DDP 4, 2 micro-batches", {1, 4, 1, 1}, 2, {}},
+      {"TP 4", {1, 1, 1, 4}, 1, {}},
+      {"TP 4 over 2 kv heads, full checkpointing",
+       {1, 1, 1, 4},
+       1,
+       {"--model.n_kv_heads", "2", "--activation_checkpoint.mode", "full"}},
+      {"TP 2, no loss parallel, every 2nd layer checkpointed",
+       {1, 1, 1, 2},
+       1,
+       {"--parallelism.disable_loss_parallel", "true", "--activation_checkpoint.mode", "selective",
+        "--activation_checkpoint.selective_ac_option", "2"}},
+      {"FSDP 2 x TP 2, selective op, 2 micro-batches",
+       {1, 1, 2, 2},
+       2,
+       {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"}},
+      {"HSDP 2 x 2 x TP 2", {1, 2, 2, 2}, 1, {}},
   };
   for (const Case& k : cases) {
     const std::string name = k.name;  // doctest prints a const char* as an address
     CAPTURE(name);
-    const train::JobConfig c = debug_job(1, 1, 1, k.keys);
-    const parallel::Plan plan = train::make_plan(c, nullptr);
-    const std::uint64_t expect = parallel::expected_step_bytes(c.model.args, k.shape, parallel::sharding_for(k.shape),
-                                                               plan.reshard, plan.param_dtype, k.micro_batches);
+    const train::JobConfig c = debug_job(1, k.shape.dp() * k.micro_batches, 1, k.keys);
+    const std::uint64_t expect = parallel::expected_step_bytes(train::step_layout(c, k.shape));
     for (std::uint64_t b : measured(k)) CHECK(b == expect);
   }
 }
 
 TEST_CASE("traffic: the gathers of default and never differ by the blocks freed after their forward") {
-  const train::JobConfig c = debug_job(1, 1, 1);
+  const train::JobConfig c = debug_job(1, 4, 1);
   const comm::MeshShape shape{1, 1, 4, 1};
-  const auto def = parallel::expected_step_bytes(c.model.args, shape, parallel::ShardingMode::fsdp,
-                                                 parallel::Reshard::default_policy, DType::f32, 1);
-  const auto never = parallel::expected_step_bytes(c.model.args, shape, parallel::ShardingMode::fsdp,
-                                                   parallel::Reshard::never, DType::f32, 1);
+  parallel::StepLayout l = train::step_layout(c, shape);
+  const auto def = parallel::expected_step_bytes(l);
+  l.reshard = parallel::Reshard::never;
+  const auto never = parallel::expected_step_bytes(l);
   const auto units = parallel::llama_units(c.model.args, parallel::Reshard::never);
   // The embedding and the first n_layers - 1 blocks are gathered once more under default.
   std::uint64_t regathered = 3 * ((units[0].numel + 3) / 4) * 4;

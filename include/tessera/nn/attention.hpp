@@ -4,8 +4,15 @@
 //   q, k <- rope(q), rope(k);  o = softmax(q k^T / sqrt(hd), causal) v;  y = o Wo^T
 // Saves the rotated q and k, v, o and the row log-sum-exp; the backend's attention
 // backward recomputes the probabilities from them.
+//
+// Under tensor parallelism (parallel/tensor_parallel.hpp) x arrives as this rank's
+// rows and is gathered; wq, wk, wv are column-parallel (this rank's heads), wo is
+// row-parallel and its partial sums are reduce-scattered back to rows. Key/value
+// heads are split like the query heads, or, with more ranks than kv heads, each rank
+// holds the one kv head its query heads read.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,6 +23,7 @@
 #include "tessera/nn/layer.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/rope.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
 
@@ -26,18 +34,26 @@ class Attention {
   using backend_type = B;
 
   /// `out_std`: the init std of wo (torchtitan scales it by depth).
-  Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope)
-      : n_heads_(a.n_heads),
-        n_kv_heads_(a.kv_heads()),
+  /// `tp`: the tensor-parallel group (nullptr or degree 1: every head here).
+  Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope,
+            parallel::TensorParallelGroup* tp = nullptr)
+      : n_heads_(a.n_heads / (tp ? tp->degree() : 1)),
+        n_kv_heads_(std::max<std::int64_t>(1, a.kv_heads() / (tp ? tp->degree() : 1))),
         head_dim_(a.head_dim()),
-        wq_(name + ".wq", a.dim, a.n_heads * a.head_dim(), Init::truncated_normal(0.02)),
-        wk_(name + ".wk", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02)),
-        wv_(name + ".wv", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02)),
-        wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std)),
-        rope_(std::move(rope)) {}
+        wq_(name + ".wq", a.dim, a.n_heads * a.head_dim(), Init::truncated_normal(0.02), tp, split(tp, 0, a.n_heads)),
+        wk_(name + ".wk", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02), tp,
+            split(tp, 0, a.kv_heads())),
+        wv_(name + ".wv", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02), tp,
+            split(tp, 0, a.kv_heads())),
+        wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1, a.n_heads)),
+        rope_(std::move(rope)),
+        tp_(tp) {
+    if (tp) parallel::check_tensor_parallel(a, tp->degree(), tp->loss_parallel());
+  }
 
-  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
     const AttentionShape s = shape(ctx.geometry());
+    const Tensor<T> x = parallel::gather_rows<B>(tp_, x_rows);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
     Tensor<T> q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, s.seq_len);
     Tensor<T> k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, s.seq_len);
@@ -55,12 +71,12 @@ class Attention {
     ctx.save("v", SaveKind::matmul, v);
     ctx.save("o", SaveKind::attention, o);
     ctx.save("lse", SaveKind::attention, lse);
-    return wo_.forward(ctx.child("wo"), o);
+    return parallel::reduce_scatter_rows<B>(tp_, wo_.forward(ctx.child("wo"), o));
   }
 
-  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
+  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
     const AttentionShape s = shape(ctx.geometry());
-    Tensor<T> d_o = wo_.backward(ctx.child("wo"), dy);
+    Tensor<T> d_o = wo_.backward(ctx.child("wo"), parallel::gather_rows<B>(tp_, dy_rows));
     const Tensor<T>& q = ctx.saved("q");
     const Tensor<T>& k = ctx.saved("k");
     Tensor<T> dq = B::template empty<T>(q.shape());
@@ -73,7 +89,7 @@ class Attention {
     Tensor<T> dx = wq_.backward(ctx.child("wq"), dq);
     wk_.backward_into(ctx.child("wk"), dk, dx, T(1));
     wv_.backward_into(ctx.child("wv"), dv, dx, T(1));
-    return dx;
+    return parallel::reduce_scatter_rows<B>(tp_, dx);
   }
 
   template <class F>
@@ -85,6 +101,11 @@ class Attention {
   }
 
  private:
+  /// How a projection of `heads` heads splits along `dim` over the group.
+  static TensorSplit split(parallel::TensorParallelGroup* tp, int dim, std::int64_t heads) {
+    return tp ? tp->pieces(dim, heads) : TensorSplit{};
+  }
+
   AttentionShape shape(const Geometry& g) const {
     return AttentionShape{g.batch, g.seq_len, n_heads_, n_kv_heads_, head_dim_};
   }
@@ -92,6 +113,7 @@ class Attention {
   std::int64_t n_heads_, n_kv_heads_, head_dim_;
   Linear<T, B> wq_, wk_, wv_, wo_;
   std::shared_ptr<RopeTable<T, B>> rope_;
+  parallel::TensorParallelGroup* tp_;
 };
 
 }  // namespace tessera::nn

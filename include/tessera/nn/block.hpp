@@ -23,6 +23,14 @@ struct Plan;  // parallel/plan.hpp: what the parallel policies read at run time
 
 namespace tessera::nn {
 
+/// A layer that splits its heads and hidden units over BlockArgs::tp and takes its
+/// input as that group's rows (parallel/tensor_parallel.hpp).
+template <class L>
+concept TensorParallelLayer = Layer<L> && requires {
+  { L::tensor_parallel } -> std::convertible_to<bool>;
+  requires L::tensor_parallel;
+};
+
 /// torchtitan's init std for a block's output projections (wo, w2, w3).
 inline double output_init_std(const ModelArgs& a, std::int64_t layer_id) {
   double depth = a.depth_init ? 2.0 * static_cast<double>(layer_id + 1) : 2.0 * static_cast<double>(a.n_layers);
@@ -37,6 +45,10 @@ struct BlockArgs {
   std::string name;  // "layers.<layer_id>"
   std::shared_ptr<RopeTable<T, B>> rope;
   const parallel::Plan* plan = nullptr;  // the run-time layout; nullptr: one rank, no checkpointing
+  /// The tensor-parallel group the block splits its heads and hidden units over, and
+  /// whose ranks each hold some of the rows x has (nullptr: degree 1). A block that
+  /// can split says so with `static constexpr bool tensor_parallel = true`.
+  parallel::TensorParallelGroup* tp = nullptr;
 };
 
 template <class T, Backend B>
@@ -44,12 +56,14 @@ class LlamaBlock {
  public:
   using scalar_type = T;
   using backend_type = B;
+  /// Splits over tensor-parallel ranks (BlockArgs::tp).
+  static constexpr bool tensor_parallel = true;
 
   explicit LlamaBlock(const BlockArgs<T, B>& b)
-      : attention_norm_(b.name + ".attention_norm", b.model.dim, b.model.norm_eps),
-        attention_(b.name + ".attention", b.model, output_init_std(b.model, b.layer_id), b.rope),
-        ffn_norm_(b.name + ".ffn_norm", b.model.dim, b.model.norm_eps),
-        feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id)) {}
+      : attention_norm_(b.name + ".attention_norm", b.model.dim, b.model.norm_eps, b.tp),
+        attention_(b.name + ".attention", b.model, output_init_std(b.model, b.layer_id), b.rope, b.tp),
+        ffn_norm_(b.name + ".ffn_norm", b.model.dim, b.model.norm_eps, b.tp),
+        feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id), b.tp) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     Tensor<T> a = attention_.forward(ctx.child("attention"), attention_norm_.forward(ctx.child("attention_norm"), x));

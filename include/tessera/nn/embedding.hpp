@@ -1,14 +1,21 @@
 // Token embedding: ids (rows) -> (rows, dim). Token ids are checked against the
 // vocabulary before any gather, so a bad id is an error naming it, not a wild read.
+//
+// Under tensor parallelism the table is split by vocabulary (row-parallel): each
+// rank looks up every id in its range (zeros elsewhere) and the rows' sum is
+// reduce-scattered, so the output is this rank's rows (sequence parallel); the
+// backward gathers the rows' gradient and accumulates the ids in its range.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/embedding.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
 
@@ -18,24 +25,33 @@ class Embedding {
   using scalar_type = T;
   using backend_type = B;
 
-  Embedding(std::string name, std::int64_t vocab, std::int64_t dim, Init init)
-      : weight_(std::move(name) + ".weight", Shape{vocab, dim}, init) {}
+  /// `tp`: the tensor-parallel group the vocabulary is split over (nullptr: whole).
+  Embedding(std::string name, std::int64_t vocab, std::int64_t dim, Init init,
+            parallel::TensorParallelGroup* tp = nullptr)
+      : weight_(std::move(name) + ".weight", Shape{vocab, dim}, init), vocab_(vocab), tp_(tp) {
+    if (tp) weight_.split = tp->split(0);
+  }
 
+  /// This rank's rows of the embedded ids.
   Tensor<T> forward(std::span<const std::int32_t> ids) {
-    const std::int64_t vocab = weight_.value.size(0), dim = weight_.value.size(1);
+    const std::int64_t vocab = vocab_, dim = weight_.value.size(1);
     for (std::size_t i = 0; i < ids.size(); ++i)
       TESSERA_CHECK(ids[i] >= 0 && ids[i] < vocab, weight_.name, ": token id ", ids[i], " at position ", i,
                     " is outside the vocabulary of ", vocab);
     const auto rows = static_cast<std::int64_t>(ids.size());
     Tensor<T> y = B::template empty<T>(Shape{rows, dim});
-    B::for_each(rows, ops::EmbeddingForward<T>{ids.data(), weight_.value.data(), y.data(), dim});
-    return y;
+    const auto [lo, hi] = range();
+    B::for_each(rows, ops::EmbeddingForward<T>{ids.data(), weight_.value.data(), y.data(), dim, lo, hi});
+    return parallel::reduce_scatter_rows<B>(tp_, y);
   }
 
-  void backward(std::span<const std::int32_t> ids, const Tensor<T>& dy) {
-    const std::int64_t dim = weight_.value.size(1);
+  /// `dy_rows`: the gradient of this rank's rows.
+  void backward(std::span<const std::int32_t> ids, const Tensor<T>& dy_rows) {
+    const Tensor<T> dy = parallel::gather_rows<B>(tp_, dy_rows);
+    const std::int64_t dim = weight_.grad.size(1);
+    const auto [lo, hi] = range();
     B::for_each(dim, ops::EmbeddingBackwardColumn<T>{ids.data(), dy.data(), weight_.grad.data(),
-                                                     static_cast<std::int64_t>(ids.size()), dim});
+                                                     static_cast<std::int64_t>(ids.size()), dim, lo, hi});
   }
 
   template <class F>
@@ -46,7 +62,15 @@ class Embedding {
   Parameter<T>& weight() { return weight_; }
 
  private:
+  /// The ids this rank's table holds.
+  std::pair<std::int64_t, std::int64_t> range() const {
+    const std::int64_t per = vocab_ / weight_.split.parts;
+    return {per * weight_.split.index, per * (weight_.split.index + 1)};
+  }
+
   Parameter<T> weight_;
+  std::int64_t vocab_;
+  parallel::TensorParallelGroup* tp_;
 };
 
 }  // namespace tessera::nn

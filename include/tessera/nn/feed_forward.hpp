@@ -1,4 +1,8 @@
 // SwiGLU feed-forward: y = W2 (silu(W1 x) * (W3 x)).
+//
+// Under tensor parallelism x arrives as this rank's rows and is gathered; w1 and w3
+// are column-parallel (this rank's hidden units), w2 row-parallel, its partial sums
+// reduce-scattered back to rows (parallel/tensor_parallel.hpp).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +13,7 @@
 #include "tessera/nn/layer.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/ops/swiglu.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
 
@@ -18,32 +23,35 @@ class FeedForward {
   using scalar_type = T;
   using backend_type = B;
 
-  FeedForward(const std::string& name, const ModelArgs& a, double out_std)
-      : w1_(name + ".w1", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(0.02)),
-        w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std)),
-        w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std)) {}
+  /// `tp`: the tensor-parallel group (nullptr or degree 1: every hidden unit here).
+  FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr)
+      : w1_(name + ".w1", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(0.02), tp, split(tp, 0)),
+        w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1)),
+        w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std), tp, split(tp, 0)),
+        tp_(tp) {}
 
-  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
+    const Tensor<T> x = parallel::gather_rows<B>(tp_, x_rows);
     Tensor<T> a = w1_.forward(ctx.child("w1"), x);
     Tensor<T> b = w3_.forward(ctx.child("w3"), x);
     Tensor<T> g = B::template empty<T>(a.shape());
     B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
     ctx.save("a", SaveKind::matmul, a);
     ctx.save("b", SaveKind::matmul, b);
-    return w2_.forward(ctx.child("w2"), g);
+    return parallel::reduce_scatter_rows<B>(tp_, w2_.forward(ctx.child("w2"), g));
   }
 
-  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
+  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
     const Tensor<T>& a = ctx.saved("a");
     const Tensor<T>& b = ctx.saved("b");
-    Tensor<T> dg = w2_.backward(ctx.child("w2"), dy);
+    Tensor<T> dg = w2_.backward(ctx.child("w2"), parallel::gather_rows<B>(tp_, dy_rows));
     Tensor<T> da = B::template empty<T>(a.shape());
     Tensor<T> db = B::template empty<T>(b.shape());
     B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
     dg.release();
     Tensor<T> dx = w1_.backward(ctx.child("w1"), da);
     w3_.backward_into(ctx.child("w3"), db, dx, T(1));
-    return dx;
+    return parallel::reduce_scatter_rows<B>(tp_, dx);
   }
 
   template <class F>
@@ -54,7 +62,10 @@ class FeedForward {
   }
 
  private:
+  static TensorSplit split(parallel::TensorParallelGroup* tp, int dim) { return tp ? tp->split(dim) : TensorSplit{}; }
+
   Linear<T, B> w1_, w2_, w3_;
+  parallel::TensorParallelGroup* tp_;
 };
 
 }  // namespace tessera::nn

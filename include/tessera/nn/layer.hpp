@@ -14,6 +14,7 @@
 #include <concepts>
 #include <initializer_list>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -41,6 +42,23 @@ struct Init {
   }
 };
 
+/// How a parameter is laid over the tensor-parallel ranks. A parameter is whole
+/// (`parts` 1, every rank holds all of it) or cut into `parts` equal pieces along
+/// `dim`, of which this rank holds the `index`-th. `holders` ranks hold each piece:
+/// 1 for an even split, the degree for a whole parameter, and degree / parts for
+/// key/value heads when the degree exceeds their count. Where several ranks hold a
+/// piece, each computes part of its gradient (they see different rows or heads), so
+/// its layer sums that over the holders; the first holder (`owner`) counts the piece
+/// once in the gradient norm.
+struct TensorSplit {
+  int dim = 0;
+  int parts = 1;
+  int index = 0;
+  int holders = 1;
+  bool owner = true;
+  bool split() const { return parts > 1; }
+};
+
 /// A named trainable tensor and its gradient. Names follow torchtitan
 /// ("layers.0.attention.wq.weight").
 template <class T>
@@ -49,10 +67,14 @@ struct Parameter {
   Tensor<T> value;
   Tensor<T> grad;
   Init init;
+  /// Its tensor-parallel layout; value and grad hold this rank's piece once the
+  /// model is sharded (parallel/tensor_parallel.hpp), the whole shape is `whole`.
+  TensorSplit split{};
+  Shape whole{};
 
   Parameter() = default;
   Parameter(std::string n, Shape shape, Init how)
-      : name(std::move(n)), value(shape), grad(shape), init(how) {}
+      : name(std::move(n)), value(shape), grad(shape), init(how), whole(shape) {}
   const Shape& shape() const { return value.shape(); }
   std::int64_t numel() const { return value.numel(); }
 };
@@ -243,6 +265,11 @@ struct StashRule {
   }
 };
 
+/// Weight-gradient work a backward left for later: a zero-bubble pipeline schedule
+/// runs a backward's input-gradient part first (the previous stage waits for it) and
+/// its weight-gradient part when the pipeline would otherwise idle.
+using WeightGradQueue = std::vector<std::function<void()>>;
+
 /// What a layer call sees: the batch geometry and where to save activations. A
 /// context without a store (inference) drops every save.
 ///
@@ -294,6 +321,26 @@ class Context {
     return store_->load(key);
   }
 
+  /// A copy of this context whose backward defers weight-gradient work to `queue`
+  /// (nullptr: runs it at once).
+  Context deferring_weight_grads(WeightGradQueue* queue) const {
+    Context c = *this;
+    c.weight_grads_ = queue;
+    return c;
+  }
+  WeightGradQueue* weight_grad_queue() const { return weight_grads_; }
+
+  /// Runs `accumulate` (a parameter's gradient accumulation), now or, when this
+  /// context defers weight gradients, later. It must capture by value every tensor it
+  /// reads (tensors share their storage), and those tensors must not change after.
+  template <class F>
+  void weight_grad(F&& accumulate) const {
+    if (weight_grads_)
+      weight_grads_->emplace_back(std::forward<F>(accumulate));
+    else
+      accumulate();
+  }
+
   /// The output of the op `key`, of kind `kind`: compute(), or its stashed output.
   template <class F>
   Tensor<T> op(std::string_view key, SaveKind kind, F&& compute) const {
@@ -311,6 +358,7 @@ class Context {
   ActivationStore<T>* stash_ = nullptr;
   Recording recording_ = Recording::discard;
   StashRule<T>* rule_ = nullptr;
+  WeightGradQueue* weight_grads_ = nullptr;
 };
 
 namespace detail {

@@ -1,6 +1,14 @@
 // Linear layer without bias: y = x W^T, W of shape (out, in) as Hugging Face stores it.
 //
-// Saves its input; backward gives dx = dy W and accumulates dW += dy^T x.
+// Saves its input; backward gives dx = dy W and accumulates dW += dy^T x (the latter
+// through Context::weight_grad, so a zero-bubble schedule can run it later).
+//
+// Under tensor parallelism the weight may be split (parallel/tensor_parallel.hpp):
+// by output rows (column-parallel: y holds this rank's output features) or by input
+// columns (row-parallel: x holds this rank's input features, y is a partial sum).
+// The layer computes with whatever piece it holds. A piece several ranks hold (key
+// and value heads replicated over more ranks than there are heads) gets its gradient
+// summed over them.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +16,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/nn/layer.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
 
@@ -17,8 +26,13 @@ class Linear {
   using scalar_type = T;
   using backend_type = B;
 
-  Linear(std::string name, std::int64_t in, std::int64_t out, Init init)
-      : weight_(std::move(name) + ".weight", Shape{out, in}, init) {}
+  /// `tp` and `split`: the tensor-parallel group and how the weight lies over it
+  /// (whole by default).
+  Linear(std::string name, std::int64_t in, std::int64_t out, Init init, parallel::TensorParallelGroup* tp = nullptr,
+         TensorSplit split = {})
+      : weight_(std::move(name) + ".weight", Shape{out, in}, init), tp_(tp) {
+    weight_.split = split;
+  }
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
@@ -38,9 +52,16 @@ class Linear {
 
   /// dx = beta * dx + dy W, so several layers reading one input can sum into one dx.
   void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, T beta) {
-    const Tensor<T>& x = ctx.saved("x");
     B::gemm(Trans::no, Trans::no, T(1), dy.cview(), weight_.value.cview(), beta, dx.view());
-    B::gemm(Trans::yes, Trans::no, T(1), dy.cview(), x.cview(), T(1), weight_.grad.view());
+    ctx.weight_grad([this, x = ctx.saved("x"), dy] {
+      if (parallel::active(tp_) && weight_.split.holders > 1) {
+        Tensor<T> dw = B::template empty<T>(weight_.grad.shape());
+        B::gemm(Trans::yes, Trans::no, T(1), dy.cview(), x.cview(), T(0), dw.view());
+        parallel::accumulate_over_holders<B>(tp_, weight_.split, dw, weight_.grad);
+      } else {
+        B::gemm(Trans::yes, Trans::no, T(1), dy.cview(), x.cview(), T(1), weight_.grad.view());
+      }
+    });
   }
 
   template <class F>
@@ -54,6 +75,7 @@ class Linear {
 
  private:
   Parameter<T> weight_;
+  parallel::TensorParallelGroup* tp_ = nullptr;
 };
 
 }  // namespace tessera::nn

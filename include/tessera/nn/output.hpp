@@ -7,6 +7,13 @@
 // (dh rows and dW) and dropped before the next chunk. So training computes the
 // head's backward during its forward, and the layer's backward only hands back the
 // saved dh.
+//
+// Loss parallelism (parallel/tensor_parallel.hpp): with the weight split by
+// vocabulary over the tensor-parallel ranks, each rank makes its columns of a chunk's
+// logits and the cross-entropy is completed by two all-reduces per chunk (the row
+// maximum, then the sum of exponentials with the target's logit), so no rank ever
+// holds whole rows of logits. Each rank gets every row's loss and a partial dh (its
+// columns' share), which the model reduce-scatters to rows.
 #pragma once
 
 #include <algorithm>
@@ -17,40 +24,83 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/cross_entropy.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
+
+namespace detail {
+/// Row r of (rows, parts * cols) from `parts` blocks of (rows, cols) laid end to end.
+template <class T>
+struct InterleaveColumns {
+  const T* blocks;
+  T* out;
+  std::int64_t parts, rows, cols;
+  TESSERA_HD void operator()(std::int64_t r) const {
+    for (std::int64_t k = 0; k < parts; ++k)
+      for (std::int64_t j = 0; j < cols; ++j) out[r * parts * cols + k * cols + j] = blocks[(k * rows + r) * cols + j];
+  }
+};
+}  // namespace detail
+
+/// Elements of one chunk of logits (16 MiB of fp32).
+inline constexpr std::int64_t kLossChunkElements = std::int64_t{1} << 22;
+
+/// Rows per chunk of the head over a vocabulary (this rank's share of it) of `vocab`.
+inline std::int64_t loss_chunk_rows(std::int64_t vocab, std::int64_t rows) {
+  return std::clamp<std::int64_t>(kLossChunkElements / std::max<std::int64_t>(vocab, 1), 1,
+                                  std::max<std::int64_t>(rows, 1));
+}
 
 template <class T, Backend B>
 class ChunkedCrossEntropyHead {
  public:
-  /// Elements of one chunk of logits (16 MiB of fp32).
-  static constexpr std::int64_t kChunkElements = std::int64_t{1} << 22;
+  static constexpr std::int64_t kChunkElements = kLossChunkElements;
 
-  explicit ChunkedCrossEntropyHead(Parameter<T>* weight) : weight_(weight) {}
+  /// `tp`: the group the weight is split over by vocabulary (loss parallelism), if it is.
+  explicit ChunkedCrossEntropyHead(Parameter<T>* weight, parallel::TensorParallelGroup* tp = nullptr)
+      : weight_(weight), tp_(tp) {}
 
-  static std::int64_t chunk_rows(std::int64_t vocab, std::int64_t rows) {
-    return std::clamp<std::int64_t>(kChunkElements / std::max<std::int64_t>(vocab, 1), 1, std::max<std::int64_t>(rows, 1));
-  }
+  /// Whether dh from forward() is a partial sum over the tensor-parallel ranks.
+  bool vocab_parallel() const { return parallel::active(tp_) && weight_->split.split(); }
+
+  static std::int64_t chunk_rows(std::int64_t vocab, std::int64_t rows) { return loss_chunk_rows(vocab, rows); }
 
   /// Sum over rows of the cross-entropy of h W^T against targets. With `dh` given,
   /// also writes d(loss_scale * sum)/dh into it and accumulates dW.
   double forward(const Tensor<T>& h, std::span<const std::int32_t> targets, T loss_scale, Tensor<T>* dh) {
-    const std::int64_t rows = h.size(0), vocab = weight_->value.size(0);
+    const std::int64_t rows = h.size(0), vocab = weight_->whole.dims[0];
     TESSERA_CHECK(static_cast<std::int64_t>(targets.size()) == rows, "loss: ", targets.size(), " targets for ", rows,
                   " rows");
     for (std::size_t i = 0; i < targets.size(); ++i)
       TESSERA_CHECK(targets[i] == ops::kIgnoreIndex || (targets[i] >= 0 && targets[i] < vocab), "loss: target id ",
                     targets[i], " at position ", i, " is outside the vocabulary of ", vocab);
-    const std::int64_t step = chunk_rows(vocab, rows);
+    const std::int64_t local = weight_->value.size(0);  // this rank's vocabulary
+    const std::int64_t step = chunk_rows(local, rows);
     std::vector<double> row_loss(static_cast<std::size_t>(rows));
-    Tensor<T> logits = B::template empty<T>(Shape{std::min(step, rows), vocab});
+    Tensor<T> logits = B::template empty<T>(Shape{std::min(step, rows), local});
+    Tensor<T> max, sums;
+    if (vocab_parallel()) {
+      max = B::template empty<T>(Shape{std::min(step, rows)});
+      sums = B::template empty<T>(Shape{2 * std::min(step, rows)});
+    }
+    const std::int64_t lo = local * weight_->split.index;
     for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
-      const std::int64_t r1 = std::min(rows, r0 + step);
-      TensorView<T> z = logits.view().slice_rows(0, r1 - r0);
+      const std::int64_t r1 = std::min(rows, r0 + step), n = r1 - r0;
+      TensorView<T> z = logits.view().slice_rows(0, n);
       TensorView<const T> hc = h.cview().slice_rows(r0, r1);
       B::gemm(Trans::no, Trans::yes, T(1), hc, weight_->value.cview(), T(0), z);
-      B::for_each(r1 - r0, ops::CrossEntropyRow<T>{z.data(), vocab, vocab, targets.data() + r0, loss_scale,
-                                                   dh != nullptr, row_loss.data() + r0});
+      if (vocab_parallel()) {
+        const std::int32_t* t = targets.data() + r0;
+        B::for_each(n, ops::CrossEntropyShardMax<T>{z.data(), local, local, t, max.data()});
+        tp_->comm().all_reduce(std::span<T>(max.data(), static_cast<std::size_t>(n)), comm::ReduceOp::max);
+        B::for_each(n, ops::CrossEntropyShardExp<T>{z.data(), local, local, lo, t, max.data(), sums.data()});
+        tp_->comm().all_reduce(std::span<T>(sums.data(), static_cast<std::size_t>(2 * n)));
+        B::for_each(n, ops::CrossEntropyShardGrad<T>{z.data(), local, local, lo, t, max.data(), sums.data(), loss_scale,
+                                                     dh != nullptr, row_loss.data() + r0});
+      } else {
+        B::for_each(n, ops::CrossEntropyRow<T>{z.data(), local, local, targets.data() + r0, loss_scale, dh != nullptr,
+                                               row_loss.data() + r0});
+      }
       if (dh != nullptr) {
         B::gemm(Trans::no, Trans::no, T(1), TensorView<const T>(z), weight_->value.cview(), T(0),
                 dh->view().slice_rows(r0, r1));
@@ -62,15 +112,24 @@ class ChunkedCrossEntropyHead {
     return total;
   }
 
-  /// logits = h W^T for every row of h (use on few rows: generation).
+  /// logits = h W^T for every row of h (use on few rows: generation). Under loss
+  /// parallelism every rank's columns are gathered (collective over the group).
   Tensor<T> logits(const Tensor<T>& h) const {
     Tensor<T> z = B::template empty<T>(Shape{h.size(0), weight_->value.size(0)});
     B::gemm(Trans::no, Trans::yes, T(1), h.cview(), weight_->value.cview(), T(0), z.view());
-    return z;
+    if (!vocab_parallel()) return z;
+    const std::int64_t parts = tp_->degree(), rows = z.size(0), local = z.size(1);
+    Tensor<T> all = B::template empty<T>(Shape{parts * rows * local});
+    tp_->comm().all_gather(std::span<const T>(z.data(), static_cast<std::size_t>(z.numel())),
+                           std::span<T>(all.data(), static_cast<std::size_t>(all.numel())));
+    Tensor<T> whole = B::template empty<T>(Shape{rows, parts * local});
+    B::for_each(rows, detail::InterleaveColumns<T>{all.data(), whole.data(), parts, rows, local});
+    return whole;
   }
 
  private:
   Parameter<T>* weight_;
+  parallel::TensorParallelGroup* tp_ = nullptr;
 };
 
 }  // namespace tessera::nn

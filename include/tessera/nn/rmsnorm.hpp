@@ -1,4 +1,8 @@
 // RMSNorm layer over the last dimension; the arithmetic is ops::RmsNorm*.
+//
+// Under sequence parallelism (parallel/tensor_parallel.hpp) each rank normalises its
+// own rows with the whole weight, so each computes part of the weight's gradient:
+// the parts are summed over the tensor-parallel group.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +11,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/rmsnorm.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
 
@@ -16,8 +21,11 @@ class RmsNorm {
   using scalar_type = T;
   using backend_type = B;
 
-  RmsNorm(std::string name, std::int64_t dim, double eps)
-      : weight_(std::move(name) + ".weight", Shape{dim}, Init::ones()), eps_(static_cast<T>(eps)) {}
+  /// `tp`: the tensor-parallel group whose ranks hold different rows (sequence parallel).
+  RmsNorm(std::string name, std::int64_t dim, double eps, parallel::TensorParallelGroup* tp = nullptr)
+      : weight_(std::move(name) + ".weight", Shape{dim}, Init::ones()), eps_(static_cast<T>(eps)), tp_(tp) {
+    if (tp) weight_.split = tp->whole();
+  }
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     const std::int64_t rows = x.size(0), n = x.size(1);
@@ -30,13 +38,21 @@ class RmsNorm {
   }
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
-    const Tensor<T>& x = ctx.saved("x");
-    const Tensor<T>& rstd = ctx.saved("rstd");
+    const Tensor<T> x = ctx.saved("x");
+    const Tensor<T> rstd = ctx.saved("rstd");
     const std::int64_t rows = x.size(0), n = x.size(1);
     Tensor<T> dx = B::template empty<T>(x.shape());
     B::for_each(rows, ops::RmsNormBackwardInput<T>{x.data(), n, weight_.value.data(), rstd.data(), dy.data(), n,
                                                    dx.data(), n, n});
-    B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, weight_.grad.data(), rows});
+    ctx.weight_grad([this, x, rstd, dy, rows, n] {
+      if (parallel::active(tp_)) {
+        Tensor<T> dw = B::template zeros<T>(weight_.grad.shape());
+        B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, dw.data(), rows});
+        parallel::accumulate_over_holders<B>(tp_, weight_.split, dw, weight_.grad);
+      } else {
+        B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, weight_.grad.data(), rows});
+      }
+    });
     return dx;
   }
 
@@ -50,6 +66,7 @@ class RmsNorm {
  private:
   Parameter<T> weight_;
   T eps_;
+  parallel::TensorParallelGroup* tp_;
 };
 
 }  // namespace tessera::nn

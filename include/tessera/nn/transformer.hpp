@@ -14,14 +14,34 @@
 // each unit's gradient reduction is issued when its backward ends and completed while
 // the next unit's backward runs (freeing its whole gradient). Parameters are made
 // whole (initialised or loaded) first; shard() then keeps this rank's share.
+//
+// Tensor parallelism: when Block is a tessera::Parallel with a TensorParallel policy,
+// the blocks split their heads and hidden units over the mesh's tp group, the hidden
+// state between them is split by rows (sequence parallelism), the embedding and the
+// output by vocabulary, and the loss is computed without gathering the logits
+// (parallel/tensor_parallel.hpp). shard() keeps each parameter's tensor-parallel
+// piece first, then its data-parallel shard of those pieces.
+//
+// Pipeline parallelism: when Block carries a Pipeline policy, the model is cut into
+// stages (parallel/stages.hpp; the embedding and the output count as one layer each),
+// stage s on pipeline rank s % P, and this rank builds only its stages. A micro-batch
+// from the trainer is cut into pipeline microbatches, which run through the stages by
+// the schedule's action list for this rank (parallel/schedule.hpp): activations go
+// forward and gradients backward as tagged sends between pipeline ranks, which never
+// wait for their receiver, so any schedule the simulator completes cannot deadlock.
+// Data-parallel units stay gathered through a pass and are reduced once after it.
+// A zero-bubble schedule's input-gradient action defers the layers' weight-gradient
+// work (Context::weight_grad) to its weight-gradient action.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
@@ -35,7 +55,10 @@
 #include "tessera/nn/rope.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/sharding.hpp"
+#include "tessera/parallel/stages.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
 
@@ -47,6 +70,49 @@ parallel::ShardingMode block_sharding(const parallel::Plan& plan) {
     return Block::sharding_mode(plan);
   else
     return parallel::ShardingMode::none;
+}
+
+/// The tensor-parallel degree a block type applies under a plan (a bare block: 1).
+template <class Block>
+int block_tensor_parallel(const parallel::Plan& plan) {
+  if constexpr (requires { Block::tensor_parallel_degree(plan); })
+    return Block::tensor_parallel_degree(plan);
+  else
+    return 1;
+}
+
+/// The pipeline degree a block type applies under a plan (a bare block: 1).
+template <class Block>
+int block_pipeline(const parallel::Plan& plan) {
+  if constexpr (requires { Block::pipeline_degree(plan); })
+    return Block::pipeline_degree(plan);
+  else
+    return 1;
+}
+
+/// The layer a Pipeline wrapper wraps (the type whole copies of remote stages are made of).
+template <class Block>
+struct bare_block {
+  using type = Block;
+};
+template <class Block>
+  requires requires { typename Block::block_type; }
+struct bare_block<Block> {
+  using type = typename Block::block_type;
+};
+
+/// The plan's tp communicator, once the block type, the mesh and the model agree on the degree.
+template <class Block>
+comm::Communicator* tensor_parallel_comm(const ModelArgs& args, const parallel::Plan& plan) {
+  const int mesh_tp = plan.tp_degree();
+  const int block_tp = block_tensor_parallel<Block>(plan);
+  TESSERA_CHECK(block_tp == mesh_tp || block_tp == 1, "model: the blocks' tessera::TensorParallel<", block_tp,
+                "> on a mesh whose tensor_parallel_degree is ", mesh_tp);
+  TESSERA_CHECK(mesh_tp == 1 || block_tp > 1, "parallelism.tensor_parallel_degree = ", mesh_tp,
+                ": the block type has no tessera::TensorParallel policy (wrap it in tessera::Parallel<Block, "
+                "tessera::TensorParallel<tessera::dynamic>, ...>)");
+  parallel::check_tensor_parallel(args, mesh_tp, plan.loss_parallel);
+  return mesh_tp > 1 ? &plan.mesh->tp() : nullptr;
 }
 }  // namespace detail
 
@@ -87,29 +153,48 @@ class Transformer {
   explicit Transformer(const ModelArgs& args, const parallel::Plan& plan = {})
       : args_((args.validate(), args)),
         plan_(plan),
+        tp_(detail::tensor_parallel_comm<Block>(args, plan), plan.loss_parallel),
         rope_(std::make_shared<RopeTable<T, B>>(args.head_dim(), args.rope_theta, args.rope_scaling)),
         tok_embeddings_("tok_embeddings", args.vocab_size, args.dim,
-                        args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0)),
-        norm_("norm", args.dim, args.norm_eps) {
-    for (std::int64_t i = 0; i < args.n_layers; ++i)
-      layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_});
+                        args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0), tp()),
+        norm_("norm", args.dim, args.norm_eps, tp()) {
+    lay_out_pipeline();
+    for (std::int64_t i : layer_ids_)
+      layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_, tp()});
     if (!args.tie_embeddings) {
       const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
       output_ = std::make_unique<Parameter<T>>("output.weight", Shape{args.vocab_size, args.dim},
                                                Init::truncated_normal(std, -3 * std, 3 * std));
+      // Loss parallelism splits it by vocabulary; without, every rank holds it whole
+      // and computes the whole head (the first rank counts it in the gradient norm).
+      output_->split = plan.loss_parallel ? tp_.split(0) : tp_.whole();
     }
-    head_ = ChunkedCrossEntropyHead<T, B>(output_ ? output_.get() : &tok_embeddings_.weight());
+    head_ = ChunkedCrossEntropyHead<T, B>(output_ ? output_.get() : &tok_embeddings_.weight(),
+                                          plan.loss_parallel ? tp() : nullptr);
+    if (!has_embedding_) release(tok_embeddings_.weight());
+    if (!has_head_) {
+      release(norm_.weight());
+      if (output_) release(*output_);
+    }
     for (std::size_t i = 0; i < layers_.size(); ++i) stores_.emplace_back("", &meter_);
     const parallel::ShardingMode mode = detail::block_sharding<Block>(plan_);
-    if (mode != parallel::ShardingMode::none || plan_.dp_degree() > 1) {
+    units_ = mode != parallel::ShardingMode::none || plan_.dp_degree() > 1;
+    if (units_) {
       // Tied weights: the head needs the embedding's parameters, so that unit stays
       // gathered from its forward to its backward.
-      const bool reshard_embedding = plan_.reshard != parallel::Reshard::never && !args.tie_embeddings;
-      embedding_unit_ = std::make_unique<Unit>("tok_embeddings", mode, plan_, reshard_embedding);
-      tok_embeddings_.for_each_parameter([&](Parameter<T>& p) { embedding_unit_->add(p); });
-      head_unit_ = std::make_unique<Unit>("norm+output", mode, plan_, plan_.reshard == parallel::Reshard::always);
-      norm_.for_each_parameter([&](Parameter<T>& p) { head_unit_->add(p); });
-      if (output_) head_unit_->add(*output_);
+      // In a pipeline, units stay gathered through the pass.
+      const bool reshard_embedding =
+          pp_ == 1 && plan_.reshard != parallel::Reshard::never && !args.tie_embeddings;
+      if (has_embedding_) {
+        embedding_unit_ = std::make_unique<Unit>("tok_embeddings", mode, plan_, reshard_embedding);
+        tok_embeddings_.for_each_parameter([&](Parameter<T>& p) { embedding_unit_->add(p); });
+      }
+      if (has_head_) {
+        head_unit_ = std::make_unique<Unit>("norm+output", mode, plan_,
+                                            pp_ == 1 && plan_.reshard == parallel::Reshard::always);
+        norm_.for_each_parameter([&](Parameter<T>& p) { head_unit_->add(p); });
+        if (output_) head_unit_->add(*output_);
+      }
     }
   }
   Transformer(const Transformer&) = delete;
@@ -118,32 +203,41 @@ class Transformer {
   const ModelArgs& args() const { return args_; }
   const parallel::Plan& plan() const { return plan_; }
 
-  /// Every parameter once, in a fixed order: embedding, blocks, norm, output.
+  /// Every parameter this rank holds once, in a fixed order: embedding, blocks, norm,
+  /// output (in a pipeline, those of its stages; inside with_whole_parameters, all).
   template <class F>
   void for_each_parameter(F&& f) {
-    tok_embeddings_.for_each_parameter(f);
+    if (!whole_.empty()) {
+      for (auto& p : whole_) f(*p);
+      return;
+    }
+    if (has_embedding_) tok_embeddings_.for_each_parameter(f);
     for (auto& l : layers_) l.for_each_parameter(f);
-    norm_.for_each_parameter(f);
-    if (output_) f(*output_);
+    if (has_head_) {
+      norm_.for_each_parameter(f);
+      if (output_) f(*output_);
+    }
   }
 
   void init_weights(std::uint64_t seed) {
     for_each_parameter([&](Parameter<T>& p) { init_parameter(p, seed); });
   }
 
-  /// Keeps this rank's share of every parameter (data-parallel sharding); a no-op on
-  /// one rank. Call it once the parameters are initialised or loaded: every rank
-  /// holds the same whole values then.
+  /// Keeps this rank's share of every parameter: its tensor-parallel piece, then its
+  /// data-parallel shard; a no-op on one rank. Call it once the parameters are
+  /// initialised or loaded: every rank holds the same whole values then.
   void shard() {
+    if (sharded_) return;
+    for_each_parameter([](Parameter<T>& p) { parallel::narrow<B>(p); });
     for_each_unit([](Unit& u) { u.shard(); });
     sharded_ = true;
   }
-  bool sharded() const { return sharded_ || !embedding_unit_; }
+  bool sharded() const { return sharded_ || (!units_ && !tp_.active()); }
 
   /// The parameters this rank updates: flat shards under FSDP/HSDP, else the parameters.
   template <class F>
   void for_each_local_parameter(F&& f) {
-    if (!embedding_unit_) return for_each_parameter(f);
+    if (!units_) return for_each_parameter(f);
     for_each_unit([&](Unit& u) { u.for_each_local_parameter(f); });
   }
 
@@ -151,29 +245,48 @@ class Transformer {
     for_each_local_parameter([](Parameter<T>& p) { B::for_each(p.numel(), ops::Fill<T>{T(0), p.grad.data()}); });
   }
 
-  /// The L2 norm of the whole gradient, over every shard of every rank (every rank
-  /// gets the same value).
+  /// The L2 norm of the whole gradient, over every piece and shard of every rank
+  /// (every rank gets the same value). Each rank sums the squares of the elements it
+  /// owns (its shard; the first replica; the first holder of a tensor-parallel piece),
+  /// and the sum over the world counts every element once.
   double grad_norm() {
     double s = 0;
-    for_each_local_parameter([&](Parameter<T>& p) { s += optim::squared_norm<B>(p.grad); });
-    // Shards are disjoint over dp_shard (and identical over dp_replicate); whole
-    // gradients (DDP, one rank) are the same on every rank already.
-    if (embedding_unit_ && embedding_unit_->norm_comm()) s = embedding_unit_->norm_comm()->all_reduce_value(s);
+    if (units_)
+      for_each_unit([&](Unit& u) { s += u.owned_squared_norm(); });
+    else
+      for_each_parameter([&](Parameter<T>& p) {
+        if (p.split.owner) s += optim::squared_norm<B>(p.grad);
+      });
+    if (plan_.mesh && plan_.mesh->world().size() > 1) s = plan_.mesh->world().all_reduce_value(s);
     return std::sqrt(s);
   }
 
   /// Runs f() with every parameter whole on every rank (for saving): gathers the
-  /// shards, then frees them again.
+  /// data-parallel shards and tensor-parallel pieces, and in a pipeline brings every
+  /// stage's parameters to every rank; then frees them again. A collective.
   template <class F>
   void with_whole_parameters(F&& f) {
     for_each_unit([](Unit& u) { u.unshard(); });
+    std::vector<std::pair<Parameter<T>*, Tensor<T>>> pieces;
+    auto restore = [&] {
+      whole_.clear();
+      for (auto& [p, piece] : pieces) p->value = piece;
+      for_each_unit([](Unit& u) { u.reshard(); });
+    };
     try {
+      if (tp_.active())
+        for_each_parameter([&](Parameter<T>& p) {
+          if (!p.split.split()) return;
+          Tensor<T> whole = parallel::gather_whole<B>(tp(), p);
+          pieces.emplace_back(&p, std::exchange(p.value, whole));
+        });
+      if (pp_ > 1) gather_stages();
       f();
     } catch (...) {
-      for_each_unit([](Unit& u) { u.reshard(); });
+      restore();
       throw;
     }
-    for_each_unit([](Unit& u) { u.reshard(); });
+    restore();
   }
 
   std::int64_t num_params() {
@@ -189,7 +302,8 @@ class Transformer {
   double forward_backward(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
                           double loss_scale, bool last_micro_batch = true) {
     check_geometry(inputs, g);
-    TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a data-parallel plan");
+    TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a parallel plan");
+    if (pp_ > 1) return pipeline_forward_backward(inputs, targets, g, loss_scale, last_micro_batch);
     meter_.reset_peak();
     for (auto& l : layers_)
       if constexpr (requires { l.set_last_micro_batch(true); }) l.set_last_micro_batch(last_micro_batch);
@@ -209,11 +323,14 @@ class Transformer {
       if (args_.tie_embeddings) embedding_unit_->begin_grads();
     }
     ActivationStore<T> norm_store("norm", &meter_);
-    Tensor<T> hn = norm_.forward(Context<T>(g, &norm_store), h);
+    // Under tensor parallelism each rank holds some rows; the head takes them all.
+    Tensor<T> hn = parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, &norm_store), h));
     h.release();
     Tensor<T> dhn = B::template empty<T>(hn.shape());
     double loss = head_.forward(hn, targets, static_cast<T>(loss_scale), &dhn);
     hn.release();
+    // Loss parallelism leaves each rank its vocabulary's share of dhn; else dhn is whole.
+    dhn = head_.vocab_parallel() ? parallel::reduce_scatter_rows<B>(tp(), dhn) : parallel::own_rows<B>(tp(), dhn);
 
     // Backward, each unit's gradients reduced as soon as it is done.
     Tensor<T> dh = norm_.backward(Context<T>(g, &norm_store), dhn);
@@ -249,6 +366,7 @@ class Transformer {
 
   /// Sum of token losses, no gradients and nothing saved.
   double loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g) {
+    if (pp_ > 1) return pipeline_loss(inputs, targets, g);
     const double l = head_.forward(final_hidden(inputs, g), targets, T(0), nullptr);
     free_head();
     return l;
@@ -277,29 +395,47 @@ class Transformer {
   /// stashes and recomputes included).
   std::size_t saved_activation_bytes() const { return saved_bytes_peak_; }
 
+  /// The i-th block this rank holds (in a pipeline, of its stages: see layer_id).
   Block& layer(std::size_t i) { return layers_.at(i); }
   std::size_t n_layers() const { return layers_.size(); }
+  std::int64_t layer_id(std::size_t i) const { return layer_ids_.at(i); }
+
+  /// Pipeline: the degree, this rank's place, every stage's range, and the schedule
+  /// (its action lists) a micro-batch of `microbatches` pipeline microbatches runs by.
+  int pipeline_degree() const { return pp_; }
+  const std::vector<parallel::StageRange>& stages() const { return stages_; }
+  const parallel::Schedule& schedule(int microbatches) {
+    auto it = schedules_.find(microbatches);
+    if (it == schedules_.end())
+      it = schedules_.emplace(microbatches, parallel::make_schedule(schedule_kind_, pp_, stages_per_rank_, microbatches))
+               .first;
+    return it->second;
+  }
 
  private:
   void check_geometry(std::span<const std::int32_t> inputs, Geometry g) const {
     TESSERA_CHECK(g.batch > 0 && g.seq_len > 0 && static_cast<std::int64_t>(inputs.size()) == g.rows(), "model: ",
                   inputs.size(), " tokens for a batch of ", g.batch, " x ", g.seq_len);
+    TESSERA_CHECK(g.rows() % tp_.degree() == 0, "model: a batch of ", g.batch, " x ", g.seq_len, " = ", g.rows(),
+                  " tokens does not split into rows over ", tp_.degree(), " tensor-parallel ranks");
     TESSERA_CHECK(g.seq_len <= args_.max_seq_len, "model: seq_len ", g.seq_len, " exceeds max_seq_len ",
                   args_.max_seq_len);
   }
 
-  /// The final normed hidden state; a sharded model gathers and frees each unit in turn.
+  /// The final normed hidden state, every row; a sharded model gathers and frees each unit in turn.
   /// With a sharded model every rank must call it together. The head's parameters stay
   /// gathered afterwards, for the logits; free_head() frees them.
   Tensor<T> final_hidden(std::span<const std::int32_t> inputs, Geometry g) {
     check_geometry(inputs, g);
-    TESSERA_CHECK(sharded(), "model: inference before shard() on a data-parallel plan");
+    TESSERA_CHECK(sharded(), "model: inference before shard() on a parallel plan");
+    TESSERA_CHECK(pp_ == 1, "model: logits of a pipelined model: take them from a whole copy (made inside "
+                            "with_whole_parameters), as llama-train samples");
     if (embedding_unit_) embedding_unit_->unshard();
     Tensor<T> h = tok_embeddings_.forward(inputs);
     if (embedding_unit_ && !args_.tie_embeddings) embedding_unit_->reshard();
     for (auto& l : layers_) h = l.forward(Context<T>(g, nullptr), h);
     if (head_unit_) head_unit_->unshard();
-    return norm_.forward(Context<T>(g, nullptr), h);
+    return parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, nullptr), h));
   }
 
   /// Frees what final_hidden left gathered for the head.
@@ -316,21 +452,283 @@ class Transformer {
       return nullptr;
   }
 
+  /// The tensor-parallel group the layers split over, or nullptr at degree 1.
+  parallel::TensorParallelGroup* tp() { return tp_.active() ? &tp_ : nullptr; }
+
   void prefetch(Unit* u) {
     if (u && plan_.prefetch) u->prefetch();
   }
 
   template <class F>
   void for_each_unit(F&& f) {
-    if (!embedding_unit_) return;
-    f(*embedding_unit_);
+    if (!units_) return;
+    if (embedding_unit_) f(*embedding_unit_);
     for (auto& l : layers_)
       if (Unit* u = unit_of(l)) f(*u);
-    f(*head_unit_);
+    if (head_unit_) f(*head_unit_);
+  }
+
+  static void release(Parameter<T>& p) {
+    p.value.release();
+    p.grad.release();
+  }
+
+  // ---- pipeline parallelism -------------------------------------------------------
+
+  /// Which stages this rank holds, and so which layers it builds.
+  void lay_out_pipeline() {
+    const int block_pp = detail::block_pipeline<Block>(plan_);
+    const int mesh_pp = plan_.pp_degree();
+    TESSERA_CHECK(block_pp == mesh_pp || block_pp == 1, "model: the blocks' tessera::Pipeline<", block_pp,
+                  "> on a mesh whose pipeline_parallel_degree is ", mesh_pp);
+    TESSERA_CHECK(mesh_pp == 1 || block_pp > 1, "parallelism.pipeline_parallel_degree = ", mesh_pp,
+                  ": the block type has no tessera::Pipeline policy (wrap it in tessera::Parallel<Block, "
+                  "tessera::Pipeline<tessera::dynamic>, ...>)");
+    pp_ = mesh_pp;
+    const auto L = static_cast<int>(args_.n_layers);
+    if (pp_ == 1) {
+      for (int i = 0; i < L; ++i) layer_ids_.push_back(i);
+      stages_ = {parallel::StageRange{0, L, true, true}};
+      return;
+    }
+    if constexpr (requires { Block::pipeline_schedule(plan_); }) schedule_kind_ = Block::pipeline_schedule(plan_);
+    TESSERA_CHECK(!args_.tie_embeddings, "parallelism.pipeline_parallel_degree = ", pp_, " with tied embeddings (",
+                  args_.flavor, "): the embedding and the output live on different stages");
+    pp_rank_ = plan_.mesh->pp_rank();
+    const auto& points = plan_.pipeline.split_points;
+    const bool interleaved = schedule_kind_ == parallel::ScheduleKind::interleaved_1f1b ||
+                             schedule_kind_ == parallel::ScheduleKind::interleaved_zero_bubble;
+    int V = plan_.pipeline.stages_per_rank;
+    if (!points.empty()) {
+      const int S = static_cast<int>(points.size()) + 1;
+      TESSERA_CHECK(S % pp_ == 0, "parallelism.pipeline_parallel_split_points: ", points.size(), " points make ", S,
+                    " stages, not a multiple of pipeline_parallel_degree = ", pp_);
+      TESSERA_CHECK(V == 0 || V == S / pp_, "parallelism: ", S, " stages over ", pp_, " ranks is ", S / pp_,
+                    " stages per rank, not ", V);
+      V = S / pp_;
+    }
+    if (V == 0) V = interleaved ? 2 : 1;
+    stages_per_rank_ = V;
+    stages_ = parallel::split_stages(L, pp_ * V, points);
+    for (int s = pp_rank_; s < pp_ * V; s += pp_) {
+      const parallel::StageRange& r = stages_[static_cast<std::size_t>(s)];
+      for (int i = r.first_block; i < r.end_block; ++i) layer_ids_.push_back(i);
+    }
+    has_embedding_ = pp_rank_ == 0;
+    has_head_ = (pp_ * V - 1) % pp_ == pp_rank_;
+    // The schedule's own checks (stages per rank) with the smallest microbatch count it takes.
+    parallel::check_schedule_shape(schedule_kind_, pp_, V, parallel::min_microbatches(schedule_kind_, pp_));
+  }
+
+  /// The index in layers_ of the first block of stage s (one of this rank's).
+  std::size_t first_local_layer(int s) const {
+    std::size_t n = 0;
+    for (int t = pp_rank_; t < s; t += pp_) n += static_cast<std::size_t>(stages_[static_cast<std::size_t>(t)].blocks());
+    return n;
+  }
+
+  /// Tags of the transfers between stages: the input of stage s, the gradient of its output.
+  int activation_tag(int stage, int m) const { return 2 * (m * static_cast<int>(stages_.size()) + stage); }
+  int gradient_tag(int stage, int m) const { return activation_tag(stage, m) + 1; }
+
+  /// One micro-batch through the pipeline by the schedule. Returns the sum of token
+  /// losses (on every pipeline rank).
+  double pipeline_forward_backward(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
+                                   Geometry g, double loss_scale, bool last_micro_batch) {
+    const std::int64_t mb = plan_.pipeline.microbatch_size;
+    TESSERA_CHECK(mb >= 1 && g.batch % mb == 0, "parallelism.pipeline_parallel_microbatch_size = ", mb,
+                  " does not divide a data-parallel rank's batch of ", g.batch,
+                  " sequences (training.local_batch_size)");
+    const int M = static_cast<int>(g.batch / mb);
+    parallel::check_schedule_shape(schedule_kind_, pp_, stages_per_rank_, M);
+    const int S = static_cast<int>(stages_.size());
+    TESSERA_CHECK(2 * M * S <= comm::kMaxTag, "pipeline: ", M, " microbatches over ", S,
+                  " stages need more transfer tags than the communicator has (", comm::kMaxTag,
+                  "); raise parallelism.pipeline_parallel_microbatch_size");
+    const parallel::Schedule& plan = schedule(M);
+    const Geometry gm{mb, g.seq_len};
+    const std::int64_t rows = gm.rows(), shard_rows = rows / tp_.degree();
+    comm::Communicator& pp = plan_.mesh->pp();
+    meter_.reset_peak();
+
+    std::deque<ActivationStore<T>> stores;  // (local layer, microbatch)
+    for (std::size_t i = 0; i < layers_.size() * static_cast<std::size_t>(M); ++i) stores.emplace_back("", &meter_);
+    auto store = [&](std::size_t layer, int m) -> ActivationStore<T>& {
+      return stores[layer * static_cast<std::size_t>(M) + static_cast<std::size_t>(m)];
+    };
+    std::deque<ActivationStore<T>> norm_stores;
+    for (int m = 0; m < M; ++m) norm_stores.emplace_back("norm", &meter_);
+    std::vector<Tensor<T>> head_grad(static_cast<std::size_t>(M));
+    std::vector<WeightGradQueue> deferred(static_cast<std::size_t>(stages_per_rank_ * M));
+    std::vector<std::pair<Tensor<T>, comm::Handle>> sends;  // each buffer alive until its send completes
+    double loss = 0;
+
+    auto send = [&](Tensor<T> t, int stage, int tag) {
+      const comm::PeerOp op{comm::PeerOp::Kind::send, stage % pp_, t.data(), static_cast<std::size_t>(t.numel()),
+                            comm::data_type_of<T>(), tag};
+      comm::Handle h = pp.send_recv_async(std::span<const comm::PeerOp>(&op, 1));
+      sends.emplace_back(std::move(t), std::move(h));
+    };
+    auto recv = [&](int stage, int tag) {
+      Tensor<T> t = B::template empty<T>(Shape{shard_rows, args_.dim});
+      const comm::PeerOp op{comm::PeerOp::Kind::recv, stage % pp_, t.data(), static_cast<std::size_t>(t.numel()),
+                            comm::data_type_of<T>(), tag};
+      pp.send_recv(std::span<const comm::PeerOp>(&op, 1));
+      return t;
+    };
+    auto ids = [&](std::span<const std::int32_t> all, int m) {
+      return all.subspan(static_cast<std::size_t>(m * rows), static_cast<std::size_t>(rows));
+    };
+
+    for (const parallel::Action& a : plan.per_rank[static_cast<std::size_t>(pp_rank_)]) {
+      const int s = a.stage, m = a.microbatch;
+      const parallel::StageRange& range = stages_[static_cast<std::size_t>(s)];
+      const std::size_t first = first_local_layer(s), count = static_cast<std::size_t>(range.blocks());
+      WeightGradQueue& queue = deferred[static_cast<std::size_t>((s / pp_) * M + m)];
+      switch (a.op) {
+        case parallel::Op::forward: {
+          Tensor<T> x;
+          if (range.embedding) {
+            if (embedding_unit_) embedding_unit_->unshard();
+            x = tok_embeddings_.forward(ids(inputs, m));
+          } else {
+            x = recv(s - 1, activation_tag(s, m));
+          }
+          for (std::size_t j = first; j < first + count; ++j) x = layers_[j].forward(Context<T>(gm, &store(j, m)), x);
+          if (range.output) {
+            if (head_unit_) {
+              head_unit_->unshard();
+              head_unit_->begin_grads();
+            }
+            Tensor<T> hn = parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(gm, &norm_stores[m]), x));
+            x.release();
+            Tensor<T> dhn = B::template empty<T>(hn.shape());
+            loss += head_.forward(hn, ids(targets, m), static_cast<T>(loss_scale), &dhn);
+            head_grad[m] = head_.vocab_parallel() ? parallel::reduce_scatter_rows<B>(tp(), dhn)
+                                                  : parallel::own_rows<B>(tp(), dhn);
+          } else {
+            send(std::move(x), s + 1, activation_tag(s + 1, m));
+          }
+          break;
+        }
+        case parallel::Op::backward:
+        case parallel::Op::backward_input: {
+          WeightGradQueue* later = a.op == parallel::Op::backward_input ? &queue : nullptr;
+          Tensor<T> dy;
+          if (range.output) {
+            dy = norm_.backward(Context<T>(gm, &norm_stores[m]).deferring_weight_grads(later), head_grad[m]);
+            norm_stores[m].clear();
+            head_grad[m].release();
+          } else {
+            dy = recv(s + 1, gradient_tag(s, m));
+          }
+          for (std::size_t j = first + count; j-- > first;) {
+            dy = layers_[j].backward(Context<T>(gm, &store(j, m)).deferring_weight_grads(later), dy);
+            store(j, m).clear();
+          }
+          if (range.embedding) {
+            if (embedding_unit_) embedding_unit_->begin_grads();
+            tok_embeddings_.backward(ids(inputs, m), dy);
+          } else {
+            send(std::move(dy), s - 1, gradient_tag(s - 1, m));
+          }
+          break;
+        }
+        case parallel::Op::backward_weight:
+          for (auto& work : queue) work();
+          queue.clear();
+          break;
+      }
+    }
+    for (auto& [buffer, handle] : sends) handle.wait();
+    for (const auto& q : deferred)
+      TESSERA_CHECK(q.empty(), "pipeline: the schedule left weight-gradient work undone (a bug in its action list)");
+    // Every unit ran its last backward of the pass: reduce its gradients, free it.
+    for_each_unit([&](Unit& u) {
+      u.reduce_grads(last_micro_batch);
+      u.reshard();
+    });
+    for_each_unit([](Unit& u) { u.finish_grads(); });
+    saved_bytes_peak_ = meter_.peak();
+    return pp.all_reduce_value(loss);  // the last stage's rank has it
+  }
+
+  /// The sum of token losses without gradients: every microbatch forward through the
+  /// stages in order (sends never wait, so no rank can block another).
+  double pipeline_loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g) {
+    TESSERA_CHECK(sharded(), "model: inference before shard() on a parallel plan");
+    comm::Communicator& pp = plan_.mesh->pp();
+    const std::int64_t shard_rows = g.rows() / tp_.degree();
+    std::vector<std::pair<Tensor<T>, comm::Handle>> sends;
+    double loss = 0;
+    for (int s = pp_rank_; s < static_cast<int>(stages_.size()); s += pp_) {
+      const parallel::StageRange& range = stages_[static_cast<std::size_t>(s)];
+      Tensor<T> x;
+      if (range.embedding) {
+        if (embedding_unit_) embedding_unit_->unshard();
+        x = tok_embeddings_.forward(inputs);
+        if (embedding_unit_) embedding_unit_->reshard();
+      } else {
+        x = B::template empty<T>(Shape{shard_rows, args_.dim});
+        const comm::PeerOp op{comm::PeerOp::Kind::recv, (s - 1) % pp_, x.data(), static_cast<std::size_t>(x.numel()),
+                              comm::data_type_of<T>(), activation_tag(s, 0)};
+        pp.send_recv(std::span<const comm::PeerOp>(&op, 1));
+      }
+      const std::size_t first = first_local_layer(s);
+      for (std::size_t j = first; j < first + static_cast<std::size_t>(range.blocks()); ++j)
+        x = layers_[j].forward(Context<T>(g, nullptr), x);
+      if (range.output) {
+        if (head_unit_) head_unit_->unshard();
+        loss = head_.forward(parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, nullptr), x)), targets, T(0),
+                             nullptr);
+        if (head_unit_) head_unit_->reshard();
+      } else {
+        const comm::PeerOp op{comm::PeerOp::Kind::send, (s + 1) % pp_, x.data(), static_cast<std::size_t>(x.numel()),
+                              comm::data_type_of<T>(), activation_tag(s + 1, 0)};
+        sends.emplace_back(x, pp.send_recv_async(std::span<const comm::PeerOp>(&op, 1)));
+      }
+    }
+    for (auto& [buffer, handle] : sends) handle.wait();
+    return pp.all_reduce_value(loss);
+  }
+
+  /// The stage (and so the pipeline rank) holding a parameter, by its name.
+  int stage_of(const std::string& name) const {
+    if (name.rfind("tok_embeddings.", 0) == 0) return 0;
+    if (name.rfind("layers.", 0) == 0) {
+      const int layer = std::stoi(name.substr(7));
+      for (std::size_t s = 0; s < stages_.size(); ++s)
+        if (layer >= stages_[s].first_block && layer < stages_[s].end_block) return static_cast<int>(s);
+    }
+    return static_cast<int>(stages_.size()) - 1;  // norm, output
+  }
+
+  /// Makes whole_ every parameter of the model, each broadcast from the pipeline rank
+  /// holding it (whose values are whole already). A collective over the pipeline.
+  void gather_stages() {
+    std::map<std::string, Parameter<T>*> mine;
+    for_each_parameter([&](Parameter<T>& p) { mine[p.name] = &p; });
+    {
+      // A one-rank model of the bare block type names and shapes every parameter.
+      Transformer<T, B, typename detail::bare_block<Block>::type> all(args_);
+      all.for_each_parameter([&](Parameter<T>& q) {
+        q.grad.release();
+        whole_.push_back(std::make_unique<Parameter<T>>(std::move(q)));
+      });
+    }
+    for (auto& q : whole_) {
+      const int owner = stage_of(q->name) % pp_;
+      if (owner == pp_rank_) {
+        const Parameter<T>& p = *mine.at(q->name);
+        B::for_each(q->numel(), ops::Copy<T>{p.value.data(), q->value.data()});
+      }
+      plan_.mesh->pp().broadcast(std::span<T>(q->value.data(), static_cast<std::size_t>(q->numel())), owner);
+    }
   }
 
   ModelArgs args_;
   parallel::Plan plan_;
+  parallel::TensorParallelGroup tp_;  // before the layers: they point to it
   ActivationMeter meter_;  // before the stores: they report to it until they go
   std::shared_ptr<RopeTable<T, B>> rope_;
   Embedding<T, B> tok_embeddings_;
@@ -341,7 +739,16 @@ class Transformer {
   std::deque<ActivationStore<T>> stores_;
   std::size_t saved_bytes_peak_ = 0;
   std::unique_ptr<Unit> embedding_unit_, head_unit_;  // with data-parallel sharding
+  bool units_ = false;                                // data-parallel units exist
   bool sharded_ = false;
+  // Pipeline parallelism (degree 1: the one stage is here).
+  int pp_ = 1, pp_rank_ = 0, stages_per_rank_ = 1;
+  parallel::ScheduleKind schedule_kind_ = parallel::ScheduleKind::one_f_one_b;
+  std::vector<parallel::StageRange> stages_;
+  std::vector<std::int64_t> layer_ids_;  // the global id of each block held here
+  bool has_embedding_ = true, has_head_ = true;
+  std::map<int, parallel::Schedule> schedules_;           // by microbatch count
+  std::vector<std::unique_ptr<Parameter<T>>> whole_;       // every parameter, inside with_whole_parameters
 };
 
 }  // namespace tessera::nn

@@ -2,6 +2,10 @@
 //
 // The backward runs one column at a time over every token, so no two workers write
 // the same element and the sum order is fixed (deterministic, no atomics).
+//
+// A table may hold only the ids [lo, hi) of the vocabulary (split by vocabulary over
+// tensor-parallel ranks): row 0 of the table is id lo; other ids give zero rows and
+// no gradient.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +17,18 @@ namespace tessera::ops {
 template <class T>
 struct EmbeddingForward {
   const std::int32_t* ids;
-  const T* table;  // (vocab, dim)
+  const T* table;  // (hi - lo, dim)
   T* out;          // (rows, dim)
   std::int64_t dim;
+  std::int64_t lo = 0, hi = INT64_MAX;
   TESSERA_HD void operator()(std::int64_t r) const {
-    const T* src = table + static_cast<std::int64_t>(ids[r]) * dim;
+    const std::int64_t id = ids[r];
     T* dst = out + r * dim;
+    if (id < lo || id >= hi) {
+      for (std::int64_t j = 0; j < dim; ++j) dst[j] = T(0);
+      return;
+    }
+    const T* src = table + (id - lo) * dim;
     for (std::int64_t j = 0; j < dim; ++j) dst[j] = src[j];
   }
 };
@@ -31,8 +41,12 @@ struct EmbeddingBackwardColumn {
   T* dtable;      // (vocab, dim)
   std::int64_t rows;
   std::int64_t dim;
+  std::int64_t lo = 0, hi = INT64_MAX;
   TESSERA_HD void operator()(std::int64_t j) const {
-    for (std::int64_t r = 0; r < rows; ++r) dtable[static_cast<std::int64_t>(ids[r]) * dim + j] += dout[r * dim + j];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t id = ids[r];
+      if (id >= lo && id < hi) dtable[(id - lo) * dim + j] += dout[r * dim + j];
+    }
   }
 };
 

@@ -64,10 +64,10 @@ Tensor<T> checkpointed_backward(Block& block, CheckpointMode mode, const nn::Con
   TESSERA_CHECK(store != nullptr, "checkpointed backward without a store: the forward kept nothing");
   const Tensor<T> x = store->load("checkpoint.input");
   nn::ActivationStore<T>& saves = store->child("checkpoint.recompute");
-  nn::Context<T> recompute = mode.kind == K::full
-                                 ? nn::Context<T>(ctx.geometry(), nn::Recording::keep, &saves)
-                                 : nn::Context<T>(ctx.geometry(), nn::Recording::replay, &saves,
-                                                  &store->child("checkpoint.stash"));
+  nn::Context<T> recompute = (mode.kind == K::full ? nn::Context<T>(ctx.geometry(), nn::Recording::keep, &saves)
+                                                    : nn::Context<T>(ctx.geometry(), nn::Recording::replay, &saves,
+                                                                     &store->child("checkpoint.stash")))
+                                 .deferring_weight_grads(ctx.weight_grad_queue());
   block.forward(recompute, x).release();
   Tensor<T> dx = block.backward(recompute, dy);
   store->clear();

@@ -6,7 +6,8 @@
 //   tessera::nn::Transformer<float, tessera::Cpu, Block> model(args, plan);
 //
 // Block is any type satisfying nn::Layer and constructible from nn::BlockArgs: the
-// Llama block or a user's own. The wrapper is itself such a layer. Around the block's
+// Llama block or a user's own. The wrapper is itself such a layer. TensorParallel
+// needs a block that splits itself over BlockArgs::tp (nn::TensorParallelLayer). Around the block's
 // forward and backward it runs the sharding unit's collectives (gather before, free
 // after, reduce the gradients) and the checkpoint policy's recording; the block
 // computes exactly as it would alone. Policies come in any order; a family given
@@ -23,6 +24,7 @@
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/policies.hpp"
 #include "tessera/parallel/sharding.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera {
 
@@ -31,8 +33,9 @@ namespace parallel::detail {
 template <class P>
 struct check_policy {
   static_assert(is_policy<P>,
-                "tessera::Parallel<Block, Policies...>: every policy must be a tessera::Sharding<...> or a "
-                "tessera::Checkpoint<...> (this one is neither)");
+                "tessera::Parallel<Block, Policies...>: every policy must be a tessera::Sharding<...>, a "
+                "tessera::TensorParallel<...>, a tessera::Pipeline<...> or a tessera::Checkpoint<...> (this one is "
+                "none of them)");
   // Instantiates the policy, so the checks of its choice fire with the wrapper itself.
   static constexpr bool value = sizeof(P) > 0;
 };
@@ -48,6 +51,16 @@ class Parallel {
                 "tessera::Parallel: tessera::Sharding<...> is given more than once; give each policy family once");
   static_assert(parallel::count_of<parallel::is_checkpoint, Policies...> <= 1,
                 "tessera::Parallel: tessera::Checkpoint<...> is given more than once; give each policy family once");
+  static_assert(parallel::count_of<parallel::is_tensor_parallel, Policies...> <= 1,
+                "tessera::Parallel: tessera::TensorParallel<...> is given more than once; give each policy family once");
+  static_assert(parallel::count_of<parallel::is_pipeline, Policies...> <= 1,
+                "tessera::Parallel: tessera::Pipeline<...> is given more than once; give each policy family once");
+  static constexpr bool splits_over_tp = parallel::count_of<parallel::is_tensor_parallel, Policies...> == 1;
+  static constexpr bool pipelined = parallel::count_of<parallel::is_pipeline, Policies...> == 1;
+  static_assert(!splits_over_tp || nn::TensorParallelLayer<Block>,
+                "tessera::Parallel<Block, TensorParallel<...>>: Block does not split over tensor-parallel ranks: it "
+                "must declare `static constexpr bool tensor_parallel = true` and split its heads and hidden units "
+                "over nn::BlockArgs::tp, as nn::LlamaBlock does");
 
  public:
   using scalar_type = typename Block::scalar_type;
@@ -56,6 +69,9 @@ class Parallel {
   using sharding_policy = typename parallel::find_policy<parallel::is_sharding, Sharding<None>, Policies...>::type;
   using checkpoint_policy =
       typename parallel::find_policy<parallel::is_checkpoint, Checkpoint<None>, Policies...>::type;
+  using tensor_parallel_policy =
+      typename parallel::find_policy<parallel::is_tensor_parallel, TensorParallel<1>, Policies...>::type;
+  using pipeline_policy = typename parallel::find_policy<parallel::is_pipeline, Pipeline<1>, Policies...>::type;
   using T = scalar_type;
   using B = backend_type;
 
@@ -65,17 +81,39 @@ class Parallel {
     return parallel::sharding_mode<typename sharding_policy::mode>(plan);
   }
 
-  explicit Parallel(const nn::BlockArgs<T, B>& args) : block_(args) {
+  /// The tensor-parallel degree this wrapper's type and a Plan give (1: no TensorParallel).
+  static int tensor_parallel_degree(const parallel::Plan& plan) {
+    if constexpr (splits_over_tp)
+      return parallel::tensor_parallel_degree<tensor_parallel_policy>(plan);
+    else
+      return 1;
+  }
+
+  /// The pipeline degree and schedule this wrapper's type and a Plan give (degree 1: no Pipeline).
+  static int pipeline_degree(const parallel::Plan& plan) {
+    if constexpr (pipelined)
+      return parallel::pipeline_degree<pipeline_policy>(plan);
+    else
+      return 1;
+  }
+  static parallel::ScheduleKind pipeline_schedule(const parallel::Plan& plan) {
+    return parallel::pipeline_schedule<pipeline_policy>(plan);
+  }
+
+  explicit Parallel(const nn::BlockArgs<T, B>& args) : block_(block_args(args)) {
     static const parallel::Plan kOneRank{};
     const parallel::Plan& plan = args.plan ? *args.plan : kOneRank;
     checkpoint_ = parallel::checkpoint_for_layer(
         parallel::checkpoint_mode<typename checkpoint_policy::mode>(plan), args.layer_id);
     const parallel::ShardingMode mode = sharding_mode(plan);
+    pipelined_ = pipeline_degree(plan) > 1;
     if (mode != parallel::ShardingMode::none || plan.dp_degree() > 1) {
       // torchtitan's default keeps the last block gathered: its backward comes next.
+      // In a pipeline every block runs again for the next microbatch: it stays gathered
+      // through the pass, and the model reduces and frees it after its last backward.
       const bool last = args.layer_id + 1 == args.model.n_layers;
-      const bool reshard = plan.reshard == parallel::Reshard::always ||
-                           (plan.reshard == parallel::Reshard::default_policy && !last);
+      const bool reshard = !pipelined_ && (plan.reshard == parallel::Reshard::always ||
+                                           (plan.reshard == parallel::Reshard::default_policy && !last));
       unit_ = std::make_unique<parallel::ShardedUnit<T, B>>(args.name, mode, plan, reshard);
       block_.for_each_parameter([&](nn::Parameter<T>& p) { unit_->add(p); });
     }
@@ -97,7 +135,7 @@ class Parallel {
       unit_->begin_grads();
     }
     Tensor<T> dx = parallel::checkpointed_backward(block_, checkpoint_, ctx, dy);
-    if (unit_) {
+    if (unit_ && !pipelined_) {
       unit_->reduce_grads(last_micro_batch_);
       unit_->reshard();
     }
@@ -117,8 +155,30 @@ class Parallel {
   Block& block() { return block_; }
 
  private:
+  /// The block's arguments: the tensor-parallel group only under a TensorParallel
+  /// policy, whose degree and head counts must match the run-time model and mesh.
+  static nn::BlockArgs<T, B> block_args(nn::BlockArgs<T, B> args) {
+    const int have = args.tp ? args.tp->degree() : 1;
+    if constexpr (splits_over_tp) {
+      using P = tensor_parallel_policy;
+      if constexpr (!P::dynamic_degree)
+        TESSERA_CHECK(have == P::degree, args.name, ": tessera::TensorParallel<", P::degree,
+                      "> on a mesh whose tensor_parallel_degree is ", have);
+      if constexpr (P::heads_given)
+        TESSERA_CHECK(args.model.n_heads == P::heads::n_heads && args.model.kv_heads() == P::heads::n_kv_heads,
+                      args.name, ": tessera::TensorParallel<N, Heads<", P::heads::n_heads, ", ", P::heads::n_kv_heads,
+                      ">> on a model with ", args.model.n_heads, " heads and ", args.model.kv_heads(), " kv heads");
+    } else {
+      TESSERA_CHECK(have == 1, args.name, ": tensor_parallel_degree ", have,
+                    " needs a tessera::TensorParallel<...> policy on the block");
+      args.tp = nullptr;
+    }
+    return args;
+  }
+
   Block block_;
   parallel::CheckpointMode checkpoint_{};
+  bool pipelined_ = false;
   std::unique_ptr<parallel::ShardedUnit<T, B>> unit_;
   bool last_micro_batch_ = true;
 };

@@ -3,17 +3,19 @@
 //
 // Policies are types (parallel/policies.hpp). A static one (Sharding<FSDP>,
 // Checkpoint<Full>) fixes its choice at compile time; Sharding<Dynamic> and
-// Checkpoint<Dynamic>, which the binaries use, read it from the Plan, which
+// Checkpoint<Dynamic> and TensorParallel<dynamic>, which the binaries use, read it from the Plan, which
 // llama-train fills from the [parallelism] and [activation_checkpoint] keys.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/schedule.hpp"
 
 namespace tessera::parallel {
 
@@ -93,6 +95,20 @@ inline ShardingMode sharding_for(const comm::MeshShape& s) {
   return ShardingMode::none;
 }
 
+/// What Pipeline<...> with run-time choices reads: torchtitan's pipeline_parallel_* keys.
+struct PipelineOptions {
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
+  /// Stages per pipeline rank; 0: 1 for GPipe and 1F1B, 2 for the interleaved schedules
+  /// (or what split_points imply).
+  int stages_per_rank = 0;
+  /// Sequences per microbatch: a data-parallel rank's batch is cut into
+  /// local_batch_size / microbatch_size microbatches.
+  std::int64_t microbatch_size = 1;
+  /// Block indices where a stage begins (torchtitan's pipeline_parallel_split_points);
+  /// empty: an even split (parallel/stages.hpp).
+  std::vector<int> split_points;
+};
+
 struct Plan {
   /// This rank's place; nullptr for one rank alone. Must outlive the model.
   comm::DeviceMesh* mesh = nullptr;
@@ -103,8 +119,15 @@ struct Plan {
   DType param_dtype = DType::f32;
   /// Gather the next unit's parameters while this one computes.
   bool prefetch = true;
+  /// Under tensor parallelism: the output split by vocabulary and the loss computed
+  /// without gathering logits (torchtitan's default; disable_loss_parallel turns it off).
+  bool loss_parallel = true;
+  /// For Pipeline<dynamic> (and a pipeline's run-time details).
+  PipelineOptions pipeline{};
 
   int dp_degree() const { return mesh ? mesh->dp_degree() : 1; }
+  int tp_degree() const { return mesh ? mesh->shape().tp : 1; }
+  int pp_degree() const { return mesh ? mesh->shape().pp : 1; }
   int dp_rank() const { return mesh ? mesh->dp_rank() : 0; }
   /// What Sharding<Dynamic> means on this plan's mesh.
   ShardingMode dynamic_sharding() const { return mesh ? sharding_for(mesh->shape()) : ShardingMode::none; }

@@ -1,9 +1,12 @@
 // The policy types and the rules for combining them.
 //
-//   tessera::Parallel<Block, tessera::Sharding<tessera::FSDP>, tessera::Checkpoint<tessera::Full>>
+//   tessera::Parallel<Block, tessera::Sharding<tessera::FSDP>, tessera::TensorParallel<2>,
+//                     tessera::Checkpoint<tessera::Full>>
 //
-// A policy is an empty tag type; a policy family (Sharding, Checkpoint) is a template
-// over its choice. Policies may be given in any order. Giving a family twice, or a
+// A policy is an empty tag type; a policy family (Sharding, Checkpoint,
+// TensorParallel, Pipeline) is a template over its choice. A degree is static
+// (TensorParallel<2>) or tessera::dynamic, read from the mesh, as std::extent and
+// std::dynamic_extent. Policies may be given in any order. Giving a family twice, or a
 // choice a family does not know, is a static_assert whose message names the policy and
 // the rule (tests/compile_fail pins the messages). Dynamic defers the choice to the
 // run-time Plan (parallel/plan.hpp), as std::dynamic_extent defers an extent.
@@ -38,6 +41,84 @@ struct Selective {
   static_assert(!std::is_same_v<What, Layer> || K >= 1,
                 "tessera::Selective<Layer, K>: K (checkpoint every K-th block) must be at least 1");
   static_assert(!std::is_same_v<What, Op> || K == 0, "tessera::Selective<Op>: takes no K");
+};
+
+/// A degree read from the mesh at run time: TensorParallel<tessera::dynamic>.
+inline constexpr Dynamic dynamic{};
+
+/// Head counts a static TensorParallel<N, Heads<H, KV>> is checked against at compile
+/// time (and the model's against them at run time).
+template <int H, int KV = H>
+struct Heads {
+  static_assert(H >= 1 && KV >= 1 && H % KV == 0,
+                "tessera::Heads<H, KV>: H query heads and KV key/value heads, KV dividing H");
+  static constexpr int n_heads = H;
+  static constexpr int n_kv_heads = KV;
+};
+/// No head counts given: a static degree is checked against the model at run time only.
+struct AnyHeads {};
+
+/// Tensor parallelism over N ranks (parallel/tensor_parallel.hpp), or over the mesh's
+/// tp degree with N = tessera::dynamic.
+template <auto N, class H = AnyHeads>
+struct TensorParallel {
+  static constexpr bool dynamic_degree = std::is_same_v<std::remove_cv_t<decltype(N)>, Dynamic>;
+  static_assert(dynamic_degree || std::is_integral_v<decltype(N)>,
+                "tessera::TensorParallel<N>: N must be a degree (an integer) or tessera::dynamic");
+  static constexpr int degree = [] {
+    if constexpr (dynamic_degree)
+      return 0;
+    else if constexpr (std::is_integral_v<decltype(N)>)
+      return static_cast<int>(N);
+    else
+      return 1;  // refused above; 1 keeps the checks below quiet
+  }();
+  static_assert(dynamic_degree || degree >= 1, "tessera::TensorParallel<N>: the degree N must be at least 1");
+  static constexpr bool heads_given = !std::is_same_v<H, AnyHeads>;
+  static constexpr bool heads_divide = [] {
+    if constexpr (heads_given && !dynamic_degree)
+      return degree < 1 || H::n_heads % degree == 0;
+    return true;
+  }();
+  static_assert(heads_divide, "tessera::TensorParallel<N, Heads<H, KV>>: N does not divide the query head count H "
+                              "(each rank computes H / N heads)");
+  static_assert(!heads_divide || [] {
+    if constexpr (heads_given && !dynamic_degree)
+      return degree < 1 || H::n_kv_heads % degree == 0 || degree % H::n_kv_heads == 0;
+    return true;
+  }(), "tessera::TensorParallel<N, Heads<H, KV>>: N and the key/value head count KV must divide one another "
+       "(with more ranks than kv heads each kv head is replicated over the ranks that read it)");
+  using heads = H;
+};
+
+// Pipeline schedules (parallel/schedule.hpp).
+struct GPipe {};
+struct OneFOneB {};               // "1F1B"
+struct Interleaved1F1B {};        // several stages per rank
+struct InterleavedZeroBubble {};  // backward split into input and weight gradients
+
+/// Pipeline parallelism over Stages ranks (or the mesh's pp degree with
+/// tessera::dynamic), run by Schedule (Dynamic: the Plan's pipeline_parallel_schedule).
+/// The model cuts its blocks into stages and runs them by the schedule
+/// (nn/transformer.hpp); every block of the model carries the same policy.
+template <auto Stages, class Schedule = Dynamic>
+struct Pipeline {
+  static constexpr bool dynamic_degree = std::is_same_v<std::remove_cv_t<decltype(Stages)>, Dynamic>;
+  static_assert(dynamic_degree || std::is_integral_v<decltype(Stages)>,
+                "tessera::Pipeline<Stages, Schedule>: Stages must be a degree (an integer) or tessera::dynamic");
+  static constexpr int degree = [] {
+    if constexpr (dynamic_degree)
+      return 0;
+    else
+      return static_cast<int>(Stages);
+  }();
+  static_assert(dynamic_degree || degree >= 1, "tessera::Pipeline<Stages, Schedule>: Stages must be at least 1");
+  static_assert(std::is_same_v<Schedule, Dynamic> || std::is_same_v<Schedule, GPipe> ||
+                    std::is_same_v<Schedule, OneFOneB> || std::is_same_v<Schedule, Interleaved1F1B> ||
+                    std::is_same_v<Schedule, InterleavedZeroBubble>,
+                "tessera::Pipeline<Stages, Schedule>: Schedule must be tessera::GPipe, tessera::OneFOneB, "
+                "tessera::Interleaved1F1B, tessera::InterleavedZeroBubble or tessera::Dynamic");
+  using schedule = Schedule;
 };
 
 namespace detail {
@@ -89,7 +170,18 @@ template <class M>
 struct is_checkpoint<Checkpoint<M>> : std::true_type {};
 
 template <class P>
-inline constexpr bool is_policy = is_sharding<P>::value || is_checkpoint<P>::value;
+struct is_tensor_parallel : std::false_type {};
+template <auto N, class H>
+struct is_tensor_parallel<TensorParallel<N, H>> : std::true_type {};
+
+template <class P>
+struct is_pipeline : std::false_type {};
+template <auto N, class S>
+struct is_pipeline<Pipeline<N, S>> : std::true_type {};
+
+template <class P>
+inline constexpr bool is_policy =
+    is_sharding<P>::value || is_checkpoint<P>::value || is_tensor_parallel<P>::value || is_pipeline<P>::value;
 
 template <template <class> class Is, class... Ps>
 inline constexpr std::size_t count_of = (std::size_t{0} + ... + (Is<Ps>::value ? 1 : 0));
@@ -117,6 +209,40 @@ ShardingMode sharding_mode(const Plan& plan) {
     return ShardingMode::hsdp;
   else
     return ShardingMode::ddp;
+}
+
+/// The tensor-parallel degree a TensorParallel policy means on `plan`.
+template <class P>
+int tensor_parallel_degree(const Plan& plan) {
+  if constexpr (P::dynamic_degree)
+    return plan.tp_degree();
+  else
+    return P::degree;
+}
+
+/// The pipeline degree a Pipeline policy means on `plan`.
+template <class P>
+int pipeline_degree(const Plan& plan) {
+  if constexpr (P::dynamic_degree)
+    return plan.pp_degree();
+  else
+    return P::degree;
+}
+
+/// The schedule a Pipeline policy means on `plan`.
+template <class P>
+ScheduleKind pipeline_schedule(const Plan& plan) {
+  using S = typename P::schedule;
+  if constexpr (std::is_same_v<S, GPipe>)
+    return ScheduleKind::gpipe;
+  else if constexpr (std::is_same_v<S, OneFOneB>)
+    return ScheduleKind::one_f_one_b;
+  else if constexpr (std::is_same_v<S, Interleaved1F1B>)
+    return ScheduleKind::interleaved_1f1b;
+  else if constexpr (std::is_same_v<S, InterleavedZeroBubble>)
+    return ScheduleKind::interleaved_zero_bubble;
+  else
+    return plan.pipeline.schedule;
 }
 
 /// The run-time checkpointing a static choice means, or the Plan's for Dynamic.

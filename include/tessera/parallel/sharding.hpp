@@ -20,6 +20,7 @@
 // gather sends bfloat16 (half the bytes); gradients are reduced in float32.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -33,6 +34,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/optim/clip.hpp"
 #include "tessera/parallel/plan.hpp"
 
 namespace tessera::parallel {
@@ -83,11 +85,11 @@ class ShardedUnit {
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;
 
-  /// Adds a parameter (in a fixed order, before shard()).
+  /// Adds a parameter (in a fixed order, before shard()). Its place in the flat
+  /// vector is fixed by shard(), from the shape it has then (its tensor-parallel piece).
   void add(nn::Parameter<T>& p) {
     TESSERA_CHECK(!sharded_, name_, ": parameter ", p.name, " added after the unit was sharded");
-    params_.push_back(Slot{&p, numel_, p.shape()});
-    numel_ += p.numel();
+    params_.push_back(Slot{&p, 0, {}});
   }
 
   ShardingMode mode() const { return mode_; }
@@ -107,6 +109,12 @@ class ShardedUnit {
   void shard() {
     if (sharded_) return;
     sharded_ = true;
+    numel_ = 0;
+    for (auto& s : params_) {
+      s.offset = numel_;
+      s.shape = s.p->shape();
+      numel_ += s.shape.numel();
+    }
     if (shards()) {
       const int S = degree();
       shard_numel_ = (numel_ + S - 1) / S;
@@ -234,9 +242,27 @@ class ShardedUnit {
       for (auto& s : params_) f(*s.p);
   }
 
-  /// The communicator that sums squared gradient norms of local parameters into the
-  /// global one (shards are disjoint over dp_shard; replicas identical), or nullptr.
-  comm::Communicator* norm_comm() { return shards() ? shard_comm_ : nullptr; }
+  /// The sum of squares of the gradient elements this rank counts in the global norm:
+  /// those of its shard (disjoint over dp_shard), on the first replica only (HSDP's
+  /// dp_replicate, DDP's dp), of parameters whose tensor-parallel piece it owns.
+  /// Summed over every rank of the world, that is the squared norm of the whole gradient.
+  double owned_squared_norm() {
+    check_sharded();
+    if (replicate_comm_ && replicate_comm_->rank() != 0) return 0;
+    double s = 0;
+    if (shards()) {
+      const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
+      for (const auto& slot : params_) {
+        if (!slot.p->split.owner) continue;
+        const std::int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.shape.numel());
+        if (lo < hi) s += optim::squared_norm<B>(local_.grad.slice(lo - begin, Shape{hi - lo}));
+      }
+    } else {
+      for (const auto& slot : params_)
+        if (slot.p->split.owner) s += optim::squared_norm<B>(slot.p->grad);
+    }
+    return s;
+  }
 
  private:
   struct Slot {

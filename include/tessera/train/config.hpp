@@ -514,7 +514,7 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Gather the logits before the loss instead of computing it on vocabulary shards."),
       make_key("parallelism.pipeline_parallel_schedule",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_schedule>(), "Pipeline schedule.")
-          .one_of({"1F1B", "Interleaved1F1B", "GPipe"}),
+          .one_of({"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"}),
       make_key("parallelism.pipeline_parallel_microbatch_size",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_microbatch_size>(),
                "Sequences per pipeline microbatch.")

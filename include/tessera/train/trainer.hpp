@@ -31,6 +31,7 @@
 #include "tessera/train/metrics.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/traffic.hpp"
 
 namespace tessera::train {
 
@@ -49,14 +50,10 @@ inline std::vector<std::uint32_t> load_training_tokens(const JobConfig& c, const
 /// Rejects the settings this build cannot run yet, naming the key.
 inline void check_supported(const JobConfig& c) {
   const auto& p = c.parallelism;
-  auto one = [&](std::int64_t v, const char* key) {
-    TESSERA_CHECK(v == 1, "parallelism.", key, " = ", v,
-                  ": not available in this build (data parallelism — FSDP, HSDP, DDP — is; "
-                  "tensor, pipeline and context parallelism are not yet)");
-  };
-  one(p.tensor_parallel_degree, "tensor_parallel_degree");
-  one(p.pipeline_parallel_degree, "pipeline_parallel_degree");
-  one(p.context_parallel_degree, "context_parallel_degree");
+  TESSERA_CHECK(p.context_parallel_degree == 1, "parallelism.context_parallel_degree = ", p.context_parallel_degree,
+                ": not available in this build (data, tensor and pipeline parallelism are; context parallelism is not "
+                "yet)");
+  parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
   TESSERA_CHECK(!c.metrics.enable_tensorboard,
                 "metrics.enable_tensorboard = true: this build writes metrics.jsonl only, no TensorBoard event files");
   parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
@@ -70,7 +67,28 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.reshard = parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
   plan.checkpoint = parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   plan.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
+  plan.loss_parallel = !c.parallelism.disable_loss_parallel;
+  plan.pipeline.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);
+  plan.pipeline.microbatch_size = c.parallelism.pipeline_parallel_microbatch_size;
   return plan;
+}
+
+/// What the analytic traffic count (parallel/traffic.hpp) needs of a job on `shape`.
+inline parallel::StepLayout step_layout(const JobConfig& c, const comm::MeshShape& shape) {
+  const parallel::Plan plan = make_plan(c, nullptr);
+  parallel::StepLayout l;
+  l.args = c.model.args;
+  l.shape = shape;
+  l.mode = parallel::sharding_for(shape);
+  l.reshard = plan.reshard;
+  l.param_dtype = plan.param_dtype;
+  const std::int64_t local = c.training.local_batch_size;
+  const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * shape.dp();
+  l.micro_batches = global / (local * shape.dp());
+  l.rows = local * c.training.seq_len;
+  l.checkpoint = plan.checkpoint;
+  l.loss_parallel = plan.loss_parallel;
+  return l;
 }
 
 template <class Model>

@@ -1,0 +1,224 @@
+// Tensor parallelism with sequence and loss parallelism, as torchtitan lays Llama out.
+//
+// Activations are (R, dim) matrices of R = batch * seq_len rows. Between the
+// tensor-parallel regions they are split by rows over the N ranks of the tp group
+// (sequence parallelism): rank t holds rows [t R/N, (t+1) R/N). Norms and residual
+// adds work on those rows alone. A region (attention, feed-forward) then runs
+//
+//   x (R/N rows) --all-gather rows--> x (R rows)
+//     --column-parallel wq, wk, wv | w1, w3 (each rank its own heads / hidden units)-->
+//     --row-parallel wo | w2 (partial sums over the ranks)--
+//     --reduce-scatter rows--> y (R/N rows)
+//
+// and its backward mirrors it: the row-sharded gradient is all-gathered, the
+// input gradient (a partial sum, each rank contributed its heads) reduce-scattered.
+// Row shards of the flattened (batch * seq) dimension are torchtitan's Shard(1) of
+// (batch, seq, dim) when batch = 1; every op between regions works row by row, so
+// any row split gives the same values.
+//
+// The embedding is split by vocabulary (row-parallel): each rank looks up the ids in
+// its range, zeros elsewhere, and the sum is reduce-scattered to row shards. The
+// output projection is split by vocabulary too and the cross-entropy is computed
+// without gathering the logits (loss parallelism: the row maximum and the sum of
+// exponentials are all-reduced, nn/output.hpp). With loss parallelism disabled the
+// output projection stays whole on every rank.
+//
+// Key/value heads: with N <= n_kv_heads each rank takes n_kv_heads / N of them; with
+// N > n_kv_heads (N a multiple of n_kv_heads) each kv head is held by N / n_kv_heads
+// ranks, the ones whose query heads read it, and its gradient is summed over them.
+//
+// Parameters are made whole (initialised or loaded, the same on every rank) first;
+// narrow() then keeps this rank's piece, and gather_whole() puts the pieces back
+// together for saving.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/nn/layer.hpp"
+#include "tessera/ops/elementwise.hpp"
+
+namespace tessera::parallel {
+
+/// Whether `degree` tensor-parallel ranks can split `a`; throws naming the quantity
+/// that does not divide. Every rank checks the same config, so every rank fails the
+/// same way before any collective.
+inline void check_tensor_parallel(const nn::ModelArgs& a, std::int64_t degree, bool loss_parallel = true) {
+  if (degree <= 1) return;
+  const char* key = "parallelism.tensor_parallel_degree";
+  TESSERA_CHECK(a.n_heads % degree == 0, key, " = ", degree, " does not divide n_heads = ", a.n_heads,
+                ": each rank computes n_heads / degree query heads");
+  const std::int64_t kv = a.kv_heads();
+  TESSERA_CHECK(kv % degree == 0 || degree % kv == 0, key, " = ", degree, " and n_kv_heads = ", kv,
+                ": one must divide the other (fewer kv heads than ranks are replicated over the ranks that read them)");
+  TESSERA_CHECK(a.ffn_hidden_dim() % degree == 0, key, " = ", degree, " does not divide the feed-forward hidden size ",
+                a.ffn_hidden_dim());
+  TESSERA_CHECK(a.vocab_size % degree == 0, key, " = ", degree, " does not divide vocab_size = ", a.vocab_size,
+                ": the embedding and the output are split by vocabulary");
+  TESSERA_CHECK(loss_parallel || !a.tie_embeddings, "parallelism.disable_loss_parallel = true with tied embeddings ",
+                "(", a.flavor, ") and tensor parallelism: the output shares the vocabulary-split embedding, so it "
+                "needs loss parallelism");
+}
+
+/// This rank's tensor-parallel group: the communicator, and what the layers ask of it.
+/// Degree 1 (no communicator) makes every collective here the identity.
+class TensorParallelGroup {
+ public:
+  TensorParallelGroup() = default;
+  explicit TensorParallelGroup(comm::Communicator* comm, bool loss_parallel = true)
+      : comm_(comm && comm->size() > 1 ? comm : nullptr), loss_parallel_(loss_parallel) {}
+  TensorParallelGroup(const TensorParallelGroup&) = delete;
+  TensorParallelGroup& operator=(const TensorParallelGroup&) = delete;
+
+  int degree() const { return comm_ ? comm_->size() : 1; }
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  bool active() const { return comm_ != nullptr; }
+  /// The output split by vocabulary and the loss computed without gathering logits.
+  bool loss_parallel() const { return loss_parallel_; }
+  comm::Communicator& comm() {
+    TESSERA_CHECK(comm_, "tensor parallelism: no communicator at degree 1");
+    return *comm_;
+  }
+
+  /// An even split along `dim`: rank t holds piece t of N.
+  nn::TensorSplit split(int dim) const { return pieces(dim, degree()); }
+  /// Whole on every rank.
+  nn::TensorSplit whole() const { return pieces(0, 1); }
+  /// `parts` pieces along `dim` (parts divides the degree or the degree divides parts);
+  /// with fewer pieces than ranks, rank t holds piece t / (N / parts).
+  nn::TensorSplit pieces(int dim, std::int64_t parts) const {
+    const int n = degree();
+    if (parts >= n) return nn::TensorSplit{dim, n, rank(), 1, true};
+    const int holders = n / static_cast<int>(parts);
+    return nn::TensorSplit{dim, static_cast<int>(parts), rank() / holders, holders, rank() % holders == 0};
+  }
+
+  /// The communicator over the ranks holding the same piece as this one, when
+  /// `holders` ranks hold each piece. Every rank of the group must ask for the same
+  /// `holders` in the same order the first time (the split is collective).
+  comm::Communicator& holders_comm(int holders) {
+    if (holders == degree()) return comm();
+    auto it = holders_.find(holders);
+    if (it == holders_.end())
+      it = holders_.emplace(holders, std::make_unique<comm::Communicator>(comm().split(rank() / holders, rank()))).first;
+    return *it->second;
+  }
+
+ private:
+  comm::Communicator* comm_ = nullptr;
+  bool loss_parallel_ = true;
+  std::map<int, std::unique_ptr<comm::Communicator>> holders_;
+};
+
+/// Whether `tp` splits anything (a null group is degree 1).
+inline bool active(const TensorParallelGroup* tp) { return tp && tp->active(); }
+
+/// (R/N, c) on each rank -> (R, c), rank t's rows at block t.
+template <Backend B, class T>
+Tensor<T> gather_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
+  if (!active(tp)) return x;
+  const std::int64_t n = tp->degree();
+  Tensor<T> y = B::template empty<T>(Shape{x.size(0) * n, x.size(1)});
+  tp->comm().all_gather(std::span<const T>(x.data(), static_cast<std::size_t>(x.numel())),
+                        std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
+  return y;
+}
+
+/// (R, c) partial sums on each rank -> rank t's rows of their sum, (R/N, c).
+template <Backend B, class T>
+Tensor<T> reduce_scatter_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
+  if (!active(tp)) return x;
+  const std::int64_t n = tp->degree();
+  TESSERA_CHECK(x.size(0) % n == 0, "tensor parallelism: ", x.size(0), " rows do not split over ", n, " ranks");
+  Tensor<T> y = B::template empty<T>(Shape{x.size(0) / n, x.size(1)});
+  tp->comm().reduce_scatter(std::span<const T>(x.data(), static_cast<std::size_t>(x.numel())),
+                            std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
+  return y;
+}
+
+/// Rank t's rows of an (R, c) tensor every rank holds whole, as a tensor of its own.
+template <Backend B, class T>
+Tensor<T> own_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
+  if (!active(tp)) return x;
+  const std::int64_t rows = x.size(0) / tp->degree(), cols = x.size(1);
+  Tensor<T> y = B::template empty<T>(Shape{rows, cols});
+  B::for_each(y.numel(), ops::Copy<T>{x.data() + tp->rank() * rows * cols, y.data()});
+  return y;
+}
+
+/// Adds `contribution` (this rank's part of a parameter's gradient) summed over the
+/// ranks holding the same piece into `grad`; on a piece held by one rank, adds it.
+template <Backend B, class T>
+void accumulate_over_holders(TensorParallelGroup* tp, const nn::TensorSplit& split, Tensor<T>& contribution,
+                             const Tensor<T>& grad) {
+  if (active(tp) && split.holders > 1)
+    tp->holders_comm(split.holders)
+        .all_reduce(std::span<T>(contribution.data(), static_cast<std::size_t>(contribution.numel())));
+  B::for_each(grad.numel(), ops::Axpy<T>{T(1), contribution.data(), grad.data()});
+}
+
+namespace detail {
+/// Copies piece `index` of `parts` along dim (0 or 1) of a rank-1/2 tensor `whole` into `piece`, or back.
+template <class T>
+void copy_piece(const Tensor<T>& whole, const Tensor<T>& piece, int dim, int index, bool into_piece) {
+  const std::int64_t rows = whole.shape().rank >= 2 ? whole.size(0) : 1;
+  const std::int64_t cols = whole.shape().rank >= 2 ? whole.size(1) : whole.size(0);
+  const std::int64_t prow = piece.shape().rank >= 2 ? piece.size(0) : 1;
+  const std::int64_t pcol = piece.shape().rank >= 2 ? piece.size(1) : piece.size(0);
+  const std::int64_t r0 = dim == 0 ? index * prow : 0, c0 = dim == 0 ? 0 : index * pcol;
+  (void)rows;
+  for (std::int64_t r = 0; r < prow; ++r)
+    for (std::int64_t c = 0; c < pcol; ++c) {
+      T& w = whole.data()[(r0 + r) * cols + c0 + c];
+      T& p = piece.data()[r * pcol + c];
+      if (into_piece)
+        p = w;
+      else
+        w = p;
+    }
+}
+}  // namespace detail
+
+/// Keeps this rank's piece of a whole parameter (value and a zeroed gradient); a no-op
+/// for a parameter that is not split or already narrowed.
+template <Backend B, class T>
+void narrow(nn::Parameter<T>& p) {
+  if (!p.split.split() || p.value.shape() != p.whole) return;
+  const nn::TensorSplit& s = p.split;
+  TESSERA_CHECK(s.dim >= 0 && s.dim < p.whole.rank && p.whole.rank <= 2 && p.whole.dims[s.dim] % s.parts == 0,
+                p.name, ": shape ", p.whole.str(), " does not split into ", s.parts, " pieces along dimension ", s.dim);
+  Shape local = p.whole;
+  local.dims[s.dim] /= s.parts;
+  Tensor<T> piece = B::template empty<T>(local);
+  detail::copy_piece(p.value, piece, s.dim, s.index, true);
+  p.value = piece;
+  p.grad = B::template zeros<T>(local);
+}
+
+/// The whole value of a narrowed parameter, put together from every rank's piece
+/// (collective over the tp group); the value itself if it is not split.
+template <Backend B, class T>
+Tensor<T> gather_whole(TensorParallelGroup* tp, const nn::Parameter<T>& p) {
+  if (!p.split.split() || p.value.shape() == p.whole) return p.value;
+  TESSERA_CHECK(active(tp), p.name, ": split over ", p.split.parts, " tensor-parallel ranks, but no group to gather from");
+  const int n = tp->degree();
+  const std::int64_t piece_numel = p.value.numel();
+  Tensor<T> all = B::template empty<T>(Shape{piece_numel * n});
+  tp->comm().all_gather(std::span<const T>(p.value.data(), static_cast<std::size_t>(piece_numel)),
+                        std::span<T>(all.data(), static_cast<std::size_t>(all.numel())));
+  Tensor<T> whole = B::template empty<T>(p.whole);
+  // Piece k comes from its first holder, rank k * holders.
+  for (int k = 0; k < p.split.parts; ++k)
+    detail::copy_piece(whole, all.slice(static_cast<std::int64_t>(k) * p.split.holders * piece_numel, p.value.shape()),
+                       p.split.dim, k, false);
+  return whole;
+}
+
+}  // namespace tessera::parallel

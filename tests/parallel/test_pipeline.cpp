@@ -1,0 +1,176 @@
+// Pipeline parallelism trains the same model as one rank: the debug model in float32
+// for 10 steps (3 in sanitizer builds) on thread ranks, losses within 1e-5 relative at
+// every step, for every schedule (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble)
+// on 2 and 4 pipeline ranks, with layer counts that do not split evenly, and composed
+// with FSDP, HSDP, tensor parallelism and activation checkpointing. Also: saving under
+// a pipeline gathers every stage; bad layouts are refused by name on every rank.
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "harness.hpp"
+#include "tessera/comm/thread.hpp"
+
+using namespace tessera;
+using namespace tessera::test;
+
+namespace {
+
+#if TESSERA_SHORT_TESTS
+constexpr int kSteps = 3;
+#else
+constexpr int kSteps = 10;
+#endif
+constexpr std::int64_t kGlobalBatch = 8;
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<double> one_rank_losses(const std::vector<std::string>& model_keys) {
+  static std::map<std::vector<std::string>, std::vector<double>> cache;
+  auto it = cache.find(model_keys);
+  if (it == cache.end())
+    it = cache
+             .emplace(model_keys, train_layout(comm::Communicator(), comm::MeshShape{},
+                                               debug_job(kGlobalBatch, kGlobalBatch, kSteps, model_keys))
+                                      .losses)
+             .first;
+  return it->second;
+}
+
+/// Every rank's losses on `shape` must be the same; returns rank 0's.
+std::vector<double> layout_losses(comm::MeshShape shape, const std::vector<std::string>& keys) {
+  std::vector<std::vector<double>> per_rank(static_cast<std::size_t>(shape.world()));
+  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
+    per_rank[static_cast<std::size_t>(world.rank())] =
+        train_layout(world, shape, debug_job(kGlobalBatch / shape.dp(), kGlobalBatch, kSteps, keys)).losses;
+  });
+  for (const auto& r : per_rank) CHECK(r == per_rank.front());
+  return per_rank.front();
+}
+
+void check_parity(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys,
+                  const std::vector<std::string>& model_keys = {}) {
+  CAPTURE(layout);
+  CHECK(max_relative_difference(layout_losses(shape, with(keys, model_keys)), one_rank_losses(model_keys)) <= 1e-5);
+}
+
+std::vector<std::string> schedule(const char* name, int microbatch_size = 1) {
+  return {"--parallelism.pipeline_parallel_schedule", name, "--parallelism.pipeline_parallel_microbatch_size",
+          std::to_string(microbatch_size)};
+}
+
+}  // namespace
+
+TEST_CASE("pipeline parity: every schedule on 2 ranks") {
+  for (const char* s : {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"})
+    check_parity(std::string("PP 2, ") + s, {2, 1, 1, 1}, schedule(s));
+}
+
+TEST_CASE("pipeline parity: every schedule on 4 ranks") {
+  for (const char* s : {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"})
+    check_parity(std::string("PP 4, ") + s, {4, 1, 1, 1}, schedule(s, 2));
+}
+
+TEST_CASE("pipeline parity: layer counts that do not split evenly over the stages") {
+  // 5 blocks + embedding + output = 7 layers over 4 stages (2, 2, 2, 1); 7 blocks over
+  // 2 x 2 interleaved stages (3, 2, 2, 2); 6 blocks over 3 stages (3, 3, 2).
+  check_parity("PP 4, 1F1B, 5 layers", {4, 1, 1, 1}, schedule("1F1B", 2), {"--model.n_layers", "5"});
+  check_parity("PP 2, Interleaved1F1B, 7 layers", {2, 1, 1, 1}, schedule("Interleaved1F1B"), {"--model.n_layers", "7"});
+  check_parity("PP 3, GPipe", {3, 1, 1, 1}, schedule("GPipe"));
+}
+
+TEST_CASE("pipeline parity: composed with FSDP, tensor parallelism and activation checkpointing") {
+  check_parity("FSDP 2 x PP 2, 1F1B, full", {2, 1, 2, 1}, with(schedule("1F1B"), kAcModes[1].keys));
+  check_parity("TP 2 x PP 2, Interleaved1F1B, selective op", {2, 1, 1, 2},
+               with(schedule("Interleaved1F1B"), kAcModes[2].keys));
+  check_parity("FSDP 2 x TP 2 x PP 2, InterleavedZeroBubble, every 2nd layer", {2, 1, 2, 2},
+               with(schedule("InterleavedZeroBubble"), kAcModes[3].keys));
+  check_parity("DDP 2 x PP 2, GPipe, 2 micro-batches per step", {2, 2, 1, 1},
+               with(schedule("GPipe", 2), {"--training.local_batch_size", "2"}));
+}
+
+TEST_CASE("pipeline: saving brings every stage's whole parameters to every rank") {
+  const train::JobConfig c = debug_job(2, 2, 1, {"--model.n_layers", "5"});
+  std::map<std::string, std::vector<float>> reference;
+  {
+    DynamicModel model(c.model.args, train::make_plan(c, nullptr));
+    model.init_weights(0);
+    model.for_each_parameter([&](nn::Parameter<float>& p) {
+      reference[p.name] = std::vector<float>(p.value.data(), p.value.data() + p.numel());
+    });
+  }
+  comm::run_thread_ranks(4, [&](comm::Communicator& world) {
+    comm::DeviceMesh mesh(world, {2, 1, 1, 2});
+    DynamicModel model(c.model.args, train::make_plan(c, &mesh));
+    model.init_weights(0);
+    model.shard();
+    std::size_t held = 0;
+    model.for_each_parameter([&](nn::Parameter<float>&) { ++held; });
+    CHECK(held < reference.size());  // this rank's stage only
+    std::size_t seen = 0;
+    model.with_whole_parameters([&] {
+      model.for_each_parameter([&](nn::Parameter<float>& p) {
+        const auto& want = reference.at(p.name);
+        REQUIRE(static_cast<std::size_t>(p.numel()) == want.size());
+        CHECK(std::equal(want.begin(), want.end(), p.value.data()));
+        ++seen;
+      });
+    });
+    CHECK(seen == reference.size());
+    std::size_t after = 0;
+    model.for_each_parameter([&](nn::Parameter<float>&) { ++after; });
+    CHECK(after == held);
+  });
+}
+
+TEST_CASE("pipeline: bad layouts are refused by name on every rank, never a hang") {
+  auto refused = [](comm::MeshShape shape, const std::vector<std::string>& keys, const std::string& expected) {
+    CAPTURE(expected);
+    std::vector<std::string> errors(static_cast<std::size_t>(shape.world()));
+    comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
+      try {
+        train_layout(world, shape, debug_job(kGlobalBatch / shape.dp(), kGlobalBatch, 1, keys));
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(world.rank())] = e.what();
+      }
+    });
+    for (const auto& e : errors) CHECK(e.find(expected) != std::string::npos);
+  };
+  // 1 block + embedding + output = 3 layers cannot fill 4 stages.
+  refused({4, 1, 1, 1}, {"--model.n_layers", "1"}, "parallelism.pipeline_parallel_degree");
+  // 8 sequences in microbatches of 4: 2 microbatches, 1F1B on 4 ranks needs 4.
+  refused({4, 1, 1, 1}, schedule("1F1B", 4), "schedule 1F1B on 4 ranks needs at least 4 microbatches, got 2");
+  // Interleaved: 6 microbatches on 4 ranks is not a multiple of 4.
+  refused({4, 1, 1, 1}, with(schedule("Interleaved1F1B", 1), {"--training.local_batch_size", "6",
+                                                              "--training.global_batch_size", "6"}),
+          "multiple of the 4 ranks, got 6");
+  refused({2, 1, 1, 1}, schedule("1F1B", 3), "pipeline_parallel_microbatch_size = 3 does not divide");
+  refused({2, 1, 1, 1}, {"--model.tie_embeddings", "true"}, "with tied embeddings");
+}
+
+TEST_CASE("pipeline: a block type without a Pipeline policy is refused at degree > 1") {
+  using NoPp = nn::Transformer<float, Cpu, Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>>>;
+  std::vector<std::string> errors(2);
+  comm::run_thread_ranks(2, [&](comm::Communicator& world) {
+    try {
+      train_layout<NoPp>(world, {2, 1, 1, 1}, debug_job(kGlobalBatch, kGlobalBatch, 1));
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK(e.find("has no tessera::Pipeline policy") != std::string::npos);
+}
+
+TEST_CASE("pipeline parity: static policies, Pipeline<2, OneFOneB> with TensorParallel<2>, in any order") {
+  using Static = nn::Transformer<
+      float, Cpu, Parallel<nn::LlamaBlock<float, Cpu>, Pipeline<2, OneFOneB>, Checkpoint<Full>, TensorParallel<2>>>;
+  std::vector<double> losses;
+  comm::run_thread_ranks(4, [&](comm::Communicator& world) {
+    auto r = train_layout<Static>(world, {2, 1, 1, 2}, debug_job(kGlobalBatch, kGlobalBatch, kSteps)).losses;
+    if (world.rank() == 0) losses = r;
+  });
+  CHECK(max_relative_difference(losses, one_rank_losses({})) <= 1e-5);
+}
