@@ -21,12 +21,13 @@ struct Case {
   comm::MeshShape shape;
   std::int64_t micro_batches;
   std::vector<std::string> keys;
+  std::int64_t local = 1;  // sequences per pass on a data-parallel rank
 };
 
 /// Every rank's bytes sent in one step (the second: the first has nothing special either).
 std::vector<std::uint64_t> measured(const Case& k) {
   std::vector<std::uint64_t> bytes(static_cast<std::size_t>(k.shape.world()));
-  const std::int64_t local = 1;
+  const std::int64_t local = k.local;
   comm::run_thread_ranks(k.shape.world(), [&](comm::Communicator& world) {
     const train::JobConfig c = debug_job(local, local * k.shape.dp() * k.micro_batches, 2, k.keys);
     bytes[static_cast<std::size_t>(world.rank())] = train_layout(world, k.shape, c).comm_bytes;
@@ -63,13 +64,30 @@ TEST_CASE("traffic: every rank sends what the analytic count says, for each shar
        2,
        {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"}},
       {"HSDP 2 x 2 x TP 2", {1, 2, 2, 2}, 1, {}},
+      {"PP 2, 1F1B, 2 micro-batches", {2, 1, 1, 1}, 2, {"--parallelism.pipeline_parallel_schedule", "1F1B"}, 2},
+      {"FSDP 2 x TP 2 x PP 2, InterleavedZeroBubble, full",
+       {2, 1, 2, 2},
+       1,
+       {"--parallelism.pipeline_parallel_schedule", "InterleavedZeroBubble", "--activation_checkpoint.mode", "full"},
+       2},
+      {"HSDP 2 x 2 x PP 2, GPipe, microbatches of 2",
+       {2, 2, 2, 1},
+       1,
+       {"--parallelism.pipeline_parallel_schedule", "GPipe", "--parallelism.pipeline_parallel_microbatch_size", "2"},
+       4},
+      {"DDP 2 x PP 4, Interleaved1F1B", {4, 2, 1, 1}, 1, {"--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"}, 4},
   };
   for (const Case& k : cases) {
     const std::string name = k.name;  // doctest prints a const char* as an address
     CAPTURE(name);
-    const train::JobConfig c = debug_job(1, k.shape.dp() * k.micro_batches, 1, k.keys);
-    const std::uint64_t expect = parallel::expected_step_bytes(train::step_layout(c, k.shape));
-    for (std::uint64_t b : measured(k)) CHECK(b == expect);
+    const train::JobConfig c = debug_job(k.local, k.local * k.shape.dp() * k.micro_batches, 1, k.keys);
+    const std::vector<std::uint64_t> sent = measured(k);
+    const int per_stage = k.shape.world() / k.shape.pp;  // world ranks are pp-major
+    for (std::size_t r = 0; r < sent.size(); ++r) {
+      const int pp_rank = static_cast<int>(r) / per_stage;
+      CAPTURE(pp_rank);
+      CHECK(sent[r] == parallel::expected_step_bytes(train::step_layout(c, k.shape, pp_rank)));
+    }
   }
 }
 
@@ -80,7 +98,7 @@ TEST_CASE("traffic: the gathers of default and never differ by the blocks freed 
   const auto def = parallel::expected_step_bytes(l);
   l.reshard = parallel::Reshard::never;
   const auto never = parallel::expected_step_bytes(l);
-  const auto units = parallel::llama_units(c.model.args, parallel::Reshard::never);
+  const auto units = parallel::llama_units(l);
   // The embedding and the first n_layers - 1 blocks are gathered once more under default.
   std::uint64_t regathered = 3 * ((units[0].numel + 3) / 4) * 4;
   for (std::int64_t i = 1; i < c.model.args.n_layers; ++i) regathered += 3 * ((units[1].numel + 3) / 4) * 4;

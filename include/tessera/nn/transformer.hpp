@@ -34,6 +34,7 @@
 // work (Context::weight_grad) to its weight-gradient action.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -391,6 +392,10 @@ class Transformer {
     return z;
   }
 
+  /// Seconds this rank waited for another stage's activations or gradients during the
+  /// last pipelined forward_backward: its share of the pipeline bubble, measured.
+  double pipeline_wait_seconds() const { return pipeline_wait_seconds_; }
+
   /// Peak bytes of saved activations during the last forward_backward (checkpoint
   /// stashes and recomputes included).
   std::size_t saved_activation_bytes() const { return saved_bytes_peak_; }
@@ -569,11 +574,14 @@ class Transformer {
       comm::Handle h = pp.send_recv_async(std::span<const comm::PeerOp>(&op, 1));
       sends.emplace_back(std::move(t), std::move(h));
     };
+    pipeline_wait_seconds_ = 0;
     auto recv = [&](int stage, int tag) {
       Tensor<T> t = B::template empty<T>(Shape{shard_rows, args_.dim});
       const comm::PeerOp op{comm::PeerOp::Kind::recv, stage % pp_, t.data(), static_cast<std::size_t>(t.numel()),
                             comm::data_type_of<T>(), tag};
+      const auto t0 = std::chrono::steady_clock::now();
       pp.send_recv(std::span<const comm::PeerOp>(&op, 1));
+      pipeline_wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return t;
     };
     auto ids = [&](std::span<const std::int32_t> all, int m) {
@@ -748,6 +756,7 @@ class Transformer {
   std::vector<std::int64_t> layer_ids_;  // the global id of each block held here
   bool has_embedding_ = true, has_head_ = true;
   std::map<int, parallel::Schedule> schedules_;           // by microbatch count
+  double pipeline_wait_seconds_ = 0;
   std::vector<std::unique_ptr<Parameter<T>>> whole_;       // every parameter, inside with_whole_parameters
 };
 

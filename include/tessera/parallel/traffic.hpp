@@ -23,6 +23,10 @@
 //   head       all-gather of the normed rows; under loss parallelism two all-reduces
 //              per chunk of rows (the row maxima, then sums and target logits) and a
 //              reduce-scatter of dh; the final norm's weight gradient all-reduced
+// Pipeline parallelism over P ranks: a pass's microbatches each send this rank's
+// stages' outputs forward and input gradients back (a row shard each), the loss is
+// all-reduced over the pipeline once per pass, and data-parallel units are gathered
+// and reduced once per pass (they stay gathered through it).
 // Per step: the target-token count and the loss sum all-reduced over dp, and the
 // squared gradient norm over the world (8 bytes each).
 #pragma once
@@ -37,38 +41,16 @@
 #include "tessera/nn/output.hpp"
 #include "tessera/parallel/checkpoint.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/stages.hpp"
 
 namespace tessera::parallel {
 
 /// A unit's parameter count (this rank's tensor-parallel pieces) and how often a
-/// micro-batch gathers it.
+/// pass gathers it.
 struct UnitTraffic {
   std::int64_t numel = 0;
   int gathers = 1;
 };
-
-/// The units of the Llama model in order (embedding, blocks, norm + output), their
-/// sizes on one of `tp` tensor-parallel ranks, and how many times each is gathered
-/// per micro-batch under `reshard`.
-inline std::vector<UnitTraffic> llama_units(const nn::ModelArgs& a, Reshard reshard, std::int64_t tp = 1,
-                                            bool loss_parallel = true) {
-  const std::int64_t d = a.dim, hd = a.head_dim(), f = a.ffn_hidden_dim();
-  const std::int64_t kv_local = std::max<std::int64_t>(1, a.kv_heads() / tp);
-  const std::int64_t block =
-      2 * d + (d * a.n_heads * hd + a.n_heads * hd * d + 3 * d * f) / tp + 2 * d * kv_local * hd;
-  std::vector<UnitTraffic> units;
-  // The embedding is freed after its forward unless never, or tied to the output.
-  units.push_back({a.vocab_size * d / tp, reshard != Reshard::never && !a.tie_embeddings ? 2 : 1});
-  for (std::int64_t i = 0; i < a.n_layers; ++i) {
-    const bool last = i + 1 == a.n_layers;
-    const bool freed = reshard == Reshard::always || (reshard == Reshard::default_policy && !last);
-    units.push_back({block, freed ? 2 : 1});
-  }
-  // Norm + output run forward and backward back to back: gathered once.
-  const std::int64_t output = a.tie_embeddings ? 0 : a.vocab_size * d / (loss_parallel ? tp : 1);
-  units.push_back({d + output, 1});
-  return units;
-}
 
 /// What one step's traffic depends on.
 struct StepLayout {
@@ -77,36 +59,100 @@ struct StepLayout {
   ShardingMode mode = ShardingMode::none;
   Reshard reshard = Reshard::default_policy;
   DType param_dtype = DType::f32;
-  std::int64_t micro_batches = 1;
-  std::int64_t rows = 0;  // tokens of one micro-batch on one data-parallel rank (batch x seq_len)
+  std::int64_t micro_batches = 1;  // forward_backward passes per step (gradient accumulation)
+  std::int64_t rows = 0;           // tokens of one pass on one data-parallel rank (batch x seq_len)
+  std::int64_t seq_len = 0;
   CheckpointMode checkpoint{};
   bool loss_parallel = true;
+  PipelineOptions pipeline{};
+  int pp_rank = 0;  // the pipeline rank counted (ranks of different stages send different bytes)
 };
+
+/// The layers one pipeline rank holds.
+struct RankLayers {
+  bool embedding = true, output = true;
+  std::vector<int> blocks;  // global block ids
+  std::vector<int> stages;  // global stage ids
+  int n_stages = 1;
+};
+
+inline RankLayers rank_layers(const StepLayout& l) {
+  RankLayers r;
+  const int L = static_cast<int>(l.args.n_layers), P = l.shape.pp;
+  if (P == 1) {
+    for (int i = 0; i < L; ++i) r.blocks.push_back(i);
+    r.stages = {0};
+    return r;
+  }
+  const ScheduleKind k = l.pipeline.schedule;
+  int V = l.pipeline.stages_per_rank;
+  if (!l.pipeline.split_points.empty()) V = (static_cast<int>(l.pipeline.split_points.size()) + 1) / P;
+  if (V == 0)
+    V = k == ScheduleKind::interleaved_1f1b || k == ScheduleKind::interleaved_zero_bubble ? 2 : 1;
+  const auto stages = split_stages(L, P * V, l.pipeline.split_points);
+  r.n_stages = P * V;
+  r.embedding = r.output = false;
+  for (int s = l.pp_rank; s < P * V; s += P) {
+    r.stages.push_back(s);
+    for (int i = stages[static_cast<std::size_t>(s)].first_block; i < stages[static_cast<std::size_t>(s)].end_block; ++i)
+      r.blocks.push_back(i);
+    r.embedding = r.embedding || stages[static_cast<std::size_t>(s)].embedding;
+    r.output = r.output || stages[static_cast<std::size_t>(s)].output;
+  }
+  return r;
+}
+
+/// The units this rank holds in order (embedding, blocks, norm + output), their sizes
+/// on one of the tp ranks, and how many times a pass gathers each under `reshard`
+/// (in a pipeline, once: units stay gathered through the pass).
+inline std::vector<UnitTraffic> llama_units(const StepLayout& l) {
+  const nn::ModelArgs& a = l.args;
+  const std::int64_t tp = l.shape.tp, d = a.dim, hd = a.head_dim(), f = a.ffn_hidden_dim();
+  const std::int64_t kv_local = std::max<std::int64_t>(1, a.kv_heads() / tp);
+  const std::int64_t block =
+      2 * d + (d * a.n_heads * hd + a.n_heads * hd * d + 3 * d * f) / tp + 2 * d * kv_local * hd;
+  const bool pipelined = l.shape.pp > 1;
+  const RankLayers r = rank_layers(l);
+  std::vector<UnitTraffic> units;
+  // The embedding is freed after its forward unless never, or tied to the output.
+  if (r.embedding)
+    units.push_back({a.vocab_size * d / tp, !pipelined && l.reshard != Reshard::never && !a.tie_embeddings ? 2 : 1});
+  for (int i : r.blocks) {
+    const bool last = i + 1 == a.n_layers;
+    const bool freed = !pipelined && (l.reshard == Reshard::always || (l.reshard == Reshard::default_policy && !last));
+    units.push_back({block, freed ? 2 : 1});
+  }
+  // Norm + output run forward and backward back to back: gathered once.
+  const std::int64_t output = a.tie_embeddings ? 0 : a.vocab_size * d / (l.loss_parallel ? tp : 1);
+  if (r.output) units.push_back({d + output, 1});
+  return units;
+}
 
 namespace detail {
 inline std::uint64_t all_reduce_bytes(std::uint64_t bytes, std::uint64_t p) {
   return p > 1 ? 2 * bytes * (p - 1) / p : 0;
 }
 
-/// Tensor-parallel bytes of one micro-batch.
-inline std::uint64_t tensor_parallel_bytes(const StepLayout& l) {
+/// Tensor-parallel bytes of one pass of `rows` tokens through the layers `r`.
+inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers& r, std::int64_t rows) {
   const nn::ModelArgs& a = l.args;
   const auto T = static_cast<std::uint64_t>(l.shape.tp);
   if (T <= 1) return 0;
   const auto d = static_cast<std::uint64_t>(a.dim), hd = static_cast<std::uint64_t>(a.head_dim());
-  const std::uint64_t shard = static_cast<std::uint64_t>(l.rows) / T * d * 4;  // one row shard's bytes
-  const std::uint64_t region = (T - 1) * shard;                               // one gather or reduce-scatter
+  const std::uint64_t shard = static_cast<std::uint64_t>(rows) / T * d * 4;  // one row shard's bytes
+  const std::uint64_t region = (T - 1) * shard;                             // one gather or reduce-scatter
   const std::uint64_t norm = all_reduce_bytes(d * 4, T);
   const auto kv = static_cast<std::uint64_t>(a.kv_heads());
   const std::uint64_t kv_pieces = kv < T ? 2 * all_reduce_bytes(hd * d * 4, T / kv) : 0;
-  std::uint64_t bytes = 2 * region;  // the embedding's reduce-scatter and all-gather
-  for (std::int64_t i = 0; i < a.n_layers; ++i) {
+  std::uint64_t bytes = r.embedding ? 2 * region : 0;  // the embedding's reduce-scatter and all-gather
+  for (int i : r.blocks) {
     bytes += 8 * region + 2 * norm + kv_pieces;
     if (checkpoint_for_layer(l.checkpoint, i).kind != CheckpointMode::Kind::none) bytes += 4 * region;
   }
+  if (!r.output) return bytes;
   bytes += region + norm;  // the head's gather of the normed rows; the final norm's weight
   if (l.loss_parallel) {
-    const std::int64_t rows = l.rows, local = a.vocab_size / static_cast<std::int64_t>(T);
+    const std::int64_t local = a.vocab_size / static_cast<std::int64_t>(T);
     const std::int64_t step = nn::loss_chunk_rows(local, rows);
     for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
       const auto n = static_cast<std::uint64_t>(std::min(step, rows - r0));
@@ -118,30 +164,44 @@ inline std::uint64_t tensor_parallel_bytes(const StepLayout& l) {
 }
 }  // namespace detail
 
-/// Bytes one rank sends in one step.
+/// Bytes one rank (at pipeline rank l.pp_rank) sends in one step.
 inline std::uint64_t expected_step_bytes(const StepLayout& l) {
   const comm::MeshShape& shape = l.shape;
   const auto S = static_cast<std::uint64_t>(shape.dp_shard), R = static_cast<std::uint64_t>(shape.dp_replicate),
-             D = static_cast<std::uint64_t>(shape.dp()), W = static_cast<std::uint64_t>(shape.world());
+             D = static_cast<std::uint64_t>(shape.dp()), W = static_cast<std::uint64_t>(shape.world()),
+             P = static_cast<std::uint64_t>(shape.pp);
   const std::uint64_t p = l.param_dtype == DType::bf16 ? 2 : 4, g = 4;
   const auto m = static_cast<std::uint64_t>(l.micro_batches);
   std::uint64_t bytes = 0;
-  for (const UnitTraffic& u : llama_units(l.args, l.reshard, shape.tp, l.loss_parallel)) {
+  for (const UnitTraffic& u : llama_units(l)) {
     const auto n = static_cast<std::uint64_t>(u.numel);
     switch (l.mode) {
       case ShardingMode::none: break;
       case ShardingMode::fsdp:
       case ShardingMode::hsdp: {
         const std::uint64_t shard = (n + S - 1) / S;
-        std::uint64_t per_micro = static_cast<std::uint64_t>(u.gathers) * (S - 1) * shard * p + (S - 1) * shard * g;
-        if (l.mode == ShardingMode::hsdp) per_micro += detail::all_reduce_bytes(shard * g, R);
-        bytes += m * per_micro;
+        std::uint64_t per_pass = static_cast<std::uint64_t>(u.gathers) * (S - 1) * shard * p + (S - 1) * shard * g;
+        if (l.mode == ShardingMode::hsdp) per_pass += detail::all_reduce_bytes(shard * g, R);
+        bytes += m * per_pass;
         break;
       }
       case ShardingMode::ddp: bytes += detail::all_reduce_bytes(n * g, D); break;
     }
   }
-  bytes += m * detail::tensor_parallel_bytes(l);
+  const RankLayers r = rank_layers(l);
+  if (P == 1) {
+    bytes += m * detail::tensor_parallel_bytes(l, r, l.rows);
+  } else {
+    // Each pass: its pipeline microbatches through this rank's stages, each stage
+    // sending its output forward (but the last) and its input gradient back (but the
+    // first), then the loss all-reduced over the pipeline.
+    const std::int64_t mb_rows = l.pipeline.microbatch_size * l.seq_len;
+    const auto microbatches = static_cast<std::uint64_t>(l.rows / mb_rows);
+    const std::uint64_t activation = static_cast<std::uint64_t>(mb_rows / shape.tp * l.args.dim) * 4;
+    std::uint64_t sends = 0;
+    for (int s : r.stages) sends += (s + 1 < r.n_stages ? activation : 0) + (s > 0 ? activation : 0);
+    bytes += m * (microbatches * (detail::tensor_parallel_bytes(l, r, mb_rows) + sends) + detail::all_reduce_bytes(8, P));
+  }
   bytes += 2 * detail::all_reduce_bytes(8, D);  // target count, loss sum
   bytes += detail::all_reduce_bytes(8, W);      // squared gradient norm
   return bytes;

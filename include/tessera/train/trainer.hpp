@@ -73,8 +73,9 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   return plan;
 }
 
-/// What the analytic traffic count (parallel/traffic.hpp) needs of a job on `shape`.
-inline parallel::StepLayout step_layout(const JobConfig& c, const comm::MeshShape& shape) {
+/// What the analytic traffic count (parallel/traffic.hpp) needs of a job on `shape`,
+/// for the ranks at pipeline rank `pp_rank`.
+inline parallel::StepLayout step_layout(const JobConfig& c, const comm::MeshShape& shape, int pp_rank = 0) {
   const parallel::Plan plan = make_plan(c, nullptr);
   parallel::StepLayout l;
   l.args = c.model.args;
@@ -86,8 +87,11 @@ inline parallel::StepLayout step_layout(const JobConfig& c, const comm::MeshShap
   const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * shape.dp();
   l.micro_batches = global / (local * shape.dp());
   l.rows = local * c.training.seq_len;
+  l.seq_len = c.training.seq_len;
   l.checkpoint = plan.checkpoint;
   l.loss_parallel = plan.loss_parallel;
+  l.pipeline = plan.pipeline;
+  l.pp_rank = pp_rank;
   return l;
 }
 
