@@ -26,44 +26,28 @@ using DynamicBlock =
     Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
              Checkpoint<Dynamic>>;
 using DynamicModel = nn::Transformer<float, Cpu, DynamicBlock>;
+}  // namespace tessera::test
+
+// Instantiated once, in instantiate.cpp: each test file compiles in a fraction of the time.
+#ifndef TESSERA_PARALLEL_INSTANTIATE
+namespace tessera {
+extern template class Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>,
+                               Pipeline<dynamic>, Checkpoint<Dynamic>>;
+extern template class nn::Transformer<float, Cpu, test::DynamicBlock>;
+extern template class train::Trainer<test::DynamicModel>;
+}  // namespace tessera
+#endif
+
+namespace tessera::test {
 
 /// The debug model (dim 256, 6 layers, 16 heads, vocabulary 1024) in float32, a
 /// global batch of `global_batch` sequences of 32 tokens (short, so the whole parity
 /// matrix runs in CI's time).
-inline train::JobConfig debug_job(std::int64_t local_batch, std::int64_t global_batch, int steps,
-                                  const std::vector<std::string>& overrides = {}) {
-  std::vector<std::string> o = {"--training.local_batch_size", std::to_string(local_batch),
-                                "--training.global_batch_size", std::to_string(global_batch),
-                                "--training.steps", std::to_string(steps)};
-  o.insert(o.end(), overrides.begin(), overrides.end());
-  return train::parse_config(R"(
-    [model]
-    flavor = "debugmodel"
-    tokenizer = "synthetic_bpe"
-    vocab_size = 1024
-    [optimizer]
-    lr = 3e-3
-    [lr_scheduler]
-    warmup_steps = 3
-    [training]
-    seq_len = 32
-    max_norm = 1.0
-    seed = 0
-    mixed_precision_param = "float32"
-    synthetic_documents = 400
-  )",
-                             "parity_job", o);
-}
+train::JobConfig debug_job(std::int64_t local_batch, std::int64_t global_batch, int steps,
+                                  const std::vector<std::string>& overrides = {});
 
 /// The tokens every rank trains on (the same on each: every rank loads the whole corpus).
-inline const std::vector<std::uint32_t>& debug_tokens() {
-  static const std::vector<std::uint32_t> tokens = [] {
-    const train::JobConfig c = debug_job(1, 1, 1);
-    auto tok = data::make_tokenizer(c.model.tokenizer);
-    return train::load_training_tokens(c, *tok);
-  }();
-  return tokens;
-}
+const std::vector<std::uint32_t>& debug_tokens();
 
 /// The activation checkpoint modes every parity matrix runs, as llama-train keys.
 struct AcMode {
@@ -112,6 +96,10 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
 
 /// Largest |a - b| / |b| over the steps; infinite if the lengths differ or any value
 /// is not finite (a NaN loss must never pass).
+#ifndef TESSERA_PARALLEL_INSTANTIATE
+extern template RunResult train_layout<DynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
+#endif
+
 inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size() || a.empty()) return INFINITY;
   double worst = 0;

@@ -1,0 +1,52 @@
+// What every parallel test shares, compiled once: the debug job, its tokens, and the
+// model, trainer and training loop the tests instantiate (harness.hpp declares them
+// extern, so each test file compiles only its own cases).
+#define TESSERA_PARALLEL_INSTANTIATE 1
+#include "harness.hpp"
+
+namespace tessera {
+template class Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
+                        Checkpoint<Dynamic>>;
+template class nn::Transformer<float, Cpu, test::DynamicBlock>;
+template class train::Trainer<test::DynamicModel>;
+}  // namespace tessera
+
+namespace tessera::test {
+
+train::JobConfig debug_job(std::int64_t local_batch, std::int64_t global_batch, int steps,
+                           const std::vector<std::string>& overrides) {
+  std::vector<std::string> o = {"--training.local_batch_size", std::to_string(local_batch),
+                                "--training.global_batch_size", std::to_string(global_batch),
+                                "--training.steps", std::to_string(steps)};
+  o.insert(o.end(), overrides.begin(), overrides.end());
+  return train::parse_config(R"(
+    [model]
+    flavor = "debugmodel"
+    tokenizer = "synthetic_bpe"
+    vocab_size = 1024
+    [optimizer]
+    lr = 3e-3
+    [lr_scheduler]
+    warmup_steps = 3
+    [training]
+    seq_len = 32
+    max_norm = 1.0
+    seed = 0
+    mixed_precision_param = "float32"
+    synthetic_documents = 400
+  )",
+                             "parity_job", o);
+}
+
+const std::vector<std::uint32_t>& debug_tokens() {
+  static const std::vector<std::uint32_t> tokens = [] {
+    const train::JobConfig c = debug_job(1, 1, 1);
+    auto tok = data::make_tokenizer(c.model.tokenizer);
+    return train::load_training_tokens(c, *tok);
+  }();
+  return tokens;
+}
+
+template RunResult train_layout<DynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
+
+}  // namespace tessera::test
