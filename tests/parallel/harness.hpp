@@ -111,4 +111,16 @@ inline double max_relative_difference(const std::vector<double>& a, const std::v
   return worst;
 }
 
+/// How far a layout's run is from one rank's: the largest relative difference of the
+/// losses (the parity bar is 1e-5) and of the gradient norms, which clipping uses (held
+/// to 1e-4: a norm sums squares over every shard, piece and stage, so summation order
+/// shows more in it, most at a loss spike).
+struct RunGap {
+  double loss = 0, grad_norm = 0;
+};
+inline RunGap run_gap(const RunResult& run, const RunResult& reference) {
+  return {max_relative_difference(run.losses, reference.losses),
+          max_relative_difference(run.grad_norms, reference.grad_norms)};
+}
+
 }  // namespace tessera::test
