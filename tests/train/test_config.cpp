@@ -2,6 +2,8 @@
 // error message, the to_toml round trip, model overrides, and the shipped example configs.
 #include "tessera/train/config.hpp"
 
+#include "tessera/train/trainer.hpp"  // make_plan: the split points reach the parallel plan
+
 #include <doctest/doctest.h>
 
 #include "../support/errors.hpp"
@@ -116,6 +118,7 @@ TEST_CASE("defaults follow torchtitan") {
   CHECK(c.parallelism.pipeline_parallel_schedule == "1F1B");
   CHECK(c.parallelism.pipeline_parallel_microbatch_size == 1);
   CHECK(c.parallelism.fsdp_reshard_after_forward == "default");
+  CHECK(c.parallelism.pipeline_parallel_split_points.empty());
   CHECK(c.activation_checkpoint.mode == "none");
   CHECK(c.activation_checkpoint.selective_ac_option == "2");
   CHECK_FALSE(c.checkpoint.enable);
@@ -143,7 +146,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 63);
+  CHECK(keys.size() == 64);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -237,6 +240,95 @@ TEST_CASE("command-line overrides") {
   }
   SUBCASE("an empty string value") {
     CHECK(parse("[job]\ndescription = \"x\"\n", {"--job.description="}).job.description.empty());
+  }
+}
+
+TEST_CASE("string-list keys: parallelism.pipeline_parallel_split_points") {
+  using Names = std::vector<std::string>;
+  auto points = [](const JobConfig& c) { return c.parallelism.pipeline_parallel_split_points; };
+
+  SUBCASE("from TOML: an array of strings, on one line or several, or empty") {
+    CHECK(points(parse("[parallelism]\npipeline_parallel_split_points = [\"layers.4\", \"layers.8\"]\n")) ==
+          Names{"layers.4", "layers.8"});
+    CHECK(points(parse("[parallelism]\npipeline_parallel_split_points = [\n  \"layers.1\",  # first cut\n"
+                       "  'layers.3',\n]\n")) == Names{"layers.1", "layers.3"});
+    CHECK(points(parse("[parallelism]\npipeline_parallel_split_points = []\n")).empty());
+    CHECK(points(parse("parallelism.pipeline_parallel_split_points = [\"layers.0\"]\n")) == Names{"layers.0"});
+  }
+  SUBCASE("from the command line: comma-separated, over the file") {
+    const std::string file = "[parallelism]\npipeline_parallel_split_points = [\"layers.1\"]\n";
+    CHECK(points(parse(file)) == Names{"layers.1"});
+    CHECK(points(parse(file, {"--parallelism.pipeline_parallel_split_points", "layers.4,layers.8"})) ==
+          Names{"layers.4", "layers.8"});
+    CHECK(points(parse(file, {"--parallelism.pipeline_parallel_split_points=layers.2"})) == Names{"layers.2"});
+    // Spaces around an item are not part of it.
+    CHECK(points(parse("", {"--parallelism.pipeline_parallel_split_points", " layers.2 ,\tlayers.5"})) ==
+          Names{"layers.2", "layers.5"});
+    // An empty value is the empty list, in either form; the last override wins.
+    CHECK(points(parse(file, {"--parallelism.pipeline_parallel_split_points="})).empty());
+    CHECK(points(parse(file, {"--parallelism.pipeline_parallel_split_points", ""})).empty());
+    CHECK(points(parse(file, {"--parallelism.pipeline_parallel_split_points", " "})).empty());
+    CHECK(points(parse(file, {"--parallelism.pipeline_parallel_split_points", "layers.3",
+                              "--parallelism.pipeline_parallel_split_points=layers.4,layers.5"})) ==
+          Names{"layers.4", "layers.5"});
+  }
+  SUBCASE("not an array, or an item that is not a string, names the file, line and key") {
+    CHECK_ERROR(parse("[parallelism]\npipeline_parallel_split_points = \"layers.4\"\n"), "job.toml:2:34: ",
+                "parallelism.pipeline_parallel_split_points: expected an array of strings, got a string");
+    CHECK_ERROR(parse("[parallelism]\npipeline_parallel_split_points = 4\n"), "job.toml:2:34: ",
+                "expected an array of strings, got an integer");
+    CHECK_ERROR(parse("[parallelism]\npipeline_parallel_split_points = { a = 1 }\n"), "job.toml:2:34: ",
+                "expected an array of strings, got a table");
+    CHECK_ERROR(parse("[parallelism]\npipeline_parallel_split_points = [\"layers.4\", 8]\n"), "job.toml:2:47: ",
+                "parallelism.pipeline_parallel_split_points: expected an array of strings, got an integer at index 1");
+    // In an array over several lines the error points at the item.
+    CHECK_ERROR(parse("[parallelism]\npipeline_parallel_split_points = [\n  \"layers.1\",\n  true,\n]\n"),
+                "job.toml:4:3: ", "got a boolean at index 1");
+    CHECK_ERROR(parse("[parallelism]\npipeline_parallel_split_points = [[\"layers.1\"]]\n"), "job.toml:2:35: ",
+                "got an array at index 0");
+  }
+  SUBCASE("bad command-line lists") {
+    for (const char* text : {"layers.2,", ",layers.2", "layers.2,,layers.4", "layers.2, ,layers.4", ","}) {
+      INFO(text);
+      CHECK_ERROR(parse("", {"--parallelism.pipeline_parallel_split_points", text}), "command line: ",
+                  "--parallelism.pipeline_parallel_split_points: expected comma-separated strings",
+                  "got an empty item in '" + std::string(text) + "'");
+    }
+    CHECK_ERROR(parse("", {"--parallelism.pipeline_parallel_split_points"}), "command line: ",
+                "--parallelism.pipeline_parallel_split_points needs a value");
+  }
+  SUBCASE("names that are not layers.<index> are refused at load, saying where they came from") {
+    CHECK_ERROR(parse("[parallelism]\npipeline_parallel_split_points = [\"layers.2\", \"layer.3\"]\n"),
+                "job.toml:2:34: ", "parallelism.pipeline_parallel_split_points: \"layer.3\" is not a block name");
+    CHECK_ERROR(parse("", {"--parallelism.pipeline_parallel_split_points", "layers.x"}), "command line: ",
+                "parallelism.pipeline_parallel_split_points: \"layers.x\" is not a block name");
+    CHECK_ERROR(parse("", {"--parallelism.pipeline_parallel_split_points", "4"}), "\"4\" is not a block name");
+  }
+  SUBCASE("the items are written back as a TOML array, any characters quoted") {
+    const tessera::train::detail::Value v = Names{"a \"b\"", "c,d", "", "e\\f"};
+    const std::string text = tessera::train::detail::format_value(v);
+    CHECK(text == R"(["a \"b\"", "c,d", "", "e\\f"])");
+    toml::table t = toml::parse("x = " + text);
+    const toml::array* a = t["x"].as_array();
+    REQUIRE(a != nullptr);
+    Names back;
+    for (const auto& item : *a) back.push_back(item.value<std::string>().value_or("<not a string>"));
+    CHECK(back == std::get<Names>(v));
+    CHECK(tessera::train::detail::format_value(tessera::train::detail::Value{Names{}}) == "[]");
+  }
+  SUBCASE("make_plan gives the model the block indices") {
+    JobConfig c = parse("[parallelism]\npipeline_parallel_degree = 2\n"
+                        "pipeline_parallel_split_points = [\"layers.1\", \"layers.3\", \"layers.5\"]\n");
+    CHECK(tessera::train::make_plan(c, nullptr).pipeline.split_points == std::vector<int>{1, 3, 5});
+    CHECK(tessera::train::make_plan(parse(""), nullptr).pipeline.split_points.empty());
+    // A config built in code is read by make_plan as it stands: a bad name is its error.
+    JobConfig code;
+    code.parallelism.pipeline_parallel_split_points = {"layers.2", "layers.x"};
+    CHECK_ERROR(tessera::train::make_plan(code, nullptr),
+                "parallelism.pipeline_parallel_split_points: \"layers.x\" is not a block name");
+    code.parallelism.pipeline_parallel_split_points = {"layer.3"};
+    CHECK_ERROR(tessera::train::make_plan(code, nullptr),
+                "parallelism.pipeline_parallel_split_points: \"layer.3\" is not a block name");
   }
 }
 
@@ -475,7 +567,22 @@ TEST_CASE("to_toml round trip") {
     CHECK(text.find("steps = 10000\n") != std::string::npos);
     CHECK(text.find("# decay_ratio: unset") != std::string::npos);
     CHECK(text.find("# dim: unset, the flavor's value (256)") != std::string::npos);
+    CHECK(text.find("[parallelism]\n") < text.find("pipeline_parallel_split_points = []\n"));
     CHECK(parse_config(text, "dump.toml", {}) == c);
+  }
+  SUBCASE("a string list: one item, several, and back to empty") {
+    for (const Args& args : {Args{"--parallelism.pipeline_parallel_split_points", "layers.5"},
+                             Args{"--parallelism.pipeline_parallel_split_points=layers.2,layers.4"}}) {
+      JobConfig c = parse("", args);
+      std::string text = to_toml(c);
+      JobConfig back = parse_config(text, "dump.toml", {});
+      CHECK(back == c);
+      CHECK(back.parallelism.pipeline_parallel_split_points == c.parallelism.pipeline_parallel_split_points);
+      CHECK_FALSE(back == parse(""));
+    }
+    JobConfig emptied = parse("[parallelism]\npipeline_parallel_split_points = [\"layers.1\"]\n",
+                              {"--parallelism.pipeline_parallel_split_points="});
+    CHECK(parse_config(to_toml(emptied), "dump.toml", {}) == parse(""));
   }
   SUBCASE("every key changed") {
     Args args = {"--job.dump_folder", "out dir/ü",
@@ -524,6 +631,7 @@ TEST_CASE("to_toml round trip") {
                  "--parallelism.pipeline_parallel_schedule", "GPipe",
                  "--parallelism.pipeline_parallel_microbatch_size", "2",
                  "--parallelism.fsdp_reshard_after_forward", "never",
+                 "--parallelism.pipeline_parallel_split_points", "layers.0,layers.1, layers.2",
                  "--activation_checkpoint.mode", "full",
                  "--activation_checkpoint.selective_ac_option", "op",
                  "--checkpoint.enable",
@@ -553,6 +661,9 @@ TEST_CASE("to_toml round trip") {
     CHECK(back.model.args.n_kv_heads == 4);
     CHECK(back.model.args.rope_theta == 12345.678);
     CHECK(back.optimizer.lr == 0.000123456789);
+    CHECK(back.parallelism.pipeline_parallel_split_points == std::vector<std::string>{"layers.0", "layers.1", "layers.2"});
+    CHECK(text.find("pipeline_parallel_split_points = [\"layers.0\", \"layers.1\", \"layers.2\"]\n") !=
+          std::string::npos);
     CHECK(to_toml(back) == text);
 
     TempDir dir;
@@ -587,6 +698,8 @@ TEST_CASE("config_help lists every key with type and default") {
   CHECK(help.find("--checkpoint.enable <bool>  (default false)") != std::string::npos);
   CHECK(help.find("--job.dump_folder <string>  (default \"./outputs\")") != std::string::npos);
   CHECK(help.find("--lr_scheduler.decay_ratio <float, optional>  (default unset") != std::string::npos);
+  CHECK(help.find("--parallelism.pipeline_parallel_split_points <string list>  (default [])") != std::string::npos);
+  CHECK(help.find("A string list takes comma-separated items") != std::string::npos);
   CHECK(help.find("One of: linear, sqrt, cosine.") != std::string::npos);
 }
 

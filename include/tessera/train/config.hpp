@@ -8,6 +8,10 @@
 // config_help() all walk that table, so a key added there is parsed, overridable,
 // dumped, listed and checked at once.
 //
+// A key holds an int, a float, a bool, a string or a list of strings. A list is a TOML
+// array of strings in the file (["layers.4", "layers.8"]) and comma-separated items on
+// the command line (--section.key layers.4,layers.8; an empty value is the empty list).
+//
 // Loading a config resolves model.args (the flavor with the [model] overrides applied,
 // then nn::ModelArgs::validate) and checks every value. Each error is one line naming
 // where the value came from ("file.toml:LINE:COL" or "command line") and the key.
@@ -36,6 +40,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/nn/args.hpp"
+#include "tessera/parallel/stages.hpp"
 
 namespace tessera::train {
 
@@ -114,6 +119,7 @@ struct ParallelismSection {
   std::string pipeline_parallel_schedule = "1F1B";
   std::int64_t pipeline_parallel_microbatch_size = 1;
   std::string fsdp_reshard_after_forward = "default";
+  std::vector<std::string> pipeline_parallel_split_points;  // empty: the even split
 };
 
 /// [activation_checkpoint]
@@ -158,7 +164,7 @@ struct JobConfig {
 // ---------------------------------------------------------------------------------------
 // The key table.
 
-enum class KeyType { Int, Float, Bool, String };
+enum class KeyType { Int, Float, Bool, String, StringList };
 
 inline const char* key_type_name(KeyType t) {
   switch (t) {
@@ -166,6 +172,7 @@ inline const char* key_type_name(KeyType t) {
     case KeyType::Float: return "float";
     case KeyType::Bool: return "bool";
     case KeyType::String: return "string";
+    case KeyType::StringList: return "string list";
   }
   return "?";
 }
@@ -180,8 +187,8 @@ struct FieldRef {
 };
 
 using AnyField = std::variant<FieldRef<std::int64_t>, FieldRef<double>, FieldRef<bool>, FieldRef<std::string>,
-                              FieldRef<std::optional<std::int64_t>>, FieldRef<std::optional<double>>,
-                              FieldRef<std::optional<bool>>>;
+                              FieldRef<std::vector<std::string>>, FieldRef<std::optional<std::int64_t>>,
+                              FieldRef<std::optional<double>>, FieldRef<std::optional<bool>>>;
 
 template <auto Section, auto Field>
 auto& field_get(JobConfig& c) {
@@ -198,7 +205,7 @@ AnyField field() {
 }
 
 /// One value as read from TOML or the command line; monostate means "unset".
-using Value = std::variant<std::monostate, std::int64_t, double, bool, std::string>;
+using Value = std::variant<std::monostate, std::int64_t, double, bool, std::string, std::vector<std::string>>;
 
 template <class T>
 struct is_optional : std::false_type {};
@@ -215,8 +222,10 @@ KeyType key_type_of() {
     return KeyType::Float;
   } else if constexpr (std::is_same_v<T, bool>) {
     return KeyType::Bool;
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return KeyType::StringList;
   } else {
-    static_assert(std::is_same_v<T, std::string>, "config fields are int64, double, bool or string");
+    static_assert(std::is_same_v<T, std::string>, "config fields are int64, double, bool, string or string list");
     return KeyType::String;
   }
 }
@@ -304,6 +313,11 @@ inline std::string format_value(const Value& v) {
     std::string operator()(double x) const { return format_float(x); }
     std::string operator()(bool x) const { return x ? "true" : "false"; }
     std::string operator()(const std::string& x) const { return quote(x); }
+    std::string operator()(const std::vector<std::string>& xs) const {  // a TOML array: ["a", "b"]
+      std::string out = "[";
+      for (std::size_t i = 0; i < xs.size(); ++i) out += (i > 0 ? ", " : "") + quote(xs[i]);
+      return out + "]";
+    }
   } visitor;
   return std::visit(visitor, v);
 }
@@ -524,6 +538,10 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Free gathered parameters after forward: \"default\" (yes, except with pipelining), "
                "\"always\" or \"never\".")
           .one_of({"default", "always", "never"}),
+      make_key("parallelism.pipeline_parallel_split_points",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_split_points>(),
+               "Blocks where each pipeline stage after the first begins (\"layers.N\"), one fewer than the stages "
+               "(pipeline_parallel_degree x stages per rank); empty: stages of equal size."),
       // [activation_checkpoint]
       make_key("activation_checkpoint.mode", field<&J::activation_checkpoint, &ActivationCheckpointSection::mode>(),
                "Recompute activations in backward: none, full (every block) or selective.")
@@ -723,8 +741,15 @@ inline const char* expected_name(KeyType t) {
     case KeyType::Float: return "a number";
     case KeyType::Bool: return "a boolean (true or false)";
     case KeyType::String: return "a string";
+    case KeyType::StringList: return "an array of strings";
   }
   return "?";
+}
+
+inline std::string position(std::string_view source, const toml::source_region& r) {
+  std::string s(source);
+  if (r.begin.line > 0) s += tessera::detail::concat(":", r.begin.line, ":", r.begin.column);
+  return s;
 }
 
 inline Value value_from_toml(const ConfigKey& key, const toml::node& n, const std::string& where) {
@@ -752,14 +777,28 @@ inline Value value_from_toml(const ConfigKey& key, const toml::node& n, const st
     case KeyType::String:
       if (auto v = n.as_string()) return v->get();
       return wrong();
+    case KeyType::StringList: {
+      const auto* array = n.as_array();
+      if (!array) return wrong();
+      std::vector<std::string> items;
+      items.reserve(array->size());
+      for (std::size_t i = 0; i < array->size(); ++i) {
+        const toml::node& item = *array->get(i);
+        const auto* s = item.as_string();
+        if (!s) {
+          // Point at the item itself: an array may span several lines.
+          const auto& r = item.source();
+          std::string item_where = where;
+          if (r.path && r.begin.line > 0) item_where = position(*r.path, r);
+          fail(item_where, ": ", key.name, ": expected ", expected_name(key.type), ", got ", toml_type_name(item),
+               " at index ", i);
+        }
+        items.push_back(s->get());
+      }
+      return items;
+    }
   }
   return wrong();
-}
-
-inline std::string position(std::string_view source, const toml::source_region& r) {
-  std::string s(source);
-  if (r.begin.line > 0) s += tessera::detail::concat(":", r.begin.line, ":", r.begin.column);
-  return s;
 }
 
 inline void apply_toml(JobConfig& c, Origins& origins, std::string_view text, std::string_view source) {
@@ -856,6 +895,27 @@ inline CommandLine parse_command_line(const std::vector<std::string>& args) {
   return out;
 }
 
+/// A string list from the command line: items separated by commas, each without the
+/// spaces around it ("layers.4, layers.8"); "" is the empty list. An empty item (",,",
+/// a comma at either end) is an error: an item cannot itself hold a comma.
+inline std::vector<std::string> split_list(const ConfigKey& key, const std::string& text, const std::string& where) {
+  std::vector<std::string> items;
+  if (text.find_first_not_of(" \t") == std::string::npos) return items;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t comma = std::min(text.find(',', begin), text.size());
+    std::string_view item(text.data() + begin, comma - begin);
+    const auto first = item.find_first_not_of(" \t");
+    TESSERA_CHECK(first != std::string_view::npos, where, ": --", key.name,
+                  ": expected comma-separated strings (a,b,c; empty for none), got an empty item in '", text, "'");
+    item = item.substr(first, item.find_last_not_of(" \t") - first + 1);
+    items.emplace_back(item);
+    if (comma == text.size()) break;
+    begin = comma + 1;
+  }
+  return items;
+}
+
 inline Value value_from_text(const ConfigKey& key, const std::string& text, const std::string& where) {
   auto wrong = [&]() -> Value {
     fail(where, ": --", key.name, ": expected ", expected_name(key.type), ", got '", text, "'");
@@ -882,6 +942,8 @@ inline Value value_from_text(const ConfigKey& key, const std::string& text, cons
       return wrong();
     case KeyType::String:
       return text;
+    case KeyType::StringList:
+      return split_list(key, text, where);
   }
   return wrong();
 }
@@ -957,6 +1019,13 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
   TESSERA_CHECK(t.global_batch_size == -1 || t.global_batch_size % t.local_batch_size == 0,
                 o.of("training.global_batch_size"), ": training.global_batch_size (", t.global_batch_size,
                 ") must be a multiple of training.local_batch_size (", t.local_batch_size, ")");
+  // The split points' names here, so the error says where they came from; their count and
+  // range depend on the pipeline and the model and are checked when it is laid out.
+  try {
+    (void)parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
+  } catch (const Error& e) {
+    fail(o.of("parallelism.pipeline_parallel_split_points"), ": ", e.what());
+  }
   const auto& option = c.activation_checkpoint.selective_ac_option;
   if (option != "op") {
     std::int64_t every = 0;
@@ -1052,7 +1121,8 @@ inline std::string config_help() {
   std::string out =
       "Configuration: a TOML file given with --config FILE (or --job.config_file FILE), then\n"
       "--section.key VALUE or --section.key=VALUE on the command line, which win over the file.\n"
-      "A boolean may be given bare (--section.key means true). An optional key takes 'none'.\n";
+      "A boolean may be given bare (--section.key means true). An optional key takes 'none'.\n"
+      "A string list takes comma-separated items (--section.key a,b); an empty value is the empty list.\n";
   std::string_view section;
   for (const auto& k : config_keys()) {
     if (k.section() != section) {

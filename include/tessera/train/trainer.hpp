@@ -31,6 +31,7 @@
 #include "tessera/train/metrics.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/stages.hpp"
 #include "tessera/parallel/traffic.hpp"
 
 namespace tessera::train {
@@ -70,6 +71,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.loss_parallel = !c.parallelism.disable_loss_parallel;
   plan.pipeline.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);
   plan.pipeline.microbatch_size = c.parallelism.pipeline_parallel_microbatch_size;
+  plan.pipeline.split_points = parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
   return plan;
 }
 
