@@ -4,12 +4,15 @@
 //   mpirun -np 4 llama-train --config ...            (four processes)
 //   llama-train --thread-ranks 4 --config ...        (four ranks in one process)
 //
-// The ranks are laid out by [parallelism] (data_parallel_replicate_degree x
-// data_parallel_shard_degree x tensor_parallel_degree, -1 taking what is left): FSDP,
-// HSDP or DDP follows from the degrees, tensor parallelism splits each block over
-// tensor_parallel_degree neighbouring ranks, and [activation_checkpoint] picks the
-// checkpoint mode. Rank 0 writes the files and the metrics; every rank reads its own
-// slice of each global batch (the tensor-parallel ranks of a slice read the same).
+// The ranks are laid out by [parallelism] (pipeline_parallel_degree x
+// data_parallel_replicate_degree x data_parallel_shard_degree x tensor_parallel_degree,
+// -1 taking what is left): FSDP, HSDP or DDP follows from the degrees, tensor
+// parallelism splits each block over tensor_parallel_degree neighbouring ranks, pipeline
+// parallelism cuts the model into stages run by pipeline_parallel_schedule over
+// microbatches of pipeline_parallel_microbatch_size sequences, and
+// [activation_checkpoint] picks the checkpoint mode. Rank 0 writes the files and the
+// metrics; every rank reads its own slice of each global batch (the tensor-parallel and
+// pipeline ranks of a slice read the same).
 //
 // Writes <dump_folder>/config.toml (the effective config), <dump_folder>/metrics.jsonl
 // (one JSON object per step), <dump_folder>/model.safetensors (the final model) and,
@@ -25,6 +28,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +82,23 @@ void prune_checkpoints(const fs::path& folder, std::int64_t keep) {
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < steps.size(); ++i) fs::remove_all(steps[i].second);
 }
 
+/// The stages of a pipeline over `pp` ranks, in order, each with its pipeline rank:
+/// "embedding + layers 0-2 (pp rank 0); layers 3-5 + output (pp rank 1)".
+std::string describe_stages(const std::vector<parallel::StageRange>& stages, int pp) {
+  std::string out;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    const parallel::StageRange& r = stages[s];
+    std::string stage;
+    auto add = [&](const std::string& part) { stage += (stage.empty() ? "" : " + ") + part; };
+    if (r.embedding) add("embedding");
+    if (r.blocks() == 1) add("layer " + std::to_string(r.first_block));
+    if (r.blocks() > 1) add("layers " + std::to_string(r.first_block) + "-" + std::to_string(r.end_block - 1));
+    if (r.output) add("output");
+    out += (out.empty() ? "" : "; ") + stage + " (pp rank " + std::to_string(static_cast<int>(s) % pp) + ")";
+  }
+  return out;
+}
+
 /// One rank's run; every rank of `world` calls it with the same config and peak.
 int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
   const bool lead = world.rank() == 0;  // rank 0 writes the files and the metrics
@@ -110,12 +131,18 @@ int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
                 " ids, more than the model's vocabulary of ", a.vocab_size,
                 init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
   Model model(a, plan);
-  // The model has checked its heads, hidden units and vocabulary against the tp degree;
-  // sequence parallelism also gives each tp rank an equal share of a micro-batch's rows.
-  const std::int64_t rows = local * c.training.seq_len;
-  TESSERA_CHECK(rows % shape.tp == 0, "training.local_batch_size x training.seq_len (", local, " x ",
-                c.training.seq_len, " = ", rows, " tokens) does not split into equal rows over ",
-                "parallelism.tensor_parallel_degree = ", shape.tp, " ranks");
+  // The model has checked its heads, hidden units and vocabulary against the tp degree,
+  // and its stages against the pipeline degree; now the batch against both (rows over
+  // the tp ranks; microbatches the schedule can run), before any file is written.
+  model.check_batch(local, c.training.seq_len);
+  const int pp = model.pipeline_degree();
+  std::string pipeline_line;
+  if (pp > 1) {
+    const std::int64_t mb = c.parallelism.pipeline_parallel_microbatch_size;
+    pipeline_line = "  pipeline: " + parallel::describe(model.schedule(static_cast<int>(local / mb))) +
+                    " (simulated) | microbatch " + std::to_string(mb) + " x seq " +
+                    std::to_string(c.training.seq_len) + " | stages: " + describe_stages(model.stages(), pp) + "\n";
+  }
   if (init_hf) {
     train::load_hf_model(model, init);
   } else if (!init.empty()) {
@@ -141,16 +168,16 @@ int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
                  "tessera llama-train: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fM parameters\n"
                  "  %lld tokens/step (global batch %lld x seq %lld), %lld windows per epoch | peak %.1f GFLOP/s (%s, "
                  "OpenBLAS %s kernels)\n"
-                 "  %d rank%s %s: %s over the %s engine, %d OpenMP thread%s each | activation checkpointing: %s\n",
+                 "  %d rank%s %s: %s over the %s engine, %d OpenMP thread%s each | activation checkpointing: %s\n%s",
                  a.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
                  static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
-                 static_cast<long long>(a.vocab_size), static_cast<double>(model.num_params()) / 1e6,
+                 static_cast<long long>(a.vocab_size), static_cast<double>(a.num_params()) / 1e6,
                  static_cast<long long>(global * c.training.seq_len), static_cast<long long>(global),
                  static_cast<long long>(c.training.seq_len), static_cast<long long>(loader.windows_per_epoch()),
                  peak / 1e9, c.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : "measured sgemm",
                  Cpu::blas_kernels(), world.size(), world.size() == 1 ? "" : "s", shape.str().c_str(),
                  parallel::name_of(plan.dynamic_sharding()), std::string(world.engine_name()).c_str(), Cpu::threads(),
-                 Cpu::threads() == 1 ? "" : "s", plan.checkpoint.str().c_str());
+                 Cpu::threads() == 1 ? "" : "s", plan.checkpoint.str().c_str(), pipeline_line.c_str());
 
   // Only now, with every input checked, does the run touch its dump folder.
   const std::string tokenizer_copy = (dump / "tokenizer.model").string();
@@ -170,7 +197,8 @@ int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
                                                  c.metrics.log_freq, isatty(STDERR_FILENO) != 0);
   const DType export_dtype = parse_dtype(c.checkpoint.export_dtype, "checkpoint.export_dtype");
   const fs::path ckpt = dump / c.checkpoint.folder;
-  // Saving gathers the whole parameters on every rank (a collective); rank 0 writes.
+  // Saving gathers the whole parameters on every rank (a collective: data-parallel shards,
+  // tensor-parallel pieces and the other pipeline stages' parameters); rank 0 writes.
   auto save = [&](auto&& write) {
     model.with_whole_parameters([&] {
       if (lead) write();
@@ -201,7 +229,7 @@ int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
 
   // A sample from the trained model, seeded from the run's seed. With several ranks,
   // rank 0 copies the whole parameters into a model of its own and samples alone
-  // (a sharded model's every forward would be a collective).
+  // (a sharded or pipelined model's every forward would be a collective).
   std::unique_ptr<nn::Transformer<float, Cpu>> whole;
   if (world.size() > 1)
     model.with_whole_parameters([&] {

@@ -400,14 +400,54 @@ class Transformer {
   /// stashes and recomputes included).
   std::size_t saved_activation_bytes() const { return saved_bytes_peak_; }
 
+  /// The name of every parameter of the whole model, in order, whichever stages this
+  /// rank holds (a loader checks a file's tensors against these).
+  std::vector<std::string> parameter_names() const {
+    std::vector<std::string> names = {"tok_embeddings.weight"};
+    std::vector<std::string> block;  // one block's names, "layers.0." stripped
+    {
+      typename detail::bare_block<Block>::type b(BlockArgs<T, B>{args_, 0, "layers.0", rope_, nullptr, nullptr});
+      b.for_each_parameter([&](Parameter<T>& p) { block.push_back(p.name.substr(9)); });
+    }
+    for (std::int64_t i = 0; i < args_.n_layers; ++i)
+      for (const auto& n : block) names.push_back("layers." + std::to_string(i) + "." + n);
+    names.push_back("norm.weight");
+    if (!args_.tie_embeddings) names.push_back("output.weight");
+    return names;
+  }
+
   /// The i-th block this rank holds (in a pipeline, of its stages: see layer_id).
   Block& layer(std::size_t i) { return layers_.at(i); }
   std::size_t n_layers() const { return layers_.size(); }
   std::int64_t layer_id(std::size_t i) const { return layer_ids_.at(i); }
 
-  /// Pipeline: the degree, this rank's place, every stage's range, and the schedule
-  /// (its action lists) a micro-batch of `microbatches` pipeline microbatches runs by.
+  /// Pipeline: the degree, stages per rank, every stage's range, and the schedule (its
+  /// action lists) a micro-batch of `microbatches` pipeline microbatches runs by.
   int pipeline_degree() const { return pp_; }
+  int stages_per_rank() const { return stages_per_rank_; }
+
+  /// Checks, before anything runs, that a data-parallel rank's batch of `batch`
+  /// sequences of `seq_len` tokens can go through this model's layout: its rows split
+  /// over the tensor-parallel ranks, and in a pipeline, the microbatch size divides it
+  /// and the schedule runs that many microbatches. Throws naming the keys.
+  void check_batch(std::int64_t batch, std::int64_t seq_len) const {
+    const std::int64_t mb = pp_ > 1 ? plan_.pipeline.microbatch_size : batch;
+    if (pp_ > 1) {
+      TESSERA_CHECK(mb >= 1 && batch % mb == 0, "parallelism.pipeline_parallel_microbatch_size = ", mb,
+                    " does not divide training.local_batch_size = ", batch,
+                    " (each data-parallel rank's batch is cut into microbatches of that many sequences)");
+      const int M = static_cast<int>(batch / mb);
+      parallel::check_schedule_shape(schedule_kind_, pp_, stages_per_rank_, M);
+      TESSERA_CHECK(2 * M * static_cast<int>(stages_.size()) <= comm::kMaxTag, "pipeline: ", M,
+                    " microbatches over ", stages_.size(), " stages need more transfer tags than the communicator has (",
+                    comm::kMaxTag, "); raise parallelism.pipeline_parallel_microbatch_size");
+    }
+    TESSERA_CHECK((mb * seq_len) % tp_.degree() == 0,
+                  pp_ > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size",
+                  " x training.seq_len (", mb, " x ", seq_len, " = ", mb * seq_len,
+                  " tokens) does not split into equal rows over parallelism.tensor_parallel_degree = ", tp_.degree(),
+                  " ranks");
+  }
   const std::vector<parallel::StageRange>& stages() const { return stages_; }
   const parallel::Schedule& schedule(int microbatches) {
     auto it = schedules_.find(microbatches);
@@ -540,16 +580,9 @@ class Transformer {
   /// losses (on every pipeline rank).
   double pipeline_forward_backward(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
                                    Geometry g, double loss_scale, bool last_micro_batch) {
+    check_batch(g.batch, g.seq_len);
     const std::int64_t mb = plan_.pipeline.microbatch_size;
-    TESSERA_CHECK(mb >= 1 && g.batch % mb == 0, "parallelism.pipeline_parallel_microbatch_size = ", mb,
-                  " does not divide a data-parallel rank's batch of ", g.batch,
-                  " sequences (training.local_batch_size)");
     const int M = static_cast<int>(g.batch / mb);
-    parallel::check_schedule_shape(schedule_kind_, pp_, stages_per_rank_, M);
-    const int S = static_cast<int>(stages_.size());
-    TESSERA_CHECK(2 * M * S <= comm::kMaxTag, "pipeline: ", M, " microbatches over ", S,
-                  " stages need more transfer tags than the communicator has (", comm::kMaxTag,
-                  "); raise parallelism.pipeline_parallel_microbatch_size");
     const parallel::Schedule& plan = schedule(M);
     const Geometry gm{mb, g.seq_len};
     const std::int64_t rows = gm.rows(), shard_rows = rows / tp_.degree();

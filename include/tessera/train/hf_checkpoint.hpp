@@ -290,8 +290,12 @@ void load_hf_model(Model& model, const std::string& dir) {
     st.read(name, std::span<T>(p.value.data(), static_cast<std::size_t>(p.numel())), shape);
     used.insert(name);
   });
+  // A pipelined model holds only its stages: the others' tensors have a place elsewhere.
+  std::set<std::string> elsewhere;
+  if constexpr (requires { model.parameter_names(); })
+    for (const std::string& n : model.parameter_names()) elsewhere.insert(hf_name(n));
   for (const std::string& name : st.names()) {
-    if (used.count(name)) continue;
+    if (used.count(name) || elsewhere.count(name)) continue;
     const bool rotary_buffer = name.size() > 21 && name.ends_with(".rotary_emb.inv_freq");
     const bool tied_copy = name == "lm_head.weight" && model.args().tie_embeddings;
     if (rotary_buffer || tied_copy) continue;  // derived values some exporters include
