@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # llama-train across ranks, end to end: thread ranks in one process, and two processes
 # under mpirun (where mpirun is given), train the debug model with the same global batch
-# as one rank, data parallel (FSDP, HSDP, DDP), tensor parallel, and both at once, and
-# must log the same loss at every step (1e-5 relative); rank 0 alone writes the dump
-# folder and prints. Then bad input on every launch mode:
-# exit status 1 (under mpirun: non-zero) with the reason on stderr, never a hang.
+# as one rank, data parallel (FSDP, HSDP, DDP), tensor parallel, pipeline parallel (each
+# schedule) and their combinations, and must log the same loss at every step (1e-5
+# relative); rank 0 alone writes the dump folder and prints. Then bad input on every
+# launch mode: exit status 1 (under mpirun: non-zero) with the reason on stderr, never a
+# hang, and the dump folder untouched.
 #   distributed.sh LLAMA_TRAIN CONFIGS_DIR MPIRUN|none
 set -uo pipefail
 train=$1
@@ -100,6 +101,25 @@ check_parity() {
   echo "ok: $name: $result; rank 0 alone wrote $(echo "$files" | wc -l) entries and printed once"
 }
 
+# check_pipeline_header NAME SCHEDULE: NAME's start-up header counts the whole model's
+# parameters (as one rank's does, not one stage's) and has one pipeline line, naming
+# SCHEDULE, the microbatches and the stages.
+check_pipeline_header() {
+  local name=$1 schedule=$2 params_one params line
+  params_one=$(grep -o '| [0-9.]*M parameters' "$work/one.err")
+  params=$(grep -o '| [0-9.]*M parameters' "$work/$name.err")
+  line=$(grep '^  pipeline: ' "$work/$name.err")
+  if [ "$params" != "$params_one" ]; then
+    echo "FAIL: $name: the header says '$params', one rank's '$params_one'"; failures=$((failures + 1))
+  elif [ "$(grep -c '^  pipeline: ' "$work/$name.err")" -ne 1 ] || [[ "$line" != "  pipeline: $schedule, "* ]] ||
+       [[ "$line" != *" microbatches, bubble "* ]] || [[ "$line" != *"stages: embedding + "*" + output (pp rank "* ]]; then
+    echo "FAIL: $name: the header's pipeline line is '$line' (expected one, naming $schedule, microbatches and stages)"
+    failures=$((failures + 1))
+  else
+    echo "ok: $name: header counts ${params#| }; ${line#  }"
+  fi
+}
+
 # One rank: a global batch of 4 sequences.
 train_run one "$train" --training.local_batch_size 4 || { echo "the one-rank reference failed"; exit 1; }
 # Four thread ranks (FSDP 4), one sequence each: the same global batch.
@@ -118,6 +138,22 @@ train_run threads_tp2_no_loss_parallel "$train" --thread-ranks 2 --training.loca
 # FSDP 2 x TP 2 on four thread ranks, two sequences per data-parallel slice.
 train_run threads_fsdp2_tp2 "$train" --thread-ranks 4 --training.local_batch_size 2 \
   --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 && check_parity threads_fsdp2_tp2
+# Pipeline parallel 2 on two thread ranks (1F1B): both read the whole batch of 4, cut
+# into 4 microbatches of one sequence; rank 0 holds the embedding and blocks 0-2, rank 1
+# blocks 3-5 and the output.
+train_run threads_pp2 "$train" --thread-ranks 2 --training.local_batch_size 4 \
+  --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B \
+  && check_parity threads_pp2 && check_pipeline_header threads_pp2 1F1B
+# PP 2 x TP 2 on four thread ranks, zero bubble over two stages per rank.
+train_run threads_pp2_tp2 "$train" --thread-ranks 4 --training.local_batch_size 4 \
+  --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule InterleavedZeroBubble \
+  && check_parity threads_pp2_tp2 && check_pipeline_header threads_pp2_tp2 InterleavedZeroBubble
+# FSDP 2 x TP 2 x PP 2 on eight thread ranks, interleaved 1F1B, two sequences per slice.
+train_run threads_fsdp2_tp2_pp2 "$train" --thread-ranks 8 --training.local_batch_size 2 \
+  --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 \
+  --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B \
+  && check_parity threads_fsdp2_tp2_pp2 && check_pipeline_header threads_fsdp2_tp2_pp2 Interleaved1F1B
 if [ "$mpirun" != none ]; then
   # Two processes (FSDP 2), two sequences each.
   train_run mpi2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 2 && check_parity mpi2
@@ -128,6 +164,10 @@ if [ "$mpirun" != none ]; then
   # Two processes as tensor parallel 2, each reading the whole batch of 4.
   train_run mpi2_tp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
     --parallelism.tensor_parallel_degree 2 && check_parity mpi2_tp2
+  # Two processes as pipeline parallel 2 (GPipe), two microbatches of two sequences.
+  train_run mpi2_pp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
+    --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule GPipe \
+    --parallelism.pipeline_parallel_microbatch_size 2 && check_parity mpi2_pp2 && check_pipeline_header mpi2_pp2 GPipe
 fi
 
 # --- Bad input: exit status 1 and the reason, on every launch --------------------
@@ -231,6 +271,39 @@ expect_error one "33 tokens per micro-batch over TP 2" \
   "training.local_batch_size x training.seq_len (1 x 33 = 33 tokens) does not split into equal rows over parallelism.tensor_parallel_degree = 2 ranks" \
   "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.tensor_parallel_degree 2 \
   --training.local_batch_size 1 --training.seq_len 33
+# Pipelines the model or the schedule cannot take, refused on every rank before any file is written.
+expect_error one "1F1B on PP 4 with 2 microbatches" \
+  "parallelism.pipeline_parallel_microbatch_size: schedule 1F1B on 4 ranks needs at least 4 microbatches, got 2" \
+  "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 4 \
+  --training.local_batch_size 2
+pp_uneven=(--parallelism.pipeline_parallel_degree 2 --training.local_batch_size 3
+           --parallelism.pipeline_parallel_microbatch_size 2)
+expect_error one "microbatch size 2 for a local batch of 3 on PP 2" \
+  "parallelism.pipeline_parallel_microbatch_size = 2 does not divide training.local_batch_size = 3" \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" "${pp_uneven[@]}"
+if [ "$mpirun" != none ]; then
+  expect_error mpi "microbatch size 2 for a local batch of 3 on 2 MPI processes of PP 2" \
+    "parallelism.pipeline_parallel_microbatch_size = 2 does not divide training.local_batch_size = 3" \
+    "${mpi2[@]}" "${small[@]}" "${bad[@]}" "${pp_uneven[@]}"
+fi
+expect_error one "Interleaved1F1B on PP 2 with 3 microbatches" \
+  "schedule Interleaved1F1B with 2 stages per rank needs a microbatch count that is a multiple of the 2 ranks, got 3" \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule Interleaved1F1B --training.local_batch_size 3
+expect_error one "PP 4 for a model of 1 layer" \
+  "pipeline degree larger than the layer count: 4 stages for 1 layers + embedding + output = 3 units" \
+  "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 4 --model.n_layers 1
+expect_error one "unknown pipeline schedule" \
+  'parallelism.pipeline_parallel_schedule must be one of 1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble; got "ZeroBubble"' \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule ZeroBubble
+expect_error one "tied embeddings on PP 2" \
+  "parallelism.pipeline_parallel_degree = 2 with tied embeddings (debugmodel): the embedding and the output live on different stages" \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 2 --model.tie_embeddings true
+expect_error one "33 tokens per pipeline microbatch over TP 2" \
+  "parallelism.pipeline_parallel_microbatch_size x training.seq_len (1 x 33 = 33 tokens) does not split into equal rows over parallelism.tensor_parallel_degree = 2 ranks" \
+  "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.tensor_parallel_degree 2 --training.local_batch_size 2 --training.seq_len 33
 expect_error one "tensor_parallel_degree 2 on one rank" \
   "data_parallel_replicate_degree 1 x tensor_parallel_degree 2 x pipeline_parallel_degree 1 = 2 does not divide the world size 1" \
   "$train" "${small[@]}" "${bad[@]}" --parallelism.tensor_parallel_degree 2
