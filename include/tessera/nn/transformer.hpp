@@ -540,21 +540,9 @@ class Transformer {
     TESSERA_CHECK(!args_.tie_embeddings, "parallelism.pipeline_parallel_degree = ", pp_, " with tied embeddings (",
                   args_.flavor, "): the embedding and the output live on different stages");
     pp_rank_ = plan_.mesh->pp_rank();
-    const auto& points = plan_.pipeline.split_points;
-    const bool interleaved = schedule_kind_ == parallel::ScheduleKind::interleaved_1f1b ||
-                             schedule_kind_ == parallel::ScheduleKind::interleaved_zero_bubble;
-    int V = plan_.pipeline.stages_per_rank;
-    if (!points.empty()) {
-      const int S = static_cast<int>(points.size()) + 1;
-      TESSERA_CHECK(S % pp_ == 0, "parallelism.pipeline_parallel_split_points: ", points.size(), " points make ", S,
-                    " stages, not a multiple of pipeline_parallel_degree = ", pp_);
-      TESSERA_CHECK(V == 0 || V == S / pp_, "parallelism: ", S, " stages over ", pp_, " ranks is ", S / pp_,
-                    " stages per rank, not ", V);
-      V = S / pp_;
-    }
-    if (V == 0) V = interleaved ? 2 : 1;
+    const int V = parallel::stages_per_rank(schedule_kind_, plan_.pipeline, pp_);
     stages_per_rank_ = V;
-    stages_ = parallel::split_stages(L, pp_ * V, points);
+    stages_ = parallel::split_stages(L, pp_ * V, plan_.pipeline.split_points);
     for (int s = pp_rank_; s < pp_ * V; s += pp_) {
       const parallel::StageRange& r = stages_[static_cast<std::size_t>(s)];
       for (int i = r.first_block; i < r.end_block; ++i) layer_ids_.push_back(i);
@@ -570,6 +558,13 @@ class Transformer {
     std::size_t n = 0;
     for (int t = pp_rank_; t < s; t += pp_) n += static_cast<std::size_t>(stages_[static_cast<std::size_t>(t)].blocks());
     return n;
+  }
+
+  /// Sends `t` to, or receives it from, the pipeline rank of `stage`: tagged, never
+  /// waiting for the receiver (keep `t` alive until the handle completes).
+  comm::Handle transfer(comm::PeerOp::Kind kind, const Tensor<T>& t, int stage, int tag) {
+    const comm::PeerOp op{kind, stage % pp_, t.data(), static_cast<std::size_t>(t.numel()), comm::data_type_of<T>(), tag};
+    return plan_.mesh->pp().send_recv_async(std::span<const comm::PeerOp>(&op, 1));
   }
 
   /// Tags of the transfers between stages: the input of stage s, the gradient of its output.
@@ -602,18 +597,14 @@ class Transformer {
     double loss = 0;
 
     auto send = [&](Tensor<T> t, int stage, int tag) {
-      const comm::PeerOp op{comm::PeerOp::Kind::send, stage % pp_, t.data(), static_cast<std::size_t>(t.numel()),
-                            comm::data_type_of<T>(), tag};
-      comm::Handle h = pp.send_recv_async(std::span<const comm::PeerOp>(&op, 1));
+      comm::Handle h = transfer(comm::PeerOp::Kind::send, t, stage, tag);
       sends.emplace_back(std::move(t), std::move(h));
     };
     pipeline_wait_seconds_ = 0;
     auto recv = [&](int stage, int tag) {
       Tensor<T> t = B::template empty<T>(Shape{shard_rows, args_.dim});
-      const comm::PeerOp op{comm::PeerOp::Kind::recv, stage % pp_, t.data(), static_cast<std::size_t>(t.numel()),
-                            comm::data_type_of<T>(), tag};
       const auto t0 = std::chrono::steady_clock::now();
-      pp.send_recv(std::span<const comm::PeerOp>(&op, 1));
+      transfer(comm::PeerOp::Kind::recv, t, stage, tag).wait();
       pipeline_wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return t;
     };
@@ -711,9 +702,7 @@ class Transformer {
         if (embedding_unit_) embedding_unit_->reshard();
       } else {
         x = B::template empty<T>(Shape{shard_rows, args_.dim});
-        const comm::PeerOp op{comm::PeerOp::Kind::recv, (s - 1) % pp_, x.data(), static_cast<std::size_t>(x.numel()),
-                              comm::data_type_of<T>(), activation_tag(s, 0)};
-        pp.send_recv(std::span<const comm::PeerOp>(&op, 1));
+        transfer(comm::PeerOp::Kind::recv, x, s - 1, activation_tag(s, 0)).wait();
       }
       const std::size_t first = first_local_layer(s);
       for (std::size_t j = first; j < first + static_cast<std::size_t>(range.blocks()); ++j)
@@ -724,9 +713,7 @@ class Transformer {
                              nullptr);
         if (head_unit_) head_unit_->reshard();
       } else {
-        const comm::PeerOp op{comm::PeerOp::Kind::send, (s + 1) % pp_, x.data(), static_cast<std::size_t>(x.numel()),
-                              comm::data_type_of<T>(), activation_tag(s + 1, 0)};
-        sends.emplace_back(x, pp.send_recv_async(std::span<const comm::PeerOp>(&op, 1)));
+        sends.emplace_back(x, transfer(comm::PeerOp::Kind::send, x, s + 1, activation_tag(s + 1, 0)));
       }
     }
     for (auto& [buffer, handle] : sends) handle.wait();

@@ -109,6 +109,23 @@ struct PipelineOptions {
   std::vector<int> split_points;
 };
 
+/// Stages per pipeline rank for `kind` on `pp` ranks: what split_points imply (their
+/// stage count over pp), else the explicit count, else 1 for GPipe and 1F1B and 2 for
+/// the interleaved schedules. Throws naming the keys when the two disagree.
+inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int pp) {
+  int V = p.stages_per_rank;
+  if (!p.split_points.empty()) {
+    const int S = static_cast<int>(p.split_points.size()) + 1;
+    TESSERA_CHECK(S % pp == 0, "parallelism.pipeline_parallel_split_points: ", p.split_points.size(), " points make ",
+                  S, " stages, not a multiple of pipeline_parallel_degree = ", pp);
+    TESSERA_CHECK(V == 0 || V == S / pp, "parallelism: ", S, " stages over ", pp, " ranks is ", S / pp,
+                  " stages per rank, not ", V);
+    return S / pp;
+  }
+  if (V > 0) return V;
+  return kind == ScheduleKind::interleaved_1f1b || kind == ScheduleKind::interleaved_zero_bubble ? 2 : 1;
+}
+
 struct Plan {
   /// This rank's place; nullptr for one rank alone. Must outlive the model.
   comm::DeviceMesh* mesh = nullptr;

@@ -84,11 +84,7 @@ inline RankLayers rank_layers(const StepLayout& l) {
     r.stages = {0};
     return r;
   }
-  const ScheduleKind k = l.pipeline.schedule;
-  int V = l.pipeline.stages_per_rank;
-  if (!l.pipeline.split_points.empty()) V = (static_cast<int>(l.pipeline.split_points.size()) + 1) / P;
-  if (V == 0)
-    V = k == ScheduleKind::interleaved_1f1b || k == ScheduleKind::interleaved_zero_bubble ? 2 : 1;
+  const int V = stages_per_rank(l.pipeline.schedule, l.pipeline, P);
   const auto stages = split_stages(L, P * V, l.pipeline.split_points);
   r.n_stages = P * V;
   r.embedding = r.output = false;
