@@ -74,11 +74,6 @@ double cpu_seconds() {
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 /// One run of the matrix: a mesh, its [parallelism] and [activation_checkpoint] keys,
 /// and the model's keys (which its one-rank reference trains with too).
 struct Layout {

@@ -8,11 +8,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/comm/mesh.hpp"
+#include "tessera/comm/thread.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/nn/transformer.hpp"
@@ -99,6 +101,51 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
 #ifndef TESSERA_PARALLEL_INSTANTIATE
 extern template RunResult train_layout<DynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
 #endif
+
+/// The tensor- and pipeline-parallel parity runs: 10 steps (3 in sanitizer builds) of a
+/// global batch of 8 sequences.
+#if TESSERA_SHORT_TESTS
+inline constexpr int kParitySteps = 3;
+#else
+inline constexpr int kParitySteps = 10;
+#endif
+inline constexpr std::int64_t kParityBatch = 8;
+
+/// Two lists of config keys, one after the other.
+inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+/// One rank's parity run with `keys` (trained once per distinct keys).
+inline const RunResult& one_rank_run(const std::vector<std::string>& keys = {}) {
+  static std::map<std::vector<std::string>, RunResult> cache;
+  auto it = cache.find(keys);
+  if (it == cache.end())
+    it = cache
+             .emplace(keys, train_layout(comm::Communicator(), comm::MeshShape{},
+                                         debug_job(kParityBatch, kParityBatch, kParitySteps, keys)))
+             .first;
+  return it->second;
+}
+
+/// A parity run on thread ranks laid out as `shape`: rank 0's result, and whether every
+/// rank reported the very same losses and gradient norms.
+struct LayoutRun {
+  RunResult rank0;
+  bool ranks_agree = true;
+};
+inline LayoutRun layout_run(comm::MeshShape shape, const std::vector<std::string>& keys) {
+  std::vector<RunResult> per_rank(static_cast<std::size_t>(shape.world()));
+  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
+    per_rank[static_cast<std::size_t>(world.rank())] =
+        train_layout(world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, kParitySteps, keys));
+  });
+  LayoutRun r{per_rank.front()};
+  for (const auto& p : per_rank)
+    r.ranks_agree = r.ranks_agree && p.losses == r.rank0.losses && p.grad_norms == r.rank0.grad_norms;
+  return r;
+}
 
 inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size() || a.empty()) return INFINITY;

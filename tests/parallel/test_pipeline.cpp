@@ -18,47 +18,12 @@ using namespace tessera::test;
 
 namespace {
 
-#if TESSERA_SHORT_TESTS
-constexpr int kSteps = 3;
-#else
-constexpr int kSteps = 10;
-#endif
-constexpr std::int64_t kGlobalBatch = 8;
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-RunResult one_rank_run(const std::vector<std::string>& model_keys) {
-  static std::map<std::vector<std::string>, RunResult> cache;
-  auto it = cache.find(model_keys);
-  if (it == cache.end())
-    it = cache
-             .emplace(model_keys, train_layout(comm::Communicator(), comm::MeshShape{},
-                                               debug_job(kGlobalBatch, kGlobalBatch, kSteps, model_keys)))
-             .first;
-  return it->second;
-}
-
-/// Every rank's losses on `shape` must be the same; returns rank 0's.
-RunResult layout_run(comm::MeshShape shape, const std::vector<std::string>& keys) {
-  std::vector<RunResult> per_rank(static_cast<std::size_t>(shape.world()));
-  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
-    per_rank[static_cast<std::size_t>(world.rank())] =
-        train_layout(world, shape, debug_job(kGlobalBatch / shape.dp(), kGlobalBatch, kSteps, keys));
-  });
-  for (const auto& r : per_rank) {
-    CHECK(r.losses == per_rank.front().losses);
-    CHECK(r.grad_norms == per_rank.front().grad_norms);
-  }
-  return per_rank.front();
-}
-
 void check_parity(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys,
                   const std::vector<std::string>& model_keys = {}) {
   CAPTURE(layout);
-  const RunGap gap = run_gap(layout_run(shape, with(keys, model_keys)), one_rank_run(model_keys));
+  const LayoutRun run = layout_run(shape, with(keys, model_keys));
+  CHECK(run.ranks_agree);
+  const RunGap gap = run_gap(run.rank0, one_rank_run(model_keys));
   CHECK(gap.loss <= 1e-5);
   CHECK(gap.grad_norm <= 1e-4);
 }
@@ -138,7 +103,7 @@ TEST_CASE("pipeline: bad layouts are refused by name on every rank, never a hang
     std::vector<std::string> errors(static_cast<std::size_t>(shape.world()));
     comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
       try {
-        train_layout(world, shape, debug_job(kGlobalBatch / shape.dp(), kGlobalBatch, 1, keys));
+        train_layout(world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, 1, keys));
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(world.rank())] = e.what();
       }
@@ -162,7 +127,7 @@ TEST_CASE("pipeline: a block type without a Pipeline policy is refused at degree
   std::vector<std::string> errors(2);
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
     try {
-      train_layout<NoPp>(world, {2, 1, 1, 1}, debug_job(kGlobalBatch, kGlobalBatch, 1));
+      train_layout<NoPp>(world, {2, 1, 1, 1}, debug_job(kParityBatch, kParityBatch, 1));
     } catch (const std::exception& e) {
       errors[static_cast<std::size_t>(world.rank())] = e.what();
     }
@@ -175,17 +140,17 @@ TEST_CASE("pipeline parity: static policies, Pipeline<2, OneFOneB> with TensorPa
       float, Cpu, Parallel<nn::LlamaBlock<float, Cpu>, Pipeline<2, OneFOneB>, Checkpoint<Full>, TensorParallel<2>>>;
   RunResult run;
   comm::run_thread_ranks(4, [&](comm::Communicator& world) {
-    auto r = train_layout<Static>(world, {2, 1, 1, 2}, debug_job(kGlobalBatch, kGlobalBatch, kSteps));
+    auto r = train_layout<Static>(world, {2, 1, 1, 2}, debug_job(kParityBatch, kParityBatch, kParitySteps));
     if (world.rank() == 0) run = r;
   });
-  const RunGap gap = run_gap(run, one_rank_run({}));
+  const RunGap gap = run_gap(run, one_rank_run());
   CHECK(gap.loss <= 1e-5);
   CHECK(gap.grad_norm <= 1e-4);
 }
 
 TEST_CASE("pipeline: explicit split points place the blocks, and train the same model") {
   // torchtitan's pipeline_parallel_split_points: stage 1 begins at layers.4.
-  const train::JobConfig c = debug_job(kGlobalBatch, kGlobalBatch, kSteps);
+  const train::JobConfig c = debug_job(kParityBatch, kParityBatch, kParitySteps);
   std::vector<std::vector<std::int64_t>> ids(2);
   std::vector<RunResult> runs(2);
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
@@ -196,10 +161,10 @@ TEST_CASE("pipeline: explicit split points place the blocks, and train the same 
     DynamicModel model(c.model.args, plan);
     for (std::size_t i = 0; i < model.n_layers(); ++i) ids[static_cast<std::size_t>(world.rank())].push_back(model.layer_id(i));
     model.init_weights(0);
-    data::DataLoader loader(debug_tokens(), c.training.seq_len, kGlobalBatch, 0, 1);
+    data::DataLoader loader(debug_tokens(), c.training.seq_len, kParityBatch, 0, 1);
     train::Trainer<DynamicModel> trainer(model, c, std::move(loader), 0);
     RunResult r;
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < kParitySteps; ++s) {
       const train::StepMetrics m = trainer.step();
       r.losses.push_back(m.loss);
       r.grad_norms.push_back(m.grad_norm);
@@ -209,7 +174,7 @@ TEST_CASE("pipeline: explicit split points place the blocks, and train the same 
   CHECK(ids[0] == std::vector<std::int64_t>{0, 1, 2, 3});
   CHECK(ids[1] == std::vector<std::int64_t>{4, 5});
   CHECK(runs[0].losses == runs[1].losses);
-  const RunGap gap = run_gap(runs[0], one_rank_run({}));
+  const RunGap gap = run_gap(runs[0], one_rank_run());
   CHECK(gap.loss <= 1e-5);
   CHECK(gap.grad_norm <= 1e-4);
 }

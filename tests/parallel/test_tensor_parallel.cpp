@@ -20,42 +20,12 @@ using namespace tessera::test;
 
 namespace {
 
-#if TESSERA_SHORT_TESTS
-constexpr int kSteps = 3;
-#else
-constexpr int kSteps = 10;
-#endif
-constexpr std::int64_t kGlobalBatch = 8;
-
-RunResult one_rank_run(const std::vector<std::string>& keys = {}) {
-  return train_layout(comm::Communicator(), comm::MeshShape{}, debug_job(kGlobalBatch, kGlobalBatch, kSteps, keys));
-}
-
-/// Rank 0's losses on `shape`; every rank must report the same.
-RunResult layout_run(comm::MeshShape shape, const std::vector<std::string>& keys) {
-  std::vector<RunResult> per_rank(static_cast<std::size_t>(shape.world()));
-  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
-    per_rank[static_cast<std::size_t>(world.rank())] =
-        train_layout(world, shape, debug_job(kGlobalBatch / shape.dp(), kGlobalBatch, kSteps, keys));
-  });
-  for (const auto& r : per_rank) {
-    CHECK(r.losses == per_rank.front().losses);
-    CHECK(r.grad_norms == per_rank.front().grad_norms);
-  }
-  return per_rank.front();
-}
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-void check_parity(const char* name, comm::MeshShape shape, const std::vector<std::string>& keys,
+void check_parity(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys,
                   const std::vector<std::string>& model_keys = {}) {
-  const std::string layout = name;
   CAPTURE(layout);
-  const auto reference = one_rank_run(model_keys);
-  const RunGap gap = run_gap(layout_run(shape, with(keys, model_keys)), reference);
+  const LayoutRun run = layout_run(shape, with(keys, model_keys));
+  CHECK(run.ranks_agree);
+  const RunGap gap = run_gap(run.rank0, one_rank_run(model_keys));
   CHECK(gap.loss <= 1e-5);
   CHECK(gap.grad_norm <= 1e-4);
 }
@@ -162,7 +132,7 @@ TEST_CASE("tensor parallel: degrees that do not divide the model are refused by 
     std::vector<std::string> errors(static_cast<std::size_t>(shape.world()));
     comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
       try {
-        train_layout(world, shape, debug_job(kGlobalBatch / shape.dp(), kGlobalBatch, 1, keys));
+        train_layout(world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, 1, keys));
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(world.rank())] = e.what();
       }
@@ -183,7 +153,7 @@ TEST_CASE("tensor parallel: a block type without a TensorParallel policy is refu
   std::vector<std::string> errors(2);
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
     try {
-      train_layout<nn::Transformer<float, Cpu, NoTp>>(world, {1, 1, 1, 2}, debug_job(kGlobalBatch, kGlobalBatch, 1));
+      train_layout<nn::Transformer<float, Cpu, NoTp>>(world, {1, 1, 1, 2}, debug_job(kParityBatch, kParityBatch, 1));
     } catch (const std::exception& e) {
       errors[static_cast<std::size_t>(world.rank())] = e.what();
     }
@@ -193,7 +163,7 @@ TEST_CASE("tensor parallel: a block type without a TensorParallel policy is refu
   using Tp4 = Parallel<nn::LlamaBlock<float, Cpu>, TensorParallel<4, Heads<16>>>;
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
     try {
-      train_layout<nn::Transformer<float, Cpu, Tp4>>(world, {1, 1, 1, 2}, debug_job(kGlobalBatch, kGlobalBatch, 1));
+      train_layout<nn::Transformer<float, Cpu, Tp4>>(world, {1, 1, 1, 2}, debug_job(kParityBatch, kParityBatch, 1));
     } catch (const std::exception& e) {
       static_errors[static_cast<std::size_t>(world.rank())] = e.what();
     }
@@ -205,7 +175,7 @@ TEST_CASE("tensor parallel: a static TensorParallel<2, Heads<16>> trains like th
   using Tp2 = nn::Transformer<float, Cpu, Parallel<nn::LlamaBlock<float, Cpu>, TensorParallel<2, Heads<16>>>>;
   RunResult run;
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
-    auto r = train_layout<Tp2>(world, {1, 1, 1, 2}, debug_job(kGlobalBatch, kGlobalBatch, kSteps));
+    auto r = train_layout<Tp2>(world, {1, 1, 1, 2}, debug_job(kParityBatch, kParityBatch, kParitySteps));
     if (world.rank() == 0) run = r;
   });
   const RunGap gap = run_gap(run, one_rank_run());
