@@ -9,12 +9,16 @@
 #include <string_view>
 
 #include "tessera/comm/engine.hpp"
+#include "tessera/comm/memory_access.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::comm {
 
 class SelfEngine {
  public:
+  /// `memory`: where the rank's buffers live (comm/memory_access.hpp).
+  explicit SelfEngine(MemoryAccess memory = {}) : memory_(memory) {}
+
   int rank() const { return 0; }
   int size() const { return 1; }
   std::string_view engine_name() const { return "self"; }
@@ -28,14 +32,16 @@ class SelfEngine {
     return {};
   }
   Handle barrier() { return {}; }
-  SelfEngine split(int, int) { return {}; }
+  SelfEngine split(int, int) { return SelfEngine(memory_); }
   void abort(const std::string&) {}
 
  private:
-  static Handle copy(const void* in, void* out, std::size_t n, DataType t) {
-    if (in != out && n > 0) std::memcpy(out, in, n * size_of(t));
+  Handle copy(const void* in, void* out, std::size_t n, DataType t) const {
+    if (in != out && n > 0) memory_.copy(out, in, n * size_of(t));
     return {};
   }
+
+  MemoryAccess memory_;
 };
 
 static_assert(Engine<SelfEngine>);

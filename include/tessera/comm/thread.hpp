@@ -45,6 +45,7 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/engine.hpp"
+#include "tessera/comm/memory_access.hpp"
 #include "tessera/comm/reduce.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
@@ -54,6 +55,9 @@ namespace tessera::comm {
 struct ThreadOptions {
   /// How long a rank waits for the others at one collective before failing the job.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  /// The memory the ranks' buffers live in (comm/memory_access.hpp): the host's, or a
+  /// backend's (several virtual ranks on one GPU).
+  MemoryAccess memory{};
 };
 
 namespace detail {
@@ -174,7 +178,7 @@ class ThreadGroup {
   /// Copies `bytes` bytes from `data` into a parcel for `to`: the send is then complete.
   void post(int from, int to, int tag, const void* data, std::size_t bytes) {
     Parcel parcel{tag, bytes, std::make_unique_for_overwrite<char[]>(bytes)};
-    if (bytes > 0) std::memcpy(parcel.data.get(), data, bytes);
+    if (bytes > 0) world_->options.memory.copy(parcel.data.get(), data, bytes);
     std::lock_guard lock(mutex_);
     mail_[index(from, to)].push_back(std::move(parcel));
     cv_.notify_all();
@@ -205,7 +209,7 @@ class ThreadGroup {
       world_->abort(why);
       fail(why);
     }
-    if (bytes > 0) std::memcpy(dst, parcel.data.get(), bytes);
+    if (bytes > 0) world_->options.memory.copy(dst, parcel.data.get(), bytes);
   }
 
  private:
@@ -356,7 +360,7 @@ class ThreadEngine {
       g.slot(rank_).in = in;
       g.enter(rank_, "all_gather");
       for (int r = 0; r < size(); ++r)
-        if (bytes > 0) std::memmove(static_cast<char*>(out) + r * bytes, g.slot(r).in, bytes);
+        if (bytes > 0) memory().copy(static_cast<char*>(out) + r * bytes, g.slot(r).in, bytes);
       g.meet(rank_, "all_gather");
     });
   }
@@ -369,8 +373,8 @@ class ThreadEngine {
       g.slot(rank_).in = in;
       g.enter(rank_, "reduce_scatter");
       const std::size_t offset = static_cast<std::size_t>(rank_) * bytes;
-      if (bytes > 0) std::memcpy(out, static_cast<const char*>(g.slot(0).in) + offset, bytes);
-      for (int r = 1; r < size(); ++r) reduce_into(out, static_cast<const char*>(g.slot(r).in) + offset, n, t, op);
+      if (bytes > 0) memory().copy(out, static_cast<const char*>(g.slot(0).in) + offset, bytes);
+      for (int r = 1; r < size(); ++r) memory().reduce(out, static_cast<const char*>(g.slot(r).in) + offset, n, t, op);
       g.meet(rank_, "reduce_scatter");
     });
   }
@@ -390,19 +394,19 @@ class ThreadEngine {
       g.enter(rank_, "all_reduce");
       // Reduce this rank's chunk of every input, in rank order.
       const auto [begin, len] = chunk(rank_);
-      std::vector<char> mine(len * es);
+      Scratch mine(memory(), len * es);
       if (len > 0) {
-        std::memcpy(mine.data(), static_cast<const char*>(g.slot(0).in) + begin * es, len * es);
+        memory().copy(mine.data(), static_cast<const char*>(g.slot(0).in) + begin * es, len * es);
         for (int r = 1; r < size(); ++r)
-          reduce_into(mine.data(), static_cast<const char*>(g.slot(r).in) + begin * es, len, t, op);
+          memory().reduce(mine.data(), static_cast<const char*>(g.slot(r).in) + begin * es, len, t, op);
       }
       g.meet(rank_, "all_reduce");  // every input read: outputs may change (in place too)
-      if (len > 0) std::memcpy(static_cast<char*>(out) + begin * es, mine.data(), len * es);
+      if (len > 0) memory().copy(static_cast<char*>(out) + begin * es, mine.data(), len * es);
       g.meet(rank_, "all_reduce");
       for (int r = 0; r < size(); ++r) {
         if (r == rank_) continue;
         const auto [b, l] = chunk(r);
-        if (l > 0) std::memcpy(static_cast<char*>(out) + b * es, static_cast<const char*>(g.slot(r).out) + b * es, l * es);
+        if (l > 0) memory().copy(static_cast<char*>(out) + b * es, static_cast<const char*>(g.slot(r).out) + b * es, l * es);
       }
       g.meet(rank_, "all_reduce");
     });
@@ -413,7 +417,7 @@ class ThreadEngine {
       auto& g = *group_;
       g.slot(rank_).out = data;
       g.enter(rank_, "broadcast");
-      if (rank_ != root && n > 0) std::memcpy(data, g.slot(root).out, n * size_of(t));
+      if (rank_ != root && n > 0) memory().copy(data, g.slot(root).out, n * size_of(t));
       g.meet(rank_, "broadcast");
     });
   }
@@ -472,6 +476,8 @@ class ThreadEngine {
   void abort(const std::string& reason) { group_->world().abort(reason); }
 
  private:
+  const MemoryAccess& memory() const { return group_->world().options.memory; }
+
   Handle submit(std::function<void()> task) {
     if (group_->world().aborted.load()) group_->world().throw_aborted(group_->world_rank(rank_), "collective");
     return worker_->submit(std::move(task));

@@ -28,7 +28,7 @@ class Embedding {
   /// `tp`: the tensor-parallel group the vocabulary is split over (nullptr: whole).
   Embedding(std::string name, std::int64_t vocab, std::int64_t dim, Init init,
             parallel::TensorParallelGroup* tp = nullptr)
-      : weight_(std::move(name) + ".weight", Shape{vocab, dim}, init), vocab_(vocab), tp_(tp) {
+      : weight_(Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{vocab, dim}, init)), vocab_(vocab), tp_(tp) {
     if (tp) weight_.split = tp->split(0);
   }
 
@@ -41,7 +41,8 @@ class Embedding {
     const auto rows = static_cast<std::int64_t>(ids.size());
     Tensor<T> y = B::template empty<T>(Shape{rows, dim});
     const auto [lo, hi] = range();
-    B::for_each(rows, ops::EmbeddingForward<T>{ids.data(), weight_.value.data(), y.data(), dim, lo, hi});
+    const Tensor<std::int32_t> on_backend = upload<B>(ids);
+    B::for_each(rows, ops::EmbeddingForward<T>{on_backend.data(), weight_.value.data(), y.data(), dim, lo, hi});
     return parallel::reduce_scatter_rows<B>(tp_, y);
   }
 
@@ -50,7 +51,8 @@ class Embedding {
     const Tensor<T> dy = parallel::gather_rows<B>(tp_, dy_rows);
     const std::int64_t dim = weight_.grad.size(1);
     const auto [lo, hi] = range();
-    B::for_each(dim, ops::EmbeddingBackwardColumn<T>{ids.data(), dy.data(), weight_.grad.data(),
+    const Tensor<std::int32_t> on_backend = upload<B>(ids);
+    B::for_each(dim, ops::EmbeddingBackwardColumn<T>{on_backend.data(), dy.data(), weight_.grad.data(),
                                                      static_cast<std::int64_t>(ids.size()), dim, lo, hi});
   }
 

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/backend.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 
@@ -73,8 +74,21 @@ struct Parameter {
   Shape whole{};
 
   Parameter() = default;
+  /// Value and gradient zeroed in host memory (the CPU backend's).
   Parameter(std::string n, Shape shape, Init how)
       : name(std::move(n)), value(shape), grad(shape), init(how), whole(shape) {}
+
+  /// Value and gradient zeroed in backend B's memory: how layers make their parameters.
+  template <Backend B>
+  static Parameter on(std::string n, Shape shape, Init how) {
+    Parameter p;
+    p.name = std::move(n);
+    p.value = B::template zeros<T>(shape);
+    p.grad = B::template zeros<T>(shape);
+    p.init = how;
+    p.whole = shape;
+    return p;
+  }
   const Shape& shape() const { return value.shape(); }
   std::int64_t numel() const { return value.numel(); }
 };

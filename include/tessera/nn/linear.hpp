@@ -30,7 +30,7 @@ class Linear {
   /// (whole by default).
   Linear(std::string name, std::int64_t in, std::int64_t out, Init init, parallel::TensorParallelGroup* tp = nullptr,
          TensorSplit split = {})
-      : weight_(std::move(name) + ".weight", Shape{out, in}, init), tp_(tp) {
+      : weight_(Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{out, in}, init)), tp_(tp) {
     weight_.split = split;
   }
 

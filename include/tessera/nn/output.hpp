@@ -76,7 +76,8 @@ class ChunkedCrossEntropyHead {
                     targets[i], " at position ", i, " is outside the vocabulary of ", vocab);
     const std::int64_t local = weight_->value.size(0);  // this rank's vocabulary
     const std::int64_t step = chunk_rows(local, rows);
-    std::vector<double> row_loss(static_cast<std::size_t>(rows));
+    const Tensor<std::int32_t> target_ids = upload<B>(targets);
+    Tensor<double> row_loss = B::template empty<double>(Shape{rows});
     Tensor<T> logits = B::template empty<T>(Shape{std::min(step, rows), local});
     Tensor<T> max, sums;
     if (vocab_parallel()) {
@@ -90,7 +91,7 @@ class ChunkedCrossEntropyHead {
       TensorView<const T> hc = h.cview().slice_rows(r0, r1);
       B::gemm(Trans::no, Trans::yes, T(1), hc, weight_->value.cview(), T(0), z);
       if (vocab_parallel()) {
-        const std::int32_t* t = targets.data() + r0;
+        const std::int32_t* t = target_ids.data() + r0;
         B::for_each(n, ops::CrossEntropyShardMax<T>{z.data(), local, local, t, max.data()});
         tp_->comm().all_reduce(std::span<T>(max.data(), static_cast<std::size_t>(n)), comm::ReduceOp::max);
         B::for_each(n, ops::CrossEntropyShardExp<T>{z.data(), local, local, lo, t, max.data(), sums.data()});
@@ -98,7 +99,7 @@ class ChunkedCrossEntropyHead {
         B::for_each(n, ops::CrossEntropyShardGrad<T>{z.data(), local, local, lo, t, max.data(), sums.data(), loss_scale,
                                                      dh != nullptr, row_loss.data() + r0});
       } else {
-        B::for_each(n, ops::CrossEntropyRow<T>{z.data(), local, local, targets.data() + r0, loss_scale, dh != nullptr,
+        B::for_each(n, ops::CrossEntropyRow<T>{z.data(), local, local, target_ids.data() + r0, loss_scale, dh != nullptr,
                                                row_loss.data() + r0});
       }
       if (dh != nullptr) {
@@ -107,8 +108,10 @@ class ChunkedCrossEntropyHead {
         B::gemm(Trans::yes, Trans::no, T(1), TensorView<const T>(z), hc, T(1), weight_->grad.view());
       }
     }
+    // Summed on the host in row order: the same total on every backend.
+    const Tensor<double> losses = download<B>(row_loss);
     double total = 0;
-    for (double l : row_loss) total += l;
+    for (std::int64_t r = 0; r < rows; ++r) total += losses[r];
     return total;
   }
 

@@ -23,7 +23,7 @@ class RmsNorm {
 
   /// `tp`: the tensor-parallel group whose ranks hold different rows (sequence parallel).
   RmsNorm(std::string name, std::int64_t dim, double eps, parallel::TensorParallelGroup* tp = nullptr)
-      : weight_(std::move(name) + ".weight", Shape{dim}, Init::ones()), eps_(static_cast<T>(eps)), tp_(tp) {
+      : weight_(Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{dim}, Init::ones())), eps_(static_cast<T>(eps)), tp_(tp) {
     if (tp) weight_.split = tp->whole();
   }
 

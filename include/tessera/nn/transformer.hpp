@@ -117,12 +117,14 @@ comm::Communicator* tensor_parallel_comm(const ModelArgs& args, const parallel::
 }
 }  // namespace detail
 
-/// Fills p.value from its Init as a function of (seed, p.name, element index) only.
-template <class T>
+/// Fills p.value (in B's memory) from its Init as a function of (seed, p.name,
+/// element index) only. The values are drawn on the host and uploaded.
+template <Backend B, class T>
 void init_parameter(Parameter<T>& p, std::uint64_t seed) {
   const Philox4x32 rng = parameter_rng(seed, p.name);
-  T* v = p.value.data();
   const std::int64_t n = p.numel();
+  Tensor<T> host(Shape{n}, Uninitialized{});
+  T* v = host.data();
   const Init& in = p.init;
   for (std::int64_t i = 0; i < n; ++i) {
     const auto idx = static_cast<std::uint64_t>(i);
@@ -135,6 +137,7 @@ void init_parameter(Parameter<T>& p, std::uint64_t seed) {
         break;
     }
   }
+  B::copy_from_host(v, p.value.data(), n);
 }
 
 template <class T, Backend B, class Block = LlamaBlock<T, B>>
@@ -164,8 +167,8 @@ class Transformer {
       layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_, tp()});
     if (!args.tie_embeddings) {
       const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
-      output_ = std::make_unique<Parameter<T>>("output.weight", Shape{args.vocab_size, args.dim},
-                                               Init::truncated_normal(std, -3 * std, 3 * std));
+      output_ = std::make_unique<Parameter<T>>(Parameter<T>::template on<B>(
+          "output.weight", Shape{args.vocab_size, args.dim}, Init::truncated_normal(std, -3 * std, 3 * std)));
       // Loss parallelism splits it by vocabulary; without, every rank holds it whole
       // and computes the whole head (the first rank counts it in the gradient norm).
       output_->split = plan.loss_parallel ? tp_.split(0) : tp_.whole();
@@ -221,7 +224,7 @@ class Transformer {
   }
 
   void init_weights(std::uint64_t seed) {
-    for_each_parameter([&](Parameter<T>& p) { init_parameter(p, seed); });
+    for_each_parameter([&](Parameter<T>& p) { init_parameter<B>(p, seed); });
   }
 
   /// Keeps this rank's share of every parameter: its tensor-parallel piece, then its
@@ -373,23 +376,23 @@ class Transformer {
     return l;
   }
 
-  /// Logits (batch * seq_len, vocab) at every position; for evaluation and checks on
-  /// small inputs (a whole (rows, vocab) matrix is made at once).
+  /// Logits (batch * seq_len, vocab) at every position, on the host; for evaluation
+  /// and checks on small inputs (a whole (rows, vocab) matrix is made at once).
   Tensor<T> logits(std::span<const std::int32_t> inputs, Geometry g) {
     Tensor<T> z = head_.logits(final_hidden(inputs, g));
     free_head();
-    return z;
+    return download<B>(z);
   }
 
-  /// Logits (batch, vocab) at the last position of each sequence.
+  /// Logits (batch, vocab) at the last position of each sequence, on the host.
   Tensor<T> last_logits(std::span<const std::int32_t> inputs, Geometry g) {
     Tensor<T> hn = final_hidden(inputs, g);
     Tensor<T> last = B::template empty<T>(Shape{g.batch, args_.dim});
     for (std::int64_t b = 0; b < g.batch; ++b)
-      for (std::int64_t j = 0; j < args_.dim; ++j) last[b * args_.dim + j] = hn[((b + 1) * g.seq_len - 1) * args_.dim + j];
+      B::for_each(args_.dim, ops::Copy<T>{hn.data() + ((b + 1) * g.seq_len - 1) * args_.dim, last.data() + b * args_.dim});
     Tensor<T> z = head_.logits(last);
     free_head();
-    return z;
+    return download<B>(z);
   }
 
   /// Seconds this rank waited for another stage's activations or gradients during the

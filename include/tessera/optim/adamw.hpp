@@ -19,8 +19,17 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/adamw.hpp"
+#include "tessera/ops/elementwise.hpp"
 
 namespace tessera::optim {
+
+namespace detail {
+struct RoundToBf16 {
+  const float* src;
+  float* dst;
+  TESSERA_HD void operator()(std::int64_t i) const { dst[i] = round_to_bf16(src[i]); }
+};
+}  // namespace detail
 
 struct AdamWOptions {
   double lr = 8e-4;
@@ -45,7 +54,8 @@ class AdamW {
     auto add = [&](nn::Parameter<T>& p) {
       State s{&p, B::template zeros<T>(p.shape()), B::template zeros<T>(p.shape()), {}};
       if (rounds_to_bf16()) {
-        s.master = p.value.clone();
+        s.master = B::template empty<T>(p.shape());
+        B::for_each(p.numel(), ops::Copy<T>{p.value.data(), s.master.data()});
         round_into(s.master, p.value);
       }
       states_.push_back(std::move(s));
@@ -93,14 +103,7 @@ class AdamW {
   bool rounds_to_bf16() const { return options_.param_dtype == DType::bf16; }
 
   static void round_into(const Tensor<T>& from, const Tensor<T>& to) {
-    if constexpr (std::is_same_v<T, float>) {
-      struct Round {
-        const float* src;
-        float* dst;
-        TESSERA_HD void operator()(std::int64_t i) const { dst[i] = round_to_bf16(src[i]); }
-      };
-      B::for_each(from.numel(), Round{from.data(), to.data()});
-    }
+    if constexpr (std::is_same_v<T, float>) B::for_each(from.numel(), detail::RoundToBf16{from.data(), to.data()});
   }
 
   AdamWOptions options_;

@@ -20,10 +20,12 @@ template <Backend B, class T>
 double squared_norm(const Tensor<T>& t) {
   constexpr std::int64_t chunk = 1 << 14;
   const std::int64_t n = t.numel(), chunks = (n + chunk - 1) / chunk;
-  std::vector<double> partial(static_cast<std::size_t>(chunks));
+  if (chunks == 0) return 0;
+  Tensor<double> partial = B::template empty<double>(Shape{chunks});
   B::for_each(chunks, ops::SquaredNormPartial<T>{t.data(), n, chunk, partial.data()});
+  const Tensor<double> host = download<B>(partial);
   double s = 0;
-  for (double p : partial) s += p;
+  for (std::int64_t c = 0; c < chunks; ++c) s += host[c];
   return s;
 }
 

@@ -119,11 +119,11 @@ class ShardedUnit {
       const int S = degree();
       shard_numel_ = (numel_ + S - 1) / S;
       const std::int64_t begin = shard_numel_ * shard_comm_->rank();
-      local_ = nn::Parameter<T>(name_ + ".flat_shard", Shape{shard_numel_}, nn::Init{});
-      T* dst = local_.value.data();
+      local_ = nn::Parameter<T>::template on<B>(name_ + ".flat_shard", Shape{shard_numel_}, nn::Init{});
       for (auto& s : params_) {
         const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
-        for (std::int64_t i = lo; i < hi; ++i) dst[i - begin] = s.p->value[i - s.offset];
+        if (lo < hi)
+          B::for_each(hi - lo, ops::Copy<T>{s.p->value.data() + (lo - s.offset), local_.value.data() + (lo - begin)});
         s.p->value.release();
         s.p->grad.release();
       }

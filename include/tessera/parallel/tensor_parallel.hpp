@@ -165,24 +165,34 @@ void accumulate_over_holders(TensorParallelGroup* tp, const nn::TensorSplit& spl
 }
 
 namespace detail {
-/// Copies piece `index` of `parts` along dim (0 or 1) of a rank-1/2 tensor `whole` into `piece`, or back.
+/// Row r of a (prow, pcol) piece at (r0, c0) of a matrix with `cols` columns: copied
+/// into the piece, or back into the whole.
 template <class T>
+struct CopyPieceRow {
+  T* whole;
+  T* piece;
+  std::int64_t cols, pcol, r0, c0;
+  bool into_piece;
+  TESSERA_HD void operator()(std::int64_t r) const {
+    T* w = whole + (r0 + r) * cols + c0;
+    T* p = piece + r * pcol;
+    for (std::int64_t c = 0; c < pcol; ++c) {
+      if (into_piece)
+        p[c] = w[c];
+      else
+        w[c] = p[c];
+    }
+  }
+};
+
+/// Copies piece `index` along dim (0 or 1) of a rank-1/2 tensor `whole` into `piece`, or back.
+template <Backend B, class T>
 void copy_piece(const Tensor<T>& whole, const Tensor<T>& piece, int dim, int index, bool into_piece) {
-  const std::int64_t rows = whole.shape().rank >= 2 ? whole.size(0) : 1;
   const std::int64_t cols = whole.shape().rank >= 2 ? whole.size(1) : whole.size(0);
   const std::int64_t prow = piece.shape().rank >= 2 ? piece.size(0) : 1;
   const std::int64_t pcol = piece.shape().rank >= 2 ? piece.size(1) : piece.size(0);
   const std::int64_t r0 = dim == 0 ? index * prow : 0, c0 = dim == 0 ? 0 : index * pcol;
-  (void)rows;
-  for (std::int64_t r = 0; r < prow; ++r)
-    for (std::int64_t c = 0; c < pcol; ++c) {
-      T& w = whole.data()[(r0 + r) * cols + c0 + c];
-      T& p = piece.data()[r * pcol + c];
-      if (into_piece)
-        p = w;
-      else
-        w = p;
-    }
+  B::for_each(prow, CopyPieceRow<T>{whole.data(), piece.data(), cols, pcol, r0, c0, into_piece});
 }
 }  // namespace detail
 
@@ -197,7 +207,7 @@ void narrow(nn::Parameter<T>& p) {
   Shape local = p.whole;
   local.dims[s.dim] /= s.parts;
   Tensor<T> piece = B::template empty<T>(local);
-  detail::copy_piece(p.value, piece, s.dim, s.index, true);
+  detail::copy_piece<B>(p.value, piece, s.dim, s.index, true);
   p.value = piece;
   p.grad = B::template zeros<T>(local);
 }
@@ -216,7 +226,7 @@ Tensor<T> gather_whole(TensorParallelGroup* tp, const nn::Parameter<T>& p) {
   Tensor<T> whole = B::template empty<T>(p.whole);
   // Piece k comes from its first holder, rank k * holders.
   for (int k = 0; k < p.split.parts; ++k)
-    detail::copy_piece(whole, all.slice(static_cast<std::int64_t>(k) * p.split.holders * piece_numel, p.value.shape()),
+    detail::copy_piece<B>(whole, all.slice(static_cast<std::int64_t>(k) * p.split.holders * piece_numel, p.value.shape()),
                        p.split.dim, k, false);
   return whole;
 }

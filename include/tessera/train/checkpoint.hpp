@@ -74,12 +74,14 @@ inline nn::ModelArgs model_args_from_json(const nlohmann::json& j, const std::st
 template <class Model>
 void save_model(Model& model, const std::string& path, DType dtype) {
   using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
   io::SafetensorsWriter w;
   const io::StDtype stored = dtype == DType::bf16 ? io::StDtype::bf16 : io::StDtype::f32;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
     check_whole(p, "saved");
     std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
-    w.add(p.name, stored, shape, std::span<const T>(p.value.data(), static_cast<std::size_t>(p.numel())));
+    const Tensor<T> host = download<B>(p.value);
+    w.add(p.name, stored, shape, std::span<const T>(host.data(), static_cast<std::size_t>(p.numel())));
   });
   w.set_metadata("format", "pt");
   w.set_metadata("tessera.model_args", model_args_to_json(model.args()).dump());
@@ -105,11 +107,14 @@ inline nn::ModelArgs read_model_args(const std::string& path) {
 template <class Model>
 void load_model(Model& model, const std::string& path) {
   using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
   auto file = io::SafetensorsFile::open(path);
   model.for_each_parameter([&](nn::Parameter<T>& p) {
     check_whole(p, "loaded");
     std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
-    file.read(p.name, std::span<T>(p.value.data(), static_cast<std::size_t>(p.numel())), shape);
+    Tensor<T> host(p.shape(), Uninitialized{});
+    file.read(p.name, std::span<T>(host.data(), static_cast<std::size_t>(p.numel())), shape);
+    B::copy_from_host(host.data(), p.value.data(), p.numel());
   });
 }
 

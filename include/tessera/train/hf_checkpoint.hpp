@@ -273,6 +273,7 @@ inline nlohmann::ordered_json hf_config_json(const nn::ModelArgs& a, DType dtype
 template <class Model>
 void load_hf_model(Model& model, const std::string& dir) {
   using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
   const io::ShardedSafetensors st = io::ShardedSafetensors::open(dir);
   std::set<std::string> used;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
@@ -287,7 +288,9 @@ void load_hf_model(Model& model, const std::string& dir) {
       fail(st.file_of(name).path(), ": tensor '", name, "' has shape ", io::detail::shape_str(e.shape),
            ", but the model config.json describes needs ", io::detail::shape_str(shape));
     }
-    st.read(name, std::span<T>(p.value.data(), static_cast<std::size_t>(p.numel())), shape);
+    Tensor<T> host(p.shape(), Uninitialized{});
+    st.read(name, std::span<T>(host.data(), static_cast<std::size_t>(p.numel())), shape);
+    B::copy_from_host(host.data(), p.value.data(), p.numel());
     used.insert(name);
   });
   // A pipelined model holds only its stages: the others' tensors have a place elsewhere.
@@ -340,11 +343,13 @@ void save_hf_model(Model& model, const std::string& dir, const HfSaveOptions& o 
     TESSERA_CHECK(out.good(), config.string(), ": cannot write");
   }
   std::vector<io::TensorToWrite<T>> tensors;
+  std::vector<Tensor<T>> host;  // the values on the host, alive until written
   model.for_each_parameter([&](nn::Parameter<T>& p) {
     check_whole(p, "saved");
+    host.push_back(download<typename Model::backend_type>(p.value));
     tensors.push_back({hf_name(p.name),
                        std::vector<std::int64_t>(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank),
-                       std::span<const T>(p.value.data(), static_cast<std::size_t>(p.numel()))});
+                       std::span<const T>(host.back().data(), static_cast<std::size_t>(p.numel()))});
   });
   io::write_sharded_safetensors(staging.string(), std::move(tensors),
                                 o.dtype == DType::bf16 ? io::StDtype::bf16 : io::StDtype::f32, o.max_shard_bytes,

@@ -60,6 +60,16 @@ struct Cpu {
 
   static void synchronize() {}
 
+  /// Host transfers are copies: the CPU backend's memory is the host's.
+  template <class T>
+  static void copy_to_host(const T* src, T* dst, std::int64_t n) {
+    if (n > 0 && src != dst) std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
+  }
+  template <class T>
+  static void copy_from_host(const T* src, T* dst, std::int64_t n) {
+    copy_to_host(src, dst, n);
+  }
+
   /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view
   /// with unit column stride (its leading dimension may exceed its width).
   template <class T>
