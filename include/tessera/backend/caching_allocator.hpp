@@ -1,0 +1,423 @@
+// CachingAllocator: device memory taken from an upstream in segments and handed out
+// again as blocks, so that once the first training step has reserved what a step needs,
+// later steps allocate and free without calling cudaMalloc or cudaFree (both of which
+// synchronise the device).
+//
+// It is host C++ with no CUDA headers. The CUDA backend gives it cudaMalloc and cudaFree
+// as its Upstream (allocate returns nullptr when the device is out of memory and throws
+// on any other error); the tests give it host memory with a budget, so its logic is
+// tested without a GPU.
+//
+// Blocks. A request is rounded up to a multiple of 512 bytes. Requests of at most 1 MiB
+// are carved from 2 MiB segments (the small pool); a larger one gets a segment of its
+// size rounded up to 2 MiB (the large pool). Neither pool serves the other's requests,
+// so small short-lived tensors do not fragment the segments of large ones. A request
+// takes the smallest free block of its pool that fits (the lowest address among equals)
+// and splits it when the rest is worth keeping: any 512 bytes in the small pool, more
+// than 1 MiB in the large one; otherwise the whole block is handed out, and counted as
+// allocated. A released block merges with the free blocks beside it in its segment.
+//
+// Alignment. Every block starts at its segment's base plus a multiple of 512 bytes, and
+// upstream segments must be 256-byte aligned (cudaMalloc's are; checked here), so every
+// block is 256-byte aligned: enough for the widest vector loads of the GEMM and
+// elementwise kernels.
+//
+// Out of memory. When the upstream has no memory left, every segment with no block in
+// use goes back to it (empty_cache) and the request is tried once more. If that fails
+// too, allocate throws a tessera::Error naming the tensor or op it was for, the bytes it
+// asked for, the bytes this allocator has handed out and holds, and the bytes the device
+// has free when the upstream can tell.
+//
+// Release. release(p) needs only the pointer. release_to_owner(p) finds the allocator
+// that owns p among all live ones: it is the plain-function deleter (void(*)(void*)) a
+// tessera::Buffer adopting a block takes, whichever device the block is on. Releasing a
+// pointer no allocator handed out, a pointer into the middle of a block, or a block twice
+// is an error naming the pointer. The Buffer counts its bytes in memory_stats(
+// Device::cuda); the allocator keeps only its own Stats, so nothing is counted twice.
+//
+// Streams. Blocks are reused in host order, with no events: a block the host releases
+// while a kernel still reads it is handed only to work enqueued after that kernel. This
+// is safe because every kernel runs on one compute stream, in order. Work on another
+// stream is not ordered that way: the NCCL engine makes its comm stream wait for the
+// compute stream when a collective starts, but the collective reads and writes its
+// buffers until the compute stream waits for it in the handle's wait(). So the caller
+// keeps a collective's tensors alive until its wait(); after that, later kernels on the
+// compute stream come after the collective and may reuse its blocks.
+//
+// Threads. One mutex guards each allocator, upstream calls included: several virtual
+// ranks (threads) share one device and its allocator.
+//
+// Destruction returns every segment upstream, blocks still in use included; errors from
+// the upstream there are swallowed. Releasing a block after its allocator is gone is an
+// error, so an allocator whose blocks may outlive it (tensors in static storage, freed
+// during the process's exit) is never destroyed, as the CUDA backend's are not.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+
+class CachingAllocator;
+
+namespace detail {
+
+/// "512 B", "3.00 KiB", "1.50 GiB": byte counts in error messages.
+inline std::string allocator_bytes_text(std::size_t b) {
+  char s[32];
+  constexpr const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (b < 1024) {
+    std::snprintf(s, sizeof s, "%zu B", b);
+    return s;
+  }
+  double v = static_cast<double>(b) / 1024;
+  int unit = 0;
+  while (v >= 1024 && unit < 3) {
+    v /= 1024;
+    ++unit;
+  }
+  std::snprintf(s, sizeof s, "%.2f %s", v, units[unit]);
+  return s;
+}
+
+/// Every live CachingAllocator, so that a block can be released from its pointer alone.
+struct AllocatorRegistry {
+  std::mutex mutex;
+  std::vector<CachingAllocator*> live;
+};
+
+/// Never destroyed: a Buffer in static storage may release its block during the
+/// process's exit, after a function-local registry would have gone.
+inline AllocatorRegistry& allocator_registry() {
+  static auto* registry = new AllocatorRegistry;
+  return *registry;
+}
+
+}  // namespace detail
+
+class CachingAllocator {
+ public:
+  /// Where segments come from and go back to.
+  struct Upstream {
+    /// `bytes` of device memory, 256-byte aligned; nullptr when the device has no more.
+    std::function<void*(std::size_t bytes)> allocate;
+    /// Gives back a segment `allocate` returned, with its size.
+    std::function<void(void* p, std::size_t bytes)> release;
+    /// Bytes free on the device, for out-of-memory messages; may be left empty.
+    std::function<std::size_t()> device_free_bytes;
+    /// The device in messages ("cuda:1"); may be left empty.
+    std::string device;
+  };
+
+  /// Byte counts are sizes of blocks (requests rounded up), unless said otherwise.
+  struct Stats {
+    std::size_t allocated_bytes = 0;       // blocks in use
+    std::size_t requested_bytes = 0;       // bytes asked for by the blocks in use
+    std::size_t reserved_bytes = 0;        // segments held from the upstream
+    std::size_t peak_allocated = 0;        // most allocated_bytes since the last reset_peak()
+    std::size_t peak_reserved = 0;         // most reserved_bytes since the last reset_peak()
+    std::size_t allocations = 0;           // allocate calls served, ever
+    std::size_t upstream_allocations = 0;  // segments taken from the upstream, ever
+    std::size_t upstream_releases = 0;     // segments given back to the upstream, ever
+    std::size_t cache_hits = 0;            // allocations served by a free block, no new segment
+  };
+
+  static constexpr std::size_t kBlockRound = 512;             // block sizes and offsets
+  static constexpr std::size_t kSegmentAlign = 256;           // required of upstream segments
+  static constexpr std::size_t kSmallLimit = std::size_t{1} << 20;    // largest small request
+  static constexpr std::size_t kSmallSegment = std::size_t{2} << 20;  // small-pool segment
+  static constexpr std::size_t kLargeRound = std::size_t{2} << 20;    // large-pool segment sizes
+
+  explicit CachingAllocator(Upstream upstream) : upstream_(std::move(upstream)) {
+    TESSERA_CHECK(upstream_.allocate && upstream_.release,
+                  "CachingAllocator", device_suffix(), ": the upstream needs both allocate and release");
+    auto& registry = detail::allocator_registry();
+    std::lock_guard lock(registry.mutex);
+    registry.live.push_back(this);
+  }
+
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  ~CachingAllocator() {
+    {
+      auto& registry = detail::allocator_registry();
+      std::lock_guard lock(registry.mutex);
+      std::erase(registry.live, this);
+    }
+    for (auto& [base, segment] : segments_) {
+      for (Block* b = segment.first; b != nullptr;) {
+        Block* next = b->next;
+        delete b;
+        b = next;
+      }
+      try {
+        upstream_.release(base, segment.size);
+      } catch (...) {  // nothing sensible to do with a failure while tearing down
+      }
+    }
+  }
+
+  /// A block of at least `bytes` bytes, 256-byte aligned; nullptr for 0 bytes. `what`
+  /// (the tensor or op) names the request in the out-of-memory error.
+  void* allocate(std::size_t bytes, std::string_view what = {}) {
+    if (bytes == 0) return nullptr;
+    std::lock_guard lock(mutex_);
+    if (bytes > kMaxRequest)
+      fail("cannot allocate ", bytes, " bytes", for_what(what), device_suffix(),
+           ": larger than any device memory");
+    const std::size_t size = round_up(bytes, kBlockRound);
+    const bool small = size <= kSmallLimit;
+    FreeSet& pool = small ? small_free_ : large_free_;
+    Block* b = nullptr;
+    if (auto it = pool.lower_bound(std::pair{size, static_cast<char*>(nullptr)}); it != pool.end()) {
+      b = *it;
+      pool.erase(it);
+      ++stats_.cache_hits;
+    } else {
+      b = new_segment(small ? kSmallSegment : round_up(size, kLargeRound), small, bytes, what);
+    }
+    const std::size_t rest = b->size - size;
+    if (small ? rest >= kBlockRound : rest > kSmallLimit) {
+      auto* tail = new Block{b->ptr + size, rest, b->segment, b->small};
+      tail->prev = b;
+      tail->next = b->next;
+      if (b->next != nullptr) b->next->prev = tail;
+      b->next = tail;
+      b->size = size;
+      pool.insert(tail);
+    }
+    b->allocated = true;
+    b->requested = bytes;
+    live_.emplace(b->ptr, b);
+    stats_.allocated_bytes += b->size;
+    stats_.requested_bytes += bytes;
+    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated_bytes);
+    ++stats_.allocations;
+    return b->ptr;
+  }
+
+  /// Gives back a block this allocator handed out; nullptr does nothing.
+  void release(void* p) {
+    if (p == nullptr) return;
+    std::lock_guard lock(mutex_);
+    if (!release_locked(p))
+      fail("release of device pointer ", static_cast<const void*>(p), device_suffix(),
+           ": not allocated by this caching allocator");
+  }
+
+  /// Releases `p` to whichever live allocator handed it out: a deleter for Buffers that
+  /// adopt blocks. nullptr does nothing.
+  static void release_to_owner(void* p) {
+    if (p == nullptr) return;
+    auto& registry = detail::allocator_registry();
+    std::lock_guard lock(registry.mutex);
+    for (CachingAllocator* a : registry.live) {
+      std::lock_guard own(a->mutex_);
+      if (a->release_locked(p)) return;
+    }
+    fail("release of device pointer ", static_cast<const void*>(p),
+         ": not allocated by any caching allocator");
+  }
+
+  /// Whether `p` is the start of a block in use from this allocator.
+  bool owns(const void* p) const {
+    std::lock_guard lock(mutex_);
+    return live_.contains(static_cast<const char*>(p));
+  }
+
+  /// Gives every segment with no block in use back to the upstream.
+  void empty_cache() {
+    std::lock_guard lock(mutex_);
+    empty_cache_locked();
+  }
+
+  Stats stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+  /// Starts new peak windows at the bytes allocated and reserved now.
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    stats_.peak_allocated = stats_.allocated_bytes;
+    stats_.peak_reserved = stats_.reserved_bytes;
+  }
+
+ private:
+  // Larger requests would overflow the rounding; no device holds that much anyway.
+  static constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
+
+  /// A run of bytes in a segment, in use or free. The blocks of a segment form a list in
+  /// address order that covers it exactly.
+  struct Block {
+    char* ptr;
+    std::size_t size;
+    char* segment;  // its segment's base
+    bool small;     // which pool
+    bool allocated = false;
+    std::size_t requested = 0;  // bytes asked for, while allocated
+    Block* prev = nullptr;
+    Block* next = nullptr;
+  };
+
+  struct Segment {
+    std::size_t size;
+    Block* first;
+  };
+
+  /// Free blocks by (size, address): lower_bound is the best fit.
+  struct BySizeThenAddress {
+    using is_transparent = void;
+    static std::pair<std::size_t, const char*> key(const Block* b) { return {b->size, b->ptr}; }
+    static std::pair<std::size_t, const char*> key(std::pair<std::size_t, char*> k) { return k; }
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      return key(a) < key(b);
+    }
+  };
+  using FreeSet = std::set<Block*, BySizeThenAddress>;
+
+  static std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+  static std::string for_what(std::string_view what) {
+    return what.empty() ? std::string() : " for " + std::string(what);
+  }
+
+  std::string device_suffix() const { return upstream_.device.empty() ? std::string() : " on " + upstream_.device; }
+
+  /// A new segment of `size` bytes as one free block (not in any free set).
+  Block* new_segment(std::size_t size, bool small, std::size_t bytes, std::string_view what) {
+    void* p = upstream_.allocate(size);
+    if (p == nullptr) {
+      empty_cache_locked();
+      p = upstream_.allocate(size);
+    }
+    if (p == nullptr) out_of_memory(bytes, what);
+    if (reinterpret_cast<std::uintptr_t>(p) % kSegmentAlign != 0) {
+      upstream_.release(p, size);
+      fail("the upstream of the caching allocator", device_suffix(), " returned a segment at ",
+           static_cast<const void*>(p), " that is not ", kSegmentAlign, "-byte aligned");
+    }
+    auto* base = static_cast<char*>(p);
+    auto* b = new Block{base, size, base, small};
+    segments_.emplace(base, Segment{size, b});
+    stats_.reserved_bytes += size;
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved_bytes);
+    ++stats_.upstream_allocations;
+    return b;
+  }
+
+  [[noreturn]] void out_of_memory(std::size_t bytes, std::string_view what) const {
+    std::string free_text;
+    if (upstream_.device_free_bytes) {
+      try {
+        free_text = ", " + detail::allocator_bytes_text(upstream_.device_free_bytes()) + " free on the device";
+      } catch (const std::exception&) {  // the figure is a courtesy: the error is out of memory
+      }
+    }
+    fail("out of device memory", device_suffix(), " allocating ", bytes, " bytes (",
+         detail::allocator_bytes_text(bytes), ")", for_what(what), ": ",
+         detail::allocator_bytes_text(stats_.allocated_bytes), " allocated by tessera, ",
+         detail::allocator_bytes_text(stats_.reserved_bytes), " reserved", free_text);
+  }
+
+  /// Releases `p` when it lies in one of this allocator's segments (false when it does
+  /// not); throws when it lies there but is not the start of a block in use.
+  bool release_locked(void* p) {
+    auto* c = static_cast<char*>(p);
+    auto it = live_.find(c);
+    if (it == live_.end()) {
+      diagnose_release(c);
+      return false;
+    }
+    Block* b = it->second;
+    live_.erase(it);
+    stats_.allocated_bytes -= b->size;
+    stats_.requested_bytes -= b->requested;
+    b->allocated = false;
+    b->requested = 0;
+    FreeSet& pool = b->small ? small_free_ : large_free_;
+    if (Block* prev = b->prev; prev != nullptr && !prev->allocated) {
+      pool.erase(prev);
+      prev->size += b->size;
+      unlink(b);
+      b = prev;
+    }
+    if (Block* next = b->next; next != nullptr && !next->allocated) {
+      pool.erase(next);
+      b->size += next->size;
+      unlink(next);
+    }
+    pool.insert(b);
+    return true;
+  }
+
+  /// Removes `b` (merged into its predecessor) from its segment's list and deletes it.
+  static void unlink(Block* b) {
+    b->prev->next = b->next;
+    if (b->next != nullptr) b->next->prev = b->prev;
+    delete b;
+  }
+
+  /// Throws when `p`, not a block in use, lies in one of this allocator's segments.
+  void diagnose_release(const char* p) const {
+    auto it = segments_.upper_bound(const_cast<char*>(p));
+    if (it == segments_.begin()) return;
+    --it;
+    if (p >= it->first + it->second.size) return;
+    const Block* b = it->second.first;
+    while (p >= b->ptr + b->size) b = b->next;
+    if (!b->allocated)
+      fail("release of device pointer ", static_cast<const void*>(p), device_suffix(),
+           ": already released (it lies in a free block of the caching allocator)");
+    fail("release of device pointer ", static_cast<const void*>(p), device_suffix(),
+         ": not the start of a block (it lies ", p - b->ptr, " bytes into a block of ", b->size, " bytes at ",
+         static_cast<const void*>(b->ptr), ")");
+  }
+
+  void empty_cache_locked() {
+    for (FreeSet* pool : {&small_free_, &large_free_}) {
+      for (auto it = pool->begin(); it != pool->end();) {
+        Block* b = *it;
+        if (b->prev != nullptr || b->next != nullptr) {
+          ++it;
+          continue;
+        }
+        it = pool->erase(it);
+        segments_.erase(b->ptr);
+        stats_.reserved_bytes -= b->size;
+        ++stats_.upstream_releases;
+        void* base = b->ptr;
+        const std::size_t size = b->size;
+        delete b;
+        upstream_.release(base, size);
+      }
+    }
+  }
+
+  Upstream upstream_;
+  mutable std::mutex mutex_;
+  std::map<char*, Segment> segments_;  // by base address
+  std::unordered_map<const char*, Block*> live_;  // blocks in use, by address
+  FreeSet small_free_;
+  FreeSet large_free_;
+  Stats stats_;
+};
+
+}  // namespace tessera

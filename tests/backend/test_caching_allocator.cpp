@@ -1,0 +1,547 @@
+// The caching device allocator over an upstream of host memory with a budget: rounding
+// and alignment, reuse, splitting and merging, the two pools, statistics, running out of
+// memory, bad releases, threads, and random sequences checked against its invariants.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/backend/caching_allocator.hpp"
+#include "tessera/core/buffer.hpp"
+#include "tessera/core/memory.hpp"
+#include "../support/errors.hpp"
+
+using namespace tessera;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+/// Host memory standing in for a device: 256-byte aligned segments, at most `budget`
+/// bytes out at once (nullptr beyond it, as the CUDA upstream returns when the device is
+/// full), every call counted.
+struct FakeDevice {
+  explicit FakeDevice(std::size_t budget_bytes = std::numeric_limits<std::size_t>::max() / 4)
+      : budget(budget_bytes) {}
+
+  std::size_t budget;
+  std::size_t outstanding = 0;  // bytes handed out and not given back
+  int allocate_calls = 0;
+  int failed_calls = 0;
+  int release_calls = 0;
+  std::map<void*, std::size_t> segments;
+  std::mutex mutex;
+
+  ~FakeDevice() {
+    for (auto& [p, size] : segments) std::free(p);
+  }
+
+  CachingAllocator::Upstream upstream(bool tells_free = true) {
+    CachingAllocator::Upstream u;
+    u.allocate = [this](std::size_t bytes) -> void* {
+      std::lock_guard lock(mutex);
+      ++allocate_calls;
+      if (bytes > budget - outstanding) {
+        ++failed_calls;
+        return nullptr;
+      }
+      void* p = std::aligned_alloc(CachingAllocator::kSegmentAlign, bytes);
+      REQUIRE(p != nullptr);
+      segments.emplace(p, bytes);
+      outstanding += bytes;
+      return p;
+    };
+    u.release = [this](void* p, std::size_t bytes) {
+      std::lock_guard lock(mutex);
+      ++release_calls;
+      auto it = segments.find(p);
+      REQUIRE(it != segments.end());
+      REQUIRE(it->second == bytes);
+      segments.erase(it);
+      outstanding -= bytes;
+      std::free(p);
+    };
+    if (tells_free)
+      u.device_free_bytes = [this] {
+        std::lock_guard lock(mutex);
+        return budget - outstanding;
+      };
+    return u;
+  }
+};
+
+std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+}  // namespace
+
+TEST_CASE("requests are rounded up to 512 bytes and blocks are 256-byte aligned") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  void* a = alloc.allocate(1);
+  void* b = alloc.allocate(513);
+  void* c = alloc.allocate(1024);
+  auto s = alloc.stats();
+  CHECK(s.allocated_bytes == 512 + 1024 + 1024);
+  CHECK(s.requested_bytes == 1 + 513 + 1024);
+  CHECK(s.reserved_bytes == CachingAllocator::kSmallSegment);
+  CHECK(s.upstream_allocations == 1);
+  CHECK(s.allocations == 3);
+  // Carved one after the other from one segment, each at its base plus a multiple of 512.
+  CHECK(address(b) == address(a) + 512);
+  CHECK(address(c) == address(b) + 1024);
+  for (void* p : {a, b, c}) CHECK(address(p) % 256 == 0);
+  CHECK(alloc.allocate(0) == nullptr);
+  alloc.release(nullptr);
+  for (void* p : {a, b, c}) alloc.release(p);
+  s = alloc.stats();
+  CHECK(s.allocated_bytes == 0);
+  CHECK(s.requested_bytes == 0);
+  CHECK(s.reserved_bytes == CachingAllocator::kSmallSegment);  // kept for the next request
+}
+
+TEST_CASE("a released block is reused without a new segment") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  void* a = alloc.allocate(4000, "x");
+  alloc.release(a);
+  void* b = alloc.allocate(4000, "y");
+  CHECK(b == a);
+  auto s = alloc.stats();
+  CHECK(s.cache_hits == 1);
+  CHECK(s.upstream_allocations == 1);
+  CHECK(device.allocate_calls == 1);
+  alloc.release(b);
+}
+
+TEST_CASE("blocks split from a segment merge again when released") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  const std::size_t n = 256 * KiB;
+  auto* a = static_cast<char*>(alloc.allocate(n));
+  auto* b = static_cast<char*>(alloc.allocate(n));
+  auto* c = static_cast<char*>(alloc.allocate(n));
+  CHECK(b == a + n);
+  CHECK(c == b + n);
+  alloc.release(b);
+  alloc.release(a);
+  const auto hits = alloc.stats().cache_hits;  // b and c came from the segment's free rest
+  // The free tail after c (1.25 MiB) also fits 512 KiB; best fit takes the merged a+b.
+  void* ab = alloc.allocate(2 * n);
+  CHECK(ab == a);
+  auto s = alloc.stats();
+  CHECK(s.upstream_allocations == 1);
+  CHECK(s.cache_hits == hits + 1);
+  CHECK(s.allocated_bytes == 3 * n);
+
+  // Releasing the middle block last merges it with both neighbours: one whole free
+  // segment, which empty_cache gives back.
+  void* d = alloc.allocate(512);  // from the tail, after c
+  CHECK(d == c + n);
+  alloc.release(ab);
+  alloc.release(d);
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes == CachingAllocator::kSmallSegment);  // c still in use
+  CHECK(device.release_calls == 0);
+  alloc.release(c);
+  alloc.empty_cache();
+  s = alloc.stats();
+  CHECK(s.reserved_bytes == 0);
+  CHECK(s.upstream_releases == 1);
+  CHECK(device.release_calls == 1);
+  CHECK(device.outstanding == 0);
+}
+
+TEST_CASE("small and large requests come from separate pools") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  // A large request gets a segment of its size rounded up to 2 MiB.
+  auto* big = static_cast<char*>(alloc.allocate(3 * MiB + 1, "big"));
+  CHECK(alloc.stats().reserved_bytes == 4 * MiB);
+  alloc.release(big);
+  // A small request never takes the free 4 MiB: it gets a 2 MiB segment of its own.
+  auto* small = static_cast<char*>(alloc.allocate(4 * KiB, "small"));
+  CHECK((small < big || small >= big + 4 * MiB));
+  auto s = alloc.stats();
+  CHECK(s.upstream_allocations == 2);
+  CHECK(s.cache_hits == 0);
+  CHECK(s.reserved_bytes == 6 * MiB);
+  // 1 MiB is still small; the small segment has room for it, but not for 1 MiB + 512.
+  void* one = alloc.allocate(CachingAllocator::kSmallLimit);
+  CHECK(alloc.stats().upstream_allocations == 2);
+  void* over = alloc.allocate(CachingAllocator::kSmallLimit + 1);
+  CHECK(over == big);  // the large pool's free block, not the small segment's rest
+  CHECK(alloc.stats().cache_hits == 2);
+  for (void* p : {static_cast<void*>(small), one, over}) alloc.release(p);
+}
+
+TEST_CASE("the large pool splits only when more than 1 MiB is left") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  // 5 MiB in a 6 MiB segment: the 1 MiB left stays with the block.
+  void* a = alloc.allocate(5 * MiB);
+  auto s = alloc.stats();
+  CHECK(s.reserved_bytes == 6 * MiB);
+  CHECK(s.allocated_bytes == 6 * MiB);
+  CHECK(s.requested_bytes == 5 * MiB);
+  // 4.5 MiB in a 6 MiB segment: the 1.5 MiB left is split off and serves the next request.
+  auto* b = static_cast<char*>(alloc.allocate(4 * MiB + 512 * KiB));
+  CHECK(alloc.stats().allocated_bytes == 6 * MiB + 4 * MiB + 512 * KiB);
+  void* c = alloc.allocate(1 * MiB + 512 * KiB);
+  CHECK(c == b + 4 * MiB + 512 * KiB);
+  s = alloc.stats();
+  CHECK(s.upstream_allocations == 2);
+  CHECK(s.cache_hits == 1);
+  for (void* p : {a, static_cast<void*>(b), c}) alloc.release(p);
+  alloc.empty_cache();
+  CHECK(device.outstanding == 0);
+}
+
+TEST_CASE("peaks follow allocations until reset_peak") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  void* a = alloc.allocate(3 * MiB);  // 4 MiB segment, whole
+  void* b = alloc.allocate(512 * KiB);
+  auto s = alloc.stats();
+  CHECK(s.peak_allocated == 4 * MiB + 512 * KiB);
+  CHECK(s.peak_reserved == 6 * MiB);
+  alloc.release(a);
+  alloc.empty_cache();
+  s = alloc.stats();
+  CHECK(s.allocated_bytes == 512 * KiB);
+  CHECK(s.reserved_bytes == 2 * MiB);
+  CHECK(s.peak_allocated == 4 * MiB + 512 * KiB);
+  CHECK(s.peak_reserved == 6 * MiB);
+  alloc.reset_peak();
+  s = alloc.stats();
+  CHECK(s.peak_allocated == 512 * KiB);
+  CHECK(s.peak_reserved == 2 * MiB);
+  void* c = alloc.allocate(1 * MiB);
+  CHECK(alloc.stats().peak_allocated == 1 * MiB + 512 * KiB);
+  CHECK(alloc.stats().peak_reserved == 2 * MiB);
+  alloc.release(b);
+  alloc.release(c);
+  CHECK(alloc.stats().peak_allocated == 1 * MiB + 512 * KiB);
+}
+
+TEST_CASE("out of memory: cached segments go back upstream and the request is retried") {
+  FakeDevice device(6 * MiB);
+  CachingAllocator alloc(device.upstream());
+  // Two small segments, then all their blocks released: 4 MiB cached, nothing in use.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(alloc.allocate(1 * MiB));
+  CHECK(alloc.stats().reserved_bytes == 4 * MiB);
+  for (void* p : blocks) alloc.release(p);
+  // 5 MiB needs a 6 MiB segment: the device has 2 MiB left until the cache goes back.
+  void* big = alloc.allocate(5 * MiB, "layers.3.attention scores");
+  REQUIRE(big != nullptr);
+  auto s = alloc.stats();
+  CHECK(device.failed_calls == 1);
+  CHECK(s.upstream_releases == 2);
+  CHECK(s.reserved_bytes == 6 * MiB);
+  CHECK(s.allocated_bytes == 6 * MiB);
+
+  // Nothing left to give back: the error names the tensor and the figures.
+  CHECK_ERROR_CONTAINS(alloc.allocate(1536 * MiB, "layers.3.attention scores"),
+                       "out of device memory allocating 1610612736 bytes (1.50 GiB) for layers.3.attention "
+                       "scores: 6.00 MiB allocated by tessera, 6.00 MiB reserved, 0 B free on the device");
+  CHECK_ERROR_CONTAINS(alloc.allocate(100, "wq.grad"), "allocating 100 bytes (100 B) for wq.grad");
+  // A failed request leaves the allocator as it was.
+  s = alloc.stats();
+  CHECK(s.allocated_bytes == 6 * MiB);
+  CHECK(s.requested_bytes == 5 * MiB);
+  CHECK(s.reserved_bytes == 6 * MiB);
+  CHECK(s.allocations == 5);
+  alloc.release(big);
+  void* again = alloc.allocate(100, "wq.grad");  // the 6 MiB segment goes back, a 2 MiB one comes
+  CHECK(again != nullptr);
+  CHECK(alloc.stats().reserved_bytes == 2 * MiB);
+  alloc.release(again);
+}
+
+TEST_CASE("out of memory without the device's free bytes, and on a named device") {
+  FakeDevice device(2 * MiB);
+  auto upstream = device.upstream(false);
+  upstream.device = "cuda:1";
+  CachingAllocator alloc(std::move(upstream));
+  void* a = alloc.allocate(2 * MiB, "tok_embeddings.weight");
+  std::string message = testing::error_of([&] { alloc.allocate(3 * MiB, "output.weight"); });
+  CHECK(message ==
+        "out of device memory on cuda:1 allocating 3145728 bytes (3.00 MiB) for output.weight: "
+        "2.00 MiB allocated by tessera, 2.00 MiB reserved");
+  // Unnamed requests say so by saying nothing.
+  CHECK_ERROR_CONTAINS(alloc.allocate(3 * MiB), "allocating 3145728 bytes (3.00 MiB): 2.00 MiB allocated");
+  alloc.release(a);
+}
+
+TEST_CASE("a request larger than any device is refused before rounding overflows") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  CHECK_ERROR_CONTAINS(alloc.allocate(std::numeric_limits<std::size_t>::max(), "huge"),
+                       "cannot allocate 18446744073709551615 bytes for huge: larger than any device memory");
+  CHECK(device.allocate_calls == 0);
+}
+
+TEST_CASE("bad releases are errors naming the pointer") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  auto* a = static_cast<char*>(alloc.allocate(4 * KiB));
+  auto* b = static_cast<char*>(alloc.allocate(4 * KiB));
+  int local = 0;
+  CHECK_ERROR_CONTAINS(alloc.release(&local), "not allocated by this caching allocator");
+  CHECK_ERROR_CONTAINS(alloc.release(a + 1024),
+                       "not the start of a block (it lies 1024 bytes into a block of 4096 bytes");
+  alloc.release(a);
+  CHECK_ERROR_CONTAINS(alloc.release(a), "already released");
+  // b's block merges with the free rest of the segment: still recognised as released.
+  alloc.release(b);
+  std::string message = testing::error_of([&] { alloc.release(b); });
+  CHECK(message.find("already released") != std::string::npos);
+  std::ostringstream named;
+  named << static_cast<const void*>(b);
+  CHECK(message.find(named.str()) != std::string::npos);
+  CHECK(alloc.stats().allocated_bytes == 0);
+
+  // A block of another allocator is not this one's.
+  FakeDevice other_device;
+  CachingAllocator other(other_device.upstream());
+  void* c = other.allocate(4 * KiB);
+  CHECK_ERROR_CONTAINS(alloc.release(c), "not allocated by this caching allocator");
+  CHECK(other.owns(c));
+  CHECK(!alloc.owns(c));
+  other.release(c);
+  CHECK(!other.owns(c));
+}
+
+TEST_CASE("release_to_owner finds the allocator from the pointer alone, as a Buffer deleter") {
+  FakeDevice device0, device1;
+  CachingAllocator alloc0(device0.upstream());
+  CachingAllocator alloc1(device1.upstream());
+  void* a = alloc0.allocate(4 * KiB);
+  void* b = alloc1.allocate(8 * KiB);
+  CachingAllocator::release_to_owner(b);
+  CHECK(alloc1.stats().allocated_bytes == 0);
+  CHECK(alloc0.stats().allocated_bytes == 4 * KiB);
+  CachingAllocator::release_to_owner(a);
+  CHECK(alloc0.stats().allocated_bytes == 0);
+  CachingAllocator::release_to_owner(nullptr);
+  int local = 0;
+  CHECK_ERROR_CONTAINS(CachingAllocator::release_to_owner(&local), "not allocated by any caching allocator");
+  CHECK_ERROR_CONTAINS(CachingAllocator::release_to_owner(a), "already released");
+
+  // The Buffer counts the bytes in the device's MemoryStats; the allocator does not.
+  MemoryStats counted[2];
+  ScopedMemoryStats scope(counted);
+  {
+    Buffer<float> buffer(static_cast<float*>(alloc1.allocate(1000 * sizeof(float), "h")), 1000, Device::cuda,
+                         &CachingAllocator::release_to_owner);
+    CHECK(counted[1].current() == 4000);
+    CHECK(alloc1.stats().requested_bytes == 4000);
+    CHECK(alloc1.stats().allocated_bytes == 4096);
+  }
+  CHECK(counted[1].current() == 0);
+  CHECK(counted[1].peak() == 4000);
+  CHECK(alloc1.stats().allocated_bytes == 0);
+}
+
+TEST_CASE("the upstream must give both calls and aligned segments") {
+  FakeDevice device;
+  auto upstream = device.upstream();
+  upstream.release = nullptr;
+  upstream.device = "cuda:0";
+  CHECK_ERROR_CONTAINS(CachingAllocator{upstream},
+                       "CachingAllocator on cuda:0: the upstream needs both allocate and release");
+
+  // An upstream handing out segments 16 bytes past an aligned address.
+  std::map<void*, void*> bases;
+  int released = 0;
+  CachingAllocator::Upstream skewed;
+  skewed.allocate = [&](std::size_t bytes) -> void* {
+    auto* base = static_cast<char*>(std::aligned_alloc(256, bytes + 256));
+    bases[base + 16] = base;
+    return base + 16;
+  };
+  skewed.release = [&](void* p, std::size_t) {
+    std::free(bases.at(p));
+    bases.erase(p);
+    ++released;
+  };
+  CachingAllocator alloc(skewed);
+  CHECK_ERROR_CONTAINS(alloc.allocate(100, "x"), "returned a segment at ");
+  CHECK_ERROR_CONTAINS(alloc.allocate(100, "x"), "that is not 256-byte aligned");
+  CHECK(released == 2);  // each segment given back at once
+  CHECK(alloc.stats().reserved_bytes == 0);
+}
+
+TEST_CASE("destruction gives every segment back, blocks in use included, and never throws") {
+  FakeDevice device;
+  {
+    CachingAllocator alloc(device.upstream());
+    alloc.allocate(4 * KiB);
+    alloc.allocate(3 * MiB);
+    void* p = alloc.allocate(8 * MiB);
+    alloc.release(p);
+    CHECK(device.outstanding == 14 * MiB);
+  }
+  CHECK(device.outstanding == 0);
+  CHECK(device.release_calls == 3);
+
+  FakeDevice failing;
+  int attempts = 0;
+  {
+    auto upstream = failing.upstream();
+    auto release = upstream.release;
+    upstream.release = [&, release](void* p, std::size_t bytes) {
+      ++attempts;
+      release(p, bytes);
+      throw std::runtime_error("cudaFree failed");
+    };
+    CachingAllocator alloc(std::move(upstream));
+    alloc.allocate(4 * KiB);
+    alloc.allocate(3 * MiB);
+  }
+  CHECK(attempts == 2);  // the first failure did not stop the second release
+}
+
+TEST_CASE("threads sharing one allocator") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  constexpr int threads = 4;
+  constexpr int steps = 3000;
+  std::vector<std::thread> workers;
+  std::vector<int> served(threads, 0);
+  std::vector<std::string> failures(threads);
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(1234 + t);
+      std::vector<std::pair<std::uint64_t*, std::uint64_t>> live;  // block, the tag written in it
+      for (int i = 0; i < steps; ++i) {
+        if (live.empty() || rng() % 2 == 0) {
+          std::size_t bytes = rng() % 4 == 0 ? 1 * MiB + rng() % (3 * MiB) : 8 + rng() % (64 * KiB);
+          auto* p = static_cast<std::uint64_t*>(alloc.allocate(bytes));
+          std::uint64_t tag = (static_cast<std::uint64_t>(t) << 32) | static_cast<std::uint64_t>(i);
+          *p = tag;
+          live.emplace_back(p, tag);
+          ++served[t];
+        } else {
+          std::size_t k = rng() % live.size();
+          if (*live[k].first != live[k].second && failures[t].empty())
+            failures[t] = "a block was overwritten by another allocation";
+          alloc.release(live[k].first);
+          live[k] = live.back();
+          live.pop_back();
+        }
+      }
+      for (auto& [p, tag] : live) {
+        if (*p != tag && failures[t].empty()) failures[t] = "a block was overwritten by another allocation";
+        alloc.release(p);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  for (auto& f : failures) CHECK(f.empty());
+  auto s = alloc.stats();
+  CHECK(s.allocated_bytes == 0);
+  CHECK(s.requested_bytes == 0);
+  std::size_t total = 0;
+  for (int n : served) total += static_cast<std::size_t>(n);
+  CHECK(s.allocations == total);
+  CHECK(s.reserved_bytes == device.outstanding);
+  CHECK(s.upstream_allocations + s.cache_hits == s.allocations);
+  alloc.empty_cache();
+  CHECK(device.outstanding == 0);
+}
+
+TEST_CASE("random allocations and releases keep every invariant") {
+  FakeDevice device(96 * MiB);
+  CachingAllocator alloc(device.upstream());
+  std::mt19937_64 rng(20240611);
+  struct Live {
+    std::size_t bytes;
+    unsigned char tag;
+  };
+  std::map<std::uintptr_t, Live> live;  // by address
+  std::size_t requested = 0;
+  std::size_t allocations = 0;
+  int out_of_memory = 0;
+  for (int step = 0; step < 6000; ++step) {
+    if (live.empty() || rng() % 5 < 3) {
+      std::size_t bytes;
+      switch (rng() % 4) {
+        case 0: bytes = 1 + rng() % 2048; break;
+        case 1: bytes = 1 + rng() % (1 * MiB); break;
+        case 2: bytes = 1 * MiB + rng() % (4 * MiB); break;
+        default: bytes = 512 * (1 + rng() % 64); break;
+      }
+      void* p = nullptr;
+      try {
+        p = alloc.allocate(bytes, "random");
+      } catch (const Error& e) {
+        CHECK(std::string(e.what()).find("out of device memory allocating") != std::string::npos);
+        ++out_of_memory;
+        // Free some to make room.
+        for (int k = 0; k < 8 && !live.empty(); ++k) {
+          auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+          alloc.release(reinterpret_cast<void*>(it->first));
+          requested -= it->second.bytes;
+          live.erase(it);
+        }
+        continue;
+      }
+      auto a = address(p);
+      REQUIRE(a % 256 == 0);
+      // No overlap with the live blocks on either side.
+      auto next = live.lower_bound(a);
+      if (next != live.end()) REQUIRE(a + bytes <= next->first);
+      if (next != live.begin()) {
+        auto prev = std::prev(next);
+        REQUIRE(prev->first + prev->second.bytes <= a);
+      }
+      auto tag = static_cast<unsigned char>(rng());
+      auto* c = static_cast<unsigned char*>(p);
+      c[0] = tag;
+      c[bytes - 1] = tag;
+      live.emplace(a, Live{bytes, tag});
+      requested += bytes;
+      ++allocations;
+    } else {
+      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      auto* c = reinterpret_cast<unsigned char*>(it->first);
+      REQUIRE(c[0] == it->second.tag);
+      REQUIRE(c[it->second.bytes - 1] == it->second.tag);
+      alloc.release(c);
+      requested -= it->second.bytes;
+      live.erase(it);
+    }
+    if (step % 500 == 0) alloc.empty_cache();
+    auto s = alloc.stats();
+    REQUIRE(s.requested_bytes == requested);
+    REQUIRE(s.allocations == allocations);
+    REQUIRE(s.allocated_bytes >= s.requested_bytes);
+    REQUIRE(s.allocated_bytes <= s.reserved_bytes);
+    REQUIRE(s.reserved_bytes == device.outstanding);
+    REQUIRE(s.allocated_bytes % CachingAllocator::kBlockRound == 0);
+    REQUIRE(s.peak_allocated >= s.allocated_bytes);
+    REQUIRE(s.peak_reserved >= s.reserved_bytes);
+    REQUIRE(s.upstream_allocations - s.upstream_releases == device.segments.size());
+  }
+  CHECK(out_of_memory > 0);  // the budget was reached and the allocator recovered
+  for (auto& [a, l] : live) alloc.release(reinterpret_cast<void*>(a));
+  auto s = alloc.stats();
+  CHECK(s.allocated_bytes == 0);
+  CHECK(s.requested_bytes == 0);
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes == 0);
+  CHECK(device.outstanding == 0);
+}
