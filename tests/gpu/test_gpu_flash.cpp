@@ -1,0 +1,113 @@
+// The CUDA flash attention kernels give the CPU backend's causal attention: o, lse, dq,
+// dk, dv, in float and bf16 storage, head dims 64 and 128, groups of 1, 2 and 4 q heads
+// per kv head, rows padded so that tiles load with 16-byte vectors and without. Runs
+// only where a device is present (the suite's main is in test_gpu_ops.cpp).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../support/errors.hpp"
+#include "../support/gradcheck.hpp"
+#include "flash_launchers.hpp"
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/core/dtype.hpp"
+
+using namespace tessera;
+
+namespace {
+
+/// n normal(0, std) values from (seed, name), rounded to bf16 when `bf16`.
+std::vector<float> random_values(std::int64_t n, const std::string& name, bool bf16, double std = 1.0) {
+  Tensor<double> d(Shape{n});
+  testing::fill_normal(d, 11, name, std);
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto x = static_cast<float>(d[i]);
+    out[static_cast<std::size_t>(i)] = bf16 ? round_to_bf16(x) : x;
+  }
+  return out;
+}
+
+/// max |a - b| / max |b|; a NaN in `a` counts as an infinite difference.
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::isnan(a[i]) ? std::numeric_limits<double>::infinity()
+                                           : std::abs(static_cast<double>(a[i]) - b[i]));
+    ref = std::max(ref, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / ref;
+}
+
+std::vector<float> plus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> out(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+void check_flash_on_gpu(const AttentionShape& s, bool bf16, std::int64_t pad) {
+  CAPTURE(s.head_dim);
+  CAPTURE(s.n_kv_heads);
+  CAPTURE(bf16);
+  CAPTURE(pad);
+  const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
+  gpu_test::FlashRun run;
+  run.shape = s;
+  run.pad = pad;
+  run.bf16 = bf16;
+  run.q = random_values(rows * qc, "q", bf16);
+  run.k = random_values(rows * kc, "k", bf16);
+  run.v = random_values(rows * kc, "v", bf16);
+  run.d_o = random_values(rows * qc, "dO", bf16);
+  // dq must be overwritten; dk and dv added into.
+  run.dq.assign(static_cast<std::size_t>(rows * qc), std::numeric_limits<float>::quiet_NaN());
+  const auto dk0 = random_values(rows * kc, "dk0", bf16, 0.5), dv0 = random_values(rows * kc, "dv0", bf16, 0.5);
+  run.dk = dk0;
+  run.dv = dv0;
+  gpu_test::flash_attention(run);
+
+  // The CPU backend in float on the same (rounded) inputs.
+  Tensor<float> o(Shape{rows, qc}), dq(Shape{rows, qc}), dk(Shape{rows, kc}), dv(Shape{rows, kc});
+  std::vector<float> lse(static_cast<std::size_t>(s.batch * s.n_heads * s.seq_len));
+  const TensorView<const float> q(run.q.data(), Shape{rows, qc}), k(run.k.data(), Shape{rows, kc});
+  const TensorView<const float> v(run.v.data(), Shape{rows, kc}), d_o(run.d_o.data(), Shape{rows, qc});
+  Cpu::attention_forward<float>(s, q, k, v, o, lse.data());
+  Cpu::attention_backward<float>(s, q, k, v, o, lse.data(), d_o, dq, dk, dv);
+  auto vec = [](const Tensor<float>& t) { return std::vector<float>(t.data(), t.data() + t.numel()); };
+
+  const double tol = bf16 ? 5e-3 : 1e-5, grad_tol = bf16 ? 1e-2 : 1e-5;
+  CHECK(max_rel_diff(run.o, vec(o)) < tol);
+  CHECK(max_rel_diff(run.lse, lse) < 1e-5);
+  CHECK(max_rel_diff(run.dq, vec(dq)) < grad_tol);
+  CHECK(max_rel_diff(run.dk, plus(dk0, vec(dk))) < grad_tol);
+  CHECK(max_rel_diff(run.dv, plus(dv0, vec(dv))) < grad_tol);
+}
+
+}  // namespace
+
+TEST_CASE("flash attention on the GPU matches the CPU backend: float and bf16, hd 64 and 128, GQA") {
+  // 150 rows per sequence: three query blocks, the last one partial, and partial tiles.
+  for (bool bf16 : {false, true})
+    for (std::int64_t kv : {1, 2, 4}) {
+      check_flash_on_gpu({2, 150, 4, kv, 64}, bf16, 0);
+      check_flash_on_gpu({2, 150, 4, kv, 128}, bf16, 0);
+    }
+  // Rows of odd length: scalar tile loads.
+  check_flash_on_gpu({2, 150, 4, 2, 64}, false, 1);
+  check_flash_on_gpu({2, 150, 4, 2, 128}, true, 1);
+  // A sequence shorter than one tile.
+  check_flash_on_gpu({3, 5, 4, 2, 64}, false, 0);
+}
+
+TEST_CASE("flash attention on the GPU refuses other head dims and float64 by name") {
+  CHECK_ERROR_CONTAINS(gpu_test::flash_forward_without_data({1, 4, 2, 1, 96}, false),
+                       "flash attention: head dim 96 is not supported (64 or 128)");
+  CHECK_ERROR_CONTAINS(gpu_test::flash_forward_without_data({1, 4, 2, 1, 64}, true),
+                       "flash attention (CUDA): float64 storage is not supported (float or bf16)");
+}

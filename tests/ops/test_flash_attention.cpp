@@ -1,0 +1,289 @@
+// Flash attention's row functors (ops/flash_attention.hpp), driven tile by tile on the
+// host, against the CPU backend's causal grouped-query attention: o, lse, dq, dk, dv.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../support/errors.hpp"
+#include "../support/gradcheck.hpp"
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/ops/flash_attention.hpp"
+
+using namespace tessera;
+
+namespace {
+
+template <class T>
+double to_double(T x) {
+  if constexpr (std::is_same_v<T, bf16>) return static_cast<float>(x);
+  else return static_cast<double>(x);
+}
+
+/// A (rows, cols) view whose ld is cols + pad, over storage it keeps alive.
+template <class T>
+struct Matrix {
+  Tensor<T> storage;
+  TensorView<T> view;
+  TensorView<const T> cview() const { return view; }
+};
+
+template <class T>
+Matrix<T> matrix(std::int64_t rows, std::int64_t cols, std::int64_t pad, T fill = T(0)) {
+  Tensor<T> t(Shape{rows, cols + pad});
+  for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = fill;
+  return {t, t.view().slice_cols(0, cols)};
+}
+
+/// normal(0, std) values drawn from (seed, name), stored as T.
+template <class T>
+Matrix<T> random_matrix(std::int64_t rows, std::int64_t cols, std::int64_t pad, const std::string& name,
+                        double std = 1.0) {
+  Tensor<double> d(Shape{rows, cols});
+  testing::fill_normal(d, 7, name, std);
+  auto m = matrix<T>(rows, cols, pad);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) m.view(r, c) = convert<T>(d[r * cols + c]);
+  return m;
+}
+
+/// The same values in another storage type.
+template <class To, class From>
+Matrix<To> converted(const Matrix<From>& m, std::int64_t pad) {
+  auto out = matrix<To>(m.view.rows(), m.view.cols(), pad);
+  for (std::int64_t r = 0; r < m.view.rows(); ++r)
+    for (std::int64_t c = 0; c < m.view.cols(); ++c) out.view(r, c) = convert<To>(m.view(r, c));
+  return out;
+}
+
+/// max |a - b| / max |b| over two views of equal shape.
+template <class U, class V>
+double max_rel_diff(TensorView<U> a, TensorView<V> b) {
+  REQUIRE(a.shape() == b.shape());
+  double diff = 0, ref = 0;
+  for (std::int64_t r = 0; r < a.rows(); ++r)
+    for (std::int64_t c = 0; c < a.cols(); ++c) {
+      const double x = to_double(a(r, c)), y = to_double(b(r, c));
+      diff = std::max(diff, std::isnan(x) ? std::numeric_limits<double>::infinity() : std::abs(x - y));
+      ref = std::max(ref, std::abs(y));
+    }
+  return diff / ref;
+}
+
+template <class U, class V>
+double max_rel_diff(const std::vector<U>& a, const std::vector<V>& b) {
+  REQUIRE(a.size() == b.size());
+  return max_rel_diff(TensorView<const U>(a.data(), Shape{1, static_cast<std::int64_t>(a.size())}),
+                      TensorView<const V>(b.data(), Shape{1, static_cast<std::int64_t>(b.size())}));
+}
+
+/// start + b, elementwise, as R.
+template <class R, class T>
+Matrix<R> sum_of(const Matrix<T>& start, const Matrix<R>& b) {
+  auto out = matrix<R>(b.view.rows(), b.view.cols(), 0);
+  for (std::int64_t r = 0; r < b.view.rows(); ++r)
+    for (std::int64_t c = 0; c < b.view.cols(); ++c)
+      out.view(r, c) = static_cast<R>(to_double(start.view(r, c)) + to_double(b.view(r, c)));
+  return out;
+}
+
+struct Config {
+  std::int64_t batch, seq_len, n_heads, n_kv_heads, tile;
+  double q_std = 1.0;  // spread of q: large values make scores far apart
+};
+
+struct Errors {
+  double o, lse, dq, dk, dv;
+};
+
+/// Runs the flash drivers with storage T and the CPU backend with R (= T, or float for
+/// bf16) on the same values, and returns the relative differences. dq is pre-filled with
+/// NaN (it must be overwritten), dk and dv with random values (they must be added to).
+template <class T, class R, int HD>
+Errors flash_vs_cpu(const Config& c) {
+  const AttentionShape s{c.batch, c.seq_len, c.n_heads, c.n_kv_heads, HD};
+  const std::int64_t rows = s.rows(), qc = s.n_heads * HD, kc = s.n_kv_heads * HD;
+  const auto q = random_matrix<T>(rows, qc, 3, "q", c.q_std), k = random_matrix<T>(rows, kc, 1, "k");
+  const auto v = random_matrix<T>(rows, kc, 0, "v"), d_o = random_matrix<T>(rows, qc, 2, "dO");
+  const auto dk0 = random_matrix<T>(rows, kc, 4, "dk0", 0.5), dv0 = random_matrix<T>(rows, kc, 1, "dv0", 0.5);
+
+  // The CPU backend in R on exactly the values T holds.
+  const auto rq = converted<R>(q, 0), rk = converted<R>(k, 0), rv = converted<R>(v, 0);
+  const auto rdo = converted<R>(d_o, 0);
+  auto ro = matrix<R>(rows, qc, 0), rdq = matrix<R>(rows, qc, 0);
+  auto rdk = matrix<R>(rows, kc, 0), rdv = matrix<R>(rows, kc, 0);
+  std::vector<R> rlse(static_cast<std::size_t>(s.batch * s.n_heads * s.seq_len));
+  Cpu::attention_forward<R>(s, rq.cview(), rk.cview(), rv.cview(), ro.view, rlse.data());
+  Cpu::attention_backward<R>(s, rq.cview(), rk.cview(), rv.cview(), ro.cview(), rlse.data(), rdo.cview(), rdq.view,
+                             rdk.view, rdv.view);
+
+  auto o = matrix<T>(rows, qc, 5);
+  std::vector<ops::acc_t<T>> lse(rlse.size());
+  ops::flash_attention_forward_rows<T, HD>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), c.tile);
+  auto dq = matrix<T>(rows, qc, 1, convert<T>(std::numeric_limits<float>::quiet_NaN()));
+  auto dk = converted<T>(dk0, 2), dv = converted<T>(dv0, 0);
+  ops::flash_attention_backward_rows<T, HD>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(),
+                                            dq.view, dk.view, dv.view, c.tile);
+  return {max_rel_diff(o.view, ro.view), max_rel_diff(lse, rlse), max_rel_diff(dq.view, rdq.view),
+          max_rel_diff(dk.view, sum_of(dk0, rdk).view), max_rel_diff(dv.view, sum_of(dv0, rdv).view)};
+}
+
+template <class T, class R, int HD>
+void check_flash(const Config& c, double tol, double grad_tol) {
+  CAPTURE(HD);
+  CAPTURE(c.batch);
+  CAPTURE(c.seq_len);
+  CAPTURE(c.n_heads);
+  CAPTURE(c.n_kv_heads);
+  CAPTURE(c.tile);
+  const Errors e = flash_vs_cpu<T, R, HD>(c);
+  CHECK(e.o < tol);
+  CHECK(e.lse < tol);
+  CHECK(e.dq < grad_tol);
+  CHECK(e.dk < grad_tol);
+  CHECK(e.dv < grad_tol);
+}
+
+/// GQA groups of 4, 2 and 1 q heads per kv head; tiles of 1, 16 and 64 rows against
+/// sequences that are not multiples of them; hd 128 on a short sequence.
+template <class T, class R>
+void check_all(double tol, double grad_tol) {
+  for (std::int64_t kv : {1, 2, 4}) {
+    check_flash<T, R, 64>({2, 37, 4, kv, 1}, tol, grad_tol);
+    check_flash<T, R, 64>({2, 45, 4, kv, 16}, tol, grad_tol);
+    check_flash<T, R, 64>({2, 70, 4, kv, 64}, tol, grad_tol);
+  }
+  check_flash<T, R, 128>({2, 19, 4, 2, 16}, tol, grad_tol);
+  check_flash<T, R, 128>({2, 11, 4, 1, 1}, tol, grad_tol);
+}
+
+template <class T, class R>
+void check_far_apart_scores(double tol, double grad_tol) {
+  // Scores with a spread of about 25: exp(s - m) over a stale max would overflow float.
+  check_flash<T, R, 64>({1, 70, 2, 1, 16, 25.0}, tol, grad_tol);
+}
+
+}  // namespace
+
+TEST_CASE("flash attention rows match the CPU backend in double") {
+  check_all<double, double>(1e-12, 1e-12);
+  check_far_apart_scores<double, double>(1e-12, 1e-12);
+}
+
+TEST_CASE("flash attention rows match the CPU backend in float") {
+  check_all<float, float>(1e-5, 1e-5);
+  check_far_apart_scores<float, float>(1e-5, 1e-5);
+}
+
+TEST_CASE("flash attention rows on bf16 storage stay within bf16 rounding of the float backend") {
+  // Inputs rounded to bf16; the reference computes in float on those values. o, dq, dk
+  // and dv are rounded to bf16 on output (2^-9 relative), and the backward reads the
+  // rounded o through D = dO . O; lse stays float.
+  const Config configs[] = {{2, 45, 4, 2, 16}, {2, 70, 4, 1, 64}, {2, 33, 4, 4, 1}};
+  for (const Config& c : configs) {
+    CAPTURE(c.tile);
+    CAPTURE(c.n_kv_heads);
+    const Errors e = flash_vs_cpu<bf16, float, 64>(c);
+    CHECK(e.o < 5e-3);
+    CHECK(e.lse < 1e-5);
+    CHECK(e.dq < 1e-2);
+    CHECK(e.dk < 1e-2);
+    CHECK(e.dv < 1e-2);
+  }
+  const Errors e = flash_vs_cpu<bf16, float, 128>({2, 19, 4, 2, 16});
+  CHECK(e.o < 5e-3);
+  CHECK(e.lse < 1e-5);
+  CHECK(e.dq < 1e-2);
+  CHECK(e.dk < 1e-2);
+  CHECK(e.dv < 1e-2);
+}
+
+TEST_CASE("flash attention: the first query sees only the first key; tiles past the causal edge change nothing") {
+  constexpr int kHd = 64;
+  const auto q = random_matrix<double>(8, kHd, 0, "q1"), k = random_matrix<double>(8, kHd, 0, "k1");
+  const auto v = random_matrix<double>(8, kHd, 0, "v1"), d_o = random_matrix<double>(8, kHd, 0, "dO1");
+  const double scale = 1.0 / 8.0;
+
+  ops::FlashForwardRow<double, kHd> row;
+  row.start(q.view.row(0), 0, scale);
+  row.update(k.view.row(1), kHd, v.view.row(1), kHd, 1, 7);  // keys 1..7: all after query 0
+  CHECK(row.l == 0.0);
+  CHECK(row.m == -std::numeric_limits<double>::infinity());
+  row.update(k.view.row(0), kHd, v.view.row(0), kHd, 0, 8);  // only key 0 is visible
+  std::vector<double> o(kHd);
+  double lse = 0;
+  row.finish(o.data(), &lse);
+  double s = 0;
+  for (int d = 0; d < kHd; ++d) s += q.view(0, d) * k.view(0, d);
+  CHECK(lse == doctest::Approx(s * scale).epsilon(1e-14));
+  for (int d = 0; d < kHd; ++d) CHECK(o[static_cast<std::size_t>(d)] == doctest::Approx(v.view(0, d)).epsilon(1e-14));
+
+  // Key 5 against queries 0..3 (all before it): nothing is added to dk, dv.
+  ops::FlashBackwardKeyRow<double, kHd> key_row;
+  key_row.start(k.view.row(5), v.view.row(5), 5, scale);
+  const std::vector<double> lse4(4, 1.0), delta4(4, 0.5);
+  key_row.update(q.view.row(0), kHd, d_o.view.row(0), kHd, lse4.data(), delta4.data(), 0, 4);
+  std::vector<double> dk(kHd, 2.0), dv(kHd, -3.0);
+  key_row.finish(dk.data(), dv.data());
+  CHECK(std::all_of(dk.begin(), dk.end(), [](double x) { return x == 2.0; }));
+  CHECK(std::all_of(dv.begin(), dv.end(), [](double x) { return x == -3.0; }));
+
+  // Query 2 against keys 3..7: dq is overwritten with zeros.
+  ops::FlashBackwardQueryRow<double, kHd> query_row;
+  query_row.start(q.view.row(2), d_o.view.row(2), 1.0, 0.5, 2, scale);
+  query_row.update(k.view.row(3), kHd, v.view.row(3), kHd, 3, 5);
+  std::vector<double> dq(kHd, 9.0);
+  query_row.finish(dq.data());
+  CHECK(std::all_of(dq.begin(), dq.end(), [](double x) { return x == 0.0; }));
+}
+
+TEST_CASE("flash attention: bad shapes, head dims and tiles are refused by name") {
+  CHECK_ERROR_CONTAINS(ops::with_flash_head_dim(96, []<int HD>() { return HD; }),
+                       "flash attention: head dim 96 is not supported (64 or 128)");
+  CHECK(ops::with_flash_head_dim(128, []<int HD>() { return HD; }) == 128);
+
+  const AttentionShape s{1, 5, 4, 2, 64};
+  const auto q = random_matrix<float>(5, 256, 0, "q"), k = random_matrix<float>(5, 128, 0, "k");
+  const auto v = random_matrix<float>(5, 128, 0, "v"), d_o = random_matrix<float>(5, 256, 0, "dO");
+  auto o = matrix<float>(5, 256, 0), dq = matrix<float>(5, 256, 0);
+  auto dk = matrix<float>(5, 128, 0), dv = matrix<float>(5, 128, 0);
+  std::vector<float> lse(20);
+  auto forward = [&](const AttentionShape& shape, TensorView<const float> qv, std::int64_t tile) {
+    ops::flash_attention_forward_rows<float, 64>(shape, qv, k.cview(), v.cview(), o.view, lse.data(), tile);
+  };
+  forward(s, q.cview(), 16);  // the good call passes
+
+  CHECK_ERROR_CONTAINS(forward(s, k.cview(), 16), "flash attention: q is (5, 128), expected (5, 256)");
+  CHECK_ERROR_CONTAINS(forward(s, q.cview(), 0), "flash attention: tiles of 0 rows (at least 1)");
+  CHECK_ERROR_CONTAINS(forward({1, 5, 3, 2, 64}, q.cview(), 16),
+                       "flash attention: n_heads 3 is not a positive multiple of n_kv_heads 2");
+  CHECK_ERROR_CONTAINS(forward({1, 5, 4, 0, 64}, q.cview(), 16),
+                       "flash attention: n_heads 4 is not a positive multiple of n_kv_heads 0");
+  CHECK_ERROR_CONTAINS(forward({1, 5, 4, 2, 32}, q.cview(), 16),
+                       "flash attention: head dim 32 is not supported (64 or 128)");
+  CHECK_ERROR_CONTAINS(forward({-1, 5, 4, 2, 64}, q.cview(), 16), "flash attention: batch -1 and seq_len 5");
+  CHECK_ERROR_CONTAINS(
+      (ops::flash_attention_forward_rows<float, 64>({1, 5, 2, 1, 128}, q.cview(), k.cview(), v.cview(), o.view,
+                                                     lse.data(), 16)),
+      "flash attention: the shape's head dim 128 is not 64, the head dim the rows were instantiated for");
+  // q seen through its transpose: a column stride of 256.
+  const TensorView<const float> q_t(q.view.data(), Shape{5, 256}, {1, 256});
+  CHECK_ERROR_CONTAINS(forward(s, q_t, 16), "flash attention: q needs unit column stride and ld >= 256 (ld 1");
+
+  auto backward = [&](TensorView<float> dkv) {
+    ops::flash_attention_backward_rows<float, 64>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(),
+                                                  d_o.cview(), dq.view, dkv, dv.view, 16);
+  };
+  backward(dk.view);
+  auto short_dk = matrix<float>(4, 128, 0);
+  CHECK_ERROR_CONTAINS(backward(short_dk.view), "flash attention: dk is (4, 128), expected (5, 128)");
+  CHECK_ERROR_CONTAINS((ops::flash_attention_backward_rows<float, 64>(s, q.cview(), k.cview(), v.cview(), o.cview(),
+                                                                     lse.data(), q.cview(), dq.view, dk.view,
+                                                                     dq.view, 16)),
+                       "flash attention: dv is (5, 256), expected (5, 128)");
+}
