@@ -1,0 +1,172 @@
+// The CUDA backend: device tensors from a caching allocator, ops/ functors launched as
+// kernels, cuBLASLt GEMMs and flash attention, all on one compute stream.
+//
+// It mirrors the CPU backend (backend/cpu/cpu.hpp) member for member, so a layer
+// written against a Backend runs on either. What differs:
+//
+// - Memory. empty() and zeros() return tensors in device memory on the calling thread's
+//   current device, from that device's caching allocator (memory.cuh); host code never
+//   dereferences them. Values cross with copy_to_host() and copy_from_host() (and
+//   upload() / download() in backend.hpp). A zero-size tensor allocates nothing.
+// - Ordering. Every launch, GEMM, memset and copy goes to stream(), the legacy default
+//   stream: work runs in issue order, asynchronously to the host, and the NCCL engine
+//   orders its collectives against this same stream (comm/nccl.hpp). Calls return
+//   before the device has finished, except the copies: copy_to_host() returns when the
+//   host may read the destination and copy_from_host() when the host may reuse the
+//   source (both synchronise the stream). synchronize() waits for all of it.
+// - GEMMs are cuBLASLt's (gemm.cuh): float in exact fp32 (no TF32) and bf16 with fp32
+//   accumulation; the operand checks and messages are the CPU backend's.
+// - Attention is the flash-attention kernels' (flash_attention.cuh). Their log-sum-exp is
+//   fp32; the backend interface hands it over as T*, so for now attention runs for
+//   T = float and refuses other element types with an error.
+// - Errors. Every CUDA and cuBLASLt return code is checked and throws a tessera::Error
+//   naming the call. The first use of the backend where no device is visible throws
+//   "CUDA backend: no CUDA device is visible (...)". A kernel's own failure surfaces at
+//   the next checked call that waits for it (a copy or synchronize()).
+// - Virtual ranks. memory_access() is how SelfEngine and ThreadEngine move and reduce
+//   the backend's buffers (reduce.cuh), so several thread ranks train on one GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/cuda/flash_attention.cuh"
+#include "tessera/backend/cuda/gemm.cuh"
+#include "tessera/backend/cuda/launch.cuh"
+#include "tessera/backend/cuda/memory.cuh"
+#include "tessera/backend/cuda/reduce.cuh"
+#include "tessera/comm/memory_access.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/tensor.hpp"
+
+namespace tessera {
+
+struct Cuda {
+  static constexpr Device device = Device::cuda;
+
+  /// The stream all of the backend's work runs on (memory.cuh says why it is this one).
+  static cudaStream_t stream() { return cuda::compute_stream(); }
+
+  /// A device tensor the caller fills completely before reading it (not zeroed).
+  template <class T>
+  static Tensor<T> empty(Shape shape) {
+    cuda::require_device();
+    const auto n = static_cast<std::size_t>(shape.numel());
+    if (n == 0) return Tensor<T>(shape, cuda::device_buffer<T>(0));
+    const std::string what = "Cuda::empty<" + cuda::detail::element_name<T>() + ">" + shape.str();
+    return Tensor<T>(shape, cuda::device_buffer<T>(n, what));
+  }
+
+  /// A device tensor of zeros (set on the compute stream).
+  template <class T>
+  static Tensor<T> zeros(Shape shape) {
+    Tensor<T> t = empty<T>(shape);
+    if (t.numel() > 0) TESSERA_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.bytes(), stream()));
+    return t;
+  }
+
+  /// Calls f(i) for i in [0, n) on the device, one index per thread.
+  template <class F>
+  static void for_each(std::int64_t n, const F& f) {
+    cuda::require_device();
+    cuda::for_each(n, f, stream());
+  }
+
+  /// Waits until every piece of work issued to the compute stream has finished.
+  static void synchronize() {
+    cuda::require_device();
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+
+  /// n elements from device memory to host memory; the host may read dst on return.
+  template <class T>
+  static void copy_to_host(const T* src, T* dst, std::int64_t n) {
+    cuda::require_device();
+    if (n <= 0) return;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<void*>(dst), static_cast<const void*>(src),
+                                       static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost, stream()));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+
+  /// n elements from host memory to device memory; the host may reuse src on return.
+  template <class T>
+  static void copy_from_host(const T* src, T* dst, std::int64_t n) {
+    cuda::require_device();
+    if (n <= 0) return;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<void*>(dst), static_cast<const void*>(src),
+                                       static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream()));
+    // A pinned source is read while the copy runs: wait, so the caller may reuse it.
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+
+  /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view
+  /// with unit column stride (its leading dimension may exceed its width). T is float
+  /// or bf16.
+  template <class T>
+  static void gemm(Trans ta, Trans tb, T alpha, TensorView<const T> a, TensorView<const T> b, T beta,
+                   TensorView<T> c) {
+    cuda::gemm<T>(ta, tb, alpha, a, b, beta, c);
+  }
+
+  /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T).
+  template <class T>
+  static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
+                                TensorView<const T> v, TensorView<T> o, T* lse) {
+    cuda::require_device();
+    if constexpr (std::is_same_v<T, float>) {
+      cuda::flash_attention_forward<T>(s, q, k, v, o, lse, stream());
+    } else {
+      fail("Cuda::attention_forward: ", cuda::detail::element_name<T>(),
+           " attention is not supported yet: the flash-attention kernels keep the log-sum-exp in float32, "
+           "and the backend interface passes it as ",
+           cuda::detail::element_name<T>(), " (float32 attention is supported)");
+    }
+  }
+
+  /// Attention backward: dq overwritten, dk and dv accumulated.
+  template <class T>
+  static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
+                                 TensorView<const T> v, TensorView<const T> o, const T* lse,
+                                 TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+    cuda::require_device();
+    if constexpr (std::is_same_v<T, float>) {
+      // (B, H, T) row sums of dO * O, the kernels' scratch; freed blocks are reused in
+      // stream order, so it may go back to the allocator while the kernels still run.
+      Tensor<float> delta = empty<float>({s.batch, s.n_heads, s.seq_len});
+      cuda::flash_attention_backward<T>(s, q, k, v, o, lse, d_o, dq, dk, dv, delta.data(), stream());
+    } else {
+      fail("Cuda::attention_backward: ", cuda::detail::element_name<T>(),
+           " attention is not supported yet: the flash-attention kernels keep the log-sum-exp in float32, "
+           "and the backend interface passes it as ",
+           cuda::detail::element_name<T>(), " (float32 attention is supported)");
+    }
+  }
+
+  /// How the in-process engines (comm::SelfEngine, comm::ThreadEngine through
+  /// ThreadOptions::memory) move this backend's buffers: copies between any mix of
+  /// device and host memory, reductions into device or host memory (host operands
+  /// staged on the device), scratch from the caching allocator; all on stream(),
+  /// finished when they return (reduce.cuh).
+  static comm::MemoryAccess memory_access() {
+    comm::MemoryAccess m;
+    m.copy = [](void* dst, const void* src, std::size_t bytes) { cuda::copy_bytes(dst, src, bytes, stream()); };
+    m.reduce = [](void* dst, const void* src, std::size_t n, comm::DataType t, comm::ReduceOp op) {
+      cuda::reduce_into(dst, src, n, t, op, stream());
+    };
+    m.allocate = [](std::size_t bytes) -> void* {
+      return cuda::device_allocator().allocate(bytes, "a collective's scratch on thread ranks");
+    };
+    m.release = [](void* p) { CachingAllocator::release_to_owner(p); };
+    return m;
+  }
+};
+
+static_assert(Backend<Cuda>, "tessera: Cuda must satisfy the Backend concept");
+
+}  // namespace tessera

@@ -1,0 +1,478 @@
+// Row-major GEMMs on the device through cuBLASLt.
+//
+// Layout. tessera's operands are row-major rank-2 views with unit column stride and a
+// leading dimension (ld, the row stride, which may exceed the width: a slice_cols view).
+// cuBLASLt is column-major, and a row-major (r x c) matrix with leading dimension ld is
+// the column-major (c x r) matrix with the same ld. So C = op(A) op(B) is computed as
+// C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B's storage with B's transpose
+// flag, its second is A's storage with A's, and its output is C's storage as an
+// (n x m) column-major matrix. No data moves.
+//
+// Precision. float GEMMs use CUBLAS_COMPUTE_32F: fp32 products and sums, never TF32,
+// so a float model on the GPU follows the CPU backend's arithmetic (up to summation
+// order). bf16 GEMMs read and write bf16 (CUDA_R_16BF) and accumulate in fp32
+// (CUBLAS_COMPUTE_32F); the only bf16 rounding is of the result. alpha and beta are
+// fp32 in both cases (a bf16 alpha is widened). Split-K algorithms are limited to
+// cuBLASLt's COMPUTE_TYPE reduction: partial sums in an fp32 workspace, added in a
+// separate pass, never in the output type nor in place in the output.
+//
+// Algorithms. cuBLASLt's heuristic (cublasLtMatmulAlgoGetHeuristic) picks an algorithm
+// for a GEMM key: m, n, k, the transposes, the three leading dimensions, the element
+// type, whether beta is zero, the device, and the byte alignment of each operand's
+// pointer (capped at 256: the heuristic assumes 256-byte alignment unless told, and a
+// view into the middle of a tensor is less aligned). Its first choice is cached per key
+// in a process-wide map guarded by a mutex, so the heuristic runs once per shape.
+// For benchmarks: gemm_candidates() returns every algorithm the heuristic offers for a
+// GEMM, gemm() runs a given one, and gemm_chosen_algo() is the cached choice (GemmAlgo
+// compares equal to the candidate it is), so the choice can be timed against the fastest.
+//
+// Resources. Each host thread has its own cuBLASLt handle per device, created on its
+// first GEMM there and destroyed when the thread ends. Each device has one 32 MiB
+// workspace from its caching allocator, held for the life of the process; it is shared
+// by every thread because every GEMM runs on the one compute stream (memory.cuh), in
+// order. A second stream would need a workspace of its own.
+//
+// Degenerate shapes need no cuBLASLt: m == 0 or n == 0 does nothing, k == 0 sets
+// C = beta * C (zero when beta is zero, whatever C held), as the CPU backend does.
+//
+// Errors. The operand checks and their messages are the CPU backend's. Every cuBLASLt
+// call is checked by TESSERA_CUBLAS_CHECK, whose error names the call, cuBLAS's status
+// name and text, and the GEMM; a shape for which the heuristic has no algorithm is an
+// error naming the GEMM.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/cuda/launch.cuh"
+#include "tessera/backend/cuda/memory.cuh"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/macros.hpp"
+#include "tessera/core/tensor.hpp"
+
+namespace tessera::cuda::detail {
+
+/// "CUBLAS_STATUS_NOT_SUPPORTED (the functionality requested is not supported)".
+inline std::string cublas_status_text(cublasStatus_t status) {
+  const char* name = cublasLtGetStatusName(status);
+  const char* text = cublasLtGetStatusString(status);
+  std::string s = name != nullptr ? std::string(name) : "cublasStatus_t " + std::to_string(static_cast<int>(status));
+  if (text != nullptr && *text != '\0') s += std::string(" (") + text + ")";
+  return s;
+}
+
+/// Throws for a failed cuBLASLt call: `expr` is the call's source text (its name is the
+/// part before the first parenthesis), `context` what it was doing (the GEMM).
+template <class... Context>
+[[noreturn]] void cublas_fail(std::string_view expr, cublasStatus_t status, Context&&... context) {
+  const std::string_view call = expr.substr(0, expr.find('('));
+  fail("cuBLASLt: ", call, " failed: ", cublas_status_text(status), " for ", std::forward<Context>(context)...);
+}
+
+}  // namespace tessera::cuda::detail
+
+/// Checks a cuBLASLt call; the rest of the arguments describe what it was for (the GEMM).
+#define TESSERA_CUBLAS_CHECK(expr, ...)                                                        \
+  do {                                                                                         \
+    const cublasStatus_t tessera_cublas_status_ = (expr);                                      \
+    if (tessera_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                       \
+      ::tessera::cuda::detail::cublas_fail(#expr, tessera_cublas_status_, __VA_ARGS__);        \
+  } while (0)
+
+namespace tessera::cuda {
+
+/// Bytes of cuBLASLt workspace per device.
+inline constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;
+
+/// What identifies a GEMM to the algorithm cache (row-major terms, as the caller sees it).
+struct GemmKey {
+  int device = 0;
+  DType dtype = DType::f32;
+  Trans ta = Trans::no, tb = Trans::no;
+  bool beta_zero = true;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
+  std::uint32_t align_a = 256, align_b = 256, align_c = 256;  // pointer alignment in bytes, at most 256
+
+  bool operator==(const GemmKey&) const = default;
+
+  /// "float32 GEMM m=64 n=32 k=16 op(A)=A^T op(B)=B lda=64 ldb=32 ldc=32 beta=0
+  /// alignment(A,B,C)=256,4,256 bytes on cuda:0".
+  std::string str() const {
+    auto op = [](Trans t, const char* x) { return std::string(x) + (t == Trans::yes ? "^T" : ""); };
+    return tessera::detail::concat(name_of(dtype), " GEMM m=", m, " n=", n, " k=", k, " op(A)=", op(ta, "A"),
+                                   " op(B)=", op(tb, "B"), " lda=", lda, " ldb=", ldb, " ldc=", ldc,
+                                   " beta=", beta_zero ? "0" : "nonzero", " alignment(A,B,C)=", align_a, ",",
+                                   align_b, ",", align_c, " bytes on cuda:", device);
+  }
+};
+
+/// One algorithm the heuristic offers for a GEMM.
+struct GemmAlgo {
+  cublasLtMatmulAlgo_t algo{};
+  std::size_t workspace_bytes = 0;  // what it needs of the device's workspace
+  float waves = 0.0f;               // the heuristic's device-utilisation estimate (1: one full wave)
+
+  /// The same algorithm and configuration.
+  friend bool operator==(const GemmAlgo& x, const GemmAlgo& y) {
+    return std::memcmp(&x.algo, &y.algo, sizeof(x.algo)) == 0;
+  }
+};
+
+namespace detail {
+
+struct GemmKeyHash {
+  std::size_t operator()(const GemmKey& key) const {
+    std::size_t h = 0;
+    auto mix = [&h](std::uint64_t v) { h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    mix(static_cast<std::uint64_t>(key.device));
+    mix(static_cast<std::uint64_t>(key.dtype) | (static_cast<std::uint64_t>(key.ta) << 8) |
+        (static_cast<std::uint64_t>(key.tb) << 16) | (static_cast<std::uint64_t>(key.beta_zero) << 24));
+    for (std::int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(static_cast<std::uint64_t>(v));
+    mix(static_cast<std::uint64_t>(key.align_a) | (static_cast<std::uint64_t>(key.align_b) << 16) |
+        (static_cast<std::uint64_t>(key.align_c) << 32));
+    return h;
+  }
+};
+
+/// The largest power of two up to 256 that divides the address.
+inline std::uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+/// The CPU backend's operand checks, with its messages; returns {m, n, k}.
+template <class T>
+std::array<std::int64_t, 3> check_gemm_operands(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b,
+                                                 TensorView<T> c) {
+  const std::int64_t m = c.rows(), n = c.cols();
+  const std::int64_t k = ta == Trans::no ? a.cols() : a.rows();
+  const std::int64_t am = ta == Trans::no ? a.rows() : a.cols();
+  const std::int64_t bk = tb == Trans::no ? b.rows() : b.cols();
+  const std::int64_t bn = tb == Trans::no ? b.cols() : b.rows();
+  TESSERA_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "gemm: operands must be rank 2");
+  TESSERA_CHECK(am == m && bk == k && bn == n, "gemm: shapes do not chain: op(A) ", am, "x", k, ", op(B) ", bk, "x",
+                bn, ", C ", m, "x", n);
+  TESSERA_CHECK((a.cols() <= 1 || a.stride(1) == 1) && (b.cols() <= 1 || b.stride(1) == 1) &&
+                    (c.cols() <= 1 || c.stride(1) == 1),
+                "gemm: operands need unit column stride");
+  return {m, n, k};
+}
+
+/// The leading dimension cuBLASLt sees: at least the width (a one-row view may carry any).
+template <class T>
+std::int64_t leading_dimension(const TensorView<T>& v) {
+  return std::max<std::int64_t>(v.ld(), std::max<std::int64_t>(v.cols(), 1));
+}
+
+/// The cache key of a GEMM whose operands passed check_gemm_operands.
+template <class T>
+GemmKey make_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, bool beta_zero, TensorView<T> c,
+                 std::int64_t m, std::int64_t n, std::int64_t k) {
+  GemmKey key;
+  key.device = current_device();
+  key.dtype = dtype_of<T>();
+  key.ta = ta;
+  key.tb = tb;
+  key.beta_zero = beta_zero;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.lda = leading_dimension(a);
+  key.ldb = leading_dimension(b);
+  key.ldc = leading_dimension(c);
+  key.align_a = alignment_of(a.data());
+  key.align_b = alignment_of(b.data());
+  key.align_c = alignment_of(c.data());
+  return key;
+}
+
+/// One thread's cuBLASLt handles, one per device, destroyed when the thread ends.
+struct ThreadLtHandles {
+  std::array<cublasLtHandle_t, kMaxDevices> handle{};
+  ThreadLtHandles() = default;
+  ThreadLtHandles(const ThreadLtHandles&) = delete;
+  ThreadLtHandles& operator=(const ThreadLtHandles&) = delete;
+  ~ThreadLtHandles() {
+    for (cublasLtHandle_t h : handle)
+      if (h != nullptr) (void)cublasLtDestroy(h);  // a thread's exit cannot report
+  }
+};
+
+/// The calling thread's cuBLASLt handle for `device` (the current one).
+inline cublasLtHandle_t lt_handle(int device) {
+  thread_local ThreadLtHandles handles;
+  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " out of range");
+  cublasLtHandle_t& h = handles.handle[static_cast<std::size_t>(device)];
+  if (h == nullptr) TESSERA_CUBLAS_CHECK(cublasLtCreate(&h), "the cuBLASLt handle of cuda:", device);
+  return h;
+}
+
+/// Each device's GEMM workspace, allocated on first use.
+struct GemmWorkspaces {
+  std::array<std::once_flag, kMaxDevices> once;
+  std::array<void*, kMaxDevices> ptr{};
+};
+
+/// The device's GEMM workspace (kGemmWorkspaceBytes), allocated on first use, never freed.
+inline void* gemm_workspace(int device) {
+  static GemmWorkspaces* all = new GemmWorkspaces;  // immortal, like the allocators it draws from
+  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " out of range");
+  const auto d = static_cast<std::size_t>(device);
+  std::call_once(all->once[d], [&] {
+    all->ptr[d] = device_allocator(device).allocate(kGemmWorkspaceBytes, "the cuBLASLt GEMM workspace");
+  });
+  return all->ptr[d];
+}
+
+/// The process-wide cache of heuristic choices.
+struct GemmAlgoCache {
+  std::mutex mutex;
+  std::unordered_map<GemmKey, GemmAlgo, GemmKeyHash> algo;
+};
+
+inline GemmAlgoCache& gemm_algo_cache() {
+  static GemmAlgoCache* cache = new GemmAlgoCache;  // immortal: GEMMs may run during static teardown
+  return *cache;
+}
+
+/// A heuristic preference descriptor, destroyed with this object.
+struct LtPreference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtPreference() = default;
+  LtPreference(const LtPreference&) = delete;
+  LtPreference& operator=(const LtPreference&) = delete;
+  ~LtPreference() {
+    if (pref != nullptr) (void)cublasLtMatmulPreferenceDestroy(pref);
+  }
+};
+
+/// The matmul and layout descriptors of a GEMM key (destroyed with this object).
+class GemmDescriptors {
+ public:
+  explicit GemmDescriptors(const GemmKey& key) : key_(key) {
+    try {
+      create();
+    } catch (...) {
+      destroy();  // the destructor does not run for a constructor that throws
+      throw;
+    }
+  }
+  GemmDescriptors(const GemmDescriptors&) = delete;
+  GemmDescriptors& operator=(const GemmDescriptors&) = delete;
+  ~GemmDescriptors() { destroy(); }
+
+  /// Up to `max_count` algorithms for the key, the heuristic's best estimate first.
+  std::vector<GemmAlgo> heuristic(cublasLtHandle_t handle, int max_count) const {
+    TESSERA_CHECK(max_count > 0, "gemm_candidates: max_count must be positive, not ", max_count);
+    LtPreference guard;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&guard.pref), key_.str());
+    const cublasLtMatmulPreference_t pref = guard.pref;
+    const std::uint64_t workspace = kGemmWorkspaceBytes;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                              &workspace, sizeof(workspace)),
+                         key_.str());
+    // The first operand is B's storage, the second A's; C and D are both C's.
+    const std::uint32_t align[4] = {key_.align_b, key_.align_a, key_.align_c, key_.align_c};
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i])),
+                           key_.str());
+    // Split-K partial sums go to an fp32 workspace and are reduced in a separate pass:
+    // never in the (bf16) output type, never in place in the output.
+    const std::uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                              &reduction, sizeof(reduction)),
+                         key_.str());
+    // Not a std::vector: nvcc's front end fails on destroying the unnamed struct's elements.
+    const auto results = std::make_unique<cublasLtMatmulHeuristicResult_t[]>(static_cast<std::size_t>(max_count));
+    int returned = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op_, first_, second_, out_, out_, pref,
+                                                                 max_count, results.get(), &returned);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) returned = 0;  // no heuristic for this configuration
+    else if (status != CUBLAS_STATUS_SUCCESS)
+      detail::cublas_fail("cublasLtMatmulAlgoGetHeuristic", status, key_.str());
+    std::vector<GemmAlgo> algos;
+    for (int i = 0; i < std::min(returned, max_count); ++i) {
+      const auto& r = results[static_cast<std::size_t>(i)];
+      if (r.state == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= kGemmWorkspaceBytes)
+        algos.push_back(GemmAlgo{r.algo, r.workspaceSize, r.wavesCount});
+    }
+    if (algos.empty())
+      fail("cuBLASLt has no algorithm for the ", key_.str(),
+           status == CUBLAS_STATUS_NOT_SUPPORTED ? " (cublasLtMatmulAlgoGetHeuristic: CUBLAS_STATUS_NOT_SUPPORTED)"
+                                                 : "");
+    return algos;
+  }
+
+  /// Runs D = alpha op(A) op(B) + beta C with `algo` on the compute stream.
+  void run(cublasLtHandle_t handle, const GemmAlgo& algo, const float* alpha, const void* a, const void* b,
+           const float* beta, void* c, void* workspace) const {
+    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle, op_, alpha, b, first_, a, second_, beta, c, out_, c, out_, &algo.algo,
+                                        workspace, kGemmWorkspaceBytes, compute_stream()),
+                         key_.str());
+  }
+
+ private:
+  void create() {
+    const cudaDataType_t type = key_.dtype == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+    TESSERA_CHECK(key_.dtype == DType::f32 || key_.dtype == DType::bf16, "CUDA backend: ", name_of(key_.dtype),
+                  " GEMMs are not supported (float32 and bfloat16 are)");
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), key_.str());
+    // cuBLASLt's first operand is B's storage, its second A's (see the header comment).
+    const std::int32_t trans_first = key_.tb == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const std::int32_t trans_second = key_.ta == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TESSERA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof(trans_first)),
+        key_.str());
+    TESSERA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof(trans_second)),
+        key_.str());
+    // Row-major (r x c) storage is column-major (c x r): B is (k x n) as stored, or (n x k)
+    // when used transposed; A is (m x k), or (k x m); C is (m x n).
+    const auto b_rows = static_cast<std::uint64_t>(key_.tb == Trans::no ? key_.k : key_.n);
+    const auto b_cols = static_cast<std::uint64_t>(key_.tb == Trans::no ? key_.n : key_.k);
+    const auto a_rows = static_cast<std::uint64_t>(key_.ta == Trans::no ? key_.m : key_.k);
+    const auto a_cols = static_cast<std::uint64_t>(key_.ta == Trans::no ? key_.k : key_.m);
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first_, type, b_cols, b_rows, key_.ldb), key_.str());
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second_, type, a_cols, a_rows, key_.lda), key_.str());
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out_, type, static_cast<std::uint64_t>(key_.n),
+                                                    static_cast<std::uint64_t>(key_.m), key_.ldc),
+                         key_.str());
+  }
+
+  void destroy() noexcept {
+    if (out_ != nullptr) (void)cublasLtMatrixLayoutDestroy(out_);
+    if (second_ != nullptr) (void)cublasLtMatrixLayoutDestroy(second_);
+    if (first_ != nullptr) (void)cublasLtMatrixLayoutDestroy(first_);
+    if (op_ != nullptr) (void)cublasLtMatmulDescDestroy(op_);
+    out_ = second_ = first_ = nullptr;
+    op_ = nullptr;
+  }
+
+  GemmKey key_;
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t first_ = nullptr;   // B's storage
+  cublasLtMatrixLayout_t second_ = nullptr;  // A's storage
+  cublasLtMatrixLayout_t out_ = nullptr;     // C's storage (both C and D)
+};
+
+/// C = beta * C over a (rows x cols) view with row stride ld: the k == 0 GEMM.
+template <class T>
+struct ScaleMatrix {
+  T* c;
+  std::int64_t cols, ld;
+  float beta;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    T& x = c[(i / cols) * ld + i % cols];
+    x = convert<T>(beta * convert<float>(x));
+  }
+};
+
+/// The k == 0 GEMM: C = beta * C, and zero (not beta times a NaN) when beta is zero.
+template <class T>
+void scale_or_zero(float beta, TensorView<T> c, std::int64_t m, std::int64_t n) {
+  const std::int64_t ld = leading_dimension(c);
+  if (beta == 0.0f) {
+    TESSERA_CUDA_CHECK(cudaMemset2DAsync(c.data(), static_cast<std::size_t>(ld) * sizeof(T), 0,
+                                         static_cast<std::size_t>(n) * sizeof(T), static_cast<std::size_t>(m),
+                                         compute_stream()));
+  } else {
+    tessera::cuda::for_each(m * n, ScaleMatrix<T>{c.data(), n, ld, beta}, compute_stream());
+  }
+}
+
+template <class T>
+constexpr void check_element_type() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>, "tessera: Cuda::gemm supports float and bf16");
+}
+
+/// The cached algorithm for `key`, asking the heuristic on a miss.
+inline GemmAlgo cached_algo(const GemmKey& key, const GemmDescriptors& desc, cublasLtHandle_t handle) {
+  auto& cache = gemm_algo_cache();
+  {
+    std::lock_guard lock(cache.mutex);
+    if (auto it = cache.algo.find(key); it != cache.algo.end()) return it->second;
+  }
+  const GemmAlgo best = desc.heuristic(handle, 1).front();
+  std::lock_guard lock(cache.mutex);
+  return cache.algo.emplace(key, best).first->second;  // another thread's equal answer may be first
+}
+
+}  // namespace detail
+
+/// The cache key of a GEMM: what its algorithm is chosen (and cached) for. The operands
+/// are checked as gemm() checks them.
+template <class T>
+GemmKey gemm_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, T beta, TensorView<T> c) {
+  detail::check_element_type<T>();
+  require_device();
+  const std::array<std::int64_t, 3> mnk = detail::check_gemm_operands(ta, tb, a, b, c);
+  return detail::make_key(ta, tb, a, b, static_cast<float>(beta) == 0.0f, c, mnk[0], mnk[1], mnk[2]);
+}
+
+/// Every algorithm cuBLASLt's heuristic offers for this GEMM (at most `max_count`), its
+/// best estimate first; empty for a degenerate GEMM (m, n or k zero), which runs no
+/// cuBLASLt kernel. Each can be passed to gemm().
+template <class T>
+std::vector<GemmAlgo> gemm_candidates(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, T beta,
+                                      TensorView<T> c, int max_count = 32) {
+  const GemmKey key = gemm_key(ta, tb, a, b, beta, c);
+  if (key.m == 0 || key.n == 0 || key.k == 0) return {};
+  const detail::GemmDescriptors desc(key);
+  return desc.heuristic(detail::lt_handle(key.device), max_count);
+}
+
+/// The algorithm gemm() runs for this GEMM when given none: the heuristic's first
+/// choice, cached. Throws for a degenerate GEMM, which runs none.
+template <class T>
+GemmAlgo gemm_chosen_algo(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, T beta,
+                          TensorView<T> c) {
+  const GemmKey key = gemm_key(ta, tb, a, b, beta, c);
+  TESSERA_CHECK(key.m != 0 && key.n != 0 && key.k != 0, "gemm_chosen_algo: the ", key.str(),
+                " is degenerate and runs no cuBLASLt algorithm");
+  const detail::GemmDescriptors desc(key);
+  return detail::cached_algo(key, desc, detail::lt_handle(key.device));
+}
+
+/// C = alpha * op(A) * op(B) + beta * C, row-major, on the current device's compute
+/// stream (asynchronous to the host). `algo`: one of gemm_candidates() for this GEMM,
+/// or nullptr for the cached heuristic choice.
+template <class T>
+void gemm(Trans ta, Trans tb, T alpha, TensorView<const T> a, TensorView<const T> b, T beta, TensorView<T> c,
+          const GemmAlgo* algo = nullptr) {
+  const GemmKey key = gemm_key(ta, tb, a, b, beta, c);
+  const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
+  if (key.m == 0 || key.n == 0) return;
+  if (key.k == 0) {
+    detail::scale_or_zero(beta32, c, key.m, key.n);
+    return;
+  }
+  const detail::GemmDescriptors desc(key);
+  const cublasLtHandle_t handle = detail::lt_handle(key.device);
+  const GemmAlgo chosen = algo != nullptr ? *algo : detail::cached_algo(key, desc, handle);
+  desc.run(handle, chosen, &alpha32, a.data(), b.data(), &beta32, c.data(), detail::gemm_workspace(key.device));
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,155 @@
+// Launchers for the CUDA backend tests: move host tensors to the device through the
+// backend, call it, bring the results back. The checks are in test_gpu_backend.cpp.
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "backend_launchers.hpp"
+#include "tessera/backend/cuda/cuda.cuh"
+#include "tessera/ops/ops.hpp"
+
+namespace tessera::gpu_test {
+
+namespace {
+
+/// The view into `device_store` at the offset and strides `host_view` has in `host_store`.
+template <class T, class V>
+TensorView<T> same_view(const Tensor<T>& device_store, const Tensor<T>& host_store, TensorView<V> host_view) {
+  const std::int64_t offset = host_store.data() == nullptr ? 0 : host_view.data() - host_store.data();
+  std::array<std::int64_t, kMaxRank> strides{};
+  for (int i = 0; i < host_view.rank(); ++i) strides[static_cast<std::size_t>(i)] = host_view.stride(i);
+  return TensorView<T>(device_store.data() == nullptr ? nullptr : device_store.data() + offset, host_view.shape(),
+                       strides);
+}
+
+}  // namespace
+
+template <class T>
+Tensor<T> cuda_gemm(Trans ta, Trans tb, T alpha, const Tensor<T>& a_store, TensorView<const T> a,
+                    const Tensor<T>& b_store, TensorView<const T> b, T beta, const Tensor<T>& c_store,
+                    TensorView<T> c) {
+  const Tensor<T> da = upload<Cuda>(a_store), db = upload<Cuda>(b_store), dc = upload<Cuda>(c_store);
+  Cuda::gemm(ta, tb, alpha, TensorView<const T>(same_view(da, a_store, a)),
+             TensorView<const T>(same_view(db, b_store, b)), beta, same_view(dc, c_store, c));
+  return download<Cuda>(dc);
+}
+
+template Tensor<float> cuda_gemm(Trans, Trans, float, const Tensor<float>&, TensorView<const float>,
+                                 const Tensor<float>&, TensorView<const float>, float, const Tensor<float>&,
+                                 TensorView<float>);
+template Tensor<bf16> cuda_gemm(Trans, Trans, bf16, const Tensor<bf16>&, TensorView<const bf16>, const Tensor<bf16>&,
+                                TensorView<const bf16>, bf16, const Tensor<bf16>&, TensorView<bf16>);
+
+std::vector<Tensor<float>> cuda_gemm_each_candidate(Trans ta, Trans tb, float alpha, const Tensor<float>& a,
+                                                    const Tensor<float>& b, float beta, const Tensor<float>& c) {
+  const Tensor<float> da = upload<Cuda>(a), db = upload<Cuda>(b);
+  const Tensor<float> dc0 = upload<Cuda>(c);
+  const auto candidates = cuda::gemm_candidates<float>(ta, tb, da.cview(), db.cview(), beta, dc0.view());
+  std::vector<Tensor<float>> results;
+  for (const cuda::GemmAlgo& algo : candidates) {
+    const Tensor<float> dc = upload<Cuda>(c);
+    cuda::gemm<float>(ta, tb, alpha, da.cview(), db.cview(), beta, dc.view(), &algo);
+    results.push_back(download<Cuda>(dc));
+  }
+  return results;
+}
+
+int chosen_algo_index(Trans ta, Trans tb, const Tensor<float>& a, const Tensor<float>& b, const Tensor<float>& c) {
+  const Tensor<float> da = upload<Cuda>(a), db = upload<Cuda>(b), dc = upload<Cuda>(c);
+  const auto candidates = cuda::gemm_candidates<float>(ta, tb, da.cview(), db.cview(), 1.0f, dc.view());
+  const cuda::GemmAlgo chosen = cuda::gemm_chosen_algo<float>(ta, tb, da.cview(), db.cview(), 1.0f, dc.view());
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (candidates[i] == chosen) return static_cast<int>(i);
+  return -1;
+}
+
+std::size_t candidates_for_misaligned_gemm() {
+  // A (8 x 8) float matrix one byte into a device block: no kernel can load it.
+  const Tensor<float> store = Cuda::zeros<float>({9, 8});
+  const Tensor<float> b = Cuda::zeros<float>({8, 8}), c = Cuda::zeros<float>({8, 8});
+  const auto* base = reinterpret_cast<const unsigned char*>(store.data());
+  const TensorView<const float> a(reinterpret_cast<const float*>(base + 1), Shape{8, 8});
+  return cuda::gemm_candidates<float>(Trans::no, Trans::no, a, b.cview(), 0.0f, c.view()).size();
+}
+
+void failing_cublas_call() {
+  cublasLtMatmulPreference_t pref = nullptr;
+  cuda::GemmKey key;
+  key.m = 4;
+  key.n = 5;
+  key.k = 6;
+  key.lda = 6;
+  key.ldb = 5;
+  key.ldc = 5;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), key.str());
+  struct Guard {
+    cublasLtMatmulPreference_t p;
+    ~Guard() { (void)cublasLtMatmulPreferenceDestroy(p); }
+  } guard{pref};
+  const std::uint64_t workspace = 1024;
+  // One byte where the attribute takes eight: cuBLASLt answers CUBLAS_STATUS_INVALID_VALUE.
+  TESSERA_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, 1),
+      key.str());
+}
+
+void check_device_count(bool runtime_error) {
+  if (runtime_error) cuda::detail::check_device_count(cudaErrorNoDevice, 0);
+  else cuda::detail::check_device_count(cudaSuccess, 0);
+}
+
+void cuda_attention_forward_bf16() {
+  AttentionShape s;
+  s.batch = 1;
+  s.seq_len = 4;
+  s.n_heads = 2;
+  s.n_kv_heads = 1;
+  s.head_dim = 8;
+  const Tensor<bf16> q = Cuda::zeros<bf16>({4, 16}), kv = Cuda::zeros<bf16>({4, 8});
+  const Tensor<bf16> o = Cuda::zeros<bf16>({4, 16}), lse = Cuda::zeros<bf16>({1, 2, 4});
+  Cuda::attention_forward<bf16>(s, q.cview(), kv.cview(), kv.cview(), o.view(), lse.data());
+}
+
+template <class T>
+Tensor<T> round_trip(const Tensor<T>& host, Device* uploaded_on) {
+  const Tensor<T> d = upload<Cuda>(host);
+  *uploaded_on = d.device();
+  Cuda::synchronize();
+  return download<Cuda>(d);
+}
+
+template Tensor<float> round_trip(const Tensor<float>&, Device*);
+template Tensor<bf16> round_trip(const Tensor<bf16>&, Device*);
+
+namespace {
+template <class T>
+struct FillOnes {
+  T* p;
+  TESSERA_HD void operator()(std::int64_t i) const { p[i] = convert<T>(1.0f); }
+};
+}  // namespace
+
+template <class T>
+Tensor<T> zeros_after_reuse(Shape shape) {
+  {
+    const Tensor<T> ones = Cuda::empty<T>(shape);
+    Cuda::for_each(ones.numel(), FillOnes<T>{ones.data()});
+  }
+  return download<Cuda>(Cuda::zeros<T>(shape));
+}
+
+template Tensor<float> zeros_after_reuse<float>(Shape);
+template Tensor<bf16> zeros_after_reuse<bf16>(Shape);
+
+Tensor<float> cuda_swiglu(const Tensor<float>& a, const Tensor<float>& b) {
+  const Tensor<float> da = upload<Cuda>(a), db = upload<Cuda>(b);
+  const Tensor<float> g = Cuda::empty<float>(a.shape());
+  Cuda::for_each(a.numel(), ops::SwiGluForward<float>{da.data(), db.data(), g.data()});
+  return download<Cuda>(g);
+}
+
+Tensor<float> cuda_empty(Shape shape) { return Cuda::empty<float>(shape); }
+
+CachingAllocator::Stats allocator_stats() { return cuda::device_allocator().stats(); }
+
+}  // namespace tessera::gpu_test

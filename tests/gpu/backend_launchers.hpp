@@ -1,0 +1,65 @@
+// Host-side declarations of the CUDA backend launchers (defined in backend_launchers.cu):
+// what the checks in test_gpu_backend.cpp call, in host types only.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/caching_allocator.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/tensor.hpp"
+
+namespace tessera::gpu_test {
+
+/// Cuda::gemm on device copies of the host tensors the views look into (each view at the
+/// same offset and strides in its copy). Returns the whole of c_store afterwards.
+/// T is float or bf16.
+template <class T>
+Tensor<T> cuda_gemm(Trans ta, Trans tb, T alpha, const Tensor<T>& a_store, TensorView<const T> a,
+                    const Tensor<T>& b_store, TensorView<const T> b, T beta, const Tensor<T>& c_store,
+                    TensorView<T> c);
+
+/// As cuda_gemm, once for every algorithm cuda::gemm_candidates offers (each run starts
+/// from c_store), in the heuristic's order.
+std::vector<Tensor<float>> cuda_gemm_each_candidate(Trans ta, Trans tb, float alpha, const Tensor<float>& a,
+                                                    const Tensor<float>& b, float beta, const Tensor<float>& c);
+
+/// Where the algorithm gemm() chose (cuda::gemm_chosen_algo) stands among
+/// gemm_candidates for this float GEMM: its index, or -1 when it is not among them.
+int chosen_algo_index(Trans ta, Trans tb, const Tensor<float>& a, const Tensor<float>& b, const Tensor<float>& c);
+
+/// gemm_candidates for a float GEMM whose A starts one byte into a device block: no
+/// algorithm can read it, so this throws naming the GEMM.
+std::size_t candidates_for_misaligned_gemm();
+
+/// A cuBLASLt call that fails (a preference attribute of the wrong size) under
+/// TESSERA_CUBLAS_CHECK, with a GEMM's description as the context.
+void failing_cublas_call();
+
+/// The "no device" error, as cudaGetDeviceCount's failure (runtime_error) or as a count
+/// of zero would raise it.
+void check_device_count(bool runtime_error);
+
+/// Cuda::attention_forward<bf16> on small device tensors (refused for now).
+void cuda_attention_forward_bf16();
+
+/// upload<Cuda> then download<Cuda>; `uploaded_on` receives the device tensor's device.
+template <class T>
+Tensor<T> round_trip(const Tensor<T>& host, Device* uploaded_on);
+
+/// Cuda::zeros<T>(shape) downloaded, made right after a tensor of the same size filled
+/// with ones was freed (so the block it gets has held non-zero bytes).
+template <class T>
+Tensor<T> zeros_after_reuse(Shape shape);
+
+/// ops::SwiGluForward run by Cuda::for_each on device copies of a and b.
+Tensor<float> cuda_swiglu(const Tensor<float>& a, const Tensor<float>& b);
+
+/// A device tensor from Cuda::empty<float>, handed to host code to hold and free.
+Tensor<float> cuda_empty(Shape shape);
+
+/// The caching allocator's counters for the current device.
+CachingAllocator::Stats allocator_stats();
+
+}  // namespace tessera::gpu_test
