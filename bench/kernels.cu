@@ -1,0 +1,1332 @@
+// bench-kernels: tessera's GPU kernels on one device, each against a ceiling measured in
+// the same run.
+//
+//   0. Ceilings: a 8192^3 GEMM in bf16 and in fp32 (no TF32) through Cuda::gemm, and a
+//      device-to-device cudaMemcpyAsync (bytes read + bytes written).
+//   1. GEMMs: the shapes of the Llama 3 flavors' linear layers at --tokens rows (batch x
+//      seq): forward y = x W^T of wq, wk, wv, wo, w1, w3, w2 and the output head, and
+//      each one's backward dx = dy W and dW += dy^T x, with the transposes and beta
+//      nn::Linear passes (wk, wv and w3 sum into the dx of wq and w1: beta 1); also one
+//      chunk of the output head as the chunked cross-entropy runs it. Shapes that are
+//      the same GEMM are timed once under all their names. FLOPs 2 m n k. Per shape:
+//      the time of Cuda::gemm's cached heuristic choice, and the best time among
+//      cuBLASLt's heuristic candidates (cuda::gemm_candidates): every candidate is
+//      screened with a short timing, the fastest --finalists are timed in full beside
+//      the heuristic choice, and the best of those is compared with it (target: the
+//      heuristic at >= 95% of the best rate). The best candidate's output is compared
+//      with the heuristic's (relative L2 difference; bf16 <= 1e-2, fp32 <= 1e-4).
+//   2. Attention: cuda::flash_attention_forward / _backward (causal GQA) on each
+//      flavor's heads at each --attention-seqs T, batch = tokens / T (at least 1), in
+//      bf16 and fp32 storage. FLOPs: forward 4 B H T^2 hd / 2 (causal: half the score
+//      matrix), with the full-matrix count (torchtitan's convention) beside it; backward
+//      2.5 x forward. Target: causal forward >= 450 TFLOP/s at hd 128, T 8192, bf16.
+//   3. Memory-bound ops on --memory-flavor's shapes (float32: the ops/ functors compute
+//      in their storage type): RMSNorm forward and backward (input and weight passes),
+//      RoPE forward (q rotated into a new tensor) and backward (dq in place), SwiGLU
+//      forward and backward, launched through Cuda::for_each as the layers launch them.
+//      Bytes = each tensor read once + each output written once; GB/s is set against a
+//      device-to-device copy moving the same bytes, timed alongside.
+//
+// Method (CUDA events): half a second of untimed GEMMs first (clocks up, first-use
+// costs paid); then per timed thing one warm-up call, one timed call to size the trial,
+// and --trials trials of N back-to-back calls (N so a trial lasts >= --trial-ms, at most
+// 256); the time per call is the median over trials. Variants compared with each
+// other are timed in turn within each trial. Inputs are uniform random, never zeros;
+// when one set of a call's operands is smaller than 3x the L2 cache, the calls rotate
+// over several sets so that they read device memory, not the cache. Every CUDA and
+// cuBLASLt call is checked. A trial whose calls took the host about as long to issue as the device to
+// run is marked "host-bound": the figure then includes launch gaps.
+//
+// Exit status: 0; 1 on an error or when no CUDA device is visible; 2 when a check
+// failed (the best GEMM candidate disagreeing with the heuristic's result, or a
+// non-finite attention or memory-op output), after everything is printed.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/cuda/cuda.cuh"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/nn/output.hpp"
+#include "tessera/ops/rmsnorm.hpp"
+#include "tessera/ops/rope.hpp"
+#include "tessera/ops/swiglu.hpp"
+
+#include "machine.hpp"
+
+namespace {
+
+using namespace tessera::bench;
+using tessera::AttentionShape;
+using tessera::bf16;
+using tessera::Cuda;
+using tessera::DType;
+using tessera::Shape;
+using tessera::Tensor;
+using tessera::TensorView;
+using tessera::Trans;
+using clock_type = std::chrono::steady_clock;
+using json = nlohmann::json;
+namespace tcuda = tessera::cuda;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---------------------------------------------------------------------------------------
+// Options.
+
+struct Options {
+  std::int64_t tokens = 8192;
+  std::vector<std::string> flavors = {"llama3.2_1b", "llama3.2_3b", "llama3_8b"};
+  std::vector<std::int64_t> attention_seqs = {8192, 2048};
+  std::vector<DType> dtypes = {DType::bf16, DType::f32};
+  bool ceilings = true, gemm = true, attention = true, memory = true;
+  std::string memory_flavor = "llama3_8b";
+  std::int64_t trials = 5;
+  double trial_ms = 20;
+  double screen_ms = 5;
+  std::int64_t candidates = 32;
+  std::int64_t finalists = 3;
+  std::string json_path;
+  std::string commit = "-";
+};
+
+constexpr const char* usage =
+    "usage: bench-kernels [--tokens N] [--flavors a,b] [--attention-seqs T1,T2] [--dtypes bf16,fp32]\n"
+    "                     [--sections ceilings,gemm,attention,memory] [--memory-flavor NAME]\n"
+    "                     [--trials N] [--trial-ms X] [--screen-ms X] [--candidates N] [--finalists N]\n"
+    "                     [--json FILE] [--commit HASH]\n"
+    "  tessera's GPU kernels on one device: cuBLASLt GEMMs on the Llama 3 shapes (heuristic choice against the\n"
+    "  best candidate), causal GQA flash attention, and the memory-bound ops against a device copy.\n"
+    "  defaults: --tokens 8192 --flavors llama3.2_1b,llama3.2_3b,llama3_8b --attention-seqs 8192,2048\n"
+    "            --dtypes bf16,fp32 --sections ceilings,gemm,attention,memory --memory-flavor llama3_8b\n"
+    "            --trials 5 --trial-ms 20 --screen-ms 5 --candidates 32 --finalists 3\n";
+
+std::vector<std::string> split_list(std::string_view flag, std::string_view text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, comma - start);
+    TESSERA_CHECK(!item.empty(), flag, ": empty item in '", text, "'");
+    out.emplace_back(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+double parse_ms(std::string_view flag, std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  TESSERA_CHECK(end != s.c_str() && *end == '\0' && v > 0 && std::isfinite(v), flag,
+                ": expected a positive number of milliseconds, got '", text, "'");
+  return v;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    auto value = [&]() -> std::string_view {
+      TESSERA_CHECK(i + 1 < argc, flag, ": missing value");
+      return argv[++i];
+    };
+    if (flag == "--tokens") o.tokens = parse_count(flag, value(), 1);
+    else if (flag == "--flavors") o.flavors = split_list(flag, value());
+    else if (flag == "--attention-seqs") {
+      o.attention_seqs.clear();
+      for (const auto& s : split_list(flag, value())) o.attention_seqs.push_back(parse_count(flag, s, 1));
+    } else if (flag == "--dtypes") {
+      o.dtypes.clear();
+      for (const auto& s : split_list(flag, value())) {
+        const DType d = tessera::parse_dtype(s, "--dtypes");
+        TESSERA_CHECK(d != DType::f64, "--dtypes: float64 is not benchmarked (bf16 and fp32 are)");
+        if (std::find(o.dtypes.begin(), o.dtypes.end(), d) == o.dtypes.end()) o.dtypes.push_back(d);
+      }
+    } else if (flag == "--sections") {
+      o.ceilings = o.gemm = o.attention = o.memory = false;
+      for (const auto& s : split_list(flag, value())) {
+        if (s == "ceilings") o.ceilings = true;
+        else if (s == "gemm") o.gemm = true;
+        else if (s == "attention") o.attention = true;
+        else if (s == "memory") o.memory = true;
+        else tessera::fail("--sections: unknown section '", s, "' (ceilings, gemm, attention, memory)");
+      }
+    } else if (flag == "--memory-flavor") o.memory_flavor = std::string(value());
+    else if (flag == "--trials") o.trials = parse_count(flag, value(), 1);
+    else if (flag == "--trial-ms") o.trial_ms = parse_ms(flag, value());
+    else if (flag == "--screen-ms") o.screen_ms = parse_ms(flag, value());
+    else if (flag == "--candidates") o.candidates = parse_count(flag, value(), 1);
+    else if (flag == "--finalists") o.finalists = parse_count(flag, value(), 1);
+    else if (flag == "--json") o.json_path = std::string(value());
+    else if (flag == "--commit") o.commit = std::string(value());
+    else if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    } else {
+      tessera::fail("unknown option '", flag, "' (try --help)");
+    }
+  }
+  TESSERA_CHECK(o.candidates <= 1024, "--candidates: at most 1024, got ", o.candidates);
+  for (const auto& f : o.flavors) (void)tessera::nn::model_flavor(f);  // unknown names fail here, listing the known
+  (void)tessera::nn::model_flavor(o.memory_flavor);
+  return o;
+}
+
+std::string dtype_label(DType d) { return d == DType::bf16 ? "bf16" : "fp32"; }
+
+std::string fmt(const char* format, double v) {
+  char s[64];
+  std::snprintf(s, sizeof s, format, v);
+  return s;
+}
+
+std::string bytes_text(double b) {
+  if (b >= 1e9) return fmt("%.2f GB", b / 1e9);
+  return fmt("%.1f MB", b / 1e6);
+}
+
+// ---------------------------------------------------------------------------------------
+// The device.
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name, pci;
+  int cc_major = 0, cc_minor = 0, sms = 0;
+  int sm_clock_khz = 0, memory_clock_khz = 0, bus_bits = 0;
+  double l2_bytes = 0, memory_bytes = 0;
+  int driver = 0, runtime = 0;
+  std::size_t cublaslt = 0;
+
+  /// 2 transfers per memory clock over the bus, by the device's attributes.
+  double attribute_bandwidth() const { return 2.0 * memory_clock_khz * 1e3 * bus_bits / 8.0; }
+};
+
+int device_attribute(cudaDeviceAttr attr, int device) {
+  int v = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, device));
+  return v;
+}
+
+DeviceInfo read_device() {
+  DeviceInfo d;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&d.index));
+  cudaDeviceProp p{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, d.index));
+  d.name = p.name;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.sms = p.multiProcessorCount;
+  d.l2_bytes = double(p.l2CacheSize);
+  d.memory_bytes = double(p.totalGlobalMem);
+  d.bus_bits = p.memoryBusWidth;
+  d.sm_clock_khz = device_attribute(cudaDevAttrClockRate, d.index);
+  d.memory_clock_khz = device_attribute(cudaDevAttrMemoryClockRate, d.index);
+  char pci[32] = {};
+  TESSERA_CUDA_CHECK(cudaDeviceGetPCIBusId(pci, sizeof pci, d.index));
+  d.pci = pci;
+  TESSERA_CUDA_CHECK(cudaDriverGetVersion(&d.driver));
+  TESSERA_CUDA_CHECK(cudaRuntimeGetVersion(&d.runtime));
+  d.cublaslt = cublasLtGetVersion();
+  return d;
+}
+
+/// 13000 -> "13.0" (CUDA's version numbers: 1000 x major + 10 x minor).
+std::string cuda_version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+/// 130001 -> "13.0.1" (cuBLASLt's: 10000 x major + 100 x minor + patch).
+std::string cublaslt_version_text(std::size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+// ---------------------------------------------------------------------------------------
+// Device data: random fills and row-wise comparisons, as ops-style functors.
+
+/// x[i] = uniform in [lo, hi) from Philox(seed) at counter i.
+template <class T>
+struct FillUniform {
+  T* x;
+  std::uint64_t seed;
+  float lo, hi;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const tessera::Philox4x32 g(seed);
+    std::uint32_t w[4];
+    g.draw(static_cast<std::uint64_t>(i), 0, 0, w);
+    const float u = static_cast<float>(w[0] >> 8) * (1.0f / 16777216.0f);
+    x[i] = tessera::convert<T>(lo + (hi - lo) * u);
+  }
+};
+
+/// Per row r: the squared L2 norm of (a - b) and of b, and the number of non-finite
+/// values in a. With b null, only a's norm (in ref2) and its non-finite count.
+template <class T>
+struct RowCompare {
+  const T* a;
+  std::int64_t lda;
+  const T* b;
+  std::int64_t ldb;
+  std::int64_t cols;
+  double* diff2;
+  double* ref2;
+  double* nonfinite;
+  __device__ void operator()(std::int64_t r) const {
+    double d = 0, s = 0, bad = 0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const float x = tessera::convert<float>(a[r * lda + j]);
+      if ((__float_as_uint(x) & 0x7f800000u) == 0x7f800000u) bad += 1;
+      if (b != nullptr) {
+        const double y = tessera::convert<float>(b[r * ldb + j]);
+        d += (double(x) - y) * (double(x) - y);
+        s += y * y;
+      } else {
+        s += double(x) * double(x);
+      }
+    }
+    diff2[r] = d;
+    ref2[r] = s;
+    nonfinite[r] = bad;
+  }
+};
+
+std::uint64_t next_seed() {
+  static std::uint64_t seed = 0x7e55e7a;
+  return ++seed;
+}
+
+template <class T>
+void fill_uniform(const Tensor<T>& t, float lo, float hi) {
+  Cuda::for_each(t.numel(), FillUniform<T>{t.data(), next_seed(), lo, hi});
+}
+
+template <class T>
+Tensor<T> random_tensor(Shape shape, float lo, float hi) {
+  Tensor<T> t = Cuda::empty<T>(shape);
+  fill_uniform(t, lo, hi);
+  return t;
+}
+
+struct Comparison {
+  double rel_diff = kNaN;  // ||a - b|| / ||b||
+  double nonfinite = 0;    // non-finite values in a
+};
+
+/// Compares a with b (same shape) on the device, or counts a's non-finite values when
+/// b has no data.
+template <class T>
+Comparison compare(TensorView<const T> a, TensorView<const T> b) {
+  const std::int64_t rows = a.rows(), cols = a.cols();
+  Tensor<double> diff2 = Cuda::empty<double>(Shape{rows}), ref2 = Cuda::empty<double>(Shape{rows}),
+                 bad = Cuda::empty<double>(Shape{rows});
+  Cuda::for_each(rows, RowCompare<T>{a.data(), a.ld(), b.data(), b.data() != nullptr ? b.ld() : 0, cols,
+                                     diff2.data(), ref2.data(), bad.data()});
+  const Tensor<double> d = tessera::download<Cuda>(diff2), s = tessera::download<Cuda>(ref2),
+                       n = tessera::download<Cuda>(bad);
+  Comparison c;
+  double dsum = 0, ssum = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    dsum += d[r];
+    ssum += s[r];
+    c.nonfinite += n[r];
+  }
+  if (b.data() != nullptr) c.rel_diff = ssum > 0 ? std::sqrt(dsum / ssum) : (dsum == 0 ? 0.0 : kNaN);
+  return c;
+}
+
+/// Non-finite values in t, viewed as rows of its last dimension (a vector as rows of
+/// 1024 where it divides, so that one device thread does not walk all of it).
+template <class T>
+double count_nonfinite(const Tensor<T>& t) {
+  std::int64_t cols = t.shape().rank == 1 ? t.numel() : t.numel() / t.size(0);
+  if (t.shape().rank == 1 && cols % 1024 == 0) cols = 1024;
+  const std::int64_t rows = t.numel() / cols;
+  const TensorView<const T> v(t.data(), Shape{rows, cols});
+  return compare<T>(v, TensorView<const T>()).nonfinite;
+}
+
+/// How many operand sets calls rotate over: enough that they span 3x the L2, at most 8.
+std::int64_t rotation_sets(double set_bytes, double l2_bytes) {
+  if (set_bytes <= 0) return 1;
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(3.0 * l2_bytes / set_bytes)), 1, 8);
+}
+
+// ---------------------------------------------------------------------------------------
+// Timing with CUDA events on the compute stream.
+
+class Event {
+ public:
+  Event() { TESSERA_CUDA_CHECK(cudaEventCreate(&event_)); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() {
+    if (event_ != nullptr) (void)cudaEventDestroy(event_);  // a destructor cannot report
+  }
+  void record() const { TESSERA_CUDA_CHECK(cudaEventRecord(event_, Cuda::stream())); }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+/// Seconds from a to b, once b has completed.
+double elapsed(const Event& a, const Event& b) {
+  TESSERA_CUDA_CHECK(cudaEventSynchronize(b.get()));
+  float ms = 0;
+  TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, a.get(), b.get()));
+  return 1e-3 * double(ms);
+}
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// Enqueues call number i of something timed (i picks the operand set).
+using Call = std::function<void(std::int64_t)>;
+
+/// At most this many calls in a row: well under the launches the driver queues (about a
+/// thousand; a GEMM may launch two kernels), so that the host does not wait for room in
+/// the queue and its issue time says whether it kept up with the device.
+constexpr std::int64_t kMaxReps = 256;
+
+struct TimingPolicy {
+  std::int64_t trials = 5;
+  double trial_seconds = 0.02;
+  std::int64_t max_reps = kMaxReps;
+};
+
+struct Timing {
+  double seconds = kNaN;  // per call: the median over the trials
+  double spread = kNaN;   // (slowest - fastest trial) / median
+  std::int64_t reps = 0;  // calls per trial
+  std::int64_t trials = 0;
+  bool host_bound = false;  // issuing the calls took the host >= 90% of the device's time for them
+
+  json to_json() const {
+    return {{"seconds", seconds}, {"trial_spread", spread}, {"calls_per_trial", reps}, {"trials", trials},
+            {"host_bound", host_bound}};
+  }
+};
+
+/// Times each call: a warm-up call and a timed call to size the trials, then
+/// `policy.trials` rounds in which every call runs its trial in turn.
+std::vector<Timing> time_calls(const std::vector<Call>& calls, const TimingPolicy& policy) {
+  const Event start, stop;
+  const std::size_t n = calls.size();
+  std::vector<std::int64_t> reps(n), next(n, 0);
+  for (std::size_t v = 0; v < n; ++v) {
+    calls[v](next[v]++);  // first-use costs: module loads, heuristic queries, allocations
+    Cuda::synchronize();
+    start.record();
+    calls[v](next[v]++);
+    stop.record();
+    const double once = std::max(elapsed(start, stop), 1e-7);
+    reps[v] = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(policy.trial_seconds / once)), 1,
+                                       policy.max_reps);
+  }
+  std::vector<std::vector<double>> per_call(n), issue_share(n);
+  for (std::int64_t t = 0; t < policy.trials; ++t)
+    for (std::size_t v = 0; v < n; ++v) {
+      start.record();
+      const auto h0 = clock_type::now();
+      for (std::int64_t r = 0; r < reps[v]; ++r) calls[v](next[v]++);
+      const double issue = seconds_since(h0);
+      stop.record();
+      const double total = elapsed(start, stop);
+      per_call[v].push_back(total / double(reps[v]));
+      issue_share[v].push_back(issue / total);
+    }
+  std::vector<Timing> out(n);
+  for (std::size_t v = 0; v < n; ++v) {
+    Timing& t = out[v];
+    t.seconds = median(per_call[v]);
+    const auto [lo, hi] = std::minmax_element(per_call[v].begin(), per_call[v].end());
+    t.spread = (*hi - *lo) / t.seconds;
+    t.reps = reps[v];
+    t.trials = policy.trials;
+    t.host_bound = median(issue_share[v]) >= 0.9;
+  }
+  return out;
+}
+
+Timing time_call(const Call& call, const TimingPolicy& policy) { return time_calls({call}, policy).front(); }
+
+/// A quick time per call for ranking candidates: a warm-up call, a timed call, and when
+/// that one was shorter than `seconds` and not already over twice `best`, enough calls
+/// to fill `seconds`.
+double screen_call(const Call& call, double seconds, double best) {
+  const Event start, stop;
+  call(0);
+  Cuda::synchronize();
+  start.record();
+  call(1);
+  stop.record();
+  const double once = elapsed(start, stop);
+  if (once >= seconds || once > 2 * best) return once;
+  const auto reps = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(seconds / std::max(once, 1e-7))),
+                                             1, kMaxReps);
+  start.record();
+  for (std::int64_t r = 0; r < reps; ++r) call(2 + r);
+  stop.record();
+  return elapsed(start, stop) / double(reps);
+}
+
+std::string host_note(const Timing& t) { return t.host_bound ? " host-bound" : ""; }
+
+// ---------------------------------------------------------------------------------------
+// 0. Ceilings.
+
+struct Ceilings {
+  double bf16_gemm = kNaN, fp32_gemm = kNaN, copy = kNaN;  // FLOP/s, FLOP/s, bytes/s
+  Timing bf16_timing, fp32_timing, copy_timing;
+  std::int64_t gemm_size = 8192;
+  double copy_bytes = 0;  // bytes copied per call (read + written is twice this)
+};
+
+/// C = A B^T on (s, s) matrices through Cuda::gemm: the call, and its operands.
+template <class T>
+struct SquareGemm {
+  Tensor<T> a, b, c;
+  explicit SquareGemm(std::int64_t s)
+      : a(random_tensor<T>(Shape{s, s}, -1, 1)), b(random_tensor<T>(Shape{s, s}, -1, 1)), c(Cuda::empty<T>(Shape{s, s})) {}
+  Call call() const {
+    return [this](std::int64_t) {
+      Cuda::gemm<T>(Trans::no, Trans::yes, tessera::convert<T>(1.0f), a.cview(), b.cview(), tessera::convert<T>(0.0f),
+                    c.view());
+    };
+  }
+};
+
+/// Half a second of bf16 GEMMs before anything is timed: the clocks come up, and the
+/// first-use costs (context, cuBLASLt handle, workspace) are paid.
+void warm_up_device() {
+  const SquareGemm<bf16> g(4096);
+  const Call call = g.call();
+  const auto t0 = clock_type::now();
+  for (std::int64_t i = 0; seconds_since(t0) < 0.5; ++i) {
+    call(i);
+    if (i % 16 == 15) Cuda::synchronize();
+  }
+  Cuda::synchronize();
+}
+
+/// A device-to-device copy of `bytes` (rounded down to whole floats), rotated over sets.
+struct CopyBench {
+  std::vector<Tensor<float>> src, dst;
+  std::size_t bytes = 0;
+
+  CopyBench(double want_bytes, double l2_bytes) {
+    const auto floats = std::max<std::int64_t>(1, static_cast<std::int64_t>(want_bytes / 4));
+    bytes = static_cast<std::size_t>(floats) * 4;
+    const std::int64_t sets = rotation_sets(2.0 * double(bytes), l2_bytes);
+    for (std::int64_t s = 0; s < sets; ++s) {
+      src.push_back(random_tensor<float>(Shape{floats}, -1, 1));
+      dst.push_back(Cuda::empty<float>(Shape{floats}));
+    }
+  }
+  Call call() const {
+    return [this](std::int64_t i) {
+      const auto s = static_cast<std::size_t>(i) % src.size();
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst[s].data(), src[s].data(), bytes, cudaMemcpyDeviceToDevice, Cuda::stream()));
+    };
+  }
+};
+
+Ceilings measure_ceilings(const TimingPolicy& policy, const DeviceInfo& dev) {
+  Ceilings c;
+  const double s = double(c.gemm_size);
+  {
+    const SquareGemm<bf16> g(c.gemm_size);
+    c.bf16_timing = time_call(g.call(), policy);
+  }
+  c.bf16_gemm = 2 * s * s * s / c.bf16_timing.seconds;
+  {
+    const SquareGemm<float> g(c.gemm_size);
+    c.fp32_timing = time_call(g.call(), policy);
+  }
+  c.fp32_gemm = 2 * s * s * s / c.fp32_timing.seconds;
+  const CopyBench copy(double(std::int64_t{1} << 30), dev.l2_bytes);
+  c.copy_bytes = double(copy.bytes);
+  c.copy_timing = time_call(copy.call(), policy);
+  c.copy = 2 * c.copy_bytes / c.copy_timing.seconds;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. GEMMs.
+
+enum class Pass { forward, input_grad, weight_grad };
+
+struct GemmCase {
+  std::string flavor;
+  std::vector<std::string> layers;
+  Pass pass = Pass::forward;
+  Trans ta = Trans::no, tb = Trans::no;
+  std::int64_t m = 0, n = 0, k = 0;
+  bool beta_one = false;
+
+  double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+  std::string layer_text() const {
+    std::string s;
+    for (const auto& l : layers) s += (s.empty() ? "" : "/") + l;
+    return s;
+  }
+  std::string pass_text() const {
+    switch (pass) {
+      case Pass::forward: return "y = x W^T";
+      case Pass::input_grad: return beta_one ? "dx += dy W" : "dx = dy W";
+      case Pass::weight_grad: return "dW += dy^T x";
+    }
+    return "?";
+  }
+  std::string mnk_text() const {
+    return std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k);
+  }
+  bool same_gemm(const GemmCase& o) const {
+    return ta == o.ta && tb == o.tb && m == o.m && n == o.n && k == o.k && beta_one == o.beta_one;
+  }
+};
+
+/// The GEMMs of one flavor's linear layers at `rows` tokens, as nn::Linear and the
+/// chunked output head issue them; one entry per distinct GEMM, named by every layer
+/// that issues it. Forward passes first, then dx, then dW.
+std::vector<GemmCase> gemm_cases(const std::string& flavor, std::int64_t rows) {
+  const tessera::nn::ModelArgs a = tessera::nn::model_flavor(flavor);
+  const std::int64_t d = a.dim, q = a.n_heads * a.head_dim(), kv = a.kv_heads() * a.head_dim(),
+                     f = a.ffn_hidden_dim(), v = a.vocab_size;
+  struct Layer {
+    std::string name;
+    std::int64_t in, out, rows;
+    bool dx_accumulates;  // backward_into with beta 1: wk, wv and w3 add into the dx of wq and w1
+  };
+  std::vector<Layer> layers = {{"wq", d, q, rows, false}, {"wk", d, kv, rows, true}, {"wv", d, kv, rows, true},
+                               {"wo", q, d, rows, false}, {"w1", d, f, rows, false}, {"w3", d, f, rows, true},
+                               {"w2", f, d, rows, false}, {"output", d, v, rows, false}};
+  const std::int64_t chunk = tessera::nn::loss_chunk_rows(v, rows);
+  if (chunk < rows) layers.push_back({"output chunk (" + std::to_string(chunk) + " rows)", d, v, chunk, false});
+
+  std::vector<GemmCase> cases;
+  auto add = [&](GemmCase g) {
+    for (auto& c : cases)
+      if (c.same_gemm(g)) {
+        c.layers.push_back(g.layers.front());
+        return;
+      }
+    cases.push_back(std::move(g));
+  };
+  for (Pass pass : {Pass::forward, Pass::input_grad, Pass::weight_grad})
+    for (const Layer& l : layers) {
+      GemmCase g;
+      g.flavor = flavor;
+      g.layers = {l.name};
+      g.pass = pass;
+      if (pass == Pass::forward) {  // y (rows, out) = x (rows, in) W (out, in)^T
+        g.ta = Trans::no, g.tb = Trans::yes, g.m = l.rows, g.n = l.out, g.k = l.in, g.beta_one = false;
+      } else if (pass == Pass::input_grad) {  // dx (rows, in) = dy (rows, out) W (out, in)
+        g.ta = Trans::no, g.tb = Trans::no, g.m = l.rows, g.n = l.in, g.k = l.out, g.beta_one = l.dx_accumulates;
+      } else {  // dW (out, in) += dy (rows, out)^T x (rows, in)
+        g.ta = Trans::yes, g.tb = Trans::no, g.m = l.out, g.n = l.in, g.k = l.rows, g.beta_one = true;
+      }
+      add(std::move(g));
+    }
+  return cases;
+}
+
+struct GemmResult {
+  GemmCase c;
+  DType dtype = DType::bf16;
+  std::int64_t sets = 1;
+  std::int64_t candidates = 0;
+  std::int64_t chosen_rank = 0;  // the heuristic choice's place in the candidate list (1-based; 0: not in it)
+  std::int64_t best_rank = 0;    // the best's place in the candidate list (0: the heuristic path was fastest)
+  bool best_is_chosen = true;    // the best is the same algorithm as the heuristic choice
+  Timing heuristic, best;
+  double fraction = kNaN;  // best time / heuristic time: the heuristic's share of the best rate
+  double rel_diff = kNaN;  // ||C_best - C_heuristic|| / ||C_heuristic||; NaN when the same algorithm
+  bool check_ok = true;
+  std::int64_t failed = 0;    // candidates cuBLASLt refused to run
+  std::string first_failure;  // the first one's error
+
+  bool pass() const { return fraction >= 0.95; }
+};
+
+template <class T>
+GemmResult run_gemm(const GemmCase& g, const Options& o, const TimingPolicy& policy, const DeviceInfo& dev) {
+  GemmResult r;
+  r.c = g;
+  r.dtype = tessera::dtype_of<T>();
+  const Shape sa = g.ta == Trans::no ? Shape{g.m, g.k} : Shape{g.k, g.m};
+  const Shape sb = g.tb == Trans::no ? Shape{g.k, g.n} : Shape{g.n, g.k};
+  const Shape sc{g.m, g.n};
+  r.sets = rotation_sets(double(sa.numel() + sb.numel() + sc.numel()) * sizeof(T), dev.l2_bytes);
+  std::vector<Tensor<T>> a, b, c;
+  for (std::int64_t s = 0; s < r.sets; ++s) {
+    a.push_back(random_tensor<T>(sa, -1, 1));
+    b.push_back(random_tensor<T>(sb, -1, 1));
+    c.push_back(random_tensor<T>(sc, -1, 1));
+  }
+  const T one = tessera::convert<T>(1.0f), beta = tessera::convert<T>(g.beta_one ? 1.0f : 0.0f);
+  auto run = [&](std::int64_t i, const tcuda::GemmAlgo* algo) {
+    const auto s = static_cast<std::size_t>(i % r.sets);
+    if (algo != nullptr) tcuda::gemm<T>(g.ta, g.tb, one, a[s].cview(), b[s].cview(), beta, c[s].view(), algo);
+    else Cuda::gemm<T>(g.ta, g.tb, one, a[s].cview(), b[s].cview(), beta, c[s].view());
+  };
+
+  const std::vector<tcuda::GemmAlgo> candidates = tcuda::gemm_candidates<T>(
+      g.ta, g.tb, a[0].cview(), b[0].cview(), beta, c[0].view(), static_cast<int>(o.candidates));
+  const tcuda::GemmAlgo chosen = tcuda::gemm_chosen_algo<T>(g.ta, g.tb, a[0].cview(), b[0].cview(), beta, c[0].view());
+  r.candidates = static_cast<std::int64_t>(candidates.size());
+  for (std::size_t j = 0; j < candidates.size(); ++j)
+    if (candidates[j] == chosen) {
+      r.chosen_rank = static_cast<std::int64_t>(j) + 1;
+      break;
+    }
+
+  // Screen every candidate, then time the fastest few in full beside the heuristic path.
+  // A candidate cuBLASLt refuses to run (its error names the call) is left out and counted.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> screened(candidates.size(), inf);
+  double fastest = inf;
+  for (std::size_t j = 0; j < candidates.size(); ++j) {
+    try {
+      screened[j] = screen_call([&, j](std::int64_t i) { run(i, &candidates[j]); }, o.screen_ms * 1e-3, fastest);
+      fastest = std::min(fastest, screened[j]);
+    } catch (const tessera::Error& e) {
+      ++r.failed;
+      if (r.first_failure.empty()) r.first_failure = "#" + std::to_string(j + 1) + ": " + e.what();
+    }
+  }
+  std::vector<std::size_t> order;
+  for (std::size_t j = 0; j < candidates.size(); ++j)
+    if (screened[j] < inf) order.push_back(j);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return screened[x] < screened[y]; });
+  order.resize(std::min<std::size_t>(order.size(), static_cast<std::size_t>(o.finalists)));
+  std::vector<Call> calls = {[&](std::int64_t i) { run(i, nullptr); }};
+  for (std::size_t j : order) calls.push_back([&, j](std::int64_t i) { run(i, &candidates[j]); });
+  const std::vector<Timing> t = time_calls(calls, policy);
+  r.heuristic = t.front();
+  r.best = t.front();
+  const tcuda::GemmAlgo* best_algo = nullptr;
+  for (std::size_t f = 0; f < order.size(); ++f)
+    if (t[f + 1].seconds < r.best.seconds) {
+      r.best = t[f + 1];
+      r.best_rank = static_cast<std::int64_t>(order[f]) + 1;
+      best_algo = &candidates[order[f]];
+    }
+  r.best_is_chosen = best_algo == nullptr || *best_algo == chosen;
+  r.fraction = r.best.seconds / r.heuristic.seconds;
+
+  // The best algorithm must compute what the heuristic's computes (C zeroed for both).
+  if (!r.best_is_chosen) {
+    const Tensor<T> check = Cuda::empty<T>(sc);
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(c[0].data(), 0, c[0].bytes(), Cuda::stream()));
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(check.data(), 0, check.bytes(), Cuda::stream()));
+    Cuda::gemm<T>(g.ta, g.tb, one, a[0].cview(), b[0].cview(), beta, c[0].view());
+    tcuda::gemm<T>(g.ta, g.tb, one, a[0].cview(), b[0].cview(), beta, check.view(), best_algo);
+    const Comparison cmp = compare<T>(check.cview(), c[0].cview());
+    r.rel_diff = cmp.rel_diff;
+    const double tolerance = std::is_same_v<T, bf16> ? 1e-2 : 1e-4;
+    r.check_ok = cmp.nonfinite == 0 && r.rel_diff <= tolerance;  // NaN fails
+  }
+  return r;
+}
+
+void print_gemm_header(DType dtype, std::int64_t tokens) {
+  std::printf("\nGEMM %s (cuBLASLt, %s), tokens %lld; TFLOP/s = 2 m n k / time; heuristic = Cuda::gemm's cached "
+              "choice (#its place among the candidates); best = fastest of the heuristic and the finalists\n",
+              dtype_label(dtype).c_str(),
+              dtype == DType::bf16 ? "bf16 in and out, fp32 accumulation" : "fp32, no TF32", (long long)tokens);
+  std::printf("  %-12s %-24s %-13s %-24s %18s %8s  %-9s %9s %8s  %9s\n", "flavor", "layers", "pass", "m x n x k",
+              "heuristic ms", "TFLOP/s", "best", "ms", "TFLOP/s", "heur/best");
+  std::fflush(stdout);
+}
+
+void print_gemm(const GemmResult& r) {
+  const std::string heur =
+      "(#" + (r.chosen_rank > 0 ? std::to_string(r.chosen_rank) : std::string("?")) + "/" + std::to_string(r.candidates) + ")";
+  // "#3": the third candidate; "#1=heur": the candidate that is the heuristic's algorithm.
+  const std::string best = r.best_rank == 0 ? "heuristic"
+                                            : "#" + std::to_string(r.best_rank) + (r.best_is_chosen ? "=heur" : "");
+  std::string note = r.pass() ? " PASS" : " MISS (trial spread " + fmt("%.1f%%", 100 * r.heuristic.spread) + ")";
+  note += host_note(r.heuristic);
+  if (r.failed > 0) {
+    // "#5: cuBLASLt: cublasLtMatmul failed: CUBLAS_STATUS_... (...) for ...": the status is enough here.
+    const std::size_t at = r.first_failure.find("failed: ");
+    const std::string status =
+        at == std::string::npos ? "" : " " + r.first_failure.substr(at + 8, r.first_failure.find(' ', at + 8) - at - 8);
+    note += " (" + std::to_string(r.failed) + " of " + std::to_string(r.candidates) +
+            " candidates failed to run; first " + r.first_failure.substr(0, r.first_failure.find(':')) + status + ")";
+  }
+  if (!r.check_ok) note += " CHECK FAILED: the best differs from the heuristic's result by " + fmt("%.2e", r.rel_diff);
+  std::printf("  %-12s %-24s %-13s %-24s %9s %8.3f %8.1f  %-9s %9.3f %8.1f  %8.1f%%%s\n", r.c.flavor.c_str(),
+              r.c.layer_text().c_str(), r.c.pass_text().c_str(), r.c.mnk_text().c_str(), heur.c_str(),
+              1e3 * r.heuristic.seconds, r.c.flops() / r.heuristic.seconds / 1e12, best.c_str(), 1e3 * r.best.seconds,
+              r.c.flops() / r.best.seconds / 1e12, 100 * r.fraction, note.c_str());
+  std::fflush(stdout);
+}
+
+json gemm_json(const GemmResult& r) {
+  return {{"dtype", dtype_label(r.dtype)},
+          {"flavor", r.c.flavor},
+          {"layers", r.c.layers},
+          {"pass", r.c.pass_text()},
+          {"trans_a", r.c.ta == Trans::yes},
+          {"trans_b", r.c.tb == Trans::yes},
+          {"m", r.c.m},
+          {"n", r.c.n},
+          {"k", r.c.k},
+          {"beta", r.c.beta_one ? 1 : 0},
+          {"flops", r.c.flops()},
+          {"operand_sets", r.sets},
+          {"candidates", r.candidates},
+          {"failed_candidates", r.failed},
+          {"first_failure", r.first_failure},
+          {"heuristic_rank", r.chosen_rank},
+          {"heuristic", r.heuristic.to_json()},
+          {"heuristic_tflops", r.c.flops() / r.heuristic.seconds / 1e12},
+          {"best_rank", r.best_rank},
+          {"best_is_heuristic_algorithm", r.best_is_chosen},
+          {"best", r.best.to_json()},
+          {"best_tflops", r.c.flops() / r.best.seconds / 1e12},
+          {"heuristic_fraction_of_best", r.fraction},
+          {"target_within_5_percent", r.pass()},
+          {"best_vs_heuristic_rel_diff", std::isnan(r.rel_diff) ? json(nullptr) : json(r.rel_diff)},
+          {"check_ok", r.check_ok}};
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Attention.
+
+struct AttentionResult {
+  std::string flavor;
+  DType dtype = DType::bf16;
+  AttentionShape s;
+  Timing forward, backward;
+  double nonfinite = 0;  // in o, dq, dk, dv
+
+  double forward_flops_full() const {
+    return 4.0 * double(s.batch) * double(s.n_heads) * double(s.seq_len) * double(s.seq_len) * double(s.head_dim);
+  }
+  double forward_flops() const { return forward_flops_full() / 2; }  // causal: half the score matrix
+  double forward_tflops() const { return forward_flops() / forward.seconds / 1e12; }
+  double backward_tflops() const { return 2.5 * forward_flops() / backward.seconds / 1e12; }
+  bool target_case() const { return dtype == DType::bf16 && s.head_dim == 128 && s.seq_len == 8192; }
+  bool pass() const { return forward_tflops() >= 450; }
+};
+
+template <class T>
+AttentionResult run_attention(const std::string& flavor, const AttentionShape& s, const TimingPolicy& policy) {
+  AttentionResult r;
+  r.flavor = flavor;
+  r.dtype = tessera::dtype_of<T>();
+  r.s = s;
+  const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
+  const Tensor<T> q = random_tensor<T>(Shape{rows, qc}, -1, 1), k = random_tensor<T>(Shape{rows, kc}, -1, 1),
+                  v = random_tensor<T>(Shape{rows, kc}, -1, 1), d_o = random_tensor<T>(Shape{rows, qc}, -1, 1);
+  const Tensor<T> o = Cuda::empty<T>(Shape{rows, qc}), dq = Cuda::empty<T>(Shape{rows, qc});
+  const Tensor<T> dk = Cuda::zeros<T>(Shape{rows, kc}), dv = Cuda::zeros<T>(Shape{rows, kc});
+  const Tensor<float> lse = Cuda::empty<float>(Shape{s.batch * s.n_heads * s.seq_len});
+  const Tensor<float> delta = Cuda::empty<float>(Shape{s.batch * s.n_heads * s.seq_len});
+
+  r.forward = time_call(
+      [&](std::int64_t) {
+        tcuda::flash_attention_forward<T>(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data(), Cuda::stream());
+      },
+      policy);
+  // The backward reads the forward's o and lse (left by the calls above); dk and dv
+  // accumulate over the calls, which changes nothing of the work.
+  r.backward = time_call(
+      [&](std::int64_t) {
+        tcuda::flash_attention_backward<T>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(),
+                                           dq.view(), dk.view(), dv.view(), delta.data(), Cuda::stream());
+      },
+      policy);
+  r.nonfinite = count_nonfinite(o) + count_nonfinite(dq) + count_nonfinite(dk) + count_nonfinite(dv) +
+                count_nonfinite(lse);
+  return r;
+}
+
+void print_attention_header() {
+  std::printf("\nattention: causal GQA flash kernels (cuda::flash_attention_forward / _backward); FLOPs: forward "
+              "4 B H T^2 hd / 2 (causal: half the T x T scores), [full T x T as torchtitan counts] = 2x; backward "
+              "2.5 x forward\n");
+  std::printf("  %-12s %-7s %-12s %-6s %4s  %11s %8s %8s  %11s %8s %8s\n", "flavor", "storage", "B x T", "H/KV", "hd",
+              "forward ms", "TFLOP/s", "[full]", "backward ms", "TFLOP/s", "[full]");
+  std::fflush(stdout);
+}
+
+void print_attention(const AttentionResult& r) {
+  std::string note;
+  if (r.target_case()) note += r.pass() ? "  target forward >= 450: PASS" : "  target forward >= 450: MISS";
+  note += host_note(r.forward) + host_note(r.backward);
+  if (r.nonfinite > 0) note += " CHECK FAILED: " + fmt("%.0f", r.nonfinite) + " non-finite outputs";
+  const std::string bt = std::to_string(r.s.batch) + " x " + std::to_string(r.s.seq_len);
+  const std::string heads = std::to_string(r.s.n_heads) + "/" + std::to_string(r.s.n_kv_heads);
+  std::printf("  %-12s %-7s %-12s %-6s %4lld  %11.3f %8.1f %8.1f  %11.3f %8.1f %8.1f%s\n", r.flavor.c_str(),
+              dtype_label(r.dtype).c_str(), bt.c_str(), heads.c_str(), (long long)r.s.head_dim,
+              1e3 * r.forward.seconds, r.forward_tflops(), 2 * r.forward_tflops(), 1e3 * r.backward.seconds,
+              r.backward_tflops(), 2 * r.backward_tflops(), note.c_str());
+  std::fflush(stdout);
+}
+
+json attention_json(const AttentionResult& r) {
+  return {{"flavor", r.flavor},
+          {"dtype", dtype_label(r.dtype)},
+          {"batch", r.s.batch},
+          {"seq_len", r.s.seq_len},
+          {"n_heads", r.s.n_heads},
+          {"n_kv_heads", r.s.n_kv_heads},
+          {"head_dim", r.s.head_dim},
+          {"forward", r.forward.to_json()},
+          {"backward", r.backward.to_json()},
+          {"forward_flops_causal", r.forward_flops()},
+          {"forward_flops_full", r.forward_flops_full()},
+          {"forward_tflops_causal", r.forward_tflops()},
+          {"forward_tflops_full", 2 * r.forward_tflops()},
+          {"backward_tflops_causal", r.backward_tflops()},
+          {"backward_tflops_full", 2 * r.backward_tflops()},
+          {"target_case", r.target_case()},
+          {"target_forward_450_pass", r.target_case() ? json(r.pass()) : json(nullptr)},
+          {"nonfinite_outputs", r.nonfinite}};
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Memory-bound ops.
+
+struct MemoryResult {
+  std::string op, tensors;
+  double bytes = 0;       // the op's: each tensor read once + each output written once
+  double copy_bytes = 0;  // the copy's bytes read + written
+  std::int64_t sets = 1;
+  Timing op_timing, copy_timing;
+  double nonfinite = 0;
+
+  double rate() const { return bytes / op_timing.seconds; }
+  double copy_rate() const { return copy_bytes / copy_timing.seconds; }
+};
+
+void print_memory_header(const tessera::nn::ModelArgs& a, std::int64_t tokens) {
+  std::printf("\nmemory-bound ops: %s shapes (dim %lld, ffn %lld, %lld heads x %lld), tokens %lld, float32, launched "
+              "through Cuda::for_each; bytes = each tensor read once + each output written once; copy = "
+              "cudaMemcpyAsync device to device of the same bytes (read + written), timed alongside\n",
+              a.flavor.c_str(), (long long)a.dim, (long long)a.ffn_hidden_dim(), (long long)a.n_heads,
+              (long long)a.head_dim(), (long long)tokens);
+  std::printf("  %-16s %-48s %10s %10s %9s %10s %8s\n", "op", "tensors", "bytes", "ms", "GB/s", "copy GB/s",
+              "of copy");
+  std::fflush(stdout);
+}
+
+void print_memory(const MemoryResult& r) {
+  std::string note = host_note(r.op_timing);
+  if (r.nonfinite > 0) note += " CHECK FAILED: " + fmt("%.0f", r.nonfinite) + " non-finite outputs";
+  std::printf("  %-16s %-48s %10s %10.3f %9.1f %10.1f %7.1f%%%s\n", r.op.c_str(), r.tensors.c_str(),
+              bytes_text(r.bytes).c_str(), 1e3 * r.op_timing.seconds, r.rate() / 1e9, r.copy_rate() / 1e9,
+              100 * r.rate() / r.copy_rate(), note.c_str());
+  std::fflush(stdout);
+}
+
+json memory_json(const MemoryResult& r) {
+  return {{"op", r.op},
+          {"tensors", r.tensors},
+          {"bytes", r.bytes},
+          {"operand_sets", r.sets},
+          {"time", r.op_timing.to_json()},
+          {"gbps", r.rate() / 1e9},
+          {"copy_bytes", r.copy_bytes},
+          {"copy_time", r.copy_timing.to_json()},
+          {"copy_gbps", r.copy_rate() / 1e9},
+          {"fraction_of_copy", r.rate() / r.copy_rate()},
+          {"nonfinite_outputs", r.nonfinite}};
+}
+
+/// Times `call` (rotating over `sets` operand sets) beside a device copy of the same
+/// bytes, then counts the non-finite values of the outputs `outputs` returns.
+MemoryResult measure_memory_op(std::string op, std::string tensors, double bytes, std::int64_t sets, const Call& call,
+                               const std::function<double()>& outputs_nonfinite, const TimingPolicy& policy,
+                               const DeviceInfo& dev) {
+  MemoryResult r;
+  r.op = std::move(op);
+  r.tensors = std::move(tensors);
+  r.bytes = bytes;
+  r.sets = sets;
+  const CopyBench copy(bytes / 2, dev.l2_bytes);
+  r.copy_bytes = 2.0 * double(copy.bytes);
+  const std::vector<Timing> t = time_calls({call, copy.call()}, policy);
+  r.op_timing = t[0];
+  r.copy_timing = t[1];
+  r.nonfinite = outputs_nonfinite();
+  return r;
+}
+
+std::string shape_text(std::int64_t r, std::int64_t c) {
+  return "(" + std::to_string(r) + ", " + std::to_string(c) + ")";
+}
+
+std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64_t tokens, const TimingPolicy& policy,
+                                     const DeviceInfo& dev) {
+  using tessera::ops::RmsNormBackwardInput;
+  using tessera::ops::RmsNormBackwardWeight;
+  using tessera::ops::RmsNormForward;
+  using tessera::ops::RopeRotate;
+  using tessera::ops::SwiGluBackward;
+  using tessera::ops::SwiGluForward;
+  const std::int64_t m = tokens, d = a.dim, f = a.ffn_hidden_dim(), hd = a.head_dim(), q = a.n_heads * hd;
+  const double fb = sizeof(float);
+  const auto eps = static_cast<float>(a.norm_eps);
+  std::vector<MemoryResult> out;
+  auto report = [&](MemoryResult r) {
+    print_memory(r);
+    out.push_back(std::move(r));
+  };
+
+  {  // RMSNorm forward: x, w -> y, rstd.
+    const double bytes = fb * double(2 * m * d + d + m);
+    const std::int64_t sets = rotation_sets(bytes, dev.l2_bytes);
+    std::vector<Tensor<float>> x, w, y, rstd;
+    for (std::int64_t s = 0; s < sets; ++s) {
+      x.push_back(random_tensor<float>(Shape{m, d}, -1, 1));
+      w.push_back(random_tensor<float>(Shape{d}, 0.5f, 1.5f));
+      y.push_back(Cuda::empty<float>(Shape{m, d}));
+      rstd.push_back(Cuda::empty<float>(Shape{m}));
+    }
+    report(measure_memory_op(
+        "rmsnorm forward", "x " + shape_text(m, d) + ", w -> y, rstd", bytes, sets,
+        [&](std::int64_t i) {
+          const auto s = static_cast<std::size_t>(i % sets);
+          Cuda::for_each(m, RmsNormForward<float>{x[s].data(), d, w[s].data(), y[s].data(), d, rstd[s].data(), d, eps});
+        },
+        [&] { return count_nonfinite(y[0]) + count_nonfinite(rstd[0]); }, policy, dev));
+  }
+  {  // RMSNorm backward: x, w, rstd, dy -> dx; dw += (the layer's input and weight passes).
+    const double bytes = fb * double(3 * m * d + m + d + 2 * d);
+    const std::int64_t sets = rotation_sets(bytes, dev.l2_bytes);
+    std::vector<Tensor<float>> x, w, rstd, dy, dx, dw;
+    for (std::int64_t s = 0; s < sets; ++s) {
+      x.push_back(random_tensor<float>(Shape{m, d}, -1, 1));
+      w.push_back(random_tensor<float>(Shape{d}, 0.5f, 1.5f));
+      rstd.push_back(random_tensor<float>(Shape{m}, 0.5f, 2.0f));
+      dy.push_back(random_tensor<float>(Shape{m, d}, -1, 1));
+      dx.push_back(Cuda::empty<float>(Shape{m, d}));
+      dw.push_back(random_tensor<float>(Shape{d}, -1, 1));
+    }
+    report(measure_memory_op(
+        "rmsnorm backward", "x, dy " + shape_text(m, d) + ", w, rstd -> dx; dw +=", bytes, sets,
+        [&](std::int64_t i) {
+          const auto s = static_cast<std::size_t>(i % sets);
+          Cuda::for_each(m, RmsNormBackwardInput<float>{x[s].data(), d, w[s].data(), rstd[s].data(), dy[s].data(), d,
+                                                        dx[s].data(), d, d});
+          Cuda::for_each(d, RmsNormBackwardWeight<float>{x[s].data(), d, rstd[s].data(), dy[s].data(), d,
+                                                         dw[s].data(), m});
+        },
+        [&] { return count_nonfinite(dx[0]) + count_nonfinite(dw[0]); }, policy, dev));
+  }
+  {  // RoPE on q: forward rotates into a new tensor, backward rotates dq back in place.
+    const std::int64_t seq = std::min(tokens, a.max_seq_len), half = hd / 2;
+    const std::vector<double> inv_freq = tessera::ops::rope_inv_freq(hd, a.rope_theta, a.rope_scaling);
+    Tensor<float> cos_host(Shape{seq, half}, tessera::Uninitialized{}), sin_host(Shape{seq, half}, tessera::Uninitialized{});
+    for (std::int64_t p = 0; p < seq; ++p)
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double angle = double(p) * inv_freq[static_cast<std::size_t>(i)];
+        cos_host[p * half + i] = static_cast<float>(std::cos(angle));
+        sin_host[p * half + i] = static_cast<float>(std::sin(angle));
+      }
+    const Tensor<float> cos_table = tessera::upload<Cuda>(cos_host), sin_table = tessera::upload<Cuda>(sin_host);
+    const double bytes = fb * double(2 * m * q + 2 * seq * half);
+    const std::int64_t sets = rotation_sets(bytes, dev.l2_bytes);
+    std::vector<Tensor<float>> x, y;
+    for (std::int64_t s = 0; s < sets; ++s) {
+      x.push_back(random_tensor<float>(Shape{m, q}, -1, 1));
+      y.push_back(Cuda::empty<float>(Shape{m, q}));
+    }
+    const std::string tables = "cos, sin " + shape_text(seq, half);
+    report(measure_memory_op(
+        "rope forward", "q " + shape_text(m, q) + ", " + tables + " -> q'", bytes, sets,
+        [&](std::int64_t i) {
+          const auto s = static_cast<std::size_t>(i % sets);
+          Cuda::for_each(m, RopeRotate<float>{y[s].data(), q, a.n_heads, hd, seq, cos_table.data(), sin_table.data(), false,
+                                              x[s].data()});
+        },
+        [&] { return count_nonfinite(y[0]); }, policy, dev));
+    report(measure_memory_op(
+        "rope backward", "dq " + shape_text(m, q) + " in place, " + tables, bytes, sets,
+        [&](std::int64_t i) {
+          const auto s = static_cast<std::size_t>(i % sets);
+          Cuda::for_each(m, RopeRotate<float>{x[s].data(), q, a.n_heads, hd, seq, cos_table.data(), sin_table.data(), true});
+        },
+        [&] { return count_nonfinite(x[0]); }, policy, dev));
+  }
+  {  // SwiGLU forward: a, b -> g.
+    const double bytes = fb * double(3 * m * f);
+    const std::int64_t sets = rotation_sets(bytes, dev.l2_bytes);
+    std::vector<Tensor<float>> av, bv, g;
+    for (std::int64_t s = 0; s < sets; ++s) {
+      av.push_back(random_tensor<float>(Shape{m, f}, -4, 4));
+      bv.push_back(random_tensor<float>(Shape{m, f}, -4, 4));
+      g.push_back(Cuda::empty<float>(Shape{m, f}));
+    }
+    report(measure_memory_op(
+        "swiglu forward", "a, b " + shape_text(m, f) + " -> g", bytes, sets,
+        [&](std::int64_t i) {
+          const auto s = static_cast<std::size_t>(i % sets);
+          Cuda::for_each(m * f, SwiGluForward<float>{av[s].data(), bv[s].data(), g[s].data()});
+        },
+        [&] { return count_nonfinite(g[0]); }, policy, dev));
+  }
+  {  // SwiGLU backward: a, b, dg -> da, db.
+    const double bytes = fb * double(5 * m * f);
+    const std::int64_t sets = rotation_sets(bytes, dev.l2_bytes);
+    std::vector<Tensor<float>> av, bv, dg, da, db;
+    for (std::int64_t s = 0; s < sets; ++s) {
+      av.push_back(random_tensor<float>(Shape{m, f}, -4, 4));
+      bv.push_back(random_tensor<float>(Shape{m, f}, -4, 4));
+      dg.push_back(random_tensor<float>(Shape{m, f}, -1, 1));
+      da.push_back(Cuda::empty<float>(Shape{m, f}));
+      db.push_back(Cuda::empty<float>(Shape{m, f}));
+    }
+    report(measure_memory_op(
+        "swiglu backward", "a, b, dg " + shape_text(m, f) + " -> da, db", bytes, sets,
+        [&](std::int64_t i) {
+          const auto s = static_cast<std::size_t>(i % sets);
+          Cuda::for_each(m * f, SwiGluBackward<float>{av[s].data(), bv[s].data(), dg[s].data(), da[s].data(),
+                                                     db[s].data()});
+        },
+        [&] { return count_nonfinite(da[0]) + count_nonfinite(db[0]); }, policy, dev));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+
+int run(const Options& o) {
+  // Opened first, so a path that cannot be written fails before the runs, not after.
+  std::ofstream json_out;
+  if (!o.json_path.empty()) {
+    json_out.open(o.json_path);
+    TESSERA_CHECK(json_out.good(), o.json_path, ": cannot open for writing");
+  }
+  const DeviceInfo dev = read_device();
+  const std::string date = utc_date();
+  TimingPolicy policy;
+  policy.trials = o.trials;
+  policy.trial_seconds = o.trial_ms * 1e-3;
+
+  std::printf("bench-kernels: tessera's GPU kernels on one device\n");
+  std::printf("device: cuda:%d %s (PCI %s), compute capability %d.%d, %d SMs, L2 %.1f MiB, memory %.1f GiB\n",
+              dev.index, dev.name.c_str(), dev.pci.c_str(), dev.cc_major, dev.cc_minor, dev.sms,
+              dev.l2_bytes / double(1 << 20), dev.memory_bytes / double(1 << 30));
+  std::printf("clocks: SM up to %d MHz; memory up to %d MHz on a %d-bit bus (%.0f GB/s by these attributes); "
+              "current clocks are not read here (nvidia-smi shows them)\n",
+              dev.sm_clock_khz / 1000, dev.memory_clock_khz / 1000, dev.bus_bits, dev.attribute_bandwidth() / 1e9);
+  std::printf("software: driver supports CUDA %s; runtime %s; cuBLASLt %s\n", cuda_version_text(dev.driver).c_str(),
+              cuda_version_text(dev.runtime).c_str(), cublaslt_version_text(dev.cublaslt).c_str());
+  std::printf("date: %s; commit: %s\n", date.c_str(), o.commit.c_str());
+  std::printf("method: CUDA events around N back-to-back calls (N so a trial lasts >= %.1f ms, at most 256), median of %lld "
+              "trials after a warm-up call; uniform random inputs; operand sets rotated while one set is under 3x "
+              "the L2; GEMM candidates screened for %.1f ms each, the fastest %lld timed in full\n",
+              o.trial_ms, (long long)o.trials, o.screen_ms, (long long)o.finalists);
+  std::fflush(stdout);
+
+  json doc = {{"benchmark", "bench-kernels"},
+              {"date", date},
+              {"commit", o.commit},
+              {"device",
+               {{"index", dev.index},
+                {"name", dev.name},
+                {"pci_bus_id", dev.pci},
+                {"compute_capability", std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor)},
+                {"sms", dev.sms},
+                {"sm_clock_max_mhz", dev.sm_clock_khz / 1000},
+                {"memory_clock_max_mhz", dev.memory_clock_khz / 1000},
+                {"memory_bus_bits", dev.bus_bits},
+                {"attribute_bandwidth_gbps", dev.attribute_bandwidth() / 1e9},
+                {"l2_bytes", dev.l2_bytes},
+                {"memory_bytes", dev.memory_bytes},
+                {"cuda_driver", cuda_version_text(dev.driver)},
+                {"cuda_runtime", cuda_version_text(dev.runtime)},
+                {"cublaslt", cublaslt_version_text(dev.cublaslt)}}},
+              {"options",
+               {{"tokens", o.tokens},
+                {"flavors", o.flavors},
+                {"attention_seqs", o.attention_seqs},
+                {"dtypes", [&] {
+                   std::vector<std::string> names;
+                   for (DType d : o.dtypes) names.push_back(dtype_label(d));
+                   return names;
+                 }()},
+                {"sections",
+                 {{"ceilings", o.ceilings}, {"gemm", o.gemm}, {"attention", o.attention}, {"memory", o.memory}}},
+                {"memory_flavor", o.memory_flavor},
+                {"trials", o.trials},
+                {"trial_ms", o.trial_ms},
+                {"screen_ms", o.screen_ms},
+                {"candidates", o.candidates},
+                {"finalists", o.finalists}}}};
+  bool checks_ok = true;
+  warm_up_device();
+
+  if (o.ceilings) {
+    const Ceilings c = measure_ceilings(policy, dev);
+    std::printf("\nceilings (this run): bf16 GEMM %lld^3 %.1f TFLOP/s%s; fp32 GEMM %lld^3 (no TF32) %.1f TFLOP/s%s; "
+                "device copy %s (read + written) %.0f GB/s\n",
+                (long long)c.gemm_size, c.bf16_gemm / 1e12, host_note(c.bf16_timing).c_str(), (long long)c.gemm_size,
+                c.fp32_gemm / 1e12, host_note(c.fp32_timing).c_str(), bytes_text(2 * c.copy_bytes).c_str(),
+                c.copy / 1e9);
+    std::fflush(stdout);
+    doc["ceilings"] = {{"gemm_size", c.gemm_size},
+                       {"bf16_gemm_tflops", c.bf16_gemm / 1e12},
+                       {"bf16_gemm", c.bf16_timing.to_json()},
+                       {"fp32_gemm_tflops", c.fp32_gemm / 1e12},
+                       {"fp32_gemm", c.fp32_timing.to_json()},
+                       {"copy_bytes_read_plus_written", 2 * c.copy_bytes},
+                       {"copy_gbps", c.copy / 1e9},
+                       {"copy", c.copy_timing.to_json()}};
+  }
+
+  std::vector<GemmResult> gemms;
+  if (o.gemm) {
+    json rows = json::array();
+    for (DType dtype : o.dtypes) {
+      print_gemm_header(dtype, o.tokens);
+      for (const auto& flavor : o.flavors)
+        for (const GemmCase& g : gemm_cases(flavor, o.tokens)) {
+          GemmResult r = dtype == DType::bf16 ? run_gemm<bf16>(g, o, policy, dev) : run_gemm<float>(g, o, policy, dev);
+          print_gemm(r);
+          rows.push_back(gemm_json(r));
+          checks_ok = checks_ok && r.check_ok;
+          gemms.push_back(std::move(r));
+        }
+    }
+    doc["gemm"] = rows;
+  }
+
+  std::vector<AttentionResult> attention;
+  if (o.attention) {
+    print_attention_header();
+    json rows = json::array();
+    std::vector<std::array<std::int64_t, 3>> seen;  // (heads, kv heads, head dim) already run
+    for (const auto& flavor : o.flavors) {
+      const tessera::nn::ModelArgs a = tessera::nn::model_flavor(flavor);
+      const std::array<std::int64_t, 3> heads = {a.n_heads, a.kv_heads(), a.head_dim()};
+      if (std::find(seen.begin(), seen.end(), heads) != seen.end()) continue;
+      seen.push_back(heads);
+      if (a.head_dim() != 64 && a.head_dim() != 128) {
+        std::printf("  %-12s head dim %lld: the flash kernels take 64 and 128; skipped\n", flavor.c_str(),
+                    (long long)a.head_dim());
+        continue;
+      }
+      for (std::int64_t seq : o.attention_seqs)
+        for (DType dtype : o.dtypes) {
+          const AttentionShape s{std::max<std::int64_t>(1, o.tokens / seq), seq, a.n_heads, a.kv_heads(),
+                                 a.head_dim()};
+          AttentionResult r = dtype == DType::bf16 ? run_attention<bf16>(flavor, s, policy)
+                                                   : run_attention<float>(flavor, s, policy);
+          print_attention(r);
+          rows.push_back(attention_json(r));
+          checks_ok = checks_ok && r.nonfinite == 0;
+          attention.push_back(std::move(r));
+        }
+    }
+    doc["attention"] = rows;
+  }
+
+  if (o.memory) {
+    const tessera::nn::ModelArgs a = tessera::nn::model_flavor(o.memory_flavor);
+    print_memory_header(a, o.tokens);
+    json rows = json::array();
+    for (const MemoryResult& r : run_memory(a, o.tokens, policy, dev)) {
+      rows.push_back(memory_json(r));
+      checks_ok = checks_ok && r.nonfinite == 0;
+    }
+    doc["memory"] = rows;
+  }
+
+  // Targets.
+  std::printf("\ntargets:\n");
+  json targets = json::object();
+  if (o.attention) {
+    std::string line;
+    bool all = true, any = false;
+    for (const auto& r : attention)
+      if (r.target_case()) {
+        any = true;
+        all = all && r.pass();
+        line += (line.empty() ? "" : "; ") + r.flavor + " (B " + std::to_string(r.s.batch) + ") " +
+                fmt("%.1f TFLOP/s ", r.forward_tflops()) + (r.pass() ? "PASS" : "MISS");
+      }
+    std::printf("  causal attention forward >= 450 TFLOP/s at hd 128, T 8192, bf16: %s\n",
+                any ? line.c_str() : "not measured (needs bf16, a flavor with head dim 128 and T 8192)");
+    targets["attention_forward_450"] = any ? json(all) : json(nullptr);
+  }
+  if (o.gemm && !gemms.empty()) {
+    std::int64_t passed = 0;
+    const GemmResult* worst = &gemms.front();
+    for (const auto& r : gemms) {
+      passed += r.pass() ? 1 : 0;
+      if (r.fraction < worst->fraction) worst = &r;
+    }
+    std::printf("  GEMM heuristic choice within 5%% of the best candidate: %lld of %zu shapes PASS; lowest: %s %s %s "
+                "%s (%s) at %.1f%%\n",
+                (long long)passed, gemms.size(), dtype_label(worst->dtype).c_str(), worst->c.flavor.c_str(),
+                worst->c.layer_text().c_str(), worst->c.pass_text().c_str(), worst->c.mnk_text().c_str(),
+                100 * worst->fraction);
+    targets["gemm_within_5_percent"] = {{"passed", passed}, {"shapes", gemms.size()}};
+  }
+  if (!o.attention && !o.gemm) std::printf("  none in the sections run\n");
+  doc["targets"] = targets;
+  doc["checks_ok"] = checks_ok;
+  std::string checked;
+  if (o.gemm) checked += "every best GEMM candidate agrees with the heuristic's result";
+  if (o.attention) checked += std::string(checked.empty() ? "" : "; ") + "attention outputs finite";
+  if (o.memory) checked += std::string(checked.empty() ? "" : "; ") + "memory-op outputs finite";
+  std::printf("checks: %s\n", !checks_ok ? "FAILED (see the lines marked CHECK FAILED)"
+                               : checked.empty() ? "none in the sections run"
+                                                 : checked.c_str());
+
+  if (!o.json_path.empty()) {
+    json_out << doc.dump(2) << '\n';
+    json_out.flush();
+    TESSERA_CHECK(json_out.good(), o.json_path, ": write failed");
+  }
+  return checks_ok ? 0 : 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse_options(argc, argv);
+    int devices = 0;
+    const cudaError_t status = cudaGetDeviceCount(&devices);
+    if (status != cudaSuccess || devices <= 0) {
+      if (status != cudaSuccess)
+        std::fprintf(stderr, "bench-kernels: no CUDA device is visible (cudaGetDeviceCount: %s: %s)\n",
+                     cudaGetErrorName(status), cudaGetErrorString(status));
+      else
+        std::fprintf(stderr, "bench-kernels: no CUDA device is visible (cudaGetDeviceCount: 0 devices)\n");
+      return 1;
+    }
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench-kernels: %s\n", e.what());
+    return 1;
+  }
+}
