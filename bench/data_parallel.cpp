@@ -62,6 +62,7 @@
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/parallel/traffic.hpp"
+#include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
 #include "machine.hpp"

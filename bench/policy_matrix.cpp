@@ -85,6 +85,7 @@
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/stages.hpp"
 #include "tessera/parallel/traffic.hpp"
+#include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
 #include "machine.hpp"

@@ -17,6 +17,7 @@
 #include "tessera/nn/feed_forward.hpp"
 #include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
 using namespace tessera;

@@ -20,6 +20,7 @@
 #include "tessera/nn/generate.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/checkpoint.hpp"
+#include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
 using namespace tessera;

@@ -4,6 +4,8 @@
 #define TESSERA_PARALLEL_INSTANTIATE 1
 #include "harness.hpp"
 
+#include "tessera/train/config.hpp"
+
 namespace tessera {
 template class Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
                         Checkpoint<Dynamic>>;

@@ -9,6 +9,7 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/train/checkpoint.hpp"
+#include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
 using namespace tessera;

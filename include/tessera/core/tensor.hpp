@@ -13,6 +13,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <type_traits>
 
 #include "tessera/core/buffer.hpp"
 #include "tessera/core/error.hpp"
@@ -68,8 +69,13 @@ class TensorView {
   TensorView(T* data, Shape shape, std::array<std::int64_t, kMaxRank> strides)
       : data_(data), shape_(shape), strides_(strides) {}
 
-  /// A const view of the same elements.
-  operator TensorView<const T>() const { return {data_, shape_, strides_}; }
+  /// A const view of the same elements (for a view of non-const elements only: a
+  /// template, so that TensorView<const T> declares no conversion to itself).
+  template <class U = T>
+    requires(std::is_same_v<U, T> && !std::is_const_v<U>)
+  operator TensorView<const U>() const {
+    return {data_, shape_, strides_};
+  }
 
   TESSERA_HD T* data() const { return data_; }
   const Shape& shape() const { return shape_; }

@@ -62,13 +62,13 @@ struct AnyHeads {};
 /// tp degree with N = tessera::dynamic.
 template <auto N, class H = AnyHeads>
 struct TensorParallel {
-  static constexpr bool dynamic_degree = std::is_same_v<std::remove_cv_t<decltype(N)>, Dynamic>;
-  static_assert(dynamic_degree || std::is_integral_v<decltype(N)>,
+  static constexpr bool dynamic_degree = std::is_same_v<std::remove_cvref_t<decltype(N)>, Dynamic>;
+  static_assert(dynamic_degree || std::is_integral_v<std::remove_cvref_t<decltype(N)>>,
                 "tessera::TensorParallel<N>: N must be a degree (an integer) or tessera::dynamic");
   static constexpr int degree = [] {
     if constexpr (dynamic_degree)
       return 0;
-    else if constexpr (std::is_integral_v<decltype(N)>)
+    else if constexpr (std::is_integral_v<std::remove_cvref_t<decltype(N)>>)
       return static_cast<int>(N);
     else
       return 1;  // refused above; 1 keeps the checks below quiet
@@ -103,8 +103,8 @@ struct InterleavedZeroBubble {};  // backward split into input and weight gradie
 /// (nn/transformer.hpp); every block of the model carries the same policy.
 template <auto Stages, class Schedule = Dynamic>
 struct Pipeline {
-  static constexpr bool dynamic_degree = std::is_same_v<std::remove_cv_t<decltype(Stages)>, Dynamic>;
-  static_assert(dynamic_degree || std::is_integral_v<decltype(Stages)>,
+  static constexpr bool dynamic_degree = std::is_same_v<std::remove_cvref_t<decltype(Stages)>, Dynamic>;
+  static_assert(dynamic_degree || std::is_integral_v<std::remove_cvref_t<decltype(Stages)>>,
                 "tessera::Pipeline<Stages, Schedule>: Stages must be a degree (an integer) or tessera::dynamic");
   static constexpr int degree = [] {
     if constexpr (dynamic_degree)

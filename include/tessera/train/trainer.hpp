@@ -27,7 +27,7 @@
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/optim/lr_schedule.hpp"
-#include "tessera/train/config.hpp"
+#include "tessera/train/job_config.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/parallel/plan.hpp"

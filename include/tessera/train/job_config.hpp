@@ -1,0 +1,133 @@
+// The training job's configuration as plain structs: one per torchtitan TOML section,
+// with torchtitan's defaults. Parsing, overrides and the key table are in
+// train/config.hpp; code that only reads a JobConfig (the Trainer) includes this
+// header alone, so it compiles without the TOML parser (under nvcc too).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/nn/args.hpp"
+
+namespace tessera::train {
+
+// ---------------------------------------------------------------------------------------
+// The sections. Field names are the TOML keys; initial values are the defaults.
+
+/// [job]
+struct JobSection {
+  std::string dump_folder = "./outputs";
+  std::string description;
+  bool print_config = false;
+};
+
+/// [model]: a flavor and optional overrides of its fields. `args` is not a key: it is
+/// resolved by load_config / parse_config / finalize_config.
+struct ModelSection {
+  std::string flavor = "debugmodel";
+  std::optional<std::int64_t> dim;
+  std::optional<std::int64_t> n_layers;
+  std::optional<std::int64_t> n_heads;
+  std::optional<std::int64_t> n_kv_heads;
+  std::optional<std::int64_t> vocab_size;
+  std::optional<std::int64_t> multiple_of;
+  std::optional<double> ffn_dim_multiplier;
+  std::optional<std::int64_t> ffn_hidden;
+  std::optional<double> rope_theta;
+  std::optional<double> norm_eps;
+  std::optional<std::int64_t> max_seq_len;
+  std::optional<bool> tie_embeddings;
+  std::string tokenizer = "byte";
+  nn::ModelArgs args{};  // nn::model_flavor(flavor) with the overrides above applied
+};
+
+/// [optimizer]
+struct OptimizerSection {
+  std::string name = "AdamW";
+  double lr = 8e-4;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+};
+
+/// [lr_scheduler]: linear warmup, then (warmup-stable-decay) a decay phase.
+struct LrSchedulerSection {
+  std::int64_t warmup_steps = 200;
+  std::optional<double> decay_ratio;  // unset: decay starts right after warmup
+  std::string decay_type = "linear";
+  double min_lr_factor = 0.0;
+};
+
+/// [training]
+struct TrainingSection {
+  std::int64_t local_batch_size = 8;
+  std::int64_t global_batch_size = -1;  // -1: local_batch_size x data-parallel degree
+  std::int64_t seq_len = 2048;
+  std::int64_t steps = 10000;
+  double max_norm = 1.0;  // <= 0: no gradient clipping
+  std::int64_t seed = 0;
+  bool deterministic = false;
+  std::string mixed_precision_param = "bfloat16";
+  std::string mixed_precision_reduce = "float32";
+  std::string dataset = "synthetic";  // "synthetic" (embedded corpus) or "shard"
+  std::string dataset_path;           // the token shard when dataset = "shard"
+  std::int64_t synthetic_documents = 20000;
+};
+
+/// [parallelism]
+struct ParallelismSection {
+  std::int64_t data_parallel_replicate_degree = 1;
+  std::int64_t data_parallel_shard_degree = -1;  // -1: the ranks the other degrees leave
+  std::int64_t tensor_parallel_degree = 1;
+  std::int64_t pipeline_parallel_degree = 1;
+  std::int64_t context_parallel_degree = 1;
+  bool disable_loss_parallel = false;
+  std::string pipeline_parallel_schedule = "1F1B";
+  std::int64_t pipeline_parallel_microbatch_size = 1;
+  std::string fsdp_reshard_after_forward = "default";
+  std::vector<std::string> pipeline_parallel_split_points;  // empty: the even split
+};
+
+/// [activation_checkpoint]
+struct ActivationCheckpointSection {
+  std::string mode = "none";  // torchtitan defaults to selective; tessera to none until the Checkpoint policies land
+  std::string selective_ac_option = "2";  // "op" or every N-th layer
+};
+
+/// [checkpoint]
+struct CheckpointSection {
+  bool enable = false;
+  std::string folder = "checkpoint";
+  std::int64_t interval = 500;
+  bool last_save_model_only = true;
+  std::string export_dtype = "float32";
+  std::int64_t keep_latest_k = 10;
+  std::string initial_load_path;
+  bool initial_load_in_hf = false;
+  bool last_save_in_hf = false;
+};
+
+/// [metrics]
+struct MetricsSection {
+  std::int64_t log_freq = 10;
+  bool enable_tensorboard = false;
+  std::string save_tb_folder = "tb";
+  double peak_tflops = 0.0;  // 0: the device's known peak
+};
+
+struct JobConfig {
+  JobSection job;
+  ModelSection model;
+  OptimizerSection optimizer;
+  LrSchedulerSection lr_scheduler;
+  TrainingSection training;
+  ParallelismSection parallelism;
+  ActivationCheckpointSection activation_checkpoint;
+  CheckpointSection checkpoint;
+  MetricsSection metrics;
+};
+
+}  // namespace tessera::train

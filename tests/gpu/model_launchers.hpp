@@ -1,0 +1,237 @@
+// The model on the GPU, for test_gpu_model.cpp: what the checks call, in host types
+// only. The plain functions below (cuda_*, memory_access_*) are defined in
+// model_launchers.cu, where nvcc compiles every instantiation of the model, the trainer
+// and the engines over the CUDA backend. The templates are the runs themselves, written
+// once: the .cu instantiates them over Cuda, the checks over Cpu for the reference.
+// This header includes no CUDA header and no TOML parser (nvcc rejects toml++), so
+// both compilers read it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../parallel/harness.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/comm/engine.hpp"
+#include "tessera/comm/memory_access.hpp"
+#include "tessera/comm/mesh.hpp"
+#include "tessera/comm/thread.hpp"
+#include "tessera/data/loader.hpp"
+#include "tessera/io/tokenizer.hpp"
+#include "tessera/nn/layer.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace tessera::gpu_test {
+
+/// Parameter values or gradients by parameter name, on the host.
+using NamedValues = std::map<std::string, std::vector<float>>;
+
+// ---- the runs, written once for every backend ----------------------------------------
+
+/// Every parameter's values, downloaded from the model's backend.
+template <class Model>
+NamedValues parameter_values(Model& model) {
+  using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
+  NamedValues out;
+  model.for_each_parameter([&](nn::Parameter<T>& p) {
+    const Tensor<T> host = download<B>(p.value);
+    out[p.name].assign(host.data(), host.data() + host.numel());
+  });
+  return out;
+}
+
+/// Every parameter's gradient, downloaded from the model's backend.
+template <class Model>
+NamedValues gradient_values(Model& model) {
+  using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
+  NamedValues out;
+  model.for_each_parameter([&](nn::Parameter<T>& p) {
+    const Tensor<T> host = download<B>(p.grad);
+    out[p.name].assign(host.data(), host.data() + host.numel());
+  });
+  return out;
+}
+
+/// The byte-tokenized synthetic corpus small_job trains on.
+inline std::vector<std::uint32_t> small_job_tokens(const train::JobConfig& c) {
+  return train::load_training_tokens(c, io::ByteTokenizer{});
+}
+
+/// One forward_backward of a fresh model (seed c.training.seed) on the first batch.
+struct ForwardBackward {
+  double loss_sum = 0;  // the sum of token losses
+  std::int64_t n_targets = 0;
+  NamedValues gradients;  // of the mean token loss
+};
+
+template <class Model>
+ForwardBackward forward_backward_once(const train::JobConfig& c) {
+  Model model(c.model.args, train::make_plan(c, nullptr));
+  model.init_weights(static_cast<std::uint64_t>(c.training.seed));
+  model.shard();
+  model.zero_grad();
+  data::DataLoader loader(small_job_tokens(c), c.training.seq_len, c.training.local_batch_size);
+  const data::Batch b = loader.next();
+  ForwardBackward r;
+  r.n_targets = b.n_targets;
+  r.loss_sum = model.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
+                                      1.0 / static_cast<double>(b.n_targets));
+  r.gradients = gradient_values(model);
+  return r;
+}
+
+/// c.training.steps Trainer steps of a fresh model (seed c.training.seed) on one rank.
+struct TrainRun {
+  std::vector<double> losses, grad_norms;
+  NamedValues before, after;  // parameters
+};
+
+template <class Model>
+TrainRun train_steps(const train::JobConfig& c) {
+  Model model(c.model.args, train::make_plan(c, nullptr));
+  model.init_weights(static_cast<std::uint64_t>(c.training.seed));
+  TrainRun r;
+  r.before = parameter_values(model);
+  data::DataLoader loader(small_job_tokens(c), c.training.seq_len, c.training.local_batch_size);
+  train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
+  for (std::int64_t s = 0; s < c.training.steps; ++s) {
+    const train::StepMetrics m = trainer.step();
+    r.losses.push_back(m.loss);
+    r.grad_norms.push_back(m.grad_norm);
+  }
+  r.after = parameter_values(model);
+  return r;
+}
+
+// ---- the CUDA runs (model_launchers.cu) -----------------------------------------------
+
+/// forward_backward_once / train_steps with nn::Transformer<float, Cuda>.
+ForwardBackward cuda_forward_backward(const train::JobConfig& c);
+TrainRun cuda_train_steps(const train::JobConfig& c);
+
+/// The same with the block type the binaries use, every choice from the plan c makes:
+/// Parallel<nn::LlamaBlock<float, Cuda>, Sharding<Dynamic>, TensorParallel<dynamic>,
+/// Pipeline<dynamic>, Checkpoint<Dynamic>>, on one rank.
+ForwardBackward cuda_dynamic_forward_backward(const train::JobConfig& c);
+TrainRun cuda_dynamic_train_steps(const train::JobConfig& c);
+
+/// test::train_layout of the dynamic CUDA model on shape.world() thread ranks sharing
+/// this GPU (comm::ThreadOptions::memory = Cuda::memory_access()), each rank's result.
+std::vector<test::RunResult> cuda_thread_ranks(comm::MeshShape shape, const train::JobConfig& c);
+
+/// test::train_layout of the dynamic CUDA model on one rank (a SelfEngine moving device
+/// memory through Cuda::memory_access()).
+test::RunResult cuda_one_rank(const train::JobConfig& c);
+
+/// A fresh nn::Transformer<float, Cuda> (seed c.training.seed) saved to `path` with
+/// train::save_model as float32; returns its parameters.
+NamedValues cuda_save_model(const train::JobConfig& c, const std::string& path);
+
+/// A nn::Transformer<float, Cuda> loaded from `path` with train::load_model; returns
+/// its parameters.
+NamedValues cuda_load_model(const train::JobConfig& c, const std::string& path);
+
+/// Cuda::empty<float> of `bytes` bytes (a multiple of 4), freed again.
+void cuda_allocate(std::size_t bytes);
+
+/// upload<Cuda> then download<Cuda>.
+std::vector<float> cuda_round_trip(const std::vector<float>& v);
+
+// ---- Cuda::memory_access() --------------------------------------------------------------
+
+/// Where a buffer handed to the memory access lives.
+enum class Place { device, host, pinned_host, managed };
+
+/// Cuda::memory_access().reduce(dst, src, ...) with dst and src (same length) placed
+/// as said; returns dst afterwards. T is float, double, int32_t or int64_t.
+template <class T>
+std::vector<T> memory_access_reduce(std::vector<T> dst, const std::vector<T>& src, comm::ReduceOp op, Place dst_at,
+                                    Place src_at);
+
+/// Cuda::memory_access().reduce over n elements of `t`, device buffers (for the refusals).
+void memory_access_reduce_type(comm::DataType t, std::size_t n);
+
+/// Cuda::memory_access().copy of v from a buffer placed at `from` to one at `to`.
+std::vector<float> memory_access_copy(const std::vector<float>& v, Place from, Place to);
+
+/// In one device buffer holding v: copy of elements [0, n - shift) onto [shift, n)
+/// through Cuda::memory_access().copy (overlapping ranges); returns the buffer.
+std::vector<float> memory_access_overlapping_copy(const std::vector<float>& v, std::size_t shift);
+
+/// What every rank of `ranks` thread ranks gets from each collective, its inputs made
+/// by collective_input(rank, ...): all_reduce (sum, then max) of a device buffer,
+/// reduce_scatter, all_gather and broadcast (root 1) of device buffers, and all_reduce
+/// of host values (a double and an int64, as a loss sum and a token count are).
+struct CollectiveResults {
+  std::vector<float> all_reduce_sum, all_reduce_max, reduce_scatter, all_gather, broadcast;
+  double host_sum = 0;
+  std::int64_t host_count = 0;
+};
+
+/// The inputs every rank feeds the collectives: n floats with full mantissas.
+inline std::vector<float> collective_input(int rank, std::size_t n) {
+  std::vector<float> v(n);
+  std::uint32_t x = 0x9e3779b9u * static_cast<std::uint32_t>(rank + 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = (static_cast<float>(x >> 8) / static_cast<float>(1u << 24) - 0.5f) * static_cast<float>(rank + 1);
+  }
+  return v;
+}
+
+/// The collectives above on `ranks` thread ranks whose buffers are B's, moved by
+/// `memory` (ThreadOptions::memory); n divisible by ranks.
+template <Backend B>
+std::vector<CollectiveResults> thread_collectives(int ranks, std::size_t n, comm::MemoryAccess memory) {
+  std::vector<CollectiveResults> out(static_cast<std::size_t>(ranks));
+  comm::ThreadOptions options;
+  options.memory = memory;
+  comm::run_thread_ranks(
+      ranks,
+      [&](comm::Communicator& world) {
+        const int r = world.rank();
+        const std::vector<float> in = collective_input(r, n);
+        const std::size_t part = n / static_cast<std::size_t>(ranks);
+        auto values = [](const Tensor<float>& t) {
+          const Tensor<float> host = download<B>(t);
+          return std::vector<float>(host.data(), host.data() + host.numel());
+        };
+        auto span_of = [](const Tensor<float>& t) {
+          return std::span<float>(t.data(), static_cast<std::size_t>(t.numel()));
+        };
+        CollectiveResults& res = out[static_cast<std::size_t>(r)];
+        const Tensor<float> sum = upload<B>(std::span<const float>(in));
+        world.all_reduce(span_of(sum));
+        res.all_reduce_sum = values(sum);
+        const Tensor<float> max = upload<B>(std::span<const float>(in));
+        world.all_reduce(span_of(max), comm::ReduceOp::max);
+        res.all_reduce_max = values(max);
+        const Tensor<float> whole = upload<B>(std::span<const float>(in));
+        const Tensor<float> mine = B::template empty<float>(Shape{static_cast<std::int64_t>(part)});
+        world.reduce_scatter(std::span<const float>(whole.data(), n), span_of(mine));
+        res.reduce_scatter = values(mine);
+        const Tensor<float> piece = upload<B>(std::span<const float>(in.data(), part));
+        const Tensor<float> gathered = B::template empty<float>(Shape{static_cast<std::int64_t>(n)});
+        world.all_gather(std::span<const float>(piece.data(), part), span_of(gathered));
+        res.all_gather = values(gathered);
+        const Tensor<float> cast = upload<B>(std::span<const float>(in));
+        world.broadcast(span_of(cast), 1);
+        res.broadcast = values(cast);
+        res.host_sum = world.all_reduce_value(static_cast<double>(in.front()) * 1e3 + r);
+        res.host_count = world.all_reduce_value(static_cast<std::int64_t>(1000 + 7 * r));
+      },
+      options);
+  return out;
+}
+
+/// thread_collectives<Cuda> with ThreadOptions::memory = Cuda::memory_access().
+std::vector<CollectiveResults> cuda_thread_collectives(int ranks, std::size_t n);
+
+}  // namespace tessera::gpu_test

@@ -1,0 +1,389 @@
+// The model on the GPU against the CPU backend: Cuda::memory_access() (copies and
+// reductions over device, host, pinned and managed memory, and thread-rank collectives
+// on device buffers); one forward_backward and three Trainer steps of
+// nn::Transformer<float, Cuda> and of the binaries' block type under every activation
+// checkpointing mode; FSDP, TP, PP and FSDP x TP on virtual ranks sharing the GPU; a
+// checkpoint saved from the GPU and loaded on either backend; out of device memory as
+// an error. The CUDA side runs in model_launchers.cu; the suite's main (test_gpu_ops.cpp)
+// skips everything without a device.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../parallel/harness.hpp"
+#include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
+#include "model_launchers.hpp"
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/comm/reduce.hpp"
+#include "tessera/nn/transformer.hpp"
+#include "tessera/train/checkpoint.hpp"
+#include "tessera/train/config.hpp"
+
+using namespace tessera;
+using namespace tessera::gpu_test;
+
+namespace {
+
+using CpuModel = nn::Transformer<float, Cpu>;
+
+/// The model of the single-rank checks: the debug model shrunk to 2 layers of dim 256
+/// with 4 heads over 2 kv heads (head dim 64, which the CUDA flash kernels take), a
+/// batch of 2 x 32 byte tokens, 3 steps at the default warmup.
+train::JobConfig small_job(const std::vector<std::string>& overrides = {}) {
+  return train::parse_config(R"(
+    [model]
+    flavor = "debugmodel"
+    dim = 256
+    n_layers = 2
+    n_heads = 4
+    n_kv_heads = 2
+    multiple_of = 32
+    [training]
+    local_batch_size = 2
+    seq_len = 32
+    steps = 3
+    mixed_precision_param = "float32"
+    synthetic_documents = 200
+    [optimizer]
+    lr = 3e-3
+  )",
+                             "test_gpu_model", overrides);
+}
+
+/// The parity jobs of tests/parallel (test::debug_job) with head dim 64 (4 heads over 2
+/// kv heads of dim 256) and 2 layers, for layouts of virtual ranks on the GPU.
+train::JobConfig layout_job(std::int64_t local_batch, int steps, const std::vector<std::string>& keys) {
+  return test::debug_job(local_batch, test::kParityBatch, steps,
+                         test::with({"--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.n_layers", "2"},
+                                    keys));
+}
+
+double relative(double a, double b) {
+  const double d = std::abs(a - b) / std::abs(b);
+  return std::isfinite(d) ? d : INFINITY;
+}
+
+// Tolerances, GPU against CPU in float32. The GPU sums GEMMs in cuBLASLt's order and
+// attention in the flash kernels' (online softmax), so values differ in the last bits;
+// a wrong kernel or a lost update is off by orders of magnitude more.
+constexpr double kLossBar = 1e-5;      // relative, each step's loss (the parity bar)
+constexpr double kGradNormBar = 1e-4;  // relative, each step's gradient norm
+constexpr double kGradientBar = 1e-4;  // max |difference| over a gradient / its max |value|
+constexpr double kParameterBar = 1e-4;  // |difference| <= bar * (1 + |value|), each parameter element
+// The change the optimizer made to each tensor, ||gpu - cpu|| / ||cpu||. AdamW divides
+// each gradient by its own root mean square, so an element whose gradient is near eps
+// (1e-8) moves by an amount its last bits decide; a few such elements stay far inside this.
+constexpr double kUpdateBar = 1e-2;
+
+/// Every tensor of `gpu` within kGradientBar of `cpu`'s (relative to its largest value).
+void check_gradients(const NamedValues& gpu, const NamedValues& cpu) {
+  REQUIRE(gpu.size() == cpu.size());
+  for (const auto& [name, ref] : cpu) {
+    CAPTURE(name);
+    REQUIRE(gpu.count(name) == 1);
+    const std::vector<float>& got = gpu.at(name);
+    REQUIRE(got.size() == ref.size());
+    double scale = 0, worst = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::abs(ref[i])));
+      const double d = std::abs(static_cast<double>(got[i]) - ref[i]);
+      worst = std::max(worst, std::isfinite(d) ? d : INFINITY);
+    }
+    CAPTURE(worst);
+    CAPTURE(scale);
+    CHECK(scale > 0);  // every parameter has a gradient: the comparison means something
+    CHECK(worst <= kGradientBar * scale);
+  }
+}
+
+/// Losses within kLossBar and gradient norms within kGradNormBar, step by step.
+void check_steps(const std::vector<double>& gpu_losses, const std::vector<double>& cpu_losses,
+                 const std::vector<double>& gpu_norms, const std::vector<double>& cpu_norms) {
+  REQUIRE(gpu_losses.size() == cpu_losses.size());
+  REQUIRE(gpu_norms.size() == cpu_norms.size());
+  for (std::size_t s = 0; s < cpu_losses.size(); ++s) {
+    CAPTURE(s);
+    CAPTURE(gpu_losses[s]);
+    CAPTURE(cpu_losses[s]);
+    CHECK(relative(gpu_losses[s], cpu_losses[s]) <= kLossBar);
+    CAPTURE(gpu_norms[s]);
+    CAPTURE(cpu_norms[s]);
+    CHECK(relative(gpu_norms[s], cpu_norms[s]) <= kGradNormBar);
+  }
+}
+
+/// The parameters after training, element by element, and the change training made to
+/// each tensor, against the CPU's. Both runs start from the same (host-drawn) values.
+void check_parameters(const TrainRun& gpu, const TrainRun& cpu) {
+  CHECK(gpu.before == cpu.before);
+  REQUIRE(gpu.after.size() == cpu.after.size());
+  for (const auto& [name, ref] : cpu.after) {
+    CAPTURE(name);
+    REQUIRE(gpu.after.count(name) == 1);
+    const std::vector<float>& got = gpu.after.at(name);
+    const std::vector<float>& start = cpu.before.at(name);
+    REQUIRE(got.size() == ref.size());
+    REQUIRE(start.size() == ref.size());
+    double worst = 0, update_diff = 0, update = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      const double d = std::abs(static_cast<double>(got[i]) - ref[i]) / (1.0 + std::abs(ref[i]));
+      worst = std::max(worst, std::isfinite(d) ? d : INFINITY);
+      const double u_cpu = static_cast<double>(ref[i]) - start[i], u_gpu = static_cast<double>(got[i]) - start[i];
+      update_diff += (u_gpu - u_cpu) * (u_gpu - u_cpu);
+      update += u_cpu * u_cpu;
+    }
+    CAPTURE(worst);
+    CHECK(worst <= kParameterBar);
+    CHECK(update > 0);  // training moved every tensor
+    const double update_gap = std::sqrt(update_diff / update);
+    CAPTURE(update_gap);
+    CHECK(update_gap <= kUpdateBar);
+  }
+}
+
+const char* place_name(Place p) {
+  switch (p) {
+    case Place::device: return "device";
+    case Place::host: return "host";
+    case Place::pinned_host: return "pinned host";
+    case Place::managed: return "managed";
+  }
+  return "?";
+}
+
+constexpr Place kPlaces[] = {Place::device, Place::host, Place::pinned_host, Place::managed};
+
+/// n values of T: full float mantissas, negative and positive integers, int64s past 2^32.
+template <class T>
+std::vector<T> values_of(std::size_t n, int seed) {
+  std::vector<float> f = collective_input(seed, n);
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, std::int64_t>)
+      v[i] = static_cast<std::int64_t>(f[i] * 1e6f) * (std::int64_t{1} << 20);
+    else if constexpr (std::is_integral_v<T>)
+      v[i] = static_cast<T>(f[i] * 1e6f);
+    else
+      v[i] = static_cast<T>(f[i]) / static_cast<T>(3);
+  }
+  return v;
+}
+
+/// memory_access_reduce for every op and every pair of places, against comm::reduce_into
+/// on the host, bit for bit; n = 1 (a host scalar such as a loss sum) and n > one block.
+template <class T>
+void check_reduce() {
+  for (std::size_t n : {std::size_t{1}, std::size_t{5000}}) {
+    const std::vector<T> dst = values_of<T>(n, 1), src = values_of<T>(n, 2);
+    for (comm::ReduceOp op : {comm::ReduceOp::sum, comm::ReduceOp::max, comm::ReduceOp::min}) {
+      std::vector<T> want = dst;
+      comm::reduce_into(want.data(), src.data(), n, comm::data_type_of<T>(), op);
+      for (Place d : kPlaces)
+        for (Place s : kPlaces) {
+          CAPTURE(n);
+          CAPTURE(static_cast<int>(op));
+          CAPTURE(place_name(d));
+          CAPTURE(place_name(s));
+          CHECK(memory_access_reduce<T>(dst, src, op, d, s) == want);
+        }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Cuda::memory_access copies between device, host, pinned and managed memory") {
+  const std::vector<float> v = collective_input(3, 3001);
+  for (Place from : kPlaces)
+    for (Place to : kPlaces) {
+      CAPTURE(place_name(from));
+      CAPTURE(place_name(to));
+      CHECK(memory_access_copy(v, from, to) == v);
+    }
+  // Overlapping ranges in one device buffer: the source as it was before the copy.
+  for (std::size_t shift : {std::size_t{1}, std::size_t{1000}}) {
+    CAPTURE(shift);
+    std::vector<float> want = v;
+    const auto k = static_cast<std::ptrdiff_t>(shift);
+    std::copy(v.begin(), v.end() - k, want.begin() + k);
+    CHECK(memory_access_overlapping_copy(v, shift) == want);
+  }
+}
+
+TEST_CASE("Cuda::memory_access reduces f32, f64, i32 and i64 as the host does, host operands staged") {
+  check_reduce<float>();
+  check_reduce<double>();
+  check_reduce<std::int32_t>();
+  check_reduce<std::int64_t>();
+}
+
+TEST_CASE("Cuda::memory_access refuses u8 and u16 reductions by name") {
+  CHECK_ERROR_CONTAINS(memory_access_reduce_type(comm::DataType::u8, 16),
+                       "reduction over u8 elements is not supported");
+  CHECK_ERROR_CONTAINS(memory_access_reduce_type(comm::DataType::u16, 16),
+                       "reduction over u16 elements is not supported");
+}
+
+TEST_CASE("Thread ranks on one GPU: every collective on device buffers gives the host engine's values") {
+  constexpr int kRanks = 4;
+  constexpr std::size_t kN = 4096;
+  const std::vector<CollectiveResults> gpu = cuda_thread_collectives(kRanks, kN);
+  const std::vector<CollectiveResults> cpu = thread_collectives<Cpu>(kRanks, kN, comm::MemoryAccess{});
+  // The sum in rank order and the maximum, computed here: the host engine's reference.
+  std::vector<float> sum = collective_input(0, kN), max = sum;
+  for (int r = 1; r < kRanks; ++r) {
+    const std::vector<float> in = collective_input(r, kN);
+    for (std::size_t i = 0; i < kN; ++i) {
+      sum[i] += in[i];
+      max[i] = std::max(max[i], in[i]);
+    }
+  }
+  const std::size_t part = kN / kRanks;
+  REQUIRE(gpu.size() == static_cast<std::size_t>(kRanks));
+  REQUIRE(cpu.size() == gpu.size());
+  for (int r = 0; r < kRanks; ++r) {
+    CAPTURE(r);
+    const CollectiveResults& g = gpu[static_cast<std::size_t>(r)];
+    const CollectiveResults& c = cpu[static_cast<std::size_t>(r)];
+    CHECK(c.all_reduce_sum == sum);
+    CHECK(c.all_reduce_max == max);
+    CHECK(g.all_reduce_sum == c.all_reduce_sum);
+    CHECK(g.all_reduce_max == c.all_reduce_max);
+    CHECK(g.reduce_scatter == std::vector<float>(sum.begin() + static_cast<std::ptrdiff_t>(r * part),
+                                                 sum.begin() + static_cast<std::ptrdiff_t>((r + 1) * part)));
+    CHECK(g.reduce_scatter == c.reduce_scatter);
+    CHECK(g.all_gather == c.all_gather);
+    CHECK(g.broadcast == collective_input(1, kN));
+    CHECK(g.host_sum == c.host_sum);
+    CHECK(g.host_count == 4000 + 7 * (0 + 1 + 2 + 3));
+  }
+  std::vector<float> gathered;
+  for (int r = 0; r < kRanks; ++r) {
+    const std::vector<float> in = collective_input(r, kN);
+    gathered.insert(gathered.end(), in.begin(), in.begin() + static_cast<std::ptrdiff_t>(part));
+  }
+  CHECK(gpu.front().all_gather == gathered);
+}
+
+TEST_CASE("Transformer<float, Cuda>: one forward_backward gives the CPU backend's loss and gradients") {
+  const train::JobConfig c = small_job();
+  REQUIRE(c.model.args.head_dim() == 64);
+  const ForwardBackward cpu = forward_backward_once<CpuModel>(c);
+  const ForwardBackward gpu = cuda_forward_backward(c);
+  CHECK(gpu.n_targets == cpu.n_targets);
+  CAPTURE(gpu.loss_sum);
+  CAPTURE(cpu.loss_sum);
+  CHECK(relative(gpu.loss_sum, cpu.loss_sum) <= kLossBar);
+  check_gradients(gpu.gradients, cpu.gradients);
+}
+
+TEST_CASE("Transformer<float, Cuda>: three Trainer steps give the CPU backend's losses, norms and parameters") {
+  const train::JobConfig c = small_job();
+  const TrainRun cpu = train_steps<CpuModel>(c);
+  const TrainRun gpu = cuda_train_steps(c);
+  REQUIRE(cpu.losses.size() == 3);
+  check_steps(gpu.losses, cpu.losses, gpu.grad_norms, cpu.grad_norms);
+  check_parameters(gpu, cpu);
+}
+
+TEST_CASE("The binaries' block type on Cuda, every activation checkpoint mode: the CPU's run, recomputation exact") {
+  // Parallel<LlamaBlock<float, Cuda>, Sharding<Dynamic>, TensorParallel<dynamic>,
+  // Pipeline<dynamic>, Checkpoint<Dynamic>>, the choices from the plan of one rank.
+  std::vector<double> none_losses, none_norms;
+  NamedValues none_gradients;
+  for (const test::AcMode& mode : test::kAcModes) {
+    CAPTURE(mode.name);
+    const train::JobConfig c = small_job(mode.keys);
+    const ForwardBackward cpu = forward_backward_once<test::DynamicModel>(c);
+    const ForwardBackward gpu = cuda_dynamic_forward_backward(c);
+    CHECK(relative(gpu.loss_sum, cpu.loss_sum) <= kLossBar);
+    check_gradients(gpu.gradients, cpu.gradients);
+    const TrainRun cpu_run = train_steps<test::DynamicModel>(c);
+    const TrainRun gpu_run = cuda_dynamic_train_steps(c);
+    check_steps(gpu_run.losses, cpu_run.losses, gpu_run.grad_norms, cpu_run.grad_norms);
+    check_parameters(gpu_run, cpu_run);
+    // Recomputing a block runs the same kernels on the same values: the gradients,
+    // losses and norms of every mode are those without checkpointing, bit for bit.
+    if (none_losses.empty()) {
+      none_gradients = gpu.gradients;
+      none_losses = gpu_run.losses;
+      none_norms = gpu_run.grad_norms;
+    } else {
+      CHECK(gpu.gradients == none_gradients);
+      CHECK(gpu_run.losses == none_losses);
+      CHECK(gpu_run.grad_norms == none_norms);
+    }
+  }
+}
+
+namespace {
+constexpr int kLayoutSteps = 3;
+
+/// `shape` on thread ranks sharing the GPU against one GPU rank and one CPU rank, with
+/// the parity bars of tests/parallel; every rank reports the same losses.
+void check_virtual_ranks(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys) {
+  CAPTURE(layout);
+  const std::vector<test::RunResult> per_rank =
+      cuda_thread_ranks(shape, layout_job(test::kParityBatch / shape.dp(), kLayoutSteps, keys));
+  const train::JobConfig one = layout_job(test::kParityBatch, kLayoutSteps, keys);
+  const test::RunResult gpu = cuda_one_rank(one);
+  const test::RunResult cpu = test::train_layout(comm::Communicator(), comm::MeshShape{}, one);
+  REQUIRE(per_rank.size() == static_cast<std::size_t>(shape.world()));
+  for (const test::RunResult& r : per_rank) {
+    CHECK(r.losses == per_rank.front().losses);
+    CHECK(r.grad_norms == per_rank.front().grad_norms);
+  }
+  const test::RunGap to_gpu = test::run_gap(per_rank.front(), gpu);
+  CAPTURE(to_gpu.loss);
+  CAPTURE(to_gpu.grad_norm);
+  CHECK(to_gpu.loss <= 1e-5);
+  CHECK(to_gpu.grad_norm <= 1e-4);
+  const test::RunGap gpu_to_cpu = test::run_gap(gpu, cpu);
+  CAPTURE(gpu_to_cpu.loss);
+  CAPTURE(gpu_to_cpu.grad_norm);
+  CHECK(gpu_to_cpu.loss <= 1e-5);
+  CHECK(gpu_to_cpu.grad_norm <= 1e-4);
+}
+}  // namespace
+
+TEST_CASE("Virtual ranks on one GPU: FSDP, TP, PP and FSDP x TP give one rank's losses") {
+  check_virtual_ranks("FSDP 2, full checkpointing", {1, 1, 2, 1}, test::kAcModes[1].keys);
+  check_virtual_ranks("TP 2 with loss parallelism, selective op checkpointing", {1, 1, 1, 2},
+                      test::kAcModes[2].keys);
+  check_virtual_ranks("PP 2, 1F1B", {2, 1, 1, 1},
+                      {"--parallelism.pipeline_parallel_schedule", "1F1B",
+                       "--parallelism.pipeline_parallel_microbatch_size", "1"});
+  check_virtual_ranks("FSDP 2 x TP 2", {1, 1, 2, 2}, {});
+}
+
+TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {
+  test::TempDir dir("tessera_gpu_model");
+  const train::JobConfig c = small_job();
+  const std::string path = (dir.path / "model.safetensors").string();
+  const NamedValues saved = cuda_save_model(c, path);
+  REQUIRE(!saved.empty());
+  // The values were drawn on the host from the seed: the CPU model's own are the same.
+  CpuModel fresh(c.model.args);
+  fresh.init_weights(static_cast<std::uint64_t>(c.training.seed));
+  CHECK(parameter_values(fresh) == saved);
+  CpuModel on_cpu(c.model.args);
+  train::load_model(on_cpu, path);
+  CHECK(parameter_values(on_cpu) == saved);
+  CHECK(cuda_load_model(c, path) == saved);
+}
+
+TEST_CASE("An allocation larger than the device is an out-of-memory error naming its size; the device works on") {
+  const std::size_t bytes = 1'000'000'000'000'000;  // 10^15 bytes: no device holds that
+  CHECK_ERROR_CONTAINS(cuda_allocate(bytes), "out of device memory");
+  CHECK_ERROR_CONTAINS(cuda_allocate(bytes), "allocating 1000000000000000 bytes");
+  CHECK_ERROR_CONTAINS(cuda_allocate(bytes), "Cuda::empty<float32>(250000000000000)");
+  const std::vector<float> v = collective_input(5, 1000);
+  CHECK(cuda_round_trip(v) == v);
+}
