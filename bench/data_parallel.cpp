@@ -131,14 +131,10 @@ std::vector<Item> parse_list(std::string_view flag, std::string_view text, const
   std::vector<Item> out;
   std::string known;
   for (const auto& item : all) known += (known.empty() ? "" : ", ") + item.key;
-  while (true) {
-    const auto comma = text.find(',');
-    const std::string_view word = text.substr(0, comma);
+  for (std::string_view word : split_commas(text)) {
     auto it = std::find_if(all.begin(), all.end(), [&](const Item& i) { return i.key == word; });
     TESSERA_CHECK(it != all.end(), flag, ": unknown item '", word, "' (known: ", known, ")");
     out.push_back(*it);
-    if (comma == std::string_view::npos) break;
-    text.remove_prefix(comma + 1);
   }
   return out;
 }
@@ -171,15 +167,6 @@ Options parse_options(int argc, char** argv) {
     TESSERA_CHECK(o.batch % l.shape.dp() == 0, "--batch ", o.batch, ": the global batch must split evenly over the ",
                   l.shape.dp(), " data-parallel ranks of ", l.name);
   return o;
-}
-
-// ---------------------------------------------------------------------------------------
-// The machine.
-
-std::string mib(double bytes) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f MiB", bytes / double(1 << 20));
-  return s;
 }
 
 // ---------------------------------------------------------------------------------------

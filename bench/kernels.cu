@@ -124,13 +124,9 @@ constexpr const char* usage =
 
 std::vector<std::string> split_list(std::string_view flag, std::string_view text) {
   std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    const std::string_view item = text.substr(start, comma - start);
+  for (std::string_view item : split_commas(text)) {
     TESSERA_CHECK(!item.empty(), flag, ": empty item in '", text, "'");
     out.emplace_back(item);
-    start = comma + 1;
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <string>
@@ -72,6 +73,24 @@ inline std::int64_t parse_count(std::string_view flag, std::string_view text, st
   TESSERA_CHECK(ec == std::errc{} && end == text.data() + text.size() && v >= min, flag, ": expected an integer >= ",
                 min, ", got '", text, "'");
   return v;
+}
+
+/// The items of a comma-separated command-line list ("a,b,c"), empty items included.
+inline std::vector<std::string_view> split_commas(std::string_view text) {
+  std::vector<std::string_view> out;
+  while (true) {
+    const auto comma = text.find(',');
+    out.push_back(text.substr(0, comma));
+    if (comma == std::string_view::npos) return out;
+    text.remove_prefix(comma + 1);
+  }
+}
+
+/// Bytes as "12.34 MiB".
+inline std::string mib(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f MiB", bytes / double(1 << 20));
+  return s;
 }
 
 }  // namespace tessera::bench

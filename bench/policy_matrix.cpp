@@ -177,16 +177,6 @@ std::string layout_keys() {
   return keys;
 }
 
-std::vector<std::string_view> split_commas(std::string_view text) {
-  std::vector<std::string_view> out;
-  while (true) {
-    const auto comma = text.find(',');
-    out.push_back(text.substr(0, comma));
-    if (comma == std::string_view::npos) return out;
-    text.remove_prefix(comma + 1);
-  }
-}
-
 std::vector<Layout> filter_layouts(std::string_view flag, std::string_view text) {
   const std::vector<std::string_view> words = split_commas(text);
   for (std::string_view w : words) TESSERA_CHECK(!w.empty(), flag, ": empty substring in '", text, "'");
@@ -461,12 +451,6 @@ Result run_combination(const Options& o, const Layout& layout, const AcMode& ac,
 
 // ---------------------------------------------------------------------------------------
 // Output.
-
-std::string mib(double bytes) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f MiB", bytes / double(1 << 20));
-  return s;
-}
 
 std::string percent(double share) {
   char s[16];

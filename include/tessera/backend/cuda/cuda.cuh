@@ -59,8 +59,13 @@ struct Cuda {
     cuda::require_device();
     const auto n = static_cast<std::size_t>(shape.numel());
     if (n == 0) return Tensor<T>(shape, cuda::device_buffer<T>(0));
-    const std::string what = "Cuda::empty<" + cuda::detail::element_name<T>() + ">" + shape.str();
-    return Tensor<T>(shape, cuda::device_buffer<T>(n, what));
+    // The request is named only when it fails: building the name on every call would
+    // cost more than handing out a cached block.
+    try {
+      return Tensor<T>(shape, cuda::device_buffer<T>(n));
+    } catch (const Error& e) {
+      fail(e.what(), " (for Cuda::empty<", cuda::detail::element_name<T>(), ">", shape.str(), ")");
+    }
   }
 
   /// A device tensor of zeros (set on the compute stream).

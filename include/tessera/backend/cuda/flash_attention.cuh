@@ -122,8 +122,11 @@ struct FlashArgs {
   bool vector_loads;
 };
 
-template <class T, int HD>
-__global__ void __launch_bounds__(kFlashBlockRows) flash_forward_kernel(FlashArgs<T> a) {
+/// One thread per query row over the key/value tiles it sees: the forward (o, lse)
+/// and, with `backward`, the backward's query pass (dq); they differ only in the row
+/// functor and what it starts from and writes.
+template <class T, int HD, bool backward>
+__global__ void __launch_bounds__(kFlashBlockRows) flash_query_kernel(FlashArgs<T> a) {
   constexpr int kTile = kFlashTileRows<HD>;
   __shared__ float ks[kTile * HD];
   __shared__ float vs[kTile * HD];
@@ -134,8 +137,14 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_forward_kernel(FlashArg
   const std::int64_t i0 = qb * kFlashBlockRows, i = i0 + threadIdx.x, base = b * t;
   const bool active = i < t;
 
-  ops::FlashForwardRow<T, HD> row;
-  if (active) row.start(a.q + (base + i) * a.ldq + h * HD, i, a.scale);
+  std::conditional_t<backward, ops::FlashBackwardQueryRow<T, HD>, ops::FlashForwardRow<T, HD>> row;
+  if (active) {
+    if constexpr (backward)
+      row.start(a.q + (base + i) * a.ldq + h * HD, a.d_o + (base + i) * a.lddo + h * HD, a.lse[bh * t + i],
+                a.delta[bh * t + i], i, a.scale);
+    else
+      row.start(a.q + (base + i) * a.ldq + h * HD, i, a.scale);
+  }
   const std::int64_t key_end = flash_min(t, i0 + kFlashBlockRows);  // keys the block's queries see
   for (std::int64_t key0 = 0; key0 < key_end; key0 += kTile) {
     const int n = static_cast<int>(flash_min(kTile, t - key0));
@@ -145,7 +154,12 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_forward_kernel(FlashArg
     __syncthreads();
     if (active) row.update(ks, HD, vs, HD, key0, n);
   }
-  if (active) row.finish(a.out + (base + i) * a.ldout + h * HD, a.lse_out + bh * t + i);
+  if (active) {
+    if constexpr (backward)
+      row.finish(a.out + (base + i) * a.ldout + h * HD);
+    else
+      row.finish(a.out + (base + i) * a.ldout + h * HD, a.lse_out + bh * t + i);
+  }
 }
 
 template <class T, int HD>
@@ -177,34 +191,6 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_backward_key_kernel(Fla
     }
   }
   if (active) row.finish(a.dk + (base + j) * a.lddk + kvh * HD, a.dv + (base + j) * a.lddv + kvh * HD);
-}
-
-template <class T, int HD>
-__global__ void __launch_bounds__(kFlashBlockRows) flash_backward_query_kernel(FlashArgs<T> a) {
-  constexpr int kTile = kFlashTileRows<HD>;
-  __shared__ float ks[kTile * HD];
-  __shared__ float vs[kTile * HD];
-  const std::int64_t heads = a.batch * a.n_heads, t = a.seq_len;
-  const std::int64_t blocks = (t + kFlashBlockRows - 1) / kFlashBlockRows;
-  const std::int64_t qb = blocks - 1 - blockIdx.x / heads, bh = blockIdx.x % heads;  // the last blocks first
-  const std::int64_t b = bh / a.n_heads, h = bh % a.n_heads, kvh = h / (a.n_heads / a.n_kv_heads);
-  const std::int64_t i0 = qb * kFlashBlockRows, i = i0 + threadIdx.x, base = b * t;
-  const bool active = i < t;
-
-  ops::FlashBackwardQueryRow<T, HD> row;
-  if (active)
-    row.start(a.q + (base + i) * a.ldq + h * HD, a.d_o + (base + i) * a.lddo + h * HD, a.lse[bh * t + i],
-              a.delta[bh * t + i], i, a.scale);
-  const std::int64_t key_end = flash_min(t, i0 + kFlashBlockRows);
-  for (std::int64_t key0 = 0; key0 < key_end; key0 += kTile) {
-    const int n = static_cast<int>(flash_min(kTile, t - key0));
-    __syncthreads();
-    flash_stage<T, HD, kTile>(ks, a.k + (base + key0) * a.ldk + kvh * HD, a.ldk, n, a.vector_loads);
-    flash_stage<T, HD, kTile>(vs, a.v + (base + key0) * a.ldv + kvh * HD, a.ldv, n, a.vector_loads);
-    __syncthreads();
-    if (active) row.update(ks, HD, vs, HD, key0, n);
-  }
-  if (active) row.finish(a.out + (base + i) * a.ldout + h * HD);
 }
 
 /// Whether 16-byte loads may read every row of a view: an aligned base and ld.
@@ -247,7 +233,7 @@ void flash_attention_forward(const AttentionShape& s, TensorView<const T> q, Ten
     a.vector_loads = detail::flash_vector_loadable(k) && detail::flash_vector_loadable(v);
     const unsigned grid = detail::flash_grid(s.seq_len, s.batch * s.n_heads, "forward");
     ops::with_flash_head_dim(s.head_dim, [&]<int HD>() {
-      detail::flash_forward_kernel<T, HD><<<grid, detail::kFlashBlockRows, 0, stream>>>(a);
+      detail::flash_query_kernel<T, HD, false><<<grid, detail::kFlashBlockRows, 0, stream>>>(a);
       TESSERA_CUDA_CHECK(cudaGetLastError());
     });
   }
@@ -282,7 +268,7 @@ void flash_attention_backward(const AttentionShape& s, TensorView<const T> q, Te
     ops::with_flash_head_dim(s.head_dim, [&]<int HD>() {
       detail::flash_backward_key_kernel<T, HD><<<key_grid, detail::kFlashBlockRows, 0, stream>>>(a);
       TESSERA_CUDA_CHECK(cudaGetLastError());
-      detail::flash_backward_query_kernel<T, HD><<<query_grid, detail::kFlashBlockRows, 0, stream>>>(a);
+      detail::flash_query_kernel<T, HD, true><<<query_grid, detail::kFlashBlockRows, 0, stream>>>(a);
       TESSERA_CUDA_CHECK(cudaGetLastError());
     });
   }
