@@ -1,7 +1,10 @@
 // AdamW, the learning-rate schedule and gradient clipping against hand-computed values.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
@@ -112,4 +115,125 @@ TEST_CASE("Gradient norm and clipping coefficient") {
   double ref = 0;
   for (std::int64_t i = 0; i < big.numel(); ++i) big[i] = float(i % 7) - 3, ref += double(big[i]) * big[i];
   CHECK(squared_norm<Cpu>(big) == ref);
+}
+
+namespace {
+// Parameters of awkward sizes: empty, one element, across a block of the multi-tensor
+// launch (ops::kAdamWBlock), and across several chunks of the norm (ops::kNormChunk).
+struct ManyParams {
+  using scalar_type = float;
+  std::vector<nn::Parameter<float>> ps;
+  ManyParams() {
+    const std::int64_t sizes[] = {0, 1, ops::kAdamWBlock - 1, ops::kAdamWBlock + 3, 3 * ops::kNormChunk + 17, 5};
+    const char* names[] = {"empty", "one", "below_block", "above_block", "chunks", "five"};
+    for (std::size_t k = 0; k < std::size(sizes); ++k) {
+      ps.emplace_back(names[k], Shape{sizes[k]}, nn::Init{});
+      for (std::int64_t i = 0; i < sizes[k]; ++i) {
+        ps.back().value[i] = std::sin(0.37f * float(i + 11 * k));
+        ps.back().grad[i] = std::cos(0.53f * float(i + 7 * k)) * 0.01f;
+      }
+    }
+  }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    for (auto& p : ps) f(p);
+  }
+};
+
+// One tensor's AdamW by the single-tensor functor: the reference for the launch over all.
+void reference_step(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v,
+                    const AdamWOptions& o, int t, float lr, float scale) {
+  const float bc1 = float(1 - std::pow(o.beta1, t)), bc2 = float(1 - std::pow(o.beta2, t));
+  ops::AdamWStep<float> step{p.data(), g.data(), m.data(), v.data(), lr, float(o.beta1), float(o.beta2),
+                             float(o.eps), float(o.weight_decay), bc1, bc2, scale};
+  for (std::size_t i = 0; i < p.size(); ++i) step(static_cast<std::int64_t>(i));
+}
+
+std::vector<float> values(const Tensor<float>& t) { return std::vector<float>(t.data(), t.data() + t.numel()); }
+}  // namespace
+
+TEST_CASE("AdamW updates every tensor in one launch exactly as tensor by tensor") {
+  ManyParams model;
+  AdamWOptions o;
+  o.lr = 1e-2;
+  std::vector<std::vector<float>> p, m, v;
+  for (auto& q : model.ps) {
+    p.push_back(values(q.value));
+    m.emplace_back(q.numel(), 0.0f);
+    v.emplace_back(q.numel(), 0.0f);
+  }
+  AdamW<float, Cpu> opt(model, o);
+  for (int t = 1; t <= 3; ++t) {
+    const float scale = t == 2 ? 0.5f : 1.0f;
+    opt.step(o.lr, scale);
+    for (std::size_t k = 0; k < model.ps.size(); ++k) {
+      reference_step(p[k], values(model.ps[k].grad), m[k], v[k], o, t, float(o.lr), scale);
+      CAPTURE(k);
+      CHECK(values(model.ps[k].value) == p[k]);  // bitwise: the same arithmetic in the same order
+    }
+  }
+  // A parameter whose tensors are replaced (as loading does) is updated where it now lives.
+  nn::Parameter<float>& moved = model.ps[3];
+  Tensor<float> fresh(moved.shape());
+  for (std::int64_t i = 0; i < fresh.numel(); ++i) fresh[i] = 1.0f;
+  moved.value = fresh;
+  opt.step(o.lr);
+  CHECK(fresh[0] != 1.0f);
+  reference_step(p[3] = std::vector<float>(fresh.numel(), 1.0f), values(moved.grad), m[3], v[3], o, 4, float(o.lr),
+                 1.0f);
+  CHECK(values(fresh) == p[3]);
+}
+
+TEST_CASE("AdamW with bf16 parameters: one launch updates the masters and rounds the parameters") {
+  ManyParams model, reference;
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.param_dtype = DType::bf16;
+  AdamW<float, Cpu> opt(model, o);
+  std::vector<std::vector<float>> master, m, v;
+  for (auto& q : reference.ps) {
+    master.push_back(values(q.value));
+    m.emplace_back(q.numel(), 0.0f);
+    v.emplace_back(q.numel(), 0.0f);
+  }
+  for (int t = 1; t <= 2; ++t) {
+    opt.step(o.lr);
+    for (std::size_t k = 0; k < model.ps.size(); ++k) {
+      reference_step(master[k], values(reference.ps[k].grad), m[k], v[k], o, t, float(o.lr), 1.0f);
+      std::vector<float> rounded(master[k].size());
+      for (std::size_t i = 0; i < rounded.size(); ++i) rounded[i] = round_to_bf16(master[k][i]);
+      CAPTURE(k);
+      CHECK(values(model.ps[k].value) == rounded);
+    }
+  }
+}
+
+TEST_CASE("SquaredNorms sums many pieces in one launch, piece by piece in order") {
+  ManyParams model;
+  SquaredNorms<Cpu, float> norms;
+  double expected = 0;
+  for (auto& p : model.ps) {
+    double piece = 0;
+    for (std::int64_t c = 0; c < p.numel(); c += ops::kNormChunk) {
+      double chunk = 0;
+      for (std::int64_t i = c; i < std::min(p.numel(), c + ops::kNormChunk); ++i) chunk += double(p.grad[i]) * p.grad[i];
+      piece += chunk;
+    }
+    expected += piece;
+    norms.add(p.grad);
+  }
+  CHECK(norms.sum() == expected);  // bitwise: chunk sums, then piece sums, in order
+  CHECK(norms.sum() == 0.0);       // sum() forgets what it summed
+  // The same pieces again reuse the uploaded table; a changed piece is seen.
+  for (auto& p : model.ps) norms.add(p.grad);
+  CHECK(norms.sum() == expected);
+  model.ps[4].grad[ops::kNormChunk + 1] += 1.0f;
+  for (auto& p : model.ps) norms.add(p.grad);
+  CHECK(norms.sum() != expected);
+  // Part of a tensor, as a shard's slice of a parameter.
+  norms.add(model.ps[2].grad.data() + 1, 2);
+  CHECK(norms.sum() == double(model.ps[2].grad[1]) * model.ps[2].grad[1] + double(model.ps[2].grad[2]) * model.ps[2].grad[2]);
+  double per_tensor = 0;
+  for (auto& p : model.ps) per_tensor += squared_norm<Cpu>(p.grad);
+  CHECK(grad_norm<Cpu>(model) == std::sqrt(per_tensor));
 }

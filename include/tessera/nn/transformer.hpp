@@ -254,13 +254,13 @@ class Transformer {
   /// owns (its shard; the first replica; the first holder of a tensor-parallel piece),
   /// and the sum over the world counts every element once.
   double grad_norm() {
-    double s = 0;
     if (units_)
-      for_each_unit([&](Unit& u) { s += u.owned_squared_norm(); });
+      for_each_unit([&](Unit& u) { u.add_owned_gradient(norms_); });
     else
       for_each_parameter([&](Parameter<T>& p) {
-        if (p.split.owner) s += optim::squared_norm<B>(p.grad);
+        if (p.split.owner) norms_.add(p.grad);
       });
+    double s = norms_.sum();
     if (plan_.mesh && plan_.mesh->world().size() > 1) s = plan_.mesh->world().all_reduce_value(s);
     return std::sqrt(s);
   }
@@ -780,6 +780,7 @@ class Transformer {
   bool has_embedding_ = true, has_head_ = true;
   std::map<int, parallel::Schedule> schedules_;           // by microbatch count
   double pipeline_wait_seconds_ = 0;
+  optim::SquaredNorms<B, T> norms_;  // the gradient norm's pieces, their table kept between steps
   std::vector<std::unique_ptr<Parameter<T>>> whole_;       // every parameter, inside with_whole_parameters
 };
 

@@ -2,14 +2,48 @@
 // arithmetic): p <- p (1 - lr wd); m <- b1 m + (1 - b1) g; v <- b2 v + (1 - b2) g^2;
 // p <- p - lr (m / c1) / (sqrt(v / c2) + eps), with c1 = 1 - b1^t, c2 = 1 - b2^t.
 // g is the gradient times grad_scale (the clipping coefficient).
+//
+// AdamWStep updates one tensor. AdamWMultiStep updates every tensor of a model in one
+// launch: a table of AdamWTensor entries (in the backend's memory) gives each tensor a
+// range of the launch's indices starting on a multiple of kAdamWBlock, and a second
+// table maps each block of kAdamWBlock indices to its tensor, so each index finds its
+// tensor in two loads (no search). Where a tensor has an fp32 master copy (bf16
+// parameters), the update goes to the master and the parameter receives its bf16
+// rounding in the same pass.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
 
 namespace tessera::ops {
+
+/// The scalars of one AdamW step.
+template <class T>
+struct AdamWScalars {
+  T lr;
+  T beta1;
+  T beta2;
+  T eps;
+  T weight_decay;
+  T bias_correction1;
+  T bias_correction2;
+  T grad_scale;
+};
+
+/// One element's update: p, m and v in place, from gradient g (before grad_scale).
+template <class T>
+TESSERA_HD inline void adamw_update(T& p, T& m, T& v, T grad, const AdamWScalars<T>& s) {
+  const T g = grad * s.grad_scale;
+  const T decayed = p * (T(1) - s.lr * s.weight_decay);
+  m = s.beta1 * m + (T(1) - s.beta1) * g;
+  v = s.beta2 * v + (T(1) - s.beta2) * g * g;
+  const T denom = sqrt_(v / s.bias_correction2) + s.eps;
+  p = decayed - s.lr * (m / s.bias_correction1) / denom;
+}
 
 template <class T>
 struct AdamWStep {
@@ -26,14 +60,50 @@ struct AdamWStep {
   T bias_correction2;
   T grad_scale;
   TESSERA_HD void operator()(std::int64_t i) const {
-    T g = grad[i] * grad_scale;
-    T p = param[i] * (T(1) - lr * weight_decay);
-    T m = beta1 * exp_avg[i] + (T(1) - beta1) * g;
-    T v = beta2 * exp_avg_sq[i] + (T(1) - beta2) * g * g;
+    const AdamWScalars<T> s{lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, grad_scale};
+    T p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
+    adamw_update(p, m, v, grad[i], s);
+    param[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    T denom = sqrt_(v / bias_correction2) + eps;
-    param[i] = p - lr * (m / bias_correction1) / denom;
+  }
+};
+
+/// Indices of a multi-tensor launch per entry of its block table.
+inline constexpr std::int64_t kAdamWBlock = 2048;
+
+/// One tensor of a multi-tensor AdamW launch.
+template <class T>
+struct AdamWTensor {
+  T* param;
+  const T* grad;
+  T* exp_avg;
+  T* exp_avg_sq;
+  T* master;            // the fp32 master the update goes to (bf16 parameters), or null
+  std::int64_t numel;
+  std::int64_t begin;   // its first index in the launch, a multiple of kAdamWBlock
+
+  friend bool operator==(const AdamWTensor&, const AdamWTensor&) = default;
+};
+
+/// Every tensor's step in one launch over `blocks * kAdamWBlock` indices.
+template <class T>
+struct AdamWMultiStep {
+  const AdamWTensor<T>* tensors;
+  const std::int32_t* block_tensor;  // the tensor each block of kAdamWBlock indices belongs to
+  AdamWScalars<T> s;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const AdamWTensor<T>& t = tensors[block_tensor[i / kAdamWBlock]];
+    const std::int64_t j = i - t.begin;
+    if (j >= t.numel) return;  // the padding after a tensor, up to its last block's end
+    T* target = t.master != nullptr ? t.master : t.param;
+    T p = target[j], m = t.exp_avg[j], v = t.exp_avg_sq[j];
+    adamw_update(p, m, v, t.grad[j], s);
+    target[j] = p;
+    t.exp_avg[j] = m;
+    t.exp_avg_sq[j] = v;
+    if constexpr (std::is_same_v<T, float>)
+      if (t.master != nullptr) t.param[j] = round_to_bf16(p);
   }
 };
 

@@ -7,11 +7,15 @@
 // (mixed_precision_param = "bfloat16"), the optimizer keeps an fp32 master copy of
 // each parameter, updates the master, and writes back its bf16 rounding: forward and
 // backward then see bf16 values while updates accumulate in fp32, as FSDP2's mixed
-// precision does. The arithmetic is ops::AdamWStep.
+// precision does. The arithmetic is ops::AdamWMultiStep: one launch updates every
+// tensor (the master and the bf16 rounding in the same pass), from tables of the
+// tensors' addresses kept in the backend's memory and uploaded again only when a
+// tensor moves.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -67,20 +71,20 @@ class AdamW {
       model.for_each_parameter(add);
   }
 
-  /// One update at learning rate `lr`, gradients multiplied by `grad_scale`.
+  /// One update at learning rate `lr`, gradients multiplied by `grad_scale`: every
+  /// parameter in one launch (ops::AdamWMultiStep).
   void step(double lr, double grad_scale = 1.0) {
     ++step_;
     const double bc1 = 1 - std::pow(options_.beta1, static_cast<double>(step_));
     const double bc2 = 1 - std::pow(options_.beta2, static_cast<double>(step_));
-    for (auto& s : states_) {
-      Tensor<T>& target = rounds_to_bf16() ? s.master : s.param->value;
-      B::for_each(target.numel(),
-                  ops::AdamWStep<T>{target.data(), s.param->grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(),
-                                    static_cast<T>(lr), static_cast<T>(options_.beta1), static_cast<T>(options_.beta2),
-                                    static_cast<T>(options_.eps), static_cast<T>(options_.weight_decay),
-                                    static_cast<T>(bc1), static_cast<T>(bc2), static_cast<T>(grad_scale)});
-      if (rounds_to_bf16()) round_into(s.master, s.param->value);
-    }
+    refresh_tables();
+    if (launch_size_ == 0) return;
+    B::for_each(launch_size_,
+                ops::AdamWMultiStep<T>{tensors_.data(), block_tensor_.data(),
+                                       ops::AdamWScalars<T>{static_cast<T>(lr), static_cast<T>(options_.beta1),
+                                                            static_cast<T>(options_.beta2), static_cast<T>(options_.eps),
+                                                            static_cast<T>(options_.weight_decay), static_cast<T>(bc1),
+                                                            static_cast<T>(bc2), static_cast<T>(grad_scale)}});
   }
 
   std::int64_t steps_taken() const { return step_; }
@@ -102,6 +106,33 @@ class AdamW {
 
   bool rounds_to_bf16() const { return options_.param_dtype == DType::bf16; }
 
+  /// The launch's tables in B's memory, uploaded again only when a tensor moved (a
+  /// parameter's value or gradient replaced, as loading a checkpoint may do).
+  void refresh_tables() {
+    std::vector<ops::AdamWTensor<T>> table;
+    table.reserve(states_.size());
+    std::int64_t begin = 0;
+    for (auto& s : states_) {
+      if (s.param->numel() == 0) continue;
+      TESSERA_CHECK(s.param->grad.numel() == s.param->numel(), "optimizer: parameter ", s.param->name, " has ",
+                    s.param->numel(), " elements but its gradient ", s.param->grad.numel());
+      table.push_back({s.param->value.data(), s.param->grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(),
+                       rounds_to_bf16() ? s.master.data() : nullptr, s.param->numel(), begin});
+      begin += (s.param->numel() + ops::kAdamWBlock - 1) / ops::kAdamWBlock * ops::kAdamWBlock;
+    }
+    if (table == host_table_ && launch_size_ == begin) return;
+    std::vector<std::int32_t> blocks(static_cast<std::size_t>(begin / ops::kAdamWBlock));
+    for (std::size_t t = 0; t < table.size(); ++t) {
+      const std::int64_t first = table[t].begin / ops::kAdamWBlock;
+      const std::int64_t count = (table[t].numel + ops::kAdamWBlock - 1) / ops::kAdamWBlock;
+      for (std::int64_t b = first; b < first + count; ++b) blocks[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(t);
+    }
+    tensors_ = upload<B>(std::span<const ops::AdamWTensor<T>>(table));
+    block_tensor_ = upload<B>(std::span<const std::int32_t>(blocks));
+    host_table_ = std::move(table);
+    launch_size_ = begin;
+  }
+
   static void round_into(const Tensor<T>& from, const Tensor<T>& to) {
     if constexpr (std::is_same_v<T, float>) B::for_each(from.numel(), detail::RoundToBf16{from.data(), to.data()});
   }
@@ -109,6 +140,10 @@ class AdamW {
   AdamWOptions options_;
   std::vector<State> states_;
   std::int64_t step_ = 0;
+  std::vector<ops::AdamWTensor<T>> host_table_;  // what tensors_ holds
+  Tensor<ops::AdamWTensor<T>> tensors_;
+  Tensor<std::int32_t> block_tensor_;
+  std::int64_t launch_size_ = 0;
 };
 
 }  // namespace tessera::optim

@@ -242,26 +242,25 @@ class ShardedUnit {
       for (auto& s : params_) f(*s.p);
   }
 
-  /// The sum of squares of the gradient elements this rank counts in the global norm:
-  /// those of its shard (disjoint over dp_shard), on the first replica only (HSDP's
+  /// Adds to `norms` the gradient elements this rank counts in the global norm: those
+  /// of its shard (disjoint over dp_shard), on the first replica only (HSDP's
   /// dp_replicate, DDP's dp), of parameters whose tensor-parallel piece it owns.
-  /// Summed over every rank of the world, that is the squared norm of the whole gradient.
-  double owned_squared_norm() {
+  /// Summed over every rank of the world, their squares make the squared norm of the
+  /// whole gradient.
+  void add_owned_gradient(optim::SquaredNorms<B, T>& norms) {
     check_sharded();
-    if (replicate_comm_ && replicate_comm_->rank() != 0) return 0;
-    double s = 0;
+    if (replicate_comm_ && replicate_comm_->rank() != 0) return;
     if (shards()) {
       const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
       for (const auto& slot : params_) {
         if (!slot.p->split.owner) continue;
         const std::int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.shape.numel());
-        if (lo < hi) s += optim::squared_norm<B>(local_.grad.slice(lo - begin, Shape{hi - lo}));
+        if (lo < hi) norms.add(local_.grad.data() + (lo - begin), hi - lo);
       }
     } else {
       for (const auto& slot : params_)
-        if (slot.p->split.owner) s += optim::squared_norm<B>(slot.p->grad);
+        if (slot.p->split.owner) norms.add(slot.p->grad);
     }
-    return s;
   }
 
  private:
