@@ -123,7 +123,7 @@ Errors flash_vs_cpu(const Config& c) {
                              rdk.view, rdv.view);
 
   auto o = matrix<T>(rows, qc, 5);
-  std::vector<ops::acc_t<T>> lse(rlse.size());
+  std::vector<accum_t<T>> lse(rlse.size());
   ops::flash_attention_forward_rows<T, HD>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), c.tile);
   auto dq = matrix<T>(rows, qc, 1, convert<T>(std::numeric_limits<float>::quiet_NaN()));
   auto dk = converted<T>(dk0, 2), dv = converted<T>(dv0, 0);
@@ -201,6 +201,137 @@ TEST_CASE("flash attention rows on bf16 storage stay within bf16 rounding of the
   CHECK(e.dq < 1e-2);
   CHECK(e.dk < 1e-2);
   CHECK(e.dv < 1e-2);
+}
+
+namespace {
+
+/// max over elements of |a - b| / (rel |b| + abs): at most 1 when every element of a is
+/// within the bound of b.
+template <class U, class V>
+double worst_ratio(TensorView<U> a, TensorView<V> b, double rel, double abs) {
+  REQUIRE(a.shape() == b.shape());
+  double worst = 0;
+  for (std::int64_t r = 0; r < a.rows(); ++r)
+    for (std::int64_t c = 0; c < a.cols(); ++c) {
+      const double x = to_double(a(r, c)), y = to_double(b(r, c));
+      const double diff = std::abs(x - y), bound = rel * std::abs(y) + abs;
+      worst = std::max(worst, std::isnan(diff) ? HUGE_VAL : (diff == 0 ? 0.0 : diff / bound));
+    }
+  return worst;
+}
+
+template <class U, class V>
+double worst_ratio(const std::vector<U>& a, const std::vector<V>& b, double rel, double abs) {
+  REQUIRE(a.size() == b.size());
+  return worst_ratio(TensorView<const U>(a.data(), Shape{1, static_cast<std::int64_t>(a.size())}),
+                     TensorView<const V>(b.data(), Shape{1, static_cast<std::int64_t>(b.size())}), rel, abs);
+}
+
+template <class T>
+double max_abs(TensorView<T> m) {
+  double x = 0;
+  for (std::int64_t r = 0; r < m.rows(); ++r)
+    for (std::int64_t c = 0; c < m.cols(); ++c) x = std::max(x, std::abs(to_double(m(r, c))));
+  return x;
+}
+
+/// The flash rows with bf16 storage against the same rows with float storage on the
+/// same (bf16) values. The float backward reads the bf16 run's o, rounded as the bf16
+/// backward reads it, so both compute D from the same O. Tolerances:
+///   o, dq, dk, dv: 2^-8 relative: the bf16 rows do the float rows' float arithmetic and
+///     round each output once (at most 2^-9 of it); plus 1e-6 of the largest element,
+///     as each is a sum of terms of both signs (weights times v rows, dS times q or k
+///     rows) that float holds to a few 2^-24 of the terms.
+///   lse: 1e-6 relative (float in both runs; one bf16 rounding would be 2e-3), plus
+///     1e-6 absolute for values near zero (lse = m + log l with terms of order 1).
+template <int HD>
+void check_bf16_rows_against_float(const Config& c) {
+  CAPTURE(HD);
+  CAPTURE(c.batch);
+  CAPTURE(c.seq_len);
+  CAPTURE(c.n_heads);
+  CAPTURE(c.n_kv_heads);
+  CAPTURE(c.tile);
+  CAPTURE(c.q_std);
+  const AttentionShape s{c.batch, c.seq_len, c.n_heads, c.n_kv_heads, HD};
+  const std::int64_t rows = s.rows(), qc = s.n_heads * HD, kc = s.n_kv_heads * HD;
+  const auto q = random_matrix<bf16>(rows, qc, 3, "q", c.q_std), k = random_matrix<bf16>(rows, kc, 1, "k");
+  const auto v = random_matrix<bf16>(rows, kc, 0, "v"), d_o = random_matrix<bf16>(rows, qc, 2, "dO");
+  const auto dk0 = random_matrix<bf16>(rows, kc, 4, "dk0", 0.5), dv0 = random_matrix<bf16>(rows, kc, 1, "dv0", 0.5);
+  const auto fq = converted<float>(q, 1), fk = converted<float>(k, 0), fv = converted<float>(v, 2);
+  const auto fdo = converted<float>(d_o, 0);
+  const std::size_t n_lse = static_cast<std::size_t>(s.batch * s.n_heads * s.seq_len);
+
+  auto o = matrix<bf16>(rows, qc, 5);
+  auto fo = matrix<float>(rows, qc, 0);
+  std::vector<float> lse(n_lse), flse(n_lse);
+  ops::flash_attention_forward_rows<bf16, HD>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), c.tile);
+  ops::flash_attention_forward_rows<float, HD>(s, fq.cview(), fk.cview(), fv.cview(), fo.view, flse.data(), c.tile);
+  CHECK(worst_ratio(o.view, fo.view, 0x1p-8, 1e-6 * max_abs(fo.view)) <= 1.0);
+  CHECK(worst_ratio(lse, flse, 1e-6, 1e-6) <= 1.0);
+
+  const auto fo_rounded = converted<float>(o, 0);
+  auto dq = matrix<bf16>(rows, qc, 1, convert<bf16>(std::numeric_limits<float>::quiet_NaN()));
+  auto fdq = matrix<float>(rows, qc, 0, std::numeric_limits<float>::quiet_NaN());
+  auto dk = converted<bf16>(dk0, 2), dv = converted<bf16>(dv0, 0);
+  auto fdk = converted<float>(dk0, 0), fdv = converted<float>(dv0, 3);
+  ops::flash_attention_backward_rows<bf16, HD>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(),
+                                               dq.view, dk.view, dv.view, c.tile);
+  ops::flash_attention_backward_rows<float, HD>(s, fq.cview(), fk.cview(), fv.cview(), fo_rounded.cview(),
+                                                flse.data(), fdo.cview(), fdq.view, fdk.view, fdv.view, c.tile);
+  CHECK(worst_ratio(dq.view, fdq.view, 0x1p-8, 1e-6 * max_abs(fdq.view)) <= 1.0);
+  CHECK(worst_ratio(dk.view, fdk.view, 0x1p-8, 1e-6 * max_abs(fdk.view)) <= 1.0);
+  CHECK(worst_ratio(dv.view, fdv.view, 0x1p-8, 1e-6 * max_abs(fdv.view)) <= 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("flash attention rows on bf16 storage: lse in float, outputs within one rounding of the float rows") {
+  // GQA groups of 4, 2 and 1 q heads per kv head; tiles of 1, 16 and 64 rows against
+  // odd sequence lengths; head dims 64 and 128.
+  for (std::int64_t kv : {1, 2, 4}) {
+    check_bf16_rows_against_float<64>({2, 37, 4, kv, 16});
+    check_bf16_rows_against_float<128>({1, 21, 4, kv, 1});
+  }
+  check_bf16_rows_against_float<64>({2, 45, 4, 2, 64});
+  check_bf16_rows_against_float<128>({2, 19, 4, 2, 16});
+  // Scores spread by about 25: rescaling under a new max, in float.
+  check_bf16_rows_against_float<64>({1, 70, 2, 1, 16, 25.0});
+  // 301 keys for the last query: l (the sum of exponentials), acc, dk and dv sum over
+  // hundreds of terms, which a bf16 accumulator would visibly lose.
+  check_bf16_rows_against_float<64>({1, 301, 2, 1, 64});
+}
+
+TEST_CASE("flash attention D on bf16 storage is the float D of the same values") {
+  // D = dO . O over head dims of 64 and 128, for 3 heads of 2 x 13 rows; the sum of 128
+  // products in bf16 would be off by far more than 1e-6.
+  for (std::int64_t hd : {64, 128}) {
+    CAPTURE(hd);
+    const std::int64_t rows = 26, heads = 3, cols = heads * hd;
+    const auto o = random_matrix<bf16>(rows, cols, 3, "o.delta"), d_o = random_matrix<bf16>(rows, cols, 1, "dO.delta");
+    const auto fo = converted<float>(o, 0), fdo = converted<float>(d_o, 2);
+    std::vector<float> delta(rows * heads), fdelta(rows * heads), sum_abs(rows * heads);
+    const ops::FlashDelta<bf16> bd{o.view.data(), o.view.ld(), d_o.view.data(), d_o.view.ld(), delta.data(), 13,
+                                   heads, hd};
+    const ops::FlashDelta<float> fd{fo.view.data(), fo.view.ld(), fdo.view.data(), fdo.view.ld(), fdelta.data(), 13,
+                                    heads, hd};
+    for (std::int64_t i = 0; i < rows * heads; ++i) {
+      bd(i);
+      fd(i);
+    }
+    // Absolute term: hd products of both signs, each of order 1; 1e-6 per product.
+    CHECK(worst_ratio(delta, fdelta, 1e-6, 1e-6 * static_cast<double>(hd)) <= 1.0);
+    // Index (b * H + h) * T + t is head h of row b * T + t, against double.
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t t = 0; t < 13; ++t) {
+          double ref = 0;
+          for (std::int64_t d = 0; d < hd; ++d)
+            ref += to_double(o.view(b * 13 + t, h * hd + d)) * to_double(d_o.view(b * 13 + t, h * hd + d));
+          REQUIRE(delta[static_cast<std::size_t>((b * heads + h) * 13 + t)] ==
+                  doctest::Approx(ref).epsilon(1e-5));
+        }
+  }
 }
 
 TEST_CASE("flash attention: the first query sees only the first key; tiles past the causal edge change nothing") {

@@ -1,8 +1,12 @@
 // The ops functors and the CPU backend's GEMM and attention against plain reference loops.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "../support/gradcheck.hpp"
@@ -217,4 +221,459 @@ TEST_CASE("The vectorisable float exp is within one ulp on [-87.3, 0]") {
   CHECK(ops::exp_poly(-1000.0f) <= 1.2e-38f);
   CHECK(ops::exp_poly(-1000.0f) >= 0.0f);
   CHECK(ops::exp_nonpositive(-2.0) == std::exp(-2.0));  // double keeps std::exp
+}
+
+// ---------------------------------------------------------------------------------
+// bf16 storage: every functor against its float instantiation on the same values.
+//
+// Inputs are drawn in float and rounded to bf16, so both runs see the same numbers, and
+// the bf16 functor is meant to do the float functor's arithmetic and round each output
+// once. Tolerances:
+//   kRoundRel (2^-8), for a bf16 output against the float result: rounding to nearest
+//     even moves a value by at most 2^-9 of its magnitude (8 significant bits); the
+//     factor 2 leaves room for the float results to differ in their last bits. A bf16
+//     intermediate (a product or partial sum rounded before the end) adds another error
+//     of up to 2^-9 of that intermediate, which the cases below make visible.
+//   kStatRel (1e-6), for statistics (rstd, max, sums, lse, D, losses) and gradients
+//     accumulated in accum_t = float: the same float arithmetic, so equal up to a few
+//     float ulps (2^-24 = 6e-8 each); one bf16 rounding anywhere (up to 2e-3) is far
+//     outside it.
+//   An absolute term, only where an output is a sum whose terms cancel (noted at each
+//     use): there the float result is itself only accurate to about 2^-24 of the terms,
+//     so a relative bound on a result near zero would compare rounding noise.
+// The long rows (thousands of terms) are the cases where a reduction kept in bf16 fails
+// visibly: past 256 terms of similar size a bf16 running sum stops growing (its ulp
+// exceeds the terms).
+
+namespace {
+
+constexpr double kRoundRel = 0x1p-8;
+constexpr double kStatRel = 1e-6;
+
+/// n values drawn normal(mean, std) from `name`, rounded to bf16: exactly the same
+/// numbers as bf16, float and double.
+std::vector<float> bf16_values(std::int64_t n, const std::string& name, double std = 1.0, double mean = 0.0) {
+  Tensor<double> d(Shape{n});
+  fill_normal(d, 11, name, std);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = round_to_bf16(static_cast<float>(mean + d[i]));
+  return v;
+}
+
+std::vector<bf16> as_bf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    out[i] = bf16(v[i]);
+    REQUIRE(static_cast<float>(out[i]) == v[i]);  // the inputs are bf16 values: exact
+  }
+  return out;
+}
+
+std::vector<float> as_float(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i]);
+  return out;
+}
+
+/// Checks |got_i - ref_i| <= rel |ref_i| + abs for every i and reports the worst element.
+void check_within(const char* what, const std::vector<float>& got, const std::vector<float>& ref, double rel,
+                  double abs = 0.0) {
+  REQUIRE(got.size() == ref.size());
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double diff = std::abs(static_cast<double>(got[i]) - ref[i]);
+    const double bound = rel * std::abs(static_cast<double>(ref[i])) + abs;
+    const double ratio = std::isnan(diff) ? HUGE_VAL : (diff == 0 ? 0.0 : (bound > 0 ? diff / bound : HUGE_VAL));
+    if (ratio > worst) worst = ratio, at = i;
+  }
+  INFO(std::string(what), ": worst element ", at, " is ", got[at], " against ", ref[at], ", ", worst, " of its bound");
+  CHECK(worst <= 1.0);
+}
+
+void check_within(const char* what, const std::vector<bf16>& got, const std::vector<float>& ref, double rel,
+                  double abs = 0.0) {
+  check_within(what, as_float(got), ref, rel, abs);
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::abs(static_cast<double>(x)));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("accum_t, to_accum and from_accum: float arithmetic for bf16, the identity otherwise") {
+  static_assert(std::is_same_v<accum_t<bf16>, float>);
+  static_assert(std::is_same_v<accum_t<float>, float>);
+  static_assert(std::is_same_v<accum_t<double>, double>);
+  static_assert(std::is_same_v<decltype(to_accum(bf16(1.0f))), float>);
+  static_assert(std::is_same_v<decltype(from_accum<bf16>(1.0f)), bf16>);
+  CHECK(to_accum(bf16(-2.5f)) == -2.5f);
+  CHECK(to_accum(bf16::from_bits(0x3f81)) == 1.0f + 0x1p-7f);  // exact: every bf16 is a float
+  // Nearest, ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
+  CHECK(from_accum<bf16>(1.0f + 0x1p-8f).bits == 0x3f80);
+  CHECK(from_accum<bf16>(1.0f + 3 * 0x1p-8f).bits == 0x3f82);
+  CHECK(from_accum<bf16>(1.0f + 0x1p-8f + 0x1p-20f).bits == 0x3f81);
+  CHECK(std::isnan(to_accum(from_accum<bf16>(std::nanf("")))));
+  // float and double pass through unchanged, low bits included.
+  CHECK(from_accum<float>(1.0f + 0x1p-23f) == 1.0f + 0x1p-23f);
+  CHECK(to_accum(1.0f + 0x1p-23f) == 1.0f + 0x1p-23f);
+  CHECK(from_accum<double>(1.0 + 0x1p-52) == 1.0 + 0x1p-52);
+  CHECK(to_accum(1.0 + 0x1p-52) == 1.0 + 0x1p-52);
+}
+
+TEST_CASE("bf16 element-wise functors stay within one rounding of float") {
+  const std::int64_t n = 1001;
+  const auto a = bf16_values(n, "ew.a", 2.0), b = bf16_values(n, "ew.b", 2.0);
+  const auto ab = as_bf16(a), bb = as_bf16(b);
+
+  std::vector<bf16> sum(n);
+  std::vector<float> sum_f(n);
+  Cpu::for_each(n, ops::Add<bf16>{ab.data(), bb.data(), sum.data()});
+  Cpu::for_each(n, ops::Add<float>{a.data(), b.data(), sum_f.data()});
+  check_within("add", sum, sum_f, kRoundRel);
+
+  std::vector<bf16> copy(n);
+  Cpu::for_each(n, ops::Copy<bf16>{ab.data(), copy.data()});
+  CHECK(as_float(copy) == a);
+  std::vector<bf16> filled(n);
+  Cpu::for_each(n, ops::Fill<bf16>{bf16(0.375f), filled.data()});
+  CHECK(std::all_of(filled.begin(), filled.end(), [](bf16 v) { return v.bits == bf16(0.375f).bits; }));
+
+  // y close to -alpha x: y + alpha x cancels to about 1% of its terms. Rounding alpha x
+  // to bf16 before the add would err by 2^-9 of alpha x, about 20% of the result.
+  const float alpha = 0.3f;  // not a bf16 value
+  const auto noise = bf16_values(n, "ew.noise", 0.01);
+  std::vector<float> y(n);
+  for (std::int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(-alpha * a[i] + noise[i]);
+  auto yb = as_bf16(y);
+  auto y_f = y;
+  Cpu::for_each(n, ops::Axpy<bf16>{alpha, ab.data(), yb.data()});
+  Cpu::for_each(n, ops::Axpy<float>{alpha, a.data(), y_f.data()});
+  // Absolute term: the float sum is exact to 2^-24 of alpha |x| (the product's rounding).
+  check_within("axpy", yb, y_f, kRoundRel, 0x1p-22 * alpha * max_abs(a));
+
+  auto sb = ab;
+  auto s_f = a;
+  Cpu::for_each(n, ops::Scale<bf16>{alpha, sb.data()});
+  Cpu::for_each(n, ops::Scale<float>{alpha, s_f.data()});
+  check_within("scale", sb, s_f, kRoundRel);
+
+  // Squared-norm partials accumulate in double whatever the storage: equal to float's.
+  std::vector<double> pb(11), pf(11);
+  Cpu::for_each(11, ops::SquaredNormPartial<bf16>{ab.data(), n, 91, pb.data()});
+  Cpu::for_each(11, ops::SquaredNormPartial<float>{a.data(), n, 91, pf.data()});
+  CHECK(pb == pf);
+}
+
+TEST_CASE("bf16 SwiGLU forward and backward stay within one rounding of float") {
+  const std::int64_t n = 1003;
+  const auto a = bf16_values(n, "sw.a", 3.0), b = bf16_values(n, "sw.b"), dg = bf16_values(n, "sw.dg");
+  const auto ab = as_bf16(a), bb = as_bf16(b), dgb = as_bf16(dg);
+  std::vector<bf16> g(n), da(n), db(n);
+  std::vector<float> g_f(n), da_f(n), db_f(n);
+  Cpu::for_each(n, ops::SwiGluForward<bf16>{ab.data(), bb.data(), g.data()});
+  Cpu::for_each(n, ops::SwiGluForward<float>{a.data(), b.data(), g_f.data()});
+  Cpu::for_each(n, ops::SwiGluBackward<bf16>{ab.data(), bb.data(), dgb.data(), da.data(), db.data()});
+  Cpu::for_each(n, ops::SwiGluBackward<float>{a.data(), b.data(), dg.data(), da_f.data(), db_f.data()});
+  // Products only, except 1 + a (1 - s), which crosses zero near a = -1.28: the float
+  // factor there is exact to 2^-24 of its terms (|a| up to about 10).
+  check_within("g", g, g_f, kRoundRel);
+  check_within("db", db, db_f, kRoundRel);
+  check_within("da", da, da_f, kRoundRel, 1e-6 * max_abs(da_f));
+}
+
+TEST_CASE("bf16 RoPE rotation and its inverse stay within one rounding of float") {
+  const std::int64_t heads = 3, hd = 16, seq = 5, rows = 7, width = heads * hd;
+  auto inv = ops::rope_inv_freq(hd, 10000.0, {});
+  std::vector<float> cs(seq * hd / 2), sn(seq * hd / 2);  // bf16 values, as a bf16 model's tables
+  for (std::int64_t p = 0; p < seq; ++p)
+    for (std::int64_t i = 0; i < hd / 2; ++i) {
+      cs[p * hd / 2 + i] = round_to_bf16(static_cast<float>(std::cos(p * inv[i])));
+      sn[p * hd / 2 + i] = round_to_bf16(static_cast<float>(std::sin(p * inv[i])));
+    }
+  const auto csb = as_bf16(cs), snb = as_bf16(sn);
+  const auto x = bf16_values(rows * width, "rope.x");
+  for (bool inverse : {false, true}) {
+    CAPTURE(inverse);
+    // In place, and from a separate source.
+    auto xb = as_bf16(x);
+    auto x_f = x;
+    Cpu::for_each(rows, ops::RopeRotate<bf16>{xb.data(), width, heads, hd, seq, csb.data(), snb.data(), inverse});
+    Cpu::for_each(rows, ops::RopeRotate<float>{x_f.data(), width, heads, hd, seq, cs.data(), sn.data(), inverse});
+    // Absolute term: x cos - y sin cancels; the float result is exact to 2^-24 of |x| + |y|.
+    check_within("in place", xb, x_f, kRoundRel, 1e-6 * max_abs(x));
+    const auto src = as_bf16(x);
+    std::vector<bf16> out(x.size());
+    Cpu::for_each(rows, ops::RopeRotate<bf16>{out.data(), width, heads, hd, seq, csb.data(), snb.data(), inverse,
+                                              src.data()});
+    CHECK(as_float(out) == as_float(xb));
+  }
+}
+
+TEST_CASE("bf16 RMSNorm: statistics and dw in float, outputs within one rounding of float") {
+  // 5 rows of 37 and 4 rows of 3001; the long rows' sums of squares and dot products, and
+  // dw's sums over 3001 rows, are where a bf16 accumulator fails.
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{5, 37}, {4, 3001}, {3001, 3}};
+  for (const auto& shape : shapes) {
+    const std::int64_t rows = shape.first, n = shape.second;
+    CAPTURE(rows);
+    CAPTURE(n);
+    const std::int64_t ld = n + 2;  // padded rows
+    const auto x = bf16_values(rows * ld, "rms.x", 1.5), w = bf16_values(n, "rms.w", 0.2, 1.0);
+    const auto dy = bf16_values(rows * ld, "rms.dy");
+    const auto xb = as_bf16(x), wb = as_bf16(w), dyb = as_bf16(dy);
+    const float eps = 1e-5f;
+
+    std::vector<bf16> y(rows * ld);
+    std::vector<float> y_f(rows * ld), rstd(rows), rstd_f(rows);
+    Cpu::for_each(rows, ops::RmsNormForward<bf16>{xb.data(), ld, wb.data(), y.data(), ld, rstd.data(), n, eps});
+    Cpu::for_each(rows, ops::RmsNormForward<float>{x.data(), ld, w.data(), y_f.data(), ld, rstd_f.data(), n, eps});
+    check_within("rstd", rstd, rstd_f, kStatRel);
+    for (std::int64_t r = 0; r < rows; ++r) {  // against double as well
+      double ss = 0;
+      for (std::int64_t j = 0; j < n; ++j) ss += double(x[r * ld + j]) * x[r * ld + j];
+      REQUIRE(rstd[r] == doctest::Approx(1 / std::sqrt(ss / n + eps)).epsilon(1e-5));
+    }
+    std::vector<float> y_rows, yf_rows;  // the rows' n columns (the padding is not written)
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        y_rows.push_back(static_cast<float>(y[r * ld + j]));
+        yf_rows.push_back(y_f[r * ld + j]);
+      }
+    check_within("y", y_rows, yf_rows, kRoundRel);
+
+    std::vector<bf16> dx(rows * ld);
+    std::vector<float> dx_f(rows * ld);
+    Cpu::for_each(rows, ops::RmsNormBackwardInput<bf16>{xb.data(), ld, wb.data(), rstd.data(), dyb.data(), ld,
+                                                        dx.data(), ld, n});
+    Cpu::for_each(rows, ops::RmsNormBackwardInput<float>{x.data(), ld, w.data(), rstd_f.data(), dy.data(), ld,
+                                                         dx_f.data(), ld, n});
+    std::vector<float> dx_rows, dxf_rows;
+    double term = 0;  // the largest term of dx_j = r w_j dy_j - c x_j
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        dx_rows.push_back(static_cast<float>(dx[r * ld + j]));
+        dxf_rows.push_back(dx_f[r * ld + j]);
+        term = std::max(term, std::abs(double(rstd_f[r]) * w[j] * dy[r * ld + j]));
+      }
+    // Absolute term: the two terms of dx_j cancel; float holds their difference to 2^-24
+    // of the terms.
+    check_within("dx", dx_rows, dxf_rows, kRoundRel, 1e-6 * term);
+
+    // dw is added into, in float for bf16 parameters.
+    std::vector<float> dw = bf16_values(n, "rms.dw0"), dw_f = dw;
+    Cpu::for_each(n, ops::RmsNormBackwardWeight<bf16>{xb.data(), ld, rstd.data(), dyb.data(), ld, dw.data(), rows});
+    Cpu::for_each(n, ops::RmsNormBackwardWeight<float>{x.data(), ld, rstd_f.data(), dy.data(), ld, dw_f.data(), rows});
+    // Absolute term: a sum over rows of terms of both signs; 1e-6 of the terms' total
+    // magnitude (16 float ulps of it) covers float's rounding of the partial sums.
+    double terms = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      double t = 0;
+      for (std::int64_t r = 0; r < rows; ++r) t += std::abs(double(dy[r * ld + j]) * x[r * ld + j] * rstd_f[r]);
+      terms = std::max(terms, t);
+    }
+    check_within("dw", dw, dw_f, kStatRel, 1e-6 * terms);
+  }
+}
+
+TEST_CASE("bf16 causal softmax rows and RowDot: lse and D in float, probabilities within one rounding") {
+  // Rows 0..8 of a tile at offset 1992 over 2001 keys: row r sees r + 1993 keys (the last
+  // one all of them), so the sums run over about 2000 exponentials.
+  const std::int64_t rows = 9, cols = 2001, offset = cols - rows, ld = cols + 3;
+  const float scale = 0.0883883f;  // 1/sqrt(128): scaled scores are not bf16 values
+  const auto scores = bf16_values(rows * ld, "sm.s", 8.0);
+  auto sb = as_bf16(scores);
+  auto s_f = scores;
+  std::vector<float> lse(rows), lse_f(rows);
+  Cpu::for_each(rows, ops::CausalSoftmaxForward<bf16>{sb.data(), ld, cols, offset, scale, lse.data()});
+  Cpu::for_each(rows, ops::CausalSoftmaxForward<float>{s_f.data(), ld, cols, offset, scale, lse_f.data()});
+  check_within("lse", lse, lse_f, kStatRel);
+  std::vector<float> p, p_f;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      p.push_back(static_cast<float>(sb[r * ld + j]));
+      p_f.push_back(s_f[r * ld + j]);
+      if (j > r + offset) REQUIRE(p.back() == 0.0f);  // above the diagonal
+    }
+  check_within("p", p, p_f, kRoundRel);
+
+  // Recompute from the raw scores and the (float) lse: the same probabilities.
+  auto rb = as_bf16(scores);
+  auto r_f = scores;
+  Cpu::for_each(rows, ops::CausalSoftmaxRecompute<bf16>{rb.data(), ld, cols, offset, scale, lse.data()});
+  Cpu::for_each(rows, ops::CausalSoftmaxRecompute<float>{r_f.data(), ld, cols, offset, scale, lse_f.data()});
+  std::vector<float> q, q_f;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      q.push_back(static_cast<float>(rb[r * ld + j]));
+      q_f.push_back(r_f[r * ld + j]);
+    }
+  check_within("recomputed p", q, q_f, kRoundRel);
+  check_within("recomputed p against the forward's", q, p_f, kRoundRel);
+
+  // D over rows of 2001 values, then dS = scale p (dP - D) from the bf16 probabilities.
+  const auto o = bf16_values(rows * ld, "sm.o"), d_o = bf16_values(rows * ld, "sm.do");
+  const auto ob = as_bf16(o), dob = as_bf16(d_o);
+  std::vector<float> d(rows), d_f(rows);
+  Cpu::for_each(rows, ops::RowDot<bf16>{dob.data(), ld, ob.data(), ld, cols, d.data()});
+  Cpu::for_each(rows, ops::RowDot<float>{d_o.data(), ld, o.data(), ld, cols, d_f.data()});
+  // Absolute term: D sums products of both signs; 1e-6 of the terms' total magnitude.
+  double d_terms = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double t = 0;
+    for (std::int64_t j = 0; j < cols; ++j) t += std::abs(double(d_o[r * ld + j]) * o[r * ld + j]);
+    d_terms = std::max(d_terms, t);
+  }
+  check_within("D", d, d_f, kStatRel, 1e-6 * d_terms);
+  const auto pb = as_bf16(as_float(sb));  // the forward's bf16 probabilities, for both runs
+  const auto pf = as_float(pb);
+  auto dpb = as_bf16(d_o);
+  auto dp_f = d_o;
+  Cpu::for_each(rows, ops::CausalSoftmaxBackward<bf16>{pb.data(), ld, dpb.data(), ld, d.data(), cols, offset, scale});
+  Cpu::for_each(rows,
+                ops::CausalSoftmaxBackward<float>{pf.data(), ld, dp_f.data(), ld, d_f.data(), cols, offset, scale});
+  std::vector<float> ds, ds_f;
+  double term = 0;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      ds.push_back(static_cast<float>(dpb[r * ld + j]));
+      ds_f.push_back(dp_f[r * ld + j]);
+      term = std::max(term, scale * double(pf[r * ld + j]) * (std::abs(d_o[r * ld + j]) + std::abs(d_f[r])));
+    }
+  // Absolute term: dP - D cancels; float holds it to 2^-24 of |dP| + |D|.
+  check_within("dS", ds, ds_f, kRoundRel, 1e-6 * term);
+}
+
+TEST_CASE("bf16 cross-entropy rows: loss in float, gradient within one rounding, ignored rows zero") {
+  // 4 rows of 3001 logits (a sum of 3001 exponentials each), the third ignored.
+  const std::int64_t rows = 4, vocab = 3001, ld = vocab + 1;
+  const std::vector<std::int32_t> targets = {17, 3000, ops::kIgnoreIndex, 0};
+  const float scale = 1.0f / 3;
+  const auto logits = bf16_values(rows * ld, "ce.z", 3.0);
+  for (bool write_grad : {true, false}) {
+    CAPTURE(write_grad);
+    auto zb = as_bf16(logits);
+    auto z_f = logits;
+    std::vector<double> loss(rows, -1), loss_f(rows, -1);
+    Cpu::for_each(rows, ops::CrossEntropyRow<bf16>{zb.data(), ld, vocab, targets.data(), scale, write_grad,
+                                                   loss.data()});
+    Cpu::for_each(rows, ops::CrossEntropyRow<float>{z_f.data(), ld, vocab, targets.data(), scale, write_grad,
+                                                    loss_f.data()});
+    CHECK(loss[2] == 0.0);
+    for (std::int64_t r : {0, 1, 3}) {
+      CAPTURE(r);
+      CHECK(loss[r] == doctest::Approx(loss_f[r]).epsilon(kStatRel));
+      // And against double on the same logits.
+      double m = -HUGE_VAL, sum = 0;
+      for (std::int64_t j = 0; j < vocab; ++j) m = std::max(m, double(logits[r * ld + j]));
+      for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(logits[r * ld + j] - m);
+      CHECK(loss[r] == doctest::Approx(m + std::log(sum) - logits[r * ld + targets[r]]).epsilon(1e-5));
+    }
+    if (!write_grad) continue;  // the row is scratch
+    std::vector<float> g, g_f;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < vocab; ++j) {
+        g.push_back(static_cast<float>(zb[r * ld + j]));
+        g_f.push_back(z_f[r * ld + j]);
+        if (r == 2) REQUIRE(g.back() == 0.0f);
+      }
+    // Absolute term: at the target, scale (p_t - 1) cancels; float holds it to 2^-24 of scale.
+    check_within("gradient", g, g_f, kRoundRel, 1e-6 * scale);
+  }
+}
+
+TEST_CASE("bf16 vocabulary-parallel cross-entropy over two shards matches float and the whole-row loss") {
+  // Shards of 1500 and 1501 columns; targets in each shard, and an ignored row.
+  const std::int64_t rows = 4, vocab = 3001, ld = vocab;
+  const std::int64_t lo[2] = {0, 1500}, width[2] = {1500, 1501};
+  const std::vector<std::int32_t> targets = {5, 2999, ops::kIgnoreIndex, 1500};
+  const float scale = 0.25f;
+  const auto logits = bf16_values(rows * ld, "ces.z", 3.0);
+
+  // The three passes on both shards, with the all-reduces done here; returns the losses
+  // and fills z with the gradient.
+  auto run = [&]<class T>(std::vector<T>& z, std::vector<accum_t<T>>& max, std::vector<accum_t<T>>& sums) {
+    std::vector<accum_t<T>> part_max[2], part_sums[2];
+    for (int k = 0; k < 2; ++k) {
+      part_max[k].assign(rows, -1);
+      Cpu::for_each(rows, ops::CrossEntropyShardMax<T>{z.data() + lo[k], ld, width[k], targets.data(),
+                                                       part_max[k].data()});
+    }
+    max.assign(rows, 0);
+    for (std::int64_t r = 0; r < rows; ++r) max[r] = std::max(part_max[0][r], part_max[1][r]);
+    sums.assign(2 * rows, 0);
+    for (int k = 0; k < 2; ++k) {
+      part_sums[k].assign(2 * rows, -1);
+      Cpu::for_each(rows, ops::CrossEntropyShardExp<T>{z.data() + lo[k], ld, width[k], lo[k], targets.data(),
+                                                       max.data(), part_sums[k].data()});
+      for (std::int64_t i = 0; i < 2 * rows; ++i) sums[i] += part_sums[k][i];
+    }
+    std::vector<double> loss[2];
+    for (int k = 0; k < 2; ++k) {
+      loss[k].assign(rows, -1);
+      Cpu::for_each(rows, ops::CrossEntropyShardGrad<T>{z.data() + lo[k], ld, width[k], lo[k], targets.data(),
+                                                        max.data(), sums.data(), scale, true, loss[k].data()});
+    }
+    CHECK(loss[0] == loss[1]);  // every rank ends with the same losses
+    return loss[0];
+  };
+  auto zb = as_bf16(logits);
+  auto z_f = logits;
+  std::vector<float> max, max_f, sums, sums_f;
+  const auto loss = run(zb, max, sums);
+  const auto loss_f = run(z_f, max_f, sums_f);
+  CHECK(max == max_f);  // the max of the same values
+  check_within("sums", sums, sums_f, kStatRel);
+  CHECK(sums[2 * 2] == 0.0f);
+  CHECK(sums[2 * 2 + 1] == 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) CHECK(loss[r] == doctest::Approx(loss_f[r]).epsilon(kStatRel));
+  check_within("gradient", zb, z_f, kRoundRel, 1e-6 * scale);  // absolute term as for CrossEntropyRow
+  for (std::int64_t j = 0; j < vocab; ++j) REQUIRE(static_cast<float>(zb[2 * ld + j]) == 0.0f);
+
+  // The whole row in one functor: the same losses and gradients.
+  auto whole = as_bf16(logits);
+  std::vector<double> whole_loss(rows);
+  Cpu::for_each(rows, ops::CrossEntropyRow<bf16>{whole.data(), ld, vocab, targets.data(), scale, true,
+                                                 whole_loss.data()});
+  for (std::int64_t r = 0; r < rows; ++r) CHECK(loss[r] == doctest::Approx(whole_loss[r]).epsilon(kStatRel));
+  check_within("gradient against the whole row", zb, as_float(whole), kRoundRel, 1e-6 * scale);
+}
+
+TEST_CASE("bf16 embedding: rows copied exactly, the table gradient summed in float") {
+  // 3001 tokens over ids 0..10; this table holds ids [2, 9): others give zero rows and no
+  // gradient. Each id collects about 270 rows: a bf16 running sum would lose them.
+  const std::int64_t rows = 3001, dim = 5, lo = 2, hi = 9;
+  std::vector<std::int32_t> ids(rows);
+  for (std::int64_t r = 0; r < rows; ++r) ids[r] = static_cast<std::int32_t>((r * 7) % 11);
+  const auto table = bf16_values((hi - lo) * dim, "emb.table");
+  const auto tb = as_bf16(table);
+  std::vector<bf16> out(rows * dim, bf16(5.0f));
+  Cpu::for_each(rows, ops::EmbeddingForward<bf16>{ids.data(), tb.data(), out.data(), dim, lo, hi});
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < dim; ++j) {
+      const float expect = ids[r] >= lo && ids[r] < hi ? table[(ids[r] - lo) * dim + j] : 0.0f;
+      REQUIRE(static_cast<float>(out[r * dim + j]) == expect);
+    }
+
+  const auto dout = bf16_values(rows * dim, "emb.dout");
+  const auto doutb = as_bf16(dout);
+  std::vector<float> dtable = bf16_values((hi - lo) * dim, "emb.dtable0"), dtable_f = dtable;  // added into
+  Cpu::for_each(dim, ops::EmbeddingBackwardColumn<bf16>{ids.data(), doutb.data(), dtable.data(), rows, dim, lo, hi});
+  Cpu::for_each(dim, ops::EmbeddingBackwardColumn<float>{ids.data(), dout.data(), dtable_f.data(), rows, dim, lo, hi});
+  // Against double; the absolute term: about 270 terms of both signs per entry, 1e-6 of
+  // their total magnitude.
+  const auto dtable0 = bf16_values((hi - lo) * dim, "emb.dtable0");
+  std::vector<double> ref(dtable0.begin(), dtable0.end()), terms(ref.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (ids[r] >= lo && ids[r] < hi)
+      for (std::int64_t j = 0; j < dim; ++j) {
+        ref[(ids[r] - lo) * dim + j] += dout[r * dim + j];
+        terms[(ids[r] - lo) * dim + j] += std::abs(dout[r * dim + j]);
+      }
+  const double abs = 1e-6 * *std::max_element(terms.begin(), terms.end());
+  check_within("dtable", dtable, dtable_f, kStatRel, abs);
+  check_within("dtable against double", dtable, std::vector<float>(ref.begin(), ref.end()), 1e-5, abs);
 }

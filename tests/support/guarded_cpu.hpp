@@ -241,9 +241,9 @@ struct GuardedCpu {
     Cpu::for_each(n, f);
   }
 
-  template <class T>
-  static void gemm(Trans ta, Trans tb, T alpha, TensorView<const T> a, TensorView<const T> b, T beta,
-                   TensorView<T> c) {
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<C> c) {
     resident("gemm", "A", a.data(), a.numel());
     resident("gemm", "B", b.data(), b.numel());
     resident("gemm", "C", c.data(), c.numel());
@@ -253,7 +253,7 @@ struct GuardedCpu {
 
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                                TensorView<const T> v, TensorView<T> o, T* lse) {
+                                TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
     resident("attention_forward", "q", q.data(), q.numel());
     resident("attention_forward", "k", k.data(), k.numel());
     resident("attention_forward", "v", v.data(), v.numel());
@@ -264,7 +264,7 @@ struct GuardedCpu {
 
   template <class T>
   static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                                 TensorView<const T> v, TensorView<const T> o, const T* lse,
+                                 TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
                                  TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
     GuardedArena::Open open;
     Cpu::attention_backward(s, q, k, v, o, lse, d_o, dq, dk, dv);

@@ -2,6 +2,12 @@
 //
 // bf16 is a storage type: arithmetic happens in fp32 after conversion, and the
 // conversion back rounds to nearest even, as the hardware does. NaN stays NaN.
+//
+// accum_t<T> is the type arithmetic, statistics and gradients use for storage type T:
+// float for bf16, T itself for float and double. Code written for any T reads elements
+// with to_accum (exact), computes in accum_t<T> and writes results with from_accum<T>
+// (one rounding to nearest even for bf16); for float and double both are the identity,
+// so such code compiles to what it would be written directly in T.
 #pragma once
 
 #include <bit>
@@ -95,6 +101,38 @@ constexpr DType dtype_of() {
   else if constexpr (std::is_same_v<T, double>) return DType::f64;
   else if constexpr (std::is_same_v<T, bf16>) return DType::bf16;
   else static_assert(sizeof(T) == 0, "tessera: dtype_of<T>: T must be float, double or bf16");
+}
+
+namespace detail {
+template <class T>
+struct Accum {
+  using type = T;
+};
+template <>
+struct Accum<bf16> {
+  using type = float;
+};
+}  // namespace detail
+
+/// The type arithmetic, statistics and gradients use for storage type T: float for
+/// bf16, T otherwise.
+template <class T>
+using accum_t = typename detail::Accum<T>::type;
+
+/// An element in its arithmetic type: exact (every bf16 value is a float); the
+/// identity for float and double.
+template <class T>
+TESSERA_HD inline accum_t<T> to_accum(T v) {
+  if constexpr (std::is_same_v<T, bf16>) return static_cast<float>(v);
+  else return v;
+}
+
+/// A result stored as T: rounded to nearest even for bf16; the identity for float and
+/// double. T is given explicitly: from_accum<T>(x).
+template <class T>
+TESSERA_HD inline T from_accum(accum_t<T> v) {
+  if constexpr (std::is_same_v<T, bf16>) return bf16(v);
+  else return v;
 }
 
 /// Converts between element types through fp32 (or fp64 when both sides are fp64).

@@ -1,13 +1,20 @@
 // Cross-entropy over a row of logits, fused with its gradient.
 //
 // For row r with target t (or ignore_index): loss_r = lse(z) - z_t. The row is
-// overwritten in place: with d loss / dz = scale * (softmax(z) - onehot(t)) when
-// write_grad, else with exp(z - max z). So the logits of a chunk never need a second
-// buffer. An ignored row gets loss 0 and a zero gradient.
+// overwritten in place with d loss / dz = scale * (softmax(z) - onehot(t)) when
+// write_grad, so the logits of a chunk never need a second buffer; without write_grad
+// the row is scratch (float and double rows are left holding exp(z - max z), bf16 rows
+// their logits). An ignored row gets loss 0 and a zero gradient.
+//
+// The max, the sum of exponentials and the scale are accum_t<T> (float for bf16
+// storage). A float or double row holds the exponentials between passes; a bf16 row
+// cannot hold them unrounded, so they are summed and then computed again for the
+// gradient, each gradient element rounded once.
 #pragma once
 
 #include <cstdint>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
 
@@ -21,29 +28,42 @@ struct CrossEntropyRow {
   std::int64_t ld;
   std::int64_t vocab;
   const std::int32_t* targets;
-  T scale;          // d(total loss)/d(loss_r), e.g. 1 / number of target tokens
-  bool write_grad;  // false: loss only
-  double* loss;     // (rows) per-row loss, summed by the caller in order
+  accum_t<T> scale;  // d(total loss)/d(loss_r), e.g. 1 / number of target tokens
+  bool write_grad;   // false: loss only
+  double* loss;      // (rows) per-row loss, summed by the caller in order
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     T* z = logits + r * ld;
     const std::int32_t t = targets[r];
     if (t == kIgnoreIndex) {
       loss[r] = 0;
       if (write_grad)
-        for (std::int64_t j = 0; j < vocab; ++j) z[j] = 0;
+        for (std::int64_t j = 0; j < vocab; ++j) z[j] = from_accum<T>(A(0));
       return;
     }
-    const T zt = z[t];
-    T m = z[0];
-    for (std::int64_t j = 1; j < vocab; ++j) m = z[j] > m ? z[j] : m;
-    for (std::int64_t j = 0; j < vocab; ++j) z[j] = exp_nonpositive(z[j] - m);  // vectorises
-    T sum = 0;
-    for (std::int64_t j = 0; j < vocab; ++j) sum += z[j];
+    const A zt = to_accum(z[t]);
+    A m = to_accum(z[0]);
+    for (std::int64_t j = 1; j < vocab; ++j) {
+      const A x = to_accum(z[j]);
+      m = x > m ? x : m;
+    }
+    A sum = 0;
+    if constexpr (detail::accum_is_storage<T>) {
+      for (std::int64_t j = 0; j < vocab; ++j) z[j] = exp_nonpositive(z[j] - m);  // vectorises
+      for (std::int64_t j = 0; j < vocab; ++j) sum += z[j];
+    } else {
+      for (std::int64_t j = 0; j < vocab; ++j) sum += exp_nonpositive(to_accum(z[j]) - m);
+    }
     loss[r] = static_cast<double>(m + log_(sum) - zt);
     if (!write_grad) return;
-    const T inv = scale / sum;
-    for (std::int64_t j = 0; j < vocab; ++j) z[j] *= inv;
-    z[t] -= scale;
+    const A inv = scale / sum;
+    if constexpr (detail::accum_is_storage<T>) {
+      for (std::int64_t j = 0; j < vocab; ++j) z[j] *= inv;
+      z[t] -= scale;
+    } else {
+      for (std::int64_t j = 0; j < vocab; ++j) z[j] = from_accum<T>(exp_nonpositive(to_accum(z[j]) - m) * inv);
+      z[t] = from_accum<T>(exp_nonpositive(zt - m) * inv - scale);
+    }
   }
 };
 
@@ -60,18 +80,25 @@ namespace tessera::ops {
 //                                                                   -> all-reduce sum
 //   3. CrossEntropyShardGrad  loss_r = max + log(sum) - z_t; z <- scale * (softmax - onehot)
 // Every rank ends with the same loss for every row and the gradient of its columns.
+// The max and the sums are accum_t<T>. A bf16 row keeps its logits through pass 2 and
+// pass 3 computes the exponentials again from them, so each gradient element is
+// rounded once.
 
 template <class T>
 struct CrossEntropyShardMax {
   const T* logits;
   std::int64_t ld, vocab;
   const std::int32_t* targets;
-  T* max;  // (rows)
+  accum_t<T>* max;  // (rows)
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     const T* z = logits + r * ld;
-    T m = z[0];
-    for (std::int64_t j = 1; j < vocab; ++j) m = z[j] > m ? z[j] : m;
-    max[r] = targets[r] == kIgnoreIndex ? T(0) : m;
+    A m = to_accum(z[0]);
+    for (std::int64_t j = 1; j < vocab; ++j) {
+      const A x = to_accum(z[j]);
+      m = x > m ? x : m;
+    }
+    max[r] = targets[r] == kIgnoreIndex ? A(0) : m;
   }
 };
 
@@ -80,19 +107,24 @@ struct CrossEntropyShardExp {
   T* logits;
   std::int64_t ld, vocab, lo;
   const std::int32_t* targets;
-  const T* max;  // (rows), over every rank
-  T* sums;       // (rows, 2): sum of exponentials, target logit
+  const accum_t<T>* max;  // (rows), over every rank
+  accum_t<T>* sums;       // (rows, 2): sum of exponentials, target logit
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     T* z = logits + r * ld;
     const std::int64_t t = targets[r];
     sums[2 * r] = 0;
     sums[2 * r + 1] = 0;
     if (t == kIgnoreIndex) return;
-    if (t >= lo && t < lo + vocab) sums[2 * r + 1] = z[t - lo];
-    const T m = max[r];
-    for (std::int64_t j = 0; j < vocab; ++j) z[j] = exp_nonpositive(z[j] - m);
-    T s = 0;
-    for (std::int64_t j = 0; j < vocab; ++j) s += z[j];
+    if (t >= lo && t < lo + vocab) sums[2 * r + 1] = to_accum(z[t - lo]);
+    const A m = max[r];
+    A s = 0;
+    if constexpr (detail::accum_is_storage<T>) {
+      for (std::int64_t j = 0; j < vocab; ++j) z[j] = exp_nonpositive(z[j] - m);
+      for (std::int64_t j = 0; j < vocab; ++j) s += z[j];
+    } else {
+      for (std::int64_t j = 0; j < vocab; ++j) s += exp_nonpositive(to_accum(z[j]) - m);
+    }
     sums[2 * r] = s;
   }
 };
@@ -102,26 +134,35 @@ struct CrossEntropyShardGrad {
   T* logits;
   std::int64_t ld, vocab, lo;
   const std::int32_t* targets;
-  const T* max;   // (rows), over every rank
-  const T* sums;  // (rows, 2), over every rank
-  T scale;
+  const accum_t<T>* max;   // (rows), over every rank
+  const accum_t<T>* sums;  // (rows, 2), over every rank
+  accum_t<T> scale;
   bool write_grad;
   double* loss;  // (rows)
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     T* z = logits + r * ld;
     const std::int64_t t = targets[r];
     if (t == kIgnoreIndex) {
       loss[r] = 0;
       if (write_grad)
-        for (std::int64_t j = 0; j < vocab; ++j) z[j] = 0;
+        for (std::int64_t j = 0; j < vocab; ++j) z[j] = from_accum<T>(A(0));
       return;
     }
-    const T sum = sums[2 * r];
+    const A sum = sums[2 * r];
     loss[r] = static_cast<double>(max[r] + log_(sum) - sums[2 * r + 1]);
     if (!write_grad) return;
-    const T inv = scale / sum;
-    for (std::int64_t j = 0; j < vocab; ++j) z[j] *= inv;
-    if (t >= lo && t < lo + vocab) z[t - lo] -= scale;
+    const A inv = scale / sum;
+    if constexpr (detail::accum_is_storage<T>) {
+      for (std::int64_t j = 0; j < vocab; ++j) z[j] *= inv;
+      if (t >= lo && t < lo + vocab) z[t - lo] -= scale;
+    } else {
+      const bool holds_target = t >= lo && t < lo + vocab;
+      const A m = max[r];
+      const A zt = holds_target ? to_accum(z[t - lo]) : A(0);
+      for (std::int64_t j = 0; j < vocab; ++j) z[j] = from_accum<T>(exp_nonpositive(to_accum(z[j]) - m) * inv);
+      if (holds_target) z[t - lo] = from_accum<T>(exp_nonpositive(zt - m) * inv - scale);
+    }
   }
 };
 

@@ -1,8 +1,12 @@
 // Element-wise functors: sums, copies, scaled accumulation, fills, squared-norm partials.
+//
+// Elements are read with to_accum, combined in accum_t<T> and written with
+// from_accum<T> (core/dtype.hpp): one rounding per output for bf16 storage.
 #pragma once
 
 #include <cstdint>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 
 namespace tessera::ops {
@@ -13,7 +17,7 @@ struct Add {
   const T* a;
   const T* b;
   T* out;
-  TESSERA_HD void operator()(std::int64_t i) const { out[i] = a[i] + b[i]; }
+  TESSERA_HD void operator()(std::int64_t i) const { out[i] = from_accum<T>(to_accum(a[i]) + to_accum(b[i])); }
 };
 
 /// y[i] = x[i]
@@ -27,21 +31,21 @@ struct Copy {
 /// y[i] += alpha * x[i]
 template <class T>
 struct Axpy {
-  T alpha;
+  accum_t<T> alpha;
   const T* x;
   T* y;
-  TESSERA_HD void operator()(std::int64_t i) const { y[i] += alpha * x[i]; }
+  TESSERA_HD void operator()(std::int64_t i) const { y[i] = from_accum<T>(to_accum(y[i]) + alpha * to_accum(x[i])); }
 };
 
 /// x[i] *= alpha
 template <class T>
 struct Scale {
-  T alpha;
+  accum_t<T> alpha;
   T* x;
-  TESSERA_HD void operator()(std::int64_t i) const { x[i] *= alpha; }
+  TESSERA_HD void operator()(std::int64_t i) const { x[i] = from_accum<T>(to_accum(x[i]) * alpha); }
 };
 
-/// x[i] = value
+/// x[i] = value (a stored element: no arithmetic, so it is given as T)
 template <class T>
 struct Fill {
   T value;
@@ -61,7 +65,10 @@ struct SquaredNormPartial {
   TESSERA_HD void operator()(std::int64_t c) const {
     std::int64_t begin = c * chunk, end = begin + chunk < n ? begin + chunk : n;
     double s = 0;
-    for (std::int64_t i = begin; i < end; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    for (std::int64_t i = begin; i < end; ++i) {
+      const double v = static_cast<double>(to_accum(x[i]));
+      s += v * v;
+    }
     partial[c] = s;
   }
 };

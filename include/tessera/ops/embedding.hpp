@@ -6,10 +6,14 @@
 // A table may hold only the ids [lo, hi) of the vocabulary (split by vocabulary over
 // tensor-parallel ranks): row 0 of the table is id lo; other ids give zero rows and
 // no gradient.
+//
+// The table's gradient is in accum_t<T> (float for a bf16 table): a column sums one
+// term per token, which bf16 could not hold.
 #pragma once
 
 #include <cstdint>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 
 namespace tessera::ops {
@@ -37,15 +41,15 @@ struct EmbeddingForward {
 template <class T>
 struct EmbeddingBackwardColumn {
   const std::int32_t* ids;
-  const T* dout;  // (rows, dim)
-  T* dtable;      // (vocab, dim)
+  const T* dout;       // (rows, dim)
+  accum_t<T>* dtable;  // (vocab, dim)
   std::int64_t rows;
   std::int64_t dim;
   std::int64_t lo = 0, hi = INT64_MAX;
   TESSERA_HD void operator()(std::int64_t j) const {
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t id = ids[r];
-      if (id >= lo && id < hi) dtable[(id - lo) * dim + j] += dout[r * dim + j];
+      if (id >= lo && id < hi) dtable[(id - lo) * dim + j] += to_accum(dout[r * dim + j]);
     }
   }
 };

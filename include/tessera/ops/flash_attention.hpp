@@ -26,9 +26,9 @@
 // how the tests check this arithmetic against the CPU backend. Tile rows are read
 // through a pointer and an ld, so a tile may live in global or shared memory, in the
 // storage type or already converted to float. Storage T is float, double or bf16; the
-// arithmetic runs in acc_t<T> (double for double, float otherwise). A row's HD values
-// are arrays sized at compile time (registers on a device), so the head dim is a
-// template parameter: 64 or 128.
+// arithmetic, lse and D are in accum_t<T> (core/dtype.hpp: float for bf16, T otherwise),
+// and each stored output is rounded once. A row's HD values are arrays sized at compile
+// time (registers on a device), so the head dim is a template parameter: 64 or 128.
 #pragma once
 
 #include <cstdint>
@@ -52,17 +52,9 @@
 
 namespace tessera::ops {
 
-/// The arithmetic type for storage type T: double for double, float for float and bf16.
+/// The arithmetic type for storage type T, as the flash functors name it: accum_t<T>.
 template <class T>
-struct AccType {
-  using type = float;
-};
-template <>
-struct AccType<double> {
-  using type = double;
-};
-template <class T>
-using acc_t = typename AccType<T>::type;
+using acc_t = accum_t<T>;
 
 /// The head dims the flash attention functors are instantiated for.
 constexpr bool flash_head_dim_supported(std::int64_t hd) { return hd == 64 || hd == 128; }

@@ -1,5 +1,6 @@
 // Scalar helpers shared by the ops: exp, log, sqrt and sigmoid for float and double,
-// on host and device.
+// on host and device. They take the arithmetic type accum_t<T> (core/dtype.hpp), never
+// bf16: a functor over bf16 storage converts with to_accum first.
 //
 // exp_nonpositive for float is written out (Cody-Waite range reduction and a degree-6
 // polynomial, within 1 ulp of the exact value on [-87.3, 0], results below 2^-126
@@ -13,12 +14,23 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 
 namespace tessera::ops {
 
-/// e^x for float in straight-line arithmetic (vectorisable).
+namespace detail {
+
+/// Whether storage type T is its own arithmetic type (float, double). A functor may
+/// then keep intermediates in its output row, as it does for speed; for bf16 it keeps
+/// them in accum_t<T> and rounds each output once.
+template <class T>
+inline constexpr bool accum_is_storage = std::is_same_v<T, accum_t<T>>;
+
+}  // namespace detail
+
 /// e^x for float x <= 0 in straight-line arithmetic (vectorisable).
 TESSERA_HD inline float exp_poly(float x) {
   const auto bits = std::bit_cast<std::uint32_t>(x);

@@ -3,10 +3,14 @@
 // Backward, with r = 1/sqrt(mean(x^2) + eps) saved from forward:
 //   dx_j = r * w_j * dy_j - r^3 * x_j * (sum_k w_k dy_k x_k) / n
 //   dw_j = sum_rows dy_j * x_j * r
+//
+// Sums, r and dw are in accum_t<T> (float for bf16 storage); x, w, y, dy and dx are
+// stored as T, each output rounded once.
 #pragma once
 
 #include <cstdint>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
 
@@ -19,17 +23,21 @@ struct RmsNormForward {
   const T* w;  // (n)
   T* y;        // (rows, n), leading dimension ldy
   std::int64_t ldy;
-  T* rstd;  // (rows)
+  accum_t<T>* rstd;  // (rows)
   std::int64_t n;
-  T eps;
+  accum_t<T> eps;
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     const T* xr = x + r * ldx;
     T* yr = y + r * ldy;
-    T ss = 0;
-    for (std::int64_t j = 0; j < n; ++j) ss += xr[j] * xr[j];
-    T rs = T(1) / sqrt_(ss / static_cast<T>(n) + eps);
+    A ss = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const A xj = to_accum(xr[j]);
+      ss += xj * xj;
+    }
+    A rs = A(1) / sqrt_(ss / static_cast<A>(n) + eps);
     rstd[r] = rs;
-    for (std::int64_t j = 0; j < n; ++j) yr[j] = w[j] * (xr[j] * rs);
+    for (std::int64_t j = 0; j < n; ++j) yr[j] = from_accum<T>(to_accum(w[j]) * (to_accum(xr[j]) * rs));
   }
 };
 
@@ -39,21 +47,23 @@ struct RmsNormBackwardInput {
   const T* x;
   std::int64_t ldx;
   const T* w;
-  const T* rstd;
+  const accum_t<T>* rstd;
   const T* dy;
   std::int64_t lddy;
   T* dx;
   std::int64_t lddx;
   std::int64_t n;
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     const T* xr = x + r * ldx;
     const T* dyr = dy + r * lddy;
     T* dxr = dx + r * lddx;
-    T rs = rstd[r];
-    T dot = 0;
-    for (std::int64_t j = 0; j < n; ++j) dot += w[j] * dyr[j] * xr[j];
-    T c = rs * rs * rs * dot / static_cast<T>(n);
-    for (std::int64_t j = 0; j < n; ++j) dxr[j] = rs * w[j] * dyr[j] - c * xr[j];
+    A rs = rstd[r];
+    A dot = 0;
+    for (std::int64_t j = 0; j < n; ++j) dot += to_accum(w[j]) * to_accum(dyr[j]) * to_accum(xr[j]);
+    A c = rs * rs * rs * dot / static_cast<A>(n);
+    for (std::int64_t j = 0; j < n; ++j)
+      dxr[j] = from_accum<T>(rs * to_accum(w[j]) * to_accum(dyr[j]) - c * to_accum(xr[j]));
   }
 };
 
@@ -62,14 +72,15 @@ template <class T>
 struct RmsNormBackwardWeight {
   const T* x;
   std::int64_t ldx;
-  const T* rstd;
+  const accum_t<T>* rstd;
   const T* dy;
   std::int64_t lddy;
-  T* dw;
+  accum_t<T>* dw;
   std::int64_t rows;
   TESSERA_HD void operator()(std::int64_t j) const {
-    T s = 0;
-    for (std::int64_t r = 0; r < rows; ++r) s += dy[r * lddy + j] * x[r * ldx + j] * rstd[r];
+    using A = accum_t<T>;
+    A s = 0;
+    for (std::int64_t r = 0; r < rows; ++r) s += to_accum(dy[r * lddy + j]) * to_accum(x[r * ldx + j]) * rstd[r];
     dw[j] += s;
   }
 };

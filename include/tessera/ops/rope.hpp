@@ -5,13 +5,15 @@
 // angle pos * inv_freq[i]:
 //   x'[i]       = x[i] cos - x[i + d/2] sin
 //   x'[i + d/2] = x[i + d/2] cos + x[i] sin
-// The backward is the same rotation by -angle.
+// The backward is the same rotation by -angle. Each output element is computed in
+// accum_t<T> from elements, cos and sin read as stored, and rounded once.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/nn/args.hpp"
 
@@ -65,10 +67,10 @@ struct RopeRotate {
       T* v = row + h * head_dim;
       const T* u = in_row + h * head_dim;
       for (std::int64_t i = 0; i < half; ++i) {
-        T si = inverse ? -s[i] : s[i];
-        T a = u[i], b = u[i + half];
-        v[i] = a * c[i] - b * si;
-        v[i + half] = b * c[i] + a * si;
+        const accum_t<T> si = inverse ? -to_accum(s[i]) : to_accum(s[i]);
+        const accum_t<T> a = to_accum(u[i]), b = to_accum(u[i + half]);
+        v[i] = from_accum<T>(a * to_accum(c[i]) - b * si);
+        v[i + half] = from_accum<T>(b * to_accum(c[i]) + a * si);
       }
     }
   }

@@ -5,10 +5,14 @@
 // Forward writes p_ij = exp(s_ij - lse_i) (zero above the
 // diagonal) and lse_i, the row's log-sum-exp: backward recomputes p from the scores
 // and lse instead of keeping the (T, T) matrix alive, as flash attention does.
+//
+// Scores and probabilities are stored as T; the max, sums, lse and D are accum_t<T>
+// (float for bf16 storage), and each stored probability or gradient is rounded once.
 #pragma once
 
 #include <cstdint>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
 
@@ -21,21 +25,33 @@ struct CausalSoftmaxForward {
   std::int64_t ld;
   std::int64_t cols;
   std::int64_t offset;
-  T scale;
-  T* lse;
+  accum_t<T> scale;
+  accum_t<T>* lse;
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     T* row = s + r * ld;
     const std::int64_t i = r + offset;
     const std::int64_t end = i < cols - 1 ? i + 1 : cols;  // keys [0, end) are visible
-    const T sc = scale;  // a local: stores to row[] could alias a member
-    T m = row[0] * sc;
-    for (std::int64_t j = 1; j < end; ++j) m = row[j] * sc > m ? row[j] * sc : m;
-    for (std::int64_t j = 0; j < end; ++j) row[j] = exp_nonpositive(row[j] * sc - m);  // vectorises
-    T sum = 0;
-    for (std::int64_t j = 0; j < end; ++j) sum += row[j];
-    T inv = T(1) / sum;
-    for (std::int64_t j = 0; j < end; ++j) row[j] *= inv;
-    for (std::int64_t j = end; j < cols; ++j) row[j] = 0;
+    const A sc = scale;  // a local: stores to row[] could alias a member
+    A m = to_accum(row[0]) * sc;
+    for (std::int64_t j = 1; j < end; ++j) {
+      const A x = to_accum(row[j]) * sc;
+      m = x > m ? x : m;
+    }
+    A sum = 0;
+    if constexpr (detail::accum_is_storage<T>) {
+      for (std::int64_t j = 0; j < end; ++j) row[j] = exp_nonpositive(row[j] * sc - m);  // vectorises
+      for (std::int64_t j = 0; j < end; ++j) sum += row[j];
+      const A inv = A(1) / sum;
+      for (std::int64_t j = 0; j < end; ++j) row[j] *= inv;
+    } else {
+      // The row cannot hold the unrounded exponentials: they are summed, then computed
+      // again for the output, so that the sum and each probability see them unrounded.
+      for (std::int64_t j = 0; j < end; ++j) sum += exp_nonpositive(to_accum(row[j]) * sc - m);
+      const A inv = A(1) / sum;
+      for (std::int64_t j = 0; j < end; ++j) row[j] = from_accum<T>(exp_nonpositive(to_accum(row[j]) * sc - m) * inv);
+    }
+    for (std::int64_t j = end; j < cols; ++j) row[j] = from_accum<T>(A(0));
     lse[r] = m + log_(sum);
   }
 };
@@ -47,15 +63,17 @@ struct CausalSoftmaxRecompute {
   std::int64_t ld;
   std::int64_t cols;
   std::int64_t offset;
-  T scale;
-  const T* lse;
+  accum_t<T> scale;
+  const accum_t<T>* lse;
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     T* row = s + r * ld;
     const std::int64_t i = r + offset;
     const std::int64_t end = i < cols - 1 ? i + 1 : cols;  // keys [0, end) are visible
-    const T l = lse[r], sc = scale;
-    for (std::int64_t j = 0; j < end; ++j) row[j] = exp_nonpositive(row[j] * sc - l);  // vectorises
-    for (std::int64_t j = end; j < cols; ++j) row[j] = T(0);
+    const A l = lse[r], sc = scale;
+    for (std::int64_t j = 0; j < end; ++j)
+      row[j] = from_accum<T>(exp_nonpositive(to_accum(row[j]) * sc - l));  // vectorises
+    for (std::int64_t j = end; j < cols; ++j) row[j] = from_accum<T>(A(0));
   }
 };
 
@@ -67,18 +85,19 @@ struct CausalSoftmaxBackward {
   std::int64_t ldp;
   T* dp;  // in: dP, out: dS
   std::int64_t lddp;
-  const T* d;  // (rows) D_i
+  const accum_t<T>* d;  // (rows) D_i
   std::int64_t cols;
   std::int64_t offset;
-  T scale;
+  accum_t<T> scale;
   TESSERA_HD void operator()(std::int64_t r) const {
+    using A = accum_t<T>;
     const T* pr = p + r * ldp;
     T* dr = dp + r * lddp;
     const std::int64_t i = r + offset;
     const std::int64_t end = i < cols - 1 ? i + 1 : cols;  // keys [0, end) are visible
-    const T dd = d[r], sc = scale;
-    for (std::int64_t j = 0; j < end; ++j) dr[j] = sc * pr[j] * (dr[j] - dd);
-    for (std::int64_t j = end; j < cols; ++j) dr[j] = T(0);
+    const A dd = d[r], sc = scale;
+    for (std::int64_t j = 0; j < end; ++j) dr[j] = from_accum<T>(sc * to_accum(pr[j]) * (to_accum(dr[j]) - dd));
+    for (std::int64_t j = end; j < cols; ++j) dr[j] = from_accum<T>(A(0));
   }
 };
 
@@ -90,10 +109,10 @@ struct RowDot {
   const T* b;
   std::int64_t ldb;
   std::int64_t n;
-  T* out;
+  accum_t<T>* out;
   TESSERA_HD void operator()(std::int64_t i) const {
-    T s = 0;
-    for (std::int64_t k = 0; k < n; ++k) s += a[i * lda + k] * b[i * ldb + k];
+    accum_t<T> s = 0;
+    for (std::int64_t k = 0; k < n; ++k) s += to_accum(a[i * lda + k]) * to_accum(b[i * ldb + k]);
     out[i] = s;
   }
 };

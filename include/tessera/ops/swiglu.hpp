@@ -2,10 +2,12 @@
 //
 // Backward: with s = sigmoid(a), silu(a) = a s and silu'(a) = s (1 + a (1 - s)):
 //   da = dg * b * s * (1 + a (1 - s)),  db = dg * a * s
+// computed in accum_t<T> (float for bf16 storage), each output rounded once.
 #pragma once
 
 #include <cstdint>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
 
@@ -17,8 +19,9 @@ struct SwiGluForward {
   const T* b;
   T* g;
   TESSERA_HD void operator()(std::int64_t i) const {
-    T s = sigmoid(a[i]);
-    g[i] = a[i] * s * b[i];
+    const accum_t<T> ai = to_accum(a[i]);
+    const accum_t<T> s = sigmoid(ai);
+    g[i] = from_accum<T>(ai * s * to_accum(b[i]));
   }
 };
 
@@ -31,10 +34,12 @@ struct SwiGluBackward {
   T* da;
   T* db;
   TESSERA_HD void operator()(std::int64_t i) const {
-    T s = sigmoid(a[i]);
-    T silu = a[i] * s;
-    da[i] = dg[i] * b[i] * s * (T(1) + a[i] * (T(1) - s));
-    db[i] = dg[i] * silu;
+    using A = accum_t<T>;
+    const A ai = to_accum(a[i]);
+    const A s = sigmoid(ai);
+    const A silu = ai * s;
+    da[i] = from_accum<T>(to_accum(dg[i]) * to_accum(b[i]) * s * (A(1) + ai * (A(1) - s)));
+    db[i] = from_accum<T>(to_accum(dg[i]) * silu);
   }
 };
 

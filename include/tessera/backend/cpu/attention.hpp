@@ -8,15 +8,22 @@
 // backward recomputes each block's probabilities from q, k and lse, so no (T, T)
 // matrix is ever held. One task per (batch, head) forward and per (batch, kv head)
 // backward, the q heads of a group writing the same dk, dv in a fixed order.
+//
+// Precision, for bf16 tensors as in the flash kernels: scores, dP and the softmax
+// statistics are fp32 (accum_t<T>); the probabilities P and dS are rounded to T once,
+// as the operands of the GEMMs that follow. For float everything is float and no copy
+// is made.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/ops/softmax.hpp"
@@ -31,22 +38,38 @@ TensorView<T> head_rows(TensorView<T> m, std::int64_t row0, std::int64_t rows, s
   return TensorView<T>(m.row(row0) + head * hd, Shape{rows, hd}, {m.ld(), 1});
 }
 
+/// `acc` (rows x cols, accum_t<T>) as a T operand for the next GEMM: itself when T is
+/// its own accumulation type, else rounded once into `store`.
+template <class T>
+TensorView<const T> as_operand(std::vector<accum_t<T>>& acc, std::vector<T>& store, std::int64_t rows,
+                               std::int64_t cols) {
+  if constexpr (std::is_same_v<T, accum_t<T>>) {
+    return TensorView<const T>(acc.data(), Shape{rows, cols});
+  } else {
+    for (std::int64_t i = 0; i < rows * cols; ++i)
+      store[static_cast<std::size_t>(i)] = from_accum<T>(acc[static_cast<std::size_t>(i)]);
+    return TensorView<const T>(store.data(), Shape{rows, cols});
+  }
+}
+
 template <class Cpu, class T>
 void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                           TensorView<const T> v, TensorView<T> o, T* lse) {
+                           TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
+  using A = accum_t<T>;
   const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
-  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   Cpu::for_each(s.batch * s.n_heads, [&](std::int64_t bh) {
     const std::int64_t b = bh / s.n_heads, h = bh % s.n_heads, kvh = h / s.group();
-    std::vector<T> scores(static_cast<std::size_t>(bs * t));
+    std::vector<A> scores(static_cast<std::size_t>(bs * t));
+    std::vector<T> p(std::is_same_v<T, A> ? 0 : static_cast<std::size_t>(bs * t));
     for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
       const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
-      TensorView<T> sv(scores.data(), Shape{rows, i1});
-      Cpu::gemm(Trans::no, Trans::yes, T(1), head_rows(q, b * t + i0, rows, h, hd), head_rows(k, b * t, i1, kvh, hd),
-                T(0), sv);
-      ops::CausalSoftmaxForward<T> softmax{scores.data(), i1, i1, i0, scale, lse + bh * t + i0};
+      TensorView<A> sv(scores.data(), Shape{rows, i1});
+      Cpu::gemm(Trans::no, Trans::yes, A(1), head_rows(q, b * t + i0, rows, h, hd), head_rows(k, b * t, i1, kvh, hd),
+                A(0), sv);
+      ops::CausalSoftmaxForward<A> softmax{scores.data(), i1, i1, i0, scale, lse + bh * t + i0};
       for (std::int64_t r = 0; r < rows; ++r) softmax(r);
-      Cpu::gemm(Trans::no, Trans::no, T(1), TensorView<const T>(sv), head_rows(v, b * t, i1, kvh, hd), T(0),
+      Cpu::gemm(Trans::no, Trans::no, A(1), as_operand<T>(scores, p, rows, i1), head_rows(v, b * t, i1, kvh, hd), A(0),
                 head_rows(o, b * t + i0, rows, h, hd));
     }
   });
@@ -55,38 +78,39 @@ void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, Tenso
 /// dq is overwritten; dk and dv are accumulated into (pass zeros).
 template <class Cpu, class T>
 void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                            TensorView<const T> v, TensorView<const T> o, const T* lse, TensorView<const T> d_o,
-                            TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+                            TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
+                            TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+  using A = accum_t<T>;
   const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
-  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   Cpu::for_each(s.batch * s.n_kv_heads, [&](std::int64_t bk) {
     const std::int64_t b = bk / s.n_kv_heads, kvh = bk % s.n_kv_heads;
-    std::vector<T> p(static_cast<std::size_t>(bs * t)), dp(static_cast<std::size_t>(bs * t));
-    std::vector<T> d(static_cast<std::size_t>(bs));
+    const std::size_t tile = static_cast<std::size_t>(bs * t), narrow = std::is_same_v<T, A> ? 0 : tile;
+    std::vector<A> p(tile), dp(tile), d(static_cast<std::size_t>(bs));
+    std::vector<T> p_store(narrow), ds_store(narrow);
     for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h) {
       const std::int64_t bh = b * s.n_heads + h;
       for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
         const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
-        TensorView<T> pv(p.data(), Shape{rows, i1}), dpv(dp.data(), Shape{rows, i1});
+        TensorView<A> pv(p.data(), Shape{rows, i1}), dpv(dp.data(), Shape{rows, i1});
         const auto qb = head_rows(q, b * t + i0, rows, h, hd), dob = head_rows(d_o, b * t + i0, rows, h, hd);
         const auto ob = head_rows(o, b * t + i0, rows, h, hd);
         const auto kp = head_rows(k, b * t, i1, kvh, hd), vp = head_rows(v, b * t, i1, kvh, hd);
-        Cpu::gemm(Trans::no, Trans::yes, T(1), qb, kp, T(0), pv);  // S = Q K^T
-        ops::CausalSoftmaxRecompute<T> recompute{p.data(), i1, i1, i0, scale, lse + bh * t + i0};
+        Cpu::gemm(Trans::no, Trans::yes, A(1), qb, kp, A(0), pv);  // S = Q K^T
+        ops::CausalSoftmaxRecompute<A> recompute{p.data(), i1, i1, i0, scale, lse + bh * t + i0};
         ops::RowDot<T> rowdot{dob.data(), dob.ld(), ob.data(), ob.ld(), hd, d.data()};
         for (std::int64_t r = 0; r < rows; ++r) {
           recompute(r);
           rowdot(r);
         }
-        Cpu::gemm(Trans::yes, Trans::no, T(1), TensorView<const T>(pv), dob, T(1),
-                  head_rows(dv, b * t, i1, kvh, hd));                             // dV += P^T dO
-        Cpu::gemm(Trans::no, Trans::yes, T(1), dob, vp, T(0), dpv);                // dP = dO V^T
-        ops::CausalSoftmaxBackward<T> softmax_back{p.data(), i1, dp.data(), i1, d.data(), i1, i0, scale};
+        const TensorView<const T> p_operand = as_operand<T>(p, p_store, rows, i1);
+        Cpu::gemm(Trans::yes, Trans::no, A(1), p_operand, dob, A(1), head_rows(dv, b * t, i1, kvh, hd));  // dV += P^T dO
+        Cpu::gemm(Trans::no, Trans::yes, A(1), dob, vp, A(0), dpv);                                     // dP = dO V^T
+        ops::CausalSoftmaxBackward<A> softmax_back{p.data(), i1, dp.data(), i1, d.data(), i1, i0, scale};
         for (std::int64_t r = 0; r < rows; ++r) softmax_back(r);
-        Cpu::gemm(Trans::no, Trans::no, T(1), TensorView<const T>(dpv), kp, T(0),
-                  head_rows(dq, b * t + i0, rows, h, hd));                         // dQ = dS K
-        Cpu::gemm(Trans::yes, Trans::no, T(1), TensorView<const T>(dpv), qb, T(1),
-                  head_rows(dk, b * t, i1, kvh, hd));                              // dK += dS^T Q
+        const TensorView<const T> ds = as_operand<T>(dp, ds_store, rows, i1);
+        Cpu::gemm(Trans::no, Trans::no, A(1), ds, kp, A(0), head_rows(dq, b * t + i0, rows, h, hd));   // dQ = dS K
+        Cpu::gemm(Trans::yes, Trans::no, A(1), ds, qb, A(1), head_rows(dk, b * t, i1, kvh, hd));       // dK += dS^T Q
       }
     }
   });

@@ -10,6 +10,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -17,6 +18,7 @@
 #include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/cpu/attention.hpp"
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
 
@@ -71,12 +73,17 @@ struct Cpu {
   }
 
   /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view
-  /// with unit column stride (its leading dimension may exceed its width).
-  template <class T>
-  static void gemm(Trans ta, Trans tb, T alpha, TensorView<const T> a, TensorView<const T> b, T beta,
-                   TensorView<T> c) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                  "tessera: Cpu::gemm supports float and double");
+  /// with unit column stride (its leading dimension may exceed its width). T is float
+  /// or double (OpenBLAS), or bf16: its operands are widened to float, the product runs
+  /// in float, and C is either bf16 (rounded once) or float (a weight gradient
+  /// accumulated in fp32). C is T or accum_t<T>.
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<C> c) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>,
+                  "tessera: Cpu::gemm supports float, double and bf16");
+    static_assert(std::is_same_v<C, T> || std::is_same_v<C, accum_t<T>>,
+                  "tessera: Cpu::gemm writes C as its operands' type or their accumulation type");
     const std::int64_t m = c.rows(), n = c.cols();
     const std::int64_t k = ta == Trans::no ? a.cols() : a.rows();
     const std::int64_t am = ta == Trans::no ? a.rows() : a.cols();
@@ -93,39 +100,63 @@ struct Cpu {
       scale_matrix(beta, c);
       return;
     }
-    auto lda = static_cast<blasint>(std::max<std::int64_t>(a.ld(), std::max<std::int64_t>(a.cols(), 1)));
-    auto ldb = static_cast<blasint>(std::max<std::int64_t>(b.ld(), std::max<std::int64_t>(b.cols(), 1)));
-    auto ldc = static_cast<blasint>(std::max<std::int64_t>(c.ld(), std::max<std::int64_t>(c.cols(), 1)));
-    auto t = [](Trans x) { return x == Trans::no ? CblasNoTrans : CblasTrans; };
-    if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
-                  static_cast<blasint>(k), alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+    if constexpr (std::is_same_v<T, bf16>) {
+      const Tensor<float> wa = widen(a), wb = widen(b);
+      if constexpr (std::is_same_v<C, float>) {
+        gemm(ta, tb, alpha, wa.cview(), wb.cview(), beta, c);
+      } else {
+        Tensor<float> wc(Shape{m, n});  // zeros: beta == 0 ignores what C held, NaN included
+        if (beta != 0.0f)
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) wc.view()(i, j) = static_cast<float>(c(i, j));
+        gemm(ta, tb, alpha, wa.cview(), wb.cview(), beta, wc.view());
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) c(i, j) = bf16(wc.cview()(i, j));
+      }
     } else {
-      cblas_dgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
-                  static_cast<blasint>(k), alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+      auto lda = static_cast<blasint>(std::max<std::int64_t>(a.ld(), std::max<std::int64_t>(a.cols(), 1)));
+      auto ldb = static_cast<blasint>(std::max<std::int64_t>(b.ld(), std::max<std::int64_t>(b.cols(), 1)));
+      auto ldc = static_cast<blasint>(std::max<std::int64_t>(c.ld(), std::max<std::int64_t>(c.cols(), 1)));
+      auto t = [](Trans x) { return x == Trans::no ? CblasNoTrans : CblasTrans; };
+      if constexpr (std::is_same_v<T, float>) {
+        cblas_sgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+                    static_cast<blasint>(k), alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+      } else {
+        cblas_dgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+                    static_cast<blasint>(k), alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+      }
     }
   }
 
   /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T).
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                                TensorView<const T> v, TensorView<T> o, T* lse) {
+                                TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
     detail::cpu_attention_forward<Cpu>(s, q, k, v, o, lse);
   }
 
   /// Attention backward: dq overwritten, dk and dv accumulated.
   template <class T>
   static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                                 TensorView<const T> v, TensorView<const T> o, const T* lse,
+                                 TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
                                  TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
     detail::cpu_attention_backward<Cpu>(s, q, k, v, o, lse, d_o, dq, dk, dv);
   }
 
  private:
-  template <class T>
-  static void scale_matrix(T beta, TensorView<T> c) {
+  template <class C, class S>
+  static void scale_matrix(S beta, TensorView<C> c) {
     for (std::int64_t i = 0; i < c.rows(); ++i)
-      for (std::int64_t j = 0; j < c.cols(); ++j) c(i, j) = beta == T(0) ? T(0) : beta * c(i, j);
+      for (std::int64_t j = 0; j < c.cols(); ++j)
+        c(i, j) = beta == S(0) ? C(S(0)) : C(beta * static_cast<S>(c(i, j)));
+  }
+
+  /// A contiguous float copy of a bf16 operand.
+  static Tensor<float> widen(TensorView<const bf16> v) {
+    Tensor<float> w(Shape{v.rows(), v.cols()}, Uninitialized{});
+    for (std::int64_t i = 0; i < v.rows(); ++i)
+      for (std::int64_t j = 0; j < v.cols(); ++j) w.view()(i, j) = static_cast<float>(v(i, j));
+    return w;
   }
 };
 
