@@ -23,7 +23,9 @@
 //   3. Memory-bound ops on --memory-flavor's shapes (float32: the ops/ functors compute
 //      in their storage type): RMSNorm forward and backward (input and weight passes),
 //      RoPE forward (q rotated into a new tensor) and backward (dq in place), SwiGLU
-//      forward and backward, launched through Cuda::for_each as the layers launch them.
+//      forward and backward, cross-entropy on one chunk of the output head's logits
+//      (gradient in place), launched through Cuda::for_each as the layers launch them
+//      (the ops' own kernels, backend/cuda/row_kernels.cuh).
 //      Bytes = each tensor read once + each output written once; GB/s is set against a
 //      device-to-device copy moving the same bytes, timed alongside.
 //
@@ -55,6 +57,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -506,8 +509,7 @@ struct SquareGemm {
       : a(random_tensor<T>(Shape{s, s}, -1, 1)), b(random_tensor<T>(Shape{s, s}, -1, 1)), c(Cuda::empty<T>(Shape{s, s})) {}
   Call call() const {
     return [this](std::int64_t) {
-      Cuda::gemm<T>(Trans::no, Trans::yes, tessera::convert<T>(1.0f), a.cview(), b.cview(), tessera::convert<T>(0.0f),
-                    c.view());
+      Cuda::gemm<T>(Trans::no, Trans::yes, 1.0f, a.cview(), b.cview(), 0.0f, c.view());
     };
   }
 };
@@ -680,7 +682,7 @@ GemmResult run_gemm(const GemmCase& g, const Options& o, const TimingPolicy& pol
     b.push_back(random_tensor<T>(sb, -1, 1));
     c.push_back(random_tensor<T>(sc, -1, 1));
   }
-  const T one = tessera::convert<T>(1.0f), beta = tessera::convert<T>(g.beta_one ? 1.0f : 0.0f);
+  const float one = 1.0f, beta = g.beta_one ? 1.0f : 0.0f;  // alpha and beta are fp32 for every T
   auto run = [&](std::int64_t i, const tcuda::GemmAlgo* algo) {
     const auto s = static_cast<std::size_t>(i % r.sets);
     if (algo != nullptr) tcuda::gemm<T>(g.ta, g.tb, one, a[s].cview(), b[s].cview(), beta, c[s].view(), algo);
@@ -1106,6 +1108,32 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
                                                      db[s].data()});
         },
         [&] { return count_nonfinite(da[0]) + count_nonfinite(db[0]); }, policy, dev));
+  }
+  {  // Cross-entropy on one chunk of the output head's logits: z, targets -> gradient in place, row losses.
+    // (The kernel passes over each row three times: max, exp and sum, gradient.)
+    const std::int64_t v = a.vocab_size, rows = tessera::nn::loss_chunk_rows(v, tokens);
+    const double bytes = fb * double(2 * rows * v) + double(rows) * double(sizeof(std::int32_t) + sizeof(double));
+    const std::int64_t sets = rotation_sets(bytes, dev.l2_bytes);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
+    for (std::size_t r = 0; r < ids.size(); ++r) ids[r] = static_cast<std::int32_t>((r * 7919) % std::size_t(v));
+    const Tensor<std::int32_t> targets = tessera::upload<Cuda>(std::span<const std::int32_t>(ids));
+    const Tensor<double> loss = Cuda::empty<double>(Shape{rows});
+    std::vector<Tensor<float>> z;
+    for (std::int64_t s = 0; s < sets; ++s) z.push_back(random_tensor<float>(Shape{rows, v}, -8, 8));
+    report(measure_memory_op(
+        "cross-entropy", "logits " + shape_text(rows, v) + ", targets -> gradient in place, loss", bytes, sets,
+        [&](std::int64_t i) {
+          const auto s = static_cast<std::size_t>(i % sets);
+          Cuda::for_each(rows, tessera::ops::CrossEntropyRow<float>{z[s].data(), v, v, targets.data(),
+                                                                    1.0f / float(tokens), true, loss.data()});
+        },
+        [&] {
+          const Tensor<double> l = tessera::download<Cuda>(loss);
+          double bad = 0;
+          for (std::int64_t r = 0; r < rows; ++r) bad += std::isfinite(l[r]) ? 0 : 1;
+          return count_nonfinite(z[0]) + bad;
+        },
+        policy, dev));
   }
   return out;
 }

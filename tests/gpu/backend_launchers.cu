@@ -24,11 +24,12 @@ TensorView<T> same_view(const Tensor<T>& device_store, const Tensor<T>& host_sto
 
 }  // namespace
 
-template <class T>
-Tensor<T> cuda_gemm(Trans ta, Trans tb, T alpha, const Tensor<T>& a_store, TensorView<const T> a,
-                    const Tensor<T>& b_store, TensorView<const T> b, T beta, const Tensor<T>& c_store,
-                    TensorView<T> c) {
-  const Tensor<T> da = upload<Cuda>(a_store), db = upload<Cuda>(b_store), dc = upload<Cuda>(c_store);
+template <class T, class C>
+Tensor<C> cuda_gemm(Trans ta, Trans tb, accum_t<T> alpha, const Tensor<T>& a_store, TensorView<const T> a,
+                    const Tensor<T>& b_store, TensorView<const T> b, accum_t<T> beta, const Tensor<C>& c_store,
+                    TensorView<C> c) {
+  const Tensor<T> da = upload<Cuda>(a_store), db = upload<Cuda>(b_store);
+  const Tensor<C> dc = upload<Cuda>(c_store);
   Cuda::gemm(ta, tb, alpha, TensorView<const T>(same_view(da, a_store, a)),
              TensorView<const T>(same_view(db, b_store, b)), beta, same_view(dc, c_store, c));
   return download<Cuda>(dc);
@@ -37,8 +38,11 @@ Tensor<T> cuda_gemm(Trans ta, Trans tb, T alpha, const Tensor<T>& a_store, Tenso
 template Tensor<float> cuda_gemm(Trans, Trans, float, const Tensor<float>&, TensorView<const float>,
                                  const Tensor<float>&, TensorView<const float>, float, const Tensor<float>&,
                                  TensorView<float>);
-template Tensor<bf16> cuda_gemm(Trans, Trans, bf16, const Tensor<bf16>&, TensorView<const bf16>, const Tensor<bf16>&,
-                                TensorView<const bf16>, bf16, const Tensor<bf16>&, TensorView<bf16>);
+template Tensor<bf16> cuda_gemm(Trans, Trans, float, const Tensor<bf16>&, TensorView<const bf16>, const Tensor<bf16>&,
+                                TensorView<const bf16>, float, const Tensor<bf16>&, TensorView<bf16>);
+template Tensor<float> cuda_gemm(Trans, Trans, float, const Tensor<bf16>&, TensorView<const bf16>,
+                                 const Tensor<bf16>&, TensorView<const bf16>, float, const Tensor<float>&,
+                                 TensorView<float>);
 
 std::vector<Tensor<float>> cuda_gemm_each_candidate(Trans ta, Trans tb, float alpha, const Tensor<float>& a,
                                                     const Tensor<float>& b, float beta, const Tensor<float>& c) {
@@ -98,16 +102,13 @@ void check_device_count(bool runtime_error) {
   else cuda::detail::check_device_count(cudaSuccess, 0);
 }
 
-void cuda_attention_forward_bf16() {
-  AttentionShape s;
-  s.batch = 1;
-  s.seq_len = 4;
-  s.n_heads = 2;
-  s.n_kv_heads = 1;
-  s.head_dim = 8;
-  const Tensor<bf16> q = Cuda::zeros<bf16>({4, 16}), kv = Cuda::zeros<bf16>({4, 8});
-  const Tensor<bf16> o = Cuda::zeros<bf16>({4, 16}), lse = Cuda::zeros<bf16>({1, 2, 4});
-  Cuda::attention_forward<bf16>(s, q.cview(), kv.cview(), kv.cview(), o.view(), lse.data());
+std::pair<Tensor<bf16>, Tensor<float>> cuda_attention_forward_bf16(const AttentionShape& s, const Tensor<bf16>& q,
+                                                                   const Tensor<bf16>& k, const Tensor<bf16>& v) {
+  const Tensor<bf16> dq = upload<Cuda>(q), dk = upload<Cuda>(k), dv = upload<Cuda>(v);
+  Tensor<bf16> o = Cuda::zeros<bf16>(q.shape());
+  Tensor<float> lse = Cuda::zeros<float>({s.batch, s.n_heads, s.seq_len});
+  Cuda::attention_forward<bf16>(s, dq.cview(), dk.cview(), dv.cview(), o.view(), lse.data());
+  return {download<Cuda>(o), download<Cuda>(lse)};
 }
 
 template <class T>

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
+#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/caching_allocator.hpp"
 #include "tessera/core/dtype.hpp"
@@ -15,10 +17,10 @@ namespace tessera::gpu_test {
 /// Cuda::gemm on device copies of the host tensors the views look into (each view at the
 /// same offset and strides in its copy). Returns the whole of c_store afterwards.
 /// T is float or bf16.
-template <class T>
-Tensor<T> cuda_gemm(Trans ta, Trans tb, T alpha, const Tensor<T>& a_store, TensorView<const T> a,
-                    const Tensor<T>& b_store, TensorView<const T> b, T beta, const Tensor<T>& c_store,
-                    TensorView<T> c);
+template <class T, class C = T>
+Tensor<C> cuda_gemm(Trans ta, Trans tb, accum_t<T> alpha, const Tensor<T>& a_store, TensorView<const T> a,
+                    const Tensor<T>& b_store, TensorView<const T> b, accum_t<T> beta, const Tensor<C>& c_store,
+                    TensorView<C> c);
 
 /// As cuda_gemm, once for every algorithm cuda::gemm_candidates offers (each run starts
 /// from c_store), in the heuristic's order.
@@ -41,8 +43,9 @@ void failing_cublas_call();
 /// of zero would raise it.
 void check_device_count(bool runtime_error);
 
-/// Cuda::attention_forward<bf16> on small device tensors (refused for now).
-void cuda_attention_forward_bf16();
+/// Cuda::attention_forward<bf16> through the backend member: o and the fp32 lse.
+std::pair<Tensor<bf16>, Tensor<float>> cuda_attention_forward_bf16(const AttentionShape& s, const Tensor<bf16>& q,
+                                                                   const Tensor<bf16>& k, const Tensor<bf16>& v);
 
 /// upload<Cuda> then download<Cuda>; `uploaded_on` receives the device tensor's device.
 template <class T>

@@ -1,58 +1,109 @@
-// Launchers for the GPU op tests: copy host inputs to the device, run an ops/ functor
-// through tessera::cuda::for_each, copy the result back. Kernels only; the checks are
-// in test_gpu_ops.cpp.
+// Launchers for the GPU op tests: device memory for the checks, and ops/ functors run
+// through cuda::launch_op (the lowered kernels of backend/cuda/row_kernels.cuh) or
+// cuda::for_each (one index per thread). Kernels only; the checks are in
+// test_gpu_ops.cpp.
+#include <cuda_runtime.h>
+
 #include <vector>
 
 #include "ops_launchers.hpp"
 #include "tessera/backend/cuda/launch.cuh"
+#include "tessera/backend/cuda/row_kernels.cuh"
+#include "tessera/core/dtype.hpp"
 #include "tessera/ops/ops.hpp"
-
-namespace {
-template <class T>
-T* to_device(const std::vector<T>& v) {
-  T* d = nullptr;
-  TESSERA_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T) + 1));
-  TESSERA_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const T* d, std::size_t n) {
-  std::vector<T> v(n);
-  TESSERA_CUDA_CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
-}  // namespace
 
 namespace tessera::gpu_test {
 
+// Which functors have kernels of their own is a compile-time property: these pin it.
+static_assert(cuda::HasOpKernel<ops::RmsNormForward<float>>);
+static_assert(cuda::HasOpKernel<ops::RmsNormBackwardInput<bf16>>);
+static_assert(cuda::HasOpKernel<ops::RmsNormBackwardWeight<float>>);
+static_assert(cuda::HasOpKernel<ops::CrossEntropyRow<bf16>>);
+static_assert(cuda::HasOpKernel<ops::CausalSoftmaxForward<float>>);
+static_assert(cuda::HasOpKernel<ops::RopeRotate<float>>);
+static_assert(cuda::HasOpKernel<ops::SwiGluBackward<float>>);
+static_assert(cuda::HasOpKernel<ops::Fill<bf16>>);
+static_assert(!cuda::HasOpKernel<ops::RmsNormForward<double>>, "double runs one index per thread");
+static_assert(!cuda::HasOpKernel<ops::AdamWStep<float>>, "AdamW is not lowered");
+
 int device_count() { return cuda::device_count(); }
 
-std::vector<float> rmsnorm_forward(const std::vector<float>& x, const std::vector<float>& w, std::int64_t rows,
-                                   float eps) {
-  const auto n = static_cast<std::int64_t>(w.size());
-  float *dx = to_device(x), *dw = to_device(w), *dy = to_device(x), *drstd = to_device(std::vector<float>(rows));
-  cuda::for_each(rows, ops::RmsNormForward<float>{dx, n, dw, dy, n, drstd, n, eps});
-  auto y = to_host(dy, x.size());
-  for (float* p : {dx, dw, dy, drstd}) TESSERA_CUDA_CHECK(cudaFree(p));
-  return y;
+void* device_allocate(std::size_t bytes) {
+  void* p = nullptr;
+  TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
 }
 
-std::vector<float> swiglu_forward(const std::vector<float>& a, const std::vector<float>& b) {
-  float *da = to_device(a), *db = to_device(b), *dg = to_device(a);
-  cuda::for_each(static_cast<std::int64_t>(a.size()), ops::SwiGluForward<float>{da, db, dg});
-  auto g = to_host(dg, a.size());
-  for (float* p : {da, db, dg}) TESSERA_CUDA_CHECK(cudaFree(p));
-  return g;
+void device_release(void* p) { TESSERA_CUDA_CHECK(cudaFree(p)); }
+
+void copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  TESSERA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  TESSERA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+template <class F>
+void launch_op(std::int64_t n, const F& f) {
+  cuda::launch_op(n, f, cuda::compute_stream());
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+template <class F>
+void launch_op_on_side_stream(std::int64_t n, const F& f) {
+  cudaStream_t side = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cuda::launch_op(n, f, side);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(side));
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(side));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+template <class F>
+void launch_per_index(std::int64_t n, const F& f) {
+  cuda::for_each(n, f, cuda::compute_stream());
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 std::vector<float> adamw_step(std::vector<float> p, const std::vector<float>& g, float lr) {
-  std::vector<float> zeros(p.size(), 0.0f);
-  float *dp = to_device(p), *dg = to_device(g), *dm = to_device(zeros), *dv = to_device(zeros);
-  cuda::for_each(static_cast<std::int64_t>(p.size()),
-                 ops::AdamWStep<float>{dp, dg, dm, dv, lr, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f});
-  auto out = to_host(dp, p.size());
-  for (float* q : {dp, dg, dm, dv}) TESSERA_CUDA_CHECK(cudaFree(q));
-  return out;
+  const std::vector<float> zeros(p.size(), 0.0f);
+  DeviceArray<float> dp(p), dg(g), dm(zeros), dv(zeros);
+  launch_op(static_cast<std::int64_t>(p.size()),
+            ops::AdamWStep<float>{dp.data(), dg.data(), dm.data(), dv.data(), lr, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f,
+                                  0.05f, 1.0f});
+  return dp.download();
 }
+
+// The functors the checks launch, per element type.
+#define TESSERA_GPU_TEST_LAUNCHERS(F)                                        \
+  template void launch_op<F>(std::int64_t, const F&);                       \
+  template void launch_op_on_side_stream<F>(std::int64_t, const F&);        \
+  template void launch_per_index<F>(std::int64_t, const F&);
+
+#define TESSERA_GPU_TEST_OPS(T)                                \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormForward<T>)           \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormBackwardInput<T>)     \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormBackwardWeight<T>)    \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::CrossEntropyRow<T>)          \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::CrossEntropyShardMax<T>)     \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::CrossEntropyShardExp<T>)     \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::CrossEntropyShardGrad<T>)    \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::CausalSoftmaxForward<T>)     \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::CausalSoftmaxRecompute<T>)   \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::CausalSoftmaxBackward<T>)    \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::RowDot<T>)                   \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::RopeRotate<T>)               \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::SwiGluForward<T>)            \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::SwiGluBackward<T>)           \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::Add<T>)                      \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::Copy<T>)                     \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::Axpy<T>)                     \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::Scale<T>)                    \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::Fill<T>)
+
+TESSERA_GPU_TEST_OPS(float)
+TESSERA_GPU_TEST_OPS(bf16)
+TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormForward<double>)  // no kernel of its own: the per-index fallback
 
 }  // namespace tessera::gpu_test

@@ -136,14 +136,25 @@ void check_float_gemm(const GemmProblem& p) {
 /// those values; the GPU's output is rounded to bf16 once (half an ulp: 2^-9 relative).
 void check_bf16_gemm(const GemmProblem& p) {
   const Tensor<bf16> a = to_bf16(p.a), b = to_bf16(p.b), c = to_bf16(p.c);
-  const Tensor<bf16> got = gpu_test::cuda_gemm<bf16>(
-      p.ta, p.tb, bf16(p.alpha), a, cview_like(a, p.a, p.av), b, cview_like(b, p.b, p.bv),
-      bf16(p.beta), c, view_like(c, p.c, TensorView<const float>(p.cv)));
+  const Tensor<bf16> got = gpu_test::cuda_gemm<bf16>(p.ta, p.tb, p.alpha, a, cview_like(a, p.a, p.av), b,
+                                                     cview_like(b, p.b, p.bv), p.beta, c,
+                                                     view_like(c, p.c, TensorView<const float>(p.cv)));
   const Tensor<float> af = to_float(a), bff = to_float(b), cf = to_float(c);
-  GemmProblem q = p;
-  q.alpha = static_cast<float>(bf16(p.alpha));
-  q.beta = static_cast<float>(bf16(p.beta));
-  check_close(to_float(got), cpu_reference(q, af, bff, cf), 1e-5f, 1.0f / 256);
+  check_close(to_float(got), cpu_reference(p, af, bff, cf), 1e-5f, 1.0f / 256);
+}
+
+/// bf16 operands into an fp32 C (a weight gradient accumulated in fp32): no rounding of
+/// the output, so the float bound holds.
+void check_bf16_into_float_gemm(const GemmProblem& p) {
+  const Tensor<bf16> a = to_bf16(p.a), b = to_bf16(p.b);
+  const Tensor<float> got = gpu_test::cuda_gemm<bf16, float>(p.ta, p.tb, p.alpha, a, cview_like(a, p.a, p.av), b,
+                                                             cview_like(b, p.b, p.bv), p.beta, p.c, p.cv);
+  check_close(got, cpu_reference(p, to_float(a), to_float(b), p.c), 1e-5f, 0.0f);
+  // The CPU backend's own bf16-into-float GEMM gives the same within the same bound.
+  Tensor<float> cpu = p.c.clone();
+  Cpu::gemm(p.ta, p.tb, p.alpha, cview_like(a, p.a, p.av), cview_like(b, p.b, p.bv), p.beta,
+            view_like(cpu, p.c, TensorView<const float>(p.cv)));
+  check_close(cpu, cpu_reference(p, to_float(a), to_float(b), p.c), 1e-5f, 0.0f);
 }
 
 const Trans kTrans[] = {Trans::no, Trans::yes};
@@ -169,6 +180,15 @@ TEST_CASE("Cuda::gemm matches Cpu::gemm in bf16 for every transpose pair, contig
       check_bf16_gemm(make_problem(ta, tb, 37, 29, 45, 1.0f, 0.0f, 0, 0, 4));
       check_bf16_gemm(make_problem(ta, tb, 37, 29, 45, 0.75f, -0.5f, 3, 1, 5));  // ld > width, 2-byte aligned
       check_bf16_gemm(make_problem(ta, tb, 128, 96, 256, 0.5f, 1.0f, 8, 8, 6));
+    }
+}
+
+TEST_CASE("Cuda::gemm from bf16 operands into an fp32 C matches the fp32 product of the bf16 values") {
+  for (Trans ta : kTrans)
+    for (Trans tb : kTrans) {
+      INFO("op(A)=", name(ta), " op(B)=", name(tb));
+      check_bf16_into_float_gemm(make_problem(ta, tb, 37, 29, 45, 1.0f, 0.0f, 0, 0, 14));
+      check_bf16_into_float_gemm(make_problem(ta, tb, 64, 48, 96, 1.0f, 1.0f, 3, 1, 15));  // accumulate, strided
     }
 }
 
@@ -205,10 +225,10 @@ TEST_CASE("Cuda::gemm with k == 0 scales C by beta, or zeroes it") {
   }
   GemmProblem p = make_problem(Trans::yes, Trans::yes, 4, 3, 0, 1.0f, -2.0f, 0, 0, 9);
   const Tensor<bf16> c = to_bf16(p.c);
-  const Tensor<bf16> got = gpu_test::cuda_gemm<bf16>(p.ta, p.tb, bf16(1.0f), Tensor<bf16>(p.a.shape()),
+  const Tensor<bf16> got = gpu_test::cuda_gemm<bf16>(p.ta, p.tb, 1.0f, Tensor<bf16>(p.a.shape()),
                                                      TensorView<const bf16>(nullptr, p.a.shape()),
                                                      Tensor<bf16>(p.b.shape()),
-                                                     TensorView<const bf16>(nullptr, p.b.shape()), bf16(-2.0f), c,
+                                                     TensorView<const bf16>(nullptr, p.b.shape()), -2.0f, c,
                                                      c.view());
   for (std::int64_t i = 0; i < got.numel(); ++i)
     CHECK(static_cast<float>(got[i]) == round_to_bf16(-2.0f * static_cast<float>(c[i])));
@@ -284,9 +304,29 @@ TEST_CASE("Without a visible device the backend says so") {
                        "CUDA backend: no CUDA device is visible (cudaGetDeviceCount: 0 devices)");
 }
 
-TEST_CASE("Cuda attention refuses element types other than float for now") {
-  CHECK_ERROR_CONTAINS(gpu_test::cuda_attention_forward_bf16(),
-                       "Cuda::attention_forward: bfloat16 attention is not supported yet");
+TEST_CASE("Cuda attention on bf16 tensors matches the CPU backend's bf16 attention") {
+  AttentionShape s;
+  s.batch = 2;
+  s.seq_len = 37;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 64;
+  const Tensor<bf16> q = to_bf16(values({s.batch * s.seq_len, s.n_heads * s.head_dim}, 41));
+  const Tensor<bf16> k = to_bf16(values({s.batch * s.seq_len, s.n_kv_heads * s.head_dim}, 42));
+  const Tensor<bf16> v = to_bf16(values({s.batch * s.seq_len, s.n_kv_heads * s.head_dim}, 43));
+  Tensor<bf16> o(q.shape());
+  Tensor<float> lse(Shape{s.batch, s.n_heads, s.seq_len});
+  Cpu::attention_forward<bf16>(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+  const auto [got_o, got_lse] = gpu_test::cuda_attention_forward_bf16(s, q, k, v);
+  // lse: fp32 on both sides from the same bf16 scores, summed in different orders; the
+  // CPU rounds the scores to bf16 before the softmax (its score GEMM writes T), the GPU
+  // keeps them in fp32: 2^-8 relative on a score of magnitude up to ~8 moves lse by
+  // at most ~0.03.
+  for (std::int64_t i = 0; i < lse.numel(); ++i) CHECK(got_lse[i] == doctest::Approx(lse[i]).epsilon(0.01));
+  // o: a convex combination of bf16 values rounded once to bf16 on each side, with the
+  // CPU's probabilities also rounded to bf16 first: within a few bf16 ulps.
+  for (std::int64_t i = 0; i < o.numel(); ++i)
+    CHECK(std::fabs(static_cast<float>(got_o[i]) - static_cast<float>(o[i])) <= 0.03f);
 }
 
 TEST_CASE("upload<Cuda> and download<Cuda> round-trip every element") {

@@ -16,9 +16,8 @@
 //   source (both synchronise the stream). synchronize() waits for all of it.
 // - GEMMs are cuBLASLt's (gemm.cuh): float in exact fp32 (no TF32) and bf16 with fp32
 //   accumulation; the operand checks and messages are the CPU backend's.
-// - Attention is the flash-attention kernels' (flash_attention.cuh). Their log-sum-exp is
-//   fp32; the backend interface hands it over as T*, so for now attention runs for
-//   T = float and refuses other element types with an error.
+// - Attention is the flash-attention kernels' (flash_attention.cuh), for float and bf16
+//   tensors; the log-sum-exp is accum_t<T> (fp32) in both cases, as on the CPU backend.
 // - Errors. Every CUDA and cuBLASLt return code is checked and throws a tessera::Error
 //   naming the call. The first use of the backend where no device is visible throws
 //   "CUDA backend: no CUDA device is visible (...)". A kernel's own failure surfaces at
@@ -41,6 +40,7 @@
 #include "tessera/backend/cuda/launch.cuh"
 #include "tessera/backend/cuda/memory.cuh"
 #include "tessera/backend/cuda/reduce.cuh"
+#include "tessera/backend/cuda/row_kernels.cuh"
 #include "tessera/comm/memory_access.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
@@ -76,11 +76,13 @@ struct Cuda {
     return t;
   }
 
-  /// Calls f(i) for i in [0, n) on the device, one index per thread.
+  /// Calls f(i) for i in [0, n) on the device: the functor's own kernel where
+  /// row_kernels.cuh lowers F (rows per warp or block, vector loads), else one index
+  /// per thread.
   template <class F>
   static void for_each(std::int64_t n, const F& f) {
     cuda::require_device();
-    cuda::for_each(n, f, stream());
+    cuda::launch_op(n, f, stream());
   }
 
   /// Waits until every piece of work issued to the compute stream has finished.
@@ -112,45 +114,36 @@ struct Cuda {
 
   /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view
   /// with unit column stride (its leading dimension may exceed its width). T is float
-  /// or bf16.
-  template <class T>
-  static void gemm(Trans ta, Trans tb, T alpha, TensorView<const T> a, TensorView<const T> b, T beta,
-                   TensorView<T> c) {
-    cuda::gemm<T>(ta, tb, alpha, a, b, beta, c);
+  /// or bf16; C is T, or float from bf16 operands (fp32 weight gradients and logits).
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<C> c) {
+    cuda::gemm<T, C>(ta, tb, alpha, a, b, beta, c);
   }
 
-  /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T).
+  /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T) in
+  /// accum_t<T> (float for float and bf16 tensors).
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                                TensorView<const T> v, TensorView<T> o, T* lse) {
+                                TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                  "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
-    if constexpr (std::is_same_v<T, float>) {
-      cuda::flash_attention_forward<T>(s, q, k, v, o, lse, stream());
-    } else {
-      fail("Cuda::attention_forward: ", cuda::detail::element_name<T>(),
-           " attention is not supported yet: the flash-attention kernels keep the log-sum-exp in float32, "
-           "and the backend interface passes it as ",
-           cuda::detail::element_name<T>(), " (float32 attention is supported)");
-    }
+    cuda::flash_attention_forward<T>(s, q, k, v, o, lse, stream());
   }
 
   /// Attention backward: dq overwritten, dk and dv accumulated.
   template <class T>
   static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                                 TensorView<const T> v, TensorView<const T> o, const T* lse,
+                                 TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
                                  TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                  "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
-    if constexpr (std::is_same_v<T, float>) {
-      // (B, H, T) row sums of dO * O, the kernels' scratch; freed blocks are reused in
-      // stream order, so it may go back to the allocator while the kernels still run.
-      Tensor<float> delta = empty<float>({s.batch, s.n_heads, s.seq_len});
-      cuda::flash_attention_backward<T>(s, q, k, v, o, lse, d_o, dq, dk, dv, delta.data(), stream());
-    } else {
-      fail("Cuda::attention_backward: ", cuda::detail::element_name<T>(),
-           " attention is not supported yet: the flash-attention kernels keep the log-sum-exp in float32, "
-           "and the backend interface passes it as ",
-           cuda::detail::element_name<T>(), " (float32 attention is supported)");
-    }
+    // (B, H, T) row sums of dO * O, the kernels' scratch; freed blocks are reused in
+    // stream order, so it may go back to the allocator while the kernels still run.
+    Tensor<float> delta = empty<float>({s.batch, s.n_heads, s.seq_len});
+    cuda::flash_attention_backward<T>(s, q, k, v, o, lse, d_o, dq, dk, dv, delta.data(), stream());
   }
 
   /// How the in-process engines (comm::SelfEngine, comm::ThreadEngine through

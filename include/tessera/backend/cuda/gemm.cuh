@@ -11,8 +11,9 @@
 // Precision. float GEMMs use CUBLAS_COMPUTE_32F: fp32 products and sums, never TF32,
 // so a float model on the GPU follows the CPU backend's arithmetic (up to summation
 // order). bf16 GEMMs read and write bf16 (CUDA_R_16BF) and accumulate in fp32
-// (CUBLAS_COMPUTE_32F); the only bf16 rounding is of the result. alpha and beta are
-// fp32 in both cases (a bf16 alpha is widened). Split-K algorithms are limited to
+// (CUBLAS_COMPUTE_32F); the only bf16 rounding is of the result. A bf16 GEMM may also
+// write an fp32 C (the mixed-precision weight gradient, accumulated in fp32 with beta 1,
+// or fp32 logits for the loss). alpha and beta are fp32 (accum_t<T>) in every case. Split-K algorithms are limited to
 // cuBLASLt's COMPUTE_TYPE reduction: partial sums in an fp32 workspace, added in a
 // separate pass, never in the output type nor in place in the output.
 //
@@ -104,7 +105,8 @@ inline constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;
 /// What identifies a GEMM to the algorithm cache (row-major terms, as the caller sees it).
 struct GemmKey {
   int device = 0;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // A's and B's
+  DType out = DType::f32;    // C's: dtype, or float32 for a bfloat16 GEMM writing fp32
   Trans ta = Trans::no, tb = Trans::no;
   bool beta_zero = true;
   std::int64_t m = 0, n = 0, k = 0;
@@ -117,7 +119,8 @@ struct GemmKey {
   /// alignment(A,B,C)=256,4,256 bytes on cuda:0".
   std::string str() const {
     auto op = [](Trans t, const char* x) { return std::string(x) + (t == Trans::yes ? "^T" : ""); };
-    return tessera::detail::concat(name_of(dtype), " GEMM m=", m, " n=", n, " k=", k, " op(A)=", op(ta, "A"),
+    return tessera::detail::concat(name_of(dtype), " GEMM", out == dtype ? "" : " into ",
+                                   out == dtype ? std::string_view{} : name_of(out), " m=", m, " n=", n, " k=", k, " op(A)=", op(ta, "A"),
                                    " op(B)=", op(tb, "B"), " lda=", lda, " ldb=", ldb, " ldc=", ldc,
                                    " beta=", beta_zero ? "0" : "nonzero", " alignment(A,B,C)=", align_a, ",",
                                    align_b, ",", align_c, " bytes on cuda:", device);
@@ -143,7 +146,8 @@ struct GemmKeyHash {
     std::size_t h = 0;
     auto mix = [&h](std::uint64_t v) { h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     mix(static_cast<std::uint64_t>(key.device));
-    mix(static_cast<std::uint64_t>(key.dtype) | (static_cast<std::uint64_t>(key.ta) << 8) |
+    mix(static_cast<std::uint64_t>(key.dtype) | (static_cast<std::uint64_t>(key.out) << 32) |
+        (static_cast<std::uint64_t>(key.ta) << 8) |
         (static_cast<std::uint64_t>(key.tb) << 16) | (static_cast<std::uint64_t>(key.beta_zero) << 24));
     for (std::int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(static_cast<std::uint64_t>(v));
     mix(static_cast<std::uint64_t>(key.align_a) | (static_cast<std::uint64_t>(key.align_b) << 16) |
@@ -161,9 +165,9 @@ inline std::uint32_t alignment_of(const void* p) {
 }
 
 /// The CPU backend's operand checks, with its messages; returns {m, n, k}.
-template <class T>
+template <class T, class C>
 std::array<std::int64_t, 3> check_gemm_operands(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b,
-                                                 TensorView<T> c) {
+                                                 TensorView<C> c) {
   const std::int64_t m = c.rows(), n = c.cols();
   const std::int64_t k = ta == Trans::no ? a.cols() : a.rows();
   const std::int64_t am = ta == Trans::no ? a.rows() : a.cols();
@@ -185,12 +189,13 @@ std::int64_t leading_dimension(const TensorView<T>& v) {
 }
 
 /// The cache key of a GEMM whose operands passed check_gemm_operands.
-template <class T>
-GemmKey make_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, bool beta_zero, TensorView<T> c,
+template <class T, class C>
+GemmKey make_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, bool beta_zero, TensorView<C> c,
                  std::int64_t m, std::int64_t n, std::int64_t k) {
   GemmKey key;
   key.device = current_device();
   key.dtype = dtype_of<T>();
+  key.out = dtype_of<C>();
   key.ta = ta;
   key.tb = tb;
   key.beta_zero = beta_zero;
@@ -337,8 +342,11 @@ class GemmDescriptors {
  private:
   void create() {
     const cudaDataType_t type = key_.dtype == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-    TESSERA_CHECK(key_.dtype == DType::f32 || key_.dtype == DType::bf16, "CUDA backend: ", name_of(key_.dtype),
-                  " GEMMs are not supported (float32 and bfloat16 are)");
+    const cudaDataType_t out_type = key_.out == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+    TESSERA_CHECK((key_.dtype == DType::f32 || key_.dtype == DType::bf16) &&
+                      (key_.out == key_.dtype || key_.out == DType::f32),
+                  "CUDA backend: the ", key_.str(),
+                  " is not supported (float32, bfloat16, and bfloat16 into float32 are)");
     TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), key_.str());
     // cuBLASLt's first operand is B's storage, its second A's (see the header comment).
     const std::int32_t trans_first = key_.tb == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -357,7 +365,7 @@ class GemmDescriptors {
     const auto a_cols = static_cast<std::uint64_t>(key_.ta == Trans::no ? key_.k : key_.m);
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first_, type, b_cols, b_rows, key_.ldb), key_.str());
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second_, type, a_cols, a_rows, key_.lda), key_.str());
-    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out_, type, static_cast<std::uint64_t>(key_.n),
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out_, out_type, static_cast<std::uint64_t>(key_.n),
                                                     static_cast<std::uint64_t>(key_.m), key_.ldc),
                          key_.str());
   }
@@ -403,9 +411,11 @@ void scale_or_zero(float beta, TensorView<T> c, std::int64_t m, std::int64_t n) 
   }
 }
 
-template <class T>
+template <class T, class C>
 constexpr void check_element_type() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>, "tessera: Cuda::gemm supports float and bf16");
+  static_assert(std::is_same_v<C, T> || std::is_same_v<C, float>,
+                "tessera: Cuda::gemm writes C as its operands' type, or float32 from bf16 operands");
 }
 
 /// The cached algorithm for `key`, asking the heuristic on a miss.
@@ -424,9 +434,9 @@ inline GemmAlgo cached_algo(const GemmKey& key, const GemmDescriptors& desc, cub
 
 /// The cache key of a GEMM: what its algorithm is chosen (and cached) for. The operands
 /// are checked as gemm() checks them.
-template <class T>
-GemmKey gemm_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, T beta, TensorView<T> c) {
-  detail::check_element_type<T>();
+template <class T, class C>
+GemmKey gemm_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, accum_t<T> beta, TensorView<C> c) {
+  detail::check_element_type<T, C>();
   require_device();
   const std::array<std::int64_t, 3> mnk = detail::check_gemm_operands(ta, tb, a, b, c);
   return detail::make_key(ta, tb, a, b, static_cast<float>(beta) == 0.0f, c, mnk[0], mnk[1], mnk[2]);
@@ -435,9 +445,9 @@ GemmKey gemm_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> 
 /// Every algorithm cuBLASLt's heuristic offers for this GEMM (at most `max_count`), its
 /// best estimate first; empty for a degenerate GEMM (m, n or k zero), which runs no
 /// cuBLASLt kernel. Each can be passed to gemm().
-template <class T>
-std::vector<GemmAlgo> gemm_candidates(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, T beta,
-                                      TensorView<T> c, int max_count = 32) {
+template <class T, class C>
+std::vector<GemmAlgo> gemm_candidates(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b,
+                                      accum_t<T> beta, TensorView<C> c, int max_count = 32) {
   const GemmKey key = gemm_key(ta, tb, a, b, beta, c);
   if (key.m == 0 || key.n == 0 || key.k == 0) return {};
   const detail::GemmDescriptors desc(key);
@@ -446,9 +456,9 @@ std::vector<GemmAlgo> gemm_candidates(Trans ta, Trans tb, TensorView<const T> a,
 
 /// The algorithm gemm() runs for this GEMM when given none: the heuristic's first
 /// choice, cached. Throws for a degenerate GEMM, which runs none.
-template <class T>
-GemmAlgo gemm_chosen_algo(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, T beta,
-                          TensorView<T> c) {
+template <class T, class C>
+GemmAlgo gemm_chosen_algo(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> b, accum_t<T> beta,
+                          TensorView<C> c) {
   const GemmKey key = gemm_key(ta, tb, a, b, beta, c);
   TESSERA_CHECK(key.m != 0 && key.n != 0 && key.k != 0, "gemm_chosen_algo: the ", key.str(),
                 " is degenerate and runs no cuBLASLt algorithm");
@@ -459,9 +469,9 @@ GemmAlgo gemm_chosen_algo(Trans ta, Trans tb, TensorView<const T> a, TensorView<
 /// C = alpha * op(A) * op(B) + beta * C, row-major, on the current device's compute
 /// stream (asynchronous to the host). `algo`: one of gemm_candidates() for this GEMM,
 /// or nullptr for the cached heuristic choice.
-template <class T>
-void gemm(Trans ta, Trans tb, T alpha, TensorView<const T> a, TensorView<const T> b, T beta, TensorView<T> c,
-          const GemmAlgo* algo = nullptr) {
+template <class T, class C>
+void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b, accum_t<T> beta,
+          TensorView<C> c, const GemmAlgo* algo = nullptr) {
   const GemmKey key = gemm_key(ta, tb, a, b, beta, c);
   const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
   if (key.m == 0 || key.n == 0) return;

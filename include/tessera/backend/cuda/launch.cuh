@@ -1,11 +1,15 @@
 // Launching ops/ functors on a CUDA device, and checking every CUDA return code.
 //
 // This is the CUDA backend's first piece: the same functor structs the CPU backend
-// loops over run here one index per thread. Only backend/cuda/ includes CUDA headers.
+// loops over run here one index per thread. Functors whose index is a whole row (and
+// the elementwise ones, for vector loads) have kernels of their own in row_kernels.cuh;
+// cuda::launch_op there (and Cuda::for_each) picks that kernel where one exists and
+// falls back to for_each below. Only backend/cuda/ includes CUDA headers.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tessera/core/error.hpp"
@@ -29,7 +33,8 @@ __global__ void for_each_kernel(std::int64_t n, F f) {
 }
 }  // namespace detail
 
-/// Calls f(i) for i in [0, n) on the device, one index per thread (grid-stride).
+/// Calls f(i) for i in [0, n) on the device, one index per thread (grid-stride): the
+/// generic kernel, for any functor (cuda::launch_op lowers the ones that have their own).
 template <class F>
 void for_each(std::int64_t n, const F& f, cudaStream_t stream = nullptr) {
   if (n <= 0) return;

@@ -1,0 +1,1207 @@
+// The ops/ functors lowered to kernels of their own on CUDA: a row per warp or per
+// block with reductions across its threads, elementwise ops with 16-byte vector loads.
+//
+// A functor's operator()(i) says what one index computes; cuda::for_each (launch.cuh)
+// runs it one index per thread. That is right for an elementwise op, but a row functor
+// then walks a whole row (up to 128256 logits) in one thread, and RmsNormBackwardWeight
+// walks every row for one column. Here each such functor gets a kernel with the same
+// semantics as its operator() over all indices. cuda::OpKernel<F> is specialised for
+// each lowered functor type; cuda::launch_op(n, f, stream) launches OpKernel<F> where
+// one exists and for_each's per-index kernel otherwise (other functors, and element
+// types other than float and bf16). Cuda::for_each (cuda.cuh) calls launch_op, so the
+// layers get these kernels without knowing.
+//
+// Lowered, with their launch shapes (V = 16 / sizeof(T): 4 floats or 8 bf16 per load):
+//
+//   RmsNormForward, RmsNormBackwardInput,     one row per warp (8 rows in a block of 256)
+//   CausalSoftmaxForward, CausalSoftmaxRecompute,  when the row has at most 1024
+//   CausalSoftmaxBackward, RowDot             elements, else one row per block of
+//                                             64..1024 threads (the power of two that
+//                                             gives each thread about 4 vectors)
+//   CrossEntropyRow, CrossEntropyShardMax,    one row per block, sized as above (a
+//   CrossEntropyShardExp, CrossEntropyShardGrad  vocabulary row of 128256 gets 1024)
+//   RmsNormBackwardWeight                     two kernels: blocks of 8 warps, each block
+//                                             a chunk of rows times 32 V columns (warp w
+//                                             the chunk's rows w, w + 8, ...), writing one
+//                                             partial sum per (chunk, column) to scratch;
+//                                             then blocks of 8 warps per 32 columns add
+//                                             the chunks' partials (warp w chunks w, w + 8,
+//                                             ...) and add the total into dw
+//   SwiGluForward, SwiGluBackward, Add, Copy, grid-stride over V-element vectors, 256
+//   Axpy, Scale, Fill                         threads a block; the last n % V elements
+//                                             by the functor itself
+//   RopeRotate                                grid-stride, one thread per V pairs
+//                                             (i, i + head_dim / 2) of one head of a row
+//
+// Arithmetic. Sums, maxima and the statistics are kept in float whatever T is (bf16 is
+// converted on load and rounded once on store, to nearest even as bf16(float) does);
+// the per-element expressions are the functors' own. The elementwise kernels and RoPE
+// do not restate the arithmetic at all: they load a vector into registers, point a copy
+// of the functor at those registers and call its operator() for each element. As the
+// functors do, the float cross-entropy and softmax kernels keep exp(z - max) in the row
+// between passes, while a bf16 row keeps its logits until the last pass computes the
+// exponentials again, so that each output is rounded once (CrossEntropyShardExp then
+// leaves a bf16 row holding its logits, and CrossEntropyShardGrad starts from them).
+//
+// Passes. A row kernel makes the functor's passes over the row in the functor's order
+// (e.g. cross-entropy: max, then exp and its sum, then the gradient), each pass a strided
+// loop of the row's threads over its vectors, each reduction a warp shuffle tree then,
+// in block mode, one partial per warp in shared memory added in warp order by every
+// thread. Only the order of the additions differs from the functor's sequential loop,
+// so results agree with the CPU backend to rounding, not bit for bit.
+//
+// Alignment rule. The vector path is taken when every row the kernel touches starts on
+// a 16-byte boundary: each base pointer 16-byte aligned and each leading dimension
+// times sizeof(T) a multiple of 16 (for RoPE also head_dim a multiple of 2 V, for the
+// elementwise ops every pointer aligned). The row's last n % V elements then go through
+// a scalar tail. Otherwise the same kernel runs with scalar loads (V = 1). The launcher
+// decides on the host, per launch.
+//
+// Determinism. No atomics: every output element and every statistic has one owner that
+// adds its terms in a fixed order, and that order follows from the launch shape, which
+// is a function of the sizes, the element type and whether the alignment rule holds,
+// never of the device or of the scheduling. Two runs on the same inputs give bitwise
+// the same results (the same data placed with another alignment may round differently).
+// RmsNormBackwardWeight's chunks are at least 128 rows, and at most 1024 of them.
+//
+// Scratch. RmsNormBackwardWeight takes (chunks, n) floats from the device's caching
+// allocator (memory.cuh), given back when the launch returns; the allocator reuses
+// blocks in compute-stream order, so on any other stream the compute stream is made to
+// wait for the launch first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "tessera/backend/cuda/launch.cuh"
+#include "tessera/backend/cuda/memory.cuh"
+#include "tessera/core/dtype.hpp"
+#include "tessera/ops/cross_entropy.hpp"
+#include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/math.hpp"
+#include "tessera/ops/rmsnorm.hpp"
+#include "tessera/ops/rope.hpp"
+#include "tessera/ops/softmax.hpp"
+#include "tessera/ops/swiglu.hpp"
+
+namespace tessera::cuda {
+
+/// A functor's own kernel: specialisations have
+///   static void launch(std::int64_t n, const F& f, cudaStream_t stream)
+/// which computes f(i) for every i in [0, n), n > 0. The primary template has none.
+template <class F>
+struct OpKernel {};
+
+/// Whether F has a kernel of its own (an OpKernel<F> with launch).
+template <class F>
+concept HasOpKernel = requires(std::int64_t n, const F& f, cudaStream_t stream) { OpKernel<F>::launch(n, f, stream); };
+
+namespace detail {
+
+// ---- Element types and conversions ------------------------------------------------
+
+/// Element types whose functors are lowered here; others run one index per thread.
+template <class T>
+inline constexpr bool kLoweredElement = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
+/// Whether a row kernel keeps float intermediates in a row of T (float), or recomputes
+/// them so that each output is rounded once (bf16): the functors' own rule.
+template <class T>
+inline constexpr bool kRowHoldsIntermediates = ops::detail::accum_is_storage<T>;
+
+/// Elements of U in one 16-byte vector.
+template <class U>
+inline constexpr int kVectorWidth = static_cast<int>(16 / sizeof(U));
+
+/// The element type a pointer field points to, without const.
+template <class P>
+using pointee_t = std::remove_cv_t<std::remove_pointer_t<P>>;
+
+template <class U>
+__device__ __forceinline__ float to_float(U v) {
+  return static_cast<float>(v);
+}
+
+/// v stored as U: rounded to nearest even for bf16.
+template <class U>
+__device__ __forceinline__ U from_float(float v) {
+  if constexpr (std::is_same_v<U, bf16>) return bf16(v);
+  else return static_cast<U>(v);
+}
+
+// ---- Vector loads and stores --------------------------------------------------------
+//
+// Every access names a base pointer and an element index j. For W == 1 it is one
+// scalar access; otherwise j is a multiple of W, W * sizeof(U) a multiple of 16 and
+// base 16-byte aligned (the launcher checked), and the access is W * sizeof(U) / 16
+// 16-byte loads or stores. The address is formed in whole 16-byte vectors from base:
+// formed as base + j, nvcc splits some of the 16-byte stores into scalar ones.
+
+/// Elements [j, j + W) of base into out.
+template <int W, class U>
+__device__ __forceinline__ void load_elements(const U* base, std::int64_t j, U* out) {
+  if constexpr (W == 1) {
+    out[0] = base[j];
+  } else {
+    static_assert((W * sizeof(U)) % 16 == 0, "load_elements: a vector is whole 16-byte loads");
+    constexpr int kLoads = static_cast<int>(W * sizeof(U) / 16);
+    const uint4* p = reinterpret_cast<const uint4*>(base) + (j / W) * kLoads;
+#pragma unroll
+    for (int c = 0; c < kLoads; ++c) {
+      const uint4 raw = p[c];
+      memcpy(reinterpret_cast<char*>(out) + 16 * c, &raw, 16);
+    }
+  }
+}
+
+/// in to elements [j, j + W) of base.
+template <int W, class U>
+__device__ __forceinline__ void store_elements(U* base, std::int64_t j, const U* in) {
+  if constexpr (W == 1) {
+    base[j] = in[0];
+  } else {
+    static_assert((W * sizeof(U)) % 16 == 0, "store_elements: a vector is whole 16-byte stores");
+    constexpr int kStores = static_cast<int>(W * sizeof(U) / 16);
+    uint4* p = reinterpret_cast<uint4*>(base) + (j / W) * kStores;
+#pragma unroll
+    for (int c = 0; c < kStores; ++c) {
+      unsigned word[4];
+      memcpy(word, reinterpret_cast<const char*>(in) + 16 * c, 16);
+      p[c] = make_uint4(word[0], word[1], word[2], word[3]);
+    }
+  }
+}
+
+/// Elements [j, j + W) of base, as float.
+template <int W, class U>
+__device__ __forceinline__ void load_float(const U* base, std::int64_t j, float (&out)[W]) {
+  U raw[W];
+  load_elements<W>(base, j, raw);
+#pragma unroll
+  for (int k = 0; k < W; ++k) out[k] = to_float(raw[k]);
+}
+
+/// W floats to elements [j, j + W) of base, each rounded to U.
+template <int W, class U>
+__device__ __forceinline__ void store_float(U* base, std::int64_t j, const float (&in)[W]) {
+  U raw[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) raw[k] = from_float<U>(in[k]);
+  store_elements<W>(base, j, raw);
+}
+
+/// Host side: whether p is 16-byte aligned (nullptr is).
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+/// Host side: whether every row of a matrix at p with leading dimension ld starts on a
+/// 16-byte boundary.
+template <class U>
+bool rows_aligned16(const U* p, std::int64_t ld) {
+  return aligned16(p) && (static_cast<std::uint64_t>(ld) * sizeof(U)) % 16 == 0;
+}
+
+// ---- Reductions -----------------------------------------------------------------------
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/// The reduction of v over the 32 lanes of a warp, in every lane. A butterfly: each step
+/// combines a lane's value with its partner's, a op b in one and b op a in the other,
+/// which are the same value for + and max, so every lane ends with the same bits.
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+/// The reduction of v over the block, in every thread: warp trees, then the warps'
+/// results (from shared memory, 32 floats) combined in warp order. A barrier for the
+/// block: memory written before it is seen by every thread after it.
+template <class Op>
+__device__ float block_reduce(float v, Op op, float* smem) {
+  v = warp_reduce(v, op);
+  const int warp = static_cast<int>(threadIdx.x) / 32, warps = static_cast<int>(blockDim.x) / 32;
+  __syncthreads();  // the previous reduction's readers are done with smem
+  if (threadIdx.x % 32 == 0) smem[warp] = v;
+  __syncthreads();
+  float total = smem[0];
+  for (int w = 1; w < warps; ++w) total = op(total, smem[w]);
+  return total;
+}
+
+// ---- Rows -----------------------------------------------------------------------------
+
+/// Rows of at most this many elements go one per warp, longer ones one per block.
+inline constexpr std::int64_t kWarpRowMax = 1024;
+/// Warps (rows) per block in warp mode.
+inline constexpr int kWarpRowsPerBlock = 8;
+/// Threads per block of the elementwise kernels.
+inline constexpr int kElementwiseThreads = 256;
+/// Most blocks in a grid; the kernels stride over the rest.
+inline constexpr std::int64_t kMaxBlocks = std::int64_t{1} << 30;
+
+/// The threads that share one row: a warp (kWarp) or the whole block.
+template <bool kWarp>
+struct RowGroup {
+  __device__ int rank() const { return kWarp ? static_cast<int>(threadIdx.x % 32) : static_cast<int>(threadIdx.x); }
+  __device__ int size() const { return kWarp ? 32 : static_cast<int>(blockDim.x); }
+  __device__ std::int64_t first_row() const {
+    return kWarp ? static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32
+                 : static_cast<std::int64_t>(blockIdx.x);
+  }
+  __device__ std::int64_t row_stride() const {
+    return static_cast<std::int64_t>(gridDim.x) * (kWarp ? kWarpRowsPerBlock : 1);
+  }
+  /// Every thread of the group gets op over the group's v; a barrier for the group.
+  template <class Op>
+  __device__ float reduce(float v, Op op, float* smem) const {
+    if constexpr (kWarp) {
+      __syncwarp();  // orders the lanes' memory accesses, as the block barrier does
+      return warp_reduce(v, op);
+    } else {
+      return block_reduce(v, op, smem);
+    }
+  }
+  /// A barrier for the group.
+  __device__ void sync() const {
+    if constexpr (kWarp) __syncwarp();
+    else __syncthreads();
+  }
+};
+
+/// Calls body(j, std::integral_constant<int, W>) for the group's share of [0, n): the
+/// vectors of V elements at j = V * (rank + k * size), then (V > 1) the last n % V
+/// elements one at a time (W = 1). A thread's share is the same in every pass over a
+/// row of the same n, so it may read back what it wrote without a barrier.
+template <int V, class Body>
+__device__ __forceinline__ void row_loop(std::int64_t n, int rank, int size, Body&& body) {
+  const std::int64_t vectors = n / V;
+#pragma unroll 4
+  for (std::int64_t v = rank; v < vectors; v += size) body(v * V, std::integral_constant<int, V>{});
+  if constexpr (V > 1)
+    for (std::int64_t j = vectors * V + rank; j < n; j += size) body(j, std::integral_constant<int, 1>{});
+}
+
+/// One row kernel: Body::run<V, kWarp>(f, rows, smem) over rows [0, rows).
+template <class Body, int V, bool kWarp, class F>
+__global__ void row_kernel(F f, std::int64_t rows) {
+  __shared__ float smem[32];
+  Body::template run<V, kWarp>(f, rows, smem);
+}
+
+/// How a row kernel is launched.
+struct RowShape {
+  bool warp;         // a row per warp (kWarpRowsPerBlock rows a block), else per block
+  unsigned blocks;
+  unsigned threads;
+};
+
+/// The launch for `rows` rows of n elements read `width` at a time: rows of at most
+/// kWarpRowMax one per warp where allowed, else one per block of the power of two in
+/// [64, 1024] threads that gives each thread about 4 vectors.
+inline RowShape row_shape(std::int64_t rows, std::int64_t n, int width, bool allow_warp) {
+  if (allow_warp && n <= kWarpRowMax) {
+    const std::int64_t blocks = (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+    return {true, static_cast<unsigned>(std::min(blocks, kMaxBlocks)), 32u * kWarpRowsPerBlock};
+  }
+  const std::int64_t vectors = (n + width - 1) / width;
+  unsigned threads = 64;
+  while (threads < 1024 && static_cast<std::int64_t>(threads) * 4 < vectors) threads *= 2;
+  return {false, static_cast<unsigned>(std::min(rows, kMaxBlocks)), threads};
+}
+
+/// Launches Body over `rows` rows of n elements of T: vector loads when `vectors`
+/// (the alignment rule holds), a warp per row when allowed and the row is short.
+template <class Body, class T, bool kAllowWarp, class F>
+void launch_rows(const F& f, std::int64_t rows, std::int64_t n, bool vectors, cudaStream_t stream) {
+  constexpr int V = kVectorWidth<T>;
+  const RowShape s = row_shape(rows, n, vectors ? V : 1, kAllowWarp);
+  if (vectors) {
+    if constexpr (kAllowWarp)
+      if (s.warp) {
+        row_kernel<Body, V, true><<<s.blocks, s.threads, 0, stream>>>(f, rows);
+        TESSERA_CUDA_CHECK(cudaGetLastError());
+        return;
+      }
+    row_kernel<Body, V, false><<<s.blocks, s.threads, 0, stream>>>(f, rows);
+  } else {
+    if constexpr (kAllowWarp)
+      if (s.warp) {
+        row_kernel<Body, 1, true><<<s.blocks, s.threads, 0, stream>>>(f, rows);
+        TESSERA_CUDA_CHECK(cudaGetLastError());
+        return;
+      }
+    row_kernel<Body, 1, false><<<s.blocks, s.threads, 0, stream>>>(f, rows);
+  }
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------
+
+template <class T>
+struct RmsNormForwardRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::RmsNormForward<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    const float eps = to_float(f.eps);
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      const T* xr = f.x + r * f.ldx;
+      T* yr = f.y + r * f.ldy;
+      float ss = 0;
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float x[W];
+        load_float<W>(xr, j, x);
+#pragma unroll
+        for (int k = 0; k < W; ++k) ss += x[k] * x[k];
+      });
+      ss = g.reduce(ss, SumOp{}, smem);
+      const float rs = 1.0f / ops::sqrt_(ss / static_cast<float>(f.n) + eps);
+      if (g.rank() == 0) f.rstd[r] = from_float<pointee_t<decltype(f.rstd)>>(rs);
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float x[W], w[W], y[W];
+        load_float<W>(xr, j, x);
+        load_float<W>(f.w, j, w);
+#pragma unroll
+        for (int k = 0; k < W; ++k) y[k] = w[k] * (x[k] * rs);
+        store_float<W>(yr, j, y);
+      });
+    }
+  }
+};
+
+template <class T>
+struct RmsNormBackwardInputRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::RmsNormBackwardInput<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      const T* xr = f.x + r * f.ldx;
+      const T* dyr = f.dy + r * f.lddy;
+      T* dxr = f.dx + r * f.lddx;
+      const float rs = to_float(f.rstd[r]);
+      float dot = 0;
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float x[W], w[W], dy[W];
+        load_float<W>(xr, j, x);
+        load_float<W>(f.w, j, w);
+        load_float<W>(dyr, j, dy);
+#pragma unroll
+        for (int k = 0; k < W; ++k) dot += w[k] * dy[k] * x[k];
+      });
+      dot = g.reduce(dot, SumOp{}, smem);
+      const float c = rs * rs * rs * dot / static_cast<float>(f.n);
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float x[W], w[W], dy[W], dx[W];
+        load_float<W>(xr, j, x);
+        load_float<W>(f.w, j, w);
+        load_float<W>(dyr, j, dy);
+#pragma unroll
+        for (int k = 0; k < W; ++k) dx[k] = rs * w[k] * dy[k] - c * x[k];
+        store_float<W>(dxr, j, dx);
+      });
+    }
+  }
+};
+
+/// Rows per partial sum of the weight gradient: at least this many, and few enough
+/// that there are at most kWeightMaxChunks chunks.
+inline constexpr std::int64_t kWeightChunkRows = 128;
+inline constexpr std::int64_t kWeightMaxChunks = 1024;
+/// Warps of a partial-sum block; warp w takes rows w, w + 8, ... of the chunk.
+inline constexpr int kWeightWarps = 8;
+
+/// partial[c * n + j] = sum over the rows of chunk c of dy[r, j] x[r, j] rstd[r], for
+/// the columns of the block's tiles of 32 V columns (lane l: columns l V .. l V + V - 1).
+/// Each thread adds its rows in order, then the 8 warps' sums are added in warp order.
+template <class T, int V>
+__global__ void rmsnorm_weight_partials(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunk_rows,
+                                        float* partial) {
+  constexpr int kTile = 32 * V;
+  __shared__ float sums[kWeightWarps][kTile];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const std::int64_t chunk = blockIdx.x;
+  const std::int64_t r0 = chunk * chunk_rows, r1 = f.rows < r0 + chunk_rows ? f.rows : r0 + chunk_rows;
+  const std::int64_t tiles = (n + kTile - 1) / kTile;
+  for (std::int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+    const std::int64_t j = tile * kTile + lane * V;
+    float acc[V] = {};
+    if (j + V <= n) {
+#pragma unroll 4
+      for (std::int64_t r = r0 + warp; r < r1; r += kWeightWarps) {
+        const float rs = to_float(f.rstd[r]);
+        float dy[V], x[V];
+        load_float<V>(f.dy + r * f.lddy, j, dy);
+        load_float<V>(f.x + r * f.ldx, j, x);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += dy[k] * x[k] * rs;
+      }
+    } else if (j < n) {  // the last columns, fewer than V
+      for (std::int64_t r = r0 + warp; r < r1; r += kWeightWarps) {
+        const float rs = to_float(f.rstd[r]);
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          if (j + k < n) acc[k] += to_float(f.dy[r * f.lddy + j + k]) * to_float(f.x[r * f.ldx + j + k]) * rs;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums[warp][lane * V + k] = acc[k];
+    __syncthreads();
+    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x)) {
+      float s = sums[0][c];
+#pragma unroll
+      for (int w = 1; w < kWeightWarps; ++w) s += sums[w][c];
+      const std::int64_t col = tile * kTile + c;
+      if (col < n) partial[chunk * n + col] = s;
+    }
+    __syncthreads();  // sums is rewritten by the next tile
+  }
+}
+
+/// dw[j] += the sum of partial[c * n + j] over the chunks c: a block of 8 warps per 32
+/// columns (lane l: column 32 b + l), warp w adding chunks w, w + 8, ... in order, then
+/// the 8 warps' sums added in warp order.
+template <class T>
+__global__ void rmsnorm_weight_sum(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunks,
+                                   const float* partial) {
+  using D = pointee_t<decltype(f.dw)>;
+  __shared__ float sums[kWeightWarps][32];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const std::int64_t tiles = (n + 31) / 32;
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::int64_t j = tile * 32 + lane;
+    float s = 0;
+    if (j < n) {
+#pragma unroll 4
+      for (std::int64_t c = warp; c < chunks; c += kWeightWarps) s += partial[c * n + j];
+    }
+    sums[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && j < n) {
+      float total = sums[0][lane];
+#pragma unroll
+      for (int w = 1; w < kWeightWarps; ++w) total += sums[w][lane];
+      f.dw[j] = from_float<D>(to_float(f.dw[j]) + total);
+    }
+    __syncthreads();  // sums is rewritten by the next tile
+  }
+}
+
+/// Makes the compute stream wait for the work issued so far to `stream`, so that a
+/// scratch block freed now (the allocator reuses blocks in compute-stream order) is
+/// not handed to compute work that could run before that work has read it.
+inline void order_compute_after(cudaStream_t stream) {
+  if (stream == compute_stream()) return;
+  cudaEvent_t done = nullptr;
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  TESSERA_CUDA_CHECK(cudaEventRecord(done, stream));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), done, 0));
+  TESSERA_CUDA_CHECK(cudaEventDestroy(done));  // released once it has completed
+}
+
+template <class T>
+void launch_rmsnorm_weight(std::int64_t n, const ops::RmsNormBackwardWeight<T>& f, cudaStream_t stream) {
+  const std::int64_t rows = f.rows > 0 ? f.rows : 0;
+  const std::int64_t chunk_rows =
+      std::max(kWeightChunkRows, (rows + kWeightMaxChunks - 1) / kWeightMaxChunks);
+  const std::int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  Buffer<float> partial = device_buffer<float>(static_cast<std::size_t>(chunks * n),
+                                               "the RMSNorm weight gradient's partial sums");
+  if (chunks > 0) {
+    constexpr int V = kVectorWidth<T>;
+    const bool vectors = rows_aligned16(f.x, f.ldx) && rows_aligned16(f.dy, f.lddy);
+    const std::int64_t tiles = (n + 32 * (vectors ? V : 1) - 1) / (32 * (vectors ? V : 1));
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min<std::int64_t>(tiles, 65535)));
+    if (vectors)
+      rmsnorm_weight_partials<T, V><<<grid, 32 * kWeightWarps, 0, stream>>>(f, n, chunk_rows, partial.data());
+    else
+      rmsnorm_weight_partials<T, 1><<<grid, 32 * kWeightWarps, 0, stream>>>(f, n, chunk_rows, partial.data());
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+  const std::int64_t blocks = std::min<std::int64_t>((n + 31) / 32, kMaxBlocks);
+  rmsnorm_weight_sum<T><<<static_cast<unsigned>(blocks), 32 * kWeightWarps, 0, stream>>>(f, n, chunks,
+                                                                                      partial.data());
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  order_compute_after(stream);
+}
+
+// ---- Cross-entropy --------------------------------------------------------------------
+
+/// Writes zeros over the group's share of a row of n elements.
+template <int V, bool kWarp, class T>
+__device__ void zero_row(T* z, std::int64_t n, const RowGroup<kWarp>& g) {
+  row_loop<V>(n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+    constexpr int W = decltype(width)::value;
+    const float zero[W] = {};
+    store_float<W>(z, j, zero);
+  });
+}
+
+/// The maximum of a row of n elements, in every thread of the group.
+template <int V, bool kWarp, class T>
+__device__ float row_max(const T* z, std::int64_t n, const RowGroup<kWarp>& g, float* smem) {
+  float m = -INFINITY;
+  row_loop<V>(n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+    constexpr int W = decltype(width)::value;
+    float v[W];
+    load_float<W>(z, j, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) m = fmaxf(m, v[k]);
+  });
+  return g.reduce(m, MaxOp{}, smem);
+}
+
+/// The sum of exp(z - m) over a row of n elements, in every thread of the group. With
+/// `keep` the row receives exp(z - m) and the sum is of the stored values.
+template <int V, bool kWarp, bool kKeep, class T>
+__device__ float row_exp_sum(T* z, std::int64_t n, float m, const RowGroup<kWarp>& g, float* smem) {
+  float s = 0;
+  row_loop<V>(n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+    constexpr int W = decltype(width)::value;
+    float v[W];
+    load_float<W>(z, j, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      v[k] = ops::exp_nonpositive(v[k] - m);
+      s += v[k];
+    }
+    if constexpr (kKeep) store_float<W>(z, j, v);
+  });
+  return g.reduce(s, SumOp{}, smem);
+}
+
+/// The gradient over a row of n elements: z <- factor * z, and at column t (if in the
+/// row) minus `subtract`; with kFromLogits, z is still the logits and factor * exp(z - m)
+/// is written instead (each element rounded once).
+template <int V, bool kWarp, bool kFromLogits, class T>
+__device__ void row_scale(T* z, std::int64_t n, float m, float factor, std::int64_t t, float subtract,
+                          const RowGroup<kWarp>& g) {
+  row_loop<V>(n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+    constexpr int W = decltype(width)::value;
+    float v[W];
+    load_float<W>(z, j, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if constexpr (kFromLogits) v[k] = ops::exp_nonpositive(v[k] - m) * factor;
+      else v[k] *= factor;
+      if (j + k == t) v[k] -= subtract;
+    }
+    store_float<W>(z, j, v);
+  });
+}
+
+template <class T>
+struct CrossEntropyRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::CrossEntropyRow<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    const float scale = to_float(f.scale);
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      T* z = f.logits + r * f.ld;
+      const std::int32_t t = f.targets[r];
+      if (t == ops::kIgnoreIndex) {
+        if (g.rank() == 0) f.loss[r] = 0;
+        if (f.write_grad) zero_row<V>(z, f.vocab, g);
+        continue;
+      }
+      const float zt = to_float(z[t]);  // read before the barrier in row_max, so before any write
+      const float m = row_max<V>(z, f.vocab, g, smem);
+      const float sum = row_exp_sum<V, kWarp, kRowHoldsIntermediates<T>>(z, f.vocab, m, g, smem);
+      if (g.rank() == 0) f.loss[r] = static_cast<double>(m + ops::log_(sum) - zt);
+      // Without write_grad a float row holds exp(z - max), a bf16 row its logits.
+      if (f.write_grad) row_scale<V, kWarp, !kRowHoldsIntermediates<T>>(z, f.vocab, m, scale / sum, t, scale, g);
+    }
+  }
+};
+
+template <class T>
+struct CrossEntropyShardMaxRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::CrossEntropyShardMax<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    using M = pointee_t<decltype(f.max)>;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      if (f.targets[r] == ops::kIgnoreIndex) {
+        if (g.rank() == 0) f.max[r] = from_float<M>(0.0f);
+        continue;
+      }
+      const float m = row_max<V>(f.logits + r * f.ld, f.vocab, g, smem);
+      if (g.rank() == 0) f.max[r] = from_float<M>(m);
+    }
+  }
+};
+
+template <class T>
+struct CrossEntropyShardExpRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::CrossEntropyShardExp<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    using S = pointee_t<decltype(f.sums)>;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      T* z = f.logits + r * f.ld;
+      const std::int64_t t = f.targets[r];
+      if (t == ops::kIgnoreIndex) {
+        if (g.rank() == 0) f.sums[2 * r] = f.sums[2 * r + 1] = from_float<S>(0.0f);
+        continue;
+      }
+      const bool holds_target = t >= f.lo && t < f.lo + f.vocab;
+      const float zt = holds_target ? to_float(z[t - f.lo]) : 0.0f;
+      g.sync();  // every read of the target logit before the row is overwritten
+      // A float row keeps exp(z - max) for the gradient pass; a bf16 row keeps its logits.
+      const float sum = row_exp_sum<V, kWarp, kRowHoldsIntermediates<T>>(z, f.vocab, to_float(f.max[r]), g, smem);
+      if (g.rank() == 0) {
+        f.sums[2 * r] = from_float<S>(sum);
+        f.sums[2 * r + 1] = holds_target ? from_float<S>(zt) : from_float<S>(0.0f);
+      }
+    }
+  }
+};
+
+template <class T>
+struct CrossEntropyShardGradRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::CrossEntropyShardGrad<T>& f, std::int64_t rows, float*) {
+    const RowGroup<kWarp> g;
+    const float scale = to_float(f.scale);
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      T* z = f.logits + r * f.ld;
+      const std::int64_t t = f.targets[r];
+      if (t == ops::kIgnoreIndex) {
+        if (g.rank() == 0) f.loss[r] = 0;
+        if (f.write_grad) zero_row<V>(z, f.vocab, g);
+        continue;
+      }
+      const float sum = to_float(f.sums[2 * r]);
+      if (g.rank() == 0)
+        f.loss[r] = static_cast<double>(to_float(f.max[r]) + ops::log_(sum) - to_float(f.sums[2 * r + 1]));
+      if (!f.write_grad) continue;
+      // From the exponentials a float row holds, or from a bf16 row's logits and the max.
+      row_scale<V, kWarp, !kRowHoldsIntermediates<T>>(z, f.vocab, to_float(f.max[r]), scale / sum, t - f.lo, scale,
+                                                     g);
+    }
+  }
+};
+
+// ---- Softmax rows -----------------------------------------------------------------------
+
+/// Keys [0, end) of row r are visible: the functors' causal bound.
+__device__ __forceinline__ std::int64_t causal_end(std::int64_t r, std::int64_t offset, std::int64_t cols) {
+  const std::int64_t i = r + offset;
+  return i < cols - 1 ? i + 1 : cols;
+}
+
+template <class T>
+struct CausalSoftmaxForwardRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::CausalSoftmaxForward<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    const float sc = to_float(f.scale);
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      T* row = f.s + r * f.ld;
+      const std::int64_t end = causal_end(r, f.offset, f.cols);
+      float m = -INFINITY;
+      row_loop<V>(end, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float v[W];
+        load_float<W>(row, j, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) m = fmaxf(m, v[k] * sc);
+      });
+      m = g.reduce(m, MaxOp{}, smem);
+      // Exponentials over [0, end), zeros over [end, cols); in float the row keeps them.
+      float s = 0;
+      row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float v[W] = {};
+        if (j >= end) {
+          store_float<W>(row, j, v);
+          return;
+        }
+        load_float<W>(row, j, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          v[k] = j + k < end ? ops::exp_nonpositive(v[k] * sc - m) : 0.0f;
+          s += v[k];
+        }
+        if constexpr (kRowHoldsIntermediates<T>) {
+          store_float<W>(row, j, v);
+        } else if (j + W > end) {  // keep the logits before end for the last pass
+          for (int k = 0; k < W; ++k)
+            if (j + k >= end) row[j + k] = from_float<T>(0.0f);
+        }
+      });
+      const float sum = g.reduce(s, SumOp{}, smem);  // also the barrier before rereading the row
+      const float inv = 1.0f / sum;
+      row_loop<V>(end, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float v[W];
+        load_float<W>(row, j, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          if constexpr (kRowHoldsIntermediates<T>) v[k] *= inv;
+          else v[k] = ops::exp_nonpositive(v[k] * sc - m) * inv;
+        }
+        store_float<W>(row, j, v);
+      });
+      if (g.rank() == 0) f.lse[r] = from_float<pointee_t<decltype(f.lse)>>(m + ops::log_(sum));
+    }
+  }
+};
+
+template <class T>
+struct CausalSoftmaxRecomputeRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::CausalSoftmaxRecompute<T>& f, std::int64_t rows, float*) {
+    const RowGroup<kWarp> g;
+    const float sc = to_float(f.scale);
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      T* row = f.s + r * f.ld;
+      const std::int64_t end = causal_end(r, f.offset, f.cols);
+      const float l = to_float(f.lse[r]);
+      row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float v[W] = {};
+        if (j < end) {
+          load_float<W>(row, j, v);
+#pragma unroll
+          for (int k = 0; k < W; ++k) v[k] = j + k < end ? ops::exp_nonpositive(v[k] * sc - l) : 0.0f;
+        }
+        store_float<W>(row, j, v);
+      });
+    }
+  }
+};
+
+template <class T>
+struct CausalSoftmaxBackwardRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::CausalSoftmaxBackward<T>& f, std::int64_t rows, float*) {
+    const RowGroup<kWarp> g;
+    const float sc = to_float(f.scale);
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      const T* pr = f.p + r * f.ldp;
+      T* dr = f.dp + r * f.lddp;
+      const std::int64_t end = causal_end(r, f.offset, f.cols);
+      const float dd = to_float(f.d[r]);
+      row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float v[W] = {};
+        if (j < end) {
+          float p[W];
+          load_float<W>(pr, j, p);
+          load_float<W>(dr, j, v);
+#pragma unroll
+          for (int k = 0; k < W; ++k) v[k] = j + k < end ? sc * p[k] * (v[k] - dd) : 0.0f;
+        }
+        store_float<W>(dr, j, v);
+      });
+    }
+  }
+};
+
+template <class T>
+struct RowDotRows {
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::RowDot<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      const T* ar = f.a + r * f.lda;
+      const T* br = f.b + r * f.ldb;
+      float s = 0;
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float a[W], b[W];
+        load_float<W>(ar, j, a);
+        load_float<W>(br, j, b);
+#pragma unroll
+        for (int k = 0; k < W; ++k) s += a[k] * b[k];
+      });
+      s = g.reduce(s, SumOp{}, smem);
+      if (g.rank() == 0) f.out[r] = from_float<pointee_t<decltype(f.out)>>(s);
+    }
+  }
+};
+
+// ---- Elementwise --------------------------------------------------------------------------
+
+/// Calls f(k) for k in [0, W): f is a copy of a functor pointed at registers.
+template <int W, class F>
+__device__ __forceinline__ void apply_local(const F& f) {
+#pragma unroll
+  for (int k = 0; k < W; ++k) f(k);
+}
+
+/// For each lowered elementwise functor: its element type, whether all its arrays are
+/// 16-byte aligned, and apply<W>(f, i): the functor over elements [i, i + W) through
+/// registers (W-element vector loads, a copy of f pointed at the registers, stores).
+template <class F>
+struct Elementwise;
+
+template <class T>
+struct Elementwise<ops::SwiGluForward<T>> {
+  using F = ops::SwiGluForward<T>;
+  using Element = T;
+  static bool aligned(const F& f) { return aligned16(f.a) && aligned16(f.b) && aligned16(f.g); }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T a[W], b[W], out[W];
+    load_elements<W>(f.a, i, a);
+    load_elements<W>(f.b, i, b);
+    F l = f;
+    l.a = a;
+    l.b = b;
+    l.g = out;
+    apply_local<W>(l);
+    store_elements<W>(f.g, i, out);
+  }
+};
+
+template <class T>
+struct Elementwise<ops::SwiGluBackward<T>> {
+  using F = ops::SwiGluBackward<T>;
+  using Element = T;
+  static bool aligned(const F& f) {
+    return aligned16(f.a) && aligned16(f.b) && aligned16(f.dg) && aligned16(f.da) && aligned16(f.db);
+  }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T a[W], b[W], dg[W], da[W], db[W];
+    load_elements<W>(f.a, i, a);
+    load_elements<W>(f.b, i, b);
+    load_elements<W>(f.dg, i, dg);
+    F l = f;
+    l.a = a;
+    l.b = b;
+    l.dg = dg;
+    l.da = da;
+    l.db = db;
+    apply_local<W>(l);
+    store_elements<W>(f.da, i, da);
+    store_elements<W>(f.db, i, db);
+  }
+};
+
+template <class T>
+struct Elementwise<ops::Add<T>> {
+  using F = ops::Add<T>;
+  using Element = T;
+  static bool aligned(const F& f) { return aligned16(f.a) && aligned16(f.b) && aligned16(f.out); }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T a[W], b[W], out[W];
+    load_elements<W>(f.a, i, a);
+    load_elements<W>(f.b, i, b);
+    F l = f;
+    l.a = a;
+    l.b = b;
+    l.out = out;
+    apply_local<W>(l);
+    store_elements<W>(f.out, i, out);
+  }
+};
+
+template <class T>
+struct Elementwise<ops::Copy<T>> {
+  using F = ops::Copy<T>;
+  using Element = T;
+  static bool aligned(const F& f) { return aligned16(f.x) && aligned16(f.y); }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T x[W], y[W];
+    load_elements<W>(f.x, i, x);
+    F l = f;
+    l.x = x;
+    l.y = y;
+    apply_local<W>(l);
+    store_elements<W>(f.y, i, y);
+  }
+};
+
+template <class T>
+struct Elementwise<ops::Axpy<T>> {
+  using F = ops::Axpy<T>;
+  using Element = T;
+  static bool aligned(const F& f) { return aligned16(f.x) && aligned16(f.y); }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T x[W], y[W];
+    load_elements<W>(f.x, i, x);
+    load_elements<W>(f.y, i, y);
+    F l = f;
+    l.x = x;
+    l.y = y;
+    apply_local<W>(l);
+    store_elements<W>(f.y, i, y);
+  }
+};
+
+template <class T>
+struct Elementwise<ops::Scale<T>> {
+  using F = ops::Scale<T>;
+  using Element = T;
+  static bool aligned(const F& f) { return aligned16(f.x); }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T x[W];
+    load_elements<W>(f.x, i, x);
+    F l = f;
+    l.x = x;
+    apply_local<W>(l);
+    store_elements<W>(f.x, i, x);
+  }
+};
+
+template <class T>
+struct Elementwise<ops::Fill<T>> {
+  using F = ops::Fill<T>;
+  using Element = T;
+  static bool aligned(const F& f) { return aligned16(f.x); }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T x[W];
+    F l = f;
+    l.x = x;
+    apply_local<W>(l);
+    store_elements<W>(f.x, i, x);
+  }
+};
+
+/// Elements [0, n / W * W) as W-element vectors through Elementwise<F>::apply, the rest
+/// by f itself; grid-stride.
+template <class F, int W>
+__global__ void elementwise_kernel(std::int64_t n, F f) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t vectors = n / W;
+  for (std::int64_t v = first; v < vectors; v += stride) Elementwise<F>::template apply<W>(f, v * W);
+  if constexpr (W > 1)
+    for (std::int64_t i = vectors * W + first; i < n; i += stride) f(i);
+}
+
+template <class F>
+struct ElementwiseKernel {
+  static void launch(std::int64_t n, const F& f, cudaStream_t stream) {
+    constexpr int V = kVectorWidth<typename Elementwise<F>::Element>;
+    const bool vectors = Elementwise<F>::aligned(f);
+    const std::int64_t items = vectors ? (n + V - 1) / V : n;
+    const auto blocks = static_cast<unsigned>(
+        std::min<std::int64_t>((items + kElementwiseThreads - 1) / kElementwiseThreads, 65535));
+    if (vectors) elementwise_kernel<F, V><<<blocks, kElementwiseThreads, 0, stream>>>(n, f);
+    else elementwise_kernel<F, 1><<<blocks, kElementwiseThreads, 0, stream>>>(n, f);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+// ---- RoPE -------------------------------------------------------------------------------
+
+/// RopeRotate over rows [0, rows): one item per W pairs (i, i + half) of one head of
+/// one row, i a multiple of W. The item's inputs and its cos and sin go to registers,
+/// and a copy of f describing one head of 2 W elements at position 0 rotates them.
+template <class T, int W>
+__global__ void rope_kernel(ops::RopeRotate<T> f, std::int64_t rows) {
+  using C = pointee_t<decltype(f.cos)>;
+  const std::int64_t half = f.head_dim / 2, per_head = half / W, per_row = f.n_heads * per_head;
+  const std::int64_t items = rows * per_row;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  // Each array is addressed from a 16-byte aligned start (a row's head, its half, the
+  // table row of its position) at element iv * W.
+  for (std::int64_t item = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; item < items;
+       item += stride) {
+    const std::int64_t r = item / per_row, h = (item % per_row) / per_head, iv = item % per_head;
+    const std::int64_t pos = r % f.seq_len;
+    T* out = f.x + r * f.ld + h * f.head_dim;
+    const T* in = f.src ? f.src + r * f.ld + h * f.head_dim : out;
+    T u[2 * W], v[2 * W];
+    C c[W], s[W];
+    load_elements<W>(in, iv * W, u);
+    load_elements<W>(in + half, iv * W, u + W);
+    load_elements<W>(f.cos + pos * half, iv * W, c);
+    load_elements<W>(f.sin + pos * half, iv * W, s);
+    ops::RopeRotate<T> l = f;
+    l.x = v;
+    l.ld = 0;
+    l.n_heads = 1;
+    l.head_dim = 2 * W;
+    l.seq_len = 1;
+    l.cos = c;
+    l.sin = s;
+    l.src = u;
+    l(0);
+    store_elements<W>(out, iv * W, v);
+    store_elements<W>(out + half, iv * W, v + W);
+  }
+}
+
+template <class T>
+void launch_rope(std::int64_t rows, const ops::RopeRotate<T>& f, cudaStream_t stream) {
+  using C = pointee_t<decltype(f.cos)>;
+  constexpr int V = kVectorWidth<T>;
+  const bool vectors = f.head_dim % (2 * V) == 0 && (V * sizeof(C)) % 16 == 0 && rows_aligned16(f.x, f.ld) &&
+                       rows_aligned16(f.src, f.ld) && aligned16(f.cos) && aligned16(f.sin);
+  const int w = vectors ? V : 1;
+  const std::int64_t items = rows * f.n_heads * (f.head_dim / 2 / w);
+  if (items <= 0) return;
+  const auto blocks = static_cast<unsigned>(
+      std::min<std::int64_t>((items + kElementwiseThreads - 1) / kElementwiseThreads, 65535));
+  if (vectors) rope_kernel<T, V><<<blocks, kElementwiseThreads, 0, stream>>>(f, rows);
+  else rope_kernel<T, 1><<<blocks, kElementwiseThreads, 0, stream>>>(f, rows);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
+// ---- The kernels of each lowered functor ------------------------------------------------
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::RmsNormForward<T>> {
+  static void launch(std::int64_t rows, const ops::RmsNormForward<T>& f, cudaStream_t stream) {
+    const bool vectors = detail::rows_aligned16(f.x, f.ldx) && detail::rows_aligned16(f.y, f.ldy) &&
+                         detail::aligned16(f.w);
+    detail::launch_rows<detail::RmsNormForwardRows<T>, T, true>(f, rows, f.n, vectors, stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::RmsNormBackwardInput<T>> {
+  static void launch(std::int64_t rows, const ops::RmsNormBackwardInput<T>& f, cudaStream_t stream) {
+    const bool vectors = detail::rows_aligned16(f.x, f.ldx) && detail::rows_aligned16(f.dy, f.lddy) &&
+                         detail::rows_aligned16(f.dx, f.lddx) && detail::aligned16(f.w);
+    detail::launch_rows<detail::RmsNormBackwardInputRows<T>, T, true>(f, rows, f.n, vectors, stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::RmsNormBackwardWeight<T>> {
+  static void launch(std::int64_t n, const ops::RmsNormBackwardWeight<T>& f, cudaStream_t stream) {
+    detail::launch_rmsnorm_weight(n, f, stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::CrossEntropyRow<T>> {
+  static void launch(std::int64_t rows, const ops::CrossEntropyRow<T>& f, cudaStream_t stream) {
+    detail::launch_rows<detail::CrossEntropyRows<T>, T, false>(f, rows, f.vocab,
+                                                               detail::rows_aligned16(f.logits, f.ld), stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::CrossEntropyShardMax<T>> {
+  static void launch(std::int64_t rows, const ops::CrossEntropyShardMax<T>& f, cudaStream_t stream) {
+    detail::launch_rows<detail::CrossEntropyShardMaxRows<T>, T, false>(
+        f, rows, f.vocab, detail::rows_aligned16(f.logits, f.ld), stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::CrossEntropyShardExp<T>> {
+  static void launch(std::int64_t rows, const ops::CrossEntropyShardExp<T>& f, cudaStream_t stream) {
+    detail::launch_rows<detail::CrossEntropyShardExpRows<T>, T, false>(
+        f, rows, f.vocab, detail::rows_aligned16(f.logits, f.ld), stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::CrossEntropyShardGrad<T>> {
+  static void launch(std::int64_t rows, const ops::CrossEntropyShardGrad<T>& f, cudaStream_t stream) {
+    detail::launch_rows<detail::CrossEntropyShardGradRows<T>, T, false>(
+        f, rows, f.vocab, detail::rows_aligned16(f.logits, f.ld), stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::CausalSoftmaxForward<T>> {
+  static void launch(std::int64_t rows, const ops::CausalSoftmaxForward<T>& f, cudaStream_t stream) {
+    detail::launch_rows<detail::CausalSoftmaxForwardRows<T>, T, true>(f, rows, f.cols,
+                                                                      detail::rows_aligned16(f.s, f.ld), stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::CausalSoftmaxRecompute<T>> {
+  static void launch(std::int64_t rows, const ops::CausalSoftmaxRecompute<T>& f, cudaStream_t stream) {
+    detail::launch_rows<detail::CausalSoftmaxRecomputeRows<T>, T, true>(f, rows, f.cols,
+                                                                        detail::rows_aligned16(f.s, f.ld), stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::CausalSoftmaxBackward<T>> {
+  static void launch(std::int64_t rows, const ops::CausalSoftmaxBackward<T>& f, cudaStream_t stream) {
+    const bool vectors = detail::rows_aligned16(f.p, f.ldp) && detail::rows_aligned16(f.dp, f.lddp);
+    detail::launch_rows<detail::CausalSoftmaxBackwardRows<T>, T, true>(f, rows, f.cols, vectors, stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::RowDot<T>> {
+  static void launch(std::int64_t rows, const ops::RowDot<T>& f, cudaStream_t stream) {
+    const bool vectors = detail::rows_aligned16(f.a, f.lda) && detail::rows_aligned16(f.b, f.ldb);
+    detail::launch_rows<detail::RowDotRows<T>, T, true>(f, rows, f.n, vectors, stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::RopeRotate<T>> {
+  static void launch(std::int64_t rows, const ops::RopeRotate<T>& f, cudaStream_t stream) {
+    detail::launch_rope(rows, f, stream);
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::SwiGluForward<T>> : detail::ElementwiseKernel<ops::SwiGluForward<T>> {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::SwiGluBackward<T>> : detail::ElementwiseKernel<ops::SwiGluBackward<T>> {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::Add<T>> : detail::ElementwiseKernel<ops::Add<T>> {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::Copy<T>> : detail::ElementwiseKernel<ops::Copy<T>> {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::Axpy<T>> : detail::ElementwiseKernel<ops::Axpy<T>> {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::Scale<T>> : detail::ElementwiseKernel<ops::Scale<T>> {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::Fill<T>> : detail::ElementwiseKernel<ops::Fill<T>> {};
+
+/// Calls f(i) for i in [0, n) on the device, on `stream`: OpKernel<F>'s kernel where F
+/// has one, else one index per thread (for_each). Returns once the work is issued.
+template <class F>
+void launch_op(std::int64_t n, const F& f, cudaStream_t stream = compute_stream()) {
+  if (n <= 0) return;
+  if constexpr (HasOpKernel<F>) OpKernel<F>::launch(n, f, stream);
+  else for_each(n, f, stream);
+}
+
+}  // namespace tessera::cuda
