@@ -235,7 +235,7 @@ TEST_CASE("nccl: errors name the rank, and abort fails every copy with its reaso
   NcclEngine engine = nccl_from_unique_id(nccl_unique_id(), 0, 1, 0);
   DeviceBuffer<std::uint16_t> h(4);
   CHECK_ERROR_CONTAINS(engine.all_reduce(h.data(), h.data(), 4, DataType::u16, ReduceOp::sum),
-                       "rank 0: reduction over u16 elements is not supported: reduce f32, f64, i32 or i64");
+                       "rank 0: reduction over u16 elements is not supported: reduce f32, f64, bf16, i32 or i64");
   CHECK_ERROR_CONTAINS(engine.broadcast(h.data(), 4, DataType::u16, 1), "rank 0: broadcast root 1 outside 1 ranks");
   CHECK_ERROR_CONTAINS(comm::detail::nccl_check(ncclInvalidArgument, "ncclAllReduce", 5),
                        std::string("rank 5: ncclAllReduce failed: ") + ncclGetErrorString(ncclInvalidArgument));

@@ -22,11 +22,14 @@
 #include <type_traits>
 #include <utility>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::comm {
 
-enum class DataType : std::uint8_t { u8, u16, i32, i64, f32, f64 };
+/// Collective element types. bf16 is moved as 2-byte elements and reduced in fp32 per
+/// element (each partial sum rounded once to bf16), in rank order on the host engines.
+enum class DataType : std::uint8_t { u8, u16, i32, i64, f32, f64, bf16 };
 enum class ReduceOp : std::uint8_t { sum, max, min };
 
 constexpr std::size_t size_of(DataType t) {
@@ -37,6 +40,7 @@ constexpr std::size_t size_of(DataType t) {
     case DataType::i64: return 8;
     case DataType::f32: return 4;
     case DataType::f64: return 8;
+    case DataType::bf16: return 2;
   }
   return 0;
 }
@@ -49,6 +53,7 @@ constexpr const char* name_of(DataType t) {
     case DataType::i64: return "i64";
     case DataType::f32: return "f32";
     case DataType::f64: return "f64";
+    case DataType::bf16: return "bf16";
   }
   return "?";
 }
@@ -67,6 +72,8 @@ constexpr DataType data_type_of() {
     return DataType::f32;
   else if constexpr (std::is_same_v<T, double>)
     return DataType::f64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return DataType::bf16;
   else
     static_assert(sizeof(T) == 0, "tessera::comm: no collective element type for this T");
 }

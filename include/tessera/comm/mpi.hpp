@@ -95,6 +95,7 @@ inline MPI_Datatype mpi_type(DataType t) {
     case DataType::i64: return MPI_INT64_T;
     case DataType::f32: return MPI_FLOAT;
     case DataType::f64: return MPI_DOUBLE;
+    case DataType::bf16: return MPI_UINT16_T;  // moved only: check_reducible refuses bf16 reductions
   }
   fail("mpi: unknown element type ", static_cast<int>(t));
 }
@@ -117,6 +118,9 @@ inline int mpi_count(std::size_t n, const char* what, int rank) {
 
 /// The same reductions as the thread engine (comm/reduce.hpp): not over u8 or u16.
 inline void check_reducible(DataType t, const char* what, int rank) {
+  TESSERA_CHECK(t != DataType::bf16, "rank ", rank, ": ", what,
+                ": reduction over bf16 elements is not supported by the MPI engine (MPI has no bf16 type): "
+                "train bf16 models across MPI processes with tensor_parallel_degree 1, or use NCCL");
   TESSERA_CHECK(t != DataType::u8 && t != DataType::u16, "rank ", rank, ": ", what, ": reduction over ", name_of(t),
                 " elements is not supported: reduce f32, f64, i32 or i64");
 }

@@ -206,6 +206,8 @@ inline NcclType nccl_moved(DataType t, std::size_t n) {
       return {ncclFloat32, n};
     case DataType::f64:
       return {ncclFloat64, n};
+    case DataType::bf16:
+      return {ncclBfloat16, n};
   }
   fail("NCCL: unknown element type ", static_cast<int>(t));
 }
@@ -221,11 +223,13 @@ inline ncclDataType_t nccl_reduced(DataType t, int rank) {
       return ncclFloat32;
     case DataType::f64:
       return ncclFloat64;
+    case DataType::bf16:
+      return ncclBfloat16;
     case DataType::u8:
     case DataType::u16:
       break;
   }
-  fail("rank ", rank, ": reduction over ", name_of(t), " elements is not supported: reduce f32, f64, i32 or i64");
+  fail("rank ", rank, ": reduction over ", name_of(t), " elements is not supported: reduce f32, f64, bf16, i32 or i64");
 }
 
 inline ncclRedOp_t nccl_op(ReduceOp op) {

@@ -12,6 +12,18 @@
 namespace tessera::comm {
 
 namespace detail {
+/// bf16: each element widened to fp32, combined, and rounded once.
+inline void reduce_typed(bf16* dst, const bf16* src, std::size_t n, ReduceOp op) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = static_cast<float>(dst[i]), b = static_cast<float>(src[i]);
+    switch (op) {
+      case ReduceOp::sum: dst[i] = bf16(a + b); break;
+      case ReduceOp::max: dst[i] = bf16(std::max(a, b)); break;
+      case ReduceOp::min: dst[i] = bf16(std::min(a, b)); break;
+    }
+  }
+}
+
 template <class T>
 void reduce_typed(T* dst, const T* src, std::size_t n, ReduceOp op) {
   switch (op) {
@@ -31,7 +43,7 @@ void reduce_typed(T* dst, const T* src, std::size_t n, ReduceOp op) {
 /// Refuses element types that have no reduction.
 inline void check_reducible(DataType t) {
   TESSERA_CHECK(t != DataType::u8 && t != DataType::u16, "reduction over ", name_of(t),
-                " elements is not supported: reduce f32, f64, i32 or i64");
+                " elements is not supported: reduce f32, f64, bf16, i32 or i64");
 }
 
 /// dst[i] = op(dst[i], src[i]) for n elements of type t.
@@ -45,10 +57,11 @@ inline void reduce_into(void* dst, const void* src, std::size_t n, DataType t, R
     case DataType::i64:
       detail::reduce_typed(static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n, op);
       return;
+    case DataType::bf16: detail::reduce_typed(static_cast<bf16*>(dst), static_cast<const bf16*>(src), n, op); return;
     case DataType::u8:
     case DataType::u16: break;
   }
-  fail("reduction over ", name_of(t), " elements is not supported: reduce f32, f64, i32 or i64");
+  fail("reduction over ", name_of(t), " elements is not supported: reduce f32, f64, bf16, i32 or i64");
 }
 
 }  // namespace tessera::comm

@@ -58,6 +58,7 @@ struct Shape {
 template <class T>
 class TensorView {
  public:
+  using value_type = T;
   TensorView() = default;
   TensorView(T* data, Shape shape) : data_(data), shape_(shape) {
     std::int64_t s = 1;
@@ -147,6 +148,7 @@ class TensorView {
 template <class T>
 class Tensor {
  public:
+  using value_type = T;
   Tensor() = default;
   /// Zero-initialised host tensor.
   explicit Tensor(Shape shape)

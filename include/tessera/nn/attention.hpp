@@ -58,10 +58,10 @@ class Attention {
     Tensor<T> q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, s.seq_len);
     Tensor<T> k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, s.seq_len);
     Tensor<T> v = wv_.forward(ctx.child("wv"), x);
-    Tensor<T> lse;
+    Tensor<accum_t<T>> lse;  // fp32 for bf16
     Tensor<T> o = ctx.op("o", SaveKind::attention, [&] {
       Tensor<T> out = B::template empty<T>(q.shape());
-      lse = B::template empty<T>(Shape{s.batch, n_heads_, s.seq_len});
+      lse = B::template empty<accum_t<T>>(Shape{s.batch, n_heads_, s.seq_len});
       B::attention_forward(s, q.cview(), k.cview(), v.cview(), out.view(), lse.data());
       return out;
     });
@@ -83,12 +83,12 @@ class Attention {
     Tensor<T> dk = B::template zeros<T>(k.shape());
     Tensor<T> dv = B::template zeros<T>(k.shape());
     B::attention_backward(s, q.cview(), k.cview(), ctx.saved("v").cview(), ctx.saved("o").cview(),
-                          ctx.saved("lse").data(), d_o.cview(), dq.view(), dk.view(), dv.view());
+                          ctx.template saved<accum_t<T>>("lse").data(), d_o.cview(), dq.view(), dk.view(), dv.view());
     rope_->rotate(dq, n_heads_, s.seq_len, true);
     rope_->rotate(dk, n_kv_heads_, s.seq_len, true);
     Tensor<T> dx = wq_.backward(ctx.child("wq"), dq);
-    wk_.backward_into(ctx.child("wk"), dk, dx, T(1));
-    wv_.backward_into(ctx.child("wv"), dv, dx, T(1));
+    wk_.backward_into(ctx.child("wk"), dk, dx, 1.0f);
+    wv_.backward_into(ctx.child("wv"), dv, dx, 1.0f);
     return parallel::reduce_scatter_rows<B>(tp_, dx);
   }
 

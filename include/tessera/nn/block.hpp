@@ -78,10 +78,10 @@ class LlamaBlock {
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
     Tensor<T> dh = ffn_norm_.backward(ctx.child("ffn_norm"), feed_forward_.backward(ctx.child("feed_forward"), dy));
-    B::for_each(dh.numel(), ops::Axpy<T>{T(1), dy.data(), dh.data()});
+    B::for_each(dh.numel(), ops::Axpy<T>{accum_t<T>(1), dy.data(), dh.data()});
     Tensor<T> dx =
         attention_norm_.backward(ctx.child("attention_norm"), attention_.backward(ctx.child("attention"), dh));
-    B::for_each(dx.numel(), ops::Axpy<T>{T(1), dh.data(), dx.data()});
+    B::for_each(dx.numel(), ops::Axpy<T>{accum_t<T>(1), dh.data(), dx.data()});
     return dx;
   }
 

@@ -50,7 +50,7 @@ class FeedForward {
     B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
     dg.release();
     Tensor<T> dx = w1_.backward(ctx.child("w1"), da);
-    w3_.backward_into(ctx.child("w3"), db, dx, T(1));
+    w3_.backward_into(ctx.child("w3"), db, dx, 1.0f);
     return parallel::reduce_scatter_rows<B>(tp_, dx);
   }
 

@@ -25,6 +25,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/tensor.hpp"
 
 namespace tessera::nn {
@@ -61,12 +62,14 @@ struct TensorSplit {
 };
 
 /// A named trainable tensor and its gradient. Names follow torchtitan
-/// ("layers.0.attention.wq.weight").
+/// ("layers.0.attention.wq.weight"). The gradient is accumulated in accum_t<T>: fp32
+/// for a bf16 parameter (FSDP2's semantics: bf16 compute, fp32 gradient reduction).
 template <class T>
 struct Parameter {
+  using grad_type = accum_t<T>;
   std::string name;
   Tensor<T> value;
-  Tensor<T> grad;
+  Tensor<grad_type> grad;
   Init init;
   /// Its tensor-parallel layout; value and grad hold this rank's piece once the
   /// model is sharded (parallel/tensor_parallel.hpp), the whole shape is `whole`.
@@ -84,7 +87,7 @@ struct Parameter {
     Parameter p;
     p.name = std::move(n);
     p.value = B::template zeros<T>(shape);
-    p.grad = B::template zeros<T>(shape);
+    p.grad = B::template zeros<grad_type>(shape);
     p.init = how;
     p.whole = shape;
     return p;
@@ -136,9 +139,44 @@ class ActivationMeter {
   std::size_t current_ = 0, peak_ = 0;
 };
 
+/// What a store holds under one key: an activation (a Tensor<T>) or a statistic kept in
+/// the accumulation type (a Tensor<accum_t<T>>: RMSNorm's rstd, attention's
+/// log-sum-exp). For float and double the two are the same type.
+template <class T>
+class Saved {
+ public:
+  using stat_type = accum_t<T>;
+  static constexpr bool kDistinct = !std::is_same_v<T, stat_type>;
+
+  Saved() = default;
+  Saved(Tensor<T> t) : activation_(std::move(t)) {}  // NOLINT: implicit, either kind converts
+  template <class U = stat_type>
+    requires(kDistinct && std::is_same_v<U, stat_type>)
+  Saved(Tensor<U> t) : statistic_(std::move(t)), is_statistic_(true) {}  // NOLINT
+
+  /// The tensor as U (T or accum_t<T>), or nullptr when it holds the other kind.
+  template <class U>
+  const Tensor<U>* get() const {
+    if constexpr (std::is_same_v<U, T>) {
+      return is_statistic_ ? nullptr : &activation_;
+    } else {
+      static_assert(std::is_same_v<U, stat_type>, "tessera: a store holds T or accum_t<T> tensors");
+      return is_statistic_ ? &statistic_ : nullptr;
+    }
+  }
+  const void* data() const { return is_statistic_ ? static_cast<const void*>(statistic_.data()) : activation_.data(); }
+  std::size_t bytes() const { return is_statistic_ ? statistic_.bytes() : activation_.bytes(); }
+
+ private:
+  Tensor<T> activation_;
+  Tensor<stat_type> statistic_;  // empty unless kDistinct and it holds a statistic
+  bool is_statistic_ = false;
+};
+
 /// Activations one layer call saved for its backward, in named scopes that mirror
 /// the layer tree ("attention" / "wq" / "x"). A store may report to an
-/// ActivationMeter (its children report to the same one).
+/// ActivationMeter (its children report to the same one). Each entry is a Tensor<T>
+/// or a statistic in accum_t<T> (Saved<T>).
 template <class T>
 class ActivationStore {
  public:
@@ -162,7 +200,7 @@ class ActivationStore {
     meter_ = meter;
   }
 
-  void save(std::string_view key, SaveKind kind, Tensor<T> tensor) {
+  void save(std::string_view key, SaveKind kind, Saved<T> tensor) {
     if (meter_ && tensor.data()) meter_->add(tensor.data(), tensor.bytes());
     for (auto& e : entries_) {
       if (e.key == key) {
@@ -174,17 +212,22 @@ class ActivationStore {
     entries_.push_back(Entry{std::string(key), kind, std::move(tensor)});
   }
 
-  /// The tensor saved under `key`, or nullptr.
-  const Tensor<T>* find(std::string_view key) const {
+  /// The tensor of element type U (T, or accum_t<T> for a statistic) saved under
+  /// `key`, or nullptr.
+  template <class U = T>
+  const Tensor<U>* find(std::string_view key) const {
     for (const auto& e : entries_)
-      if (e.key == key) return &e.tensor;
+      if (e.key == key) return e.tensor.template get<U>();
     return nullptr;
   }
 
-  const Tensor<T>& load(std::string_view key) const {
-    if (const Tensor<T>* t = find(key)) return *t;
+  template <class U = T>
+  const Tensor<U>& load(std::string_view key) const {
+    if (const Tensor<U>* t = find<U>(key)) return *t;
+    const bool present = std::any_of(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.key == key; });
     fail("activation '", scope_.empty() ? "" : scope_ + ".", key,
-         "' was not saved: backward called without its forward");
+         present ? "' was saved with another element type than the one its backward reads"
+                 : "' was not saved: backward called without its forward");
   }
 
   /// The nested store for a sub-layer, created on first use.
@@ -217,7 +260,7 @@ class ActivationStore {
   struct Entry {
     std::string key;
     SaveKind kind;
-    Tensor<T> tensor;
+    Saved<T> tensor;
   };
 
   std::size_t bytes_into(std::unordered_set<const void*>& seen) const {
@@ -263,13 +306,15 @@ struct SaveKinds {
 /// Which op outputs a selective forward keeps: those of `kinds`; of matmuls, only
 /// every other one when `alternate_matmuls` (the 1st, 3rd, ... of the block, as
 /// torchtitan's op policy does to halve what matmuls keep). What is kept is a copy
-/// made by `copy` (the backend's), so a layer that later changes an op's output in
-/// place cannot change what the recompute replays.
+/// made by `copy` (the backend's; `copy_statistic` for an op whose output is a
+/// statistic in accum_t<T>), so a layer that later changes an op's output in place
+/// cannot change what the recompute replays.
 template <class T>
 struct StashRule {
   SaveKinds kinds;
   bool alternate_matmuls = false;
   Tensor<T> (*copy)(const Tensor<T>&) = nullptr;
+  Tensor<accum_t<T>> (*copy_statistic)(const Tensor<accum_t<T>>&) = nullptr;
   int matmuls_seen = 0;  // counted through one forward
 
   bool keep(SaveKind kind) {
@@ -307,8 +352,9 @@ class Context {
                   "Context: a recording that keeps saves needs a store");
     TESSERA_CHECK((recording != Recording::stash && recording != Recording::replay) || stash != nullptr,
                   "Context: stash and replay need a stash store");
-    TESSERA_CHECK(recording != Recording::stash || (rule != nullptr && rule->copy != nullptr),
-                  "Context: stash needs a StashRule with a copy function");
+    TESSERA_CHECK(recording != Recording::stash ||
+                      (rule != nullptr && rule->copy != nullptr && rule->copy_statistic != nullptr),
+                  "Context: stash needs a StashRule with copy functions");
   }
 
   /// Where this context's saves go (nullptr when it keeps none): for checkpoint policies.
@@ -326,13 +372,17 @@ class Context {
     return c;
   }
 
-  void save(std::string_view key, SaveKind kind, const Tensor<T>& tensor) const {
-    if (saving()) store_->save(key, kind, tensor);
+  /// Saves an activation (U = T) or a statistic (U = accum_t<T>) for the backward.
+  template <class U>
+  void save(std::string_view key, SaveKind kind, const Tensor<U>& tensor) const {
+    if (saving()) store_->save(key, kind, Saved<T>(tensor));
   }
 
-  const Tensor<T>& saved(std::string_view key) const {
+  /// What the forward saved under `key`, as a Tensor<U> (T, or accum_t<T> for a statistic).
+  template <class U = T>
+  const Tensor<U>& saved(std::string_view key) const {
     TESSERA_CHECK(saving(), "activation '", key, "' requested from a context that saves nothing");
-    return store_->load(key);
+    return store_->template load<U>(key);
   }
 
   /// A copy of this context whose backward defers weight-gradient work to `queue`
@@ -356,13 +406,23 @@ class Context {
   }
 
   /// The output of the op `key`, of kind `kind`: compute(), or its stashed output.
+  /// compute() returns a Tensor<T>, or a Tensor<accum_t<T>> for a statistic.
   template <class F>
-  Tensor<T> op(std::string_view key, SaveKind kind, F&& compute) const {
+  auto op(std::string_view key, SaveKind kind, F&& compute) const -> decltype(compute()) {
+    using Out = decltype(compute());
+    using U = typename Out::value_type;
+    static_assert(std::is_same_v<Out, Tensor<T>> || std::is_same_v<Out, Tensor<accum_t<T>>>,
+                  "tessera: Context::op computes a Tensor<T> or a Tensor<accum_t<T>>");
     if (recording_ == Recording::replay) {
-      if (const Tensor<T>* kept = stash_->find(key)) return *kept;
+      if (const Tensor<U>* kept = stash_->template find<U>(key)) return *kept;
     }
-    Tensor<T> y = compute();
-    if (recording_ == Recording::stash && rule_->keep(kind)) stash_->save(key, kind, rule_->copy(y));
+    Out y = compute();
+    if (recording_ == Recording::stash && rule_->keep(kind)) {
+      if constexpr (std::is_same_v<U, T>)
+        stash_->save(key, kind, Saved<T>(rule_->copy(y)));
+      else
+        stash_->save(key, kind, Saved<T>(rule_->copy_statistic(y)));
+    }
     return y;
   }
 

@@ -1,7 +1,8 @@
 // Linear layer without bias: y = x W^T, W of shape (out, in) as Hugging Face stores it.
 //
 // Saves its input; backward gives dx = dy W and accumulates dW += dy^T x (the latter
-// through Context::weight_grad, so a zero-bubble schedule can run it later).
+// through Context::weight_grad, so a zero-bubble schedule can run it later). For bf16
+// the GEMMs read bf16 operands and accumulate in fp32; dW is accumulated in fp32.
 //
 // Under tensor parallelism the weight may be split (parallel/tensor_parallel.hpp):
 // by output rows (column-parallel: y holds this rank's output features) or by input
@@ -37,7 +38,7 @@ class Linear {
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
       Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
-      B::gemm(Trans::no, Trans::yes, T(1), x.cview(), weight_.value.cview(), T(0), out.view());
+      B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
       return out;
     });
     ctx.save("x", SaveKind::input, x);
@@ -46,20 +47,20 @@ class Linear {
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
     Tensor<T> dx = B::template empty<T>(Shape{dy.size(0), in_features()});
-    backward_into(ctx, dy, dx, T(0));
+    backward_into(ctx, dy, dx, 0.0f);
     return dx;
   }
 
   /// dx = beta * dx + dy W, so several layers reading one input can sum into one dx.
-  void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, T beta) {
-    B::gemm(Trans::no, Trans::no, T(1), dy.cview(), weight_.value.cview(), beta, dx.view());
+  void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, float beta) {
+    B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
     ctx.weight_grad([this, x = ctx.saved("x"), dy] {
       if (parallel::active(tp_) && weight_.split.holders > 1) {
-        Tensor<T> dw = B::template empty<T>(weight_.grad.shape());
-        B::gemm(Trans::yes, Trans::no, T(1), dy.cview(), x.cview(), T(0), dw.view());
+        Tensor<accum_t<T>> dw = B::template empty<accum_t<T>>(weight_.grad.shape());
+        B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), 0.0f, dw.view());
         parallel::accumulate_over_holders<B>(tp_, weight_.split, dw, weight_.grad);
       } else {
-        B::gemm(Trans::yes, Trans::no, T(1), dy.cview(), x.cview(), T(1), weight_.grad.view());
+        B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), 1.0f, weight_.grad.view());
       }
     });
   }

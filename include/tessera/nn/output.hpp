@@ -19,11 +19,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/cross_entropy.hpp"
+#include "tessera/ops/elementwise.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
@@ -54,6 +56,7 @@ inline std::int64_t loss_chunk_rows(std::int64_t vocab, std::int64_t rows) {
 template <class T, Backend B>
 class ChunkedCrossEntropyHead {
  public:
+  using A = accum_t<T>;  // logits, their statistics and the weight's gradient
   static constexpr std::int64_t kChunkElements = kLossChunkElements;
 
   /// `tp`: the group the weight is split over by vocabulary (loss parallelism), if it is.
@@ -67,7 +70,12 @@ class ChunkedCrossEntropyHead {
 
   /// Sum over rows of the cross-entropy of h W^T against targets. With `dh` given,
   /// also writes d(loss_scale * sum)/dh into it and accumulates dW.
-  double forward(const Tensor<T>& h, std::span<const std::int32_t> targets, T loss_scale, Tensor<T>* dh) {
+  ///
+  /// Logits, their statistics and their gradient are accum_t<T> (fp32 for bf16: the
+  /// GEMM accumulates in fp32 and writes fp32 logits, so the loss never sees bf16
+  /// logits); the gradient is rounded to T once, as the operand of the two backward
+  /// GEMMs.
+  double forward(const Tensor<T>& h, std::span<const std::int32_t> targets, A loss_scale, Tensor<T>* dh) {
     const std::int64_t rows = h.size(0), vocab = weight_->whole.dims[0];
     TESSERA_CHECK(static_cast<std::int64_t>(targets.size()) == rows, "loss: ", targets.size(), " targets for ", rows,
                   " rows");
@@ -78,34 +86,43 @@ class ChunkedCrossEntropyHead {
     const std::int64_t step = chunk_rows(local, rows);
     const Tensor<std::int32_t> target_ids = upload<B>(targets);
     Tensor<double> row_loss = B::template empty<double>(Shape{rows});
-    Tensor<T> logits = B::template empty<T>(Shape{std::min(step, rows), local});
-    Tensor<T> max, sums;
+    Tensor<A> logits = B::template empty<A>(Shape{std::min(step, rows), local});
+    Tensor<T> logits_grad;  // the gradient rounded to T, when T is not A
+    if constexpr (!std::is_same_v<T, A>)
+      if (dh != nullptr) logits_grad = B::template empty<T>(logits.shape());
+    Tensor<A> max, sums;
     if (vocab_parallel()) {
-      max = B::template empty<T>(Shape{std::min(step, rows)});
-      sums = B::template empty<T>(Shape{2 * std::min(step, rows)});
+      max = B::template empty<A>(Shape{std::min(step, rows)});
+      sums = B::template empty<A>(Shape{2 * std::min(step, rows)});
     }
     const std::int64_t lo = local * weight_->split.index;
     for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
       const std::int64_t r1 = std::min(rows, r0 + step), n = r1 - r0;
-      TensorView<T> z = logits.view().slice_rows(0, n);
+      TensorView<A> z = logits.view().slice_rows(0, n);
       TensorView<const T> hc = h.cview().slice_rows(r0, r1);
-      B::gemm(Trans::no, Trans::yes, T(1), hc, weight_->value.cview(), T(0), z);
+      B::gemm(Trans::no, Trans::yes, A(1), hc, weight_->value.cview(), A(0), z);
       if (vocab_parallel()) {
         const std::int32_t* t = target_ids.data() + r0;
-        B::for_each(n, ops::CrossEntropyShardMax<T>{z.data(), local, local, t, max.data()});
-        tp_->comm().all_reduce(std::span<T>(max.data(), static_cast<std::size_t>(n)), comm::ReduceOp::max);
-        B::for_each(n, ops::CrossEntropyShardExp<T>{z.data(), local, local, lo, t, max.data(), sums.data()});
-        tp_->comm().all_reduce(std::span<T>(sums.data(), static_cast<std::size_t>(2 * n)));
-        B::for_each(n, ops::CrossEntropyShardGrad<T>{z.data(), local, local, lo, t, max.data(), sums.data(), loss_scale,
+        B::for_each(n, ops::CrossEntropyShardMax<A>{z.data(), local, local, t, max.data()});
+        tp_->comm().all_reduce(std::span<A>(max.data(), static_cast<std::size_t>(n)), comm::ReduceOp::max);
+        B::for_each(n, ops::CrossEntropyShardExp<A>{z.data(), local, local, lo, t, max.data(), sums.data()});
+        tp_->comm().all_reduce(std::span<A>(sums.data(), static_cast<std::size_t>(2 * n)));
+        B::for_each(n, ops::CrossEntropyShardGrad<A>{z.data(), local, local, lo, t, max.data(), sums.data(), loss_scale,
                                                      dh != nullptr, row_loss.data() + r0});
       } else {
-        B::for_each(n, ops::CrossEntropyRow<T>{z.data(), local, local, target_ids.data() + r0, loss_scale, dh != nullptr,
+        B::for_each(n, ops::CrossEntropyRow<A>{z.data(), local, local, target_ids.data() + r0, loss_scale, dh != nullptr,
                                                row_loss.data() + r0});
       }
       if (dh != nullptr) {
-        B::gemm(Trans::no, Trans::no, T(1), TensorView<const T>(z), weight_->value.cview(), T(0),
-                dh->view().slice_rows(r0, r1));
-        B::gemm(Trans::yes, Trans::no, T(1), TensorView<const T>(z), hc, T(1), weight_->grad.view());
+        TensorView<const T> dz;
+        if constexpr (std::is_same_v<T, A>) {
+          dz = z;
+        } else {
+          B::for_each(n * local, ops::Convert<A, T>{z.data(), logits_grad.data()});
+          dz = logits_grad.cview().slice_rows(0, n);
+        }
+        B::gemm(Trans::no, Trans::no, A(1), dz, weight_->value.cview(), A(0), dh->view().slice_rows(r0, r1));
+        B::gemm(Trans::yes, Trans::no, A(1), dz, hc, A(1), weight_->grad.view());
       }
     }
     // Summed on the host in row order: the same total on every backend.
@@ -115,18 +132,18 @@ class ChunkedCrossEntropyHead {
     return total;
   }
 
-  /// logits = h W^T for every row of h (use on few rows: generation). Under loss
-  /// parallelism every rank's columns are gathered (collective over the group).
-  Tensor<T> logits(const Tensor<T>& h) const {
-    Tensor<T> z = B::template empty<T>(Shape{h.size(0), weight_->value.size(0)});
-    B::gemm(Trans::no, Trans::yes, T(1), h.cview(), weight_->value.cview(), T(0), z.view());
+  /// logits = h W^T for every row of h (use on few rows: generation), in accum_t<T>.
+  /// Under loss parallelism every rank's columns are gathered (collective over the group).
+  Tensor<A> logits(const Tensor<T>& h) const {
+    Tensor<A> z = B::template empty<A>(Shape{h.size(0), weight_->value.size(0)});
+    B::gemm(Trans::no, Trans::yes, A(1), h.cview(), weight_->value.cview(), A(0), z.view());
     if (!vocab_parallel()) return z;
     const std::int64_t parts = tp_->degree(), rows = z.size(0), local = z.size(1);
-    Tensor<T> all = B::template empty<T>(Shape{parts * rows * local});
-    tp_->comm().all_gather(std::span<const T>(z.data(), static_cast<std::size_t>(z.numel())),
-                           std::span<T>(all.data(), static_cast<std::size_t>(all.numel())));
-    Tensor<T> whole = B::template empty<T>(Shape{rows, parts * local});
-    B::for_each(rows, detail::InterleaveColumns<T>{all.data(), whole.data(), parts, rows, local});
+    Tensor<A> all = B::template empty<A>(Shape{parts * rows * local});
+    tp_->comm().all_gather(std::span<const A>(z.data(), static_cast<std::size_t>(z.numel())),
+                           std::span<A>(all.data(), static_cast<std::size_t>(all.numel())));
+    Tensor<A> whole = B::template empty<A>(Shape{rows, parts * local});
+    B::for_each(rows, detail::InterleaveColumns<A>{all.data(), whole.data(), parts, rows, local});
     return whole;
   }
 

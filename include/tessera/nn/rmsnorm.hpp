@@ -1,4 +1,5 @@
-// RMSNorm layer over the last dimension; the arithmetic is ops::RmsNorm*.
+// RMSNorm layer over the last dimension; the arithmetic is ops::RmsNorm*. The
+// statistics (rstd per row), eps and the weight's gradient are accum_t<T> (fp32 for bf16).
 //
 // Under sequence parallelism (parallel/tensor_parallel.hpp) each rank normalises its
 // own rows with the whole weight, so each computes part of the weight's gradient:
@@ -20,17 +21,20 @@ class RmsNorm {
  public:
   using scalar_type = T;
   using backend_type = B;
+  using A = accum_t<T>;  // statistics and gradients
 
   /// `tp`: the tensor-parallel group whose ranks hold different rows (sequence parallel).
   RmsNorm(std::string name, std::int64_t dim, double eps, parallel::TensorParallelGroup* tp = nullptr)
-      : weight_(Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{dim}, Init::ones())), eps_(static_cast<T>(eps)), tp_(tp) {
+      : weight_(Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{dim}, Init::ones())),
+        eps_(static_cast<A>(eps)),
+        tp_(tp) {
     if (tp) weight_.split = tp->whole();
   }
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     const std::int64_t rows = x.size(0), n = x.size(1);
     Tensor<T> y = B::template empty<T>(x.shape());
-    Tensor<T> rstd = B::template empty<T>(Shape{rows});
+    Tensor<A> rstd = B::template empty<A>(Shape{rows});
     B::for_each(rows, ops::RmsNormForward<T>{x.data(), n, weight_.value.data(), y.data(), n, rstd.data(), n, eps_});
     ctx.save("x", SaveKind::input, x);
     ctx.save("rstd", SaveKind::norm, rstd);
@@ -39,14 +43,14 @@ class RmsNorm {
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
     const Tensor<T> x = ctx.saved("x");
-    const Tensor<T> rstd = ctx.saved("rstd");
+    const Tensor<A> rstd = ctx.template saved<A>("rstd");
     const std::int64_t rows = x.size(0), n = x.size(1);
     Tensor<T> dx = B::template empty<T>(x.shape());
     B::for_each(rows, ops::RmsNormBackwardInput<T>{x.data(), n, weight_.value.data(), rstd.data(), dy.data(), n,
                                                    dx.data(), n, n});
     ctx.weight_grad([this, x, rstd, dy, rows, n] {
       if (parallel::active(tp_)) {
-        Tensor<T> dw = B::template zeros<T>(weight_.grad.shape());
+        Tensor<A> dw = B::template zeros<A>(weight_.grad.shape());
         B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, dw.data(), rows});
         parallel::accumulate_over_holders<B>(tp_, weight_.split, dw, weight_.grad);
       } else {
@@ -65,7 +69,7 @@ class RmsNorm {
 
  private:
   Parameter<T> weight_;
-  T eps_;
+  A eps_;
   parallel::TensorParallelGroup* tp_;
 };
 

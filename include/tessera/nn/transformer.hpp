@@ -153,6 +153,7 @@ class Transformer {
   using scalar_type = T;
   using backend_type = B;
   using block_type = Block;
+  using A = accum_t<T>;  // gradients, statistics and logits: fp32 for bf16
 
   explicit Transformer(const ModelArgs& args, const parallel::Plan& plan = {})
       : args_((args.validate(), args)),
@@ -246,7 +247,7 @@ class Transformer {
   }
 
   void zero_grad() {
-    for_each_local_parameter([](Parameter<T>& p) { B::for_each(p.numel(), ops::Fill<T>{T(0), p.grad.data()}); });
+    for_each_local_parameter([](Parameter<T>& p) { B::for_each(p.numel(), ops::Fill<A>{A(0), p.grad.data()}); });
   }
 
   /// The L2 norm of the whole gradient, over every piece and shard of every rank
@@ -331,7 +332,7 @@ class Transformer {
     Tensor<T> hn = parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, &norm_store), h));
     h.release();
     Tensor<T> dhn = B::template empty<T>(hn.shape());
-    double loss = head_.forward(hn, targets, static_cast<T>(loss_scale), &dhn);
+    double loss = head_.forward(hn, targets, static_cast<A>(loss_scale), &dhn);
     hn.release();
     // Loss parallelism leaves each rank its vocabulary's share of dhn; else dhn is whole.
     dhn = head_.vocab_parallel() ? parallel::reduce_scatter_rows<B>(tp(), dhn) : parallel::own_rows<B>(tp(), dhn);
@@ -371,26 +372,27 @@ class Transformer {
   /// Sum of token losses, no gradients and nothing saved.
   double loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g) {
     if (pp_ > 1) return pipeline_loss(inputs, targets, g);
-    const double l = head_.forward(final_hidden(inputs, g), targets, T(0), nullptr);
+    const double l = head_.forward(final_hidden(inputs, g), targets, A(0), nullptr);
     free_head();
     return l;
   }
 
-  /// Logits (batch * seq_len, vocab) at every position, on the host; for evaluation
-  /// and checks on small inputs (a whole (rows, vocab) matrix is made at once).
-  Tensor<T> logits(std::span<const std::int32_t> inputs, Geometry g) {
-    Tensor<T> z = head_.logits(final_hidden(inputs, g));
+  /// Logits (batch * seq_len, vocab) at every position, on the host, in accum_t<T>
+  /// (fp32 for bf16); for evaluation and checks on small inputs (a whole (rows, vocab)
+  /// matrix is made at once).
+  Tensor<A> logits(std::span<const std::int32_t> inputs, Geometry g) {
+    Tensor<A> z = head_.logits(final_hidden(inputs, g));
     free_head();
     return download<B>(z);
   }
 
-  /// Logits (batch, vocab) at the last position of each sequence, on the host.
-  Tensor<T> last_logits(std::span<const std::int32_t> inputs, Geometry g) {
+  /// Logits (batch, vocab) at the last position of each sequence, on the host, in accum_t<T>.
+  Tensor<A> last_logits(std::span<const std::int32_t> inputs, Geometry g) {
     Tensor<T> hn = final_hidden(inputs, g);
     Tensor<T> last = B::template empty<T>(Shape{g.batch, args_.dim});
     for (std::int64_t b = 0; b < g.batch; ++b)
       B::for_each(args_.dim, ops::Copy<T>{hn.data() + ((b + 1) * g.seq_len - 1) * args_.dim, last.data() + b * args_.dim});
-    Tensor<T> z = head_.logits(last);
+    Tensor<A> z = head_.logits(last);
     free_head();
     return download<B>(z);
   }
@@ -638,7 +640,7 @@ class Transformer {
             Tensor<T> hn = parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(gm, &norm_stores[m]), x));
             x.release();
             Tensor<T> dhn = B::template empty<T>(hn.shape());
-            loss += head_.forward(hn, ids(targets, m), static_cast<T>(loss_scale), &dhn);
+            loss += head_.forward(hn, ids(targets, m), static_cast<A>(loss_scale), &dhn);
             head_grad[m] = head_.vocab_parallel() ? parallel::reduce_scatter_rows<B>(tp(), dhn)
                                                   : parallel::own_rows<B>(tp(), dhn);
           } else {
@@ -712,7 +714,7 @@ class Transformer {
         x = layers_[j].forward(Context<T>(g, nullptr), x);
       if (range.output) {
         if (head_unit_) head_unit_->unshard();
-        loss = head_.forward(parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, nullptr), x)), targets, T(0),
+        loss = head_.forward(parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, nullptr), x)), targets, A(0),
                              nullptr);
         if (head_unit_) head_unit_->reshard();
       } else {
@@ -780,7 +782,7 @@ class Transformer {
   bool has_embedding_ = true, has_head_ = true;
   std::map<int, parallel::Schedule> schedules_;           // by microbatch count
   double pipeline_wait_seconds_ = 0;
-  optim::SquaredNorms<B, T> norms_;  // the gradient norm's pieces, their table kept between steps
+  optim::SquaredNorms<B, A> norms_;   // the gradient norm's pieces, their table kept between steps
   std::vector<std::unique_ptr<Parameter<T>>> whole_;       // every parameter, inside with_whole_parameters
 };
 

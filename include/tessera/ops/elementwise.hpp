@@ -28,6 +28,14 @@ struct Copy {
   TESSERA_HD void operator()(std::int64_t i) const { y[i] = x[i]; }
 };
 
+/// y[i] = x[i] as To: widened exactly, or rounded once (fp32 to bf16: to nearest even)
+template <class From, class To>
+struct Convert {
+  const From* x;
+  To* y;
+  TESSERA_HD void operator()(std::int64_t i) const { y[i] = from_accum<To>(static_cast<accum_t<To>>(to_accum(x[i]))); }
+};
+
 /// y[i] += alpha * x[i]
 template <class T>
 struct Axpy {

@@ -83,7 +83,7 @@ inline double clip_coefficient(double norm, double max_norm) {
 template <Backend B, class Model>
 double grad_norm(Model& model) {
   using T = typename Model::scalar_type;
-  SquaredNorms<B, T> norms;
+  SquaredNorms<B, accum_t<T>> norms;
   model.for_each_parameter([&](nn::Parameter<T>& p) { norms.add(p.grad); });
   return std::sqrt(norms.sum());
 }

@@ -29,6 +29,14 @@ inline CheckpointMode checkpoint_for_layer(CheckpointMode mode, std::int64_t lay
   return (layer_id + 1) % mode.every == 0 ? CheckpointMode{K::full, 0} : CheckpointMode{K::none, 0};
 }
 
+/// A copy of x on backend B.
+template <class U, Backend B>
+Tensor<U> copy_on(const Tensor<U>& x) {
+  Tensor<U> y = B::template empty<U>(x.shape());
+  B::for_each(x.numel(), ops::Copy<U>{x.data(), y.data()});
+  return y;
+}
+
 /// What torchtitan's op policy keeps: attention outputs and every other matmul
 /// output, copied on backend B.
 template <class T, Backend B>
@@ -36,11 +44,8 @@ nn::StashRule<T> selective_op_rule() {
   nn::StashRule<T> rule;
   rule.kinds = nn::SaveKinds{nn::SaveKind::matmul, nn::SaveKind::attention};
   rule.alternate_matmuls = true;
-  rule.copy = [](const Tensor<T>& x) {
-    Tensor<T> y = B::template empty<T>(x.shape());
-    B::for_each(x.numel(), ops::Copy<T>{x.data(), y.data()});
-    return y;
-  };
+  rule.copy = &copy_on<T, B>;
+  rule.copy_statistic = &copy_on<accum_t<T>, B>;
   return rule;
 }
 

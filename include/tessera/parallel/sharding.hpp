@@ -16,8 +16,9 @@
 //
 // Gathers and reductions are asynchronous: prefetch() issues the next unit's gather
 // while the current one computes; reduce_grads() issues a reduction that
-// finish_grads() completes at the end of the step. With bfloat16 parameters the
-// gather sends bfloat16 (half the bytes); gradients are reduced in float32.
+// finish_grads() completes at the end of the step. With bfloat16 parameters (a bf16
+// model, or an fp32 one with mixed_precision_param = "bfloat16") the gather sends
+// bfloat16 (half the bytes); gradients are reduced in float32 either way.
 #pragma once
 
 #include <algorithm>
@@ -54,6 +55,8 @@ struct UnpackBf16 {
 
 template <class T, Backend B>
 class ShardedUnit {
+  using G = typename nn::Parameter<T>::grad_type;  // gradients: fp32 for bf16 parameters
+
  public:
   /// `reshard_after_forward`: free the gathered parameters after the forward.
   ShardedUnit(std::string name, ShardingMode mode, const Plan& plan, bool reshard_after_forward)
@@ -130,10 +133,10 @@ class ShardedUnit {
     } else {
       shard_numel_ = numel_;
       if (mode_ == ShardingMode::ddp) {
-        bucket_ = B::template zeros<T>(Shape{numel_});
+        bucket_ = B::template zeros<G>(Shape{numel_});
         for (auto& s : params_) {
-          Tensor<T> view = bucket_.slice(s.offset, s.shape);
-          B::for_each(view.numel(), ops::Copy<T>{s.p->grad.data(), view.data()});
+          Tensor<G> view = bucket_.slice(s.offset, s.shape);
+          B::for_each(view.numel(), ops::Copy<G>{s.p->grad.data(), view.data()});
           s.p->grad = view;
         }
       }
@@ -195,7 +198,7 @@ class ShardedUnit {
   void begin_grads() {
     check_sharded();
     if (!shards() || grads_open_) return;
-    full_grad_ = B::template zeros<T>(Shape{padded_numel()});
+    full_grad_ = B::template zeros<G>(Shape{padded_numel()});
     for (auto& s : params_) s.p->grad = full_grad_.slice(s.offset, s.shape);
     grads_open_ = true;
   }
@@ -207,15 +210,15 @@ class ShardedUnit {
     if (shards()) {
       TESSERA_CHECK(grads_open_, name_, ": reduce_grads without begin_grads");
       finish_grads();  // one reduction in flight per unit: a previous micro-batch's completes first
-      reduced_ = B::template empty<T>(Shape{shard_numel_});
-      reduce_ = shard_comm_->reduce_scatter_async(std::span<const T>(full_grad_.data(), padded_numel()),
-                                                  std::span<T>(reduced_.data(), shard_numel_));
+      reduced_ = B::template empty<G>(Shape{shard_numel_});
+      reduce_ = shard_comm_->reduce_scatter_async(std::span<const G>(full_grad_.data(), padded_numel()),
+                                                  std::span<G>(reduced_.data(), shard_numel_));
       reducing_grad_ = std::move(full_grad_);  // alive until the reduction completes
       full_grad_.release();
       for (auto& s : params_) s.p->grad.release();
       grads_open_ = false;
     } else if (mode_ == ShardingMode::ddp && last_micro_batch) {
-      reduce_ = replicate_comm_->all_reduce_async(std::span<T>(bucket_.data(), numel_));
+      reduce_ = replicate_comm_->all_reduce_async(std::span<G>(bucket_.data(), numel_));
     }
   }
 
@@ -225,8 +228,8 @@ class ShardedUnit {
     if (!reduce_.pending() && reduced_.empty()) return;
     reduce_.wait();
     if (shards() && !reduced_.empty()) {
-      if (replicate_comm_) replicate_comm_->all_reduce(std::span<T>(reduced_.data(), shard_numel_));
-      B::for_each(shard_numel_, ops::Axpy<T>{T(1), reduced_.data(), local_.grad.data()});
+      if (replicate_comm_) replicate_comm_->all_reduce(std::span<G>(reduced_.data(), shard_numel_));
+      B::for_each(shard_numel_, ops::Axpy<G>{G(1), reduced_.data(), local_.grad.data()});
       reduced_.release();
       reducing_grad_.release();
     }
@@ -247,7 +250,7 @@ class ShardedUnit {
   /// dp_replicate, DDP's dp), of parameters whose tensor-parallel piece it owns.
   /// Summed over every rank of the world, their squares make the squared norm of the
   /// whole gradient.
-  void add_owned_gradient(optim::SquaredNorms<B, T>& norms) {
+  void add_owned_gradient(optim::SquaredNorms<B, G>& norms) {
     check_sharded();
     if (replicate_comm_ && replicate_comm_->rank() != 0) return;
     if (shards()) {
@@ -286,8 +289,8 @@ class ShardedUnit {
   nn::Parameter<T> local_;  // the flat shard (FSDP/HSDP)
   Tensor<T> full_;          // the gathered flat parameters
   Tensor<std::uint16_t> packed_shard_, packed_full_;
-  Tensor<T> full_grad_, reducing_grad_, reduced_;
-  Tensor<T> bucket_;  // DDP: the flat gradient every parameter's grad views
+  Tensor<G> full_grad_, reducing_grad_, reduced_;
+  Tensor<G> bucket_;  // DDP: the flat gradient every parameter's grad views
   comm::Handle gather_, reduce_;
 };
 

@@ -161,7 +161,7 @@ void accumulate_over_holders(TensorParallelGroup* tp, const nn::TensorSplit& spl
   if (active(tp) && split.holders > 1)
     tp->holders_comm(split.holders)
         .all_reduce(std::span<T>(contribution.data(), static_cast<std::size_t>(contribution.numel())));
-  B::for_each(grad.numel(), ops::Axpy<T>{T(1), contribution.data(), grad.data()});
+  B::for_each(grad.numel(), ops::Axpy<T>{accum_t<T>(1), contribution.data(), grad.data()});
 }
 
 namespace detail {
@@ -209,7 +209,7 @@ void narrow(nn::Parameter<T>& p) {
   Tensor<T> piece = B::template empty<T>(local);
   detail::copy_piece<B>(p.value, piece, s.dim, s.index, true);
   p.value = piece;
-  p.grad = B::template zeros<T>(local);
+  p.grad = B::template zeros<typename nn::Parameter<T>::grad_type>(local);
 }
 
 /// The whole value of a narrowed parameter, put together from every rank's piece

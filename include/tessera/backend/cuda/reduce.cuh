@@ -18,7 +18,7 @@
 // Arithmetic. dst[i] = op(dst[i], src[i]) with the host reduction's expressions (a + b;
 // std::max's a < b ? b : a; std::min's b < a ? b : a), one element per thread, so a
 // sum over ranks added in rank order (as ThreadEngine adds them) is the host's sum,
-// bit for bit. f32, f64, i32 and i64 reduce; u8 and u16 are refused by name, as the
+// bit for bit. f32, f64, bf16 (in fp32, rounded once), i32 and i64 reduce; u8 and u16 are refused by name, as the
 // host reduction refuses them. Every CUDA call is checked and throws a tessera::Error
 // naming the call.
 #pragma once
@@ -49,11 +49,12 @@ struct ReduceInto {
   comm::ReduceOp op;
 
   __device__ void operator()(std::int64_t i) const {
-    const T a = dst[i], b = src[i];
+    // bf16 is combined in fp32 and rounded once, as the host reduction does.
+    const accum_t<T> a = to_accum(dst[i]), b = to_accum(src[i]);
     switch (op) {
-      case comm::ReduceOp::sum: dst[i] = a + b; break;
-      case comm::ReduceOp::max: dst[i] = a < b ? b : a; break;
-      case comm::ReduceOp::min: dst[i] = b < a ? b : a; break;
+      case comm::ReduceOp::sum: dst[i] = from_accum<T>(a + b); break;
+      case comm::ReduceOp::max: dst[i] = from_accum<T>(a < b ? b : a); break;
+      case comm::ReduceOp::min: dst[i] = from_accum<T>(b < a ? b : a); break;
     }
   }
 };
@@ -118,11 +119,12 @@ inline void launch_reduce(void* dst, const void* src, std::size_t n, comm::DataT
     case comm::DataType::f64: return launch_reduce_typed<double>(dst, src, count, op, stream);
     case comm::DataType::i32: return launch_reduce_typed<std::int32_t>(dst, src, count, op, stream);
     case comm::DataType::i64: return launch_reduce_typed<std::int64_t>(dst, src, count, op, stream);
+    case comm::DataType::bf16: return launch_reduce_typed<bf16>(dst, src, count, op, stream);
     case comm::DataType::u8:
     case comm::DataType::u16: break;
   }
   comm::check_reducible(t);
-  fail("reduction over ", comm::name_of(t), " elements is not supported: reduce f32, f64, i32 or i64");
+  fail("reduction over ", comm::name_of(t), " elements is not supported: reduce f32, f64, bf16, i32 or i64");
 }
 
 }  // namespace detail
