@@ -75,6 +75,28 @@ TEST_CASE("thread ranks: sums are bitwise the same on every rank") {
   for (int r = 1; r < 4; ++r) CHECK(results[r] == results[0]);
 }
 
+TEST_CASE("thread ranks: bf16 collectives move 2-byte elements and sum in fp32, rounded once per partial sum") {
+  run_thread_ranks(3, [&](Communicator& c) {
+    const int r = c.rank();
+    std::vector<bf16> mine = {bf16(1.0f + r), bf16(-0.375f * r)}, all(6);
+    c.all_gather(std::span<const bf16>(mine), std::span<bf16>(all));
+    for (int q = 0; q < 3; ++q) {
+      CHECK(static_cast<float>(all[2 * q]) == 1.0f + q);
+      CHECK(static_cast<float>(all[2 * q + 1]) == -0.375f * q);
+    }
+    CHECK(c.traffic().all_gather == 2 * 2 * sizeof(bf16));  // its block to each of the 2 others
+    // 256 + 1 + 1 in rank order: 256 + 1 rounds to 256 in bf16 (8 bits), and so does
+    // 256 + 1 again; the sum is the same bits on every rank.
+    std::vector<bf16> x = {bf16(r == 0 ? 256.0f : 1.0f), bf16(0.5f * (r + 1))};
+    c.all_reduce(std::span<bf16>(x));
+    CHECK(static_cast<float>(x[0]) == 256.0f);
+    CHECK(static_cast<float>(x[1]) == 3.0f);
+    std::vector<bf16> m = {bf16(static_cast<float>(r))};
+    c.all_reduce(std::span<bf16>(m), ReduceOp::max);
+    CHECK(static_cast<float>(m[0]) == 2.0f);
+  });
+}
+
 TEST_CASE("thread ranks: traffic counts the bytes each rank sends") {
   run_thread_ranks(4, [&](Communicator& c) {
     std::vector<float> in(10), out(40), full(40), block(10);
