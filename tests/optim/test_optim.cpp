@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iterator>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
@@ -150,6 +151,16 @@ void reference_step(std::vector<float>& p, const std::vector<float>& g, std::vec
 }
 
 std::vector<float> values(const Tensor<float>& t) { return std::vector<float>(t.data(), t.data() + t.numel()); }
+
+// A bf16 model's parameters for the optimizer.
+struct Bf16Params {
+  using scalar_type = bf16;
+  std::vector<nn::Parameter<bf16>> ps;
+  template <class F>
+  void for_each_parameter(F&& f) {
+    for (auto& p : ps) f(p);
+  }
+};
 }  // namespace
 
 TEST_CASE("AdamW updates every tensor in one launch exactly as tensor by tensor") {
@@ -206,6 +217,48 @@ TEST_CASE("AdamW with bf16 parameters: one launch updates the masters and rounds
       CHECK(values(model.ps[k].value) == rounded);
     }
   }
+}
+
+TEST_CASE("AdamW on a bf16 model: fp32 masters, moments and gradients; the parameters their rounding") {
+  ManyParams reference;  // fp32 values and gradients; the bf16 model starts from their rounding
+  Bf16Params model;
+  static_assert(std::is_same_v<decltype(model.ps[0].grad), Tensor<float>>);
+  std::vector<std::vector<float>> master, m, v;
+  for (auto& q : reference.ps) {
+    model.ps.emplace_back(q.name, q.shape(), nn::Init{});
+    master.emplace_back();
+    for (std::int64_t i = 0; i < q.numel(); ++i) {
+      model.ps.back().value[i] = bf16(q.value[i]);
+      model.ps.back().grad[i] = q.grad[i];
+      master.back().push_back(round_to_bf16(q.value[i]));
+    }
+    m.emplace_back(q.numel(), 0.0f);
+    v.emplace_back(q.numel(), 0.0f);
+  }
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.param_dtype = DType::bf16;
+  AdamW<bf16, Cpu> opt(model, o);
+  for (int t = 1; t <= 3; ++t) {
+    const float scale = t == 2 ? 0.5f : 1.0f;
+    opt.step(o.lr, scale);
+    for (std::size_t k = 0; k < model.ps.size(); ++k) {
+      reference_step(master[k], values(reference.ps[k].grad), m[k], v[k], o, t, float(o.lr), scale);
+      CAPTURE(k);
+      for (std::size_t i = 0; i < master[k].size(); ++i)
+        REQUIRE(static_cast<float>(model.ps[k].value[static_cast<std::int64_t>(i)]) == round_to_bf16(master[k][i]));
+    }
+  }
+  // Moments and masters: three fp32 tensors per parameter.
+  std::size_t elements = 0;
+  for (const auto& q : model.ps) elements += static_cast<std::size_t>(q.numel());
+  CHECK(opt.state_bytes() == 3 * sizeof(float) * elements);
+  o.param_dtype = DType::f32;
+  using Bf16AdamW = AdamW<bf16, Cpu>;
+  CHECK_THROWS_WITH_AS(Bf16AdamW(model, o),
+                       doctest::Contains("a bfloat16 model has bfloat16 parameters: mixed_precision_param = "
+                                         "\"float32\" contradicts it"),
+                       Error);
 }
 
 TEST_CASE("SquaredNorms sums many pieces in one launch, piece by piece in order") {

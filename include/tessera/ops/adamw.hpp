@@ -9,7 +9,9 @@
 // table maps each block of kAdamWBlock indices to its tensor, so each index finds its
 // tensor in two loads (no search). Where a tensor has an fp32 master copy (bf16
 // parameters), the update goes to the master and the parameter receives its bf16
-// rounding in the same pass.
+// rounding in the same pass. Gradients, moments and masters are accum_t<T>: for a bf16
+// model (T = bf16) they are fp32 and every tensor has a master; for an fp32 model with
+// bf16 parameters (mixed_precision_param) the parameter is fp32 holding bf16 values.
 #pragma once
 
 #include <cstdint>
@@ -76,10 +78,10 @@ inline constexpr std::int64_t kAdamWBlock = 2048;
 template <class T>
 struct AdamWTensor {
   T* param;
-  const T* grad;
-  T* exp_avg;
-  T* exp_avg_sq;
-  T* master;            // the fp32 master the update goes to (bf16 parameters), or null
+  const accum_t<T>* grad;
+  accum_t<T>* exp_avg;
+  accum_t<T>* exp_avg_sq;
+  accum_t<T>* master;   // the fp32 master the update goes to (bf16 parameters), or null
   std::int64_t numel;
   std::int64_t begin;   // its first index in the launch, a multiple of kAdamWBlock
 
@@ -89,21 +91,28 @@ struct AdamWTensor {
 /// Every tensor's step in one launch over `blocks * kAdamWBlock` indices.
 template <class T>
 struct AdamWMultiStep {
+  using A = accum_t<T>;
   const AdamWTensor<T>* tensors;
   const std::int32_t* block_tensor;  // the tensor each block of kAdamWBlock indices belongs to
-  AdamWScalars<T> s;
+  AdamWScalars<A> s;
   TESSERA_HD void operator()(std::int64_t i) const {
     const AdamWTensor<T>& t = tensors[block_tensor[i / kAdamWBlock]];
     const std::int64_t j = i - t.begin;
     if (j >= t.numel) return;  // the padding after a tensor, up to its last block's end
-    T* target = t.master != nullptr ? t.master : t.param;
-    T p = target[j], m = t.exp_avg[j], v = t.exp_avg_sq[j];
+    A p = t.master != nullptr ? t.master[j] : to_accum(t.param[j]);
+    A m = t.exp_avg[j], v = t.exp_avg_sq[j];
     adamw_update(p, m, v, t.grad[j], s);
-    target[j] = p;
     t.exp_avg[j] = m;
     t.exp_avg_sq[j] = v;
-    if constexpr (std::is_same_v<T, float>)
-      if (t.master != nullptr) t.param[j] = round_to_bf16(p);
+    if (t.master == nullptr) {
+      t.param[j] = from_accum<T>(p);
+    } else {
+      t.master[j] = p;
+      if constexpr (std::is_same_v<T, float>)
+        t.param[j] = round_to_bf16(p);  // an fp32 parameter holding bf16 values
+      else
+        t.param[j] = from_accum<T>(p);  // a bf16 parameter: rounded once, to nearest even
+    }
   }
 };
 

@@ -3,11 +3,13 @@
 // Under data-parallel sharding the optimizer sees the model's local parameters (the
 // flat FSDP/HSDP shards), so moments and master copies are sharded with them.
 //
-// Moments live in the parameters' scalar type (fp32 or fp64). With bf16 parameters
-// (mixed_precision_param = "bfloat16"), the optimizer keeps an fp32 master copy of
+// Moments live in the gradients' type, accum_t<T> (fp32 for fp32 and bf16 models, fp64
+// for fp64). With bf16 parameters — a bf16 model (T = bf16), or an fp32 model with
+// mixed_precision_param = "bfloat16" — the optimizer keeps an fp32 master copy of
 // each parameter, updates the master, and writes back its bf16 rounding: forward and
 // backward then see bf16 values while updates accumulate in fp32, as FSDP2's mixed
-// precision does. The arithmetic is ops::AdamWMultiStep: one launch updates every
+// precision does. A bf16 model's masters start from its bf16 values. The arithmetic
+// is ops::AdamWMultiStep: one launch updates every
 // tensor (the master and the bf16 rounding in the same pass), from tables of the
 // tensors' addresses kept in the backend's memory and uploaded again only when a
 // tensor moves.
@@ -46,6 +48,8 @@ struct AdamWOptions {
 
 template <class T, Backend B>
 class AdamW {
+  using A = accum_t<T>;  // gradients, moments and masters
+
  public:
   template <class Model>
   AdamW(Model& model, AdamWOptions options) : options_(options) {
@@ -53,13 +57,16 @@ class AdamW {
     TESSERA_CHECK(options.eps > 0, "optimizer.eps must be positive, got ", options.eps);
     TESSERA_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
                   "optimizer: beta1 and beta2 must lie in [0, 1)");
-    TESSERA_CHECK((options.param_dtype != DType::bf16 || std::is_same_v<T, float>),
-                  "optimizer: bfloat16 parameters need a float32 model");
+    TESSERA_CHECK((options.param_dtype != DType::bf16 || std::is_same_v<T, float> || std::is_same_v<T, bf16>),
+                  "optimizer: bfloat16 parameters need a float32 or bfloat16 model");
+    TESSERA_CHECK((options.param_dtype == DType::bf16 || !std::is_same_v<T, bf16>),
+                  "optimizer: a bfloat16 model has bfloat16 parameters: mixed_precision_param = \"",
+                  name_of(options.param_dtype), "\" contradicts it (set it to \"bfloat16\")");
     auto add = [&](nn::Parameter<T>& p) {
-      State s{&p, B::template zeros<T>(p.shape()), B::template zeros<T>(p.shape()), {}};
-      if (rounds_to_bf16()) {
-        s.master = B::template empty<T>(p.shape());
-        B::for_each(p.numel(), ops::Copy<T>{p.value.data(), s.master.data()});
+      State s{&p, B::template zeros<A>(p.shape()), B::template zeros<A>(p.shape()), {}};
+      if (has_masters()) {
+        s.master = B::template empty<A>(p.shape());
+        B::for_each(p.numel(), ops::Convert<T, A>{p.value.data(), s.master.data()});
         round_into(s.master, p.value);
       }
       states_.push_back(std::move(s));
@@ -81,10 +88,10 @@ class AdamW {
     if (launch_size_ == 0) return;
     B::for_each(launch_size_,
                 ops::AdamWMultiStep<T>{tensors_.data(), block_tensor_.data(),
-                                       ops::AdamWScalars<T>{static_cast<T>(lr), static_cast<T>(options_.beta1),
-                                                            static_cast<T>(options_.beta2), static_cast<T>(options_.eps),
-                                                            static_cast<T>(options_.weight_decay), static_cast<T>(bc1),
-                                                            static_cast<T>(bc2), static_cast<T>(grad_scale)}});
+                                       ops::AdamWScalars<A>{static_cast<A>(lr), static_cast<A>(options_.beta1),
+                                                            static_cast<A>(options_.beta2), static_cast<A>(options_.eps),
+                                                            static_cast<A>(options_.weight_decay), static_cast<A>(bc1),
+                                                            static_cast<A>(bc2), static_cast<A>(grad_scale)}});
   }
 
   std::int64_t steps_taken() const { return step_; }
@@ -100,11 +107,12 @@ class AdamW {
  private:
   struct State {
     nn::Parameter<T>* param;
-    Tensor<T> exp_avg, exp_avg_sq;
-    Tensor<T> master;  // fp32 master weights when parameters are bf16
+    Tensor<A> exp_avg, exp_avg_sq;
+    Tensor<A> master;  // fp32 master weights when parameters are bf16
   };
 
-  bool rounds_to_bf16() const { return options_.param_dtype == DType::bf16; }
+  /// Whether the update goes to fp32 masters: bf16 parameters, stored as such or not.
+  bool has_masters() const { return options_.param_dtype == DType::bf16; }
 
   /// The launch's tables in B's memory, uploaded again only when a tensor moved (a
   /// parameter's value or gradient replaced, as loading a checkpoint may do).
@@ -117,7 +125,7 @@ class AdamW {
       TESSERA_CHECK(s.param->grad.numel() == s.param->numel(), "optimizer: parameter ", s.param->name, " has ",
                     s.param->numel(), " elements but its gradient ", s.param->grad.numel());
       table.push_back({s.param->value.data(), s.param->grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(),
-                       rounds_to_bf16() ? s.master.data() : nullptr, s.param->numel(), begin});
+                       has_masters() ? s.master.data() : nullptr, s.param->numel(), begin});
       begin += (s.param->numel() + ops::kAdamWBlock - 1) / ops::kAdamWBlock * ops::kAdamWBlock;
     }
     if (table == host_table_ && launch_size_ == begin) return;
@@ -133,7 +141,9 @@ class AdamW {
     launch_size_ = begin;
   }
 
-  static void round_into(const Tensor<T>& from, const Tensor<T>& to) {
+  /// The parameter gets the master's bf16 rounding (an fp32 model; a bf16 model's
+  /// parameter already holds it).
+  static void round_into(const Tensor<A>& from, const Tensor<T>& to) {
     if constexpr (std::is_same_v<T, float>) B::for_each(from.numel(), detail::RoundToBf16{from.data(), to.data()});
   }
 
