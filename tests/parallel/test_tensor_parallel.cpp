@@ -21,13 +21,13 @@ using namespace tessera::test;
 namespace {
 
 void check_parity(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys,
-                  const std::vector<std::string>& model_keys = {}) {
+                  const std::vector<std::string>& model_keys = {}, double grad_norm_bar = 1e-4) {
   CAPTURE(layout);
   const LayoutRun run = layout_run(shape, with(keys, model_keys));
   CHECK(run.ranks_agree);
   const RunGap gap = run_gap(run.rank0, one_rank_run(model_keys));
   CHECK(gap.loss <= 1e-5);
-  CHECK(gap.grad_norm <= 1e-4);
+  CHECK(gap.grad_norm <= grad_norm_bar);
 }
 
 const std::vector<std::string> kFull = kAcModes[1].keys;
@@ -52,7 +52,12 @@ TEST_CASE("tensor parallel: loss parallelism disabled (the output whole on every
 }
 
 TEST_CASE("tensor parallel: with tied embeddings (the head reads the vocabulary-split embedding)") {
-  check_parity("TP 2, tied", {1, 1, 1, 2}, {}, {"--model.tie_embeddings", "true"});
+  // Step 5 of this run is a loss spike whose gradient norm is 58, twenty times the
+  // others, and which clipping cuts to 1. There the norm differs from one rank's by
+  // 1.9e-4 with OpenBLAS's AVX-512 kernels (the tied table's gradient is summed from the
+  // embedding's and the head's parts in another order), while every loss, the spike's
+  // included, agrees to 1e-5 and every other step's norm to 1e-5: the bar is 5e-4.
+  check_parity("TP 2, tied", {1, 1, 1, 2}, {}, {"--model.tie_embeddings", "true"}, 5e-4);
 }
 
 TEST_CASE("tensor parallel: FSDP x TP and HSDP x TP, with checkpointing") {
