@@ -26,6 +26,9 @@ using CudaModel = nn::Transformer<float, Cuda>;
 using CudaDynamicBlock = Parallel<nn::LlamaBlock<float, Cuda>, Sharding<Dynamic>, TensorParallel<dynamic>,
                                   Pipeline<dynamic>, Checkpoint<Dynamic>>;
 using CudaDynamicModel = nn::Transformer<float, Cuda, CudaDynamicBlock>;
+using CudaBf16Block = Parallel<nn::LlamaBlock<bf16, Cuda>, Sharding<Dynamic>, TensorParallel<dynamic>,
+                               Pipeline<dynamic>, Checkpoint<Dynamic>>;
+using CudaBf16Model = nn::Transformer<bf16, Cuda, CudaBf16Block>;
 
 /// Host, pinned host, managed or device memory for n elements of T, freed at the end
 /// of the scope; every CUDA call checked.
@@ -84,6 +87,10 @@ ForwardBackward cuda_dynamic_forward_backward(const train::JobConfig& c) {
 }
 
 TrainRun cuda_dynamic_train_steps(const train::JobConfig& c) { return train_steps<CudaDynamicModel>(c); }
+
+ForwardBackward cuda_bf16_forward_backward(const train::JobConfig& c) { return forward_backward_once<CudaBf16Model>(c); }
+
+TrainRun cuda_bf16_train_steps(const train::JobConfig& c) { return train_steps<CudaBf16Model>(c); }
 
 std::vector<test::RunResult> cuda_thread_ranks(comm::MeshShape shape, const train::JobConfig& c) {
   std::vector<test::RunResult> per_rank(static_cast<std::size_t>(shape.world()));

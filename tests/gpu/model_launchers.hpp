@@ -28,8 +28,16 @@
 
 namespace tessera::gpu_test {
 
-/// Parameter values or gradients by parameter name, on the host.
+/// Parameter values or gradients by parameter name, on the host (bf16 values widened).
 using NamedValues = std::map<std::string, std::vector<float>>;
+
+/// The elements of a host tensor as floats (exact for float and bf16).
+template <class U>
+std::vector<float> as_floats(const Tensor<U>& host) {
+  std::vector<float> v(static_cast<std::size_t>(host.numel()));
+  for (std::int64_t i = 0; i < host.numel(); ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(host[i]);
+  return v;
+}
 
 // ---- the runs, written once for every backend ----------------------------------------
 
@@ -40,21 +48,19 @@ NamedValues parameter_values(Model& model) {
   using B = typename Model::backend_type;
   NamedValues out;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
-    const Tensor<T> host = download<B>(p.value);
-    out[p.name].assign(host.data(), host.data() + host.numel());
+    out[p.name] = as_floats(download<B>(p.value));
   });
   return out;
 }
 
-/// Every parameter's gradient, downloaded from the model's backend.
+/// Every parameter's gradient (accum_t<T>), downloaded from the model's backend.
 template <class Model>
 NamedValues gradient_values(Model& model) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
   NamedValues out;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
-    const Tensor<T> host = download<B>(p.grad);
-    out[p.name].assign(host.data(), host.data() + host.numel());
+    out[p.name] = as_floats(download<B>(p.grad));
   });
   return out;
 }
@@ -121,6 +127,11 @@ TrainRun cuda_train_steps(const train::JobConfig& c);
 /// Pipeline<dynamic>, Checkpoint<Dynamic>>, on one rank.
 ForwardBackward cuda_dynamic_forward_backward(const train::JobConfig& c);
 TrainRun cuda_dynamic_train_steps(const train::JobConfig& c);
+
+/// The binaries' block type over bf16 (Parallel<nn::LlamaBlock<bf16, Cuda>, ...>): bf16
+/// activations and parameters, fp32 gradients, AdamW with fp32 masters; on one rank.
+ForwardBackward cuda_bf16_forward_backward(const train::JobConfig& c);
+TrainRun cuda_bf16_train_steps(const train::JobConfig& c);
 
 /// test::train_layout of the dynamic CUDA model on shape.world() thread ranks sharing
 /// this GPU (comm::ThreadOptions::memory = Cuda::memory_access()), each rank's result.
