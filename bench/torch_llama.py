@@ -551,7 +551,8 @@ def run_mode(opts: Options, args: ModelArgs, mode: str) -> dict:
 
 def read_tessera(path: str, flavor: str, batch: int, seq: int) -> dict:
     """tessera's result for this run: a JSON object with tokens_per_sec (a positive number);
-    flavor, batch (or local_batch_size) and seq (or seq_len), where present, must match."""
+    flavor, batch (or local_batch_size) and seq (or seq_len), where present, must match. A
+    list of such objects (bench-train's --json, one per flavor) gives the one of `flavor`."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -559,6 +560,13 @@ def read_tessera(path: str, flavor: str, batch: int, seq: int) -> dict:
         raise BenchError(f"--tessera-json {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise BenchError(f"--tessera-json {path}: not JSON (line {e.lineno}: {e.msg})") from None
+    if isinstance(data, list):
+        mine = [d for d in data if isinstance(d, dict) and d.get("flavor") == flavor]
+        if not mine:
+            raise BenchError(f"--tessera-json {path}: no entry for flavor {flavor!r}")
+        data = mine[0]
+        if "error" in data:
+            raise BenchError(f"--tessera-json {path}: flavor {flavor!r} did not run: {data['error']}")
     if not isinstance(data, dict):
         raise BenchError(f"--tessera-json {path}: expected a JSON object with tokens_per_sec")
     tps = data.get("tokens_per_sec")
@@ -823,9 +831,16 @@ def self_test() -> int:
         t = read_tessera(p, "debugmodel", 2, 64)
         rat = ratios(t, [{"mode": "eager", "tokens_per_sec": 1500.0}, {"mode": "compile", "tokens_per_sec": 6000.0}])
         check(rat == {"tessera/eager": 2.0, "tessera/compile": 0.5}, f"ratios {rat}")
+        # bench-train's list, one entry per flavor: the run's own is taken.
+        with open(p, "w") as f:
+            json.dump([{"flavor": "llama3_8b", "batch": 1, "seq_len": 8192, "tokens_per_sec": 10.0},
+                       {"flavor": "debugmodel", "batch": 2, "seq_len": 64, "tokens_per_sec": 3000.0}], f)
+        check(read_tessera(p, "debugmodel", 2, 64)["tokens_per_sec"] == 3000.0, "the list entry of the flavor")
         for bad, text in [({"flavor": "debugmodel", "seq": 128, "tokens_per_sec": 1.0}, "seq is 128"),
                           ({"flavor": "llama3_8b", "tokens_per_sec": 1.0}, "flavor is 'llama3_8b'"),
-                          ({"tokens_per_sec": "fast"}, "tokens_per_sec must be a positive number")]:
+                          ({"tokens_per_sec": "fast"}, "tokens_per_sec must be a positive number"),
+                          ([{"flavor": "llama3_8b", "tokens_per_sec": 1.0}], "no entry for flavor 'debugmodel'"),
+                          ([{"flavor": "debugmodel", "error": "out of memory"}], "did not run: out of memory")]:
             with open(p, "w") as f:
                 json.dump(bad, f)
             try:

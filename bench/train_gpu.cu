@@ -1,0 +1,298 @@
+// bench-train: training steps of Llama 3 models in bf16 on one GPU — tokens/s, MFU and
+// peak memory, against the targets of the CUDA backend.
+//
+//   bench-train [--flavors llama3.2_1b,llama3.2_3b,llama3_8b] [--batch 1] [--seq 8192]
+//               [--ac selective|full|none] [--steps 10] [--warmup 3] [--peak-tflops 989]
+//               [--json FILE] [--markdown] [--commit HASH]
+//
+// The model is what llama-train builds, over the CUDA backend and bf16:
+// Transformer<bf16, Cuda, Parallel<LlamaBlock<bf16, Cuda>, ..., Checkpoint<Dynamic>>>,
+// bf16 activations and parameters, fp32 gradients, AdamW with fp32 masters and moments.
+// A step is the trainer's: zero_grad, forward_backward over one micro-batch of batch x
+// seq tokens, the gradient norm and its clipping coefficient (max norm 1), one AdamW
+// update; the tokens are drawn uniformly from the vocabulary once (the arithmetic does
+// not depend on their values). --warmup untimed steps, then --steps timed ones, each
+// ended by a device synchronisation; the step time is their median.
+//
+// Reported per flavor:
+//   tokens/s, the median step time;
+//   MFU by torchtitan's formula (6 N_non-embedding + 12 L H head_dim T FLOPs per token,
+//   no causal halving) against --peak-tflops (989: an H100/H200's dense bf16 peak), and
+//   the figure with the attention term halved (the FLOPs a causal kernel does);
+//   the peak of device memory the caching allocator handed out during the timed steps;
+//   the target (MFU >= 45% at 1B, >= 50% at 3B, >= 42% at 8B; 8B is measured with
+//   --ac full), PASS or MISS.
+// --json writes one object per flavor in a list; each has the fields bench/torch_llama.py
+// reads with --tessera-json (flavor, batch, seq_len, tokens_per_sec), so the PyTorch
+// ratio comes from the same run. A flavor that does not fit in the device's memory is
+// reported with the allocator's message, and the exit status is then 1.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <span>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "machine.hpp"
+#include "tessera/backend/cuda/cuda.cuh"
+#include "tessera/core/error.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/nn/transformer.hpp"
+#include "tessera/optim/adamw.hpp"
+#include "tessera/optim/clip.hpp"
+#include "tessera/parallel/parallel.hpp"
+
+using namespace tessera;
+using namespace tessera::bench;
+
+namespace {
+
+using Block = Parallel<nn::LlamaBlock<bf16, Cuda>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
+                       Checkpoint<Dynamic>>;
+using Model = nn::Transformer<bf16, Cuda, Block>;
+
+struct Options {
+  std::vector<std::string> flavors = {"llama3.2_1b", "llama3.2_3b", "llama3_8b"};
+  std::int64_t batch = 1, seq = 8192, steps = 10, warmup = 3;
+  parallel::CheckpointMode ac{parallel::CheckpointMode::Kind::selective_op, 0};
+  double peak_tflops = 989;
+  std::string json_path, commit = "-";
+  bool markdown = false;
+};
+
+void usage() {
+  std::printf(
+      "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|full|none]\n"
+      "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
+      "Training steps of Llama models in bf16 on one GPU: tokens/s, MFU (torchtitan's formula), peak memory.\n");
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    auto value = [&]() -> std::string_view {
+      TESSERA_CHECK(i + 1 < argc, "bench-train: ", flag, " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--help" || flag == "-h") {
+      usage();
+      std::exit(0);
+    } else if (flag == "--flavors") {
+      o.flavors.clear();
+      for (std::string_view f : split_commas(value())) {
+        TESSERA_CHECK(!f.empty(), "--flavors: an empty name in the list");
+        (void)nn::model_flavor(std::string(f));  // an unknown name fails here, naming it
+        o.flavors.emplace_back(f);
+      }
+    } else if (flag == "--batch") {
+      o.batch = parse_count(flag, value(), 1);
+    } else if (flag == "--seq") {
+      o.seq = parse_count(flag, value(), 1);
+    } else if (flag == "--steps") {
+      o.steps = parse_count(flag, value(), 1);
+    } else if (flag == "--warmup") {
+      o.warmup = parse_count(flag, value(), 0);
+    } else if (flag == "--ac") {
+      const std::string_view v = value();
+      using K = parallel::CheckpointMode::Kind;
+      if (v == "selective") o.ac = {K::selective_op, 0};
+      else if (v == "full") o.ac = {K::full, 0};
+      else if (v == "none") o.ac = {K::none, 0};
+      else fail("--ac: '", v, "' is not one of selective, full, none");
+    } else if (flag == "--peak-tflops") {
+      const std::string v(value());
+      char* end = nullptr;
+      o.peak_tflops = std::strtod(v.c_str(), &end);
+      TESSERA_CHECK(end != v.c_str() && *end == '\0' && o.peak_tflops > 0, "--peak-tflops: '", v,
+                    "' is not a positive number");
+    } else if (flag == "--json") {
+      o.json_path = std::string(value());
+    } else if (flag == "--commit") {
+      o.commit = std::string(value());
+    } else if (flag == "--markdown") {
+      o.markdown = true;
+    } else {
+      fail("unknown option ", flag, " (see --help)");
+    }
+  }
+  return o;
+}
+
+/// The MFU target of a flavor, in percent (0: none).
+double target_mfu(const std::string& flavor) {
+  if (flavor == "llama3.2_1b") return 45;
+  if (flavor == "llama3.2_3b") return 50;
+  if (flavor == "llama3_8b") return 42;
+  return 0;
+}
+
+struct Result {
+  std::string flavor;
+  std::int64_t params = 0;
+  double step_seconds = 0, tokens_per_sec = 0, mfu = 0, mfu_causal = 0, loss = 0;
+  std::size_t peak_bytes = 0;
+  std::string error;  // why it did not run (does not fit, ...), else empty
+};
+
+Result run_flavor(const std::string& flavor, const Options& o) {
+  Result r;
+  r.flavor = flavor;
+  nn::ModelArgs args = nn::model_flavor(flavor);
+  args.max_seq_len = std::max(args.max_seq_len, o.seq);
+  parallel::Plan plan;
+  plan.checkpoint = o.ac;
+  plan.param_dtype = DType::bf16;
+  Model model(args, plan);
+  r.params = model.num_params();
+  model.init_weights(0);
+  model.shard();
+  optim::AdamWOptions adamw;
+  adamw.param_dtype = DType::bf16;
+  optim::AdamW<bf16, Cuda> optimizer(model, adamw);
+
+  const std::int64_t tokens = o.batch * o.seq;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(tokens + 1));
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (auto& id : ids) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    id = static_cast<std::int32_t>((x >> 33) % static_cast<std::uint64_t>(args.vocab_size));
+  }
+  const std::span<const std::int32_t> inputs(ids.data(), static_cast<std::size_t>(tokens));
+  const std::span<const std::int32_t> targets(ids.data() + 1, static_cast<std::size_t>(tokens));
+  const nn::Geometry g{o.batch, o.seq};
+
+  auto step = [&] {
+    model.zero_grad();
+    r.loss = model.forward_backward(inputs, targets, g, 1.0 / static_cast<double>(tokens)) / static_cast<double>(tokens);
+    const double norm = model.grad_norm();
+    optimizer.step(adamw.lr, optim::clip_coefficient(norm, 1.0));
+    Cuda::synchronize();
+  };
+  for (std::int64_t s = 0; s < o.warmup; ++s) step();
+  cuda::device_allocator().reset_peak();
+  std::vector<double> seconds;
+  for (std::int64_t s = 0; s < o.steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  r.peak_bytes = cuda::device_allocator().stats().peak_allocated;
+  r.step_seconds = median(seconds);
+  r.tokens_per_sec = static_cast<double>(tokens) / r.step_seconds;
+  const double peak = o.peak_tflops * 1e12;
+  r.mfu = 100 * r.tokens_per_sec * args.flops_per_token(o.seq) / peak;
+  r.mfu_causal = 100 * r.tokens_per_sec * args.flops_per_token(o.seq, true) / peak;
+  return r;
+}
+
+std::string device_name() {
+  int d = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&d));
+  cudaDeviceProp p{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  return p.name;
+}
+
+int run(const Options& o) {
+  const std::string device = device_name(), date = utc_date();
+  std::printf("bench-train: %s, %s, commit %s | batch %lld x seq %lld, activation checkpointing %s, peak %.0f TFLOP/s\n",
+              device.c_str(), date.c_str(), o.commit.c_str(), static_cast<long long>(o.batch),
+              static_cast<long long>(o.seq), o.ac.str().c_str(), o.peak_tflops);
+  std::vector<Result> results;
+  bool failed = false;
+  for (const std::string& flavor : o.flavors) {
+    Result r;
+    try {
+      r = run_flavor(flavor, o);
+    } catch (const std::exception& e) {
+      r.flavor = flavor;
+      r.error = e.what();
+      failed = true;
+    }
+    // What the flavor held is freed by now; give the cached blocks back for the next.
+    cuda::device_allocator().empty_cache();
+    if (!r.error.empty()) {
+      std::printf("%-12s | did not run: %s\n", r.flavor.c_str(), r.error.c_str());
+    } else {
+      const double target = target_mfu(r.flavor);
+      std::printf("%-12s | %6.2fB params | step %8.3f s | %9.0f tokens/s | MFU %5.1f%% (causal %5.1f%%) | peak %s | "
+                  "loss %.3f | target %s\n",
+                  r.flavor.c_str(), static_cast<double>(r.params) / 1e9, r.step_seconds, r.tokens_per_sec, r.mfu,
+                  r.mfu_causal, mib(static_cast<double>(r.peak_bytes)).c_str(), r.loss,
+                  target == 0 ? "-" : (r.mfu >= target ? "PASS" : "MISS"));
+    }
+    results.push_back(r);
+  }
+  if (o.markdown) {
+    std::printf("\n| date | commit | device | flavor | batch x seq | AC | tokens/s | MFU | MFU (causal) | peak memory | target |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Result& r : results) {
+      if (!r.error.empty()) continue;
+      const double target = target_mfu(r.flavor);
+      std::printf("| %s | %s | %s | %s | %lld x %lld | %s | %.0f | %.1f%% | %.1f%% | %s | %s |\n", date.c_str(),
+                  o.commit.c_str(), device.c_str(), r.flavor.c_str(), static_cast<long long>(o.batch),
+                  static_cast<long long>(o.seq), o.ac.str().c_str(), r.tokens_per_sec, r.mfu, r.mfu_causal,
+                  mib(static_cast<double>(r.peak_bytes)).c_str(),
+                  target == 0 ? "-" : (std::string(r.mfu >= target ? "PASS" : "MISS") + " (>= " +
+                                       std::to_string(static_cast<int>(target)) + "%)")
+                                          .c_str());
+    }
+  }
+  if (!o.json_path.empty()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Result& r : results) {
+      nlohmann::json j = {{"flavor", r.flavor},
+                          {"batch", o.batch},
+                          {"seq_len", o.seq},
+                          {"activation_checkpoint", o.ac.str()},
+                          {"device", device},
+                          {"date", date},
+                          {"commit", o.commit},
+                          {"path", "tessera bench-train"}};
+      if (r.error.empty()) {
+        j["tokens_per_sec"] = r.tokens_per_sec;
+        j["step_seconds"] = r.step_seconds;
+        j["mfu_pct"] = r.mfu;
+        j["mfu_causal_pct"] = r.mfu_causal;
+        j["peak_memory_bytes"] = r.peak_bytes;
+        j["num_params"] = r.params;
+      } else {
+        j["error"] = r.error;
+      }
+      out.push_back(j);
+    }
+    std::ofstream f(o.json_path);
+    TESSERA_CHECK(f.good(), "--json ", o.json_path, ": cannot open it for writing");
+    f << out.dump(2) << "\n";
+    TESSERA_CHECK(f.good(), "--json ", o.json_path, ": writing failed");
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse_options(argc, argv);
+    int devices = 0;
+    const cudaError_t status = cudaGetDeviceCount(&devices);
+    if (status != cudaSuccess || devices <= 0) {
+      std::fprintf(stderr, "bench-train: no CUDA device is visible (cudaGetDeviceCount: %s)\n",
+                   status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
+      return 1;
+    }
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench-train: %s\n", e.what());
+    return 1;
+  }
+}
