@@ -150,7 +150,7 @@ void check_flash(const Config& c, double tol, double grad_tol) {
 }
 
 /// GQA groups of 4, 2 and 1 q heads per kv head; tiles of 1, 16 and 64 rows against
-/// sequences that are not multiples of them; hd 128 on a short sequence.
+/// sequences that are not multiples of them; hd 128 on a short sequence; hd 16 and 32.
 template <class T, class R>
 void check_all(double tol, double grad_tol) {
   for (std::int64_t kv : {1, 2, 4}) {
@@ -160,6 +160,9 @@ void check_all(double tol, double grad_tol) {
   }
   check_flash<T, R, 128>({2, 19, 4, 2, 16}, tol, grad_tol);
   check_flash<T, R, 128>({2, 11, 4, 1, 1}, tol, grad_tol);
+  // The small head dims: torchtitan's debug model (dim 256 over 16 heads) has 16.
+  check_flash<T, R, 16>({2, 41, 4, 2, 16}, tol, grad_tol);
+  check_flash<T, R, 32>({2, 23, 4, 1, 64}, tol, grad_tol);
 }
 
 template <class T, class R>
@@ -295,6 +298,9 @@ TEST_CASE("flash attention rows on bf16 storage: lse in float, outputs within on
   }
   check_bf16_rows_against_float<64>({2, 45, 4, 2, 64});
   check_bf16_rows_against_float<128>({2, 19, 4, 2, 16});
+  // The small head dims (torchtitan's debug model has 16).
+  check_bf16_rows_against_float<16>({2, 33, 4, 2, 16});
+  check_bf16_rows_against_float<32>({1, 29, 4, 1, 64});
   // Scores spread by about 25: rescaling under a new max, in float.
   check_bf16_rows_against_float<64>({1, 70, 2, 1, 16, 25.0});
   // 301 keys for the last query: l (the sum of exponentials), acc, dk and dv sum over
@@ -375,7 +381,7 @@ TEST_CASE("flash attention: the first query sees only the first key; tiles past 
 
 TEST_CASE("flash attention: bad shapes, head dims and tiles are refused by name") {
   CHECK_ERROR_CONTAINS(ops::with_flash_head_dim(96, []<int HD>() { return HD; }),
-                       "flash attention: head dim 96 is not supported (64 or 128)");
+                       "flash attention: head dim 96 is not supported (16, 32, 64 or 128)");
   CHECK(ops::with_flash_head_dim(128, []<int HD>() { return HD; }) == 128);
 
   const AttentionShape s{1, 5, 4, 2, 64};
@@ -395,8 +401,8 @@ TEST_CASE("flash attention: bad shapes, head dims and tiles are refused by name"
                        "flash attention: n_heads 3 is not a positive multiple of n_kv_heads 2");
   CHECK_ERROR_CONTAINS(forward({1, 5, 4, 0, 64}, q.cview(), 16),
                        "flash attention: n_heads 4 is not a positive multiple of n_kv_heads 0");
-  CHECK_ERROR_CONTAINS(forward({1, 5, 4, 2, 32}, q.cview(), 16),
-                       "flash attention: head dim 32 is not supported (64 or 128)");
+  CHECK_ERROR_CONTAINS(forward({1, 5, 4, 2, 48}, q.cview(), 16),
+                       "flash attention: head dim 48 is not supported (16, 32, 64 or 128)");
   CHECK_ERROR_CONTAINS(forward({-1, 5, 4, 2, 64}, q.cview(), 16), "flash attention: batch -1 and seq_len 5");
   CHECK_ERROR_CONTAINS(
       (ops::flash_attention_forward_rows<float, 64>({1, 5, 2, 1, 128}, q.cview(), k.cview(), v.cview(), o.view,

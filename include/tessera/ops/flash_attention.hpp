@@ -28,7 +28,8 @@
 // storage type or already converted to float. Storage T is float, double or bf16; the
 // arithmetic, lse and D are in accum_t<T> (core/dtype.hpp: float for bf16, T otherwise),
 // and each stored output is rounded once. A row's HD values are arrays sized at compile
-// time (registers on a device), so the head dim is a template parameter: 64 or 128.
+// time (registers on a device), so the head dim is a template parameter: 16, 32, 64 or
+// 128 (the Llama flavors use 64 and 128; torchtitan's debug model 16).
 #pragma once
 
 #include <cstdint>
@@ -57,15 +58,17 @@ template <class T>
 using acc_t = accum_t<T>;
 
 /// The head dims the flash attention functors are instantiated for.
-constexpr bool flash_head_dim_supported(std::int64_t hd) { return hd == 64 || hd == 128; }
+constexpr bool flash_head_dim_supported(std::int64_t hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128; }
 
 /// Calls f.template operator()<HD>() with HD = hd for a supported head dim; fails
 /// naming any other.
 template <class F>
 decltype(auto) with_flash_head_dim(std::int64_t hd, F&& f) {
+  if (hd == 16) return f.template operator()<16>();
+  if (hd == 32) return f.template operator()<32>();
   if (hd == 64) return f.template operator()<64>();
   if (hd == 128) return f.template operator()<128>();
-  fail("flash attention: head dim ", hd, " is not supported (64 or 128)");
+  fail("flash attention: head dim ", hd, " is not supported (16, 32, 64 or 128)");
 }
 
 namespace detail {
@@ -302,7 +305,7 @@ inline void flash_check_shape(const AttentionShape& s) {
   TESSERA_CHECK(s.n_heads > 0 && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "flash attention: n_heads ",
                 s.n_heads, " is not a positive multiple of n_kv_heads ", s.n_kv_heads);
   TESSERA_CHECK(flash_head_dim_supported(s.head_dim), "flash attention: head dim ", s.head_dim,
-                " is not supported (64 or 128)");
+                " is not supported (16, 32, 64 or 128)");
 }
 
 /// Checks the forward's operands against the shape (views in any memory: only their

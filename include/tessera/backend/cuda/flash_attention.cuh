@@ -19,10 +19,10 @@
 // query row over key tiles as the forward does and overwrites dq. Every output row has
 // one owner summing in a fixed order: results are deterministic.
 //
-// Tiles are 64 rows at head dim 64 and 32 at 128, so two float tiles take 32 KiB of
+// Tiles are 64 rows at head dims up to 64 and 32 at 128, so two float tiles take at most 32 KiB of
 // static shared memory either way. Tiles are loaded with 16-byte vector loads when the
 // staged tensors' base pointers are 16-byte aligned and their ld * sizeof(T) is a
-// multiple of 16 (hd * sizeof(T) is, for hd 64 and 128), with scalar loads otherwise;
+// multiple of 16 (hd * sizeof(T) is, for every supported hd), with scalar loads otherwise;
 // the launchers decide at run time. Blocks with the most work (the last query blocks,
 // the first key blocks) are launched first.
 //
