@@ -21,14 +21,15 @@
 // checkpoint.last_save_in_hf, <dump_folder>/hf (a Hugging Face Llama directory); then
 // prints text sampled from the trained model. checkpoint.initial_load_path may name a
 // Hugging Face Llama directory to start from: its config.json then defines the model.
-#include <omp.h>
-#include <unistd.h>
-
-#include <algorithm>
+//
+// training.device picks the backend: the CPU (fp32 arithmetic; bf16 parameter values
+// with mixed_precision_param = "bfloat16"), or, in a build with CUDA, one GPU per
+// process: nn::Transformer<bf16, Cuda> with mixed_precision_param = "bfloat16" (bf16
+// activations and parameters, fp32 gradients and AdamW state), <float, Cuda> with
+// "float32". "auto" takes the GPU when one is visible. The rank itself is
+// train_run.hpp's run_rank, instantiated here for the CPU and in llama_train_cuda.cu
+// (nvcc) for CUDA.
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,218 +41,30 @@
 #if TESSERA_WITH_MPI
 #include "tessera/comm/mpi.hpp"
 #endif
-#include "tessera/parallel/parallel.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/io/tokenizer.hpp"
-#include "tessera/nn/generate.hpp"
-#include "tessera/nn/transformer.hpp"
-#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/config.hpp"
-#include "tessera/train/trainer.hpp"
+#include "tessera/train/metrics.hpp"
+#include "train_run.hpp"
+#if TESSERA_WITH_CUDA
+#include "train_cuda.hpp"
+#endif
 
-namespace fs = std::filesystem;
 using namespace tessera;
+using llama_train::RunInputs;
 
 namespace {
 
 // Every choice is read at run time from the config, through the Plan.
-using Block = Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
-                       Checkpoint<Dynamic>>;
-using Model = nn::Transformer<float, Cpu, Block>;
+using CpuModel = llama_train::DynamicModel<float, Cpu>;
 
 void usage() {
   std::printf(
       "usage: llama-train [--thread-ranks N] [--config FILE.toml] [--section.key value ...]\n\n"
-      "Trains a Llama model on the CPU. Every config key can be overridden on the command line.\n"
-      "Under mpirun or srun every process is a rank; --thread-ranks N runs N ranks in this process.\n\n%s",
+      "Trains a Llama model on the CPU or on one GPU (training.device). Every config key can be overridden\n"
+      "on the command line. Under mpirun or srun every process is a rank (CPU); --thread-ranks N runs N\n"
+      "ranks in this process (on the CPU, or sharing the GPU).\n\n%s",
       train::config_help().c_str());
-}
-
-void prune_checkpoints(const fs::path& folder, std::int64_t keep) {
-  if (keep <= 0 || !fs::exists(folder)) return;
-  std::vector<std::pair<long long, fs::path>> steps;
-  for (const auto& e : fs::directory_iterator(folder)) {
-    // Only folders this program names ("step-<digits>"); anything else a user put there stays.
-    const std::string name = e.path().filename().string();
-    const std::string digits = name.size() > 5 && name.rfind("step-", 0) == 0 ? name.substr(5) : "";
-    if (e.is_directory() && !digits.empty() && digits.size() < 19 &&
-        digits.find_first_not_of("0123456789") == std::string::npos)
-      steps.emplace_back(std::stoll(digits), e.path());
-  }
-  std::sort(steps.begin(), steps.end());
-  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < steps.size(); ++i) fs::remove_all(steps[i].second);
-}
-
-/// The stages of a pipeline over `pp` ranks, in order, each with its pipeline rank:
-/// "embedding + layers 0-2 (pp rank 0); layers 3-5 + output (pp rank 1)".
-std::string describe_stages(const std::vector<parallel::StageRange>& stages, int pp) {
-  std::string out;
-  for (std::size_t s = 0; s < stages.size(); ++s) {
-    const parallel::StageRange& r = stages[s];
-    std::string stage;
-    auto add = [&](const std::string& part) { stage += (stage.empty() ? "" : " + ") + part; };
-    if (r.embedding) add("embedding");
-    if (r.blocks() == 1) add("layer " + std::to_string(r.first_block));
-    if (r.blocks() > 1) add("layers " + std::to_string(r.first_block) + "-" + std::to_string(r.end_block - 1));
-    if (r.output) add("output");
-    out += (out.empty() ? "" : "; ") + stage + " (pp rank " + std::to_string(static_cast<int>(s) % pp) + ")";
-  }
-  return out;
-}
-
-/// One rank's run; every rank of `world` calls it with the same config and peak.
-int run_rank(comm::Communicator world, const train::JobConfig& c, double peak) {
-  const bool lead = world.rank() == 0;  // rank 0 writes the files and the metrics
-  // The same checks on every rank, before any collective: a bad layout fails alike everywhere.
-  const auto& p = c.parallelism;
-  const comm::MeshShape shape = comm::mesh_shape(world.size(), p.data_parallel_replicate_degree,
-                                                 p.data_parallel_shard_degree, p.tensor_parallel_degree,
-                                                 p.pipeline_parallel_degree);
-  const std::int64_t dp = shape.dp(), local = c.training.local_batch_size;
-  const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * dp;
-  TESSERA_CHECK(global % (local * dp) == 0, "training.global_batch_size (", global,
-                ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
-                " = ", local * dp, ")");
-  // Thread ranks share this process's cores.
-  if (world.size() > 1 && world.engine_name() == "threads") omp_set_num_threads(std::max(1, Cpu::threads() / world.size()));
-  comm::DeviceMesh mesh(world, shape);
-  const parallel::Plan plan = train::make_plan(c, &mesh);
-  const fs::path dump = c.job.dump_folder;
-
-  const std::string& init = c.checkpoint.initial_load_path;
-  const bool init_hf = !init.empty() && train::is_hf_directory(init);
-  TESSERA_CHECK(!c.checkpoint.initial_load_in_hf || init_hf, "checkpoint.initial_load_in_hf = true: initial_load_path '",
-                init, "' is not a Hugging Face model directory (a folder with config.json)");
-  // A Hugging Face directory brings its own model arguments: its config.json.
-  const nn::ModelArgs a = init_hf ? train::read_hf_config(init) : c.model.args;
-  TESSERA_CHECK(c.training.seq_len <= a.max_seq_len, "training.seq_len = ", c.training.seq_len, " exceeds the model's ",
-                init_hf ? "max_position_embeddings (" + init + "/config.json) = " : "max_seq_len = ", a.max_seq_len);
-  const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(c.model.tokenizer);
-  TESSERA_CHECK(tok->vocab_size() <= a.vocab_size, "model.tokenizer '", c.model.tokenizer, "' has ", tok->vocab_size(),
-                " ids, more than the model's vocabulary of ", a.vocab_size,
-                init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
-  Model model(a, plan);
-  // The model has checked its heads, hidden units and vocabulary against the tp degree,
-  // and its stages against the pipeline degree; now the batch against both (rows over
-  // the tp ranks; microbatches the schedule can run), before any file is written.
-  model.check_batch(local, c.training.seq_len);
-  const int pp = model.pipeline_degree();
-  std::string pipeline_line;
-  if (pp > 1) {
-    const std::int64_t mb = c.parallelism.pipeline_parallel_microbatch_size;
-    pipeline_line = "  pipeline: " + parallel::describe(model.schedule(static_cast<int>(local / mb))) +
-                    " (simulated) | microbatch " + std::to_string(mb) + " x seq " +
-                    std::to_string(c.training.seq_len) + " | stages: " + describe_stages(model.stages(), pp) + "\n";
-  }
-  if (init_hf) {
-    train::load_hf_model(model, init);
-  } else if (!init.empty()) {
-    const nn::ModelArgs saved = train::read_model_args(init);
-    TESSERA_CHECK(saved.num_params() == a.num_params() && saved.dim == a.dim && saved.n_layers == a.n_layers, init,
-                  ": the checkpoint's model (", saved.flavor, ", ", saved.num_params(),
-                  " parameters) does not match [model] (", a.flavor, ", ", a.num_params(), " parameters)");
-    train::load_model(model, init);
-  } else {
-    model.init_weights(static_cast<std::uint64_t>(c.training.seed));
-  }
-
-  std::vector<std::uint32_t> tokens = train::load_training_tokens(c, *tok);
-  for (std::size_t i = 0; i < tokens.size(); ++i)
-    TESSERA_CHECK(tokens[i] < static_cast<std::uint32_t>(a.vocab_size), c.training.dataset == "shard" ? c.training.dataset_path : "synthetic corpus",
-                  ": token id ", tokens[i], " at index ", i, " is outside the model's vocabulary (model.vocab_size = ",
-                  a.vocab_size, ")");
-  data::DataLoader loader(std::move(tokens), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
-                          mesh.dp_degree());
-
-  if (lead)
-    std::fprintf(stderr,
-                 "tessera llama-train: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fM parameters\n"
-                 "  %lld tokens/step (global batch %lld x seq %lld), %lld windows per epoch | peak %.1f GFLOP/s (%s, "
-                 "OpenBLAS %s kernels)\n"
-                 "  %d rank%s %s: %s over the %s engine, %d OpenMP thread%s each | activation checkpointing: %s\n%s",
-                 a.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
-                 static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
-                 static_cast<long long>(a.vocab_size), static_cast<double>(a.num_params()) / 1e6,
-                 static_cast<long long>(global * c.training.seq_len), static_cast<long long>(global),
-                 static_cast<long long>(c.training.seq_len), static_cast<long long>(loader.windows_per_epoch()),
-                 peak / 1e9, c.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : "measured sgemm",
-                 Cpu::blas_kernels(), world.size(), world.size() == 1 ? "" : "s", shape.str().c_str(),
-                 parallel::name_of(plan.dynamic_sharding()), std::string(world.engine_name()).c_str(), Cpu::threads(),
-                 Cpu::threads() == 1 ? "" : "s", plan.checkpoint.str().c_str(), pipeline_line.c_str());
-
-  // Only now, with every input checked, does the run touch its dump folder.
-  const std::string tokenizer_copy = (dump / "tokenizer.model").string();
-  bool has_tokenizer_file = false;
-  if (lead) {
-    fs::create_directories(dump);
-    std::ofstream out(dump / "config.toml");
-    out << train::to_toml(c);
-    TESSERA_CHECK(out.good(), (dump / "config.toml").string(), ": cannot write");
-    // The tokenizer travels with the models saved here (none for "byte").
-    has_tokenizer_file = data::save_tokenizer_file(c.model.tokenizer, tokenizer_copy);
-  }
-  train::Trainer<Model> trainer(model, c, std::move(loader), peak);
-  std::unique_ptr<train::MetricsLogger> log;
-  if (lead)
-    log = std::make_unique<train::MetricsLogger>((dump / "metrics.jsonl").string(), c.training.steps,
-                                                 c.metrics.log_freq, isatty(STDERR_FILENO) != 0);
-  const DType export_dtype = parse_dtype(c.checkpoint.export_dtype, "checkpoint.export_dtype");
-  const fs::path ckpt = dump / c.checkpoint.folder;
-  // Saving gathers the whole parameters on every rank (a collective: data-parallel shards,
-  // tensor-parallel pieces and the other pipeline stages' parameters); rank 0 writes.
-  auto save = [&](auto&& write) {
-    model.with_whole_parameters([&] {
-      if (lead) write();
-    });
-    world.barrier();  // the files are complete before any rank goes on
-  };
-  for (std::int64_t s = 1; s <= c.training.steps; ++s) {
-    const train::StepMetrics m = trainer.step();
-    if (log) log->log(m);
-    if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || s == c.training.steps))
-      save([&] {
-        train::save_model(model, (ckpt / ("step-" + std::to_string(s)) / "model.safetensors").string(), export_dtype);
-        prune_checkpoints(ckpt, c.checkpoint.keep_latest_k);
-      });
-  }
-  const std::string final_path = (dump / "model.safetensors").string();
-  save([&] {
-    train::save_model(model, final_path, export_dtype);
-    std::fprintf(stderr, "saved %s\n", final_path.c_str());
-  });
-  if (c.checkpoint.last_save_in_hf) {
-    const std::string hf_dir = (dump / "hf").string();
-    save([&] {
-      train::save_hf_model(model, hf_dir, {export_dtype, 5'000'000'000ull, has_tokenizer_file ? tokenizer_copy : ""});
-      std::fprintf(stderr, "saved %s (Hugging Face Llama directory)\n", hf_dir.c_str());
-    });
-  }
-
-  // A sample from the trained model, seeded from the run's seed. With several ranks,
-  // rank 0 copies the whole parameters into a model of its own and samples alone
-  // (a sharded or pipelined model's every forward would be a collective).
-  std::unique_ptr<nn::Transformer<float, Cpu>> whole;
-  if (world.size() > 1)
-    model.with_whole_parameters([&] {
-      if (!lead) return;
-      whole = std::make_unique<nn::Transformer<float, Cpu>>(a);
-      std::vector<nn::Parameter<float>*> into;
-      whole->for_each_parameter([&](nn::Parameter<float>& q) { into.push_back(&q); });
-      std::size_t i = 0;
-      model.for_each_parameter([&](nn::Parameter<float>& q) {
-        std::copy(q.value.data(), q.value.data() + q.numel(), into.at(i++)->value.data());
-      });
-    });
-  if (lead) {
-    nn::SampleOptions o;
-    o.max_new_tokens = 300;
-    o.temperature = 0.7;
-    o.seed = static_cast<std::uint64_t>(c.training.seed);
-    o.context = c.training.seq_len;
-    const std::string sample = whole ? nn::generate_text(*whole, *tok, "", o) : nn::generate_text(model, *tok, "", o);
-    std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, sample.c_str());
-  }
-  return 0;
 }
 
 /// Picks the ranks: mpirun/srun processes, --thread-ranks N in this process, or one.
@@ -276,19 +89,74 @@ int run(std::vector<std::string> args) {
   if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());
   const comm::Launch launch = comm::detect_launch();
   comm::check_cpu_launch(launch);
-  const double peak = c.metrics.peak_tflops > 0 ? c.metrics.peak_tflops * 1e12 : train::measure_gemm_flops<Cpu>();
+
+  const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(c.model.tokenizer);
+  RunInputs in;
+  in.config = &c;
+  in.config_toml = train::to_toml(c);
+  in.tokenizer = tok.get();
+  in.save_tokenizer_file = [&c](const std::string& path) { return data::save_tokenizer_file(c.model.tokenizer, path); };
+
+  const std::string& device = c.training.device;
+#if TESSERA_WITH_CUDA
+  const llama_train::CudaDeviceInfo gpu = device == "cpu" ? llama_train::CudaDeviceInfo{} : llama_train::cuda_device_info();
+  TESSERA_CHECK(device != "cuda" || gpu.visible, "training.device = \"cuda\": no CUDA device is visible (", gpu.why,
+                "); set training.device = \"cpu\" or \"auto\"");
+  if (device == "cuda" || (device == "auto" && gpu.visible)) {
+    TESSERA_CHECK(launch.world_size == 1,
+                  "training.device = cuda with ", launch.world_size,
+                  " processes: llama-train runs one process on one GPU (--thread-ranks N gives N virtual ranks "
+                  "sharing it); processes on several GPUs need the NCCL engine, which llama-train does not start yet");
+    const bool bf16_model = c.training.mixed_precision_param == "bfloat16";
+    const double known = bf16_model ? gpu.peak_bf16 : gpu.peak_fp32;
+    in.peak_flops = c.metrics.peak_tflops > 0 ? c.metrics.peak_tflops * 1e12 : known;
+    char text[160];
+    if (in.peak_flops > 0)
+      std::snprintf(text, sizeof text, "peak %.1f TFLOP/s (%s)", in.peak_flops / 1e12,
+                    c.metrics.peak_tflops > 0 ? "metrics.peak_tflops"
+                                              : (bf16_model ? "dense bf16 of this GPU" : "fp32 of this GPU, no TF32"));
+    else
+      std::snprintf(text, sizeof text, "peak unknown for this GPU (set metrics.peak_tflops for MFU)");
+    in.peak_text = text;
+    const std::string compute = (thread_ranks > 1 ? "sharing one " : "on one ") + gpu.name + " (sm_" +
+                                std::to_string(gpu.cc_major) + std::to_string(gpu.cc_minor) + "), " +
+                                (bf16_model ? "bf16 activations and parameters" : "float32");
+    in.compute_text = [compute] { return compute; };
+    if (thread_ranks == 1) return llama_train::run_rank_cuda(comm::Communicator(), in);
+    comm::ThreadOptions options;
+    options.memory = llama_train::cuda_memory_access();
+    comm::run_thread_ranks(thread_ranks, [&](comm::Communicator& world) { llama_train::run_rank_cuda(world, in); },
+                           options);
+    return 0;
+  }
+#else
+  TESSERA_CHECK(device != "cuda",
+                "training.device = \"cuda\": this llama-train was built without CUDA (install the CUDA toolkit, "
+                "put nvcc on PATH and rebuild); set training.device = \"cpu\" or \"auto\"");
+#endif
+
+  in.peak_flops = c.metrics.peak_tflops > 0 ? c.metrics.peak_tflops * 1e12 : train::measure_gemm_flops<Cpu>();
+  {
+    char text[160];
+    std::snprintf(text, sizeof text, "peak %.1f GFLOP/s (%s, OpenBLAS %s kernels)", in.peak_flops / 1e9,
+                  c.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : "measured sgemm", Cpu::blas_kernels());
+    in.peak_text = text;
+  }
+  in.compute_text = [] {
+    return std::to_string(Cpu::threads()) + " OpenMP thread" + (Cpu::threads() == 1 ? "" : "s") + " each";
+  };
   if (launch.kind == comm::LaunchKind::mpi && launch.world_size > 1) {
     TESSERA_CHECK(thread_ranks == 1, "--thread-ranks ", thread_ranks, " under an MPI launch of ", launch.world_size,
                   " processes: use one or the other");
 #if TESSERA_WITH_MPI
-    return run_rank(comm::mpi_world(launch), c, peak);
+    return llama_train::run_rank<CpuModel>(comm::mpi_world(launch), in);
 #else
     fail("started as rank ", launch.rank, " of ", launch.world_size,
          " by mpirun or srun, but this llama-train was built without MPI (install libopenmpi-dev and rebuild)");
 #endif
   }
-  if (thread_ranks == 1) return run_rank(comm::Communicator(), c, peak);
-  comm::run_thread_ranks(thread_ranks, [&](comm::Communicator& world) { run_rank(world, c, peak); });
+  if (thread_ranks == 1) return llama_train::run_rank<CpuModel>(comm::Communicator(), in);
+  comm::run_thread_ranks(thread_ranks, [&](comm::Communicator& world) { llama_train::run_rank<CpuModel>(world, in); });
   return 0;
 }
 

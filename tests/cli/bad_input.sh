@@ -44,6 +44,12 @@ expect_error "TOML syntax error" "broken.toml" "$train" --config "$work/broken.t
 expect_error "missing config file" "missing.toml" "$train" --config "$work/missing.toml"
 expect_error "n_heads not dividing dim" "n_heads (3) does not divide dim (32)" "$train" "${small[@]}" --model.n_heads 3
 expect_error "n_kv_heads not dividing n_heads" "n_kv_heads (3) does not divide n_heads (2)" "$train" "${small[@]}" --model.n_kv_heads 3
+expect_error "unknown device" "training.device must be one of auto, cpu, cuda; got \"gpu\"" "$train" "${small[@]}" --training.device gpu
+# Asking for the GPU where none can be used: without a device (or a build without CUDA)
+# the error names the key; on a machine with a GPU this run would train, so it is skipped there.
+if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L > /dev/null 2>&1; then
+  expect_error "training.device = cuda without a GPU" 'training.device = "cuda": ' "$train" "${small[@]}" --training.device cuda
+fi
 expect_error "missing token shard" "$work/none.tshard" "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/none.tshard"
 # A valid shard first, then broken copies of it.
 printf 'TSRATOKS' > "$work/bad_magic.tshard"; head -c 100 /dev/zero >> "$work/bad_magic.tshard"

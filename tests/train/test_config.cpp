@@ -146,7 +146,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 64);
+  CHECK(keys.size() == 65);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -618,7 +618,7 @@ TEST_CASE("to_toml round trip") {
                  "--training.max_norm", "-1",
                  "--training.seed", "99",
                  "--training.deterministic",
-                 "--training.mixed_precision_param", "float32",
+                 "--training.device", "cpu", "--training.mixed_precision_param", "float32",
                  "--training.dataset", "shard",
                  "--training.dataset_path", "data/c4.tshard",
                  "--training.synthetic_documents", "5",

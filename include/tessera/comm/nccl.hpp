@@ -28,8 +28,8 @@
 // of it through their launcher (torchrun stops the job when a worker exits non-zero,
 // mpirun likewise) or through NCCL's remote error at their next wait().
 //
-// Elements. u8 and u16 elements move as bytes; reductions take f32, f64, i32 and i64,
-// as the other engines do.
+// Elements. u8 and u16 elements move as bytes; bf16 moves and reduces as ncclBfloat16;
+// reductions take f32, f64, bf16, i32 and i64, as the in-process engines do.
 //
 // Bootstrap. Every rank needs rank 0's ncclUniqueId before ncclCommInitRank.
 // nccl_from_unique_id() starts from an id shared by any means; nccl_from_torchrun()

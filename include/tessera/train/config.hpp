@@ -374,6 +374,11 @@ inline std::vector<ConfigKey> build_config_keys() {
           .at_least(0),
       make_key("training.deterministic", field<&J::training, &TrainingSection::deterministic>(),
                "Use only deterministic kernels."),
+      make_key("training.device", field<&J::training, &TrainingSection::device>(),
+               "Where to train: \"cpu\", \"cuda\" (one GPU a process: bf16 activations and parameters with "
+               "mixed_precision_param = \"bfloat16\"), or \"auto\" (cuda where built with CUDA and a GPU is "
+               "visible).")
+          .one_of({"auto", "cpu", "cuda"}),
       make_key("training.mixed_precision_param", field<&J::training, &TrainingSection::mixed_precision_param>(),
                "Dtype of parameters in forward and backward (the optimizer keeps float32 masters).")
           .one_of(dtypes),

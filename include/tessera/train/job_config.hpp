@@ -70,6 +70,7 @@ struct TrainingSection {
   double max_norm = 1.0;  // <= 0: no gradient clipping
   std::int64_t seed = 0;
   bool deterministic = false;
+  std::string device = "auto";  // "auto": cuda where built with CUDA and a GPU is visible, else cpu
   std::string mixed_precision_param = "bfloat16";
   std::string mixed_precision_reduce = "float32";
   std::string dataset = "synthetic";  // "synthetic" (embedded corpus) or "shard"

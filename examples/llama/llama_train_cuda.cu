@@ -1,0 +1,51 @@
+// llama-train over the CUDA backend: the instantiations of train_run.hpp's run_rank with
+// B = Cuda, compiled by nvcc (see train_cuda.hpp).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "tessera/backend/cuda/cuda.cuh"
+#include "train_cuda.hpp"
+#include "train_run.hpp"
+
+namespace tessera::llama_train {
+
+CudaDeviceInfo cuda_device_info() {
+  CudaDeviceInfo d;
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    d.why = status != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorName(status) + ": " +
+                                        cudaGetErrorString(status)
+                                  : "cudaGetDeviceCount: 0 devices";
+    (void)cudaGetLastError();  // clear the sticky error of a missing driver
+    return d;
+  }
+  d.visible = true;
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp p{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  d.name = p.name;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  // Dense tensor-core bf16 and plain fp32 (no TF32) peaks of the parts MFU is quoted for.
+  const bool pcie = d.name.find("PCIe") != std::string::npos;
+  if (p.major == 9 && p.minor == 0) {  // H100, H200
+    d.peak_bf16 = pcie ? 756e12 : 989e12;
+    d.peak_fp32 = pcie ? 51e12 : 67e12;
+  } else if (p.major == 8 && p.minor == 0) {  // A100
+    d.peak_bf16 = 312e12;
+    d.peak_fp32 = 19.5e12;
+  }
+  return d;
+}
+
+comm::MemoryAccess cuda_memory_access() { return Cuda::memory_access(); }
+
+int run_rank_cuda(comm::Communicator world, const RunInputs& in) {
+  if (in.config->training.mixed_precision_param == "bfloat16") return run_rank<DynamicModel<bf16, Cuda>>(world, in);
+  return run_rank<DynamicModel<float, Cuda>>(world, in);
+}
+
+}  // namespace tessera::llama_train

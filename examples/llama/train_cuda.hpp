@@ -1,0 +1,31 @@
+// llama-train's CUDA side, compiled by nvcc in llama_train_cuda.cu and linked where the
+// build found CUDA; llama_train.cpp (g++) calls it through these plain declarations.
+#pragma once
+
+#include <string>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/memory_access.hpp"
+#include "train_run.hpp"
+
+namespace tessera::llama_train {
+
+/// The device this process trains on (the current one), as the header line and MFU need it.
+struct CudaDeviceInfo {
+  bool visible = false;  // false: no device, or no driver (`why` says which)
+  std::string why;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  double peak_bf16 = 0, peak_fp32 = 0;  // dense FLOP/s of the known parts (H100, H200, A100); 0: unknown
+};
+CudaDeviceInfo cuda_device_info();
+
+/// How thread ranks sharing the GPU move and reduce its buffers (Cuda::memory_access()).
+comm::MemoryAccess cuda_memory_access();
+
+/// run_rank over the CUDA backend: nn::Transformer<bf16, Cuda, ...> when
+/// training.mixed_precision_param is "bfloat16" (bf16 activations and parameters, fp32
+/// gradients and AdamW state), nn::Transformer<float, Cuda, ...> when it is "float32".
+int run_rank_cuda(comm::Communicator world, const RunInputs& in);
+
+}  // namespace tessera::llama_train

@@ -1,0 +1,258 @@
+// One rank of llama-train, written once for every model type: the checks, the model,
+// the data, the trainer loop, the saves and the closing sample. llama_train.cpp (g++)
+// runs it over the CPU backend; llama_train_cuda.cu (nvcc) over the CUDA backend, in
+// bf16 or fp32. What needs the TOML parser or the tokenizer libraries (which nvcc does
+// not compile) is done by the caller and handed over in RunInputs.
+#pragma once
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/mesh.hpp"
+#include "tessera/io/tokenizer.hpp"
+#include "tessera/nn/generate.hpp"
+#include "tessera/nn/transformer.hpp"
+#include "tessera/parallel/parallel.hpp"
+#include "tessera/train/checkpoint.hpp"
+#include "tessera/train/job_config.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace tessera::llama_train {
+
+namespace fs = std::filesystem;
+
+/// The block llama-train wraps every layer in: every choice read at run time from the
+/// config, through the Plan.
+template <class T, Backend B>
+using DynamicBlock = Parallel<nn::LlamaBlock<T, B>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
+                              Checkpoint<Dynamic>>;
+template <class T, Backend B>
+using DynamicModel = nn::Transformer<T, B, DynamicBlock<T, B>>;
+
+/// What the caller prepared for every rank.
+struct RunInputs {
+  const train::JobConfig* config = nullptr;
+  std::string config_toml;            // the effective config, written to <dump_folder>/config.toml
+  const io::Tokenizer* tokenizer = nullptr;
+  /// Writes the tokenizer's file to the path given; false when it has none ("byte").
+  std::function<bool(const std::string&)> save_tokenizer_file;
+  double peak_flops = 0;              // per device, for MFU
+  std::string peak_text;              // "peak 77.0 GFLOP/s (measured sgemm, OpenBLAS Haswell kernels)"
+  /// What each rank computes with, asked when the header is printed (after run_rank has
+  /// set a thread rank's OpenMP team): "2 OpenMP threads each", "on one NVIDIA H200 ...".
+  std::function<std::string()> compute_text;
+};
+
+inline void prune_checkpoints(const fs::path& folder, std::int64_t keep) {
+  if (keep <= 0 || !fs::exists(folder)) return;
+  std::vector<std::pair<long long, fs::path>> steps;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    // Only folders this program names ("step-<digits>"); anything else a user put there stays.
+    const std::string name = e.path().filename().string();
+    const std::string digits = name.size() > 5 && name.rfind("step-", 0) == 0 ? name.substr(5) : "";
+    if (e.is_directory() && !digits.empty() && digits.size() < 19 &&
+        digits.find_first_not_of("0123456789") == std::string::npos)
+      steps.emplace_back(std::stoll(digits), e.path());
+  }
+  std::sort(steps.begin(), steps.end());
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < steps.size(); ++i) fs::remove_all(steps[i].second);
+}
+
+/// The stages of a pipeline over `pp` ranks, in order, each with its pipeline rank:
+/// "embedding + layers 0-2 (pp rank 0); layers 3-5 + output (pp rank 1)".
+inline std::string describe_stages(const std::vector<parallel::StageRange>& stages, int pp) {
+  std::string out;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    const parallel::StageRange& r = stages[s];
+    std::string stage;
+    auto add = [&](const std::string& part) { stage += (stage.empty() ? "" : " + ") + part; };
+    if (r.embedding) add("embedding");
+    if (r.blocks() == 1) add("layer " + std::to_string(r.first_block));
+    if (r.blocks() > 1) add("layers " + std::to_string(r.first_block) + "-" + std::to_string(r.end_block - 1));
+    if (r.output) add("output");
+    out += (out.empty() ? "" : "; ") + stage + " (pp rank " + std::to_string(static_cast<int>(s) % pp) + ")";
+  }
+  return out;
+}
+
+/// A whole fp32 copy of `model`'s parameters on the CPU (inside with_whole_parameters),
+/// for rank 0 to sample from alone.
+template <class Model>
+std::unique_ptr<nn::Transformer<float, Cpu>> whole_copy_on_cpu(Model& model, const nn::ModelArgs& a) {
+  using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
+  auto whole = std::make_unique<nn::Transformer<float, Cpu>>(a);
+  std::vector<nn::Parameter<float>*> into;
+  whole->for_each_parameter([&](nn::Parameter<float>& q) { into.push_back(&q); });
+  std::size_t i = 0;
+  model.for_each_parameter([&](nn::Parameter<T>& q) {
+    const Tensor<T> host = download<B>(q.value);
+    float* dst = into.at(i++)->value.data();
+    for (std::int64_t k = 0; k < host.numel(); ++k) dst[k] = static_cast<float>(host[k]);
+  });
+  return whole;
+}
+
+/// One rank's run; every rank of `world` calls it with the same inputs.
+template <class Model>
+int run_rank(comm::Communicator world, const RunInputs& in) {
+  const train::JobConfig& c = *in.config;
+  const bool lead = world.rank() == 0;  // rank 0 writes the files and the metrics
+  // The same checks on every rank, before any collective: a bad layout fails alike everywhere.
+  const auto& p = c.parallelism;
+  const comm::MeshShape shape = comm::mesh_shape(world.size(), p.data_parallel_replicate_degree,
+                                                 p.data_parallel_shard_degree, p.tensor_parallel_degree,
+                                                 p.pipeline_parallel_degree);
+  const std::int64_t dp = shape.dp(), local = c.training.local_batch_size;
+  const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * dp;
+  TESSERA_CHECK(global % (local * dp) == 0, "training.global_batch_size (", global,
+                ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
+                " = ", local * dp, ")");
+  // Thread ranks on the CPU share this process's cores.
+  if constexpr (std::is_same_v<typename Model::backend_type, Cpu>)
+    if (world.size() > 1 && world.engine_name() == "threads")
+      omp_set_num_threads(std::max(1, Cpu::threads() / world.size()));
+  comm::DeviceMesh mesh(world, shape);
+  const parallel::Plan plan = train::make_plan(c, &mesh);
+  const fs::path dump = c.job.dump_folder;
+
+  const std::string& init = c.checkpoint.initial_load_path;
+  const bool init_hf = !init.empty() && train::is_hf_directory(init);
+  TESSERA_CHECK(!c.checkpoint.initial_load_in_hf || init_hf, "checkpoint.initial_load_in_hf = true: initial_load_path '",
+                init, "' is not a Hugging Face model directory (a folder with config.json)");
+  // A Hugging Face directory brings its own model arguments: its config.json.
+  const nn::ModelArgs a = init_hf ? train::read_hf_config(init) : c.model.args;
+  TESSERA_CHECK(c.training.seq_len <= a.max_seq_len, "training.seq_len = ", c.training.seq_len, " exceeds the model's ",
+                init_hf ? "max_position_embeddings (" + init + "/config.json) = " : "max_seq_len = ", a.max_seq_len);
+  const io::Tokenizer& tok = *in.tokenizer;
+  TESSERA_CHECK(tok.vocab_size() <= a.vocab_size, "model.tokenizer '", c.model.tokenizer, "' has ", tok.vocab_size(),
+                " ids, more than the model's vocabulary of ", a.vocab_size,
+                init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
+  Model model(a, plan);
+  // The model has checked its heads, hidden units and vocabulary against the tp degree,
+  // and its stages against the pipeline degree; now the batch against both (rows over
+  // the tp ranks; microbatches the schedule can run), before any file is written.
+  model.check_batch(local, c.training.seq_len);
+  const int pp = model.pipeline_degree();
+  std::string pipeline_line;
+  if (pp > 1) {
+    const std::int64_t mb = c.parallelism.pipeline_parallel_microbatch_size;
+    pipeline_line = "  pipeline: " + parallel::describe(model.schedule(static_cast<int>(local / mb))) +
+                    " (simulated) | microbatch " + std::to_string(mb) + " x seq " +
+                    std::to_string(c.training.seq_len) + " | stages: " + describe_stages(model.stages(), pp) + "\n";
+  }
+  if (init_hf) {
+    train::load_hf_model(model, init);
+  } else if (!init.empty()) {
+    const nn::ModelArgs saved = train::read_model_args(init);
+    TESSERA_CHECK(saved.num_params() == a.num_params() && saved.dim == a.dim && saved.n_layers == a.n_layers, init,
+                  ": the checkpoint's model (", saved.flavor, ", ", saved.num_params(),
+                  " parameters) does not match [model] (", a.flavor, ", ", a.num_params(), " parameters)");
+    train::load_model(model, init);
+  } else {
+    model.init_weights(static_cast<std::uint64_t>(c.training.seed));
+  }
+
+  std::vector<std::uint32_t> tokens = train::load_training_tokens(c, tok);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    TESSERA_CHECK(tokens[i] < static_cast<std::uint32_t>(a.vocab_size), c.training.dataset == "shard" ? c.training.dataset_path : "synthetic corpus",
+                  ": token id ", tokens[i], " at index ", i, " is outside the model's vocabulary (model.vocab_size = ",
+                  a.vocab_size, ")");
+  data::DataLoader loader(std::move(tokens), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
+                          mesh.dp_degree());
+
+  if (lead)
+    std::fprintf(stderr,
+                 "tessera llama-train: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fM parameters\n"
+                 "  %lld tokens/step (global batch %lld x seq %lld), %lld windows per epoch | %s\n"
+                 "  %d rank%s %s: %s over the %s engine, %s | activation checkpointing: %s\n%s",
+                 a.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
+                 static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
+                 static_cast<long long>(a.vocab_size), static_cast<double>(a.num_params()) / 1e6,
+                 static_cast<long long>(global * c.training.seq_len), static_cast<long long>(global),
+                 static_cast<long long>(c.training.seq_len), static_cast<long long>(loader.windows_per_epoch()),
+                 in.peak_text.c_str(), world.size(), world.size() == 1 ? "" : "s", shape.str().c_str(),
+                 parallel::name_of(plan.dynamic_sharding()), std::string(world.engine_name()).c_str(),
+                 in.compute_text().c_str(), plan.checkpoint.str().c_str(), pipeline_line.c_str());
+
+  // Only now, with every input checked, does the run touch its dump folder.
+  const std::string tokenizer_copy = (dump / "tokenizer.model").string();
+  bool has_tokenizer_file = false;
+  if (lead) {
+    fs::create_directories(dump);
+    std::ofstream out(dump / "config.toml");
+    out << in.config_toml;
+    TESSERA_CHECK(out.good(), (dump / "config.toml").string(), ": cannot write");
+    // The tokenizer travels with the models saved here (none for "byte").
+    has_tokenizer_file = in.save_tokenizer_file(tokenizer_copy);
+  }
+  train::Trainer<Model> trainer(model, c, std::move(loader), in.peak_flops);
+  std::unique_ptr<train::MetricsLogger> log;
+  if (lead)
+    log = std::make_unique<train::MetricsLogger>((dump / "metrics.jsonl").string(), c.training.steps,
+                                                 c.metrics.log_freq, isatty(STDERR_FILENO) != 0);
+  const DType export_dtype = parse_dtype(c.checkpoint.export_dtype, "checkpoint.export_dtype");
+  const fs::path ckpt = dump / c.checkpoint.folder;
+  // Saving gathers the whole parameters on every rank (a collective: data-parallel shards,
+  // tensor-parallel pieces and the other pipeline stages' parameters); rank 0 writes.
+  auto save = [&](auto&& write) {
+    model.with_whole_parameters([&] {
+      if (lead) write();
+    });
+    world.barrier();  // the files are complete before any rank goes on
+  };
+  for (std::int64_t s = 1; s <= c.training.steps; ++s) {
+    const train::StepMetrics m = trainer.step();
+    if (log) log->log(m);
+    if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || s == c.training.steps))
+      save([&] {
+        train::save_model(model, (ckpt / ("step-" + std::to_string(s)) / "model.safetensors").string(), export_dtype);
+        prune_checkpoints(ckpt, c.checkpoint.keep_latest_k);
+      });
+  }
+  const std::string final_path = (dump / "model.safetensors").string();
+  save([&] {
+    train::save_model(model, final_path, export_dtype);
+    std::fprintf(stderr, "saved %s\n", final_path.c_str());
+  });
+  if (c.checkpoint.last_save_in_hf) {
+    const std::string hf_dir = (dump / "hf").string();
+    save([&] {
+      train::save_hf_model(model, hf_dir, {export_dtype, 5'000'000'000ull, has_tokenizer_file ? tokenizer_copy : ""});
+      std::fprintf(stderr, "saved %s (Hugging Face Llama directory)\n", hf_dir.c_str());
+    });
+  }
+
+  // A sample from the trained model, seeded from the run's seed. With several ranks,
+  // rank 0 copies the whole parameters into a CPU model of its own and samples alone
+  // (a sharded or pipelined model's every forward would be a collective).
+  std::unique_ptr<nn::Transformer<float, Cpu>> whole;
+  if (world.size() > 1)
+    model.with_whole_parameters([&] {
+      if (lead) whole = whole_copy_on_cpu(model, a);
+    });
+  if (lead) {
+    nn::SampleOptions o;
+    o.max_new_tokens = 300;
+    o.temperature = 0.7;
+    o.seed = static_cast<std::uint64_t>(c.training.seed);
+    o.context = c.training.seq_len;
+    const std::string sample = whole ? nn::generate_text(*whole, tok, "", o) : nn::generate_text(model, tok, "", o);
+    std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, sample.c_str());
+  }
+  return 0;
+}
+
+}  // namespace tessera::llama_train
