@@ -10,9 +10,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "../support/temp_dir.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
+#include "tessera/train/checkpoint.hpp"
 
 using namespace tessera;
 using namespace tessera::nn;
@@ -159,4 +161,40 @@ TEST_CASE("bf16 model: a saved statistic read as an activation is refused by nam
                        doctest::Contains("activation 'layers.0.attention.lse' was saved with another element type"),
                        Error);
   CHECK_THROWS_WITH_AS(store.load<float>("o"), doctest::Contains("'layers.0.attention.o' was not saved"), Error);
+}
+
+TEST_CASE("bf16 model: saved and loaded, as tessera checkpoints and Hugging Face directories, in either dtype") {
+  const test::TempDir dir("tessera_bf16_model");
+  Transformer<bf16, Cpu> h(small_args());
+  h.init_weights(11);
+  std::vector<std::vector<float>> values;
+  h.for_each_parameter([&](Parameter<bf16>& p) {
+    values.emplace_back();
+    for (std::int64_t i = 0; i < p.numel(); ++i) values.back().push_back(static_cast<float>(p.value[i]));
+  });
+  auto same_values = [&](auto& model) {
+    std::size_t k = 0;
+    bool same = true;
+    model.for_each_parameter([&](auto& p) {
+      for (std::int64_t i = 0; i < p.numel(); ++i)
+        same = same && static_cast<float>(p.value[i]) == values[k][static_cast<std::size_t>(i)];
+      ++k;
+    });
+    return same && k == values.size();
+  };
+  for (DType stored : {DType::bf16, DType::f32}) {
+    CAPTURE(name_of(stored));
+    // bf16 values are exact in either dtype: a bf16 model and an fp32 one load them alike.
+    train::save_model(h, dir.file("model.safetensors"), stored);
+    Transformer<bf16, Cpu> back(small_args());
+    train::load_model(back, dir.file("model.safetensors"));
+    CHECK(same_values(back));
+    Transformer<float, Cpu> wide(small_args());
+    train::load_model(wide, dir.file("model.safetensors"));
+    CHECK(same_values(wide));
+    train::save_hf_model(h, dir.file("hf"), {stored});
+    Transformer<bf16, Cpu> from_hf(train::read_hf_config(dir.file("hf")));
+    train::load_hf_model(from_hf, dir.file("hf"));
+    CHECK(same_values(from_hf));
+  }
 }
