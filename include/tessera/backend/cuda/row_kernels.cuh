@@ -844,140 +844,76 @@ __device__ __forceinline__ void apply_local(const F& f) {
   for (int k = 0; k < W; ++k) f(k);
 }
 
-/// For each lowered elementwise functor: its element type, whether all its arrays are
-/// 16-byte aligned, and apply<W>(f, i): the functor over elements [i, i + W) through
-/// registers (W-element vector loads, a copy of f pointed at the registers, stores).
+/// One array field of an elementwise functor (a pointer member) and what the functor
+/// does with it: reads it (In), writes it (Out), or both (InOut).
+template <auto Member, bool kRead, bool kWrite>
+struct Field {
+  static constexpr auto member = Member;
+  static constexpr bool read = kRead, write = kWrite;
+};
+template <auto Member>
+using In = Field<Member, true, false>;
+template <auto Member>
+using Out = Field<Member, false, true>;
+template <auto Member>
+using InOut = Field<Member, true, true>;
+
+/// An elementwise functor F whose arrays of T are Fields...: whether they are all
+/// 16-byte aligned, and apply<W>(f, i), the functor over elements [i, i + W) through
+/// registers: one W-element array per field, the read fields loaded as vectors, a copy
+/// of f pointed at the arrays run element by element, the written fields stored.
+template <class F, class T, class... Fields>
+struct ElementwiseOver {
+  using Element = T;
+  static bool aligned(const F& f) { return (aligned16(f.*Fields::member) && ...); }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T regs[sizeof...(Fields)][W];
+    F local = f;
+    int slot = 0;
+    // Comma folds run left to right: field k uses regs[k] in both passes.
+    (point<Fields, W>(f, local, i, regs[slot++]), ...);
+    apply_local<W>(local);
+    slot = 0;
+    (store<Fields, W>(f, i, regs[slot++]), ...);
+  }
+
+ private:
+  template <class Fd, int W>
+  __device__ static void point(const F& f, F& local, std::int64_t i, T* reg) {
+    if constexpr (Fd::read) load_elements<W>(f.*Fd::member, i, reg);
+    local.*Fd::member = reg;
+  }
+  template <class Fd, int W>
+  __device__ static void store(const F& f, std::int64_t i, const T* reg) {
+    if constexpr (Fd::write) store_elements<W>(f.*Fd::member, i, reg);
+  }
+};
+
+/// The lowered elementwise functors and their fields.
 template <class F>
 struct Elementwise;
 
 template <class T>
-struct Elementwise<ops::SwiGluForward<T>> {
-  using F = ops::SwiGluForward<T>;
-  using Element = T;
-  static bool aligned(const F& f) { return aligned16(f.a) && aligned16(f.b) && aligned16(f.g); }
-  template <int W>
-  __device__ static void apply(const F& f, std::int64_t i) {
-    T a[W], b[W], out[W];
-    load_elements<W>(f.a, i, a);
-    load_elements<W>(f.b, i, b);
-    F l = f;
-    l.a = a;
-    l.b = b;
-    l.g = out;
-    apply_local<W>(l);
-    store_elements<W>(f.g, i, out);
-  }
-};
-
+struct Elementwise<ops::SwiGluForward<T>>
+    : ElementwiseOver<ops::SwiGluForward<T>, T, In<&ops::SwiGluForward<T>::a>, In<&ops::SwiGluForward<T>::b>,
+                      Out<&ops::SwiGluForward<T>::g>> {};
 template <class T>
-struct Elementwise<ops::SwiGluBackward<T>> {
-  using F = ops::SwiGluBackward<T>;
-  using Element = T;
-  static bool aligned(const F& f) {
-    return aligned16(f.a) && aligned16(f.b) && aligned16(f.dg) && aligned16(f.da) && aligned16(f.db);
-  }
-  template <int W>
-  __device__ static void apply(const F& f, std::int64_t i) {
-    T a[W], b[W], dg[W], da[W], db[W];
-    load_elements<W>(f.a, i, a);
-    load_elements<W>(f.b, i, b);
-    load_elements<W>(f.dg, i, dg);
-    F l = f;
-    l.a = a;
-    l.b = b;
-    l.dg = dg;
-    l.da = da;
-    l.db = db;
-    apply_local<W>(l);
-    store_elements<W>(f.da, i, da);
-    store_elements<W>(f.db, i, db);
-  }
-};
-
+struct Elementwise<ops::SwiGluBackward<T>>
+    : ElementwiseOver<ops::SwiGluBackward<T>, T, In<&ops::SwiGluBackward<T>::a>, In<&ops::SwiGluBackward<T>::b>,
+                      In<&ops::SwiGluBackward<T>::dg>, Out<&ops::SwiGluBackward<T>::da>,
+                      Out<&ops::SwiGluBackward<T>::db>> {};
 template <class T>
-struct Elementwise<ops::Add<T>> {
-  using F = ops::Add<T>;
-  using Element = T;
-  static bool aligned(const F& f) { return aligned16(f.a) && aligned16(f.b) && aligned16(f.out); }
-  template <int W>
-  __device__ static void apply(const F& f, std::int64_t i) {
-    T a[W], b[W], out[W];
-    load_elements<W>(f.a, i, a);
-    load_elements<W>(f.b, i, b);
-    F l = f;
-    l.a = a;
-    l.b = b;
-    l.out = out;
-    apply_local<W>(l);
-    store_elements<W>(f.out, i, out);
-  }
-};
-
+struct Elementwise<ops::Add<T>>
+    : ElementwiseOver<ops::Add<T>, T, In<&ops::Add<T>::a>, In<&ops::Add<T>::b>, Out<&ops::Add<T>::out>> {};
 template <class T>
-struct Elementwise<ops::Copy<T>> {
-  using F = ops::Copy<T>;
-  using Element = T;
-  static bool aligned(const F& f) { return aligned16(f.x) && aligned16(f.y); }
-  template <int W>
-  __device__ static void apply(const F& f, std::int64_t i) {
-    T x[W], y[W];
-    load_elements<W>(f.x, i, x);
-    F l = f;
-    l.x = x;
-    l.y = y;
-    apply_local<W>(l);
-    store_elements<W>(f.y, i, y);
-  }
-};
-
+struct Elementwise<ops::Copy<T>> : ElementwiseOver<ops::Copy<T>, T, In<&ops::Copy<T>::x>, Out<&ops::Copy<T>::y>> {};
 template <class T>
-struct Elementwise<ops::Axpy<T>> {
-  using F = ops::Axpy<T>;
-  using Element = T;
-  static bool aligned(const F& f) { return aligned16(f.x) && aligned16(f.y); }
-  template <int W>
-  __device__ static void apply(const F& f, std::int64_t i) {
-    T x[W], y[W];
-    load_elements<W>(f.x, i, x);
-    load_elements<W>(f.y, i, y);
-    F l = f;
-    l.x = x;
-    l.y = y;
-    apply_local<W>(l);
-    store_elements<W>(f.y, i, y);
-  }
-};
-
+struct Elementwise<ops::Axpy<T>> : ElementwiseOver<ops::Axpy<T>, T, In<&ops::Axpy<T>::x>, InOut<&ops::Axpy<T>::y>> {};
 template <class T>
-struct Elementwise<ops::Scale<T>> {
-  using F = ops::Scale<T>;
-  using Element = T;
-  static bool aligned(const F& f) { return aligned16(f.x); }
-  template <int W>
-  __device__ static void apply(const F& f, std::int64_t i) {
-    T x[W];
-    load_elements<W>(f.x, i, x);
-    F l = f;
-    l.x = x;
-    apply_local<W>(l);
-    store_elements<W>(f.x, i, x);
-  }
-};
-
+struct Elementwise<ops::Scale<T>> : ElementwiseOver<ops::Scale<T>, T, InOut<&ops::Scale<T>::x>> {};
 template <class T>
-struct Elementwise<ops::Fill<T>> {
-  using F = ops::Fill<T>;
-  using Element = T;
-  static bool aligned(const F& f) { return aligned16(f.x); }
-  template <int W>
-  __device__ static void apply(const F& f, std::int64_t i) {
-    T x[W];
-    F l = f;
-    l.x = x;
-    apply_local<W>(l);
-    store_elements<W>(f.x, i, x);
-  }
-};
+struct Elementwise<ops::Fill<T>> : ElementwiseOver<ops::Fill<T>, T, Out<&ops::Fill<T>::x>> {};
 
 /// Elements [0, n / W * W) as W-element vectors through Elementwise<F>::apply, the rest
 /// by f itself; grid-stride.
