@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Packs what a machine with a GPU runs first into gpu-bundle.tar.xz (ignored by git):
+# the GPU suite, bench-kernels, bench-train and llama-train, built here for sm_90 (H100,
+# H200), the shared libraries they load that a bare CUDA image lacks (OpenBLAS, toml++,
+# PCRE2, SentencePiece, Open MPI, the GCC runtimes), the configs, torch_llama.py, and
+# run.sh, which runs them there and writes every output to $OUT.
+#
+# A machine lent for GPU work may reach no package registry, so nothing is built there:
+# the binaries travel. They need the CUDA 13 runtime and cuBLASLt where they run, and a
+# glibc at least as new as this machine's.
+#
+#   bash tools/gpu_bundle.sh                  # here: builds build-gpu/, writes gpu-bundle.tar.xz
+#   tar -xJf gpu-bundle.tar.xz -C /tmp && bash /tmp/gpu-bundle/run.sh test     # there
+#
+# run.sh STEP, one step per command (each fits in ten minutes):
+#   test      the GPU suite (tests/gpu): ops, row kernels, GEMMs, flash attention, the
+#             model in fp32 and bf16 against the CPU backend, virtual ranks on one GPU
+#   kernels   bench-kernels (GEMMs, attention, memory-bound ops), JSON and text
+#   train     bench-train on Llama 3.2 1B and 3B without activation checkpointing, and 8B
+#             with full checkpointing, batch 1 x seq 8192, Markdown rows for RESULTS.md
+#   torch     bench/torch_llama.py on 1B at the same batch, sequence and checkpointing,
+#             with the ratio to bench-train's figure (needs train first, in the same $OUT)
+#   llama     llama-train on the debug model on the GPU, 100 steps
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD:-build-gpu}  # any release build with CUDA enabled will do (BUILD=build)
+bundle=gpu-bundle
+[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release -Dcuda=enabled -Dgpu_arch=90
+meson compile -C "$build" test_gpu bench-kernels bench-train llama-train
+
+rm -rf "$bundle" "$bundle.tar.xz"
+mkdir -p "$bundle/lib"
+bins=("$build/tests/gpu/test_gpu" "$build/bench/bench-kernels" "$build/bench/bench-train" "$build/examples/llama-train")
+cp "${bins[@]}" "$bundle/"
+# Every library they load, except the C and C++ runtimes (newer there) and CUDA's own.
+for b in "${bins[@]}"; do
+  ldd "$b" | awk '/=> \//{print $3}'
+done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so|/libcud|/libcublas|/libnccl' |
+  while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
+cp -r examples/configs "$bundle/configs"
+cp bench/torch_llama.py "$bundle/"
+git rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo "-" > "$bundle/COMMIT"
+
+cat > "$bundle/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# Runs one step of the GPU session (see tools/gpu_bundle.sh); outputs go to $OUT.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$here/out}
+mkdir -p "$out"
+commit=$(cat "$here/COMMIT")
+cuda_libs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
+  [ -d "$d" ] && cuda_libs="$cuda_libs:$d"
+done
+export LD_LIBRARY_PATH="$here/lib$cuda_libs:${LD_LIBRARY_PATH:-}"
+nvidia-smi -L 2>&1 | tee "$out/device.txt"
+case "${1:-}" in
+  test) "$here/test_gpu" 2>&1 | tee "$out/gpu-tests.txt" ;;
+  kernels) "$here/bench-kernels" --commit "$commit" --json "$out/kernels.json" 2>&1 | tee "$out/kernels.txt" ;;
+  train)
+    "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 5 --warmup 2 --markdown --commit "$commit" \
+      --json "$out/train.json" 2>&1 | tee "$out/train.txt"
+    "$here/bench-train" --flavors llama3_8b --ac full --steps 5 --warmup 2 --markdown --commit "$commit" \
+      --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt" ;;
+  torch)
+    python3 "$here/torch_llama.py" --flavor llama3.2_1b --batch 1 --seq 8192 --ac none --tessera-json "$out/train.json" \
+      --json "$out/torch.json" 2>&1 | tee "$out/torch.txt" ;;
+  llama)
+    "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
+      --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
+  *) echo "usage: run.sh test|kernels|train|torch|llama" >&2; exit 2 ;;
+esac
+EOF
+chmod +x "$bundle/run.sh"
+tar -cJf "$bundle.tar.xz" "$bundle"
+echo "gpu_bundle: $(du -h "$bundle.tar.xz" | cut -f1) in $bundle.tar.xz ($(du -sh "$bundle" | cut -f1) unpacked), commit $(cat "$bundle/COMMIT")"
