@@ -22,6 +22,8 @@
 #include "tessera/core/memory.hpp"
 #include "../support/errors.hpp"
 
+namespace test_caching_allocator {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 
 namespace {
@@ -545,3 +547,5 @@ TEST_CASE("random allocations and releases keep every invariant") {
   CHECK(alloc.stats().reserved_bytes == 0);
   CHECK(device.outstanding == 0);
 }
+
+}  // namespace test_caching_allocator

@@ -13,6 +13,8 @@
 #include "tessera/backend/attention_shape.hpp"
 #include "tessera/core/dtype.hpp"
 
+namespace test_cpu_bf16 {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 
 namespace {
@@ -134,3 +136,5 @@ TEST_CASE("Cpu attention on bf16 tensors follows the float attention of the same
     CHECK(bad == 0);
   }
 }
+
+}  // namespace test_cpu_bf16

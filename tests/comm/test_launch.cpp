@@ -9,6 +9,8 @@
 #include "../support/errors.hpp"
 #include "tessera/comm/launch.hpp"
 
+namespace test_launch {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::comm;
 
@@ -175,3 +177,5 @@ TEST_CASE("launch: detect_launch() reads this process's environment") {
   CHECK(l.master_addr == "127.0.0.1");
   CHECK(l.master_port == 29512);
 }
+
+}  // namespace test_launch

@@ -11,6 +11,8 @@
 #include "tessera/comm/mesh.hpp"
 #include "tessera/comm/thread.hpp"
 
+namespace test_mesh {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::comm;
 
@@ -69,3 +71,5 @@ TEST_CASE("DeviceMesh: a shape that does not match the world is refused") {
   CHECK_ERROR_CONTAINS(run_thread_ranks(2, [&](Communicator& world) { DeviceMesh mesh(world, MeshShape{1, 1, 4, 1}); }),
                        "needs 4 ranks, the world has 2");
 }
+
+}  // namespace test_mesh

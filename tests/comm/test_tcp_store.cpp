@@ -19,6 +19,8 @@
 #include "../support/errors.hpp"
 #include "tessera/comm/tcp_store.hpp"
 
+namespace test_tcp_store {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::comm;
 using namespace std::chrono_literals;
@@ -357,3 +359,5 @@ TEST_CASE("tcp store: ranks started for different worlds, and bad arguments") {
   TcpStore alone("", 0, 0, 1, 1s);
   CHECK_ERROR_CONTAINS(alone.broadcast(Bytes{1}, 1), "TcpStore rank 0: broadcast root 1 is outside [0, 1)");
 }
+
+}  // namespace test_tcp_store

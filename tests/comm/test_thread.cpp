@@ -16,6 +16,8 @@
 #include "tessera/comm/thread.hpp"
 #include "tessera/core/tensor.hpp"
 
+namespace test_thread {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::comm;
 
@@ -409,3 +411,5 @@ TEST_CASE("thread ranks: each rank counts its own memory") {
   CHECK(peaks[1] == 8000);
   CHECK(peaks[2] == 12000);
 }
+
+}  // namespace test_thread

@@ -16,6 +16,8 @@
 #include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
 
+namespace test_loader {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 using tessera::data::Batch;
@@ -223,3 +225,5 @@ TEST_CASE("synthetic corpus -> token shard -> DataLoader -> text") {
     }
   }
 }
+
+}  // namespace test_loader

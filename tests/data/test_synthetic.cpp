@@ -12,6 +12,8 @@
 
 #include "tessera/data/synthetic.hpp"
 
+namespace test_synthetic {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 using tessera::data::synthetic_corpus;
@@ -253,3 +255,5 @@ TEST_CASE("synthetic corpus: bad arguments") {
   CHECK_ERROR_CONTAINS(synthetic_document(0, -1), "index -1 is negative");
   CHECK_ERROR_CONTAINS(synthetic_corpus(0, -5), "n_documents -5 is negative");
 }
+
+}  // namespace test_synthetic

@@ -11,6 +11,8 @@
 #include "tessera/io/load_tokenizer.hpp"
 #include "tessera/data/tokenizers.hpp"
 
+namespace test_synthetic_bpe {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 
 TEST_CASE("synthetic_bpe: 768 trained tokens plus 256 specials, the same every time") {
@@ -54,3 +56,5 @@ TEST_CASE("the tokenizer file llama-train saves loads back as the same tokenizer
   CHECK_FALSE(std::filesystem::exists(path + ".none"));
   std::filesystem::remove(path);
 }
+
+}  // namespace test_synthetic_bpe

@@ -21,6 +21,8 @@
 #include "tessera/data/tokenize.hpp"
 #include "tessera/io/tokenizer.hpp"
 
+namespace test_tokenize {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -397,3 +399,5 @@ TEST_CASE("progress and summary lines") {
   stats.documents = 1;
   CHECK(summary_line(stats, 0.5).find("1 document, 250000 tokens") == 0);
 }
+
+}  // namespace test_tokenize

@@ -17,6 +17,8 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/ops/ops.hpp"
 
+namespace test_gpu_backend {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 
 namespace {
@@ -383,3 +385,5 @@ TEST_CASE("Device tensors move the caching allocator's counters and the device's
   CHECK(s3.allocations == s0.allocations + 1);
   CHECK(s3.allocated_bytes == s0.allocated_bytes);
 }
+
+}  // namespace test_gpu_backend

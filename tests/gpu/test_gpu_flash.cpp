@@ -1,7 +1,7 @@
 // The CUDA flash attention kernels give the CPU backend's causal attention: o, lse, dq,
 // dk, dv, in float and bf16 storage, head dims 64 and 128, groups of 1, 2 and 4 q heads
 // per kv head, rows padded so that tiles load with 16-byte vectors and without. Runs
-// only where a device is present (the suite's main is in test_gpu_ops.cpp).
+// only where a device is present (the suite's main is in main.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,6 +16,8 @@
 #include "flash_launchers.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/dtype.hpp"
+
+namespace test_gpu_flash {  // unity build: this file's names stay in here (tests/meson.build)
 
 using namespace tessera;
 
@@ -116,3 +118,5 @@ TEST_CASE("flash attention on the GPU refuses other head dims and float64 by nam
   CHECK_ERROR_CONTAINS(gpu_test::flash_forward_without_data({1, 4, 2, 1, 64}, true),
                        "flash attention (CUDA): float64 storage is not supported (float or bf16)");
 }
+
+}  // namespace test_gpu_flash

@@ -4,7 +4,7 @@
 // nn::Transformer<float, Cuda> and of the binaries' block type under every activation
 // checkpointing mode; FSDP, TP, PP and FSDP x TP on virtual ranks sharing the GPU; a
 // checkpoint saved from the GPU and loaded on either backend; out of device memory as
-// an error. The CUDA side runs in model_launchers.cu; the suite's main (test_gpu_ops.cpp)
+// an error. The CUDA side runs in model_launchers.cu; the suite's main (main.cpp)
 // skips everything without a device.
 #include <doctest/doctest.h>
 
@@ -25,6 +25,8 @@
 #include "tessera/nn/transformer.hpp"
 #include "tessera/train/checkpoint.hpp"
 #include "tessera/train/config.hpp"
+
+namespace test_gpu_model {  // unity build: this file's names stay in here (tests/meson.build)
 
 using namespace tessera;
 using namespace tessera::gpu_test;
@@ -443,3 +445,5 @@ TEST_CASE("An allocation larger than the device is an out-of-memory error naming
   const std::vector<float> v = collective_input(5, 1000);
   CHECK(cuda_round_trip(v) == v);
 }
+
+}  // namespace test_gpu_model

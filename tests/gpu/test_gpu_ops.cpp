@@ -4,8 +4,7 @@
 // one element and of 4095, a 128256-column vocabulary, lengths that are not a multiple
 // of the vector width, leading dimensions and base pointers that force the scalar path,
 // short rows (a warp each) and long ones (a block each). Then determinism (two runs,
-// the same bits), the per-index fallback, and a launch on another stream. The main
-// exits 77 (Meson's skip) when no device is present.
+// the same bits), the per-index fallback, and a launch on another stream.
 //
 // Tolerances. The kernels compute each element with the functor's expression, so
 // elementwise results differ from the host's only where nvcc fuses a multiply and an
@@ -23,7 +22,6 @@
 // rounding boundary they round to neighbouring bf16 values, one ulp <= 2^-7 |v| apart,
 // which is added to the allowance (rounding_of<T>). Padding beyond a row's n and rows
 // the functor leaves alone must be bitwise unchanged, and maxima are exact.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -43,6 +41,8 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/ops/ops.hpp"
+
+namespace test_gpu_ops {  // unity build: this file's names stay in here (tests/meson.build)
 
 using namespace tessera;
 using gpu_test::DeviceArray;
@@ -1104,11 +1104,4 @@ TEST_CASE("AdamW (not lowered) on the GPU matches the CPU") {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (gpu_test::device_count() == 0) {
-    std::printf("no CUDA device: GPU tests skipped\n");
-    return 77;
-  }
-  doctest::Context ctx(argc, argv);
-  return ctx.run();
-}
+}  // namespace test_gpu_ops

@@ -19,6 +19,8 @@
 #include "tessera/io/bpe_trainer.hpp"
 #include "tessera/io/tiktoken.hpp"
 
+namespace test_bpe_trainer {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -207,3 +209,5 @@ TEST_CASE("bpe trainer: bad tokens and options are refused with the reason") {
   CHECK_ERROR_CONTAINS(train_bpe(Docs{"x"}, BpeTrainOptions{255, 2}), "vocab_size 255 is below 256");
   CHECK_ERROR_CONTAINS(train_bpe(Docs{"x"}, BpeTrainOptions{1000, 0}), "min_frequency 0 must be at least 1");
 }
+
+}  // namespace test_bpe_trainer

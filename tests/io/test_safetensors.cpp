@@ -22,6 +22,8 @@
 #include "tessera/io/mapped_file.hpp"
 #include "tessera/io/safetensors.hpp"
 
+namespace test_safetensors {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace fs = std::filesystem;
 using tessera::bf16;
 using tessera::io::SafetensorsFile;
@@ -672,3 +674,5 @@ TEST_CASE("mapped file") {
   CHECK(tessera::io::MappedFile::open(dir.file("empty.bin")).size() == 0);
   check_error([&] { (void)tessera::io::MappedFile::open(dir.file("none.bin")); }, {dir.file("none.bin"), "cannot open"});
 }
+
+}  // namespace test_safetensors

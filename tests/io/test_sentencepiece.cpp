@@ -20,6 +20,8 @@
 #include "tessera/io/sentencepiece.hpp"
 #include "tessera/io/tiktoken.hpp"
 
+namespace test_sentencepiece {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -219,3 +221,5 @@ TEST_CASE("load_tokenizer: what it cannot use is named, with what was expected")
   write_file(tmp.path / "hf" / "original" / "tokenizer.model", "junk");
   CHECK_ERROR_CONTAINS(load_tokenizer((tmp.path / "hf").string()), "original/tokenizer.model' is not a tokenizer file");
 }
+
+}  // namespace test_sentencepiece

@@ -20,6 +20,8 @@
 #include "tessera/io/pretokenize.hpp"
 #include "tessera/io/tiktoken.hpp"
 
+namespace test_tiktoken {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -470,3 +472,5 @@ TEST_CASE("tiktoken file: load reads a file and names a missing one") {
   }
   CHECK_ERROR_CONTAINS(TiktokenTokenizer::load(path), "tiktoken file '" + path + "' line 258");
 }
+
+}  // namespace test_tiktoken

@@ -16,6 +16,8 @@
 #include "tessera/io/crc32.hpp"
 #include "tessera/io/token_shard.hpp"
 
+namespace test_token_shard {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -294,3 +296,5 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
     CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
   }
 }
+
+}  // namespace test_token_shard

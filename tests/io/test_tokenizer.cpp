@@ -9,6 +9,8 @@
 
 #include "tessera/io/tokenizer.hpp"
 
+namespace test_tokenizer {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 
@@ -71,3 +73,5 @@ TEST_CASE("byte tokenizer: token_text") {
   CHECK_THROWS_AS(tok.token_text(258), tessera::Error);
   CHECK_ERROR_CONTAINS(tok.token_text(300), "token id 300");
 }
+
+}  // namespace test_tokenizer

@@ -16,6 +16,8 @@
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/checkpoint.hpp"
 
+namespace test_bf16_model {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::nn;
 
@@ -198,3 +200,5 @@ TEST_CASE("bf16 model: saved and loaded, as tessera checkpoints and Hugging Face
     CHECK(same_values(from_hf));
   }
 }
+
+}  // namespace test_bf16_model

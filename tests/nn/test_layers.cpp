@@ -14,6 +14,8 @@
 #include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/transformer.hpp"
 
+namespace test_layers {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::nn;
 using tessera::testing::check_gradient;
@@ -152,3 +154,5 @@ TEST_CASE("Whole model: loss gradients match finite differences") {
         [&](Parameter<double>& p) { check_gradient("model d" + p.name, p.value, to_vector(p.grad), f); });
   }
 }
+
+}  // namespace test_layers

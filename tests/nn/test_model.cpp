@@ -7,6 +7,8 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/nn/transformer.hpp"
 
+namespace test_model {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::nn;
 
@@ -91,3 +93,5 @@ TEST_CASE("Initialisation depends only on seed, name and index") {
   m2.for_each_parameter([&](Parameter<float>& p) { v2.insert(v2.end(), p.value.data(), p.value.data() + p.numel()); });
   CHECK(v1 != v2);
 }
+
+}  // namespace test_model

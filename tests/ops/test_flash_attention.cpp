@@ -15,6 +15,8 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/ops/flash_attention.hpp"
 
+namespace test_flash_attention {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 
 namespace {
@@ -424,3 +426,5 @@ TEST_CASE("flash attention: bad shapes, head dims and tiles are refused by name"
                                                                      dq.view, 16)),
                        "flash attention: dv is (5, 256), expected (5, 128)");
 }
+
+}  // namespace test_flash_attention

@@ -13,6 +13,8 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/ops/ops.hpp"
 
+namespace test_ops {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using tessera::testing::fill_normal;
 
@@ -677,3 +679,5 @@ TEST_CASE("bf16 embedding: rows copied exactly, the table gradient summed in flo
   check_within("dtable", dtable, dtable_f, kStatRel, abs);
   check_within("dtable against double", dtable, std::vector<float>(ref.begin(), ref.end()), 1e-5, abs);
 }
+
+}  // namespace test_ops

@@ -9,6 +9,8 @@
 
 #include "harness.hpp"
 
+namespace test_bf16_training {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -93,3 +95,5 @@ TEST_CASE("bf16 model: mixed_precision_param = float32 contradicts it and is ref
                                          "\"float32\" contradicts it"),
                        Error);
 }
+
+}  // namespace test_bf16_training

@@ -8,6 +8,8 @@
 #include "harness.hpp"
 #include "tessera/comm/thread.hpp"
 
+namespace test_checkpoint {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -84,3 +86,5 @@ TEST_CASE("checkpointing: activation memory orders full < selective < none") {
   CHECK(bytes[1] < bytes[3]);
   CHECK(bytes[3] < bytes[0]);
 }
+
+}  // namespace test_checkpoint

@@ -15,6 +15,8 @@
 #include "harness.hpp"
 #include "tessera/comm/thread.hpp"
 
+namespace test_failure {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -62,3 +64,5 @@ TEST_CASE("failure: a rank that throws in the middle of a step ends every thread
   // run_thread_ranks joined its rank threads; the ranks' collective workers ended with them.
   if (threads_before > 0) CHECK(process_threads() == threads_before);
 }
+
+}  // namespace test_failure

@@ -12,6 +12,8 @@
 #include "harness.hpp"
 #include "tessera/comm/thread.hpp"
 
+namespace test_parity {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -91,3 +93,5 @@ TEST_CASE("parity: bfloat16 parameters under FSDP (bfloat16 gathers) match one r
       train_layout(comm::Communicator(), comm::MeshShape{}, debug_job(kGlobalBatch, kGlobalBatch, kSteps, bf16)).losses;
   CHECK(max_relative_difference(layout_losses({1, 1, 4, 1}, kGlobalBatch / 4, kGlobalBatch, bf16), reference) <= 1e-5);
 }
+
+}  // namespace test_parity

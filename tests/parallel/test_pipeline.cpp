@@ -13,6 +13,8 @@
 #include "tessera/comm/thread.hpp"
 #include "tessera/train/hf_checkpoint.hpp"
 
+namespace test_pipeline {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -205,3 +207,5 @@ TEST_CASE("pipeline: each stage loads its own tensors from a Hugging Face direct
   });
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace test_pipeline

@@ -9,6 +9,8 @@
 #include "tessera/comm/thread.hpp"
 #include "tessera/train/checkpoint.hpp"
 
+namespace test_save {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -37,3 +39,5 @@ TEST_CASE("a sharded model saves its whole parameters, and refuses to save or lo
   fresh.for_each_parameter([&](nn::Parameter<float>& p) { b.emplace_back(p.value.data(), p.value.data() + p.numel()); });
   CHECK(a == b);
 }
+
+}  // namespace test_save

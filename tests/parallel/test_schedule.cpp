@@ -13,8 +13,11 @@
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/stages.hpp"
 
+namespace test_schedule {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::parallel;
+using tessera::parallel::Op;  // the schedule's action kind, not the checkpoint policy's tessera::Op
 
 namespace {
 
@@ -386,3 +389,5 @@ TEST_CASE("pipeline: schedule description for logs") {
   CHECK(sim.makespan == doctest::Approx(33.0));  // (M + P - 1) x (1 + 2)
   CHECK(sim.busy == std::vector<double>{24.0, 24.0, 24.0, 24.0});
 }
+
+}  // namespace test_schedule

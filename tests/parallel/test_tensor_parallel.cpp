@@ -15,6 +15,8 @@
 #include "harness.hpp"
 #include "tessera/comm/thread.hpp"
 
+namespace test_tensor_parallel {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -187,3 +189,5 @@ TEST_CASE("tensor parallel: a static TensorParallel<2, Heads<16>> trains like th
   CHECK(gap.loss <= 1e-5);
   CHECK(gap.grad_norm <= 1e-4);
 }
+
+}  // namespace test_tensor_parallel

@@ -11,6 +11,8 @@
 #include "tessera/comm/thread.hpp"
 #include "tessera/parallel/traffic.hpp"
 
+namespace test_traffic {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -121,3 +123,5 @@ TEST_CASE("memory: under FSDP each rank holds its share of parameters and optimi
   CHECK(peak[1] < peak[0]);
   CHECK(peak[2] < peak[1]);
 }
+
+}  // namespace test_traffic

@@ -10,6 +10,8 @@
 #include "tessera/nn/feed_forward.hpp"
 #include "tessera/nn/rmsnorm.hpp"
 
+namespace test_user_layer {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using namespace tessera::test;
 
@@ -110,3 +112,5 @@ TEST_CASE("a user's block: selective checkpointing gives bitwise the gradients o
   CHECK(grads({K::selective_op, 0}) == none);
   CHECK(grads({K::full, 0}) == none);
 }
+
+}  // namespace test_user_layer

@@ -39,6 +39,8 @@
 #include "tessera/nn/transformer.hpp"
 #include "tessera/train/checkpoint.hpp"
 
+namespace test_hf_parity {  // unity build: this file's names stay in here (tests/meson.build)
+
 #ifndef TESSERA_FIXTURES
 #error "TESSERA_FIXTURES must name the tests/fixtures folder (tests/parity/meson.build defines it)"
 #endif
@@ -441,3 +443,5 @@ TEST_CASE("Loader errors name the file and the tensor") {
     CHECK_ERROR_CONTAINS(load(dir), "'lm_head.weight' in " + wrong);
   }
 }
+
+}  // namespace test_hf_parity

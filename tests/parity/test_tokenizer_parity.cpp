@@ -23,6 +23,8 @@
 #include "tessera/io/tiktoken.hpp"
 #include "tessera/io/tokenizer.hpp"
 
+namespace test_tokenizer_parity {  // unity build: this file's names stay in here (tests/meson.build)
+
 #ifndef TESSERA_FIXTURES
 #error "TESSERA_FIXTURES must name the tests/fixtures folder (tests/parity/meson.build defines it)"
 #endif
@@ -139,3 +141,5 @@ TEST_CASE("SentencePiece model gives SentencePiece's ids for every corpus string
   }
   CHECK(byte_fallback >= 10);  // characters outside the vocabulary go through <0xNN> pieces
 }
+
+}  // namespace test_tokenizer_parity

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+namespace test_config {  // unity build: this file's names stay in here (tests/meson.build)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -767,3 +769,5 @@ TEST_CASE("debug_model.toml is the default job: the debug shape on the embedded 
   CHECK(o.training.steps == 10);
   CHECK(o.training.seq_len == c.training.seq_len);
 }
+
+}  // namespace test_config

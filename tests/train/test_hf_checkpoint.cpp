@@ -20,6 +20,8 @@
 #include "tessera/train/checkpoint.hpp"
 #include "tessera/train/evaluate.hpp"
 
+namespace test_hf_checkpoint {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 namespace fs = std::filesystem;
 using Model = nn::Transformer<float, Cpu>;
@@ -178,3 +180,5 @@ TEST_CASE("evaluate: consecutive windows, each predicting its own next tokens") 
   CHECK_ERROR_CONTAINS(train::evaluate(m, tokens, 5, 3, "tokens.u32"), "tokens.u32: token id 40 at index 9");
   CHECK_ERROR_CONTAINS(train::evaluate(m, tokens, 1, 3, "t"), "windows of 1 tokens make no prediction");
 }
+
+}  // namespace test_hf_checkpoint

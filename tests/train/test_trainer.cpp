@@ -12,6 +12,8 @@
 #include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
+namespace test_trainer {  // unity build: this file's names stay in here (tests/meson.build)
+
 using namespace tessera;
 using Model = nn::Transformer<float, Cpu>;
 
@@ -159,3 +161,5 @@ TEST_CASE("Settings this build cannot run are rejected by name") {
   CHECK_NOTHROW(train::check_supported(small_job({"--activation_checkpoint.mode", "full"})));
   CHECK_NOTHROW(train::check_supported(small_job()));
 }
+
+}  // namespace test_trainer
