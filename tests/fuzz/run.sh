@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang++ (ASan + UBSan) and runs each for a bounded time.
+# Builds the libFuzzer targets with clang++ (ASan + UBSan) and runs them side by side, each
+# for a bounded time.
 #
 #   tests/fuzz/run.sh [SECONDS] [BUILD_DIR]     (defaults: 60, $FUZZ_BUILD_DIR or build-fuzz)
 #
@@ -86,18 +87,39 @@ run_target() {
   return 0
 }
 
-status=0
-build_target safetensors || { echo "fuzz: building fuzz_safetensors failed" >&2; exit 1; }
-run_target safetensors 8192 || status=1
-
+# Build every target, then fuzz them side by side, each with FUZZ_JOBS processes and
+# reporting into its own file, printed in order once all have ended (CI has two cores:
+# the two targets take one each).
+targets=(safetensors)
+extra_flags=("")
 if [ -f include/tessera/io/tiktoken.hpp ]; then
   pcre_flags=$(pkg-config --cflags --libs libpcre2-8 2>/dev/null) || { echo "fuzz: pkg-config cannot find libpcre2-8 (libpcre2-dev)" >&2; exit 1; }
-  # shellcheck disable=SC2086
-  build_target tiktoken $pcre_flags || { echo "fuzz: building fuzz_tiktoken failed" >&2; exit 1; }
-  run_target tiktoken 16384 || status=1
+  targets+=(tiktoken)
+  extra_flags+=("$pcre_flags")
 else
   echo "== skipping fuzz_tiktoken: include/tessera/io/tiktoken.hpp does not exist"
 fi
+pids=()
+for i in "${!targets[@]}"; do
+  # shellcheck disable=SC2086
+  build_target "${targets[$i]}" ${extra_flags[$i]} &
+  pids+=($!)
+done
+for i in "${!targets[@]}"; do
+  wait "${pids[$i]}" || { echo "fuzz: building fuzz_${targets[$i]} failed" >&2; exit 1; }
+done
+
+declare -A max_len=([safetensors]=8192 [tiktoken]=16384)
+pids=()
+for t in "${targets[@]}"; do
+  run_target "$t" "${max_len[$t]}" > "$build/report_$t.txt" 2>&1 &
+  pids+=($!)
+done
+status=0
+for i in "${!targets[@]}"; do
+  wait "${pids[$i]}" || status=1
+  cat "$build/report_${targets[$i]}.txt"
+done
 
 [ "$status" -eq 0 ] && echo "fuzz: no findings" || echo "fuzz: FINDINGS above"
 exit $status
