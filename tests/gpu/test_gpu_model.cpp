@@ -60,11 +60,13 @@ train::JobConfig small_job(const std::vector<std::string>& overrides = {}) {
 }
 
 /// The parity jobs of tests/parallel (test::debug_job) with head dim 64 (4 heads over 2
-/// kv heads of dim 256) and 2 layers, for layouts of virtual ranks on the GPU.
+/// kv heads of dim 256: a head dim the flash kernels take) and 2 layers, for layouts of
+/// virtual ranks on the GPU.
 train::JobConfig layout_job(std::int64_t local_batch, int steps, const std::vector<std::string>& keys) {
-  return test::debug_job(local_batch, test::kParityBatch, steps,
-                         test::with({"--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.n_layers", "2"},
-                                    keys));
+  return test::debug_job(
+      local_batch, test::kParityBatch, steps,
+      test::with({"--model.dim", "256", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.n_layers", "2"},
+                 keys));
 }
 
 double relative(double a, double b) {

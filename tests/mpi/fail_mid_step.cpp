@@ -1,4 +1,4 @@
-// A rank that fails in the middle of a training step, for run_mpi.sh: the debug model
+// A rank that fails in the middle of a training step, for run_mpi.sh: the parity model
 // trained with FSDP over every rank of the MPI world, its blocks a user's own layer
 // type that throws on world rank 1 in the backward of step 2 — while the other ranks
 // are inside that step's collectives. main's catch block must end the whole job

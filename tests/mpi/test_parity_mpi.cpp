@@ -3,7 +3,7 @@
 // compositions with FSDP and HSDP, and each data-parallel sharding, the checkpoint modes
 // dealt over them) run over MPI ranks, all of it in one launch of 8 processes.
 //
-// Each layout (a mesh shape, a schedule, a checkpoint mode) trains the debug model in
+// Each layout (a mesh shape, a schedule, a checkpoint mode) trains the parity model in
 // float32 for 10 steps on its own group of processes. The layouts are packed into
 // rounds that fill the 8 ranks (an 8-rank layout alone, two 4-rank layouts side by
 // side, 3-, 2- and 1-rank ones together); each round the world is split into one

@@ -24,6 +24,7 @@ train::JobConfig debug_job(std::int64_t local_batch, std::int64_t global_batch, 
   return train::parse_config(R"(
     [model]
     flavor = "debugmodel"
+    dim = 64
     tokenizer = "synthetic_bpe"
     vocab_size = 1024
     [optimizer]
@@ -32,7 +33,7 @@ train::JobConfig debug_job(std::int64_t local_batch, std::int64_t global_batch, 
     warmup_steps = 3
     [training]
     seq_len = 32
-    max_norm = 1.0
+    max_norm = 0.5
     seed = 0
     mixed_precision_param = "float32"
     synthetic_documents = 400

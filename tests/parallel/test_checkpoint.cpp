@@ -28,7 +28,7 @@ struct Pass {
   std::size_t activation_bytes = 0;
 };
 
-/// One forward_backward of the debug model's first batch under `mode`.
+/// One forward_backward of the parity model's first batch under `mode`.
 Pass one_pass(comm::DeviceMesh* mesh, parallel::CheckpointMode mode) {
   const train::JobConfig c = debug_job(8, 8, 1);
   parallel::Plan plan;

@@ -1,4 +1,4 @@
-// A rank that fails in the middle of a training step, on thread ranks: the debug model
+// A rank that fails in the middle of a training step, on thread ranks: the parity model
 // trained with FSDP over 4 ranks whose blocks (a user's own layer type) throw on rank 1
 // in the backward of step 2, while the other ranks are inside that step's collectives.
 // run_thread_ranks must end every rank and rethrow rank 1's error promptly — not wait

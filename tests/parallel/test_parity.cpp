@@ -1,8 +1,8 @@
 // Parity: every data-parallel layout and checkpoint mode trains the same model as one
-// rank. The debug model in float32 for 10 steps (3 in sanitizer builds): FSDP over 2,
-// 4 and 8 thread ranks, HSDP 2 x 2 and DDP over 4, each with every activation
-// checkpoint mode, against one rank with none — losses within 1e-5 relative at every
-// step. One case accumulates gradients over micro-batches (DDP's one reduction per
+// rank. The parity model (harness.hpp) in float32 for 10 steps (3 in sanitizer
+// builds): FSDP over 2, 4 and 8 thread ranks, HSDP 2 x 2 and DDP over 4, each with every
+// activation checkpoint mode, against one rank with none — losses within 1e-5 relative
+// at every step. One case accumulates gradients over micro-batches (DDP's one reduction per
 // step), and one gives the policies statically, in the other order.
 #include <doctest/doctest.h>
 

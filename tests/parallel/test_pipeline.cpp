@@ -1,4 +1,4 @@
-// Pipeline parallelism trains the same model as one rank: the debug model in float32
+// Pipeline parallelism trains the same model as one rank: the parity model in float32
 // for 10 steps (3 in sanitizer builds) on thread ranks, losses within 1e-5 relative at
 // every step (gradient norms within 1e-4), for every schedule (GPipe, 1F1B,
 // Interleaved1F1B, InterleavedZeroBubble) on 2 and 4 pipeline ranks, with layer counts that do not split evenly, and composed
