@@ -50,11 +50,14 @@ TEST_CASE("bf16 model: trains as the fp32 model with bf16 parameters does, to bf
           " steps: loss within ", gap.loss, ", gradient norm within ", gap.grad_norm, " (relative); losses ",
           got.losses.front(), " -> ", got.losses.back());
   // The parameters follow the same kind of fp32 masters; the activations (and so the
-  // gradients) carry bf16 rounding, which moves a step's loss by about a part in a
-  // thousand (1.2e-3 seen over 10 steps; the gradient norm 4.2e-3).
+  // gradients) carry bf16 rounding, which moves a step's loss by less than a part in a
+  // thousand (5.7e-4 seen over 3 steps and 10; the gradient norm 5.8e-4).
   CHECK(gap.loss <= 5e-3);
   CHECK(gap.grad_norm <= 2e-2);
-  CHECK(got.losses.back() < got.losses.front() - 0.5);  // it learns
+  // It learns: the parity model's loss falls from 7.44 by 0.11 in 3 steps (the first
+  // three, in warmup) and by 0.64 in 10.
+  const double learned = kParitySteps >= 10 ? 0.5 : 0.05;
+  CHECK(got.losses.back() < got.losses.front() - learned);
 }
 
 TEST_CASE("bf16 model: FSDP, HSDP, tensor and pipeline parallelism train one rank's bf16 model") {
