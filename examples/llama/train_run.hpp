@@ -24,6 +24,7 @@
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "tessera/parallel/dynamic.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/checkpoint.hpp"
 #include "tessera/train/job_config.hpp"
@@ -33,13 +34,10 @@ namespace tessera::llama_train {
 
 namespace fs = std::filesystem;
 
-/// The block llama-train wraps every layer in: every choice read at run time from the
-/// config, through the Plan.
-template <class T, Backend B>
-using DynamicBlock = Parallel<nn::LlamaBlock<T, B>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
-                              Checkpoint<Dynamic>>;
-template <class T, Backend B>
-using DynamicModel = nn::Transformer<T, B, DynamicBlock<T, B>>;
+/// The model llama-train builds (parallel/dynamic.hpp): every choice read at run time from
+/// the config, through the Plan.
+using tessera::DynamicBlock;
+using tessera::DynamicModel;
 
 /// What the caller prepared for every rank.
 struct RunInputs {

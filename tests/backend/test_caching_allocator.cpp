@@ -343,7 +343,7 @@ TEST_CASE("release_to_owner finds the allocator from the pointer alone, as a Buf
   CHECK_ERROR_CONTAINS(CachingAllocator::release_to_owner(a), "already released");
 
   // The Buffer counts the bytes in the device's MemoryStats; the allocator does not.
-  MemoryStats counted[2];
+  MemoryStats counted[kDeviceKinds];
   ScopedMemoryStats scope(counted);
   {
     Buffer<float> buffer(static_cast<float*>(alloc1.allocate(1000 * sizeof(float), "h")), 1000, Device::cuda,

@@ -23,12 +23,8 @@ namespace tessera::gpu_test {
 namespace {
 
 using CudaModel = nn::Transformer<float, Cuda>;
-using CudaDynamicBlock = Parallel<nn::LlamaBlock<float, Cuda>, Sharding<Dynamic>, TensorParallel<dynamic>,
-                                  Pipeline<dynamic>, Checkpoint<Dynamic>>;
-using CudaDynamicModel = nn::Transformer<float, Cuda, CudaDynamicBlock>;
-using CudaBf16Block = Parallel<nn::LlamaBlock<bf16, Cuda>, Sharding<Dynamic>, TensorParallel<dynamic>,
-                               Pipeline<dynamic>, Checkpoint<Dynamic>>;
-using CudaBf16Model = nn::Transformer<bf16, Cuda, CudaBf16Block>;
+using CudaDynamicModel = DynamicModel<float, Cuda>;
+using CudaBf16Model = DynamicModel<bf16, Cuda>;
 
 /// Host, pinned host, managed or device memory for n elements of T, freed at the end
 /// of the scope; every CUDA call checked.

@@ -305,11 +305,11 @@ TEST_CASE("The binaries' block type on Cuda, every activation checkpoint mode: t
   for (const test::AcMode& mode : test::kAcModes) {
     CAPTURE(mode.name);
     const train::JobConfig c = small_job(mode.keys);
-    const ForwardBackward cpu = forward_backward_once<test::DynamicModel>(c);
+    const ForwardBackward cpu = forward_backward_once<test::CpuDynamicModel>(c);
     const ForwardBackward gpu = cuda_dynamic_forward_backward(c);
     CHECK(relative(gpu.loss_sum, cpu.loss_sum) <= kLossBar);
     check_gradients(gpu.gradients, cpu.gradients);
-    const TrainRun cpu_run = train_steps<test::DynamicModel>(c);
+    const TrainRun cpu_run = train_steps<test::CpuDynamicModel>(c);
     const TrainRun gpu_run = cuda_dynamic_train_steps(c);
     check_steps(gpu_run.losses, cpu_run.losses, gpu_run.grad_norms, cpu_run.grad_norms);
     check_parameters(gpu_run, cpu_run);

@@ -9,8 +9,8 @@
 namespace tessera {
 template class Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
                         Checkpoint<Dynamic>>;
-template class nn::Transformer<float, Cpu, test::DynamicBlock>;
-template class train::Trainer<test::DynamicModel>;
+template class nn::Transformer<float, Cpu, test::CpuDynamicBlock>;
+template class train::Trainer<test::CpuDynamicModel>;
 }  // namespace tessera
 
 namespace tessera::test {
@@ -50,6 +50,6 @@ const std::vector<std::uint32_t>& debug_tokens() {
   return tokens;
 }
 
-template RunResult train_layout<DynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
+template RunResult train_layout<CpuDynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
 
 }  // namespace tessera::test

@@ -18,16 +18,15 @@
 #include "tessera/data/loader.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "tessera/parallel/dynamic.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace tessera::test {
 
-/// The block the binaries use: every choice read from the Plan.
-using DynamicBlock =
-    Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
-             Checkpoint<Dynamic>>;
-using DynamicModel = nn::Transformer<float, Cpu, DynamicBlock>;
+/// The model the binaries train (parallel/dynamic.hpp), on the CPU: every choice read from the Plan.
+using CpuDynamicBlock = DynamicBlock<float, Cpu>;
+using CpuDynamicModel = DynamicModel<float, Cpu>;
 }  // namespace tessera::test
 
 // Instantiated once, in instantiate.cpp: each test file compiles in a fraction of the time.
@@ -35,8 +34,8 @@ using DynamicModel = nn::Transformer<float, Cpu, DynamicBlock>;
 namespace tessera {
 extern template class Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>,
                                Pipeline<dynamic>, Checkpoint<Dynamic>>;
-extern template class nn::Transformer<float, Cpu, test::DynamicBlock>;
-extern template class train::Trainer<test::DynamicModel>;
+extern template class nn::Transformer<float, Cpu, test::CpuDynamicBlock>;
+extern template class train::Trainer<test::CpuDynamicModel>;
 }  // namespace tessera
 #endif
 
@@ -87,7 +86,7 @@ struct RunResult {
 
 /// Trains the debug model on `world` laid out as `shape`, with the config `c`
 /// (its [parallelism] and [activation_checkpoint] keys make the Plan).
-template <class Model = DynamicModel>
+template <class Model = CpuDynamicModel>
 RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const train::JobConfig& c) {
   if (world.size() > 1) omp_set_num_threads(1);  // ranks share the cores
   comm::DeviceMesh mesh(world, shape);
@@ -112,7 +111,7 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
 /// Largest |a - b| / |b| over the steps; infinite if the lengths differ or any value
 /// is not finite (a NaN loss must never pass).
 #ifndef TESSERA_PARALLEL_INSTANTIATE
-extern template RunResult train_layout<DynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
+extern template RunResult train_layout<CpuDynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
 #endif
 
 /// The tensor- and pipeline-parallel parity runs: 10 steps (3 in sanitizer builds) of a

@@ -34,7 +34,7 @@ Pass one_pass(comm::DeviceMesh* mesh, parallel::CheckpointMode mode) {
   parallel::Plan plan;
   plan.mesh = mesh;
   plan.checkpoint = mode;
-  DynamicModel model(c.model.args, plan);
+  CpuDynamicModel model(c.model.args, plan);
   model.init_weights(0);
   model.shard();
   const int dp = plan.dp_degree();

@@ -34,7 +34,7 @@ const std::vector<double>& reference_losses() {
 }
 
 /// Rank 0's losses (every rank gets the same: they are reduced over the data-parallel group).
-template <class Model = DynamicModel>
+template <class Model = CpuDynamicModel>
 std::vector<double> layout_losses(comm::MeshShape shape, std::int64_t local_batch, std::int64_t global_batch,
                                   const std::vector<std::string>& keys) {
   std::vector<std::vector<double>> per_rank(static_cast<std::size_t>(shape.world()));

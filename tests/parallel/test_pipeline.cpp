@@ -69,7 +69,7 @@ TEST_CASE("pipeline: saving brings every stage's whole parameters to every rank"
   const train::JobConfig c = debug_job(2, 2, 1, {"--model.n_layers", "5"});
   std::map<std::string, std::vector<float>> reference;
   {
-    DynamicModel model(c.model.args, train::make_plan(c, nullptr));
+    CpuDynamicModel model(c.model.args, train::make_plan(c, nullptr));
     model.init_weights(0);
     model.for_each_parameter([&](nn::Parameter<float>& p) {
       reference[p.name] = std::vector<float>(p.value.data(), p.value.data() + p.numel());
@@ -77,7 +77,7 @@ TEST_CASE("pipeline: saving brings every stage's whole parameters to every rank"
   }
   comm::run_thread_ranks(4, [&](comm::Communicator& world) {
     comm::DeviceMesh mesh(world, {2, 1, 1, 2});
-    DynamicModel model(c.model.args, train::make_plan(c, &mesh));
+    CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
     model.init_weights(0);
     model.shard();
     std::size_t held = 0;
@@ -160,11 +160,11 @@ TEST_CASE("pipeline: explicit split points place the blocks, and train the same 
     parallel::Plan plan = train::make_plan(c, &mesh);
     const std::vector<std::string> names = {"layers.4"};
     plan.pipeline.split_points = parallel::parse_split_points(names);
-    DynamicModel model(c.model.args, plan);
+    CpuDynamicModel model(c.model.args, plan);
     for (std::size_t i = 0; i < model.n_layers(); ++i) ids[static_cast<std::size_t>(world.rank())].push_back(model.layer_id(i));
     model.init_weights(0);
     data::DataLoader loader(debug_tokens(), c.training.seq_len, kParityBatch, 0, 1);
-    train::Trainer<DynamicModel> trainer(model, c, std::move(loader), 0);
+    train::Trainer<CpuDynamicModel> trainer(model, c, std::move(loader), 0);
     RunResult r;
     for (int s = 0; s < kParitySteps; ++s) {
       const train::StepMetrics m = trainer.step();
@@ -186,7 +186,7 @@ TEST_CASE("pipeline: each stage loads its own tensors from a Hugging Face direct
   const std::string dir = (std::filesystem::temp_directory_path() / "tessera_pipeline_hf").string();
   std::map<std::string, std::vector<float>> saved;
   {
-    DynamicModel model(c.model.args, train::make_plan(c, nullptr));
+    CpuDynamicModel model(c.model.args, train::make_plan(c, nullptr));
     model.init_weights(7);
     train::save_hf_model(model, dir);
     model.for_each_parameter([&](nn::Parameter<float>& p) {
@@ -195,7 +195,7 @@ TEST_CASE("pipeline: each stage loads its own tensors from a Hugging Face direct
   }
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
     comm::DeviceMesh mesh(world, {2, 1, 1, 1});
-    DynamicModel model(c.model.args, train::make_plan(c, &mesh));
+    CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
     train::load_hf_model(model, dir);  // the other stage's tensors are not "unplaced"
     std::size_t n = 0;
     model.for_each_parameter([&](nn::Parameter<float>& p) {

@@ -20,7 +20,7 @@ TEST_CASE("a sharded model saves its whole parameters, and refuses to save or lo
   const train::JobConfig c = debug_job(1, 1, 1);
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
     comm::DeviceMesh mesh(world, comm::MeshShape{1, 1, 2, 1});
-    DynamicModel model(c.model.args, parallel::Plan{.mesh = &mesh});
+    CpuDynamicModel model(c.model.args, parallel::Plan{.mesh = &mesh});
     model.init_weights(3);
     model.shard();
     CHECK_ERROR_CONTAINS(train::save_model(model, path, DType::f32),
@@ -31,7 +31,7 @@ TEST_CASE("a sharded model saves its whole parameters, and refuses to save or lo
     world.barrier();
     CHECK_ERROR_CONTAINS(train::load_model(model, path), "cannot be loaded: only this rank's shard is here");
   });
-  DynamicModel saved(c.model.args), fresh(c.model.args);
+  CpuDynamicModel saved(c.model.args), fresh(c.model.args);
   train::load_model(saved, path);
   fresh.init_weights(3);
   std::vector<std::vector<float>> a, b;

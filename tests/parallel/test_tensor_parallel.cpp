@@ -74,7 +74,7 @@ TEST_CASE("tensor parallel: each rank's gradient is its piece of one rank's, and
   std::map<std::string, std::pair<Tensor<float>, Tensor<float>>> reference;
   double reference_norm = 0, reference_loss = 0;
   {
-    DynamicModel model(c.model.args, train::make_plan(c, nullptr));
+    CpuDynamicModel model(c.model.args, train::make_plan(c, nullptr));
     model.init_weights(0);
     model.shard();
     model.zero_grad();
@@ -85,7 +85,7 @@ TEST_CASE("tensor parallel: each rank's gradient is its piece of one rank's, and
 
   comm::run_thread_ranks(4, [&](comm::Communicator& world) {
     comm::DeviceMesh mesh(world, {1, 1, 1, 4});
-    DynamicModel model(c.model.args, train::make_plan(c, &mesh));
+    CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
     model.init_weights(0);
     model.shard();
     model.zero_grad();

@@ -17,8 +17,10 @@
 
 #include <concepts>
 #include <cstdint>
+#include <source_location>
 #include <span>
 
+#include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
 
@@ -47,20 +49,40 @@ concept Backend = requires(std::int64_t n, TensorView<const float> a, TensorView
   B::synchronize();
 };
 
+namespace detail {
+/// The library line that asked for the host transfer now under way on this thread (set
+/// by upload, download and read_one for the duration of the copy): a dry run's trace
+/// names each place the host reads device values, each a synchronisation on a GPU.
+inline thread_local const std::source_location* transfer_site = nullptr;
+
+class TransferSite {
+ public:
+  explicit TransferSite(const std::source_location& site) : previous_(transfer_site) { transfer_site = &site; }
+  ~TransferSite() { transfer_site = previous_; }
+  TransferSite(const TransferSite&) = delete;
+  TransferSite& operator=(const TransferSite&) = delete;
+
+ private:
+  const std::source_location* previous_;
+};
+}  // namespace detail
+
 /// A tensor in B's memory holding `host`'s elements (`host` itself when B's memory is
 /// the host's and `host` already lives there).
 template <Backend B, class T>
-Tensor<T> upload(const Tensor<T>& host) {
+Tensor<T> upload(const Tensor<T>& host, const std::source_location& site = std::source_location::current()) {
   if (host.empty() || host.device() == B::device) return host;
   Tensor<T> t = B::template empty<T>(host.shape());
+  detail::TransferSite at(site);
   B::copy_from_host(host.data(), t.data(), host.numel());
   return t;
 }
 
 /// A rank-1 tensor in B's memory holding a copy of host elements (token ids, targets).
 template <Backend B, class T>
-Tensor<T> upload(std::span<const T> host) {
+Tensor<T> upload(std::span<const T> host, const std::source_location& site = std::source_location::current()) {
   Tensor<T> t = B::template empty<T>(Shape{static_cast<std::int64_t>(host.size())});
+  detail::TransferSite at(site);
   B::copy_from_host(host.data(), t.data(), t.numel());
   return t;
 }
@@ -68,19 +90,42 @@ Tensor<T> upload(std::span<const T> host) {
 /// A host tensor holding the elements of `t`, which lives in B's memory (`t` itself
 /// when that is host memory).
 template <Backend B, class T>
-Tensor<T> download(const Tensor<T>& t) {
+Tensor<T> download(const Tensor<T>& t, const std::source_location& site = std::source_location::current()) {
   if (t.empty() || t.device() == Device::cpu) return t;
   Tensor<T> host(t.shape(), Uninitialized{});
+  detail::TransferSite at(site);
   B::copy_to_host(t.data(), host.data(), t.numel());
   return host;
 }
 
 /// One element of B's memory, read on the host.
 template <Backend B, class T>
-T read_one(const T* p) {
+T read_one(const T* p, const std::source_location& site = std::source_location::current()) {
   T v{};
+  detail::TransferSite at(site);
   B::copy_to_host(p, &v, 1);
   return v;
+}
+
+/// The sizes of C = op(A) op(B) (m, n, k), once the operands are checked: rank 2, shapes
+/// that chain, unit column stride. Every backend's gemm checks with these messages.
+struct GemmSizes {
+  std::int64_t m, n, k;
+};
+template <class TA, class TB, class TC>
+GemmSizes check_gemm(Trans ta, Trans tb, const TensorView<TA>& a, const TensorView<TB>& b, const TensorView<TC>& c) {
+  TESSERA_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "gemm: operands must be rank 2");
+  const std::int64_t m = c.rows(), n = c.cols();
+  const std::int64_t k = ta == Trans::no ? a.cols() : a.rows();
+  const std::int64_t am = ta == Trans::no ? a.rows() : a.cols();
+  const std::int64_t bk = tb == Trans::no ? b.rows() : b.cols();
+  const std::int64_t bn = tb == Trans::no ? b.cols() : b.rows();
+  TESSERA_CHECK(am == m && bk == k && bn == n, "gemm: shapes do not chain: op(A) ", am, "x", k, ", op(B) ", bk, "x", bn,
+                ", C ", m, "x", n);
+  TESSERA_CHECK((a.cols() <= 1 || a.stride(1) == 1) && (b.cols() <= 1 || b.stride(1) == 1) &&
+                    (c.cols() <= 1 || c.stride(1) == 1),
+                "gemm: operands need unit column stride");
+  return {m, n, k};
 }
 
 }  // namespace tessera

@@ -332,13 +332,13 @@ class RankWorker {
   std::thread thread_;
 };
 
-/// Memory counters for `ranks` thread ranks ([cpu, cuda] each). They are never
+/// Memory counters for `ranks` thread ranks (kDeviceKinds each). They are never
 /// freed: a tensor a rank hands out may be released after its thread has ended.
 inline MemoryStats* rank_memory_stats(int ranks) {
   static std::mutex mutex;
   static std::deque<std::unique_ptr<MemoryStats[]>> all;
   std::lock_guard lock(mutex);
-  all.push_back(std::make_unique<MemoryStats[]>(static_cast<std::size_t>(2 * ranks)));
+  all.push_back(std::make_unique<MemoryStats[]>(static_cast<std::size_t>(kDeviceKinds * ranks)));
   return all.back().get();
 }
 
@@ -507,7 +507,7 @@ void run_thread_ranks(int ranks, F&& fn, ThreadOptions options = {}) {
   MemoryStats* stats = detail::rank_memory_stats(ranks);
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
-      ScopedMemoryStats scope(stats + 2 * r);
+      ScopedMemoryStats scope(stats + kDeviceKinds * r);
       try {
         Communicator comm(ThreadEngine(group, r));
         fn(comm);

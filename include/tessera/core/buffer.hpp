@@ -2,7 +2,9 @@
 //
 // A Buffer owns `size` elements on one device. The CPU allocation lives here; a
 // backend that owns other memory (CUDA) constructs Buffers from its own pointer and
-// deleter, so this header needs no device headers. Buffers move, never copy.
+// deleter, so this header needs no device headers. Buffers move, never copy. Each
+// counts its bytes in memory_stats(device), under the MemoryUse open on its thread
+// when it was made (core/memory.hpp).
 #pragma once
 
 #include <cstddef>
@@ -37,13 +39,13 @@ class Buffer {
     data_ = static_cast<T*>(std::aligned_alloc(64, round_up(size * sizeof(T))));
     if (data_ == nullptr) fail("out of host memory allocating ", size * sizeof(T), " bytes");
     stats_ = &memory_stats(device_);
-    stats_->on_alloc(size_ * sizeof(T));
+    stats_->on_alloc(size_ * sizeof(T), use_);
   }
 
   /// Adopts memory a backend allocated; `deleter` releases it.
   Buffer(T* data, std::size_t size, Device device, Deleter deleter)
       : data_(data), size_(size), device_(device), deleter_(deleter), stats_(&memory_stats(device)) {
-    stats_->on_alloc(size_ * sizeof(T));
+    stats_->on_alloc(size_ * sizeof(T), use_);
   }
 
   Buffer(Buffer&& o) noexcept { swap(o); }
@@ -61,11 +63,12 @@ class Buffer {
   std::size_t size() const { return size_; }
   std::size_t bytes() const { return size_ * sizeof(T); }
   Device device() const { return device_; }
+  MemoryUse use() const { return use_; }
   bool empty() const { return size_ == 0; }
 
   void release() {
     if (data_ != nullptr) {
-      stats_->on_free(size_ * sizeof(T));
+      stats_->on_free(size_ * sizeof(T), use_);
       deleter_(data_);
     }
     data_ = nullptr;
@@ -82,6 +85,7 @@ class Buffer {
     std::swap(device_, o.device_);
     std::swap(deleter_, o.deleter_);
     std::swap(stats_, o.stats_);
+    std::swap(use_, o.use_);
   }
 
   T* data_ = nullptr;
@@ -89,6 +93,7 @@ class Buffer {
   Device device_ = Device::cpu;
   Deleter deleter_ = &host_free;
   MemoryStats* stats_ = nullptr;  // where the allocation was counted: it is uncounted there
+  MemoryUse use_ = current_memory_use();
 };
 
 }  // namespace tessera

@@ -26,6 +26,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
 
 namespace tessera::nn {
@@ -86,7 +87,11 @@ struct Parameter {
   static Parameter on(std::string n, Shape shape, Init how) {
     Parameter p;
     p.name = std::move(n);
-    p.value = B::template zeros<T>(shape);
+    {
+      MemoryUseScope use(MemoryUse::parameters);
+      p.value = B::template zeros<T>(shape);
+    }
+    MemoryUseScope use(MemoryUse::gradients);
     p.grad = B::template zeros<grad_type>(shape);
     p.init = how;
     p.whole = shape;
@@ -111,12 +116,14 @@ enum class SaveKind : std::uint8_t {
 /// counts once.
 class ActivationMeter {
  public:
-  void add(const void* data, std::size_t bytes) {
+  void add(const void* data, std::size_t bytes, Device device) {
     auto& e = live_[data];
     if (e.count++ == 0) {
       e.bytes = bytes;
+      e.device = device;
       current_ += bytes;
       peak_ = std::max(peak_, current_);
+      memory_stats(device).on_saved(static_cast<std::int64_t>(bytes));  // the peak's breakdown tells them apart
     }
   }
   void remove(const void* data) {
@@ -124,6 +131,7 @@ class ActivationMeter {
     if (it == live_.end()) return;
     if (--it->second.count == 0) {
       current_ -= it->second.bytes;
+      memory_stats(it->second.device).on_saved(-static_cast<std::int64_t>(it->second.bytes));
       live_.erase(it);
     }
   }
@@ -134,6 +142,7 @@ class ActivationMeter {
  private:
   struct Entry {
     std::size_t count = 0, bytes = 0;
+    Device device = Device::cpu;
   };
   std::unordered_map<const void*, Entry> live_;
   std::size_t current_ = 0, peak_ = 0;
@@ -166,6 +175,7 @@ class Saved {
   }
   const void* data() const { return is_statistic_ ? static_cast<const void*>(statistic_.data()) : activation_.data(); }
   std::size_t bytes() const { return is_statistic_ ? statistic_.bytes() : activation_.bytes(); }
+  Device device() const { return is_statistic_ ? statistic_.device() : activation_.device(); }
 
  private:
   Tensor<T> activation_;
@@ -201,7 +211,7 @@ class ActivationStore {
   }
 
   void save(std::string_view key, SaveKind kind, Saved<T> tensor) {
-    if (meter_ && tensor.data()) meter_->add(tensor.data(), tensor.bytes());
+    if (meter_ && tensor.data()) meter_->add(tensor.data(), tensor.bytes(), tensor.device());
     for (auto& e : entries_) {
       if (e.key == key) {
         if (meter_ && e.tensor.data()) meter_->remove(e.tensor.data());

@@ -23,9 +23,11 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/core/region.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/traffic.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
@@ -40,6 +42,13 @@ struct InterleaveColumns {
   TESSERA_HD void operator()(std::int64_t r) const {
     for (std::int64_t k = 0; k < parts; ++k)
       for (std::int64_t j = 0; j < cols; ++j) out[r * parts * cols + k * cols + j] = blocks[(k * rows + r) * cols + j];
+  }
+  // Rows [0, n) of the output: parts * cols elements each, read and written.
+  ops::Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n) * static_cast<double>(parts) * static_cast<double>(cols);
+    ops::Traffic t{e * sizeof(T), e * sizeof(T), 0, 0};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
   }
 };
 }  // namespace detail
@@ -76,6 +85,7 @@ class ChunkedCrossEntropyHead {
   /// logits); the gradient is rounded to T once, as the operand of the two backward
   /// GEMMs.
   double forward(const Tensor<T>& h, std::span<const std::int32_t> targets, A loss_scale, Tensor<T>* dh) {
+    Region region(region::kLossHead);
     const std::int64_t rows = h.size(0), vocab = weight_->whole.dims[0];
     TESSERA_CHECK(static_cast<std::int64_t>(targets.size()) == rows, "loss: ", targets.size(), " targets for ", rows,
                   " rows");

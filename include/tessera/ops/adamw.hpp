@@ -12,6 +12,9 @@
 // rounding in the same pass. Gradients, moments and masters are accum_t<T>: for a bf16
 // model (T = bf16) they are fp32 and every tensor has a master; for an fp32 model with
 // bf16 parameters (mixed_precision_param) the parameter is fp32 holding bf16 values.
+//
+// Flops of one element's update, as adamw_update writes them: 19 (the scaled gradient 1,
+// the decay 3, m 4, v 5, the denominator 2, the step 4) and a sqrt.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
@@ -47,6 +51,9 @@ TESSERA_HD inline void adamw_update(T& p, T& m, T& v, T grad, const AdamWScalars
   p = decayed - s.lr * (m / s.bias_correction1) / denom;
 }
 
+/// Flops of one adamw_update (the sqrt not included).
+inline constexpr double kAdamWFlops = 19;
+
 template <class T>
 struct AdamWStep {
   T* param;
@@ -68,6 +75,11 @@ struct AdamWStep {
     param[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
+  }
+  // p, g, m and v read, p, m and v written.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {4 * e * sizeof(T), 3 * e * sizeof(T), kAdamWFlops * e, e};
   }
 };
 
@@ -95,6 +107,10 @@ struct AdamWMultiStep {
   const AdamWTensor<T>* tensors;
   const std::int32_t* block_tensor;  // the tensor each block of kAdamWBlock indices belongs to
   AdamWScalars<A> s;
+  // For traffic(), what the tables in the backend's memory hold:
+  std::int64_t elements;      // the tensors' numel summed: the indices that are not padding
+  std::int64_t tensor_count;  // entries of `tensors`
+  bool masters;               // whether the tensors have masters (the optimizer gives all or none)
   TESSERA_HD void operator()(std::int64_t i) const {
     const AdamWTensor<T>& t = tensors[block_tensor[i / kAdamWBlock]];
     const std::int64_t j = i - t.begin;
@@ -113,6 +129,17 @@ struct AdamWMultiStep {
       else
         t.param[j] = from_accum<T>(p);  // a bf16 parameter: rounded once, to nearest even
     }
+  }
+  // The tables once per launch (an entry of block_tensor per block, each tensor's entry);
+  // per element g, m, v and the master or the parameter read, m, v, the parameter and
+  // the master written. Padding indices touch nothing else.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(elements), m = masters ? 1 : 0;
+    const double blocks = static_cast<double>((n + kAdamWBlock - 1) / kAdamWBlock);
+    const double tables = blocks * sizeof(std::int32_t) + static_cast<double>(tensor_count) * sizeof(AdamWTensor<T>);
+    const double read = tables + e * (3 * sizeof(A) + (masters ? sizeof(A) : sizeof(T)));
+    const double written = e * (2 * sizeof(A) + sizeof(T) + m * sizeof(A));
+    return {read, written, kAdamWFlops * e, e};
   }
 };
 

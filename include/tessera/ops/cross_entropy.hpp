@@ -10,6 +10,12 @@
 // storage). A float or double row holds the exponentials between passes; a bf16 row
 // cannot hold them unrounded, so they are summed and then computed again for the
 // gradient, each gradient element rounded once.
+//
+// traffic(): a vocabulary row (up to 128256 logits) is too long to stay on chip, so
+// each pass over it reads it from memory again: the max; the exponentials and their sum
+// (one pass: a float row writes them back); the gradient (read and written, the
+// target's correction within it). Every row is counted as having a target (an ignored
+// row only reads its target and writes zeros), and a shard as holding every row's target.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +23,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
@@ -65,6 +72,21 @@ struct CrossEntropyRow {
       z[t] = from_accum<T>(exp_nonpositive(zt - m) * inv - scale);
     }
   }
+  // Per row: the target and its logit, then the passes (see the top of this file).
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), v = static_cast<double>(vocab), grad = write_grad ? 1 : 0;
+    constexpr bool kKeep = detail::accum_is_storage<T>;  // the row holds the exponentials
+    const double read = r * (sizeof(std::int32_t) + sizeof(T) * (1 + (2 + grad) * v));
+    const double written = r * (sizeof(double) + sizeof(T) * v * ((kKeep ? 1 : 0) + grad));
+    // max: v - 1 comparisons; exponentials: a subtraction and an addition each; the
+    // loss: 2; the gradient: the factor, then a multiplication each (a bf16 row: the
+    // exponential again) and the target's correction.
+    const double flops = r * (3 * v + 1 + grad * (kKeep ? v + 2 : 2 * v + 4));
+    const double exps = r * (v + 1 + (kKeep ? 0 : grad * (v + 1)));
+    Traffic t{read, written, flops, exps};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
+  }
 };
 
 }  // namespace tessera::ops
@@ -100,6 +122,14 @@ struct CrossEntropyShardMax {
     }
     max[r] = targets[r] == kIgnoreIndex ? A(0) : m;
   }
+  // Every row's target and logits read (an ignored row's too: they are read before its
+  // target is looked at), its max written; v - 1 comparisons a row.
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), v = static_cast<double>(vocab);
+    Traffic t{r * (sizeof(std::int32_t) + v * sizeof(T)), r * sizeof(accum_t<T>), r * (v - 1), 0};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
+  }
 };
 
 template <class T>
@@ -126,6 +156,16 @@ struct CrossEntropyShardExp {
       for (std::int64_t j = 0; j < vocab; ++j) s += exp_nonpositive(to_accum(z[j]) - m);
     }
     sums[2 * r] = s;
+  }
+  // Per row: the target, the max, the target's logit and the row read; the two sums
+  // written, and a float row's exponentials; a subtraction, an addition and an exp a logit.
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), v = static_cast<double>(vocab);
+    constexpr double kKeep = detail::accum_is_storage<T> ? 1 : 0;
+    Traffic t{r * (sizeof(std::int32_t) + sizeof(accum_t<T>) + sizeof(T) * (1 + v)),
+              r * (2 * sizeof(accum_t<T>) + kKeep * v * sizeof(T)), 2 * r * v, r * v};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
   }
 };
 
@@ -163,6 +203,17 @@ struct CrossEntropyShardGrad {
       for (std::int64_t j = 0; j < vocab; ++j) z[j] = from_accum<T>(exp_nonpositive(to_accum(z[j]) - m) * inv);
       if (holds_target) z[t - lo] = from_accum<T>(exp_nonpositive(zt - m) * inv - scale);
     }
+  }
+  // Per row: the target, the max and the two sums read, the loss written (2 flops and a
+  // log); with write_grad the gradient pass, as CrossEntropyRow's.
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), v = static_cast<double>(vocab), grad = write_grad ? 1 : 0;
+    constexpr bool kKeep = detail::accum_is_storage<T>;
+    Traffic t{r * (sizeof(std::int32_t) + 3 * sizeof(accum_t<T>) + grad * v * sizeof(T)),
+              r * (sizeof(double) + grad * v * sizeof(T)), r * (2 + grad * (kKeep ? v + 2 : 2 * v + 4)),
+              r * (1 + (kKeep ? 0 : grad * (v + 1)))};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
   }
 };
 

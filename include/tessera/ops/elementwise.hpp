@@ -8,6 +8,7 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
@@ -18,6 +19,10 @@ struct Add {
   const T* b;
   T* out;
   TESSERA_HD void operator()(std::int64_t i) const { out[i] = from_accum<T>(to_accum(a[i]) + to_accum(b[i])); }
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {2 * e * sizeof(T), e * sizeof(T), e, 0};
+  }
 };
 
 /// y[i] = x[i]
@@ -26,6 +31,10 @@ struct Copy {
   const T* x;
   T* y;
   TESSERA_HD void operator()(std::int64_t i) const { y[i] = x[i]; }
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(T), e * sizeof(T), 0, 0};
+  }
 };
 
 /// y[i] = x[i] as To: widened exactly, or rounded once (fp32 to bf16: to nearest even)
@@ -34,6 +43,11 @@ struct Convert {
   const From* x;
   To* y;
   TESSERA_HD void operator()(std::int64_t i) const { y[i] = from_accum<To>(static_cast<accum_t<To>>(to_accum(x[i]))); }
+  // A change of width and rounding: no arithmetic counted.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(From), e * sizeof(To), 0, 0};
+  }
 };
 
 /// y[i] += alpha * x[i]
@@ -43,6 +57,11 @@ struct Axpy {
   const T* x;
   T* y;
   TESSERA_HD void operator()(std::int64_t i) const { y[i] = from_accum<T>(to_accum(y[i]) + alpha * to_accum(x[i])); }
+  // x and y read, y written; a multiplication and an addition per element.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {2 * e * sizeof(T), e * sizeof(T), 2 * e, 0};
+  }
 };
 
 /// x[i] *= alpha
@@ -51,6 +70,10 @@ struct Scale {
   accum_t<T> alpha;
   T* x;
   TESSERA_HD void operator()(std::int64_t i) const { x[i] = from_accum<T>(to_accum(x[i]) * alpha); }
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(T), e * sizeof(T), e, 0};
+  }
 };
 
 /// x[i] = value (a stored element: no arithmetic, so it is given as T)
@@ -59,6 +82,7 @@ struct Fill {
   T value;
   T* x;
   TESSERA_HD void operator()(std::int64_t i) const { x[i] = value; }
+  Traffic traffic(std::int64_t n) const { return {0, static_cast<double>(n) * sizeof(T), 0, 0}; }
 };
 
 /// Sum of squares of x over chunk c of `chunk` elements, accumulated in double:
@@ -78,6 +102,16 @@ struct SquaredNormPartial {
       s += v * v;
     }
     partial[c] = s;
+  }
+  // Chunks [0, chunks) cover the elements [0, min(chunks * chunk, n)), each read once
+  // (a multiplication and an addition), and write one double each.
+  Traffic traffic(std::int64_t chunks) const {
+    const double covered = static_cast<double>(chunks) * static_cast<double>(chunk);
+    double e = covered < static_cast<double>(n) ? covered : static_cast<double>(n);
+    if (e < 0) e = 0;
+    Traffic t{e * sizeof(T), static_cast<double>(chunks) * sizeof(double), 2 * e, 0};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
   }
 };
 

@@ -15,6 +15,7 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
@@ -35,6 +36,14 @@ struct EmbeddingForward {
     const T* src = table + (id - lo) * dim;
     for (std::int64_t j = 0; j < dim; ++j) dst[j] = src[j];
   }
+  // Every id counted in [lo, hi), its table row read (an id outside writes zeros and reads
+  // nothing: on a table split by vocabulary over d ranks, about 1 id in d is inside).
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), e = r * static_cast<double>(dim);
+    Traffic t{r * sizeof(std::int32_t) + e * sizeof(T), e * sizeof(T), 0, 0};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
+  }
 };
 
 /// dtable[ids[r], j] += dout[r, j] for every r, for column j.
@@ -51,6 +60,13 @@ struct EmbeddingBackwardColumn {
       const std::int64_t id = ids[r];
       if (id >= lo && id < hi) dtable[(id - lo) * dim + j] += to_accum(dout[r * dim + j]);
     }
+  }
+  // The ids once per launch; per (row, column) dout read and dtable read and written
+  // with an addition, every id counted in [lo, hi) (others are skipped).
+  Traffic traffic(std::int64_t cols) const {
+    const double e = static_cast<double>(cols) * static_cast<double>(rows);
+    return {static_cast<double>(rows) * sizeof(std::int32_t) + e * (sizeof(T) + sizeof(accum_t<T>)),
+            e * sizeof(accum_t<T>), e, 0};
   }
 };
 

@@ -13,6 +13,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
@@ -38,6 +39,15 @@ struct RmsNormForward {
     A rs = A(1) / sqrt_(ss / static_cast<A>(n) + eps);
     rstd[r] = rs;
     for (std::int64_t j = 0; j < n; ++j) yr[j] = from_accum<T>(to_accum(w[j]) * (to_accum(xr[j]) * rs));
+  }
+  // x read once (a row kernel keeps the row on chip between the sum of squares and the
+  // scaling pass), w once per launch; 4 flops an element and 3 and a sqrt per row.
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), e = r * static_cast<double>(n);
+    Traffic t{e * sizeof(T) + static_cast<double>(n) * sizeof(T), e * sizeof(T) + r * sizeof(accum_t<T>),
+              4 * e + 3 * r, r};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
   }
 };
 
@@ -65,6 +75,15 @@ struct RmsNormBackwardInput {
     for (std::int64_t j = 0; j < n; ++j)
       dxr[j] = from_accum<T>(rs * to_accum(w[j]) * to_accum(dyr[j]) - c * to_accum(xr[j]));
   }
+  // x and dy read once (a row kernel keeps them on chip between the dot product and the
+  // output pass), w once per launch; 7 flops an element and 4 per row.
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), e = r * static_cast<double>(n);
+    Traffic t{2 * e * sizeof(T) + static_cast<double>(n) * sizeof(T) + r * sizeof(accum_t<T>), e * sizeof(T),
+              7 * e + 4 * r, 0};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
+  }
 };
 
 /// dw[j] += sum over rows, for column j.
@@ -82,6 +101,13 @@ struct RmsNormBackwardWeight {
     A s = 0;
     for (std::int64_t r = 0; r < rows; ++r) s += to_accum(dy[r * lddy + j]) * to_accum(x[r * ldx + j]) * rstd[r];
     dw[j] += s;
+  }
+  // Columns [0, cols) of dy and x over every row, rstd once per launch, dw read and
+  // written; 3 flops a (row, column) and 1 per column.
+  Traffic traffic(std::int64_t cols) const {
+    const double c = static_cast<double>(cols), e = c * static_cast<double>(rows);
+    return {2 * e * sizeof(T) + static_cast<double>(rows) * sizeof(accum_t<T>) + c * sizeof(accum_t<T>),
+            c * sizeof(accum_t<T>), 3 * e + c, 0};
   }
 };
 

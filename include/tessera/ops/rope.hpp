@@ -16,6 +16,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/nn/args.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
@@ -73,6 +74,14 @@ struct RopeRotate {
         v[i + half] = from_accum<T>(b * to_accum(c[i]) + a * si);
       }
     }
+  }
+  // Every row's heads read (from src, or x in place) and written; the cos and sin rows of
+  // the positions the launch touches (min(rows, seq_len)) read once; 6 flops a pair.
+  Traffic traffic(std::int64_t rows) const {
+    const double half = static_cast<double>(head_dim / 2), r = static_cast<double>(rows);
+    const double positions = rows < seq_len ? r : static_cast<double>(seq_len);
+    const double e = r * static_cast<double>(n_heads) * 2 * half;
+    return {e * sizeof(T) + 2 * positions * half * sizeof(T), e * sizeof(T), 3 * e, 0};
   }
 };
 

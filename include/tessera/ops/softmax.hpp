@@ -15,8 +15,27 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
+
+namespace detail {
+
+/// The visible keys of rows [0, rows) summed: row r sees min(r + offset + 1, cols) keys,
+/// the elements a causal row functor reads. Closed form, for traffic().
+inline double causal_visible(std::int64_t rows, std::int64_t offset, std::int64_t cols) {
+  // Row r sees k = r + offset + 1 keys, k over [first, last], until k reaches cols.
+  const double first = static_cast<double>(offset) + 1, last = static_cast<double>(offset) + static_cast<double>(rows);
+  const double c = static_cast<double>(cols);
+  double sum = 0;
+  const double below = last < c ? last : c;  // the largest k not capped
+  if (below >= first) sum += (first + below) * (below - first + 1) / 2;
+  const double capped = last - (first - 1 > c ? first - 1 : c);  // rows that see all cols keys
+  if (capped > 0) sum += capped * c;
+  return sum;
+}
+
+}  // namespace detail
 
 /// In place on row r of `s` (ld): scores * scale -> probabilities; writes lse[r].
 template <class T>
@@ -54,6 +73,17 @@ struct CausalSoftmaxForward {
     for (std::int64_t j = end; j < cols; ++j) row[j] = from_accum<T>(A(0));
     lse[r] = m + log_(sum);
   }
+  // The visible scores read once and the whole row written once (a row kernel keeps a
+  // row of scores on chip between the max, the sum and the scaling); a bf16 row computes
+  // its exponentials twice (see above), a float row once.
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), visible = detail::causal_visible(rows, offset, cols);
+    constexpr double kExps = detail::accum_is_storage<T> ? 1 : 2;
+    Traffic t{visible * sizeof(T), r * static_cast<double>(cols) * sizeof(T) + r * sizeof(accum_t<T>),
+              (4 + 2 * kExps) * visible + r, kExps * visible + r};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
+  }
 };
 
 /// Recomputes probabilities from raw scores and the saved lse, in place on `s`.
@@ -74,6 +104,14 @@ struct CausalSoftmaxRecompute {
     for (std::int64_t j = 0; j < end; ++j)
       row[j] = from_accum<T>(exp_nonpositive(to_accum(row[j]) * sc - l));  // vectorises
     for (std::int64_t j = end; j < cols; ++j) row[j] = from_accum<T>(A(0));
+  }
+  // The visible scores and lse read, the whole row written; 2 flops and an exp a score.
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), visible = detail::causal_visible(rows, offset, cols);
+    Traffic t{visible * sizeof(T) + r * sizeof(accum_t<T>), r * static_cast<double>(cols) * sizeof(T), 2 * visible,
+              visible};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
   }
 };
 
@@ -99,6 +137,14 @@ struct CausalSoftmaxBackward {
     for (std::int64_t j = 0; j < end; ++j) dr[j] = from_accum<T>(sc * to_accum(pr[j]) * (to_accum(dr[j]) - dd));
     for (std::int64_t j = end; j < cols; ++j) dr[j] = from_accum<T>(A(0));
   }
+  // The visible p and dP read with D, the whole row of dP written; 3 flops a visible key.
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), visible = detail::causal_visible(rows, offset, cols);
+    Traffic t{2 * visible * sizeof(T) + r * sizeof(accum_t<T>), r * static_cast<double>(cols) * sizeof(T),
+              3 * visible, 0};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
+  }
 };
 
 /// D_i = sum_k dO_ik * O_ik over a head's columns.
@@ -114,6 +160,12 @@ struct RowDot {
     accum_t<T> s = 0;
     for (std::int64_t k = 0; k < n; ++k) s += to_accum(a[i * lda + k]) * to_accum(b[i * ldb + k]);
     out[i] = s;
+  }
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), e = r * static_cast<double>(n);
+    Traffic t{2 * e * sizeof(T), r * sizeof(accum_t<T>), 2 * e, 0};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
   }
 };
 

@@ -10,6 +10,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/ops/math.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
@@ -22,6 +23,12 @@ struct SwiGluForward {
     const accum_t<T> ai = to_accum(a[i]);
     const accum_t<T> s = sigmoid(ai);
     g[i] = from_accum<T>(ai * s * to_accum(b[i]));
+  }
+  // a and b read, g written; the sigmoid is an exp, an addition and a division, then 2
+  // multiplications.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {2 * e * sizeof(T), e * sizeof(T), 4 * e, e};
   }
 };
 
@@ -40,6 +47,12 @@ struct SwiGluBackward {
     const A silu = ai * s;
     da[i] = from_accum<T>(to_accum(dg[i]) * to_accum(b[i]) * s * (A(1) + ai * (A(1) - s)));
     db[i] = from_accum<T>(to_accum(dg[i]) * silu);
+  }
+  // a, b and dg read (dg once: both outputs use the same load), da and db written; the
+  // sigmoid (an exp and 2 flops), then 8 flops.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {3 * e * sizeof(T), 2 * e * sizeof(T), 10 * e, e};
   }
 };
 

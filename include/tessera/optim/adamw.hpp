@@ -23,9 +23,11 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/memory.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/adamw.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::optim {
 
@@ -34,6 +36,11 @@ struct RoundToBf16 {
   const float* src;
   float* dst;
   TESSERA_HD void operator()(std::int64_t i) const { dst[i] = round_to_bf16(src[i]); }
+  // A rounding on the bits: no arithmetic counted.
+  ops::Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(float), e * sizeof(float), 0, 0};
+  }
 };
 }  // namespace detail
 
@@ -62,6 +69,7 @@ class AdamW {
     TESSERA_CHECK((options.param_dtype == DType::bf16 || !std::is_same_v<T, bf16>),
                   "optimizer: a bfloat16 model has bfloat16 parameters: mixed_precision_param = \"",
                   name_of(options.param_dtype), "\" contradicts it (set it to \"bfloat16\")");
+    MemoryUseScope use(MemoryUse::optimizer);  // moments and masters
     auto add = [&](nn::Parameter<T>& p) {
       State s{&p, B::template zeros<A>(p.shape()), B::template zeros<A>(p.shape()), {}};
       if (has_masters()) {
@@ -91,7 +99,8 @@ class AdamW {
                                        ops::AdamWScalars<A>{static_cast<A>(lr), static_cast<A>(options_.beta1),
                                                             static_cast<A>(options_.beta2), static_cast<A>(options_.eps),
                                                             static_cast<A>(options_.weight_decay), static_cast<A>(bc1),
-                                                            static_cast<A>(bc2), static_cast<A>(grad_scale)}});
+                                                            static_cast<A>(bc2), static_cast<A>(grad_scale)},
+                                       elements_, static_cast<std::int64_t>(host_table_.size()), has_masters()});
   }
 
   std::int64_t steps_taken() const { return step_; }
@@ -137,6 +146,8 @@ class AdamW {
     }
     tensors_ = upload<B>(std::span<const ops::AdamWTensor<T>>(table));
     block_tensor_ = upload<B>(std::span<const std::int32_t>(blocks));
+    elements_ = 0;
+    for (const auto& t : table) elements_ += t.numel;
     host_table_ = std::move(table);
     launch_size_ = begin;
   }
@@ -154,6 +165,7 @@ class AdamW {
   Tensor<ops::AdamWTensor<T>> tensors_;
   Tensor<std::int32_t> block_tensor_;
   std::int64_t launch_size_ = 0;
+  std::int64_t elements_ = 0;  // the tensors' numel summed: launch_size_ less the padding
 };
 
 }  // namespace tessera::optim

@@ -18,50 +18,56 @@
 namespace tessera::optim {
 
 /// Sums of squares of many tensors (or pieces of tensors) in one launch and one
-/// download: add() each, then sum(). The chunk table lives in B's memory and is
+/// download: add() each, then sum(). The table of pieces lives in B's memory and is
 /// uploaded again only when the pieces change, so a model's gradient norm costs one
-/// launch and one transfer per step. The total is each piece's sum (its chunks added
-/// in order), added in the order the pieces came: the same value on every backend.
+/// launch and one transfer per step. The total is each piece's sum (its chunks added in
+/// order), added in the order the pieces came: the same value on every backend.
 template <Backend B, class T>
 class SquaredNorms {
  public:
   void add(const T* data, std::int64_t n) {
-    if (n > 0) pieces_.push_back({data, n});
+    if (n <= 0) return;
+    pieces_.push_back({data, n, chunks_});
+    chunks_ += ops::norm_chunks(n);
   }
   void add(const Tensor<T>& t) { add(t.data(), t.numel()); }
 
   /// The sum of squares of every element added since the last sum(); forgets them.
   double sum() {
-    std::vector<ops::NormChunk<T>> chunks;
-    std::vector<std::size_t> ends;  // one past each piece's last chunk
-    for (const auto& p : pieces_) {
-      for (std::int64_t i = 0; i < p.n; i += ops::kNormChunk)
-        chunks.push_back({p.x + i, std::min(ops::kNormChunk, p.n - i)});
-      ends.push_back(chunks.size());
-    }
+    if (pieces_ != table_pieces_) build_table();
     pieces_.clear();
-    if (chunks.empty()) return 0;
-    if (chunks != host_chunks_) {
-      table_ = upload<B>(std::span<const ops::NormChunk<T>>(chunks));
-      partial_ = B::template empty<double>(Shape{static_cast<std::int64_t>(chunks.size())});
-      host_chunks_ = std::move(chunks);
-    }
-    B::for_each(partial_.numel(), ops::SquaredNormChunks<T>{table_.data(), partial_.data()});
+    chunks_ = 0;
+    if (table_pieces_.empty()) return 0;
+    B::for_each(partial_.numel(), ops::SquaredNormChunks<T>{table_.data(), table_.numel(), partial_.data(), elements_});
     const Tensor<double> partial = download<B>(partial_);
     double total = 0;
-    std::size_t c = 0;
-    for (const std::size_t end : ends) {
+    std::int64_t c = 0;
+    for (const auto& p : table_pieces_) {
       double piece = 0;
-      for (; c < end; ++c) piece += partial[static_cast<std::int64_t>(c)];
+      for (const std::int64_t end = p.first + ops::norm_chunks(p.n); c < end; ++c) piece += partial[c];
       total += piece;
     }
     return total;
   }
 
  private:
-  std::vector<ops::NormChunk<T>> pieces_;     // what add() was given (n may exceed a chunk)
-  std::vector<ops::NormChunk<T>> host_chunks_;  // what table_ holds
-  Tensor<ops::NormChunk<T>> table_;
+  /// Uploads the table of pieces: once, while the pieces stay the same from one sum()
+  /// to the next (a model's gradients do), so a step's host work is a comparison of a
+  /// few hundred pieces.
+  void build_table() {
+    table_pieces_ = pieces_;
+    elements_ = 0;
+    for (const auto& p : pieces_) elements_ += p.n;
+    if (pieces_.empty()) return;
+    table_ = upload<B>(std::span<const ops::NormPiece<T>>(pieces_));
+    partial_ = B::template empty<double>(Shape{chunks_});
+  }
+
+  std::vector<ops::NormPiece<T>> pieces_;        // what add() was given since the last sum()
+  std::int64_t chunks_ = 0;                      // their chunks
+  std::vector<ops::NormPiece<T>> table_pieces_;  // the pieces in table_
+  std::int64_t elements_ = 0;                    // their elements, summed
+  Tensor<ops::NormPiece<T>> table_;
   Tensor<double> partial_;
 };
 

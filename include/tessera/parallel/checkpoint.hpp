@@ -16,6 +16,7 @@
 #pragma once
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/core/region.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/parallel/plan.hpp"
@@ -73,7 +74,10 @@ Tensor<T> checkpointed_backward(Block& block, CheckpointMode mode, const nn::Con
                                                     : nn::Context<T>(ctx.geometry(), nn::Recording::replay, &saves,
                                                                      &store->child("checkpoint.stash")))
                                  .deferring_weight_grads(ctx.weight_grad_queue());
-  block.forward(recompute, x).release();
+  {
+    Region r(region::kRecompute);
+    block.forward(recompute, x).release();
+  }
   Tensor<T> dx = block.backward(recompute, dy);
   store->clear();
   return dx;

@@ -33,8 +33,10 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/traffic.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/plan.hpp"
 
@@ -45,11 +47,20 @@ struct PackBf16 {
   const float* src;
   std::uint16_t* dst;
   TESSERA_HD void operator()(std::int64_t i) const { dst[i] = bf16(src[i]).bits; }
+  // A rounding on the bits: no arithmetic counted.
+  ops::Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(float), e * sizeof(std::uint16_t), 0, 0};
+  }
 };
 struct UnpackBf16 {
   const std::uint16_t* src;
   float* dst;
   TESSERA_HD void operator()(std::int64_t i) const { dst[i] = bf16::from_bits_to_float(src[i]); }
+  ops::Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(std::uint16_t), e * sizeof(float), 0, 0};
+  }
 };
 }  // namespace detail
 
@@ -133,6 +144,7 @@ class ShardedUnit {
     } else {
       shard_numel_ = numel_;
       if (mode_ == ShardingMode::ddp) {
+        MemoryUseScope use(MemoryUse::gradients);
         bucket_ = B::template zeros<G>(Shape{numel_});
         for (auto& s : params_) {
           Tensor<G> view = bucket_.slice(s.offset, s.shape);
@@ -148,6 +160,7 @@ class ShardedUnit {
     check_sharded();
     if (!shards() || gathered_ || gather_.pending()) return;
     const std::int64_t np = padded_numel();
+    MemoryUseScope use(MemoryUse::parameters);  // the gathered parameters and their staging
     if constexpr (std::is_same_v<T, float>) {
       if (gather_bf16_) {
         packed_shard_ = B::template empty<std::uint16_t>(Shape{shard_numel_});
@@ -173,6 +186,7 @@ class ShardedUnit {
     gather_.wait();
     if constexpr (std::is_same_v<T, float>) {
       if (gather_bf16_) {
+        MemoryUseScope use(MemoryUse::parameters);
         full_ = B::template empty<T>(Shape{padded_numel()});
         B::for_each(padded_numel(), detail::UnpackBf16{packed_full_.data(), full_.data()});
         packed_full_.release();
@@ -198,6 +212,7 @@ class ShardedUnit {
   void begin_grads() {
     check_sharded();
     if (!shards() || grads_open_) return;
+    MemoryUseScope use(MemoryUse::gradients);
     full_grad_ = B::template zeros<G>(Shape{padded_numel()});
     for (auto& s : params_) s.p->grad = full_grad_.slice(s.offset, s.shape);
     grads_open_ = true;
@@ -210,6 +225,7 @@ class ShardedUnit {
     if (shards()) {
       TESSERA_CHECK(grads_open_, name_, ": reduce_grads without begin_grads");
       finish_grads();  // one reduction in flight per unit: a previous micro-batch's completes first
+      MemoryUseScope use(MemoryUse::gradients);
       reduced_ = B::template empty<G>(Shape{shard_numel_});
       reduce_ = shard_comm_->reduce_scatter_async(std::span<const G>(full_grad_.data(), padded_numel()),
                                                   std::span<G>(reduced_.data(), shard_numel_));

@@ -40,10 +40,12 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/nn/args.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::parallel {
 
@@ -183,6 +185,13 @@ struct CopyPieceRow {
         w[c] = p[c];
     }
   }
+  // pcol elements a row read and written, whichever way the copy goes.
+  ops::Traffic traffic(std::int64_t rows) const {
+    const double e = static_cast<double>(rows) * static_cast<double>(pcol);
+    ops::Traffic t{e * sizeof(T), e * sizeof(T), 0, 0};
+    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
+  }
 };
 
 /// Copies piece `index` along dim (0 or 1) of a rank-1/2 tensor `whole` into `piece`, or back.
@@ -206,9 +215,14 @@ void narrow(nn::Parameter<T>& p) {
                 p.name, ": shape ", p.whole.str(), " does not split into ", s.parts, " pieces along dimension ", s.dim);
   Shape local = p.whole;
   local.dims[s.dim] /= s.parts;
-  Tensor<T> piece = B::template empty<T>(local);
+  Tensor<T> piece;
+  {
+    MemoryUseScope use(MemoryUse::parameters);
+    piece = B::template empty<T>(local);
+  }
   detail::copy_piece<B>(p.value, piece, s.dim, s.index, true);
   p.value = piece;
+  MemoryUseScope use(MemoryUse::gradients);
   p.grad = B::template zeros<typename nn::Parameter<T>::grad_type>(local);
 }
 

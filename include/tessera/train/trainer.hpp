@@ -18,6 +18,7 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/region.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/synthetic.hpp"
 #include "tessera/io/token_shard.hpp"
@@ -150,12 +151,16 @@ class Trainer {
       activations = std::max(activations, model_.saved_activation_bytes());
     }
     if (mesh) loss_sum = mesh->dp().all_reduce_value(loss_sum);
-    const double norm = model_.grad_norm();
-    TESSERA_CHECK(std::isfinite(norm) && std::isfinite(loss_sum), "step ", step_ + 1,
-                  ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
-                  "); lower optimizer.lr or training.max_norm");
     const double lr = config_.optimizer.lr * schedule_.factor(step_);
-    optimizer_.step(lr, optim::clip_coefficient(norm, config_.training.max_norm));
+    double norm = 0;
+    {
+      Region optimizer(region::kOptimizer);
+      norm = model_.grad_norm();
+      TESSERA_CHECK(std::isfinite(norm) && std::isfinite(loss_sum), "step ", step_ + 1,
+                    ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
+                    "); lower optimizer.lr or training.max_norm");
+      optimizer_.step(lr, optim::clip_coefficient(norm, config_.training.max_norm));
+    }
     B::synchronize();
     ++step_;
 

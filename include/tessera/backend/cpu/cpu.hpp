@@ -84,17 +84,7 @@ struct Cpu {
                   "tessera: Cpu::gemm supports float, double and bf16");
     static_assert(std::is_same_v<C, T> || std::is_same_v<C, accum_t<T>>,
                   "tessera: Cpu::gemm writes C as its operands' type or their accumulation type");
-    const std::int64_t m = c.rows(), n = c.cols();
-    const std::int64_t k = ta == Trans::no ? a.cols() : a.rows();
-    const std::int64_t am = ta == Trans::no ? a.rows() : a.cols();
-    const std::int64_t bk = tb == Trans::no ? b.rows() : b.cols();
-    const std::int64_t bn = tb == Trans::no ? b.cols() : b.rows();
-    TESSERA_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "gemm: operands must be rank 2");
-    TESSERA_CHECK(am == m && bk == k && bn == n, "gemm: shapes do not chain: op(A) ", am, "x", k,
-                  ", op(B) ", bk, "x", bn, ", C ", m, "x", n);
-    TESSERA_CHECK((a.cols() <= 1 || a.stride(1) == 1) && (b.cols() <= 1 || b.stride(1) == 1) &&
-                      (c.cols() <= 1 || c.stride(1) == 1),
-                  "gemm: operands need unit column stride");
+    const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
     if (k == 0) {
       scale_matrix(beta, c);

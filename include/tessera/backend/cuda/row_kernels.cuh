@@ -80,9 +80,12 @@
 
 #include "tessera/backend/cuda/launch.cuh"
 #include "tessera/backend/cuda/memory.cuh"
+#include "tessera/backend/kernel_class.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/ops/adamw.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/embedding.hpp"
 #include "tessera/ops/math.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
@@ -1130,6 +1133,29 @@ struct OpKernel<ops::Scale<T>> : detail::ElementwiseKernel<ops::Scale<T>> {};
 template <class T>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::Fill<T>> : detail::ElementwiseKernel<ops::Fill<T>> {};
+
+namespace detail {
+/// The host-side list the cost model prices launches by (backend/kernel_class.hpp) names
+/// exactly the functors lowered here.
+template <class F>
+inline constexpr bool kKernelClassAgrees = HasOpKernel<F> == (cuda_kernel_class<F> != KernelClass::per_index);
+template <class T>
+constexpr bool kernel_classes_agree() {
+  return kKernelClassAgrees<ops::RmsNormForward<T>> && kKernelClassAgrees<ops::RmsNormBackwardInput<T>> &&
+         kKernelClassAgrees<ops::RmsNormBackwardWeight<T>> && kKernelClassAgrees<ops::CrossEntropyRow<T>> &&
+         kKernelClassAgrees<ops::CrossEntropyShardMax<T>> && kKernelClassAgrees<ops::CrossEntropyShardExp<T>> &&
+         kKernelClassAgrees<ops::CrossEntropyShardGrad<T>> && kKernelClassAgrees<ops::CausalSoftmaxForward<T>> &&
+         kKernelClassAgrees<ops::CausalSoftmaxRecompute<T>> && kKernelClassAgrees<ops::CausalSoftmaxBackward<T>> &&
+         kKernelClassAgrees<ops::RowDot<T>> && kKernelClassAgrees<ops::RopeRotate<T>> &&
+         kKernelClassAgrees<ops::SwiGluForward<T>> && kKernelClassAgrees<ops::SwiGluBackward<T>> &&
+         kKernelClassAgrees<ops::Add<T>> && kKernelClassAgrees<ops::Copy<T>> && kKernelClassAgrees<ops::Axpy<T>> &&
+         kKernelClassAgrees<ops::Scale<T>> && kKernelClassAgrees<ops::Fill<T>> &&
+         kKernelClassAgrees<ops::Convert<T, float>> && kKernelClassAgrees<ops::EmbeddingForward<T>> &&
+         kKernelClassAgrees<ops::EmbeddingBackwardColumn<T>> && kKernelClassAgrees<ops::AdamWMultiStep<T>>;
+}
+static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>(),
+              "tessera: backend/kernel_class.hpp must list exactly the functors row_kernels.cuh lowers");
+}  // namespace detail
 
 /// Calls f(i) for i in [0, n) on the device, on `stream`: OpKernel<F>'s kernel where F
 /// has one, else one index per thread (for_each). Returns once the work is issued.

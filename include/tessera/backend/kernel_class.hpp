@@ -1,0 +1,82 @@
+// How the CUDA backend runs each ops/ functor, for pricing a launch without a GPU.
+//
+// Cuda::for_each (backend/cuda/row_kernels.cuh) gives some functors a kernel of their
+// own and runs every other one index per thread. What a launch costs depends on which:
+// a lowered kernel streams rows with 16-byte vector loads, while the per-index kernel
+// runs the functor's operator() in one thread per index, which coalesces only when each
+// index touches a few adjacent bytes. This header says which functors are lowered, as
+// host C++ the cost model (plan/) can read; row_kernels.cuh checks at compile time that
+// its own kernels and this list agree, so the two cannot drift apart.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tessera/core/dtype.hpp"
+#include "tessera/ops/cross_entropy.hpp"
+#include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/rmsnorm.hpp"
+#include "tessera/ops/rope.hpp"
+#include "tessera/ops/softmax.hpp"
+#include "tessera/ops/swiglu.hpp"
+
+namespace tessera {
+
+enum class KernelClass : std::uint8_t {
+  per_index,     // cuda::for_each: one thread per index runs the functor's operator()
+  row,           // a row per warp or per block, reductions across its threads, vector loads
+  column_sums,   // RmsNormBackwardWeight: chunked column sums in two deterministic kernels
+  elementwise,   // grid-stride over 16-byte vectors
+};
+
+constexpr const char* name_of(KernelClass k) {
+  switch (k) {
+    case KernelClass::per_index: return "per-index";
+    case KernelClass::row: return "row";
+    case KernelClass::column_sums: return "column sums";
+    case KernelClass::elementwise: return "elementwise";
+  }
+  return "?";
+}
+
+namespace detail {
+template <class T>
+inline constexpr bool kCudaLoweredElement = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
+template <class F>
+struct cuda_kernel_class_of {
+  static constexpr KernelClass value = KernelClass::per_index;
+};
+#define TESSERA_CUDA_KERNEL_CLASS(FUNCTOR, CLASS)                        \
+  template <class T>                                                     \
+    requires kCudaLoweredElement<T>                                      \
+  struct cuda_kernel_class_of<ops::FUNCTOR<T>> {                          \
+    static constexpr KernelClass value = KernelClass::CLASS;             \
+  };
+TESSERA_CUDA_KERNEL_CLASS(RmsNormForward, row)
+TESSERA_CUDA_KERNEL_CLASS(RmsNormBackwardInput, row)
+TESSERA_CUDA_KERNEL_CLASS(RmsNormBackwardWeight, column_sums)
+TESSERA_CUDA_KERNEL_CLASS(CrossEntropyRow, row)
+TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardMax, row)
+TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardExp, row)
+TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardGrad, row)
+TESSERA_CUDA_KERNEL_CLASS(CausalSoftmaxForward, row)
+TESSERA_CUDA_KERNEL_CLASS(CausalSoftmaxRecompute, row)
+TESSERA_CUDA_KERNEL_CLASS(CausalSoftmaxBackward, row)
+TESSERA_CUDA_KERNEL_CLASS(RowDot, row)
+TESSERA_CUDA_KERNEL_CLASS(RopeRotate, elementwise)
+TESSERA_CUDA_KERNEL_CLASS(SwiGluForward, elementwise)
+TESSERA_CUDA_KERNEL_CLASS(SwiGluBackward, elementwise)
+TESSERA_CUDA_KERNEL_CLASS(Add, elementwise)
+TESSERA_CUDA_KERNEL_CLASS(Copy, elementwise)
+TESSERA_CUDA_KERNEL_CLASS(Axpy, elementwise)
+TESSERA_CUDA_KERNEL_CLASS(Scale, elementwise)
+TESSERA_CUDA_KERNEL_CLASS(Fill, elementwise)
+#undef TESSERA_CUDA_KERNEL_CLASS
+}  // namespace detail
+
+/// The kernel Cuda::for_each launches for functor F.
+template <class F>
+inline constexpr KernelClass cuda_kernel_class = detail::cuda_kernel_class_of<F>::value;
+
+}  // namespace tessera

@@ -1,0 +1,115 @@
+// Meta: a backend with shapes and no storage, that computes nothing.
+//
+// The dry run. A model, a trainer and an optimizer written against the Backend concept
+// run on Meta unchanged: tensors have shapes, element types and distinct addresses, but
+// no memory behind them, and every GEMM, attention call and kernel launch returns at
+// once. Under Traced<Meta> (DryRun below) every call is recorded (backend/traced.hpp), so
+// a training step of Llama 3 405B is traced in well under a second on any machine, and
+// its memory counted exactly: Meta's allocations are counted in memory_stats(Device::meta)
+// like any backend's, under the MemoryUse open when they were made.
+//
+// - Addresses. Each allocation takes the next 256-byte-aligned range of an address space
+//   above 2^48, which no x86-64 or AArch64 process can map: a host access to Meta memory,
+//   which would be a bug in the model (the Backend concept forbids it), faults at once.
+//   Ranges are never reused, so two live tensors never share an address.
+// - Host reads. copy_to_host fills the destination with zero bytes: a loss or a gradient
+//   norm read back is 0, a well-defined placeholder. A trace names every place that reads
+//   (trace::Transfer): each is a device synchronisation on a GPU.
+// - Checks. gemm checks its operands as every backend does (check_gemm), so a shape error
+//   in a model shows in its dry run.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/traced.hpp"
+#include "tessera/comm/memory_access.hpp"
+#include "tessera/core/buffer.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/tensor.hpp"
+
+namespace tessera {
+
+namespace meta {
+/// Distinct, never-dereferenceable addresses for Meta's tensors.
+class AddressSpace {
+ public:
+  static constexpr std::uintptr_t kBase = std::uintptr_t{1} << 48;
+  static constexpr std::uintptr_t kAlign = 256;
+
+  static void* allocate(std::size_t bytes) {
+    const std::uintptr_t size = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    return reinterpret_cast<void*>(next().fetch_add(size));
+  }
+  static void release(void*) {}
+
+ private:
+  static std::atomic<std::uintptr_t>& next() {
+    static std::atomic<std::uintptr_t> n{kBase};
+    return n;
+  }
+};
+}  // namespace meta
+
+struct Meta {
+  static constexpr Device device = Device::meta;
+
+  template <class T>
+  static Tensor<T> empty(Shape shape) {
+    const auto n = static_cast<std::size_t>(shape.numel());
+    T* p = n == 0 ? nullptr : static_cast<T*>(meta::AddressSpace::allocate(n * sizeof(T)));
+    return Tensor<T>(shape, Buffer<T>(p, n, Device::meta, &meta::AddressSpace::release));
+  }
+  template <class T>
+  static Tensor<T> zeros(Shape shape) {
+    return empty<T>(shape);
+  }
+
+  template <class F>
+  static void for_each(std::int64_t, const F&) {}
+
+  static void synchronize() {}
+
+  /// The host gets zero bytes: the placeholder for any value read back.
+  template <class T>
+  static void copy_to_host(const T*, T* dst, std::int64_t n) {
+    if (n > 0) std::memset(static_cast<void*>(dst), 0, static_cast<std::size_t>(n) * sizeof(T));
+  }
+  template <class T>
+  static void copy_from_host(const T*, T*, std::int64_t) {}
+
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T>, TensorView<const T> a, TensorView<const T> b, accum_t<T>,
+                   TensorView<C> c) {
+    check_gemm(ta, tb, a, b, c);
+  }
+
+  template <class T>
+  static void attention_forward(const AttentionShape&, TensorView<const T>, TensorView<const T>, TensorView<const T>,
+                                TensorView<T>, accum_t<T>*) {}
+  template <class T>
+  static void attention_backward(const AttentionShape&, TensorView<const T>, TensorView<const T>, TensorView<const T>,
+                                 TensorView<const T>, const accum_t<T>*, TensorView<const T>, TensorView<T>,
+                                 TensorView<T>, TensorView<T>) {}
+
+  /// How in-process engines move Meta buffers: they do not; scratch is Meta's.
+  static comm::MemoryAccess memory_access() {
+    comm::MemoryAccess m;
+    m.copy = [](void*, const void*, std::size_t) {};
+    m.reduce = [](void*, const void*, std::size_t, comm::DataType, comm::ReduceOp) {};
+    m.allocate = [](std::size_t bytes) { return meta::AddressSpace::allocate(bytes); };
+    m.release = [](void* p) { meta::AddressSpace::release(p); };
+    return m;
+  }
+};
+
+static_assert(Backend<Meta>, "tessera: Meta must satisfy the Backend concept");
+
+/// The dry-run backend: Meta, every call recorded.
+using DryRun = Traced<Meta>;
+static_assert(Backend<DryRun>, "tessera: Traced<Meta> must satisfy the Backend concept");
+
+}  // namespace tessera

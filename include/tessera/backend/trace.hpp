@@ -1,0 +1,203 @@
+// A trace of what a backend was asked to do: every GEMM, attention call, kernel launch,
+// zero fill, host transfer and synchronisation, in issue order, and every allocation and
+// release of the memory it watches.
+//
+// Traced<B> (backend/traced.hpp) records into the Trace of the Recording open on its
+// thread; with the Meta backend under it (backend/meta/meta.hpp) nothing is computed,
+// so a training step of any model is traced in milliseconds, with no memory. Each event
+// is filed under the innermost Region open when it was issued (core/region.hpp). The
+// cost model (plan/cost.hpp) prices a trace on a machine profile.
+#pragma once
+
+#include <cxxabi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <typeinfo>
+#include <variant>
+#include <vector>
+
+#include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/kernel_class.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/memory.hpp"
+#include "tessera/core/region.hpp"
+#include "tessera/ops/traffic.hpp"
+
+namespace tessera::trace {
+
+/// C = alpha op(A) op(B) + beta C: (m, k) x (k, n).
+struct Gemm {
+  std::int64_t m = 0, n = 0, k = 0;
+  Trans ta = Trans::no, tb = Trans::no;
+  DType operands = DType::f32;  // A and B
+  DType result = DType::f32;    // C
+  bool accumulate = false;      // beta != 0: C is read as well as written
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
+  friend bool operator==(const Gemm&, const Gemm&) = default;
+};
+
+/// Causal grouped-query attention, forward or backward, over `shape`.
+struct Attention {
+  AttentionShape shape;
+  DType dtype = DType::f32;
+  bool backward = false;
+  /// Multiply-adds the causal computation makes, counted as two FLOPs each: q k^T and
+  /// p v over the T (T + 1) / 2 (query, key) pairs at or below the diagonal per head; the
+  /// backward makes two and a half times the forward's (dv, dp, dq, dk; s recomputed).
+  double flops() const {
+    const auto& s = shape;
+    const double pairs = static_cast<double>(s.batch) * static_cast<double>(s.n_heads) *
+                         static_cast<double>(s.seq_len) * static_cast<double>(s.seq_len + 1) / 2;
+    const double forward = 4.0 * pairs * static_cast<double>(s.head_dim);
+    return backward ? 2.5 * forward : forward;
+  }
+  friend bool operator==(const Attention& a, const Attention& b) {
+    return a.shape.batch == b.shape.batch && a.shape.seq_len == b.shape.seq_len && a.shape.n_heads == b.shape.n_heads &&
+           a.shape.n_kv_heads == b.shape.n_kv_heads && a.shape.head_dim == b.shape.head_dim && a.dtype == b.dtype &&
+           a.backward == b.backward;
+  }
+};
+
+/// One B::for_each(n, f) of a functor: its name, what it does (ops/traffic.hpp) and the
+/// kernel the CUDA backend runs it with.
+struct Kernel {
+  const char* functor = "";  // the functor's type, namespaces dropped ("RmsNormForward<float>")
+  std::int64_t n = 0;
+  ops::Traffic traffic{};
+  bool priced = true;  // false: the functor has no traffic(); the cost model counts it apart
+  KernelClass cuda_class = KernelClass::per_index;
+  friend bool operator==(const Kernel& a, const Kernel& b) {
+    return std::string_view(a.functor) == b.functor && a.n == b.n && a.priced == b.priced && a.cuda_class == b.cuda_class &&
+           a.traffic.bytes_read == b.traffic.bytes_read && a.traffic.bytes_written == b.traffic.bytes_written &&
+           a.traffic.flops == b.traffic.flops && a.traffic.transcendentals == b.traffic.transcendentals;
+  }
+};
+
+/// B::zeros: `bytes` set to zero.
+struct Fill {
+  std::int64_t bytes = 0;
+  friend bool operator==(const Fill&, const Fill&) = default;
+};
+
+/// A host transfer; on a GPU each one waits for the device (Cuda::copy_to_host and
+/// copy_from_host synchronise the stream). `site` is the library line that asked for it.
+struct Transfer {
+  std::int64_t bytes = 0;
+  bool to_host = false;
+  const char* file = "";
+  std::uint32_t line = 0;
+  friend bool operator==(const Transfer& a, const Transfer& b) {
+    return a.bytes == b.bytes && a.to_host == b.to_host && a.line == b.line && std::string_view(a.file) == b.file;
+  }
+};
+
+/// B::synchronize().
+struct Synchronize {
+  friend bool operator==(const Synchronize&, const Synchronize&) = default;
+};
+
+/// An allocation (delta > 0) or release (delta < 0) of `device` memory; `live`: bytes held after it.
+struct Memory {
+  Device device = Device::cpu;
+  std::int64_t delta = 0;
+  MemoryUse use = MemoryUse::temporary;
+  std::size_t live = 0;
+  friend bool operator==(const Memory&, const Memory&) = default;
+};
+
+using Op = std::variant<Gemm, Attention, Kernel, Fill, Transfer, Synchronize, Memory>;
+
+struct Event {
+  Op op;
+  const char* region = "";  // the innermost Region open when it was issued ("" outside any)
+};
+
+class Trace {
+ public:
+  void add(Op op) { events_.push_back(Event{std::move(op), Region::current_name()}); }
+  const std::vector<Event>& events() const { return events_; }
+  void clear() { events_.clear(); }
+
+  /// The events of one kind, in order.
+  template <class K>
+  std::vector<K> all() const {
+    std::vector<K> out;
+    for (const auto& e : events_)
+      if (const K* k = std::get_if<K>(&e.op)) out.push_back(*k);
+    return out;
+  }
+
+ private:
+  std::vector<Event> events_;
+};
+
+namespace detail {
+inline thread_local Trace* current_trace = nullptr;
+
+/// A demangled type name with tessera's namespaces dropped.
+inline std::string readable_type_name(const char* mangled) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::string s = status == 0 && d ? d.get() : mangled;
+  for (const char* prefix : {"tessera::ops::detail::", "tessera::ops::", "tessera::nn::detail::", "tessera::nn::",
+                             "tessera::parallel::detail::", "tessera::parallel::", "tessera::optim::detail::",
+                             "tessera::optim::", "tessera::detail::", "tessera::"}) {
+    const std::string p = prefix;
+    for (std::size_t at = s.find(p); at != std::string::npos; at = s.find(p)) s.erase(at, p.size());
+  }
+  return s;
+}
+}  // namespace detail
+
+/// The name a trace gives functor F (computed once per type).
+template <class F>
+const char* functor_name() {
+  static const std::string name = detail::readable_type_name(typeid(F).name());
+  return name.c_str();
+}
+
+/// The trace this thread's Traced backends record into, or nullptr.
+inline Trace* current() { return detail::current_trace; }
+
+/// Records into `trace`, on this thread, every call made through a Traced backend and
+/// every allocation and release of the `watched` devices' memory (this thread's
+/// counters), until the scope ends.
+class Recording : private MemoryObserver {
+ public:
+  explicit Recording(Trace& trace, std::initializer_list<Device> watched = {Device::meta})
+      : trace_(trace), previous_trace_(detail::current_trace) {
+    detail::current_trace = &trace_;
+    for (Device d : watched) watched_.push_back({d, memory_stats(d).observe(this, d)});
+  }
+  ~Recording() {
+    for (auto it = watched_.rbegin(); it != watched_.rend(); ++it) memory_stats(it->device).observe(it->previous, it->device);
+    detail::current_trace = previous_trace_;
+  }
+  Recording(const Recording&) = delete;
+  Recording& operator=(const Recording&) = delete;
+
+ private:
+  void on_memory(Device device, std::int64_t delta, MemoryUse use, std::size_t live) override {
+    trace_.add(Memory{device, delta, use, live});
+  }
+
+  struct Watched {
+    Device device;
+    MemoryObserver* previous;
+  };
+  Trace& trace_;
+  Trace* previous_trace_;
+  std::vector<Watched> watched_;
+};
+
+/// Adds `op` to this thread's trace, if one is recording.
+inline void record(Op op) {
+  if (Trace* t = current()) t->add(std::move(op));
+}
+
+}  // namespace tessera::trace

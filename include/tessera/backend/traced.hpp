@@ -1,0 +1,120 @@
+// Traced<B>: backend B, with every call recorded into the trace of the Recording open on
+// the calling thread (backend/trace.hpp), then made on B.
+//
+// It satisfies the Backend concept whenever B does, so any model runs on it unchanged:
+// Traced<Cpu> trains for real and leaves a trace of what it did; Traced<Meta> (the dry
+// run, backend/meta/meta.hpp) computes nothing and leaves the same trace. Outside a
+// Recording it is B. What is recorded:
+//   gemm                  m, n, k, transposes, operand and result dtypes, accumulation
+//   attention_forward/backward   the AttentionShape and dtype
+//   for_each(n, f)        the functor's name, n, its ops::Traffic (when F has traffic()),
+//                         and the kernel class Cuda::for_each would use for F
+//   zeros                 a fill of the tensor's bytes (empty records nothing: the
+//                         allocation itself comes from the memory counters)
+//   copy_to_host/from_host  the bytes and the library line that asked (upload, download)
+//   synchronize
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/kernel_class.hpp"
+#include "tessera/backend/trace.hpp"
+#include "tessera/comm/memory_access.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/ops/traffic.hpp"
+
+namespace tessera {
+
+template <Backend B>
+struct Traced {
+  using inner_type = B;
+  static constexpr Device device = B::device;
+
+  template <class T>
+  static Tensor<T> empty(Shape shape) {
+    return B::template empty<T>(shape);
+  }
+  template <class T>
+  static Tensor<T> zeros(Shape shape) {
+    trace::record(trace::Fill{shape.numel() * static_cast<std::int64_t>(sizeof(T))});
+    return B::template zeros<T>(shape);
+  }
+
+  template <class F>
+  static void for_each(std::int64_t n, const F& f) {
+    if (trace::current() && n > 0) {
+      trace::Kernel k;
+      k.functor = trace::functor_name<F>();
+      k.n = n;
+      if constexpr (ops::HasTraffic<F>) k.traffic = f.traffic(n);
+      else k.priced = false;
+      k.cuda_class = cuda_kernel_class<F>;
+      trace::record(k);
+    }
+    B::for_each(n, f);
+  }
+
+  static void synchronize() {
+    trace::record(trace::Synchronize{});
+    B::synchronize();
+  }
+
+  template <class T>
+  static void copy_to_host(const T* src, T* dst, std::int64_t n) {
+    record_transfer(n * static_cast<std::int64_t>(sizeof(T)), true);
+    B::copy_to_host(src, dst, n);
+  }
+  template <class T>
+  static void copy_from_host(const T* src, T* dst, std::int64_t n) {
+    record_transfer(n * static_cast<std::int64_t>(sizeof(T)), false);
+    B::copy_from_host(src, dst, n);
+  }
+
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<C> c) {
+    if (trace::current()) {
+      const GemmSizes s = check_gemm(ta, tb, a, b, c);
+      trace::record(trace::Gemm{s.m, s.n, s.k, ta, tb, dtype_of<T>(), dtype_of<C>(), beta != accum_t<T>(0)});
+    }
+    B::gemm(ta, tb, alpha, a, b, beta, c);
+  }
+
+  template <class T>
+  static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
+                                TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
+    trace::record(trace::Attention{s, dtype_of<T>(), false});
+    B::attention_forward(s, q, k, v, o, lse);
+  }
+
+  template <class T>
+  static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
+                                 TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
+                                 TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+    trace::record(trace::Attention{s, dtype_of<T>(), true});
+    B::attention_backward(s, q, k, v, o, lse, d_o, dq, dk, dv);
+  }
+
+  /// How in-process engines move this backend's buffers: B's way.
+  static comm::MemoryAccess memory_access()
+    requires requires { B::memory_access(); }
+  {
+    return B::memory_access();
+  }
+
+ private:
+  static void record_transfer(std::int64_t bytes, bool to_host) {
+    if (!trace::current()) return;
+    trace::Transfer t{bytes, to_host, "", 0};
+    if (const std::source_location* site = detail::transfer_site) {
+      t.file = site->file_name();
+      t.line = site->line();
+    }
+    trace::record(t);
+  }
+};
+
+}  // namespace tessera
