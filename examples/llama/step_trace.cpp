@@ -1,0 +1,16 @@
+#include "step_trace.hpp"
+
+namespace llama_plan {
+
+tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model) {
+  return bf16_model ? tessera::plan::dry_run_step<tessera::bf16>(c) : tessera::plan::dry_run_step<float>(c);
+}
+
+tessera::train::JobConfig on_one_device(tessera::train::JobConfig c) {
+  auto& p = c.parallelism;
+  p.data_parallel_replicate_degree = p.data_parallel_shard_degree = p.tensor_parallel_degree = 1;
+  p.pipeline_parallel_degree = p.context_parallel_degree = 1;
+  return c;
+}
+
+}  // namespace llama_plan

@@ -1,0 +1,20 @@
+// One traced training step of a config, compiled once for llama-plan and llama-train.
+//
+// llama-plan prices it on a machine; llama-train measures the CPU's GEMM peak for MFU on
+// its GEMMs (plan/cpu.hpp: measure_gemm_peak). The model types of the dry run are
+// instantiated in step_trace.cpp alone, so neither binary compiles them twice.
+#pragma once
+
+#include "tessera/plan/dry_run.hpp"
+#include "tessera/train/job_config.hpp"
+
+namespace llama_plan {
+
+/// One traced step of the model `c` describes: the bf16 model when `bf16_model`, else
+/// float32 (with bf16 parameter values under mixed_precision_param = "bfloat16").
+tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model);
+
+/// `c` on one device: every parallelism degree 1 (the whole model's step on one rank).
+tessera::train::JobConfig on_one_device(tessera::train::JobConfig c);
+
+}  // namespace llama_plan

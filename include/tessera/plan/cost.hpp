@@ -1,0 +1,281 @@
+// Pricing a traced step: each recorded operation's time on a machine, summed by class,
+// and the step's throughput, MFU and memory against the device.
+//
+// The trace (backend/trace.hpp) says what the step asks of the device, in issue order;
+// a Pricer says how long one operation takes there. The step's time is the sum: one
+// stream, each operation after the one before, as the CUDA backend issues them (and the
+// CPU backend runs them). What is priced, on a GPU (GpuPricer, from a machine file):
+//
+//   GEMM        max(2mnk / (peak x efficiency(size)), bytes / stream bandwidth), the
+//               efficiency curve of the operands' dtype (bf16 tensor cores; fp32 on CUDA
+//               cores, tessera's fp32 GEMMs run without TF32)
+//   attention   tessera's portable flash kernel (backend/cuda/flash_attention.cuh), by
+//               what it does: one thread per query (or key) row, fp32 multiply-adds on
+//               CUDA cores, each reading its K, V (or Q, dO) operand from shared memory.
+//               Every multiply-add waits on a 4-byte shared load that the warp's threads
+//               share (a broadcast), and an SM issues one shared-memory load per clock
+//               against four warp-wide fp32 multiply-adds: the kernel runs at the fp32
+//               rate times (shared bytes per clock / 4) / (fp32 lanes per SM), a quarter
+//               on every profile here. The forward makes 2 hd multiply-adds per (query,
+//               key) pair at or below the diagonal, the backward 7 hd (the key pass
+//               recomputes s and dp and accumulates dk and dv; the query pass recomputes
+//               s and dp and accumulates dq). Spills at head dim 128 are not priced.
+//   kernels     the functor's bytes (ops::Traffic) at the stream bandwidth when the
+//               kernel coalesces: every kernel of its own (backend/kernel_class.hpp) and
+//               a per-index kernel whose indices touch neighbouring elements; a
+//               per-index kernel whose every index walks a run of its own (Traffic::
+//               walk_bytes: a row, a chunk) loads one element per L1 wavefront, one
+//               wavefront per SM per clock; transcendentals at 16 per SM per clock (the
+//               SFU rate of compute capability 8.x and 9.0, CUDA C++ Programming Guide,
+//               "Arithmetic Instructions"); the larger of the three
+//   fill        its bytes written at the stream bandwidth (cudaMemsetAsync)
+//   transfer    a host synchronisation plus its bytes over the host link
+//   synchronize a host synchronisation
+//
+// and every operation takes at least the launch interval (host.launch_us): the GPU
+// cannot run kernels faster than the host issues them. Not priced: the host's own work
+// between launches (it overlaps with the device's, except after a synchronisation, which
+// sync_us covers), allocator calls (cached blocks), and the first step's one-time uploads.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "tessera/backend/trace.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/memory.hpp"
+#include "tessera/core/region.hpp"
+#include "tessera/nn/args.hpp"
+#include "tessera/plan/machine.hpp"
+
+namespace tessera::plan {
+
+/// How long one traced operation takes on a machine.
+class Pricer {
+ public:
+  virtual ~Pricer() = default;
+  virtual double seconds(const trace::Op& op) const = 0;
+  /// The FLOP rate MFU is measured against, for a model whose parameters are `dtype`.
+  virtual double peak_flops(DType dtype) const = 0;
+  /// Bytes tensors may take on the device.
+  virtual double usable_bytes() const = 0;
+  virtual std::string name() const = 0;
+};
+
+/// Multiply-adds of tessera's portable flash kernel for one attention call (see above).
+inline double flash_kernel_fmas(const trace::Attention& a) {
+  const auto& s = a.shape;
+  const double pairs = static_cast<double>(s.batch) * static_cast<double>(s.n_heads) * static_cast<double>(s.seq_len) *
+                       static_cast<double>(s.seq_len + 1) / 2;
+  return pairs * static_cast<double>(s.head_dim) * (a.backward ? 7.0 : 2.0);
+}
+
+/// Bytes a GEMM must move at least: A and B read once, C written (and read when accumulating).
+inline double gemm_bytes(const trace::Gemm& g) {
+  const double ab = static_cast<double>(size_of(g.operands)), c = static_cast<double>(size_of(g.result));
+  return (static_cast<double>(g.m) * g.k + static_cast<double>(g.k) * g.n) * ab +
+         static_cast<double>(g.m) * g.n * c * (g.accumulate ? 2 : 1);
+}
+
+class GpuPricer : public Pricer {
+ public:
+  /// SFU transcendentals per SM per clock for compute capability 8.x and 9.0.
+  static constexpr double kSfuPerClock = 16;
+  /// Bytes of useful data an uncoalesced warp access brings per L1 wavefront (one element).
+  static constexpr double kWalkBytesPerWavefront = 4;
+
+  explicit GpuPricer(Machine m) : m_(std::move(m)) {}
+
+  double seconds(const trace::Op& op) const override {
+    return std::max(launch(), std::visit([&](const auto& o) { return work(o); }, op));
+  }
+  double peak_flops(DType dtype) const override {
+    return (dtype == DType::bf16 ? m_.bf16_tflops.value : m_.fp32_tflops.value) * 1e12;
+  }
+  double usable_bytes() const override { return m_.usable_bytes(); }
+  std::string name() const override { return m_.name; }
+  const Machine& machine() const { return m_; }
+
+  /// The fraction of the fp32 rate the portable flash kernel reaches (a quarter here).
+  double flash_efficiency() const {
+    const double lanes = m_.fp32_tflops.value * 1e12 / (2 * m_.sm_count.value * m_.boost_clock_ghz.value * 1e9);
+    return std::min(1.0, m_.shared_memory_bytes_per_clock_per_sm.value / 4 / lanes);
+  }
+
+ private:
+  double launch() const { return m_.launch_us.value * 1e-6; }
+  double sync() const { return m_.sync_us.value * 1e-6; }
+  double clock() const { return m_.boost_clock_ghz.value * 1e9; }
+
+  double work(const trace::Gemm& g) const {
+    const bool bf16 = g.operands == DType::bf16;
+    const double peak = peak_flops(bf16 ? DType::bf16 : DType::f32);
+    const double eff = (bf16 ? m_.gemm_bf16 : m_.gemm_fp32).at(g.flops() / 1e9);
+    return std::max(g.flops() / (peak * eff), gemm_bytes(g) / m_.stream_bandwidth());
+  }
+  double work(const trace::Attention& a) const {
+    return 2 * flash_kernel_fmas(a) / (m_.fp32_tflops.value * 1e12 * flash_efficiency());
+  }
+  double work(const trace::Kernel& k) const {
+    const ops::Traffic& t = k.traffic;
+    double memory = t.bytes() / m_.stream_bandwidth();
+    if (k.cuda_class == KernelClass::per_index && t.walk_bytes > 0) {
+      const double walking = std::min(t.walk_bytes, t.bytes());
+      const double walk_rate = std::min(m_.sm_count.value * clock() * kWalkBytesPerWavefront, m_.stream_bandwidth());
+      memory = walking / walk_rate + (t.bytes() - walking) / m_.stream_bandwidth();
+    }
+    const double sfu = t.transcendentals / (m_.sm_count.value * kSfuPerClock * clock());
+    const double alu = t.flops / (m_.fp32_tflops.value * 1e12);
+    return std::max({memory, sfu, alu});
+  }
+  double work(const trace::Fill& f) const { return static_cast<double>(f.bytes) / m_.stream_bandwidth(); }
+  double work(const trace::Transfer& t) const {
+    return sync() + static_cast<double>(t.bytes) / (m_.host_link_gbs.value * 1e9);
+  }
+  double work(const trace::Synchronize&) const { return sync(); }
+  double work(const trace::Memory&) const { return 0; }
+
+  Machine m_;
+};
+
+/// What the step is, for throughput and MFU.
+struct StepShape {
+  nn::ModelArgs args;
+  std::int64_t tokens = 0;   // per step, over the data-parallel ranks
+  std::int64_t seq_len = 0;
+  DType dtype = DType::f32;  // the parameters' (bf16 for a bf16 model)
+  int devices = 1;
+};
+
+struct ClassTime {
+  double seconds = 0;
+  std::int64_t count = 0;
+};
+
+/// One kind of operation, summed: "gemm 8192x14336x4096 bf16 (tn)", "RmsNormForward<bf16>".
+struct OpTotal {
+  std::string what;
+  std::string cls;
+  double seconds = 0;
+  std::int64_t count = 0;
+};
+
+struct Prediction {
+  std::string machine;
+  double step_seconds = 0;
+  /// By class, in this order: GEMMs, attention, memory-bound kernels, loss head,
+  /// optimizer, host synchronisations (the loss head and optimizer regions take their
+  /// GEMMs and kernels; every host transfer and synchronisation is the last class).
+  std::vector<std::pair<std::string, ClassTime>> by_class;
+  std::vector<OpTotal> top;  // the costliest kinds of operation, costliest first
+  double tokens_per_sec = 0;
+  double mfu_pct = 0, mfu_causal_pct = 0;
+  double peak_flops = 0;
+  std::size_t peak_memory_bytes = 0;
+  MemoryBreakdown memory{};
+  double usable_bytes = 0;
+  bool fits = false;
+  std::int64_t host_reads = 0;        // transfers to the host: each a synchronisation on a GPU
+  std::int64_t unpriced_kernels = 0;  // launches of functors without traffic() (priced as nothing)
+};
+
+inline const char* kClassGemm = "GEMMs";
+inline const char* kClassAttention = "attention";
+inline const char* kClassKernels = "memory-bound kernels";
+inline const char* kClassLossHead = "loss head";
+inline const char* kClassOptimizer = "optimizer";
+inline const char* kClassHost = "host synchronisations";
+
+namespace detail {
+inline std::string trans_name(Trans a, Trans b) {
+  return std::string(a == Trans::no ? "n" : "t") + (b == Trans::no ? "n" : "t");
+}
+inline std::string describe(const trace::Op& op) {
+  return std::visit(
+      [](const auto& o) -> std::string {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, trace::Gemm>)
+          return tessera::detail::concat("gemm ", o.m, "x", o.n, "x", o.k, " ", name_of(o.operands), "->",
+                                         name_of(o.result), " (", trans_name(o.ta, o.tb), o.accumulate ? ", +=" : "",
+                                         ")");
+        else if constexpr (std::is_same_v<O, trace::Attention>)
+          return tessera::detail::concat("attention ", o.backward ? "backward" : "forward", " b", o.shape.batch, " t",
+                                         o.shape.seq_len, " h", o.shape.n_heads, "/", o.shape.n_kv_heads, " d",
+                                         o.shape.head_dim, " ", name_of(o.dtype));
+        else if constexpr (std::is_same_v<O, trace::Kernel>)
+          return tessera::detail::concat(o.functor, " (", name_of(o.cuda_class), ")");
+        else if constexpr (std::is_same_v<O, trace::Fill>)
+          return "zero fill";
+        else if constexpr (std::is_same_v<O, trace::Transfer>)
+          return tessera::detail::concat(o.to_host ? "copy to host" : "copy from host", " (", o.file, ":", o.line, ")");
+        else if constexpr (std::is_same_v<O, trace::Synchronize>)
+          return "synchronize";
+        else
+          return "memory";
+      },
+      op);
+}
+inline const char* class_of(const trace::Event& e) {
+  if (std::holds_alternative<trace::Transfer>(e.op) || std::holds_alternative<trace::Synchronize>(e.op))
+    return kClassHost;
+  const std::string_view r = e.region;
+  if (r == region::kLossHead) return kClassLossHead;
+  if (r == region::kOptimizer) return kClassOptimizer;
+  if (std::holds_alternative<trace::Gemm>(e.op)) return kClassGemm;
+  if (std::holds_alternative<trace::Attention>(e.op)) return kClassAttention;
+  return kClassKernels;
+}
+}  // namespace detail
+
+/// The step's time by class, throughput, MFU (torchtitan's formula and the causally
+/// halved one) and memory against the device. `peak` and `at_peak`: the step's memory
+/// peak on the device and what it held then.
+inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const StepShape& shape, std::size_t peak,
+                          const MemoryBreakdown& at_peak, std::size_t top = 12) {
+  Prediction p;
+  p.machine = pricer.name();
+  for (const char* c : {kClassGemm, kClassAttention, kClassKernels, kClassLossHead, kClassOptimizer, kClassHost})
+    p.by_class.push_back({c, {}});
+  std::map<std::string, OpTotal> kinds;
+  for (const auto& e : trace.events()) {
+    if (std::holds_alternative<trace::Memory>(e.op)) continue;
+    if (const auto* k = std::get_if<trace::Kernel>(&e.op); k && !k->priced) ++p.unpriced_kernels;
+    if (const auto* t = std::get_if<trace::Transfer>(&e.op); t && t->to_host) ++p.host_reads;
+    const double s = pricer.seconds(e.op);
+    const char* cls = detail::class_of(e);
+    for (auto& [name, c] : p.by_class)
+      if (name == cls) {
+        c.seconds += s;
+        ++c.count;
+      }
+    OpTotal& kind = kinds[detail::describe(e.op) + "|" + cls];
+    if (kind.what.empty()) {
+      kind.what = detail::describe(e.op);
+      kind.cls = cls;
+    }
+    kind.seconds += s;
+    ++kind.count;
+    p.step_seconds += s;
+  }
+  for (auto& [key, k] : kinds) p.top.push_back(k);
+  std::sort(p.top.begin(), p.top.end(), [](const OpTotal& a, const OpTotal& b) { return a.seconds > b.seconds; });
+  if (p.top.size() > top) p.top.resize(top);
+
+  p.tokens_per_sec = p.step_seconds > 0 ? static_cast<double>(shape.tokens) / p.step_seconds : 0;
+  p.peak_flops = pricer.peak_flops(shape.dtype);
+  const double per_device = p.tokens_per_sec / std::max(1, shape.devices);
+  p.mfu_pct = 100 * per_device * shape.args.flops_per_token(shape.seq_len) / p.peak_flops;
+  p.mfu_causal_pct = 100 * per_device * shape.args.flops_per_token(shape.seq_len, true) / p.peak_flops;
+  p.peak_memory_bytes = peak;
+  p.memory = at_peak;
+  p.usable_bytes = pricer.usable_bytes();
+  p.fits = static_cast<double>(peak) <= p.usable_bytes;
+  return p;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,208 @@
+// A machine profile: the rates llama-plan prices a traced training step with.
+//
+// GPU profiles are TOML files (examples/machines/*.toml; built into llama-plan, and any
+// FILE.toml of the same form). Every figure carries its source, and the loader refuses a
+// profile whose figure is missing, not a positive number, or has no source, naming the
+// file and the key:
+//
+//   [machine]                 name, description, device = "cuda"
+//   [memory.capacity_bytes]   device memory, and [memory.reserved_bytes] what the CUDA
+//                             context, library workspaces and allocator slack take first
+//   [compute.bf16_tflops]     dense tensor-core peak; [compute.fp32_tflops] CUDA cores;
+//   [compute.sm_count], [compute.boost_clock_ghz],
+//   [compute.shared_memory_bytes_per_clock_per_sm]
+//   [gemm.bf16_efficiency]    points = [[gflop, fraction], ...]: the fraction of the peak
+//   [gemm.fp32_efficiency]    cuBLAS reaches by GEMM size (2 m n k / 1e9)
+//   [hbm.bandwidth_gbs], [hbm.achieved_fraction]
+//   [host.launch_us]          back-to-back kernel launches on one stream, per launch
+//   [host.sync_us]            a small device-to-host copy and the stream wait it implies
+//   [host.link_gbs]           host <-> device copies
+//
+// Each figure is a table: { value = <number>, source = "<where it comes from>" } (the
+// curves have `points` for `value`). The CPU's profile is not a file: plan/cpu.hpp
+// measures it on the machine at hand.
+#pragma once
+
+#include <toml++/toml.h>  // toml++ v3 (Debian ships this name, not toml.hpp)
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
+
+namespace tessera::plan {
+
+/// A figure and where it comes from.
+struct Sourced {
+  double value = 0;
+  std::string source;
+};
+
+/// The fraction of a peak reached, as a function of a GEMM's size in GFLOP: linear in
+/// log(size) between the points, flat beyond the first and the last.
+struct EfficiencyCurve {
+  std::vector<std::array<double, 2>> points;  // (gflop, fraction), gflop increasing
+  std::string source;
+
+  double at(double gflop) const {
+    if (points.empty()) return 1.0;
+    if (gflop <= points.front()[0]) return points.front()[1];
+    if (gflop >= points.back()[0]) return points.back()[1];
+    for (std::size_t i = 1; i < points.size(); ++i) {
+      if (gflop > points[i][0]) continue;
+      const double x0 = std::log(points[i - 1][0]), x1 = std::log(points[i][0]);
+      const double t = (std::log(gflop) - x0) / (x1 - x0);
+      return points[i - 1][1] + t * (points[i][1] - points[i - 1][1]);
+    }
+    return points.back()[1];
+  }
+};
+
+/// A GPU's rates (device = cuda), as a machine file gives them.
+struct Machine {
+  std::string name;
+  std::string description;
+  std::string origin;  // the file it was read from, or "built in"
+  Device device = Device::cuda;
+
+  Sourced capacity_bytes, reserved_bytes;
+  Sourced bf16_tflops, fp32_tflops, sm_count, boost_clock_ghz, shared_memory_bytes_per_clock_per_sm;
+  EfficiencyCurve gemm_bf16, gemm_fp32;
+  Sourced hbm_gbs, hbm_fraction;
+  Sourced launch_us, sync_us, host_link_gbs;
+
+  /// Bytes tensors may take: capacity less what is reserved before the first one.
+  double usable_bytes() const { return capacity_bytes.value - reserved_bytes.value; }
+  /// Bytes per second a streaming kernel reaches.
+  double stream_bandwidth() const { return hbm_gbs.value * 1e9 * hbm_fraction.value; }
+};
+
+namespace detail {
+
+inline std::string where(std::string_view origin, const toml::node& n) {
+  std::string s(origin);
+  if (n.source().begin.line > 0) s += tessera::detail::concat(":", n.source().begin.line);
+  return s;
+}
+
+inline const toml::table& table_at(const toml::table& root, std::string_view origin, std::string_view section,
+                                   std::string_view key) {
+  const toml::node* s = root.get(section);
+  const std::string name = tessera::detail::concat(section, ".", key);
+  TESSERA_CHECK(s && s->is_table(), origin, ": machine profile: [", section, "] is missing (it holds [", name, "])");
+  const toml::node* k = s->as_table()->get(key);
+  TESSERA_CHECK(k, origin, ": machine profile: ", name, " is missing");
+  TESSERA_CHECK(k->is_table(), where(origin, *k), ": machine profile: ", name,
+                " must be a table { value = <number>, source = \"...\" }");
+  return *k->as_table();
+}
+
+inline std::string source_of(const toml::table& t, std::string_view origin, std::string_view name) {
+  const toml::node* src = t.get("source");
+  TESSERA_CHECK(src && src->is_string() && !src->as_string()->get().empty(), where(origin, t), ": machine profile: ",
+                name, " has no source (every figure names where it comes from)");
+  return src->as_string()->get();
+}
+
+inline Sourced read_rate(const toml::table& root, std::string_view origin, std::string_view section,
+                         std::string_view key) {
+  const toml::table& t = table_at(root, origin, section, key);
+  const std::string name = tessera::detail::concat(section, ".", key);
+  const toml::node* v = t.get("value");
+  TESSERA_CHECK(v, where(origin, t), ": machine profile: ", name, " has no value");
+  std::optional<double> x = v->value<double>();
+  TESSERA_CHECK(x.has_value(), where(origin, *v), ": machine profile: ", name, ".value must be a number");
+  TESSERA_CHECK(std::isfinite(*x) && *x > 0, where(origin, *v), ": machine profile: ", name,
+                ".value must be a positive number, got ", *x);
+  return {*x, source_of(t, origin, name)};
+}
+
+inline EfficiencyCurve read_curve(const toml::table& root, std::string_view origin, std::string_view section,
+                                  std::string_view key) {
+  const toml::table& t = table_at(root, origin, section, key);
+  const std::string name = tessera::detail::concat(section, ".", key);
+  const toml::array* pts = t.get_as<toml::array>("points");
+  TESSERA_CHECK(pts && !pts->empty(), where(origin, t), ": machine profile: ", name,
+                ".points must be a non-empty list of [gflop, fraction] pairs");
+  EfficiencyCurve c;
+  for (std::size_t i = 0; i < pts->size(); ++i) {
+    const toml::array* p = (*pts)[i].as_array();
+    std::optional<double> g = p && p->size() == 2 ? (*p)[0].value<double>() : std::nullopt;
+    std::optional<double> f = p && p->size() == 2 ? (*p)[1].value<double>() : std::nullopt;
+    TESSERA_CHECK(g && f, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[", i,
+                  "] must be a pair [gflop, fraction] of numbers");
+    TESSERA_CHECK(*g > 0 && *f > 0 && *f <= 1, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[", i,
+                  "]: gflop must be positive and fraction in (0, 1], got [", *g, ", ", *f, "]");
+    TESSERA_CHECK(c.points.empty() || *g > c.points.back()[0], where(origin, (*pts)[i]), ": machine profile: ", name,
+                  ".points must have increasing gflop");
+    c.points.push_back({*g, *f});
+  }
+  c.source = source_of(t, origin, name);
+  return c;
+}
+
+}  // namespace detail
+
+/// Reads a GPU profile from TOML text; `origin` names it in errors ("h100.toml").
+inline Machine parse_machine(std::string_view text, std::string_view origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::string at(origin);
+    if (e.source().begin.line > 0) at += tessera::detail::concat(":", e.source().begin.line);
+    fail(at, ": TOML syntax error: ", e.description());
+  }
+  Machine m;
+  m.origin = std::string(origin);
+  const toml::table* head = root.get_as<toml::table>("machine");
+  TESSERA_CHECK(head, origin, ": machine profile: [machine] is missing (name, description, device)");
+  const auto* name = head->get_as<std::string>("name");
+  TESSERA_CHECK(name && !name->get().empty(), origin, ": machine profile: machine.name is missing");
+  m.name = name->get();
+  if (const auto* d = head->get_as<std::string>("description")) m.description = d->get();
+  const auto* device = head->get_as<std::string>("device");
+  TESSERA_CHECK(device && device->get() == "cuda", origin, ": machine profile: machine.device must be \"cuda\" (the CPU's "
+                "profile is measured: --machine cpu)");
+  using detail::read_curve;
+  using detail::read_rate;
+  m.capacity_bytes = read_rate(root, origin, "memory", "capacity_bytes");
+  m.reserved_bytes = read_rate(root, origin, "memory", "reserved_bytes");
+  TESSERA_CHECK(m.reserved_bytes.value < m.capacity_bytes.value, origin,
+                ": machine profile: memory.reserved_bytes must be less than memory.capacity_bytes");
+  m.bf16_tflops = read_rate(root, origin, "compute", "bf16_tflops");
+  m.fp32_tflops = read_rate(root, origin, "compute", "fp32_tflops");
+  m.sm_count = read_rate(root, origin, "compute", "sm_count");
+  m.boost_clock_ghz = read_rate(root, origin, "compute", "boost_clock_ghz");
+  m.shared_memory_bytes_per_clock_per_sm = read_rate(root, origin, "compute", "shared_memory_bytes_per_clock_per_sm");
+  m.gemm_bf16 = read_curve(root, origin, "gemm", "bf16_efficiency");
+  m.gemm_fp32 = read_curve(root, origin, "gemm", "fp32_efficiency");
+  m.hbm_gbs = read_rate(root, origin, "hbm", "bandwidth_gbs");
+  m.hbm_fraction = read_rate(root, origin, "hbm", "achieved_fraction");
+  TESSERA_CHECK(m.hbm_fraction.value <= 1, origin, ": machine profile: hbm.achieved_fraction must be at most 1, got ",
+                m.hbm_fraction.value);
+  m.launch_us = read_rate(root, origin, "host", "launch_us");
+  m.sync_us = read_rate(root, origin, "host", "sync_us");
+  m.host_link_gbs = read_rate(root, origin, "host", "link_gbs");
+  return m;
+}
+
+/// Reads a GPU profile from a file.
+inline Machine load_machine(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  TESSERA_CHECK(in.good(), path.string(), ": cannot open the machine profile");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_machine(text.str(), path.string());
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# llama-plan end to end.
+#   plan.sh LLAMA_PLAN CONFIGS_DIR MACHINES_DIR [all]
+# Without `all`: the debug model on every built-in machine, on a machine file, and on the
+# measured CPU, in JSON with every key a user reads; then bad input, each one line naming
+# the key or file and exit status 1. With `all`: every config in CONFIGS_DIR on every
+# machine (h100-sxm, h200, a100-80gb-sxm, cpu), one device each (parallelism degrees set
+# to 1: this llama-plan plans one rank).
+set -uo pipefail
+plan=$1
+configs=$2
+machines=$3
+mode=${4:-}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+
+one_device=(--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree 1
+            --parallelism.tensor_parallel_degree 1 --parallelism.pipeline_parallel_degree 1
+            --parallelism.context_parallel_degree 1)
+
+# check_json NAME FILE: the keys a user of --json reads, with sane values.
+check_json() {
+  python3 - "$2" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for k in ["tokens_per_sec", "mfu_pct", "mfu_causal_pct", "step_seconds", "peak_memory_bytes", "fits", "breakdown",
+          "usable_memory_bytes", "costliest", "machine"]:
+    if k not in j:
+        sys.exit("missing key %s" % k)
+if not (j["step_seconds"] > 0 and j["tokens_per_sec"] > 0 and j["peak_memory_bytes"] > 0):
+    sys.exit("non-positive step_seconds, tokens_per_sec or peak_memory_bytes: %s" % j)
+if not (0 < j["mfu_causal_pct"] <= j["mfu_pct"] < 100):
+    sys.exit("MFU out of range: %s, causal %s" % (j["mfu_pct"], j["mfu_causal_pct"]))
+time = j["breakdown"]["time"]
+for c in ["GEMMs", "attention", "memory-bound kernels", "loss head", "optimizer", "host synchronisations"]:
+    if c not in time:
+        sys.exit("breakdown.time lacks %s" % c)
+total = sum(v["seconds"] for v in time.values())
+if abs(total - j["step_seconds"]) > 1e-9 * max(1, j["step_seconds"]):
+    sys.exit("the classes sum to %g, the step is %g" % (total, j["step_seconds"]))
+mem = j["breakdown"]["memory"]
+held = sum(mem[k] for k in ["parameters", "gradients", "optimizer", "saved_activations", "temporaries", "workspace"])
+if held != j["peak_memory_bytes"]:
+    sys.exit("the memory breakdown sums to %d, the peak is %d" % (held, j["peak_memory_bytes"]))
+if j["fits"] != (j["peak_memory_bytes"] <= j["usable_memory_bytes"]):
+    sys.exit("fits = %s for a peak of %d of %d usable" % (j["fits"], j["peak_memory_bytes"], j["usable_memory_bytes"]))
+print("%s: %.4g s/step, %.0f tokens/s, MFU %.1f%%, peak %.2f GiB, %s" % (
+    j["machine"], j["step_seconds"], j["tokens_per_sec"], j["mfu_pct"], j["peak_memory_bytes"] / 2**30,
+    "fits" if j["fits"] else "does not fit"))
+EOF
+}
+
+# plan_ok NAME ARGS...: llama-plan --json ARGS succeeds and its JSON holds.
+plan_ok() {
+  local name=$1 result
+  shift
+  if ! timeout 300 "$plan" --json "$@" > "$work/out.json" 2> "$work/err"; then
+    echo "FAIL: $name: exit status $?"; tail -n 5 "$work/err"; failures=$((failures + 1)); return
+  fi
+  if ! result=$(check_json "$name" "$work/out.json" 2>&1); then
+    echo "FAIL: $name: $result"; failures=$((failures + 1)); return
+  fi
+  echo "ok: $name: $result"
+}
+
+# plan_fails NAME EXPECTED ARGS...: exit status 1 and one error line holding EXPECTED.
+plan_fails() {
+  local name=$1 expected=$2 status
+  shift 2
+  timeout 120 "$plan" "$@" > "$work/out" 2> "$work/err"
+  status=$?
+  if [ "$status" -ne 1 ]; then
+    echo "FAIL: $name: exit status $status (expected 1)"; tail -n 5 "$work/err"; failures=$((failures + 1)); return
+  fi
+  if [ "$(wc -l < "$work/err")" -ne 1 ] || ! grep -qF -- "$expected" "$work/err"; then
+    echo "FAIL: $name: stderr is not one line holding '$expected':"; head -n 5 "$work/err"; failures=$((failures + 1)); return
+  fi
+  echo "ok: $name -> $(cat "$work/err")"
+}
+
+if [ "$mode" = all ]; then
+  for config in "$configs"/*.toml; do
+    for machine in h100-sxm h200 a100-80gb-sxm cpu; do
+      plan_ok "$(basename "$config" .toml) on $machine" --config "$config" --machine "$machine" "${one_device[@]}"
+    done
+  done
+  [ "$failures" -eq 0 ] && echo "plan all: every config on every machine" || echo "plan all: $failures failures"
+  exit $((failures > 0))
+fi
+
+debug=(--config "$configs/debug_model.toml")
+for machine in h100-sxm h200 a100-80gb-sxm cpu; do
+  plan_ok "debug model on $machine" "${debug[@]}" --machine "$machine"
+done
+plan_ok "debug model on a machine file" "${debug[@]}" --machine "$machines/a100-80gb-sxm.toml"
+plan_ok "debug model in bf16 with full checkpointing" "${debug[@]}" --training.mixed_precision_param bfloat16 \
+  --activation_checkpoint.mode full
+# The table: the header, the step line, every class and the memory breakdown.
+if "$plan" "${debug[@]}" --machine h100-sxm > "$work/table" 2> "$work/err" &&
+   grep -q '^tessera llama-plan: debugmodel' "$work/table" && grep -q '^step .* tokens/s | MFU' "$work/table" &&
+   grep -q '^  loss head' "$work/table" && grep -q '^  saved activations' "$work/table"; then
+  echo "ok: the table names the model, the step, the classes and the memory"
+else
+  echo "FAIL: the table:"; head -n 20 "$work/table" "$work/err"; failures=$((failures + 1))
+fi
+
+# Bad input: one line, exit status 1.
+plan_fails "unknown machine" "--machine tpu-v9: unknown machine (known: h100-sxm, h200, a100-80gb-sxm, cpu" \
+  "${debug[@]}" --machine tpu-v9
+plan_fails "missing machine file" "$work/none.toml: cannot open the machine profile" "${debug[@]}" --machine "$work/none.toml"
+sed 's/^value = 3350$/value = 0/' "$machines/h100-sxm.toml" > "$work/broken.toml"
+plan_fails "machine file with a non-positive rate" "machine profile: hbm.bandwidth_gbs.value must be a positive number, got 0" \
+  "${debug[@]}" --machine "$work/broken.toml"
+sed -n '/^\[hbm.achieved_fraction\]/,$!p' "$machines/h100-sxm.toml" > "$work/short.toml"
+plan_fails "machine file without a rate" "machine profile: hbm.achieved_fraction is missing" "${debug[@]}" \
+  --machine "$work/short.toml"
+plan_fails "--machine without a name" "--machine: expected a machine name or a profile FILE.toml" "${debug[@]}" --machine
+plan_fails "missing config" "none.toml" --config "$work/none.toml"
+plan_fails "unknown key" "unknown option --training.stpes" "${debug[@]}" --training.stpes 3
+plan_fails "a layout over several devices" \
+  "parallelism.tensor_parallel_degree = 2: llama-plan predicts one rank on one device" "${debug[@]}" \
+  --parallelism.tensor_parallel_degree 2
+
+[ "$failures" -eq 0 ] && echo "cli_plan: all checks passed" || echo "cli_plan: $failures failures"
+exit $((failures > 0))

@@ -1,0 +1,252 @@
+// The cost model's arithmetic (plan/cost.hpp) and the machine profiles (plan/machine.hpp):
+// each class of operation priced as the model says, on a profile made for the test; every
+// built-in profile loads; a profile with a figure missing, not positive or without a
+// source is refused, naming the file and the key.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "../support/errors.hpp"
+#include "tessera/backend/trace.hpp"
+#include "tessera/plan/cost.hpp"
+#include "tessera/plan/machine.hpp"
+
+#ifndef TESSERA_MACHINES
+#error "TESSERA_MACHINES must name the examples/machines folder (tests/plan/meson.build defines it)"
+#endif
+
+namespace test_cost {  // unity build: this file's names stay in here (tests/meson.build)
+
+using namespace tessera;
+
+namespace {
+
+/// A profile with round numbers: 100 TFLOP/s bf16, 10 fp32, 1 TB/s at 0.5 reached, 100
+/// SMs at 1 GHz with 128 shared bytes per clock, launches of 2 us, syncs of 10 us.
+const char* kProfile = R"(
+[machine]
+name = "test-gpu"
+description = "a GPU with round numbers"
+device = "cuda"
+[memory.capacity_bytes]
+value = 1e10
+source = "test"
+[memory.reserved_bytes]
+value = 1e9
+source = "test"
+[compute.bf16_tflops]
+value = 100
+source = "test"
+[compute.fp32_tflops]
+value = 25.6
+source = "test: 100 SMs x 128 lanes x 2 x 1 GHz"
+[compute.sm_count]
+value = 100
+source = "test"
+[compute.boost_clock_ghz]
+value = 1.0
+source = "test"
+[compute.shared_memory_bytes_per_clock_per_sm]
+value = 128
+source = "test"
+[gemm.bf16_efficiency]
+points = [[1.0, 0.1], [100.0, 0.5]]
+source = "test"
+[gemm.fp32_efficiency]
+points = [[1.0, 0.5]]
+source = "test"
+[hbm.bandwidth_gbs]
+value = 1000
+source = "test"
+[hbm.achieved_fraction]
+value = 0.5
+source = "test"
+[host.launch_us]
+value = 2
+source = "test"
+[host.sync_us]
+value = 10
+source = "test"
+[host.link_gbs]
+value = 10
+source = "test"
+)";
+
+plan::GpuPricer pricer() { return plan::GpuPricer(plan::parse_machine(kProfile, "test.toml")); }
+
+std::string read(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// kProfile with `from` replaced by `to` (which must occur).
+std::string edited(const std::string& from, const std::string& to) {
+  std::string s = kProfile;
+  const auto at = s.find(from);
+  REQUIRE(at != std::string::npos);
+  return s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("cost: a GEMM takes its FLOPs at the curve's efficiency, or its bytes at the bandwidth, or a launch") {
+  const plan::GpuPricer p = pricer();
+  // 2 x 4096^3 = 137 GFLOP, past the curve's last point: 50% of 100 TFLOP/s.
+  const trace::Gemm big{4096, 4096, 4096, Trans::no, Trans::no, DType::bf16, DType::bf16, false};
+  CHECK(p.seconds(big) == doctest::Approx(big.flops() / 50e12).epsilon(1e-12));
+  // 10 GFLOP: halfway in log between 1 and 100, so 30%.
+  const trace::Gemm mid{1000, 1000, 5000, Trans::no, Trans::yes, DType::bf16, DType::bf16, false};
+  CHECK(p.seconds(mid) == doctest::Approx(mid.flops() / 30e12).epsilon(1e-9));
+  // A thin GEMM is bound by its bytes: 32 rows against a 8192 x 32768 matrix.
+  const trace::Gemm thin{32, 32768, 8192, Trans::no, Trans::yes, DType::bf16, DType::f32, true};
+  const double bytes = (32.0 * 8192 + 8192.0 * 32768) * 2 + 32.0 * 32768 * 4 * 2;
+  CHECK(plan::gemm_bytes(thin) == bytes);
+  CHECK(p.seconds(thin) == doctest::Approx(bytes / 0.5e12).epsilon(1e-12));
+  // fp32 operands run on the CUDA cores at their own curve.
+  const trace::Gemm f32{1024, 1024, 1024, Trans::no, Trans::no, DType::f32, DType::f32, false};
+  CHECK(p.seconds(f32) == doctest::Approx(f32.flops() / (25.6e12 * 0.5)).epsilon(1e-12));
+  // Nothing runs in less than a launch.
+  const trace::Gemm tiny{2, 2, 2, Trans::no, Trans::no, DType::bf16, DType::bf16, false};
+  CHECK(p.seconds(tiny) == doctest::Approx(2e-6));
+}
+
+TEST_CASE("cost: the portable flash kernel runs at the shared-memory bound, a quarter of the fp32 rate") {
+  const plan::GpuPricer p = pricer();
+  CHECK(p.flash_efficiency() == doctest::Approx(0.25));  // 128 B/clk / 4 B = 32 loads against 128 lanes
+  trace::Attention fwd{{1, 1024, 8, 2, 64}, DType::bf16, false};
+  const double pairs = 8.0 * 1024 * 1025 / 2;
+  CHECK(plan::flash_kernel_fmas(fwd) == pairs * 64 * 2);
+  CHECK(p.seconds(fwd) == doctest::Approx(2 * pairs * 64 * 2 / (25.6e12 * 0.25)).epsilon(1e-12));
+  trace::Attention bwd = fwd;
+  bwd.backward = true;
+  CHECK(plan::flash_kernel_fmas(bwd) == pairs * 64 * 7);
+  // The causal FLOPs the formula counts: q k^T and p v over the pairs, 2.5 times that backward.
+  CHECK(fwd.flops() == 4 * pairs * 64);
+  CHECK(bwd.flops() == 2.5 * fwd.flops());
+}
+
+TEST_CASE("cost: a kernel takes its bytes at the bandwidth, or walks them a wavefront at a time, or its transcendentals") {
+  const plan::GpuPricer p = pricer();
+  trace::Kernel k;
+  k.functor = "K";
+  k.n = 1 << 20;
+  k.traffic.bytes_read = 6e8;
+  k.traffic.bytes_written = 4e8;
+  k.cuda_class = KernelClass::row;
+  CHECK(p.seconds(k) == doctest::Approx(1e9 / 0.5e12));
+  // One index per thread walking its own rows: 4 useful bytes per wavefront, 100 SMs at 1 GHz.
+  k.cuda_class = KernelClass::per_index;
+  k.traffic.walk_bytes = 1e9;
+  CHECK(p.seconds(k) == doctest::Approx(1e9 / 4e11));
+  // The same functor lowered to its own kernel coalesces whatever it walks.
+  k.cuda_class = KernelClass::row;
+  CHECK(p.seconds(k) == doctest::Approx(1e9 / 0.5e12));
+  // exp-heavy: 16 per SM per clock.
+  k.traffic = {};
+  k.traffic.transcendentals = 1.6e10;
+  CHECK(p.seconds(k) == doctest::Approx(1.6e10 / (100 * 16 * 1e9)));
+}
+
+TEST_CASE("cost: transfers and synchronisations wait for the device; the step sums every operation by class") {
+  const plan::GpuPricer p = pricer();
+  CHECK(p.seconds(trace::Synchronize{}) == doctest::Approx(10e-6));
+  CHECK(p.seconds(trace::Transfer{1'000'000, true, "x", 1}) == doctest::Approx(10e-6 + 1e6 / 1e10));
+  CHECK(p.seconds(trace::Fill{1'000'000'000}) == doctest::Approx(1e9 / 0.5e12));
+
+  trace::Trace t;
+  const trace::Gemm g{4096, 4096, 4096, Trans::no, Trans::no, DType::bf16, DType::bf16, false};
+  t.add(g);
+  {
+    Region r(region::kLossHead);
+    t.add(g);
+  }
+  {
+    Region r(region::kOptimizer);
+    t.add(trace::Fill{1'000'000});
+  }
+  t.add(trace::Attention{{1, 1024, 8, 2, 64}, DType::bf16, false});
+  t.add(trace::Transfer{8, true, "y", 2});
+  t.add(trace::Memory{Device::meta, 100, MemoryUse::temporary, 100});  // free
+  plan::StepShape shape;
+  shape.args = nn::model_flavor("debugmodel");
+  shape.tokens = 1024;
+  shape.seq_len = 1024;
+  shape.dtype = DType::bf16;
+  MemoryBreakdown b;
+  b.by_use[static_cast<int>(MemoryUse::parameters)] = 100;
+  const plan::Prediction pr = plan::predict(t, p, shape, 5'000'000'000, b);
+  double sum = 0;
+  for (const auto& [name, c] : pr.by_class) sum += c.seconds;
+  CHECK(pr.step_seconds == doctest::Approx(sum));
+  auto cls = [&](const char* name) {
+    for (const auto& [n, c] : pr.by_class)
+      if (n == name) return c;
+    return plan::ClassTime{};
+  };
+  CHECK(cls(plan::kClassGemm).count == 1);
+  CHECK(cls(plan::kClassLossHead).count == 1);
+  CHECK(cls(plan::kClassLossHead).seconds == doctest::Approx(p.seconds(g)));
+  CHECK(cls(plan::kClassOptimizer).count == 1);
+  CHECK(cls(plan::kClassAttention).count == 1);
+  CHECK(cls(plan::kClassHost).count == 1);
+  CHECK(pr.host_reads == 1);
+  CHECK(pr.tokens_per_sec == doctest::Approx(1024 / pr.step_seconds));
+  CHECK(pr.mfu_pct == doctest::Approx(100 * pr.tokens_per_sec * shape.args.flops_per_token(1024) / 100e12));
+  CHECK(pr.mfu_causal_pct < pr.mfu_pct);
+  CHECK(pr.fits);  // 5 GB of 10 - 1
+  CHECK(!plan::predict(t, p, shape, 9'500'000'000, b).fits);
+}
+
+TEST_CASE("machine profiles: every built-in profile loads, each figure with its source") {
+  for (const char* name : {"h100-sxm", "h200", "a100-80gb-sxm"}) {
+    CAPTURE(name);
+    const std::filesystem::path file = std::filesystem::path(TESSERA_MACHINES) / (std::string(name) + ".toml");
+    const plan::Machine m = plan::load_machine(file);
+    CHECK(m.name == name);
+    CHECK(m.bf16_tflops.value > m.fp32_tflops.value);
+    CHECK(m.usable_bytes() > 70e9);
+    CHECK(m.gemm_bf16.points.size() >= 4);
+    CHECK(!m.bf16_tflops.source.empty());
+    CHECK(!m.gemm_bf16.source.empty());
+    CHECK(m.hbm_fraction.value <= 1);
+    // The big GEMMs of an 8B step run at more than half of the peak; small ones less.
+    CHECK(m.gemm_bf16.at(1000) > 0.5);
+    CHECK(m.gemm_bf16.at(0.1) < m.gemm_bf16.at(1000));
+    (void)read(file);
+  }
+}
+
+TEST_CASE("machine profiles: a figure missing, not positive or without its source is refused by name") {
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[hbm.bandwidth_gbs]\nvalue = 1000", "[hbm.bandwidth]\nvalue = 1000"),
+                                           "gpu.toml"),
+                       "gpu.toml: machine profile: hbm.bandwidth_gbs is missing");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[host.sync_us]\nvalue = 10", "[host.sync_us]\nvalue = 0"), "gpu.toml"),
+                       "host.sync_us.value must be a positive number, got 0");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[host.sync_us]\nvalue = 10", "[host.sync_us]\nvalue = -3"), "gpu.toml"),
+                       "host.sync_us.value must be a positive number, got -3");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("value = 25.6\nsource = \"test: 100 SMs x 128 lanes x 2 x 1 GHz\"",
+                                                  "value = 25.6"),
+                                           "gpu.toml"),
+                       "compute.fp32_tflops has no source");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[compute.sm_count]\nvalue = 100", "[compute.sm_count]\nvalue = \"many\""),
+                                           "gpu.toml"),
+                       "gpu.toml:19: machine profile: compute.sm_count.value must be a number");
+  CHECK_ERROR_CONTAINS(
+      plan::parse_machine(edited("points = [[1.0, 0.1], [100.0, 0.5]]", "points = [[100.0, 0.1], [1.0, 0.5]]"), "gpu.toml"),
+      "gemm.bf16_efficiency.points must have increasing gflop");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[memory.reserved_bytes]\nvalue = 1e9", "[memory.reserved_bytes]\nvalue = 2e10"),
+                                           "gpu.toml"),
+                       "memory.reserved_bytes must be less than memory.capacity_bytes");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("device = \"cuda\"", "device = \"cpu\""), "gpu.toml"),
+                       "machine.device must be \"cuda\"");
+  CHECK_ERROR_CONTAINS(plan::parse_machine("[machine\nname = 1", "broken.toml"), "broken.toml:1: TOML syntax error");
+  CHECK_ERROR_CONTAINS(plan::load_machine("/nonexistent/gpu.toml"), "/nonexistent/gpu.toml: cannot open the machine profile");
+}
+
+}  // namespace test_cost

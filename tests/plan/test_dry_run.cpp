@@ -1,0 +1,203 @@
+// The dry run is the real run: a training step of the model on Traced<Meta> issues the
+// very GEMMs, attention calls, kernels, fills, uploads and synchronisations that the same
+// step on the CPU backend (Traced<Cpu>) issues, in the same order, and its memory peak and
+// the peak's breakdown are the CPU backend's tracked ones, byte for byte, in every
+// activation checkpoint mode. A bf16 model's dry run issues the CPU bf16 model's
+// operations. At Llama 3 8B the peak's parameters, gradients and optimizer state are what
+// the arithmetic says.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/backend/meta/meta.hpp"
+#include "tessera/backend/trace.hpp"
+#include "tessera/backend/traced.hpp"
+#include "tessera/parallel/dynamic.hpp"
+#include "tessera/plan/dry_run.hpp"
+#include "tessera/train/config.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace test_dry_run {  // unity build: this file's names stay in here (tests/meson.build)
+
+using namespace tessera;
+
+namespace {
+
+/// The debug model's layers and heads at dim 64, a batch of 2 x 32 tokens, clipping on.
+train::JobConfig small_job(const std::vector<std::string>& keys) {
+  std::vector<std::string> o = {"--model.dim", "64", "--training.seq_len", "32", "--training.local_batch_size", "2"};
+  o.insert(o.end(), keys.begin(), keys.end());
+  return train::parse_config(R"(
+    [model]
+    flavor = "debugmodel"
+    [training]
+    max_norm = 0.5
+    mixed_precision_param = "float32"
+  )",
+                             "test_dry_run", o);
+}
+
+struct Run {
+  trace::Trace trace;
+  std::size_t peak = 0;
+  MemoryBreakdown at_peak{};
+};
+
+/// Trains T's model on backend B for two steps (the first untraced) and traces the
+/// second, with B's memory (and the host's) counted apart from the rest of the process.
+template <class T, class B>
+Run traced_step(const train::JobConfig& c) {
+  using Model = DynamicModel<T, B>;
+  Run r;
+  MemoryStats stats[kDeviceKinds];
+  ScopedMemoryStats scope(stats);
+  const parallel::Plan plan = train::make_plan(c, nullptr);
+  Model model(c.model.args, plan);
+  if constexpr (B::device == Device::cpu) model.init_weights(0);  // the dry run needs no values
+  std::vector<std::uint32_t> tokens(4 * 2 * 33);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint32_t>((i * 7919) % 250);
+  data::DataLoader loader(std::move(tokens), c.training.seq_len, c.training.local_batch_size, 0, 1);
+  train::Trainer<Model> trainer(model, c, std::move(loader), 0);
+  trainer.step();
+  MemoryStats& device = stats[static_cast<int>(B::device)];
+  device.reset_peak();
+  {
+    trace::Recording recording(r.trace, {B::device});
+    trainer.step();
+  }
+  r.peak = device.peak();
+  r.at_peak = device.at_peak();
+  return r;
+}
+
+/// The operations the device is asked for, without memory events and reads back to the
+/// host: on the CPU backend download() hands back the tensor itself, so only the dry run
+/// (whose memory is not the host's) copies.
+std::vector<trace::Op> device_ops(const trace::Trace& t) {
+  std::vector<trace::Op> ops;
+  for (const auto& e : t.events()) {
+    if (std::holds_alternative<trace::Memory>(e.op)) continue;
+    if (const auto* x = std::get_if<trace::Transfer>(&e.op); x && x->to_host) continue;
+    ops.push_back(e.op);
+  }
+  return ops;
+}
+
+/// Where the first difference is, for the failure message.
+std::string first_difference(const std::vector<trace::Op>& a, const std::vector<trace::Op>& b) {
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (!(a[i] == b[i])) return "operation " + std::to_string(i) + " differs";
+  return a.size() == b.size() ? "none" : "lengths " + std::to_string(a.size()) + " and " + std::to_string(b.size());
+}
+
+struct Mode {
+  const char* mode;
+  const char* option;
+  std::size_t attention_calls;  // 6 layers forward and backward, plus the recomputed forwards
+};
+const Mode kModes[] = {{"none", "", 12}, {"full", "", 18}, {"selective", "op", 12}, {"selective", "2", 15}};
+
+}  // namespace
+
+TEST_CASE("dry run: a step on Meta asks for what the CPU backend's step does, with its memory peak, in every checkpoint mode") {
+  for (const Mode& mode : kModes) {
+    std::vector<std::string> keys = {"--activation_checkpoint.mode", mode.mode};
+    if (*mode.option) keys.insert(keys.end(), {"--activation_checkpoint.selective_ac_option", mode.option});
+    const std::string name = std::string(mode.mode) + " " + mode.option;
+    CAPTURE(name);
+    const train::JobConfig c = small_job(keys);
+    const Run cpu = traced_step<float, Traced<Cpu>>(c);
+    const Run dry = traced_step<float, DryRun>(c);
+    const auto a = device_ops(cpu.trace), b = device_ops(dry.trace);
+    const std::string difference = first_difference(a, b);
+    CAPTURE(difference);
+    CHECK(a == b);
+    CHECK(cpu.trace.all<trace::Gemm>().size() > 20);
+    // Full checkpointing recomputes every layer's attention, every 2nd layer's half of them;
+    // selective op keeps attention's output and replays it.
+    CHECK(cpu.trace.all<trace::Attention>().size() == mode.attention_calls);
+    // The peak and what it held, to the byte.
+    CHECK(dry.peak == cpu.peak);
+    for (int u = 0; u < kMemoryUses; ++u) CHECK(dry.at_peak.by_use[u] == cpu.at_peak.by_use[u]);
+    CHECK(dry.at_peak.saved_activations == cpu.at_peak.saved_activations);
+    CHECK(dry.at_peak.saved_activations > 0);
+    CHECK(dry.at_peak[MemoryUse::parameters] > 0);
+    // Every launch says what it does.
+    for (const auto& k : dry.trace.all<trace::Kernel>()) {
+      CAPTURE(std::string(k.functor));
+      CHECK(k.priced);
+    }
+    // The host reads device values twice a step: the loss rows and the gradient norm's partial sums.
+    std::vector<std::string> reads;
+    for (const auto& t : dry.trace.all<trace::Transfer>())
+      if (t.to_host) reads.push_back(std::string(t.file) + ":" + std::to_string(t.line));
+    REQUIRE(reads.size() == 2);
+    CHECK(reads[0].find("nn/output.hpp") != std::string::npos);
+    CHECK(reads[1].find("optim/clip.hpp") != std::string::npos);
+  }
+}
+
+TEST_CASE("dry run: the checkpoint modes order the saved activations full < selective op < none") {
+  auto saved = [](const char* mode, const char* option) {
+    std::vector<std::string> keys = {"--activation_checkpoint.mode", mode};
+    if (*option) keys.insert(keys.end(), {"--activation_checkpoint.selective_ac_option", option});
+    return traced_step<float, DryRun>(small_job(keys)).at_peak.saved_activations;
+  };
+  const std::size_t none = saved("none", ""), full = saved("full", ""), op = saved("selective", "op");
+  CHECK(full < op);
+  CHECK(op < none);
+}
+
+TEST_CASE("dry run: a bf16 model's step asks for the CPU bf16 model's operations") {
+  const train::JobConfig c = small_job({"--training.mixed_precision_param", "bfloat16"});
+  const Run cpu = traced_step<bf16, Traced<Cpu>>(c);
+  const Run dry = traced_step<bf16, DryRun>(c);
+  CHECK(device_ops(cpu.trace) == device_ops(dry.trace));
+  for (const auto& g : dry.trace.all<trace::Gemm>()) CHECK(g.operands == DType::bf16);
+  // The CPU backend widens bf16 GEMM operands to float on the host (Cpu::gemm): its peak
+  // holds those copies, the dry run's (a GPU's) does not.
+  CHECK(dry.peak <= cpu.peak);
+  CHECK(dry.at_peak[MemoryUse::parameters] == cpu.at_peak[MemoryUse::parameters]);
+  CHECK(dry.at_peak[MemoryUse::optimizer] == cpu.at_peak[MemoryUse::optimizer]);
+}
+
+TEST_CASE("dry run: Llama 3 8B in bf16 holds 2 + 4 + 12 bytes per parameter, plus its activations") {
+  const train::JobConfig c = train::parse_config(R"(
+    [model]
+    flavor = "llama3_8b"
+    [training]
+    local_batch_size = 1
+    seq_len = 8192
+    mixed_precision_param = "bfloat16"
+    [activation_checkpoint]
+    mode = "full"
+  )",
+                                                 "test_dry_run", {});
+  const plan::StepTrace st = plan::dry_run_step<bf16>(c);
+  const auto n = static_cast<std::size_t>(c.model.args.num_params());
+  CHECK(st.at_peak[MemoryUse::parameters] == 2 * n);  // bf16 values
+  CHECK(st.at_peak[MemoryUse::gradients] == 4 * n);   // fp32 gradients
+  CHECK(st.at_peak[MemoryUse::optimizer] == 12 * n);  // fp32 moments and master
+  CHECK(st.peak_bytes > 18 * n);
+  CHECK(st.at_peak.saved_activations > 0);
+  CHECK(st.shape.tokens == 8192);
+  CHECK(st.shape.dtype == DType::bf16);
+  // Every GEMM of the step is bf16; each layer's attention runs forward, again in the
+  // recomputation full checkpointing makes, and backward.
+  const auto gemms = st.trace.all<trace::Gemm>();
+  CHECK(gemms.size() > 32 * 7 * 3);
+  for (const auto& g : gemms) CHECK(g.operands == DType::bf16);
+  CHECK(st.trace.all<trace::Attention>().size() == 3 * 32);
+}
+
+TEST_CASE("dry run: a layout over several devices is refused by name (one device for now)") {
+  const train::JobConfig c = small_job({"--parallelism.tensor_parallel_degree", "2"});
+  CHECK_THROWS_WITH_AS(plan::dry_run_step<float>(c),
+                       doctest::Contains("parallelism.tensor_parallel_degree = 2: llama-plan predicts one rank on one device"),
+                       Error);
+}
+
+}  // namespace test_dry_run
