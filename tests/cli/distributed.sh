@@ -62,7 +62,7 @@ train_run() {
   echo "trained $name in $((SECONDS - start)) s"
 }
 
-# same_losses NAME: NAME's metrics.jsonl against the one-rank run's, step by step.
+# same_losses NAME: NAME's metrics.jsonl against the one-rank run's, step by step, and its MFU below 100%.
 same_losses() {
   python3 - "$work/one/metrics.jsonl" "$work/$1/metrics.jsonl" <<'EOF'
 import json, sys
@@ -72,6 +72,11 @@ if [r["step"] for r in got] != [1, 2, 3] or [r["step"] for r in ref] != [1, 2, 3
     sys.exit("steps logged: %s (expected 1, 2, 3 once each; the reference %s)"
              % ([r["step"] for r in got], [r["step"] for r in ref]))
 worst = max(abs(g["loss"] - r["loss"]) / abs(r["loss"]) for g, r in zip(got, ref))
+# MFU against the CPU's measured GEMM peak (the fastest of the step's own GEMMs): a step
+# cannot beat it.
+for r in got + ref:
+    if not 0 < r["mfu_causal_pct"] <= r["mfu_pct"] < 100:
+        sys.exit("step %d: MFU %.2f%% (causal %.2f%%) is not within (0, 100)" % (r["step"], r["mfu_pct"], r["mfu_causal_pct"]))
 print("losses %s, worst relative difference %.3g" % (" ".join("%.6f" % g["loss"] for g in got), worst))
 sys.exit(0 if worst <= 1e-5 else "worst relative difference %.3g > 1e-5" % worst)
 EOF

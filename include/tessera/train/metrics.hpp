@@ -4,9 +4,10 @@
 // MFU = achieved FLOP/s / peak FLOP/s, with FLOPs per token from
 // ModelArgs::flops_per_token (6 N_non-embedding + 12 L H hd T, no causal halving);
 // mfu_causal_pct uses the causally halved attention term. The peak is
-// [metrics] peak_tflops when set; otherwise, on the CPU, the rate OpenBLAS sgemm
-// reaches on a 1024^3 product measured at start-up (the ceiling this machine's
-// GEMMs can reach, not a datasheet figure).
+// [metrics] peak_tflops when set; otherwise, on a GPU, the datasheet's dense rate, and
+// on the CPU the fastest of the step's own GEMM shapes and a 1024^3 product, each the
+// median of runs at start-up (plan/cpu.hpp, measure_gemms: the ceiling this machine's
+// GEMMs reach, which the step, doing more than GEMMs, cannot).
 #pragma once
 
 #include <nlohmann/json.hpp>
