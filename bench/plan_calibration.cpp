@@ -20,7 +20,6 @@
 // --markdown adds the table bench/RESULTS.md holds.
 // --shapes picks some (comma-separated); the suite's smoke test runs debug-8x128 for one
 // round of one step, which proves the benchmark runs, not that the targets hold.
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

@@ -253,9 +253,10 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
         c.seconds += s;
         ++c.count;
       }
-    OpTotal& kind = kinds[detail::describe(e.op) + "|" + cls];
+    const std::string what = detail::describe(e.op);
+    OpTotal& kind = kinds[what + "|" + cls];
     if (kind.what.empty()) {
-      kind.what = detail::describe(e.op);
+      kind.what = what;
       kind.cls = cls;
     }
     kind.seconds += s;

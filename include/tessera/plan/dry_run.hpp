@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/backend/meta/meta.hpp"
@@ -95,7 +96,7 @@ StepTrace dry_run_step(const train::JobConfig& c) {
     out.shape.args = c.model.args;
     out.shape.tokens = global * seq;
     out.shape.seq_len = seq;
-    out.shape.dtype = std::is_same_v<T, bf16> ? DType::bf16 : train::make_plan(c, nullptr).param_dtype;
+    out.shape.dtype = std::is_same_v<T, bf16> ? DType::bf16 : plan.param_dtype;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
