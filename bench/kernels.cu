@@ -604,6 +604,13 @@ struct GemmCase {
   }
 };
 
+/// Rows per chunk of a bf16 model's output head on this GPU, as nn::ChunkedCrossEntropyHead
+/// sizes them.
+std::int64_t gpu_loss_chunk_rows(std::int64_t vocab, std::int64_t rows) {
+  return tessera::nn::loss_chunk_rows(vocab, rows, tessera::nn::loss_chunk_bytes_per_logit(tessera::DType::bf16),
+                                      tessera::nn::loss_chunk_budget(Cuda::device_memory_bytes()));
+}
+
 /// The GEMMs of one flavor's linear layers at `rows` tokens, as nn::Linear and the
 /// chunked output head issue them; one entry per distinct GEMM, named by every layer
 /// that issues it. Forward passes first, then dx, then dW.
@@ -619,7 +626,7 @@ std::vector<GemmCase> gemm_cases(const std::string& flavor, std::int64_t rows) {
   std::vector<Layer> layers = {{"wq", d, q, rows, false}, {"wk", d, kv, rows, true}, {"wv", d, kv, rows, true},
                                {"wo", q, d, rows, false}, {"w1", d, f, rows, false}, {"w3", d, f, rows, true},
                                {"w2", f, d, rows, false}, {"output", d, v, rows, false}};
-  const std::int64_t chunk = tessera::nn::loss_chunk_rows(v, rows);
+  const std::int64_t chunk = gpu_loss_chunk_rows(v, rows);
   if (chunk < rows) layers.push_back({"output chunk (" + std::to_string(chunk) + " rows)", d, v, chunk, false});
 
   std::vector<GemmCase> cases;
@@ -1111,7 +1118,7 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
   }
   {  // Cross-entropy on one chunk of the output head's logits: z, targets -> gradient in place, row losses.
     // (The kernel passes over each row three times: max, exp and sum, gradient.)
-    const std::int64_t v = a.vocab_size, rows = tessera::nn::loss_chunk_rows(v, tokens);
+    const std::int64_t v = a.vocab_size, rows = gpu_loss_chunk_rows(v, tokens);
     const double bytes = fb * double(2 * rows * v) + double(rows) * double(sizeof(std::int32_t) + sizeof(double));
     const std::int64_t sets = rotation_sets(bytes, dev.l2_bytes);
     std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));

@@ -221,7 +221,7 @@ struct GemmShape {
 std::vector<GemmShape> forward_gemm_shapes(const tessera::nn::ModelArgs& a, std::int64_t rows) {
   const std::int64_t q = a.n_heads * a.head_dim(), kv = a.kv_heads() * a.head_dim(), hidden = a.ffn_hidden_dim();
   const std::int64_t head_rows =
-      tessera::nn::ChunkedCrossEntropyHead<float, Cpu>::chunk_rows(a.vocab_size, rows);  // one chunk of the head
+      tessera::nn::loss_chunk_rows(a.vocab_size, rows);  // one chunk of the head (an fp32 model on the host)
   std::vector<GemmShape> s = {
       {"attention.wq", rows, q, a.dim},   {"attention.wk/wv", rows, kv, a.dim},
       {"attention.wo", rows, a.dim, q},   {"feed_forward.w1/w3", rows, hidden, a.dim},

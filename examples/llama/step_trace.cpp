@@ -2,8 +2,9 @@
 
 namespace llama_plan {
 
-tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model) {
-  return bf16_model ? tessera::plan::dry_run_step<tessera::bf16>(c) : tessera::plan::dry_run_step<float>(c);
+tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes) {
+  return bf16_model ? tessera::plan::dry_run_step<tessera::bf16>(c, device_bytes)
+                    : tessera::plan::dry_run_step<float>(c, device_bytes);
 }
 
 tessera::train::JobConfig on_one_device(tessera::train::JobConfig c) {

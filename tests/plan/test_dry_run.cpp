@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "tessera/backend/meta/meta.hpp"
 #include "tessera/backend/trace.hpp"
 #include "tessera/backend/traced.hpp"
+#include "tessera/nn/output.hpp"
 #include "tessera/parallel/dynamic.hpp"
 #include "tessera/plan/dry_run.hpp"
 #include "tessera/train/config.hpp"
@@ -191,6 +193,59 @@ TEST_CASE("dry run: Llama 3 8B in bf16 holds 2 + 4 + 12 bytes per parameter, plu
   CHECK(gemms.size() > 32 * 7 * 3);
   for (const auto& g : gemms) CHECK(g.operands == DType::bf16);
   CHECK(st.trace.all<trace::Attention>().size() == 3 * 32);
+}
+
+TEST_CASE("loss head: a chunk takes 16 MiB on a host and 1/64 of a device's memory, at most 4 GiB") {
+  CHECK(nn::loss_chunk_budget(0) == std::size_t{16} << 20);
+  CHECK(nn::loss_chunk_budget(std::size_t{80} << 30) == (std::size_t{80} << 30) / 64);
+  CHECK(nn::loss_chunk_budget(std::size_t{1} << 30) == std::size_t{16} << 20);   // a small GPU: the host's floor
+  CHECK(nn::loss_chunk_budget(std::size_t{1} << 40) == std::size_t{4} << 30);    // a huge one: the ceiling
+  // Llama 3's vocabulary: fp32 logits alone (4 bytes) on a host: the 32 rows of before.
+  CHECK(nn::loss_chunk_rows(128256, 8192) == 32);
+  // A bf16 model keeps the logit (4) and its bf16 gradient (2): 6 bytes a logit.
+  CHECK(nn::loss_chunk_bytes_per_logit(DType::bf16) == 6);
+  CHECK(nn::loss_chunk_rows(128256, 8192, 6, nn::loss_chunk_budget(std::size_t{80} << 30)) ==
+        static_cast<std::int64_t>((std::size_t{80} << 30) / 64 / (128256 * 6)));
+  // Never more rows than there are, never fewer than one.
+  CHECK(nn::loss_chunk_rows(100, 7) == 7);
+  CHECK(nn::loss_chunk_rows(std::int64_t{1} << 40, 7) == 1);
+}
+
+TEST_CASE("dry run: the loss head's chunks follow the device's memory: hundreds on a host, a few on an H200") {
+  const train::JobConfig c = train::parse_config(R"(
+    [model]
+    flavor = "llama3_8b"
+    [training]
+    local_batch_size = 1
+    seq_len = 8192
+    mixed_precision_param = "bfloat16"
+    [activation_checkpoint]
+    mode = "full"
+  )",
+                                                 "test_dry_run", {});
+  auto chunks = [](const plan::StepTrace& st) {
+    std::int64_t n = 0;
+    for (const auto& k : st.trace.all<trace::Kernel>()) n += std::string_view(k.functor) == "CrossEntropyRow<float>";
+    return n;
+  };
+  const std::int64_t rows = 8192, vocab = c.model.args.vocab_size;
+  const std::size_t h200 = 150109945856;  // examples/machines/h200.toml: memory.capacity_bytes
+  const std::int64_t host_rows = nn::loss_chunk_rows(vocab, rows, 6), device_rows =
+                                     nn::loss_chunk_rows(vocab, rows, 6, nn::loss_chunk_budget(h200));
+  CHECK(host_rows == 21);
+  CHECK(device_rows == 3047);
+  const plan::StepTrace host = plan::dry_run_step<bf16>(c);
+  const plan::StepTrace device = plan::dry_run_step<bf16>(c, h200);
+  CHECK(chunks(host) == (rows + host_rows - 1) / host_rows);
+  CHECK(chunks(device) == 3);
+  // The output GEMMs of a chunk are as tall as the chunk.
+  bool tall = false;
+  for (const auto& g : device.trace.all<trace::Gemm>()) tall = tall || (g.m == device_rows && g.n == vocab);
+  CHECK(tall);
+  // The bigger chunk's logits (fp32) and gradient (bf16) are in the device's peak, nothing else changes.
+  CHECK(device.peak_bytes > host.peak_bytes);
+  CHECK(device.peak_bytes - host.peak_bytes <= static_cast<std::size_t>(device_rows * vocab * 6));
+  CHECK(device.at_peak[MemoryUse::optimizer] == host.at_peak[MemoryUse::optimizer]);
 }
 
 TEST_CASE("dry run: a layout over several devices is refused by name (one device for now)") {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <source_location>
 #include <span>
@@ -105,6 +106,18 @@ T read_one(const T* p, const std::source_location& site = std::source_location::
   detail::TransferSite at(site);
   B::copy_to_host(p, &v, 1);
   return v;
+}
+
+/// Bytes of memory the device B's tensors live on has in all (cudaMemGetInfo's total on
+/// a GPU, the machine profile's capacity on a dry run), or 0 where B's memory is the
+/// host's or B does not say: what layers size their working sets from, so that the same
+/// model takes GPU-sized steps on a GPU and cache-sized steps on a CPU.
+template <Backend B>
+std::size_t device_memory_bytes() {
+  if constexpr (requires { { B::device_memory_bytes() } -> std::convertible_to<std::size_t>; })
+    return B::device_memory_bytes();
+  else
+    return 0;
 }
 
 /// The sizes of C = op(A) op(B) (m, n, k), once the operands are checked: rank 2, shapes

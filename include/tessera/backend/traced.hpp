@@ -99,6 +99,8 @@ struct Traced {
   }
 
   /// How in-process engines move this backend's buffers: B's way.
+  static std::size_t device_memory_bytes() { return tessera::device_memory_bytes<B>(); }
+
   static comm::MemoryAccess memory_access()
     requires requires { B::memory_access(); }
   {

@@ -1,12 +1,24 @@
 // The output projection fused with the cross-entropy loss, in row chunks.
 //
 // logits = h W^T would be (rows, vocab): for a 128256-token vocabulary and 16k rows
-// that is 8 GiB of fp32. Instead rows are taken in chunks of at most
-// kChunkElements / vocab: each chunk's logits are made, turned in place into the
-// loss gradient (ops::CrossEntropyRow), pushed through the projection's backward
-// (dh rows and dW) and dropped before the next chunk. So training computes the
-// head's backward during its forward, and the layer's backward only hands back the
-// saved dh.
+// that is 8 GiB of fp32. Instead rows are taken in chunks: each chunk's logits are made,
+// turned in place into the loss gradient (ops::CrossEntropyRow), pushed through the
+// projection's backward (dh rows and dW) and dropped before the next chunk. So training
+// computes the head's backward during its forward, and the layer's backward only hands
+// back the saved dh.
+//
+// Chunk size. Every chunk reads the weight twice and reads and writes its fp32 gradient
+// once, so the number of chunks multiplies that traffic, and a chunk of few rows leaves
+// most SMs idle in the cross-entropy kernel (one row per block) and makes skinny GEMMs.
+// A chunk's logits (accum_t<T>) and their gradient rounded to T may take 1/64 of the
+// device's memory, at most 4 GiB (loss_chunk_budget): on an 80 GB GPU with Llama 3's
+// vocabulary and bf16 that is about 1600 rows, on a 141 GB one 2800, so a step of 8192
+// rows makes 3 to 6 chunks where 16 MiB chunks made 256. On a host (device memory 0) a
+// chunk takes 16 MiB, which keeps it near the CPU's caches. The budget follows the
+// device's capacity, not what is free at the moment: it is fixed when the head is built,
+// so a run's chunking (and the order its dW is summed in) is the same at every step and
+// in every checkpoint mode, and the optimizer's state, which arrives after the first
+// forward, is not counted on.
 //
 // Loss parallelism (parallel/tensor_parallel.hpp): with the weight split by
 // vocabulary over the tensor-parallel ranks, each rank makes its columns of a chunk's
@@ -17,12 +29,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <type_traits>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/cross_entropy.hpp"
@@ -53,29 +67,52 @@ struct InterleaveColumns {
 };
 }  // namespace detail
 
-/// Elements of one chunk of logits (16 MiB of fp32).
-inline constexpr std::int64_t kLossChunkElements = std::int64_t{1} << 22;
+/// Bytes of one chunk on a host (device memory 0): 16 MiB.
+inline constexpr std::size_t kHostLossChunkBytes = std::size_t{16} << 20;
+/// The most one chunk takes on any device: 4 GiB.
+inline constexpr std::size_t kMaxLossChunkBytes = std::size_t{4} << 30;
 
-/// Rows per chunk of the head over a vocabulary (this rank's share of it) of `vocab`.
-inline std::int64_t loss_chunk_rows(std::int64_t vocab, std::int64_t rows) {
-  return std::clamp<std::int64_t>(kLossChunkElements / std::max<std::int64_t>(vocab, 1), 1,
-                                  std::max<std::int64_t>(rows, 1));
+/// Bytes one chunk's logits and their gradient may take on a device of `device_bytes`
+/// (0: the host): 1/64 of the device, between 16 MiB and 4 GiB.
+inline std::size_t loss_chunk_budget(std::size_t device_bytes) {
+  if (device_bytes == 0) return kHostLossChunkBytes;
+  return std::clamp(device_bytes / 64, kHostLossChunkBytes, kMaxLossChunkBytes);
+}
+
+/// Bytes per logit a chunk holds for parameters of `dtype`: the fp32 logit, and for a
+/// bf16 model its gradient rounded to bf16 (the backward GEMMs' operand).
+inline std::size_t loss_chunk_bytes_per_logit(DType dtype) { return dtype == DType::bf16 ? 4 + 2 : 4; }
+
+/// Rows per chunk of the head over a vocabulary (this rank's share of it) of `vocab`, for
+/// `rows` rows, each logit taking `bytes_per_logit`, within `budget` bytes. The defaults
+/// are an fp32 model on a host.
+inline std::int64_t loss_chunk_rows(std::int64_t vocab, std::int64_t rows, std::size_t bytes_per_logit = 4,
+                                    std::size_t budget = kHostLossChunkBytes) {
+  const std::size_t row_bytes = static_cast<std::size_t>(std::max<std::int64_t>(vocab, 1)) * bytes_per_logit;
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(budget / row_bytes), 1, std::max<std::int64_t>(rows, 1));
 }
 
 template <class T, Backend B>
 class ChunkedCrossEntropyHead {
  public:
   using A = accum_t<T>;  // logits, their statistics and the weight's gradient
-  static constexpr std::int64_t kChunkElements = kLossChunkElements;
+  /// Bytes per logit in a chunk: A, and the gradient rounded to T when T is not A.
+  static constexpr std::size_t kBytesPerLogit = sizeof(A) + (std::is_same_v<T, A> ? 0 : sizeof(T));
 
   /// `tp`: the group the weight is split over by vocabulary (loss parallelism), if it is.
+  /// The chunks' budget is fixed here, from the memory of the device B runs on.
   explicit ChunkedCrossEntropyHead(Parameter<T>* weight, parallel::TensorParallelGroup* tp = nullptr)
-      : weight_(weight), tp_(tp) {}
+      : weight_(weight), tp_(tp), budget_(loss_chunk_budget(device_memory_bytes<B>())) {}
 
   /// Whether dh from forward() is a partial sum over the tensor-parallel ranks.
   bool vocab_parallel() const { return parallel::active(tp_) && weight_->split.split(); }
 
-  static std::int64_t chunk_rows(std::int64_t vocab, std::int64_t rows) { return loss_chunk_rows(vocab, rows); }
+  /// Rows per chunk over a vocabulary share of `vocab`, for `rows` rows.
+  std::int64_t chunk_rows(std::int64_t vocab, std::int64_t rows) const {
+    return loss_chunk_rows(vocab, rows, kBytesPerLogit, budget_);
+  }
+  /// Bytes a chunk's logits and their gradient may take.
+  std::size_t chunk_budget() const { return budget_; }
 
   /// Sum over rows of the cross-entropy of h W^T against targets. With `dh` given,
   /// also writes d(loss_scale * sum)/dh into it and accumulates dW.
@@ -160,6 +197,7 @@ class ChunkedCrossEntropyHead {
  private:
   Parameter<T>* weight_;
   parallel::TensorParallelGroup* tp_ = nullptr;
+  std::size_t budget_;
 };
 
 }  // namespace tessera::nn

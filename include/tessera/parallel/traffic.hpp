@@ -149,7 +149,8 @@ inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers
   bytes += region + norm;  // the head's gather of the normed rows; the final norm's weight
   if (l.loss_parallel) {
     const std::int64_t local = a.vocab_size / static_cast<std::int64_t>(T);
-    const std::int64_t step = nn::loss_chunk_rows(local, rows);
+    // The head's chunks as a host sizes them (these counts are checked on CPU ranks).
+    const std::int64_t step = nn::loss_chunk_rows(local, rows, nn::loss_chunk_bytes_per_logit(l.param_dtype));
     for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
       const auto n = static_cast<std::uint64_t>(std::min(step, rows - r0));
       bytes += all_reduce_bytes(n * 4, T) + all_reduce_bytes(2 * n * 4, T);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -62,9 +63,11 @@ inline void check_dry_run(const train::JobConfig& c) {
   parallel::parse_reshard(p.fsdp_reshard_after_forward);
 }
 
-/// Traces one training step of the model `c` describes, its parameters in T.
+/// Traces one training step of the model `c` describes, its parameters in T, on a device
+/// of `device_bytes` (a GPU profile's capacity; 0: the host), which layers that size their
+/// working sets from the device's memory see (meta::DeviceMemory).
 template <class T>
-StepTrace dry_run_step(const train::JobConfig& c) {
+StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0) {
   check_dry_run(c);
   const auto t0 = std::chrono::steady_clock::now();
   using Model = tessera::DynamicModel<T, DryRun>;
@@ -72,6 +75,7 @@ StepTrace dry_run_step(const train::JobConfig& c) {
   MemoryStats stats[kDeviceKinds];  // this run's own counters
   {
     ScopedMemoryStats scope(stats);
+    meta::DeviceMemory device(device_bytes);
     const parallel::Plan plan = train::make_plan(c, nullptr);
     Model model(c.model.args, plan);
     const std::int64_t local = c.training.local_batch_size, seq = c.training.seq_len;

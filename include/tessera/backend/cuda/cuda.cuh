@@ -91,6 +91,15 @@ struct Cuda {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
 
+  /// The current device's memory in all (cudaMemGetInfo's total), what layers size their
+  /// working sets from (backend.hpp: device_memory_bytes).
+  static std::size_t device_memory_bytes() {
+    cuda::require_device();
+    std::size_t free = 0, total = 0;
+    TESSERA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return total;
+  }
+
   /// n elements from device memory to host memory; the host may read dst on return.
   template <class T>
   static void copy_to_host(const T* src, T* dst, std::int64_t n) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -52,6 +53,22 @@ class AddressSpace {
     return n;
   }
 };
+/// The capacity Meta reports while one is open: the device the dry run stands for.
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(std::size_t bytes) : previous_(current().exchange(bytes)) {}
+  ~DeviceMemory() { current().store(previous_); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  static std::atomic<std::size_t>& current() {
+    static std::atomic<std::size_t> bytes{0};
+    return bytes;
+  }
+
+ private:
+  std::size_t previous_;
+};
 }  // namespace meta
 
 struct Meta {
@@ -72,6 +89,9 @@ struct Meta {
   static void for_each(std::int64_t, const F&) {}
 
   static void synchronize() {}
+
+  /// The capacity of the device the dry run stands for (meta::DeviceMemory), or 0.
+  static std::size_t device_memory_bytes() { return meta::DeviceMemory::current().load(); }
 
   /// The host gets zero bytes: the placeholder for any value read back.
   template <class T>
