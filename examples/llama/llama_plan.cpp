@@ -61,12 +61,16 @@ struct Target {
   std::unique_ptr<plan::Pricer> pricer;
   std::string origin;          // "built in", a file, or "measured"
   double reserved_bytes = 0;   // taken before the first tensor (GPUs)
+  std::size_t device_bytes = 0;  // the GPU's memory in all (0: the CPU, host memory)
+  plan::AttentionChoice attention;  // the GPU's attention kernels (training.attention)
   bool cpu = false;
   std::string description;
 };
 
-/// The machine --machine names; for `cpu`, measured on the step's own work.
-Target resolve_machine(const std::string& name, const trace::Trace& step_trace) {
+/// The machine --machine names; for `cpu`, measured on the step's own work. On a GPU the
+/// attention kernels are those `attention` (training.attention) picks for a model of `dtype`.
+Target resolve_machine(const std::string& name, const trace::Trace& step_trace, std::string_view attention,
+                       DType dtype) {
   Target t;
   if (name == "cpu") {
     t.cpu = true;
@@ -88,8 +92,10 @@ Target resolve_machine(const std::string& name, const trace::Trace& step_trace) 
   }
   t.origin = m.origin;
   t.reserved_bytes = m.reserved_bytes.value;
+  t.device_bytes = static_cast<std::size_t>(m.capacity_bytes.value);
   t.description = m.description;
-  t.pricer = std::make_unique<plan::GpuPricer>(std::move(m));
+  t.attention = plan::choose_attention(attention, dtype, m);
+  t.pricer = std::make_unique<plan::GpuPricer>(std::move(m), t.attention.kernel);
   return t;
 }
 
@@ -108,6 +114,7 @@ nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, con
   j["peak_memory_bytes"] = p.peak_memory_bytes;
   j["usable_memory_bytes"] = p.usable_bytes;
   j["fits"] = p.fits;
+  if (!t.cpu) j["attention"] = {{"kernel", plan::attention_name(t.attention.kernel)}, {"why", t.attention.why}};
   nlohmann::json time = nlohmann::json::object();
   for (const auto& [name, ct] : p.by_class) time[name] = {{"seconds", ct.seconds}, {"count", ct.count}};
   const MemoryBreakdown& b = p.memory;
@@ -143,6 +150,8 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
               t.origin.c_str());
   std::size_t ops = 0;
   for (const auto& e : st.trace.events()) ops += !std::holds_alternative<trace::Memory>(e.op);
+  if (!t.cpu)
+    std::printf("  attention: %s (%s)\n", plan::attention_name(t.attention.kernel), t.attention.why.c_str());
   std::printf("  traced in %.3f s: %zu operations, %lld host reads (each a device synchronisation)\n\n", st.seconds, ops,
               static_cast<long long>(p.host_reads));
   std::printf("step %s | %.0f tokens/s | MFU %.1f%% (causal %.1f%%) against %.1f TFLOP/s | peak %s of %s usable: %s\n\n",
@@ -201,10 +210,11 @@ int run(std::vector<std::string> args) {
   const bool cpu = machine == "cpu";
   const bool bf16_model = !cpu && c.training.mixed_precision_param == "bfloat16";
   // A bad machine file is refused before anything is traced; the CPU is measured on the trace.
+  const DType dtype = bf16_model ? DType::bf16 : DType::f32;
   Target target;
-  if (!cpu) target = resolve_machine(machine, trace::Trace{});
-  plan::StepTrace st = llama_plan::trace_step(c, bf16_model);
-  if (cpu) target = resolve_machine(machine, st.trace);
+  if (!cpu) target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype);
+  plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
+  if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype);
   const plan::Prediction p = plan::predict(st.trace, *target.pricer, st.shape, st.peak_bytes, st.at_peak);
   if (json)
     std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());

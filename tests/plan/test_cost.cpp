@@ -131,6 +131,70 @@ TEST_CASE("cost: the portable flash kernel runs at the shared-memory bound, a qu
   CHECK(bwd.flops() == 2.5 * fwd.flops());
 }
 
+namespace {
+/// cuDNN rates for the test profile: head dims 64 and 128, 100 and 200 TFLOP/s forward at
+/// 1k and 4k, backward at 80% of that.
+const char* kCudnnRates = R"(
+[attention.cudnn_bf16_hd64_forward]
+points = [[1024, 100], [4096, 200]]
+source = "test"
+[attention.cudnn_bf16_hd64_backward]
+points = [[1024, 80], [4096, 160]]
+source = "test"
+[attention.cudnn_bf16_hd128_forward]
+points = [[1024, 50]]
+source = "test"
+[attention.cudnn_bf16_hd128_backward]
+points = [[1024, 40]]
+source = "test"
+)";
+plan::Machine with_cudnn() { return plan::parse_machine(std::string(kProfile) + kCudnnRates, "test.toml"); }
+}  // namespace
+
+TEST_CASE("cost: cuDNN's attention takes its FLOPs at the profile's rate for its head dim, direction and length") {
+  const plan::GpuPricer p(with_cudnn(), plan::AttentionKernel::cudnn);
+  trace::Attention fwd{{1, 1024, 8, 2, 64}, DType::bf16, false};
+  CHECK(p.seconds(fwd) == doctest::Approx(fwd.flops() / 100e12).epsilon(1e-12));
+  trace::Attention bwd = fwd;
+  bwd.backward = true;
+  CHECK(p.seconds(bwd) == doctest::Approx(bwd.flops() / 80e12).epsilon(1e-12));
+  // 2048 is halfway in log between 1k and 4k: 150 TFLOP/s; past the last point, flat.
+  trace::Attention mid{{1, 2048, 8, 2, 64}, DType::bf16, false};
+  CHECK(p.seconds(mid) == doctest::Approx(mid.flops() / 150e12).epsilon(1e-9));
+  trace::Attention longer{{1, 16384, 8, 2, 64}, DType::bf16, false};
+  CHECK(p.seconds(longer) == doctest::Approx(longer.flops() / 200e12).epsilon(1e-12));
+  // Head dims take the smallest curve at or above them (96 -> 128), else the largest.
+  trace::Attention hd96{{1, 1024, 8, 2, 96}, DType::bf16, false}, hd256{{1, 1024, 8, 2, 256}, DType::bf16, false};
+  CHECK(p.seconds(hd96) == doctest::Approx(hd96.flops() / 50e12).epsilon(1e-12));
+  CHECK(p.seconds(hd256) == doctest::Approx(hd256.flops() / 50e12).epsilon(1e-12));
+  // A float32 call runs tessera's kernel whatever is asked.
+  trace::Attention f32 = fwd;
+  f32.dtype = DType::f32;
+  CHECK(p.seconds(f32) == doctest::Approx(2 * plan::flash_kernel_fmas(f32) / (25.6e12 * 0.25)).epsilon(1e-12));
+  // And a pricer for tessera's kernel prices bf16 calls as the portable kernel.
+  const plan::GpuPricer own(with_cudnn(), plan::AttentionKernel::tessera);
+  CHECK(own.seconds(fwd) == doctest::Approx(2 * plan::flash_kernel_fmas(fwd) / (25.6e12 * 0.25)).epsilon(1e-12));
+}
+
+TEST_CASE("cost: training.attention picks cuDNN for a bf16 model where the profile has its rates, and says why") {
+  const plan::Machine rated = with_cudnn(), bare = plan::parse_machine(kProfile, "bare.toml");
+  CHECK(plan::choose_attention("auto", DType::bf16, rated).kernel == plan::AttentionKernel::cudnn);
+  CHECK(plan::choose_attention("cudnn", DType::bf16, rated).kernel == plan::AttentionKernel::cudnn);
+  CHECK(plan::choose_attention("tessera", DType::bf16, rated).kernel == plan::AttentionKernel::tessera);
+  const plan::AttentionChoice f32 = plan::choose_attention("auto", DType::f32, rated);
+  CHECK(f32.kernel == plan::AttentionKernel::tessera);
+  CHECK(f32.why.find("float32 model") != std::string::npos);
+  const plan::AttentionChoice unrated = plan::choose_attention("auto", DType::bf16, bare);
+  CHECK(unrated.kernel == plan::AttentionKernel::tessera);
+  CHECK(unrated.why.find("gives no cuDNN attention rates") != std::string::npos);
+  CHECK_ERROR_CONTAINS(plan::choose_attention("cudnn", DType::f32, rated),
+                       "training.attention = cudnn: cuDNN's attention runs bf16 models; this model is float32");
+  CHECK_ERROR_CONTAINS(plan::choose_attention("cudnn", DType::bf16, bare),
+                       "training.attention = cudnn: the machine profile bare.toml gives no cuDNN attention rates");
+  CHECK_ERROR_CONTAINS(plan::choose_attention("flash", DType::bf16, rated),
+                       "training.attention = \"flash\": expected \"auto\", \"cudnn\" or \"tessera\"");
+}
+
 TEST_CASE("cost: a kernel takes its bytes at the bandwidth, or walks them a wavefront at a time, or its transcendentals") {
   const plan::GpuPricer p = pricer();
   trace::Kernel k;
@@ -218,6 +282,18 @@ TEST_CASE("machine profiles: every built-in profile loads, each figure with its 
     // The big GEMMs of an 8B step run at more than half of the peak; small ones less.
     CHECK(m.gemm_bf16.at(1000) > 0.5);
     CHECK(m.gemm_bf16.at(0.1) < m.gemm_bf16.at(1000));
+    // The Hopper profiles price cuDNN's attention at head dims 64 and 128, well above the
+    // portable kernel's rate and below the tensor-core peak.
+    if (std::string(name) != "a100-80gb-sxm") {
+      for (std::int64_t hd : {64, 128}) {
+        const plan::AttentionRates* r = m.cudnn_attention_rates(hd);
+        REQUIRE(r != nullptr);
+        CHECK(!r->forward.source.empty());
+        CHECK(r->forward.at(8192) > 200);
+        CHECK(r->forward.at(8192) < m.bf16_tflops.value);
+        CHECK(r->backward.at(8192) < r->forward.at(8192));
+      }
+    }
     (void)read(file);
   }
 }
@@ -246,6 +322,22 @@ TEST_CASE("machine profiles: a figure missing, not positive or without its sourc
   CHECK_ERROR_CONTAINS(plan::parse_machine(edited("device = \"cuda\"", "device = \"cpu\""), "gpu.toml"),
                        "machine.device must be \"cuda\"");
   CHECK_ERROR_CONTAINS(plan::parse_machine("[machine\nname = 1", "broken.toml"), "broken.toml:1: TOML syntax error");
+  // The optional cuDNN attention rates: known keys, both directions, positive increasing points.
+  const std::string base = kProfile;
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[attention.cudnn_hd64_forward]\npoints = [[1, 1]]\nsource = \"t\"\n", "gpu.toml"),
+                       "unknown key attention.cudnn_hd64_forward (expected cudnn_bf16_hd<head dim>_forward or _backward)");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[attention.cudnn_bf16_hd64_forward]\npoints = [[1, 1]]\nsource = \"t\"\n",
+                                           "gpu.toml"),
+                       "gpu.toml: machine profile: attention.cudnn_bf16_hd64_backward is missing");
+  CHECK_ERROR_CONTAINS(
+      plan::parse_machine(base + "[attention.cudnn_bf16_hd64_forward]\npoints = [[4096, 1], [1024, 2]]\nsource = \"t\"\n",
+                          "gpu.toml"),
+      "attention.cudnn_bf16_hd64_forward.points must have increasing seq_len");
+  CHECK_ERROR_CONTAINS(
+      plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, 0]]\nsource = \"t\"\n", "gpu.toml"),
+      "seq_len and tflops must be positive, got [1024, 0]");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, 5]]\n", "gpu.toml"),
+                       "attention.cudnn_bf16_hd64_backward has no source");
   CHECK_ERROR_CONTAINS(plan::load_machine("/nonexistent/gpu.toml"), "/nonexistent/gpu.toml: cannot open the machine profile");
 }
 

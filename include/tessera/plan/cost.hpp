@@ -9,7 +9,11 @@
 //   GEMM        max(2mnk / (peak x efficiency(size)), bytes / stream bandwidth), the
 //               efficiency curve of the operands' dtype (bf16 tensor cores; fp32 on CUDA
 //               cores, tessera's fp32 GEMMs run without TF32)
-//   attention   tessera's portable flash kernel (backend/cuda/flash_attention.cuh), by
+//   attention   cuDNN's flash attention (training.attention = cudnn, or auto on a bf16
+//               model where the profile gives its rates): the call's FLOPs at the
+//               profile's measured TFLOP/s for its head dim, direction and sequence
+//               length ([attention] in the machine file, plan/machine.hpp). Otherwise
+//               tessera's portable flash kernel (backend/cuda/flash_attention.cuh), by
 //               what it does: one thread per query (or key) row, fp32 multiply-adds on
 //               CUDA cores, each reading its K, V (or Q, dO) operand from shared memory.
 //               Every multiply-add waits on a 4-byte shared load that the warp's threads
@@ -43,6 +47,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -82,6 +87,37 @@ inline double gemm_bytes(const trace::Gemm& g) {
          static_cast<double>(g.m) * g.n * c * (g.accumulate ? 2 : 1);
 }
 
+/// Which attention kernels a GPU step runs.
+enum class AttentionKernel { tessera, cudnn };
+
+inline const char* attention_name(AttentionKernel k) { return k == AttentionKernel::cudnn ? "cudnn" : "tessera"; }
+
+/// What `training.attention` (auto | cudnn | tessera) runs on `m` for a model whose
+/// parameters are `dtype`, with the reason; as llama-train resolves it on a GPU, except
+/// that the plan assumes the build has cuDNN's frontend and the machine its library.
+struct AttentionChoice {
+  AttentionKernel kernel = AttentionKernel::tessera;
+  std::string why;
+};
+inline AttentionChoice choose_attention(std::string_view key, DType dtype, const Machine& m) {
+  const bool rates = !m.cudnn_attention_bf16.empty();
+  if (key == "tessera") return {AttentionKernel::tessera, "training.attention = tessera"};
+  TESSERA_CHECK(key == "auto" || key == "cudnn", "training.attention = \"", key,
+                "\": expected \"auto\", \"cudnn\" or \"tessera\"");
+  if (dtype != DType::bf16) {
+    TESSERA_CHECK(key != "cudnn", "training.attention = cudnn: cuDNN's attention runs bf16 models; this model is ",
+                  name_of(dtype), " (set training.mixed_precision_param = \"bfloat16\", or attention auto|tessera)");
+    return {AttentionKernel::tessera, tessera::detail::concat("auto: a ", name_of(dtype), " model runs tessera's kernel")};
+  }
+  if (!rates) {
+    TESSERA_CHECK(key != "cudnn", "training.attention = cudnn: the machine profile ", m.origin,
+                  " gives no cuDNN attention rates ([attention.cudnn_bf16_hd<D>_forward/_backward])");
+    return {AttentionKernel::tessera,
+            tessera::detail::concat("auto: ", m.name, "'s profile gives no cuDNN attention rates, priced as tessera's kernel")};
+  }
+  return {AttentionKernel::cudnn, tessera::detail::concat(key == "auto" ? "auto: " : "", "cuDNN on a bf16 model")};
+}
+
 class GpuPricer : public Pricer {
  public:
   /// SFU transcendentals per SM per clock for compute capability 8.x and 9.0.
@@ -89,7 +125,8 @@ class GpuPricer : public Pricer {
   /// Bytes of useful data an uncoalesced warp access brings per L1 wavefront (one element).
   static constexpr double kWalkBytesPerWavefront = 4;
 
-  explicit GpuPricer(Machine m) : m_(std::move(m)) {}
+  explicit GpuPricer(Machine m, AttentionKernel attention = AttentionKernel::tessera)
+      : m_(std::move(m)), attention_(attention) {}
 
   double seconds(const trace::Op& op) const override {
     return std::max(launch(), std::visit([&](const auto& o) { return work(o); }, op));
@@ -100,6 +137,7 @@ class GpuPricer : public Pricer {
   double usable_bytes() const override { return m_.usable_bytes(); }
   std::string name() const override { return m_.name; }
   const Machine& machine() const { return m_; }
+  AttentionKernel attention() const { return attention_; }
 
   /// The fraction of the fp32 rate the portable flash kernel reaches (a quarter here).
   double flash_efficiency() const {
@@ -119,6 +157,11 @@ class GpuPricer : public Pricer {
     return std::max(g.flops() / (peak * eff), gemm_bytes(g) / m_.stream_bandwidth());
   }
   double work(const trace::Attention& a) const {
+    if (attention_ == AttentionKernel::cudnn && a.dtype == DType::bf16)
+      if (const AttentionRates* r = m_.cudnn_attention_rates(a.shape.head_dim)) {
+        const double tflops = (a.backward ? r->backward : r->forward).at(static_cast<double>(a.shape.seq_len));
+        return a.flops() / (tflops * 1e12);
+      }
     return 2 * flash_kernel_fmas(a) / (m_.fp32_tflops.value * 1e12 * flash_efficiency());
   }
   double work(const trace::Kernel& k) const {
@@ -141,6 +184,7 @@ class GpuPricer : public Pricer {
   double work(const trace::Memory&) const { return 0; }
 
   Machine m_;
+  AttentionKernel attention_;
 };
 
 /// What the step is, for throughput and MFU.

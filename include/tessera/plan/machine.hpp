@@ -17,6 +17,13 @@
 //   [host.launch_us]          back-to-back kernel launches on one stream, per launch
 //   [host.sync_us]            a small device-to-host copy and the stream wait it implies
 //   [host.link_gbs]           host <-> device copies
+//   [attention.cudnn_bf16_hd<D>_forward], [attention.cudnn_bf16_hd<D>_backward]
+//                             optional: cuDNN's causal flash attention in bf16 at head
+//                             dim D, points = [[seq_len, tflops], ...] (FLOPs counted as
+//                             trace::Attention counts them: causal pairs only); each head
+//                             dim given both ways. Without them a step that would run
+//                             cuDNN's attention is priced on tessera's own kernel, and
+//                             llama-plan says so
 //
 // Each figure is a table: { value = <number>, source = "<where it comes from>" } (the
 // curves have `points` for `value`). The CPU's profile is not a file: plan/cpu.hpp
@@ -28,8 +35,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -67,6 +76,31 @@ struct EfficiencyCurve {
   }
 };
 
+/// A rate in TFLOP/s as a function of the sequence length: linear in log(seq_len) between
+/// the points, flat beyond the first and the last.
+struct RateCurve {
+  std::vector<std::array<double, 2>> points;  // (seq_len, tflops), seq_len increasing
+  std::string source;
+
+  double at(double seq_len) const {
+    if (points.empty()) return 0;
+    if (seq_len <= points.front()[0]) return points.front()[1];
+    if (seq_len >= points.back()[0]) return points.back()[1];
+    for (std::size_t i = 1; i < points.size(); ++i) {
+      if (seq_len > points[i][0]) continue;
+      const double x0 = std::log(points[i - 1][0]), x1 = std::log(points[i][0]);
+      const double t = (std::log(seq_len) - x0) / (x1 - x0);
+      return points[i - 1][1] + t * (points[i][1] - points[i - 1][1]);
+    }
+    return points.back()[1];
+  }
+};
+
+/// cuDNN's causal attention at one head dim, forward and backward.
+struct AttentionRates {
+  RateCurve forward, backward;
+};
+
 /// A GPU's rates (device = cuda), as a machine file gives them.
 struct Machine {
   std::string name;
@@ -79,6 +113,16 @@ struct Machine {
   EfficiencyCurve gemm_bf16, gemm_fp32;
   Sourced hbm_gbs, hbm_fraction;
   Sourced launch_us, sync_us, host_link_gbs;
+  std::map<std::int64_t, AttentionRates> cudnn_attention_bf16;  // by head dim; may be empty
+
+  /// The cuDNN rates for head dim `hd`: the smallest head dim given that is at least
+  /// `hd`, else the largest (nullptr when the profile gives none).
+  const AttentionRates* cudnn_attention_rates(std::int64_t hd) const {
+    if (cudnn_attention_bf16.empty()) return nullptr;
+    auto it = cudnn_attention_bf16.lower_bound(hd);
+    if (it == cudnn_attention_bf16.end()) --it;
+    return &it->second;
+  }
 
   /// Bytes tensors may take: capacity less what is reserved before the first one.
   double usable_bytes() const { return capacity_bytes.value - reserved_bytes.value; }
@@ -150,6 +194,63 @@ inline EfficiencyCurve read_curve(const toml::table& root, std::string_view orig
   return c;
 }
 
+/// The optional [attention] section: cudnn_bf16_hd<D>_forward / _backward rate curves.
+inline std::map<std::int64_t, AttentionRates> read_attention(const toml::table& root, std::string_view origin) {
+  std::map<std::int64_t, AttentionRates> rates;
+  const toml::node* section = root.get("attention");
+  if (!section) return rates;
+  TESSERA_CHECK(section->is_table(), where(origin, *section), ": machine profile: [attention] must be a table");
+  std::map<std::int64_t, int> given;  // head dim -> 1 forward | 2 backward
+  for (const auto& [k, node] : *section->as_table()) {
+    const std::string key(k.str());
+    const std::string name = "attention." + key;
+    constexpr std::string_view prefix = "cudnn_bf16_hd";
+    std::int64_t hd = 0;
+    bool backward = false;
+    bool ok = key.rfind(prefix, 0) == 0;
+    if (ok) {
+      const std::size_t us = key.find('_', prefix.size());
+      const std::string digits = key.substr(prefix.size(), us == std::string::npos ? std::string::npos : us - prefix.size());
+      const std::string dir = us == std::string::npos ? "" : key.substr(us + 1);
+      ok = !digits.empty() && digits.size() <= 4 && digits.find_first_not_of("0123456789") == std::string::npos &&
+           (dir == "forward" || dir == "backward");
+      if (ok) {
+        hd = std::stoll(digits);
+        backward = dir == "backward";
+        ok = hd > 0;
+      }
+    }
+    TESSERA_CHECK(ok, where(origin, node), ": machine profile: unknown key ", name,
+                  " (expected cudnn_bf16_hd<head dim>_forward or _backward)");
+    TESSERA_CHECK(node.is_table(), where(origin, node), ": machine profile: ", name,
+                  " must be a table { points = [[seq_len, tflops], ...], source = \"...\" }");
+    const toml::table& t = *node.as_table();
+    const toml::array* pts = t.get_as<toml::array>("points");
+    TESSERA_CHECK(pts && !pts->empty(), where(origin, t), ": machine profile: ", name,
+                  ".points must be a non-empty list of [seq_len, tflops] pairs");
+    RateCurve c;
+    for (std::size_t i = 0; i < pts->size(); ++i) {
+      const toml::array* p = (*pts)[i].as_array();
+      std::optional<double> x = p && p->size() == 2 ? (*p)[0].value<double>() : std::nullopt;
+      std::optional<double> y = p && p->size() == 2 ? (*p)[1].value<double>() : std::nullopt;
+      TESSERA_CHECK(x && y, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[", i,
+                    "] must be a pair [seq_len, tflops] of numbers");
+      TESSERA_CHECK(*x > 0 && *y > 0 && std::isfinite(*y), where(origin, (*pts)[i]), ": machine profile: ", name,
+                    ".points[", i, "]: seq_len and tflops must be positive, got [", *x, ", ", *y, "]");
+      TESSERA_CHECK(c.points.empty() || *x > c.points.back()[0], where(origin, (*pts)[i]), ": machine profile: ", name,
+                    ".points must have increasing seq_len");
+      c.points.push_back({*x, *y});
+    }
+    c.source = source_of(t, origin, name);
+    (backward ? rates[hd].backward : rates[hd].forward) = std::move(c);
+    given[hd] |= backward ? 2 : 1;
+  }
+  for (const auto& [hd, mask] : given)
+    TESSERA_CHECK(mask == 3, origin, ": machine profile: attention.cudnn_bf16_hd", hd, "_",
+                  mask == 1 ? "backward" : "forward", " is missing (each head dim needs both directions)");
+  return rates;
+}
+
 }  // namespace detail
 
 /// Reads a GPU profile from TOML text; `origin` names it in errors ("h100.toml").
@@ -193,6 +294,7 @@ inline Machine parse_machine(std::string_view text, std::string_view origin) {
   m.launch_us = read_rate(root, origin, "host", "launch_us");
   m.sync_us = read_rate(root, origin, "host", "sync_us");
   m.host_link_gbs = read_rate(root, origin, "host", "link_gbs");
+  m.cudnn_attention_bf16 = detail::read_attention(root, origin);
   return m;
 }
 

@@ -76,6 +76,7 @@ struct TrainingSection {
   std::string dataset = "synthetic";  // "synthetic" (embedded corpus) or "shard"
   std::string dataset_path;           // the token shard when dataset = "shard"
   std::int64_t synthetic_documents = 20000;
+  std::string attention = "auto";  // GPU attention kernels: "auto" | "cudnn" | "tessera"
 };
 
 /// [parallelism]
