@@ -683,7 +683,7 @@ TEST_CASE("parameter initialisation: the functor draws core/rng.hpp's values, wi
   CHECK(std::abs(t1 / n) < 0.003);
   CHECK(std::abs(t2 / n - 0.08059) < 0.002);
   // A piece starting at element 1000 holds the whole parameter's elements 1000.. .
-  for (int i = 0; i < 100; ++i) CHECK(piece[static_cast<std::size_t>(i)] == normal_values[1000 + static_cast<std::size_t>(i)]);
+  for (std::size_t i = 0; i < 100; ++i) CHECK(piece[i] == normal_values[1000 + i]);
   for (double x : ones) CHECK(x == 1.0);
 }
 

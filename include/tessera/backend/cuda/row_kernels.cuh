@@ -301,7 +301,8 @@ __device__ __forceinline__ void row_loop(std::int64_t n, int rank, int size, Bod
 
 /// One row kernel: Body::run<V, kWarp>(f, rows, smem) over rows [0, rows).
 template <class Body, int V, bool kWarp, class F>
-__global__ void __launch_bounds__(kWarp ? 32 * kWarpRowsPerBlock : kMaxRowThreads) row_kernel(F f, std::int64_t rows) {
+__global__ void __launch_bounds__(kWarp ? 32 * kWarpRowsPerBlock : kMaxRowThreads)
+    row_kernel(F f, std::int64_t rows) {
   __shared__ float smem[32];
   Body::template run<V, kWarp>(f, rows, smem);
 }
@@ -435,8 +436,9 @@ inline constexpr int kWeightWarps = 8;
 /// the columns of the block's tiles of 32 V columns (lane l: columns l V .. l V + V - 1).
 /// Each thread adds its rows in order, then the 8 warps' sums are added in warp order.
 template <class T, int V>
-__global__ void __launch_bounds__(32 * kWeightWarps) rmsnorm_weight_partials(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunk_rows,
-                                        float* partial) {
+__global__ void __launch_bounds__(32 * kWeightWarps)
+    rmsnorm_weight_partials(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunk_rows,
+                            float* partial) {
   constexpr int kTile = 32 * V;
   __shared__ float sums[kWeightWarps][kTile];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -482,8 +484,9 @@ __global__ void __launch_bounds__(32 * kWeightWarps) rmsnorm_weight_partials(ops
 /// columns (lane l: column 32 b + l), warp w adding chunks w, w + 8, ... in order, then
 /// the 8 warps' sums added in warp order.
 template <class T>
-__global__ void __launch_bounds__(32 * kWeightWarps) rmsnorm_weight_sum(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunks,
-                                   const float* partial) {
+__global__ void __launch_bounds__(32 * kWeightWarps)
+    rmsnorm_weight_sum(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunks,
+                       const float* partial) {
   using D = pointee_t<decltype(f.dw)>;
   __shared__ float sums[kWeightWarps][32];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
