@@ -86,6 +86,7 @@
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/embedding.hpp"
+#include "tessera/ops/init.hpp"
 #include "tessera/ops/math.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
