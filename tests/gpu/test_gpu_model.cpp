@@ -292,6 +292,7 @@ TEST_CASE("Transformer<float, Cuda>: three Trainer steps give the CPU backend's 
   const train::JobConfig c = small_job();
   const TrainRun cpu = train_steps<CpuModel>(c);
   const TrainRun gpu = cuda_train_steps(c);
+  CHECK(gpu.before == cpu.before);  // initialised on the device: the CPU's values, bit for bit
   REQUIRE(cpu.losses.size() == 3);
   check_steps(gpu.losses, cpu.losses, gpu.grad_norms, cpu.grad_norms);
   check_parameters(gpu, cpu);

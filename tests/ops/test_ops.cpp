@@ -644,6 +644,49 @@ TEST_CASE("bf16 vocabulary-parallel cross-entropy over two shards matches float 
   check_within("gradient against the whole row", zb, as_float(whole), kRoundRel, 1e-6 * scale);
 }
 
+TEST_CASE("parameter initialisation: the functor draws core/rng.hpp's values, with their moments") {
+  const std::uint64_t key = parameter_key(7, "layers.0.attention.wq.weight");
+  const Philox4x32 rng(key);
+  const std::int64_t n = 100000;
+  std::vector<float> normal_values(n), trunc_values(n), piece(100);
+  std::vector<bf16> bf(n);
+  std::vector<double> ones(10, 0.0);
+  Cpu::for_each(n, ops::InitValues<float>{normal_values.data(), key, ops::InitKind::normal, 0.5});
+  Cpu::for_each(n, ops::InitValues<float>{trunc_values.data(), key, ops::InitKind::truncated_normal, 1.0, -0.5, 0.5});
+  Cpu::for_each(n, ops::InitValues<bf16>{bf.data(), key, ops::InitKind::normal, 0.5});
+  Cpu::for_each(100, ops::InitValues<float>{piece.data(), key, ops::InitKind::normal, 0.5, -2, 2, 1000});
+  Cpu::for_each(10, ops::InitValues<double>{ones.data(), key, ops::InitKind::ones});
+  double s = 0, s2 = 0, worst = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto idx = static_cast<std::uint64_t>(i);
+    REQUIRE(normal_values[i] == static_cast<float>(normal(rng, idx, 0, 0.5)));
+    REQUIRE(trunc_values[i] == static_cast<float>(truncated_normal(rng, idx, 0, 1.0, -0.5, 0.5)));
+    REQUIRE(bf[i].bits == bf16(normal_values[i]).bits);
+    REQUIRE(trunc_values[i] >= -0.5f);
+    REQUIRE(trunc_values[i] <= 0.5f);
+    // Against Box-Muller through libm on the same words: a few ulp apart in double,
+    // so the float values agree but for a rare rounding boundary.
+    std::uint32_t w[4];
+    rng.draw(idx, 0, 0, w);
+    const double ref = 0.5 * std::sqrt(-2.0 * std::log(uniform_open(w[0], w[1]))) *
+                       std::cos(6.283185307179586 * uniform_open(w[2], w[3]));
+    worst = std::max(worst, std::abs(static_cast<double>(normal_values[i]) - ref) / std::max(std::abs(ref), 1e-3));
+    s += normal_values[i];
+    s2 += static_cast<double>(normal_values[i]) * normal_values[i];
+  }
+  CHECK(worst < 1e-7);  // float rounding of the value, nothing more
+  CHECK(std::abs(s / n) < 0.005);
+  CHECK(std::abs(s2 / n - 0.25) < 0.005);
+  // Truncated to [-0.5, 0.5] from a standard normal: mean 0, variance 0.0806.
+  double t1 = 0, t2 = 0;
+  for (float x : trunc_values) t1 += x, t2 += static_cast<double>(x) * x;
+  CHECK(std::abs(t1 / n) < 0.003);
+  CHECK(std::abs(t2 / n - 0.08059) < 0.002);
+  // A piece starting at element 1000 holds the whole parameter's elements 1000.. .
+  for (std::size_t i = 0; i < 100; ++i) CHECK(piece[i] == normal_values[1000 + i]);
+  for (double x : ones) CHECK(x == 1.0);
+}
+
 TEST_CASE("bf16 embedding: rows copied exactly, the table gradient summed in float") {
   // 3001 tokens over ids 0..10; this table holds ids [2, 9): others give zero rows and no
   // gradient. Each id collects about 270 rows: a bf16 running sum would lose them.
@@ -653,7 +696,7 @@ TEST_CASE("bf16 embedding: rows copied exactly, the table gradient summed in flo
   const auto table = bf16_values((hi - lo) * dim, "emb.table");
   const auto tb = as_bf16(table);
   std::vector<bf16> out(rows * dim, bf16(5.0f));
-  Cpu::for_each(rows, ops::EmbeddingForward<bf16>{ids.data(), tb.data(), out.data(), dim, lo, hi});
+  Cpu::for_each(rows * dim, ops::EmbeddingForward<bf16>{ids.data(), tb.data(), out.data(), dim, lo, hi});
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t j = 0; j < dim; ++j) {
       const float expect = ids[r] >= lo && ids[r] < hi ? table[(ids[r] - lo) * dim + j] : 0.0f;
@@ -663,8 +706,23 @@ TEST_CASE("bf16 embedding: rows copied exactly, the table gradient summed in flo
   const auto dout = bf16_values(rows * dim, "emb.dout");
   const auto doutb = as_bf16(dout);
   std::vector<float> dtable = bf16_values((hi - lo) * dim, "emb.dtable0"), dtable_f = dtable;  // added into
-  Cpu::for_each(dim, ops::EmbeddingBackwardColumn<bf16>{ids.data(), doutb.data(), dtable.data(), rows, dim, lo, hi});
-  Cpu::for_each(dim, ops::EmbeddingBackwardColumn<float>{ids.data(), dout.data(), dtable_f.data(), rows, dim, lo, hi});
+  const ops::EmbeddingSegments seg = ops::embedding_segments(ids, lo, hi);
+  const std::int32_t* base = seg.packed.data();
+  Cpu::for_each(seg.count * dim, ops::EmbeddingBackward<bf16>{seg.ids(base), seg.offsets(base), seg.order(base),
+                                                              doutb.data(), dtable.data(), dim, lo, seg.positions});
+  Cpu::for_each(seg.count * dim, ops::EmbeddingBackward<float>{seg.ids(base), seg.offsets(base), seg.order(base),
+                                                               dout.data(), dtable_f.data(), dim, lo, seg.positions});
+  // Bitwise the sequential scatter-add over the positions in order (one owner per
+  // element, the same summation order).
+  std::vector<float> seq = bf16_values((hi - lo) * dim, "emb.dtable0"), seq_f = seq;
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (ids[r] >= lo && ids[r] < hi)
+      for (std::int64_t j = 0; j < dim; ++j) {
+        seq[(ids[r] - lo) * dim + j] += static_cast<float>(doutb[r * dim + j]);
+        seq_f[(ids[r] - lo) * dim + j] += dout[r * dim + j];
+      }
+  CHECK(dtable == seq);
+  CHECK(dtable_f == seq_f);
   // Against double; the absolute term: about 270 terms of both signs per entry, 1e-6 of
   // their total magnitude.
   const auto dtable0 = bf16_values((hi - lo) * dim, "emb.dtable0");

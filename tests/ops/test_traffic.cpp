@@ -33,7 +33,7 @@ constexpr bool all_have_traffic =
     HasTraffic<ops::CausalSoftmaxBackward<T>> && HasTraffic<ops::RowDot<T>> && HasTraffic<ops::CrossEntropyRow<T>> &&
     HasTraffic<ops::CrossEntropyShardMax<T>> && HasTraffic<ops::CrossEntropyShardExp<T>> &&
     HasTraffic<ops::CrossEntropyShardGrad<T>> && HasTraffic<ops::EmbeddingForward<T>> &&
-    HasTraffic<ops::EmbeddingBackwardColumn<T>> && HasTraffic<ops::SquaredNormChunks<T>> &&
+    HasTraffic<ops::EmbeddingBackward<T>> && HasTraffic<ops::InitValues<T>> && HasTraffic<ops::SquaredNormChunks<T>> &&
     HasTraffic<ops::AdamWStep<T>> && HasTraffic<ops::AdamWMultiStep<T>> &&
     HasTraffic<nn::detail::InterleaveColumns<T>> && HasTraffic<parallel::detail::CopyPieceRow<T>>;
 static_assert(all_have_traffic<float>, "a float functor has no traffic()");
@@ -277,19 +277,28 @@ TEST_CASE("traffic: cross-entropy rows") {
 }
 
 TEST_CASE("traffic: embedding") {
-  // 3 ids: each id and its table row of 8 read, the output row written.
+  // 3 rows of 8: each row's id read once, each element read from the table and written.
   const ops::EmbeddingForward<float> ff{nullptr, nullptr, nullptr, 8};
-  check_equal(ff.traffic(3), 3 * kI + 3 * 8 * kF, 3 * 8 * kF, 0, 0);
+  check_equal(ff.traffic(24), 3 * kI + 3 * 8 * kF, 3 * 8 * kF, 0, 0);
   const ops::EmbeddingForward<bf16> fb{nullptr, nullptr, nullptr, 8, 0, 100};
-  check_equal(fb.traffic(3), 3 * kI + 3 * 8 * kB, 3 * 8 * kB, 0, 0);
-  check_linear(ff, 3);
-  // 8 columns over 5 ids: the ids once, then per (id, column) dout read and the table's
-  // gradient (accum_t) read, added to and written.
-  const ops::EmbeddingBackwardColumn<float> bf{nullptr, nullptr, nullptr, 5, 8};
-  check_equal(bf.traffic(8), 5 * kI + 5 * 8 * (kF + kF), 5 * 8 * kF, 5 * 8, 0);
-  const ops::EmbeddingBackwardColumn<bf16> bb{nullptr, nullptr, nullptr, 5, 8, 0, 100};
-  check_equal(bb.traffic(8), 5 * kI + 5 * 8 * (kB + kF), 5 * 8 * kF, 5 * 8, 0);
-  check_affine(bb, 8);
+  check_equal(fb.traffic(24), 3 * kI + 3 * 8 * kB, 3 * 8 * kB, 0, 0);
+  check_linear(ff, 24);
+  // 2 distinct ids over 5 positions, 8 columns (16 indices): per id its value and its
+  // offset, each position once; per (id, column) the gradient (accum_t) read and
+  // written; per (position, column) dout read and added.
+  const ops::EmbeddingBackward<float> bf{nullptr, nullptr, nullptr, nullptr, nullptr, 8, 0, 5};
+  check_equal(bf.traffic(16), 2 * 2 * kI + 5 * kI + 16 * kF + 5 * 8 * kF, 16 * kF, 5 * 8, 0);
+  const ops::EmbeddingBackward<bf16> bb{nullptr, nullptr, nullptr, nullptr, nullptr, 8, 0, 5};
+  check_equal(bb.traffic(16), 2 * 2 * kI + 5 * kI + 16 * kF + 5 * 8 * kB, 16 * kF, 5 * 8, 0);
+}
+
+TEST_CASE("traffic: parameter initialisation") {
+  // Each element written; a normal draw's arithmetic and one square root per element.
+  const ops::InitValues<float> n{nullptr, 1, ops::InitKind::normal, 0.02};
+  check_equal(n.traffic(10), 0, 10 * kF, 10 * (60 + 2 * (4 + 30 + 25 + 3)), 10);
+  check_linear(n, 10);
+  const ops::InitValues<bf16> ones{nullptr, 1, ops::InitKind::ones};
+  check_equal(ones.traffic(10), 0, 10 * kB, 0, 0);
 }
 
 TEST_CASE("traffic: AdamW") {

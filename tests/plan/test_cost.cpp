@@ -221,6 +221,9 @@ TEST_CASE("cost: transfers and synchronisations wait for the device; the step su
   const plan::GpuPricer p = pricer();
   CHECK(p.seconds(trace::Synchronize{}) == doctest::Approx(10e-6));
   CHECK(p.seconds(trace::Transfer{1'000'000, true, "x", 1}) == doctest::Approx(10e-6 + 1e6 / 1e10));
+  // An upload through pinned staging waits for nothing: its bytes over the link alone
+  // (at least the launch interval).
+  CHECK(p.seconds(trace::Transfer{1'000'000, false, "x", 1, false}) == doctest::Approx(1e6 / 1e10));
   CHECK(p.seconds(trace::Fill{1'000'000'000}) == doctest::Approx(1e9 / 0.5e12));
 
   trace::Trace t;

@@ -10,7 +10,8 @@
 // or writes it directly. Values cross between the host and the backend only through
 // B::copy_to_host and B::copy_from_host (upload() and download() below wrap them for
 // whole tensors); on the CPU backend they are plain copies, on the CUDA backend
-// cudaMemcpy. tests/support/guarded_cpu.hpp is a CPU backend whose memory faults when
+// cudaMemcpyAsync (a copy to the host synchronises the stream; a copy from the host is
+// staged in pinned memory and does not). tests/support/guarded_cpu.hpp is a CPU backend whose memory faults when
 // host code touches it outside a backend call: the test that proves the model keeps
 // this rule without a GPU.
 #pragma once

@@ -84,15 +84,19 @@ struct Fill {
   friend bool operator==(const Fill&, const Fill&) = default;
 };
 
-/// A host transfer; on a GPU each one waits for the device (Cuda::copy_to_host and
-/// copy_from_host synchronise the stream). `site` is the library line that asked for it.
+/// A host transfer. `site` is the library line that asked for it. On a GPU a copy to
+/// the host waits for the device (Cuda::copy_to_host synchronises the stream); a copy
+/// from the host does not (Cuda::copy_from_host stages the bytes in pinned memory and
+/// issues the copy on the stream): `synchronizes` says which.
 struct Transfer {
   std::int64_t bytes = 0;
   bool to_host = false;
   const char* file = "";
   std::uint32_t line = 0;
+  bool synchronizes = true;
   friend bool operator==(const Transfer& a, const Transfer& b) {
-    return a.bytes == b.bytes && a.to_host == b.to_host && a.line == b.line && std::string_view(a.file) == b.file;
+    return a.bytes == b.bytes && a.to_host == b.to_host && a.line == b.line && std::string_view(a.file) == b.file &&
+           a.synchronizes == b.synchronizes;
   }
 };
 

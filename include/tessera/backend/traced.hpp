@@ -11,7 +11,8 @@
 //                         and the kernel class Cuda::for_each would use for F
 //   zeros                 a fill of the tensor's bytes (empty records nothing: the
 //                         allocation itself comes from the memory counters)
-//   copy_to_host/from_host  the bytes and the library line that asked (upload, download)
+//   copy_to_host/from_host  the bytes, the library line that asked (upload, download), and
+//                         whether the CUDA backend waits for the device (to the host only)
 //   synchronize
 #pragma once
 
@@ -110,7 +111,7 @@ struct Traced {
  private:
   static void record_transfer(std::int64_t bytes, bool to_host) {
     if (!trace::current()) return;
-    trace::Transfer t{bytes, to_host, "", 0};
+    trace::Transfer t{bytes, to_host, "", 0, /*synchronizes=*/to_host};
     if (const std::source_location* site = detail::transfer_site) {
       t.file = site->file_name();
       t.line = site->line();

@@ -5,6 +5,19 @@
 // initialisation keys the generator with (seed, parameter name) and counts with the
 // element index: a parameter's initial value never depends on how it is later
 // sharded over ranks (DESIGN principle 4).
+//
+// Bitwise the same on every backend. A parameter is initialised by a functor
+// (ops/init.hpp) that the CPU backend runs on the host and the CUDA backend on the
+// device, and both must give the same bits. Philox is integer arithmetic; the normal
+// transform is not, and host libm and CUDA's math library round log and cos
+// differently, while nvcc contracts a * b + c into one fused multiply-add where g++ on
+// x86-64 does not. So the transform uses no library transcendental: log and cos are
+// written here (portable_log, portable_cos_2pi) with IEEE operations whose results are
+// correctly rounded on both sides (+, -, *, / and sqrt, written through add_rn, mul_rn,
+// which nvcc may not contract, and explicit fma), in a fixed order. Every product that
+// feeds a sum is an explicit fma, so there is nothing left for a compiler to contract.
+// They are accurate to a few ulp (tests/core), not correctly rounded: what matters is
+// that they are the same function everywhere.
 #pragma once
 
 #include <cmath>
@@ -62,11 +75,121 @@ TESSERA_HD inline double uniform_open(std::uint32_t a, std::uint32_t b) {
   return (static_cast<double>(bits) + 0.5) / 9007199254740992.0;
 }
 
-/// A standard normal from four words (Box-Muller on two 53-bit uniforms).
+namespace detail {
+
+/// a * b and a + b rounded once to nearest even, never fused with a neighbouring
+/// operation (nvcc's __dmul_rn / __dadd_rn on the device; g++ on x86-64 does not
+/// contract without -ffp-contract and FMA instructions, and nothing here gives it a
+/// product feeding a sum).
+TESSERA_HD inline double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+TESSERA_HD inline double add_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+TESSERA_HD inline double fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+
+}  // namespace detail
+
+/// log(u) for a finite u > 0, the same bits on host and device. u = m 2^e with m in
+/// [sqrt(1/2), sqrt(2)) by exact doublings and halvings; log(m) = 2 atanh(s),
+/// s = (m - 1) / (m + 1), |s| <= 0.1716, as the odd series in s to s^23 (the next term
+/// is below 1e-18 of the sum); log(u) = e ln 2 + log(m) in one fma. Within 4 ulp of the
+/// exact value (tests/core).
+TESSERA_HD inline double portable_log(double u) {
+  using detail::add_rn, detail::mul_rn, detail::fma_rn;
+  constexpr double kSqrtHalf = 0.7071067811865476, kSqrtTwo = 1.4142135623730951;
+  double m = u;
+  double e = 0;
+  while (m < kSqrtHalf) {
+    m = mul_rn(m, 2.0);
+    e = add_rn(e, -1.0);
+  }
+  while (m >= kSqrtTwo) {
+    m = mul_rn(m, 0.5);
+    e = add_rn(e, 1.0);
+  }
+  const double s = add_rn(m, -1.0) / add_rn(m, 1.0);
+  const double z = mul_rn(s, s);
+  // 1 / (2k + 1) for k = 11 down to 0.
+  double p = 0.043478260869565216;
+  p = fma_rn(p, z, 0.047619047619047616);
+  p = fma_rn(p, z, 0.05263157894736842);
+  p = fma_rn(p, z, 0.058823529411764705);
+  p = fma_rn(p, z, 0.06666666666666667);
+  p = fma_rn(p, z, 0.07692307692307693);
+  p = fma_rn(p, z, 0.09090909090909091);
+  p = fma_rn(p, z, 0.1111111111111111);
+  p = fma_rn(p, z, 0.14285714285714285);
+  p = fma_rn(p, z, 0.2);
+  p = fma_rn(p, z, 0.3333333333333333);
+  p = fma_rn(p, z, 1.0);
+  const double log_m = mul_rn(mul_rn(2.0, s), p);
+  return fma_rn(e, 0.6931471805599453, log_m);
+}
+
+/// cos(2 pi t) for t in [0, 1], the same bits on host and device. t is folded into
+/// [0, 1/8] by exact subtractions (symmetries of cos), then cos or sin of x = 2 pi b in
+/// [0, pi/4] by their Taylor series to x^20 (the next term is below 1e-20). Within
+/// 4 ulp of the exact value away from its zeros (tests/core).
+TESSERA_HD inline double portable_cos_2pi(double t) {
+  using detail::add_rn, detail::mul_rn, detail::fma_rn;
+  double a = t > 0.5 ? add_rn(t, -1.0) : t;  // exact (Sterbenz): a in [-1/2, 1/2]
+  a = a < 0 ? -a : a;                         // cos is even
+  double sign = 1.0;
+  if (a > 0.25) {  // cos(2 pi a) = -cos(2 pi (1/2 - a))
+    a = add_rn(0.5, -a);
+    sign = -1.0;
+  }
+  const bool use_sin = a > 0.125;  // cos(2 pi a) = sin(2 pi (1/4 - a))
+  const double b = use_sin ? add_rn(0.25, -a) : a;
+  const double x = mul_rn(b, 6.283185307179586);
+  const double x2 = mul_rn(x, x);
+  double r;
+  if (use_sin) {  // 1 / (2k + 1)! with alternating signs, k = 10 down to 0
+    double p = 1.9572941063391263e-20;
+    p = fma_rn(p, x2, -8.22063524662433e-18);
+    p = fma_rn(p, x2, 2.8114572543455206e-15);
+    p = fma_rn(p, x2, -7.647163731819816e-13);
+    p = fma_rn(p, x2, 1.6059043836821613e-10);
+    p = fma_rn(p, x2, -2.505210838544172e-08);
+    p = fma_rn(p, x2, 2.7557319223985893e-06);
+    p = fma_rn(p, x2, -0.0001984126984126984);
+    p = fma_rn(p, x2, 0.008333333333333333);
+    p = fma_rn(p, x2, -0.16666666666666666);
+    p = fma_rn(p, x2, 1.0);
+    r = mul_rn(x, p);
+  } else {  // 1 / (2k)! with alternating signs, k = 10 down to 0
+    double p = 4.110317623312165e-19;
+    p = fma_rn(p, x2, -1.5619206968586225e-16);
+    p = fma_rn(p, x2, 4.779477332387385e-14);
+    p = fma_rn(p, x2, -1.1470745597729725e-11);
+    p = fma_rn(p, x2, 2.08767569878681e-09);
+    p = fma_rn(p, x2, -2.755731922398589e-07);
+    p = fma_rn(p, x2, 2.48015873015873e-05);
+    p = fma_rn(p, x2, -0.001388888888888889);
+    p = fma_rn(p, x2, 0.041666666666666664);
+    p = fma_rn(p, x2, -0.5);
+    r = fma_rn(p, x2, 1.0);
+  }
+  return mul_rn(sign, r);
+}
+
+/// A standard normal from four words (Box-Muller on two 53-bit uniforms), with the
+/// portable log and cos above: the same bits on host and device.
 TESSERA_HD inline double standard_normal(const std::uint32_t w[4]) {
-  double u1 = uniform_open(w[0], w[1]);
-  double u2 = uniform_open(w[2], w[3]);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  using detail::mul_rn;
+  const double u1 = uniform_open(w[0], w[1]);
+  const double u2 = uniform_open(w[2], w[3]);
+  return mul_rn(std::sqrt(mul_rn(-2.0, portable_log(u1))), portable_cos_2pi(u2));
 }
 
 /// splitmix64 finaliser: spreads a 64-bit value over all bits.
@@ -87,9 +210,14 @@ inline std::uint64_t hash_name(std::string_view name) {
   return h;
 }
 
+/// The Philox key of the parameter `name` under `seed`.
+inline std::uint64_t parameter_key(std::uint64_t seed, std::string_view name) {
+  return mix64(seed ^ mix64(hash_name(name)));
+}
+
 /// The generator for the parameter `name` under `seed`.
 inline Philox4x32 parameter_rng(std::uint64_t seed, std::string_view name) {
-  return Philox4x32(mix64(seed ^ mix64(hash_name(name))));
+  return Philox4x32(parameter_key(seed, name));
 }
 
 /// Element `index` of a normal(mean, std) truncated to [lo, hi], drawn by rejection on
@@ -100,7 +228,7 @@ TESSERA_HD inline double truncated_normal(const Philox4x32& rng, std::uint64_t i
   std::uint32_t w[4];
   for (std::uint32_t attempt = 0; attempt < 256; ++attempt) {
     rng.draw(index, 0, attempt, w);
-    double x = mean + std * standard_normal(w);
+    const double x = detail::fma_rn(std, standard_normal(w), mean);
     if (x >= lo && x <= hi) return x;
   }
   // Reached only when [lo, hi] holds almost no mass: fall back to the nearer bound.
@@ -111,7 +239,7 @@ TESSERA_HD inline double truncated_normal(const Philox4x32& rng, std::uint64_t i
 TESSERA_HD inline double normal(const Philox4x32& rng, std::uint64_t index, double mean, double std) {
   std::uint32_t w[4];
   rng.draw(index, 0, 0, w);
-  return mean + std * standard_normal(w);
+  return detail::fma_rn(std, standard_normal(w), mean);
 }
 
 }  // namespace tessera

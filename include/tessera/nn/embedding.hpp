@@ -5,6 +5,11 @@
 // rank looks up every id in its range (zeros elsewhere) and the rows' sum is
 // reduce-scattered, so the output is this rank's rows (sequence parallel); the
 // backward gathers the rows' gradient and accumulates the ids in its range.
+//
+// Both directions launch over elements (ops/embedding.hpp): the forward one index per
+// output element, the backward one per (id present, column) after the host has grouped
+// the batch's positions by id, so each gradient element is summed in position order,
+// bitwise the same on every backend.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +47,7 @@ class Embedding {
     Tensor<T> y = B::template empty<T>(Shape{rows, dim});
     const auto [lo, hi] = range();
     const Tensor<std::int32_t> on_backend = upload<B>(ids);
-    B::for_each(rows, ops::EmbeddingForward<T>{on_backend.data(), weight_.value.data(), y.data(), dim, lo, hi});
+    B::for_each(rows * dim, ops::EmbeddingForward<T>{on_backend.data(), weight_.value.data(), y.data(), dim, lo, hi});
     return parallel::reduce_scatter_rows<B>(tp_, y);
   }
 
@@ -51,9 +56,13 @@ class Embedding {
     const Tensor<T> dy = parallel::gather_rows<B>(tp_, dy_rows);
     const std::int64_t dim = weight_.grad.size(1);
     const auto [lo, hi] = range();
-    const Tensor<std::int32_t> on_backend = upload<B>(ids);
-    B::for_each(dim, ops::EmbeddingBackwardColumn<T>{on_backend.data(), dy.data(), weight_.grad.data(),
-                                                     static_cast<std::int64_t>(ids.size()), dim, lo, hi});
+    // The positions grouped by id on the host (the ids are host data), one upload.
+    const ops::EmbeddingSegments seg = ops::embedding_segments(ids, lo, hi);
+    if (seg.count == 0) return;
+    const Tensor<std::int32_t> packed = upload<B>(std::span<const std::int32_t>(seg.packed));
+    const std::int32_t* base = packed.data();
+    B::for_each(seg.count * dim, ops::EmbeddingBackward<T>{seg.ids(base), seg.offsets(base), seg.order(base), dy.data(),
+                                                           weight_.grad.data(), dim, lo, seg.positions});
   }
 
   template <class F>

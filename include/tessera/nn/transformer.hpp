@@ -54,6 +54,7 @@
 #include "tessera/nn/output.hpp"
 #include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/rope.hpp"
+#include "tessera/ops/init.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/schedule.hpp"
@@ -118,26 +119,19 @@ comm::Communicator* tensor_parallel_comm(const ModelArgs& args, const parallel::
 }  // namespace detail
 
 /// Fills p.value (in B's memory) from its Init as a function of (seed, p.name,
-/// element index) only. The values are drawn on the host and uploaded.
+/// element index) only: one launch of ops::InitValues on B, so the values are made
+/// where they live and are bitwise the same on every backend.
 template <Backend B, class T>
 void init_parameter(Parameter<T>& p, std::uint64_t seed) {
-  const Philox4x32 rng = parameter_rng(seed, p.name);
-  const std::int64_t n = p.numel();
-  Tensor<T> host(Shape{n}, Uninitialized{});
-  T* v = host.data();
   const Init& in = p.init;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto idx = static_cast<std::uint64_t>(i);
-    switch (in.kind) {
-      case Init::Kind::ones: v[i] = T(1); break;
-      case Init::Kind::zeros: v[i] = T(0); break;
-      case Init::Kind::normal: v[i] = static_cast<T>(normal(rng, idx, 0.0, in.std)); break;
-      case Init::Kind::truncated_normal:
-        v[i] = static_cast<T>(truncated_normal(rng, idx, 0.0, in.std, in.lo, in.hi));
-        break;
-    }
+  ops::InitKind kind = ops::InitKind::zeros;
+  switch (in.kind) {
+    case Init::Kind::ones: kind = ops::InitKind::ones; break;
+    case Init::Kind::zeros: kind = ops::InitKind::zeros; break;
+    case Init::Kind::normal: kind = ops::InitKind::normal; break;
+    case Init::Kind::truncated_normal: kind = ops::InitKind::truncated_normal; break;
   }
-  B::copy_from_host(v, p.value.data(), n);
+  B::for_each(p.numel(), ops::InitValues<T>{p.value.data(), parameter_key(seed, p.name), kind, in.std, in.lo, in.hi});
 }
 
 template <class T, Backend B, class Block = LlamaBlock<T, B>>

@@ -1,7 +1,18 @@
 // Token embedding: a row gather forward, a scatter-add backward.
 //
-// The backward runs one column at a time over every token, so no two workers write
-// the same element and the sum order is fixed (deterministic, no atomics).
+// Forward: one index per output element (row r, column j), so neighbouring indices read
+// and write neighbouring elements and a launch covers rows x dim indices: every thread
+// of a GPU busy, every access coalesced.
+//
+// Backward: the positions are grouped by id on the host first (EmbeddingSegments: a
+// stable sort, so each id's positions stay in ascending order), then one index per
+// (id present in the batch, column) adds that id's positions' gradients, in ascending
+// position order, to its table entry. Every table element has one owner and the same
+// summation order as a sequential loop over the positions (dtable[ids[r]] += dout[r]
+// for r = 0, 1, ...), so the result is deterministic, needs no atomics, and is bitwise
+// the same on every backend; a launch covers (ids present) x dim indices. The host
+// already holds the ids (they come from the data loader), so grouping them there costs
+// a sort of one micro-batch's ids and one upload, issued without waiting for the device.
 //
 // A table may hold only the ids [lo, hi) of the vocabulary (split by vocabulary over
 // tensor-parallel ranks): row 0 of the table is id lo; other ids give zero rows and
@@ -11,7 +22,11 @@
 // term per token, which bf16 could not hold.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
@@ -19,6 +34,7 @@
 
 namespace tessera::ops {
 
+/// out[r, j] = table[ids[r] - lo, j], zero for an id outside [lo, hi); index r * dim + j.
 template <class T>
 struct EmbeddingForward {
   const std::int32_t* ids;
@@ -26,47 +42,92 @@ struct EmbeddingForward {
   T* out;          // (rows, dim)
   std::int64_t dim;
   std::int64_t lo = 0, hi = INT64_MAX;
-  TESSERA_HD void operator()(std::int64_t r) const {
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const std::int64_t r = i / dim, j = i - r * dim;
     const std::int64_t id = ids[r];
-    T* dst = out + r * dim;
-    if (id < lo || id >= hi) {
-      for (std::int64_t j = 0; j < dim; ++j) dst[j] = T(0);
-      return;
-    }
-    const T* src = table + (id - lo) * dim;
-    for (std::int64_t j = 0; j < dim; ++j) dst[j] = src[j];
+    out[i] = id < lo || id >= hi ? T(0) : table[(id - lo) * dim + j];
   }
-  // Every id counted in [lo, hi), its table row read (an id outside writes zeros and reads
-  // nothing: on a table split by vocabulary over d ranks, about 1 id in d is inside).
-  Traffic traffic(std::int64_t rows) const {
-    const double r = static_cast<double>(rows), e = r * static_cast<double>(dim);
-    Traffic t{r * sizeof(std::int32_t) + e * sizeof(T), e * sizeof(T), 0, 0};
-    t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
-    return t;
+  // Per element: its row's id read (neighbouring indices share it: one read per row is
+  // what reaches memory, counted so), the table element read when the id is inside
+  // (counted always: an upper bound), the output written. Neighbouring indices touch
+  // neighbouring elements: nothing walks.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n), rows = e / static_cast<double>(dim);
+    return {rows * sizeof(std::int32_t) + e * sizeof(T), e * sizeof(T), 0, 0};
   }
 };
 
-/// dtable[ids[r], j] += dout[r, j] for every r, for column j.
-template <class T>
-struct EmbeddingBackwardColumn {
-  const std::int32_t* ids;
-  const T* dout;       // (rows, dim)
-  accum_t<T>* dtable;  // (vocab, dim)
-  std::int64_t rows;
-  std::int64_t dim;
-  std::int64_t lo = 0, hi = INT64_MAX;
-  TESSERA_HD void operator()(std::int64_t j) const {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t id = ids[r];
-      if (id >= lo && id < hi) dtable[(id - lo) * dim + j] += to_accum(dout[r * dim + j]);
+/// The positions of a batch's ids grouped by id, for EmbeddingBackward: the ids in
+/// [lo, hi) present in the batch, ascending (`count` of them), then count + 1 offsets
+/// into the positions, then the positions of each id in ascending order. One int32
+/// array, so it crosses to the backend in one upload.
+struct EmbeddingSegments {
+  std::vector<std::int32_t> packed;
+  std::int64_t count = 0;      // distinct ids in [lo, hi)
+  std::int64_t positions = 0;  // positions whose id is in [lo, hi)
+  const std::int32_t* ids(const std::int32_t* base) const { return base; }
+  const std::int32_t* offsets(const std::int32_t* base) const { return base + count; }
+  const std::int32_t* order(const std::int32_t* base) const { return base + 2 * count + 1; }
+};
+
+/// Groups the positions of `ids` that lie in [lo, hi) by id (a stable sort: each id's
+/// positions ascending).
+inline EmbeddingSegments embedding_segments(std::span<const std::int32_t> ids, std::int64_t lo, std::int64_t hi) {
+  std::vector<std::int32_t> order;
+  order.reserve(ids.size());
+  for (std::size_t r = 0; r < ids.size(); ++r)
+    if (ids[r] >= lo && ids[r] < hi) order.push_back(static_cast<std::int32_t>(r));
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    return ids[static_cast<std::size_t>(a)] < ids[static_cast<std::size_t>(b)];
+  });
+  std::vector<std::int32_t> unique, offsets;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::int32_t id = ids[static_cast<std::size_t>(order[k])];
+    if (k == 0 || id != unique.back()) {
+      unique.push_back(id);
+      offsets.push_back(static_cast<std::int32_t>(k));
     }
   }
-  // The ids once per launch; per (row, column) dout read and dtable read and written
-  // with an addition, every id counted in [lo, hi) (others are skipped).
-  Traffic traffic(std::int64_t cols) const {
-    const double e = static_cast<double>(cols) * static_cast<double>(rows);
-    return {static_cast<double>(rows) * sizeof(std::int32_t) + e * (sizeof(T) + sizeof(accum_t<T>)),
-            e * sizeof(accum_t<T>), e, 0};
+  offsets.push_back(static_cast<std::int32_t>(order.size()));
+  EmbeddingSegments s;
+  s.count = static_cast<std::int64_t>(unique.size());
+  s.positions = static_cast<std::int64_t>(order.size());
+  s.packed.reserve(unique.size() + offsets.size() + order.size());
+  s.packed.insert(s.packed.end(), unique.begin(), unique.end());
+  s.packed.insert(s.packed.end(), offsets.begin(), offsets.end());
+  s.packed.insert(s.packed.end(), order.begin(), order.end());
+  return s;
+}
+
+/// dtable[id - lo, j] += dout[r, j] over the positions r of id, ascending; index
+/// s * dim + j for the s-th id of the segments (uploaded EmbeddingSegments::packed).
+template <class T>
+struct EmbeddingBackward {
+  const std::int32_t* ids;      // (count) distinct ids in [lo, hi), ascending
+  const std::int32_t* offsets;  // (count + 1) into order
+  const std::int32_t* order;    // (positions) positions grouped by id, each group ascending
+  const T* dout;                // (rows, dim)
+  accum_t<T>* dtable;           // (hi - lo, dim)
+  std::int64_t dim;
+  std::int64_t lo = 0;
+  std::int64_t positions = 0;  // offsets[count]: for traffic()
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const std::int64_t s = i / dim, j = i - s * dim;
+    accum_t<T>* g = dtable + (ids[s] - lo) * dim + j;
+    accum_t<T> acc = *g;
+    for (std::int32_t k = offsets[s]; k < offsets[s + 1]; ++k) acc += to_accum(dout[order[k] * dim + j]);
+    *g = acc;
+  }
+  // Per (id, column): the table's gradient read and written once, the id and offsets read
+  // (shared by the row's indices: once per id); per (position, column) dout read and
+  // added, the position read once per id's row of indices. Neighbouring indices are
+  // neighbouring columns: every access coalesces, nothing walks.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n), count = e / static_cast<double>(dim);
+    const double terms = static_cast<double>(positions) * static_cast<double>(dim);
+    return {count * 2 * sizeof(std::int32_t) + static_cast<double>(positions) * sizeof(std::int32_t) +
+                e * sizeof(accum_t<T>) + terms * sizeof(T),
+            e * sizeof(accum_t<T>), terms, 0};
   }
 };
 

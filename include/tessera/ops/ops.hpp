@@ -6,6 +6,7 @@
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/embedding.hpp"
 #include "tessera/ops/flash_attention.hpp"
+#include "tessera/ops/init.hpp"
 #include "tessera/ops/math.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"

@@ -33,7 +33,10 @@
 //               SFU rate of compute capability 8.x and 9.0, CUDA C++ Programming Guide,
 //               "Arithmetic Instructions"); the larger of the three
 //   fill        its bytes written at the stream bandwidth (cudaMemsetAsync)
-//   transfer    a host synchronisation plus its bytes over the host link
+//   transfer    its bytes over the host link, plus a host synchronisation when it
+//               waits for the device (Transfer::synchronizes: every copy to the host; a
+//               copy from the host is staged in pinned memory and issued on the stream,
+//               so it waits for nothing)
 //   synchronize a host synchronisation
 //
 // and every operation takes at least the launch interval (host.launch_us): the GPU
@@ -178,7 +181,7 @@ class GpuPricer : public Pricer {
   }
   double work(const trace::Fill& f) const { return static_cast<double>(f.bytes) / m_.stream_bandwidth(); }
   double work(const trace::Transfer& t) const {
-    return sync() + static_cast<double>(t.bytes) / (m_.host_link_gbs.value * 1e9);
+    return (t.synchronizes ? sync() : 0.0) + static_cast<double>(t.bytes) / (m_.host_link_gbs.value * 1e9);
   }
   double work(const trace::Synchronize&) const { return sync(); }
   double work(const trace::Memory&) const { return 0; }

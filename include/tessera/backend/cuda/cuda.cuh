@@ -11,9 +11,11 @@
 // - Ordering. Every launch, GEMM, memset and copy goes to stream(), the legacy default
 //   stream: work runs in issue order, asynchronously to the host, and the NCCL engine
 //   orders its collectives against this same stream (comm/nccl.hpp). Calls return
-//   before the device has finished, except the copies: copy_to_host() returns when the
-//   host may read the destination and copy_from_host() when the host may reuse the
-//   source (both synchronise the stream). synchronize() waits for all of it.
+//   before the device has finished, except copy_to_host(), which returns when the host
+//   may read the destination (it synchronises the stream). copy_from_host() returns
+//   when the host may reuse the source without waiting for the device: the bytes go
+//   through a pinned staging ring and the copy runs in stream order (memory.cuh).
+//   synchronize() waits for all of it.
 // - GEMMs are cuBLASLt's (gemm.cuh): float in exact fp32 (no TF32) and bf16 with fp32
 //   accumulation; the operand checks and messages are the CPU backend's.
 // - Attention is the flash-attention kernels' (flash_attention.cuh), for float and bf16
@@ -111,14 +113,13 @@ struct Cuda {
   }
 
   /// n elements from host memory to device memory; the host may reuse src on return.
+  /// The copy is staged in pinned memory and runs in stream order: no synchronisation.
   template <class T>
   static void copy_from_host(const T* src, T* dst, std::int64_t n) {
     cuda::require_device();
     if (n <= 0) return;
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<void*>(dst), static_cast<const void*>(src),
-                                       static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream()));
-    // A pinned source is read while the copy runs: wait, so the caller may reuse it.
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    cuda::copy_from_host_staged(static_cast<void*>(dst), static_cast<const void*>(src),
+                                static_cast<std::size_t>(n) * sizeof(T), stream());
   }
 
   /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view

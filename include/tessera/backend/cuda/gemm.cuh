@@ -21,8 +21,13 @@
 // for a GEMM key: m, n, k, the transposes, the three leading dimensions, the element
 // type, whether beta is zero, the device, and the byte alignment of each operand's
 // pointer (capped at 256: the heuristic assumes 256-byte alignment unless told, and a
-// view into the middle of a tensor is less aligned). Its first choice is cached per key
-// in a process-wide map guarded by a mutex, so the heuristic runs once per shape.
+// view into the middle of a tensor is less aligned). Per key, a process-wide map guarded
+// by a mutex caches a GemmPlan: the matmul descriptor, the three layouts and the
+// heuristic's first choice, so descriptors are created and the heuristic runs once per
+// key, and a GEMM afterwards costs one lookup and cublasLtMatmul. Plans are shared
+// read-only by every thread (thread ranks on one GPU). The map holds at most
+// kGemmPlanCapacity keys and starts over when a new one would exceed it, a bound no
+// training step comes near (it meets a few dozen shapes).
 // For benchmarks: gemm_candidates() returns every algorithm the heuristic offers for a
 // GEMM, gemm() runs a given one, and gemm_chosen_algo() is the cached choice (GemmAlgo
 // compares equal to the candidate it is), so the choice can be timed against the fastest.
@@ -249,17 +254,6 @@ inline void* gemm_workspace(int device) {
   return all->ptr[d];
 }
 
-/// The process-wide cache of heuristic choices.
-struct GemmAlgoCache {
-  std::mutex mutex;
-  std::unordered_map<GemmKey, GemmAlgo, GemmKeyHash> algo;
-};
-
-inline GemmAlgoCache& gemm_algo_cache() {
-  static GemmAlgoCache* cache = new GemmAlgoCache;  // immortal: GEMMs may run during static teardown
-  return *cache;
-}
-
 /// A heuristic preference descriptor, destroyed with this object.
 struct LtPreference {
   cublasLtMatmulPreference_t pref = nullptr;
@@ -386,6 +380,44 @@ class GemmDescriptors {
   cublasLtMatrixLayout_t out_ = nullptr;     // C's storage (both C and D)
 };
 
+/// What a GEMM key needs to run: its descriptors and layouts, and the heuristic's first
+/// choice. Shared read-only by every thread that runs the key (cuBLASLt only reads them).
+struct GemmPlan {
+  GemmDescriptors desc;
+  GemmAlgo algo;
+  GemmPlan(const GemmKey& key, cublasLtHandle_t handle) : desc(key), algo(desc.heuristic(handle, 1).front()) {}
+};
+
+/// Keys the plan cache holds at most; meeting one more starts it over (plans in use stay
+/// alive with their callers).
+inline constexpr std::size_t kGemmPlanCapacity = 1024;
+
+/// The process-wide cache of GEMM plans.
+struct GemmPlanCache {
+  std::mutex mutex;
+  std::unordered_map<GemmKey, std::shared_ptr<const GemmPlan>, GemmKeyHash> plans;
+};
+
+inline GemmPlanCache& gemm_plan_cache() {
+  static GemmPlanCache* cache = new GemmPlanCache;  // immortal: GEMMs may run during static teardown
+  return *cache;
+}
+
+/// The cached plan of `key`, made on a miss (descriptors created and the heuristic asked
+/// outside the lock; when two threads miss at once, the first to insert wins).
+inline std::shared_ptr<const GemmPlan> gemm_plan(const GemmKey& key, cublasLtHandle_t handle) {
+  auto& cache = gemm_plan_cache();
+  {
+    std::lock_guard lock(cache.mutex);
+    if (auto it = cache.plans.find(key); it != cache.plans.end()) return it->second;
+  }
+  auto made = std::make_shared<const GemmPlan>(key, handle);
+  std::lock_guard lock(cache.mutex);
+  if (auto it = cache.plans.find(key); it != cache.plans.end()) return it->second;
+  if (cache.plans.size() >= kGemmPlanCapacity) cache.plans.clear();
+  return cache.plans.emplace(key, std::move(made)).first->second;
+}
+
 /// C = beta * C over a (rows x cols) view with row stride ld: the k == 0 GEMM.
 template <class T>
 struct ScaleMatrix {
@@ -418,18 +450,6 @@ constexpr void check_element_type() {
                 "tessera: Cuda::gemm writes C as its operands' type, or float32 from bf16 operands");
 }
 
-/// The cached algorithm for `key`, asking the heuristic on a miss.
-inline GemmAlgo cached_algo(const GemmKey& key, const GemmDescriptors& desc, cublasLtHandle_t handle) {
-  auto& cache = gemm_algo_cache();
-  {
-    std::lock_guard lock(cache.mutex);
-    if (auto it = cache.algo.find(key); it != cache.algo.end()) return it->second;
-  }
-  const GemmAlgo best = desc.heuristic(handle, 1).front();
-  std::lock_guard lock(cache.mutex);
-  return cache.algo.emplace(key, best).first->second;  // another thread's equal answer may be first
-}
-
 }  // namespace detail
 
 /// The cache key of a GEMM: what its algorithm is chosen (and cached) for. The operands
@@ -450,8 +470,8 @@ std::vector<GemmAlgo> gemm_candidates(Trans ta, Trans tb, TensorView<const T> a,
                                       accum_t<T> beta, TensorView<C> c, int max_count = 32) {
   const GemmKey key = gemm_key(ta, tb, a, b, beta, c);
   if (key.m == 0 || key.n == 0 || key.k == 0) return {};
-  const detail::GemmDescriptors desc(key);
-  return desc.heuristic(detail::lt_handle(key.device), max_count);
+  const cublasLtHandle_t handle = detail::lt_handle(key.device);
+  return detail::gemm_plan(key, handle)->desc.heuristic(handle, max_count);
 }
 
 /// The algorithm gemm() runs for this GEMM when given none: the heuristic's first
@@ -462,8 +482,7 @@ GemmAlgo gemm_chosen_algo(Trans ta, Trans tb, TensorView<const T> a, TensorView<
   const GemmKey key = gemm_key(ta, tb, a, b, beta, c);
   TESSERA_CHECK(key.m != 0 && key.n != 0 && key.k != 0, "gemm_chosen_algo: the ", key.str(),
                 " is degenerate and runs no cuBLASLt algorithm");
-  const detail::GemmDescriptors desc(key);
-  return detail::cached_algo(key, desc, detail::lt_handle(key.device));
+  return detail::gemm_plan(key, detail::lt_handle(key.device))->algo;
 }
 
 /// C = alpha * op(A) * op(B) + beta * C, row-major, on the current device's compute
@@ -479,10 +498,25 @@ void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorVie
     detail::scale_or_zero(beta32, c, key.m, key.n);
     return;
   }
-  const detail::GemmDescriptors desc(key);
   const cublasLtHandle_t handle = detail::lt_handle(key.device);
-  const GemmAlgo chosen = algo != nullptr ? *algo : detail::cached_algo(key, desc, handle);
-  desc.run(handle, chosen, &alpha32, a.data(), b.data(), &beta32, c.data(), detail::gemm_workspace(key.device));
+  const std::shared_ptr<const detail::GemmPlan> plan = detail::gemm_plan(key, handle);
+  plan->desc.run(handle, algo != nullptr ? *algo : plan->algo, &alpha32, a.data(), b.data(), &beta32, c.data(),
+                 detail::gemm_workspace(key.device));
+}
+
+/// GEMM keys whose plans are cached now.
+inline std::size_t gemm_plans_cached() {
+  auto& cache = detail::gemm_plan_cache();
+  std::lock_guard lock(cache.mutex);
+  return cache.plans.size();
+}
+
+/// Empties the plan cache: the next GEMM of each key creates its descriptors and asks the
+/// heuristic again (for tests and benchmarks; plans in use stay alive with their callers).
+inline void clear_gemm_plans() {
+  auto& cache = detail::gemm_plan_cache();
+  std::lock_guard lock(cache.mutex);
+  cache.plans.clear();
 }
 
 }  // namespace tessera::cuda

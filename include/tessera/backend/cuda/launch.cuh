@@ -25,8 +25,11 @@
 namespace tessera::cuda {
 
 namespace detail {
+/// Threads per block of the per-index kernel.
+inline constexpr int kForEachThreads = 256;
+
 template <class F>
-__global__ void for_each_kernel(std::int64_t n, F f) {
+__global__ void __launch_bounds__(kForEachThreads) for_each_kernel(std::int64_t n, F f) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     f(i);
@@ -38,7 +41,7 @@ __global__ void for_each_kernel(std::int64_t n, F f) {
 template <class F>
 void for_each(std::int64_t n, const F& f, cudaStream_t stream = nullptr) {
   if (n <= 0) return;
-  constexpr int threads = 256;
+  constexpr int threads = detail::kForEachThreads;
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
   detail::for_each_kernel<<<blocks, threads, 0, stream>>>(n, f);
   TESSERA_CUDA_CHECK(cudaGetLastError());

@@ -30,12 +30,24 @@
 // freed while a kernel on the compute stream still reads it goes only to work enqueued
 // after that kernel. Memory another stream uses (a collective's buffers) is kept alive
 // by its owner until that stream's work is ordered before later compute work.
+//
+// Uploads without a synchronisation. copy_from_host_staged() copies the host bytes into
+// a pinned staging slot, issues the host-to-device copy from that slot on the compute
+// stream and records an event after it; the caller may reuse its source at once, and
+// the host does not wait for the device. Each device has one ring of kStagingSlots
+// slots of kStagingSlotBytes (pinned, portable, allocated on its first upload, never
+// freed); a slot is written again only once the event recorded after its last copy has
+// completed (cudaEventSynchronize on that event alone: the host waits only when it is a
+// whole ring of uploads ahead of the device). A copy larger than a slot goes through
+// consecutive slots. A mutex per ring makes it safe for thread ranks sharing a device.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -213,6 +225,71 @@ Buffer<T> device_buffer(std::size_t n, std::string_view what = {}) {
                 " overflow the address space");
   void* p = device_allocator().allocate(n * sizeof(T), what);
   return Buffer<T>(static_cast<T*>(p), n, Device::cuda, &CachingAllocator::release_to_owner);
+}
+
+/// Bytes of one pinned staging slot, and slots per device (copy_from_host_staged).
+inline constexpr std::size_t kStagingSlotBytes = std::size_t{1} << 20;
+inline constexpr int kStagingSlots = 16;
+
+namespace detail {
+
+/// One device's ring of pinned staging slots, each with the event recorded after the
+/// last copy out of it.
+struct StagingRing {
+  std::mutex mutex;
+  unsigned char* host = nullptr;  // kStagingSlots * kStagingSlotBytes, pinned
+  std::array<cudaEvent_t, kStagingSlots> copied{};
+  std::array<bool, kStagingSlots> in_use{};
+  int next = 0;
+};
+
+struct StagingRings {
+  std::array<std::once_flag, kMaxDevices> once;
+  std::array<StagingRing*, kMaxDevices> ring{};
+};
+
+/// The staging ring of `device`, allocated on first use and never freed (like the
+/// allocators: an upload may come during static teardown).
+inline StagingRing& staging_ring(int device) {
+  static StagingRings* all = new StagingRings;
+  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " out of range");
+  const auto d = static_cast<std::size_t>(device);
+  std::call_once(all->once[d], [&] {
+    DeviceScope scope(device);
+    auto* ring = new StagingRing;
+    void* p = nullptr;
+    TESSERA_CUDA_CHECK(cudaHostAlloc(&p, kStagingSlotBytes * kStagingSlots, cudaHostAllocPortable));
+    ring->host = static_cast<unsigned char*>(p);
+    for (cudaEvent_t& e : ring->copied) TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    all->ring[d] = ring;
+  });
+  return *all->ring[d];
+}
+
+}  // namespace detail
+
+/// `bytes` from host memory `src` to device memory `dst` on the current device, on
+/// `stream`, through the device's pinned staging ring (see the header comment): src may
+/// be reused when this returns; the copy completes in stream order, and the host waits
+/// only for a slot whose previous copy has not run yet.
+inline void copy_from_host_staged(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  detail::StagingRing& ring = detail::staging_ring(current_device());
+  std::lock_guard lock(ring.mutex);
+  auto* to = static_cast<unsigned char*>(dst);
+  const auto* from = static_cast<const unsigned char*>(src);
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t piece = std::min(kStagingSlotBytes, bytes - done);
+    const auto slot = static_cast<std::size_t>(ring.next);
+    ring.next = (ring.next + 1) % kStagingSlots;
+    if (ring.in_use[slot]) TESSERA_CUDA_CHECK(cudaEventSynchronize(ring.copied[slot]));
+    unsigned char* staged = ring.host + slot * kStagingSlotBytes;
+    std::memcpy(staged, from + done, piece);
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(to + done, staged, piece, cudaMemcpyHostToDevice, stream));
+    TESSERA_CUDA_CHECK(cudaEventRecord(ring.copied[slot], stream));
+    ring.in_use[slot] = true;
+    done += piece;
+  }
 }
 
 }  // namespace tessera::cuda

@@ -86,6 +86,7 @@
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/embedding.hpp"
+#include "tessera/ops/init.hpp"
 #include "tessera/ops/math.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
@@ -248,6 +249,10 @@ __device__ float block_reduce(float v, Op op, float* smem) {
 inline constexpr std::int64_t kWarpRowMax = 1024;
 /// Warps (rows) per block in warp mode.
 inline constexpr int kWarpRowsPerBlock = 8;
+/// Most threads a block of a row kernel has (one row per block); row_kernel is compiled
+/// for it (__launch_bounds__), so its registers never exceed the register file's 64K
+/// 32-bit registers per block at this size.
+inline constexpr int kMaxRowThreads = 1024;
 /// Threads per block of the elementwise kernels.
 inline constexpr int kElementwiseThreads = 256;
 /// Most blocks in a grid; the kernels stride over the rest.
@@ -297,7 +302,8 @@ __device__ __forceinline__ void row_loop(std::int64_t n, int rank, int size, Bod
 
 /// One row kernel: Body::run<V, kWarp>(f, rows, smem) over rows [0, rows).
 template <class Body, int V, bool kWarp, class F>
-__global__ void row_kernel(F f, std::int64_t rows) {
+__global__ void __launch_bounds__(kWarp ? 32 * kWarpRowsPerBlock : kMaxRowThreads)
+    row_kernel(F f, std::int64_t rows) {
   __shared__ float smem[32];
   Body::template run<V, kWarp>(f, rows, smem);
 }
@@ -319,7 +325,7 @@ inline RowShape row_shape(std::int64_t rows, std::int64_t n, int width, bool all
   }
   const std::int64_t vectors = (n + width - 1) / width;
   unsigned threads = 64;
-  while (threads < 1024 && static_cast<std::int64_t>(threads) * 4 < vectors) threads *= 2;
+  while (threads < kMaxRowThreads && static_cast<std::int64_t>(threads) * 4 < vectors) threads *= 2;
   return {false, static_cast<unsigned>(std::min(rows, kMaxBlocks)), threads};
 }
 
@@ -431,8 +437,9 @@ inline constexpr int kWeightWarps = 8;
 /// the columns of the block's tiles of 32 V columns (lane l: columns l V .. l V + V - 1).
 /// Each thread adds its rows in order, then the 8 warps' sums are added in warp order.
 template <class T, int V>
-__global__ void rmsnorm_weight_partials(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunk_rows,
-                                        float* partial) {
+__global__ void __launch_bounds__(32 * kWeightWarps)
+    rmsnorm_weight_partials(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunk_rows,
+                            float* partial) {
   constexpr int kTile = 32 * V;
   __shared__ float sums[kWeightWarps][kTile];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -478,8 +485,9 @@ __global__ void rmsnorm_weight_partials(ops::RmsNormBackwardWeight<T> f, std::in
 /// columns (lane l: column 32 b + l), warp w adding chunks w, w + 8, ... in order, then
 /// the 8 warps' sums added in warp order.
 template <class T>
-__global__ void rmsnorm_weight_sum(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunks,
-                                   const float* partial) {
+__global__ void __launch_bounds__(32 * kWeightWarps)
+    rmsnorm_weight_sum(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunks,
+                       const float* partial) {
   using D = pointee_t<decltype(f.dw)>;
   __shared__ float sums[kWeightWarps][32];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -921,7 +929,7 @@ struct Elementwise<ops::Fill<T>> : ElementwiseOver<ops::Fill<T>, T, Out<&ops::Fi
 /// Elements [0, n / W * W) as W-element vectors through Elementwise<F>::apply, the rest
 /// by f itself; grid-stride.
 template <class F, int W>
-__global__ void elementwise_kernel(std::int64_t n, F f) {
+__global__ void __launch_bounds__(kElementwiseThreads) elementwise_kernel(std::int64_t n, F f) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   const std::int64_t vectors = n / W;
@@ -950,7 +958,7 @@ struct ElementwiseKernel {
 /// one row, i a multiple of W. The item's inputs and its cos and sin go to registers,
 /// and a copy of f describing one head of 2 W elements at position 0 rotates them.
 template <class T, int W>
-__global__ void rope_kernel(ops::RopeRotate<T> f, std::int64_t rows) {
+__global__ void __launch_bounds__(kElementwiseThreads) rope_kernel(ops::RopeRotate<T> f, std::int64_t rows) {
   using C = pointee_t<decltype(f.cos)>;
   const std::int64_t half = f.head_dim / 2, per_head = half / W, per_row = f.n_heads * per_head;
   const std::int64_t items = rows * per_row;
@@ -1151,7 +1159,8 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::Add<T>> && kKernelClassAgrees<ops::Copy<T>> && kKernelClassAgrees<ops::Axpy<T>> &&
          kKernelClassAgrees<ops::Scale<T>> && kKernelClassAgrees<ops::Fill<T>> &&
          kKernelClassAgrees<ops::Convert<T, float>> && kKernelClassAgrees<ops::EmbeddingForward<T>> &&
-         kKernelClassAgrees<ops::EmbeddingBackwardColumn<T>> && kKernelClassAgrees<ops::AdamWMultiStep<T>>;
+         kKernelClassAgrees<ops::EmbeddingBackward<T>> && kKernelClassAgrees<ops::AdamWMultiStep<T>> &&
+         kKernelClassAgrees<ops::InitValues<T>>;
 }
 static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>(),
               "tessera: backend/kernel_class.hpp must list exactly the functors row_kernels.cuh lowers");

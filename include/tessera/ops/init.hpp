@@ -1,0 +1,65 @@
+// Parameter initialisation: element i of a parameter as a function of (seed, name, i).
+//
+// InitValues writes out[i] for every index of its launch: a constant (ones, zeros), a
+// normal(0, std), or a normal(0, std) truncated to [lo, hi] by rejection over the
+// attempts of the same Philox counter (core/rng.hpp). Both backends run this same code
+// (the CPU backend loops over it, the CUDA backend launches it), and the normal transform
+// uses only operations that round the same way on host and device, so a parameter made on
+// a GPU holds bitwise the values the CPU backend makes. `offset` is the element index of
+// out[0] in the whole parameter, for initialising a piece of one.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/macros.hpp"
+#include "tessera/core/rng.hpp"
+#include "tessera/ops/traffic.hpp"
+
+namespace tessera::ops {
+
+/// How the values are drawn (nn::Init's kinds).
+enum class InitKind : std::uint8_t { ones, zeros, normal, truncated_normal };
+
+template <class T>
+struct InitValues {
+  T* out;
+  std::uint64_t key;  // the Philox key: parameter_key(seed, name)
+  InitKind kind;
+  double std = 0, lo = -2, hi = 2;
+  std::uint64_t offset = 0;
+
+  /// The value of element `index` of the whole parameter, in double.
+  TESSERA_HD double value(std::uint64_t index) const {
+    switch (kind) {
+      case InitKind::ones: return 1.0;
+      case InitKind::zeros: return 0.0;
+      case InitKind::normal: return normal(Philox4x32(key), index, 0.0, std);
+      case InitKind::truncated_normal: return truncated_normal(Philox4x32(key), index, 0.0, std, lo, hi);
+    }
+    return 0.0;
+  }
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const double v = value(offset + static_cast<std::uint64_t>(i));
+    if constexpr (std::is_same_v<T, double>) out[i] = v;
+    else out[i] = static_cast<T>(static_cast<float>(v));  // bf16 rounds from the float once rounded
+  }
+  // Each element written once. Per normal draw: Philox's 10 rounds (2 multiplications and
+  // 4 xors or adds each, counted as 60), the uniforms (4), the log (about 30, with its
+  // range reduction), the cos (about 25), the product and square root (3); a truncated
+  // draw is redrawn with probability P(outside), small for the bounds torchtitan uses,
+  // so counted once. fp64 operations count as two fp32 ones (half the rate on the GPUs
+  // profiled); the square root is the one transcendental.
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    Traffic t{0, e * sizeof(T), 0, 0};
+    if (kind == InitKind::normal || kind == InitKind::truncated_normal) {
+      t.flops = e * (60 + 2 * (4 + 30 + 25 + 3));
+      t.transcendentals = e;
+    }
+    return t;
+  }
+};
+
+}  // namespace tessera::ops
