@@ -71,6 +71,7 @@ struct TrainingSection {
   std::int64_t seed = 0;
   bool deterministic = false;
   std::string device = "auto";  // "auto": cuda where built with CUDA and a GPU is visible, else cpu
+  std::string attention = "auto";  // on the GPU: "auto" (cudnn where it can run), "cudnn" or "tessera"
   std::string mixed_precision_param = "bfloat16";
   std::string mixed_precision_reduce = "float32";
   std::string dataset = "synthetic";  // "synthetic" (embedded corpus) or "shard"
