@@ -7,7 +7,10 @@
 #
 # A machine lent for GPU work may reach no package registry, so nothing is built there:
 # the binaries travel. They need the CUDA 13 runtime and cuBLASLt where they run, and a
-# glibc at least as new as this machine's.
+# glibc at least as new as this machine's. cuDNN is not carried (hundreds of MB): the
+# binaries open libcudnn.so.9 at run time where it is installed (attention through cuDNN,
+# with the frontend headers from tools/install-deps.sh in the build) and run tessera's
+# own attention kernels where it is not, saying so.
 #
 #   bash tools/gpu_bundle.sh                  # here: builds build-gpu/, writes gpu-bundle.tar.xz
 #   tar -xJf gpu-bundle.tar.xz -C /tmp && bash /tmp/gpu-bundle/run.sh test     # there

@@ -69,8 +69,8 @@ struct Target {
 
 /// The machine --machine names; for `cpu`, measured on the step's own work. On a GPU the
 /// attention kernels are those `attention` (training.attention) picks for a model of `dtype`.
-Target resolve_machine(const std::string& name, const trace::Trace& step_trace, std::string_view attention,
-                       DType dtype) {
+Target resolve_machine(const std::string& name, const trace::Trace& step_trace, const std::string& attention,
+                       DType dtype, std::int64_t head_dim) {
   Target t;
   if (name == "cpu") {
     t.cpu = true;
@@ -94,7 +94,7 @@ Target resolve_machine(const std::string& name, const trace::Trace& step_trace, 
   t.reserved_bytes = m.reserved_bytes.value;
   t.device_bytes = static_cast<std::size_t>(m.capacity_bytes.value);
   t.description = m.description;
-  t.attention = plan::choose_attention(attention, dtype, m);
+  t.attention = plan::choose_attention(attention, dtype, head_dim, m);
   t.pricer = std::make_unique<plan::GpuPricer>(std::move(m), t.attention.kernel);
   return t;
 }
@@ -151,7 +151,7 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
   std::size_t ops = 0;
   for (const auto& e : st.trace.events()) ops += !std::holds_alternative<trace::Memory>(e.op);
   if (!t.cpu)
-    std::printf("  attention: %s (%s)\n", plan::attention_name(t.attention.kernel), t.attention.why.c_str());
+    std::printf("  attention: %s\n", t.attention.why.c_str());
   std::printf("  traced in %.3f s: %zu operations, %lld host reads (each a device synchronisation)\n\n", st.seconds, ops,
               static_cast<long long>(p.host_reads));
   std::printf("step %s | %.0f tokens/s | MFU %.1f%% (causal %.1f%%) against %.1f TFLOP/s | peak %s of %s usable: %s\n\n",
@@ -212,9 +212,10 @@ int run(std::vector<std::string> args) {
   // A bad machine file is refused before anything is traced; the CPU is measured on the trace.
   const DType dtype = bf16_model ? DType::bf16 : DType::f32;
   Target target;
-  if (!cpu) target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype);
+  const std::int64_t hd = c.model.args.head_dim();
+  if (!cpu) target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype, hd);
   plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
-  if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype);
+  if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
   const plan::Prediction p = plan::predict(st.trace, *target.pricer, st.shape, st.peak_bytes, st.at_peak);
   if (json)
     std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());

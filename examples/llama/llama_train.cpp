@@ -28,7 +28,8 @@
 // activations and parameters, fp32 gradients and AdamW state), <float, Cuda> with
 // "float32". "auto" takes the GPU when one is visible. The rank itself is
 // train_run.hpp's run_rank, instantiated here for the CPU and in llama_train_cuda.cu
-// (nvcc) for CUDA.
+// (nvcc) for CUDA. On the GPU, training.attention picks cuDNN's fused attention or
+// tessera's own kernels (train/attention_choice.hpp); the start-up line says which.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -43,6 +44,7 @@
 #endif
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/io/tokenizer.hpp"
+#include "tessera/train/attention_choice.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/plan/cpu.hpp"
 #include "tessera/train/metrics.hpp"
@@ -120,9 +122,11 @@ int run(std::vector<std::string> args) {
     else
       std::snprintf(text, sizeof text, "peak unknown for this GPU (set metrics.peak_tflops for MFU)");
     in.peak_text = text;
+    const std::string attention = llama_train::setup_cuda_attention(c, gpu);
     const std::string compute = (thread_ranks > 1 ? "sharing one " : "on one ") + gpu.name + " (sm_" +
                                 std::to_string(gpu.cc_major) + std::to_string(gpu.cc_minor) + "), " +
-                                (bf16_model ? "bf16 activations and parameters" : "float32");
+                                (bf16_model ? "bf16 activations and parameters" : "float32") +
+                                " | attention: " + attention;
     in.compute_text = [compute] { return compute; };
     if (thread_ranks == 1) return llama_train::run_rank_cuda(comm::Communicator(), in);
     comm::ThreadOptions options;
@@ -136,6 +140,9 @@ int run(std::vector<std::string> args) {
                 "training.device = \"cuda\": this llama-train was built without CUDA (install the CUDA toolkit, "
                 "put nvcc on PATH and rebuild); set training.device = \"cpu\" or \"auto\"");
 #endif
+  // The CPU has one attention (backend/cpu/attention.hpp): training.attention = "cudnn"
+  // is refused by name, "auto" and "tessera" change nothing.
+  train::choose_attention(c.training.attention, train::AttentionFacts{}, {});
 
   {
     // The peak for MFU: the fastest of the step's own GEMMs (traced on the dry-run

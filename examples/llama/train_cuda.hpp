@@ -20,6 +20,12 @@ struct CudaDeviceInfo {
 };
 CudaDeviceInfo cuda_device_info();
 
+/// Resolves training.attention for a run on this GPU (train/attention_choice.hpp):
+/// loads cuDNN and builds the model's attention graphs where it may run, installs the
+/// chosen engine in the CUDA backend (backend/cuda/attention_engine.hpp) and returns
+/// the start-up line's words for it. "cudnn" that cannot run throws, naming the key.
+std::string setup_cuda_attention(const train::JobConfig& c, const CudaDeviceInfo& gpu);
+
 /// How thread ranks sharing the GPU move and reduce its buffers (Cuda::memory_access()).
 comm::MemoryAccess cuda_memory_access();
 

@@ -50,6 +50,8 @@ expect_error "unknown device" "training.device must be one of auto, cpu, cuda; g
 if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L > /dev/null 2>&1; then
   expect_error "training.device = cuda without a GPU" 'training.device = "cuda": ' "$train" "${small[@]}" --training.device cuda
 fi
+expect_error "unknown attention" 'training.attention must be one of auto, cudnn, tessera; got "flash"' "$train" "${small[@]}" --training.attention flash
+expect_error "cudnn attention on the CPU" 'training.attention = "cudnn": this run trains on the CPU (training.device); cuDNN attention runs on a GPU' "$train" "${small[@]}" --training.device cpu --training.attention cudnn
 expect_error "missing token shard" "$work/none.tshard" "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/none.tshard"
 # A valid shard first, then broken copies of it.
 printf 'TSRATOKS' > "$work/bad_magic.tshard"; head -c 100 /dev/zero >> "$work/bad_magic.tshard"

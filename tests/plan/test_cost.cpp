@@ -176,23 +176,27 @@ TEST_CASE("cost: cuDNN's attention takes its FLOPs at the profile's rate for its
   CHECK(own.seconds(fwd) == doctest::Approx(2 * plan::flash_kernel_fmas(fwd) / (25.6e12 * 0.25)).epsilon(1e-12));
 }
 
-TEST_CASE("cost: training.attention picks cuDNN for a bf16 model where the profile has its rates, and says why") {
+TEST_CASE("cost: training.attention picks cuDNN as llama-train would, where the profile has its rates, and says why") {
   const plan::Machine rated = with_cudnn(), bare = plan::parse_machine(kProfile, "bare.toml");
-  CHECK(plan::choose_attention("auto", DType::bf16, rated).kernel == plan::AttentionKernel::cudnn);
-  CHECK(plan::choose_attention("cudnn", DType::bf16, rated).kernel == plan::AttentionKernel::cudnn);
-  CHECK(plan::choose_attention("tessera", DType::bf16, rated).kernel == plan::AttentionKernel::tessera);
-  const plan::AttentionChoice f32 = plan::choose_attention("auto", DType::f32, rated);
+  CHECK(plan::choose_attention("auto", DType::bf16, 128, rated).kernel == plan::AttentionKernel::cudnn);
+  CHECK(plan::choose_attention("cudnn", DType::bf16, 64, rated).kernel == plan::AttentionKernel::cudnn);
+  CHECK(plan::choose_attention("cudnn", DType::bf16, 64, rated).why == "cudnn (training.attention = cudnn)");
+  CHECK(plan::choose_attention("tessera", DType::bf16, 128, rated).kernel == plan::AttentionKernel::tessera);
+  const plan::AttentionChoice f32 = plan::choose_attention("auto", DType::f32, 128, rated);
   CHECK(f32.kernel == plan::AttentionKernel::tessera);
-  CHECK(f32.why.find("float32 model") != std::string::npos);
-  const plan::AttentionChoice unrated = plan::choose_attention("auto", DType::bf16, bare);
+  CHECK(f32.why.find("tessera (auto: the model is float32") == 0);
+  const plan::AttentionChoice odd = plan::choose_attention("auto", DType::bf16, 12, rated);
+  CHECK(odd.kernel == plan::AttentionKernel::tessera);
+  CHECK(odd.why.find("head dim 12 is not one cuDNN accepts") != std::string::npos);
+  const plan::AttentionChoice unrated = plan::choose_attention("auto", DType::bf16, 128, bare);
   CHECK(unrated.kernel == plan::AttentionKernel::tessera);
-  CHECK(unrated.why.find("gives no cuDNN attention rates") != std::string::npos);
-  CHECK_ERROR_CONTAINS(plan::choose_attention("cudnn", DType::f32, rated),
-                       "training.attention = cudnn: cuDNN's attention runs bf16 models; this model is float32");
-  CHECK_ERROR_CONTAINS(plan::choose_attention("cudnn", DType::bf16, bare),
-                       "training.attention = cudnn: the machine profile bare.toml gives no cuDNN attention rates");
-  CHECK_ERROR_CONTAINS(plan::choose_attention("flash", DType::bf16, rated),
-                       "training.attention = \"flash\": expected \"auto\", \"cudnn\" or \"tessera\"");
+  CHECK(unrated.why.find("the machine profile bare.toml gives no cuDNN attention rates") != std::string::npos);
+  CHECK_ERROR_CONTAINS(plan::choose_attention("cudnn", DType::f32, 128, rated),
+                       "training.attention = \"cudnn\": the model is float32");
+  CHECK_ERROR_CONTAINS(plan::choose_attention("cudnn", DType::bf16, 128, bare),
+                       "training.attention = \"cudnn\": the machine profile bare.toml gives no cuDNN attention rates");
+  CHECK_ERROR_CONTAINS(plan::choose_attention("flash", DType::bf16, 128, rated),
+                       "training.attention must be one of auto, cudnn, tessera; got \"flash\"");
 }
 
 TEST_CASE("cost: a kernel takes its bytes at the bandwidth, or walks them a wavefront at a time, or its transcendentals") {

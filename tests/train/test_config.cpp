@@ -148,7 +148,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 65);
+  CHECK(keys.size() == 66);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -485,6 +485,8 @@ TEST_CASE("unknown names in enumerated keys") {
               "activation_checkpoint.mode must be one of none, full, selective");
   CHECK_ERROR(parse("[checkpoint]\nexport_dtype = \"float16\""), "checkpoint.export_dtype must be one of");
   CHECK_ERROR(parse("[training]\ndataset = \"c4\""), "training.dataset must be one of synthetic, shard; got \"c4\"");
+  CHECK_ERROR(parse("[training]\nattention = \"flash\""),
+              "training.attention must be one of auto, cudnn, tessera; got \"flash\"");
   CHECK_ERROR(parse("[optimizer]\nname = \"SGD\""), "optimizer.name must be one of AdamW");
   CHECK_ERROR(parse("[parallelism]\npipeline_parallel_schedule = \"ZeroBubble\""),
               "parallelism.pipeline_parallel_schedule must be one of");
@@ -620,7 +622,8 @@ TEST_CASE("to_toml round trip") {
                  "--training.max_norm", "-1",
                  "--training.seed", "99",
                  "--training.deterministic",
-                 "--training.device", "cpu", "--training.mixed_precision_param", "float32",
+                 "--training.device", "cpu", "--training.attention", "tessera",
+                 "--training.mixed_precision_param", "float32",
                  "--training.dataset", "shard",
                  "--training.dataset_path", "data/c4.tshard",
                  "--training.synthetic_documents", "5",

@@ -80,8 +80,8 @@ class Attention {
     const Tensor<T>& q = ctx.saved("q");
     const Tensor<T>& k = ctx.saved("k");
     Tensor<T> dq = B::template empty<T>(q.shape());
-    Tensor<T> dk = B::template zeros<T>(k.shape());
-    Tensor<T> dv = B::template zeros<T>(k.shape());
+    Tensor<T> dk = B::template empty<T>(k.shape());
+    Tensor<T> dv = B::template empty<T>(k.shape());
     B::attention_backward(s, q.cview(), k.cview(), ctx.saved("v").cview(), ctx.saved("o").cview(),
                           ctx.template saved<accum_t<T>>("lse").data(), d_o.cview(), dq.view(), dk.view(), dv.view());
     rope_->rotate(dq, n_heads_, s.seq_len, true);

@@ -60,6 +60,7 @@
 #include "tessera/core/region.hpp"
 #include "tessera/nn/args.hpp"
 #include "tessera/plan/machine.hpp"
+#include "tessera/train/attention_choice.hpp"
 
 namespace tessera::plan {
 
@@ -96,29 +97,31 @@ enum class AttentionKernel { tessera, cudnn };
 inline const char* attention_name(AttentionKernel k) { return k == AttentionKernel::cudnn ? "cudnn" : "tessera"; }
 
 /// What `training.attention` (auto | cudnn | tessera) runs on `m` for a model whose
-/// parameters are `dtype`, with the reason; as llama-train resolves it on a GPU, except
-/// that the plan assumes the build has cuDNN's frontend and the machine its library.
+/// parameters are `dtype` and whose heads are `head_dim` wide: llama-train's own rule
+/// (train/attention_choice.hpp), for a GPU build that has cuDNN's frontend and a machine
+/// that has its library, with head dims checked as on sm_80 (a multiple of 8, at most
+/// 128: every Llama shape). And cuDNN is priced only where the profile gives its rates.
 struct AttentionChoice {
   AttentionKernel kernel = AttentionKernel::tessera;
   std::string why;
 };
-inline AttentionChoice choose_attention(std::string_view key, DType dtype, const Machine& m) {
-  const bool rates = !m.cudnn_attention_bf16.empty();
-  if (key == "tessera") return {AttentionKernel::tessera, "training.attention = tessera"};
-  TESSERA_CHECK(key == "auto" || key == "cudnn", "training.attention = \"", key,
-                "\": expected \"auto\", \"cudnn\" or \"tessera\"");
-  if (dtype != DType::bf16) {
-    TESSERA_CHECK(key != "cudnn", "training.attention = cudnn: cuDNN's attention runs bf16 models; this model is ",
-                  name_of(dtype), " (set training.mixed_precision_param = \"bfloat16\", or attention auto|tessera)");
-    return {AttentionKernel::tessera, tessera::detail::concat("auto: a ", name_of(dtype), " model runs tessera's kernel")};
+inline AttentionChoice choose_attention(const std::string& key, DType dtype, std::int64_t head_dim, const Machine& m) {
+  train::AttentionFacts f;
+  f.on_gpu = true;
+  f.bf16_model = dtype == DType::bf16;
+  f.frontend = "assumed";
+  f.library = "cuDNN";
+  f.cc_major = 8;
+  f.head_dim = head_dim;
+  const train::AttentionChoice run = train::choose_attention(key, f, nullptr);
+  if (!run.cudnn) return {AttentionKernel::tessera, run.text};
+  if (m.cudnn_attention_bf16.empty()) {
+    const std::string why = tessera::detail::concat("the machine profile ", m.origin,
+                                                    " gives no cuDNN attention rates ([attention.cudnn_bf16_hd<D>_*])");
+    TESSERA_CHECK(key != "cudnn", "training.attention = \"cudnn\": ", why);
+    return {AttentionKernel::tessera, tessera::detail::concat("tessera (auto: ", why, ")")};
   }
-  if (!rates) {
-    TESSERA_CHECK(key != "cudnn", "training.attention = cudnn: the machine profile ", m.origin,
-                  " gives no cuDNN attention rates ([attention.cudnn_bf16_hd<D>_forward/_backward])");
-    return {AttentionKernel::tessera,
-            tessera::detail::concat("auto: ", m.name, "'s profile gives no cuDNN attention rates, priced as tessera's kernel")};
-  }
-  return {AttentionKernel::cudnn, tessera::detail::concat(key == "auto" ? "auto: " : "", "cuDNN on a bf16 model")};
+  return {AttentionKernel::cudnn, tessera::detail::concat("cudnn (training.attention = ", key, ")")};
 }
 
 class GpuPricer : public Pricer {

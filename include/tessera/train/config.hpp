@@ -373,12 +373,19 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Seed of parameter initialisation and synthetic data.")
           .at_least(0),
       make_key("training.deterministic", field<&J::training, &TrainingSection::deterministic>(),
-               "Use only deterministic kernels."),
+               "Use only deterministic kernels (on the GPU: cuDNN attention's deterministic backward; tessera's own "
+               "kernels always are)."),
       make_key("training.device", field<&J::training, &TrainingSection::device>(),
                "Where to train: \"cpu\", \"cuda\" (one GPU a process: bf16 activations and parameters with "
                "mixed_precision_param = \"bfloat16\"), or \"auto\" (cuda where built with CUDA and a GPU is "
                "visible).")
           .one_of({"auto", "cpu", "cuda"}),
+      make_key("training.attention", field<&J::training, &TrainingSection::attention>(),
+               "Attention on the GPU: \"cudnn\" (cuDNN's fused SDPA: a bf16 model on sm_80 or newer, a build with "
+               "the cuDNN frontend, libcudnn.so.9 at run time), \"tessera\" (the project's flash kernels), or "
+               "\"auto\" (cudnn where it can run, else tessera; the start-up line says which and why). "
+               "training.deterministic asks cuDNN for its deterministic backward.")
+          .one_of({"auto", "cudnn", "tessera"}),
       make_key("training.mixed_precision_param", field<&J::training, &TrainingSection::mixed_precision_param>(),
                "Dtype of parameters in forward and backward (the optimizer keeps float32 masters).")
           .one_of(dtypes),

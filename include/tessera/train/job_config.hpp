@@ -71,12 +71,12 @@ struct TrainingSection {
   std::int64_t seed = 0;
   bool deterministic = false;
   std::string device = "auto";  // "auto": cuda where built with CUDA and a GPU is visible, else cpu
+  std::string attention = "auto";  // on the GPU: "auto" (cudnn where it can run), "cudnn" or "tessera"
   std::string mixed_precision_param = "bfloat16";
   std::string mixed_precision_reduce = "float32";
   std::string dataset = "synthetic";  // "synthetic" (embedded corpus) or "shard"
   std::string dataset_path;           // the token shard when dataset = "shard"
   std::int64_t synthetic_documents = 20000;
-  std::string attention = "auto";  // GPU attention kernels: "auto" | "cudnn" | "tessera"
 };
 
 /// [parallelism]

@@ -75,7 +75,7 @@ void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, Tenso
   });
 }
 
-/// dq is overwritten; dk and dv are accumulated into (pass zeros).
+/// dq, dk and dv are overwritten.
 template <class Cpu, class T>
 void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                             TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
@@ -88,6 +88,12 @@ void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, Tens
     const std::size_t tile = static_cast<std::size_t>(bs * t), narrow = std::is_same_v<T, A> ? 0 : tile;
     std::vector<A> p(tile), dp(tile), d(static_cast<std::size_t>(bs));
     std::vector<T> p_store(narrow), ds_store(narrow);
+    // This task owns its kv head's dk and dv rows, which the GEMMs below add into.
+    for (std::int64_t r = b * t; r < (b + 1) * t; ++r)
+      for (std::int64_t d = 0; d < hd; ++d) {
+        dk.row(r)[kvh * hd + d] = from_accum<T>(A(0));
+        dv.row(r)[kvh * hd + d] = from_accum<T>(A(0));
+      }
     for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h) {
       const std::int64_t bh = b * s.n_heads + h;
       for (std::int64_t i0 = 0; i0 < t; i0 += bs) {

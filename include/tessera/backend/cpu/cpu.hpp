@@ -125,7 +125,7 @@ struct Cpu {
     detail::cpu_attention_forward<Cpu>(s, q, k, v, o, lse);
   }
 
-  /// Attention backward: dq overwritten, dk and dv accumulated.
+  /// Attention backward: dq, dk and dv overwritten.
   template <class T>
   static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                  TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,

@@ -20,6 +20,8 @@
 //   accumulation; the operand checks and messages are the CPU backend's.
 // - Attention is the flash-attention kernels' (flash_attention.cuh), for float and bf16
 //   tensors; the log-sum-exp is accum_t<T> (fp32) in both cases, as on the CPU backend.
+//   bf16 attention runs on the engine a program installed instead, when it installed
+//   one (attention_engine.hpp: cuDNN's fused SDPA, cudnn_attention.hpp).
 // - Errors. Every CUDA and cuBLASLt return code is checked and throws a tessera::Error
 //   naming the call. The first use of the backend where no device is visible throws
 //   "CUDA backend: no CUDA device is visible (...)". A kernel's own failure surfaces at
@@ -37,6 +39,7 @@
 
 #include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
+#include "tessera/backend/cuda/attention_engine.hpp"
 #include "tessera/backend/cuda/flash_attention.cuh"
 #include "tessera/backend/cuda/gemm.cuh"
 #include "tessera/backend/cuda/launch.cuh"
@@ -132,17 +135,25 @@ struct Cuda {
   }
 
   /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T) in
-  /// accum_t<T> (float for float and bf16 tensors).
+  /// accum_t<T> (float for float and bf16 tensors). bf16 runs on the installed
+  /// attention engine when there is one (cuda::attention_engine()).
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (const cuda::AttentionEngine* engine = cuda::attention_engine()) {
+        const int device = cuda::current_device();
+        engine->forward({s, q, k, v, o, lse, stream(), device, &cuda::device_allocator(device)});
+        return;
+      }
+    }
     cuda::flash_attention_forward<T>(s, q, k, v, o, lse, stream());
   }
 
-  /// Attention backward: dq overwritten, dk and dv accumulated.
+  /// Attention backward: dq, dk and dv overwritten.
   template <class T>
   static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                  TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
@@ -150,6 +161,17 @@ struct Cuda {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (const cuda::AttentionEngine* engine = cuda::attention_engine()) {
+        const int device = cuda::current_device();
+        engine->backward({s, q, k, v, o, lse, d_o, dq, dk, dv, stream(), device, &cuda::device_allocator(device)});
+        return;
+      }
+    }
+    // The key pass adds into dk and dv: start them from zero (operands checked first).
+    ops::flash_check_backward<T>(s, q, k, v, o, d_o, dq, dk, dv);
+    zero_rows(dk, s.rows(), s.n_kv_heads * s.head_dim);
+    zero_rows(dv, s.rows(), s.n_kv_heads * s.head_dim);
     // (B, H, T) row sums of dO * O, the kernels' scratch; freed blocks are reused in
     // stream order, so it may go back to the allocator while the kernels still run.
     Tensor<float> delta = empty<float>({s.batch, s.n_heads, s.seq_len});
@@ -172,6 +194,16 @@ struct Cuda {
     };
     m.release = [](void* p) { CachingAllocator::release_to_owner(p); };
     return m;
+  }
+
+ private:
+  /// Sets the first `cols` columns of `rows` rows of m (leading dimension m.ld()) to zero.
+  template <class T>
+  static void zero_rows(TensorView<T> m, std::int64_t rows, std::int64_t cols) {
+    if (rows <= 0 || cols <= 0 || m.data() == nullptr) return;
+    TESSERA_CUDA_CHECK(cudaMemset2DAsync(m.data(), static_cast<std::size_t>(m.ld()) * sizeof(T), 0,
+                                         static_cast<std::size_t>(cols) * sizeof(T), static_cast<std::size_t>(rows),
+                                         stream()));
   }
 };
 
