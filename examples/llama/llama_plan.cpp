@@ -167,7 +167,8 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
   std::printf("\nmemory at the peak\n");
   std::printf("  %-24s %12s\n", "parameters", gib(static_cast<double>(b[MemoryUse::parameters])).c_str());
   std::printf("  %-24s %12s\n", "gradients", gib(static_cast<double>(b[MemoryUse::gradients])).c_str());
-  std::printf("  %-24s %12s  (moments and fp32 masters)\n", "optimizer", gib(static_cast<double>(b[MemoryUse::optimizer])).c_str());
+  std::printf("  %-24s %12s  (%s moments, fp32 masters)\n", "optimizer",
+              gib(static_cast<double>(b[MemoryUse::optimizer])).c_str(), c.optimizer.state_dtype.c_str());
   std::printf("  %-24s %12s\n", "saved activations", gib(static_cast<double>(b.saved_activations)).c_str());
   std::printf("  %-24s %12s\n", "temporaries", gib(static_cast<double>(temporaries)).c_str());
   std::printf("  %-24s %12s\n", "workspace", gib(static_cast<double>(b[MemoryUse::workspace])).c_str());

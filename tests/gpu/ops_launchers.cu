@@ -105,5 +105,10 @@ std::vector<float> adamw_step(std::vector<float> p, const std::vector<float>& g,
 TESSERA_GPU_TEST_OPS(float)
 TESSERA_GPU_TEST_OPS(bf16)
 TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormForward<double>)  // no kernel of its own: the per-index fallback
+// AdamW with bf16 moments, over fp32 parameters (with or without masters) and a bf16 model.
+using AdamWFloatBf16Moments = ops::AdamWMultiStep<float, bf16>;
+using AdamWBf16Bf16Moments = ops::AdamWMultiStep<bf16, bf16>;
+TESSERA_GPU_TEST_LAUNCHERS(AdamWFloatBf16Moments)
+TESSERA_GPU_TEST_LAUNCHERS(AdamWBf16Bf16Moments)
 
 }  // namespace tessera::gpu_test

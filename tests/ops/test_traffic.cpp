@@ -323,6 +323,13 @@ TEST_CASE("traffic: AdamW") {
   const ops::AdamWMultiStep<bf16> b{nullptr, nullptr, sc, 3100, 2, true};
   check_equal(b.traffic(launch), 3 * kI + 2 * sizeof(ops::AdamWTensor<bf16>) + 3100 * (3 * kF + kF),
               3100 * (2 * kF + kB + kF), 3100 * 19.0, 3100);
+  // bf16 moments: m and v move 2 bytes each way instead of 4.
+  const ops::AdamWMultiStep<float, bf16> plain_b{nullptr, nullptr, sc, 3100, 2, false};
+  check_equal(plain_b.traffic(launch), 3 * kI + 2 * sizeof(ops::AdamWTensor<float, bf16>) + 3100 * (kF + 2 * kB + kF),
+              3100 * (2 * kB + kF), 3100 * 19.0, 3100);
+  const ops::AdamWMultiStep<bf16, bf16> b_b{nullptr, nullptr, sc, 3100, 2, true};
+  check_equal(b_b.traffic(launch), 3 * kI + 2 * sizeof(ops::AdamWTensor<bf16, bf16>) + 3100 * (kF + 2 * kB + kF),
+              3100 * (2 * kB + kB + kF), 3100 * 19.0, 3100);
 }
 
 // The CPU backend, keeping what each launch says it does.
@@ -350,19 +357,25 @@ struct TwoTensors {
 
 TEST_CASE("traffic: the optimizer and the gradient norm set the figures' fields") {
   TwoTensors model;
-  for (const bool masters : {false, true}) {
-    optim::AdamWOptions o;
-    o.param_dtype = masters ? DType::bf16 : DType::f32;
-    optim::AdamW<float, Recording> opt(model, o);
-    Recording::launches.clear();
-    opt.step(1e-3);
-    REQUIRE(Recording::launches.size() == 1);
-    const ops::AdamWMultiStep<float> expected{nullptr, nullptr, {}, 3100, 2, masters};
-    const ops::Traffic want = expected.traffic(3 * ops::kAdamWBlock), got = Recording::launches[0];
-    CHECK(got.bytes_read == want.bytes_read);
-    CHECK(got.bytes_written == want.bytes_written);
-    CHECK(got.flops == want.flops);
-  }
+  for (const bool masters : {false, true})
+    for (const bool bf16_states : {false, true}) {
+      optim::AdamWOptions o;
+      o.param_dtype = masters ? DType::bf16 : DType::f32;
+      o.state_dtype = bf16_states ? DType::bf16 : DType::f32;
+      optim::AdamW<float, Recording> opt(model, o);
+      Recording::launches.clear();
+      opt.step(1e-3);
+      REQUIRE(Recording::launches.size() == 1);
+      const ops::Traffic want = bf16_states
+                                    ? ops::AdamWMultiStep<float, bf16>{nullptr, nullptr, {}, 3100, 2, masters}.traffic(
+                                          3 * ops::kAdamWBlock)
+                                    : ops::AdamWMultiStep<float>{nullptr, nullptr, {}, 3100, 2, masters}.traffic(
+                                          3 * ops::kAdamWBlock);
+      const ops::Traffic got = Recording::launches[0];
+      CHECK(got.bytes_read == want.bytes_read);
+      CHECK(got.bytes_written == want.bytes_written);
+      CHECK(got.flops == want.flops);
+    }
 
   // 40000 elements in chunks of kNormChunk (16384): 3 chunks; then 5 more in one chunk.
   std::vector<float> x(40000, 1.0f);

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <iterator>
 #include <string>
@@ -289,4 +290,152 @@ TEST_CASE("SquaredNorms sums many pieces in one launch, piece by piece in order"
   double per_tensor = 0;
   for (auto& p : model.ps) per_tensor += squared_norm<Cpu>(p.grad);
   CHECK(grad_norm<Cpu>(model) == std::sqrt(per_tensor));
+}
+
+namespace {
+/// x rounded to the nearer of its two bf16 neighbours, the even one on a tie: written
+/// from the definition, apart from core/dtype.hpp's bit trick.
+float bf16_nearest_even(float x) {
+  const auto u = std::bit_cast<std::uint32_t>(x);
+  const float toward_zero = std::bit_cast<float>(u & 0xffff0000u);
+  const float away = std::bit_cast<float>((u & 0xffff0000u) + 0x10000u);
+  const double below = std::fabs(double(x) - toward_zero), above = std::fabs(double(away) - x);
+  if (below != above) return below < above ? toward_zero : away;
+  return (u >> 16) & 1u ? away : toward_zero;
+}
+
+/// The gradients of step t: a different pattern each step, ~1e-2.
+void set_gradients(ManyParams& model, int t) {
+  for (std::size_t k = 0; k < model.ps.size(); ++k)
+    for (std::int64_t i = 0; i < model.ps[k].numel(); ++i)
+      model.ps[k].grad[i] = std::cos(0.53f * float(i + 7 * k) + 1.7f * float(t)) * 0.01f;
+}
+
+/// What a multi-tensor launch over ManyParams holds on the host: parameters P (float or
+/// bf16), fp32 masters or none, bf16 moments.
+template <class P>
+struct HostTensors {
+  std::vector<std::vector<P>> param;
+  std::vector<std::vector<float>> grad, master;
+  std::vector<std::vector<bf16>> m, v;
+  std::vector<ops::AdamWTensor<P, bf16>> table;
+  std::vector<std::int32_t> blocks;
+
+  HostTensors(const ManyParams& model, bool masters) {
+    std::int64_t begin = 0;
+    for (const auto& q : model.ps) {
+      param.emplace_back(), grad.emplace_back(), master.emplace_back();
+      for (std::int64_t i = 0; i < q.numel(); ++i) {
+        param.back().push_back(convert<P>(q.value[i]));
+        grad.back().push_back(q.grad[i]);
+        if (masters) master.back().push_back(to_accum(param.back().back()));
+      }
+      m.emplace_back(q.numel(), bf16(0.0f)), v.emplace_back(q.numel(), bf16(0.0f));
+    }
+    for (std::size_t k = 0; k < param.size(); ++k) {
+      if (param[k].empty()) continue;
+      const auto n = static_cast<std::int64_t>(param[k].size());
+      table.push_back({param[k].data(), grad[k].data(), m[k].data(), v[k].data(), masters ? master[k].data() : nullptr,
+                       n, begin});
+      for (std::int64_t b = 0; b < (n + ops::kAdamWBlock - 1) / ops::kAdamWBlock; ++b)
+        blocks.push_back(static_cast<std::int32_t>(table.size() - 1));
+      begin += (n + ops::kAdamWBlock - 1) / ops::kAdamWBlock * ops::kAdamWBlock;
+    }
+  }
+};
+}  // namespace
+
+TEST_CASE("AdamW with bf16 moments: each moment is its fp32 update rounded to nearest even") {
+  // The functor over fp32 parameters without masters, with masters, and over a bf16 model.
+  auto check = [](auto param_tag, bool masters) {
+    using P = decltype(param_tag);
+    CAPTURE(sizeof(P));
+    CAPTURE(masters);
+    ManyParams model;
+    HostTensors<P> h(model, masters);
+    // The reference: plain fp32 values, the moments rounded by bf16_nearest_even.
+    std::vector<std::vector<float>> p, m, v;
+    for (std::size_t k = 0; k < h.param.size(); ++k) {
+      p.emplace_back();
+      for (const P& x : h.param[k]) p.back().push_back(to_accum(x));
+      m.emplace_back(h.param[k].size(), 0.0f), v.emplace_back(h.param[k].size(), 0.0f);
+    }
+    std::size_t rounded = 0, elements = 0;
+    for (int t = 1; t <= 4; ++t) {
+      set_gradients(model, t);
+      for (std::size_t k = 0; k < h.grad.size(); ++k)
+        for (std::size_t i = 0; i < h.grad[k].size(); ++i) h.grad[k][i] = model.ps[k].grad[static_cast<std::int64_t>(i)];
+      const ops::AdamWScalars<float> s{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, float(1 - std::pow(0.9, t)),
+                                       float(1 - std::pow(0.95, t)), t == 3 ? 0.5f : 1.0f};
+      const ops::AdamWMultiStep<P, bf16> step{h.table.data(), h.blocks.data(), s, 0, 0, masters};
+      Cpu::for_each(static_cast<std::int64_t>(h.blocks.size()) * ops::kAdamWBlock, step);
+      for (std::size_t k = 0; k < p.size(); ++k) {
+        CAPTURE(k);
+        for (std::size_t i = 0; i < p[k].size(); ++i) {
+          ops::adamw_update(p[k][i], m[k][i], v[k][i], h.grad[k][i], s);  // the fp32 update
+          rounded += (m[k][i] != bf16_nearest_even(m[k][i])) + (v[k][i] != bf16_nearest_even(v[k][i]));
+          elements += 2;
+          m[k][i] = bf16_nearest_even(m[k][i]), v[k][i] = bf16_nearest_even(v[k][i]);
+          REQUIRE(h.m[k][i].bits == bf16(m[k][i]).bits);
+          REQUIRE(h.v[k][i].bits == bf16(v[k][i]).bits);
+          REQUIRE(static_cast<float>(h.m[k][i]) == m[k][i]);  // bitwise, from the definition
+          REQUIRE(static_cast<float>(h.v[k][i]) == v[k][i]);
+          if (masters) {
+            REQUIRE(h.master[k][i] == p[k][i]);
+            REQUIRE(to_accum(h.param[k][i]) == bf16_nearest_even(p[k][i]));
+          } else {
+            REQUIRE(to_accum(h.param[k][i]) == p[k][i]);
+          }
+        }
+      }
+    }
+    // The rounding is not idle: most fp32 moments are not bf16 values.
+    CHECK(rounded > elements / 2);
+  };
+  check(float{}, false);
+  check(float{}, true);
+  check(bf16{}, true);
+}
+
+TEST_CASE("AdamW with state_dtype bf16: 2-byte moments, the update the functor gives, refused where it cannot run") {
+  ManyParams model, reference;
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.state_dtype = DType::bf16;
+  AdamW<float, Cpu> opt(model, o);
+  std::size_t elements = 0;
+  for (const auto& q : model.ps) elements += static_cast<std::size_t>(q.numel());
+  CHECK(opt.state_bytes() == 2 * sizeof(bf16) * elements);
+  o.param_dtype = DType::bf16;  // and an fp32 master
+  ManyParams mixed;
+  CHECK(AdamW<float, Cpu>(mixed, o).state_bytes() == (2 * sizeof(bf16) + sizeof(float)) * elements);
+  o.param_dtype = DType::f32;
+  // The optimizer's parameters follow the functor's over the same tables, bitwise.
+  HostTensors<float> h(reference, false);
+  for (int t = 1; t <= 3; ++t) {
+    set_gradients(model, t);
+    set_gradients(reference, t);
+    for (std::size_t k = 0; k < h.grad.size(); ++k)  // in place: the table points into them
+      std::copy_n(reference.ps[k].grad.data(), h.grad[k].size(), h.grad[k].begin());
+    opt.step(o.lr);
+    const ops::AdamWScalars<float> s{float(o.lr), float(o.beta1), float(o.beta2), float(o.eps), float(o.weight_decay),
+                                     float(1 - std::pow(o.beta1, t)), float(1 - std::pow(o.beta2, t)), 1.0f};
+    Cpu::for_each(static_cast<std::int64_t>(h.blocks.size()) * ops::kAdamWBlock,
+                  ops::AdamWMultiStep<float, bf16>{h.table.data(), h.blocks.data(), s, 0, 0, false});
+    for (std::size_t k = 0; k < model.ps.size(); ++k) {
+      CAPTURE(k);
+      CHECK(values(model.ps[k].value) == h.param[k]);
+    }
+  }
+  // fp64 arithmetic has no bf16 moments; float64 moments are not offered.
+  using DoubleAdamW = AdamW<double, Cpu>;
+  using FloatAdamW = AdamW<float, Cpu>;
+  OneParam d;
+  CHECK_THROWS_WITH_AS(DoubleAdamW(d, o),
+                       doctest::Contains("optimizer.state_dtype = \"bfloat16\" needs a float32 or bfloat16 model"), Error);
+  o.state_dtype = DType::f64;
+  CHECK_THROWS_WITH_AS(FloatAdamW(model, o),
+                       doctest::Contains("optimizer.state_dtype = \"float64\": the moments are stored as float32 or "
+                                         "bfloat16"),
+                       Error);
 }

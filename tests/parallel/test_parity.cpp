@@ -3,7 +3,8 @@
 // builds): FSDP over 2, 4 and 8 thread ranks, HSDP 2 x 2 and DDP over 4, each with every
 // activation checkpoint mode, against one rank with none — losses within 1e-5 relative
 // at every step. One case accumulates gradients over micro-batches (DDP's one reduction per
-// step), and one gives the policies statically, in the other order.
+// step), one gives the policies statically, in the other order, and one keeps AdamW's
+// moments in bf16 (FSDP and HSDP against one rank with bf16 moments).
 #include <doctest/doctest.h>
 
 #include <map>
@@ -92,6 +93,19 @@ TEST_CASE("parity: bfloat16 parameters under FSDP (bfloat16 gathers) match one r
   const auto reference =
       train_layout(comm::Communicator(), comm::MeshShape{}, debug_job(kGlobalBatch, kGlobalBatch, kSteps, bf16)).losses;
   CHECK(max_relative_difference(layout_losses({1, 1, 4, 1}, kGlobalBatch / 4, kGlobalBatch, bf16), reference) <= 1e-5);
+}
+
+TEST_CASE("parity: bfloat16 AdamW moments under FSDP and HSDP match one rank with bfloat16 moments") {
+  // The moments are sharded with the parameters and rounded element by element, so each
+  // shard's elements get the bits one rank's would.
+  const std::vector<std::string> states = {"--optimizer.state_dtype", "bfloat16"};
+  const auto reference =
+      train_layout(comm::Communicator(), comm::MeshShape{}, debug_job(kGlobalBatch, kGlobalBatch, kSteps, states)).losses;
+  CHECK(max_relative_difference(layout_losses({1, 1, 4, 1}, kGlobalBatch / 4, kGlobalBatch, states), reference) <= 1e-5);
+  CHECK(max_relative_difference(layout_losses({1, 2, 2, 1}, kGlobalBatch / 4, kGlobalBatch, states), reference) <= 1e-5);
+  // And they are bf16 moments: the run differs from one with fp32 moments.
+  CHECK(reference != train_layout(comm::Communicator(), comm::MeshShape{}, debug_job(kGlobalBatch, kGlobalBatch, kSteps))
+                         .losses);
 }
 
 }  // namespace test_parity

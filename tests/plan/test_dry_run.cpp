@@ -4,7 +4,7 @@
 // the peak's breakdown are the CPU backend's tracked ones, byte for byte, in every
 // activation checkpoint mode. A bf16 model's dry run issues the CPU bf16 model's
 // operations. At Llama 3 8B the peak's parameters, gradients and optimizer state are what
-// the arithmetic says.
+// the arithmetic says, with fp32 AdamW moments and with bf16 ones.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -166,8 +166,29 @@ TEST_CASE("dry run: a bf16 model's step asks for the CPU bf16 model's operations
   CHECK(dry.at_peak[MemoryUse::optimizer] == cpu.at_peak[MemoryUse::optimizer]);
 }
 
-TEST_CASE("dry run: Llama 3 8B in bf16 holds 2 + 4 + 12 bytes per parameter, plus its activations") {
-  const train::JobConfig c = train::parse_config(R"(
+TEST_CASE("dry run: bf16 AdamW moments: the CPU backend's operations and memory, half the moments' bytes") {
+  const train::JobConfig f32 = small_job({}), b16 = small_job({"--optimizer.state_dtype", "bfloat16"});
+  const Run cpu = traced_step<float, Traced<Cpu>>(b16);
+  const Run dry = traced_step<float, DryRun>(b16);
+  CHECK(device_ops(cpu.trace) == device_ops(dry.trace));
+  CHECK(dry.peak == cpu.peak);
+  for (int u = 0; u < kMemoryUses; ++u) CHECK(dry.at_peak.by_use[u] == cpu.at_peak.by_use[u]);
+  // An fp32 model without masters: the optimizer holds the two moments only, 4 bytes
+  // per parameter in bf16 instead of 8.
+  const auto n = static_cast<std::size_t>(b16.model.args.num_params());
+  CHECK(dry.at_peak[MemoryUse::optimizer] == 4 * n);
+  CHECK(traced_step<float, DryRun>(f32).at_peak[MemoryUse::optimizer] == 8 * n);
+  // The update launch is the bf16-moment functor.
+  bool found = false;
+  for (const auto& k : dry.trace.all<trace::Kernel>())
+    found = found || std::string(k.functor).find("AdamWMultiStep<float, bf16>") != std::string::npos;
+  CHECK(found);
+}
+
+namespace {
+/// Llama 3 8B in bf16 on one device: a sequence of 8192 tokens, full checkpointing.
+train::JobConfig llama3_8b_job(const std::vector<std::string>& keys) {
+  return train::parse_config(R"(
     [model]
     flavor = "llama3_8b"
     [training]
@@ -177,7 +198,12 @@ TEST_CASE("dry run: Llama 3 8B in bf16 holds 2 + 4 + 12 bytes per parameter, plu
     [activation_checkpoint]
     mode = "full"
   )",
-                                                 "test_dry_run", {});
+                             "test_dry_run", keys);
+}
+}  // namespace
+
+TEST_CASE("dry run: Llama 3 8B in bf16 holds 2 + 4 + 12 bytes per parameter, plus its activations") {
+  const train::JobConfig c = llama3_8b_job({});
   const plan::StepTrace st = plan::dry_run_step<bf16>(c);
   const auto n = static_cast<std::size_t>(c.model.args.num_params());
   CHECK(st.at_peak[MemoryUse::parameters] == 2 * n);  // bf16 values
@@ -246,6 +272,20 @@ TEST_CASE("dry run: the loss head's chunks follow the device's memory: hundreds 
   CHECK(device.peak_bytes > host.peak_bytes);
   CHECK(device.peak_bytes - host.peak_bytes <= static_cast<std::size_t>(device_rows * vocab * 6));
   CHECK(device.at_peak[MemoryUse::optimizer] == host.at_peak[MemoryUse::optimizer]);
+
+TEST_CASE("dry run: Llama 3 8B with bf16 AdamW moments holds 2 + 4 + 8 bytes per parameter") {
+  const train::JobConfig c = llama3_8b_job({"--optimizer.state_dtype", "bfloat16"});
+  const plan::StepTrace st = plan::dry_run_step<bf16>(c);
+  const auto n = static_cast<std::size_t>(c.model.args.num_params());
+  CHECK(st.at_peak[MemoryUse::parameters] == 2 * n);  // bf16 values
+  CHECK(st.at_peak[MemoryUse::gradients] == 4 * n);   // fp32 gradients
+  CHECK(st.at_peak[MemoryUse::optimizer] == 8 * n);   // bf16 moments (2 + 2), fp32 master (4): 4 fewer
+  CHECK(st.peak_bytes > 14 * n);
+  // The same step otherwise: the activations at the peak are the fp32-moment run's.
+  const plan::StepTrace f32 = plan::dry_run_step<bf16>(llama3_8b_job({}));
+  CHECK(f32.at_peak[MemoryUse::optimizer] - st.at_peak[MemoryUse::optimizer] == 4 * n);
+  CHECK(st.at_peak.saved_activations == f32.at_peak.saved_activations);
+  CHECK(f32.peak_bytes - st.peak_bytes == 4 * n);
 }
 
 TEST_CASE("dry run: a layout over several devices is refused by name (one device for now)") {

@@ -95,6 +95,7 @@ TEST_CASE("defaults follow torchtitan") {
   CHECK(c.optimizer.weight_decay == 0.1);
   CHECK(c.optimizer.beta1 == 0.9);
   CHECK(c.optimizer.beta2 == 0.95);
+  CHECK(c.optimizer.state_dtype == "float32");
   CHECK(c.lr_scheduler.warmup_steps == 200);
   CHECK_FALSE(c.lr_scheduler.decay_ratio.has_value());
   CHECK(c.lr_scheduler.decay_type == "linear");
@@ -488,6 +489,10 @@ TEST_CASE("unknown names in enumerated keys") {
   CHECK_ERROR(parse("[training]\nattention = \"flash\""),
               "training.attention must be one of auto, cudnn, tessera; got \"flash\"");
   CHECK_ERROR(parse("[optimizer]\nname = \"SGD\""), "optimizer.name must be one of AdamW");
+  CHECK_ERROR(parse("[optimizer]\nstate_dtype = \"float16\""), "job.toml:2:",
+              "optimizer.state_dtype must be one of float32, bfloat16; got \"float16\"");
+  CHECK_ERROR(parse("", {"--optimizer.state_dtype", "fp8"}), "command line: optimizer.state_dtype must be one of");
+  CHECK(parse("[optimizer]\nstate_dtype = \"bfloat16\"").optimizer.state_dtype == "bfloat16");
   CHECK_ERROR(parse("[parallelism]\npipeline_parallel_schedule = \"ZeroBubble\""),
               "parallelism.pipeline_parallel_schedule must be one of");
   CHECK_ERROR(parse("[parallelism]\nfsdp_reshard_after_forward = \"sometimes\""),
@@ -611,6 +616,7 @@ TEST_CASE("to_toml round trip") {
                  "--optimizer.weight_decay", "0",
                  "--optimizer.beta1", "0.8",
                  "--optimizer.beta2", "0.999",
+                 "--optimizer.state_dtype", "bfloat16",
                  "--lr_scheduler.warmup_steps", "7",
                  "--lr_scheduler.decay_ratio", "0.3",
                  "--lr_scheduler.decay_type", "sqrt",

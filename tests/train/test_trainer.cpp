@@ -1,10 +1,13 @@
 // The training loop end to end on the embedded corpus: the loss falls below a stated
-// value, gradient accumulation gives the gradient of the whole batch, checkpoints
-// round-trip.
+// value, gradient accumulation gives the gradient of the whole batch, bf16 AdamW
+// moments follow fp32 ones, checkpoints round-trip.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/nn/transformer.hpp"
@@ -120,6 +123,39 @@ TEST_CASE("bf16 parameters train, and the weights stay bf16-representable") {
   model.for_each_parameter([](nn::Parameter<float>& p) {
     for (std::int64_t i = 0; i < p.numel(); i += 97) REQUIRE(p.value[i] == round_to_bf16(p.value[i]));
   });
+}
+
+TEST_CASE("bf16 AdamW moments track fp32 moments, and the loss falls") {
+  // The small model for 20 steps (15 of them warmup, to lr 4e-3) with fp32 and with bf16
+  // parameters, each with both state dtypes, from the same weights and batches.
+  auto losses = [](const char* param_dtype, const char* state_dtype) {
+    train::JobConfig c = small_job({"--training.mixed_precision_param", param_dtype, "--optimizer.state_dtype",
+                                    state_dtype, "--training.steps", "20"});
+    Model model(c.model.args);
+    model.init_weights(0);
+    data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len,
+                            c.training.local_batch_size);
+    train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
+    std::vector<double> l;
+    for (int s = 0; s < 20; ++s) l.push_back(trainer.step().loss);
+    const std::size_t moments = 2 * (std::string(state_dtype) == "bfloat16" ? sizeof(bf16) : sizeof(float));
+    const std::size_t masters = std::string(param_dtype) == "bfloat16" ? sizeof(float) : 0;
+    CHECK(trainer.optimizer().state_bytes() == (moments + masters) * static_cast<std::size_t>(model.args().num_params()));
+    return l;
+  };
+  for (const char* param_dtype : {"float32", "bfloat16"}) {
+    CAPTURE(param_dtype);
+    const auto f32 = losses(param_dtype, "float32"), b16 = losses(param_dtype, "bfloat16");
+    double worst = 0;
+    for (std::size_t s = 0; s < f32.size(); ++s) worst = std::max(worst, std::fabs(b16[s] - f32[s]) / f32[s]);
+    MESSAGE(std::string(param_dtype) << " parameters: loss " << f32.front() << " -> " << f32.back() << " (fp32 moments), "
+                        << b16.front() << " -> " << b16.back() << " (bf16 moments); largest relative difference "
+                        << worst);
+    CHECK(b16.front() == f32.front());  // the first step's loss comes before any update
+    // Measured: 1.4e-5 (fp32 parameters) and 7.8e-5 (bf16 parameters) over the 20 steps.
+    CHECK(worst < 5e-4);
+    CHECK(b16.back() < b16.front() - 1.0);
+  }
 }
 
 TEST_CASE("Checkpoints round-trip and reject a model of another shape") {

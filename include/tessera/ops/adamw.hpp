@@ -13,6 +13,12 @@
 // model (T = bf16) they are fp32 and every tensor has a master; for an fp32 model with
 // bf16 parameters (mixed_precision_param) the parameter is fp32 holding bf16 values.
 //
+// The moments may be stored as bf16 instead (AdamWMultiStep<T, bf16>, the optimizer's
+// state_dtype): each is widened to fp32, updated in fp32 exactly as an fp32 moment is,
+// and stored rounded to nearest even, once per step. The update is written with mul_rn
+// and add_rn (ops/math.hpp), never fused into an fma, so both backends compute the same
+// fp32 values and therefore store the same bf16 bits.
+//
 // Flops of one element's update, as adamw_update writes them: 19 (the scaled gradient 1,
 // the decay 3, m 4, v 5, the denominator 2, the step 4) and a sqrt.
 #pragma once
@@ -41,14 +47,16 @@ struct AdamWScalars {
 };
 
 /// One element's update: p, m and v in place, from gradient g (before grad_scale).
+/// Each product and sum is rounded on its own (mul_rn, add_rn: no fma on any backend),
+/// in the order the formula reads; a - b is a + (-b), the same IEEE result.
 template <class T>
 TESSERA_HD inline void adamw_update(T& p, T& m, T& v, T grad, const AdamWScalars<T>& s) {
-  const T g = grad * s.grad_scale;
-  const T decayed = p * (T(1) - s.lr * s.weight_decay);
-  m = s.beta1 * m + (T(1) - s.beta1) * g;
-  v = s.beta2 * v + (T(1) - s.beta2) * g * g;
-  const T denom = sqrt_(v / s.bias_correction2) + s.eps;
-  p = decayed - s.lr * (m / s.bias_correction1) / denom;
+  const T g = mul_rn(grad, s.grad_scale);
+  const T decayed = mul_rn(p, add_rn(T(1), -mul_rn(s.lr, s.weight_decay)));
+  m = add_rn(mul_rn(s.beta1, m), mul_rn(add_rn(T(1), -s.beta1), g));
+  v = add_rn(mul_rn(s.beta2, v), mul_rn(mul_rn(add_rn(T(1), -s.beta2), g), g));
+  const T denom = add_rn(sqrt_(v / s.bias_correction2), s.eps);
+  p = add_rn(decayed, -(mul_rn(s.lr, m / s.bias_correction1) / denom));
 }
 
 /// Flops of one adamw_update (the sqrt not included).
@@ -86,13 +94,14 @@ struct AdamWStep {
 /// Indices of a multi-tensor launch per entry of its block table.
 inline constexpr std::int64_t kAdamWBlock = 2048;
 
-/// One tensor of a multi-tensor AdamW launch.
-template <class T>
+/// One tensor of a multi-tensor AdamW launch, its moments stored as M: accum_t<T> (the
+/// gradients' type) or bf16.
+template <class T, class M = accum_t<T>>
 struct AdamWTensor {
   T* param;
   const accum_t<T>* grad;
-  accum_t<T>* exp_avg;
-  accum_t<T>* exp_avg_sq;
+  M* exp_avg;
+  M* exp_avg_sq;
   accum_t<T>* master;   // the fp32 master the update goes to (bf16 parameters), or null
   std::int64_t numel;
   std::int64_t begin;   // its first index in the launch, a multiple of kAdamWBlock
@@ -100,11 +109,14 @@ struct AdamWTensor {
   friend bool operator==(const AdamWTensor&, const AdamWTensor&) = default;
 };
 
-/// Every tensor's step in one launch over `blocks * kAdamWBlock` indices.
-template <class T>
+/// Every tensor's step in one launch over `blocks * kAdamWBlock` indices, the moments
+/// stored as M (accum_t<T>, or bf16 rounded to nearest even after each fp32 update).
+template <class T, class M = accum_t<T>>
 struct AdamWMultiStep {
   using A = accum_t<T>;
-  const AdamWTensor<T>* tensors;
+  static_assert(std::is_same_v<M, A> || (std::is_same_v<M, bf16> && std::is_same_v<A, float>),
+                "tessera: AdamWMultiStep<T, M>: moments are stored in accum_t<T>, or in bf16 over fp32 arithmetic");
+  const AdamWTensor<T, M>* tensors;
   const std::int32_t* block_tensor;  // the tensor each block of kAdamWBlock indices belongs to
   AdamWScalars<A> s;
   // For traffic(), what the tables in the backend's memory hold:
@@ -112,14 +124,14 @@ struct AdamWMultiStep {
   std::int64_t tensor_count;  // entries of `tensors`
   bool masters;               // whether the tensors have masters (the optimizer gives all or none)
   TESSERA_HD void operator()(std::int64_t i) const {
-    const AdamWTensor<T>& t = tensors[block_tensor[i / kAdamWBlock]];
+    const AdamWTensor<T, M>& t = tensors[block_tensor[i / kAdamWBlock]];
     const std::int64_t j = i - t.begin;
     if (j >= t.numel) return;  // the padding after a tensor, up to its last block's end
     A p = t.master != nullptr ? t.master[j] : to_accum(t.param[j]);
-    A m = t.exp_avg[j], v = t.exp_avg_sq[j];
+    A m = to_accum(t.exp_avg[j]), v = to_accum(t.exp_avg_sq[j]);  // exact widening of bf16
     adamw_update(p, m, v, t.grad[j], s);
-    t.exp_avg[j] = m;
-    t.exp_avg_sq[j] = v;
+    t.exp_avg[j] = from_accum<M>(m);  // bf16: rounded once, to nearest even
+    t.exp_avg_sq[j] = from_accum<M>(v);
     if (t.master == nullptr) {
       t.param[j] = from_accum<T>(p);
     } else {
@@ -132,13 +144,14 @@ struct AdamWMultiStep {
   }
   // The tables once per launch (an entry of block_tensor per block, each tensor's entry);
   // per element g, m, v and the master or the parameter read, m, v, the parameter and
-  // the master written. Padding indices touch nothing else.
+  // the master written (m and v as M). Padding indices touch nothing else.
   Traffic traffic(std::int64_t n) const {
     const double e = static_cast<double>(elements), m = masters ? 1 : 0;
     const double blocks = static_cast<double>((n + kAdamWBlock - 1) / kAdamWBlock);
-    const double tables = blocks * sizeof(std::int32_t) + static_cast<double>(tensor_count) * sizeof(AdamWTensor<T>);
-    const double read = tables + e * (3 * sizeof(A) + (masters ? sizeof(A) : sizeof(T)));
-    const double written = e * (2 * sizeof(A) + sizeof(T) + m * sizeof(A));
+    const double tables =
+        blocks * sizeof(std::int32_t) + static_cast<double>(tensor_count) * sizeof(AdamWTensor<T, M>);
+    const double read = tables + e * (sizeof(A) + 2 * sizeof(M) + (masters ? sizeof(A) : sizeof(T)));
+    const double written = e * (2 * sizeof(M) + sizeof(T) + m * sizeof(A));
     return {read, written, kAdamWFlops * e, e};
   }
 };

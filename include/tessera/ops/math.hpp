@@ -8,6 +8,11 @@
 // compiler from vectorising the softmax and cross-entropy rows, the bulk of the CPU
 // attention's time. Its arguments are never positive there (x - max). double keeps
 // std::exp (the gradient checks run in double), and so does exp_ for other uses.
+//
+// mul_rn and add_rn are a product and a sum rounded once each, never fused: nvcc
+// contracts a * b + c into one fma by default and g++ (ISO C++ on x86-64) does not, so
+// arithmetic whose bits must agree between the backends (the optimizer's, whose
+// rounding to bf16 would otherwise differ now and then) is written with them.
 #pragma once
 
 #include <algorithm>
@@ -78,6 +83,29 @@ template <class T>
 TESSERA_HD inline T sqrt_(T x) {
   return std::sqrt(x);
 }
+
+/// a * b, rounded to T once and never fused with a neighbouring add.
+template <class T>
+TESSERA_HD inline T mul_rn(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) return __fmul_rn(a, b);
+  else return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+/// a + b, rounded to T once and never fused with a neighbouring product.
+template <class T>
+TESSERA_HD inline T add_rn(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) return __fadd_rn(a, b);
+  else return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 template <class T>
 TESSERA_HD inline T sigmoid(T x) {
   return T(1) / (T(1) + exp_(-x));

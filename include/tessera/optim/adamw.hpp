@@ -1,10 +1,13 @@
-// AdamW over a model's parameters, with fp32 moments and optional bf16 parameters.
+// AdamW over a model's parameters, with fp32 or bf16 moments and optional bf16
+// parameters.
 //
 // Under data-parallel sharding the optimizer sees the model's local parameters (the
 // flat FSDP/HSDP shards), so moments and master copies are sharded with them.
 //
 // Moments live in the gradients' type, accum_t<T> (fp32 for fp32 and bf16 models, fp64
-// for fp64). With bf16 parameters — a bf16 model (T = bf16), or an fp32 model with
+// for fp64), or with state_dtype = bf16 in bf16: 2 bytes each instead of 4, updated in
+// fp32 arithmetic and stored rounded to nearest even (ops::AdamWMultiStep<T, bf16>;
+// docs/optimizer.md says why not stochastically). With bf16 parameters — a bf16 model (T = bf16), or an fp32 model with
 // mixed_precision_param = "bfloat16" — the optimizer keeps an fp32 master copy of
 // each parameter, updates the master, and writes back its bf16 rounding: forward and
 // backward then see bf16 values while updates accumulate in fp32, as FSDP2's mixed
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
@@ -51,6 +55,7 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.1;
   DType param_dtype = DType::f32;  // bf16: parameters rounded to bf16 after every step
+  DType state_dtype = DType::f32;  // bf16: moments stored as bf16 (f32: the gradients' type)
 };
 
 template <class T, Backend B>
@@ -69,9 +74,19 @@ class AdamW {
     TESSERA_CHECK((options.param_dtype == DType::bf16 || !std::is_same_v<T, bf16>),
                   "optimizer: a bfloat16 model has bfloat16 parameters: mixed_precision_param = \"",
                   name_of(options.param_dtype), "\" contradicts it (set it to \"bfloat16\")");
+    TESSERA_CHECK(options.state_dtype == DType::f32 || options.state_dtype == DType::bf16,
+                  "optimizer.state_dtype = \"", name_of(options.state_dtype),
+                  "\": the moments are stored as float32 or bfloat16");
+    TESSERA_CHECK((options.state_dtype == DType::f32 || std::is_same_v<A, float>),
+                  "optimizer.state_dtype = \"bfloat16\" needs a float32 or bfloat16 model (its moments are updated "
+                  "in float32)");
     MemoryUseScope use(MemoryUse::optimizer);  // moments and masters
     auto add = [&](nn::Parameter<T>& p) {
-      State s{&p, B::template zeros<A>(p.shape()), B::template zeros<A>(p.shape()), {}};
+      State s{&p, {}, {}};
+      if (bf16_states())
+        s.moments = Moments<bf16>{B::template zeros<bf16>(p.shape()), B::template zeros<bf16>(p.shape())};
+      else
+        s.moments = Moments<A>{B::template zeros<A>(p.shape()), B::template zeros<A>(p.shape())};
       if (has_masters()) {
         s.master = B::template empty<A>(p.shape());
         B::for_each(p.numel(), ops::Convert<T, A>{p.value.data(), s.master.data()});
@@ -92,15 +107,17 @@ class AdamW {
     ++step_;
     const double bc1 = 1 - std::pow(options_.beta1, static_cast<double>(step_));
     const double bc2 = 1 - std::pow(options_.beta2, static_cast<double>(step_));
-    refresh_tables();
-    if (launch_size_ == 0) return;
-    B::for_each(launch_size_,
-                ops::AdamWMultiStep<T>{tensors_.data(), block_tensor_.data(),
-                                       ops::AdamWScalars<A>{static_cast<A>(lr), static_cast<A>(options_.beta1),
-                                                            static_cast<A>(options_.beta2), static_cast<A>(options_.eps),
-                                                            static_cast<A>(options_.weight_decay), static_cast<A>(bc1),
-                                                            static_cast<A>(bc2), static_cast<A>(grad_scale)},
-                                       elements_, static_cast<std::int64_t>(host_table_.size()), has_masters()});
+    const ops::AdamWScalars<A> scalars{static_cast<A>(lr),
+                                       static_cast<A>(options_.beta1),
+                                       static_cast<A>(options_.beta2),
+                                       static_cast<A>(options_.eps),
+                                       static_cast<A>(options_.weight_decay),
+                                       static_cast<A>(bc1),
+                                       static_cast<A>(bc2),
+                                       static_cast<A>(grad_scale)};
+    if constexpr (std::is_same_v<A, float>)
+      if (bf16_states()) return launch(launch_bf16_, scalars);
+    launch(launch_accum_, scalars);
   }
 
   std::int64_t steps_taken() const { return step_; }
@@ -109,47 +126,76 @@ class AdamW {
   /// Bytes of optimizer state (moments and master copies).
   std::size_t state_bytes() const {
     std::size_t n = 0;
-    for (const auto& s : states_) n += s.exp_avg.bytes() + s.exp_avg_sq.bytes() + s.master.bytes();
+    for (const auto& s : states_) {
+      std::visit([&](const auto& m) { n += m.exp_avg.bytes() + m.exp_avg_sq.bytes(); }, s.moments);
+      n += s.master.bytes();
+    }
     return n;
   }
 
  private:
+  template <class M>
+  struct Moments {
+    Tensor<M> exp_avg, exp_avg_sq;  // the parameter's shape (its shard's, when sharded)
+  };
   struct State {
     nn::Parameter<T>* param;
-    Tensor<A> exp_avg, exp_avg_sq;
+    std::variant<Moments<A>, Moments<bf16>> moments;  // Moments<bf16> with state_dtype = bf16
     Tensor<A> master;  // fp32 master weights when parameters are bf16
+  };
+
+  /// One launch's tables for moments stored as M: the table of tensors in B's memory,
+  /// what it holds on the host, and the block -> tensor map.
+  template <class M>
+  struct Launch {
+    std::vector<ops::AdamWTensor<T, M>> host_table;  // what tensors holds
+    Tensor<ops::AdamWTensor<T, M>> tensors;
+    Tensor<std::int32_t> block_tensor;
+    std::int64_t size = 0;      // indices of the launch, each tensor padded to whole blocks
+    std::int64_t elements = 0;  // the tensors' numel summed: size less the padding
   };
 
   /// Whether the update goes to fp32 masters: bf16 parameters, stored as such or not.
   bool has_masters() const { return options_.param_dtype == DType::bf16; }
+  bool bf16_states() const { return options_.state_dtype == DType::bf16; }
+
+  template <class M>
+  void launch(Launch<M>& l, const ops::AdamWScalars<A>& scalars) {
+    refresh_tables(l);
+    if (l.size == 0) return;
+    B::for_each(l.size, ops::AdamWMultiStep<T, M>{l.tensors.data(), l.block_tensor.data(), scalars, l.elements,
+                                                  static_cast<std::int64_t>(l.host_table.size()), has_masters()});
+  }
 
   /// The launch's tables in B's memory, uploaded again only when a tensor moved (a
   /// parameter's value or gradient replaced, as loading a checkpoint may do).
-  void refresh_tables() {
-    std::vector<ops::AdamWTensor<T>> table;
+  template <class M>
+  void refresh_tables(Launch<M>& l) {
+    std::vector<ops::AdamWTensor<T, M>> table;
     table.reserve(states_.size());
     std::int64_t begin = 0;
     for (auto& s : states_) {
       if (s.param->numel() == 0) continue;
       TESSERA_CHECK(s.param->grad.numel() == s.param->numel(), "optimizer: parameter ", s.param->name, " has ",
                     s.param->numel(), " elements but its gradient ", s.param->grad.numel());
-      table.push_back({s.param->value.data(), s.param->grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(),
+      Moments<M>& m = std::get<Moments<M>>(s.moments);
+      table.push_back({s.param->value.data(), s.param->grad.data(), m.exp_avg.data(), m.exp_avg_sq.data(),
                        has_masters() ? s.master.data() : nullptr, s.param->numel(), begin});
       begin += (s.param->numel() + ops::kAdamWBlock - 1) / ops::kAdamWBlock * ops::kAdamWBlock;
     }
-    if (table == host_table_ && launch_size_ == begin) return;
+    if (table == l.host_table && l.size == begin) return;
     std::vector<std::int32_t> blocks(static_cast<std::size_t>(begin / ops::kAdamWBlock));
     for (std::size_t t = 0; t < table.size(); ++t) {
       const std::int64_t first = table[t].begin / ops::kAdamWBlock;
       const std::int64_t count = (table[t].numel + ops::kAdamWBlock - 1) / ops::kAdamWBlock;
       for (std::int64_t b = first; b < first + count; ++b) blocks[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(t);
     }
-    tensors_ = upload<B>(std::span<const ops::AdamWTensor<T>>(table));
-    block_tensor_ = upload<B>(std::span<const std::int32_t>(blocks));
-    elements_ = 0;
-    for (const auto& t : table) elements_ += t.numel;
-    host_table_ = std::move(table);
-    launch_size_ = begin;
+    l.tensors = upload<B>(std::span<const ops::AdamWTensor<T, M>>(table));
+    l.block_tensor = upload<B>(std::span<const std::int32_t>(blocks));
+    l.elements = 0;
+    for (const auto& t : table) l.elements += t.numel;
+    l.host_table = std::move(table);
+    l.size = begin;
   }
 
   /// The parameter gets the master's bf16 rounding (an fp32 model; a bf16 model's
@@ -161,11 +207,8 @@ class AdamW {
   AdamWOptions options_;
   std::vector<State> states_;
   std::int64_t step_ = 0;
-  std::vector<ops::AdamWTensor<T>> host_table_;  // what tensors_ holds
-  Tensor<ops::AdamWTensor<T>> tensors_;
-  Tensor<std::int32_t> block_tensor_;
-  std::int64_t launch_size_ = 0;
-  std::int64_t elements_ = 0;  // the tensors' numel summed: launch_size_ less the padding
+  Launch<A> launch_accum_;    // state_dtype f32: moments in accum_t<T>
+  Launch<bf16> launch_bf16_;  // state_dtype bf16 (float arithmetic only)
 };
 
 }  // namespace tessera::optim

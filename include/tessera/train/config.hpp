@@ -338,6 +338,10 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Decay rate of the second moment.")
           .at_least(0)
           .below(1),
+      make_key("optimizer.state_dtype", field<&J::optimizer, &OptimizerSection::state_dtype>(),
+               "Dtype the AdamW moments are stored in (updated in float32 arithmetic either way; bfloat16 saves 4 "
+               "bytes per parameter).")
+          .one_of(dtypes),
       // [lr_scheduler]
       make_key("lr_scheduler.warmup_steps", field<&J::lr_scheduler, &LrSchedulerSection::warmup_steps>(),
                "Steps of linear warmup from near zero to optimizer.lr.")

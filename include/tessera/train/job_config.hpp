@@ -51,6 +51,7 @@ struct OptimizerSection {
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
+  std::string state_dtype = "float32";  // dtype the AdamW moments are stored in
 };
 
 /// [lr_scheduler]: linear warmup, then (warmup-stable-decay) a decay phase.

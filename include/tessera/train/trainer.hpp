@@ -208,6 +208,7 @@ class Trainer {
     o.eps = c.optimizer.eps;
     o.weight_decay = c.optimizer.weight_decay;
     o.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
+    o.state_dtype = parse_dtype(c.optimizer.state_dtype, "optimizer.state_dtype");
     return o;
   }
 
