@@ -238,17 +238,7 @@ TEST_CASE("loss head: a chunk takes 16 MiB on a host and 1/64 of a device's memo
 }
 
 TEST_CASE("dry run: the loss head's chunks follow the device's memory: hundreds on a host, a few on an H200") {
-  const train::JobConfig c = train::parse_config(R"(
-    [model]
-    flavor = "llama3_8b"
-    [training]
-    local_batch_size = 1
-    seq_len = 8192
-    mixed_precision_param = "bfloat16"
-    [activation_checkpoint]
-    mode = "full"
-  )",
-                                                 "test_dry_run", {});
+  const train::JobConfig c = llama3_8b_job({});
   auto chunks = [](const plan::StepTrace& st) {
     std::int64_t n = 0;
     for (const auto& k : st.trace.all<trace::Kernel>()) n += std::string_view(k.functor) == "CrossEntropyRow<float>";
@@ -272,6 +262,7 @@ TEST_CASE("dry run: the loss head's chunks follow the device's memory: hundreds 
   CHECK(device.peak_bytes > host.peak_bytes);
   CHECK(device.peak_bytes - host.peak_bytes <= static_cast<std::size_t>(device_rows * vocab * 6));
   CHECK(device.at_peak[MemoryUse::optimizer] == host.at_peak[MemoryUse::optimizer]);
+}
 
 TEST_CASE("dry run: Llama 3 8B with bf16 AdamW moments holds 2 + 4 + 8 bytes per parameter") {
   const train::JobConfig c = llama3_8b_job({"--optimizer.state_dtype", "bfloat16"});

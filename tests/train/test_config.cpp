@@ -149,7 +149,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 66);
+  CHECK(keys.size() == 67);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
