@@ -100,13 +100,29 @@ plan_ok "debug model in bf16 with full checkpointing" "${debug[@]}" --training.m
 # The table: the header, the step line, every class and the memory breakdown.
 if "$plan" "${debug[@]}" --machine h100-sxm > "$work/table" 2> "$work/err" &&
    grep -q '^tessera llama-plan: debugmodel' "$work/table" && grep -q '^step .* tokens/s | MFU' "$work/table" &&
-   grep -q '^  loss head' "$work/table" && grep -q '^  saved activations' "$work/table"; then
-  echo "ok: the table names the model, the step, the classes and the memory"
+   grep -q '^  loss head' "$work/table" && grep -q '^  saved activations' "$work/table" &&
+   grep -q '^  attention: tessera (auto: the model is float32' "$work/table"; then
+  echo "ok: the table names the model, the attention kernels, the step, the classes and the memory"
 else
   echo "FAIL: the table:"; head -n 20 "$work/table" "$work/err"; failures=$((failures + 1))
 fi
 
+# A bf16 model on a Hopper profile prices cuDNN's attention; the JSON says which ran and why.
+if "$plan" "${debug[@]}" --machine h200 --training.mixed_precision_param bfloat16 --json > "$work/bf16.json" 2> "$work/err" &&
+   python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))["attention"]; sys.exit(a["kernel"] != "cudnn")' "$work/bf16.json"; then
+  echo "ok: a bf16 model on h200 runs cuDNN's attention (auto)"
+else
+  echo "FAIL: a bf16 model on h200:"; head -n 5 "$work/bf16.json" "$work/err"; failures=$((failures + 1))
+fi
+
 # Bad input: one line, exit status 1.
+plan_fails "cuDNN attention for a float32 model" 'training.attention = "cudnn": the model is float32' "${debug[@]}" \
+  --machine h200 --training.attention cudnn --training.mixed_precision_param float32
+plan_fails "cuDNN attention on a profile without its rates" \
+  'training.attention = "cudnn": the machine profile a100-80gb-sxm.toml (built in) gives no cuDNN attention rates' \
+  "${debug[@]}" --machine a100-80gb-sxm --training.attention cudnn --training.mixed_precision_param bfloat16
+plan_fails "an unknown attention" "training.attention must be one of auto, cudnn, tessera" "${debug[@]}" \
+  --training.attention flash
 plan_fails "unknown machine" "--machine tpu-v9: unknown machine (known: h100-sxm, h200, a100-80gb-sxm, cpu" \
   "${debug[@]}" --machine tpu-v9
 plan_fails "missing machine file" "$work/none.toml: cannot open the machine profile" "${debug[@]}" --machine "$work/none.toml"
