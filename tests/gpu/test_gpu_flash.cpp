@@ -13,6 +13,7 @@
 
 #include "../support/errors.hpp"
 #include "../support/gradcheck.hpp"
+#include "attention_reference.hpp"
 #include "flash_launchers.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/dtype.hpp"
@@ -20,6 +21,8 @@
 namespace test_gpu_flash {  // unity build: this file's names stay in here (tests/meson.build)
 
 using namespace tessera;
+
+using testing::max_rel_diff;
 
 namespace {
 
@@ -33,18 +36,6 @@ std::vector<float> random_values(std::int64_t n, const std::string& name, bool b
     out[static_cast<std::size_t>(i)] = bf16 ? round_to_bf16(x) : x;
   }
   return out;
-}
-
-/// max |a - b| / max |b|; a NaN in `a` counts as an infinite difference.
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::isnan(a[i]) ? std::numeric_limits<double>::infinity()
-                                           : std::abs(static_cast<double>(a[i]) - b[i]));
-    ref = std::max(ref, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / ref;
 }
 
 std::vector<float> plus(const std::vector<float>& a, const std::vector<float>& b) {
@@ -67,7 +58,8 @@ void check_flash_on_gpu(const AttentionShape& s, bool bf16, std::int64_t pad) {
   run.k = random_values(rows * kc, "k", bf16);
   run.v = random_values(rows * kc, "v", bf16);
   run.d_o = random_values(rows * qc, "dO", bf16);
-  // dq must be overwritten; dk and dv added into.
+  // The kernels (below Cuda::attention_backward, which zeroes dk and dv first) overwrite
+  // dq and add into dk and dv.
   run.dq.assign(static_cast<std::size_t>(rows * qc), std::numeric_limits<float>::quiet_NaN());
   const auto dk0 = random_values(rows * kc, "dk0", bf16, 0.5), dv0 = random_values(rows * kc, "dv0", bf16, 0.5);
   run.dk = dk0;
@@ -75,20 +67,13 @@ void check_flash_on_gpu(const AttentionShape& s, bool bf16, std::int64_t pad) {
   gpu_test::flash_attention(run);
 
   // The CPU backend in float on the same (rounded) inputs.
-  Tensor<float> o(Shape{rows, qc}), dq(Shape{rows, qc}), dk(Shape{rows, kc}), dv(Shape{rows, kc});
-  std::vector<float> lse(static_cast<std::size_t>(s.batch * s.n_heads * s.seq_len));
-  const TensorView<const float> q(run.q.data(), Shape{rows, qc}), k(run.k.data(), Shape{rows, kc});
-  const TensorView<const float> v(run.v.data(), Shape{rows, kc}), d_o(run.d_o.data(), Shape{rows, qc});
-  Cpu::attention_forward<float>(s, q, k, v, o, lse.data());
-  Cpu::attention_backward<float>(s, q, k, v, o, lse.data(), d_o, dq, dk, dv);
-  auto vec = [](const Tensor<float>& t) { return std::vector<float>(t.data(), t.data() + t.numel()); };
-
+  const gpu_test::AttentionResult ref = gpu_test::cpu_attention(run);
   const double tol = bf16 ? 5e-3 : 1e-5, grad_tol = bf16 ? 1e-2 : 1e-5;
-  CHECK(max_rel_diff(run.o, vec(o)) < tol);
-  CHECK(max_rel_diff(run.lse, lse) < 1e-5);
-  CHECK(max_rel_diff(run.dq, vec(dq)) < grad_tol);
-  CHECK(max_rel_diff(run.dk, plus(dk0, vec(dk))) < grad_tol);
-  CHECK(max_rel_diff(run.dv, plus(dv0, vec(dv))) < grad_tol);
+  CHECK(max_rel_diff(run.o, ref.o) < tol);
+  CHECK(max_rel_diff(run.lse, ref.lse) < 1e-5);
+  CHECK(max_rel_diff(run.dq, ref.dq) < grad_tol);
+  CHECK(max_rel_diff(run.dk, plus(dk0, ref.dk)) < grad_tol);
+  CHECK(max_rel_diff(run.dv, plus(dv0, ref.dv)) < grad_tol);
 }
 
 }  // namespace

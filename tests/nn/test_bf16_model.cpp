@@ -194,7 +194,9 @@ TEST_CASE("bf16 model: saved and loaded, as tessera checkpoints and Hugging Face
     Transformer<float, Cpu> wide(small_args());
     train::load_model(wide, dir.file("model.safetensors"));
     CHECK(same_values(wide));
-    train::save_hf_model(h, dir.file("hf"), {stored});
+    train::HfSaveOptions as_stored;
+    as_stored.dtype = stored;
+    train::save_hf_model(h, dir.file("hf"), as_stored);
     Transformer<bf16, Cpu> from_hf(train::read_hf_config(dir.file("hf")));
     train::load_hf_model(from_hf, dir.file("hf"));
     CHECK(same_values(from_hf));

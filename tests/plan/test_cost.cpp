@@ -342,7 +342,7 @@ TEST_CASE("machine profiles: a figure missing, not positive or without its sourc
       "attention.cudnn_bf16_hd64_forward.points must have increasing seq_len");
   CHECK_ERROR_CONTAINS(
       plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, 0]]\nsource = \"t\"\n", "gpu.toml"),
-      "seq_len and tflops must be positive, got [1024, 0]");
+      "seq_len, tflops must be positive, got [1024, 0]");
   CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, 5]]\n", "gpu.toml"),
                        "attention.cudnn_bf16_hd64_backward has no source");
   CHECK_ERROR_CONTAINS(plan::load_machine("/nonexistent/gpu.toml"), "/nonexistent/gpu.toml: cannot open the machine profile");

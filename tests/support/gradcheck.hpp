@@ -1,11 +1,14 @@
-// Central finite differences in float64 for checking layers' backward passes.
+// Central finite differences in float64 for checking layers' backward passes, and the
+// relative difference the GPU tests compare results with.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,18 @@ namespace tessera::testing {
 inline void fill_normal(const Tensor<double>& t, std::uint64_t seed, const std::string& name, double std = 1.0) {
   auto rng = parameter_rng(seed, name);
   for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = normal(rng, static_cast<std::uint64_t>(i), 0.0, std);
+}
+
+/// max |a - b| / max |b|; a NaN in `a` counts as an infinite difference.
+inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::isnan(a[i]) ? std::numeric_limits<double>::infinity()
+                                           : std::abs(static_cast<double>(a[i]) - b[i]));
+    ref = std::max(ref, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / ref;
 }
 
 /// Compares an analytic gradient with central differences of f over every element

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -56,24 +57,27 @@ struct Sourced {
   std::string source;
 };
 
+/// y at x on a curve of (x, y) points with x increasing: linear in log(x) between the
+/// points, flat beyond the first and the last (points not empty).
+inline double log_interpolate(const std::vector<std::array<double, 2>>& points, double x) {
+  if (x <= points.front()[0]) return points.front()[1];
+  if (x >= points.back()[0]) return points.back()[1];
+  for (std::size_t i = 1; i < points.size(); ++i) {
+    if (x > points[i][0]) continue;
+    const double x0 = std::log(points[i - 1][0]), x1 = std::log(points[i][0]);
+    const double t = (std::log(x) - x0) / (x1 - x0);
+    return points[i - 1][1] + t * (points[i][1] - points[i - 1][1]);
+  }
+  return points.back()[1];
+}
+
 /// The fraction of a peak reached, as a function of a GEMM's size in GFLOP: linear in
 /// log(size) between the points, flat beyond the first and the last.
 struct EfficiencyCurve {
   std::vector<std::array<double, 2>> points;  // (gflop, fraction), gflop increasing
   std::string source;
 
-  double at(double gflop) const {
-    if (points.empty()) return 1.0;
-    if (gflop <= points.front()[0]) return points.front()[1];
-    if (gflop >= points.back()[0]) return points.back()[1];
-    for (std::size_t i = 1; i < points.size(); ++i) {
-      if (gflop > points[i][0]) continue;
-      const double x0 = std::log(points[i - 1][0]), x1 = std::log(points[i][0]);
-      const double t = (std::log(gflop) - x0) / (x1 - x0);
-      return points[i - 1][1] + t * (points[i][1] - points[i - 1][1]);
-    }
-    return points.back()[1];
-  }
+  double at(double gflop) const { return points.empty() ? 1.0 : log_interpolate(points, gflop); }
 };
 
 /// A rate in TFLOP/s as a function of the sequence length: linear in log(seq_len) between
@@ -82,18 +86,7 @@ struct RateCurve {
   std::vector<std::array<double, 2>> points;  // (seq_len, tflops), seq_len increasing
   std::string source;
 
-  double at(double seq_len) const {
-    if (points.empty()) return 0;
-    if (seq_len <= points.front()[0]) return points.front()[1];
-    if (seq_len >= points.back()[0]) return points.back()[1];
-    for (std::size_t i = 1; i < points.size(); ++i) {
-      if (seq_len > points[i][0]) continue;
-      const double x0 = std::log(points[i - 1][0]), x1 = std::log(points[i][0]);
-      const double t = (std::log(seq_len) - x0) / (x1 - x0);
-      return points[i - 1][1] + t * (points[i][1] - points[i - 1][1]);
-    }
-    return points.back()[1];
-  }
+  double at(double seq_len) const { return points.empty() ? 0.0 : log_interpolate(points, seq_len); }
 };
 
 /// cuDNN's causal attention at one head dim, forward and backward.
@@ -170,26 +163,37 @@ inline Sourced read_rate(const toml::table& root, std::string_view origin, std::
   return {*x, source_of(t, origin, name)};
 }
 
+/// The `points` of table `t` (figure `name`): a non-empty list of [x, y] pairs of numbers,
+/// x positive and increasing, y positive and at most `y_max`; `pair` names them in
+/// errors ("gflop, fraction").
+inline std::vector<std::array<double, 2>> read_points(const toml::table& t, std::string_view origin,
+                                                     const std::string& name, std::string_view pair, double y_max) {
+  const toml::array* pts = t.get_as<toml::array>("points");
+  TESSERA_CHECK(pts && !pts->empty(), where(origin, t), ": machine profile: ", name,
+                ".points must be a non-empty list of [", pair, "] pairs");
+  std::vector<std::array<double, 2>> out;
+  for (std::size_t i = 0; i < pts->size(); ++i) {
+    const toml::array* p = (*pts)[i].as_array();
+    std::optional<double> x = p && p->size() == 2 ? (*p)[0].value<double>() : std::nullopt;
+    std::optional<double> y = p && p->size() == 2 ? (*p)[1].value<double>() : std::nullopt;
+    TESSERA_CHECK(x && y, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[", i, "] must be a pair [",
+                  pair, "] of numbers");
+    TESSERA_CHECK(*x > 0 && *y > 0 && *y <= y_max, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[",
+                  i, "]: ", pair, " must be positive", y_max < 1e300 ? tessera::detail::concat(", the second at most ", y_max) : "",
+                  ", got [", *x, ", ", *y, "]");
+    TESSERA_CHECK(out.empty() || *x > out.back()[0], where(origin, (*pts)[i]), ": machine profile: ", name,
+                  ".points must have increasing ", pair.substr(0, pair.find(',')));
+    out.push_back({*x, *y});
+  }
+  return out;
+}
+
 inline EfficiencyCurve read_curve(const toml::table& root, std::string_view origin, std::string_view section,
                                   std::string_view key) {
   const toml::table& t = table_at(root, origin, section, key);
   const std::string name = tessera::detail::concat(section, ".", key);
-  const toml::array* pts = t.get_as<toml::array>("points");
-  TESSERA_CHECK(pts && !pts->empty(), where(origin, t), ": machine profile: ", name,
-                ".points must be a non-empty list of [gflop, fraction] pairs");
   EfficiencyCurve c;
-  for (std::size_t i = 0; i < pts->size(); ++i) {
-    const toml::array* p = (*pts)[i].as_array();
-    std::optional<double> g = p && p->size() == 2 ? (*p)[0].value<double>() : std::nullopt;
-    std::optional<double> f = p && p->size() == 2 ? (*p)[1].value<double>() : std::nullopt;
-    TESSERA_CHECK(g && f, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[", i,
-                  "] must be a pair [gflop, fraction] of numbers");
-    TESSERA_CHECK(*g > 0 && *f > 0 && *f <= 1, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[", i,
-                  "]: gflop must be positive and fraction in (0, 1], got [", *g, ", ", *f, "]");
-    TESSERA_CHECK(c.points.empty() || *g > c.points.back()[0], where(origin, (*pts)[i]), ": machine profile: ", name,
-                  ".points must have increasing gflop");
-    c.points.push_back({*g, *f});
-  }
+  c.points = read_points(t, origin, name, "gflop, fraction", 1.0);
   c.source = source_of(t, origin, name);
   return c;
 }
@@ -225,22 +229,8 @@ inline std::map<std::int64_t, AttentionRates> read_attention(const toml::table& 
     TESSERA_CHECK(node.is_table(), where(origin, node), ": machine profile: ", name,
                   " must be a table { points = [[seq_len, tflops], ...], source = \"...\" }");
     const toml::table& t = *node.as_table();
-    const toml::array* pts = t.get_as<toml::array>("points");
-    TESSERA_CHECK(pts && !pts->empty(), where(origin, t), ": machine profile: ", name,
-                  ".points must be a non-empty list of [seq_len, tflops] pairs");
     RateCurve c;
-    for (std::size_t i = 0; i < pts->size(); ++i) {
-      const toml::array* p = (*pts)[i].as_array();
-      std::optional<double> x = p && p->size() == 2 ? (*p)[0].value<double>() : std::nullopt;
-      std::optional<double> y = p && p->size() == 2 ? (*p)[1].value<double>() : std::nullopt;
-      TESSERA_CHECK(x && y, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[", i,
-                    "] must be a pair [seq_len, tflops] of numbers");
-      TESSERA_CHECK(*x > 0 && *y > 0 && std::isfinite(*y), where(origin, (*pts)[i]), ": machine profile: ", name,
-                    ".points[", i, "]: seq_len and tflops must be positive, got [", *x, ", ", *y, "]");
-      TESSERA_CHECK(c.points.empty() || *x > c.points.back()[0], where(origin, (*pts)[i]), ": machine profile: ", name,
-                    ".points must have increasing seq_len");
-      c.points.push_back({*x, *y});
-    }
+    c.points = read_points(t, origin, name, "seq_len, tflops", std::numeric_limits<double>::infinity());
     c.source = source_of(t, origin, name);
     (backward ? rates[hd].backward : rates[hd].forward) = std::move(c);
     given[hd] |= backward ? 2 : 1;

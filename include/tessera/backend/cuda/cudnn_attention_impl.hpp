@@ -277,15 +277,18 @@ inline void cudnn_execute(CudnnDevice& dev, fe::graph::Graph& g, std::unordered_
   cudnn_check(g.execute(dev.handle, pack, need > 0 ? dev.workspace : nullptr), "execute", s, dir);
 }
 
-/// Runs `body` with the frontend's and the loader's exceptions turned into tessera errors.
+/// Runs `body` with every failure -- the frontend's and the loader's exceptions, and
+/// tessera's own (the workspace's allocation running out of memory) -- turned into one
+/// tessera error naming the direction and the shape.
 template <class F>
 void cudnn_guard(const AttentionShape& s, const char* what, F&& body) {
+  const std::string where = tessera::detail::concat("cuDNN attention ", what, " (", cudnn_shape_text(s), ")");
   try {
     body();
-  } catch (const Error&) {
-    throw;
   } catch (const std::exception& e) {
-    fail("cuDNN attention ", what, " (", cudnn_shape_text(s), "): ", e.what());
+    const std::string message = e.what();
+    if (message.find(where) != std::string::npos) throw;  // cudnn_check named it already
+    fail(where, ": ", message);
   }
 }
 
