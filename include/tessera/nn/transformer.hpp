@@ -50,6 +50,7 @@
 #include "tessera/nn/args.hpp"
 #include "tessera/nn/block.hpp"
 #include "tessera/nn/embedding.hpp"
+#include "tessera/parallel/host_values.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/nn/rmsnorm.hpp"
@@ -256,7 +257,7 @@ class Transformer {
         if (p.split.owner) norms_.add(p.grad);
       });
     double s = norms_.sum();
-    if (plan_.mesh && plan_.mesh->world().size() > 1) s = plan_.mesh->world().all_reduce_value(s);
+    if (plan_.mesh && plan_.mesh->world().size() > 1) s = parallel::all_reduce_host<B>(plan_.mesh->world(), s);
     return std::sqrt(s);
   }
 
@@ -681,7 +682,7 @@ class Transformer {
     });
     for_each_unit([](Unit& u) { u.finish_grads(); });
     saved_bytes_peak_ = meter_.peak();
-    return pp.all_reduce_value(loss);  // the last stage's rank has it
+    return parallel::all_reduce_host<B>(pp, loss);  // the last stage's rank has it
   }
 
   /// The sum of token losses without gradients: every microbatch forward through the
@@ -716,7 +717,7 @@ class Transformer {
       }
     }
     for (auto& [buffer, handle] : sends) handle.wait();
-    return pp.all_reduce_value(loss);
+    return parallel::all_reduce_host<B>(pp, loss);
   }
 
   /// The stage (and so the pipeline rank) holding a parameter, by its name.

@@ -31,6 +31,7 @@
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/comm/mesh.hpp"
+#include "tessera/parallel/host_values.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/stages.hpp"
 #include "tessera/parallel/traffic.hpp"
@@ -138,8 +139,10 @@ class Trainer {
       micro.push_back(loader_.next());
       n_targets += micro.back().n_targets;
     }
-    // The loss is the mean over the global batch's target tokens: count them on every rank.
-    if (mesh) n_targets = mesh->dp().all_reduce_value(n_targets);
+    // The loss is the mean over the global batch's target tokens: count them on every rank
+    // (staged as a double, exact below 2^53, through a backend buffer: host_values.hpp).
+    if (mesh)
+      n_targets = static_cast<std::int64_t>(parallel::all_reduce_host<B>(mesh->dp(), static_cast<double>(n_targets)));
     TESSERA_CHECK(n_targets > 0, "step ", step_ + 1, ": the batch has no target tokens");
     model_.zero_grad();
     double loss_sum = 0;
@@ -150,7 +153,7 @@ class Trainer {
                                           1.0 / static_cast<double>(n_targets), i + 1 == micro.size());
       activations = std::max(activations, model_.saved_activation_bytes());
     }
-    if (mesh) loss_sum = mesh->dp().all_reduce_value(loss_sum);
+    if (mesh) loss_sum = parallel::all_reduce_host<B>(mesh->dp(), loss_sum);
     const double lr = config_.optimizer.lr * schedule_.factor(step_);
     double norm = 0;
     {
