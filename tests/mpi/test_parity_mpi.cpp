@@ -53,6 +53,14 @@ comm::Communicator& world() {
   return w;
 }
 
+/// The world again, held to NCCL's rules (comm/nccl_rules.hpp): the layouts train on
+/// communicators split from it, so what they do across ranks is what NCCL will be asked
+/// to do; the harness's own bookkeeping (host values) goes over world().
+comm::Communicator& rules_world() {
+  static comm::Communicator w = comm::mpi_world_nccl_rules(Cpu::memory_access());
+  return w;
+}
+
 /// A barrier over the world that sleeps while it waits, so ranks done with their round
 /// leave the cores to the ranks still training (a blocking MPI wait polls).
 void sleeping_barrier() {
@@ -158,6 +166,7 @@ std::vector<Outcome> run_rounds(const std::vector<Layout>& jobs) {
     }
     try {
       comm::Communicator group = w.split(color, w.rank());
+      comm::Communicator trained = rules_world().split(color, w.rank());
       if (color >= 0) {
         const std::size_t job = static_cast<std::size_t>(color);
         const Layout& l = jobs[job];
@@ -165,7 +174,7 @@ std::vector<Outcome> run_rounds(const std::vector<Layout>& jobs) {
                       " ranks, expected ", l.shape.world());
         const auto start = std::chrono::steady_clock::now();
         const RunResult run = train_layout(
-            group, l.shape, debug_job(kGlobalBatch / l.shape.dp(), kGlobalBatch, kSteps, with(l.keys, l.model_keys)));
+            trained, l.shape, debug_job(kGlobalBatch / l.shape.dp(), kGlobalBatch, kSteps, with(l.keys, l.model_keys)));
         double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         TESSERA_CHECK(run.losses.size() == static_cast<std::size_t>(kSteps) &&
                           run.grad_norms.size() == static_cast<std::size_t>(kSteps),
@@ -335,6 +344,7 @@ int main(int argc, char** argv) {
   int failed = 0;
   try {
     comm::Communicator& w = world();  // initialises MPI; it is finalized at exit
+    rules_world();
     doctest::Context context(argc, argv);
     if (w.rank() != 0) context.setOption("minimal", true);  // every rank reports its failures, rank 0 the summary
     failed = context.run() != 0 ? 1 : 0;

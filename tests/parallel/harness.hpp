@@ -6,6 +6,7 @@
 
 #include <omp.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -147,12 +148,25 @@ struct LayoutRun {
   RunResult rank0;
   bool ranks_agree = true;
 };
+/// Thread ranks held to NCCL's rules (comm/nccl_rules.hpp), as every parity run is: what
+/// the layouts do across ranks is what NCCL will be asked to do on GPUs.
+inline comm::ThreadOptions nccl_rules() {
+  comm::ThreadOptions o;
+  o.memory = Cpu::memory_access();
+  o.nccl_rules = true;
+  o.timeout = std::chrono::seconds(120);
+  return o;
+}
+
 inline LayoutRun layout_run(comm::MeshShape shape, const std::vector<std::string>& keys) {
   std::vector<RunResult> per_rank(static_cast<std::size_t>(shape.world()));
-  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
-    per_rank[static_cast<std::size_t>(world.rank())] =
-        train_layout(world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, kParitySteps, keys));
-  });
+  comm::run_thread_ranks(
+      shape.world(),
+      [&](comm::Communicator& world) {
+        per_rank[static_cast<std::size_t>(world.rank())] =
+            train_layout(world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, kParitySteps, keys));
+      },
+      nccl_rules());
   LayoutRun r{per_rank.front()};
   for (const auto& p : per_rank)
     r.ranks_agree = r.ranks_agree && p.losses == r.rank0.losses && p.grad_norms == r.rank0.grad_norms;

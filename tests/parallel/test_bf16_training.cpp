@@ -25,10 +25,13 @@ const std::vector<std::string> kBf16 = {"--training.mixed_precision_param", "bfl
 /// The bf16 model's parity run on thread ranks laid out as `shape` (one rank: MeshShape{}).
 LayoutRun bf16_run(comm::MeshShape shape, const std::vector<std::string>& keys = {}) {
   std::vector<RunResult> per_rank(static_cast<std::size_t>(shape.world()));
-  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
-    per_rank[static_cast<std::size_t>(world.rank())] = train_layout<Bf16Model>(
-        world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, kParitySteps, with(kBf16, keys)));
-  });
+  comm::run_thread_ranks(
+      shape.world(),
+      [&](comm::Communicator& world) {
+        per_rank[static_cast<std::size_t>(world.rank())] = train_layout<Bf16Model>(
+            world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, kParitySteps, with(kBf16, keys)));
+      },
+      nccl_rules());
   LayoutRun r{per_rank.front()};
   for (const auto& p : per_rank)
     r.ranks_agree = r.ranks_agree && p.losses == r.rank0.losses && p.grad_norms == r.rank0.grad_norms;

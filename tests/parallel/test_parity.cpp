@@ -39,10 +39,13 @@ template <class Model = CpuDynamicModel>
 std::vector<double> layout_losses(comm::MeshShape shape, std::int64_t local_batch, std::int64_t global_batch,
                                   const std::vector<std::string>& keys) {
   std::vector<std::vector<double>> per_rank(static_cast<std::size_t>(shape.world()));
-  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
-    per_rank[static_cast<std::size_t>(world.rank())] =
-        train_layout<Model>(world, shape, debug_job(local_batch, global_batch, kSteps, keys)).losses;
-  });
+  comm::run_thread_ranks(
+      shape.world(),
+      [&](comm::Communicator& world) {
+        per_rank[static_cast<std::size_t>(world.rank())] =
+            train_layout<Model>(world, shape, debug_job(local_batch, global_batch, kSteps, keys)).losses;
+      },
+      nccl_rules());
   for (const auto& r : per_rank) CHECK(r == per_rank.front());
   return per_rank.front();
 }

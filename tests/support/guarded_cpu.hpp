@@ -281,9 +281,11 @@ struct GuardedCpu {
     Cpu::copy_from_host(src, dst, n);
   }
 
-  static void synchronize() {}
+  static void synchronize() { Cpu::synchronize(); }
 
-  /// How thread ranks and the single rank move this backend's buffers.
+  /// How thread ranks and the single rank move this backend's buffers. where() tells
+  /// the arena from host memory (the NCCL-rules check); the arena is one device for
+  /// every rank, so it does not tell ranks apart.
   static comm::MemoryAccess memory_access() {
     comm::MemoryAccess m;
     m.copy = [](void* dst, const void* src, std::size_t bytes) {
@@ -296,6 +298,11 @@ struct GuardedCpu {
     };
     m.allocate = [](std::size_t bytes) { return GuardedArena::instance().allocate(bytes); };
     m.release = [](void* p) { GuardedArena::instance().release(p); };
+    m.where = [](const void* p, std::size_t bytes) {
+      const bool inside = GuardedArena::instance().contains(p) &&
+                          (bytes == 0 || GuardedArena::instance().contains(static_cast<const char*>(p) + bytes - 1));
+      return inside ? comm::Residence::this_device : comm::Residence::host;
+    };
     return m;
   }
 

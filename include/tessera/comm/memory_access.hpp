@@ -11,10 +11,15 @@
 //                              src the backend's or the host's (a host value reduced
 //                              across ranks, such as a loss sum)
 //   allocate(bytes), release(p) scratch in the backend's memory
+//   where(p, bytes)            whether [p, p + bytes) is memory of this rank's device,
+//                              of another rank's device, or the host's; nullptr where
+//                              the backend cannot tell (a plain host-memory engine).
+//                              Only the NCCL-rules check (comm/nccl_rules.hpp) asks.
 // Plain function pointers keep the engines free of any backend header.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -36,11 +41,19 @@ inline void* host_allocate(std::size_t bytes) {
 inline void host_release(void* p) { std::free(p); }
 }  // namespace detail
 
+/// Where a buffer handed to an engine lives (MemoryAccess::where).
+enum class Residence : std::uint8_t {
+  host,          ///< the host's memory: NCCL cannot move it
+  this_device,   ///< memory of the device of the rank that calls
+  other_device,  ///< memory of another rank's device (NCCL: one rank per device)
+};
+
 struct MemoryAccess {
   void (*copy)(void* dst, const void* src, std::size_t bytes) = &detail::host_copy;
   void (*reduce)(void* dst, const void* src, std::size_t n, DataType t, ReduceOp op) = &reduce_into;
   void* (*allocate)(std::size_t bytes) = &detail::host_allocate;
   void (*release)(void* p) = &detail::host_release;
+  Residence (*where)(const void* p, std::size_t bytes) = nullptr;
 };
 
 /// Scratch bytes in an engine's memory, released when the scope ends.

@@ -9,6 +9,8 @@
 // recv to the oldest send from its peer with the same tag, and a send is an MPI_Isend:
 // it never waits for its receiver until its Handle is waited on, and completes once MPI
 // has matched or buffered it.
+// Under NCCL's rules (mpi_world_nccl_rules) sends are MPI_Issend instead: they complete
+// only once matched, as NCCL's do.
 // There is no progress thread: MPI advances a collective inside MPI calls, so overlap
 // is what the MPI library gives, and every call stays on the thread that issues it.
 //
@@ -47,6 +49,8 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/engine.hpp"
 #include "tessera/comm/launch.hpp"
+#include "tessera/comm/memory_access.hpp"
+#include "tessera/comm/nccl_rules.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::comm {
@@ -285,8 +289,14 @@ class MpiEngine {
       const PeerOp& o = ops[i];
       const int count = static_cast<int>(o.count), tag = kTagBase + o.tag;
       if (o.kind == PeerOp::Kind::send) {
-        detail::mpi_check(MPI_Isend(o.data, count, detail::mpi_type(o.type), o.peer, tag, *comm_, &req->requests[i]),
-                          "MPI_Isend", world_rank_);
+        if (synchronous_sends_)
+          detail::mpi_check(
+              MPI_Issend(o.data, count, detail::mpi_type(o.type), o.peer, tag, *comm_, &req->requests[i]),
+              "MPI_Issend", world_rank_);
+        else
+          detail::mpi_check(
+              MPI_Isend(o.data, count, detail::mpi_type(o.type), o.peer, tag, *comm_, &req->requests[i]),
+              "MPI_Isend", world_rank_);
       } else {
         detail::mpi_check(MPI_Irecv(o.data, count, detail::mpi_type(o.type), o.peer, tag, *comm_, &req->requests[i]),
                           "MPI_Irecv", world_rank_);
@@ -313,8 +323,14 @@ class MpiEngine {
     const int dense = static_cast<int>(std::lower_bound(colors.begin(), colors.end(), color) - colors.begin());
     MPI_Comm child = MPI_COMM_NULL;
     detail::mpi_check(MPI_Comm_split(*comm_, dense, key, &child), "MPI_Comm_split", world_rank_);
-    return MpiEngine(child, Adopt{});
+    MpiEngine engine(child, Adopt{});
+    engine.synchronous_sends_ = synchronous_sends_;
+    return engine;
   }
+
+  /// Sends complete only once their receiver has posted the matching recv (MPI_Issend),
+  /// as NCCL's do: the NCCL-rules check (comm/nccl_rules.hpp) turns this on. Splits inherit it.
+  void set_synchronous_sends(bool on) { synchronous_sends_ = on; }
 
   /// Ends the whole job: every rank of MPI_COMM_WORLD, not only this communicator's.
   [[noreturn]] void abort(const std::string& reason) {
@@ -352,6 +368,7 @@ class MpiEngine {
   int rank_ = 0;
   int size_ = 1;
   int world_rank_ = 0;  // errors name the rank in MPI_COMM_WORLD, as mpirun numbers them
+  bool synchronous_sends_ = false;
 };
 
 static_assert(Engine<MpiEngine>);
@@ -364,11 +381,22 @@ inline Communicator mpi_world() {
   return Communicator(MpiEngine(MPI_COMM_WORLD));
 }
 
+/// The MPI world held to NCCL's rules (comm/nccl_rules.hpp): synchronous sends, one group
+/// of transfers at a time, and every buffer checked against `memory` (the backend's
+/// memory_access(), which tells its device memory from host memory).
+inline Communicator mpi_world_nccl_rules(const MemoryAccess& memory) {
+  detail::init_mpi_once();
+  MpiEngine engine(MPI_COMM_WORLD);
+  engine.set_synchronous_sends(true);
+  return Communicator(NcclRulesEngine(std::move(engine), memory, NcclRulesOptions{.serialize_groups = true}));
+}
+
 /// mpi_world(), checked against the launch the environment describes: a binary
 /// started without its launcher (say straight from an sbatch script, which sets
 /// SLURM_NTASKS) would otherwise run as a world of one believing it is one of many.
-inline Communicator mpi_world(const Launch& launch) {
-  Communicator world = mpi_world();
+/// `nccl_rules`: the world of mpi_world_nccl_rules(*nccl_rules) instead.
+inline Communicator mpi_world(const Launch& launch, const MemoryAccess* nccl_rules = nullptr) {
+  Communicator world = nccl_rules ? mpi_world_nccl_rules(*nccl_rules) : mpi_world();
   TESSERA_CHECK(world.size() == launch.world_size && world.rank() == launch.rank, "rank ", world.rank(),
                 ": the environment describes rank ", launch.rank, " of ", launch.world_size, " (", name_of(launch.kind),
                 " launch), but MPI started rank ", world.rank(), " of ", world.size(),

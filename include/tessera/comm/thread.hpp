@@ -6,9 +6,11 @@
 // and the caller computes while the worker communicates: the overlap FSDP prefetch
 // relies on, the same shape as a NCCL stream.
 //
-// A collective is a rendezvous: each rank posts its buffers in its slot, all meet,
-// each computes its own part of the result by reading the others' buffers, all meet
-// again before any buffer may change. Reductions add ranks' contributions in rank
+// A collective is a rendezvous: each rank posts its buffers and what it called in its
+// slot, all meet, all check that every rank called the same collective (kind, count,
+// element type, reduction, root: a mismatch fails the job naming both calls, before any
+// rank reads another's buffers), each computes its own part of the result by reading
+// the others' buffers, all meet again before any buffer may change. Reductions add ranks' contributions in rank
 // order, so every rank gets bitwise the same sums.
 //
 // Sends and receives go through a mailbox per ordered pair of ranks. A send is eager:
@@ -17,6 +19,9 @@
 // ranks that each send to the other before receiving never deadlock. A recv waits for
 // the oldest parcel from its peer with its tag (FIFO among equal tags). A parcel still
 // in a mailbox when the job ends is a send nobody received: run_thread_ranks fails.
+// Under NCCL's rules (ThreadOptions::nccl_rules, comm/nccl_rules.hpp) a send instead
+// completes only when its receiver has taken it, and a group's task (so the rank's
+// next operation on the communicator) waits for that, as on NCCL's stream.
 //
 // Failure: any rank may abort the world (run_thread_ranks does when a rank throws).
 // A recv whose size differs from its send's fails the job, naming both ranks and sizes.
@@ -46,6 +51,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/engine.hpp"
 #include "tessera/comm/memory_access.hpp"
+#include "tessera/comm/nccl_rules.hpp"
 #include "tessera/comm/reduce.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
@@ -58,6 +64,10 @@ struct ThreadOptions {
   /// The memory the ranks' buffers live in (comm/memory_access.hpp): the host's, or a
   /// backend's (several virtual ranks on one GPU).
   MemoryAccess memory{};
+  /// Hold every rank to NCCL's rules (comm/nccl_rules.hpp): run_thread_ranks wraps each
+  /// engine in NcclRulesEngine, and a send completes only when its receiver's recv runs.
+  /// `memory` must tell device memory from host memory (Cpu::memory_access()).
+  bool nccl_rules = false;
 };
 
 namespace detail {
@@ -103,6 +113,26 @@ struct Parcel {
   int tag = 0;
   std::size_t bytes = 0;
   std::unique_ptr<char[]> data;
+  std::shared_ptr<bool> taken;  // set (under the group's lock) when a recv takes it
+};
+
+/// What one rank issued as a collective: every rank of the group must issue the same.
+struct CollectiveCall {
+  const char* kind = "";
+  std::size_t count = 0;
+  DataType type = DataType::u8;
+  int op = -1;    // ReduceOp, or -1
+  int root = -1;  // broadcast's root, or -1
+  friend bool operator==(const CollectiveCall& a, const CollectiveCall& b) {
+    return std::string_view(a.kind) == b.kind && a.count == b.count && a.type == b.type && a.op == b.op &&
+           a.root == b.root;
+  }
+  std::string str() const {
+    std::string s = tessera::detail::concat(kind, " of ", count, " ", name_of(type));
+    if (op >= 0) s += op == 0 ? " (sum)" : op == 1 ? " (max)" : " (min)";
+    if (root >= 0) s += tessera::detail::concat(" from root ", root);
+    return s;
+  }
 };
 
 /// The state the ranks of one communicator share.
@@ -136,6 +166,7 @@ class ThreadGroup {
   }
 
   struct Slot {
+    CollectiveCall call;
     const void* in = nullptr;
     void* out = nullptr;
     int color = 0, key = 0;
@@ -175,13 +206,55 @@ class ThreadGroup {
     wait(lock, rank, what, [&] { return generation_ != gen; }, false);
   }
 
-  /// Copies `bytes` bytes from `data` into a parcel for `to`: the send is then complete.
-  void post(int from, int to, int tag, const void* data, std::size_t bytes) {
-    Parcel parcel{tag, bytes, std::make_unique_for_overwrite<char[]>(bytes)};
+  /// Copies `bytes` bytes from `data` into a parcel for `to`: an eager send is then
+  /// complete. Returns the flag a recv sets when it takes the parcel.
+  std::shared_ptr<bool> post(int from, int to, int tag, const void* data, std::size_t bytes) {
+    Parcel parcel{tag, bytes, std::make_unique_for_overwrite<char[]>(bytes), std::make_shared<bool>(false)};
     if (bytes > 0) world_->options.memory.copy(parcel.data.get(), data, bytes);
+    std::shared_ptr<bool> taken = parcel.taken;
     std::lock_guard lock(mutex_);
     mail_[index(from, to)].push_back(std::move(parcel));
     cv_.notify_all();
+    return taken;
+  }
+
+  /// Waits until a recv has taken every parcel in `taken` (NCCL's rule: a send completes
+  /// when its receiver's recv runs). `peers[i]` is the receiver of taken[i], for messages.
+  void wait_taken(int from, const std::vector<std::shared_ptr<bool>>& taken, const std::vector<int>& peers) {
+    std::unique_lock lock(mutex_);
+    std::size_t i = 0;
+    const auto ready = [&] {
+      while (i < taken.size() && *taken[i]) ++i;
+      return i == taken.size();
+    };
+    if (ready()) return;
+    wait(lock, from,
+         tessera::detail::concat("send to rank ", world_rank(peers[i]),
+                                 " (under NCCL's rules a send completes only when its receiver's recv runs)"),
+         ready, true);
+  }
+
+  /// The first meeting of a collective, then the check that every rank issued the same
+  /// one: each compares every slot's call (so all see a mismatch, or none does), all meet
+  /// again (no slot changes while another rank reads it), and on a mismatch all throw,
+  /// naming both calls, before any rank touches another's buffers.
+  void enter_checked(int rank, const CollectiveCall& call) {
+    slot(rank).call = call;
+    enter(rank, call.kind);
+    int differs = -1;
+    for (int r = 0; r < size_ && differs < 0; ++r)
+      if (!(slots_[static_cast<std::size_t>(r)].call == call)) differs = r;
+    std::string why;
+    if (differs >= 0)
+      why = tessera::detail::concat("rank ", world_rank(rank), " issued ", call.str(), " while rank ",
+                                    world_rank(differs), " issued ", slots_[static_cast<std::size_t>(differs)].call.str(),
+                                    " as the same collective of their communicator: every rank must issue the same "
+                                    "collectives in the same order");
+    meet(rank, call.kind);
+    if (differs >= 0) {
+      world_->abort(why);
+      fail(why);
+    }
   }
 
   /// Waits for the oldest parcel from `from` to `to` with `tag` and copies it into `dst`
@@ -200,6 +273,8 @@ class ThreadGroup {
         wait(lock, to, tessera::detail::concat("recv from rank ", world_rank(from), " (tag ", tag, ")"), ready, true);
       parcel = std::move(*match);
       box.erase(match);
+      *parcel.taken = true;
+      cv_.notify_all();
     }
     // The parcel is this rank's alone now: copy it without the lock.
     if (parcel.bytes != bytes) {
@@ -358,7 +433,7 @@ class ThreadEngine {
       auto& g = *group_;
       const std::size_t bytes = n * size_of(t);
       g.slot(rank_).in = in;
-      g.enter(rank_, "all_gather");
+      g.enter_checked(rank_, {"all_gather", n, t});
       for (int r = 0; r < size(); ++r)
         if (bytes > 0) memory().copy(static_cast<char*>(out) + r * bytes, g.slot(r).in, bytes);
       g.meet(rank_, "all_gather");
@@ -371,7 +446,7 @@ class ThreadEngine {
       auto& g = *group_;
       const std::size_t bytes = n * size_of(t);
       g.slot(rank_).in = in;
-      g.enter(rank_, "reduce_scatter");
+      g.enter_checked(rank_, {"reduce_scatter", n, t, static_cast<int>(op)});
       const std::size_t offset = static_cast<std::size_t>(rank_) * bytes;
       if (bytes > 0) memory().copy(out, static_cast<const char*>(g.slot(0).in) + offset, bytes);
       for (int r = 1; r < size(); ++r) memory().reduce(out, static_cast<const char*>(g.slot(r).in) + offset, n, t, op);
@@ -391,7 +466,7 @@ class ThreadEngine {
       };
       g.slot(rank_).in = in;
       g.slot(rank_).out = out;
-      g.enter(rank_, "all_reduce");
+      g.enter_checked(rank_, {"all_reduce", n, t, static_cast<int>(op)});
       // Reduce this rank's chunk of every input, in rank order.
       const auto [begin, len] = chunk(rank_);
       Scratch mine(memory(), len * es);
@@ -416,13 +491,14 @@ class ThreadEngine {
     return submit([=, this] {
       auto& g = *group_;
       g.slot(rank_).out = data;
-      g.enter(rank_, "broadcast");
+      g.enter_checked(rank_, {"broadcast", n, t, -1, root});
       if (rank_ != root && n > 0) memory().copy(data, g.slot(root).out, n * size_of(t));
       g.meet(rank_, "broadcast");
     });
   }
 
-  /// Sends first (each complete once copied), then recvs, in the order given.
+  /// Sends first (each complete once copied, or under NCCL's rules once received), then
+  /// recvs, in the order given.
   Handle send_recv(std::span<const PeerOp> ops_in) {
     const int me = group_->world_rank(rank_);
     for (const auto& o : ops_in) {
@@ -433,15 +509,21 @@ class ThreadEngine {
     std::vector<PeerOp> ops(ops_in.begin(), ops_in.end());
     return submit([ops = std::move(ops), this] {
       auto& g = *group_;
+      std::vector<std::shared_ptr<bool>> taken;
+      std::vector<int> peers;
       for (const auto& o : ops)
-        if (o.kind == PeerOp::Kind::send) g.post(rank_, o.peer, o.tag, o.data, o.count * size_of(o.type));
+        if (o.kind == PeerOp::Kind::send) {
+          taken.push_back(g.post(rank_, o.peer, o.tag, o.data, o.count * size_of(o.type)));
+          peers.push_back(o.peer);
+        }
       for (const auto& o : ops)
         if (o.kind == PeerOp::Kind::recv) g.take(o.peer, rank_, o.tag, o.data, o.count * size_of(o.type));
+      if (g.world().options.nccl_rules) g.wait_taken(rank_, taken, peers);
     });
   }
 
   Handle barrier() {
-    return submit([this] { group_->enter(rank_, "barrier"); });
+    return submit([this] { group_->enter_checked(rank_, {"barrier"}); });
   }
 
   ThreadEngine split(int color, int key) {
@@ -452,7 +534,7 @@ class ThreadEngine {
       g.slot(rank_).color = color;
       g.slot(rank_).key = key;
       g.slot(rank_).child.reset();
-      g.enter(rank_, "split");
+      g.enter_checked(rank_, {"split"});
       std::vector<std::pair<int, int>> members;  // (key, rank) of my color
       for (int r = 0; r < size(); ++r)
         if (g.slot(r).color == color) members.emplace_back(g.slot(r).key, r);
@@ -489,6 +571,7 @@ class ThreadEngine {
 };
 
 static_assert(Engine<ThreadEngine>);
+static_assert(Engine<NcclRulesEngine<ThreadEngine>>);
 
 /// Runs fn(Communicator&) on `ranks` threads, one communicator each, and waits for
 /// all. If a rank throws, the world is aborted (the others fail at their next
@@ -509,7 +592,8 @@ void run_thread_ranks(int ranks, F&& fn, ThreadOptions options = {}) {
     threads.emplace_back([&, r] {
       ScopedMemoryStats scope(stats + kDeviceKinds * r);
       try {
-        Communicator comm(ThreadEngine(group, r));
+        Communicator comm = options.nccl_rules ? Communicator(NcclRulesEngine(ThreadEngine(group, r), options.memory))
+                                               : Communicator(ThreadEngine(group, r));
         fn(comm);
       } catch (const std::exception& e) {
         world->abort(tessera::detail::concat("rank ", r, ": ", e.what()));

@@ -18,8 +18,11 @@
 #include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/cpu/attention.hpp"
+#include "tessera/backend/cpu/device_memory.hpp"
+#include "tessera/comm/memory_access.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/host_sync.hpp"
 #include "tessera/core/tensor.hpp"
 
 namespace tessera {
@@ -27,14 +30,30 @@ namespace tessera {
 struct Cpu {
   static constexpr Device device = Device::cpu;
 
-  /// A host tensor the caller fills completely before reading it (not zeroed).
+  /// A tensor the caller fills completely before reading it (not zeroed): host pages
+  /// recorded as the backend's (cpu/device_memory.hpp), so a check can tell them from a
+  /// host variable the way a GPU would.
   template <class T>
   static Tensor<T> empty(Shape shape) {
-    return Tensor<T>(shape, Uninitialized{});
+    const auto n = static_cast<std::size_t>(shape.numel());
+    if (n == 0) return Tensor<T>(shape, Uninitialized{});
+    T* p = static_cast<T*>(cpu::DeviceMemory::instance().allocate(n * sizeof(T)));
+    return Tensor<T>(shape, Buffer<T>(p, n, Device::cpu, &cpu::DeviceMemory::release));
   }
   template <class T>
   static Tensor<T> zeros(Shape shape) {
-    return Tensor<T>(shape);
+    Tensor<T> t = empty<T>(shape);
+    if (t.numel() > 0) std::memset(static_cast<void*>(t.data()), 0, static_cast<std::size_t>(t.numel()) * sizeof(T));
+    return t;
+  }
+
+  /// How the in-process engines reach this backend's memory: the host's copies and
+  /// reductions, and where() telling the backend's tensors from host memory (what the
+  /// NCCL-rules check asks, comm/nccl_rules.hpp).
+  static comm::MemoryAccess memory_access() {
+    comm::MemoryAccess m;
+    m.where = [](const void* p, std::size_t bytes) { return cpu::DeviceMemory::instance().where(p, bytes); };
+    return m;
   }
 
   static int threads() { return omp_get_max_threads(); }
@@ -60,16 +79,22 @@ struct Cpu {
     for (std::int64_t i = 0; i < n; ++i) f(i);
   }
 
-  static void synchronize() {}
+  /// The host's work is done when each call returns; what is left are the waits an
+  /// engine deferred to the host's next synchronisation (core/host_sync.hpp).
+  static void synchronize() { detail::run_deferred_host_waits(); }
 
-  /// Host transfers are copies: the CPU backend's memory is the host's.
+  /// Host transfers are copies: the CPU backend's memory is the host's. A copy to the
+  /// host synchronises, as on a GPU.
   template <class T>
   static void copy_to_host(const T* src, T* dst, std::int64_t n) {
-    if (n > 0 && src != dst) std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
+    detail::run_deferred_host_waits();
+    if (n > 0 && src != dst)
+      std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
   }
   template <class T>
   static void copy_from_host(const T* src, T* dst, std::int64_t n) {
-    copy_to_host(src, dst, n);
+    if (n > 0 && src != dst)
+      std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
   }
 
   /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view

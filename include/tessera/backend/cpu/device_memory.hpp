@@ -1,0 +1,80 @@
+// The CPU backend's "device memory": host pages, but known to be the backend's.
+//
+// On the CPU every tensor is host memory, so nothing tells a tensor the backend made
+// (Cpu::empty, Cpu::zeros: what a GPU would hold) from a host variable or a host
+// tensor (what a GPU could not hand to NCCL). This registry keeps that apart: the
+// backend's allocations are recorded with the device of the rank that made them (a
+// thread rank's memory counters identify its thread; one process is one device), so
+// the NCCL-rules check (comm/nccl_rules.hpp) can refuse a host buffer, or a buffer of
+// another rank's device, the way NCCL would fail on a GPU.
+//
+// One mutex and one ordered map: an allocation or a release costs a map update, small
+// next to the tensors the backend allocates.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <iterator>
+#include <map>
+#include <mutex>
+
+#include "tessera/comm/memory_access.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/memory.hpp"
+
+namespace tessera::cpu {
+
+class DeviceMemory {
+ public:
+  static DeviceMemory& instance() {
+    static DeviceMemory* registry = new DeviceMemory;  // never destroyed: tensors may outlive statics
+    return *registry;
+  }
+
+  /// `bytes` bytes (64-byte aligned, at least 1), recorded as this thread's device's.
+  void* allocate(std::size_t bytes) {
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) fail("out of host memory allocating ", bytes, " bytes");
+    std::lock_guard lock(mutex_);
+    live_[reinterpret_cast<std::uintptr_t>(p)] = Entry{rounded, device_of_this_thread()};
+    return p;
+  }
+
+  static void release(void* p) {
+    if (p == nullptr) return;
+    {
+      DeviceMemory& m = instance();
+      std::lock_guard lock(m.mutex_);
+      m.live_.erase(reinterpret_cast<std::uintptr_t>(p));
+    }
+    std::free(p);
+  }
+
+  /// Whether [p, p + bytes) lies in one live allocation, and whose device made it.
+  comm::Residence where(const void* p, std::size_t bytes) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard lock(mutex_);
+    auto it = live_.upper_bound(at);
+    if (it == live_.begin()) return comm::Residence::host;
+    --it;
+    if (at + bytes > it->first + it->second.bytes) return comm::Residence::host;
+    return it->second.device == device_of_this_thread() ? comm::Residence::this_device
+                                                        : comm::Residence::other_device;
+  }
+
+ private:
+  struct Entry {
+    std::size_t bytes;
+    const void* device;
+  };
+  /// The device a thread's allocations belong to: its rank's memory counters (thread
+  /// ranks, ScopedMemoryStats), or the process (nullptr).
+  static const void* device_of_this_thread() { return tessera::detail::thread_memory_stats; }
+
+  mutable std::mutex mutex_;
+  std::map<std::uintptr_t, Entry> live_;
+};
+
+}  // namespace tessera::cpu
