@@ -88,7 +88,9 @@ class Communicator {
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::sum) {
     all_reduce_async(data, op).wait();
   }
-  /// One value reduced over every rank.
+  /// One host value reduced over every rank: host engines only (thread ranks, MPI
+  /// without the NCCL rules). NCCL moves device memory only, and its wait() does not hold
+  /// the host; library code reduces host values with parallel::all_reduce_host<B>.
   template <class T>
   T all_reduce_value(T value, ReduceOp op = ReduceOp::sum) {
     all_reduce(std::span<T>(&value, 1), op);
@@ -108,12 +110,10 @@ class Communicator {
   }
 
   /// Sends and receives issued as one group: no order among them can deadlock. A recv
-  /// takes the oldest unmatched send from its peer with the same tag (0 .. kMaxTag), so
-  /// transfers with different tags may be received in any order (PeerOp, engine.hpp).
-  /// A send never waits for its receiver: on thread ranks it completes as soon as the
-  /// rank's worker reaches it, on MPI once the transfer is matched or buffered. A Handle
-  /// holding only sends may therefore be waited on later, after the recvs issued after
-  /// it; the sent buffers must stay untouched until then.
+  /// takes the oldest unmatched send from its peer (with the same tag; NCCL has no tags,
+  /// portable code uses 0). A send may wait for its receiver (NCCL's always do): put the
+  /// transfers a peer waits for in the same group as the recvs this rank waits for
+  /// (PeerOp, engine.hpp). The sent buffers must stay untouched until the Handle is waited on.
   Handle send_recv_async(std::span<const PeerOp> ops) {
     std::uint64_t sent = 0;
     for (const auto& o : ops) {

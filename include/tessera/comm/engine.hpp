@@ -6,10 +6,13 @@
 // Ordering contract (as MPI's and NCCL's): every rank of a communicator issues the
 // same collectives in the same order; an engine completes them in issue order.
 //
-// Point-to-point transfers (send_recv) are matched by peer and tag, not by issue order
-// across ranks: a recv takes the oldest unmatched send from its peer with the same tag.
-// A send never waits for its receiver to post the matching recv (see PeerOp), so a
-// pipeline stage may send its output and go on to its next recv.
+// Point-to-point transfers (send_recv) between two ranks are matched in issue order: a
+// recv takes the oldest unmatched send from its peer (with the same tag, on the engines
+// that have tags; NCCL has none, so portable code leaves every tag 0). Whether a send
+// waits for its receiver depends on the engine: ThreadEngine and MpiEngine buffer small
+// sends, NCCL never does. Portable code therefore assumes a send may wait until its
+// receiver runs the matching recv, and issues both directions of an exchange in one
+// group; comm/nccl_rules.hpp holds the CPU engines to that (and to NCCL's other rules).
 #pragma once
 
 #include <concepts>
@@ -92,17 +95,14 @@ inline constexpr int kMaxTag = 16383;
 /// a mismatch fails the job, naming both ranks and both sizes.
 ///
 /// Completion: a send_recv Handle completes when each transfer in it has, a recv when its
-/// data has arrived, a send when its buffer may be reused. A send never waits for its
-/// receiver to post the matching recv: ThreadEngine copies the data and completes the send
-/// as soon as the rank's worker reaches it (after the operations issued before it);
-/// MpiEngine's send (an MPI_Isend) completes once MPI has matched or buffered it, which
-/// for a large message means once the receiver has posted its recv. So a Handle holding
-/// only sends may be waited on later, say after the recvs issued after it; the send's
-/// buffer must stay untouched until then. A recv does wait for its send, and on
-/// ThreadEngine and NcclEngine the operations a rank issues after a recv run after it
-/// (on NcclEngine a send also blocks its stream until the receiver takes it): issue the
-/// sends a peer is waiting for before a recv that waits on that peer, or put both in one
-/// send_recv, within which no order of transfers can deadlock.
+/// data has arrived, a send when its buffer may be reused. On NcclEngine (and on the CPU
+/// engines under NCCL's rules, comm/nccl_rules.hpp) a send completes only when its
+/// receiver runs the matching recv, and a rank's next operation on the communicator
+/// starts only after the group before it completed. ThreadEngine otherwise copies a send's
+/// data and completes it as soon as the rank's worker reaches it; MpiEngine's send (an
+/// MPI_Isend) completes once MPI has matched or buffered it. The send's buffer must stay
+/// untouched until its Handle is waited on. Put the transfers a peer waits for in the same
+/// send_recv as the recvs this rank waits for: within one group no order can deadlock.
 struct PeerOp {
   enum class Kind : std::uint8_t { send, recv } kind;
   int peer;    // the other rank, numbered in this communicator
@@ -123,8 +123,12 @@ inline void check_tag(const PeerOp& o, int rank) {
 
 }  // namespace detail
 
-/// A collective in flight. wait() returns once this rank's part is complete (its
-/// output written, its input free to reuse) and throws if the collective failed.
+/// A collective in flight. wait() returns once this rank's part is complete for the
+/// backend's later work (its output visible to the next kernel, its input free to reuse)
+/// and throws if the collective failed. On the host engines that is also when the host
+/// may read it; on NcclEngine wait() orders the compute stream and returns at once, so the
+/// host reads a result only through a copy to the host (which synchronises) after wait().
+/// A barrier's wait() likewise holds the host only after B::synchronize().
 class Handle {
  public:
   struct Impl {
