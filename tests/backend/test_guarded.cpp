@@ -126,13 +126,15 @@ constexpr int kSteps = 2;
 const std::vector<std::string> kTwoLayers = {"--model.n_layers", "2"};
 
 /// The parity run of `shape` with `keys` on GuardedCpu thread ranks (every collective
-/// moving backend memory through GuardedCpu::memory_access), against one CPU rank.
+/// moving backend memory through GuardedCpu::memory_access, held to NCCL's rules: the
+/// arena is the only memory a collective may touch), against one CPU rank.
 void check_guarded_layout(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys) {
   CAPTURE(layout);
   const std::vector<std::string> all_keys = test::with(kTwoLayers, keys);
   std::vector<test::RunResult> per_rank(static_cast<std::size_t>(shape.world()));
   comm::ThreadOptions options;
   options.memory = GuardedCpu::memory_access();
+  options.nccl_rules = true;
   comm::run_thread_ranks(
       shape.world(),
       [&](comm::Communicator& world) {
