@@ -181,7 +181,7 @@ class Trainer {
     if (peak_flops_ > 0) {
       // Per device, as torchtitan reports it. Thread ranks share one device (this
       // process's cores, which peak_flops measures); other ranks have one each.
-      const bool shared_device = !mesh || mesh->world().engine_name() == "threads";
+      const bool shared_device = !mesh || mesh->world().engine_name().starts_with("threads");
       const double per_device = m.tokens_per_sec / static_cast<double>(shared_device ? 1 : mesh->world().size());
       m.mfu_pct = 100.0 * per_device * model_.args().flops_per_token(seq) / peak_flops_;
       m.mfu_causal_pct = 100.0 * per_device * model_.args().flops_per_token(seq, true) / peak_flops_;
