@@ -152,6 +152,20 @@ TEST_CASE("launch: the three GPU launchers' local sizes and rendezvous") {
     CHECK(l.local_size_var == "LOCAL_WORLD_SIZE");
     CHECK(l.has_master());
     CHECK(describe_rank(l) == "rank 9 (local rank 1 of 8 on this node)");
+    CHECK_FALSE(l.agent_store);
+    CHECK(l.store_port() == 29500);
+  }
+  SUBCASE("torchrun whose agent serves its own store on MASTER_PORT: the ranks meet on the next port") {
+    const Launch l = detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
+                             {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+    CHECK(l.agent_store);
+    CHECK(l.store_port() == 29501);
+    CHECK_FALSE(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
+                        {"TORCHELASTIC_USE_AGENT_STORE", "False"}})
+                    .agent_store);
+    CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "65535"},
+                                 {"TORCHELASTIC_USE_AGENT_STORE", "True"}}),
+                         "launch: MASTER_PORT=65535 is held by torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True)");
   }
   SUBCASE("mpirun") {
     const Launch l = detect({{"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_RANK", "12"},

@@ -13,7 +13,9 @@
 //   torchrun              RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
 //   none of these         one process, rank 0 of 1
 // MASTER_ADDR and MASTER_PORT (where rank 0 listens for a TCP rendezvous) are read for
-// every launcher when set; torchrun needs them for more than one rank.
+// every launcher when set; torchrun needs them for more than one rank. Where torchrun's
+// agent serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True, as
+// recent torchrun sets it), rank 0 listens on the next port instead (store_port()).
 // A value that is not an integer or is out of range is an error naming the variable
 // and its value: a job that starts with a wrong rank layout would compute garbage or
 // hang, so it stops before any collective.
@@ -52,9 +54,15 @@ struct Launch {
   std::string local_size_var;  // the variable local_world_size came from, for messages
   std::string master_addr;   // MASTER_ADDR: where rank 0 listens ("" when unset)
   int master_port = 0;       // MASTER_PORT (0 when unset)
+  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already serves its own store
+  /// on MASTER_PORT, so the ranks' TcpStore takes the next port (store_port()).
+  bool agent_store = false;
 
   /// MASTER_ADDR and MASTER_PORT are both set: the ranks can meet in a TcpStore.
   bool has_master() const { return !master_addr.empty() && master_port != 0; }
+  /// The port rank 0's TcpStore listens on: MASTER_PORT, or MASTER_PORT + 1 where
+  /// torchrun's agent holds MASTER_PORT.
+  int store_port() const { return agent_store ? master_port + 1 : master_port; }
 };
 
 inline const char* name_of(LaunchKind k) {
@@ -179,6 +187,11 @@ inline void read_master(Launch& l, const LaunchEnv& env) {
     TESSERA_CHECK(l.master_port >= 1 && l.master_port <= 65535, "launch: MASTER_PORT=", l.master_port,
                   " is outside 1..65535");
   }
+  const char* agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
+  l.agent_store = agent != nullptr && std::strcmp(agent, "True") == 0;
+  TESSERA_CHECK(!l.agent_store || l.master_port < 65535, "launch: MASTER_PORT=", l.master_port,
+                " is held by torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True) and the port after it, where the "
+                "ranks would meet, is outside 1..65535");
 }
 
 inline Launch mpi_launch(const LaunchEnv& env, Launcher launcher, const char* rank_var, const char* size_var,
