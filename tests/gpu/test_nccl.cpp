@@ -291,63 +291,6 @@ TEST_CASE("nccl: a rank that never joins fails ncclCommInitRank within the init 
   CHECK(std::chrono::steady_clock::now() - start < 60s);
 }
 
-namespace {
-/// A host function on a stream that holds it until `release` is set (or 30 s pass).
-void CUDART_CB hold_stream(void* release) {
-  const auto until = std::chrono::steady_clock::now() + 30s;
-  while (!static_cast<std::atomic<bool>*>(release)->load() && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(1ms);
-}
-}  // namespace
-
-TEST_CASE("nccl: the watchdog aborts a collective that does not complete within the timeout") {
-  CUDA_OK(cudaSetDevice(0));
-  cudaStream_t compute = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  std::atomic<bool> release{false};
-  std::mutex m;
-  std::string reported;
-  {
-    NcclOptions options;
-    options.compute = compute;
-    options.timeout = 300ms;
-    options.on_failure = [&](const std::string& why) {
-      std::lock_guard<std::mutex> lock(m);
-      reported = why;
-    };
-    NcclEngine engine = nccl_from_unique_id(nccl_unique_id(), 0, 1, 0, options);
-    DeviceBuffer<float> d(16);
-    d.upload(ramp(16, 1.0f), compute);
-    engine.all_reduce(d.data(), d.data(), 16, DataType::f32, ReduceOp::sum).wait();  // completes: not reported
-    CUDA_OK(cudaStreamSynchronize(compute));
-    std::this_thread::sleep_for(500ms);
-    {
-      std::lock_guard<std::mutex> lock(m);
-      CHECK(reported == "");
-    }
-    // The compute stream is held, so the next collective (ordered after it) cannot complete.
-    CUDA_OK(cudaLaunchHostFunc(compute, hold_stream, &release));
-    Handle h = engine.all_reduce(d.data(), d.data(), 16, DataType::f32, ReduceOp::sum);
-    for (int i = 0; i < 100; ++i) {
-      std::this_thread::sleep_for(50ms);
-      std::lock_guard<std::mutex> lock(m);
-      if (!reported.empty()) break;
-    }
-    {
-      std::lock_guard<std::mutex> lock(m);
-      CHECK_ERROR_CONTAINS(fail(reported), "rank 0: NCCL all_reduce (collective #2 of 1 ranks) did not complete "
-                                           "within 0.3 s: a rank died, hangs, or stopped calling the same collectives");
-      CHECK_ERROR_CONTAINS(fail(reported), "the communicator was aborted");
-    }
-    CHECK_ERROR_CONTAINS(h.wait(), "rank 0: all_reduce on an aborted NCCL communicator: rank 0: NCCL all_reduce");
-    CHECK_ERROR_CONTAINS(engine.barrier(), "rank 0: barrier on an aborted NCCL communicator");
-    release = true;
-    CUDA_OK(cudaStreamSynchronize(compute));
-  }
-  (void)cudaDeviceSynchronize();
-  CUDA_OK(cudaStreamDestroy(compute));
-}
-
 TEST_CASE("nccl: one thread rank per device, bootstrapped through a TcpStore") {
   const int p = std::min(devices(), 4);
   if (p < 2) {
@@ -419,6 +362,118 @@ TEST_CASE("nccl: one thread rank per device, bootstrapped through a TcpStore") {
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < p; ++r) CHECK(errors[static_cast<std::size_t>(r)] == "");
+}
+
+TEST_CASE("nccl: a rank that stops calling collectives ends the other within the timeout, naming the operation") {
+  if (devices() < 2) {
+    MESSAGE("one device: the case of a silent peer needs two");
+    return;
+  }
+  const int port = free_port();
+  std::mutex m;
+  std::string reported[2];  // rank 1 may learn of rank 0's abort too: each rank's own
+  std::string errors[2];
+  std::atomic<bool> done{false};
+  std::thread ranks[2];
+  for (int r = 0; r < 2; ++r)
+    ranks[r] = std::thread([&, r] {
+      try {
+        Launch l;
+        l.kind = LaunchKind::torchrun;
+        l.rank = l.local_rank = r;
+        l.world_size = 2;
+        l.master_addr = "127.0.0.1";
+        l.master_port = port;
+        NcclOptions options = init_within(60s);
+        options.timeout = 1s;
+        options.on_failure = [&](const std::string& why) {
+          std::lock_guard<std::mutex> lock(m);
+          reported[r] = why;
+        };
+        NcclEngine e = nccl_from_torchrun(l, options);
+        DeviceBuffer<float> d(64);
+        d.upload(ramp(64, 1.0f), nullptr);
+        e.all_reduce(d.data(), d.data(), 64, DataType::f32, ReduceOp::sum).wait();  // both: completes
+        CUDA_OK(cudaDeviceSynchronize());
+        if (r == 0) e.all_reduce(d.data(), d.data(), 64, DataType::f32, ReduceOp::sum);  // rank 1 never comes
+        const auto until = std::chrono::steady_clock::now() + 30s;
+        while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+        if (r == 0) (void)cudaDeviceSynchronize();  // returns: the abort ended NCCL's kernel
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (int i = 0; i < 400; ++i) {
+    std::this_thread::sleep_for(50ms);
+    std::lock_guard<std::mutex> lock(m);
+    if (!reported[0].empty()) break;
+  }
+  done = true;
+  for (auto& t : ranks) t.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  std::lock_guard<std::mutex> lock(m);
+  CHECK_ERROR_CONTAINS(fail(reported[0]), "rank 0: NCCL all_reduce (collective #2 of 2 ranks) did not complete within 1 s");
+}
+
+namespace {
+/// A host function on a stream that holds it until `release` is set, or 2 s pass (the
+/// abort may wait for the device, which this holds).
+void CUDART_CB hold_stream(void* release) {
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  while (!static_cast<std::atomic<bool>*>(release)->load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+}
+}  // namespace
+
+// Last in this file: the collective held here still runs on the aborted communicator
+// once the stream is released.
+TEST_CASE("nccl: the watchdog aborts a collective that does not complete within the timeout") {
+  CUDA_OK(cudaSetDevice(0));
+  cudaStream_t compute = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  std::atomic<bool> release{false};
+  std::mutex m;
+  std::string reported;
+  {
+    NcclOptions options;
+    options.compute = compute;
+    options.timeout = 300ms;
+    options.on_failure = [&](const std::string& why) {
+      std::lock_guard<std::mutex> lock(m);
+      reported = why;
+    };
+    NcclEngine engine = nccl_from_unique_id(nccl_unique_id(), 0, 1, 0, options);
+    DeviceBuffer<float> d(16);
+    d.upload(ramp(16, 1.0f), compute);
+    engine.all_reduce(d.data(), d.data(), 16, DataType::f32, ReduceOp::sum).wait();  // completes: not reported
+    CUDA_OK(cudaStreamSynchronize(compute));
+    std::this_thread::sleep_for(500ms);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      CHECK(reported == "");
+    }
+    // The compute stream is held, so the next collective (ordered after it) cannot complete.
+    CUDA_OK(cudaLaunchHostFunc(compute, hold_stream, &release));
+    Handle h = engine.all_reduce(d.data(), d.data(), 16, DataType::f32, ReduceOp::sum);
+    for (int i = 0; i < 200; ++i) {
+      std::this_thread::sleep_for(50ms);
+      std::lock_guard<std::mutex> lock(m);
+      if (!reported.empty()) break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      CHECK_ERROR_CONTAINS(fail(reported), "rank 0: NCCL all_reduce (collective #2 of 1 ranks) did not complete "
+                                           "within 0.3 s: a rank died, hangs, or stopped calling the same collectives");
+      CHECK_ERROR_CONTAINS(fail(reported), "the communicator was aborted");
+    }
+    CHECK_ERROR_CONTAINS(h.wait(), "rank 0: all_reduce on an aborted NCCL communicator: rank 0: NCCL all_reduce");
+    CHECK_ERROR_CONTAINS(engine.barrier(), "rank 0: barrier on an aborted NCCL communicator");
+    release = true;
+    CUDA_OK(cudaStreamSynchronize(compute));
+  }
+  (void)cudaDeviceSynchronize();
+  CUDA_OK(cudaStreamDestroy(compute));
 }
 
 int main(int argc, char** argv) {
