@@ -1,7 +1,8 @@
 // llama-train: trains a Llama model from a TOML config, torchtitan style.
 //
 //   llama-train --config examples/configs/debug_model.toml [--section.key value ...]
-//   mpirun -np 4 llama-train --config ...            (four processes)
+//   mpirun -np 4 llama-train --config ...            (four processes: CPU, or one GPU each)
+//   torchrun --nproc-per-node 8 --no-python llama-train --config ...   (one process per GPU)
 //   llama-train --thread-ranks 4 --config ...        (four ranks in one process)
 //
 // The ranks are laid out by [parallelism] (pipeline_parallel_degree x
@@ -26,12 +27,19 @@
 // with mixed_precision_param = "bfloat16"), or, in a build with CUDA, one GPU per
 // process: nn::Transformer<bf16, Cuda> with mixed_precision_param = "bfloat16" (bf16
 // activations and parameters, fp32 gradients and AdamW state), <float, Cuda> with
-// "float32". "auto" takes the GPU when one is visible. The rank itself is
+// "float32". "auto" takes the GPU when one is visible. Several processes on GPUs (torchrun,
+// mpirun, srun) train one GPU each, comm::choose_device's (the local rank modulo the
+// visible devices), over the NCCL engine: its id shared through a TcpStore at
+// MASTER_ADDR:MASTER_PORT where those are set, else by MPI broadcast under mpirun;
+// [comm] bounds the start and each collective (docs/running.md). The rank itself is
 // train_run.hpp's run_rank, instantiated here for the CPU and in llama_train_cuda.cu
 // (nvcc) for CUDA. On the GPU, training.attention picks cuDNN's fused attention or
 // tessera's own kernels (train/attention_choice.hpp); the start-up line says which.
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,6 +61,9 @@
 #if TESSERA_WITH_CUDA
 #include "train_cuda.hpp"
 #endif
+#if TESSERA_WITH_NCCL
+#include "tessera/comm/nccl.hpp"
+#endif
 
 using namespace tessera;
 using llama_train::RunInputs;
@@ -62,12 +73,44 @@ namespace {
 // Every choice is read at run time from the config, through the Plan.
 using CpuModel = llama_train::DynamicModel<float, Cpu>;
 
+/// comm.train_timeout_seconds, for the engines' waits.
+std::chrono::milliseconds train_timeout(const train::JobConfig& c) {
+  return std::chrono::seconds(c.comm.train_timeout_seconds);
+}
+
+#if TESSERA_WITH_NCCL
+/// The world of a multi-process launch on GPUs: one NCCL rank per process on `device`.
+/// The id goes through a TcpStore at MASTER_ADDR:MASTER_PORT when they are set
+/// (torchrun; srun with them), else by MPI broadcast (mpirun, srun with MPI). The
+/// collectives are ordered against the legacy default stream, the CUDA backend's.
+comm::Communicator nccl_world(const comm::Launch& launch, int device, const train::JobConfig& c) {
+  comm::NcclOptions options;
+  options.init_timeout = std::chrono::seconds(c.comm.init_timeout_seconds);
+  options.timeout = train_timeout(c);
+  options.compute = nullptr;
+  if (launch.has_master() || launch.kind == comm::LaunchKind::torchrun)
+    return comm::Communicator(comm::nccl_from_torchrun(launch, options));
+#if TESSERA_WITH_MPI
+  // MPI checks the world size against the launch (mpi_world) and carries the id.
+  comm::Communicator mpi = comm::mpi_world(launch);
+  return comm::Communicator(comm::nccl_from_broadcast(
+      launch.rank, launch.world_size, device,
+      [&](std::span<std::uint8_t> id) { mpi.broadcast(id, 0); }, options));
+#else
+  fail("launch: ", comm::describe_rank(launch), " of ", launch.world_size, " (", comm::name_of(launch.launcher),
+       "): the NCCL id needs MASTER_ADDR and MASTER_PORT (rank 0's host and a free port), or a build with MPI "
+       "(install libopenmpi-dev and rebuild) to broadcast it");
+#endif
+}
+#endif
+
 void usage() {
   std::printf(
       "usage: llama-train [--thread-ranks N] [--config FILE.toml] [--section.key value ...]\n\n"
-      "Trains a Llama model on the CPU or on one GPU (training.device). Every config key can be overridden\n"
-      "on the command line. Under mpirun or srun every process is a rank (CPU); --thread-ranks N runs N\n"
-      "ranks in this process (on the CPU, or sharing the GPU).\n\n%s",
+      "Trains a Llama model on the CPU or on GPUs (training.device). Every config key can be overridden\n"
+      "on the command line. Under mpirun or srun every process is a rank; on GPUs (torchrun, mpirun, srun)\n"
+      "each process trains one GPU over NCCL. --thread-ranks N runs N ranks in this process (on the CPU,\n"
+      "or sharing one GPU).\n\n%s",
       train::config_help().c_str());
 }
 
@@ -92,7 +135,9 @@ int run(std::vector<std::string> args) {
   train::check_supported(c);
   if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());
   const comm::Launch launch = comm::detect_launch();
-  comm::check_cpu_launch(launch);
+  TESSERA_CHECK(thread_ranks == 1 || launch.world_size == 1, "--thread-ranks ", thread_ranks, " under ",
+                launch.kind == comm::LaunchKind::mpi ? "an MPI" : "a torchrun-style", " launch of ",
+                launch.world_size, " processes: use one or the other");
 
   const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(c.model.tokenizer);
   RunInputs in;
@@ -103,14 +148,25 @@ int run(std::vector<std::string> args) {
 
   const std::string& device = c.training.device;
 #if TESSERA_WITH_CUDA
+  // A process of a multi-process launch takes its own GPU before anything touches one.
+  int cuda_device = 0;
+  if (device != "cpu" && launch.world_size > 1) {
+    const int visible = llama_train::cuda_device_count();
+    if (visible > 0) {
+      cuda_device = comm::choose_device(launch, visible);
+      llama_train::use_cuda_device(cuda_device);
+    }
+  }
   const llama_train::CudaDeviceInfo gpu = device == "cpu" ? llama_train::CudaDeviceInfo{} : llama_train::cuda_device_info();
   TESSERA_CHECK(device != "cuda" || gpu.visible, "training.device = \"cuda\": no CUDA device is visible (", gpu.why,
                 "); set training.device = \"cpu\" or \"auto\"");
   if (device == "cuda" || (device == "auto" && gpu.visible)) {
-    TESSERA_CHECK(launch.world_size == 1,
-                  "training.device = cuda with ", launch.world_size,
-                  " processes: llama-train runs one process on one GPU (--thread-ranks N gives N virtual ranks "
-                  "sharing it); processes on several GPUs need the NCCL engine, which llama-train does not start yet");
+#if !TESSERA_WITH_NCCL
+    TESSERA_CHECK(launch.world_size == 1, "training.device = cuda with ", launch.world_size,
+                  " processes: this llama-train was built without NCCL, which training on several GPUs needs "
+                  "(install NCCL beside the CUDA toolkit and rebuild); --thread-ranks N gives N virtual ranks "
+                  "sharing one GPU");
+#endif
     const bool bf16_model = c.training.mixed_precision_param == "bfloat16";
     const double known = bf16_model ? gpu.peak_bf16 : gpu.peak_fp32;
     in.peak_flops = c.metrics.peak_tflops > 0 ? c.metrics.peak_tflops * 1e12 : known;
@@ -123,13 +179,18 @@ int run(std::vector<std::string> args) {
       std::snprintf(text, sizeof text, "peak unknown for this GPU (set metrics.peak_tflops for MFU)");
     in.peak_text = text;
     const std::string attention = llama_train::setup_cuda_attention(c, gpu);
-    const std::string compute = (thread_ranks > 1 ? "sharing one " : "on one ") + gpu.name + " (sm_" +
+    const std::string compute = (thread_ranks > 1 ? "sharing one " : launch.world_size > 1 ? "each on one " : "on one ") +
+                                gpu.name + " (sm_" +
                                 std::to_string(gpu.cc_major) + std::to_string(gpu.cc_minor) + "), " +
                                 (bf16_model ? "bf16 activations and parameters" : "float32") +
                                 " | attention: " + attention;
     in.compute_text = [compute] { return compute; };
+#if TESSERA_WITH_NCCL
+    if (launch.world_size > 1) return llama_train::run_rank_cuda(nccl_world(launch, cuda_device, c), in);
+#endif
     if (thread_ranks == 1) return llama_train::run_rank_cuda(comm::Communicator(), in);
     comm::ThreadOptions options;
+    options.timeout = train_timeout(c);
     options.memory = llama_train::cuda_memory_access();
     comm::run_thread_ranks(thread_ranks, [&](comm::Communicator& world) { llama_train::run_rank_cuda(world, in); },
                            options);
@@ -143,6 +204,7 @@ int run(std::vector<std::string> args) {
   // The CPU has one attention (backend/cpu/attention.hpp): training.attention = "cudnn"
   // is refused by name, "auto" and "tessera" change nothing.
   train::choose_attention(c.training.attention, train::AttentionFacts{}, {});
+  comm::check_cpu_launch(launch);
 
   {
     // The peak for MFU: the fastest of the step's own GEMMs (traced on the dry-run
@@ -165,8 +227,6 @@ int run(std::vector<std::string> args) {
     return std::to_string(Cpu::threads()) + " OpenMP thread" + (Cpu::threads() == 1 ? "" : "s") + " each";
   };
   if (launch.kind == comm::LaunchKind::mpi && launch.world_size > 1) {
-    TESSERA_CHECK(thread_ranks == 1, "--thread-ranks ", thread_ranks, " under an MPI launch of ", launch.world_size,
-                  " processes: use one or the other");
 #if TESSERA_WITH_MPI
     return llama_train::run_rank<CpuModel>(comm::mpi_world(launch), in);
 #else
@@ -175,7 +235,10 @@ int run(std::vector<std::string> args) {
 #endif
   }
   if (thread_ranks == 1) return llama_train::run_rank<CpuModel>(comm::Communicator(), in);
-  comm::run_thread_ranks(thread_ranks, [&](comm::Communicator& world) { llama_train::run_rank<CpuModel>(world, in); });
+  comm::ThreadOptions options;
+  options.timeout = train_timeout(c);
+  comm::run_thread_ranks(thread_ranks, [&](comm::Communicator& world) { llama_train::run_rank<CpuModel>(world, in); },
+                         options);
   return 0;
 }
 
@@ -186,8 +249,14 @@ int main(int argc, char** argv) {
     return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const std::exception& e) {
 #if TESSERA_WITH_MPI
-    // Under mpirun this ends every rank, so none waits for this one.
-    if (comm::detect_launch().world_size > 1) comm::mpi_abort_on_error(e, "\nllama-train: error");
+    // Under mpirun this ends every rank, so none waits for this one. (The launch is read
+    // again: the error may be a bad launcher variable, which then reads as one process.)
+    int processes = 1;
+    try {
+      processes = comm::detect_launch().world_size;
+    } catch (const std::exception&) {
+    }
+    if (processes > 1) comm::mpi_abort_on_error(e, "\nllama-train: error");
 #endif
     std::fprintf(stderr, "\nllama-train: error: %s\n", e.what());
     return 1;

@@ -45,6 +45,17 @@ CudaDeviceInfo cuda_device_info() {
   return d;
 }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky error of a missing driver
+    return 0;
+  }
+  return count;
+}
+
+void use_cuda_device(int device) { TESSERA_CUDA_CHECK(cudaSetDevice(device)); }
+
 std::string setup_cuda_attention(const train::JobConfig& c, const CudaDeviceInfo& gpu) {
   const nn::ModelArgs& a = c.model.args;
   train::AttentionFacts f;

@@ -20,6 +20,14 @@ struct CudaDeviceInfo {
 };
 CudaDeviceInfo cuda_device_info();
 
+/// The CUDA devices this process sees (after CUDA_VISIBLE_DEVICES); 0 with no device or
+/// no driver.
+int cuda_device_count();
+
+/// Makes `device` this thread's current device: the one a process of a multi-process
+/// launch trains on (comm::choose_device), set before anything touches the GPU.
+void use_cuda_device(int device);
+
 /// Resolves training.attention for a run on this GPU (train/attention_choice.hpp):
 /// loads cuDNN and builds the model's attention graphs where it may run, installs the
 /// chosen engine in the CUDA backend (backend/cuda/attention_engine.hpp) and returns

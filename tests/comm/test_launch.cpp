@@ -142,6 +142,151 @@ TEST_CASE("launch: bad values name the variable and its value") {
                        "launch: MASTER_PORT=\"http\" is not an integer");
 }
 
+TEST_CASE("launch: the three GPU launchers' local sizes and rendezvous") {
+  SUBCASE("torchrun") {
+    const Launch l = detect({{"RANK", "9"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "8"},
+                             {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}});
+    CHECK(l.launcher == Launcher::torchrun);
+    CHECK(l.local_rank == 1);
+    CHECK(l.local_world_size == 8);
+    CHECK(l.local_size_var == "LOCAL_WORLD_SIZE");
+    CHECK(l.has_master());
+    CHECK(describe_rank(l) == "rank 9 (local rank 1 of 8 on this node)");
+    CHECK_FALSE(l.agent_store);
+    CHECK(l.store_port() == 29500);
+  }
+  SUBCASE("torchrun whose agent serves its own store on MASTER_PORT: the ranks meet on the next port") {
+    const Launch l = detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
+                             {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+    CHECK(l.agent_store);
+    CHECK(l.store_port() == 29501);
+    CHECK_FALSE(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
+                        {"TORCHELASTIC_USE_AGENT_STORE", "False"}})
+                    .agent_store);
+    CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "65535"},
+                                 {"TORCHELASTIC_USE_AGENT_STORE", "True"}}),
+                         "launch: MASTER_PORT=65535 is held by torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True)");
+  }
+  SUBCASE("mpirun") {
+    const Launch l = detect({{"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_RANK", "12"},
+                             {"OMPI_COMM_WORLD_LOCAL_RANK", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}});
+    CHECK(l.kind == LaunchKind::mpi);
+    CHECK(l.launcher == Launcher::mpirun);
+    CHECK(l.local_rank == 4);
+    CHECK(l.local_world_size == 8);
+    CHECK_FALSE(l.has_master());  // the id goes by MPI broadcast
+  }
+  SUBCASE("srun with --ntasks-per-node and a rendezvous address") {
+    const Launch l = detect({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "5"},
+                             {"SLURM_NTASKS_PER_NODE", "8"}, {"SLURM_TASKS_PER_NODE", "8(x2)"},
+                             {"MASTER_ADDR", "gpu-a01"}, {"MASTER_PORT", "29400"}});
+    CHECK(l.kind == LaunchKind::mpi);
+    CHECK(l.launcher == Launcher::srun);
+    CHECK(l.local_world_size == 8);
+    CHECK(l.local_size_var == "SLURM_NTASKS_PER_NODE");
+    CHECK(l.master_addr == "gpu-a01");
+    CHECK(l.master_port == 29400);
+    CHECK(l.has_master());
+  }
+  SUBCASE("srun: SLURM_TASKS_PER_NODE, this node's entry") {
+    const std::map<std::string, std::string> base = {
+        {"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "11"}, {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2),3"}};
+    CHECK(detect(base).local_world_size == 4);  // no SLURM_NODEID: the first entry
+    auto on = [&](const char* node) {
+      auto env = base;
+      env["SLURM_NODEID"] = node;
+      return detect(env).local_world_size;
+    };
+    CHECK(on("0") == 4);
+    CHECK(on("1") == 4);
+    CHECK(on("2") == 3);
+    CHECK(on("7") == 4);  // past the list: the first
+    CHECK(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_TASKS_PER_NODE", "2"}}).local_world_size == 2);
+    CHECK(detect(base).local_size_var == "SLURM_TASKS_PER_NODE");
+  }
+  SUBCASE("srun without a per-node count: unknown") {
+    const Launch l = detect({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "3"}});
+    CHECK(l.local_world_size == 0);
+    CHECK_FALSE(l.has_master());
+    CHECK(describe_rank(l) == "rank 3 (local rank 3)");
+  }
+  SUBCASE("PMI under srun takes Slurm's per-node count") {
+    const Launch l = detect({{"PMIX_RANK", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
+                             {"SLURM_TASKS_PER_NODE", "2"}});
+    CHECK(l.launcher == Launcher::pmi);
+    CHECK(l.local_world_size == 2);
+  }
+  CHECK(std::string(name_of(Launcher::srun)) == "srun");
+  CHECK(std::string(name_of(Launcher::mpirun)) == "mpirun");
+}
+
+TEST_CASE("launch: bad local sizes name the variable and its value") {
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_WORLD_SIZE", "0"}}),
+                       "launch: LOCAL_WORLD_SIZE=0: a node runs at least one rank");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_WORLD_SIZE", "eight"}}),
+                       "launch: LOCAL_WORLD_SIZE=\"eight\" is not an integer");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "a"},
+                               {"MASTER_PORT", "1"}}),
+                       "launch: LOCAL_WORLD_SIZE=4 is outside 1..2 (WORLD_SIZE=2)");
+  CHECK_ERROR_CONTAINS(detect({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
+                               {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}}),
+                       "launch: LOCAL_RANK=2 is outside [0, 2) (LOCAL_WORLD_SIZE=2)");
+  CHECK_ERROR_CONTAINS(detect({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"},
+                               {"OMPI_COMM_WORLD_LOCAL_SIZE", "-1"}}),
+                       "launch: OMPI_COMM_WORLD_LOCAL_SIZE=-1: a node runs at least one rank");
+  CHECK_ERROR_CONTAINS(detect({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"},
+                               {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}}),
+                       "launch: OMPI_COMM_WORLD_LOCAL_RANK=1 is outside [0, 1) (OMPI_COMM_WORLD_LOCAL_SIZE=1)");
+  CHECK_ERROR_CONTAINS(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_NTASKS_PER_NODE", "16"}}),
+                       "launch: SLURM_NTASKS_PER_NODE=16 is outside 1..8 (SLURM_NTASKS=8)");
+  for (const char* bad : {"", "x", "4(2)", "4(x2", "4(x0)", "4,", "4;3", "4(x2)3"})
+    CHECK_ERROR_CONTAINS(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_TASKS_PER_NODE", bad}}),
+                         "launch: SLURM_TASKS_PER_NODE=\"" + std::string(bad) +
+                             "\" is not a list of task counts (as in \"4(x2),3\")");
+  CHECK_ERROR_CONTAINS(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                               {"SLURM_NODEID", "one"}}),
+                       "launch: SLURM_NODEID=\"one\" is not an integer");
+  CHECK_ERROR_CONTAINS(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"MASTER_PORT", "99999"}}),
+                       "launch: MASTER_PORT=99999 is outside 1..65535");
+  CHECK_ERROR_CONTAINS(detect({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"MASTER_PORT", "p"}}),
+                       "launch: MASTER_PORT=\"p\" is not an integer");
+}
+
+TEST_CASE("launch: the device of a rank is its local rank modulo the visible devices, one rank per GPU") {
+  const auto torchrun = [](int rank, int local, int local_size) {
+    return detect({{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", std::to_string(local)},
+                   {"LOCAL_WORLD_SIZE", std::to_string(local_size)}, {"MASTER_ADDR", "node0"},
+                   {"MASTER_PORT", "29500"}});
+  };
+  // A node of 8 GPUs, 8 ranks: local rank i on GPU i.
+  for (int i = 0; i < 8; ++i) CHECK(choose_device(torchrun(8 + i, i, 8), 8) == i);
+  // Fewer ranks than GPUs: the first ones.
+  CHECK(choose_device(torchrun(3, 3, 4), 8) == 3);
+  // Each task sees its own one GPU (CUDA_VISIBLE_DEVICES per task, srun --gpus-per-task=1).
+  for (int i = 0; i < 8; ++i) CHECK(choose_device(torchrun(i, i, 8), 1) == 0);
+  const Launch srun = detect({{"SLURM_PROCID", "13"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "5"},
+                              {"SLURM_NTASKS_PER_NODE", "8"}});
+  CHECK(choose_device(srun, 1) == 0);
+  CHECK(choose_device(srun, 8) == 5);
+  // The local size unknown: the local rank decides.
+  const Launch unknown = detect({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "2"}});
+  CHECK(choose_device(unknown, 4) == 2);
+  CHECK(choose_device(Launch{}, 2) == 0);
+
+  // More ranks on the node than GPUs: refused, naming the rank.
+  CHECK_ERROR_CONTAINS(choose_device(torchrun(9, 1, 16), 8),
+                       "launch: rank 9 (local rank 1 of 16 on this node): LOCAL_WORLD_SIZE=16 ranks on this node but "
+                       "this process sees 8 CUDA devices: two ranks would share GPU 1, and NCCL runs one rank per GPU");
+  CHECK_ERROR_CONTAINS(choose_device(torchrun(9, 1, 16), 8), "start at most 8 ranks per node");
+  CHECK_ERROR_CONTAINS(choose_device(srun, 4), "launch: rank 13 (local rank 5 of 8 on this node): "
+                                               "SLURM_NTASKS_PER_NODE=8 ranks on this node but this process sees 4");
+  CHECK_ERROR_CONTAINS(choose_device(unknown, 2),
+                       "launch: rank 2 (local rank 2): local rank 2 but this process sees 2 CUDA devices (0..1): it "
+                       "would share GPU 0 with local rank 0");
+  CHECK_ERROR_CONTAINS(choose_device(srun, 0),
+                       "launch: rank 13 (local rank 5 of 8 on this node): no CUDA device is visible to this process");
+}
+
 TEST_CASE("launch: the CPU engines refuse a torchrun-style launch of several ranks, pointing to mpirun") {
   check_cpu_launch(Launch{});
   check_cpu_launch(detect({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "0"}}));

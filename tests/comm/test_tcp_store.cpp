@@ -360,4 +360,41 @@ TEST_CASE("tcp store: ranks started for different worlds, and bad arguments") {
   CHECK_ERROR_CONTAINS(alone.broadcast(Bytes{1}, 1), "TcpStore rank 0: broadcast root 1 is outside [0, 1)");
 }
 
+TEST_CASE("tcp store: a world-size mismatch is one error on every rank, naming the rank and both sizes") {
+  // Ranks 0 and 1 were started for 3 ranks, rank 2 for 4; then rank 0 for 2 and the
+  // others for 3, so that the rank that comes last finds rank 0 already refusing. Every
+  // rank fails, well inside the timeout, with the same reason.
+  struct Case {
+    std::vector<int> worlds;
+    int odd_rank;
+    const char* sizes;
+  };
+  for (const Case& c : {Case{{3, 3, 4}, 2, "was started for a world of 4 ranks, rank 0 for 3"},
+                        Case{{2, 3, 3}, -1, "was started for a world of 3 ranks, rank 0 for 2"}}) {
+    const int port = free_port();
+    std::vector<std::string> errors(c.worlds.size());
+    std::vector<std::thread> threads;
+    const auto start = Clock::now();
+    for (int r = 0; r < static_cast<int>(c.worlds.size()); ++r)
+      threads.emplace_back([&, r] {
+        if (r == 2) std::this_thread::sleep_for(200ms);  // the last rank comes after the refusal
+        try {
+          TcpStore s("127.0.0.1", port, r, c.worlds[static_cast<std::size_t>(r)], 20s);
+          s.barrier();
+        } catch (const Error& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    CHECK(Clock::now() - start < 10s);
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+      INFO("rank ", r, ": ", errors[r]);
+      CHECK_ERROR_CONTAINS(fail(errors[r]), c.sizes);
+      CHECK_ERROR_CONTAINS(fail(errors[r]), "every rank must be started with the same world size");
+      if (c.odd_rank >= 0) CHECK_ERROR_CONTAINS(fail(errors[r]), "rank " + std::to_string(c.odd_rank) + " (");
+      if (r > 0) CHECK_ERROR_CONTAINS(fail(errors[r]), "rank 0 failed before every rank joined: TcpStore rank 0");
+    }
+  }
+}
+
 }  // namespace test_tcp_store

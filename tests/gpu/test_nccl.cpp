@@ -1,8 +1,9 @@
 // The NCCL engine on device buffers: a one-rank NCCL world's collectives (each output
 // buffer starts as a sentinel, so a collective that moved nothing or the wrong byte
 // count shows), their order against a compute stream the host never synchronised
-// before the collective, grouped send/recv, split, the bootstrap helpers, and errors
-// naming the rank. With two or more devices, a world of one thread rank per device
+// before the collective, grouped send/recv, split, the bootstrap helpers (the device
+// choice, the init timeout of a rank that never joins), the watchdog that aborts a
+// collective past its timeout, and errors naming the rank. With two or more devices, a world of one thread rank per device
 // checks every collective across ranks, bootstrapped through a TcpStore as torchrun
 // would. The main exits 77 (Meson's skip) when no device is present.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -13,7 +14,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -35,6 +38,13 @@ void cuda_ok(cudaError_t status, const char* call) {
   TESSERA_CHECK(status == cudaSuccess, call, ": ", cudaGetErrorName(status), ": ", cudaGetErrorString(status));
 }
 #define CUDA_OK(expr) cuda_ok((expr), #expr)
+
+/// Options with this init timeout, the rest as default.
+NcclOptions init_within(std::chrono::milliseconds t) {
+  NcclOptions o;
+  o.init_timeout = t;
+  return o;
+}
 
 int devices() {
   int n = 0;
@@ -102,7 +112,9 @@ TEST_CASE("nccl: one rank's collectives on device buffers, ordered on the comput
   cudaStream_t compute = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
   {
-    NcclEngine engine = nccl_from_unique_id(nccl_unique_id(), 0, 1, 0, compute);
+    NcclOptions options;
+    options.compute = compute;
+    NcclEngine engine = nccl_from_unique_id(nccl_unique_id(), 0, 1, 0, options);
     CHECK(engine.compute_stream() == compute);
     CHECK(engine.comm_stream() != compute);
     Communicator c(engine);  // a copy: both share one ncclComm_t
@@ -207,7 +219,7 @@ TEST_CASE("nccl: bootstrap helpers for torchrun and for a launcher's own broadca
   CUDA_OK(cudaSetDevice(0));
   Launch launch;
   launch.kind = LaunchKind::torchrun;  // a one-rank world needs no master to meet
-  NcclEngine t = nccl_from_torchrun(launch, 5s);
+  NcclEngine t = nccl_from_torchrun(launch, init_within(5s));
   CHECK(t.size() == 1);
   CHECK(t.device() == 0);
 
@@ -224,8 +236,23 @@ TEST_CASE("nccl: bootstrap helpers for torchrun and for a launcher's own broadca
 
   CHECK_ERROR_CONTAINS(nccl_from_broadcast(1, 2, 0, [](std::span<std::uint8_t>) {}),
                        "rank 1: the NCCL id is still all zeros after the broadcast");
-  launch.kind = LaunchKind::mpi;
-  CHECK_ERROR_CONTAINS(nccl_from_torchrun(launch, 5s), "rank 0: nccl_from_torchrun on an MPI launch");
+  launch.world_size = 2;  // two ranks meet at MASTER_ADDR:MASTER_PORT, which this launch lacks
+  launch.launcher = Launcher::mpirun;
+  CHECK_ERROR_CONTAINS(nccl_from_torchrun(launch, init_within(5s)),
+                       "launch: rank 0 (local rank 0) of 2 (mpirun): the NCCL id is exchanged at "
+                       "MASTER_ADDR:MASTER_PORT, which are not both set");
+  if (devices() >= 2) {  // more ranks on the node than its GPUs: refused before any rank meets
+    Launch crowded;
+    crowded.kind = LaunchKind::torchrun;
+    crowded.rank = 1;
+    crowded.local_rank = 1;
+    crowded.world_size = crowded.local_world_size = devices() + 1;
+    crowded.local_size_var = "LOCAL_WORLD_SIZE";
+    crowded.master_addr = "127.0.0.1";
+    crowded.master_port = free_port();
+    CHECK_ERROR_CONTAINS(nccl_from_torchrun(crowded, init_within(5s)),
+                         "ranks on this node but this process sees " + std::to_string(devices()) + " CUDA devices");
+  }
   CHECK_ERROR_CONTAINS(nccl_from_unique_id(nccl_unique_id(), 0, 1, devices()),
                        "rank 0: CUDA device " + std::to_string(devices()) + " does not exist");
 }
@@ -255,6 +282,15 @@ TEST_CASE("nccl: errors name the rank, and abort fails every copy with its reaso
   CUDA_OK(cudaDeviceSynchronize());
 }
 
+TEST_CASE("nccl: a rank that never joins fails ncclCommInitRank within the init timeout") {
+  CUDA_OK(cudaSetDevice(0));
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 0 of 2, and rank 1 never comes: the non-blocking init is polled, then aborted.
+  CHECK_ERROR_CONTAINS(nccl_from_unique_id(nccl_unique_id(), 0, 2, 0, init_within(2s)),
+                       "rank 0: ncclCommInitRank (2 ranks, CUDA device 0) did not finish within 2 s");
+  CHECK(std::chrono::steady_clock::now() - start < 60s);
+}
+
 TEST_CASE("nccl: one thread rank per device, bootstrapped through a TcpStore") {
   const int p = std::min(devices(), 4);
   if (p < 2) {
@@ -274,7 +310,7 @@ TEST_CASE("nccl: one thread rank per device, bootstrapped through a TcpStore") {
         l.local_rank = r;
         l.master_addr = "127.0.0.1";
         l.master_port = port;
-        Communicator c(nccl_from_torchrun(l, 60s));
+        Communicator c(nccl_from_torchrun(l, init_within(60s)));
         TESSERA_CHECK(c.rank() == r && c.size() == p, "rank ", r, ": communicator rank ", c.rank(), " of ", c.size());
         const std::size_t n = 1000;
         DeviceBuffer<float> mine(n), all(n * p), full(n * p), block(n);
@@ -326,6 +362,118 @@ TEST_CASE("nccl: one thread rank per device, bootstrapped through a TcpStore") {
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < p; ++r) CHECK(errors[static_cast<std::size_t>(r)] == "");
+}
+
+TEST_CASE("nccl: a rank that stops calling collectives ends the other within the timeout, naming the operation") {
+  if (devices() < 2) {
+    MESSAGE("one device: the case of a silent peer needs two");
+    return;
+  }
+  const int port = free_port();
+  std::mutex m;
+  std::string reported[2];  // rank 1 may learn of rank 0's abort too: each rank's own
+  std::string errors[2];
+  std::atomic<bool> done{false};
+  std::thread ranks[2];
+  for (int r = 0; r < 2; ++r)
+    ranks[r] = std::thread([&, r] {
+      try {
+        Launch l;
+        l.kind = LaunchKind::torchrun;
+        l.rank = l.local_rank = r;
+        l.world_size = 2;
+        l.master_addr = "127.0.0.1";
+        l.master_port = port;
+        NcclOptions options = init_within(60s);
+        options.timeout = 1s;
+        options.on_failure = [&](const std::string& why) {
+          std::lock_guard<std::mutex> lock(m);
+          reported[r] = why;
+        };
+        NcclEngine e = nccl_from_torchrun(l, options);
+        DeviceBuffer<float> d(64);
+        d.upload(ramp(64, 1.0f), nullptr);
+        e.all_reduce(d.data(), d.data(), 64, DataType::f32, ReduceOp::sum).wait();  // both: completes
+        CUDA_OK(cudaDeviceSynchronize());
+        if (r == 0) e.all_reduce(d.data(), d.data(), 64, DataType::f32, ReduceOp::sum);  // rank 1 never comes
+        const auto until = std::chrono::steady_clock::now() + 30s;
+        while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+        if (r == 0) (void)cudaDeviceSynchronize();  // returns: the abort ended NCCL's kernel
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (int i = 0; i < 400; ++i) {
+    std::this_thread::sleep_for(50ms);
+    std::lock_guard<std::mutex> lock(m);
+    if (!reported[0].empty()) break;
+  }
+  done = true;
+  for (auto& t : ranks) t.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  std::lock_guard<std::mutex> lock(m);
+  CHECK_ERROR_CONTAINS(fail(reported[0]), "rank 0: NCCL all_reduce (collective #2 of 2 ranks) did not complete within 1 s");
+}
+
+namespace {
+/// A host function on a stream that holds it until `release` is set, or 2 s pass (the
+/// abort may wait for the device, which this holds).
+void CUDART_CB hold_stream(void* release) {
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  while (!static_cast<std::atomic<bool>*>(release)->load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+}
+}  // namespace
+
+// Last in this file: the collective held here still runs on the aborted communicator
+// once the stream is released.
+TEST_CASE("nccl: the watchdog aborts a collective that does not complete within the timeout") {
+  CUDA_OK(cudaSetDevice(0));
+  cudaStream_t compute = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  std::atomic<bool> release{false};
+  std::mutex m;
+  std::string reported;
+  {
+    NcclOptions options;
+    options.compute = compute;
+    options.timeout = 300ms;
+    options.on_failure = [&](const std::string& why) {
+      std::lock_guard<std::mutex> lock(m);
+      reported = why;
+    };
+    NcclEngine engine = nccl_from_unique_id(nccl_unique_id(), 0, 1, 0, options);
+    DeviceBuffer<float> d(16);
+    d.upload(ramp(16, 1.0f), compute);
+    engine.all_reduce(d.data(), d.data(), 16, DataType::f32, ReduceOp::sum).wait();  // completes: not reported
+    CUDA_OK(cudaStreamSynchronize(compute));
+    std::this_thread::sleep_for(500ms);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      CHECK(reported == "");
+    }
+    // The compute stream is held, so the next collective (ordered after it) cannot complete.
+    CUDA_OK(cudaLaunchHostFunc(compute, hold_stream, &release));
+    Handle h = engine.all_reduce(d.data(), d.data(), 16, DataType::f32, ReduceOp::sum);
+    for (int i = 0; i < 200; ++i) {
+      std::this_thread::sleep_for(50ms);
+      std::lock_guard<std::mutex> lock(m);
+      if (!reported.empty()) break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      CHECK_ERROR_CONTAINS(fail(reported), "rank 0: NCCL all_reduce (collective #2 of 1 ranks) did not complete "
+                                           "within 0.3 s: a rank died, hangs, or stopped calling the same collectives");
+      CHECK_ERROR_CONTAINS(fail(reported), "the communicator was aborted");
+    }
+    CHECK_ERROR_CONTAINS(h.wait(), "rank 0: all_reduce on an aborted NCCL communicator: rank 0: NCCL all_reduce");
+    CHECK_ERROR_CONTAINS(engine.barrier(), "rank 0: barrier on an aborted NCCL communicator");
+    release = true;
+    CUDA_OK(cudaStreamSynchronize(compute));
+  }
+  (void)cudaDeviceSynchronize();
+  CUDA_OK(cudaStreamDestroy(compute));
 }
 
 int main(int argc, char** argv) {

@@ -149,7 +149,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 67);
+  CHECK(keys.size() == 69);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -164,7 +164,18 @@ TEST_CASE("the key table is consistent") {
   CHECK(tessera::train::find_config_key("training.nope") == nullptr);
   CHECK(tessera::train::config_sections() ==
         std::vector<std::string_view>{"job", "model", "optimizer", "lr_scheduler", "training", "parallelism",
-                                      "activation_checkpoint", "checkpoint", "metrics"});
+                                      "activation_checkpoint", "checkpoint", "metrics", "comm"});
+}
+
+TEST_CASE("[comm]: the timeouts, positive seconds") {
+  const JobConfig d;
+  CHECK(d.comm.init_timeout_seconds == 300);
+  CHECK(d.comm.train_timeout_seconds == 600);
+  const JobConfig c = parse("[comm]\ninit_timeout_seconds = 60\n", {"--comm.train_timeout_seconds", "120"});
+  CHECK(c.comm.init_timeout_seconds == 60);
+  CHECK(c.comm.train_timeout_seconds == 120);
+  CHECK_ERROR(parse("", {"--comm.train_timeout_seconds", "0"}), "command line", "comm.train_timeout_seconds");
+  CHECK_ERROR(parse("[comm]\ninit_timeout_seconds = -1\n"), "comm.init_timeout_seconds");
 }
 
 TEST_CASE("each type parses from TOML") {
@@ -657,7 +668,9 @@ TEST_CASE("to_toml round trip") {
                  "--metrics.log_freq", "1",
                  "--metrics.enable_tensorboard",
                  "--metrics.save_tb_folder", "tensorboard",
-                 "--metrics.peak_tflops", "989.5"};
+                 "--metrics.peak_tflops", "989.5",
+                 "--comm.init_timeout_seconds", "30",
+                 "--comm.train_timeout_seconds", "45"};
     JobConfig c = load_config("", args);
     const JobConfig defaults;
     for (const auto& k : tessera::train::config_keys()) {

@@ -22,6 +22,10 @@
 // garbage gives a tessera::Error naming this rank, rank 0's address:port and what was
 // being waited for; never a hang. When rank 0 fails it sends its reason to the ranks
 // connected to it before closing, so they fail with it rather than a bare EOF.
+// Every hello carries the world size its rank was started for: a rank whose size is
+// not rank 0's fails the store on every rank with one message naming that rank and
+// both sizes (rank 0 keeps telling the ranks that still connect, until none has come
+// for 3 s).
 //
 // Not thread-safe: one store per rank, each called from one thread at a time.
 #pragma once
@@ -558,13 +562,21 @@ class TcpStore {
     return out;
   }
 
+  /// Accepts every rank's hello. A rank started for another world size fails rank 0,
+  /// but rank 0 first keeps answering the ranks that still connect with the same
+  /// reason, until none came for kLinger, so that every rank fails with one message.
   void accept_ranks(Clock::time_point deadline) {
     peers_.resize(static_cast<std::size_t>(world_));
     listener_ = listen_socket();
-    for (int joined = 1; joined < world_;) {
-      if (!wait_ready(listener_.fd(), POLLIN, deadline))
+    std::string refused;  // the first world-size mismatch
+    auto linger_end = deadline;
+    for (int joined = 1; joined < world_ || !refused.empty();) {  // a refusal ends by the linger's timeout
+      const auto until = refused.empty() ? deadline : linger_end;
+      if (!wait_ready(listener_.fd(), POLLIN, until)) {
+        if (!refused.empty()) throw Error(refused);
         fail(where(), "timed out after ", timeout_s(), " s waiting for rank(s) ", missing_ranks(), " to connect (",
              joined, " of ", world_, " ranks joined)");
+      }
       detail::Socket s(::accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!s.valid()) {
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) continue;
@@ -577,10 +589,21 @@ class TcpStore {
         TESSERA_CHECK(hello.kind == Kind::hello && hello.seq == 0 && hello.payload.size() == 8, where(),
                       "malformed frame from ", from, ": expected a hello (8 bytes), got ", detail::name_of(hello.kind),
                       " #", hello.seq, " of ", hello.payload.size(), " bytes");
+        if (!refused.empty()) {  // told why, and not kept
+          tell_failure(s.fd(), refused);
+          linger_end = std::min(deadline, Clock::now() + kLinger);
+          continue;
+        }
         const auto r = static_cast<std::int64_t>(detail::get_u32(hello.payload.data()));
         const auto w = static_cast<std::int64_t>(detail::get_u32(hello.payload.data() + 4));
-        TESSERA_CHECK(w == world_, where(), "rank ", r, " (", from, ") was started for a world of ", w,
-                      " ranks, rank 0 for ", world_);
+        if (w != world_) {
+          refused = describe(where(), "rank ", r, " (", from, ") was started for a world of ", w, " ranks, rank 0 for ",
+                             world_, ": every rank must be started with the same world size");
+          tell_failure(s.fd(), refused);
+          for (const auto& p : peers_) tell_failure(p.fd(), refused);
+          linger_end = std::min(deadline, Clock::now() + kLinger);
+          continue;
+        }
         TESSERA_CHECK(r >= 1 && r < world_, where(), from, " introduces itself as rank ", r, ", outside [1, ", world_,
                       ")");
         TESSERA_CHECK(!peer(static_cast<int>(r)).valid(), where(), "two ranks introduce themselves as rank ", r,
@@ -660,6 +683,9 @@ class TcpStore {
                   "rank 0 runs a world of ", detail::get_u32(f.payload.data()), " ranks, this rank was started for ",
                   world_);
   }
+
+  /// After a world-size mismatch, how long rank 0 waits for another rank to tell.
+  static constexpr std::chrono::seconds kLinger{3};
 
   std::string addr_;
   int port_;

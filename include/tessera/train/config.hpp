@@ -2,7 +2,7 @@
 //
 // JobConfig holds one plain struct per section ([job], [model], [optimizer],
 // [lr_scheduler], [training], [parallelism], [activation_checkpoint], [checkpoint],
-// [metrics]) with torchtitan's defaults. ONE table, config_keys(), describes every key
+// [metrics], [comm]) with torchtitan's defaults. ONE table, config_keys(), describes every key
 // once: its "section.key" name, its type, where it lives in JobConfig, what it means and
 // which values it accepts. TOML parsing, --section.key overrides, to_toml() and
 // config_help() all walk that table, so a key added there is parsed, overridable,
@@ -483,6 +483,15 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("metrics.peak_tflops", field<&J::metrics, &MetricsSection::peak_tflops>(),
                "Peak TFLOP/s per device that MFU is computed against (0: the device's known peak).")
           .at_least(0),
+      // [comm]
+      make_key("comm.init_timeout_seconds", field<&J::comm, &CommSection::init_timeout_seconds>(),
+               "Seconds the ranks may take to start: the rendezvous at MASTER_ADDR:MASTER_PORT, the NCCL id "
+               "exchange, ncclCommInitRank and each communicator split.")
+          .positive(),
+      make_key("comm.train_timeout_seconds", field<&J::comm, &CommSection::train_timeout_seconds>(),
+               "Seconds one collective may take to complete; past it (a rank died or hangs) every rank ends with "
+               "an error naming the operation.")
+          .positive(),
   };
   std::vector<ConfigKey> keys;
   keys.reserve(b.size());

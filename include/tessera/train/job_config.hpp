@@ -121,6 +121,16 @@ struct MetricsSection {
   double peak_tflops = 0.0;  // 0: the device's known peak
 };
 
+/// [comm]: how long the ranks wait for each other (torchtitan's keys).
+struct CommSection {
+  /// The start: the rendezvous at MASTER_ADDR:MASTER_PORT, the NCCL id exchange,
+  /// ncclCommInitRank and the mesh's communicator splits, each.
+  std::int64_t init_timeout_seconds = 300;
+  /// One collective, from its issue to its completion (NCCL's watchdog, the thread
+  /// ranks' wait); past it every rank ends with an error naming the operation.
+  std::int64_t train_timeout_seconds = 600;
+};
+
 struct JobConfig {
   JobSection job;
   ModelSection model;
@@ -131,6 +141,7 @@ struct JobConfig {
   ActivationCheckpointSection activation_checkpoint;
   CheckpointSection checkpoint;
   MetricsSection metrics;
+  CommSection comm;
 };
 
 }  // namespace tessera::train
