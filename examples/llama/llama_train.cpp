@@ -185,6 +185,9 @@ int run(std::vector<std::string> args) {
                                 (bf16_model ? "bf16 activations and parameters" : "float32") +
                                 " | attention: " + attention;
     in.compute_text = [compute] { return compute; };
+    TESSERA_CHECK(!c.comm.check_nccl_semantics, "comm.check_nccl_semantics = true on a GPU: the check holds the CPU "
+                  "engines to NCCL's rules (set training.device = \"cpu\"); GPU processes run NCCL itself, and "
+                  "virtual ranks share one device, which NCCL refuses");
 #if TESSERA_WITH_NCCL
     if (launch.world_size > 1) return llama_train::run_rank_cuda(nccl_world(launch, cuda_device, c), in);
 #endif
@@ -228,7 +231,9 @@ int run(std::vector<std::string> args) {
   };
   if (launch.kind == comm::LaunchKind::mpi && launch.world_size > 1) {
 #if TESSERA_WITH_MPI
-    return llama_train::run_rank<CpuModel>(comm::mpi_world(launch), in);
+    const comm::MemoryAccess memory = Cpu::memory_access();
+    return llama_train::run_rank<CpuModel>(comm::mpi_world(launch, c.comm.check_nccl_semantics ? &memory : nullptr),
+                                           in);
 #else
     fail("started as rank ", launch.rank, " of ", launch.world_size,
          " by mpirun or srun, but this llama-train was built without MPI (install libopenmpi-dev and rebuild)");
@@ -237,6 +242,8 @@ int run(std::vector<std::string> args) {
   if (thread_ranks == 1) return llama_train::run_rank<CpuModel>(comm::Communicator(), in);
   comm::ThreadOptions options;
   options.timeout = train_timeout(c);
+  options.memory = Cpu::memory_access();
+  options.nccl_rules = c.comm.check_nccl_semantics;
   comm::run_thread_ranks(thread_ranks, [&](comm::Communicator& world) { llama_train::run_rank<CpuModel>(world, in); },
                          options);
   return 0;

@@ -120,7 +120,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
                 " = ", local * dp, ")");
   // Thread ranks on the CPU share this process's cores.
   if constexpr (std::is_same_v<typename Model::backend_type, Cpu>)
-    if (world.size() > 1 && world.engine_name() == "threads")
+    if (world.size() > 1 && world.engine_name().starts_with("threads"))
       omp_set_num_threads(std::max(1, Cpu::threads() / world.size()));
   comm::DeviceMesh mesh(world, shape);
   const parallel::Plan plan = train::make_plan(c, &mesh);
@@ -211,7 +211,8 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     model.with_whole_parameters([&] {
       if (lead) write();
     });
-    world.barrier();  // the files are complete before any rank goes on
+    world.barrier();  // the files are complete before any rank goes on:
+    B::synchronize();  // a barrier's wait orders the stream; this holds the host (NCCL's rule)
   };
   for (std::int64_t s = 1; s <= c.training.steps; ++s) {
     const train::StepMetrics m = trainer.step();

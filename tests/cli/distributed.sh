@@ -131,9 +131,9 @@ check_pipeline_header() {
 train_run one "$train" --training.local_batch_size 4 || { echo "the one-rank reference failed"; exit 1; }
 # Four thread ranks (FSDP 4), one sequence each: the same global batch.
 train_run threads4 "$train" --thread-ranks 4 --training.local_batch_size 1 && check_parity threads4
-# HSDP 2 x 2 on thread ranks, through the degrees.
+# HSDP 2 x 2 on thread ranks, through the degrees, held to NCCL's rules.
 train_run threads_hsdp "$train" --thread-ranks 4 --training.local_batch_size 1 \
-  --parallelism.data_parallel_replicate_degree 2 && check_parity threads_hsdp
+  --parallelism.data_parallel_replicate_degree 2 --comm.check_nccl_semantics true && check_parity threads_hsdp
 # Tensor parallel 2 on two thread ranks: both read the whole batch of 4 and split each
 # block's heads and hidden units, the rows between blocks and the vocabulary.
 train_run threads_tp2 "$train" --thread-ranks 2 --training.local_batch_size 4 \
@@ -156,8 +156,9 @@ train_run threads_pp2_tp2 "$train" --thread-ranks 4 --training.local_batch_size 
   --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
   --parallelism.pipeline_parallel_schedule InterleavedZeroBubble \
   && check_parity threads_pp2_tp2 && check_pipeline_header threads_pp2_tp2 InterleavedZeroBubble
-# FSDP 2 x TP 2 x PP 2 on eight thread ranks, interleaved 1F1B, two sequences per slice.
-train_run threads_fsdp2_tp2_pp2 "$train" --thread-ranks 8 --training.local_batch_size 2 \
+# FSDP 2 x TP 2 x PP 2 on eight thread ranks, interleaved 1F1B, two sequences per slice,
+# held to NCCL's rules.
+train_run threads_fsdp2_tp2_pp2 "$train" --thread-ranks 8 --training.local_batch_size 2 --comm.check_nccl_semantics true \
   --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B \
   && check_parity threads_fsdp2_tp2_pp2 && check_pipeline_header threads_fsdp2_tp2_pp2 Interleaved1F1B
@@ -168,11 +169,12 @@ if [ "$mpirun" != none ]; then
   train_run mpi2_ddp "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 1 \
     --training.global_batch_size 4 --parallelism.data_parallel_replicate_degree 2 \
     --parallelism.data_parallel_shard_degree 1 && check_parity mpi2_ddp
-  # Two processes as tensor parallel 2, each reading the whole batch of 4.
+  # Two processes as tensor parallel 2, each reading the whole batch of 4, held to NCCL's rules.
   train_run mpi2_tp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
-    --parallelism.tensor_parallel_degree 2 && check_parity mpi2_tp2
-  # Two processes as pipeline parallel 2 (GPipe), two microbatches of two sequences.
-  train_run mpi2_pp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
+    --parallelism.tensor_parallel_degree 2 --comm.check_nccl_semantics true && check_parity mpi2_tp2
+  # Two processes as pipeline parallel 2 (GPipe), two microbatches of two sequences,
+  # held to NCCL's rules.
+  train_run mpi2_pp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 --comm.check_nccl_semantics true \
     --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule GPipe \
     --parallelism.pipeline_parallel_microbatch_size 2 && check_parity mpi2_pp2 && check_pipeline_header mpi2_pp2 GPipe
 fi

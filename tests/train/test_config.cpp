@@ -149,7 +149,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 69);
+  CHECK(keys.size() == 70);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -171,6 +171,8 @@ TEST_CASE("[comm]: the timeouts, positive seconds") {
   const JobConfig d;
   CHECK(d.comm.init_timeout_seconds == 300);
   CHECK(d.comm.train_timeout_seconds == 600);
+  CHECK_FALSE(d.comm.check_nccl_semantics);
+  CHECK(parse("[comm]\ncheck_nccl_semantics = true\n").comm.check_nccl_semantics);
   const JobConfig c = parse("[comm]\ninit_timeout_seconds = 60\n", {"--comm.train_timeout_seconds", "120"});
   CHECK(c.comm.init_timeout_seconds == 60);
   CHECK(c.comm.train_timeout_seconds == 120);

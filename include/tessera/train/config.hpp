@@ -492,6 +492,9 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Seconds one collective may take to complete; past it (a rank died or hangs) every rank ends with "
                "an error naming the operation.")
           .positive(),
+      make_key("comm.check_nccl_semantics", field<&J::comm, &CommSection::check_nccl_semantics>(),
+               "Hold the CPU engines (--thread-ranks, mpirun) to NCCL's rules: device buffers only, no tags, results "
+               "read only after their wait, sends that wait for their receiver. Refused on GPUs, where NCCL itself runs."),
   };
   std::vector<ConfigKey> keys;
   keys.reserve(b.size());

@@ -121,7 +121,7 @@ struct MetricsSection {
   double peak_tflops = 0.0;  // 0: the device's known peak
 };
 
-/// [comm]: how long the ranks wait for each other (torchtitan's keys).
+/// [comm]: how long the ranks wait for each other (torchtitan's keys), and the NCCL-rules check.
 struct CommSection {
   /// The start: the rendezvous at MASTER_ADDR:MASTER_PORT, the NCCL id exchange,
   /// ncclCommInitRank and the mesh's communicator splits, each.
@@ -129,6 +129,10 @@ struct CommSection {
   /// One collective, from its issue to its completion (NCCL's watchdog, the thread
   /// ranks' wait); past it every rank ends with an error naming the operation.
   std::int64_t train_timeout_seconds = 600;
+  /// Hold the CPU engines (thread ranks, MPI) to what NCCL requires (comm/nccl_rules.hpp):
+  /// device buffers only, no tags, results read only after their wait, sends that wait
+  /// for their receiver. What runs this way will not deadlock or read garbage on NCCL.
+  bool check_nccl_semantics = false;
 };
 
 struct JobConfig {
