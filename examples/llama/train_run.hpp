@@ -212,7 +212,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
       if (lead) write();
     });
     world.barrier();  // the files are complete before any rank goes on:
-    B::synchronize();  // a barrier's wait orders the stream; this holds the host (NCCL's rule)
+    Model::backend_type::synchronize();  // a barrier orders the stream; this holds the host (NCCL)
   };
   for (std::int64_t s = 1; s <= c.training.steps; ++s) {
     const train::StepMetrics m = trainer.step();

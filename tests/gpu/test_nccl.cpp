@@ -264,6 +264,14 @@ TEST_CASE("nccl: errors name the rank, and abort fails every copy with its reaso
   CHECK_ERROR_CONTAINS(engine.all_reduce(h.data(), h.data(), 4, DataType::u16, ReduceOp::sum),
                        "rank 0: reduction over u16 elements is not supported: reduce f32, f64, bf16, i32 or i64");
   CHECK_ERROR_CONTAINS(engine.broadcast(h.data(), 4, DataType::u16, 1), "rank 0: broadcast root 1 outside 1 ranks");
+  // A host variable, what all_reduce_value used to hand over, is refused by name.
+  double loss = 1.5;
+  CHECK_ERROR_CONTAINS(engine.all_reduce(&loss, &loss, 1, DataType::f64, ReduceOp::sum),
+                       "rank 0: all_reduce: the input (");
+  CHECK_ERROR_CONTAINS(engine.all_reduce(&loss, &loss, 1, DataType::f64, ReduceOp::sum),
+                       "is host memory, which NCCL cannot move");
+  const PeerOp host_send{PeerOp::Kind::send, 0, &loss, 1, DataType::f64};
+  CHECK_ERROR_CONTAINS(engine.send_recv(std::span<const PeerOp>(&host_send, 1)), "send_recv: the send buffer");
   CHECK_ERROR_CONTAINS(comm::detail::nccl_check(ncclInvalidArgument, "ncclAllReduce", 5),
                        std::string("rank 5: ncclAllReduce failed: ") + ncclGetErrorString(ncclInvalidArgument));
   CHECK_ERROR_CONTAINS(comm::detail::nccl_cuda_check(cudaErrorInvalidValue, "cudaMalloc", 5),

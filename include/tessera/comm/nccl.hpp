@@ -487,6 +487,8 @@ class NcclEngine {
 
   Handle all_gather(const void* in, void* out, std::size_t n, DataType t) {
     const auto m = detail::nccl_moved(t, n);
+    require("all_gather", "input", in, n * size_of(t));
+    require("all_gather", "output", out, n * size_of(t) * static_cast<std::size_t>(size()));
     return issue("all_gather", [&](ncclComm_t c, cudaStream_t s) {
       state_->nccl(ncclAllGather(in, out, m.count, m.type, c, s), "ncclAllGather");
     });
@@ -494,6 +496,8 @@ class NcclEngine {
 
   Handle reduce_scatter(const void* in, void* out, std::size_t n, DataType t, ReduceOp op) {
     const auto type = detail::nccl_reduced(t, state_->world_rank);
+    require("reduce_scatter", "input", in, n * size_of(t) * static_cast<std::size_t>(size()));
+    require("reduce_scatter", "output", out, n * size_of(t));
     return issue("reduce_scatter", [&](ncclComm_t c, cudaStream_t s) {
       state_->nccl(ncclReduceScatter(in, out, n, type, detail::nccl_op(op), c, s), "ncclReduceScatter");
     });
@@ -501,6 +505,8 @@ class NcclEngine {
 
   Handle all_reduce(const void* in, void* out, std::size_t n, DataType t, ReduceOp op) {
     const auto type = detail::nccl_reduced(t, state_->world_rank);
+    require("all_reduce", "input", in, n * size_of(t));
+    require("all_reduce", "output", out, n * size_of(t));
     return issue("all_reduce", [&](ncclComm_t c, cudaStream_t s) {
       state_->nccl(ncclAllReduce(in, out, n, type, detail::nccl_op(op), c, s), "ncclAllReduce");
     });
@@ -510,6 +516,7 @@ class NcclEngine {
     TESSERA_CHECK(root >= 0 && root < size(), "rank ", state_->world_rank, ": broadcast root ", root, " outside ",
                   size(), " ranks");
     const auto m = detail::nccl_moved(t, n);
+    require("broadcast", "buffer", data, n * size_of(t));
     return issue("broadcast", [&](ncclComm_t c, cudaStream_t s) {
       state_->nccl(ncclBroadcast(data, data, m.count, m.type, root, c, s), "ncclBroadcast");
     });
@@ -525,6 +532,8 @@ class NcclEngine {
       TESSERA_CHECK(o.tag == 0, "rank ", state_->world_rank, ": send_recv: the ",
                     o.kind == PeerOp::Kind::send ? "send to" : "recv from", " peer ", o.peer, " has tag ", o.tag,
                     ", but NCCL matches point-to-point transfers in issue order; tags are not supported");
+      require("send_recv", o.kind == PeerOp::Kind::send ? "send buffer" : "recv buffer", o.data,
+              o.count * size_of(o.type));
     }
     return issue("send_recv", [&](ncclComm_t c, cudaStream_t s) {
       state_->nccl_in_group(ncclGroupStart(), "ncclGroupStart");
@@ -625,6 +634,26 @@ class NcclEngine {
     s.cuda(cudaMalloc(reinterpret_cast<void**>(&s.barrier_word), sizeof(int)), "cudaMalloc");
     s.cuda(cudaMemsetAsync(s.barrier_word, 0, sizeof(int), s.comm_stream), "cudaMemsetAsync");
     s.start_watchdog();
+  }
+
+  /// Refuses a buffer that is not memory of this engine's device: a host variable (what a
+  /// host engine would have moved) or another device's memory fails here, naming the
+  /// operation, instead of inside NCCL or as garbage.
+  void require(const char* what, const char* role, const void* p, std::size_t bytes) const {
+    if (bytes == 0) return;
+    cudaPointerAttributes a{};
+    const cudaError_t status = cudaPointerGetAttributes(&a, p);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();  // clear it: the refusal below says what went wrong
+      a.type = cudaMemoryTypeUnregistered;
+    }
+    const bool device = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+    TESSERA_CHECK(device, "rank ", state_->world_rank, ": ", what, ": the ", role, " (", p, ", ", bytes,
+                  " bytes) is host memory, which NCCL cannot move: stage host values through a device buffer "
+                  "(parallel/host_values.hpp)");
+    TESSERA_CHECK(a.type == cudaMemoryTypeManaged || a.device == state_->device, "rank ", state_->world_rank, ": ",
+                  what, ": the ", role, " (", p, ") is memory of CUDA device ", a.device, ", but this rank's NCCL "
+                  "communicator runs on device ", state_->device);
   }
 
   /// comm stream waits for compute, `call` enqueues the NCCL work, an event marks its end.
