@@ -711,15 +711,23 @@ class Transformer {
   /// forward through every stage in order (parallel::lower_forward).
   double pipeline_loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g) {
     TESSERA_CHECK(sharded(), "model: inference before shard() on a parallel plan");
-    if (!forward_program_) forward_program_ = parallel::lower_forward(pp_, stages_per_rank_);
+    if (!forward_program_) {
+      forward_program_ = parallel::lower_forward(pp_, stages_per_rank_);
+      parallel::check_program(*forward_program_);
+    }
     PipelineStages stages(*this, inputs, targets, g, 1, 0.0, false);
     return parallel::run_pipeline<B>(*forward_program_, pp_rank_, plan_.mesh->pp(), stages).loss;
   }
 
-  /// The lowered program of the schedule for `microbatches` microbatches (made once).
+  /// The lowered program of the schedule for `microbatches` microbatches, made and
+  /// checked against NCCL's rules once (parallel::check_program) before it first runs.
   const parallel::Program& program(int microbatches) {
     auto it = programs_.find(microbatches);
-    if (it == programs_.end()) it = programs_.emplace(microbatches, parallel::lower(schedule(microbatches))).first;
+    if (it == programs_.end()) {
+      parallel::Program p = parallel::lower(schedule(microbatches));
+      parallel::check_program(p);
+      it = programs_.emplace(microbatches, std::move(p)).first;
+    }
     return it->second;
   }
 
