@@ -12,7 +12,10 @@
 #include <vector>
 
 #include "../support/errors.hpp"
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/comm/thread.hpp"
 #include "tessera/parallel/pipeline_program.hpp"
+#include "tessera/parallel/pipeline_runner.hpp"
 #include "tessera/parallel/schedule.hpp"
 
 namespace test_pipeline_program {  // unity build: this file's names stay in here (tests/meson.build)
@@ -60,6 +63,47 @@ Transfer recv(int peer, Carries c, int stage, int m) { return {Transfer::Kind::r
 Step compute(Op op, int stage, int m) { return Step::compute({op, stage, m}); }
 
 constexpr Carries A = Carries::activation, G = Carries::gradient;
+
+/// Stages whose tensors are one number naming what they carry: stage s's forward of
+/// microbatch m outputs 100 m + s, its backward -(100 m + s); each checks its input and
+/// records what ran, so a tensor delivered to the wrong compute shows.
+struct NumberStages {
+  using tensor_type = Tensor<float>;
+  int stages = 1;
+  std::vector<Action> ran;
+  std::vector<std::string> wrong;
+  std::vector<std::pair<int, int>> weight_grads_owed;
+
+  Tensor<float> transfer_buffer() const { return Cpu::empty<float>(Shape{1}); }
+  Tensor<float> number(float v) const {
+    Tensor<float> t = Cpu::empty<float>(Shape{1});
+    t.data()[0] = v;
+    return t;
+  }
+  void expect(const Tensor<float>& x, float v, const Action& a) {
+    if (x.empty() || x.data()[0] != v)
+      wrong.push_back(tessera::detail::concat(parallel::detail::spell(a), " got ", x.empty() ? -1.0f : x.data()[0], ", not ", v));
+  }
+  Tensor<float> forward(int s, int m, Tensor<float> x, double& loss) {
+    ran.push_back({Op::forward, s, m});
+    if (s > 0) expect(x, static_cast<float>(100 * m + s - 1), ran.back());
+    if (s == stages - 1) {
+      loss += 100 * m + s;
+      return {};
+    }
+    return number(static_cast<float>(100 * m + s));
+  }
+  Tensor<float> backward(int s, int m, Tensor<float> dy, bool defer) {
+    ran.push_back({defer ? Op::backward_input : Op::backward, s, m});
+    if (s < stages - 1) expect(dy, -static_cast<float>(100 * m + s + 1), ran.back());
+    if (defer) weight_grads_owed.emplace_back(s, m);
+    return s == 0 ? Tensor<float>{} : number(-static_cast<float>(100 * m + s));
+  }
+  void backward_weight(int s, int m) {
+    ran.push_back({Op::backward_weight, s, m});
+    std::erase(weight_grads_owed, std::pair{s, m});
+  }
+};
 
 }  // namespace
 
@@ -221,6 +265,48 @@ TEST_CASE("pipeline program: the checker refuses data used before its recv or se
   // A transfer to the wrong rank.
   rank0[1].group[0].peer = 0;
   CHECK_ERROR_CONTAINS(check_program(p), "is out of range (2 ranks, 2 stages) or to itself");
+}
+
+TEST_CASE("pipeline program: run_pipeline delivers every tensor to its compute over thread ranks, untagged") {
+  for (ScheduleKind kind : kAllKinds)
+    for (int P = 2; P <= 3; ++P) {
+      const int V = kind == ScheduleKind::interleaved_1f1b ? 2 : 1, M = 2 * P;
+      CAPTURE(std::string(name_of(kind)));
+      CAPTURE(P);
+      const Schedule s = make_schedule(kind, P, V, M);
+      const Program program = lower(s);
+      std::vector<NumberStages> stages(static_cast<std::size_t>(P));
+      std::vector<double> losses(static_cast<std::size_t>(P));
+      comm::run_thread_ranks(P, [&](comm::Communicator& c) {
+        NumberStages& mine = stages[static_cast<std::size_t>(c.rank())];
+        mine.stages = s.stages();
+        losses[static_cast<std::size_t>(c.rank())] = run_pipeline<Cpu>(program, c.rank(), c, mine).loss;
+      });
+      double expected = 0;
+      for (int m = 0; m < M; ++m) expected += 100 * m + s.stages() - 1;
+      for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        const NumberStages& st = stages[static_cast<std::size_t>(r)];
+        CHECK(st.ran == s.per_rank[static_cast<std::size_t>(r)]);
+        CHECK(st.wrong.empty());
+        if (!st.wrong.empty()) INFO(st.wrong.front());
+        CHECK(st.weight_grads_owed.empty());
+        CHECK(losses[static_cast<std::size_t>(r)] == expected);
+      }
+    }
+  // The forward-only walk.
+  const int P = 3, V = 2;
+  std::vector<NumberStages> stages(static_cast<std::size_t>(P));
+  std::vector<double> losses(static_cast<std::size_t>(P));
+  comm::run_thread_ranks(P, [&](comm::Communicator& c) {
+    NumberStages& mine = stages[static_cast<std::size_t>(c.rank())];
+    mine.stages = P * V;
+    losses[static_cast<std::size_t>(c.rank())] = run_pipeline<Cpu>(lower_forward(P, V), c.rank(), c, mine).loss;
+  });
+  for (int r = 0; r < P; ++r) {
+    CHECK(stages[static_cast<std::size_t>(r)].wrong.empty());
+    CHECK(losses[static_cast<std::size_t>(r)] == P * V - 1);
+  }
 }
 
 }  // namespace test_pipeline_program

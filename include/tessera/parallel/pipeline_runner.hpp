@@ -26,6 +26,7 @@
 #include <map>
 #include <span>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
