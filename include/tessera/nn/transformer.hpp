@@ -25,21 +25,21 @@
 // Pipeline parallelism: when Block carries a Pipeline policy, the model is cut into
 // stages (parallel/stages.hpp; the embedding and the output count as one layer each),
 // stage s on pipeline rank s % P, and this rank builds only its stages. A micro-batch
-// from the trainer is cut into pipeline microbatches, which run through the stages by
-// the schedule's action list for this rank (parallel/schedule.hpp): activations go
-// forward and gradients backward as tagged sends between pipeline ranks, which never
-// wait for their receiver, so any schedule the simulator completes cannot deadlock.
-// Data-parallel units stay gathered through a pass and are reduced once after it.
-// A zero-bubble schedule's input-gradient action defers the layers' weight-gradient
-// work (Context::weight_grad) to its weight-gradient action.
+// from the trainer is cut into pipeline microbatches; the model gives its stages
+// (PipelineStages: a stage's forward and backward for a microbatch, the head's loss,
+// a zero-bubble schedule's deferred weight-gradient work) and the pipeline runtime
+// (parallel/pipeline_runner.hpp) walks the schedule's lowered program over them
+// (parallel/pipeline_program.hpp): transfers in grouped, untagged send/recv calls that
+// follow NCCL's rules. Data-parallel units stay gathered through a pass and are reduced
+// once after it.
 #pragma once
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -57,6 +57,8 @@
 #include "tessera/nn/rope.hpp"
 #include "tessera/ops/init.hpp"
 #include "tessera/optim/clip.hpp"
+#include "tessera/parallel/pipeline_program.hpp"
+#include "tessera/parallel/pipeline_runner.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/sharding.hpp"
@@ -438,9 +440,6 @@ class Transformer {
                     " (each data-parallel rank's batch is cut into microbatches of that many sequences)");
       const int M = static_cast<int>(batch / mb);
       parallel::check_schedule_shape(schedule_kind_, pp_, stages_per_rank_, M);
-      TESSERA_CHECK(2 * M * static_cast<int>(stages_.size()) <= comm::kMaxTag, "pipeline: ", M,
-                    " microbatches over ", stages_.size(), " stages need more transfer tags than the communicator has (",
-                    comm::kMaxTag, "); raise parallelism.pipeline_parallel_microbatch_size");
     }
     TESSERA_CHECK((mb * seq_len) % tp_.degree() == 0,
                   pp_ > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size",
@@ -560,121 +559,144 @@ class Transformer {
     return n;
   }
 
-  /// Sends `t` to, or receives it from, the pipeline rank of `stage`: tagged, never
-  /// waiting for the receiver (keep `t` alive until the handle completes).
-  comm::Handle transfer(comm::PeerOp::Kind kind, const Tensor<T>& t, int stage, int tag) {
-    const comm::PeerOp op{kind, stage % pp_, t.data(), static_cast<std::size_t>(t.numel()), comm::data_type_of<T>(), tag};
-    return plan_.mesh->pp().send_recv_async(std::span<const comm::PeerOp>(&op, 1));
-  }
+  /// This rank's stages for one pipelined pass, as parallel::run_pipeline walks them
+  /// (parallel::PipelineStages): the model's part of a pass. It holds what the stages
+  /// keep between a microbatch's forward and backward: each block's saved activations
+  /// per (local layer, microbatch), the final norm's, the head's output gradient, and a
+  /// zero-bubble backward_input's deferred weight-gradient work. Without `training`
+  /// (evaluation) nothing is saved and the head computes the loss only.
+  class PipelineStages {
+   public:
+    using tensor_type = Tensor<T>;
 
-  /// Tags of the transfers between stages: the input of stage s, the gradient of its output.
-  int activation_tag(int stage, int m) const { return 2 * (m * static_cast<int>(stages_.size()) + stage); }
-  int gradient_tag(int stage, int m) const { return activation_tag(stage, m) + 1; }
+    PipelineStages(Transformer& model, std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
+                   Geometry microbatch, int microbatches, double loss_scale, bool training)
+        : model_(model),
+          inputs_(inputs),
+          targets_(targets),
+          g_(microbatch),
+          M_(microbatches),
+          loss_scale_(loss_scale),
+          training_(training),
+          head_grad_(static_cast<std::size_t>(microbatches)),
+          deferred_(static_cast<std::size_t>(model.stages_per_rank_ * microbatches)) {
+      if (!training) return;
+      for (std::size_t i = 0; i < model.layers_.size() * static_cast<std::size_t>(M_); ++i)
+        stores_.emplace_back("", &model.meter_);
+      for (int m = 0; m < M_; ++m) norm_stores_.emplace_back("norm", &model.meter_);
+    }
 
-  /// One micro-batch through the pipeline by the schedule. Returns the sum of token
-  /// losses (on every pipeline rank).
+    /// A tensor of the shape that crosses between stages: this tensor-parallel rank's
+    /// rows of a microbatch's hidden state.
+    Tensor<T> transfer_buffer() const {
+      return B::template empty<T>(Shape{g_.rows() / model_.tp_.degree(), model_.args_.dim});
+    }
+
+    Tensor<T> forward(int s, int m, Tensor<T> x, double& loss) {
+      Transformer& t = model_;
+      const parallel::StageRange& range = t.stages_[static_cast<std::size_t>(s)];
+      if (range.embedding) {
+        if (t.embedding_unit_) t.embedding_unit_->unshard();
+        x = t.tok_embeddings_.forward(ids(inputs_, m));
+        if (!training_ && t.embedding_unit_) t.embedding_unit_->reshard();
+      }
+      const std::size_t first = t.first_local_layer(s);
+      for (std::size_t j = first; j < first + static_cast<std::size_t>(range.blocks()); ++j)
+        x = t.layers_[j].forward(Context<T>(g_, training_ ? &store(j, m) : nullptr), x);
+      if (!range.output) return x;
+      if (!training_) {
+        if (t.head_unit_) t.head_unit_->unshard();
+        loss += t.head_.forward(parallel::gather_rows<B>(t.tp(), t.norm_.forward(Context<T>(g_, nullptr), x)),
+                                ids(targets_, m), A(0), nullptr);
+        if (t.head_unit_) t.head_unit_->reshard();
+        return {};
+      }
+      if (t.head_unit_) {
+        t.head_unit_->unshard();
+        t.head_unit_->begin_grads();
+      }
+      Tensor<T> hn =
+          parallel::gather_rows<B>(t.tp(), t.norm_.forward(Context<T>(g_, &norm_stores_[static_cast<std::size_t>(m)]), x));
+      x.release();
+      Tensor<T> dhn = B::template empty<T>(hn.shape());
+      loss += t.head_.forward(hn, ids(targets_, m), static_cast<A>(loss_scale_), &dhn);
+      head_grad_[static_cast<std::size_t>(m)] = t.head_.vocab_parallel() ? parallel::reduce_scatter_rows<B>(t.tp(), dhn)
+                                                                           : parallel::own_rows<B>(t.tp(), dhn);
+      return {};
+    }
+
+    Tensor<T> backward(int s, int m, Tensor<T> dy, bool defer) {
+      Transformer& t = model_;
+      const parallel::StageRange& range = t.stages_[static_cast<std::size_t>(s)];
+      WeightGradQueue* later = defer ? &queue(s, m) : nullptr;
+      if (range.output) {
+        auto& norm_store = norm_stores_[static_cast<std::size_t>(m)];
+        dy = t.norm_.backward(Context<T>(g_, &norm_store).deferring_weight_grads(later),
+                              head_grad_[static_cast<std::size_t>(m)]);
+        norm_store.clear();
+        head_grad_[static_cast<std::size_t>(m)].release();
+      }
+      const std::size_t first = t.first_local_layer(s);
+      for (std::size_t j = first + static_cast<std::size_t>(range.blocks()); j-- > first;) {
+        dy = t.layers_[j].backward(Context<T>(g_, &store(j, m)).deferring_weight_grads(later), dy);
+        store(j, m).clear();
+      }
+      if (!range.embedding) return dy;
+      if (t.embedding_unit_) t.embedding_unit_->begin_grads();
+      t.tok_embeddings_.backward(ids(inputs_, m), dy);
+      return {};
+    }
+
+    void backward_weight(int s, int m) {
+      WeightGradQueue& q = queue(s, m);
+      for (auto& work : q) work();
+      q.clear();
+    }
+
+    /// Throws if some weight-gradient work was left undone.
+    void check_done() const {
+      for (const auto& q : deferred_)
+        TESSERA_CHECK(q.empty(), "pipeline: the schedule left weight-gradient work undone (a bug in its action list)");
+    }
+
+   private:
+    std::span<const std::int32_t> ids(std::span<const std::int32_t> all, int m) const {
+      const auto rows = static_cast<std::size_t>(g_.rows());
+      return all.subspan(static_cast<std::size_t>(m) * rows, rows);
+    }
+    ActivationStore<T>& store(std::size_t layer, int m) {
+      return stores_[layer * static_cast<std::size_t>(M_) + static_cast<std::size_t>(m)];
+    }
+    WeightGradQueue& queue(int s, int m) {
+      return deferred_[static_cast<std::size_t>((s / model_.pp_) * M_ + m)];
+    }
+
+    Transformer& model_;
+    std::span<const std::int32_t> inputs_, targets_;
+    Geometry g_;
+    int M_;
+    double loss_scale_;
+    bool training_;
+    std::deque<ActivationStore<T>> stores_;       // (local layer, microbatch)
+    std::deque<ActivationStore<T>> norm_stores_;  // per microbatch
+    std::vector<Tensor<T>> head_grad_;            // per microbatch: the head's gradient of the final norm's output
+    std::vector<WeightGradQueue> deferred_;       // (local stage, microbatch)
+  };
+
+  /// One micro-batch through the pipeline: the schedule's program (parallel/
+  /// pipeline_program.hpp) run over this rank's stages (parallel/pipeline_runner.hpp).
+  /// Data-parallel units stay gathered through the pass and reduce once after it.
+  /// Returns the sum of token losses (on every pipeline rank).
   double pipeline_forward_backward(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
                                    Geometry g, double loss_scale, bool last_micro_batch) {
     check_batch(g.batch, g.seq_len);
     const std::int64_t mb = plan_.pipeline.microbatch_size;
     const int M = static_cast<int>(g.batch / mb);
-    const parallel::Schedule& plan = schedule(M);
-    const Geometry gm{mb, g.seq_len};
-    const std::int64_t rows = gm.rows(), shard_rows = rows / tp_.degree();
-    comm::Communicator& pp = plan_.mesh->pp();
     meter_.reset_peak();
-
-    std::deque<ActivationStore<T>> stores;  // (local layer, microbatch)
-    for (std::size_t i = 0; i < layers_.size() * static_cast<std::size_t>(M); ++i) stores.emplace_back("", &meter_);
-    auto store = [&](std::size_t layer, int m) -> ActivationStore<T>& {
-      return stores[layer * static_cast<std::size_t>(M) + static_cast<std::size_t>(m)];
-    };
-    std::deque<ActivationStore<T>> norm_stores;
-    for (int m = 0; m < M; ++m) norm_stores.emplace_back("norm", &meter_);
-    std::vector<Tensor<T>> head_grad(static_cast<std::size_t>(M));
-    std::vector<WeightGradQueue> deferred(static_cast<std::size_t>(stages_per_rank_ * M));
-    std::vector<std::pair<Tensor<T>, comm::Handle>> sends;  // each buffer alive until its send completes
-    double loss = 0;
-
-    auto send = [&](Tensor<T> t, int stage, int tag) {
-      comm::Handle h = transfer(comm::PeerOp::Kind::send, t, stage, tag);
-      sends.emplace_back(std::move(t), std::move(h));
-    };
-    pipeline_wait_seconds_ = 0;
-    auto recv = [&](int stage, int tag) {
-      Tensor<T> t = B::template empty<T>(Shape{shard_rows, args_.dim});
-      const auto t0 = std::chrono::steady_clock::now();
-      transfer(comm::PeerOp::Kind::recv, t, stage, tag).wait();
-      pipeline_wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      return t;
-    };
-    auto ids = [&](std::span<const std::int32_t> all, int m) {
-      return all.subspan(static_cast<std::size_t>(m * rows), static_cast<std::size_t>(rows));
-    };
-
-    for (const parallel::Action& a : plan.per_rank[static_cast<std::size_t>(pp_rank_)]) {
-      const int s = a.stage, m = a.microbatch;
-      const parallel::StageRange& range = stages_[static_cast<std::size_t>(s)];
-      const std::size_t first = first_local_layer(s), count = static_cast<std::size_t>(range.blocks());
-      WeightGradQueue& queue = deferred[static_cast<std::size_t>((s / pp_) * M + m)];
-      switch (a.op) {
-        case parallel::Op::forward: {
-          Tensor<T> x;
-          if (range.embedding) {
-            if (embedding_unit_) embedding_unit_->unshard();
-            x = tok_embeddings_.forward(ids(inputs, m));
-          } else {
-            x = recv(s - 1, activation_tag(s, m));
-          }
-          for (std::size_t j = first; j < first + count; ++j) x = layers_[j].forward(Context<T>(gm, &store(j, m)), x);
-          if (range.output) {
-            if (head_unit_) {
-              head_unit_->unshard();
-              head_unit_->begin_grads();
-            }
-            Tensor<T> hn = parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(gm, &norm_stores[m]), x));
-            x.release();
-            Tensor<T> dhn = B::template empty<T>(hn.shape());
-            loss += head_.forward(hn, ids(targets, m), static_cast<A>(loss_scale), &dhn);
-            head_grad[m] = head_.vocab_parallel() ? parallel::reduce_scatter_rows<B>(tp(), dhn)
-                                                  : parallel::own_rows<B>(tp(), dhn);
-          } else {
-            send(std::move(x), s + 1, activation_tag(s + 1, m));
-          }
-          break;
-        }
-        case parallel::Op::backward:
-        case parallel::Op::backward_input: {
-          WeightGradQueue* later = a.op == parallel::Op::backward_input ? &queue : nullptr;
-          Tensor<T> dy;
-          if (range.output) {
-            dy = norm_.backward(Context<T>(gm, &norm_stores[m]).deferring_weight_grads(later), head_grad[m]);
-            norm_stores[m].clear();
-            head_grad[m].release();
-          } else {
-            dy = recv(s + 1, gradient_tag(s, m));
-          }
-          for (std::size_t j = first + count; j-- > first;) {
-            dy = layers_[j].backward(Context<T>(gm, &store(j, m)).deferring_weight_grads(later), dy);
-            store(j, m).clear();
-          }
-          if (range.embedding) {
-            if (embedding_unit_) embedding_unit_->begin_grads();
-            tok_embeddings_.backward(ids(inputs, m), dy);
-          } else {
-            send(std::move(dy), s - 1, gradient_tag(s - 1, m));
-          }
-          break;
-        }
-        case parallel::Op::backward_weight:
-          for (auto& work : queue) work();
-          queue.clear();
-          break;
-      }
-    }
-    for (auto& [buffer, handle] : sends) handle.wait();
-    for (const auto& q : deferred)
-      TESSERA_CHECK(q.empty(), "pipeline: the schedule left weight-gradient work undone (a bug in its action list)");
+    PipelineStages stages(*this, inputs, targets, Geometry{mb, g.seq_len}, M, loss_scale, true);
+    const parallel::PipelinePass pass = parallel::run_pipeline<B>(program(M), pp_rank_, plan_.mesh->pp(), stages);
+    stages.check_done();
+    pipeline_wait_seconds_ = pass.wait_seconds;
     // Every unit ran its last backward of the pass: reduce its gradients, free it.
     for_each_unit([&](Unit& u) {
       u.reduce_grads(last_micro_batch);
@@ -682,42 +704,31 @@ class Transformer {
     });
     for_each_unit([](Unit& u) { u.finish_grads(); });
     saved_bytes_peak_ = meter_.peak();
-    return parallel::all_reduce_host<B>(pp, loss);  // the last stage's rank has it
+    return pass.loss;
   }
 
-  /// The sum of token losses without gradients: every microbatch forward through the
-  /// stages in order (sends never wait, so no rank can block another).
+  /// The sum of token losses without gradients: the whole batch as one microbatch,
+  /// forward through every stage in order (parallel::lower_forward).
   double pipeline_loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g) {
     TESSERA_CHECK(sharded(), "model: inference before shard() on a parallel plan");
-    comm::Communicator& pp = plan_.mesh->pp();
-    const std::int64_t shard_rows = g.rows() / tp_.degree();
-    std::vector<std::pair<Tensor<T>, comm::Handle>> sends;
-    double loss = 0;
-    for (int s = pp_rank_; s < static_cast<int>(stages_.size()); s += pp_) {
-      const parallel::StageRange& range = stages_[static_cast<std::size_t>(s)];
-      Tensor<T> x;
-      if (range.embedding) {
-        if (embedding_unit_) embedding_unit_->unshard();
-        x = tok_embeddings_.forward(inputs);
-        if (embedding_unit_) embedding_unit_->reshard();
-      } else {
-        x = B::template empty<T>(Shape{shard_rows, args_.dim});
-        transfer(comm::PeerOp::Kind::recv, x, s - 1, activation_tag(s, 0)).wait();
-      }
-      const std::size_t first = first_local_layer(s);
-      for (std::size_t j = first; j < first + static_cast<std::size_t>(range.blocks()); ++j)
-        x = layers_[j].forward(Context<T>(g, nullptr), x);
-      if (range.output) {
-        if (head_unit_) head_unit_->unshard();
-        loss = head_.forward(parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, nullptr), x)), targets, A(0),
-                             nullptr);
-        if (head_unit_) head_unit_->reshard();
-      } else {
-        sends.emplace_back(x, transfer(comm::PeerOp::Kind::send, x, s + 1, activation_tag(s + 1, 0)));
-      }
+    if (!forward_program_) {
+      forward_program_ = parallel::lower_forward(pp_, stages_per_rank_);
+      parallel::check_program(*forward_program_);
     }
-    for (auto& [buffer, handle] : sends) handle.wait();
-    return parallel::all_reduce_host<B>(pp, loss);
+    PipelineStages stages(*this, inputs, targets, g, 1, 0.0, false);
+    return parallel::run_pipeline<B>(*forward_program_, pp_rank_, plan_.mesh->pp(), stages).loss;
+  }
+
+  /// The lowered program of the schedule for `microbatches` microbatches, made and
+  /// checked against NCCL's rules once (parallel::check_program) before it first runs.
+  const parallel::Program& program(int microbatches) {
+    auto it = programs_.find(microbatches);
+    if (it == programs_.end()) {
+      parallel::Program p = parallel::lower(schedule(microbatches));
+      parallel::check_program(p);
+      it = programs_.emplace(microbatches, std::move(p)).first;
+    }
+    return it->second;
   }
 
   /// The stage (and so the pipeline rank) holding a parameter, by its name.
@@ -776,6 +787,8 @@ class Transformer {
   std::vector<std::int64_t> layer_ids_;  // the global id of each block held here
   bool has_embedding_ = true, has_head_ = true;
   std::map<int, parallel::Schedule> schedules_;           // by microbatch count
+  std::map<int, parallel::Program> programs_;             // the schedules lowered, by microbatch count
+  std::optional<parallel::Program> forward_program_;      // evaluation's forward-only walk, lowered
   double pipeline_wait_seconds_ = 0;
   optim::SquaredNorms<B, A> norms_;   // the gradient norm's pieces, their table kept between steps
   std::vector<std::unique_ptr<Parameter<T>>> whole_;       // every parameter, inside with_whole_parameters

@@ -5,10 +5,12 @@
 // microbatches passes forward through stages 0 .. S-1 and backward through S-1 .. 0.
 // Stage 0's forward takes the input tokens; stage S-1's forward computes the loss, so its
 // backward can start as soon as its own forward is done. A schedule is, for each rank, an
-// ordered list of actions (op, stage, microbatch); a runtime executes the list in order,
-// receiving a stage's input from the previous stage's rank before a forward and the
-// output gradient from the next stage's rank before a backward. This header holds no
-// communication and no tensors: it decides the order, checks it and measures it.
+// ordered list of actions (op, stage, microbatch). A forward takes its stage's input from
+// the previous stage's rank and a backward its output gradient from the next stage's
+// rank; pipeline_program.hpp lowers the lists to the transfers that move them (untagged,
+// grouped, safe when a send waits for its receiver, as NCCL's do) and
+// pipeline_runner.hpp runs them. This header holds no communication and no tensors: it
+// decides the order of the computes, checks it and measures it.
 //
 //   GPipe                  every forward, then every backward (microbatch order).
 //   1F1B                   rank r runs P-1-r forwards (warm-up), then one forward and one
@@ -26,9 +28,10 @@
 //                          (V-1) P + (P-1-r)).
 //
 // simulate() executes the lists against the data dependencies with given op costs
-// (sends buffered: a producer never waits for its consumer) and reports completion or the
-// deadlock, the makespan, each rank's busy time, the bubble fraction and each rank's
-// peak number of stage activations held. docs/pipeline.md shows every schedule's timeline.
+// (sends buffered, a producer never waiting for its consumer: it judges the order of
+// the computes; check_program in pipeline_program.hpp judges the transfers) and reports
+// completion or the deadlock, the makespan, each rank's busy time, the bubble fraction
+// and each rank's peak number of stage activations held. docs/pipeline.md shows every schedule's timeline.
 #pragma once
 
 #include <algorithm>
