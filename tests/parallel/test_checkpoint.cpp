@@ -73,7 +73,7 @@ TEST_CASE("checkpointing: every mode gives bitwise the gradients of none, under 
       REQUIRE(p.grads.size() == none.grads.size());
       for (std::size_t i = 0; i < p.grads.size(); ++i) CHECK(p.grads[i] == none.grads[i]);
     }
-  });
+  }, nccl_rules());
 }
 
 TEST_CASE("checkpointing: activation memory orders full < selective < none") {

@@ -96,7 +96,7 @@ TEST_CASE("pipeline: saving brings every stage's whole parameters to every rank"
     std::size_t after = 0;
     model.for_each_parameter([&](nn::Parameter<float>&) { ++after; });
     CHECK(after == held);
-  });
+  }, nccl_rules());
 }
 
 TEST_CASE("pipeline: bad layouts are refused by name on every rank, never a hang") {
@@ -109,7 +109,7 @@ TEST_CASE("pipeline: bad layouts are refused by name on every rank, never a hang
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(world.rank())] = e.what();
       }
-    });
+    }, nccl_rules());
     for (const auto& e : errors) CHECK(e.find(expected) != std::string::npos);
   };
   // 1 block + embedding + output = 3 layers cannot fill 4 stages.
@@ -133,7 +133,7 @@ TEST_CASE("pipeline: a block type without a Pipeline policy is refused at degree
     } catch (const std::exception& e) {
       errors[static_cast<std::size_t>(world.rank())] = e.what();
     }
-  });
+  }, nccl_rules());
   for (const auto& e : errors) CHECK(e.find("has no tessera::Pipeline policy") != std::string::npos);
 }
 
@@ -144,7 +144,7 @@ TEST_CASE("pipeline parity: static policies, Pipeline<2, OneFOneB> with TensorPa
   comm::run_thread_ranks(4, [&](comm::Communicator& world) {
     auto r = train_layout<Static>(world, {2, 1, 1, 2}, debug_job(kParityBatch, kParityBatch, kParitySteps));
     if (world.rank() == 0) run = r;
-  });
+  }, nccl_rules());
   const RunGap gap = run_gap(run, one_rank_run());
   CHECK(gap.loss <= 1e-5);
   CHECK(gap.grad_norm <= 1e-4);
@@ -172,7 +172,7 @@ TEST_CASE("pipeline: explicit split points place the blocks, and train the same 
       r.grad_norms.push_back(m.grad_norm);
     }
     runs[static_cast<std::size_t>(world.rank())] = r;
-  });
+  }, nccl_rules());
   CHECK(ids[0] == std::vector<std::int64_t>{0, 1, 2, 3});
   CHECK(ids[1] == std::vector<std::int64_t>{4, 5});
   CHECK(runs[0].losses == runs[1].losses);
@@ -204,7 +204,7 @@ TEST_CASE("pipeline: each stage loads its own tensors from a Hugging Face direct
       ++n;
     });
     CHECK((n > 0 && n < saved.size()));
-  });
+  }, nccl_rules());
   std::filesystem::remove_all(dir);
 }
 

@@ -281,7 +281,7 @@ TEST_CASE("pipeline program: run_pipeline delivers every tensor to its compute o
         NumberStages& mine = stages[static_cast<std::size_t>(c.rank())];
         mine.stages = s.stages();
         losses[static_cast<std::size_t>(c.rank())] = run_pipeline<Cpu>(program, c.rank(), c, mine).loss;
-      });
+      }, tessera::test::nccl_rules());
       double expected = 0;
       for (int m = 0; m < M; ++m) expected += 100 * m + s.stages() - 1;
       for (int r = 0; r < P; ++r) {
@@ -302,7 +302,7 @@ TEST_CASE("pipeline program: run_pipeline delivers every tensor to its compute o
     NumberStages& mine = stages[static_cast<std::size_t>(c.rank())];
     mine.stages = P * V;
     losses[static_cast<std::size_t>(c.rank())] = run_pipeline<Cpu>(lower_forward(P, V), c.rank(), c, mine).loss;
-  });
+  }, tessera::test::nccl_rules());
   for (int r = 0; r < P; ++r) {
     CHECK(stages[static_cast<std::size_t>(r)].wrong.empty());
     CHECK(losses[static_cast<std::size_t>(r)] == P * V - 1);

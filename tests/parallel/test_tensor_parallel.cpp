@@ -124,7 +124,7 @@ TEST_CASE("tensor parallel: each rank's gradient is its piece of one rank's, and
     model.for_each_parameter([&](nn::Parameter<float>& p) {
       if (p.split.split()) CHECK(p.value.shape() != p.whole);  // pieces again afterwards
     });
-  });
+  }, nccl_rules());
 }
 
 TEST_CASE("tensor parallel: degrees that do not divide the model are refused by name on every rank") {
@@ -138,7 +138,7 @@ TEST_CASE("tensor parallel: degrees that do not divide the model are refused by 
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(world.rank())] = e.what();
       }
-    });
+    }, nccl_rules());
     for (const auto& e : errors) CHECK(e.find(expected) != std::string::npos);
   };
   refused({1, 1, 1, 3}, {}, "tensor_parallel_degree = 3 does not divide n_heads = 16");
@@ -159,7 +159,7 @@ TEST_CASE("tensor parallel: a block type without a TensorParallel policy is refu
     } catch (const std::exception& e) {
       errors[static_cast<std::size_t>(world.rank())] = e.what();
     }
-  });
+  }, nccl_rules());
   for (const auto& e : errors) CHECK(e.find("has no tessera::TensorParallel policy") != std::string::npos);
   std::vector<std::string> static_errors(2);
   using Tp4 = Parallel<nn::LlamaBlock<float, Cpu>, TensorParallel<4, Heads<16>>>;
@@ -169,7 +169,7 @@ TEST_CASE("tensor parallel: a block type without a TensorParallel policy is refu
     } catch (const std::exception& e) {
       static_errors[static_cast<std::size_t>(world.rank())] = e.what();
     }
-  });
+  }, nccl_rules());
   for (const auto& e : static_errors) CHECK(e.find("TensorParallel<4> on a mesh whose tensor_parallel_degree is 2") != std::string::npos);
 }
 
@@ -179,7 +179,7 @@ TEST_CASE("tensor parallel: a static TensorParallel<2, Heads<16>> trains like th
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
     auto r = train_layout<Tp2>(world, {1, 1, 1, 2}, debug_job(kParityBatch, kParityBatch, kParitySteps));
     if (world.rank() == 0) run = r;
-  });
+  }, nccl_rules());
   const RunGap gap = run_gap(run, one_rank_run());
   CHECK(gap.loss <= 1e-5);
   CHECK(gap.grad_norm <= 1e-4);

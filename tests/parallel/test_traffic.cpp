@@ -33,7 +33,7 @@ std::vector<std::uint64_t> measured(const Case& k) {
   comm::run_thread_ranks(k.shape.world(), [&](comm::Communicator& world) {
     const train::JobConfig c = debug_job(local, local * k.shape.dp() * k.micro_batches, 2, k.keys);
     bytes[static_cast<std::size_t>(world.rank())] = train_layout(world, k.shape, c).comm_bytes;
-  });
+  }, nccl_rules());
   return bytes;
 }
 
@@ -116,7 +116,7 @@ TEST_CASE("memory: under FSDP each rank holds its share of parameters and optimi
     comm::run_thread_ranks(s, [&](comm::Communicator& world) {
       const train::JobConfig c = debug_job(8 / s, 8, 1);
       per_rank[static_cast<std::size_t>(world.rank())] = train_layout(world, comm::MeshShape{1, 1, s, 1}, c).peak_memory_bytes;
-    });
+    }, nccl_rules());
     peak.push_back(per_rank[0]);
     MESSAGE("FSDP ", s, ": peak memory per rank ", per_rank[0] / 1024, " KiB");
   }

@@ -77,7 +77,7 @@ std::vector<double> losses_on(int ranks, comm::MeshShape shape) {
   comm::run_thread_ranks(ranks, [&](comm::Communicator& world) {
     auto r = train_layout<Model>(world, shape, debug_job(8 / shape.dp(), 8, kSteps));
     if (world.rank() == 0) out = r.losses;
-  });
+  }, nccl_rules());
   return out;
 }
 
