@@ -672,7 +672,8 @@ TEST_CASE("to_toml round trip") {
                  "--metrics.save_tb_folder", "tensorboard",
                  "--metrics.peak_tflops", "989.5",
                  "--comm.init_timeout_seconds", "30",
-                 "--comm.train_timeout_seconds", "45"};
+                 "--comm.train_timeout_seconds", "45",
+                 "--comm.check_nccl_semantics"};
     JobConfig c = load_config("", args);
     const JobConfig defaults;
     for (const auto& k : tessera::train::config_keys()) {
