@@ -17,6 +17,7 @@
 #include "tessera/parallel/pipeline_program.hpp"
 #include "tessera/parallel/pipeline_runner.hpp"
 #include "tessera/parallel/schedule.hpp"
+#include "schedule_shapes.hpp"
 
 namespace test_pipeline_program {  // unity build: this file's names stay in here (tests/meson.build)
 
@@ -26,17 +27,9 @@ using tessera::parallel::Op;  // the schedule's action kind, not the checkpoint 
 
 namespace {
 
-constexpr ScheduleKind kAllKinds[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_1f1b,
-                                      ScheduleKind::interleaved_zero_bubble};
+constexpr auto& kAllKinds = test::kAllScheduleKinds;
 
-bool fits(ScheduleKind k, int P, int V, int M) {
-  try {
-    check_schedule_shape(k, P, V, M);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
+bool fits(ScheduleKind k, int P, int V, int M) { return test::schedule_fits(k, P, V, M); }
 
 /// The program a runtime with buffered sends would issue: each recv just before the
 /// compute that needs it and each send just after the compute that makes it, every

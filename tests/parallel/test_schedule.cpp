@@ -11,6 +11,7 @@
 
 #include "../support/errors.hpp"
 #include "tessera/parallel/schedule.hpp"
+#include "schedule_shapes.hpp"
 #include "tessera/parallel/stages.hpp"
 
 namespace test_schedule {  // unity build: this file's names stay in here (tests/meson.build)
@@ -21,18 +22,9 @@ using tessera::parallel::Op;  // the schedule's action kind, not the checkpoint 
 
 namespace {
 
-constexpr ScheduleKind kAllKinds[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_1f1b,
-                                      ScheduleKind::interleaved_zero_bubble};
+constexpr auto& kAllKinds = test::kAllScheduleKinds;
 
-/// Whether check_schedule_shape accepts the shape.
-bool fits(ScheduleKind k, int P, int V, int M) {
-  try {
-    check_schedule_shape(k, P, V, M);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
+bool fits(ScheduleKind k, int P, int V, int M) { return test::schedule_fits(k, P, V, M); }
 
 /// A schedule written by hand, for the error paths.
 Schedule custom(int P, int M, std::vector<std::vector<Action>> lists) {
