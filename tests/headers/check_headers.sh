@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compiles every public header alone with the host compiler: each one includes what
-# it uses, and none outside backend/cuda and comm/nccl pulls in CUDA or NCCL headers.
+# it uses, and none outside backend/cuda and comm/nccl.hpp pulls in CUDA or NCCL headers.
 # comm/mpi.hpp compiles with MPI's include flags; it is skipped only where MPI is not installed.
 set -euo pipefail
 include_dir=$1
@@ -17,7 +17,7 @@ if ! printf '#include <mpi.h>\n' | $cxx -std=c++20 -fsyntax-only $mpi_flags -x c
 fi
 flags="$flags $mpi_flags"
 cd "$include_dir"
-headers=$(find tessera -name '*.hpp' ! -path 'tessera/backend/cuda/*' ! -path 'tessera/comm/nccl*' "${skip_mpi[@]}" | sort)
+headers=$(find tessera -name '*.hpp' ! -path 'tessera/backend/cuda/*' ! -path 'tessera/comm/nccl.hpp' "${skip_mpi[@]}" | sort)
 status=0
 for h in $headers; do
   src="$tmp/$(echo "$h" | tr '/.' '__').cpp"
