@@ -27,10 +27,6 @@ using tessera::parallel::Op;  // the schedule's action kind, not the checkpoint 
 
 namespace {
 
-constexpr auto& kAllKinds = test::kAllScheduleKinds;
-
-bool fits(ScheduleKind k, int P, int V, int M) { return test::schedule_fits(k, P, V, M); }
-
 /// The program a runtime with buffered sends would issue: each recv just before the
 /// compute that needs it and each send just after the compute that makes it, every
 /// transfer a group of its own.
@@ -102,11 +98,11 @@ struct NumberStages {
 
 TEST_CASE("pipeline program: every schedule over a grid of shapes lowers to a program the checker accepts") {
   int lowered = 0;
-  for (ScheduleKind kind : kAllKinds)
+  for (ScheduleKind kind : test::kAllScheduleKinds)
     for (int P = 2; P <= 4; ++P)
       for (int V = 1; V <= 3; ++V)
         for (int M = 1; M <= 3 * P; ++M) {
-          if (!fits(kind, P, V, M)) continue;
+          if (!test::schedule_fits(kind, P, V, M)) continue;
           CAPTURE(std::string(name_of(kind)));
           CAPTURE(P);
           CAPTURE(V);
@@ -261,7 +257,7 @@ TEST_CASE("pipeline program: the checker refuses data used before its recv or se
 }
 
 TEST_CASE("pipeline program: run_pipeline delivers every tensor to its compute over thread ranks, untagged") {
-  for (ScheduleKind kind : kAllKinds)
+  for (ScheduleKind kind : test::kAllScheduleKinds)
     for (int P = 2; P <= 3; ++P) {
       const int V = kind == ScheduleKind::interleaved_1f1b ? 2 : 1, M = 2 * P;
       CAPTURE(std::string(name_of(kind)));

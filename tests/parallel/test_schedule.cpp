@@ -22,10 +22,6 @@ using tessera::parallel::Op;  // the schedule's action kind, not the checkpoint 
 
 namespace {
 
-constexpr auto& kAllKinds = test::kAllScheduleKinds;
-
-bool fits(ScheduleKind k, int P, int V, int M) { return test::schedule_fits(k, P, V, M); }
-
 /// A schedule written by hand, for the error paths.
 Schedule custom(int P, int M, std::vector<std::vector<Action>> lists) {
   return Schedule{ScheduleKind::one_f_one_b, P, 1, M, std::move(lists)};
@@ -112,7 +108,7 @@ TEST_CASE("pipeline: stage splitting errors name the key and the numbers") {
 }
 
 TEST_CASE("pipeline: schedule names parse as torchtitan spells them") {
-  for (ScheduleKind k : kAllKinds) CHECK(parse_schedule_kind(name_of(k)) == k);
+  for (ScheduleKind k : test::kAllScheduleKinds) CHECK(parse_schedule_kind(name_of(k)) == k);
   CHECK(parse_schedule_kind("1F1B") == ScheduleKind::one_f_one_b);
   CHECK(parse_schedule_kind("InterleavedZeroBubble") == ScheduleKind::interleaved_zero_bubble);
   CHECK_ERROR_CONTAINS(parse_schedule_kind("interleaved1f1b"),
@@ -151,11 +147,11 @@ TEST_CASE("pipeline: schedule shapes a schedule cannot run are errors naming key
   // What the schedules accept: GPipe any M; the others M >= P; interleaved a multiple of P.
   CHECK(min_microbatches(ScheduleKind::gpipe, 4) == 1);
   CHECK(min_microbatches(ScheduleKind::one_f_one_b, 4) == 4);
-  CHECK(fits(ScheduleKind::gpipe, 4, 1, 1));
-  CHECK(fits(ScheduleKind::one_f_one_b, 4, 1, 5));
-  CHECK(fits(ScheduleKind::interleaved_zero_bubble, 4, 1, 5));
-  CHECK(fits(ScheduleKind::interleaved_1f1b, 4, 2, 8));
-  CHECK_FALSE(fits(ScheduleKind::interleaved_zero_bubble, 4, 2, 5));
+  CHECK(test::schedule_fits(ScheduleKind::gpipe, 4, 1, 1));
+  CHECK(test::schedule_fits(ScheduleKind::one_f_one_b, 4, 1, 5));
+  CHECK(test::schedule_fits(ScheduleKind::interleaved_zero_bubble, 4, 1, 5));
+  CHECK(test::schedule_fits(ScheduleKind::interleaved_1f1b, 4, 2, 8));
+  CHECK_FALSE(test::schedule_fits(ScheduleKind::interleaved_zero_bubble, 4, 2, 5));
 }
 
 TEST_CASE("pipeline: 1F1B schedule order and timeline match the hand-derived ones") {
@@ -207,11 +203,11 @@ TEST_CASE("pipeline: interleaved and zero-bubble schedule orders match the hand-
 
 TEST_CASE("pipeline: every schedule over a grid of shapes is complete, well placed and free of deadlocks") {
   int checked = 0;
-  for (ScheduleKind k : kAllKinds)
+  for (ScheduleKind k : test::kAllScheduleKinds)
     for (int P = 1; P <= 8; ++P)
       for (int V = 1; V <= 4; ++V)
         for (int M = 1; M <= 16; ++M) {
-          if (!fits(k, P, V, M)) continue;
+          if (!test::schedule_fits(k, P, V, M)) continue;
           const std::string kind = name_of(k);
           CAPTURE(kind);
           CAPTURE(P);
@@ -266,10 +262,10 @@ TEST_CASE("pipeline: simulated schedule bubbles equal the textbook figures") {
       }
       for (int V = 1; V <= 4; ++V) {
         CAPTURE(V);
-        if (V >= 2 && fits(ScheduleKind::interleaved_1f1b, P, V, M))
+        if (V >= 2 && test::schedule_fits(ScheduleKind::interleaved_1f1b, P, V, M))
           CHECK(simulate(make_schedule(ScheduleKind::interleaved_1f1b, P, V, M)).bubble ==
                 doctest::Approx(bubble_interleaved(P, V, M)));
-        if (fits(ScheduleKind::interleaved_zero_bubble, P, V, M))
+        if (test::schedule_fits(ScheduleKind::interleaved_zero_bubble, P, V, M))
           CHECK(simulate(make_schedule(ScheduleKind::interleaved_zero_bubble, P, V, M)).bubble ==
                 doctest::Approx(bubble_zero_bubble(P, V, M)));
       }
