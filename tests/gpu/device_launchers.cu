@@ -39,18 +39,18 @@ std::vector<T> to_vector(const Tensor<T>& host) {
 
 template <class T>
 std::vector<T> cuda_init_values(std::int64_t n, std::uint64_t key, ops::InitKind kind, double std, double lo,
-                                double hi, std::uint64_t offset) {
+                                double hi, ops::PieceIndex where) {
   const Tensor<T> out = Cuda::empty<T>(Shape{n});
-  Cuda::for_each(n, ops::InitValues<T>{out.data(), key, kind, std, lo, hi, offset});
+  Cuda::for_each(n, ops::InitValues<T>{out.data(), key, kind, std, lo, hi, where});
   return to_vector(download<Cuda>(out));
 }
 
 template std::vector<float> cuda_init_values(std::int64_t, std::uint64_t, ops::InitKind, double, double, double,
-                                             std::uint64_t);
+                                             ops::PieceIndex);
 template std::vector<bf16> cuda_init_values(std::int64_t, std::uint64_t, ops::InitKind, double, double, double,
-                                            std::uint64_t);
+                                            ops::PieceIndex);
 template std::vector<double> cuda_init_values(std::int64_t, std::uint64_t, ops::InitKind, double, double, double,
-                                              std::uint64_t);
+                                              ops::PieceIndex);
 
 std::vector<std::vector<std::int32_t>> cuda_back_to_back_uploads(int count, std::int64_t elements) {
   std::vector<std::int32_t> host(static_cast<std::size_t>(elements));

@@ -13,11 +13,11 @@
 
 namespace tessera::gpu_test {
 
-/// ops::InitValues<T>{out, key, kind, std, lo, hi, offset} over n elements, run by
+/// ops::InitValues<T>{out, key, kind, std, lo, hi, where} over n elements, run by
 /// Cuda::for_each and downloaded. T is float, bf16 or double.
 template <class T>
 std::vector<T> cuda_init_values(std::int64_t n, std::uint64_t key, ops::InitKind kind, double std, double lo,
-                                double hi, std::uint64_t offset);
+                                double hi, ops::PieceIndex where);
 
 /// `count` uploads of `elements` int32 each (upload<Cuda> of a span), issued back to back
 /// behind a kernel that keeps the device busy for a while, from one host buffer that is

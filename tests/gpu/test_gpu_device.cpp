@@ -38,20 +38,20 @@ std::int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) 
 
 template <class T>
 std::vector<T> cpu_init_values(std::int64_t n, std::uint64_t key, ops::InitKind kind, double std, double lo,
-                               double hi, std::uint64_t offset) {
+                               double hi, ops::PieceIndex where) {
   std::vector<T> out(static_cast<std::size_t>(n));
-  Cpu::for_each(n, ops::InitValues<T>{out.data(), key, kind, std, lo, hi, offset});
+  Cpu::for_each(n, ops::InitValues<T>{out.data(), key, kind, std, lo, hi, where});
   return out;
 }
 
 template <class T>
 void check_init_bitwise(const char* what, ops::InitKind kind, double std, double lo, double hi,
-                        std::uint64_t offset = 0) {
+                        ops::PieceIndex where = {}) {
   CAPTURE(what);
   const std::int64_t n = (std::int64_t{1} << 20) + 3;
   const std::uint64_t key = parameter_key(11, what);
-  const std::vector<T> gpu = gpu_test::cuda_init_values<T>(n, key, kind, std, lo, hi, offset);
-  const std::vector<T> cpu = cpu_init_values<T>(n, key, kind, std, lo, hi, offset);
+  const std::vector<T> gpu = gpu_test::cuda_init_values<T>(n, key, kind, std, lo, hi, where);
+  const std::vector<T> cpu = cpu_init_values<T>(n, key, kind, std, lo, hi, where);
   CAPTURE(first_difference(gpu, cpu));
   CHECK(same_bits(gpu, cpu));
 }
@@ -163,7 +163,11 @@ TEST_CASE("Parameter initialisation on the GPU gives the CPU backend's values bi
   // Bounds of +-0.3 std: about 3 draws in 4 are rejected, so most elements redraw.
   check_init_bitwise<double>("trunc_normal, narrow", ops::InitKind::truncated_normal, 1.0, -0.3, 0.3);
   check_init_bitwise<bf16>("trunc_normal in bf16", ops::InitKind::truncated_normal, 0.05, -0.15, 0.15);
-  check_init_bitwise<float>("a piece at an offset", ops::InitKind::normal, 1.0, -2, 2, (std::uint64_t{1} << 32) + 5);
+  check_init_bitwise<float>("a piece at an offset", ops::InitKind::normal, 1.0, -2, 2,
+                            ops::PieceIndex{(std::uint64_t{1} << 32) + 5});
+  // A column piece (a row-parallel weight's) from the middle of a shard: the index map's
+  // division and remainder on the device.
+  check_init_bitwise<float>("a column piece", ops::InitKind::normal, 0.02, -2, 2, ops::PieceIndex{777, 14336, 1792, 0, 5376});
   check_init_bitwise<float>("ones", ops::InitKind::ones, 0, 0, 0);
   check_init_bitwise<bf16>("zeros", ops::InitKind::zeros, 0, 0, 0);
 }

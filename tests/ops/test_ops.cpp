@@ -654,7 +654,7 @@ TEST_CASE("parameter initialisation: the functor draws core/rng.hpp's values, wi
   Cpu::for_each(n, ops::InitValues<float>{normal_values.data(), key, ops::InitKind::normal, 0.5});
   Cpu::for_each(n, ops::InitValues<float>{trunc_values.data(), key, ops::InitKind::truncated_normal, 1.0, -0.5, 0.5});
   Cpu::for_each(n, ops::InitValues<bf16>{bf.data(), key, ops::InitKind::normal, 0.5});
-  Cpu::for_each(100, ops::InitValues<float>{piece.data(), key, ops::InitKind::normal, 0.5, -2, 2, 1000});
+  Cpu::for_each(100, ops::InitValues<float>{piece.data(), key, ops::InitKind::normal, 0.5, -2, 2, ops::PieceIndex{1000}});
   Cpu::for_each(10, ops::InitValues<double>{ones.data(), key, ops::InitKind::ones});
   double s = 0, s2 = 0, worst = 0;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -684,6 +684,15 @@ TEST_CASE("parameter initialisation: the functor draws core/rng.hpp's values, wi
   CHECK(std::abs(t2 / n - 0.08059) < 0.002);
   // A piece starting at element 1000 holds the whole parameter's elements 1000.. .
   for (std::size_t i = 0; i < 100; ++i) CHECK(piece[i] == normal_values[1000 + i]);
+  // Columns [30, 40) of a (1000, 100) whole, from the piece's element 25 (row 2, column 5):
+  // each holds the whole's element at its row and column.
+  std::vector<float> columns(50);
+  Cpu::for_each(50, ops::InitValues<float>{columns.data(), key, ops::InitKind::normal, 0.5, -2, 2,
+                                           ops::PieceIndex{25, 100, 10, 0, 30}});
+  for (std::size_t i = 0; i < 50; ++i) {
+    const std::size_t e = 25 + i, row = e / 10, col = 30 + e % 10;
+    CHECK(columns[i] == normal_values[row * 100 + col]);
+  }
   for (double x : ones) CHECK(x == 1.0);
 }
 

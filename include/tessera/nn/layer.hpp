@@ -62,6 +62,28 @@ struct TensorSplit {
   bool split() const { return parts > 1; }
 };
 
+/// While one is alive on this thread, Parameter::on makes parameters without storage
+/// (a name, a whole shape, an initialiser): how a model on a parallel plan waits until
+/// it knows which share of each parameter this rank holds, so that it allocates and
+/// initialises that share only (nn::Transformer). Scopes nest.
+class DeferParameterStorage {
+ public:
+  explicit DeferParameterStorage(bool defer = true) : previous_(flag()) { flag() = previous_ || defer; }
+  ~DeferParameterStorage() { flag() = previous_; }
+  DeferParameterStorage(const DeferParameterStorage&) = delete;
+  DeferParameterStorage& operator=(const DeferParameterStorage&) = delete;
+
+  /// Whether parameters made on this thread now are made without storage.
+  static bool active() { return flag(); }
+
+ private:
+  static bool& flag() {
+    static thread_local bool defer = false;
+    return defer;
+  }
+  bool previous_;
+};
+
 /// A named trainable tensor and its gradient. Names follow torchtitan
 /// ("layers.0.attention.wq.weight"). The gradient is accumulated in accum_t<T>: fp32
 /// for a bf16 parameter (FSDP2's semantics: bf16 compute, fp32 gradient reduction).
@@ -82,23 +104,41 @@ struct Parameter {
   Parameter(std::string n, Shape shape, Init how)
       : name(std::move(n)), value(shape), grad(shape), init(how), whole(shape) {}
 
-  /// Value and gradient zeroed in backend B's memory: how layers make their parameters.
+  /// Value and gradient zeroed in backend B's memory: how layers make their
+  /// parameters. Inside a DeferParameterStorage scope, without storage (allocate<B>).
   template <Backend B>
   static Parameter on(std::string n, Shape shape, Init how) {
     Parameter p;
     p.name = std::move(n);
-    {
-      MemoryUseScope use(MemoryUse::parameters);
-      p.value = B::template zeros<T>(shape);
-    }
-    MemoryUseScope use(MemoryUse::gradients);
-    p.grad = B::template zeros<grad_type>(shape);
     p.init = how;
     p.whole = shape;
+    if (!DeferParameterStorage::active()) p.template allocate<B>(shape);
     return p;
   }
+
+  /// Gives the parameter a zeroed value and gradient of `shape` in B's memory (its
+  /// whole shape, or its piece's).
+  template <Backend B>
+  void allocate(const Shape& shape) {
+    {
+      MemoryUseScope use(MemoryUse::parameters);
+      value = B::template zeros<T>(shape);
+    }
+    MemoryUseScope use(MemoryUse::gradients);
+    grad = B::template zeros<grad_type>(shape);
+  }
+
+  /// The shape of the value held: whole, this rank's piece, or empty (no storage yet,
+  /// or sharded away).
   const Shape& shape() const { return value.shape(); }
   std::int64_t numel() const { return value.numel(); }
+  /// The shape of this rank's tensor-parallel piece: `whole` cut along split.dim into
+  /// split.parts (whole when not split).
+  Shape piece_shape() const {
+    Shape s = whole;
+    if (split.split()) s.dims[split.dim] /= split.parts;
+    return s;
+  }
 };
 
 /// What an activation is, for the checkpoint policies: torchtitan's selective policy

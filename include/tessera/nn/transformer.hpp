@@ -12,8 +12,15 @@
 // this loop drives the order: each unit is gathered before it runs, the next unit's
 // gather is prefetched while the current one computes (forward and backward), and
 // each unit's gradient reduction is issued when its backward ends and completed while
-// the next unit's backward runs (freeing its whole gradient). Parameters are made
-// whole (initialised or loaded) first; shard() then keeps this rank's share.
+// the next unit's backward runs (freeing its whole gradient).
+//
+// Parameter storage: on a parallel plan the model is made without any (nn::
+// DeferParameterStorage), and init_weights() allocates and initialises this rank's
+// share only (its stages' parameters, their tensor-parallel pieces, its data-parallel
+// shards of those), each element from (seed, name, index in the whole): no rank ever
+// holds the whole model, and the values are bitwise a one-rank model's. Reaching the
+// parameters before that (for_each_parameter: a load, a user's own values) makes them
+// whole, as on one rank, and shard() then keeps this rank's share.
 //
 // Tensor parallelism: when Block is a tessera::Parallel with a TensorParallel policy,
 // the blocks split their heads and hidden units over the mesh's tp group, the hidden
@@ -121,11 +128,12 @@ comm::Communicator* tensor_parallel_comm(const ModelArgs& args, const parallel::
 }
 }  // namespace detail
 
-/// Fills p.value (in B's memory) from its Init as a function of (seed, p.name,
-/// element index) only: one launch of ops::InitValues on B, so the values are made
-/// where they live and are bitwise the same on every backend.
+/// Fills `n` values at `out` (in B's memory) with elements where(0), ..., where(n - 1)
+/// of parameter p as its Init makes them from (seed, p.name, element index in the
+/// whole) only: one launch of ops::InitValues on B, so the values are made where they
+/// live and are bitwise the same on every backend and in every layout.
 template <Backend B, class T>
-void init_parameter(Parameter<T>& p, std::uint64_t seed) {
+void init_parameter(const Parameter<T>& p, std::uint64_t seed, T* out, std::int64_t n, ops::PieceIndex where = {}) {
   const Init& in = p.init;
   ops::InitKind kind = ops::InitKind::zeros;
   switch (in.kind) {
@@ -134,7 +142,7 @@ void init_parameter(Parameter<T>& p, std::uint64_t seed) {
     case Init::Kind::normal: kind = ops::InitKind::normal; break;
     case Init::Kind::truncated_normal: kind = ops::InitKind::truncated_normal; break;
   }
-  B::for_each(p.numel(), ops::InitValues<T>{p.value.data(), parameter_key(seed, p.name), kind, in.std, in.lo, in.hi});
+  B::for_each(n, ops::InitValues<T>{out, parameter_key(seed, p.name), kind, in.std, in.lo, in.hi, where});
 }
 
 template <class T, Backend B, class Block = LlamaBlock<T, B>>
@@ -152,7 +160,15 @@ class Transformer {
   using block_type = Block;
   using A = accum_t<T>;  // gradients, statistics and logits: fp32 for bf16
 
+  /// On a parallel plan (a mesh of more than one rank) the parameters are made
+  /// without storage: init_weights() gives this rank its share only.
   explicit Transformer(const ModelArgs& args, const parallel::Plan& plan = {})
+      : Transformer(args, plan, DeferParameterStorage(plan.mesh != nullptr && plan.mesh->world().size() > 1)) {}
+
+ private:
+  // The scope is a temporary of the delegating constructor's call: it lives until this
+  // one has finished, so every parameter the members and the body make sees it.
+  Transformer(const ModelArgs& args, const parallel::Plan& plan, const DeferParameterStorage&)
       : args_((args.validate(), args)),
         plan_(plan),
         tp_(detail::tensor_parallel_comm<Block>(args, plan), plan.loss_parallel),
@@ -160,6 +176,7 @@ class Transformer {
         tok_embeddings_("tok_embeddings", args.vocab_size, args.dim,
                         args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0), tp()),
         norm_("norm", args.dim, args.norm_eps, tp()) {
+    storage_ = DeferParameterStorage::active() ? Storage::none : Storage::whole;
     lay_out_pipeline();
     for (std::int64_t i : layer_ids_)
       layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_, tp()});
@@ -199,6 +216,8 @@ class Transformer {
       }
     }
   }
+
+ public:
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
@@ -207,8 +226,48 @@ class Transformer {
 
   /// Every parameter this rank holds once, in a fixed order: embedding, blocks, norm,
   /// output (in a pipeline, those of its stages; inside with_whole_parameters, all).
+  /// On a model without storage yet (a parallel plan's, before init_weights or shard)
+  /// the parameters are first made whole and zeroed, as on one rank: for a load, or
+  /// values set by hand, before shard().
   template <class F>
   void for_each_parameter(F&& f) {
+    if (storage_ == Storage::none) make_whole();
+    visit_parameters(f);
+  }
+
+  /// Initialises every parameter this rank holds from (seed, name, element index in
+  /// the whole parameter): torchtitan's initialisers, bitwise the same values in every
+  /// layout and on every backend. On a model without storage yet, allocates this rank's
+  /// share only and initialises it in place: the model is sharded on return.
+  void init_weights(std::uint64_t seed) {
+    if (storage_ == Storage::none) allocate_share();
+    for_each_held_stretch([&](Parameter<T>& p, ops::PieceIndex where, std::int64_t n, T* out) {
+      init_parameter<B>(p, seed, out, n, where);
+    });
+  }
+
+  /// Keeps this rank's share of every parameter: its tensor-parallel piece, then its
+  /// data-parallel shard; a no-op on one rank. After a load (or any whole values, the
+  /// same on every rank); on a model without storage yet, allocates the share zeroed.
+  void shard() {
+    switch (storage_) {
+      case Storage::share: return;
+      case Storage::none: allocate_share(); return;
+      case Storage::whole:
+        visit_parameters([](Parameter<T>& p) { parallel::narrow<B>(p); });
+        for_each_unit([](Unit& u) { u.shard(); });
+        storage_ = Storage::share;
+        return;
+    }
+  }
+  bool sharded() const {
+    return storage_ == Storage::share || (storage_ == Storage::whole && !units_ && !tp_.active());
+  }
+
+ private:
+  /// for_each_parameter without making storage.
+  template <class F>
+  void visit_parameters(F&& f) {
     if (!whole_.empty()) {
       for (auto& p : whole_) f(*p);
       return;
@@ -221,21 +280,46 @@ class Transformer {
     }
   }
 
-  void init_weights(std::uint64_t seed) {
-    for_each_parameter([&](Parameter<T>& p) { init_parameter<B>(p, seed); });
+  /// Where the parameters' values are.
+  enum class Storage : std::uint8_t {
+    none,   // made without storage (a parallel plan), nothing allocated yet
+    whole,  // every parameter whole (one rank; or made whole for a load, before shard())
+    share,  // this rank's share: tensor-parallel pieces, data-parallel shards
+  };
+
+  /// none -> whole: every parameter this rank holds, whole and zeroed.
+  void make_whole() {
+    visit_parameters([](Parameter<T>& p) { p.template allocate<B>(p.whole); });
+    storage_ = Storage::whole;
   }
 
-  /// Keeps this rank's share of every parameter: its tensor-parallel piece, then its
-  /// data-parallel shard; a no-op on one rank. Call it once the parameters are
-  /// initialised or loaded: every rank holds the same whole values then.
-  void shard() {
-    if (sharded_) return;
-    for_each_parameter([](Parameter<T>& p) { parallel::narrow<B>(p); });
-    for_each_unit([](Unit& u) { u.shard(); });
-    sharded_ = true;
+  /// none -> share: this rank's pieces and shards, zeroed, never the whole.
+  void allocate_share() {
+    if (units_)
+      for_each_unit([](Unit& u) { u.shard(); });  // every parameter belongs to a unit then
+    else
+      visit_parameters([](Parameter<T>& p) { p.template allocate<B>(p.piece_shape()); });
+    storage_ = Storage::share;
   }
-  bool sharded() const { return sharded_ || (!units_ && !tp_.active()); }
 
+  /// Calls f(p, where, n, values) for every stretch of parameter values this rank
+  /// holds: n values at `values` that are elements where(0), ... of p's whole.
+  template <class F>
+  void for_each_held_stretch(F&& f) {
+    if (storage_ == Storage::whole) {
+      visit_parameters([&](Parameter<T>& p) { f(p, ops::PieceIndex{}, p.numel(), p.value.data()); });
+      return;
+    }
+    auto stretch = [&](Parameter<T>& p, std::int64_t first, std::int64_t n, T* values) {
+      f(p, parallel::piece_index(p, first), n, values);
+    };
+    if (units_)
+      for_each_unit([&](Unit& u) { u.for_each_held_stretch(stretch); });
+    else
+      visit_parameters([&](Parameter<T>& p) { stretch(p, 0, p.numel(), p.value.data()); });
+  }
+
+ public:
   /// The parameters this rank updates: flat shards under FSDP/HSDP, else the parameters.
   template <class F>
   void for_each_local_parameter(F&& f) {
@@ -291,9 +375,11 @@ class Transformer {
     restore();
   }
 
+  /// The parameters of the stages this rank holds, each counted whole (every
+  /// parameter on one rank), whatever share this rank holds.
   std::int64_t num_params() {
     std::int64_t n = 0;
-    for_each_parameter([&](Parameter<T>& p) { n += p.numel(); });
+    visit_parameters([&](Parameter<T>& p) { n += p.whole.numel(); });
     return n;
   }
 
@@ -408,6 +494,7 @@ class Transformer {
     std::vector<std::string> names = {"tok_embeddings.weight"};
     std::vector<std::string> block;  // one block's names, "layers.0." stripped
     {
+      const DeferParameterStorage names_only;  // no storage for a block made for its names
       typename detail::bare_block<Block>::type b(BlockArgs<T, B>{args_, 0, "layers.0", rope_, nullptr, nullptr});
       b.for_each_parameter([&](Parameter<T>& p) { block.push_back(p.name.substr(9)); });
     }
@@ -779,7 +866,7 @@ class Transformer {
   std::size_t saved_bytes_peak_ = 0;
   std::unique_ptr<Unit> embedding_unit_, head_unit_;  // with data-parallel sharding
   bool units_ = false;                                // data-parallel units exist
-  bool sharded_ = false;
+  Storage storage_ = Storage::whole;
   // Pipeline parallelism (degree 1: the one stage is here).
   int pp_ = 1, pp_rank_ = 0, stages_per_rank_ = 1;
   parallel::ScheduleKind schedule_kind_ = parallel::ScheduleKind::one_f_one_b;

@@ -100,7 +100,7 @@ class ShardedUnit {
   ShardedUnit& operator=(const ShardedUnit&) = delete;
 
   /// Adds a parameter (in a fixed order, before shard()). Its place in the flat
-  /// vector is fixed by shard(), from the shape it has then (its tensor-parallel piece).
+  /// vector is fixed by shard(), from its tensor-parallel piece's shape.
   void add(nn::Parameter<T>& p) {
     TESSERA_CHECK(!sharded_, name_, ": parameter ", p.name, " added after the unit was sharded");
     params_.push_back(Slot{&p, 0, {}});
@@ -117,26 +117,33 @@ class ShardedUnit {
   bool gathered() const { return gathered_; }
   bool reshard_after_forward() const { return reshard_after_forward_; }
 
-  /// Moves from whole parameters (as initialised or loaded, the same on every rank)
-  /// to this rank's share: the FSDP/HSDP shard, or (DDP) the gradient bucket. Whole
-  /// values are released under FSDP/HSDP.
+  /// Moves to this rank's share: the FSDP/HSDP shard, or (DDP) the gradient bucket.
+  /// Parameters with values (their pieces, as initialised or loaded, the same on every
+  /// rank) give the shard its values and are released under FSDP/HSDP. Parameters
+  /// without storage (made in a DeferParameterStorage scope) are never allocated whole:
+  /// the shard starts zeroed (under DDP, each piece), for the caller to initialise
+  /// through for_each_held_stretch.
   void shard() {
     if (sharded_) return;
     sharded_ = true;
     numel_ = 0;
     for (auto& s : params_) {
       s.offset = numel_;
-      s.shape = s.p->shape();
+      s.shape = s.p->piece_shape();
+      TESSERA_CHECK(s.p->value.empty() || s.p->value.shape() == s.shape, name_, ": parameter ", s.p->name,
+                    " holds a value of shape ", s.p->value.shape().str(), ", not its piece's ", s.shape.str());
       numel_ += s.shape.numel();
     }
     if (shards()) {
       const int S = degree();
       shard_numel_ = (numel_ + S - 1) / S;
       const std::int64_t begin = shard_numel_ * shard_comm_->rank();
-      local_ = nn::Parameter<T>::template on<B>(name_ + ".flat_shard", Shape{shard_numel_}, nn::Init{});
+      local_.name = name_ + ".flat_shard";
+      local_.whole = Shape{shard_numel_};
+      local_.template allocate<B>(local_.whole);
       for (auto& s : params_) {
         const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
-        if (lo < hi)
+        if (lo < hi && !s.p->value.empty())
           B::for_each(hi - lo, ops::Copy<T>{s.p->value.data() + (lo - s.offset), local_.value.data() + (lo - begin)});
         s.p->value.release();
         s.p->grad.release();
@@ -146,11 +153,20 @@ class ShardedUnit {
       if (mode_ == ShardingMode::ddp) {
         MemoryUseScope use(MemoryUse::gradients);
         bucket_ = B::template zeros<G>(Shape{numel_});
-        for (auto& s : params_) {
-          Tensor<G> view = bucket_.slice(s.offset, s.shape);
-          B::for_each(view.numel(), ops::Copy<G>{s.p->grad.data(), view.data()});
-          s.p->grad = view;
+      }
+      for (auto& s : params_) {
+        if (s.p->value.empty()) {
+          MemoryUseScope use(MemoryUse::parameters);
+          s.p->value = B::template zeros<T>(s.shape);
         }
+        if (mode_ != ShardingMode::ddp) {
+          MemoryUseScope use(MemoryUse::gradients);
+          if (s.p->grad.empty()) s.p->grad = B::template zeros<G>(s.shape);
+          continue;
+        }
+        Tensor<G> view = bucket_.slice(s.offset, s.shape);  // the gradient lives in the bucket
+        if (!s.p->grad.empty()) B::for_each(view.numel(), ops::Copy<G>{s.p->grad.data(), view.data()});
+        s.p->grad = view;
       }
     }
   }
@@ -248,6 +264,24 @@ class ShardedUnit {
       B::for_each(shard_numel_, ops::Axpy<G>{G(1), reduced_.data(), local_.grad.data()});
       reduced_.release();
       reducing_grad_.release();
+    }
+  }
+
+  /// Calls f(p, first, n, values) for every stretch of a parameter's piece this rank
+  /// holds: n elements from the piece's element `first`, at `values` (in B's memory).
+  /// Under FSDP/HSDP, the parts of each parameter inside this rank's shard; else each
+  /// parameter's piece, whole. What initialises (or reads) a sharded unit in place.
+  template <class F>
+  void for_each_held_stretch(F&& f) {
+    check_sharded();
+    if (!shards()) {
+      for (auto& s : params_) f(*s.p, std::int64_t{0}, s.p->numel(), s.p->value.data());
+      return;
+    }
+    const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
+    for (auto& s : params_) {
+      const std::int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.shape.numel());
+      if (lo < hi) f(*s.p, lo - s.offset, hi - lo, local_.value.data() + (lo - begin));
     }
   }
 

@@ -27,9 +27,10 @@
 // N > n_kv_heads (N a multiple of n_kv_heads) each kv head is held by N / n_kv_heads
 // ranks, the ones whose query heads read it, and its gradient is summed over them.
 //
-// Parameters are made whole (initialised or loaded, the same on every rank) first;
-// narrow() then keeps this rank's piece, and gather_whole() puts the pieces back
-// together for saving.
+// A parameter is initialised as its piece directly (piece_index maps the piece's
+// elements to the whole's, so the values are the whole's), or made whole (loaded, the
+// same on every rank) and narrow() then keeps this rank's piece; gather_whole() puts the
+// pieces back together for saving.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,7 @@
 #include "tessera/nn/args.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/init.hpp"
 #include "tessera/ops/traffic.hpp"
 
 namespace tessera::parallel {
@@ -194,16 +196,37 @@ struct CopyPieceRow {
   }
 };
 
-/// Copies piece `index` along dim (0 or 1) of a rank-1/2 tensor `whole` into `piece`, or back.
+/// Copies piece `index` along dim (0 or 1) of a rank-1/2 tensor `whole` into `piece`, or
+/// back. A vector is one row: its pieces are column ranges.
 template <Backend B, class T>
 void copy_piece(const Tensor<T>& whole, const Tensor<T>& piece, int dim, int index, bool into_piece) {
-  const std::int64_t cols = whole.shape().rank >= 2 ? whole.size(1) : whole.size(0);
-  const std::int64_t prow = piece.shape().rank >= 2 ? piece.size(0) : 1;
-  const std::int64_t pcol = piece.shape().rank >= 2 ? piece.size(1) : piece.size(0);
-  const std::int64_t r0 = dim == 0 ? index * prow : 0, c0 = dim == 0 ? 0 : index * pcol;
+  const bool matrix = whole.shape().rank >= 2;
+  const std::int64_t cols = matrix ? whole.size(1) : whole.size(0);
+  const std::int64_t prow = matrix ? piece.size(0) : 1;
+  const std::int64_t pcol = matrix ? piece.size(1) : piece.size(0);
+  const bool by_rows = matrix && dim == 0;
+  const std::int64_t r0 = by_rows ? index * prow : 0, c0 = by_rows ? 0 : index * pcol;
   B::for_each(prow, CopyPieceRow<T>{whole.data(), piece.data(), cols, pcol, r0, c0, into_piece});
 }
 }  // namespace detail
+
+/// Where element `first + i` of this rank's piece of `p` lies in the whole parameter
+/// (the identity for a parameter that is not split): copy_piece's layout, as an index
+/// map, so that a piece is initialised (or read) as the elements of the whole it holds.
+template <class T>
+ops::PieceIndex piece_index(const nn::Parameter<T>& p, std::int64_t first) {
+  const Shape& w = p.whole;
+  const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  if (!p.split.split() || w.rank < 1) return ops::PieceIndex{u(first), 1, 1, 0, 0};
+  const nn::TensorSplit& s = p.split;
+  TESSERA_CHECK(s.dim >= 0 && s.dim < w.rank && w.rank <= 2 && w.dims[s.dim] % s.parts == 0, p.name, ": shape ",
+                w.str(), " does not split into ", s.parts, " pieces along dimension ", s.dim);
+  const bool matrix = w.rank == 2;
+  const std::int64_t rows = matrix ? w.dims[0] : 1, cols = matrix ? w.dims[1] : w.dims[0];
+  if (matrix && s.dim == 0) return ops::PieceIndex{u(first), u(cols), u(cols), u(s.index * (rows / s.parts)), 0};
+  const std::int64_t pcols = cols / s.parts;
+  return ops::PieceIndex{u(first), u(cols), u(pcols), 0, u(s.index * pcols)};
+}
 
 /// Keeps this rank's piece of a whole parameter (value and a zeroed gradient); a no-op
 /// for a parameter that is not split or already narrowed.
@@ -213,8 +236,7 @@ void narrow(nn::Parameter<T>& p) {
   const nn::TensorSplit& s = p.split;
   TESSERA_CHECK(s.dim >= 0 && s.dim < p.whole.rank && p.whole.rank <= 2 && p.whole.dims[s.dim] % s.parts == 0,
                 p.name, ": shape ", p.whole.str(), " does not split into ", s.parts, " pieces along dimension ", s.dim);
-  Shape local = p.whole;
-  local.dims[s.dim] /= s.parts;
+  const Shape local = p.piece_shape();
   Tensor<T> piece;
   {
     MemoryUseScope use(MemoryUse::parameters);
