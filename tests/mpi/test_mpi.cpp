@@ -9,11 +9,13 @@
 
 #include <climits>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "../support/errors.hpp"
 #include "tessera/comm/launch.hpp"
 #include "tessera/comm/mpi.hpp"
+#include "tessera/comm/nccl_rules.hpp"
 
 using namespace tessera;
 using namespace tessera::comm;
@@ -387,6 +389,47 @@ TEST_CASE("mpi: errors name the rank in MPI_COMM_WORLD, also on a split communic
       reversed.send_recv(std::span<const PeerOp>(&op, 1));
   }
   c.barrier();
+}
+
+namespace {
+/// Every buffer counts as this rank's device memory: the rules' other checks pass, and
+/// the issue order is what is tested.
+MemoryAccess all_device_memory() {
+  MemoryAccess m;
+  m.where = [](const void*, std::size_t) { return Residence::this_device; };
+  return m;
+}
+}  // namespace
+
+TEST_CASE("mpi under NCCL's rules: ranks issuing different collectives fail naming both, never exchange") {
+  Communicator c(NcclRulesEngine(MpiEngine(MPI_COMM_WORLD), all_device_memory(),
+                                 NcclRulesOptions{.serialize_groups = true, .check_same_calls = true}));
+  const int r = c.rank();
+  std::vector<float> in(4, 1.0f), out(4 * static_cast<std::size_t>(c.size()));
+  // The same collectives in the same order pass.
+  c.all_gather(std::span<const float>(in), std::span<float>(out));
+  CHECK(out[0] == 1.0f);
+  // Rank 0 reduces while the others gather: every rank fails, naming what rank 0 issued.
+  const std::string mismatch = r == 0 ? "this rank issued all_reduce of 4 f32 (sum) while rank 1 issued all_gather of 4 f32"
+                                      : "while rank 0 issued all_reduce of 4 f32 (sum)";
+  if (r == 0)
+    CHECK_ERROR_CONTAINS(c.all_reduce(std::span<float>(in)), mismatch);
+  else
+    CHECK_ERROR_CONTAINS(c.all_gather(std::span<const float>(in), std::span<float>(out)), mismatch);
+  // Same kind, another count.
+  std::vector<float> shorter(r == 0 ? 3 : 4);
+  CHECK_ERROR_CONTAINS(c.all_reduce(std::span<float>(shorter)), "issued all_reduce of 3 f32 (sum)");
+  // A barrier on rank 0 against a broadcast elsewhere: the others fail at once; rank 0,
+  // whose barrier does not hold the host, at its next synchronisation.
+  if (r == 0) {
+    c.barrier();
+    CHECK_ERROR_CONTAINS(tessera::detail::run_deferred_host_waits(), "this rank issued barrier while rank 1 issued broadcast");
+  } else {
+    CHECK_ERROR_CONTAINS(c.broadcast(std::span<float>(in), 0), "while rank 0 issued barrier");
+  }
+  // Every rank failed before its operation reached MPI: the communicator is still in step.
+  c.all_gather(std::span<const float>(in), std::span<float>(out));
+  CHECK(out.back() == 1.0f);
 }
 
 int main(int argc, char** argv) {

@@ -388,7 +388,7 @@ inline Communicator mpi_world_nccl_rules(const MemoryAccess& memory) {
   detail::init_mpi_once();
   MpiEngine engine(MPI_COMM_WORLD);
   engine.set_synchronous_sends(true);
-  return Communicator(NcclRulesEngine(std::move(engine), memory, NcclRulesOptions{.serialize_groups = true}));
+  return Communicator(NcclRulesEngine(std::move(engine), memory, NcclRulesOptions{.serialize_groups = true, .check_same_calls = true}));
 }
 
 /// mpi_world(), checked against the launch the environment describes: a binary

@@ -28,18 +28,26 @@
 // (ThreadOptions::nccl_rules) completes a send only when its receiver's recv runs
 // (rendezvous, no buffering) and runs one group at a time per rank and communicator;
 // every ThreadEngine collective checks that all ranks issued the same one (kind, count,
-// element type, reduction, root). Over MPI (MpiOptions::nccl_rules) sends are
-// synchronous (MPI_Issend) and this engine finishes a rank's previous group of transfers
-// before it issues anything else on the communicator, as NCCL's one stream would.
+// element type, reduction, root). Over MPI (mpi_world_nccl_rules) sends are synchronous
+// (MPI_Issend), this engine finishes a rank's previous group of transfers before it
+// issues anything else on the communicator, as NCCL's one stream would, and it checks
+// the issue order itself (NcclRulesOptions::check_same_calls): before each collective
+// the ranks exchange what they are about to issue (one small all_gather on the inner
+// engine), so ranks that issue different collectives fail naming both calls instead of
+// exchanging mismatched buffers.
 //
 // The checks copy every buffer once more (a snapshot of each input, the result through
 // scratch): cheap on the small models the parity tests train.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -124,13 +132,19 @@ struct RulesHandle final : Handle::Impl {
   std::shared_ptr<RulesOp> op;
 };
 
-/// A barrier's handle: wait() leaves the host's wait for its next synchronisation.
+/// A barrier's handle: wait() leaves the host's wait (and `then`, a check to run
+/// after it) for the host's next synchronisation.
 struct DeferredHostHandle final : Handle::Impl {
-  explicit DeferredHostHandle(Handle h) : inner(std::make_shared<Handle>(std::move(h))) {}
+  DeferredHostHandle(Handle h, std::function<void()> then_)
+      : inner(std::make_shared<Handle>(std::move(h))), then(std::move(then_)) {}
   void wait() override {
-    tessera::detail::deferred_host_waits.emplace_back([h = std::move(inner)] { h->wait(); });
+    tessera::detail::deferred_host_waits.emplace_back([h = std::move(inner), check = std::move(then)] {
+      h->wait();
+      if (check) check();
+    });
   }
   std::shared_ptr<Handle> inner;
+  std::function<void()> then;
 };
 
 }  // namespace detail
@@ -140,6 +154,10 @@ struct NcclRulesOptions {
   /// the communicator (NCCL's one stream per communicator). ThreadEngine in its NCCL mode
   /// does this itself; MpiEngine needs it here.
   bool serialize_groups = false;
+  /// Before each collective (and each barrier and split), check that every rank of the
+  /// communicator is issuing the same one: kind, count, element type, reduction, root.
+  /// ThreadEngine checks this itself; MpiEngine needs it here.
+  bool check_same_calls = false;
 };
 
 template <Engine E>
@@ -162,7 +180,7 @@ class NcclRulesEngine {
 
   Handle all_gather(const void* in, void* out, std::size_t n, DataType t) {
     const std::size_t bytes = n * size_of(t);
-    auto op = begin("all_gather");
+    auto op = begin("all_gather", Call::of(1, n, t));
     add_input(*op, in, bytes, out, bytes * static_cast<std::size_t>(size()));
     void* result = add_output(*op, out, bytes * static_cast<std::size_t>(size()));
     op->inner = inner_.all_gather(op->inputs[0].snapshot->data(), result, n, t);
@@ -171,7 +189,7 @@ class NcclRulesEngine {
 
   Handle reduce_scatter(const void* in, void* out, std::size_t n, DataType t, ReduceOp rop) {
     const std::size_t bytes = n * size_of(t);
-    auto op = begin("reduce_scatter");
+    auto op = begin("reduce_scatter", Call::of(2, n, t, rop));
     add_input(*op, in, bytes * static_cast<std::size_t>(size()), out, bytes);
     void* result = add_output(*op, out, bytes);
     op->inner = inner_.reduce_scatter(op->inputs[0].snapshot->data(), result, n, t, rop);
@@ -180,7 +198,7 @@ class NcclRulesEngine {
 
   Handle all_reduce(const void* in, void* out, std::size_t n, DataType t, ReduceOp rop) {
     const std::size_t bytes = n * size_of(t);
-    auto op = begin("all_reduce");
+    auto op = begin("all_reduce", Call::of(3, n, t, rop));
     add_input(*op, in, bytes, out, bytes);
     void* result = add_output(*op, out, bytes);
     op->inner = inner_.all_reduce(op->inputs[0].snapshot->data(), result, n, t, rop);
@@ -189,7 +207,7 @@ class NcclRulesEngine {
 
   Handle broadcast(void* data, std::size_t n, DataType t, int root) {
     const std::size_t bytes = n * size_of(t);
-    auto op = begin("broadcast");
+    auto op = begin("broadcast", Call::of(4, n, t, std::nullopt, root));
     void* buffer = nullptr;
     if (rank() == root) {
       add_input(*op, data, bytes, nullptr, 0);
@@ -225,12 +243,17 @@ class NcclRulesEngine {
 
   Handle barrier() {
     settle();
-    ++state_->issued;
-    return Handle(std::make_unique<detail::DeferredHostHandle>(inner_.barrier()));
+    // Under check_same_calls the comparison is the barrier (its all_gather completes once
+    // every rank has issued it), waited on and checked at the host's next
+    // synchronisation: it must not hold the host either.
+    if (auto check = agreement(describe("barrier", ++state_->issued), Call::of(5)))
+      return Handle(std::make_unique<detail::DeferredHostHandle>(Handle(), std::move(check)));
+    return Handle(std::make_unique<detail::DeferredHostHandle>(inner_.barrier(), nullptr));
   }
 
   NcclRulesEngine split(int color, int key) {
     settle();
+    if (auto check = agreement(describe("split", state_->issued), Call::of(6))) check();
     return NcclRulesEngine(inner_.split(color, key), memory_, options_);
   }
 
@@ -248,13 +271,75 @@ class NcclRulesEngine {
     if (auto last = std::exchange(state_->last_group, nullptr)) last->complete();
   }
 
-  std::shared_ptr<detail::RulesOp> begin(const char* name) {
+  /// What a rank is about to issue, as the ranks compare it (check_same_calls).
+  struct Call {
+    std::int64_t kind = 0;  // 1 all_gather, 2 reduce_scatter, 3 all_reduce, 4 broadcast, 5 barrier, 6 split, 0 send_recv
+    std::size_t count = 0;
+    std::optional<DataType> type;
+    std::optional<ReduceOp> op;
+    std::optional<int> root;
+
+    static Call of(std::int64_t kind, std::size_t count = 0, std::optional<DataType> type = {},
+                   std::optional<ReduceOp> op = {}, std::optional<int> root = {}) {
+      Call c;
+      c.kind = kind;
+      c.count = count;
+      c.type = type;
+      c.op = op;
+      c.root = root;
+      return c;
+    }
+
+    static constexpr std::size_t kWords = 5;
+    std::array<std::int64_t, kWords> words() const {
+      return {kind, static_cast<std::int64_t>(count), type ? static_cast<std::int64_t>(*type) : -1,
+              op ? static_cast<std::int64_t>(*op) : -1, root ? *root : -1};
+    }
+    static std::string str(const std::int64_t* w) {
+      static constexpr const char* kKinds[] = {"send_recv", "all_gather", "reduce_scatter", "all_reduce",
+                                               "broadcast", "barrier",    "split"};
+      std::string s = w[0] >= 0 && w[0] <= 6 ? kKinds[w[0]] : "?";
+      if (w[2] >= 0) s += tessera::detail::concat(" of ", w[1], " ", name_of(static_cast<DataType>(w[2])));
+      if (w[3] >= 0) s += w[3] == 0 ? " (sum)" : w[3] == 1 ? " (max)" : " (min)";
+      if (w[4] >= 0) s += tessera::detail::concat(" from root ", w[4]);
+      return s;
+    }
+  };
+
+  std::string describe(const char* name, std::uint64_t k) const {
+    return tessera::detail::concat(name, " #", k, " (rank ", rank(), " of ", size(), " on its communicator)");
+  }
+
+  std::shared_ptr<detail::RulesOp> begin(const char* name, const Call& call = {}) {
     settle();
     auto op = std::make_shared<detail::RulesOp>();
     op->memory = memory_;
-    op->what = tessera::detail::concat(name, " #", ++state_->issued, " (rank ", rank(), " of ", size(),
-                                       " on its communicator)");
+    op->what = describe(name, ++state_->issued);
+    if (call.kind != 0)
+      if (auto check = agreement(op->what, call)) check();
     return op;
+  }
+
+  /// check_same_calls: every rank learns what the others are about to issue (one
+  /// all_gather of a few words on the inner engine, issued now, so it matches whatever
+  /// each rank issues next) and the returned check fails, naming both calls, where they
+  /// differ. Every rank sees the same table, so every rank fails: none is left waiting.
+  /// Empty when there is nothing to check.
+  std::function<void()> agreement(const std::string& what, const Call& call) {
+    if (!options_.check_same_calls || size() == 1) return {};
+    const auto mine = std::make_shared<std::array<std::int64_t, Call::kWords>>(call.words());
+    auto all = std::make_shared<std::vector<std::int64_t>>(Call::kWords * static_cast<std::size_t>(size()));
+    auto gathered = std::make_shared<Handle>(inner_.all_gather(mine->data(), all->data(), Call::kWords, DataType::i64));
+    return [what, mine, all, gathered, n = size()] {
+      gathered->wait();
+      for (int r = 0; r < n; ++r) {
+        const std::int64_t* theirs = all->data() + Call::kWords * static_cast<std::size_t>(r);
+        if (std::equal(mine->begin(), mine->end(), theirs)) continue;
+        fail(what, ": this rank issued ", Call::str(mine->data()), " while rank ", r, " issued ", Call::str(theirs),
+             ": NCCL matches collectives by their order on a communicator, so every rank must issue the same "
+             "ones in the same order");
+      }
+    };
   }
 
   /// Refuses a buffer NCCL could not use.
