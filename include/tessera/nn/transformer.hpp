@@ -241,9 +241,49 @@ class Transformer {
   /// share only and initialises it in place: the model is sharded on return.
   void init_weights(std::uint64_t seed) {
     if (storage_ == Storage::none) allocate_share();
-    for_each_held_stretch([&](Parameter<T>& p, ops::PieceIndex where, std::int64_t n, T* out) {
-      init_parameter<B>(p, seed, out, n, where);
-    });
+    for_each_held_stretch([&](const HeldStretch& h) { init_parameter<B>(*h.param, seed, h.values(), h.n, h.where); });
+  }
+
+  /// n consecutive parameter values this rank holds: elements where(0), ...,
+  /// where(n - 1) of `param`'s whole, stored from `offset` of the local parameter
+  /// `local` (for_each_local_parameter's: `param` itself, or the flat shard holding this
+  /// part of it), so at the same offset of its gradient and its optimizer state.
+  struct HeldStretch {
+    Parameter<T>* param;
+    ops::PieceIndex where;
+    std::int64_t n;
+    Parameter<T>* local;
+    std::int64_t offset;
+    /// Whether this rank is the one to save these values: each element of the model has
+    /// exactly one writer over the world (the first data-parallel replica, the first
+    /// tensor-parallel holder, the pipeline rank of its stage).
+    bool writer;
+    T* values() const { return local->value.data() + offset; }
+  };
+
+  /// Calls f(const HeldStretch&) for every stretch of parameter values this rank holds,
+  /// in a fixed order; a model without storage is given its share (zeroed) first.
+  /// Together the stretches cover each parameter of this rank's stages once.
+  template <class F>
+  void for_each_held_stretch(F&& f) {
+    if (storage_ == Storage::none) allocate_share();
+    if (storage_ == Storage::whole) {
+      // Every rank of a stage holds it whole: the first of its tp and dp groups writes.
+      const bool first = !plan_.mesh || (plan_.mesh->tp_rank() == 0 && plan_.mesh->dp_rank() == 0);
+      visit_parameters([&](Parameter<T>& p) { f(HeldStretch{&p, ops::PieceIndex{}, p.numel(), &p, 0, first}); });
+      return;
+    }
+    if (units_)
+      for_each_unit([&](Unit& u) {
+        u.for_each_held_stretch([&](Parameter<T>& p, std::int64_t first, std::int64_t n, Parameter<T>& local,
+                                    std::int64_t offset) {
+          f(HeldStretch{&p, parallel::piece_index(p, first), n, &local, offset, u.first_replica() && p.split.owner});
+        });
+      });
+    else
+      visit_parameters([&](Parameter<T>& p) {
+        f(HeldStretch{&p, parallel::piece_index(p, 0), p.numel(), &p, 0, p.split.owner});
+      });
   }
 
   /// Keeps this rank's share of every parameter: its tensor-parallel piece, then its
@@ -300,23 +340,6 @@ class Transformer {
     else
       visit_parameters([](Parameter<T>& p) { p.template allocate<B>(p.piece_shape()); });
     storage_ = Storage::share;
-  }
-
-  /// Calls f(p, where, n, values) for every stretch of parameter values this rank
-  /// holds: n values at `values` that are elements where(0), ... of p's whole.
-  template <class F>
-  void for_each_held_stretch(F&& f) {
-    if (storage_ == Storage::whole) {
-      visit_parameters([&](Parameter<T>& p) { f(p, ops::PieceIndex{}, p.numel(), p.value.data()); });
-      return;
-    }
-    auto stretch = [&](Parameter<T>& p, std::int64_t first, std::int64_t n, T* values) {
-      f(p, parallel::piece_index(p, first), n, values);
-    };
-    if (units_)
-      for_each_unit([&](Unit& u) { u.for_each_held_stretch(stretch); });
-    else
-      visit_parameters([&](Parameter<T>& p) { stretch(p, 0, p.numel(), p.value.data()); });
   }
 
  public:

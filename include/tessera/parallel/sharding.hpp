@@ -267,23 +267,29 @@ class ShardedUnit {
     }
   }
 
-  /// Calls f(p, first, n, values) for every stretch of a parameter's piece this rank
-  /// holds: n elements from the piece's element `first`, at `values` (in B's memory).
-  /// Under FSDP/HSDP, the parts of each parameter inside this rank's shard; else each
-  /// parameter's piece, whole. What initialises (or reads) a sharded unit in place.
+  /// Calls f(p, first, n, local, offset) for every stretch of a parameter's piece this
+  /// rank holds: n elements from the piece's element `first`, at `offset` of the local
+  /// parameter `local` (what for_each_local_parameter hands the optimizer: the flat
+  /// shard under FSDP/HSDP, else p itself), so in its value, gradient and optimizer
+  /// state alike. Under FSDP/HSDP, the parts of each parameter inside this rank's shard;
+  /// else each parameter's piece, whole. What initialises, saves and loads a unit in place.
   template <class F>
   void for_each_held_stretch(F&& f) {
     check_sharded();
     if (!shards()) {
-      for (auto& s : params_) f(*s.p, std::int64_t{0}, s.p->numel(), s.p->value.data());
+      for (auto& s : params_) f(*s.p, std::int64_t{0}, s.p->numel(), *s.p, std::int64_t{0});
       return;
     }
     const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
     for (auto& s : params_) {
       const std::int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.shape.numel());
-      if (lo < hi) f(*s.p, lo - s.offset, hi - lo, local_.value.data() + (lo - begin));
+      if (lo < hi) f(*s.p, lo - s.offset, hi - lo, local_, lo - begin);
     }
   }
+
+  /// Whether this rank is the first of those holding the same shard or parameters (HSDP's
+  /// dp_replicate, DDP's dp): the one that counts them once (gradient norm, saving).
+  bool first_replica() const { return !replicate_comm_ || replicate_comm_->rank() == 0; }
 
   /// The parameters this rank updates: the flat shard (FSDP/HSDP), else the parameters.
   template <class F>
@@ -302,7 +308,7 @@ class ShardedUnit {
   /// whole gradient.
   void add_owned_gradient(optim::SquaredNorms<B, G>& norms) {
     check_sharded();
-    if (replicate_comm_ && replicate_comm_->rank() != 0) return;
+    if (!first_replica()) return;
     if (shards()) {
       const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
       for (const auto& slot : params_) {
