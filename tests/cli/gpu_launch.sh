@@ -13,11 +13,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 if [ "$cuda" = true ]; then
-  if ldd "$train" | grep -q 'libnccl\.so'; then
-    echo "ok: llama-train links $(ldd "$train" | grep -o 'libnccl\.so[^ ]*' | head -1)"
+  # ldd's output is taken whole first: `ldd | grep -q` under pipefail fails whenever grep
+  # stops reading before ldd has written everything (ldd then dies of SIGPIPE).
+  libs=$(ldd "$train")
+  if grep -q 'libnccl\.so' <<< "$libs"; then
+    echo "ok: llama-train links $(grep -o 'libnccl\.so[^ ]*' <<< "$libs" | head -1)"
   else
     echo "FAIL: llama-train was built with CUDA but does not link libnccl:"
-    ldd "$train"
+    echo "$libs"
     failures=$((failures + 1))
   fi
 else
