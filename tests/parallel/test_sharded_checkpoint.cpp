@@ -139,4 +139,84 @@ TEST_CASE("sharded checkpoints: an interrupted save, a missing or truncated file
   train::load_sharded_model(model, folder.string());
 }
 
+/// Rank 0's losses of `steps` steps on layout `shape`: resumed from `resume` first when
+/// given, and saving the training state to `save` after `save_after` steps when given.
+std::vector<double> train_steps(const comm::MeshShape& shape, const train::JobConfig& c, int steps,
+                                const std::string& resume = "", const std::string& save = "", int save_after = 0) {
+  std::vector<std::vector<double>> per_rank(static_cast<std::size_t>(shape.world()));
+  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
+    if (world.size() > 1) omp_set_num_threads(1);  // ranks share the cores
+    comm::DeviceMesh mesh(world, shape);
+    CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
+    if (resume.empty()) model.init_weights(static_cast<std::uint64_t>(c.training.seed));
+    data::DataLoader loader(debug_tokens(), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
+                            mesh.dp_degree());
+    train::Trainer<CpuDynamicModel> trainer(model, c, std::move(loader), 0);
+    if (!resume.empty()) trainer.load_checkpoint(resume);
+    for (int s = 0; s < steps; ++s) {
+      per_rank[static_cast<std::size_t>(world.rank())].push_back(trainer.step().loss);
+      if (!save.empty() && s + 1 == save_after) trainer.save_checkpoint(save);
+    }
+  }, nccl_rules());
+  return per_rank.front();
+}
+
+std::vector<double> tail(const std::vector<double>& v, std::size_t from) { return {v.begin() + static_cast<long>(from), v.end()}; }
+
+TEST_CASE("training checkpoints: a run resumed on one rank is the uninterrupted run, bitwise (fp32, bf16 params, bf16 moments)") {
+  const std::vector<std::vector<std::string>> variants = {
+      {}, {"--training.mixed_precision_param", "bfloat16"}, {"--optimizer.state_dtype", "bfloat16"}};
+  for (const auto& keys : variants) {
+    const std::string variant = keys.empty() ? "fp32" : keys[0] + " " + keys[1];
+    CAPTURE(variant);
+    const train::JobConfig c = debug_job(4, 4, 6, keys);
+    tessera::test::TempDir dir;
+    const std::string folder = dir.file("step-3");
+    const std::vector<double> whole = train_steps({}, c, 6);
+    const std::vector<double> first = train_steps({}, c, 3, "", folder, 3);
+    CHECK(first == std::vector<double>(whole.begin(), whole.begin() + 3));
+    CHECK(train_steps({}, c, 3, folder) == tail(whole, 3));
+  }
+}
+
+TEST_CASE("training checkpoints: saved under one layout, resumed under others, the same run within the parity bar") {
+  const train::JobConfig c = debug_job(4, 4, 6);
+  const std::vector<double> whole = train_steps({}, c, 6);
+  struct Case {
+    const char* saved;
+    comm::MeshShape save;
+    const char* resumed;
+    comm::MeshShape resume;
+  };
+  const Case cases[] = {
+      {"FSDP 4", {1, 1, 4, 1}, "TP 2 x FSDP 2", {1, 1, 2, 2}},
+      {"PP 2 x TP 2", {2, 1, 1, 2}, "one rank", {}},
+      {"HSDP 2x2", {1, 2, 2, 1}, "DDP 2", {1, 2, 1, 1}},
+      {"one rank", {}, "PP 2 x FSDP 2", {2, 1, 2, 1}},
+  };
+  for (const Case& k : cases) {
+    const std::string from = k.saved, into = k.resumed;
+    CAPTURE(from);
+    CAPTURE(into);
+    tessera::test::TempDir dir;
+    const std::string folder = dir.file("step-3");
+    const train::JobConfig saving = debug_job(4 / k.save.dp(), 4, 6), resuming = debug_job(4 / k.resume.dp(), 4, 6);
+    train_steps(k.save, saving, 3, "", folder, 3);
+    const std::vector<double> resumed = train_steps(k.resume, resuming, 3, folder);
+    CHECK(max_relative_difference(resumed, tail(whole, 3)) <= 1e-5);
+  }
+}
+
+TEST_CASE("training checkpoints: a model-only folder cannot resume training") {
+  const train::JobConfig c = debug_job(4, 4, 1);
+  tessera::test::TempDir dir;
+  const std::string folder = dir.file("model");
+  {
+    CpuDynamicModel model(c.model.args);
+    model.init_weights(1);
+    train::save_sharded_model(model, folder);
+  }
+  CHECK_ERROR_CONTAINS(train_steps({}, c, 1, folder), "no optimizer state 'exp_avg'");
+}
+
 }  // namespace test_sharded_checkpoint

@@ -21,12 +21,14 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <variant>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/nn/layer.hpp"
 #include "tessera/ops/adamw.hpp"
@@ -121,7 +123,32 @@ class AdamW {
   }
 
   std::int64_t steps_taken() const { return step_; }
+  /// Sets the update count (bias correction goes on from it): a resumed run's.
+  void set_steps_taken(std::int64_t steps) {
+    TESSERA_CHECK(steps >= 0, "optimizer: a step count of ", steps);
+    step_ = steps;
+  }
   const AdamWOptions& options() const { return options_; }
+
+  /// Calls f(name, tensor) for each state tensor of local parameter `p` (one that
+  /// for_each_local_parameter handed out; each tensor has p's shape): "exp_avg" and
+  /// "exp_avg_sq" (Tensor<accum_t<T>>, or Tensor<bf16> with state_dtype = bf16) and,
+  /// with bf16 parameters, "master" (Tensor<accum_t<T>>). For checkpoints.
+  template <class F>
+  void for_each_state_tensor(const nn::Parameter<T>& p, F&& f) {
+    for (auto& s : states_) {
+      if (s.param != &p) continue;
+      std::visit(
+          [&](auto& m) {
+            f(std::string_view("exp_avg"), m.exp_avg);
+            f(std::string_view("exp_avg_sq"), m.exp_avg_sq);
+          },
+          s.moments);
+      if (has_masters()) f(std::string_view("master"), s.master);
+      return;
+    }
+    fail("optimizer: parameter ", p.name, " is not one this optimizer updates");
+  }
 
   /// Bytes of optimizer state (moments and master copies).
   std::size_t state_bytes() const {

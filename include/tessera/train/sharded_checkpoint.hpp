@@ -32,6 +32,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
@@ -98,6 +100,8 @@ struct Index {
   std::map<std::string, std::vector<std::int64_t>> shapes;
   std::map<std::string, std::vector<SavedRun>> runs;
   nlohmann::json model_args;
+  std::vector<std::string> families;  // the state saved beside each stretch ("exp_avg", ...)
+  nlohmann::json state;               // the training state (step, data position, ...), or null
 };
 
 inline Index read_index(const std::string& dir) {
@@ -137,7 +141,16 @@ inline Index read_index(const std::string& dir) {
         fail(f.path(), ": ", key, " is not valid JSON: ", e.what());
       }
     };
-    if (r == 0) index.model_args = field("tessera.model_args");
+    if (r == 0) {
+      index.model_args = field("tessera.model_args");
+      const nlohmann::json families = field("tessera.families"), state = field("tessera.state");
+      try {
+        index.families = families.get<std::vector<std::string>>();
+      } catch (const nlohmann::json::exception& e) {
+        fail(f.path(), ": tessera.families is not a list of names: ", e.what());
+      }
+      index.state = state;
+    }
     const nlohmann::json shapes = field("tessera.shapes"), stretches = field("tessera.stretches");
     try {
       for (const auto& [name, shape] : shapes.items()) {
@@ -153,9 +166,12 @@ inline Index read_index(const std::string& dir) {
                                     s.at(4).get<std::uint64_t>(), s.at(5).get<std::uint64_t>(),
                                     s.at(6).get<std::uint64_t>()};
         const auto n = s.at(7).get<std::int64_t>();
-        TESSERA_CHECK(f.contains(key), f.path(), ": stretch '", key, "' is listed but not stored");
-        TESSERA_CHECK(f.entry(key).numel() == n, f.path(), ": stretch '", key, "' holds ", f.entry(key).numel(),
-                      " values, the index says ", n);
+        for (const std::string& family : index.families) {
+          const std::string stored = family.empty() ? key : family + "/" + key;
+          TESSERA_CHECK(f.contains(stored), f.path(), ": stretch '", stored, "' is listed but not stored");
+          TESSERA_CHECK(f.entry(stored).numel() == n, f.path(), ": stretch '", stored, "' holds ",
+                        f.entry(stored).numel(), " values, the index says ", n);
+        }
         TESSERA_CHECK(where.piece_cols >= 1 && where.whole_cols >= where.piece_cols, f.path(), ": stretch '", key,
                       "' has an impossible index map");
         auto& runs = index.runs[name];
@@ -187,13 +203,46 @@ inline Index read_index(const std::string& dir) {
   return index;
 }
 
-}  // namespace sharded
+/// Copies n values into `dst` (B's memory), value i being element where(i) of
+/// parameter `param`'s whole as saved under `family` ("" for the parameter's own
+/// values), converting the stored element type to U.
+template <Backend B, class U>
+void read_into(const Index& index, const std::string& dir, const std::string& param, const std::string& family,
+               const ops::PieceIndex& where, std::int64_t n, U* dst) {
+  const std::vector<SavedRun>& runs = index.runs.at(param);
+  std::vector<U> host(static_cast<std::size_t>(n));
+  for_each_run(where, n, [&](std::int64_t global, std::int64_t length, std::int64_t i) {
+    // The saved runs overlapping [global, global + length), in order.
+    auto it = std::upper_bound(runs.begin(), runs.end(), global,
+                               [](std::int64_t g, const SavedRun& r) { return g < r.global; });
+    if (it != runs.begin()) --it;
+    for (; it != runs.end() && it->global < global + length; ++it) {
+      const std::int64_t lo = std::max(global, it->global), hi = std::min(global + length, it->global + it->length);
+      if (lo >= hi) continue;
+      const io::SafetensorsFile& f = index.files[it->file];
+      const std::string key = family.empty() ? it->key : family + "/" + it->key;
+      const io::TensorEntry& e = f.entry(key);
+      TESSERA_CHECK(io::is_floating(e.dtype), dir, ": ", f.path(), ": stretch '", key, "' is stored as ",
+                    io::name_of(e.dtype), ", not a floating type");
+      const std::size_t width = io::size_of(e.dtype);
+      const std::byte* from = f.raw(key).data() + static_cast<std::size_t>(it->index + (lo - it->global)) * width;
+      U* to = host.data() + (i + (lo - global));
+      if (e.dtype == stored_dtype<U>() && std::endian::native == std::endian::little)
+        std::memcpy(static_cast<void*>(to), from, static_cast<std::size_t>(hi - lo) * sizeof(U));
+      else
+        for (std::int64_t k = 0; k < hi - lo; ++k)
+          to[k] = io::detail::load_float_element<U>(e.dtype, from + static_cast<std::size_t>(k) * width);
+    }
+  });
+  B::copy_from_host(host.data(), dst, n);
+}
 
-/// Saves `model` as a sharded checkpoint in `dir`: a collective over the model's world
-/// (every rank writes its file; rank 0 writes the marker once all have). The model may
-/// be in any layout; nothing is gathered.
-template <class Model>
-void save_sharded_model(Model& model, const std::string& dir) {
+/// Writes `dir`: this rank's file (the stretches it writes, and per stretch what
+/// `add_state(h, key, writer)` adds under each of `families`), then rank 0's marker. A
+/// collective over the model's world.
+template <class Model, class AddState>
+void save_folder(Model& model, const std::string& dir, const std::vector<std::string>& families,
+                 const nlohmann::json& state, AddState&& add_state) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
   namespace fs = std::filesystem;
@@ -208,14 +257,19 @@ void save_sharded_model(Model& model, const std::string& dir) {
     const nn::Parameter<T>& p = *h.param;
     const std::string key = p.name + "@" + std::to_string(count[p.name]++);
     const Tensor<T> host = download<B>(h.local->value.slice(h.offset, Shape{h.n}));
-    w.add(key, sharded::stored_dtype<T>(), {h.n}, std::span<const T>(host.data(), static_cast<std::size_t>(h.n)));
+    w.add(key, stored_dtype<T>(), {h.n}, std::span<const T>(host.data(), static_cast<std::size_t>(h.n)));
+    add_state(h, key, w);
     stretches.push_back({p.name, key, h.where.first, h.where.whole_cols, h.where.piece_cols, h.where.row0,
                          h.where.col0, h.n});
-    shapes[p.name] = sharded::dims(p.whole);
+    shapes[p.name] = dims(p.whole);
   });
+  std::vector<std::string> stored = {""};  // the values themselves, then the state
+  stored.insert(stored.end(), families.begin(), families.end());
   w.set_metadata("format", "pt");
   w.set_metadata("tessera.stretches", stretches.dump());
   w.set_metadata("tessera.shapes", shapes.dump());
+  w.set_metadata("tessera.families", nlohmann::json(stored).dump());
+  w.set_metadata("tessera.state", state.dump());
   w.set_metadata("tessera.model_args", model_args_to_json(model.args()).dump());
   w.set_metadata("tessera.rank", std::to_string(rank));
   w.set_metadata("tessera.world_size", std::to_string(size));
@@ -223,27 +277,64 @@ void save_sharded_model(Model& model, const std::string& dir) {
     // A folder reused by a new save loses its marker first: a crash from here on leaves
     // it incomplete, never complete with a mix of two saves.
     std::error_code ec;
-    fs::remove(folder / sharded::kCompleteMarker, ec);
+    fs::remove(folder / kCompleteMarker, ec);
   }
   if (world) world->barrier();
   B::synchronize();
-  w.write((folder / sharded::file_name(rank, size)).string());  // to a temporary name, then renamed
+  w.write((folder / file_name(rank, size)).string());  // to a temporary name, then renamed
   if (world) world->barrier();
   B::synchronize();  // every file is in place before the marker
   if (rank == 0) {
-    const fs::path tmp = folder / (std::string(sharded::kCompleteMarker) + ".tmp");
+    const fs::path tmp = folder / (std::string(kCompleteMarker) + ".tmp");
     {
       std::ofstream out(tmp);
-      out << nlohmann::json{{"world_size", size}, {"format", "tessera sharded model 1"}}.dump() << "\n";
+      out << nlohmann::json{{"world_size", size}, {"format", "tessera sharded checkpoint 1"}}.dump() << "\n";
       out.flush();
       TESSERA_CHECK(out.good(), tmp.string(), ": cannot write");
     }
     std::error_code ec;
-    fs::rename(tmp, folder / sharded::kCompleteMarker, ec);
-    TESSERA_CHECK(!ec, (folder / sharded::kCompleteMarker).string(), ": cannot rename into place: ", ec.message());
+    fs::rename(tmp, folder / kCompleteMarker, ec);
+    TESSERA_CHECK(!ec, (folder / kCompleteMarker).string(), ": cannot rename into place: ", ec.message());
   }
   if (world) world->barrier();
   B::synchronize();  // no rank reads the folder before it is complete
+}
+
+/// Reads `dir`'s index and checks that it holds `model`'s parameters; then calls
+/// load(h) for every stretch `model` holds.
+template <class Model, class Load>
+Index load_folder(Model& model, const std::string& dir, Load&& load) {
+  using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
+  Index index = read_index(dir);
+  const nn::ModelArgs saved = model_args_from_json(index.model_args, dir);
+  const nn::ModelArgs& a = model.args();
+  TESSERA_CHECK(saved.dim == a.dim && saved.n_layers == a.n_layers && saved.n_heads == a.n_heads &&
+                    saved.kv_heads() == a.kv_heads() && saved.vocab_size == a.vocab_size &&
+                    saved.ffn_hidden_dim() == a.ffn_hidden_dim() && saved.tie_embeddings == a.tie_embeddings,
+                dir, ": the checkpoint's model (", saved.flavor, ", ", saved.num_params(),
+                " parameters) is not this model (", a.flavor, ", ", a.num_params(), " parameters)");
+  model.for_each_held_stretch([&](const auto& h) {
+    const nn::Parameter<T>& p = *h.param;
+    const auto shape = index.shapes.find(p.name);
+    TESSERA_CHECK(shape != index.shapes.end(), dir, ": parameter '", p.name, "' is not in the checkpoint");
+    TESSERA_CHECK(shape->second == dims(p.whole), dir, ": parameter '", p.name, "' has shape ",
+                  io::detail::shape_str(shape->second), " in the checkpoint, the model's is ", p.whole.str());
+    read_into<B>(index, dir, p.name, "", h.where, h.n, h.values());
+    load(index, h);
+  });
+  B::synchronize();
+  return index;
+}
+
+}  // namespace sharded
+
+/// Saves `model` as a sharded checkpoint in `dir`: a collective over the model's world
+/// (every rank writes its file; rank 0 writes the marker once all have). The model may
+/// be in any layout; nothing is gathered.
+template <class Model>
+void save_sharded_model(Model& model, const std::string& dir) {
+  sharded::save_folder(model, dir, {}, nullptr, [](const auto&, const std::string&, io::SafetensorsWriter&) {});
 }
 
 /// Loads a sharded checkpoint saved under any layout into `model`, in its own layout:
@@ -252,51 +343,56 @@ void save_sharded_model(Model& model, const std::string& dir) {
 /// saved twice or of another shape, or another model is refused by name.
 template <class Model>
 void load_sharded_model(Model& model, const std::string& dir) {
+  sharded::load_folder(model, dir, [](const sharded::Index&, const auto&) {});
+}
+
+/// Saves the training state as a sharded checkpoint: the model's values, the
+/// optimizer's state beside each stretch (its moments and masters, in their own element
+/// types, under "exp_avg/", "exp_avg_sq/" and "master/"), and `state` (the trainer's:
+/// step, data position; with the optimizer's step count added) in the metadata.
+template <class Model, class Optimizer>
+void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir, nlohmann::json state) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
-  const sharded::Index index = sharded::read_index(dir);
-  const nn::ModelArgs saved = model_args_from_json(index.model_args, dir);
-  const nn::ModelArgs& a = model.args();
-  TESSERA_CHECK(saved.dim == a.dim && saved.n_layers == a.n_layers && saved.n_heads == a.n_heads &&
-                    saved.kv_heads() == a.kv_heads() && saved.vocab_size == a.vocab_size &&
-                    saved.ffn_hidden_dim() == a.ffn_hidden_dim() && saved.tie_embeddings == a.tie_embeddings,
-                dir, ": the checkpoint's model (", saved.flavor, ", ", saved.num_params(),
-                " parameters) is not this model (", a.flavor, ", ", a.num_params(), " parameters)");
-  std::vector<T> host;
-  model.for_each_held_stretch([&](const auto& h) {
-    const nn::Parameter<T>& p = *h.param;
-    const auto shape = index.shapes.find(p.name);
-    TESSERA_CHECK(shape != index.shapes.end(), dir, ": parameter '", p.name, "' is not in the checkpoint");
-    TESSERA_CHECK(shape->second == sharded::dims(p.whole), dir, ": parameter '", p.name, "' has shape ",
-                  io::detail::shape_str(shape->second), " in the checkpoint, the model's is ", p.whole.str());
-    const std::vector<sharded::SavedRun>& runs = index.runs.at(p.name);
-    host.resize(static_cast<std::size_t>(h.n));
-    sharded::for_each_run(h.where, h.n, [&](std::int64_t global, std::int64_t length, std::int64_t i) {
-      // The saved runs overlapping [global, global + length), in order.
-      auto it = std::upper_bound(runs.begin(), runs.end(), global,
-                                 [](std::int64_t g, const sharded::SavedRun& r) { return g < r.global; });
-      if (it != runs.begin()) --it;
-      for (; it != runs.end() && it->global < global + length; ++it) {
-        const std::int64_t lo = std::max(global, it->global), hi = std::min(global + length, it->global + it->length);
-        if (lo >= hi) continue;
-        const io::SafetensorsFile& f = index.files[it->file];
-        const io::TensorEntry& e = f.entry(it->key);
-        const std::byte* src = f.raw(it->key).data();
-        const std::size_t width = io::size_of(e.dtype);
-        TESSERA_CHECK(io::is_floating(e.dtype), f.path(), ": stretch '", it->key, "' is stored as ",
-                      io::name_of(e.dtype), ", not a floating type");
-        const std::byte* from = src + static_cast<std::size_t>(it->index + (lo - it->global)) * width;
-        T* to = host.data() + (i + (lo - global));
-        if (e.dtype == sharded::stored_dtype<T>() && std::endian::native == std::endian::little)
-          std::memcpy(static_cast<void*>(to), from, static_cast<std::size_t>(hi - lo) * sizeof(T));
-        else
-          for (std::int64_t k = 0; k < hi - lo; ++k)
-            to[k] = io::detail::load_float_element<T>(e.dtype, from + static_cast<std::size_t>(k) * width);
-      }
+  std::vector<std::string> families;
+  {
+    // The families this optimizer keeps, in its order (every local parameter has the same).
+    bool seen = false;
+    model.for_each_local_parameter([&](nn::Parameter<T>& p) {
+      if (seen) return;
+      seen = true;
+      optimizer.for_each_state_tensor(p, [&](std::string_view name, auto&) { families.emplace_back(name); });
     });
-    B::copy_from_host(host.data(), h.values(), h.n);
+  }
+  state["optimizer_steps"] = optimizer.steps_taken();
+  sharded::save_folder(model, dir, families, state, [&](const auto& h, const std::string& key, io::SafetensorsWriter& w) {
+    optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
+      using M = typename std::remove_cvref_t<decltype(t)>::value_type;
+      const Tensor<M> host = download<B>(t.slice(h.offset, Shape{h.n}));
+      w.add(std::string(name) + "/" + key, sharded::stored_dtype<M>(), {h.n},
+            std::span<const M>(host.data(), static_cast<std::size_t>(h.n)));
+    });
   });
-  B::synchronize();
+}
+
+/// Loads a checkpoint save_sharded_checkpoint wrote, under any layout, into `model` and
+/// `optimizer` (made for the model in its own layout); returns the saved state. A
+/// folder without the optimizer's state is refused by name.
+template <class Model, class Optimizer>
+nlohmann::json load_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir) {
+  using B = typename Model::backend_type;
+  const sharded::Index index = sharded::load_folder(model, dir, [&](const sharded::Index& ix, const auto& h) {
+    optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
+      TESSERA_CHECK(std::find(ix.families.begin(), ix.families.end(), name) != ix.families.end(), dir,
+                    ": no optimizer state '", name, "' (a model-only checkpoint, or one saved without ", name,
+                    "): it cannot resume training");
+      sharded::read_into<B>(ix, dir, h.param->name, std::string(name), h.where, h.n, t.data() + h.offset);
+    });
+  });
+  TESSERA_CHECK(index.state.is_object() && index.state.contains("optimizer_steps"), dir,
+                ": no training state in the metadata (a model-only checkpoint): it cannot resume training");
+  optimizer.set_steps_taken(index.state.at("optimizer_steps").get<std::int64_t>());
+  return index.state;
 }
 
 }  // namespace tessera::train

@@ -30,6 +30,7 @@
 #include "tessera/optim/lr_schedule.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/metrics.hpp"
+#include "tessera/train/sharded_checkpoint.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/parallel/host_values.hpp"
 #include "tessera/parallel/plan.hpp"
@@ -196,6 +197,25 @@ class Trainer {
   std::int64_t accumulation_steps() const { return accumulation_; }
   const optim::AdamW<T, B>& optimizer() const { return optimizer_; }
   const data::DataLoader& loader() const { return loader_; }
+
+  /// Saves everything a resumed run needs as a sharded checkpoint in `dir`
+  /// (train/sharded_checkpoint.hpp): the parameters, the optimizer's moments, masters
+  /// and step count, the step and the data position. A collective: every rank writes
+  /// its own share.
+  void save_checkpoint(const std::string& dir) {
+    save_sharded_checkpoint(model_, optimizer_, dir,
+                            nlohmann::json{{"step", step_}, {"data_position", loader_.position()}});
+  }
+
+  /// Resumes from a checkpoint save_checkpoint wrote, under this layout or any other:
+  /// the next step() is the one that followed the save.
+  void load_checkpoint(const std::string& dir) {
+    const nlohmann::json state = load_sharded_checkpoint(model_, optimizer_, dir);
+    TESSERA_CHECK(state.contains("step") && state.contains("data_position"), dir,
+                  ": the training state has no step or data position");
+    step_ = state.at("step").get<std::int64_t>();
+    loader_.seek(state.at("data_position").get<std::int64_t>());
+  }
 
  private:
   static Model& prepared(Model& model) {
