@@ -15,9 +15,11 @@
 // group; comm/nccl_rules.hpp holds the CPU engines to that (and to NCCL's other rules).
 #pragma once
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -80,6 +82,45 @@ constexpr DataType data_type_of() {
   else
     static_assert(sizeof(T) == 0, "tessera::comm: no collective element type for this T");
 }
+
+/// What one rank issues as a collective (or a barrier or a split): every rank of a
+/// communicator must issue the same ones in the same order. ThreadEngine compares them in
+/// memory; NcclRulesEngine over MPI exchanges them as words().
+struct CollectiveCall {
+  const char* kind = "";  // one of kKinds
+  std::size_t count = 0;
+  DataType type = DataType::u8;
+  int op = -1;    // ReduceOp, or -1
+  int root = -1;  // broadcast's root, or -1
+
+  static constexpr const char* kKinds[] = {"all_gather", "reduce_scatter", "all_reduce",
+                                           "broadcast",  "barrier",        "split"};
+  static constexpr std::size_t kWords = 5;
+
+  friend bool operator==(const CollectiveCall& a, const CollectiveCall& b) { return a.words() == b.words(); }
+
+  /// The call as numbers, for ranks to compare across processes.
+  std::array<std::int64_t, kWords> words() const {
+    std::int64_t k = -1;
+    for (std::size_t i = 0; i < std::size(kKinds); ++i)
+      if (std::string_view(kKinds[i]) == kind) k = static_cast<std::int64_t>(i);
+    return {k, static_cast<std::int64_t>(count), static_cast<std::int64_t>(type), op, root};
+  }
+  static CollectiveCall from_words(const std::int64_t* w) {
+    const bool known = w[0] >= 0 && w[0] < static_cast<std::int64_t>(std::size(kKinds));
+    return {known ? kKinds[w[0]] : "?", static_cast<std::size_t>(w[1]), static_cast<DataType>(w[2]),
+            static_cast<int>(w[3]), static_cast<int>(w[4])};
+  }
+
+  /// "all_reduce of 4 f32 (sum)", "broadcast of 8 bf16 from root 0", "barrier".
+  std::string str() const {
+    std::string s = kind;
+    if (s != "barrier" && s != "split") s += tessera::detail::concat(" of ", count, " ", name_of(type));
+    if (op >= 0) s += op == 0 ? " (sum)" : op == 1 ? " (max)" : " (min)";
+    if (root >= 0) s += tessera::detail::concat(" from root ", root);
+    return s;
+  }
+};
 
 /// The largest tag a point-to-point transfer may carry (tags are 0 .. kMaxTag). MPI
 /// guarantees tags up to 32767; MpiEngine sends tag t as MPI tag 32767 - kMaxTag + t,

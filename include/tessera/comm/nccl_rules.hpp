@@ -47,7 +47,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -180,7 +179,7 @@ class NcclRulesEngine {
 
   Handle all_gather(const void* in, void* out, std::size_t n, DataType t) {
     const std::size_t bytes = n * size_of(t);
-    auto op = begin("all_gather", Call::of(1, n, t));
+    auto op = begin(CollectiveCall{"all_gather", n, t});
     add_input(*op, in, bytes, out, bytes * static_cast<std::size_t>(size()));
     void* result = add_output(*op, out, bytes * static_cast<std::size_t>(size()));
     op->inner = inner_.all_gather(op->inputs[0].snapshot->data(), result, n, t);
@@ -189,7 +188,7 @@ class NcclRulesEngine {
 
   Handle reduce_scatter(const void* in, void* out, std::size_t n, DataType t, ReduceOp rop) {
     const std::size_t bytes = n * size_of(t);
-    auto op = begin("reduce_scatter", Call::of(2, n, t, rop));
+    auto op = begin(CollectiveCall{"reduce_scatter", n, t, static_cast<int>(rop)});
     add_input(*op, in, bytes * static_cast<std::size_t>(size()), out, bytes);
     void* result = add_output(*op, out, bytes);
     op->inner = inner_.reduce_scatter(op->inputs[0].snapshot->data(), result, n, t, rop);
@@ -198,7 +197,7 @@ class NcclRulesEngine {
 
   Handle all_reduce(const void* in, void* out, std::size_t n, DataType t, ReduceOp rop) {
     const std::size_t bytes = n * size_of(t);
-    auto op = begin("all_reduce", Call::of(3, n, t, rop));
+    auto op = begin(CollectiveCall{"all_reduce", n, t, static_cast<int>(rop)});
     add_input(*op, in, bytes, out, bytes);
     void* result = add_output(*op, out, bytes);
     op->inner = inner_.all_reduce(op->inputs[0].snapshot->data(), result, n, t, rop);
@@ -207,7 +206,7 @@ class NcclRulesEngine {
 
   Handle broadcast(void* data, std::size_t n, DataType t, int root) {
     const std::size_t bytes = n * size_of(t);
-    auto op = begin("broadcast", Call::of(4, n, t, std::nullopt, root));
+    auto op = begin(CollectiveCall{"broadcast", n, t, -1, root});
     void* buffer = nullptr;
     if (rank() == root) {
       add_input(*op, data, bytes, nullptr, 0);
@@ -246,14 +245,14 @@ class NcclRulesEngine {
     // Under check_same_calls the comparison is the barrier (its all_gather completes once
     // every rank has issued it), waited on and checked at the host's next
     // synchronisation: it must not hold the host either.
-    if (auto check = agreement(describe("barrier", ++state_->issued), Call::of(5)))
+    if (auto check = agreement(describe("barrier", ++state_->issued), CollectiveCall{"barrier"}))
       return Handle(std::make_unique<detail::DeferredHostHandle>(Handle(), std::move(check)));
     return Handle(std::make_unique<detail::DeferredHostHandle>(inner_.barrier(), nullptr));
   }
 
   NcclRulesEngine split(int color, int key) {
     settle();
-    if (auto check = agreement(describe("split", state_->issued), Call::of(6))) check();
+    if (auto check = agreement(describe("split", state_->issued), CollectiveCall{"split"})) check();
     return NcclRulesEngine(inner_.split(color, key), memory_, options_);
   }
 
@@ -271,52 +270,22 @@ class NcclRulesEngine {
     if (auto last = std::exchange(state_->last_group, nullptr)) last->complete();
   }
 
-  /// What a rank is about to issue, as the ranks compare it (check_same_calls).
-  struct Call {
-    std::int64_t kind = 0;  // 1 all_gather, 2 reduce_scatter, 3 all_reduce, 4 broadcast, 5 barrier, 6 split, 0 send_recv
-    std::size_t count = 0;
-    std::optional<DataType> type;
-    std::optional<ReduceOp> op;
-    std::optional<int> root;
-
-    static Call of(std::int64_t kind, std::size_t count = 0, std::optional<DataType> type = {},
-                   std::optional<ReduceOp> op = {}, std::optional<int> root = {}) {
-      Call c;
-      c.kind = kind;
-      c.count = count;
-      c.type = type;
-      c.op = op;
-      c.root = root;
-      return c;
-    }
-
-    static constexpr std::size_t kWords = 5;
-    std::array<std::int64_t, kWords> words() const {
-      return {kind, static_cast<std::int64_t>(count), type ? static_cast<std::int64_t>(*type) : -1,
-              op ? static_cast<std::int64_t>(*op) : -1, root ? *root : -1};
-    }
-    static std::string str(const std::int64_t* w) {
-      static constexpr const char* kKinds[] = {"send_recv", "all_gather", "reduce_scatter", "all_reduce",
-                                               "broadcast", "barrier",    "split"};
-      std::string s = w[0] >= 0 && w[0] <= 6 ? kKinds[w[0]] : "?";
-      if (w[2] >= 0) s += tessera::detail::concat(" of ", w[1], " ", name_of(static_cast<DataType>(w[2])));
-      if (w[3] >= 0) s += w[3] == 0 ? " (sum)" : w[3] == 1 ? " (max)" : " (min)";
-      if (w[4] >= 0) s += tessera::detail::concat(" from root ", w[4]);
-      return s;
-    }
-  };
-
   std::string describe(const char* name, std::uint64_t k) const {
     return tessera::detail::concat(name, " #", k, " (rank ", rank(), " of ", size(), " on its communicator)");
   }
 
-  std::shared_ptr<detail::RulesOp> begin(const char* name, const Call& call = {}) {
+  std::shared_ptr<detail::RulesOp> begin(const char* name) {
     settle();
     auto op = std::make_shared<detail::RulesOp>();
     op->memory = memory_;
     op->what = describe(name, ++state_->issued);
-    if (call.kind != 0)
-      if (auto check = agreement(op->what, call)) check();
+    return op;
+  }
+
+  /// A collective's operation, compared across the ranks first under check_same_calls.
+  std::shared_ptr<detail::RulesOp> begin(const CollectiveCall& call) {
+    auto op = begin(call.kind);
+    if (auto check = agreement(op->what, call)) check();
     return op;
   }
 
@@ -325,17 +294,19 @@ class NcclRulesEngine {
   /// each rank issues next) and the returned check fails, naming both calls, where they
   /// differ. Every rank sees the same table, so every rank fails: none is left waiting.
   /// Empty when there is nothing to check.
-  std::function<void()> agreement(const std::string& what, const Call& call) {
+  std::function<void()> agreement(const std::string& what, const CollectiveCall& call) {
     if (!options_.check_same_calls || size() == 1) return {};
-    const auto mine = std::make_shared<std::array<std::int64_t, Call::kWords>>(call.words());
-    auto all = std::make_shared<std::vector<std::int64_t>>(Call::kWords * static_cast<std::size_t>(size()));
-    auto gathered = std::make_shared<Handle>(inner_.all_gather(mine->data(), all->data(), Call::kWords, DataType::i64));
-    return [what, mine, all, gathered, n = size()] {
+    constexpr std::size_t kWords = CollectiveCall::kWords;
+    const auto mine = std::make_shared<std::array<std::int64_t, kWords>>(call.words());
+    auto all = std::make_shared<std::vector<std::int64_t>>(kWords * static_cast<std::size_t>(size()));
+    auto gathered = std::make_shared<Handle>(inner_.all_gather(mine->data(), all->data(), kWords, DataType::i64));
+    return [what, call, mine, all, gathered, n = size()] {
       gathered->wait();
       for (int r = 0; r < n; ++r) {
-        const std::int64_t* theirs = all->data() + Call::kWords * static_cast<std::size_t>(r);
+        const std::int64_t* theirs = all->data() + kWords * static_cast<std::size_t>(r);
         if (std::equal(mine->begin(), mine->end(), theirs)) continue;
-        fail(what, ": this rank issued ", Call::str(mine->data()), " while rank ", r, " issued ", Call::str(theirs),
+        fail(what, ": this rank issued ", call.str(), " while rank ", r, " issued ",
+             CollectiveCall::from_words(theirs).str(),
              ": NCCL matches collectives by their order on a communicator, so every rank must issue the same "
              "ones in the same order");
       }

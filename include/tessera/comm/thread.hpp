@@ -116,25 +116,6 @@ struct Parcel {
   std::shared_ptr<bool> taken;  // set (under the group's lock) when a recv takes it
 };
 
-/// What one rank issued as a collective: every rank of the group must issue the same.
-struct CollectiveCall {
-  const char* kind = "";
-  std::size_t count = 0;
-  DataType type = DataType::u8;
-  int op = -1;    // ReduceOp, or -1
-  int root = -1;  // broadcast's root, or -1
-  friend bool operator==(const CollectiveCall& a, const CollectiveCall& b) {
-    return std::string_view(a.kind) == b.kind && a.count == b.count && a.type == b.type && a.op == b.op &&
-           a.root == b.root;
-  }
-  std::string str() const {
-    std::string s = tessera::detail::concat(kind, " of ", count, " ", name_of(type));
-    if (op >= 0) s += op == 0 ? " (sum)" : op == 1 ? " (max)" : " (min)";
-    if (root >= 0) s += tessera::detail::concat(" from root ", root);
-    return s;
-  }
-};
-
 /// The state the ranks of one communicator share.
 class ThreadGroup {
  public:

@@ -130,6 +130,13 @@ class AdamW {
   }
   const AdamWOptions& options() const { return options_; }
 
+  /// The names for_each_state_tensor gives each parameter's state tensors, in order.
+  std::vector<std::string_view> state_names() const {
+    std::vector<std::string_view> names = {"exp_avg", "exp_avg_sq"};
+    if (has_masters()) names.emplace_back("master");
+    return names;
+  }
+
   /// Calls f(name, tensor) for each state tensor of local parameter `p` (one that
   /// for_each_local_parameter handed out; each tensor has p's shape): "exp_avg" and
   /// "exp_avg_sq" (Tensor<accum_t<T>>, or Tensor<bf16> with state_dtype = bf16) and,

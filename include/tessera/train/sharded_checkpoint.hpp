@@ -300,13 +300,12 @@ void save_folder(Model& model, const std::string& dir, const std::vector<std::st
   B::synchronize();  // no rank reads the folder before it is complete
 }
 
-/// Reads `dir`'s index and checks that it holds `model`'s parameters; then calls
-/// load(h) for every stretch `model` holds.
+/// Checks that `dir` (read into `index`) holds `model`'s parameters; then reads each
+/// stretch `model` holds and calls load(h) for it.
 template <class Model, class Load>
-Index load_folder(Model& model, const std::string& dir, Load&& load) {
+void load_folder(Model& model, const Index& index, const std::string& dir, Load&& load) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
-  Index index = read_index(dir);
   const nn::ModelArgs saved = model_args_from_json(index.model_args, dir);
   const nn::ModelArgs& a = model.args();
   TESSERA_CHECK(saved.dim == a.dim && saved.n_layers == a.n_layers && saved.n_heads == a.n_heads &&
@@ -321,10 +320,9 @@ Index load_folder(Model& model, const std::string& dir, Load&& load) {
     TESSERA_CHECK(shape->second == dims(p.whole), dir, ": parameter '", p.name, "' has shape ",
                   io::detail::shape_str(shape->second), " in the checkpoint, the model's is ", p.whole.str());
     read_into<B>(index, dir, p.name, "", h.where, h.n, h.values());
-    load(index, h);
+    load(h);
   });
   B::synchronize();
-  return index;
 }
 
 }  // namespace sharded
@@ -343,7 +341,7 @@ void save_sharded_model(Model& model, const std::string& dir) {
 /// saved twice or of another shape, or another model is refused by name.
 template <class Model>
 void load_sharded_model(Model& model, const std::string& dir) {
-  sharded::load_folder(model, dir, [](const sharded::Index&, const auto&) {});
+  sharded::load_folder(model, sharded::read_index(dir), dir, [](const auto&) {});
 }
 
 /// Saves the training state as a sharded checkpoint: the model's values, the
@@ -352,18 +350,9 @@ void load_sharded_model(Model& model, const std::string& dir) {
 /// step, data position; with the optimizer's step count added) in the metadata.
 template <class Model, class Optimizer>
 void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir, nlohmann::json state) {
-  using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
   std::vector<std::string> families;
-  {
-    // The families this optimizer keeps, in its order (every local parameter has the same).
-    bool seen = false;
-    model.for_each_local_parameter([&](nn::Parameter<T>& p) {
-      if (seen) return;
-      seen = true;
-      optimizer.for_each_state_tensor(p, [&](std::string_view name, auto&) { families.emplace_back(name); });
-    });
-  }
+  for (std::string_view name : optimizer.state_names()) families.emplace_back(name);
   state["optimizer_steps"] = optimizer.steps_taken();
   sharded::save_folder(model, dir, families, state, [&](const auto& h, const std::string& key, io::SafetensorsWriter& w) {
     optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
@@ -381,16 +370,19 @@ void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::stri
 template <class Model, class Optimizer>
 nlohmann::json load_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir) {
   using B = typename Model::backend_type;
-  const sharded::Index index = sharded::load_folder(model, dir, [&](const sharded::Index& ix, const auto& h) {
-    optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
-      TESSERA_CHECK(std::find(ix.families.begin(), ix.families.end(), name) != ix.families.end(), dir,
-                    ": no optimizer state '", name, "' (a model-only checkpoint, or one saved without ", name,
-                    "): it cannot resume training");
-      sharded::read_into<B>(ix, dir, h.param->name, std::string(name), h.where, h.n, t.data() + h.offset);
-    });
-  });
+  const sharded::Index index = sharded::read_index(dir);
+  // Everything the optimizer needs is there before anything is read.
+  for (std::string_view name : optimizer.state_names())
+    TESSERA_CHECK(std::find(index.families.begin(), index.families.end(), name) != index.families.end(), dir,
+                  ": no optimizer state '", name, "' (a model-only checkpoint, or one saved without ", name,
+                  "): it cannot resume training");
   TESSERA_CHECK(index.state.is_object() && index.state.contains("optimizer_steps"), dir,
                 ": no training state in the metadata (a model-only checkpoint): it cannot resume training");
+  sharded::load_folder(model, index, dir, [&](const auto& h) {
+    optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
+      sharded::read_into<B>(index, dir, h.param->name, std::string(name), h.where, h.n, t.data() + h.offset);
+    });
+  });
   optimizer.set_steps_taken(index.state.at("optimizer_steps").get<std::int64_t>());
   return index.state;
 }
