@@ -71,6 +71,27 @@ TEST_CASE("crc32: known check values and incremental updates") {
   CHECK(crc32_update(crc32("12345", 5), "6789", 4) == 0xCBF43926u);
   const unsigned char one_zero[1] = {0};
   CHECK(crc32(one_zero, 1) == 0xD202EF8Du);
+  // Eight bytes at a time and byte by byte agree at every length and split.
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += fox[i % 43];
+  for (std::size_t n = 0; n <= text.size(); n += 7)
+    CHECK(crc32_update(crc32(text.data(), n), text.data() + n, text.size() - n) == crc32(text.data(), text.size()));
+}
+
+TEST_CASE("crc32c: known check values (RFC 3720) and incremental updates") {
+  using tessera::io::crc32c;
+  using tessera::io::crc32c_update;
+  CHECK(crc32c("123456789", 9) == 0xE3069283u);
+  CHECK(crc32c("", 0) == 0u);
+  const unsigned char zeros[32] = {};
+  CHECK(crc32c(zeros, 32) == 0x8A9136AAu);
+  unsigned char ones[32];
+  std::memset(ones, 0xFF, sizeof ones);
+  CHECK(crc32c(ones, 32) == 0x62A8AB43u);
+  unsigned char up[32];
+  for (int i = 0; i < 32; ++i) up[i] = static_cast<unsigned char>(i);
+  CHECK(crc32c(up, 32) == 0x46DD794Eu);
+  for (std::size_t n = 0; n <= 32; ++n) CHECK(crc32c_update(crc32c(up, n), up + n, 32 - n) == 0x46DD794Eu);
 }
 
 TEST_CASE("token shard: layout of a written file") {
