@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/io/utf8.hpp"  // valid_utf8: decoded text made printable
 
 namespace tessera::io {
 
@@ -55,8 +56,8 @@ class Tokenizer {
   }
 
   /// The text of `ids` (raw bytes; a sequence cut inside a UTF-8 character gives the
-  /// partial bytes). Special tokens (BOS, EOS, ...) are skipped. An id outside the
-  /// vocabulary throws, naming its position.
+  /// partial bytes, and valid_utf8 makes it printable). Special tokens (BOS, EOS, ...)
+  /// are skipped. An id outside the vocabulary throws, naming its position.
   virtual std::string decode(std::span<const std::uint32_t> ids) const = 0;
 
   /// A printable form of one id: its bytes for an ordinary token, its name

@@ -74,7 +74,8 @@ std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> promp
 
 /// Samples a continuation of the text `prompt` (after a BOS token) and decodes it, with
 /// any io::Tokenizer. Sampling stops at EOS and never picks an id the tokenizer cannot
-/// decode.
+/// decode. The text is valid UTF-8: a small model's ids need not spell whole characters,
+/// and each ill-formed piece becomes U+FFFD as in Python's decode(errors="replace").
 template <class Model>
 std::string generate_text(Model& model, const io::Tokenizer& tok, std::string_view prompt, SampleOptions o) {
   std::vector<std::int32_t> ids;
@@ -82,7 +83,7 @@ std::string generate_text(Model& model, const io::Tokenizer& tok, std::string_vi
   o.stop_token = static_cast<std::int64_t>(tok.eos_id());
   o.vocab_limit = tok.vocab_size();
   const std::vector<std::int32_t> out = generate(model, std::move(ids), o);
-  return tok.decode(std::vector<std::uint32_t>(out.begin(), out.end()));
+  return io::valid_utf8(tok.decode(std::vector<std::uint32_t>(out.begin(), out.end())));
 }
 
 }  // namespace tessera::nn
