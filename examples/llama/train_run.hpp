@@ -9,11 +9,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -27,6 +29,7 @@
 #include "tessera/parallel/dynamic.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/checkpoint.hpp"
+#include "tessera/train/checkpoint_folder.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -52,21 +55,6 @@ struct RunInputs {
   /// set a thread rank's OpenMP team): "2 OpenMP threads each", "on one NVIDIA H200 ...".
   std::function<std::string()> compute_text;
 };
-
-inline void prune_checkpoints(const fs::path& folder, std::int64_t keep) {
-  if (keep <= 0 || !fs::exists(folder)) return;
-  std::vector<std::pair<long long, fs::path>> steps;
-  for (const auto& e : fs::directory_iterator(folder)) {
-    // Only folders this program names ("step-<digits>"); anything else a user put there stays.
-    const std::string name = e.path().filename().string();
-    const std::string digits = name.size() > 5 && name.rfind("step-", 0) == 0 ? name.substr(5) : "";
-    if (e.is_directory() && !digits.empty() && digits.size() < 19 &&
-        digits.find_first_not_of("0123456789") == std::string::npos)
-      steps.emplace_back(std::stoll(digits), e.path());
-  }
-  std::sort(steps.begin(), steps.end());
-  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < steps.size(); ++i) fs::remove_all(steps[i].second);
-}
 
 /// The stages of a pipeline over `pp` ranks, in order, each with its pipeline rank:
 /// "embedding + layers 0-2 (pp rank 0); layers 3-5 + output (pp rank 1)".
@@ -151,7 +139,20 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
                     " (simulated) | microbatch " + std::to_string(mb) + " x seq " +
                     std::to_string(c.training.seq_len) + " | stages: " + describe_stages(model.stages(), pp) + "\n";
   }
-  if (init_hf) {
+  // A rerun of a job whose folder holds checkpoints resumes from the latest complete one
+  // (or checkpoint.load_step's); initial_load_path only starts a job that has none.
+  const fs::path ckpt = dump / c.checkpoint.folder;
+  const train::ResumeParts parts = train::ResumeParts::excluding(c.checkpoint.exclude_from_loading);
+  std::optional<train::SavedStep> resume;
+  if (c.checkpoint.enable)
+    resume = train::resume_point(ckpt, c.checkpoint.load_step, [&](const train::SavedStep& s) {
+      if (lead)
+        std::fprintf(stderr, "warning: %s: %s, skipped\n", s.path.string().c_str(),
+                     s.partial ? "a save that never finished" : "incomplete (no COMPLETE marker: its save did not finish)");
+    });
+  if (resume && parts.model) {
+    // The checkpoint gives each rank its share: nothing to initialise.
+  } else if (init_hf) {
     train::load_hf_model(model, init);
   } else if (!init.empty()) {
     const nn::ModelArgs saved = train::read_model_args(init);
@@ -199,12 +200,24 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     has_tokenizer_file = in.save_tokenizer_file(tokenizer_copy);
   }
   train::Trainer<Model> trainer(model, c, std::move(loader), in.peak_flops);
+  if (resume) {
+    trainer.load_checkpoint(resume->path.string(), parts);
+    if (lead) {
+      std::string excluded;
+      for (const std::string& x : c.checkpoint.exclude_from_loading) excluded += (excluded.empty() ? "" : ", ") + x;
+      std::fprintf(stderr, "resumed from %s: step %lld of %lld, data position %lld%s\n", resume->path.string().c_str(),
+                   static_cast<long long>(trainer.steps_done()), static_cast<long long>(c.training.steps),
+                   static_cast<long long>(trainer.loader().position()),
+                   excluded.empty() ? "" : (" (started afresh: " + excluded + ")").c_str());
+    }
+  }
   std::unique_ptr<train::MetricsLogger> log;
   if (lead)
-    log = std::make_unique<train::MetricsLogger>((dump / "metrics.jsonl").string(), c.training.steps,
-                                                 c.metrics.log_freq, isatty(STDERR_FILENO) != 0);
+    log = std::make_unique<train::MetricsLogger>(
+        (dump / "metrics.jsonl").string(), c.training.steps, c.metrics.log_freq, isatty(STDERR_FILENO) != 0,
+        trainer.steps_done(), c.metrics.enable_tensorboard ? (dump / c.metrics.save_tb_folder).string() : "");
   const DType export_dtype = parse_dtype(c.checkpoint.export_dtype, "checkpoint.export_dtype");
-  const fs::path ckpt = dump / c.checkpoint.folder;
+  const bool async = c.checkpoint.async_mode == "async";
   // Saving gathers the whole parameters on every rank (a collective: data-parallel shards,
   // tensor-parallel pieces and the other pipeline stages' parameters); rank 0 writes.
   auto save = [&](auto&& write) {
@@ -214,15 +227,32 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     world.barrier();  // the files are complete before any rank goes on:
     Model::backend_type::synchronize();  // a barrier orders the stream; this holds the host (NCCL)
   };
-  for (std::int64_t s = 1; s <= c.training.steps; ++s) {
-    const train::StepMetrics m = trainer.step();
+  // A committed checkpoint is what keep_latest_k counts; rank 0 prunes, after the commit.
+  auto committed = [&](const std::string& dir) {
+    if (dir.empty() || !lead) return;
+    std::fprintf(stderr, "checkpoint %s written\n", dir.c_str());
+    train::prune_checkpoints(ckpt, c.checkpoint.keep_latest_k);
+  };
+  for (std::int64_t s = trainer.steps_done() + 1; s <= c.training.steps; ++s) {
+    train::StepMetrics m = trainer.step();
+    const bool last = s == c.training.steps;
+    // The training state after every interval-th step and the last (at the last with
+    // last_save_model_only, the model alone: <dump_folder>/model.safetensors below).
+    if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || last) && !(last && c.checkpoint.last_save_model_only)) {
+      const std::string dir = train::step_path(ckpt, s).string();
+      if (async) {
+        m.checkpoint_seconds = trainer.start_checkpoint(dir);
+      } else {
+        const auto t0 = std::chrono::steady_clock::now();
+        trainer.save_checkpoint(dir);
+        m.checkpoint_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        committed(dir);
+      }
+    }
+    if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(last));
     if (log) log->log(m);
-    if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || s == c.training.steps))
-      save([&] {
-        train::save_model(model, (ckpt / ("step-" + std::to_string(s)) / "model.safetensors").string(), export_dtype);
-        prune_checkpoints(ckpt, c.checkpoint.keep_latest_k);
-      });
   }
+  if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(true));
   const std::string final_path = (dump / "model.safetensors").string();
   save([&] {
     train::save_model(model, final_path, export_dtype);

@@ -85,7 +85,7 @@ if [ "$before" != "$after" ]; then echo "FAIL: a failed run changed the saved mo
 
 # Pruning old checkpoints removes only the step-N folders llama-train wrote.
 mkdir -p "$work/out/checkpoint/step-5-best" "$work/out/checkpoint/step-x"
-timeout 120 "$train" "${small[@]}" --training.steps 2 --checkpoint.enable true --checkpoint.interval 1 \
+timeout 120 "$train" "${small[@]}" --training.steps 2 --checkpoint.enable true --checkpoint.interval 1 --checkpoint.last_save_model_only false \
   --checkpoint.keep_latest_k 1 >/dev/null 2>&1
 runs=$((runs + 1))
 if [ -d "$work/out/checkpoint/step-5-best" ] && [ -d "$work/out/checkpoint/step-x" ] && [ -d "$work/out/checkpoint/step-2" ] \
@@ -93,6 +93,23 @@ if [ -d "$work/out/checkpoint/step-5-best" ] && [ -d "$work/out/checkpoint/step-
   echo "ok: pruning keeps the user's folders and the latest checkpoint"
 else
   echo "FAIL: checkpoint pruning"; ls "$work/out/checkpoint"; failures=$((failures + 1))
+fi
+
+# A resume from a checkpoint with a flipped byte is refused, naming the file and the
+# tensor; one saved under another global batch, naming the setting.
+rank_file="$work/out/checkpoint/step-2/model-rank0-of-1.safetensors"
+if [ -f "$rank_file" ]; then
+  cp "$rank_file" "$work/rank_file.bak"
+  printf '\xff' | dd of="$rank_file" bs=1 seek=$(($(stat -c %s "$rank_file") - 3)) conv=notrunc status=none
+  expect_error "corrupt checkpoint (resume)" "model-rank0-of-1.safetensors: tensor '" "$train" "${small[@]}" \
+    --training.steps 3 --checkpoint.enable true
+  cp "$work/rank_file.bak" "$rank_file"
+  expect_error "resume with another batch" "training.global_batch_size was 1 when this checkpoint was saved and is 2 now" \
+    "$train" "${small[@]}" --training.steps 3 --checkpoint.enable true --training.local_batch_size 2
+  expect_error "resume from a missing step" "checkpoint.load_step = 7 names a checkpoint that is not there" \
+    "$train" "${small[@]}" --training.steps 3 --checkpoint.enable true --checkpoint.load_step 7
+else
+  echo "FAIL: no checkpoint at $rank_file"; failures=$((failures + 1))
 fi
 
 # Hugging Face directories, token files and tokenizers.

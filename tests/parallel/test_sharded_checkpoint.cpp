@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -129,7 +130,49 @@ TEST_CASE("sharded checkpoints: an interrupted save, a missing or truncated file
   fs::resize_file(folder / train::sharded::file_name(0, 2), 1000);
   load_error(train::sharded::file_name(0, 2), c);
 
+  // A flipped byte in a tensor: its checksum names the file and the tensor.
+  auto flip = [&](const fs::path& file, std::size_t at_from_end) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-static_cast<std::streamoff>(at_from_end), std::ios::end);
+    const char c = static_cast<char>(f.get() ^ 0x10);
+    f.seekp(-static_cast<std::streamoff>(at_from_end), std::ios::end);
+    f.put(c);
+  };
   save();
+  flip(folder / train::sharded::file_name(1, 2), 3);
+  load_error(train::sharded::file_name(1, 2) + ": tensor '", c);
+  load_error("is corrupt: its bytes have CRC-32C", c);
+
+  // A changed digit in the index in the header (still valid JSON): refused before use.
+  save();
+  {
+    const fs::path file = folder / train::sharded::file_name(0, 2);
+    std::string bytes;
+    {
+      std::ifstream in(file, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const std::size_t at = bytes.find("tessera.shapes");
+    REQUIRE(at != std::string::npos);
+    const std::size_t digit = bytes.find_first_of("123456789", bytes.find("[", at + 16));
+    bytes[digit] = bytes[digit] == '9' ? '8' : static_cast<char>(bytes[digit] + 1);
+    std::ofstream(file, std::ios::binary) << bytes;
+  }
+  load_error(train::sharded::file_name(0, 2) + ": the index in its header is corrupt", c);
+
+  // A crash in the middle of a save of the same folder: the partial folder is not the
+  // checkpoint, and the complete one before it still loads.
+  save();
+  fs::create_directories(folder.string() + ".partial");
+  std::ofstream(fs::path(folder.string() + ".partial") / train::sharded::file_name(0, 2)) << "half a file";
+  {
+    CpuDynamicModel model(c.model.args);
+    train::load_sharded_model(model, folder.string());
+    CHECK_ERROR_CONTAINS(train::load_sharded_model(model, folder.string() + ".partial"), "no COMPLETE marker");
+  }
+
+  save();
+  CHECK_FALSE(fs::exists(folder.string() + ".partial"));  // the next save of it cleared what the crash left
   const train::JobConfig wider = debug_job(1, 1, 1, {"--model.dim", "128"});
   load_error("is not this model", wider);
 
@@ -141,21 +184,35 @@ TEST_CASE("sharded checkpoints: an interrupted save, a missing or truncated file
 
 /// Rank 0's losses of `steps` steps on layout `shape`: resumed from `resume` first when
 /// given, and saving the training state to `save` after `save_after` steps when given.
+struct TrainOptions {
+  train::ResumeParts parts;      // what the resume loads
+  bool async = false;            // save with start_checkpoint / poll_checkpoint
+  std::int64_t* steps_done = nullptr;       // rank 0's step count after the resume
+  std::int64_t* data_position = nullptr;    // rank 0's data position after the resume
+};
+
 std::vector<double> train_steps(const comm::MeshShape& shape, const train::JobConfig& c, int steps,
-                                const std::string& resume = "", const std::string& save = "", int save_after = 0) {
+                                const std::string& resume = "", const std::string& save = "", int save_after = 0,
+                                TrainOptions o = {}) {
   std::vector<std::vector<double>> per_rank(static_cast<std::size_t>(shape.world()));
   comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
     if (world.size() > 1) omp_set_num_threads(1);  // ranks share the cores
     comm::DeviceMesh mesh(world, shape);
     CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
-    if (resume.empty()) model.init_weights(static_cast<std::uint64_t>(c.training.seed));
+    if (resume.empty() || !o.parts.model) model.init_weights(static_cast<std::uint64_t>(c.training.seed));
     data::DataLoader loader(debug_tokens(), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
                             mesh.dp_degree());
     train::Trainer<CpuDynamicModel> trainer(model, c, std::move(loader), 0);
-    if (!resume.empty()) trainer.load_checkpoint(resume);
+    if (!resume.empty()) trainer.load_checkpoint(resume, o.parts);
+    if (world.rank() == 0 && o.steps_done) *o.steps_done = trainer.steps_done();
+    if (world.rank() == 0 && o.data_position) *o.data_position = trainer.loader().position();
     for (int s = 0; s < steps; ++s) {
       per_rank[static_cast<std::size_t>(world.rank())].push_back(trainer.step().loss);
-      if (!save.empty() && s + 1 == save_after) trainer.save_checkpoint(save);
+      if (!save.empty() && s + 1 == save_after) {
+        if (o.async) trainer.start_checkpoint(save);
+        else trainer.save_checkpoint(save);
+      }
+      if (trainer.checkpoint_pending()) trainer.poll_checkpoint(s + 1 == steps);
     }
   }, nccl_rules());
   return per_rank.front();
@@ -179,31 +236,38 @@ TEST_CASE("training checkpoints: a run resumed on one rank is the uninterrupted 
   }
 }
 
-TEST_CASE("training checkpoints: saved under one layout, resumed under others, the same run within the parity bar") {
-  const train::JobConfig c = debug_job(4, 4, 6);
-  const std::vector<double> whole = train_steps({}, c, 6);
-  struct Case {
-    const char* saved;
-    comm::MeshShape save;
-    const char* resumed;
-    comm::MeshShape resume;
-  };
-  const Case cases[] = {
-      {"FSDP 4", {1, 1, 4, 1}, "TP 2 x FSDP 2", {1, 1, 2, 2}},
-      {"PP 2 x TP 2", {2, 1, 1, 2}, "one rank", {}},
-      {"HSDP 2x2", {1, 2, 2, 1}, "DDP 2", {1, 2, 1, 1}},
-      {"one rank", {}, "PP 2 x FSDP 2", {2, 1, 2, 1}},
-  };
-  for (const Case& k : cases) {
-    const std::string from = k.saved, into = k.resumed;
-    CAPTURE(from);
-    CAPTURE(into);
+TEST_CASE("training checkpoints: saved under each layout of the parity matrix, resumed under two others, the same run") {
+  // Every layout the parity tests train (tests/parallel/test_parity.cpp and the tensor-
+  // and pipeline-parallel ones), each saving after step 3 and resumed under the layouts
+  // three and five places on: every kind of layout is saved and resumed into others.
+  const Layout layouts[] = {{"one rank", {}},
+                            {"FSDP 2", {1, 1, 2, 1}},
+                            {"FSDP 4", {1, 1, 4, 1}},
+                            {"FSDP 8", {1, 1, 8, 1}},
+                            {"HSDP 2x2", {1, 2, 2, 1}},
+                            {"DDP 4", {1, 4, 1, 1}},
+                            {"TP 2", {1, 1, 1, 2}},
+                            {"FSDP 2 x TP 2", {1, 1, 2, 2}},
+                            {"PP 2", {2, 1, 1, 1}},
+                            {"PP 2 x TP 2", {2, 1, 1, 2}},
+                            {"PP 2 x FSDP 2", {2, 1, 2, 1}}};
+  constexpr std::int64_t kBatch = 8;  // the global batch: every data-parallel degree divides it
+  auto job = [](const comm::MeshShape& s) { return debug_job(kBatch / s.dp(), kBatch, 6); };
+  const std::vector<double> whole = train_steps({}, job({}), 6);
+  const std::size_t n = std::size(layouts);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Layout& save = layouts[i];
     tessera::test::TempDir dir;
     const std::string folder = dir.file("step-3");
-    const train::JobConfig saving = debug_job(4 / k.save.dp(), 4, 6), resuming = debug_job(4 / k.resume.dp(), 4, 6);
-    train_steps(k.save, saving, 3, "", folder, 3);
-    const std::vector<double> resumed = train_steps(k.resume, resuming, 3, folder);
-    CHECK(max_relative_difference(resumed, tail(whole, 3)) <= 1e-5);
+    const std::vector<double> first = train_steps(save.shape, job(save.shape), 3, "", folder, 3);
+    for (std::size_t offset : {3u, 5u}) {
+      const Layout& load = layouts[(i + offset) % n];
+      const std::string from = save.name, into = load.name;
+      CAPTURE(from);
+      CAPTURE(into);
+      CHECK(max_relative_difference(first, std::vector<double>(whole.begin(), whole.begin() + 3)) <= 1e-5);
+      CHECK(max_relative_difference(train_steps(load.shape, job(load.shape), 3, folder), tail(whole, 3)) <= 1e-5);
+    }
   }
 }
 
@@ -216,7 +280,64 @@ TEST_CASE("training checkpoints: a model-only folder cannot resume training") {
     model.init_weights(1);
     train::save_sharded_model(model, folder);
   }
-  CHECK_ERROR_CONTAINS(train_steps({}, c, 1, folder), "no optimizer state 'exp_avg'");
+  CHECK_ERROR_CONTAINS(train_steps({}, c, 1, folder), "no training state in the metadata (a model-only checkpoint)");
+}
+
+TEST_CASE("training checkpoints: an asynchronous save is the same checkpoint, committed once every rank wrote") {
+  const train::JobConfig c = debug_job(2, 4, 6);
+  const comm::MeshShape fsdp2{1, 1, 2, 1};
+  const std::vector<double> whole = train_steps(fsdp2, c, 6);
+  tessera::test::TempDir dir;
+  const std::string folder = dir.file("step-3");
+  TrainOptions async;
+  async.async = true;
+  // Saved after step 3 while steps 4 and 5 run; committed by a later poll.
+  const std::vector<double> first = train_steps(fsdp2, c, 5, "", folder, 3, async);
+  CHECK(first == std::vector<double>(whole.begin(), whole.begin() + 5));
+  CHECK(fs::exists(fs::path(folder) / "COMPLETE"));
+  CHECK_FALSE(fs::exists(folder + ".partial"));
+  CHECK(train_steps(fsdp2, c, 3, folder) == tail(whole, 3));
+}
+
+TEST_CASE("training checkpoints: a changed setting is refused by name; excluded parts start afresh") {
+  const train::JobConfig c = debug_job(4, 4, 6);
+  tessera::test::TempDir dir;
+  const std::string folder = dir.file("step-3");
+  train_steps({}, c, 3, "", folder, 3);
+
+  const train::JobConfig longer = debug_job(4, 4, 6, {"--training.seq_len", "16"});
+  CHECK_ERROR_CONTAINS(train_steps({}, longer, 1, folder),
+                       "training.seq_len was 32 when this checkpoint was saved and is 16 now");
+  const train::JobConfig bf16 = debug_job(4, 4, 6, {"--training.mixed_precision_param", "bfloat16"});
+  CHECK_ERROR_CONTAINS(train_steps({}, bf16, 1, folder), "training.mixed_precision_param was \"float32\"");
+  const train::JobConfig wider_batch = debug_job(4, 8, 6);
+  CHECK_ERROR_CONTAINS(train_steps({}, wider_batch, 1, folder), "training.global_batch_size was 4");
+
+  // The data starts afresh: a new seq_len is allowed then, and the position is 0.
+  TrainOptions fresh_data;
+  fresh_data.parts = train::ResumeParts::excluding({"dataloader"});
+  std::int64_t steps = -1, position = -1;
+  fresh_data.steps_done = &steps;
+  fresh_data.data_position = &position;
+  train_steps({}, longer, 1, folder, "", 0, fresh_data);
+  CHECK(steps == 3);
+  CHECK(position == 0);
+
+  // The step count starts afresh; the rest resumes.
+  TrainOptions fresh_steps;
+  fresh_steps.parts = train::ResumeParts::excluding({"train_state"});
+  fresh_steps.steps_done = &steps;
+  fresh_steps.data_position = &position;
+  train_steps({}, c, 1, folder, "", 0, fresh_steps);
+  CHECK(steps == 0);
+  CHECK(position > 0);
+
+  // The model and the data start afresh (from the seed, at the start), the optimizer's
+  // moments resume: the first loss, before any update, is a fresh run's.
+  TrainOptions fresh_model;
+  fresh_model.parts = train::ResumeParts::excluding({"model", "dataloader"});
+  CHECK(train_steps({}, c, 1, folder, "", 0, fresh_model).front() == train_steps({}, c, 1).front());
+  CHECK_ERROR_CONTAINS(train::ResumeParts::excluding({"weights"}), "'weights' is not one of model, optimizer");
 }
 
 }  // namespace test_sharded_checkpoint

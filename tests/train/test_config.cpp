@@ -149,7 +149,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 70);
+  CHECK(keys.size() == 73);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -661,6 +661,9 @@ TEST_CASE("to_toml round trip") {
                  "--checkpoint.enable",
                  "--checkpoint.folder", "ckpt",
                  "--checkpoint.interval", "3",
+                 "--checkpoint.load_step", "6",
+                 "--checkpoint.exclude_from_loading", "dataloader,lr_scheduler",
+                 "--checkpoint.async_mode", "async",
                  "--checkpoint.last_save_model_only", "false",
                  "--checkpoint.export_dtype", "bfloat16",
                  "--checkpoint.keep_latest_k", "0",

@@ -51,6 +51,7 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/io/crc32.hpp"
 #include "tessera/io/mapped_file.hpp"
 
 namespace tessera::io {
@@ -587,6 +588,20 @@ class SafetensorsWriter {
 
   std::size_t size() const { return tensors_.size(); }
   bool contains(std::string_view name) const { return tensors_.find(std::string(name)) != tensors_.end(); }
+
+  /// The CRC-32C of tensor `name`'s bytes as they will be written.
+  std::uint32_t crc32c(std::string_view name) const {
+    const auto it = tensors_.find(std::string(name));
+    if (it == tensors_.end()) fail("SafetensorsWriter: no tensor '", name, "' to checksum");
+    return io::crc32c(it->second.data.data(), it->second.data.size());
+  }
+
+  /// The bytes the file will hold: the length, the header, the tensors.
+  std::uint64_t file_bytes() const {
+    std::uint64_t n = 8 + header().size();
+    for (const auto& [name, t] : tensors_) n += t.data.size();
+    return n;
+  }
 
   /// The header text as written (JSON followed by the padding spaces).
   std::string header() const {

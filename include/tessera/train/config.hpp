@@ -457,6 +457,19 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("checkpoint.interval", field<&J::checkpoint, &CheckpointSection::interval>(),
                "Save every this many steps.")
           .positive(),
+      make_key("checkpoint.load_step", field<&J::checkpoint, &CheckpointSection::load_step>(),
+               "Resume from the checkpoint of this step (it must be there and complete).")
+          .at_least(0)
+          .or_minus_one("the latest complete checkpoint in the folder, if any"),
+      make_key("checkpoint.exclude_from_loading", field<&J::checkpoint, &CheckpointSection::exclude_from_loading>(),
+               "What a resume does not load, starting it afresh instead: model (the weights, and the optimizer's "
+               "fp32 masters), optimizer (moments, step count), lr_scheduler (its position), dataloader (the "
+               "position in the data), train_state (the step count).")
+          .one_of({"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}),
+      make_key("checkpoint.async_mode", field<&J::checkpoint, &CheckpointSection::async_mode>(),
+               "disabled: a save holds the step until its files are on the disk; async: the step holds only "
+               "while the state is copied to host memory, and a background thread writes the files.")
+          .one_of({"disabled", "async"}),
       make_key("checkpoint.last_save_model_only", field<&J::checkpoint, &CheckpointSection::last_save_model_only>(),
                "At the last step save only the model weights (in export_dtype)."),
       make_key("checkpoint.export_dtype", field<&J::checkpoint, &CheckpointSection::export_dtype>(),
@@ -905,6 +918,10 @@ inline void check_key(const ConfigKey& k, const JobConfig& c, const std::string&
     if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
       fail(where, ": ", k.name, " must be one of ", join(k.choices, ", "), "; got ", quote(s));
   }
+  if (k.type == KeyType::StringList && !k.choices.empty())  // each item among the choices
+    for (const std::string& s : std::get<std::vector<std::string>>(v))
+      if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
+        fail(where, ": ", k.name, ": each item must be one of ", join(k.choices, ", "), "; got ", quote(s));
 }
 
 inline void finalize(JobConfig& c, const Origins& o, std::string_view model_where) {

@@ -105,6 +105,9 @@ struct CheckpointSection {
   bool enable = false;
   std::string folder = "checkpoint";
   std::int64_t interval = 500;
+  std::int64_t load_step = -1;  // -1: the latest complete checkpoint
+  std::vector<std::string> exclude_from_loading;
+  std::string async_mode = "disabled";
   bool last_save_model_only = true;
   std::string export_dtype = "float32";
   std::int64_t keep_latest_k = 10;

@@ -12,16 +12,21 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/train/tensorboard.hpp"
 
 namespace tessera::train {
 
@@ -38,6 +43,7 @@ struct StepMetrics {
   std::size_t peak_memory_bytes = 0;
   std::size_t activation_bytes = 0;
   std::uint64_t comm_bytes = 0;  // bytes this rank sent in collectives this step
+  double checkpoint_seconds = 0;  // what a checkpoint save after the step held it (async: the copy only)
 
   nlohmann::json to_json() const {
     return {{"step", step},
@@ -51,7 +57,8 @@ struct StepMetrics {
             {"mfu_causal_pct", mfu_causal_pct},
             {"peak_memory_bytes", peak_memory_bytes},
             {"activation_bytes", activation_bytes},
-            {"comm_bytes", comm_bytes}};
+            {"comm_bytes", comm_bytes},
+            {"checkpoint_seconds", checkpoint_seconds}};
   }
 };
 
@@ -71,22 +78,47 @@ double measure_gemm_flops(std::int64_t n = 1024, int repeats = 8) {
   return best;
 }
 
-/// Appends one JSON object per step to <dump_folder>/metrics.jsonl and prints progress.
+/// Writes one JSON object per step to <dump_folder>/metrics.jsonl and prints progress.
+/// A run resumed after step `resumed_step` keeps the file's lines of steps up to it
+/// (and drops any later ones, which the resumed run writes again) and appends: across
+/// any number of resumes the file holds each step once, in order. With `tensorboard_dir`
+/// the same numbers go to TensorBoard event files there too, one tag per key
+/// (train/tensorboard.hpp: a resumed run's file makes TensorBoard drop the steps it
+/// writes again).
 class MetricsLogger {
  public:
-  MetricsLogger(const std::string& path, std::int64_t total_steps, std::int64_t log_freq, bool live)
-      : path_(path), total_steps_(total_steps), log_freq_(log_freq), live_(live), start_(clock::now()) {
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    out_.open(path, std::ios::out | std::ios::trunc);
+  MetricsLogger(const std::string& path, std::int64_t total_steps, std::int64_t log_freq, bool live,
+                std::int64_t resumed_step = 0, const std::string& tensorboard_dir = "")
+      : path_(path),
+        total_steps_(total_steps),
+        log_freq_(log_freq),
+        live_(live),
+        first_step_(resumed_step),
+        start_(clock::now()) {
+    namespace fs = std::filesystem;
+    fs::create_directories(fs::path(path).parent_path());
+    if (resumed_step > 0) keep_steps_up_to(resumed_step);
+    out_.open(path, std::ios::out | (resumed_step > 0 ? std::ios::app : std::ios::trunc));
     TESSERA_CHECK(out_.good(), path, ": cannot open for writing");
+    if (!tensorboard_dir.empty()) tensorboard_.emplace(tensorboard_dir, resumed_step > 0 ? resumed_step : -1);
   }
 
   void log(const StepMetrics& m) {
-    out_ << m.to_json().dump() << '\n';
+    const nlohmann::json j = m.to_json();
+    out_ << j.dump() << '\n';
     out_.flush();
     TESSERA_CHECK(out_.good(), path_, ": write failed");
+    if (tensorboard_) {
+      std::vector<std::pair<std::string, double>> scalars;
+      for (const auto& [key, value] : j.items())
+        if (key != "step") scalars.emplace_back(key, value.get<double>());
+      const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      tensorboard_->add_scalars(m.step, scalars, now);
+    }
     const double elapsed = std::chrono::duration<double>(clock::now() - start_).count();
-    const double left = elapsed / static_cast<double>(m.step) * static_cast<double>(total_steps_ - m.step);
+    // From this run's own steps: a resumed run's ETA does not count the steps it skipped.
+    const double done = static_cast<double>(std::max<std::int64_t>(1, m.step - first_step_));
+    const double left = elapsed / done * static_cast<double>(total_steps_ - m.step);
     char line[256];
     std::snprintf(line, sizeof line, "step %5lld/%lld | loss %7.4f | grad_norm %6.3f | lr %.2e | %9.0f tok/s | mfu %5.2f%% | mem %s | left %s",
                   static_cast<long long>(m.step), static_cast<long long>(total_steps_), m.loss, m.grad_norm, m.lr,
@@ -118,10 +150,41 @@ class MetricsLogger {
 
  private:
   using clock = std::chrono::steady_clock;
+
+  /// Rewrites the file with its lines of steps 1..`last` only (a line cut short by a
+  /// kill is dropped), to a temporary name renamed over it.
+  void keep_steps_up_to(std::int64_t last) {
+    std::ifstream in(path_);
+    if (!in) return;  // a resume without metrics: they start at the next step
+    std::string kept, line;
+    std::int64_t expected = 1;
+    while (std::getline(in, line)) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      const auto step = j["step"].get<std::int64_t>();
+      if (step > last || step != expected) continue;  // beyond the resume, or a step written twice
+      kept += line + '\n';
+      ++expected;
+    }
+    in.close();
+    const std::string tmp = path_ + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::out | std::ios::trunc);
+      out << kept;
+      out.flush();
+      TESSERA_CHECK(out.good(), tmp, ": cannot write");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path_, ec);
+    TESSERA_CHECK(!ec, path_, ": cannot replace: ", ec.message());
+  }
+
   std::string path_;
   std::ofstream out_;
   std::int64_t total_steps_, log_freq_;
   bool live_;
+  std::int64_t first_step_;
+  std::optional<TensorBoardWriter> tensorboard_;
   clock::time_point start_;
 };
 

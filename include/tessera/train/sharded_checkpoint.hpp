@@ -4,6 +4,10 @@
 // A folder holds one safetensors file per rank of the world that saved it,
 // `model-rank<R>-of-<N>.safetensors`, and `COMPLETE`, written by rank 0 last, once
 // every file is in place (a folder without it is an interrupted save and is refused).
+// A save writes into `<folder>.partial`; every file is fsynced; rank 0 writes the
+// marker, fsyncs it and the folder, and only then renames `<folder>.partial` to
+// `<folder>`: a crash at any moment leaves either no folder or a complete one, and the
+// checkpoints saved before it untouched.
 // A rank's file holds the stretches it is the writer of (nn::Transformer::HeldStretch:
 // each element of the model has exactly one writer over the world, so replicas and
 // tensor-parallel ranks holding the same values write them once). Each stretch is a 1-D
@@ -13,6 +17,14 @@
 //   "tessera.stretches": [[parameter, key, first, whole_cols, piece_cols, row0, col0, n], ...]
 //   "tessera.shapes":    {parameter: whole shape, ...}
 //   "tessera.model_args", "tessera.rank", "tessera.world_size"
+//   "tessera.crc32c":    {tensor: CRC-32C of its stored bytes, ...}
+//   "tessera.index_crc32c": CRC-32C of the index (the stretches, shapes, families,
+//                        state, model arguments and checksums, in that order)
+//
+// A loading rank checks each tensor's checksum the first time it reads from it, so a
+// rank reads (and checks) only the files and tensors that hold its share; a flipped
+// byte, a truncated file or an index that does not cover each parameter exactly once
+// is refused by name, never loaded.
 //
 // Value i of a stretch is element (row0 + e / piece_cols) * whole_cols + col0 +
 // e % piece_cols of the whole (row-major), e = first + i: ops::PieceIndex, the map
@@ -23,14 +35,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
+#include <chrono>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -42,7 +63,9 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/io/safetensors.hpp"
+#include "tessera/io/crc32.hpp"
 #include "tessera/ops/init.hpp"
+#include "tessera/parallel/host_values.hpp"
 #include "tessera/train/checkpoint.hpp"
 
 namespace tessera::train {
@@ -84,6 +107,13 @@ constexpr io::StDtype stored_dtype() {
 
 inline std::vector<std::int64_t> dims(const Shape& s) { return {s.dims.begin(), s.dims.begin() + s.rank}; }
 
+/// The world a model's plan spans (null on a plan without a mesh: one rank).
+template <class Model>
+comm::Communicator* world_of(Model& model) {
+  return model.plan().mesh ? &model.plan().mesh->world() : nullptr;
+}
+
+
 /// A run of saved values: elements [global, global + length) of a parameter, stored
 /// from value `index` of tensor `key` in file `file`.
 struct SavedRun {
@@ -102,7 +132,46 @@ struct Index {
   nlohmann::json model_args;
   std::vector<std::string> families;  // the state saved beside each stretch ("exp_avg", ...)
   nlohmann::json state;               // the training state (step, data position, ...), or null
+  std::vector<std::map<std::string, std::uint32_t>> crcs;  // per file: each tensor's CRC-32C
+
+  /// Checks tensor `key` of file `file` against its checksum, once.
+  void check(std::size_t file, const std::string& key) const {
+    if (!checked_.insert({file, key}).second) return;
+    const io::SafetensorsFile& f = files[file];
+    const auto it = crcs[file].find(key);
+    TESSERA_CHECK(it != crcs[file].end(), f.path(), ": tensor '", key, "' has no checksum in tessera.crc32c");
+    const std::span<const std::byte> bytes = f.raw(key);
+    const std::uint32_t crc = io::crc32c(bytes.data(), bytes.size());
+    TESSERA_CHECK(crc == it->second, f.path(), ": tensor '", key, "' is corrupt: its bytes have CRC-32C ",
+                  crc, ", the file's index says ", it->second, " (the file changed after it was saved)");
+  }
+
+  /// Checks every tensor of every file; returns the bytes checked.
+  std::uint64_t check_all() const {
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < files.size(); ++i)
+      for (const auto& [key, crc] : crcs[i]) {
+        check(i, key);
+        bytes += files[i].raw(key).size();
+      }
+    return bytes;
+  }
+
+ private:
+  mutable std::set<std::pair<std::size_t, std::string>> checked_;
 };
+
+/// The CRC-32C that "tessera.index_crc32c" holds: of the index's metadata strings.
+inline std::uint32_t index_crc(const std::map<std::string, std::string>& meta) {
+  std::uint32_t crc = 0;
+  for (const char* key : {"tessera.stretches", "tessera.shapes", "tessera.families", "tessera.state",
+                          "tessera.model_args", "tessera.crc32c"}) {
+    const auto it = meta.find(key);
+    const std::string_view text = it == meta.end() ? std::string_view() : std::string_view(it->second);
+    crc = io::crc32c_update(crc, text.data(), text.size());
+  }
+  return crc;
+}
 
 inline Index read_index(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -141,6 +210,17 @@ inline Index read_index(const std::string& dir) {
         fail(f.path(), ": ", key, " is not valid JSON: ", e.what());
       }
     };
+    {
+      const nlohmann::json stored = field("tessera.index_crc32c");
+      TESSERA_CHECK(stored.is_number_unsigned() && stored.get<std::uint64_t>() == index_crc(meta), f.path(),
+                    ": the index in its header is corrupt (its CRC-32C is ", index_crc(meta),
+                    ", tessera.index_crc32c says ", stored.dump(), ")");
+      try {
+        index.crcs.push_back(field("tessera.crc32c").get<std::map<std::string, std::uint32_t>>());
+      } catch (const nlohmann::json::exception& e) {
+        fail(f.path(), ": tessera.crc32c is not a map of checksums: ", e.what());
+      }
+    }
     if (r == 0) {
       index.model_args = field("tessera.model_args");
       const nlohmann::json families = field("tessera.families"), state = field("tessera.state");
@@ -221,6 +301,7 @@ void read_into(const Index& index, const std::string& dir, const std::string& pa
       if (lo >= hi) continue;
       const io::SafetensorsFile& f = index.files[it->file];
       const std::string key = family.empty() ? it->key : family + "/" + it->key;
+      index.check(it->file, key);
       const io::TensorEntry& e = f.entry(key);
       TESSERA_CHECK(io::is_floating(e.dtype), dir, ": ", f.path(), ": stretch '", key, "' is stored as ",
                     io::name_of(e.dtype), ", not a floating type");
@@ -237,21 +318,32 @@ void read_into(const Index& index, const std::string& dir, const std::string& pa
   B::copy_from_host(host.data(), dst, n);
 }
 
-/// Writes `dir`: this rank's file (the stretches it writes, and per stretch what
-/// `add_state(h, key, writer)` adds under each of `families`), then rank 0's marker. A
-/// collective over the model's world.
+/// One rank's file of a save, copied to host memory: what a save takes from the device
+/// before it writes a byte (an asynchronous save writes it while training goes on).
+struct RankFile {
+  io::SafetensorsWriter writer;
+  int rank = 0, world = 1;
+  std::uint64_t bytes() const { return writer.file_bytes(); }
+};
+
+/// This rank's file of a save of `model`: the stretches it writes and, per stretch,
+/// what `add_state(h, key, writer)` adds under each of `families`, with their
+/// checksums. No collective.
 template <class Model, class AddState>
-void save_folder(Model& model, const std::string& dir, const std::vector<std::string>& families,
-                 const nlohmann::json& state, AddState&& add_state) {
+RankFile snapshot(Model& model, const std::vector<std::string>& families, const nlohmann::json& state,
+                  AddState&& add_state) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
-  namespace fs = std::filesystem;
-  comm::Communicator* world = model.plan().mesh ? &model.plan().mesh->world() : nullptr;
-  const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
-  const fs::path folder(dir);
-  io::SafetensorsWriter w;
+  comm::Communicator* world = world_of(model);
+  RankFile out;
+  out.rank = world ? world->rank() : 0;
+  out.world = world ? world->size() : 1;
+  io::SafetensorsWriter& w = out.writer;
   nlohmann::json stretches = nlohmann::json::array(), shapes = nlohmann::json::object();
   std::map<std::string, int> count;
+  std::vector<std::string> stored = {""};  // the values themselves, then the state
+  stored.insert(stored.end(), families.begin(), families.end());
+  nlohmann::json crcs = nlohmann::json::object();
   model.for_each_held_stretch([&](const auto& h) {
     if (!h.writer) return;
     const nn::Parameter<T>& p = *h.param;
@@ -259,51 +351,210 @@ void save_folder(Model& model, const std::string& dir, const std::vector<std::st
     const Tensor<T> host = download<B>(h.local->value.slice(h.offset, Shape{h.n}));
     w.add(key, stored_dtype<T>(), {h.n}, std::span<const T>(host.data(), static_cast<std::size_t>(h.n)));
     add_state(h, key, w);
+    for (const std::string& family : stored) {
+      const std::string name = family.empty() ? key : family + "/" + key;
+      crcs[name] = w.crc32c(name);
+    }
     stretches.push_back({p.name, key, h.where.first, h.where.whole_cols, h.where.piece_cols, h.where.row0,
                          h.where.col0, h.n});
     shapes[p.name] = dims(p.whole);
   });
-  std::vector<std::string> stored = {""};  // the values themselves, then the state
-  stored.insert(stored.end(), families.begin(), families.end());
+  std::map<std::string, std::string> meta = {{"tessera.stretches", stretches.dump()},
+                                             {"tessera.shapes", shapes.dump()},
+                                             {"tessera.families", nlohmann::json(stored).dump()},
+                                             {"tessera.state", state.dump()},
+                                             {"tessera.model_args", model_args_to_json(model.args()).dump()},
+                                             {"tessera.crc32c", crcs.dump()}};
+  const std::uint32_t crc = index_crc(meta);
+  for (auto& [key, value] : meta) w.set_metadata(key, std::move(value));
+  w.set_metadata("tessera.index_crc32c", std::to_string(crc));
   w.set_metadata("format", "pt");
-  w.set_metadata("tessera.stretches", stretches.dump());
-  w.set_metadata("tessera.shapes", shapes.dump());
-  w.set_metadata("tessera.families", nlohmann::json(stored).dump());
-  w.set_metadata("tessera.state", state.dump());
-  w.set_metadata("tessera.model_args", model_args_to_json(model.args()).dump());
-  w.set_metadata("tessera.rank", std::to_string(rank));
-  w.set_metadata("tessera.world_size", std::to_string(size));
-  if (rank == 0) {
-    // A folder reused by a new save loses its marker first: a crash from here on leaves
-    // it incomplete, never complete with a mix of two saves.
-    std::error_code ec;
-    fs::remove(folder / kCompleteMarker, ec);
-  }
-  if (world) world->barrier();
-  B::synchronize();
-  w.write((folder / file_name(rank, size)).string());  // to a temporary name, then renamed
-  if (world) world->barrier();
-  B::synchronize();  // every file is in place before the marker
-  if (rank == 0) {
-    const fs::path tmp = folder / (std::string(kCompleteMarker) + ".tmp");
-    {
-      std::ofstream out(tmp);
-      out << nlohmann::json{{"world_size", size}, {"format", "tessera sharded checkpoint 1"}}.dump() << "\n";
-      out.flush();
-      TESSERA_CHECK(out.good(), tmp.string(), ": cannot write");
-    }
-    std::error_code ec;
-    fs::rename(tmp, folder / kCompleteMarker, ec);
-    TESSERA_CHECK(!ec, (folder / kCompleteMarker).string(), ": cannot rename into place: ", ec.message());
-  }
-  if (world) world->barrier();
-  B::synchronize();  // no rank reads the folder before it is complete
+  w.set_metadata("tessera.rank", std::to_string(out.rank));
+  w.set_metadata("tessera.world_size", std::to_string(out.world));
+  return out;
 }
 
-/// Checks that `dir` (read into `index`) holds `model`'s parameters; then reads each
-/// stretch `model` holds and calls load(h) for it.
+/// Where a save of `dir` is written until it is complete.
+inline std::string partial_path(const std::string& dir) { return dir + ".partial"; }
+
+/// Flushes `path` (a file or a folder) to the disk.
+inline void sync_path(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TESSERA_CHECK(fd >= 0, path.string(), ": cannot open to flush it to the disk: ", std::strerror(errno));
+  const int synced = ::fsync(fd), err = errno;
+  ::close(fd);
+  // Some file systems cannot fsync a folder (EINVAL): their renames are what they are.
+  TESSERA_CHECK(synced == 0 || err == EINVAL, path.string(), ": fsync failed: ", std::strerror(err));
+}
+
+/// The start of a save of `dir`, on rank 0: an earlier save of the same folder that a
+/// crash interrupted is removed, and its partial folder made.
+inline void begin_save(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::remove_all(partial_path(dir), ec);
+  TESSERA_CHECK(!ec, partial_path(dir), ": cannot remove what an interrupted save left: ", ec.message());
+  fs::create_directories(partial_path(dir), ec);
+  TESSERA_CHECK(!ec, partial_path(dir), ": cannot create: ", ec.message());
+}
+
+/// Writes `file` into the partial folder of `dir` (written to a temporary name,
+/// fsynced, renamed). No collective.
+inline void write_rank_file(const RankFile& file, const std::string& dir) {
+  const std::filesystem::path path = std::filesystem::path(partial_path(dir)) / file_name(file.rank, file.world);
+  file.writer.write(path.string());
+}
+
+/// The end of a save of `dir` by `world` ranks, on rank 0 once every rank's file is
+/// written: the marker, fsynced, then the atomic rename of the partial folder. A
+/// folder saved before under the same name is replaced only by the rename.
+inline void commit_save(const std::string& dir, int world) {
+  namespace fs = std::filesystem;
+  const fs::path folder(dir), partial(partial_path(dir));
+  for (int r = 0; r < world; ++r)
+    TESSERA_CHECK(fs::exists(partial / file_name(r, world)), (partial / file_name(r, world)).string(),
+                  ": missing when the save of ", dir, " was to be committed");
+  const fs::path tmp = partial / (std::string(kCompleteMarker) + ".tmp");
+  {
+    std::ofstream out(tmp);
+    out << nlohmann::json{{"world_size", world}, {"format", "tessera sharded checkpoint 1"}}.dump() << "\n";
+    out.flush();
+    TESSERA_CHECK(out.good(), tmp.string(), ": cannot write");
+  }
+  sync_path(tmp);
+  std::error_code ec;
+  fs::rename(tmp, partial / kCompleteMarker, ec);
+  TESSERA_CHECK(!ec, (partial / kCompleteMarker).string(), ": cannot rename into place: ", ec.message());
+  sync_path(partial);
+  const fs::path old = dir + ".old";
+  if (fs::exists(folder)) {
+    fs::remove_all(old, ec);
+    fs::rename(folder, old, ec);
+    TESSERA_CHECK(!ec, dir, ": cannot move the earlier save aside: ", ec.message());
+  }
+  fs::rename(partial, folder, ec);
+  TESSERA_CHECK(!ec, dir, ": cannot rename ", partial.string(), " into place: ", ec.message());
+  sync_path(folder.has_parent_path() ? folder.parent_path() : fs::path("."));
+  fs::remove_all(old, ec);
+}
+
+/// Every rank waits for every other, the host included.
+template <Backend B>
+void hold(comm::Communicator* world) {
+  if (world) world->barrier();
+  B::synchronize();  // a barrier orders the stream (NCCL); this holds the host
+}
+
+/// Writes `dir` from every rank's `file`: each rank its file, rank 0 the marker once
+/// all are in place, then the rename. A collective over `world`.
+template <Backend B>
+void write_folder(comm::Communicator* world, const RankFile& file, const std::string& dir) {
+  if (file.rank == 0) begin_save(dir);
+  hold<B>(world);
+  write_rank_file(file, dir);
+  hold<B>(world);  // every file is in place before the marker
+  if (file.rank == 0) commit_save(dir, file.world);
+  hold<B>(world);  // no rank reads the folder before it is complete
+}
+
+/// A save whose file a background thread writes while training goes on
+/// (checkpoint.async_mode = "async"). start() takes the host copy (RankFile) and
+/// returns; poll(), which every rank calls after each step, commits the save once every
+/// rank's file is on the disk (rank 0 writes the marker and renames the folder). Until
+/// then the save is `<dir>.partial`, which no resume loads: a crash while it is written
+/// loses it and nothing else. A rank whose write fails fails every rank at the poll.
+template <Backend B>
+class AsyncSave {
+ public:
+  AsyncSave() = default;
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+  ~AsyncSave() {
+    if (writing_.valid()) writing_.wait();  // the thread must not outlive what it writes
+  }
+
+  /// A save is started and not yet committed (the same on every rank).
+  bool pending() const { return file_ != nullptr; }
+  const std::string& dir() const { return dir_; }
+  /// The bytes this rank's file holds.
+  std::uint64_t bytes() const { return file_ ? file_->bytes() : 0; }
+
+  /// A collective: starts writing `file` into `dir` (a save still pending is committed
+  /// first, waiting for it).
+  void start(comm::Communicator* world, RankFile file, std::string dir) {
+    if (pending()) poll(world, true);
+    if (file.rank == 0) begin_save(dir);
+    hold<B>(world);  // the partial folder exists before any rank writes into it
+    file_ = std::make_shared<const RankFile>(std::move(file));
+    dir_ = std::move(dir);
+    writing_ = std::async(std::launch::async, [f = file_, d = dir_] { write_rank_file(*f, d); });
+  }
+
+  /// A collective: true when this call committed the pending save. With `wait`, waits
+  /// for this rank's write (then the save is committed, or every rank throws).
+  bool poll(comm::Communicator* world, bool wait = false) {
+    if (!pending()) return false;
+    using namespace std::chrono_literals;
+    if (!written_ && (wait || writing_.wait_for(0s) == std::future_status::ready)) {
+      try {
+        writing_.get();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      written_ = true;
+    }
+    // 0: written; 1: still writing; 2: failed. The most behind rank decides for all.
+    const double mine = error_ ? 2.0 : written_ ? 0.0 : 1.0;
+    const double all = world && world->size() > 1 ? parallel::all_reduce_host<B>(*world, mine, comm::ReduceOp::max)
+                                                   : mine;
+    if (all == 1.0) return false;
+    const std::shared_ptr<const RankFile> file = file_;
+    const std::exception_ptr error = error_;
+    const std::string dir = dir_;
+    file_.reset();
+    written_ = false;
+    error_ = nullptr;
+    if (error) std::rethrow_exception(error);
+    TESSERA_CHECK(all == 0.0, partial_path(dir), ": another rank could not write its file (its own message says why)");
+    if (file->rank == 0) commit_save(dir, file->world);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<const RankFile> file_;
+  std::string dir_;
+  std::future<void> writing_;
+  bool written_ = false;
+  std::exception_ptr error_;
+};
+
+/// Runs f() on every rank of `world`; if it throws on any, it throws on every one (the
+/// rank that failed with its own error, the others naming it), so no rank goes on to a
+/// collective that another will never join. One all-reduce.
+template <Backend B, class F>
+void on_every_rank_or_none(comm::Communicator* world, const std::string& what, F&& f) {
+  std::exception_ptr error;
+  try {
+    f();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (!world || world->size() == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  const double failed = parallel::all_reduce_host<B>(*world, error ? static_cast<double>(world->rank() + 1) : 0.0,
+                                                     comm::ReduceOp::max);
+  if (error) std::rethrow_exception(error);
+  TESSERA_CHECK(failed == 0, what, ": rank ", static_cast<int>(failed) - 1, " failed (its own message says why)");
+}
+
+/// Checks that `dir` (read into `index`) holds `model`'s parameters; then, for each
+/// stretch `model` holds, reads its values (unless `values` is false; from family
+/// `values_family`, "" for the values themselves) and calls load(h).
 template <class Model, class Load>
-void load_folder(Model& model, const Index& index, const std::string& dir, Load&& load) {
+void load_folder(Model& model, const Index& index, const std::string& dir, Load&& load, bool values = true,
+                 const std::string& values_family = "") {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
   const nn::ModelArgs saved = model_args_from_json(index.model_args, dir);
@@ -319,7 +570,7 @@ void load_folder(Model& model, const Index& index, const std::string& dir, Load&
     TESSERA_CHECK(shape != index.shapes.end(), dir, ": parameter '", p.name, "' is not in the checkpoint");
     TESSERA_CHECK(shape->second == dims(p.whole), dir, ": parameter '", p.name, "' has shape ",
                   io::detail::shape_str(shape->second), " in the checkpoint, the model's is ", p.whole.str());
-    read_into<B>(index, dir, p.name, "", h.where, h.n, h.values());
+    if (values) read_into<B>(index, dir, p.name, values_family, h.where, h.n, h.values());
     load(h);
   });
   B::synchronize();
@@ -332,29 +583,44 @@ void load_folder(Model& model, const Index& index, const std::string& dir, Load&
 /// be in any layout; nothing is gathered.
 template <class Model>
 void save_sharded_model(Model& model, const std::string& dir) {
-  sharded::save_folder(model, dir, {}, nullptr, [](const auto&, const std::string&, io::SafetensorsWriter&) {});
+  using B = typename Model::backend_type;
+  const sharded::RankFile file =
+      sharded::snapshot(model, {}, nullptr, [](const auto&, const std::string&, io::SafetensorsWriter&) {});
+  sharded::write_folder<B>(sharded::world_of(model), file, dir);
 }
 
 /// Loads a sharded checkpoint saved under any layout into `model`, in its own layout:
 /// each rank reads the elements it holds. A model without storage is given its share
-/// first (never the whole). An incomplete folder, a missing file, a parameter missing,
-/// saved twice or of another shape, or another model is refused by name.
+/// first (never the whole). An incomplete folder, a missing file, a corrupt tensor, a
+/// parameter missing, saved twice or of another shape, or another model is refused by
+/// name, on every rank (a collective).
+/// With `masters`, a training checkpoint of bf16 parameters gives its fp32 masters
+/// (the optimizer's full-precision copy) rather than the rounded values, where it has
+/// them; returns whether it did.
 template <class Model>
-void load_sharded_model(Model& model, const std::string& dir) {
-  sharded::load_folder(model, sharded::read_index(dir), dir, [](const auto&) {});
+bool load_sharded_model(Model& model, const std::string& dir, bool masters = false) {
+  using B = typename Model::backend_type;
+  bool from_masters = false;
+  sharded::on_every_rank_or_none<B>(sharded::world_of(model), dir, [&] {
+    const sharded::Index index = sharded::read_index(dir);
+    from_masters = masters && std::find(index.families.begin(), index.families.end(), "master") != index.families.end();
+    sharded::load_folder(model, index, dir, [](const auto&) {}, true, from_masters ? "master" : "");
+  });
+  return from_masters;
 }
 
-/// Saves the training state as a sharded checkpoint: the model's values, the
+/// This rank's file of a training checkpoint, in host memory: the model's values, the
 /// optimizer's state beside each stretch (its moments and masters, in their own element
 /// types, under "exp_avg/", "exp_avg_sq/" and "master/"), and `state` (the trainer's:
-/// step, data position; with the optimizer's step count added) in the metadata.
+/// step, data position; with the optimizer's step count added) in the metadata. No
+/// collective: write it with sharded::write_folder, now or from another thread.
 template <class Model, class Optimizer>
-void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir, nlohmann::json state) {
+sharded::RankFile snapshot_checkpoint(Model& model, Optimizer& optimizer, nlohmann::json state) {
   using B = typename Model::backend_type;
   std::vector<std::string> families;
   for (std::string_view name : optimizer.state_names()) families.emplace_back(name);
   state["optimizer_steps"] = optimizer.steps_taken();
-  sharded::save_folder(model, dir, families, state, [&](const auto& h, const std::string& key, io::SafetensorsWriter& w) {
+  return sharded::snapshot(model, families, state, [&](const auto& h, const std::string& key, io::SafetensorsWriter& w) {
     optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
       using M = typename std::remove_cvref_t<decltype(t)>::value_type;
       const Tensor<M> host = download<B>(t.slice(h.offset, Shape{h.n}));
@@ -364,27 +630,58 @@ void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::stri
   });
 }
 
+/// Saves the training state as a sharded checkpoint in `dir` (snapshot_checkpoint,
+/// then write_folder): a collective over the model's world.
+template <class Model, class Optimizer>
+void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir, nlohmann::json state) {
+  using B = typename Model::backend_type;
+  sharded::write_folder<B>(sharded::world_of(model), snapshot_checkpoint(model, optimizer, std::move(state)), dir);
+}
+
+/// What a resume loads of a training checkpoint (checkpoint.exclude_from_loading): the
+/// model (its values, and the optimizer's fp32 masters of bf16 values) and the
+/// optimizer (its moments and step count). What is not loaded keeps the value it has.
+struct LoadParts {
+  bool model = true;
+  bool optimizer = true;
+};
+
 /// Loads a checkpoint save_sharded_checkpoint wrote, under any layout, into `model` and
 /// `optimizer` (made for the model in its own layout); returns the saved state. A
-/// folder without the optimizer's state is refused by name.
+/// folder without the optimizer's state is refused by name. A collective: a rank that
+/// cannot read its share fails every rank.
+/// `check_state(state)`, when given, sees the saved state before anything is read, and
+/// throws to refuse it.
 template <class Model, class Optimizer>
-nlohmann::json load_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir) {
+nlohmann::json load_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir,
+                                       LoadParts parts = {},
+                                       const std::function<void(const nlohmann::json&)>& check_state = {}) {
   using B = typename Model::backend_type;
-  const sharded::Index index = sharded::read_index(dir);
-  // Everything the optimizer needs is there before anything is read.
-  for (std::string_view name : optimizer.state_names())
-    TESSERA_CHECK(std::find(index.families.begin(), index.families.end(), name) != index.families.end(), dir,
-                  ": no optimizer state '", name, "' (a model-only checkpoint, or one saved without ", name,
-                  "): it cannot resume training");
-  TESSERA_CHECK(index.state.is_object() && index.state.contains("optimizer_steps"), dir,
-                ": no training state in the metadata (a model-only checkpoint): it cannot resume training");
-  sharded::load_folder(model, index, dir, [&](const auto& h) {
-    optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
-      sharded::read_into<B>(index, dir, h.param->name, std::string(name), h.where, h.n, t.data() + h.offset);
-    });
+  nlohmann::json state;
+  sharded::on_every_rank_or_none<B>(sharded::world_of(model), dir, [&] {
+    const sharded::Index index = sharded::read_index(dir);
+    // Everything the optimizer needs is there before anything is read; the caller's
+    // check of the settings comes first, as it names the setting that changed.
+    TESSERA_CHECK(index.state.is_object() && index.state.contains("optimizer_steps"), dir,
+                  ": no training state in the metadata (a model-only checkpoint): it cannot resume training");
+    if (check_state) check_state(index.state);
+    for (std::string_view name : optimizer.state_names())
+      TESSERA_CHECK(std::find(index.families.begin(), index.families.end(), name) != index.families.end(), dir,
+                    ": no optimizer state '", name, "' (saved by a run without ", name, "): it cannot resume training");
+    sharded::load_folder(
+        model, index, dir,
+        [&](const auto& h) {
+          optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
+            // The masters are the model's values at full precision: they go with the model.
+            if (!(name == "master" ? parts.model : parts.optimizer)) return;
+            sharded::read_into<B>(index, dir, h.param->name, std::string(name), h.where, h.n, t.data() + h.offset);
+          });
+        },
+        parts.model);
+    state = index.state;
   });
-  optimizer.set_steps_taken(index.state.at("optimizer_steps").get<std::int64_t>());
-  return index.state;
+  if (parts.optimizer) optimizer.set_steps_taken(state.at("optimizer_steps").get<std::int64_t>());
+  return state;
 }
 
 }  // namespace tessera::train

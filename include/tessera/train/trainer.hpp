@@ -8,6 +8,8 @@
 // returned.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -58,8 +60,6 @@ inline void check_supported(const JobConfig& c) {
                 ": not available in this build (data, tensor and pipeline parallelism are; context parallelism is not "
                 "yet)");
   parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
-  TESSERA_CHECK(!c.metrics.enable_tensorboard,
-                "metrics.enable_tensorboard = true: this build writes metrics.jsonl only, no TensorBoard event files");
   parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
 }
@@ -98,6 +98,54 @@ inline parallel::StepLayout step_layout(const JobConfig& c, const comm::MeshShap
   l.pipeline = plan.pipeline;
   l.pp_rank = pp_rank;
   return l;
+}
+
+/// What a resume loads of a checkpoint: everything but the parts named in
+/// checkpoint.exclude_from_loading (torchtitan's names), which start afresh.
+struct ResumeParts {
+  bool model = true;         // the weights (and the optimizer's fp32 masters of bf16 weights)
+  bool optimizer = true;     // the moments and the step count
+  bool lr_scheduler = true;  // the schedule's position
+  bool dataloader = true;    // the position in the data
+  bool train_state = true;   // the step count
+
+  static ResumeParts excluding(const std::vector<std::string>& names) {
+    ResumeParts p;
+    for (const std::string& n : names) {
+      bool* part = n == "model"          ? &p.model
+                   : n == "optimizer"    ? &p.optimizer
+                   : n == "lr_scheduler" ? &p.lr_scheduler
+                   : n == "dataloader"   ? &p.dataloader
+                   : n == "train_state"  ? &p.train_state
+                                         : nullptr;
+      TESSERA_CHECK(part, "checkpoint.exclude_from_loading: '", n,
+                    "' is not one of model, optimizer, lr_scheduler, dataloader, train_state");
+      *part = false;
+    }
+    return p;
+  }
+};
+
+/// The settings a resumed run must keep, by key, with the part of the state that needs
+/// them (a part not loaded frees its keys): the data a position in it means, and the
+/// element type the weights and masters are saved in. The model's shape is checked
+/// apart, against the checkpoint's own model arguments.
+inline nlohmann::json resume_fingerprint(const JobConfig& c, std::int64_t global_batch) {
+  const bool synthetic = c.training.dataset == "synthetic";
+  nlohmann::json f = {
+      {"training.dataset", {c.training.dataset, "dataloader"}},
+      {"training.seq_len", {c.training.seq_len, "dataloader"}},
+      {"training.global_batch_size", {global_batch, "dataloader"}},
+      {"model.tokenizer", {c.model.tokenizer, "dataloader"}},
+      {"training.mixed_precision_param", {c.training.mixed_precision_param, "model"}},
+  };
+  if (synthetic) {
+    f["training.seed"] = {c.training.seed, "dataloader"};  // the corpus is drawn from it
+    f["training.synthetic_documents"] = {c.training.synthetic_documents, "dataloader"};
+  } else {
+    f["training.dataset_path"] = {c.training.dataset_path, "dataloader"};
+  }
+  return f;
 }
 
 template <class Model>
@@ -155,7 +203,7 @@ class Trainer {
       activations = std::max(activations, model_.saved_activation_bytes());
     }
     if (mesh) loss_sum = parallel::all_reduce_host<B>(mesh->dp(), loss_sum);
-    const double lr = config_.optimizer.lr * schedule_.factor(step_);
+    const double lr = config_.optimizer.lr * schedule_.factor(lr_step_);
     double norm = 0;
     {
       Region optimizer(region::kOptimizer);
@@ -167,6 +215,7 @@ class Trainer {
     }
     B::synchronize();
     ++step_;
+    ++lr_step_;
 
     StepMetrics m;
     m.step = step_;
@@ -198,23 +247,63 @@ class Trainer {
   const optim::AdamW<T, B>& optimizer() const { return optimizer_; }
   const data::DataLoader& loader() const { return loader_; }
 
-  /// Saves everything a resumed run needs as a sharded checkpoint in `dir`
-  /// (train/sharded_checkpoint.hpp): the parameters, the optimizer's moments, masters
-  /// and step count, the step and the data position. A collective: every rank writes
-  /// its own share.
-  void save_checkpoint(const std::string& dir) {
-    save_sharded_checkpoint(model_, optimizer_, dir,
-                            nlohmann::json{{"step", step_}, {"data_position", loader_.position()}});
+  /// The global batch, in sequences.
+  std::int64_t global_batch() const {
+    return accumulation_ * config_.training.local_batch_size * model_.plan().dp_degree();
   }
 
+  /// Saves everything a resumed run needs as a sharded checkpoint in `dir`
+  /// (train/sharded_checkpoint.hpp): the parameters, the optimizer's moments, masters
+  /// and step count, the step, the schedule's position, the data position and the
+  /// settings a resume must keep. A collective: every rank writes its own share.
+  void save_checkpoint(const std::string& dir) {
+    if (async_.pending()) async_.poll(world(), true);  // saves are committed in order
+    save_sharded_checkpoint(model_, optimizer_, dir, training_state());
+  }
+
+  /// Starts an asynchronous save in `dir` (checkpoint.async_mode = "async"): the state
+  /// is copied to host memory now, and a background thread writes it; poll_checkpoint
+  /// commits it. A collective. Returns the seconds the copy held this rank.
+  double start_checkpoint(const std::string& dir) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (async_.pending()) async_.poll(world(), true);
+    async_.start(world(), snapshot_checkpoint(model_, optimizer_, training_state()), dir);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  /// A collective, after each step while a save is pending: the folder of the save this
+  /// call committed ("" for none). With `wait`, waits for the background write.
+  std::string poll_checkpoint(bool wait = false) {
+    const std::string dir = async_.dir();
+    return async_.poll(world(), wait) ? dir : "";
+  }
+  bool checkpoint_pending() const { return async_.pending(); }
+
   /// Resumes from a checkpoint save_checkpoint wrote, under this layout or any other:
-  /// the next step() is the one that followed the save.
-  void load_checkpoint(const std::string& dir) {
-    const nlohmann::json state = load_sharded_checkpoint(model_, optimizer_, dir);
-    TESSERA_CHECK(state.contains("step") && state.contains("data_position"), dir,
-                  ": the training state has no step or data position");
-    step_ = state.at("step").get<std::int64_t>();
-    loader_.seek(state.at("data_position").get<std::int64_t>());
+  /// the next step() is the one that followed the save. Parts not in `parts` keep
+  /// their present state. A setting that differs from the saving run's is refused by
+  /// name (resume_fingerprint).
+  void load_checkpoint(const std::string& dir, ResumeParts parts = {}) {
+    const nlohmann::json now = resume_fingerprint(config_, global_batch());
+    auto check = [&](const nlohmann::json& state) {
+      TESSERA_CHECK(state.is_object() && state.contains("step") && state.contains("data_position") &&
+                        state.contains("lr_step") && state.contains("config") && state.at("config").is_object(),
+                    dir, ": the training state has no step, schedule position, data position or settings");
+      for (const auto& [key, value] : now.items()) {
+        const std::string part = value.at(1).template get<std::string>();
+        const bool loaded = part == "dataloader" ? parts.dataloader : parts.model;
+        const auto saved = state.at("config").find(key);
+        if (!loaded || saved == state.at("config").end() || saved->at(0) == value.at(0)) continue;
+        fail(dir, ": ", key, " was ", saved->at(0).dump(), " when this checkpoint was saved and is ", value.at(0).dump(),
+             " now: a resumed run must keep it (or start the ", part,
+             " afresh: checkpoint.exclude_from_loading = [\"", part, "\"])");
+      }
+    };
+    const nlohmann::json state =
+        load_sharded_checkpoint(model_, optimizer_, dir, LoadParts{parts.model, parts.optimizer}, check);
+    if (parts.train_state) step_ = state.at("step").get<std::int64_t>();
+    if (parts.lr_scheduler) lr_step_ = state.at("lr_step").get<std::int64_t>();
+    if (parts.dataloader) loader_.seek(state.at("data_position").get<std::int64_t>());
   }
 
  private:
@@ -235,6 +324,15 @@ class Trainer {
     return o;
   }
 
+  nlohmann::json training_state() const {
+    return {{"step", step_},
+            {"lr_step", lr_step_},
+            {"data_position", loader_.position()},
+            {"config", resume_fingerprint(config_, global_batch())}};
+  }
+
+  comm::Communicator* world() { return sharded::world_of(model_); }
+
   Model& model_;
   const JobConfig& config_;
   data::DataLoader loader_;
@@ -243,6 +341,8 @@ class Trainer {
   double peak_flops_;
   std::int64_t accumulation_ = 1;
   std::int64_t step_ = 0;
+  std::int64_t lr_step_ = 0;  // the schedule's position: the step count unless a resume restarted one of them
+  sharded::AsyncSave<B> async_;
 };
 
 }  // namespace tessera::train

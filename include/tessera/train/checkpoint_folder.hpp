@@ -1,0 +1,117 @@
+// A run's checkpoint folder: `step-<N>` folders, each a sharded training checkpoint
+// (train/sharded_checkpoint.hpp), complete once its COMPLETE marker is there. Which one
+// a rerun resumes from, and which ones keep_latest_k lets go.
+//
+// Only names this library writes are looked at: `step-<digits>` folders, and the
+// `step-<digits>.partial` folders of saves a crash interrupted. Anything else a user
+// puts in the folder stays untouched.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/train/sharded_checkpoint.hpp"
+
+namespace tessera::train {
+
+struct SavedStep {
+  std::int64_t step = 0;
+  std::filesystem::path path;
+  bool complete = false;  // its COMPLETE marker is there
+  bool partial = false;   // a `.partial` folder: a save that never finished
+};
+
+/// N of a folder named `step-<N>` or `step-<N>.partial`, or nothing for any other name.
+inline std::optional<std::int64_t> step_folder_number(std::string name) {
+  if (name.size() > 8 && name.compare(name.size() - 8, 8, ".partial") == 0) name.resize(name.size() - 8);
+  const std::string digits = name.rfind("step-", 0) == 0 ? name.substr(5) : "";
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+/// Whether `name` is the partial folder of a save (`step-<N>.partial`).
+inline bool is_partial_folder_name(const std::string& name) {
+  return step_folder_number(name) && name.size() > 8 && name.compare(name.size() - 8, 8, ".partial") == 0;
+}
+
+/// The path of step `step`'s checkpoint in `folder`.
+inline std::filesystem::path step_path(const std::filesystem::path& folder, std::int64_t step) {
+  return folder / ("step-" + std::to_string(step));
+}
+
+/// Every checkpoint folder in `folder` (none if it does not exist), by step.
+inline std::vector<SavedStep> list_saved_steps(const std::filesystem::path& folder) {
+  namespace fs = std::filesystem;
+  std::vector<SavedStep> steps;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) return steps;
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    if (!e.is_directory(ec)) continue;
+    const std::string name = e.path().filename().string();
+    const auto n = step_folder_number(name);
+    if (!n) continue;
+    const bool partial = is_partial_folder_name(name);
+    steps.push_back({*n, e.path(), !partial && fs::exists(e.path() / sharded::kCompleteMarker, ec), partial});
+  }
+  TESSERA_CHECK(!ec, folder.string(), ": cannot list: ", ec.message());
+  std::sort(steps.begin(), steps.end(), [](const SavedStep& a, const SavedStep& b) {
+    return a.step != b.step ? a.step < b.step : a.partial < b.partial;
+  });
+  return steps;
+}
+
+/// The checkpoint a run resumes from: step `load_step`'s (which must be there and
+/// complete), or with load_step = -1 the latest complete one, or none. Each folder
+/// skipped because it is incomplete is passed to `skipped` (to warn about).
+inline std::optional<SavedStep> resume_point(const std::filesystem::path& folder, std::int64_t load_step,
+                                             const std::function<void(const SavedStep&)>& skipped = {}) {
+  const std::vector<SavedStep> steps = list_saved_steps(folder);
+  if (load_step >= 0) {
+    for (const SavedStep& s : steps)
+      if (s.step == load_step && !s.partial) {
+        TESSERA_CHECK(s.complete, s.path.string(), ": checkpoint.load_step = ", load_step,
+                      " names a checkpoint whose save did not finish (no ", sharded::kCompleteMarker, " marker)");
+        return s;
+      }
+    fail(step_path(folder, load_step).string(), ": checkpoint.load_step = ", load_step,
+         " names a checkpoint that is not there");
+  }
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (it->complete) return *it;
+    if (skipped) skipped(*it);
+  }
+  return std::nullopt;
+}
+
+/// Removes all but the latest `keep` complete checkpoints (keep <= 0: keeps them all),
+/// and the partial folders of interrupted saves older than the latest complete one.
+/// The latest complete checkpoint is never removed, nor anything newer than it (an
+/// incomplete folder is a user's to look at; a newer partial one may be being written).
+inline void prune_checkpoints(const std::filesystem::path& folder, std::int64_t keep) {
+  namespace fs = std::filesystem;
+  if (keep <= 0) return;
+  const std::vector<SavedStep> steps = list_saved_steps(folder);
+  std::vector<const SavedStep*> complete;
+  for (const SavedStep& s : steps)
+    if (s.complete) complete.push_back(&s);
+  if (complete.empty()) return;
+  const std::int64_t latest = complete.back()->step;
+  std::error_code ec;
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < complete.size(); ++i) {
+    fs::remove_all(complete[i]->path, ec);
+    TESSERA_CHECK(!ec, complete[i]->path.string(), ": cannot remove (checkpoint.keep_latest_k = ", keep,
+                  "): ", ec.message());
+  }
+  for (const SavedStep& s : steps)
+    if (s.partial && s.step < latest) fs::remove_all(s.path, ec);
+}
+
+}  // namespace tessera::train

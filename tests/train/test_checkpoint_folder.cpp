@@ -1,0 +1,140 @@
+// A run's checkpoint folder (train/checkpoint_folder.hpp): which checkpoint a rerun
+// resumes from, what keep_latest_k removes; and a resumed run's metrics.jsonl and
+// TensorBoard files (train/metrics.hpp), which go on from the resumed step.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
+#include "tessera/train/checkpoint_folder.hpp"
+#include "tessera/train/metrics.hpp"
+#include "tessera/train/tensorboard.hpp"
+
+namespace test_checkpoint_folder {  // unity build: this file's names stay in here (tests/meson.build)
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+/// A step folder in `folder`: complete (with its marker) or not; `suffix` ".partial"
+/// for the folder of a save a crash interrupted.
+void make_step(const fs::path& folder, std::int64_t step, bool complete, const std::string& suffix = "") {
+  const fs::path p = folder / ("step-" + std::to_string(step) + suffix);
+  fs::create_directories(p);
+  std::ofstream(p / "model-rank0-of-1.safetensors") << "x";
+  if (complete) std::ofstream(p / train::sharded::kCompleteMarker) << "{\"world_size\": 1}\n";
+}
+
+std::vector<std::string> names(const fs::path& folder) {
+  std::vector<std::string> out;
+  for (const auto& s : train::list_saved_steps(folder)) out.push_back(s.path.filename().string());
+  return out;
+}
+
+TEST_CASE("checkpoint folder: a rerun resumes from the latest complete checkpoint, or load_step's") {
+  tessera::test::TempDir dir;
+  const fs::path folder = dir.path / "checkpoint";
+  CHECK_FALSE(train::resume_point(folder, -1).has_value());  // no folder yet: a fresh start
+  make_step(folder, 2, true);
+  make_step(folder, 10, true);
+  make_step(folder, 4, true);
+  make_step(folder, 12, false);              // a save that did not finish
+  make_step(folder, 14, false, ".partial");  // a save a crash interrupted
+  fs::create_directories(folder / "step-x");  // not a name this library writes
+  fs::create_directories(folder / "notes");
+  CHECK(names(folder) == std::vector<std::string>{"step-2", "step-4", "step-10", "step-12", "step-14.partial"});
+
+  std::vector<std::string> skipped;
+  const auto latest = train::resume_point(folder, -1, [&](const train::SavedStep& s) {
+    skipped.push_back(s.path.filename().string());
+  });
+  REQUIRE(latest.has_value());
+  CHECK(latest->step == 10);
+  CHECK(skipped == std::vector<std::string>{"step-14.partial", "step-12"});
+
+  CHECK(train::resume_point(folder, 4)->step == 4);
+  CHECK_ERROR_CONTAINS(train::resume_point(folder, 6), "step-6: checkpoint.load_step = 6 names a checkpoint that is not there");
+  CHECK_ERROR_CONTAINS(train::resume_point(folder, 12), "step-12: checkpoint.load_step = 12 names a checkpoint whose save did not finish");
+  CHECK_ERROR_CONTAINS(train::resume_point(folder, 14), "not there");  // a partial folder is no checkpoint
+}
+
+TEST_CASE("checkpoint folder: keep_latest_k counts complete checkpoints and never removes the latest") {
+  tessera::test::TempDir dir;
+  const fs::path folder = dir.path / "checkpoint";
+  make_step(folder, 2, true);
+  make_step(folder, 3, false, ".partial");  // older than the latest complete one: removed
+  make_step(folder, 4, true);
+  make_step(folder, 6, true);
+  make_step(folder, 8, false);              // incomplete, newer: a user's to look at
+  make_step(folder, 9, false, ".partial");  // newer: may be being written
+  fs::create_directories(folder / "notes");
+  train::prune_checkpoints(folder, 0);  // 0: keep all
+  CHECK(names(folder).size() == 6);
+  train::prune_checkpoints(folder, 2);
+  CHECK(names(folder) == std::vector<std::string>{"step-4", "step-6", "step-8", "step-9.partial"});
+  train::prune_checkpoints(folder, 1);
+  CHECK(names(folder) == std::vector<std::string>{"step-6", "step-8", "step-9.partial"});
+  train::prune_checkpoints(folder, 1);  // the only complete checkpoint stays
+  CHECK(names(folder) == std::vector<std::string>{"step-6", "step-8", "step-9.partial"});
+  CHECK(fs::exists(folder / "notes"));
+}
+
+std::vector<std::int64_t> logged_steps(const std::string& path) {
+  std::vector<std::int64_t> steps;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line).at("step").get<std::int64_t>());
+  return steps;
+}
+
+train::StepMetrics metrics(std::int64_t step) {
+  train::StepMetrics m;
+  m.step = step;
+  m.loss = 10.0 - static_cast<double>(step);
+  return m;
+}
+
+TEST_CASE("metrics: a resumed run keeps the steps up to its checkpoint and appends, in metrics.jsonl and TensorBoard") {
+  tessera::test::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl"), tb = dir.file("tb");
+  {
+    train::MetricsLogger log(path, 10, 100, false, 0, tb);
+    for (std::int64_t s = 1; s <= 7; ++s) log.log(metrics(s));
+  }
+  std::ofstream(path, std::ios::app) << "{\"step\": 8, \"lo";  // the line a kill cut short
+  {
+    // Resumed from the checkpoint of step 5: steps 6 and 7 are trained again.
+    train::MetricsLogger log(path, 10, 100, false, 5, tb);
+    CHECK(logged_steps(path) == std::vector<std::int64_t>{1, 2, 3, 4, 5});
+    for (std::int64_t s = 6; s <= 10; ++s) log.log(metrics(s));
+  }
+  CHECK(logged_steps(path) == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  {
+    train::MetricsLogger fresh(path, 10, 100, false, 0);  // a fresh start begins the file again
+  }
+  CHECK(logged_steps(path).empty());
+
+  // Two event files: the first run's (steps 1-7), and the resumed one's, which starts
+  // with a SessionLog START at step 6, so TensorBoard drops the first file's 6 and 7.
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(tb)) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() == 2);
+  const auto first = train::read_tensorboard_scalars(files[0].string());
+  const auto second = train::read_tensorboard_events(files[1].string());
+  CHECK(first.back().step == 7);
+  bool loss_at_6 = false, start_at_6 = false;
+  for (const auto& e : second) {
+    start_at_6 = start_at_6 || (e.session_status == 1 && e.step == 6);  // SessionLog START
+    for (const auto& [tag, value] : e.scalars) loss_at_6 = loss_at_6 || (tag == "loss" && e.step == 6 && value == 4.0);
+  }
+  CHECK(start_at_6);
+  CHECK(loss_at_6);
+}
+
+}  // namespace test_checkpoint_folder
