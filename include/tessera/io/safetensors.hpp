@@ -579,6 +579,36 @@ class SafetensorsWriter {
     add_values(std::move(name), stored, std::move(shape), values);
   }
 
+  /// Adds a tensor whose bytes are already as stored (`stored`, little-endian, row-major),
+  /// taking them without a copy: for writers that fill a buffer straight from a device.
+  void add_bytes(std::string name, StDtype stored, std::vector<std::int64_t> shape, std::vector<std::byte> bytes) {
+    const std::string where = "SafetensorsWriter: tensor '" + name + "'";
+    if (name.empty()) fail("SafetensorsWriter: a tensor name is empty");
+    if (name == "__metadata__") fail(where, ": the name is reserved for metadata");
+    check_utf8(name, "tensor name '" + name + "'");
+    if (tensors_.count(name)) fail(where, ": added twice");
+    const std::optional<std::uint64_t> numel = detail::checked_numel(shape);
+    if (!numel) fail(where, ": shape ", detail::shape_str(shape), " has a negative dimension or is too large");
+    if (*numel * size_of(stored) != bytes.size())
+      fail(where, ": shape ", detail::shape_str(shape), " of ", name_of(stored), " takes ", *numel * size_of(stored),
+           " bytes but ", bytes.size(), " were given");
+    Pending t;
+    t.dtype = stored;
+    t.shape = std::move(shape);
+    t.data = std::move(bytes);
+    tensors_.emplace(std::move(name), std::move(t));
+  }
+
+  /// Empties the writer, handing back the tensors' byte buffers (for a caller that
+  /// reuses them: a buffer already in memory costs no page faults the next time).
+  std::vector<std::vector<std::byte>> take_buffers() {
+    std::vector<std::vector<std::byte>> out;
+    out.reserve(tensors_.size());
+    for (auto& [name, t] : tensors_) out.push_back(std::move(t.data));
+    tensors_.clear();
+    return out;
+  }
+
   /// Sets (or replaces) a "__metadata__" entry.
   void set_metadata(std::string key, std::string value) {
     check_utf8(key, "metadata key");

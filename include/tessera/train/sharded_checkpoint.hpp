@@ -319,19 +319,59 @@ void read_into(const Index& index, const std::string& dir, const std::string& pa
 }
 
 /// One rank's file of a save, copied to host memory: what a save takes from the device
-/// before it writes a byte (an asynchronous save writes it while training goes on).
+/// before it writes a byte (an asynchronous save writes it while training goes on). The
+/// copy is all a save holds the step for: the checksums and the index are made by
+/// write_rank_file, on whichever thread writes.
 struct RankFile {
   io::SafetensorsWriter writer;
+  std::map<std::string, std::string> index;  // the metadata, but for the checksums
   int rank = 0, world = 1;
   std::uint64_t bytes() const { return writer.file_bytes(); }
 };
 
+/// Host buffers that saves copy into, kept from one save to the next. A fresh buffer
+/// costs its first-touch page faults, which on this project's CPU machine make copying
+/// a checkpoint to host memory several times slower than the copy itself; a reused
+/// one costs only the copy. Every save of a model asks for the same sizes in the same
+/// order, so buffers are matched by size.
+class HostBuffers {
+ public:
+  std::vector<std::byte> take(std::size_t bytes) {
+    const auto it = free_.find(bytes);
+    if (it == free_.end()) return std::vector<std::byte>(bytes);
+    std::vector<std::byte> b = std::move(it->second);
+    free_.erase(it);
+    return b;
+  }
+  void give_back(std::vector<std::vector<std::byte>> buffers) {
+    for (auto& b : buffers) free_.emplace(b.size(), std::move(b));
+  }
+  std::uint64_t bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& [size, b] : free_) n += size;
+    return n;
+  }
+
+ private:
+  std::multimap<std::size_t, std::vector<std::byte>> free_;
+};
+
+/// n values of T at `from` (B's memory), copied to host bytes as safetensors stores them,
+/// into a buffer from `pool` when one is given.
+template <Backend B, class T>
+std::vector<std::byte> host_bytes(const T* from, std::int64_t n, HostBuffers* pool = nullptr) {
+  static_assert(std::endian::native == std::endian::little, "checkpoint bytes are little-endian, as stored");
+  const std::size_t size = static_cast<std::size_t>(n) * sizeof(T);
+  std::vector<std::byte> bytes = pool ? pool->take(size) : std::vector<std::byte>(size);
+  B::copy_to_host(from, reinterpret_cast<T*>(bytes.data()), n);
+  return bytes;
+}
+
 /// This rank's file of a save of `model`: the stretches it writes and, per stretch,
-/// what `add_state(h, key, writer)` adds under each of `families`, with their
-/// checksums. No collective.
+/// what `add_state(h, key, writer)` adds under each of `families`. No collective.
 template <class Model, class AddState>
 RankFile snapshot(Model& model, const std::vector<std::string>& families, const nlohmann::json& state,
-                  AddState&& add_state) {
+                  AddState&& add_state, HostBuffers* pool = nullptr) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
   comm::Communicator* world = world_of(model);
@@ -343,34 +383,22 @@ RankFile snapshot(Model& model, const std::vector<std::string>& families, const 
   std::map<std::string, int> count;
   std::vector<std::string> stored = {""};  // the values themselves, then the state
   stored.insert(stored.end(), families.begin(), families.end());
-  nlohmann::json crcs = nlohmann::json::object();
   model.for_each_held_stretch([&](const auto& h) {
     if (!h.writer) return;
     const nn::Parameter<T>& p = *h.param;
     const std::string key = p.name + "@" + std::to_string(count[p.name]++);
-    const Tensor<T> host = download<B>(h.local->value.slice(h.offset, Shape{h.n}));
-    w.add(key, stored_dtype<T>(), {h.n}, std::span<const T>(host.data(), static_cast<std::size_t>(h.n)));
+    w.add_bytes(key, stored_dtype<T>(), {h.n}, host_bytes<B>(h.local->value.data() + h.offset, h.n, pool));
     add_state(h, key, w);
-    for (const std::string& family : stored) {
-      const std::string name = family.empty() ? key : family + "/" + key;
-      crcs[name] = w.crc32c(name);
-    }
     stretches.push_back({p.name, key, h.where.first, h.where.whole_cols, h.where.piece_cols, h.where.row0,
                          h.where.col0, h.n});
     shapes[p.name] = dims(p.whole);
   });
-  std::map<std::string, std::string> meta = {{"tessera.stretches", stretches.dump()},
-                                             {"tessera.shapes", shapes.dump()},
-                                             {"tessera.families", nlohmann::json(stored).dump()},
-                                             {"tessera.state", state.dump()},
-                                             {"tessera.model_args", model_args_to_json(model.args()).dump()},
-                                             {"tessera.crc32c", crcs.dump()}};
-  const std::uint32_t crc = index_crc(meta);
-  for (auto& [key, value] : meta) w.set_metadata(key, std::move(value));
-  w.set_metadata("tessera.index_crc32c", std::to_string(crc));
-  w.set_metadata("format", "pt");
-  w.set_metadata("tessera.rank", std::to_string(out.rank));
-  w.set_metadata("tessera.world_size", std::to_string(out.world));
+  B::synchronize();  // the copies are on the host before the step goes on
+  out.index = {{"tessera.stretches", stretches.dump()},
+               {"tessera.shapes", shapes.dump()},
+               {"tessera.families", nlohmann::json(stored).dump()},
+               {"tessera.state", state.dump()},
+               {"tessera.model_args", model_args_to_json(model.args()).dump()}};
   return out;
 }
 
@@ -399,10 +427,24 @@ inline void begin_save(const std::string& dir) {
 }
 
 /// Writes `file` into the partial folder of `dir` (written to a temporary name,
-/// fsynced, renamed). No collective.
-inline void write_rank_file(const RankFile& file, const std::string& dir) {
-  const std::filesystem::path path = std::filesystem::path(partial_path(dir)) / file_name(file.rank, file.world);
-  file.writer.write(path.string());
+/// fsynced, renamed), with every tensor's checksum and the index's. No collective.
+inline void write_rank_file(RankFile& file, const std::string& dir) {
+  io::SafetensorsWriter& w = file.writer;
+  nlohmann::json crcs = nlohmann::json::object();
+  const std::vector<std::string> families = nlohmann::json::parse(file.index.at("tessera.families"));
+  for (const auto& s : nlohmann::json::parse(file.index.at("tessera.stretches")))
+    for (const std::string& family : families) {
+      const std::string name = family.empty() ? s.at(1).get<std::string>() : family + "/" + s.at(1).get<std::string>();
+      crcs[name] = w.crc32c(name);
+    }
+  std::map<std::string, std::string> meta = file.index;
+  meta["tessera.crc32c"] = crcs.dump();
+  w.set_metadata("tessera.index_crc32c", std::to_string(index_crc(meta)));
+  for (auto& [key, value] : meta) w.set_metadata(key, std::move(value));
+  w.set_metadata("format", "pt");
+  w.set_metadata("tessera.rank", std::to_string(file.rank));
+  w.set_metadata("tessera.world_size", std::to_string(file.world));
+  w.write((std::filesystem::path(partial_path(dir)) / file_name(file.rank, file.world)).string());
 }
 
 /// The end of a save of `dir` by `world` ranks, on rank 0 once every rank's file is
@@ -448,7 +490,7 @@ void hold(comm::Communicator* world) {
 /// Writes `dir` from every rank's `file`: each rank its file, rank 0 the marker once
 /// all are in place, then the rename. A collective over `world`.
 template <Backend B>
-void write_folder(comm::Communicator* world, const RankFile& file, const std::string& dir) {
+void write_folder(comm::Communicator* world, RankFile& file, const std::string& dir) {
   if (file.rank == 0) begin_save(dir);
   hold<B>(world);
   write_rank_file(file, dir);
@@ -481,11 +523,13 @@ class AsyncSave {
 
   /// A collective: starts writing `file` into `dir` (a save still pending is committed
   /// first, waiting for it).
-  void start(comm::Communicator* world, RankFile file, std::string dir) {
+  /// `pool`, when given, gets the file's buffers back once it is committed.
+  void start(comm::Communicator* world, RankFile file, std::string dir, HostBuffers* pool = nullptr) {
     if (pending()) poll(world, true);
+    pool_ = pool;
     if (file.rank == 0) begin_save(dir);
     hold<B>(world);  // the partial folder exists before any rank writes into it
-    file_ = std::make_shared<const RankFile>(std::move(file));
+    file_ = std::make_shared<RankFile>(std::move(file));
     dir_ = std::move(dir);
     writing_ = std::async(std::launch::async, [f = file_, d = dir_] { write_rank_file(*f, d); });
   }
@@ -508,7 +552,7 @@ class AsyncSave {
     const double all = world && world->size() > 1 ? parallel::all_reduce_host<B>(*world, mine, comm::ReduceOp::max)
                                                    : mine;
     if (all == 1.0) return false;
-    const std::shared_ptr<const RankFile> file = file_;
+    const std::shared_ptr<RankFile> file = file_;
     const std::exception_ptr error = error_;
     const std::string dir = dir_;
     file_.reset();
@@ -517,11 +561,13 @@ class AsyncSave {
     if (error) std::rethrow_exception(error);
     TESSERA_CHECK(all == 0.0, partial_path(dir), ": another rank could not write its file (its own message says why)");
     if (file->rank == 0) commit_save(dir, file->world);
+    if (pool_) pool_->give_back(file->writer.take_buffers());
     return true;
   }
 
  private:
-  std::shared_ptr<const RankFile> file_;
+  std::shared_ptr<RankFile> file_;
+  HostBuffers* pool_ = nullptr;
   std::string dir_;
   std::future<void> writing_;
   bool written_ = false;
@@ -584,7 +630,7 @@ void load_folder(Model& model, const Index& index, const std::string& dir, Load&
 template <class Model>
 void save_sharded_model(Model& model, const std::string& dir) {
   using B = typename Model::backend_type;
-  const sharded::RankFile file =
+  sharded::RankFile file =
       sharded::snapshot(model, {}, nullptr, [](const auto&, const std::string&, io::SafetensorsWriter&) {});
   sharded::write_folder<B>(sharded::world_of(model), file, dir);
 }
@@ -614,8 +660,10 @@ bool load_sharded_model(Model& model, const std::string& dir, bool masters = fal
 /// types, under "exp_avg/", "exp_avg_sq/" and "master/"), and `state` (the trainer's:
 /// step, data position; with the optimizer's step count added) in the metadata. No
 /// collective: write it with sharded::write_folder, now or from another thread.
+/// `pool` (kept by the caller from one save to the next) lends the host buffers.
 template <class Model, class Optimizer>
-sharded::RankFile snapshot_checkpoint(Model& model, Optimizer& optimizer, nlohmann::json state) {
+sharded::RankFile snapshot_checkpoint(Model& model, Optimizer& optimizer, nlohmann::json state,
+                                      sharded::HostBuffers* pool = nullptr) {
   using B = typename Model::backend_type;
   std::vector<std::string> families;
   for (std::string_view name : optimizer.state_names()) families.emplace_back(name);
@@ -623,19 +671,21 @@ sharded::RankFile snapshot_checkpoint(Model& model, Optimizer& optimizer, nlohma
   return sharded::snapshot(model, families, state, [&](const auto& h, const std::string& key, io::SafetensorsWriter& w) {
     optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
       using M = typename std::remove_cvref_t<decltype(t)>::value_type;
-      const Tensor<M> host = download<B>(t.slice(h.offset, Shape{h.n}));
-      w.add(std::string(name) + "/" + key, sharded::stored_dtype<M>(), {h.n},
-            std::span<const M>(host.data(), static_cast<std::size_t>(h.n)));
+      w.add_bytes(std::string(name) + "/" + key, sharded::stored_dtype<M>(), {h.n},
+                  sharded::host_bytes<B>(t.data() + h.offset, h.n, pool));
     });
-  });
+  }, pool);
 }
 
 /// Saves the training state as a sharded checkpoint in `dir` (snapshot_checkpoint,
 /// then write_folder): a collective over the model's world.
 template <class Model, class Optimizer>
-void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir, nlohmann::json state) {
+void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::string& dir, nlohmann::json state,
+                             sharded::HostBuffers* pool = nullptr) {
   using B = typename Model::backend_type;
-  sharded::write_folder<B>(sharded::world_of(model), snapshot_checkpoint(model, optimizer, std::move(state)), dir);
+  sharded::RankFile file = snapshot_checkpoint(model, optimizer, std::move(state), pool);
+  sharded::write_folder<B>(sharded::world_of(model), file, dir);
+  if (pool) pool->give_back(file.writer.take_buffers());
 }
 
 /// What a resume loads of a training checkpoint (checkpoint.exclude_from_loading): the

@@ -258,7 +258,7 @@ class Trainer {
   /// settings a resume must keep. A collective: every rank writes its own share.
   void save_checkpoint(const std::string& dir) {
     if (async_.pending()) async_.poll(world(), true);  // saves are committed in order
-    save_sharded_checkpoint(model_, optimizer_, dir, training_state());
+    save_sharded_checkpoint(model_, optimizer_, dir, training_state(), &buffers_);
   }
 
   /// Starts an asynchronous save in `dir` (checkpoint.async_mode = "async"): the state
@@ -267,7 +267,7 @@ class Trainer {
   double start_checkpoint(const std::string& dir) {
     const auto t0 = std::chrono::steady_clock::now();
     if (async_.pending()) async_.poll(world(), true);
-    async_.start(world(), snapshot_checkpoint(model_, optimizer_, training_state()), dir);
+    async_.start(world(), snapshot_checkpoint(model_, optimizer_, training_state(), &buffers_), dir, &buffers_);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -342,7 +342,8 @@ class Trainer {
   std::int64_t accumulation_ = 1;
   std::int64_t step_ = 0;
   std::int64_t lr_step_ = 0;  // the schedule's position: the step count unless a resume restarted one of them
-  sharded::AsyncSave<B> async_;
+  sharded::HostBuffers buffers_;  // the host copy of a save, reused by the next (sharded_checkpoint.hpp)
+  sharded::AsyncSave<B> async_;    // after buffers_: destroyed first, its write joined
 };
 
 }  // namespace tessera::train
