@@ -149,9 +149,10 @@ Row measure(const Options& o, int ranks, const fs::path& root) {
       // second's.
       train::sharded::HostBuffers pool;
       auto t0 = clock_type::now();
-      train::sharded::RankFile first = train::snapshot_checkpoint(model, optimizer, state, &pool);
-      r.first_snapshot = since(t0);
-      pool.give_back(first.writer.take_buffers());
+      {
+        const train::sharded::RankFile first = train::snapshot_checkpoint(model, optimizer, state, &pool);
+        r.first_snapshot = since(t0);
+      }  // its buffers go back to the pool
       t0 = clock_type::now();
       train::sharded::RankFile file = train::snapshot_checkpoint(model, optimizer, state, &pool);
       r.snapshot = since(t0);

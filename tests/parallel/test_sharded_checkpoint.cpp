@@ -238,11 +238,13 @@ TEST_CASE("training checkpoints: a run resumed on one rank is the uninterrupted 
 
 TEST_CASE("training checkpoints: saved under each layout of the parity matrix, resumed under two others, the same run") {
   // Every layout the parity tests train (tests/parallel/test_parity.cpp and the tensor-
-  // and pipeline-parallel ones), each saving after step 3 and resumed under the layouts
-  // three and five places on: every kind of layout is saved and resumed into others.
+  // and pipeline-parallel ones) and all three at once, each saving after step 3 and
+  // resumed under the layouts three and five places on: every kind of layout is saved
+  // and resumed into others (one rank into PP x TP x FSDP and HSDP, PP 2 into one rank).
   const Layout layouts[] = {{"one rank", {}},
                             {"FSDP 2", {1, 1, 2, 1}},
                             {"FSDP 4", {1, 1, 4, 1}},
+                            {"PP 2 x TP 2 x FSDP 2", {2, 1, 2, 2}},
                             {"FSDP 8", {1, 1, 8, 1}},
                             {"HSDP 2x2", {1, 2, 2, 1}},
                             {"DDP 4", {1, 4, 1, 1}},

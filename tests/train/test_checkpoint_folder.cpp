@@ -137,4 +137,34 @@ TEST_CASE("metrics: a resumed run keeps the steps up to its checkpoint and appen
   CHECK(loss_at_6);
 }
 
+int pinned = 0, unpinned = 0;
+void count_pin(void*, std::size_t) { ++pinned; }
+void count_unpin(void*) { ++unpinned; }
+
+TEST_CASE("host buffers: made (and pinned) once, reused by size, back from a file when it goes, unpinned at the end") {
+  {
+    train::sharded::HostBuffers pool({&count_pin, &count_unpin});
+    std::vector<std::byte> a = pool.take(100), b = pool.take(200), none = pool.take(0);
+    CHECK(pinned == 2);  // an empty buffer has nothing to pin
+    const std::byte* where = a.data();
+    {
+      train::sharded::RankFile file;
+      file.pool = &pool;
+      file.writer.add_bytes("a", io::StDtype::f32, {25}, std::move(a));
+      file.writer.add_bytes("b", io::StDtype::f32, {50}, std::move(b));
+      train::sharded::RankFile moved = std::move(file);  // one owner gives them back, once
+    }
+    CHECK(pool.bytes() == 300);
+    std::vector<std::byte> again = pool.take(100);
+    CHECK(again.data() == where);  // the same memory, not pinned again
+    CHECK(pinned == 2);
+    pool.give_back({});
+    std::vector<std::vector<std::byte>> back;
+    back.push_back(std::move(again));
+    pool.give_back(std::move(back));
+    CHECK(unpinned == 0);
+  }
+  CHECK(unpinned == 2);
+}
+
 }  // namespace test_checkpoint_folder

@@ -51,10 +51,12 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
@@ -318,42 +320,111 @@ void read_into(const Index& index, const std::string& dir, const std::string& pa
   B::copy_from_host(host.data(), dst, n);
 }
 
-/// One rank's file of a save, copied to host memory: what a save takes from the device
-/// before it writes a byte (an asynchronous save writes it while training goes on). The
-/// copy is all a save holds the step for: the checksums and the index are made by
-/// write_rank_file, on whichever thread writes.
-struct RankFile {
-  io::SafetensorsWriter writer;
-  std::map<std::string, std::string> index;  // the metadata, but for the checksums
-  int rank = 0, world = 1;
-  std::uint64_t bytes() const { return writer.file_bytes(); }
-};
-
 /// Host buffers that saves copy into, kept from one save to the next. A fresh buffer
 /// costs its first-touch page faults, which on this project's CPU machine make copying
 /// a checkpoint to host memory several times slower than the copy itself; a reused
-/// one costs only the copy. Every save of a model asks for the same sizes in the same
-/// order, so buffers are matched by size.
+/// one costs only the copy. On a GPU each buffer is also page-locked once, when it is
+/// made (`pin`, cudaHostRegister: Cuda::pin_host), so the device-to-host copy runs at
+/// the bus's rate, and unlocked (`unpin`) when the pool is destroyed. Every save of a
+/// model asks for the same sizes in the same order, so buffers are matched by size.
+/// Buffers come back from any thread (a RankFile returns its own when destroyed).
 class HostBuffers {
  public:
+  struct Pinning {
+    void (*pin)(void*, std::size_t) = nullptr;
+    void (*unpin)(void*) = nullptr;
+  };
+
+  HostBuffers() = default;
+  explicit HostBuffers(Pinning pinning) : pinning_(pinning) {}
+  HostBuffers(const HostBuffers&) = delete;
+  HostBuffers& operator=(const HostBuffers&) = delete;
+  /// Every buffer must be back (the owner outlives the saves it lends to).
+  ~HostBuffers() {
+    if (!pinning_.unpin) return;
+    for (auto& [size, b] : free_)
+      if (size > 0) pinning_.unpin(b.data());
+  }
+
   std::vector<std::byte> take(std::size_t bytes) {
-    const auto it = free_.find(bytes);
-    if (it == free_.end()) return std::vector<std::byte>(bytes);
-    std::vector<std::byte> b = std::move(it->second);
-    free_.erase(it);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        std::vector<std::byte> b = std::move(it->second);
+        free_.erase(it);
+        return b;
+      }
+    }
+    std::vector<std::byte> b(bytes);
+    if (pinning_.pin && bytes > 0) pinning_.pin(b.data(), bytes);
     return b;
   }
   void give_back(std::vector<std::vector<std::byte>> buffers) {
+    std::lock_guard<std::mutex> lock(mutex_);
     for (auto& b : buffers) free_.emplace(b.size(), std::move(b));
   }
   std::uint64_t bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
     std::uint64_t n = 0;
     for (const auto& [size, b] : free_) n += size;
     return n;
   }
 
  private:
+  Pinning pinning_;
+  mutable std::mutex mutex_;
   std::multimap<std::size_t, std::vector<std::byte>> free_;
+};
+
+/// B's way of page-locking host buffers (Cuda::pin_host), or none (the CPU's memory is
+/// the host's).
+template <Backend B>
+HostBuffers::Pinning host_pinning() {
+  if constexpr (requires(void* p, std::size_t n) {
+                  B::pin_host(p, n);
+                  B::unpin_host(p);
+                })
+    return {&B::pin_host, &B::unpin_host};
+  else
+    return {};
+}
+
+/// One rank's file of a save, copied to host memory: what a save takes from the device
+/// before it writes a byte (an asynchronous save writes it while training goes on). The
+/// copy is all a save holds the step for: the checksums and the index are made by
+/// write_rank_file, on whichever thread writes. Its buffers go back to the pool that
+/// lent them when it is destroyed.
+struct RankFile {
+  io::SafetensorsWriter writer;
+  std::map<std::string, std::string> index;  // the metadata, but for the checksums
+  int rank = 0, world = 1;
+  HostBuffers* pool = nullptr;
+
+  RankFile() = default;
+  RankFile(RankFile&& o) noexcept
+      : writer(std::move(o.writer)), index(std::move(o.index)), rank(o.rank), world(o.world),
+        pool(std::exchange(o.pool, nullptr)) {}
+  RankFile& operator=(RankFile&& o) noexcept {
+    if (this != &o) {
+      release();
+      writer = std::move(o.writer);
+      index = std::move(o.index);
+      rank = o.rank;
+      world = o.world;
+      pool = std::exchange(o.pool, nullptr);
+    }
+    return *this;
+  }
+  ~RankFile() { release(); }
+
+  std::uint64_t bytes() const { return writer.file_bytes(); }
+
+ private:
+  void release() noexcept {
+    if (pool) pool->give_back(writer.take_buffers());
+    pool = nullptr;
+  }
 };
 
 /// n values of T at `from` (B's memory), copied to host bytes as safetensors stores them,
@@ -376,6 +447,7 @@ RankFile snapshot(Model& model, const std::vector<std::string>& families, const 
   using B = typename Model::backend_type;
   comm::Communicator* world = world_of(model);
   RankFile out;
+  out.pool = pool;
   out.rank = world ? world->rank() : 0;
   out.world = world ? world->size() : 1;
   io::SafetensorsWriter& w = out.writer;
@@ -523,10 +595,8 @@ class AsyncSave {
 
   /// A collective: starts writing `file` into `dir` (a save still pending is committed
   /// first, waiting for it).
-  /// `pool`, when given, gets the file's buffers back once it is committed.
-  void start(comm::Communicator* world, RankFile file, std::string dir, HostBuffers* pool = nullptr) {
+  void start(comm::Communicator* world, RankFile file, std::string dir) {
     if (pending()) poll(world, true);
-    pool_ = pool;
     if (file.rank == 0) begin_save(dir);
     hold<B>(world);  // the partial folder exists before any rank writes into it
     file_ = std::make_shared<RankFile>(std::move(file));
@@ -561,13 +631,11 @@ class AsyncSave {
     if (error) std::rethrow_exception(error);
     TESSERA_CHECK(all == 0.0, partial_path(dir), ": another rank could not write its file (its own message says why)");
     if (file->rank == 0) commit_save(dir, file->world);
-    if (pool_) pool_->give_back(file->writer.take_buffers());
     return true;
   }
 
  private:
   std::shared_ptr<RankFile> file_;
-  HostBuffers* pool_ = nullptr;
   std::string dir_;
   std::future<void> writing_;
   bool written_ = false;
@@ -685,7 +753,6 @@ void save_sharded_checkpoint(Model& model, Optimizer& optimizer, const std::stri
   using B = typename Model::backend_type;
   sharded::RankFile file = snapshot_checkpoint(model, optimizer, std::move(state), pool);
   sharded::write_folder<B>(sharded::world_of(model), file, dir);
-  if (pool) pool->give_back(file.writer.take_buffers());
 }
 
 /// What a resume loads of a training checkpoint (checkpoint.exclude_from_loading): the

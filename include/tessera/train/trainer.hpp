@@ -267,7 +267,7 @@ class Trainer {
   double start_checkpoint(const std::string& dir) {
     const auto t0 = std::chrono::steady_clock::now();
     if (async_.pending()) async_.poll(world(), true);
-    async_.start(world(), snapshot_checkpoint(model_, optimizer_, training_state(), &buffers_), dir, &buffers_);
+    async_.start(world(), snapshot_checkpoint(model_, optimizer_, training_state(), &buffers_), dir);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -342,7 +342,8 @@ class Trainer {
   std::int64_t accumulation_ = 1;
   std::int64_t step_ = 0;
   std::int64_t lr_step_ = 0;  // the schedule's position: the step count unless a resume restarted one of them
-  sharded::HostBuffers buffers_;  // the host copy of a save, reused by the next (sharded_checkpoint.hpp)
+  // The host copy of a save, reused by the next (pinned on a GPU: sharded_checkpoint.hpp).
+  sharded::HostBuffers buffers_{sharded::host_pinning<B>()};
   sharded::AsyncSave<B> async_;    // after buffers_: destroyed first, its write joined
 };
 

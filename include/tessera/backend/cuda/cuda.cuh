@@ -115,6 +115,18 @@ struct Cuda {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
 
+  /// Page-locks `bytes` of host memory at `p` (cudaHostRegister, portable: every
+  /// device's copies see it so), for host buffers kept across uses
+  /// (train::sharded::HostBuffers): a device-to-host copy into it runs at the bus's
+  /// rate, not through the driver's pageable bounce buffer. unpin_host(p) before the
+  /// memory is freed.
+  static void pin_host(void* p, std::size_t bytes) {
+    cuda::require_device();
+    TESSERA_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+  }
+  /// Undoes pin_host; called from destructors, so it reports nothing.
+  static void unpin_host(void* p) noexcept { (void)cudaHostUnregister(p); }
+
   /// n elements from host memory to device memory; the host may reuse src on return.
   /// The copy is staged in pinned memory and runs in stream order: no synchronisation.
   template <class T>
