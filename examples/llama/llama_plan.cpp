@@ -185,6 +185,21 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
                 static_cast<long long>(p.unpriced_kernels));
 }
 
+/// Until the cluster model prices a layout's communication, llama-plan plans one rank.
+void check_one_device(const train::JobConfig& c) {
+  const auto& p = c.parallelism;
+  auto one = [](const char* key, std::int64_t v) {
+    TESSERA_CHECK(v == 1 || v == -1 || v == 0, "parallelism.", key, " = ", v,
+                  ": llama-plan predicts one rank on one device for now; set it to 1");
+  };
+  one("data_parallel_replicate_degree", p.data_parallel_replicate_degree);
+  one("data_parallel_shard_degree", p.data_parallel_shard_degree);
+  one("tensor_parallel_degree", p.tensor_parallel_degree);
+  one("pipeline_parallel_degree", p.pipeline_parallel_degree);
+  one("context_parallel_degree", p.context_parallel_degree);
+  plan::check_dry_run(c);
+}
+
 int run(std::vector<std::string> args) {
   std::string machine = "h100-sxm";
   bool json = false;
@@ -206,7 +221,7 @@ int run(std::vector<std::string> args) {
     }
   }
   const train::JobConfig c = train::load_config("", args);
-  plan::check_dry_run(c);
+  check_one_device(c);
   // A GPU trains the bf16 model when the parameters are bf16 (llama-train's choice there).
   const bool cpu = machine == "cpu";
   const bool bf16_model = !cpu && c.training.mixed_precision_param == "bfloat16";

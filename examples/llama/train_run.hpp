@@ -240,17 +240,18 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     // last_save_model_only, the model alone: <dump_folder>/model.safetensors below).
     if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || last) && !(last && c.checkpoint.last_save_model_only)) {
       const std::string dir = train::step_path(ckpt, s).string();
-      if (async) {
-        m.checkpoint_seconds = trainer.start_checkpoint(dir);
-      } else {
-        const auto t0 = std::chrono::steady_clock::now();
-        trainer.save_checkpoint(dir);
+      const auto t0 = std::chrono::steady_clock::now();
+      m.checkpoint_seconds = trainer.start_checkpoint(dir);
+      if (!async) {  // the step waits for the files too
+        trainer.wait_checkpoint_written();
         m.checkpoint_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        committed(dir);
       }
     }
-    if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(last));
+    // The step's line is written before any checkpoint commits after it: a run killed
+    // between the two resumes from an earlier checkpoint and logs the step again, never
+    // from this one with its line missing.
     if (log) log->log(m);
+    if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(last || !async));
   }
   if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(true));
   const std::string final_path = (dump / "model.safetensors").string();

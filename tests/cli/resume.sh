@@ -117,7 +117,10 @@ EOF
 
 # --- One rank ----------------------------------------------------------------------------
 run one "$train" "${small[@]}" || exit 1
-k=$((1 + RANDOM % (steps - 1)))
+# Step 3 or later: step 2's checkpoint commits before step 3's line is written, so there
+# is one to resume from. (A step's line is written before its own checkpoint commits: a
+# kill right after line 2 may find step-2.partial alone, and the rerun starts afresh.)
+k=$((3 + RANDOM % (steps - 3)))
 tb=(--metrics.enable_tensorboard true)
 if kill_at one_killed "$k" "job.dump_folder $work/one_killed" "$train" "${small[@]}" "${tb[@]}"; then
   echo "killed one rank after step $k's metrics ($(ls "$work/one_killed/checkpoint" | tr '\n' ' '))"

@@ -279,11 +279,4 @@ TEST_CASE("dry run: Llama 3 8B with bf16 AdamW moments holds 2 + 4 + 8 bytes per
   CHECK(f32.peak_bytes - st.peak_bytes == 4 * n);
 }
 
-TEST_CASE("dry run: a layout over several devices is refused by name (one device for now)") {
-  const train::JobConfig c = small_job({"--parallelism.tensor_parallel_degree", "2"});
-  CHECK_THROWS_WITH_AS(plan::dry_run_step<float>(c),
-                       doctest::Contains("parallelism.tensor_parallel_degree = 2: llama-plan predicts one rank on one device"),
-                       Error);
-}
-
 }  // namespace test_dry_run

@@ -1,6 +1,7 @@
 // A trace of what a backend was asked to do: every GEMM, attention call, kernel launch,
-// zero fill, host transfer and synchronisation, in issue order, and every allocation and
-// release of the memory it watches.
+// zero fill, host transfer and synchronisation, in issue order, every allocation and
+// release of the memory it watches, and (in a dry run of one rank of a layout) every
+// collective and send/recv the rank issues and where the compute waits for each.
 //
 // Traced<B> (backend/traced.hpp) records into the Trace of the Recording open on its
 // thread; with the Meta backend under it (backend/meta/meta.hpp) nothing is computed,
@@ -16,6 +17,7 @@
 #include <memory>
 #include <source_location>
 #include <string>
+#include <string_view>
 #include <typeinfo>
 #include <variant>
 #include <vector>
@@ -105,6 +107,64 @@ struct Synchronize {
   friend bool operator==(const Synchronize&, const Synchronize&) = default;
 };
 
+/// The communicator a collective runs on: its size, this rank's place in it, and the
+/// distance in world ranks between neighbouring members (a mesh dimension's stride:
+/// tensor-parallel peers 1, dp_shard peers the tensor-parallel degree, ...), from which
+/// the cluster model knows which links it crosses.
+struct CommGroup {
+  int size = 1;
+  int rank = 0;
+  int stride = 1;
+  friend bool operator==(const CommGroup&, const CommGroup&) = default;
+};
+
+/// One transfer of a grouped send/recv: `peer` numbered in the group.
+struct PeerBytes {
+  int peer = 0;
+  std::int64_t bytes = 0;
+  bool send = false;
+  friend bool operator==(const PeerBytes&, const PeerBytes&) = default;
+};
+
+/// A collective or a grouped send/recv, issued on a communicator (the dry run's engine
+/// records them: plan/phantom.hpp). It runs beside the compute stream, as NCCL runs on
+/// its own stream; the compute that needs its result waits for it at its CommWait.
+struct Collective {
+  /// all_gather, reduce_scatter, all_reduce, broadcast, barrier (CollectiveCall's
+  /// kinds), or send_recv.
+  const char* kind = "";
+  /// The whole buffer: all_gather's output, reduce_scatter's input, all_reduce's and
+  /// broadcast's data (group.size x the per-rank count for the first two).
+  std::int64_t bytes = 0;
+  int root = -1;  // broadcast
+  CommGroup group;
+  std::vector<PeerBytes> peers;  // send_recv
+  std::uint64_t id = 0;          // its CommWait's
+
+  /// Bytes this rank sends, as comm::Traffic counts them (communicator.hpp).
+  std::int64_t sent_bytes() const {
+    const std::int64_t p = group.size;
+    const std::string_view k = kind;
+    if (k == "all_gather" || k == "reduce_scatter") return bytes / p * (p - 1);
+    if (k == "all_reduce") return 2 * bytes * (p - 1) / p;
+    if (k == "broadcast") return group.rank == root ? bytes * (p - 1) : 0;
+    std::int64_t sent = 0;
+    for (const auto& x : peers) sent += x.send ? x.bytes : 0;
+    return sent;
+  }
+  friend bool operator==(const Collective& a, const Collective& b) {
+    return std::string_view(a.kind) == b.kind && a.bytes == b.bytes && a.root == b.root && a.group == b.group &&
+           a.peers == b.peers && a.id == b.id;
+  }
+};
+
+/// The compute stream waits for collective `id` (Handle::wait; on NCCL an event wait,
+/// the host does not block).
+struct CommWait {
+  std::uint64_t id = 0;
+  friend bool operator==(const CommWait&, const CommWait&) = default;
+};
+
 /// An allocation (delta > 0) or release (delta < 0) of `device` memory; `live`: bytes held after it.
 struct Memory {
   Device device = Device::cpu;
@@ -114,7 +174,7 @@ struct Memory {
   friend bool operator==(const Memory&, const Memory&) = default;
 };
 
-using Op = std::variant<Gemm, Attention, Kernel, Fill, Transfer, Synchronize, Memory>;
+using Op = std::variant<Gemm, Attention, Kernel, Fill, Transfer, Synchronize, Memory, Collective, CommWait>;
 
 struct Event {
   Op op;

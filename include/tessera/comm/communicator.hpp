@@ -134,6 +134,19 @@ class Communicator {
   /// traffic into the same Traffic as this one.
   Communicator split(int color, int key) const { return Communicator(impl_->split(color, key), traffic_); }
 
+  /// The ranks that differ from this one only in the digit of weight `stride` and base
+  /// `size` of their rank: rank = (a x size + i) x stride + b with b < stride, ranked by
+  /// i. A mesh dimension's communicator (comm/mesh.hpp) and a tensor-parallel group's
+  /// holders are such groups. Every rank must call it with the same `stride` and `size`,
+  /// and stride x size must divide size(). It is split(color, key) on every engine but the
+  /// dry run's (plan/phantom.hpp), which has no peers to ask for their colors and so
+  /// splits this way alone.
+  Communicator split_strided(int stride, int size) const {
+    TESSERA_CHECK(stride >= 1 && size >= 1 && this->size() % (stride * size) == 0, "split_strided: stride ", stride,
+                  " x size ", size, " does not divide the communicator's ", this->size(), " ranks");
+    return Communicator(impl_->split_strided(stride, size), traffic_);
+  }
+
   /// Makes every rank's pending and future collectives fail with `reason` (thread
   /// ranks), or ends the job (MPI): the way a failing rank never leaves the others hanging.
   void abort(const std::string& reason) { impl_->abort(reason); }
@@ -154,6 +167,7 @@ class Communicator {
     virtual Handle send_recv(std::span<const PeerOp>) = 0;
     virtual Handle barrier() = 0;
     virtual std::shared_ptr<Concept> split(int, int) = 0;
+    virtual std::shared_ptr<Concept> split_strided(int, int) = 0;
     virtual void abort(const std::string&) = 0;
   };
 
@@ -179,6 +193,14 @@ class Communicator {
     Handle barrier() override { return engine.barrier(); }
     std::shared_ptr<Concept> split(int color, int key) override {
       return std::make_shared<Model<E>>(engine.split(color, key));
+    }
+    std::shared_ptr<Concept> split_strided(int stride, int size) override {
+      if constexpr (requires { { engine.split_strided(stride, size) } -> std::same_as<E>; }) {
+        return std::make_shared<Model<E>>(engine.split_strided(stride, size));
+      } else {
+        const int r = engine.rank();
+        return split(r / (stride * size) * stride + r % stride, r / stride % size);
+      }
     }
     void abort(const std::string& reason) override { engine.abort(reason); }
     E engine;

@@ -4,8 +4,8 @@
 //   rank = ((pp * dp_replicate + r) * dp_shard + s) * tp + t
 // so tensor-parallel peers are neighbours (one node, fastest links), as torchtitan
 // lays its mesh out. Each dimension has a communicator over the ranks that differ
-// only in that coordinate, made by splitting the world; `dp` spans dp_replicate x
-// dp_shard together (the ranks that read different slices of the batch).
+// only in that coordinate, made by splitting the world (Communicator::split_strided);
+// `dp` spans dp_replicate x dp_shard together (the ranks that read different slices of the batch).
 #pragma once
 
 #include <cstdint>
@@ -69,13 +69,14 @@ class DeviceMesh {
     shard_rank_ = (r / shape.tp) % shape.dp_shard;
     replicate_rank_ = (r / (shape.tp * shape.dp_shard)) % shape.dp_replicate;
     pp_rank_ = r / (shape.tp * shape.dp_shard * shape.dp_replicate);
-    // Each split groups the ranks whose other coordinates agree (color) and ranks
-    // them by their own coordinate (key).
-    tp_ = world_.split(coordinates_without(3), tp_rank_);
-    dp_shard_ = world_.split(coordinates_without(2), shard_rank_);
-    dp_replicate_ = world_.split(coordinates_without(1), replicate_rank_);
-    pp_ = world_.split(coordinates_without(0), pp_rank_);
-    dp_ = world_.split(pp_rank_ * shape.tp + tp_rank_, dp_rank());
+    // Each dimension's ranks differ in its coordinate alone: a digit of the world rank
+    // (tp fastest), so each communicator is a strided split of the world; dp spans the
+    // digits of dp_shard and dp_replicate together.
+    tp_ = world_.split_strided(1, shape.tp);
+    dp_shard_ = world_.split_strided(shape.tp, shape.dp_shard);
+    dp_replicate_ = world_.split_strided(shape.tp * shape.dp_shard, shape.dp_replicate);
+    pp_ = world_.split_strided(shape.tp * shape.dp_shard * shape.dp_replicate, shape.pp);
+    dp_ = world_.split_strided(shape.tp, shape.dp());
   }
 
   /// One rank alone.
@@ -99,16 +100,6 @@ class DeviceMesh {
   int dp_degree() const { return shape_.dp(); }
 
  private:
-  /// A color identifying the coordinates other than dimension `dim` (0 pp .. 3 tp).
-  int coordinates_without(int dim) const {
-    const int coord[4] = {pp_rank_, replicate_rank_, shard_rank_, tp_rank_};
-    const int extent[4] = {shape_.pp, shape_.dp_replicate, shape_.dp_shard, shape_.tp};
-    int color = 0;
-    for (int d = 0; d < 4; ++d)
-      if (d != dim) color = color * extent[d] + coord[d];
-    return color;
-  }
-
   Communicator world_;
   MeshShape shape_;
   int pp_rank_ = 0, replicate_rank_ = 0, shard_rank_ = 0, tp_rank_ = 0;

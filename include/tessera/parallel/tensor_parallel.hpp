@@ -111,7 +111,7 @@ class TensorParallelGroup {
     if (holders == degree()) return comm();
     auto it = holders_.find(holders);
     if (it == holders_.end())
-      it = holders_.emplace(holders, std::make_unique<comm::Communicator>(comm().split(rank() / holders, rank()))).first;
+      it = holders_.emplace(holders, std::make_unique<comm::Communicator>(comm().split_strided(1, holders))).first;
     return *it->second;
   }
 

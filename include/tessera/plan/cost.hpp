@@ -188,6 +188,9 @@ class GpuPricer : public Pricer {
   }
   double work(const trace::Synchronize&) const { return sync(); }
   double work(const trace::Memory&) const { return 0; }
+  // Communication is priced on the cluster's links, beside the compute (plan/cluster.hpp).
+  double work(const trace::Collective&) const { return 0; }
+  double work(const trace::CommWait&) const { return 0; }
 
   Machine m_;
   AttentionKernel attention_;
@@ -241,6 +244,11 @@ inline const char* kClassLossHead = "loss head";
 inline const char* kClassOptimizer = "optimizer";
 inline const char* kClassHost = "host synchronisations";
 
+/// A collective or a wait for one: work on the cluster's links, not the device's.
+inline bool is_communication(const trace::Op& op) {
+  return std::holds_alternative<trace::Collective>(op) || std::holds_alternative<trace::CommWait>(op);
+}
+
 namespace detail {
 inline std::string trans_name(Trans a, Trans b) {
   return std::string(a == Trans::no ? "n" : "t") + (b == Trans::no ? "n" : "t");
@@ -265,6 +273,10 @@ inline std::string describe(const trace::Op& op) {
           return tessera::detail::concat(o.to_host ? "copy to host" : "copy from host", " (", o.file, ":", o.line, ")");
         else if constexpr (std::is_same_v<O, trace::Synchronize>)
           return "synchronize";
+        else if constexpr (std::is_same_v<O, trace::Collective>)
+          return tessera::detail::concat(o.kind, " of ", o.bytes, " bytes over ", o.group.size, " ranks");
+        else if constexpr (std::is_same_v<O, trace::CommWait>)
+          return "wait for a collective";
         else
           return "memory";
       },
@@ -293,7 +305,7 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
     p.by_class.push_back({c, {}});
   std::map<std::string, OpTotal> kinds;
   for (const auto& e : trace.events()) {
-    if (std::holds_alternative<trace::Memory>(e.op)) continue;
+    if (std::holds_alternative<trace::Memory>(e.op) || is_communication(e.op)) continue;
     if (const auto* k = std::get_if<trace::Kernel>(&e.op); k && !k->priced) ++p.unpriced_kernels;
     if (const auto* t = std::get_if<trace::Transfer>(&e.op); t && t->to_host) ++p.host_reads;
     const double s = pricer.seconds(e.op);

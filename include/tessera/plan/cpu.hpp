@@ -364,6 +364,9 @@ class CpuPricer : public Pricer {
   }
   double work(const trace::Synchronize&) const { return 0; }
   double work(const trace::Memory&) const { return 0; }
+  // Communication is priced on the cluster's links, beside the compute (plan/cluster.hpp).
+  double work(const trace::Collective&) const { return 0; }
+  double work(const trace::CommWait&) const { return 0; }
 
   CpuProfile p_;
 };

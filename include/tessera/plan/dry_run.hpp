@@ -11,11 +11,16 @@
 // step's temporaries come and go. Nothing is computed and nothing is stored, so a step of
 // Llama 3 405B is traced in about a second and a step of 8B in tens of milliseconds.
 //
-// One rank, one device: a config whose parallelism degrees exceed 1 is refused by name
-// (the traces of a layout's ranks are the next step).
+// One rank of a layout: on a world of N ranks, dry_run_step traces the rank it is given,
+// its mesh made of PhantomEngine communicators (plan/phantom.hpp): every collective and
+// send/recv it issues is recorded with its bytes and its group, and returns at once,
+// since its peers do not run. Data- and tensor-parallel peers run the same program on
+// their own shards, so the ranks that differ are the pipeline positions:
+// distinct_ranks(shape) names one rank of each, and their traces are the layout's.
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -24,11 +29,13 @@
 
 #include "tessera/backend/meta/meta.hpp"
 #include "tessera/backend/trace.hpp"
+#include "tessera/comm/mesh.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/dynamic.hpp"
 #include "tessera/plan/cost.hpp"
+#include "tessera/plan/phantom.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -42,33 +49,37 @@ struct StepTrace {
   std::size_t host_peak_bytes = 0;    // host tensors the step made (read-backs, uploads' sources)
   std::size_t saved_activation_bytes = 0;  // the activation store's peak in the step
   StepShape shape;
+  comm::MeshShape mesh;               // the layout's
+  int rank = 0;                       // the world rank traced
   double seconds = 0;                 // how long the dry run took
 };
 
-/// Refuses what a one-device dry run cannot plan, naming the key.
-inline void check_dry_run(const train::JobConfig& c) {
+/// Refuses what a dry run cannot plan, naming the key: settings llama-train refuses, and
+/// degrees that do not make a mesh of `world` ranks. Returns the mesh.
+inline comm::MeshShape check_dry_run(const train::JobConfig& c, int world = 1) {
   const auto& p = c.parallelism;
-  auto one = [](const char* key, std::int64_t v) {
-    TESSERA_CHECK(v == 1 || v == -1 || v == 0, "parallelism.", key, " = ", v,
-                  ": llama-plan predicts one rank on one device for now; set it to 1");
-  };
-  one("data_parallel_replicate_degree", p.data_parallel_replicate_degree);
-  one("data_parallel_shard_degree", p.data_parallel_shard_degree);
-  one("tensor_parallel_degree", p.tensor_parallel_degree);
-  one("pipeline_parallel_degree", p.pipeline_parallel_degree);
-  one("context_parallel_degree", p.context_parallel_degree);
-  // What the step runs (metrics.* only change what a real run writes).
-  parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
-  parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
-  parallel::parse_reshard(p.fsdp_reshard_after_forward);
+  train::check_supported(c);
+  TESSERA_CHECK(world >= 1, "a layout needs at least one rank, got ", world);
+  return comm::mesh_shape(world, p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
+                          p.tensor_parallel_degree, p.pipeline_parallel_degree);
+}
+
+/// One world rank at each pipeline position of `shape` (its other coordinates 0): the
+/// ranks whose traces differ. Data- and tensor-parallel peers trace as these do.
+inline std::vector<int> distinct_ranks(const comm::MeshShape& shape) {
+  std::vector<int> ranks;
+  for (int p = 0; p < shape.pp; ++p) ranks.push_back(p * shape.dp() * shape.tp);
+  return ranks;
 }
 
 /// Traces one training step of the model `c` describes, its parameters in T, on a device
 /// of `device_bytes` (a GPU profile's capacity; 0: the host), which layers that size their
-/// working sets from the device's memory see (meta::DeviceMemory).
+/// working sets from the device's memory see (meta::DeviceMemory): that of world rank
+/// `rank` when the layout spans `world` ranks (the degrees of [parallelism] make its mesh).
 template <class T>
-StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0) {
-  check_dry_run(c);
+StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, int world = 1, int rank = 0) {
+  const comm::MeshShape shape = check_dry_run(c, world);
+  TESSERA_CHECK(rank >= 0 && rank < world, "dry run: rank ", rank, " is outside the world of ", world, " ranks");
   const auto t0 = std::chrono::steady_clock::now();
   using Model = tessera::DynamicModel<T, DryRun>;
   StepTrace out;
@@ -76,16 +87,22 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0) 
   {
     ScopedMemoryStats scope(stats);
     meta::DeviceMemory device(device_bytes);
-    const parallel::Plan plan = train::make_plan(c, nullptr);
+    // One rank alone has no mesh (as llama-train on one rank); a layout's rank has one of
+    // phantom communicators.
+    std::optional<comm::DeviceMesh> mesh;
+    if (world > 1) mesh.emplace(comm::Communicator(PhantomEngine(rank, world)), shape);
+    const parallel::Plan plan = train::make_plan(c, mesh ? &*mesh : nullptr);
     Model model(c.model.args, plan);
     const std::int64_t local = c.training.local_batch_size, seq = c.training.seq_len;
-    const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local;
-    TESSERA_CHECK(local > 0 && global % local == 0, "training.global_batch_size (", global,
-                  ") must be a multiple of training.local_batch_size (", local, ")");
-    const std::int64_t micro = global / local;
-    // Two steps of windows of seq + 1 tokens; the ids are 0 (never read as values).
-    std::vector<std::uint32_t> tokens(static_cast<std::size_t>(2 * micro * local * (seq + 1)), 0);
-    data::DataLoader loader(std::move(tokens), seq, local, 0, 1);
+    const std::int64_t dp = shape.dp();
+    const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * dp;
+    TESSERA_CHECK(local > 0 && global % (local * dp) == 0, "training.global_batch_size (", global,
+                  ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
+                  " = ", local * dp, ")");
+    // Two steps of windows of seq + 1 tokens for every data-parallel rank; the ids are 0
+    // (never read as values).
+    std::vector<std::uint32_t> tokens(static_cast<std::size_t>(2 * global * (seq + 1)), 0);
+    data::DataLoader loader(std::move(tokens), seq, local, mesh ? mesh->dp_rank() : 0, dp);
     train::Trainer<Model> trainer(model, c, std::move(loader), 0);
     trainer.step();
     stats[static_cast<int>(Device::cpu)].reset_peak();
@@ -101,6 +118,9 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0) 
     out.shape.tokens = global * seq;
     out.shape.seq_len = seq;
     out.shape.dtype = std::is_same_v<T, bf16> ? DType::bf16 : plan.param_dtype;
+    out.shape.devices = world;
+    out.mesh = shape;
+    out.rank = rank;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;

@@ -24,6 +24,11 @@
 //                             dim given both ways. Without them a step that would run
 //                             cuDNN's attention is priced on tessera's own kernel, and
 //                             llama-plan says so
+//   [network.gpus_per_node]   optional, each key required once the section is there:
+//   [network.nvlink_gbs]      the bus bandwidth NCCL reaches among one node's GPUs, and
+//   [network.nvlink_latency_us]   the latency of one ring step (Simple protocol) there;
+//   [network.network_gbs]     the network's bandwidth per GPU between nodes, and
+//   [network.network_latency_us]  one ring step's latency over it (plan/cluster.hpp)
 //
 // Each figure is a table: { value = <number>, source = "<where it comes from>" } (the
 // curves have `points` for `value`). The CPU's profile is not a file: plan/cpu.hpp
@@ -94,6 +99,13 @@ struct AttentionRates {
   RateCurve forward, backward;
 };
 
+/// How a cluster of these GPUs is joined (the [network] section; plan/cluster.hpp).
+struct Network {
+  Sourced gpus_per_node;
+  Sourced nvlink_gbs, nvlink_latency_us;
+  Sourced network_gbs, network_latency_us;
+};
+
 /// A GPU's rates (device = cuda), as a machine file gives them.
 struct Machine {
   std::string name;
@@ -107,6 +119,7 @@ struct Machine {
   Sourced hbm_gbs, hbm_fraction;
   Sourced launch_us, sync_us, host_link_gbs;
   std::map<std::int64_t, AttentionRates> cudnn_attention_bf16;  // by head dim; may be empty
+  std::optional<Network> network;  // absent: one GPU's profile, no cluster
 
   /// The cuDNN rates for head dim `hd`: the smallest head dim given that is at least
   /// `hd`, else the largest (nullptr when the profile gives none).
@@ -285,6 +298,17 @@ inline Machine parse_machine(std::string_view text, std::string_view origin) {
   m.sync_us = read_rate(root, origin, "host", "sync_us");
   m.host_link_gbs = read_rate(root, origin, "host", "link_gbs");
   m.cudnn_attention_bf16 = detail::read_attention(root, origin);
+  if (root.get("network")) {
+    Network n;
+    n.gpus_per_node = read_rate(root, origin, "network", "gpus_per_node");
+    TESSERA_CHECK(n.gpus_per_node.value == std::floor(n.gpus_per_node.value), origin,
+                  ": machine profile: network.gpus_per_node must be a whole number, got ", n.gpus_per_node.value);
+    n.nvlink_gbs = read_rate(root, origin, "network", "nvlink_gbs");
+    n.nvlink_latency_us = read_rate(root, origin, "network", "nvlink_latency_us");
+    n.network_gbs = read_rate(root, origin, "network", "network_gbs");
+    n.network_latency_us = read_rate(root, origin, "network", "network_latency_us");
+    m.network = n;
+  }
   return m;
 }
 

@@ -604,19 +604,24 @@ class AsyncSave {
     writing_ = std::async(std::launch::async, [f = file_, d = dir_] { write_rank_file(*f, d); });
   }
 
+  /// Waits for this rank's write of the pending save, and keeps its failure for poll().
+  /// Not a collective: poll() still commits the save.
+  void wait_written() {
+    if (!pending() || written_) return;
+    try {
+      writing_.get();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    written_ = true;
+  }
+
   /// A collective: true when this call committed the pending save. With `wait`, waits
   /// for this rank's write (then the save is committed, or every rank throws).
   bool poll(comm::Communicator* world, bool wait = false) {
     if (!pending()) return false;
     using namespace std::chrono_literals;
-    if (!written_ && (wait || writing_.wait_for(0s) == std::future_status::ready)) {
-      try {
-        writing_.get();
-      } catch (...) {
-        error_ = std::current_exception();
-      }
-      written_ = true;
-    }
+    if (wait || (!written_ && writing_.wait_for(0s) == std::future_status::ready)) wait_written();
     // 0: written; 1: still writing; 2: failed. The most behind rank decides for all.
     const double mine = error_ ? 2.0 : written_ ? 0.0 : 1.0;
     const double all = world && world->size() > 1 ? parallel::all_reduce_host<B>(*world, mine, comm::ReduceOp::max)

@@ -278,6 +278,9 @@ class Trainer {
     return async_.poll(world(), wait) ? dir : "";
   }
   bool checkpoint_pending() const { return async_.pending(); }
+  /// Waits for this rank's write of the pending save (not a collective; poll_checkpoint
+  /// commits it): a synchronous save that lets the caller act before the commit.
+  void wait_checkpoint_written() { async_.wait_written(); }
 
   /// Resumes from a checkpoint save_checkpoint wrote, under this layout or any other:
   /// the next step() is the one that followed the save. Parts not in `parts` keep

@@ -14,7 +14,10 @@
 //   Ranges are never reused, so two live tensors never share an address.
 // - Host reads. copy_to_host fills the destination with zero bytes: a loss or a gradient
 //   norm read back is 0, a well-defined placeholder. A trace names every place that reads
-//   (trace::Transfer): each is a device synchronisation on a GPU.
+//   (trace::Transfer): each is a device synchronisation on a GPU. The one exception: a few
+//   bytes the host uploaded come back as they went (meta::HostValues), so a host value a
+//   layout's dry run stages for a reduction over ranks (a token count the trainer then
+//   checks: parallel/host_values.hpp) reads back as this rank's own.
 // - Checks. gemm checks its operands as every backend does (check_gemm), so a shape error
 //   in a model shows in its dry run.
 #pragma once
@@ -23,6 +26,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
@@ -35,6 +41,41 @@
 namespace tessera {
 
 namespace meta {
+/// Host values of at most kMaxBytes uploaded to a Meta buffer, by its address, until it
+/// is released: what copy_to_host gives back from that address.
+class HostValues {
+ public:
+  static constexpr std::size_t kMaxBytes = 64;
+
+  static void put(const void* at, const void* src, std::size_t bytes) {
+    if (bytes > kMaxBytes) return;
+    std::lock_guard lock(state().mutex);
+    auto& v = state().values[at];
+    v.assign(static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + bytes);
+  }
+  /// Copies the value uploaded at `at` into dst if it has `bytes`; else zero bytes.
+  static void get(const void* at, void* dst, std::size_t bytes) {
+    std::lock_guard lock(state().mutex);
+    const auto it = state().values.find(at);
+    if (it != state().values.end() && it->second.size() == bytes) std::memcpy(dst, it->second.data(), bytes);
+    else std::memset(dst, 0, bytes);
+  }
+  static void forget(const void* at) {
+    std::lock_guard lock(state().mutex);
+    state().values.erase(at);
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::map<const void*, std::vector<std::byte>> values;
+  };
+  static State& state() {
+    static State s;
+    return s;
+  }
+};
+
 /// Distinct, never-dereferenceable addresses for Meta's tensors.
 class AddressSpace {
  public:
@@ -45,7 +86,7 @@ class AddressSpace {
     const std::uintptr_t size = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
     return reinterpret_cast<void*>(next().fetch_add(size));
   }
-  static void release(void*) {}
+  static void release(void* p) { HostValues::forget(p); }
 
  private:
   static std::atomic<std::uintptr_t>& next() {
@@ -93,13 +134,16 @@ struct Meta {
   /// The capacity of the device the dry run stands for (meta::DeviceMemory), or 0.
   static std::size_t device_memory_bytes() { return meta::DeviceMemory::current().load(); }
 
-  /// The host gets zero bytes: the placeholder for any value read back.
+  /// The host gets zero bytes, the placeholder for any value read back, except a small
+  /// value the host uploaded to the same address (meta::HostValues).
   template <class T>
-  static void copy_to_host(const T*, T* dst, std::int64_t n) {
-    if (n > 0) std::memset(static_cast<void*>(dst), 0, static_cast<std::size_t>(n) * sizeof(T));
+  static void copy_to_host(const T* src, T* dst, std::int64_t n) {
+    if (n > 0) meta::HostValues::get(src, dst, static_cast<std::size_t>(n) * sizeof(T));
   }
   template <class T>
-  static void copy_from_host(const T*, T*, std::int64_t) {}
+  static void copy_from_host(const T* src, T* dst, std::int64_t n) {
+    if (n > 0) meta::HostValues::put(dst, src, static_cast<std::size_t>(n) * sizeof(T));
+  }
 
   template <class T, class C>
   static void gemm(Trans ta, Trans tb, accum_t<T>, TensorView<const T> a, TensorView<const T> b, accum_t<T>,

@@ -1,0 +1,203 @@
+// A layout's step in time: every pipeline position's trace replayed on a compute stream
+// and on one stream per communicator, as NcclEngine runs it (comm/nccl.hpp).
+//
+// Each position is the trace of one rank (plan/dry_run.hpp: distinct_ranks); its data-
+// and tensor-parallel peers run the same trace at the same time. Replaying them:
+//   compute     each operation after the one before, at the pricer's time (plan/cost.hpp)
+//   collective  starts on its communicator's stream once the compute issued before it is
+//               done and the stream's previous collective is, and takes what NCCL takes on
+//               the cluster (plan/cluster.hpp); a group that spans pipeline positions (the
+//               world, the pipeline's own) starts when every position has issued it
+//   send/recv   a transfer starts when both ranks' groups have started (NCCL pairs the
+//               k-th send from a rank with the k-th recv from it), and a group ends with
+//               its last transfer
+//   wait        the compute stream waits for the collective's end (CommWait)
+// so what overlaps is what the code overlaps: an FSDP unit's prefetched all-gather runs
+// beside the unit before it, a reduce-scatter beside the next unit's backward, and a
+// pipeline stage waits for its recv as long as the stage before it takes to send. The
+// step ends when the last position's compute does. Time a position's compute spends
+// waiting is exposed communication, or pipeline wait where it waits for a send/recv: the
+// bubble of the schedule as the program runs it, with the transfers' own time in it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "tessera/backend/trace.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/plan/cluster.hpp"
+#include "tessera/plan/cost.hpp"
+
+namespace tessera::plan {
+
+/// One pipeline position's replay.
+struct PositionTime {
+  double end_seconds = 0;        // when its compute stream finished the step
+  double compute_seconds = 0;    // busy on the compute stream
+  double exposed_comm_seconds = 0;  // waiting for collectives
+  double pipeline_wait_seconds = 0;  // waiting for send/recv groups
+  double comm_seconds = 0;       // collectives' own time, overlapped or not
+  std::int64_t collectives = 0;
+};
+
+struct Timeline {
+  double step_seconds = 0;
+  std::vector<PositionTime> positions;
+};
+
+/// Replays `positions` (the traces of a layout's pipeline positions, in pipeline order;
+/// `block` = the world ranks per position, dp x tp) on `compute` and `net`.
+inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions, int block, const Pricer& compute,
+                              const Network& net) {
+  const int P = static_cast<int>(positions.size());
+  TESSERA_CHECK(P >= 1 && block >= 1, "simulate_step: no positions");
+  struct Issued {
+    int pos = 0;
+    double start = 0;
+    std::optional<double> end;
+    const trace::Collective* c = nullptr;
+    bool cross = false;
+    std::tuple<int, int, std::int64_t> rendezvous{};  // (stride, size, ordinal) of a cross-position group
+    std::vector<std::tuple<int, int, std::int64_t>> transfers;  // (from, to, ordinal) of each send/recv
+  };
+  std::vector<Issued> issued;
+  std::map<std::tuple<int, int, std::int64_t>, std::vector<std::size_t>> rendezvous;  // -> issued entries
+  std::map<std::tuple<int, int, std::int64_t>, std::pair<std::optional<std::size_t>, std::optional<std::size_t>>>
+      pairs;  // (from, to, ordinal) -> (the sender's group, the receiver's group)
+
+  struct State {
+    std::size_t next = 0;
+    double clock = 0;
+    std::map<std::pair<int, int>, std::optional<std::size_t>> stream;  // communicator -> its last collective
+    std::map<std::pair<int, int>, std::int64_t> ordinal;               // communicator -> collectives issued
+    std::map<std::pair<int, int>, std::int64_t> sent, received;        // (from, to) -> transfers issued
+    std::map<std::uint64_t, std::size_t> by_id;
+    PositionTime time;
+  };
+  std::vector<State> state(static_cast<std::size_t>(P));
+
+  // The end of issued[i], once every rank it needs has issued its part.
+  auto end_of = [&](std::size_t i) -> std::optional<double> {
+    Issued& x = issued[i];
+    if (x.end) return x.end;
+    const double price = collective_seconds(*x.c, net);
+    if (x.cross) {
+      const auto& all = rendezvous[x.rendezvous];
+      if (static_cast<int>(all.size()) < P) return std::nullopt;
+      double start = 0;
+      for (std::size_t j : all) start = std::max(start, issued[j].start);
+      for (std::size_t j : all) issued[j].end = start + price;
+      return x.end;
+    }
+    if (x.transfers.empty()) return x.end = x.start + price;
+    double end = x.start;
+    for (const auto& key : x.transfers) {
+      const auto& [s, r] = pairs[key];
+      if (!s || !r) return std::nullopt;
+      trace::Collective one = *x.c;  // this transfer alone, on its link
+      const auto& [from, to, k] = key;
+      (void)k;
+      const bool sending = from == x.pos;
+      one.peers.clear();
+      for (const auto& peer : x.c->peers)
+        if (peer.send == sending && peer.peer == (sending ? to : from)) {
+          one.peers.push_back(peer);
+          break;
+        }
+      end = std::max(end, std::max(issued[*s].start, issued[*r].start) + collective_seconds(one, net));
+    }
+    return x.end = end;
+  };
+
+  auto advance = [&](int p) {
+    State& st = state[static_cast<std::size_t>(p)];
+    const auto& events = positions[static_cast<std::size_t>(p)]->events();
+    bool moved = false;
+    while (st.next < events.size()) {
+      const trace::Op& op = events[st.next].op;
+      if (const auto* c = std::get_if<trace::Collective>(&op)) {
+        const std::pair<int, int> comm{c->group.stride, c->group.size};
+        double free = 0;
+        if (const auto& last = st.stream[comm]) {
+          const auto e = end_of(*last);
+          if (!e) return moved;  // the stream is busy with what its peers have not issued yet
+          free = *e;
+        }
+        Issued x;
+        x.pos = p;
+        x.start = std::max(st.clock, free);
+        x.c = c;
+        x.cross = c->group.stride * c->group.size > block && std::string_view(c->kind) != "send_recv";
+        const std::size_t id = issued.size();
+        if (x.cross) {
+          x.rendezvous = {c->group.stride, c->group.size, st.ordinal[comm]++};
+          rendezvous[x.rendezvous].push_back(id);
+        }
+        for (const auto& peer : c->peers) {
+          // Pipeline peers: the group's ranks are the positions (its stride is the block).
+          TESSERA_CHECK(c->group.stride == block && c->group.size == P, "simulate_step: a send/recv outside the "
+                        "pipeline's group (stride ", c->group.stride, ", size ", c->group.size, ")");
+          const int q = peer.peer;
+          const auto key = peer.send ? std::tuple{p, q, st.sent[{p, q}]++} : std::tuple{q, p, st.received[{q, p}]++};
+          x.transfers.push_back(key);
+          (peer.send ? pairs[key].first : pairs[key].second) = id;
+        }
+        issued.push_back(x);
+        st.stream[comm] = id;
+        st.by_id[c->id] = id;
+        st.time.comm_seconds += collective_seconds(*c, net);
+        ++st.time.collectives;
+      } else if (const auto* w = std::get_if<trace::CommWait>(&op)) {
+        const auto it = st.by_id.find(w->id);
+        TESSERA_CHECK(it != st.by_id.end(), "simulate_step: position ", p, " waits for collective ", w->id,
+                      " it never issued");
+        const auto e = end_of(it->second);
+        if (!e) return moved;
+        const double waited = std::max(0.0, *e - st.clock);
+        (issued[it->second].transfers.empty() ? st.time.exposed_comm_seconds : st.time.pipeline_wait_seconds) += waited;
+        st.clock += waited;
+      } else if (!std::holds_alternative<trace::Memory>(op)) {
+        const double s = compute.seconds(op);
+        st.clock += s;
+        st.time.compute_seconds += s;
+      }
+      ++st.next;
+      moved = true;
+    }
+    return moved;
+  };
+
+  for (;;) {
+    bool moved = false, done = true;
+    for (int p = 0; p < P; ++p) {
+      moved = advance(p) || moved;
+      done = done && state[static_cast<std::size_t>(p)].next == positions[static_cast<std::size_t>(p)]->events().size();
+    }
+    if (done) break;
+    if (!moved) {
+      std::string stuck;
+      for (int p = 0; p < P; ++p)
+        if (state[static_cast<std::size_t>(p)].next < positions[static_cast<std::size_t>(p)]->events().size())
+          stuck += tessera::detail::concat(stuck.empty() ? "" : ", ", p, " at operation ",
+                                           state[static_cast<std::size_t>(p)].next);
+      fail("simulate_step: the positions wait for each other (pipeline positions ", stuck,
+           "): their collectives or send/recv groups do not pair up");
+    }
+  }
+  Timeline t;
+  for (const State& st : state) {
+    PositionTime pt = st.time;
+    pt.end_seconds = st.clock;
+    t.step_seconds = std::max(t.step_seconds, st.clock);
+    t.positions.push_back(pt);
+  }
+  return t;
+}
+
+}  // namespace tessera::plan

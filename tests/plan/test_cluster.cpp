@@ -1,0 +1,242 @@
+// The cluster model's arithmetic (plan/cluster.hpp: NCCL's algorithms on the links a
+// group crosses) and the layout timeline (plan/timeline.hpp): overlap, exposed
+// communication, pipeline waits, and every bench-policy-matrix layout replayed from its
+// dry-run traces without a deadlock.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../parallel/harness.hpp"
+#include "tessera/plan/cluster.hpp"
+#include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/machine.hpp"
+#include "tessera/plan/timeline.hpp"
+
+#ifndef TESSERA_MACHINES
+#error "TESSERA_MACHINES: the folder of the machine profiles"
+#endif
+
+namespace test_cluster {  // unity build: this file's names stay in here (tests/meson.build)
+
+using namespace tessera;
+
+namespace {
+
+plan::Machine a100() { return plan::load_machine(std::string(TESSERA_MACHINES) + "/a100-80gb-sxm.toml"); }
+
+trace::Collective collective(const char* kind, std::int64_t bytes, int size, int stride, std::uint64_t id = 1) {
+  trace::Collective c;
+  c.kind = kind;
+  c.bytes = bytes;
+  c.group = {size, 0, stride};
+  c.id = id;
+  return c;
+}
+
+/// Every operation but communication takes `seconds`.
+struct FixedPricer final : plan::Pricer {
+  double s = 1e-3;
+  double seconds(const trace::Op&) const override { return s; }
+  double peak_flops(DType) const override { return 1e12; }
+  double usable_bytes() const override { return 1e12; }
+  std::string name() const override { return "fixed"; }
+};
+
+}  // namespace
+
+TEST_CASE("cluster: a group's members per node and nodes") {
+  CHECK(plan::placement({8, 0, 1}, 8).per_node == 8);
+  CHECK(plan::placement({8, 0, 1}, 8).nodes == 1);
+  CHECK(plan::placement({4, 0, 8}, 8).per_node == 1);
+  CHECK(plan::placement({4, 0, 8}, 8).nodes == 4);
+  CHECK(plan::placement({4, 0, 4}, 8).per_node == 2);
+  CHECK(plan::placement({4, 0, 4}, 8).nodes == 2);
+  CHECK(plan::placement({64, 0, 1}, 8).nodes == 8);
+  CHECK(plan::placement({2, 0, 3}, 8).nodes == 2);  // a stride that does not divide the node
+}
+
+TEST_CASE("cluster: collectives cost what NCCL's model says") {
+  const plan::Machine m = a100();
+  REQUIRE(m.network.has_value());
+  const plan::Network& net = *m.network;
+  SUBCASE("a large all-gather within a node is a ring at the NVLink bus bandwidth") {
+    const double bytes = 1 << 30;
+    const double expected = (8.4 + 7 * 3.4) * 1e-6 + bytes * 7 / 8 / (235e9);
+    CHECK(plan::collective_seconds(collective("all_gather", 1 << 30, 8, 1), net) == doctest::Approx(expected).epsilon(1e-12));
+  }
+  SUBCASE("across nodes the ring runs at the NICs of the members a node holds") {
+    const double bytes = 1 << 30;
+    // 4 nodes of one member each: 23 GB/s, 3 network steps.
+    const double one = (8.4 + 3 * 9.6) * 1e-6 + bytes * 3 / 4 / 23e9;
+    CHECK(plan::collective_seconds(collective("reduce_scatter", 1 << 30, 4, 8), net) == doctest::Approx(one).epsilon(1e-12));
+    // 2 nodes of 8: min(235, 8 x 23) = 184 GB/s.
+    const double full = (8.4 + 14 * 3.4 + 1 * 9.6) * 1e-6 + bytes * 15 / 16 / 184e9;
+    CHECK(plan::collective_seconds(collective("all_gather", 1 << 30, 16, 1), net) == doctest::Approx(full).epsilon(1e-12));
+  }
+  SUBCASE("a small all-reduce over many nodes takes the tree with the LL protocol") {
+    const double tree_ll = (4.4 + 2 * (7 * 0.52 + 8 * 5.0)) * 1e-6;  // 256 nodes of 8
+    const double t = plan::collective_seconds(collective("all_reduce", 8, 2048, 1), net);
+    CHECK(t == doctest::Approx(tree_ll).epsilon(1e-3));
+    const double ring = (8.4 + (2 * 2047 - 2 * 255) * 3.4 + 2 * 255 * 9.6) * 1e-6;
+    CHECK(t < ring / 10);
+  }
+  SUBCASE("a send/recv moves its bytes over the one link between its ranks") {
+    trace::Collective c = collective("send_recv", 0, 4, 8);  // pipeline peers a node apart
+    c.peers = {{1, 1 << 20, true}};
+    CHECK(plan::collective_seconds(c, net) == doctest::Approx((8.4 + 9.6) * 1e-6 + double(1 << 20) / 23e9));
+    c.group.stride = 2;  // within a node
+    CHECK(plan::collective_seconds(c, net) == doctest::Approx((8.4 + 3.4) * 1e-6 + double(1 << 20) / 235e9));
+  }
+  SUBCASE("one rank sends nothing") { CHECK(plan::collective_seconds(collective("all_reduce", 1 << 20, 1, 1), net) == 0); }
+}
+
+TEST_CASE("cluster: a machine file's network section is read whole or refused by key") {
+  const std::string text = R"(
+[machine]
+name = "x"
+device = "cuda"
+[memory.capacity_bytes]
+value = 1e10
+source = "s"
+[memory.reserved_bytes]
+value = 1e9
+source = "s"
+[compute.bf16_tflops]
+value = 1
+source = "s"
+[compute.fp32_tflops]
+value = 1
+source = "s"
+[compute.sm_count]
+value = 1
+source = "s"
+[compute.boost_clock_ghz]
+value = 1
+source = "s"
+[compute.shared_memory_bytes_per_clock_per_sm]
+value = 1
+source = "s"
+[gemm.bf16_efficiency]
+points = [[1, 0.5]]
+source = "s"
+[gemm.fp32_efficiency]
+points = [[1, 0.5]]
+source = "s"
+[hbm.bandwidth_gbs]
+value = 1
+source = "s"
+[hbm.achieved_fraction]
+value = 1
+source = "s"
+[host.launch_us]
+value = 1
+source = "s"
+[host.sync_us]
+value = 1
+source = "s"
+[host.link_gbs]
+value = 1
+source = "s"
+)";
+  CHECK_FALSE(plan::parse_machine(text, "x.toml").network.has_value());
+  const std::string network = text + R"(
+[network.gpus_per_node]
+value = 8
+source = "s"
+[network.nvlink_gbs]
+value = 200
+source = "s"
+[network.nvlink_latency_us]
+value = 3
+source = "s"
+[network.network_gbs]
+value = 20
+source = "s"
+)";
+  CHECK_THROWS_WITH_AS(plan::parse_machine(network, "x.toml"), "x.toml: machine profile: network.network_latency_us is missing",
+                       Error);
+  const plan::Machine m = plan::parse_machine(network + "[network.network_latency_us]\nvalue = 9\nsource = \"s\"\n", "x.toml");
+  REQUIRE(m.network.has_value());
+  CHECK(m.network->network_gbs.value == 20);
+}
+
+TEST_CASE("timeline: a collective overlaps the compute issued after it, and what it outlasts is exposed") {
+  const plan::Machine m = a100();
+  FixedPricer compute;  // 1 ms per operation
+  trace::Trace t;
+  t.add(collective("all_gather", 1 << 30, 8, 1, 1));  // about 4.6 ms
+  t.add(trace::Fill{4});
+  t.add(trace::Fill{4});
+  t.add(trace::CommWait{1});
+  t.add(trace::Fill{4});
+  const double comm = plan::collective_seconds(collective("all_gather", 1 << 30, 8, 1), *m.network);
+  const plan::Timeline tl = plan::simulate_step({&t}, 8, compute, *m.network);
+  REQUIRE(tl.positions.size() == 1);
+  CHECK(tl.positions[0].compute_seconds == doctest::Approx(3e-3));
+  CHECK(tl.positions[0].exposed_comm_seconds == doctest::Approx(comm - 2e-3));
+  CHECK(tl.step_seconds == doctest::Approx(comm + 1e-3));
+}
+
+TEST_CASE("timeline: a pipeline stage waits for what the stage before it sends") {
+  const plan::Machine m = a100();
+  FixedPricer compute;
+  trace::Trace first, second;
+  trace::Collective send = collective("send_recv", 0, 2, 8, 1);
+  send.peers = {{1, 1 << 20, true}};
+  trace::Collective recv = collective("send_recv", 0, 2, 8, 1);
+  recv.group.rank = 1;
+  recv.peers = {{0, 1 << 20, false}};
+  first.add(trace::Fill{4});
+  first.add(send);
+  first.add(trace::CommWait{1});
+  second.add(recv);
+  second.add(trace::CommWait{1});
+  second.add(trace::Fill{4});
+  const plan::Timeline tl = plan::simulate_step({&first, &second}, 8, compute, *m.network);
+  const double transfer = plan::collective_seconds(send, *m.network);
+  CHECK(tl.positions[1].pipeline_wait_seconds == doctest::Approx(1e-3 + transfer));
+  CHECK(tl.step_seconds == doctest::Approx(2e-3 + transfer));
+  // A recv nobody sends is named, not waited for forever.
+  CHECK_THROWS_WITH_AS(plan::simulate_step({&second, &second}, 8, compute, *m.network),
+                       doctest::Contains("the positions wait for each other"), Error);
+}
+
+TEST_CASE("timeline: every bench-policy-matrix layout replays from its positions' traces") {
+  const plan::Machine m = a100();
+  const plan::GpuPricer gpu(m);
+  struct L {
+    comm::MeshShape shape;
+    const char* schedule;
+  };
+  const L layouts[] = {{{1, 1, 8, 1}, ""},          {{1, 2, 4, 1}, ""},          {{1, 8, 1, 1}, ""},
+                       {{1, 1, 1, 8}, ""},          {{1, 2, 2, 2}, ""},          {{8, 1, 1, 1}, "GPipe"},
+                       {{8, 1, 1, 1}, "1F1B"},      {{2, 1, 4, 1}, "Interleaved1F1B"},
+                       {{4, 1, 2, 1}, "InterleavedZeroBubble"}, {{2, 1, 2, 2}, "1F1B"}};
+  for (const L& l : layouts) {
+    std::vector<std::string> keys = {
+        "--parallelism.data_parallel_replicate_degree", std::to_string(l.shape.dp_replicate),
+        "--parallelism.data_parallel_shard_degree", std::to_string(l.shape.dp_shard),
+        "--parallelism.tensor_parallel_degree", std::to_string(l.shape.tp),
+        "--parallelism.pipeline_parallel_degree", std::to_string(l.shape.pp)};
+    if (*l.schedule) keys.insert(keys.end(), {"--parallelism.pipeline_parallel_schedule", l.schedule});
+    const train::JobConfig c = test::debug_job(test::kParityBatch / l.shape.dp(), test::kParityBatch, 2, keys);
+    std::vector<plan::StepTrace> traces;
+    for (int r : plan::distinct_ranks(l.shape)) traces.push_back(plan::dry_run_step<float>(c, 0, l.shape.world(), r));
+    std::vector<const trace::Trace*> positions;
+    for (const auto& st : traces) positions.push_back(&st.trace);
+    INFO(l.shape.str(), " ", std::string(l.schedule));
+    const plan::Timeline tl = plan::simulate_step(positions, l.shape.dp() * l.shape.tp, gpu, *m.network);
+    REQUIRE(tl.positions.size() == static_cast<std::size_t>(l.shape.pp));
+    for (const auto& p : tl.positions) {
+      CHECK(p.collectives > 0);
+      CHECK(p.end_seconds <= tl.step_seconds);
+      CHECK(p.end_seconds == doctest::Approx(p.compute_seconds + p.exposed_comm_seconds + p.pipeline_wait_seconds));
+      if (l.shape.pp > 1) CHECK(p.pipeline_wait_seconds > 0);
+      else CHECK(p.pipeline_wait_seconds == 0);
+    }
+  }
+}
+
+}  // namespace test_cluster

@@ -1,0 +1,181 @@
+// A layout's dry run is its ranks' real run: for every layout of bench-policy-matrix on 8
+// ranks, in every checkpoint mode, each thread rank that trains the parity model
+// (tests/parallel/harness.hpp) has the memory peak, to the byte, and sends the bytes, to
+// the byte, that the dry run of that rank predicts (plan::dry_run_step at that rank, its
+// peers phantoms). And the dry run of its pipeline position's first rank stands for it:
+// the same bytes sent, the same memory but for the few hundred bytes of host-built tables
+// that depend on which elements a rank owns (a DDP replica other than the first owns no
+// gradient-norm pieces; FSDP shards cut different parameters). That is the check that
+// data- and tensor-parallel peers are symmetric, which lets one rank per pipeline position
+// stand for a layout.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../parallel/harness.hpp"
+#include "tessera/backend/trace.hpp"
+#include "tessera/comm/thread.hpp"
+#include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/phantom.hpp"
+
+namespace test_layout_trace {  // unity build: this file's names stay in here (tests/meson.build)
+
+using namespace tessera;
+
+namespace {
+
+struct Layout {
+  const char* name;
+  comm::MeshShape shape;  // {pp, dp_replicate, dp_shard, tp}
+  const char* schedule;   // "" without a pipeline
+};
+
+// bench-policy-matrix's layouts (bench/policy_matrix.cpp).
+const Layout kLayouts[] = {
+    {"FSDP 8", {1, 1, 8, 1}, ""},
+    {"HSDP 2x4", {1, 2, 4, 1}, ""},
+    {"DDP 8", {1, 8, 1, 1}, ""},
+    {"TP 8", {1, 1, 1, 8}, ""},
+    {"TP 2 x FSDP 4", {1, 1, 4, 2}, ""},
+    {"TP 4 x FSDP 2", {1, 1, 2, 4}, ""},
+    {"HSDP 2x2 x TP 2", {1, 2, 2, 2}, ""},
+    {"PP 8 GPipe", {8, 1, 1, 1}, "GPipe"},
+    {"PP 8 1F1B", {8, 1, 1, 1}, "1F1B"},
+    {"PP 2 x FSDP 4 GPipe", {2, 1, 4, 1}, "GPipe"},
+    {"PP 2 x FSDP 4 1F1B", {2, 1, 4, 1}, "1F1B"},
+    {"PP 2 x FSDP 4 Interleaved1F1B", {2, 1, 4, 1}, "Interleaved1F1B"},
+    {"PP 2 x FSDP 4 InterleavedZeroBubble", {2, 1, 4, 1}, "InterleavedZeroBubble"},
+    {"PP 4 x FSDP 2 GPipe", {4, 1, 2, 1}, "GPipe"},
+    {"PP 4 x FSDP 2 1F1B", {4, 1, 2, 1}, "1F1B"},
+    {"PP 4 x FSDP 2 Interleaved1F1B", {4, 1, 2, 1}, "Interleaved1F1B"},
+    {"PP 4 x FSDP 2 InterleavedZeroBubble", {4, 1, 2, 1}, "InterleavedZeroBubble"},
+    {"TP 2 x PP 2 x FSDP 2 1F1B", {2, 1, 2, 2}, "1F1B"},
+    {"TP 2 x PP 2 x FSDP 2 InterleavedZeroBubble", {2, 1, 2, 2}, "InterleavedZeroBubble"},
+};
+
+/// The parity job on `l`, two steps (the dry run traces the second, the runtime's peak
+/// covers both), with the checkpoint mode `ac`.
+train::JobConfig job(const Layout& l, const std::vector<std::string>& ac) {
+  std::vector<std::string> keys = {
+      "--parallelism.data_parallel_replicate_degree", std::to_string(l.shape.dp_replicate),
+      "--parallelism.data_parallel_shard_degree", std::to_string(l.shape.dp_shard),
+      "--parallelism.tensor_parallel_degree", std::to_string(l.shape.tp),
+      "--parallelism.pipeline_parallel_degree", std::to_string(l.shape.pp),
+  };
+  if (*l.schedule) keys.insert(keys.end(), {"--parallelism.pipeline_parallel_schedule", l.schedule});
+  keys.insert(keys.end(), ac.begin(), ac.end());
+  return test::debug_job(test::kParityBatch / l.shape.dp(), test::kParityBatch, 2, keys);
+}
+
+/// How far a rank's memory may be from its pipeline position's representative's.
+constexpr std::int64_t kTableBytes = 4096;
+
+std::int64_t sent_bytes(const trace::Trace& t) {
+  std::int64_t sent = 0;
+  for (const auto& c : t.all<trace::Collective>()) sent += c.sent_bytes();
+  return sent;
+}
+
+/// Every rank of `l` trained on thread ranks against the dry run of its pipeline position.
+void check_layout(const Layout& l, const test::AcMode& ac) {
+  const train::JobConfig c = job(l, ac.keys);
+  const int world = l.shape.world();
+  std::vector<test::RunResult> ranks(static_cast<std::size_t>(world));
+  comm::run_thread_ranks(
+      world,
+      [&](comm::Communicator& w) {
+        ranks[static_cast<std::size_t>(w.rank())] = test::train_layout(w, l.shape, c);
+      },
+      test::nccl_rules());
+  const std::vector<int> positions = plan::distinct_ranks(l.shape);
+  REQUIRE(positions.size() == static_cast<std::size_t>(l.shape.pp));
+  for (int r = 0; r < world; ++r) {
+    const int p = r / (l.shape.dp() * l.shape.tp);
+    const plan::StepTrace own = plan::dry_run_step<float>(c, 0, world, r);
+    const plan::StepTrace position = plan::dry_run_step<float>(c, 0, world, positions[static_cast<std::size_t>(p)]);
+    const test::RunResult& run = ranks[static_cast<std::size_t>(r)];
+    INFO(std::string(l.name), ", checkpointing ", std::string(ac.name), ", rank ", r, " (pipeline rank ", p, ")");
+    CHECK(run.peak_memory_bytes == own.peak_bytes);
+    CHECK(static_cast<std::int64_t>(run.comm_bytes) == sent_bytes(own.trace));
+    // The position's trace stands for the rank: the same bytes sent, and the same memory
+    // but for the host-built tables of what this rank owns (gradient-norm pieces, AdamW
+    // blocks of its shard), a few hundred bytes.
+    CHECK(static_cast<std::int64_t>(run.comm_bytes) == sent_bytes(position.trace));
+    const auto gap = static_cast<std::int64_t>(run.peak_memory_bytes) - static_cast<std::int64_t>(position.peak_bytes);
+    CHECK(std::abs(gap) <= kTableBytes);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("layout dry run: each rank's memory peak and bytes sent are its thread rank's, on every layout") {
+  for (const Layout& l : kLayouts)
+    for (const auto& ac : test::kAcModes) check_layout(l, ac);
+}
+
+TEST_CASE("layout dry run: collectives carry their group, and every one is waited for") {
+  const Layout l{"HSDP 2x2 x TP 2", {1, 2, 2, 2}, ""};
+  const plan::StepTrace st = plan::dry_run_step<float>(job(l, {}), 0, 8, 5);  // coordinates r 1, s 0, t 1
+  std::vector<std::uint64_t> issued, waited;
+  bool tp = false, shard = false, replicate = false, world = false;
+  for (const auto& e : st.trace.events()) {
+    if (const auto* c = std::get_if<trace::Collective>(&e.op)) {
+      issued.push_back(c->id);
+      const trace::CommGroup g = c->group;
+      CHECK(g.size * g.stride <= 8);
+      auto is = [&](int stride, int size, int rank, bool& seen) {
+        if (g.stride != stride || g.size != size) return;
+        seen = true;
+        CHECK(g.rank == rank);
+      };
+      is(1, 2, 1, tp);
+      is(2, 2, 0, shard);
+      is(4, 2, 1, replicate);
+      is(1, 8, 5, world);
+    }
+    if (const auto* w = std::get_if<trace::CommWait>(&e.op)) waited.push_back(w->id);
+  }
+  CHECK(tp);
+  CHECK(shard);
+  CHECK(replicate);
+  CHECK(world);
+  std::sort(issued.begin(), issued.end());
+  std::sort(waited.begin(), waited.end());
+  CHECK(issued == waited);
+}
+
+TEST_CASE("layout dry run: a pipeline rank's sends and recvs name their peers") {
+  const Layout l{"PP 4 x FSDP 2 1F1B", {4, 1, 2, 1}, "1F1B"};
+  const train::JobConfig c = job(l, {});
+  for (int p = 0; p < 4; ++p) {
+    const plan::StepTrace st = plan::dry_run_step<float>(c, 0, 8, p * 2);
+    std::int64_t to_next = 0, from_previous = 0;
+    for (const auto& x : st.trace.all<trace::Collective>()) {
+      if (std::string_view(x.kind) != "send_recv") continue;
+      CHECK(x.group.size == 4);
+      CHECK(x.group.stride == 2);
+      for (const auto& peer : x.peers) {
+        CHECK((peer.peer == p - 1 || peer.peer == p + 1));
+        if (peer.send && peer.peer == p + 1) to_next += peer.bytes;
+        if (!peer.send && peer.peer == p - 1) from_previous += peer.bytes;
+      }
+    }
+    // Four microbatches of one sequence of 32 rows of dim 64 floats go forward.
+    CHECK(to_next == (p < 3 ? 4 * 32 * 64 * 4 : 0));
+    CHECK(from_previous == (p > 0 ? 4 * 32 * 64 * 4 : 0));
+  }
+}
+
+TEST_CASE("layout dry run: a layout that does not make the world is refused by key") {
+  const train::JobConfig c = job(Layout{"TP 2", {1, 1, 1, 2}, ""}, {});
+  CHECK_THROWS_WITH_AS(plan::dry_run_step<float>(c, 0, 3, 0), doctest::Contains("but the world has 3 ranks"), Error);
+  CHECK_THROWS_WITH_AS(plan::dry_run_step<float>(c, 0, 2, 2), doctest::Contains("rank 2 is outside the world of 2"),
+                       Error);
+  CHECK_THROWS_WITH_AS(plan::dry_run_step<float>(c), doctest::Contains("tensor_parallel_degree 2"), Error);
+}
+
+}  // namespace test_layout_trace
