@@ -625,6 +625,12 @@ class SafetensorsWriter {
     if (it == tensors_.end()) fail("SafetensorsWriter: no tensor '", name, "' to checksum");
     return io::crc32c(it->second.data.data(), it->second.data.size());
   }
+  /// Every tensor's CRC-32C, by name.
+  std::map<std::string, std::uint32_t> crc32cs() const {
+    std::map<std::string, std::uint32_t> out;
+    for (const auto& [name, t] : tensors_) out.emplace(name, io::crc32c(t.data.data(), t.data.size()));
+    return out;
+  }
 
   /// The bytes the file will hold: the length, the header, the tensors.
   std::uint64_t file_bytes() const {

@@ -64,7 +64,8 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
     const trace::Collective* c = nullptr;
     bool cross = false;
     std::tuple<int, int, std::int64_t> rendezvous{};  // (stride, size, ordinal) of a cross-position group
-    std::vector<std::tuple<int, int, std::int64_t>> transfers;  // (from, to, ordinal) of each send/recv
+    // Each send/recv: (from, to, ordinal) and its place in the collective's peers.
+    std::vector<std::pair<std::tuple<int, int, std::int64_t>, std::size_t>> transfers;
   };
   std::vector<Issued> issued;
   std::map<std::tuple<int, int, std::int64_t>, std::vector<std::size_t>> rendezvous;  // -> issued entries
@@ -97,19 +98,11 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
     }
     if (x.transfers.empty()) return x.end = x.start + price;
     double end = x.start;
-    for (const auto& key : x.transfers) {
+    for (const auto& [key, peer] : x.transfers) {
       const auto& [s, r] = pairs[key];
       if (!s || !r) return std::nullopt;
       trace::Collective one = *x.c;  // this transfer alone, on its link
-      const auto& [from, to, k] = key;
-      (void)k;
-      const bool sending = from == x.pos;
-      one.peers.clear();
-      for (const auto& peer : x.c->peers)
-        if (peer.send == sending && peer.peer == (sending ? to : from)) {
-          one.peers.push_back(peer);
-          break;
-        }
+      one.peers = {x.c->peers[peer]};
       end = std::max(end, std::max(issued[*s].start, issued[*r].start) + collective_seconds(one, net));
     }
     return x.end = end;
@@ -139,13 +132,14 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
           x.rendezvous = {c->group.stride, c->group.size, st.ordinal[comm]++};
           rendezvous[x.rendezvous].push_back(id);
         }
-        for (const auto& peer : c->peers) {
+        for (std::size_t i = 0; i < c->peers.size(); ++i) {
+          const trace::PeerBytes& peer = c->peers[i];
           // Pipeline peers: the group's ranks are the positions (its stride is the block).
           TESSERA_CHECK(c->group.stride == block && c->group.size == P, "simulate_step: a send/recv outside the "
                         "pipeline's group (stride ", c->group.stride, ", size ", c->group.size, ")");
           const int q = peer.peer;
           const auto key = peer.send ? std::tuple{p, q, st.sent[{p, q}]++} : std::tuple{q, p, st.received[{q, p}]++};
-          x.transfers.push_back(key);
+          x.transfers.push_back({key, i});
           (peer.send ? pairs[key].first : pairs[key].second) = id;
         }
         issued.push_back(x);

@@ -502,15 +502,8 @@ inline void begin_save(const std::string& dir) {
 /// fsynced, renamed), with every tensor's checksum and the index's. No collective.
 inline void write_rank_file(RankFile& file, const std::string& dir) {
   io::SafetensorsWriter& w = file.writer;
-  nlohmann::json crcs = nlohmann::json::object();
-  const std::vector<std::string> families = nlohmann::json::parse(file.index.at("tessera.families"));
-  for (const auto& s : nlohmann::json::parse(file.index.at("tessera.stretches")))
-    for (const std::string& family : families) {
-      const std::string name = family.empty() ? s.at(1).get<std::string>() : family + "/" + s.at(1).get<std::string>();
-      crcs[name] = w.crc32c(name);
-    }
   std::map<std::string, std::string> meta = file.index;
-  meta["tessera.crc32c"] = crcs.dump();
+  meta["tessera.crc32c"] = nlohmann::json(w.crc32cs()).dump();  // every stretch of every family
   w.set_metadata("tessera.index_crc32c", std::to_string(index_crc(meta)));
   for (auto& [key, value] : meta) w.set_metadata(key, std::move(value));
   w.set_metadata("format", "pt");
