@@ -1,8 +1,11 @@
-// llama-plan: what one training step of a config will cost on a machine, before running it.
+// llama-plan: what one training step of a config will cost, on one GPU or on a cluster,
+// before running it.
 //
 //   llama-plan --config examples/configs/llama3_8b.toml --machine h100-sxm
-//   llama-plan --config CFG [--machine h100-sxm|h200|a100-80gb-sxm|cpu|FILE.toml]
-//              [--section.key value ...] [--json]
+//   llama-plan --config examples/configs/llama3_8b.toml --machine h100-sxm --gpus 64
+//              --parallelism.tensor_parallel_degree 8
+//   llama-plan --config CFG [--machine h100-sxm|h200|a100-80gb-sxm|cpu|FILE.toml] [--gpus N]
+//              [--section.key value ...] [--json] [--emit-config FILE.toml]
 //
 // Reads the same TOML and command-line keys as llama-train, traces one training step of
 // that model on the dry-run backend (plan/dry_run.hpp: nothing computed, nothing stored),
@@ -13,8 +16,17 @@
 // on the step's own GEMMs and kernels (plan/cpu.hpp) and predicts llama-train's CPU step.
 // A GPU step is traced for the model llama-train would train there: bf16 with
 // mixed_precision_param = "bfloat16", else float32; the CPU's is float32 (bf16 parameter
-// values with "bfloat16"). One rank on one device (parallelism degrees of 1).
+// values with "bfloat16").
+//
+// On N GPUs (--gpus, or the product of the [parallelism] degrees) the layout's ranks are
+// traced one per pipeline position, their peers phantoms (plan/phantom.hpp), and replayed
+// together on the machine's [network] (plan/timeline.hpp, plan/cluster.hpp): the step,
+// tokens/s per GPU, MFU, and each position's memory peak, compute, exposed communication
+// and pipeline wait.
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -24,6 +36,7 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/cpu.hpp"
+#include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
 #include "tessera/train/config.hpp"
 
@@ -33,12 +46,18 @@ namespace {
 
 void usage() {
   std::printf(
-      "usage: llama-plan [--config FILE.toml] [--machine NAME|FILE.toml] [--json] [--section.key value ...]\n\n"
+      "usage: llama-plan [--config FILE.toml] [--machine NAME|FILE.toml] [--gpus N] [--json]\n"
+      "                  [--emit-config FILE.toml] [--section.key value ...]\n\n"
       "Predicts one training step of the config on a machine, from a trace of the very code llama-train runs:\n"
       "time by class, tokens/s, MFU, peak memory and its breakdown, and whether it fits.\n\n"
       "  --machine NAME   %s, or cpu (this machine, measured), or a machine profile FILE.toml\n"
       "                   (default h100-sxm)\n"
-      "  --json           one JSON object instead of the table\n\n"
+      "  --gpus N         the layout's ranks, in nodes of the machine file's [network] gpus_per_node\n"
+      "                   (default: the product of the [parallelism] degrees, data_parallel_shard_degree\n"
+      "                   -1 counting 1). Each pipeline position is traced and the positions are replayed\n"
+      "                   together with their collectives priced on the machine's network\n"
+      "  --json           one JSON object instead of the table\n"
+      "  --emit-config F  write the layout planned, every key, as a llama-train config to F\n\n"
       "Config keys are llama-train's (llama-train --help lists them).\n",
       builtin_machine_names().c_str());
 }
@@ -63,6 +82,7 @@ struct Target {
   double reserved_bytes = 0;   // taken before the first tensor (GPUs)
   std::size_t device_bytes = 0;  // the GPU's memory in all (0: the CPU, host memory)
   plan::AttentionChoice attention;  // the GPU's attention kernels (training.attention)
+  std::optional<plan::Network> network;  // how the machine's GPUs are joined, if the profile says
   bool cpu = false;
   std::string description;
 };
@@ -95,12 +115,32 @@ Target resolve_machine(const std::string& name, const trace::Trace& step_trace, 
   t.device_bytes = static_cast<std::size_t>(m.capacity_bytes.value);
   t.description = m.description;
   t.attention = plan::choose_attention(attention, dtype, head_dim, m);
+  t.network = m.network;
   t.pricer = std::make_unique<plan::GpuPricer>(std::move(m), t.attention.kernel);
   return t;
 }
 
-nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, const train::JobConfig& c, const Target& t) {
+/// The keys that make a layout, under llama-train's names.
+nlohmann::json layout_keys(const train::JobConfig& c) {
+  const auto& p = c.parallelism;
   nlohmann::json j;
+  j["parallelism.data_parallel_replicate_degree"] = p.data_parallel_replicate_degree;
+  j["parallelism.data_parallel_shard_degree"] = p.data_parallel_shard_degree;
+  j["parallelism.tensor_parallel_degree"] = p.tensor_parallel_degree;
+  j["parallelism.pipeline_parallel_degree"] = p.pipeline_parallel_degree;
+  j["parallelism.pipeline_parallel_schedule"] = p.pipeline_parallel_schedule;
+  j["parallelism.pipeline_parallel_microbatch_size"] = p.pipeline_parallel_microbatch_size;
+  j["parallelism.fsdp_reshard_after_forward"] = p.fsdp_reshard_after_forward;
+  j["activation_checkpoint.mode"] = c.activation_checkpoint.mode;
+  j["activation_checkpoint.selective_ac_option"] = c.activation_checkpoint.selective_ac_option;
+  j["training.local_batch_size"] = c.training.local_batch_size;
+  j["training.global_batch_size"] = c.training.global_batch_size;
+  j["training.seq_len"] = c.training.seq_len;
+  return j;
+}
+
+nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, const train::JobConfig& c, const Target& t) {
+  nlohmann::json j = layout_keys(c);
   j["machine"] = p.machine;
   j["machine_origin"] = t.origin;
   j["flavor"] = c.model.flavor;
@@ -185,24 +225,146 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
                 static_cast<long long>(p.unpriced_kernels));
 }
 
-/// Until the cluster model prices a layout's communication, llama-plan plans one rank.
-void check_one_device(const train::JobConfig& c) {
+/// The world the layout spans: --gpus, else the product of the degrees (-1 counting 1).
+int world_of(const train::JobConfig& c, std::int64_t gpus) {
+  if (gpus > 0) return static_cast<int>(gpus);
   const auto& p = c.parallelism;
-  auto one = [](const char* key, std::int64_t v) {
-    TESSERA_CHECK(v == 1 || v == -1 || v == 0, "parallelism.", key, " = ", v,
-                  ": llama-plan predicts one rank on one device for now; set it to 1");
-  };
-  one("data_parallel_replicate_degree", p.data_parallel_replicate_degree);
-  one("data_parallel_shard_degree", p.data_parallel_shard_degree);
-  one("tensor_parallel_degree", p.tensor_parallel_degree);
-  one("pipeline_parallel_degree", p.pipeline_parallel_degree);
-  one("context_parallel_degree", p.context_parallel_degree);
-  plan::check_dry_run(c);
+  std::int64_t w = 1;
+  for (std::int64_t d : {p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
+                         p.pipeline_parallel_degree})
+    w *= std::max<std::int64_t>(d, 1);
+  TESSERA_CHECK(w <= (1 << 24), "parallelism: the degrees multiply to ", w, " ranks; give --gpus");
+  return static_cast<int>(w);
+}
+
+/// `c` with the layout's degrees and batch resolved as the ranks will resolve them: what
+/// --emit-config writes and --json reports.
+train::JobConfig resolved(train::JobConfig c, const comm::MeshShape& mesh) {
+  auto& p = c.parallelism;
+  p.data_parallel_replicate_degree = mesh.dp_replicate;
+  p.data_parallel_shard_degree = mesh.dp_shard;
+  p.tensor_parallel_degree = mesh.tp;
+  p.pipeline_parallel_degree = mesh.pp;
+  if (c.training.global_batch_size <= 0) c.training.global_batch_size = c.training.local_batch_size * mesh.dp();
+  return c;
+}
+
+/// The ranks of one machine trade data through shared memory: every rank on one node,
+/// its links as fast as two copies (into the shared segment and out of it).
+plan::Network cpu_network(const plan::CpuProfile& p, int world) {
+  // The measured bandwidth counts a copy's reads and writes: a copy moves half of it.
+  const double copies_gbs = p.bandwidth.back().second / 2 / 1e9 / 2;
+  const plan::Sourced link{copies_gbs, "measured: this machine's copy bandwidth at 256 MiB, over two copies"};
+  const plan::Sourced latency{1.0, "Open MPI's shared-memory transport: about a microsecond a message (assumed)"};
+  return plan::Network{{static_cast<double>(world), "this machine: every rank"}, link, latency, link, latency};
+}
+
+nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
+                           const train::JobConfig& c, const Target& t) {
+  nlohmann::json j = layout_keys(c);
+  j["machine"] = l.positions.front().compute.machine;
+  j["machine_origin"] = t.origin;
+  j["gpus"] = l.gpus;
+  j["mesh"] = l.mesh.str();
+  j["flavor"] = c.model.flavor;
+  j["dtype"] = std::string(name_of(traces.front().shape.dtype));
+  j["tokens_per_step"] = traces.front().shape.tokens;
+  j["step_seconds"] = l.step_seconds;
+  j["tokens_per_sec"] = l.tokens_per_sec;
+  j["mfu_pct"] = l.mfu_pct;
+  j["mfu_causal_pct"] = l.mfu_causal_pct;
+  j["peak_memory_bytes"] = l.peak_memory_bytes;
+  j["usable_memory_bytes"] = l.usable_bytes;
+  j["fits"] = l.fits;
+  j["exposed_comm_seconds"] = l.exposed_comm_seconds;
+  j["pipeline_wait_seconds"] = l.pipeline_wait_seconds;
+  if (!t.cpu) j["attention"] = {{"kernel", plan::attention_name(t.attention.kernel)}, {"why", t.attention.why}};
+  nlohmann::json positions = nlohmann::json::array();
+  for (std::size_t i = 0; i < l.positions.size(); ++i) {
+    const plan::PositionPrediction& p = l.positions[i];
+    nlohmann::json time = nlohmann::json::object();
+    for (const auto& [name, ct] : p.compute.by_class) time[name] = {{"seconds", ct.seconds}, {"count", ct.count}};
+    positions.push_back({{"rank", p.rank},
+                         {"end_seconds", p.time.end_seconds},
+                         {"compute_seconds", p.time.compute_seconds},
+                         {"exposed_comm_seconds", p.time.exposed_comm_seconds},
+                         {"pipeline_wait_seconds", p.time.pipeline_wait_seconds},
+                         {"comm_seconds", p.time.comm_seconds},
+                         {"collectives", p.time.collectives},
+                         {"peak_memory_bytes", p.compute.peak_memory_bytes},
+                         {"fits", p.compute.fits},
+                         {"time", time},
+                         {"trace_seconds", traces[i].seconds}});
+  }
+  j["positions"] = positions;
+  return j;
+}
+
+void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
+                  const train::JobConfig& c, const Target& t) {
+  const auto& a = c.model.args;
+  const plan::StepShape& shape = traces.front().shape;
+  double traced = 0;
+  for (const auto& st : traces) traced += st.seconds;
+  std::printf("tessera llama-plan: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fB parameters\n",
+              c.model.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
+              static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
+              static_cast<long long>(a.vocab_size), static_cast<double>(a.num_params()) / 1e9);
+  std::printf("  %s, global batch %lld x seq %lld = %lld tokens/step, activation checkpointing: %s\n",
+              std::string(name_of(shape.dtype)).c_str(), static_cast<long long>(shape.tokens / shape.seq_len),
+              static_cast<long long>(shape.seq_len), static_cast<long long>(shape.tokens),
+              c.activation_checkpoint.mode.c_str());
+  std::printf("  %d GPUs of %s (%s), %g per node | mesh %s", l.gpus, l.positions.front().compute.machine.c_str(),
+              t.origin.c_str(), t.network ? t.network->gpus_per_node.value : 1.0, l.mesh.str().c_str());
+  if (l.mesh.pp > 1)
+    std::printf(", schedule %s, microbatch %lld", c.parallelism.pipeline_parallel_schedule.c_str(),
+                static_cast<long long>(c.parallelism.pipeline_parallel_microbatch_size));
+  std::printf("\n");
+  if (!t.cpu) std::printf("  attention: %s\n", t.attention.why.c_str());
+  std::printf("  traced %zu pipeline position%s in %.3f s\n\n", traces.size(), traces.size() == 1 ? "" : "s", traced);
+  std::printf("step %s | %.0f tokens/s per GPU | MFU %.1f%% (causal %.1f%%) | peak %s of %s usable: %s\n\n",
+              seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct,
+              gib(static_cast<double>(l.peak_memory_bytes)).c_str(), gib(l.usable_bytes).c_str(),
+              l.fits ? "fits" : "does NOT fit");
+  std::printf("position  rank      compute  exposed comm  pipeline wait  comm (all)  collectives   peak memory\n");
+  for (std::size_t i = 0; i < l.positions.size(); ++i) {
+    const plan::PositionPrediction& p = l.positions[i];
+    std::printf("%8zu  %4d  %11s  %12s  %13s  %10s  %11lld  %12s%s\n", i, p.rank,
+                seconds_text(p.time.compute_seconds).c_str(), seconds_text(p.time.exposed_comm_seconds).c_str(),
+                seconds_text(p.time.pipeline_wait_seconds).c_str(), seconds_text(p.time.comm_seconds).c_str(),
+                static_cast<long long>(p.time.collectives), gib(static_cast<double>(p.compute.peak_memory_bytes)).c_str(),
+                p.compute.fits ? "" : "  does NOT fit");
+  }
+  // The position the step waits for, by class.
+  std::size_t last = 0;
+  for (std::size_t i = 1; i < l.positions.size(); ++i)
+    if (l.positions[i].time.end_seconds > l.positions[last].time.end_seconds) last = i;
+  const plan::PositionPrediction& p = l.positions[last];
+  std::printf("\nposition %zu's compute by class (the last to finish)\n", last);
+  for (const auto& [name, ct] : p.compute.by_class)
+    std::printf("  %-24s %10s  %5.1f%%  (%lld)\n", name.c_str(), seconds_text(ct.seconds).c_str(),
+                l.step_seconds > 0 ? 100 * ct.seconds / l.step_seconds : 0.0, static_cast<long long>(ct.count));
+}
+
+void emit_config(const std::string& path, const train::JobConfig& c) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  TESSERA_CHECK(out.good(), "--emit-config ", path, ": cannot open for writing");
+  out << "# Written by llama-plan: the layout it planned, as a llama-train config.\n" << train::to_toml(c);
+  out.close();
+  TESSERA_CHECK(out.good(), "--emit-config ", path, ": cannot write");
 }
 
 int run(std::vector<std::string> args) {
-  std::string machine = "h100-sxm";
+  std::string machine = "h100-sxm", emit;
+  std::int64_t gpus = 0;
   bool json = false;
+  auto value_of = [&](std::size_t i, const char* what) {
+    TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
+                  ": expected ", what);
+    std::string v = args[i + 1];
+    args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
+    return v;
+  };
   for (std::size_t i = 0; i < args.size();) {
     if (args[i] == "--help" || args[i] == "-h") {
       usage();
@@ -212,16 +374,27 @@ int run(std::vector<std::string> args) {
       json = true;
       args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
     } else if (args[i] == "--machine") {
-      TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0,
-                    "--machine: expected a machine name or a profile FILE.toml");
-      machine = args[i + 1];
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
+      machine = value_of(i, "a machine name or a profile FILE.toml");
+    } else if (args[i] == "--emit-config") {
+      emit = value_of(i, "the FILE.toml to write");
+    } else if (args[i] == "--gpus") {
+      const std::string v = value_of(i, "a number of GPUs");
+      std::size_t used = 0;
+      try {
+        gpus = std::stoll(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TESSERA_CHECK(used == v.size() && gpus >= 1 && gpus <= (1 << 24), "--gpus ", v,
+                    ": expected a number of GPUs from 1 to ", 1 << 24);
     } else {
       ++i;
     }
   }
-  const train::JobConfig c = train::load_config("", args);
-  check_one_device(c);
+  const train::JobConfig given = train::load_config("", args);
+  const int world = world_of(given, gpus);
+  const comm::MeshShape mesh = plan::check_dry_run(given, world);
+  const train::JobConfig c = resolved(given, mesh);
   // A GPU trains the bf16 model when the parameters are bf16 (llama-train's choice there).
   const bool cpu = machine == "cpu";
   const bool bf16_model = !cpu && c.training.mixed_precision_param == "bfloat16";
@@ -229,14 +402,46 @@ int run(std::vector<std::string> args) {
   const DType dtype = bf16_model ? DType::bf16 : DType::f32;
   Target target;
   const std::int64_t hd = c.model.args.head_dim();
-  if (!cpu) target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype, hd);
-  plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
-  if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
-  const plan::Prediction p = plan::predict(st.trace, *target.pricer, st.shape, st.peak_bytes, st.at_peak);
+  if (!cpu) {
+    target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype, hd);
+    if (world > 1) {
+      TESSERA_CHECK(target.network.has_value(), "--machine ", machine, ": the profile has no [network] section, so ",
+                    world, " GPUs cannot be priced (", target.origin, ")");
+      const auto gpn = static_cast<int>(target.network->gpus_per_node.value);
+      TESSERA_CHECK(world <= gpn || world % gpn == 0, "--gpus ", world, ": not whole nodes of ", gpn,
+                    " GPUs (the machine's [network] gpus_per_node)");
+    }
+  }
+  if (!emit.empty()) emit_config(emit, c);
+  if (world == 1) {
+    plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
+    if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
+    const plan::Prediction p = plan::predict(st.trace, *target.pricer, st.shape, st.peak_bytes, st.at_peak);
+    if (json)
+      std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());
+    else
+      print(p, st, c, target);
+    return 0;
+  }
+  std::vector<plan::StepTrace> traces;
+  for (int rank : plan::distinct_ranks(mesh))
+    traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
+  if (cpu) {
+    trace::Trace all;  // the CPU is measured on every position's work
+    for (const auto& st : traces)
+      for (const auto& e : st.trace.events()) all.add(e.op);
+    const plan::CpuProfile profile = plan::measure_cpu(all);
+    target.cpu = true;
+    target.origin = "measured";
+    target.description = "this machine's CPU";
+    target.network = cpu_network(profile, world);
+    target.pricer = std::make_unique<plan::CpuPricer>(profile);
+  }
+  const plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, *target.network);
   if (json)
-    std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());
+    std::printf("%s\n", layout_json(l, traces, c, target).dump(2).c_str());
   else
-    print(p, st, c, target);
+    print_layout(l, traces, c, target);
   return 0;
 }
 

@@ -2,9 +2,10 @@
 
 namespace llama_plan {
 
-tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes) {
-  return bf16_model ? tessera::plan::dry_run_step<tessera::bf16>(c, device_bytes)
-                    : tessera::plan::dry_run_step<float>(c, device_bytes);
+tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes,
+                                    int world, int rank) {
+  return bf16_model ? tessera::plan::dry_run_step<tessera::bf16>(c, device_bytes, world, rank)
+                    : tessera::plan::dry_run_step<float>(c, device_bytes, world, rank);
 }
 
 tessera::train::JobConfig on_one_device(tessera::train::JobConfig c) {

@@ -14,8 +14,9 @@ namespace llama_plan {
 
 /// One traced step of the model `c` describes: the bf16 model when `bf16_model`, else
 /// float32 (with bf16 parameter values under mixed_precision_param = "bfloat16"), on a
-/// device of `device_bytes` (0: the host).
-tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes = 0);
+/// device of `device_bytes` (0: the host): world rank `rank` of a layout of `world` ranks.
+tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes = 0,
+                                    int world = 1, int rank = 0);
 
 /// `c` on one device: every parallelism degree 1 (the whole model's step on one rank).
 tessera::train::JobConfig on_one_device(tessera::train::JobConfig c);

@@ -5,8 +5,9 @@
 # measured CPU, in JSON with every key a user reads; then bad input, each one line naming
 # the key or file and exit status 1. With `all`: every config in CONFIGS_DIR on every GPU
 # profile (h100-sxm, h200, a100-80gb-sxm) and three of them (the smallest, a mid-size, the
-# largest) on the measured cpu, one device each (parallelism degrees set to 1: this
-# llama-plan plans one rank).
+# largest) on the measured cpu, one device each (parallelism degrees set to 1). Layouts
+# across GPUs: a few compositions on GPU profiles and on this CPU, their --json summing
+# up, --emit-config, and the layouts llama-plan refuses.
 set -uo pipefail
 plan=$1
 configs=$2
@@ -140,9 +141,95 @@ plan_fails "machine file without a rate" "machine profile: hbm.achieved_fraction
 plan_fails "--machine without a name" "--machine: expected a machine name or a profile FILE.toml" "${debug[@]}" --machine
 plan_fails "missing config" "none.toml" --config "$work/none.toml"
 plan_fails "unknown key" "unknown option --training.stpes" "${debug[@]}" --training.stpes 3
-plan_fails "a layout over several devices" \
-  "parallelism.tensor_parallel_degree = 2: llama-plan predicts one rank on one device" "${debug[@]}" \
-  --parallelism.tensor_parallel_degree 2
+plan_fails "--gpus not a number" "--gpus eight: expected a number of GPUs" "${debug[@]}" --gpus eight
+
+# A layout across GPUs: each pipeline position traced and replayed on the network.
+# check_layout FILE GPUS PP: the keys a user of --json reads, every position, and sums that hold.
+check_layout() {
+  python3 - "$@" <<'EOF2'
+import json, sys
+j = json.load(open(sys.argv[1])); gpus = int(sys.argv[2]); pp = int(sys.argv[3])
+for k in ["parallelism.data_parallel_shard_degree", "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
+          "parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_microbatch_size", "activation_checkpoint.mode",
+          "training.local_batch_size", "training.global_batch_size", "training.seq_len", "fits", "peak_memory_bytes",
+          "tokens_per_sec", "mfu_pct", "step_seconds", "positions"]:
+    if k not in j:
+        sys.exit("missing key %s" % k)
+if j["gpus"] != gpus or len(j["positions"]) != pp or j["parallelism.pipeline_parallel_degree"] != pp:
+    sys.exit("gpus %s, %d positions, pp %s: expected %d GPUs and %d positions" % (j["gpus"], len(j["positions"]),
+             j["parallelism.pipeline_parallel_degree"], gpus, pp))
+if abs(j["tokens_per_sec"] * gpus * j["step_seconds"] - j["tokens_per_step"]) > 1e-6 * j["tokens_per_step"]:
+    sys.exit("tokens/s per GPU x GPUs x step is not the step's tokens")
+if j["peak_memory_bytes"] != max(p["peak_memory_bytes"] for p in j["positions"]):
+    sys.exit("the peak is not the largest position's")
+if j["fits"] != all(p["fits"] for p in j["positions"]):
+    sys.exit("fits is not every position's")
+if abs(j["step_seconds"] - max(p["end_seconds"] for p in j["positions"])) > 1e-12:
+    sys.exit("the step does not end with its last position")
+for p in j["positions"]:
+    parts = p["compute_seconds"] + p["exposed_comm_seconds"] + p["pipeline_wait_seconds"]
+    if abs(parts - p["end_seconds"]) > 1e-9 * max(1, p["end_seconds"]):
+        sys.exit("position %d: compute + waits = %g, its end %g" % (p["rank"], parts, p["end_seconds"]))
+    if p["collectives"] <= 0:
+        sys.exit("position %d issued no collectives" % p["rank"])
+print("%d GPUs: %.4g s/step, %.0f tokens/s per GPU, MFU %.1f%%, peak %.3f GiB, %s" % (
+    gpus, j["step_seconds"], j["tokens_per_sec"], j["mfu_pct"], j["peak_memory_bytes"] / 2**30,
+    "fits" if j["fits"] else "does not fit"))
+EOF2
+}
+layout_ok() {
+  local name=$1 gpus=$2 pp=$3 result
+  shift 3
+  if ! timeout 300 "$plan" --json --gpus "$gpus" --parallelism.pipeline_parallel_degree "$pp" "$@" > "$work/layout.json" 2> "$work/err"; then
+    echo "FAIL: $name: exit status $?"; tail -n 5 "$work/err"; failures=$((failures + 1)); return
+  fi
+  if ! result=$(check_layout "$work/layout.json" "$gpus" "$pp" 2>&1); then
+    echo "FAIL: $name: $result"; failures=$((failures + 1)); return
+  fi
+  echo "ok: $name: $result"
+}
+layout_ok "FSDP x TP x PP on 16 H100s" 16 2 "${debug[@]}" --machine h100-sxm --parallelism.tensor_parallel_degree 2 \
+  --training.local_batch_size 4
+layout_ok "HSDP x PP (interleaved) on two nodes of A100s" 16 2 "${debug[@]}" --machine a100-80gb-sxm \
+  --parallelism.data_parallel_replicate_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B \
+  --training.local_batch_size 4
+layout_ok "FSDP on 2 ranks of this CPU" 2 1 "${debug[@]}" --machine cpu
+# The table names the mesh and every position.
+if "$plan" "${debug[@]}" --gpus 8 --parallelism.pipeline_parallel_degree 2 > "$work/table" 2> "$work/err" &&
+   grep -q 'mesh \[pp 2, dp_replicate 1, dp_shard 4, tp 1\]' "$work/table" &&
+   grep -q '^step .* tokens/s per GPU | MFU' "$work/table" && [ "$(grep -cE '^ +[01] +(0|4) ' "$work/table")" -eq 2 ]; then
+  echo "ok: the layout's table names the mesh, the step and each position"
+else
+  echo "FAIL: the layout's table:"; head -n 20 "$work/table" "$work/err"; failures=$((failures + 1))
+fi
+# --emit-config writes the layout as a llama-train config that plans the same step.
+if "$plan" "${debug[@]}" --gpus 8 --parallelism.tensor_parallel_degree 2 --json --emit-config "$work/emitted.toml" \
+     > "$work/a.json" 2> "$work/err" &&
+   grep -q '^data_parallel_shard_degree = 4$' "$work/emitted.toml" &&
+   "$plan" --config "$work/emitted.toml" --json > "$work/b.json" 2>> "$work/err" &&
+   python3 -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); sys.exit(a["step_seconds"] != b["step_seconds"] or a["peak_memory_bytes"] != b["peak_memory_bytes"])' "$work/a.json" "$work/b.json"; then
+  echo "ok: --emit-config writes a config that plans the same layout"
+else
+  echo "FAIL: --emit-config:"; head -n 5 "$work/err"; failures=$((failures + 1))
+fi
+
+plan_fails "a layout that does not divide the GPUs" "tensor_parallel_degree 4 x pipeline_parallel_degree 1 = 4 does not divide the world size 6" \
+  "${debug[@]}" --gpus 6 --parallelism.tensor_parallel_degree 4
+plan_fails "a tensor degree that does not divide the heads" "parallelism.tensor_parallel_degree = 32 does not divide n_heads = 16" \
+  "${debug[@]}" --gpus 32 --parallelism.tensor_parallel_degree 32
+plan_fails "more stages than layers" "parallelism.pipeline_parallel_degree: pipeline degree larger than the layer count" \
+  "${debug[@]}" --gpus 16 --parallelism.pipeline_parallel_degree 16
+plan_fails "GPUs that are not whole nodes" "--gpus 12: not whole nodes of 8 GPUs" "${debug[@]}" --gpus 12
+sed '/^\[network.nvlink_gbs\]/,/^source/d' "$machines/h100-sxm.toml" > "$work/no_nvlink.toml"
+plan_fails "a machine file missing a network field" "network.nvlink_gbs is missing" "${debug[@]}" --gpus 8 \
+  --machine "$work/no_nvlink.toml"
+python3 - "$machines/h100-sxm.toml" "$work/one_gpu.toml" <<'EOF2'
+import re, sys
+text = open(sys.argv[1]).read()
+open(sys.argv[2], "w").write(re.sub(r"\n\[network\.[^\]]*\]\n(#.*\n)*value = .*\nsource = .*", "", text))
+EOF2
+plan_fails "several GPUs on a profile without a network" "the profile has no [network] section, so 8 GPUs cannot be priced" \
+  "${debug[@]}" --gpus 8 --machine "$work/one_gpu.toml"
 
 [ "$failures" -eq 0 ] && echo "cli_plan: all checks passed" || echo "cli_plan: $failures failures"
 exit $((failures > 0))
