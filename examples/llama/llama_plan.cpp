@@ -57,7 +57,11 @@ void usage() {
       "                   -1 counting 1). Each pipeline position is traced and the positions are replayed\n"
       "                   together with their collectives priced on the machine's network\n"
       "  --json           one JSON object instead of the table\n"
-      "  --emit-config F  write the layout planned, every key, as a llama-train config to F\n\n"
+      "  --emit-config F  write the layout planned, every key, as a llama-train config to F\n"
+      "  --plan.zero1 true  account the data-parallel ranks as ZeRO-1 (Megatron's distributed optimizer):\n"
+      "                   bf16 parameters and gradients whole on every rank, optimizer states and fp32\n"
+      "                   masters sharded over them; to compare with published ZeRO-1 runs. tessera's\n"
+      "                   runtime does not run this mode (it runs FSDP, HSDP and DDP)\n\n"
       "Config keys are llama-train's (llama-train --help lists them).\n",
       builtin_machine_names().c_str());
 }
@@ -260,8 +264,9 @@ plan::Network cpu_network(const plan::CpuProfile& p, int world) {
 }
 
 nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
-                           const train::JobConfig& c, const Target& t) {
+                           const train::JobConfig& c, const Target& t, bool zero1) {
   nlohmann::json j = layout_keys(c);
+  j["plan.zero1"] = zero1;
   j["machine"] = l.positions.front().compute.machine;
   j["machine_origin"] = t.origin;
   j["gpus"] = l.gpus;
@@ -301,7 +306,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
 }
 
 void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
-                  const train::JobConfig& c, const Target& t) {
+                  const train::JobConfig& c, const Target& t, bool zero1) {
   const auto& a = c.model.args;
   const plan::StepShape& shape = traces.front().shape;
   double traced = 0;
@@ -316,12 +321,17 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
               c.activation_checkpoint.mode.c_str());
   std::printf("  %d GPUs of %s (%s), %g per node | mesh %s", l.gpus, l.positions.front().compute.machine.c_str(),
               t.origin.c_str(), t.network ? t.network->gpus_per_node.value : 1.0, l.mesh.str().c_str());
+  if (zero1) std::printf(" as ZeRO-1 over the %d data-parallel ranks", l.mesh.dp());
   if (l.mesh.pp > 1)
     std::printf(", schedule %s, microbatch %lld", c.parallelism.pipeline_parallel_schedule.c_str(),
                 static_cast<long long>(c.parallelism.pipeline_parallel_microbatch_size));
   std::printf("\n");
   if (!t.cpu) std::printf("  attention: %s\n", t.attention.why.c_str());
-  std::printf("  traced %zu pipeline position%s in %.3f s\n\n", traces.size(), traces.size() == 1 ? "" : "s", traced);
+  std::printf("  traced %zu pipeline position%s in %.3f s\n", traces.size(), traces.size() == 1 ? "" : "s", traced);
+  if (t.cpu && l.gpus > 1)
+    std::printf("  note: each rank is priced on the whole CPU as measured (%s); ranks that share its cores run slower\n",
+                l.positions.front().compute.machine.c_str());
+  std::printf("\n");
   std::printf("step %s | %.0f tokens/s per GPU | MFU %.1f%% (causal %.1f%%) | peak %s of %s usable: %s\n\n",
               seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct,
               gib(static_cast<double>(l.peak_memory_bytes)).c_str(), gib(l.usable_bytes).c_str(),
@@ -357,7 +367,7 @@ void emit_config(const std::string& path, const train::JobConfig& c) {
 int run(std::vector<std::string> args) {
   std::string machine = "h100-sxm", emit;
   std::int64_t gpus = 0;
-  bool json = false;
+  bool json = false, zero1 = false;
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
                   ": expected ", what);
@@ -377,6 +387,18 @@ int run(std::vector<std::string> args) {
       machine = value_of(i, "a machine name or a profile FILE.toml");
     } else if (args[i] == "--emit-config") {
       emit = value_of(i, "the FILE.toml to write");
+    } else if (args[i] == "--plan.zero1" || args[i].rfind("--plan.zero1=", 0) == 0) {
+      std::string v = "true";
+      if (args[i].size() > 12) {
+        v = args[i].substr(13);
+        args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+        v = value_of(i, "true or false");
+      } else {
+        args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      TESSERA_CHECK(v == "true" || v == "false", "--plan.zero1 ", v, ": expected true or false");
+      zero1 = v == "true";
     } else if (args[i] == "--gpus") {
       const std::string v = value_of(i, "a number of GPUs");
       std::size_t used = 0;
@@ -393,8 +415,15 @@ int run(std::vector<std::string> args) {
   }
   const train::JobConfig given = train::load_config("", args);
   const int world = world_of(given, gpus);
-  const comm::MeshShape mesh = plan::check_dry_run(given, world);
-  const train::JobConfig c = resolved(given, mesh);
+  comm::MeshShape mesh = plan::check_dry_run(given, world);
+  train::JobConfig c = resolved(given, mesh);
+  if (zero1) {
+    // Traced as data-parallel replicas, then accounted as ZeRO-1 (plan::account_zero1).
+    TESSERA_CHECK(emit.empty(), "--emit-config: plan.zero1 is a layout tessera's runtime does not run");
+    c.parallelism.data_parallel_replicate_degree = mesh.dp();
+    c.parallelism.data_parallel_shard_degree = 1;
+    mesh = plan::check_dry_run(c, world);
+  }
   // A GPU trains the bf16 model when the parameters are bf16 (llama-train's choice there).
   const bool cpu = machine == "cpu";
   const bool bf16_model = !cpu && c.training.mixed_precision_param == "bfloat16";
@@ -413,7 +442,7 @@ int run(std::vector<std::string> args) {
     }
   }
   if (!emit.empty()) emit_config(emit, c);
-  if (world == 1) {
+  if (world == 1 && !zero1) {
     plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
     if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
     const plan::Prediction p = plan::predict(st.trace, *target.pricer, st.shape, st.peak_bytes, st.at_peak);
@@ -426,22 +455,25 @@ int run(std::vector<std::string> args) {
   std::vector<plan::StepTrace> traces;
   for (int rank : plan::distinct_ranks(mesh))
     traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
+  if (zero1)
+    for (auto& st : traces) plan::account_zero1(st);
   if (cpu) {
     trace::Trace all;  // the CPU is measured on every position's work
     for (const auto& st : traces)
       for (const auto& e : st.trace.events()) all.add(e.op);
-    const plan::CpuProfile profile = plan::measure_cpu(all);
+    plan::CpuProfile profile = plan::measure_cpu(all);
+    profile.memory_bytes /= world;  // the ranks of one machine share its memory
     target.cpu = true;
     target.origin = "measured";
     target.description = "this machine's CPU";
     target.network = cpu_network(profile, world);
     target.pricer = std::make_unique<plan::CpuPricer>(profile);
   }
-  const plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, *target.network);
+  const plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}));
   if (json)
-    std::printf("%s\n", layout_json(l, traces, c, target).dump(2).c_str());
+    std::printf("%s\n", layout_json(l, traces, c, target, zero1).dump(2).c_str());
   else
-    print_layout(l, traces, c, target);
+    print_layout(l, traces, c, target, zero1);
   return 0;
 }
 

@@ -6,11 +6,14 @@
 # relative); rank 0 alone writes the dump folder and prints. Then bad input on every
 # launch mode: exit status 1 (under mpirun: non-zero) with the reason on stderr, never a
 # hang, and the dump folder untouched.
-#   distributed.sh LLAMA_TRAIN CONFIGS_DIR MPIRUN|none
+# Under mpirun, a layout llama-plan plans for 8 CPU ranks and writes with --emit-config
+# trains as written.
+#   distributed.sh LLAMA_TRAIN CONFIGS_DIR MPIRUN|none [LLAMA_PLAN]
 set -uo pipefail
 train=$1
 configs=$2
 mpirun=${3:-none}
+plan=${4:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -177,6 +180,25 @@ if [ "$mpirun" != none ]; then
   train_run mpi2_pp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 --comm.check_nccl_semantics true \
     --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule GPipe \
     --parallelism.pipeline_parallel_microbatch_size 2 && check_parity mpi2_pp2 && check_pipeline_header mpi2_pp2 GPipe
+  # FSDP 2 x TP 2 x PP 2 on 8 CPU ranks, planned by llama-plan and emitted as a config
+  # (its steps and folder with it), then trained from that file alone.
+  if [ -n "$plan" ]; then
+    start=$SECONDS
+    if "$plan" --config "$configs/debug_model.toml" --model.dim 64 --training.seq_len 32 --training.steps 2 \
+         --training.local_batch_size 2 --checkpoint.enable false --metrics.peak_tflops 1 --job.dump_folder "$work/planned" \
+         --machine cpu --gpus 8 --parallelism.tensor_parallel_degree 2 --parallelism.pipeline_parallel_degree 2 \
+         --emit-config "$work/planned.toml" > "$work/planned_plan.out" 2>&1 &&
+       timeout 300 "$mpirun" "${mpi_flags[@]}" -np 8 "$train" --config "$work/planned.toml" \
+         > "$work/planned.out" 2> "$work/planned.err" < /dev/null &&
+       grep -q '8 ranks \[pp 2, dp_replicate 1, dp_shard 2, tp 2\]' "$work/planned.out" &&
+       python3 -c 'import json,math,sys; r=[json.loads(l) for l in open(sys.argv[1])]; sys.exit([x["step"] for x in r] != [1, 2] or not all(math.isfinite(x["loss"]) for x in r))' \
+         "$work/planned/metrics.jsonl"; then
+      echo "ok: llama-plan's emitted config for 8 CPU ranks trains under mpirun -np 8 ($((SECONDS - start)) s)"
+    else
+      echo "FAIL: the emitted config under mpirun -np 8:"; tail -n 5 "$work/planned_plan.out" "$work/planned.err" 2>/dev/null
+      failures=$((failures + 1))
+    fi
+  fi
 fi
 
 # --- Bad input: exit status 1 and the reason, on every launch --------------------

@@ -213,6 +213,31 @@ else
   echo "FAIL: --emit-config:"; head -n 5 "$work/err"; failures=$((failures + 1))
 fi
 
+# --plan.zero1: data-parallel replicas accounted as ZeRO-1 hold less than as DDP (the
+# optimizer's state split 16 ways, bf16 gradients), and the mode is never emitted.
+ddp=(--config "$configs/llama2_7b.toml" --machine a100-80gb-sxm --gpus 16 --training.seq_len 512
+     --training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 16 --parallelism.data_parallel_shard_degree 1)
+if "$plan" "${ddp[@]}" --json > "$work/ddp.json" 2> "$work/err" &&
+   "$plan" "${ddp[@]}" --json --plan.zero1 true > "$work/zero1.json" 2>> "$work/err" &&
+   python3 - "$work/ddp.json" "$work/zero1.json" <<'EOF2'
+import json, sys
+ddp, z = (json.load(open(f)) for f in sys.argv[1:])
+# 7B: the fp32 masters and moments (12 bytes a parameter) split 16 ways, the gradients 4 -> 2 bytes.
+saved = ddp["peak_memory_bytes"] - z["peak_memory_bytes"]
+if not (z["plan.zero1"] and not ddp["plan.zero1"] and 6.7e9 * (12 * 15 / 16 + 2) * 0.95 < saved < 6.8e9 * (12 * 15 / 16 + 2)):
+    sys.exit("ZeRO-1 saves %.2f GiB of DDP's %.2f GiB" % (saved / 2**30, ddp["peak_memory_bytes"] / 2**30))
+if not z["step_seconds"] < ddp["step_seconds"]:
+    sys.exit("ZeRO-1's step (a sixteenth of the optimizer, bf16 gradients) is not shorter than DDP's")
+EOF2
+then
+  echo "ok: --plan.zero1 accounts the replicas' optimizer state split and bf16 gradients"
+else
+  echo "FAIL: --plan.zero1:"; head -n 5 "$work/err"; failures=$((failures + 1))
+fi
+plan_fails "--emit-config of a ZeRO-1 layout" "--emit-config: plan.zero1 is a layout tessera's runtime does not run" \
+  "${ddp[@]}" --plan.zero1 true --emit-config "$work/zero1.toml"
+plan_fails "--plan.zero1 with a bad value" "--plan.zero1 maybe: expected true or false" "${debug[@]}" --plan.zero1 maybe
+
 plan_fails "a layout that does not divide the GPUs" "tensor_parallel_degree 4 x pipeline_parallel_degree 1 = 4 does not divide the world size 6" \
   "${debug[@]}" --gpus 6 --parallelism.tensor_parallel_degree 4
 plan_fails "a tensor degree that does not divide the heads" "parallelism.tensor_parallel_degree = 32 does not divide n_heads = 16" \

@@ -185,6 +185,8 @@ class Trace {
  public:
   void add(Op op) { events_.push_back(Event{std::move(op), Region::current_name()}); }
   const std::vector<Event>& events() const { return events_; }
+  /// For a planner that rewrites a trace (plan/layout.hpp: account_zero1).
+  std::vector<Event>& mutable_events() { return events_; }
   void clear() { events_.clear(); }
 
   /// The events of one kind, in order.

@@ -9,13 +9,58 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string_view>
 #include <vector>
 
+#include "tessera/core/region.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/dry_run.hpp"
 #include "tessera/plan/timeline.hpp"
 
 namespace tessera::plan {
+
+/// Accounts a trace of data-parallel replicas (DDP: data_parallel_shard_degree 1) as
+/// ZeRO-1 over them, the layout of Megatron's distributed optimizer, which tessera's
+/// runtime does not run: parameters and gradients whole on every rank, in bf16; the
+/// optimizer's fp32 masters and moments, and its work (gradient norm, clipping, the
+/// AdamW update), split over the data-parallel ranks. The gradients are reduced in bf16
+/// (reduce-scatter, then the updated parameters all-gathered: the bytes of one all-reduce,
+/// which the trace's all-reduce already moves). The memory the trace held at its peak
+/// drops by what the sharded state and the narrower gradients give back.
+inline void account_zero1(StepTrace& st) {
+  TESSERA_CHECK(st.mesh.dp_shard == 1, "plan.zero1: the data-parallel ranks must be replicas (data_parallel_shard_degree "
+                "1, got ", st.mesh.dp_shard, "); ZeRO-1 shards the optimizer alone");
+  const int dp = st.mesh.dp_replicate;
+  const bool bf16_model = st.shape.dtype == DType::bf16;
+  for (trace::Event& e : st.trace.mutable_events()) {
+    trace::Op& op = e.op;
+    if (std::string_view(e.region) == region::kOptimizer) {
+      if (auto* k = std::get_if<trace::Kernel>(&op)) {
+        k->n = (k->n + dp - 1) / dp;
+        k->traffic.bytes_read /= dp;
+        k->traffic.bytes_written /= dp;
+        k->traffic.flops /= dp;
+        k->traffic.transcendentals /= dp;
+      } else if (auto* f = std::get_if<trace::Fill>(&op)) {
+        f->bytes /= dp;
+      }
+    }
+    // The gradients' all-reduce over the replicas, in bf16 rather than fp32.
+    if (auto* c = std::get_if<trace::Collective>(&op); c && bf16_model && dp > 1 &&
+                                                        std::string_view(c->kind) == "all_reduce" &&
+                                                        c->group.size == dp && c->group.stride == st.mesh.tp && c->bytes > 64) {
+      c->bytes /= 2;
+      for (auto& p : c->peers) p.bytes /= 2;
+    }
+  }
+  const std::size_t optimizer = st.at_peak[MemoryUse::optimizer];
+  const std::size_t gradients = st.at_peak[MemoryUse::gradients];
+  const std::size_t optimizer_after = optimizer / static_cast<std::size_t>(dp);
+  const std::size_t gradients_after = bf16_model ? gradients / 2 : gradients;
+  st.at_peak.by_use[static_cast<std::size_t>(MemoryUse::optimizer)] = optimizer_after;
+  st.at_peak.by_use[static_cast<std::size_t>(MemoryUse::gradients)] = gradients_after;
+  st.peak_bytes -= (optimizer - optimizer_after) + (gradients - gradients_after);
+}
 
 /// One pipeline position: its trace's prices by class and memory, and its replay.
 struct PositionPrediction {
