@@ -190,7 +190,7 @@ if [ "$mpirun" != none ]; then
          --emit-config "$work/planned.toml" > "$work/planned_plan.out" 2>&1 &&
        timeout 300 "$mpirun" "${mpi_flags[@]}" -np 8 "$train" --config "$work/planned.toml" \
          > "$work/planned.out" 2> "$work/planned.err" < /dev/null &&
-       grep -q '8 ranks \[pp 2, dp_replicate 1, dp_shard 2, tp 2\]' "$work/planned.out" &&
+       cat "$work/planned.out" "$work/planned.err" | grep -q '8 ranks \[pp 2, dp_replicate 1, dp_shard 2, tp 2\]' &&
        python3 -c 'import json,math,sys; r=[json.loads(l) for l in open(sys.argv[1])]; sys.exit([x["step"] for x in r] != [1, 2] or not all(math.isfinite(x["loss"]) for x in r))' \
          "$work/planned/metrics.jsonl"; then
       echo "ok: llama-plan's emitted config for 8 CPU ranks trains under mpirun -np 8 ($((SECONDS - start)) s)"

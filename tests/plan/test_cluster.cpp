@@ -11,6 +11,7 @@
 #include "../parallel/harness.hpp"
 #include "tessera/plan/cluster.hpp"
 #include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
 #include "tessera/plan/timeline.hpp"
 
@@ -237,6 +238,79 @@ TEST_CASE("timeline: every bench-policy-matrix layout replays from its positions
       else CHECK(p.pipeline_wait_seconds == 0);
     }
   }
+}
+
+TEST_CASE("layout: one rank's layout prices as predict does; a layout's sums hold") {
+  const plan::Machine m = a100();
+  const plan::GpuPricer gpu(m);
+  {
+    const train::JobConfig c = test::debug_job(test::kParityBatch, test::kParityBatch, 2, {});
+    const std::vector<plan::StepTrace> one{plan::dry_run_step<float>(c)};
+    const plan::LayoutPrediction l = plan::predict_layout(one, gpu, *m.network);
+    const plan::Prediction p = plan::predict(one[0].trace, gpu, one[0].shape, one[0].peak_bytes, one[0].at_peak);
+    CHECK(l.step_seconds == doctest::Approx(p.step_seconds));
+    CHECK(l.tokens_per_sec == doctest::Approx(p.tokens_per_sec));
+    CHECK(l.mfu_pct == doctest::Approx(p.mfu_pct));
+    CHECK(l.peak_memory_bytes == p.peak_memory_bytes);
+    CHECK(l.fits == p.fits);
+  }
+  // FSDP 2 x PP 2 on 4 ranks: tokens/s per GPU, the largest position's peak, the last to finish.
+  const train::JobConfig c = test::debug_job(test::kParityBatch / 2, test::kParityBatch, 2,
+                                             {"--parallelism.pipeline_parallel_degree", "2"});
+  const comm::MeshShape shape{2, 1, 2, 1};
+  std::vector<plan::StepTrace> traces;
+  for (int r : plan::distinct_ranks(shape)) traces.push_back(plan::dry_run_step<float>(c, 0, shape.world(), r));
+  const plan::LayoutPrediction l = plan::predict_layout(traces, gpu, *m.network);
+  REQUIRE(l.positions.size() == 2);
+  CHECK(l.gpus == 4);
+  CHECK(l.tokens_per_sec * 4 * l.step_seconds == doctest::Approx(static_cast<double>(traces[0].shape.tokens)));
+  CHECK(l.peak_memory_bytes == std::max(traces[0].peak_bytes, traces[1].peak_bytes));
+  CHECK(l.step_seconds == std::max(l.positions[0].time.end_seconds, l.positions[1].time.end_seconds));
+  CHECK(l.fits);
+  // Traces that are not one per position are refused.
+  CHECK_THROWS_WITH_AS(plan::predict_layout({traces[0]}, gpu, *m.network),
+                       doctest::Contains("1 traces for 2 pipeline positions"), Error);
+}
+
+TEST_CASE("layout: ZeRO-1 splits the replicas' optimizer state and work, and halves bf16 gradients") {
+  const plan::Machine m = a100();
+  const plan::GpuPricer gpu(m);
+  const comm::MeshShape shape{1, 4, 1, 1};
+  const train::JobConfig c = test::debug_job(test::kParityBatch / 4, test::kParityBatch, 2,
+                                             {"--parallelism.data_parallel_replicate_degree", "4",
+                                              "--parallelism.data_parallel_shard_degree", "1",
+                                              "--training.mixed_precision_param", "bfloat16"});
+  plan::StepTrace ddp = plan::dry_run_step<bf16>(c, 0, shape.world(), 0);
+  plan::StepTrace z = ddp;
+  plan::account_zero1(z);
+  const std::size_t opt = ddp.at_peak[MemoryUse::optimizer], grads = ddp.at_peak[MemoryUse::gradients];
+  REQUIRE(opt > 0);
+  CHECK(z.at_peak[MemoryUse::optimizer] == opt / 4);
+  CHECK(z.at_peak[MemoryUse::gradients] == grads / 2);
+  CHECK(ddp.peak_bytes - z.peak_bytes == (opt - opt / 4) + (grads - grads / 2));
+  // The optimizer's kernels move a quarter of the bytes; the gradients' all-reduce half.
+  auto optimizer_bytes = [](const plan::StepTrace& st) {
+    double b = 0;
+    for (const auto& e : st.trace.events())
+      if (const auto* k = std::get_if<trace::Kernel>(&e.op); k && std::string_view(e.region) == region::kOptimizer)
+        b += static_cast<double>(k->traffic.bytes_read + k->traffic.bytes_written);
+    return b;
+  };
+  auto reduced = [](const plan::StepTrace& st) {
+    std::int64_t b = 0;
+    for (const auto& c : st.trace.all<trace::Collective>())
+      if (std::string_view(c.kind) == "all_reduce" && c.group.size == 4 && c.bytes > 64) b += c.bytes;
+    return b;
+  };
+  CHECK(optimizer_bytes(z) == doctest::Approx(optimizer_bytes(ddp) / 4).epsilon(0.01));
+  CHECK(reduced(z) * 2 == reduced(ddp));
+  CHECK(plan::predict_layout({z}, gpu, *m.network).step_seconds < plan::predict_layout({ddp}, gpu, *m.network).step_seconds);
+  // ZeRO-1 shards the optimizer of replicas: an FSDP trace is refused.
+  const train::JobConfig fsdp =
+      test::debug_job(test::kParityBatch / 4, test::kParityBatch, 2, {"--training.mixed_precision_param", "bfloat16"});
+  plan::StepTrace sharded = plan::dry_run_step<bf16>(fsdp, 0, 4, 0);
+  CHECK_THROWS_WITH_AS(plan::account_zero1(sharded), doctest::Contains("plan.zero1: the data-parallel ranks must be replicas"),
+                       Error);
 }
 
 }  // namespace test_cluster
