@@ -91,17 +91,31 @@ struct Target {
   std::string description;
 };
 
-/// The machine --machine names; for `cpu`, measured on the step's own work. On a GPU the
-/// attention kernels are those `attention` (training.attention) picks for a model of `dtype`.
+/// The ranks of one machine trade data through shared memory: every rank on one node,
+/// its links as fast as two copies (into the shared segment and out of it).
+plan::Network cpu_network(const plan::CpuProfile& p, int world) {
+  // The measured bandwidth counts a copy's reads and writes: a copy moves half of it.
+  const double copies_gbs = p.bandwidth.back().second / 2 / 1e9 / 2;
+  const plan::Sourced link{copies_gbs, "measured: this machine's copy bandwidth at 256 MiB, over two copies"};
+  const plan::Sourced latency{1.0, "Open MPI's shared-memory transport: about a microsecond a message (assumed)"};
+  return plan::Network{{static_cast<double>(world), "this machine: every rank"}, link, latency, link, latency};
+}
+
+/// The machine --machine names; for `cpu`, measured on the step's own work, and shared by
+/// `world` ranks (each with its share of the memory, joined as cpu_network says). On a GPU
+/// the attention kernels are those `attention` (training.attention) picks for a model of
+/// `dtype`.
 Target resolve_machine(const std::string& name, const trace::Trace& step_trace, const std::string& attention,
-                       DType dtype, std::int64_t head_dim) {
+                       DType dtype, std::int64_t head_dim, int world = 1) {
   Target t;
   if (name == "cpu") {
     t.cpu = true;
     t.origin = "measured";
-    auto pricer = std::make_unique<plan::CpuPricer>(plan::measure_cpu(step_trace));
+    plan::CpuProfile profile = plan::measure_cpu(step_trace);
+    profile.memory_bytes /= world;  // the ranks of one machine share its memory
+    t.network = cpu_network(profile, world);
     t.description = "this machine's CPU";
-    t.pricer = std::move(pricer);
+    t.pricer = std::make_unique<plan::CpuPricer>(std::move(profile));
     return t;
   }
   plan::Machine m;
@@ -143,6 +157,26 @@ nlohmann::json layout_keys(const train::JobConfig& c) {
   return j;
 }
 
+/// The figures one device's prediction and a layout's share, under the same names.
+template <class P>
+void put_summary(nlohmann::json& j, const P& p, const Target& t) {
+  j["step_seconds"] = p.step_seconds;
+  j["tokens_per_sec"] = p.tokens_per_sec;
+  j["mfu_pct"] = p.mfu_pct;
+  j["mfu_causal_pct"] = p.mfu_causal_pct;
+  j["peak_memory_bytes"] = p.peak_memory_bytes;
+  j["usable_memory_bytes"] = p.usable_bytes;
+  j["fits"] = p.fits;
+  if (!t.cpu) j["attention"] = {{"kernel", plan::attention_name(t.attention.kernel)}, {"why", t.attention.why}};
+}
+
+/// The time by class, as {class: {seconds, count}}.
+nlohmann::json class_times(const plan::Prediction& p) {
+  nlohmann::json time = nlohmann::json::object();
+  for (const auto& [name, ct] : p.by_class) time[name] = {{"seconds", ct.seconds}, {"count", ct.count}};
+  return time;
+}
+
 nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, const train::JobConfig& c, const Target& t) {
   nlohmann::json j = layout_keys(c);
   j["machine"] = p.machine;
@@ -150,17 +184,9 @@ nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, con
   j["flavor"] = c.model.flavor;
   j["dtype"] = std::string(name_of(st.shape.dtype));
   j["tokens_per_step"] = st.shape.tokens;
-  j["step_seconds"] = p.step_seconds;
-  j["tokens_per_sec"] = p.tokens_per_sec;
-  j["mfu_pct"] = p.mfu_pct;
-  j["mfu_causal_pct"] = p.mfu_causal_pct;
+  put_summary(j, p, t);
   j["peak_flops"] = p.peak_flops;
-  j["peak_memory_bytes"] = p.peak_memory_bytes;
-  j["usable_memory_bytes"] = p.usable_bytes;
-  j["fits"] = p.fits;
-  if (!t.cpu) j["attention"] = {{"kernel", plan::attention_name(t.attention.kernel)}, {"why", t.attention.why}};
-  nlohmann::json time = nlohmann::json::object();
-  for (const auto& [name, ct] : p.by_class) time[name] = {{"seconds", ct.seconds}, {"count", ct.count}};
+  const nlohmann::json time = class_times(p);
   const MemoryBreakdown& b = p.memory;
   const std::size_t temporaries = b[MemoryUse::temporary] - std::min(b.saved_activations, b[MemoryUse::temporary]);
   nlohmann::json memory = {{"parameters", b[MemoryUse::parameters]},
@@ -253,16 +279,6 @@ train::JobConfig resolved(train::JobConfig c, const comm::MeshShape& mesh) {
   return c;
 }
 
-/// The ranks of one machine trade data through shared memory: every rank on one node,
-/// its links as fast as two copies (into the shared segment and out of it).
-plan::Network cpu_network(const plan::CpuProfile& p, int world) {
-  // The measured bandwidth counts a copy's reads and writes: a copy moves half of it.
-  const double copies_gbs = p.bandwidth.back().second / 2 / 1e9 / 2;
-  const plan::Sourced link{copies_gbs, "measured: this machine's copy bandwidth at 256 MiB, over two copies"};
-  const plan::Sourced latency{1.0, "Open MPI's shared-memory transport: about a microsecond a message (assumed)"};
-  return plan::Network{{static_cast<double>(world), "this machine: every rank"}, link, latency, link, latency};
-}
-
 nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
                            const train::JobConfig& c, const Target& t, bool zero1) {
   nlohmann::json j = layout_keys(c);
@@ -274,21 +290,12 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
   j["flavor"] = c.model.flavor;
   j["dtype"] = std::string(name_of(traces.front().shape.dtype));
   j["tokens_per_step"] = traces.front().shape.tokens;
-  j["step_seconds"] = l.step_seconds;
-  j["tokens_per_sec"] = l.tokens_per_sec;
-  j["mfu_pct"] = l.mfu_pct;
-  j["mfu_causal_pct"] = l.mfu_causal_pct;
-  j["peak_memory_bytes"] = l.peak_memory_bytes;
-  j["usable_memory_bytes"] = l.usable_bytes;
-  j["fits"] = l.fits;
+  put_summary(j, l, t);
   j["exposed_comm_seconds"] = l.exposed_comm_seconds;
   j["pipeline_wait_seconds"] = l.pipeline_wait_seconds;
-  if (!t.cpu) j["attention"] = {{"kernel", plan::attention_name(t.attention.kernel)}, {"why", t.attention.why}};
   nlohmann::json positions = nlohmann::json::array();
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     const plan::PositionPrediction& p = l.positions[i];
-    nlohmann::json time = nlohmann::json::object();
-    for (const auto& [name, ct] : p.compute.by_class) time[name] = {{"seconds", ct.seconds}, {"count", ct.count}};
     positions.push_back({{"rank", p.rank},
                          {"end_seconds", p.time.end_seconds},
                          {"compute_seconds", p.time.compute_seconds},
@@ -298,7 +305,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
                          {"collectives", p.time.collectives},
                          {"peak_memory_bytes", p.compute.peak_memory_bytes},
                          {"fits", p.compute.fits},
-                         {"time", time},
+                         {"time", class_times(p.compute)},
                          {"trace_seconds", traces[i].seconds}});
   }
   j["positions"] = positions;
@@ -461,13 +468,7 @@ int run(std::vector<std::string> args) {
     trace::Trace all;  // the CPU is measured on every position's work
     for (const auto& st : traces)
       for (const auto& e : st.trace.events()) all.add(e.op);
-    plan::CpuProfile profile = plan::measure_cpu(all);
-    profile.memory_bytes /= world;  // the ranks of one machine share its memory
-    target.cpu = true;
-    target.origin = "measured";
-    target.description = "this machine's CPU";
-    target.network = cpu_network(profile, world);
-    target.pricer = std::make_unique<plan::CpuPricer>(profile);
+    target = resolve_machine(machine, all, c.training.attention, dtype, hd, world);
   }
   const plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}));
   if (json)

@@ -98,6 +98,7 @@ inline LayoutPrediction predict_layout(const std::vector<StepTrace>& positions, 
   for (const StepTrace& st : positions) traces.push_back(&st.trace);
   const Timeline t = simulate_step(traces, first.mesh.dp() * first.mesh.tp, compute, net);
   out.step_seconds = t.step_seconds;
+  out.usable_bytes = compute.usable_bytes();
   out.fits = true;
   double worst_end = -1;
   for (std::size_t i = 0; i < positions.size(); ++i) {
@@ -105,7 +106,6 @@ inline LayoutPrediction predict_layout(const std::vector<StepTrace>& positions, 
     PositionPrediction pp{st.rank, predict(st.trace, compute, st.shape, st.peak_bytes, st.at_peak), t.positions[i]};
     out.peak_memory_bytes = std::max(out.peak_memory_bytes, st.peak_bytes);
     out.fits = out.fits && pp.compute.fits;
-    out.usable_bytes = pp.compute.usable_bytes;
     if (pp.time.end_seconds > worst_end) {
       worst_end = pp.time.end_seconds;
       out.exposed_comm_seconds = pp.time.exposed_comm_seconds;
