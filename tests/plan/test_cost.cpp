@@ -275,9 +275,9 @@ TEST_CASE("cost: transfers and synchronisations wait for the device; the step su
 }
 
 TEST_CASE("machine profiles: every built-in profile loads, each figure with its source") {
-  for (const char* name : {"h100-sxm", "h200", "a100-80gb-sxm"}) {
+  for (const std::string name : {"h100-sxm", "h200", "a100-80gb-sxm"}) {
     CAPTURE(name);
-    const std::filesystem::path file = std::filesystem::path(TESSERA_MACHINES) / (std::string(name) + ".toml");
+    const std::filesystem::path file = std::filesystem::path(TESSERA_MACHINES) / (name + ".toml");
     const plan::Machine m = plan::load_machine(file);
     CHECK(m.name == name);
     CHECK(m.bf16_tflops.value > m.fp32_tflops.value);
@@ -289,17 +289,19 @@ TEST_CASE("machine profiles: every built-in profile loads, each figure with its 
     // The big GEMMs of an 8B step run at more than half of the peak; small ones less.
     CHECK(m.gemm_bf16.at(1000) > 0.5);
     CHECK(m.gemm_bf16.at(0.1) < m.gemm_bf16.at(1000));
-    // The Hopper profiles price cuDNN's attention at head dims 64 and 128, well above the
-    // portable kernel's rate and below the tensor-core peak.
-    if (std::string(name) != "a100-80gb-sxm") {
-      for (std::int64_t hd : {64, 128}) {
-        const plan::AttentionRates* r = m.cudnn_attention_rates(hd);
-        REQUIRE(r != nullptr);
-        CHECK(!r->forward.source.empty());
-        CHECK(r->forward.at(8192) > 200);
-        CHECK(r->forward.at(8192) < m.bf16_tflops.value);
-        CHECK(r->backward.at(8192) < r->forward.at(8192));
-      }
+    // Every profile prices cuDNN's attention at head dims 64 and 128, above a quarter of
+    // the tensor-core peak at 8k (head dim 64 on Hopper is the slowest: 29%) and below it;
+    // the backward no faster than the forward (the A100 figure is forward + backward
+    // together, taken for both).
+    for (std::int64_t hd : {64, 128}) {
+      CAPTURE(hd);
+      const plan::AttentionRates* r = m.cudnn_attention_rates(hd);
+      REQUIRE(r != nullptr);
+      CHECK(!r->forward.source.empty());
+      CHECK(!r->backward.source.empty());
+      CHECK(r->forward.at(8192) > 0.25 * m.bf16_tflops.value);
+      CHECK(r->forward.at(8192) < m.bf16_tflops.value);
+      CHECK(r->backward.at(8192) <= r->forward.at(8192));
     }
     (void)read(file);
   }
