@@ -99,9 +99,10 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
     TESSERA_CHECK(local > 0 && global % (local * dp) == 0, "training.global_batch_size (", global,
                   ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
                   " = ", local * dp, ")");
-    // Two steps of windows of seq + 1 tokens for every data-parallel rank; the ids are 0
-    // (never read as values).
-    std::vector<std::uint32_t> tokens(static_cast<std::size_t>(2 * global * (seq + 1)), 0);
+    // One window of seq + 1 tokens, id 0 (never read as values): the loader wraps around
+    // it, so every rank's batches have their real shape without a stream the size of the
+    // global batch (a 405B layout on 16,384 GPUs would build and check 1 GiB of ids).
+    std::vector<std::uint32_t> tokens(static_cast<std::size_t>(seq + 1), 0);
     data::DataLoader loader(std::move(tokens), seq, local, mesh ? mesh->dp_rank() : 0, dp);
     train::Trainer<Model> trainer(model, c, std::move(loader), 0);
     trainer.step();
