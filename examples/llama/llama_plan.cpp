@@ -24,11 +24,13 @@
 // tokens/s per GPU, MFU, and each position's memory peak, compute, exposed communication
 // and pipeline wait.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "builtin_machines.hpp"
@@ -38,6 +40,7 @@
 #include "tessera/plan/cpu.hpp"
 #include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
+#include "tessera/plan/search.hpp"
 #include "tessera/train/config.hpp"
 
 using namespace tessera;
@@ -57,7 +60,14 @@ void usage() {
       "                   -1 counting 1). Each pipeline position is traced and the positions are replayed\n"
       "                   together with their collectives priced on the machine's network\n"
       "  --json           one JSON object instead of the table\n"
-      "  --emit-config F  write the layout planned, every key, as a llama-train config to F\n"
+      "  --emit-config F  write the layout planned (with --search: the first), every key, as a llama-train\n"
+      "                   config to F\n"
+      "  --search         every layout of the model on --gpus N, ranked by tokens/s: replicate x shard x\n"
+      "                   tensor x pipeline degrees (tensor parallelism within a node), pipeline schedules,\n"
+      "                   microbatch sizes (up to --search.max_microbatch, default 8), activation checkpoint\n"
+      "                   modes and FSDP reshard policies, the global batch held (training.global_batch_size,\n"
+      "                   or what the config's own degrees make of it on N GPUs). Each layout is traced small\n"
+      "                   and extrapolated in depth and batch; the first is then predicted in full\n"
       "  --plan.zero1 true  account the data-parallel ranks as ZeRO-1 (Megatron's distributed optimizer):\n"
       "                   bf16 parameters and gradients whole on every rank, optimizer states and fp32\n"
       "                   masters sharded over them; to compare with published ZeRO-1 runs. tessera's\n"
@@ -69,6 +79,14 @@ void usage() {
 std::string gib(double bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f GiB", bytes / double(1ull << 30));
+  return s;
+}
+
+/// Bytes in GiB, or MiB below one GiB (a message that compares small sizes).
+std::string size_text(double bytes) {
+  if (bytes >= double(1ull << 30)) return gib(bytes);
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f MiB", bytes / double(1ull << 20));
   return s;
 }
 
@@ -371,10 +389,133 @@ void emit_config(const std::string& path, const train::JobConfig& c) {
   TESSERA_CHECK(out.good(), "--emit-config ", path, ": cannot write");
 }
 
+std::string layout_text(const train::JobConfig& c) {
+  const auto& p = c.parallelism;
+  std::string ac = c.activation_checkpoint.mode;
+  if (ac == "selective") ac += c.activation_checkpoint.selective_ac_option == "op" ? " op" : " every " + c.activation_checkpoint.selective_ac_option;
+  char t[160];
+  std::snprintf(t, sizeof t, "%4lld %5lld %3lld %3lld  %-21s %3lld  %-13s %-7s", static_cast<long long>(p.data_parallel_replicate_degree),
+                static_cast<long long>(p.data_parallel_shard_degree), static_cast<long long>(p.tensor_parallel_degree),
+                static_cast<long long>(p.pipeline_parallel_degree),
+                p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_schedule.c_str() : "-",
+                static_cast<long long>(p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_microbatch_size
+                                                                      : c.training.local_batch_size),
+                ac.c_str(), p.data_parallel_shard_degree > 1 ? p.fsdp_reshard_after_forward.c_str() : "-");
+  return t;
+}
+
+std::string layout_brief(const train::JobConfig& c) {
+  const auto& p = c.parallelism;
+  return tessera::detail::concat("replicate ", p.data_parallel_replicate_degree, ", shard ", p.data_parallel_shard_degree,
+                                 ", tensor ", p.tensor_parallel_degree, ", pipeline ", p.pipeline_parallel_degree,
+                                 p.pipeline_parallel_degree > 1 ? " " + p.pipeline_parallel_schedule : std::string(),
+                                 ", microbatch ",
+                                 p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_microbatch_size : c.training.local_batch_size,
+                                 ", checkpoint ", c.activation_checkpoint.mode);
+}
+
+/// --search: every layout of `c`'s model on `world` GPUs of `target`, ranked.
+int search(const train::JobConfig& given, int world, const Target& target, bool bf16_model, bool json,
+           const std::string& emit, std::int64_t max_microbatch) {
+  std::int64_t global = given.training.global_batch_size;
+  if (global <= 0) {
+    comm::MeshShape own;
+    try {
+      own = plan::check_dry_run(given, world);
+    } catch (const std::exception& e) {
+      TESSERA_CHECK(false, "--search: training.global_batch_size is -1 and the config's own degrees do not lay out ",
+                    world, " GPUs (", e.what(), "); give training.global_batch_size");
+    }
+    global = given.training.local_batch_size * own.dp();
+  }
+  plan::SearchSpace space;
+  space.gpus = world;
+  space.gpus_per_node = target.network ? static_cast<int>(target.network->gpus_per_node.value) : 1;
+  space.max_microbatch = max_microbatch;
+  space.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto t0 = std::chrono::steady_clock::now();
+  const plan::TraceRank trace_rank = [&](const train::JobConfig& c, int w, int rank) {
+    return llama_plan::trace_step(c, bf16_model, target.device_bytes, w, rank);
+  };
+  const plan::SearchReport r =
+      plan::search_layouts(given, space, global, trace_rank, *target.pricer, target.network.value_or(plan::Network{}));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& a = given.model.args;
+  std::size_t fitting = 0;
+  for (const auto& l : r.layouts) fitting += l.fits ? 1 : 0;
+  if (fitting == 0) {
+    std::string smallest;
+    if (!r.layouts.empty())
+      smallest = tessera::detail::concat("; the smallest peak is ", size_text(static_cast<double>(r.layouts.front().peak_memory_bytes)),
+                                         " (", layout_brief(r.layouts.front().config), ")");
+    else if (!r.first_refusal.empty())
+      smallest = tessera::detail::concat("; every layout is refused: ", r.first_refusal);
+    TESSERA_CHECK(false, "--search: none of the ", r.enumerated, " layouts of ", given.model.flavor, " on ", world,
+                  " GPUs of ", target.pricer->name(), " fits in ", size_text(target.pricer->usable_bytes()), " per GPU", smallest);
+  }
+  if (!emit.empty()) emit_config(emit, r.layouts.front().config);
+  if (json) {
+    nlohmann::json layouts = nlohmann::json::array();
+    for (const auto& l : r.layouts) {
+      nlohmann::json j = layout_keys(l.config);
+      j["fits"] = l.fits;
+      j["peak_memory_bytes"] = l.peak_memory_bytes;
+      j["tokens_per_sec"] = l.tokens_per_sec;
+      j["mfu_pct"] = l.mfu_pct;
+      j["step_seconds"] = l.step_seconds;
+      j["exposed_comm_seconds"] = l.exposed_comm_seconds;
+      j["pipeline_wait_seconds"] = l.pipeline_wait_seconds;
+      j["extrapolated"] = l.extrapolated;
+      layouts.push_back(std::move(j));
+    }
+    nlohmann::json out;
+    out["layouts"] = std::move(layouts);
+    out["search"] = {{"gpus", world},
+                     {"machine", target.pricer->name()},
+                     {"flavor", given.model.flavor},
+                     {"global_batch_size", global},
+                     {"enumerated", r.enumerated},
+                     {"priced", r.priced},
+                     {"refused", r.refused},
+                     {"first_refusal", r.first_refusal},
+                     {"fitting", fitting},
+                     {"dry_runs", r.dry_runs},
+                     {"seconds", seconds},
+                     {"checked", r.checked},
+                     {"check_step_gap", r.check_step_gap},
+                     {"check_memory_gap", r.check_memory_gap}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("tessera llama-plan --search: %s | %lld layers, dim %lld, %lld heads (%lld kv) | %.2fB parameters\n",
+              given.model.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
+              static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()), static_cast<double>(a.num_params()) / 1e9);
+  std::printf("  %d GPUs of %s (%s), global batch %lld x seq %lld\n", world, target.pricer->name().c_str(),
+              target.origin.c_str(), static_cast<long long>(global), static_cast<long long>(given.training.seq_len));
+  std::printf("  %zu layouts: %zu priced (%d ranks traced in %.1f s), %zu refused by the runtime, %zu not priced (a variant\n"
+              "  doing less work fits); %zu fit\n",
+              r.enumerated, r.priced, r.dry_runs, seconds, r.refused, r.enumerated - r.priced - r.refused, fitting);
+  if (r.refused > 0) std::printf("  first refusal: %s\n", r.first_refusal.c_str());
+  std::printf("\n rank  repl shard  tp  pp  schedule               mb  checkpoint    reshard       step  tokens/s/GPU    MFU  peak memory\n");
+  const std::size_t shown = std::min<std::size_t>(fitting, 20);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& l = r.layouts[i];
+    std::printf("%5zu  %s %10s %13.0f %5.1f%% %12s%s\n", i + 1, layout_text(l.config).c_str(), seconds_text(l.step_seconds).c_str(),
+                l.tokens_per_sec, l.mfu_pct, gib(static_cast<double>(l.peak_memory_bytes)).c_str(), l.extrapolated ? "" : "  (full trace)");
+  }
+  if (fitting > shown) std::printf("  ... %zu more that fit (--json lists every layout priced)\n", fitting - shown);
+  std::printf("  (full trace): priced from the traces of its own depth and batch; the others extrapolated from small ones\n");
+  if (r.checked)
+    std::printf("\nthe first layout, predicted from its full traces: step %+.2f%%, peak memory %+.2f%% from its extrapolation\n",
+                100 * r.check_step_gap, 100 * r.check_memory_gap);
+  return 0;
+}
+
 int run(std::vector<std::string> args) {
   std::string machine = "h100-sxm", emit;
   std::int64_t gpus = 0;
-  bool json = false, zero1 = false;
+  bool json = false, zero1 = false, search_all = false;
+  std::int64_t max_microbatch = 8;
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
                   ": expected ", what);
@@ -390,6 +531,18 @@ int run(std::vector<std::string> args) {
     if (args[i] == "--json") {
       json = true;
       args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (args[i] == "--search") {
+      search_all = true;
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (args[i] == "--search.max_microbatch") {
+      const std::string v = value_of(i, "a number of sequences");
+      std::size_t used = 0;
+      try {
+        max_microbatch = std::stoll(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TESSERA_CHECK(used == v.size() && max_microbatch >= 1, "--search.max_microbatch ", v, ": expected a positive number");
     } else if (args[i] == "--machine") {
       machine = value_of(i, "a machine name or a profile FILE.toml");
     } else if (args[i] == "--emit-config") {
@@ -422,6 +575,24 @@ int run(std::vector<std::string> args) {
   }
   const train::JobConfig given = train::load_config("", args);
   const int world = world_of(given, gpus);
+  // A cluster is priced on the profile's [network], in whole nodes.
+  auto check_cluster = [&](const Target& t) {
+    if (world == 1 || t.cpu) return;
+    TESSERA_CHECK(t.network.has_value(), "--machine ", machine, ": the profile has no [network] section, so ", world,
+                  " GPUs cannot be priced (", t.origin, ")");
+    const auto gpn = static_cast<int>(t.network->gpus_per_node.value);
+    TESSERA_CHECK(world <= gpn || world % gpn == 0, "--gpus ", world, ": not whole nodes of ", gpn,
+                  " GPUs (the machine's [network] gpus_per_node)");
+  };
+  if (search_all) {
+    TESSERA_CHECK(!zero1, "--search: plan.zero1 is a layout tessera's runtime does not run; the search ranks the ones it does");
+    TESSERA_CHECK(machine != "cpu", "--search: plans GPU clusters; give a GPU --machine (for this machine's CPU, plan one layout)");
+    const bool bf16 = given.training.mixed_precision_param == "bfloat16";
+    const Target t = resolve_machine(machine, trace::Trace{}, given.training.attention, bf16 ? DType::bf16 : DType::f32,
+                                     given.model.args.head_dim());
+    check_cluster(t);
+    return search(given, world, t, bf16, json, emit, max_microbatch);
+  }
   comm::MeshShape mesh = plan::check_dry_run(given, world);
   train::JobConfig c = resolved(given, mesh);
   if (zero1) {
@@ -440,13 +611,7 @@ int run(std::vector<std::string> args) {
   const std::int64_t hd = c.model.args.head_dim();
   if (!cpu) {
     target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype, hd);
-    if (world > 1) {
-      TESSERA_CHECK(target.network.has_value(), "--machine ", machine, ": the profile has no [network] section, so ",
-                    world, " GPUs cannot be priced (", target.origin, ")");
-      const auto gpn = static_cast<int>(target.network->gpus_per_node.value);
-      TESSERA_CHECK(world <= gpn || world % gpn == 0, "--gpus ", world, ": not whole nodes of ", gpn,
-                    " GPUs (the machine's [network] gpus_per_node)");
-    }
+    check_cluster(target);
   }
   if (!emit.empty()) emit_config(emit, c);
   if (world == 1 && !zero1) {

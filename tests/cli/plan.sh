@@ -257,5 +257,61 @@ EOF2
 plan_fails "several GPUs on a profile without a network" "the profile has no [network] section, so 8 GPUs cannot be priced" \
   "${debug[@]}" --gpus 8 --machine "$work/one_gpu.toml"
 
+# --search: every layout of the debug model on 8 GPUs, fitting ones first and fastest
+# first, each with llama-train's keys; the first predicted in full, and what
+# --emit-config writes of it plans the same step.
+if "$plan" "${debug[@]}" --gpus 8 --search --json --emit-config "$work/best.toml" > "$work/search.json" 2> "$work/err" &&
+   "$plan" --config "$work/best.toml" --gpus 8 --json > "$work/best.json" 2>> "$work/err" &&
+   python3 - "$work/search.json" "$work/best.json" <<'EOF2'
+import json, sys
+s, best = (json.load(open(f)) for f in sys.argv[1:])
+layouts = s["layouts"]
+keys = ["parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
+        "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
+        "parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_microbatch_size",
+        "parallelism.fsdp_reshard_after_forward", "activation_checkpoint.mode", "training.local_batch_size",
+        "training.global_batch_size", "fits", "peak_memory_bytes", "tokens_per_sec", "mfu_pct", "step_seconds"]
+for l in layouts:
+    for k in keys:
+        if k not in l:
+            sys.exit("a layout lacks %s: %s" % (k, l))
+    degrees = 1
+    for k in keys[:4]:
+        degrees *= l[k]
+    if degrees != 8 or l["training.global_batch_size"] != 64:
+        sys.exit("a layout of %d GPUs or a global batch of %d: %s" % (degrees, l["training.global_batch_size"], l))
+if len(layouts) < 20 or not layouts[0]["fits"] or layouts[0]["extrapolated"]:
+    sys.exit("%d layouts, the first fits: %s, extrapolated: %s" % (len(layouts), layouts[0]["fits"], layouts[0]["extrapolated"]))
+fit = [l for l in layouts if l["fits"]]
+if layouts[:len(fit)] != fit or any(a["tokens_per_sec"] < b["tokens_per_sec"] for a, b in zip(fit, fit[1:])):
+    sys.exit("the layouts are not fitting ones first, fastest first")
+if s["search"]["enumerated"] < s["search"]["priced"] + s["search"]["refused"]:
+    sys.exit("more layouts priced or refused than enumerated: %s" % s["search"])
+if abs(best["step_seconds"] - layouts[0]["step_seconds"]) > 1e-12 or best["peak_memory_bytes"] != layouts[0]["peak_memory_bytes"]:
+    sys.exit("the emitted config plans %g s and %d bytes, the search's first %g s and %d bytes" % (
+        best["step_seconds"], best["peak_memory_bytes"], layouts[0]["step_seconds"], layouts[0]["peak_memory_bytes"]))
+print("%d layouts priced, %d fit; the first: %.0f tokens/s per GPU" % (len(layouts), len(fit), fit[0]["tokens_per_sec"]))
+EOF2
+then
+  echo "ok: --search ranks the layouts of 8 GPUs and emits the first"
+else
+  echo "FAIL: --search:"; head -n 5 "$work/err"; failures=$((failures + 1))
+fi
+if "$plan" "${debug[@]}" --gpus 8 --search > "$work/search.txt" 2> "$work/err" &&
+   grep -q '^ rank  repl shard  tp  pp  schedule' "$work/search.txt" && grep -qE '^ +1  ' "$work/search.txt" &&
+   grep -q 'layouts: .* priced' "$work/search.txt"; then
+  echo "ok: --search's table"
+else
+  echo "FAIL: --search's table:"; head -n 12 "$work/search.txt" "$work/err"; failures=$((failures + 1))
+fi
+sed "s/^value = 85045477376$/value = 1920000000/" "$machines/h100-sxm.toml" > "$work/small_gpu.toml"
+plan_fails "--search over nothing that fits" "--search: none of the 1152 layouts of debugmodel on 8 GPUs of h100-sxm fits" \
+  "${debug[@]}" --gpus 8 --search --machine "$work/small_gpu.toml"
+plan_fails "--search of ZeRO-1" "--search: plan.zero1 is a layout tessera's runtime does not run" "${debug[@]}" --gpus 8 \
+  --search --plan.zero1 true
+plan_fails "--search on the CPU" "--search: plans GPU clusters" "${debug[@]}" --gpus 2 --search --machine cpu
+plan_fails "--search.max_microbatch not a number" "--search.max_microbatch many: expected a positive number" \
+  "${debug[@]}" --gpus 8 --search --search.max_microbatch many
+
 [ "$failures" -eq 0 ] && echo "cli_plan: all checks passed" || echo "cli_plan: $failures failures"
 exit $((failures > 0))

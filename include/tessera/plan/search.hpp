@@ -1,0 +1,403 @@
+// Searching the layouts of a cluster: every way llama-train can lay a model over N GPUs,
+// each predicted from a trace of its own ranks, ranked by tokens/s.
+//
+// enumerate_layouts(base, space) lists the layouts: replicate x shard x tensor x pipeline
+// degrees that multiply to the GPUs (tensor parallelism within a node), and for each the
+// pipeline schedules, the microbatch sizes (sequences per microbatch with pipelining,
+// per forward otherwise), the activation checkpoint modes and the FSDP reshard policies.
+// The global batch (the training's hyperparameter) is held; a layout whose data-parallel
+// degree does not divide it is not a layout of this training.
+//
+// search_layouts prices them. A layout is the traces of its pipeline positions, replayed
+// on the network (plan/layout.hpp); tracing 126 blocks of Llama 3.1 405B through 16
+// microbatches for each of thousands of layouts would take hours, so a layout is traced
+// small and extrapolated:
+//
+//   depth   every stage holds its blocks less d: traced at two depths (the shallowest
+//           stage at 2 and 3 blocks; with every N-th block recomputed, d a multiple of N
+//           so that each stage keeps its pattern), the step's time, each position's
+//           memory peak and its waits are affine in d, extrapolated to d = 0;
+//   batch   microbatches (pipelining: 2 pp and 3 pp, where the schedule is in its steady
+//           state; at pp the first stage holds fewer in flight) or accumulation steps (2
+//           and 3): affine again, extrapolated to the layout's own count.
+//
+// Four small traces (two where only one dimension is large) stand for the layout; the
+// layout the search ranks first is then predicted in full, from the traces of its real
+// depth and batch, and reported with the gap between the two: the extrapolation's
+// exactness checked on the answer itself (tests/plan/test_search.cpp checks it on every
+// kind of layout against full traces).
+//
+// Two shortcuts keep the search small, each exact in the cost model: a layout is not
+// priced when a variant of it with less recomputation, or with its parameters kept
+// gathered after forward, fits; either variant is at least as fast (it does a subset of
+// the work), so it ranks above.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/comm/mesh.hpp"
+#include "tessera/parallel/schedule.hpp"
+#include "tessera/parallel/stages.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
+#include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/layout.hpp"
+#include "tessera/train/job_config.hpp"
+
+namespace tessera::plan {
+
+/// What --search enumerates on.
+struct SearchSpace {
+  int gpus = 1;
+  int gpus_per_node = 8;               // tensor parallelism stays within a node
+  std::int64_t max_microbatch = 8;     // sequences per microbatch (or per forward without pipelining)
+  int threads = 1;                     // layouts priced side by side
+};
+
+/// One layout the search priced: its config (every degree and batch resolved) and the
+/// prediction, extrapolated or (the first) from its full traces.
+struct SearchResult {
+  train::JobConfig config;
+  comm::MeshShape mesh;
+  double step_seconds = 0;
+  double tokens_per_sec = 0;  // per GPU
+  double mfu_pct = 0;
+  std::size_t peak_memory_bytes = 0;  // the largest position's
+  bool fits = false;
+  double exposed_comm_seconds = 0;
+  double pipeline_wait_seconds = 0;
+  bool extrapolated = false;
+  int dry_runs = 0;  // ranks traced to price it
+};
+
+struct SearchReport {
+  std::vector<SearchResult> layouts;  // fitting ones first, fastest first; then those that do not fit
+  std::size_t enumerated = 0;         // layouts of the space
+  std::size_t priced = 0;             // ... priced (the rest have a faster variant that fits)
+  std::size_t refused = 0;            // ... that the runtime refuses (first reason below)
+  std::string first_refusal;
+  int dry_runs = 0;
+  // The first layout predicted in full against its extrapolation (relative gaps).
+  double check_step_gap = 0, check_memory_gap = 0;
+  bool checked = false;
+};
+
+namespace detail {
+
+inline std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> d;
+  for (std::int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i != n / i) d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+/// Checkpoint modes from least recomputation to most: a layout is priced with a mode only
+/// when none before it fits ("selective" every second block and per op recompute
+/// different things, so both are tried before "full").
+struct AcMode {
+  const char* mode;
+  const char* option;
+  int rank;  // 0 none, 1 selective, 2 full
+};
+inline constexpr AcMode kAcModes[] = {{"none", "2", 0}, {"selective", "op", 1}, {"selective", "2", 1}, {"full", "2", 2}};
+
+/// Blocks per stage of `c` (every stage of every rank, in stage order).
+inline std::vector<int> stage_blocks(const train::JobConfig& c) {
+  const auto& p = c.parallelism;
+  parallel::PipelineOptions o;
+  o.schedule = parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
+  o.split_points = parallel::parse_split_points(p.pipeline_parallel_split_points);
+  const int pp = static_cast<int>(p.pipeline_parallel_degree);
+  const int stages = pp > 1 ? pp * parallel::stages_per_rank(o.schedule, o, pp) : 1;
+  std::vector<int> blocks;
+  for (const auto& s : parallel::split_stages(static_cast<int>(c.model.args.n_layers), stages, o.split_points))
+    blocks.push_back(s.blocks());
+  return blocks;
+}
+
+/// `c` with every stage `d` blocks shorter, its split given explicitly.
+inline train::JobConfig shallower(train::JobConfig c, int d) {
+  if (d == 0) return c;
+  const std::vector<int> blocks = stage_blocks(c);
+  c.model.args.n_layers -= static_cast<std::int64_t>(blocks.size()) * d;
+  c.parallelism.pipeline_parallel_split_points.clear();
+  if (blocks.size() > 1) {
+    int at = 0;
+    for (std::size_t s = 0; s + 1 < blocks.size(); ++s) {
+      at += blocks[s] - d;
+      c.parallelism.pipeline_parallel_split_points.push_back("layers." + std::to_string(at));
+    }
+  }
+  return c;
+}
+
+/// The microbatches of a pipelined layout, or the accumulation steps of one without.
+inline std::int64_t batch_count(const train::JobConfig& c, const comm::MeshShape& mesh) {
+  const std::int64_t local = c.training.local_batch_size, global = c.training.global_batch_size;
+  if (mesh.pp > 1) return local / c.parallelism.pipeline_parallel_microbatch_size;
+  return global / (local * mesh.dp());
+}
+
+/// `c` with `n` microbatches (pipelining) or accumulation steps: the global batch changed.
+inline train::JobConfig with_batch_count(train::JobConfig c, const comm::MeshShape& mesh, std::int64_t n) {
+  if (mesh.pp > 1) {
+    c.training.local_batch_size = n * c.parallelism.pipeline_parallel_microbatch_size;
+    c.training.global_batch_size = c.training.local_batch_size * mesh.dp();
+  } else {
+    c.training.global_batch_size = n * c.training.local_batch_size * mesh.dp();
+  }
+  return c;
+}
+
+inline double lerp_to(double x1, double f1, double x2, double f2, double x) {
+  return x2 == x1 ? f1 : f1 + (f2 - f1) * (x - x1) / (x2 - x1);
+}
+
+}  // namespace detail
+
+/// Traces world rank `rank` of the layout `c` on `world` ranks (llama_plan::trace_step).
+using TraceRank = std::function<StepTrace(const train::JobConfig& c, int world, int rank)>;
+
+/// Every layout of `base` on `space.gpus` GPUs, global batch `global_batch` sequences:
+/// base's model, training and every other key, with the degrees, local batch, pipeline
+/// schedule and microbatch, checkpoint mode and reshard policy of each layout. Degrees
+/// the model cannot take (tensor parallelism over the heads, more stages than layers)
+/// are left to the pricing, which names what refuses them.
+inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& base, const SearchSpace& space,
+                                                       std::int64_t global_batch) {
+  std::vector<train::JobConfig> out;
+  const std::int64_t n = space.gpus;
+  for (std::int64_t tp : detail::divisors(n)) {
+    if (tp > space.gpus_per_node) continue;
+    for (std::int64_t pp : detail::divisors(n / tp)) {
+      if (pp > base.model.args.n_layers + 2) continue;
+      const std::int64_t dp = n / (tp * pp);
+      if (global_batch % dp != 0) continue;
+      const std::int64_t per_rank = global_batch / dp;  // sequences per data-parallel rank per step
+      for (std::int64_t shard : detail::divisors(dp)) {
+        const std::vector<const char*> reshards =
+            shard > 1 ? std::vector<const char*>{"never", "always"} : std::vector<const char*>{"default"};
+        const std::vector<const char*> schedules =
+            pp > 1 ? std::vector<const char*>{"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"}
+                   : std::vector<const char*>{"1F1B"};
+        for (std::int64_t mb : detail::divisors(per_rank)) {
+          if (mb > space.max_microbatch) continue;
+          for (const char* schedule : schedules)
+            for (const char* reshard : reshards)
+              for (const auto& ac : detail::kAcModes) {
+                train::JobConfig c = base;
+                auto& p = c.parallelism;
+                p.data_parallel_replicate_degree = dp / shard;
+                p.data_parallel_shard_degree = shard;
+                p.tensor_parallel_degree = tp;
+                p.pipeline_parallel_degree = pp;
+                p.pipeline_parallel_schedule = schedule;
+                p.pipeline_parallel_split_points.clear();
+                p.fsdp_reshard_after_forward = reshard;
+                c.activation_checkpoint.mode = ac.mode;
+                c.activation_checkpoint.selective_ac_option = ac.option;
+                c.training.global_batch_size = global_batch;
+                if (pp > 1) {
+                  c.training.local_batch_size = per_rank;
+                  p.pipeline_parallel_microbatch_size = mb;
+                } else {
+                  c.training.local_batch_size = mb;
+                  p.pipeline_parallel_microbatch_size = 1;
+                }
+                out.push_back(std::move(c));
+              }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+/// Prices layout `c` (every degree and batch resolved) on `world` ranks from small traces
+/// extrapolated in depth and batch (`full`: from the traces of its real depth and batch).
+inline SearchResult price_layout(const train::JobConfig& c, int world, const TraceRank& trace_rank,
+                                 const Pricer& compute, const Network& net, bool full = false) {
+  const comm::MeshShape mesh = check_dry_run(c, world);
+  // What the runtime would refuse, refused before anything is traced.
+  parallel::check_tensor_parallel(c.model.args, mesh.tp, !c.parallelism.disable_loss_parallel);
+  if (mesh.pp > 1) {
+    parallel::PipelineOptions o;
+    o.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);
+    o.split_points = parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
+    const int v = parallel::stages_per_rank(o.schedule, o, mesh.pp);
+    (void)parallel::split_stages(static_cast<int>(c.model.args.n_layers), mesh.pp * v, o.split_points);
+    parallel::check_schedule_shape(o.schedule, mesh.pp, v,
+                                   static_cast<int>(c.training.local_batch_size / c.parallelism.pipeline_parallel_microbatch_size));
+  }
+  const std::vector<int> ranks = distinct_ranks(mesh);
+  SearchResult r;
+  r.config = c;
+  r.mesh = mesh;
+  // Depth: the shallowest stage keeps 2 and 3 blocks; batch: 2 pp and 3 pp microbatches
+  // (with pp the first stage's warm-up is not yet at its steady depth), or 2 and 3
+  // accumulation steps. Where the layout is no deeper or longer, its own.
+  const std::vector<int> blocks = detail::stage_blocks(c);
+  const int least_blocks = *std::min_element(blocks.begin(), blocks.end());
+  const std::int64_t count = detail::batch_count(c, mesh);
+  // Selective checkpointing of every N-th block recomputes by block index: the depths
+  // step by N, so that every stage keeps its pattern.
+  const auto& ac = c.activation_checkpoint;
+  const int step = ac.mode == "selective" && ac.selective_ac_option != "op" ? std::stoi(ac.selective_ac_option) : 1;
+  const int d1 = (least_blocks - 2) / step * step, d2 = d1 - step;
+  std::vector<int> depths{0};
+  if (!full && d2 >= 1) depths = {d1, d2};
+  std::vector<std::int64_t> counts{count};
+  const std::int64_t c1 = mesh.pp > 1 ? 2 * mesh.pp : 2, c2 = mesh.pp > 1 ? 3 * mesh.pp : 3;
+  if (!full && count > c2) counts = {c1, c2};
+  struct Sample {
+    double step = 0, exposed = 0, wait = 0;
+    std::vector<double> peaks;
+  };
+  std::vector<std::vector<Sample>> grid(depths.size(), std::vector<Sample>(counts.size()));
+  for (std::size_t i = 0; i < depths.size(); ++i)
+    for (std::size_t j = 0; j < counts.size(); ++j) {
+      const train::JobConfig small = detail::with_batch_count(detail::shallower(c, depths[i]), mesh, counts[j]);
+      std::vector<StepTrace> traces;
+      for (int rank : ranks) traces.push_back(trace_rank(small, world, rank));
+      r.dry_runs += static_cast<int>(ranks.size());
+      const LayoutPrediction l = predict_layout(traces, compute, net);
+      Sample& s = grid[i][j];
+      s.step = l.step_seconds;
+      s.exposed = l.exposed_comm_seconds;
+      s.wait = l.pipeline_wait_seconds;
+      for (const auto& p : l.positions) s.peaks.push_back(static_cast<double>(p.compute.peak_memory_bytes));
+    }
+  // Affine in depth (d = 0 is the layout's own), then in the batch count.
+  auto at = [&](auto get) {
+    std::vector<double> by_count;
+    for (std::size_t j = 0; j < counts.size(); ++j)
+      by_count.push_back(depths.size() == 1 ? get(grid[0][j])
+                                            : detail::lerp_to(depths[0], get(grid[0][j]), depths[1], get(grid[1][j]), 0));
+    return counts.size() == 1 ? by_count[0]
+                              : detail::lerp_to(static_cast<double>(counts[0]), by_count[0],
+                                                static_cast<double>(counts[1]), by_count[1], static_cast<double>(count));
+  };
+  r.extrapolated = depths.size() > 1 || counts.size() > 1;
+  r.step_seconds = at([](const Sample& s) { return s.step; });
+  r.exposed_comm_seconds = std::max(0.0, at([](const Sample& s) { return s.exposed; }));
+  r.pipeline_wait_seconds = std::max(0.0, at([](const Sample& s) { return s.wait; }));
+  const double usable = compute.usable_bytes();
+  r.fits = true;
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    const double peak = at([k](const Sample& s) { return s.peaks[k]; });
+    r.peak_memory_bytes = std::max(r.peak_memory_bytes, static_cast<std::size_t>(std::max(0.0, peak)));
+    r.fits = r.fits && peak <= usable;
+  }
+  const std::int64_t tokens = c.training.global_batch_size * c.training.seq_len;
+  const DType dtype = c.training.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
+  r.tokens_per_sec = r.step_seconds > 0 ? static_cast<double>(tokens) / r.step_seconds / world : 0;
+  r.mfu_pct = 100 * r.tokens_per_sec * c.model.args.flops_per_token(c.training.seq_len) / compute.peak_flops(dtype);
+  return r;
+}
+
+/// Prices every layout of `base` on `space` (plan/search.hpp's head says how), fitting
+/// ones ranked by tokens/s, and predicts the first in full.
+inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpace& space, std::int64_t global_batch,
+                                   const TraceRank& trace_rank, const Pricer& compute, const Network& net) {
+  SearchReport report;
+  const std::vector<train::JobConfig> all = enumerate_layouts(base, space, global_batch);
+  report.enumerated = all.size();
+  // A family: one layout but for its checkpoint mode and reshard policy, tried from the
+  // least work up; a variant is priced only while none with less work fits.
+  auto family_of = [](const train::JobConfig& c) {
+    const auto& p = c.parallelism;
+    return std::to_string(p.data_parallel_replicate_degree) + "/" + std::to_string(p.data_parallel_shard_degree) + "/" +
+           std::to_string(p.tensor_parallel_degree) + "/" + std::to_string(p.pipeline_parallel_degree) + "/" +
+           p.pipeline_parallel_schedule + "/" + std::to_string(p.pipeline_parallel_microbatch_size) + "/" +
+           std::to_string(c.training.local_batch_size);
+  };
+  std::map<std::string, std::vector<const train::JobConfig*>> families;
+  std::vector<std::string> order;
+  for (const auto& c : all) {
+    auto [it, added] = families.try_emplace(family_of(c));
+    if (added) order.push_back(it->first);
+    it->second.push_back(&c);
+  }
+  std::mutex m;
+  std::atomic<std::size_t> next{0};
+  auto ac_rank = [](const train::JobConfig& c) {
+    return c.activation_checkpoint.mode == "none" ? 0 : c.activation_checkpoint.mode == "selective" ? 1 : 2;
+  };
+  auto work = [&] {
+    for (std::size_t f = next++; f < order.size(); f = next++) {
+      std::vector<SearchResult> fitted;
+      std::vector<SearchResult> priced;
+      int dry_runs = 0;
+      std::size_t refused = 0;
+      std::string refusal;
+      for (const train::JobConfig* c : families.at(order[f])) {
+        // A variant that fits doing no more work (no more recomputation, parameters kept
+        // at least as long) makes this one slower: it is not priced.
+        const bool dominated = std::any_of(fitted.begin(), fitted.end(), [&](const SearchResult& s) {
+          const auto &a = s.config.activation_checkpoint, &b = c->activation_checkpoint;
+          const bool less_recompute =
+              ac_rank(s.config) < ac_rank(*c) || (a.mode == b.mode && a.selective_ac_option == b.selective_ac_option);
+          const bool kept_longer = s.config.parallelism.fsdp_reshard_after_forward != "always" ||
+                                   c->parallelism.fsdp_reshard_after_forward == "always";
+          return less_recompute && kept_longer;
+        });
+        if (dominated) continue;
+        try {
+          SearchResult r = price_layout(*c, space.gpus, trace_rank, compute, net);
+          dry_runs += r.dry_runs;
+          if (r.fits) fitted.push_back(r);
+          priced.push_back(std::move(r));
+        } catch (const std::exception& e) {
+          ++refused;
+          if (refusal.empty()) refusal = e.what();
+        }
+      }
+      std::lock_guard<std::mutex> lock(m);
+      report.priced += priced.size();
+      report.dry_runs += dry_runs;
+      report.refused += refused;
+      if (report.first_refusal.empty()) report.first_refusal = refusal;
+      for (auto& r : priced) report.layouts.push_back(std::move(r));
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int t = 1; t < std::max(1, space.threads); ++t) workers.emplace_back(work);
+  work();
+  for (auto& t : workers) t.join();
+  std::stable_sort(report.layouts.begin(), report.layouts.end(), [](const SearchResult& a, const SearchResult& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits) return a.tokens_per_sec > b.tokens_per_sec;
+    return a.peak_memory_bytes < b.peak_memory_bytes;
+  });
+  if (!report.layouts.empty() && report.layouts.front().fits && report.layouts.front().extrapolated) {
+    SearchResult& top = report.layouts.front();
+    SearchResult exact = price_layout(top.config, space.gpus, trace_rank, compute, net, true);
+    report.checked = true;
+    report.check_step_gap = top.step_seconds / exact.step_seconds - 1;
+    report.check_memory_gap =
+        static_cast<double>(top.peak_memory_bytes) / static_cast<double>(exact.peak_memory_bytes) - 1;
+    report.dry_runs += exact.dry_runs;
+    top = std::move(exact);
+    std::stable_sort(report.layouts.begin(), report.layouts.end(), [](const SearchResult& a, const SearchResult& b) {
+      if (a.fits != b.fits) return a.fits;
+      if (a.fits) return a.tokens_per_sec > b.tokens_per_sec;
+      return a.peak_memory_bytes < b.peak_memory_bytes;
+    });
+  }
+  return report;
+}
+
+}  // namespace tessera::plan
