@@ -129,6 +129,22 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
     CHECK((a.fits || !b.fits));
     if (a.fits && b.fits) CHECK(a.tokens_per_sec >= b.tokens_per_sec);
   }
+  // Side by side or one at a time, the same ranking to the last figure: each dry run sees
+  // its own device (meta::DeviceMemory is per thread; the loss head sizes its chunk from it).
+  const std::size_t device = static_cast<std::size_t>(m.capacity_bytes.value);
+  const plan::TraceRank sized = [device](const train::JobConfig& c, int world, int rank) {
+    return plan::dry_run_step<float>(c, device, world, rank);
+  };
+  plan::SearchSpace alone = space;
+  alone.threads = 1;
+  const plan::SearchReport a = plan::search_layouts(base, alone, 8, sized, gpu, *m.network);
+  const plan::SearchReport b = plan::search_layouts(base, space, 8, sized, gpu, *m.network);
+  REQUIRE(a.layouts.size() == b.layouts.size());
+  for (std::size_t i = 0; i < a.layouts.size(); ++i) {
+    CHECK(train::to_toml(a.layouts[i].config) == train::to_toml(b.layouts[i].config));
+    CHECK(a.layouts[i].step_seconds == b.layouts[i].step_seconds);
+    CHECK(a.layouts[i].peak_memory_bytes == b.layouts[i].peak_memory_bytes);
+  }
   // The debug model fits everywhere, so no layout is priced with more recomputation than
   // none, or with its parameters freed after forward: a variant doing less work fits.
   for (const auto& l : r.layouts) {

@@ -76,7 +76,8 @@ struct SearchResult {
   double exposed_comm_seconds = 0;
   double pipeline_wait_seconds = 0;
   bool extrapolated = false;
-  int dry_runs = 0;  // ranks traced to price it
+  int dry_runs = 0;     // ranks traced to price it
+  std::size_t index = 0;  // its place in enumerate_layouts' list: ties rank in that order
 };
 
 struct SearchReport {
@@ -357,6 +358,7 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
         if (dominated) continue;
         try {
           SearchResult r = price_layout(*c, space.gpus, trace_rank, compute, net);
+          r.index = static_cast<std::size_t>(c - all.data());
           dry_runs += r.dry_runs;
           if (r.fits) fitted.push_back(r);
           priced.push_back(std::move(r));
@@ -377,11 +379,15 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
   for (int t = 1; t < std::max(1, space.threads); ++t) workers.emplace_back(work);
   work();
   for (auto& t : workers) t.join();
-  std::stable_sort(report.layouts.begin(), report.layouts.end(), [](const SearchResult& a, const SearchResult& b) {
+  // Fitting ones first, fastest first; the others smallest first; ties in enumeration
+  // order, so that the ranking does not depend on which thread finished first.
+  const auto ranks_before = [](const SearchResult& a, const SearchResult& b) {
     if (a.fits != b.fits) return a.fits;
-    if (a.fits) return a.tokens_per_sec > b.tokens_per_sec;
-    return a.peak_memory_bytes < b.peak_memory_bytes;
-  });
+    if (a.fits && a.tokens_per_sec != b.tokens_per_sec) return a.tokens_per_sec > b.tokens_per_sec;
+    if (!a.fits && a.peak_memory_bytes != b.peak_memory_bytes) return a.peak_memory_bytes < b.peak_memory_bytes;
+    return a.index < b.index;
+  };
+  std::sort(report.layouts.begin(), report.layouts.end(), ranks_before);
   if (!report.layouts.empty() && report.layouts.front().fits && report.layouts.front().extrapolated) {
     SearchResult& top = report.layouts.front();
     SearchResult exact = price_layout(top.config, space.gpus, trace_rank, compute, net, true);
@@ -390,12 +396,9 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
     report.check_memory_gap =
         static_cast<double>(top.peak_memory_bytes) / static_cast<double>(exact.peak_memory_bytes) - 1;
     report.dry_runs += exact.dry_runs;
+    exact.index = top.index;
     top = std::move(exact);
-    std::stable_sort(report.layouts.begin(), report.layouts.end(), [](const SearchResult& a, const SearchResult& b) {
-      if (a.fits != b.fits) return a.fits;
-      if (a.fits) return a.tokens_per_sec > b.tokens_per_sec;
-      return a.peak_memory_bytes < b.peak_memory_bytes;
-    });
+    std::sort(report.layouts.begin(), report.layouts.end(), ranks_before);
   }
   return report;
 }

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "tessera/backend/attention_shape.hpp"
@@ -94,16 +95,18 @@ class AddressSpace {
     return n;
   }
 };
-/// The capacity Meta reports while one is open: the device the dry run stands for.
+/// The capacity Meta reports while one is open on this thread: the device the dry run
+/// stands for. Per thread, as the dry run's other state is: a search traces layouts on
+/// several threads at once, and one dry run's end must not change another's device.
 class DeviceMemory {
  public:
-  explicit DeviceMemory(std::size_t bytes) : previous_(current().exchange(bytes)) {}
-  ~DeviceMemory() { current().store(previous_); }
+  explicit DeviceMemory(std::size_t bytes) : previous_(std::exchange(current(), bytes)) {}
+  ~DeviceMemory() { current() = previous_; }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
 
-  static std::atomic<std::size_t>& current() {
-    static std::atomic<std::size_t> bytes{0};
+  static std::size_t& current() {
+    static thread_local std::size_t bytes = 0;
     return bytes;
   }
 
@@ -132,7 +135,7 @@ struct Meta {
   static void synchronize() {}
 
   /// The capacity of the device the dry run stands for (meta::DeviceMemory), or 0.
-  static std::size_t device_memory_bytes() { return meta::DeviceMemory::current().load(); }
+  static std::size_t device_memory_bytes() { return meta::DeviceMemory::current(); }
 
   /// The host gets zero bytes, the placeholder for any value read back, except a small
   /// value the host uploaded to the same address (meta::HostValues).
