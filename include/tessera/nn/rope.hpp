@@ -22,13 +22,18 @@ class RopeTable {
   void ensure(std::int64_t length) {
     if (length <= length_) return;
     const std::int64_t half = head_dim_ / 2;
-    Tensor<T> cos(Shape{length, half}, Uninitialized{}), sin(Shape{length, half}, Uninitialized{});
-    for (std::int64_t p = 0; p < length; ++p)
-      for (std::int64_t i = 0; i < half; ++i) {
-        double angle = static_cast<double>(p) * inv_freq_[static_cast<std::size_t>(i)];
-        cos[p * half + i] = static_cast<T>(std::cos(angle));
-        sin[p * half + i] = static_cast<T>(std::sin(angle));
-      }
+    // A dry run (the Meta backend) uploads the same bytes but never reads them: it skips
+    // the sines and cosines, half of a small layout's trace (llama-plan --search).
+    constexpr bool values = B::device != Device::meta;
+    Tensor<T> cos = values ? Tensor<T>(Shape{length, half}, Uninitialized{}) : Tensor<T>(Shape{length, half});
+    Tensor<T> sin = values ? Tensor<T>(Shape{length, half}, Uninitialized{}) : Tensor<T>(Shape{length, half});
+    if constexpr (values)
+      for (std::int64_t p = 0; p < length; ++p)
+        for (std::int64_t i = 0; i < half; ++i) {
+          double angle = static_cast<double>(p) * inv_freq_[static_cast<std::size_t>(i)];
+          cos[p * half + i] = static_cast<T>(std::cos(angle));
+          sin[p * half + i] = static_cast<T>(std::sin(angle));
+        }
     cos_ = upload<B>(cos);  // computed in double on the host, once per length
     sin_ = upload<B>(sin);
     length_ = length;
