@@ -830,15 +830,14 @@ class Transformer {
   }
 
   /// The lowered program of the schedule for `microbatches` microbatches, made and
-  /// checked against NCCL's rules once (parallel::check_program) before it first runs.
+  /// checked against NCCL's rules (parallel::check_program) before it first runs: once
+  /// per process for each schedule shape (parallel::checked_program).
   const parallel::Program& program(int microbatches) {
     auto it = programs_.find(microbatches);
-    if (it == programs_.end()) {
-      parallel::Program p = parallel::lower(schedule(microbatches));
-      parallel::check_program(p);
-      it = programs_.emplace(microbatches, std::move(p)).first;
-    }
-    return it->second;
+    if (it == programs_.end())
+      it = programs_.emplace(microbatches, parallel::checked_program(schedule_kind_, pp_, stages_per_rank_, microbatches))
+               .first;
+    return *it->second;
   }
 
   /// The stage (and so the pipeline rank) holding a parameter, by its name.
@@ -897,7 +896,7 @@ class Transformer {
   std::vector<std::int64_t> layer_ids_;  // the global id of each block held here
   bool has_embedding_ = true, has_head_ = true;
   std::map<int, parallel::Schedule> schedules_;           // by microbatch count
-  std::map<int, parallel::Program> programs_;             // the schedules lowered, by microbatch count
+  std::map<int, std::shared_ptr<const parallel::Program>> programs_;  // the schedules lowered, by microbatch count
   std::optional<parallel::Program> forward_program_;      // evaluation's forward-only walk, lowered
   double pipeline_wait_seconds_ = 0;
   optim::SquaredNorms<B, A> norms_;   // the gradient norm's pieces, their table kept between steps

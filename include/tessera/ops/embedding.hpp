@@ -77,9 +77,11 @@ inline EmbeddingSegments embedding_segments(std::span<const std::int32_t> ids, s
   order.reserve(ids.size());
   for (std::size_t r = 0; r < ids.size(); ++r)
     if (ids[r] >= lo && ids[r] < hi) order.push_back(static_cast<std::int32_t>(r));
-  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+  const auto by_id = [&](std::int32_t a, std::int32_t b) {
     return ids[static_cast<std::size_t>(a)] < ids[static_cast<std::size_t>(b)];
-  });
+  };
+  // Already in id order (one id throughout, as a dry run's batches are): nothing to sort.
+  if (!std::is_sorted(order.begin(), order.end(), by_id)) std::stable_sort(order.begin(), order.end(), by_id);
   std::vector<std::int32_t> unique, offsets;
   for (std::size_t k = 0; k < order.size(); ++k) {
     const std::int32_t id = ids[static_cast<std::size_t>(order[k])];

@@ -47,8 +47,12 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -515,6 +519,26 @@ inline std::string format_program(const Program& p) {
     out += '\n';
   }
   return out;
+}
+
+/// The program of `kind` on `ranks` x `stages_per_rank` stages for `microbatches`,
+/// lowered and checked (check_program) once per process and shared: a rank's model asks
+/// for its schedule once, but a planner that traces thousands of layouts (llama-plan
+/// --search) builds thousands of models of the same few schedules, and the check, which
+/// simulates every rank, is quadratic in the pipeline's depth.
+inline std::shared_ptr<const Program> checked_program(ScheduleKind kind, int ranks, int stages_per_rank,
+                                                      int microbatches) {
+  static std::mutex mutex;
+  static std::map<std::array<int, 4>, std::shared_ptr<const Program>> programs;
+  const std::array<int, 4> key{static_cast<int>(kind), ranks, stages_per_rank, microbatches};
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = programs.find(key); it != programs.end()) return it->second;
+  }
+  auto p = std::make_shared<const Program>(lower(make_schedule(kind, ranks, stages_per_rank, microbatches)));
+  check_program(*p);
+  std::lock_guard lock(mutex);
+  return programs.emplace(key, std::move(p)).first->second;
 }
 
 }  // namespace tessera::parallel
