@@ -3,6 +3,7 @@
 // the enumeration; the ranking and its pruning.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -43,10 +44,15 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
     int world, layers;
     std::int64_t local, global;
     std::vector<std::string> keys;
+    double time_eps = 1e-3;  // relative
+    double memory_eps = 0;   // relative: 0 to the byte
   };
   const std::vector<Case> cases = {
       {"FSDP 2, 8 accumulation steps", 2, 10, 1, 16,
        {"--parallelism.data_parallel_shard_degree", "2"}},
+      {"FSDP 2 x TP 2, full checkpointing, parameters freed after forward", 4, 10, 2, 8,
+       {"--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree", "2",
+        "--activation_checkpoint.mode", "full", "--parallelism.fsdp_reshard_after_forward", "always"}},
       {"DDP 2, full checkpointing", 2, 9, 1, 12,
        {"--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
         "--activation_checkpoint.mode", "full"}},
@@ -62,6 +68,19 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
        {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "GPipe",
         "--parallelism.data_parallel_shard_degree", "2", "--parallelism.fsdp_reshard_after_forward", "never",
         "--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"}},
+      // Deeper than 8: traced on 4 and 8 pipeline ranks and extrapolated in the degree.
+      {"PP 16, 1F1B, 32 microbatches", 16, 30, 32, 32,
+       {"--parallelism.pipeline_parallel_degree", "16", "--parallelism.data_parallel_shard_degree", "1"}},
+      {"PP 16, 1F1B, 16 microbatches (under 2 pp: along its microbatches per rank)", 16, 30, 16, 16,
+       {"--parallelism.pipeline_parallel_degree", "16", "--parallelism.data_parallel_shard_degree", "1"}},
+      // Several stages per rank, extrapolated in the degree: within 1% and 0.5% (measured
+      // 0.6% and 0.2%: the interleaved schedules are not exactly affine in the degree).
+      {"PP 12, Interleaved1F1B, 36 microbatches", 12, 46, 36, 36,
+       {"--parallelism.pipeline_parallel_degree", "12", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
+        "--parallelism.data_parallel_shard_degree", "1"}, 1e-2, 5e-3},
+      {"FSDP 2 x PP 12, Interleaved1F1B, 36 microbatches", 24, 46, 36, 72,
+       {"--parallelism.pipeline_parallel_degree", "12", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
+        "--parallelism.data_parallel_shard_degree", "2"}, 1e-2, 5e-3},
   };
   for (const Case& k : cases) {
     CAPTURE(std::string(k.name));
@@ -70,14 +89,16 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
     const plan::SearchResult full = plan::price_layout(c, k.world, kTrace, gpu, *m.network, true);
     CHECK(small.extrapolated);
     CHECK(!full.extrapolated);
-    CHECK(small.dry_runs == 4 * full.dry_runs);  // four small traces per position
+    CHECK(small.dry_runs <= 4 * full.dry_runs);  // at most four small traces per position
     // The step to a part in a thousand, the memory peak to the byte (both are affine in
-    // the blocks per stage and in the batch count once the schedule is in its steady state).
-    CHECK(small.step_seconds == doctest::Approx(full.step_seconds).epsilon(1e-3));
-    CHECK(small.peak_memory_bytes == full.peak_memory_bytes);
+    // the blocks per stage, in the batch count once the schedule is in its steady state,
+    // and for one stage per rank in the pipeline degree).
+    CHECK(small.step_seconds == doctest::Approx(full.step_seconds).epsilon(k.time_eps));
+    if (k.memory_eps == 0) CHECK(small.peak_memory_bytes == full.peak_memory_bytes);
+    else CHECK(double(small.peak_memory_bytes) == doctest::Approx(double(full.peak_memory_bytes)).epsilon(k.memory_eps));
     CHECK(small.fits == full.fits);
-    CHECK(small.tokens_per_sec == doctest::Approx(full.tokens_per_sec).epsilon(1e-3));
-    CHECK(small.mfu_pct == doctest::Approx(full.mfu_pct).epsilon(1e-3));
+    CHECK(small.tokens_per_sec == doctest::Approx(full.tokens_per_sec).epsilon(k.time_eps));
+    CHECK(small.mfu_pct == doctest::Approx(full.mfu_pct).epsilon(k.time_eps));
   }
 }
 
@@ -145,11 +166,58 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
     CHECK(a.layouts[i].step_seconds == b.layouts[i].step_seconds);
     CHECK(a.layouts[i].peak_memory_bytes == b.layouts[i].peak_memory_bytes);
   }
-  // The debug model fits everywhere, so no layout is priced with more recomputation than
-  // none, or with its parameters freed after forward: a variant doing less work fits.
+  // The debug model fits everywhere, so each family is priced twice: its lightest
+  // variant (full recomputation, parameters freed after forward: if that did not fit,
+  // nothing would), and no recomputation with the parameters kept, which dominates the
+  // rest.
   for (const auto& l : r.layouts) {
-    CHECK(l.config.activation_checkpoint.mode == "none");
-    CHECK(l.config.parallelism.fsdp_reshard_after_forward != "always");
+    const auto& ac = l.config.activation_checkpoint;
+    const std::string reshard = l.config.parallelism.fsdp_reshard_after_forward;
+    const bool lightest = ac.mode == "full" && reshard != "never";
+    const bool least_work = ac.mode == "none" && reshard != "always";
+    CHECK((lightest || least_work));
+  }
+  // A device where only some layouts fit: the larger microbatches past one that does
+  // not fit, and the smaller shard degrees past one where none fits, are not priced;
+  // every layout that fits is still found (against pricing every one).
+  struct Cap final : plan::Pricer {
+    const plan::Pricer& inner;
+    double bytes;
+    Cap(const plan::Pricer& p, double b) : inner(p), bytes(b) {}
+    double seconds(const trace::Op& op) const override { return inner.seconds(op); }
+    double peak_flops(DType d) const override { return inner.peak_flops(d); }
+    double usable_bytes() const override { return bytes; }
+    std::string name() const override { return "capped"; }
+  };
+  {
+    std::vector<double> peaks;
+    for (const auto& l : r.layouts) peaks.push_back(static_cast<double>(l.peak_memory_bytes));
+    std::sort(peaks.begin(), peaks.end());
+    const Cap cap(gpu, peaks[peaks.size() / 3]);
+    const plan::SearchReport pruned = plan::search_layouts(base, alone, 8, kTrace, cap, *m.network);
+    std::set<std::string> found, every;
+    for (const auto& l : pruned.layouts)
+      if (l.fits) found.insert(train::to_toml(l.config));
+    for (const auto& c : plan::enumerate_layouts(base, alone, 8)) {
+      try {
+        if (plan::price_layout(c, 4, kTrace, cap, *m.network).fits) every.insert(train::to_toml(c));
+      } catch (const std::exception&) {
+      }
+    }
+    // Every family with a fitting layout is found, with its fastest fitting variant.
+    std::set<std::string> found_families, every_families;
+    auto family = [](std::string toml) {
+      for (const char* key : {"mode = ", "selective_ac_option = ", "fsdp_reshard_after_forward = "}) {
+        const auto at = toml.find(key);
+        if (at != std::string::npos) toml.erase(at, toml.find('\n', at) - at);
+      }
+      return toml;
+    };
+    for (const auto& t : found) found_families.insert(family(t));
+    for (const auto& t : every) every_families.insert(family(t));
+    CHECK(!every.empty());
+    CHECK(found_families == every_families);
+    CHECK(pruned.priced < plan::enumerate_layouts(base, alone, 8).size());
   }
   // A device too small for any layout: nothing fits.
   struct Tiny final : plan::Pricer {

@@ -14,23 +14,29 @@
 // small and extrapolated:
 //
 //   depth   every stage holds its blocks less d: traced at two depths (the shallowest
-//           stage at 2 and 3 blocks; with every N-th block recomputed, d a multiple of N
+//           stage at 3 and 4 blocks; with every N-th block recomputed, d a multiple of N
 //           so that each stage keeps its pattern), the step's time, each position's
 //           memory peak and its waits are affine in d, extrapolated to d = 0;
 //   batch   microbatches (pipelining: 2 pp and 3 pp, where the schedule is in its steady
-//           state; at pp the first stage holds fewer in flight) or accumulation steps (2
-//           and 3): affine again, extrapolated to the layout's own count.
+//           state; at pp the first stage holds fewer in flight) or accumulation steps (1
+//           and 2): affine again, extrapolated to the layout's own count;
+//   degree  a deep pipeline on 3 and 4 ranks (interleaved: 4 and 8), its stages as the
+//           layout's first, second and last: affine in the degree.
 //
-// Four small traces (two where only one dimension is large) stand for the layout; the
+// Eight small traces at most (fewer where a dimension is small) stand for the layout; the
 // layout the search ranks first is then predicted in full, from the traces of its real
 // depth and batch, and reported with the gap between the two: the extrapolation's
 // exactness checked on the answer itself (tests/plan/test_search.cpp checks it on every
 // kind of layout against full traces).
 //
-// Two shortcuts keep the search small, each exact in the cost model: a layout is not
-// priced when a variant of it with less recomputation, or with its parameters kept
-// gathered after forward, fits; either variant is at least as fast (it does a subset of
-// the work), so it ranks above.
+// Three shortcuts keep the search small, each exact in the cost model: a layout's
+// lightest variant (full recomputation, parameters freed after forward) is priced first,
+// and if it does not fit no variant does; a layout is not priced when a variant of it
+// with less recomputation, or with its parameters kept gathered after forward, fits
+// (that variant does a subset of the work, so it ranks above); and memory grows with
+// the microbatch and falls with the shard degree, so past a family where nothing fits
+// the larger microbatches, and past a degree where the smallest does not fit the
+// smaller degrees, are not priced.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -163,6 +170,27 @@ inline train::JobConfig with_batch_count(train::JobConfig c, const comm::MeshSha
   return c;
 }
 
+/// `c` on `pp` pipeline ranks (the other degrees kept): its first, second and last
+/// stages as c's, every other stage as c's second, the split given explicitly.
+inline train::JobConfig with_pipeline_degree(train::JobConfig c, int pp) {
+  const std::vector<int> blocks = stage_blocks(c);
+  const int per_rank = static_cast<int>(blocks.size()) / static_cast<int>(c.parallelism.pipeline_parallel_degree);
+  const int stages = pp * per_rank;
+  const int middle = *std::max_element(blocks.begin() + 1, blocks.end() - 1);
+  std::vector<int> now(static_cast<std::size_t>(stages), middle);
+  now.front() = blocks.front();
+  now.back() = blocks.back();
+  c.parallelism.pipeline_parallel_degree = pp;
+  c.parallelism.pipeline_parallel_split_points.clear();
+  int at = 0;
+  for (int s = 0; s + 1 < stages; ++s) {
+    at += now[static_cast<std::size_t>(s)];
+    c.parallelism.pipeline_parallel_split_points.push_back("layers." + std::to_string(at));
+  }
+  c.model.args.n_layers = at + now.back();
+  return c;
+}
+
 inline double lerp_to(double x1, double f1, double x2, double f2, double x) {
   return x2 == x1 ? f1 : f1 + (f2 - f1) * (x - x1) / (x2 - x1);
 }
@@ -243,61 +271,115 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
     parallel::check_schedule_shape(o.schedule, mesh.pp, v,
                                    static_cast<int>(c.training.local_batch_size / c.parallelism.pipeline_parallel_microbatch_size));
   }
-  const std::vector<int> ranks = distinct_ranks(mesh);
   SearchResult r;
   r.config = c;
   r.mesh = mesh;
-  // Depth: the shallowest stage keeps 2 and 3 blocks; batch: 2 pp and 3 pp microbatches
-  // (with pp the first stage's warm-up is not yet at its steady depth), or 2 and 3
-  // accumulation steps. Where the layout is no deeper or longer, its own.
-  const std::vector<int> blocks = detail::stage_blocks(c);
-  const int least_blocks = *std::min_element(blocks.begin(), blocks.end());
   const std::int64_t count = detail::batch_count(c, mesh);
-  // Selective checkpointing of every N-th block recomputes by block index: the depths
-  // step by N, so that every stage keeps its pattern.
+  // Pipeline degree: a pipeline of one stage per rank deeper than 4 ranks is traced on 3
+  // and 4, every stage as the layout's first, second and last are (the middle ones as its
+  // second), at 8 and 12 microbatches (past the warm-up of both) where the layout is
+  // itself past its warm-up (2 pp microbatches or more), else along the line of its own
+  // microbatches per pipeline rank. With several stages per rank (schedules that run the
+  // microbatches in rounds of pp, affine in the degree only from about 4 ranks: traced on
+  // 3 and 4 they miss by 14%), or where 3 ranks would not get whole microbatches, a
+  // pipeline deeper than 8 is traced on 4 and 8 along that line.
+  std::vector<int> pps{mesh.pp};
+  std::vector<std::int64_t> counts{count};
+  bool on_ray = false;  // counts[0] is microbatches per pipeline rank, scaled by each degree
+  const bool interleaved = detail::stage_blocks(c).size() > static_cast<std::size_t>(mesh.pp);
+  if (!full && !interleaved && mesh.pp > 4) {
+    if (count >= 2 * mesh.pp) {
+      pps = {3, 4};
+      counts = {8, 12};
+    } else if (count % mesh.pp == 0) {
+      pps = {3, 4};
+      on_ray = true;
+    }
+  }
+  if (!full && pps.size() == 1 && mesh.pp > 8 && (count * 4) % mesh.pp == 0) {
+    pps = {4, 8};
+    on_ray = true;
+  }
+  const auto count_at = [&](std::size_t p, std::size_t j) {
+    return on_ray ? count * pps[p] / mesh.pp : counts[j];
+  };
+  // Batch, at the layout's own degree: 2 pp and 3 pp microbatches (at pp the first
+  // stage's warm-up is not yet at its steady depth), or 2 and 3 accumulation steps.
+  const std::int64_t c1 = mesh.pp > 1 ? 2 * mesh.pp : 1, c2 = mesh.pp > 1 ? 3 * mesh.pp : 2;
+  if (!full && pps.size() == 1 && count > c2) counts = {c1, c2};
+  // Depth: the shallowest stage keeps 3 and 4 blocks (at 2, with full checkpointing and
+  // FSDP freeing after forward, the peak falls in another phase of the step: Llama 3.1
+  // 405B on tp 8 x FSDP 512, 7.15, 7.48, 7.55, 7.85 GiB at 2, 3, 4 and 8 blocks). Selective
+  // checkpointing of every N-th block recomputes by block index: the depths step by N,
+  // so that every stage keeps its pattern.
+  std::vector<int> blocks = detail::stage_blocks(c);
+  if (pps.size() > 1) blocks = {blocks.front(), *std::max_element(blocks.begin() + 1, blocks.end() - 1), blocks.back()};
+  const int least_blocks = *std::min_element(blocks.begin(), blocks.end());
   const auto& ac = c.activation_checkpoint;
   const int step = ac.mode == "selective" && ac.selective_ac_option != "op" ? std::stoi(ac.selective_ac_option) : 1;
-  const int d1 = (least_blocks - 2) / step * step, d2 = d1 - step;
+  const int d1 = (least_blocks - 3) / step * step, d2 = d1 - step;
   std::vector<int> depths{0};
   if (!full && d2 >= 1) depths = {d1, d2};
-  std::vector<std::int64_t> counts{count};
-  const std::int64_t c1 = mesh.pp > 1 ? 2 * mesh.pp : 2, c2 = mesh.pp > 1 ? 3 * mesh.pp : 3;
-  if (!full && count > c2) counts = {c1, c2};
   struct Sample {
     double step = 0, exposed = 0, wait = 0;
-    std::vector<double> peaks;
+    std::vector<double> peaks;  // per position; with the degree reduced: the first, second and last
   };
-  std::vector<std::vector<Sample>> grid(depths.size(), std::vector<Sample>(counts.size()));
+  const std::size_t n_counts = on_ray ? 1 : counts.size();
+  std::vector<Sample> grid(depths.size() * pps.size() * n_counts);
+  auto cell = [&](std::size_t i, std::size_t p, std::size_t j) -> Sample& {
+    return grid[(i * pps.size() + p) * n_counts + j];
+  };
   for (std::size_t i = 0; i < depths.size(); ++i)
-    for (std::size_t j = 0; j < counts.size(); ++j) {
-      const train::JobConfig small = detail::with_batch_count(detail::shallower(c, depths[i]), mesh, counts[j]);
-      std::vector<StepTrace> traces;
-      for (int rank : ranks) traces.push_back(trace_rank(small, world, rank));
-      r.dry_runs += static_cast<int>(ranks.size());
-      const LayoutPrediction l = predict_layout(traces, compute, net);
-      Sample& s = grid[i][j];
-      s.step = l.step_seconds;
-      s.exposed = l.exposed_comm_seconds;
-      s.wait = l.pipeline_wait_seconds;
-      for (const auto& p : l.positions) s.peaks.push_back(static_cast<double>(p.compute.peak_memory_bytes));
-    }
-  // Affine in depth (d = 0 is the layout's own), then in the batch count.
+    for (std::size_t p = 0; p < pps.size(); ++p)
+      for (std::size_t j = 0; j < n_counts; ++j) {
+        train::JobConfig small = c;
+        int w = world;
+        comm::MeshShape m = mesh;
+        if (pps[p] != mesh.pp) {
+          small = detail::with_pipeline_degree(c, pps[p]);
+          w = world / mesh.pp * pps[p];
+          m.pp = pps[p];
+        }
+        small = detail::with_batch_count(detail::shallower(small, depths[i]), m, count_at(p, j));
+        std::vector<StepTrace> traces;
+        for (int rank : distinct_ranks(m)) traces.push_back(trace_rank(small, w, rank));
+        r.dry_runs += static_cast<int>(traces.size());
+        const LayoutPrediction l = predict_layout(traces, compute, net);
+        Sample& s = cell(i, p, j);
+        s.step = l.step_seconds;
+        s.exposed = l.exposed_comm_seconds;
+        s.wait = l.pipeline_wait_seconds;
+        std::vector<std::size_t> kept;
+        for (std::size_t k = 0; k < l.positions.size(); ++k) kept.push_back(k);
+        if (pps.size() > 1) kept = {0, 1, l.positions.size() - 1};
+        for (std::size_t k : kept) s.peaks.push_back(static_cast<double>(l.positions[k].compute.peak_memory_bytes));
+      }
+  // Affine in depth (d = 0 is the layout's own), then in the batch count, then in the
+  // pipeline degree.
   auto at = [&](auto get) {
-    std::vector<double> by_count;
-    for (std::size_t j = 0; j < counts.size(); ++j)
-      by_count.push_back(depths.size() == 1 ? get(grid[0][j])
-                                            : detail::lerp_to(depths[0], get(grid[0][j]), depths[1], get(grid[1][j]), 0));
-    return counts.size() == 1 ? by_count[0]
-                              : detail::lerp_to(static_cast<double>(counts[0]), by_count[0],
-                                                static_cast<double>(counts[1]), by_count[1], static_cast<double>(count));
+    std::vector<double> by_pp;
+    for (std::size_t p = 0; p < pps.size(); ++p) {
+      std::vector<double> by_count;
+      for (std::size_t j = 0; j < n_counts; ++j)
+        by_count.push_back(depths.size() == 1 ? get(cell(0, p, j))
+                                              : detail::lerp_to(depths[0], get(cell(0, p, j)), depths[1],
+                                                                get(cell(1, p, j)), 0));
+      by_pp.push_back(n_counts == 1 ? by_count[0]
+                                    : detail::lerp_to(static_cast<double>(counts[0]), by_count[0],
+                                                      static_cast<double>(counts[1]), by_count[1],
+                                                      static_cast<double>(count)));
+    }
+    return pps.size() == 1 ? by_pp[0] : detail::lerp_to(pps[0], by_pp[0], pps[1], by_pp[1], mesh.pp);
   };
-  r.extrapolated = depths.size() > 1 || counts.size() > 1;
+  r.extrapolated = depths.size() > 1 || pps.size() > 1 || n_counts > 1;
   r.step_seconds = at([](const Sample& s) { return s.step; });
   r.exposed_comm_seconds = std::max(0.0, at([](const Sample& s) { return s.exposed; }));
   r.pipeline_wait_seconds = std::max(0.0, at([](const Sample& s) { return s.wait; }));
   const double usable = compute.usable_bytes();
   r.fits = true;
-  for (std::size_t k = 0; k < ranks.size(); ++k) {
+  // With the degree reduced, the middle positions hold no more than the second: its
+  // blocks, and fewer microbatches in flight.
+  for (std::size_t k = 0; k < grid.front().peaks.size(); ++k) {
     const double peak = at([k](const Sample& s) { return s.peaks[k]; });
     r.peak_memory_bytes = std::max(r.peak_memory_bytes, static_cast<std::size_t>(std::max(0.0, peak)));
     r.fits = r.fits && peak <= usable;
@@ -316,56 +398,93 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
   SearchReport report;
   const std::vector<train::JobConfig> all = enumerate_layouts(base, space, global_batch);
   report.enumerated = all.size();
-  // A family: one layout but for its checkpoint mode and reshard policy, tried from the
-  // least work up; a variant is priced only while none with less work fits.
-  auto family_of = [](const train::JobConfig& c) {
-    const auto& p = c.parallelism;
-    return std::to_string(p.data_parallel_replicate_degree) + "/" + std::to_string(p.data_parallel_shard_degree) + "/" +
-           std::to_string(p.tensor_parallel_degree) + "/" + std::to_string(p.pipeline_parallel_degree) + "/" +
-           p.pipeline_parallel_schedule + "/" + std::to_string(p.pipeline_parallel_microbatch_size) + "/" +
-           std::to_string(c.training.local_batch_size);
+  // A family: one layout but for its checkpoint mode and reshard policy. A group: the
+  // families of one tensor and pipeline degree and schedule, by shard degree (most
+  // first) and microbatch size (smallest first).
+  struct Family {
+    std::int64_t shard = 0, microbatch = 0;
+    std::vector<const train::JobConfig*> variants;  // least work first (enumeration order)
   };
-  std::map<std::string, std::vector<const train::JobConfig*>> families;
-  std::vector<std::string> order;
+  std::map<std::string, std::map<std::pair<std::int64_t, std::int64_t>, Family>> groups;
   for (const auto& c : all) {
-    auto [it, added] = families.try_emplace(family_of(c));
-    if (added) order.push_back(it->first);
-    it->second.push_back(&c);
+    const auto& p = c.parallelism;
+    const std::string group = std::to_string(p.tensor_parallel_degree) + "/" + std::to_string(p.pipeline_parallel_degree) +
+                              "/" + p.pipeline_parallel_schedule;
+    const std::int64_t mb = p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_microbatch_size : c.training.local_batch_size;
+    Family& f = groups[group][{-p.data_parallel_shard_degree, mb}];
+    f.shard = p.data_parallel_shard_degree;
+    f.microbatch = mb;
+    f.variants.push_back(&c);
   }
+  std::vector<const std::map<std::pair<std::int64_t, std::int64_t>, Family>*> order;
+  for (const auto& [key, g] : groups) order.push_back(&g);
   std::mutex m;
   std::atomic<std::size_t> next{0};
   auto ac_rank = [](const train::JobConfig& c) {
     return c.activation_checkpoint.mode == "none" ? 0 : c.activation_checkpoint.mode == "selective" ? 1 : 2;
   };
   auto work = [&] {
-    for (std::size_t f = next++; f < order.size(); f = next++) {
-      std::vector<SearchResult> fitted;
+    for (std::size_t g = next++; g < order.size(); g = next++) {
       std::vector<SearchResult> priced;
       int dry_runs = 0;
       std::size_t refused = 0;
       std::string refusal;
-      for (const train::JobConfig* c : families.at(order[f])) {
-        // A variant that fits doing no more work (no more recomputation, parameters kept
-        // at least as long) makes this one slower: it is not priced.
-        const bool dominated = std::any_of(fitted.begin(), fitted.end(), [&](const SearchResult& s) {
-          const auto &a = s.config.activation_checkpoint, &b = c->activation_checkpoint;
-          const bool less_recompute =
-              ac_rank(s.config) < ac_rank(*c) || (a.mode == b.mode && a.selective_ac_option == b.selective_ac_option);
-          const bool kept_longer = s.config.parallelism.fsdp_reshard_after_forward != "always" ||
-                                   c->parallelism.fsdp_reshard_after_forward == "always";
-          return less_recompute && kept_longer;
-        });
-        if (dominated) continue;
+      auto price = [&](const train::JobConfig* c) -> std::optional<SearchResult> {
         try {
           SearchResult r = price_layout(*c, space.gpus, trace_rank, compute, net);
           r.index = static_cast<std::size_t>(c - all.data());
           dry_runs += r.dry_runs;
-          if (r.fits) fitted.push_back(r);
-          priced.push_back(std::move(r));
+          priced.push_back(r);
+          return r;
         } catch (const std::exception& e) {
           ++refused;
           if (refusal.empty()) refusal = e.what();
+          return std::nullopt;
         }
+      };
+      // Whether any variant of `f` fits. Its lightest variant (full recomputation,
+      // parameters freed after forward) first: if that does not fit, none does. Then
+      // from the least work up, a variant priced only while none doing less work fits:
+      // that one does a subset of the work, so it ranks above.
+      auto price_family = [&](const Family& f) {
+        const train::JobConfig* lightest = f.variants.back();
+        const std::optional<SearchResult> light = price(lightest);
+        if (!light || !light->fits) return false;
+        std::vector<SearchResult> fitted;
+        for (const train::JobConfig* c : f.variants) {
+          const bool dominated = std::any_of(fitted.begin(), fitted.end(), [&](const SearchResult& s) {
+            const auto &a = s.config.activation_checkpoint, &b = c->activation_checkpoint;
+            const bool less_recompute =
+                ac_rank(s.config) < ac_rank(*c) || (a.mode == b.mode && a.selective_ac_option == b.selective_ac_option);
+            const bool kept_longer = s.config.parallelism.fsdp_reshard_after_forward != "always" ||
+                                     c->parallelism.fsdp_reshard_after_forward == "always";
+            return less_recompute && kept_longer;
+          });
+          if (dominated) continue;
+          if (c == lightest) {
+            fitted.push_back(*light);
+            continue;
+          }
+          if (const auto r = price(c); r && r->fits) fitted.push_back(*r);
+        }
+        return true;
+      };
+      // Memory grows with the microbatch and falls with the shard degree: past a family
+      // where nothing fits, the larger microbatches are not priced, and past a shard
+      // degree where not even the smallest microbatch fits, the smaller degrees are not.
+      std::int64_t shard = 0;
+      bool shard_fits = false;  // some family of this shard degree fits
+      bool heavier = false;     // a family of this degree did not: its larger microbatches are skipped
+      for (const auto& [key, f] : *order[g]) {
+        if (f.shard != shard) {
+          if (shard != 0 && !shard_fits) break;
+          shard = f.shard;
+          shard_fits = false;
+          heavier = false;
+        }
+        if (heavier) continue;
+        if (price_family(f)) shard_fits = true;
+        else heavier = true;
       }
       std::lock_guard<std::mutex> lock(m);
       report.priced += priced.size();
