@@ -511,6 +511,20 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
   return 0;
 }
 
+/// `v`, the value of `flag`, as a whole number in [lo, hi]; else one line naming the flag.
+std::int64_t whole_number(const char* flag, const std::string& v, std::int64_t lo, std::int64_t hi,
+                          const std::string& expected) {
+  std::size_t used = 0;
+  std::int64_t n = 0;
+  try {
+    n = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TESSERA_CHECK(used == v.size() && n >= lo && n <= hi, flag, " ", v, ": expected ", expected);
+  return n;
+}
+
 int run(std::vector<std::string> args) {
   std::string machine = "h100-sxm", emit;
   std::int64_t gpus = 0;
@@ -535,14 +549,8 @@ int run(std::vector<std::string> args) {
       search_all = true;
       args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
     } else if (args[i] == "--search.max_microbatch") {
-      const std::string v = value_of(i, "a number of sequences");
-      std::size_t used = 0;
-      try {
-        max_microbatch = std::stoll(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      TESSERA_CHECK(used == v.size() && max_microbatch >= 1, "--search.max_microbatch ", v, ": expected a positive number");
+      max_microbatch = whole_number("--search.max_microbatch", value_of(i, "a number of sequences"), 1, 1 << 30,
+                                    "a positive number");
     } else if (args[i] == "--machine") {
       machine = value_of(i, "a machine name or a profile FILE.toml");
     } else if (args[i] == "--emit-config") {
@@ -560,15 +568,8 @@ int run(std::vector<std::string> args) {
       TESSERA_CHECK(v == "true" || v == "false", "--plan.zero1 ", v, ": expected true or false");
       zero1 = v == "true";
     } else if (args[i] == "--gpus") {
-      const std::string v = value_of(i, "a number of GPUs");
-      std::size_t used = 0;
-      try {
-        gpus = std::stoll(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      TESSERA_CHECK(used == v.size() && gpus >= 1 && gpus <= (1 << 24), "--gpus ", v,
-                    ": expected a number of GPUs from 1 to ", 1 << 24);
+      gpus = whole_number("--gpus", value_of(i, "a number of GPUs"), 1, 1 << 24,
+                          "a number of GPUs from 1 to " + std::to_string(1 << 24));
     } else {
       ++i;
     }

@@ -297,7 +297,7 @@ then
 else
   echo "FAIL: --search:"; head -n 5 "$work/err"; failures=$((failures + 1))
 fi
-if "$plan" "${debug[@]}" --gpus 8 --search > "$work/search.txt" 2> "$work/err" &&
+if "$plan" "${debug[@]}" --gpus 8 --search --search.max_microbatch 1 > "$work/search.txt" 2> "$work/err" &&
    grep -q '^ rank  repl shard  tp  pp  schedule' "$work/search.txt" && grep -qE '^ +1  ' "$work/search.txt" &&
    grep -q 'layouts: .* priced' "$work/search.txt"; then
   echo "ok: --search's table"
