@@ -175,16 +175,22 @@ nlohmann::json layout_keys(const train::JobConfig& c) {
   return j;
 }
 
-/// The figures one device's prediction and a layout's share, under the same names.
+/// The figures every prediction gives (one device's, a layout's, a searched layout's).
 template <class P>
-void put_summary(nlohmann::json& j, const P& p, const Target& t) {
+void put_figures(nlohmann::json& j, const P& p) {
   j["step_seconds"] = p.step_seconds;
   j["tokens_per_sec"] = p.tokens_per_sec;
   j["mfu_pct"] = p.mfu_pct;
-  j["mfu_causal_pct"] = p.mfu_causal_pct;
   j["peak_memory_bytes"] = p.peak_memory_bytes;
-  j["usable_memory_bytes"] = p.usable_bytes;
   j["fits"] = p.fits;
+}
+
+/// The figures one device's prediction and a layout's share, under the same names.
+template <class P>
+void put_summary(nlohmann::json& j, const P& p, const Target& t) {
+  put_figures(j, p);
+  j["mfu_causal_pct"] = p.mfu_causal_pct;
+  j["usable_memory_bytes"] = p.usable_bytes;
   if (!t.cpu) j["attention"] = {{"kernel", plan::attention_name(t.attention.kernel)}, {"why", t.attention.why}};
 }
 
@@ -458,11 +464,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
     nlohmann::json layouts = nlohmann::json::array();
     for (const auto& l : r.layouts) {
       nlohmann::json j = layout_keys(l.config);
-      j["fits"] = l.fits;
-      j["peak_memory_bytes"] = l.peak_memory_bytes;
-      j["tokens_per_sec"] = l.tokens_per_sec;
-      j["mfu_pct"] = l.mfu_pct;
-      j["step_seconds"] = l.step_seconds;
+      put_figures(j, l);
       j["exposed_comm_seconds"] = l.exposed_comm_seconds;
       j["pipeline_wait_seconds"] = l.pipeline_wait_seconds;
       j["extrapolated"] = l.extrapolated;

@@ -286,7 +286,8 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
   std::vector<int> pps{mesh.pp};
   std::vector<std::int64_t> counts{count};
   bool on_ray = false;  // counts[0] is microbatches per pipeline rank, scaled by each degree
-  const bool interleaved = detail::stage_blocks(c).size() > static_cast<std::size_t>(mesh.pp);
+  std::vector<int> blocks = detail::stage_blocks(c);
+  const bool interleaved = blocks.size() > static_cast<std::size_t>(mesh.pp);
   if (!full && !interleaved && mesh.pp > 4) {
     if (count >= 2 * mesh.pp) {
       pps = {3, 4};
@@ -312,7 +313,6 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
   // 405B on tp 8 x FSDP 512, 7.15, 7.48, 7.55, 7.85 GiB at 2, 3, 4 and 8 blocks). Selective
   // checkpointing of every N-th block recomputes by block index: the depths step by N,
   // so that every stage keeps its pattern.
-  std::vector<int> blocks = detail::stage_blocks(c);
   if (pps.size() > 1) blocks = {blocks.front(), *std::max_element(blocks.begin() + 1, blocks.end() - 1), blocks.back()};
   const int least_blocks = *std::min_element(blocks.begin(), blocks.end());
   const auto& ac = c.activation_checkpoint;
