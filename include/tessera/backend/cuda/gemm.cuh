@@ -32,11 +32,14 @@
 // GEMM, gemm() runs a given one, and gemm_chosen_algo() is the cached choice (GemmAlgo
 // compares equal to the candidate it is), so the choice can be timed against the fastest.
 //
-// Resources. Each host thread has its own cuBLASLt handle per device, created on its
-// first GEMM there and destroyed when the thread ends. Each device has one 32 MiB
-// workspace from its caching allocator, held for the life of the process; it is shared
-// by every thread because every GEMM runs on the one compute stream (memory.cuh), in
-// order. A second stream would need a workspace of its own.
+// Resources. Each host thread has its own cuBLASLt handle and its own 32 MiB workspace
+// per device, created on its first GEMM there (the workspace from the device's caching
+// allocator) and given back when the thread ends. The workspace is not shared between
+// threads even though every GEMM runs on the one compute stream (memory.cuh): one
+// cublasLtMatmul may enqueue several kernels (a split-K GEMM's partial sums, then their
+// reduction, both through the workspace), and another thread's launches can land between
+// them. Thread ranks sharing one GPU did exactly that, and their gradients came out
+// wrong by a varying amount (measured on an H200; tests/gpu "Virtual ranks on one GPU").
 //
 // Degenerate shapes need no cuBLASLt: m == 0 or n == 0 does nothing, k == 0 sets
 // C = beta * C (zero when beta is zero, whatever C held), as the CPU backend does.
@@ -144,6 +147,28 @@ struct GemmAlgo {
   }
 };
 
+/// "algo 66 tile 21 stages 8 split-K 4 reduction 2 workspace 1048576 bytes": the
+/// configuration cuBLASLt chose, for reports and failures (reduction: cuBLASLt's
+/// cublasLtReductionScheme_t; split-K 1 is none).
+inline std::string gemm_algo_text(const GemmAlgo& a) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> long long {
+    std::uint32_t v = 0;
+    std::size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&a.algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
+      return -1;
+    return v;
+  };
+  std::int32_t split = 0;
+  std::size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&a.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split),
+                                           &written) != CUBLAS_STATUS_SUCCESS)
+    split = -1;
+  return tessera::detail::concat("algo ", get(CUBLASLT_ALGO_CONFIG_ID), " tile ", get(CUBLASLT_ALGO_CONFIG_TILE_ID),
+                                 " stages ", get(CUBLASLT_ALGO_CONFIG_STAGES_ID), " split-K ", split, " reduction ",
+                                 get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), " workspace ", a.workspace_bytes,
+                                 " bytes");
+}
+
 namespace detail {
 
 struct GemmKeyHash {
@@ -216,42 +241,42 @@ GemmKey make_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> 
   return key;
 }
 
-/// One thread's cuBLASLt handles, one per device, destroyed when the thread ends.
-struct ThreadLtHandles {
+/// One thread's cuBLASLt handles and GEMM workspaces, one of each per device, given
+/// back when the thread ends. A workspace released then may still be read by a GEMM in
+/// flight; the allocator hands its block only to work enqueued later, on the same stream.
+struct ThreadLtResources {
   std::array<cublasLtHandle_t, kMaxDevices> handle{};
-  ThreadLtHandles() = default;
-  ThreadLtHandles(const ThreadLtHandles&) = delete;
-  ThreadLtHandles& operator=(const ThreadLtHandles&) = delete;
-  ~ThreadLtHandles() {
+  std::array<void*, kMaxDevices> workspace{};
+  ThreadLtResources() = default;
+  ThreadLtResources(const ThreadLtResources&) = delete;
+  ThreadLtResources& operator=(const ThreadLtResources&) = delete;
+  ~ThreadLtResources() {  // a thread's exit cannot report
     for (cublasLtHandle_t h : handle)
-      if (h != nullptr) (void)cublasLtDestroy(h);  // a thread's exit cannot report
+      if (h != nullptr) (void)cublasLtDestroy(h);
+    for (void* w : workspace)
+      if (w != nullptr) CachingAllocator::release_to_owner(w);
   }
 };
 
+inline ThreadLtResources& thread_lt_resources(int device) {
+  thread_local ThreadLtResources resources;
+  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " out of range");
+  return resources;
+}
+
 /// The calling thread's cuBLASLt handle for `device` (the current one).
 inline cublasLtHandle_t lt_handle(int device) {
-  thread_local ThreadLtHandles handles;
-  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " out of range");
-  cublasLtHandle_t& h = handles.handle[static_cast<std::size_t>(device)];
+  cublasLtHandle_t& h = thread_lt_resources(device).handle[static_cast<std::size_t>(device)];
   if (h == nullptr) TESSERA_CUBLAS_CHECK(cublasLtCreate(&h), "the cuBLASLt handle of cuda:", device);
   return h;
 }
 
-/// Each device's GEMM workspace, allocated on first use.
-struct GemmWorkspaces {
-  std::array<std::once_flag, kMaxDevices> once;
-  std::array<void*, kMaxDevices> ptr{};
-};
-
-/// The device's GEMM workspace (kGemmWorkspaceBytes), allocated on first use, never freed.
+/// The calling thread's GEMM workspace on `device` (kGemmWorkspaceBytes), allocated on
+/// its first GEMM there.
 inline void* gemm_workspace(int device) {
-  static GemmWorkspaces* all = new GemmWorkspaces;  // immortal, like the allocators it draws from
-  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " out of range");
-  const auto d = static_cast<std::size_t>(device);
-  std::call_once(all->once[d], [&] {
-    all->ptr[d] = device_allocator(device).allocate(kGemmWorkspaceBytes, "the cuBLASLt GEMM workspace");
-  });
-  return all->ptr[d];
+  void*& w = thread_lt_resources(device).workspace[static_cast<std::size_t>(device)];
+  if (w == nullptr) w = device_allocator(device).allocate(kGemmWorkspaceBytes, "a thread's cuBLASLt GEMM workspace");
+  return w;
 }
 
 /// A heuristic preference descriptor, destroyed with this object.
