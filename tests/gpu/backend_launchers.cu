@@ -44,19 +44,27 @@ template Tensor<float> cuda_gemm(Trans, Trans, float, const Tensor<bf16>&, Tenso
                                  const Tensor<bf16>&, TensorView<const bf16>, float, const Tensor<float>&,
                                  TensorView<float>);
 
-std::vector<Tensor<float>> cuda_gemm_each_candidate(Trans ta, Trans tb, float alpha, const Tensor<float>& a,
-                                                    const Tensor<float>& b, float beta, const Tensor<float>& c) {
-  const Tensor<float> da = upload<Cuda>(a), db = upload<Cuda>(b);
-  const Tensor<float> dc0 = upload<Cuda>(c);
-  const auto candidates = cuda::gemm_candidates<float>(ta, tb, da.cview(), db.cview(), beta, dc0.view());
-  std::vector<Tensor<float>> results;
+template <class T>
+std::vector<Tensor<T>> cuda_gemm_each_candidate(Trans ta, Trans tb, float alpha, const Tensor<T>& a, const Tensor<T>& b,
+                                                float beta, const Tensor<T>& c, std::vector<std::string>* described) {
+  const Tensor<T> da = upload<Cuda>(a), db = upload<Cuda>(b);
+  const Tensor<T> dc0 = upload<Cuda>(c);
+  const auto candidates = cuda::gemm_candidates<T>(ta, tb, da.cview(), db.cview(), beta, dc0.view());
+  std::vector<Tensor<T>> results;
   for (const cuda::GemmAlgo& algo : candidates) {
-    const Tensor<float> dc = upload<Cuda>(c);
-    cuda::gemm<float>(ta, tb, alpha, da.cview(), db.cview(), beta, dc.view(), &algo);
+    if (described != nullptr) described->push_back(cuda::gemm_algo_text(algo));
+    const Tensor<T> dc = upload<Cuda>(c);
+    cuda::gemm<T>(ta, tb, alpha, da.cview(), db.cview(), beta, dc.view(), &algo);
     results.push_back(download<Cuda>(dc));
   }
   return results;
 }
+template std::vector<Tensor<float>> cuda_gemm_each_candidate(Trans, Trans, float, const Tensor<float>&,
+                                                             const Tensor<float>&, float, const Tensor<float>&,
+                                                             std::vector<std::string>*);
+template std::vector<Tensor<bf16>> cuda_gemm_each_candidate(Trans, Trans, float, const Tensor<bf16>&,
+                                                            const Tensor<bf16>&, float, const Tensor<bf16>&,
+                                                            std::vector<std::string>*);
 
 int chosen_algo_index(Trans ta, Trans tb, const Tensor<float>& a, const Tensor<float>& b, const Tensor<float>& c) {
   const Tensor<float> da = upload<Cuda>(a), db = upload<Cuda>(b), dc = upload<Cuda>(c);

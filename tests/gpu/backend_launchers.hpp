@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,10 +23,13 @@ Tensor<C> cuda_gemm(Trans ta, Trans tb, accum_t<T> alpha, const Tensor<T>& a_sto
                     const Tensor<T>& b_store, TensorView<const T> b, accum_t<T> beta, const Tensor<C>& c_store,
                     TensorView<C> c);
 
-/// As cuda_gemm, once for every algorithm cuda::gemm_candidates offers (each run starts
-/// from c_store), in the heuristic's order.
-std::vector<Tensor<float>> cuda_gemm_each_candidate(Trans ta, Trans tb, float alpha, const Tensor<float>& a,
-                                                    const Tensor<float>& b, float beta, const Tensor<float>& c);
+/// As cuda_gemm on whole tensors, once for every algorithm cuda::gemm_candidates offers
+/// (each run starts from c), in the heuristic's order. T is float or bf16.
+/// `described`, when given, gets each candidate's configuration (cuda::gemm_algo_text).
+template <class T>
+std::vector<Tensor<T>> cuda_gemm_each_candidate(Trans ta, Trans tb, float alpha, const Tensor<T>& a, const Tensor<T>& b,
+                                                float beta, const Tensor<T>& c,
+                                                std::vector<std::string>* described = nullptr);
 
 /// Where the algorithm gemm() chose (cuda::gemm_chosen_algo) stands among
 /// gemm_candidates for this float GEMM: its index, or -1 when it is not among them.

@@ -115,13 +115,16 @@ Reference cpu_reference(const GemmProblem& p, const Tensor<float>& a, const Tens
   return r;
 }
 
-/// Every element of `got` within rel * bound + abs_rel * |ref| of the reference (elements
-/// outside C's view are untouched, so they must be equal).
-void check_close(const Tensor<float>& got, const Reference& ref, float rel, float abs_rel) {
+/// Every element of `got` within rel * bound + abs_rel * (|ref| + |rounded|) of the
+/// reference, where `rounded` (when given) is a term the GPU rounds on its own before
+/// the last addition (elements outside C's view are untouched, so they must be equal).
+void check_close(const Tensor<float>& got, const Reference& ref, float rel, float abs_rel,
+                 const Tensor<float>* rounded = nullptr) {
   REQUIRE(got.numel() == ref.c.numel());
   int bad = 0;
   for (std::int64_t i = 0; i < got.numel() && bad < 5; ++i) {
-    const float tol = rel * ref.bound[i] + abs_rel * std::fabs(ref.c[i]) + 1e-30f;
+    const float tol = rel * ref.bound[i] + abs_rel * (std::fabs(ref.c[i]) + (rounded ? std::fabs((*rounded)[i]) : 0.0f)) +
+                      1e-30f;
     if (!(std::fabs(got[i] - ref.c[i]) <= tol)) {
       ++bad;
       FAIL_CHECK("element ", i, ": got ", got[i], ", expected ", ref.c[i], " (tolerance ", tol, ")");
@@ -134,15 +137,29 @@ void check_float_gemm(const GemmProblem& p) {
   check_close(got, cpu_reference(p, p.a, p.b, p.c), 1e-5f, 0.0f);
 }
 
+/// alpha op(A) op(B) alone, as the GPU rounds it to bf16 before adding beta C: cuBLASLt
+/// with a bf16 C and beta != 0 computes bf16(bf16(alpha op(A) op(B)) + beta C), two
+/// roundings, with every algorithm it offers (seen on an H200, cuBLASLt 13.1; the GPU
+/// results matched that formula to the bit). PyTorch's `c + a @ b` in bf16 rounds the
+/// same two times.
+Tensor<float> product_term(GemmProblem p, const Tensor<float>& a, const Tensor<float>& b) {
+  p.beta = 0.0f;
+  return cpu_reference(p, a, b, Tensor<float>(p.c.shape())).c;
+}
+
 /// The same problem in bf16: inputs rounded to bf16, the reference computed in fp32 on
-/// those values; the GPU's output is rounded to bf16 once (half an ulp: 2^-9 relative).
+/// those values; the GPU's output is rounded to bf16 once (half an ulp: 2^-9 relative),
+/// and with beta != 0 its product term once before (product_term).
 void check_bf16_gemm(const GemmProblem& p) {
+  INFO("m x n x k = ", p.cv.shape()[0], " x ", p.cv.shape()[1], " x ", p.ta == Trans::no ? p.av.shape()[1] : p.av.shape()[0],
+       ", alpha ", p.alpha, ", beta ", p.beta, ", ld(C) ", p.cv.stride(0));
   const Tensor<bf16> a = to_bf16(p.a), b = to_bf16(p.b), c = to_bf16(p.c);
   const Tensor<bf16> got = gpu_test::cuda_gemm<bf16>(p.ta, p.tb, p.alpha, a, cview_like(a, p.a, p.av), b,
                                                      cview_like(b, p.b, p.bv), p.beta, c,
                                                      view_like(c, p.c, TensorView<const float>(p.cv)));
   const Tensor<float> af = to_float(a), bff = to_float(b), cf = to_float(c);
-  check_close(to_float(got), cpu_reference(p, af, bff, cf), 1e-5f, 1.0f / 256);
+  const Tensor<float> product = product_term(p, af, bff);
+  check_close(to_float(got), cpu_reference(p, af, bff, cf), 1e-5f, 1.0f / 256, p.beta != 0.0f ? &product : nullptr);
 }
 
 /// bf16 operands into an fp32 C (a weight gradient accumulated in fp32): no rounding of
@@ -161,7 +178,7 @@ void check_bf16_into_float_gemm(const GemmProblem& p) {
 
 const Trans kTrans[] = {Trans::no, Trans::yes};
 
-const char* name(Trans t) { return t == Trans::no ? "N" : "T"; }
+std::string name(Trans t) { return t == Trans::no ? "N" : "T"; }
 
 }  // namespace
 
@@ -258,6 +275,32 @@ TEST_CASE("Every algorithm gemm_candidates offers gives the CPU's result") {
   }
   // The cached choice is one of them (a benchmark compares it with the fastest).
   CHECK(gpu_test::chosen_algo_index(Trans::no, Trans::yes, a, b, c) >= 0);
+}
+
+TEST_CASE("Every algorithm gemm_candidates offers gives the CPU's result in bf16, accumulating into C") {
+  // k = 256 over a 128 x 96 C: few output tiles, so the heuristic offers split-K.
+  const Tensor<float> a = values({128, 256}, 16), b = values({96, 256}, 17), c = values({128, 96}, 18);
+  const Tensor<bf16> ah = to_bf16(a), bh = to_bf16(b), ch = to_bf16(c);
+  std::vector<std::string> described;
+  const auto results = gpu_test::cuda_gemm_each_candidate(Trans::no, Trans::yes, 0.5f, ah, bh, 1.0f, ch, &described);
+  REQUIRE(!results.empty());
+  GemmProblem p;
+  p.ta = Trans::no;
+  p.tb = Trans::yes;
+  p.alpha = 0.5f;
+  p.beta = 1.0f;
+  p.a = to_float(ah);
+  p.b = to_float(bh);
+  p.c = to_float(ch);
+  p.av = p.a.cview();
+  p.bv = p.b.cview();
+  p.cv = p.c.view();
+  const Reference ref = cpu_reference(p, p.a, p.b, p.c);
+  const Tensor<float> product = product_term(p, p.a, p.b);
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    INFO("candidate ", i, " of ", results.size(), ": ", described[i]);
+    check_close(to_float(results[i]), ref, 1e-5f, 1.0f / 256, &product);
+  }
 }
 
 TEST_CASE("A bad Cuda::gemm gives Cpu::gemm's error") {

@@ -430,6 +430,14 @@ void check_virtual_ranks(const std::string& layout, comm::MeshShape shape, const
     CHECK(r.losses == per_rank.front().losses);
     CHECK(r.grad_norms == per_rank.front().grad_norms);
   }
+  const auto steps = [](const test::RunResult& r) {
+    std::string out;
+    for (std::size_t i = 0; i < r.losses.size(); ++i)
+      out += " " + std::to_string(r.losses[i]) + "/" + std::to_string(r.grad_norms[i]);
+    return out;
+  };
+  INFO("loss/grad norm per step: ranks", steps(per_rank.front()), "; one GPU rank", steps(gpu), "; one CPU rank",
+       steps(cpu));
   const test::RunGap to_gpu = test::run_gap(per_rank.front(), gpu);
   CAPTURE(to_gpu.loss);
   CAPTURE(to_gpu.grad_norm);
