@@ -2,12 +2,17 @@
 // peak memory, against the targets of the CUDA backend.
 //
 //   bench-train [--flavors llama3.2_1b,llama3.2_3b,llama3_8b] [--batch 1] [--seq 8192]
-//               [--ac selective|full|none] [--steps 10] [--warmup 3] [--peak-tflops 989]
-//               [--json FILE] [--markdown] [--commit HASH]
+//               [--ac selective|full|none] [--attention auto|cudnn|tessera]
+//               [--state-dtype float32|bfloat16] [--steps 10] [--warmup 3]
+//               [--peak-tflops 989] [--json FILE] [--markdown] [--commit HASH]
 //
 // The model is what llama-train builds, over the CUDA backend and bf16:
 // Transformer<bf16, Cuda, Parallel<LlamaBlock<bf16, Cuda>, ..., Checkpoint<Dynamic>>>,
-// bf16 activations and parameters, fp32 gradients, AdamW with fp32 masters and moments.
+// bf16 activations and parameters, fp32 gradients, AdamW with fp32 masters and moments
+// (--state-dtype bfloat16: moments in bf16, optimizer.state_dtype's layout). Attention is
+// what training.attention = --attention picks, by llama-train's own rule and call
+// (train/cuda_attention.cuh): cuDNN's fused attention where it runs, else tessera's
+// flash kernels; each flavor's line says which and why.
 // A step is the trainer's: zero_grad, forward_backward over one micro-batch of batch x
 // seq tokens, the gradient norm and its clipping coefficient (max norm 1), one AdamW
 // update; the tokens are drawn uniformly from the vocabulary once (the arithmetic does
@@ -49,6 +54,7 @@
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/parallel.hpp"
+#include "tessera/train/cuda_attention.cuh"
 
 using namespace tessera;
 using namespace tessera::bench;
@@ -64,6 +70,8 @@ struct Options {
   std::int64_t batch = 1, seq = 8192, steps = 10, warmup = 3;
   parallel::CheckpointMode ac{parallel::CheckpointMode::Kind::selective_op, 0};
   double peak_tflops = 989;
+  std::string attention = "auto";  // training.attention
+  DType state_dtype = DType::f32;  // optimizer.state_dtype
   std::string json_path, commit = "-";
   bool markdown = false;
 };
@@ -71,6 +79,7 @@ struct Options {
 void usage() {
   std::printf(
       "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|full|none]\n"
+      "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
       "Training steps of Llama models in bf16 on one GPU: tokens/s, MFU (torchtitan's formula), peak memory.\n");
 }
@@ -108,6 +117,15 @@ Options parse_options(int argc, char** argv) {
       else if (v == "full") o.ac = {K::full, 0};
       else if (v == "none") o.ac = {K::none, 0};
       else fail("--ac: '", v, "' is not one of selective, full, none");
+    } else if (flag == "--attention") {
+      o.attention = std::string(value());
+      TESSERA_CHECK(o.attention == "auto" || o.attention == "cudnn" || o.attention == "tessera", "--attention: '",
+                    o.attention, "' is not one of auto, cudnn, tessera");
+    } else if (flag == "--state-dtype") {
+      const std::string_view v = value();
+      if (v == "float32") o.state_dtype = DType::f32;
+      else if (v == "bfloat16") o.state_dtype = DType::bf16;
+      else fail("--state-dtype: '", v, "' is not one of float32, bfloat16");
     } else if (flag == "--peak-tflops") {
       const std::string v(value());
       char* end = nullptr;
@@ -140,7 +158,8 @@ struct Result {
   std::int64_t params = 0;
   double step_seconds = 0, tokens_per_sec = 0, mfu = 0, mfu_causal = 0, loss = 0;
   std::size_t peak_bytes = 0;
-  std::string error;  // why it did not run (does not fit, ...), else empty
+  std::string attention;  // the attention it ran and why (training.attention's start-up words)
+  std::string error;      // why it did not run (does not fit, ...), else empty
 };
 
 Result run_flavor(const std::string& flavor, const Options& o) {
@@ -148,6 +167,10 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   r.flavor = flavor;
   nn::ModelArgs args = nn::model_flavor(flavor);
   args.max_seq_len = std::max(args.max_seq_len, o.seq);
+  r.attention = train::select_cuda_attention(
+                    o.attention, true, AttentionShape{o.batch, o.seq, args.n_heads, args.kv_heads(), args.head_dim()},
+                    false)
+                    .text;
   parallel::Plan plan;
   plan.checkpoint = o.ac;
   plan.param_dtype = DType::bf16;
@@ -157,6 +180,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   model.shard();
   optim::AdamWOptions adamw;
   adamw.param_dtype = DType::bf16;
+  adamw.state_dtype = o.state_dtype;
   optim::AdamW<bf16, Cuda> optimizer(model, adamw);
 
   const std::int64_t tokens = o.batch * o.seq;
@@ -204,9 +228,11 @@ std::string device_name() {
 
 int run(const Options& o) {
   const std::string device = device_name(), date = utc_date();
-  std::printf("bench-train: %s, %s, commit %s | batch %lld x seq %lld, activation checkpointing %s, peak %.0f TFLOP/s\n",
+  std::printf("bench-train: %s, %s, commit %s | batch %lld x seq %lld, activation checkpointing %s, AdamW moments "
+              "%s, peak %.0f TFLOP/s\n",
               device.c_str(), date.c_str(), o.commit.c_str(), static_cast<long long>(o.batch),
-              static_cast<long long>(o.seq), o.ac.str().c_str(), o.peak_tflops);
+              static_cast<long long>(o.seq), o.ac.str().c_str(), std::string(name_of(o.state_dtype)).c_str(),
+              o.peak_tflops);
   std::vector<Result> results;
   bool failed = false;
   for (const std::string& flavor : o.flavors) {
@@ -220,6 +246,7 @@ int run(const Options& o) {
     }
     // What the flavor held is freed by now; give the cached blocks back for the next.
     cuda::device_allocator().empty_cache();
+    if (!r.attention.empty()) std::printf("%-12s | attention: %s\n", r.flavor.c_str(), r.attention.c_str());
     if (!r.error.empty()) {
       std::printf("%-12s | did not run: %s\n", r.flavor.c_str(), r.error.c_str());
     } else {
@@ -254,6 +281,8 @@ int run(const Options& o) {
                           {"batch", o.batch},
                           {"seq_len", o.seq},
                           {"activation_checkpoint", o.ac.str()},
+                          {"attention", r.attention},
+                          {"state_dtype", name_of(o.state_dtype)},
                           {"device", device},
                           {"date", date},
                           {"commit", o.commit},

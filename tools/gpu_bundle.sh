@@ -10,17 +10,20 @@
 # glibc at least as new as this machine's. cuDNN is not carried (hundreds of MB): the
 # binaries open libcudnn.so.9 at run time where it is installed (attention through cuDNN,
 # with the frontend headers from tools/install-deps.sh in the build) and run tessera's
-# own attention kernels where it is not, saying so.
+# own attention kernels where it is not, saying so. run.sh looks for libcudnn and libnccl
+# in the Python wheels of an image's PyTorch (nvidia/cudnn/lib, nvidia/nccl/lib) when the
+# system's loader does not know them; device.txt records what each binary resolves.
 #
 #   bash tools/gpu_bundle.sh                  # here: builds build-gpu/, writes gpu-bundle.tar.xz
 #   tar -xJf gpu-bundle.tar.xz -C /tmp && bash /tmp/gpu-bundle/run.sh test     # there
 #
 # run.sh STEP, one step per command (each fits in ten minutes):
-#   test      the GPU suite (tests/gpu): ops, row kernels, GEMMs, flash attention, the
+#   test      the GPU suite (more arguments go to doctest) (tests/gpu): ops, row kernels, GEMMs, flash attention, the
 #             model in fp32 and bf16 against the CPU backend, virtual ranks on one GPU
 #   kernels   bench-kernels (GEMMs, attention, memory-bound ops), JSON and text
 #   train     bench-train on Llama 3.2 1B and 3B without activation checkpointing, and 8B
-#             with full checkpointing, batch 1 x seq 8192, Markdown rows for RESULTS.md
+#             with full checkpointing and bf16 AdamW moments (what fits one H200), batch
+#             1 x seq 8192, Markdown rows for RESULTS.md
 #   torch     bench/torch_llama.py on 1B at the same batch, sequence and checkpointing,
 #             with the ratio to bench-train's figure (needs train first, in the same $OUT)
 #   llama     llama-train on the debug model on the GPU, 100 steps
@@ -56,15 +59,24 @@ cuda_libs=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
   [ -d "$d" ] && cuda_libs="$cuda_libs:$d"
 done
+# cuDNN and NCCL where the toolkit lacks them: the wheels PyTorch's image carries.
+for name in cudnn nccl; do
+  ldconfig -p 2>/dev/null | grep -q "lib$name\.so" && continue
+  for d in $(python3 -c "import nvidia, os; print(' '.join(os.path.join(p, '$name', 'lib') for p in nvidia.__path__))" 2>/dev/null); do
+    [ -d "$d" ] && cuda_libs="$cuda_libs:$d"
+  done
+done
 export LD_LIBRARY_PATH="$here/lib$cuda_libs:${LD_LIBRARY_PATH:-}"
-nvidia-smi -L 2>&1 | tee "$out/device.txt"
+{ nvidia-smi -L; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  for b in test_gpu bench-kernels bench-train llama-train; do ldd "$here/$b" | grep -E "not found|cudnn|nccl|cublas|cudart" | sed "s|^|$b: |"; done
+} 2>&1 | tee "$out/device.txt"
 case "${1:-}" in
-  test) "$here/test_gpu" 2>&1 | tee "$out/gpu-tests.txt" ;;
+  test) "$here/test_gpu" "${@:2}" 2>&1 | tee "$out/gpu-tests.txt" ;;
   kernels) "$here/bench-kernels" --commit "$commit" --json "$out/kernels.json" 2>&1 | tee "$out/kernels.txt" ;;
   train)
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 5 --warmup 2 --markdown --commit "$commit" \
       --json "$out/train.json" 2>&1 | tee "$out/train.txt"
-    "$here/bench-train" --flavors llama3_8b --ac full --steps 5 --warmup 2 --markdown --commit "$commit" \
+    "$here/bench-train" --flavors llama3_8b --ac full --state-dtype bfloat16 --steps 5 --warmup 2 --markdown --commit "$commit" \
       --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt" ;;
   torch)
     python3 "$here/torch_llama.py" --flavor llama3.2_1b --batch 1 --seq 8192 --ac none --tessera-json "$out/train.json" \

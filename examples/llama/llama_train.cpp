@@ -178,7 +178,7 @@ int run(std::vector<std::string> args) {
     else
       std::snprintf(text, sizeof text, "peak unknown for this GPU (set metrics.peak_tflops for MFU)");
     in.peak_text = text;
-    const std::string attention = llama_train::setup_cuda_attention(c, gpu);
+    const std::string attention = llama_train::setup_cuda_attention(c);
     const std::string compute = (thread_ranks > 1 ? "sharing one " : launch.world_size > 1 ? "each on one " : "on one ") +
                                 gpu.name + " (sm_" +
                                 std::to_string(gpu.cc_major) + std::to_string(gpu.cc_minor) + "), " +

@@ -7,8 +7,7 @@
 #include <string>
 
 #include "tessera/backend/cuda/cuda.cuh"
-#include "tessera/backend/cuda/cudnn_attention.hpp"
-#include "tessera/train/attention_choice.hpp"
+#include "tessera/train/cuda_attention.cuh"
 #include "train_cuda.hpp"
 #include "train_run.hpp"
 
@@ -56,36 +55,17 @@ int cuda_device_count() {
 
 void use_cuda_device(int device) { TESSERA_CUDA_CHECK(cudaSetDevice(device)); }
 
-std::string setup_cuda_attention(const train::JobConfig& c, const CudaDeviceInfo& gpu) {
+std::string setup_cuda_attention(const train::JobConfig& c) {
   const nn::ModelArgs& a = c.model.args;
-  train::AttentionFacts f;
-  f.on_gpu = true;
-  f.bf16_model = c.training.mixed_precision_param == "bfloat16";
-  f.frontend = cuda::cudnn_frontend_version();
-  f.cc_major = gpu.cc_major;
-  f.cc_minor = gpu.cc_minor;
-  f.head_dim = a.head_dim();
-  f.deterministic = c.training.deterministic;
-  // libcudnn is loaded only where it could be used.
-  if (c.training.attention != "tessera" && f.bf16_model && !f.frontend.empty()) {
-    const cuda::CudnnAvailability lib = cuda::cudnn_availability();
-    f.library = lib.library;
-    f.library_error = lib.why_not;
-  }
-  // cuDNN's own word: the graphs of one rank's attention call (heads split by tensor
-  // parallelism, one micro-batch), built now and kept in the cache for the first step.
-  const auto probe = [&] {
-    const std::int64_t tp = c.parallelism.tensor_parallel_degree;
-    const std::int64_t batch = c.parallelism.pipeline_parallel_degree > 1
-                                   ? c.parallelism.pipeline_parallel_microbatch_size
-                                   : c.training.local_batch_size;
-    const AttentionShape s{batch, c.training.seq_len, a.n_heads / tp, std::max<std::int64_t>(1, a.kv_heads() / tp),
-                           a.head_dim()};
-    return cuda::cudnn_attention_support(s, f.deterministic);
-  };
-  const train::AttentionChoice choice = train::choose_attention(c.training.attention, f, probe);
-  cuda::set_attention_engine(choice.cudnn ? cuda::cudnn_attention_engine(f.deterministic) : nullptr);
-  return choice.text;
+  // One rank's attention call: heads split by tensor parallelism, one micro-batch.
+  const std::int64_t tp = c.parallelism.tensor_parallel_degree;
+  const std::int64_t batch = c.parallelism.pipeline_parallel_degree > 1 ? c.parallelism.pipeline_parallel_microbatch_size
+                                                                        : c.training.local_batch_size;
+  const AttentionShape s{batch, c.training.seq_len, a.n_heads / tp, std::max<std::int64_t>(1, a.kv_heads() / tp),
+                         a.head_dim()};
+  return train::select_cuda_attention(c.training.attention, c.training.mixed_precision_param == "bfloat16", s,
+                                      c.training.deterministic)
+      .text;
 }
 
 comm::MemoryAccess cuda_memory_access() { return Cuda::memory_access(); }

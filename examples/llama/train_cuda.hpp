@@ -32,7 +32,7 @@ void use_cuda_device(int device);
 /// loads cuDNN and builds the model's attention graphs where it may run, installs the
 /// chosen engine in the CUDA backend (backend/cuda/attention_engine.hpp) and returns
 /// the start-up line's words for it. "cudnn" that cannot run throws, naming the key.
-std::string setup_cuda_attention(const train::JobConfig& c, const CudaDeviceInfo& gpu);
+std::string setup_cuda_attention(const train::JobConfig& c);
 
 /// How thread ranks sharing the GPU move and reduce its buffers (Cuda::memory_access()).
 comm::MemoryAccess cuda_memory_access();
