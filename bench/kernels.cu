@@ -15,11 +15,15 @@
 //      the heuristic choice, and the best of those is compared with it (target: the
 //      heuristic at >= 95% of the best rate). The best candidate's output is compared
 //      with the heuristic's (relative L2 difference; bf16 <= 1e-2, fp32 <= 1e-4).
-//   2. Attention: cuda::flash_attention_forward / _backward (causal GQA) on each
-//      flavor's heads at each --attention-seqs T, batch = tokens / T (at least 1), in
-//      bf16 and fp32 storage. FLOPs: forward 4 B H T^2 hd / 2 (causal: half the score
-//      matrix), with the full-matrix count (torchtitan's convention) beside it; backward
-//      2.5 x forward. Target: causal forward >= 450 TFLOP/s at hd 128, T 8192, bf16.
+//   2. Attention (causal GQA) on each flavor's heads at each --attention-seqs T, batch =
+//      tokens / T (at least 1): tessera's flash kernels (cuda::flash_attention_forward /
+//      _backward) in bf16 and fp32 storage, and in bf16 cuDNN's fused attention through
+//      the engine training installs (Cuda::attention_forward / _backward after
+//      train::select_cuda_attention("cudnn"); a row saying why where cuDNN cannot run).
+//      FLOPs: forward 4 B H T^2 hd / 2 (causal: half the score matrix), with the
+//      full-matrix count (torchtitan's convention) beside it; backward 2.5 x forward.
+//      Target: causal forward >= 450 TFLOP/s at hd 128, T 8192, bf16, for the attention
+//      a bf16 training run uses (cuDNN where it runs, else tessera's kernels).
 //   3. Memory-bound ops on --memory-flavor's shapes (float32: the ops/ functors compute
 //      in their storage type): RMSNorm forward and backward (input and weight passes),
 //      RoPE forward (q rotated into a new tensor) and backward (dq in place), SwiGLU
@@ -75,6 +79,7 @@
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
 #include "tessera/ops/swiglu.hpp"
+#include "tessera/train/cuda_attention.cuh"
 
 #include "machine.hpp"
 
@@ -823,6 +828,7 @@ json gemm_json(const GemmResult& r) {
 
 struct AttentionResult {
   std::string flavor;
+  std::string kernel = "tessera";  // "tessera" (the project's flash kernels) or "cudnn"
   DType dtype = DType::bf16;
   AttentionShape s;
   Timing forward, backward;
@@ -838,10 +844,14 @@ struct AttentionResult {
   bool pass() const { return forward_tflops() >= 450; }
 };
 
+/// `cudnn`: through Cuda::attention_forward / _backward with cuDNN's engine installed
+/// (the caller installs it), as a bf16 training step calls it.
 template <class T>
-AttentionResult run_attention(const std::string& flavor, const AttentionShape& s, const TimingPolicy& policy) {
+AttentionResult run_attention(const std::string& flavor, const AttentionShape& s, const TimingPolicy& policy,
+                              bool cudnn = false) {
   AttentionResult r;
   r.flavor = flavor;
+  r.kernel = cudnn ? "cudnn" : "tessera";
   r.dtype = tessera::dtype_of<T>();
   r.s = s;
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
@@ -854,15 +864,22 @@ AttentionResult run_attention(const std::string& flavor, const AttentionShape& s
 
   r.forward = time_call(
       [&](std::int64_t) {
-        tcuda::flash_attention_forward<T>(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data(), Cuda::stream());
+        if (cudnn)
+          Cuda::attention_forward<T>(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+        else
+          tcuda::flash_attention_forward<T>(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data(), Cuda::stream());
       },
       policy);
   // The backward reads the forward's o and lse (left by the calls above); dk and dv
   // accumulate over the calls, which changes nothing of the work.
   r.backward = time_call(
       [&](std::int64_t) {
-        tcuda::flash_attention_backward<T>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(),
-                                           dq.view(), dk.view(), dv.view(), delta.data(), Cuda::stream());
+        if (cudnn)
+          Cuda::attention_backward<T>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(), dq.view(),
+                                      dk.view(), dv.view());
+        else
+          tcuda::flash_attention_backward<T>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(),
+                                             dq.view(), dk.view(), dv.view(), delta.data(), Cuda::stream());
       },
       policy);
   r.nonfinite = count_nonfinite(o) + count_nonfinite(dq) + count_nonfinite(dk) + count_nonfinite(dv) +
@@ -871,11 +888,12 @@ AttentionResult run_attention(const std::string& flavor, const AttentionShape& s
 }
 
 void print_attention_header() {
-  std::printf("\nattention: causal GQA flash kernels (cuda::flash_attention_forward / _backward); FLOPs: forward "
+  std::printf("\nattention: causal GQA, tessera's flash kernels (cuda::flash_attention_forward / _backward) and "
+              "cuDNN's fused attention (bf16, the engine training installs); FLOPs: forward "
               "4 B H T^2 hd / 2 (causal: half the T x T scores), [full T x T as torchtitan counts] = 2x; backward "
               "2.5 x forward\n");
-  std::printf("  %-12s %-7s %-12s %-6s %4s  %11s %8s %8s  %11s %8s %8s\n", "flavor", "storage", "B x T", "H/KV", "hd",
-              "forward ms", "TFLOP/s", "[full]", "backward ms", "TFLOP/s", "[full]");
+  std::printf("  %-12s %-7s %-7s %-12s %-6s %4s  %11s %8s %8s  %11s %8s %8s\n", "flavor", "kernel", "storage",
+              "B x T", "H/KV", "hd", "forward ms", "TFLOP/s", "[full]", "backward ms", "TFLOP/s", "[full]");
   std::fflush(stdout);
 }
 
@@ -886,8 +904,8 @@ void print_attention(const AttentionResult& r) {
   if (r.nonfinite > 0) note += " CHECK FAILED: " + fmt("%.0f", r.nonfinite) + " non-finite outputs";
   const std::string bt = std::to_string(r.s.batch) + " x " + std::to_string(r.s.seq_len);
   const std::string heads = std::to_string(r.s.n_heads) + "/" + std::to_string(r.s.n_kv_heads);
-  std::printf("  %-12s %-7s %-12s %-6s %4lld  %11.3f %8.1f %8.1f  %11.3f %8.1f %8.1f%s\n", r.flavor.c_str(),
-              dtype_label(r.dtype).c_str(), bt.c_str(), heads.c_str(), (long long)r.s.head_dim,
+  std::printf("  %-12s %-7s %-7s %-12s %-6s %4lld  %11.3f %8.1f %8.1f  %11.3f %8.1f %8.1f%s\n", r.flavor.c_str(),
+              r.kernel.c_str(), dtype_label(r.dtype).c_str(), bt.c_str(), heads.c_str(), (long long)r.s.head_dim,
               1e3 * r.forward.seconds, r.forward_tflops(), 2 * r.forward_tflops(), 1e3 * r.backward.seconds,
               r.backward_tflops(), 2 * r.backward_tflops(), note.c_str());
   std::fflush(stdout);
@@ -895,6 +913,7 @@ void print_attention(const AttentionResult& r) {
 
 json attention_json(const AttentionResult& r) {
   return {{"flavor", r.flavor},
+          {"kernel", r.kernel},
           {"dtype", dtype_label(r.dtype)},
           {"batch", r.s.batch},
           {"seq_len", r.s.seq_len},
@@ -1274,6 +1293,24 @@ int run(const Options& o) {
           rows.push_back(attention_json(r));
           checks_ok = checks_ok && r.nonfinite == 0;
           attention.push_back(std::move(r));
+          if (dtype != DType::bf16) continue;
+          // cuDNN, as training.attention = "cudnn" installs it for this shape.
+          std::string why;
+          try {
+            (void)tessera::train::select_cuda_attention("cudnn", true, s, false);
+          } catch (const std::exception& e) {
+            why = e.what();
+          }
+          if (!why.empty()) {
+            std::printf("  %-12s cudnn   bf16    not run: %s\n", flavor.c_str(), why.c_str());
+            continue;
+          }
+          AttentionResult c = run_attention<bf16>(flavor, s, policy, true);
+          tcuda::set_attention_engine(nullptr);
+          print_attention(c);
+          rows.push_back(attention_json(c));
+          checks_ok = checks_ok && c.nonfinite == 0;
+          attention.push_back(std::move(c));
         }
     }
     doc["attention"] = rows;
@@ -1294,13 +1331,17 @@ int run(const Options& o) {
   std::printf("\ntargets:\n");
   json targets = json::object();
   if (o.attention) {
+    // The attention a bf16 training run uses: cuDNN's rows where cuDNN ran, else tessera's.
+    const bool cudnn_ran = std::any_of(attention.begin(), attention.end(),
+                                       [](const AttentionResult& r) { return r.target_case() && r.kernel == "cudnn"; });
+    const std::string counted = cudnn_ran ? "cudnn" : "tessera";
     std::string line;
     bool all = true, any = false;
     for (const auto& r : attention)
-      if (r.target_case()) {
+      if (r.target_case() && r.kernel == counted) {
         any = true;
         all = all && r.pass();
-        line += (line.empty() ? "" : "; ") + r.flavor + " (B " + std::to_string(r.s.batch) + ") " +
+        line += (line.empty() ? "" : "; ") + r.flavor + " " + r.kernel + " (B " + std::to_string(r.s.batch) + ") " +
                 fmt("%.1f TFLOP/s ", r.forward_tflops()) + (r.pass() ? "PASS" : "MISS");
       }
     std::printf("  causal attention forward >= 450 TFLOP/s at hd 128, T 8192, bf16: %s\n",
