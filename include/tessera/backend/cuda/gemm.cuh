@@ -38,8 +38,9 @@
 // threads even though every GEMM runs on the one compute stream (memory.cuh): one
 // cublasLtMatmul may enqueue several kernels (a split-K GEMM's partial sums, then their
 // reduction, both through the workspace), and another thread's launches can land between
-// them. Thread ranks sharing one GPU did exactly that, and their gradients came out
-// wrong by a varying amount (measured on an H200; tests/gpu "Virtual ranks on one GPU").
+// them. With the workspace shared, thread ranks sharing one GPU trained a wrong model by
+// an amount that varied from run to run; with one each they train the right one (an
+// H200, tests/gpu "Virtual ranks on one GPU").
 //
 // Degenerate shapes need no cuBLASLt: m == 0 or n == 0 does nothing, k == 0 sets
 // C = beta * C (zero when beta is zero, whatever C held), as the CPU backend does.
