@@ -78,6 +78,23 @@ struct GemmProblem {
   TensorView<float> cv;
 };
 
+/// The GEMM over whole stores a, b, c (no padding, views at offset 0).
+GemmProblem whole_problem(Trans ta, Trans tb, float alpha, float beta, const Tensor<float>& a, const Tensor<float>& b,
+                          const Tensor<float>& c) {
+  GemmProblem p;
+  p.ta = ta;
+  p.tb = tb;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.a = a;
+  p.b = b;
+  p.c = c;
+  p.av = p.a.cview();
+  p.bv = p.b.cview();
+  p.cv = p.c.view();
+  return p;
+}
+
 /// C (m x n) = op(A) op(B) with k inner; `pad` extra columns in every store, the views
 /// starting at column `offset` (so ld exceeds the width and the data is less aligned).
 GemmProblem make_problem(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, float beta,
@@ -257,17 +274,7 @@ TEST_CASE("Every algorithm gemm_candidates offers gives the CPU's result") {
   const Tensor<float> a = values({64, 48}, 10), b = values({40, 48}, 11), c = values({64, 40}, 12);
   const auto results = gpu_test::cuda_gemm_each_candidate(Trans::no, Trans::yes, 1.0f, a, b, 0.5f, c);
   REQUIRE(!results.empty());
-  GemmProblem p;
-  p.ta = Trans::no;
-  p.tb = Trans::yes;
-  p.alpha = 1.0f;
-  p.beta = 0.5f;
-  p.a = a;
-  p.b = b;
-  p.c = c;
-  p.av = a.cview();
-  p.bv = b.cview();
-  p.cv = c.view();
+  const GemmProblem p = whole_problem(Trans::no, Trans::yes, 1.0f, 0.5f, a, b, c);
   const Reference ref = cpu_reference(p, a, b, c);
   for (std::size_t i = 0; i < results.size(); ++i) {
     INFO("candidate ", i, " of ", results.size());
@@ -278,23 +285,13 @@ TEST_CASE("Every algorithm gemm_candidates offers gives the CPU's result") {
 }
 
 TEST_CASE("Every algorithm gemm_candidates offers gives the CPU's result in bf16, accumulating into C") {
-  // k = 256 over a 128 x 96 C: few output tiles, so the heuristic offers split-K.
+  // k = 256 over a 128 x 96 C, beta 1: the sum cuBLASLt rounds in two steps (product_term).
   const Tensor<float> a = values({128, 256}, 16), b = values({96, 256}, 17), c = values({128, 96}, 18);
   const Tensor<bf16> ah = to_bf16(a), bh = to_bf16(b), ch = to_bf16(c);
   std::vector<std::string> described;
   const auto results = gpu_test::cuda_gemm_each_candidate(Trans::no, Trans::yes, 0.5f, ah, bh, 1.0f, ch, &described);
   REQUIRE(!results.empty());
-  GemmProblem p;
-  p.ta = Trans::no;
-  p.tb = Trans::yes;
-  p.alpha = 0.5f;
-  p.beta = 1.0f;
-  p.a = to_float(ah);
-  p.b = to_float(bh);
-  p.c = to_float(ch);
-  p.av = p.a.cview();
-  p.bv = p.b.cview();
-  p.cv = p.c.view();
+  const GemmProblem p = whole_problem(Trans::no, Trans::yes, 0.5f, 1.0f, to_float(ah), to_float(bh), to_float(ch));
   const Reference ref = cpu_reference(p, p.a, p.b, p.c);
   const Tensor<float> product = product_term(p, p.a, p.b);
   for (std::size_t i = 0; i < results.size(); ++i) {
