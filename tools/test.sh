@@ -2,7 +2,7 @@
 # Builds tessera and runs every test: the whole suite in a release build, the CPU and CLI
 # suites again under AddressSanitizer and UndefinedBehaviorSanitizer, then the libFuzzer
 # targets (the safetensors parser and the tokenizer loader) side by side for FUZZ_SECONDS
-# each (default 60). At the end (also after a failure) it prints each phase's wall time and
+# each (default 30). At the end (also after a failure) it prints each phase's wall time and
 # the doctest cases each build ran, so a change that slows CI shows at once
 # (docs/testing.md has the budget: 25 minutes cold on two cores).
 set -euo pipefail
@@ -70,6 +70,6 @@ start_phase "sanitizer tests"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   meson test -C build-san --print-errorlogs --num-processes "$jobs" --suite cpu --suite cli
 
-start_phase "fuzzers (${FUZZ_SECONDS:-60} s each, side by side)"
-bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}" build-fuzz
+start_phase "fuzzers (${FUZZ_SECONDS:-30} s each, side by side)"
+bash tests/fuzz/run.sh "${FUZZ_SECONDS:-30}" build-fuzz
 end_phase
