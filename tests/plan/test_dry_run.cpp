@@ -7,6 +7,8 @@
 // the arithmetic says, with fp32 AdamW moments and with bf16 ones.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -183,6 +185,92 @@ TEST_CASE("dry run: bf16 AdamW moments: the CPU backend's operations and memory,
   for (const auto& k : dry.trace.all<trace::Kernel>())
     found = found || std::string(k.functor).find("AdamWMultiStep<float, bf16>") != std::string::npos;
   CHECK(found);
+}
+
+namespace {
+/// `t`'s events with each collective's id (and its waits') numbered from 0 in the order
+/// of issue: a communicator numbers its collectives from its creation, so a step's ids
+/// depend on how many steps came before.
+std::vector<trace::Event> renumbered(const trace::Trace& t) {
+  std::vector<trace::Event> events = t.events();
+  std::map<std::uint64_t, std::uint64_t> ids;
+  auto id = [&](std::uint64_t x) { return ids.emplace(x, ids.size()).first->second; };
+  for (auto& e : events) {
+    if (auto* c = std::get_if<trace::Collective>(&e.op)) c->id = id(c->id);
+    if (auto* w = std::get_if<trace::CommWait>(&e.op)) w->id = id(w->id);
+  }
+  return events;
+}
+
+/// Where two traces first differ ("none"), for the failure message.
+std::string first_event_difference(const trace::Trace& a, const trace::Trace& b) {
+  const auto x = renumbered(a), y = renumbered(b);
+  for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i)
+    if (!(x[i].op == y[i].op) || std::string_view(x[i].region) != y[i].region)
+      return "event " + std::to_string(i) + ": " + plan::detail::describe(x[i].op) + " | " + plan::detail::describe(y[i].op);
+  return x.size() == y.size() ? "none" : "lengths " + std::to_string(x.size()) + " and " + std::to_string(y.size());
+}
+}  // namespace
+
+// The dry run traces the first step after Trainer::prepare (one step's cost, which is
+// what lets llama-plan --search price thousands of layouts); a run's steady step is its
+// second, the one-time tables built by the first. The two are the same: every event
+// (operations, collectives, memory with its live bytes, regions), the device peak from
+// the model's construction on and what it held, the host peak, the saved activations.
+TEST_CASE("dry run: the first step after prepare() is the second step of a run, event for event and byte for byte") {
+  struct Case {
+    const char* name;
+    std::vector<std::string> keys;
+    int world;
+    std::vector<int> ranks;
+    bool bf16_model = false;
+  };
+  const std::vector<std::string> full = {"--activation_checkpoint.mode", "full"};
+  auto degrees = [](int replicate, int shard, int tp, int pp, std::vector<std::string> more = {}) {
+    std::vector<std::string> k = {"--parallelism.data_parallel_replicate_degree", std::to_string(replicate),
+                                  "--parallelism.data_parallel_shard_degree", std::to_string(shard),
+                                  "--parallelism.tensor_parallel_degree", std::to_string(tp),
+                                  "--parallelism.pipeline_parallel_degree", std::to_string(pp)};
+    if (pp > 1) k.insert(k.end(), {"--parallelism.pipeline_parallel_microbatch_size", "1"});
+    k.insert(k.end(), more.begin(), more.end());
+    return k;
+  };
+  const Case cases[] = {
+      {"one rank", {}, 1, {0}},
+      {"one rank, full AC", full, 1, {0}},
+      {"one rank, selective op", {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"}, 1, {0}},
+      {"one rank, selective every 2nd", {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"}, 1, {0}},
+      {"bf16 model, bf16 moments", {"--training.mixed_precision_param", "bfloat16", "--optimizer.state_dtype", "bfloat16"}, 1, {0}, true},
+      {"FSDP 4, full AC, reshard always", degrees(1, 4, 1, 1, {"--activation_checkpoint.mode", "full", "--parallelism.fsdp_reshard_after_forward", "always"}), 4, {0, 3}},
+      {"HSDP 2x2 (the second replica owns no norm pieces)", degrees(2, 2, 1, 1), 4, {0, 3}},
+      {"DDP 2", degrees(2, 1, 1, 1), 2, {1}},
+      {"TP 2 x FSDP 2", degrees(1, 2, 2, 1), 4, {0, 1}},
+      {"PP 2 x FSDP 2, 1F1B", degrees(1, 2, 1, 2, {"--parallelism.pipeline_parallel_schedule", "1F1B"}), 4, {0, 2}},
+      {"PP 2, GPipe, bf16", degrees(1, 1, 1, 2, {"--parallelism.pipeline_parallel_schedule", "GPipe", "--training.mixed_precision_param", "bfloat16"}), 2, {0, 1}, true},
+      // Eight stages of six blocks, the embedding and the head: the first and last ranks hold no block.
+      {"PP 8, 1F1B", degrees(1, 1, 1, 8, {"--parallelism.pipeline_parallel_schedule", "1F1B", "--training.local_batch_size", "8"}), 8, {0, 1, 7}},
+  };
+  for (const Case& k : cases) {
+    const train::JobConfig c = small_job(k.keys);
+    for (int rank : k.ranks) {
+      const std::string name = std::string(k.name) + ", rank " + std::to_string(rank);
+      CAPTURE(name);
+      auto trace = [&](int steps_before) {
+        return k.bf16_model ? plan::dry_run_step<bf16>(c, 0, k.world, rank, steps_before)
+                            : plan::dry_run_step<float>(c, 0, k.world, rank, steps_before);
+      };
+      const plan::StepTrace prepared = trace(0), second = trace(1);
+      const std::string difference = first_event_difference(prepared.trace, second.trace);
+      CAPTURE(difference);
+      CHECK(difference == "none");
+      CHECK(prepared.trace.events().size() > 20);
+      CHECK(prepared.peak_bytes == second.peak_bytes);
+      for (int u = 0; u < kMemoryUses; ++u) CHECK(prepared.at_peak.by_use[u] == second.at_peak.by_use[u]);
+      CHECK(prepared.at_peak.saved_activations == second.at_peak.saved_activations);
+      CHECK(prepared.host_peak_bytes == second.host_peak_bytes);
+      CHECK(prepared.saved_activation_bytes == second.saved_activation_bytes);
+    }
+  }
 }
 
 namespace {

@@ -23,10 +23,11 @@ class RopeTable {
     if (length <= length_) return;
     const std::int64_t half = head_dim_ / 2;
     // A dry run (the Meta backend) uploads the same bytes but never reads them: it skips
-    // the sines and cosines, half of a small layout's trace (llama-plan --search).
+    // the sines and cosines, half of a small layout's trace (llama-plan --search), and
+    // the host tables are left as allocated (every value is written below otherwise).
     constexpr bool values = B::device != Device::meta;
-    Tensor<T> cos = values ? Tensor<T>(Shape{length, half}, Uninitialized{}) : Tensor<T>(Shape{length, half});
-    Tensor<T> sin = values ? Tensor<T>(Shape{length, half}, Uninitialized{}) : Tensor<T>(Shape{length, half});
+    Tensor<T> cos(Shape{length, half}, Uninitialized{});
+    Tensor<T> sin(Shape{length, half}, Uninitialized{});
     if constexpr (values)
       for (std::int64_t p = 0; p < length; ++p)
         for (std::int64_t i = 0; i < half; ++i) {

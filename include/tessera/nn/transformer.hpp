@@ -350,6 +350,17 @@ class Transformer {
     for_each_unit([&](Unit& u) { u.for_each_local_parameter(f); });
   }
 
+  /// The first step's one-time work, done ahead of it: the rotary tables for sequences
+  /// of `seq_len` and the gradient norm's table of pieces. A step after it does what every
+  /// later step does (Trainer::prepare; the dry run traces such a step).
+  void prepare(std::int64_t seq_len) {
+    // Only where a block of this rank kept the shared table (a pipeline stage of the
+    // embedding or the head alone holds none; a user's block may not rotate).
+    if (rope_.use_count() > 1) rope_->ensure(seq_len);
+    add_owned_gradients();
+    norms_.prepare();
+  }
+
   void zero_grad() {
     for_each_local_parameter([](Parameter<T>& p) { B::for_each(p.numel(), ops::Fill<A>{A(0), p.grad.data()}); });
   }
@@ -359,12 +370,7 @@ class Transformer {
   /// owns (its shard; the first replica; the first holder of a tensor-parallel piece),
   /// and the sum over the world counts every element once.
   double grad_norm() {
-    if (units_)
-      for_each_unit([&](Unit& u) { u.add_owned_gradient(norms_); });
-    else
-      for_each_parameter([&](Parameter<T>& p) {
-        if (p.split.owner) norms_.add(p.grad);
-      });
+    add_owned_gradients();
     double s = norms_.sum();
     if (plan_.mesh && plan_.mesh->world().size() > 1) s = parallel::all_reduce_host<B>(plan_.mesh->world(), s);
     return std::sqrt(s);
@@ -567,6 +573,16 @@ class Transformer {
   }
 
  private:
+  /// Adds to norms_ the gradient elements this rank counts in the global norm.
+  void add_owned_gradients() {
+    if (units_)
+      for_each_unit([&](Unit& u) { u.add_owned_gradient(norms_); });
+    else
+      for_each_parameter([&](Parameter<T>& p) {
+        if (p.split.owner) norms_.add(p.grad);
+      });
+  }
+
   void check_geometry(std::span<const std::int32_t> inputs, Geometry g) const {
     TESSERA_CHECK(g.batch > 0 && g.seq_len > 0 && static_cast<std::int64_t>(inputs.size()) == g.rows(), "model: ",
                   inputs.size(), " tokens for a batch of ", g.batch, " x ", g.seq_len);

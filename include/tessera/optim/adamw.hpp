@@ -122,6 +122,15 @@ class AdamW {
     launch(launch_accum_, scalars);
   }
 
+  /// The first step's one-time work without the step: uploads the launch's tables of
+  /// tensors (again only if a tensor moved since), so that a step() after it does what
+  /// every later one does (Trainer::prepare).
+  void prepare() {
+    if constexpr (std::is_same_v<A, float>)
+      if (bf16_states()) return refresh_tables(launch_bf16_);
+    refresh_tables(launch_accum_);
+  }
+
   std::int64_t steps_taken() const { return step_; }
   /// Sets the update count (bias correction goes on from it): a resumed run's.
   void set_steps_taken(std::int64_t steps) {

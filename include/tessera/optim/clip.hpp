@@ -32,11 +32,18 @@ class SquaredNorms {
   }
   void add(const Tensor<T>& t) { add(t.data(), t.numel()); }
 
-  /// The sum of squares of every element added since the last sum(); forgets them.
-  double sum() {
+  /// The first sum()'s one-time work without the sum: uploads the table of the pieces
+  /// added since the last sum() (if they changed) and forgets them. A sum() of the same
+  /// pieces then launches and downloads only.
+  void prepare() {
     if (pieces_ != table_pieces_) build_table();
     pieces_.clear();
     chunks_ = 0;
+  }
+
+  /// The sum of squares of every element added since the last sum(); forgets them.
+  double sum() {
+    prepare();
     if (table_pieces_.empty()) return 0;
     B::for_each(partial_.numel(), ops::SquaredNormChunks<T>{table_.data(), table_.numel(), partial_.data(), elements_});
     const Tensor<double> partial = download<B>(partial_);

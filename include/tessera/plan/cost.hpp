@@ -296,7 +296,8 @@ inline const char* class_of(const trace::Event& e) {
 
 /// The step's time by class, throughput, MFU (torchtitan's formula and the causally
 /// halved one) and memory against the device. `peak` and `at_peak`: the step's memory
-/// peak on the device and what it held then.
+/// peak on the device and what it held then. `top`: how many of the costliest kinds of
+/// operation to list (0: none, and no operation is described: a search's pricing).
 inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const StepShape& shape, std::size_t peak,
                           const MemoryBreakdown& at_peak, std::size_t top = 12) {
   Prediction p;
@@ -315,6 +316,8 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
         c.seconds += s;
         ++c.count;
       }
+    p.step_seconds += s;
+    if (top == 0) continue;
     const std::string what = detail::describe(e.op);
     OpTotal& kind = kinds[what + "|" + cls];
     if (kind.what.empty()) {
@@ -323,7 +326,6 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
     }
     kind.seconds += s;
     ++kind.count;
-    p.step_seconds += s;
   }
   for (auto& [key, k] : kinds) p.top.push_back(k);
   std::sort(p.top.begin(), p.top.end(), [](const OpTotal& a, const OpTotal& b) { return a.seconds > b.seconds; });

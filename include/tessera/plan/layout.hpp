@@ -84,9 +84,10 @@ struct LayoutPrediction {
 };
 
 /// Prices `positions` (one StepTrace per pipeline position, distinct_ranks order, all of
-/// one layout) on `compute` and `net`.
+/// one layout) on `compute` and `net`; `top`: the costliest kinds of operation each
+/// position lists (predict's).
 inline LayoutPrediction predict_layout(const std::vector<StepTrace>& positions, const Pricer& compute,
-                                       const Network& net) {
+                                       const Network& net, std::size_t top = 12) {
   TESSERA_CHECK(!positions.empty(), "predict_layout: no positions");
   const StepTrace& first = positions.front();
   TESSERA_CHECK(static_cast<int>(positions.size()) == first.mesh.pp, "predict_layout: ", positions.size(),
@@ -103,7 +104,7 @@ inline LayoutPrediction predict_layout(const std::vector<StepTrace>& positions, 
   double worst_end = -1;
   for (std::size_t i = 0; i < positions.size(); ++i) {
     const StepTrace& st = positions[i];
-    PositionPrediction pp{st.rank, predict(st.trace, compute, st.shape, st.peak_bytes, st.at_peak), t.positions[i]};
+    PositionPrediction pp{st.rank, predict(st.trace, compute, st.shape, st.peak_bytes, st.at_peak, top), t.positions[i]};
     out.peak_memory_bytes = std::max(out.peak_memory_bytes, st.peak_bytes);
     out.fits = out.fits && pp.compute.fits;
     if (pp.time.end_seconds > worst_end) {

@@ -344,7 +344,7 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
         std::vector<StepTrace> traces;
         for (int rank : distinct_ranks(m)) traces.push_back(trace_rank(small, w, rank));
         r.dry_runs += static_cast<int>(traces.size());
-        const LayoutPrediction l = predict_layout(traces, compute, net);
+        const LayoutPrediction l = predict_layout(traces, compute, net, 0);  // no operation lists: a third of the search
         Sample& s = cell(i, p, j);
         s.step = l.step_seconds;
         s.exposed = l.exposed_comm_seconds;

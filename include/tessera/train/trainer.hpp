@@ -177,6 +177,15 @@ class Trainer {
     accumulation_ = global / (local * dp);
   }
 
+  /// Does the first step's one-time work ahead of it (the model's rotary and
+  /// gradient-norm tables, the optimizer's tables of tensors), so that the first step
+  /// does what every later one does. Optional: a step does whatever of it is not done.
+  /// The dry run (plan/dry_run.hpp) calls it and traces the first step.
+  void prepare() {
+    model_.prepare(config_.training.seq_len);
+    optimizer_.prepare();
+  }
+
   /// One optimizer step over one global batch.
   StepMetrics step() {
     const auto t0 = std::chrono::steady_clock::now();
