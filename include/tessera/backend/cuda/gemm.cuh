@@ -152,22 +152,18 @@ struct GemmAlgo {
 /// configuration cuBLASLt chose, for reports and failures (reduction: cuBLASLt's
 /// cublasLtReductionScheme_t; split-K 1 is none).
 inline std::string gemm_algo_text(const GemmAlgo& a) {
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> long long {
-    std::uint32_t v = 0;
+  // Each attribute read as its own type (split-K is signed, the others unsigned); -1 where unreadable.
+  auto get = [&]<class V>(cublasLtMatmulAlgoConfigAttributes_t attr, V v) -> long long {
     std::size_t written = 0;
     if (cublasLtMatmulAlgoConfigGetAttribute(&a.algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
       return -1;
     return v;
   };
-  std::int32_t split = 0;
-  std::size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split),
-                                           &written) != CUBLAS_STATUS_SUCCESS)
-    split = -1;
-  return tessera::detail::concat("algo ", get(CUBLASLT_ALGO_CONFIG_ID), " tile ", get(CUBLASLT_ALGO_CONFIG_TILE_ID),
-                                 " stages ", get(CUBLASLT_ALGO_CONFIG_STAGES_ID), " split-K ", split, " reduction ",
-                                 get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), " workspace ", a.workspace_bytes,
-                                 " bytes");
+  return tessera::detail::concat(
+      "algo ", get(CUBLASLT_ALGO_CONFIG_ID, std::uint32_t{}), " tile ", get(CUBLASLT_ALGO_CONFIG_TILE_ID, std::uint32_t{}),
+      " stages ", get(CUBLASLT_ALGO_CONFIG_STAGES_ID, std::uint32_t{}), " split-K ",
+      get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, std::int32_t{}), " reduction ",
+      get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, std::uint32_t{}), " workspace ", a.workspace_bytes, " bytes");
 }
 
 namespace detail {
