@@ -40,6 +40,7 @@
 #include "tessera/plan/cpu.hpp"
 #include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
+#include "tessera/plan/scaling_memory.hpp"
 #include "tessera/plan/search.hpp"
 #include "tessera/train/config.hpp"
 
@@ -71,7 +72,15 @@ void usage() {
       "  --plan.zero1 true  account the data-parallel ranks as ZeRO-1 (Megatron's distributed optimizer):\n"
       "                   bf16 parameters and gradients whole on every rank, optimizer states and fp32\n"
       "                   masters sharded over them; to compare with published ZeRO-1 runs. tessera's\n"
-      "                   runtime does not run this mode (it runs FSDP, HSDP and DDP)\n\n"
+      "                   runtime does not run this mode (it runs FSDP, HSDP and DDP)\n"
+      "  --plan.runtime scaling  the memory as Aleph Alpha's scaling (the runtime of Hagemann et al.'s published\n"
+      "                   ZeRO-1 layout sheets) holds it, counted from what its code keeps (plan/scaling_memory.hpp),\n"
+      "                   its stages split as it splits them; the time is still tessera's trace's. Implies\n"
+      "                   plan.zero1; to check the planner against those sheets\n"
+      "  --plan.attention K  with plan.runtime scaling: its attention kernel, torch, fused, flash1 or flash2\n"
+      "                   (default flash2)\n"
+      "  --plan.rmsnorm K    with plan.runtime scaling: its RMSNorm, torch or fused (flash-attn's kernel;\n"
+      "                   default torch)\n\n"
       "Config keys are llama-train's (llama-train --help lists them).\n",
       builtin_machine_names().c_str());
 }
@@ -303,10 +312,39 @@ train::JobConfig resolved(train::JobConfig c, const comm::MeshShape& mesh) {
   return c;
 }
 
+/// How llama-plan counts a layout's memory: tessera's own (traced), or another runtime's.
+struct MemoryModel {
+  bool zero1 = false;
+  std::optional<plan::ScalingRun> scaling;   // plan.runtime scaling
+  std::vector<plan::ScalingStage> stages;    // its stages' memory, in pipeline order
+};
+
+/// Puts the runtime's memory in place of the traced one: each position's peak and fit,
+/// and the layout's.
+void apply_memory(plan::LayoutPrediction& l, const MemoryModel& mm) {
+  if (!mm.scaling) return;
+  TESSERA_CHECK(mm.stages.size() == l.positions.size(), "plan.runtime scaling: ", mm.stages.size(), " stages for ",
+                l.positions.size(), " pipeline positions");
+  l.peak_memory_bytes = 0;
+  l.fits = true;
+  for (std::size_t i = 0; i < l.positions.size(); ++i) {
+    plan::Prediction& p = l.positions[i].compute;
+    p.peak_memory_bytes = static_cast<std::size_t>(mm.stages[i].peak_bytes);
+    p.fits = mm.stages[i].peak_bytes <= l.usable_bytes;
+    l.peak_memory_bytes = std::max(l.peak_memory_bytes, p.peak_memory_bytes);
+    l.fits = l.fits && p.fits;
+  }
+}
+
 nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
-                           const train::JobConfig& c, const Target& t, bool zero1) {
+                           const train::JobConfig& c, const Target& t, const MemoryModel& mm) {
   nlohmann::json j = layout_keys(c);
-  j["plan.zero1"] = zero1;
+  j["plan.zero1"] = mm.zero1;
+  j["plan.runtime"] = mm.scaling ? "scaling" : "tessera";
+  if (mm.scaling) {
+    j["plan.attention"] = std::string(plan::scaling_attention_name(mm.scaling->attention));
+    j["plan.rmsnorm"] = mm.scaling->fused_rmsnorm ? "fused" : "torch";
+  }
   j["machine"] = l.positions.front().compute.machine;
   j["machine_origin"] = t.origin;
   j["gpus"] = l.gpus;
@@ -331,13 +369,23 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
                          {"fits", p.compute.fits},
                          {"time", class_times(p.compute)},
                          {"trace_seconds", traces[i].seconds}});
+    if (mm.scaling) {
+      const plan::ScalingStage& st = mm.stages[i];
+      positions.back()["scaling_memory"] = {{"layers", st.layers},
+                                            {"parameters", st.parameters},
+                                            {"in_flight", st.in_flight},
+                                            {"state_bytes", st.state_bytes},
+                                            {"activation_bytes", st.activation_bytes},
+                                            {"loss_bytes", st.loss_bytes},
+                                            {"step_bytes", st.step_bytes}};
+    }
   }
   j["positions"] = positions;
   return j;
 }
 
 void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
-                  const train::JobConfig& c, const Target& t, bool zero1) {
+                  const train::JobConfig& c, const Target& t, const MemoryModel& mm) {
   const auto& a = c.model.args;
   const plan::StepShape& shape = traces.front().shape;
   double traced = 0;
@@ -352,12 +400,16 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
               c.activation_checkpoint.mode.c_str());
   std::printf("  %d GPUs of %s (%s), %g per node | mesh %s", l.gpus, l.positions.front().compute.machine.c_str(),
               t.origin.c_str(), t.network ? t.network->gpus_per_node.value : 1.0, l.mesh.str().c_str());
-  if (zero1) std::printf(" as ZeRO-1 over the %d data-parallel ranks", l.mesh.dp());
+  if (mm.zero1) std::printf(" as ZeRO-1 over the %d data-parallel ranks", l.mesh.dp());
   if (l.mesh.pp > 1)
     std::printf(", schedule %s, microbatch %lld", c.parallelism.pipeline_parallel_schedule.c_str(),
                 static_cast<long long>(c.parallelism.pipeline_parallel_microbatch_size));
   std::printf("\n");
   if (!t.cpu) std::printf("  attention: %s\n", t.attention.why.c_str());
+  if (mm.scaling)
+    std::printf("  memory: as Aleph Alpha's scaling holds it (attention %s, RMSNorm %s; plan/scaling_memory.hpp), not traced\n",
+                std::string(plan::scaling_attention_name(mm.scaling->attention)).c_str(),
+                mm.scaling->fused_rmsnorm ? "fused" : "torch");
   std::printf("  traced %zu pipeline position%s in %.3f s\n", traces.size(), traces.size() == 1 ? "" : "s", traced);
   if (t.cpu && l.gpus > 1)
     std::printf("  note: each rank is priced on the whole CPU as measured (%s); ranks that share its cores run slower\n",
@@ -531,6 +583,10 @@ int run(std::vector<std::string> args) {
   std::string machine = "h100-sxm", emit;
   std::int64_t gpus = 0;
   bool json = false, zero1 = false, search_all = false;
+  std::string runtime = "tessera";  // plan.runtime: whose memory the layout is counted in
+  plan::ScalingAttention scaling_attention = plan::ScalingAttention::flash2;
+  bool fused_rmsnorm = false;
+  std::vector<std::string> scaling_keys;  // the keys given that only plan.runtime scaling reads
   std::int64_t max_microbatch = 8;
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
@@ -557,18 +613,36 @@ int run(std::vector<std::string> args) {
       machine = value_of(i, "a machine name or a profile FILE.toml");
     } else if (args[i] == "--emit-config") {
       emit = value_of(i, "the FILE.toml to write");
-    } else if (args[i] == "--plan.zero1" || args[i].rfind("--plan.zero1=", 0) == 0) {
-      std::string v = "true";
-      if (args[i].size() > 12) {
-        v = args[i].substr(13);
+    } else if (args[i].rfind("--plan.", 0) == 0) {
+      // --plan.KEY VALUE or --plan.KEY=VALUE; --plan.zero1 alone is a switch.
+      std::string key = args[i].substr(7), v;
+      if (const auto eq = key.find('='); eq != std::string::npos) {
+        v = key.substr(eq + 1);
+        key.resize(eq);
         args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
       } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
-        v = value_of(i, "true or false");
+        v = value_of(i, "a value");
       } else {
+        TESSERA_CHECK(key == "zero1", "--plan.", key, ": expected a value");
+        v = "true";
         args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
       }
-      TESSERA_CHECK(v == "true" || v == "false", "--plan.zero1 ", v, ": expected true or false");
-      zero1 = v == "true";
+      if (key == "zero1") {
+        TESSERA_CHECK(v == "true" || v == "false", "--plan.zero1 ", v, ": expected true or false");
+        zero1 = v == "true";
+      } else if (key == "runtime") {
+        TESSERA_CHECK(v == "tessera" || v == "scaling", "--plan.runtime ", v, ": expected tessera or scaling");
+        runtime = v;
+      } else if (key == "attention") {
+        scaling_attention = plan::parse_scaling_attention(v);
+        scaling_keys.push_back("plan.attention");
+      } else if (key == "rmsnorm") {
+        TESSERA_CHECK(v == "torch" || v == "fused", "--plan.rmsnorm ", v, ": expected torch or fused");
+        fused_rmsnorm = v == "fused";
+        scaling_keys.push_back("plan.rmsnorm");
+      } else {
+        TESSERA_CHECK(false, "--plan.", key, ": unknown key (known: plan.zero1, plan.runtime, plan.attention, plan.rmsnorm)");
+      }
     } else if (args[i] == "--gpus") {
       gpus = whole_number("--gpus", value_of(i, "a number of GPUs"), 1, 1 << 24,
                           "a number of GPUs from 1 to " + std::to_string(1 << 24));
@@ -576,7 +650,26 @@ int run(std::vector<std::string> args) {
       ++i;
     }
   }
-  const train::JobConfig given = train::load_config("", args);
+  const bool scaling = runtime == "scaling";
+  TESSERA_CHECK(scaling || scaling_keys.empty(), "--", scaling_keys.empty() ? "" : scaling_keys.front(),
+                ": describes the scaling runtime; give --plan.runtime scaling with it");
+  zero1 = zero1 || scaling;  // the runtime's data parallelism is ZeRO-1
+  train::JobConfig given = train::load_config("", args);
+  if (scaling) {
+    // The runtime's own stage split, so that the trace prices the layers where it placed them.
+    auto& p = given.parallelism;
+    TESSERA_CHECK(p.pipeline_parallel_split_points.empty(), "parallelism.pipeline_parallel_split_points: plan.runtime "
+                  "scaling splits the stages as that runtime does (uniformly over embedding, layers, norm and head)");
+    TESSERA_CHECK(p.pipeline_parallel_degree == 1 || p.pipeline_parallel_schedule == "1F1B",
+                  "parallelism.pipeline_parallel_schedule ", p.pipeline_parallel_schedule,
+                  ": plan.runtime scaling runs 1F1B");
+    TESSERA_CHECK(given.activation_checkpoint.mode == "none" || given.activation_checkpoint.mode == "full",
+                  "activation_checkpoint.mode ", given.activation_checkpoint.mode,
+                  ": plan.runtime scaling checkpoints every layer (full) or none");
+    if (p.pipeline_parallel_degree > 1)
+      p.pipeline_parallel_split_points =
+          plan::scaling_split_points(static_cast<int>(given.model.args.n_layers), static_cast<int>(p.pipeline_parallel_degree));
+  }
   const int world = world_of(given, gpus);
   // A cluster is priced on the profile's [network], in whole nodes.
   auto check_cluster = [&](const Target& t) {
@@ -588,7 +681,8 @@ int run(std::vector<std::string> args) {
                   " GPUs (the machine's [network] gpus_per_node)");
   };
   if (search_all) {
-    TESSERA_CHECK(!zero1, "--search: plan.zero1 is a layout tessera's runtime does not run; the search ranks the ones it does");
+    TESSERA_CHECK(!zero1, "--search: plan.zero1 is a layout tessera's runtime does not run (plan.runtime scaling is "
+                  "another runtime's); the search ranks the ones it does");
     TESSERA_CHECK(machine != "cpu", "--search: plans GPU clusters; give a GPU --machine (for this machine's CPU, plan one layout)");
     const bool bf16 = given.training.mixed_precision_param == "bfloat16";
     const Target t = resolve_machine(machine, trace::Trace{}, given.training.attention, bf16 ? DType::bf16 : DType::f32,
@@ -638,11 +732,30 @@ int run(std::vector<std::string> args) {
       for (const auto& e : st.trace.events()) all.add(e.op);
     target = resolve_machine(machine, all, c.training.attention, dtype, hd, world);
   }
-  const plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}));
+  plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}));
+  MemoryModel mm;
+  mm.zero1 = zero1;
+  if (scaling) {
+    plan::ScalingRun run;
+    run.args = c.model.args;
+    run.mesh = mesh;
+    run.seq_len = c.training.seq_len;
+    const std::int64_t per_rank = c.training.global_batch_size / mesh.dp();  // sequences per step on one replica
+    run.microbatch = mesh.pp > 1 ? c.parallelism.pipeline_parallel_microbatch_size : c.training.local_batch_size;
+    TESSERA_CHECK(run.microbatch >= 1 && per_rank % run.microbatch == 0, "plan.runtime scaling: ", per_rank,
+                  " sequences per data-parallel rank do not make whole microbatches of ", run.microbatch);
+    run.microbatches = per_rank / run.microbatch;
+    run.full_checkpoint = c.activation_checkpoint.mode == "full";
+    run.attention = scaling_attention;
+    run.fused_rmsnorm = fused_rmsnorm;
+    mm.stages = plan::scaling_memory(run);
+    mm.scaling = run;
+    apply_memory(l, mm);
+  }
   if (json)
-    std::printf("%s\n", layout_json(l, traces, c, target, zero1).dump(2).c_str());
+    std::printf("%s\n", layout_json(l, traces, c, target, mm).dump(2).c_str());
   else
-    print_layout(l, traces, c, target, zero1);
+    print_layout(l, traces, c, target, mm);
   return 0;
 }
 

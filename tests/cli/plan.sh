@@ -239,6 +239,46 @@ plan_fails "--emit-config of a ZeRO-1 layout" "--emit-config: plan.zero1 is a la
   "${ddp[@]}" --plan.zero1 true --emit-config "$work/zero1.toml"
 plan_fails "--plan.zero1 with a bad value" "--plan.zero1 maybe: expected true or false" "${debug[@]}" --plan.zero1 maybe
 
+# --plan.runtime scaling: the memory as the published sheets' runtime holds it, per
+# position, with its kernels; the time is the ZeRO-1 trace's.
+sheet=(--config "$configs/llama2_7b.toml" --machine a100-80gb-sxm --gpus 16 --training.seq_len 1024
+       --training.local_batch_size 2 --training.global_batch_size 64 --parallelism.tensor_parallel_degree 2
+       --parallelism.data_parallel_replicate_degree 8 --parallelism.data_parallel_shard_degree 1
+       --training.mixed_precision_param bfloat16 --activation_checkpoint.mode none)
+if "$plan" "${sheet[@]}" --json --plan.zero1 true > "$work/z.json" 2> "$work/err" &&
+   "$plan" "${sheet[@]}" --json --plan.runtime scaling > "$work/s_torch.json" 2>> "$work/err" &&
+   "$plan" "${sheet[@]}" --json --plan.runtime=scaling --plan.rmsnorm fused --plan.attention flash2 > "$work/s_fused.json" 2>> "$work/err" &&
+   "$plan" "${sheet[@]}" --plan.runtime scaling > "$work/s.txt" 2>> "$work/err" &&
+   grep -q "memory: as Aleph Alpha's scaling holds it (attention flash2, RMSNorm torch" "$work/s.txt" &&
+   python3 - "$work/z.json" "$work/s_torch.json" "$work/s_fused.json" <<'EOF2'
+import json, sys
+z, t, f = (json.load(open(x)) for x in sys.argv[1:])
+if not (t["plan.runtime"] == "scaling" and z["plan.runtime"] == "tessera" and t["plan.zero1"] and f["plan.rmsnorm"] == "fused"):
+    sys.exit("plan.runtime / plan.zero1 / plan.rmsnorm not reported: %s %s %s" % (t["plan.runtime"], z["plan.runtime"], f["plan.rmsnorm"]))
+if t["step_seconds"] != z["step_seconds"]:
+    sys.exit("the runtime's memory changed the time: %g s against ZeRO-1's %g s" % (t["step_seconds"], z["step_seconds"]))
+m = t["positions"][0]["scaling_memory"]
+if t["peak_memory_bytes"] != t["positions"][0]["peak_memory_bytes"] or m["layers"] != 32 or m["in_flight"] != 1:
+    sys.exit("the position's memory: %s" % t["positions"][0])
+# Torch's RMSNorm keeps 4 more bytes an element, two norms, 32 layers, 2 x 1024 rows of 4096.
+gap = t["peak_memory_bytes"] - f["peak_memory_bytes"]
+if gap != 2 * 4 * 32 * 2 * 1024 * 4096:
+    sys.exit("torch's RMSNorm holds %d bytes more than the kernel" % gap)
+EOF2
+then
+  echo "ok: --plan.runtime scaling counts the runtime's memory and keeps the trace's time"
+else
+  echo "FAIL: --plan.runtime scaling:"; head -n 5 "$work/err"; failures=$((failures + 1))
+fi
+plan_fails "--plan.attention without the runtime" "--plan.attention: describes the scaling runtime; give --plan.runtime scaling" \
+  "${sheet[@]}" --plan.attention torch
+plan_fails "--plan.runtime with a bad value" "--plan.runtime megatron: expected tessera or scaling" "${sheet[@]}" --plan.runtime megatron
+plan_fails "--plan.attention with a bad value" "plan.attention xformers: expected torch, fused, flash1 or flash2" \
+  "${sheet[@]}" --plan.runtime scaling --plan.attention xformers
+plan_fails "the scaling runtime with selective checkpointing" "activation_checkpoint.mode selective: plan.runtime scaling checkpoints every layer (full) or none" \
+  "${sheet[@]}" --plan.runtime scaling --activation_checkpoint.mode selective
+plan_fails "an unknown plan key" "--plan.budget: unknown key" "${sheet[@]}" --plan.budget 3
+
 plan_fails "a layout that does not divide the GPUs" "tensor_parallel_degree 4 x pipeline_parallel_degree 1 = 4 does not divide the world size 6" \
   "${debug[@]}" --gpus 6 --parallelism.tensor_parallel_degree 4
 plan_fails "a tensor degree that does not divide the heads" "parallelism.tensor_parallel_degree = 32 does not divide n_heads = 16" \
