@@ -343,7 +343,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
   j["plan.runtime"] = mm.scaling ? "scaling" : "tessera";
   if (mm.scaling) {
     j["plan.attention"] = std::string(plan::scaling_attention_name(mm.scaling->attention));
-    j["plan.rmsnorm"] = mm.scaling->fused_rmsnorm ? "fused" : "torch";
+    j["plan.rmsnorm"] = std::string(plan::scaling_rmsnorm_name(mm.scaling->fused_rmsnorm));
   }
   j["machine"] = l.positions.front().compute.machine;
   j["machine_origin"] = t.origin;
@@ -409,7 +409,7 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
   if (mm.scaling)
     std::printf("  memory: as Aleph Alpha's scaling holds it (attention %s, RMSNorm %s; plan/scaling_memory.hpp), not traced\n",
                 std::string(plan::scaling_attention_name(mm.scaling->attention)).c_str(),
-                mm.scaling->fused_rmsnorm ? "fused" : "torch");
+                std::string(plan::scaling_rmsnorm_name(mm.scaling->fused_rmsnorm)).c_str());
   std::printf("  traced %zu pipeline position%s in %.3f s\n", traces.size(), traces.size() == 1 ? "" : "s", traced);
   if (t.cpu && l.gpus > 1)
     std::printf("  note: each rank is priced on the whole CPU as measured (%s); ranks that share its cores run slower\n",
@@ -583,7 +583,7 @@ int run(std::vector<std::string> args) {
   std::string machine = "h100-sxm", emit;
   std::int64_t gpus = 0;
   bool json = false, zero1 = false, search_all = false;
-  std::string runtime = "tessera";  // plan.runtime: whose memory the layout is counted in
+  bool scaling = false;  // plan.runtime scaling: the memory counted as that runtime holds it
   plan::ScalingAttention scaling_attention = plan::ScalingAttention::flash2;
   bool fused_rmsnorm = false;
   std::vector<std::string> scaling_keys;  // the keys given that only plan.runtime scaling reads
@@ -632,7 +632,7 @@ int run(std::vector<std::string> args) {
         zero1 = v == "true";
       } else if (key == "runtime") {
         TESSERA_CHECK(v == "tessera" || v == "scaling", "--plan.runtime ", v, ": expected tessera or scaling");
-        runtime = v;
+        scaling = v == "scaling";
       } else if (key == "attention") {
         scaling_attention = plan::parse_scaling_attention(v);
         scaling_keys.push_back("plan.attention");
@@ -650,7 +650,6 @@ int run(std::vector<std::string> args) {
       ++i;
     }
   }
-  const bool scaling = runtime == "scaling";
   TESSERA_CHECK(scaling || scaling_keys.empty(), "--", scaling_keys.empty() ? "" : scaling_keys.front(),
                 ": describes the scaling runtime; give --plan.runtime scaling with it");
   zero1 = zero1 || scaling;  // the runtime's data parallelism is ZeRO-1

@@ -76,6 +76,9 @@
 
 namespace tessera::plan {
 
+/// plan.rmsnorm's name for the runtime's RMSNorm: flash-attn's fused kernel, or torch's.
+inline std::string_view scaling_rmsnorm_name(bool fused) { return fused ? "fused" : "torch"; }
+
 /// The runtime's attention kernels, as the sheets' `kernel` column names them.
 enum class ScalingAttention { torch, fused, flash1, flash2 };
 
