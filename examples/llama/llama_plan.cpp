@@ -75,8 +75,9 @@ void usage() {
       "                   runtime does not run this mode (it runs FSDP, HSDP and DDP)\n"
       "  --plan.runtime scaling  the memory as Aleph Alpha's scaling (the runtime of Hagemann et al.'s published\n"
       "                   ZeRO-1 layout sheets) holds it, counted from what its code keeps (plan/scaling_memory.hpp),\n"
-      "                   its stages split as it splits them; the time is still tessera's trace's. Implies\n"
-      "                   plan.zero1; to check the planner against those sheets\n"
+      "                   its stages split as it splits them, its tensor parallelism without sequence\n"
+      "                   parallelism; the time is still tessera's trace's. Implies plan.zero1 and\n"
+      "                   parallelism.disable_sequence_parallel; to check the planner against those sheets\n"
       "  --plan.attention K  with plan.runtime scaling: its attention kernel, torch, fused, flash1 or flash2\n"
       "                   (default flash2)\n"
       "  --plan.rmsnorm K    with plan.runtime scaling: its RMSNorm, torch or fused (flash-attn's kernel;\n"
@@ -172,6 +173,7 @@ nlohmann::json layout_keys(const train::JobConfig& c) {
   j["parallelism.data_parallel_replicate_degree"] = p.data_parallel_replicate_degree;
   j["parallelism.data_parallel_shard_degree"] = p.data_parallel_shard_degree;
   j["parallelism.tensor_parallel_degree"] = p.tensor_parallel_degree;
+  j["parallelism.disable_sequence_parallel"] = p.disable_sequence_parallel;
   j["parallelism.pipeline_parallel_degree"] = p.pipeline_parallel_degree;
   j["parallelism.pipeline_parallel_schedule"] = p.pipeline_parallel_schedule;
   j["parallelism.pipeline_parallel_microbatch_size"] = p.pipeline_parallel_microbatch_size;
@@ -665,6 +667,9 @@ int run(std::vector<std::string> args) {
     TESSERA_CHECK(given.activation_checkpoint.mode == "none" || given.activation_checkpoint.mode == "full",
                   "activation_checkpoint.mode ", given.activation_checkpoint.mode,
                   ": plan.runtime scaling checkpoints every layer (full) or none");
+    // Its tensor parallelism keeps every row on every rank (topology.sequence_parallel is
+    // off by default, and in the sheets): traced as tessera runs that layout.
+    p.disable_sequence_parallel = true;
     if (p.pipeline_parallel_degree > 1)
       p.pipeline_parallel_split_points =
           plan::scaling_split_points(static_cast<int>(given.model.args.n_layers), static_cast<int>(p.pipeline_parallel_degree));

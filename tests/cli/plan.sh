@@ -240,23 +240,27 @@ plan_fails "--emit-config of a ZeRO-1 layout" "--emit-config: plan.zero1 is a la
 plan_fails "--plan.zero1 with a bad value" "--plan.zero1 maybe: expected true or false" "${debug[@]}" --plan.zero1 maybe
 
 # --plan.runtime scaling: the memory as the published sheets' runtime holds it, per
-# position, with its kernels; the time is the ZeRO-1 trace's.
+# position, with its kernels; the time is the ZeRO-1 trace's without sequence parallelism.
 sheet=(--config "$configs/llama2_7b.toml" --machine a100-80gb-sxm --gpus 16 --training.seq_len 1024
        --training.local_batch_size 2 --training.global_batch_size 64 --parallelism.tensor_parallel_degree 2
        --parallelism.data_parallel_replicate_degree 8 --parallelism.data_parallel_shard_degree 1
        --training.mixed_precision_param bfloat16 --activation_checkpoint.mode none)
-if "$plan" "${sheet[@]}" --json --plan.zero1 true > "$work/z.json" 2> "$work/err" &&
+if "$plan" "${sheet[@]}" --json --plan.zero1 true --parallelism.disable_sequence_parallel true > "$work/z.json" 2> "$work/err" &&
+   "$plan" "${sheet[@]}" --json --plan.zero1 true > "$work/z_sp.json" 2>> "$work/err" &&
    "$plan" "${sheet[@]}" --json --plan.runtime scaling > "$work/s_torch.json" 2>> "$work/err" &&
    "$plan" "${sheet[@]}" --json --plan.runtime=scaling --plan.rmsnorm fused --plan.attention flash2 > "$work/s_fused.json" 2>> "$work/err" &&
    "$plan" "${sheet[@]}" --plan.runtime scaling > "$work/s.txt" 2>> "$work/err" &&
    grep -q "memory: as Aleph Alpha's scaling holds it (attention flash2, RMSNorm torch" "$work/s.txt" &&
-   python3 - "$work/z.json" "$work/s_torch.json" "$work/s_fused.json" <<'EOF2'
+   python3 - "$work/z.json" "$work/s_torch.json" "$work/s_fused.json" "$work/z_sp.json" <<'EOF2'
 import json, sys
-z, t, f = (json.load(open(x)) for x in sys.argv[1:])
+z, t, f, sp = (json.load(open(x)) for x in sys.argv[1:])
 if not (t["plan.runtime"] == "scaling" and z["plan.runtime"] == "tessera" and t["plan.zero1"] and f["plan.rmsnorm"] == "fused"):
     sys.exit("plan.runtime / plan.zero1 / plan.rmsnorm not reported: %s %s %s" % (t["plan.runtime"], z["plan.runtime"], f["plan.rmsnorm"]))
-if t["step_seconds"] != z["step_seconds"]:
+if t["step_seconds"] != z["step_seconds"] or not t["parallelism.disable_sequence_parallel"]:
     sys.exit("the runtime's memory changed the time: %g s against ZeRO-1's %g s" % (t["step_seconds"], z["step_seconds"]))
+# Norms and residual adds on every row of every tp rank: more time, and the same bytes on the wire.
+if not (z["step_seconds"] > sp["step_seconds"] and not sp["parallelism.disable_sequence_parallel"]):
+    sys.exit("without sequence parallelism %g s, with %g s" % (z["step_seconds"], sp["step_seconds"]))
 m = t["positions"][0]["scaling_memory"]
 if t["peak_memory_bytes"] != t["positions"][0]["peak_memory_bytes"] or m["layers"] != 32 or m["in_flight"] != 1:
     sys.exit("the position's memory: %s" % t["positions"][0])

@@ -63,6 +63,25 @@ TEST_CASE("pipeline parity: composed with FSDP, tensor parallelism and activatio
                with(schedule("InterleavedZeroBubble"), kAcModes[3].keys));
   check_parity("DDP 2 x PP 2, GPipe, 2 micro-batches per step", {2, 2, 1, 1},
                with(schedule("GPipe", 2), {"--training.local_batch_size", "2"}));
+  // Without sequence parallelism the stages pass every row, and a micro-batch's tokens
+  // need not divide by the tp degree (31 here; with it, refused by name).
+  check_parity("TP 2 x PP 2 without sequence parallelism, 1F1B, 31-token micro-batches", {2, 1, 1, 2},
+               with(schedule("1F1B"), {"--parallelism.disable_sequence_parallel", "true"}), {"--training.seq_len", "31"});
+}
+
+TEST_CASE("pipeline: with sequence parallelism a micro-batch's tokens that do not split over tp are refused") {
+  const comm::MeshShape shape{2, 1, 1, 2};
+  std::vector<std::string> errors(static_cast<std::size_t>(shape.world()));
+  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
+    try {
+      train_layout(world, shape, debug_job(kParityBatch, kParityBatch, 1, with(schedule("1F1B"), {"--training.seq_len", "31"})));
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  }, nccl_rules());
+  for (const auto& e : errors)
+    CHECK(e.find("parallelism.pipeline_parallel_microbatch_size x training.seq_len (1 x 31 = 31 tokens) does not split "
+                 "into equal rows over parallelism.tensor_parallel_degree = 2") != std::string::npos);
 }
 
 TEST_CASE("pipeline: saving brings every stage's whole parameters to every rank") {

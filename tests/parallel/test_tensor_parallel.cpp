@@ -2,8 +2,8 @@
 // rank: the parity model in float32 for 10 steps (3 in sanitizer builds) on thread
 // ranks, losses within 1e-5 relative at every step (gradient norms within 1e-4).
 // TP 2 and 4; TP larger than the key/value head count (kv heads replicated); loss
-// parallelism off; TP composed with FSDP and HSDP, each with an activation checkpoint
-// mode. Also: the whole gradient of
+// parallelism off; sequence parallelism off; TP composed with FSDP and HSDP, each with
+// an activation checkpoint mode. Also: the whole gradient of
 // one step matches one rank's, pieces and all; saving gathers whole parameters; bad
 // degrees are refused by name on every rank.
 #include <doctest/doctest.h>
@@ -51,6 +51,15 @@ TEST_CASE("tensor parallel: TP 4 over 2 key/value heads (each kv head on 2 ranks
 
 TEST_CASE("tensor parallel: loss parallelism disabled (the output whole on every rank)") {
   check_parity("TP 2, no loss parallel", {1, 1, 1, 2}, {"--parallelism.disable_loss_parallel", "true"});
+}
+
+TEST_CASE("tensor parallel: sequence parallelism disabled (every row on every rank between the regions)") {
+  const std::vector<std::string> no_sp = {"--parallelism.disable_sequence_parallel", "true"};
+  check_parity("TP 2, no sequence parallel", {1, 1, 1, 2}, no_sp);
+  // Selective op keeps wo's and w2's outputs: the all-reduce must leave them partial.
+  check_parity("FSDP 2 x TP 2, no sequence parallel, selective op", {1, 1, 2, 2}, with(no_sp, kSelectiveOp));
+  check_parity("TP 4 > kv heads 2, neither sequence nor loss parallel, full", {1, 1, 1, 4},
+               with(with(no_sp, {"--parallelism.disable_loss_parallel", "true"}), kFull), {"--model.n_kv_heads", "2"});
 }
 
 TEST_CASE("tensor parallel: with tied embeddings (the head reads the vocabulary-split embedding)") {

@@ -118,6 +118,7 @@ TEST_CASE("defaults follow torchtitan") {
   CHECK(c.parallelism.pipeline_parallel_degree == 1);
   CHECK(c.parallelism.context_parallel_degree == 1);
   CHECK_FALSE(c.parallelism.disable_loss_parallel);
+  CHECK_FALSE(c.parallelism.disable_sequence_parallel);
   CHECK(c.parallelism.pipeline_parallel_schedule == "1F1B");
   CHECK(c.parallelism.pipeline_parallel_microbatch_size == 1);
   CHECK(c.parallelism.fsdp_reshard_after_forward == "default");
@@ -149,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 73);
+  CHECK(keys.size() == 74);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -652,6 +653,7 @@ TEST_CASE("to_toml round trip") {
                  "--parallelism.pipeline_parallel_degree", "2",
                  "--parallelism.context_parallel_degree", "2",
                  "--parallelism.disable_loss_parallel",
+                 "--parallelism.disable_sequence_parallel",
                  "--parallelism.pipeline_parallel_schedule", "GPipe",
                  "--parallelism.pipeline_parallel_microbatch_size", "2",
                  "--parallelism.fsdp_reshard_after_forward", "never",

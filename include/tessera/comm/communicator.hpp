@@ -88,6 +88,18 @@ class Communicator {
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::sum) {
     all_reduce_async(data, op).wait();
   }
+  /// out = the element-wise reduction of every rank's in (out of place; in is untouched).
+  template <class T>
+  Handle all_reduce_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    TESSERA_CHECK(in.size() == out.size(), "all_reduce: input of ", in.size(), " elements, output of ", out.size());
+    const auto p = static_cast<std::uint64_t>(size());
+    count(traffic_->all_reduce, 2 * in.size_bytes() * (p - 1) / p);
+    return impl_->all_reduce(in.data(), out.data(), in.size(), data_type_of<T>(), op);
+  }
+  template <class T>
+  void all_reduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    all_reduce_async(in, out, op).wait();
+  }
   /// One host value reduced over every rank: host engines only (thread ranks, MPI
   /// without the NCCL rules). NCCL moves device memory only, and its wait() does not hold
   /// the host; library code reduces host values with parallel::all_reduce_host<B>.

@@ -53,7 +53,7 @@ class Attention {
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
     const AttentionShape s = shape(ctx.geometry());
-    const Tensor<T> x = parallel::gather_rows<B>(tp_, x_rows);
+    const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
     Tensor<T> q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, s.seq_len);
     Tensor<T> k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, s.seq_len);
@@ -71,12 +71,12 @@ class Attention {
     ctx.save("v", SaveKind::matmul, v);
     ctx.save("o", SaveKind::attention, o);
     ctx.save("lse", SaveKind::attention, lse);
-    return parallel::reduce_scatter_rows<B>(tp_, wo_.forward(ctx.child("wo"), o));
+    return parallel::summed_rows<B>(tp_, wo_.forward(ctx.child("wo"), o));
   }
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
     const AttentionShape s = shape(ctx.geometry());
-    Tensor<T> d_o = wo_.backward(ctx.child("wo"), parallel::gather_rows<B>(tp_, dy_rows));
+    Tensor<T> d_o = wo_.backward(ctx.child("wo"), parallel::whole_rows<B>(tp_, dy_rows));
     const Tensor<T>& q = ctx.saved("q");
     const Tensor<T>& k = ctx.saved("k");
     Tensor<T> dq = B::template empty<T>(q.shape());
@@ -89,7 +89,7 @@ class Attention {
     Tensor<T> dx = wq_.backward(ctx.child("wq"), dq);
     wk_.backward_into(ctx.child("wk"), dk, dx, 1.0f);
     wv_.backward_into(ctx.child("wv"), dv, dx, 1.0f);
-    return parallel::reduce_scatter_rows<B>(tp_, dx);
+    return parallel::summed_rows<B>(tp_, dx);
   }
 
   template <class F>

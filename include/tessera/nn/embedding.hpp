@@ -48,12 +48,12 @@ class Embedding {
     const auto [lo, hi] = range();
     const Tensor<std::int32_t> on_backend = upload<B>(ids);
     B::for_each(rows * dim, ops::EmbeddingForward<T>{on_backend.data(), weight_.value.data(), y.data(), dim, lo, hi});
-    return parallel::reduce_scatter_rows<B>(tp_, y);
+    return parallel::summed_rows<B>(tp_, y);
   }
 
   /// `dy_rows`: the gradient of this rank's rows.
   void backward(std::span<const std::int32_t> ids, const Tensor<T>& dy_rows) {
-    const Tensor<T> dy = parallel::gather_rows<B>(tp_, dy_rows);
+    const Tensor<T> dy = parallel::whole_rows<B>(tp_, dy_rows);
     const std::int64_t dim = weight_.grad.size(1);
     const auto [lo, hi] = range();
     // The positions grouped by id on the host (the ids are host data), one upload.

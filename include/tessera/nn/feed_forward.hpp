@@ -31,27 +31,27 @@ class FeedForward {
         tp_(tp) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
-    const Tensor<T> x = parallel::gather_rows<B>(tp_, x_rows);
+    const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
     Tensor<T> a = w1_.forward(ctx.child("w1"), x);
     Tensor<T> b = w3_.forward(ctx.child("w3"), x);
     Tensor<T> g = B::template empty<T>(a.shape());
     B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
     ctx.save("a", SaveKind::matmul, a);
     ctx.save("b", SaveKind::matmul, b);
-    return parallel::reduce_scatter_rows<B>(tp_, w2_.forward(ctx.child("w2"), g));
+    return parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), g));
   }
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
     const Tensor<T>& a = ctx.saved("a");
     const Tensor<T>& b = ctx.saved("b");
-    Tensor<T> dg = w2_.backward(ctx.child("w2"), parallel::gather_rows<B>(tp_, dy_rows));
+    Tensor<T> dg = w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows));
     Tensor<T> da = B::template empty<T>(a.shape());
     Tensor<T> db = B::template empty<T>(b.shape());
     B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
     dg.release();
     Tensor<T> dx = w1_.backward(ctx.child("w1"), da);
     w3_.backward_into(ctx.child("w3"), db, dx, 1.0f);
-    return parallel::reduce_scatter_rows<B>(tp_, dx);
+    return parallel::summed_rows<B>(tp_, dx);
   }
 
   template <class F>

@@ -23,7 +23,9 @@ class RmsNorm {
   using backend_type = B;
   using A = accum_t<T>;  // statistics and gradients
 
-  /// `tp`: the tensor-parallel group whose ranks hold different rows (sequence parallel).
+  /// `tp`: the tensor-parallel group. Under sequence parallelism its ranks hold
+  /// different rows and the weight's gradient is summed over them; without, each rank
+  /// normalises every row and its gradient is already the whole one.
   RmsNorm(std::string name, std::int64_t dim, double eps, parallel::TensorParallelGroup* tp = nullptr)
       : weight_(Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{dim}, Init::ones())),
         eps_(static_cast<A>(eps)),
@@ -49,7 +51,7 @@ class RmsNorm {
     B::for_each(rows, ops::RmsNormBackwardInput<T>{x.data(), n, weight_.value.data(), rstd.data(), dy.data(), n,
                                                    dx.data(), n, n});
     ctx.weight_grad([this, x, rstd, dy, rows, n] {
-      if (parallel::active(tp_)) {
+      if (parallel::splits_rows(tp_)) {
         Tensor<A> dw = B::template zeros<A>(weight_.grad.shape());
         B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, dw.data(), rows});
         parallel::accumulate_over_holders<B>(tp_, weight_.split, dw, weight_.grad);

@@ -171,7 +171,7 @@ class Transformer {
   Transformer(const ModelArgs& args, const parallel::Plan& plan, const DeferParameterStorage&)
       : args_((args.validate(), args)),
         plan_(plan),
-        tp_(detail::tensor_parallel_comm<Block>(args, plan), plan.loss_parallel),
+        tp_(detail::tensor_parallel_comm<Block>(args, plan), plan.loss_parallel, plan.sequence_parallel),
         rope_(std::make_shared<RopeTable<T, B>>(args.head_dim(), args.rope_theta, args.rope_scaling)),
         tok_embeddings_("tok_embeddings", args.vocab_size, args.dim,
                         args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0), tp()),
@@ -441,13 +441,13 @@ class Transformer {
     }
     ActivationStore<T> norm_store("norm", &meter_);
     // Under tensor parallelism each rank holds some rows; the head takes them all.
-    Tensor<T> hn = parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, &norm_store), h));
+    Tensor<T> hn = parallel::whole_rows<B>(tp(), norm_.forward(Context<T>(g, &norm_store), h));
     h.release();
     Tensor<T> dhn = B::template empty<T>(hn.shape());
     double loss = head_.forward(hn, targets, static_cast<A>(loss_scale), &dhn);
     hn.release();
     // Loss parallelism leaves each rank its vocabulary's share of dhn; else dhn is whole.
-    dhn = head_.vocab_parallel() ? parallel::reduce_scatter_rows<B>(tp(), dhn) : parallel::own_rows<B>(tp(), dhn);
+    dhn = head_.vocab_parallel() ? parallel::summed_rows<B>(tp(), dhn) : parallel::own_rows<B>(tp(), dhn);
 
     // Backward, each unit's gradients reduced as soon as it is done.
     Tensor<T> dh = norm_.backward(Context<T>(g, &norm_store), dhn);
@@ -557,7 +557,7 @@ class Transformer {
       const int M = static_cast<int>(batch / mb);
       parallel::check_schedule_shape(schedule_kind_, pp_, stages_per_rank_, M);
     }
-    TESSERA_CHECK((mb * seq_len) % tp_.degree() == 0,
+    TESSERA_CHECK(!tp_.sequence_parallel() || (mb * seq_len) % tp_.degree() == 0,
                   pp_ > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size",
                   " x training.seq_len (", mb, " x ", seq_len, " = ", mb * seq_len,
                   " tokens) does not split into equal rows over parallelism.tensor_parallel_degree = ", tp_.degree(),
@@ -586,7 +586,7 @@ class Transformer {
   void check_geometry(std::span<const std::int32_t> inputs, Geometry g) const {
     TESSERA_CHECK(g.batch > 0 && g.seq_len > 0 && static_cast<std::int64_t>(inputs.size()) == g.rows(), "model: ",
                   inputs.size(), " tokens for a batch of ", g.batch, " x ", g.seq_len);
-    TESSERA_CHECK(g.rows() % tp_.degree() == 0, "model: a batch of ", g.batch, " x ", g.seq_len, " = ", g.rows(),
+    TESSERA_CHECK(!tp_.sequence_parallel() || g.rows() % tp_.degree() == 0, "model: a batch of ", g.batch, " x ", g.seq_len, " = ", g.rows(),
                   " tokens does not split into rows over ", tp_.degree(), " tensor-parallel ranks");
     TESSERA_CHECK(g.seq_len <= args_.max_seq_len, "model: seq_len ", g.seq_len, " exceeds max_seq_len ",
                   args_.max_seq_len);
@@ -605,7 +605,7 @@ class Transformer {
     if (embedding_unit_ && !args_.tie_embeddings) embedding_unit_->reshard();
     for (auto& l : layers_) h = l.forward(Context<T>(g, nullptr), h);
     if (head_unit_) head_unit_->unshard();
-    return parallel::gather_rows<B>(tp(), norm_.forward(Context<T>(g, nullptr), h));
+    return parallel::whole_rows<B>(tp(), norm_.forward(Context<T>(g, nullptr), h));
   }
 
   /// Frees what final_hidden left gathered for the head.
@@ -715,7 +715,7 @@ class Transformer {
     /// A tensor of the shape that crosses between stages: this tensor-parallel rank's
     /// rows of a microbatch's hidden state.
     Tensor<T> transfer_buffer() const {
-      return B::template empty<T>(Shape{g_.rows() / model_.tp_.degree(), model_.args_.dim});
+      return B::template empty<T>(Shape{model_.tp_.rows_held(g_.rows()), model_.args_.dim});
     }
 
     Tensor<T> forward(int s, int m, Tensor<T> x, double& loss) {
@@ -732,7 +732,7 @@ class Transformer {
       if (!range.output) return x;
       if (!training_) {
         if (t.head_unit_) t.head_unit_->unshard();
-        loss += t.head_.forward(parallel::gather_rows<B>(t.tp(), t.norm_.forward(Context<T>(g_, nullptr), x)),
+        loss += t.head_.forward(parallel::whole_rows<B>(t.tp(), t.norm_.forward(Context<T>(g_, nullptr), x)),
                                 ids(targets_, m), A(0), nullptr);
         if (t.head_unit_) t.head_unit_->reshard();
         return {};
@@ -742,11 +742,11 @@ class Transformer {
         t.head_unit_->begin_grads();
       }
       Tensor<T> hn =
-          parallel::gather_rows<B>(t.tp(), t.norm_.forward(Context<T>(g_, &norm_stores_[static_cast<std::size_t>(m)]), x));
+          parallel::whole_rows<B>(t.tp(), t.norm_.forward(Context<T>(g_, &norm_stores_[static_cast<std::size_t>(m)]), x));
       x.release();
       Tensor<T> dhn = B::template empty<T>(hn.shape());
       loss += t.head_.forward(hn, ids(targets_, m), static_cast<A>(loss_scale_), &dhn);
-      head_grad_[static_cast<std::size_t>(m)] = t.head_.vocab_parallel() ? parallel::reduce_scatter_rows<B>(t.tp(), dhn)
+      head_grad_[static_cast<std::size_t>(m)] = t.head_.vocab_parallel() ? parallel::summed_rows<B>(t.tp(), dhn)
                                                                            : parallel::own_rows<B>(t.tp(), dhn);
       return {};
     }

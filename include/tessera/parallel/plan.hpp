@@ -139,6 +139,11 @@ struct Plan {
   /// Under tensor parallelism: the output split by vocabulary and the loss computed
   /// without gathering logits (torchtitan's default; disable_loss_parallel turns it off).
   bool loss_parallel = true;
+  /// Under tensor parallelism: the rows split over the ranks between the regions, where
+  /// norms and residual adds run (torchtitan's layout; disable_sequence_parallel turns
+  /// it off: every rank then holds every row, Megatron-LM's layout without
+  /// --sequence-parallel). parallel/tensor_parallel.hpp.
+  bool sequence_parallel = true;
   /// For Pipeline<dynamic> (and a pipeline's run-time details).
   PipelineOptions pipeline{};
 

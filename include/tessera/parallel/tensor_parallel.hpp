@@ -1,27 +1,37 @@
-// Tensor parallelism with sequence and loss parallelism, as torchtitan lays Llama out.
+// Tensor parallelism, with or without sequence parallelism, and loss parallelism, as
+// torchtitan (and, without sequence parallelism, Megatron-LM) lays Llama out.
 //
-// Activations are (R, dim) matrices of R = batch * seq_len rows. Between the
-// tensor-parallel regions they are split by rows over the N ranks of the tp group
-// (sequence parallelism): rank t holds rows [t R/N, (t+1) R/N). Norms and residual
-// adds work on those rows alone. A region (attention, feed-forward) then runs
+// Activations are (R, dim) matrices of R = batch * seq_len rows. A block's regions
+// (attention, feed-forward) split heads and hidden units over the N ranks of the tp
+// group: column-parallel wq, wk, wv | w1, w3 (each rank its own heads / hidden units),
+// then row-parallel wo | w2, whose outputs are partial sums over the ranks. Between the
+// regions, where norms and residual adds run, the rows are laid out one of two ways:
 //
-//   x (R/N rows) --all-gather rows--> x (R rows)
-//     --column-parallel wq, wk, wv | w1, w3 (each rank its own heads / hidden units)-->
-//     --row-parallel wo | w2 (partial sums over the ranks)--
-//     --reduce-scatter rows--> y (R/N rows)
+//   sequence parallel (the default): split by rows, rank t holding rows
+//   [t R/N, (t+1) R/N). A region runs
+//     x (R/N rows) --all-gather--> x (R rows) --region--> partial sums (R rows)
+//       --reduce-scatter--> y (R/N rows)
+//   and its backward mirrors it: the row-sharded gradient is all-gathered, the input
+//   gradient (a partial sum, each rank contributed its heads) reduce-scattered.
 //
-// and its backward mirrors it: the row-sharded gradient is all-gathered, the
-// input gradient (a partial sum, each rank contributed its heads) reduce-scattered.
-// Row shards of the flattened (batch * seq) dimension are torchtitan's Shard(1) of
-// (batch, seq, dim) when batch = 1; every op between regions works row by row, so
-// any row split gives the same values.
+//   without (parallelism.disable_sequence_parallel): every rank holds every row. A
+//   region's entry is the identity forward and an all-reduce of the input gradient
+//   backward; its exit an all-reduce of the partial sums forward and the identity
+//   backward (Megatron-LM's f and g). Norms and residual adds run on every row on every
+//   rank, so their work and their activations are N times the split layout's, for the
+//   same bytes on the wire (an all-reduce moves what a gather and a reduce-scatter do).
+//
+// whole_rows(), summed_rows() and own_rows() move between these layouts and the whole
+// rows a region reads, so a layer is written once for both. Row shards of the flattened
+// (batch * seq) dimension are torchtitan's Shard(1) of (batch, seq, dim) when batch = 1;
+// every op between regions works row by row, so any row split gives the same values.
 //
 // The embedding is split by vocabulary (row-parallel): each rank looks up the ids in
-// its range, zeros elsewhere, and the sum is reduce-scattered to row shards. The
-// output projection is split by vocabulary too and the cross-entropy is computed
-// without gathering the logits (loss parallelism: the row maximum and the sum of
-// exponentials are all-reduced, nn/output.hpp). With loss parallelism disabled the
-// output projection stays whole on every rank.
+// its range, zeros elsewhere, and the sum is brought to the layout (reduce-scattered,
+// or all-reduced). The output projection is split by vocabulary too and the
+// cross-entropy is computed without gathering the logits (loss parallelism: the row
+// maximum and the sum of exponentials are all-reduced, nn/output.hpp). With loss
+// parallelism disabled the output projection stays whole on every rank.
 //
 // Key/value heads: with N <= n_kv_heads each rank takes n_kv_heads / N of them; with
 // N > n_kv_heads (N a multiple of n_kv_heads) each kv head is held by N / n_kv_heads
@@ -76,8 +86,10 @@ inline void check_tensor_parallel(const nn::ModelArgs& a, std::int64_t degree, b
 class TensorParallelGroup {
  public:
   TensorParallelGroup() = default;
-  explicit TensorParallelGroup(comm::Communicator* comm, bool loss_parallel = true)
-      : comm_(comm && comm->size() > 1 ? comm : nullptr), loss_parallel_(loss_parallel) {}
+  explicit TensorParallelGroup(comm::Communicator* comm, bool loss_parallel = true, bool sequence_parallel = true)
+      : comm_(comm && comm->size() > 1 ? comm : nullptr),
+        loss_parallel_(loss_parallel),
+        sequence_parallel_(sequence_parallel) {}
   TensorParallelGroup(const TensorParallelGroup&) = delete;
   TensorParallelGroup& operator=(const TensorParallelGroup&) = delete;
 
@@ -86,6 +98,10 @@ class TensorParallelGroup {
   bool active() const { return comm_ != nullptr; }
   /// The output split by vocabulary and the loss computed without gathering logits.
   bool loss_parallel() const { return loss_parallel_; }
+  /// Between the regions each rank holds its share of the rows (true), or every row.
+  bool sequence_parallel() const { return sequence_parallel_; }
+  /// The rows this rank holds between the regions, of `rows` in all.
+  std::int64_t rows_held(std::int64_t rows) const { return sequence_parallel_ ? rows / degree() : rows; }
   comm::Communicator& comm() {
     TESSERA_CHECK(comm_, "tensor parallelism: no communicator at degree 1");
     return *comm_;
@@ -118,16 +134,21 @@ class TensorParallelGroup {
  private:
   comm::Communicator* comm_ = nullptr;
   bool loss_parallel_ = true;
+  bool sequence_parallel_ = true;
   std::map<int, std::unique_ptr<comm::Communicator>> holders_;
 };
 
 /// Whether `tp` splits anything (a null group is degree 1).
 inline bool active(const TensorParallelGroup* tp) { return tp && tp->active(); }
+/// Whether `tp` splits the rows between the regions.
+inline bool splits_rows(const TensorParallelGroup* tp) { return active(tp) && tp->sequence_parallel(); }
 
-/// (R/N, c) on each rank -> (R, c), rank t's rows at block t.
+/// The rows this rank holds between the regions -> every row, for a region to read:
+/// (R/N, c) on each rank -> (R, c), rank t's rows at block t; already whole without
+/// sequence parallelism.
 template <Backend B, class T>
-Tensor<T> gather_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
-  if (!active(tp)) return x;
+Tensor<T> whole_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
+  if (!splits_rows(tp)) return x;
   const std::int64_t n = tp->degree();
   Tensor<T> y = B::template empty<T>(Shape{x.size(0) * n, x.size(1)});
   tp->comm().all_gather(std::span<const T>(x.data(), static_cast<std::size_t>(x.numel())),
@@ -135,10 +156,18 @@ Tensor<T> gather_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
   return y;
 }
 
-/// (R, c) partial sums on each rank -> rank t's rows of their sum, (R/N, c).
+/// (R, c) partial sums on each rank -> the rows this rank holds of their sum: rank t's
+/// (R/N, c) under sequence parallelism, else all of them. Out of place either way: x
+/// may be an output a checkpoint policy keeps.
 template <Backend B, class T>
-Tensor<T> reduce_scatter_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
+Tensor<T> summed_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
   if (!active(tp)) return x;
+  if (!tp->sequence_parallel()) {
+    Tensor<T> y = B::template empty<T>(x.shape());
+    tp->comm().all_reduce(std::span<const T>(x.data(), static_cast<std::size_t>(x.numel())),
+                          std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
+    return y;
+  }
   const std::int64_t n = tp->degree();
   TESSERA_CHECK(x.size(0) % n == 0, "tensor parallelism: ", x.size(0), " rows do not split over ", n, " ranks");
   Tensor<T> y = B::template empty<T>(Shape{x.size(0) / n, x.size(1)});
@@ -147,10 +176,11 @@ Tensor<T> reduce_scatter_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
   return y;
 }
 
-/// Rank t's rows of an (R, c) tensor every rank holds whole, as a tensor of its own.
+/// The rows this rank holds of an (R, c) tensor every rank holds whole: rank t's, as a
+/// tensor of its own, under sequence parallelism; else x itself.
 template <Backend B, class T>
 Tensor<T> own_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
-  if (!active(tp)) return x;
+  if (!splits_rows(tp)) return x;
   const std::int64_t rows = x.size(0) / tp->degree(), cols = x.size(1);
   Tensor<T> y = B::template empty<T>(Shape{rows, cols});
   B::for_each(y.numel(), ops::Copy<T>{x.data() + tp->rank() * rows * cols, y.data()});

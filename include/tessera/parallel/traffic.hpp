@@ -13,7 +13,7 @@
 //   DDP   nothing per micro-batch; after the last, an all-reduce of each unit's
 //         gradients over D ranks.
 // Tensor parallelism over T ranks, per micro-batch of `rows` tokens (a row shard is
-// rows / T x dim floats, a = its bytes):
+// rows / T x dim floats, a = its bytes; w = rows x dim floats, the whole):
 //   embedding  reduce-scatter forward, all-gather backward
 //   each block gather + reduce-scatter around attention and around the feed-forward,
 //              forward and backward (8 (T-1) a), again for the forward a checkpoint
@@ -23,8 +23,14 @@
 //   head       all-gather of the normed rows; under loss parallelism two all-reduces
 //              per chunk of rows (the row maxima, then sums and target logits) and a
 //              reduce-scatter of dh; the final norm's weight gradient all-reduced
+// Without sequence parallelism every rank holds every row between the regions:
+//   embedding  an all-reduce of w forward
+//   each block an all-reduce of w out of attention and out of the feed-forward forward,
+//              and of the input gradient into each backward (4), again for a
+//              recomputed forward (2); no norm gradient is reduced (every rank's is whole)
+//   head       under loss parallelism the chunks' all-reduces and an all-reduce of dh
 // Pipeline parallelism over P ranks: a pass's microbatches each send this rank's
-// stages' outputs forward and input gradients back (a row shard each), the loss is
+// stages' outputs forward and input gradients back (the rows it holds), the loss is
 // all-reduced over the pipeline once per pass, and data-parallel units are gathered
 // and reduced once per pass (they stay gathered through it).
 // Per step: the target-token count and the loss sum all-reduced over dp, and the
@@ -64,6 +70,7 @@ struct StepLayout {
   std::int64_t seq_len = 0;
   CheckpointMode checkpoint{};
   bool loss_parallel = true;
+  bool sequence_parallel = true;
   PipelineOptions pipeline{};
   int pp_rank = 0;  // the pipeline rank counted (ranks of different stages send different bytes)
 };
@@ -129,6 +136,21 @@ inline std::uint64_t all_reduce_bytes(std::uint64_t bytes, std::uint64_t p) {
   return p > 1 ? 2 * bytes * (p - 1) / p : 0;
 }
 
+/// The loss-parallel head's all-reduces over a pass of `rows` tokens: two per chunk of
+/// rows (the row maxima, then the sums and target logits), chunks as a host sizes them
+/// (these counts are checked on CPU ranks).
+inline std::uint64_t loss_parallel_bytes(const StepLayout& l, std::int64_t rows) {
+  const auto T = static_cast<std::uint64_t>(l.shape.tp);
+  const std::int64_t local = l.args.vocab_size / static_cast<std::int64_t>(T);
+  const std::int64_t step = nn::loss_chunk_rows(local, rows, nn::loss_chunk_bytes_per_logit(l.param_dtype));
+  std::uint64_t bytes = 0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
+    const auto n = static_cast<std::uint64_t>(std::min(step, rows - r0));
+    bytes += all_reduce_bytes(n * 4, T) + all_reduce_bytes(2 * n * 4, T);
+  }
+  return bytes;
+}
+
 /// Tensor-parallel bytes of one pass of `rows` tokens through the layers `r`.
 inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers& r, std::int64_t rows) {
   const nn::ModelArgs& a = l.args;
@@ -140,6 +162,17 @@ inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers
   const std::uint64_t norm = all_reduce_bytes(d * 4, T);
   const auto kv = static_cast<std::uint64_t>(a.kv_heads());
   const std::uint64_t kv_pieces = kv < T ? 2 * all_reduce_bytes(hd * d * 4, T / kv) : 0;
+  if (!l.sequence_parallel) {
+    // One all-reduce of every row where the split layout has a gather and a reduce-scatter.
+    const std::uint64_t whole = all_reduce_bytes(static_cast<std::uint64_t>(rows) * d * 4, T);
+    std::uint64_t bytes = r.embedding ? whole : 0;
+    for (int i : r.blocks) {
+      bytes += 4 * whole + kv_pieces;
+      if (checkpoint_for_layer(l.checkpoint, i).kind != CheckpointMode::Kind::none) bytes += 2 * whole;
+    }
+    if (r.output && l.loss_parallel) bytes += loss_parallel_bytes(l, rows) + whole;  // the chunks; dh
+    return bytes;
+  }
   std::uint64_t bytes = r.embedding ? 2 * region : 0;  // the embedding's reduce-scatter and all-gather
   for (int i : r.blocks) {
     bytes += 8 * region + 2 * norm + kv_pieces;
@@ -147,16 +180,7 @@ inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers
   }
   if (!r.output) return bytes;
   bytes += region + norm;  // the head's gather of the normed rows; the final norm's weight
-  if (l.loss_parallel) {
-    const std::int64_t local = a.vocab_size / static_cast<std::int64_t>(T);
-    // The head's chunks as a host sizes them (these counts are checked on CPU ranks).
-    const std::int64_t step = nn::loss_chunk_rows(local, rows, nn::loss_chunk_bytes_per_logit(l.param_dtype));
-    for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
-      const auto n = static_cast<std::uint64_t>(std::min(step, rows - r0));
-      bytes += all_reduce_bytes(n * 4, T) + all_reduce_bytes(2 * n * 4, T);
-    }
-    bytes += region;  // dh reduce-scattered to rows
-  }
+  if (l.loss_parallel) bytes += loss_parallel_bytes(l, rows) + region;  // the chunks; dh reduce-scattered to rows
   return bytes;
 }
 }  // namespace detail
@@ -194,7 +218,8 @@ inline std::uint64_t expected_step_bytes(const StepLayout& l) {
     // first), then the loss all-reduced over the pipeline.
     const std::int64_t mb_rows = l.pipeline.microbatch_size * l.seq_len;
     const auto microbatches = static_cast<std::uint64_t>(l.rows / mb_rows);
-    const std::uint64_t activation = static_cast<std::uint64_t>(mb_rows / shape.tp * l.args.dim) * 4;
+    const std::int64_t held = l.sequence_parallel ? mb_rows / shape.tp : mb_rows;  // rows between the regions
+    const std::uint64_t activation = static_cast<std::uint64_t>(held * l.args.dim) * 4;
     std::uint64_t sends = 0;
     for (int s : r.stages) sends += (s + 1 < r.n_stages ? activation : 0) + (s > 0 ? activation : 0);
     bytes += m * (microbatches * (detail::tensor_parallel_bytes(l, r, mb_rows) + sends) + detail::all_reduce_bytes(8, P));

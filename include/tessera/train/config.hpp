@@ -426,6 +426,10 @@ inline std::vector<ConfigKey> build_config_keys() {
           .at_least(1),
       make_key("parallelism.disable_loss_parallel", field<&J::parallelism, &ParallelismSection::disable_loss_parallel>(),
                "Gather the logits before the loss instead of computing it on vocabulary shards."),
+      make_key("parallelism.disable_sequence_parallel",
+               field<&J::parallelism, &ParallelismSection::disable_sequence_parallel>(),
+               "With tensor parallelism, hold every row on every rank between the blocks' regions (norms and "
+               "residual adds on every row, all-reduces at the regions) instead of splitting the rows."),
       make_key("parallelism.pipeline_parallel_schedule",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_schedule>(), "Pipeline schedule.")
           .one_of({"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"}),

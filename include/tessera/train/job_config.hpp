@@ -88,6 +88,7 @@ struct ParallelismSection {
   std::int64_t pipeline_parallel_degree = 1;
   std::int64_t context_parallel_degree = 1;
   bool disable_loss_parallel = false;
+  bool disable_sequence_parallel = false;
   std::string pipeline_parallel_schedule = "1F1B";
   std::int64_t pipeline_parallel_microbatch_size = 1;
   std::string fsdp_reshard_after_forward = "default";

@@ -72,6 +72,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.checkpoint = parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   plan.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
   plan.loss_parallel = !c.parallelism.disable_loss_parallel;
+  plan.sequence_parallel = !c.parallelism.disable_sequence_parallel;
   plan.pipeline.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);
   plan.pipeline.microbatch_size = c.parallelism.pipeline_parallel_microbatch_size;
   plan.pipeline.split_points = parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
@@ -95,6 +96,7 @@ inline parallel::StepLayout step_layout(const JobConfig& c, const comm::MeshShap
   l.seq_len = c.training.seq_len;
   l.checkpoint = plan.checkpoint;
   l.loss_parallel = plan.loss_parallel;
+  l.sequence_parallel = plan.sequence_parallel;
   l.pipeline = plan.pipeline;
   l.pp_rank = pp_rank;
   return l;
