@@ -40,6 +40,7 @@
 #include "tessera/plan/cpu.hpp"
 #include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
+#include "tessera/plan/scaling_kernels.hpp"
 #include "tessera/plan/scaling_memory.hpp"
 #include "tessera/plan/search.hpp"
 #include "tessera/train/config.hpp"
@@ -76,7 +77,8 @@ void usage() {
       "  --plan.runtime scaling  the memory as Aleph Alpha's scaling (the runtime of Hagemann et al.'s published\n"
       "                   ZeRO-1 layout sheets) holds it, counted from what its code keeps (plan/scaling_memory.hpp),\n"
       "                   its stages split as it splits them, its tensor parallelism without sequence\n"
-      "                   parallelism; the time is still tessera's trace's. Implies plan.zero1 and\n"
+      "                   parallelism; the time is tessera's trace's, with the runtime's torch RMSNorm as\n"
+      "                   the eager kernels it runs (plan/scaling_kernels.hpp). Implies plan.zero1 and\n"
       "                   parallelism.disable_sequence_parallel; to check the planner against those sheets\n"
       "  --plan.attention K  with plan.runtime scaling: its attention kernel, torch, fused, flash1 or flash2\n"
       "                   (default flash2)\n"
@@ -730,6 +732,8 @@ int run(std::vector<std::string> args) {
     traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
   if (zero1)
     for (auto& st : traces) plan::account_zero1(st);
+  if (scaling && !fused_rmsnorm)  // its torch RMSNorm, priced as the eager kernels it runs
+    for (auto& st : traces) plan::scaling_torch_rmsnorm(st.trace, c.model.args.dim);
   if (cpu) {
     trace::Trace all;  // the CPU is measured on every position's work
     for (const auto& st : traces)

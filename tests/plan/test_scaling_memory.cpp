@@ -1,13 +1,16 @@
 // plan/scaling_memory.hpp: the memory of a step on the runtime of the published layout
 // sheets, its terms one by one, its stage split against tessera's, and the sheets' own
-// outcomes it has to reproduce.
+// outcomes it has to reproduce. plan/scaling_kernels.hpp: its torch RMSNorm in a trace.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
 #include "tessera/parallel/stages.hpp"
+#include "tessera/plan/cost.hpp"
+#include "tessera/plan/dry_run.hpp"
 #include "tessera/plan/machine.hpp"
+#include "tessera/plan/scaling_kernels.hpp"
 #include "tessera/plan/scaling_memory.hpp"
 
 #ifndef TESSERA_MACHINES
@@ -173,4 +176,49 @@ TEST_CASE("what the runtime model refuses, by key") {
   CHECK_THROWS_WITH_AS(plan::scaling_stages(2, 8), doctest::Contains("8 pipeline stages for 5 layer items"), Error);
   CHECK_THROWS_WITH_AS(plan::parse_scaling_attention("xformers"),
                        doctest::Contains("plan.attention xformers: expected torch, fused, flash1 or flash2"), Error);
+}
+
+TEST_CASE("scaling kernels: its torch RMSNorm replaces tessera's norm kernels, pass by pass, and costs more") {
+  // The debug model in bf16, one rank: 6 blocks of two norms and the final norm.
+  const train::JobConfig c = train::parse_config(R"(
+    [model]
+    flavor = "debugmodel"
+    [training]
+    seq_len = 32
+    local_batch_size = 2
+    mixed_precision_param = "bfloat16"
+  )",
+                                                 "test_scaling_kernels", {});
+  plan::StepTrace st = plan::dry_run_step<bf16>(c);
+  const auto count = [](const trace::Trace& t, std::string_view prefix) {
+    std::int64_t n = 0;
+    for (const auto& k : t.all<trace::Kernel>()) n += std::string_view(k.functor).starts_with(prefix);
+    return n;
+  };
+  const std::int64_t norms = 2 * c.model.args.n_layers + 1;
+  REQUIRE(count(st.trace, "RmsNormForward<") == norms);
+  REQUIRE(count(st.trace, "RmsNormBackwardInput<") == norms);
+  REQUIRE(count(st.trace, "RmsNormBackwardWeight<") == norms);
+  const plan::GpuPricer pricer(plan::load_machine(std::string(TESSERA_MACHINES) + "/a100-80gb-sxm.toml"),
+                               plan::AttentionKernel::cudnn);
+  const double before = plan::predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak).step_seconds;
+  const std::size_t events = st.trace.events().size();
+
+  CHECK(plan::scaling_torch_rmsnorm(st.trace, c.model.args.dim) == 2 * norms);
+  CHECK(count(st.trace, "RmsNorm") == 0);
+  CHECK(count(st.trace, "torch RMSNorm forward") == 8 * norms);
+  CHECK(count(st.trace, "torch RMSNorm backward") == 14 * norms);
+  CHECK(st.trace.events().size() == events + (8 - 1 + 14 - 2) * static_cast<std::size_t>(norms));
+  // Per element of the (rows, dim) input: 36 bytes forward and 92 backward, the per-row
+  // statistics and the weight on top.
+  const double rows = 2 * 32, dim = static_cast<double>(c.model.args.dim);
+  double forward = 0, backward = 0;
+  for (const auto& k : st.trace.all<trace::Kernel>()) {
+    const std::string_view f = k.functor;
+    if (f.starts_with("torch RMSNorm forward")) forward += k.traffic.bytes();
+    if (f.starts_with("torch RMSNorm backward")) backward += k.traffic.bytes();
+  }
+  CHECK(forward == doctest::Approx(norms * (36 * rows * dim + 24 * rows + 2 * dim)));
+  CHECK(backward == doctest::Approx(norms * (92 * rows * dim + 24 * rows + 4 * dim)));
+  CHECK(plan::predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak).step_seconds > before);
 }
