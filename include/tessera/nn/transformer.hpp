@@ -440,7 +440,7 @@ class Transformer {
       if (args_.tie_embeddings) embedding_unit_->begin_grads();
     }
     ActivationStore<T> norm_store("norm", &meter_);
-    // Under tensor parallelism each rank holds some rows; the head takes them all.
+    // Under sequence parallelism each rank holds some rows; the head takes them all.
     Tensor<T> hn = parallel::whole_rows<B>(tp(), norm_.forward(Context<T>(g, &norm_store), h));
     h.release();
     Tensor<T> dhn = B::template empty<T>(hn.shape());
@@ -586,8 +586,9 @@ class Transformer {
   void check_geometry(std::span<const std::int32_t> inputs, Geometry g) const {
     TESSERA_CHECK(g.batch > 0 && g.seq_len > 0 && static_cast<std::int64_t>(inputs.size()) == g.rows(), "model: ",
                   inputs.size(), " tokens for a batch of ", g.batch, " x ", g.seq_len);
-    TESSERA_CHECK(!tp_.sequence_parallel() || g.rows() % tp_.degree() == 0, "model: a batch of ", g.batch, " x ", g.seq_len, " = ", g.rows(),
-                  " tokens does not split into rows over ", tp_.degree(), " tensor-parallel ranks");
+    TESSERA_CHECK(!tp_.sequence_parallel() || g.rows() % tp_.degree() == 0, "model: a batch of ", g.batch, " x ",
+                  g.seq_len, " = ", g.rows(), " tokens does not split into rows over ", tp_.degree(),
+                  " tensor-parallel ranks");
     TESSERA_CHECK(g.seq_len <= args_.max_seq_len, "model: seq_len ", g.seq_len, " exceeds max_seq_len ",
                   args_.max_seq_len);
   }
