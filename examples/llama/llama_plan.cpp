@@ -40,7 +40,7 @@
 #include "tessera/plan/cpu.hpp"
 #include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
-#include "tessera/plan/scaling_kernels.hpp"
+#include "tessera/plan/scaling_time.hpp"
 #include "tessera/plan/scaling_memory.hpp"
 #include "tessera/plan/search.hpp"
 #include "tessera/train/config.hpp"
@@ -78,7 +78,8 @@ void usage() {
       "                   ZeRO-1 layout sheets) holds it, counted from what its code keeps (plan/scaling_memory.hpp),\n"
       "                   its stages split as it splits them, its tensor parallelism without sequence\n"
       "                   parallelism; the time is tessera's trace's, with the runtime's torch RMSNorm as\n"
-      "                   the eager kernels it runs (plan/scaling_kernels.hpp). Implies plan.zero1 and\n"
+      "                   the eager kernels it runs and its fp32 gradient all-reduce after the backward\n"
+      "                   (plan/scaling_time.hpp). Implies plan.zero1 and\n"
       "                   parallelism.disable_sequence_parallel; to check the planner against those sheets\n"
       "  --plan.attention K  with plan.runtime scaling: its attention kernel, torch, fused, flash1 or flash2\n"
       "                   (default flash2)\n"
@@ -410,10 +411,13 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
                 static_cast<long long>(c.parallelism.pipeline_parallel_microbatch_size));
   std::printf("\n");
   if (!t.cpu) std::printf("  attention: %s\n", t.attention.why.c_str());
-  if (mm.scaling)
+  if (mm.scaling) {
     std::printf("  memory: as Aleph Alpha's scaling holds it (attention %s, RMSNorm %s; plan/scaling_memory.hpp), not traced\n",
                 std::string(plan::scaling_attention_name(mm.scaling->attention)).c_str(),
                 std::string(plan::scaling_rmsnorm_name(mm.scaling->fused_rmsnorm)).c_str());
+    std::printf("  time: traced without sequence parallelism, %sthe gradients all-reduced in fp32 after the backward "
+                "(plan/scaling_time.hpp)\n", mm.scaling->fused_rmsnorm ? "" : "its torch RMSNorm as eager kernels, ");
+  }
   std::printf("  traced %zu pipeline position%s in %.3f s\n", traces.size(), traces.size() == 1 ? "" : "s", traced);
   if (t.cpu && l.gpus > 1)
     std::printf("  note: each rank is priced on the whole CPU as measured (%s); ranks that share its cores run slower\n",
@@ -731,9 +735,12 @@ int run(std::vector<std::string> args) {
   for (int rank : plan::distinct_ranks(mesh))
     traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
   if (zero1)
-    for (auto& st : traces) plan::account_zero1(st);
-  if (scaling && !fused_rmsnorm)  // its torch RMSNorm, priced as the eager kernels it runs
-    for (auto& st : traces) plan::scaling_torch_rmsnorm(st.trace, c.model.args.dim);
+    for (auto& st : traces) plan::account_zero1(st, /*reduce_in_bf16=*/!scaling);
+  if (scaling)  // the step as that runtime runs it in time (plan/scaling_time.hpp)
+    for (auto& st : traces) {
+      if (!fused_rmsnorm) plan::scaling_torch_rmsnorm(st.trace, c.model.args.dim);
+      plan::scaling_gradient_reduction(st);
+    }
   if (cpu) {
     trace::Trace all;  // the CPU is measured on every position's work
     for (const auto& st : traces)

@@ -241,7 +241,8 @@ plan_fails "--plan.zero1 with a bad value" "--plan.zero1 maybe: expected true or
 
 # --plan.runtime scaling: the memory as the published sheets' runtime holds it, per
 # position, with its kernels; the time is the ZeRO-1 trace's without sequence parallelism,
-# with the RMS kernel, and more with torch's eager RMSNorm.
+# its gradients reduced in fp32 after the backward (more), and more again with torch's
+# eager RMSNorm.
 sheet=(--config "$configs/llama2_7b.toml" --machine a100-80gb-sxm --gpus 16 --training.seq_len 1024
        --training.local_batch_size 2 --training.global_batch_size 64 --parallelism.tensor_parallel_degree 2
        --parallelism.data_parallel_replicate_degree 8 --parallelism.data_parallel_shard_degree 1
@@ -257,8 +258,8 @@ import json, sys
 z, t, f, sp = (json.load(open(x)) for x in sys.argv[1:])
 if not (t["plan.runtime"] == "scaling" and z["plan.runtime"] == "tessera" and t["plan.zero1"] and f["plan.rmsnorm"] == "fused"):
     sys.exit("plan.runtime / plan.zero1 / plan.rmsnorm not reported: %s %s %s" % (t["plan.runtime"], z["plan.runtime"], f["plan.rmsnorm"]))
-if f["step_seconds"] != z["step_seconds"] or not t["parallelism.disable_sequence_parallel"]:
-    sys.exit("the runtime's memory changed the time: %g s against ZeRO-1's %g s" % (f["step_seconds"], z["step_seconds"]))
+if not (f["step_seconds"] > z["step_seconds"] and t["parallelism.disable_sequence_parallel"]):
+    sys.exit("the runtime's gradient reduction: %g s against ZeRO-1's %g s" % (f["step_seconds"], z["step_seconds"]))
 if not t["step_seconds"] > f["step_seconds"]:
     sys.exit("torch's RMSNorm %g s, the RMS kernel %g s" % (t["step_seconds"], f["step_seconds"]))
 # Norms and residual adds on every row of every tp rank: more time, and the same bytes on the wire.

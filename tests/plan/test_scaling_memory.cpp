@@ -1,6 +1,7 @@
 // plan/scaling_memory.hpp: the memory of a step on the runtime of the published layout
 // sheets, its terms one by one, its stage split against tessera's, and the sheets' own
-// outcomes it has to reproduce. plan/scaling_kernels.hpp: its torch RMSNorm in a trace.
+// outcomes it has to reproduce. plan/scaling_time.hpp: its torch RMSNorm and its gradient
+// reduction in a trace.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -9,8 +10,9 @@
 #include "tessera/parallel/stages.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
-#include "tessera/plan/scaling_kernels.hpp"
+#include "tessera/plan/scaling_time.hpp"
 #include "tessera/plan/scaling_memory.hpp"
 
 #ifndef TESSERA_MACHINES
@@ -221,4 +223,69 @@ TEST_CASE("scaling kernels: its torch RMSNorm replaces tessera's norm kernels, p
   CHECK(forward == doctest::Approx(norms * (36 * rows * dim + 24 * rows + 2 * dim)));
   CHECK(backward == doctest::Approx(norms * (92 * rows * dim + 24 * rows + 4 * dim)));
   CHECK(plan::predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak).step_seconds > before);
+}
+
+TEST_CASE("scaling time: the gradients all-reduced in fp32 after the backward, the parameters gathered after the step") {
+  // The debug model in bf16 over two data-parallel replicas, as ZeRO-1.
+  const train::JobConfig c = train::parse_config(R"(
+    [model]
+    flavor = "debugmodel"
+    [training]
+    seq_len = 32
+    local_batch_size = 2
+    global_batch_size = 4
+    mixed_precision_param = "bfloat16"
+    [parallelism]
+    data_parallel_replicate_degree = 2
+    data_parallel_shard_degree = 1
+  )",
+                                                 "test_scaling_time", {});
+  const plan::Machine a100 = plan::load_machine(std::string(TESSERA_MACHINES) + "/a100-80gb-sxm.toml");
+  const plan::GpuPricer pricer(a100, plan::AttentionKernel::cudnn);
+  auto traced = [&](bool reduce_in_bf16) {
+    plan::StepTrace st = plan::dry_run_step<bf16>(c, 0, 2, 0);
+    plan::account_zero1(st, reduce_in_bf16);
+    return st;
+  };
+  const plan::StepTrace zero1 = traced(true);
+  plan::StepTrace st = traced(false);
+  std::int64_t grads = 0, bf16_bytes = 0, fp32_bytes = 0;
+  for (const auto& col : zero1.trace.all<trace::Collective>()) bf16_bytes += plan::is_gradient_all_reduce(col, zero1) ? col.bytes : 0;
+  for (const auto& col : st.trace.all<trace::Collective>())
+    if (plan::is_gradient_all_reduce(col, st)) ++grads, fp32_bytes += col.bytes;
+  REQUIRE(grads > 1);
+  CHECK(fp32_bytes == 2 * bf16_bytes);  // fp32 kept for this runtime
+  const std::size_t events = st.trace.events().size();
+
+  CHECK(plan::scaling_gradient_reduction(st) == grads);
+  const auto& ev = st.trace.events();
+  CHECK(ev.size() == events + 2);  // the parameters' all-gather and its wait
+  // Every GEMM of the backward, then the all-reduces, their waits, the optimizer.
+  std::size_t last_gemm = 0, first_reduce = ev.size(), last_wait = 0, gathers = 0;
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    if (std::holds_alternative<trace::Gemm>(ev[i].op)) last_gemm = i;
+    if (const auto* col = std::get_if<trace::Collective>(&ev[i].op)) {
+      if (plan::is_gradient_all_reduce(*col, st)) first_reduce = std::min(first_reduce, i);
+      if (std::string_view(col->kind) == "all_gather") {
+        ++gathers;
+        CHECK(col->bytes == fp32_bytes / 2);  // bf16 parameters
+        CHECK(std::string_view(ev[i].region) == region::kOptimizer);
+        REQUIRE(i + 1 < ev.size());
+        CHECK(std::holds_alternative<trace::CommWait>(ev[i + 1].op));
+      }
+    }
+  }
+  CHECK(gathers == 1);
+  CHECK(first_reduce > last_gemm);
+  for (std::size_t i = first_reduce; i < first_reduce + 2 * static_cast<std::size_t>(grads); ++i) {
+    const bool reduce = std::holds_alternative<trace::Collective>(ev[i].op);
+    CHECK((i < first_reduce + static_cast<std::size_t>(grads) ? reduce : std::holds_alternative<trace::CommWait>(ev[i].op)));
+    last_wait = i;
+  }
+  CHECK(std::string_view(ev[last_wait + 1].region) == region::kOptimizer);
+  // Unhidden, twice the bytes, and a gather more: a longer step than ZeRO-1's.
+  const auto step = [&](const plan::StepTrace& s) {
+    return plan::predict_layout({s}, pricer, a100.network.value()).step_seconds;
+  };
+  CHECK(step(st) > step(zero1));
 }

@@ -25,9 +25,10 @@ namespace tessera::plan {
 /// optimizer's fp32 masters and moments, and its work (gradient norm, clipping, the
 /// AdamW update), split over the data-parallel ranks. The gradients are reduced in bf16
 /// (reduce-scatter, then the updated parameters all-gathered: the bytes of one all-reduce,
-/// which the trace's all-reduce already moves). The memory the trace held at its peak
-/// drops by what the sharded state and the narrower gradients give back.
-inline void account_zero1(StepTrace& st) {
+/// which the trace's all-reduce already moves), or with `reduce_in_bf16` false in the
+/// trace's fp32 (a runtime that reduces so: plan/scaling_time.hpp). The memory the trace
+/// held at its peak drops by what the sharded state and the narrower gradients give back.
+inline void account_zero1(StepTrace& st, bool reduce_in_bf16 = true) {
   TESSERA_CHECK(st.mesh.dp_shard == 1, "plan.zero1: the data-parallel ranks must be replicas (data_parallel_shard_degree "
                 "1, got ", st.mesh.dp_shard, "); ZeRO-1 shards the optimizer alone");
   const int dp = st.mesh.dp_replicate;
@@ -46,7 +47,7 @@ inline void account_zero1(StepTrace& st) {
       }
     }
     // The gradients' all-reduce over the replicas, in bf16 rather than fp32.
-    if (auto* c = std::get_if<trace::Collective>(&op); c && bf16_model && dp > 1 &&
+    if (auto* c = std::get_if<trace::Collective>(&op); c && bf16_model && reduce_in_bf16 && dp > 1 &&
                                                         std::string_view(c->kind) == "all_reduce" &&
                                                         c->group.size == dp && c->group.stride == st.mesh.tp && c->bytes > 64) {
       c->bytes /= 2;

@@ -1,5 +1,7 @@
-// The kernels another runtime runs where tessera's trace has its own: Aleph Alpha's
-// `scaling` (plan/scaling_memory.hpp says which runtime and why), priced in time.
+// What another runtime's step runs where tessera's trace has its own: Aleph Alpha's
+// `scaling` (plan/scaling_memory.hpp says which runtime and why), in time. Two rewrites
+// of a traced step, each read from that runtime's code: its eager RMSNorm, and when and
+// in what precision it reduces the gradients.
 //
 // A trace of tessera's step prices tessera's kernels. Where the other runtime runs an
 // operation as eager PyTorch, one kernel per tensor expression and one per autograd
@@ -19,9 +21,23 @@
 // bytes forward, 92 backward, against the fused kernel's one pass each way. With the RMS
 // kernel (flash-attn's fused rms_norm) tessera's own kernels stand: one pass forward, one
 // backward, as there.
+//
+// The gradients (scaling v0.2.0, src/scaling/core/optimizer/optimizer.py:147-149 and
+// allreduce.py:9-38, parameter_group.py:444-474): after the step's last backward, the
+// bf16 gradients are all-reduced over the data-parallel ranks in buckets of 500M
+// elements, each flattened and copied to fp32 for the all-reduce; after the optimizer
+// has updated this rank's shard, the bf16 parameters are all-gathered. Nothing of it
+// overlaps the backward. A trace of data-parallel replicas (the ZeRO-1 accounting's,
+// plan/layout.hpp) all-reduces each unit's fp32 gradient as soon as its last backward
+// is done, beside the backward still to run: scaling_gradient_reduction moves those
+// all-reduces (and their waits) to after the backward, in fp32, and adds the parameters'
+// all-gather after the optimizer. The buckets are the trace's units (a block each):
+// the same bytes, a few more launches.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string_view>
 #include <variant>
@@ -29,6 +45,8 @@
 
 #include "tessera/backend/trace.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/region.hpp"
+#include "tessera/plan/dry_run.hpp"
 
 namespace tessera::plan {
 
@@ -116,6 +134,78 @@ inline std::int64_t scaling_torch_rmsnorm(trace::Trace& t, std::int64_t dim) {
   }
   events = std::move(out);
   return replaced;
+}
+
+/// Whether `c` is a gradient all-reduce over the data-parallel replicas of `st` (the
+/// DDP bucket of a unit; the per-step scalars, 8 bytes, are not).
+inline bool is_gradient_all_reduce(const trace::Collective& c, const StepTrace& st) {
+  return std::string_view(c.kind) == "all_reduce" && st.mesh.dp_replicate > 1 && c.group.size == st.mesh.dp_replicate &&
+         c.group.stride == st.mesh.tp && c.bytes > 64;
+}
+
+/// Moves the trace's gradient all-reduces over the data-parallel replicas, and their
+/// waits, to after the backward (just before the optimizer), in the order issued, and
+/// adds the all-gather of the updated bf16 parameters after the optimizer, as the
+/// runtime reduces them. The all-reduces keep the trace's bytes: fp32 gradients, as the
+/// runtime all-reduces them (plan::account_zero1 with reduce_in_bf16 false). Returns the
+/// all-reduces moved.
+inline std::int64_t scaling_gradient_reduction(StepTrace& st) {
+  std::vector<trace::Event>& events = st.trace.mutable_events();
+  std::vector<trace::Event> kept, reduces, waits;
+  std::vector<std::uint64_t> ids;
+  std::int64_t gradient_bytes = 0;
+  std::uint64_t next_id = 1;
+  trace::CommGroup group;
+  for (trace::Event& ev : events) {
+    if (const auto* c = std::get_if<trace::Collective>(&ev.op)) {
+      next_id = std::max(next_id, c->id + 1);
+      if (is_gradient_all_reduce(*c, st)) {
+        ids.push_back(c->id);
+        gradient_bytes += c->bytes;
+        group = c->group;
+        reduces.push_back(std::move(ev));
+        continue;
+      }
+    }
+    if (const auto* w = std::get_if<trace::CommWait>(&ev.op);
+        w && std::find(ids.begin(), ids.end(), w->id) != ids.end()) {
+      waits.push_back(std::move(ev));
+      continue;
+    }
+    kept.push_back(std::move(ev));
+  }
+  TESSERA_CHECK(waits.size() == reduces.size(), "plan.runtime scaling: ", reduces.size(),
+                " gradient all-reduces in the trace, ", waits.size(), " waited for");
+  if (reduces.empty()) {
+    events = std::move(kept);
+    return 0;
+  }
+  const auto optimizer = [](const trace::Event& e) { return std::string_view(e.region) == region::kOptimizer; };
+  auto first = std::find_if(kept.begin(), kept.end(), optimizer);
+  TESSERA_CHECK(first != kept.end(), "plan.runtime scaling: the traced step has no optimizer region");
+  const auto at = static_cast<std::size_t>(first - kept.begin());
+  std::vector<trace::Event> out;
+  out.reserve(kept.size() + reduces.size() + waits.size() + 2);
+  std::move(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(at), std::back_inserter(out));
+  for (auto* part : {&reduces, &waits})
+    for (trace::Event& e : *part) out.push_back(std::move(e));
+  std::size_t last_optimizer = at;
+  for (std::size_t i = at; i < kept.size(); ++i)
+    if (optimizer(kept[i])) last_optimizer = i;
+  for (std::size_t i = at; i < kept.size(); ++i) {
+    out.push_back(std::move(kept[i]));
+    if (i != last_optimizer) continue;
+    // The updated parameters, all-gathered: whole bf16 (or fp32) values, 4-byte gradients.
+    trace::Collective gather;
+    gather.kind = "all_gather";
+    gather.bytes = gradient_bytes / 4 * (st.shape.dtype == DType::bf16 ? 2 : 4);
+    gather.group = group;
+    gather.id = next_id;
+    out.push_back(trace::Event{gather, region::kOptimizer});
+    out.push_back(trace::Event{trace::CommWait{next_id}, region::kOptimizer});
+  }
+  events = std::move(out);
+  return static_cast<std::int64_t>(reduces.size());
 }
 
 }  // namespace tessera::plan
