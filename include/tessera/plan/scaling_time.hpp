@@ -13,7 +13,7 @@
 // RMSNorm without the "RMS kernel" (scaling v0.1.0, src/scaling/core/nn/norm/rms_norm.py:
 // `self._norm(x.float()).type_as(x) * self.weight` with `_norm(x) = x *
 // torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)`, x bf16): the forward's eight
-// kernels below, and the backward's fifteen from PyTorch's autograd formulas
+// kernels below, and the backward's fourteen from PyTorch's autograd formulas
 // (tools/autograd/derivatives.yaml: mul, grad * other and grad * self, summed to the
 // weight's shape; _to_copy, back to the input's dtype; rsqrt, -0.5 grad result^3; mean,
 // grad expanded and divided by the count; pow, grad * exponent * self.pow(exponent - 1);
