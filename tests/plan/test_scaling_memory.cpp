@@ -180,17 +180,19 @@ TEST_CASE("what the runtime model refuses, by key") {
                        doctest::Contains("plan.attention xformers: expected torch, fused, flash1 or flash2"), Error);
 }
 
+namespace {
+/// The debug model in bf16, batches of 2 x 32 tokens, with `keys` on top.
+train::JobConfig debug_bf16(const std::vector<std::string>& keys = {}) {
+  std::vector<std::string> o = {"--training.seq_len", "32", "--training.local_batch_size", "2",
+                                "--training.mixed_precision_param", "bfloat16"};
+  o.insert(o.end(), keys.begin(), keys.end());
+  return train::parse_config("[model]\nflavor = \"debugmodel\"\n", "test_scaling_time", o);
+}
+}  // namespace
+
 TEST_CASE("scaling kernels: its torch RMSNorm replaces tessera's norm kernels, pass by pass, and costs more") {
-  // The debug model in bf16, one rank: 6 blocks of two norms and the final norm.
-  const train::JobConfig c = train::parse_config(R"(
-    [model]
-    flavor = "debugmodel"
-    [training]
-    seq_len = 32
-    local_batch_size = 2
-    mixed_precision_param = "bfloat16"
-  )",
-                                                 "test_scaling_kernels", {});
+  // One rank: 6 blocks of two norms and the final norm.
+  const train::JobConfig c = debug_bf16();
   plan::StepTrace st = plan::dry_run_step<bf16>(c);
   const auto count = [](const trace::Trace& t, std::string_view prefix) {
     std::int64_t n = 0;
@@ -226,20 +228,10 @@ TEST_CASE("scaling kernels: its torch RMSNorm replaces tessera's norm kernels, p
 }
 
 TEST_CASE("scaling time: the gradients all-reduced in fp32 after the backward, the parameters gathered after the step") {
-  // The debug model in bf16 over two data-parallel replicas, as ZeRO-1.
-  const train::JobConfig c = train::parse_config(R"(
-    [model]
-    flavor = "debugmodel"
-    [training]
-    seq_len = 32
-    local_batch_size = 2
-    global_batch_size = 4
-    mixed_precision_param = "bfloat16"
-    [parallelism]
-    data_parallel_replicate_degree = 2
-    data_parallel_shard_degree = 1
-  )",
-                                                 "test_scaling_time", {});
+  // Two data-parallel replicas, as ZeRO-1.
+  const train::JobConfig c =
+      debug_bf16({"--training.global_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2",
+                  "--parallelism.data_parallel_shard_degree", "1"});
   const plan::Machine a100 = plan::load_machine(std::string(TESSERA_MACHINES) + "/a100-80gb-sxm.toml");
   const plan::GpuPricer pricer(a100, plan::AttentionKernel::cudnn);
   auto traced = [&](bool reduce_in_bf16) {
