@@ -40,8 +40,8 @@
 #include "tessera/plan/cpu.hpp"
 #include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
-#include "tessera/plan/scaling_time.hpp"
 #include "tessera/plan/scaling_memory.hpp"
+#include "tessera/plan/scaling_time.hpp"
 #include "tessera/plan/search.hpp"
 #include "tessera/train/config.hpp"
 

@@ -274,7 +274,7 @@ if gap != 2 * 4 * 32 * 2 * 1024 * 4096:
     sys.exit("torch's RMSNorm holds %d bytes more than the kernel" % gap)
 EOF2
 then
-  echo "ok: --plan.runtime scaling counts the runtime's memory and keeps the trace's time"
+  echo "ok: --plan.runtime scaling counts the runtime's memory and prices its layout, RMSNorm and gradient reduction"
 else
   echo "FAIL: --plan.runtime scaling:"; head -n 5 "$work/err"; failures=$((failures + 1))
 fi

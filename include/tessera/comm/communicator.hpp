@@ -80,15 +80,14 @@ class Communicator {
   /// data = the element-wise reduction of every rank's data, the same on every rank.
   template <class T>
   Handle all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::sum) {
-    const auto p = static_cast<std::uint64_t>(size());
-    count(traffic_->all_reduce, 2 * data.size_bytes() * (p - 1) / p);
-    return impl_->all_reduce(data.data(), data.data(), data.size(), data_type_of<T>(), op);
+    return all_reduce_async(std::span<const T>(data), data, op);
   }
   template <class T>
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::sum) {
     all_reduce_async(data, op).wait();
   }
-  /// out = the element-wise reduction of every rank's in (out of place; in is untouched).
+  /// out = the element-wise reduction of every rank's in (out of place; in is untouched;
+  /// in == out reduces in place).
   template <class T>
   Handle all_reduce_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
     TESSERA_CHECK(in.size() == out.size(), "all_reduce: input of ", in.size(), " elements, output of ", out.size());

@@ -19,6 +19,13 @@
 
 namespace tessera::plan {
 
+/// Whether `c` is a gradient all-reduce over the data-parallel replicas of `st` (the
+/// DDP bucket of a unit; the per-step scalars, 8 bytes, are not).
+inline bool is_gradient_all_reduce(const trace::Collective& c, const StepTrace& st) {
+  return std::string_view(c.kind) == "all_reduce" && st.mesh.dp_replicate > 1 && c.group.size == st.mesh.dp_replicate &&
+         c.group.stride == st.mesh.tp && c.bytes > 64;
+}
+
 /// Accounts a trace of data-parallel replicas (DDP: data_parallel_shard_degree 1) as
 /// ZeRO-1 over them, the layout of Megatron's distributed optimizer, which tessera's
 /// runtime does not run: parameters and gradients whole on every rank, in bf16; the
@@ -47,9 +54,7 @@ inline void account_zero1(StepTrace& st, bool reduce_in_bf16 = true) {
       }
     }
     // The gradients' all-reduce over the replicas, in bf16 rather than fp32.
-    if (auto* c = std::get_if<trace::Collective>(&op); c && bf16_model && reduce_in_bf16 && dp > 1 &&
-                                                        std::string_view(c->kind) == "all_reduce" &&
-                                                        c->group.size == dp && c->group.stride == st.mesh.tp && c->bytes > 64) {
+    if (auto* c = std::get_if<trace::Collective>(&op); c && bf16_model && reduce_in_bf16 && is_gradient_all_reduce(*c, st)) {
       c->bytes /= 2;
       for (auto& p : c->peers) p.bytes /= 2;
     }

@@ -47,6 +47,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/layout.hpp"
 
 namespace tessera::plan {
 
@@ -134,13 +135,6 @@ inline std::int64_t scaling_torch_rmsnorm(trace::Trace& t, std::int64_t dim) {
   }
   events = std::move(out);
   return replaced;
-}
-
-/// Whether `c` is a gradient all-reduce over the data-parallel replicas of `st` (the
-/// DDP bucket of a unit; the per-step scalars, 8 bytes, are not).
-inline bool is_gradient_all_reduce(const trace::Collective& c, const StepTrace& st) {
-  return std::string_view(c.kind) == "all_reduce" && st.mesh.dp_replicate > 1 && c.group.size == st.mesh.dp_replicate &&
-         c.group.stride == st.mesh.tp && c.bytes > 64;
 }
 
 /// Moves the trace's gradient all-reduces over the data-parallel replicas, and their
