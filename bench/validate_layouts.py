@@ -91,7 +91,9 @@ def torchtitan_args(row):
             "--parallelism.data_parallel_shard_degree", "64", "--parallelism.tensor_parallel_degree", "1",
             "--parallelism.pipeline_parallel_degree", "1", "--training.seq_len", row["seq"],
             "--training.local_batch_size", row["local_batch"], "--training.global_batch_size", "-1",
-            "--training.mixed_precision_param", "bfloat16"]
+            "--training.mixed_precision_param", "bfloat16", "--plan.runtime", "torchtitan",
+            # The train_configs that made the table: fused_rmsnorm for 8B and 13B, rmsnorm for 70B.
+            "--plan.rmsnorm", "torch" if row["flavor"].endswith("70b") else "fused"]
     if ac.startswith("selective"):
         args += ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option",
                  "op" if ac == "selective_op" else "2"]

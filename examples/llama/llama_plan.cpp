@@ -43,6 +43,7 @@
 #include "tessera/plan/scaling_memory.hpp"
 #include "tessera/plan/scaling_time.hpp"
 #include "tessera/plan/search.hpp"
+#include "tessera/plan/torchtitan_time.hpp"
 #include "tessera/train/config.hpp"
 
 using namespace tessera;
@@ -77,14 +78,18 @@ void usage() {
       "  --plan.runtime scaling  the memory as Aleph Alpha's scaling (the runtime of Hagemann et al.'s published\n"
       "                   ZeRO-1 layout sheets) holds it, counted from what its code keeps (plan/scaling_memory.hpp),\n"
       "                   its stages split as it splits them, its tensor parallelism without sequence\n"
-      "                   parallelism; the time is tessera's trace's, with the runtime's torch RMSNorm as\n"
-      "                   the eager kernels it runs and its fp32 gradient all-reduce after the backward\n"
+      "                   parallelism; the time is tessera's trace's rewritten as that runtime runs it: its\n"
+      "                   eager PyTorch kernels, a tensor-parallel all-reduce per linear, its gradient\n"
+      "                   accumulation and its fp32 gradient all-reduce after the backward\n"
       "                   (plan/scaling_time.hpp). Implies plan.zero1 and\n"
       "                   parallelism.disable_sequence_parallel; to check the planner against those sheets\n"
+      "  --plan.runtime torchtitan  the time as torchtitan's eager FSDP2 step of its published table runs it\n"
+      "                   (plan/torchtitan_time.hpp: eager kernels, FSDP2's copies); the memory is tessera's\n"
+      "                   trace's; FSDP, HSDP and DDP layouts only; to check the planner against that table\n"
       "  --plan.attention K  with plan.runtime scaling: its attention kernel, torch, fused, flash1 or flash2\n"
       "                   (default flash2)\n"
-      "  --plan.rmsnorm K    with plan.runtime scaling: its RMSNorm, torch or fused (flash-attn's kernel;\n"
-      "                   default torch)\n\n"
+      "  --plan.rmsnorm K    the runtime's RMSNorm: torch (eager) or fused (with plan.runtime scaling flash-attn's\n"
+      "                   kernel, default torch; with plan.runtime torchtitan its Triton kernel, default fused)\n\n"
       "Config keys are llama-train's (llama-train --help lists them).\n",
       builtin_machine_names().c_str());
 }
@@ -120,6 +125,7 @@ struct Target {
   std::optional<plan::Network> network;  // how the machine's GPUs are joined, if the profile says
   bool cpu = false;
   std::string description;
+  int sm_count = 0;  // the GPU's multiprocessors
 };
 
 /// The ranks of one machine trade data through shared memory: every rank on one node,
@@ -165,6 +171,7 @@ Target resolve_machine(const std::string& name, const trace::Trace& step_trace, 
   t.description = m.description;
   t.attention = plan::choose_attention(attention, dtype, head_dim, m);
   t.network = m.network;
+  t.sm_count = static_cast<int>(m.sm_count.value);
   t.pricer = std::make_unique<plan::GpuPricer>(std::move(m), t.attention.kernel);
   return t;
 }
@@ -321,6 +328,7 @@ train::JobConfig resolved(train::JobConfig c, const comm::MeshShape& mesh) {
 struct MemoryModel {
   bool zero1 = false;
   std::optional<plan::ScalingRun> scaling;   // plan.runtime scaling
+  std::optional<plan::TorchtitanRun> torchtitan;  // plan.runtime torchtitan (time only)
   std::vector<plan::ScalingStage> stages;    // its stages' memory, in pipeline order
 };
 
@@ -345,11 +353,12 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
                            const train::JobConfig& c, const Target& t, const MemoryModel& mm) {
   nlohmann::json j = layout_keys(c);
   j["plan.zero1"] = mm.zero1;
-  j["plan.runtime"] = mm.scaling ? "scaling" : "tessera";
+  j["plan.runtime"] = mm.scaling ? "scaling" : mm.torchtitan ? "torchtitan" : "tessera";
   if (mm.scaling) {
     j["plan.attention"] = std::string(plan::scaling_attention_name(mm.scaling->attention));
     j["plan.rmsnorm"] = std::string(plan::scaling_rmsnorm_name(mm.scaling->fused_rmsnorm));
   }
+  if (mm.torchtitan) j["plan.rmsnorm"] = mm.torchtitan->fused_rmsnorm ? "fused" : "torch";
   j["machine"] = l.positions.front().compute.machine;
   j["machine_origin"] = t.origin;
   j["gpus"] = l.gpus;
@@ -415,9 +424,13 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
     std::printf("  memory: as Aleph Alpha's scaling holds it (attention %s, RMSNorm %s; plan/scaling_memory.hpp), not traced\n",
                 std::string(plan::scaling_attention_name(mm.scaling->attention)).c_str(),
                 std::string(plan::scaling_rmsnorm_name(mm.scaling->fused_rmsnorm)).c_str());
-    std::printf("  time: traced without sequence parallelism, %sthe gradients all-reduced in fp32 after the backward "
-                "(plan/scaling_time.hpp)\n", mm.scaling->fused_rmsnorm ? "" : "its torch RMSNorm as eager kernels, ");
+    std::printf("  time: traced without sequence parallelism, as the runtime runs it: eager kernels%s, an all-reduce "
+                "per linear, bf16 gradients accumulated, all-reduced in fp32 after the backward (plan/scaling_time.hpp)\n",
+                mm.scaling->fused_rmsnorm ? "" : " (its torch RMSNorm among them)");
   }
+  if (mm.torchtitan)
+    std::printf("  time: as torchtitan's eager FSDP2 step runs it (RMSNorm %s; plan/torchtitan_time.hpp); memory traced\n",
+                mm.torchtitan->fused_rmsnorm ? "Triton" : "eager");
   std::printf("  traced %zu pipeline position%s in %.3f s\n", traces.size(), traces.size() == 1 ? "" : "s", traced);
   if (t.cpu && l.gpus > 1)
     std::printf("  note: each rank is priced on the whole CPU as measured (%s); ranks that share its cores run slower\n",
@@ -592,8 +605,9 @@ int run(std::vector<std::string> args) {
   std::int64_t gpus = 0;
   bool json = false, zero1 = false, search_all = false;
   bool scaling = false;  // plan.runtime scaling: the memory counted as that runtime holds it
+  bool torchtitan = false;  // plan.runtime torchtitan: the time as its eager FSDP2 step runs
   plan::ScalingAttention scaling_attention = plan::ScalingAttention::flash2;
-  bool fused_rmsnorm = false;
+  std::optional<bool> fused_rmsnorm;  // plan.rmsnorm: each runtime has its default
   std::vector<std::string> scaling_keys;  // the keys given that only plan.runtime scaling reads
   std::int64_t max_microbatch = 8;
   auto value_of = [&](std::size_t i, const char* what) {
@@ -639,15 +653,16 @@ int run(std::vector<std::string> args) {
         TESSERA_CHECK(v == "true" || v == "false", "--plan.zero1 ", v, ": expected true or false");
         zero1 = v == "true";
       } else if (key == "runtime") {
-        TESSERA_CHECK(v == "tessera" || v == "scaling", "--plan.runtime ", v, ": expected tessera or scaling");
+        TESSERA_CHECK(v == "tessera" || v == "scaling" || v == "torchtitan", "--plan.runtime ", v,
+                      ": expected tessera, scaling or torchtitan");
         scaling = v == "scaling";
+        torchtitan = v == "torchtitan";
       } else if (key == "attention") {
         scaling_attention = plan::parse_scaling_attention(v);
         scaling_keys.push_back("plan.attention");
       } else if (key == "rmsnorm") {
         TESSERA_CHECK(v == "torch" || v == "fused", "--plan.rmsnorm ", v, ": expected torch or fused");
         fused_rmsnorm = v == "fused";
-        scaling_keys.push_back("plan.rmsnorm");
       } else {
         TESSERA_CHECK(false, "--plan.", key, ": unknown key (known: plan.zero1, plan.runtime, plan.attention, plan.rmsnorm)");
       }
@@ -660,6 +675,8 @@ int run(std::vector<std::string> args) {
   }
   TESSERA_CHECK(scaling || scaling_keys.empty(), "--", scaling_keys.empty() ? "" : scaling_keys.front(),
                 ": describes the scaling runtime; give --plan.runtime scaling with it");
+  TESSERA_CHECK(scaling || torchtitan || !fused_rmsnorm, "--plan.rmsnorm: describes another runtime's RMSNorm; give "
+                "--plan.runtime scaling or torchtitan with it");
   zero1 = zero1 || scaling;  // the runtime's data parallelism is ZeRO-1
   train::JobConfig given = train::load_config("", args);
   if (scaling) {
@@ -679,6 +696,18 @@ int run(std::vector<std::string> args) {
     if (p.pipeline_parallel_degree > 1)
       p.pipeline_parallel_split_points =
           plan::scaling_split_points(static_cast<int>(given.model.args.n_layers), static_cast<int>(p.pipeline_parallel_degree));
+  }
+  if (torchtitan) {
+    const auto& p = given.parallelism;
+    TESSERA_CHECK(p.tensor_parallel_degree == 1, "parallelism.tensor_parallel_degree ", p.tensor_parallel_degree,
+                  ": plan.runtime torchtitan counts the FSDP layouts of its published table, not its tensor parallelism");
+    TESSERA_CHECK(p.pipeline_parallel_degree == 1, "parallelism.pipeline_parallel_degree ", p.pipeline_parallel_degree,
+                  ": plan.runtime torchtitan counts the FSDP layouts of its published table, not its pipelines");
+    TESSERA_CHECK(!zero1, "--plan.zero1: plan.runtime torchtitan runs FSDP, not ZeRO-1");
+    TESSERA_CHECK(!search_all, "--search: plan.runtime torchtitan prices one layout of that runtime; the search ranks "
+                  "tessera's");
+    TESSERA_CHECK(machine != "cpu", "--machine cpu: plan.runtime torchtitan prices that runtime's CUDA step; give a GPU "
+                  "--machine");
   }
   const int world = world_of(given, gpus);
   // A cluster is priced on the profile's [network], in whole nodes.
@@ -721,7 +750,7 @@ int run(std::vector<std::string> args) {
     check_cluster(target);
   }
   if (!emit.empty()) emit_config(emit, c);
-  if (world == 1 && !zero1) {
+  if (world == 1 && !zero1 && !torchtitan) {
     plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
     if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
     const plan::Prediction p = plan::predict(st.trace, *target.pricer, st.shape, st.peak_bytes, st.at_peak);
@@ -734,13 +763,33 @@ int run(std::vector<std::string> args) {
   std::vector<plan::StepTrace> traces;
   for (int rank : plan::distinct_ranks(mesh))
     traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
+  std::optional<plan::ScalingRun> run;
+  if (scaling) {
+    run.emplace();
+    run->args = c.model.args;
+    run->mesh = mesh;
+    run->seq_len = c.training.seq_len;
+    const std::int64_t per_rank = c.training.global_batch_size / mesh.dp();  // sequences per step on one replica
+    run->microbatch = mesh.pp > 1 ? c.parallelism.pipeline_parallel_microbatch_size : c.training.local_batch_size;
+    TESSERA_CHECK(run->microbatch >= 1 && per_rank % run->microbatch == 0, "plan.runtime scaling: ", per_rank,
+                  " sequences per data-parallel rank do not make whole microbatches of ", run->microbatch);
+    run->microbatches = per_rank / run->microbatch;
+    run->full_checkpoint = c.activation_checkpoint.mode == "full";
+    run->attention = scaling_attention;
+    run->fused_rmsnorm = fused_rmsnorm.value_or(false);
+  }
   if (zero1)
     for (auto& st : traces) plan::account_zero1(st, /*reduce_in_bf16=*/!scaling);
-  if (scaling)  // the step as that runtime runs it in time (plan/scaling_time.hpp)
-    for (auto& st : traces) {
-      if (!fused_rmsnorm) plan::scaling_torch_rmsnorm(st.trace, c.model.args.dim);
-      plan::scaling_gradient_reduction(st);
-    }
+  if (run)  // the step as that runtime runs it in time (plan/scaling_time.hpp)
+    for (auto& st : traces) plan::scaling_step_time(st, *run);
+  std::optional<plan::TorchtitanRun> titan;
+  if (torchtitan) {  // plan/torchtitan_time.hpp
+    titan.emplace();
+    titan->args = c.model.args;
+    titan->fused_rmsnorm = fused_rmsnorm.value_or(true);
+    titan->sm_count = target.sm_count;
+    for (auto& st : traces) plan::torchtitan_step_time(st, *titan);
+  }
   if (cpu) {
     trace::Trace all;  // the CPU is measured on every position's work
     for (const auto& st : traces)
@@ -750,20 +799,9 @@ int run(std::vector<std::string> args) {
   plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}));
   MemoryModel mm;
   mm.zero1 = zero1;
-  if (scaling) {
-    plan::ScalingRun run;
-    run.args = c.model.args;
-    run.mesh = mesh;
-    run.seq_len = c.training.seq_len;
-    const std::int64_t per_rank = c.training.global_batch_size / mesh.dp();  // sequences per step on one replica
-    run.microbatch = mesh.pp > 1 ? c.parallelism.pipeline_parallel_microbatch_size : c.training.local_batch_size;
-    TESSERA_CHECK(run.microbatch >= 1 && per_rank % run.microbatch == 0, "plan.runtime scaling: ", per_rank,
-                  " sequences per data-parallel rank do not make whole microbatches of ", run.microbatch);
-    run.microbatches = per_rank / run.microbatch;
-    run.full_checkpoint = c.activation_checkpoint.mode == "full";
-    run.attention = scaling_attention;
-    run.fused_rmsnorm = fused_rmsnorm;
-    mm.stages = plan::scaling_memory(run);
+  mm.torchtitan = titan;
+  if (run) {
+    mm.stages = plan::scaling_memory(*run);
     mm.scaling = run;
     apply_memory(l, mm);
   }

@@ -280,12 +280,45 @@ else
 fi
 plan_fails "--plan.attention without the runtime" "--plan.attention: describes the scaling runtime; give --plan.runtime scaling" \
   "${sheet[@]}" --plan.attention torch
-plan_fails "--plan.runtime with a bad value" "--plan.runtime megatron: expected tessera or scaling" "${sheet[@]}" --plan.runtime megatron
+plan_fails "--plan.runtime with a bad value" "--plan.runtime megatron: expected tessera, scaling or torchtitan" "${sheet[@]}" --plan.runtime megatron
 plan_fails "--plan.attention with a bad value" "plan.attention xformers: expected torch, fused, flash1 or flash2" \
   "${sheet[@]}" --plan.runtime scaling --plan.attention xformers
 plan_fails "the scaling runtime with selective checkpointing" "activation_checkpoint.mode selective: plan.runtime scaling checkpoints every layer (full) or none" \
   "${sheet[@]}" --plan.runtime scaling --activation_checkpoint.mode selective
 plan_fails "an unknown plan key" "--plan.budget: unknown key" "${sheet[@]}" --plan.budget 3
+
+# --plan.runtime torchtitan: the time as its eager FSDP2 step runs it (Triton or eager
+# RMSNorm), longer than tessera's step of the same layout; the memory is the trace's.
+titan=(--config "$configs/llama3_8b.toml" --machine a100-80gb-sxm --gpus 16 --model.n_layers 4 --training.seq_len 2048
+       --training.local_batch_size 1 --parallelism.data_parallel_shard_degree 16 --training.mixed_precision_param bfloat16)
+if "$plan" "${titan[@]}" --json > "$work/t_tessera.json" 2> "$work/err" &&
+   "$plan" "${titan[@]}" --json --plan.runtime torchtitan > "$work/t_fused.json" 2>> "$work/err" &&
+   "$plan" "${titan[@]}" --json --plan.runtime torchtitan --plan.rmsnorm torch > "$work/t_torch.json" 2>> "$work/err" &&
+   "$plan" "${titan[@]}" --plan.runtime torchtitan > "$work/t.txt" 2>> "$work/err" &&
+   grep -q "time: as torchtitan's eager FSDP2 step runs it (RMSNorm Triton" "$work/t.txt" &&
+   python3 - "$work/t_tessera.json" "$work/t_fused.json" "$work/t_torch.json" <<'EOF2'
+import json, sys
+own, fused, torch = (json.load(open(x)) for x in sys.argv[1:])
+if not (fused["plan.runtime"] == "torchtitan" and fused["plan.rmsnorm"] == "fused" and torch["plan.rmsnorm"] == "torch"):
+    sys.exit("plan.runtime / plan.rmsnorm not reported: %s %s" % (fused["plan.runtime"], fused.get("plan.rmsnorm")))
+if not own["step_seconds"] < fused["step_seconds"] < torch["step_seconds"]:
+    sys.exit("tessera %g s, torchtitan with Triton's norm %g s, with eager norms %g s" % (
+        own["step_seconds"], fused["step_seconds"], torch["step_seconds"]))
+if not own["peak_memory_bytes"] == fused["peak_memory_bytes"] == torch["peak_memory_bytes"]:
+    sys.exit("the memory is the trace's: %d, %d, %d" % (own["peak_memory_bytes"], fused["peak_memory_bytes"], torch["peak_memory_bytes"]))
+EOF2
+then
+  echo "ok: --plan.runtime torchtitan prices its eager FSDP2 step, longer than tessera's, with the trace's memory"
+else
+  echo "FAIL: --plan.runtime torchtitan:"; head -n 5 "$work/err"; failures=$((failures + 1))
+fi
+plan_fails "the torchtitan runtime with tensor parallelism" \
+  "parallelism.tensor_parallel_degree 2: plan.runtime torchtitan counts the FSDP layouts of its published table" \
+  "${titan[@]}" --plan.runtime torchtitan --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 8
+plan_fails "the torchtitan runtime on the CPU" "--machine cpu: plan.runtime torchtitan prices that runtime's CUDA step" \
+  "${titan[@]}" --plan.runtime torchtitan --machine cpu
+plan_fails "--plan.rmsnorm without a runtime" "--plan.rmsnorm: describes another runtime's RMSNorm" \
+  "${titan[@]}" --plan.rmsnorm torch
 
 plan_fails "a layout that does not divide the GPUs" "tensor_parallel_degree 4 x pipeline_parallel_degree 1 = 4 does not divide the world size 6" \
   "${debug[@]}" --gpus 6 --parallelism.tensor_parallel_degree 4

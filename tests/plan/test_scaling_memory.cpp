@@ -1,10 +1,12 @@
 // plan/scaling_memory.hpp: the memory of a step on the runtime of the published layout
 // sheets, its terms one by one, its stage split against tessera's, and the sheets' own
-// outcomes it has to reproduce. plan/scaling_time.hpp: its torch RMSNorm and its gradient
-// reduction in a trace.
+// outcomes it has to reproduce. plan/scaling_time.hpp and plan/eager.hpp: its step in time,
+// each rewrite of a trace of tessera's step on its own.
 #include <doctest/doctest.h>
 
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/parallel/stages.hpp"
@@ -190,41 +192,158 @@ train::JobConfig debug_bf16(const std::vector<std::string>& keys = {}) {
 }
 }  // namespace
 
-TEST_CASE("scaling kernels: its torch RMSNorm replaces tessera's norm kernels, pass by pass, and costs more") {
-  // One rank: 6 blocks of two norms and the final norm.
+namespace {
+std::int64_t count_kernels(const trace::Trace& t, std::string_view prefix) {
+  std::int64_t n = 0;
+  for (const auto& k : t.all<trace::Kernel>()) n += std::string_view(k.functor).starts_with(prefix);
+  return n;
+}
+double kernel_bytes(const trace::Trace& t, std::string_view prefix) {
+  double b = 0;
+  for (const auto& k : t.all<trace::Kernel>())
+    if (std::string_view(k.functor).starts_with(prefix)) b += k.traffic.bytes();
+  return b;
+}
+/// The runtime's run of a one-rank trace of `c`: `microbatch` sequences a micro-batch.
+plan::ScalingRun scaling_run_of(const train::JobConfig& c, std::int64_t microbatch, std::int64_t microbatches, bool fused) {
+  plan::ScalingRun r;
+  r.args = c.model.args;
+  r.seq_len = c.training.seq_len;
+  r.microbatch = microbatch;
+  r.microbatches = microbatches;
+  r.fused_rmsnorm = fused;
+  return r;
+}
+}  // namespace
+
+TEST_CASE("scaling kernels: tessera's fused kernels become the runtime's eager sequences, site by site, byte for byte") {
+  // One rank, micro-batches of 2 sequences of 32: 6 blocks of two norms, and the final norm.
   const train::JobConfig c = debug_bf16();
   plan::StepTrace st = plan::dry_run_step<bf16>(c);
-  const auto count = [](const trace::Trace& t, std::string_view prefix) {
-    std::int64_t n = 0;
-    for (const auto& k : t.all<trace::Kernel>()) n += std::string_view(k.functor).starts_with(prefix);
-    return n;
-  };
-  const std::int64_t norms = 2 * c.model.args.n_layers + 1;
-  REQUIRE(count(st.trace, "RmsNormForward<") == norms);
-  REQUIRE(count(st.trace, "RmsNormBackwardInput<") == norms);
-  REQUIRE(count(st.trace, "RmsNormBackwardWeight<") == norms);
+  const std::int64_t layers = c.model.args.n_layers, norms = 2 * layers + 1;
+  REQUIRE(count_kernels(st.trace, "RmsNormForward<") == norms);
+  REQUIRE(count_kernels(st.trace, "RmsNormBackwardInput<") == norms);
+  REQUIRE(count_kernels(st.trace, "RmsNormBackwardWeight<") == norms);
+  REQUIRE(count_kernels(st.trace, "RopeRotate<") == 4 * layers);  // q and k, forward and backward
+  REQUIRE(count_kernels(st.trace, "SwiGlu") == 2 * layers);
   const plan::GpuPricer pricer(plan::load_machine(std::string(TESSERA_MACHINES) + "/a100-80gb-sxm.toml"),
                                plan::AttentionKernel::cudnn);
   const double before = plan::predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak).step_seconds;
-  const std::size_t events = st.trace.events().size();
+  const std::size_t syncs = st.trace.all<trace::Synchronize>().size();
 
-  CHECK(plan::scaling_torch_rmsnorm(st.trace, c.model.args.dim) == 2 * norms);
-  CHECK(count(st.trace, "RmsNorm") == 0);
-  CHECK(count(st.trace, "torch RMSNorm forward") == 8 * norms);
-  CHECK(count(st.trace, "torch RMSNorm backward") == 14 * norms);
-  CHECK(st.trace.events().size() == events + (8 - 1 + 14 - 2) * static_cast<std::size_t>(norms));
+  const plan::ScalingRun run = scaling_run_of(c, 2, 1, false);
+  const std::vector<plan::EagerRewrite> rewrites = plan::scaling_eager_rewrites(run);
+  const plan::EagerCounts met = plan::rewrite_eager(st.trace, rewrites, plan::scaling_widths(run), DType::bf16);
+  using enum plan::EagerSite;
+  const auto at = [&](plan::EagerSite s) { return met[static_cast<std::size_t>(s)]; };
+  CHECK(at(rmsnorm_forward) == norms);
+  CHECK(at(rmsnorm_backward) == norms);
+  CHECK(at(rmsnorm_weight_gradient) == norms);
+  CHECK(at(rope) == 4 * layers);
+  CHECK(at(attention_forward) == layers);
+  CHECK(at(attention_backward) == layers);
+  CHECK(at(swiglu_forward) == layers);
+  CHECK(at(swiglu_backward) == layers);
+  CHECK(count_kernels(st.trace, "RmsNorm") + count_kernels(st.trace, "RopeRotate") + count_kernels(st.trace, "SwiGlu") == 0);
+  CHECK(count_kernels(st.trace, "torch RMSNorm forward") == 8 * norms);
+  CHECK(count_kernels(st.trace, "torch RMSNorm backward") == 16 * norms);
+  CHECK(count_kernels(st.trace, "eager RoPE") == 4 * 4 * layers);
+  CHECK(count_kernels(st.trace, "eager SwiGLU: ") == 2 * layers);
+  CHECK(count_kernels(st.trace, "eager SwiGLU backward") == 3 * layers);
+  CHECK(count_kernels(st.trace, "autograd: the attention input") == 2 * layers);
+  CHECK(count_kernels(st.trace, "autograd: the feed-forward input") == layers);
+  CHECK(count_kernels(st.trace, "rearrange copy") == 4 * layers);  // two sequences a micro-batch: 2 forward, 2 backward
+  CHECK(count_kernels(st.trace, "flash-attn varlen") == 2 * layers);
+  CHECK(st.trace.all<trace::Synchronize>().size() == syncs + static_cast<std::size_t>(layers));  // .item() a layer
+
   // Per element of the (rows, dim) input: 36 bytes forward and 92 backward, the per-row
-  // statistics and the weight on top.
-  const double rows = 2 * 32, dim = static_cast<double>(c.model.args.dim);
-  double forward = 0, backward = 0;
-  for (const auto& k : st.trace.all<trace::Kernel>()) {
-    const std::string_view f = k.functor;
-    if (f.starts_with("torch RMSNorm forward")) forward += k.traffic.bytes();
-    if (f.starts_with("torch RMSNorm backward")) backward += k.traffic.bytes();
-  }
-  CHECK(forward == doctest::Approx(norms * (36 * rows * dim + 24 * rows + 2 * dim)));
-  CHECK(backward == doctest::Approx(norms * (92 * rows * dim + 24 * rows + 4 * dim)));
+  // statistics (24 and 40 bytes) and the weight (2 and 4 bytes an element) on top.
+  const double rows = 2 * 32, dim = static_cast<double>(c.model.args.dim), hd = static_cast<double>(c.model.args.head_dim());
+  const double ffn = static_cast<double>(c.model.args.ffn_hidden_dim());
+  CHECK(kernel_bytes(st.trace, "torch RMSNorm forward") == doctest::Approx(norms * (36 * rows * dim + 24 * rows + 2 * dim)));
+  CHECK(kernel_bytes(st.trace, "torch RMSNorm backward") == doctest::Approx(norms * (92 * rows * dim + 40 * rows + 4 * dim)));
+  // RoPE on q and k (dim wide each here): 20 bytes an element, the frequencies (head_dim / 2
+  // complex) read and written by the gather or copy and read by the multiply.
+  CHECK(kernel_bytes(st.trace, "eager RoPE") == doctest::Approx(4 * layers * rows * (20 * dim + 12 * hd)));
+  CHECK(kernel_bytes(st.trace, "eager SwiGLU: ") == doctest::Approx(layers * rows * 10 * ffn));
+  CHECK(kernel_bytes(st.trace, "eager SwiGLU backward") == doctest::Approx(layers * rows * 18 * ffn));
+  CHECK(kernel_bytes(st.trace, "autograd: ") == doctest::Approx(3 * layers * rows * 6 * dim));
+  CHECK(kernel_bytes(st.trace, "rearrange copy") == doctest::Approx(4 * layers * rows * 4 * dim));
   CHECK(plan::predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak).step_seconds > before);
+
+  // With flash-attn's RMSNorm and one sequence a micro-batch, tessera's norms stay and
+  // the rearranges are views.
+  plan::StepTrace fused = plan::dry_run_step<bf16>(c);
+  const plan::ScalingRun run1 = scaling_run_of(c, 1, 1, true);
+  plan::rewrite_eager(fused.trace, plan::scaling_eager_rewrites(run1), plan::scaling_widths(run1), DType::bf16);
+  CHECK(count_kernels(fused.trace, "RmsNormForward<") == norms);
+  CHECK(count_kernels(fused.trace, "torch RMSNorm") == 0);
+  CHECK(count_kernels(fused.trace, "rearrange copy") == 0);
+}
+
+TEST_CASE("scaling time: each column-parallel linear all-reduces its own input's gradient, three into attention, two into the feed-forward") {
+  const train::JobConfig c = debug_bf16({"--parallelism.tensor_parallel_degree", "2",
+                                         "--parallelism.disable_sequence_parallel", "true"});
+  plan::StepTrace st = plan::dry_run_step<bf16>(c, 0, 2, 0);
+  const std::int64_t rows_bytes = 2 * 32 * c.model.args.dim * 2;  // whole bf16 rows
+  const auto tp_reduces = [&](const plan::StepTrace& s) {
+    std::vector<trace::Collective> out;
+    for (const auto& col : s.trace.all<trace::Collective>())
+      if (std::string_view(col.kind) == "all_reduce" && col.group.size == 2 && col.group.stride == 1 &&
+          col.bytes == rows_bytes)
+        out.push_back(col);
+    return out;
+  };
+  const std::size_t before = tp_reduces(st).size();
+  const std::int64_t layers = c.model.args.n_layers;
+  // Two a layer each way, the embedding's output and the head's input gradient.
+  REQUIRE(before == static_cast<std::size_t>(4 * layers + 2));
+  CHECK(plan::scaling_tensor_parallel_reductions(st) == 3 * layers);
+  CHECK(tp_reduces(st).size() == before + static_cast<std::size_t>(3 * layers));
+  // Each waited for where it is issued, under its own id.
+  const auto& ev = st.trace.events();
+  std::set<std::uint64_t> ids;
+  for (std::size_t i = 0; i < ev.size(); ++i)
+    if (const auto* col = std::get_if<trace::Collective>(&ev[i].op)) {
+      CHECK(ids.insert(col->id).second);
+      REQUIRE(i + 1 < ev.size());
+      const auto* w = std::get_if<trace::CommWait>(&ev[i + 1].op);
+      if (std::string_view(col->kind) == "all_reduce") CHECK((w && w->id == col->id));
+    }
+  // Without tensor parallelism there is nothing to split.
+  plan::StepTrace one = plan::dry_run_step<bf16>(debug_bf16());
+  CHECK(plan::scaling_tensor_parallel_reductions(one) == 0);
+}
+
+TEST_CASE("scaling time: every micro-batch after a step's first adds its bf16 weight gradients, the loss head's once") {
+  // One rank, 4 micro-batches of one sequence accumulated.
+  const train::JobConfig c = debug_bf16({"--training.local_batch_size", "1", "--training.global_batch_size", "4"});
+  plan::StepTrace st = plan::dry_run_step<bf16>(c);
+  std::int64_t block_weights = 0, head_weights = 0;  // weight-gradient GEMMs in the step
+  double block_elements = 0, head_elements = 0;
+  for (const auto& e : st.trace.events())
+    if (const auto* g = std::get_if<trace::Gemm>(&e.op); g && plan::is_weight_gradient(*g)) {
+      const bool head = std::string_view(e.region) == region::kLossHead;
+      (head ? head_weights : block_weights) += 1;
+      if (!head) block_elements += static_cast<double>(g->m) * static_cast<double>(g->n);
+      if (head) head_elements = static_cast<double>(g->m) * static_cast<double>(g->n);
+    }
+  const std::int64_t layers = c.model.args.n_layers;
+  REQUIRE(block_weights == 4 * 7 * layers);  // wq wk wv wo w1 w2 w3, 4 micro-batches
+  REQUIRE(head_weights >= 4);                // the head's chunks
+  CHECK(head_elements == doctest::Approx(static_cast<double>(c.model.args.vocab_size * c.model.args.dim)));
+
+  plan::StepTrace other = st;  // a count of micro-batches the GEMMs do not divide into
+  CHECK_THROWS_WITH_AS(plan::scaling_gradient_accumulation(other, 5),
+                       doctest::Contains("do not make 5 equal micro-batches"), Error);
+  CHECK(plan::scaling_gradient_accumulation(st, 4) == 3 * 7 * layers + 3);
+  CHECK(count_kernels(st.trace, "AccumulateGrad") == 3 * 7 * layers + 3);
+  // 4 bytes read and 2 written an element: three micro-batches' blocks and the head.
+  CHECK(kernel_bytes(st.trace, "AccumulateGrad") == doctest::Approx(6 * (3 * block_elements / 4 + 3 * head_elements)));
+  // The first micro-batch hands its GEMMs' outputs over: nothing before its last weight GEMM.
+  plan::StepTrace single = plan::dry_run_step<bf16>(debug_bf16({"--training.local_batch_size", "1",
+                                                                "--training.global_batch_size", "1"}));
+  CHECK(plan::scaling_gradient_accumulation(single, 1) == 0);
 }
 
 TEST_CASE("scaling time: the gradients all-reduced in fp32 after the backward, the parameters gathered after the step") {

@@ -1,28 +1,44 @@
 // What another runtime's step runs where tessera's trace has its own: Aleph Alpha's
-// `scaling` (plan/scaling_memory.hpp says which runtime and why), in time. Two rewrites
-// of a traced step, each read from that runtime's code: its eager RMSNorm, and when and
-// in what precision it reduces the gradients.
+// `scaling` (plan/scaling_memory.hpp says which runtime and why), in time. Rewrites of a
+// traced step, each read from that runtime's code (tag 0.1.0 unless said; paths under
+// src/scaling/): its eager PyTorch kernels, its tensor-parallel reductions, its gradient
+// accumulation, and when and in what precision it reduces the gradients.
 //
-// A trace of tessera's step prices tessera's kernels. Where the other runtime runs an
-// operation as eager PyTorch, one kernel per tensor expression and one per autograd
-// formula, the trace's kernel is replaced by that runtime's sequence, each with the bytes
-// it reads and writes, so the pricer (plan/cost.hpp) charges every pass over memory and
-// every launch. Which ones are replaced is what the runtime's code shows; the rest of the
-// trace (GEMMs, attention, the collectives) is already what both runtimes run.
+// The eager kernels (plan/eager.hpp has the sequences and how a trace is rewritten), per
+// layer and micro-batch, of the Llama path its Llama 2 configuration takes
+// (`relative_position_embedding_type: rotary_complex`, `attention_qkv_in_one: false`,
+// `mlp_type: swiglu`, `norm_type: rms`; the library's defaults, cos/sin rotary over one
+// fused qkv linear, launch as many bytes within a tenth; which the published runs used
+// their sheets do not say):
+//   RMSNorm without the "RMS kernel" (core/nn/norm/rms_norm.py): eight kernels forward,
+//     sixteen backward. With it (flash-attn's fused rms_norm) tessera's kernels stand.
+//   RoPE (core/nn/rotary.py:75-90, 249-255): per q and k, the position's frequencies
+//     gathered (forward; the backward copies their conjugate), the casts to fp32 and
+//     back around a complex multiply.
+//   attention (core/nn/attention/attention.py:66, 230): flash_attn_varlen_func needs the
+//     longest sequence on the host: `(cu[1:] - cu[:-1]).max().item()`, two small kernels
+//     and a synchronisation in every layer's forward. With micro-batches of more than one
+//     sequence, the output's two rearranges (attention.py:259, 616) copy, forward and
+//     backward.
+//   SwiGLU (core/nn/mlp.py:158-160): silu and the product, three kernels backward, and
+//     autograd's sum of the input's two gradients; the separate q, k and v linears'
+//     input gradients summed by two adds.
+// Left out, each under a tenth of a percent of the step: the frequency table rebuilt each
+// layer (S x head_dim / 2 complex), the gather's index bytes, dropout (p = 0 launches
+// nothing), the norm weights' gradient accumulation.
 //
-// RMSNorm without the "RMS kernel" (scaling v0.1.0, src/scaling/core/nn/norm/rms_norm.py:
-// `self._norm(x.float()).type_as(x) * self.weight` with `_norm(x) = x *
-// torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)`, x bf16): the forward's eight
-// kernels below, and the backward's fourteen from PyTorch's autograd formulas
-// (tools/autograd/derivatives.yaml: mul, grad * other and grad * self, summed to the
-// weight's shape; _to_copy, back to the input's dtype; rsqrt, -0.5 grad result^3; mean,
-// grad expanded and divided by the count; pow, grad * exponent * self.pow(exponent - 1);
-// the two gradients of the fp32 input summed). Per element of the (rows, dim) input: 36
-// bytes forward, 92 backward, against the fused kernel's one pass each way. With the RMS
-// kernel (flash-attn's fused rms_norm) tessera's own kernels stand: one pass forward, one
-// backward, as there.
+// Tensor parallelism without sequence parallelism (core/nn/linear/utils.py:43-45, 266):
+// each column-parallel linear all-reduces its own input's gradient before autograd sums
+// them: three all-reduces into the attention (q, k, v) and two into the feed-forward (w1,
+// w3) where tessera's layout all-reduces the summed gradient once each; the forward's
+// two are the same. Each is waited for where it is issued, as the trace's are.
 //
-// The gradients (scaling v0.2.0, src/scaling/core/optimizer/optimizer.py:147-149 and
+// Gradient accumulation: the weights' gradients are bf16 `.grad` tensors; the first
+// micro-batch of a step's backward hands its GEMM's output over, every later one adds
+// into them (PyTorch's AccumulateGrad: one add of 4 bytes read and 2 written an element
+// per weight and micro-batch), where tessera's GEMMs accumulate in place (beta = 1).
+//
+// The gradients (v0.2.0, src/scaling/core/optimizer/optimizer.py:147-149 and
 // allreduce.py:9-38, parameter_group.py:444-474): after the step's last backward, the
 // bf16 gradients are all-reduced over the data-parallel ranks in buckets of 500M
 // elements, each flattened and copied to fp32 for the all-reduce; after the optimizer
@@ -33,13 +49,18 @@
 // all-reduces (and their waits) to after the backward, in fp32, and adds the parameters'
 // all-gather after the optimizer. The buckets are the trace's units (a block each):
 // the same bytes, a few more launches.
+//
+// Not yet counted: the pipeline's blocking send/recv, the received activations' clone
+// and the host synchronisations around them (core/nn/parallel_module/communicator.py).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <map>
 #include <span>
 #include <string_view>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -47,94 +68,62 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/eager.hpp"
 #include "tessera/plan/layout.hpp"
+#include "tessera/plan/scaling_memory.hpp"
 
 namespace tessera::plan {
 
-/// One eager kernel of the sequence: bytes read and written per element of the input,
-/// per row, and per element of the weight (dim).
-struct EagerKernel {
-  const char* name;
-  double read_per_element, written_per_element;
-  double read_per_row = 0, written_per_row = 0;
-  double read_per_weight = 0, written_per_weight = 0;
-  double transcendentals_per_row = 0;
+// RoPE as the runtime runs it: the frequencies first (gathered forward, the conjugate
+// copied backward: head_dim / 2 complex64 a row), then the complex multiply between casts.
+inline constexpr EagerKernel kScalingRope[] = {
+    {"eager RoPE: the rows' frequencies (gathered; the conjugate copied backward)", {.head_dim = 4}, {.head_dim = 4}},
+    kComplexRope[0],
+    kComplexRope[1],
+    kComplexRope[2],
+};
+// flash_attn_varlen_func's max_seqlen: a subtraction and a max over the sequence bounds
+// (a few bytes), then .item().
+inline constexpr EagerKernel kScalingMaxSeqlen[] = {
+    {"flash-attn varlen: cu_seqlens[1:] - cu_seqlens[:-1]"},
+    {"flash-attn varlen: max()"},
+    {"flash-attn varlen: .item()", {}, {}, 0, 0, 0, true},
+};
+// The attention output's rearranges when a micro-batch holds several sequences.
+inline constexpr EagerKernel kScalingAttentionOutputCopies[] = {
+    {"rearrange copy: (b sq) np hn -> (b np) sq hn", {.q = 2}, {.q = 2}},
+    {"rearrange copy: (b np) sq hn -> b sq (np hn)", {.q = 2}, {.q = 2}},
 };
 
-// Forward: x.float(), pow, mean, + eps, rsqrt, x * rsqrt, type_as, * weight.
-inline constexpr EagerKernel kTorchRmsNormForward[] = {
-    {"torch RMSNorm forward: x.float()", 2, 4},
-    {"torch RMSNorm forward: pow(2)", 4, 4},
-    {"torch RMSNorm forward: mean(-1)", 4, 0, 0, 4},
-    {"torch RMSNorm forward: + eps", 0, 0, 4, 4},
-    {"torch RMSNorm forward: rsqrt", 0, 0, 4, 4, 0, 0, 1},
-    {"torch RMSNorm forward: x * rsqrt", 4, 4, 4, 0},
-    {"torch RMSNorm forward: type_as(x)", 4, 2},
-    {"torch RMSNorm forward: * weight", 2, 2, 0, 0, 2, 0},
-};
-
-// Backward, in autograd's order: the weight's mul, the bf16 cast, x * rsqrt's mul, rsqrt,
-// mean, pow, the two fp32 gradients summed, the fp32 cast.
-inline constexpr EagerKernel kTorchRmsNormBackward[] = {
-    {"torch RMSNorm backward: grad * weight", 2, 2, 0, 0, 2, 0},
-    {"torch RMSNorm backward: grad * normed", 4, 2},
-    {"torch RMSNorm backward: weight grad, sum over rows", 2, 0, 0, 0, 0, 2},
-    {"torch RMSNorm backward: grad.float()", 2, 4},
-    {"torch RMSNorm backward: grad * rsqrt", 4, 4, 4, 0},
-    {"torch RMSNorm backward: grad * x", 8, 4},
-    {"torch RMSNorm backward: sum(-1)", 4, 0, 0, 4},
-    {"torch RMSNorm backward: rsqrt backward", 0, 0, 8, 4},
-    {"torch RMSNorm backward: mean backward", 0, 4, 4, 0},
-    {"torch RMSNorm backward: x.pow(1)", 4, 4},
-    {"torch RMSNorm backward: * 2", 4, 4},
-    {"torch RMSNorm backward: grad * 2x", 8, 4},
-    {"torch RMSNorm backward: sum of x's gradients", 8, 4},
-    {"torch RMSNorm backward: to bfloat16", 4, 2},
-};
-
-namespace detail {
-inline void append_eager(std::vector<trace::Event>& out, const char* region, std::span<const EagerKernel> ks,
-                         std::int64_t rows, std::int64_t dim) {
-  const double e = static_cast<double>(rows) * static_cast<double>(dim), r = static_cast<double>(rows),
-               w = static_cast<double>(dim);
-  for (const EagerKernel& k : ks) {
-    trace::Kernel op;
-    op.functor = k.name;
-    op.n = k.read_per_element > 0 || k.written_per_element > 0 ? rows * dim : rows;
-    op.traffic.bytes_read = k.read_per_element * e + k.read_per_row * r + k.read_per_weight * w;
-    op.traffic.bytes_written = k.written_per_element * e + k.written_per_row * r + k.written_per_weight * w;
-    op.traffic.flops = k.read_per_element > 0 ? e : r;
-    op.traffic.transcendentals = k.transcendentals_per_row * r;
-    out.push_back(trace::Event{op, region});
+/// The eager rewrites of the runtime's layer (above) for a run of `run`'s shape.
+inline std::vector<EagerRewrite> scaling_eager_rewrites(const ScalingRun& run) {
+  using enum EagerSite;
+  using enum EagerPlace;
+  std::vector<EagerRewrite> r;
+  if (!run.fused_rmsnorm) {
+    r.push_back({rmsnorm_forward, instead, kTorchRmsNormForward});
+    r.push_back({rmsnorm_backward, instead, kTorchRmsNormBackward});  // the weight's gradient is in it
+    r.push_back({rmsnorm_weight_gradient, instead, {}});
   }
+  r.push_back({rope, instead, kScalingRope});
+  r.push_back({attention_forward, before, kScalingMaxSeqlen});
+  if (run.microbatch > 1) {
+    r.push_back({attention_forward, after, kScalingAttentionOutputCopies});
+    r.push_back({attention_backward, before, kScalingAttentionOutputCopies});
+  }
+  r.push_back({attention_backward, after, kAttentionInputGradientSums});
+  r.push_back({swiglu_forward, instead, kEagerSwiGluForward});
+  r.push_back({swiglu_backward, instead, kEagerSwiGluBackward});
+  r.push_back({swiglu_backward, after, kFeedForwardInputGradientSum});
+  return r;
 }
-}  // namespace detail
 
-/// Replaces, in `t`, tessera's RMSNorm kernels on rows of `dim` elements by the eager
-/// sequence of the runtime's torch RMSNorm (forward for RmsNormForward, the whole backward
-/// for RmsNormBackwardInput, whose weight gradient is in it, so RmsNormBackwardWeight
-/// goes). Returns the norms replaced (forward and backward).
-inline std::int64_t scaling_torch_rmsnorm(trace::Trace& t, std::int64_t dim) {
-  TESSERA_CHECK(dim > 0, "plan.rmsnorm torch: dimension ", dim);
-  std::vector<trace::Event>& events = t.mutable_events();
-  std::vector<trace::Event> out;
-  out.reserve(events.size());
-  std::int64_t replaced = 0;
-  for (trace::Event& ev : events) {
-    const auto* k = std::get_if<trace::Kernel>(&ev.op);
-    const std::string_view f = k ? std::string_view(k->functor) : std::string_view();
-    if (f.starts_with("RmsNormForward<")) {
-      detail::append_eager(out, ev.region, kTorchRmsNormForward, k->n, dim);
-      ++replaced;
-    } else if (f.starts_with("RmsNormBackwardInput<")) {
-      detail::append_eager(out, ev.region, kTorchRmsNormBackward, k->n, dim);
-      ++replaced;
-    } else if (!f.starts_with("RmsNormBackwardWeight<")) {
-      out.push_back(std::move(ev));
-    }
-  }
-  events = std::move(out);
-  return replaced;
+/// A row's widths on one tensor-parallel rank of `run`.
+inline EagerWidths scaling_widths(const ScalingRun& run) {
+  const auto& a = run.args;
+  const std::int64_t tp = run.mesh.tp;
+  return EagerWidths{a.dim, a.n_heads / tp * a.head_dim(), a.kv_heads() / tp * a.head_dim(), a.ffn_hidden_dim() / tp,
+                     a.vocab_size, a.head_dim()};
 }
 
 /// Moves the trace's gradient all-reduces over the data-parallel replicas, and their
@@ -200,6 +189,131 @@ inline std::int64_t scaling_gradient_reduction(StepTrace& st) {
   }
   events = std::move(out);
   return static_cast<std::int64_t>(reduces.size());
+}
+
+
+/// Splits each backward all-reduce into a tensor-parallel region as the runtime's linears
+/// issue them: the attention input's gradient three times (q, k, v), the feed-forward
+/// input's twice (w1, w3), each of the whole rows and waited for where issued. A
+/// region's entry is told by what the backward ran since the last norm: attention or
+/// SwiGLU. Returns the all-reduces added.
+inline std::int64_t scaling_tensor_parallel_reductions(StepTrace& st) {
+  if (st.mesh.tp <= 1) return 0;
+  std::vector<trace::Event>& events = st.trace.mutable_events();
+  std::uint64_t next_id = 1;
+  for (const trace::Event& ev : events)
+    if (const auto* c = std::get_if<trace::Collective>(&ev.op)) next_id = std::max(next_id, c->id + 1);
+  enum class Since { nothing, attention, feed_forward } since = Since::nothing;
+  std::vector<trace::Event> out;
+  out.reserve(events.size() + events.size() / 8);
+  std::int64_t added = 0;
+  for (trace::Event& ev : events) {
+    if (const auto* a = std::get_if<trace::Attention>(&ev.op)) {
+      since = a->backward ? Since::attention : Since::nothing;
+    } else if (const auto* k = std::get_if<trace::Kernel>(&ev.op)) {
+      const std::string_view f = k->functor;
+      if (f.starts_with("SwiGluBackward<")) since = Since::feed_forward;
+      if (f.starts_with("RmsNorm") || f.starts_with("SwiGluForward<")) since = Since::nothing;
+    } else if (const auto* c = std::get_if<trace::Collective>(&ev.op);
+               c && since != Since::nothing && std::string_view(c->kind) == "all_reduce" &&
+               c->group.size == st.mesh.tp && c->group.stride == 1) {
+      const int extra = since == Since::attention ? 2 : 1;
+      for (int i = 0; i < extra; ++i) {
+        trace::Collective more = *c;
+        more.id = next_id++;
+        out.push_back(trace::Event{more, ev.region});
+        out.push_back(trace::Event{trace::CommWait{more.id}, ev.region});
+      }
+      added += extra;
+      since = Since::nothing;
+    }
+    out.push_back(std::move(ev));
+  }
+  events = std::move(out);
+  return added;
+}
+
+/// Whether `g` computes a weight's gradient (op(A) = A^T over the rows, accumulated into
+/// the weight's gradient): `(tn, +=)`.
+inline bool is_weight_gradient(const trace::Gemm& g) { return g.accumulate && g.ta == Trans::yes; }
+
+/// Adds the runtime's gradient accumulation: after each weight-gradient GEMM of every
+/// micro-batch but the step's first on this rank (`microbatches` of them), one add of the
+/// bf16 gradient (4 bytes read, 2 written an element). The loss head's GEMMs, chunked in
+/// tessera's trace, are one weight's gradient a micro-batch there. Returns the adds.
+inline std::int64_t scaling_gradient_accumulation(StepTrace& st, std::int64_t microbatches) {
+  TESSERA_CHECK(microbatches >= 1, "plan.runtime scaling: ", microbatches, " micro-batches a step");
+  if (microbatches == 1) return 0;
+  using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
+  std::vector<trace::Event>& events = st.trace.mutable_events();
+  const auto head = [](const trace::Event& e) { return std::string_view(e.region) == region::kLossHead; };
+  std::map<Key, std::int64_t> count, seen;
+  for (const trace::Event& ev : events)
+    if (const auto* g = std::get_if<trace::Gemm>(&ev.op); g && is_weight_gradient(*g) && !head(ev))
+      ++count[Key{g->m, g->n, g->k}];
+  for (const auto& [key, n] : count)
+    TESSERA_CHECK(n % microbatches == 0, "plan.runtime scaling: ", n, " weight-gradient GEMMs of ", std::get<0>(key), "x",
+                  std::get<1>(key), " in the step do not make ", microbatches, " equal micro-batches");
+  const auto accumulate = [&](double elements, const char* region) {
+    trace::Kernel k;
+    k.functor = "AccumulateGrad: a weight's bf16 gradient added";
+    k.n = static_cast<std::int64_t>(elements);
+    k.traffic.bytes_read = 4 * elements;
+    k.traffic.bytes_written = 2 * elements;
+    k.traffic.flops = elements;
+    return trace::Event{k, region};
+  };
+  std::vector<trace::Event> out;
+  out.reserve(events.size() + events.size() / 4);
+  std::int64_t added = 0, head_passes = 0;
+  double head_elements = 0;  // the loss head's weight, while its pass is open
+  const char* head_region = nullptr;
+  const auto close_head = [&] {
+    if (head_elements > 0 && head_passes++ > 0) {
+      out.push_back(accumulate(head_elements, head_region));
+      ++added;
+    }
+    head_elements = 0;
+  };
+  for (trace::Event& ev : events) {
+    const auto* g = std::get_if<trace::Gemm>(&ev.op);
+    const bool weight = g && is_weight_gradient(*g);
+    if (!head(ev)) close_head();
+    out.push_back(ev);
+    if (!weight) continue;
+    const double elements = static_cast<double>(g->m) * static_cast<double>(g->n);
+    if (head(ev)) {
+      head_elements = elements;
+      head_region = ev.region;
+    } else if (const Key key{g->m, g->n, g->k}; ++seen[key] > count[key] / microbatches) {
+      out.push_back(accumulate(elements, ev.region));
+      ++added;
+    }
+  }
+  close_head();
+  events = std::move(out);
+  return added;
+}
+
+/// What scaling_step_time rewrote.
+struct ScalingTimeRewrites {
+  EagerCounts eager{};                        // the sites met, by kind
+  std::int64_t tensor_parallel_reductions = 0;  // all-reduces added
+  std::int64_t accumulations = 0;               // AccumulateGrad adds
+  std::int64_t gradient_reductions = 0;         // gradient all-reduces moved after the backward
+};
+
+/// Every rewrite above, on one position's trace of `run`'s layout: the eager kernels, the
+/// tensor-parallel reductions, the gradient accumulation, the gradients' reduction.
+inline ScalingTimeRewrites scaling_step_time(StepTrace& st, const ScalingRun& run) {
+  ScalingTimeRewrites r;
+  // The reductions find the regions by tessera's kernels, so before those are rewritten.
+  r.tensor_parallel_reductions = scaling_tensor_parallel_reductions(st);
+  r.accumulations = scaling_gradient_accumulation(st, run.microbatches);
+  const std::vector<EagerRewrite> rewrites = scaling_eager_rewrites(run);
+  r.eager = rewrite_eager(st.trace, rewrites, scaling_widths(run), st.shape.dtype);
+  r.gradient_reductions = scaling_gradient_reduction(st);
+  return r;
 }
 
 }  // namespace tessera::plan
