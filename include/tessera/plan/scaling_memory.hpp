@@ -31,9 +31,11 @@
 //     Either way the norm's output is the next linear's saved input: 2bsh. No sequence
 //     parallelism in the sheets: whole rows on every tensor-parallel rank.
 //   * Attention, the t-th share of the heads. FlashAttention (1 or 2): q and k after the
-//     rotary embedding, v, the output and its rearranged copy that the dense projection
-//     keeps: 2bs(3h + 2 kv_dim)/t, the fp32 log-sum-exp 4b(n/t)s, the rotary tables'
-//     gathered rows 8bs hd. Torch's attention: q, k, v and the context, 2bs(2h + 2 kv_dim)/t,
+//     rotary embedding, v, the output, and the dense projection's input, which is the
+//     output's rearranged copy when a microbatch holds several sequences and a view of the
+//     output for one (core/nn/attention/attention.py:259, 616; einops views where the
+//     strides allow): 2bs(2h + 2 kv_dim)/t, + 2bsh/t for b > 1; the fp32 log-sum-exp
+//     4b(n/t)s, the rotary tables' gathered rows 8bs hd. Torch's attention: q, k, v and the context, 2bs(2h + 2 kv_dim)/t,
 //     the softmax output in bf16, 2b(n/t)s^2, and the boolean causal mask, bs^2. The
 //     "fused" softmax (Megatron's fused scale-mask-softmax) keeps no mask.
 //   * SwiGLU (mlp.py, separate gate and up projections): the gate's output, the up
@@ -186,7 +188,10 @@ inline std::vector<ScalingStage> scaling_memory(const ScalingRun& run) {
   const double norm = (run.fused_rmsnorm ? 2 * bsh : 6 * bsh) + 4 * bs + 2 * bsh;  // + the next linear's input
   double attention = 0;
   if (run.attention == ScalingAttention::flash1 || run.attention == ScalingAttention::flash2) {
-    attention = 2 * bs * (3 * h + 2 * kv_dim) / t + 4 * b * (heads / t) * s + 8 * bs * hd;
+    // q, k, v, the output, and the dense projection's input: the output's rearranged copy
+    // when a microbatch holds several sequences, a view of it for one (attention.py:259, 616).
+    const double dense_input = run.microbatch > 1 ? h : 0;
+    attention = 2 * bs * (2 * h + dense_input + 2 * kv_dim) / t + 4 * b * (heads / t) * s + 8 * bs * hd;
   } else {
     attention = 2 * bs * (2 * h + 2 * kv_dim) / t + 2 * b * (heads / t) * s * s;
     if (run.attention == ScalingAttention::torch) attention += bs * s;  // the boolean causal mask
