@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../support/trace_kernels.hpp"
 #include "tessera/parallel/stages.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/dry_run.hpp"
@@ -193,17 +194,8 @@ train::JobConfig debug_bf16(const std::vector<std::string>& keys = {}) {
 }  // namespace
 
 namespace {
-std::int64_t count_kernels(const trace::Trace& t, std::string_view prefix) {
-  std::int64_t n = 0;
-  for (const auto& k : t.all<trace::Kernel>()) n += std::string_view(k.functor).starts_with(prefix);
-  return n;
-}
-double kernel_bytes(const trace::Trace& t, std::string_view prefix) {
-  double b = 0;
-  for (const auto& k : t.all<trace::Kernel>())
-    if (std::string_view(k.functor).starts_with(prefix)) b += k.traffic.bytes();
-  return b;
-}
+using test::bytes_of_kernels_named;
+using test::kernels_named;
 /// The runtime's run of a one-rank trace of `c`: `microbatch` sequences a micro-batch.
 plan::ScalingRun scaling_run_of(const train::JobConfig& c, std::int64_t microbatch, std::int64_t microbatches, bool fused) {
   plan::ScalingRun r;
@@ -221,11 +213,11 @@ TEST_CASE("scaling kernels: tessera's fused kernels become the runtime's eager s
   const train::JobConfig c = debug_bf16();
   plan::StepTrace st = plan::dry_run_step<bf16>(c);
   const std::int64_t layers = c.model.args.n_layers, norms = 2 * layers + 1;
-  REQUIRE(count_kernels(st.trace, "RmsNormForward<") == norms);
-  REQUIRE(count_kernels(st.trace, "RmsNormBackwardInput<") == norms);
-  REQUIRE(count_kernels(st.trace, "RmsNormBackwardWeight<") == norms);
-  REQUIRE(count_kernels(st.trace, "RopeRotate<") == 4 * layers);  // q and k, forward and backward
-  REQUIRE(count_kernels(st.trace, "SwiGlu") == 2 * layers);
+  REQUIRE(kernels_named(st.trace, "RmsNormForward<") == norms);
+  REQUIRE(kernels_named(st.trace, "RmsNormBackwardInput<") == norms);
+  REQUIRE(kernels_named(st.trace, "RmsNormBackwardWeight<") == norms);
+  REQUIRE(kernels_named(st.trace, "RopeRotate<") == 4 * layers);  // q and k, forward and backward
+  REQUIRE(kernels_named(st.trace, "SwiGlu") == 2 * layers);
   const plan::GpuPricer pricer(plan::load_machine(std::string(TESSERA_MACHINES) + "/a100-80gb-sxm.toml"),
                                plan::AttentionKernel::cudnn);
   const double before = plan::predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak).step_seconds;
@@ -244,31 +236,31 @@ TEST_CASE("scaling kernels: tessera's fused kernels become the runtime's eager s
   CHECK(at(attention_backward) == layers);
   CHECK(at(swiglu_forward) == layers);
   CHECK(at(swiglu_backward) == layers);
-  CHECK(count_kernels(st.trace, "RmsNorm") + count_kernels(st.trace, "RopeRotate") + count_kernels(st.trace, "SwiGlu") == 0);
-  CHECK(count_kernels(st.trace, "torch RMSNorm forward") == 8 * norms);
-  CHECK(count_kernels(st.trace, "torch RMSNorm backward") == 16 * norms);
-  CHECK(count_kernels(st.trace, "eager RoPE") == 4 * 4 * layers);
-  CHECK(count_kernels(st.trace, "eager SwiGLU: ") == 2 * layers);
-  CHECK(count_kernels(st.trace, "eager SwiGLU backward") == 3 * layers);
-  CHECK(count_kernels(st.trace, "autograd: the attention input") == 2 * layers);
-  CHECK(count_kernels(st.trace, "autograd: the feed-forward input") == layers);
-  CHECK(count_kernels(st.trace, "rearrange copy") == 4 * layers);  // two sequences a micro-batch: 2 forward, 2 backward
-  CHECK(count_kernels(st.trace, "flash-attn varlen") == 2 * layers);
+  CHECK(kernels_named(st.trace, "RmsNorm") + kernels_named(st.trace, "RopeRotate") + kernels_named(st.trace, "SwiGlu") == 0);
+  CHECK(kernels_named(st.trace, "torch RMSNorm forward") == 8 * norms);
+  CHECK(kernels_named(st.trace, "torch RMSNorm backward") == 16 * norms);
+  CHECK(kernels_named(st.trace, "eager RoPE") == 4 * 4 * layers);
+  CHECK(kernels_named(st.trace, "eager SwiGLU: ") == 2 * layers);
+  CHECK(kernels_named(st.trace, "eager SwiGLU backward") == 3 * layers);
+  CHECK(kernels_named(st.trace, "autograd: the attention input") == 2 * layers);
+  CHECK(kernels_named(st.trace, "autograd: the feed-forward input") == layers);
+  CHECK(kernels_named(st.trace, "rearrange copy") == 4 * layers);  // two sequences a micro-batch: 2 forward, 2 backward
+  CHECK(kernels_named(st.trace, "flash-attn varlen") == 2 * layers);
   CHECK(st.trace.all<trace::Synchronize>().size() == syncs + static_cast<std::size_t>(layers));  // .item() a layer
 
   // Per element of the (rows, dim) input: 36 bytes forward and 92 backward, the per-row
   // statistics (24 and 40 bytes) and the weight (2 and 4 bytes an element) on top.
   const double rows = 2 * 32, dim = static_cast<double>(c.model.args.dim), hd = static_cast<double>(c.model.args.head_dim());
   const double ffn = static_cast<double>(c.model.args.ffn_hidden_dim());
-  CHECK(kernel_bytes(st.trace, "torch RMSNorm forward") == doctest::Approx(norms * (36 * rows * dim + 24 * rows + 2 * dim)));
-  CHECK(kernel_bytes(st.trace, "torch RMSNorm backward") == doctest::Approx(norms * (92 * rows * dim + 40 * rows + 4 * dim)));
+  CHECK(bytes_of_kernels_named(st.trace, "torch RMSNorm forward") == doctest::Approx(norms * (36 * rows * dim + 24 * rows + 2 * dim)));
+  CHECK(bytes_of_kernels_named(st.trace, "torch RMSNorm backward") == doctest::Approx(norms * (92 * rows * dim + 40 * rows + 4 * dim)));
   // RoPE on q and k (dim wide each here): 20 bytes an element, the frequencies (head_dim / 2
   // complex) read and written by the gather or copy and read by the multiply.
-  CHECK(kernel_bytes(st.trace, "eager RoPE") == doctest::Approx(4 * layers * rows * (20 * dim + 12 * hd)));
-  CHECK(kernel_bytes(st.trace, "eager SwiGLU: ") == doctest::Approx(layers * rows * 10 * ffn));
-  CHECK(kernel_bytes(st.trace, "eager SwiGLU backward") == doctest::Approx(layers * rows * 18 * ffn));
-  CHECK(kernel_bytes(st.trace, "autograd: ") == doctest::Approx(3 * layers * rows * 6 * dim));
-  CHECK(kernel_bytes(st.trace, "rearrange copy") == doctest::Approx(4 * layers * rows * 4 * dim));
+  CHECK(bytes_of_kernels_named(st.trace, "eager RoPE") == doctest::Approx(4 * layers * rows * (20 * dim + 12 * hd)));
+  CHECK(bytes_of_kernels_named(st.trace, "eager SwiGLU: ") == doctest::Approx(layers * rows * 10 * ffn));
+  CHECK(bytes_of_kernels_named(st.trace, "eager SwiGLU backward") == doctest::Approx(layers * rows * 18 * ffn));
+  CHECK(bytes_of_kernels_named(st.trace, "autograd: ") == doctest::Approx(3 * layers * rows * 6 * dim));
+  CHECK(bytes_of_kernels_named(st.trace, "rearrange copy") == doctest::Approx(4 * layers * rows * 4 * dim));
   CHECK(plan::predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak).step_seconds > before);
 
   // With flash-attn's RMSNorm and one sequence a micro-batch, tessera's norms stay and
@@ -276,9 +268,9 @@ TEST_CASE("scaling kernels: tessera's fused kernels become the runtime's eager s
   plan::StepTrace fused = plan::dry_run_step<bf16>(c);
   const plan::ScalingRun run1 = scaling_run_of(c, 1, 1, true);
   plan::rewrite_eager(fused.trace, plan::scaling_eager_rewrites(run1), plan::scaling_widths(run1), DType::bf16);
-  CHECK(count_kernels(fused.trace, "RmsNormForward<") == norms);
-  CHECK(count_kernels(fused.trace, "torch RMSNorm") == 0);
-  CHECK(count_kernels(fused.trace, "rearrange copy") == 0);
+  CHECK(kernels_named(fused.trace, "RmsNormForward<") == norms);
+  CHECK(kernels_named(fused.trace, "torch RMSNorm") == 0);
+  CHECK(kernels_named(fused.trace, "rearrange copy") == 0);
 }
 
 TEST_CASE("scaling time: each column-parallel linear all-reduces its own input's gradient, three into attention, two into the feed-forward") {
@@ -337,9 +329,9 @@ TEST_CASE("scaling time: every micro-batch after a step's first adds its bf16 we
   CHECK_THROWS_WITH_AS(plan::scaling_gradient_accumulation(other, 5),
                        doctest::Contains("do not make 5 equal micro-batches"), Error);
   CHECK(plan::scaling_gradient_accumulation(st, 4) == 3 * 7 * layers + 3);
-  CHECK(count_kernels(st.trace, "AccumulateGrad") == 3 * 7 * layers + 3);
+  CHECK(kernels_named(st.trace, "AccumulateGrad") == 3 * 7 * layers + 3);
   // 4 bytes read and 2 written an element: three micro-batches' blocks and the head.
-  CHECK(kernel_bytes(st.trace, "AccumulateGrad") == doctest::Approx(6 * (3 * block_elements / 4 + 3 * head_elements)));
+  CHECK(bytes_of_kernels_named(st.trace, "AccumulateGrad") == doctest::Approx(6 * (3 * block_elements / 4 + 3 * head_elements)));
   // The first micro-batch hands its GEMMs' outputs over: nothing before its last weight GEMM.
   plan::StepTrace single = plan::dry_run_step<bf16>(debug_bf16({"--training.local_batch_size", "1",
                                                                 "--training.global_batch_size", "1"}));

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../support/trace_kernels.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/dry_run.hpp"
 #include "tessera/plan/layout.hpp"
@@ -31,19 +32,6 @@ train::JobConfig titan_config(int ranks, const std::vector<std::string>& keys = 
   return train::parse_config("[model]\nflavor = \"debugmodel\"\n", "test_torchtitan_time", o);
 }
 
-std::int64_t count(const trace::Trace& t, std::string_view prefix) {
-  std::int64_t n = 0;
-  for (const auto& k : t.all<trace::Kernel>()) n += std::string_view(k.functor).starts_with(prefix);
-  return n;
-}
-
-double bytes(const trace::Trace& t, std::string_view prefix) {
-  double b = 0;
-  for (const auto& k : t.all<trace::Kernel>())
-    if (std::string_view(k.functor).starts_with(prefix)) b += k.traffic.bytes();
-  return b;
-}
-
 plan::TorchtitanRun run_of(const train::JobConfig& c, bool fused) {
   plan::TorchtitanRun r;
   r.args = c.model.args;
@@ -58,8 +46,8 @@ TEST_CASE("torchtitan time: its eager kernels in place of tessera's, repeat_kv's
   const train::JobConfig c = titan_config(2);
   plan::StepTrace st = plan::dry_run_step<bf16>(c, 0, 2, 0);
   const std::int64_t layers = c.model.args.n_layers, norms = 2 * layers + 1;
-  const std::int64_t losses = count(st.trace, "CrossEntropyRow<"), embeddings = count(st.trace, "EmbeddingBackward<");
-  const std::int64_t optimizers = count(st.trace, "AdamWMultiStep<");
+  const std::int64_t losses = test::kernels_named(st.trace, "CrossEntropyRow<"), embeddings = test::kernels_named(st.trace, "EmbeddingBackward<");
+  const std::int64_t optimizers = test::kernels_named(st.trace, "AdamWMultiStep<");
   REQUIRE(losses >= 1);
   REQUIRE(embeddings == 1);
   REQUIRE(optimizers >= 1);
@@ -73,43 +61,43 @@ TEST_CASE("torchtitan time: its eager kernels in place of tessera's, repeat_kv's
   const auto at = [&](plan::EagerSite s) { return r.eager[static_cast<std::size_t>(s)]; };
   // The Triton norm: tessera's passes stay, the weight's gradient summed from the SMs' partials.
   CHECK(at(rmsnorm_weight_gradient) == norms);
-  CHECK(count(st.trace, "RmsNormForward<") == norms);
-  CHECK(count(st.trace, "RmsNormBackwardWeight<") == 0);
-  CHECK(count(st.trace, "Triton RMSNorm backward") == 2 * norms);
+  CHECK(test::kernels_named(st.trace, "RmsNormForward<") == norms);
+  CHECK(test::kernels_named(st.trace, "RmsNormBackwardWeight<") == 0);
+  CHECK(test::kernels_named(st.trace, "Triton RMSNorm backward") == 2 * norms);
   const double dim = static_cast<double>(c.model.args.dim), rows = 2 * 32;
-  CHECK(bytes(st.trace, "Triton RMSNorm backward") == doctest::Approx(norms * dim * (4 * 108 + 4 + 4 + 2)));
-  CHECK(count(st.trace, "eager RoPE") == 3 * 4 * layers);
+  CHECK(test::bytes_of_kernels_named(st.trace, "Triton RMSNorm backward") == doctest::Approx(norms * dim * (4 * 108 + 4 + 4 + 2)));
+  CHECK(test::kernels_named(st.trace, "eager RoPE") == 3 * 4 * layers);
   // 16 query heads over 4 key/value heads: both copied to every query head and summed back.
   const double q = dim, kv = dim / 4;
-  CHECK(count(st.trace, "repeat_kv: ") == 2 * layers);
-  CHECK(count(st.trace, "repeat_kv backward") == 2 * layers);
-  CHECK(bytes(st.trace, "repeat_kv") == doctest::Approx(4 * layers * rows * 2 * (q + kv)));
-  CHECK(count(st.trace, "eager SwiGLU") == 5 * layers);
-  CHECK(count(st.trace, "autograd: ") == 3 * layers);
+  CHECK(test::kernels_named(st.trace, "repeat_kv: ") == 2 * layers);
+  CHECK(test::kernels_named(st.trace, "repeat_kv backward") == 2 * layers);
+  CHECK(test::bytes_of_kernels_named(st.trace, "repeat_kv") == doctest::Approx(4 * layers * rows * 2 * (q + kv)));
+  CHECK(test::kernels_named(st.trace, "eager SwiGLU") == 5 * layers);
+  CHECK(test::kernels_named(st.trace, "autograd: ") == 3 * layers);
   // The loss: 42 bytes a logit where tessera's kernel reads and writes 20.
   CHECK(at(cross_entropy) == losses);
-  CHECK(count(st.trace, "CrossEntropyRow<") == 0);
+  CHECK(test::kernels_named(st.trace, "CrossEntropyRow<") == 0);
   const double logits = rows * static_cast<double>(c.model.args.vocab_size);
-  CHECK(bytes(st.trace, "eager loss") == doctest::Approx(42 * logits + 24 * rows + 4 * rows));
-  CHECK(count(st.trace, "eager embedding backward") == 1);
-  CHECK(bytes(st.trace, "eager embedding backward") == doctest::Approx(2 * c.model.args.vocab_size * dim));
+  CHECK(test::bytes_of_kernels_named(st.trace, "eager loss") == doctest::Approx(42 * logits + 24 * rows + 4 * rows));
+  CHECK(test::kernels_named(st.trace, "eager embedding backward") == 1);
+  CHECK(test::bytes_of_kernels_named(st.trace, "eager embedding backward") == doctest::Approx(2 * c.model.args.vocab_size * dim));
   // AdamW: eight foreach passes, 80 bytes an element of the shard.
   CHECK(at(adamw) == optimizers);
-  CHECK(count(st.trace, "foreach AdamW") == 8 * optimizers);
+  CHECK(test::kernels_named(st.trace, "foreach AdamW") == 8 * optimizers);
   CHECK(step(st) > before);
 
   // The eager norm (the 70B configs'): eight kernels forward, sixteen backward.
   plan::StepTrace eager = plan::dry_run_step<bf16>(c, 0, 2, 0);
   plan::torchtitan_step_time(eager, run_of(c, /*fused=*/false));
-  CHECK(count(eager.trace, "RmsNorm") == 0);
-  CHECK(count(eager.trace, "torch RMSNorm forward") == 8 * norms);
-  CHECK(count(eager.trace, "torch RMSNorm backward") == 16 * norms);
+  CHECK(test::kernels_named(eager.trace, "RmsNorm") == 0);
+  CHECK(test::kernels_named(eager.trace, "torch RMSNorm forward") == 8 * norms);
+  CHECK(test::kernels_named(eager.trace, "torch RMSNorm backward") == 16 * norms);
 
   // As many key/value heads as query heads: no repeat_kv.
   const train::JobConfig mha = titan_config(2, {"--model.n_kv_heads", "16"});
   plan::StepTrace m = plan::dry_run_step<bf16>(mha, 0, 2, 0);
   plan::torchtitan_step_time(m, run_of(mha, true));
-  CHECK(count(m.trace, "repeat_kv") == 0);
+  CHECK(test::kernels_named(m.trace, "repeat_kv") == 0);
 }
 
 TEST_CASE("torchtitan time: FSDP2 copies each all-gather in and out and each reduce-scatter's gradients in, in fp32") {
@@ -126,14 +114,14 @@ TEST_CASE("torchtitan time: FSDP2 copies each all-gather in and out and each red
   const plan::TorchtitanTimeRewrites r = plan::torchtitan_fsdp_copies(st);
   CHECK(r.all_gathers == gathers);
   CHECK(r.reduce_scatters == scatters);
-  CHECK(count(st.trace, "FSDP2 all-gather copy-in") == 2 * gathers);
-  CHECK(count(st.trace, "FSDP2 all-gather copy-out") == gathers);
-  CHECK(count(st.trace, "FSDP2 reduce-scatter copy-in") == scatters);
+  CHECK(test::kernels_named(st.trace, "FSDP2 all-gather copy-in") == 2 * gathers);
+  CHECK(test::kernels_named(st.trace, "FSDP2 all-gather copy-out") == gathers);
+  CHECK(test::kernels_named(st.trace, "FSDP2 reduce-scatter copy-in") == scatters);
   // bf16 gathers: the fp32 shard cast (6 bytes) and copied (4); the unsharded output split (4).
-  CHECK(bytes(st.trace, "FSDP2 all-gather copy-in") == doctest::Approx(gathered / 2 / 4 * 10));
-  CHECK(bytes(st.trace, "FSDP2 all-gather copy-out") == doctest::Approx(2 * gathered));
+  CHECK(test::bytes_of_kernels_named(st.trace, "FSDP2 all-gather copy-in") == doctest::Approx(gathered / 2 / 4 * 10));
+  CHECK(test::bytes_of_kernels_named(st.trace, "FSDP2 all-gather copy-out") == doctest::Approx(2 * gathered));
   // fp32 reduce-scatters: 2 bytes read and 4 written an element.
-  CHECK(bytes(st.trace, "FSDP2 reduce-scatter copy-in") == doctest::Approx(1.5 * scattered));
+  CHECK(test::bytes_of_kernels_named(st.trace, "FSDP2 reduce-scatter copy-in") == doctest::Approx(1.5 * scattered));
   // Each copy-out right after its all-gather's wait; each copy-in right before its collective.
   const auto& ev = st.trace.events();
   for (std::size_t i = 0; i < ev.size(); ++i)

@@ -173,6 +173,23 @@ inline constexpr EagerKernel kAttentionInputGradientSums[] = {
     {"autograd: the attention input's gradients summed (+ v)", {.dim = 4}, {.dim = 2}},
 };
 
+/// Adds the rewrites of the torch RMSNorm: its eight kernels forward, its sixteen backward
+/// (which hold the weight's gradient, so tessera's separate pass goes).
+inline void add_torch_rmsnorm(std::vector<EagerRewrite>& r) {
+  r.push_back({EagerSite::rmsnorm_forward, EagerPlace::instead, kTorchRmsNormForward});
+  r.push_back({EagerSite::rmsnorm_backward, EagerPlace::instead, kTorchRmsNormBackward});
+  r.push_back({EagerSite::rmsnorm_weight_gradient, EagerPlace::instead, {}});
+}
+
+/// Adds the rewrites of SwiGLU over two linears and autograd's sums of the gradients of
+/// the tensors that fed several linears (the attention's and the feed-forward's inputs).
+inline void add_swiglu_and_gradient_sums(std::vector<EagerRewrite>& r) {
+  r.push_back({EagerSite::attention_backward, EagerPlace::after, kAttentionInputGradientSums});
+  r.push_back({EagerSite::swiglu_forward, EagerPlace::instead, kEagerSwiGluForward});
+  r.push_back({EagerSite::swiglu_backward, EagerPlace::instead, kEagerSwiGluBackward});
+  r.push_back({EagerSite::swiglu_backward, EagerPlace::after, kFeedForwardInputGradientSum});
+}
+
 // ---------------------------------------------------------------------------------------
 
 namespace detail {

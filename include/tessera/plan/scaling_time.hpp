@@ -100,21 +100,14 @@ inline std::vector<EagerRewrite> scaling_eager_rewrites(const ScalingRun& run) {
   using enum EagerSite;
   using enum EagerPlace;
   std::vector<EagerRewrite> r;
-  if (!run.fused_rmsnorm) {
-    r.push_back({rmsnorm_forward, instead, kTorchRmsNormForward});
-    r.push_back({rmsnorm_backward, instead, kTorchRmsNormBackward});  // the weight's gradient is in it
-    r.push_back({rmsnorm_weight_gradient, instead, {}});
-  }
+  if (!run.fused_rmsnorm) add_torch_rmsnorm(r);
   r.push_back({rope, instead, kScalingRope});
   r.push_back({attention_forward, before, kScalingMaxSeqlen});
   if (run.microbatch > 1) {
     r.push_back({attention_forward, after, kScalingAttentionOutputCopies});
     r.push_back({attention_backward, before, kScalingAttentionOutputCopies});
   }
-  r.push_back({attention_backward, after, kAttentionInputGradientSums});
-  r.push_back({swiglu_forward, instead, kEagerSwiGluForward});
-  r.push_back({swiglu_backward, instead, kEagerSwiGluBackward});
-  r.push_back({swiglu_backward, after, kFeedForwardInputGradientSum});
+  add_swiglu_and_gradient_sums(r);
   return r;
 }
 

@@ -192,22 +192,16 @@ inline TorchtitanTimeRewrites torchtitan_step_time(StepTrace& st, const Torchtit
   using enum EagerPlace;
   const std::vector<EagerKernel> triton_weight = triton_rmsnorm_weight_gradient(run.sm_count);
   std::vector<EagerRewrite> rewrites;
-  if (run.fused_rmsnorm) {
+  if (run.fused_rmsnorm)
     rewrites.push_back({rmsnorm_weight_gradient, instead, triton_weight});
-  } else {
-    rewrites.push_back({rmsnorm_forward, instead, kTorchRmsNormForward});
-    rewrites.push_back({rmsnorm_backward, instead, kTorchRmsNormBackward});
-    rewrites.push_back({rmsnorm_weight_gradient, instead, {}});
-  }
+  else
+    add_torch_rmsnorm(rewrites);
   rewrites.push_back({rope, instead, kComplexRope});
   if (run.args.kv_heads() < run.args.n_heads) {
     rewrites.push_back({attention_forward, before, kRepeatKvCopies});
     rewrites.push_back({attention_backward, after, kRepeatKvSums});
   }
-  rewrites.push_back({attention_backward, after, kAttentionInputGradientSums});
-  rewrites.push_back({swiglu_forward, instead, kEagerSwiGluForward});
-  rewrites.push_back({swiglu_backward, instead, kEagerSwiGluBackward});
-  rewrites.push_back({swiglu_backward, after, kFeedForwardInputGradientSum});
+  add_swiglu_and_gradient_sums(rewrites);
   rewrites.push_back({cross_entropy, instead, kTorchtitanCrossEntropy});
   rewrites.push_back({embedding_backward, before, kDenseEmbeddingGradientZeroed});
   rewrites.push_back({adamw, instead, kForeachAdamW});
