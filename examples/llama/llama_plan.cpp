@@ -608,7 +608,7 @@ int run(std::vector<std::string> args) {
   bool torchtitan = false;  // plan.runtime torchtitan: the time as its eager FSDP2 step runs
   plan::ScalingAttention scaling_attention = plan::ScalingAttention::flash2;
   std::optional<bool> fused_rmsnorm;  // plan.rmsnorm: each runtime has its default
-  std::vector<std::string> scaling_keys;  // the keys given that only plan.runtime scaling reads
+  bool attention_given = false;  // plan.attention: only plan.runtime scaling reads it
   std::int64_t max_microbatch = 8;
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
@@ -659,7 +659,7 @@ int run(std::vector<std::string> args) {
         torchtitan = v == "torchtitan";
       } else if (key == "attention") {
         scaling_attention = plan::parse_scaling_attention(v);
-        scaling_keys.push_back("plan.attention");
+        attention_given = true;
       } else if (key == "rmsnorm") {
         TESSERA_CHECK(v == "torch" || v == "fused", "--plan.rmsnorm ", v, ": expected torch or fused");
         fused_rmsnorm = v == "fused";
@@ -673,8 +673,8 @@ int run(std::vector<std::string> args) {
       ++i;
     }
   }
-  TESSERA_CHECK(scaling || scaling_keys.empty(), "--", scaling_keys.empty() ? "" : scaling_keys.front(),
-                ": describes the scaling runtime; give --plan.runtime scaling with it");
+  TESSERA_CHECK(scaling || !attention_given,
+                "--plan.attention: describes the scaling runtime; give --plan.runtime scaling with it");
   TESSERA_CHECK(scaling || torchtitan || !fused_rmsnorm, "--plan.rmsnorm: describes another runtime's RMSNorm; give "
                 "--plan.runtime scaling or torchtitan with it");
   zero1 = zero1 || scaling;  // the runtime's data parallelism is ZeRO-1

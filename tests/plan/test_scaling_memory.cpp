@@ -225,7 +225,7 @@ TEST_CASE("scaling kernels: tessera's fused kernels become the runtime's eager s
 
   const plan::ScalingRun run = scaling_run_of(c, 2, 1, false);
   const std::vector<plan::EagerRewrite> rewrites = plan::scaling_eager_rewrites(run);
-  const plan::EagerCounts met = plan::rewrite_eager(st.trace, rewrites, plan::scaling_widths(run), DType::bf16);
+  const plan::EagerCounts met = plan::rewrite_eager(st.trace, rewrites, plan::eager_widths(run.args, run.mesh.tp), DType::bf16);
   using enum plan::EagerSite;
   const auto at = [&](plan::EagerSite s) { return met[static_cast<std::size_t>(s)]; };
   CHECK(at(rmsnorm_forward) == norms);
@@ -267,7 +267,7 @@ TEST_CASE("scaling kernels: tessera's fused kernels become the runtime's eager s
   // the rearranges are views.
   plan::StepTrace fused = plan::dry_run_step<bf16>(c);
   const plan::ScalingRun run1 = scaling_run_of(c, 1, 1, true);
-  plan::rewrite_eager(fused.trace, plan::scaling_eager_rewrites(run1), plan::scaling_widths(run1), DType::bf16);
+  plan::rewrite_eager(fused.trace, plan::scaling_eager_rewrites(run1), plan::eager_widths(run1.args, run1.mesh.tp), DType::bf16);
   CHECK(kernels_named(fused.trace, "RmsNormForward<") == norms);
   CHECK(kernels_named(fused.trace, "torch RMSNorm") == 0);
   CHECK(kernels_named(fused.trace, "rearrange copy") == 0);

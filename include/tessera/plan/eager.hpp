@@ -35,6 +35,7 @@
 #include "tessera/backend/trace.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/nn/args.hpp"
 
 namespace tessera::plan {
 
@@ -64,6 +65,13 @@ struct EagerKernel {
 struct EagerWidths {
   std::int64_t dim = 0, q = 0, kv = 0, ffn = 0, vocab = 0, head_dim = 0;
 };
+
+/// A row's widths of model `a` on one of `tp` tensor-parallel ranks: heads and the
+/// feed-forward split, the rows whole (no sequence parallelism), the vocabulary whole.
+inline EagerWidths eager_widths(const nn::ModelArgs& a, std::int64_t tp = 1) {
+  return EagerWidths{a.dim, a.n_heads / tp * a.head_dim(), a.kv_heads() / tp * a.head_dim(), a.ffn_hidden_dim() / tp,
+                     a.vocab_size, a.head_dim()};
+}
 
 /// Where in tessera's trace a sequence goes: the kernels (by functor) and calls it
 /// stands for, each with the rows it runs over and its own width.

@@ -111,14 +111,6 @@ inline std::vector<EagerRewrite> scaling_eager_rewrites(const ScalingRun& run) {
   return r;
 }
 
-/// A row's widths on one tensor-parallel rank of `run`.
-inline EagerWidths scaling_widths(const ScalingRun& run) {
-  const auto& a = run.args;
-  const std::int64_t tp = run.mesh.tp;
-  return EagerWidths{a.dim, a.n_heads / tp * a.head_dim(), a.kv_heads() / tp * a.head_dim(), a.ffn_hidden_dim() / tp,
-                     a.vocab_size, a.head_dim()};
-}
-
 /// Moves the trace's gradient all-reduces over the data-parallel replicas, and their
 /// waits, to after the backward (just before the optimizer), in the order issued, and
 /// adds the all-gather of the updated bf16 parameters after the optimizer, as the
@@ -304,7 +296,7 @@ inline ScalingTimeRewrites scaling_step_time(StepTrace& st, const ScalingRun& ru
   r.tensor_parallel_reductions = scaling_tensor_parallel_reductions(st);
   r.accumulations = scaling_gradient_accumulation(st, run.microbatches);
   const std::vector<EagerRewrite> rewrites = scaling_eager_rewrites(run);
-  r.eager = rewrite_eager(st.trace, rewrites, scaling_widths(run), st.shape.dtype);
+  r.eager = rewrite_eager(st.trace, rewrites, eager_widths(run.args, run.mesh.tp), st.shape.dtype);
   r.gradient_reductions = scaling_gradient_reduction(st);
   return r;
 }

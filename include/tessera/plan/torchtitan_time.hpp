@@ -114,13 +114,6 @@ inline std::vector<EagerKernel> triton_rmsnorm_weight_gradient(int sm_count) {
           {"Triton RMSNorm backward: the weight's gradient to bf16", {}, {}, 4, 2}};
 }
 
-/// A row's widths on one rank of `run` (torchtitan's table: no tensor parallelism).
-inline EagerWidths torchtitan_widths(const TorchtitanRun& run) {
-  const auto& a = run.args;
-  return EagerWidths{a.dim, a.n_heads * a.head_dim(), a.kv_heads() * a.head_dim(), a.ffn_hidden_dim(), a.vocab_size,
-                     a.head_dim()};
-}
-
 /// What torchtitan_step_time rewrote.
 struct TorchtitanTimeRewrites {
   EagerCounts eager{};
@@ -206,7 +199,7 @@ inline TorchtitanTimeRewrites torchtitan_step_time(StepTrace& st, const Torchtit
   rewrites.push_back({embedding_backward, before, kDenseEmbeddingGradientZeroed});
   rewrites.push_back({adamw, instead, kForeachAdamW});
   TorchtitanTimeRewrites r = torchtitan_fsdp_copies(st);
-  r.eager = rewrite_eager(st.trace, rewrites, torchtitan_widths(run), st.shape.dtype);
+  r.eager = rewrite_eager(st.trace, rewrites, eager_widths(run.args), st.shape.dtype);
   return r;
 }
 
