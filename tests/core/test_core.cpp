@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <limits>
 #include <set>
+#include <sstream>
+#include <string>
 
 #include "tessera/core/core.hpp"
 
@@ -162,4 +164,23 @@ TEST_CASE("An empty or released tensor holds no bytes; a slice counts its own el
   CHECK(u.slice(2, tessera::Shape{3}).data() == u.data() + 2);
   u.release();
   CHECK(u.bytes() == 0);
+}
+
+TEST_CASE("Error messages read as the stream writes their parts, on either path") {
+  // Text, chars and integers take concat's direct path; anything else the stream's.
+  auto streamed = [](const auto&... parts) {
+    std::ostringstream out;
+    (out << ... << parts);
+    return out.str();
+  };
+  const std::string name = "layers.3.w1";
+  const std::int64_t big = std::numeric_limits<std::int64_t>::min();
+  const std::uint64_t huge = std::numeric_limits<std::uint64_t>::max();
+  CHECK(detail::concat("tensor ", name, " has ", -12, " rows, ", big, ' ', huge, std::string_view(" ok"), 7u) ==
+        streamed("tensor ", name, " has ", -12, " rows, ", big, ' ', huge, std::string_view(" ok"), 7u));
+  CHECK(detail::concat("lr ", 0.5, " step ", 3) == "lr 0.5 step 3");
+  CHECK(detail::concat("flag ", true) == streamed("flag ", true));
+  CHECK(detail::concat(static_cast<signed char>('a'), short{-3}) == streamed(static_cast<signed char>('a'), short{-3}));
+  CHECK(detail::concat() == "");
+  REQUIRE_THROWS_WITH_AS(fail("rank ", 3, " of ", 8, ": ", std::string("bad")), "rank 3 of 8: bad", Error);
 }
