@@ -20,7 +20,11 @@ how the predictions hold against the measurements:
               tokens/s over the measured (the measured step time over the predicted one)
 
 The issue's targets: fit >= 90%, top within 5 MFU points, spearman >= 0.8, relative
-within +-15%. This script reports; it does not hold the bounds (the test does, once met).
+within +-15%. --check holds them (exit 1 when one fails), each where it is met and, where
+it is not yet, at the figure the planner reached (REACHED below): the suite's plan_layouts
+test runs `--check --fa2`, the sheets' FlashAttention-2 runs and torchtitan's table (the
+runs the top and spearman figures are over, and every sheet's best; half the plans) on
+every sheet but the 65B one (75 s of its 95 on two cores).
 """
 import argparse
 import concurrent.futures
@@ -51,6 +55,40 @@ KERNELS = {
     "flash_attention2": ["--plan.attention", "flash2"],
     "flash_attention2+RMS_kernel": ["--plan.attention", "flash2", "--plan.rmsnorm", "fused"],
 }
+
+
+# The issue's targets (llama-plan, part 2): fit, top (MFU points below the sheet's best),
+# spearman, relative (each sheet's best run and each torchtitan row).
+TARGETS = dict(fit=0.90, top=5.0, spearman=0.8, relative=0.15)
+# Where a target is not met yet, the bound --check holds instead: the figure reached on
+# 2026-11-27 (docs/planning.md says what is left), rounded outward. None: not held (the
+# planner's first choice on 30B 8k is a run that ran out of memory: no figure to hold).
+REACHED = {
+    ("hagemann_13b_seq2k_64gpus", "top"): 14.5,    # picks tp1 pp2 mb2 (56.5) against 70.6
+    ("hagemann_30b_seq2k_256gpus", "spearman"): 0.78,  # 0.79
+    ("hagemann_30b_seq8k_128gpus", "top"): None,
+    ("torchtitan_a100_64gpus", "relative"): 0.19,  # 8B and 13B rows +15 to +18%, L2-70B b1 +18%
+}
+
+
+class Check:
+    """Each figure against its target, or where REACHED names a bound, against that."""
+
+    def __init__(self):
+        self.lines, self.failed = [], 0
+
+    def hold(self, sheet, what, value, ok_target, ok_reached=None):
+        key = (sheet, what)
+        if ok_target(TARGETS[what]):
+            state = "target met"
+        elif key in REACHED and REACHED[key] is None:
+            state = "target not met (not held)"
+        elif key in REACHED and ok_reached(REACHED[key]):
+            state = "target not met, held at %s" % REACHED[key]
+        else:
+            state = "FAILED"
+            self.failed += 1
+        self.lines.append("  %-28s %-9s %-10s %s" % (sheet, what, value, state))
 
 
 def read_csv(path):
@@ -138,7 +176,10 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--sheets", default="")
     ap.add_argument("--json", default="")
+    ap.add_argument("--fa2", action="store_true", help="the sheets' FlashAttention-2 runs only, and torchtitan's")
+    ap.add_argument("--check", action="store_true", help="hold the targets (or REACHED); exit 1 if one fails")
     a = ap.parse_args()
+    check = Check()
 
     jobs = []  # (sheet, row, args)
     for name in sorted(os.listdir(LAYOUTS)):
@@ -150,7 +191,7 @@ def main():
         for row in read_csv(os.path.join(LAYOUTS, name)):
             if sheet.startswith("torchtitan"):
                 jobs.append((sheet, row, torchtitan_args(row)))
-            elif row["outcome"] in ("ran", "oom"):
+            elif row["outcome"] in ("ran", "oom") and (not a.fa2 or row["kernel"] in FA2):
                 model, seq, _ = sheet_meta(sheet)
                 jobs.append((sheet, row, hagemann_args(model, seq, row)))
     # One plan per distinct layout (the sheets repeat a layout once per kernel).
@@ -172,6 +213,8 @@ def main():
     ok = [r for r in results if "error" not in r["plan"]]
     right = sum(1 for r in ok if r["plan"]["fits"] == (r["row"]["outcome"] == "ran"))
     print("fit: %d of %d right (%.1f%%)" % (right, len(ok), 100 * right / max(1, len(ok))))
+    check.hold("all runs planned", "fit", "%.1f%%" % (100 * right / max(1, len(ok))),
+               lambda t: right >= t * len(ok))
     summary = {"fit_right": right, "fit_runs": len(ok), "sheets": {}}
     for sheet in sorted({r["sheet"] for r in ok}):
         rows = [r for r in ok if r["sheet"] == sheet]
@@ -193,10 +236,16 @@ def main():
                     "" if r["plan"]["fits"] else "  predicted OOM"))
                 s.setdefault("rows", []).append({"flavor": r["row"]["flavor"], "checkpointing": r["row"]["checkpointing"],
                                                  "local_batch": r["row"]["local_batch"], "relative": rel})
+            worst = max((abs(x["relative"]) for x in s.get("rows", [])), default=0)
+            check.hold(sheet, "relative", "%+.1f%%" % (100 * worst), lambda t: worst <= t, lambda b: worst <= b)
             summary["sheets"][sheet] = s
             continue
         ran = [r for r in rows if r["row"]["outcome"] == "ran"]
         best = max(ran, key=lambda r: float(r["row"]["mfu"]))
+        sheet_best = max(float(x["mfu"]) for x in read_csv(os.path.join(LAYOUTS, sheet + ".csv")) if x["outcome"] == "ran")
+        if float(best["row"]["mfu"]) != sheet_best:
+            print("%s: the sheet's best run is not among those planned (--fa2 leaves it out)" % sheet)
+            check.failed += 1
         best_mfu = 100 * float(best["row"]["mfu"])
         fa2 = [r for r in ran if r["row"]["kernel"] in FA2]
         rho = spearman([r["plan"]["mfu_pct"] for r in fa2], [float(r["row"]["mfu"]) for r in fa2]) if len(fa2) > 2 else float("nan")
@@ -225,11 +274,20 @@ def main():
                   best["row"]["micro_batch"], best["row"]["checkpointing"], best["row"]["kernel"], best_mfu,
                   best_predicted, 100 * rel, rho, len(fa2), top[0] if top else "none",
                   "%.1f%%" % top_measured if top_measured is not None else "OOM"))
+        check.hold(sheet, "relative", "%+.1f%%" % (100 * rel), lambda t: abs(rel) <= t)
+        check.hold(sheet, "spearman", "%.2f" % rho, lambda t: rho >= t, lambda b: rho >= b)
+        gap = best_mfu - top_measured if top_measured is not None else None
+        check.hold(sheet, "top", "OOM" if gap is None else "%.1f" % gap,
+                   lambda t: gap is not None and gap <= t, lambda b: gap is not None and gap <= b)
         summary["sheets"][sheet] = s
+    if a.check:
+        print("against the targets (fit >= %.0f%%, top within %.0f points, spearman >= %.1f, relative within %.0f%%):" % (
+            100 * TARGETS["fit"], TARGETS["top"], TARGETS["spearman"], 100 * TARGETS["relative"]))
+        print("\n".join(check.lines))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"summary": summary, "results": results}, f, indent=1)
-    return 1 if errors else 0
+    return 1 if errors or (a.check and check.failed) else 0
 
 
 if __name__ == "__main__":
