@@ -145,6 +145,7 @@ int run(std::vector<std::string> args) {
   in.config_toml = train::to_toml(c);
   in.tokenizer = tok.get();
   in.save_tokenizer_file = [&c](const std::string& path) { return data::save_tokenizer_file(c.model.tokenizer, path); };
+  llama_train::checked_model_args(c, *tok);  // the inputs every rank reads, before the slow parts
 
   const std::string& device = c.training.device;
 #if TESSERA_WITH_CUDA

@@ -23,6 +23,7 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/mesh.hpp"
+#include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
@@ -91,6 +92,31 @@ std::unique_ptr<nn::Transformer<float, Cpu>> whole_copy_on_cpu(Model& model, con
   return whole;
 }
 
+/// The run's model arguments (an initial Hugging Face directory's config.json, else
+/// [model]) once the inputs every rank reads alike are checked: that directory, the
+/// sequence length and the tokenizer against the model, and a token shard's header (its
+/// ids are checked as they are loaded). llama-train calls it before anything slow (the
+/// CPU's MFU peak is measured after it: a bad path is reported at once) and each rank
+/// again, on the same files.
+inline nn::ModelArgs checked_model_args(const train::JobConfig& c, const io::Tokenizer& tok) {
+  const std::string& init = c.checkpoint.initial_load_path;
+  const bool init_hf = !init.empty() && train::is_hf_directory(init);
+  TESSERA_CHECK(!c.checkpoint.initial_load_in_hf || init_hf, "checkpoint.initial_load_in_hf = true: initial_load_path '",
+                init, "' is not a Hugging Face model directory (a folder with config.json)");
+  // A Hugging Face directory brings its own model arguments: its config.json.
+  const nn::ModelArgs a = init_hf ? train::read_hf_config(init) : c.model.args;
+  TESSERA_CHECK(c.training.seq_len <= a.max_seq_len, "training.seq_len = ", c.training.seq_len, " exceeds the model's ",
+                init_hf ? "max_position_embeddings (" + init + "/config.json) = " : "max_seq_len = ", a.max_seq_len);
+  TESSERA_CHECK(tok.vocab_size() <= a.vocab_size, "model.tokenizer '", c.model.tokenizer, "' has ", tok.vocab_size(),
+                " ids, more than the model's vocabulary of ", a.vocab_size,
+                init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
+  if (c.training.dataset == "shard") {
+    TESSERA_CHECK(!c.training.dataset_path.empty(), "training.dataset_path: required when training.dataset = \"shard\"");
+    io::read_token_shard_header(c.training.dataset_path);
+  }
+  return a;
+}
+
 /// One rank's run; every rank of `world` calls it with the same inputs.
 template <class Model>
 int run_rank(comm::Communicator world, const RunInputs& in) {
@@ -116,16 +142,8 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
 
   const std::string& init = c.checkpoint.initial_load_path;
   const bool init_hf = !init.empty() && train::is_hf_directory(init);
-  TESSERA_CHECK(!c.checkpoint.initial_load_in_hf || init_hf, "checkpoint.initial_load_in_hf = true: initial_load_path '",
-                init, "' is not a Hugging Face model directory (a folder with config.json)");
-  // A Hugging Face directory brings its own model arguments: its config.json.
-  const nn::ModelArgs a = init_hf ? train::read_hf_config(init) : c.model.args;
-  TESSERA_CHECK(c.training.seq_len <= a.max_seq_len, "training.seq_len = ", c.training.seq_len, " exceeds the model's ",
-                init_hf ? "max_position_embeddings (" + init + "/config.json) = " : "max_seq_len = ", a.max_seq_len);
   const io::Tokenizer& tok = *in.tokenizer;
-  TESSERA_CHECK(tok.vocab_size() <= a.vocab_size, "model.tokenizer '", c.model.tokenizer, "' has ", tok.vocab_size(),
-                " ids, more than the model's vocabulary of ", a.vocab_size,
-                init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
+  const nn::ModelArgs a = checked_model_args(c, tok);
   Model model(a, plan);
   // The model has checked its heads, hidden units and vocabulary against the tp degree,
   // and its stages against the pipeline degree; now the batch against both (rows over
