@@ -780,15 +780,16 @@ int run(std::vector<std::string> args) {
   }
   if (zero1)
     for (auto& st : traces) plan::account_zero1(st, /*reduce_in_bf16=*/!scaling);
+  std::vector<trace::Event> spare;  // the rewrites' second buffer, from position to position
   if (run)  // the step as that runtime runs it in time (plan/scaling_time.hpp)
-    for (auto& st : traces) plan::scaling_step_time(st, *run);
+    for (auto& st : traces) plan::scaling_step_time(st, *run, spare);
   std::optional<plan::TorchtitanRun> titan;
   if (torchtitan) {  // plan/torchtitan_time.hpp
     titan.emplace();
     titan->args = c.model.args;
     titan->fused_rmsnorm = fused_rmsnorm.value_or(true);
     titan->sm_count = target.sm_count;
-    for (auto& st : traces) plan::torchtitan_step_time(st, *titan);
+    for (auto& st : traces) plan::torchtitan_step_time(st, *titan, spare);
   }
   if (cpu) {
     trace::Trace all;  // the CPU is measured on every position's work

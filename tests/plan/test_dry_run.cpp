@@ -367,4 +367,51 @@ TEST_CASE("dry run: Llama 3 8B with bf16 AdamW moments holds 2 + 4 + 8 bytes per
   CHECK(f32.peak_bytes - st.peak_bytes == 4 * n);
 }
 
+TEST_CASE("trace: a rewrite builds the new events in the spare buffer and hands the old one back, emptied") {
+  trace::Trace t;
+  for (std::int64_t i = 1; i <= 1000; ++i) t.add(trace::Fill{i});
+  std::vector<trace::Event> spare;
+  // A Synchronize after every tenth Fill, and the Synchronizes dropped again.
+  const auto add = [&] {
+    t.rewrite(spare, [](std::vector<trace::Event>& in, std::vector<trace::Event>& out) {
+      for (trace::Event& e : in) {
+        const bool tenth = std::get<trace::Fill>(e.op).bytes % 10 == 0;
+        out.push_back(std::move(e));
+        if (tenth) out.push_back(trace::Event{trace::Synchronize{}, "inserted"});
+      }
+    });
+  };
+  const auto drop = [&] {
+    t.rewrite(spare, [](std::vector<trace::Event>& in, std::vector<trace::Event>& out) {
+      for (trace::Event& e : in)
+        if (std::holds_alternative<trace::Fill>(e.op)) out.push_back(std::move(e));
+    });
+  };
+  const trace::Event* recorded = t.events().data();
+  add();
+  const auto& ev = t.events();
+  REQUIRE(ev.size() == 1100);
+  CHECK(std::get<trace::Fill>(ev[0].op).bytes == 1);
+  CHECK(std::get<trace::Fill>(ev[9].op).bytes == 10);
+  CHECK(std::holds_alternative<trace::Synchronize>(ev[10].op));
+  CHECK(std::string_view(ev[10].region) == "inserted");
+  CHECK(std::get<trace::Fill>(ev[1098].op).bytes == 1000);
+  CHECK(spare.empty());
+  CHECK(spare.data() == recorded);  // the recorded buffer, for the next rewrite
+  drop();
+  REQUIRE(ev.size() == 1000);
+  for (std::size_t i = 0; i < ev.size(); ++i) CHECK(std::get<trace::Fill>(ev[i].op).bytes == static_cast<std::int64_t>(i) + 1);
+  // Once both buffers have held the trace, the rewrites trade them and allocate nothing.
+  const trace::Event* a = ev.data();
+  const trace::Event* b = spare.data();
+  add();
+  CHECK(ev.size() == 1100);
+  CHECK(ev.data() == b);
+  CHECK(spare.data() == a);
+  drop();
+  CHECK(ev.size() == 1000);
+  CHECK(ev.data() == a);
+  CHECK(spare.data() == b);
+}
+
 }  // namespace test_dry_run

@@ -375,6 +375,8 @@ TEST_CASE("scaling time: the gradients all-reduced in fp32 after the backward, t
         CHECK(std::string_view(ev[i].region) == region::kOptimizer);
         REQUIRE(i + 1 < ev.size());
         CHECK(std::holds_alternative<trace::CommWait>(ev[i + 1].op));
+        for (std::size_t j = i + 2; j < ev.size(); ++j)  // after the optimizer's last operation
+          CHECK(std::string_view(ev[j].region) != region::kOptimizer);
       }
     }
   }

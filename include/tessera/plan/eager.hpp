@@ -266,36 +266,42 @@ inline trace::Event eager_event(const EagerKernel& k, const SiteAt& at, const ch
 using EagerCounts = std::array<std::int64_t, kEagerSites>;
 
 /// Rewrites `t` at every site `rewrites` name: each sequence before, in place of, or
-/// after tessera's operation, in the order given. Returns the sites met, by kind.
+/// after tessera's operation, in the order given. Returns the sites met, by kind. The
+/// new events are built in `spare` (trace::Trace::rewrite).
+inline EagerCounts rewrite_eager(trace::Trace& t, std::span<const EagerRewrite> rewrites, const EagerWidths& w,
+                                 DType activations, std::vector<trace::Event>& spare) {
+  EagerCounts met{};
+  t.rewrite(spare, [&](std::vector<trace::Event>& events, std::vector<trace::Event>& out) {
+    for (trace::Event& ev : events) {
+      const std::optional<detail::SiteAt> at = detail::site_of(ev.op, w, activations);
+      bool wanted = false, replaced = false;
+      if (at)
+        for (const EagerRewrite& r : rewrites)
+          if (r.site == at->site) {
+            wanted = true;
+            replaced = replaced || r.place == EagerPlace::instead;
+          }
+      if (!wanted) {
+        out.push_back(std::move(ev));
+        continue;
+      }
+      ++met[static_cast<std::size_t>(at->site)];
+      const char* region = ev.region;
+      for (EagerPlace place : {EagerPlace::before, EagerPlace::instead, EagerPlace::after}) {
+        if (place == EagerPlace::instead && !replaced) out.push_back(std::move(ev));
+        for (const EagerRewrite& r : rewrites)
+          if (r.site == at->site && r.place == place)
+            for (const EagerKernel& k : r.kernels) out.push_back(detail::eager_event(k, *at, region));
+      }
+    }
+  });
+  return met;
+}
+
 inline EagerCounts rewrite_eager(trace::Trace& t, std::span<const EagerRewrite> rewrites, const EagerWidths& w,
                                  DType activations) {
-  EagerCounts met{};
-  std::vector<trace::Event>& events = t.mutable_events();
-  std::vector<trace::Event> out;
-  out.reserve(events.size() * 2);
-  for (trace::Event& ev : events) {
-    const std::optional<detail::SiteAt> at = detail::site_of(ev.op, w, activations);
-    bool wanted = false, replaced = false;
-    if (at)
-      for (const EagerRewrite& r : rewrites)
-        if (r.site == at->site) {
-          wanted = true;
-          replaced = replaced || r.place == EagerPlace::instead;
-        }
-    if (!wanted) {
-      out.push_back(std::move(ev));
-      continue;
-    }
-    ++met[static_cast<std::size_t>(at->site)];
-    for (EagerPlace place : {EagerPlace::before, EagerPlace::instead, EagerPlace::after}) {
-      if (place == EagerPlace::instead && !replaced) out.push_back(ev);
-      for (const EagerRewrite& r : rewrites)
-        if (r.site == at->site && r.place == place)
-          for (const EagerKernel& k : r.kernels) out.push_back(detail::eager_event(k, *at, ev.region));
-    }
-  }
-  events = std::move(out);
-  return met;
+  std::vector<trace::Event> spare;
+  return rewrite_eager(t, rewrites, w, activations, spare);
 }
 
 }  // namespace tessera::plan

@@ -117,63 +117,59 @@ inline std::vector<EagerRewrite> scaling_eager_rewrites(const ScalingRun& run) {
 /// runtime reduces them. The all-reduces keep the trace's bytes: fp32 gradients, as the
 /// runtime all-reduces them (plan::account_zero1 with reduce_in_bf16 false). Returns the
 /// all-reduces moved.
-inline std::int64_t scaling_gradient_reduction(StepTrace& st) {
-  std::vector<trace::Event>& events = st.trace.mutable_events();
-  std::vector<trace::Event> kept, reduces, waits;
+inline std::int64_t scaling_gradient_reduction(StepTrace& st, std::vector<trace::Event>& spare) {
+  std::vector<trace::Event> reduces, waits;
   std::vector<std::uint64_t> ids;
   std::int64_t gradient_bytes = 0;
   std::uint64_t next_id = 1;
   trace::CommGroup group;
-  for (trace::Event& ev : events) {
-    if (const auto* c = std::get_if<trace::Collective>(&ev.op)) {
-      next_id = std::max(next_id, c->id + 1);
-      if (is_gradient_all_reduce(*c, st)) {
-        ids.push_back(c->id);
-        gradient_bytes += c->bytes;
-        group = c->group;
-        reduces.push_back(std::move(ev));
+  st.trace.rewrite(spare, [&](std::vector<trace::Event>& events, std::vector<trace::Event>& out) {
+    for (trace::Event& ev : events) {
+      if (const auto* c = std::get_if<trace::Collective>(&ev.op)) {
+        next_id = std::max(next_id, c->id + 1);
+        if (is_gradient_all_reduce(*c, st)) {
+          ids.push_back(c->id);
+          gradient_bytes += c->bytes;
+          group = c->group;
+          reduces.push_back(std::move(ev));
+          continue;
+        }
+      }
+      if (const auto* w = std::get_if<trace::CommWait>(&ev.op);
+          w && std::find(ids.begin(), ids.end(), w->id) != ids.end()) {
+        waits.push_back(std::move(ev));
         continue;
       }
+      out.push_back(std::move(ev));
     }
-    if (const auto* w = std::get_if<trace::CommWait>(&ev.op);
-        w && std::find(ids.begin(), ids.end(), w->id) != ids.end()) {
-      waits.push_back(std::move(ev));
-      continue;
-    }
-    kept.push_back(std::move(ev));
-  }
+  });
   TESSERA_CHECK(waits.size() == reduces.size(), "plan.runtime scaling: ", reduces.size(),
                 " gradient all-reduces in the trace, ", waits.size(), " waited for");
-  if (reduces.empty()) {
-    events = std::move(kept);
-    return 0;
-  }
+  if (reduces.empty()) return 0;
+  // The optimizer's region closes the step: the reductions go in before it (a move of
+  // its few events), the parameters' all-gather after it.
+  std::vector<trace::Event>& events = st.trace.mutable_events();
   const auto optimizer = [](const trace::Event& e) { return std::string_view(e.region) == region::kOptimizer; };
-  auto first = std::find_if(kept.begin(), kept.end(), optimizer);
-  TESSERA_CHECK(first != kept.end(), "plan.runtime scaling: the traced step has no optimizer region");
-  const auto at = static_cast<std::size_t>(first - kept.begin());
-  std::vector<trace::Event> out;
-  out.reserve(kept.size() + reduces.size() + waits.size() + 2);
-  std::move(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(at), std::back_inserter(out));
-  for (auto* part : {&reduces, &waits})
-    for (trace::Event& e : *part) out.push_back(std::move(e));
-  std::size_t last_optimizer = at;
-  for (std::size_t i = at; i < kept.size(); ++i)
-    if (optimizer(kept[i])) last_optimizer = i;
-  for (std::size_t i = at; i < kept.size(); ++i) {
-    out.push_back(std::move(kept[i]));
-    if (i != last_optimizer) continue;
-    // The updated parameters, all-gathered: whole bf16 (or fp32) values, 4-byte gradients.
-    trace::Collective gather;
-    gather.kind = "all_gather";
-    gather.bytes = gradient_bytes / 4 * (st.shape.dtype == DType::bf16 ? 2 : 4);
-    gather.group = group;
-    gather.id = next_id;
-    out.push_back(trace::Event{gather, region::kOptimizer});
-    out.push_back(trace::Event{trace::CommWait{next_id}, region::kOptimizer});
-  }
-  events = std::move(out);
+  const auto first = std::find_if(events.begin(), events.end(), optimizer);
+  TESSERA_CHECK(first != events.end(), "plan.runtime scaling: the traced step has no optimizer region");
+  const auto at = first - events.begin();
+  const auto last = std::find_if(events.rbegin(), events.rend(), optimizer).base() - events.begin();
+  // The updated parameters, all-gathered: whole bf16 (or fp32) values, 4-byte gradients.
+  trace::Collective gather;
+  gather.kind = "all_gather";
+  gather.bytes = gradient_bytes / 4 * (st.shape.dtype == DType::bf16 ? 2 : 4);
+  gather.group = group;
+  gather.id = next_id;
+  const trace::Event after[] = {{gather, region::kOptimizer}, {trace::CommWait{next_id}, region::kOptimizer}};
+  events.insert(events.begin() + last, std::begin(after), std::end(after));
+  for (auto* part : {&waits, &reduces})
+    events.insert(events.begin() + at, std::make_move_iterator(part->begin()), std::make_move_iterator(part->end()));
   return static_cast<std::int64_t>(reduces.size());
+}
+
+inline std::int64_t scaling_gradient_reduction(StepTrace& st) {
+  std::vector<trace::Event> spare;
+  return scaling_gradient_reduction(st, spare);
 }
 
 
@@ -182,40 +178,43 @@ inline std::int64_t scaling_gradient_reduction(StepTrace& st) {
 /// input's twice (w1, w3), each of the whole rows and waited for where issued. A
 /// region's entry is told by what the backward ran since the last norm: attention or
 /// SwiGLU. Returns the all-reduces added.
-inline std::int64_t scaling_tensor_parallel_reductions(StepTrace& st) {
+inline std::int64_t scaling_tensor_parallel_reductions(StepTrace& st, std::vector<trace::Event>& spare) {
   if (st.mesh.tp <= 1) return 0;
-  std::vector<trace::Event>& events = st.trace.mutable_events();
   std::uint64_t next_id = 1;
-  for (const trace::Event& ev : events)
+  for (const trace::Event& ev : st.trace.events())
     if (const auto* c = std::get_if<trace::Collective>(&ev.op)) next_id = std::max(next_id, c->id + 1);
   enum class Since { nothing, attention, feed_forward } since = Since::nothing;
-  std::vector<trace::Event> out;
-  out.reserve(events.size() + events.size() / 8);
   std::int64_t added = 0;
-  for (trace::Event& ev : events) {
-    if (const auto* a = std::get_if<trace::Attention>(&ev.op)) {
-      since = a->backward ? Since::attention : Since::nothing;
-    } else if (const auto* k = std::get_if<trace::Kernel>(&ev.op)) {
-      const std::string_view f = k->functor;
-      if (f.starts_with("SwiGluBackward<")) since = Since::feed_forward;
-      if (f.starts_with("RmsNorm") || f.starts_with("SwiGluForward<")) since = Since::nothing;
-    } else if (const auto* c = std::get_if<trace::Collective>(&ev.op);
-               c && since != Since::nothing && std::string_view(c->kind) == "all_reduce" &&
-               c->group.size == st.mesh.tp && c->group.stride == 1) {
-      const int extra = since == Since::attention ? 2 : 1;
-      for (int i = 0; i < extra; ++i) {
-        trace::Collective more = *c;
-        more.id = next_id++;
-        out.push_back(trace::Event{more, ev.region});
-        out.push_back(trace::Event{trace::CommWait{more.id}, ev.region});
+  st.trace.rewrite(spare, [&](std::vector<trace::Event>& events, std::vector<trace::Event>& out) {
+    for (trace::Event& ev : events) {
+      if (const auto* a = std::get_if<trace::Attention>(&ev.op)) {
+        since = a->backward ? Since::attention : Since::nothing;
+      } else if (const auto* k = std::get_if<trace::Kernel>(&ev.op)) {
+        const std::string_view f = k->functor;
+        if (f.starts_with("SwiGluBackward<")) since = Since::feed_forward;
+        if (f.starts_with("RmsNorm") || f.starts_with("SwiGluForward<")) since = Since::nothing;
+      } else if (const auto* c = std::get_if<trace::Collective>(&ev.op);
+                 c && since != Since::nothing && std::string_view(c->kind) == "all_reduce" &&
+                 c->group.size == st.mesh.tp && c->group.stride == 1) {
+        const int extra = since == Since::attention ? 2 : 1;
+        for (int i = 0; i < extra; ++i) {
+          trace::Collective more = *c;
+          more.id = next_id++;
+          out.push_back(trace::Event{more, ev.region});
+          out.push_back(trace::Event{trace::CommWait{more.id}, ev.region});
+        }
+        added += extra;
+        since = Since::nothing;
       }
-      added += extra;
-      since = Since::nothing;
+      out.push_back(std::move(ev));
     }
-    out.push_back(std::move(ev));
-  }
-  events = std::move(out);
+  });
   return added;
+}
+
+inline std::int64_t scaling_tensor_parallel_reductions(StepTrace& st) {
+  std::vector<trace::Event> spare;
+  return scaling_tensor_parallel_reductions(st, spare);
 }
 
 /// Whether `g` computes a weight's gradient (op(A) = A^T over the rows, accumulated into
@@ -226,14 +225,14 @@ inline bool is_weight_gradient(const trace::Gemm& g) { return g.accumulate && g.
 /// micro-batch but the step's first on this rank (`microbatches` of them), one add of the
 /// bf16 gradient (4 bytes read, 2 written an element). The loss head's GEMMs, chunked in
 /// tessera's trace, are one weight's gradient a micro-batch there. Returns the adds.
-inline std::int64_t scaling_gradient_accumulation(StepTrace& st, std::int64_t microbatches) {
+inline std::int64_t scaling_gradient_accumulation(StepTrace& st, std::int64_t microbatches,
+                                                  std::vector<trace::Event>& spare) {
   TESSERA_CHECK(microbatches >= 1, "plan.runtime scaling: ", microbatches, " micro-batches a step");
   if (microbatches == 1) return 0;
   using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
-  std::vector<trace::Event>& events = st.trace.mutable_events();
   const auto head = [](const trace::Event& e) { return std::string_view(e.region) == region::kLossHead; };
   std::map<Key, std::int64_t> count, seen;
-  for (const trace::Event& ev : events)
+  for (const trace::Event& ev : st.trace.events())
     if (const auto* g = std::get_if<trace::Gemm>(&ev.op); g && is_weight_gradient(*g) && !head(ev))
       ++count[Key{g->m, g->n, g->k}];
   for (const auto& [key, n] : count)
@@ -248,36 +247,43 @@ inline std::int64_t scaling_gradient_accumulation(StepTrace& st, std::int64_t mi
     k.traffic.flops = elements;
     return trace::Event{k, region};
   };
-  std::vector<trace::Event> out;
-  out.reserve(events.size() + events.size() / 4);
   std::int64_t added = 0, head_passes = 0;
   double head_elements = 0;  // the loss head's weight, while its pass is open
   const char* head_region = nullptr;
-  const auto close_head = [&] {
-    if (head_elements > 0 && head_passes++ > 0) {
-      out.push_back(accumulate(head_elements, head_region));
-      ++added;
+  st.trace.rewrite(spare, [&](std::vector<trace::Event>& events, std::vector<trace::Event>& out) {
+    const auto close_head = [&] {
+      if (head_elements > 0 && head_passes++ > 0) {
+        out.push_back(accumulate(head_elements, head_region));
+        ++added;
+      }
+      head_elements = 0;
+    };
+    for (trace::Event& ev : events) {
+      const auto* g = std::get_if<trace::Gemm>(&ev.op);
+      const bool weight = g && is_weight_gradient(*g);
+      if (!head(ev)) close_head();
+      if (!weight) {
+        out.push_back(std::move(ev));
+        continue;
+      }
+      out.push_back(ev);  // a GEMM, copied: its shape is read below
+      const double elements = static_cast<double>(g->m) * static_cast<double>(g->n);
+      if (head(ev)) {
+        head_elements = elements;
+        head_region = ev.region;
+      } else if (const Key key{g->m, g->n, g->k}; ++seen[key] > count[key] / microbatches) {
+        out.push_back(accumulate(elements, ev.region));
+        ++added;
+      }
     }
-    head_elements = 0;
-  };
-  for (trace::Event& ev : events) {
-    const auto* g = std::get_if<trace::Gemm>(&ev.op);
-    const bool weight = g && is_weight_gradient(*g);
-    if (!head(ev)) close_head();
-    out.push_back(ev);
-    if (!weight) continue;
-    const double elements = static_cast<double>(g->m) * static_cast<double>(g->n);
-    if (head(ev)) {
-      head_elements = elements;
-      head_region = ev.region;
-    } else if (const Key key{g->m, g->n, g->k}; ++seen[key] > count[key] / microbatches) {
-      out.push_back(accumulate(elements, ev.region));
-      ++added;
-    }
-  }
-  close_head();
-  events = std::move(out);
+    close_head();
+  });
   return added;
+}
+
+inline std::int64_t scaling_gradient_accumulation(StepTrace& st, std::int64_t microbatches) {
+  std::vector<trace::Event> spare;
+  return scaling_gradient_accumulation(st, microbatches, spare);
 }
 
 /// What scaling_step_time rewrote.
@@ -289,16 +295,23 @@ struct ScalingTimeRewrites {
 };
 
 /// Every rewrite above, on one position's trace of `run`'s layout: the eager kernels, the
-/// tensor-parallel reductions, the gradient accumulation, the gradients' reduction.
-inline ScalingTimeRewrites scaling_step_time(StepTrace& st, const ScalingRun& run) {
+/// tensor-parallel reductions, the gradient accumulation, the gradients' reduction; the
+/// new events built in `spare` (trace::Trace::rewrite), which a caller passes from
+/// position to position.
+inline ScalingTimeRewrites scaling_step_time(StepTrace& st, const ScalingRun& run, std::vector<trace::Event>& spare) {
   ScalingTimeRewrites r;
   // The reductions find the regions by tessera's kernels, so before those are rewritten.
-  r.tensor_parallel_reductions = scaling_tensor_parallel_reductions(st);
-  r.accumulations = scaling_gradient_accumulation(st, run.microbatches);
+  r.tensor_parallel_reductions = scaling_tensor_parallel_reductions(st, spare);
+  r.accumulations = scaling_gradient_accumulation(st, run.microbatches, spare);
   const std::vector<EagerRewrite> rewrites = scaling_eager_rewrites(run);
-  r.eager = rewrite_eager(st.trace, rewrites, eager_widths(run.args, run.mesh.tp), st.shape.dtype);
-  r.gradient_reductions = scaling_gradient_reduction(st);
+  r.eager = rewrite_eager(st.trace, rewrites, eager_widths(run.args, run.mesh.tp), st.shape.dtype, spare);
+  r.gradient_reductions = scaling_gradient_reduction(st, spare);
   return r;
+}
+
+inline ScalingTimeRewrites scaling_step_time(StepTrace& st, const ScalingRun& run) {
+  std::vector<trace::Event> spare;
+  return scaling_step_time(st, run, spare);
 }
 
 }  // namespace tessera::plan

@@ -123,7 +123,7 @@ struct TorchtitanTimeRewrites {
 /// FSDP2's copies around the trace's FSDP collectives (the data-parallel shard group's
 /// all-gathers and reduce-scatters): the copy-in and the copy-out of each all-gather,
 /// _chunk_cat before each reduce-scatter.
-inline TorchtitanTimeRewrites torchtitan_fsdp_copies(StepTrace& st) {
+inline TorchtitanTimeRewrites torchtitan_fsdp_copies(StepTrace& st, std::vector<trace::Event>& spare) {
   TorchtitanTimeRewrites r;
   const auto& mesh = st.mesh;
   const auto fsdp = [&](const trace::Collective& c, std::string_view kind) {
@@ -138,46 +138,51 @@ inline TorchtitanTimeRewrites torchtitan_fsdp_copies(StepTrace& st) {
     k.traffic.bytes_written = written;
     return trace::Event{k, region};
   };
-  std::vector<trace::Event>& events = st.trace.mutable_events();
   std::vector<std::pair<std::uint64_t, double>> gathering;  // all-gathers issued, not yet waited for: id, bytes
-  std::vector<trace::Event> out;
-  out.reserve(events.size() + events.size() / 8);
-  for (trace::Event& ev : events) {
-    if (const auto* c = std::get_if<trace::Collective>(&ev.op)) {
-      const double bytes = static_cast<double>(c->bytes);
-      if (fsdp(*c, "all_gather")) {
-        // The bf16 gather's bytes: 2 an unsharded element; the shard's fp32 elements cast.
-        const double shard = bytes / 2 / c->group.size;
-        out.push_back(copy("FSDP2 all-gather copy-in: the shard cast to bf16", 4 * shard, 2 * shard, ev.region));
-        out.push_back(copy("FSDP2 all-gather copy-in: _foreach_copy_", 2 * shard, 2 * shard, ev.region));
-        gathering.emplace_back(c->id, bytes);
-        ++r.all_gathers;
-      } else if (fsdp(*c, "reduce_scatter")) {
-        // fp32: 4 bytes an unsharded element, copied in from the bf16 gradients.
-        out.push_back(copy("FSDP2 reduce-scatter copy-in: _chunk_cat to fp32", bytes / 2, bytes, ev.region));
-        ++r.reduce_scatters;
-      }
-      out.push_back(std::move(ev));
-      continue;
-    }
-    if (const auto* w = std::get_if<trace::CommWait>(&ev.op)) {
-      const auto it = std::find_if(gathering.begin(), gathering.end(), [&](const auto& g) { return g.first == w->id; });
-      if (it != gathering.end()) {
-        const double bytes = it->second;
-        gathering.erase(it);
+  st.trace.rewrite(spare, [&](std::vector<trace::Event>& events, std::vector<trace::Event>& out) {
+    for (trace::Event& ev : events) {
+      if (const auto* c = std::get_if<trace::Collective>(&ev.op)) {
+        const double bytes = static_cast<double>(c->bytes);
+        if (fsdp(*c, "all_gather")) {
+          // The bf16 gather's bytes: 2 an unsharded element; the shard's fp32 elements cast.
+          const double shard = bytes / 2 / c->group.size;
+          out.push_back(copy("FSDP2 all-gather copy-in: the shard cast to bf16", 4 * shard, 2 * shard, ev.region));
+          out.push_back(copy("FSDP2 all-gather copy-in: _foreach_copy_", 2 * shard, 2 * shard, ev.region));
+          gathering.emplace_back(c->id, bytes);
+          ++r.all_gathers;
+        } else if (fsdp(*c, "reduce_scatter")) {
+          // fp32: 4 bytes an unsharded element, copied in from the bf16 gradients.
+          out.push_back(copy("FSDP2 reduce-scatter copy-in: _chunk_cat to fp32", bytes / 2, bytes, ev.region));
+          ++r.reduce_scatters;
+        }
         out.push_back(std::move(ev));
-        out.push_back(copy("FSDP2 all-gather copy-out: split_with_sizes_copy", bytes, bytes, out.back().region));
         continue;
       }
+      if (const auto* w = std::get_if<trace::CommWait>(&ev.op)) {
+        const auto it = std::find_if(gathering.begin(), gathering.end(), [&](const auto& g) { return g.first == w->id; });
+        if (it != gathering.end()) {
+          const double bytes = it->second;
+          gathering.erase(it);
+          out.push_back(std::move(ev));
+          out.push_back(copy("FSDP2 all-gather copy-out: split_with_sizes_copy", bytes, bytes, out.back().region));
+          continue;
+        }
+      }
+      out.push_back(std::move(ev));
     }
-    out.push_back(std::move(ev));
-  }
-  events = std::move(out);
+  });
   return r;
 }
 
-/// Every rewrite above on the trace of one rank of torchtitan's FSDP layout.
-inline TorchtitanTimeRewrites torchtitan_step_time(StepTrace& st, const TorchtitanRun& run) {
+inline TorchtitanTimeRewrites torchtitan_fsdp_copies(StepTrace& st) {
+  std::vector<trace::Event> spare;
+  return torchtitan_fsdp_copies(st, spare);
+}
+
+/// Every rewrite above on the trace of one rank of torchtitan's FSDP layout, the new events
+/// built in `spare` (trace::Trace::rewrite).
+inline TorchtitanTimeRewrites torchtitan_step_time(StepTrace& st, const TorchtitanRun& run,
+                                                   std::vector<trace::Event>& spare) {
   TESSERA_CHECK(st.mesh.tp == 1 && st.mesh.pp == 1, "plan.runtime torchtitan: counts the FSDP layouts of its "
                 "published table; its tensor and pipeline parallelism (tp ", st.mesh.tp, ", pp ", st.mesh.pp,
                 ") are not counted");
@@ -198,9 +203,14 @@ inline TorchtitanTimeRewrites torchtitan_step_time(StepTrace& st, const Torchtit
   rewrites.push_back({cross_entropy, instead, kTorchtitanCrossEntropy});
   rewrites.push_back({embedding_backward, before, kDenseEmbeddingGradientZeroed});
   rewrites.push_back({adamw, instead, kForeachAdamW});
-  TorchtitanTimeRewrites r = torchtitan_fsdp_copies(st);
-  r.eager = rewrite_eager(st.trace, rewrites, eager_widths(run.args), st.shape.dtype);
+  TorchtitanTimeRewrites r = torchtitan_fsdp_copies(st, spare);
+  r.eager = rewrite_eager(st.trace, rewrites, eager_widths(run.args), st.shape.dtype, spare);
   return r;
+}
+
+inline TorchtitanTimeRewrites torchtitan_step_time(StepTrace& st, const TorchtitanRun& run) {
+  std::vector<trace::Event> spare;
+  return torchtitan_step_time(st, run, spare);
 }
 
 }  // namespace tessera::plan
