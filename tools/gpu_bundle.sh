@@ -2,8 +2,9 @@
 # Packs what a machine with a GPU runs first into gpu-bundle.tar.xz (ignored by git):
 # the GPU suite, bench-kernels, bench-train and llama-train, built here for sm_90 (H100,
 # H200), the shared libraries they load that a bare CUDA image lacks (OpenBLAS, toml++,
-# PCRE2, SentencePiece, Open MPI, the GCC runtimes), the configs, torch_llama.py, and
-# run.sh, which runs them there and writes every output to $OUT.
+# PCRE2, SentencePiece, Open MPI, the GCC runtimes), the configs, torch_llama.py,
+# torchtitan_eager.py with llama-plan's predictions for it (made here), and run.sh, which
+# runs them there and writes every output to $OUT.
 #
 # A machine lent for GPU work may reach no package registry, so nothing is built there:
 # the binaries travel. They need the CUDA 13 runtime and cuBLASLt where they run, and a
@@ -26,6 +27,9 @@
 #             1 x seq 8192, Markdown rows for RESULTS.md
 #   torch     bench/torch_llama.py on 1B at the same batch, sequence and checkpointing,
 #             with the ratio to bench-train's figure (needs train first, in the same $OUT)
+#   eager     bench/torchtitan_eager.py: torchtitan's eager step (Llama 2 13B's width, 6
+#             blocks, batch 2 x seq 4096; Llama 3 8B's, 4 blocks, 1 x 8192) timed and
+#             profiled, beside llama-plan --plan.runtime torchtitan's prediction for this GPU
 #   llama     llama-train on the debug model on the GPU, 100 steps
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +43,7 @@ while read -r obj; do
   [ -n "$obj" ] || continue
   if ninja -C "$build" -t deps "$obj" 2>/dev/null | head -n 1 | grep -q '#deps 0,'; then rm -f "$build/$obj"; fi
 done < <(cd "$build" && find . -name '*.cu.o' | sed 's|^\./||')
-meson compile -C "$build" test_gpu bench-kernels bench-train llama-train
+meson compile -C "$build" test_gpu bench-kernels bench-train llama-train llama-plan
 
 rm -rf "$bundle" "$bundle.tar.xz"
 mkdir -p "$bundle/lib"
@@ -51,7 +55,19 @@ for b in "${bins[@]}"; do
 done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so|/libcud|/libcublas|/libnccl' |
   while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 cp -r examples/configs "$bundle/configs"
-cp bench/torch_llama.py "$bundle/"
+cp bench/torch_llama.py bench/torchtitan_eager.py "$bundle/"
+# llama-plan's prediction of torchtitan_eager.py's runs, on each GPU profile (the eager step
+# as plan/torchtitan_time.hpp counts it; torchtitan_eager.py says what it runs).
+for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
+  read -r flavor layers batch seq <<< "$run"
+  for machine in h100-sxm h200; do
+    "$build/examples/llama-plan" --config examples/configs/$flavor.toml --machine $machine --json \
+      --model.n_layers "$layers" --training.seq_len "$seq" --training.local_batch_size "$batch" \
+      --training.global_batch_size "$batch" --training.mixed_precision_param bfloat16 \
+      --activation_checkpoint.mode none --plan.runtime torchtitan --plan.rmsnorm torch \
+      > "$bundle/eager-plan-$flavor-$machine.json"
+  done
+done
 git rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo "-" > "$bundle/COMMIT"
 
 cat > "$bundle/run.sh" <<'EOF'
@@ -88,10 +104,19 @@ case "${1:-}" in
   torch)
     python3 "$here/torch_llama.py" --flavor llama3.2_1b --batch 1 --seq 8192 --ac none --tessera-json "$out/train.json" \
       --json "$out/torch.json" 2>&1 | tee "$out/torch.txt" ;;
+  eager)
+    machine=h100-sxm
+    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && machine=h200
+    for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
+      read -r flavor layers batch seq <<< "$run"
+      python3 "$here/torchtitan_eager.py" --flavor "$flavor" --n-layers "$layers" --batch "$batch" --seq "$seq" \
+        --plan-json "$here/eager-plan-$flavor-$machine.json" --json "$out/eager-$flavor.json" 2>&1 |
+        tee "$out/eager-$flavor.txt"
+    done ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
       --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
-  *) echo "usage: run.sh test|kernels|train|torch|llama" >&2; exit 2 ;;
+  *) echo "usage: run.sh test|kernels|train|torch|eager|llama" >&2; exit 2 ;;
 esac
 EOF
 chmod +x "$bundle/run.sh"
