@@ -85,6 +85,24 @@ TEST_CASE("checkpoint folder: keep_latest_k counts complete checkpoints and neve
   CHECK(fs::exists(folder / "notes"));
 }
 
+TEST_CASE("checkpoint folder: a checkpoint is removed through its partial name, so a killed prune leaves no half checkpoint") {
+  tessera::test::TempDir dir;
+  const fs::path folder = dir.path / "checkpoint";
+  make_step(folder, 2, true);
+  make_step(folder, 2, true, ".partial");  // what a prune killed while removing step-2 leaves
+  make_step(folder, 4, true);
+  make_step(folder, 6, true);
+  // step-2's removal renames it onto its partial name, which is there: that goes first.
+  train::prune_checkpoints(folder, 2);
+  CHECK(names(folder) == std::vector<std::string>{"step-4", "step-6"});
+  // A partial folder left by a killed removal is older than the latest: the next prune
+  // removes it, whatever it holds (its marker included).
+  make_step(folder, 4, true, ".partial");
+  fs::remove_all(folder / "step-4");
+  train::prune_checkpoints(folder, 2);
+  CHECK(names(folder) == std::vector<std::string>{"step-6"});
+}
+
 std::vector<std::int64_t> logged_steps(const std::string& path) {
   std::vector<std::int64_t> steps;
   std::ifstream in(path);

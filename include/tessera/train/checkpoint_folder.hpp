@@ -3,8 +3,8 @@
 // a rerun resumes from, and which ones keep_latest_k lets go.
 //
 // Only names this library writes are looked at: `step-<digits>` folders, and the
-// `step-<digits>.partial` folders of saves a crash interrupted. Anything else a user
-// puts in the folder stays untouched.
+// `step-<digits>.partial` folders of saves (or removals) a crash interrupted. Anything
+// else a user puts in the folder stays untouched.
 #pragma once
 
 #include <algorithm>
@@ -95,6 +95,11 @@ inline std::optional<SavedStep> resume_point(const std::filesystem::path& folder
 /// and the partial folders of interrupted saves older than the latest complete one.
 /// The latest complete checkpoint is never removed, nor anything newer than it (an
 /// incomplete folder is a user's to look at; a newer partial one may be being written).
+///
+/// A checkpoint is first renamed to its partial name, then removed: a run killed while
+/// removing one leaves a partial folder, which the next prune removes, where removing it
+/// in place could leave a `step-<N>` folder without its marker, an incomplete checkpoint
+/// that no later prune would touch.
 inline void prune_checkpoints(const std::filesystem::path& folder, std::int64_t keep) {
   namespace fs = std::filesystem;
   if (keep <= 0) return;
@@ -106,9 +111,12 @@ inline void prune_checkpoints(const std::filesystem::path& folder, std::int64_t 
   const std::int64_t latest = complete.back()->step;
   std::error_code ec;
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < complete.size(); ++i) {
-    fs::remove_all(complete[i]->path, ec);
-    TESSERA_CHECK(!ec, complete[i]->path.string(), ": cannot remove (checkpoint.keep_latest_k = ", keep,
-                  "): ", ec.message());
+    const fs::path& path = complete[i]->path;
+    const fs::path doomed = fs::path(path).concat(".partial");
+    fs::remove_all(doomed, ec);  // an earlier save of the same step that never finished
+    if (!ec) fs::rename(path, doomed, ec);
+    if (!ec) fs::remove_all(doomed, ec);
+    TESSERA_CHECK(!ec, path.string(), ": cannot remove (checkpoint.keep_latest_k = ", keep, "): ", ec.message());
   }
   for (const SavedStep& s : steps)
     if (s.partial && s.step < latest) fs::remove_all(s.path, ec);
