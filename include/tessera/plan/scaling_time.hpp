@@ -124,6 +124,7 @@ inline std::int64_t scaling_gradient_reduction(StepTrace& st, std::vector<trace:
   std::uint64_t next_id = 1;
   trace::CommGroup group;
   st.trace.rewrite(spare, [&](std::vector<trace::Event>& events, std::vector<trace::Event>& out) {
+    out.reserve(events.size() + 2);  // what it keeps, and all it puts back below
     for (trace::Event& ev : events) {
       if (const auto* c = std::get_if<trace::Collective>(&ev.op)) {
         next_id = std::max(next_id, c->id + 1);
