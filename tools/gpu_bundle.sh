@@ -72,7 +72,7 @@ git rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo "-" > "$bundle
 
 cat > "$bundle/run.sh" <<'EOF'
 #!/usr/bin/env bash
-# Runs one step of the GPU session (see tools/gpu_bundle.sh); outputs go to $OUT.
+# Runs one step of the GPU checks (see tools/gpu_bundle.sh); outputs go to $OUT.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$here/out}
