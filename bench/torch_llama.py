@@ -346,6 +346,7 @@ def _define_model():
             logits = F.linear(h, head)
             return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
+    Transformer.FeedForward = FeedForward  # SwiGLU as torchtitan writes it: torchtitan_eager.py's too
     return Transformer
 
 
@@ -549,17 +550,23 @@ def run_mode(opts: Options, args: ModelArgs, mode: str) -> dict:
 # tessera's figure and the ratios.
 
 
+def read_json(path: str, option: str):
+    """The JSON document at `path`, given as `option`; a BenchError naming both if it
+    cannot be read or parsed."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise BenchError(f"{option} {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise BenchError(f"{option} {path}: not JSON (line {e.lineno}: {e.msg})") from None
+
+
 def read_tessera(path: str, flavor: str, batch: int, seq: int) -> dict:
     """tessera's result for this run: a JSON object with tokens_per_sec (a positive number);
     flavor, batch (or local_batch_size) and seq (or seq_len), where present, must match. A
     list of such objects (bench-train's --json, one per flavor) gives the one of `flavor`."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise BenchError(f"--tessera-json {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise BenchError(f"--tessera-json {path}: not JSON (line {e.lineno}: {e.msg})") from None
+    data = read_json(path, "--tessera-json")
     if isinstance(data, list):
         mine = [d for d in data if isinstance(d, dict) and d.get("flavor") == flavor]
         if not mine:

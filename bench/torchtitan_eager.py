@@ -107,16 +107,7 @@ def _define_model():
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.wo(o.transpose(1, 2).contiguous().view(b, s, -1))
 
-    class FeedForward(nn.Module):
-        def __init__(self, a):
-            super().__init__()
-            hidden = a.ffn_hidden_dim()
-            self.w1 = nn.Linear(a.dim, hidden, bias=False)
-            self.w2 = nn.Linear(hidden, a.dim, bias=False)
-            self.w3 = nn.Linear(a.dim, hidden, bias=False)
-
-        def forward(self, x):
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+    FeedForward = tl.transformer_class().FeedForward  # w2(silu(w1 x) * w3 x), torch_llama.py's
 
     class Block(nn.Module):
         def __init__(self, a):
@@ -261,13 +252,9 @@ def choose_attention(a, ns, cuda):
 
 
 def read_plan(path, ns):
-    try:
-        with open(path) as f:
-            j = json.load(f)
-    except OSError as e:
-        raise BenchError(f"--plan-json {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise BenchError(f"--plan-json {path}: not JSON ({e})") from None
+    j = tl.read_json(path, "--plan-json")
+    if not isinstance(j, dict):
+        raise BenchError(f"--plan-json {path}: not a JSON object (llama-plan --json for one layout)")
     for key in ("step_seconds", "tokens_per_sec"):
         if key not in j:
             raise BenchError(f"--plan-json {path}: no '{key}' (llama-plan --json for one layout)")
