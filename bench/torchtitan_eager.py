@@ -41,8 +41,10 @@ the optimizer's reading of the moments (foreach AdamW as torch of the day runs i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
+import io
 import json
 import math
 import os
@@ -386,9 +388,7 @@ def self_test():
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
-    from contextlib import nullcontext
-
-    step = MixedPrecisionStep(model, 1.0, nullcontext)
+    step = MixedPrecisionStep(model, 1.0, contextlib.nullcontext)
     check(all(p.dtype == torch.bfloat16 for p in model.parameters()), "the model's parameters are not bfloat16")
     check(model.freqs.dtype == torch.complex64, f"the rotary frequencies became {model.freqs.dtype}")
     check(all(p.dtype == torch.float32 for p in step.master), "the optimizer's parameters are not float32")
@@ -411,6 +411,17 @@ def self_test():
                       ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
                        "other kernels")]:
         check(kernel_class(name) == cls, f"kernel class of {name}: {kernel_class(name)}, expected {cls}")
+    # Out of memory is one line and exit status 1, whatever raised it.
+    real_run = globals()["run"]
+    try:
+        globals()["run"] = lambda ns: (_ for _ in ()).throw(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            status = main(["--device", "cpu", "--flavor", "debugmodel", "--seq", "64", "--n-layers", "2"])
+        check(status == 1 and err.getvalue().strip() == f"{PROG}: out of memory: debugmodel with 2 blocks at batch 2 x seq "
+              "64 (fewer --n-layers fit)", f"the out-of-memory line: {status}, {err.getvalue()!r}")
+    finally:
+        globals()["run"] = real_run
     print(f"{PROG}: self-test passed (losses {', '.join(f'{v:.4f}' for v in losses)})")
     return 0
 
@@ -445,7 +456,15 @@ def main(argv=None):
             tl.model_flavor(ns.flavor)
             tl.set_allocator_conf(ns.device)
         _import_torch()
-        return self_test() if ns.self_test else run(ns)
+        if ns.self_test:
+            return self_test()
+        try:
+            return run(ns)
+        except Exception as e:  # noqa: BLE001 - out of memory is one line; anything else re-raised
+            if not tl._is_oom(e):
+                raise
+            raise BenchError(f"out of memory: {ns.flavor} with {ns.n_layers} blocks at batch {ns.batch} x seq "
+                             f"{ns.seq} (fewer --n-layers fit)") from None
     except BenchError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
