@@ -152,8 +152,7 @@ class MixedPrecisionStep:
 
     def __init__(self, model, max_norm, sdpa_context):
         self.model, self.max_norm, self.sdpa_context = model, max_norm, sdpa_context
-        self.low = list(model.parameters())
-        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.low]
+        self.master = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
         for p in self.master:
             p.grad = torch.zeros_like(p)
         freqs = model.freqs  # Module.to(dtype) would cast the complex frequencies too
