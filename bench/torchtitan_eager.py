@@ -21,6 +21,15 @@ prices hold, class by class, before any cluster is involved:
               bfloat16 gradients cast to float32 for the optimizer; no collectives
   optimizer   gradient clipping and AdamW, both foreach (torchtitan's defaults then)
 
+With --fsdp2 the same model runs under FSDP2 itself on a one-rank mesh, as torchtitan
+wrapped it: fully_shard on each block (all but the last resharded after the forward) and
+on the model, MixedPrecisionPolicy(bfloat16 parameters, float32 reduction), DTensor
+parameters, clipping and AdamW foreach over them. One rank's collectives move nothing,
+but FSDP2 still makes every copy around them (the casts into the all-gather, its split
+into the parameters, the gradients into the float32 reduce-scatter) and every DTensor
+dispatch; its step over the emulated one (--baseline-json, that run's --json) is what
+FSDP2 and DTensor cost on one GPU, where llama-plan counts FSDP2's copies only.
+
 It reports the median step (CUDA events), the forward-backward and the optimizer phases
 apart, and from one profiled step the GPU's kernel time by class (GEMMs, attention, the
 rest) and how much of the step the GPU was busy: an eager step whose host cannot keep
@@ -30,6 +39,7 @@ GPU's profile) it prints the prediction beside each figure.
 
     python3 bench/torchtitan_eager.py --flavor llama2_13b --n-layers 6 --batch 2 --seq 4096 \\
         [--plan-json plan.json] [--json out.json]
+    python3 bench/torchtitan_eager.py ... --fsdp2 --baseline-json out.json [--json fsdp2.json]
     python3 bench/torchtitan_eager.py --self-test      # the CPU, a few seconds
 
 Differences from the planned step, each under a percent of it at the sizes above: the
@@ -155,9 +165,9 @@ class MixedPrecisionStep:
         self.master = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
         for p in self.master:
             p.grad = torch.zeros_like(p)
-        freqs = model.freqs  # Module.to(dtype) would cast the complex frequencies too
-        model.to(torch.bfloat16)
-        model.freqs = freqs
+        with torch.no_grad():  # the parameters only: Module.to(dtype) would cast the complex frequencies too
+            for p in model.parameters():
+                p.data = p.data.to(torch.bfloat16)
         self.low = list(model.parameters())
         self.optimizer = torch.optim.AdamW(self.master, lr=tl.ADAMW_LR, betas=tl.ADAMW_BETAS, eps=tl.ADAMW_EPS,
                                            weight_decay=tl.ADAMW_WEIGHT_DECAY, foreach=True, fused=False)
@@ -180,6 +190,84 @@ class MixedPrecisionStep:
         return loss.detach()
 
 
+def _fully_shard_api():
+    """FSDP2's fully_shard and MixedPrecisionPolicy: public since torch 2.6, under
+    torch.distributed._composable.fsdp before (torchtitan's torch of the day)."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+        except ImportError:
+            raise BenchError(f"--fsdp2: torch {torch.__version__} has no FSDP2 (fully_shard)") from None
+    return fully_shard, MixedPrecisionPolicy
+
+
+class FSDP2Step:
+    """One training step as torchtitan ran it, on a one-rank mesh: the model wrapped by
+    FSDP2 as torchtitan wrapped it (each block, all but the last resharded after its
+    forward, then the model; bfloat16 parameters in the forward and backward, gradients
+    reduced in float32), the loss's backward, then clipping and AdamW, foreach, over the
+    float32 DTensor parameters. The process group (one rank) is the caller's."""
+
+    def __init__(self, model, max_norm, sdpa_context, device_type):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        fully_shard, MixedPrecisionPolicy = _fully_shard_api()
+        self.model, self.max_norm, self.sdpa_context = model, max_norm, sdpa_context
+        mesh = init_device_mesh(device_type, (1,))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        n = len(model.layers)
+        for i, block in enumerate(model.layers):
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < n - 1)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+        self.params = list(model.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=tl.ADAMW_LR, betas=tl.ADAMW_BETAS, eps=tl.ADAMW_EPS,
+                                           weight_decay=tl.ADAMW_WEIGHT_DECAY, foreach=True, fused=False)
+
+    def __call__(self, tokens, targets, marks=None):
+        self.optimizer.zero_grad()
+        with self.sdpa_context():
+            loss = self.model(tokens, targets)
+            loss.backward()
+        if marks:
+            marks.record()
+        if self.max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)
+        self.optimizer.step()
+        return loss.detach()
+
+
+@contextlib.contextmanager
+def one_rank_group(cuda):
+    """A process group of this one rank (NCCL on a GPU, gloo on the CPU), for FSDP2."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise BenchError("--fsdp2: a process group is already initialized; run this script on its own")
+    if cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+class HostMarks:
+    """The host's clock at a step's start, after its backward and at its end (the CPU)."""
+
+    def __init__(self):
+        self.t = [time.perf_counter()]
+
+    def record(self):
+        self.t.append(time.perf_counter())
+
+    def seconds(self):
+        self.t.append(time.perf_counter())
+        return (self.t[1] - self.t[0], self.t[2] - self.t[1])
+
+
 class Marks:
     """CUDA events at a step's start, after its backward and at its end."""
 
@@ -197,6 +285,7 @@ KERNEL_CLASSES = (  # first match wins: cuDNN's attention kernels have gemm-like
     ("attention", re.compile(r"flash|fmha|sdpa|attention|cudnn", re.I)),
     ("GEMMs", re.compile(r"gemm|nvjet|cutlass|xmma|matmul|_mma_", re.I)),
     ("memory copies", re.compile(r"^memcpy|^memset", re.I)),
+    ("collectives", re.compile(r"nccl", re.I)),
 )
 
 
@@ -274,16 +363,48 @@ def read_plan(path, ns):
     return j
 
 
+def read_baseline(path, ns):
+    """The emulated run's --json, for --fsdp2 to set its step against: the same run."""
+    j = tl.read_json(path, "--baseline-json")
+    if not isinstance(j, dict) or "step_seconds" not in j:
+        raise BenchError(f"--baseline-json {path}: no 'step_seconds' (this script's --json of a run without --fsdp2)")
+    if j.get("fsdp2"):
+        raise BenchError(f"--baseline-json {path}: a run with --fsdp2; the baseline is the run without")
+    for key, want in (("flavor", ns.flavor), ("n_layers", ns.n_layers), ("batch", ns.batch), ("seq", ns.seq),
+                      ("tiny", ns.tiny)):
+        if j.get(key, False) != want:
+            raise BenchError(f"--baseline-json {path}: {key} is {j.get(key)}, this run's is {want}")
+    return j
+
+
+def tiny(a):
+    """`a` at width 64 (4 heads, the same share of key/value heads, a vocabulary of 256):
+    its blocks and tensors, each a few thousand elements, so that a step is the host's
+    own work."""
+    kv = max(1, 4 * a.kv_heads() // a.n_heads)
+    return dataclasses.replace(a, dim=64, n_heads=4, n_kv_heads=kv, vocab_size=256, multiple_of=64)
+
+
 def run(ns):
     a = dataclasses.replace(tl.model_flavor(ns.flavor), n_layers=ns.n_layers)
+    if ns.tiny:
+        a = tiny(a)
     if ns.seq > a.max_seq_len:
         raise BenchError(f"seq {ns.seq} exceeds {ns.flavor}'s max_seq_len {a.max_seq_len}")
     if a.tie_embeddings:
         raise BenchError(f"{ns.flavor} ties its embeddings; torchtitan's table ran untied models")
     plan = read_plan(ns.plan_json, ns) if ns.plan_json else None
+    baseline = read_baseline(ns.baseline_json, ns) if ns.baseline_json else None
     cuda = ns.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise BenchError(f"--device cuda: no CUDA device is visible to torch {torch.__version__}")
+    if not ns.fsdp2:
+        return measure(ns, a, plan, None, cuda)
+    with one_rank_group(cuda):
+        return measure(ns, a, plan, baseline, cuda)
+
+
+def measure(ns, a, plan, baseline, cuda):
     backend = choose_attention(a, ns, cuda)
 
     def sdpa_context():
@@ -298,7 +419,8 @@ def run(ns):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
-    step = MixedPrecisionStep(model, ns.max_norm, sdpa_context)
+    step = (FSDP2Step(model, ns.max_norm, sdpa_context, dev.type) if ns.fsdp2
+            else MixedPrecisionStep(model, ns.max_norm, sdpa_context))
     gen = torch.Generator(device=dev).manual_seed(ns.seed + 1)
     data = torch.randint(0, a.vocab_size, (ns.batch, ns.seq + 1), device=dev, generator=gen)
     tokens, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
@@ -316,9 +438,11 @@ def run(ns):
             times.append(fb + opt)
             phases.append((fb, opt))
         else:
-            t0 = time.perf_counter()
-            losses.append(step(tokens, targets))
-            times.append(time.perf_counter() - t0)
+            m = HostMarks()
+            losses.append(step(tokens, targets, m))
+            fb, opt = m.seconds()
+            times.append(fb + opt)
+            phases.append((fb, opt))
     losses = [float(x) for x in losses]
     if not all(math.isfinite(x) for x in losses):
         raise BenchError(f"the loss is not finite: {losses}")
@@ -329,24 +453,35 @@ def run(ns):
         "num_params": a.num_params(), "step_seconds": median, "step_seconds_all": times,
         "tokens_per_sec": ns.batch * ns.seq / median, "losses": losses,
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None,
-        "attention": str(backend).split(".")[-1],
+        "attention": str(backend).split(".")[-1], "fsdp2": ns.fsdp2, "tiny": ns.tiny,
     }
     if phases:
         out["forward_backward_seconds"] = statistics.median(p[0] for p in phases)
         out["optimizer_seconds"] = statistics.median(p[1] for p in phases)
+    if cuda:
         out["profile"] = profile_step(step, tokens, targets)
     print(f"{PROG}: {out['device']}, torch {out['torch']}: {ns.flavor} with {a.n_layers} layers "
           f"({a.num_params():,} parameters), batch {ns.batch} x seq {ns.seq}, attention {out['attention']}, "
-          f"median of {ns.steps} steps")
+          f"{'FSDP2 on one rank' if ns.fsdp2 else 'mixed precision emulated'}, median of {ns.steps} steps"
+          f"{' (--tiny: width 64, the host work)' if ns.tiny else ''}")
     print(f"  step {median * 1e3:.2f} ms, {out['tokens_per_sec']:.0f} tokens/s")
-    if phases:
-        print(f"  forward and backward {out['forward_backward_seconds'] * 1e3:.2f} ms, "
-              f"the casts, clipping and AdamW {out['optimizer_seconds'] * 1e3:.2f} ms")
+    print(f"  forward and backward {out['forward_backward_seconds'] * 1e3:.2f} ms, "
+          f"{'clipping and AdamW' if ns.fsdp2 else 'the casts, clipping and AdamW'} "
+          f"{out['optimizer_seconds'] * 1e3:.2f} ms")
+    if cuda:
         p = out["profile"]
         print(f"  one profiled step: {p['wall_seconds'] * 1e3:.2f} ms, kernels {p['kernel_seconds'] * 1e3:.2f} ms "
               f"(the GPU busy {100 * p['busy_fraction']:.1f}% of it)")
         for name, c in sorted(p["classes"].items(), key=lambda kv: -kv[1]["seconds"]):
             print(f"    {name:<16} {c['seconds'] * 1e3:9.2f} ms  ({c['count']} kernels)")
+    if baseline:
+        base = baseline["step_seconds"]
+        out["baseline"] = {"step_seconds": base, "fsdp2_over_emulated": median / base}
+        line = f"  over the emulated step ({base * 1e3:.2f} ms): x{median / base:.3f}, {(median - base) * 1e3:+.2f} ms"
+        if "forward_backward_seconds" in baseline and "optimizer_seconds" in baseline:
+            line += (f" (forward and backward {(out['forward_backward_seconds'] - baseline['forward_backward_seconds']) * 1e3:+.2f}"
+                     f" ms, optimizer {(out['optimizer_seconds'] - baseline['optimizer_seconds']) * 1e3:+.2f} ms)")
+        print(line)
     if plan:
         t = plan["time"]
         out["plan"] = {"step_seconds": plan["step_seconds"], "tokens_per_sec": plan["tokens_per_sec"],
@@ -368,7 +503,8 @@ def run(ns):
 def self_test():
     """The debug flavor on the CPU: the model's shapes, the rotary turn, the repeated heads,
     three steps of the mixed-precision step with the loss going down and the float32
-    parameters moving, and the kernel classes."""
+    parameters moving, the same three steps under FSDP2 on one rank giving the same
+    losses, and the kernel classes."""
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 
     def check(cond, what):
@@ -387,6 +523,8 @@ def self_test():
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
+    twin = _define_model()(a, 32)  # the same weights, for FSDP2 below
+    twin.load_state_dict(model.state_dict())
     step = MixedPrecisionStep(model, 1.0, contextlib.nullcontext)
     check(all(p.dtype == torch.bfloat16 for p in model.parameters()), "the model's parameters are not bfloat16")
     check(model.freqs.dtype == torch.complex64, f"the rotary frequencies became {model.freqs.dtype}")
@@ -397,6 +535,18 @@ def self_test():
     losses = [float(step(tokens, targets)) for _ in range(3)]
     check(all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], f"the loss does not go down: {losses}")
     check(all(not torch.equal(b, p) for b, p in zip(before, step.master)), "a float32 parameter did not move")
+    # FSDP2 on one rank runs the same step: its float32 DTensor parameters, the same losses.
+    with one_rank_group(False):
+        fsdp2 = FSDP2Step(twin, 1.0, contextlib.nullcontext, "cpu")
+        check(all(type(p).__name__ == "DTensor" and p.dtype == torch.float32 for p in fsdp2.params),
+              "FSDP2's parameters are not float32 DTensors")
+        fsdp2_losses = [float(fsdp2(tokens, targets)) for _ in range(3)]
+    check(all(abs(x - y) <= 2e-3 * abs(y) for x, y in zip(fsdp2_losses, losses)),
+          f"FSDP2's losses {fsdp2_losses} are not the emulated step's {losses}")
+    # --tiny keeps the flavor's blocks and its share of key/value heads.
+    t = tiny(tl.model_flavor("llama3_8b"))
+    check(t.dim == 64 and t.n_layers == 32 and t.n_heads // t.kv_heads() == 4 and t.vocab_size == 256,
+          f"--tiny of llama3_8b: {t}")
     # The repeated heads: query head h reads key/value head h // rep.
     k = torch.randn(1, 3, 2, 4)
     att = model.layers[0].attention
@@ -405,6 +555,7 @@ def self_test():
     check(torch.equal(rep[:, :, 1], k[:, :, 0]) and torch.equal(rep[:, :, 2], k[:, :, 1]), "repeated heads out of order")
     for name, cls in [("sm90_xmma_gemm_bf16bf16_bf16f32", "GEMMs"), ("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NNN", "GEMMs"),
                       ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "attention"),
+                      ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collectives"),
                       ("void pytorch_flash::flash_fwd_kernel<...>", "attention"), ("Memcpy DtoD (Device -> Device)",
                                                                                    "memory copies"),
                       ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
@@ -421,7 +572,8 @@ def self_test():
               "64 (fewer --n-layers fit)", f"the out-of-memory line: {status}, {err.getvalue()!r}")
     finally:
         globals()["run"] = real_run
-    print(f"{PROG}: self-test passed (losses {', '.join(f'{v:.4f}' for v in losses)})")
+    print(f"{PROG}: self-test passed (losses {', '.join(f'{v:.4f}' for v in losses)}; "
+          f"under FSDP2 {', '.join(f'{v:.4f}' for v in fsdp2_losses)})")
     return 0
 
 
@@ -436,6 +588,12 @@ def parse_args(argv):
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--max-norm", type=float, default=tl.MAX_NORM, help="gradient clipping (default 1.0; <= 0: none)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fsdp2", action="store_true",
+                   help="run the model under FSDP2 itself on a one-rank mesh, as torchtitan wrapped it")
+    p.add_argument("--baseline-json", metavar="PATH",
+                   help="with --fsdp2: the --json of the same run without it, to print the step over it")
+    p.add_argument("--tiny", action="store_true",
+                   help="the flavor's blocks and tensors at width 64: the step is the host's work (--device cpu)")
     p.add_argument("--plan-json", metavar="PATH", help="llama-plan --json for the same run: printed beside")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--self-test", action="store_true", help="check this script on the CPU and exit")
@@ -445,6 +603,10 @@ def parse_args(argv):
             raise BenchError(f"--{key.replace('_', '-')} must be positive, got {getattr(ns, key)}")
     if ns.warmup < 0:
         raise BenchError(f"--warmup must not be negative, got {ns.warmup}")
+    if ns.tiny and ns.plan_json:
+        raise BenchError("--tiny runs no model llama-plan predicted: leave out --plan-json")
+    if ns.baseline_json and not ns.fsdp2:
+        raise BenchError("--baseline-json is the emulated run's, for a run with --fsdp2")
     return ns
 
 

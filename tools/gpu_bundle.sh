@@ -29,7 +29,8 @@
 #             with the ratio to bench-train's figure (needs train first, in the same $OUT)
 #   eager     bench/torchtitan_eager.py: torchtitan's eager step (Llama 2 13B's width, 6
 #             blocks, batch 2 x seq 4096; Llama 3 8B's, 4 blocks, 1 x 8192) timed and
-#             profiled, beside llama-plan --plan.runtime torchtitan's prediction for this GPU
+#             profiled, beside llama-plan --plan.runtime torchtitan's prediction for this GPU;
+#             then each again under FSDP2 itself on one rank (--fsdp2), against the first
 #   llama     llama-train on the debug model on the GPU, 100 steps
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -112,6 +113,10 @@ case "${1:-}" in
       python3 "$here/torchtitan_eager.py" --flavor "$flavor" --n-layers "$layers" --batch "$batch" --seq "$seq" \
         --plan-json "$here/eager-plan-$flavor-$machine.json" --json "$out/eager-$flavor.json" 2>&1 |
         tee "$out/eager-$flavor.txt"
+      # The same step under FSDP2 itself on one rank: what FSDP2 and DTensor add to it.
+      python3 "$here/torchtitan_eager.py" --flavor "$flavor" --n-layers "$layers" --batch "$batch" --seq "$seq" --fsdp2 \
+        --baseline-json "$out/eager-$flavor.json" --plan-json "$here/eager-plan-$flavor-$machine.json" \
+        --json "$out/eager-fsdp2-$flavor.json" 2>&1 | tee "$out/eager-fsdp2-$flavor.txt"
     done ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
