@@ -203,8 +203,23 @@ void put_figures(nlohmann::json& j, const P& p) {
   j["tokens_per_sec"] = p.tokens_per_sec;
   j["mfu_pct"] = p.mfu_pct;
   j["peak_memory_bytes"] = p.peak_memory_bytes;
+  j["reserved_memory_bytes"] = p.reserved_memory_bytes;
   j["fits"] = p.fits;
 }
+
+/// "33.75 GiB (34.43 GiB reserved by the caching allocator)", or the live peak alone
+/// where the allocator holds no more (the host's memory, another runtime's count).
+template <class P>
+std::string peak_text(const P& p) {
+  std::string t = gib(static_cast<double>(p.peak_memory_bytes));
+  if (p.reserved_memory_bytes > p.peak_memory_bytes)
+    t += " (" + gib(static_cast<double>(p.reserved_memory_bytes)) + " reserved by the caching allocator)";
+  return t;
+}
+
+/// The host's memory (--machine cpu) is the CPU backend's, which caches nothing: the
+/// live bytes decide its fit, not the CUDA allocator the dry run replays.
+void on_host(plan::StepTrace& st) { st.reserved_peak_bytes = st.peak_bytes; }
 
 /// The figures one device's prediction and a layout's share, under the same names.
 template <class P>
@@ -271,8 +286,7 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
               static_cast<long long>(p.host_reads));
   std::printf("step %s | %.0f tokens/s | MFU %.1f%% (causal %.1f%%) against %.1f TFLOP/s | peak %s of %s usable: %s\n\n",
               seconds_text(p.step_seconds).c_str(), p.tokens_per_sec, p.mfu_pct, p.mfu_causal_pct, p.peak_flops / 1e12,
-              gib(static_cast<double>(p.peak_memory_bytes)).c_str(), gib(p.usable_bytes).c_str(),
-              p.fits ? "fits" : "does NOT fit");
+              peak_text(p).c_str(), gib(p.usable_bytes).c_str(), p.fits ? "fits" : "does NOT fit");
   std::printf("time by class\n");
   for (const auto& [name, ct] : p.by_class)
     std::printf("  %-24s %10s  %5.1f%%  (%lld)\n", name.c_str(), seconds_text(ct.seconds).c_str(),
@@ -343,10 +357,12 @@ void apply_memory(plan::LayoutPrediction& l, const MemoryModel& mm) {
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     plan::Prediction& p = l.positions[i].compute;
     p.peak_memory_bytes = static_cast<std::size_t>(mm.stages[i].peak_bytes);
+    p.reserved_memory_bytes = p.peak_memory_bytes;  // its count is of what that runtime keeps, not of tessera's allocator
     p.fits = mm.stages[i].peak_bytes <= l.usable_bytes;
     l.peak_memory_bytes = std::max(l.peak_memory_bytes, p.peak_memory_bytes);
     l.fits = l.fits && p.fits;
   }
+  l.reserved_memory_bytes = l.peak_memory_bytes;
 }
 
 nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
@@ -380,6 +396,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
                          {"comm_seconds", p.time.comm_seconds},
                          {"collectives", p.time.collectives},
                          {"peak_memory_bytes", p.compute.peak_memory_bytes},
+                         {"reserved_memory_bytes", p.compute.reserved_memory_bytes},
                          {"fits", p.compute.fits},
                          {"time", class_times(p.compute)},
                          {"trace_seconds", traces[i].seconds}});
@@ -437,9 +454,8 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
                 l.positions.front().compute.machine.c_str());
   std::printf("\n");
   std::printf("step %s | %.0f tokens/s per GPU | MFU %.1f%% (causal %.1f%%) | peak %s of %s usable: %s\n\n",
-              seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct,
-              gib(static_cast<double>(l.peak_memory_bytes)).c_str(), gib(l.usable_bytes).c_str(),
-              l.fits ? "fits" : "does NOT fit");
+              seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct, peak_text(l).c_str(),
+              gib(l.usable_bytes).c_str(), l.fits ? "fits" : "does NOT fit");
   std::printf("position  rank      compute  exposed comm  pipeline wait  comm (all)  collectives   peak memory\n");
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     const plan::PositionPrediction& p = l.positions[i];
@@ -514,7 +530,9 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
   space.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const auto t0 = std::chrono::steady_clock::now();
   const plan::TraceRank trace_rank = [&](const train::JobConfig& c, int w, int rank) {
-    return llama_plan::trace_step(c, bf16_model, target.device_bytes, w, rank);
+    plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes, w, rank);
+    if (target.cpu) on_host(st);
+    return st;
   };
   const plan::SearchReport r =
       plan::search_layouts(given, space, global, trace_rank, *target.pricer, target.network.value_or(plan::Network{}));
@@ -525,7 +543,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
   if (fitting == 0) {
     std::string smallest;
     if (!r.layouts.empty())
-      smallest = tessera::detail::concat("; the smallest peak is ", size_text(static_cast<double>(r.layouts.front().peak_memory_bytes)),
+      smallest = tessera::detail::concat("; the smallest peak is ", size_text(static_cast<double>(r.layouts.front().reserved_memory_bytes)),
                                          " (", layout_brief(r.layouts.front().config), ")");
     else if (!r.first_refusal.empty())
       smallest = tessera::detail::concat("; every layout is refused: ", r.first_refusal);
@@ -752,8 +770,11 @@ int run(std::vector<std::string> args) {
   if (!emit.empty()) emit_config(emit, c);
   if (world == 1 && !zero1 && !torchtitan) {
     plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
-    if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
-    const plan::Prediction p = plan::predict(st.trace, *target.pricer, st.shape, st.peak_bytes, st.at_peak);
+    if (cpu) {
+      target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
+      on_host(st);
+    }
+    const plan::Prediction p = plan::predict(st, *target.pricer);
     if (json)
       std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());
     else
@@ -761,8 +782,10 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   std::vector<plan::StepTrace> traces;
-  for (int rank : plan::distinct_ranks(mesh))
+  for (int rank : plan::distinct_ranks(mesh)) {
     traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
+    if (cpu) on_host(traces.back());
+  }
   std::optional<plan::ScalingRun> run;
   if (scaling) {
     run.emplace();

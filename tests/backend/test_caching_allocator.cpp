@@ -324,6 +324,16 @@ TEST_CASE("bad releases are errors naming the pointer") {
   CHECK(!alloc.owns(c));
   other.release(c);
   CHECK(!other.owns(c));
+
+  // try_release: false for a pointer outside this allocator's segments, the release
+  // for its own block, and the same errors as release() inside its segments.
+  void* d = other.allocate(4 * KiB);
+  CHECK(!alloc.try_release(d));
+  CHECK(!alloc.try_release(&local));
+  CHECK(!alloc.try_release(nullptr));
+  CHECK(other.try_release(d));
+  CHECK(other.stats().allocated_bytes == 0);
+  CHECK_ERROR_CONTAINS(other.try_release(d), "already released");
 }
 
 TEST_CASE("release_to_owner finds the allocator from the pointer alone, as a Buffer deleter") {

@@ -27,8 +27,8 @@ check_json() {
   python3 - "$2" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))
-for k in ["tokens_per_sec", "mfu_pct", "mfu_causal_pct", "step_seconds", "peak_memory_bytes", "fits", "breakdown",
-          "usable_memory_bytes", "costliest", "machine"]:
+for k in ["tokens_per_sec", "mfu_pct", "mfu_causal_pct", "step_seconds", "peak_memory_bytes", "reserved_memory_bytes",
+          "fits", "breakdown", "usable_memory_bytes", "costliest", "machine"]:
     if k not in j:
         sys.exit("missing key %s" % k)
 if not (j["step_seconds"] > 0 and j["tokens_per_sec"] > 0 and j["peak_memory_bytes"] > 0):
@@ -46,8 +46,15 @@ mem = j["breakdown"]["memory"]
 held = sum(mem[k] for k in ["parameters", "gradients", "optimizer", "saved_activations", "temporaries", "workspace"])
 if held != j["peak_memory_bytes"]:
     sys.exit("the memory breakdown sums to %d, the peak is %d" % (held, j["peak_memory_bytes"]))
-if j["fits"] != (j["peak_memory_bytes"] <= j["usable_memory_bytes"]):
-    sys.exit("fits = %s for a peak of %d of %d usable" % (j["fits"], j["peak_memory_bytes"], j["usable_memory_bytes"]))
+# On a GPU the caching allocator's segments (2 MiB multiples) decide the fit; the host
+# (--machine cpu) caches nothing, so its live bytes do.
+reserved = j["reserved_memory_bytes"]
+if j["machine"].startswith("cpu") and reserved != j["peak_memory_bytes"]:
+    sys.exit("the host reserves %d beyond its peak of %d" % (reserved, j["peak_memory_bytes"]))
+if not j["machine"].startswith("cpu") and (reserved < j["peak_memory_bytes"] or reserved % (2 << 20) != 0):
+    sys.exit("the caching allocator reserves %d for a peak of %d" % (reserved, j["peak_memory_bytes"]))
+if j["fits"] != (reserved <= j["usable_memory_bytes"]):
+    sys.exit("fits = %s for %d reserved of %d usable" % (j["fits"], reserved, j["usable_memory_bytes"]))
 print("%s: %.4g s/step, %.0f tokens/s, MFU %.1f%%, peak %.2f GiB, %s" % (
     j["machine"], j["step_seconds"], j["tokens_per_sec"], j["mfu_pct"], j["peak_memory_bytes"] / 2**30,
     "fits" if j["fits"] else "does not fit"))
@@ -107,7 +114,8 @@ plan_ok "debug model in bf16 with full checkpointing" "${debug[@]}" --training.m
 if "$plan" "${debug[@]}" --machine h100-sxm > "$work/table" 2> "$work/err" &&
    grep -q '^tessera llama-plan: debugmodel' "$work/table" && grep -q '^step .* tokens/s | MFU' "$work/table" &&
    grep -q '^  loss head' "$work/table" && grep -q '^  saved activations' "$work/table" &&
-   grep -q '^  attention: tessera (auto: the model is float32' "$work/table"; then
+   grep -q '^  attention: tessera (auto: the model is float32' "$work/table" &&
+   grep -qE '^step .* \| peak [0-9.]+ [GM]iB \([0-9.]+ [GM]iB reserved by the caching allocator\) of ' "$work/table"; then
   echo "ok: the table names the model, the attention kernels, the step, the classes and the memory"
 else
   echo "FAIL: the table:"; head -n 20 "$work/table" "$work/err"; failures=$((failures + 1))
@@ -163,6 +171,12 @@ if abs(j["tokens_per_sec"] * gpus * j["step_seconds"] - j["tokens_per_step"]) > 
     sys.exit("tokens/s per GPU x GPUs x step is not the step's tokens")
 if j["peak_memory_bytes"] != max(p["peak_memory_bytes"] for p in j["positions"]):
     sys.exit("the peak is not the largest position's")
+if j["reserved_memory_bytes"] != max(p["reserved_memory_bytes"] for p in j["positions"]):
+    sys.exit("the reservation is not the largest position's")
+for p in j["positions"]:
+    if p["reserved_memory_bytes"] < p["peak_memory_bytes"] or p["fits"] != (p["reserved_memory_bytes"] <= j["usable_memory_bytes"]):
+        sys.exit("position %d: %d reserved for a peak of %d, fits %s" % (p["rank"], p["reserved_memory_bytes"],
+                 p["peak_memory_bytes"], p["fits"]))
 if j["fits"] != all(p["fits"] for p in j["positions"]):
     sys.exit("fits is not every position's")
 if abs(j["step_seconds"] - max(p["end_seconds"] for p in j["positions"])) > 1e-12:

@@ -271,7 +271,14 @@ TEST_CASE("cost: transfers and synchronisations wait for the device; the step su
   CHECK(pr.mfu_pct == doctest::Approx(100 * pr.tokens_per_sec * shape.args.flops_per_token(1024) / 100e12));
   CHECK(pr.mfu_causal_pct < pr.mfu_pct);
   CHECK(pr.fits);  // 5 GB of 10 - 1
+  CHECK(pr.reserved_memory_bytes == pr.peak_memory_bytes);  // no reservation given: the peak
   CHECK(!plan::predict(t, p, shape, 9'500'000'000, b).fits);
+  // What the allocator reserves decides: live bytes that fit, segments that do not.
+  const plan::Prediction held = plan::predict(t, p, shape, 8'900'000'000, b, 12, 9'100'000'000);
+  CHECK(held.peak_memory_bytes == 8'900'000'000);
+  CHECK(held.reserved_memory_bytes == 9'100'000'000);
+  CHECK(!held.fits);
+  CHECK(plan::predict(t, p, shape, 8'900'000'000, b, 12, 8'950'000'000).fits);
 }
 
 TEST_CASE("machine profiles: every built-in profile loads, each figure with its source") {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -265,6 +266,9 @@ TEST_CASE("dry run: the first step after prepare() is the second step of a run, 
       CHECK(difference == "none");
       CHECK(prepared.trace.events().size() > 20);
       CHECK(prepared.peak_bytes == second.peak_bytes);
+      // The caching allocator's segments (2 MiB multiples) hold the live peak and more.
+      CHECK(prepared.reserved_peak_bytes >= prepared.peak_bytes);
+      CHECK(prepared.reserved_peak_bytes % (std::size_t{2} << 20) == 0);
       for (int u = 0; u < kMemoryUses; ++u) CHECK(prepared.at_peak.by_use[u] == second.at_peak.by_use[u]);
       CHECK(prepared.at_peak.saved_activations == second.at_peak.saved_activations);
       CHECK(prepared.host_peak_bytes == second.host_peak_bytes);
@@ -365,6 +369,53 @@ TEST_CASE("dry run: Llama 3 8B with bf16 AdamW moments holds 2 + 4 + 8 bytes per
   CHECK(f32.at_peak[MemoryUse::optimizer] - st.at_peak[MemoryUse::optimizer] == 4 * n);
   CHECK(st.at_peak.saved_activations == f32.at_peak.saved_activations);
   CHECK(f32.peak_bytes - st.peak_bytes == 4 * n);
+}
+
+TEST_CASE("Meta: under an AllocatorReplay, tensors are blocks of tessera's caching allocator over Meta's addresses") {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  meta::AllocatorReplay replay;
+  REQUIRE(meta::AllocatorReplay::current() == &replay);
+  void* first = nullptr;
+  {
+    // 3 MiB: a large-pool segment of 4 MiB, handed out whole (the 1 MiB left is not
+    // worth a block of its own).
+    auto a = Meta::empty<float>(Shape{3 * (1 << 18)});
+    first = a.data();
+    CHECK(replay.stats().reserved_bytes == 4 * MiB);
+    CHECK(replay.stats().allocated_bytes == 4 * MiB);
+    CHECK(replay.stats().requested_bytes == 3 * MiB);
+    // A value the host uploaded reads back while the block is this tensor's.
+    const float x = 2.5f;
+    Meta::copy_from_host(&x, a.data(), 1);
+  }
+  // Released, the segment stays reserved (cached), and the next large request that fits
+  // takes it: the same address, no new segment, the upload forgotten.
+  CHECK(replay.stats().allocated_bytes == 0);
+  CHECK(replay.stats().reserved_bytes == 4 * MiB);
+  auto b = Meta::empty<float>(Shape{1 << 19});  // 2 MiB
+  CHECK(static_cast<void*>(b.data()) == first);
+  CHECK(replay.stats().upstream_allocations == 1);
+  float y = -1;
+  Meta::copy_to_host(b.data(), &y, 1);
+  CHECK(y == 0.0f);
+  // A small tensor gets a 2 MiB segment of the small pool; live ones never share an address.
+  auto c = Meta::empty<bf16>(Shape{100});
+  CHECK(replay.stats().reserved_bytes == 6 * MiB);
+  CHECK(static_cast<void*>(c.data()) != static_cast<void*>(b.data()));
+  // A tensor of an outer replay released while an inner one is open goes back to the
+  // outer; one that outlives every replay is released harmlessly.
+  std::optional<Tensor<float>> outlives;
+  {
+    meta::AllocatorReplay inner;
+    auto d = Meta::empty<float>(Shape{1 << 10});
+    outlives.emplace(Meta::empty<float>(Shape{1 << 10}));
+    CHECK(inner.stats().allocated_bytes == 2 * 4096);
+    b = Meta::empty<float>(Shape{1});  // the outer replay's 2 MiB block released here
+    CHECK(replay.stats().allocated_bytes < 2 * MiB);
+  }
+  CHECK(meta::AllocatorReplay::current() == &replay);
+  outlives.reset();
+  CHECK(replay.stats().peak_reserved >= replay.stats().reserved_bytes);
 }
 
 TEST_CASE("trace: a rewrite builds the new events in the spare buffer and hands the old one back, emptied") {

@@ -235,6 +235,15 @@ class CachingAllocator {
          ": not allocated by any caching allocator");
   }
 
+  /// Releases `p` when it lies in one of this allocator's segments; false when it does
+  /// not (another allocator's). Inside a segment, a pointer that is not a block in use
+  /// is an error, as for release().
+  bool try_release(void* p) {
+    if (p == nullptr) return false;
+    std::lock_guard lock(mutex_);
+    return release_locked(p);
+  }
+
   /// Whether `p` is the start of a block in use from this allocator.
   bool owns(const void* p) const {
     std::lock_guard lock(mutex_);

@@ -229,10 +229,11 @@ struct Prediction {
   double tokens_per_sec = 0;
   double mfu_pct = 0, mfu_causal_pct = 0;
   double peak_flops = 0;
-  std::size_t peak_memory_bytes = 0;
+  std::size_t peak_memory_bytes = 0;      // live bytes at the peak
+  std::size_t reserved_memory_bytes = 0;  // what the allocator holds at its peak (>= the live peak)
   MemoryBreakdown memory{};
   double usable_bytes = 0;
-  bool fits = false;
+  bool fits = false;                      // reserved_memory_bytes within usable_bytes
   std::int64_t host_reads = 0;        // transfers to the host: each a synchronisation on a GPU
   std::int64_t unpriced_kernels = 0;  // launches of functors without traffic() (priced as nothing)
 };
@@ -296,10 +297,12 @@ inline const char* class_of(const trace::Event& e) {
 
 /// The step's time by class, throughput, MFU (torchtitan's formula and the causally
 /// halved one) and memory against the device. `peak` and `at_peak`: the step's memory
-/// peak on the device and what it held then. `top`: how many of the costliest kinds of
-/// operation to list (0: none, and no operation is described: a search's pricing).
+/// peak on the device and what it held then; `reserved`: what the allocator holds at
+/// its peak (0: the peak itself), which decides the fit. `top`: how many of the
+/// costliest kinds of operation to list (0: none, and no operation is described: a
+/// search's pricing).
 inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const StepShape& shape, std::size_t peak,
-                          const MemoryBreakdown& at_peak, std::size_t top = 12) {
+                          const MemoryBreakdown& at_peak, std::size_t top = 12, std::size_t reserved = 0) {
   Prediction p;
   p.machine = pricer.name();
   for (const char* c : {kClassGemm, kClassAttention, kClassKernels, kClassLossHead, kClassOptimizer, kClassHost})
@@ -337,9 +340,10 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
   p.mfu_pct = 100 * per_device * shape.args.flops_per_token(shape.seq_len) / p.peak_flops;
   p.mfu_causal_pct = 100 * per_device * shape.args.flops_per_token(shape.seq_len, true) / p.peak_flops;
   p.peak_memory_bytes = peak;
+  p.reserved_memory_bytes = std::max(reserved, peak);
   p.memory = at_peak;
   p.usable_bytes = pricer.usable_bytes();
-  p.fits = static_cast<double>(peak) <= p.usable_bytes;
+  p.fits = static_cast<double>(p.reserved_memory_bytes) <= p.usable_bytes;
   return p;
 }
 

@@ -9,8 +9,12 @@
 // attention call, kernel, fill, transfer and synchronisation, and every allocation and
 // release of device memory. The memory peak covers the whole run from the model's
 // construction: parameters, gradients and optimizer state are live throughout, the
-// step's temporaries come and go. Nothing is computed and nothing is stored, so a step of
-// Llama 3 405B is traced in about a second and a step of 8B in tens of milliseconds.
+// step's temporaries come and go. Meta's allocations go through tessera's caching
+// allocator meanwhile (meta::AllocatorReplay), so the run also says what that allocator,
+// the CUDA backend's, reserves for them at its peak: the live bytes, plus what its
+// rounding and its free blocks too small to reuse hold. Nothing is computed and nothing
+// is stored, so a step of Llama 3 405B is traced in about a second and a step of 8B in
+// tens of milliseconds.
 //
 // One rank of a layout: on a world of N ranks, dry_run_step traces the rank it is given,
 // its mesh made of PhantomEngine communicators (plan/phantom.hpp): every collective and
@@ -46,6 +50,7 @@ namespace tessera::plan {
 struct StepTrace {
   trace::Trace trace;                 // a steady step's operations and memory events
   std::size_t peak_bytes = 0;         // the device's memory peak, from the model's construction on
+  std::size_t reserved_peak_bytes = 0;  // ... as tessera's caching allocator holds it: its segments at its peak
   MemoryBreakdown at_peak{};          // what it held then
   std::size_t host_peak_bytes = 0;    // host tensors the step made (read-backs, uploads' sources)
   std::size_t saved_activation_bytes = 0;  // the activation store's peak in the step
@@ -54,6 +59,12 @@ struct StepTrace {
   int rank = 0;                       // the world rank traced
   double seconds = 0;                 // how long the dry run took
 };
+
+/// predict() of a traced step: its time, and its memory with the fit judged by what
+/// tessera's caching allocator reserves at its peak.
+inline Prediction predict(const StepTrace& st, const Pricer& pricer, std::size_t top = 12) {
+  return predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak, top, st.reserved_peak_bytes);
+}
 
 /// Refuses what a dry run cannot plan, naming the key: settings llama-train refuses, and
 /// degrees that do not make a mesh of `world` ranks. Returns the mesh.
@@ -92,6 +103,7 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
   {
     ScopedMemoryStats scope(stats);
     meta::DeviceMemory device(device_bytes);
+    meta::AllocatorReplay replay;  // opened before the model, closed after it
     // One rank alone has no mesh (as llama-train on one rank); a layout's rank has one of
     // phantom communicators.
     std::optional<comm::DeviceMesh> mesh;
@@ -119,6 +131,7 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
       out.saved_activation_bytes = m.activation_bytes;
     }
     out.peak_bytes = stats[static_cast<int>(Device::meta)].peak();
+    out.reserved_peak_bytes = replay.stats().peak_reserved;
     out.at_peak = stats[static_cast<int>(Device::meta)].at_peak();
     out.host_peak_bytes = stats[static_cast<int>(Device::cpu)].peak();
     out.shape.args = c.model.args;

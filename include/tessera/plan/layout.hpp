@@ -66,6 +66,8 @@ inline void account_zero1(StepTrace& st, bool reduce_in_bf16 = true) {
   st.at_peak.by_use[static_cast<std::size_t>(MemoryUse::optimizer)] = optimizer_after;
   st.at_peak.by_use[static_cast<std::size_t>(MemoryUse::gradients)] = gradients_after;
   st.peak_bytes -= (optimizer - optimizer_after) + (gradients - gradients_after);
+  // A layout of another runtime, whose allocator is not tessera's: its live bytes decide.
+  st.reserved_peak_bytes = st.peak_bytes;
 }
 
 /// One pipeline position: its trace's prices by class and memory, and its replay.
@@ -82,9 +84,10 @@ struct LayoutPrediction {
   double step_seconds = 0;
   double tokens_per_sec = 0;  // per GPU
   double mfu_pct = 0, mfu_causal_pct = 0;
-  std::size_t peak_memory_bytes = 0;  // the largest position's
+  std::size_t peak_memory_bytes = 0;      // the largest position's live bytes
+  std::size_t reserved_memory_bytes = 0;  // the largest position's allocator reservation
   double usable_bytes = 0;
-  bool fits = false;                  // every position's peak within the usable memory
+  bool fits = false;                      // every position's reservation within the usable memory
   double exposed_comm_seconds = 0;    // the costliest position's waits for collectives
   double pipeline_wait_seconds = 0;   // ... and for send/recv groups
 };
@@ -110,8 +113,9 @@ inline LayoutPrediction predict_layout(const std::vector<StepTrace>& positions, 
   double worst_end = -1;
   for (std::size_t i = 0; i < positions.size(); ++i) {
     const StepTrace& st = positions[i];
-    PositionPrediction pp{st.rank, predict(st.trace, compute, st.shape, st.peak_bytes, st.at_peak, top), t.positions[i]};
-    out.peak_memory_bytes = std::max(out.peak_memory_bytes, st.peak_bytes);
+    PositionPrediction pp{st.rank, predict(st, compute, top), t.positions[i]};
+    out.peak_memory_bytes = std::max(out.peak_memory_bytes, pp.compute.peak_memory_bytes);
+    out.reserved_memory_bytes = std::max(out.reserved_memory_bytes, pp.compute.reserved_memory_bytes);
     out.fits = out.fits && pp.compute.fits;
     if (pp.time.end_seconds > worst_end) {
       worst_end = pp.time.end_seconds;

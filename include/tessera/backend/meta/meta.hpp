@@ -11,7 +11,10 @@
 // - Addresses. Each allocation takes the next 256-byte-aligned range of an address space
 //   above 2^48, which no x86-64 or AArch64 process can map: a host access to Meta memory,
 //   which would be a bug in the model (the Backend concept forbids it), faults at once.
-//   Ranges are never reused, so two live tensors never share an address.
+//   Ranges are never reused, so two live tensors never share an address. While a
+//   meta::AllocatorReplay is open (a dry run opens one), tensors are blocks of tessera's
+//   caching allocator over such ranges instead: reused as the GPU's allocator reuses
+//   them, two live ones still never sharing an address.
 // - Host reads. copy_to_host fills the destination with zero bytes: a loss or a gradient
 //   norm read back is 0, a well-defined placeholder. A trace names every place that reads
 //   (trace::Transfer): each is a device synchronisation on a GPU. The one exception: a few
@@ -33,6 +36,7 @@
 
 #include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
+#include "tessera/backend/caching_allocator.hpp"
 #include "tessera/backend/traced.hpp"
 #include "tessera/comm/memory_access.hpp"
 #include "tessera/core/buffer.hpp"
@@ -95,6 +99,43 @@ class AddressSpace {
     return n;
   }
 };
+/// Meta's allocations through tessera's caching allocator, the CUDA backend's
+/// (backend/caching_allocator.hpp), while one is open on this thread. Its segments are
+/// ranges of Meta's address space, so nothing is stored; what it reserves is what the
+/// GPU's allocator would, given the same allocations and releases in the same order,
+/// which is what a dry run makes (plan/dry_run.hpp): its rounding, its two pools, its
+/// splitting and the free blocks too small for the next request. Per thread, as
+/// DeviceMemory is; a buffer goes back to the replay it came from, if that is still open.
+class AllocatorReplay {
+ public:
+  AllocatorReplay()
+      : allocator_(CachingAllocator::Upstream{[](std::size_t bytes) { return AddressSpace::allocate(bytes); },
+                                              [](void*, std::size_t) {}, {}, "meta"}),
+        previous_(std::exchange(current(), this)) {}
+  ~AllocatorReplay() { current() = previous_; }
+  AllocatorReplay(const AllocatorReplay&) = delete;
+  AllocatorReplay& operator=(const AllocatorReplay&) = delete;
+
+  void* allocate(std::size_t bytes) { return allocator_.allocate(bytes); }
+  CachingAllocator::Stats stats() const { return allocator_.stats(); }
+
+  /// The replay open on this thread, or nullptr.
+  static AllocatorReplay*& current() {
+    static thread_local AllocatorReplay* r = nullptr;
+    return r;
+  }
+  /// The deleter of the Meta buffers a replay allocated.
+  static void release(void* p) {
+    HostValues::forget(p);
+    for (AllocatorReplay* r = current(); r != nullptr; r = r->previous_)
+      if (r->allocator_.try_release(p)) return;
+  }
+
+ private:
+  CachingAllocator allocator_;
+  AllocatorReplay* previous_;
+};
+
 /// The capacity Meta reports while one is open on this thread: the device the dry run
 /// stands for. Per thread, as the dry run's other state is: a search traces layouts on
 /// several threads at once, and one dry run's end must not change another's device.
@@ -121,6 +162,9 @@ struct Meta {
   template <class T>
   static Tensor<T> empty(Shape shape) {
     const auto n = static_cast<std::size_t>(shape.numel());
+    if (meta::AllocatorReplay* r = meta::AllocatorReplay::current(); r != nullptr && n > 0)
+      return Tensor<T>(shape, Buffer<T>(static_cast<T*>(r->allocate(n * sizeof(T))), n, Device::meta,
+                                        &meta::AllocatorReplay::release));
     T* p = n == 0 ? nullptr : static_cast<T*>(meta::AddressSpace::allocate(n * sizeof(T)));
     return Tensor<T>(shape, Buffer<T>(p, n, Device::meta, &meta::AddressSpace::release));
   }
