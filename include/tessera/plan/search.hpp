@@ -283,7 +283,9 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
   // microbatches per pipeline rank. With several stages per rank (schedules that run the
   // microbatches in rounds of pp, affine in the degree only from about 4 ranks: traced on
   // 3 and 4 they miss by 14%), or where 3 ranks would not get whole microbatches, a
-  // pipeline deeper than 8 is traced on 4 and 8 along that line.
+  // pipeline deeper than 8 is traced on 4 and 8 along that line (or on the first pair
+  // of 8 and 16, 16 and 32, 32 and 64 below the layout's degree where 4 ranks would get
+  // a single microbatch).
   std::vector<int> pps{mesh.pp};
   std::vector<std::int64_t> counts{count};
   bool on_ray = false;  // counts[0] is microbatches per pipeline rank, scaled by each degree
@@ -298,8 +300,14 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
       on_ray = true;
     }
   }
-  if (!full && pps.size() == 1 && mesh.pp > 8 && (count * 4) % mesh.pp == 0) {
-    pps = {4, 8};
+  // Along the ray, the smaller degree keeps two microbatches at least (else 8 and 16
+  // ranks are traced, or 16 and 32, or 32 and 64; else the layout in full): with one
+  // microbatch the first stage's peak falls in another phase of the step, before every
+  // gradient is allocated (GPipe over FSDP 2 with full checkpointing, 4 microbatches of
+  // 2 on 16 ranks: 2.38, 2.66 and 2.73 MB at 4, 8 and 16; from 4 and 8, 3.22 MB).
+  for (int lo : {4, 8, 16, 32}) {
+    if (full || pps.size() > 1 || mesh.pp <= 2 * lo || (count * lo) % mesh.pp != 0 || count * lo / mesh.pp < 2) continue;
+    pps = {lo, 2 * lo};
     on_ray = true;
   }
   const auto count_at = [&](std::size_t p, std::size_t j) {
