@@ -217,10 +217,6 @@ std::string peak_text(const P& p) {
   return t;
 }
 
-/// The host's memory (--machine cpu) is the CPU backend's, which caches nothing: the
-/// live bytes decide its fit, not the CUDA allocator the dry run replays.
-void on_host(plan::StepTrace& st) { st.reserved_peak_bytes = st.peak_bytes; }
-
 /// The figures one device's prediction and a layout's share, under the same names.
 template <class P>
 void put_summary(nlohmann::json& j, const P& p, const Target& t) {
@@ -530,9 +526,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
   space.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const auto t0 = std::chrono::steady_clock::now();
   const plan::TraceRank trace_rank = [&](const train::JobConfig& c, int w, int rank) {
-    plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes, w, rank);
-    if (target.cpu) on_host(st);
-    return st;
+    return llama_plan::trace_step(c, bf16_model, target.device_bytes, w, rank);
   };
   const plan::SearchReport r =
       plan::search_layouts(given, space, global, trace_rank, *target.pricer, target.network.value_or(plan::Network{}));
@@ -770,10 +764,7 @@ int run(std::vector<std::string> args) {
   if (!emit.empty()) emit_config(emit, c);
   if (world == 1 && !zero1 && !torchtitan) {
     plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
-    if (cpu) {
-      target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
-      on_host(st);
-    }
+    if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
     const plan::Prediction p = plan::predict(st, *target.pricer);
     if (json)
       std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());
@@ -782,10 +773,8 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   std::vector<plan::StepTrace> traces;
-  for (int rank : plan::distinct_ranks(mesh)) {
+  for (int rank : plan::distinct_ranks(mesh))
     traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
-    if (cpu) on_host(traces.back());
-  }
   std::optional<plan::ScalingRun> run;
   if (scaling) {
     run.emplace();

@@ -4,8 +4,12 @@ namespace llama_plan {
 
 tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes,
                                     int world, int rank) {
-  return bf16_model ? tessera::plan::dry_run_step<tessera::bf16>(c, device_bytes, world, rank)
-                    : tessera::plan::dry_run_step<float>(c, device_bytes, world, rank);
+  tessera::plan::StepTrace st = bf16_model ? tessera::plan::dry_run_step<tessera::bf16>(c, device_bytes, world, rank)
+                                            : tessera::plan::dry_run_step<float>(c, device_bytes, world, rank);
+  // The host's memory is the CPU backend's, which caches nothing: its live bytes are what
+  // it holds, not what the CUDA allocator the dry run replays would reserve.
+  if (device_bytes == 0) st.reserved_peak_bytes = st.peak_bytes;
+  return st;
 }
 
 tessera::train::JobConfig on_one_device(tessera::train::JobConfig c) {

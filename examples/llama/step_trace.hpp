@@ -14,7 +14,8 @@ namespace llama_plan {
 
 /// One traced step of the model `c` describes: the bf16 model when `bf16_model`, else
 /// float32 (with bf16 parameter values under mixed_precision_param = "bfloat16"), on a
-/// device of `device_bytes` (0: the host): world rank `rank` of a layout of `world` ranks.
+/// device of `device_bytes` (0: the host, whose reservation is its live peak): world
+/// rank `rank` of a layout of `world` ranks.
 tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes = 0,
                                     int world = 1, int rank = 0);
 
