@@ -24,7 +24,9 @@
 //   MFU by torchtitan's formula (6 N_non-embedding + 12 L H head_dim T FLOPs per token,
 //   no causal halving) against --peak-tflops (989: an H100/H200's dense bf16 peak), and
 //   the figure with the attention term halved (the FLOPs a causal kernel does);
-//   the peak of device memory the caching allocator handed out during the timed steps;
+//   the peak of device memory the caching allocator handed out during the timed steps,
+//   and what it held from the device then (its segments: the replay llama-plan predicts),
+//   with how it takes memory (training.expandable_segments' default, backend/cuda/memory.cuh);
 //   the target (MFU >= 45% at 1B, >= 50% at 3B, >= 42% at 8B; 8B is measured with
 //   --ac full), PASS or MISS.
 // --json writes one object per flavor in a list; each has the fields bench/torch_llama.py
@@ -158,6 +160,7 @@ struct Result {
   std::int64_t params = 0;
   double step_seconds = 0, tokens_per_sec = 0, mfu = 0, mfu_causal = 0, loss = 0;
   std::size_t peak_bytes = 0;
+  std::size_t reserved_bytes = 0;
   std::string attention;  // the attention it ran and why (training.attention's start-up words)
   std::string error;      // why it did not run (does not fit, ...), else empty
 };
@@ -210,6 +213,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   r.peak_bytes = cuda::device_allocator().stats().peak_allocated;
+  r.reserved_bytes = cuda::device_allocator().stats().peak_reserved;
   r.step_seconds = median(seconds);
   r.tokens_per_sec = static_cast<double>(tokens) / r.step_seconds;
   const double peak = o.peak_tflops * 1e12;
@@ -228,11 +232,12 @@ std::string device_name() {
 
 int run(const Options& o) {
   const std::string device = device_name(), date = utc_date();
+  (void)cuda::device_allocator();  // created now, so that its mode is known
   std::printf("bench-train: %s, %s, commit %s | batch %lld x seq %lld, activation checkpointing %s, AdamW moments "
-              "%s, peak %.0f TFLOP/s\n",
+              "%s, peak %.0f TFLOP/s | memory: %s\n",
               device.c_str(), date.c_str(), o.commit.c_str(), static_cast<long long>(o.batch),
               static_cast<long long>(o.seq), o.ac.str().c_str(), std::string(name_of(o.state_dtype)).c_str(),
-              o.peak_tflops);
+              o.peak_tflops, cuda::expandable_segments_status(cuda::current_device()).c_str());
   std::vector<Result> results;
   bool failed = false;
   for (const std::string& flavor : o.flavors) {
@@ -251,10 +256,11 @@ int run(const Options& o) {
       std::printf("%-12s | did not run: %s\n", r.flavor.c_str(), r.error.c_str());
     } else {
       const double target = target_mfu(r.flavor);
-      std::printf("%-12s | %6.2fB params | step %8.3f s | %9.0f tokens/s | MFU %5.1f%% (causal %5.1f%%) | peak %s | "
-                  "loss %.3f | target %s\n",
+      std::printf("%-12s | %6.2fB params | step %8.3f s | %9.0f tokens/s | MFU %5.1f%% (causal %5.1f%%) | peak %s "
+                  "(reserved %s) | loss %.3f | target %s\n",
                   r.flavor.c_str(), static_cast<double>(r.params) / 1e9, r.step_seconds, r.tokens_per_sec, r.mfu,
-                  r.mfu_causal, mib(static_cast<double>(r.peak_bytes)).c_str(), r.loss,
+                  r.mfu_causal, mib(static_cast<double>(r.peak_bytes)).c_str(),
+                  mib(static_cast<double>(r.reserved_bytes)).c_str(), r.loss,
                   target == 0 ? "-" : (r.mfu >= target ? "PASS" : "MISS"));
     }
     results.push_back(r);
@@ -293,6 +299,7 @@ int run(const Options& o) {
         j["mfu_pct"] = r.mfu;
         j["mfu_causal_pct"] = r.mfu_causal;
         j["peak_memory_bytes"] = r.peak_bytes;
+        j["reserved_memory_bytes"] = r.reserved_bytes;
         j["num_params"] = r.params;
       } else {
         j["error"] = r.error;

@@ -179,12 +179,13 @@ int run(std::vector<std::string> args) {
     else
       std::snprintf(text, sizeof text, "peak unknown for this GPU (set metrics.peak_tflops for MFU)");
     in.peak_text = text;
+    const std::string memory = llama_train::setup_cuda_allocator(c);
     const std::string attention = llama_train::setup_cuda_attention(c);
     const std::string compute = (thread_ranks > 1 ? "sharing one " : launch.world_size > 1 ? "each on one " : "on one ") +
                                 gpu.name + " (sm_" +
                                 std::to_string(gpu.cc_major) + std::to_string(gpu.cc_minor) + "), " +
                                 (bf16_model ? "bf16 activations and parameters" : "float32") +
-                                " | attention: " + attention;
+                                " | attention: " + attention + " | memory: " + memory;
     in.compute_text = [compute] { return compute; };
     TESSERA_CHECK(!c.comm.check_nccl_semantics, "comm.check_nccl_semantics = true on a GPU: the check holds the CPU "
                   "engines to NCCL's rules (set training.device = \"cpu\"); GPU processes run NCCL itself, and "

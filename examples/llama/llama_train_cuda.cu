@@ -55,6 +55,13 @@ int cuda_device_count() {
 
 void use_cuda_device(int device) { TESSERA_CUDA_CHECK(cudaSetDevice(device)); }
 
+std::string setup_cuda_allocator(const train::JobConfig& c) {
+  cuda::set_expandable_segments(c.training.expandable_segments);
+  const int device = cuda::current_device();
+  (void)cuda::device_allocator(device);  // created now, in the mode asked for
+  return cuda::expandable_segments_status(device);
+}
+
 std::string setup_cuda_attention(const train::JobConfig& c) {
   const nn::ModelArgs& a = c.model.args;
   // One rank's attention call: heads split by tensor parallelism, one micro-batch.

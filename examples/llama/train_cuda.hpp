@@ -28,6 +28,12 @@ int cuda_device_count();
 /// launch trains on (comm::choose_device), set before anything touches the GPU.
 void use_cuda_device(int device);
 
+/// Sets up the current GPU's caching allocator as training.expandable_segments asks
+/// (backend/cuda/memory.cuh), before anything is allocated on it, and returns the
+/// start-up line's words for how it takes memory ("expandable segments", or "a segment
+/// per block" and why).
+std::string setup_cuda_allocator(const train::JobConfig& c);
+
 /// Resolves training.attention for a run on this GPU (train/attention_choice.hpp):
 /// loads cuDNN and builds the model's attention graphs where it may run, installs the
 /// chosen engine in the CUDA backend (backend/cuda/attention_engine.hpp) and returns

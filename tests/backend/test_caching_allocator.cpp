@@ -2,15 +2,18 @@
 // and alignment, reuse, splitting and merging, the two pools, statistics, running out of
 // memory, bad releases, threads, and random sequences checked against its invariants.
 #include <doctest/doctest.h>
+#include <sys/mman.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -46,8 +49,16 @@ struct FakeDevice {
   std::map<void*, std::size_t> segments;
   std::mutex mutex;
 
+  // The expandable segment's ranges and the pages mapped in them.
+  std::map<void*, std::size_t> ranges;
+  std::set<char*> mapped_pages;
+  int reserve_calls = 0;
+  int map_calls = 0;
+  int unmap_calls = 0;
+
   ~FakeDevice() {
     for (auto& [p, size] : segments) std::free(p);
+    for (auto& [p, size] : ranges) munmap(p, size);
   }
 
   CachingAllocator::Upstream upstream(bool tells_free = true) {
@@ -83,6 +94,55 @@ struct FakeDevice {
     return u;
   }
 };
+
+/// The same device with an expandable segment: its range reserved with no access
+/// (PROT_NONE), pages made readable and writable as they are mapped and unreachable again
+/// when unmapped, so that a block used beyond the pages behind it faults; mapped pages
+/// count against the same budget as segments.
+CachingAllocator::Upstream expandable_upstream(FakeDevice& d, std::size_t range = 256 * MiB,
+                                               std::size_t page = 2 * MiB) {
+  CachingAllocator::Upstream u = d.upstream();
+  CachingAllocator::Upstream::Expandable x;
+  x.range_bytes = range;
+  x.page_bytes = page;
+  x.reserve = [&d](std::size_t bytes) -> void* {
+    std::lock_guard lock(d.mutex);
+    ++d.reserve_calls;
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    d.ranges.emplace(p, bytes);
+    return p;
+  };
+  x.map = [&d, page](void* at, std::size_t bytes) {
+    std::lock_guard lock(d.mutex);
+    ++d.map_calls;
+    REQUIRE(bytes % page == 0);
+    if (bytes > d.budget - d.outstanding) {
+      ++d.failed_calls;
+      return false;
+    }
+    for (std::size_t o = 0; o < bytes; o += page) REQUIRE(d.mapped_pages.insert(static_cast<char*>(at) + o).second);
+    REQUIRE(mprotect(at, bytes, PROT_READ | PROT_WRITE) == 0);
+    d.outstanding += bytes;
+    return true;
+  };
+  x.unmap = [&d, page](void* at, std::size_t bytes) {
+    std::lock_guard lock(d.mutex);
+    ++d.unmap_calls;
+    for (std::size_t o = 0; o < bytes; o += page) REQUIRE(d.mapped_pages.erase(static_cast<char*>(at) + o) == 1);
+    REQUIRE(madvise(at, bytes, MADV_DONTNEED) == 0);
+    REQUIRE(mprotect(at, bytes, PROT_NONE) == 0);
+    d.outstanding -= bytes;
+  };
+  x.free_range = [&d](void* base, std::size_t bytes) {
+    std::lock_guard lock(d.mutex);
+    REQUIRE(d.ranges.at(base) == bytes);
+    REQUIRE(munmap(base, bytes) == 0);
+    d.ranges.erase(base);
+  };
+  u.expandable = std::move(x);
+  return u;
+}
 
 std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
@@ -475,87 +535,224 @@ TEST_CASE("threads sharing one allocator") {
   CHECK(device.outstanding == 0);
 }
 
-TEST_CASE("random allocations and releases keep every invariant") {
-  FakeDevice device(96 * MiB);
-  CachingAllocator alloc(device.upstream());
-  std::mt19937_64 rng(20240611);
-  struct Live {
-    std::size_t bytes;
-    unsigned char tag;
-  };
-  std::map<std::uintptr_t, Live> live;  // by address
-  std::size_t requested = 0;
-  std::size_t allocations = 0;
-  int out_of_memory = 0;
-  for (int step = 0; step < 6000; ++step) {
-    if (live.empty() || rng() % 5 < 3) {
-      std::size_t bytes;
-      switch (rng() % 4) {
-        case 0: bytes = 1 + rng() % 2048; break;
-        case 1: bytes = 1 + rng() % (1 * MiB); break;
-        case 2: bytes = 1 * MiB + rng() % (4 * MiB); break;
-        default: bytes = 512 * (1 + rng() % 64); break;
-      }
-      void* p = nullptr;
-      try {
-        p = alloc.allocate(bytes, "random");
-      } catch (const Error& e) {
-        CHECK(std::string(e.what()).find("out of device memory allocating") != std::string::npos);
-        ++out_of_memory;
-        // Free some to make room.
-        for (int k = 0; k < 8 && !live.empty(); ++k) {
-          auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
-          alloc.release(reinterpret_cast<void*>(it->first));
-          requested -= it->second.bytes;
-          live.erase(it);
-        }
-        continue;
-      }
-      auto a = address(p);
-      REQUIRE(a % 256 == 0);
-      // No overlap with the live blocks on either side.
-      auto next = live.lower_bound(a);
-      if (next != live.end()) REQUIRE(a + bytes <= next->first);
-      if (next != live.begin()) {
-        auto prev = std::prev(next);
-        REQUIRE(prev->first + prev->second.bytes <= a);
-      }
-      auto tag = static_cast<unsigned char>(rng());
-      auto* c = static_cast<unsigned char*>(p);
-      c[0] = tag;
-      c[bytes - 1] = tag;
-      live.emplace(a, Live{bytes, tag});
-      requested += bytes;
-      ++allocations;
-    } else {
-      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
-      auto* c = reinterpret_cast<unsigned char*>(it->first);
-      REQUIRE(c[0] == it->second.tag);
-      REQUIRE(c[it->second.bytes - 1] == it->second.tag);
-      alloc.release(c);
-      requested -= it->second.bytes;
-      live.erase(it);
-    }
-    if (step % 500 == 0) alloc.empty_cache();
-    auto s = alloc.stats();
-    REQUIRE(s.requested_bytes == requested);
-    REQUIRE(s.allocations == allocations);
-    REQUIRE(s.allocated_bytes >= s.requested_bytes);
-    REQUIRE(s.allocated_bytes <= s.reserved_bytes);
-    REQUIRE(s.reserved_bytes == device.outstanding);
-    REQUIRE(s.allocated_bytes % CachingAllocator::kBlockRound == 0);
-    REQUIRE(s.peak_allocated >= s.allocated_bytes);
-    REQUIRE(s.peak_reserved >= s.reserved_bytes);
-    REQUIRE(s.upstream_allocations - s.upstream_releases == device.segments.size());
-  }
-  CHECK(out_of_memory > 0);  // the budget was reached and the allocator recovered
-  for (auto& [a, l] : live) alloc.release(reinterpret_cast<void*>(a));
+TEST_CASE("expandable: the large pool is one segment that grows at its end by the pages a request lacks") {
+  FakeDevice device;
+  CachingAllocator alloc(expandable_upstream(device));
+  auto* x = static_cast<char*>(alloc.allocate(4 * MiB, "x"));
+  auto* y = static_cast<char*>(alloc.allocate(6 * MiB, "y"));
+  CHECK(y == x + 4 * MiB);
+  CHECK(alloc.stats().reserved_bytes == 10 * MiB);
+  CHECK(device.reserve_calls == 1);
+  CHECK(device.map_calls == 2);
+  alloc.release(y);
+  // 12 MiB: no free block fits, so the free 6 MiB at the end takes 6 MiB more after it.
+  auto* z = static_cast<char*>(alloc.allocate(12 * MiB, "z"));
+  CHECK(z == y);
   auto s = alloc.stats();
-  CHECK(s.allocated_bytes == 0);
-  CHECK(s.requested_bytes == 0);
+  CHECK(s.reserved_bytes == 16 * MiB);
+  CHECK(s.allocated_bytes == 16 * MiB);
+  CHECK(s.upstream_allocations == 3);
+  CHECK(device.outstanding == 16 * MiB);
+  std::memset(z, 0x5a, 12 * MiB);  // every byte of it is mapped
+  // With a segment per block, the same requests hold 22 MiB.
+  {
+    FakeDevice plain_device;
+    CachingAllocator plain(plain_device.upstream());
+    void* px = plain.allocate(4 * MiB);
+    plain.release(plain.allocate(6 * MiB));
+    void* pz = plain.allocate(12 * MiB);
+    CHECK(plain.stats().reserved_bytes == 22 * MiB);
+    plain.release(px);
+    plain.release(pz);
+  }
+  // Small requests still take 2 MiB segments of their own.
+  auto* small = static_cast<char*>(alloc.allocate(4 * KiB, "small"));
+  CHECK((small < x || small >= x + 16 * MiB));
+  CHECK(alloc.stats().reserved_bytes == 18 * MiB);
+  // A free block inside the segment is reused by best fit before the segment grows.
+  alloc.release(x);
+  void* w = alloc.allocate(3 * MiB, "w");
+  CHECK(w == x);
+  CHECK(alloc.stats().reserved_bytes == 18 * MiB);
+  CHECK(alloc.owns(w));
+  CHECK(alloc.owns(z));
+  for (void* p : {w, static_cast<void*>(z), static_cast<void*>(small)}) alloc.release(p);
   alloc.empty_cache();
   CHECK(alloc.stats().reserved_bytes == 0);
   CHECK(device.outstanding == 0);
+  CHECK(device.mapped_pages.empty());
+}
+
+TEST_CASE("expandable: empty_cache unmaps the whole free pages at the end; releases are checked as anywhere") {
+  FakeDevice device;
+  CachingAllocator alloc(expandable_upstream(device));
+  // 2.5 MiB of a 4 MiB page pair: the 1.5 MiB after it is split off, free.
+  auto* x = static_cast<char*>(alloc.allocate(2 * MiB + 512 * KiB, "x"));
+  CHECK(alloc.stats().reserved_bytes == 4 * MiB);
+  alloc.empty_cache();  // the free 1.5 MiB shares x's second page: nothing to unmap
+  CHECK(alloc.stats().reserved_bytes == 4 * MiB);
+  CHECK(device.unmap_calls == 0);
+  // 3 MiB: the free 1.5 MiB at the end and one more page.
+  auto* y = static_cast<char*>(alloc.allocate(3 * MiB, "y"));
+  CHECK(y == x + 2 * MiB + 512 * KiB);
+  CHECK(alloc.stats().reserved_bytes == 6 * MiB);
+  alloc.release(y);
+  alloc.empty_cache();  // the third page goes; the half page after x stays, free
+  auto s = alloc.stats();
+  CHECK(s.reserved_bytes == 4 * MiB);
+  CHECK(s.upstream_releases == 1);
+  CHECK(device.outstanding == 4 * MiB);
+  std::memset(x, 1, 2 * MiB + 512 * KiB);
+  void* again = alloc.allocate(1 * MiB + 512 * KiB, "again");  // the half page, no growth
+  CHECK(again == y);
+  CHECK(alloc.stats().reserved_bytes == 4 * MiB);
+  alloc.release(again);
+
+  CHECK_ERROR_CONTAINS(alloc.release(x + 512), "not the start of a block (it lies 512 bytes into a block of");
+  alloc.release(x);
+  CHECK_ERROR_CONTAINS(alloc.release(x), "already released");
+  alloc.empty_cache();
+  s = alloc.stats();
+  CHECK(s.reserved_bytes == 0);
+  CHECK(device.outstanding == 0);
+  // Growing again starts at the range's base; the range is reserved once.
+  void* z = alloc.allocate(8 * MiB, "z");
+  CHECK(z == x);
+  CHECK(device.reserve_calls == 1);
+  alloc.release(z);
+}
+
+TEST_CASE("expandable: out of memory empties the cache and retries once, then names the tensor") {
+  FakeDevice device(8 * MiB);
+  CachingAllocator alloc(expandable_upstream(device));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(alloc.allocate(1 * MiB));  // two small segments
+  for (void* p : blocks) alloc.release(p);
+  // 5 MiB: 6 MiB of pages, 4 MiB left on the device until the small segments go back.
+  void* big = alloc.allocate(5 * MiB, "big");
+  CHECK(device.failed_calls == 1);
+  CHECK(alloc.stats().reserved_bytes == 6 * MiB);
+  CHECK_ERROR_CONTAINS(alloc.allocate(4 * MiB, "layers.0.feed_forward.w1"),
+                       "out of device memory allocating 4194304 bytes (4.00 MiB) for layers.0.feed_forward.w1: "
+                       "6.00 MiB allocated by tessera, 6.00 MiB reserved, 2.00 MiB free on the device");
+  CHECK(alloc.stats().reserved_bytes == 6 * MiB);
+  // Released, the 6 MiB at the end takes one more page for 7 MiB.
+  alloc.release(big);
+  void* bigger = alloc.allocate(7 * MiB, "bigger");
+  CHECK(bigger == big);
+  CHECK(alloc.stats().reserved_bytes == 8 * MiB);
+  alloc.release(bigger);
+}
+
+TEST_CASE("expandable: destruction unmaps the pages and frees the range; a bad upstream is refused") {
+  FakeDevice device;
+  {
+    CachingAllocator alloc(expandable_upstream(device));
+    alloc.allocate(3 * MiB);
+    alloc.allocate(4 * KiB);
+    alloc.release(alloc.allocate(5 * MiB));
+    CHECK(device.outstanding == 2 * MiB + 4 * MiB + 6 * MiB);
+  }
+  CHECK(device.outstanding == 0);
+  CHECK(device.mapped_pages.empty());
+  CHECK(device.ranges.empty());
+
+  auto missing = expandable_upstream(device);
+  missing.expandable->map = nullptr;
+  CHECK_ERROR_CONTAINS(CachingAllocator{missing}, "an expandable upstream needs reserve, map, unmap and free_range");
+  auto odd = expandable_upstream(device, 256 * MiB, 1000);
+  CHECK_ERROR_CONTAINS(CachingAllocator{odd}, "expandable pages of 1000 bytes (a multiple of 512 is needed)");
+  auto none = expandable_upstream(device);
+  none.expandable->reserve = [](std::size_t) -> void* { return nullptr; };
+  CachingAllocator alloc(none);
+  CHECK_ERROR_CONTAINS(alloc.allocate(4 * MiB), "could not reserve an address range of 268435456 bytes (256.00 MiB)");
+  CHECK(alloc.allocate(4 * KiB) != nullptr);  // the small pool does not need it
+}
+
+TEST_CASE("random allocations and releases keep every invariant") {
+  for (const bool expandable : {false, true}) {
+    CAPTURE(expandable);
+    FakeDevice device(96 * MiB);
+    CachingAllocator alloc(expandable ? expandable_upstream(device) : device.upstream());
+    std::mt19937_64 rng(20240611);
+    struct Live {
+      std::size_t bytes;
+      unsigned char tag;
+    };
+    std::map<std::uintptr_t, Live> live;  // by address
+    std::size_t requested = 0;
+    std::size_t allocations = 0;
+    int out_of_memory = 0;
+    for (int step = 0; step < 6000; ++step) {
+      if (live.empty() || rng() % 5 < 3) {
+        std::size_t bytes;
+        switch (rng() % 4) {
+          case 0: bytes = 1 + rng() % 2048; break;
+          case 1: bytes = 1 + rng() % (1 * MiB); break;
+          case 2: bytes = 1 * MiB + rng() % (4 * MiB); break;
+          default: bytes = 512 * (1 + rng() % 64); break;
+        }
+        void* p = nullptr;
+        try {
+          p = alloc.allocate(bytes, "random");
+        } catch (const Error& e) {
+          CHECK(std::string(e.what()).find("out of device memory allocating") != std::string::npos);
+          ++out_of_memory;
+          // Free some to make room.
+          for (int k = 0; k < 8 && !live.empty(); ++k) {
+            auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+            alloc.release(reinterpret_cast<void*>(it->first));
+            requested -= it->second.bytes;
+            live.erase(it);
+          }
+          continue;
+        }
+        auto a = address(p);
+        REQUIRE(a % 256 == 0);
+        // No overlap with the live blocks on either side.
+        auto next = live.lower_bound(a);
+        if (next != live.end()) REQUIRE(a + bytes <= next->first);
+        if (next != live.begin()) {
+          auto prev = std::prev(next);
+          REQUIRE(prev->first + prev->second.bytes <= a);
+        }
+        auto tag = static_cast<unsigned char>(rng());
+        auto* c = static_cast<unsigned char*>(p);
+        c[0] = tag;
+        c[bytes - 1] = tag;
+        live.emplace(a, Live{bytes, tag});
+        requested += bytes;
+        ++allocations;
+      } else {
+        auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+        auto* c = reinterpret_cast<unsigned char*>(it->first);
+        REQUIRE(c[0] == it->second.tag);
+        REQUIRE(c[it->second.bytes - 1] == it->second.tag);
+        alloc.release(c);
+        requested -= it->second.bytes;
+        live.erase(it);
+      }
+      if (step % 500 == 0) alloc.empty_cache();
+      auto s = alloc.stats();
+      REQUIRE(s.requested_bytes == requested);
+      REQUIRE(s.allocations == allocations);
+      REQUIRE(s.allocated_bytes >= s.requested_bytes);
+      REQUIRE(s.allocated_bytes <= s.reserved_bytes);
+      REQUIRE(s.reserved_bytes == device.outstanding);
+      REQUIRE(s.allocated_bytes % CachingAllocator::kBlockRound == 0);
+      REQUIRE(s.peak_allocated >= s.allocated_bytes);
+      REQUIRE(s.peak_reserved >= s.reserved_bytes);
+      if (!expandable) REQUIRE(s.upstream_allocations - s.upstream_releases == device.segments.size());
+    }
+    CHECK(out_of_memory > 0);  // the budget was reached and the allocator recovered
+    for (auto& [a, l] : live) alloc.release(reinterpret_cast<void*>(a));
+    auto s = alloc.stats();
+    CHECK(s.allocated_bytes == 0);
+    CHECK(s.requested_bytes == 0);
+    alloc.empty_cache();
+    CHECK(alloc.stats().reserved_bytes == 0);
+    CHECK(device.outstanding == 0);
+  }
 }
 
 }  // namespace test_caching_allocator

@@ -1,5 +1,6 @@
 // Launchers for the CUDA backend tests: move host tensors to the device through the
 // backend, call it, bring the results back. The checks are in test_gpu_backend.cpp.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <vector>
@@ -160,5 +161,33 @@ Tensor<float> cuda_swiglu(const Tensor<float>& a, const Tensor<float>& b) {
 Tensor<float> cuda_empty(Shape shape) { return Cuda::empty<float>(shape); }
 
 CachingAllocator::Stats allocator_stats() { return cuda::device_allocator().stats(); }
+
+GrowthCheck allocator_growth() {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  CachingAllocator& a = cuda::device_allocator();
+  GrowthCheck r;
+  r.mode = cuda::expandable_segments_status(cuda::current_device());
+  a.empty_cache();  // nothing free at the end: a block no free one fits is the last one
+  // Larger than any block the suite's earlier tests leave free, so each is placed at the end.
+  void* x = a.allocate(256 * MiB, "growth check x");
+  const std::size_t before_y = a.stats().reserved_bytes;
+  void* y = a.allocate(512 * MiB, "growth check y");
+  r.y_at_end = a.stats().reserved_bytes > before_y;
+  a.release(y);
+  r.reserved_before = a.stats().reserved_bytes;
+  void* z = a.allocate(1024 * MiB, "growth check z");
+  r.reserved_after = a.stats().reserved_bytes;
+  r.same_address = z == y;
+  TESSERA_CUDA_CHECK(cudaMemset(z, 0x5a, 1024 * MiB));
+  std::vector<unsigned char> head(16 * MiB), tail(16 * MiB);
+  TESSERA_CUDA_CHECK(cudaMemcpy(head.data(), z, head.size(), cudaMemcpyDeviceToHost));
+  TESSERA_CUDA_CHECK(cudaMemcpy(tail.data(), static_cast<char*>(z) + 1008 * MiB, tail.size(), cudaMemcpyDeviceToHost));
+  const auto is_5a = [](unsigned char v) { return v == 0x5a; };
+  r.values_read_back = std::all_of(head.begin(), head.end(), is_5a) && std::all_of(tail.begin(), tail.end(), is_5a);
+  a.release(z);
+  a.release(x);
+  a.empty_cache();
+  return r;
+}
 
 }  // namespace tessera::gpu_test

@@ -69,4 +69,18 @@ Tensor<float> cuda_empty(Shape shape);
 /// The caching allocator's counters for the current device.
 CachingAllocator::Stats allocator_stats();
 
+/// What the current device's allocator did with a block freed at the end of its large
+/// pool and a request twice its size after it (backend/cuda/memory.cuh): how it takes
+/// memory, whether the freed block had been placed at the end, whether the larger block
+/// began where the freed one did, the bytes reserved before and after it, and whether
+/// bytes written over the whole larger block (cudaMemset) read back at both its ends.
+struct GrowthCheck {
+  std::string mode;
+  bool y_at_end = false;
+  bool same_address = false;
+  std::size_t reserved_before = 0, reserved_after = 0;
+  bool values_read_back = false;
+};
+GrowthCheck allocator_growth();
+
 }  // namespace tessera::gpu_test

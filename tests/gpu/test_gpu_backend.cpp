@@ -426,4 +426,19 @@ TEST_CASE("Device tensors move the caching allocator's counters and the device's
   CHECK(s3.allocated_bytes == s0.allocated_bytes);
 }
 
+TEST_CASE("The device allocator grows one expandable segment: a block freed at its end becomes part of a larger one") {
+  const gpu_test::GrowthCheck r = gpu_test::allocator_growth();
+  INFO("allocator: ", r.mode);
+  CHECK(r.values_read_back);
+  REQUIRE(r.y_at_end);
+  if (r.mode == "expandable segments") {
+    // 1 GiB where 512 MiB were freed at the end: 512 MiB more, at the same address.
+    CHECK(r.same_address);
+    CHECK(r.reserved_after - r.reserved_before == std::size_t{512} << 20);
+  } else {
+    // A segment per block: the freed 512 MiB stays cached and 1 GiB more is taken.
+    CHECK(r.reserved_after - r.reserved_before == std::size_t{1024} << 20);
+  }
+}
+
 }  // namespace test_gpu_backend

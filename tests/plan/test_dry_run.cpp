@@ -418,6 +418,48 @@ TEST_CASE("Meta: under an AllocatorReplay, tensors are blocks of tessera's cachi
   CHECK(replay.stats().peak_reserved >= replay.stats().reserved_bytes);
 }
 
+TEST_CASE("Meta: a replay of expandable segments grows one segment at its end; its range serves the next replay") {
+  constexpr std::int64_t MiB_floats = std::int64_t{1} << 18;  // floats in 1 MiB
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  // A tensor freed at the end and a larger one after it: the segment grows by the
+  // difference (training.expandable_segments, the default), where a segment per block
+  // takes the whole larger one anew.
+  const auto reserved = [&](bool expandable) {
+    meta::AllocatorReplay replay(expandable);
+    auto x = Meta::empty<float>(Shape{4 * MiB_floats});
+    std::optional<Tensor<float>> y(Meta::empty<float>(Shape{6 * MiB_floats}));
+    void* y_at = y->data();
+    y.reset();
+    auto z = Meta::empty<float>(Shape{12 * MiB_floats});
+    if (expandable) CHECK(static_cast<void*>(z.data()) == y_at);
+    return replay.stats().peak_reserved;
+  };
+  CHECK(reserved(true) == 16 * MiB);
+  CHECK(reserved(false) == 22 * MiB);
+
+  // The next replay takes the same range when nothing of the last outlived it.
+  void* base = nullptr;
+  {
+    meta::AllocatorReplay replay;
+    base = Meta::empty<float>(Shape{4 * MiB_floats}).data();
+  }
+  void* kept_at = nullptr;
+  std::optional<Tensor<float>> kept;
+  {
+    meta::AllocatorReplay replay;
+    kept.emplace(Meta::empty<float>(Shape{4 * MiB_floats}));
+    kept_at = kept->data();
+  }
+  CHECK(kept_at == base);
+  {
+    // The last one's tensor outlives it: its range is not reused while that lives.
+    meta::AllocatorReplay replay;
+    auto t = Meta::empty<float>(Shape{4 * MiB_floats});
+    CHECK(static_cast<void*>(t.data()) != kept_at);
+  }
+  kept.reset();
+}
+
 TEST_CASE("trace: a rewrite builds the new events in the spare buffer and hands the old one back, emptied") {
   trace::Trace t;
   for (std::int64_t i = 1; i <= 1000; ++i) t.add(trace::Fill{i});

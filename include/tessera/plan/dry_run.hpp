@@ -103,7 +103,7 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
   {
     ScopedMemoryStats scope(stats);
     meta::DeviceMemory device(device_bytes);
-    meta::AllocatorReplay replay;  // opened before the model, closed after it
+    meta::AllocatorReplay replay(c.training.expandable_segments);  // opened before the model, closed after it
     // One rank alone has no mesh (as llama-train on one rank); a layout's rank has one of
     // phantom communicators.
     std::optional<comm::DeviceMesh> mesh;

@@ -390,6 +390,11 @@ inline std::vector<ConfigKey> build_config_keys() {
                "\"auto\" (cudnn where it can run, else tessera; the start-up line says which and why). "
                "training.deterministic asks cuDNN for its deterministic backward.")
           .one_of({"auto", "cudnn", "tessera"}),
+      make_key("training.expandable_segments", field<&J::training, &TrainingSection::expandable_segments>(),
+               "On the GPU, the caching allocator keeps its large blocks in one segment that grows at its end "
+               "(CUDA virtual memory, as PyTorch's expandable_segments, which torchtitan's launch script sets) "
+               "instead of a cudaMalloc for each block no free one fits: less memory lost between blocks. "
+               "false: a segment per block. llama-plan replays either."),
       make_key("training.mixed_precision_param", field<&J::training, &TrainingSection::mixed_precision_param>(),
                "Dtype of parameters in forward and backward (the optimizer keeps float32 masters).")
           .one_of(dtypes),

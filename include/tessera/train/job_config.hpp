@@ -73,6 +73,7 @@ struct TrainingSection {
   bool deterministic = false;
   std::string device = "auto";  // "auto": cuda where built with CUDA and a GPU is visible, else cpu
   std::string attention = "auto";  // on the GPU: "auto" (cudnn where it can run), "cudnn" or "tessera"
+  bool expandable_segments = true;  // on the GPU: the caching allocator's large pool grows one segment
   std::string mixed_precision_param = "bfloat16";
   std::string mixed_precision_reduce = "float32";
   std::string dataset = "synthetic";  // "synthetic" (embedded corpus) or "shard"

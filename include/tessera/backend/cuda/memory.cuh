@@ -22,7 +22,22 @@
 // every other error throws naming the call, the device and CUDA's text. Allocators are
 // never destroyed: a tensor held in static storage may be freed during the process's
 // exit, after a function-local allocator would have been, and the driver takes the
-// memory back when the process ends. A Buffer's deleter is
+// memory back when the process ends.
+//
+// Expandable segments (set_expandable_segments, on unless a job sets
+// training.expandable_segments = false before its first allocation): the allocator's
+// large pool is then one segment over an address range of the device's size
+// (cuMemAddressReserve), grown at its end in pages of the driver's allocation
+// granularity, at least 2 MiB: each page its own physical allocation (cuMemCreate),
+// mapped (cuMemMap) and made readable and writable by the device (cuMemSetAccess); pages
+// are unmapped and released one by one. cuMemCreate's CUDA_ERROR_OUT_OF_MEMORY is the
+// upstream's "no more" (the allocator then empties its cache and retries), every other
+// error throws naming the call. The driver's calls come through the runtime
+// (cudaGetDriverEntryPointByVersion), so nothing links libcuda; where the driver lacks
+// them or the device does not support virtual memory management, the allocator takes
+// a cudaMalloc segment per block as before (expandable_segments_status says why).
+// Collectives need no peer access to these pages: NCCL copies through its own buffers
+// unless a buffer is registered with it, and tessera registers none. A Buffer's deleter is
 // CachingAllocator::release_to_owner, which finds the allocator that handed the block
 // out, so a tensor may be freed from any thread with any device current.
 //
@@ -42,15 +57,21 @@
 // consecutive slots. A mutex per ring makes it safe for thread ranks sharing a device.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -155,10 +176,175 @@ inline CachingAllocator::Upstream cuda_upstream(int device) {
   return up;
 }
 
-/// The per-device allocators, created on first use and never destroyed.
+/// The driver's virtual memory management calls, fetched through the runtime once; the
+/// name of the first the driver did not give, if any.
+struct VmmCalls {
+  PFN_cuMemAddressReserve_v10020 address_reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 device_attribute = nullptr;
+  PFN_cuGetErrorName_v6000 error_name = nullptr;
+  std::string missing;
+};
+
+inline const VmmCalls& vmm_calls() {
+  static const VmmCalls calls = [] {
+    VmmCalls c;
+    auto get = [&c](const char* name, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      // 12000: each call's ABI as of CUDA 12.0 (the _v10020 and older signatures above).
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess || p == nullptr) {
+        (void)cudaGetLastError();
+        if (c.missing.empty()) c.missing = name;
+        return;
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    get("cuMemAddressReserve", c.address_reserve);
+    get("cuMemAddressFree", c.address_free);
+    get("cuMemCreate", c.create);
+    get("cuMemRelease", c.release);
+    get("cuMemMap", c.map);
+    get("cuMemUnmap", c.unmap);
+    get("cuMemSetAccess", c.set_access);
+    get("cuMemGetAllocationGranularity", c.granularity);
+    get("cuDeviceGetAttribute", c.device_attribute);
+    get("cuGetErrorName", c.error_name);
+    return c;
+  }();
+  return calls;
+}
+
+/// Throws naming the driver call, the device and the driver's error, unless it succeeded.
+inline void check_driver(CUresult r, const char* call, int device) {
+  if (r == CUDA_SUCCESS) return;
+  const char* name = nullptr;
+  if (vmm_calls().error_name == nullptr || vmm_calls().error_name(r, &name) != CUDA_SUCCESS) name = nullptr;
+  fail(call, " on cuda:", device, ": ", name != nullptr ? name : "CUresult", " (", static_cast<int>(r), ")");
+}
+
+/// One device's pages of its expandable segment: a physical allocation each, by address.
+struct ExpandablePages {
+  int device = 0;
+  std::size_t page = 0;
+  std::map<CUdeviceptr, CUmemGenericAllocationHandle> handles;
+
+  /// Unmaps and releases the pages of [at, at + bytes), each mapped before.
+  void unmap(CUdeviceptr at, std::size_t bytes) {
+    const VmmCalls& v = vmm_calls();
+    for (CUdeviceptr p = at; p < at + bytes; p += page) {
+      auto it = handles.find(p);
+      if (it == handles.end()) fail("CUDA backend: unmapping a page at ", p, " on cuda:", device, " that is not mapped");
+      check_driver(v.unmap(p, page), "cuMemUnmap", device);
+      check_driver(v.release(it->second), "cuMemRelease", device);
+      handles.erase(it);
+    }
+  }
+
+  /// Maps [at, at + bytes) page by page; false, with nothing left mapped, when the device
+  /// has no memory for one of them.
+  bool map(CUdeviceptr at, std::size_t bytes) {
+    const VmmCalls& v = vmm_calls();
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    for (CUdeviceptr p = at; p < at + bytes; p += page) {
+      CUmemGenericAllocationHandle h{};
+      const CUresult r = v.create(&h, page, &prop, 0);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        unmap(at, p - at);
+        return false;
+      }
+      check_driver(r, "cuMemCreate", device);
+      if (const CUresult m = v.map(p, page, 0, h, 0); m != CUDA_SUCCESS) {
+        (void)v.release(h);
+        unmap(at, p - at);
+        check_driver(m, "cuMemMap", device);
+      }
+      handles.emplace(p, h);
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (const CUresult r = v.set_access(at, bytes, &access, 1); r != CUDA_SUCCESS) {
+      unmap(at, bytes);
+      check_driver(r, "cuMemSetAccess", device);
+    }
+    return true;
+  }
+};
+
+/// The expandable segment of `device` as an upstream's part, or why it cannot be had.
+inline std::optional<CachingAllocator::Upstream::Expandable> cuda_expandable(int device, std::string& why) {
+  const VmmCalls& v = vmm_calls();
+  if (!v.missing.empty()) {
+    why = "the driver does not give " + v.missing;
+    return std::nullopt;
+  }
+  int supported = 0;
+  check_driver(v.device_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device),
+               "cuDeviceGetAttribute", device);
+  if (supported == 0) {
+    why = "cuda:" + std::to_string(device) + " does not support virtual memory management";
+    return std::nullopt;
+  }
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  std::size_t granularity = 0;
+  check_driver(v.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity",
+               device);
+  TESSERA_CHECK(granularity > 0, "CUDA backend: cuda:", device, " gives an allocation granularity of 0");
+  std::size_t free_bytes = 0, total_bytes = 0;
+  {
+    DeviceScope scope(device);
+    TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  }
+  CachingAllocator::Upstream::Expandable x;
+  x.page_bytes = (std::max<std::size_t>(granularity, CachingAllocator::kLargeRound) + granularity - 1) / granularity *
+                 granularity;
+  x.range_bytes = (total_bytes + x.page_bytes - 1) / x.page_bytes * x.page_bytes;
+  auto pages = std::make_shared<ExpandablePages>();
+  pages->device = device;
+  pages->page = x.page_bytes;
+  x.reserve = [device, page = x.page_bytes](std::size_t bytes) -> void* {
+    DeviceScope scope(device);
+    CUdeviceptr p = 0;
+    check_driver(vmm_calls().address_reserve(&p, bytes, page, 0, 0), "cuMemAddressReserve", device);
+    return reinterpret_cast<void*>(p);
+  };
+  x.map = [pages](void* at, std::size_t bytes) {
+    DeviceScope scope(pages->device);
+    return pages->map(reinterpret_cast<CUdeviceptr>(at), bytes);
+  };
+  x.unmap = [pages](void* at, std::size_t bytes) {
+    DeviceScope scope(pages->device);
+    pages->unmap(reinterpret_cast<CUdeviceptr>(at), bytes);
+  };
+  x.free_range = [device](void* base, std::size_t bytes) {
+    check_driver(vmm_calls().address_free(reinterpret_cast<CUdeviceptr>(base), bytes), "cuMemAddressFree", device);
+  };
+  return x;
+}
+
+/// The per-device allocators, created on first use and never destroyed; whether they
+/// grow expandable segments, and for each device why not where it was asked and cannot.
 struct DeviceAllocators {
   std::array<std::once_flag, kMaxDevices> once;
   std::array<CachingAllocator*, kMaxDevices> allocator{};
+  std::atomic<bool> expandable{true};
+  std::atomic<bool> any_created{false};
+  std::array<std::string, kMaxDevices> expandable_status;
 };
 
 inline DeviceAllocators& device_allocators() {
@@ -204,9 +390,40 @@ inline CachingAllocator& device_allocator(int device) {
                 device, " is not one of the ", visible_devices(), " visible devices");
   auto& all = detail::device_allocators();
   std::call_once(all.once[static_cast<std::size_t>(device)], [&] {
-    all.allocator[static_cast<std::size_t>(device)] = new CachingAllocator(detail::cuda_upstream(device));
+    const auto d = static_cast<std::size_t>(device);
+    CachingAllocator::Upstream up = detail::cuda_upstream(device);
+    if (all.expandable) {
+      std::string why;
+      up.expandable = detail::cuda_expandable(device, why);
+      all.expandable_status[d] = up.expandable ? "expandable segments" : "a segment per block (" + why + ")";
+    } else {
+      all.expandable_status[d] = "a segment per block (training.expandable_segments = false)";
+    }
+    all.allocator[d] = new CachingAllocator(std::move(up));
+    all.any_created = true;
   });
   return *all.allocator[static_cast<std::size_t>(device)];
+}
+
+/// Whether the device allocators, all created after this call, grow expandable segments
+/// (the default) or take a cudaMalloc segment per block (training.expandable_segments).
+/// Once an allocator exists the mode is fixed: asking for the other is an error.
+inline void set_expandable_segments(bool on) {
+  auto& all = detail::device_allocators();
+  if (all.expandable == on) return;
+  TESSERA_CHECK(!all.any_created, "CUDA backend: training.expandable_segments = ", on ? "true" : "false",
+                " must be set before the first device allocation (the allocators already run ",
+                all.expandable ? "expandable segments" : "a segment per block", ")");
+  all.expandable = on;
+}
+
+/// How `device`'s allocator takes memory: "expandable segments", or "a segment per block
+/// (why)"; empty before its first allocation (ask after it, on any thread).
+inline std::string expandable_segments_status(int device) {
+  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " is out of range");
+  auto& all = detail::device_allocators();
+  if (all.allocator[static_cast<std::size_t>(device)] == nullptr) return {};
+  return all.expandable_status[static_cast<std::size_t>(device)];
 }
 
 /// The caching allocator of the calling thread's current device.

@@ -29,8 +29,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -86,10 +88,15 @@ class AddressSpace {
  public:
   static constexpr std::uintptr_t kBase = std::uintptr_t{1} << 48;
   static constexpr std::uintptr_t kAlign = 256;
+  static constexpr std::uintptr_t kSpan = std::numeric_limits<std::uintptr_t>::max() - kBase;
 
   static void* allocate(std::size_t bytes) {
+    TESSERA_CHECK(bytes <= kSpan, "Meta: cannot give ", bytes, " bytes of address space");
     const std::uintptr_t size = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
-    return reinterpret_cast<void*>(next().fetch_add(size));
+    const std::uintptr_t at = next().fetch_add(size);
+    TESSERA_CHECK(at >= kBase && at - kBase <= kSpan - size, "Meta: the address space is used up (",
+                  kSpan, " bytes above ", kBase, " handed out): this process has traced too much");
+    return reinterpret_cast<void*>(at);
   }
   static void release(void* p) { HostValues::forget(p); }
 
@@ -108,11 +115,19 @@ class AddressSpace {
 /// DeviceMemory is; a buffer goes back to the replay it came from, if that is still open.
 class AllocatorReplay {
  public:
-  AllocatorReplay()
-      : allocator_(CachingAllocator::Upstream{[](std::size_t bytes) { return AddressSpace::allocate(bytes); },
-                                              [](void*, std::size_t) {}, {}, "meta"}),
-        previous_(std::exchange(current(), this)) {}
-  ~AllocatorReplay() { current() = previous_; }
+  /// The address range of an expandable segment: 1 PiB, more than any step on one device
+  /// holds (Llama 3.1 405B unsharded on one device: about 7 TiB).
+  static constexpr std::size_t kExpandableRange = std::size_t{1} << 50;
+
+  /// `expandable`: the large pool as one expandable segment (training.expandable_segments),
+  /// as the CUDA backend's allocator then runs it.
+  explicit AllocatorReplay(bool expandable = true)
+      : allocator_(upstream(expandable)), previous_(std::exchange(current(), this)) {}
+  ~AllocatorReplay() {
+    current() = previous_;
+    // Its range serves the next replay unless one of its blocks outlives it.
+    recycle_range_ = allocator_.stats().allocated_bytes == 0;
+  }
   AllocatorReplay(const AllocatorReplay&) = delete;
   AllocatorReplay& operator=(const AllocatorReplay&) = delete;
 
@@ -132,6 +147,51 @@ class AllocatorReplay {
   }
 
  private:
+  /// Meta's address space as the allocator's upstream. An expandable segment maps nothing
+  /// behind its pages, as nothing is stored; its range, taken from the address space once,
+  /// goes to the next replay when this one closes with no block outliving it, so that a
+  /// search tracing a hundred thousand steps does not use up the space a petabyte at a time.
+  CachingAllocator::Upstream upstream(bool expandable) {
+    CachingAllocator::Upstream u{[](std::size_t bytes) { return AddressSpace::allocate(bytes); },
+                                 [](void*, std::size_t) {}, {}, "meta", std::nullopt};
+    if (expandable)
+      u.expandable = CachingAllocator::Upstream::Expandable{
+          kExpandableRange, CachingAllocator::kLargeRound, [](std::size_t) { return take_range(); },
+          [](void*, std::size_t) { return true; }, [](void*, std::size_t) {},
+          [this](void* base, std::size_t) {
+            if (recycle_range_) give_back_range(base);
+          }};
+    return u;
+  }
+
+  /// Expandable ranges free for another replay.
+  struct FreeRanges {
+    std::mutex mutex;
+    std::vector<void*> ranges;
+  };
+  static FreeRanges& free_ranges() {
+    static auto* r = new FreeRanges;  // immortal, as the address space is
+    return *r;
+  }
+  static void* take_range() {
+    FreeRanges& f = free_ranges();
+    {
+      std::lock_guard lock(f.mutex);
+      if (!f.ranges.empty()) {
+        void* p = f.ranges.back();
+        f.ranges.pop_back();
+        return p;
+      }
+    }
+    return AddressSpace::allocate(kExpandableRange);
+  }
+  static void give_back_range(void* base) {
+    FreeRanges& f = free_ranges();
+    std::lock_guard lock(f.mutex);
+    f.ranges.push_back(base);
+  }
+
+  bool recycle_range_ = false;  // read while allocator_ is destroyed: declared before it
   CachingAllocator allocator_;
   AllocatorReplay* previous_;
 };
