@@ -622,6 +622,73 @@ TEST_CASE("expandable: empty_cache unmaps the whole free pages at the end; relea
   alloc.release(z);
 }
 
+TEST_CASE("expandable: empty_cache unmaps the free pages inside the segment too; a block over them maps them again") {
+  FakeDevice device;
+  CachingAllocator alloc(expandable_upstream(device));
+  auto* a = static_cast<char*>(alloc.allocate(4 * MiB, "a"));
+  void* b = alloc.allocate(6 * MiB, "b");
+  void* c = alloc.allocate(2 * MiB, "c");
+  alloc.release(b);
+  alloc.empty_cache();  // c holds the end: b's three pages go, the segment's span stays
+  auto s = alloc.stats();
+  CHECK(s.reserved_bytes == 6 * MiB);
+  CHECK(s.upstream_releases == 1);
+  CHECK(device.outstanding == 6 * MiB);
+  CHECK(device.mapped_pages.size() == 3);
+  // 5 MiB takes b's free 6 MiB (1 MiB left is not split off): its pages come back.
+  auto* d = static_cast<char*>(alloc.allocate(5 * MiB, "d"));
+  CHECK(d == a + 4 * MiB);
+  CHECK(alloc.stats().reserved_bytes == 12 * MiB);
+  std::memset(d, 1, 5 * MiB);
+  // A page shared with a block in use stays mapped: release a and d, keep 1.5 MiB of the
+  // first page in use.
+  alloc.release(d);
+  alloc.release(a);
+  void* e = alloc.allocate(1 * MiB + 512 * KiB, "e");  // the start of the free 10 MiB
+  CHECK(e == a);
+  alloc.empty_cache();  // pages 1 to 4 go; page 0 (e's) and c's stay
+  CHECK(alloc.stats().reserved_bytes == 4 * MiB);
+  CHECK(device.outstanding == 4 * MiB);
+  std::memset(e, 2, 1 * MiB + 512 * KiB);
+  for (void* p : {e, c}) alloc.release(p);
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes == 0);
+  CHECK(device.mapped_pages.empty());
+}
+
+TEST_CASE("expandable: out of memory gives back the free pages inside the segment for the request") {
+  FakeDevice device(14 * MiB);
+  CachingAllocator alloc(expandable_upstream(device));
+  auto* a = static_cast<char*>(alloc.allocate(4 * MiB, "a"));
+  void* b = alloc.allocate(6 * MiB, "b");
+  void* c = alloc.allocate(2 * MiB, "c");
+  alloc.release(b);
+  // 7 MiB: no free block fits and the device has 2 MiB left; b's 6 MiB of free pages go
+  // back, and the segment grows by 8 MiB at its end.
+  auto* e = static_cast<char*>(alloc.allocate(7 * MiB, "e"));
+  CHECK(e == a + 12 * MiB);
+  CHECK(device.failed_calls == 1);
+  CHECK(alloc.stats().reserved_bytes == 14 * MiB);
+  std::memset(e, 3, 7 * MiB);
+  // The device is full; a (4 MiB, mapped) and b's unmapped pages are one free block now.
+  // 4 MiB at its start needs no page mapped...
+  alloc.release(a);
+  void* f = alloc.allocate(4 * MiB, "f");
+  CHECK(f == a);
+  CHECK(device.failed_calls == 1);
+  // ...6.5 MiB there needs pages the device no longer has, even after the cache goes.
+  alloc.release(f);
+  CHECK_ERROR_CONTAINS(alloc.allocate(6 * MiB + 512 * KiB, "layers.1.attention.wo"),
+                       "out of device memory allocating 6815744 bytes (6.50 MiB) for layers.1.attention.wo");
+  auto s = alloc.stats();
+  CHECK(s.reserved_bytes == device.outstanding);
+  CHECK(s.allocated_bytes == 2 * MiB + 8 * MiB);
+  for (void* p : {c, static_cast<void*>(e)}) alloc.release(p);
+  alloc.empty_cache();
+  CHECK(device.outstanding == 0);
+  CHECK(device.mapped_pages.empty());
+}
+
 TEST_CASE("expandable: out of memory empties the cache and retries once, then names the tensor") {
   FakeDevice device(8 * MiB);
   CachingAllocator alloc(expandable_upstream(device));
@@ -720,6 +787,7 @@ TEST_CASE("random allocations and releases keep every invariant") {
         auto* c = static_cast<unsigned char*>(p);
         c[0] = tag;
         c[bytes - 1] = tag;
+        for (std::size_t o = 1 * MiB; o < bytes; o += 1 * MiB) c[o] = tag;  // every page is mapped
         live.emplace(a, Live{bytes, tag});
         requested += bytes;
         ++allocations;

@@ -184,8 +184,21 @@ GrowthCheck allocator_growth() {
   TESSERA_CUDA_CHECK(cudaMemcpy(tail.data(), static_cast<char*>(z) + 1008 * MiB, tail.size(), cudaMemcpyDeviceToHost));
   const auto is_5a = [](unsigned char v) { return v == 0x5a; };
   r.values_read_back = std::all_of(head.begin(), head.end(), is_5a) && std::all_of(tail.begin(), tail.end(), is_5a);
+  // z's pages inside the segment, x still in use before them and w after: empty_cache
+  // unmaps them, and a block over them maps them again.
+  void* w = a.allocate(256 * MiB, "growth check w");
   a.release(z);
-  a.release(x);
+  const std::size_t before_empty = a.stats().reserved_bytes;
+  a.empty_cache();
+  r.unmapped_inside = before_empty - a.stats().reserved_bytes;
+  void* v = a.allocate(768 * MiB, "growth check v");
+  r.remapped_same_address = v == z;
+  TESSERA_CUDA_CHECK(cudaMemset(v, 0x3c, 768 * MiB));
+  TESSERA_CUDA_CHECK(cudaMemcpy(head.data(), v, head.size(), cudaMemcpyDeviceToHost));
+  TESSERA_CUDA_CHECK(cudaMemcpy(tail.data(), static_cast<char*>(v) + 752 * MiB, tail.size(), cudaMemcpyDeviceToHost));
+  const auto is_3c = [](unsigned char c) { return c == 0x3c; };
+  r.remapped_read_back = std::all_of(head.begin(), head.end(), is_3c) && std::all_of(tail.begin(), tail.end(), is_3c);
+  for (void* p : {v, w, x}) a.release(p);
   a.empty_cache();
   return r;
 }

@@ -80,6 +80,11 @@ struct GrowthCheck {
   bool same_address = false;
   std::size_t reserved_before = 0, reserved_after = 0;
   bool values_read_back = false;
+  // Then: the bytes empty_cache gave back from that block's pages inside the segment
+  // (a block in use on each side), and a block over them: at its address, written and
+  // read back.
+  std::size_t unmapped_inside = 0;
+  bool remapped_same_address = false, remapped_read_back = false;
 };
 GrowthCheck allocator_growth();
 

@@ -426,7 +426,7 @@ TEST_CASE("Device tensors move the caching allocator's counters and the device's
   CHECK(s3.allocated_bytes == s0.allocated_bytes);
 }
 
-TEST_CASE("The device allocator grows one expandable segment: a block freed at its end becomes part of a larger one") {
+TEST_CASE("The device allocator grows one expandable segment: a block freed at its end becomes part of a larger one; free pages inside it are unmapped and mapped again") {
   const gpu_test::GrowthCheck r = gpu_test::allocator_growth();
   INFO("allocator: ", r.mode);
   CHECK(r.values_read_back);
@@ -435,6 +435,11 @@ TEST_CASE("The device allocator grows one expandable segment: a block freed at i
     // 1 GiB where 512 MiB were freed at the end: 512 MiB more, at the same address.
     CHECK(r.same_address);
     CHECK(r.reserved_after - r.reserved_before == std::size_t{512} << 20);
+    // Its 1 GiB freed between two blocks in use: unmapped by empty_cache, mapped again
+    // under a 768 MiB block at the same place.
+    CHECK(r.unmapped_inside == std::size_t{1024} << 20);
+    CHECK(r.remapped_same_address);
+    CHECK(r.remapped_read_back);
   } else {
     // A segment per block: the freed 512 MiB stays cached and 1 GiB more is taken.
     CHECK(r.reserved_after - r.reserved_before == std::size_t{1024} << 20);

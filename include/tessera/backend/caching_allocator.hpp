@@ -25,7 +25,10 @@
 // after it. Where a new segment would hold a request beside the free blocks of the old
 // ones, too small for it each, the segment grows only by what the request adds: a step
 // that frees a 600 MiB buffer at the pool's end and then asks for 1.2 GiB grows by
-// 600 MiB, not 1.2 GiB. empty_cache unmaps the whole free pages at the end. llama-plan's replay of a step
+// 600 MiB, not 1.2 GiB. empty_cache (and so running out of memory) unmaps every whole
+// page no block in use covers, at the end and inside the segment alike; a block handed
+// out over such holes has them mapped again first. Fragmentation then costs memory only
+// until the device is full. llama-plan's replay of a step
 // (meta::AllocatorReplay) measured the reservation over the live peak fall from 21% to
 // 8% (Llama 2 13B under FSDP, selective checkpointing) and from 4.1% to 2.2% (405B at
 // tp 4 x FSDP 32): docs/architecture.md.
@@ -207,7 +210,7 @@ class CachingAllocator {
         b = next;
       }
       try {
-        if (base == grow_base_) upstream_.expandable->unmap(base, segment.size);
+        if (base == grow_base_) unmap_pages(0, grow_end_);
         else upstream_.release(base, segment.size);
       } catch (...) {  // nothing sensible to do with a failure while tearing down
       }
@@ -232,17 +235,30 @@ class CachingAllocator {
     const bool small = size <= kSmallLimit;
     FreeSet& pool = small ? small_free_ : large_free_;
     Block* b = nullptr;
-    if (auto it = pool.lower_bound(std::pair{size, static_cast<char*>(nullptr)}); it != pool.end()) {
-      b = *it;
-      pool.erase(it);
-      ++stats_.cache_hits;
-    } else if (!small && upstream_.expandable) {
-      b = grow(size, bytes, what);
-    } else {
-      b = new_segment(small ? kSmallSegment : round_up(size, kLargeRound), small, bytes, what);
+    for (int attempt = 0;; ++attempt) {
+      bool hit = false;
+      if (auto it = pool.lower_bound(std::pair{size, static_cast<char*>(nullptr)}); it != pool.end()) {
+        b = *it;
+        pool.erase(it);
+        hit = true;
+      } else if (!small && upstream_.expandable) {
+        b = grow(size, bytes, what);
+      } else {
+        b = new_segment(small ? kSmallSegment : round_up(size, kLargeRound), small, bytes, what);
+      }
+      // A block of the expandable segment may hold pages unmapped by empty_cache: those
+      // under the part handed out are mapped again first.
+      const std::size_t used = splits(b->size - size, small) ? size : b->size;
+      if (b->segment != grow_base_ || map_holes(b->ptr, b->ptr + used)) {
+        if (hit) ++stats_.cache_hits;
+        break;
+      }
+      pool.insert(b);
+      if (attempt == 1) out_of_memory(bytes, what);
+      empty_cache_locked();
     }
     const std::size_t rest = b->size - size;
-    if (small ? rest >= kBlockRound : rest > kSmallLimit) {
+    if (splits(rest, small)) {
       auto* tail = new Block{b->ptr + size, rest, b->segment, b->small};
       tail->prev = b;
       tail->next = b->next;
@@ -354,6 +370,10 @@ class CachingAllocator {
 
   static std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
+  /// Whether a block with `rest` bytes beyond a request is split: any 512 bytes in the
+  /// small pool, more than 1 MiB in the large one.
+  static bool splits(std::size_t rest, bool small) { return small ? rest >= kBlockRound : rest > kSmallLimit; }
+
   static std::string for_what(std::string_view what) {
     return what.empty() ? std::string() : " for " + std::string(what);
   }
@@ -454,6 +474,16 @@ class CachingAllocator {
 
   void empty_cache_locked() {
     shrink_locked();
+    if (grow_base_ != nullptr)
+      for (Block* b : large_free_)
+        if (b->segment == grow_base_) {
+          const Upstream::Expandable& x = *upstream_.expandable;
+          const auto from = static_cast<std::size_t>(b->ptr - grow_base_);
+          // Whole pages inside the free block only: a page it shares with a block in use stays.
+          const std::size_t first = round_up(from, x.page_bytes);
+          const std::size_t last = (from + b->size) / x.page_bytes * x.page_bytes;
+          if (first < last) unmap_pages(first, last);
+        }
     for (FreeSet* pool : {&small_free_, &large_free_}) {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* b = *it;
@@ -493,20 +523,20 @@ class CachingAllocator {
     for (int attempt = 0;; ++attempt) {
       Block* last = grow_last_ != nullptr && !grow_last_->allocated ? grow_last_ : nullptr;
       const std::size_t need = round_up(size - (last != nullptr ? last->size : 0), x.page_bytes);
-      if (need <= x.range_bytes - grow_mapped_ && x.map(grow_base_ + grow_mapped_, need)) {
+      if (need <= x.range_bytes - grow_end_ && x.map(grow_base_ + grow_end_, need)) {
         Block* b = last;
         if (b != nullptr) {
           large_free_.erase(b);
           b->size += need;
         } else {
-          b = new Block{grow_base_ + grow_mapped_, need, grow_base_, false};
+          b = new Block{grow_base_ + grow_end_, need, grow_base_, false};
           b->prev = grow_last_;
           if (grow_last_ != nullptr) grow_last_->next = b;
           else segments_.emplace(grow_base_, Segment{0, b});
           grow_last_ = b;
         }
-        grow_mapped_ += need;
-        segments_.at(grow_base_).size = grow_mapped_;
+        grow_end_ += need;
+        segments_.at(grow_base_).size = grow_end_;
         stats_.reserved_bytes += need;
         stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved_bytes);
         ++stats_.upstream_allocations;
@@ -517,6 +547,52 @@ class CachingAllocator {
     }
   }
 
+  /// Unmaps the mapped pages of [from, to) of the expandable segment (offsets from its
+  /// base, multiples of the page), a run of them a call; they become holes.
+  void unmap_pages(std::size_t from, std::size_t to) {
+    const Upstream::Expandable& x = *upstream_.expandable;
+    std::size_t at = from;
+    while (at < to) {
+      auto hole = holes_.lower_bound(at);
+      const std::size_t end = hole == holes_.end() ? to : std::min(to, *hole);
+      if (at < end) {
+        x.unmap(grow_base_ + at, end - at);
+        for (std::size_t page = at; page < end; page += x.page_bytes) holes_.insert(page);
+        stats_.reserved_bytes -= end - at;
+        ++stats_.upstream_releases;
+      }
+      at = end;
+      while (at < to && holes_.contains(at)) at += x.page_bytes;
+    }
+  }
+
+  /// Maps the pages of the expandable segment under [from, to) that are holes, a run of
+  /// them a call; false, with none of them mapped, when the device has no memory for them.
+  bool map_holes(const char* from, const char* to) {
+    if (holes_.empty()) return true;
+    const Upstream::Expandable& x = *upstream_.expandable;
+    const auto lo = static_cast<std::size_t>(from - grow_base_) / x.page_bytes * x.page_bytes;
+    const auto hi = static_cast<std::size_t>(to - grow_base_);
+    std::vector<std::pair<std::size_t, std::size_t>> runs;  // [start, end) of the holes mapped so far
+    for (auto it = holes_.lower_bound(lo); it != holes_.end() && *it < hi;) {
+      const std::size_t start = *it;
+      std::size_t end = start + x.page_bytes;
+      for (++it; it != holes_.end() && *it == end && end < hi; ++it) end += x.page_bytes;
+      if (!x.map(grow_base_ + start, end - start)) {
+        for (auto [s, e] : runs) x.unmap(grow_base_ + s, e - s);
+        return false;
+      }
+      runs.emplace_back(start, end);
+    }
+    for (auto [start, end] : runs) {
+      holes_.erase(holes_.lower_bound(start), holes_.lower_bound(end));
+      stats_.reserved_bytes += end - start;
+      ++stats_.upstream_allocations;
+    }
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved_bytes);
+    return true;
+  }
+
   /// Unmaps the whole pages of the expandable segment's free block at its end.
   void shrink_locked() {
     if (grow_last_ == nullptr || grow_last_->allocated) return;
@@ -524,10 +600,9 @@ class CachingAllocator {
     Block* last = grow_last_;
     const auto offset = static_cast<std::size_t>(last->ptr - grow_base_);
     const std::size_t keep = round_up(offset, x.page_bytes);  // the pages the blocks before it still use
-    if (keep >= grow_mapped_) return;
-    x.unmap(grow_base_ + keep, grow_mapped_ - keep);
-    stats_.reserved_bytes -= grow_mapped_ - keep;
-    ++stats_.upstream_releases;
+    if (keep >= grow_end_) return;
+    unmap_pages(keep, grow_end_);
+    holes_.erase(holes_.lower_bound(keep), holes_.end());
     large_free_.erase(last);
     if (keep > offset) {  // the part of a page the block before it shares stays free
       last->size = keep - offset;
@@ -537,9 +612,9 @@ class CachingAllocator {
       if (grow_last_ != nullptr) grow_last_->next = nullptr;
       delete last;
     }
-    grow_mapped_ = keep;
-    if (grow_mapped_ == 0) segments_.erase(grow_base_);
-    else segments_.at(grow_base_).size = grow_mapped_;
+    grow_end_ = keep;
+    if (grow_end_ == 0) segments_.erase(grow_base_);
+    else segments_.at(grow_base_).size = grow_end_;
   }
 
   Upstream upstream_;
@@ -549,11 +624,13 @@ class CachingAllocator {
   FreeSet small_free_;
   FreeSet large_free_;
   Stats stats_;
-  // The expandable segment (Upstream::expandable): its range, the bytes mapped from its
-  // base, its last block (nullptr when nothing is mapped).
+  // The expandable segment (Upstream::expandable): its range, the bytes its blocks cover
+  // from its base, its last block (nullptr when none), and the pages among those that
+  // empty_cache unmapped under free blocks.
   char* grow_base_ = nullptr;
-  std::size_t grow_mapped_ = 0;
+  std::size_t grow_end_ = 0;
   Block* grow_last_ = nullptr;
+  std::set<std::size_t> holes_;  // pages (offsets from the base) below grow_end_ not mapped
 };
 
 }  // namespace tessera

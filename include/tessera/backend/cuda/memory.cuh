@@ -30,7 +30,8 @@
 // (cuMemAddressReserve), grown at its end in pages of the driver's allocation
 // granularity, at least 2 MiB: each page its own physical allocation (cuMemCreate),
 // mapped (cuMemMap) and made readable and writable by the device (cuMemSetAccess); pages
-// are unmapped and released one by one. cuMemCreate's CUDA_ERROR_OUT_OF_MEMORY is the
+// are unmapped and released one by one, after a device synchronisation (cudaFree waits
+// for the kernels that may still use a block the host released; cuMemUnmap does not). cuMemCreate's CUDA_ERROR_OUT_OF_MEMORY is the
 // upstream's "no more" (the allocator then empties its cache and retries), every other
 // error throws naming the call. The driver's calls come through the runtime
 // (cudaGetDriverEntryPointByVersion), so nothing links libcuda; where the driver lacks
@@ -329,6 +330,9 @@ inline std::optional<CachingAllocator::Upstream::Expandable> cuda_expandable(int
   };
   x.unmap = [pages](void* at, std::size_t bytes) {
     DeviceScope scope(pages->device);
+    // The allocator hands blocks out again in host order, so kernels still queued may
+    // read these pages; cudaFree waits for them, cuMemUnmap does not.
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     pages->unmap(reinterpret_cast<CUdeviceptr>(at), bytes);
   };
   x.free_range = [device](void* base, std::size_t bytes) {
