@@ -217,6 +217,18 @@ std::string peak_text(const P& p) {
   return t;
 }
 
+/// "fits", "does NOT fit", or, where the live peak fits and only the expandable segment's
+/// reservation does not (training.expandable_segments), what a run would do then.
+template <class P>
+std::string fit_text(const P& p, const train::JobConfig& c) {
+  if (p.fits) return "fits";
+  if (c.training.expandable_segments && p.reserved_memory_bytes > p.peak_memory_bytes &&
+      static_cast<double>(p.peak_memory_bytes) <= p.usable_bytes)
+    return "does NOT fit as planned (its live peak does: the run would unmap the free pages of its expandable "
+           "segment and map them again each step, at a cost not priced here)";
+  return "does NOT fit";
+}
+
 /// The figures one device's prediction and a layout's share, under the same names.
 template <class P>
 void put_summary(nlohmann::json& j, const P& p, const Target& t) {
@@ -282,7 +294,7 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
               static_cast<long long>(p.host_reads));
   std::printf("step %s | %.0f tokens/s | MFU %.1f%% (causal %.1f%%) against %.1f TFLOP/s | peak %s of %s usable: %s\n\n",
               seconds_text(p.step_seconds).c_str(), p.tokens_per_sec, p.mfu_pct, p.mfu_causal_pct, p.peak_flops / 1e12,
-              peak_text(p).c_str(), gib(p.usable_bytes).c_str(), p.fits ? "fits" : "does NOT fit");
+              peak_text(p).c_str(), gib(p.usable_bytes).c_str(), fit_text(p, c).c_str());
   std::printf("time by class\n");
   for (const auto& [name, ct] : p.by_class)
     std::printf("  %-24s %10s  %5.1f%%  (%lld)\n", name.c_str(), seconds_text(ct.seconds).c_str(),
@@ -451,7 +463,7 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
   std::printf("\n");
   std::printf("step %s | %.0f tokens/s per GPU | MFU %.1f%% (causal %.1f%%) | peak %s of %s usable: %s\n\n",
               seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct, peak_text(l).c_str(),
-              gib(l.usable_bytes).c_str(), l.fits ? "fits" : "does NOT fit");
+              gib(l.usable_bytes).c_str(), fit_text(l, c).c_str());
   std::printf("position  rank      compute  exposed comm  pipeline wait  comm (all)  collectives   peak memory\n");
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     const plan::PositionPrediction& p = l.positions[i];

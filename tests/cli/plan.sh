@@ -301,6 +301,34 @@ plan_fails "the scaling runtime with selective checkpointing" "activation_checkp
   "${sheet[@]}" --plan.runtime scaling --activation_checkpoint.mode selective
 plan_fails "an unknown plan key" "--plan.budget: unknown key" "${sheet[@]}" --plan.budget 3
 
+# training.expandable_segments: the replay runs the allocator in the config's mode. At
+# this layout the live peak fits on an A100 and the expandable segment's reservation does
+# not (the run would remap free pages each step: said, not counted as fitting); a segment
+# per block reserves more, and the table says only that it does not fit.
+edge=(--config "$configs/llama2_13b.toml" --machine a100-80gb-sxm --gpus 64 --parallelism.data_parallel_shard_degree 64
+      --training.global_batch_size -1 --training.seq_len 4352 --model.max_seq_len 8192 --training.local_batch_size 5
+      --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op)
+if "$plan" "${edge[@]}" > "$work/e.txt" 2> "$work/err" &&
+   "$plan" "${edge[@]}" --training.expandable_segments false > "$work/e_seg.txt" 2>> "$work/err" &&
+   "$plan" "${edge[@]}" --json > "$work/e.json" 2>> "$work/err" &&
+   "$plan" "${edge[@]}" --json --training.expandable_segments false > "$work/e_seg.json" 2>> "$work/err" &&
+   grep -q 'usable: does NOT fit as planned (its live peak does: the run would unmap the free pages' "$work/e.txt" &&
+   grep -qE 'usable: does NOT fit$' "$work/e_seg.txt" &&
+   python3 - "$work/e.json" "$work/e_seg.json" <<'EOF2'
+import json, sys
+grow, seg = (json.load(open(x)) for x in sys.argv[1:])
+if grow["fits"] or seg["fits"] or not grow["peak_memory_bytes"] <= grow["usable_memory_bytes"] < grow["reserved_memory_bytes"]:
+    sys.exit("expected a live peak that fits and a reservation that does not: %s" % grow)
+if not (grow["peak_memory_bytes"] == seg["peak_memory_bytes"] and grow["reserved_memory_bytes"] < seg["reserved_memory_bytes"]):
+    sys.exit("expandable segments reserve %d, a segment per block %d, live %d and %d" % (
+        grow["reserved_memory_bytes"], seg["reserved_memory_bytes"], grow["peak_memory_bytes"], seg["peak_memory_bytes"]))
+EOF2
+then
+  echo "ok: training.expandable_segments: the replay follows it; a live peak that fits beside a reservation that does not is said"
+else
+  echo "FAIL: training.expandable_segments in the plan"; cat "$work/err"; failures=$((failures + 1))
+fi
+
 # --plan.runtime torchtitan: the time as its eager FSDP2 step runs it (Triton or eager
 # RMSNorm), longer than tessera's step of the same layout; the memory is the trace's.
 titan=(--config "$configs/llama3_8b.toml" --machine a100-80gb-sxm --gpus 16 --model.n_layers 4 --training.seq_len 2048

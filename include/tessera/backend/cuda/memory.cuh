@@ -26,8 +26,9 @@
 //
 // Expandable segments (set_expandable_segments, on unless a job sets
 // training.expandable_segments = false before its first allocation): the allocator's
-// large pool is then one segment over an address range of the device's size
-// (cuMemAddressReserve), grown at its end in pages of the driver's allocation
+// large pool is then one segment over an address range (cuMemAddressReserve) of four
+// times the device's size (pages unmapped inside the segment leave address space behind
+// them), grown at its end in pages of the driver's allocation
 // granularity, at least 2 MiB: each page its own physical allocation (cuMemCreate),
 // mapped (cuMemMap) and made readable and writable by the device (cuMemSetAccess); pages
 // are unmapped and released one by one, after a device synchronisation (cudaFree waits
@@ -314,7 +315,9 @@ inline std::optional<CachingAllocator::Upstream::Expandable> cuda_expandable(int
   CachingAllocator::Upstream::Expandable x;
   x.page_bytes = (std::max<std::size_t>(granularity, CachingAllocator::kLargeRound) + granularity - 1) / granularity *
                  granularity;
-  x.range_bytes = (total_bytes + x.page_bytes - 1) / x.page_bytes * x.page_bytes;
+  // Four times the device: pages unmapped inside the segment leave address space behind
+  // them, and a step whose live bytes fit may still need a span past the device's size.
+  x.range_bytes = (4 * total_bytes + x.page_bytes - 1) / x.page_bytes * x.page_bytes;
   auto pages = std::make_shared<ExpandablePages>();
   pages->device = device;
   pages->page = x.page_bytes;
