@@ -212,8 +212,9 @@ Result run_flavor(const std::string& flavor, const Options& o) {
     step();
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  r.peak_bytes = cuda::device_allocator().stats().peak_allocated;
-  r.reserved_bytes = cuda::device_allocator().stats().peak_reserved;
+  const CachingAllocator::Stats held = cuda::device_allocator().stats();
+  r.peak_bytes = held.peak_allocated;
+  r.reserved_bytes = held.peak_reserved;
   r.step_seconds = median(seconds);
   r.tokens_per_sec = static_cast<double>(tokens) / r.step_seconds;
   const double peak = o.peak_tflops * 1e12;

@@ -165,6 +165,16 @@ CachingAllocator::Stats allocator_stats() { return cuda::device_allocator().stat
 GrowthCheck allocator_growth() {
   constexpr std::size_t MiB = std::size_t{1} << 20;
   CachingAllocator& a = cuda::device_allocator();
+  // Fills `bytes` at p with `value` and reads back its first and last 16 MiB.
+  const auto fills = [](void* p, std::size_t bytes, unsigned char value) {
+    TESSERA_CUDA_CHECK(cudaMemset(p, value, bytes));
+    std::vector<unsigned char> head(16 * MiB), tail(16 * MiB);
+    TESSERA_CUDA_CHECK(cudaMemcpy(head.data(), p, head.size(), cudaMemcpyDeviceToHost));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpy(tail.data(), static_cast<char*>(p) + bytes - tail.size(), tail.size(), cudaMemcpyDeviceToHost));
+    const auto is_value = [value](unsigned char v) { return v == value; };
+    return std::all_of(head.begin(), head.end(), is_value) && std::all_of(tail.begin(), tail.end(), is_value);
+  };
   GrowthCheck r;
   r.mode = cuda::expandable_segments_status(cuda::current_device());
   a.empty_cache();  // nothing free at the end: a block no free one fits is the last one
@@ -178,12 +188,7 @@ GrowthCheck allocator_growth() {
   void* z = a.allocate(1024 * MiB, "growth check z");
   r.reserved_after = a.stats().reserved_bytes;
   r.same_address = z == y;
-  TESSERA_CUDA_CHECK(cudaMemset(z, 0x5a, 1024 * MiB));
-  std::vector<unsigned char> head(16 * MiB), tail(16 * MiB);
-  TESSERA_CUDA_CHECK(cudaMemcpy(head.data(), z, head.size(), cudaMemcpyDeviceToHost));
-  TESSERA_CUDA_CHECK(cudaMemcpy(tail.data(), static_cast<char*>(z) + 1008 * MiB, tail.size(), cudaMemcpyDeviceToHost));
-  const auto is_5a = [](unsigned char v) { return v == 0x5a; };
-  r.values_read_back = std::all_of(head.begin(), head.end(), is_5a) && std::all_of(tail.begin(), tail.end(), is_5a);
+  r.values_read_back = fills(z, 1024 * MiB, 0x5a);
   // z's pages inside the segment, x still in use before them and w after: empty_cache
   // unmaps them, and a block over them maps them again.
   void* w = a.allocate(256 * MiB, "growth check w");
@@ -193,11 +198,7 @@ GrowthCheck allocator_growth() {
   r.unmapped_inside = before_empty - a.stats().reserved_bytes;
   void* v = a.allocate(768 * MiB, "growth check v");
   r.remapped_same_address = v == z;
-  TESSERA_CUDA_CHECK(cudaMemset(v, 0x3c, 768 * MiB));
-  TESSERA_CUDA_CHECK(cudaMemcpy(head.data(), v, head.size(), cudaMemcpyDeviceToHost));
-  TESSERA_CUDA_CHECK(cudaMemcpy(tail.data(), static_cast<char*>(v) + 752 * MiB, tail.size(), cudaMemcpyDeviceToHost));
-  const auto is_3c = [](unsigned char c) { return c == 0x3c; };
-  r.remapped_read_back = std::all_of(head.begin(), head.end(), is_3c) && std::all_of(tail.begin(), tail.end(), is_3c);
+  r.remapped_read_back = fills(v, 768 * MiB, 0x3c);
   for (void* p : {v, w, x}) a.release(p);
   a.empty_cache();
   return r;

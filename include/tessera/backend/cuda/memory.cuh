@@ -232,6 +232,15 @@ inline void check_driver(CUresult r, const char* call, int device) {
   fail(call, " on cuda:", device, ": ", name != nullptr ? name : "CUresult", " (", static_cast<int>(r), ")");
 }
 
+/// Device memory of `device`, as its expandable segment's pages are created.
+inline CUmemAllocationProp device_pages(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
 /// One device's pages of its expandable segment: a physical allocation each, by address.
 struct ExpandablePages {
   int device = 0;
@@ -254,10 +263,7 @@ struct ExpandablePages {
   /// has no memory for one of them.
   bool map(CUdeviceptr at, std::size_t bytes) {
     const VmmCalls& v = vmm_calls();
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = device;
+    const CUmemAllocationProp prop = device_pages(device);
     for (CUdeviceptr p = at; p < at + bytes; p += page) {
       CUmemGenericAllocationHandle h{};
       const CUresult r = v.create(&h, page, &prop, 0);
@@ -299,10 +305,7 @@ inline std::optional<CachingAllocator::Upstream::Expandable> cuda_expandable(int
     why = "cuda:" + std::to_string(device) + " does not support virtual memory management";
     return std::nullopt;
   }
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
+  const CUmemAllocationProp prop = device_pages(device);
   std::size_t granularity = 0;
   check_driver(v.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity",
                device);
