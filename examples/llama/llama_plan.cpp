@@ -4,7 +4,7 @@
 //   llama-plan --config examples/configs/llama3_8b.toml --machine h100-sxm
 //   llama-plan --config examples/configs/llama3_8b.toml --machine h100-sxm --gpus 64
 //              --parallelism.tensor_parallel_degree 8
-//   llama-plan --config CFG [--machine h100-sxm|h200|a100-80gb-sxm|cpu|FILE.toml] [--gpus N]
+//   llama-plan --config CFG [--machine h100-sxm|h200|a100-80gb-sxm|a100-80gb-p4de|cpu|FILE.toml] [--gpus N]
 //              [--section.key value ...] [--json] [--emit-config FILE.toml]
 //
 // Reads the same TOML and command-line keys as llama-train, traces one training step of
@@ -155,15 +155,21 @@ Target resolve_machine(const std::string& name, const trace::Trace& step_trace, 
     t.pricer = std::make_unique<plan::CpuPricer>(std::move(profile));
     return t;
   }
+  // A profile's base is a built-in profile by that name, else a file beside the profile.
+  const plan::MachineResolver resolve = [](std::string_view base, std::string_view from) {
+    if (const char* text = builtin_machine(base))
+      return std::optional(plan::MachineText{text, std::string(base) + ".toml (built in)"});
+    return plan::machine_beside(base, from);
+  };
   plan::Machine m;
   const bool file = name.find('/') != std::string::npos || (name.size() > 5 && name.substr(name.size() - 5) == ".toml");
   if (file) {
-    m = plan::load_machine(name);
+    m = plan::load_machine(name, resolve);
   } else {
     const char* text = builtin_machine(name);
     TESSERA_CHECK(text != nullptr, "--machine ", name, ": unknown machine (known: ", builtin_machine_names(),
                   ", cpu; or a profile FILE.toml)");
-    m = plan::parse_machine(text, name + ".toml (built in)");
+    m = plan::parse_machine(text, name + ".toml (built in)", resolve);
   }
   t.origin = m.origin;
   t.reserved_bytes = m.reserved_bytes.value;

@@ -108,6 +108,29 @@ for machine in h100-sxm h200 a100-80gb-sxm cpu; do
   plan_ok "debug model on $machine" "${debug[@]}" --machine "$machine"
 done
 plan_ok "debug model on a machine file" "${debug[@]}" --machine "$machines/a100-80gb-sxm.toml"
+# A profile built on another: the built-in p4de cluster is the A100's GPU on a slower network, so
+# the same FSDP layout's step takes longer there; a user's file may name a built-in profile as its base.
+fsdp=(--config "$configs/llama2_7b.toml" --gpus 16 --model.n_layers 4 --training.seq_len 1024 --json)
+printf '[machine]\nname = "mine"\nbase = "a100-80gb-sxm"\n[network.network_gbs]\nvalue = 2\nsource = "test"\n' \
+  > "$work/mine.toml"
+if "$plan" "${fsdp[@]}" --machine a100-80gb-sxm > "$work/sxm.json" 2> "$work/err" &&
+   "$plan" "${fsdp[@]}" --machine a100-80gb-p4de > "$work/p4de.json" 2>> "$work/err" &&
+   "$plan" "${fsdp[@]}" --machine "$work/mine.toml" > "$work/mine.json" 2>> "$work/err" &&
+   python3 - "$work/sxm.json" "$work/p4de.json" "$work/mine.json" <<'EOF2'
+import json, sys
+sxm, p4de, mine = (json.load(open(f)) for f in sys.argv[1:])
+assert p4de["machine"] == "a100-80gb-p4de" and mine["machine"] == "mine", (p4de["machine"], mine["machine"])
+assert sxm["step_seconds"] < p4de["step_seconds"] < mine["step_seconds"], (sxm["step_seconds"], p4de["step_seconds"], mine["step_seconds"])
+assert sxm["peak_memory_bytes"] == p4de["peak_memory_bytes"] == mine["peak_memory_bytes"]
+EOF2
+then
+  echo "ok: profiles with a base: the GPU's figures, their own network"
+else
+  echo "FAIL: profiles with a base:"; cat "$work/err"; failures=$((failures + 1))
+fi
+printf '[machine]\nname = "mine"\nbase = "a100-80gb"\n' > "$work/no-base.toml"
+plan_fails "a base that is no profile" "$work/no-base.toml:3: machine profile: machine.base = \"a100-80gb\": no such profile" \
+  "${debug[@]}" --machine "$work/no-base.toml"
 plan_ok "debug model in bf16 with full checkpointing" "${debug[@]}" --training.mixed_precision_param bfloat16 \
   --activation_checkpoint.mode full
 # The table: the header, the step line, every class and the memory breakdown.
@@ -138,7 +161,7 @@ plan_fails "cuDNN attention on a profile without its rates" \
   "${debug[@]}" --machine "$work/no-attention.toml" --training.attention cudnn --training.mixed_precision_param bfloat16
 plan_fails "an unknown attention" "training.attention must be one of auto, cudnn, tessera" "${debug[@]}" \
   --training.attention flash
-plan_fails "unknown machine" "--machine tpu-v9: unknown machine (known: h100-sxm, h200, a100-80gb-sxm, cpu" \
+plan_fails "unknown machine" "--machine tpu-v9: unknown machine (known: h100-sxm, h200, a100-80gb-sxm, a100-80gb-p4de, cpu" \
   "${debug[@]}" --machine tpu-v9
 plan_fails "missing machine file" "$work/none.toml: cannot open the machine profile" "${debug[@]}" --machine "$work/none.toml"
 sed 's/^value = 3350$/value = 0/' "$machines/h100-sxm.toml" > "$work/broken.toml"

@@ -282,7 +282,7 @@ TEST_CASE("cost: transfers and synchronisations wait for the device; the step su
 }
 
 TEST_CASE("machine profiles: every built-in profile loads, each figure with its source") {
-  for (const std::string name : {"h100-sxm", "h200", "a100-80gb-sxm"}) {
+  for (const std::string name : {"h100-sxm", "h200", "a100-80gb-sxm", "a100-80gb-p4de"}) {
     CAPTURE(name);
     const std::filesystem::path file = std::filesystem::path(TESSERA_MACHINES) / (name + ".toml");
     const plan::Machine m = plan::load_machine(file);
@@ -355,6 +355,78 @@ TEST_CASE("machine profiles: a figure missing, not positive or without its sourc
   CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, 5]]\n", "gpu.toml"),
                        "attention.cudnn_bf16_hd64_backward has no source");
   CHECK_ERROR_CONTAINS(plan::load_machine("/nonexistent/gpu.toml"), "/nonexistent/gpu.toml: cannot open the machine profile");
+}
+
+TEST_CASE("machine profiles: a profile with a base takes the base's figures and replaces those it gives") {
+  // The resolver stands for llama-plan's built-in names: "test-gpu" is kProfile.
+  const plan::MachineResolver resolve = [](std::string_view base, std::string_view) -> std::optional<plan::MachineText> {
+    if (base == "test-gpu") return plan::MachineText{kProfile, "test-gpu.toml (built in)"};
+    if (base == "loop") return plan::MachineText{"[machine]\nname = \"loop\"\nbase = \"loop\"\n", "loop.toml"};
+    return std::nullopt;
+  };
+  const std::string derived = R"(
+[machine]
+name = "test-cluster"
+base = "test-gpu"
+[hbm.achieved_fraction]
+value = 0.8
+source = "derived"
+[network.gpus_per_node]
+value = 4
+source = "derived"
+[network.nvlink_gbs]
+value = 100
+source = "derived"
+[network.nvlink_latency_us]
+value = 3
+source = "derived"
+[network.network_gbs]
+value = 10
+source = "derived"
+[network.network_latency_us]
+value = 9
+source = "derived"
+)";
+  const plan::Machine m = plan::parse_machine(derived, "cluster.toml", resolve);
+  CHECK(m.name == "test-cluster");
+  CHECK(m.description == "a GPU with round numbers");  // [machine]'s keys one by one
+  CHECK(m.hbm_fraction.value == 0.8);
+  CHECK(m.hbm_fraction.source == "derived");
+  CHECK(m.hbm_gbs.value == 1000);  // the base's, with its source
+  CHECK(m.hbm_gbs.source == "test");
+  CHECK(m.bf16_tflops.value == 100);
+  REQUIRE(m.network.has_value());
+  CHECK(m.network->network_gbs.value == 10);
+
+  // A figure the profile gives replaces the base's whole: a value without its source is refused.
+  CHECK_ERROR_CONTAINS(plan::parse_machine("[machine]\nname = \"x\"\nbase = \"test-gpu\"\n[host.sync_us]\nvalue = 5\n",
+                                           "x.toml", resolve),
+                       "host.sync_us has no source");
+  // A bad figure of the base is reported where the base has it.
+  const plan::MachineResolver bad = [](std::string_view, std::string_view) -> std::optional<plan::MachineText> {
+    return plan::MachineText{edited("[host.sync_us]\nvalue = 10", "[host.sync_us]\nvalue = \"slow\""), "gpu.toml"};
+  };
+  CHECK_ERROR_CONTAINS(plan::parse_machine("[machine]\nname = \"x\"\nbase = \"gpu\"\n", "x.toml", bad),
+                       "gpu.toml:43: machine profile: host.sync_us.value must be a number");
+  CHECK_ERROR_CONTAINS(plan::parse_machine("[machine]\nname = \"x\"\nbase = \"nowhere\"\n", "x.toml", resolve),
+                       "x.toml:3: machine profile: machine.base = \"nowhere\": no such profile");
+  CHECK_ERROR_CONTAINS(plan::parse_machine("[machine]\nname = \"x\"\nbase = 3\n", "x.toml", resolve),
+                       "x.toml:3: machine profile: machine.base must name a profile");
+  CHECK_ERROR_CONTAINS(plan::parse_machine("[machine]\nbase = \"test-gpu\"\n", "x.toml", resolve),
+                       "x.toml: machine profile: machine.name is missing (a profile with a base names itself)");
+  CHECK_ERROR_CONTAINS(plan::parse_machine("[machine]\nname = \"x\"\nbase = \"loop\"\n", "x.toml", resolve),
+                       "more than eight bases in a chain");
+
+  // By default a base is a file beside the profile: the p4de cluster is the A100's GPU.
+  const plan::Machine p4de = plan::load_machine(std::filesystem::path(TESSERA_MACHINES) / "a100-80gb-p4de.toml");
+  const plan::Machine sxm = plan::load_machine(std::filesystem::path(TESSERA_MACHINES) / "a100-80gb-sxm.toml");
+  CHECK(p4de.name == "a100-80gb-p4de");
+  CHECK(p4de.bf16_tflops.value == sxm.bf16_tflops.value);
+  CHECK(p4de.gemm_bf16.points == sxm.gemm_bf16.points);
+  CHECK(p4de.usable_bytes() == sxm.usable_bytes());
+  REQUIRE(p4de.network.has_value());
+  CHECK(p4de.network->nvlink_gbs.value == sxm.network->nvlink_gbs.value);
+  CHECK(p4de.network->network_gbs.value < sxm.network->network_gbs.value / 3);  // 4 x 100 Gb/s for 8 GPUs
 }
 
 }  // namespace test_cost

@@ -30,6 +30,13 @@
 //   [network.network_gbs]     the network's bandwidth per GPU between nodes, and
 //   [network.network_latency_us]  one ring step's latency over it (plan/cluster.hpp)
 //
+// A profile may start from another: `base = "NAME"` in [machine] (a built-in profile's
+// name where llama-plan reads it, a NAME.toml beside the profile, or a path relative to
+// it) takes every figure of that profile, and each figure this one gives replaces the
+// base's whole. The same GPU on another cluster is then its [network] alone
+// (examples/machines/a100-80gb-p4de.toml). The profile names itself; a chain of bases
+// ends within eight.
+//
 // Each figure is a table: { value = <number>, source = "<where it comes from>" } (the
 // curves have `points` for `value`). The CPU's profile is not a file: plan/cpu.hpp
 // measures it on the machine at hand.
@@ -43,12 +50,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -138,8 +147,10 @@ struct Machine {
 
 namespace detail {
 
+/// Where a node was read: its own file (a figure taken from a base says the base's), else
+/// `origin`, and its line.
 inline std::string where(std::string_view origin, const toml::node& n) {
-  std::string s(origin);
+  std::string s = n.source().path ? *n.source().path : std::string(origin);
   if (n.source().begin.line > 0) s += tessera::detail::concat(":", n.source().begin.line);
   return s;
 }
@@ -256,16 +267,77 @@ inline std::map<std::int64_t, AttentionRates> read_attention(const toml::table& 
 
 }  // namespace detail
 
-/// Reads a GPU profile from TOML text; `origin` names it in errors ("h100.toml").
-inline Machine parse_machine(std::string_view text, std::string_view origin) {
-  toml::table root;
+/// A profile's text and the name it goes by in errors.
+struct MachineText {
+  std::string text, origin;
+};
+
+/// Finds the profile a [machine] base names, from the profile read as `from`: nullopt when
+/// there is none of that name.
+using MachineResolver = std::function<std::optional<MachineText>(std::string_view base, std::string_view from)>;
+
+/// The base as a file beside the profile: a path relative to the profile's folder, a bare
+/// NAME as NAME.toml there.
+inline std::optional<MachineText> machine_beside(std::string_view base, std::string_view from) {
+  std::filesystem::path p(base);
+  if (p.extension() != ".toml" && !p.has_parent_path()) p += ".toml";
+  if (p.is_relative()) p = std::filesystem::path(from).parent_path() / p;
+  std::ifstream in(p);
+  if (!in.good()) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return MachineText{text.str(), p.string()};
+}
+
+namespace detail {
+
+inline toml::table parse_profile(std::string_view text, std::string_view origin) {
   try {
-    root = toml::parse(text, origin);
+    return toml::parse(text, origin);
   } catch (const toml::parse_error& e) {
     std::string at(origin);
     if (e.source().begin.line > 0) at += tessera::detail::concat(":", e.source().begin.line);
     fail(at, ": TOML syntax error: ", e.description());
   }
+}
+
+/// `root` over the profile its [machine] base names (and that one's base, ...): each figure
+/// root gives replaces the base's, [machine]'s keys one by one.
+inline toml::table with_base(toml::table root, std::string_view origin, const MachineResolver& resolve, int depth = 0) {
+  const toml::table* head = root.get_as<toml::table>("machine");
+  const toml::node* b = head ? head->get("base") : nullptr;
+  if (!b) return root;
+  TESSERA_CHECK(b->is_string() && !b->as_string()->get().empty(), where(origin, *b),
+                ": machine profile: machine.base must name a profile (a built-in name or a FILE.toml)");
+  const std::string base = b->as_string()->get();
+  TESSERA_CHECK(depth < 8, where(origin, *b), ": machine profile: machine.base = \"", base,
+                "\": more than eight bases in a chain (does a profile name itself?)");
+  const auto* name = head->get_as<std::string>("name");
+  TESSERA_CHECK(name && !name->get().empty(), origin, ": machine profile: machine.name is missing (a profile with a "
+                "base names itself)");
+  const std::optional<MachineText> found = resolve(base, origin);
+  TESSERA_CHECK(found.has_value(), where(origin, *b), ": machine profile: machine.base = \"", base,
+                "\": no such profile (a built-in name, a NAME.toml beside this file, or a path)");
+  toml::table merged = with_base(parse_profile(found->text, found->origin), found->origin, resolve, depth + 1);
+  for (auto&& [section, node] : root) {
+    toml::table* into = merged.get_as<toml::table>(section);
+    if (!node.is_table() || !into) {  // a section the base lacks, or one the reader will refuse
+      merged.insert_or_assign(section, node);
+      continue;
+    }
+    for (auto&& [key, value] : *node.as_table())
+      if (!(section == "machine" && key == "base")) into->insert_or_assign(key, value);
+  }
+  return merged;
+}
+
+}  // namespace detail
+
+/// Reads a GPU profile from TOML text; `origin` names it in errors ("h100.toml"), and a
+/// [machine] base is found by `resolve`.
+inline Machine parse_machine(std::string_view text, std::string_view origin,
+                             const MachineResolver& resolve = machine_beside) {
+  const toml::table root = detail::with_base(detail::parse_profile(text, origin), origin, resolve);
   Machine m;
   m.origin = std::string(origin);
   const toml::table* head = root.get_as<toml::table>("machine");
@@ -313,12 +385,12 @@ inline Machine parse_machine(std::string_view text, std::string_view origin) {
 }
 
 /// Reads a GPU profile from a file.
-inline Machine load_machine(const std::filesystem::path& path) {
+inline Machine load_machine(const std::filesystem::path& path, const MachineResolver& resolve = machine_beside) {
   std::ifstream in(path);
   TESSERA_CHECK(in.good(), path.string(), ": cannot open the machine profile");
   std::ostringstream text;
   text << in.rdbuf();
-  return parse_machine(text.str(), path.string());
+  return parse_machine(text.str(), path.string(), resolve);
 }
 
 }  // namespace tessera::plan
