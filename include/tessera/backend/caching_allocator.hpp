@@ -210,7 +210,7 @@ class CachingAllocator {
         b = next;
       }
       try {
-        if (base == grow_base_) unmap_pages(0, grow_end_);
+        if (base == grow_base_) unmap_pages(0, grow_end_, /*keep_holes=*/false);
         else upstream_.release(base, segment.size);
       } catch (...) {  // nothing sensible to do with a failure while tearing down
       }
@@ -548,8 +548,10 @@ class CachingAllocator {
   }
 
   /// Unmaps the mapped pages of [from, to) of the expandable segment (offsets from its
-  /// base, multiples of the page), a run of them a call; they become holes.
-  void unmap_pages(std::size_t from, std::size_t to) {
+  /// base, multiples of the page), a run of them a call; they become holes, unless
+  /// `keep_holes` is false (the whole segment going: a set entry a page would cost the
+  /// dry runs of a search more than the rest of their replay).
+  void unmap_pages(std::size_t from, std::size_t to, bool keep_holes = true) {
     const Upstream::Expandable& x = *upstream_.expandable;
     std::size_t at = from;
     while (at < to) {
@@ -557,7 +559,8 @@ class CachingAllocator {
       const std::size_t end = hole == holes_.end() ? to : std::min(to, *hole);
       if (at < end) {
         x.unmap(grow_base_ + at, end - at);
-        for (std::size_t page = at; page < end; page += x.page_bytes) holes_.insert(page);
+        if (keep_holes)
+          for (std::size_t page = at; page < end; page += x.page_bytes) holes_.insert(hole, page);
         stats_.reserved_bytes -= end - at;
         ++stats_.upstream_releases;
       }
@@ -601,7 +604,7 @@ class CachingAllocator {
     const auto offset = static_cast<std::size_t>(last->ptr - grow_base_);
     const std::size_t keep = round_up(offset, x.page_bytes);  // the pages the blocks before it still use
     if (keep >= grow_end_) return;
-    unmap_pages(keep, grow_end_);
+    unmap_pages(keep, grow_end_, /*keep_holes=*/false);  // the segment ends at keep: no holes past it
     holes_.erase(holes_.lower_bound(keep), holes_.end());
     large_free_.erase(last);
     if (keep > offset) {  // the part of a page the block before it shares stays free
