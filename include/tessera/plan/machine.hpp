@@ -276,17 +276,28 @@ struct MachineText {
 /// there is none of that name.
 using MachineResolver = std::function<std::optional<MachineText>(std::string_view base, std::string_view from)>;
 
+namespace detail {
+
+/// A file's whole text; nullopt when it cannot be opened.
+inline std::optional<std::string> file_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in.good()) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace detail
+
 /// The base as a file beside the profile: a path relative to the profile's folder, a bare
 /// NAME as NAME.toml there.
 inline std::optional<MachineText> machine_beside(std::string_view base, std::string_view from) {
   std::filesystem::path p(base);
   if (p.extension() != ".toml" && !p.has_parent_path()) p += ".toml";
   if (p.is_relative()) p = std::filesystem::path(from).parent_path() / p;
-  std::ifstream in(p);
-  if (!in.good()) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return MachineText{text.str(), p.string()};
+  std::optional<std::string> text = detail::file_text(p);
+  if (!text) return std::nullopt;
+  return MachineText{std::move(*text), p.string()};
 }
 
 namespace detail {
@@ -386,11 +397,9 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
 
 /// Reads a GPU profile from a file.
 inline Machine load_machine(const std::filesystem::path& path, const MachineResolver& resolve = machine_beside) {
-  std::ifstream in(path);
-  TESSERA_CHECK(in.good(), path.string(), ": cannot open the machine profile");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_machine(text.str(), path.string(), resolve);
+  const std::optional<std::string> text = detail::file_text(path);
+  TESSERA_CHECK(text.has_value(), path.string(), ": cannot open the machine profile");
+  return parse_machine(*text, path.string(), resolve);
 }
 
 }  // namespace tessera::plan
