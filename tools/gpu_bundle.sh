@@ -32,6 +32,9 @@
 #             profiled, beside llama-plan --plan.runtime torchtitan's prediction for this GPU;
 #             then each again under FSDP2 itself on one rank (--fsdp2), against the first
 #   llama     llama-train on the debug model on the GPU, 100 steps
+#   all       every step above in one command (eager, test, train, torch, llama, kernels),
+#             each under a cap and within SECONDS in all (default 540); the logs packed into
+#             $OUT/results.tar.gz after each step, a line a step in $OUT/summary.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}  # any release build with CUDA enabled will do (BUILD=build)
@@ -100,8 +103,14 @@ case "${1:-}" in
   train)
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 5 --warmup 2 --markdown --commit "$commit" \
       --json "$out/train.json" 2>&1 | tee "$out/train.txt"
-    "$here/bench-train" --flavors llama3_8b --ac full --state-dtype bfloat16 --steps 5 --warmup 2 --markdown --commit "$commit" \
-      --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt" ;;
+    # Llama 3 8B with full checkpointing and bf16 moments needs 109 GiB: an H200, not an H100.
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+    if [ "${mib:-0}" -ge 120000 ]; then
+      "$here/bench-train" --flavors llama3_8b --ac full --state-dtype bfloat16 --steps 5 --warmup 2 --markdown --commit "$commit" \
+        --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt"
+    else
+      echo "train: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b.txt"
+    fi ;;
   torch)
     python3 "$here/torch_llama.py" --flavor llama3.2_1b --batch 1 --seq 8192 --ac none --tessera-json "$out/train.json" \
       --json "$out/torch.json" 2>&1 | tee "$out/torch.txt" ;;
@@ -121,7 +130,38 @@ case "${1:-}" in
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
       --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
-  *) echo "usage: run.sh test|kernels|train|torch|eager|llama" >&2; exit 2 ;;
+  all)
+    # Every step in one command, for a loan of a few minutes: the measurements still open
+    # first (eager), then the suite, the training steps, the PyTorch comparison, the debug
+    # model, the kernels. Each step runs under its own cap and the time left of SECONDS
+    # (default 540); the last takes what is left. Each step's output goes to its own log,
+    # and after every step the logs and files are packed into $out/results.tar.gz with a
+    # line a step in $out/summary.txt: a loan that returns a few files returns them all,
+    # also when the loan's own limit cuts the command short.
+    total=${2:-540}
+    start=$(date +%s)
+    work=$(mktemp -d)
+    : > "$out/summary.txt"
+    steps=("eager 150" "test 150" "train 100" "torch 60" "llama 40" "kernels 0")
+    for s in "${steps[@]}"; do
+      read -r name cap <<< "$s"
+      left=$(( total - ($(date +%s) - start) ))
+      if (( left < 20 )); then echo "$name: skipped, ${left} s left" | tee -a "$out/summary.txt"; continue; fi
+      limit=$left
+      (( cap > 0 && cap < left )) && limit=$cap
+      t0=$(date +%s)
+      echo "== $name (at most ${limit} s)"
+      OUT="$work" timeout -k 10 "$limit" bash "$here/run.sh" "$name" > "$work/$name.log" 2>&1
+      rc=$?
+      why=""; (( rc == 124 || rc == 137 )) && why=" (stopped at its ${limit} s)"
+      echo "$name: exit $rc in $(( $(date +%s) - t0 )) s$why" | tee -a "$out/summary.txt"
+      tar -czf "$out/results.tar.gz" -C "$work" .
+    done
+    # The end of the reply: what each step found.
+    grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
+    for f in "$work"/eager*.txt "$work"/torch.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; tail -n 25 "$f"; }; done
+    cat "$out/summary.txt" ;;
+  *) echo "usage: run.sh test|kernels|train|torch|eager|llama|all [SECONDS]" >&2; exit 2 ;;
 esac
 EOF
 chmod +x "$bundle/run.sh"
