@@ -62,6 +62,7 @@ import re
 import statistics
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_llama as tl  # noqa: E402 - the flavors, the optimizer's settings, the error type
@@ -289,6 +290,9 @@ KERNEL_CLASSES = (  # first match wins: cuDNN's attention kernels have gemm-like
 )
 
 
+TOP_KERNELS = 40  # the kernels --json lists by name, longest in all first
+
+
 def kernel_class(name):
     for cls, pattern in KERNEL_CLASSES:
         if pattern.search(name):
@@ -306,19 +310,35 @@ def profile_step(step, tokens, targets):
         step(tokens, targets)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    classes = {}
-    for e in prof.key_averages():
+    out = device_time_by_class(prof.key_averages())
+    busy = out["kernel_seconds"]
+    return {"wall_seconds": wall, "busy_fraction": busy / wall if wall > 0 else None, **out}
+
+
+def device_time_by_class(events):
+    """The device's time from torch.profiler's key_averages(): by class, the costliest
+    kernels by name, and the annotated regions apart. The device's events are kernels and
+    copies, and the spans of the annotated regions (record_function: FSDP2 marks its
+    copies and collectives so, the optimizer its step) over the kernels they hold: those
+    are kept apart, or every kernel in one would be counted twice."""
+    classes, kernels, regions = {}, {}, {}
+    for e in events:
         us = getattr(e, "self_device_time_total", None)
         if us is None:
             us = getattr(e, "self_cuda_time_total", 0)
         if not us or str(getattr(e, "device_type", "")).split(".")[-1] not in ("CUDA", "PrivateUse1"):
             continue
+        entry = {"seconds": us / 1e6, "count": e.count}
+        if getattr(e, "is_user_annotation", False):
+            regions[e.key] = entry
+            continue
+        kernels[e.key] = entry
         c = classes.setdefault(kernel_class(e.key), {"seconds": 0.0, "count": 0})
-        c["seconds"] += us / 1e6
+        c["seconds"] += entry["seconds"]
         c["count"] += e.count
-    busy = sum(c["seconds"] for c in classes.values())
-    return {"wall_seconds": wall, "kernel_seconds": busy, "busy_fraction": busy / wall if wall > 0 else None,
-            "classes": classes}
+    top = sorted(kernels.items(), key=lambda kv: -kv[1]["seconds"])[:TOP_KERNELS]
+    return {"kernel_seconds": sum(c["seconds"] for c in classes.values()), "classes": classes, "regions": regions,
+            "top_kernels": [{"name": name, "class": kernel_class(name), **v} for name, v in top]}
 
 
 def choose_attention(a, ns, cuda):
@@ -474,6 +494,12 @@ def measure(ns, a, plan, baseline, cuda):
               f"(the GPU busy {100 * p['busy_fraction']:.1f}% of it)")
         for name, c in sorted(p["classes"].items(), key=lambda kv: -kv[1]["seconds"]):
             print(f"    {name:<16} {c['seconds'] * 1e3:9.2f} ms  ({c['count']} kernels)")
+        for k in p["top_kernels"][:8]:
+            print(f"      {k['seconds'] * 1e3:8.2f} ms x{k['count']:<4} {k['name'][:100]}")
+        if p["regions"]:
+            print("    annotated regions on the device (their kernels are counted above):")
+            for name, c in sorted(p["regions"].items(), key=lambda kv: -kv[1]["seconds"])[:8]:
+                print(f"      {c['seconds'] * 1e3:8.2f} ms x{c['count']:<4} {name[:100]}")
     if baseline:
         base = baseline["step_seconds"]
         out["baseline"] = {"step_seconds": base, "fsdp2_over_emulated": median / base}
@@ -561,6 +587,16 @@ def self_test():
                       ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
                        "other kernels")]:
         check(kernel_class(name) == cls, f"kernel class of {name}: {kernel_class(name)}, expected {cls}")
+    # The device's time: an annotated region's span is kept apart from the kernels it holds.
+    ev = lambda key, us, n, region=False: types.SimpleNamespace(key=key, self_device_time_total=us, count=n,
+                                                               device_type="DeviceType.CUDA", is_user_annotation=region)
+    t = device_time_by_class([ev("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 3000, 3),
+                              ev("void at::native::multi_tensor_apply_kernel<...>", 1000, 8),
+                              ev("Optimizer.step#AdamW.step", 1100, 1, True),
+                              types.SimpleNamespace(key="aten::mm", self_device_time_total=0, count=3, device_type="DeviceType.CPU")])
+    check(abs(t["kernel_seconds"] - 4e-3) < 1e-12 and set(t["classes"]) == {"GEMMs", "other kernels"}
+          and t["regions"] == {"Optimizer.step#AdamW.step": {"seconds": 1.1e-3, "count": 1}}
+          and [k["class"] for k in t["top_kernels"]] == ["GEMMs", "other kernels"], f"device time by class: {t}")
     # Out of memory is one line and exit status 1, whatever raised it.
     real_run = globals()["run"]
     try:
