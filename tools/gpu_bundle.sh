@@ -31,8 +31,10 @@
 #             blocks, batch 2 x seq 4096; Llama 3 8B's, 4 blocks, 1 x 8192) timed and
 #             profiled, beside llama-plan --plan.runtime torchtitan's prediction for this GPU;
 #             then each again under FSDP2 itself on one rank (--fsdp2), against the first
+#   gemms     bench-kernels' bf16 GEMMs with the toolkit's cuBLASLt and with PyTorch's, then
+#             bench/torch_gemms.py: torch.matmul on the same shapes, timed the same way
 #   llama     llama-train on the debug model on the GPU, 100 steps
-#   all       every step above in one command (eager, test, train, torch, llama, kernels),
+#   all       every step above in one command (eager, gemms, test, train, torch, llama, kernels),
 #             each under a cap and within SECONDS in all (default 540); the logs packed into
 #             $OUT/results.tar.gz after each step, a line a step in $OUT/summary.txt
 set -euo pipefail
@@ -59,7 +61,7 @@ for b in "${bins[@]}"; do
 done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so|/libcud|/libcublas|/libnccl' |
   while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 cp -r examples/configs "$bundle/configs"
-cp bench/torch_llama.py bench/torchtitan_eager.py "$bundle/"
+cp bench/torch_llama.py bench/torchtitan_eager.py bench/torch_gemms.py "$bundle/"
 # llama-plan's prediction of torchtitan_eager.py's runs, on each GPU profile (the eager step
 # as plan/torchtitan_time.hpp counts it; torchtitan_eager.py says what it runs).
 for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
@@ -127,12 +129,26 @@ case "${1:-}" in
         --baseline-json "$out/eager-$flavor.json" --plan-json "$here/eager-plan-$flavor-$machine.json" \
         --json "$out/eager-fsdp2-$flavor.json" 2>&1 | tee "$out/eager-fsdp2-$flavor.txt"
     done ;;
+  gemms)
+    # tessera's cuBLASLt GEMMs and PyTorch's on the same shapes, timed the same way: with the
+    # toolkit's cuBLASLt, then with PyTorch's own (its wheel's) where it has one, then torch.
+    "$here/bench-kernels" --sections ceilings,gemm --dtypes bf16 --commit "$commit" --json "$out/gemms-tessera.json" \
+      > "$out/gemms-tessera.txt" 2>&1
+    grep -E "^software|^ceilings" "$out/gemms-tessera.txt"
+    wheel=$(python3 -c "import nvidia, os; print(next((os.path.join(p, 'cublas', 'lib') for p in nvidia.__path__ if os.path.isdir(os.path.join(p, 'cublas', 'lib'))), ''))" 2>/dev/null)
+    if [ -n "$wheel" ]; then
+      LD_LIBRARY_PATH="$wheel:$LD_LIBRARY_PATH" "$here/bench-kernels" --sections ceilings,gemm --dtypes bf16 --commit "$commit" \
+        --json "$out/gemms-tessera-torchcublas.json" > "$out/gemms-tessera-torchcublas.txt" 2>&1
+      grep -E "^software|^ceilings" "$out/gemms-tessera-torchcublas.txt"
+    fi
+    python3 "$here/torch_gemms.py" --kernels-json "$out/gemms-tessera.json" --json "$out/gemms-torch.json" 2>&1 |
+      tee "$out/gemms-torch.txt" ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
       --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
   all)
     # Every step in one command, for a loan of a few minutes: the measurements still open
-    # first (eager), then the suite, the training steps, the PyTorch comparison, the debug
+    # first (eager, gemms), then the suite, the training steps, the PyTorch comparison, the debug
     # model, the kernels. Each step runs under its own cap and the time left of SECONDS
     # (default 540); the last takes what is left. Each step's output goes to its own log,
     # and after every step the logs and files are packed into $out/results.tar.gz with a
@@ -142,7 +158,7 @@ case "${1:-}" in
     start=$(date +%s)
     work=$(mktemp -d)
     : > "$out/summary.txt"
-    steps=("eager 150" "test 150" "train 100" "torch 60" "llama 40" "kernels 0")
+    steps=("eager 150" "gemms 150" "test 150" "train 100" "torch 120" "llama 40" "kernels 0")
     for s in "${steps[@]}"; do
       read -r name cap <<< "$s"
       left=$(( total - ($(date +%s) - start) ))
@@ -155,11 +171,11 @@ case "${1:-}" in
       rc=$?
       why=""; (( rc == 124 || rc == 137 )) && why=" (stopped at its ${limit} s)"
       echo "$name: exit $rc in $(( $(date +%s) - t0 )) s$why" | tee -a "$out/summary.txt"
-      tar -czf "$out/results.tar.gz" -C "$work" .
+      tar -czf "$out/results.tar.gz" -C "$work" --exclude=./llama-train .  # not the debug model's checkpoints
     done
     # The end of the reply: what each step found.
     grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
-    for f in "$work"/eager*.txt "$work"/torch.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; tail -n 25 "$f"; }; done
+    for f in "$work"/eager*.txt "$work"/gemms-torch.txt "$work"/torch.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; tail -n 25 "$f"; }; done
     cat "$out/summary.txt" ;;
   *) echo "usage: run.sh test|kernels|train|torch|eager|llama|all [SECONDS]" >&2; exit 2 ;;
 esac
