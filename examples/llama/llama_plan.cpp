@@ -245,6 +245,20 @@ void put_summary(nlohmann::json& j, const P& p, const Target& t) {
 }
 
 /// The time by class, as {class: {seconds, count}}.
+/// The costliest kinds of operation, costliest first (predict's `top`).
+nlohmann::json costliest_json(const plan::Prediction& p) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& o : p.top) top.push_back({{"what", o.what}, {"class", o.cls}, {"seconds", o.seconds}, {"count", o.count}});
+  return top;
+}
+
+void print_costliest(const plan::Prediction& p, double step_seconds) {
+  for (const auto& o : p.top)
+    std::printf("  %10s  %5.1f%%  x%-6lld %s\n", seconds_text(o.seconds).c_str(),
+                step_seconds > 0 ? 100 * o.seconds / step_seconds : 0.0, static_cast<long long>(o.count),
+                o.what.c_str());
+}
+
 nlohmann::json class_times(const plan::Prediction& p) {
   nlohmann::json time = nlohmann::json::object();
   for (const auto& [name, ct] : p.by_class) time[name] = {{"seconds", ct.seconds}, {"count", ct.count}};
@@ -271,9 +285,7 @@ nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, con
                            {"workspace", b[MemoryUse::workspace]},
                            {"reserved", t.reserved_bytes}};
   j["breakdown"] = {{"time", time}, {"memory", memory}};
-  nlohmann::json top = nlohmann::json::array();
-  for (const auto& o : p.top) top.push_back({{"what", o.what}, {"class", o.cls}, {"seconds", o.seconds}, {"count", o.count}});
-  j["costliest"] = top;
+  j["costliest"] = costliest_json(p);
   j["host_reads"] = p.host_reads;
   j["unpriced_kernels"] = p.unpriced_kernels;
   j["trace_seconds"] = st.seconds;
@@ -319,10 +331,7 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
     std::printf("  %-24s %12s  (CUDA context, library workspaces: machine file)\n", "reserved",
                 gib(t.reserved_bytes).c_str());
   std::printf("\ncostliest operations\n");
-  for (const auto& o : p.top)
-    std::printf("  %10s  %5.1f%%  x%-6lld %s\n", seconds_text(o.seconds).c_str(),
-                p.step_seconds > 0 ? 100 * o.seconds / p.step_seconds : 0.0, static_cast<long long>(o.count),
-                o.what.c_str());
+  print_costliest(p, p.step_seconds);
   if (p.unpriced_kernels > 0)
     std::printf("\nnote: %lld launches of functors without traffic() are priced as nothing\n",
                 static_cast<long long>(p.unpriced_kernels));
@@ -413,6 +422,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
                          {"reserved_memory_bytes", p.compute.reserved_memory_bytes},
                          {"fits", p.compute.fits},
                          {"time", class_times(p.compute)},
+                         {"costliest", costliest_json(p.compute)},
                          {"trace_seconds", traces[i].seconds}});
     if (mm.scaling) {
       const plan::ScalingStage& st = mm.stages[i];
@@ -488,6 +498,10 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
   for (const auto& [name, ct] : p.compute.by_class)
     std::printf("  %-24s %10s  %5.1f%%  (%lld)\n", name.c_str(), seconds_text(ct.seconds).c_str(),
                 l.step_seconds > 0 ? 100 * ct.seconds / l.step_seconds : 0.0, static_cast<long long>(ct.count));
+  if (!p.compute.top.empty()) {
+    std::printf("\nposition %zu's costliest operations\n", last);
+    print_costliest(p.compute, l.step_seconds);
+  }
 }
 
 void emit_config(const std::string& path, const train::JobConfig& c) {

@@ -210,6 +210,12 @@ for p in j["positions"]:
         sys.exit("position %d: compute + waits = %g, its end %g" % (p["rank"], parts, p["end_seconds"]))
     if p["collectives"] <= 0:
         sys.exit("position %d issued no collectives" % p["rank"])
+    top = p["costliest"]
+    classes = set(p["time"])
+    if not top or any(o["class"] not in classes or o["count"] < 1 for o in top) or \
+            [o["seconds"] for o in top] != sorted((o["seconds"] for o in top), reverse=True) or \
+            top[0]["seconds"] > p["compute_seconds"] * (1 + 1e-9):
+        sys.exit("position %d's costliest operations: %s" % (p["rank"], top))
 print("%d GPUs: %.4g s/step, %.0f tokens/s per GPU, MFU %.1f%%, peak %.3f GiB, %s" % (
     gpus, j["step_seconds"], j["tokens_per_sec"], j["mfu_pct"], j["peak_memory_bytes"] / 2**30,
     "fits" if j["fits"] else "does not fit"))
@@ -235,8 +241,9 @@ layout_ok "FSDP on 2 ranks of this CPU" 2 1 "${debug[@]}" --machine cpu
 # The table names the mesh and every position.
 if "$plan" "${debug[@]}" --gpus 8 --parallelism.pipeline_parallel_degree 2 > "$work/table" 2> "$work/err" &&
    grep -q 'mesh \[pp 2, dp_replicate 1, dp_shard 4, tp 1\]' "$work/table" &&
-   grep -q '^step .* tokens/s per GPU | MFU' "$work/table" && [ "$(grep -cE '^ +[01] +(0|4) ' "$work/table")" -eq 2 ]; then
-  echo "ok: the layout's table names the mesh, the step and each position"
+   grep -q '^step .* tokens/s per GPU | MFU' "$work/table" && [ "$(grep -cE '^ +[01] +(0|4) ' "$work/table")" -eq 2 ] &&
+   grep -q "^position [01]'s costliest operations$" "$work/table" && grep -qE '^ +[0-9.]+ [mu]?s +[0-9.]+% +x[0-9]+ +gemm ' "$work/table"; then
+  echo "ok: the layout's table names the mesh, the step, each position and the last one's costliest operations"
 else
   echo "FAIL: the layout's table:"; head -n 20 "$work/table" "$work/err"; failures=$((failures + 1))
 fi
