@@ -374,6 +374,7 @@ def read_plan(path, ns):
         j["time"] = j["breakdown"]["time"]
     elif len(j.get("positions", [])) == 1 and "time" in j["positions"][0]:
         j["time"] = j["positions"][0]["time"]
+        j["costliest"] = j["positions"][0].get("costliest", [])
     else:
         raise BenchError(f"--plan-json {path}: no time by class for one position (llama-plan --json for one GPU)")
     # The run it plans must be this one (its depth, --model.n_layers, the JSON does not name).
@@ -516,6 +517,10 @@ def measure(ns, a, plan, baseline, cuda):
               f"predicted {median / plan['step_seconds']:.3f}")
         for name, c in t.items():
             print(f"    predicted {name:<22} {c['seconds'] * 1e3:9.2f} ms  ({c['count']} operations)")
+        if plan.get("costliest"):  # to set beside the costliest kernels measured (--json has both)
+            out["plan"]["costliest"] = plan["costliest"]
+            for o in plan["costliest"][:8]:
+                print(f"      {o['seconds'] * 1e3:8.2f} ms x{o['count']:<4} {o['what'][:100]}")
     if ns.json:
         try:
             with open(ns.json, "w") as f:
