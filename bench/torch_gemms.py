@@ -21,26 +21,20 @@ against bench-kernels' --json made with PyTorch's own cuBLASLt to tell which).
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_llama as tl  # noqa: E402 - the error type, JSON in and out
+
 PROG = "torch_gemms"
-
-
-class BenchError(Exception):
-    """An error reported as one line, `torch_gemms: <message>`, with exit status 1."""
+BenchError = tl.BenchError
 
 
 def read_shapes(path: str) -> tuple[list[dict], dict]:
     """bench-kernels' bf16 GEMM entries and its options, checked."""
-    try:
-        with open(path) as f:
-            j = json.load(f)
-    except OSError as e:
-        raise BenchError(f"--kernels-json {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise BenchError(f"--kernels-json {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    j = tl.read_json(path, "--kernels-json")
     if not isinstance(j, dict) or not isinstance(j.get("gemm"), list):
         raise BenchError(f"--kernels-json {path}: no 'gemm' list (bench-kernels --json with the gemm section)")
     shapes = []
@@ -210,18 +204,12 @@ def main(argv=None) -> int:
             raise BenchError(f"--operand-sets {ns.operand_sets}: at least 1")
         shapes, options = read_shapes(ns.kernels_json)
         out = compare(shapes, options, "cuda", ns.trials, ns.operand_sets)
-        with open(ns.kernels_json) as f:
-            k = json.load(f)
+        k = tl.read_json(ns.kernels_json, "--kernels-json")
         d = k.get("device") if isinstance(k.get("device"), dict) else {}
         note = f"bench-kernels at {k.get('commit', '?')} on {d.get('name', '?')}, cuBLASLt {d.get('cublaslt', '?')}"
         report(out, note)
         if ns.json:
-            try:
-                with open(ns.json, "w") as f:
-                    json.dump(out, f, indent=2)
-                    f.write("\n")
-            except OSError as e:
-                raise BenchError(f"--json {ns.json}: {e.strerror}") from None
+            tl.write_json(ns.json, out)
         return 0
     except BenchError as e:
         print(f"{PROG}: {e}", file=sys.stderr)

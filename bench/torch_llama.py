@@ -562,6 +562,17 @@ def read_json(path: str, option: str):
         raise BenchError(f"{option} {path}: not JSON (line {e.lineno}: {e.msg})") from None
 
 
+def write_json(path: str, obj, option: str = "--json") -> None:
+    """`obj` as indented JSON at `path`, given as `option`; a BenchError naming both if
+    it cannot be written."""
+    try:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+    except OSError as e:
+        raise BenchError(f"{option} {path}: {e.strerror}") from None
+
+
 def read_tessera(path: str, flavor: str, batch: int, seq: int) -> dict:
     """tessera's result for this run: a JSON object with tokens_per_sec (a positive number);
     flavor, batch (or local_batch_size) and seq (or seq_len), where present, must match. A
@@ -699,12 +710,7 @@ def run(opts: Options, modes: list[str], json_path: str | None, tessera_path: st
             "steps": opts.steps, "warmup": opts.warmup, "results": results, "out_of_memory": oom_modes,
             "tessera": tessera, "ratios": rat, "argv": sys.argv[1:],
         }
-        try:
-            with open(json_path, "w") as f:
-                json.dump(out, f, indent=2)
-                f.write("\n")
-        except OSError as e:
-            raise BenchError(f"--json {json_path}: {e.strerror}") from None
+        write_json(json_path, out)
     return 1 if oom_modes else 0
 
 

@@ -522,12 +522,7 @@ def measure(ns, a, plan, baseline, cuda):
             for o in plan["costliest"][:8]:
                 print(f"      {o['seconds'] * 1e3:8.2f} ms x{o['count']:<4} {o['what'][:100]}")
     if ns.json:
-        try:
-            with open(ns.json, "w") as f:
-                json.dump(out, f, indent=2)
-                f.write("\n")
-        except OSError as e:
-            raise BenchError(f"--json {ns.json}: {e.strerror}") from None
+        tl.write_json(ns.json, out)
     return 0
 
 
