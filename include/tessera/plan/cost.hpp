@@ -59,6 +59,7 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/nn/args.hpp"
+#include "tessera/plan/classes.hpp"
 #include "tessera/plan/machine.hpp"
 #include "tessera/train/attention_choice.hpp"
 
@@ -205,19 +206,6 @@ struct StepShape {
   int devices = 1;
 };
 
-struct ClassTime {
-  double seconds = 0;
-  std::int64_t count = 0;
-};
-
-/// One kind of operation, summed: "gemm 8192x14336x4096 bf16 (tn)", "RmsNormForward<bf16>".
-struct OpTotal {
-  std::string what;
-  std::string cls;
-  double seconds = 0;
-  std::int64_t count = 0;
-};
-
 struct Prediction {
   std::string machine;
   double step_seconds = 0;
@@ -238,12 +226,6 @@ struct Prediction {
   std::int64_t unpriced_kernels = 0;  // launches of functors without traffic() (priced as nothing)
 };
 
-inline const char* kClassGemm = "GEMMs";
-inline const char* kClassAttention = "attention";
-inline const char* kClassKernels = "memory-bound kernels";
-inline const char* kClassLossHead = "loss head";
-inline const char* kClassOptimizer = "optimizer";
-inline const char* kClassHost = "host synchronisations";
 
 /// A collective or a wait for one: work on the cluster's links, not the device's.
 inline bool is_communication(const trace::Op& op) {
