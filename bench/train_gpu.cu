@@ -5,6 +5,7 @@
 //               [--ac selective|full|none] [--attention auto|cudnn|tessera]
 //               [--state-dtype float32|bfloat16] [--steps 10] [--warmup 3]
 //               [--peak-tflops 989] [--json FILE] [--markdown] [--commit HASH]
+//               [--profile] [--plan-json FLAVOR=FILE ...]
 //
 // The model is what llama-train builds, over the CUDA backend and bf16:
 // Transformer<bf16, Cuda, Parallel<LlamaBlock<bf16, Cuda>, ..., Checkpoint<Dynamic>>>,
@@ -33,6 +34,15 @@
 // reads with --tessera-json (flavor, batch, seq_len, tokens_per_sec), so the PyTorch
 // ratio comes from the same run. A flavor that does not fit in the device's memory is
 // reported with the allocator's message, and the exit status is then 1.
+//
+// --profile runs one more step under CUPTI (backend/cuda/kernel_profile.hpp) and tells
+// its device time by llama-plan's classes (plan/measured.hpp: GEMMs, attention,
+// memory-bound kernels, loss head, optimizer, host synchronisations), with the time the
+// device was busy and the costliest kernels by name; the profiled step runs slower than a
+// timed one (a callback on every CUDA call), so its classes are read as shares of the
+// device's time. --plan-json FLAVOR=FILE (llama-plan --json for that flavor's run on one
+// device, as bench/predicted_gpu_step.sh makes it) prints the prediction beside, class
+// by class, measured over predicted. --json then holds "profile" (and "plan") per flavor.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,6 +52,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <span>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -50,6 +61,10 @@
 
 #include "machine.hpp"
 #include "tessera/backend/cuda/cuda.cuh"
+#if TESSERA_HAVE_CUPTI
+#include "tessera/backend/cuda/kernel_profile.hpp"
+#endif
+#include "tessera/plan/measured.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/nn/args.hpp"
 #include "tessera/nn/transformer.hpp"
@@ -76,6 +91,9 @@ struct Options {
   DType state_dtype = DType::f32;  // optimizer.state_dtype
   std::string json_path, commit = "-";
   bool markdown = false;
+  bool profile = false;                                   // one more step under CUPTI
+  std::vector<std::pair<std::string, std::string>> plans;  // --plan-json FLAVOR=FILE
+  std::map<std::string, nlohmann::json> plan_json;         // each read at start: a bad file costs no GPU time
 };
 
 void usage() {
@@ -83,7 +101,28 @@ void usage() {
       "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|full|none]\n"
       "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
-      "Training steps of Llama models in bf16 on one GPU: tokens/s, MFU (torchtitan's formula), peak memory.\n");
+      "                   [--profile] [--plan-json FLAVOR=FILE ...]\n"
+      "Training steps of Llama models in bf16 on one GPU: tokens/s, MFU (torchtitan's formula), peak memory.\n"
+      "--profile: one more step under CUPTI, its device time by llama-plan's classes and kernels;\n"
+      "--plan-json FLAVOR=FILE: llama-plan --json of that flavor's run, printed beside the profile.\n");
+}
+
+/// llama-plan's --json for one device: its step and its time by class, checked.
+nlohmann::json read_plan(const std::string& flavor, const std::string& file, const Options& o) {
+  std::ifstream in(file);
+  TESSERA_CHECK(in.good(), "--plan-json ", flavor, "=", file, ": cannot open it");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  TESSERA_CHECK(!j.is_discarded() && j.is_object(), "--plan-json ", file, ": not a JSON object (llama-plan --json)");
+  TESSERA_CHECK(j.contains("breakdown") && j["breakdown"].contains("time") && j.contains("step_seconds"),
+                "--plan-json ", file, ": no breakdown.time and step_seconds (llama-plan --json for one device)");
+  const auto same = [&](const char* key, const nlohmann::json& want) {
+    TESSERA_CHECK(!j.contains(key) || j[key] == want, "--plan-json ", file, ": ", key, " is ", j[key].dump(),
+                  ", this run's is ", want.dump());
+  };
+  same("flavor", flavor);
+  same("training.seq_len", o.seq);
+  same("training.local_batch_size", o.batch);
+  return j;
 }
 
 Options parse_options(int argc, char** argv) {
@@ -140,9 +179,27 @@ Options parse_options(int argc, char** argv) {
       o.commit = std::string(value());
     } else if (flag == "--markdown") {
       o.markdown = true;
+    } else if (flag == "--profile") {
+#if TESSERA_HAVE_CUPTI
+      o.profile = true;
+#else
+      fail("--profile: this bench-train was built without CUPTI (Meson found no libcupti beside the CUDA toolkit)");
+#endif
+    } else if (flag == "--plan-json") {
+      const std::string v(value());
+      const std::size_t eq = v.find('=');
+      TESSERA_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < v.size(), "--plan-json: '", v,
+                    "' is not FLAVOR=FILE");
+      o.plans.emplace_back(v.substr(0, eq), v.substr(eq + 1));
     } else {
       fail("unknown option ", flag, " (see --help)");
     }
+  }
+  for (const auto& [flavor, file] : o.plans) {
+    TESSERA_CHECK(std::find(o.flavors.begin(), o.flavors.end(), flavor) != o.flavors.end(), "--plan-json ", flavor,
+                  "=", file, ": ", flavor, " is not among --flavors");
+    TESSERA_CHECK(o.profile, "--plan-json ", flavor, "=", file, ": is set beside a profile; give --profile too");
+    o.plan_json[flavor] = read_plan(flavor, file, o);
   }
   return o;
 }
@@ -163,6 +220,10 @@ struct Result {
   std::size_t reserved_bytes = 0;
   std::string attention;  // the attention it ran and why (training.attention's start-up words)
   std::string error;      // why it did not run (does not fit, ...), else empty
+  bool profiled = false;
+  double profile_wall_seconds = 0;  // the profiled step, from launch to synchronisation
+  plan::MeasuredStep profile;
+  nlohmann::json plan;              // --plan-json's, where given
 };
 
 Result run_flavor(const std::string& flavor, const Options& o) {
@@ -213,6 +274,16 @@ Result run_flavor(const std::string& flavor, const Options& o) {
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   const CachingAllocator::Stats held = cuda::device_allocator().stats();
+#if TESSERA_HAVE_CUPTI
+  if (o.profile) {
+    cuda::KernelProfile profile;
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    r.profile_wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.profile = plan::measure_step(profile.stop());
+    r.profiled = true;
+  }
+#endif
   r.peak_bytes = held.peak_allocated;
   r.reserved_bytes = held.peak_reserved;
   r.step_seconds = median(seconds);
@@ -221,6 +292,41 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   r.mfu = 100 * r.tokens_per_sec * args.flops_per_token(o.seq) / peak;
   r.mfu_causal = 100 * r.tokens_per_sec * args.flops_per_token(o.seq, true) / peak;
   return r;
+}
+
+/// The profiled step by class, with llama-plan's prediction beside where there is one.
+void print_profile(const Result& r) {
+  const plan::MeasuredStep& m = r.profile;
+  std::printf("%-12s | profiled step %.3f s (CUPTI recording): device busy %.3f s (%.1f%%), kernels and copies %.3f s\n",
+              r.flavor.c_str(), r.profile_wall_seconds, m.busy_seconds,
+              r.profile_wall_seconds > 0 ? 100 * m.busy_seconds / r.profile_wall_seconds : 0.0, m.device_seconds);
+  const bool plan = !r.plan.is_null();
+  const nlohmann::json* t = plan ? &r.plan["breakdown"]["time"] : nullptr;
+  std::printf("%-12s |   %-24s %10s %7s %6s%s\n", r.flavor.c_str(), "class", "measured", "share", "count",
+              plan ? "   predicted   share  measured/predicted" : "");
+  const double pstep = plan ? r.plan["step_seconds"].get<double>() : 0;
+  for (const auto& [name, ct] : m.by_class) {
+    std::printf("%-12s |   %-24s %8.2f ms %6.1f%% %6lld", r.flavor.c_str(), name.c_str(), ct.seconds * 1e3,
+                m.device_seconds > 0 ? 100 * ct.seconds / m.device_seconds : 0.0, static_cast<long long>(ct.count));
+    if (plan && t->contains(name)) {
+      const double ps = (*t)[name]["seconds"].get<double>();
+      std::printf("   %8.2f ms %6.1f%%", ps * 1e3, pstep > 0 ? 100 * ps / pstep : 0.0);
+      if (ps > 0) std::printf("  %6.3f", ct.seconds / ps);
+    }
+    std::printf("\n");
+  }
+  for (std::size_t i = 0; i < std::min<std::size_t>(m.top.size(), 10); ++i)
+    std::printf("%-12s |     %8.2f ms x%-5lld %-20s %.110s\n", r.flavor.c_str(), m.top[i].seconds * 1e3,
+                static_cast<long long>(m.top[i].count), m.top[i].cls.c_str(), m.top[i].what.c_str());
+}
+
+nlohmann::json profile_json(const Result& r) {
+  const plan::MeasuredStep& m = r.profile;
+  nlohmann::json classes = nlohmann::json::object(), top = nlohmann::json::array();
+  for (const auto& [name, ct] : m.by_class) classes[name] = {{"seconds", ct.seconds}, {"count", ct.count}};
+  for (const auto& o : m.top) top.push_back({{"what", o.what}, {"class", o.cls}, {"seconds", o.seconds}, {"count", o.count}});
+  return {{"wall_seconds", r.profile_wall_seconds}, {"device_seconds", m.device_seconds},
+          {"busy_seconds", m.busy_seconds}, {"classes", classes}, {"costliest", top}};
 }
 
 std::string device_name() {
@@ -245,6 +351,7 @@ int run(const Options& o) {
     Result r;
     try {
       r = run_flavor(flavor, o);
+      if (const auto it = o.plan_json.find(flavor); it != o.plan_json.end()) r.plan = it->second;
     } catch (const std::exception& e) {
       r.flavor = flavor;
       r.error = e.what();
@@ -263,6 +370,7 @@ int run(const Options& o) {
                   r.mfu_causal, mib(static_cast<double>(r.peak_bytes)).c_str(),
                   mib(static_cast<double>(r.reserved_bytes)).c_str(), r.loss,
                   target == 0 ? "-" : (r.mfu >= target ? "PASS" : "MISS"));
+      if (r.profiled) print_profile(r);
     }
     results.push_back(r);
   }
@@ -302,6 +410,8 @@ int run(const Options& o) {
         j["peak_memory_bytes"] = r.peak_bytes;
         j["reserved_memory_bytes"] = r.reserved_bytes;
         j["num_params"] = r.params;
+        if (r.profiled) j["profile"] = profile_json(r);
+        if (!r.plan.is_null()) j["plan"] = r.plan;
       } else {
         j["error"] = r.error;
       }

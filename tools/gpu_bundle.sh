@@ -24,7 +24,8 @@
 #   kernels   bench-kernels (GEMMs, attention, memory-bound ops), JSON and text
 #   train     bench-train on Llama 3.2 1B and 3B without activation checkpointing, and 8B
 #             with full checkpointing and bf16 AdamW moments (what fits one H200), batch
-#             1 x seq 8192, Markdown rows for RESULTS.md
+#             1 x seq 8192, Markdown rows for RESULTS.md; with CUPTI, one more step of each
+#             profiled, its device time by llama-plan's classes beside the prediction
 #   torch     bench/torch_llama.py on 1B at the same batch, sequence and checkpointing,
 #             with the ratio to bench-train's figure (needs train first, in the same $OUT)
 #   eager     bench/torchtitan_eager.py: torchtitan's eager step (Llama 2 13B's width, 6
@@ -74,6 +75,22 @@ for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
       > "$bundle/eager-plan-$flavor-$machine.json"
   done
 done
+# llama-plan's prediction of bench-train's runs (run.sh train), beside which bench-train
+# --profile prints its step by class: batch 1 x seq 8192 on one GPU, bf16, as
+# bench/predicted_gpu_step.sh makes them.
+one=(--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree 1
+     --parallelism.tensor_parallel_degree 1 --parallelism.pipeline_parallel_degree 1
+     --parallelism.context_parallel_degree 1 --training.seq_len 8192 --training.local_batch_size 1
+     --training.global_batch_size 1 --training.mixed_precision_param bfloat16)
+for run in "llama3.2_1b none float32" "llama3.2_3b none float32" "llama3_8b full bfloat16"; do
+  read -r flavor ac moments <<< "$run"
+  for machine in h100-sxm h200; do
+    "$build/examples/llama-plan" --config examples/configs/$flavor.toml --machine $machine --json "${one[@]}" \
+      --activation_checkpoint.mode "$ac" --optimizer.state_dtype "$moments" > "$bundle/train-plan-$flavor-$machine.json"
+  done
+done
+# bench-train --profile needs CUPTI, which Meson may not have found.
+if ldd "$build/bench/bench-train" | grep -q libcupti; then touch "$bundle/PROFILE"; fi
 git rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo "-" > "$bundle/COMMIT"
 
 cat > "$bundle/run.sh" <<'EOF'
@@ -103,13 +120,19 @@ case "${1:-}" in
   test) "$here/test_gpu" "${@:2}" 2>&1 | tee "$out/gpu-tests.txt" ;;
   kernels) "$here/bench-kernels" --commit "$commit" --json "$out/kernels.json" 2>&1 | tee "$out/kernels.txt" ;;
   train)
+    # With CUPTI, one more step each under --profile, by class beside llama-plan's prediction.
+    machine=h100-sxm
+    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && machine=h200
+    profile() { [ -f "$here/PROFILE" ] && for f in "$@"; do printf -- '--profile --plan-json %s=%s ' "$f" "$here/train-plan-$f-$machine.json"; done; }
+    # shellcheck disable=SC2046
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 5 --warmup 2 --markdown --commit "$commit" \
-      --json "$out/train.json" 2>&1 | tee "$out/train.txt"
+      $(profile llama3.2_1b llama3.2_3b) --json "$out/train.json" 2>&1 | tee "$out/train.txt"
     # Llama 3 8B with full checkpointing and bf16 moments needs 109 GiB: an H200, not an H100.
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
     if [ "${mib:-0}" -ge 120000 ]; then
+      # shellcheck disable=SC2046
       "$here/bench-train" --flavors llama3_8b --ac full --state-dtype bfloat16 --steps 5 --warmup 2 --markdown --commit "$commit" \
-        --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt"
+        $(profile llama3_8b) --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt"
     else
       echo "train: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b.txt"
     fi ;;
