@@ -198,6 +198,8 @@ case "${1:-}" in
     done
     # The end of the reply: what each step found.
     grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
+    grep -hE "\| +(profiled step|class |GEMMs|attention|memory-bound|loss head|optimizer|host synchron)" \
+      "$work"/train.txt "$work"/train8b.txt 2>/dev/null
     for f in "$work"/eager*.txt "$work"/gemms-torch.txt "$work"/torch.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; tail -n 25 "$f"; }; done
     cat "$out/summary.txt" ;;
   *) echo "usage: run.sh test|kernels|train|torch|eager|llama|all [SECONDS]" >&2; exit 2 ;;
