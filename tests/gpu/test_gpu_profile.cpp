@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "profile_launchers.hpp"
+#include "tessera/core/region.hpp"
 #include "tessera/plan/classes.hpp"
 #include "tessera/plan/measured.hpp"
 
@@ -34,15 +35,33 @@ TEST_CASE("a kernel profile records each kernel and copy of a step, filed by cla
   for (std::size_t i = 1; i < work.size(); ++i) CHECK(work[i - 1].start_ns <= work[i].start_ns);
   const plan::MeasuredStep m = plan::measure_step(work);
   std::string seen;
-  for (const auto& o : m.top) seen += o.cls + ": " + o.what + "\n";
+  for (const plan::DeviceActivity& a : work)
+    seen += std::string(plan::measured_class(a)) + " [" + a.region + "]: " + a.name + "\n";
   CAPTURE(seen);
-  // cuBLASLt may split a GEMM into more than one kernel (a split-K reduction after it).
-  CHECK(count_of(m, plan::kClassGemm) >= 1);
-  CHECK(count_of(m, plan::kClassLossHead) >= 1);
-  CHECK(count_of(m, plan::kClassLossHead) == count_of(m, plan::kClassGemm));
-  CHECK(count_of(m, plan::kClassOptimizer) == 1);
-  CHECK(count_of(m, plan::kClassKernels) == 1);
-  CHECK(count_of(m, plan::kClassHost) >= 1);  // the download (one copy, or a staged pair)
+  // In launch order: the first GEMM's kernels (cuBLASLt may add a split-K reduction),
+  // the same kernels again inside the loss head, Scale in the optimizer, Axpy, the copy.
+  std::size_t head = 0;
+  while (head < work.size() && work[head].region.empty()) ++head;
+  REQUIRE(head > 0);
+  REQUIRE(head < work.size());
+  std::size_t end = head;
+  while (end < work.size() && work[end].region == region::kLossHead) ++end;
+  REQUIRE(end - head == head);
+  for (std::size_t i = 0; i < head; ++i) {
+    CHECK(work[head + i].name == work[i].name);
+    CHECK(std::string(plan::measured_class(work[head + i])) == plan::kClassLossHead);
+  }
+  CHECK(plan::is_gemm_kernel(work[0].name));
+  CHECK(std::string(plan::measured_class(work[0])) == plan::kClassGemm);
+  REQUIRE(end + 3 <= work.size());
+  CHECK(work[end].region == region::kOptimizer);
+  CHECK(work[end].name.find("Scale") != std::string::npos);
+  CHECK(std::string(plan::measured_class(work[end])) == plan::kClassOptimizer);
+  CHECK(work[end + 1].name.find("Axpy") != std::string::npos);
+  CHECK(std::string(plan::measured_class(work[end + 1])) == plan::kClassKernels);
+  for (std::size_t i = end + 2; i < work.size(); ++i)  // the download: one copy, or a staged pair
+    CHECK(std::string(plan::measured_class(work[i])) == plan::kClassHost);
+  CHECK(count_of(m, plan::kClassLossHead) == static_cast<std::int64_t>(head));
   CHECK(count_of(m, plan::kClassAttention) == 0);
   CHECK(m.busy_seconds > 0);
   CHECK(m.busy_seconds <= m.device_seconds * (1 + 1e-9));
