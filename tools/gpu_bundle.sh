@@ -127,15 +127,17 @@ case "${1:-}" in
     # shellcheck disable=SC2046
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 5 --warmup 2 --markdown --commit "$commit" \
       $(profile llama3.2_1b llama3.2_3b) --json "$out/train.json" 2>&1 | tee "$out/train.txt"
+    status=$?
     # Llama 3 8B with full checkpointing and bf16 moments needs 109 GiB: an H200, not an H100.
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
     if [ "${mib:-0}" -ge 120000 ]; then
       # shellcheck disable=SC2046
       "$here/bench-train" --flavors llama3_8b --ac full --state-dtype bfloat16 --steps 5 --warmup 2 --markdown --commit "$commit" \
-        $(profile llama3_8b) --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt"
+        $(profile llama3_8b) --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt" || status=1
     else
       echo "train: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b.txt"
-    fi ;;
+    fi
+    exit "$status" ;;
   torch)
     python3 "$here/torch_llama.py" --flavor llama3.2_1b --batch 1 --seq 8192 --ac none --tessera-json "$out/train.json" \
       --json "$out/torch.json" 2>&1 | tee "$out/torch.txt" ;;
@@ -196,11 +198,14 @@ case "${1:-}" in
       echo "$name: exit $rc in $(( $(date +%s) - t0 )) s$why" | tee -a "$out/summary.txt"
       tar -czf "$out/results.tar.gz" -C "$work" --exclude=./llama-train .  # not the debug model's checkpoints
     done
-    # The end of the reply: what each step found.
-    grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
-    grep -hE "\| +(profiled step|class |GEMMs|attention|memory-bound|loss head|optimizer|host synchron)" \
+    # The end of the reply (a loan returns the last 12,000 characters): what each step
+    # found, the shortest and most asked-for last; the whole of it is in the archive.
+    for f in "$work"/eager*.txt "$work"/gemms-torch.txt "$work"/torch.txt; do
+      [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -vE "UserWarning|_warn_once" "$f" | tail -n 16; }
+    done
+    grep -hE "\| +(profiled step|class |GEMMs|attention|memory-bound|loss head|optimizer|host synchron|no profile)" \
       "$work"/train.txt "$work"/train8b.txt 2>/dev/null
-    for f in "$work"/eager*.txt "$work"/gemms-torch.txt "$work"/torch.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; tail -n 25 "$f"; }; done
+    grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
     cat "$out/summary.txt" ;;
   *) echo "usage: run.sh test|kernels|train|torch|eager|llama|all [SECONDS]" >&2; exit 2 ;;
 esac
