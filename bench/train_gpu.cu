@@ -93,9 +93,8 @@ struct Options {
   DType state_dtype = DType::f32;  // optimizer.state_dtype
   std::string json_path, commit = "-";
   bool markdown = false;
-  bool profile = false;                                   // one more step under CUPTI
-  std::vector<std::pair<std::string, std::string>> plans;  // --plan-json FLAVOR=FILE
-  std::map<std::string, nlohmann::json> plan_json;         // each read at start: a bad file costs no GPU time
+  bool profile = false;                             // one more step under CUPTI
+  std::map<std::string, nlohmann::json> plan_json;  // --plan-json's, read at start: a bad file costs no GPU time
 };
 
 void usage() {
@@ -129,6 +128,7 @@ nlohmann::json read_plan(const std::string& flavor, const std::string& file, con
 
 Options parse_options(int argc, char** argv) {
   Options o;
+  std::vector<std::pair<std::string, std::string>> plans;  // --plan-json FLAVOR=FILE, read once --flavors is known
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
     auto value = [&]() -> std::string_view {
@@ -192,12 +192,12 @@ Options parse_options(int argc, char** argv) {
       const std::size_t eq = v.find('=');
       TESSERA_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < v.size(), "--plan-json: '", v,
                     "' is not FLAVOR=FILE");
-      o.plans.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+      plans.emplace_back(v.substr(0, eq), v.substr(eq + 1));
     } else {
       fail("unknown option ", flag, " (see --help)");
     }
   }
-  for (const auto& [flavor, file] : o.plans) {
+  for (const auto& [flavor, file] : plans) {
     TESSERA_CHECK(std::find(o.flavors.begin(), o.flavors.end(), flavor) != o.flavors.end(), "--plan-json ", flavor,
                   "=", file, ": ", flavor, " is not among --flavors");
     TESSERA_CHECK(o.profile, "--plan-json ", flavor, "=", file, ": is set beside a profile; give --profile too");

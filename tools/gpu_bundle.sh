@@ -116,13 +116,14 @@ export LD_LIBRARY_PATH="$here/lib$cuda_libs:${LD_LIBRARY_PATH:-}"
 { nvidia-smi -L; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   for b in test_gpu bench-kernels bench-train llama-train; do ldd "$here/$b" | grep -E "not found|cudnn|nccl|cublas|cudart" | sed "s|^|$b: |"; done
 } 2>&1 | tee "$out/device.txt"
+# The GPU profile whose predictions (made with the bundle) this GPU's runs are set beside.
+machine=h100-sxm
+nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && machine=h200
 case "${1:-}" in
   test) "$here/test_gpu" "${@:2}" 2>&1 | tee "$out/gpu-tests.txt" ;;
   kernels) "$here/bench-kernels" --commit "$commit" --json "$out/kernels.json" 2>&1 | tee "$out/kernels.txt" ;;
   train)
     # With CUPTI, one more step each under --profile, by class beside llama-plan's prediction.
-    machine=h100-sxm
-    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && machine=h200
     profile() { [ -f "$here/PROFILE" ] && for f in "$@"; do printf -- '--profile --plan-json %s=%s ' "$f" "$here/train-plan-$f-$machine.json"; done; }
     # shellcheck disable=SC2046
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 5 --warmup 2 --markdown --commit "$commit" \
@@ -142,8 +143,6 @@ case "${1:-}" in
     python3 "$here/torch_llama.py" --flavor llama3.2_1b --batch 1 --seq 8192 --ac none --tessera-json "$out/train.json" \
       --json "$out/torch.json" 2>&1 | tee "$out/torch.txt" ;;
   eager)
-    machine=h100-sxm
-    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && machine=h200
     for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
       read -r flavor layers batch seq <<< "$run"
       python3 "$here/torchtitan_eager.py" --flavor "$flavor" --n-layers "$layers" --batch "$batch" --seq "$seq" \

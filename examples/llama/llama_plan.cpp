@@ -244,7 +244,6 @@ void put_summary(nlohmann::json& j, const P& p, const Target& t) {
   if (!t.cpu) j["attention"] = {{"kernel", plan::attention_name(t.attention.kernel)}, {"why", t.attention.why}};
 }
 
-/// The time by class, as {class: {seconds, count}}.
 /// The costliest kinds of operation, costliest first (predict's `top`).
 nlohmann::json costliest_json(const plan::Prediction& p) {
   nlohmann::json top = nlohmann::json::array();
@@ -259,6 +258,7 @@ void print_costliest(const plan::Prediction& p, double step_seconds) {
                 o.what.c_str());
 }
 
+/// The time by class, as {class: {seconds, count}}.
 nlohmann::json class_times(const plan::Prediction& p) {
   nlohmann::json time = nlohmann::json::object();
   for (const auto& [name, ct] : p.by_class) time[name] = {{"seconds", ct.seconds}, {"count", ct.count}};

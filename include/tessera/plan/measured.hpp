@@ -2,7 +2,7 @@
 // (plan/cost.hpp: GEMMs, attention, memory-bound kernels, loss head, optimizer, host
 // synchronisations) a kernel or copy that ran on the device belongs to, and the device's
 // time summed so, for a step profiled on a GPU (bench-train --profile, through CUPTI:
-// backend/cuda/kernel_profile.cuh) to be set against the prediction of the same step
+// backend/cuda/kernel_profile.hpp) to be set against the prediction of the same step
 // class by class.
 //
 // The rules are plan::detail::class_of's, applied to what the device reports: a copy to
@@ -17,9 +17,9 @@
 #include <cctype>
 #include <cstdint>
 #include <map>
-#include <utility>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/region.hpp"
@@ -63,7 +63,7 @@ inline bool is_gemm_kernel(std::string_view name) {
   return false;
 }
 
-/// The prediction's class of one measured activity (kClassGemm, ... in plan/cost.hpp).
+/// The prediction's class of one measured activity (kClassGemm, ... in plan/classes.hpp).
 inline const char* measured_class(const DeviceActivity& a) {
   if (a.work == DeviceWork::host_copy) return kClassHost;
   if (a.region == region::kLossHead) return kClassLossHead;
