@@ -89,7 +89,10 @@ void usage() {
       "  --plan.attention K  with plan.runtime scaling: its attention kernel, torch, fused, flash1 or flash2\n"
       "                   (default flash2)\n"
       "  --plan.rmsnorm K    the runtime's RMSNorm: torch (eager) or fused (with plan.runtime scaling flash-attn's\n"
-      "                   kernel, default torch; with plan.runtime torchtitan its Triton kernel, default fused)\n\n"
+      "                   kernel, default torch; with plan.runtime torchtitan its Triton kernel, default fused)\n"
+      "  --plan.fragmentation F  with plan.runtime scaling: the share of PyTorch's caching allocator's reservation\n"
+      "                   its live tensors leave unfilled at the peak, 0 to 1 (default 0.15, GMLake's average on\n"
+      "                   A100 80GB; plan/scaling_memory.hpp): the stage fits where its peak / (1 - F) does\n\n"
       "Config keys are llama-train's (llama-train --help lists them).\n",
       builtin_machine_names().c_str());
 }
@@ -376,16 +379,18 @@ void apply_memory(plan::LayoutPrediction& l, const MemoryModel& mm) {
   TESSERA_CHECK(mm.stages.size() == l.positions.size(), "plan.runtime scaling: ", mm.stages.size(), " stages for ",
                 l.positions.size(), " pipeline positions");
   l.peak_memory_bytes = 0;
+  l.reserved_memory_bytes = 0;
   l.fits = true;
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     plan::Prediction& p = l.positions[i].compute;
+    // What that runtime keeps, and what PyTorch's caching allocator reserves for it.
     p.peak_memory_bytes = static_cast<std::size_t>(mm.stages[i].peak_bytes);
-    p.reserved_memory_bytes = p.peak_memory_bytes;  // its count is of what that runtime keeps, not of tessera's allocator
-    p.fits = mm.stages[i].peak_bytes <= l.usable_bytes;
+    p.reserved_memory_bytes = static_cast<std::size_t>(mm.stages[i].reserved_bytes);
+    p.fits = mm.stages[i].reserved_bytes <= l.usable_bytes;
     l.peak_memory_bytes = std::max(l.peak_memory_bytes, p.peak_memory_bytes);
+    l.reserved_memory_bytes = std::max(l.reserved_memory_bytes, p.reserved_memory_bytes);
     l.fits = l.fits && p.fits;
   }
-  l.reserved_memory_bytes = l.peak_memory_bytes;
 }
 
 nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
@@ -396,6 +401,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
   if (mm.scaling) {
     j["plan.attention"] = std::string(plan::scaling_attention_name(mm.scaling->attention));
     j["plan.rmsnorm"] = std::string(plan::scaling_rmsnorm_name(mm.scaling->fused_rmsnorm));
+    j["plan.fragmentation"] = mm.scaling->fragmentation;
   }
   if (mm.torchtitan) j["plan.rmsnorm"] = mm.torchtitan->fused_rmsnorm ? "fused" : "torch";
   j["machine"] = l.positions.front().compute.machine;
@@ -432,7 +438,8 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
                                             {"state_bytes", st.state_bytes},
                                             {"activation_bytes", st.activation_bytes},
                                             {"loss_bytes", st.loss_bytes},
-                                            {"step_bytes", st.step_bytes}};
+                                            {"step_bytes", st.step_bytes},
+                                            {"reserved_bytes", st.reserved_bytes}};
     }
   }
   j["positions"] = positions;
@@ -462,9 +469,11 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
   std::printf("\n");
   if (!t.cpu) std::printf("  attention: %s\n", t.attention.why.c_str());
   if (mm.scaling) {
-    std::printf("  memory: as Aleph Alpha's scaling holds it (attention %s, RMSNorm %s; plan/scaling_memory.hpp), not traced\n",
+    std::printf("  memory: as Aleph Alpha's scaling holds it (attention %s, RMSNorm %s; plan/scaling_memory.hpp), not "
+                "traced; reserved by PyTorch's caching allocator at %.0f%% fragmentation\n",
                 std::string(plan::scaling_attention_name(mm.scaling->attention)).c_str(),
-                std::string(plan::scaling_rmsnorm_name(mm.scaling->fused_rmsnorm)).c_str());
+                std::string(plan::scaling_rmsnorm_name(mm.scaling->fused_rmsnorm)).c_str(),
+                100 * mm.scaling->fragmentation);
     std::printf("  time: traced without sequence parallelism, as the runtime runs it: eager kernels%s, an all-reduce "
                 "per linear, bf16 gradients accumulated, all-reduced in fp32 after the backward (plan/scaling_time.hpp)\n",
                 mm.scaling->fused_rmsnorm ? "" : " (its torch RMSNorm among them)");
@@ -653,6 +662,7 @@ int run(std::vector<std::string> args) {
   plan::ScalingAttention scaling_attention = plan::ScalingAttention::flash2;
   std::optional<bool> fused_rmsnorm;  // plan.rmsnorm: each runtime has its default
   bool attention_given = false;  // plan.attention: only plan.runtime scaling reads it
+  std::optional<double> fragmentation;  // plan.fragmentation: only plan.runtime scaling reads it
   std::int64_t max_microbatch = 8;
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
@@ -707,8 +717,20 @@ int run(std::vector<std::string> args) {
       } else if (key == "rmsnorm") {
         TESSERA_CHECK(v == "torch" || v == "fused", "--plan.rmsnorm ", v, ": expected torch or fused");
         fused_rmsnorm = v == "fused";
+      } else if (key == "fragmentation") {
+        std::size_t used = 0;
+        double f = -1;
+        try {
+          f = std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        TESSERA_CHECK(used == v.size() && f >= 0 && f < 1, "--plan.fragmentation ", v,
+                      ": expected a share of the reservation, from 0 up to (not including) 1");
+        fragmentation = f;
       } else {
-        TESSERA_CHECK(false, "--plan.", key, ": unknown key (known: plan.zero1, plan.runtime, plan.attention, plan.rmsnorm)");
+        TESSERA_CHECK(false, "--plan.", key, ": unknown key (known: plan.zero1, plan.runtime, plan.attention, "
+                      "plan.rmsnorm, plan.fragmentation)");
       }
     } else if (args[i] == "--gpus") {
       gpus = whole_number("--gpus", value_of(i, "a number of GPUs"), 1, 1 << 24,
@@ -719,6 +741,8 @@ int run(std::vector<std::string> args) {
   }
   TESSERA_CHECK(scaling || !attention_given,
                 "--plan.attention: describes the scaling runtime; give --plan.runtime scaling with it");
+  TESSERA_CHECK(scaling || !fragmentation,
+                "--plan.fragmentation: describes the scaling runtime's allocator; give --plan.runtime scaling with it");
   TESSERA_CHECK(scaling || torchtitan || !fused_rmsnorm, "--plan.rmsnorm: describes another runtime's RMSNorm; give "
                 "--plan.runtime scaling or torchtitan with it");
   zero1 = zero1 || scaling;  // the runtime's data parallelism is ZeRO-1
@@ -821,6 +845,7 @@ int run(std::vector<std::string> args) {
     run->full_checkpoint = c.activation_checkpoint.mode == "full";
     run->attention = scaling_attention;
     run->fused_rmsnorm = fused_rmsnorm.value_or(false);
+    run->fragmentation = fragmentation.value_or(plan::kTorchAllocatorFragmentation);
   }
   if (zero1)
     for (auto& st : traces) plan::account_zero1(st, /*reduce_in_bf16=*/!scaling);

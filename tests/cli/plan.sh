@@ -295,11 +295,21 @@ if "$plan" "${sheet[@]}" --json --plan.zero1 true --parallelism.disable_sequence
    "$plan" "${sheet[@]}" --json --plan.zero1 true > "$work/z_sp.json" 2>> "$work/err" &&
    "$plan" "${sheet[@]}" --json --plan.runtime scaling > "$work/s_torch.json" 2>> "$work/err" &&
    "$plan" "${sheet[@]}" --json --plan.runtime=scaling --plan.rmsnorm fused --plan.attention flash2 > "$work/s_fused.json" 2>> "$work/err" &&
+   "$plan" "${sheet[@]}" --json --plan.runtime scaling --plan.fragmentation 0 > "$work/s_packed.json" 2>> "$work/err" &&
    "$plan" "${sheet[@]}" --plan.runtime scaling > "$work/s.txt" 2>> "$work/err" &&
    grep -q "memory: as Aleph Alpha's scaling holds it (attention flash2, RMSNorm torch" "$work/s.txt" &&
-   python3 - "$work/z.json" "$work/s_torch.json" "$work/s_fused.json" "$work/z_sp.json" <<'EOF2'
+   grep -q "reserved by PyTorch's caching allocator at 15% fragmentation" "$work/s.txt" &&
+   python3 - "$work/z.json" "$work/s_torch.json" "$work/s_fused.json" "$work/z_sp.json" "$work/s_packed.json" <<'EOF2'
 import json, sys
-z, t, f, sp = (json.load(open(x)) for x in sys.argv[1:])
+z, t, f, sp, packed = (json.load(open(x)) for x in sys.argv[1:])
+# What must fit is the caching allocator's reservation: the live peak / (1 - 0.15) by
+# default, the live peak itself at plan.fragmentation 0.
+for p in [t] + t["positions"]:
+    if abs(p["reserved_memory_bytes"] - p["peak_memory_bytes"] / 0.85) > 2:
+        sys.exit("reserved %d for a live peak of %d at 15%% fragmentation" % (p["reserved_memory_bytes"], p["peak_memory_bytes"]))
+if not (t["plan.fragmentation"] == 0.15 and packed["plan.fragmentation"] == 0
+        and packed["reserved_memory_bytes"] == packed["peak_memory_bytes"] == t["peak_memory_bytes"]):
+    sys.exit("plan.fragmentation 0: reserved %d, live %d" % (packed["reserved_memory_bytes"], packed["peak_memory_bytes"]))
 if not (t["plan.runtime"] == "scaling" and z["plan.runtime"] == "tessera" and t["plan.zero1"] and f["plan.rmsnorm"] == "fused"):
     sys.exit("plan.runtime / plan.zero1 / plan.rmsnorm not reported: %s %s %s" % (t["plan.runtime"], z["plan.runtime"], f["plan.rmsnorm"]))
 if not (f["step_seconds"] > z["step_seconds"] and t["parallelism.disable_sequence_parallel"]):
@@ -329,6 +339,12 @@ plan_fails "--plan.attention with a bad value" "plan.attention xformers: expecte
   "${sheet[@]}" --plan.runtime scaling --plan.attention xformers
 plan_fails "the scaling runtime with selective checkpointing" "activation_checkpoint.mode selective: plan.runtime scaling checkpoints every layer (full) or none" \
   "${sheet[@]}" --plan.runtime scaling --activation_checkpoint.mode selective
+plan_fails "--plan.fragmentation without the runtime" "--plan.fragmentation: describes the scaling runtime's allocator" \
+  "${sheet[@]}" --plan.fragmentation 0.1
+plan_fails "--plan.fragmentation of 1" "--plan.fragmentation 1: expected a share of the reservation, from 0 up to (not including) 1" \
+  "${sheet[@]}" --plan.runtime scaling --plan.fragmentation 1
+plan_fails "--plan.fragmentation not a number" "--plan.fragmentation 15%: expected a share of the reservation" \
+  "${sheet[@]}" --plan.runtime scaling --plan.fragmentation 15%
 plan_fails "an unknown plan key" "--plan.budget: unknown key" "${sheet[@]}" --plan.budget 3
 
 # training.expandable_segments: the replay runs the allocator in the config's mode. At

@@ -150,25 +150,67 @@ TEST_CASE("its pipeline and loss: 1F1B in flight, the whole vocabulary's logits 
   }
 }
 
-TEST_CASE("the sheets' outcomes: what ran fits in an A100's usable memory, what ran out does not") {
+TEST_CASE("the sheets' outcomes: what ran fits in an A100's usable memory, what ran out does not, as the allocator reserves it") {
   const double usable = a100_usable();
   const nn::ModelArgs a13 = llama13b(), a65 = llama65b();
   using K = plan::ScalingAttention;
-  // 13B at 2k on 64 GPUs, microbatch 1, no model parallelism, no checkpointing: 70.6% MFU
-  // with FlashAttention-2 and the RMSNorm kernel, out of memory with torch's RMSNorm. The
-  // model puts the second within 1.2% of the usable memory, on the side that fits: one of
-  // the fit predictions it gets wrong (docs/planning.md), kept as it is rather than tuned.
-  CHECK(peak(plan::scaling_memory(sheet_run(a13, 64, 1, 1, 1, 2048, false, K::flash2, true))) < usable);
-  CHECK(peak(plan::scaling_memory(sheet_run(a13, 64, 1, 1, 1, 2048, false, K::flash2, false))) > 0.988 * usable);
+  auto reserved = [](const std::vector<plan::ScalingStage>& stages) {
+    double r = 0;
+    for (const auto& st : stages) r = std::max(r, st.reserved_bytes);
+    return r;
+  };
   // 13B at 8k on 128 GPUs, pipeline 4, microbatch 4, full checkpointing: out of memory
   // with every kernel (the logits of a microbatch alone are 69 GB here).
   CHECK(peak(plan::scaling_memory(sheet_run(a13, 128, 1, 4, 4, 8192, true, K::flash2, true))) > usable);
   // ... at microbatch 2 it ran (FlashAttention-2).
-  CHECK(peak(plan::scaling_memory(sheet_run(a13, 128, 1, 4, 2, 8192, true, K::flash2, false))) < usable);
-  // 65B at 2k on 128 GPUs: tensor 2 x pipeline 4, microbatch 1, no checkpointing, the
-  // sheet's best (55.3%), fits; tensor 8 x pipeline 2 at microbatch 4 ran out.
-  CHECK(peak(plan::scaling_memory(sheet_run(a65, 128, 2, 4, 1, 2048, false, K::flash2, true))) < usable);
+  CHECK(reserved(plan::scaling_memory(sheet_run(a13, 128, 1, 4, 2, 8192, true, K::flash2, false))) < usable);
+  // 65B at 2k on 128 GPUs: tensor 8 x pipeline 2 at microbatch 4 ran out.
   CHECK(peak(plan::scaling_memory(sheet_run(a65, 128, 8, 2, 4, 2048, false, K::flash2, true))) > usable);
+  // 13B at 2k on 64 GPUs, microbatch 1, no model parallelism, no checkpointing: 70.6% MFU
+  // with FlashAttention-2 and the RMSNorm kernel, out of memory with torch's RMSNorm. The
+  // live count of the second is within 1.2% of the usable memory, and its reservation
+  // beyond it. The first, and 65B's best (tensor 2 x pipeline 4, microbatch 1, 55.3%),
+  // are two of the fit predictions the model gets wrong (docs/planning.md): their live
+  // tensors fit, their reservations at the average fragmentation do not, and they ran.
+  // Kept as they are rather than tuned.
+  const auto best13 = plan::scaling_memory(sheet_run(a13, 64, 1, 1, 1, 2048, false, K::flash2, true));
+  const auto best65 = plan::scaling_memory(sheet_run(a65, 128, 2, 4, 1, 2048, false, K::flash2, true));
+  CHECK(peak(best13) < usable);
+  CHECK(reserved(best13) > usable);
+  CHECK(peak(best65) < usable);
+  CHECK(reserved(best65) > usable);
+  const auto torch13 = plan::scaling_memory(sheet_run(a13, 64, 1, 1, 1, 2048, false, K::flash2, false));
+  CHECK(peak(torch13) > 0.988 * usable);
+  CHECK(reserved(torch13) > usable);
+}
+
+TEST_CASE("what must fit is the caching allocator's reservation: the live peak / (1 - fragmentation)") {
+  const double usable = a100_usable();
+  nn::ModelArgs a30;  // Hagemann et al.'s 30B
+  a30.dim = 6656, a30.n_layers = 60, a30.n_heads = 52, a30.ffn_hidden = 17920, a30.vocab_size = 131072;
+  a30.max_seq_len = 8192;
+  using K = plan::ScalingAttention;
+  plan::ScalingRun r = sheet_run(a30, 128, 4, 2, 1, 8192, false, K::flash2, true);
+  CHECK(r.fragmentation == plan::kTorchAllocatorFragmentation);
+  for (double f : {0.0, 0.15, 0.3}) {
+    CAPTURE(f);
+    r.fragmentation = f;
+    for (const auto& st : plan::scaling_memory(r)) CHECK(st.reserved_bytes == doctest::Approx(st.peak_bytes / (1 - f)));
+  }
+  // 30B at 8k on 128 GPUs, tensor 4 x pipeline 2, microbatch 1, no checkpointing, the
+  // RMSNorm kernel: out of memory in the sheet. Its live tensors fit (68.6 GiB of 77.5);
+  // its reservation at 15% does not.
+  r.fragmentation = plan::kTorchAllocatorFragmentation;
+  const auto st = plan::scaling_memory(r);
+  double live = 0, reserved = 0;
+  for (const auto& s : st) live = std::max(live, s.peak_bytes), reserved = std::max(reserved, s.reserved_bytes);
+  CHECK(live < usable);
+  CHECK(reserved > usable);
+  r.fragmentation = 1;
+  CHECK_THROWS_WITH_AS(plan::scaling_memory(r), doctest::Contains("plan.fragmentation 1: expected a share of the reservation"),
+                       Error);
+  r.fragmentation = -0.1;
+  CHECK_THROWS_WITH_AS(plan::scaling_memory(r), doctest::Contains("expected a share of the reservation"), Error);
 }
 
 TEST_CASE("what the runtime model refuses, by key") {

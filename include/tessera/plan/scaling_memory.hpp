@@ -63,6 +63,17 @@
 // A stage's peak is the largest of: its state with the microbatches in flight; on the last
 // stage, its state, one microbatch in flight and the loss's backward; its state with the
 // step's transients.
+//
+// What the device must hold is more than that count: PyTorch's caching allocator keeps
+// freed blocks for reuse, split and cached by size, and the tensors of a step do not
+// pack its reservation. GMLake (Guo et al., ASPLOS 2024, arXiv:2401.08156) measured
+// that on A100 80GB for eight LLMs' training: fragmentation = 1 - peak active memory /
+// peak reserved memory (their README's definition), which their allocator reduced by
+// 15% on average (up to 33%) while keeping its own below about 10% at scale. So
+// PyTorch's averaged at least 15% of what it reserved; the stage's reservation is its
+// peak / (1 - 0.15), and that is what must fit (kTorchAllocatorFragmentation;
+// plan.fragmentation sets another). Their runs were DeepSpeed ZeRO-3 fine-tuning with
+// recomputation, LoRA and offload; no figure of the sheets' runtime is published.
 #pragma once
 
 #include <algorithm>
@@ -102,6 +113,10 @@ inline std::string_view scaling_attention_name(ScalingAttention a) {
   return "?";
 }
 
+/// The share of PyTorch's caching allocator's peak reservation that its live tensors do
+/// not fill at their peak (GMLake's average on A100 80GB; the header comment).
+inline constexpr double kTorchAllocatorFragmentation = 0.15;
+
 /// One run of the runtime: the model, the layout, the batch and the kernels.
 struct ScalingRun {
   nn::ModelArgs args;
@@ -112,6 +127,7 @@ struct ScalingRun {
   bool full_checkpoint = false;    // every_layer, else none
   ScalingAttention attention = ScalingAttention::flash2;
   bool fused_rmsnorm = false;      // flash-attn's RMSNorm kernel, else torch's
+  double fragmentation = kTorchAllocatorFragmentation;  // 1 - live peak / reserved peak, in [0, 1)
 };
 
 /// One pipeline stage of the runtime: what it holds and what it keeps at each moment.
@@ -124,7 +140,8 @@ struct ScalingStage {
   double activation_bytes = 0;           // saved for the backward at the most in flight, with buffers
   double loss_bytes = 0;                 // the last stage: the logits at a loss's backward
   double step_bytes = 0;                 // the gradient all-reduce's bucket and the logits kept
-  double peak_bytes = 0;
+  double peak_bytes = 0;                 // live tensors at the peak
+  double reserved_bytes = 0;             // what the caching allocator holds then: peak / (1 - fragmentation)
 };
 
 /// Items per stage of the runtime's uniform partition of `items` over `stages`: the same
@@ -176,6 +193,8 @@ inline std::vector<ScalingStage> scaling_memory(const ScalingRun& run) {
                 "(data_parallel_shard_degree 1, got ", m.dp_shard, ")");
   TESSERA_CHECK(run.microbatch >= 1 && run.seq_len >= 1 && run.microbatches >= 1,
                 "plan.runtime scaling: a step needs at least one microbatch of one sequence");
+  TESSERA_CHECK(run.fragmentation >= 0 && run.fragmentation < 1, "plan.fragmentation ", run.fragmentation,
+                ": expected a share of the reservation, from 0 up to (not including) 1");
   TESSERA_CHECK(a.n_heads % m.tp == 0 && a.kv_heads() % m.tp == 0, "plan.runtime scaling: ", a.n_heads, " heads (",
                 a.kv_heads(), " kv) do not divide over tensor_parallel_degree ", m.tp);
   const double t = m.tp, d = m.dp(), b = static_cast<double>(run.microbatch), s = static_cast<double>(run.seq_len);
@@ -224,6 +243,7 @@ inline std::vector<ScalingStage> scaling_memory(const ScalingRun& run) {
     }
     st.step_bytes = 6 * std::min(5e8, p) + (st.head ? 4 * bs * V : 0);
     st.peak_bytes = std::max(peak, st.state_bytes + st.step_bytes);
+    st.reserved_bytes = st.peak_bytes / (1 - run.fragmentation);
   }
   return stages;
 }
