@@ -37,7 +37,8 @@
 #   llama     llama-train on the debug model on the GPU, 100 steps
 #   all       every step above in one command (eager, gemms, test, train, torch, llama, kernels),
 #             each under a cap and within SECONDS in all (default 540); the logs packed into
-#             $OUT/results.tar.gz after each step, a line a step in $OUT/summary.txt
+#             $OUT/results.tar.gz after each step, a line a step in $OUT/summary.txt; the
+#             GPU's clocks and power logged through it, by step (bench/gpu_clocks.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}  # any release build with CUDA enabled will do (BUILD=build)
@@ -62,7 +63,7 @@ for b in "${bins[@]}"; do
 done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so|/libcud|/libcublas|/libnccl' |
   while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 cp -r examples/configs "$bundle/configs"
-cp bench/torch_llama.py bench/torchtitan_eager.py bench/torch_gemms.py "$bundle/"
+cp bench/torch_llama.py bench/torchtitan_eager.py bench/torch_gemms.py bench/gpu_clocks.py "$bundle/"
 # llama-plan's prediction of torchtitan_eager.py's runs, on each GPU profile (the eager step
 # as plan/torchtitan_time.hpp counts it; torchtitan_eager.py says what it runs).
 for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
@@ -116,6 +117,8 @@ export LD_LIBRARY_PATH="$here/lib$cuda_libs:${LD_LIBRARY_PATH:-}"
 { nvidia-smi -L; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   for b in test_gpu bench-kernels bench-train llama-train; do ldd "$here/$b" | grep -E "not found|cudnn|nccl|cublas|cudart" | sed "s|^|$b: |"; done
 } 2>&1 | tee "$out/device.txt"
+# Marks the start of a window of bench/gpu_clocks.py's table where `all` keeps a clock log.
+mark() { [ -n "${MARKS:-}" ] && echo "$(date '+%Y/%m/%d %H:%M:%S.%N') $*" >> "$MARKS"; return 0; }
 # The GPU profile whose predictions (made with the bundle) this GPU's runs are set beside.
 machine=h100-sxm
 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && machine=h200
@@ -145,10 +148,12 @@ case "${1:-}" in
   eager)
     for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
       read -r flavor layers batch seq <<< "$run"
+      mark "eager: $flavor"
       python3 "$here/torchtitan_eager.py" --flavor "$flavor" --n-layers "$layers" --batch "$batch" --seq "$seq" \
         --plan-json "$here/eager-plan-$flavor-$machine.json" --json "$out/eager-$flavor.json" 2>&1 |
         tee "$out/eager-$flavor.txt"
       # The same step under FSDP2 itself on one rank: what FSDP2 and DTensor add to it.
+      mark "eager: $flavor under FSDP2"
       python3 "$here/torchtitan_eager.py" --flavor "$flavor" --n-layers "$layers" --batch "$batch" --seq "$seq" --fsdp2 \
         --baseline-json "$out/eager-$flavor.json" --plan-json "$here/eager-plan-$flavor-$machine.json" \
         --json "$out/eager-fsdp2-$flavor.json" 2>&1 | tee "$out/eager-fsdp2-$flavor.txt"
@@ -156,15 +161,18 @@ case "${1:-}" in
   gemms)
     # tessera's cuBLASLt GEMMs and PyTorch's on the same shapes, timed the same way: with the
     # toolkit's cuBLASLt, then with PyTorch's own (its wheel's) where it has one, then torch.
+    mark "gemms: tessera, toolkit cuBLASLt"
     "$here/bench-kernels" --sections ceilings,gemm --dtypes bf16 --commit "$commit" --json "$out/gemms-tessera.json" \
       > "$out/gemms-tessera.txt" 2>&1
     grep -E "^software|^ceilings" "$out/gemms-tessera.txt"
     wheel=$(python3 -c "import nvidia, os; print(next((os.path.join(p, 'cublas', 'lib') for p in nvidia.__path__ if os.path.isdir(os.path.join(p, 'cublas', 'lib'))), ''))" 2>/dev/null)
     if [ -n "$wheel" ]; then
+      mark "gemms: tessera, torch's cuBLAS"
       LD_LIBRARY_PATH="$wheel:$LD_LIBRARY_PATH" "$here/bench-kernels" --sections ceilings,gemm --dtypes bf16 --commit "$commit" \
         --json "$out/gemms-tessera-torchcublas.json" > "$out/gemms-tessera-torchcublas.txt" 2>&1
       grep -E "^software|^ceilings" "$out/gemms-tessera-torchcublas.txt"
     fi
+    mark "gemms: torch.matmul"
     python3 "$here/torch_gemms.py" --kernels-json "$out/gemms-tessera.json" --json "$out/gemms-torch.json" 2>&1 |
       tee "$out/gemms-torch.txt" ;;
   llama)
@@ -177,11 +185,18 @@ case "${1:-}" in
     # (default 540); the last takes what is left. Each step's output goes to its own log,
     # and after every step the logs and files are packed into $out/results.tar.gz with a
     # line a step in $out/summary.txt: a loan that returns a few files returns them all,
-    # also when the loan's own limit cuts the command short.
+    # also when the loan's own limit cuts the command short. nvidia-smi logs the clocks and
+    # power through it all, each step (and part of gemms) marked: bench/gpu_clocks.py's
+    # table at the end says what clock each step's rates were measured at.
     total=${2:-540}
     start=$(date +%s)
     work=$(mktemp -d)
     : > "$out/summary.txt"
+    export MARKS="$work/marks.txt"
+    : > "$MARKS"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+      --format=csv,noheader,nounits -lms 250 > "$work/clocks.csv" 2> "$work/clocks.err" &
+    logger=$!
     steps=("eager 150" "gemms 150" "test 150" "train 100" "torch 120" "llama 40" "kernels 0")
     for s in "${steps[@]}"; do
       read -r name cap <<< "$s"
@@ -191,12 +206,18 @@ case "${1:-}" in
       (( cap > 0 && cap < left )) && limit=$cap
       t0=$(date +%s)
       echo "== $name (at most ${limit} s)"
+      mark "$name"
       OUT="$work" timeout -k 10 "$limit" bash "$here/run.sh" "$name" > "$work/$name.log" 2>&1
       rc=$?
       why=""; (( rc == 124 || rc == 137 )) && why=" (stopped at its ${limit} s)"
       echo "$name: exit $rc in $(( $(date +%s) - t0 )) s$why" | tee -a "$out/summary.txt"
       tar -czf "$out/results.tar.gz" -C "$work" --exclude=./llama-train .  # not the debug model's checkpoints
     done
+    mark "end"
+    sleep 1
+    kill "$logger" 2> /dev/null
+    python3 "$here/gpu_clocks.py" --csv "$work/clocks.csv" --marks "$MARKS" --json "$work/clocks.json" > "$work/clocks.txt" 2>&1
+    tar -czf "$out/results.tar.gz" -C "$work" --exclude=./llama-train .
     # The end of the reply (a loan returns the last 12,000 characters): what each step
     # found, the shortest and most asked-for last; the whole of it is in the archive.
     for f in "$work"/eager*.txt "$work"/gemms-torch.txt "$work"/torch.txt; do
@@ -205,6 +226,7 @@ case "${1:-}" in
     grep -hE "\| +(profiled step|class |GEMMs|attention|memory-bound|loss head|optimizer|host synchron|no profile)" \
       "$work"/train.txt "$work"/train8b.txt 2>/dev/null
     grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
+    echo "-- clocks.txt"; cat "$work/clocks.txt"
     cat "$out/summary.txt" ;;
   *) echo "usage: run.sh test|kernels|train|torch|eager|llama|all [SECONDS]" >&2; exit 2 ;;
 esac
