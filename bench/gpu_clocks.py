@@ -55,12 +55,16 @@ def parse_time(text: str, where: str) -> datetime.datetime:
     raise ClocksError(f"{where}: '{text.strip()}' is not a time of the form 2026/11/28 01:02:03.456")
 
 
-def read_samples(path: str) -> list[tuple[datetime.datetime, dict]]:
+def read_lines(path: str, flag: str) -> list[str]:
     try:
         with open(path) as f:
-            lines = f.read().splitlines()
+            return f.read().splitlines()
     except OSError as e:
-        raise ClocksError(f"--csv {path}: {e.strerror}") from None
+        raise ClocksError(f"{flag} {path}: {e.strerror}") from None
+
+
+def read_samples(path: str) -> list[tuple[datetime.datetime, dict]]:
+    lines = read_lines(path, "--csv")
     samples = []
     for i, line in enumerate(lines, 1):
         if not line.strip() or line.startswith("timestamp"):
@@ -84,11 +88,7 @@ def read_samples(path: str) -> list[tuple[datetime.datetime, dict]]:
 
 
 def read_marks(path: str) -> list[tuple[datetime.datetime, str]]:
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise ClocksError(f"--marks {path}: {e.strerror}") from None
+    lines = read_lines(path, "--marks")
     marks = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
