@@ -489,13 +489,16 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
   std::printf("step %s | %.0f tokens/s per GPU | MFU %.1f%% (causal %.1f%%) | peak %s of %s usable: %s\n\n",
               seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct, peak_text(l).c_str(),
               gib(l.usable_bytes).c_str(), fit_text(l, c).c_str());
-  std::printf("position  rank      compute  exposed comm  pipeline wait  comm (all)  collectives   peak memory\n");
+  std::printf("position  rank      compute  exposed comm  pipeline wait  comm (all)  collectives   peak memory      reserved\n");
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     const plan::PositionPrediction& p = l.positions[i];
-    std::printf("%8zu  %4d  %11s  %12s  %13s  %10s  %11lld  %12s%s\n", i, p.rank,
+    // The allocator's reservation where it holds more than the live peak (what must fit).
+    const bool more = p.compute.reserved_memory_bytes > p.compute.peak_memory_bytes;
+    std::printf("%8zu  %4d  %11s  %12s  %13s  %10s  %11lld  %12s  %12s%s\n", i, p.rank,
                 seconds_text(p.time.compute_seconds).c_str(), seconds_text(p.time.exposed_comm_seconds).c_str(),
                 seconds_text(p.time.pipeline_wait_seconds).c_str(), seconds_text(p.time.comm_seconds).c_str(),
                 static_cast<long long>(p.time.collectives), gib(static_cast<double>(p.compute.peak_memory_bytes)).c_str(),
+                more ? gib(static_cast<double>(p.compute.reserved_memory_bytes)).c_str() : "-",
                 p.compute.fits ? "" : "  does NOT fit");
   }
   // The position the step waits for, by class.
