@@ -212,7 +212,7 @@ struct Prediction {
   /// By class, in this order: GEMMs, attention, memory-bound kernels, loss head,
   /// optimizer, host synchronisations (the loss head and optimizer regions take their
   /// GEMMs and kernels; every host transfer and synchronisation is the last class).
-  std::vector<std::pair<std::string, ClassTime>> by_class;
+  ClassTimes by_class;
   std::vector<OpTotal> top;  // the costliest kinds of operation, costliest first
   double tokens_per_sec = 0;
   double mfu_pct = 0, mfu_causal_pct = 0;
@@ -287,8 +287,7 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
                           const MemoryBreakdown& at_peak, std::size_t top = 12, std::size_t reserved = 0) {
   Prediction p;
   p.machine = pricer.name();
-  for (const char* c : {kClassGemm, kClassAttention, kClassKernels, kClassLossHead, kClassOptimizer, kClassHost})
-    p.by_class.push_back({c, {}});
+  p.by_class = zero_class_times();
   std::map<std::string, OpTotal> kinds;
   for (const auto& e : trace.events()) {
     if (std::holds_alternative<trace::Memory>(e.op) || is_communication(e.op)) continue;
@@ -296,11 +295,7 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
     if (const auto* t = std::get_if<trace::Transfer>(&e.op); t && t->to_host) ++p.host_reads;
     const double s = pricer.seconds(e.op);
     const char* cls = detail::class_of(e);
-    for (auto& [name, c] : p.by_class)
-      if (name == cls) {
-        c.seconds += s;
-        ++c.count;
-      }
+    add_to_class(p.by_class, cls, s);
     p.step_seconds += s;
     if (top == 0) continue;
     const std::string what = detail::describe(e.op);
@@ -312,9 +307,7 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
     kind.seconds += s;
     ++kind.count;
   }
-  for (auto& [key, k] : kinds) p.top.push_back(k);
-  std::sort(p.top.begin(), p.top.end(), [](const OpTotal& a, const OpTotal& b) { return a.seconds > b.seconds; });
-  if (p.top.size() > top) p.top.resize(top);
+  p.top = costliest(kinds, top);
 
   p.tokens_per_sec = p.step_seconds > 0 ? static_cast<double>(shape.tokens) / p.step_seconds : 0;
   p.peak_flops = pricer.peak_flops(shape.dtype);

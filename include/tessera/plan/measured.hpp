@@ -78,7 +78,7 @@ inline const char* measured_class(const DeviceActivity& a) {
 /// streams at once counts twice) and count, the time the device was busy (the union of
 /// the activities' spans), and the costliest kernels by name.
 struct MeasuredStep {
-  std::vector<std::pair<std::string, ClassTime>> by_class;  // Prediction::by_class's order
+  ClassTimes by_class;        // Prediction::by_class's order
   double device_seconds = 0;  // the activities' durations summed
   double busy_seconds = 0;    // the union of their spans
   std::vector<OpTotal> top;   // by name (what), class (cls), summed time, count; costliest first
@@ -86,17 +86,12 @@ struct MeasuredStep {
 
 inline MeasuredStep measure_step(const std::vector<DeviceActivity>& activities, std::size_t top = 40) {
   MeasuredStep m;
-  for (const char* c : {kClassGemm, kClassAttention, kClassKernels, kClassLossHead, kClassOptimizer, kClassHost})
-    m.by_class.push_back({c, {}});
+  m.by_class = zero_class_times();
   std::map<std::string, OpTotal> names;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
   for (const DeviceActivity& a : activities) {
     const char* cls = measured_class(a);
-    for (auto& [name, ct] : m.by_class)
-      if (name == cls) {
-        ct.seconds += a.seconds();
-        ++ct.count;
-      }
+    add_to_class(m.by_class, cls, a.seconds());
     m.device_seconds += a.seconds();
     OpTotal& o = names[std::string(cls) + '\n' + a.name];  // the same kernel in two classes: two rows
     if (o.what.empty()) o.what = a.name, o.cls = cls;
@@ -117,9 +112,7 @@ inline MeasuredStep measure_step(const std::vector<DeviceActivity>& activities, 
   }
   if (open) covered += open_end - open_start;
   m.busy_seconds = static_cast<double>(covered) * 1e-9;
-  for (auto& [name, o] : names) m.top.push_back(std::move(o));
-  std::sort(m.top.begin(), m.top.end(), [](const OpTotal& a, const OpTotal& b) { return a.seconds > b.seconds; });
-  if (m.top.size() > top) m.top.resize(top);
+  m.top = costliest(names, top);
   return m;
 }
 
