@@ -138,7 +138,7 @@ plan::Network cpu_network(const plan::CpuProfile& p, int world) {
   const double copies_gbs = p.bandwidth.back().second / 2 / 1e9 / 2;
   const plan::Sourced link{copies_gbs, "measured: this machine's copy bandwidth at 256 MiB, over two copies"};
   const plan::Sourced latency{1.0, "Open MPI's shared-memory transport: about a microsecond a message (assumed)"};
-  return plan::Network{{static_cast<double>(world), "this machine: every rank"}, link, latency, link, latency};
+  return plan::Network{{static_cast<double>(world), "this machine: every rank"}, link, latency, link, latency, std::nullopt};
 }
 
 /// The machine --machine names; for `cpu`, measured on the step's own work, and shared by
@@ -414,6 +414,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
   put_summary(j, l, t);
   j["exposed_comm_seconds"] = l.exposed_comm_seconds;
   j["pipeline_wait_seconds"] = l.pipeline_wait_seconds;
+  j["collective_sm_seconds"] = l.collective_sm_seconds;
   nlohmann::json positions = nlohmann::json::array();
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     const plan::PositionPrediction& p = l.positions[i];
@@ -423,6 +424,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
                          {"exposed_comm_seconds", p.time.exposed_comm_seconds},
                          {"pipeline_wait_seconds", p.time.pipeline_wait_seconds},
                          {"comm_seconds", p.time.comm_seconds},
+                         {"collective_sm_seconds", p.time.collective_sm_seconds},
                          {"collectives", p.time.collectives},
                          {"peak_memory_bytes", p.compute.peak_memory_bytes},
                          {"reserved_memory_bytes", p.compute.reserved_memory_bytes},
@@ -510,6 +512,9 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
   for (const auto& [name, ct] : p.compute.by_class)
     std::printf("  %-24s %10s  %5.1f%%  (%lld)\n", name.c_str(), seconds_text(ct.seconds).c_str(),
                 l.step_seconds > 0 ? 100 * ct.seconds / l.step_seconds : 0.0, static_cast<long long>(ct.count));
+  if (p.time.collective_sm_seconds > 0)
+    std::printf("  and %s more of GEMMs and attention on the SMs the collectives between nodes leave them "
+                "(plan/cluster.hpp)\n", seconds_text(p.time.collective_sm_seconds).c_str());
   if (!p.compute.top.empty()) {
     std::printf("\nposition %zu's costliest operations\n", last);
     print_costliest(p.compute, l.step_seconds);

@@ -204,6 +204,11 @@ if j["fits"] != all(p["fits"] for p in j["positions"]):
     sys.exit("fits is not every position's")
 if abs(j["step_seconds"] - max(p["end_seconds"] for p in j["positions"])) > 1e-12:
     sys.exit("the step does not end with its last position")
+last = max(j["positions"], key=lambda p: p["end_seconds"])
+if j["collective_sm_seconds"] != last["collective_sm_seconds"] or \
+        any(not 0 <= p["collective_sm_seconds"] <= p["compute_seconds"] for p in j["positions"]):
+    sys.exit("what the collectives' SMs add: %s, by position %s" % (j["collective_sm_seconds"],
+             [p["collective_sm_seconds"] for p in j["positions"]]))
 for p in j["positions"]:
     parts = p["compute_seconds"] + p["exposed_comm_seconds"] + p["pipeline_wait_seconds"]
     if abs(parts - p["end_seconds"]) > 1e-9 * max(1, p["end_seconds"]):
@@ -238,6 +243,17 @@ layout_ok "HSDP x PP (interleaved) on two nodes of A100s" 16 2 "${debug[@]}" --m
   --parallelism.data_parallel_replicate_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B \
   --training.local_batch_size 4
 layout_ok "FSDP on 2 ranks of this CPU" 2 1 "${debug[@]}" --machine cpu
+# A collective between nodes holds SMs from the GEMMs beside it; one within a node does not.
+if "$plan" "${debug[@]}" --machine a100-80gb-sxm --gpus 16 --json > "$work/two.json" 2> "$work/err" &&
+   "$plan" "${debug[@]}" --machine a100-80gb-sxm --gpus 8 --json > "$work/one.json" 2>> "$work/err" &&
+   "$plan" "${debug[@]}" --machine a100-80gb-sxm --gpus 16 > "$work/two.txt" 2>> "$work/err" &&
+   python3 -c 'import json,sys; two,one=(json.load(open(f)) for f in sys.argv[1:]); sys.exit(not (two["collective_sm_seconds"] > 0 and one["collective_sm_seconds"] == 0))' \
+     "$work/two.json" "$work/one.json" &&
+   grep -q "more of GEMMs and attention on the SMs the collectives between nodes leave them" "$work/two.txt"; then
+  echo "ok: FSDP over two nodes: the collectives' SMs slow the GEMMs beside them; over one node they do not"
+else
+  echo "FAIL: the collectives' SMs:"; head -n 5 "$work/err"; failures=$((failures + 1))
+fi
 # The table names the mesh and every position.
 if "$plan" "${debug[@]}" --gpus 8 --parallelism.pipeline_parallel_degree 2 > "$work/table" 2> "$work/err" &&
    grep -q 'mesh \[pp 2, dp_replicate 1, dp_shard 4, tp 1\]' "$work/table" &&

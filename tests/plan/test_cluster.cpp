@@ -161,6 +161,30 @@ source = "s"
   const plan::Machine m = plan::parse_machine(network + "[network.network_latency_us]\nvalue = 9\nsource = \"s\"\n", "x.toml");
   REQUIRE(m.network.has_value());
   CHECK(m.network->network_gbs.value == 20);
+  CHECK_FALSE(m.network->nics_per_node.has_value());  // optional: collectives then hold no SMs
+  const std::string with_nics = network + "[network.network_latency_us]\nvalue = 9\nsource = \"s\"\n";
+  CHECK(plan::parse_machine(with_nics + "[network.nics_per_node]\nvalue = 4\nsource = \"s\"\n", "x.toml")
+            .network->nics_per_node->value == 4);
+  CHECK_THROWS_WITH_AS(plan::parse_machine(with_nics + "[network.nics_per_node]\nvalue = 2.5\nsource = \"s\"\n", "x.toml"),
+                       "x.toml: machine profile: network.nics_per_node must be a whole number, got 2.5", Error);
+  CHECK_THROWS_WITH_AS(plan::parse_machine(with_nics + "[network.nics_per_node]\nvalue = 4\n", "x.toml"),
+                       doctest::Contains("network.nics_per_node has no source"), Error);
+}
+
+TEST_CASE("cluster: a collective between nodes holds two SMs for each NIC its members reach") {
+  plan::Network net = *a100().network;  // 8 GPUs and 8 NICs a node
+  REQUIRE(net.nics_per_node.has_value());
+  CHECK(plan::collective_sms(collective("all_gather", 1 << 20, 64, 1), net) == 16);     // 8 rings, doubled
+  CHECK(plan::collective_sms(collective("reduce_scatter", 1 << 20, 16, 4), net) == 4);  // 2 members a node
+  CHECK(plan::collective_sms(collective("all_reduce", 1 << 20, 8, 8), net) == 2);       // one a node
+  CHECK(plan::collective_sms(collective("all_reduce", 1 << 20, 8, 1), net) == 0);       // within a node
+  trace::Collective p2p = collective("send_recv", 0, 2, 8);
+  p2p.peers = {{1, 1 << 20, true}};
+  CHECK(plan::collective_sms(p2p, net) == 0);  // its own p2p channels: not counted
+  net.nics_per_node->value = 4;                // p4de: 4 EFA NICs for 8 GPUs
+  CHECK(plan::collective_sms(collective("all_gather", 1 << 20, 64, 1), net) == 8);
+  net.nics_per_node.reset();
+  CHECK(plan::collective_sms(collective("all_gather", 1 << 20, 64, 1), net) == 0);
 }
 
 TEST_CASE("timeline: a collective overlaps the compute issued after it, and what it outlasts is exposed") {
@@ -178,6 +202,58 @@ TEST_CASE("timeline: a collective overlaps the compute issued after it, and what
   CHECK(tl.positions[0].compute_seconds == doctest::Approx(3e-3));
   CHECK(tl.positions[0].exposed_comm_seconds == doctest::Approx(comm - 2e-3));
   CHECK(tl.step_seconds == doctest::Approx(comm + 1e-3));
+}
+
+TEST_CASE("timeline: GEMMs and attention beside a collective between nodes run on the SMs it leaves") {
+  struct SmPricer final : plan::Pricer {  // 1 ms an operation on 100 SMs
+    double seconds(const trace::Op&) const override { return 1e-3; }
+    double peak_flops(DType) const override { return 1e12; }
+    double usable_bytes() const override { return 1e12; }
+    std::string name() const override { return "100 SMs"; }
+    double sm_count() const override { return 100; }
+  } compute;
+  const plan::Network net = *a100().network;  // 8 NICs a node: 16 SMs held by a collective of whole nodes
+  const trace::Collective long_gather = collective("all_gather", std::int64_t{1} << 33, 64, 1, 1);
+  REQUIRE(plan::collective_seconds(long_gather, net) > 10e-3);
+  const double k = 100.0 / 84;
+  {  // the GEMM and the attention run slower for all their time; the memory-bound kernel does not
+    trace::Trace t;
+    t.add(long_gather);
+    t.add(trace::Gemm{});
+    t.add(trace::Attention{});
+    t.add(trace::Fill{4});
+    t.add(trace::CommWait{1});
+    const plan::Timeline tl = plan::simulate_step({&t}, 64, compute, net);
+    CHECK(tl.positions[0].compute_seconds == doctest::Approx(2e-3 * k + 1e-3));
+    CHECK(tl.positions[0].collective_sm_seconds == doctest::Approx(2e-3 * (k - 1)));
+  }
+  {  // a collective that ends during the GEMM slows only the part before its end
+    const trace::Collective short_gather = collective("all_gather", 1 << 20, 64, 1, 1);
+    const double d = plan::collective_seconds(short_gather, net);
+    REQUIRE(d < 1e-3);
+    trace::Trace t;
+    t.add(short_gather);
+    t.add(trace::Gemm{});
+    t.add(trace::CommWait{1});
+    const plan::Timeline tl = plan::simulate_step({&t}, 64, compute, net);
+    CHECK(tl.positions[0].compute_seconds == doctest::Approx(d + (1e-3 - d / k)));
+  }
+  {  // within a node, or without the machine's NICs, the GEMM keeps its time
+    trace::Trace t;
+    t.add(collective("all_gather", std::int64_t{1} << 33, 8, 1, 1));
+    t.add(trace::Gemm{});
+    t.add(trace::CommWait{1});
+    CHECK(plan::simulate_step({&t}, 8, compute, net).positions[0].compute_seconds == doctest::Approx(1e-3));
+    plan::Network no_nics = net;
+    no_nics.nics_per_node.reset();
+    trace::Trace u;
+    u.add(long_gather);
+    u.add(trace::Gemm{});
+    u.add(trace::CommWait{1});
+    const plan::Timeline tl = plan::simulate_step({&u}, 64, compute, no_nics);
+    CHECK(tl.positions[0].compute_seconds == doctest::Approx(1e-3));
+    CHECK(tl.positions[0].collective_sm_seconds == 0);
+  }
 }
 
 TEST_CASE("timeline: a pipeline stage waits for what the stage before it sends") {

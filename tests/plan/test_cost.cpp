@@ -427,6 +427,9 @@ source = "derived"
   REQUIRE(p4de.network.has_value());
   CHECK(p4de.network->nvlink_gbs.value == sxm.network->nvlink_gbs.value);
   CHECK(p4de.network->network_gbs.value < sxm.network->network_gbs.value / 3);  // 4 x 100 Gb/s for 8 GPUs
+  REQUIRE(p4de.network->nics_per_node.has_value());  // its own: 4 EFA NICs, where a DGX A100 has 8
+  CHECK(p4de.network->nics_per_node->value == 4);
+  CHECK(sxm.network->nics_per_node->value == 8);
 }
 
 }  // namespace test_cost

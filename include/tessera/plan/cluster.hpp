@@ -29,6 +29,23 @@
 // link between its two ranks at that link's bandwidth after one step's latency. Left out:
 // NVLink SHARP and CollNet (faster all-reduce where a cluster has them), LL128, the tree's
 // correction at medium sizes, and links shared by concurrent collectives.
+//
+// What a collective takes from the compute beside it (collective_sms): NCCL runs a
+// collective as one kernel of one thread block per channel, resident for the whole
+// collective, and a GEMM's blocks (one per SM, most of its registers and shared memory)
+// do not fit beside one, so each channel holds an SM that the GEMMs and the attention
+// overlapping it do not get (an all-gather's 24 blocks beside a GEMM on an H100,
+// forums.developer.nvidia.com, "Compute-Communication Overlap Causes Severe GEMM
+// Performance Degradation because of Tail Effect"). Between nodes NCCL's search builds a
+// ring through each NIC the group's members reach (a node's members, at most its NICs),
+// and ncclTopoPostset doubles the rings it found (src/graph/connect.cc: "nChannels =
+// comm->nChannels = std::min(MAXCHANNELS, nChannels*2)"): channels = 2 x min(NICs per
+// node, members per node). NCCL's logs of 16 ranks on two p4d nodes (4 EFA NICs) read 8
+// channels (NVIDIA/nccl#520), and 2 where the logs show the first NIC alone in use
+// (aws/aws-ofi-nccl#64, NVIDIA/nccl#527). Within a node the count depends on NVLink's
+// speeds in NCCL's search, which no source here gives: those collectives, and send/recv
+// (its own p2p channels), hold none. A machine file without network.nics_per_node counts
+// none.
 #pragma once
 
 #include <algorithm>
@@ -63,6 +80,16 @@ inline constexpr double kRingSimpleBase = 8.4, kRingLlBase = 3.6, kTreeLlBase = 
 inline constexpr double kNvlinkRingSimple = 3.4, kNvlinkRingLl = 0.47, kNvlinkTreeSimple = 28, kNvlinkTreeLl = 0.52;
 inline constexpr double kNetRingSimple = 9.6, kNetRingLl = 2.7, kNetTreeSimple = 50, kNetTreeLl = 5.0;
 }  // namespace nccl
+
+/// The SMs `c` holds while it runs on `net`: its channels between nodes (above), 0 for a
+/// collective within a node, a send/recv, or a machine file without network.nics_per_node.
+inline int collective_sms(const trace::Collective& c, const Network& net) {
+  const std::string_view kind = c.kind;
+  if (!net.nics_per_node || c.group.size <= 1 || kind == "send_recv" || kind == "barrier") return 0;
+  const Placement at = placement(c.group, static_cast<int>(net.gpus_per_node.value));
+  if (at.nodes <= 1) return 0;
+  return 2 * std::min(static_cast<int>(net.nics_per_node->value), at.per_node);
+}
 
 /// Seconds one collective takes on `net`: NCCL's fastest algorithm and protocol.
 inline double collective_seconds(const trace::Collective& c, const Network& net) {

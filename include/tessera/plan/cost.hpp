@@ -75,6 +75,9 @@ class Pricer {
   /// Bytes tensors may take on the device.
   virtual double usable_bytes() const = 0;
   virtual std::string name() const = 0;
+  /// The SMs GEMMs and attention run on, which a collective beside them shares
+  /// (plan/timeline.hpp); 0 where the device has none.
+  virtual double sm_count() const { return 0; }
 };
 
 /// Multiply-adds of tessera's portable flash kernel for one attention call (see above).
@@ -142,6 +145,7 @@ class GpuPricer : public Pricer {
     return (dtype == DType::bf16 ? m_.bf16_tflops.value : m_.fp32_tflops.value) * 1e12;
   }
   double usable_bytes() const override { return m_.usable_bytes(); }
+  double sm_count() const override { return m_.sm_count.value; }
   std::string name() const override { return m_.name; }
   const Machine& machine() const { return m_; }
   AttentionKernel attention() const { return attention_; }

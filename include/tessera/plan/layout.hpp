@@ -90,6 +90,7 @@ struct LayoutPrediction {
   bool fits = false;                      // every position's reservation within the usable memory
   double exposed_comm_seconds = 0;    // the costliest position's waits for collectives
   double pipeline_wait_seconds = 0;   // ... and for send/recv groups
+  double collective_sm_seconds = 0;   // ... and what the collectives' SMs added to its GEMMs and attention
 };
 
 /// Prices `positions` (one StepTrace per pipeline position, distinct_ranks order, all of
@@ -121,6 +122,7 @@ inline LayoutPrediction predict_layout(const std::vector<StepTrace>& positions, 
       worst_end = pp.time.end_seconds;
       out.exposed_comm_seconds = pp.time.exposed_comm_seconds;
       out.pipeline_wait_seconds = pp.time.pipeline_wait_seconds;
+      out.collective_sm_seconds = pp.time.collective_sm_seconds;
     }
     out.positions.push_back(std::move(pp));
   }

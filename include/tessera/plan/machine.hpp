@@ -29,6 +29,9 @@
 //   [network.nvlink_latency_us]   the latency of one ring step (Simple protocol) there;
 //   [network.network_gbs]     the network's bandwidth per GPU between nodes, and
 //   [network.network_latency_us]  one ring step's latency over it (plan/cluster.hpp)
+//   [network.nics_per_node]   optional: the NICs a node's GPUs reach the network by; a
+//                             collective between nodes then holds SMs while it runs
+//                             (plan/cluster.hpp, collective_sms), and without it none
 //
 // A profile may start from another: `base = "NAME"` in [machine] (a built-in profile's
 // name where llama-plan reads it, a NAME.toml beside the profile, or a path relative to
@@ -113,6 +116,7 @@ struct Network {
   Sourced gpus_per_node;
   Sourced nvlink_gbs, nvlink_latency_us;
   Sourced network_gbs, network_latency_us;
+  std::optional<Sourced> nics_per_node;  // absent: collectives hold no SMs (plan/cluster.hpp)
 };
 
 /// A GPU's rates (device = cuda), as a machine file gives them.
@@ -390,6 +394,11 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
     n.nvlink_latency_us = read_rate(root, origin, "network", "nvlink_latency_us");
     n.network_gbs = read_rate(root, origin, "network", "network_gbs");
     n.network_latency_us = read_rate(root, origin, "network", "network_latency_us");
+    if (root.get_as<toml::table>("network")->get("nics_per_node")) {
+      n.nics_per_node = read_rate(root, origin, "network", "nics_per_node");
+      TESSERA_CHECK(n.nics_per_node->value == std::floor(n.nics_per_node->value), origin,
+                    ": machine profile: network.nics_per_node must be a whole number, got ", n.nics_per_node->value);
+    }
     m.network = n;
   }
   return m;

@@ -18,10 +18,17 @@
 // step ends when the last position's compute does. Time a position's compute spends
 // waiting is exposed communication, or pipeline wait where it waits for a send/recv: the
 // bubble of the schedule as the program runs it, with the transfers' own time in it.
+//
+// A collective between nodes holds SMs while it runs (plan/cluster.hpp, collective_sms),
+// and a GEMM or an attention kernel beside it runs on the others: its work, spread over
+// the SMs left, takes sm_count / (sm_count - held) as long for as long as the
+// collectives run (until the first of them ends, where several streams run at once).
+// Memory-bound kernels keep their time: the SMs left still move the device's bandwidth.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -43,6 +50,7 @@ struct PositionTime {
   double exposed_comm_seconds = 0;  // waiting for collectives
   double pipeline_wait_seconds = 0;  // waiting for send/recv groups
   double comm_seconds = 0;       // collectives' own time, overlapped or not
+  double collective_sm_seconds = 0;  // what the collectives' SMs added to the compute beside them
   std::int64_t collectives = 0;
 };
 
@@ -108,6 +116,28 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
     return x.end = end;
   };
 
+  // A GEMM's or an attention kernel's `s` seconds on position `st` with the collectives
+  // running beside it holding their SMs (see above).
+  const double sms = compute.sm_count();
+  const bool shared_sms = sms > 0 && net.nics_per_node.has_value();
+  auto beside_collectives = [&](const State& st, double s) {
+    int held = 0;
+    double until = std::numeric_limits<double>::infinity();
+    for (const auto& [comm, last] : st.stream) {
+      if (!last) continue;
+      const int c = collective_sms(*issued[*last].c, net);
+      if (c == 0) continue;
+      const auto e = end_of(*last);  // a stream's collectives run back to back until its last ends
+      if (!e || *e <= st.clock) continue;
+      held += c;
+      until = std::min(until, *e);
+    }
+    if (held == 0) return s;
+    const double k = sms / std::max(1.0, sms - held);
+    const double slowed = std::min(s * k, until - st.clock);
+    return slowed + (s - slowed / k);
+  };
+
   auto advance = [&](int p) {
     State& st = state[static_cast<std::size_t>(p)];
     const auto& events = positions[static_cast<std::size_t>(p)]->events();
@@ -157,7 +187,12 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         (issued[it->second].transfers.empty() ? st.time.exposed_comm_seconds : st.time.pipeline_wait_seconds) += waited;
         st.clock += waited;
       } else if (!std::holds_alternative<trace::Memory>(op)) {
-        const double s = compute.seconds(op);
+        double s = compute.seconds(op);
+        if (shared_sms && (std::holds_alternative<trace::Gemm>(op) || std::holds_alternative<trace::Attention>(op))) {
+          const double alone = s;
+          s = beside_collectives(st, s);
+          st.time.collective_sm_seconds += s - alone;
+        }
         st.clock += s;
         st.time.compute_seconds += s;
       }
