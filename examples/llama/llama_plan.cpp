@@ -601,6 +601,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
       put_figures(j, l);
       j["exposed_comm_seconds"] = l.exposed_comm_seconds;
       j["pipeline_wait_seconds"] = l.pipeline_wait_seconds;
+      j["collective_sm_seconds"] = l.collective_sm_seconds;
       j["extrapolated"] = l.extrapolated;
       layouts.push_back(std::move(j));
     }

@@ -455,7 +455,8 @@ keys = ["parallelism.data_parallel_replicate_degree", "parallelism.data_parallel
         "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
         "parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_microbatch_size",
         "parallelism.fsdp_reshard_after_forward", "activation_checkpoint.mode", "training.local_batch_size",
-        "training.global_batch_size", "fits", "peak_memory_bytes", "tokens_per_sec", "mfu_pct", "step_seconds"]
+        "training.global_batch_size", "fits", "peak_memory_bytes", "tokens_per_sec", "mfu_pct", "step_seconds",
+        "collective_sm_seconds"]
 for l in layouts:
     for k in keys:
         if k not in l:

@@ -83,6 +83,7 @@ struct SearchResult {
   bool fits = false;                      // every position's reservation within the usable memory
   double exposed_comm_seconds = 0;
   double pipeline_wait_seconds = 0;
+  double collective_sm_seconds = 0;  // what the collectives' SMs add to the GEMMs beside them
   bool extrapolated = false;
   int dry_runs = 0;     // ranks traced to price it
   std::size_t index = 0;  // its place in enumerate_layouts' list: ties rank in that order
@@ -330,7 +331,7 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
   std::vector<int> depths{0};
   if (!full && d2 >= 1) depths = {d1, d2};
   struct Sample {
-    double step = 0, exposed = 0, wait = 0;
+    double step = 0, exposed = 0, wait = 0, sms = 0;
     std::vector<double> peaks;  // per position; with the degree reduced: the first, second and last
     std::vector<double> slack;  // ... what the allocator reserves beyond them, the same positions
   };
@@ -359,6 +360,7 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
         s.step = l.step_seconds;
         s.exposed = l.exposed_comm_seconds;
         s.wait = l.pipeline_wait_seconds;
+        s.sms = l.collective_sm_seconds;
         std::vector<std::size_t> kept;
         for (std::size_t k = 0; k < l.positions.size(); ++k) kept.push_back(k);
         if (pps.size() > 1) kept = {0, 1, l.positions.size() - 1};
@@ -389,6 +391,7 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
   r.step_seconds = at([](const Sample& s) { return s.step; });
   r.exposed_comm_seconds = std::max(0.0, at([](const Sample& s) { return s.exposed; }));
   r.pipeline_wait_seconds = std::max(0.0, at([](const Sample& s) { return s.wait; }));
+  r.collective_sm_seconds = std::max(0.0, at([](const Sample& s) { return s.sms; }));
   const double usable = compute.usable_bytes();
   r.fits = true;
   // With the degree reduced, the middle positions hold no more than the second: its
