@@ -109,6 +109,7 @@ struct Options {
   std::vector<std::int64_t> attention_seqs = {8192, 2048};
   std::vector<DType> dtypes = {DType::bf16, DType::f32};
   bool ceilings = true, gemm = true, attention = true, memory = true;
+  bool sm_hold = false;  // not by default: run.sh's gemms step asks for it
   std::string memory_flavor = "llama3_8b";
   std::int64_t trials = 5;
   double trial_ms = 20;
@@ -121,11 +122,13 @@ struct Options {
 
 constexpr const char* usage =
     "usage: bench-kernels [--tokens N] [--flavors a,b] [--attention-seqs T1,T2] [--dtypes bf16,fp32]\n"
-    "                     [--sections ceilings,gemm,attention,memory] [--memory-flavor NAME]\n"
+    "                     [--sections ceilings,gemm,attention,memory,sm-hold] [--memory-flavor NAME]\n"
     "                     [--trials N] [--trial-ms X] [--screen-ms X] [--candidates N] [--finalists N]\n"
     "                     [--json FILE] [--commit HASH]\n"
     "  tessera's GPU kernels on one device: cuBLASLt GEMMs on the Llama 3 shapes (heuristic choice against the\n"
-    "  best candidate), causal GQA flash attention, and the memory-bound ops against a device copy.\n"
+    "  best candidate), causal GQA flash attention, and the memory-bound ops against a device copy; sm-hold\n"
+    "  (not by default): each bf16 GEMM of --memory-flavor with 8, 16 and 24 SMs held by spinning blocks, against\n"
+    "  llama-plan's sm / (sm - held) for a GEMM beside an NCCL collective (plan/cluster.hpp).\n"
     "  defaults: --tokens 8192 --flavors llama3.2_1b,llama3.2_3b,llama3_8b --attention-seqs 8192,2048\n"
     "            --dtypes bf16,fp32 --sections ceilings,gemm,attention,memory --memory-flavor llama3_8b\n"
     "            --trials 5 --trial-ms 20 --screen-ms 5 --candidates 32 --finalists 3\n";
@@ -169,13 +172,14 @@ Options parse_options(int argc, char** argv) {
         if (std::find(o.dtypes.begin(), o.dtypes.end(), d) == o.dtypes.end()) o.dtypes.push_back(d);
       }
     } else if (flag == "--sections") {
-      o.ceilings = o.gemm = o.attention = o.memory = false;
+      o.ceilings = o.gemm = o.attention = o.memory = o.sm_hold = false;
       for (const auto& s : split_list(flag, value())) {
         if (s == "ceilings") o.ceilings = true;
         else if (s == "gemm") o.gemm = true;
         else if (s == "attention") o.attention = true;
         else if (s == "memory") o.memory = true;
-        else tessera::fail("--sections: unknown section '", s, "' (ceilings, gemm, attention, memory)");
+        else if (s == "sm-hold") o.sm_hold = true;
+        else tessera::fail("--sections: unknown section '", s, "' (ceilings, gemm, attention, memory, sm-hold)");
       }
     } else if (flag == "--memory-flavor") o.memory_flavor = std::string(value());
     else if (flag == "--trials") o.trials = parse_count(flag, value(), 1);
@@ -1166,6 +1170,147 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
 
 // ---------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------
+// 5. GEMMs beside blocks that hold SMs: llama-plan's model of a GEMM that overlaps an NCCL
+// collective between nodes (plan/cluster.hpp, collective_sms), checked. Each NCCL channel
+// is a block resident for the whole collective, and llama-plan prices a GEMM beside `held`
+// of them at sm / (sm - held) its time alone. Here `held` blocks that each take the most
+// shared memory a block may have (so nothing else fits on their SMs) spin, bounded by the
+// device's clock, while the same GEMM runs on the compute stream, after a one-block kernel
+// has seen every holding block start (bounded too).
+
+__global__ void hold_sms_kernel(unsigned long long ns, unsigned* started) {
+  extern __shared__ unsigned char hold_pad[];
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  if (threadIdx.x == 0) {
+    hold_pad[0] = 1;
+    atomicAdd(started, 1u);
+  }
+  do {
+    __nanosleep(2000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+__global__ void wait_started_kernel(const unsigned* started, unsigned want, unsigned long long ns) {
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (*static_cast<const volatile unsigned*>(started) < want && t - t0 < ns);
+}
+
+struct SmHoldResult {
+  GemmCase c;
+  double alone = kNaN;  // seconds a call
+  struct Held {
+    int sms = 0;
+    double seconds = kNaN;  // a call, beside the holding blocks
+    double predicted = kNaN;  // llama-plan's: alone x sm / (sm - held)
+    unsigned resident = 0;    // holding blocks seen started
+    bool covered = false;     // every block resident, and the hold outlasted the GEMMs
+  };
+  std::vector<Held> held;
+};
+
+std::vector<SmHoldResult> run_sm_hold(const std::string& flavor, std::int64_t tokens, double trial_seconds,
+                                      const DeviceInfo& dev) {
+  std::printf("\nGEMMs beside SMs held (bf16, %s, %lld tokens; llama-plan prices a GEMM beside a collective "
+              "between nodes at sm / (sm - held), %d SMs here)\n",
+              flavor.c_str(), (long long)tokens, dev.sms);
+  std::printf("  %-24s %-16s %10s   %s\n", "layers", "m x n x k", "alone", "held SMs: measured / alone (llama-plan's)");
+  std::fflush(stdout);
+  int smem = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index));
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(hold_sms_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaStream_t side = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  unsigned* started = nullptr;
+  TESSERA_CUDA_CHECK(cudaMalloc(&started, sizeof(unsigned)));
+  cudaEvent_t hold_end = nullptr;
+  TESSERA_CUDA_CHECK(cudaEventCreate(&hold_end));
+  std::vector<SmHoldResult> out;
+  try {
+    for (const GemmCase& g : gemm_cases(flavor, tokens)) {
+      const Shape sa = g.ta == Trans::no ? Shape{g.m, g.k} : Shape{g.k, g.m};
+      const Shape sb = g.tb == Trans::no ? Shape{g.k, g.n} : Shape{g.n, g.k};
+      const Tensor<bf16> a = random_tensor<bf16>(sa, -1, 1), b = random_tensor<bf16>(sb, -1, 1),
+                         c = random_tensor<bf16>(Shape{g.m, g.n}, -1, 1);
+      const float one = 1.0f, beta = g.beta_one ? 1.0f : 0.0f;
+      auto call = [&] { Cuda::gemm<bf16>(g.ta, g.tb, one, a.cview(), b.cview(), beta, c.view()); };
+      const Event e0, e1;
+      call();  // warm-up: the plan cached
+      e0.record();
+      call();
+      e1.record();
+      const std::int64_t reps =
+          std::clamp<std::int64_t>(static_cast<std::int64_t>(trial_seconds / std::max(1e-7, elapsed(e0, e1))), 1, kMaxReps);
+      SmHoldResult r;
+      r.c = g;
+      e0.record();
+      for (std::int64_t i = 0; i < reps; ++i) call();
+      e1.record();
+      r.alone = elapsed(e0, e1) / double(reps);
+      for (int h : {8, 16, 24}) {
+        SmHoldResult::Held x;
+        x.sms = h;
+        x.predicted = r.alone * dev.sms / double(dev.sms - h);
+        // Held for three times the GEMMs' expected span and 20 ms more, at most two seconds.
+        const double span = std::min(2.0, 3 * x.predicted * double(reps) + 0.02);
+        // Zeroed before the waiting kernel can read it: it runs on the other stream.
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(started, 0, sizeof(unsigned), side));
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(side));
+        hold_sms_kernel<<<h, 32, static_cast<std::size_t>(smem), side>>>(static_cast<unsigned long long>(span * 1e9), started);
+        TESSERA_CUDA_CHECK(cudaGetLastError());
+        TESSERA_CUDA_CHECK(cudaEventRecord(hold_end, side));
+        wait_started_kernel<<<1, 32, 0, Cuda::stream()>>>(started, static_cast<unsigned>(h), 100'000'000ull);
+        TESSERA_CUDA_CHECK(cudaGetLastError());
+        e0.record();
+        for (std::int64_t i = 0; i < reps; ++i) call();
+        e1.record();
+        x.seconds = elapsed(e0, e1) / double(reps);
+        TESSERA_CUDA_CHECK(cudaEventSynchronize(hold_end));
+        float gemms_ms = 0, hold_ms = 0;
+        TESSERA_CUDA_CHECK(cudaEventElapsedTime(&gemms_ms, e0.get(), e1.get()));
+        TESSERA_CUDA_CHECK(cudaEventElapsedTime(&hold_ms, e0.get(), hold_end));
+        TESSERA_CUDA_CHECK(cudaMemcpy(&x.resident, started, sizeof(unsigned), cudaMemcpyDeviceToHost));
+        x.covered = x.resident == static_cast<unsigned>(h) && hold_ms >= gemms_ms;
+        r.held.push_back(x);
+      }
+      std::string cells;
+      for (const auto& x : r.held)
+        cells += "  " + std::to_string(x.sms) + ": " + fmt("%.3f", x.seconds / r.alone) +
+                 fmt(" (%.3f)", x.predicted / r.alone) + (x.covered ? "" : "!");
+      std::printf("  %-24s %-16s %8.3f ms %s\n", g.layer_text().c_str(), g.mnk_text().c_str(), r.alone * 1e3,
+                  cells.c_str());
+      std::fflush(stdout);
+      out.push_back(std::move(r));
+    }
+  } catch (...) {
+    (void)cudaEventDestroy(hold_end);
+    (void)cudaFree(started);
+    (void)cudaStreamDestroy(side);
+    throw;
+  }
+  TESSERA_CUDA_CHECK(cudaEventDestroy(hold_end));
+  TESSERA_CUDA_CHECK(cudaFree(started));
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(side));
+  return out;
+}
+
+json sm_hold_json(const SmHoldResult& r) {
+  json held = json::array();
+  for (const auto& x : r.held)
+    held.push_back({{"sms", x.sms},
+                    {"seconds", x.seconds},
+                    {"predicted_seconds", x.predicted},
+                    {"resident_blocks", x.resident},
+                    {"covered", x.covered}});
+  return {{"layers", r.c.layer_text()}, {"m", r.c.m}, {"n", r.c.n}, {"k", r.c.k},
+          {"pass", r.c.pass_text()},  {"alone_seconds", r.alone}, {"held", held}};
+}
+
 int run(const Options& o) {
   // Opened first, so a path that cannot be written fails before the runs, not after.
   std::ofstream json_out;
@@ -1223,7 +1368,8 @@ int run(const Options& o) {
                    return names;
                  }()},
                 {"sections",
-                 {{"ceilings", o.ceilings}, {"gemm", o.gemm}, {"attention", o.attention}, {"memory", o.memory}}},
+                 {{"ceilings", o.ceilings}, {"gemm", o.gemm}, {"attention", o.attention}, {"memory", o.memory},
+                  {"sm_hold", o.sm_hold}}},
                 {"memory_flavor", o.memory_flavor},
                 {"trials", o.trials},
                 {"trial_ms", o.trial_ms},
@@ -1325,6 +1471,19 @@ int run(const Options& o) {
       checks_ok = checks_ok && r.nonfinite == 0;
     }
     doc["memory"] = rows;
+  }
+
+  if (o.sm_hold) {
+    json rows = json::array();
+    bool covered = true;
+    for (const SmHoldResult& r : run_sm_hold(o.memory_flavor, o.tokens, o.trial_ms * 1e-3, dev)) {
+      rows.push_back(sm_hold_json(r));
+      for (const auto& h : r.held) covered = covered && h.covered;
+    }
+    doc["sm_hold"] = rows;
+    if (!covered)
+      std::printf("  note: a hold ended before its GEMMs or not all its blocks became resident (the rows marked '!'): "
+                  "those ratios are low bounds\n");
   }
 
   // Targets.

@@ -33,7 +33,8 @@
 #             profiled, beside llama-plan --plan.runtime torchtitan's prediction for this GPU;
 #             then each again under FSDP2 itself on one rank (--fsdp2), against the first
 #   gemms     bench-kernels' bf16 GEMMs with the toolkit's cuBLASLt and with PyTorch's, then
-#             bench/torch_gemms.py: torch.matmul on the same shapes, timed the same way
+#             bench/torch_gemms.py: torch.matmul on the same shapes, timed the same way, then
+#             the same GEMMs beside 8, 16 and 24 SMs held (bench-kernels --sections sm-hold)
 #   llama     llama-train on the debug model on the GPU, 100 steps
 #   all       every step above in one command (eager, gemms, test, train, torch, llama, kernels),
 #             each under a cap and within SECONDS in all (default 540); the logs packed into
@@ -174,7 +175,12 @@ case "${1:-}" in
     fi
     mark "gemms: torch.matmul"
     python3 "$here/torch_gemms.py" --kernels-json "$out/gemms-tessera.json" --json "$out/gemms-torch.json" 2>&1 |
-      tee "$out/gemms-torch.txt" ;;
+      tee "$out/gemms-torch.txt"
+    # llama-plan's price of a GEMM beside an NCCL collective, checked: SMs held by blocks
+    # that spin (bounded), the same GEMMs beside them (bench-kernels --sections sm-hold).
+    mark "gemms: SMs held"
+    "$here/bench-kernels" --sections sm-hold --commit "$commit" --json "$out/gemms-sm-hold.json" 2>&1 |
+      tee "$out/gemms-sm-hold.txt" ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
       --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
