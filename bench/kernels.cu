@@ -60,6 +60,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -1224,78 +1225,78 @@ std::vector<SmHoldResult> run_sm_hold(const std::string& flavor, std::int64_t to
   int smem = 0;
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index));
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(hold_sms_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaStream_t side = nullptr;
-  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  unsigned* started = nullptr;
-  TESSERA_CUDA_CHECK(cudaMalloc(&started, sizeof(unsigned)));
-  cudaEvent_t hold_end = nullptr;
-  TESSERA_CUDA_CHECK(cudaEventCreate(&hold_end));
+  // The holding blocks' stream, their start counter and the event after them, released on
+  // every way out (a destructor cannot report).
+  cudaStream_t side_stream = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
+  const std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> side_owner(
+      side_stream, [](cudaStream_t s) { (void)cudaStreamDestroy(s); });
+  unsigned* started_ptr = nullptr;
+  TESSERA_CUDA_CHECK(cudaMalloc(&started_ptr, sizeof(unsigned)));
+  const std::unique_ptr<unsigned, void (*)(unsigned*)> started_owner(started_ptr, [](unsigned* p) { (void)cudaFree(p); });
+  cudaEvent_t end_event = nullptr;
+  TESSERA_CUDA_CHECK(cudaEventCreate(&end_event));
+  const std::unique_ptr<CUevent_st, void (*)(cudaEvent_t)> end_owner(
+      end_event, [](cudaEvent_t e) { (void)cudaEventDestroy(e); });
+  cudaStream_t side = side_owner.get();
+  unsigned* started = started_owner.get();
+  cudaEvent_t hold_end = end_owner.get();
   std::vector<SmHoldResult> out;
-  try {
-    for (const GemmCase& g : gemm_cases(flavor, tokens)) {
-      const Shape sa = g.ta == Trans::no ? Shape{g.m, g.k} : Shape{g.k, g.m};
-      const Shape sb = g.tb == Trans::no ? Shape{g.k, g.n} : Shape{g.n, g.k};
-      const Tensor<bf16> a = random_tensor<bf16>(sa, -1, 1), b = random_tensor<bf16>(sb, -1, 1),
-                         c = random_tensor<bf16>(Shape{g.m, g.n}, -1, 1);
-      const float one = 1.0f, beta = g.beta_one ? 1.0f : 0.0f;
-      auto call = [&] { Cuda::gemm<bf16>(g.ta, g.tb, one, a.cview(), b.cview(), beta, c.view()); };
-      const Event e0, e1;
-      call();  // warm-up: the plan cached
-      e0.record();
-      call();
-      e1.record();
-      const std::int64_t reps =
-          std::clamp<std::int64_t>(static_cast<std::int64_t>(trial_seconds / std::max(1e-7, elapsed(e0, e1))), 1, kMaxReps);
-      SmHoldResult r;
-      r.c = g;
+  for (const GemmCase& g : gemm_cases(flavor, tokens)) {
+    const Shape sa = g.ta == Trans::no ? Shape{g.m, g.k} : Shape{g.k, g.m};
+    const Shape sb = g.tb == Trans::no ? Shape{g.k, g.n} : Shape{g.n, g.k};
+    const Tensor<bf16> a = random_tensor<bf16>(sa, -1, 1), b = random_tensor<bf16>(sb, -1, 1),
+                       c = random_tensor<bf16>(Shape{g.m, g.n}, -1, 1);
+    const float one = 1.0f, beta = g.beta_one ? 1.0f : 0.0f;
+    auto call = [&] { Cuda::gemm<bf16>(g.ta, g.tb, one, a.cview(), b.cview(), beta, c.view()); };
+    const Event e0, e1;
+    call();  // warm-up: the plan cached
+    e0.record();
+    call();
+    e1.record();
+    const std::int64_t reps =
+        std::clamp<std::int64_t>(static_cast<std::int64_t>(trial_seconds / std::max(1e-7, elapsed(e0, e1))), 1, kMaxReps);
+    SmHoldResult r;
+    r.c = g;
+    e0.record();
+    for (std::int64_t i = 0; i < reps; ++i) call();
+    e1.record();
+    r.alone = elapsed(e0, e1) / double(reps);
+    for (int h : {8, 16, 24}) {
+      SmHoldResult::Held x;
+      x.sms = h;
+      x.predicted = r.alone * dev.sms / double(dev.sms - h);
+      // Held for three times the GEMMs' expected span and 20 ms more, at most two seconds.
+      const double span = std::min(2.0, 3 * x.predicted * double(reps) + 0.02);
+      // Zeroed before the waiting kernel can read it: it runs on the other stream.
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(started, 0, sizeof(unsigned), side));
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(side));
+      hold_sms_kernel<<<h, 32, static_cast<std::size_t>(smem), side>>>(static_cast<unsigned long long>(span * 1e9), started);
+      TESSERA_CUDA_CHECK(cudaGetLastError());
+      TESSERA_CUDA_CHECK(cudaEventRecord(hold_end, side));
+      wait_started_kernel<<<1, 32, 0, Cuda::stream()>>>(started, static_cast<unsigned>(h), 100'000'000ull);
+      TESSERA_CUDA_CHECK(cudaGetLastError());
       e0.record();
       for (std::int64_t i = 0; i < reps; ++i) call();
       e1.record();
-      r.alone = elapsed(e0, e1) / double(reps);
-      for (int h : {8, 16, 24}) {
-        SmHoldResult::Held x;
-        x.sms = h;
-        x.predicted = r.alone * dev.sms / double(dev.sms - h);
-        // Held for three times the GEMMs' expected span and 20 ms more, at most two seconds.
-        const double span = std::min(2.0, 3 * x.predicted * double(reps) + 0.02);
-        // Zeroed before the waiting kernel can read it: it runs on the other stream.
-        TESSERA_CUDA_CHECK(cudaMemsetAsync(started, 0, sizeof(unsigned), side));
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(side));
-        hold_sms_kernel<<<h, 32, static_cast<std::size_t>(smem), side>>>(static_cast<unsigned long long>(span * 1e9), started);
-        TESSERA_CUDA_CHECK(cudaGetLastError());
-        TESSERA_CUDA_CHECK(cudaEventRecord(hold_end, side));
-        wait_started_kernel<<<1, 32, 0, Cuda::stream()>>>(started, static_cast<unsigned>(h), 100'000'000ull);
-        TESSERA_CUDA_CHECK(cudaGetLastError());
-        e0.record();
-        for (std::int64_t i = 0; i < reps; ++i) call();
-        e1.record();
-        x.seconds = elapsed(e0, e1) / double(reps);
-        TESSERA_CUDA_CHECK(cudaEventSynchronize(hold_end));
-        float gemms_ms = 0, hold_ms = 0;
-        TESSERA_CUDA_CHECK(cudaEventElapsedTime(&gemms_ms, e0.get(), e1.get()));
-        TESSERA_CUDA_CHECK(cudaEventElapsedTime(&hold_ms, e0.get(), hold_end));
-        TESSERA_CUDA_CHECK(cudaMemcpy(&x.resident, started, sizeof(unsigned), cudaMemcpyDeviceToHost));
-        x.covered = x.resident == static_cast<unsigned>(h) && hold_ms >= gemms_ms;
-        r.held.push_back(x);
-      }
-      std::string cells;
-      for (const auto& x : r.held)
-        cells += "  " + std::to_string(x.sms) + ": " + fmt("%.3f", x.seconds / r.alone) +
-                 fmt(" (%.3f)", x.predicted / r.alone) + (x.covered ? "" : "!");
-      std::printf("  %-24s %-16s %8.3f ms %s\n", g.layer_text().c_str(), g.mnk_text().c_str(), r.alone * 1e3,
-                  cells.c_str());
-      std::fflush(stdout);
-      out.push_back(std::move(r));
+      x.seconds = elapsed(e0, e1) / double(reps);
+      TESSERA_CUDA_CHECK(cudaEventSynchronize(hold_end));
+      float gemms_ms = 0, hold_ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&gemms_ms, e0.get(), e1.get()));
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&hold_ms, e0.get(), hold_end));
+      TESSERA_CUDA_CHECK(cudaMemcpy(&x.resident, started, sizeof(unsigned), cudaMemcpyDeviceToHost));
+      x.covered = x.resident == static_cast<unsigned>(h) && hold_ms >= gemms_ms;
+      r.held.push_back(x);
     }
-  } catch (...) {
-    (void)cudaEventDestroy(hold_end);
-    (void)cudaFree(started);
-    (void)cudaStreamDestroy(side);
-    throw;
+    std::string cells;
+    for (const auto& x : r.held)
+      cells += "  " + std::to_string(x.sms) + ": " + fmt("%.3f", x.seconds / r.alone) +
+               fmt(" (%.3f)", x.predicted / r.alone) + (x.covered ? "" : "!");
+    std::printf("  %-24s %-16s %8.3f ms %s\n", g.layer_text().c_str(), g.mnk_text().c_str(), r.alone * 1e3,
+                cells.c_str());
+    std::fflush(stdout);
+    out.push_back(std::move(r));
   }
-  TESSERA_CUDA_CHECK(cudaEventDestroy(hold_end));
-  TESSERA_CUDA_CHECK(cudaFree(started));
-  TESSERA_CUDA_CHECK(cudaStreamDestroy(side));
   return out;
 }
 

@@ -70,6 +70,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
     double start = 0;
     std::optional<double> end;
     const trace::Collective* c = nullptr;
+    int sms = 0;  // what it holds while it runs (collective_sms), where SMs are shared
     bool cross = false;
     std::tuple<int, int, std::int64_t> rendezvous{};  // (stride, size, ordinal) of a cross-position group
     // Each send/recv: (from, to, ordinal) and its place in the collective's peers.
@@ -124,12 +125,10 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
     int held = 0;
     double until = std::numeric_limits<double>::infinity();
     for (const auto& [comm, last] : st.stream) {
-      if (!last) continue;
-      const int c = collective_sms(*issued[*last].c, net);
-      if (c == 0) continue;
+      if (!last || issued[*last].sms == 0) continue;
       const auto e = end_of(*last);  // a stream's collectives run back to back until its last ends
       if (!e || *e <= st.clock) continue;
-      held += c;
+      held += issued[*last].sms;
       until = std::min(until, *e);
     }
     if (held == 0) return s;
@@ -156,6 +155,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         x.pos = p;
         x.start = std::max(st.clock, free);
         x.c = c;
+        x.sms = shared_sms ? collective_sms(*c, net) : 0;
         x.cross = c->group.stride * c->group.size > block && std::string_view(c->kind) != "send_recv";
         const std::size_t id = issued.size();
         if (x.cross) {
