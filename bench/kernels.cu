@@ -111,6 +111,7 @@ struct Options {
   std::vector<DType> dtypes = {DType::bf16, DType::f32};
   bool ceilings = true, gemm = true, attention = true, memory = true;
   bool sm_hold = false;  // not by default: run.sh's gemms step asks for it
+  std::vector<std::int64_t> held_sms = {1, 2, 4, 8, 16, 24, 32};
   std::string memory_flavor = "llama3_8b";
   std::int64_t trials = 5;
   double trial_ms = 20;
@@ -123,16 +124,16 @@ struct Options {
 
 constexpr const char* usage =
     "usage: bench-kernels [--tokens N] [--flavors a,b] [--attention-seqs T1,T2] [--dtypes bf16,fp32]\n"
-    "                     [--sections ceilings,gemm,attention,memory,sm-hold] [--memory-flavor NAME]\n"
+    "                     [--sections ceilings,gemm,attention,memory,sm-hold] [--memory-flavor NAME] [--held-sms A,B]\n"
     "                     [--trials N] [--trial-ms X] [--screen-ms X] [--candidates N] [--finalists N]\n"
     "                     [--json FILE] [--commit HASH]\n"
     "  tessera's GPU kernels on one device: cuBLASLt GEMMs on the Llama 3 shapes (heuristic choice against the\n"
     "  best candidate), causal GQA flash attention, and the memory-bound ops against a device copy; sm-hold\n"
-    "  (not by default): each bf16 GEMM of --memory-flavor with 8, 16 and 24 SMs held by spinning blocks, against\n"
+    "  (not by default): each bf16 GEMM of --memory-flavor with --held-sms SMs held by spinning blocks, against\n"
     "  llama-plan's sm / (sm - held) for a GEMM beside an NCCL collective (plan/cluster.hpp).\n"
     "  defaults: --tokens 8192 --flavors llama3.2_1b,llama3.2_3b,llama3_8b --attention-seqs 8192,2048\n"
     "            --dtypes bf16,fp32 --sections ceilings,gemm,attention,memory --memory-flavor llama3_8b\n"
-    "            --trials 5 --trial-ms 20 --screen-ms 5 --candidates 32 --finalists 3\n";
+    "            --trials 5 --trial-ms 20 --screen-ms 5 --candidates 32 --finalists 3 --held-sms 1,2,4,8,16,24,32\n";
 
 std::vector<std::string> split_list(std::string_view flag, std::string_view text) {
   std::vector<std::string> out;
@@ -182,6 +183,9 @@ Options parse_options(int argc, char** argv) {
         else if (s == "sm-hold") o.sm_hold = true;
         else tessera::fail("--sections: unknown section '", s, "' (ceilings, gemm, attention, memory, sm-hold)");
       }
+    } else if (flag == "--held-sms") {
+      o.held_sms.clear();
+      for (const auto& s : split_list(flag, value())) o.held_sms.push_back(parse_count(flag, s, 1));
     } else if (flag == "--memory-flavor") o.memory_flavor = std::string(value());
     else if (flag == "--trials") o.trials = parse_count(flag, value(), 1);
     else if (flag == "--trial-ms") o.trial_ms = parse_ms(flag, value());
@@ -1216,7 +1220,9 @@ struct SmHoldResult {
 };
 
 std::vector<SmHoldResult> run_sm_hold(const std::string& flavor, std::int64_t tokens, double trial_seconds,
-                                      const DeviceInfo& dev) {
+                                      const std::vector<std::int64_t>& held_sms, const DeviceInfo& dev) {
+  for (const std::int64_t h : held_sms)
+    TESSERA_CHECK(h < dev.sms, "--held-sms: ", h, " SMs held leaves none of the device's ", dev.sms, " for the GEMMs");
   std::printf("\nGEMMs beside SMs held (bf16, %s, %lld tokens; llama-plan prices a GEMM beside a collective "
               "between nodes at sm / (sm - held), %d SMs here)\n",
               flavor.c_str(), (long long)tokens, dev.sms);
@@ -1262,7 +1268,8 @@ std::vector<SmHoldResult> run_sm_hold(const std::string& flavor, std::int64_t to
     for (std::int64_t i = 0; i < reps; ++i) call();
     e1.record();
     r.alone = elapsed(e0, e1) / double(reps);
-    for (int h : {8, 16, 24}) {
+    for (const std::int64_t held : held_sms) {
+      const int h = static_cast<int>(held);
       SmHoldResult::Held x;
       x.sms = h;
       x.predicted = r.alone * dev.sms / double(dev.sms - h);
@@ -1477,7 +1484,7 @@ int run(const Options& o) {
   if (o.sm_hold) {
     json rows = json::array();
     bool covered = true;
-    for (const SmHoldResult& r : run_sm_hold(o.memory_flavor, o.tokens, o.trial_ms * 1e-3, dev)) {
+    for (const SmHoldResult& r : run_sm_hold(o.memory_flavor, o.tokens, o.trial_ms * 1e-3, o.held_sms, dev)) {
       rows.push_back(sm_hold_json(r));
       for (const auto& h : r.held) covered = covered && h.covered;
     }

@@ -34,7 +34,7 @@
 #             then each again under FSDP2 itself on one rank (--fsdp2), against the first
 #   gemms     bench-kernels' bf16 GEMMs with the toolkit's cuBLASLt and with PyTorch's, then
 #             bench/torch_gemms.py: torch.matmul on the same shapes, timed the same way, then
-#             the same GEMMs beside 8, 16 and 24 SMs held (bench-kernels --sections sm-hold)
+#             the same GEMMs beside 1 to 32 SMs held (bench-kernels --sections sm-hold)
 #   llama     llama-train on the debug model on the GPU, 100 steps
 #   all       every step above in one command (eager, gemms, test, train, torch, llama, kernels),
 #             each under a cap and within SECONDS in all (default 540); the logs packed into

@@ -1,5 +1,5 @@
 // Launchers for test_gpu_device.cpp: parameter initialisation, staged uploads, the
-// embedding kernels and the GEMM plan cache, on the CUDA backend.
+// embedding kernels, the gradient norm and the GEMM plan cache, on the CUDA backend.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "device_launchers.hpp"
 #include "tessera/backend/cuda/cuda.cuh"
 #include "tessera/ops/ops.hpp"
+#include "tessera/optim/clip.hpp"
 
 namespace tessera::gpu_test {
 
@@ -51,6 +52,24 @@ template std::vector<bf16> cuda_init_values(std::int64_t, std::uint64_t, ops::In
                                             ops::PieceIndex);
 template std::vector<double> cuda_init_values(std::int64_t, std::uint64_t, ops::InitKind, double, double, double,
                                               ops::PieceIndex);
+
+template <class T>
+std::vector<double> cuda_squared_norms(const std::vector<T>& data,
+                                       const std::vector<std::pair<std::int64_t, std::int64_t>>& pieces) {
+  const Tensor<T> d = upload<Cuda>(std::span<const T>(data));
+  optim::SquaredNorms<Cuda, T> norms;
+  std::vector<double> out;
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& [offset, n] : pieces) norms.add(d.data() + offset, n);
+    out.push_back(norms.sum());
+  }
+  return out;
+}
+
+template std::vector<double> cuda_squared_norms(const std::vector<float>&,
+                                                const std::vector<std::pair<std::int64_t, std::int64_t>>&);
+template std::vector<double> cuda_squared_norms(const std::vector<bf16>&,
+                                                const std::vector<std::pair<std::int64_t, std::int64_t>>&);
 
 std::vector<std::vector<std::int32_t>> cuda_back_to_back_uploads(int count, std::int64_t elements) {
   std::vector<std::int32_t> host(static_cast<std::size_t>(elements));

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/dtype.hpp"
@@ -40,6 +41,12 @@ template <class T>
 std::vector<accum_t<T>> cuda_embedding_backward(std::span<const std::int32_t> ids, const std::vector<T>& dout,
                                                 const std::vector<accum_t<T>>& dtable0, std::int64_t dim,
                                                 std::int64_t lo, std::int64_t hi);
+
+/// optim::SquaredNorms<Cuda, T> over device copies of `data`: each piece (offset, n)
+/// added in turn, then sum(), twice (the second from the cached table). T is float or bf16.
+template <class T>
+std::vector<double> cuda_squared_norms(const std::vector<T>& data,
+                                       const std::vector<std::pair<std::int64_t, std::int64_t>>& pieces);
 
 /// cuda::gemm_plans_cached() and cuda::clear_gemm_plans().
 std::size_t gemm_plans_cached();

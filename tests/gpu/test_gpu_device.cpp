@@ -1,12 +1,14 @@
 // The training step's device-side work against the CPU backend: parameter
 // initialisation (bitwise), uploads staged without a synchronisation, the embedding
-// kernels (bitwise, repeated ids, a tensor-parallel vocabulary range) and the cuBLASLt
-// plan cache (a cached plan gives the bits of a fresh one; shapes do not collide).
+// kernels (bitwise, repeated ids, a tensor-parallel vocabulary range), the gradient
+// norm's sums of squares (bitwise) and the cuBLASLt plan cache (a cached plan gives the
+// bits of a fresh one; shapes do not collide).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend_launchers.hpp"
@@ -14,6 +16,7 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/ops/ops.hpp"
+#include "tessera/optim/clip.hpp"
 
 namespace test_gpu_device {  // unity build: this file's names stay in here (tests/meson.build)
 
@@ -198,6 +201,34 @@ TEST_CASE("Embedding kernels: the CPU backend's bits, repeated ids, whole and te
   check_embedding<float>(16, 32);  // one of 4 tensor-parallel ranks
   check_embedding<bf16>(0, 64);
   check_embedding<bf16>(48, 64);
+}
+
+template <class T>
+void check_squared_norms() {
+  // Full-mantissa values of mixed sizes, so that the order of the additions shows in the
+  // bits; pieces of awkward lengths at awkward offsets, one over several chunks.
+  const std::int64_t total = 3 * ops::kNormChunk + 1000;
+  std::vector<T> data(static_cast<std::size_t>(total));
+  std::uint64_t r = 0x9e3779b97f4a7c15ull;
+  for (auto& v : data) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    v = T(std::ldexp(float(r >> 40) / float(1 << 24) - 0.5f, int(r >> 36 & 15) - 8));
+  }
+  const std::vector<std::pair<std::int64_t, std::int64_t>> pieces = {
+      {0, 1}, {1, 255}, {256, 257}, {513, 2 * ops::kNormChunk + 77}, {2 * ops::kNormChunk + 590, ops::kNormChunk + 3}};
+  optim::SquaredNorms<Cpu, T> cpu;
+  for (const auto& [offset, n] : pieces) cpu.add(data.data() + offset, n);
+  const double want = cpu.sum();
+  const std::vector<double> gpu = gpu_test::cuda_squared_norms(data, pieces);
+  REQUIRE(gpu.size() == 2);
+  CAPTURE(want);
+  CHECK(gpu[0] == want);
+  CHECK(gpu[1] == want);
+}
+
+TEST_CASE("Gradient norm: the GPU's sums of squares are the CPU backend's bit for bit") {
+  check_squared_norms<float>();
+  check_squared_norms<bf16>();
 }
 
 TEST_CASE("GEMM plans: cached and fresh plans give the same bits, different shapes do not collide") {

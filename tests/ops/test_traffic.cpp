@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/backend/kernel_class.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/ops/ops.hpp"
 #include "tessera/ops/norm.hpp"
@@ -389,6 +390,9 @@ TEST_CASE("traffic: the optimizer and the gradient norm set the figures' fields"
   check_equal(Recording::launches[0], 2 * sizeof(ops::NormPiece<float>) + 40005 * kF, 4 * kD, 2 * 40005, 0);
   check_equal(ops::SquaredNormChunks<float>{nullptr, 2, nullptr, 40005}.traffic(4),
               2 * sizeof(ops::NormPiece<float>) + 40005 * kF, 4 * kD, 2 * 40005, 0);
+  // A block per chunk on CUDA, its loads coalesced: nothing priced as a walk of one thread.
+  CHECK(ops::SquaredNormChunks<float>{nullptr, 2, nullptr, 40005}.traffic(4).walk_bytes == 0);
+  CHECK(cuda_kernel_class<ops::SquaredNormChunks<float>> == KernelClass::row);
 }
 
 }  // namespace test_traffic

@@ -262,17 +262,53 @@ TEST_CASE("AdamW on a bf16 model: fp32 masters, moments and gradients; the param
                        Error);
 }
 
+namespace {
+/// A chunk's sum of squares in the order ops/norm.hpp defines, from that definition:
+/// lane l holds elements l, l + L, ... added in turn (L = kNormLanes); then
+/// V(l, L) = lane l and V(l, h) = V(l, 2h) + V(l + h, 2h), and the sum is V(0, 1).
+double lane_order_sum(const float* x, std::int64_t n) {
+  std::vector<double> lane(ops::kNormLanes, 0.0);
+  for (std::int64_t i = 0; i < n; ++i) lane[std::size_t(i % ops::kNormLanes)] += double(x[i]) * double(x[i]);
+  const auto v = [&](auto&& self, int l, int h) -> double {
+    return h == ops::kNormLanes ? lane[std::size_t(l)] : self(self, l, 2 * h) + self(self, l + h, 2 * h);
+  };
+  return v(v, 0, 1);
+}
+}  // namespace
+
+TEST_CASE("A chunk's sum of squares follows the lane order, which is not the sequential one") {
+  // Full-mantissa values of mixed sizes: the order of the additions shows in the bits.
+  std::vector<float> x(std::size_t(ops::kNormChunk));
+  std::uint64_t r = 0x2545f4914f6cdd1dull;
+  for (auto& v : x) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    v = std::ldexp(float(r >> 40) / float(1 << 24) + 0.5f, int(r >> 36 & 15) - 8);
+  }
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{255}, std::int64_t{257}, std::int64_t{5000}, ops::kNormChunk}) {
+    CAPTURE(n);
+    const double want = lane_order_sum(x.data(), n);
+    SquaredNorms<Cpu, float> norms;
+    norms.add(x.data(), n);
+    CHECK(norms.sum() == want);
+    long double exact = 0;
+    double sequential = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      exact += static_cast<long double>(x[i]) * x[i];
+      sequential += double(x[i]) * x[i];
+    }
+    CHECK(want == doctest::Approx(double(exact)).epsilon(1e-14));
+    if (n == ops::kNormChunk) CHECK(want != sequential);  // the check above can tell the orders apart
+  }
+}
+
 TEST_CASE("SquaredNorms sums many pieces in one launch, piece by piece in order") {
   ManyParams model;
   SquaredNorms<Cpu, float> norms;
   double expected = 0;
   for (auto& p : model.ps) {
     double piece = 0;
-    for (std::int64_t c = 0; c < p.numel(); c += ops::kNormChunk) {
-      double chunk = 0;
-      for (std::int64_t i = c; i < std::min(p.numel(), c + ops::kNormChunk); ++i) chunk += double(p.grad[i]) * p.grad[i];
-      piece += chunk;
-    }
+    for (std::int64_t c = 0; c < p.numel(); c += ops::kNormChunk)
+      piece += lane_order_sum(p.grad.data() + c, std::min(p.numel() - c, ops::kNormChunk));
     expected += piece;
     norms.add(p.grad);
   }

@@ -15,6 +15,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/norm.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
 #include "tessera/ops/softmax.hpp"
@@ -64,6 +65,7 @@ TESSERA_CUDA_KERNEL_CLASS(CausalSoftmaxForward, row)
 TESSERA_CUDA_KERNEL_CLASS(CausalSoftmaxRecompute, row)
 TESSERA_CUDA_KERNEL_CLASS(CausalSoftmaxBackward, row)
 TESSERA_CUDA_KERNEL_CLASS(RowDot, row)
+TESSERA_CUDA_KERNEL_CLASS(SquaredNormChunks, row)
 TESSERA_CUDA_KERNEL_CLASS(RopeRotate, elementwise)
 TESSERA_CUDA_KERNEL_CLASS(SwiGluForward, elementwise)
 TESSERA_CUDA_KERNEL_CLASS(SwiGluBackward, elementwise)

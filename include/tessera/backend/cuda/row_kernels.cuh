@@ -32,6 +32,10 @@
 //                                             by the functor itself
 //   RopeRotate                                grid-stride, one thread per V pairs
 //                                             (i, i + head_dim / 2) of one head of a row
+//   SquaredNormChunks                         one block of ops::kNormLanes threads per
+//                                             chunk of the gradient norm, in the lane
+//                                             order ops/norm.hpp defines: the CPU
+//                                             backend's sum bit for bit
 //
 // Arithmetic. Sums, maxima and the statistics are kept in float whatever T is (bf16 is
 // converted on load and rounded once on store, to nearest even as bf16(float) does);
@@ -88,6 +92,7 @@
 #include "tessera/ops/embedding.hpp"
 #include "tessera/ops/init.hpp"
 #include "tessera/ops/math.hpp"
+#include "tessera/ops/norm.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
 #include "tessera/ops/softmax.hpp"
@@ -1008,6 +1013,29 @@ void launch_rope(std::int64_t rows, const ops::RopeRotate<T>& f, cudaStream_t st
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
+// ---- Sums of squares by chunk (the gradient norm) ------------------------------------
+
+/// One block per chunk, thread l its lane (ops/norm.hpp): elements l, l + kNormLanes, ...
+/// loaded by the warp side by side and added in turn, then the lanes added by halves in
+/// shared memory, the order SquaredNormChunks' operator() follows on the CPU.
+template <class T>
+__global__ void __launch_bounds__(ops::kNormLanes) squared_norm_chunks_kernel(ops::SquaredNormChunks<T> f) {
+  __shared__ double lane[ops::kNormLanes];
+  const std::int64_t c = blockIdx.x;
+  const auto [x, n] = f.chunk(c);
+  const int l = static_cast<int>(threadIdx.x);
+  double s = 0;
+#pragma unroll 8
+  for (std::int64_t i = l; i < n; i += ops::kNormLanes) s += ops::SquaredNormChunks<T>::square(x[i]);
+  lane[l] = s;
+  __syncthreads();
+  for (int h = ops::kNormLanes / 2; h >= 1; h /= 2) {
+    if (l < h) lane[l] += lane[l + h];
+    __syncthreads();
+  }
+  if (l == 0) f.partial[c] = lane[0];
+}
+
 }  // namespace detail
 
 // ---- The kernels of each lowered functor ------------------------------------------------
@@ -1122,6 +1150,17 @@ struct OpKernel<ops::RopeRotate<T>> {
 
 template <class T>
   requires detail::kLoweredElement<T>
+struct OpKernel<ops::SquaredNormChunks<T>> {
+  static void launch(std::int64_t chunks, const ops::SquaredNormChunks<T>& f, cudaStream_t stream) {
+    TESSERA_CHECK(chunks <= std::int64_t{0x7fffffff}, "SquaredNormChunks: ", chunks,
+                  " chunks is past a grid's 2^31 - 1 blocks");
+    detail::squared_norm_chunks_kernel<T><<<static_cast<unsigned>(chunks), ops::kNormLanes, 0, stream>>>(f);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+template <class T>
+  requires detail::kLoweredElement<T>
 struct OpKernel<ops::SwiGluForward<T>> : detail::ElementwiseKernel<ops::SwiGluForward<T>> {};
 template <class T>
   requires detail::kLoweredElement<T>
@@ -1160,7 +1199,7 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::Scale<T>> && kKernelClassAgrees<ops::Fill<T>> &&
          kKernelClassAgrees<ops::Convert<T, float>> && kKernelClassAgrees<ops::EmbeddingForward<T>> &&
          kKernelClassAgrees<ops::EmbeddingBackward<T>> && kKernelClassAgrees<ops::AdamWMultiStep<T>> &&
-         kKernelClassAgrees<ops::InitValues<T>>;
+         kKernelClassAgrees<ops::InitValues<T>> && kKernelClassAgrees<ops::SquaredNormChunks<T>>;
 }
 static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>(),
               "tessera: backend/kernel_class.hpp must list exactly the functors row_kernels.cuh lowers");
