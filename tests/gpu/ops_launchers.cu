@@ -24,7 +24,8 @@ static_assert(cuda::HasOpKernel<ops::RopeRotate<float>>);
 static_assert(cuda::HasOpKernel<ops::SwiGluBackward<float>>);
 static_assert(cuda::HasOpKernel<ops::Fill<bf16>>);
 static_assert(!cuda::HasOpKernel<ops::RmsNormForward<double>>, "double runs one index per thread");
-static_assert(!cuda::HasOpKernel<ops::AdamWStep<float>>, "AdamW is not lowered");
+static_assert(!cuda::HasOpKernel<ops::AdamWStep<float>>, "one tensor's AdamW is not lowered");
+static_assert(cuda::HasOpKernel<ops::AdamWMultiStep<bf16, float>>);
 
 int device_count() { return cuda::device_count(); }
 
@@ -105,10 +106,15 @@ std::vector<float> adamw_step(std::vector<float> p, const std::vector<float>& g,
 TESSERA_GPU_TEST_OPS(float)
 TESSERA_GPU_TEST_OPS(bf16)
 TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormForward<double>)  // no kernel of its own: the per-index fallback
-// AdamW with bf16 moments, over fp32 parameters (with or without masters) and a bf16 model.
+// Multi-tensor AdamW with bf16 moments, over fp32 parameters (with or without masters) and a bf16 model.
 using AdamWFloatBf16Moments = ops::AdamWMultiStep<float, bf16>;
 using AdamWBf16Bf16Moments = ops::AdamWMultiStep<bf16, bf16>;
 TESSERA_GPU_TEST_LAUNCHERS(AdamWFloatBf16Moments)
 TESSERA_GPU_TEST_LAUNCHERS(AdamWBf16Bf16Moments)
+// And with fp32 moments: a bf16 model (fp32 masters) and an fp32 one.
+using AdamWBf16FloatMoments = ops::AdamWMultiStep<bf16, float>;
+using AdamWFloatFloatMoments = ops::AdamWMultiStep<float, float>;
+TESSERA_GPU_TEST_LAUNCHERS(AdamWBf16FloatMoments)
+TESSERA_GPU_TEST_LAUNCHERS(AdamWFloatFloatMoments)
 
 }  // namespace tessera::gpu_test

@@ -41,6 +41,7 @@
 
 #include "ops_launchers.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/backend/kernel_class.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/ops/ops.hpp"
 
@@ -1094,7 +1095,7 @@ TEST_CASE("A functor without a kernel of its own runs one index per thread: RMSN
   check_close(drstd.download(), rstd_cpu, [&](std::size_t i) { return 1e-13 * rstd_cpu[i]; }, "rstd in double");
 }
 
-TEST_CASE("AdamW (not lowered) on the GPU gives the CPU's bits") {
+TEST_CASE("One tensor's AdamW (not lowered) on the GPU gives the CPU's bits") {
   const auto p = random_values<float>(500, -0.1, 0.1, 1400), g = random_values<float>(500, -0.2, 0.2, 1401);
   const auto gp = gpu_test::adamw_step(p, g, 1e-3f);
   std::vector<float> cpu = p, m(500), v(500);
@@ -1107,25 +1108,25 @@ TEST_CASE("AdamW (not lowered) on the GPU gives the CPU's bits") {
 
 namespace {
 /// Two tensors (3000 and 517 elements: a padded last block each) of a multi-tensor AdamW
-/// launch with bf16 moments, over parameters P; fp32 masters or none.
-template <class P>
-struct AdamWBf16Case {
+/// launch with moments M (bf16 or fp32), over parameters P; fp32 masters or none.
+template <class P, class M>
+struct AdamWCase {
   std::vector<P> param;
   std::vector<float> grad, master;
-  std::vector<bf16> m, v;
+  std::vector<M> m, v;
   static constexpr std::int64_t kSizes[2] = {3000, 517};
 
-  AdamWBf16Case(bool masters, std::uint32_t seed)
+  AdamWCase(bool masters, std::uint32_t seed)
       : param(random_values<P>(3517, -0.1, 0.1, seed)),
         grad(random_values<float>(3517, -0.2, 0.2, seed + 1)),
-        m(3517, bf16(0.0f)),
-        v(3517, bf16(0.0f)) {
+        m(3517, M(0.0f)),
+        v(3517, M(0.0f)) {
     if (masters)
       for (const P& x : param) master.push_back(static_cast<float>(value(x)));
   }
 
   /// The launch's tables over these arrays (or their device copies at the given bases).
-  static std::vector<ops::AdamWTensor<P, bf16>> table(P* p, const float* g, bf16* m, bf16* v, float* master) {
+  static std::vector<ops::AdamWTensor<P, M>> table(P* p, const float* g, M* m, M* v, float* master) {
     return {{p, g, m, v, master, kSizes[0], 0},
             {p + kSizes[0], g + kSizes[0], m + kSizes[0], v + kSizes[0], master ? master + kSizes[0] : nullptr,
              kSizes[1], 2 * ops::kAdamWBlock}};
@@ -1133,29 +1134,32 @@ struct AdamWBf16Case {
   static std::vector<std::int32_t> blocks() { return {0, 0, 1}; }
 };
 
-template <class P>
-void check_adamw_bf16_moments(bool masters, std::uint32_t seed) {
+/// Three steps of the launch on the device, by the kernel training runs (the lowered one)
+/// or by the per-index kernel, against the CPU backend: the same bits.
+template <class P, class M>
+void check_adamw_multi(bool masters, std::uint32_t seed, bool lowered) {
   CAPTURE(masters);
-  AdamWBf16Case<P> cpu(masters, seed);
+  CAPTURE(lowered);
+  AdamWCase<P, M> cpu(masters, seed);
   DeviceArray<P> dp(cpu.param);
   DeviceArray<float> dg(cpu.grad), dmaster(masters ? cpu.master : std::vector<float>(1));
-  DeviceArray<bf16> dm(cpu.m), dv(cpu.v);
-  const auto host_table = AdamWBf16Case<P>::table(cpu.param.data(), cpu.grad.data(), cpu.m.data(), cpu.v.data(),
-                                                  masters ? cpu.master.data() : nullptr);
-  DeviceArray<ops::AdamWTensor<P, bf16>> dtable(
-      AdamWBf16Case<P>::table(dp.data(), dg.data(), dm.data(), dv.data(), masters ? dmaster.data() : nullptr));
-  const std::vector<std::int32_t> blocks = AdamWBf16Case<P>::blocks();
+  DeviceArray<M> dm(cpu.m), dv(cpu.v);
+  const auto host_table = AdamWCase<P, M>::table(cpu.param.data(), cpu.grad.data(), cpu.m.data(), cpu.v.data(),
+                                                 masters ? cpu.master.data() : nullptr);
+  DeviceArray<ops::AdamWTensor<P, M>> dtable(
+      AdamWCase<P, M>::table(dp.data(), dg.data(), dm.data(), dv.data(), masters ? dmaster.data() : nullptr));
+  const std::vector<std::int32_t> blocks = AdamWCase<P, M>::blocks();
   DeviceArray<std::int32_t> dblocks(blocks);
   for (int t = 1; t <= 3; ++t) {
     const ops::AdamWScalars<float> s{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, float(1 - std::pow(0.9, t)),
                                      float(1 - std::pow(0.95, t)), t == 2 ? 0.5f : 1.0f};
-    gpu_test::launch_per_index(3 * ops::kAdamWBlock,
-                               ops::AdamWMultiStep<P, bf16>{dtable.data(), dblocks.data(), s, 3517, 2, masters});
-    Cpu::for_each(3 * ops::kAdamWBlock,
-                  ops::AdamWMultiStep<P, bf16>{host_table.data(), blocks.data(), s, 3517, 2, masters});
+    const ops::AdamWMultiStep<P, M> gpu_step{dtable.data(), dblocks.data(), s, 3517, 2, masters};
+    if (lowered) gpu_test::launch_op(3 * ops::kAdamWBlock, gpu_step);
+    else gpu_test::launch_per_index(3 * ops::kAdamWBlock, gpu_step);
+    Cpu::for_each(3 * ops::kAdamWBlock, ops::AdamWMultiStep<P, M>{host_table.data(), blocks.data(), s, 3517, 2, masters});
   }
-  // The same fp32 update on both sides, rounded to nearest even by the same code: the
-  // same bits, moments, parameters and masters.
+  // The same fp32 update on both sides (bf16 moments rounded to nearest even by the same
+  // code): the same bits, moments, parameters and masters.
   auto same = [](const auto& a, const auto& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
   };
@@ -1164,15 +1168,20 @@ void check_adamw_bf16_moments(bool masters, std::uint32_t seed) {
   CHECK(same(dp.download(), cpu.param));
   if (masters) CHECK(same(dmaster.download(), cpu.master));
   std::size_t moved = 0;
-  for (const bf16& x : cpu.v) moved += x.bits != 0;
+  for (const M& x : cpu.v) moved += static_cast<float>(x) != 0.0f;
   CHECK(moved > 3000);
 }
 }  // namespace
 
-TEST_CASE("AdamW with bf16 moments on the GPU gives the CPU's bits") {
-  check_adamw_bf16_moments<float>(false, 1500);
-  check_adamw_bf16_moments<float>(true, 1510);
-  check_adamw_bf16_moments<bf16>(true, 1520);
+TEST_CASE("Multi-tensor AdamW on the GPU, lowered and per index, gives the CPU's bits") {
+  static_assert(cuda_kernel_class<ops::AdamWMultiStep<bf16, float>> == KernelClass::multi_tensor);
+  for (const bool lowered : {true, false}) {
+    check_adamw_multi<float, bf16>(false, 1500, lowered);  // bf16 moments
+    check_adamw_multi<float, bf16>(true, 1510, lowered);
+    check_adamw_multi<bf16, bf16>(true, 1520, lowered);
+    check_adamw_multi<bf16, float>(true, 1530, lowered);   // fp32 moments, a bf16 model
+    check_adamw_multi<float, float>(false, 1540, lowered);  // an fp32 model
+  }
 }
 
 }  // namespace

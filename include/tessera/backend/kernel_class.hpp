@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "tessera/core/dtype.hpp"
+#include "tessera/ops/adamw.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/norm.hpp"
@@ -28,6 +29,7 @@ enum class KernelClass : std::uint8_t {
   row,           // a row per warp or per block, reductions across its threads, vector loads
   column_sums,   // RmsNormBackwardWeight: chunked column sums in two deterministic kernels
   elementwise,   // grid-stride over 16-byte vectors
+  multi_tensor,  // AdamWMultiStep: a block per block of the launch's table, 8 elements a thread
 };
 
 constexpr const char* name_of(KernelClass k) {
@@ -36,6 +38,7 @@ constexpr const char* name_of(KernelClass k) {
     case KernelClass::row: return "row";
     case KernelClass::column_sums: return "column sums";
     case KernelClass::elementwise: return "elementwise";
+    case KernelClass::multi_tensor: return "multi-tensor";
   }
   return "?";
 }
@@ -75,6 +78,11 @@ TESSERA_CUDA_KERNEL_CLASS(Axpy, elementwise)
 TESSERA_CUDA_KERNEL_CLASS(Scale, elementwise)
 TESSERA_CUDA_KERNEL_CLASS(Fill, elementwise)
 #undef TESSERA_CUDA_KERNEL_CLASS
+template <class T, class M>
+  requires kCudaLoweredElement<T>
+struct cuda_kernel_class_of<ops::AdamWMultiStep<T, M>> {
+  static constexpr KernelClass value = KernelClass::multi_tensor;
+};
 }  // namespace detail
 
 /// The kernel Cuda::for_each launches for functor F.

@@ -123,24 +123,36 @@ struct AdamWMultiStep {
   std::int64_t elements;      // the tensors' numel summed: the indices that are not padding
   std::int64_t tensor_count;  // entries of `tensors`
   bool masters;               // whether the tensors have masters (the optimizer gives all or none)
+  /// One element's state in A: the master or the parameter, the moments (bf16 widened
+  /// exactly) and the gradient.
+  struct Element {
+    A p, m, v, g;
+  };
+  TESSERA_HD Element load(const AdamWTensor<T, M>& t, std::int64_t j) const {
+    return {t.master != nullptr ? t.master[j] : to_accum(t.param[j]), to_accum(t.exp_avg[j]), to_accum(t.exp_avg_sq[j]),
+            t.grad[j]};
+  }
+  /// Element j updated: the moments (bf16 rounded once, to nearest even), the master and
+  /// the parameter.
+  TESSERA_HD void update_and_store(const AdamWTensor<T, M>& t, std::int64_t j, Element e) const {
+    adamw_update(e.p, e.m, e.v, e.g, s);
+    t.exp_avg[j] = from_accum<M>(e.m);
+    t.exp_avg_sq[j] = from_accum<M>(e.v);
+    if (t.master == nullptr) {
+      t.param[j] = from_accum<T>(e.p);
+    } else {
+      t.master[j] = e.p;
+      if constexpr (std::is_same_v<T, float>)
+        t.param[j] = round_to_bf16(e.p);  // an fp32 parameter holding bf16 values
+      else
+        t.param[j] = from_accum<T>(e.p);  // a bf16 parameter: rounded once, to nearest even
+    }
+  }
   TESSERA_HD void operator()(std::int64_t i) const {
     const AdamWTensor<T, M>& t = tensors[block_tensor[i / kAdamWBlock]];
     const std::int64_t j = i - t.begin;
     if (j >= t.numel) return;  // the padding after a tensor, up to its last block's end
-    A p = t.master != nullptr ? t.master[j] : to_accum(t.param[j]);
-    A m = to_accum(t.exp_avg[j]), v = to_accum(t.exp_avg_sq[j]);  // exact widening of bf16
-    adamw_update(p, m, v, t.grad[j], s);
-    t.exp_avg[j] = from_accum<M>(m);  // bf16: rounded once, to nearest even
-    t.exp_avg_sq[j] = from_accum<M>(v);
-    if (t.master == nullptr) {
-      t.param[j] = from_accum<T>(p);
-    } else {
-      t.master[j] = p;
-      if constexpr (std::is_same_v<T, float>)
-        t.param[j] = round_to_bf16(p);  // an fp32 parameter holding bf16 values
-      else
-        t.param[j] = from_accum<T>(p);  // a bf16 parameter: rounded once, to nearest even
-    }
+    update_and_store(t, j, load(t, j));
   }
   // The tables once per launch (an entry of block_tensor per block, each tensor's entry);
   // per element g, m, v and the master or the parameter read, m, v, the parameter and

@@ -32,6 +32,9 @@
 //                                             by the functor itself
 //   RopeRotate                                grid-stride, one thread per V pairs
 //                                             (i, i + head_dim / 2) of one head of a row
+//   AdamWMultiStep                            one block of 256 threads per kAdamWBlock
+//                                             indices, thread l indices l, l + 256, ...:
+//                                             its 8 elements loaded, then updated
 //   SquaredNormChunks                         one block of ops::kNormLanes threads per
 //                                             chunk of the gradient norm, in the lane
 //                                             order ops/norm.hpp defines: the CPU
@@ -1036,6 +1039,31 @@ __global__ void __launch_bounds__(ops::kNormLanes) squared_norm_chunks_kernel(op
   if (l == 0) f.partial[c] = lane[0];
 }
 
+// ---- AdamW over every tensor (the multi-tensor launch) ---------------------------------
+
+inline constexpr int kAdamWThreads = 256;
+
+/// One block per kAdamWBlock indices (all one tensor's), thread l the indices l, l + 256,
+/// ... of it: a warp's loads side by side, and each thread's 8 elements all loaded before
+/// any is updated and stored, so 8 loads of each array are in flight per thread where
+/// the per-index kernel has one (its stores may alias its next loads, so it waits). The
+/// arithmetic is the functor's own (load, update_and_store).
+template <class T, class M>
+__global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(ops::AdamWMultiStep<T, M> f) {
+  constexpr int kPerThread = static_cast<int>(ops::kAdamWBlock / kAdamWThreads);
+  using Element = typename ops::AdamWMultiStep<T, M>::Element;
+  const std::int64_t b = blockIdx.x;
+  const ops::AdamWTensor<T, M> t = f.tensors[f.block_tensor[b]];
+  const std::int64_t j0 = b * ops::kAdamWBlock - t.begin + threadIdx.x;
+  Element e[kPerThread] = {};
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k)
+    if (const std::int64_t j = j0 + k * kAdamWThreads; j < t.numel) e[k] = f.load(t, j);
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k)
+    if (const std::int64_t j = j0 + k * kAdamWThreads; j < t.numel) f.update_and_store(t, j, e[k]);
+}
+
 }  // namespace detail
 
 // ---- The kernels of each lowered functor ------------------------------------------------
@@ -1148,6 +1176,21 @@ struct OpKernel<ops::RopeRotate<T>> {
   }
 };
 
+template <class T, class M>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::AdamWMultiStep<T, M>> {
+  static void launch(std::int64_t n, const ops::AdamWMultiStep<T, M>& f, cudaStream_t stream) {
+    static_assert(ops::kAdamWBlock % detail::kAdamWThreads == 0);
+    TESSERA_CHECK(n % ops::kAdamWBlock == 0, "AdamWMultiStep: ", n, " indices is not whole blocks of ",
+                  ops::kAdamWBlock);
+    const std::int64_t blocks = n / ops::kAdamWBlock;
+    TESSERA_CHECK(blocks <= std::int64_t{0x7fffffff}, "AdamWMultiStep: ", blocks,
+                  " blocks is past a grid's 2^31 - 1");
+    detail::adamw_multi_kernel<T, M><<<static_cast<unsigned>(blocks), detail::kAdamWThreads, 0, stream>>>(f);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
 template <class T>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::SquaredNormChunks<T>> {
@@ -1199,6 +1242,7 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::Scale<T>> && kKernelClassAgrees<ops::Fill<T>> &&
          kKernelClassAgrees<ops::Convert<T, float>> && kKernelClassAgrees<ops::EmbeddingForward<T>> &&
          kKernelClassAgrees<ops::EmbeddingBackward<T>> && kKernelClassAgrees<ops::AdamWMultiStep<T>> &&
+         (!std::is_same_v<accum_t<T>, float> || kKernelClassAgrees<ops::AdamWMultiStep<T, bf16>>) &&
          kKernelClassAgrees<ops::InitValues<T>> && kKernelClassAgrees<ops::SquaredNormChunks<T>>;
 }
 static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>(),
