@@ -24,6 +24,11 @@ namespace test_cluster {  // unity build: this file's names stay in here (tests/
 using namespace tessera;
 
 namespace {
+/// s with every `from` replaced by `to`.
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  return s;
+}
 
 plan::Machine a100() { return plan::load_machine(std::string(TESSERA_MACHINES) + "/a100-80gb-sxm.toml"); }
 
@@ -169,6 +174,22 @@ source = "s"
                        "x.toml: machine profile: network.nics_per_node must be a whole number, got 2.5", Error);
   CHECK_THROWS_WITH_AS(plan::parse_machine(with_nics + "[network.nics_per_node]\nvalue = 4\n", "x.toml"),
                        doctest::Contains("network.nics_per_node has no source"), Error);
+  // A GEMM beside held SMs, measured: optional; ratios of at least 1, fewer SMs held than
+  // the device has (this one has 1), with a source.
+  CHECK_FALSE(m.gemm_beside_held_sms.has_value());
+  const std::string sms = replace_all(text, "[compute.sm_count]\nvalue = 1", "[compute.sm_count]\nvalue = 132");
+  const plan::Machine held =
+      plan::parse_machine(sms + "[gemm.slowdown_beside_held_sms]\npoints = [[8, 1.2], [16, 1.25]]\nsource = \"s\"\n", "x.toml");
+  REQUIRE(held.gemm_beside_held_sms.has_value());
+  CHECK(held.gemm_beside_held_sms->at(16, 1.0) == doctest::Approx(1.25));
+  CHECK_THROWS_WITH_AS(
+      plan::parse_machine(sms + "[gemm.slowdown_beside_held_sms]\npoints = [[8, 0.9]]\nsource = \"s\"\n", "x.toml"),
+      doctest::Contains("a GEMM beside 8 SMs held cannot take less time than alone (ratio 0.9)"), Error);
+  CHECK_THROWS_WITH_AS(
+      plan::parse_machine(text + "[gemm.slowdown_beside_held_sms]\npoints = [[8, 1.2]]\nsource = \"s\"\n", "x.toml"),
+      doctest::Contains("8 SMs held is not under compute.sm_count (1)"), Error);
+  CHECK_THROWS_WITH_AS(plan::parse_machine(sms + "[gemm.slowdown_beside_held_sms]\npoints = [[8, 1.2]]\n", "x.toml"),
+                       doctest::Contains("gemm.slowdown_beside_held_sms has no source"), Error);
 }
 
 TEST_CASE("cluster: a collective between nodes holds two SMs for each NIC its members reach") {
@@ -254,6 +275,46 @@ TEST_CASE("timeline: GEMMs and attention beside a collective between nodes run o
     CHECK(tl.positions[0].compute_seconds == doctest::Approx(1e-3));
     CHECK(tl.positions[0].collective_sm_seconds == 0);
   }
+}
+
+TEST_CASE("timeline: a GEMM beside held SMs takes what the machine profile measured, attention the SMs' share") {
+  plan::Machine m = a100();
+  plan::HeldSmSlowdown measured;
+  measured.points = {{8, 1.2}, {16, 1.25}};
+  measured.source = "test";
+  // Linear from (0, 1) to the points, flat beyond them, never under the SMs' share.
+  CHECK(measured.at(0, 1.0) == 1.0);
+  CHECK(measured.at(4, 1.03) == doctest::Approx(1.1));
+  CHECK(measured.at(12, 1.1) == doctest::Approx(1.225));
+  CHECK(measured.at(24, 1.1) == doctest::Approx(1.25));
+  CHECK(measured.at(24, 1.4) == doctest::Approx(1.4));
+  m.gemm_beside_held_sms = measured;
+  const plan::GpuPricer gpu(m);
+  const double spread = m.sm_count.value / (m.sm_count.value - 16);
+  CHECK(gpu.beside_held_sms(16, true) == doctest::Approx(std::max(1.25, spread)));
+  CHECK(gpu.beside_held_sms(16, false) == doctest::Approx(spread));
+  CHECK(gpu.beside_held_sms(0, true) == 1.0);
+  m.gemm_beside_held_sms.reset();
+  CHECK(plan::GpuPricer(m).beside_held_sms(16, true) == doctest::Approx(spread));
+
+  struct MeasuredPricer final : plan::Pricer {  // 1 ms an operation on 100 SMs; a GEMM 1.5x beside any hold
+    double seconds(const trace::Op&) const override { return 1e-3; }
+    double peak_flops(DType) const override { return 1e12; }
+    double usable_bytes() const override { return 1e12; }
+    std::string name() const override { return "100 SMs, measured"; }
+    double sm_count() const override { return 100; }
+    double beside_held_sms(int held, bool gemm) const override {
+      return gemm ? 1.5 : plan::Pricer::beside_held_sms(held, gemm);
+    }
+  } compute;
+  const plan::Network net = *a100().network;
+  trace::Trace t;
+  t.add(collective("all_gather", std::int64_t{1} << 33, 64, 1, 1));
+  t.add(trace::Gemm{});
+  t.add(trace::Attention{});
+  t.add(trace::CommWait{1});
+  const plan::Timeline tl = plan::simulate_step({&t}, 64, compute, net);
+  CHECK(tl.positions[0].compute_seconds == doctest::Approx(1.5e-3 + 1e-3 * 100.0 / 84));
 }
 
 TEST_CASE("timeline: a pipeline stage waits for what the stage before it sends") {

@@ -310,6 +310,14 @@ TEST_CASE("machine profiles: every built-in profile loads, each figure with its 
       CHECK(r->forward.at(8192) < m.bf16_tflops.value);
       CHECK(r->backward.at(8192) <= r->forward.at(8192));
     }
+    // A GEMM beside held SMs: measured on the Hopper profiles (over the SMs' share), the
+    // SMs' share alone on the A100's, where nothing was measured.
+    CHECK(m.gemm_beside_held_sms.has_value() == name.starts_with("h"));
+    if (m.gemm_beside_held_sms) {
+      CHECK(!m.gemm_beside_held_sms->source.empty());
+      const double spread = m.sm_count.value / (m.sm_count.value - 16);
+      CHECK(m.gemm_beside_held_sms->at(16, spread) > spread);
+    }
     (void)read(file);
   }
 }

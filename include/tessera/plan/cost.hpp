@@ -78,6 +78,14 @@ class Pricer {
   /// The SMs GEMMs and attention run on, which a collective beside them shares
   /// (plan/timeline.hpp); 0 where the device has none.
   virtual double sm_count() const { return 0; }
+  /// How many times as long a GEMM (`gemm`) or an attention kernel takes while
+  /// collectives hold `held` SMs (plan/timeline.hpp): its work spread over the SMs left,
+  /// sm / (sm - held), where nothing measured says otherwise.
+  virtual double beside_held_sms(int held, bool gemm) const {
+    (void)gemm;
+    const double sms = sm_count();
+    return sms > 0 && held > 0 ? sms / std::max(1.0, sms - held) : 1.0;
+  }
 };
 
 /// Multiply-adds of tessera's portable flash kernel for one attention call (see above).
@@ -146,6 +154,12 @@ class GpuPricer : public Pricer {
   }
   double usable_bytes() const override { return m_.usable_bytes(); }
   double sm_count() const override { return m_.sm_count.value; }
+  /// A GEMM beside held SMs as the profile measured it (gemm.slowdown_beside_held_sms);
+  /// attention, and a profile without the measurement, as the SMs' share.
+  double beside_held_sms(int held, bool gemm) const override {
+    const double spread = Pricer::beside_held_sms(held, gemm);
+    return gemm && m_.gemm_beside_held_sms ? m_.gemm_beside_held_sms->at(held, spread) : spread;
+  }
   std::string name() const override { return m_.name; }
   const Machine& machine() const { return m_; }
   AttentionKernel attention() const { return attention_; }

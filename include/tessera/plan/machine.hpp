@@ -13,6 +13,11 @@
 //   [compute.shared_memory_bytes_per_clock_per_sm]
 //   [gemm.bf16_efficiency]    points = [[gflop, fraction], ...]: the fraction of the peak
 //   [gemm.fp32_efficiency]    cuBLAS reaches by GEMM size (2 m n k / 1e9)
+//   [gemm.slowdown_beside_held_sms]  optional: points = [[held, ratio], ...], how many
+//                             times as long a bf16 GEMM takes while `held` SMs are taken
+//                             by blocks that stay (an NCCL collective's channels),
+//                             measured (bench-kernels --sections sm-hold); without it,
+//                             sm / (sm - held) (plan/timeline.hpp)
 //   [hbm.bandwidth_gbs], [hbm.achieved_fraction]
 //   [host.launch_us]          back-to-back kernel launches on one stream, per launch
 //   [host.sync_us]            a small device-to-host copy and the stream wait it implies
@@ -106,6 +111,24 @@ struct RateCurve {
   double at(double seq_len) const { return points.empty() ? 0.0 : log_interpolate(points, seq_len); }
 };
 
+/// How many times as long a GEMM takes while `held` SMs are held, as measured: linear
+/// in held between (0, 1) and the points, then flat, and never under `spread`, the
+/// ratio of the GEMM's work spread over the SMs left (sm / (sm - held)).
+struct HeldSmSlowdown {
+  std::vector<std::array<double, 2>> points;  // (held SMs, ratio), held increasing, ratio >= 1
+  std::string source;
+
+  double at(double held, double spread) const {
+    if (held <= 0 || points.empty()) return std::max(1.0, spread);
+    double x0 = 0, y0 = 1;
+    for (const auto& [x, y] : points) {
+      if (held <= x) return std::max(spread, y0 + (held - x0) / (x - x0) * (y - y0));
+      x0 = x, y0 = y;
+    }
+    return std::max(spread, y0);
+  }
+};
+
 /// cuDNN's causal attention at one head dim, forward and backward.
 struct AttentionRates {
   RateCurve forward, backward;
@@ -129,6 +152,7 @@ struct Machine {
   Sourced capacity_bytes, reserved_bytes;
   Sourced bf16_tflops, fp32_tflops, sm_count, boost_clock_ghz, shared_memory_bytes_per_clock_per_sm;
   EfficiencyCurve gemm_bf16, gemm_fp32;
+  std::optional<HeldSmSlowdown> gemm_beside_held_sms;  // absent: sm / (sm - held)
   Sourced hbm_gbs, hbm_fraction;
   Sourced launch_us, sync_us, host_link_gbs;
   std::map<std::int64_t, AttentionRates> cudnn_attention_bf16;  // by head dim; may be empty
@@ -377,6 +401,20 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
   m.shared_memory_bytes_per_clock_per_sm = read_rate(root, origin, "compute", "shared_memory_bytes_per_clock_per_sm");
   m.gemm_bf16 = read_curve(root, origin, "gemm", "bf16_efficiency");
   m.gemm_fp32 = read_curve(root, origin, "gemm", "fp32_efficiency");
+  if (const auto* gemm = root.get_as<toml::table>("gemm"); gemm && gemm->get("slowdown_beside_held_sms")) {
+    const std::string name = "gemm.slowdown_beside_held_sms";
+    const toml::table& t = detail::table_at(root, origin, "gemm", "slowdown_beside_held_sms");
+    HeldSmSlowdown h;
+    h.points = detail::read_points(t, origin, name, "held, ratio", std::numeric_limits<double>::infinity());
+    for (const auto& [held, ratio] : h.points) {
+      TESSERA_CHECK(ratio >= 1, detail::where(origin, t), ": machine profile: ", name, ": a GEMM beside ", held,
+                    " SMs held cannot take less time than alone (ratio ", ratio, ")");
+      TESSERA_CHECK(held < m.sm_count.value, detail::where(origin, t), ": machine profile: ", name, ": ", held,
+                    " SMs held is not under compute.sm_count (", m.sm_count.value, ")");
+    }
+    h.source = detail::source_of(t, origin, name);
+    m.gemm_beside_held_sms = std::move(h);
+  }
   m.hbm_gbs = read_rate(root, origin, "hbm", "bandwidth_gbs");
   m.hbm_fraction = read_rate(root, origin, "hbm", "achieved_fraction");
   TESSERA_CHECK(m.hbm_fraction.value <= 1, origin, ": machine profile: hbm.achieved_fraction must be at most 1, got ",

@@ -22,8 +22,11 @@
 // A collective between nodes holds SMs while it runs (plan/cluster.hpp, collective_sms),
 // and a GEMM or an attention kernel beside it runs on the others: its work, spread over
 // the SMs left, takes sm_count / (sm_count - held) as long for as long as the
-// collectives run (until the first of them ends, where several streams run at once).
-// Memory-bound kernels keep their time: the SMs left still move the device's bandwidth.
+// collectives run (until the first of them ends, where several streams run at once). A
+// GEMM takes what the machine profile measured instead where it has the figure
+// (gemm.slowdown_beside_held_sms: Hopper's cuBLASLt kernels lose more than the SMs'
+// share). Memory-bound kernels keep their time: the SMs left still move the device's
+// bandwidth.
 #pragma once
 
 #include <algorithm>
@@ -121,7 +124,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
   // running beside it holding their SMs (see above).
   const double sms = compute.sm_count();
   const bool shared_sms = sms > 0 && net.nics_per_node.has_value();
-  auto beside_collectives = [&](const State& st, double s) {
+  auto beside_collectives = [&](const State& st, double s, bool gemm) {
     int held = 0;
     double until = std::numeric_limits<double>::infinity();
     for (const auto& [comm, last] : st.stream) {
@@ -132,7 +135,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
       until = std::min(until, *e);
     }
     if (held == 0) return s;
-    const double k = sms / std::max(1.0, sms - held);
+    const double k = compute.beside_held_sms(held, gemm);
     const double slowed = std::min(s * k, until - st.clock);
     return slowed + (s - slowed / k);
   };
@@ -190,7 +193,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         double s = compute.seconds(op);
         if (shared_sms && (std::holds_alternative<trace::Gemm>(op) || std::holds_alternative<trace::Attention>(op))) {
           const double alone = s;
-          s = beside_collectives(st, s);
+          s = beside_collectives(st, s, std::holds_alternative<trace::Gemm>(op));
           st.time.collective_sm_seconds += s - alone;
         }
         st.clock += s;
