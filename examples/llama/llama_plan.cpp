@@ -613,6 +613,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
                      {"global_batch_size", global},
                      {"enumerated", r.enumerated},
                      {"priced", r.priced},
+                     {"dominated", r.dominated},
                      {"refused", r.refused},
                      {"first_refusal", r.first_refusal},
                      {"fitting", fitting},
@@ -629,9 +630,10 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
               static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()), static_cast<double>(a.num_params()) / 1e9);
   std::printf("  %d GPUs of %s (%s), global batch %lld x seq %lld\n", world, target.pricer->name().c_str(),
               target.origin.c_str(), static_cast<long long>(global), static_cast<long long>(given.training.seq_len));
-  std::printf("  %zu layouts: %zu priced (%d ranks traced in %.1f s), %zu refused by the runtime, %zu not priced (a variant\n"
-              "  doing less work fits); %zu fit\n",
-              r.enumerated, r.priced, r.dry_runs, seconds, r.refused, r.enumerated - r.priced - r.refused, fitting);
+  std::printf("  %zu layouts: %zu priced (%d ranks traced in %.1f s), %zu refused by the runtime, %zu not priced (whether\n"
+              "  they fit follows from a variant priced); %zu fit, and %zu more not listed (a variant doing less work fits)\n",
+              r.enumerated, r.priced, r.dry_runs, seconds, r.refused, r.enumerated - r.priced - r.refused, fitting,
+              r.dominated);
   if (r.refused > 0) std::printf("  first refusal: %s\n", r.first_refusal.c_str());
   std::printf("\n rank  repl shard  tp  pp  schedule               mb  checkpoint    reshard       step  tokens/s/GPU    MFU  peak memory\n");
   const std::size_t shown = std::min<std::size_t>(fitting, 20);
@@ -640,7 +642,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
     std::printf("%5zu  %s %10s %13.0f %5.1f%% %12s%s\n", i + 1, layout_text(l.config).c_str(), seconds_text(l.step_seconds).c_str(),
                 l.tokens_per_sec, l.mfu_pct, gib(static_cast<double>(l.peak_memory_bytes)).c_str(), l.extrapolated ? "" : "  (full trace)");
   }
-  if (fitting > shown) std::printf("  ... %zu more that fit (--json lists every layout priced)\n", fitting - shown);
+  if (fitting > shown) std::printf("  ... %zu more that fit (--json lists them all, and those that do not fit)\n", fitting - shown);
   std::printf("  (full trace): priced from the traces of its own depth and batch; the others extrapolated from small ones\n");
   if (r.checked)
     std::printf("\nthe first layout, predicted from its full traces: step %+.2f%%, peak memory %+.2f%% from its extrapolation\n",

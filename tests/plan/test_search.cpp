@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -156,7 +157,7 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
   REQUIRE(!r.layouts.empty());
   CHECK(r.enumerated == plan::enumerate_layouts(base, space, 8).size());
   CHECK(r.priced + r.refused <= r.enumerated);
-  CHECK(r.priced == r.layouts.size());
+  CHECK(r.priced == r.layouts.size() + r.dominated);
   CHECK(r.layouts.front().fits);
   CHECK(!r.layouts.front().extrapolated);
   for (std::size_t i = 1; i < r.layouts.size(); ++i) {
@@ -192,8 +193,9 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
     CHECK((lightest || least_work));
   }
   // A device where only some layouts fit: the larger microbatches past one that does
-  // not fit, and the smaller shard degrees past one where none fits, are not priced;
-  // every layout that fits is still found (against pricing every one).
+  // not fit, the smaller shard degrees past one where none fits, and the variants whose
+  // fit another's settles are not priced; every layout that fits and that no variant
+  // doing less work dominates is still found (against pricing every one).
   struct Cap final : plan::Pricer {
     const plan::Pricer& inner;
     double bytes;
@@ -203,35 +205,51 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
     double usable_bytes() const override { return bytes; }
     std::string name() const override { return "capped"; }
   };
-  {
-    std::vector<double> peaks;
-    for (const auto& l : r.layouts) peaks.push_back(static_cast<double>(l.peak_memory_bytes));
-    std::sort(peaks.begin(), peaks.end());
-    const Cap cap(gpu, peaks[peaks.size() / 3]);
+  std::vector<double> peaks;
+  for (const auto& l : r.layouts) peaks.push_back(static_cast<double>(l.peak_memory_bytes));
+  std::sort(peaks.begin(), peaks.end());
+  auto family = [](std::string toml) {
+    for (const char* key : {"mode = ", "selective_ac_option = ", "fsdp_reshard_after_forward = "}) {
+      const auto at = toml.find(key);
+      if (at != std::string::npos) toml.erase(at, toml.find('\n', at) - at);
+    }
+    return toml;
+  };
+  // Two devices where only some variants fit (a third of the layouts' peaks, then two
+  // thirds), so that families fit in different patterns and each is settled in part
+  // from the one before it.
+  for (const std::size_t share : {3, 2}) {
+    CAPTURE(share);
+    const Cap cap(gpu, peaks[peaks.size() / share]);
     const plan::SearchReport pruned = plan::search_layouts(base, alone, 8, kTrace, cap, *m.network);
-    std::set<std::string> found, every;
+    CHECK(pruned.priced == pruned.layouts.size() + pruned.dominated);
+    CHECK(pruned.priced < plan::enumerate_layouts(base, alone, 8).size());
+    std::map<std::string, plan::SearchResult> found;
     for (const auto& l : pruned.layouts)
-      if (l.fits) found.insert(train::to_toml(l.config));
+      if (l.fits) found.emplace(train::to_toml(l.config), l);
+    std::vector<train::JobConfig> every;  // priced one by one, those that fit
     for (const auto& c : plan::enumerate_layouts(base, alone, 8)) {
       try {
-        if (plan::price_layout(c, 4, kTrace, cap, *m.network).fits) every.insert(train::to_toml(c));
+        if (plan::price_layout(c, 4, kTrace, cap, *m.network).fits) every.push_back(c);
       } catch (const std::exception&) {
       }
     }
-    // Every family with a fitting layout is found, with its fastest fitting variant.
-    std::set<std::string> found_families, every_families;
-    auto family = [](std::string toml) {
-      for (const char* key : {"mode = ", "selective_ac_option = ", "fsdp_reshard_after_forward = "}) {
-        const auto at = toml.find(key);
-        if (at != std::string::npos) toml.erase(at, toml.find('\n', at) - at);
-      }
-      return toml;
-    };
-    for (const auto& t : found) found_families.insert(family(t));
-    for (const auto& t : every) every_families.insert(family(t));
-    CHECK(!every.empty());
-    CHECK(found_families == every_families);
-    CHECK(pruned.priced < plan::enumerate_layouts(base, alone, 8).size());
+    REQUIRE(!every.empty());
+    // Every fitting layout that no fitting variant doing less work dominates is found,
+    // and nothing else that fits but each family's lightest variant.
+    std::set<std::string> frontier;
+    for (const auto& c : every) {
+      const bool dominated = std::any_of(every.begin(), every.end(), [&](const train::JobConfig& d) {
+        return &d != &c && family(train::to_toml(d)) == family(train::to_toml(c)) && plan::less_work(d, c);
+      });
+      if (!dominated) frontier.insert(train::to_toml(c));
+    }
+    for (const auto& t : frontier) CHECK_MESSAGE(found.count(t) == 1, "not found:\n", t);
+    for (const auto& [t, l] : found) {
+      const bool lightest = l.config.activation_checkpoint.mode == "full" &&
+                            l.config.parallelism.fsdp_reshard_after_forward != "never";
+      CHECK_MESSAGE((frontier.count(t) == 1 || lightest), "listed, though dominated:\n", t);
+    }
   }
   // A device too small for any layout: nothing fits.
   struct Tiny final : plan::Pricer {
