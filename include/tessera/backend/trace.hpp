@@ -204,6 +204,8 @@ class Trace {
     spare.clear();
   }
   void clear() { events_.clear(); }
+  /// Room for `n` events before the first reallocation.
+  void reserve(std::size_t n) { events_.reserve(n); }
 
   /// The events of one kind, in order.
   template <class K>

@@ -126,9 +126,15 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
     for (int i = 0; i < steps_before; ++i) trainer.step();
     stats[static_cast<int>(Device::cpu)].reset_peak();
     {
+      // Room for as many events as this thread's last dry run recorded: a search traces
+      // thousands of steps of about one size, and growing each trace's events by
+      // doubling moved every event several times over (a twentieth of the search).
+      static thread_local std::size_t last_events = 0;
+      out.trace.reserve(last_events);
       trace::Recording recording(out.trace, {Device::meta});
       const train::StepMetrics m = trainer.step();
       out.saved_activation_bytes = m.activation_bytes;
+      last_events = out.trace.events().size();
     }
     out.peak_bytes = stats[static_cast<int>(Device::meta)].peak();
     out.reserved_peak_bytes = replay.stats().peak_reserved;

@@ -59,6 +59,7 @@ class HostValues {
     std::lock_guard lock(state().mutex);
     auto& v = state().values[at];
     v.assign(static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + bytes);
+    state().count.store(state().values.size(), std::memory_order_release);
   }
   /// Copies the value uploaded at `at` into dst if it has `bytes`; else zero bytes.
   static void get(const void* at, void* dst, std::size_t bytes) {
@@ -67,15 +68,23 @@ class HostValues {
     if (it != state().values.end() && it->second.size() == bytes) std::memcpy(dst, it->second.data(), bytes);
     else std::memset(dst, 0, bytes);
   }
+  /// Every Meta buffer's release calls this: with no value held anywhere (nearly always:
+  /// a staged value lives for one reduction), it returns without taking the lock that
+  /// the threads of a search would otherwise queue on. The count is stored under the
+  /// lock after each change, and a buffer is released after its upload, so the count
+  /// read here includes a value held at `at`.
   static void forget(const void* at) {
+    if (state().count.load(std::memory_order_acquire) == 0) return;
     std::lock_guard lock(state().mutex);
     state().values.erase(at);
+    state().count.store(state().values.size(), std::memory_order_release);
   }
 
  private:
   struct State {
     std::mutex mutex;
     std::map<const void*, std::vector<std::byte>> values;
+    std::atomic<std::size_t> count{0};  // values.size(), read without the lock
   };
   static State& state() {
     static State s;
