@@ -182,9 +182,9 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
     CHECK(a.layouts[i].peak_memory_bytes == b.layouts[i].peak_memory_bytes);
   }
   // The debug model fits everywhere, so each family is priced twice: its lightest
-  // variant (full recomputation, parameters freed after forward: if that did not fit,
-  // nothing would), and no recomputation with the parameters kept, which dominates the
-  // rest.
+  // variant (full recomputation, parameters freed after forward: were its live peak
+  // over, no variant's reservation would fit), and no recomputation with the parameters
+  // kept, which dominates the rest.
   for (const auto& l : r.layouts) {
     const auto& ac = l.config.activation_checkpoint;
     const std::string reshard = l.config.parallelism.fsdp_reshard_after_forward;

@@ -29,15 +29,16 @@
 // exactness checked on the answer itself (tests/plan/test_search.cpp checks it on every
 // kind of layout against full traces).
 //
-// Three shortcuts keep the search small, each exact in the cost model: a layout's
-// lightest variant (full recomputation, parameters freed after forward) is priced first,
-// and if it does not fit no variant does; a layout is not priced when a variant of it
-// with less recomputation, or with its parameters kept gathered after forward, fits
-// (that variant does a subset of the work, so it ranks above), nor when one with more
-// does not fit (it holds no more memory), and the variants that settled the family
-// before it are priced first; and memory grows with the microbatch and falls with the
-// shard degree, so past a family where nothing fits the larger microbatches, and past a
-// degree where the smallest does not fit the smaller degrees, are not priced.
+// Shortcuts keep the search small, each exact in the cost model. A variant of a
+// layout doing less work (less recomputation, parameters kept gathered after forward)
+// holds at least as much live memory, so pricing one settles others: one that fits
+// settles those doing more work (they rank below it and are not listed), one whose
+// live peak alone is over the usable memory settles those doing less; the lightest
+// variant (full recomputation, parameters freed after forward) is priced first, then
+// those that settled the layout before it. And live memory grows with the microbatch
+// and falls with the shard degree, so past a family whose lightest variant is over the
+// larger microbatches, and past a degree where that holds of the smallest the smaller
+// degrees, are not priced.
 #pragma once
 
 #include <algorithm>
@@ -94,8 +95,8 @@ struct SearchResult {
 struct SearchReport {
   std::vector<SearchResult> layouts;  // fitting ones first, fastest first; then those that do not fit
   std::size_t enumerated = 0;         // layouts of the space
-  std::size_t priced = 0;             // ... priced (the rest have a faster variant that fits, or a
-                                      // lighter one that does not)
+  std::size_t priced = 0;             // ... priced (the rest have a variant doing less work that
+                                      // fits, or one doing more whose live peak is over)
   std::size_t dominated = 0;          // ... of those, fitting but not listed: a variant doing less work fits
   std::size_t refused = 0;            // ... that the runtime refuses (first reason below)
   std::string first_refusal;
@@ -206,8 +207,9 @@ inline double lerp_to(double x1, double f1, double x2, double f2, double x) {
 /// Whether layout `a` does no more work than `b`, a variant of the same layout: no more
 /// recomputation (a checkpoint mode of less, or the same mode and option) and its
 /// parameters kept gathered after forward at least as long. It then holds at least as
-/// much memory, which the search takes to hold for the caching allocator's reservation
-/// too (tests/plan/test_search.cpp checks its answer against pricing every layout).
+/// much live memory, though not always as much reserved: the caching allocator's
+/// rounding and free blocks differ between variants (search_layouts relies on the live
+/// peak alone; tests/plan/test_search.cpp checks it against pricing every layout).
 inline bool less_work(const train::JobConfig& a, const train::JobConfig& b) {
   const auto rank = [](const train::JobConfig& c) {
     return c.activation_checkpoint.mode == "none" ? 0 : c.activation_checkpoint.mode == "selective" ? 1 : 2;
