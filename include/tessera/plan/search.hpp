@@ -551,20 +551,15 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
                   return o.first != k.first && o.second == v && settles(o, k.first);
                 }))
               hint.push_back(variant_key(*k.first));
-        const auto dominates = [&](const SearchResult& s, const SearchResult& r) {
-          return s.fits && r.fits && s.index != r.index && less_work(s.config, r.config);
+        const auto shadowed = [&](const SearchResult& r) {
+          const train::JobConfig* c = &all[r.index];
+          return c != lightest && r.fits && std::any_of(known.begin(), known.end(), [&](const auto& k) {
+                   return k.first != c && k.second == Verdict::fits && less_work(*k.first, *c);
+                 });
         };
-        std::vector<char> shadowed(priced.size() - first, 0);
-        for (std::size_t i = first; i < priced.size(); ++i)
-          shadowed[i - first] = priced[i].index != static_cast<std::size_t>(lightest - all.data()) &&
-                                std::any_of(priced.begin() + static_cast<std::ptrdiff_t>(first), priced.end(),
-                                            [&](const SearchResult& s) { return dominates(s, priced[i]); });
-        std::size_t out = first;
-        for (std::size_t i = first; i < priced.size(); ++i) {
-          if (shadowed[i - first]) ++dominated;
-          else if (out++ != i) priced[out - 1] = std::move(priced[i]);
-        }
-        priced.resize(out);
+        const auto kept = std::remove_if(priced.begin() + static_cast<std::ptrdiff_t>(first), priced.end(), shadowed);
+        dominated += static_cast<std::size_t>(priced.end() - kept);
+        priced.erase(kept, priced.end());
         const bool any = std::any_of(known.begin(), known.end(), [](const auto& k) { return k.second == Verdict::fits; });
         return any ? Verdict::fits : known.front().second;
       };
