@@ -19,6 +19,15 @@ ran on (MACHINES below), and prints how the predictions hold against the measure
               does not, so a run's predicted MFU is its measured MFU times the predicted
               tokens/s over the measured (the measured step time over the predicted one)
 
+and, from the measurements alone (no plan), how far each sheet agrees with itself:
+
+  kernel order  the pairs of runs of one layout (tp, pp, micro-batch, checkpointing) with
+              two attention kernels, and those where the faster kernel (KERNEL_ORDER) took a
+              step over 5% longer than the slower one. The kernels change only the attention
+              and the RMSNorm, and the faster ones hold no more memory, so no model of the
+              layout can predict such a pair; a sheet with many ranks its runs by something
+              the layout does not hold
+
 The issue's targets: fit >= 90%, top within 5 MFU points, spearman >= 0.8, relative
 within +-15%. --check holds them (exit 1 when one fails), each where it is met and, where
 it is not yet, at the figure the planner reached (REACHED below): the suite's plan_layouts
@@ -61,6 +70,33 @@ KERNELS = {
     "flash_attention2": ["--plan.attention", "flash2"],
     "flash_attention2+RMS_kernel": ["--plan.attention", "flash2", "--plan.rmsnorm", "fused"],
 }
+
+# The sheets' kernels from slowest to fastest (the paper's order; FlashAttention 1 appears
+# under two names). A faster kernel does less work and holds no more memory on one layout.
+KERNEL_ORDER = {"torch": 0, "fused": 1, "flash_attention": 2, "flash_attentionv1.0.8": 2, "flash_attention2": 3,
+                "flash_attention2+RMS_kernel": 4}
+
+
+def kernel_order(rows, tolerance=0.05):
+    """Pairs of runs of one layout with kernels of different speed, and those where the faster
+    kernel's step is longer than the slower one's by more than `tolerance` (worst first)."""
+    by_layout = {}
+    for r in rows:
+        if r["outcome"] == "ran" and r["kernel"] in KERNEL_ORDER:
+            key = (r["tp"], r["pp"], r["micro_batch"], r["checkpointing"])
+            by_layout.setdefault(key, []).append(r)
+    pairs, inverted = 0, []
+    for key, runs in by_layout.items():
+        for slow in runs:
+            for fast in runs:
+                if KERNEL_ORDER[fast["kernel"]] <= KERNEL_ORDER[slow["kernel"]]:
+                    continue
+                pairs += 1
+                ratio = float(fast["step_seconds"]) / float(slow["step_seconds"])
+                if ratio > 1 + tolerance:
+                    inverted.append((ratio, key, slow, fast))
+    inverted.sort(key=lambda x: -x[0])
+    return pairs, inverted
 
 
 # The issue's targets (llama-plan, part 2): fit, top (MFU points below the sheet's best),
@@ -279,6 +315,12 @@ def main():
                   best["row"]["micro_batch"], best["row"]["checkpointing"], best["row"]["kernel"], best_mfu,
                   best_predicted, 100 * rel, rho, len(fa2), top[0] if top else "none",
                   "%.1f%%" % top_measured if top_measured is not None else "OOM"))
+        pairs, inverted = kernel_order(read_csv(os.path.join(LAYOUTS, sheet + ".csv")))
+        s.update(kernel_pairs=pairs, kernel_inverted=len(inverted))
+        print("  kernel order: %d pairs of one layout with two kernels, %d with the faster kernel's step over 5%% longer%s" % (
+            pairs, len(inverted), "" if not inverted else " (worst %.2fx: tp %s pp %s mb %s %s, %s %.1f s against %s %.1f s)" % (
+                inverted[0][0], *inverted[0][1], inverted[0][3]["kernel"], float(inverted[0][3]["step_seconds"]),
+                inverted[0][2]["kernel"], float(inverted[0][2]["step_seconds"]))))
         check.hold(sheet, "relative", "%+.1f%%" % (100 * rel), lambda t: abs(rel) <= t)
         check.hold(sheet, "spearman", "%.2f" % rho, lambda t: rho >= t, lambda b: rho >= b)
         gap = best_mfu - top_measured if top_measured is not None else None
