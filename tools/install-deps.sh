@@ -45,7 +45,7 @@ PY
   rm -rf "$tmp"
 }
 packages=(g++ meson ninja-build pkg-config doctest-dev libtomlplusplus-dev nlohmann-json3-dev
-          libopenblas-openmp-dev clang libclang-rt-14-dev libpcre2-dev libsentencepiece-dev
+          libopenblas-openmp-dev clang-16 libclang-rt-16-dev libomp-16-dev libpcre2-dev libsentencepiece-dev
           libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do

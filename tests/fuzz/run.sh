@@ -10,7 +10,7 @@
 # finding: the reproducer is kept under BUILD_DIR/findings/TARGET/, its path is printed,
 # and the script exits 1 once every target has run. Reproduce one with
 #   BUILD_DIR/fuzz_TARGET BUILD_DIR/findings/TARGET/crash-...
-# Environment: CXX (default clang++, then clang++-14), FUZZ_BUILD_DIR, FUZZ_JOBS (parallel
+# Environment: CXX (default clang++-16, then clang++, then clang++-14), FUZZ_BUILD_DIR, FUZZ_JOBS (parallel
 # fuzzing processes per target, default 1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,12 +25,12 @@ fi
 # A clang++ that links libFuzzer (Debian: clang and libclang-rt-dev).
 cxx=${CXX:-}
 if [ -z "$cxx" ]; then
-  for c in clang++ clang++-14; do
+  for c in clang++-16 clang++ clang++-14; do
     if command -v "$c" >/dev/null; then cxx=$c; break; fi
   done
 fi
 if [ -z "$cxx" ] || ! command -v "$cxx" >/dev/null; then
-  echo "fuzz: clang++ not found; install clang and libclang-rt-dev (Debian 12: clang-14, libclang-rt-14-dev)" >&2
+  echo "fuzz: clang++ not found; install clang and libclang-rt-dev (Debian 12: clang-16, libclang-rt-16-dev)" >&2
   exit 1
 fi
 mkdir -p "$build"

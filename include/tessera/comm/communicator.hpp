@@ -14,12 +14,14 @@
 // The typed front checks sizes and element types, and counts the bytes each rank sends.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "tessera/comm/engine.hpp"
@@ -43,7 +45,11 @@ class Communicator {
   /// One rank alone: every collective is a copy.
   Communicator();
 
-  template <Engine E>
+  // Communicator is no engine of its own: the first test keeps copying and moving one from
+  // asking whether it is (Engine<Communicator> asks whether Communicator is
+  // move-constructible, which would ask this constructor again: Clang rejects that loop).
+  template <class E>
+    requires(!std::same_as<std::remove_cvref_t<E>, Communicator> && Engine<E>)
   explicit Communicator(E engine, std::shared_ptr<Traffic> traffic = std::make_shared<Traffic>())
       : impl_(std::make_shared<Model<E>>(std::move(engine))), traffic_(std::move(traffic)) {}
 
