@@ -36,6 +36,7 @@
 #include "machine.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/comm/thread.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/parallel/dynamic.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/sharded_checkpoint.hpp"

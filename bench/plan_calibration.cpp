@@ -32,6 +32,7 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/data/loader.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/parallel/dynamic.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/cpu.hpp"

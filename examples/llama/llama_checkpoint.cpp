@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/train/checkpoint.hpp"
 #include "tessera/train/checkpoint_folder.hpp"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/train/checkpoint.hpp"

@@ -51,6 +51,7 @@
 #include "tessera/comm/mpi.hpp"
 #endif
 #include "tessera/data/tokenizers.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/train/attention_choice.hpp"
 #include "tessera/train/config.hpp"

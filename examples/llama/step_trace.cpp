@@ -1,5 +1,7 @@
 #include "step_trace.hpp"
 
+#include "tessera/plan/dry_run.hpp"
+
 namespace llama_plan {
 
 tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes,

@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/traced_step.hpp"
 #include "tessera/train/job_config.hpp"
 
 namespace llama_plan {

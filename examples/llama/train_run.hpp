@@ -23,6 +23,7 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/mesh.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"

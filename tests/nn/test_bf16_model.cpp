@@ -12,6 +12,7 @@
 
 #include "../support/temp_dir.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/checkpoint.hpp"

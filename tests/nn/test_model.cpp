@@ -5,6 +5,7 @@
 #include <set>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
 
 namespace test_model {  // unity build: this file's names stay in here (tests/meson.build)

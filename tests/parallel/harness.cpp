@@ -1,17 +1,9 @@
 // What every parallel test shares, compiled once: the debug job, its tokens, and the
-// model, trainer and training loop the tests instantiate (harness.hpp declares them
-// extern, so each test file compiles only its own cases).
-#define TESSERA_PARALLEL_INSTANTIATE 1
+// training loop the tests run (harness.hpp declares it extern; the model and trainer it
+// trains are the build's shared instances, tessera/instances.hpp).
 #include "harness.hpp"
 
 #include "tessera/train/config.hpp"
-
-namespace tessera {
-template class Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>, Pipeline<dynamic>,
-                        Checkpoint<Dynamic>>;
-template class nn::Transformer<float, Cpu, test::CpuDynamicBlock>;
-template class train::Trainer<test::CpuDynamicModel>;
-}  // namespace tessera
 
 namespace tessera::test {
 

@@ -18,6 +18,7 @@
 #include "tessera/comm/thread.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/tokenizers.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/dynamic.hpp"
 #include "tessera/parallel/parallel.hpp"
@@ -29,16 +30,6 @@ namespace tessera::test {
 using CpuDynamicBlock = DynamicBlock<float, Cpu>;
 using CpuDynamicModel = DynamicModel<float, Cpu>;
 }  // namespace tessera::test
-
-// Instantiated once, in instantiate.cpp: each test file compiles in a fraction of the time.
-#ifndef TESSERA_PARALLEL_INSTANTIATE
-namespace tessera {
-extern template class Parallel<nn::LlamaBlock<float, Cpu>, Sharding<Dynamic>, TensorParallel<dynamic>,
-                               Pipeline<dynamic>, Checkpoint<Dynamic>>;
-extern template class nn::Transformer<float, Cpu, test::CpuDynamicBlock>;
-extern template class train::Trainer<test::CpuDynamicModel>;
-}  // namespace tessera
-#endif
 
 namespace tessera::test {
 
@@ -109,11 +100,8 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
   return r;
 }
 
-/// Largest |a - b| / |b| over the steps; infinite if the lengths differ or any value
-/// is not finite (a NaN loss must never pass).
-#ifndef TESSERA_PARALLEL_INSTANTIATE
+// Compiled once, in harness.cpp.
 extern template RunResult train_layout<CpuDynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
-#endif
 
 /// The tensor- and pipeline-parallel parity runs: 10 steps (3 in sanitizer builds) of a
 /// global batch of 8 sequences.

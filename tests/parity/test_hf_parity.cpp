@@ -34,6 +34,7 @@
 #include "../support/temp_dir.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/io/sharded_safetensors.hpp"
 #include "tessera/nn/transformer.hpp"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/train/checkpoint.hpp"
 #include "tessera/train/config.hpp"

@@ -168,54 +168,7 @@ class Transformer {
  private:
   // The scope is a temporary of the delegating constructor's call: it lives until this
   // one has finished, so every parameter the members and the body make sees it.
-  Transformer(const ModelArgs& args, const parallel::Plan& plan, const DeferParameterStorage&)
-      : args_((args.validate(), args)),
-        plan_(plan),
-        tp_(detail::tensor_parallel_comm<Block>(args, plan), plan.loss_parallel, plan.sequence_parallel),
-        rope_(std::make_shared<RopeTable<T, B>>(args.head_dim(), args.rope_theta, args.rope_scaling)),
-        tok_embeddings_("tok_embeddings", args.vocab_size, args.dim,
-                        args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0), tp()),
-        norm_("norm", args.dim, args.norm_eps, tp()) {
-    storage_ = DeferParameterStorage::active() ? Storage::none : Storage::whole;
-    lay_out_pipeline();
-    for (std::int64_t i : layer_ids_)
-      layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_, tp()});
-    if (!args.tie_embeddings) {
-      const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
-      output_ = std::make_unique<Parameter<T>>(Parameter<T>::template on<B>(
-          "output.weight", Shape{args.vocab_size, args.dim}, Init::truncated_normal(std, -3 * std, 3 * std)));
-      // Loss parallelism splits it by vocabulary; without, every rank holds it whole
-      // and computes the whole head (the first rank counts it in the gradient norm).
-      output_->split = plan.loss_parallel ? tp_.split(0) : tp_.whole();
-    }
-    head_ = ChunkedCrossEntropyHead<T, B>(output_ ? output_.get() : &tok_embeddings_.weight(),
-                                          plan.loss_parallel ? tp() : nullptr);
-    if (!has_embedding_) release(tok_embeddings_.weight());
-    if (!has_head_) {
-      release(norm_.weight());
-      if (output_) release(*output_);
-    }
-    for (std::size_t i = 0; i < layers_.size(); ++i) stores_.emplace_back("", &meter_);
-    const parallel::ShardingMode mode = detail::block_sharding<Block>(plan_);
-    units_ = mode != parallel::ShardingMode::none || plan_.dp_degree() > 1;
-    if (units_) {
-      // Tied weights: the head needs the embedding's parameters, so that unit stays
-      // gathered from its forward to its backward.
-      // In a pipeline, units stay gathered through the pass.
-      const bool reshard_embedding =
-          pp_ == 1 && plan_.reshard != parallel::Reshard::never && !args.tie_embeddings;
-      if (has_embedding_) {
-        embedding_unit_ = std::make_unique<Unit>("tok_embeddings", mode, plan_, reshard_embedding);
-        tok_embeddings_.for_each_parameter([&](Parameter<T>& p) { embedding_unit_->add(p); });
-      }
-      if (has_head_) {
-        head_unit_ = std::make_unique<Unit>("norm+output", mode, plan_,
-                                            pp_ == 1 && plan_.reshard == parallel::Reshard::always);
-        norm_.for_each_parameter([&](Parameter<T>& p) { head_unit_->add(p); });
-        if (output_) head_unit_->add(*output_);
-      }
-    }
-  }
+  Transformer(const ModelArgs& args, const parallel::Plan& plan, const DeferParameterStorage&);
 
  public:
   Transformer(const Transformer&) = delete;
@@ -239,10 +192,7 @@ class Transformer {
   /// the whole parameter): torchtitan's initialisers, bitwise the same values in every
   /// layout and on every backend. On a model without storage yet, allocates this rank's
   /// share only and initialises it in place: the model is sharded on return.
-  void init_weights(std::uint64_t seed) {
-    if (storage_ == Storage::none) allocate_share();
-    for_each_held_stretch([&](const HeldStretch& h) { init_parameter<B>(*h.param, seed, h.values(), h.n, h.where); });
-  }
+  void init_weights(std::uint64_t seed);
 
   /// n consecutive parameter values this rank holds: elements where(0), ...,
   /// where(n - 1) of `param`'s whole, stored from `offset` of the local parameter
@@ -289,17 +239,7 @@ class Transformer {
   /// Keeps this rank's share of every parameter: its tensor-parallel piece, then its
   /// data-parallel shard; a no-op on one rank. After a load (or any whole values, the
   /// same on every rank); on a model without storage yet, allocates the share zeroed.
-  void shard() {
-    switch (storage_) {
-      case Storage::share: return;
-      case Storage::none: allocate_share(); return;
-      case Storage::whole:
-        visit_parameters([](Parameter<T>& p) { parallel::narrow<B>(p); });
-        for_each_unit([](Unit& u) { u.shard(); });
-        storage_ = Storage::share;
-        return;
-    }
-  }
+  void shard();
   bool sharded() const {
     return storage_ == Storage::share || (storage_ == Storage::whole && !units_ && !tp_.active());
   }
@@ -353,28 +293,15 @@ class Transformer {
   /// The first step's one-time work, done ahead of it: the rotary tables for sequences
   /// of `seq_len` and the gradient norm's table of pieces. A step after it does what every
   /// later step does (Trainer::prepare; the dry run traces such a step).
-  void prepare(std::int64_t seq_len) {
-    // Only where a block of this rank kept the shared table (a pipeline stage of the
-    // embedding or the head alone holds none; a user's block may not rotate).
-    if (rope_.use_count() > 1) rope_->ensure(seq_len);
-    add_owned_gradients();
-    norms_.prepare();
-  }
+  void prepare(std::int64_t seq_len);
 
-  void zero_grad() {
-    for_each_local_parameter([](Parameter<T>& p) { B::for_each(p.numel(), ops::Fill<A>{A(0), p.grad.data()}); });
-  }
+  void zero_grad();
 
   /// The L2 norm of the whole gradient, over every piece and shard of every rank
   /// (every rank gets the same value). Each rank sums the squares of the elements it
   /// owns (its shard; the first replica; the first holder of a tensor-parallel piece),
   /// and the sum over the world counts every element once.
-  double grad_norm() {
-    add_owned_gradients();
-    double s = norms_.sum();
-    if (plan_.mesh && plan_.mesh->world().size() > 1) s = parallel::all_reduce_host<B>(plan_.mesh->world(), s);
-    return std::sqrt(s);
-  }
+  double grad_norm();
 
   /// Runs f() with every parameter whole on every rank (for saving): gathers the
   /// data-parallel shards and tensor-parallel pieces, and in a pipeline brings every
@@ -406,108 +333,25 @@ class Transformer {
 
   /// The parameters of the stages this rank holds, each counted whole (every
   /// parameter on one rank), whatever share this rank holds.
-  std::int64_t num_params() {
-    std::int64_t n = 0;
-    visit_parameters([&](Parameter<T>& p) { n += p.whole.numel(); });
-    return n;
-  }
+  std::int64_t num_params();
 
   /// Forward and backward of one micro-batch; accumulates gradients of
   /// loss_scale * (sum of token losses) and returns this rank's sum of token losses.
   /// `last_micro_batch`: the step's last (DDP reduces its gradients after it). On
   /// return every gradient reduction has completed.
   double forward_backward(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
-                          double loss_scale, bool last_micro_batch = true) {
-    check_geometry(inputs, g);
-    TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a parallel plan");
-    if (pp_ > 1) return pipeline_forward_backward(inputs, targets, g, loss_scale, last_micro_batch);
-    meter_.reset_peak();
-    for (auto& l : layers_)
-      if constexpr (requires { l.set_last_micro_batch(true); }) l.set_last_micro_batch(last_micro_batch);
-
-    // Forward: each unit gathered before it runs, the next one's gather in flight.
-    if (embedding_unit_) embedding_unit_->unshard();
-    prefetch(layers_.empty() ? head_unit_.get() : unit_of(layers_.front()));
-    Tensor<T> h = tok_embeddings_.forward(inputs);
-    if (embedding_unit_ && embedding_unit_->reshard_after_forward()) embedding_unit_->reshard();
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      prefetch(i + 1 < layers_.size() ? unit_of(layers_[i + 1]) : head_unit_.get());
-      h = layers_[i].forward(Context<T>(g, &stores_[i]), h);
-    }
-    if (head_unit_) {
-      head_unit_->unshard();
-      head_unit_->begin_grads();
-      if (args_.tie_embeddings) embedding_unit_->begin_grads();
-    }
-    ActivationStore<T> norm_store("norm", &meter_);
-    // Under sequence parallelism each rank holds some rows; the head takes them all.
-    Tensor<T> hn = parallel::whole_rows<B>(tp(), norm_.forward(Context<T>(g, &norm_store), h));
-    h.release();
-    Tensor<T> dhn = B::template empty<T>(hn.shape());
-    double loss = head_.forward(hn, targets, static_cast<A>(loss_scale), &dhn);
-    hn.release();
-    // Loss parallelism leaves each rank its vocabulary's share of dhn; else dhn is whole.
-    dhn = head_.vocab_parallel() ? parallel::summed_rows<B>(tp(), dhn) : parallel::own_rows<B>(tp(), dhn);
-
-    // Backward, each unit's gradients reduced as soon as it is done.
-    Tensor<T> dh = norm_.backward(Context<T>(g, &norm_store), dhn);
-    norm_store.clear();
-    dhn.release();
-    if (head_unit_) {
-      head_unit_->reduce_grads(last_micro_batch);
-      head_unit_->reshard();
-    }
-    // One reduction in flight: each unit's completes (and frees its whole gradient)
-    // while the next unit's backward runs.
-    Unit* reducing = head_unit_.get();
-    for (std::size_t i = layers_.size(); i-- > 0;) {
-      prefetch(i > 0 ? unit_of(layers_[i - 1]) : embedding_unit_.get());
-      dh = layers_[i].backward(Context<T>(g, &stores_[i]), dh);
-      stores_[i].clear();
-      if (reducing) reducing->finish_grads();
-      reducing = unit_of(layers_[i]);
-    }
-    if (embedding_unit_) {
-      embedding_unit_->unshard();
-      embedding_unit_->begin_grads();
-    }
-    tok_embeddings_.backward(inputs, dh);
-    if (embedding_unit_) {
-      embedding_unit_->reduce_grads(last_micro_batch);
-      embedding_unit_->reshard();
-      for_each_unit([](Unit& u) { u.finish_grads(); });
-    }
-    saved_bytes_peak_ = meter_.peak();
-    return loss;
-  }
+                          double loss_scale, bool last_micro_batch = true);
 
   /// Sum of token losses, no gradients and nothing saved.
-  double loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g) {
-    if (pp_ > 1) return pipeline_loss(inputs, targets, g);
-    const double l = head_.forward(final_hidden(inputs, g), targets, A(0), nullptr);
-    free_head();
-    return l;
-  }
+  double loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g);
 
   /// Logits (batch * seq_len, vocab) at every position, on the host, in accum_t<T>
   /// (fp32 for bf16); for evaluation and checks on small inputs (a whole (rows, vocab)
   /// matrix is made at once).
-  Tensor<A> logits(std::span<const std::int32_t> inputs, Geometry g) {
-    Tensor<A> z = head_.logits(final_hidden(inputs, g));
-    free_head();
-    return download<B>(z);
-  }
+  Tensor<A> logits(std::span<const std::int32_t> inputs, Geometry g);
 
   /// Logits (batch, vocab) at the last position of each sequence, on the host, in accum_t<T>.
-  Tensor<A> last_logits(std::span<const std::int32_t> inputs, Geometry g) {
-    Tensor<T> hn = final_hidden(inputs, g);
-    Tensor<T> last = B::template empty<T>(Shape{g.batch, args_.dim});
-    for (std::int64_t b = 0; b < g.batch; ++b)
-      B::for_each(args_.dim, ops::Copy<T>{hn.data() + ((b + 1) * g.seq_len - 1) * args_.dim, last.data() + b * args_.dim});
-    Tensor<A> z = head_.logits(last);
-    free_head();
-    return download<B>(z);
-  }
+  Tensor<A> last_logits(std::span<const std::int32_t> inputs, Geometry g);
 
   /// Seconds this rank waited for another stage's activations or gradients during the
   /// last pipelined forward_backward: its share of the pipeline bubble, measured.
@@ -519,20 +363,7 @@ class Transformer {
 
   /// The name of every parameter of the whole model, in order, whichever stages this
   /// rank holds (a loader checks a file's tensors against these).
-  std::vector<std::string> parameter_names() const {
-    std::vector<std::string> names = {"tok_embeddings.weight"};
-    std::vector<std::string> block;  // one block's names, "layers.0." stripped
-    {
-      const DeferParameterStorage names_only;  // no storage for a block made for its names
-      typename detail::bare_block<Block>::type b(BlockArgs<T, B>{args_, 0, "layers.0", rope_, nullptr, nullptr});
-      b.for_each_parameter([&](Parameter<T>& p) { block.push_back(p.name.substr(9)); });
-    }
-    for (std::int64_t i = 0; i < args_.n_layers; ++i)
-      for (const auto& n : block) names.push_back("layers." + std::to_string(i) + "." + n);
-    names.push_back("norm.weight");
-    if (!args_.tie_embeddings) names.push_back("output.weight");
-    return names;
-  }
+  std::vector<std::string> parameter_names() const;
 
   /// The i-th block this rank holds (in a pipeline, of its stages: see layer_id).
   Block& layer(std::size_t i) { return layers_.at(i); }
@@ -548,21 +379,7 @@ class Transformer {
   /// sequences of `seq_len` tokens can go through this model's layout: its rows split
   /// over the tensor-parallel ranks, and in a pipeline, the microbatch size divides it
   /// and the schedule runs that many microbatches. Throws naming the keys.
-  void check_batch(std::int64_t batch, std::int64_t seq_len) const {
-    const std::int64_t mb = pp_ > 1 ? plan_.pipeline.microbatch_size : batch;
-    if (pp_ > 1) {
-      TESSERA_CHECK(mb >= 1 && batch % mb == 0, "parallelism.pipeline_parallel_microbatch_size = ", mb,
-                    " does not divide training.local_batch_size = ", batch,
-                    " (each data-parallel rank's batch is cut into microbatches of that many sequences)");
-      const int M = static_cast<int>(batch / mb);
-      parallel::check_schedule_shape(schedule_kind_, pp_, stages_per_rank_, M);
-    }
-    TESSERA_CHECK(!tp_.sequence_parallel() || (mb * seq_len) % tp_.degree() == 0,
-                  pp_ > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size",
-                  " x training.seq_len (", mb, " x ", seq_len, " = ", mb * seq_len,
-                  " tokens) does not split into equal rows over parallelism.tensor_parallel_degree = ", tp_.degree(),
-                  " ranks");
-  }
+  void check_batch(std::int64_t batch, std::int64_t seq_len) const;
   const std::vector<parallel::StageRange>& stages() const { return stages_; }
   const parallel::Schedule& schedule(int microbatches) {
     auto it = schedules_.find(microbatches);
@@ -919,5 +736,235 @@ class Transformer {
   optim::SquaredNorms<B, A> norms_;   // the gradient norm's pieces, their table kept between steps
   std::vector<std::unique_ptr<Parameter<T>>> whole_;       // every parameter, inside with_whole_parameters
 };
+
+// The members whose bodies reach the whole model (its layers, the collectives, the
+// pipeline), defined out of the class: an `extern template` of a model type
+// (tessera/instances.hpp) then keeps a file that only calls them from compiling them.
+
+template <class T, Backend B, class Block>
+Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Plan& plan, const DeferParameterStorage&)
+    : args_((args.validate(), args)),
+      plan_(plan),
+      tp_(detail::tensor_parallel_comm<Block>(args, plan), plan.loss_parallel, plan.sequence_parallel),
+      rope_(std::make_shared<RopeTable<T, B>>(args.head_dim(), args.rope_theta, args.rope_scaling)),
+      tok_embeddings_("tok_embeddings", args.vocab_size, args.dim,
+                      args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0), tp()),
+      norm_("norm", args.dim, args.norm_eps, tp()) {
+  storage_ = DeferParameterStorage::active() ? Storage::none : Storage::whole;
+  lay_out_pipeline();
+  for (std::int64_t i : layer_ids_)
+    layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_, tp()});
+  if (!args.tie_embeddings) {
+    const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
+    output_ = std::make_unique<Parameter<T>>(Parameter<T>::template on<B>(
+        "output.weight", Shape{args.vocab_size, args.dim}, Init::truncated_normal(std, -3 * std, 3 * std)));
+    // Loss parallelism splits it by vocabulary; without, every rank holds it whole
+    // and computes the whole head (the first rank counts it in the gradient norm).
+    output_->split = plan.loss_parallel ? tp_.split(0) : tp_.whole();
+  }
+  head_ = ChunkedCrossEntropyHead<T, B>(output_ ? output_.get() : &tok_embeddings_.weight(),
+                                        plan.loss_parallel ? tp() : nullptr);
+  if (!has_embedding_) release(tok_embeddings_.weight());
+  if (!has_head_) {
+    release(norm_.weight());
+    if (output_) release(*output_);
+  }
+  for (std::size_t i = 0; i < layers_.size(); ++i) stores_.emplace_back("", &meter_);
+  const parallel::ShardingMode mode = detail::block_sharding<Block>(plan_);
+  units_ = mode != parallel::ShardingMode::none || plan_.dp_degree() > 1;
+  if (units_) {
+    // Tied weights: the head needs the embedding's parameters, so that unit stays
+    // gathered from its forward to its backward.
+    // In a pipeline, units stay gathered through the pass.
+    const bool reshard_embedding =
+        pp_ == 1 && plan_.reshard != parallel::Reshard::never && !args.tie_embeddings;
+    if (has_embedding_) {
+      embedding_unit_ = std::make_unique<Unit>("tok_embeddings", mode, plan_, reshard_embedding);
+      tok_embeddings_.for_each_parameter([&](Parameter<T>& p) { embedding_unit_->add(p); });
+    }
+    if (has_head_) {
+      head_unit_ = std::make_unique<Unit>("norm+output", mode, plan_,
+                                          pp_ == 1 && plan_.reshard == parallel::Reshard::always);
+      norm_.for_each_parameter([&](Parameter<T>& p) { head_unit_->add(p); });
+      if (output_) head_unit_->add(*output_);
+    }
+  }
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::init_weights(std::uint64_t seed) {
+  if (storage_ == Storage::none) allocate_share();
+  for_each_held_stretch([&](const HeldStretch& h) { init_parameter<B>(*h.param, seed, h.values(), h.n, h.where); });
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::shard() {
+  switch (storage_) {
+    case Storage::share: return;
+    case Storage::none: allocate_share(); return;
+    case Storage::whole:
+      visit_parameters([](Parameter<T>& p) { parallel::narrow<B>(p); });
+      for_each_unit([](Unit& u) { u.shard(); });
+      storage_ = Storage::share;
+      return;
+  }
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::prepare(std::int64_t seq_len) {
+  // Only where a block of this rank kept the shared table (a pipeline stage of the
+  // embedding or the head alone holds none; a user's block may not rotate).
+  if (rope_.use_count() > 1) rope_->ensure(seq_len);
+  add_owned_gradients();
+  norms_.prepare();
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::zero_grad() {
+  for_each_local_parameter([](Parameter<T>& p) { B::for_each(p.numel(), ops::Fill<A>{A(0), p.grad.data()}); });
+}
+
+template <class T, Backend B, class Block>
+double Transformer<T, B, Block>::grad_norm() {
+  add_owned_gradients();
+  double s = norms_.sum();
+  if (plan_.mesh && plan_.mesh->world().size() > 1) s = parallel::all_reduce_host<B>(plan_.mesh->world(), s);
+  return std::sqrt(s);
+}
+
+template <class T, Backend B, class Block>
+std::int64_t Transformer<T, B, Block>::num_params() {
+  std::int64_t n = 0;
+  visit_parameters([&](Parameter<T>& p) { n += p.whole.numel(); });
+  return n;
+}
+
+template <class T, Backend B, class Block>
+double Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> inputs,
+                                                  std::span<const std::int32_t> targets, Geometry g,
+                                                  double loss_scale, bool last_micro_batch) {
+  check_geometry(inputs, g);
+  TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a parallel plan");
+  if (pp_ > 1) return pipeline_forward_backward(inputs, targets, g, loss_scale, last_micro_batch);
+  meter_.reset_peak();
+  for (auto& l : layers_)
+    if constexpr (requires { l.set_last_micro_batch(true); }) l.set_last_micro_batch(last_micro_batch);
+
+  // Forward: each unit gathered before it runs, the next one's gather in flight.
+  if (embedding_unit_) embedding_unit_->unshard();
+  prefetch(layers_.empty() ? head_unit_.get() : unit_of(layers_.front()));
+  Tensor<T> h = tok_embeddings_.forward(inputs);
+  if (embedding_unit_ && embedding_unit_->reshard_after_forward()) embedding_unit_->reshard();
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    prefetch(i + 1 < layers_.size() ? unit_of(layers_[i + 1]) : head_unit_.get());
+    h = layers_[i].forward(Context<T>(g, &stores_[i]), h);
+  }
+  if (head_unit_) {
+    head_unit_->unshard();
+    head_unit_->begin_grads();
+    if (args_.tie_embeddings) embedding_unit_->begin_grads();
+  }
+  ActivationStore<T> norm_store("norm", &meter_);
+  // Under sequence parallelism each rank holds some rows; the head takes them all.
+  Tensor<T> hn = parallel::whole_rows<B>(tp(), norm_.forward(Context<T>(g, &norm_store), h));
+  h.release();
+  Tensor<T> dhn = B::template empty<T>(hn.shape());
+  double loss = head_.forward(hn, targets, static_cast<A>(loss_scale), &dhn);
+  hn.release();
+  // Loss parallelism leaves each rank its vocabulary's share of dhn; else dhn is whole.
+  dhn = head_.vocab_parallel() ? parallel::summed_rows<B>(tp(), dhn) : parallel::own_rows<B>(tp(), dhn);
+
+  // Backward, each unit's gradients reduced as soon as it is done.
+  Tensor<T> dh = norm_.backward(Context<T>(g, &norm_store), dhn);
+  norm_store.clear();
+  dhn.release();
+  if (head_unit_) {
+    head_unit_->reduce_grads(last_micro_batch);
+    head_unit_->reshard();
+  }
+  // One reduction in flight: each unit's completes (and frees its whole gradient)
+  // while the next unit's backward runs.
+  Unit* reducing = head_unit_.get();
+  for (std::size_t i = layers_.size(); i-- > 0;) {
+    prefetch(i > 0 ? unit_of(layers_[i - 1]) : embedding_unit_.get());
+    dh = layers_[i].backward(Context<T>(g, &stores_[i]), dh);
+    stores_[i].clear();
+    if (reducing) reducing->finish_grads();
+    reducing = unit_of(layers_[i]);
+  }
+  if (embedding_unit_) {
+    embedding_unit_->unshard();
+    embedding_unit_->begin_grads();
+  }
+  tok_embeddings_.backward(inputs, dh);
+  if (embedding_unit_) {
+    embedding_unit_->reduce_grads(last_micro_batch);
+    embedding_unit_->reshard();
+    for_each_unit([](Unit& u) { u.finish_grads(); });
+  }
+  saved_bytes_peak_ = meter_.peak();
+  return loss;
+}
+
+template <class T, Backend B, class Block>
+double Transformer<T, B, Block>::loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
+                                      Geometry g) {
+  if (pp_ > 1) return pipeline_loss(inputs, targets, g);
+  const double l = head_.forward(final_hidden(inputs, g), targets, A(0), nullptr);
+  free_head();
+  return l;
+}
+
+template <class T, Backend B, class Block>
+auto Transformer<T, B, Block>::logits(std::span<const std::int32_t> inputs, Geometry g) -> Tensor<A> {
+  Tensor<A> z = head_.logits(final_hidden(inputs, g));
+  free_head();
+  return download<B>(z);
+}
+
+template <class T, Backend B, class Block>
+auto Transformer<T, B, Block>::last_logits(std::span<const std::int32_t> inputs, Geometry g) -> Tensor<A> {
+  Tensor<T> hn = final_hidden(inputs, g);
+  Tensor<T> last = B::template empty<T>(Shape{g.batch, args_.dim});
+  for (std::int64_t b = 0; b < g.batch; ++b)
+    B::for_each(args_.dim, ops::Copy<T>{hn.data() + ((b + 1) * g.seq_len - 1) * args_.dim, last.data() + b * args_.dim});
+  Tensor<A> z = head_.logits(last);
+  free_head();
+  return download<B>(z);
+}
+
+template <class T, Backend B, class Block>
+std::vector<std::string> Transformer<T, B, Block>::parameter_names() const {
+  std::vector<std::string> names = {"tok_embeddings.weight"};
+  std::vector<std::string> block;  // one block's names, "layers.0." stripped
+  {
+    const DeferParameterStorage names_only;  // no storage for a block made for its names
+    typename detail::bare_block<Block>::type b(BlockArgs<T, B>{args_, 0, "layers.0", rope_, nullptr, nullptr});
+    b.for_each_parameter([&](Parameter<T>& p) { block.push_back(p.name.substr(9)); });
+  }
+  for (std::int64_t i = 0; i < args_.n_layers; ++i)
+    for (const auto& n : block) names.push_back("layers." + std::to_string(i) + "." + n);
+  names.push_back("norm.weight");
+  if (!args_.tie_embeddings) names.push_back("output.weight");
+  return names;
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::check_batch(std::int64_t batch, std::int64_t seq_len) const {
+  const std::int64_t mb = pp_ > 1 ? plan_.pipeline.microbatch_size : batch;
+  if (pp_ > 1) {
+    TESSERA_CHECK(mb >= 1 && batch % mb == 0, "parallelism.pipeline_parallel_microbatch_size = ", mb,
+                  " does not divide training.local_batch_size = ", batch,
+                  " (each data-parallel rank's batch is cut into microbatches of that many sequences)");
+    const int M = static_cast<int>(batch / mb);
+    parallel::check_schedule_shape(schedule_kind_, pp_, stages_per_rank_, M);
+  }
+  TESSERA_CHECK(!tp_.sequence_parallel() || (mb * seq_len) % tp_.degree() == 0,
+                pp_ > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size",
+                " x training.seq_len (", mb, " x ", seq_len, " = ", mb * seq_len,
+                " tokens) does not split into equal rows over parallelism.tensor_parallel_degree = ", tp_.degree(),
+                " ranks");
+}
+
 
 }  // namespace tessera::nn

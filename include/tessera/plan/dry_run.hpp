@@ -41,48 +41,11 @@
 #include "tessera/parallel/dynamic.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/phantom.hpp"
+#include "tessera/plan/traced_step.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace tessera::plan {
-
-/// One traced step.
-struct StepTrace {
-  trace::Trace trace;                 // a steady step's operations and memory events
-  std::size_t peak_bytes = 0;         // the device's memory peak, from the model's construction on
-  std::size_t reserved_peak_bytes = 0;  // ... as tessera's caching allocator holds it: its segments at its peak
-  MemoryBreakdown at_peak{};          // what it held then
-  std::size_t host_peak_bytes = 0;    // host tensors the step made (read-backs, uploads' sources)
-  std::size_t saved_activation_bytes = 0;  // the activation store's peak in the step
-  StepShape shape;
-  comm::MeshShape mesh;               // the layout's
-  int rank = 0;                       // the world rank traced
-  double seconds = 0;                 // how long the dry run took
-};
-
-/// predict() of a traced step: its time, and its memory with the fit judged by what
-/// tessera's caching allocator reserves at its peak.
-inline Prediction predict(const StepTrace& st, const Pricer& pricer, std::size_t top = 12) {
-  return predict(st.trace, pricer, st.shape, st.peak_bytes, st.at_peak, top, st.reserved_peak_bytes);
-}
-
-/// Refuses what a dry run cannot plan, naming the key: settings llama-train refuses, and
-/// degrees that do not make a mesh of `world` ranks. Returns the mesh.
-inline comm::MeshShape check_dry_run(const train::JobConfig& c, int world = 1) {
-  const auto& p = c.parallelism;
-  train::check_supported(c);
-  TESSERA_CHECK(world >= 1, "a layout needs at least one rank, got ", world);
-  return comm::mesh_shape(world, p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                          p.tensor_parallel_degree, p.pipeline_parallel_degree);
-}
-
-/// One world rank at each pipeline position of `shape` (its other coordinates 0): the
-/// ranks whose traces differ. Data- and tensor-parallel peers trace as these do.
-inline std::vector<int> distinct_ranks(const comm::MeshShape& shape) {
-  std::vector<int> ranks;
-  for (int p = 0; p < shape.pp; ++p) ranks.push_back(p * shape.dp() * shape.tp);
-  return ranks;
-}
 
 /// Traces one training step of the model `c` describes, its parameters in T, on a device
 /// of `device_bytes` (a GPU profile's capacity; 0: the host), which layers that size their
@@ -151,5 +114,17 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
+
+/// The two dry runs llama-plan and llama-train trace: of the fp32 model and of the bf16
+/// model. Under TESSERA_EXTERN_INSTANCES (tessera/instances.hpp) they are declared
+/// `extern template` here, and a build compiles them once:
+/// `namespace tessera::plan { TESSERA_DRY_RUN_INSTANCES(template) }` in one file.
+#define TESSERA_DRY_RUN_INSTANCES(X)                                                                                   \
+  X StepTrace dry_run_step<float>(const train::JobConfig&, std::size_t, int, int, int);                                \
+  X StepTrace dry_run_step<bf16>(const train::JobConfig&, std::size_t, int, int, int);
+
+#if defined(TESSERA_EXTERN_INSTANCES)
+TESSERA_DRY_RUN_INSTANCES(extern template)
+#endif
 
 }  // namespace tessera::plan

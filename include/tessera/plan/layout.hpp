@@ -14,7 +14,7 @@
 
 #include "tessera/core/region.hpp"
 #include "tessera/plan/cost.hpp"
-#include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/traced_step.hpp"
 #include "tessera/plan/timeline.hpp"
 
 namespace tessera::plan {

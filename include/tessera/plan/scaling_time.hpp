@@ -67,7 +67,7 @@
 #include "tessera/backend/trace.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
-#include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/traced_step.hpp"
 #include "tessera/plan/eager.hpp"
 #include "tessera/plan/layout.hpp"
 #include "tessera/plan/scaling_memory.hpp"

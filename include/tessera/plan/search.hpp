@@ -59,7 +59,7 @@
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/stages.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
-#include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/traced_step.hpp"
 #include "tessera/plan/layout.hpp"
 #include "tessera/train/job_config.hpp"
 

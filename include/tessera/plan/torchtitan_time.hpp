@@ -57,7 +57,7 @@
 
 #include "tessera/backend/trace.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/traced_step.hpp"
 #include "tessera/plan/eager.hpp"
 
 namespace tessera::plan {

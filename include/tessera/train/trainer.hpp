@@ -31,6 +31,7 @@
 #include "tessera/optim/clip.hpp"
 #include "tessera/optim/lr_schedule.hpp"
 #include "tessera/train/job_config.hpp"
+#include "tessera/train/job_plan.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/sharded_checkpoint.hpp"
 #include "tessera/comm/mesh.hpp"
@@ -51,32 +52,6 @@ inline std::vector<std::uint32_t> load_training_tokens(const JobConfig& c, const
   TESSERA_CHECK(!c.training.dataset_path.empty(), "training.dataset_path: required when training.dataset = \"shard\"");
   auto tokens = io::read_token_shard(c.training.dataset_path);
   return tokens;
-}
-
-/// Rejects the settings this build cannot run yet, naming the key.
-inline void check_supported(const JobConfig& c) {
-  const auto& p = c.parallelism;
-  TESSERA_CHECK(p.context_parallel_degree == 1, "parallelism.context_parallel_degree = ", p.context_parallel_degree,
-                ": not available in this build (data, tensor and pipeline parallelism are; context parallelism is not "
-                "yet)");
-  parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
-  parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
-  parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
-}
-
-/// The run-time plan [parallelism] and [activation_checkpoint] describe, on `mesh`.
-inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
-  parallel::Plan plan;
-  plan.mesh = mesh;
-  plan.reshard = parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
-  plan.checkpoint = parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
-  plan.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
-  plan.loss_parallel = !c.parallelism.disable_loss_parallel;
-  plan.sequence_parallel = !c.parallelism.disable_sequence_parallel;
-  plan.pipeline.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);
-  plan.pipeline.microbatch_size = c.parallelism.pipeline_parallel_microbatch_size;
-  plan.pipeline.split_points = parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
-  return plan;
 }
 
 /// What the analytic traffic count (parallel/traffic.hpp) needs of a job on `shape`,
@@ -159,99 +134,16 @@ class Trainer {
   /// `peak_flops`: the FLOP rate MFU is measured against (one device's). The model
   /// is sharded here (model.shard()) if its plan is data-parallel; `loader` must read
   /// this rank's slice (its dp_rank and dp_degree those of the model's plan).
-  Trainer(Model& model, const JobConfig& config, data::DataLoader loader, double peak_flops)
-      : model_(prepared(model)),
-        config_(config),
-        loader_(std::move(loader)),
-        optimizer_(model, adamw_options(config)),
-        schedule_(config.training.steps, config.lr_scheduler.warmup_steps, config.lr_scheduler.decay_ratio,
-                  optim::parse_decay_type(config.lr_scheduler.decay_type), config.lr_scheduler.min_lr_factor),
-        peak_flops_(peak_flops) {
-    const std::int64_t dp = model.plan().dp_degree();
-    TESSERA_CHECK(loader_.dp_degree() == dp && loader_.dp_rank() == model.plan().dp_rank(), "Trainer: the loader reads slice ",
-                  loader_.dp_rank(), " of ", loader_.dp_degree(), ", the model is data-parallel rank ",
-                  model.plan().dp_rank(), " of ", dp);
-    const std::int64_t local = config.training.local_batch_size;
-    const std::int64_t global = config.training.global_batch_size > 0 ? config.training.global_batch_size : local * dp;
-    TESSERA_CHECK(global % (local * dp) == 0, "training.global_batch_size (", global,
-                  ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
-                  " = ", local * dp, ")");
-    accumulation_ = global / (local * dp);
-  }
+  Trainer(Model& model, const JobConfig& config, data::DataLoader loader, double peak_flops);
 
   /// Does the first step's one-time work ahead of it (the model's rotary and
   /// gradient-norm tables, the optimizer's tables of tensors), so that the first step
   /// does what every later one does. Optional: a step does whatever of it is not done.
   /// The dry run (plan/dry_run.hpp) calls it and traces the first step.
-  void prepare() {
-    model_.prepare(config_.training.seq_len);
-    optimizer_.prepare();
-  }
+  void prepare();
 
   /// One optimizer step over one global batch.
-  StepMetrics step() {
-    const auto t0 = std::chrono::steady_clock::now();
-    comm::DeviceMesh* mesh = model_.plan().mesh;
-    const std::uint64_t sent_before = mesh ? mesh->world().traffic().total() : 0;
-    std::vector<data::Batch> micro;
-    std::int64_t n_targets = 0;
-    for (std::int64_t i = 0; i < accumulation_; ++i) {
-      micro.push_back(loader_.next());
-      n_targets += micro.back().n_targets;
-    }
-    // The loss is the mean over the global batch's target tokens: count them on every rank
-    // (staged as a double, exact below 2^53, through a backend buffer: host_values.hpp).
-    if (mesh)
-      n_targets = static_cast<std::int64_t>(parallel::all_reduce_host<B>(mesh->dp(), static_cast<double>(n_targets)));
-    TESSERA_CHECK(n_targets > 0, "step ", step_ + 1, ": the batch has no target tokens");
-    model_.zero_grad();
-    double loss_sum = 0;
-    std::size_t activations = 0;
-    for (std::size_t i = 0; i < micro.size(); ++i) {
-      const auto& b = micro[i];
-      loss_sum += model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
-                                          1.0 / static_cast<double>(n_targets), i + 1 == micro.size());
-      activations = std::max(activations, model_.saved_activation_bytes());
-    }
-    if (mesh) loss_sum = parallel::all_reduce_host<B>(mesh->dp(), loss_sum);
-    const double lr = config_.optimizer.lr * schedule_.factor(lr_step_);
-    double norm = 0;
-    {
-      Region optimizer(region::kOptimizer);
-      norm = model_.grad_norm();
-      TESSERA_CHECK(std::isfinite(norm) && std::isfinite(loss_sum), "step ", step_ + 1,
-                    ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
-                    "); lower optimizer.lr or training.max_norm");
-      optimizer_.step(lr, optim::clip_coefficient(norm, config_.training.max_norm));
-    }
-    B::synchronize();
-    ++step_;
-    ++lr_step_;
-
-    StepMetrics m;
-    m.step = step_;
-    m.loss = loss_sum / static_cast<double>(n_targets);
-    m.grad_norm = norm;
-    m.lr = lr;
-    m.tokens = 0;
-    for (const auto& b : micro) m.tokens += b.batch * b.seq_len;
-    m.tokens *= model_.plan().dp_degree();
-    m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    m.tokens_per_sec = static_cast<double>(m.tokens) / m.step_seconds;
-    const auto seq = micro.front().seq_len;
-    if (peak_flops_ > 0) {
-      // Per device, as torchtitan reports it. Thread ranks share one device (this
-      // process's cores, which peak_flops measures); other ranks have one each.
-      const bool shared_device = !mesh || mesh->world().engine_name().starts_with("threads");
-      const double per_device = m.tokens_per_sec / static_cast<double>(shared_device ? 1 : mesh->world().size());
-      m.mfu_pct = 100.0 * per_device * model_.args().flops_per_token(seq) / peak_flops_;
-      m.mfu_causal_pct = 100.0 * per_device * model_.args().flops_per_token(seq, true) / peak_flops_;
-    }
-    m.comm_bytes = mesh ? mesh->world().traffic().total() - sent_before : 0;
-    m.peak_memory_bytes = memory_stats(B::device).peak();
-    m.activation_bytes = activations;
-    return m;
-  }
+  StepMetrics step();
 
   std::int64_t steps_done() const { return step_; }
   std::int64_t accumulation_steps() const { return accumulation_; }
@@ -267,27 +159,16 @@ class Trainer {
   /// (train/sharded_checkpoint.hpp): the parameters, the optimizer's moments, masters
   /// and step count, the step, the schedule's position, the data position and the
   /// settings a resume must keep. A collective: every rank writes its own share.
-  void save_checkpoint(const std::string& dir) {
-    if (async_.pending()) async_.poll(world(), true);  // saves are committed in order
-    save_sharded_checkpoint(model_, optimizer_, dir, training_state(), &buffers_);
-  }
+  void save_checkpoint(const std::string& dir);
 
   /// Starts an asynchronous save in `dir` (checkpoint.async_mode = "async"): the state
   /// is copied to host memory now, and a background thread writes it; poll_checkpoint
   /// commits it. A collective. Returns the seconds the copy held this rank.
-  double start_checkpoint(const std::string& dir) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (async_.pending()) async_.poll(world(), true);
-    async_.start(world(), snapshot_checkpoint(model_, optimizer_, training_state(), &buffers_), dir);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  double start_checkpoint(const std::string& dir);
 
   /// A collective, after each step while a save is pending: the folder of the save this
   /// call committed ("" for none). With `wait`, waits for the background write.
-  std::string poll_checkpoint(bool wait = false) {
-    const std::string dir = async_.dir();
-    return async_.poll(world(), wait) ? dir : "";
-  }
+  std::string poll_checkpoint(bool wait = false);
   bool checkpoint_pending() const { return async_.pending(); }
   /// Waits for this rank's write of the pending save (not a collective; poll_checkpoint
   /// commits it): a synchronous save that lets the caller act before the commit.
@@ -297,28 +178,7 @@ class Trainer {
   /// the next step() is the one that followed the save. Parts not in `parts` keep
   /// their present state. A setting that differs from the saving run's is refused by
   /// name (resume_fingerprint).
-  void load_checkpoint(const std::string& dir, ResumeParts parts = {}) {
-    const nlohmann::json now = resume_fingerprint(config_, global_batch());
-    auto check = [&](const nlohmann::json& state) {
-      TESSERA_CHECK(state.is_object() && state.contains("step") && state.contains("data_position") &&
-                        state.contains("lr_step") && state.contains("config") && state.at("config").is_object(),
-                    dir, ": the training state has no step, schedule position, data position or settings");
-      for (const auto& [key, value] : now.items()) {
-        const std::string part = value.at(1).template get<std::string>();
-        const bool loaded = part == "dataloader" ? parts.dataloader : parts.model;
-        const auto saved = state.at("config").find(key);
-        if (!loaded || saved == state.at("config").end() || saved->at(0) == value.at(0)) continue;
-        fail(dir, ": ", key, " was ", saved->at(0).dump(), " when this checkpoint was saved and is ", value.at(0).dump(),
-             " now: a resumed run must keep it (or start the ", part,
-             " afresh: checkpoint.exclude_from_loading = [\"", part, "\"])");
-      }
-    };
-    const nlohmann::json state =
-        load_sharded_checkpoint(model_, optimizer_, dir, LoadParts{parts.model, parts.optimizer}, check);
-    if (parts.train_state) step_ = state.at("step").get<std::int64_t>();
-    if (parts.lr_scheduler) lr_step_ = state.at("lr_step").get<std::int64_t>();
-    if (parts.dataloader) loader_.seek(state.at("data_position").get<std::int64_t>());
-  }
+  void load_checkpoint(const std::string& dir, ResumeParts parts = {});
 
  private:
   static Model& prepared(Model& model) {
@@ -360,5 +220,141 @@ class Trainer {
   sharded::HostBuffers buffers_{sharded::host_pinning<B>()};
   sharded::AsyncSave<B> async_;    // after buffers_: destroyed first, its write joined
 };
+
+template <class Model>
+Trainer<Model>::Trainer(Model& model, const JobConfig& config, data::DataLoader loader, double peak_flops)
+    : model_(prepared(model)),
+      config_(config),
+      loader_(std::move(loader)),
+      optimizer_(model, adamw_options(config)),
+      schedule_(config.training.steps, config.lr_scheduler.warmup_steps, config.lr_scheduler.decay_ratio,
+                optim::parse_decay_type(config.lr_scheduler.decay_type), config.lr_scheduler.min_lr_factor),
+      peak_flops_(peak_flops) {
+  const std::int64_t dp = model.plan().dp_degree();
+  TESSERA_CHECK(loader_.dp_degree() == dp && loader_.dp_rank() == model.plan().dp_rank(), "Trainer: the loader reads slice ",
+                loader_.dp_rank(), " of ", loader_.dp_degree(), ", the model is data-parallel rank ",
+                model.plan().dp_rank(), " of ", dp);
+  const std::int64_t local = config.training.local_batch_size;
+  const std::int64_t global = config.training.global_batch_size > 0 ? config.training.global_batch_size : local * dp;
+  TESSERA_CHECK(global % (local * dp) == 0, "training.global_batch_size (", global,
+                ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
+                " = ", local * dp, ")");
+  accumulation_ = global / (local * dp);
+}
+
+template <class Model>
+void Trainer<Model>::prepare() {
+  model_.prepare(config_.training.seq_len);
+  optimizer_.prepare();
+}
+
+template <class Model>
+StepMetrics Trainer<Model>::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  comm::DeviceMesh* mesh = model_.plan().mesh;
+  const std::uint64_t sent_before = mesh ? mesh->world().traffic().total() : 0;
+  std::vector<data::Batch> micro;
+  std::int64_t n_targets = 0;
+  for (std::int64_t i = 0; i < accumulation_; ++i) {
+    micro.push_back(loader_.next());
+    n_targets += micro.back().n_targets;
+  }
+  // The loss is the mean over the global batch's target tokens: count them on every rank
+  // (staged as a double, exact below 2^53, through a backend buffer: host_values.hpp).
+  if (mesh)
+    n_targets = static_cast<std::int64_t>(parallel::all_reduce_host<B>(mesh->dp(), static_cast<double>(n_targets)));
+  TESSERA_CHECK(n_targets > 0, "step ", step_ + 1, ": the batch has no target tokens");
+  model_.zero_grad();
+  double loss_sum = 0;
+  std::size_t activations = 0;
+  for (std::size_t i = 0; i < micro.size(); ++i) {
+    const auto& b = micro[i];
+    loss_sum += model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
+                                        1.0 / static_cast<double>(n_targets), i + 1 == micro.size());
+    activations = std::max(activations, model_.saved_activation_bytes());
+  }
+  if (mesh) loss_sum = parallel::all_reduce_host<B>(mesh->dp(), loss_sum);
+  const double lr = config_.optimizer.lr * schedule_.factor(lr_step_);
+  double norm = 0;
+  {
+    Region optimizer(region::kOptimizer);
+    norm = model_.grad_norm();
+    TESSERA_CHECK(std::isfinite(norm) && std::isfinite(loss_sum), "step ", step_ + 1,
+                  ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
+                  "); lower optimizer.lr or training.max_norm");
+    optimizer_.step(lr, optim::clip_coefficient(norm, config_.training.max_norm));
+  }
+  B::synchronize();
+  ++step_;
+  ++lr_step_;
+
+  StepMetrics m;
+  m.step = step_;
+  m.loss = loss_sum / static_cast<double>(n_targets);
+  m.grad_norm = norm;
+  m.lr = lr;
+  m.tokens = 0;
+  for (const auto& b : micro) m.tokens += b.batch * b.seq_len;
+  m.tokens *= model_.plan().dp_degree();
+  m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.tokens_per_sec = static_cast<double>(m.tokens) / m.step_seconds;
+  const auto seq = micro.front().seq_len;
+  if (peak_flops_ > 0) {
+    // Per device, as torchtitan reports it. Thread ranks share one device (this
+    // process's cores, which peak_flops measures); other ranks have one each.
+    const bool shared_device = !mesh || mesh->world().engine_name().starts_with("threads");
+    const double per_device = m.tokens_per_sec / static_cast<double>(shared_device ? 1 : mesh->world().size());
+    m.mfu_pct = 100.0 * per_device * model_.args().flops_per_token(seq) / peak_flops_;
+    m.mfu_causal_pct = 100.0 * per_device * model_.args().flops_per_token(seq, true) / peak_flops_;
+  }
+  m.comm_bytes = mesh ? mesh->world().traffic().total() - sent_before : 0;
+  m.peak_memory_bytes = memory_stats(B::device).peak();
+  m.activation_bytes = activations;
+  return m;
+}
+
+template <class Model>
+void Trainer<Model>::save_checkpoint(const std::string& dir) {
+  if (async_.pending()) async_.poll(world(), true);  // saves are committed in order
+  save_sharded_checkpoint(model_, optimizer_, dir, training_state(), &buffers_);
+}
+
+template <class Model>
+double Trainer<Model>::start_checkpoint(const std::string& dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (async_.pending()) async_.poll(world(), true);
+  async_.start(world(), snapshot_checkpoint(model_, optimizer_, training_state(), &buffers_), dir);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <class Model>
+std::string Trainer<Model>::poll_checkpoint(bool wait) {
+  const std::string dir = async_.dir();
+  return async_.poll(world(), wait) ? dir : "";
+}
+
+template <class Model>
+void Trainer<Model>::load_checkpoint(const std::string& dir, ResumeParts parts) {
+  const nlohmann::json now = resume_fingerprint(config_, global_batch());
+  auto check = [&](const nlohmann::json& state) {
+    TESSERA_CHECK(state.is_object() && state.contains("step") && state.contains("data_position") &&
+                      state.contains("lr_step") && state.contains("config") && state.at("config").is_object(),
+                  dir, ": the training state has no step, schedule position, data position or settings");
+    for (const auto& [key, value] : now.items()) {
+      const std::string part = value.at(1).template get<std::string>();
+      const bool loaded = part == "dataloader" ? parts.dataloader : parts.model;
+      const auto saved = state.at("config").find(key);
+      if (!loaded || saved == state.at("config").end() || saved->at(0) == value.at(0)) continue;
+      fail(dir, ": ", key, " was ", saved->at(0).dump(), " when this checkpoint was saved and is ", value.at(0).dump(),
+           " now: a resumed run must keep it (or start the ", part,
+           " afresh: checkpoint.exclude_from_loading = [\"", part, "\"])");
+    }
+  };
+  const nlohmann::json state =
+      load_sharded_checkpoint(model_, optimizer_, dir, LoadParts{parts.model, parts.optimizer}, check);
+  if (parts.train_state) step_ = state.at("step").get<std::int64_t>();
+  if (parts.lr_scheduler) lr_step_ = state.at("lr_step").get<std::int64_t>();
+  if (parts.dataloader) loader_.seek(state.at("data_position").get<std::int64_t>());
+}
 
 }  // namespace tessera::train
