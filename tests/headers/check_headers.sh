@@ -1,36 +1,134 @@
 #!/usr/bin/env bash
-# Compiles every public header alone with the host compiler: each one includes what
-# it uses, and none outside backend/cuda and comm/nccl.hpp pulls in CUDA or NCCL headers.
-# comm/mpi.hpp compiles with MPI's include flags; it is skipped only where MPI is not installed.
+# Compiles every public header alone: each one includes what it uses. One compiler per
+# run, so that the test runner can schedule the three side by side:
+#
+#   check_headers.sh INCLUDE_DIR host CXX      every .hpp as host C++ (-fsyntax-only), with
+#                                              g++, or clang++ ("clang": 16 or newer,
+#                                              skipped without one); and none outside
+#                                              backend/cuda and comm/nccl.hpp includes a
+#                                              CUDA or NCCL header
+#   check_headers.sh INCLUDE_DIR cuda NVCC     every .cuh, and every .hpp that includes
+#                                              one, as CUDA with nvcc (the host side
+#                                              through its g++)
+#
+# The host headers that use CUDA's runtime or NCCL (backend/cuda/*.hpp, comm/nccl.hpp) are
+# compiled with the toolkit's include directory where it exists, and skipped (named)
+# where it does not; cudnn_attention_impl.hpp also needs the cuDNN frontend's headers
+# (tools/install-deps.sh fetches them), comm/mpi.hpp MPI's. Each header is compiled twice
+# in one file (its include guard), with -Wall -Wextra -Werror, two compiles at a time.
 set -euo pipefail
-include_dir=$1
-cxx=${2:-g++}
+include_dir=$(cd "$1" && pwd)
+mode=$2
+compiler=$3
+root=$(cd "$include_dir/.." && pwd)
 flags=$(pkg-config --cflags openblas tomlplusplus nlohmann_json 2>/dev/null || true)
 mpi_flags=$(pkg-config --cflags ompi-cxx 2>/dev/null || pkg-config --cflags mpich 2>/dev/null ||
             mpicxx --showme:compile 2>/dev/null || true)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-skip_mpi=()
-if ! printf '#include <mpi.h>\n' | $cxx -std=c++20 -fsyntax-only $mpi_flags -x c++ - 2>/dev/null; then
-  echo "note: MPI is not installed (no mpi.h): comm/mpi.hpp is not checked"
-  skip_mpi=(! -path 'tessera/comm/mpi.hpp')
-fi
-flags="$flags $mpi_flags"
 cd "$include_dir"
-headers=$(find tessera -name '*.hpp' ! -path 'tessera/backend/cuda/*' ! -path 'tessera/comm/nccl.hpp' "${skip_mpi[@]}" | sort)
-status=0
-for h in $headers; do
-  src="$tmp/$(echo "$h" | tr '/.' '__').cpp"
-  printf '#include "%s"\n#include "%s"\n' "$h" "$h" > "$src"
+
+# The CUDA toolkit's include directory, beside nvcc (or /usr/local/cuda).
+cuda_include=""
+for nvcc in "$(command -v nvcc 2>/dev/null || true)" /usr/local/cuda/bin/nvcc; do
+  [ -n "$nvcc" ] && [ -f "$(dirname "$nvcc")/../include/cuda_runtime.h" ] || continue
+  cuda_include=$(cd "$(dirname "$nvcc")/../include" && pwd)
+  break
 done
+cudnn_frontend="$root/third_party/cudnn_frontend/include"
+
+# "clang": the newest clang++ from 16 on (Debian 12: clang-16), or skipped (77).
+if [ "$compiler" = clang ]; then
+  compiler=""
+  for c in clang++-20 clang++-19 clang++-18 clang++-17 clang++-16 clang++; do
+    command -v "$c" > /dev/null 2>&1 || continue
+    major=$("$c" -dumpversion 2>/dev/null | cut -d. -f1)
+    if [ -n "$major" ] && [ "$major" -ge 16 ] 2>/dev/null; then compiler=$c; break; fi
+  done
+  if [ -z "$compiler" ]; then
+    echo "skipped: no clang++ 16 or newer (Debian 12: apt install clang-16 libomp-16-dev)"
+    exit 77
+  fi
+fi
+
+skipped=()
+headers=()
+case $mode in
+  host)
+    probe() { printf '#include <%s>\n' "$1" | $compiler -std=c++20 -fsyntax-only $2 -x c++ - 2>/dev/null; }
+    for h in $(find tessera -name '*.hpp' | sort); do
+      # A header that includes a .cuh is CUDA itself: the cuda run checks it.
+      grep -q '^#include ".*\.cuh"' "$h" && continue
+      case $h in
+        tessera/comm/mpi.hpp)
+          probe mpi.h "$mpi_flags" || { skipped+=("$h (no mpi.h)"); continue; } ;;
+        tessera/backend/cuda/cudnn_attention_impl.hpp)
+          [ -n "$cuda_include" ] && [ -f "$cudnn_frontend/cudnn_frontend.h" ] &&
+            probe cudnn.h "-I$cuda_include" || { skipped+=("$h (no cuDNN or its frontend's headers)"); continue; } ;;
+        tessera/backend/cuda/kernel_profile.hpp)
+          [ -n "$cuda_include" ] && probe cupti.h "-I$cuda_include" || { skipped+=("$h (no CUPTI)"); continue; } ;;
+        tessera/comm/nccl.hpp)
+          [ -n "$cuda_include" ] && probe nccl.h "-I$cuda_include" || { skipped+=("$h (no nccl.h)"); continue; } ;;
+        tessera/backend/cuda/*)
+          [ -n "$cuda_include" ] || { skipped+=("$h (no CUDA toolkit)"); continue; } ;;
+      esac
+      headers+=("$h")
+    done
+    compile() {
+      local extra=""
+      case $1 in
+        tessera/comm/mpi.hpp) extra=$mpi_flags ;;
+        tessera/backend/cuda/cudnn_attention_impl.hpp)
+          extra="-I$cuda_include -isystem $cudnn_frontend -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING" ;;
+        tessera/backend/cuda/* | tessera/comm/nccl.hpp) extra="-I$cuda_include" ;;
+      esac
+      # shellcheck disable=SC2086
+      $compiler -std=c++20 -fopenmp -Wall -Wextra -Werror -fsyntax-only -I"$include_dir" $flags $extra "$2"
+    }
+    ;;
+  cuda)
+    if ! command -v "$compiler" > /dev/null 2>&1; then
+      echo "skipped: no CUDA compiler ($compiler)"
+      exit 77
+    fi
+    # The .cuh, and the .hpp that include one (CUDA code behind a host-style name).
+    mapfile -t headers < <({ find tessera -name '*.cuh'; grep -rl '^#include ".*\.cuh"' --include='*.hpp' tessera; } | sort)
+    compile() {
+      # -c rather than a syntax check: nvcc has none, and a header alone instantiates
+      # next to nothing, so code generation costs little. Warnings are errors on the
+      # host side as in the host check, and in the device compiler.
+      # shellcheck disable=SC2086
+      "$compiler" -std=c++20 --expt-relaxed-constexpr -x cu -Werror all-warnings \
+        -Xcompiler=-fopenmp,-Wall,-Wextra,-Werror -I"$include_dir" $flags -c "$2" -o "$2.o"
+    }
+    ;;
+  *)
+    echo "usage: check_headers.sh INCLUDE_DIR host|cuda COMPILER" >&2
+    exit 2
+    ;;
+esac
+export -f compile
+export compiler flags mpi_flags include_dir cuda_include cudnn_frontend
+
+status=0
+for h in "${headers[@]}"; do
+  src="$tmp/$(echo "$h" | tr '/.' '__').cpp"
+  [ "$mode" = cuda ] && src="${src%.cpp}.cu"
+  printf '#include "%s"\n#include "%s"\n' "$h" "$h" > "$src"
+  printf '%s\t%s\n' "$h" "$src"
+done > "$tmp/list"
 # Two at a time: CI has two cores.
-if ! ls "$tmp"/*.cpp | xargs -P 2 -I{} sh -c "$cxx -std=c++20 -fopenmp -Wall -Wextra -Werror -fsyntax-only -I'$include_dir' $flags {} || { echo 'header check failed: {}'; exit 1; }"; then
+if ! xargs -P 2 -L 1 bash -c 'compile "$0" "$1" || { echo "header check failed: $0"; exit 1; }' < "$tmp/list"; then
   status=1
 fi
-n=$(echo "$headers" | wc -w)
-if grep -rlE '#include *<(cuda|cublas|nccl|cub/)' $headers; then
-  echo "CUDA or NCCL header included outside backend/cuda or comm/nccl"
-  status=1
+if [ "$mode" = host ]; then
+  outside=$(find tessera -name '*.hpp' ! -path 'tessera/backend/cuda/*' ! -path 'tessera/comm/nccl.hpp' | sort)
+  # shellcheck disable=SC2086
+  if grep -lE '#include *<(cuda|cublas|cudnn|cupti|nccl|cub/)' $outside; then
+    echo "CUDA or NCCL header included outside backend/cuda or comm/nccl"
+    status=1
+  fi
 fi
-[ $status -eq 0 ] && echo "$n headers compile alone with $cxx"
+for s in "${skipped[@]}"; do echo "not checked here: $s"; done
+[ $status -eq 0 ] && echo "${#headers[@]} headers compile alone with $compiler"
 exit $status
