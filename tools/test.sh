@@ -2,9 +2,10 @@
 # Builds tessera and runs every test: the whole suite in a release build, the CPU and CLI
 # suites again under AddressSanitizer and UndefinedBehaviorSanitizer, then the libFuzzer
 # targets (the safetensors parser and the tokenizer loader) side by side for FUZZ_SECONDS
-# each (default 30). At the end (also after a failure) it prints each phase's wall time and
-# the doctest cases each build ran, so a change that slows CI shows at once
-# (docs/testing.md has the budget: 25 minutes cold on two cores).
+# each (default 30). At the end (also after a failure) it prints each phase's wall time,
+# the doctest cases each build ran and the ten slowest compiles and tests, so a change
+# that slows CI shows at once (docs/testing.md has the budget: 20 minutes cold on two
+# cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -31,8 +32,11 @@ doctest_cases() {
   [ -f "$1" ] || { echo 0; return; }
   grep -o '\[doctest\] test cases: *[0-9]* | *[0-9]* passed' "$1" | awk '{ n += $(NF - 1) } END { print n + 0 }'
 }
+san_pid=""
 summary() {
   local status=$?
+  # A background build still running (a release test failed): stop it and its compilers.
+  [ -n "$san_pid" ] && kill -- "-$san_pid" 2>/dev/null || true
   [ -n "$phase" ] && phase="$phase (stopped)"
   end_phase
   echo
@@ -45,7 +49,38 @@ summary() {
   printf '  %-34s %3dm%02ds\n' "total" $((total / 60)) $((total % 60))
   echo "  doctest cases passed: release $(doctest_cases build/meson-logs/testlog.txt)," \
     "sanitizers $(doctest_cases build-san/meson-logs/testlog.txt)"
+  slowest_units
+  slowest_tests
   [ "$status" -eq 0 ] || echo "  FAILED (exit status $status)"
+}
+# The ten slowest translation units of both builds (ninja's log: start and end in ms),
+# and the ten slowest tests (meson's test log), so that a change which slows CI names
+# itself.
+slowest_units() {
+  local logs=()
+  for b in build build-san; do [ -f "$b/.ninja_log" ] && logs+=("$b/.ninja_log"); done
+  [ ${#logs[@]} -gt 0 ] || return 0
+  echo "== ten slowest translation units (seconds)"
+  awk -F'\t' 'FNR > 1 && $4 ~ /\.o$/ { d = FILENAME; sub("/\\.ninja_log$", "", d)
+                                          printf "  %6.1f  %s: %s\n", ($2 - $1) / 1000, d, $4 }' "${logs[@]}" |
+    sort -rn | head -n 10
+}
+slowest_tests() {
+  local logs=()
+  for b in build build-san; do [ -f "$b/meson-logs/testlog.json" ] && logs+=("$b/meson-logs/testlog.json"); done
+  [ ${#logs[@]} -gt 0 ] || return 0
+  echo "== ten slowest tests (seconds)"
+  python3 - "${logs[@]}" <<'PY'
+import json, sys
+rows = []
+for path in sys.argv[1:]:
+    build = path.split("/meson-logs/")[0]
+    for line in open(path):
+        t = json.loads(line)
+        rows.append((t["duration"], f"{build}: {t['name']} ({t['result'].lower()})"))
+for duration, name in sorted(rows, reverse=True)[:10]:
+    print(f"  {duration:6.1f}  {name}")
+PY
 }
 trap summary EXIT
 
@@ -58,15 +93,33 @@ start_phase "release build"
 [ -f build/build.ninja ] || meson setup build --buildtype=release -Dsanitizer_twins=false
 meson compile -C build -j "$jobs"
 
-start_phase "release tests"
+# The sanitizer build runs beside the release tests, at the lowest CPU priority (nice 19):
+# it takes the time the tests leave a core idle (a test that runs alone, the last long
+# test) and yields the cores to them otherwise. At -O0 with line tables (meson.build adds
+# -g1 under sanitize_tests): the sanitizers' checks triple the optimizer's work, and the
+# shortened tests run in minutes either way (docs/testing.md). Its own process group, so
+# that a failing release test stops it too; its output goes to build-san/compile.log.
+mkdir -p build-san
+san_start=$SECONDS
+setsid nice -n 19 bash -c '
+  [ -f build-san/build.ninja ] || meson setup build-san -Doptimization=0 -Ddebug=false \
+    -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dsanitize_tests=true
+  meson compile -C build-san -j "$1"' san-build "$jobs" > build-san/compile.log 2>&1 &
+san_pid=$!
+
+start_phase "release tests (sanitizer build beside them)"
 meson test -C build --print-errorlogs --num-processes "$jobs"
 
-# -O1 with line tables (meson.build adds -g1 under sanitize_tests): a third of -O2 -g's
-# compile time, and the tests still run at a useful speed.
-start_phase "sanitizer build"
-[ -f build-san/build.ninja ] || meson setup build-san -Doptimization=1 -Ddebug=false \
-  -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dsanitize_tests=true
-meson compile -C build-san -j "$jobs"
+start_phase "sanitizer build, the rest"
+san_status=0
+wait "$san_pid" || san_status=$?
+san_pid=""
+echo "sanitizer build: $((SECONDS - san_start)) s from its start, beside the release tests"
+if [ "$san_status" -ne 0 ]; then
+  tail -n 80 build-san/compile.log
+  echo "sanitizer build failed (exit status $san_status): build-san/compile.log"
+  exit "$san_status"
+fi
 
 start_phase "sanitizer tests"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
