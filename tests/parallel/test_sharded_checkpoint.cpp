@@ -241,6 +241,7 @@ TEST_CASE("training checkpoints: saved under each layout of the parity matrix, r
   // and pipeline-parallel ones) and all three at once, each saving after step 3 and
   // resumed under the layouts three and five places on: every kind of layout is saved
   // and resumed into others (one rank into PP x TP x FSDP and HSDP, PP 2 into one rank).
+  // Under the sanitizers, three places on only: every layout still saves and loads.
   const Layout layouts[] = {{"one rank", {}},
                             {"FSDP 2", {1, 1, 2, 1}},
                             {"FSDP 4", {1, 1, 4, 1}},
@@ -262,7 +263,11 @@ TEST_CASE("training checkpoints: saved under each layout of the parity matrix, r
     tessera::test::TempDir dir;
     const std::string folder = dir.file("step-3");
     const std::vector<double> first = train_steps(save.shape, job(save.shape), 3, "", folder, 3);
+#if TESSERA_SHORT_TESTS
+    for (std::size_t offset : {3u}) {
+#else
     for (std::size_t offset : {3u, 5u}) {
+#endif
       const Layout& load = layouts[(i + offset) % n];
       const std::string from = save.name, into = load.name;
       CAPTURE(from);
