@@ -60,7 +60,7 @@ slowest_units() {
   local logs=()
   for b in build build-san; do [ -f "$b/.ninja_log" ] && logs+=("$b/.ninja_log"); done
   [ ${#logs[@]} -gt 0 ] || return 0
-  echo "== ten slowest translation units (seconds)"
+  echo "== ten slowest translation units (seconds; build-san's beside the release tests, at low priority)"
   awk -F'\t' 'FNR > 1 && $4 ~ /\.o$/ { d = FILENAME; sub("/\\.ninja_log$", "", d)
                                           printf "  %6.1f  %s: %s\n", ($2 - $1) / 1000, d, $4 }' "${logs[@]}" |
     sort -rn | head -n 10
@@ -95,14 +95,15 @@ meson compile -C build -j "$jobs"
 
 # The sanitizer build runs beside the release tests, at the lowest CPU priority (nice 19):
 # it takes the time the tests leave a core idle (a test that runs alone, the last long
-# test) and yields the cores to them otherwise. At -O0 with line tables (meson.build adds
-# -g1 under sanitize_tests): the sanitizers' checks triple the optimizer's work, and the
-# shortened tests run in minutes either way (docs/testing.md). Its own process group, so
+# test) and yields the cores to them otherwise. At -Og with line tables (meson.build adds
+# -g1 under sanitize_tests): under the sanitizers -O1 compiles twice as long and its tests
+# run no faster, -O0 compiles little faster and its long tests run twice as long
+# (docs/testing.md). Its own process group, so
 # that a failing release test stops it too; its output goes to build-san/compile.log.
 mkdir -p build-san
 san_start=$SECONDS
 setsid nice -n 19 bash -c '
-  [ -f build-san/build.ninja ] || meson setup build-san -Doptimization=0 -Ddebug=false \
+  [ -f build-san/build.ninja ] || meson setup build-san -Doptimization=g -Ddebug=false \
     -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dsanitize_tests=true
   meson compile -C build-san -j "$1"' san-build "$jobs" > build-san/compile.log 2>&1 &
 san_pid=$!
