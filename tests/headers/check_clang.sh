@@ -12,16 +12,8 @@
 #   check_clang.sh SOURCE_ROOT
 set -euo pipefail
 root=$1
-cxx=""
-for c in clang++-20 clang++-19 clang++-18 clang++-17 clang++-16 clang++; do
-  command -v "$c" > /dev/null 2>&1 || continue
-  major=$("$c" -dumpversion 2>/dev/null | cut -d. -f1)
-  if [ -n "$major" ] && [ "$major" -ge 16 ] 2>/dev/null; then cxx=$c; break; fi
-done
-if [ -z "$cxx" ]; then
-  echo "skipped: no clang++ 16 or newer (Debian 12: apt install clang-16 libomp-16-dev)"
-  exit 77
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/find_clang.sh"
+cxx=$clang_cxx
 flags=$(pkg-config --cflags openblas tomlplusplus nlohmann_json)
 mpi_flags=""
 mpi_define=""

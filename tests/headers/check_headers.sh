@@ -17,6 +17,7 @@
 # (tools/install-deps.sh fetches them), comm/mpi.hpp MPI's. Each header is compiled twice
 # in one file (its include guard), with -Wall -Wextra -Werror, two compiles at a time.
 set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 include_dir=$(cd "$1" && pwd)
 mode=$2
 compiler=$3
@@ -39,16 +40,8 @@ cudnn_frontend="$root/third_party/cudnn_frontend/include"
 
 # "clang": the newest clang++ from 16 on (Debian 12: clang-16), or skipped (77).
 if [ "$compiler" = clang ]; then
-  compiler=""
-  for c in clang++-20 clang++-19 clang++-18 clang++-17 clang++-16 clang++; do
-    command -v "$c" > /dev/null 2>&1 || continue
-    major=$("$c" -dumpversion 2>/dev/null | cut -d. -f1)
-    if [ -n "$major" ] && [ "$major" -ge 16 ] 2>/dev/null; then compiler=$c; break; fi
-  done
-  if [ -z "$compiler" ]; then
-    echo "skipped: no clang++ 16 or newer (Debian 12: apt install clang-16 libomp-16-dev)"
-    exit 77
-  fi
+  source "$here/find_clang.sh"
+  compiler=$clang_cxx
 fi
 
 skipped=()
