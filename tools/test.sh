@@ -98,8 +98,8 @@ meson compile -C build -j "$jobs"
 # test) and yields the cores to them otherwise. At -Og with line tables (meson.build adds
 # -g1 under sanitize_tests): under the sanitizers -O1 compiles twice as long and its tests
 # run no faster, -O0 compiles little faster and its long tests run twice as long
-# (docs/testing.md). Its own process group, so
-# that a failing release test stops it too; its output goes to build-san/compile.log.
+# (docs/testing.md). Its own process group, so that a failing release test stops it too;
+# its output goes to build-san/compile.log.
 mkdir -p build-san
 san_start=$SECONDS
 setsid nice -n 19 bash -c '
