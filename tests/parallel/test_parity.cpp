@@ -54,13 +54,7 @@ std::vector<double> layout_losses(comm::MeshShape shape, std::int64_t local_batc
 /// `name` on `shape` in every checkpoint mode (under the sanitizers, `none` and the mode
 /// `turn` names: the five layouts still cover every mode).
 void check_layout(const char* name, comm::MeshShape shape, std::size_t turn) {
-#if TESSERA_SHORT_TESTS
-  const AcMode modes[] = {kAcModes[0], kAcModes[1 + turn % 3]};
-#else
-  (void)turn;
-  const auto& modes = kAcModes;
-#endif
-  for (const auto& ac : modes) {
+  for (const auto& ac : ac_modes_for(turn, /*with_none=*/true)) {
     const std::string layout = name, mode = ac.name;  // doctest prints a const char* as an address
     CAPTURE(layout);
     CAPTURE(mode);
