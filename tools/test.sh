@@ -98,14 +98,16 @@ meson compile -C build -j "$jobs"
 # test) and yields the cores to them otherwise. At -Og with line tables (meson.build adds
 # -g1 under sanitize_tests): under the sanitizers -O1 compiles twice as long and its tests
 # run no faster, -O0 compiles little faster and its long tests run twice as long
-# (docs/testing.md). Its own process group, so that a failing release test stops it too;
-# its output goes to build-san/compile.log.
+# (docs/testing.md). The fuzz targets are built after it, the same way. Its own process
+# group, so that a failing release test stops it too; its output goes to
+# build-san/compile.log.
 mkdir -p build-san
 san_start=$SECONDS
 setsid nice -n 19 bash -c '
   [ -f build-san/build.ninja ] || meson setup build-san -Doptimization=g -Ddebug=false \
     -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dsanitize_tests=true
-  meson compile -C build-san -j "$1"' san-build "$jobs" > build-san/compile.log 2>&1 &
+  meson compile -C build-san -j "$1" && bash tests/fuzz/run.sh --build-only build-fuzz' \
+  san-build "$jobs" > build-san/compile.log 2>&1 &
 san_pid=$!
 
 start_phase "release tests (sanitizer build beside them)"
@@ -115,10 +117,10 @@ start_phase "sanitizer build, the rest"
 san_status=0
 wait "$san_pid" || san_status=$?
 san_pid=""
-echo "sanitizer build: $((SECONDS - san_start)) s from its start, beside the release tests"
+echo "sanitizer build and fuzz targets: $((SECONDS - san_start)) s from their start, beside the release tests"
 if [ "$san_status" -ne 0 ]; then
   tail -n 80 build-san/compile.log
-  echo "sanitizer build failed (exit status $san_status): build-san/compile.log"
+  echo "sanitizer build or fuzz targets failed (exit status $san_status): build-san/compile.log"
   exit "$san_status"
 fi
 
@@ -127,5 +129,5 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   meson test -C build-san --print-errorlogs --num-processes "$jobs" --suite cpu --suite cli
 
 start_phase "fuzzers (${FUZZ_SECONDS:-30} s each, side by side)"
-bash tests/fuzz/run.sh "${FUZZ_SECONDS:-30}" build-fuzz
+FUZZ_PREBUILT=1 bash tests/fuzz/run.sh "${FUZZ_SECONDS:-30}" build-fuzz
 end_phase

@@ -3,7 +3,10 @@
 # for a bounded time.
 #
 #   tests/fuzz/run.sh [SECONDS] [BUILD_DIR]     (defaults: 60, $FUZZ_BUILD_DIR or build-fuzz)
+#   tests/fuzz/run.sh --build-only [BUILD_DIR]  builds the targets and stops
 #
+# With FUZZ_PREBUILT=1 the run uses the targets a --build-only call left in BUILD_DIR
+# (tools/test.sh builds them beside the release tests) and builds only those missing.
 # Each target runs for SECONDS over a copy of its seed corpus made in BUILD_DIR/corpus/
 # (tests/fuzz/corpus/ is never written), with a dictionary where there is one. A crash,
 # leak, undefined behaviour, timeout (10 s per input) or memory blow-up (2 GiB) is a
@@ -14,6 +17,12 @@
 # fuzzing processes per target, default 1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+build_only=false
+if [ "${1:-}" = --build-only ]; then
+  build_only=true
+  shift
+  set -- 1 "$@"
+fi
 seconds=${1:-60}
 build=${2:-${FUZZ_BUILD_DIR:-build-fuzz}}
 jobs=${FUZZ_JOBS:-1}
@@ -101,13 +110,19 @@ else
 fi
 pids=()
 for i in "${!targets[@]}"; do
+  if [ "${FUZZ_PREBUILT:-0}" = 1 ] && [ -x "$build/fuzz_${targets[$i]}" ]; then
+    echo "== fuzz_${targets[$i]}: built beforehand"
+    pids+=("")
+    continue
+  fi
   # shellcheck disable=SC2086
   build_target "${targets[$i]}" ${extra_flags[$i]} &
   pids+=($!)
 done
 for i in "${!targets[@]}"; do
-  wait "${pids[$i]}" || { echo "fuzz: building fuzz_${targets[$i]} failed" >&2; exit 1; }
+  [ -z "${pids[$i]}" ] || wait "${pids[$i]}" || { echo "fuzz: building fuzz_${targets[$i]} failed" >&2; exit 1; }
 done
+$build_only && exit 0
 
 declare -A max_len=([safetensors]=8192 [tiktoken]=16384)
 pids=()
