@@ -17,14 +17,13 @@
 # fuzzing processes per target, default 1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-build_only=false
-if [ "${1:-}" = --build-only ]; then
-  build_only=true
-  shift
-  set -- 1 "$@"
-fi
 seconds=${1:-60}
 build=${2:-${FUZZ_BUILD_DIR:-build-fuzz}}
+build_only=false
+if [ "$seconds" = --build-only ]; then
+  build_only=true
+  seconds=1  # not used: nothing runs
+fi
 jobs=${FUZZ_JOBS:-1}
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -eq 0 ]; then
   echo "fuzz: SECONDS must be a positive whole number, got '$seconds'" >&2
