@@ -80,7 +80,7 @@
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
 #include "tessera/ops/swiglu.hpp"
-#include "tessera/train/cuda_attention.cuh"
+#include "tessera/train/cuda_attention.hpp"
 
 #include "machine.hpp"
 

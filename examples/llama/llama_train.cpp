@@ -32,8 +32,8 @@
 // visible devices), over the NCCL engine: its id shared through a TcpStore at
 // MASTER_ADDR:MASTER_PORT where those are set, else by MPI broadcast under mpirun;
 // [comm] bounds the start and each collective (docs/running.md). The rank itself is
-// train_run.hpp's run_rank, instantiated here for the CPU and in llama_train_cuda.cu
-// (nvcc) for CUDA. On the GPU, training.attention picks cuDNN's fused attention or
+// train_run.hpp's run_rank, instantiated here for the CPU and in llama_train_cuda.cpp
+// for CUDA. On the GPU, training.attention picks cuDNN's fused attention or
 // tessera's own kernels (train/attention_choice.hpp); the start-up line says which.
 #include <chrono>
 #include <cstdint>

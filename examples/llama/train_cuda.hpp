@@ -1,5 +1,6 @@
-// llama-train's CUDA side, compiled by nvcc in llama_train_cuda.cu and linked where the
-// build found CUDA; llama_train.cpp (g++) calls it through these plain declarations.
+// llama-train's CUDA side, defined in llama_train_cuda.cpp and linked where the build
+// found CUDA (with the kernels of examples/instances/cuda_kernels.cu); llama_train.cpp
+// calls it through these plain declarations, which include no CUDA header.
 #pragma once
 
 #include <string>
@@ -29,7 +30,7 @@ int cuda_device_count();
 void use_cuda_device(int device);
 
 /// Sets up the current GPU's caching allocator as training.expandable_segments asks
-/// (backend/cuda/memory.cuh), before anything is allocated on it, and returns the
+/// (backend/cuda/memory.hpp), before anything is allocated on it, and returns the
 /// start-up line's words for how it takes memory ("expandable segments", or "a segment
 /// per block" and why).
 std::string setup_cuda_allocator(const train::JobConfig& c);

@@ -1,8 +1,8 @@
 // One rank of llama-train, written once for every model type: the checks, the model,
-// the data, the trainer loop, the saves and the closing sample. llama_train.cpp (g++)
-// runs it over the CPU backend; llama_train_cuda.cu (nvcc) over the CUDA backend, in
-// bf16 or fp32. What needs the TOML parser or the tokenizer libraries (which nvcc does
-// not compile) is done by the caller and handed over in RunInputs.
+// the data, the trainer loop, the saves and the closing sample. llama_train.cpp runs it
+// over the CPU backend; llama_train_cuda.cpp over the CUDA backend, in bf16 or fp32.
+// What needs the TOML parser or the tokenizer libraries is done by the caller and handed
+// over in RunInputs, so the CUDA side needs neither.
 #pragma once
 
 #include <omp.h>

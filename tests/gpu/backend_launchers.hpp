@@ -70,7 +70,7 @@ Tensor<float> cuda_empty(Shape shape);
 CachingAllocator::Stats allocator_stats();
 
 /// What the current device's allocator did with a block freed at the end of its large
-/// pool and a request twice its size after it (backend/cuda/memory.cuh): how it takes
+/// pool and a request twice its size after it (backend/cuda/memory.hpp): how it takes
 /// memory, whether the freed block had been placed at the end, whether the larger block
 /// began where the freed one did, the bytes reserved before and after it, and whether
 /// bytes written over the whole larger block (cudaMemset) read back at both its ends.

@@ -1,4 +1,4 @@
-// Host-side declarations for the cuDNN attention tests (defined in cudnn_launchers.cu):
+// Host-side declarations for the cuDNN attention tests (defined in cudnn_launchers.cpp):
 // which attention Cuda's bf16 calls run, cuDNN's own verdict on a shape, and one
 // attention forward and backward through the backend. No CUDA header: g++ reads it.
 #pragma once

@@ -1,10 +1,9 @@
 // The model on the GPU, for test_gpu_model.cpp: what the checks call, in host types
 // only. The plain functions below (cuda_*, memory_access_*) are defined in
-// model_launchers.cu, where nvcc compiles every instantiation of the model, the trainer
-// and the engines over the CUDA backend. The templates are the runs themselves, written
-// once: the .cu instantiates them over Cuda, the checks over Cpu for the reference.
-// This header includes no CUDA header and no TOML parser (nvcc rejects toml++), so
-// both compilers read it.
+// model_launchers.cpp, which compiles every instantiation of the model, the trainer and
+// the engines over the CUDA backend. The templates are the runs themselves, written
+// once: model_launchers.cpp instantiates them over Cuda, the checks over Cpu for the
+// reference. This header includes no CUDA header, so the checks need none.
 #pragma once
 
 #include <cstddef>
@@ -116,7 +115,7 @@ TrainRun train_steps(const train::JobConfig& c) {
   return r;
 }
 
-// ---- the CUDA runs (model_launchers.cu) -----------------------------------------------
+// ---- the CUDA runs (model_launchers.cpp)-----------------------------------------------
 
 /// forward_backward_once / train_steps with nn::Transformer<float, Cuda>.
 ForwardBackward cuda_forward_backward(const train::JobConfig& c);

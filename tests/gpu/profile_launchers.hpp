@@ -1,4 +1,4 @@
-// Host-side declarations for the kernel profile's test (defined in profile_launchers.cu):
+// Host-side declarations for the kernel profile's test (defined in profile_launchers.cpp):
 // a small step of each class of work, run under cuda::KernelProfile. No CUDA header: g++
 // reads it.
 #pragma once

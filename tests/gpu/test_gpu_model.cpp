@@ -4,7 +4,7 @@
 // nn::Transformer<float, Cuda> and of the binaries' block type under every activation
 // checkpointing mode; FSDP, TP, PP and FSDP x TP on virtual ranks sharing the GPU; a
 // checkpoint saved from the GPU and loaded on either backend; out of device memory as
-// an error. The CUDA side runs in model_launchers.cu; the suite's main (main.cpp)
+// an error. The CUDA side runs in model_launchers.cpp; the suite's main (main.cpp)
 // skips everything without a device.
 #include <doctest/doctest.h>
 

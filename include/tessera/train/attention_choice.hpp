@@ -9,7 +9,7 @@
 // where libcudnn.so.9 loads at run time, for head dims cuDNN accepts (a multiple of 8, at
 // most 128 before sm_90 and 256 from it), and only when cuDNN itself builds the model's
 // graphs (the probe: cuDNN's own word on the shape, the GPU and the library version).
-// The facts are gathered by the trainer (examples/llama/llama_train_cuda.cu); the rule
+// The facts are gathered by the trainer (examples/llama/llama_train_cuda.cpp); the rule
 // is here, host C++, so every refusal and fallback is tested without a GPU.
 #pragma once
 

@@ -43,6 +43,8 @@
 #include <type_traits>
 
 #include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/kernels.hpp"
 #include "tessera/backend/cuda/launch.cuh"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
@@ -215,7 +217,8 @@ constexpr void flash_check_storage() {
 
 }  // namespace detail
 
-/// Forward: o (B*T, H*hd) and lse (B, H, T) in float. T is float or bf16.
+/// Forward (declared in kernels.hpp): o (B*T, H*hd) and lse (B, H, T) in float. T is
+/// float or bf16.
 template <class T>
 void flash_attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                              TensorView<const T> v, TensorView<T> o, float* lse, cudaStream_t stream) {
@@ -239,8 +242,9 @@ void flash_attention_forward(const AttentionShape& s, TensorView<const T> q, Ten
   }
 }
 
-/// Backward: dq (B*T, H*hd) overwritten, dk and dv (B*T, KV*hd) added into (pass
-/// zeros), from the forward's o and lse. `delta` is a workspace of B*H*T floats.
+/// Backward (declared in kernels.hpp): dq (B*T, H*hd) overwritten, dk and dv (B*T,
+/// KV*hd) added into (pass zeros), from the forward's o and lse. `delta` is a workspace
+/// of B*H*T floats.
 template <class T>
 void flash_attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                               TensorView<const T> v, TensorView<const T> o, const float* lse,

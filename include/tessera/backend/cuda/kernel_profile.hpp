@@ -30,7 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tessera/backend/cuda/launch.cuh"
+#include "tessera/backend/cuda/check.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/plan/measured.hpp"

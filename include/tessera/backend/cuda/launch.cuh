@@ -1,10 +1,11 @@
-// Launching ops/ functors on a CUDA device, and checking every CUDA return code.
+// The generic kernel: an ops/ functor run on a CUDA device one index per thread.
 //
-// This is the CUDA backend's first piece: the same functor structs the CPU backend
-// loops over run here one index per thread. Functors whose index is a whole row (and
-// the elementwise ones, for vector loads) have kernels of their own in row_kernels.cuh;
-// cuda::launch_op there (and Cuda::for_each) picks that kernel where one exists and
-// falls back to for_each below. Only backend/cuda/ includes CUDA headers.
+// The same functor structs the CPU backend loops over run here one index per thread.
+// Functors whose index is a whole row (and the elementwise ones, for vector loads) have
+// kernels of their own in row_kernels.cuh; cuda::launch_op there (and Cuda::for_each)
+// picks that kernel where one exists and falls back to for_each below. CUDA code: a
+// translation unit compiled by nvcc includes it (kernels.hpp says how host C++ reaches
+// these kernels without it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,15 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "tessera/core/error.hpp"
-
-#define TESSERA_CUDA_CHECK(expr)                                                               \
-  do {                                                                                         \
-    cudaError_t tessera_status_ = (expr);                                                      \
-    if (tessera_status_ != cudaSuccess)                                                        \
-      ::tessera::fail(#expr, ": ", cudaGetErrorName(tessera_status_), ": ",                  \
-                      cudaGetErrorString(tessera_status_));                                    \
-  } while (0)
+#include "tessera/backend/cuda/check.hpp"
 
 namespace tessera::cuda {
 
@@ -45,13 +38,6 @@ void for_each(std::int64_t n, const F& f, cudaStream_t stream = nullptr) {
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
   detail::for_each_kernel<<<blocks, threads, 0, stream>>>(n, f);
   TESSERA_CUDA_CHECK(cudaGetLastError());
-}
-
-/// Devices visible to this process (0 when there is no driver or no GPU).
-inline int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
 }
 
 }  // namespace tessera::cuda

@@ -8,7 +8,7 @@
 // semantics as its operator() over all indices. cuda::OpKernel<F> is specialised for
 // each lowered functor type; cuda::launch_op(n, f, stream) launches OpKernel<F> where
 // one exists and for_each's per-index kernel otherwise (other functors, and element
-// types other than float and bf16). Cuda::for_each (cuda.cuh) calls launch_op, so the
+// types other than float and bf16). Cuda::for_each (cuda.hpp) calls launch_op, so the
 // layers get these kernels without knowing.
 //
 // Lowered, with their launch shapes (V = 16 / sizeof(T): 4 floats or 8 bf16 per load):
@@ -72,7 +72,7 @@
 // RmsNormBackwardWeight's chunks are at least 128 rows, and at most 1024 of them.
 //
 // Scratch. RmsNormBackwardWeight takes (chunks, n) floats from the device's caching
-// allocator (memory.cuh), given back when the launch returns; the allocator reuses
+// allocator (memory.hpp), given back when the launch returns; the allocator reuses
 // blocks in compute-stream order, so on any other stream the compute stream is made to
 // wait for the launch first.
 #pragma once
@@ -85,8 +85,10 @@
 #include <cstring>
 #include <type_traits>
 
+#include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/kernels.hpp"
 #include "tessera/backend/cuda/launch.cuh"
-#include "tessera/backend/cuda/memory.cuh"
+#include "tessera/backend/cuda/memory.hpp"
 #include "tessera/backend/kernel_class.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/ops/adamw.hpp"
@@ -1249,10 +1251,10 @@ static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && k
               "tessera: backend/kernel_class.hpp must list exactly the functors row_kernels.cuh lowers");
 }  // namespace detail
 
-/// Calls f(i) for i in [0, n) on the device, on `stream`: OpKernel<F>'s kernel where F
-/// has one, else one index per thread (for_each). Returns once the work is issued.
+/// launch_op (declared in kernels.hpp, with its default stream): OpKernel<F>'s kernel
+/// where F has one, else one index per thread (for_each).
 template <class F>
-void launch_op(std::int64_t n, const F& f, cudaStream_t stream = compute_stream()) {
+void launch_op(std::int64_t n, const F& f, cudaStream_t stream) {
   if (n <= 0) return;
   if constexpr (HasOpKernel<F>) OpKernel<F>::launch(n, f, stream);
   else for_each(n, f, stream);

@@ -35,7 +35,7 @@
 // Resources. Each host thread has its own cuBLASLt handle and its own 32 MiB workspace
 // per device, created on its first GEMM there (the workspace from the device's caching
 // allocator) and given back when the thread ends. The workspace is not shared between
-// threads even though every GEMM runs on the one compute stream (memory.cuh): one
+// threads even though every GEMM runs on the one compute stream (memory.hpp): one
 // cublasLtMatmul may enqueue several kernels (a split-K GEMM's partial sums, then their
 // reduction, both through the workspace), and another thread's launches can land between
 // them. With the workspace shared, thread ranks sharing one GPU trained a wrong model by
@@ -70,8 +70,9 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
-#include "tessera/backend/cuda/launch.cuh"
-#include "tessera/backend/cuda/memory.cuh"
+#include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/kernels.hpp"
+#include "tessera/backend/cuda/memory.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/macros.hpp"
@@ -461,7 +462,7 @@ void scale_or_zero(float beta, TensorView<T> c, std::int64_t m, std::int64_t n) 
                                          static_cast<std::size_t>(n) * sizeof(T), static_cast<std::size_t>(m),
                                          compute_stream()));
   } else {
-    tessera::cuda::for_each(m * n, ScaleMatrix<T>{c.data(), n, ld, beta}, compute_stream());
+    tessera::cuda::launch_op(m * n, ScaleMatrix<T>{c.data(), n, ld, beta}, compute_stream());
   }
 }
 

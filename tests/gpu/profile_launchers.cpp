@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "profile_launchers.hpp"
-#include "tessera/backend/cuda/cuda.cuh"
+#include "tessera/backend/cuda/cuda.hpp"
 #include "tessera/backend/cuda/kernel_profile.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/ops/ops.hpp"

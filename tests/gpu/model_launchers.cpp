@@ -1,7 +1,8 @@
 // The model over the CUDA backend, for the checks in test_gpu_model.cpp: every
 // instantiation of nn::Transformer, train::Trainer and the checkpoint functions with
-// B = Cuda is compiled here, by nvcc, behind the plain functions model_launchers.hpp
-// declares.
+// B = Cuda is compiled here, behind the plain functions model_launchers.hpp declares.
+// Host C++: the kernels come from the build's kernel library
+// (examples/instances/cuda_kernels.cu).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -10,7 +11,7 @@
 #include <vector>
 
 #include "model_launchers.hpp"
-#include "tessera/backend/cuda/cuda.cuh"
+#include "tessera/backend/cuda/cuda.hpp"
 #include "tessera/comm/self.hpp"
 #include "tessera/comm/thread.hpp"
 #include "tessera/nn/transformer.hpp"

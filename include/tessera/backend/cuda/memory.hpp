@@ -79,7 +79,7 @@
 #include <type_traits>
 
 #include "tessera/backend/caching_allocator.hpp"
-#include "tessera/backend/cuda/launch.cuh"
+#include "tessera/backend/cuda/check.hpp"
 #include "tessera/core/buffer.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
@@ -379,6 +379,9 @@ inline void require_device() {
   if (r.count > 0) return;
   detail::check_device_count(r.status, r.count);
 }
+
+/// Devices visible to this process (0 when there is no driver or no GPU), unchecked.
+inline int device_count() { return detail::device_count_result().count; }
 
 /// Devices visible to this process, checked (at least one).
 inline int visible_devices() {

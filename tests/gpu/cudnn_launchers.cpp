@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cudnn_launchers.hpp"
-#include "tessera/backend/cuda/cuda.cuh"
+#include "tessera/backend/cuda/cuda.hpp"
 #include "tessera/backend/cuda/cudnn_attention.hpp"
 
 namespace tessera::gpu_test {

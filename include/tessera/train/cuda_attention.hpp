@@ -13,7 +13,8 @@
 #include <string>
 
 #include "tessera/backend/cuda/cudnn_attention.hpp"
-#include "tessera/backend/cuda/memory.cuh"
+#include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/memory.hpp"
 #include "tessera/train/attention_choice.hpp"
 
 namespace tessera::train {

@@ -12,7 +12,7 @@
 // bf16 activations and parameters, fp32 gradients, AdamW with fp32 masters and moments
 // (--state-dtype bfloat16: moments in bf16, optimizer.state_dtype's layout). Attention is
 // what training.attention = --attention picks, by llama-train's own rule and call
-// (train/cuda_attention.cuh): cuDNN's fused attention where it runs, else tessera's
+// (train/cuda_attention.hpp): cuDNN's fused attention where it runs, else tessera's
 // flash kernels; each flavor's line says which and why.
 // A step is the trainer's: zero_grad, forward_backward over one micro-batch of batch x
 // seq tokens, the gradient norm and its clipping coefficient (max norm 1), one AdamW
@@ -27,7 +27,7 @@
 //   the figure with the attention term halved (the FLOPs a causal kernel does);
 //   the peak of device memory the caching allocator handed out during the timed steps,
 //   and what it held from the device then (its segments: the replay llama-plan predicts),
-//   with how it takes memory (training.expandable_segments' default, backend/cuda/memory.cuh);
+//   with how it takes memory (training.expandable_segments' default, backend/cuda/memory.hpp);
 //   the target (MFU >= 45% at 1B, >= 50% at 3B, >= 42% at 8B; 8B is measured with
 //   --ac full), PASS or MISS.
 // --json writes one object per flavor in a list; each has the fields bench/torch_llama.py
@@ -62,7 +62,7 @@
 #include <vector>
 
 #include "machine.hpp"
-#include "tessera/backend/cuda/cuda.cuh"
+#include "tessera/backend/cuda/cuda.hpp"
 #if TESSERA_HAVE_CUPTI
 #include "tessera/backend/cuda/kernel_profile.hpp"
 #endif
@@ -74,7 +74,7 @@
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/parallel.hpp"
-#include "tessera/train/cuda_attention.cuh"
+#include "tessera/train/cuda_attention.hpp"
 
 using namespace tessera;
 using namespace tessera::bench;

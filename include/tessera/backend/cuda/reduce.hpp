@@ -1,5 +1,5 @@
 // Moving and reducing rank buffers on a CUDA device for the in-process engines: what
-// Cuda::memory_access() (cuda.cuh) hands to SelfEngine and ThreadEngine, so several
+// Cuda::memory_access() (cuda.hpp) hands to SelfEngine and ThreadEngine, so several
 // virtual ranks (threads) share one GPU. comm/memory_access.hpp says what the engines
 // ask of it; comm/reduce.hpp is the host reduction this one mirrors.
 //
@@ -7,10 +7,10 @@
 // (a value reduced across ranks on the host, such as a loss sum; a thread engine's
 // parcel). cudaPointerGetAttributes tells which: device and managed memory is read by
 // the kernel where it lies; host memory, registered or not, is staged through scratch
-// from the device's caching allocator (memory.cuh). Device memory must be on the
+// from the device's caching allocator (memory.hpp). Device memory must be on the
 // calling thread's current device: virtual ranks share one GPU.
 //
-// Order. Everything runs on the compute stream (memory.cuh), behind the kernels that
+// Order. Everything runs on the compute stream (memory.hpp), behind the kernels that
 // wrote the buffers, and returns only when the stream has finished it: the engines
 // treat copy and reduce as done when they return (another rank's thread reads the
 // result next, and host results are read by the host).
@@ -31,11 +31,14 @@
 #include <string>
 
 #include "tessera/backend/caching_allocator.hpp"
-#include "tessera/backend/cuda/launch.cuh"
-#include "tessera/backend/cuda/memory.cuh"
+#include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/kernels.hpp"
+#include "tessera/backend/cuda/memory.hpp"
 #include "tessera/comm/engine.hpp"
 #include "tessera/comm/reduce.hpp"
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/macros.hpp"
 
 namespace tessera::cuda {
 
@@ -48,7 +51,7 @@ struct ReduceInto {
   const T* src;
   comm::ReduceOp op;
 
-  __device__ void operator()(std::int64_t i) const {
+  TESSERA_HD void operator()(std::int64_t i) const {
     // bf16 is combined in fp32 and rounded once, as the host reduction does.
     const accum_t<T> a = to_accum(dst[i]), b = to_accum(src[i]);
     switch (op) {
@@ -105,7 +108,7 @@ inline bool device_resident(const void* p, const char* what) {
 /// Launches dst[i] = op(dst[i], src[i]) over n elements of T in device memory.
 template <class T>
 void launch_reduce_typed(void* dst, const void* src, std::int64_t n, comm::ReduceOp op, cudaStream_t stream) {
-  tessera::cuda::for_each(n, ReduceInto<T>{static_cast<T*>(dst), static_cast<const T*>(src), op}, stream);
+  tessera::cuda::launch_op(n, ReduceInto<T>{static_cast<T*>(dst), static_cast<const T*>(src), op}, stream);
 }
 
 /// Launches dst[i] = op(dst[i], src[i]) on device memory for element type `t`.

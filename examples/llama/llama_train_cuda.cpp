@@ -1,13 +1,14 @@
 // llama-train over the CUDA backend: the instantiations of train_run.hpp's run_rank with
-// B = Cuda, compiled by nvcc (see train_cuda.hpp).
+// B = Cuda (see train_cuda.hpp). Host C++: the kernels it launches come from the build's
+// kernel library (examples/instances/cuda_kernels.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
-#include "tessera/backend/cuda/cuda.cuh"
-#include "tessera/train/cuda_attention.cuh"
+#include "tessera/backend/cuda/cuda.hpp"
+#include "tessera/train/cuda_attention.hpp"
 #include "train_cuda.hpp"
 #include "train_run.hpp"
 

@@ -1,0 +1,230 @@
+// The CUDA backend: device tensors from a caching allocator, ops/ functors launched as
+// kernels, cuBLASLt GEMMs and flash attention, all on one compute stream.
+//
+// It mirrors the CPU backend (backend/cpu/cpu.hpp) member for member, so a layer
+// written against a Backend runs on either. What differs:
+//
+// - Memory. empty() and zeros() return tensors in device memory on the calling thread's
+//   current device, from that device's caching allocator (memory.hpp); host code never
+//   dereferences them. Values cross with copy_to_host() and copy_from_host() (and
+//   upload() / download() in backend.hpp). A zero-size tensor allocates nothing.
+// - Ordering. Every launch, GEMM, memset and copy goes to stream(), the legacy default
+//   stream: work runs in issue order, asynchronously to the host, and the NCCL engine
+//   orders its collectives against this same stream (comm/nccl.hpp). Calls return
+//   before the device has finished, except copy_to_host(), which returns when the host
+//   may read the destination (it synchronises the stream). copy_from_host() returns
+//   when the host may reuse the source without waiting for the device: the bytes go
+//   through a pinned staging ring and the copy runs in stream order (memory.hpp).
+//   synchronize() waits for all of it.
+// - GEMMs are cuBLASLt's (gemm.hpp): float in exact fp32 (no TF32) and bf16 with fp32
+//   accumulation; the operand checks and messages are the CPU backend's.
+// - Attention is the flash-attention kernels' (flash_attention.cuh), for float and bf16
+//   tensors; the log-sum-exp is accum_t<T> (fp32) in both cases, as on the CPU backend.
+//   bf16 attention runs on the engine a program installed instead, when it installed
+//   one (attention_engine.hpp: cuDNN's fused SDPA, cudnn_attention.hpp).
+// - Errors. Every CUDA and cuBLASLt return code is checked and throws a tessera::Error
+//   naming the call. The first use of the backend where no device is visible throws
+//   "CUDA backend: no CUDA device is visible (...)". A kernel's own failure surfaces at
+//   the next checked call that waits for it (a copy or synchronize()).
+// - Virtual ranks. memory_access() is how SelfEngine and ThreadEngine move and reduce
+//   the backend's buffers (reduce.hpp), so several thread ranks train on one GPU.
+// - Kernels. This header is host C++: it declares the kernels it launches
+//   (kernels.hpp) and g++ compiles it. Their definitions are CUDA: a .cu file includes
+//   tessera/backend/cuda/cuda.cuh to get them (kernels.hpp says how a program compiles
+//   them once).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "tessera/backend/attention_shape.hpp"
+#include "tessera/backend/backend.hpp"
+#include "tessera/backend/caching_allocator.hpp"
+#include "tessera/backend/cuda/attention_engine.hpp"
+#include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/gemm.hpp"
+#include "tessera/backend/cuda/kernels.hpp"
+#include "tessera/backend/cuda/memory.hpp"
+#include "tessera/backend/cuda/reduce.hpp"
+#include "tessera/comm/memory_access.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/ops/flash_attention.hpp"
+
+namespace tessera {
+
+struct Cuda {
+  static constexpr Device device = Device::cuda;
+
+  /// The stream all of the backend's work runs on (memory.hpp says why it is this one).
+  static cudaStream_t stream() { return cuda::compute_stream(); }
+
+  /// A device tensor the caller fills completely before reading it (not zeroed).
+  template <class T>
+  static Tensor<T> empty(Shape shape) {
+    cuda::require_device();
+    const auto n = static_cast<std::size_t>(shape.numel());
+    if (n == 0) return Tensor<T>(shape, cuda::device_buffer<T>(0));
+    // The request is named only when it fails: building the name on every call would
+    // cost more than handing out a cached block.
+    try {
+      return Tensor<T>(shape, cuda::device_buffer<T>(n));
+    } catch (const Error& e) {
+      fail(e.what(), " (for Cuda::empty<", cuda::detail::element_name<T>(), ">", shape.str(), ")");
+    }
+  }
+
+  /// A device tensor of zeros (set on the compute stream).
+  template <class T>
+  static Tensor<T> zeros(Shape shape) {
+    Tensor<T> t = empty<T>(shape);
+    if (t.numel() > 0) TESSERA_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.bytes(), stream()));
+    return t;
+  }
+
+  /// Calls f(i) for i in [0, n) on the device: the functor's own kernel where
+  /// row_kernels.cuh lowers F (rows per warp or block, vector loads), else one index
+  /// per thread.
+  template <class F>
+  static void for_each(std::int64_t n, const F& f) {
+    cuda::require_device();
+    cuda::launch_op(n, f, stream());
+  }
+
+  /// Waits until every piece of work issued to the compute stream has finished.
+  static void synchronize() {
+    cuda::require_device();
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+
+  /// The current device's memory in all (cudaMemGetInfo's total), what layers size their
+  /// working sets from (backend.hpp: device_memory_bytes).
+  static std::size_t device_memory_bytes() {
+    cuda::require_device();
+    std::size_t free = 0, total = 0;
+    TESSERA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return total;
+  }
+
+  /// n elements from device memory to host memory; the host may read dst on return.
+  template <class T>
+  static void copy_to_host(const T* src, T* dst, std::int64_t n) {
+    cuda::require_device();
+    if (n <= 0) return;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<void*>(dst), static_cast<const void*>(src),
+                                       static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost, stream()));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+
+  /// Page-locks `bytes` of host memory at `p` (cudaHostRegister, portable: every
+  /// device's copies see it so), for host buffers kept across uses
+  /// (train::sharded::HostBuffers): a device-to-host copy into it runs at the bus's
+  /// rate, not through the driver's pageable bounce buffer. unpin_host(p) before the
+  /// memory is freed.
+  static void pin_host(void* p, std::size_t bytes) {
+    cuda::require_device();
+    TESSERA_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+  }
+  /// Undoes pin_host; called from destructors, so it reports nothing.
+  static void unpin_host(void* p) noexcept { (void)cudaHostUnregister(p); }
+
+  /// n elements from host memory to device memory; the host may reuse src on return.
+  /// The copy is staged in pinned memory and runs in stream order: no synchronisation.
+  template <class T>
+  static void copy_from_host(const T* src, T* dst, std::int64_t n) {
+    cuda::require_device();
+    if (n <= 0) return;
+    cuda::copy_from_host_staged(static_cast<void*>(dst), static_cast<const void*>(src),
+                                static_cast<std::size_t>(n) * sizeof(T), stream());
+  }
+
+  /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view
+  /// with unit column stride (its leading dimension may exceed its width). T is float
+  /// or bf16; C is T, or float from bf16 operands (fp32 weight gradients and logits).
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<C> c) {
+    cuda::gemm<T, C>(ta, tb, alpha, a, b, beta, c);
+  }
+
+  /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T) in
+  /// accum_t<T> (float for float and bf16 tensors). bf16 runs on the installed
+  /// attention engine when there is one (cuda::attention_engine()).
+  template <class T>
+  static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
+                                TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                  "tessera: Cuda attention supports float and bf16 tensors");
+    cuda::require_device();
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (const cuda::AttentionEngine* engine = cuda::attention_engine()) {
+        const int device = cuda::current_device();
+        engine->forward({s, q, k, v, o, lse, stream(), device, &cuda::device_allocator(device)});
+        return;
+      }
+    }
+    cuda::flash_attention_forward<T>(s, q, k, v, o, lse, stream());
+  }
+
+  /// Attention backward: dq, dk and dv overwritten.
+  template <class T>
+  static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
+                                 TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
+                                 TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                  "tessera: Cuda attention supports float and bf16 tensors");
+    cuda::require_device();
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (const cuda::AttentionEngine* engine = cuda::attention_engine()) {
+        const int device = cuda::current_device();
+        engine->backward({s, q, k, v, o, lse, d_o, dq, dk, dv, stream(), device, &cuda::device_allocator(device)});
+        return;
+      }
+    }
+    // The key pass adds into dk and dv: start them from zero (operands checked first).
+    ops::flash_check_backward<T>(s, q, k, v, o, d_o, dq, dk, dv);
+    zero_rows(dk, s.rows(), s.n_kv_heads * s.head_dim);
+    zero_rows(dv, s.rows(), s.n_kv_heads * s.head_dim);
+    // (B, H, T) row sums of dO * O, the kernels' scratch; freed blocks are reused in
+    // stream order, so it may go back to the allocator while the kernels still run.
+    Tensor<float> delta = empty<float>({s.batch, s.n_heads, s.seq_len});
+    cuda::flash_attention_backward<T>(s, q, k, v, o, lse, d_o, dq, dk, dv, delta.data(), stream());
+  }
+
+  /// How the in-process engines (comm::SelfEngine, comm::ThreadEngine through
+  /// ThreadOptions::memory) move this backend's buffers: copies between any mix of
+  /// device and host memory, reductions into device or host memory (host operands
+  /// staged on the device), scratch from the caching allocator; all on stream(),
+  /// finished when they return (reduce.hpp).
+  static comm::MemoryAccess memory_access() {
+    comm::MemoryAccess m;
+    m.copy = [](void* dst, const void* src, std::size_t bytes) { cuda::copy_bytes(dst, src, bytes, stream()); };
+    m.reduce = [](void* dst, const void* src, std::size_t n, comm::DataType t, comm::ReduceOp op) {
+      cuda::reduce_into(dst, src, n, t, op, stream());
+    };
+    m.allocate = [](std::size_t bytes) -> void* {
+      return cuda::device_allocator().allocate(bytes, "a collective's scratch on thread ranks");
+    };
+    m.release = [](void* p) { CachingAllocator::release_to_owner(p); };
+    return m;
+  }
+
+ private:
+  /// Sets the first `cols` columns of `rows` rows of m (leading dimension m.ld()) to zero.
+  template <class T>
+  static void zero_rows(TensorView<T> m, std::int64_t rows, std::int64_t cols) {
+    if (rows <= 0 || cols <= 0 || m.data() == nullptr) return;
+    TESSERA_CUDA_CHECK(cudaMemset2DAsync(m.data(), static_cast<std::size_t>(m.ld()) * sizeof(T), 0,
+                                         static_cast<std::size_t>(cols) * sizeof(T), static_cast<std::size_t>(rows),
+                                         stream()));
+  }
+};
+
+static_assert(Backend<Cuda>, "tessera: Cuda must satisfy the Backend concept");
+
+}  // namespace tessera
