@@ -13,19 +13,20 @@
 #                                              through its g++)
 #
 # The host headers that use CUDA's runtime or NCCL (backend/cuda/*.hpp, comm/nccl.hpp,
-# train/cuda_attention.hpp) are
-# compiled with the toolkit's include directory where it exists, and skipped (named)
-# where it does not; cudnn_attention_impl.hpp also needs the cuDNN frontend's headers
-# (tools/install-deps.sh fetches them), comm/mpi.hpp MPI's. Each header is compiled twice
-# in one file (its include guard), with -Wall -Wextra -Werror, two compiles at a time.
+# train/cuda_attention.hpp) are compiled with the toolkit's include directory where it
+# exists, and skipped (named) where it does not; cudnn_attention_impl.hpp also needs the
+# cuDNN frontend's headers (tools/install-deps.sh fetches them), comm/mpi.hpp MPI's.
+# Each header is compiled twice in one file (its include guard), with -Wall -Wextra
+# -Werror, two compiles at a time.
 #
 # Precompiled preludes (host check with GCC): a few hub headers that many others include
 # (HUBS below) are each parsed once into a precompiled header, and a header whose own
 # include closure holds a hub loads that hub first (-include; preludes.py picks the one
-# with the largest precompiled header). The hub and everything it includes would have been read by the header's
-# compile anyway, so what the check finds is unchanged: a header that uses what it does
-# not include, directly or through its includes, still fails. It costs the header's own
-# parse instead of its whole closure's (the check took 163 CPU-s of g++, now 118).
+# with the largest precompiled header). The hub and everything it includes would have
+# been read by the header's compile anyway, so what the check finds is unchanged: a
+# header that uses what it does not include, directly or through its includes, still
+# fails. It costs the header's own parse instead of its whole closure's (the check took
+# 163 CPU-s of g++, now 118).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 include_dir=$(cd "$1" && pwd)
