@@ -7,6 +7,7 @@
 
 #include <charconv>
 #include <concepts>
+#include <initializer_list>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -62,9 +63,49 @@ std::string concat(Parts&&... parts) {
 }
 }  // namespace detail
 
+namespace detail {
+/// One part of an error message, by reference: text the caller holds (a literal, a
+/// string), or a value and the function that writes it as `concat` would (an integer, a
+/// double, a type with its own operator<<). Trivially destructible, so that a call of
+/// `fail` only fills an array and makes one call.
+struct MessagePart {
+  MessagePart(std::string_view text) : text(text) {}
+  template <class P>
+    requires(!std::convertible_to<const P&, std::string_view>)
+  MessagePart(const P& part) : value(&part), write(&write_part<P>) {}
+
+  template <class P>
+  static void write_part(std::string& out, const void* part) {
+    out += concat(*static_cast<const P*>(part));
+  }
+
+  std::string_view text;
+  const void* value = nullptr;
+  void (*write)(std::string&, const void*) = nullptr;
+};
+
+/// The message of `fail`, joined and thrown: one function for every message, out of the
+/// callers' way (cold: never on a path that does not fail).
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_error(std::initializer_list<MessagePart> parts) {
+  std::string message;
+  for (const auto& part : parts) {
+    if (part.write != nullptr) {
+      part.write(message, part.value);
+    } else {
+      message += part.text;
+    }
+  }
+  throw Error(message);
+}
+}  // namespace detail
+
+/// Throws an Error whose message is the parts written one after another (as `concat`
+/// writes them). Each part is written on its own, so a build compiles one short function
+/// per list of part types and one writer per part type, not a message builder for every
+/// call's types; a stream manipulator (std::hex) does not carry from one part to the next.
 template <class... Parts>
-[[noreturn]] void fail(Parts&&... parts) {
-  throw Error(detail::concat(std::forward<Parts>(parts)...));
+[[noreturn, gnu::cold, gnu::noinline]] void fail(const Parts&... parts) {
+  detail::throw_error({detail::MessagePart(parts)...});
 }
 
 }  // namespace tessera

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -48,6 +49,11 @@ struct TokenShardHeader {
 };
 
 namespace detail {
+/// `value` in lowercase hexadecimal digits, without a prefix (a CRC in a message).
+inline std::string hex(std::uint32_t value) {
+  char digits[8];
+  return std::string(digits, std::to_chars(digits, digits + sizeof digits, value, 16).ptr);
+}
 
 inline void store_u32_le(unsigned char* p, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
@@ -229,8 +235,8 @@ inline std::vector<std::uint32_t> read_token_shard(const std::string& path) {
   TESSERA_CHECK(in.gcount() == payload_bytes, "token shard '", path, "': truncated while reading: got ",
                 in.gcount(), " of ", payload_bytes, " payload bytes");
   std::uint32_t crc = crc32(tokens.data(), tokens.size() * 4);
-  TESSERA_CHECK(crc == header.crc32, "token shard '", path, "': corrupt: payload CRC-32 is 0x", std::hex,
-                crc, ", header says 0x", header.crc32);
+  TESSERA_CHECK(crc == header.crc32, "token shard '", path, "': corrupt: payload CRC-32 is 0x", detail::hex(crc),
+                ", header says 0x", detail::hex(header.crc32));
   if constexpr (std::endian::native != std::endian::little) {
     for (auto& t : tokens) t = detail::load_u32_le(reinterpret_cast<const unsigned char*>(&t));
   }
