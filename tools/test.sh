@@ -89,8 +89,9 @@ bash tools/install-deps.sh
 
 start_phase "release build"
 # The test executables the sanitizer build runs case for case are left to it
-# (-Dsanitizer_twins=false; tests/meson.build names them).
-[ -f build/build.ninja ] || meson setup build --buildtype=release -Dsanitizer_twins=false
+# (-Dsanitizer_twins=false; tests/meson.build names them). Both builds let GCC collect its
+# garbage late (-Dgcc_lazy_gc: a tenth less compile time for more memory, meson.build).
+[ -f build/build.ninja ] || meson setup build --buildtype=release -Dsanitizer_twins=false -Dgcc_lazy_gc=true
 meson compile -C build -j "$jobs"
 
 # The sanitizer build runs beside the release tests, at the lowest CPU priority (nice 19):
@@ -105,7 +106,8 @@ mkdir -p build-san
 san_start=$SECONDS
 setsid nice -n 19 bash -c '
   [ -f build-san/build.ninja ] || meson setup build-san -Doptimization=g -Ddebug=false \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dsanitize_tests=true
+    -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dsanitize_tests=true \
+    -Dgcc_lazy_gc=true
   meson compile -C build-san -j "$1" && bash tests/fuzz/run.sh --build-only build-fuzz' \
   san-build "$jobs" > build-san/compile.log 2>&1 &
 san_pid=$!

@@ -12,6 +12,9 @@
 #                                              one, as CUDA with nvcc (the host side
 #                                              through its g++)
 #
+# Flags after the compiler are added to every compile (tests/meson.build passes the
+# build's -Dgcc_lazy_gc flags to the g++ run).
+#
 # The host headers that use CUDA's runtime or NCCL (backend/cuda/*.hpp, comm/nccl.hpp,
 # train/cuda_attention.hpp) are compiled with the toolkit's include directory where it
 # exists, and skipped (named) where it does not; cudnn_attention_impl.hpp also needs the
@@ -32,8 +35,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 include_dir=$(cd "$1" && pwd)
 mode=$2
 compiler=$3
+shift 3
 root=$(cd "$include_dir/.." && pwd)
-flags=$(pkg-config --cflags openblas tomlplusplus nlohmann_json 2>/dev/null || true)
+# Any further arguments are flags for every compile (the build's -Dgcc_lazy_gc).
+flags="$(pkg-config --cflags openblas tomlplusplus nlohmann_json 2>/dev/null || true) $*"
 mpi_flags=$(pkg-config --cflags ompi-cxx 2>/dev/null || pkg-config --cflags mpich 2>/dev/null ||
             mpicxx --showme:compile 2>/dev/null || true)
 tmp=$(mktemp -d)
