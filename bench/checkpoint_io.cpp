@@ -37,8 +37,8 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/comm/thread.hpp"
 #include "tessera/instances.hpp"
-#include "tessera/parallel/dynamic.hpp"
 #include "tessera/train/config.hpp"
+#include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/sharded_checkpoint.hpp"
 #include "tessera/train/trainer.hpp"
 

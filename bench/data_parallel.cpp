@@ -17,7 +17,7 @@
 //     parameters, gradients and AdamW moments (this rank's shard of them), against
 //     16 bytes x the parameters this rank updates;
 //   - the bytes it sends per step, measured at its Communicator
-//     (StepMetrics::comm_bytes), against parallel::expected_step_bytes. They must be
+//     (StepMetrics::comm_bytes), against plan::expected_step_bytes. They must be
 //     equal on every rank at every step: the benchmark exits with status 2 if any
 //     differs (a bug in the schedule or in the count), after printing its table.
 //
@@ -61,7 +61,7 @@
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
-#include "tessera/parallel/traffic.hpp"
+#include "tessera/plan/traffic.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -275,7 +275,7 @@ Result run_combination(const Options& o, const Layout& layout, const AcMode& ac,
   r.ac_name = plan.checkpoint.str();
   r.threads = threads;
   r.other_share = other / (wall * double(hw));
-  r.sent_analytic = parallel::expected_step_bytes(train::step_layout(c, shape));
+  r.sent_analytic = plan::expected_step_bytes(plan::step_layout(c, shape));
   std::vector<double> step_times;
   for (std::int64_t s = 0; s < o.warmup + o.steps; ++s) {
     double slowest = 0;
@@ -435,7 +435,7 @@ int run(const Options& o) {
   int status = 0;
   for (const Result& r : results)
     if (!r.traffic_exact) {
-      std::fprintf(stderr, "bench-data-parallel: %s: the measured traffic differs from parallel::expected_step_bytes\n",
+      std::fprintf(stderr, "bench-data-parallel: %s: the measured traffic differs from plan::expected_step_bytes\n",
                    r.traffic_mismatch.c_str());
       status = 2;
     }

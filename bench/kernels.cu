@@ -68,15 +68,15 @@
 #include <type_traits>
 #include <vector>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/cuda/cuda.cuh"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/core/tensor.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 #include "tessera/nn/output.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
 #include "tessera/ops/swiglu.hpp"

@@ -33,11 +33,11 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/instances.hpp"
-#include "tessera/parallel/dynamic.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/cpu.hpp"
 #include "tessera/plan/dry_run.hpp"
 #include "tessera/train/config.hpp"
+#include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/trainer.hpp"
 
 using namespace tessera;

@@ -31,7 +31,7 @@
 //     moments);
 //   - bytes sent per rank per step, measured at the rank's Communicator
 //     (StepMetrics::comm_bytes), against the analytic count
-//     parallel::expected_step_bytes(train::step_layout(config, shape, pp_rank)) of the
+//     plan::expected_step_bytes(plan::step_layout(config, shape, pp_rank)) of the
 //     rank's pipeline rank (ranks at different pipeline ranks send different bytes; the
 //     table shows the range over the ranks). They must be equal on every rank at every
 //     step: the benchmark prints its table, then exits with status 2 if any differs;
@@ -84,7 +84,7 @@
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/stages.hpp"
-#include "tessera/parallel/traffic.hpp"
+#include "tessera/plan/traffic.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -402,7 +402,7 @@ Result run_combination(const Options& o, const Layout& layout, const AcMode& ac,
 
   std::vector<std::uint64_t> analytic(static_cast<std::size_t>(shape.pp));
   for (int p = 0; p < shape.pp; ++p)
-    analytic[static_cast<std::size_t>(p)] = parallel::expected_step_bytes(train::step_layout(c, shape, p));
+    analytic[static_cast<std::size_t>(p)] = plan::expected_step_bytes(plan::step_layout(c, shape, p));
   r.analytic_min = *std::min_element(analytic.begin(), analytic.end());
   r.analytic_max = *std::max_element(analytic.begin(), analytic.end());
   r.sent_min = ranks.front().sent.front();
@@ -587,7 +587,7 @@ int run(const Options& o) {
     if (r.mismatches > 0) {
       std::fprintf(stderr,
                    "bench-policy-matrix: %s; %d rank-steps in all: the measured traffic differs from "
-                   "parallel::expected_step_bytes\n",
+                   "plan::expected_step_bytes\n",
                    r.first_mismatch.c_str(), r.mismatches);
       status = 2;
     }

@@ -8,7 +8,7 @@ sequence length as tessera's own benchmark. With --tessera-json it reads tessera
 for the same run and prints the ratios tessera / torch.compile and tessera / eager.
 
 The model mirrors tessera's nn::Transformer and the flavors of
-include/tessera/nn/args.hpp: token embedding, pre-norm blocks (RMSNorm, attention with
+include/tessera/layer/args.hpp: token embedding, pre-norm blocks (RMSNorm, attention with
 rotary embeddings and grouped-query heads, RMSNorm, SwiGLU feed-forward), a final RMSNorm
 and the output head (the token embedding itself where the flavor ties them), then the
 cross-entropy loss. Precision is torchtitan's FSDP2 mixed precision: float32 parameters,
@@ -44,7 +44,7 @@ class BenchError(Exception):
 
 # ---------------------------------------------------------------------------------------
 # Model arguments and flavors: the same fields, defaults and derived sizes as
-# tessera::nn::ModelArgs and nn::model_flavors() in include/tessera/nn/args.hpp.
+# tessera::nn::ModelArgs and nn::model_flavors() in include/tessera/layer/args.hpp.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,14 +66,14 @@
 #if TESSERA_HAVE_CUPTI
 #include "tessera/backend/cuda/kernel_profile.hpp"
 #endif
-#include "tessera/plan/measured.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/parallel.hpp"
+#include "tessera/plan/measured.hpp"
 #include "tessera/train/cuda_attention.hpp"
 
 using namespace tessera;

@@ -49,7 +49,7 @@
 #include "tessera/data/loader.hpp"
 #include "tessera/data/synthetic.hpp"
 #include "tessera/io/tokenizer.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/optim/adamw.hpp"

@@ -28,10 +28,10 @@
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/parallel/dynamic.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/checkpoint.hpp"
 #include "tessera/train/checkpoint_folder.hpp"
+#include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -39,7 +39,7 @@ namespace tessera::llama_train {
 
 namespace fs = std::filesystem;
 
-/// The model llama-train builds (parallel/dynamic.hpp): every choice read at run time from
+/// The model llama-train builds (train/dynamic_model.hpp): every choice read at run time from
 /// the config, through the Plan.
 using tessera::DynamicBlock;
 using tessera::DynamicModel;

@@ -32,8 +32,8 @@
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/parallel/dynamic.hpp"
 #include "tessera/train/checkpoint.hpp"
+#include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/evaluate.hpp"
 #include "tessera/train/hf_checkpoint.hpp"
 #include "tessera/train/trainer.hpp"
@@ -41,7 +41,7 @@
 /// The Llama model over the CPU in fp32: as a plain stack of Llama blocks (what
 /// llama-eval, llama-generate and llama-checkpoint load, and what llama-train samples
 /// from) with what those binaries call of it, and as the DynamicModel llama-train trains
-/// (parallel/dynamic.hpp) with its trainer. `X` is `template` in the one file that
+/// (train/dynamic_model.hpp) with its trainer. `X` is `template` in the one file that
 /// defines them, `extern template` elsewhere.
 #define TESSERA_CPU_MODEL_INSTANCES(X)                                                                                 \
   X class nn::Transformer<float, Cpu>;                                                                                 \

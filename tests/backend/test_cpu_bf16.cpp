@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "tessera/backend/cpu/cpu.hpp"
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace test_cpu_bf16 {  // unity build: this file's names stay in here (tests/meson.build)
 

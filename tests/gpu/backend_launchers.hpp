@@ -7,11 +7,11 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/caching_allocator.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace tessera::gpu_test {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "flash_launchers.hpp"
-#include "tessera/backend/attention_shape.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace tessera::gpu_test {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessera/backend/attention_shape.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace tessera::gpu_test {
 

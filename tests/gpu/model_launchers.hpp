@@ -22,7 +22,7 @@
 #include "tessera/comm/thread.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/io/tokenizer.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace tessera::gpu_test {

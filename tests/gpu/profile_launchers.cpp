@@ -12,7 +12,7 @@
 
 namespace tessera::gpu_test {
 
-std::vector<plan::DeviceActivity> profiled_work_of_each_class() {
+std::vector<DeviceActivity> profiled_work_of_each_class() {
   const Tensor<bf16> a = Cuda::zeros<bf16>({256, 512}), b = Cuda::zeros<bf16>({512, 384});
   const Tensor<bf16> c = Cuda::zeros<bf16>({256, 384});
   const Tensor<float> x = Cuda::zeros<float>({1 << 16}), y = Cuda::zeros<float>({1 << 16});

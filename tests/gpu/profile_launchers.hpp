@@ -13,7 +13,7 @@ namespace tessera::gpu_test {
 /// Under one cuda::KernelProfile: a bf16 GEMM outside any region, a bf16 GEMM inside the
 /// loss head's region, an elementwise kernel (Scale) inside the optimizer's, an Axpy
 /// outside, and a download (a copy to the host); what the profile recorded.
-std::vector<plan::DeviceActivity> profiled_work_of_each_class();
+std::vector<DeviceActivity> profiled_work_of_each_class();
 
 /// Whether a second cuda::KernelProfile is refused while one records (and the first
 /// still stops cleanly after), with the refusal's message in `why`.

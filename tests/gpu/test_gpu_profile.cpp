@@ -25,9 +25,9 @@ std::int64_t count_of(const plan::MeasuredStep& m, const char* cls) {
 }  // namespace
 
 TEST_CASE("a kernel profile records each kernel and copy of a step, filed by class and region") {
-  const std::vector<plan::DeviceActivity> work = gpu_test::profiled_work_of_each_class();
+  const std::vector<DeviceActivity> work = gpu_test::profiled_work_of_each_class();
   REQUIRE(!work.empty());
-  for (const plan::DeviceActivity& a : work) {
+  for (const DeviceActivity& a : work) {
     CAPTURE(a.name);
     CHECK(!a.name.empty());
     CHECK(a.end_ns > a.start_ns);
@@ -35,7 +35,7 @@ TEST_CASE("a kernel profile records each kernel and copy of a step, filed by cla
   for (std::size_t i = 1; i < work.size(); ++i) CHECK(work[i - 1].start_ns <= work[i].start_ns);
   const plan::MeasuredStep m = plan::measure_step(work);
   std::string seen;
-  for (const plan::DeviceActivity& a : work)
+  for (const DeviceActivity& a : work)
     seen += std::string(plan::measured_class(a)) + " [" + a.region + "]: " + a.name + "\n";
   CAPTURE(seen);
   // In launch order: the first GEMM's kernels (cuBLASLt may add a split-K reduction),

@@ -19,14 +19,14 @@ using namespace tessera;
 using tessera::testing::fill_normal;
 
 TEST_CASE("RoPE frequencies: plain and Llama 3.1 scaled") {
-  nn::RopeScaling none;
+  ops::RopeScaling none;
   auto f = ops::rope_inv_freq(8, 10000.0, none);
   REQUIRE(f.size() == 4);
   CHECK(f[0] == 1.0);
   CHECK(f[1] == doctest::Approx(std::pow(10000.0, -0.25)));
   // Llama 3.1 (factor 8, low 1, high 4, original 8192) on head_dim 128, theta 500000:
   // the highest frequencies stay, the lowest are divided by 8, the middle band blends.
-  nn::RopeScaling s{true, 8.0, 1.0, 4.0, 8192};
+  ops::RopeScaling s{true, 8.0, 1.0, 4.0, 8192};
   auto plain = ops::rope_inv_freq(128, 500000.0, none);
   auto scaled = ops::rope_inv_freq(128, 500000.0, s);
   CHECK(scaled[0] == plain[0]);

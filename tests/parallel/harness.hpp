@@ -20,13 +20,13 @@
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/parallel/dynamic.hpp"
 #include "tessera/parallel/parallel.hpp"
+#include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace tessera::test {
 
-/// The model the binaries train (parallel/dynamic.hpp), on the CPU: every choice read from the Plan.
+/// The model the binaries train (train/dynamic_model.hpp), on the CPU: every choice read from the Plan.
 using CpuDynamicBlock = DynamicBlock<float, Cpu>;
 using CpuDynamicModel = DynamicModel<float, Cpu>;
 }  // namespace tessera::test

@@ -1,5 +1,5 @@
 // Bytes sent per step, measured at the Communicator, against the analytic count of
-// parallel/traffic.hpp: the sharding schedule issues exactly the collectives it
+// plan/traffic.hpp: the sharding schedule issues exactly the collectives it
 // should (gathers per reshard policy, bf16 gathers, reductions per micro-batch;
 // tensor parallelism's row gathers and reduce-scatters, loss-parallel reductions and
 // recomputed forwards), and parameter memory per rank falls with the shard degree.
@@ -9,7 +9,7 @@
 
 #include "harness.hpp"
 #include "tessera/comm/thread.hpp"
-#include "tessera/parallel/traffic.hpp"
+#include "tessera/plan/traffic.hpp"
 
 namespace test_traffic {  // unity build: this file's names stay in here (tests/meson.build)
 
@@ -101,7 +101,7 @@ TEST_CASE("traffic: every rank sends what the analytic count says, for each shar
     for (std::size_t r = 0; r < sent.size(); ++r) {
       const int pp_rank = static_cast<int>(r) / per_stage;
       CAPTURE(pp_rank);
-      CHECK(sent[r] == parallel::expected_step_bytes(train::step_layout(c, k.shape, pp_rank)));
+      CHECK(sent[r] == plan::expected_step_bytes(plan::step_layout(c, k.shape, pp_rank)));
     }
   }
 }
@@ -109,11 +109,11 @@ TEST_CASE("traffic: every rank sends what the analytic count says, for each shar
 TEST_CASE("traffic: the gathers of default and never differ by the blocks freed after their forward") {
   const train::JobConfig c = debug_job(1, 4, 1);
   const comm::MeshShape shape{1, 1, 4, 1};
-  parallel::StepLayout l = train::step_layout(c, shape);
-  const auto def = parallel::expected_step_bytes(l);
+  plan::StepLayout l = plan::step_layout(c, shape);
+  const auto def = plan::expected_step_bytes(l);
   l.reshard = parallel::Reshard::never;
-  const auto never = parallel::expected_step_bytes(l);
-  const auto units = parallel::llama_units(l);
+  const auto never = plan::expected_step_bytes(l);
+  const auto units = plan::llama_units(l);
   // The embedding and the first n_layers - 1 blocks are gathered once more under default.
   std::uint64_t regathered = 3 * ((units[0].numel + 3) / 4) * 4;
   for (std::int64_t i = 1; i < c.model.args.n_layers; ++i) regathered += 3 * ((units[1].numel + 3) / 4) * 4;

@@ -20,9 +20,9 @@
 #include "tessera/backend/trace.hpp"
 #include "tessera/backend/traced.hpp"
 #include "tessera/nn/output.hpp"
-#include "tessera/parallel/dynamic.hpp"
 #include "tessera/plan/dry_run.hpp"
 #include "tessera/train/config.hpp"
+#include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace test_dry_run {  // unity build: this file's names stay in here (tests/meson.build)

@@ -10,8 +10,8 @@
 #include <cstdint>
 
 #include "tessera/core/error.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/nn/block.hpp"
-#include "tessera/nn/layer.hpp"
 #include "tessera/parallel/plan.hpp"
 
 namespace tessera::test {

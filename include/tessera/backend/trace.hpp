@@ -23,12 +23,12 @@
 #include <variant>
 #include <vector>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/kernel_class.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/region.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/traffic.hpp"
 
 namespace tessera::trace {

@@ -18,13 +18,13 @@
 
 #include <cstdint>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/kernel_class.hpp"
 #include "tessera/backend/trace.hpp"
 #include "tessera/comm/memory_access.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/traffic.hpp"
 
 namespace tessera {

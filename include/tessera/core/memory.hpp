@@ -7,7 +7,7 @@
 // open on its thread when it was made (parameters, their gradients, optimizer state,
 // backend workspace; anything else is a temporary), and the stats keep how many bytes of
 // each use were live at the peak: the breakdown of the peak. Saved activations are
-// temporaries a layer keeps for its backward; the ActivationMeter (nn/layer.hpp)
+// temporaries a layer keeps for its backward; the ActivationMeter (layer/layer.hpp)
 // reports them here as it sees them saved and dropped, so the breakdown can tell them
 // from the rest.
 #pragma once

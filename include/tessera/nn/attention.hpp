@@ -17,12 +17,12 @@
 #include <memory>
 #include <string>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
-#include "tessera/nn/args.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/args.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/rope.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {

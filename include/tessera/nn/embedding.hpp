@@ -18,7 +18,7 @@
 #include <utility>
 
 #include "tessera/backend/backend.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/ops/embedding.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 

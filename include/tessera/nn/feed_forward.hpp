@@ -9,8 +9,8 @@
 #include <string>
 
 #include "tessera/backend/backend.hpp"
-#include "tessera/nn/args.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/args.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/ops/swiglu.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"

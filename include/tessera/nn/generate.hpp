@@ -15,7 +15,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/io/tokenizer.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 
 namespace tessera::nn {
 

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "tessera/backend/backend.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {

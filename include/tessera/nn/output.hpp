@@ -38,7 +38,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/region.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/traffic.hpp"

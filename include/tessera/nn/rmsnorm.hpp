@@ -10,7 +10,7 @@
 #include <string>
 
 #include "tessera/backend/backend.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 #include "tessera/ops/rope.hpp"
 
 namespace tessera::nn {

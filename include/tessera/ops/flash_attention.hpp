@@ -36,11 +36,11 @@
 #include <limits>
 #include <vector>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/macros.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/math.hpp"
 
 // Loops over the HD values of a row are unrolled in device code, so that the row's

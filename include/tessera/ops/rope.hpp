@@ -15,15 +15,23 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
-#include "tessera/nn/args.hpp"
 #include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
+/// Llama 3.1 RoPE frequency scaling (Hugging Face rope_type "llama3").
+struct RopeScaling {
+  bool enabled = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  std::int64_t original_max_position = 8192;
+};
+
 /// inv_freq[i] = theta^(-2i/d) for i < d/2, rescaled as Llama 3.1 does when
 /// `scaling.enabled`: long wavelengths divided by factor, short ones kept, a smooth
 /// blend between.
-inline std::vector<double> rope_inv_freq(std::int64_t head_dim, double theta, const nn::RopeScaling& scaling) {
+inline std::vector<double> rope_inv_freq(std::int64_t head_dim, double theta, const RopeScaling& scaling) {
   const double pi = 3.14159265358979323846;
   std::vector<double> f(static_cast<std::size_t>(head_dim / 2));
   for (std::size_t i = 0; i < f.size(); ++i)

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/ops/norm.hpp"
 
 namespace tessera::optim {

@@ -17,7 +17,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/region.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/parallel/plan.hpp"
 

@@ -18,8 +18,8 @@
 #include <memory>
 #include <type_traits>
 
-#include "tessera/nn/block.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/block_args.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/parallel/checkpoint.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/policies.hpp"

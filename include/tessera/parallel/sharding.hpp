@@ -34,7 +34,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/traffic.hpp"
 #include "tessera/optim/clip.hpp"

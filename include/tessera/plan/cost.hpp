@@ -58,7 +58,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/region.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 #include "tessera/plan/classes.hpp"
 #include "tessera/plan/machine.hpp"
 #include "tessera/train/attention_choice.hpp"

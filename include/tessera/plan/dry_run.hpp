@@ -38,10 +38,10 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/parallel/dynamic.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/phantom.hpp"
 #include "tessera/plan/traced_step.hpp"
+#include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/trainer.hpp"
 

@@ -35,7 +35,7 @@
 #include "tessera/backend/trace.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 
 namespace tessera::plan {
 

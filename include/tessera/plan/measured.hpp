@@ -2,7 +2,8 @@
 // (plan/cost.hpp: GEMMs, attention, memory-bound kernels, loss head, optimizer, host
 // synchronisations) a kernel or copy that ran on the device belongs to, and the device's
 // time summed so, for a step profiled on a GPU (bench-train --profile, through CUPTI:
-// backend/cuda/kernel_profile.hpp) to be set against the prediction of the same step
+// backend/cuda/kernel_profile.hpp, which records backend/device_activity.hpp's
+// DeviceActivity) to be set against the prediction of the same step
 // class by class.
 //
 // The rules are plan::detail::class_of's, applied to what the device reports: a copy to
@@ -22,23 +23,11 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/device_activity.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/plan/classes.hpp"
 
 namespace tessera::plan {
-
-/// What the device ran.
-enum class DeviceWork { kernel, device_copy, host_copy, fill };
-
-/// One kernel, copy or fill as the device reported it.
-struct DeviceActivity {
-  std::string name;         // the kernel's (demangled) name, or what the copy was
-  DeviceWork work = DeviceWork::kernel;
-  std::string region;       // the Region open on the launching thread, "" outside any
-  std::uint64_t start_ns = 0, end_ns = 0;
-  std::uint64_t bytes = 0;  // copies and fills
-  double seconds() const { return end_ns > start_ns ? static_cast<double>(end_ns - start_ns) * 1e-9 : 0.0; }
-};
 
 namespace detail {
 inline bool contains_nocase(std::string_view hay, std::string_view needle) {

@@ -85,7 +85,7 @@
 
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 
 namespace tessera::plan {
 

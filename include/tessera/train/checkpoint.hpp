@@ -13,8 +13,8 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/io/safetensors.hpp"
-#include "tessera/nn/args.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/args.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/train/hf_checkpoint.hpp"  // the Hugging Face directory layout
 
 namespace tessera::train {

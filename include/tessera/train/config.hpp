@@ -39,7 +39,7 @@
 #include <toml++/toml.h>  // toml++ v3 (Debian ships this name, not toml.hpp)
 
 #include "tessera/core/error.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 #include "tessera/parallel/stages.hpp"
 #include "tessera/train/job_config.hpp"
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 
 namespace tessera::train {
 

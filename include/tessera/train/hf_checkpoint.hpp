@@ -34,8 +34,8 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/io/sharded_safetensors.hpp"
-#include "tessera/nn/args.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/args.hpp"
+#include "tessera/layer/layer.hpp"
 
 namespace tessera::train {
 

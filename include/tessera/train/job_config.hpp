@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 
 namespace tessera::train {
 

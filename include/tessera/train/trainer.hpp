@@ -18,27 +18,26 @@
 #include <string>
 #include <vector>
 
+#include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/synthetic.hpp"
-#include "tessera/io/token_shard.hpp"
 #include "tessera/data/tokenizers.hpp"
+#include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
-#include "tessera/nn/layer.hpp"
+#include "tessera/layer/layer.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/optim/lr_schedule.hpp"
+#include "tessera/parallel/host_values.hpp"
+#include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/stages.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/job_plan.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/sharded_checkpoint.hpp"
-#include "tessera/comm/mesh.hpp"
-#include "tessera/parallel/host_values.hpp"
-#include "tessera/parallel/plan.hpp"
-#include "tessera/parallel/stages.hpp"
-#include "tessera/parallel/traffic.hpp"
 
 namespace tessera::train {
 
@@ -52,29 +51,6 @@ inline std::vector<std::uint32_t> load_training_tokens(const JobConfig& c, const
   TESSERA_CHECK(!c.training.dataset_path.empty(), "training.dataset_path: required when training.dataset = \"shard\"");
   auto tokens = io::read_token_shard(c.training.dataset_path);
   return tokens;
-}
-
-/// What the analytic traffic count (parallel/traffic.hpp) needs of a job on `shape`,
-/// for the ranks at pipeline rank `pp_rank`.
-inline parallel::StepLayout step_layout(const JobConfig& c, const comm::MeshShape& shape, int pp_rank = 0) {
-  const parallel::Plan plan = make_plan(c, nullptr);
-  parallel::StepLayout l;
-  l.args = c.model.args;
-  l.shape = shape;
-  l.mode = parallel::sharding_for(shape);
-  l.reshard = plan.reshard;
-  l.param_dtype = plan.param_dtype;
-  const std::int64_t local = c.training.local_batch_size;
-  const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * shape.dp();
-  l.micro_batches = global / (local * shape.dp());
-  l.rows = local * c.training.seq_len;
-  l.seq_len = c.training.seq_len;
-  l.checkpoint = plan.checkpoint;
-  l.loss_parallel = plan.loss_parallel;
-  l.sequence_parallel = plan.sequence_parallel;
-  l.pipeline = plan.pipeline;
-  l.pp_rank = pp_rank;
-  return l;
 }
 
 /// What a resume loads of a checkpoint: everything but the parts named in

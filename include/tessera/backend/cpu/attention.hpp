@@ -21,11 +21,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/softmax.hpp"
 
 namespace tessera::detail {

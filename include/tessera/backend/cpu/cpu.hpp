@@ -15,7 +15,6 @@
 #include <cstring>
 #include <type_traits>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/cpu/attention.hpp"
 #include "tessera/backend/cpu/device_memory.hpp"
@@ -24,6 +23,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/host_sync.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace tessera {
 

@@ -22,10 +22,10 @@
 
 #include <atomic>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/caching_allocator.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace tessera::cuda {
 

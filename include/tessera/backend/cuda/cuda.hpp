@@ -41,7 +41,6 @@
 #include <string>
 #include <type_traits>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/caching_allocator.hpp"
 #include "tessera/backend/cuda/attention_engine.hpp"
@@ -54,6 +53,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/flash_attention.hpp"
 
 namespace tessera {

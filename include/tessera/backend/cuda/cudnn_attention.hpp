@@ -26,8 +26,8 @@
 
 #include <string>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/cuda/attention_engine.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace tessera::cuda {
 

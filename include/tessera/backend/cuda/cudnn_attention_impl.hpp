@@ -27,11 +27,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/caching_allocator.hpp"
 #include "tessera/backend/cuda/attention_engine.hpp"
 #include "tessera/backend/cuda/cudnn_attention.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/flash_attention.hpp"
 
 #if TESSERA_WITH_CUDNN_FRONTEND

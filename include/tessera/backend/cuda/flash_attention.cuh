@@ -42,13 +42,13 @@
 #include <cstring>
 #include <type_traits>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/cuda/check.hpp"
 #include "tessera/backend/cuda/kernels.hpp"
 #include "tessera/backend/cuda/launch.cuh"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/flash_attention.hpp"
 
 namespace tessera::cuda {

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/device_activity.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
-#include "tessera/plan/measured.hpp"
 
 #define TESSERA_CUPTI_CHECK(expr)                                              \
   do {                                                                         \
@@ -56,7 +56,7 @@ struct ProfileState {
   bool recording = false;
   CUpti_SubscriberHandle subscriber{};
   std::unordered_map<std::uint32_t, const char*> regions;  // launch's correlation id -> region name
-  std::vector<plan::DeviceActivity> activities;
+  std::vector<DeviceActivity> activities;
 };
 
 inline ProfileState& profile_state() {
@@ -96,11 +96,11 @@ inline void CUPTIAPI activity_buffer_requested(std::uint8_t** buffer, std::size_
 
 inline void CUPTIAPI activity_buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, std::size_t,
                                                std::size_t valid) {
-  std::vector<plan::DeviceActivity> got;
+  std::vector<DeviceActivity> got;
   std::vector<std::uint32_t> ids;
   CUpti_Activity* record = nullptr;
   while (buffer && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-    plan::DeviceActivity a;
+    DeviceActivity a;
     std::uint32_t id = 0;
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
@@ -116,7 +116,7 @@ inline void CUPTIAPI activity_buffer_completed(CUcontext, std::uint32_t, std::ui
         const bool host = kind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD || kind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ||
                           kind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOA || kind == CUPTI_ACTIVITY_MEMCPY_KIND_ATOH ||
                           kind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOH;
-        a.work = host ? plan::DeviceWork::host_copy : plan::DeviceWork::device_copy;
+        a.work = host ? DeviceWork::host_copy : DeviceWork::device_copy;
         a.name = kind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "copy host to device"
                  : kind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "copy device to host"
                  : host                                    ? "copy through the host"
@@ -127,7 +127,7 @@ inline void CUPTIAPI activity_buffer_completed(CUcontext, std::uint32_t, std::ui
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* f = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        a.work = plan::DeviceWork::fill;
+        a.work = DeviceWork::fill;
         a.name = "memset";
         a.start_ns = f->start, a.end_ns = f->end, a.bytes = f->bytes, id = f->correlationId;
         break;
@@ -189,7 +189,7 @@ class KernelProfile {
   /// Waits for the current device, stops recording and returns what ran, by start time.
   /// (A Region's name is read when CUPTI hands its records over: the library's are
   /// literals; a user's must live as long.)
-  std::vector<plan::DeviceActivity> stop() {
+  std::vector<DeviceActivity> stop() {
     TESSERA_CHECK(!stopped_, "cuda::KernelProfile::stop: already stopped");
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     TESSERA_CUPTI_CHECK(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
@@ -199,7 +199,7 @@ class KernelProfile {
     TESSERA_CHECK(dropped == 0, "cuda::KernelProfile: CUPTI dropped ", dropped,
                   " records (no buffer to put them in): the profile has holes");
     detail::ProfileState& s = detail::profile_state();
-    std::vector<plan::DeviceActivity> out;
+    std::vector<DeviceActivity> out;
     {
       std::lock_guard lock(s.m);
       out.swap(s.activities);

@@ -29,9 +29,9 @@
 
 #include <cstdint>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/cuda/memory.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace tessera::cuda {
 

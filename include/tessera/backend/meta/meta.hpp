@@ -36,7 +36,6 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/backend/attention_shape.hpp"
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/caching_allocator.hpp"
 #include "tessera/backend/traced.hpp"
@@ -44,6 +43,7 @@
 #include "tessera/core/buffer.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/attention_shape.hpp"
 
 namespace tessera {
 

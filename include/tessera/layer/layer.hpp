@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
-#include "tessera/core/error.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
 

@@ -1,4 +1,6 @@
 // The Llama model the example binaries build: every policy chosen at run time.
+// It stands where a job's config meets the model (train/), above both the layers (nn/)
+// and the policies (parallel/) it puts together.
 //
 // DynamicBlock wraps the Llama block in each policy family with its choice left to the
 // Plan (parallel/plan.hpp), which the config's [parallelism] and [activation_checkpoint]

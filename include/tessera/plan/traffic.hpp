@@ -43,13 +43,15 @@
 
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
-#include "tessera/nn/args.hpp"
+#include "tessera/layer/args.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/parallel/checkpoint.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/stages.hpp"
+#include "tessera/train/job_config.hpp"
+#include "tessera/train/job_plan.hpp"
 
-namespace tessera::parallel {
+namespace tessera::plan {
 
 /// A unit's parameter count (this rank's tensor-parallel pieces) and how often a
 /// pass gathers it.
@@ -62,16 +64,16 @@ struct UnitTraffic {
 struct StepLayout {
   nn::ModelArgs args;
   comm::MeshShape shape;
-  ShardingMode mode = ShardingMode::none;
-  Reshard reshard = Reshard::default_policy;
+  parallel::ShardingMode mode = parallel::ShardingMode::none;
+  parallel::Reshard reshard = parallel::Reshard::default_policy;
   DType param_dtype = DType::f32;
   std::int64_t micro_batches = 1;  // forward_backward passes per step (gradient accumulation)
   std::int64_t rows = 0;           // tokens of one pass on one data-parallel rank (batch x seq_len)
   std::int64_t seq_len = 0;
-  CheckpointMode checkpoint{};
+  parallel::CheckpointMode checkpoint{};
   bool loss_parallel = true;
   bool sequence_parallel = true;
-  PipelineOptions pipeline{};
+  parallel::PipelineOptions pipeline{};
   int pp_rank = 0;  // the pipeline rank counted (ranks of different stages send different bytes)
 };
 
@@ -91,8 +93,8 @@ inline RankLayers rank_layers(const StepLayout& l) {
     r.stages = {0};
     return r;
   }
-  const int V = stages_per_rank(l.pipeline.schedule, l.pipeline, P);
-  const auto stages = split_stages(L, P * V, l.pipeline.split_points);
+  const int V = parallel::stages_per_rank(l.pipeline.schedule, l.pipeline, P);
+  const auto stages = parallel::split_stages(L, P * V, l.pipeline.split_points);
   r.n_stages = P * V;
   r.embedding = r.output = false;
   for (int s = l.pp_rank; s < P * V; s += P) {
@@ -119,10 +121,10 @@ inline std::vector<UnitTraffic> llama_units(const StepLayout& l) {
   std::vector<UnitTraffic> units;
   // The embedding is freed after its forward unless never, or tied to the output.
   if (r.embedding)
-    units.push_back({a.vocab_size * d / tp, !pipelined && l.reshard != Reshard::never && !a.tie_embeddings ? 2 : 1});
+    units.push_back({a.vocab_size * d / tp, !pipelined && l.reshard != parallel::Reshard::never && !a.tie_embeddings ? 2 : 1});
   for (int i : r.blocks) {
     const bool last = i + 1 == a.n_layers;
-    const bool freed = !pipelined && (l.reshard == Reshard::always || (l.reshard == Reshard::default_policy && !last));
+    const bool freed = !pipelined && (l.reshard == parallel::Reshard::always || (l.reshard == parallel::Reshard::default_policy && !last));
     units.push_back({block, freed ? 2 : 1});
   }
   // Norm + output run forward and backward back to back: gathered once.
@@ -168,7 +170,7 @@ inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers
     std::uint64_t bytes = r.embedding ? whole : 0;
     for (int i : r.blocks) {
       bytes += 4 * whole + kv_pieces;
-      if (checkpoint_for_layer(l.checkpoint, i).kind != CheckpointMode::Kind::none) bytes += 2 * whole;
+      if (parallel::checkpoint_for_layer(l.checkpoint, i).kind != parallel::CheckpointMode::Kind::none) bytes += 2 * whole;
     }
     if (r.output && l.loss_parallel) bytes += loss_parallel_bytes(l, rows) + whole;  // the chunks; dh
     return bytes;
@@ -176,7 +178,7 @@ inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers
   std::uint64_t bytes = r.embedding ? 2 * region : 0;  // the embedding's reduce-scatter and all-gather
   for (int i : r.blocks) {
     bytes += 8 * region + 2 * norm + kv_pieces;
-    if (checkpoint_for_layer(l.checkpoint, i).kind != CheckpointMode::Kind::none) bytes += 4 * region;
+    if (parallel::checkpoint_for_layer(l.checkpoint, i).kind != parallel::CheckpointMode::Kind::none) bytes += 4 * region;
   }
   if (!r.output) return bytes;
   bytes += region + norm;  // the head's gather of the normed rows; the final norm's weight
@@ -197,16 +199,16 @@ inline std::uint64_t expected_step_bytes(const StepLayout& l) {
   for (const UnitTraffic& u : llama_units(l)) {
     const auto n = static_cast<std::uint64_t>(u.numel);
     switch (l.mode) {
-      case ShardingMode::none: break;
-      case ShardingMode::fsdp:
-      case ShardingMode::hsdp: {
+      case parallel::ShardingMode::none: break;
+      case parallel::ShardingMode::fsdp:
+      case parallel::ShardingMode::hsdp: {
         const std::uint64_t shard = (n + S - 1) / S;
         std::uint64_t per_pass = static_cast<std::uint64_t>(u.gathers) * (S - 1) * shard * p + (S - 1) * shard * g;
-        if (l.mode == ShardingMode::hsdp) per_pass += detail::all_reduce_bytes(shard * g, R);
+        if (l.mode == parallel::ShardingMode::hsdp) per_pass += detail::all_reduce_bytes(shard * g, R);
         bytes += m * per_pass;
         break;
       }
-      case ShardingMode::ddp: bytes += detail::all_reduce_bytes(n * g, D); break;
+      case parallel::ShardingMode::ddp: bytes += detail::all_reduce_bytes(n * g, D); break;
     }
   }
   const RankLayers r = rank_layers(l);
@@ -229,4 +231,27 @@ inline std::uint64_t expected_step_bytes(const StepLayout& l) {
   return bytes;
 }
 
-}  // namespace tessera::parallel
+/// What the count above needs of a job (train/job_config.hpp) on `shape`,
+/// for the ranks at pipeline rank `pp_rank`.
+inline StepLayout step_layout(const train::JobConfig& c, const comm::MeshShape& shape, int pp_rank = 0) {
+  const parallel::Plan layout = train::make_plan(c, nullptr);
+  StepLayout l;
+  l.args = c.model.args;
+  l.shape = shape;
+  l.mode = parallel::sharding_for(shape);
+  l.reshard = layout.reshard;
+  l.param_dtype = layout.param_dtype;
+  const std::int64_t local = c.training.local_batch_size;
+  const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * shape.dp();
+  l.micro_batches = global / (local * shape.dp());
+  l.rows = local * c.training.seq_len;
+  l.seq_len = c.training.seq_len;
+  l.checkpoint = layout.checkpoint;
+  l.loss_parallel = layout.loss_parallel;
+  l.sequence_parallel = layout.sequence_parallel;
+  l.pipeline = layout.pipeline;
+  l.pp_rank = pp_rank;
+  return l;
+}
+
+}  // namespace tessera::plan

@@ -11,17 +11,12 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/ops/rope.hpp"
 
 namespace tessera::nn {
 
-/// Llama 3.1 RoPE frequency scaling (Hugging Face rope_type "llama3").
-struct RopeScaling {
-  bool enabled = false;
-  double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  std::int64_t original_max_position = 8192;
-};
+/// Llama 3.1 RoPE frequency scaling, a model argument (its arithmetic is ops/rope.hpp's).
+using RopeScaling = ops::RopeScaling;
 
 struct ModelArgs {
   std::string flavor = "debugmodel";
