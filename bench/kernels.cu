@@ -19,7 +19,7 @@
 //      tokens / T (at least 1): tessera's flash kernels (cuda::flash_attention_forward /
 //      _backward) in bf16 and fp32 storage, and in bf16 cuDNN's fused attention through
 //      the engine training installs (Cuda::attention_forward / _backward after
-//      train::select_cuda_attention("cudnn"); a row saying why where cuDNN cannot run).
+//      cuda::select_attention("cudnn"); a row saying why where cuDNN cannot run).
 //      FLOPs: forward 4 B H T^2 hd / 2 (causal: half the score matrix), with the
 //      full-matrix count (torchtitan's convention) beside it; backward 2.5 x forward.
 //      Target: causal forward >= 450 TFLOP/s at hd 128, T 8192, bf16, for the attention
@@ -70,6 +70,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/cuda/cuda.cuh"
+#include "tessera/backend/cuda/select_attention.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
@@ -80,7 +81,6 @@
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
 #include "tessera/ops/swiglu.hpp"
-#include "tessera/train/cuda_attention.hpp"
 
 #include "machine.hpp"
 
@@ -1451,7 +1451,7 @@ int run(const Options& o) {
           // cuDNN, as training.attention = "cudnn" installs it for this shape.
           std::string why;
           try {
-            (void)tessera::train::select_cuda_attention("cudnn", true, s, false);
+            (void)tessera::cuda::select_attention("cudnn", true, s, false);
           } catch (const std::exception& e) {
             why = e.what();
           }

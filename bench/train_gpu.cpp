@@ -12,7 +12,7 @@
 // bf16 activations and parameters, fp32 gradients, AdamW with fp32 masters and moments
 // (--state-dtype bfloat16: moments in bf16, optimizer.state_dtype's layout). Attention is
 // what training.attention = --attention picks, by llama-train's own rule and call
-// (train/cuda_attention.hpp): cuDNN's fused attention where it runs, else tessera's
+// (backend/cuda/select_attention.hpp): cuDNN's fused attention where it runs, else tessera's
 // flash kernels; each flavor's line says which and why.
 // A step is the trainer's: zero_grad, forward_backward over one micro-batch of batch x
 // seq tokens, the gradient norm and its clipping coefficient (max norm 1), one AdamW
@@ -66,6 +66,7 @@
 #if TESSERA_HAVE_CUPTI
 #include "tessera/backend/cuda/kernel_profile.hpp"
 #endif
+#include "tessera/backend/cuda/select_attention.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/layer/args.hpp"
@@ -74,7 +75,6 @@
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/plan/measured.hpp"
-#include "tessera/train/cuda_attention.hpp"
 
 using namespace tessera;
 using namespace tessera::bench;
@@ -235,7 +235,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   r.flavor = flavor;
   nn::ModelArgs args = nn::model_flavor(flavor);
   args.max_seq_len = std::max(args.max_seq_len, o.seq);
-  r.attention = train::select_cuda_attention(
+  r.attention = cuda::select_attention(
                     o.attention, true, AttentionShape{o.batch, o.seq, args.n_heads, args.kv_heads(), args.head_dim()},
                     false)
                     .text;

@@ -34,7 +34,7 @@
 // [comm] bounds the start and each collective (docs/running.md). The rank itself is
 // train_run.hpp's run_rank, instantiated here for the CPU and in llama_train_cuda.cpp
 // for CUDA. On the GPU, training.attention picks cuDNN's fused attention or
-// tessera's own kernels (train/attention_choice.hpp); the start-up line says which.
+// tessera's own kernels (backend/cuda/attention_choice.hpp); the start-up line says which.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -50,12 +50,12 @@
 #if TESSERA_WITH_MPI
 #include "tessera/comm/mpi.hpp"
 #endif
+#include "tessera/backend/cuda/attention_choice.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/io/tokenizer.hpp"
-#include "tessera/train/attention_choice.hpp"
-#include "tessera/train/config.hpp"
 #include "tessera/plan/cpu.hpp"
+#include "tessera/train/config.hpp"
 #include "tessera/train/metrics.hpp"
 #include "step_trace.hpp"
 #include "train_run.hpp"
@@ -209,7 +209,7 @@ int run(std::vector<std::string> args) {
 #endif
   // The CPU has one attention (backend/cpu/attention.hpp): training.attention = "cudnn"
   // is refused by name, "auto" and "tessera" change nothing.
-  train::choose_attention(c.training.attention, train::AttentionFacts{}, {});
+  cuda::choose_attention(c.training.attention, cuda::AttentionFacts{}, {});
   comm::check_cpu_launch(launch);
 
   {

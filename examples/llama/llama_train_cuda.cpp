@@ -8,7 +8,7 @@
 #include <string>
 
 #include "tessera/backend/cuda/cuda.hpp"
-#include "tessera/train/cuda_attention.hpp"
+#include "tessera/backend/cuda/select_attention.hpp"
 #include "train_cuda.hpp"
 #include "train_run.hpp"
 
@@ -71,7 +71,7 @@ std::string setup_cuda_attention(const train::JobConfig& c) {
                                                                         : c.training.local_batch_size;
   const AttentionShape s{batch, c.training.seq_len, a.n_heads / tp, std::max<std::int64_t>(1, a.kv_heads() / tp),
                          a.head_dim()};
-  return train::select_cuda_attention(c.training.attention, c.training.mixed_precision_param == "bfloat16", s,
+  return cuda::select_attention(c.training.attention, c.training.mixed_precision_param == "bfloat16", s,
                                       c.training.deterministic)
       .text;
 }

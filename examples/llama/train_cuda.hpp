@@ -35,7 +35,7 @@ void use_cuda_device(int device);
 /// per block" and why).
 std::string setup_cuda_allocator(const train::JobConfig& c);
 
-/// Resolves training.attention for a run on this GPU (train/attention_choice.hpp):
+/// Resolves training.attention for a run on this GPU (backend/cuda/attention_choice.hpp):
 /// loads cuDNN and builds the model's attention graphs where it may run, installs the
 /// chosen engine in the CUDA backend (backend/cuda/attention_engine.hpp) and returns
 /// the start-up line's words for it. "cudnn" that cannot run throws, naming the key.

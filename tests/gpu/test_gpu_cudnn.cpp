@@ -119,7 +119,7 @@ TEST_CASE("cuDNN attention gives tessera's flash kernels and the CPU backend: GQ
   check_against_tessera({2, 150, 4, 2, 64}, 8);
   check_against_tessera({2, 100, 4, 1, 128}, 8);
   // torchtitan's debug model (dim 256 over 16 heads) has head dim 16, where cuDNN may
-  // decline: auto then keeps tessera's kernels (train/attention_choice.hpp).
+  // decline: auto then keeps tessera's kernels (backend/cuda/attention_choice.hpp).
   const std::string hd16 = gpu_test::cudnn_support({2, 150, 4, 2, 16}, false);
   if (hd16.empty()) check_against_tessera({2, 150, 4, 2, 16}, 0);
   else MESSAGE("cuDNN declines head dim 16: " << hd16);

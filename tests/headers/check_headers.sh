@@ -5,9 +5,8 @@
 #   check_headers.sh INCLUDE_DIR host CXX      every .hpp as host C++ (-fsyntax-only), with
 #                                              g++, or clang++ ("clang": 16 or newer,
 #                                              skipped without one); and none outside
-#                                              backend/cuda, comm/nccl.hpp and
-#                                              train/cuda_attention.hpp includes a CUDA
-#                                              or NCCL header
+#                                              backend/cuda and comm/nccl.hpp includes a
+#                                              CUDA or NCCL header
 #   check_headers.sh INCLUDE_DIR cuda NVCC     every .cuh, and every .hpp that includes
 #                                              one, as CUDA with nvcc (the host side
 #                                              through its g++)
@@ -15,10 +14,10 @@
 # Flags after the compiler are added to every compile (tests/meson.build passes the
 # build's -Dgcc_lazy_gc flags to the g++ run).
 #
-# The host headers that use CUDA's runtime or NCCL (backend/cuda/*.hpp, comm/nccl.hpp,
-# train/cuda_attention.hpp) are compiled with the toolkit's include directory where it
-# exists, and skipped (named) where it does not; cudnn_attention_impl.hpp also needs the
-# cuDNN frontend's headers (tools/install-deps.sh fetches them), comm/mpi.hpp MPI's.
+# The host headers that use CUDA's runtime or NCCL (backend/cuda/*.hpp, comm/nccl.hpp)
+# are compiled with the toolkit's include directory where it exists, and skipped (named)
+# where it does not; cudnn_attention_impl.hpp also needs the cuDNN frontend's headers
+# (tools/install-deps.sh fetches them), comm/mpi.hpp MPI's.
 # Each header is compiled twice in one file (its include guard), with -Wall -Wextra
 # -Werror, two compiles at a time.
 #
@@ -78,7 +77,7 @@ case $mode in
           [ -n "$cuda_include" ] && probe cupti.h "-I$cuda_include" || { skipped+=("$h (no CUPTI)"); continue; } ;;
         tessera/comm/nccl.hpp)
           [ -n "$cuda_include" ] && probe nccl.h "-I$cuda_include" || { skipped+=("$h (no nccl.h)"); continue; } ;;
-        tessera/backend/cuda/* | tessera/train/cuda_attention.hpp)
+        tessera/backend/cuda/*)
           [ -n "$cuda_include" ] || { skipped+=("$h (no CUDA toolkit)"); continue; } ;;
       esac
       headers+=("$h")
@@ -89,7 +88,7 @@ case $mode in
         tessera/comm/mpi.hpp) extra=$mpi_flags ;;
         tessera/backend/cuda/cudnn_attention_impl.hpp)
           extra="-I$cuda_include -isystem $cudnn_frontend -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING" ;;
-        tessera/backend/cuda/* | tessera/comm/nccl.hpp | tessera/train/cuda_attention.hpp) extra="-I$cuda_include" ;;
+        tessera/backend/cuda/* | tessera/comm/nccl.hpp) extra="-I$cuda_include" ;;
       esac
       # The hub's precompiled prelude, where this header has one (same flags: no extra).
       [ "$3" != - ] && [ -z "$extra" ] && extra="-include $3 -Winvalid-pch"
@@ -159,11 +158,10 @@ if ! xargs -P 2 -L 1 bash -c 'compile "$0" "$1" "$2" || { echo "header check fai
   status=1
 fi
 if [ "$mode" = host ]; then
-  outside=$(find tessera -name '*.hpp' ! -path 'tessera/backend/cuda/*' ! -path 'tessera/comm/nccl.hpp' \
-             ! -path 'tessera/train/cuda_attention.hpp' | sort)
+  outside=$(find tessera -name '*.hpp' ! -path 'tessera/backend/cuda/*' ! -path 'tessera/comm/nccl.hpp' | sort)
   # shellcheck disable=SC2086
   if grep -lE '#include *<(cuda|cublas|cudnn|cupti|nccl|cub/)' $outside; then
-    echo "CUDA or NCCL header included outside backend/cuda, comm/nccl.hpp and train/cuda_attention.hpp"
+    echo "CUDA or NCCL header included outside backend/cuda and comm/nccl.hpp"
     status=1
   fi
 fi

@@ -7,13 +7,13 @@
 #include <string>
 
 #include "../support/errors.hpp"
-#include "tessera/train/attention_choice.hpp"
+#include "tessera/backend/cuda/attention_choice.hpp"
 
 namespace test_attention_choice {  // unity build: this file's names stay in here (tests/meson.build)
 
-using tessera::train::AttentionChoice;
-using tessera::train::AttentionFacts;
-using tessera::train::choose_attention;
+using tessera::cuda::AttentionChoice;
+using tessera::cuda::AttentionFacts;
+using tessera::cuda::choose_attention;
 
 namespace {
 

@@ -54,6 +54,7 @@
 #include <variant>
 #include <vector>
 
+#include "tessera/backend/cuda/attention_choice.hpp"
 #include "tessera/backend/trace.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
@@ -61,7 +62,6 @@
 #include "tessera/layer/args.hpp"
 #include "tessera/plan/classes.hpp"
 #include "tessera/plan/machine.hpp"
-#include "tessera/train/attention_choice.hpp"
 
 namespace tessera::plan {
 
@@ -110,7 +110,7 @@ inline const char* attention_name(AttentionKernel k) { return k == AttentionKern
 
 /// What `training.attention` (auto | cudnn | tessera) runs on `m` for a model whose
 /// parameters are `dtype` and whose heads are `head_dim` wide: llama-train's own rule
-/// (train/attention_choice.hpp), for a GPU build that has cuDNN's frontend and a machine
+/// (backend/cuda/attention_choice.hpp), for a GPU build that has cuDNN's frontend and a machine
 /// that has its library, with head dims checked as on sm_80 (a multiple of 8, at most
 /// 128: every Llama shape). And cuDNN is priced only where the profile gives its rates.
 struct AttentionChoice {
@@ -118,14 +118,14 @@ struct AttentionChoice {
   std::string why;
 };
 inline AttentionChoice choose_attention(const std::string& key, DType dtype, std::int64_t head_dim, const Machine& m) {
-  train::AttentionFacts f;
+  cuda::AttentionFacts f;
   f.on_gpu = true;
   f.bf16_model = dtype == DType::bf16;
   f.frontend = "assumed";
   f.library = "cuDNN";
   f.cc_major = 8;
   f.head_dim = head_dim;
-  const train::AttentionChoice run = train::choose_attention(key, f, nullptr);
+  const cuda::AttentionChoice run = cuda::choose_attention(key, f, nullptr);
   if (!run.cudnn) return {AttentionKernel::tessera, run.text};
   if (m.cudnn_attention_bf16.empty()) {
     const std::string why = tessera::detail::concat("the machine profile ", m.origin,

@@ -12,19 +12,19 @@
 
 #include <string>
 
-#include "tessera/backend/cuda/cudnn_attention.hpp"
+#include "tessera/backend/cuda/attention_choice.hpp"
 #include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/cudnn_attention.hpp"
 #include "tessera/backend/cuda/memory.hpp"
-#include "tessera/train/attention_choice.hpp"
 
-namespace tessera::train {
+namespace tessera::cuda {
 
 /// Decides training.attention = `requested` for a model whose one-rank attention call
 /// is `shape` (heads already divided by tensor parallelism, one micro-batch), in bf16 or
 /// not, on the current device, and installs the choice (cuDNN's engine, or none: the
 /// project's flash kernels). Returns the decision and its start-up text; a "cudnn" that
 /// cannot run throws, naming the key and the reason.
-inline AttentionChoice select_cuda_attention(const std::string& requested, bool bf16_model, const AttentionShape& shape,
+inline AttentionChoice select_attention(const std::string& requested, bool bf16_model, const AttentionShape& shape,
                                              bool deterministic) {
   AttentionFacts f;
   f.on_gpu = true;
@@ -48,4 +48,4 @@ inline AttentionChoice select_cuda_attention(const std::string& requested, bool 
   return choice;
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::cuda

@@ -10,7 +10,8 @@
 // most 128 before sm_90 and 256 from it), and only when cuDNN itself builds the model's
 // graphs (the probe: cuDNN's own word on the shape, the GPU and the library version).
 // The facts are gathered by the trainer (examples/llama/llama_train_cuda.cpp); the rule
-// is here, host C++, so every refusal and fallback is tested without a GPU.
+// is here, host C++ with no CUDA header, so every refusal and fallback is tested without
+// a GPU and llama-plan prices the attention a run would choose (plan/cost.hpp).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@
 
 #include "tessera/core/error.hpp"
 
-namespace tessera::train {
+namespace tessera::cuda {
 
 /// What decides training.attention for one run.
 struct AttentionFacts {
@@ -78,4 +79,4 @@ inline AttentionChoice choose_attention(const std::string& requested, const Atte
   return {false, concat("tessera (auto: ", why, ")")};
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::cuda
