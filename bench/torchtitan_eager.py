@@ -3,7 +3,7 @@
 llama-plan's prediction of it (`--plan.runtime torchtitan`).
 
 llama-plan predicts torchtitan's published Llama table on 64 A100s 7 to 18% fast
-(docs/planning.md, "The eager step, counted"). Its model of that step is a list of eager
+(docs/validation.md, "The eager step, counted"). Its model of that step is a list of eager
 PyTorch kernels read from torchtitan's code at the commit that made the table
 (plan/torchtitan_time.hpp, plan/eager.hpp). This script runs a step written to those
 same kernels on one GPU, so that a machine with a GPU can say whether the list and its

@@ -170,7 +170,7 @@ TEST_CASE("the sheets' outcomes: what ran fits in an A100's usable memory, what 
   // with FlashAttention-2 and the RMSNorm kernel, out of memory with torch's RMSNorm. The
   // live count of the second is within 1.2% of the usable memory, and its reservation
   // beyond it. The first, and 65B's best (tensor 2 x pipeline 4, microbatch 1, 55.3%),
-  // are two of the fit predictions the model gets wrong (docs/planning.md): their live
+  // are two of the fit predictions the model gets wrong (docs/validation.md): their live
   // tensors fit, their reservations at the average fragmentation do not, and they ran.
   // Kept as they are rather than tuned.
   const auto best13 = plan::scaling_memory(sheet_run(a13, 64, 1, 1, 1, 2048, false, K::flash2, true));
