@@ -121,10 +121,12 @@ inline std::vector<UnitTraffic> llama_units(const StepLayout& l) {
   std::vector<UnitTraffic> units;
   // The embedding is freed after its forward unless never, or tied to the output.
   if (r.embedding)
-    units.push_back({a.vocab_size * d / tp, !pipelined && l.reshard != parallel::Reshard::never && !a.tie_embeddings ? 2 : 1});
+    units.push_back(
+        {a.vocab_size * d / tp, !pipelined && l.reshard != parallel::Reshard::never && !a.tie_embeddings ? 2 : 1});
   for (int i : r.blocks) {
     const bool last = i + 1 == a.n_layers;
-    const bool freed = !pipelined && (l.reshard == parallel::Reshard::always || (l.reshard == parallel::Reshard::default_policy && !last));
+    const bool freed = !pipelined && (l.reshard == parallel::Reshard::always ||
+                                      (l.reshard == parallel::Reshard::default_policy && !last));
     units.push_back({block, freed ? 2 : 1});
   }
   // Norm + output run forward and backward back to back: gathered once.
@@ -170,7 +172,8 @@ inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers
     std::uint64_t bytes = r.embedding ? whole : 0;
     for (int i : r.blocks) {
       bytes += 4 * whole + kv_pieces;
-      if (parallel::checkpoint_for_layer(l.checkpoint, i).kind != parallel::CheckpointMode::Kind::none) bytes += 2 * whole;
+      if (parallel::checkpoint_for_layer(l.checkpoint, i).kind != parallel::CheckpointMode::Kind::none)
+        bytes += 2 * whole;
     }
     if (r.output && l.loss_parallel) bytes += loss_parallel_bytes(l, rows) + whole;  // the chunks; dh
     return bytes;
@@ -178,7 +181,8 @@ inline std::uint64_t tensor_parallel_bytes(const StepLayout& l, const RankLayers
   std::uint64_t bytes = r.embedding ? 2 * region : 0;  // the embedding's reduce-scatter and all-gather
   for (int i : r.blocks) {
     bytes += 8 * region + 2 * norm + kv_pieces;
-    if (parallel::checkpoint_for_layer(l.checkpoint, i).kind != parallel::CheckpointMode::Kind::none) bytes += 4 * region;
+    if (parallel::checkpoint_for_layer(l.checkpoint, i).kind != parallel::CheckpointMode::Kind::none)
+      bytes += 4 * region;
   }
   if (!r.output) return bytes;
   bytes += region + norm;  // the head's gather of the normed rows; the final norm's weight
