@@ -35,11 +35,11 @@
 
 #include "machine.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/sharded.hpp"
 #include "tessera/comm/thread.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/dynamic_model.hpp"
-#include "tessera/train/sharded_checkpoint.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace {

@@ -1,5 +1,5 @@
 // llama-checkpoint: looks into, verifies and converts llama-train's sharded training
-// checkpoints (train/sharded_checkpoint.hpp, docs/checkpoints.md).
+// checkpoints (checkpoint/sharded.hpp, docs/checkpoints.md).
 //
 //   llama-checkpoint list PATH [--step N] [--checksums]
 //   llama-checkpoint verify PATH [--step N]
@@ -30,12 +30,12 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/folder.hpp"
+#include "tessera/checkpoint/hf.hpp"
+#include "tessera/checkpoint/model.hpp"
+#include "tessera/checkpoint/sharded.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/train/checkpoint.hpp"
-#include "tessera/train/checkpoint_folder.hpp"
-#include "tessera/train/hf_checkpoint.hpp"
-#include "tessera/train/sharded_checkpoint.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;

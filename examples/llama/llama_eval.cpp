@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/evaluate.hpp"
 
 using namespace tessera;

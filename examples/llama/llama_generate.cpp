@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/model.hpp"
+#include "tessera/data/tokenizers.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/data/tokenizers.hpp"
-#include "tessera/train/checkpoint.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/folder.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/instances.hpp"
@@ -29,8 +31,6 @@
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
-#include "tessera/train/checkpoint.hpp"
-#include "tessera/train/checkpoint_folder.hpp"
 #include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/trainer.hpp"

@@ -29,13 +29,13 @@
 #include <string_view>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/hf.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/evaluate.hpp"
-#include "tessera/train/hf_checkpoint.hpp"
 #include "tessera/train/trainer.hpp"
 
 /// The Llama model over the CPU in fp32: as a plain stack of Llama blocks (what

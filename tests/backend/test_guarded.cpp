@@ -15,11 +15,11 @@
 #include "../support/guarded_cpu.hpp"
 #include "../support/temp_dir.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
-#include "tessera/nn/transformer.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/comm/thread.hpp"
 #include "tessera/nn/generate.hpp"
+#include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
-#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 

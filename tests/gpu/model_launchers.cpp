@@ -12,11 +12,11 @@
 
 #include "model_launchers.hpp"
 #include "tessera/backend/cuda/cuda.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/comm/self.hpp"
 #include "tessera/comm/thread.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
-#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace tessera::gpu_test {

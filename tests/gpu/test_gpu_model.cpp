@@ -22,9 +22,9 @@
 #include "cudnn_launchers.hpp"
 #include "model_launchers.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/comm/reduce.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/config.hpp"
 
 namespace test_gpu_model {  // unity build: this file's names stay in here (tests/meson.build)

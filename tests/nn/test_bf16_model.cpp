@@ -12,10 +12,10 @@
 
 #include "../support/temp_dir.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
-#include "tessera/train/checkpoint.hpp"
 
 namespace test_bf16_model {  // unity build: this file's names stay in here (tests/meson.build)
 

@@ -10,8 +10,8 @@
 #include <map>
 
 #include "harness.hpp"
+#include "tessera/checkpoint/hf.hpp"
 #include "tessera/comm/thread.hpp"
-#include "tessera/train/hf_checkpoint.hpp"
 
 namespace test_pipeline {  // unity build: this file's names stay in here (tests/meson.build)
 

@@ -6,8 +6,8 @@
 #include "../support/errors.hpp"
 #include "../support/temp_dir.hpp"
 #include "harness.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/comm/thread.hpp"
-#include "tessera/train/checkpoint.hpp"
 
 namespace test_save {  // unity build: this file's names stay in here (tests/meson.build)
 

@@ -1,4 +1,4 @@
-// Sharded checkpoints (train/sharded_checkpoint.hpp): saved under one layout, each rank
+// Sharded checkpoints (checkpoint/sharded.hpp): saved under one layout, each rank
 // writing what it holds, and loaded under another, each rank reading what it holds;
 // every parameter comes back bitwise. Interrupted and broken folders are refused by name.
 #include <doctest/doctest.h>
@@ -13,8 +13,8 @@
 #include "../support/errors.hpp"
 #include "../support/temp_dir.hpp"
 #include "harness.hpp"
+#include "tessera/checkpoint/sharded.hpp"
 #include "tessera/comm/thread.hpp"
-#include "tessera/train/sharded_checkpoint.hpp"
 
 namespace test_sharded_checkpoint {  // unity build: this file's names stay in here (tests/meson.build)
 

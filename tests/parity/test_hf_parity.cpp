@@ -33,12 +33,12 @@
 #include "../support/errors.hpp"
 #include "../support/temp_dir.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/io/sharded_safetensors.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/train/checkpoint.hpp"
 
 namespace test_hf_parity {  // unity build: this file's names stay in here (tests/meson.build)
 

@@ -1,4 +1,4 @@
-// A run's checkpoint folder (train/checkpoint_folder.hpp): which checkpoint a rerun
+// A run's checkpoint folder (checkpoint/folder.hpp): which checkpoint a rerun
 // resumes from, what keep_latest_k removes; and a resumed run's metrics.jsonl and
 // TensorBoard files (train/metrics.hpp), which go on from the resumed step.
 #include <doctest/doctest.h>
@@ -13,7 +13,7 @@
 
 #include "../support/errors.hpp"
 #include "../support/temp_dir.hpp"
-#include "tessera/train/checkpoint_folder.hpp"
+#include "tessera/checkpoint/folder.hpp"
 #include "tessera/train/metrics.hpp"
 #include "tessera/train/tensorboard.hpp"
 

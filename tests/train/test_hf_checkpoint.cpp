@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/evaluate.hpp"
 
 namespace test_hf_checkpoint {  // unity build: this file's names stay in here (tests/meson.build)

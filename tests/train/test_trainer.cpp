@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/checkpoint/model.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
-#include "tessera/train/checkpoint.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 

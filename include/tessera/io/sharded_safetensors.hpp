@@ -15,7 +15,7 @@
 // write_sharded_safetensors splits tensors (in name order) into shards of at most
 // max_shard_bytes of data (a larger tensor gets a shard of its own) and writes the index
 // when there is more than one shard. It writes into a directory the caller has made for
-// the purpose; see train/hf_checkpoint.hpp for the staged, all-or-nothing save.
+// the purpose; see checkpoint/hf.hpp for the staged, all-or-nothing save.
 #pragma once
 
 #include <algorithm>

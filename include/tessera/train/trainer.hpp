@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/checkpoint/sharded.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
@@ -37,7 +38,6 @@
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/job_plan.hpp"
 #include "tessera/train/metrics.hpp"
-#include "tessera/train/sharded_checkpoint.hpp"
 
 namespace tessera::train {
 
@@ -132,7 +132,7 @@ class Trainer {
   }
 
   /// Saves everything a resumed run needs as a sharded checkpoint in `dir`
-  /// (train/sharded_checkpoint.hpp): the parameters, the optimizer's moments, masters
+  /// (checkpoint/sharded.hpp): the parameters, the optimizer's moments, masters
   /// and step count, the step, the schedule's position, the data position and the
   /// settings a resume must keep. A collective: every rank writes its own share.
   void save_checkpoint(const std::string& dir);
@@ -192,7 +192,7 @@ class Trainer {
   std::int64_t accumulation_ = 1;
   std::int64_t step_ = 0;
   std::int64_t lr_step_ = 0;  // the schedule's position: the step count unless a resume restarted one of them
-  // The host copy of a save, reused by the next (pinned on a GPU: sharded_checkpoint.hpp).
+  // The host copy of a save, reused by the next (pinned on a GPU: checkpoint/sharded.hpp).
   sharded::HostBuffers buffers_{sharded::host_pinning<B>()};
   sharded::AsyncSave<B> async_;    // after buffers_: destroyed first, its write joined
 };

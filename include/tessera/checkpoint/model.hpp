@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "tessera/checkpoint/hf.hpp"  // the Hugging Face directory layout
 #include "tessera/core/dtype.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/layer.hpp"
-#include "tessera/train/hf_checkpoint.hpp"  // the Hugging Face directory layout
 
 namespace tessera::train {
 
@@ -92,7 +92,8 @@ void save_model(Model& model, const std::string& path, DType dtype) {
 inline nn::ModelArgs read_model_args(const std::string& path) {
   auto file = io::SafetensorsFile::open(path);
   auto it = file.metadata().find("tessera.model_args");
-  TESSERA_CHECK(it != file.metadata().end(), path, ": no tessera.model_args in the metadata (not a tessera checkpoint)");
+  TESSERA_CHECK(it != file.metadata().end(), path,
+                ": no tessera.model_args in the metadata (not a tessera checkpoint)");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(it->second);

@@ -125,7 +125,8 @@ class HfConfigReader {
     return v.get<std::int64_t>();
   }
   double positive_number_at(const nlohmann::json& v, std::string_view key) const {
-    if (!v.is_number() || !(v.get<double>() > 0)) fail(file_, ": key '", key, "': expected a positive number, got ", v.dump());
+    if (!v.is_number() || !(v.get<double>() > 0))
+      fail(file_, ": key '", key, "': expected a positive number, got ", v.dump());
     return v.get<double>();
   }
 
@@ -216,7 +217,8 @@ inline nn::ModelArgs read_hf_config(const std::string& dir) {
   a.rope_theta = r.positive_number_or("rope_theta", 10000.0);
   if (r.has("rope_parameters")) {
     const nlohmann::json& p = j.at("rope_parameters");
-    if (p.is_object() && p.contains("rope_theta")) a.rope_theta = r.positive_number_at(p.at("rope_theta"), "rope_parameters.rope_theta");
+    if (p.is_object() && p.contains("rope_theta"))
+      a.rope_theta = r.positive_number_at(p.at("rope_theta"), "rope_parameters.rope_theta");
     a.rope_scaling = detail::read_rope_scaling(r, p, "rope_parameters");
   } else if (r.has("rope_scaling")) {
     a.rope_scaling = detail::read_rope_scaling(r, j.at("rope_scaling"), "rope_scaling");
@@ -322,7 +324,8 @@ template <class Model>
 void save_hf_model(Model& model, const std::string& dir, const HfSaveOptions& o = {}) {
   namespace fs = std::filesystem;
   using T = typename Model::scalar_type;
-  TESSERA_CHECK(o.dtype == DType::f32 || o.dtype == DType::bf16, dir, ": Hugging Face export supports float32 and bfloat16");
+  TESSERA_CHECK(o.dtype == DType::f32 || o.dtype == DType::bf16, dir,
+                ": Hugging Face export supports float32 and bfloat16");
   std::error_code ec;
   const fs::path target = fs::path(dir).lexically_normal();
   const fs::path staging = fs::path(target.string() + ".partial");
@@ -378,7 +381,8 @@ void save_hf_model(Model& model, const std::string& dir, const HfSaveOptions& o 
 /// True when `path` is a directory holding a config.json (a Hugging Face model).
 inline bool is_hf_directory(const std::string& path) {
   std::error_code ec;
-  return std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "config.json", ec);
+  return std::filesystem::is_directory(path, ec) &&
+         std::filesystem::exists(std::filesystem::path(path) / "config.json", ec);
 }
 
 }  // namespace tessera::train

@@ -1,5 +1,5 @@
 // A run's checkpoint folder: `step-<N>` folders, each a sharded training checkpoint
-// (train/sharded_checkpoint.hpp), complete once its COMPLETE marker is there. Which one
+// (checkpoint/sharded.hpp), complete once its COMPLETE marker is there. Which one
 // a rerun resumes from, and which ones keep_latest_k lets go.
 //
 // Only names this library writes are looked at: `step-<digits>` folders, and the
@@ -16,8 +16,8 @@
 #include <system_error>
 #include <vector>
 
+#include "tessera/checkpoint/sharded.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/train/sharded_checkpoint.hpp"
 
 namespace tessera::train {
 
