@@ -1,0 +1,96 @@
+// The checks: each key's value against its range or choices, model.args resolved from
+// the flavor and the [model] overrides, and the rules that tie keys together.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <variant>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/layer/args.hpp"
+#include "tessera/parallel/stages.hpp"
+#include "tessera/train/config_field.hpp"
+#include "tessera/train/config_keys.hpp"
+#include "tessera/train/job_config.hpp"
+
+namespace tessera::train {
+
+namespace detail {
+
+inline void check_key(const ConfigKey& k, const JobConfig& c, const std::string& where) {
+  Value v = read_value(k, c);
+  if (std::holds_alternative<std::monostate>(v)) return;
+  if (k.type == KeyType::Int || k.type == KeyType::Float) {
+    double x = k.type == KeyType::Int ? static_cast<double>(std::get<std::int64_t>(v)) : std::get<double>(v);
+    if (!k.minus_one_means.empty() && k.type == KeyType::Int && std::get<std::int64_t>(v) == -1) return;
+    bool ok = std::isfinite(x);
+    if (k.min) ok = ok && (k.min_open ? x > *k.min : x >= *k.min);
+    if (k.max) ok = ok && (k.max_open ? x < *k.max : x <= *k.max);
+    if (ok) return;
+    if (!k.minus_one_means.empty())
+      fail(where, ": ", k.name, " must be -1 (", k.minus_one_means, ") or ", describe_range(k), ", got ",
+           format_value(v));
+    fail(where, ": ", k.name, " must be ", describe_range(k), ", got ", format_value(v));
+  }
+  if (k.type == KeyType::String && !k.choices.empty()) {
+    const auto& s = std::get<std::string>(v);
+    if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
+      fail(where, ": ", k.name, " must be one of ", join(k.choices, ", "), "; got ", quote(s));
+  }
+  if (k.type == KeyType::StringList && !k.choices.empty())  // each item among the choices
+    for (const std::string& s : std::get<std::vector<std::string>>(v))
+      if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
+        fail(where, ": ", k.name, ": each item must be one of ", join(k.choices, ", "), "; got ", quote(s));
+}
+
+inline void finalize(JobConfig& c, const Origins& o, std::string_view model_where) {
+  for (const auto& k : config_keys()) check_key(k, c, o.of(k.name));
+
+  // [model]: the flavor, the overrides on top, then the shape checks.
+  try {
+    c.model.args = nn::model_flavor(c.model.flavor);
+  } catch (const Error& e) {
+    fail(o.of("model.flavor"), ": ", e.what());
+  }
+  for (const auto& k : config_keys())
+    if (k.apply_to_args) k.apply_to_args(c);
+  c.model.args.validate(tessera::detail::concat(model_where, ": [model]"));
+
+  // Rules that tie keys together.
+  const auto& t = c.training;
+  TESSERA_CHECK(t.seq_len <= c.model.args.max_seq_len, o.of("training.seq_len"), ": training.seq_len (", t.seq_len,
+                ") exceeds the model's max_seq_len (", c.model.args.max_seq_len, ") of flavor ", c.model.flavor,
+                "; raise model.max_seq_len or lower training.seq_len");
+  TESSERA_CHECK(t.dataset != "shard" || !t.dataset_path.empty(), o.of("training.dataset"),
+                ": training.dataset_path is required when training.dataset = \"shard\" (a token shard made by "
+                "llama-tokenize)");
+  TESSERA_CHECK(t.global_batch_size == -1 || t.global_batch_size % t.local_batch_size == 0,
+                o.of("training.global_batch_size"), ": training.global_batch_size (", t.global_batch_size,
+                ") must be a multiple of training.local_batch_size (", t.local_batch_size, ")");
+  // The split points' names here, so the error says where they came from; their count and
+  // range depend on the pipeline and the model and are checked when it is laid out.
+  try {
+    (void)parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
+  } catch (const Error& e) {
+    fail(o.of("parallelism.pipeline_parallel_split_points"), ": ", e.what());
+  }
+  const auto& option = c.activation_checkpoint.selective_ac_option;
+  if (option != "op") {
+    std::int64_t every = 0;
+    auto [ptr, ec] = std::from_chars(option.data(), option.data() + option.size(), every);
+    TESSERA_CHECK(ec == std::errc{} && ptr == option.data() + option.size() && !option.empty() && every > 0,
+                  o.of("activation_checkpoint.selective_ac_option"),
+                  ": activation_checkpoint.selective_ac_option must be \"op\" or a positive integer, got ",
+                  quote(option));
+  }
+}
+
+}  // namespace detail
+
+}  // namespace tessera::train

@@ -1,0 +1,370 @@
+// The key table: every configuration key once, in the order of its section, with its
+// field in JobConfig, its meaning and the values it accepts; and the key and the sections
+// looked up by name.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "tessera/layer/args.hpp"
+#include "tessera/train/config_field.hpp"
+#include "tessera/train/job_config.hpp"
+
+namespace tessera::train {
+
+namespace detail {
+
+template <auto SectionField, auto ArgsField>
+void apply_model_override(JobConfig& c) {
+  if (const auto& v = c.model.*SectionField) c.model.args.*ArgsField = *v;
+}
+template <auto ArgsField>
+std::string model_args_value(const JobConfig& c) {
+  using T = std::remove_cvref_t<decltype(c.model.args.*ArgsField)>;
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, double>) {
+    return format_value(Value{c.model.args.*ArgsField});
+  } else {
+    return format_value(Value{static_cast<std::int64_t>(c.model.args.*ArgsField)});
+  }
+}
+
+struct KeyBuilder {
+  ConfigKey k;
+  KeyBuilder& positive() {
+    k.min = 0;
+    k.min_open = true;
+    return *this;
+  }
+  KeyBuilder& at_least(double v) {
+    k.min = v;
+    return *this;
+  }
+  KeyBuilder& at_most(double v) {
+    k.max = v;
+    return *this;
+  }
+  KeyBuilder& below(double v) {
+    k.max = v;
+    k.max_open = true;
+    return *this;
+  }
+  KeyBuilder& or_minus_one(std::string_view meaning) {
+    k.minus_one_means = meaning;
+    return *this;
+  }
+  KeyBuilder& one_of(std::vector<std::string_view> values) {
+    k.choices = std::move(values);
+    return *this;
+  }
+  KeyBuilder& unset_means(std::string_view text) {
+    k.unset_means = text;
+    return *this;
+  }
+};
+
+inline KeyBuilder make_key(std::string_view name, AnyField field, std::string_view help) {
+  KeyBuilder b;
+  b.k.name = name;
+  b.k.help = help;
+  b.k.field = field;
+  std::visit(
+      [&](auto ref) {
+        using T = std::remove_cvref_t<decltype(ref.get(std::declval<JobConfig&>()))>;
+        b.k.type = key_type_of<T>();
+        b.k.optional = is_optional<T>::value;
+      },
+      field);
+  return b;
+}
+
+template <auto SectionField, auto ArgsField>
+KeyBuilder model_key(std::string_view name, std::string_view help) {
+  auto b = make_key(name, field<&JobConfig::model, SectionField>(), help);
+  b.k.apply_to_args = &apply_model_override<SectionField, ArgsField>;
+  b.k.args_value = &model_args_value<ArgsField>;
+  b.k.unset_means = "the flavor's value";
+  return b;
+}
+
+inline std::vector<ConfigKey> build_config_keys() {
+  using J = JobConfig;
+  using M = ModelSection;
+  using A = nn::ModelArgs;
+  const std::vector<std::string_view> dtypes = {"float32", "bfloat16"};
+  std::vector<KeyBuilder> b = {
+      // [job]
+      make_key("job.dump_folder", field<&J::job, &JobSection::dump_folder>(),
+               "Folder for everything the job writes (checkpoints, metrics, TensorBoard)."),
+      make_key("job.description", field<&J::job, &JobSection::description>(), "Free text describing the job."),
+      make_key("job.print_config", field<&J::job, &JobSection::print_config>(),
+               "Print the effective configuration as TOML at start-up."),
+      // [model]
+      make_key("model.flavor", field<&J::model, &M::flavor>(),
+               "Model flavor (debugmodel, llama2_7b, ..., llama3.1_405b, llama3.2_3b)."),
+      model_key<&M::dim, &A::dim>("model.dim", "Override: model width.").positive(),
+      model_key<&M::n_layers, &A::n_layers>("model.n_layers", "Override: number of transformer blocks.")
+          .positive(),
+      model_key<&M::n_heads, &A::n_heads>("model.n_heads", "Override: attention heads (must divide dim).")
+          .positive(),
+      model_key<&M::n_kv_heads, &A::n_kv_heads>(
+          "model.n_kv_heads",
+          "Override: key/value heads for grouped-query attention (0: n_heads; must divide n_heads).")
+          .at_least(0),
+      model_key<&M::vocab_size, &A::vocab_size>("model.vocab_size", "Override: vocabulary size.").positive(),
+      model_key<&M::multiple_of, &A::multiple_of>("model.multiple_of",
+                                                  "Override: the feed-forward hidden size is rounded up to this.")
+          .positive(),
+      model_key<&M::ffn_dim_multiplier, &A::ffn_dim_multiplier>(
+          "model.ffn_dim_multiplier", "Override: feed-forward hidden size multiplier (0: none).")
+          .at_least(0),
+      model_key<&M::ffn_hidden, &A::ffn_hidden>(
+          "model.ffn_hidden",
+          "Override: the feed-forward hidden size itself (Hugging Face's intermediate_size; 0: derived).")
+          .at_least(0),
+      model_key<&M::rope_theta, &A::rope_theta>("model.rope_theta", "Override: RoPE base frequency.").positive(),
+      model_key<&M::norm_eps, &A::norm_eps>("model.norm_eps", "Override: RMSNorm epsilon.").positive(),
+      model_key<&M::max_seq_len, &A::max_seq_len>("model.max_seq_len",
+                                                  "Override: longest sequence the model is built for.")
+          .positive(),
+      model_key<&M::tie_embeddings, &A::tie_embeddings>(
+          "model.tie_embeddings", "Override: share the token embedding with the output projection."),
+      make_key("model.tokenizer", field<&J::model, &M::tokenizer>(),
+               "Tokenizer: \"byte\", \"synthetic_bpe\" (the embedded corpus's BPE vocabulary), a tiktoken-format "
+               "(Llama 3) or SentencePiece (Llama 2) tokenizer.model file, or a Hugging Face model directory "
+               "holding one."),
+      // [optimizer]
+      make_key("optimizer.name", field<&J::optimizer, &OptimizerSection::name>(), "Optimizer.").one_of({"AdamW"}),
+      make_key("optimizer.lr", field<&J::optimizer, &OptimizerSection::lr>(), "Peak learning rate.").at_least(0),
+      make_key("optimizer.eps", field<&J::optimizer, &OptimizerSection::eps>(),
+               "AdamW epsilon added to the denominator.")
+          .positive(),
+      make_key("optimizer.weight_decay", field<&J::optimizer, &OptimizerSection::weight_decay>(),
+               "Decoupled weight decay.")
+          .at_least(0),
+      make_key("optimizer.beta1", field<&J::optimizer, &OptimizerSection::beta1>(),
+               "Decay rate of the first moment.")
+          .at_least(0)
+          .below(1),
+      make_key("optimizer.beta2", field<&J::optimizer, &OptimizerSection::beta2>(),
+               "Decay rate of the second moment.")
+          .at_least(0)
+          .below(1),
+      make_key("optimizer.state_dtype", field<&J::optimizer, &OptimizerSection::state_dtype>(),
+               "Dtype the AdamW moments are stored in (updated in float32 arithmetic either way; bfloat16 saves 4 "
+               "bytes per parameter).")
+          .one_of(dtypes),
+      // [lr_scheduler]
+      make_key("lr_scheduler.warmup_steps", field<&J::lr_scheduler, &LrSchedulerSection::warmup_steps>(),
+               "Steps of linear warmup from near zero to optimizer.lr.")
+          .at_least(0),
+      make_key("lr_scheduler.decay_ratio", field<&J::lr_scheduler, &LrSchedulerSection::decay_ratio>(),
+               "Fraction of training.steps spent decaying at the end (warmup-stable-decay).")
+          .at_least(0)
+          .at_most(1)
+          .unset_means("decay starts right after warmup"),
+      make_key("lr_scheduler.decay_type", field<&J::lr_scheduler, &LrSchedulerSection::decay_type>(),
+               "Shape of the decay phase.")
+          .one_of({"linear", "sqrt", "cosine"}),
+      make_key("lr_scheduler.min_lr_factor", field<&J::lr_scheduler, &LrSchedulerSection::min_lr_factor>(),
+               "The decay ends at min_lr_factor x optimizer.lr.")
+          .at_least(0)
+          .at_most(1),
+      // [training]
+      make_key("training.local_batch_size", field<&J::training, &TrainingSection::local_batch_size>(),
+               "Sequences per data-parallel rank per step.")
+          .positive(),
+      make_key("training.global_batch_size", field<&J::training, &TrainingSection::global_batch_size>(),
+               "Sequences per step over all ranks; more than local x data-parallel degree accumulates gradients.")
+          .positive()
+          .or_minus_one("local_batch_size x data-parallel degree"),
+      make_key("training.seq_len", field<&J::training, &TrainingSection::seq_len>(),
+               "Tokens per sequence (at most model.max_seq_len).")
+          .positive(),
+      make_key("training.steps", field<&J::training, &TrainingSection::steps>(), "Optimizer steps to train.")
+          .positive(),
+      make_key("training.max_norm", field<&J::training, &TrainingSection::max_norm>(),
+               "Clip the global gradient norm to this (<= 0: no clipping)."),
+      make_key("training.seed", field<&J::training, &TrainingSection::seed>(),
+               "Seed of parameter initialisation and synthetic data.")
+          .at_least(0),
+      make_key("training.deterministic", field<&J::training, &TrainingSection::deterministic>(),
+               "Use only deterministic kernels (on the GPU: cuDNN attention's deterministic backward; tessera's own "
+               "kernels always are)."),
+      make_key("training.device", field<&J::training, &TrainingSection::device>(),
+               "Where to train: \"cpu\", \"cuda\" (one GPU a process: bf16 activations and parameters with "
+               "mixed_precision_param = \"bfloat16\"), or \"auto\" (cuda where built with CUDA and a GPU is "
+               "visible).")
+          .one_of({"auto", "cpu", "cuda"}),
+      make_key("training.attention", field<&J::training, &TrainingSection::attention>(),
+               "Attention on the GPU: \"cudnn\" (cuDNN's fused SDPA: a bf16 model on sm_80 or newer, a build with "
+               "the cuDNN frontend, libcudnn.so.9 at run time), \"tessera\" (the project's flash kernels), or "
+               "\"auto\" (cudnn where it can run, else tessera; the start-up line says which and why). "
+               "training.deterministic asks cuDNN for its deterministic backward.")
+          .one_of({"auto", "cudnn", "tessera"}),
+      make_key("training.expandable_segments", field<&J::training, &TrainingSection::expandable_segments>(),
+               "On the GPU, the caching allocator keeps its large blocks in one segment that grows at its end "
+               "(CUDA virtual memory, as PyTorch's expandable_segments, which torchtitan's launch script sets) "
+               "instead of a cudaMalloc for each block no free one fits: less memory lost between blocks. "
+               "false: a segment per block. llama-plan replays either."),
+      make_key("training.mixed_precision_param", field<&J::training, &TrainingSection::mixed_precision_param>(),
+               "Dtype of parameters in forward and backward (the optimizer keeps float32 masters).")
+          .one_of(dtypes),
+      make_key("training.mixed_precision_reduce", field<&J::training, &TrainingSection::mixed_precision_reduce>(),
+               "Dtype of gradient reductions across data-parallel ranks.")
+          .one_of({"float32"}),
+      make_key("training.dataset", field<&J::training, &TrainingSection::dataset>(),
+               "\"synthetic\": the embedded corpus; \"shard\": a token shard file (training.dataset_path).")
+          .one_of({"synthetic", "shard"}),
+      make_key("training.dataset_path", field<&J::training, &TrainingSection::dataset_path>(),
+               "Token shard file made by llama-tokenize (required when dataset = \"shard\")."),
+      make_key("training.synthetic_documents", field<&J::training, &TrainingSection::synthetic_documents>(),
+               "Documents of the embedded corpus to generate.")
+          .positive(),
+      // [parallelism]
+      make_key("parallelism.data_parallel_replicate_degree",
+               field<&J::parallelism, &ParallelismSection::data_parallel_replicate_degree>(),
+               "Data-parallel replicas (DDP, or HSDP's replicate dimension).")
+          .at_least(1),
+      make_key("parallelism.data_parallel_shard_degree",
+               field<&J::parallelism, &ParallelismSection::data_parallel_shard_degree>(),
+               "Ranks parameters are sharded over (FSDP).")
+          .at_least(1)
+          .or_minus_one("the ranks the other degrees leave"),
+      make_key("parallelism.tensor_parallel_degree",
+               field<&J::parallelism, &ParallelismSection::tensor_parallel_degree>(),
+               "Tensor-parallel ranks.")
+          .at_least(1),
+      make_key("parallelism.pipeline_parallel_degree",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_degree>(), "Pipeline stages.")
+          .at_least(1),
+      make_key("parallelism.context_parallel_degree",
+               field<&J::parallelism, &ParallelismSection::context_parallel_degree>(),
+               "Context-parallel ranks (sequence split).")
+          .at_least(1),
+      make_key("parallelism.disable_loss_parallel",
+               field<&J::parallelism, &ParallelismSection::disable_loss_parallel>(),
+               "Gather the logits before the loss instead of computing it on vocabulary shards."),
+      make_key("parallelism.disable_sequence_parallel",
+               field<&J::parallelism, &ParallelismSection::disable_sequence_parallel>(),
+               "With tensor parallelism, hold every row on every rank between the blocks' regions (norms and "
+               "residual adds on every row, all-reduces at the regions) instead of splitting the rows."),
+      make_key("parallelism.pipeline_parallel_schedule",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_schedule>(), "Pipeline schedule.")
+          .one_of({"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"}),
+      make_key("parallelism.pipeline_parallel_microbatch_size",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_microbatch_size>(),
+               "Sequences per pipeline microbatch.")
+          .positive(),
+      make_key("parallelism.fsdp_reshard_after_forward",
+               field<&J::parallelism, &ParallelismSection::fsdp_reshard_after_forward>(),
+               "Free gathered parameters after forward: \"default\" (yes, except with pipelining), "
+               "\"always\" or \"never\".")
+          .one_of({"default", "always", "never"}),
+      make_key("parallelism.pipeline_parallel_split_points",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_split_points>(),
+               "Blocks where each pipeline stage after the first begins (\"layers.N\"), one fewer than the stages "
+               "(pipeline_parallel_degree x stages per rank); empty: stages of equal size."),
+      // [activation_checkpoint]
+      make_key("activation_checkpoint.mode", field<&J::activation_checkpoint, &ActivationCheckpointSection::mode>(),
+               "Recompute activations in backward: none, full (every block) or selective.")
+          .one_of({"none", "full", "selective"}),
+      make_key("activation_checkpoint.selective_ac_option",
+               field<&J::activation_checkpoint, &ActivationCheckpointSection::selective_ac_option>(),
+               "Selective mode: \"op\" (keep matmul outputs, recompute the rest) or N (every N-th block)."),
+      // [checkpoint]
+      make_key("checkpoint.enable", field<&J::checkpoint, &CheckpointSection::enable>(),
+               "Save checkpoints (and resume from the latest one)."),
+      make_key("checkpoint.folder", field<&J::checkpoint, &CheckpointSection::folder>(),
+               "Checkpoint folder, inside job.dump_folder."),
+      make_key("checkpoint.interval", field<&J::checkpoint, &CheckpointSection::interval>(),
+               "Save every this many steps.")
+          .positive(),
+      make_key("checkpoint.load_step", field<&J::checkpoint, &CheckpointSection::load_step>(),
+               "Resume from the checkpoint of this step (it must be there and complete).")
+          .at_least(0)
+          .or_minus_one("the latest complete checkpoint in the folder, if any"),
+      make_key("checkpoint.exclude_from_loading", field<&J::checkpoint, &CheckpointSection::exclude_from_loading>(),
+               "What a resume does not load, starting it afresh instead: model (the weights, and the optimizer's "
+               "fp32 masters), optimizer (moments, step count), lr_scheduler (its position), dataloader (the "
+               "position in the data), train_state (the step count).")
+          .one_of({"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}),
+      make_key("checkpoint.async_mode", field<&J::checkpoint, &CheckpointSection::async_mode>(),
+               "disabled: a save holds the step until its files are on the disk; async: the step holds only "
+               "while the state is copied to host memory, and a background thread writes the files.")
+          .one_of({"disabled", "async"}),
+      make_key("checkpoint.last_save_model_only", field<&J::checkpoint, &CheckpointSection::last_save_model_only>(),
+               "At the last step save only the model weights (in export_dtype)."),
+      make_key("checkpoint.export_dtype", field<&J::checkpoint, &CheckpointSection::export_dtype>(),
+               "Dtype of the weights saved by a model-only save.")
+          .one_of(dtypes),
+      make_key("checkpoint.keep_latest_k", field<&J::checkpoint, &CheckpointSection::keep_latest_k>(),
+               "Keep this many latest checkpoints (0: keep all).")
+          .at_least(0),
+      make_key("checkpoint.initial_load_path", field<&J::checkpoint, &CheckpointSection::initial_load_path>(),
+               "Model to start from when the folder has none (\"\": none): a model.safetensors written by tessera, or "
+               "a Hugging Face Llama directory, whose config.json then defines the model."),
+      make_key("checkpoint.initial_load_in_hf", field<&J::checkpoint, &CheckpointSection::initial_load_in_hf>(),
+               "Require initial_load_path to be a Hugging Face Llama directory (config.json + safetensors)."),
+      make_key("checkpoint.last_save_in_hf", field<&J::checkpoint, &CheckpointSection::last_save_in_hf>(),
+               "Also save the final model as a Hugging Face Llama directory, <dump_folder>/hf."),
+      // [metrics]
+      make_key("metrics.log_freq", field<&J::metrics, &MetricsSection::log_freq>(),
+               "Log metrics every this many steps.")
+          .positive(),
+      make_key("metrics.enable_tensorboard", field<&J::metrics, &MetricsSection::enable_tensorboard>(),
+               "Write TensorBoard event files."),
+      make_key("metrics.save_tb_folder", field<&J::metrics, &MetricsSection::save_tb_folder>(),
+               "TensorBoard folder, inside job.dump_folder."),
+      make_key("metrics.peak_tflops", field<&J::metrics, &MetricsSection::peak_tflops>(),
+               "Peak TFLOP/s per device that MFU is computed against (0: the device's known peak).")
+          .at_least(0),
+      // [comm]
+      make_key("comm.init_timeout_seconds", field<&J::comm, &CommSection::init_timeout_seconds>(),
+               "Seconds the ranks may take to start: the rendezvous at MASTER_ADDR:MASTER_PORT, the NCCL id "
+               "exchange, ncclCommInitRank and each communicator split.")
+          .positive(),
+      make_key("comm.train_timeout_seconds", field<&J::comm, &CommSection::train_timeout_seconds>(),
+               "Seconds one collective may take to complete; past it (a rank died or hangs) every rank ends with "
+               "an error naming the operation.")
+          .positive(),
+      make_key("comm.check_nccl_semantics", field<&J::comm, &CommSection::check_nccl_semantics>(),
+               "Hold the CPU engines (--thread-ranks, mpirun) to NCCL's rules: device buffers only, no tags, results "
+               "read only after their wait, sends that wait for their receiver. Refused on GPUs, where NCCL itself "
+               "runs."),
+  };
+  std::vector<ConfigKey> keys;
+  keys.reserve(b.size());
+  for (auto& kb : b) keys.push_back(std::move(kb.k));
+  return keys;
+}
+
+}  // namespace detail
+
+/// Every configuration key, in the order of the sections above.
+inline const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = detail::build_config_keys();
+  return keys;
+}
+
+/// The key called "section.key", or nullptr.
+inline const ConfigKey* find_config_key(std::string_view name) {
+  for (const auto& k : config_keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+/// The sections, in order.
+inline std::vector<std::string_view> config_sections() {
+  std::vector<std::string_view> out;
+  for (const auto& k : config_keys())
+    if (std::find(out.begin(), out.end(), k.section()) == out.end()) out.push_back(k.section());
+  return out;
+}
+
+}  // namespace tessera::train
