@@ -10,7 +10,7 @@
 // turn, then the lanes added by halves (lane l += lane l + h for h = kNormLanes / 2, ...,
 // 1). On the CPU a call runs that order itself (a contiguous loop into 256 running sums);
 // on CUDA a block of kNormLanes threads runs it, each thread one lane, with coalesced
-// loads and the halving in shared memory (backend/cuda/row_kernels.cuh). A float or bf16
+// loads and the halving in shared memory (backend/cuda/norm_kernels.cuh). A float or bf16
 // element squared is exact in double, so the two give the same sum bit for bit.
 #pragma once
 

@@ -1,0 +1,129 @@
+// The elementwise kernels (ops/elementwise.hpp, ops/swiglu.hpp): SwiGluForward,
+// SwiGluBackward, Add, Copy, Axpy, Scale, Fill.
+//
+// Grid-stride over V-element vectors (V = 16 / sizeof(T)), 256 threads a block; the last
+// n % V elements by the functor itself. Vectors when every pointer is 16-byte aligned,
+// else the same kernel with scalar loads. The kernels do not restate the arithmetic: they
+// load a vector into registers, point a copy of the functor at those registers and call
+// its operator() for each element.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/row_launch.cuh"
+#include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/swiglu.hpp"
+
+namespace tessera::cuda::detail {
+
+/// Calls f(k) for k in [0, W): f is a copy of a functor pointed at registers.
+template <int W, class F>
+__device__ __forceinline__ void apply_local(const F& f) {
+#pragma unroll
+  for (int k = 0; k < W; ++k) f(k);
+}
+
+/// One array field of an elementwise functor (a pointer member) and what the functor
+/// does with it: reads it (In), writes it (Out), or both (InOut).
+template <auto Member, bool kRead, bool kWrite>
+struct Field {
+  static constexpr auto member = Member;
+  static constexpr bool read = kRead, write = kWrite;
+};
+template <auto Member>
+using In = Field<Member, true, false>;
+template <auto Member>
+using Out = Field<Member, false, true>;
+template <auto Member>
+using InOut = Field<Member, true, true>;
+
+/// An elementwise functor F whose arrays of T are Fields...: whether they are all
+/// 16-byte aligned, and apply<W>(f, i), the functor over elements [i, i + W) through
+/// registers: one W-element array per field, the read fields loaded as vectors, a copy
+/// of f pointed at the arrays run element by element, the written fields stored.
+template <class F, class T, class... Fields>
+struct ElementwiseOver {
+  using Element = T;
+  static bool aligned(const F& f) { return (aligned16(f.*Fields::member) && ...); }
+  template <int W>
+  __device__ static void apply(const F& f, std::int64_t i) {
+    T regs[sizeof...(Fields)][W];
+    F local = f;
+    int slot = 0;
+    // Comma folds run left to right: field k uses regs[k] in both passes.
+    (point<Fields, W>(f, local, i, regs[slot++]), ...);
+    apply_local<W>(local);
+    slot = 0;
+    (store<Fields, W>(f, i, regs[slot++]), ...);
+  }
+
+ private:
+  template <class Fd, int W>
+  __device__ static void point(const F& f, F& local, std::int64_t i, T* reg) {
+    if constexpr (Fd::read) load_elements<W>(f.*Fd::member, i, reg);
+    local.*Fd::member = reg;
+  }
+  template <class Fd, int W>
+  __device__ static void store(const F& f, std::int64_t i, const T* reg) {
+    if constexpr (Fd::write) store_elements<W>(f.*Fd::member, i, reg);
+  }
+};
+
+/// The lowered elementwise functors and their fields.
+template <class F>
+struct Elementwise;
+
+template <class T>
+struct Elementwise<ops::SwiGluForward<T>>
+    : ElementwiseOver<ops::SwiGluForward<T>, T, In<&ops::SwiGluForward<T>::a>, In<&ops::SwiGluForward<T>::b>,
+                      Out<&ops::SwiGluForward<T>::g>> {};
+template <class T>
+struct Elementwise<ops::SwiGluBackward<T>>
+    : ElementwiseOver<ops::SwiGluBackward<T>, T, In<&ops::SwiGluBackward<T>::a>, In<&ops::SwiGluBackward<T>::b>,
+                      In<&ops::SwiGluBackward<T>::dg>, Out<&ops::SwiGluBackward<T>::da>,
+                      Out<&ops::SwiGluBackward<T>::db>> {};
+template <class T>
+struct Elementwise<ops::Add<T>>
+    : ElementwiseOver<ops::Add<T>, T, In<&ops::Add<T>::a>, In<&ops::Add<T>::b>, Out<&ops::Add<T>::out>> {};
+template <class T>
+struct Elementwise<ops::Copy<T>> : ElementwiseOver<ops::Copy<T>, T, In<&ops::Copy<T>::x>, Out<&ops::Copy<T>::y>> {};
+template <class T>
+struct Elementwise<ops::Axpy<T>> : ElementwiseOver<ops::Axpy<T>, T, In<&ops::Axpy<T>::x>, InOut<&ops::Axpy<T>::y>> {};
+template <class T>
+struct Elementwise<ops::Scale<T>> : ElementwiseOver<ops::Scale<T>, T, InOut<&ops::Scale<T>::x>> {};
+template <class T>
+struct Elementwise<ops::Fill<T>> : ElementwiseOver<ops::Fill<T>, T, Out<&ops::Fill<T>::x>> {};
+
+/// Elements [0, n / W * W) as W-element vectors through Elementwise<F>::apply, the rest
+/// by f itself; grid-stride.
+template <class F, int W>
+__global__ void __launch_bounds__(kElementwiseThreads) elementwise_kernel(std::int64_t n, F f) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t vectors = n / W;
+  for (std::int64_t v = first; v < vectors; v += stride) Elementwise<F>::template apply<W>(f, v * W);
+  if constexpr (W > 1)
+    for (std::int64_t i = vectors * W + first; i < n; i += stride) f(i);
+}
+
+/// OpKernel for an elementwise functor F: elementwise_kernel, on vectors where
+/// Elementwise<F>::aligned(f).
+template <class F>
+struct ElementwiseKernel {
+  static void launch(std::int64_t n, const F& f, cudaStream_t stream) {
+    constexpr int V = kVectorWidth<typename Elementwise<F>::Element>;
+    const bool vectors = Elementwise<F>::aligned(f);
+    const std::int64_t items = vectors ? (n + V - 1) / V : n;
+    const auto blocks = static_cast<unsigned>(
+        std::min<std::int64_t>((items + kElementwiseThreads - 1) / kElementwiseThreads, 65535));
+    if (vectors) elementwise_kernel<F, V><<<blocks, kElementwiseThreads, 0, stream>>>(n, f);
+    else elementwise_kernel<F, 1><<<blocks, kElementwiseThreads, 0, stream>>>(n, f);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+}  // namespace tessera::cuda::detail

@@ -1,0 +1,239 @@
+// RMSNorm's kernels (ops/rmsnorm.hpp).
+//
+//   RmsNormForward, RmsNormBackwardInput  row kernels (row_launch.cuh): a row per warp
+//                                         when it has at most 1024 elements, else a row
+//                                         per block
+//   RmsNormBackwardWeight                 two kernels: blocks of 8 warps, each block a
+//                                         chunk of rows times 32 V columns (warp w the
+//                                         chunk's rows w, w + 8, ...), writing one
+//                                         partial sum per (chunk, column) to scratch;
+//                                         then blocks of 8 warps per 32 columns add the
+//                                         chunks' partials (warp w chunks w, w + 8, ...)
+//                                         and add the total into dw
+//
+// RmsNormBackwardWeight's chunks are at least 128 rows, and at most 1024 of them.
+//
+// Scratch. RmsNormBackwardWeight takes (chunks, n) floats from the device's caching
+// allocator (memory.hpp), given back when the launch returns; the allocator reuses
+// blocks in compute-stream order, so on any other stream the compute stream is made to
+// wait for the launch first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/memory.hpp"
+#include "tessera/backend/cuda/row_launch.cuh"
+#include "tessera/ops/math.hpp"
+#include "tessera/ops/rmsnorm.hpp"
+
+namespace tessera::cuda::detail {
+
+template <class T>
+struct RmsNormForwardRows : WarpRows<T> {
+  static std::int64_t length(const ops::RmsNormForward<T>& f) { return f.n; }
+  static bool aligned(const ops::RmsNormForward<T>& f) {
+    return rows_aligned16(f.x, f.ldx) && rows_aligned16(f.y, f.ldy) && aligned16(f.w);
+  }
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::RmsNormForward<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    const float eps = to_float(f.eps);
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      const T* xr = f.x + r * f.ldx;
+      T* yr = f.y + r * f.ldy;
+      float ss = 0;
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float x[W];
+        load_float<W>(xr, j, x);
+#pragma unroll
+        for (int k = 0; k < W; ++k) ss += x[k] * x[k];
+      });
+      ss = g.reduce(ss, SumOp{}, smem);
+      const float rs = 1.0f / ops::sqrt_(ss / static_cast<float>(f.n) + eps);
+      if (g.rank() == 0) f.rstd[r] = from_float<pointee_t<decltype(f.rstd)>>(rs);
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float x[W], w[W], y[W];
+        load_float<W>(xr, j, x);
+        load_float<W>(f.w, j, w);
+#pragma unroll
+        for (int k = 0; k < W; ++k) y[k] = w[k] * (x[k] * rs);
+        store_float<W>(yr, j, y);
+      });
+    }
+  }
+};
+
+template <class T>
+struct RmsNormBackwardInputRows : WarpRows<T> {
+  static std::int64_t length(const ops::RmsNormBackwardInput<T>& f) { return f.n; }
+  static bool aligned(const ops::RmsNormBackwardInput<T>& f) {
+    return rows_aligned16(f.x, f.ldx) && rows_aligned16(f.dy, f.lddy) && rows_aligned16(f.dx, f.lddx) &&
+           aligned16(f.w);
+  }
+  template <int V, bool kWarp>
+  __device__ static void run(const ops::RmsNormBackwardInput<T>& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      const T* xr = f.x + r * f.ldx;
+      const T* dyr = f.dy + r * f.lddy;
+      T* dxr = f.dx + r * f.lddx;
+      const float rs = to_float(f.rstd[r]);
+      float dot = 0;
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float x[W], w[W], dy[W];
+        load_float<W>(xr, j, x);
+        load_float<W>(f.w, j, w);
+        load_float<W>(dyr, j, dy);
+#pragma unroll
+        for (int k = 0; k < W; ++k) dot += w[k] * dy[k] * x[k];
+      });
+      dot = g.reduce(dot, SumOp{}, smem);
+      const float c = rs * rs * rs * dot / static_cast<float>(f.n);
+      row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        float x[W], w[W], dy[W], dx[W];
+        load_float<W>(xr, j, x);
+        load_float<W>(f.w, j, w);
+        load_float<W>(dyr, j, dy);
+#pragma unroll
+        for (int k = 0; k < W; ++k) dx[k] = rs * w[k] * dy[k] - c * x[k];
+        store_float<W>(dxr, j, dx);
+      });
+    }
+  }
+};
+
+/// Rows per partial sum of the weight gradient: at least this many, and few enough
+/// that there are at most kWeightMaxChunks chunks.
+inline constexpr std::int64_t kWeightChunkRows = 128;
+inline constexpr std::int64_t kWeightMaxChunks = 1024;
+/// Warps of a partial-sum block; warp w takes rows w, w + 8, ... of the chunk.
+inline constexpr int kWeightWarps = 8;
+
+/// partial[c * n + j] = sum over the rows of chunk c of dy[r, j] x[r, j] rstd[r], for
+/// the columns of the block's tiles of 32 V columns (lane l: columns l V .. l V + V - 1).
+/// Each thread adds its rows in order, then the 8 warps' sums are added in warp order.
+template <class T, int V>
+__global__ void __launch_bounds__(32 * kWeightWarps)
+    rmsnorm_weight_partials(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunk_rows,
+                            float* partial) {
+  constexpr int kTile = 32 * V;
+  __shared__ float sums[kWeightWarps][kTile];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const std::int64_t chunk = blockIdx.x;
+  const std::int64_t r0 = chunk * chunk_rows, r1 = f.rows < r0 + chunk_rows ? f.rows : r0 + chunk_rows;
+  const std::int64_t tiles = (n + kTile - 1) / kTile;
+  for (std::int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+    const std::int64_t j = tile * kTile + lane * V;
+    float acc[V] = {};
+    if (j + V <= n) {
+#pragma unroll 4
+      for (std::int64_t r = r0 + warp; r < r1; r += kWeightWarps) {
+        const float rs = to_float(f.rstd[r]);
+        float dy[V], x[V];
+        load_float<V>(f.dy + r * f.lddy, j, dy);
+        load_float<V>(f.x + r * f.ldx, j, x);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += dy[k] * x[k] * rs;
+      }
+    } else if (j < n) {  // the last columns, fewer than V
+      for (std::int64_t r = r0 + warp; r < r1; r += kWeightWarps) {
+        const float rs = to_float(f.rstd[r]);
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          if (j + k < n) acc[k] += to_float(f.dy[r * f.lddy + j + k]) * to_float(f.x[r * f.ldx + j + k]) * rs;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums[warp][lane * V + k] = acc[k];
+    __syncthreads();
+    for (int c = static_cast<int>(threadIdx.x); c < kTile; c += static_cast<int>(blockDim.x)) {
+      float s = sums[0][c];
+#pragma unroll
+      for (int w = 1; w < kWeightWarps; ++w) s += sums[w][c];
+      const std::int64_t col = tile * kTile + c;
+      if (col < n) partial[chunk * n + col] = s;
+    }
+    __syncthreads();  // sums is rewritten by the next tile
+  }
+}
+
+/// dw[j] += the sum of partial[c * n + j] over the chunks c: a block of 8 warps per 32
+/// columns (lane l: column 32 b + l), warp w adding chunks w, w + 8, ... in order, then
+/// the 8 warps' sums added in warp order.
+template <class T>
+__global__ void __launch_bounds__(32 * kWeightWarps)
+    rmsnorm_weight_sum(ops::RmsNormBackwardWeight<T> f, std::int64_t n, std::int64_t chunks,
+                       const float* partial) {
+  using D = pointee_t<decltype(f.dw)>;
+  __shared__ float sums[kWeightWarps][32];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const std::int64_t tiles = (n + 31) / 32;
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::int64_t j = tile * 32 + lane;
+    float s = 0;
+    if (j < n) {
+#pragma unroll 4
+      for (std::int64_t c = warp; c < chunks; c += kWeightWarps) s += partial[c * n + j];
+    }
+    sums[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && j < n) {
+      float total = sums[0][lane];
+#pragma unroll
+      for (int w = 1; w < kWeightWarps; ++w) total += sums[w][lane];
+      f.dw[j] = from_float<D>(to_float(f.dw[j]) + total);
+    }
+    __syncthreads();  // sums is rewritten by the next tile
+  }
+}
+
+/// Makes the compute stream wait for the work issued so far to `stream`, so that a
+/// scratch block freed now (the allocator reuses blocks in compute-stream order) is
+/// not handed to compute work that could run before that work has read it.
+inline void order_compute_after(cudaStream_t stream) {
+  if (stream == compute_stream()) return;
+  cudaEvent_t done = nullptr;
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  TESSERA_CUDA_CHECK(cudaEventRecord(done, stream));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), done, 0));
+  TESSERA_CUDA_CHECK(cudaEventDestroy(done));  // released once it has completed
+}
+
+/// OpKernel for RmsNormBackwardWeight: the partial sums into scratch, then their sum into dw.
+template <class T>
+struct RmsNormWeightKernel {
+  static void launch(std::int64_t n, const ops::RmsNormBackwardWeight<T>& f, cudaStream_t stream) {
+    const std::int64_t rows = f.rows > 0 ? f.rows : 0;
+    const std::int64_t chunk_rows =
+        std::max(kWeightChunkRows, (rows + kWeightMaxChunks - 1) / kWeightMaxChunks);
+    const std::int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    Buffer<float> partial = device_buffer<float>(static_cast<std::size_t>(chunks * n),
+                                                 "the RMSNorm weight gradient's partial sums");
+    if (chunks > 0) {
+      constexpr int V = kVectorWidth<T>;
+      const bool vectors = rows_aligned16(f.x, f.ldx) && rows_aligned16(f.dy, f.lddy);
+      const std::int64_t tiles = (n + 32 * (vectors ? V : 1) - 1) / (32 * (vectors ? V : 1));
+      const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min<std::int64_t>(tiles, 65535)));
+      if (vectors)
+        rmsnorm_weight_partials<T, V><<<grid, 32 * kWeightWarps, 0, stream>>>(f, n, chunk_rows, partial.data());
+      else
+        rmsnorm_weight_partials<T, 1><<<grid, 32 * kWeightWarps, 0, stream>>>(f, n, chunk_rows, partial.data());
+      TESSERA_CUDA_CHECK(cudaGetLastError());
+    }
+    const std::int64_t blocks = std::min<std::int64_t>((n + 31) / 32, kMaxBlocks);
+    rmsnorm_weight_sum<T><<<static_cast<unsigned>(blocks), 32 * kWeightWarps, 0, stream>>>(f, n, chunks,
+                                                                                        partial.data());
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    order_compute_after(stream);
+  }
+};
+
+}  // namespace tessera::cuda::detail
