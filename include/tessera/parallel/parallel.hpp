@@ -12,7 +12,8 @@
 // after, reduce the gradients) and the checkpoint policy's recording; the block
 // computes exactly as it would alone. Policies come in any order; a family given
 // twice, or something that is not a policy, stops compilation with a message naming
-// it (tests/compile_fail pins the messages).
+// it (tests/compile_fail pins the messages). A model of such blocks runs under
+// parallel::ModelRuntime (nn::RuntimeOf below): the policies lay the model out.
 #pragma once
 
 #include <memory>
@@ -20,7 +21,9 @@
 
 #include "tessera/layer/block_args.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/layer/runtime.hpp"
 #include "tessera/parallel/checkpoint.hpp"
+#include "tessera/parallel/model_runtime.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/policies.hpp"
 #include "tessera/parallel/sharding.hpp"
@@ -181,6 +184,12 @@ class Parallel {
   bool pipelined_ = false;
   std::unique_ptr<parallel::ShardedUnit<T, B>> unit_;
   bool last_micro_batch_ = true;
+};
+
+/// A model of Parallel blocks runs under parallel::ModelRuntime: the policies lay it out.
+template <class Block, class... Policies>
+struct nn::RuntimeOf<Parallel<Block, Policies...>> {
+  using type = parallel::ModelRuntime<Parallel<Block, Policies...>>;
 };
 
 }  // namespace tessera

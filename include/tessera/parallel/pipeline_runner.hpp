@@ -1,12 +1,12 @@
 // The pipeline runtime: one rank's lowered program (pipeline_program.hpp) walked over
 // the stages a model holds on that rank.
 //
-// The model knows its stages: how a stage's forward runs for a microbatch (from the
-// token ids on stage 0, from a received activation elsewhere), how its backward runs
-// from an output gradient (the head's own on the last stage), and what weight-gradient
-// work a zero-bubble schedule's backward_input leaves for its backward_weight. It gives
-// them through the PipelineStages interface below and keeps whatever it saves between a
-// microbatch's forward and backward. The runner knows the rest of a pass: which transfer
+// The stages' side (model_pipeline.hpp, over a model's parts) knows how a stage's forward
+// runs for a microbatch (from the token ids on stage 0, from a received activation
+// elsewhere), how its backward runs from an output gradient (the head's own on the last
+// stage), and what weight-gradient work a zero-bubble schedule's backward_input leaves
+// for its backward_weight. It gives them through the PipelineStages interface below and
+// keeps whatever it saves between a microbatch's forward and backward. The runner knows the rest of a pass: which transfer
 // groups go out when, which recv a compute waits for, where each tensor in flight lives.
 //   - each group of the program is one Communicator::send_recv_async call, every PeerOp
 //     tag 0: the engines match transfers in issue order, as NCCL does;

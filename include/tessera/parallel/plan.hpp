@@ -15,7 +15,7 @@
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
-#include "tessera/parallel/schedule.hpp"
+#include "tessera/parallel/schedule_kind.hpp"
 
 namespace tessera::parallel {
 

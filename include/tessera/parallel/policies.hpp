@@ -99,8 +99,8 @@ struct InterleavedZeroBubble {};  // backward split into input and weight gradie
 
 /// Pipeline parallelism over Stages ranks (or the mesh's pp degree with
 /// tessera::dynamic), run by Schedule (Dynamic: the Plan's pipeline_parallel_schedule).
-/// The model cuts its blocks into stages and runs them by the schedule
-/// (nn/transformer.hpp); every block of the model carries the same policy.
+/// The model's runtime cuts its blocks into stages and runs them by the schedule
+/// (parallel/model_pipeline.hpp); every block of the model carries the same policy.
 template <auto Stages, class Schedule = Dynamic>
 struct Pipeline {
   static constexpr bool dynamic_degree = std::is_same_v<std::remove_cvref_t<decltype(Stages)>, Dynamic>;

@@ -1,0 +1,333 @@
+// A model cut into pipeline stages: which stages (and so which blocks) this rank holds,
+// and a pass of the schedule's lowered program over them.
+//
+// The model is cut into stages (stages.hpp; the embedding and the output count as one
+// layer each), stage s on pipeline rank s % P; the rank builds only its stages'
+// layers (layout()). A micro-batch from the trainer is cut into pipeline microbatches;
+// Stages below gives the runner (pipeline_runner.hpp) this rank's stages over the
+// model's parts: a stage's forward and backward for a microbatch, the head's loss, a
+// zero-bubble schedule's deferred weight-gradient work. Transfers go in grouped,
+// untagged send/recv calls that follow NCCL's rules (pipeline_program.hpp).
+// Data-parallel units stay gathered through a pass and are reduced once after it.
+//
+// A model hands its parts through: embedding(), layer(j) and n_layers(), final_norm(),
+// head(), tensor_parallel(), activation_meter(), args().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/layer/args.hpp"
+#include "tessera/layer/layer.hpp"
+#include "tessera/layer/runtime.hpp"
+#include "tessera/ops/elementwise.hpp"
+#include "tessera/parallel/model_units.hpp"
+#include "tessera/parallel/pipeline_program.hpp"
+#include "tessera/parallel/pipeline_runner.hpp"
+#include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/schedule.hpp"
+#include "tessera/parallel/stages.hpp"
+#include "tessera/parallel/tensor_parallel.hpp"
+
+namespace tessera::parallel {
+
+template <class T, Backend B>
+class ModelPipeline {
+  using A = accum_t<T>;
+
+ public:
+  /// Lays out the stages of a model of `args.n_layers` blocks whose block type applies
+  /// `block_pp` (1: no Pipeline policy); `schedule_of()` gives its schedule, asked only
+  /// at a degree above 1.
+  template <class ScheduleOf>
+  ModelPipeline(const nn::ModelArgs& args, const Plan& plan, int block_pp, ScheduleOf schedule_of) : plan_(plan) {
+    const int mesh_pp = plan.pp_degree();
+    TESSERA_CHECK(block_pp == mesh_pp || block_pp == 1, "model: the blocks' tessera::Pipeline<", block_pp,
+                  "> on a mesh whose pipeline_parallel_degree is ", mesh_pp);
+    TESSERA_CHECK(mesh_pp == 1 || block_pp > 1, "parallelism.pipeline_parallel_degree = ", mesh_pp,
+                  ": the block type has no tessera::Pipeline policy (wrap it in tessera::Parallel<Block, "
+                  "tessera::Pipeline<tessera::dynamic>, ...>)");
+    pp_ = mesh_pp;
+    const auto L = static_cast<int>(args.n_layers);
+    if (pp_ == 1) {
+      layout_ = nn::StackLayout::whole(L);
+      stages_ = {StageRange{0, L, true, true}};
+      return;
+    }
+    kind_ = schedule_of();
+    TESSERA_CHECK(!args.tie_embeddings, "parallelism.pipeline_parallel_degree = ", pp_, " with tied embeddings (",
+                  args.flavor, "): the embedding and the output live on different stages");
+    rank_ = plan.mesh->pp_rank();
+    const int V = parallel::stages_per_rank(kind_, plan.pipeline, pp_);
+    stages_per_rank_ = V;
+    stages_ = split_stages(L, pp_ * V, plan.pipeline.split_points);
+    for (int s = rank_; s < pp_ * V; s += pp_) {
+      const StageRange& r = stages_[static_cast<std::size_t>(s)];
+      for (int i = r.first_block; i < r.end_block; ++i) layout_.layer_ids.push_back(i);
+    }
+    layout_.embedding = rank_ == 0;
+    layout_.head = (pp_ * V - 1) % pp_ == rank_;
+    // The schedule's own checks (stages per rank) with the smallest microbatch count it takes.
+    check_schedule_shape(kind_, pp_, V, min_microbatches(kind_, pp_));
+  }
+
+  const nn::StackLayout& layout() const { return layout_; }
+  int degree() const { return pp_; }
+  int stages_per_rank() const { return stages_per_rank_; }
+  const std::vector<StageRange>& stages() const { return stages_; }
+  double wait_seconds() const { return wait_seconds_; }
+
+  /// The schedule (its action lists) a micro-batch of `microbatches` pipeline microbatches runs by.
+  const Schedule& schedule(int microbatches) {
+    auto it = schedules_.find(microbatches);
+    if (it == schedules_.end())
+      it = schedules_.emplace(microbatches, make_schedule(kind_, pp_, stages_per_rank_, microbatches)).first;
+    return it->second;
+  }
+
+  /// The sequences per pipeline microbatch for a data-parallel rank's batch of `batch`
+  /// (the batch itself at degree 1). Throws naming the keys when the microbatch size
+  /// does not divide it or the schedule cannot run that many microbatches.
+  std::int64_t microbatch_size(std::int64_t batch) const {
+    if (pp_ == 1) return batch;
+    const std::int64_t mb = plan_.pipeline.microbatch_size;
+    TESSERA_CHECK(mb >= 1 && batch % mb == 0, "parallelism.pipeline_parallel_microbatch_size = ", mb,
+                  " does not divide training.local_batch_size = ", batch,
+                  " (each data-parallel rank's batch is cut into microbatches of that many sequences)");
+    check_schedule_shape(kind_, pp_, stages_per_rank_, static_cast<int>(batch / mb));
+    return mb;
+  }
+
+  /// One micro-batch through the pipeline: the schedule's program run over this rank's
+  /// stages; then every data-parallel unit reduces once. Returns the sum of token
+  /// losses (on every pipeline rank).
+  template <class Model>
+  double forward_backward(Model& m, ModelUnits<T, B>& units, std::span<const std::int32_t> inputs,
+                          std::span<const std::int32_t> targets, nn::Geometry g, double loss_scale,
+                          bool last_micro_batch) {
+    const std::int64_t mb = microbatch_size(g.batch);
+    const int M = static_cast<int>(g.batch / mb);
+    Stages<Model> stages(*this, m, units, inputs, targets, nn::Geometry{mb, g.seq_len}, M, loss_scale, true);
+    const PipelinePass pass = run_pipeline<B>(program(M), rank_, plan_.mesh->pp(), stages);
+    stages.check_done();
+    wait_seconds_ = pass.wait_seconds;
+    units.reduce_after_pass(m, last_micro_batch);
+    return pass.loss;
+  }
+
+  /// The sum of token losses without gradients: the whole batch as one microbatch,
+  /// forward through every stage in order (lower_forward).
+  template <class Model>
+  double loss(Model& m, ModelUnits<T, B>& units, std::span<const std::int32_t> inputs,
+              std::span<const std::int32_t> targets, nn::Geometry g) {
+    if (!forward_program_) {
+      forward_program_ = lower_forward(pp_, stages_per_rank_);
+      check_program(*forward_program_);
+    }
+    Stages<Model> stages(*this, m, units, inputs, targets, g, 1, 0.0, false);
+    return run_pipeline<B>(*forward_program_, rank_, plan_.mesh->pp(), stages).loss;
+  }
+
+  /// Every parameter of the whole model, each broadcast from the pipeline rank holding
+  /// it (whose values are whole already): `all` names and shapes them (a one-rank
+  /// model's, with storage). A collective over the pipeline.
+  template <class Model>
+  void gather_stages(Model& m, std::vector<std::unique_ptr<nn::Parameter<T>>>& all) {
+    std::map<std::string, nn::Parameter<T>*> mine;
+    m.for_each_parameter([&](nn::Parameter<T>& p) { mine[p.name] = &p; });
+    for (auto& q : all) {
+      const int owner = stage_of(q->name) % pp_;
+      if (owner == rank_) {
+        const nn::Parameter<T>& p = *mine.at(q->name);
+        B::for_each(q->numel(), ops::Copy<T>{p.value.data(), q->value.data()});
+      }
+      plan_.mesh->pp().broadcast(std::span<T>(q->value.data(), static_cast<std::size_t>(q->numel())), owner);
+    }
+  }
+
+ private:
+  /// The index among this rank's blocks of the first block of stage s (one of this rank's).
+  std::size_t first_local_layer(int s) const {
+    std::size_t n = 0;
+    for (int t = rank_; t < s; t += pp_) n += static_cast<std::size_t>(stages_[static_cast<std::size_t>(t)].blocks());
+    return n;
+  }
+
+  /// The stage (and so the pipeline rank) holding a parameter, by its name.
+  int stage_of(const std::string& name) const {
+    if (name.rfind("tok_embeddings.", 0) == 0) return 0;
+    if (name.rfind("layers.", 0) == 0) {
+      const int layer = std::stoi(name.substr(7));
+      for (std::size_t s = 0; s < stages_.size(); ++s)
+        if (layer >= stages_[s].first_block && layer < stages_[s].end_block) return static_cast<int>(s);
+    }
+    return static_cast<int>(stages_.size()) - 1;  // norm, output
+  }
+
+  /// The lowered program of the schedule for `microbatches` microbatches, made and
+  /// checked against NCCL's rules (check_program) before it first runs: once per
+  /// process for each schedule shape (checked_program).
+  const Program& program(int microbatches) {
+    auto it = programs_.find(microbatches);
+    if (it == programs_.end())
+      it = programs_.emplace(microbatches, checked_program(kind_, pp_, stages_per_rank_, microbatches)).first;
+    return *it->second;
+  }
+
+  /// This rank's stages for one pass, as run_pipeline walks them (PipelineStages): it
+  /// holds what the stages keep between a microbatch's forward and backward: each
+  /// block's saved activations per (local layer, microbatch), the final norm's, the
+  /// head's output gradient, and a zero-bubble backward_input's deferred weight-gradient
+  /// work. Without `training` (evaluation) nothing is saved and the head computes the
+  /// loss only.
+  template <class Model>
+  class Stages {
+   public:
+    using tensor_type = Tensor<T>;
+
+    Stages(ModelPipeline& pipeline, Model& model, ModelUnits<T, B>& units, std::span<const std::int32_t> inputs,
+           std::span<const std::int32_t> targets, nn::Geometry microbatch, int microbatches, double loss_scale,
+           bool training)
+        : pipeline_(pipeline),
+          model_(model),
+          units_(units),
+          inputs_(inputs),
+          targets_(targets),
+          g_(microbatch),
+          M_(microbatches),
+          loss_scale_(loss_scale),
+          training_(training),
+          head_grad_(static_cast<std::size_t>(microbatches)),
+          deferred_(static_cast<std::size_t>(pipeline.stages_per_rank_ * microbatches)) {
+      if (!training) return;
+      for (std::size_t i = 0; i < model.n_layers() * static_cast<std::size_t>(M_); ++i)
+        stores_.emplace_back("", &model.activation_meter());
+      for (int m = 0; m < M_; ++m) norm_stores_.emplace_back("norm", &model.activation_meter());
+    }
+
+    /// A tensor of the shape that crosses between stages: this tensor-parallel rank's
+    /// rows of a microbatch's hidden state.
+    Tensor<T> transfer_buffer() const {
+      const std::int64_t rows = g_.rows();
+      const TensorParallelGroup* tp = model_.tensor_parallel();
+      return B::template empty<T>(Shape{tp ? tp->rows_held(rows) : rows, model_.args().dim});
+    }
+
+    Tensor<T> forward(int s, int m, Tensor<T> x, double& loss) {
+      Model& t = model_;
+      const StageRange& range = pipeline_.stages_[static_cast<std::size_t>(s)];
+      if (range.embedding) {
+        if (Unit* u = units_.embedding()) u->unshard();
+        x = t.embedding().forward(ids(inputs_, m));
+        if (Unit* u = units_.embedding(); u && !training_) u->reshard();
+      }
+      const std::size_t first = pipeline_.first_local_layer(s);
+      for (std::size_t j = first; j < first + static_cast<std::size_t>(range.blocks()); ++j)
+        x = t.layer(j).forward(nn::Context<T>(g_, training_ ? &store(j, m) : nullptr), x);
+      if (!range.output) return x;
+      Unit* head = units_.head();
+      if (!training_) {
+        if (head) head->unshard();
+        Tensor<T> hn = t.final_norm().forward(nn::Context<T>(g_, nullptr), x);
+        loss += t.head().forward(whole_rows<B>(t.tensor_parallel(), hn), ids(targets_, m), A(0), nullptr);
+        if (head) head->reshard();
+        return {};
+      }
+      if (head) {
+        head->unshard();
+        head->begin_grads();
+      }
+      nn::ActivationStore<T>& norm_store = norm_stores_[static_cast<std::size_t>(m)];
+      Tensor<T> hn = whole_rows<B>(t.tensor_parallel(), t.final_norm().forward(nn::Context<T>(g_, &norm_store), x));
+      x.release();
+      Tensor<T> dhn = B::template empty<T>(hn.shape());
+      loss += t.head().forward(hn, ids(targets_, m), static_cast<A>(loss_scale_), &dhn);
+      head_grad_[static_cast<std::size_t>(m)] = t.head().vocab_parallel() ? summed_rows<B>(t.tensor_parallel(), dhn)
+                                                                          : own_rows<B>(t.tensor_parallel(), dhn);
+      return {};
+    }
+
+    Tensor<T> backward(int s, int m, Tensor<T> dy, bool defer) {
+      Model& t = model_;
+      const StageRange& range = pipeline_.stages_[static_cast<std::size_t>(s)];
+      nn::WeightGradQueue* later = defer ? &queue(s, m) : nullptr;
+      if (range.output) {
+        auto& norm_store = norm_stores_[static_cast<std::size_t>(m)];
+        dy = t.final_norm().backward(nn::Context<T>(g_, &norm_store).deferring_weight_grads(later),
+                                     head_grad_[static_cast<std::size_t>(m)]);
+        norm_store.clear();
+        head_grad_[static_cast<std::size_t>(m)].release();
+      }
+      const std::size_t first = pipeline_.first_local_layer(s);
+      for (std::size_t j = first + static_cast<std::size_t>(range.blocks()); j-- > first;) {
+        dy = t.layer(j).backward(nn::Context<T>(g_, &store(j, m)).deferring_weight_grads(later), dy);
+        store(j, m).clear();
+      }
+      if (!range.embedding) return dy;
+      if (Unit* u = units_.embedding()) u->begin_grads();
+      t.embedding().backward(ids(inputs_, m), dy);
+      return {};
+    }
+
+    void backward_weight(int s, int m) {
+      nn::WeightGradQueue& q = queue(s, m);
+      for (auto& work : q) work();
+      q.clear();
+    }
+
+    /// Throws if some weight-gradient work was left undone.
+    void check_done() const {
+      for (const auto& q : deferred_)
+        TESSERA_CHECK(q.empty(), "pipeline: the schedule left weight-gradient work undone (a bug in its action list)");
+    }
+
+   private:
+    using Unit = typename ModelUnits<T, B>::Unit;
+
+    std::span<const std::int32_t> ids(std::span<const std::int32_t> all, int m) const {
+      const auto rows = static_cast<std::size_t>(g_.rows());
+      return all.subspan(static_cast<std::size_t>(m) * rows, rows);
+    }
+    nn::ActivationStore<T>& store(std::size_t layer, int m) {
+      return stores_[layer * static_cast<std::size_t>(M_) + static_cast<std::size_t>(m)];
+    }
+    nn::WeightGradQueue& queue(int s, int m) {
+      return deferred_[static_cast<std::size_t>((s / pipeline_.pp_) * M_ + m)];
+    }
+
+    ModelPipeline& pipeline_;
+    Model& model_;
+    ModelUnits<T, B>& units_;
+    std::span<const std::int32_t> inputs_, targets_;
+    nn::Geometry g_;
+    int M_;
+    double loss_scale_;
+    bool training_;
+    std::deque<nn::ActivationStore<T>> stores_;       // (local layer, microbatch)
+    std::deque<nn::ActivationStore<T>> norm_stores_;  // per microbatch
+    std::vector<Tensor<T>> head_grad_;                // per microbatch: the head's gradient of the final norm's output
+    std::vector<nn::WeightGradQueue> deferred_;       // (local stage, microbatch)
+  };
+
+  const Plan& plan_;  // the model's, which outlives this
+  int pp_ = 1, rank_ = 0, stages_per_rank_ = 1;
+  ScheduleKind kind_ = ScheduleKind::one_f_one_b;
+  std::vector<StageRange> stages_;
+  nn::StackLayout layout_;
+  std::map<int, Schedule> schedules_;                         // by microbatch count
+  std::map<int, std::shared_ptr<const Program>> programs_;    // the schedules lowered, by microbatch count
+  std::optional<Program> forward_program_;                    // evaluation's forward-only walk, lowered
+  double wait_seconds_ = 0;
+};
+
+}  // namespace tessera::parallel

@@ -1,0 +1,171 @@
+// FSDP's order over a model's parts: the data-parallel units of a model that walks an
+// embedding, its blocks and a head (final norm + output), and what each does at each
+// point of the walk (layer/runtime.hpp names the points).
+//
+// The embedding and the head are units of the blocks' sharding mode; each block wrapped
+// in tessera::Parallel brings its own (Parallel::unit()). In a step each unit is gathered
+// before it runs and the next unit's gather is prefetched while the current one
+// computes, forward and backward; each unit's gradient reduction is issued when its
+// backward ends and completed while the next unit's backward runs (freeing its whole
+// gradient). In a pipeline every unit stays gathered through the pass and is reduced
+// once after it (reduce_after_pass).
+//
+// A model hands its parts through: embedding(), final_norm(), output_weight() (or
+// nullptr when the output is the embedding), layer(i) and n_layers(), args().
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/layer/layer.hpp"
+#include "tessera/parallel/plan.hpp"
+#include "tessera/parallel/sharding.hpp"
+
+namespace tessera::parallel {
+
+template <class T, Backend B>
+class ModelUnits {
+ public:
+  using Unit = ShardedUnit<T, B>;
+
+  /// Makes the embedding's and the head's units (those this rank holds) once the
+  /// model's parts exist; none without sharding on a mesh of one data-parallel rank.
+  /// `pipelined`: units stay gathered through a pass.
+  template <class Model>
+  void attach(Model& m, ShardingMode mode, const Plan& plan, bool pipelined, bool has_embedding, bool has_head) {
+    active_ = mode != ShardingMode::none || plan.dp_degree() > 1;
+    prefetch_ = plan.prefetch;
+    if (!active_) return;
+    const bool tied = m.args().tie_embeddings;
+    // Tied weights: the head needs the embedding's parameters, so that unit stays
+    // gathered from its forward to its backward.
+    const bool reshard_embedding = !pipelined && plan.reshard != Reshard::never && !tied;
+    if (has_embedding) {
+      embedding_ = std::make_unique<Unit>("tok_embeddings", mode, plan, reshard_embedding);
+      m.embedding().for_each_parameter([&](nn::Parameter<T>& p) { embedding_->add(p); });
+    }
+    if (has_head) {
+      head_ = std::make_unique<Unit>("norm+output", mode, plan, !pipelined && plan.reshard == Reshard::always);
+      m.final_norm().for_each_parameter([&](nn::Parameter<T>& p) { head_->add(p); });
+      if (nn::Parameter<T>* out = m.output_weight()) head_->add(*out);
+    }
+  }
+
+  /// Whether the model's parameters belong to units (then every one does).
+  bool active() const { return active_; }
+  Unit* embedding() { return embedding_.get(); }
+  Unit* head() { return head_.get(); }
+
+  /// Calls f(Unit&) for every unit this rank holds, in the model's order.
+  template <class Model, class F>
+  void for_each(Model& m, F&& f) {
+    if (!active_) return;
+    if (embedding_) f(*embedding_);
+    for (std::size_t i = 0; i < m.n_layers(); ++i)
+      if (Unit* u = of(m.layer(i))) f(*u);
+    if (head_) f(*head_);
+  }
+
+  // ---- a step's walk (one stage: no pipeline) -------------------------------------
+
+  template <class Model>
+  void begin_step(Model& m, bool last_micro_batch) {
+    for (std::size_t i = 0; i < m.n_layers(); ++i)
+      if constexpr (requires { m.layer(i).set_last_micro_batch(true); })
+        m.layer(i).set_last_micro_batch(last_micro_batch);
+    if (embedding_) embedding_->unshard();
+    prefetch(m.n_layers() == 0 ? head_.get() : of(m.layer(0)));
+  }
+  void embedding_forward_done() {
+    if (embedding_ && embedding_->reshard_after_forward()) embedding_->reshard();
+  }
+  template <class Model>
+  void before_block_forward(Model& m, std::size_t i) {
+    prefetch(i + 1 < m.n_layers() ? of(m.layer(i + 1)) : head_.get());
+  }
+  void before_head(bool tied) {
+    if (!head_) return;
+    head_->unshard();
+    head_->begin_grads();
+    if (tied) embedding_->begin_grads();
+  }
+  void head_backward_done(bool last_micro_batch) {
+    if (head_) {
+      head_->reduce_grads(last_micro_batch);
+      head_->reshard();
+    }
+    // One reduction in flight: each unit's completes (and frees its whole gradient)
+    // while the next unit's backward runs.
+    reducing_ = head_.get();
+  }
+  template <class Model>
+  void before_block_backward(Model& m, std::size_t i) {
+    prefetch(i > 0 ? of(m.layer(i - 1)) : embedding_.get());
+  }
+  template <class Model>
+  void block_backward_done(Model& m, std::size_t i) {
+    if (reducing_) reducing_->finish_grads();
+    reducing_ = of(m.layer(i));
+  }
+  void before_embedding_backward() {
+    if (!embedding_) return;
+    embedding_->unshard();
+    embedding_->begin_grads();
+  }
+  template <class Model>
+  void embedding_backward_done(Model& m, bool last_micro_batch) {
+    reducing_ = nullptr;
+    if (!embedding_) return;
+    embedding_->reduce_grads(last_micro_batch);
+    embedding_->reshard();
+    for_each(m, [](Unit& u) { u.finish_grads(); });
+  }
+
+  // ---- inference: gathered while used, freed after --------------------------------
+
+  void gather_embedding() {
+    if (embedding_) embedding_->unshard();
+  }
+  void embedding_done(bool tied) {
+    if (embedding_ && !tied) embedding_->reshard();
+  }
+  void gather_head() {
+    if (head_) head_->unshard();
+  }
+  void head_done(bool tied) {
+    if (!head_) return;
+    head_->reshard();
+    if (tied) embedding_->reshard();
+  }
+
+  /// After a pipelined pass: every unit ran its last backward; reduce its gradients
+  /// and free it.
+  template <class Model>
+  void reduce_after_pass(Model& m, bool last_micro_batch) {
+    for_each(m, [&](Unit& u) {
+      u.reduce_grads(last_micro_batch);
+      u.reshard();
+    });
+    for_each(m, [](Unit& u) { u.finish_grads(); });
+  }
+
+ private:
+  template <class Layer>
+  static Unit* of(Layer& l) {
+    if constexpr (requires { l.unit(); })
+      return l.unit();
+    else
+      return nullptr;
+  }
+  void prefetch(Unit* u) {
+    if (u && prefetch_) u->prefetch();
+  }
+
+  std::unique_ptr<Unit> embedding_, head_;
+  Unit* reducing_ = nullptr;  // the unit whose gradient reduction is in flight
+  bool active_ = false;
+  bool prefetch_ = true;
+};
+
+}  // namespace tessera::parallel
