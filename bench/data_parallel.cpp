@@ -57,6 +57,7 @@
 #include "tessera/comm/thread.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/units.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/nn/transformer.hpp"
@@ -313,7 +314,7 @@ std::string traffic_ratio(const Result& r) {
 
 std::string bytes_exact(std::uint64_t b) {
   if (b == 0) return "0";
-  return std::to_string(b) + " (" + mib(double(b)) + ")";
+  return std::to_string(b) + " (" + mebibytes(double(b)) + ")";
 }
 
 int run(const Options& o) {
@@ -365,8 +366,8 @@ int run(const Options& o) {
       std::printf("%-9s %-32s %7.3f s/step %7.0f tokens/s  activations %s  peak %s  held %s  sent %llu / analytic "
                   "%llu  loss %.4f  other processes %.0f%%\n",
                   layout.name.c_str(), r.ac_name.c_str(), r.step_seconds, r.tokens_per_sec,
-                  mib(double(r.activation_bytes)).c_str(), mib(double(r.peak_memory_bytes)).c_str(),
-                  mib(double(r.held_bytes)).c_str(), (unsigned long long)r.sent_measured,
+                  mebibytes(double(r.activation_bytes)).c_str(), mebibytes(double(r.peak_memory_bytes)).c_str(),
+                  mebibytes(double(r.held_bytes)).c_str(), (unsigned long long)r.sent_measured,
                   (unsigned long long)r.sent_analytic, r.final_loss, 100 * r.other_share);
       std::fflush(stdout);
       results.push_back(std::move(r));
@@ -384,8 +385,9 @@ int run(const Options& o) {
     const double state_analytic = 16.0 * double(r.local_params);
     std::printf("| %s | %d x %d | %s | %.3f s | %.0f | %s | %s | %s | %.3fx | %s | %s | %s | %.4f | %.0f%% |\n",
                 r.layout.name.c_str(), r.layout.shape.world(), r.threads, r.ac_name.c_str(), r.step_seconds,
-                r.tokens_per_sec, mib(double(r.activation_bytes)).c_str(), mib(double(r.peak_memory_bytes)).c_str(),
-                mib(double(r.held_bytes)).c_str(), double(r.held_bytes) / state_analytic,
+                r.tokens_per_sec, mebibytes(double(r.activation_bytes)).c_str(),
+                mebibytes(double(r.peak_memory_bytes)).c_str(),
+                mebibytes(double(r.held_bytes)).c_str(), double(r.held_bytes) / state_analytic,
                 bytes_exact(r.sent_measured).c_str(), bytes_exact(r.sent_analytic).c_str(), traffic_ratio(r).c_str(),
                 r.final_loss, 100 * r.other_share);
   }

@@ -75,6 +75,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/core/units.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/ops/attention_shape.hpp"
@@ -90,6 +91,7 @@ using namespace tessera::bench;
 using tessera::AttentionShape;
 using tessera::bf16;
 using tessera::Cuda;
+using tessera::decimal_bytes;
 using tessera::DType;
 using tessera::Shape;
 using tessera::Tensor;
@@ -215,10 +217,6 @@ std::string fmt(const char* format, double v) {
   return s;
 }
 
-std::string bytes_text(double b) {
-  if (b >= 1e9) return fmt("%.2f GB", b / 1e9);
-  return fmt("%.1f MB", b / 1e6);
-}
 
 // ---------------------------------------------------------------------------------------
 // The device.
@@ -972,7 +970,7 @@ void print_memory(const MemoryResult& r) {
   std::string note = host_note(r.op_timing);
   if (r.nonfinite > 0) note += " CHECK FAILED: " + fmt("%.0f", r.nonfinite) + " non-finite outputs";
   std::printf("  %-16s %-48s %10s %10.3f %9.1f %10.1f %7.1f%%%s\n", r.op.c_str(), r.tensors.c_str(),
-              bytes_text(r.bytes).c_str(), 1e3 * r.op_timing.seconds, r.rate() / 1e9, r.copy_rate() / 1e9,
+              decimal_bytes(r.bytes).c_str(), 1e3 * r.op_timing.seconds, r.rate() / 1e9, r.copy_rate() / 1e9,
               100 * r.rate() / r.copy_rate(), note.c_str());
   std::fflush(stdout);
 }
@@ -1392,7 +1390,7 @@ int run(const Options& o) {
     std::printf("\nceilings (this run): bf16 GEMM %lld^3 %.1f TFLOP/s%s; fp32 GEMM %lld^3 (no TF32) %.1f TFLOP/s%s; "
                 "device copy %s (read + written) %.0f GB/s\n",
                 (long long)c.gemm_size, c.bf16_gemm / 1e12, host_note(c.bf16_timing).c_str(), (long long)c.gemm_size,
-                c.fp32_gemm / 1e12, host_note(c.fp32_timing).c_str(), bytes_text(2 * c.copy_bytes).c_str(),
+                c.fp32_gemm / 1e12, host_note(c.fp32_timing).c_str(), decimal_bytes(2 * c.copy_bytes).c_str(),
                 c.copy / 1e9);
     std::fflush(stdout);
     doc["ceilings"] = {{"gemm_size", c.gemm_size},

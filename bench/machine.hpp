@@ -86,11 +86,5 @@ inline std::vector<std::string_view> split_commas(std::string_view text) {
   }
 }
 
-/// Bytes as "12.34 MiB".
-inline std::string mib(double bytes) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f MiB", bytes / double(1 << 20));
-  return s;
-}
 
 }  // namespace tessera::bench

@@ -31,6 +31,7 @@
 #include "machine.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/units.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/plan/cost.hpp"
@@ -170,16 +171,16 @@ int run(const std::vector<std::string_view>& args) {
     std::printf("%-13s %6.1fM | %10.0f %10.0f %6.3f %4s | %11s %11s %6.4f %4s | %.2f s\n", s->name,
                 static_cast<double>(c.model.args.num_params()) / 1e6, k.predicted_tokens_per_sec,
                 k.measured_tokens_per_sec, speed, verdict(speed, 0.15),
-                bench::mib(static_cast<double>(k.predicted_peak)).c_str(),
-                bench::mib(static_cast<double>(k.measured_peak)).c_str(), memory, verdict(memory, 0.05),
+                mebibytes(static_cast<double>(k.predicted_peak)).c_str(),
+                mebibytes(static_cast<double>(k.measured_peak)).c_str(), memory, verdict(memory, 0.05),
                 k.measuring_seconds);
     const plan::Prediction& p = k.last;
     char row[512];
     std::snprintf(row, sizeof row, "| %s | %.1fM | %.0f | %.0f | %.3f (%s) | %s | %s | %.4f (%s) |", s->name,
                   static_cast<double>(c.model.args.num_params()) / 1e6, k.predicted_tokens_per_sec,
                   k.measured_tokens_per_sec, speed, verdict(speed, 0.15),
-                  bench::mib(static_cast<double>(k.predicted_peak)).c_str(),
-                  bench::mib(static_cast<double>(k.measured_peak)).c_str(), memory, verdict(memory, 0.05));
+                  mebibytes(static_cast<double>(k.predicted_peak)).c_str(),
+                  mebibytes(static_cast<double>(k.measured_peak)).c_str(), memory, verdict(memory, 0.05));
     rows.emplace_back(row);
     std::printf("  %s; predicted step %.4f s:", s->description, p.step_seconds);
     for (const auto& [name, t] : p.by_class)

@@ -78,6 +78,7 @@
 #include "tessera/comm/thread.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/units.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/nn/transformer.hpp"
@@ -526,8 +527,8 @@ int run(const Options& o) {
       Result r = run_combination(o, layout, ac, tokens);
       std::printf("%-20s %-22s %-15s %7.3f s/step %6.0f tokens/s  peak %s  held %s  sent %s / analytic %s %s",
                   layout.name.c_str(), layout.schedule.empty() ? "-" : layout.schedule.c_str(), r.ac_name.c_str(),
-                  r.step_seconds, r.tokens_per_sec, mib(double(r.peak_memory_bytes)).c_str(),
-                  mib(double(r.held_bytes)).c_str(), range(r.sent_min, r.sent_max).c_str(),
+                  r.step_seconds, r.tokens_per_sec, mebibytes(double(r.peak_memory_bytes)).c_str(),
+                  mebibytes(double(r.held_bytes)).c_str(), range(r.sent_min, r.sent_max).c_str(),
                   range(r.analytic_min, r.analytic_max).c_str(), traffic_cell(r).c_str());
       if (!layout.schedule.empty())
         std::printf("  bubble simulated %s measured %s", percent(r.bubble_simulated).c_str(),
@@ -554,8 +555,8 @@ int run(const Options& o) {
                   "%.0f%% |\n",
                   r.layout.name.c_str(), r.layout.shape.pp, r.layout.shape.dp_replicate, r.layout.shape.dp_shard,
                   r.layout.shape.tp, schedule_cell(r).c_str(), r.ac_name.c_str(), r.step_seconds, r.tokens_per_sec,
-                  mib(double(r.activation_bytes)).c_str(), mib(double(r.peak_memory_bytes)).c_str(),
-                  mib(double(r.held_bytes)).c_str(), range(r.sent_min, r.sent_max).c_str(),
+                  mebibytes(double(r.activation_bytes)).c_str(), mebibytes(double(r.peak_memory_bytes)).c_str(),
+                  mebibytes(double(r.held_bytes)).c_str(), range(r.sent_min, r.sent_max).c_str(),
                   range(r.analytic_min, r.analytic_max).c_str(), traffic_cell(r).c_str(),
                   pp ? percent(r.bubble_simulated).c_str() : "-",
                   pp ? measured_bubble(r).c_str() : "-", r.final_loss,
@@ -568,8 +569,8 @@ int run(const Options& o) {
       const bool pp = !r.layout.schedule.empty();
       std::printf("%-20s %-48s %-15s %7.3f s %8.0f %11s %11s %11s %-8s %9s %25s\n", r.layout.name.c_str(),
                   schedule_cell(r).c_str(), r.ac_name.c_str(), r.step_seconds, r.tokens_per_sec,
-                  mib(double(r.activation_bytes)).c_str(), mib(double(r.peak_memory_bytes)).c_str(),
-                  mib(double(r.held_bytes)).c_str(), r.mismatches == 0 ? "exact" : "MISMATCH",
+                  mebibytes(double(r.activation_bytes)).c_str(), mebibytes(double(r.peak_memory_bytes)).c_str(),
+                  mebibytes(double(r.held_bytes)).c_str(), r.mismatches == 0 ? "exact" : "MISMATCH",
                   pp ? percent(r.bubble_simulated).c_str() : "-",
                   pp ? measured_bubble(r).c_str() : "-");
     }

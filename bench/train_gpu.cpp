@@ -69,6 +69,7 @@
 #include "tessera/backend/cuda/select_attention.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
+#include "tessera/core/units.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/optim/adamw.hpp"
@@ -382,8 +383,8 @@ int run(const Options& o) {
       std::printf("%-12s | %6.2fB params | step %8.3f s | %9.0f tokens/s | MFU %5.1f%% (causal %5.1f%%) | peak %s "
                   "(reserved %s) | loss %.3f | target %s\n",
                   r.flavor.c_str(), static_cast<double>(r.params) / 1e9, r.step_seconds, r.tokens_per_sec, r.mfu,
-                  r.mfu_causal, mib(static_cast<double>(r.peak_bytes)).c_str(),
-                  mib(static_cast<double>(r.reserved_bytes)).c_str(), r.loss,
+                  r.mfu_causal, mebibytes(static_cast<double>(r.peak_bytes)).c_str(),
+                  mebibytes(static_cast<double>(r.reserved_bytes)).c_str(), r.loss,
                   target == 0 ? "-" : (r.mfu >= target ? "PASS" : "MISS"));
       if (r.profiled) print_profile(r);
       if (!r.profile_error.empty()) {
@@ -402,7 +403,7 @@ int run(const Options& o) {
       std::printf("| %s | %s | %s | %s | %lld x %lld | %s | %.0f | %.1f%% | %.1f%% | %s | %s |\n", date.c_str(),
                   o.commit.c_str(), device.c_str(), r.flavor.c_str(), static_cast<long long>(o.batch),
                   static_cast<long long>(o.seq), o.ac.str().c_str(), r.tokens_per_sec, r.mfu, r.mfu_causal,
-                  mib(static_cast<double>(r.peak_bytes)).c_str(),
+                  mebibytes(static_cast<double>(r.peak_bytes)).c_str(),
                   target == 0 ? "-" : (std::string(r.mfu >= target ? "PASS" : "MISS") + " (>= " +
                                        std::to_string(static_cast<int>(target)) + "%)")
                                           .c_str());

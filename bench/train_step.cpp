@@ -46,6 +46,7 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/units.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/synthetic.hpp"
 #include "tessera/io/tokenizer.hpp"
@@ -63,6 +64,7 @@ namespace {
 using namespace tessera::bench;
 
 using tessera::Cpu;
+using tessera::memory_bytes;
 using tessera::Shape;
 using tessera::Tensor;
 using tessera::TensorView;
@@ -202,12 +204,6 @@ double load_average() {
   return v;
 }
 
-std::string bytes_text(double b) {
-  char s[32];
-  if (b >= double(1 << 30)) std::snprintf(s, sizeof s, "%.2f GiB", b / double(1 << 30));
-  else std::snprintf(s, sizeof s, "%.1f MiB", b / double(1 << 20));
-  return s;
-}
 
 // ---------------------------------------------------------------------------------------
 // GEMM shapes of the model's forward pass, and what sgemm reaches on each.
@@ -448,15 +444,15 @@ int run(const Options& opt) {
   std::printf("  vs sgemm on the largest GEMM (%s, %.1f GFLOP/s): %.1f%% -> %s (target >= 50%%)\n",
               largest.name.c_str(), largest_rate / 1e9, 100 * vs_sgemm, flops_pass ? "PASS" : "MISS");
   std::printf("  vs 1024^3 square sgemm (%.1f GFLOP/s): %.1f%%\n", square_rate / 1e9, 100 * step_rate / square_rate);
-  std::printf("memory: peak %s during a step (held before it: %s)\n", bytes_text(double(peak)).c_str(),
-              bytes_text(double(held_before)).c_str());
+  std::printf("memory: peak %s during a step (held before it: %s)\n", memory_bytes(double(peak)).c_str(),
+              memory_bytes(double(held_before)).c_str());
   std::printf("  analytic %s = parameters %s + gradients %s + AdamW moments %s + saved activations %s\n",
-              bytes_text(analytic).c_str(), bytes_text(param_bytes).c_str(), bytes_text(param_bytes).c_str(),
-              bytes_text(2 * param_bytes).c_str(), bytes_text(saved_analytic).c_str());
+              memory_bytes(analytic).c_str(), memory_bytes(param_bytes).c_str(), memory_bytes(param_bytes).c_str(),
+              memory_bytes(2 * param_bytes).c_str(), memory_bytes(saved_analytic).c_str());
   std::printf("  saved activations: analytic %.0f B, measured from the stores %zu B (%.3f%% apart)\n", saved_analytic,
               saved_measured, 100 * saved_gap);
   std::printf("  peak / analytic = %.3fx -> %s (target <= 1.5x); untracked attention scratch: %s\n", mem_ratio,
-              mem_pass ? "PASS" : "MISS", bytes_text(scratch).c_str());
+              mem_pass ? "PASS" : "MISS", memory_bytes(scratch).c_str());
   std::printf("time: GEMM %.1f%% (%lld calls/step, %.1f GFLOP/s), attention %.1f%% (%.1f GFLOP/s counting full T x T "
               "products), element-wise/norm/loss/optimizer loops %.1f%%, rest (allocation and zeroing, serial code) "
               "%.1f%%\n",
@@ -479,7 +475,7 @@ int run(const Options& opt) {
                 date.c_str(), opt.commit.c_str(), machine.c_str(), blas_core.c_str(), hw_threads, omp_threads, (long long)opt.batch,
                 (long long)opt.seq, tokens_per_sec, step_time, step_rate / 1e9, largest_rate / 1e9,
                 largest.name.c_str(), (long long)largest.m, (long long)largest.n, (long long)largest.k, 100 * vs_sgemm,
-                flops_pass ? "PASS" : "MISS", bytes_text(double(peak)).c_str(), bytes_text(analytic).c_str(),
+                flops_pass ? "PASS" : "MISS", memory_bytes(double(peak)).c_str(), memory_bytes(analytic).c_str(),
                 mem_ratio, mem_pass ? "PASS" : "MISS", 100 * gemm_share, 100 * attention_share, 100 * remainder_share,
                 100 * loops_share, 100 * rest_share, 100 * other_share);
   }

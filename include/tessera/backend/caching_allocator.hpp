@@ -87,30 +87,13 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/units.hpp"
 
 namespace tessera {
 
 class CachingAllocator;
 
 namespace detail {
-
-/// "512 B", "3.00 KiB", "1.50 GiB": byte counts in error messages.
-inline std::string allocator_bytes_text(std::size_t b) {
-  char s[32];
-  constexpr const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  if (b < 1024) {
-    std::snprintf(s, sizeof s, "%zu B", b);
-    return s;
-  }
-  double v = static_cast<double>(b) / 1024;
-  int unit = 0;
-  while (v >= 1024 && unit < 3) {
-    v /= 1024;
-    ++unit;
-  }
-  std::snprintf(s, sizeof s, "%.2f %s", v, units[unit]);
-  return s;
-}
 
 /// Every live CachingAllocator, so that a block can be released from its pointer alone.
 struct AllocatorRegistry {
@@ -406,14 +389,14 @@ class CachingAllocator {
     std::string free_text;
     if (upstream_.device_free_bytes) {
       try {
-        free_text = ", " + detail::allocator_bytes_text(upstream_.device_free_bytes()) + " free on the device";
+        free_text = ", " + binary_bytes(static_cast<double>(upstream_.device_free_bytes())) + " free on the device";
       } catch (const std::exception&) {  // the figure is a courtesy: the error is out of memory
       }
     }
     fail("out of device memory", device_suffix(), " allocating ", bytes, " bytes (",
-         detail::allocator_bytes_text(bytes), ")", for_what(what), ": ",
-         detail::allocator_bytes_text(stats_.allocated_bytes), " allocated by tessera, ",
-         detail::allocator_bytes_text(stats_.reserved_bytes), " reserved", free_text);
+         binary_bytes(static_cast<double>(bytes)), ")", for_what(what), ": ",
+         binary_bytes(static_cast<double>(stats_.allocated_bytes)), " allocated by tessera, ",
+         binary_bytes(static_cast<double>(stats_.reserved_bytes)), " reserved", free_text);
   }
 
   /// Releases `p` when it lies in one of this allocator's segments (false when it does
@@ -512,7 +495,8 @@ class CachingAllocator {
       void* base = x.reserve(x.range_bytes);
       if (base == nullptr)
         fail("the upstream of the caching allocator", device_suffix(), " could not reserve an address range of ",
-             x.range_bytes, " bytes (", detail::allocator_bytes_text(x.range_bytes), ") for the expandable segment");
+             x.range_bytes, " bytes (", binary_bytes(static_cast<double>(x.range_bytes)),
+             ") for the expandable segment");
       if (reinterpret_cast<std::uintptr_t>(base) % kSegmentAlign != 0) {
         x.free_range(base, x.range_bytes);
         fail("the upstream of the caching allocator", device_suffix(), " reserved a range at ",

@@ -48,6 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/units.hpp"
 #include "tessera/io/tokenizer.hpp"
 
 namespace tessera::data {
@@ -597,24 +598,6 @@ inline std::string count_text(double n) {
   return s;
 }
 
-/// Bytes in decimal units: "512 B", "3.4 MB", "1.25 GB".
-inline std::string byte_text(double b) {
-  char s[32];
-  if (b < 1e3) std::snprintf(s, sizeof s, "%.0f B", b);
-  else if (b < 1e6) std::snprintf(s, sizeof s, "%.1f kB", b / 1e3);
-  else if (b < 1e9) std::snprintf(s, sizeof s, "%.1f MB", b / 1e6);
-  else std::snprintf(s, sizeof s, "%.2f GB", b / 1e9);
-  return s;
-}
-
-inline std::string clock_text(double seconds) {
-  const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
-  char t[32];
-  if (s >= 3600) std::snprintf(t, sizeof t, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
-  else std::snprintf(t, sizeof t, "%lld:%02lld", s / 60, s % 60);
-  return t;
-}
-
 }  // namespace detail
 
 /// One progress line: a bar and percentage when the total is known, bytes done, tokens,
@@ -627,14 +610,14 @@ inline std::string progress_line(std::uint64_t bytes, std::optional<std::uint64_
   const double rate_bytes = static_cast<double>(bytes) / secs;
   std::string numbers;
   if (total) {
-    numbers = detail::byte_text(static_cast<double>(bytes)) + " / " + detail::byte_text(static_cast<double>(*total));
+    numbers = decimal_bytes(static_cast<double>(bytes)) + " / " + decimal_bytes(static_cast<double>(*total));
   } else {
-    numbers = detail::byte_text(static_cast<double>(bytes)) + " read";
+    numbers = decimal_bytes(static_cast<double>(bytes)) + " read";
   }
-  numbers += " | " + detail::count_text(static_cast<double>(tokens)) + " tokens | " + detail::byte_text(rate_bytes) +
+  numbers += " | " + detail::count_text(static_cast<double>(tokens)) + " tokens | " + decimal_bytes(rate_bytes) +
              "/s | " + detail::count_text(static_cast<double>(tokens) / secs) + " tokens/s";
   if (total && bytes > 0 && bytes < *total) {
-    numbers += " | ETA " + detail::clock_text(static_cast<double>(*total - bytes) / rate_bytes);
+    numbers += " | ETA " + clock_text(static_cast<double>(*total - bytes) / rate_bytes);
   }
   if (!total) return numbers.substr(0, width);
   const double fraction = *total == 0 ? 1.0 : std::min(1.0, static_cast<double>(bytes) / static_cast<double>(*total));
@@ -657,7 +640,7 @@ inline std::string summary_line(const TokenizeStats& stats, double seconds) {
                 static_cast<unsigned long long>(stats.tokens),
                 static_cast<unsigned long long>(stats.input_bytes), seconds,
                 static_cast<double>(stats.tokens) / secs,
-                detail::byte_text(static_cast<double>(stats.input_bytes) / secs).c_str());
+                decimal_bytes(static_cast<double>(stats.input_bytes) / secs).c_str());
   return s;
 }
 

@@ -26,6 +26,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/units.hpp"
 #include "tessera/train/tensorboard.hpp"
 
 namespace tessera::train {
@@ -122,7 +123,8 @@ class MetricsLogger {
     char line[256];
     std::snprintf(line, sizeof line, "step %5lld/%lld | loss %7.4f | grad_norm %6.3f | lr %.2e | %9.0f tok/s | mfu %5.2f%% | mem %s | left %s",
                   static_cast<long long>(m.step), static_cast<long long>(total_steps_), m.loss, m.grad_norm, m.lr,
-                  m.tokens_per_sec, m.mfu_pct, bytes_text(m.peak_memory_bytes).c_str(), duration_text(left).c_str());
+                  m.tokens_per_sec, m.mfu_pct, memory_bytes(static_cast<double>(m.peak_memory_bytes)).c_str(),
+                  duration_text(left).c_str());
     const bool milestone = m.step % log_freq_ == 0 || m.step == 1 || m.step == total_steps_;
     if (live_) {
       std::fprintf(stderr, "\r\033[2K%s", line);
@@ -131,21 +133,6 @@ class MetricsLogger {
       std::fprintf(stderr, "%s\n", line);
     }
     std::fflush(stderr);
-  }
-
-  static std::string bytes_text(std::size_t b) {
-    char s[32];
-    if (b >= (std::size_t{1} << 30)) std::snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / (1 << 30));
-    else std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / (1 << 20));
-    return s;
-  }
-
-  static std::string duration_text(double seconds) {
-    auto s = static_cast<long long>(seconds + 0.5);
-    char t[32];
-    if (s >= 3600) std::snprintf(t, sizeof t, "%lldh%02lldm", s / 3600, (s / 60) % 60);
-    else std::snprintf(t, sizeof t, "%lldm%02llds", s / 60, s % 60);
-    return t;
   }
 
  private:
