@@ -492,6 +492,14 @@ struct ParameterProbe {
 };
 }  // namespace detail
 
+/// The element type and backend a layer is made of (L::scalar_type, L::backend_type:
+/// what the Layer concept and the policies read); a layer type derives from it.
+template <class T, Backend B>
+struct LayerTypes {
+  using scalar_type = T;
+  using backend_type = B;
+};
+
 /// A layer: scalar and backend types, forward and backward over a Context, and its
 /// named parameters.
 template <class L>

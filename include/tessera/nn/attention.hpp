@@ -28,10 +28,8 @@
 namespace tessera::nn {
 
 template <class T, Backend B>
-class Attention {
+class Attention : public LayerTypes<T, B> {
  public:
-  using scalar_type = T;
-  using backend_type = B;
 
   /// `out_std`: the init std of wo (torchtitan scales it by depth).
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every head here).

@@ -20,10 +20,8 @@
 namespace tessera::nn {
 
 template <class T, Backend B>
-class LlamaBlock {
+class LlamaBlock : public LayerTypes<T, B> {
  public:
-  using scalar_type = T;
-  using backend_type = B;
   /// Splits over tensor-parallel ranks (BlockArgs::tp).
   static constexpr bool tensor_parallel = true;
 

@@ -25,10 +25,8 @@
 namespace tessera::nn {
 
 template <class T, Backend B>
-class Embedding {
+class Embedding : public LayerTypes<T, B> {
  public:
-  using scalar_type = T;
-  using backend_type = B;
 
   /// `tp`: the tensor-parallel group the vocabulary is split over (nullptr: whole).
   Embedding(std::string name, std::int64_t vocab, std::int64_t dim, Init init,

@@ -18,10 +18,8 @@
 namespace tessera::nn {
 
 template <class T, Backend B>
-class FeedForward {
+class FeedForward : public LayerTypes<T, B> {
  public:
-  using scalar_type = T;
-  using backend_type = B;
 
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every hidden unit here).
   FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr)

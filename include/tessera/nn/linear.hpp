@@ -22,10 +22,8 @@
 namespace tessera::nn {
 
 template <class T, Backend B>
-class Linear {
+class Linear : public LayerTypes<T, B> {
  public:
-  using scalar_type = T;
-  using backend_type = B;
 
   /// `tp` and `split`: the tensor-parallel group and how the weight lies over it
   /// (whole by default).

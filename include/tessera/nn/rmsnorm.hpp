@@ -17,10 +17,8 @@
 namespace tessera::nn {
 
 template <class T, Backend B>
-class RmsNorm {
+class RmsNorm : public LayerTypes<T, B> {
  public:
-  using scalar_type = T;
-  using backend_type = B;
   using A = accum_t<T>;  // statistics and gradients
 
   /// `tp`: the tensor-parallel group. Under sequence parallelism its ranks hold
