@@ -5,10 +5,13 @@
 //   y = x + attention(norm(x)) + feed_forward(norm(x))
 // It satisfies tessera::nn::Layer (forward and backward over a Context, named
 // parameters), so Transformer<float, Cpu, ParallelBlock> is a whole model, and the
-// policies of later releases wrap it without changes to this file.
+// policies of later releases wrap it without changes to this file. Before training,
+// its hand-written backward is checked against finite differences in double
+// (tessera/testing/gradcheck.hpp).
 //
 //   custom-layer [steps]     (default 60)
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "tessera/backend/cpu/cpu.hpp"
@@ -17,6 +20,7 @@
 #include "tessera/nn/feed_forward.hpp"
 #include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "tessera/testing/gradcheck.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
@@ -67,6 +71,23 @@ class ParallelBlock {
 
 static_assert(nn::Layer<ParallelBlock<float, Cpu>>, "ParallelBlock must satisfy tessera::nn::Layer");
 
+/// ParallelBlock<double, Cpu>'s backward against finite differences, on a small shape;
+/// prints one line per gradient and returns whether every one agrees.
+bool backward_is_right(nn::ModelArgs a) {
+  a.dim = 16;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  auto rope = std::make_shared<nn::RopeTable<double, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
+  ParallelBlock<double, Cpu> block(nn::BlockArgs<double, Cpu>{a, 0, "layers.0", rope});
+  block.for_each_parameter([](nn::Parameter<double>& p) {  // made alone, it holds zeros
+    auto rng = parameter_rng(1, p.name);
+    for (std::int64_t i = 0; i < p.numel(); ++i) p.value[i] = normal(rng, static_cast<std::uint64_t>(i), 0.0, 0.5);
+  });
+  const testing::GradientReport report = testing::check_gradients(block, nn::Geometry{2, 4}, a.dim);
+  std::fputs(report.str().c_str(), stdout);
+  return report.passed();
+}
+
 int main(int argc, char** argv) {
   try {
     train::JobConfig c = train::parse_config(R"(
@@ -90,6 +111,10 @@ int main(int argc, char** argv) {
     )",
                                              "custom_layer.cpp", {});
     if (argc > 1) c.training.steps = std::stoll(argv[1]);
+    if (!backward_is_right(c.model.args)) {
+      std::fprintf(stderr, "custom-layer: ParallelBlock's backward disagrees with finite differences (above)\n");
+      return 1;
+    }
     using Model = nn::Transformer<float, Cpu, ParallelBlock<float, Cpu>>;
     Model model(c.model.args);
     model.init_weights(0);

@@ -1,5 +1,5 @@
-// Central finite differences in float64 for checking layers' backward passes, and the
-// relative difference the GPU tests compare results with.
+// The tests' side of the gradient checker (tessera/testing/gradcheck.hpp) as doctest
+// checks, and the relative difference the GPU tests compare results with.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -14,6 +14,7 @@
 
 #include "tessera/core/rng.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/testing/gradcheck.hpp"
 
 namespace tessera::testing {
 
@@ -36,26 +37,15 @@ inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>
 }
 
 /// Compares an analytic gradient with central differences of f over every element
-/// of `x`: ||analytic - numeric|| / ||numeric|| must stay under `tol`.
+/// of `x` (the library's testing::compare_gradient): ||analytic - numeric|| / ||numeric||
+/// must stay under `tol`.
 inline void check_gradient(const std::string& what, const Tensor<double>& x, const std::vector<double>& analytic,
                            const std::function<double()>& f, double tol = 1e-6, double h = 1e-5) {
   REQUIRE(static_cast<std::int64_t>(analytic.size()) == x.numel());
-  double diff2 = 0, ref2 = 0;
-  for (std::int64_t i = 0; i < x.numel(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double fp = f();
-    x[i] = saved - h;
-    const double fm = f();
-    x[i] = saved;
-    const double numeric = (fp - fm) / (2 * h);
-    diff2 += (numeric - analytic[static_cast<std::size_t>(i)]) * (numeric - analytic[static_cast<std::size_t>(i)]);
-    ref2 += numeric * numeric;
-  }
-  const double rel = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-300);
-  INFO(what << ": relative error " << rel << " (|grad| = " << std::sqrt(ref2) << ")");
-  CHECK(ref2 > 0);
-  CHECK(rel < tol);
+  const GradientCheck c = compare_gradient(what, x, analytic, f, tol, h);
+  INFO(what << ": relative error " << c.relative_error << " (|grad| = " << c.norm << ")");
+  CHECK(c.norm > 0);
+  CHECK(c.relative_error < tol);
 }
 
 inline std::vector<double> to_vector(const Tensor<double>& t) { return {t.data(), t.data() + t.numel()}; }
