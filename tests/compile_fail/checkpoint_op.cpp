@@ -1,4 +1,4 @@
-// expect: tessera::Checkpoint<Mode>: Mode must be tessera::None, tessera::Full, tessera::Selective<tessera::Op>, tessera::Selective<tessera::Layer, K> or tessera::Dynamic
+// expect: tessera::Checkpoint<Mode>: Mode must be tessera::None, tessera::Full, tessera::Selective<tessera::Op>, tessera::Selective<tessera::EveryNthBlock, K> or tessera::Dynamic
 // expect: Checkpoint<tessera::Op>
 // Op is a choice of Selective, not of Checkpoint: Checkpoint<Selective<Op>> is meant.
 #include "tessera/backend/cpu/cpu.hpp"

@@ -1,10 +1,10 @@
 // expect: compiles
 // The control: valid policies compile with the same flags, so each failing case fails
-// for its own reason. Policies in either order, Dynamic, Selective<Layer, 2>, a user's
-// own layer wrapped in Parallel with both families, and TensorParallel: static and
-// dynamic degrees, head counts checked (more ranks than kv heads included), composed
+// for its own reason. Policies in either order, Dynamic, Selective<EveryNthBlock, 2>, a
+// user's own layer wrapped in Parallel with both families, and TensorParallel: static
+// and dynamic degrees, head counts checked (more ranks than kv heads included), composed
 // with Sharding and Checkpoint, over the Llama block and over a user's block that
-// declares it splits.
+// declares it splits. With both namespaces in use, Layer is the concept, unambiguously.
 #include <type_traits>
 
 #include "tessera/backend/cpu/cpu.hpp"
@@ -40,8 +40,8 @@ struct SplitScaleBlock : ScaleBlock {
 };
 static_assert(nn::TensorParallelLayer<SplitScaleBlock> && !nn::TensorParallelLayer<ScaleBlock>);
 
-using ShardingFirst = Parallel<ScaleBlock, Sharding<Dynamic>, Checkpoint<Selective<Layer, 2>>>;
-using CheckpointFirst = Parallel<ScaleBlock, Checkpoint<Selective<Layer, 2>>, Sharding<Dynamic>>;
+using ShardingFirst = Parallel<ScaleBlock, Sharding<Dynamic>, Checkpoint<Selective<EveryNthBlock, 2>>>;
+using CheckpointFirst = Parallel<ScaleBlock, Checkpoint<Selective<EveryNthBlock, 2>>, Sharding<Dynamic>>;
 using Llama = Parallel<nn::LlamaBlock<float, Cpu>, Checkpoint<Dynamic>, Sharding<HSDP>>;
 using ShardingOnly = Parallel<ScaleBlock, Sharding<DDP>>;
 using CheckpointOnly = Parallel<ScaleBlock, Checkpoint<Selective<Op>>>;
@@ -53,7 +53,7 @@ using UserTp = Parallel<SplitScaleBlock, Sharding<Dynamic>, TensorParallel<2>, C
 static_assert(std::is_same_v<ShardingFirst::sharding_policy, CheckpointFirst::sharding_policy>);
 static_assert(std::is_same_v<ShardingFirst::checkpoint_policy, CheckpointFirst::checkpoint_policy>);
 static_assert(std::is_same_v<CheckpointFirst::sharding_policy, Sharding<Dynamic>>);
-static_assert(std::is_same_v<CheckpointFirst::checkpoint_policy, Checkpoint<Selective<Layer, 2>>>);
+static_assert(std::is_same_v<CheckpointFirst::checkpoint_policy, Checkpoint<Selective<EveryNthBlock, 2>>>);
 static_assert(std::is_same_v<ShardingOnly::checkpoint_policy, Checkpoint<None>>);
 static_assert(std::is_same_v<CheckpointOnly::sharding_policy, Sharding<None>>);
 static_assert(nn::Layer<ShardingFirst> && nn::Layer<CheckpointFirst> && nn::Layer<Llama>);
@@ -65,6 +65,12 @@ static_assert(LlamaTp16::tensor_parallel_policy::degree == 16 &&
               LlamaTp16::tensor_parallel_policy::heads::n_kv_heads == 8);
 static_assert(std::is_same_v<UserTp::tensor_parallel_policy, TensorParallel<2>>);
 static_assert(nn::Layer<LlamaTp4> && nn::Layer<LlamaTpDynamic> && nn::Layer<LlamaTp16> && nn::Layer<UserTp>);
+
+namespace both_namespaces {
+using namespace tessera;
+using namespace tessera::nn;
+static_assert(Layer<ScaleBlock> && Layer<ShardingFirst>);
+}  // namespace both_namespaces
 
 template <class Block>
 void build(const nn::ModelArgs& args, const parallel::Plan& plan) {

@@ -1,6 +1,6 @@
-// expect: tessera::Selective<What, K>: What must be tessera::Op or tessera::Layer
+// expect: tessera::Selective<What, K>: What must be tessera::Op or tessera::EveryNthBlock
 // expect: Selective<int
-// Selective over a type that is neither Op nor Layer.
+// Selective over a type that is neither Op nor EveryNthBlock.
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"

@@ -32,14 +32,16 @@ struct DDP {};   // replicated; gradients all-reduced in per-unit buckets
 // Checkpoint choices.
 struct Full {};  // recompute the whole block from its input
 struct Op {};    // keep matmul and attention outputs, recompute the rest
-struct Layer {};
-/// Selective<Op>, or Selective<Layer, K>: every K-th block fully checkpointed.
+struct EveryNthBlock {};  // with Selective<EveryNthBlock, K>: every K-th block as Full
+/// Selective<Op>, or Selective<EveryNthBlock, K>: every K-th block fully checkpointed.
+/// (Not `Layer`: tessera::nn::Layer is the layer concept, and a user with both
+/// namespaces in use would have the two names collide.)
 template <class What, int K = 0>
 struct Selective {
-  static_assert(std::is_same_v<What, Op> || std::is_same_v<What, Layer>,
-                "tessera::Selective<What, K>: What must be tessera::Op or tessera::Layer");
-  static_assert(!std::is_same_v<What, Layer> || K >= 1,
-                "tessera::Selective<Layer, K>: K (checkpoint every K-th block) must be at least 1");
+  static_assert(std::is_same_v<What, Op> || std::is_same_v<What, EveryNthBlock>,
+                "tessera::Selective<What, K>: What must be tessera::Op or tessera::EveryNthBlock");
+  static_assert(!std::is_same_v<What, EveryNthBlock> || K >= 1,
+                "tessera::Selective<EveryNthBlock, K>: K (checkpoint every K-th block) must be at least 1");
   static_assert(!std::is_same_v<What, Op> || K == 0, "tessera::Selective<Op>: takes no K");
 };
 
@@ -133,7 +135,7 @@ struct is_selective<Selective<W, K>> : std::true_type {};
 template <class T>
 struct is_selective_layer : std::false_type {};
 template <int K>
-struct is_selective_layer<Selective<Layer, K>> : std::true_type {};
+struct is_selective_layer<Selective<EveryNthBlock, K>> : std::true_type {};
 template <class T>
 inline constexpr bool is_checkpoint_choice = std::is_same_v<T, None> || std::is_same_v<T, Full> ||
                                              std::is_same_v<T, Dynamic> || is_selective<T>::value;
@@ -151,8 +153,8 @@ template <class Mode>
 struct Checkpoint {
   static_assert(detail::is_checkpoint_choice<Mode>,
                 "tessera::Checkpoint<Mode>: Mode must be tessera::None, tessera::Full, tessera::Selective<tessera::Op>, "
-                "tessera::Selective<tessera::Layer, K> or tessera::Dynamic (tessera::Op and tessera::Layer go inside "
-                "tessera::Selective<...>)");
+                "tessera::Selective<tessera::EveryNthBlock, K> or tessera::Dynamic (tessera::Op and "
+                "tessera::EveryNthBlock go inside tessera::Selective<...>)");
   // Instantiates Selective<What, K>, so its own checks fire here too.
   static_assert(!detail::is_selective<Mode>::value || sizeof(Mode) > 0);
   using mode = Mode;
@@ -258,7 +260,7 @@ CheckpointMode checkpoint_mode(const Plan& plan) {
   else if constexpr (std::is_same_v<Mode, Selective<Op>>)
     return {K::selective_op, 0};
   else if constexpr (tessera::detail::is_selective_layer<Mode>::value)
-    return []<int K2>(Selective<Layer, K2>*) { return CheckpointMode{K::selective_layer, K2}; }(
+    return []<int K2>(Selective<EveryNthBlock, K2>*) { return CheckpointMode{K::selective_layer, K2}; }(
         static_cast<Mode*>(nullptr));
   else
     return {K::none, 0};  // unreachable: Checkpoint<Mode> has refused Mode already
