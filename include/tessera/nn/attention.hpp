@@ -30,7 +30,6 @@ namespace tessera::nn {
 template <class T, Backend B>
 class Attention : public LayerTypes<T, B> {
  public:
-
   /// `out_std`: the init std of wo (torchtitan scales it by depth).
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every head here).
   Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope,

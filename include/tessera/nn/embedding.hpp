@@ -27,7 +27,6 @@ namespace tessera::nn {
 template <class T, Backend B>
 class Embedding : public LayerTypes<T, B> {
  public:
-
   /// `tp`: the tensor-parallel group the vocabulary is split over (nullptr: whole).
   Embedding(std::string name, std::int64_t vocab, std::int64_t dim, Init init,
             parallel::TensorParallelGroup* tp = nullptr)

@@ -20,7 +20,6 @@ namespace tessera::nn {
 template <class T, Backend B>
 class FeedForward : public LayerTypes<T, B> {
  public:
-
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every hidden unit here).
   FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr)
       : w1_(name + ".w1", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(0.02), tp, split(tp, 0)),

@@ -24,7 +24,6 @@ namespace tessera::nn {
 template <class T, Backend B>
 class Linear : public LayerTypes<T, B> {
  public:
-
   /// `tp` and `split`: the tensor-parallel group and how the weight lies over it
   /// (whole by default).
   Linear(std::string name, std::int64_t in, std::int64_t out, Init init, parallel::TensorParallelGroup* tp = nullptr,
