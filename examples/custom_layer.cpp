@@ -1,73 +1,24 @@
 // A user-defined block trained by tessera's model, trainer and optimizer.
 //
-// ParallelBlock computes attention and feed-forward side by side from one norm
-// (the GPT-J / PaLM layout) instead of one after the other:
-//   y = x + attention(norm(x)) + feed_forward(norm(x))
-// It satisfies tessera::nn::Layer (forward and backward over a Context, named
-// parameters), so Transformer<float, Cpu, ParallelBlock> is a whole model, and the
-// policies of later releases wrap it without changes to this file. Before training,
-// its hand-written backward is checked against finite differences in double
-// (tessera/testing/gradcheck.hpp).
+// ParallelBlock (custom_layer.hpp) computes attention and feed-forward side by side from
+// one norm. Before training, its hand-written backward is checked against finite
+// differences in double (tessera/testing/gradcheck.hpp); then a model of it trains on
+// one rank (tests/parallel/test_user_layer.cpp trains it under FSDP, DDP and TP 2).
 //
 //   custom-layer [steps]     (default 60)
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "custom_layer.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
-#include "tessera/nn/attention.hpp"
-#include "tessera/nn/block.hpp"
-#include "tessera/nn/feed_forward.hpp"
-#include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/testing/gradcheck.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/trainer.hpp"
 
 using namespace tessera;
-
-template <class T, Backend B>
-class ParallelBlock {
- public:
-  using scalar_type = T;
-  using backend_type = B;
-
-  explicit ParallelBlock(const nn::BlockArgs<T, B>& b)
-      : norm_(b.name + ".norm", b.model.dim, b.model.norm_eps),
-        attention_(b.name + ".attention", b.model, nn::output_init_std(b.model, b.layer_id), b.rope),
-        feed_forward_(b.name + ".feed_forward", b.model, nn::output_init_std(b.model, b.layer_id)) {}
-
-  Tensor<T> forward(const nn::Context<T>& ctx, const Tensor<T>& x) {
-    Tensor<T> n = norm_.forward(ctx.child("norm"), x);
-    Tensor<T> y = attention_.forward(ctx.child("attention"), n);
-    Tensor<T> f = feed_forward_.forward(ctx.child("feed_forward"), n);
-    B::for_each(y.numel(), ops::Axpy<T>{T(1), f.data(), y.data()});
-    B::for_each(y.numel(), ops::Axpy<T>{T(1), x.data(), y.data()});
-    return y;
-  }
-
-  Tensor<T> backward(const nn::Context<T>& ctx, const Tensor<T>& dy) {
-    // Both branches read norm(x): their input gradients add up before the norm.
-    Tensor<T> dn = attention_.backward(ctx.child("attention"), dy);
-    Tensor<T> df = feed_forward_.backward(ctx.child("feed_forward"), dy);
-    B::for_each(dn.numel(), ops::Axpy<T>{T(1), df.data(), dn.data()});
-    Tensor<T> dx = norm_.backward(ctx.child("norm"), dn);
-    B::for_each(dx.numel(), ops::Axpy<T>{T(1), dy.data(), dx.data()});  // the residual
-    return dx;
-  }
-
-  template <class F>
-  void for_each_parameter(F&& f) {
-    norm_.for_each_parameter(f);
-    attention_.for_each_parameter(f);
-    feed_forward_.for_each_parameter(f);
-  }
-
- private:
-  nn::RmsNorm<T, B> norm_;
-  nn::Attention<T, B> attention_;
-  nn::FeedForward<T, B> feed_forward_;
-};
+using tessera::examples::ParallelBlock;
 
 static_assert(nn::Layer<ParallelBlock<float, Cpu>>, "ParallelBlock must satisfy tessera::nn::Layer");
 
