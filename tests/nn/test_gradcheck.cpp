@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "../support/gradcheck.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/nn/block.hpp"
 #include "tessera/nn/linear.hpp"
@@ -20,20 +21,6 @@ using testing::GradientReport;
 
 namespace {
 
-ModelArgs small_args() {
-  ModelArgs a;
-  a.flavor = "small";
-  a.dim = 16;
-  a.n_layers = 2;
-  a.n_heads = 4;
-  a.n_kv_heads = 2;
-  a.vocab_size = 11;
-  a.multiple_of = 8;
-  a.rope_theta = 10000;
-  a.max_seq_len = 16;
-  return a;
-}
-
 /// y = x + x W^T, with a backward that forgets the residual's gradient when told to;
 /// `unused` is a parameter nothing reads.
 class Residual : public LayerTypes<double, Cpu> {
@@ -43,10 +30,7 @@ class Residual : public LayerTypes<double, Cpu> {
         unused_(Parameter<double>::on<Cpu>("unused", Shape{3}, Init::normal(1.0))),
         drop_residual_(drop_residual),
         with_unused_(with_unused) {
-    proj_.for_each_parameter([](Parameter<double>& p) {
-      auto rng = parameter_rng(5, p.name);
-      for (std::int64_t i = 0; i < p.numel(); ++i) p.value[i] = normal(rng, static_cast<std::uint64_t>(i), 0.0, 0.5);
-    });
+    proj_.for_each_parameter([](Parameter<double>& p) { testing::fill_normal(p.value, 5, p.name, 0.5); });
   }
   Tensor<double> forward(const Context<double>& ctx, const Tensor<double>& x) {
     Tensor<double> y = proj_.forward(ctx.child("proj"), x);
@@ -81,15 +65,12 @@ const testing::GradientCheck& check_named(const GradientReport& r, const std::st
 }  // namespace
 
 TEST_CASE("check_gradients: the Llama block's backward passes, every gradient reported") {
-  const ModelArgs a = small_args();
+  const ModelArgs a = testing::tiny_args();
   auto rope = std::make_shared<RopeTable<double, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
   LlamaBlock<double, Cpu> block(BlockArgs<double, Cpu>{a, 0, "layers.0", rope});
   // A block made alone holds zeros (a model's init_weights draws its values): values of a
   // larger scale than the init, so that every path carries gradient well above noise.
-  block.for_each_parameter([](Parameter<double>& p) {
-    auto rng = parameter_rng(9, p.name);
-    for (std::int64_t i = 0; i < p.numel(); ++i) p.value[i] = normal(rng, static_cast<std::uint64_t>(i), 0.0, 0.5);
-  });
+  block.for_each_parameter([](Parameter<double>& p) { testing::fill_normal(p.value, 9, p.name, 0.5); });
   int parameters = 0;
   block.for_each_parameter([&](Parameter<double>&) { ++parameters; });
   const GradientReport r = check_gradients(block, Geometry{2, 5}, a.dim);

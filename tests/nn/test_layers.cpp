@@ -20,6 +20,7 @@ using namespace tessera;
 using namespace tessera::nn;
 using tessera::testing::check_gradient;
 using tessera::testing::fill_normal;
+using tessera::testing::tiny_args;
 using tessera::testing::to_vector;
 
 namespace {
@@ -46,20 +47,6 @@ void check_layer(const std::string& what, L& layer, Geometry g, std::int64_t in_
   };
   check_gradient(what + " dx", x, to_vector(dx), f, tol);
   layer.for_each_parameter([&](Parameter<double>& p) { check_gradient(what + " d" + p.name, p.value, to_vector(p.grad), f, tol); });
-}
-
-ModelArgs tiny_args() {
-  ModelArgs a;
-  a.flavor = "tiny";
-  a.dim = 16;
-  a.n_layers = 2;
-  a.n_heads = 4;
-  a.n_kv_heads = 2;
-  a.vocab_size = 11;
-  a.multiple_of = 8;
-  a.rope_theta = 10000;
-  a.max_seq_len = 16;
-  return a;
 }
 
 template <class L>

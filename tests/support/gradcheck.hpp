@@ -14,14 +14,24 @@
 
 #include "tessera/core/rng.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/layer/args.hpp"
 #include "tessera/testing/gradcheck.hpp"
 
 namespace tessera::testing {
 
-/// Fills t with normal(0, std) values drawn from (seed, name).
-inline void fill_normal(const Tensor<double>& t, std::uint64_t seed, const std::string& name, double std = 1.0) {
-  auto rng = parameter_rng(seed, name);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = normal(rng, static_cast<std::uint64_t>(i), 0.0, std);
+/// A model of a few small heads, for checking layers and blocks in double.
+inline nn::ModelArgs tiny_args() {
+  nn::ModelArgs a;
+  a.flavor = "tiny";
+  a.dim = 16;
+  a.n_layers = 2;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.vocab_size = 11;
+  a.multiple_of = 8;
+  a.rope_theta = 10000;
+  a.max_seq_len = 16;
+  return a;
 }
 
 /// max |a - b| / max |b|; a NaN in `a` counts as an infinite difference.

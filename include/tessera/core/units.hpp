@@ -1,5 +1,5 @@
-// Byte counts and durations as people read them: the one home of the formats the
-// library's lines, messages and benchmarks print.
+// Byte counts, counts and durations as people read them: the one home of the formats
+// the library's lines, messages and benchmarks print.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +48,16 @@ inline std::string memory_bytes(double b) {
 inline std::string mebibytes(double b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f MiB", b / double(1 << 20));
+  return s;
+}
+
+/// 1234567 -> "1.23M", "12.3k"; below 10000 the plain number (tokens, tokens/s).
+inline std::string count_text(double n) {
+  char s[32];
+  if (n < 1e4) std::snprintf(s, sizeof s, "%.0f", n);
+  else if (n < 1e6) std::snprintf(s, sizeof s, "%.1fk", n / 1e3);
+  else if (n < 1e9) std::snprintf(s, sizeof s, "%.2fM", n / 1e6);
+  else std::snprintf(s, sizeof s, "%.2fB", n / 1e9);
   return s;
 }
 

@@ -586,20 +586,6 @@ inline std::vector<std::uint32_t> tokenize_all(DocumentReader& reader, const io:
 // ---------------------------------------------------------------------------------
 // Progress display.
 
-namespace detail {
-
-/// 1234567 -> "1.23M"; below 10000 the plain number.
-inline std::string count_text(double n) {
-  char s[32];
-  if (n < 1e4) std::snprintf(s, sizeof s, "%.0f", n);
-  else if (n < 1e6) std::snprintf(s, sizeof s, "%.1fk", n / 1e3);
-  else if (n < 1e9) std::snprintf(s, sizeof s, "%.2fM", n / 1e6);
-  else std::snprintf(s, sizeof s, "%.2fB", n / 1e9);
-  return s;
-}
-
-}  // namespace detail
-
 /// One progress line: a bar and percentage when the total is known, bytes done, tokens,
 /// and the rates, cut to `width` columns (a line that wraps cannot be redrawn in place);
 /// the bar is dropped first.
@@ -614,8 +600,8 @@ inline std::string progress_line(std::uint64_t bytes, std::optional<std::uint64_
   } else {
     numbers = decimal_bytes(static_cast<double>(bytes)) + " read";
   }
-  numbers += " | " + detail::count_text(static_cast<double>(tokens)) + " tokens | " + decimal_bytes(rate_bytes) +
-             "/s | " + detail::count_text(static_cast<double>(tokens) / secs) + " tokens/s";
+  numbers += " | " + count_text(static_cast<double>(tokens)) + " tokens | " + decimal_bytes(rate_bytes) +
+             "/s | " + count_text(static_cast<double>(tokens) / secs) + " tokens/s";
   if (total && bytes > 0 && bytes < *total) {
     numbers += " | ETA " + clock_text(static_cast<double>(*total - bytes) / rate_bytes);
   }

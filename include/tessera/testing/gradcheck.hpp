@@ -10,14 +10,15 @@
 // (a gradient whose numeric norm is zero fails: nothing would have been checked).
 //
 //   MyBlock<double, tessera::Cpu> block(nn::BlockArgs<double, tessera::Cpu>{args, 0, "layers.0", rope});
+//   block.for_each_parameter([](auto& p) { tessera::testing::fill_normal(p.value, 1, p.name, 0.5); });
 //   const tessera::testing::GradientReport r = tessera::testing::check_gradients(block, {2, 8}, args.dim);
 //   std::fputs(r.str().c_str(), stdout);   // one line per gradient
 //   if (!r.passed()) return 1;
 //
 // A layer made alone holds zeros (a model's init_weights draws its values), so give its
-// parameters values first: normal values of a larger scale than the init (0.3 to 0.5)
-// make every path carry gradient well above the noise of the differences (as
-// tests/nn/test_gradcheck.cpp does). A zero gradient everywhere fails, saying so.
+// parameters values first: fill_normal at a larger scale than the init (0.3 to 0.5)
+// makes every path carry gradient well above the noise of the differences. A zero
+// gradient everywhere fails, saying so.
 #pragma once
 
 #include <algorithm>
@@ -87,6 +88,13 @@ struct GradientCheckOptions {
   double step = 1e-5;       ///< h of the central differences
 };
 
+/// Fills t with normal(0, std) values drawn from (seed, name): values for a layer's
+/// parameters before a check (a layer made alone holds zeros), the same on every run.
+inline void fill_normal(const Tensor<double>& t, std::uint64_t seed, const std::string& name, double std = 1.0) {
+  auto rng = parameter_rng(seed, name);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = normal(rng, static_cast<std::uint64_t>(i), 0.0, std);
+}
+
 /// Compares `analytic` (one value per element of `x`) with central differences of f over
 /// every element of `x`; `x` is restored after each.
 inline GradientCheck compare_gradient(std::string name, const Tensor<double>& x, std::span<const double> analytic,
@@ -130,16 +138,12 @@ template <class L>
   requires nn::Layer<L> && std::same_as<typename L::scalar_type, double> &&
            std::same_as<typename L::backend_type, Cpu>
 GradientReport check_gradients(L& layer, nn::Geometry g, std::int64_t in_dim, GradientCheckOptions o = {}) {
-  auto normal_tensor = [&](Shape shape, const char* name) {
-    Tensor<double> t(shape);
-    auto rng = parameter_rng(o.seed, name);
-    for (std::int64_t i = 0; i < t.numel(); ++i) t[i] = normal(rng, static_cast<std::uint64_t>(i), 0.0, 1.0);
-    return t;
-  };
-  const Tensor<double> x = normal_tensor(Shape{g.rows(), in_dim}, "x");
+  const Tensor<double> x(Shape{g.rows(), in_dim});
+  fill_normal(x, o.seed, "x");
   nn::ActivationStore<double> store;
   const Tensor<double> y = layer.forward(nn::Context<double>(g, &store), x);
-  const Tensor<double> c = normal_tensor(y.shape(), "c");
+  const Tensor<double> c(y.shape());
+  fill_normal(c, o.seed, "c");
   layer.for_each_parameter([](nn::Parameter<double>& p) {
     for (std::int64_t i = 0; i < p.numel(); ++i) p.grad[i] = 0;
   });
