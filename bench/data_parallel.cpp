@@ -250,7 +250,7 @@ Result run_combination(const Options& o, const Layout& layout, const AcMode& ac,
     model.init_weights(static_cast<std::uint64_t>(c.training.seed));
     data::DataLoader loader(tokens, c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
                             mesh.dp_degree());
-    train::Trainer<Model> trainer(model, c, std::move(loader), 0);
+    train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
     MemoryStats& stats = memory_stats(Device::cpu);  // this rank's own counters
     f.held_bytes = stats.current();
     model.for_each_local_parameter([&](nn::Parameter<float>& p) { f.local_params += p.numel(); });

@@ -99,7 +99,7 @@ Calibration calibrate(const train::JobConfig& c, std::int64_t warmup, std::int64
   for (std::size_t i = 0; i < tokens.size(); ++i)
     tokens[i] = static_cast<std::uint32_t>((i * 2654435761u) % static_cast<std::uint64_t>(c.model.args.vocab_size));
   data::DataLoader loader(std::move(tokens), seq, local, 0, 1);
-  train::Trainer<Model> trainer(model, c, std::move(loader), 0);
+  train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
   for (std::int64_t i = 0; i < warmup; ++i) trainer.step();
   std::vector<double> predicted, seconds;
   for (std::int64_t r = 0; r < rounds; ++r) {

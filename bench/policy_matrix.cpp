@@ -365,7 +365,7 @@ Result run_combination(const Options& o, const Layout& layout, const AcMode& ac,
     model.init_weights(static_cast<std::uint64_t>(c.training.seed));
     data::DataLoader loader(tokens, c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
                             mesh.dp_degree());
-    train::Trainer<Model> trainer(model, c, std::move(loader), 0);
+    train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
     TESSERA_CHECK(trainer.accumulation_steps() == 1, layout.key, ": expected one pass per step, the trainer runs ",
                   trainer.accumulation_steps());
     MemoryStats& stats = memory_stats(Device::cpu);  // this rank's own counters

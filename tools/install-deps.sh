@@ -44,7 +44,7 @@ PY
   echo "$cudnn_frontend_version" > "$dest/VERSION"
   rm -rf "$tmp"
 }
-packages=(g++ meson ninja-build pkg-config doctest-dev libtomlplusplus-dev nlohmann-json3-dev
+packages=(g++ meson ninja-build pkg-config cmake make doctest-dev libtomlplusplus-dev nlohmann-json3-dev
           libopenblas-openmp-dev clang-16 libclang-rt-16-dev libomp-16-dev libpcre2-dev libsentencepiece-dev
           libopenmpi-dev openmpi-bin)
 missing=()

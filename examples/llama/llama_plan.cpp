@@ -758,6 +758,7 @@ int run(std::vector<std::string> args) {
                 "--plan.runtime scaling or torchtitan with it");
   zero1 = zero1 || scaling;  // the runtime's data parallelism is ZeRO-1
   train::JobConfig given = train::load_config("", args);
+  train::resolve_mixed_precision(given, machine != "cpu");  // what llama-train would train there
   if (scaling) {
     // The runtime's own stage split, so that the trace prices the layers where it placed them.
     auto& p = given.parallelism;

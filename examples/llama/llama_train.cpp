@@ -132,7 +132,7 @@ int run(std::vector<std::string> args) {
       args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
       break;
     }
-  const train::JobConfig c = train::load_config("", args);
+  train::JobConfig c = train::load_config("", args);
   train::check_supported(c);
   if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());
   const comm::Launch launch = comm::detect_launch();
@@ -169,6 +169,7 @@ int run(std::vector<std::string> args) {
                   "(install NCCL beside the CUDA toolkit and rebuild); --thread-ranks N gives N virtual ranks "
                   "sharing one GPU");
 #endif
+    train::resolve_mixed_precision(c, true);
     const bool bf16_model = c.training.mixed_precision_param == "bfloat16";
     const double known = bf16_model ? gpu.peak_bf16 : gpu.peak_fp32;
     in.peak_flops = c.metrics.peak_tflops > 0 ? c.metrics.peak_tflops * 1e12 : known;
@@ -207,6 +208,7 @@ int run(std::vector<std::string> args) {
                 "training.device = \"cuda\": this llama-train was built without CUDA (install the CUDA toolkit, "
                 "put nvcc on PATH and rebuild); set training.device = \"cpu\" or \"auto\"");
 #endif
+  train::resolve_mixed_precision(c, false);
   // The CPU has one attention (backend/cpu/attention.hpp): training.attention = "cudnn"
   // is refused by name, "auto" and "tessera" change nothing.
   cuda::choose_attention(c.training.attention, cuda::AttentionFacts{}, {});

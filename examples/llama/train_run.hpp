@@ -218,7 +218,9 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     // The tokenizer travels with the models saved here (none for "byte").
     has_tokenizer_file = in.save_tokenizer_file(tokenizer_copy);
   }
-  train::Trainer<Model> trainer(model, c, std::move(loader), in.peak_flops);
+  train::TrainerOptions options = train::trainer_options(c);
+  if (in.peak_flops > 0) options.peak_flops = in.peak_flops;
+  train::Trainer<Model> trainer(model, std::move(options), std::move(loader));
   if (resume) {
     trainer.load_checkpoint(resume->path.string(), parts);
     if (lead) {
@@ -226,7 +228,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
       for (const std::string& x : c.checkpoint.exclude_from_loading) excluded += (excluded.empty() ? "" : ", ") + x;
       std::fprintf(stderr, "resumed from %s: step %lld of %lld, data position %lld%s\n", resume->path.string().c_str(),
                    static_cast<long long>(trainer.steps_done()), static_cast<long long>(c.training.steps),
-                   static_cast<long long>(trainer.loader().position()),
+                   static_cast<long long>(trainer.batches().position()),
                    excluded.empty() ? "" : (" (started afresh: " + excluded + ")").c_str());
     }
   }

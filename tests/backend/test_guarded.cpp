@@ -80,7 +80,7 @@ std::vector<train::StepMetrics> train_steps(const train::JobConfig& c, std::map<
   model.init_weights(3);
   data::DataLoader loader(train::load_training_tokens(c, io::ByteTokenizer{}), c.training.seq_len,
                           c.training.local_batch_size);
-  train::Trainer<nn::Transformer<float, B>> trainer(model, c, std::move(loader), 0.0);
+  train::Trainer<nn::Transformer<float, B>> trainer(model, train::trainer_options(c), std::move(loader));
   std::vector<train::StepMetrics> steps;
   for (int s = 0; s < c.training.steps; ++s) steps.push_back(trainer.step());
   *after = parameters(model);

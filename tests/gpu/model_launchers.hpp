@@ -105,7 +105,7 @@ TrainRun train_steps(const train::JobConfig& c) {
   TrainRun r;
   r.before = parameter_values(model);
   data::DataLoader loader(small_job_tokens(c), c.training.seq_len, c.training.local_batch_size);
-  train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
+  train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
   for (std::int64_t s = 0; s < c.training.steps; ++s) {
     const train::StepMetrics m = trainer.step();
     r.losses.push_back(m.loss);

@@ -257,8 +257,8 @@ TEST_CASE("AdamW on a bf16 model: fp32 masters, moments and gradients; the param
   o.param_dtype = DType::f32;
   using Bf16AdamW = AdamW<bf16, Cpu>;
   CHECK_THROWS_WITH_AS(Bf16AdamW(model, o),
-                       doctest::Contains("a bfloat16 model has bfloat16 parameters: mixed_precision_param = "
-                                         "\"float32\" contradicts it"),
+                       doctest::Contains("AdamW: a bfloat16 model has bfloat16 parameters: param_dtype float32 "
+                                         "contradicts it (leave it unset)"),
                        Error);
 }
 
@@ -468,10 +468,9 @@ TEST_CASE("AdamW with state_dtype bf16: 2-byte moments, the update the functor g
   using FloatAdamW = AdamW<float, Cpu>;
   OneParam d;
   CHECK_THROWS_WITH_AS(DoubleAdamW(d, o),
-                       doctest::Contains("optimizer.state_dtype = \"bfloat16\" needs a float32 or bfloat16 model"), Error);
+                       doctest::Contains("AdamW: bfloat16 moments need a float32 or bfloat16 model"), Error);
   o.state_dtype = DType::f64;
   CHECK_THROWS_WITH_AS(FloatAdamW(model, o),
-                       doctest::Contains("optimizer.state_dtype = \"float64\": the moments are stored as float32 or "
-                                         "bfloat16"),
+                       doctest::Contains("AdamW: state_dtype float64: the moments are stored as float32 or bfloat16"),
                        Error);
 }

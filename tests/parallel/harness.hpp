@@ -104,7 +104,7 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
   model.init_weights(static_cast<std::uint64_t>(c.training.seed));
   data::DataLoader loader(debug_tokens(), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
                           mesh.dp_degree());
-  train::Trainer<Model> trainer(model, c, std::move(loader), 0);
+  train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
   RunResult r;
   for (std::int64_t s = 0; s < c.training.steps; ++s) {
     const train::StepMetrics m = trainer.step();

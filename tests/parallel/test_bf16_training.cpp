@@ -98,8 +98,8 @@ TEST_CASE("bf16 model: FSDP, HSDP, tensor and pipeline parallelism train one ran
 TEST_CASE("bf16 model: mixed_precision_param = float32 contradicts it and is refused by name") {
   CHECK_THROWS_WITH_AS(train_layout<Bf16Model>(comm::Communicator(), comm::MeshShape{},
                                                debug_job(2, 2, 1, {"--training.mixed_precision_param", "float32"})),
-                       doctest::Contains("a bfloat16 model has bfloat16 parameters: mixed_precision_param = "
-                                         "\"float32\" contradicts it"),
+                       doctest::Contains("a bfloat16 model has bfloat16 parameters: training.mixed_precision_param = "
+                                         "\"float32\" contradicts it (set it to \"bfloat16\" or \"auto\")"),
                        Error);
 }
 

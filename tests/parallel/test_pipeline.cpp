@@ -183,7 +183,7 @@ TEST_CASE("pipeline: explicit split points place the blocks, and train the same 
     for (std::size_t i = 0; i < model.n_layers(); ++i) ids[static_cast<std::size_t>(world.rank())].push_back(model.layer_id(i));
     model.init_weights(0);
     data::DataLoader loader(debug_tokens(), c.training.seq_len, kParityBatch, 0, 1);
-    train::Trainer<CpuDynamicModel> trainer(model, c, std::move(loader), 0);
+    train::Trainer<CpuDynamicModel> trainer(model, train::trainer_options(c), std::move(loader));
     RunResult r;
     for (int s = 0; s < kParitySteps; ++s) {
       const train::StepMetrics m = trainer.step();

@@ -202,10 +202,10 @@ std::vector<double> train_steps(const comm::MeshShape& shape, const train::JobCo
     if (resume.empty() || !o.parts.model) model.init_weights(static_cast<std::uint64_t>(c.training.seed));
     data::DataLoader loader(debug_tokens(), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
                             mesh.dp_degree());
-    train::Trainer<CpuDynamicModel> trainer(model, c, std::move(loader), 0);
+    train::Trainer<CpuDynamicModel> trainer(model, train::trainer_options(c), std::move(loader));
     if (!resume.empty()) trainer.load_checkpoint(resume, o.parts);
     if (world.rank() == 0 && o.steps_done) *o.steps_done = trainer.steps_done();
-    if (world.rank() == 0 && o.data_position) *o.data_position = trainer.loader().position();
+    if (world.rank() == 0 && o.data_position) *o.data_position = trainer.batches().position();
     for (int s = 0; s < steps; ++s) {
       per_rank[static_cast<std::size_t>(world.rank())].push_back(trainer.step().loss);
       if (!save.empty() && s + 1 == save_after) {

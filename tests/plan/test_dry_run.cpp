@@ -65,7 +65,7 @@ Run traced_step(const train::JobConfig& c) {
   std::vector<std::uint32_t> tokens(4 * 2 * 33);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint32_t>((i * 7919) % 250);
   data::DataLoader loader(std::move(tokens), c.training.seq_len, c.training.local_batch_size, 0, 1);
-  train::Trainer<Model> trainer(model, c, std::move(loader), 0);
+  train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
   trainer.step();
   MemoryStats& device = stats[static_cast<int>(B::device)];
   device.reset_peak();

@@ -107,7 +107,7 @@ TEST_CASE("defaults follow torchtitan") {
   CHECK(c.training.max_norm == 1.0);
   CHECK(c.training.seed == 0);
   CHECK_FALSE(c.training.deterministic);
-  CHECK(c.training.mixed_precision_param == "bfloat16");
+  CHECK(c.training.mixed_precision_param == "auto");  // the model's own type: nothing rounded unless asked
   CHECK(c.training.mixed_precision_reduce == "float32");
   CHECK(c.training.dataset == "synthetic");
   CHECK(c.training.dataset_path.empty());
@@ -494,7 +494,7 @@ TEST_CASE("unknown names in enumerated keys") {
   CHECK_ERROR(parse("[lr_scheduler]\ndecay_type = \"step\""), "job.toml:2:",
               "lr_scheduler.decay_type must be one of linear, sqrt, cosine; got \"step\"");
   CHECK_ERROR(parse("[training]\nmixed_precision_param = \"float16\""),
-              "training.mixed_precision_param must be one of float32, bfloat16; got \"float16\"");
+              "training.mixed_precision_param must be one of auto, float32, bfloat16; got \"float16\"");
   CHECK_ERROR(parse("[training]\nmixed_precision_reduce = \"bfloat16\""), "training.mixed_precision_reduce must be");
   CHECK_ERROR(parse("[activation_checkpoint]\nmode = \"partial\""),
               "activation_checkpoint.mode must be one of none, full, selective");

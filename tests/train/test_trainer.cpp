@@ -82,7 +82,7 @@ TEST_CASE("Training the debug model on the embedded corpus reaches the stated lo
   Model model(c.model.args);
   model.init_weights(0);
   data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len, c.training.local_batch_size);
-  train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
+  train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
   double first = 0, last = 0;
   for (int s = 1; s <= kTrainSteps; ++s) {
     auto m = trainer.step();
@@ -102,7 +102,7 @@ TEST_CASE("Gradient accumulation gives the gradient of the whole global batch") 
     auto m = std::make_unique<Model>(c.model.args);
     m->init_weights(1);
     data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len, c.training.local_batch_size);
-    train::Trainer<Model> t(*m, c, std::move(loader), 0.0);
+    train::Trainer<Model> t(*m, train::trainer_options(c), std::move(loader));
     std::vector<double> losses;
     for (int s = 0; s < 3; ++s) losses.push_back(t.step().loss);
     CHECK(t.accumulation_steps() == global / local);
@@ -117,7 +117,7 @@ TEST_CASE("bf16 parameters train, and the weights stay bf16-representable") {
   Model model(c.model.args);
   model.init_weights(0);
   data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len, c.training.local_batch_size);
-  train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
+  train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
   double first = trainer.step().loss, last = 0;
   for (int s = 2; s <= 20; ++s) last = trainer.step().loss;
   CHECK(last < first - 1.0);
@@ -136,7 +136,7 @@ TEST_CASE("bf16 AdamW moments track fp32 moments, and the loss falls") {
     model.init_weights(0);
     data::DataLoader loader(train::load_training_tokens(c, tessera::io::ByteTokenizer{}), c.training.seq_len,
                             c.training.local_batch_size);
-    train::Trainer<Model> trainer(model, c, std::move(loader), 0.0);
+    train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
     std::vector<double> l;
     for (int s = 0; s < 20; ++s) l.push_back(trainer.step().loss);
     const std::size_t moments = 2 * (std::string(state_dtype) == "bfloat16" ? sizeof(bf16) : sizeof(float));
@@ -157,6 +157,164 @@ TEST_CASE("bf16 AdamW moments track fp32 moments, and the loss falls") {
     CHECK(worst < 5e-4);
     CHECK(b16.back() < b16.front() - 1.0);
   }
+}
+
+namespace {
+
+/// The small job's settings as a C++ trainer writes them, without a config.
+train::TrainerOptions small_options() {
+  train::TrainerOptions o;
+  o.optimizer.lr = 4e-3;
+  o.schedule = {.steps = 150, .warmup_steps = 15, .decay_ratio = 0.5, .decay_type = optim::DecayType::cosine,
+                .min_lr_factor = 0.1};
+  return o;
+}
+
+/// The losses of `steps` steps of the small model (init seed 0) from `batches`.
+std::vector<double> code_losses(train::TrainerOptions o, data::BatchSource batches, int steps, Model* out = nullptr) {
+  const train::JobConfig c = small_job();
+  Model local(c.model.args);
+  Model& model = out ? *out : local;
+  model.init_weights(0);
+  train::Trainer<Model> trainer(model, std::move(o), std::move(batches));
+  std::vector<double> l;
+  for (int s = 0; s < steps; ++s) l.push_back(trainer.step().loss);
+  return l;
+}
+
+std::vector<std::uint32_t> small_tokens() { return train::load_training_tokens(small_job(), io::ByteTokenizer{}); }
+
+/// Whether every parameter value of `model` is a bf16 value.
+bool all_bf16(Model& model) {
+  bool all = true;
+  model.for_each_parameter([&](nn::Parameter<float>& p) {
+    for (std::int64_t i = 0; i < p.numel(); ++i) all = all && p.value[i] == round_to_bf16(p.value[i]);
+  });
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("A Trainer built in code: the config's door, nothing rounded unless asked") {
+  const std::vector<std::uint32_t> tokens = small_tokens();
+  // The same settings from the config and from named fields train the same model.
+  const train::JobConfig c = small_job();
+  const auto from_config = code_losses(train::trainer_options(c), data::DataLoader(tokens, 64, 8), 3);
+  Model model(c.model.args);
+  const auto from_code = code_losses(small_options(), data::BatchSource::tokens(tokens, 64, 8), 3, &model);
+  CHECK(from_code == from_config);
+  // A float32 model's parameters stay float32: the update is not rounded to bf16.
+  CHECK_FALSE(all_bf16(model));
+  // Asked for, they are bf16 values (float32 masters in the optimizer).
+  train::TrainerOptions bf16_options = small_options();
+  bf16_options.optimizer.param_dtype = DType::bf16;
+  Model rounded(c.model.args);
+  const auto bf16_losses = code_losses(bf16_options, data::BatchSource::tokens(tokens, 64, 8), 3, &rounded);
+  CHECK(all_bf16(rounded));
+  CHECK(bf16_losses != from_code);
+  // A config that does not name the dtype leaves it to the model, as the code door does.
+  train::JobConfig unnamed = c;
+  unnamed.training.mixed_precision_param = "auto";
+  CHECK(code_losses(train::trainer_options(unnamed), data::DataLoader(tokens, 64, 8), 3) == from_code);
+}
+
+TEST_CASE("A Trainer's batches from a callback, resumed at the saved position") {
+  const std::vector<std::uint32_t> tokens = small_tokens();
+  // The callback serves the windows a DataLoader would, from the request's index.
+  std::vector<std::int64_t> asked;
+  auto windows = [&](const data::BatchRequest& r) {
+    asked.push_back(r.index);
+    data::DataLoader l(tokens, r.seq_len, r.batch, r.dp_rank, r.dp_degree);
+    l.seek(r.index * r.batch * r.dp_degree);
+    return l.next();
+  };
+  const auto reference = code_losses(small_options(), data::BatchSource::tokens(tokens, 64, 8), 4);
+  CHECK(code_losses(small_options(), data::BatchSource::callback(windows, 64, 8), 4) == reference);
+  CHECK(asked == std::vector<std::int64_t>{0, 1, 2, 3});
+  // Two micro-batches a step: the callback is asked for each global batch's slice in turn.
+  train::TrainerOptions accumulate = small_options();
+  accumulate.global_batch_size = 16;
+  asked.clear();
+  code_losses(accumulate, data::BatchSource::callback(windows, 64, 8), 2);
+  CHECK(asked == std::vector<std::int64_t>{0, 1, 2, 3});
+  // A resume seeks the callback to the saved index.
+  const auto dir = std::filesystem::temp_directory_path() / "tessera_test_trainer_callback";
+  std::filesystem::remove_all(dir);
+  const train::JobConfig c = small_job();
+  Model model(c.model.args);
+  model.init_weights(0);
+  {
+    train::Trainer<Model> first(model, small_options(), data::BatchSource::callback(windows, 64, 8));
+    first.step();
+    first.step();
+    first.save_checkpoint(dir.string());
+  }
+  asked.clear();
+  Model again(c.model.args);
+  again.init_weights(7);
+  train::Trainer<Model> resumed(again, small_options(), data::BatchSource::callback(windows, 64, 8));
+  resumed.load_checkpoint(dir.string());
+  CHECK(resumed.batches().position() == 2);
+  CHECK(resumed.step().loss == reference[2]);
+  CHECK(resumed.step().loss == reference[3]);
+  CHECK(asked == std::vector<std::int64_t>{2, 3});
+  // A different sequence length is refused by the option's name, not a config key.
+  Model other(c.model.args);
+  train::Trainer<Model> longer(other, small_options(), data::BatchSource::callback(windows, 32, 8));
+  CHECK_THROWS_WITH_AS(longer.load_checkpoint(dir.string()),
+                       doctest::Contains("seq_len was 64 when this checkpoint was saved and is 32 now: a resumed run "
+                                         "must keep it (or start the dataloader afresh: ResumeParts{}.dataloader = false)"),
+                       Error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("A Trainer built in code refuses what cannot run, in the words of the code") {
+  const train::JobConfig c = small_job();
+  const std::vector<std::uint32_t> tokens = small_tokens();
+  Model model(c.model.args);
+  model.init_weights(0);
+  auto refused = [&](train::TrainerOptions o, data::BatchSource b, const std::string& message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(train::Trainer<Model>(model, std::move(o), std::move(b)), doctest::Contains(message.c_str()), Error);
+  };
+  train::TrainerOptions o = small_options();
+  o.global_batch_size = 12;
+  refused(o, data::BatchSource::tokens(tokens, 64, 8),
+          "global_batch_size (12) must be a multiple of the local batch x the data-parallel degree (8 x 1 = 8)");
+  o = small_options();
+  o.peak_flops = 0.0;
+  refused(o, data::BatchSource::tokens(tokens, 64, 8), "peak_flops must be positive, got 0 (unset: no MFU)");
+  o = small_options();
+  o.schedule.steps = 0;
+  refused(o, data::BatchSource::tokens(tokens, 64, 8), "lr schedule: steps must be positive, got 0");
+  refused(small_options(), data::DataLoader(tokens, 64, 8, 1, 2),
+          "the DataLoader reads slice 1 of 2, the model is data-parallel rank 0 of 1");
+  // The config's door names the keys.
+  train::TrainerOptions from_config = train::trainer_options(small_job({"--training.global_batch_size", "8"}));
+  from_config.global_batch_size = 12;
+  refused(from_config, data::BatchSource::tokens(tokens, 64, 8), "training.global_batch_size (12) must be a multiple");
+  // A callback's batch of the wrong shape, or with a negative id, is refused naming the batch.
+  auto short_rows = [&](const data::BatchRequest& r) {
+    data::Batch b = data::DataLoader(tokens, r.seq_len - 1, r.batch).next();
+    return b;
+  };
+  train::Trainer<Model> bad(model, small_options(), data::BatchSource::callback(short_rows, 64, 8));
+  CHECK_THROWS_WITH_AS(bad.step(), doctest::Contains("the batch callback's batch 0 (data-parallel rank 0) is 8 x 63, not the 8 x 64 asked for"),
+                       Error);
+  auto negative = [&](const data::BatchRequest& r) {
+    data::Batch b = data::DataLoader(tokens, r.seq_len, r.batch).next();
+    b.inputs[5] = -3;
+    return b;
+  };
+  train::Trainer<Model> worse(model, small_options(), data::BatchSource::callback(negative, 64, 8));
+  CHECK_THROWS_WITH_AS(worse.step(), doctest::Contains("batch 0 (data-parallel rank 0): token 5 has input -3"), Error);
+  // With a peak, the step's metrics carry MFU; without, they do not.
+  o = small_options();
+  o.peak_flops = 1e12;
+  train::Trainer<Model> measured(model, o, data::BatchSource::tokens(tokens, 64, 8));
+  CHECK(measured.step().mfu_pct > 0);
+  train::Trainer<Model> unmeasured(model, small_options(), data::BatchSource::tokens(tokens, 64, 8));
+  CHECK(unmeasured.step().mfu_pct == 0);
 }
 
 TEST_CASE("Checkpoints round-trip and reject a model of another shape") {

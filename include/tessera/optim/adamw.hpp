@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -57,7 +58,10 @@ struct AdamWOptions {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
-  DType param_dtype = DType::f32;  // bf16: parameters rounded to bf16 after every step
+  /// The parameters' values between steps. Unset: the model's own element type, nothing
+  /// rounded. bf16 on a float32 model: every step updates float32 masters and writes
+  /// their bf16 rounding back (bf16 training emulated in float32 arithmetic).
+  std::optional<DType> param_dtype;
   DType state_dtype = DType::f32;  // bf16: moments stored as bf16 (f32: the gradients' type)
 };
 
@@ -68,21 +72,21 @@ class AdamW {
  public:
   template <class Model>
   AdamW(Model& model, AdamWOptions options) : options_(options) {
-    TESSERA_CHECK(options.lr >= 0, "optimizer.lr must not be negative, got ", options.lr);
-    TESSERA_CHECK(options.eps > 0, "optimizer.eps must be positive, got ", options.eps);
+    TESSERA_CHECK(options.lr >= 0, "AdamW: lr must not be negative, got ", options.lr);
+    TESSERA_CHECK(options.eps > 0, "AdamW: eps must be positive, got ", options.eps);
     TESSERA_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
-                  "optimizer: beta1 and beta2 must lie in [0, 1)");
+                  "AdamW: beta1 and beta2 must lie in [0, 1), got ", options.beta1, " and ", options.beta2);
+    TESSERA_CHECK((options.param_dtype != DType::f64 || std::is_same_v<T, double>),
+                  "AdamW: float64 parameters need a float64 model, this one is ", name_of(dtype_of<T>()));
     TESSERA_CHECK((options.param_dtype != DType::bf16 || std::is_same_v<T, float> || std::is_same_v<T, bf16>),
-                  "optimizer: bfloat16 parameters need a float32 or bfloat16 model");
-    TESSERA_CHECK((options.param_dtype == DType::bf16 || !std::is_same_v<T, bf16>),
-                  "optimizer: a bfloat16 model has bfloat16 parameters: mixed_precision_param = \"",
-                  name_of(options.param_dtype), "\" contradicts it (set it to \"bfloat16\")");
+                  "AdamW: bfloat16 parameters need a float32 or bfloat16 model, this one is ", name_of(dtype_of<T>()));
+    TESSERA_CHECK((!options.param_dtype || options.param_dtype == DType::bf16 || !std::is_same_v<T, bf16>),
+                  "AdamW: a bfloat16 model has bfloat16 parameters: param_dtype ",
+                  name_of(options.param_dtype.value_or(DType::bf16)), " contradicts it (leave it unset)");
     TESSERA_CHECK(options.state_dtype == DType::f32 || options.state_dtype == DType::bf16,
-                  "optimizer.state_dtype = \"", name_of(options.state_dtype),
-                  "\": the moments are stored as float32 or bfloat16");
+                  "AdamW: state_dtype ", name_of(options.state_dtype), ": the moments are stored as float32 or bfloat16");
     TESSERA_CHECK((options.state_dtype == DType::f32 || std::is_same_v<A, float>),
-                  "optimizer.state_dtype = \"bfloat16\" needs a float32 or bfloat16 model (its moments are updated "
-                  "in float32)");
+                  "AdamW: bfloat16 moments need a float32 or bfloat16 model (they are updated in float32)");
     MemoryUseScope use(MemoryUse::optimizer);  // moments and masters
     auto add = [&](nn::Parameter<T>& p) {
       State s{&p, {}, {}};
@@ -177,6 +181,9 @@ class AdamW {
     return n;
   }
 
+  /// The parameters' dtype between steps: AdamWOptions::param_dtype, or the model's.
+  DType param_dtype() const { return options_.param_dtype.value_or(dtype_of<T>()); }
+
  private:
   template <class M>
   struct Moments {
@@ -200,7 +207,8 @@ class AdamW {
   };
 
   /// Whether the update goes to fp32 masters: bf16 parameters, stored as such or not.
-  bool has_masters() const { return options_.param_dtype == DType::bf16; }
+  bool has_masters() const { return param_dtype() == DType::bf16; }
+
   bool bf16_states() const { return options_.state_dtype == DType::bf16; }
 
   template <class M>

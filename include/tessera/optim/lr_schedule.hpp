@@ -29,25 +29,37 @@ inline DecayType parse_decay_type(std::string_view s) {
   fail("lr_scheduler.decay_type: unknown value '", s, "' (expected linear, sqrt or cosine)");
 }
 
+/// The schedule's shape, by name (torchtitan's [lr_scheduler] keys, and training.steps).
+struct LrScheduleOptions {
+  std::int64_t steps = 0;  // the run's length: the decay ends at the last step
+  std::int64_t warmup_steps = 0;
+  std::optional<double> decay_ratio;  // the decay's share of the steps; unset: all after warm-up
+  DecayType decay_type = DecayType::linear;
+  double min_lr_factor = 0.0;  // the factor the decay ends at
+};
+
 class LrSchedule {
  public:
-  LrSchedule(std::int64_t steps, std::int64_t warmup_steps, std::optional<double> decay_ratio, DecayType type,
-             double min_lr_factor)
-      : warmup_(warmup_steps), type_(type), min_factor_(min_lr_factor) {
-    TESSERA_CHECK(steps > 0, "lr_scheduler: training.steps must be positive, got ", steps);
-    TESSERA_CHECK(warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative, got ", warmup_steps);
-    TESSERA_CHECK(min_lr_factor >= 0 && min_lr_factor <= 1, "lr_scheduler.min_lr_factor must lie in [0, 1], got ",
-                  min_lr_factor);
-    if (decay_ratio) {
-      TESSERA_CHECK(*decay_ratio >= 0 && *decay_ratio <= 1, "lr_scheduler.decay_ratio must lie in [0, 1], got ",
-                    *decay_ratio);
-      decay_ = static_cast<std::int64_t>(std::llround(static_cast<double>(steps) * *decay_ratio));
+  explicit LrSchedule(const LrScheduleOptions& o)
+      : warmup_(o.warmup_steps), type_(o.decay_type), min_factor_(o.min_lr_factor) {
+    TESSERA_CHECK(o.steps > 0, "lr schedule: steps must be positive, got ", o.steps);
+    TESSERA_CHECK(o.warmup_steps >= 0, "lr schedule: warmup_steps must not be negative, got ", o.warmup_steps);
+    TESSERA_CHECK(o.min_lr_factor >= 0 && o.min_lr_factor <= 1, "lr schedule: min_lr_factor must lie in [0, 1], got ",
+                  o.min_lr_factor);
+    if (o.decay_ratio) {
+      TESSERA_CHECK(*o.decay_ratio >= 0 && *o.decay_ratio <= 1, "lr schedule: decay_ratio must lie in [0, 1], got ",
+                    *o.decay_ratio);
+      decay_ = static_cast<std::int64_t>(std::llround(static_cast<double>(o.steps) * *o.decay_ratio));
     } else {
-      decay_ = std::max<std::int64_t>(steps - warmup_steps, 0);
+      decay_ = std::max<std::int64_t>(o.steps - o.warmup_steps, 0);
     }
-    stable_ = std::max<std::int64_t>(steps - warmup_ - decay_, 0);
+    stable_ = std::max<std::int64_t>(o.steps - warmup_ - decay_, 0);
     last_ = warmup_ + stable_ + decay_;
   }
+
+  LrSchedule(std::int64_t steps, std::int64_t warmup_steps, std::optional<double> decay_ratio, DecayType type,
+             double min_lr_factor)
+      : LrSchedule(LrScheduleOptions{steps, warmup_steps, decay_ratio, type, min_lr_factor}) {}
 
   /// The factor for 0-based optimizer step `s`.
   double factor(std::int64_t s) const {

@@ -433,7 +433,8 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
     r.fits = r.fits && reserved <= usable;
   }
   const std::int64_t tokens = c.training.global_batch_size * c.training.seq_len;
-  const DType dtype = c.training.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
+  // A GPU trains a bf16 model unless float32 is asked for ("auto": train::resolve_mixed_precision).
+  const DType dtype = c.training.mixed_precision_param == "float32" ? DType::f32 : DType::bf16;
   r.tokens_per_sec = r.step_seconds > 0 ? static_cast<double>(tokens) / r.step_seconds / world : 0;
   r.mfu_pct = 100 * r.tokens_per_sec * c.model.args.flops_per_token(c.training.seq_len) / compute.peak_flops(dtype);
   return r;

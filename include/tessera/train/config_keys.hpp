@@ -213,8 +213,10 @@ inline std::vector<ConfigKey> build_config_keys() {
                "instead of a cudaMalloc for each block no free one fits: less memory lost between blocks. "
                "false: a segment per block. llama-plan replays either."),
       make_key("training.mixed_precision_param", field<&J::training, &TrainingSection::mixed_precision_param>(),
-               "Dtype of parameters in forward and backward (the optimizer keeps float32 masters).")
-          .one_of(dtypes),
+               "Dtype of parameters in forward and backward: \"auto\" (the model's own: llama-train trains a "
+               "bf16 model on a GPU and a float32 one on the CPU), \"bfloat16\" (bf16 values, float32 masters in "
+               "the optimizer; on the CPU, bf16 values in float32 arithmetic) or \"float32\".")
+          .one_of({"auto", "float32", "bfloat16"}),
       make_key("training.mixed_precision_reduce", field<&J::training, &TrainingSection::mixed_precision_reduce>(),
                "Dtype of gradient reductions across data-parallel ranks.")
           .one_of({"float32"}),

@@ -74,7 +74,10 @@ struct TrainingSection {
   std::string device = "auto";  // "auto": cuda where built with CUDA and a GPU is visible, else cpu
   std::string attention = "auto";  // on the GPU: "auto" (cudnn where it can run), "cudnn" or "tessera"
   bool expandable_segments = true;  // on the GPU: the caching allocator's large pool grows one segment
-  std::string mixed_precision_param = "bfloat16";
+  /// "auto": the model's element type, nothing rounded (llama-train: a bf16 model on a
+  /// GPU, torchtitan's default; float32 on the CPU); "bfloat16" on a float32 model: bf16
+  /// parameter values with float32 masters.
+  std::string mixed_precision_param = "auto";
   std::string mixed_precision_reduce = "float32";
   std::string dataset = "synthetic";  // "synthetic" (embedded corpus) or "shard"
   std::string dataset_path;           // the token shard when dataset = "shard"
@@ -152,5 +155,11 @@ struct JobConfig {
   MetricsSection metrics;
   CommSection comm;
 };
+
+/// training.mixed_precision_param with "auto" made what a binary trains: "bfloat16" for a
+/// model on a GPU (a bf16 model, as torchtitan trains), "float32" on the CPU.
+inline void resolve_mixed_precision(JobConfig& c, bool on_gpu) {
+  if (c.training.mixed_precision_param == "auto") c.training.mixed_precision_param = on_gpu ? "bfloat16" : "float32";
+}
 
 }  // namespace tessera::train

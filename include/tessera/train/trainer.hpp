@@ -6,6 +6,11 @@
 // mean token loss however the batch is split. Then the global gradient norm is
 // clipped, AdamW steps at the scheduled learning rate, and the step's metrics are
 // returned.
+//
+// A Trainer is built from a model, TrainerOptions (train/trainer_options.hpp: named
+// fields, or trainer_options(JobConfig) for a config) and a data::BatchSource (a
+// DataLoader, a token stream or a callback: data/batch_source.hpp). It keeps copies of
+// both, so temporaries may be passed.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -23,6 +28,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/region.hpp"
+#include "tessera/data/batch_source.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/synthetic.hpp"
 #include "tessera/data/tokenizers.hpp"
@@ -38,6 +44,7 @@
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/job_plan.hpp"
 #include "tessera/train/metrics.hpp"
+#include "tessera/train/trainer_options.hpp"
 
 namespace tessera::train {
 
@@ -79,38 +86,16 @@ struct ResumeParts {
   }
 };
 
-/// The settings a resumed run must keep, by key, with the part of the state that needs
-/// them (a part not loaded frees its keys): the data a position in it means, and the
-/// element type the weights and masters are saved in. The model's shape is checked
-/// apart, against the checkpoint's own model arguments.
-inline nlohmann::json resume_fingerprint(const JobConfig& c, std::int64_t global_batch) {
-  const bool synthetic = c.training.dataset == "synthetic";
-  nlohmann::json f = {
-      {"training.dataset", {c.training.dataset, "dataloader"}},
-      {"training.seq_len", {c.training.seq_len, "dataloader"}},
-      {"training.global_batch_size", {global_batch, "dataloader"}},
-      {"model.tokenizer", {c.model.tokenizer, "dataloader"}},
-      {"training.mixed_precision_param", {c.training.mixed_precision_param, "model"}},
-  };
-  if (synthetic) {
-    f["training.seed"] = {c.training.seed, "dataloader"};  // the corpus is drawn from it
-    f["training.synthetic_documents"] = {c.training.synthetic_documents, "dataloader"};
-  } else {
-    f["training.dataset_path"] = {c.training.dataset_path, "dataloader"};
-  }
-  return f;
-}
-
 template <class Model>
 class Trainer {
  public:
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
 
-  /// `peak_flops`: the FLOP rate MFU is measured against (one device's). The model
-  /// is sharded here (model.shard()) if its plan is data-parallel; `loader` must read
-  /// this rank's slice (its dp_rank and dp_degree those of the model's plan).
-  Trainer(Model& model, const JobConfig& config, data::DataLoader loader, double peak_flops);
+  /// The model is sharded here (model.shard()) if its plan is data-parallel; `batches`
+  /// gives this rank's slice of each global batch (a DataLoader must already read the
+  /// model's data-parallel slice; a token stream or a callback is bound to it here).
+  Trainer(Model& model, TrainerOptions options, data::BatchSource batches);
 
   /// Does the first step's one-time work ahead of it (the model's rotary and
   /// gradient-norm tables, the optimizer's tables of tensors), so that the first step
@@ -124,11 +109,12 @@ class Trainer {
   std::int64_t steps_done() const { return step_; }
   std::int64_t accumulation_steps() const { return accumulation_; }
   const optim::AdamW<T, B>& optimizer() const { return optimizer_; }
-  const data::DataLoader& loader() const { return loader_; }
+  const data::BatchSource& batches() const { return batches_; }
+  const TrainerOptions& options() const { return options_; }
 
   /// The global batch, in sequences.
   std::int64_t global_batch() const {
-    return accumulation_ * config_.training.local_batch_size * model_.plan().dp_degree();
+    return accumulation_ * batches_.local_batch_size() * model_.plan().dp_degree();
   }
 
   /// Saves everything a resumed run needs as a sharded checkpoint in `dir`
@@ -153,7 +139,7 @@ class Trainer {
   /// Resumes from a checkpoint save_checkpoint wrote, under this layout or any other:
   /// the next step() is the one that followed the save. Parts not in `parts` keep
   /// their present state. A setting that differs from the saving run's is refused by
-  /// name (resume_fingerprint).
+  /// name (kept_settings).
   void load_checkpoint(const std::string& dir, ResumeParts parts = {});
 
  private:
@@ -162,33 +148,46 @@ class Trainer {
     return model;
   }
 
-  static optim::AdamWOptions adamw_options(const JobConfig& c) {
-    optim::AdamWOptions o;
-    o.lr = c.optimizer.lr;
-    o.beta1 = c.optimizer.beta1;
-    o.beta2 = c.optimizer.beta2;
-    o.eps = c.optimizer.eps;
-    o.weight_decay = c.optimizer.weight_decay;
-    o.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
-    o.state_dtype = parse_dtype(c.optimizer.state_dtype, "optimizer.state_dtype");
-    return o;
+  /// The optimizer's options, once the parameters' dtype is checked against the model's
+  /// in the words the user wrote them in.
+  static optim::AdamWOptions checked_optimizer(const TrainerOptions& o) {
+    const std::string_view key = o.name("training.mixed_precision_param", "optimizer.param_dtype");
+    TESSERA_CHECK((!o.optimizer.param_dtype || *o.optimizer.param_dtype == DType::bf16 || !std::is_same_v<T, bf16>),
+                  "a bfloat16 model has bfloat16 parameters: ", key, " = \"", name_of(*o.optimizer.param_dtype),
+                  "\" contradicts it (", o.from == SettingsFrom::config ? "set it to \"bfloat16\" or \"auto\"" : "leave it unset",
+                  ")");
+    TESSERA_CHECK(!o.peak_flops || *o.peak_flops > 0, o.name("metrics.peak_tflops", "peak_flops"),
+                  " must be positive, got ", *o.peak_flops, " (unset: no MFU)");
+    return o.optimizer;
+  }
+
+  /// The settings a resumed run must keep, by name, with the part of the state that needs
+  /// them (a part not loaded frees its settings): the options' own, then the sequence
+  /// length, the global batch and the parameters' dtype this Trainer runs with.
+  nlohmann::json kept_settings() const {
+    nlohmann::json f = nlohmann::json::object();
+    for (const KeptSetting& k : options_.keep_on_resume) f[k.name] = {k.value, k.part};
+    f[std::string(options_.name("training.seq_len", "seq_len"))] = {batches_.seq_len(), "dataloader"};
+    f[std::string(options_.name("training.global_batch_size", "global_batch_size"))] = {global_batch(), "dataloader"};
+    f[std::string(options_.name("training.mixed_precision_param", "optimizer.param_dtype"))] = {
+        name_of(optimizer_.param_dtype()), "model"};
+    return f;
   }
 
   nlohmann::json training_state() const {
     return {{"step", step_},
             {"lr_step", lr_step_},
-            {"data_position", loader_.position()},
-            {"config", resume_fingerprint(config_, global_batch())}};
+            {"data_position", batches_.position()},
+            {"config", kept_settings()}};
   }
 
   comm::Communicator* world() { return sharded::world_of(model_); }
 
   Model& model_;
-  const JobConfig& config_;
-  data::DataLoader loader_;
+  TrainerOptions options_;
+  data::BatchSource batches_;
   optim::AdamW<T, B> optimizer_;
   optim::LrSchedule schedule_;
-  double peak_flops_;
   std::int64_t accumulation_ = 1;
   std::int64_t step_ = 0;
   std::int64_t lr_step_ = 0;  // the schedule's position: the step count unless a resume restarted one of them
@@ -198,29 +197,25 @@ class Trainer {
 };
 
 template <class Model>
-Trainer<Model>::Trainer(Model& model, const JobConfig& config, data::DataLoader loader, double peak_flops)
+Trainer<Model>::Trainer(Model& model, TrainerOptions options, data::BatchSource batches)
     : model_(prepared(model)),
-      config_(config),
-      loader_(std::move(loader)),
-      optimizer_(model, adamw_options(config)),
-      schedule_(config.training.steps, config.lr_scheduler.warmup_steps, config.lr_scheduler.decay_ratio,
-                optim::parse_decay_type(config.lr_scheduler.decay_type), config.lr_scheduler.min_lr_factor),
-      peak_flops_(peak_flops) {
+      options_(std::move(options)),
+      batches_(std::move(batches)),
+      optimizer_(model, checked_optimizer(options_)),
+      schedule_(options_.schedule) {
   const std::int64_t dp = model.plan().dp_degree();
-  TESSERA_CHECK(loader_.dp_degree() == dp && loader_.dp_rank() == model.plan().dp_rank(), "Trainer: the loader reads slice ",
-                loader_.dp_rank(), " of ", loader_.dp_degree(), ", the model is data-parallel rank ",
-                model.plan().dp_rank(), " of ", dp);
-  const std::int64_t local = config.training.local_batch_size;
-  const std::int64_t global = config.training.global_batch_size > 0 ? config.training.global_batch_size : local * dp;
-  TESSERA_CHECK(global % (local * dp) == 0, "training.global_batch_size (", global,
-                ") must be a multiple of training.local_batch_size x the data-parallel degree (", local, " x ", dp,
+  batches_.bind(model.plan().dp_rank(), dp);
+  const std::int64_t local = batches_.local_batch_size();
+  const std::int64_t global = options_.global_batch_size > 0 ? options_.global_batch_size : local * dp;
+  TESSERA_CHECK(global % (local * dp) == 0, options_.name("training.global_batch_size", "global_batch_size"), " (",
+                global, ") must be a multiple of the local batch x the data-parallel degree (", local, " x ", dp,
                 " = ", local * dp, ")");
   accumulation_ = global / (local * dp);
 }
 
 template <class Model>
 void Trainer<Model>::prepare() {
-  model_.prepare(config_.training.seq_len);
+  model_.prepare(batches_.seq_len());
   optimizer_.prepare();
 }
 
@@ -232,7 +227,7 @@ StepMetrics Trainer<Model>::step() {
   std::vector<data::Batch> micro;
   std::int64_t n_targets = 0;
   for (std::int64_t i = 0; i < accumulation_; ++i) {
-    micro.push_back(loader_.next());
+    micro.push_back(batches_.next());
     n_targets += micro.back().n_targets;
   }
   // The loss is the mean over the global batch's target tokens: count them on every rank
@@ -250,15 +245,16 @@ StepMetrics Trainer<Model>::step() {
     activations = std::max(activations, model_.saved_activation_bytes());
   }
   if (mesh) loss_sum = parallel::all_reduce_host<B>(mesh->dp(), loss_sum);
-  const double lr = config_.optimizer.lr * schedule_.factor(lr_step_);
+  const double lr = options_.optimizer.lr * schedule_.factor(lr_step_);
   double norm = 0;
   {
     Region optimizer(region::kOptimizer);
     norm = model_.grad_norm();
     TESSERA_CHECK(std::isfinite(norm) && std::isfinite(loss_sum), "step ", step_ + 1,
                   ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
-                  "); lower optimizer.lr or training.max_norm");
-    optimizer_.step(lr, optim::clip_coefficient(norm, config_.training.max_norm));
+                  "); lower ", options_.name("optimizer.lr", "the learning rate"), " or ",
+                  options_.name("training.max_norm", "max_norm"));
+    optimizer_.step(lr, optim::clip_coefficient(norm, options_.max_norm));
   }
   B::synchronize();
   ++step_;
@@ -275,13 +271,13 @@ StepMetrics Trainer<Model>::step() {
   m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_sec = static_cast<double>(m.tokens) / m.step_seconds;
   const auto seq = micro.front().seq_len;
-  if (peak_flops_ > 0) {
+  if (options_.peak_flops) {
     // Per device, as torchtitan reports it. Thread ranks share one device (this
     // process's cores, which peak_flops measures); other ranks have one each.
     const bool shared_device = !mesh || mesh->world().engine_name().starts_with("threads");
     const double per_device = m.tokens_per_sec / static_cast<double>(shared_device ? 1 : mesh->world().size());
-    m.mfu_pct = 100.0 * per_device * model_.args().flops_per_token(seq) / peak_flops_;
-    m.mfu_causal_pct = 100.0 * per_device * model_.args().flops_per_token(seq, true) / peak_flops_;
+    m.mfu_pct = 100.0 * per_device * model_.args().flops_per_token(seq) / *options_.peak_flops;
+    m.mfu_causal_pct = 100.0 * per_device * model_.args().flops_per_token(seq, true) / *options_.peak_flops;
   }
   m.comm_bytes = mesh ? mesh->world().traffic().total() - sent_before : 0;
   m.peak_memory_bytes = memory_stats(B::device).peak();
@@ -311,7 +307,7 @@ std::string Trainer<Model>::poll_checkpoint(bool wait) {
 
 template <class Model>
 void Trainer<Model>::load_checkpoint(const std::string& dir, ResumeParts parts) {
-  const nlohmann::json now = resume_fingerprint(config_, global_batch());
+  const nlohmann::json now = kept_settings();
   auto check = [&](const nlohmann::json& state) {
     TESSERA_CHECK(state.is_object() && state.contains("step") && state.contains("data_position") &&
                       state.contains("lr_step") && state.contains("config") && state.at("config").is_object(),
@@ -322,15 +318,17 @@ void Trainer<Model>::load_checkpoint(const std::string& dir, ResumeParts parts) 
       const auto saved = state.at("config").find(key);
       if (!loaded || saved == state.at("config").end() || saved->at(0) == value.at(0)) continue;
       fail(dir, ": ", key, " was ", saved->at(0).dump(), " when this checkpoint was saved and is ", value.at(0).dump(),
-           " now: a resumed run must keep it (or start the ", part,
-           " afresh: checkpoint.exclude_from_loading = [\"", part, "\"])");
+           " now: a resumed run must keep it (or start the ", part, " afresh: ",
+           options_.from == SettingsFrom::config ? "checkpoint.exclude_from_loading = [\"" + part + "\"]"
+                                                 : "ResumeParts{}." + part + " = false",
+           ")");
     }
   };
   const nlohmann::json state =
       load_sharded_checkpoint(model_, optimizer_, dir, LoadParts{parts.model, parts.optimizer}, check);
   if (parts.train_state) step_ = state.at("step").get<std::int64_t>();
   if (parts.lr_scheduler) lr_step_ = state.at("lr_step").get<std::int64_t>();
-  if (parts.dataloader) loader_.seek(state.at("data_position").get<std::int64_t>());
+  if (parts.dataloader) batches_.seek(state.at("data_position").get<std::int64_t>());
 }
 
 }  // namespace tessera::train
