@@ -89,7 +89,8 @@ std::vector<double> losses_of(comm::Communicator world, const Layout& layout, co
   model.init_weights(0);  // the same weights on every layout
   train::TrainerOptions options;
   options.optimizer.lr = 3e-3;
-  options.schedule = {.steps = steps, .warmup_steps = std::min<std::int64_t>(10, steps / 3)};
+  options.schedule.steps = steps;
+  options.schedule.warmup_steps = std::min<std::int64_t>(10, steps / 3);
   options.global_batch_size = kGlobalBatch;  // the same batches on every layout
   // Each data-parallel rank reads its share of each global batch of the stream.
   train::Trainer<Model> trainer(model, options,

@@ -165,8 +165,7 @@ namespace {
 train::TrainerOptions small_options() {
   train::TrainerOptions o;
   o.optimizer.lr = 4e-3;
-  o.schedule = {.steps = 150, .warmup_steps = 15, .decay_ratio = 0.5, .decay_type = optim::DecayType::cosine,
-                .min_lr_factor = 0.1};
+  o.schedule = {150, 15, 0.5, optim::DecayType::cosine, 0.1};  // steps, warm-up, decay ratio and type, floor
   return o;
 }
 

@@ -4,7 +4,8 @@
 //
 //   train::TrainerOptions o;
 //   o.optimizer.lr = 3e-3;
-//   o.schedule = {.steps = 1000, .warmup_steps = 100};
+//   o.schedule.steps = 1000;
+//   o.schedule.warmup_steps = 100;
 //   o.global_batch_size = 64;            // sequences; gradient accumulation makes up the rest
 //   o.peak_flops = 989e12;               // set: the step's metrics carry MFU
 //   train::Trainer<Model> trainer(model, o, data::BatchSource::tokens(my_tokens, 2048, 8));
