@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "../../examples/custom_layer.hpp"
 #include "../support/gradcheck.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/nn/block.hpp"
@@ -81,6 +82,19 @@ TEST_CASE("check_gradients: the Llama block's backward passes, every gradient re
   CHECK(r.checks.front().elements == 2 * 5 * a.dim);
   CHECK(check_named(r, "layers.0.attention.wq.weight").passed);
   CHECK(r.str().find("FAIL") == std::string::npos);
+}
+
+TEST_CASE("check_gradients: a block with its own options (the ReLU^2 block, scaled residuals) passes") {
+  const ModelArgs a = testing::tiny_args();
+  auto rope = std::make_shared<RopeTable<double, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
+  const examples::ReluSquaredOptions options{12, 0.5};
+  examples::ReluSquaredBlock<double, Cpu> block(
+      BlockArgs<double, Cpu>{a, 0, "layers.0", rope, nullptr, nullptr, BlockOptionsRef(options)});
+  block.for_each_parameter([](Parameter<double>& p) { testing::fill_normal(p.value, 9, p.name, 0.5); });
+  const GradientReport r = check_gradients(block, Geometry{2, 5}, a.dim);
+  INFO(r.str());
+  CHECK(r.passed());
+  CHECK(check_named(r, "layers.0.mlp.w1.weight").elements == 12 * a.dim);
 }
 
 TEST_CASE("check_gradients: a backward that drops the residual fails on the input, named in the report") {

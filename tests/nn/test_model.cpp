@@ -4,14 +4,53 @@
 #include <map>
 #include <set>
 
+#include "../../examples/custom_layer.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "tessera/parallel/parallel.hpp"
 
 namespace test_model {  // unity build: this file's names stay in here (tests/meson.build)
 
 using namespace tessera;
 using namespace tessera::nn;
+
+using ReluBlock = examples::ReluSquaredBlock<float, Cpu>;
+using examples::ReluSquaredOptions;
+
+/// Settings of some other block: what a ReluBlock must refuse to read as its own.
+struct OtherOptions {
+  int width = 3;
+};
+
+/// The ReLU^2 MLP of custom_layer.hpp alone, with a residual: a block without attention,
+/// which says so in the FLOP count (its attention term is 0).
+template <class T, Backend B>
+class MlpBlock : public LayerTypes<T, B> {
+ public:
+  using options_type = ReluSquaredOptions;
+  static double attention_flops_per_token(const ModelArgs&, const ReluSquaredOptions&, std::int64_t) { return 0; }
+
+  explicit MlpBlock(const BlockArgs<T, B>& b)
+      : mlp_(b.name + ".mlp", b.model.dim, b.template options<ReluSquaredOptions>().hidden, 0.02, b.tp) {}
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
+    Tensor<T> y = mlp_.forward(ctx.child("mlp"), x);
+    B::for_each(y.numel(), ops::Axpy<T>{accum_t<T>(1), x.data(), y.data()});
+    return y;
+  }
+  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
+    Tensor<T> dx = mlp_.backward(ctx.child("mlp"), dy);
+    B::for_each(dx.numel(), ops::Axpy<T>{accum_t<T>(1), dy.data(), dx.data()});
+    return dx;
+  }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    mlp_.for_each_parameter(f);
+  }
+
+ private:
+  examples::ReluSquaredMlp<T, B> mlp_;
+};
 
 TEST_CASE("Parameter names and counts follow torchtitan") {
   ModelArgs a = model_flavor("debugmodel");
@@ -61,6 +100,87 @@ TEST_CASE("Tied embeddings share one parameter") {
   model.for_each_parameter([&](Parameter<float>& p) { names.insert(p.name); });
   CHECK(names.count("output.weight") == 0);
   CHECK(model.num_params() == a.num_params());
+}
+
+TEST_CASE("The Llama model counts its parameters and FLOPs exactly as ModelArgs does, for every flavor") {
+  for (const ModelArgs& a : model_flavors()) {
+    CAPTURE(a.flavor);
+    const DeferParameterStorage shapes_only;  // the 405B model too, with no storage
+    const Transformer<float, Cpu> model(a);
+    CHECK(model.num_params() == a.num_params());
+    for (std::int64_t seq : {32, 2048, 8192}) {
+      // torchtitan's formula as ModelArgs wrote it before the model asked its blocks.
+      const double n = static_cast<double>(a.num_params() - a.vocab_size * a.dim);
+      const double attention = 12.0 * static_cast<double>(a.n_layers * a.n_heads * a.head_dim() * seq);
+      CHECK(a.flops_per_token(seq) == 6.0 * n + attention);
+      CHECK(a.flops_per_token(seq, true) == 6.0 * n + attention / 2);
+      CHECK(model.flops_per_token(seq) == a.flops_per_token(seq));
+      CHECK(model.flops_per_token(seq, true) == a.flops_per_token(seq, true));
+    }
+  }
+}
+
+TEST_CASE("A block's own options reach every block, and the model counts the block as it is made") {
+  ModelArgs a = model_flavor("debugmodel");
+  a.dim = 64;
+  a.n_layers = 3;
+  const ReluSquaredOptions options{96, 0.5};
+  Transformer<float, Cpu, ReluBlock> model(a, {}, options);
+  CHECK(model.block_options().hidden == 96);
+  std::map<std::string, Shape> shapes;
+  std::int64_t held = 0;  // every parameter, on one rank whole
+  model.for_each_parameter([&](Parameter<float>& p) {
+    shapes[p.name] = p.shape();
+    held += p.numel();
+  });
+  CHECK(shapes.at("layers.0.mlp.w1.weight") == Shape{96, 64});
+  CHECK(shapes.at("layers.2.mlp.w2.weight") == Shape{64, 96});
+  CHECK(model.num_params() == held);
+  // Norms, wq wk wv wo (16 heads of 4), w1 w2: not the Llama block's count.
+  const std::int64_t d = a.dim, block = 2 * d + 4 * d * d + 2 * 96 * d;
+  CHECK(held == 2 * a.vocab_size * d + d + a.n_layers * block);
+  CHECK(model.num_params() != a.num_params());
+  // Its attention is the model's: torchtitan's term, 12 H hd T a layer.
+  const double six_n = 6.0 * static_cast<double>(held - a.vocab_size * d);
+  CHECK(model.flops_per_token(64) == six_n + 3 * 12.0 * 16 * 4 * 64);
+  CHECK(model.flops_per_token(64, true) == six_n + 3 * 12.0 * 16 * 4 * 64 / 2);
+  // Through the policy wrapper the same options reach the same blocks.
+  Transformer<float, Cpu, Parallel<ReluBlock, Checkpoint<Full>>> wrapped(a, {}, options);
+  std::int64_t wrapped_held = 0;
+  wrapped.for_each_parameter([&](Parameter<float>& p) { wrapped_held += p.numel(); });
+  CHECK(wrapped_held == held);
+  CHECK(wrapped.num_params() == held);
+  CHECK(wrapped.parameter_names() == model.parameter_names());
+}
+
+TEST_CASE("A block without attention states its attention term: its FLOPs are 6 x its parameters") {
+  ModelArgs a = model_flavor("debugmodel");
+  a.dim = 64;
+  Transformer<float, Cpu, MlpBlock<float, Cpu>> model(a, {}, ReluSquaredOptions{80, 1.0});
+  std::int64_t held = 0;
+  model.for_each_parameter([&](Parameter<float>& p) { held += p.numel(); });
+  CHECK(model.num_params() == held);
+  CHECK(held == 2 * a.vocab_size * 64 + 64 + a.n_layers * 2 * 80 * 64);
+  CHECK(model.flops_per_token(2048) == 6.0 * static_cast<double>(held - a.vocab_size * 64));
+}
+
+TEST_CASE("A block reading options it was not given is refused, naming both types") {
+  ModelArgs a = model_flavor("debugmodel");
+  a.dim = 64;
+  auto rope = std::make_shared<RopeTable<float, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
+  const OtherOptions other;
+  CHECK_THROWS_WITH_AS(ReluBlock(BlockArgs<float, Cpu>{a, 2, "layers.2", rope, nullptr, nullptr, BlockOptionsRef(other)}),
+                       doctest::Contains("layers.2: the block reads its options as examples::ReluSquaredOptions, but "
+                                         "the model was given test_model::OtherOptions"),
+                       Error);
+  CHECK_THROWS_WITH_AS(ReluBlock(BlockArgs<float, Cpu>{a, 0, "layers.0", rope}),
+                       doctest::Contains("layers.0: the block reads its options as examples::ReluSquaredOptions, but "
+                                         "the model was given none"),
+                       Error);
+  // A model of it left without options gets the options' default, which the block refuses.
+  CHECK_THROWS_WITH_AS((Transformer<float, Cpu, ReluBlock>(a)), doctest::Contains("ReluSquaredOptions::hidden must be "
+                                                                                "positive, got 0"),
+                       Error);
 }
 
 TEST_CASE("Initialisation depends only on seed, name and index") {

@@ -42,6 +42,7 @@ const std::vector<std::uint32_t>& debug_tokens() {
   return tokens;
 }
 
-template RunResult train_layout<CpuDynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
+template RunResult train_layout<CpuDynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&,
+                                                 const nn::NoBlockOptions&);
 
 }  // namespace tessera::test

@@ -94,13 +94,15 @@ struct RunResult {
 };
 
 /// Trains the debug model on `world` laid out as `shape`, with the config `c`
-/// (its [parallelism] and [activation_checkpoint] keys make the Plan).
+/// (its [parallelism] and [activation_checkpoint] keys make the Plan); a block with
+/// settings of its own is given `options`.
 template <class Model = CpuDynamicModel>
-RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const train::JobConfig& c) {
+RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const train::JobConfig& c,
+                       const typename Model::block_options_type& options = {}) {
   if (world.size() > 1) omp_set_num_threads(1);  // ranks share the cores
   comm::DeviceMesh mesh(world, shape);
   const parallel::Plan plan = train::make_plan(c, &mesh);
-  Model model(c.model.args, plan);
+  Model model(c.model.args, plan, options);
   model.init_weights(static_cast<std::uint64_t>(c.training.seed));
   data::DataLoader loader(debug_tokens(), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
                           mesh.dp_degree());
@@ -118,7 +120,8 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
 }
 
 // Compiled once, in harness.cpp.
-extern template RunResult train_layout<CpuDynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&);
+extern template RunResult train_layout<CpuDynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&,
+                                                        const nn::NoBlockOptions&);
 
 /// The tensor- and pipeline-parallel parity runs: 10 steps (3 in sanitizer builds) of a
 /// global batch of 8 sequences.

@@ -5,7 +5,8 @@
 // parallelism off; sequence parallelism off; TP composed with FSDP and HSDP, each with
 // an activation checkpoint mode. Also: the whole gradient of
 // one step matches one rank's, pieces and all; saving gathers whole parameters; bad
-// degrees are refused by name on every rank.
+// degrees are refused by name on every rank: by config key when a config gave them, in
+// words (or by the static policy) when a program did.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -157,6 +158,77 @@ TEST_CASE("tensor parallel: degrees that do not divide the model are refused by 
           "tensor_parallel_degree = 3 and n_kv_heads = 4: one must divide the other");
   refused({1, 1, 1, 2}, {"--parallelism.disable_loss_parallel", "true", "--model.tie_embeddings", "true"},
           "disable_loss_parallel = true with tied embeddings");
+}
+
+TEST_CASE("tensor parallel: a degree given in code is refused in words, one from a config by its key") {
+  // The same refusals through both doors: a Plan a program fills (its mesh a
+  // comm::MeshShape) and the Plan a config makes (train::make_plan).
+  auto refusals = [](comm::MeshShape shape, const std::vector<std::string>& keys, bool from_config, auto make) {
+    const train::JobConfig c = debug_job(kParityBatch, kParityBatch, 1, keys);
+    std::vector<std::string> errors(static_cast<std::size_t>(shape.world()));
+    comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
+      comm::DeviceMesh mesh(world, shape);
+      parallel::Plan plan;
+      plan.mesh = &mesh;
+      try {
+        make(c.model.args, from_config ? train::make_plan(c, &mesh) : plan);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(world.rank())] = e.what();
+      }
+    }, nccl_rules());
+    return errors;
+  };
+  auto all_say = [](const std::vector<std::string>& errors, const std::string& text) {
+    CAPTURE(text);
+    for (const auto& e : errors) {
+      CAPTURE(e);
+      CHECK(e.find(text) != std::string::npos);
+      CHECK(e.find('\n') == std::string::npos);  // one line
+    }
+  };
+  auto none_says = [](const std::vector<std::string>& errors, const std::string& text) {
+    for (const auto& e : errors) CHECK(e.find(text) == std::string::npos);
+  };
+  const auto dynamic_model = [](const nn::ModelArgs& a, const parallel::Plan& p) { CpuDynamicModel model(a, p); };
+
+  const comm::MeshShape tp3{1, 1, 1, 3};
+  all_say(refusals(tp3, {}, true, dynamic_model), "parallelism.tensor_parallel_degree = 3 does not divide n_heads = 16");
+  const auto in_code = refusals(tp3, {}, false, dynamic_model);
+  all_say(in_code, "the mesh's tensor-parallel degree 3 does not divide n_heads = 16");
+  none_says(in_code, "parallelism.");
+  // A static degree is named by its policy, where the number is written.
+  using Tp3 = nn::Transformer<float, Cpu, Parallel<nn::LlamaBlock<float, Cpu>, TensorParallel<3>>>;
+  all_say(refusals(tp3, {}, false, [](const nn::ModelArgs& a, const parallel::Plan& p) { Tp3 model(a, p); }),
+          "tessera::TensorParallel<3> does not divide n_heads = 16");
+  // The block's own check (the Llama block's feed-forward), through both doors.
+  const comm::MeshShape tp4{1, 1, 1, 4};
+  const std::vector<std::string> ffn = {"--model.ffn_hidden", "514"};
+  all_say(refusals(tp4, ffn, true, dynamic_model),
+          "parallelism.tensor_parallel_degree = 4 does not divide the feed-forward hidden size 514");
+  all_say(refusals(tp4, ffn, false, dynamic_model),
+          "the mesh's tensor-parallel degree 4 does not divide the feed-forward hidden size 514");
+  // A batch whose tokens do not split into rows (the model's check_batch).
+  const auto rows = [](const nn::ModelArgs& a, const parallel::Plan& p) {
+    CpuDynamicModel model(a, p);
+    model.check_batch(1, 33);
+  };
+  const comm::MeshShape tp2{1, 1, 1, 2};
+  all_say(refusals(tp2, {}, true, rows), "training.local_batch_size x training.seq_len (1 x 33 = 33 tokens) does not "
+                                         "split into equal rows over parallelism.tensor_parallel_degree = 2 ranks");
+  const auto rows_in_code = refusals(tp2, {}, false, rows);
+  all_say(rows_in_code, "the batch size x the sequence length (1 x 33 = 33 tokens) does not split into equal rows "
+                        "over the 2 tensor-parallel ranks");
+  none_says(rows_in_code, "training.");
+  // And a pipeline's: a microbatch size that does not divide the batch.
+  const auto microbatches = [](const nn::ModelArgs& a, parallel::Plan p) {
+    p.pipeline.microbatch_size = 2;
+    CpuDynamicModel model(a, p);
+    model.check_batch(3, 32);
+  };
+  const comm::MeshShape pp2{2, 1, 1, 1};
+  all_say(refusals(pp2, {}, true, microbatches),
+          "parallelism.pipeline_parallel_microbatch_size = 2 does not divide training.local_batch_size = 3");
+  all_say(refusals(pp2, {}, false, microbatches), "the pipeline microbatch size 2 does not divide the batch size 3");
 }
 
 TEST_CASE("tensor parallel: a block type without a TensorParallel policy is refused at degree > 1") {

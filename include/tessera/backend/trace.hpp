@@ -10,15 +10,10 @@
 // cost model (plan/cost.hpp) prices a trace on a machine profile.
 #pragma once
 
-#include <cxxabi.h>
-
 #include <cstdint>
-#include <cstdlib>
-#include <memory>
 #include <source_location>
 #include <string>
 #include <string_view>
-#include <typeinfo>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -28,6 +23,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/region.hpp"
+#include "tessera/core/type_name.hpp"
 #include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/traffic.hpp"
 
@@ -222,26 +218,12 @@ class Trace {
 
 namespace detail {
 inline thread_local Trace* current_trace = nullptr;
-
-/// A demangled type name with tessera's namespaces dropped.
-inline std::string readable_type_name(const char* mangled) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
-  std::string s = status == 0 && d ? d.get() : mangled;
-  for (const char* prefix : {"tessera::ops::detail::", "tessera::ops::", "tessera::nn::detail::", "tessera::nn::",
-                             "tessera::parallel::detail::", "tessera::parallel::", "tessera::optim::detail::",
-                             "tessera::optim::", "tessera::detail::", "tessera::"}) {
-    const std::string p = prefix;
-    for (std::size_t at = s.find(p); at != std::string::npos; at = s.find(p)) s.erase(at, p.size());
-  }
-  return s;
-}
 }  // namespace detail
 
 /// The name a trace gives functor F (computed once per type).
 template <class F>
 const char* functor_name() {
-  static const std::string name = detail::readable_type_name(typeid(F).name());
+  static const std::string name = tessera::type_name<F>();
   return name.c_str();
 }
 

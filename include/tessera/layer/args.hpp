@@ -18,6 +18,16 @@ namespace tessera::nn {
 /// Llama 3.1 RoPE frequency scaling, a model argument (its arithmetic is ops/rope.hpp's).
 using RopeScaling = ops::RopeScaling;
 
+/// Training FLOPs per token by torchtitan's formula: 6 x the parameters that are not the
+/// token embedding (a lookup, not a matmul) plus `attention_flops`, the attention term of
+/// every layer (matmuls between activations, which the parameters do not count), halved
+/// on request: causal attention computes half of the T x T square. Both ModelArgs (the
+/// Llama model, for the plan) and nn::Transformer (any block) count by it.
+inline double training_flops_per_token(std::int64_t non_embedding_params, double attention_flops,
+                                       bool causal_halved) {
+  return 6.0 * static_cast<double>(non_embedding_params) + (causal_halved ? attention_flops / 2 : attention_flops);
+}
+
 struct ModelArgs {
   std::string flavor = "debugmodel";
   std::int64_t dim = 256;
@@ -77,7 +87,7 @@ struct ModelArgs {
     }
   }
 
-  /// Parameters in the whole model.
+  /// Parameters in the whole Llama model (nn::Transformer::num_params counts any block's).
   std::int64_t num_params() const {
     std::int64_t hd = head_dim(), kv = kv_heads();
     std::int64_t attn = dim * n_heads * hd + 2 * dim * kv * hd + n_heads * hd * dim;
@@ -90,12 +100,18 @@ struct ModelArgs {
   /// Parameters of the token embedding (torchtitan leaves them out of the FLOP count).
   std::int64_t num_embedding_params() const { return vocab_size * dim; }
 
-  /// Training FLOPs per token by torchtitan's formula: 6 N_non-embedding + 12 L H d T,
-  /// with no causal halving; `causal_halved` gives the attention term halved.
+  /// torchtitan's attention term of one layer, per token: 12 H hd T (q k^T and p v over
+  /// the whole T x T square, forward and backward), with no causal halving.
+  double attention_flops_per_token(std::int64_t seq_len) const {
+    return 12.0 * static_cast<double>(n_heads * head_dim() * seq_len);
+  }
+
+  /// Training FLOPs per token of the Llama model by torchtitan's formula, 6 N_non-embedding
+  /// + 12 L H hd T, with no causal halving; `causal_halved` gives the attention term
+  /// halved (nn::Transformer::flops_per_token counts any block's).
   double flops_per_token(std::int64_t seq_len, bool causal_halved = false) const {
-    double n = static_cast<double>(num_params() - num_embedding_params());
-    double attn = 12.0 * static_cast<double>(n_layers * n_heads * head_dim() * seq_len);
-    return 6.0 * n + (causal_halved ? attn / 2 : attn);
+    return training_flops_per_token(num_params() - num_embedding_params(),
+                                    static_cast<double>(n_layers) * attention_flops_per_token(seq_len), causal_halved);
   }
 };
 

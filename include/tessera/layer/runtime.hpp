@@ -13,8 +13,10 @@
 // one-rank answer):
 //   Runtime(args, plan)          lays the model out, before its parts are made: layout()
 //                                says which blocks, and whether the embedding and the head,
-//                                this rank builds; tensor_parallel_comm(args) the group the
-//                                layers split over (nullptr at degree 1)
+//                                this rank builds; tensor_parallel_comm(args, options) the
+//                                group the layers split over (nullptr at degree 1), once the
+//                                model's parts and its blocks (given their own options) can
+//                                split over it
 //   attach(model)                once the parts exist (the data-parallel units)
 //   make_storage, shard, sharded, for_each_held_stretch, for_each_local_parameter,
 //   with_whole_parameters, add_owned_gradients, sum_over_world
@@ -75,7 +77,10 @@ class OneRank {
   }
 
   const StackLayout& layout() const { return layout_; }
-  std::nullptr_t tensor_parallel_comm(const ModelArgs&) const { return nullptr; }
+  template <class Options>
+  std::nullptr_t tensor_parallel_comm(const ModelArgs&, const Options&) const {
+    return nullptr;
+  }
   template <class Model>
   void attach(Model&) {}
 

@@ -31,10 +31,11 @@ template <class T, Backend B>
 class Attention : public LayerTypes<T, B> {
  public:
   /// `out_std`: the init std of wo (torchtitan scales it by depth).
-  /// `tp`: the tensor-parallel group (nullptr or degree 1: every head here).
+  /// `tp`: the tensor-parallel group (nullptr or degree 1: every head here); a degree the
+  /// head counts do not allow is refused before anything is made.
   Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope,
             parallel::TensorParallelGroup* tp = nullptr)
-      : n_heads_(a.n_heads / (tp ? tp->degree() : 1)),
+      : n_heads_(heads_here(name, a, tp)),
         n_kv_heads_(std::max<std::int64_t>(1, a.kv_heads() / (tp ? tp->degree() : 1))),
         head_dim_(a.head_dim()),
         wq_(name + ".wq", a.dim, a.n_heads * a.head_dim(), Init::truncated_normal(0.02), tp, split(tp, 0, a.n_heads)),
@@ -44,9 +45,7 @@ class Attention : public LayerTypes<T, B> {
             split(tp, 0, a.kv_heads())),
         wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1, a.n_heads)),
         rope_(std::move(rope)),
-        tp_(tp) {
-    if (tp) parallel::check_tensor_parallel(a, tp->degree(), tp->loss_parallel());
-  }
+        tp_(tp) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
     const AttentionShape s = shape(ctx.geometry());
@@ -98,6 +97,15 @@ class Attention : public LayerTypes<T, B> {
   }
 
  private:
+  /// The query heads this rank computes, once the group's degree is checked against the
+  /// head counts (first, so that a bad degree is named as such rather than as a
+  /// projection that does not split).
+  static std::int64_t heads_here(const std::string& name, const ModelArgs& a, parallel::TensorParallelGroup* tp) {
+    if (!tp) return a.n_heads;
+    parallel::check_heads_split(a, parallel::layer_degree(name, *tp));
+    return a.n_heads / tp->degree();
+  }
+
   /// How a projection of `heads` heads splits along `dim` over the group.
   static TensorSplit split(parallel::TensorParallelGroup* tp, int dim, std::int64_t heads) {
     return tp ? tp->pieces(dim, heads) : TensorSplit{};

@@ -25,6 +25,13 @@ class LlamaBlock : public LayerTypes<T, B> {
   /// Splits over tensor-parallel ranks (BlockArgs::tp).
   static constexpr bool tensor_parallel = true;
 
+  /// What a tensor-parallel degree must divide here beyond what the model checks (the
+  /// head counts): the feed-forward's hidden size. Its attention term of the FLOP count
+  /// is the model's default (nn::DescribesAttentionFlops), its parameters are counted.
+  static void check_tensor_parallel(const ModelArgs& a, const NoBlockOptions&, const TensorParallelDegree& tp) {
+    FeedForward<T, B>::check_tensor_parallel(a, tp);
+  }
+
   explicit LlamaBlock(const BlockArgs<T, B>& b)
       : attention_norm_(b.name + ".attention_norm", b.model.dim, b.model.norm_eps, b.tp),
         attention_(b.name + ".attention", b.model, output_init_std(b.model, b.layer_id), b.rope, b.tp),

@@ -10,6 +10,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/args.hpp"
+#include "tessera/layer/block_args.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/ops/swiglu.hpp"
@@ -20,9 +21,17 @@ namespace tessera::nn {
 template <class T, Backend B>
 class FeedForward : public LayerTypes<T, B> {
  public:
-  /// `tp`: the tensor-parallel group (nullptr or degree 1: every hidden unit here).
+  /// Whether `tp` splits the hidden units evenly (w1 and w3 by rows, w2 by columns): what
+  /// a block holding this layer states of itself (nn::ChecksTensorParallel), so that the
+  /// model refuses a bad degree, named as the user gave it, before it makes anything.
+  static void check_tensor_parallel(const ModelArgs& a, const TensorParallelDegree& tp) {
+    tp.check_divides(a.ffn_hidden_dim(), "the feed-forward hidden size");
+  }
+
+  /// `tp`: the tensor-parallel group (nullptr or degree 1: every hidden unit here); a
+  /// degree the hidden size does not allow is refused before anything is made.
   FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr)
-      : w1_(name + ".w1", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(0.02), tp, split(tp, 0)),
+      : w1_(name + ".w1", a.dim, hidden(name, a, tp), Init::truncated_normal(0.02), tp, split(tp, 0)),
         w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1)),
         w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std), tp, split(tp, 0)),
         tp_(tp) {}
@@ -60,6 +69,12 @@ class FeedForward : public LayerTypes<T, B> {
 
  private:
   static TensorSplit split(parallel::TensorParallelGroup* tp, int dim) { return tp ? tp->split(dim) : TensorSplit{}; }
+
+  /// The hidden size, once the group's degree is checked against it.
+  static std::int64_t hidden(const std::string& name, const ModelArgs& a, parallel::TensorParallelGroup* tp) {
+    if (tp) check_tensor_parallel(a, parallel::layer_degree(name, *tp));
+    return a.ffn_hidden_dim();
+  }
 
   Linear<T, B> w1_, w2_, w3_;
   parallel::TensorParallelGroup* tp_;

@@ -25,11 +25,13 @@ template <class T, Backend B>
 class Linear : public LayerTypes<T, B> {
  public:
   /// `tp` and `split`: the tensor-parallel group and how the weight lies over it
-  /// (whole by default).
+  /// (whole by default). A split its shape does not allow is refused here, naming the
+  /// weight and its shape: a block that states no check of its own is checked this way.
   Linear(std::string name, std::int64_t in, std::int64_t out, Init init, parallel::TensorParallelGroup* tp = nullptr,
          TensorSplit split = {})
       : weight_(Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{out, in}, init)), tp_(tp) {
     weight_.split = split;
+    parallel::check_split(weight_);
   }
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {

@@ -2,7 +2,11 @@
 //
 // Transformer<T, B, Block> takes any Block satisfying the Layer concept and
 // constructible from BlockArgs, so a user's own block type gets the same model,
-// trainer and policies. One training micro-step is
+// trainer and policies; a block with settings of its own (Block::options_type) gets them
+// from the model's third argument. What the model says of its size (num_params,
+// flops_per_token) it asks of the block: one block's parameters are counted as made,
+// and a block may state its attention term of the FLOP count (layer/block_args.hpp).
+// One training micro-step is
 //   h = embed(ids) -> block_0 ... block_{L-1} -> norm -> fused head + loss (+ dh)
 //   then norm, blocks (in reverse) and embedding backward,
 // each block's saved activations released as soon as its backward ran.
@@ -27,6 +31,7 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -39,6 +44,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/layer/args.hpp"
+#include "tessera/layer/block_args.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/layer/runtime.hpp"
 #include "tessera/nn/block.hpp"
@@ -54,16 +60,17 @@
 namespace tessera::nn {
 
 namespace detail {
-/// The layer a policy wrapper wraps (a bare block: itself).
-template <class Block>
-struct bare_block {
-  using type = Block;
-};
-template <class Block>
-  requires requires { typename Block::block_type; }
-struct bare_block<Block> {
-  using type = typename Block::block_type;
-};
+/// The options a model is made with when it is given none: the type's default. Only a
+/// call that leaves them out instantiates it (it is the constructor's default argument),
+/// so a block whose options have no default compiles as long as every model of it is
+/// given them.
+template <class Options>
+Options default_block_options() {
+  static_assert(std::default_initializable<Options>,
+                "tessera::nn::Transformer<T, B, Block>: the block's options_type has no default value: give the "
+                "model the block's options, Transformer(args, plan, options)");
+  return Options{};
+}
 }  // namespace detail
 
 /// Fills `n` values at `out` (in B's memory) with elements where(0), ..., where(n - 1)
@@ -100,16 +107,24 @@ class Transformer {
   /// The same model with another block type (a one-rank copy of a wrapped block's).
   template <class Other>
   using with_block = Transformer<T, B, Other>;
+  /// The block's own settings (Block::options_type, looked through tessera::Parallel;
+  /// NoBlockOptions for a block that declares none).
+  using block_options_type = block_options_t<Block>;
 
   /// On a parallel plan (a mesh of more than one rank) the parameters are made
-  /// without storage: init_weights() gives this rank its share only.
-  explicit Transformer(const ModelArgs& args, const parallel::Plan& plan = {})
-      : Transformer(args, plan, DeferParameterStorage(plan.mesh != nullptr && plan.mesh->world().size() > 1)) {}
+  /// without storage: init_weights() gives this rank its share only. `options` reach
+  /// every block this rank makes (BlockArgs::options); left out, they are the type's
+  /// default, and a type without one must be given.
+  explicit Transformer(const ModelArgs& args, const parallel::Plan& plan = {},
+                       const block_options_type& options = detail::default_block_options<block_options_type>())
+      : Transformer(args, plan, options,
+                    DeferParameterStorage(plan.mesh != nullptr && plan.mesh->world().size() > 1)) {}
 
  private:
   // The scope is a temporary of the delegating constructor's call: it lives until this
   // one has finished, so every parameter the members and the body make sees it.
-  Transformer(const ModelArgs& args, const parallel::Plan& plan, const DeferParameterStorage&);
+  Transformer(const ModelArgs& args, const parallel::Plan& plan, const block_options_type& options,
+              const DeferParameterStorage&);
 
  public:
   Transformer(const Transformer&) = delete;
@@ -117,6 +132,8 @@ class Transformer {
 
   const ModelArgs& args() const { return args_; }
   const parallel::Plan& plan() const { return plan_; }
+  /// The settings every block was made with.
+  const block_options_type& block_options() const { return options_; }
 
   /// Every parameter this rank holds once, in a fixed order: embedding, blocks, norm,
   /// output (in a pipeline, those of its stages; inside with_whole_parameters, all).
@@ -215,9 +232,22 @@ class Transformer {
   /// visits, until called again with none: the runtime's, inside with_whole_parameters.
   void hold_whole(std::vector<std::unique_ptr<Parameter<T>>> all) { whole_ = std::move(all); }
 
-  /// The parameters of the stages this rank holds, each counted whole (every
-  /// parameter on one rank), whatever share this rank holds.
-  std::int64_t num_params();
+  /// The parameters of the whole model, the same on every rank of every layout (a
+  /// pipeline rank holds some stages, a sharded one pieces and shards): the embedding,
+  /// n_layers blocks, the final norm and the output, each counted whole. A block is
+  /// counted as the model makes it (one made on one rank, without storage, when the model
+  /// is made): the count cannot disagree with what trains, whatever the block.
+  std::int64_t num_params() const { return num_params_; }
+
+  /// Training FLOPs per token by torchtitan's formula: 6 x the parameters but the token
+  /// embedding, plus each block's attention term (its own, where it states it:
+  /// nn::DescribesAttentionFlops; else the model's attention, 12 H hd T), over the whole
+  /// T x T square, or halved (`causal_halved`: what causal attention computes). For the
+  /// Llama block, exactly ModelArgs::flops_per_token. The same on every rank.
+  double flops_per_token(std::int64_t seq_len, bool causal_halved = false) const {
+    return training_flops_per_token(num_params_ - args_.num_embedding_params(),
+                                    static_cast<double>(args_.n_layers) * block_attention_flops(seq_len), causal_halved);
+  }
 
   /// Forward and backward of one micro-batch; accumulates gradients of
   /// loss_scale * (sum of token losses) and returns this rank's sum of token losses.
@@ -283,11 +313,36 @@ class Transformer {
   /// Checks, before anything runs, that a data-parallel rank's batch of `batch`
   /// sequences of `seq_len` tokens can go through this model's layout: its rows split
   /// over the tensor-parallel ranks, and in a pipeline, the microbatch size divides it
-  /// and the schedule runs that many microbatches. Throws naming the keys.
+  /// and the schedule runs that many microbatches. Throws naming the settings (by config
+  /// key when the plan came from a config).
   void check_batch(std::int64_t batch, std::int64_t seq_len) const;
 
  private:
   const StackLayout& layout() const { return runtime_.layout(); }
+
+  /// Calls f(Parameter<T>&) for each parameter of one block made as the model makes its
+  /// blocks, but on one rank and without storage: what every block of the model has
+  /// (the names under "layers.0.", the whole shapes), whichever blocks this rank holds.
+  template <class F>
+  void visit_one_block(F&& f) const {
+    const DeferParameterStorage shapes_only;
+    bare_block_t<Block> b(BlockArgs<T, B>{args_, 0, "layers.0", rope_, nullptr, nullptr, BlockOptionsRef(options_)});
+    b.for_each_parameter(f);
+  }
+
+  /// One block's attention term of the FLOP count: its own, or the model's attention's.
+  double block_attention_flops(std::int64_t seq_len) const {
+    using Bare = bare_block_t<Block>;
+    if constexpr (requires { &Bare::attention_flops_per_token; }) {
+      static_assert(DescribesAttentionFlops<Bare>,
+                    "tessera: a block's attention_flops_per_token must be `static double attention_flops_per_token("
+                    "const nn::ModelArgs&, const options_type&, std::int64_t seq_len)` (options_type: "
+                    "nn::NoBlockOptions for a block without options)");
+      return static_cast<double>(Bare::attention_flops_per_token(args_, options_, seq_len));
+    } else {
+      return args_.attention_flops_per_token(seq_len);
+    }
+  }
 
   void check_geometry(std::span<const std::int32_t> inputs, Geometry g) const {
     TESSERA_CHECK(g.batch > 0 && g.seq_len > 0 && static_cast<std::int64_t>(inputs.size()) == g.rows(), "model: ",
@@ -329,6 +384,7 @@ class Transformer {
 
   ModelArgs args_;
   parallel::Plan plan_;
+  block_options_type options_;        // before the runtime: it checks the blocks with them
   Runtime runtime_;                   // before the parts: it says which this rank builds
   parallel::TensorParallelGroup tp_;  // before the layers: they point to it
   ActivationMeter meter_;             // before the stores: they report to it until they go
@@ -342,6 +398,7 @@ class Transformer {
   std::size_t saved_bytes_peak_ = 0;
   optim::SquaredNorms<B, A> norms_;                    // the gradient norm's pieces, their table kept between steps
   std::vector<std::unique_ptr<Parameter<T>>> whole_;  // every parameter, inside with_whole_parameters
+  std::int64_t num_params_ = 0;                       // of the whole model (num_params)
 };
 
 // The members whose bodies reach the whole model (its layers, the collectives, the
@@ -349,17 +406,20 @@ class Transformer {
 // (tessera/instances.hpp) then keeps a file that only calls them from compiling them.
 
 template <class T, Backend B, class Block>
-Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Plan& plan, const DeferParameterStorage&)
+Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Plan& plan,
+                                      const block_options_type& options, const DeferParameterStorage&)
     : args_((args.validate(), args)),
       plan_(plan),
+      options_(options),
       runtime_(args_, plan_),
-      tp_(runtime_.tensor_parallel_comm(args_), plan.loss_parallel, plan.sequence_parallel),
+      tp_(runtime_.tensor_parallel_comm(args_, options_), plan.loss_parallel, plan.sequence_parallel),
       rope_(std::make_shared<RopeTable<T, B>>(args.head_dim(), args.rope_theta, args.rope_scaling)),
       tok_embeddings_("tok_embeddings", args.vocab_size, args.dim,
                       args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0), tensor_parallel()),
       norm_("norm", args.dim, args.norm_eps, tensor_parallel()) {
   for (std::int64_t i : layout().layer_ids)
-    layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_, tensor_parallel()});
+    layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_, tensor_parallel(),
+                                         BlockOptionsRef(options_)});
   if (!args.tie_embeddings) {
     const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
     output_ = std::make_unique<Parameter<T>>(Parameter<T>::template on<B>(
@@ -370,6 +430,11 @@ Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Pla
   }
   head_ = ChunkedCrossEntropyHead<T, B>(output_ ? output_.get() : &tok_embeddings_.weight(),
                                         plan.loss_parallel ? tensor_parallel() : nullptr);
+  // Counted from the parts' whole shapes, which every rank has, whatever it holds.
+  std::int64_t block = 0;
+  visit_one_block([&](Parameter<T>& p) { block += p.whole.numel(); });
+  num_params_ = tok_embeddings_.weight().whole.numel() + args_.n_layers * block + norm_.weight().whole.numel() +
+                (output_ ? output_->whole.numel() : 0);
   if (!layout().embedding) release(tok_embeddings_.weight());
   if (!layout().head) {
     release(norm_.weight());
@@ -402,13 +467,6 @@ template <class T, Backend B, class Block>
 double Transformer<T, B, Block>::grad_norm() {
   runtime_.add_owned_gradients(*this, norms_);
   return std::sqrt(runtime_.sum_over_world(norms_.sum()));
-}
-
-template <class T, Backend B, class Block>
-std::int64_t Transformer<T, B, Block>::num_params() {
-  std::int64_t n = 0;
-  visit_parameters([&](Parameter<T>& p) { n += p.whole.numel(); });
-  return n;
 }
 
 template <class T, Backend B, class Block>
@@ -505,11 +563,7 @@ template <class T, Backend B, class Block>
 std::vector<std::string> Transformer<T, B, Block>::parameter_names() const {
   std::vector<std::string> names = {"tok_embeddings.weight"};
   std::vector<std::string> block;  // one block's names, "layers.0." stripped
-  {
-    const DeferParameterStorage names_only;  // no storage for a block made for its names
-    typename detail::bare_block<Block>::type b(BlockArgs<T, B>{args_, 0, "layers.0", rope_, nullptr, nullptr});
-    b.for_each_parameter([&](Parameter<T>& p) { block.push_back(p.name.substr(9)); });
-  }
+  visit_one_block([&](Parameter<T>& p) { block.push_back(p.name.substr(9)); });
   for (std::int64_t i = 0; i < args_.n_layers; ++i)
     for (const auto& n : block) names.push_back("layers." + std::to_string(i) + "." + n);
   names.push_back("norm.weight");
@@ -520,11 +574,13 @@ std::vector<std::string> Transformer<T, B, Block>::parameter_names() const {
 template <class T, Backend B, class Block>
 void Transformer<T, B, Block>::check_batch(std::int64_t batch, std::int64_t seq_len) const {
   const std::int64_t mb = runtime_.microbatch_size(batch);
+  const parallel::Wording w = plan_.wording();
   TESSERA_CHECK(!tp_.sequence_parallel() || (mb * seq_len) % tp_.degree() == 0,
-                pipeline_degree() > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size",
-                " x training.seq_len (", mb, " x ", seq_len, " = ", mb * seq_len,
-                " tokens) does not split into equal rows over parallelism.tensor_parallel_degree = ", tp_.degree(),
-                " ranks");
+                w(pipeline_degree() > 1 ? parallel::settings::microbatch_size : parallel::settings::local_batch_size),
+                " x ", w(parallel::settings::seq_len), " (", mb, " x ", seq_len, " = ", mb * seq_len,
+                " tokens) does not split into equal rows over ",
+                w.from_config ? w(parallel::settings::tensor_parallel_degree, tp_.degree()) + " ranks"
+                              : tessera::detail::concat("the ", tp_.degree(), " tensor-parallel ranks"));
 }
 
 }  // namespace tessera::nn

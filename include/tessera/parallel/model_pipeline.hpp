@@ -52,9 +52,10 @@ class ModelPipeline {
   template <class ScheduleOf>
   ModelPipeline(const nn::ModelArgs& args, const Plan& plan, int block_pp, ScheduleOf schedule_of) : plan_(plan) {
     const int mesh_pp = plan.pp_degree();
+    const Wording w = plan.wording();
     TESSERA_CHECK(block_pp == mesh_pp || block_pp == 1, "model: the blocks' tessera::Pipeline<", block_pp,
-                  "> on a mesh whose pipeline_parallel_degree is ", mesh_pp);
-    TESSERA_CHECK(mesh_pp == 1 || block_pp > 1, "parallelism.pipeline_parallel_degree = ", mesh_pp,
+                  "> on a mesh whose ", w.pick("pipeline_parallel_degree", "pipeline degree"), " is ", mesh_pp);
+    TESSERA_CHECK(mesh_pp == 1 || block_pp > 1, w(settings::pipeline_parallel_degree, mesh_pp),
                   ": the block type has no tessera::Pipeline policy (wrap it in tessera::Parallel<Block, "
                   "tessera::Pipeline<tessera::dynamic>, ...>)");
     pp_ = mesh_pp;
@@ -65,12 +66,12 @@ class ModelPipeline {
       return;
     }
     kind_ = schedule_of();
-    TESSERA_CHECK(!args.tie_embeddings, "parallelism.pipeline_parallel_degree = ", pp_, " with tied embeddings (",
+    TESSERA_CHECK(!args.tie_embeddings, w(settings::pipeline_parallel_degree, pp_), " with tied embeddings (",
                   args.flavor, "): the embedding and the output live on different stages");
     rank_ = plan.mesh->pp_rank();
-    const int V = parallel::stages_per_rank(kind_, plan.pipeline, pp_);
+    const int V = parallel::stages_per_rank(kind_, plan.pipeline, pp_, w);
     stages_per_rank_ = V;
-    stages_ = split_stages(L, pp_ * V, plan.pipeline.split_points);
+    stages_ = split_stages(L, pp_ * V, plan.pipeline.split_points, w);
     for (int s = rank_; s < pp_ * V; s += pp_) {
       const StageRange& r = stages_[static_cast<std::size_t>(s)];
       for (int i = r.first_block; i < r.end_block; ++i) layout_.layer_ids.push_back(i);
@@ -78,7 +79,7 @@ class ModelPipeline {
     layout_.embedding = rank_ == 0;
     layout_.head = (pp_ * V - 1) % pp_ == rank_;
     // The schedule's own checks (stages per rank) with the smallest microbatch count it takes.
-    check_schedule_shape(kind_, pp_, V, min_microbatches(kind_, pp_));
+    check_schedule_shape(kind_, pp_, V, min_microbatches(kind_, pp_), w);
   }
 
   const nn::StackLayout& layout() const { return layout_; }
@@ -96,15 +97,16 @@ class ModelPipeline {
   }
 
   /// The sequences per pipeline microbatch for a data-parallel rank's batch of `batch`
-  /// (the batch itself at degree 1). Throws naming the keys when the microbatch size
+  /// (the batch itself at degree 1). Throws naming the settings when the microbatch size
   /// does not divide it or the schedule cannot run that many microbatches.
   std::int64_t microbatch_size(std::int64_t batch) const {
     if (pp_ == 1) return batch;
     const std::int64_t mb = plan_.pipeline.microbatch_size;
-    TESSERA_CHECK(mb >= 1 && batch % mb == 0, "parallelism.pipeline_parallel_microbatch_size = ", mb,
-                  " does not divide training.local_batch_size = ", batch,
+    const Wording w = plan_.wording();
+    TESSERA_CHECK(mb >= 1 && batch % mb == 0, w(settings::microbatch_size, mb), " does not divide ",
+                  w(settings::local_batch_size, batch),
                   " (each data-parallel rank's batch is cut into microbatches of that many sequences)");
-    check_schedule_shape(kind_, pp_, stages_per_rank_, static_cast<int>(batch / mb));
+    check_schedule_shape(kind_, pp_, stages_per_rank_, static_cast<int>(batch / mb), w);
     return mb;
   }
 

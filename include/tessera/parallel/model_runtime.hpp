@@ -25,6 +25,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/layer/args.hpp"
+#include "tessera/layer/block_args.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/layer/runtime.hpp"
 #include "tessera/ops/init.hpp"
@@ -55,16 +56,26 @@ class ModelRuntime {
 
   const nn::StackLayout& layout() const { return pipeline_.layout(); }
 
-  /// The plan's tp communicator, once the block type, the mesh and the model agree on the degree.
-  comm::Communicator* tensor_parallel_comm(const nn::ModelArgs& args) const {
+  /// The plan's tp communicator, once the block type, the mesh and the model agree on the
+  /// degree, and the model's parts and its blocks (given `options`) can split over it.
+  comm::Communicator* tensor_parallel_comm(const nn::ModelArgs& args,
+                                           const nn::block_options_t<Block>& options) const {
     const int mesh_tp = plan_.tp_degree();
     const int block_tp = Block::tensor_parallel_degree(plan_);
+    const Wording w = plan_.wording();
     TESSERA_CHECK(block_tp == mesh_tp || block_tp == 1, "model: the blocks' tessera::TensorParallel<", block_tp,
-                  "> on a mesh whose tensor_parallel_degree is ", mesh_tp);
-    TESSERA_CHECK(mesh_tp == 1 || block_tp > 1, "parallelism.tensor_parallel_degree = ", mesh_tp,
+                  "> on a mesh whose ", w.pick("tensor_parallel_degree", "tensor-parallel degree"), " is ", mesh_tp);
+    TESSERA_CHECK(mesh_tp == 1 || block_tp > 1, w(settings::tensor_parallel_degree, mesh_tp),
                   ": the block type has no tessera::TensorParallel policy (wrap it in tessera::Parallel<Block, "
                   "tessera::TensorParallel<tessera::dynamic>, ...>)");
-    check_tensor_parallel(args, mesh_tp, plan_.loss_parallel);
+    // A static degree is named by its policy, where the number is written; a dynamic one
+    // by where the mesh got it.
+    using Policy = typename Block::tensor_parallel_policy;
+    const nn::TensorParallelDegree degree =
+        Policy::dynamic_degree ? mesh_degree(mesh_tp, w)
+                               : nn::TensorParallelDegree{mesh_tp, tessera::detail::concat("tessera::TensorParallel<",
+                                                                                           mesh_tp, ">")};
+    check_tensor_parallel<Block>(args, options, degree, plan_.loss_parallel, w);
     return mesh_tp > 1 ? &plan_.mesh->tp() : nullptr;
   }
 
@@ -239,7 +250,7 @@ class ModelRuntime {
   template <class Model>
   static std::vector<std::unique_ptr<nn::Parameter<T>>> whole_model_parameters(Model& m) {
     std::vector<std::unique_ptr<nn::Parameter<T>>> all;
-    typename Model::template with_block<typename Block::block_type> one_rank(m.args());
+    typename Model::template with_block<typename Block::block_type> one_rank(m.args(), {}, m.block_options());
     one_rank.for_each_parameter([&](nn::Parameter<T>& q) {
       q.grad.release();
       all.push_back(std::make_unique<nn::Parameter<T>>(std::move(q)));

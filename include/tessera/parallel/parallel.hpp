@@ -13,7 +13,9 @@
 // computes exactly as it would alone. Policies come in any order; a family given
 // twice, or something that is not a policy, stops compilation with a message naming
 // it (tests/compile_fail pins the messages). A model of such blocks runs under
-// parallel::ModelRuntime (nn::RuntimeOf below): the policies lay the model out.
+// parallel::ModelRuntime (nn::RuntimeOf below): the policies lay the model out. The
+// wrapper's options_type is its block's, so a block's own settings (layer/block_args.hpp)
+// pass through it unchanged.
 #pragma once
 
 #include <memory>
@@ -69,6 +71,8 @@ class Parallel {
   using scalar_type = typename Block::scalar_type;
   using backend_type = typename Block::backend_type;
   using block_type = Block;
+  /// The block's own settings: the model hands them through to the block (BlockArgs).
+  using options_type = nn::block_options_t<Block>;
   using sharding_policy = typename parallel::find_policy<parallel::is_sharding, Sharding<None>, Policies...>::type;
   using checkpoint_policy =
       typename parallel::find_policy<parallel::is_checkpoint, Checkpoint<None>, Policies...>::type;
@@ -162,17 +166,18 @@ class Parallel {
   /// policy, whose degree and head counts must match the run-time model and mesh.
   static nn::BlockArgs<T, B> block_args(nn::BlockArgs<T, B> args) {
     const int have = args.tp ? args.tp->degree() : 1;
+    const parallel::Wording w = args.plan ? args.plan->wording() : parallel::code_words;
     if constexpr (splits_over_tp) {
       using P = tensor_parallel_policy;
       if constexpr (!P::dynamic_degree)
-        TESSERA_CHECK(have == P::degree, args.name, ": tessera::TensorParallel<", P::degree,
-                      "> on a mesh whose tensor_parallel_degree is ", have);
+        TESSERA_CHECK(have == P::degree, args.name, ": tessera::TensorParallel<", P::degree, "> on a mesh whose ",
+                      w.pick("tensor_parallel_degree", "tensor-parallel degree"), " is ", have);
       if constexpr (P::heads_given)
         TESSERA_CHECK(args.model.n_heads == P::heads::n_heads && args.model.kv_heads() == P::heads::n_kv_heads,
                       args.name, ": tessera::TensorParallel<N, Heads<", P::heads::n_heads, ", ", P::heads::n_kv_heads,
                       ">> on a model with ", args.model.n_heads, " heads and ", args.model.kv_heads(), " kv heads");
     } else {
-      TESSERA_CHECK(have == 1, args.name, ": tensor_parallel_degree ", have,
+      TESSERA_CHECK(have == 1, args.name, ": ", w(parallel::settings::tensor_parallel_degree, have),
                     " needs a tessera::TensorParallel<...> policy on the block");
       args.tp = nullptr;
     }

@@ -16,6 +16,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/schedule_kind.hpp"
+#include "tessera/parallel/wording.hpp"
 
 namespace tessera::parallel {
 
@@ -111,15 +112,15 @@ struct PipelineOptions {
 
 /// Stages per pipeline rank for `kind` on `pp` ranks: what split_points imply (their
 /// stage count over pp), else the explicit count, else 1 for GPipe and 1F1B and 2 for
-/// the interleaved schedules. Throws naming the keys when the two disagree.
-inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int pp) {
+/// the interleaved schedules. Throws naming the settings (`wording`) when the two disagree.
+inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int pp, Wording wording = config_keys) {
   int V = p.stages_per_rank;
   if (!p.split_points.empty()) {
     const int S = static_cast<int>(p.split_points.size()) + 1;
-    TESSERA_CHECK(S % pp == 0, "parallelism.pipeline_parallel_split_points: ", p.split_points.size(), " points make ",
-                  S, " stages, not a multiple of pipeline_parallel_degree = ", pp);
-    TESSERA_CHECK(V == 0 || V == S / pp, "parallelism: ", S, " stages over ", pp, " ranks is ", S / pp,
-                  " stages per rank, not ", V);
+    TESSERA_CHECK(S % pp == 0, wording(settings::split_points), ": ", p.split_points.size(), " points make ", S,
+                  " stages, not a multiple of ", wording(settings::pipeline_parallel_degree, pp));
+    TESSERA_CHECK(V == 0 || V == S / pp, wording.pick("parallelism", "pipeline"), ": ", S, " stages over ", pp,
+                  " ranks is ", S / pp, " stages per rank, not ", V);
     return S / pp;
   }
   if (V > 0) return V;
@@ -129,6 +130,10 @@ inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int pp) 
 struct Plan {
   /// This rank's place; nullptr for one rank alone. Must outlive the model.
   comm::DeviceMesh* mesh = nullptr;
+  /// Whether these values (and the mesh's degrees) came from a job's config
+  /// (train::make_plan): the run-time checks then name what they refuse by config key,
+  /// else in words (parallel/wording.hpp).
+  bool from_config = false;
   Reshard reshard = Reshard::default_policy;
   /// For Checkpoint<Dynamic>.
   CheckpointMode checkpoint{};
@@ -153,6 +158,8 @@ struct Plan {
   int dp_rank() const { return mesh ? mesh->dp_rank() : 0; }
   /// What Sharding<Dynamic> means on this plan's mesh.
   ShardingMode dynamic_sharding() const { return mesh ? sharding_for(mesh->shape()) : ShardingMode::none; }
+  /// How the run-time checks name this plan's settings.
+  Wording wording() const { return Wording{from_config}; }
 };
 
 }  // namespace tessera::parallel

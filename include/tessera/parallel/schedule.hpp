@@ -46,6 +46,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/schedule_kind.hpp"
+#include "tessera/parallel/wording.hpp"
 
 namespace tessera::parallel {
 
@@ -90,35 +91,36 @@ struct Schedule {
 constexpr int min_microbatches(ScheduleKind k, int ranks) { return k == ScheduleKind::gpipe ? 1 : ranks; }
 
 /// Checks that `kind` can run `microbatches` microbatches with `ranks` x `stages_per_rank`
-/// stages; throws naming the config keys, the schedule and the numbers.
+/// stages; throws naming the settings (by config key, unless `wording` says the values
+/// were set in code), the schedule and the numbers.
 ///   GPipe, 1F1B: one stage per rank; 1F1B needs M >= P.
 ///   Interleaved1F1B: V >= 2 (with V = 1 it is 1F1B), M >= P and M a multiple of P.
 ///   InterleavedZeroBubble: V >= 1, M >= P; for V >= 2 also M a multiple of P.
 /// The multiple-of-P rule is Narayanan et al.'s, stricter than PyTorch, which also accepts
 /// M when floor(M / P) divides M (rounds of more than P microbatches).
-inline void check_schedule_shape(ScheduleKind kind, int ranks, int stages_per_rank, int microbatches) {
+inline void check_schedule_shape(ScheduleKind kind, int ranks, int stages_per_rank, int microbatches,
+                                 Wording wording = config_keys) {
   const char* name = name_of(kind);
-  TESSERA_CHECK(ranks >= 1, "parallelism.pipeline_parallel_degree: must be at least 1, got ", ranks);
+  const std::string_view mb = wording(settings::microbatch_size);
+  TESSERA_CHECK(ranks >= 1, wording(settings::pipeline_parallel_degree), ": must be at least 1, got ", ranks);
   TESSERA_CHECK(stages_per_rank >= 1, "pipeline schedule ", name, ": stages per rank must be at least 1, got ",
                 stages_per_rank);
-  TESSERA_CHECK(microbatches >= 1, "parallelism.pipeline_parallel_microbatch_size: schedule ", name,
-                " needs at least 1 microbatch, got ", microbatches);
+  TESSERA_CHECK(microbatches >= 1, mb, ": schedule ", name, " needs at least 1 microbatch, got ", microbatches);
   if (kind == ScheduleKind::gpipe || kind == ScheduleKind::one_f_one_b)
-    TESSERA_CHECK(stages_per_rank == 1, "parallelism.pipeline_parallel_schedule: ", name,
-                  " runs one stage per rank, got ", stages_per_rank,
-                  " stages per rank (Interleaved1F1B or InterleavedZeroBubble run several)");
+    TESSERA_CHECK(stages_per_rank == 1, wording(settings::schedule), ": ", name, " runs one stage per rank, got ",
+                  stages_per_rank, " stages per rank (Interleaved1F1B or InterleavedZeroBubble run several)");
   if (kind == ScheduleKind::interleaved_1f1b)
-    TESSERA_CHECK(stages_per_rank >= 2, "parallelism.pipeline_parallel_schedule: Interleaved1F1B needs at least 2 "
-                  "stages per rank, got ", stages_per_rank, " (with one stage per rank use 1F1B)");
+    TESSERA_CHECK(stages_per_rank >= 2, wording(settings::schedule),
+                  ": Interleaved1F1B needs at least 2 stages per rank, got ", stages_per_rank,
+                  " (with one stage per rank use 1F1B)");
   const int least = min_microbatches(kind, ranks);
-  TESSERA_CHECK(microbatches >= least, "parallelism.pipeline_parallel_microbatch_size: schedule ", name, " on ", ranks,
-                " ranks needs at least ", least, " microbatches, got ", microbatches,
-                " (microbatches = training.local_batch_size / parallelism.pipeline_parallel_microbatch_size)");
+  TESSERA_CHECK(microbatches >= least, mb, ": schedule ", name, " on ", ranks, " ranks needs at least ", least,
+                " microbatches, got ", microbatches, " (microbatches = ", wording(settings::local_batch_size), " / ",
+                mb, ")");
   if (stages_per_rank >= 2)
-    TESSERA_CHECK(microbatches % ranks == 0, "parallelism.pipeline_parallel_microbatch_size: schedule ", name, " with ",
-                  stages_per_rank, " stages per rank needs a microbatch count that is a multiple of the ", ranks,
-                  " ranks, got ", microbatches,
-                  " (microbatches = training.local_batch_size / parallelism.pipeline_parallel_microbatch_size)");
+    TESSERA_CHECK(microbatches % ranks == 0, mb, ": schedule ", name, " with ", stages_per_rank,
+                  " stages per rank needs a microbatch count that is a multiple of the ", ranks, " ranks, got ",
+                  microbatches, " (microbatches = ", wording(settings::local_batch_size), " / ", mb, ")");
 }
 
 namespace detail {

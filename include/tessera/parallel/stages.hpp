@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/wording.hpp"
 
 namespace tessera::parallel {
 
@@ -45,10 +46,10 @@ struct StageRange {
 
 namespace detail {
 
-inline void check_stage_shape(int n_layers, int n_stages) {
+inline void check_stage_shape(int n_layers, int n_stages, Wording w) {
   TESSERA_CHECK(n_layers >= 1, "pipeline stages: the model needs at least one layer, got n_layers = ", n_layers);
-  TESSERA_CHECK(n_stages >= 1, "parallelism.pipeline_parallel_degree: the pipeline needs at least one stage, got ",
-                n_stages);
+  TESSERA_CHECK(n_stages >= 1, w.pick(settings::pipeline_parallel_degree.key, "pipeline stages"),
+                ": the pipeline needs at least one stage, got ", n_stages);
 }
 
 /// The stage covering units [u0, u1) of the n_layers + 2 units.
@@ -66,17 +67,19 @@ inline StageRange stage_of_units(int n_layers, int u0, int u1) {
 /// Splits n_layers blocks (plus the embedding and the output) over n_stages stages.
 /// Without `split_points`: equal unit counts, the remainder to the early stages. With
 /// them: stage i + 1 begins at block split_points[i]; exactly n_stages - 1 strictly
-/// increasing points in [0, n_layers]. Throws naming the config key and the numbers when
-/// a stage would be empty or the points are malformed.
-inline std::vector<StageRange> split_stages(int n_layers, int n_stages, std::span<const int> split_points = {}) {
-  detail::check_stage_shape(n_layers, n_stages);
+/// increasing points in [0, n_layers]. Throws naming the setting (by config key, unless
+/// `wording` says the values were set in code) and the numbers when a stage would be
+/// empty or the points are malformed.
+inline std::vector<StageRange> split_stages(int n_layers, int n_stages, std::span<const int> split_points = {},
+                                            Wording wording = config_keys) {
+  detail::check_stage_shape(n_layers, n_stages, wording);
   const int units = n_layers + 2;
   std::vector<StageRange> stages;
   stages.reserve(static_cast<std::size_t>(n_stages));
   if (split_points.empty()) {
-    TESSERA_CHECK(n_stages <= units, "parallelism.pipeline_parallel_degree: pipeline degree larger than the layer count: ",
-                  n_stages, " stages for ", n_layers, " layers + embedding + output = ", units,
-                  " units, and each stage needs at least one");
+    TESSERA_CHECK(n_stages <= units, wording.pick(settings::pipeline_parallel_degree.key, "pipeline stages"),
+                  ": pipeline degree larger than the layer count: ", n_stages, " stages for ", n_layers,
+                  " layers + embedding + output = ", units, " units, and each stage needs at least one");
     const int base = units / n_stages, extra = units % n_stages;
     int u = 0;
     for (int s = 0; s < n_stages; ++s) {
@@ -87,20 +90,22 @@ inline std::vector<StageRange> split_stages(int n_layers, int n_stages, std::spa
     return stages;
   }
   const int n_points = static_cast<int>(split_points.size());
-  TESSERA_CHECK(n_points == n_stages - 1, "parallelism.pipeline_parallel_split_points: ", n_points,
-                " split points make ", n_points + 1, " stages, but the pipeline has ", n_stages,
-                " (pipeline_parallel_degree x stages per rank); give ", n_stages - 1);
+  const std::string_view points = wording(settings::split_points);
+  TESSERA_CHECK(n_points == n_stages - 1, points, ": ", n_points, " split points make ", n_points + 1,
+                " stages, but the pipeline has ", n_stages, " (",
+                wording.pick("pipeline_parallel_degree", "the pipeline degree"), " x stages per rank); give ",
+                n_stages - 1);
   for (int i = 0; i < n_points; ++i) {
     const int p = split_points[static_cast<std::size_t>(i)];
-    TESSERA_CHECK(p >= 0 && p <= n_layers, "parallelism.pipeline_parallel_split_points: layers.", p,
+    TESSERA_CHECK(p >= 0 && p <= n_layers, points, ": layers.", p,
                   " is out of range: the model has blocks layers.0 .. layers.", n_layers - 1,
                   " (a split point may be 0 .. ", n_layers, ")");
     if (i > 0) {
       const int prev = split_points[static_cast<std::size_t>(i - 1)];
-      TESSERA_CHECK(p != prev, "parallelism.pipeline_parallel_split_points: stage ", i,
-                    " would hold nothing: split point layers.", p, " is given twice");
-      TESSERA_CHECK(p > prev, "parallelism.pipeline_parallel_split_points: split points must be strictly increasing, "
-                    "got layers.", prev, " before layers.", p);
+      TESSERA_CHECK(p != prev, points, ": stage ", i, " would hold nothing: split point layers.", p,
+                    " is given twice");
+      TESSERA_CHECK(p > prev, points, ": split points must be strictly increasing, got layers.", prev,
+                    " before layers.", p);
     }
   }
   // Stage s covers blocks [start(s), start(s + 1)); stage 0 adds the embedding, the last the output.

@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/comm/communicator.hpp"
@@ -54,31 +55,64 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/layer/args.hpp"
+#include "tessera/layer/block_args.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/init.hpp"
 #include "tessera/ops/traffic.hpp"
+#include "tessera/parallel/wording.hpp"
 
 namespace tessera::parallel {
 
-/// Whether `degree` tensor-parallel ranks can split `a`; throws naming the quantity
-/// that does not divide. Every rank checks the same config, so every rank fails the
-/// same way before any collective.
-inline void check_tensor_parallel(const nn::ModelArgs& a, std::int64_t degree, bool loss_parallel = true) {
-  if (degree <= 1) return;
-  const char* key = "parallelism.tensor_parallel_degree";
-  TESSERA_CHECK(a.n_heads % degree == 0, key, " = ", degree, " does not divide n_heads = ", a.n_heads,
-                ": each rank computes n_heads / degree query heads");
+/// The mesh's tensor-parallel degree as `wording` names it: by its config key, or in words.
+inline nn::TensorParallelDegree mesh_degree(int degree, Wording wording) {
+  return {degree, wording(settings::tensor_parallel_degree, degree)};
+}
+
+/// Whether `tp` splits the model's attention heads: each rank computes n_heads / degree
+/// query heads, and the key/value heads are split the same way or, with more ranks than
+/// kv heads, each held by the ranks whose query heads read it. nn::Attention checks it as
+/// it is made; the model, before it makes anything.
+inline void check_heads_split(const nn::ModelArgs& a, const nn::TensorParallelDegree& tp) {
+  tp.check_divides(a.n_heads, "n_heads =", "each rank computes n_heads / degree query heads");
   const std::int64_t kv = a.kv_heads();
-  TESSERA_CHECK(kv % degree == 0 || degree % kv == 0, key, " = ", degree, " and n_kv_heads = ", kv,
+  TESSERA_CHECK(kv % tp.degree == 0 || tp.degree % kv == 0, tp.named, " and n_kv_heads = ", kv,
                 ": one must divide the other (fewer kv heads than ranks are replicated over the ranks that read them)");
-  TESSERA_CHECK(a.ffn_hidden_dim() % degree == 0, key, " = ", degree, " does not divide the feed-forward hidden size ",
-                a.ffn_hidden_dim());
-  TESSERA_CHECK(a.vocab_size % degree == 0, key, " = ", degree, " does not divide vocab_size = ", a.vocab_size,
-                ": the embedding and the output are split by vocabulary");
-  TESSERA_CHECK(loss_parallel || !a.tie_embeddings, "parallelism.disable_loss_parallel = true with tied embeddings ",
-                "(", a.flavor, ") and tensor parallelism: the output shares the vocabulary-split embedding, so it "
-                "needs loss parallelism");
+}
+
+/// Whether `tp` splits what the model itself holds, whatever its blocks: the attention
+/// heads (the model's attention shape: its rotary table, the library's Attention), the
+/// vocabulary (the embedding and the output are split by it), and tied embeddings only
+/// with loss parallelism. `wording` names the loss-parallel setting.
+inline void check_model_split(const nn::ModelArgs& a, const nn::TensorParallelDegree& tp, bool loss_parallel,
+                              Wording wording) {
+  if (tp.degree <= 1) return;
+  check_heads_split(a, tp);
+  tp.check_divides(a.vocab_size, "vocab_size =", "the embedding and the output are split by vocabulary");
+  TESSERA_CHECK(loss_parallel || !a.tie_embeddings,
+                wording.pick("parallelism.disable_loss_parallel = true", "loss parallelism off (Plan::loss_parallel)"),
+                " with tied embeddings (", a.flavor, ") and tensor parallelism: the output shares the "
+                "vocabulary-split embedding, so it needs loss parallelism");
+}
+
+/// Whether `tp` splits a model of `Block`s (bare, or wrapped in tessera::Parallel) given
+/// `options`: the model's own parts, then what the block states of itself
+/// (nn::ChecksTensorParallel; a block that states nothing has each split layer check
+/// itself as it is made). Every rank checks the same arguments, so every rank fails the
+/// same way before any collective, also a pipeline rank that holds no block.
+template <class Block>
+void check_tensor_parallel(const nn::ModelArgs& a, const nn::block_options_t<Block>& options,
+                           const nn::TensorParallelDegree& tp, bool loss_parallel, Wording wording) {
+  if (tp.degree <= 1) return;
+  check_model_split(a, tp, loss_parallel, wording);
+  using Bare = nn::bare_block_t<Block>;
+  if constexpr (requires { &Bare::check_tensor_parallel; }) {
+    static_assert(nn::ChecksTensorParallel<Bare>,
+                  "tessera: a block's check_tensor_parallel must be `static void check_tensor_parallel(const "
+                  "nn::ModelArgs&, const options_type&, const nn::TensorParallelDegree&)` (options_type: "
+                  "nn::NoBlockOptions for a block without options)");
+    Bare::check_tensor_parallel(a, options, tp);
+  }
 }
 
 /// This rank's tensor-parallel group: the communicator, and what the layers ask of it.
@@ -140,8 +174,29 @@ class TensorParallelGroup {
 
 /// Whether `tp` splits anything (a null group is degree 1).
 inline bool active(const TensorParallelGroup* tp) { return tp && tp->active(); }
+
 /// Whether `tp` splits the rows between the regions.
 inline bool splits_rows(const TensorParallelGroup* tp) { return active(tp) && tp->sequence_parallel(); }
+
+/// The degree of `tp` as the layer `layer` names it in its own check ("layers.0.attention:
+/// the tensor-parallel degree 3"), run as the layer is made. Inside a model what the model
+/// and its block state is checked before that (check_tensor_parallel), naming the degree
+/// as the plan gives it.
+inline nn::TensorParallelDegree layer_degree(std::string_view layer, const TensorParallelGroup& tp) {
+  return {tp.degree(), tessera::detail::concat(layer, ": the tensor-parallel degree ", tp.degree())};
+}
+
+/// Refuses a split of `p` its whole shape does not allow, naming the parameter and the
+/// shape: a layer checks its parameters as it makes them (nn::Linear), so a width the
+/// degree does not divide is refused before anything is allocated.
+template <class T>
+void check_split(const nn::Parameter<T>& p) {
+  const nn::TensorSplit& s = p.split;
+  const Shape& w = p.whole;
+  if (!s.split()) return;
+  TESSERA_CHECK(s.dim >= 0 && s.dim < w.rank && w.rank <= 2 && w.dims[s.dim] % s.parts == 0, p.name, ": shape ",
+                w.str(), " does not split into ", s.parts, " pieces along dimension ", s.dim);
+}
 
 /// The rows this rank holds between the regions -> every row, for a region to read:
 /// (R/N, c) on each rank -> (R, c), rank t's rows at block t; already whole without
@@ -249,8 +304,7 @@ ops::PieceIndex piece_index(const nn::Parameter<T>& p, std::int64_t first) {
   const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
   if (!p.split.split() || w.rank < 1) return ops::PieceIndex{u(first), 1, 1, 0, 0};
   const nn::TensorSplit& s = p.split;
-  TESSERA_CHECK(s.dim >= 0 && s.dim < w.rank && w.rank <= 2 && w.dims[s.dim] % s.parts == 0, p.name, ": shape ",
-                w.str(), " does not split into ", s.parts, " pieces along dimension ", s.dim);
+  check_split(p);
   const bool matrix = w.rank == 2;
   const std::int64_t rows = matrix ? w.dims[0] : 1, cols = matrix ? w.dims[1] : w.dims[0];
   if (matrix && s.dim == 0) return ops::PieceIndex{u(first), u(cols), u(cols), u(s.index * (rows / s.parts)), 0};
@@ -264,8 +318,7 @@ template <Backend B, class T>
 void narrow(nn::Parameter<T>& p) {
   if (!p.split.split() || p.value.shape() != p.whole) return;
   const nn::TensorSplit& s = p.split;
-  TESSERA_CHECK(s.dim >= 0 && s.dim < p.whole.rank && p.whole.rank <= 2 && p.whole.dims[s.dim] % s.parts == 0,
-                p.name, ": shape ", p.whole.str(), " does not split into ", s.parts, " pieces along dimension ", s.dim);
+  check_split(p);
   const Shape local = p.piece_shape();
   Tensor<T> piece;
   {

@@ -55,7 +55,9 @@
 #include <tuple>
 #include <vector>
 
+#include "tessera/backend/meta/meta.hpp"
 #include "tessera/comm/mesh.hpp"
+#include "tessera/nn/block.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/stages.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
@@ -284,8 +286,12 @@ inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& b
 inline SearchResult price_layout(const train::JobConfig& c, int world, const TraceRank& trace_rank,
                                  const Pricer& compute, const Network& net, bool full = false) {
   const comm::MeshShape mesh = check_dry_run(c, world);
-  // What the runtime would refuse, refused before anything is traced.
-  parallel::check_tensor_parallel(c.model.args, mesh.tp, !c.parallelism.disable_loss_parallel);
+  // What the runtime would refuse, refused before anything is traced: the runtime's own
+  // check of a model of Llama blocks (their element type and backend do not enter it).
+  parallel::check_tensor_parallel<nn::LlamaBlock<float, Meta>>(c.model.args, {},
+                                                               parallel::mesh_degree(mesh.tp, parallel::config_keys),
+                                                               !c.parallelism.disable_loss_parallel,
+                                                               parallel::config_keys);
   if (mesh.pp > 1) {
     parallel::PipelineOptions o;
     o.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);

@@ -29,6 +29,7 @@ inline void check_supported(const JobConfig& c) {
 inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   parallel::Plan plan;
   plan.mesh = mesh;
+  plan.from_config = true;
   plan.reshard = parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
   plan.checkpoint = parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   // "auto" is the model's own type: a float32 model's blocks compute with float32 values

@@ -1,8 +1,9 @@
 // Step metrics: throughput, MFU by torchtitan's formula, memory; JSON lines and a live
 // progress line.
 //
-// MFU = achieved FLOP/s / peak FLOP/s, with FLOPs per token from
-// ModelArgs::flops_per_token (6 N_non-embedding + 12 L H hd T, no causal halving);
+// MFU = achieved FLOP/s / peak FLOP/s, with FLOPs per token from the model's
+// flops_per_token (6 N_non-embedding + each block's attention term, 12 H hd T for the
+// Llama block, no causal halving; nn::Transformer asks its block);
 // mfu_causal_pct uses the causally halved attention term. The peak is
 // [metrics] peak_tflops when set; otherwise, on a GPU, the datasheet's dense rate, and
 // on the CPU the fastest of the step's own GEMM shapes and a 1024^3 product, each the

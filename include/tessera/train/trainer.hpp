@@ -276,8 +276,8 @@ StepMetrics Trainer<Model>::step() {
     // process's cores, which peak_flops measures); other ranks have one each.
     const bool shared_device = !mesh || mesh->world().engine_name().starts_with("threads");
     const double per_device = m.tokens_per_sec / static_cast<double>(shared_device ? 1 : mesh->world().size());
-    m.mfu_pct = 100.0 * per_device * model_.args().flops_per_token(seq) / *options_.peak_flops;
-    m.mfu_causal_pct = 100.0 * per_device * model_.args().flops_per_token(seq, true) / *options_.peak_flops;
+    m.mfu_pct = 100.0 * per_device * model_.flops_per_token(seq) / *options_.peak_flops;
+    m.mfu_causal_pct = 100.0 * per_device * model_.flops_per_token(seq, true) / *options_.peak_flops;
   }
   m.comm_bytes = mesh ? mesh->world().traffic().total() - sent_before : 0;
   m.peak_memory_bytes = memory_stats(B::device).peak();
