@@ -94,9 +94,10 @@ TEST_CASE("a user's block with its own options trains under tensor parallelism w
   const auto alone = losses_on<nn::Transformer<float, Cpu, ReluBlock>>(1, {}, odd_swiglu, kRelu);
   const auto tp = losses_on<ReluModel>(2, {1, 1, 1, 2}, odd_swiglu, kRelu);
   CHECK(max_relative_difference(tp, alone) <= 1e-5);
-  // The options reached every block: without the scale the run is another one.
+  // The options reached every block: without the scale the run is another one, ten times
+  // the parity bar away (over the sanitizer build's 2 steps: 4.9e-4).
   const auto unscaled = losses_on<nn::Transformer<float, Cpu, ReluBlock>>(1, {}, odd_swiglu, {90, 1.0});
-  CHECK(max_relative_difference(unscaled, alone) > 1e-3);
+  CHECK(max_relative_difference(unscaled, alone) > 1e-4);
 }
 
 TEST_CASE("a user's block: a tensor-parallel degree its own width does not divide is refused by name on every rank") {
