@@ -36,6 +36,10 @@
 #             bench/torch_gemms.py: torch.matmul on the same shapes, timed the same way, then
 #             the same GEMMs beside 1 to 32 SMs held (bench-kernels --sections sm-hold)
 #   llama     llama-train on the debug model on the GPU, 100 steps
+#   nccl      several llama-train processes sharing the one GPU over NCCL (comm.share_gpu):
+#             FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B) on 2 processes, FSDP 2 x TP 2,
+#             HSDP 2 x 2, PP 2 x TP 2 on 4, each against one process's losses (1e-5), with
+#             NCCL's version and transports; not part of `all` (about 4 minutes)
 #   all       every step above in one command (eager, gemms, test, train, torch, llama, kernels),
 #             each under a cap and within SECONDS in all (default 540); the logs packed into
 #             $OUT/results.tar.gz after each step, a line a step in $OUT/summary.txt; the
@@ -181,6 +185,62 @@ case "${1:-}" in
     mark "gemms: SMs held"
     "$here/bench-kernels" --sections sm-hold --commit "$commit" --json "$out/gemms-sm-hold.json" 2>&1 |
       tee "$out/gemms-sm-hold.txt" ;;
+  nccl)
+    # Several NCCL processes on this one GPU (comm.share_gpu: a host per rank, NCCL over
+    # sockets on loopback), each layout against one process on the same config and global
+    # batch: per-step losses within 1e-5 (the CPU parity bar) for the float32 model with
+    # tessera's attention. NCCL_DEBUG=INFO: its version and transports are in each log.
+    work="$out/nccl"
+    mkdir -p "$work"
+    base=(--config "$here/configs/debug_model.toml" --training.device cuda --training.steps 6
+          --training.seq_len 128 --training.global_batch_size 8 --training.mixed_precision_param float32
+          --training.attention tessera --metrics.log_freq 1 --checkpoint.enable false
+          --comm.train_timeout_seconds 60 --comm.init_timeout_seconds 60)
+    # launch NAME N ARGS...: N processes, torchrun-style variables, one GPU; exit 1 if any failed.
+    launch() {
+      local name=$1 n=$2 port=$((29600 + RANDOM % 2000)) pids=() r rc=0
+      shift 2
+      rm -rf "${work:?}/$name"
+      for ((r = 0; r < n; r++)); do
+        RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+          NCCL_DEBUG=INFO timeout 240 "$here/llama-train" "${base[@]}" --comm.share_gpu true \
+          --job.dump_folder "$work/$name" "$@" > "$work/$name.rank$r.log" 2>&1 &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p" || rc=1; done
+      return $rc
+    }
+    "$here/llama-train" "${base[@]}" --training.local_batch_size 8 --job.dump_folder "$work/one" \
+      > "$work/one.log" 2>&1 || { echo "nccl: the one-process run failed"; tail -n 20 "$work/one.log"; exit 1; }
+    status=0
+    layouts=(
+      "fsdp2 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4"
+      "tp2 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+      "pp2_1f1b 2 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+      "pp2_interleaved 2 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+      "fsdp2_tp2 4 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4"
+      "hsdp2x2 4 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2"
+      "pp2_tp2 4 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+    )
+    for l in "${layouts[@]}"; do
+      read -r -a words <<< "$l"
+      name=${words[0]} n=${words[1]}
+      t0=$(date +%s)
+      if ! launch "$name" "$n" "${words[@]:2}"; then
+        echo "nccl: $name on $n processes failed"; tail -n 8 "$work/$name".rank*.log; status=1; continue
+      fi
+      python3 - "$work/one/metrics.jsonl" "$work/$name/metrics.jsonl" "$name" "$(( $(date +%s) - t0 ))" <<'PY' || status=1
+import json, sys
+one, run = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:3])
+worst = max(abs(a - b) / abs(b) for a, b in zip(run, one)) if one and len(one) == len(run) else float("inf")
+print(f"nccl: {sys.argv[3]}: {len(run)} steps in {sys.argv[4]} s, largest relative loss difference from one process {worst:.1e}"
+      + ("" if worst <= 1e-5 else "  (over 1e-5)"))
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+    done
+    # What NCCL said of itself: its version and the transport of each connection.
+    grep -hoE "NCCL version [0-9.]+[^ ]*|via NET/[A-Za-z]+[^ ]*|Duplicate GPU[^\n]*" "$work"/*.rank*.log | sort | uniq -c | head -n 8
+    exit "$status" ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
       --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
@@ -234,7 +294,7 @@ case "${1:-}" in
     grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
     echo "-- clocks.txt"; cat "$work/clocks.txt"
     cat "$out/summary.txt" ;;
-  *) echo "usage: run.sh test|kernels|train|torch|eager|llama|all [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: run.sh test|kernels|train|torch|eager|llama|nccl|all [SECONDS]" >&2; exit 2 ;;
 esac
 EOF
 chmod +x "$bundle/run.sh"

@@ -89,6 +89,7 @@ comm::Communicator nccl_world(const comm::Launch& launch, int device, const trai
   options.init_timeout = std::chrono::seconds(c.comm.init_timeout_seconds);
   options.timeout = train_timeout(c);
   options.compute = nullptr;
+  options.share_device = c.comm.share_gpu;
   if (launch.has_master() || launch.kind == comm::LaunchKind::torchrun)
     return comm::Communicator(comm::nccl_from_torchrun(launch, options));
 #if TESSERA_WITH_MPI
@@ -155,7 +156,7 @@ int run(std::vector<std::string> args) {
   if (device != "cpu" && launch.world_size > 1) {
     const int visible = llama_train::cuda_device_count();
     if (visible > 0) {
-      cuda_device = comm::choose_device(launch, visible);
+      cuda_device = comm::choose_device(launch, visible, c.comm.share_gpu);
       llama_train::use_cuda_device(cuda_device);
     }
   }
@@ -183,11 +184,15 @@ int run(std::vector<std::string> args) {
     in.peak_text = text;
     const std::string memory = llama_train::setup_cuda_allocator(c);
     const std::string attention = llama_train::setup_cuda_attention(c);
-    const std::string compute = (thread_ranks > 1 ? "sharing one " : launch.world_size > 1 ? "each on one " : "on one ") +
+    const bool shared = launch.world_size > 1 && c.comm.share_gpu;
+    const std::string compute = (thread_ranks > 1 || shared ? "sharing one " : launch.world_size > 1 ? "each on one " : "on one ") +
                                 gpu.name + " (sm_" +
                                 std::to_string(gpu.cc_major) + std::to_string(gpu.cc_minor) + "), " +
                                 (bf16_model ? "bf16 activations and parameters" : "float32") +
-                                " | attention: " + attention + " | memory: " + memory;
+                                " | attention: " + attention + " | memory: " + memory +
+                                (shared ? " | comm.share_gpu: NCCL over sockets on loopback, a host per rank "
+                                          "(testing only: slow)"
+                                        : "");
     in.compute_text = [compute] { return compute; };
     TESSERA_CHECK(!c.comm.check_nccl_semantics, "comm.check_nccl_semantics = true on a GPU: the check holds the CPU "
                   "engines to NCCL's rules (set training.device = \"cpu\"); GPU processes run NCCL itself, and "
@@ -209,6 +214,8 @@ int run(std::vector<std::string> args) {
                 "put nvcc on PATH and rebuild); set training.device = \"cpu\" or \"auto\"");
 #endif
   train::resolve_mixed_precision(c, false);
+  TESSERA_CHECK(!c.comm.share_gpu, "comm.share_gpu = true: this run is on the CPU, whose engines (thread ranks, "
+                "MPI) share no device; the key is for NCCL processes on one GPU");
   // The CPU has one attention (backend/cpu/attention.hpp): training.attention = "cudnn"
   // is refused by name, "auto" and "tessera" change nothing.
   cuda::choose_attention(c.training.attention, cuda::AttentionFacts{}, {});

@@ -2,7 +2,8 @@
 # llama-train's multi-process GPU launch, as far as a machine without a GPU can check it:
 # the CUDA build links libnccl (one process per GPU over NCCL), and the launches it
 # refuses end with exit status 1 and one line naming the reason, before any rank waits
-# for another: --thread-ranks under torchrun, torchrun on the CPU, bad launcher values.
+# for another: --thread-ranks under torchrun, torchrun on the CPU, bad launcher values,
+# comm.share_gpu on the CPU.
 #   gpu_launch.sh LLAMA_TRAIN CONFIGS_DIR CUDA(true|false)
 set -uo pipefail
 train=$1
@@ -60,6 +61,8 @@ expect_refusal "launch: LOCAL_RANK=2 is outside [0, 2) (LOCAL_WORLD_SIZE=2)" \
   RANK=1 WORLD_SIZE=4 LOCAL_RANK=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 --
 expect_refusal "launch: SLURM_TASKS_PER_NODE=\"4(2)\" is not a list of task counts" \
   SLURM_PROCID=0 SLURM_NTASKS=4 SLURM_TASKS_PER_NODE="4(2)" --
+# Ranks sharing a GPU are for NCCL processes: on the CPU the key is refused by name.
+expect_refusal "comm.share_gpu = true: this run is on the CPU" -- --training.device cpu --comm.share_gpu true
 if [ "$cuda" = true ]; then
   expect_refusal "training.device = \"cuda\": no CUDA device is visible" \
     "${torchrun[@]}" CUDA_VISIBLE_DEVICES= -- --training.device cuda

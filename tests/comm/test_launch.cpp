@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../support/errors.hpp"
 #include "tessera/comm/launch.hpp"
@@ -285,6 +287,44 @@ TEST_CASE("launch: the device of a rank is its local rank modulo the visible dev
                        "would share GPU 0 with local rank 0");
   CHECK_ERROR_CONTAINS(choose_device(srun, 0),
                        "launch: rank 13 (local rank 5 of 8 on this node): no CUDA device is visible to this process");
+}
+
+TEST_CASE("launch: ranks told to share GPUs (comm.share_gpu) take local rank modulo the devices, each its own host") {
+  const auto torchrun = [](int rank, int local, int local_size) {
+    return detect({{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", std::to_string(local)},
+                   {"LOCAL_WORLD_SIZE", std::to_string(local_size)}, {"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "29500"}});
+  };
+  // Four processes on one GPU, or on two: what the default refuses, sharing allows.
+  for (int i = 0; i < 4; ++i) {
+    CHECK(choose_device(torchrun(i, i, 4), 1, true) == 0);
+    CHECK(choose_device(torchrun(i, i, 4), 2, true) == i % 2);
+  }
+  CHECK_ERROR_CONTAINS(choose_device(torchrun(3, 3, 4), 2), "two ranks would share GPU 1");
+  CHECK_ERROR_CONTAINS(choose_device(torchrun(3, 3, 4), 2), "to test several ranks on one GPU, comm.share_gpu = true");
+  CHECK_ERROR_CONTAINS(choose_device(torchrun(3, 3, 4), 0, true), "no CUDA device is visible to this process");
+
+  // Each rank names a host of its own for NCCL, and NCCL's socket transport on loopback.
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  const auto nothing_set = [](const char*) -> const char* { return nullptr; };
+  CHECK(shared_gpu_environment(0, nothing_set) == Env{{"NCCL_HOSTID", "tessera-shared-gpu-rank-0"},
+                                                      {"NCCL_SOCKET_IFNAME", "lo"},
+                                                      {"NCCL_IB_DISABLE", "1"}});
+  CHECK(shared_gpu_environment(3, nothing_set).front().second == "tessera-shared-gpu-rank-3");
+  // What the user set is kept; an empty value counts as unset.
+  const auto user_set = [](const char* name) -> const char* {
+    const std::string n = name;
+    return n == "NCCL_HOSTID" ? "mine" : n == "NCCL_SOCKET_IFNAME" ? "" : nullptr;
+  };
+  CHECK(shared_gpu_environment(1, user_set) == Env{{"NCCL_SOCKET_IFNAME", "lo"}, {"NCCL_IB_DISABLE", "1"}});
+  // In this process: set where unset, kept where set.
+  for (const char* n : {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"}) ::unsetenv(n);
+  ::setenv("NCCL_SOCKET_IFNAME", "eth7", 1);
+  set_shared_gpu_environment(7);
+  CHECK(std::string(std::getenv("NCCL_HOSTID")) == "tessera-shared-gpu-rank-7");
+  CHECK(std::string(std::getenv("NCCL_SOCKET_IFNAME")) == "eth7");
+  CHECK(std::string(std::getenv("NCCL_IB_DISABLE")) == "1");
+  for (const char* n : {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"}) ::unsetenv(n);
 }
 
 TEST_CASE("launch: the CPU engines refuse a torchrun-style launch of several ranks, pointing to mpirun") {

@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 75);
+  CHECK(keys.size() == 76);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -679,7 +679,8 @@ TEST_CASE("to_toml round trip") {
                  "--metrics.peak_tflops", "989.5",
                  "--comm.init_timeout_seconds", "30",
                  "--comm.train_timeout_seconds", "45",
-                 "--comm.check_nccl_semantics"};
+                 "--comm.check_nccl_semantics",
+                 "--comm.share_gpu"};
     JobConfig c = load_config("", args);
     const JobConfig defaults;
     for (const auto& k : tessera::train::config_keys()) {

@@ -21,7 +21,9 @@
 // hang, so it stops before any collective.
 //
 // choose_device() maps a launch to the CUDA device its rank trains on: the local rank
-// modulo the devices this process sees, refusing a node with more ranks than GPUs.
+// modulo the devices this process sees, refusing a node with more ranks than GPUs,
+// unless the ranks are told to share them (comm.share_gpu, for testing: then each rank
+// sets shared_gpu_environment() before NCCL starts).
 //
 // No MPI header here: detection is plain environment parsing, and the caller picks
 // the engine (comm/mpi.hpp for an MPI launch).
@@ -34,6 +36,8 @@
 #include <initializer_list>
 #include <string>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 
@@ -293,20 +297,56 @@ inline std::string describe_rank(const Launch& l) {
 ///  - several visible devices are the node's GPUs, shared by its ranks: a node whose
 ///    launcher states more ranks than that, or a local rank past the last device, is
 ///    refused naming the rank, since two of its ranks would take one GPU.
-inline int choose_device(const Launch& l, int visible) {
+///
+/// With `share` (comm.share_gpu) ranks may outnumber the devices: local rank r takes
+/// device r modulo `visible`, and NCCL is told each rank is a host of its own
+/// (shared_gpu_environment).
+inline int choose_device(const Launch& l, int visible, bool share = false) {
   TESSERA_CHECK(visible >= 1, "launch: ", describe_rank(l), ": no CUDA device is visible to this process",
                 " (is CUDA_VISIBLE_DEVICES empty, or the driver missing?)");
   if (visible == 1) return 0;
+  if (share) return l.local_rank % visible;
   TESSERA_CHECK(l.local_world_size <= visible, "launch: ", describe_rank(l), ": ", l.local_size_var, "=",
                 l.local_world_size, " ranks on this node but this process sees ", visible,
                 " CUDA devices: two ranks would share GPU ", l.local_rank % visible,
                 ", and NCCL runs one rank per GPU; start at most ", visible,
-                " ranks per node (or give each rank its own GPU through CUDA_VISIBLE_DEVICES)");
+                " ranks per node (or give each rank its own GPU through CUDA_VISIBLE_DEVICES; to test several "
+                "ranks on one GPU, comm.share_gpu = true)");
   TESSERA_CHECK(l.local_rank < visible, "launch: ", describe_rank(l), ": local rank ", l.local_rank,
                 " but this process sees ", visible, " CUDA devices (0..", visible - 1, "): it would share GPU ",
                 l.local_rank % visible, " with local rank ", l.local_rank % visible,
                 ", and NCCL runs one rank per GPU; start at most ", visible, " ranks per node");
   return l.local_rank % visible;
+}
+
+/// The variables a rank that shares its GPU with other ranks sets before NCCL starts,
+/// those the user has not set (`get` reads the environment): NCCL refuses two ranks on
+/// one GPU only when they are on one host (its duplicate-GPU check compares bus ids and
+/// host hashes, and the host hash comes from NCCL_HOSTID when it is set), so each rank
+/// names a host of its own; NCCL then moves data between the ranks over its socket
+/// transport, on the loopback interface (every rank is on this machine), with
+/// InfiniBand off. For testing the multi-process path on one GPU: slow, but every NCCL
+/// call runs for real.
+inline std::vector<std::pair<std::string, std::string>> shared_gpu_environment(
+    int rank, const std::function<const char*(const char*)>& get = [](const char* name) { return std::getenv(name); }) {
+  const std::pair<std::string, std::string> wanted[] = {
+      {"NCCL_HOSTID", "tessera-shared-gpu-rank-" + std::to_string(rank)},
+      {"NCCL_SOCKET_IFNAME", "lo"},
+      {"NCCL_IB_DISABLE", "1"},
+  };
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, value] : wanted) {
+    const char* given = get(name.c_str());
+    if (given == nullptr || *given == '\0') out.emplace_back(name, value);
+  }
+  return out;
+}
+
+/// Sets shared_gpu_environment(rank) in this process (before its first NCCL call: NCCL
+/// reads its variables once).
+inline void set_shared_gpu_environment(int rank) {
+  for (const auto& [name, value] : shared_gpu_environment(rank))
+    TESSERA_CHECK(::setenv(name.c_str(), value.c_str(), 0) == 0, "launch: rank ", rank, ": cannot set ", name);
 }
 
 /// The CPU engines (thread ranks, MPI) start their processes with MPI; torchrun-style

@@ -103,6 +103,10 @@ struct NcclOptions {
   /// the process with exit status 1. A callable that returns leaves the engine
   /// aborted: the program must not use it again.
   std::function<void(const std::string&)> on_failure;
+  /// Ranks may share a GPU (comm.share_gpu; for testing): choose_device lets them, and
+  /// each rank sets comm::shared_gpu_environment before its first NCCL call, so NCCL sees
+  /// a host per rank and runs over sockets on the loopback interface.
+  bool share_device = false;
 };
 
 namespace detail {
@@ -738,7 +742,8 @@ inline NcclEngine nccl_from_torchrun(const Launch& launch, const NcclOptions& op
     (void)cudaGetLastError();
     visible = 0;
   }
-  const int device = choose_device(launch, visible);
+  const int device = choose_device(launch, visible, options.share_device);
+  if (options.share_device) set_shared_gpu_environment(launch.rank);
   std::vector<std::uint8_t> bytes(sizeof(ncclUniqueId));
   {
     TcpStore store(launch.master_addr, launch.store_port(), launch.rank, launch.world_size, options.init_timeout);
@@ -768,6 +773,7 @@ inline NcclEngine nccl_from_torchrun(const NcclOptions& options = {}) {
 template <class Broadcast>
 requires std::invocable<Broadcast&, std::span<std::uint8_t>> NcclEngine nccl_from_broadcast(
     int rank, int world_size, int device, Broadcast&& broadcast_from_rank0, const NcclOptions& options = {}) {
+  if (options.share_device) set_shared_gpu_environment(rank);
   std::vector<std::uint8_t> bytes(sizeof(ncclUniqueId), 0);
   if (rank == 0) {
     const ncclUniqueId id = nccl_unique_id(0);

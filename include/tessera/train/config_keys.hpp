@@ -339,6 +339,11 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Hold the CPU engines (--thread-ranks, mpirun) to NCCL's rules: device buffers only, no tags, results "
                "read only after their wait, sends that wait for their receiver. Refused on GPUs, where NCCL itself "
                "runs."),
+      make_key("comm.share_gpu", field<&J::comm, &CommSection::share_gpu>(),
+               "For testing only: several NCCL processes on one GPU (a launch of more ranks than GPUs). Each rank "
+               "tells NCCL it is a host of its own (NCCL_HOSTID, unless set), so NCCL accepts ranks on one GPU and "
+               "moves data over sockets on the loopback interface (NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1): slow, "
+               "but every NCCL call runs on the device. Off: more ranks than GPUs are refused."),
   };
   std::vector<ConfigKey> keys;
   keys.reserve(b.size());

@@ -141,6 +141,10 @@ struct CommSection {
   /// device buffers only, no tags, results read only after their wait, sends that wait
   /// for their receiver. What runs this way will not deadlock or read garbage on NCCL.
   bool check_nccl_semantics = false;
+  /// For testing only: several NCCL processes on one GPU (more ranks than GPUs). Each
+  /// rank tells NCCL it is a host of its own (NCCL_HOSTID), so NCCL accepts them and
+  /// moves data over sockets on the loopback interface: slow, but every NCCL call runs.
+  bool share_gpu = false;
 };
 
 struct JobConfig {
