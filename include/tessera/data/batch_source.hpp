@@ -87,16 +87,15 @@ class BatchSource {
     if (loader_) return loader_->next();
     const BatchRequest r{index_, local_batch_, seq_len_, dp_rank_, dp_degree_};
     Batch b = callback_(r);
-    const std::string what = "batch " + std::to_string(index_) + " (data-parallel rank " + std::to_string(dp_rank_) + ")";
-    TESSERA_CHECK(b.batch == r.batch && b.seq_len == r.seq_len, "the batch callback's ", what, " is ", b.batch, " x ",
+    TESSERA_CHECK(b.batch == r.batch && b.seq_len == r.seq_len, "the batch callback's batch ", index_, " (data-parallel rank ", dp_rank_, ") is ", b.batch, " x ",
                   b.seq_len, ", not the ", r.batch, " x ", r.seq_len, " asked for");
     const auto n = static_cast<std::size_t>(r.batch * r.seq_len);
-    TESSERA_CHECK(b.inputs.size() == n && b.targets.size() == n, "the batch callback's ", what, " has ",
+    TESSERA_CHECK(b.inputs.size() == n && b.targets.size() == n, "the batch callback's batch ", index_, " (data-parallel rank ", dp_rank_, ") has ",
                   b.inputs.size(), " inputs and ", b.targets.size(), " targets, not ", r.batch, " x ", r.seq_len,
                   " = ", n, " of each");
     for (std::size_t i = 0; i < n; ++i)
       TESSERA_CHECK(b.inputs[i] >= 0 && (b.targets[i] >= 0 || b.targets[i] == Batch::ignore_index),
-                    "the batch callback's ", what, ": token ", i, " has input ", b.inputs[i], " and target ",
+                    "the batch callback's batch ", index_, " (data-parallel rank ", dp_rank_, "): token ", i, " has input ", b.inputs[i], " and target ",
                     b.targets[i], " (ids are >= 0; a target that does not count is ", Batch::ignore_index, ")");
     b.n_targets = count_targets(b);
     ++index_;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/layer/args.hpp"
 
 namespace tessera::train {
@@ -159,6 +160,13 @@ struct JobConfig {
   MetricsSection metrics;
   CommSection comm;
 };
+
+/// The parameters' dtype training.mixed_precision_param asks for; none for "auto" (the
+/// model's own element type).
+inline std::optional<DType> param_dtype(const JobConfig& c) {
+  if (c.training.mixed_precision_param == "auto") return std::nullopt;
+  return parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
+}
 
 /// training.mixed_precision_param with "auto" made what a binary trains: "bfloat16" for a
 /// model on a GPU (a bf16 model, as torchtitan trains), "float32" on the CPU.

@@ -34,8 +34,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.checkpoint = parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   // "auto" is the model's own type: a float32 model's blocks compute with float32 values
   // (a bf16 model's are bf16 whatever this says).
-  if (c.training.mixed_precision_param != "auto")
-    plan.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
+  plan.param_dtype = param_dtype(c).value_or(DType::f32);
   plan.loss_parallel = !c.parallelism.disable_loss_parallel;
   plan.sequence_parallel = !c.parallelism.disable_sequence_parallel;
   plan.pipeline.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);

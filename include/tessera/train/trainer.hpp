@@ -156,8 +156,6 @@ class Trainer {
                   "a bfloat16 model has bfloat16 parameters: ", key, " = \"", name_of(*o.optimizer.param_dtype),
                   "\" contradicts it (", o.from == SettingsFrom::config ? "set it to \"bfloat16\" or \"auto\"" : "leave it unset",
                   ")");
-    TESSERA_CHECK(!o.peak_flops || *o.peak_flops > 0, o.name("metrics.peak_tflops", "peak_flops"),
-                  " must be positive, got ", *o.peak_flops, " (unset: no MFU)");
     return o.optimizer;
   }
 
@@ -203,6 +201,8 @@ Trainer<Model>::Trainer(Model& model, TrainerOptions options, data::BatchSource 
       batches_(std::move(batches)),
       optimizer_(model, checked_optimizer(options_)),
       schedule_(options_.schedule) {
+  TESSERA_CHECK(!options_.peak_flops || *options_.peak_flops > 0, options_.name("metrics.peak_tflops", "peak_flops"),
+                " must be positive, got ", *options_.peak_flops, " (unset: no MFU)");
   const std::int64_t dp = model.plan().dp_degree();
   batches_.bind(model.plan().dp_rank(), dp);
   const std::int64_t local = batches_.local_batch_size();

@@ -80,8 +80,7 @@ inline TrainerOptions trainer_options(const JobConfig& c) {
   o.optimizer.beta2 = c.optimizer.beta2;
   o.optimizer.eps = c.optimizer.eps;
   o.optimizer.weight_decay = c.optimizer.weight_decay;
-  if (c.training.mixed_precision_param != "auto")
-    o.optimizer.param_dtype = parse_dtype(c.training.mixed_precision_param, "training.mixed_precision_param");
+  o.optimizer.param_dtype = param_dtype(c);
   o.optimizer.state_dtype = parse_dtype(c.optimizer.state_dtype, "optimizer.state_dtype");
   o.schedule = {c.training.steps, c.lr_scheduler.warmup_steps, c.lr_scheduler.decay_ratio,
                 optim::parse_decay_type(c.lr_scheduler.decay_type), c.lr_scheduler.min_lr_factor};
