@@ -76,10 +76,12 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
        {"--parallelism.pipeline_parallel_degree", "16", "--parallelism.data_parallel_shard_degree", "1"}},
       // Along that line from 8 and 16 ranks, not 4 and 8: at 4 the first stage would get
       // one microbatch, and its peak another phase of the step (from 4 and 8: +45%).
+      // Within 2e-3 (measured 1.1e-3): each stage's first microbatch writes its weight
+      // gradients (beta 0) where later ones add, a step slightly off affine in the degree.
       {"FSDP 2 x PP 32, GPipe, 8 microbatches of 2, full checkpointing, reshard never", 64, 62, 16, 32,
        {"--parallelism.pipeline_parallel_degree", "32", "--parallelism.pipeline_parallel_schedule", "GPipe",
         "--parallelism.data_parallel_shard_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2",
-        "--activation_checkpoint.mode", "full", "--parallelism.fsdp_reshard_after_forward", "never"}},
+        "--activation_checkpoint.mode", "full", "--parallelism.fsdp_reshard_after_forward", "never"}, 2e-3},
       {"PP 64, GPipe, 8 microbatches of 2, full checkpointing (on 16 and 32 ranks)", 64, 126, 16, 16,
        {"--parallelism.pipeline_parallel_degree", "64", "--parallelism.pipeline_parallel_schedule", "GPipe",
         "--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_microbatch_size", "2",

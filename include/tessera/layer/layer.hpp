@@ -28,6 +28,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/elementwise.hpp"
 
 namespace tessera::nn {
 
@@ -87,6 +88,14 @@ class DeferParameterStorage {
 /// A named trainable tensor and its gradient. Names follow torchtitan
 /// ("layers.0.attention.wq.weight"). The gradient is accumulated in accum_t<T>: fp32
 /// for a bf16 parameter (FSDP2's semantics: bf16 compute, fp32 gradient reduction).
+///
+/// The first write. A model's zero_grad() zeroes nothing: it marks each gradient
+/// unwritten (PyTorch's zero_grad(set_to_none=True)), and the step's first writer
+/// overwrites it (a GEMM with beta 0, a copy) where later writers add (beta 1). A
+/// writer of the whole gradient asks grad_write_beta(); one that adds to part of it (a
+/// scatter, a kernel that only accumulates) calls zero_grad_if_unwritten<B>() first.
+/// What nothing wrote is zeroed when the backward ends, so after a forward_backward
+/// every gradient holds its sum.
 template <class T>
 struct Parameter {
   using grad_type = accum_t<T>;
@@ -98,6 +107,24 @@ struct Parameter {
   /// model is sharded (parallel/tensor_parallel.hpp), the whole shape is `whole`.
   TensorSplit split{};
   Shape whole{};
+  /// Whether `grad` holds this step's gradient so far (false: its memory is stale, and
+  /// the step's first writer overwrites it). A gradient allocated zeroed is written.
+  bool grad_written = true;
+
+  /// Marks the gradient unwritten: the next writer overwrites it. No kernel runs.
+  void forget_grad() { grad_written = false; }
+
+  /// The beta of a writer of the whole gradient (grad = beta * grad + this write): 0
+  /// for the step's first write, 1 after; marks the gradient written.
+  grad_type grad_write_beta() { return std::exchange(grad_written, true) ? grad_type(1) : grad_type(0); }
+
+  /// For a writer that adds to the gradient (or to part of it): zeroes the gradient
+  /// if nothing wrote it yet this step, and marks it written.
+  template <Backend B>
+  void zero_grad_if_unwritten() {
+    if (std::exchange(grad_written, true) || grad.empty()) return;
+    B::for_each(grad.numel(), ops::Fill<grad_type>{grad_type(0), grad.data()});
+  }
 
   Parameter() = default;
   /// Value and gradient zeroed in host memory (the CPU backend's).
@@ -512,5 +539,22 @@ concept Layer = requires(L& layer, const Context<typename L::scalar_type>& ctx,
   { layer.backward(ctx, x) } -> std::same_as<Tensor<typename L::scalar_type>>;
   layer.for_each_parameter(visit);
 };
+
+/// Whether a layer writes its parameters' gradients by Parameter's first-write rule
+/// (grad_write_beta, zero_grad_if_unwritten), which it says by declaring
+/// `static constexpr bool writes_gradients_first = true`. Every layer of tessera's does.
+template <class L>
+inline constexpr bool writes_gradients_first = requires { requires L::writes_gradients_first; };
+
+/// Before a layer's backward: zeroes its parameters' unwritten gradients, unless the
+/// layer writes them by the first-write rule. A layer that only adds into p.grad (as
+/// docs/layers.md's first examples do) so sees zeros on the step's first backward.
+template <Layer L>
+void prepare_gradients(L& layer) {
+  if constexpr (!writes_gradients_first<L>)
+    layer.for_each_parameter([](Parameter<typename L::scalar_type>& p) {
+      p.template zero_grad_if_unwritten<typename L::backend_type>();
+    });
+}
 
 }  // namespace tessera::nn

@@ -30,6 +30,7 @@ namespace tessera::nn {
 template <class T, Backend B>
 class Attention : public LayerTypes<T, B> {
  public:
+  static constexpr bool writes_gradients_first = true;  // layer.hpp's first-write rule
   /// `out_std`: the init std of wo (torchtitan scales it by depth).
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every head here); a degree the
   /// head counts do not allow is refused before anything is made.

@@ -22,6 +22,7 @@ namespace tessera::nn {
 template <class T, Backend B>
 class LlamaBlock : public LayerTypes<T, B> {
  public:
+  static constexpr bool writes_gradients_first = true;  // layer.hpp's first-write rule
   /// Splits over tensor-parallel ranks (BlockArgs::tp).
   static constexpr bool tensor_parallel = true;
 

@@ -27,6 +27,7 @@ namespace tessera::nn {
 template <class T, Backend B>
 class Embedding : public LayerTypes<T, B> {
  public:
+  static constexpr bool writes_gradients_first = true;  // layer.hpp's first-write rule
   /// `tp`: the tensor-parallel group the vocabulary is split over (nullptr: whole).
   Embedding(std::string name, std::int64_t vocab, std::int64_t dim, Init init,
             parallel::TensorParallelGroup* tp = nullptr)
@@ -55,6 +56,7 @@ class Embedding : public LayerTypes<T, B> {
     const auto [lo, hi] = range();
     // The positions grouped by id on the host (the ids are host data), one upload.
     const ops::EmbeddingSegments seg = ops::embedding_segments(ids, lo, hi);
+    weight_.template zero_grad_if_unwritten<B>();  // rows no id reaches keep zero
     if (seg.count == 0) return;
     const Tensor<std::int32_t> packed = upload<B>(std::span<const std::int32_t>(seg.packed));
     const std::int32_t* base = packed.data();

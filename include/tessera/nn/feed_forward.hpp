@@ -21,6 +21,7 @@ namespace tessera::nn {
 template <class T, Backend B>
 class FeedForward : public LayerTypes<T, B> {
  public:
+  static constexpr bool writes_gradients_first = true;  // layer.hpp's first-write rule
   /// Whether `tp` splits the hidden units evenly (w1 and w3 by rows, w2 by columns): what
   /// a block holding this layer states of itself (nn::ChecksTensorParallel), so that the
   /// model refuses a bad degree, named as the user gave it, before it makes anything.

@@ -1,8 +1,9 @@
 // Linear layer without bias: y = x W^T, W of shape (out, in) as Hugging Face stores it.
 //
 // Saves its input; backward gives dx = dy W and accumulates dW += dy^T x (the latter
-// through Context::weight_grad, so a zero-bubble schedule can run it later). For bf16
-// the GEMMs read bf16 operands and accumulate in fp32; dW is accumulated in fp32.
+// through Context::weight_grad, so a zero-bubble schedule can run it later; the step's
+// first write has beta 0, layer.hpp's first-write rule). For bf16 the GEMMs read bf16
+// operands and accumulate in fp32; dW is accumulated in fp32.
 //
 // Under tensor parallelism the weight may be split (parallel/tensor_parallel.hpp):
 // by output rows (column-parallel: y holds this rank's output features) or by input
@@ -24,6 +25,7 @@ namespace tessera::nn {
 template <class T, Backend B>
 class Linear : public LayerTypes<T, B> {
  public:
+  static constexpr bool writes_gradients_first = true;
   /// `tp` and `split`: the tensor-parallel group and how the weight lies over it
   /// (whole by default). A split its shape does not allow is refused here, naming the
   /// weight and its shape: a block that states no check of its own is checked this way.
@@ -57,9 +59,9 @@ class Linear : public LayerTypes<T, B> {
       if (parallel::active(tp_) && weight_.split.holders > 1) {
         Tensor<accum_t<T>> dw = B::template empty<accum_t<T>>(weight_.grad.shape());
         B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), 0.0f, dw.view());
-        parallel::accumulate_over_holders<B>(tp_, weight_.split, dw, weight_.grad);
+        parallel::accumulate_over_holders<B>(tp_, dw, weight_);
       } else {
-        B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), 1.0f, weight_.grad.view());
+        B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), weight_.grad_write_beta(), weight_.grad.view());
       }
     });
   }

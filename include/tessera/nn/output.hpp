@@ -169,7 +169,7 @@ class ChunkedCrossEntropyHead {
           dz = logits_grad.cview().slice_rows(0, n);
         }
         B::gemm(Trans::no, Trans::no, A(1), dz, weight_->value.cview(), A(0), dh->view().slice_rows(r0, r1));
-        B::gemm(Trans::yes, Trans::no, A(1), dz, hc, A(1), weight_->grad.view());
+        B::gemm(Trans::yes, Trans::no, A(1), dz, hc, weight_->grad_write_beta(), weight_->grad.view());
       }
     }
     // Summed on the host in row order: the same total on every backend.

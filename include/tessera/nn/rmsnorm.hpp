@@ -19,6 +19,7 @@ namespace tessera::nn {
 template <class T, Backend B>
 class RmsNorm : public LayerTypes<T, B> {
  public:
+  static constexpr bool writes_gradients_first = true;  // layer.hpp's first-write rule
   using A = accum_t<T>;  // statistics and gradients
 
   /// `tp`: the tensor-parallel group. Under sequence parallelism its ranks hold
@@ -52,8 +53,9 @@ class RmsNorm : public LayerTypes<T, B> {
       if (parallel::splits_rows(tp_)) {
         Tensor<A> dw = B::template zeros<A>(weight_.grad.shape());
         B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, dw.data(), rows});
-        parallel::accumulate_over_holders<B>(tp_, weight_.split, dw, weight_.grad);
+        parallel::accumulate_over_holders<B>(tp_, dw, weight_);
       } else {
+        weight_.template zero_grad_if_unwritten<B>();  // the kernel adds its column sums
         B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, weight_.grad.data(), rows});
       }
     });

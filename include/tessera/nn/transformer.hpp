@@ -212,6 +212,10 @@ class Transformer {
   /// later step does (Trainer::prepare; the dry run traces such a step).
   void prepare(std::int64_t seq_len);
 
+  /// Starts a step's gradients: marks every gradient unwritten (PyTorch's
+  /// zero_grad(set_to_none=True)); no kernel runs. The next forward_backward's first
+  /// write of each overwrites it, and what it writes nothing into is zeroed as it ends
+  /// (layer.hpp's first-write rule): read gradients after a forward_backward.
   void zero_grad();
 
   /// The L2 norm of the whole gradient, over every piece and shard of every rank
@@ -460,7 +464,7 @@ void Transformer<T, B, Block>::prepare(std::int64_t seq_len) {
 
 template <class T, Backend B, class Block>
 void Transformer<T, B, Block>::zero_grad() {
-  for_each_local_parameter([](Parameter<T>& p) { B::for_each(p.numel(), ops::Fill<A>{A(0), p.grad.data()}); });
+  for_each_local_parameter([](Parameter<T>& p) { p.forget_grad(); });
 }
 
 template <class T, Backend B, class Block>
@@ -486,6 +490,9 @@ double Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> 
   else
     loss = walk(inputs, targets, g, loss_scale, last_micro_batch);
   saved_bytes_peak_ = meter_.peak();
+  // What the backward wrote nothing into holds zero (a parameter this rank's part of the
+  // step did not reach).
+  for_each_local_parameter([](Parameter<T>& p) { p.template zero_grad_if_unwritten<B>(); });
   return loss;
 }
 
@@ -517,6 +524,7 @@ double Transformer<T, B, Block>::walk(std::span<const std::int32_t> inputs, std:
   runtime_.head_backward_done(last_micro_batch);
   for (std::size_t i = layers_.size(); i-- > 0;) {
     runtime_.before_block_backward(*this, i);
+    prepare_gradients(layers_[i]);
     dh = layers_[i].backward(Context<T>(g, &stores_[i]), dh);
     stores_[i].clear();
     runtime_.block_backward_done(*this, i);

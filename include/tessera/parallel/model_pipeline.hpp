@@ -272,6 +272,7 @@ class ModelPipeline {
       }
       const std::size_t first = pipeline_.first_local_layer(s);
       for (std::size_t j = first + static_cast<std::size_t>(range.blocks()); j-- > first;) {
+        nn::prepare_gradients(t.layer(j));
         dy = t.layer(j).backward(nn::Context<T>(g_, &store(j, m)).deferring_weight_grads(later), dy);
         store(j, m).clear();
       }

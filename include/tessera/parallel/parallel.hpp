@@ -71,6 +71,9 @@ class Parallel {
   using scalar_type = typename Block::scalar_type;
   using backend_type = typename Block::backend_type;
   using block_type = Block;
+  /// The wrapped block's gradients follow layer.hpp's first-write rule: the wrapper
+  /// zeroes them before a block that does not declare it runs its backward.
+  static constexpr bool writes_gradients_first = true;
   /// The block's own settings: the model hands them through to the block (BlockArgs).
   using options_type = nn::block_options_t<Block>;
   using sharding_policy = typename parallel::find_policy<parallel::is_sharding, Sharding<None>, Policies...>::type;
@@ -141,6 +144,7 @@ class Parallel {
       unit_->unshard();
       unit_->begin_grads();
     }
+    nn::prepare_gradients(block_);  // zeros for a block that only adds into its gradients
     Tensor<T> dx = parallel::checkpointed_backward(block_, checkpoint_, ctx, dy);
     if (unit_ && !pipelined_) {
       unit_->reduce_grads(last_micro_batch_);

@@ -224,13 +224,20 @@ class ShardedUnit {
     gathered_ = false;
   }
 
-  /// Gives every parameter a zeroed whole gradient for the backward about to run (FSDP/HSDP).
+  /// Gives every parameter a whole gradient for the backward about to run (FSDP/HSDP),
+  /// unwritten: the backward's first write of each overwrites it (layer.hpp's
+  /// first-write rule), so nothing is zero-filled but the padding past the last one.
   void begin_grads() {
     check_sharded();
     if (!shards() || grads_open_) return;
     MemoryUseScope use(MemoryUse::gradients);
-    full_grad_ = B::template zeros<G>(Shape{padded_numel()});
-    for (auto& s : params_) s.p->grad = full_grad_.slice(s.offset, s.shape);
+    full_grad_ = B::template empty<G>(Shape{padded_numel()});
+    if (padded_numel() > numel_)
+      B::for_each(padded_numel() - numel_, ops::Fill<G>{G(0), full_grad_.data() + numel_});
+    for (auto& s : params_) {
+      s.p->grad = full_grad_.slice(s.offset, s.shape);
+      s.p->forget_grad();
+    }
     grads_open_ = true;
   }
 
@@ -240,6 +247,7 @@ class ShardedUnit {
     check_sharded();
     if (shards()) {
       TESSERA_CHECK(grads_open_, name_, ": reduce_grads without begin_grads");
+      zero_unwritten_grads();
       finish_grads();  // one reduction in flight per unit: a previous micro-batch's completes first
       MemoryUseScope use(MemoryUse::gradients);
       reduced_ = B::template empty<G>(Shape{shard_numel_});
@@ -250,6 +258,7 @@ class ShardedUnit {
       for (auto& s : params_) s.p->grad.release();
       grads_open_ = false;
     } else if (mode_ == ShardingMode::ddp && last_micro_batch) {
+      zero_unwritten_grads();
       reduce_ = replicate_comm_->all_reduce_async(std::span<G>(bucket_.data(), numel_));
     }
   }
@@ -261,7 +270,11 @@ class ShardedUnit {
     reduce_.wait();
     if (shards() && !reduced_.empty()) {
       if (replicate_comm_) replicate_comm_->all_reduce(std::span<G>(reduced_.data(), shard_numel_));
-      B::for_each(shard_numel_, ops::Axpy<G>{G(1), reduced_.data(), local_.grad.data()});
+      // The step's first reduction is copied into the shard's gradient, later ones added.
+      if (local_.grad_write_beta() == G(0))
+        B::for_each(shard_numel_, ops::Copy<G>{reduced_.data(), local_.grad.data()});
+      else
+        B::for_each(shard_numel_, ops::Axpy<G>{G(1), reduced_.data(), local_.grad.data()});
       reduced_.release();
       reducing_grad_.release();
     }
@@ -320,6 +333,11 @@ class ShardedUnit {
       for (const auto& slot : params_)
         if (slot.p->split.owner) norms.add(slot.p->grad);
     }
+  }
+
+  /// Zeroes the gradients of this unit's parameters that the backward did not write.
+  void zero_unwritten_grads() {
+    for (auto& s : params_) s.p->template zero_grad_if_unwritten<B>();
   }
 
  private:

@@ -242,15 +242,19 @@ Tensor<T> own_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
   return y;
 }
 
-/// Adds `contribution` (this rank's part of a parameter's gradient) summed over the
-/// ranks holding the same piece into `grad`; on a piece held by one rank, adds it.
+/// Adds `contribution` (this rank's part of p's gradient) summed over the ranks holding
+/// the same piece into p's gradient; on a piece held by one rank, adds it. The step's
+/// first write copies it (layer.hpp's first-write rule).
 template <Backend B, class T>
-void accumulate_over_holders(TensorParallelGroup* tp, const nn::TensorSplit& split, Tensor<T>& contribution,
-                             const Tensor<T>& grad) {
-  if (active(tp) && split.holders > 1)
-    tp->holders_comm(split.holders)
-        .all_reduce(std::span<T>(contribution.data(), static_cast<std::size_t>(contribution.numel())));
-  B::for_each(grad.numel(), ops::Axpy<T>{accum_t<T>(1), contribution.data(), grad.data()});
+void accumulate_over_holders(TensorParallelGroup* tp, Tensor<accum_t<T>>& contribution, nn::Parameter<T>& p) {
+  using A = accum_t<T>;
+  if (active(tp) && p.split.holders > 1)
+    tp->holders_comm(p.split.holders)
+        .all_reduce(std::span<A>(contribution.data(), static_cast<std::size_t>(contribution.numel())));
+  if (p.grad_write_beta() == A(0))
+    B::for_each(p.grad.numel(), ops::Copy<A>{contribution.data(), p.grad.data()});
+  else
+    B::for_each(p.grad.numel(), ops::Axpy<A>{A(1), contribution.data(), p.grad.data()});
 }
 
 namespace detail {

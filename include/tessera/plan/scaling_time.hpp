@@ -218,9 +218,9 @@ inline std::int64_t scaling_tensor_parallel_reductions(StepTrace& st) {
   return scaling_tensor_parallel_reductions(st, spare);
 }
 
-/// Whether `g` computes a weight's gradient (op(A) = A^T over the rows, accumulated into
-/// the weight's gradient): `(tn, +=)`.
-inline bool is_weight_gradient(const trace::Gemm& g) { return g.accumulate && g.ta == Trans::yes; }
+/// Whether `g` computes a weight's gradient (op(A) = A^T over the rows): `(tn)`, written
+/// into the gradient on the step's first write (beta 0) and added after (`+=`).
+inline bool is_weight_gradient(const trace::Gemm& g) { return g.ta == Trans::yes; }
 
 /// Adds the runtime's gradient accumulation: after each weight-gradient GEMM of every
 /// micro-batch but the step's first on this rank (`microbatches` of them), one add of the

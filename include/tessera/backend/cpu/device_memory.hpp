@@ -15,7 +15,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -38,6 +40,7 @@ class DeviceMemory {
     const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) fail("out of host memory allocating ", bytes, " bytes");
+    if (const int byte = fill_byte_.load(std::memory_order_relaxed); byte >= 0) std::memset(p, byte, rounded);
     std::lock_guard lock(mutex_);
     live_[reinterpret_cast<std::uintptr_t>(p)] = Entry{rounded, device_of_this_thread()};
     return p;
@@ -65,6 +68,13 @@ class DeviceMemory {
                                                         : comm::Residence::other_device;
   }
 
+  /// Every allocation from now on filled with `byte` (0xFF: every float and double a
+  /// NaN), or left as the allocator gives it (-1, the default). For tests: code that
+  /// reads an empty() tensor before writing it then reads NaN, whatever the allocator
+  /// reused. Process-wide; FillNewAllocations sets and restores it.
+  void fill_new_allocations(int byte) { fill_byte_.store(byte, std::memory_order_relaxed); }
+  int fill_byte() const { return fill_byte_.load(std::memory_order_relaxed); }
+
  private:
   struct Entry {
     std::size_t bytes;
@@ -76,6 +86,22 @@ class DeviceMemory {
 
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, Entry> live_;
+  std::atomic<int> fill_byte_{-1};
+};
+
+/// Fills every CPU-backend allocation made in its scope with `byte` (default 0xFF: NaN
+/// in every float), then restores the previous setting.
+class FillNewAllocations {
+ public:
+  explicit FillNewAllocations(int byte = 0xFF) : previous_(DeviceMemory::instance().fill_byte()) {
+    DeviceMemory::instance().fill_new_allocations(byte);
+  }
+  ~FillNewAllocations() { DeviceMemory::instance().fill_new_allocations(previous_); }
+  FillNewAllocations(const FillNewAllocations&) = delete;
+  FillNewAllocations& operator=(const FillNewAllocations&) = delete;
+
+ private:
+  int previous_;
 };
 
 }  // namespace tessera::cpu
