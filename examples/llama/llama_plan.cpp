@@ -92,7 +92,8 @@ void usage() {
       "                   kernel, default torch; with plan.runtime torchtitan its Triton kernel, default fused)\n"
       "  --plan.fragmentation F  with plan.runtime scaling: the share of PyTorch's caching allocator's reservation\n"
       "                   its live tensors leave unfilled at the peak, 0 to 1 (default 0.15, GMLake's average on\n"
-      "                   A100 80GB; plan/scaling_memory.hpp): the stage fits where its peak / (1 - F) does\n\n"
+      "                   A100 80GB; plan/scaling_memory.hpp): the stage fits where its peak / (1 - F) does\n"
+      "  --plan.top N     how many of the costliest kinds of operation to list (default 12)\n\n"
       "Config keys are llama-train's (llama-train --help lists them).\n",
       builtin_machine_names().c_str());
 }
@@ -675,6 +676,7 @@ int run(std::vector<std::string> args) {
   bool attention_given = false;  // plan.attention: only plan.runtime scaling reads it
   std::optional<double> fragmentation;  // plan.fragmentation: only plan.runtime scaling reads it
   std::int64_t max_microbatch = 8;
+  std::size_t top = 12;  // plan.top: the costliest kinds of operation listed
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
                   ": expected ", what);
@@ -728,6 +730,8 @@ int run(std::vector<std::string> args) {
       } else if (key == "rmsnorm") {
         TESSERA_CHECK(v == "torch" || v == "fused", "--plan.rmsnorm ", v, ": expected torch or fused");
         fused_rmsnorm = v == "fused";
+      } else if (key == "top") {
+        top = static_cast<std::size_t>(whole_number("--plan.top", v, 0, 1 << 20, "a number of kinds, 0 or more"));
       } else if (key == "fragmentation") {
         std::size_t used = 0;
         double f = -1;
@@ -741,7 +745,7 @@ int run(std::vector<std::string> args) {
         fragmentation = f;
       } else {
         TESSERA_CHECK(false, "--plan.", key, ": unknown key (known: plan.zero1, plan.runtime, plan.attention, "
-                      "plan.rmsnorm, plan.fragmentation)");
+                      "plan.rmsnorm, plan.fragmentation, plan.top)");
       }
     } else if (args[i] == "--gpus") {
       gpus = whole_number("--gpus", value_of(i, "a number of GPUs"), 1, 1 << 24,
@@ -833,7 +837,7 @@ int run(std::vector<std::string> args) {
   if (world == 1 && !zero1 && !torchtitan) {
     plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
     if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd);
-    const plan::Prediction p = plan::predict(st, *target.pricer);
+    const plan::Prediction p = plan::predict(st, *target.pricer, top);
     if (json)
       std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());
     else
@@ -878,7 +882,7 @@ int run(std::vector<std::string> args) {
       for (const auto& e : st.trace.events()) all.add(e.op);
     target = resolve_machine(machine, all, c.training.attention, dtype, hd, world);
   }
-  plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}));
+  plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}), top);
   MemoryModel mm;
   mm.zero1 = zero1;
   mm.torchtitan = titan;
