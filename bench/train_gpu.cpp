@@ -17,8 +17,13 @@
 // A step is the trainer's: zero_grad, forward_backward over one micro-batch of batch x
 // seq tokens, the gradient norm and its clipping coefficient (max norm 1), one AdamW
 // update; the tokens are drawn uniformly from the vocabulary once (the arithmetic does
-// not depend on their values). --warmup untimed steps, then --steps timed ones, each
-// ended by a device synchronisation; the step time is their median.
+// not depend on their values). --warmup untimed steps, then --steps timed ones back to
+// back; the step time is their median. Each step is timed on the device, as
+// bench/torch_llama.py times PyTorch's: a CUDA event recorded on the compute stream where
+// each timed step begins and one after the last, read after one synchronisation at the
+// end, so the time between steps that the host spends launching is counted as the
+// device sees it, and no synchronisation is added between steps (those inside tessera's
+// step stay: the loss and the gradient norm are read on the host).
 //
 // Reported per flavor:
 //   tokens/s, the median step time;
@@ -208,6 +213,37 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
+/// Seconds of each of `steps` runs of step() on the device: events recorded on the compute
+/// stream before each and after the last, read after one synchronisation.
+template <class Step>
+std::vector<double> device_step_seconds(std::int64_t steps, Step&& step) {
+  std::vector<cudaEvent_t> marks(static_cast<std::size_t>(steps + 1), nullptr);
+  auto destroy = [&] {
+    for (cudaEvent_t e : marks)
+      if (e != nullptr) (void)cudaEventDestroy(e);  // on the way out: its status cannot be reported
+  };
+  try {
+    for (cudaEvent_t& e : marks) TESSERA_CUDA_CHECK(cudaEventCreate(&e));
+    for (std::int64_t s = 0; s < steps; ++s) {
+      TESSERA_CUDA_CHECK(cudaEventRecord(marks[static_cast<std::size_t>(s)], Cuda::stream()));
+      step();
+    }
+    TESSERA_CUDA_CHECK(cudaEventRecord(marks.back(), Cuda::stream()));
+    TESSERA_CUDA_CHECK(cudaEventSynchronize(marks.back()));
+    std::vector<double> seconds;
+    for (std::size_t s = 0; s + 1 < marks.size(); ++s) {
+      float ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[s], marks[s + 1]));
+      seconds.push_back(ms * 1e-3);
+    }
+    destroy();
+    return seconds;
+  } catch (...) {
+    destroy();
+    throw;
+  }
+}
+
 /// The MFU target of a flavor, in percent (0: none).
 double target_mfu(const std::string& flavor) {
   if (flavor == "llama3.2_1b") return 45;
@@ -273,16 +309,11 @@ Result run_flavor(const std::string& flavor, const Options& o) {
       const double norm = model.grad_norm();
       optimizer.step(adamw.lr, optim::clip_coefficient(norm, 1.0));
     }
-    Cuda::synchronize();
   };
   for (std::int64_t s = 0; s < o.warmup; ++s) step();
+  Cuda::synchronize();
   cuda::device_allocator().reset_peak();
-  std::vector<double> seconds;
-  for (std::int64_t s = 0; s < o.steps; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  const std::vector<double> seconds = device_step_seconds(o.steps, step);
   const CachingAllocator::Stats held = cuda::device_allocator().stats();
 #if TESSERA_HAVE_CUPTI
   if (o.profile) {
@@ -292,6 +323,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
       cuda::KernelProfile profile;
       const auto t0 = std::chrono::steady_clock::now();
       step();
+      Cuda::synchronize();
       r.profile_wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       r.profile = plan::measure_step(profile.stop());
       r.profiled = true;

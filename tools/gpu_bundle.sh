@@ -15,19 +15,38 @@
 # in the Python wheels of an image's PyTorch (nvidia/cudnn/lib, nvidia/nccl/lib) when the
 # system's loader does not know them; device.txt records what each binary resolves.
 #
+# Python wheels the image lacks travel too where TESSERA_WHEELS names a folder of them
+# (pip download --no-deps ... -d DIR; none is kept in the repository): they are copied into
+# the bundle's wheels/, and run.sh's torch and titan steps install them (pip install
+# --no-deps into a temporary folder put on PYTHONPATH) before they run. liger-kernel gives
+# torch_llama.py Liger's fused loss head; torchtitan 0.2.x with tyro, docstring_parser,
+# typeguard and typing_extensions lets titan run torchtitan itself. Without the folder the
+# bundle is as before and those steps say what they lacked.
+#
 #   bash tools/gpu_bundle.sh                  # here: builds build-gpu/, writes gpu-bundle.tar.xz
+#   TESSERA_WHEELS=wheels bash tools/gpu_bundle.sh   # the same, with the wheels in wheels/
 #   tar -xJf gpu-bundle.tar.xz -C /tmp && bash /tmp/gpu-bundle/run.sh test     # there
 #
 # run.sh STEP, one step per command (each fits in ten minutes):
 #   test      the GPU suite (more arguments go to doctest) (tests/gpu): ops, row kernels, GEMMs, flash attention, the
 #             model in fp32 and bf16 against the CPU backend, virtual ranks on one GPU
 #   kernels   bench-kernels (GEMMs, attention, memory-bound ops), JSON and text
-#   train     bench-train on Llama 3.2 1B and 3B without activation checkpointing, and 8B
-#             with full checkpointing and bf16 AdamW moments (what fits one H200), batch
-#             1 x seq 8192, Markdown rows for RESULTS.md; with CUPTI, one more step of each
-#             profiled, its device time by llama-plan's classes beside the prediction
-#   torch     bench/torch_llama.py on 1B at the same batch, sequence and checkpointing,
-#             with the ratio to bench-train's figure (needs train first, in the same $OUT)
+#   train     bench-train on Llama 3.2 1B and 3B without activation checkpointing (3 warm-up
+#             and 10 timed steps), and 8B with full checkpointing and bf16 AdamW moments (what
+#             fits one H200; 2 and 5), batch 1 x seq 8192, Markdown rows for RESULTS.md; with
+#             CUPTI, one more step of each profiled, its device time by llama-plan's classes
+#             beside the prediction
+#   torch     bench/torch_llama.py, the strongest fair PyTorch baseline: 1B and 3B without
+#             checkpointing, 8B with full checkpointing, the same batch, sequence and steps
+#             as train; eager, then torch.compile (default mode; 1B also
+#             max-autotune-no-cudagraphs), attention and loss head by its auto rules; each
+#             against bench-train's row of the same flavor (train.json, train8b.json, where
+#             train ran first in the same $OUT). run.sh torch [SECONDS]: within SECONDS
+#             (default 360); under 300 (all's cap), 1B eager and default compile only
+#   titan     bench/torchtitan_train.py: torchtitan's own 8B step (batch 1 x 8192, full
+#             checkpointing, compiled), timed the same way, against train8b.json; where the
+#             wheels carry no torchtitan 0.2.x, or it cannot run on this torch, one line
+#             saying why. Not part of `all`
 #   eager     bench/torchtitan_eager.py: torchtitan's eager step (Llama 2 13B's width, 6
 #             blocks, batch 2 x seq 4096; Llama 3 8B's, 4 blocks, 1 x 8192) timed and
 #             profiled, beside llama-plan --plan.runtime torchtitan's prediction for this GPU;
@@ -42,11 +61,16 @@
 #             1e-5; bf16 with cuDNN on FSDP 2 and TP 2: 1e-3), kill -9 of a rank, a
 #             checkpoint saved under FSDP 4 and resumed under TP 2 x FSDP 2, NCCL's version
 #             and transports; not part of `all` (a few minutes)
-#   all       every step above in one command (eager, gemms, test, train, torch, llama, kernels),
-#             each under a cap and within SECONDS in all (default 540); the logs packed into
+#   all       every step above but nccl and titan in one command (eager, gemms, test, train,
+#             torch, llama, kernels), each under a cap and within SECONDS in all (default
+#             540), the torch step planning its runs within its cap; the logs packed into
 #             $OUT/results.tar.gz after each step, a line a step in $OUT/summary.txt; the
 #             GPU's clocks and power logged through it, by step (bench/gpu_clocks.py)
 set -euo pipefail
+if [ -n "${TESSERA_WHEELS:-}" ]; then
+  TESSERA_WHEELS=$(cd "$TESSERA_WHEELS" 2>/dev/null && pwd) ||
+    { echo "gpu_bundle: TESSERA_WHEELS is not a folder" >&2; exit 1; }
+fi
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}  # any release build with CUDA enabled will do (BUILD=build)
 bundle=gpu-bundle
@@ -70,7 +94,15 @@ for b in "${bins[@]}"; do
 done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so|/libcud|/libcublas|/libnccl' |
   while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 cp -r examples/configs "$bundle/configs"
-cp bench/torch_llama.py bench/torchtitan_eager.py bench/torch_gemms.py bench/gpu_clocks.py "$bundle/"
+cp bench/torch_llama.py bench/torchtitan_eager.py bench/torchtitan_train.py bench/torch_gemms.py bench/gpu_clocks.py \
+  "$bundle/"
+# The Python wheels of TESSERA_WHEELS, where given (see the header).
+if [ -n "${TESSERA_WHEELS:-}" ]; then
+  compgen -G "$TESSERA_WHEELS/*.whl" > /dev/null ||
+    { echo "gpu_bundle: TESSERA_WHEELS=$TESSERA_WHEELS holds no .whl files" >&2; exit 1; }
+  mkdir -p "$bundle/wheels"
+  cp "$TESSERA_WHEELS"/*.whl "$bundle/wheels/"
+fi
 # llama-plan's prediction of torchtitan_eager.py's runs, on each GPU profile (the eager step
 # as plan/torchtitan_time.hpp counts it; torchtitan_eager.py says what it runs).
 for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
@@ -126,6 +158,33 @@ export LD_LIBRARY_PATH="$here/lib$cuda_libs:${LD_LIBRARY_PATH:-}"
 } 2>&1 | tee "$out/device.txt"
 # Marks the start of a window of bench/gpu_clocks.py's table where `all` keeps a clock log.
 mark() { [ -n "${MARKS:-}" ] && echo "$(date '+%Y/%m/%d %H:%M:%S.%N') $*" >> "$MARKS"; return 0; }
+# The bundle's Python wheels (TESSERA_WHEELS when it was made), installed once per step into
+# a temporary folder put on PYTHONPATH: pip install --no-deps, or unpacked where pip is missing.
+wheels() {
+  compgen -G "$here/wheels/*.whl" > /dev/null || { echo "wheels: none in the bundle"; return 0; }
+  local site
+  site=$(mktemp -d)
+  local how="pip install --no-deps"
+  if ! python3 -m pip install --no-deps --no-index --quiet --target "$site" "$here"/wheels/*.whl > "$out/wheels.log" 2>&1 ||
+     [ -z "$(ls -A "$site")" ]; then
+    how="unpacked (pip: $(tail -n 1 "$out/wheels.log"))"
+    for w in "$here"/wheels/*.whl; do python3 -m zipfile -e "$w" "$site"; done
+  fi
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  echo "wheels: $(cd "$here/wheels" && ls -- *.whl | tr '\n' ' ')$how into $site"
+}
+# tessera's result files among $@ that hold a row of flavor $1 that ran, as --tessera-json options.
+tessera_rows() {
+  local flavor=$1 f
+  shift
+  for f in "$@"; do
+    [ -f "$f" ] && python3 -c 'import json, sys
+rows = json.load(open(sys.argv[1])); rows = rows if isinstance(rows, list) else [rows]
+sys.exit(0 if any(isinstance(r, dict) and r.get("flavor") == sys.argv[2] and "tokens_per_sec" in r for r in rows) else 1)' \
+      "$f" "$flavor" 2>/dev/null && printf -- '--tessera-json %s ' "$f"
+  done
+  return 0
+}
 # The GPU profile whose predictions (made with the bundle) this GPU's runs are set beside.
 machine=h100-sxm
 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && machine=h200
@@ -136,7 +195,7 @@ case "${1:-}" in
     # With CUPTI, one more step each under --profile, by class beside llama-plan's prediction.
     profile() { [ -f "$here/PROFILE" ] && for f in "$@"; do printf -- '--profile --plan-json %s=%s ' "$f" "$here/train-plan-$f-$machine.json"; done; }
     # shellcheck disable=SC2046
-    "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 5 --warmup 2 --markdown --commit "$commit" \
+    "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 10 --warmup 3 --markdown --commit "$commit" \
       $(profile llama3.2_1b llama3.2_3b) --json "$out/train.json" 2>&1 | tee "$out/train.txt"
     status=$?
     # Llama 3 8B with full checkpointing and bf16 moments needs 109 GiB: an H200, not an H100.
@@ -150,8 +209,49 @@ case "${1:-}" in
     fi
     exit "$status" ;;
   torch)
-    python3 "$here/torch_llama.py" --flavor llama3.2_1b --batch 1 --seq 8192 --ac none --tessera-json "$out/train.json" \
-      --json "$out/torch.json" 2>&1 | tee "$out/torch.txt" ;;
+    # The strongest fair PyTorch baseline beside each bench-train row (bench/torch_llama.py's
+    # docstring): the same flavor, batch, sequence, checkpointing, warm-up and timed steps.
+    # Each run gets the time left of SECONDS as its cap and two thirds of its share as
+    # --time-budget (no row starts after it); its JSON is written after every row, so a
+    # run cut short keeps the rows it finished. max-autotune-no-cudagraphs benchmarks Triton
+    # GEMM templates for every distinct GEMM shape (minutes at 3B and 8B on an H200): within
+    # the 6 minutes of this step it runs at 1B only, where it says what the mode gains over
+    # default; 3B and 8B take the default mode. Under 300 s (all's cap), 1B eager and
+    # default compile only, as before.
+    budget=${2:-360}
+    wheels
+    if (( budget < 300 )); then
+      plan=("llama3.2_1b none default 3 10 $budget")
+    else
+      plan=("llama3.2_1b none default,max-autotune-no-cudagraphs 3 10 170" "llama3.2_3b none default 3 10 90"
+            "llama3_8b full default 2 5 0")
+    fi
+    start=$(date +%s)
+    status=0
+    : > "$out/torch.txt"
+    for p in "${plan[@]}"; do
+      read -r flavor ac modes warmup steps share <<< "$p"
+      left=$(( budget - ($(date +%s) - start) ))
+      (( share > 0 && share < left )) && left=$share
+      if (( left < 30 )); then echo "torch: $flavor skipped, ${left} s left" | tee -a "$out/torch.txt"; status=1; continue; fi
+      mark "torch: $flavor"
+      # shellcheck disable=SC2046
+      timeout -k 10 "$left" python3 "$here/torch_llama.py" --flavor "$flavor" --batch 1 --seq 8192 --ac "$ac" \
+        --warmup "$warmup" --steps "$steps" --compile-modes "$modes" --time-budget $(( left * 2 / 3 )) \
+        $(tessera_rows "$flavor" "$out/train.json" "$out/train8b.json") --json "$out/torch-$flavor.json" 2>&1 |
+        tee -a "$out/torch.txt"
+      rc=${PIPESTATUS[0]}
+      if (( rc != 0 )); then echo "torch: $flavor exited $rc" | tee -a "$out/torch.txt"; status=1; fi
+    done
+    exit "$status" ;;
+  titan)
+    # torchtitan's own 8B step (bench/torchtitan_train.py), against bench-train's 8B row.
+    # Without torchtitan 0.2.x in the wheels, or where it cannot run, one line says why.
+    wheels
+    # shellcheck disable=SC2046
+    timeout -k 10 "${2:-540}" python3 "$here/torchtitan_train.py" --flavor llama3_8b --batch 1 --seq 8192 --ac full \
+      --warmup 2 --steps 5 $(tessera_rows llama3_8b "$out/train8b.json") --json "$out/titan.json" 2>&1 |
+      tee "$out/titan.txt" ;;
   eager)
     for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
       read -r flavor layers batch seq <<< "$run"
@@ -333,7 +433,9 @@ PY
       t0=$(date +%s)
       echo "== $name (at most ${limit} s)"
       mark "$name"
-      OUT="$work" timeout -k 10 "$limit" bash "$here/run.sh" "$name" > "$work/$name.log" 2>&1
+      step=("$name")
+      [ "$name" = torch ] && step+=("$limit")  # the torch step plans its runs within its cap
+      OUT="$work" timeout -k 10 "$limit" bash "$here/run.sh" "${step[@]}" > "$work/$name.log" 2>&1
       rc=$?
       why=""; (( rc == 124 || rc == 137 )) && why=" (stopped at its ${limit} s)"
       echo "$name: exit $rc in $(( $(date +%s) - t0 )) s$why" | tee -a "$out/summary.txt"
@@ -354,7 +456,7 @@ PY
     grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
     echo "-- clocks.txt"; cat "$work/clocks.txt"
     cat "$out/summary.txt" ;;
-  *) echo "usage: run.sh test|kernels|train|torch|eager|llama|nccl|all [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: run.sh test|kernels|train|torch|titan|eager|gemms|llama|nccl|all [SECONDS]" >&2; exit 2 ;;
 esac
 EOF
 chmod +x "$bundle/run.sh"
