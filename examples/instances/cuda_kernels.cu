@@ -79,6 +79,7 @@ TESSERA_MODEL_KERNELS(bf16)
 TESSERA_LAUNCH_OP(ops::AdamWStep<float>)
 TESSERA_LAUNCH_OP(ops::Convert<float, float>)
 TESSERA_LAUNCH_OP(ops::Convert<float, bf16>)
+TESSERA_LAUNCH_OP(ops::CrossEntropyRow<float, bf16>)  // the bf16 model's loss head: fp32 logits, bf16 gradient
 TESSERA_LAUNCH_OP(ops::Convert<bf16, float>)
 TESSERA_LAUNCH_OP(optim::detail::RoundToBf16)
 TESSERA_LAUNCH_OP(parallel::detail::PackBf16)

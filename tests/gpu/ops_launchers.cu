@@ -19,6 +19,7 @@ static_assert(cuda::HasOpKernel<ops::RmsNormForward<float>>);
 static_assert(cuda::HasOpKernel<ops::RmsNormBackwardInput<bf16>>);
 static_assert(cuda::HasOpKernel<ops::RmsNormBackwardWeight<float>>);
 static_assert(cuda::HasOpKernel<ops::CrossEntropyRow<bf16>>);
+static_assert(cuda::HasOpKernel<ops::CrossEntropyRow<float, bf16>>);
 static_assert(cuda::HasOpKernel<ops::CausalSoftmaxForward<float>>);
 static_assert(cuda::HasOpKernel<ops::RopeRotate<float>>);
 static_assert(cuda::HasOpKernel<ops::SwiGluBackward<float>>);
@@ -106,6 +107,9 @@ std::vector<float> adamw_step(std::vector<float> p, const std::vector<float>& g,
 TESSERA_GPU_TEST_OPS(float)
 TESSERA_GPU_TEST_OPS(bf16)
 TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormForward<double>)  // no kernel of its own: the per-index fallback
+// The bf16 model's cross-entropy: float logits, the gradient written as bf16.
+using CrossEntropyFloatToBf16 = ops::CrossEntropyRow<float, bf16>;
+TESSERA_GPU_TEST_LAUNCHERS(CrossEntropyFloatToBf16)
 // Multi-tensor AdamW with bf16 moments, over fp32 parameters (with or without masters) and a bf16 model.
 using AdamWFloatBf16Moments = ops::AdamWMultiStep<float, bf16>;
 using AdamWBf16Bf16Moments = ops::AdamWMultiStep<bf16, bf16>;

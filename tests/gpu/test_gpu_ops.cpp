@@ -467,6 +467,41 @@ TEST_CASE_TEMPLATE("Cross-entropy rows: the lowered kernel gives the CPU functor
   for (const CrossEntropyCase& c : kCrossEntropyCases) check_cross_entropy<T>(c, seed += 10);
 }
 
+TEST_CASE("Cross-entropy rows into a bf16 gradient: the in-place kernel's gradient rounded to bf16, bit for bit") {
+  // The bf16 model's loss head: float logits only read, the gradient written as bf16 in
+  // the same pass. Its sum and exponentials are the in-place kernel's, so each element is
+  // that kernel's float gradient rounded once. Vector and scalar paths, an ignored row.
+  std::uint32_t seed = 900;
+  for (const CrossEntropyCase& cc : kCrossEntropyCases) {
+    const RowCase& c = cc.shape;
+    CAPTURE(describe(c));
+    CAPTURE(cc.write_grad);
+    const std::vector<float> z = random_values<float>(static_cast<std::size_t>(c.rows * c.ld), -8, 8, seed += 10);
+    const std::vector<std::int32_t> t = targets_for(c.rows, c.n);
+    const std::vector<double> loss0(static_cast<std::size_t>(c.rows), -1.0);
+    const bf16 sentinel(123.0f);
+    DeviceArray<float> in_place(z, c.offset), read_only(z, c.offset);
+    DeviceArray<bf16> grad(std::vector<bf16>(static_cast<std::size_t>(c.rows * c.ld), sentinel), c.offset);
+    DeviceArray<std::int32_t> dt(t);
+    DeviceArray<double> loss_a(loss0), loss_b(loss0);
+    gpu_test::launch_op(c.rows, ops::CrossEntropyRow<float>{in_place.data(), c.ld, c.n, dt.data(), 1.0f / 3,
+                                                            cc.write_grad, loss_a.data()});
+    gpu_test::launch_op(c.rows, ops::CrossEntropyRow<float, bf16>{read_only.data(), c.ld, c.n, dt.data(), 1.0f / 3,
+                                                                  cc.write_grad, loss_b.data(), grad.data(), c.ld});
+    CHECK(loss_b.download() == loss_a.download());
+    CHECK(read_only.download() == z);
+    const std::vector<float> want = in_place.download();
+    const std::vector<bf16> got = grad.download();
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const std::int64_t j = static_cast<std::int64_t>(i) % c.ld;
+      const bf16 expect = cc.write_grad && j < c.n ? bf16(want[i]) : sentinel;
+      differ += got[i].bits != expect.bits;
+    }
+    CHECK(differ == 0);
+  }
+}
+
 /// Targets for a rank holding columns [lo, lo + n) of a vocabulary of 3 n: its first
 /// and last column, ignore_index, a column on another rank, its middle column.
 std::vector<std::int32_t> shard_targets(std::int64_t rows, std::int64_t n, std::int64_t lo) {

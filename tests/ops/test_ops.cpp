@@ -94,6 +94,34 @@ TEST_CASE("Cross-entropy row: loss is lse - z_t and the gradient is softmax - on
   CHECK(l0[0] == doctest::Approx(0.0));
 }
 
+TEST_CASE("Cross-entropy row into a bf16 gradient: bit for bit the in-place gradient rounded to bf16") {
+  // float logits, a padded leading dimension, a row without a target and a target at
+  // each end of its row; the separate gradient has its own leading dimension.
+  const std::int64_t rows = 4, vocab = 37, ld = 40, gld = 48;
+  std::vector<float> z(static_cast<std::size_t>(rows * ld));
+  for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>(std::sin(0.7 * static_cast<double>(i)) * 9);
+  const std::vector<std::int32_t> t = {0, ops::kIgnoreIndex, 36, 11};
+  for (bool write_grad : {true, false}) {
+    CAPTURE(write_grad);
+    std::vector<float> in_place = z, read_only = z;
+    std::vector<double> loss(rows, -1), loss_to(rows, -1);
+    const bf16 sentinel = from_accum<bf16>(123.0f);
+    std::vector<bf16> grad(static_cast<std::size_t>(rows * gld), sentinel);
+    Cpu::for_each(rows, ops::CrossEntropyRow<float>{in_place.data(), ld, vocab, t.data(), 0.25f, write_grad, loss.data()});
+    Cpu::for_each(rows, ops::CrossEntropyRow<float, bf16>{read_only.data(), ld, vocab, t.data(), 0.25f, write_grad,
+                                                          loss_to.data(), grad.data(), gld});
+    CHECK(loss_to == loss);
+    CHECK(read_only == z);  // the logits are only read
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < gld; ++j) {
+        const bf16 got = grad[static_cast<std::size_t>(r * gld + j)];
+        const bf16 want = j < vocab && write_grad ? from_accum<bf16>(in_place[static_cast<std::size_t>(r * ld + j)])
+                                                  : sentinel;  // past the row, or no gradient: untouched
+        CHECK(got.bits == want.bits);
+      }
+  }
+}
+
 TEST_CASE("SwiGLU and RMSNorm forward values") {
   double a = 1.5, b = -2.0, g = 0;
   ops::SwiGluForward<double>{&a, &b, &g}(0);

@@ -333,7 +333,7 @@ TEST_CASE("dry run: the loss head's chunks follow the device's memory: hundreds 
   const train::JobConfig c = llama3_8b_job({});
   auto chunks = [](const plan::StepTrace& st) {
     std::int64_t n = 0;
-    for (const auto& k : st.trace.all<trace::Kernel>()) n += std::string_view(k.functor) == "CrossEntropyRow<float>";
+    for (const auto& k : st.trace.all<trace::Kernel>()) n += std::string_view(k.functor) == "CrossEntropyRow<float, bf16>";
     return n;
   };
   const std::int64_t rows = 8192, vocab = c.model.args.vocab_size;

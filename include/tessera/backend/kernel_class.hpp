@@ -60,7 +60,6 @@ struct cuda_kernel_class_of {
 TESSERA_CUDA_KERNEL_CLASS(RmsNormForward, row)
 TESSERA_CUDA_KERNEL_CLASS(RmsNormBackwardInput, row)
 TESSERA_CUDA_KERNEL_CLASS(RmsNormBackwardWeight, column_sums)
-TESSERA_CUDA_KERNEL_CLASS(CrossEntropyRow, row)
 TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardMax, row)
 TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardExp, row)
 TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardGrad, row)
@@ -78,6 +77,11 @@ TESSERA_CUDA_KERNEL_CLASS(Axpy, elementwise)
 TESSERA_CUDA_KERNEL_CLASS(Scale, elementwise)
 TESSERA_CUDA_KERNEL_CLASS(Fill, elementwise)
 #undef TESSERA_CUDA_KERNEL_CLASS
+template <class T, class G>
+  requires kCudaLoweredElement<T> && kCudaLoweredElement<G>
+struct cuda_kernel_class_of<ops::CrossEntropyRow<T, G>> {
+  static constexpr KernelClass value = KernelClass::row;
+};
 template <class T, class M>
   requires kCudaLoweredElement<T>
 struct cuda_kernel_class_of<ops::AdamWMultiStep<T, M>> {

@@ -2,8 +2,10 @@
 //
 // logits = h W^T would be (rows, vocab): for a 128256-token vocabulary and 16k rows
 // that is 8 GiB of fp32. Instead rows are taken in chunks: each chunk's logits are made,
-// turned in place into the loss gradient (ops::CrossEntropyRow), pushed through the
-// projection's backward (dh rows and dW) and dropped before the next chunk. So training
+// turned into the loss gradient (ops::CrossEntropyRow: in place for a float model; for
+// bf16, read from the fp32 logits and written as the bf16 operand of the backward GEMMs
+// in the same pass), pushed through the projection's backward (dh rows and dW) and
+// dropped before the next chunk. So training
 // computes the head's backward during its forward, and the layer's backward only hands
 // back the saved dh.
 //
@@ -117,10 +119,10 @@ class ChunkedCrossEntropyHead {
   /// Sum over rows of the cross-entropy of h W^T against targets. With `dh` given,
   /// also writes d(loss_scale * sum)/dh into it and accumulates dW.
   ///
-  /// Logits, their statistics and their gradient are accum_t<T> (fp32 for bf16: the
-  /// GEMM accumulates in fp32 and writes fp32 logits, so the loss never sees bf16
-  /// logits); the gradient is rounded to T once, as the operand of the two backward
-  /// GEMMs.
+  /// Logits and their statistics are accum_t<T> (fp32 for bf16: the GEMM accumulates in
+  /// fp32 and writes fp32 logits, so the loss never sees bf16 logits); the gradient is
+  /// computed in accum_t<T> and rounded to T once, as the operand of the two backward
+  /// GEMMs (by the cross-entropy kernel itself, or, under loss parallelism, after it).
   double forward(const Tensor<T>& h, std::span<const std::int32_t> targets, A loss_scale, Tensor<T>* dh) {
     Region region(region::kLossHead);
     const std::int64_t rows = h.size(0), vocab = weight_->whole.dims[0];
@@ -156,16 +158,22 @@ class ChunkedCrossEntropyHead {
         tp_->comm().all_reduce(std::span<A>(sums.data(), static_cast<std::size_t>(2 * n)));
         B::for_each(n, ops::CrossEntropyShardGrad<A>{z.data(), local, local, lo, t, max.data(), sums.data(), loss_scale,
                                                      dh != nullptr, row_loss.data() + r0});
-      } else {
+      } else if constexpr (std::is_same_v<T, A>) {
         B::for_each(n, ops::CrossEntropyRow<A>{z.data(), local, local, target_ids.data() + r0, loss_scale, dh != nullptr,
                                                row_loss.data() + r0});
+      } else {
+        // The gradient straight into the T operand of the two GEMMs below (no pass of
+        // its own to round it): the logits stay accum_t<T>, and are only read.
+        B::for_each(n, ops::CrossEntropyRow<A, T>{z.data(), local, local, target_ids.data() + r0, loss_scale,
+                                                  dh != nullptr, row_loss.data() + r0,
+                                                  dh != nullptr ? logits_grad.data() : nullptr, local});
       }
       if (dh != nullptr) {
         TensorView<const T> dz;
         if constexpr (std::is_same_v<T, A>) {
           dz = z;
         } else {
-          B::for_each(n * local, ops::Convert<A, T>{z.data(), logits_grad.data()});
+          if (vocab_parallel()) B::for_each(n * local, ops::Convert<A, T>{z.data(), logits_grad.data()});
           dz = logits_grad.cview().slice_rows(0, n);
         }
         B::gemm(Trans::no, Trans::no, A(1), dz, weight_->value.cview(), A(0), dh->view().slice_rows(r0, r1));

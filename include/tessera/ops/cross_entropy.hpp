@@ -11,6 +11,12 @@
 // cannot hold them unrounded, so they are summed and then computed again for the
 // gradient, each gradient element rounded once.
 //
+// With `grad` set, the gradient goes there instead (rows of G, leading dimension
+// grad_ld; a bf16 operand for the loss head's backward GEMMs, read from float logits):
+// the logits are only read, the exponentials computed again for the gradient, each
+// element rounded once to G, so a separate conversion pass is not needed. Its values are
+// those the in-place gradient rounded to G would have, bit for bit.
+//
 // traffic(): a vocabulary row (up to 128256 logits) is too long to stay on chip, so
 // each pass over it reads it from memory again: the max; the exponentials and their sum
 // (one pass: a float row writes them back); the gradient (read and written, the
@@ -29,23 +35,35 @@ namespace tessera::ops {
 
 inline constexpr std::int32_t kIgnoreIndex = -100;
 
-template <class T>
+template <class T, class G = T>
 struct CrossEntropyRow {
-  T* logits;  // (rows, vocab), leading dimension ld; overwritten with the gradient
+  T* logits;  // (rows, vocab), leading dimension ld; overwritten with the gradient (grad unset)
   std::int64_t ld;
   std::int64_t vocab;
   const std::int32_t* targets;
   accum_t<T> scale;  // d(total loss)/d(loss_r), e.g. 1 / number of target tokens
   bool write_grad;   // false: loss only
   double* loss;      // (rows) per-row loss, summed by the caller in order
+  G* grad = nullptr;         // where the gradient goes, (rows, vocab) at leading dimension grad_ld; unset: the logits
+  std::int64_t grad_ld = 0;
+
+  /// Whether the row holds the exponentials between passes: float and double logits
+  /// written over by their own gradient.
+  static constexpr bool kKeep(bool separate) { return detail::accum_is_storage<T> && !separate; }
+
   TESSERA_HD void operator()(std::int64_t r) const {
     using A = accum_t<T>;
     T* z = logits + r * ld;
+    G* d = grad != nullptr ? grad + r * grad_ld : nullptr;
     const std::int32_t t = targets[r];
     if (t == kIgnoreIndex) {
       loss[r] = 0;
-      if (write_grad)
-        for (std::int64_t j = 0; j < vocab; ++j) z[j] = from_accum<T>(A(0));
+      if (write_grad) {
+        if (d != nullptr)
+          for (std::int64_t j = 0; j < vocab; ++j) d[j] = from_accum<G>(A(0));
+        else
+          for (std::int64_t j = 0; j < vocab; ++j) z[j] = from_accum<T>(A(0));
+      }
       return;
     }
     const A zt = to_accum(z[t]);
@@ -56,15 +74,22 @@ struct CrossEntropyRow {
     }
     A sum = 0;
     if constexpr (detail::accum_is_storage<T>) {
-      for (std::int64_t j = 0; j < vocab; ++j) z[j] = exp_nonpositive(z[j] - m);  // vectorises
-      for (std::int64_t j = 0; j < vocab; ++j) sum += z[j];
+      if (d == nullptr) {
+        for (std::int64_t j = 0; j < vocab; ++j) z[j] = exp_nonpositive(z[j] - m);  // vectorises
+        for (std::int64_t j = 0; j < vocab; ++j) sum += z[j];
+      } else {
+        for (std::int64_t j = 0; j < vocab; ++j) sum += exp_nonpositive(z[j] - m);
+      }
     } else {
       for (std::int64_t j = 0; j < vocab; ++j) sum += exp_nonpositive(to_accum(z[j]) - m);
     }
     loss[r] = static_cast<double>(m + log_(sum) - zt);
     if (!write_grad) return;
     const A inv = scale / sum;
-    if constexpr (detail::accum_is_storage<T>) {
+    if (d != nullptr) {
+      for (std::int64_t j = 0; j < vocab; ++j) d[j] = from_accum<G>(exp_nonpositive(to_accum(z[j]) - m) * inv);
+      d[t] = from_accum<G>(exp_nonpositive(zt - m) * inv - scale);
+    } else if constexpr (detail::accum_is_storage<T>) {
       for (std::int64_t j = 0; j < vocab; ++j) z[j] *= inv;
       z[t] -= scale;
     } else {
@@ -72,17 +97,20 @@ struct CrossEntropyRow {
       z[t] = from_accum<T>(exp_nonpositive(zt - m) * inv - scale);
     }
   }
-  // Per row: the target and its logit, then the passes (see the top of this file).
+  // Per row: the target and its logit, then the passes (see the top of this file); with
+  // `grad` set the gradient pass reads the logits and writes G.
   Traffic traffic(std::int64_t rows) const {
-    const double r = static_cast<double>(rows), v = static_cast<double>(vocab), grad = write_grad ? 1 : 0;
-    constexpr bool kKeep = detail::accum_is_storage<T>;  // the row holds the exponentials
-    const double read = r * (sizeof(std::int32_t) + sizeof(T) * (1 + (2 + grad) * v));
-    const double written = r * (sizeof(double) + sizeof(T) * v * ((kKeep ? 1 : 0) + grad));
+    const double r = static_cast<double>(rows), v = static_cast<double>(vocab), g = write_grad ? 1 : 0;
+    const bool separate = grad != nullptr;
+    const bool keep = kKeep(separate);  // the row holds the exponentials
+    const double out = separate ? static_cast<double>(sizeof(G)) : static_cast<double>(sizeof(T));
+    const double read = r * (sizeof(std::int32_t) + sizeof(T) * (1 + (2 + g) * v));
+    const double written = r * (sizeof(double) + v * ((keep ? sizeof(T) : 0) + g * out));
     // max: v - 1 comparisons; exponentials: a subtraction and an addition each; the
-    // loss: 2; the gradient: the factor, then a multiplication each (a bf16 row: the
-    // exponential again) and the target's correction.
-    const double flops = r * (3 * v + 1 + grad * (kKeep ? v + 2 : 2 * v + 4));
-    const double exps = r * (v + 1 + (kKeep ? 0 : grad * (v + 1)));
+    // loss: 2; the gradient: the factor, then a multiplication each (without the
+    // exponentials held: the exponential again) and the target's correction.
+    const double flops = r * (3 * v + 1 + g * (keep ? v + 2 : 2 * v + 4));
+    const double exps = r * (v + 1 + (keep ? 0 : g * (v + 1)));
     Traffic t{read, written, flops, exps};
     t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
     return t;

@@ -79,7 +79,8 @@ inline constexpr EagerKernel kRepeatKvSums[] = {
     {"repeat_kv backward: keys' gradient summed over the repeats", {.q = 2}, {.kv = 2}},
 };
 
-// The loss in place of tessera's one-pass cross-entropy: 42 bytes a logit (own = vocab).
+// The loss in place of tessera's cross-entropy (which writes the bf16 gradient the head's
+// GEMMs read): 48 bytes a logit (own = vocab), .float()'s backward cast included.
 inline constexpr EagerKernel kTorchtitanCrossEntropy[] = {
     {"eager loss: logits.float()", {.own = 2}, {.own = 4}},
     {"eager loss: log_softmax", {.own = 12}, {.own = 4}, 0, 0, 0},
@@ -87,6 +88,7 @@ inline constexpr EagerKernel kTorchtitanCrossEntropy[] = {
     {"eager loss backward: the logits' gradient zeroed", {}, {.own = 4}},
     {"eager loss backward: nll_loss_backward's scatter", {.fixed = 12}, {.fixed = 4}},
     {"eager loss backward: log_softmax_backward", {.own = 12}, {.own = 4}},
+    {"eager loss backward: .float()'s backward, the gradient cast to bf16", {.own = 4}, {.own = 2}},
 };
 
 // The embedding's dense gradient zeroed before the scatter (own = vocab x dim, one row).

@@ -3,7 +3,7 @@
 //
 // One row (or shard of one) per block, sized as row_launch.cuh says: a vocabulary row of
 // 128256 gets 1024 threads. The passes are the functors': max, then exp and its sum, then
-// the gradient. A float row holds exp(z - max) between passes and a bf16 row its logits,
+// the gradient (in place, or into a bf16 buffer read from float logits). A float row holds exp(z - max) between passes and a bf16 row its logits,
 // so CrossEntropyShardExp leaves a bf16 row holding its logits, and CrossEntropyShardGrad
 // starts from them.
 #pragma once
@@ -80,6 +80,24 @@ __device__ void row_scale(T* z, std::int64_t n, float m, float factor, std::int6
   });
 }
 
+/// The gradient over a row of n logits into `out` (rows of G): factor * exp(z - m), and at
+/// column t minus `subtract`, each element rounded once to G. The logits are only read.
+template <int V, bool kWarp, class T, class G>
+__device__ void row_grad_to(const T* z, G* out, std::int64_t n, float m, float factor, std::int64_t t, float subtract,
+                            const RowGroup<kWarp>& g) {
+  row_loop<V>(n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+    constexpr int W = decltype(width)::value;
+    float v[W];
+    load_float<W>(z, j, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      v[k] = ops::exp_nonpositive(v[k] - m) * factor;
+      if (j + k == t) v[k] -= subtract;
+    }
+    store_float<W>(out, j, v);
+  });
+}
+
 /// What the cross-entropy row bodies share: rows of vocab logits at logits + r ld, each a
 /// row per block however short.
 template <class T>
@@ -94,15 +112,35 @@ struct VocabRows : BlockRows<T> {
   }
 };
 
-template <class T>
+/// CrossEntropyRow: in place, or (f.grad set) the gradient into rows of G, the logits
+/// only read (their alignment and the gradient's decide the vector loads and stores).
+template <class T, class G = T>
 struct CrossEntropyRows : VocabRows<T> {
+  template <class F>
+  static bool aligned(const F& f) {
+    return rows_aligned16(f.logits, f.ld) && (f.grad == nullptr || rows_aligned16(f.grad, f.grad_ld));
+  }
   template <int V, bool kWarp>
-  __device__ static void run(const ops::CrossEntropyRow<T>& f, std::int64_t rows, float* smem) {
+  __device__ static void run(const ops::CrossEntropyRow<T, G>& f, std::int64_t rows, float* smem) {
     const RowGroup<kWarp> g;
     const float scale = to_float(f.scale);
     for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
       T* z = f.logits + r * f.ld;
       const std::int32_t t = f.targets[r];
+      if (f.grad != nullptr) {
+        G* d = f.grad + r * f.grad_ld;
+        if (t == ops::kIgnoreIndex) {
+          if (g.rank() == 0) f.loss[r] = 0;
+          if (f.write_grad) zero_row<V>(d, f.vocab, g);
+          continue;
+        }
+        const float zt = to_float(z[t]);
+        const float m = row_max<V>(z, f.vocab, g, smem);
+        const float sum = row_exp_sum<V, kWarp, false>(z, f.vocab, m, g, smem);
+        if (g.rank() == 0) f.loss[r] = static_cast<double>(m + ops::log_(sum) - zt);
+        if (f.write_grad) row_grad_to<V, kWarp>(z, d, f.vocab, m, scale / sum, t, scale, g);
+        continue;
+      }
       if (t == ops::kIgnoreIndex) {
         if (g.rank() == 0) f.loss[r] = 0;
         if (f.write_grad) zero_row<V>(z, f.vocab, g);

@@ -81,7 +81,6 @@ concept HasOpKernel = requires(std::int64_t n, const F& f, cudaStream_t stream) 
 TESSERA_CUDA_OP_KERNEL(RmsNormForward, detail::RowKernel<detail::RmsNormForwardRows<T>>)
 TESSERA_CUDA_OP_KERNEL(RmsNormBackwardInput, detail::RowKernel<detail::RmsNormBackwardInputRows<T>>)
 TESSERA_CUDA_OP_KERNEL(RmsNormBackwardWeight, detail::RmsNormWeightKernel<T>)
-TESSERA_CUDA_OP_KERNEL(CrossEntropyRow, detail::RowKernel<detail::CrossEntropyRows<T>>)
 TESSERA_CUDA_OP_KERNEL(CrossEntropyShardMax, detail::RowKernel<detail::CrossEntropyShardMaxRows<T>>)
 TESSERA_CUDA_OP_KERNEL(CrossEntropyShardExp, detail::RowKernel<detail::CrossEntropyShardExpRows<T>>)
 TESSERA_CUDA_OP_KERNEL(CrossEntropyShardGrad, detail::RowKernel<detail::CrossEntropyShardGradRows<T>>)
@@ -99,6 +98,9 @@ TESSERA_CUDA_OP_KERNEL(Axpy, detail::ElementwiseKernel<ops::Axpy<T>>)
 TESSERA_CUDA_OP_KERNEL(Scale, detail::ElementwiseKernel<ops::Scale<T>>)
 TESSERA_CUDA_OP_KERNEL(Fill, detail::ElementwiseKernel<ops::Fill<T>>)
 #undef TESSERA_CUDA_OP_KERNEL
+template <class T, class G>
+  requires detail::kLoweredElement<T> && detail::kLoweredElement<G>
+struct OpKernel<ops::CrossEntropyRow<T, G>> : detail::RowKernel<detail::CrossEntropyRows<T, G>> {};
 template <class T, class M>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::AdamWMultiStep<T, M>> : detail::AdamWMultiKernel<T, M> {};
@@ -111,7 +113,7 @@ inline constexpr bool kKernelClassAgrees = HasOpKernel<F> == (cuda_kernel_class<
 template <class T>
 constexpr bool kernel_classes_agree() {
   return kKernelClassAgrees<ops::RmsNormForward<T>> && kKernelClassAgrees<ops::RmsNormBackwardInput<T>> &&
-         kKernelClassAgrees<ops::RmsNormBackwardWeight<T>> && kKernelClassAgrees<ops::CrossEntropyRow<T>> &&
+         kKernelClassAgrees<ops::RmsNormBackwardWeight<T>> && kKernelClassAgrees<ops::CrossEntropyRow<T>> && kKernelClassAgrees<ops::CrossEntropyRow<T, bf16>> &&
          kKernelClassAgrees<ops::CrossEntropyShardMax<T>> && kKernelClassAgrees<ops::CrossEntropyShardExp<T>> &&
          kKernelClassAgrees<ops::CrossEntropyShardGrad<T>> && kKernelClassAgrees<ops::CausalSoftmaxForward<T>> &&
          kKernelClassAgrees<ops::CausalSoftmaxRecompute<T>> && kKernelClassAgrees<ops::CausalSoftmaxBackward<T>> &&

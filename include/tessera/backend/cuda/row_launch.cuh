@@ -105,11 +105,21 @@ __device__ __forceinline__ void load_elements(const U* base, std::int64_t j, U* 
   }
 }
 
-/// in to elements [j, j + W) of base.
+/// in to elements [j, j + W) of base: whole 16-byte stores, or one store of 8 or 4 bytes
+/// where the vector is that narrow (W floats rounded to bf16); base + j aligned to it.
 template <int W, class U>
 __device__ __forceinline__ void store_elements(U* base, std::int64_t j, const U* in) {
+  constexpr std::size_t kBytes = W * sizeof(U);
   if constexpr (W == 1) {
     base[j] = in[0];
+  } else if constexpr (kBytes == 8) {
+    uint2 word;
+    memcpy(&word, in, 8);
+    *reinterpret_cast<uint2*>(base + j) = word;
+  } else if constexpr (kBytes == 4) {
+    unsigned word;
+    memcpy(&word, in, 4);
+    *reinterpret_cast<unsigned*>(base + j) = word;
   } else {
     static_assert((W * sizeof(U)) % 16 == 0, "store_elements: a vector is whole 16-byte stores");
     constexpr int kStores = static_cast<int>(W * sizeof(U) / 16);
