@@ -32,10 +32,10 @@
 #             model in fp32 and bf16 against the CPU backend, virtual ranks on one GPU
 #   kernels   bench-kernels (GEMMs, attention, memory-bound ops), JSON and text
 #   train     bench-train on Llama 3.2 1B and 3B without activation checkpointing (3 warm-up
-#             and 10 timed steps), and 8B with full checkpointing and bf16 AdamW moments (what
-#             fits one H200; 2 and 5), batch 1 x seq 8192, Markdown rows for RESULTS.md; with
-#             CUPTI, one more step of each profiled, its device time by llama-plan's classes
-#             beside the prediction
+#             and 10 timed steps), and 8B with full, then selective (op), checkpointing and
+#             bf16 AdamW moments (what fits one H200; 2 and 5), batch 1 x seq 8192, Markdown
+#             rows for RESULTS.md; with CUPTI, one more step of each (but the selective
+#             one) profiled, its device time by llama-plan's classes beside the prediction
 #   torch     bench/torch_llama.py, the strongest fair PyTorch baseline: 1B and 3B without
 #             checkpointing, 8B with full checkpointing, the same batch, sequence and steps
 #             as train; eager, then torch.compile (default mode; 1B also
@@ -204,6 +204,10 @@ case "${1:-}" in
       # shellcheck disable=SC2046
       "$here/bench-train" --flavors llama3_8b --ac full --state-dtype bfloat16 --steps 5 --warmup 2 --markdown --commit "$commit" \
         $(profile llama3_8b) --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt" || status=1
+      # And with selective (op) checkpointing: 124 GiB predicted, the checkpointing that
+      # llama-plan finds fastest among those that fit (the 58% target's row).
+      "$here/bench-train" --flavors llama3_8b --ac selective --state-dtype bfloat16 --steps 5 --warmup 2 --markdown \
+        --commit "$commit" --json "$out/train8b-selective.json" 2>&1 | tee "$out/train8b-selective.txt" || status=1
     else
       echo "train: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b.txt"
     fi
