@@ -2,7 +2,7 @@
 // peak memory, against the targets of the CUDA backend.
 //
 //   bench-train [--flavors llama3.2_1b,llama3.2_3b,llama3_8b] [--batch 1] [--seq 8192]
-//               [--ac selective|full|none] [--attention auto|cudnn|tessera]
+//               [--ac selective|selective:N|full|none] [--attention auto|cudnn|tessera]
 //               [--state-dtype float32|bfloat16] [--steps 10] [--warmup 3]
 //               [--peak-tflops 989] [--json FILE] [--markdown] [--commit HASH]
 //               [--profile] [--plan-json FLAVOR=FILE ...]
@@ -17,7 +17,9 @@
 // A step is the trainer's: zero_grad, forward_backward over one micro-batch of batch x
 // seq tokens, the gradient norm and its clipping coefficient (max norm 1), one AdamW
 // update; the tokens are drawn uniformly from the vocabulary once (the arithmetic does
-// not depend on their values). --warmup untimed steps, then --steps timed ones back to
+// not depend on their values). --ac selective is per op (matmul outputs kept), --ac
+// selective:N recomputes every N-th block whole (activation_checkpoint.selective_ac_option
+// = N). --warmup untimed steps, then --steps timed ones back to
 // back; the step time is their median. Each step is timed on the device, as
 // bench/torch_llama.py times PyTorch's: a CUDA event recorded on the compute stream where
 // each timed step begins and one after the last, read after one synchronisation at the
@@ -106,7 +108,7 @@ struct Options {
 
 void usage() {
   std::printf(
-      "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|full|none]\n"
+      "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|selective:N|full|none]\n"
       "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
       "                   [--profile] [--plan-json FLAVOR=FILE ...]\n"
@@ -166,7 +168,9 @@ Options parse_options(int argc, char** argv) {
       if (v == "selective") o.ac = {K::selective_op, 0};
       else if (v == "full") o.ac = {K::full, 0};
       else if (v == "none") o.ac = {K::none, 0};
-      else fail("--ac: '", v, "' is not one of selective, full, none");
+      else if (v.starts_with("selective:"))  // every N-th block recomputed whole, torchtitan's layer option
+        o.ac = parallel::parse_checkpoint("selective", v.substr(10));
+      else fail("--ac: '", v, "' is not one of selective, selective:N, full, none");
     } else if (flag == "--attention") {
       o.attention = std::string(value());
       TESSERA_CHECK(o.attention == "auto" || o.attention == "cudnn" || o.attention == "tessera", "--attention: '",
