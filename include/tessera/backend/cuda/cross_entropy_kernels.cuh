@@ -60,11 +60,11 @@ __device__ float row_exp_sum(T* z, std::int64_t n, float m, const RowGroup<kWarp
   return g.reduce(s, SumOp{}, smem);
 }
 
-/// The gradient over a row of n elements: z <- factor * z, and at column t (if in the
-/// row) minus `subtract`; with kFromLogits, z is still the logits and factor * exp(z - m)
-/// is written instead (each element rounded once).
-template <int V, bool kWarp, bool kFromLogits, class T>
-__device__ void row_scale(T* z, std::int64_t n, float m, float factor, std::int64_t t, float subtract,
+/// The gradient over a row of n elements into `out` (z itself, or rows of G): factor * z,
+/// and at column t (if in the row) minus `subtract`; with kFromLogits, z is still the
+/// logits and factor * exp(z - m) is written instead (each element rounded once).
+template <int V, bool kWarp, bool kFromLogits, class T, class G>
+__device__ void row_scale(const T* z, G* out, std::int64_t n, float m, float factor, std::int64_t t, float subtract,
                           const RowGroup<kWarp>& g) {
   row_loop<V>(n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
     constexpr int W = decltype(width)::value;
@@ -74,24 +74,6 @@ __device__ void row_scale(T* z, std::int64_t n, float m, float factor, std::int6
     for (int k = 0; k < W; ++k) {
       if constexpr (kFromLogits) v[k] = ops::exp_nonpositive(v[k] - m) * factor;
       else v[k] *= factor;
-      if (j + k == t) v[k] -= subtract;
-    }
-    store_float<W>(z, j, v);
-  });
-}
-
-/// The gradient over a row of n logits into `out` (rows of G): factor * exp(z - m), and at
-/// column t minus `subtract`, each element rounded once to G. The logits are only read.
-template <int V, bool kWarp, class T, class G>
-__device__ void row_grad_to(const T* z, G* out, std::int64_t n, float m, float factor, std::int64_t t, float subtract,
-                            const RowGroup<kWarp>& g) {
-  row_loop<V>(n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
-    constexpr int W = decltype(width)::value;
-    float v[W];
-    load_float<W>(z, j, v);
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      v[k] = ops::exp_nonpositive(v[k] - m) * factor;
       if (j + k == t) v[k] -= subtract;
     }
     store_float<W>(out, j, v);
@@ -138,7 +120,7 @@ struct CrossEntropyRows : VocabRows<T> {
         const float m = row_max<V>(z, f.vocab, g, smem);
         const float sum = row_exp_sum<V, kWarp, false>(z, f.vocab, m, g, smem);
         if (g.rank() == 0) f.loss[r] = static_cast<double>(m + ops::log_(sum) - zt);
-        if (f.write_grad) row_grad_to<V, kWarp>(z, d, f.vocab, m, scale / sum, t, scale, g);
+        if (f.write_grad) row_scale<V, kWarp, true>(z, d, f.vocab, m, scale / sum, t, scale, g);
         continue;
       }
       if (t == ops::kIgnoreIndex) {
@@ -151,7 +133,7 @@ struct CrossEntropyRows : VocabRows<T> {
       const float sum = row_exp_sum<V, kWarp, kRowHoldsIntermediates<T>>(z, f.vocab, m, g, smem);
       if (g.rank() == 0) f.loss[r] = static_cast<double>(m + ops::log_(sum) - zt);
       // Without write_grad a float row holds exp(z - max), a bf16 row its logits.
-      if (f.write_grad) row_scale<V, kWarp, !kRowHoldsIntermediates<T>>(z, f.vocab, m, scale / sum, t, scale, g);
+      if (f.write_grad) row_scale<V, kWarp, !kRowHoldsIntermediates<T>>(z, z, f.vocab, m, scale / sum, t, scale, g);
     }
   }
 };
@@ -218,7 +200,7 @@ struct CrossEntropyShardGradRows : VocabRows<T> {
         f.loss[r] = static_cast<double>(to_float(f.max[r]) + ops::log_(sum) - to_float(f.sums[2 * r + 1]));
       if (!f.write_grad) continue;
       // From the exponentials a float row holds, or from a bf16 row's logits and the max.
-      row_scale<V, kWarp, !kRowHoldsIntermediates<T>>(z, f.vocab, to_float(f.max[r]), scale / sum, t - f.lo, scale,
+      row_scale<V, kWarp, !kRowHoldsIntermediates<T>>(z, z, f.vocab, to_float(f.max[r]), scale / sum, t - f.lo, scale,
                                                      g);
     }
   }
