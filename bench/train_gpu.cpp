@@ -16,7 +16,7 @@
 // flash kernels; each flavor's line says which and why.
 // A step is the trainer's: zero_grad, forward_backward over one micro-batch of batch x
 // seq tokens, the gradient norm and its clipping coefficient (max norm 1), one AdamW
-// update; the tokens are drawn uniformly from the vocabulary once (the arithmetic does
+// update, the loss, norm and coefficient kept on the device (train/step_scalars.hpp); the tokens are drawn uniformly from the vocabulary once (the arithmetic does
 // not depend on their values). --ac selective is per op (matmul outputs kept), --ac
 // selective:N recomputes every N-th block whole (activation_checkpoint.selective_ac_option
 // = N). --warmup untimed steps, then --steps timed ones back to
@@ -24,8 +24,8 @@
 // bench/torch_llama.py times PyTorch's: a CUDA event recorded on the compute stream where
 // each timed step begins and one after the last, read after one synchronisation at the
 // end, so the time between steps that the host spends launching is counted as the
-// device sees it, and no synchronisation is added between steps (those inside tessera's
-// step stay: the loss and the gradient norm are read on the host).
+// device sees it, and no synchronisation is added between steps (nor is there one inside
+// a step: the loss and the gradient norm are read once, after the last).
 //
 // Reported per flavor:
 //   tokens/s, the median step time;
@@ -83,6 +83,7 @@
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/plan/measured.hpp"
+#include "tessera/train/step_scalars.hpp"
 
 using namespace tessera;
 using namespace tessera::bench;
@@ -303,15 +304,18 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   const std::span<const std::int32_t> targets(ids.data() + 1, static_cast<std::size_t>(tokens));
   const nn::Geometry g{o.batch, o.seq};
 
+  train::StepScalars<Cuda, float> scalars;
   auto step = [&] {
     model.zero_grad();
-    r.loss = model.forward_backward(inputs, targets, g, 1.0 / static_cast<double>(tokens)) / static_cast<double>(tokens);
+    scalars.begin();
+    model.forward_backward(inputs, targets, g, 1.0 / static_cast<double>(tokens), true, scalars.loss_sum());
     {
       // The region llama-train's trainer opens: the profile counts the norm and AdamW as
       // the optimizer, the class llama-plan prices them in.
       Region optimizer_region(region::kOptimizer);
-      const double norm = model.grad_norm();
-      optimizer.step(adamw.lr, optim::clip_coefficient(norm, 1.0));
+      model.squared_grad_norm(scalars.squared_norm());
+      scalars.clip(1.0);
+      optimizer.step(adamw.lr, scalars.grad_scale());
     }
   };
   for (std::int64_t s = 0; s < o.warmup; ++s) step();
@@ -336,6 +340,12 @@ Result run_flavor(const std::string& flavor, const Options& o) {
     }
   }
 #endif
+  // The last step's loss (the step reads nothing back itself): it must be finite, as
+  // the trainer requires.
+  const auto read = scalars.read();
+  r.loss = read.loss_sum / static_cast<double>(tokens);
+  TESSERA_CHECK(read.finite(), r.flavor, ": the last step's loss sum ", read.loss_sum, " or gradient norm ",
+                read.grad_norm, " is not finite");
   r.peak_bytes = held.peak_allocated;
   r.reserved_bytes = held.peak_reserved;
   r.step_seconds = median(seconds);

@@ -85,6 +85,8 @@ TESSERA_LAUNCH_OP(optim::detail::RoundToBf16)
 TESSERA_LAUNCH_OP(parallel::detail::PackBf16)
 TESSERA_LAUNCH_OP(parallel::detail::UnpackBf16)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<double>)
+TESSERA_LAUNCH_OP(ops::LaneSum)  // a step's loss sum and gradient norm, added on the device
+TESSERA_LAUNCH_OP(ops::ClipScale<float>)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int32_t>)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int64_t>)
 

@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -1185,13 +1186,21 @@ void check_adamw_multi(bool masters, std::uint32_t seed, bool lowered) {
       AdamWCase<P, M>::table(dp.data(), dg.data(), dm.data(), dv.data(), masters ? dmaster.data() : nullptr));
   const std::vector<std::int32_t> blocks = AdamWCase<P, M>::blocks();
   DeviceArray<std::int32_t> dblocks(blocks);
-  for (int t = 1; t <= 3; ++t) {
+  // Step 2's gradient scale is read from device memory on the GPU (the clip scale the
+  // trainer leaves there) and given by value on the CPU; a 4th step on the GPU alone reads
+  // a NaN scale there and must change nothing.
+  DeviceArray<float> half(std::vector<float>{0.5f}), nan(std::vector<float>{std::numeric_limits<float>::quiet_NaN()});
+  for (int t = 1; t <= 4; ++t) {
     const ops::AdamWScalars<float> s{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, float(1 - std::pow(0.9, t)),
                                      float(1 - std::pow(0.95, t)), t == 2 ? 0.5f : 1.0f};
-    const ops::AdamWMultiStep<P, M> gpu_step{dtable.data(), dblocks.data(), s, 3517, 2, masters};
+    ops::AdamWMultiStep<P, M> gpu_step{dtable.data(), dblocks.data(), s, 3517, 2, masters};
+    if (t == 2) gpu_step.s.grad_scale = 1.0f, gpu_step.grad_scale = half.data();
+    if (t == 4) gpu_step.grad_scale = nan.data();
     if (lowered) gpu_test::launch_op(3 * ops::kAdamWBlock, gpu_step);
     else gpu_test::launch_per_index(3 * ops::kAdamWBlock, gpu_step);
-    Cpu::for_each(3 * ops::kAdamWBlock, ops::AdamWMultiStep<P, M>{host_table.data(), blocks.data(), s, 3517, 2, masters});
+    if (t <= 3)
+      Cpu::for_each(3 * ops::kAdamWBlock,
+                    ops::AdamWMultiStep<P, M>{host_table.data(), blocks.data(), s, 3517, 2, masters});
   }
   // The same fp32 update on both sides (bf16 moments rounded to nearest even by the same
   // code): the same bits, moments, parameters and masters.
@@ -1208,7 +1217,7 @@ void check_adamw_multi(bool masters, std::uint32_t seed, bool lowered) {
 }
 }  // namespace
 
-TEST_CASE("Multi-tensor AdamW on the GPU, lowered and per index, gives the CPU's bits") {
+TEST_CASE("Multi-tensor AdamW on the GPU, lowered and per index, gives the CPU's bits; a device-held scale, NaN skipping") {
   static_assert(cuda_kernel_class<ops::AdamWMultiStep<bf16, float>> == KernelClass::multi_tensor);
   for (const bool lowered : {true, false}) {
     check_adamw_multi<float, bf16>(false, 1500, lowered);  // bf16 moments

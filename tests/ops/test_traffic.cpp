@@ -385,9 +385,12 @@ TEST_CASE("traffic: the optimizer and the gradient norm set the figures' fields"
   norms.add(x.data(), 5);
   Recording::launches.clear();
   CHECK(norms.sum() == 40005.0);
-  REQUIRE(Recording::launches.size() == 1);
-  // The table of 2 pieces read once, every element once, one slot per chunk written.
+  REQUIRE(Recording::launches.size() == 2);
+  // The table of 2 pieces read once, every element once, one slot per chunk written;
+  // then the 4 slots added into one (ops::LaneSum), which stays in the backend's memory.
   check_equal(Recording::launches[0], 2 * sizeof(ops::NormPiece<float>) + 40005 * kF, 4 * kD, 2 * 40005, 0);
+  check_equal(Recording::launches[1], 4 * kD, kD, 4, 0);
+  CHECK(cuda_kernel_class<ops::LaneSum> == KernelClass::row);
   check_equal(ops::SquaredNormChunks<float>{nullptr, 2, nullptr, 40005}.traffic(4),
               2 * sizeof(ops::NormPiece<float>) + 40005 * kF, 4 * kD, 2 * 40005, 0);
   // A block per chunk on CUDA, its loads coalesced: nothing priced as a walk of one thread.

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -266,13 +267,22 @@ namespace {
 /// A chunk's sum of squares in the order ops/norm.hpp defines, from that definition:
 /// lane l holds elements l, l + L, ... added in turn (L = kNormLanes); then
 /// V(l, L) = lane l and V(l, h) = V(l, 2h) + V(l + h, 2h), and the sum is V(0, 1).
-double lane_order_sum(const float* x, std::int64_t n) {
+/// The same order over f(x[i]).
+template <class X, class F>
+double lane_order(const X* x, std::int64_t n, F f) {
   std::vector<double> lane(ops::kNormLanes, 0.0);
-  for (std::int64_t i = 0; i < n; ++i) lane[std::size_t(i % ops::kNormLanes)] += double(x[i]) * double(x[i]);
+  for (std::int64_t i = 0; i < n; ++i) lane[std::size_t(i % ops::kNormLanes)] += f(x[i]);
   const auto v = [&](auto&& self, int l, int h) -> double {
     return h == ops::kNormLanes ? lane[std::size_t(l)] : self(self, l, 2 * h) + self(self, l + h, 2 * h);
   };
   return v(v, 0, 1);
+}
+double lane_order_sum(const float* x, std::int64_t n) {
+  return lane_order(x, n, [](float e) { return double(e) * double(e); });
+}
+/// n doubles added in lane order (ops::LaneSum's definition).
+double lane_order_total(const double* x, std::int64_t n) {
+  return lane_order(x, n, [](double e) { return e; });
 }
 }  // namespace
 
@@ -301,18 +311,25 @@ TEST_CASE("A chunk's sum of squares follows the lane order, which is not the seq
   }
 }
 
-TEST_CASE("SquaredNorms sums many pieces in one launch, piece by piece in order") {
+TEST_CASE("SquaredNorms sums many pieces in one launch, the chunks' sums added in lane order") {
   ManyParams model;
   SquaredNorms<Cpu, float> norms;
-  double expected = 0;
+  std::vector<double> chunks;  // each chunk's sum, piece after piece
   for (auto& p : model.ps) {
-    double piece = 0;
     for (std::int64_t c = 0; c < p.numel(); c += ops::kNormChunk)
-      piece += lane_order_sum(p.grad.data() + c, std::min(p.numel() - c, ops::kNormChunk));
-    expected += piece;
+      chunks.push_back(lane_order_sum(p.grad.data() + c, std::min(p.numel() - c, ops::kNormChunk)));
     norms.add(p.grad);
   }
-  CHECK(norms.sum() == expected);  // bitwise: chunk sums, then piece sums, in order
+  const double expected = lane_order_total(chunks.data(), static_cast<std::int64_t>(chunks.size()));
+  CHECK(norms.sum() == expected);  // bitwise: chunk sums, then their lane-order total
+  // Left on the device: the same bits, into memory the host did not read.
+  double out = -1;
+  for (auto& p : model.ps) norms.add(p.grad);
+  norms.sum_into(&out);
+  CHECK(out == expected);
+  SquaredNorms<Cpu, float> none;
+  none.sum_into(&out);
+  CHECK(out == 0.0);
   CHECK(norms.sum() == 0.0);       // sum() forgets what it summed
   // The same pieces again reuse the uploaded table; a changed piece is seen.
   for (auto& p : model.ps) norms.add(p.grad);
@@ -325,7 +342,78 @@ TEST_CASE("SquaredNorms sums many pieces in one launch, piece by piece in order"
   CHECK(norms.sum() == double(model.ps[2].grad[1]) * model.ps[2].grad[1] + double(model.ps[2].grad[2]) * model.ps[2].grad[2]);
   double per_tensor = 0;
   for (auto& p : model.ps) per_tensor += squared_norm<Cpu>(p.grad);
-  CHECK(grad_norm<Cpu>(model) == std::sqrt(per_tensor));
+  CHECK(grad_norm<Cpu>(model) == doctest::Approx(std::sqrt(per_tensor)).epsilon(1e-14));
+}
+
+TEST_CASE("LaneSum adds doubles in lane order, written or added to its output") {
+  std::vector<double> x(3 * ops::kNormLanes + 41);
+  std::uint64_t r = 0x9e3779b97f4a7c15ull;
+  for (auto& v : x) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    v = std::ldexp(double(r >> 11) / double(1ull << 53) + 0.5, int(r >> 7 & 31) - 16);
+  }
+  for (const std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{255}, std::int64_t{256},
+                               static_cast<std::int64_t>(x.size())}) {
+    CAPTURE(n);
+    double out = 7.0;
+    ops::LaneSum{x.data(), n, &out, false}(0);
+    CHECK(out == lane_order_total(x.data(), n));
+    double acc = 0.25;
+    ops::LaneSum{x.data(), n, &acc, true}(0);
+    CHECK(acc == 0.25 + lane_order_total(x.data(), n));
+  }
+  double sequential = 0;
+  for (double v : x) sequential += v;
+  CHECK(lane_order_total(x.data(), std::int64_t(x.size())) != sequential);  // the orders differ, so the check can tell
+}
+
+TEST_CASE("ClipScale: the clip coefficient from the device's squared norm; NaN where the norm or loss is not finite") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  auto scale = [](double squared, double loss, double max_norm) {
+    float s = -1;
+    ops::ClipScale<float>{&squared, &loss, max_norm, &s}(0);
+    return s;
+  };
+  CHECK(scale(25.0, 3.0, 1.0) == float(clip_coefficient(5.0, 1.0)));
+  CHECK(scale(25.0, 3.0, 1.0) == float(1.0 / (5.0 + 1e-6)));
+  CHECK(scale(0.25, 3.0, 1.0) == 1.0f);
+  CHECK(scale(2500.0, 3.0, 0.0) == 1.0f);  // max_norm <= 0: no clipping
+  CHECK(std::isnan(scale(inf, 3.0, 1.0)));
+  CHECK(std::isnan(scale(nan, 3.0, 1.0)));
+  CHECK(std::isnan(scale(25.0, inf, 1.0)));
+  CHECK(std::isnan(scale(25.0, -inf, 0.0)));  // even with clipping off
+  CHECK(std::isnan(scale(25.0, nan, 1.0)));
+  double squared = 25.0;
+  double s = -1;
+  ops::ClipScale<double>{&squared, nullptr, 1.0, &s}(0);  // no loss given: the norm alone
+  CHECK(s == clip_coefficient(5.0, 1.0));
+}
+
+TEST_CASE("AdamW reading its gradient scale from the backend's memory: the host scale's update bit for bit; NaN skips it") {
+  ManyParams by_host, by_device;
+  AdamWOptions o;
+  o.lr = 1e-2;
+  AdamW<float, Cpu> host(by_host, o), device(by_device, o);
+  for (int t = 1; t <= 3; ++t) {
+    const float scale = t == 2 ? 0.37f : 1.0f;
+    host.step(o.lr, scale);
+    device.step(o.lr, &scale);
+    for (std::size_t k = 0; k < by_host.ps.size(); ++k) {
+      CAPTURE(k);
+      CHECK(values(by_device.ps[k].value) == values(by_host.ps[k].value));
+    }
+  }
+  const std::vector<float> before = values(by_device.ps[4].value);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  device.step(o.lr, &nan);
+  CHECK(values(by_device.ps[4].value) == before);  // nothing changed: not the parameters ...
+  host.step(o.lr, 1.0f);
+  device.set_steps_taken(3);
+  device.step(o.lr, 1.0f);  // ... nor the moments: the next step is the host's fourth
+  for (std::size_t k = 0; k < by_host.ps.size(); ++k) {
+    CAPTURE(k);
+    CHECK(values(by_device.ps[k].value) == values(by_host.ps[k].value));
+  }
 }
 
 namespace {

@@ -159,6 +159,58 @@ TEST_CASE("layout dry run: collectives carry their group, and every one is waite
   CHECK(issued == waited);
 }
 
+namespace {
+/// Where a step's host reads fall (copies to the host: each waits for the device): before
+/// its first operation on the device, between that and its optimizer's launch, and after.
+struct HostReads {
+  int before = 0, inside = 0, after = 0;
+  std::vector<std::string> inside_sites;
+};
+HostReads host_reads(const trace::Trace& t) {
+  const auto& events = t.events();
+  auto computes = [](const trace::Event& e) {
+    return std::holds_alternative<trace::Gemm>(e.op) || std::holds_alternative<trace::Attention>(e.op) ||
+           std::holds_alternative<trace::Kernel>(e.op);
+  };
+  std::size_t first = events.size(), adamw = 0;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    if (first == events.size() && computes(events[i])) first = i;
+    if (const auto* k = std::get_if<trace::Kernel>(&events[i].op); k && std::string_view(k->functor).starts_with("AdamWMultiStep"))
+      adamw = i;
+  }
+  HostReads r;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const auto* x = std::get_if<trace::Transfer>(&events[i].op);
+    if (x == nullptr || !x->to_host) continue;
+    if (i < first) ++r.before;
+    else if (i < adamw) ++r.inside, r.inside_sites.push_back(std::string(x->file) + ":" + std::to_string(x->line));
+    else ++r.after;
+  }
+  return r;
+}
+}  // namespace
+
+TEST_CASE("layout dry run: a step reads nothing back from its first kernel to its optimizer's launch, on every layout") {
+  // The loss sum, the gradient norm and the clip scale stay on the device
+  // (train/step_scalars.hpp); the host reads the first two once, after AdamW's launch.
+  // Before the first kernel, a data-parallel step counts the batch's tokens over the ranks.
+  auto check = [](const char* name, const train::JobConfig& c, int world) {
+    const comm::MeshShape shape = plan::check_dry_run(c, world);
+    for (int r : plan::distinct_ranks(shape)) {
+      const plan::StepTrace st = plan::dry_run_step<float>(c, 0, world, r);
+      const HostReads reads = host_reads(st.trace);
+      INFO(std::string(name), ", rank ", r);
+      CHECK(reads.inside == 0);
+      for (const auto& site : reads.inside_sites) MESSAGE("read inside the step at ", site);
+      CHECK(reads.after == 1);
+      CHECK(reads.before == (shape.dp() > 1 ? 1 : 0));
+    }
+  };
+  check("one rank", test::debug_job(test::kParityBatch, test::kParityBatch, 2, {}), 1);
+  check("one rank, 2 micro-batches", test::debug_job(test::kParityBatch / 2, test::kParityBatch, 2, {}), 1);
+  for (const Layout& l : kLayouts) check(l.name, job(l, {}), l.shape.world());
+}
+
 TEST_CASE("layout dry run: a pipeline rank's sends and recvs name their peers") {
   const Layout l{"PP 4 x FSDP 2 1F1B", {4, 1, 2, 1}, "1F1B"};
   const train::JobConfig c = job(l, {});

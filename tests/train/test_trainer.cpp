@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -215,6 +216,44 @@ TEST_CASE("A Trainer built in code: the config's door, nothing rounded unless as
   train::JobConfig unnamed = c;
   unnamed.training.mixed_precision_param = "auto";
   CHECK(code_losses(train::trainer_options(unnamed), data::DataLoader(tokens, 64, 8), 3) == from_code);
+}
+
+TEST_CASE("A step whose loss is not finite stops the run, its update not applied (the skip is on the device)") {
+  const train::JobConfig c = small_job();
+  Model model(c.model.args);
+  model.init_weights(0);
+  train::Trainer<Model> trainer(model, small_options(), data::BatchSource::tokens(small_tokens(), 64, 8));
+  trainer.step();
+  // A NaN in the final norm's weight: every loss and gradient after it is NaN.
+  nn::Parameter<float>* poisoned = nullptr;
+  std::vector<std::vector<float>> before;
+  model.for_each_parameter([&](nn::Parameter<float>& p) {
+    if (p.name == "norm.weight") poisoned = &p;
+  });
+  REQUIRE(poisoned != nullptr);
+  poisoned->value[3] = std::numeric_limits<float>::quiet_NaN();
+  model.for_each_parameter([&](nn::Parameter<float>& p) {
+    before.emplace_back(p.value.data(), p.value.data() + p.numel());
+  });
+  std::string message;
+  try {
+    trainer.step();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("step 2: loss or gradient is not finite") != std::string::npos);
+  CHECK(message.find("the step's update was not applied") != std::string::npos);
+  std::size_t k = 0;
+  bool unchanged = true;
+  model.for_each_parameter([&](nn::Parameter<float>& p) {
+    for (std::int64_t i = 0; i < p.numel(); ++i) {
+      const float b = before[k][static_cast<std::size_t>(i)];
+      unchanged = unchanged && (std::isnan(b) ? std::isnan(p.value[i]) : p.value[i] == b);
+    }
+    ++k;
+  });
+  CHECK(unchanged);
+  CHECK(trainer.optimizer().steps_taken() == 1);  // the skipped update is not counted
 }
 
 TEST_CASE("A Trainer's batches from a callback, resumed at the saved position") {

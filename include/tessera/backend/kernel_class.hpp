@@ -82,6 +82,10 @@ template <class T, class G>
 struct cuda_kernel_class_of<ops::CrossEntropyRow<T, G>> {
   static constexpr KernelClass value = KernelClass::row;
 };
+template <>
+struct cuda_kernel_class_of<ops::LaneSum> {
+  static constexpr KernelClass value = KernelClass::row;
+};
 template <class T, class M>
   requires kCudaLoweredElement<T>
 struct cuda_kernel_class_of<ops::AdamWMultiStep<T, M>> {

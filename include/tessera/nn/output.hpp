@@ -43,6 +43,7 @@
 #include "tessera/layer/layer.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/norm.hpp"
 #include "tessera/ops/traffic.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
@@ -116,14 +117,25 @@ class ChunkedCrossEntropyHead {
   /// Bytes a chunk's logits and their gradient may take.
   std::size_t chunk_budget() const { return budget_; }
 
-  /// Sum over rows of the cross-entropy of h W^T against targets. With `dh` given,
-  /// also writes d(loss_scale * sum)/dh into it and accumulates dW.
+  /// Sum over rows of the cross-entropy of h W^T against targets, read by the host (the
+  /// overload below, then a copy to the host). With `dh` given, also writes
+  /// d(loss_scale * sum)/dh into it and accumulates dW.
+  double forward(const Tensor<T>& h, std::span<const std::int32_t> targets, A loss_scale, Tensor<T>* dh) {
+    Tensor<double> sum = B::template empty<double>(Shape{1});
+    B::for_each(1, ops::LaneSum{nullptr, 0, sum.data(), false});
+    forward(h, targets, loss_scale, dh, sum.data());
+    return download<B>(sum)[0];
+  }
+
+  /// As above, the sum added to *loss_sum in B's memory, which the host does not read:
+  /// the rows' losses added in lane order (ops::LaneSum), the same sum on every backend.
   ///
   /// Logits and their statistics are accum_t<T> (fp32 for bf16: the GEMM accumulates in
   /// fp32 and writes fp32 logits, so the loss never sees bf16 logits); the gradient is
   /// computed in accum_t<T> and rounded to T once, as the operand of the two backward
   /// GEMMs (by the cross-entropy kernel itself, or, under loss parallelism, after it).
-  double forward(const Tensor<T>& h, std::span<const std::int32_t> targets, A loss_scale, Tensor<T>* dh) {
+  void forward(const Tensor<T>& h, std::span<const std::int32_t> targets, A loss_scale, Tensor<T>* dh,
+               double* loss_sum) {
     Region region(region::kLossHead);
     const std::int64_t rows = h.size(0), vocab = weight_->whole.dims[0];
     TESSERA_CHECK(static_cast<std::int64_t>(targets.size()) == rows, "loss: ", targets.size(), " targets for ", rows,
@@ -180,11 +192,7 @@ class ChunkedCrossEntropyHead {
         B::gemm(Trans::yes, Trans::no, A(1), dz, hc, weight_->grad_write_beta(), weight_->grad.view());
       }
     }
-    // Summed on the host in row order: the same total on every backend.
-    const Tensor<double> losses = download<B>(row_loss);
-    double total = 0;
-    for (std::int64_t r = 0; r < rows; ++r) total += losses[r];
-    return total;
+    B::for_each(1, ops::LaneSum{row_loss.data(), rows, loss_sum, true});
   }
 
   /// logits = h W^T for every row of h (use on few rows: generation), in accum_t<T>.

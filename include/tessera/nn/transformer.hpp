@@ -224,6 +224,11 @@ class Transformer {
   /// and the sum over the world counts every element once.
   double grad_norm();
 
+  /// The square of grad_norm() written to *out in B's memory, not read by the host: the
+  /// chunks' sums and their total on the device, and the sum over the world a collective
+  /// there (train::StepScalars clips from it).
+  void squared_grad_norm(double* out);
+
   /// Runs f() with every parameter whole on every rank (for saving): gathers the
   /// data-parallel shards and tensor-parallel pieces, and in a pipeline brings every
   /// stage's parameters to every rank; then frees them again. A collective.
@@ -259,6 +264,12 @@ class Transformer {
   /// return every gradient reduction has completed.
   double forward_backward(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
                           double loss_scale, bool last_micro_batch = true);
+
+  /// As above, this rank's sum of token losses added to *loss_sum in B's memory, which
+  /// the host does not read: nothing in the micro-batch waits for the device
+  /// (train::StepScalars holds the sum until the step ends).
+  void forward_backward(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
+                        double loss_scale, bool last_micro_batch, double* loss_sum);
 
   /// Sum of token losses, no gradients and nothing saved.
   double loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g);
@@ -378,8 +389,8 @@ class Transformer {
   void free_head() { runtime_.head_done(args_.tie_embeddings); }
 
   /// The one-stage walk of forward_backward (no pipeline).
-  double walk(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
-              double loss_scale, bool last_micro_batch);
+  void walk(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
+            double loss_scale, bool last_micro_batch, double* loss_sum);
 
   static void release(Parameter<T>& p) {
     p.value.release();
@@ -469,36 +480,53 @@ void Transformer<T, B, Block>::zero_grad() {
 
 template <class T, Backend B, class Block>
 double Transformer<T, B, Block>::grad_norm() {
+  Tensor<double> sum = B::template empty<double>(Shape{1});
+  squared_grad_norm(sum.data());
+  return std::sqrt(download<B>(sum)[0]);
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::squared_grad_norm(double* out) {
   runtime_.add_owned_gradients(*this, norms_);
-  return std::sqrt(runtime_.sum_over_world(norms_.sum()));
+  norms_.sum_into(out);
+  runtime_.sum_over_world(out);
 }
 
 template <class T, Backend B, class Block>
 double Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> inputs,
                                                   std::span<const std::int32_t> targets, Geometry g,
                                                   double loss_scale, bool last_micro_batch) {
+  Tensor<double> sum = B::template empty<double>(Shape{1});
+  B::for_each(1, ops::LaneSum{nullptr, 0, sum.data(), false});
+  forward_backward(inputs, targets, g, loss_scale, last_micro_batch, sum.data());
+  return download<B>(sum)[0];
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> inputs,
+                                                std::span<const std::int32_t> targets, Geometry g, double loss_scale,
+                                                bool last_micro_batch, double* loss_sum) {
   check_geometry(inputs, g);
   TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a parallel plan");
   if constexpr (Runtime::pipelines)
     if (pipeline_degree() > 1) check_batch(g.batch, g.seq_len);
   meter_.reset_peak();
-  double loss = 0;
+  bool walked = false;
   if constexpr (Runtime::pipelines)
-    loss = pipeline_degree() > 1
-               ? runtime_.pipeline_forward_backward(*this, inputs, targets, g, loss_scale, last_micro_batch)
-               : walk(inputs, targets, g, loss_scale, last_micro_batch);
-  else
-    loss = walk(inputs, targets, g, loss_scale, last_micro_batch);
+    if (pipeline_degree() > 1) {
+      runtime_.pipeline_forward_backward(*this, inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
+      walked = true;
+    }
+  if (!walked) walk(inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
   saved_bytes_peak_ = meter_.peak();
   // What the backward wrote nothing into holds zero (a parameter this rank's part of the
   // step did not reach).
   for_each_local_parameter([](Parameter<T>& p) { p.template zero_grad_if_unwritten<B>(); });
-  return loss;
 }
 
 template <class T, Backend B, class Block>
-double Transformer<T, B, Block>::walk(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
-                                      Geometry g, double loss_scale, bool last_micro_batch) {
+void Transformer<T, B, Block>::walk(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
+                                    Geometry g, double loss_scale, bool last_micro_batch, double* loss_sum) {
   runtime_.begin_step(*this, last_micro_batch);
   Tensor<T> h = tok_embeddings_.forward(inputs);
   runtime_.embedding_forward_done();
@@ -512,7 +540,7 @@ double Transformer<T, B, Block>::walk(std::span<const std::int32_t> inputs, std:
   Tensor<T> hn = parallel::whole_rows<B>(tensor_parallel(), norm_.forward(Context<T>(g, &norm_store), h));
   h.release();
   Tensor<T> dhn = B::template empty<T>(hn.shape());
-  const double loss = head_.forward(hn, targets, static_cast<A>(loss_scale), &dhn);
+  head_.forward(hn, targets, static_cast<A>(loss_scale), &dhn, loss_sum);
   hn.release();
   // Loss parallelism leaves each rank its vocabulary's share of dhn; else dhn is whole.
   dhn = head_.vocab_parallel() ? parallel::summed_rows<B>(tensor_parallel(), dhn)
@@ -532,7 +560,6 @@ double Transformer<T, B, Block>::walk(std::span<const std::int32_t> inputs, std:
   runtime_.before_embedding_backward();
   tok_embeddings_.backward(inputs, dh);
   runtime_.embedding_backward_done(*this, last_micro_batch);
-  return loss;
 }
 
 template <class T, Backend B, class Block>

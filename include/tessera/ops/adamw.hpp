@@ -1,7 +1,8 @@
 // AdamW with decoupled weight decay, one element per call (torch.optim.AdamW's
 // arithmetic): p <- p (1 - lr wd); m <- b1 m + (1 - b1) g; v <- b2 v + (1 - b2) g^2;
 // p <- p - lr (m / c1) / (sqrt(v / c2) + eps), with c1 = 1 - b1^t, c2 = 1 - b2^t.
-// g is the gradient times grad_scale (the clipping coefficient).
+// g is the gradient times grad_scale (the clipping coefficient), which a multi-tensor
+// step may read from the backend's memory, where the clip computed it.
 //
 // AdamWStep updates one tensor. AdamWMultiStep updates every tensor of a model in one
 // launch: a table of AdamWTensor entries (in the backend's memory) gives each tensor a
@@ -123,6 +124,18 @@ struct AdamWMultiStep {
   std::int64_t elements;      // the tensors' numel summed: the indices that are not padding
   std::int64_t tensor_count;  // entries of `tensors`
   bool masters;               // whether the tensors have masters (the optimizer gives all or none)
+  /// Where the step reads its gradient scale in the backend's memory (the clip scale
+  /// ops::ClipScale wrote there), in place of s.grad_scale; null: s.grad_scale. A NaN
+  /// there (a gradient norm or loss that was not finite) skips the step: nothing changes.
+  const A* grad_scale = nullptr;
+  /// The step's scalars, s with the gradient scale read from grad_scale when that is set;
+  /// false where that scale is NaN (the step changes nothing).
+  TESSERA_HD bool scalars(AdamWScalars<A>& out) const {
+    out = s;
+    if (grad_scale == nullptr) return true;
+    out.grad_scale = *grad_scale;
+    return out.grad_scale == out.grad_scale;
+  }
   /// One element's state in A: the master or the parameter, the moments (bf16 widened
   /// exactly) and the gradient.
   struct Element {
@@ -134,8 +147,9 @@ struct AdamWMultiStep {
   }
   /// Element j updated: the moments (bf16 rounded once, to nearest even), the master and
   /// the parameter.
-  TESSERA_HD void update_and_store(const AdamWTensor<T, M>& t, std::int64_t j, Element e) const {
-    adamw_update(e.p, e.m, e.v, e.g, s);
+  TESSERA_HD void update_and_store(const AdamWTensor<T, M>& t, std::int64_t j, Element e,
+                                   const AdamWScalars<A>& sc) const {
+    adamw_update(e.p, e.m, e.v, e.g, sc);
     t.exp_avg[j] = from_accum<M>(e.m);
     t.exp_avg_sq[j] = from_accum<M>(e.v);
     if (t.master == nullptr) {
@@ -152,7 +166,9 @@ struct AdamWMultiStep {
     const AdamWTensor<T, M>& t = tensors[block_tensor[i / kAdamWBlock]];
     const std::int64_t j = i - t.begin;
     if (j >= t.numel) return;  // the padding after a tensor, up to its last block's end
-    update_and_store(t, j, load(t, j));
+    AdamWScalars<A> sc;
+    if (!scalars(sc)) return;
+    update_and_store(t, j, load(t, j), sc);
   }
   // The tables once per launch (an entry of block_tensor per block, each tensor's entry);
   // per element g, m, v and the master or the parameter read, m, v, the parameter and
@@ -162,7 +178,8 @@ struct AdamWMultiStep {
     const double blocks = static_cast<double>((n + kAdamWBlock - 1) / kAdamWBlock);
     const double tables =
         blocks * sizeof(std::int32_t) + static_cast<double>(tensor_count) * sizeof(AdamWTensor<T, M>);
-    const double read = tables + e * (sizeof(A) + 2 * sizeof(M) + (masters ? sizeof(A) : sizeof(T)));
+    const double scale = grad_scale != nullptr ? sizeof(A) : 0;  // read once, as the tables are
+    const double read = tables + scale + e * (sizeof(A) + 2 * sizeof(M) + (masters ? sizeof(A) : sizeof(T)));
     const double written = e * (2 * sizeof(M) + sizeof(T) + m * sizeof(A));
     return {read, written, kAdamWFlops * e, e};
   }

@@ -1,9 +1,10 @@
-// Sums of squares for the gradient norm, over many tensors in one launch.
+// Sums of squares for the gradient norm, over many tensors in one launch, and the clip
+// scale computed from them where they are, with no value read by the host.
 //
 // The elements are cut into chunks of at most kNormChunk, each within one tensor; one
-// call per chunk sums its squares in double into its own slot, and the caller adds
-// the slots on the host in chunk order. The chunks are fixed by the tensors alone, so
-// the total does not depend on how the backend schedules the calls.
+// call per chunk sums its squares in double into its own slot, and LaneSum then adds the
+// slots in the lane order below, on the device. The chunks are fixed by the tensors
+// alone, so the total does not depend on how the backend schedules the calls.
 //
 // Within a chunk the order of the additions is fixed too, and chosen for a GPU block:
 // kNormLanes lanes, lane l summing elements l, l + kNormLanes, l + 2 kNormLanes, ... in
@@ -18,6 +19,7 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
+#include "tessera/ops/math.hpp"
 #include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
@@ -92,6 +94,65 @@ struct SquaredNormChunks {
   Traffic traffic(std::int64_t chunks) const {
     const double c = static_cast<double>(chunks), e = static_cast<double>(elements);
     return Traffic{static_cast<double>(piece_count) * sizeof(NormPiece<T>) + e * sizeof(T), c * sizeof(double), 2 * e, 0};
+  }
+};
+
+/// The sum of n doubles in the lane order of a chunk (lane l adds x[l], x[l + kNormLanes],
+/// ... in turn, then the lanes by halves), written to *out, or added to it with
+/// `accumulate`. One call, index 0: on CUDA one block of kNormLanes threads, with
+/// coalesced loads (backend/cuda/norm_kernels.cuh), the CPU's sum bit for bit. It adds
+/// the gradient norm's chunk sums and the loss head's row losses on the device, so a
+/// step's scalars stay there until the step ends (train/step_scalars.hpp).
+struct LaneSum {
+  const double* x;
+  std::int64_t n;
+  double* out;
+  bool accumulate;
+  TESSERA_HD void operator()(std::int64_t) const {
+    double lane[kNormLanes] = {};
+    std::int64_t i = 0;
+    for (; i + kNormLanes <= n; i += kNormLanes)
+      for (int l = 0; l < kNormLanes; ++l) lane[l] += x[i + l];
+    for (int l = 0; i + l < n; ++l) lane[l] += x[i + l];
+    for (int h = kNormLanes / 2; h >= 1; h /= 2)
+      for (int l = 0; l < h; ++l) lane[l] += lane[l + h];
+    *out = accumulate ? *out + lane[0] : lane[0];
+  }
+  Traffic traffic(std::int64_t) const {
+    const double e = static_cast<double>(n);
+    return Traffic{(e + (accumulate ? 1 : 0)) * sizeof(double), sizeof(double), e, 0};
+  }
+};
+
+/// Whether x is a finite number (neither infinite nor NaN), on either backend.
+TESSERA_HD inline bool finite(double x) { return x - x == 0.0; }
+
+/// The clipping coefficient for a gradient norm: min(1, max_norm / (norm + 1e-6))
+/// (torch.nn.utils.clip_grad_norm_'s), 1 when max_norm <= 0 (no clipping).
+TESSERA_HD inline double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double c = max_norm / (norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+/// The gradient scale AdamW reads (AdamWMultiStep::grad_scale) from the squared gradient
+/// norm the device holds: clip_coefficient(sqrt(*squared_norm), max_norm), rounded to A.
+/// NaN where the norm or the loss sum (when given) is not finite: AdamW then changes
+/// nothing, and the trainer, reading both at the step's end, stops with the values.
+template <class A>
+struct ClipScale {
+  const double* squared_norm;
+  const double* loss_sum;  // or null
+  double max_norm;
+  A* scale;
+  TESSERA_HD void operator()(std::int64_t) const {
+    const double norm = sqrt_(*squared_norm);
+    if (!finite(norm)) *scale = static_cast<A>(norm - norm);  // x - x: NaN for x infinite or NaN
+    else if (loss_sum != nullptr && !finite(*loss_sum)) *scale = static_cast<A>(*loss_sum - *loss_sum);
+    else *scale = static_cast<A>(clip_coefficient(norm, max_norm));
+  }
+  Traffic traffic(std::int64_t) const {
+    return Traffic{(loss_sum != nullptr ? 2.0 : 1.0) * sizeof(double), sizeof(A), 4, 1};
   }
 };
 

@@ -110,7 +110,15 @@ class AdamW {
 
   /// One update at learning rate `lr`, gradients multiplied by `grad_scale`: every
   /// parameter in one launch (ops::AdamWMultiStep).
-  void step(double lr, double grad_scale = 1.0) {
+  void step(double lr, double grad_scale = 1.0) { step(lr, grad_scale, nullptr); }
+
+  /// One update at learning rate `lr`, gradients multiplied by the scale at `grad_scale`
+  /// in B's memory (the clip scale ops::ClipScale wrote, read by the kernel, not the
+  /// host); a NaN there skips the update on the device (train::StepScalars).
+  void step(double lr, const A* grad_scale) { step(lr, 1.0, grad_scale); }
+
+ private:
+  void step(double lr, double grad_scale, const A* device_grad_scale) {
     ++step_;
     const double bc1 = 1 - std::pow(options_.beta1, static_cast<double>(step_));
     const double bc2 = 1 - std::pow(options_.beta2, static_cast<double>(step_));
@@ -123,9 +131,11 @@ class AdamW {
                                        static_cast<A>(bc2),
                                        static_cast<A>(grad_scale)};
     if constexpr (std::is_same_v<A, float>)
-      if (bf16_states()) return launch(launch_bf16_, scalars);
-    launch(launch_accum_, scalars);
+      if (bf16_states()) return launch(launch_bf16_, scalars, device_grad_scale);
+    launch(launch_accum_, scalars, device_grad_scale);
   }
+
+ public:
 
   /// The first step's one-time work without the step: uploads the launch's tables of
   /// tensors (again only if a tensor moved since), so that a step() after it does what
@@ -212,11 +222,12 @@ class AdamW {
   bool bf16_states() const { return options_.state_dtype == DType::bf16; }
 
   template <class M>
-  void launch(Launch<M>& l, const ops::AdamWScalars<A>& scalars) {
+  void launch(Launch<M>& l, const ops::AdamWScalars<A>& scalars, const A* grad_scale) {
     refresh_tables(l);
     if (l.size == 0) return;
     B::for_each(l.size, ops::AdamWMultiStep<T, M>{l.tensors.data(), l.block_tensor.data(), scalars, l.elements,
-                                                  static_cast<std::int64_t>(l.host_table.size()), has_masters()});
+                                                  static_cast<std::int64_t>(l.host_table.size()), has_masters(),
+                                                  grad_scale});
   }
 
   /// The launch's tables in B's memory, uploaded again only when a tensor moved (a

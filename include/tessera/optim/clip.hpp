@@ -1,11 +1,12 @@
 // Global gradient norm and clipping (torch.nn.utils.clip_grad_norm_'s arithmetic):
 // norm = sqrt(sum of squares of every gradient); coefficient min(1, max_norm / (norm + 1e-6)).
-// The sum runs in double over fixed chunks in a fixed order: the same result for any
-// thread count or backend. Every tensor's chunks go in one launch (SquaredNorms), so a
-// GPU pays one kernel and one device-to-host copy per step for the whole norm.
+// The sum runs in double over fixed chunks, and the chunks' sums are added in a fixed
+// order (ops::LaneSum): the same result for any thread count or backend. Every tensor's
+// chunks go in one launch and their total in a second, into the backend's memory: a
+// training step leaves it there for the clip scale (ops::ClipScale) and reads it when
+// the step ends (train/step_scalars.hpp); sum() reads it at once.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -17,11 +18,12 @@
 
 namespace tessera::optim {
 
-/// Sums of squares of many tensors (or pieces of tensors) in one launch and one
-/// download: add() each, then sum(). The table of pieces lives in B's memory and is
-/// uploaded again only when the pieces change, so a model's gradient norm costs one
-/// launch and one transfer per step. The total is each piece's sum (its chunks added in
-/// order), added in the order the pieces came: the same value on every backend.
+/// Sums of squares of many tensors (or pieces of tensors) in two launches: add() each,
+/// then sum_into() (or sum()). The table of pieces lives in B's memory and is uploaded
+/// again only when the pieces change, so a model's gradient norm costs two launches a
+/// step. The total is the chunks' sums added in lane order (ops::LaneSum), the chunks
+/// numbered piece after piece in the order the pieces came: the same value on every
+/// backend.
 template <Backend B, class T>
 class SquaredNorms {
  public:
@@ -41,20 +43,25 @@ class SquaredNorms {
     chunks_ = 0;
   }
 
-  /// The sum of squares of every element added since the last sum(); forgets them.
-  double sum() {
+  /// Writes the sum of squares of every element added since the last sum() to *out (B's
+  /// memory) without reading it: the chunks' sums (ops::SquaredNormChunks), then their
+  /// total in lane order (ops::LaneSum). Forgets the pieces.
+  void sum_into(double* out) {
     prepare();
-    if (table_pieces_.empty()) return 0;
-    B::for_each(partial_.numel(), ops::SquaredNormChunks<T>{table_.data(), table_.numel(), partial_.data(), elements_});
-    const Tensor<double> partial = download<B>(partial_);
-    double total = 0;
-    std::int64_t c = 0;
-    for (const auto& p : table_pieces_) {
-      double piece = 0;
-      for (const std::int64_t end = p.first + ops::norm_chunks(p.n); c < end; ++c) piece += partial[c];
-      total += piece;
+    if (table_pieces_.empty()) {
+      B::for_each(1, ops::LaneSum{nullptr, 0, out, false});
+      return;
     }
-    return total;
+    B::for_each(partial_.numel(), ops::SquaredNormChunks<T>{table_.data(), table_.numel(), partial_.data(), elements_});
+    B::for_each(1, ops::LaneSum{partial_.data(), partial_.numel(), out, false});
+  }
+
+  /// The sum of squares of every element added since the last sum(), read by the host
+  /// (a synchronisation); forgets them.
+  double sum() {
+    if (total_.empty()) total_ = B::template empty<double>(Shape{1});
+    sum_into(total_.data());
+    return download<B>(total_)[0];
   }
 
  private:
@@ -76,6 +83,7 @@ class SquaredNorms {
   std::int64_t elements_ = 0;                    // their elements, summed
   Tensor<ops::NormPiece<T>> table_;
   Tensor<double> partial_;
+  Tensor<double> total_;  // sum()'s result, before its copy to the host
 };
 
 /// Sum of squares of one tensor's elements.
@@ -86,11 +94,9 @@ double squared_norm(const Tensor<T>& t) {
   return norms.sum();
 }
 
-/// The clipping coefficient for a gradient norm; max_norm <= 0 disables clipping.
-inline double clip_coefficient(double norm, double max_norm) {
-  if (max_norm <= 0) return 1.0;
-  return std::min(1.0, max_norm / (norm + 1e-6));
-}
+/// The clipping coefficient for a gradient norm; max_norm <= 0 disables clipping
+/// (ops::clip_coefficient, which the device's ops::ClipScale computes too).
+inline double clip_coefficient(double norm, double max_norm) { return ops::clip_coefficient(norm, max_norm); }
 
 /// The global L2 norm of every parameter's gradient.
 template <Backend B, class Model>

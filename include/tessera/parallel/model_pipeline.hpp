@@ -31,6 +31,7 @@
 #include "tessera/layer/layer.hpp"
 #include "tessera/layer/runtime.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/norm.hpp"
 #include "tessera/parallel/model_units.hpp"
 #include "tessera/parallel/pipeline_program.hpp"
 #include "tessera/parallel/pipeline_runner.hpp"
@@ -111,20 +112,23 @@ class ModelPipeline {
   }
 
   /// One micro-batch through the pipeline: the schedule's program run over this rank's
-  /// stages; then every data-parallel unit reduces once. Returns the sum of token
-  /// losses (on every pipeline rank).
+  /// stages; then every data-parallel unit reduces once. Adds the sum of token losses
+  /// to *loss_sum in B's memory (on every pipeline rank), which the host does not read.
   template <class Model>
-  double forward_backward(Model& m, ModelUnits<T, B>& units, std::span<const std::int32_t> inputs,
-                          std::span<const std::int32_t> targets, nn::Geometry g, double loss_scale,
-                          bool last_micro_batch) {
+  void forward_backward(Model& m, ModelUnits<T, B>& units, std::span<const std::int32_t> inputs,
+                        std::span<const std::int32_t> targets, nn::Geometry g, double loss_scale,
+                        bool last_micro_batch, double* loss_sum) {
     const std::int64_t mb = microbatch_size(g.batch);
     const int M = static_cast<int>(g.batch / mb);
-    Stages<Model> stages(*this, m, units, inputs, targets, nn::Geometry{mb, g.seq_len}, M, loss_scale, true);
+    Tensor<double> pass_sum = zeroed_sum();
+    Stages<Model> stages(*this, m, units, inputs, targets, nn::Geometry{mb, g.seq_len}, M, loss_scale, true,
+                         pass_sum.data());
     const PipelinePass pass = run_pipeline<B>(program(M), rank_, plan_.mesh->pp(), stages);
     stages.check_done();
     wait_seconds_ = pass.wait_seconds;
     units.reduce_after_pass(m, last_micro_batch);
-    return pass.loss;
+    sum_over_pipeline(pass_sum);
+    B::for_each(1, ops::LaneSum{pass_sum.data(), 1, loss_sum, true});
   }
 
   /// The sum of token losses without gradients: the whole batch as one microbatch,
@@ -136,9 +140,22 @@ class ModelPipeline {
       forward_program_ = lower_forward(pp_, stages_per_rank_);
       check_program(*forward_program_);
     }
-    Stages<Model> stages(*this, m, units, inputs, targets, g, 1, 0.0, false);
-    return run_pipeline<B>(*forward_program_, rank_, plan_.mesh->pp(), stages).loss;
+    Tensor<double> sum = zeroed_sum();
+    Stages<Model> stages(*this, m, units, inputs, targets, g, 1, 0.0, false, sum.data());
+    run_pipeline<B>(*forward_program_, rank_, plan_.mesh->pp(), stages);
+    sum_over_pipeline(sum);
+    return download<B>(sum)[0];
   }
+
+  /// A pass's loss sum in B's memory, zeroed (a launch).
+  static Tensor<double> zeroed_sum() {
+    Tensor<double> sum = B::template empty<double>(Shape{1});
+    B::for_each(1, ops::LaneSum{nullptr, 0, sum.data(), false});
+    return sum;
+  }
+  /// The last stage's loss sum on every pipeline rank (the others add zero): a collective
+  /// on the device.
+  void sum_over_pipeline(Tensor<double>& sum) { plan_.mesh->pp().all_reduce(std::span<double>(sum.data(), 1)); }
 
   /// Every parameter of the whole model, each broadcast from the pipeline rank holding
   /// it (whose values are whole already): `all` names and shapes them (a one-rank
@@ -196,10 +213,12 @@ class ModelPipeline {
   class Stages {
    public:
     using tensor_type = Tensor<T>;
+    /// The head adds its loss into loss_sum_ (B's memory), not run_pipeline's `loss`.
+    static constexpr bool kLossOnDevice = true;
 
     Stages(ModelPipeline& pipeline, Model& model, ModelUnits<T, B>& units, std::span<const std::int32_t> inputs,
            std::span<const std::int32_t> targets, nn::Geometry microbatch, int microbatches, double loss_scale,
-           bool training)
+           bool training, double* loss_sum)
         : pipeline_(pipeline),
           model_(model),
           units_(units),
@@ -209,6 +228,7 @@ class ModelPipeline {
           M_(microbatches),
           loss_scale_(loss_scale),
           training_(training),
+          loss_sum_(loss_sum),
           head_grad_(static_cast<std::size_t>(microbatches)),
           deferred_(static_cast<std::size_t>(pipeline.stages_per_rank_ * microbatches)) {
       if (!training) return;
@@ -225,7 +245,7 @@ class ModelPipeline {
       return B::template empty<T>(Shape{tp ? tp->rows_held(rows) : rows, model_.args().dim});
     }
 
-    Tensor<T> forward(int s, int m, Tensor<T> x, double& loss) {
+    Tensor<T> forward(int s, int m, Tensor<T> x, double& /*loss: kLossOnDevice*/) {
       Model& t = model_;
       const StageRange& range = pipeline_.stages_[static_cast<std::size_t>(s)];
       if (range.embedding) {
@@ -241,7 +261,7 @@ class ModelPipeline {
       if (!training_) {
         if (head) head->unshard();
         Tensor<T> hn = t.final_norm().forward(nn::Context<T>(g_, nullptr), x);
-        loss += t.head().forward(whole_rows<B>(t.tensor_parallel(), hn), ids(targets_, m), A(0), nullptr);
+        t.head().forward(whole_rows<B>(t.tensor_parallel(), hn), ids(targets_, m), A(0), nullptr, loss_sum_);
         if (head) head->reshard();
         return {};
       }
@@ -253,7 +273,7 @@ class ModelPipeline {
       Tensor<T> hn = whole_rows<B>(t.tensor_parallel(), t.final_norm().forward(nn::Context<T>(g_, &norm_store), x));
       x.release();
       Tensor<T> dhn = B::template empty<T>(hn.shape());
-      loss += t.head().forward(hn, ids(targets_, m), static_cast<A>(loss_scale_), &dhn);
+      t.head().forward(hn, ids(targets_, m), static_cast<A>(loss_scale_), &dhn, loss_sum_);
       head_grad_[static_cast<std::size_t>(m)] = t.head().vocab_parallel() ? summed_rows<B>(t.tensor_parallel(), dhn)
                                                                           : own_rows<B>(t.tensor_parallel(), dhn);
       return {};
@@ -316,6 +336,7 @@ class ModelPipeline {
     int M_;
     double loss_scale_;
     bool training_;
+    double* loss_sum_;  // B's memory: the sum of this pass's token losses (the last stage's)
     std::deque<nn::ActivationStore<T>> stores_;       // (local layer, microbatch)
     std::deque<nn::ActivationStore<T>> norm_stores_;  // per microbatch
     std::vector<Tensor<T>> head_grad_;                // per microbatch: the head's gradient of the final norm's output

@@ -195,10 +195,10 @@ class ModelRuntime {
       });
   }
 
-  /// A sum over every rank of the world (each rank's own part in).
-  double sum_over_world(double s) const {
-    if (plan_.mesh && plan_.mesh->world().size() > 1) s = all_reduce_host<B>(plan_.mesh->world(), s);
-    return s;
+  /// *s (B's memory, each rank's own part) summed over every rank of the world, there: a collective on the
+  /// device, no host read.
+  void sum_over_world(double* s) const {
+    if (plan_.mesh && plan_.mesh->world().size() > 1) plan_.mesh->world().all_reduce(std::span<double>(s, 1));
   }
 
   // ---- a step's walk: the data-parallel units' order ------------------------------
@@ -233,10 +233,10 @@ class ModelRuntime {
   std::int64_t microbatch_size(std::int64_t batch) const { return pipeline_.microbatch_size(batch); }
 
   template <class Model>
-  double pipeline_forward_backward(Model& m, std::span<const std::int32_t> inputs,
-                                   std::span<const std::int32_t> targets, nn::Geometry g, double loss_scale,
-                                   bool last_micro_batch) {
-    return pipeline_.forward_backward(m, units_, inputs, targets, g, loss_scale, last_micro_batch);
+  void pipeline_forward_backward(Model& m, std::span<const std::int32_t> inputs,
+                                 std::span<const std::int32_t> targets, nn::Geometry g, double loss_scale,
+                                 bool last_micro_batch, double* loss_sum) {
+    pipeline_.forward_backward(m, units_, inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
   }
   template <class Model>
   double pipeline_loss(Model& m, std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,

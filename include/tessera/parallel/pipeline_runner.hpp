@@ -17,7 +17,9 @@
 //     and consumer share a rank (one rank only) is handed over in memory;
 //   - every group has completed before the pass returns, even when a stage throws.
 // The loss the last stage's forwards add up is summed over the pipeline ranks
-// (all_reduce_host), so every rank returns the pass's loss.
+// (all_reduce_host), so every rank returns the pass's loss; stages that keep their loss
+// in the backend's memory (kLossOnDevice) sum it there themselves, and the host reads
+// nothing.
 #pragma once
 
 #include <chrono>
@@ -49,6 +51,9 @@ namespace tessera::parallel {
 ///                                     gradient, empty on stage 0; with `defer`, the weight-gradient
 ///                                     work is left for backward_weight
 ///   backward_weight(stage, m)         runs the work a deferring backward left
+/// A stage type with `static constexpr bool kLossOnDevice = true` adds its loss into memory
+/// of its own instead (`loss` untouched): the pass then returns 0 as its loss, and the
+/// stages sum theirs over the pipeline (the model's do, on the device).
 template <class S>
 concept PipelineStages = requires(S& s, typename S::tensor_type x, int stage, int m, double& loss, bool defer) {
   typename S::tensor_type;
@@ -156,7 +161,7 @@ PipelinePass run_pipeline(const Program& program, int rank, comm::Communicator& 
   }
   TESSERA_CHECK(ready.empty(), "pipeline: rank ", rank, " ended its pass with ", ready.size(),
                 " tensors nobody took (a bug in the lowered program)");
-  pass.loss = all_reduce_host<B>(pp, pass.loss);
+  if constexpr (!requires { Stages::kLossOnDevice; }) pass.loss = all_reduce_host<B>(pp, pass.loss);
   return pass;
 }
 

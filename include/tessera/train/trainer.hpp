@@ -44,6 +44,7 @@
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/job_plan.hpp"
 #include "tessera/train/metrics.hpp"
+#include "tessera/train/step_scalars.hpp"
 #include "tessera/train/trainer_options.hpp"
 
 namespace tessera::train {
@@ -186,6 +187,7 @@ class Trainer {
   data::BatchSource batches_;
   optim::AdamW<T, B> optimizer_;
   optim::LrSchedule schedule_;
+  train::StepScalars<B, accum_t<T>> scalars_;  // the step's loss sum, norm and clip scale, on the device
   std::int64_t accumulation_ = 1;
   std::int64_t step_ = 0;
   std::int64_t lr_step_ = 0;  // the schedule's position: the step count unless a resume restarted one of them
@@ -235,28 +237,35 @@ StepMetrics Trainer<Model>::step() {
   if (mesh)
     n_targets = static_cast<std::int64_t>(parallel::all_reduce_host<B>(mesh->dp(), static_cast<double>(n_targets)));
   TESSERA_CHECK(n_targets > 0, "step ", step_ + 1, ": the batch has no target tokens");
+  // The step launches everything without reading a value back (train/step_scalars.hpp):
+  // the loss sum, the gradient norm and the clip scale stay on the device, and AdamW
+  // reads the scale there; the host reads the loss and the norm once, at the end.
   model_.zero_grad();
-  double loss_sum = 0;
+  scalars_.begin();
   std::size_t activations = 0;
   for (std::size_t i = 0; i < micro.size(); ++i) {
     const auto& b = micro[i];
-    loss_sum += model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
-                                        1.0 / static_cast<double>(n_targets), i + 1 == micro.size());
+    model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
+                            1.0 / static_cast<double>(n_targets), i + 1 == micro.size(), scalars_.loss_sum());
     activations = std::max(activations, model_.saved_activation_bytes());
   }
-  if (mesh) loss_sum = parallel::all_reduce_host<B>(mesh->dp(), loss_sum);
+  if (mesh) scalars_.sum_loss_over(mesh->dp());
   const double lr = options_.optimizer.lr * schedule_.factor(lr_step_);
-  double norm = 0;
   {
     Region optimizer(region::kOptimizer);
-    norm = model_.grad_norm();
-    TESSERA_CHECK(std::isfinite(norm) && std::isfinite(loss_sum), "step ", step_ + 1,
-                  ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
-                  "); lower ", options_.name("optimizer.lr", "the learning rate"), " or ",
-                  options_.name("training.max_norm", "max_norm"));
-    optimizer_.step(lr, optim::clip_coefficient(norm, options_.max_norm));
+    model_.squared_grad_norm(scalars_.squared_norm());
+    scalars_.clip(options_.max_norm);
+    optimizer_.step(lr, scalars_.grad_scale());  // skipped on the device if the loss or the norm is not finite
   }
   B::synchronize();
+  const auto read = scalars_.read();
+  const double loss_sum = read.loss_sum, norm = read.grad_norm;
+  if (!read.finite()) {
+    optimizer_.set_steps_taken(optimizer_.steps_taken() - 1);  // the update was skipped
+    fail("step ", step_ + 1, ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
+         "); lower ", options_.name("optimizer.lr", "the learning rate"), " or ",
+         options_.name("training.max_norm", "max_norm"), " (the step's update was not applied)");
+  }
   ++step_;
   ++lr_step_;
 

@@ -24,6 +24,8 @@ template <class T, class M>
 __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(ops::AdamWMultiStep<T, M> f) {
   constexpr int kPerThread = static_cast<int>(ops::kAdamWBlock / kAdamWThreads);
   using Element = typename ops::AdamWMultiStep<T, M>::Element;
+  ops::AdamWScalars<typename ops::AdamWMultiStep<T, M>::A> sc;
+  if (!f.scalars(sc)) return;  // a NaN gradient scale: the step changes nothing
   const std::int64_t b = blockIdx.x;
   const ops::AdamWTensor<T, M> t = f.tensors[f.block_tensor[b]];
   const std::int64_t j0 = b * ops::kAdamWBlock - t.begin + threadIdx.x;
@@ -33,7 +35,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_multi_kernel(ops::AdamWMu
     if (const std::int64_t j = j0 + k * kAdamWThreads; j < t.numel) e[k] = f.load(t, j);
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k)
-    if (const std::int64_t j = j0 + k * kAdamWThreads; j < t.numel) f.update_and_store(t, j, e[k]);
+    if (const std::int64_t j = j0 + k * kAdamWThreads; j < t.numel) f.update_and_store(t, j, e[k], sc);
 }
 
 /// OpKernel for AdamWMultiStep: a block per block of indices.

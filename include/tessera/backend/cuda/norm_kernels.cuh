@@ -1,6 +1,6 @@
-// The gradient norm's kernel (ops/norm.hpp): SquaredNormChunks, one block of
-// ops::kNormLanes threads per chunk, in the lane order ops/norm.hpp defines: the CPU
-// backend's sum bit for bit.
+// The gradient norm's kernels (ops/norm.hpp): SquaredNormChunks, one block of
+// ops::kNormLanes threads per chunk, and LaneSum, one block for its whole sum, each in
+// the lane order ops/norm.hpp defines: the CPU backend's sums bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,6 +41,33 @@ struct SquaredNormChunksKernel {
     TESSERA_CHECK(chunks <= std::int64_t{0x7fffffff}, "SquaredNormChunks: ", chunks,
                   " chunks is past a grid's 2^31 - 1 blocks");
     squared_norm_chunks_kernel<T><<<static_cast<unsigned>(chunks), ops::kNormLanes, 0, stream>>>(f);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+/// LaneSum in one block, thread l its lane: x[l], x[l + kNormLanes], ... added in turn
+/// (a warp's loads side by side), then the lanes by halves in shared memory. A template
+/// (of F = ops::LaneSum) so that every file including this header may define it.
+template <class F>
+__global__ void __launch_bounds__(ops::kNormLanes) lane_sum_kernel(F f) {
+  __shared__ double lane[ops::kNormLanes];
+  const int l = static_cast<int>(threadIdx.x);
+  double s = 0;
+#pragma unroll 4
+  for (std::int64_t i = l; i < f.n; i += ops::kNormLanes) s += f.x[i];
+  lane[l] = s;
+  __syncthreads();
+  for (int h = ops::kNormLanes / 2; h >= 1; h /= 2) {
+    if (l < h) lane[l] += lane[l + h];
+    __syncthreads();
+  }
+  if (l == 0) *f.out = f.accumulate ? *f.out + lane[0] : lane[0];
+}
+
+/// OpKernel for LaneSum: one block (its one index).
+struct LaneSumKernel {
+  static void launch(std::int64_t, const ops::LaneSum& f, cudaStream_t stream) {
+    lane_sum_kernel<ops::LaneSum><<<1, ops::kNormLanes, 0, stream>>>(f);
     TESSERA_CUDA_CHECK(cudaGetLastError());
   }
 };

@@ -23,7 +23,7 @@
 //                              CausalSoftmaxBackward, RowDot
 //   elementwise_kernels.cuh    SwiGluForward, SwiGluBackward, Add, Copy, Axpy, Scale, Fill
 //   rope_kernels.cuh           RopeRotate
-//   norm_kernels.cuh           SquaredNormChunks
+//   norm_kernels.cuh           SquaredNormChunks, LaneSum
 //   adamw_kernels.cuh          AdamWMultiStep
 //
 // This header holds the table that gives each of them its OpKernel, checks it against
@@ -104,6 +104,8 @@ struct OpKernel<ops::CrossEntropyRow<T, G>> : detail::RowKernel<detail::CrossEnt
 template <class T, class M>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::AdamWMultiStep<T, M>> : detail::AdamWMultiKernel<T, M> {};
+template <>
+struct OpKernel<ops::LaneSum> : detail::LaneSumKernel {};
 
 namespace detail {
 /// The host-side list the cost model prices launches by (backend/kernel_class.hpp) names
@@ -126,7 +128,8 @@ constexpr bool kernel_classes_agree() {
          (!std::is_same_v<accum_t<T>, float> || kKernelClassAgrees<ops::AdamWMultiStep<T, bf16>>) &&
          kKernelClassAgrees<ops::InitValues<T>> && kKernelClassAgrees<ops::SquaredNormChunks<T>>;
 }
-static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>(),
+static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>() &&
+                  kKernelClassAgrees<ops::LaneSum>,
               "tessera: backend/kernel_class.hpp must list exactly the functors row_kernels.cuh lowers");
 }  // namespace detail
 
