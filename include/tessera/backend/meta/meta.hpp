@@ -140,8 +140,23 @@ class AllocatorReplay {
   AllocatorReplay(const AllocatorReplay&) = delete;
   AllocatorReplay& operator=(const AllocatorReplay&) = delete;
 
-  void* allocate(std::size_t bytes) { return allocator_.allocate(bytes); }
+  void* allocate(std::size_t bytes) {
+    void* p = allocator_.allocate(bytes);
+    if (log_ != nullptr) log_->push_back({bytes, reinterpret_cast<std::uintptr_t>(p)});
+    return p;
+  }
   CachingAllocator::Stats stats() const { return allocator_.stats(); }
+
+  /// A block allocate() handed out: the bytes asked for and where it went.
+  struct Block {
+    std::size_t bytes;
+    std::uintptr_t address;
+    friend bool operator==(const Block&, const Block&) = default;
+  };
+  /// From now on appends each block allocate() hands out to `log`, in order (nullptr:
+  /// stops). Two steps that log the same blocks could both be replays of one CUDA graph
+  /// captured over either: its kernels keep the addresses they were captured with.
+  void log_blocks(std::vector<Block>* log) { log_ = log; }
 
   /// The replay open on this thread, or nullptr.
   static AllocatorReplay*& current() {
@@ -202,6 +217,7 @@ class AllocatorReplay {
 
   bool recycle_range_ = false;  // read while allocator_ is destroyed: declared before it
   CachingAllocator allocator_;
+  std::vector<Block>* log_ = nullptr;
   AllocatorReplay* previous_;
 };
 
