@@ -217,9 +217,10 @@ TEST_CASE_TEMPLATE("RMSNorm forward: the lowered kernel gives the CPU functor's 
   for (const RowCase& c : kNormCases) check_rmsnorm_forward<T>(c, seed += 10);
 }
 
-/// RmsNormBackwardInput on the GPU and on the CPU for one case, from the CPU forward's rstd.
+/// RmsNormBackwardInput on the GPU and on the CPU for one case, from the CPU forward's
+/// rstd; with `residual`, a residual's gradient added in the same pass.
 template <class T>
-void check_rmsnorm_backward_input(const RowCase& c, std::uint32_t seed) {
+void check_rmsnorm_backward_input(const RowCase& c, std::uint32_t seed, bool residual = false) {
   using R = RstdOf<T>;
   const NormInputs<T> in(c, seed);
   std::vector<T> y(in.x.size());
@@ -236,8 +237,9 @@ void check_rmsnorm_backward_input(const RowCase& c, std::uint32_t seed) {
 
   using F = ops::RmsNormBackwardInput<T>;
   const std::vector<T> dx0 = random_values<T>(in.x.size(), 7, 8, seed + 3);
+  const std::vector<T> res = random_values<T>(in.x.size(), -1, 1, seed + 4);
   F f{};
-  f.ldx = f.lddy = f.lddx = c.ld;
+  f.ldx = f.lddy = f.lddx = f.ldres = c.ld;
   f.n = c.n;
   std::vector<T> dx_cpu = dx0;
   F fc = f;
@@ -246,9 +248,11 @@ void check_rmsnorm_backward_input(const RowCase& c, std::uint32_t seed) {
   fc.rstd = rstd.data();
   fc.dy = in.dy.data();
   fc.dx = dx_cpu.data();
+  if (residual) fc.residual = res.data();
   Cpu::for_each(c.rows, fc);
 
-  DeviceArray<T> dxin(in.x, c.offset), dw(in.w, c.offset), ddy(in.dy, c.offset), ddx(dx0, c.offset);
+  DeviceArray<T> dxin(in.x, c.offset), dw(in.w, c.offset), ddy(in.dy, c.offset), ddx(dx0, c.offset),
+      dres(res, c.offset);
   DeviceArray<R> drstd(rstd);
   F fg = f;
   fg.x = dxin.data();
@@ -256,6 +260,7 @@ void check_rmsnorm_backward_input(const RowCase& c, std::uint32_t seed) {
   fg.rstd = drstd.data();
   fg.dy = ddy.data();
   fg.dx = ddx.data();
+  if (residual) fg.residual = dres.data();
   gpu_test::launch_op(c.rows, fg);
 
   // dx_j = rs w_j dy_j - c x_j with c = rs^3 sum_k(w dy x) / n: the sum's error
@@ -277,16 +282,21 @@ void check_rmsnorm_backward_input(const RowCase& c, std::uint32_t seed) {
                 const std::int64_t r = static_cast<std::int64_t>(i) / c.ld, j = static_cast<std::int64_t>(i) % c.ld;
                 if (j >= c.n) return 0.0;
                 const double rs = value(rstd[r]), x = value(in.x[i]);
-                const double terms = std::fabs(rs * value(in.w[j]) * value(in.dy[i])) + std::fabs(coef[r] * x);
+                const double terms = std::fabs(rs * value(in.w[j]) * value(in.dy[i])) + std::fabs(coef[r] * x) +
+                                     (residual ? std::fabs(value(res[i])) : 0.0);
                 const double through_c = kRowSumTol * rs * rs * rs * abs_dot[r] / static_cast<double>(c.n);
                 return kExprTol * terms + through_c * std::fabs(x) + rounding_of<T>() * std::fabs(value(dx_cpu[i]));
               },
-              "dx, " + describe(c));
+              (residual ? "dx + residual, " : "dx, ") + describe(c));
 }
 
-TEST_CASE_TEMPLATE("RMSNorm backward (input): the lowered kernel gives the CPU functor's dx", T, float, bf16) {
+TEST_CASE_TEMPLATE("RMSNorm backward (input): the lowered kernel gives the CPU functor's dx, with and without a residual", T,
+                   float, bf16) {
   std::uint32_t seed = 200;
-  for (const RowCase& c : kNormCases) check_rmsnorm_backward_input<T>(c, seed += 10);
+  for (const RowCase& c : kNormCases) {
+    check_rmsnorm_backward_input<T>(c, seed += 10);
+    check_rmsnorm_backward_input<T>(c, seed += 10, true);
+  }
 }
 
 /// RmsNormBackwardWeight (dw += over rows) on the GPU, on the compute stream or another

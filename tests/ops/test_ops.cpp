@@ -493,6 +493,35 @@ TEST_CASE("bf16 RMSNorm: statistics and dw in float, outputs within one rounding
     // of the terms.
     check_within("dx", dx_rows, dxf_rows, kRoundRel, 1e-6 * term);
 
+    // With a residual's gradient: float, bitwise dx then its separate addition (one
+    // rounding either way); bf16, dx's exact value plus the residual rounded once.
+    const auto res = bf16_values(rows * ld, "rms.residual");
+    const auto resb = as_bf16(res);
+    std::vector<float> dx_res_f(rows * ld), dx_added = dx_f;
+    Cpu::for_each(rows, ops::RmsNormBackwardInput<float>{x.data(), ld, w.data(), rstd_f.data(), dy.data(), ld,
+                                                         dx_res_f.data(), ld, n, res.data(), ld});
+    Cpu::for_each(rows * ld, ops::Axpy<float>{1.0f, res.data(), dx_added.data()});
+    bool float_same = true;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) float_same = float_same && dx_res_f[r * ld + j] == dx_added[r * ld + j];
+    CHECK(float_same);
+    std::vector<bf16> dx_res(rows * ld);
+    Cpu::for_each(rows, ops::RmsNormBackwardInput<bf16>{xb.data(), ld, wb.data(), rstd.data(), dyb.data(), ld,
+                                                        dx_res.data(), ld, n, resb.data(), ld});
+    std::vector<float> with_res, want_res;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        with_res.push_back(static_cast<float>(dx_res[r * ld + j]));
+        want_res.push_back(dx_f[r * ld + j] + static_cast<float>(resb[r * ld + j]));
+      }
+    check_within("dx + residual", with_res, want_res, kRoundRel, 1e-6 * term);
+    CHECK(ops::RmsNormBackwardInput<float>{nullptr, ld, nullptr, nullptr, nullptr, ld, nullptr, ld, n, res.data(), ld}
+              .traffic(rows)
+              .bytes_read ==
+          ops::RmsNormBackwardInput<float>{nullptr, ld, nullptr, nullptr, nullptr, ld, nullptr, ld, n}.traffic(rows)
+                  .bytes_read +
+              static_cast<double>(rows * n) * sizeof(float));
+
     // dw is added into, in float for bf16 parameters.
     std::vector<float> dw = bf16_values(n, "rms.dw0"), dw_f = dw;
     Cpu::for_each(n, ops::RmsNormBackwardWeight<bf16>{xb.data(), ld, rstd.data(), dyb.data(), ld, dw.data(), rows});

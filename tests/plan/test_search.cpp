@@ -72,8 +72,9 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
       // Deeper than 8: traced on 4 and 8 pipeline ranks and extrapolated in the degree.
       {"PP 16, 1F1B, 32 microbatches", 16, 30, 32, 32,
        {"--parallelism.pipeline_parallel_degree", "16", "--parallelism.data_parallel_shard_degree", "1"}},
+      // Within 2e-3 (measured 1.03e-3 once the norms' backward added the residuals' gradients).
       {"PP 16, 1F1B, 16 microbatches (under 2 pp: along its microbatches per rank)", 16, 30, 16, 16,
-       {"--parallelism.pipeline_parallel_degree", "16", "--parallelism.data_parallel_shard_degree", "1"}},
+       {"--parallelism.pipeline_parallel_degree", "16", "--parallelism.data_parallel_shard_degree", "1"}, 2e-3},
       // Along that line from 8 and 16 ranks, not 4 and 8: at 4 the first stage would get
       // one microbatch, and its peak another phase of the step (from 4 and 8: +45%).
       // Within 2e-3 (measured 1.1e-3): each stage's first microbatch writes its weight

@@ -73,7 +73,12 @@ TEST_CASE("torchtitan time: its eager kernels in place of tessera's, repeat_kv's
   CHECK(test::kernels_named(st.trace, "repeat_kv backward") == 2 * layers);
   CHECK(test::bytes_of_kernels_named(st.trace, "repeat_kv") == doctest::Approx(4 * layers * rows * 2 * (q + kv)));
   CHECK(test::kernels_named(st.trace, "eager SwiGLU") == 5 * layers);
-  CHECK(test::kernels_named(st.trace, "autograd: ") == 3 * layers);
+  CHECK(test::kernels_named(st.trace, "autograd: ") == 5 * layers);  // the residuals' sums are 2 a layer
+  // tessera's norm backward adds the residual's gradient as it writes; the Triton norm
+  // does not read it (autograd's sum does).
+  CHECK(at(rmsnorm_backward_residual) == 2 * layers);
+  CHECK(test::kernels_named(st.trace, "fused RMSNorm backward (input)") == 2 * layers);
+  CHECK(test::kernels_named(st.trace, "RmsNormBackwardInput<") == 1);
   // The loss: 48 bytes a logit (the cast of its gradient to bf16 included) where
   // tessera's kernel reads 12 and writes 2.
   CHECK(at(cross_entropy) == losses);

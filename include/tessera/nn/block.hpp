@@ -50,13 +50,12 @@ class LlamaBlock : public LayerTypes<T, B> {
     return y;
   }
 
+  /// The residuals' gradients (dy into dh, dh into dx) are added by the norms' backward
+  /// kernels as they write, not by passes of their own.
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
-    Tensor<T> dh = ffn_norm_.backward(ctx.child("ffn_norm"), feed_forward_.backward(ctx.child("feed_forward"), dy));
-    B::for_each(dh.numel(), ops::Axpy<T>{accum_t<T>(1), dy.data(), dh.data()});
-    Tensor<T> dx =
-        attention_norm_.backward(ctx.child("attention_norm"), attention_.backward(ctx.child("attention"), dh));
-    B::for_each(dx.numel(), ops::Axpy<T>{accum_t<T>(1), dh.data(), dx.data()});
-    return dx;
+    Tensor<T> dh =
+        ffn_norm_.backward(ctx.child("ffn_norm"), feed_forward_.backward(ctx.child("feed_forward"), dy), &dy);
+    return attention_norm_.backward(ctx.child("attention_norm"), attention_.backward(ctx.child("attention"), dh), &dh);
   }
 
   template <class F>

@@ -42,13 +42,19 @@ class RmsNorm : public LayerTypes<T, B> {
     return y;
   }
 
-  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
+  /// dx, plus `residual` when given (the gradient a residual connection carries past
+  /// the norm, of dx's shape): added in the same pass, before dx is rounded.
+  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>* residual = nullptr) {
     const Tensor<T> x = ctx.saved("x");
     const Tensor<A> rstd = ctx.template saved<A>("rstd");
     const std::int64_t rows = x.size(0), n = x.size(1);
+    if (residual != nullptr)
+      TESSERA_CHECK(residual->shape() == x.shape(), weight_.name, ": a residual gradient of shape ",
+                    residual->shape(), " beside an input of shape ", x.shape());
     Tensor<T> dx = B::template empty<T>(x.shape());
     B::for_each(rows, ops::RmsNormBackwardInput<T>{x.data(), n, weight_.value.data(), rstd.data(), dy.data(), n,
-                                                   dx.data(), n, n});
+                                                   dx.data(), n, n, residual != nullptr ? residual->data() : nullptr,
+                                                   n});
     ctx.weight_grad([this, x, rstd, dy, rows, n] {
       if (parallel::splits_rows(tp_)) {
         Tensor<A> dw = B::template zeros<A>(weight_.grad.shape());

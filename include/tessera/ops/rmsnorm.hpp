@@ -51,7 +51,9 @@ struct RmsNormForward {
   }
 };
 
-/// dx for row r.
+/// dx for row r, plus `residual` when given: the gradient a residual connection carries
+/// past the norm (the block's dy into dh), added in accum_t<T> before dx is rounded
+/// once, so that no pass of its own adds it afterwards.
 template <class T>
 struct RmsNormBackwardInput {
   const T* x;
@@ -63,24 +65,31 @@ struct RmsNormBackwardInput {
   T* dx;
   std::int64_t lddx;
   std::int64_t n;
+  const T* residual = nullptr;  // added to dx, or null
+  std::int64_t ldres = 0;
   TESSERA_HD void operator()(std::int64_t r) const {
     using A = accum_t<T>;
     const T* xr = x + r * ldx;
     const T* dyr = dy + r * lddy;
     T* dxr = dx + r * lddx;
+    const T* resr = residual != nullptr ? residual + r * ldres : nullptr;
     A rs = rstd[r];
     A dot = 0;
     for (std::int64_t j = 0; j < n; ++j) dot += to_accum(w[j]) * to_accum(dyr[j]) * to_accum(xr[j]);
     A c = rs * rs * rs * dot / static_cast<A>(n);
-    for (std::int64_t j = 0; j < n; ++j)
-      dxr[j] = from_accum<T>(rs * to_accum(w[j]) * to_accum(dyr[j]) - c * to_accum(xr[j]));
+    for (std::int64_t j = 0; j < n; ++j) {
+      A v = rs * to_accum(w[j]) * to_accum(dyr[j]) - c * to_accum(xr[j]);
+      if (resr != nullptr) v = v + to_accum(resr[j]);
+      dxr[j] = from_accum<T>(v);
+    }
   }
-  // x and dy read once (a row kernel keeps them on chip between the dot product and the
-  // output pass), w once per launch; 7 flops an element and 4 per row.
+  // x and dy (and the residual) read once (a row kernel keeps them on chip between the
+  // dot product and the output pass), w once per launch; 7 flops an element (8 with the
+  // residual) and 4 per row.
   Traffic traffic(std::int64_t rows) const {
-    const double r = static_cast<double>(rows), e = r * static_cast<double>(n);
-    Traffic t{2 * e * sizeof(T) + static_cast<double>(n) * sizeof(T) + r * sizeof(accum_t<T>), e * sizeof(T),
-              7 * e + 4 * r, 0};
+    const double r = static_cast<double>(rows), e = r * static_cast<double>(n), res = residual != nullptr ? 1 : 0;
+    Traffic t{(2 + res) * e * sizeof(T) + static_cast<double>(n) * sizeof(T) + r * sizeof(accum_t<T>), e * sizeof(T),
+              (7 + res) * e + 4 * r, 0};
     t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
     return t;
   }

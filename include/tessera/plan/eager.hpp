@@ -78,6 +78,7 @@ inline EagerWidths eager_widths(const nn::ModelArgs& a, std::int64_t tp = 1) {
 enum class EagerSite {
   rmsnorm_forward,          // RmsNormForward: rows = n, own = dim
   rmsnorm_backward,         // RmsNormBackwardInput: rows = n, own = dim
+  rmsnorm_backward_residual,  // RmsNormBackwardInput adding a residual's gradient (a Llama block's two norms)
   rmsnorm_weight_gradient,  // RmsNormBackwardWeight: rows = 1, own = dim (the weight)
   rope,                     // RopeRotate, forward or backward alike: rows = n, own = the call's heads x head_dim
   swiglu_forward,           // SwiGluForward: rows = n / ffn, own = ffn
@@ -88,7 +89,7 @@ enum class EagerSite {
   embedding_backward,       // EmbeddingBackward: rows = 1, own = vocab x dim (the table)
   adamw,                    // AdamWMultiStep: rows = n (elements), own = 1
 };
-inline constexpr std::size_t kEagerSites = 11;
+inline constexpr std::size_t kEagerSites = 12;
 
 enum class EagerPlace { instead, before, after };
 
@@ -176,6 +177,16 @@ inline constexpr EagerKernel kEagerSwiGluBackward[] = {
 inline constexpr EagerKernel kFeedForwardInputGradientSum[] = {
     {"autograd: the feed-forward input's gradients summed", {.dim = 4}, {.dim = 2}},
 };
+// A residual's two gradients (the branch's, through the norm, and the skip's): autograd
+// adds them in a kernel of their own where tessera's norm backward adds them as it writes.
+inline constexpr EagerKernel kResidualGradientSum[] = {
+    {"autograd: a residual's gradients summed", {.dim = 4}, {.dim = 2}},
+};
+// A fused norm's backward (the input's gradient) without the residual's: x and dy read,
+// rstd per row, the weight once, dx written; tessera's pass less the residual it reads.
+inline constexpr EagerKernel kFusedRmsNormBackwardInput[] = {
+    {"fused RMSNorm backward (input)", {.own = 4, .fixed = 4}, {.own = 2}, 2, 0},
+};
 inline constexpr EagerKernel kAttentionInputGradientSums[] = {
     {"autograd: the attention input's gradients summed (q + k)", {.dim = 4}, {.dim = 2}},
     {"autograd: the attention input's gradients summed (+ v)", {.dim = 4}, {.dim = 2}},
@@ -186,12 +197,22 @@ inline constexpr EagerKernel kAttentionInputGradientSums[] = {
 inline void add_torch_rmsnorm(std::vector<EagerRewrite>& r) {
   r.push_back({EagerSite::rmsnorm_forward, EagerPlace::instead, kTorchRmsNormForward});
   r.push_back({EagerSite::rmsnorm_backward, EagerPlace::instead, kTorchRmsNormBackward});
+  r.push_back({EagerSite::rmsnorm_backward_residual, EagerPlace::instead, kTorchRmsNormBackward});
   r.push_back({EagerSite::rmsnorm_weight_gradient, EagerPlace::instead, {}});
 }
 
+/// Adds the rewrite of a fused (Triton) norm: tessera's passes, but the backward that adds
+/// a residual's gradient as it writes reads that gradient no more (autograd's sum does,
+/// add_swiglu_and_gradient_sums).
+inline void add_fused_rmsnorm(std::vector<EagerRewrite>& r) {
+  r.push_back({EagerSite::rmsnorm_backward_residual, EagerPlace::instead, kFusedRmsNormBackwardInput});
+}
+
 /// Adds the rewrites of SwiGLU over two linears and autograd's sums of the gradients of
-/// the tensors that fed several linears (the attention's and the feed-forward's inputs).
+/// the tensors that fed several linears (the attention's and the feed-forward's inputs)
+/// or a residual connection.
 inline void add_swiglu_and_gradient_sums(std::vector<EagerRewrite>& r) {
+  r.push_back({EagerSite::rmsnorm_backward_residual, EagerPlace::after, kResidualGradientSum});
   r.push_back({EagerSite::attention_backward, EagerPlace::after, kAttentionInputGradientSums});
   r.push_back({EagerSite::swiglu_forward, EagerPlace::instead, kEagerSwiGluForward});
   r.push_back({EagerSite::swiglu_backward, EagerPlace::instead, kEagerSwiGluBackward});
@@ -228,7 +249,12 @@ inline std::optional<SiteAt> site_of(const trace::Op& op, const EagerWidths& w, 
   const std::string_view f = k->functor;
   const double n = static_cast<double>(k->n), dim = static_cast<double>(w.dim);
   if (f.starts_with("RmsNormForward<")) return SiteAt{EagerSite::rmsnorm_forward, n, dim, w};
-  if (f.starts_with("RmsNormBackwardInput<")) return SiteAt{EagerSite::rmsnorm_backward, n, dim, w};
+  if (f.starts_with("RmsNormBackwardInput<")) {
+    // A residual's gradient added in the pass shows in the flops: 8 an element where the
+    // norm alone makes 7 (ops/rmsnorm.hpp), 4 more a row.
+    const bool residual = k->traffic.flops > 7.5 * n * dim;
+    return SiteAt{residual ? EagerSite::rmsnorm_backward_residual : EagerSite::rmsnorm_backward, n, dim, w};
+  }
   if (f.starts_with("RmsNormBackwardWeight<")) return SiteAt{EagerSite::rmsnorm_weight_gradient, 1, dim, w};
   if (f.starts_with("RopeRotate<")) {
     const double width = k->traffic.bytes_written / n / static_cast<double>(size_of(activations));

@@ -100,7 +100,8 @@ inline std::vector<EagerRewrite> scaling_eager_rewrites(const ScalingRun& run) {
   using enum EagerSite;
   using enum EagerPlace;
   std::vector<EagerRewrite> r;
-  if (!run.fused_rmsnorm) add_torch_rmsnorm(r);
+  if (run.fused_rmsnorm) add_fused_rmsnorm(r);
+  else add_torch_rmsnorm(r);
   r.push_back({rope, instead, kScalingRope});
   r.push_back({attention_forward, before, kScalingMaxSeqlen});
   if (run.microbatch > 1) {

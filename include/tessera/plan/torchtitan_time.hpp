@@ -18,8 +18,8 @@
 //     expand + reshape copies keys and values to every query head; the backward sums
 //     them back.
 //   SwiGLU (model.py:248) and autograd's gradient sums (q, k, v into the norm's output:
-//     two adds; w1, w3: one). The residual adds and their backward sums are tessera's
-//     own (Add, Axpy). SDPA's output transpose is a view (PyTorch's flash path returns
+//     two adds; w1, w3: one; each residual's two: one, which tessera's norm backward adds
+//     as it writes). The residual adds are tessera's own (Add). SDPA's output transpose is a view (PyTorch's flash path returns
 //     it in (B, T, H, D) memory), as are the transposes before it.
 //   the loss (model.py:432, train.py:164): the logits cast to fp32, log_softmax, the
 //     NLL; backward: a zero fill of the fp32 logits' gradient, the scatter,
@@ -192,10 +192,12 @@ inline TorchtitanTimeRewrites torchtitan_step_time(StepTrace& st, const Torchtit
   using enum EagerPlace;
   const std::vector<EagerKernel> triton_weight = triton_rmsnorm_weight_gradient(run.sm_count);
   std::vector<EagerRewrite> rewrites;
-  if (run.fused_rmsnorm)
+  if (run.fused_rmsnorm) {
     rewrites.push_back({rmsnorm_weight_gradient, instead, triton_weight});
-  else
+    add_fused_rmsnorm(rewrites);
+  } else {
     add_torch_rmsnorm(rewrites);
+  }
   rewrites.push_back({rope, instead, kComplexRope});
   if (run.args.kv_heads() < run.args.n_heads) {
     rewrites.push_back({attention_forward, before, kRepeatKvCopies});

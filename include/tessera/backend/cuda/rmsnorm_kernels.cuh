@@ -74,7 +74,7 @@ struct RmsNormBackwardInputRows : WarpRows<T> {
   static std::int64_t length(const ops::RmsNormBackwardInput<T>& f) { return f.n; }
   static bool aligned(const ops::RmsNormBackwardInput<T>& f) {
     return rows_aligned16(f.x, f.ldx) && rows_aligned16(f.dy, f.lddy) && rows_aligned16(f.dx, f.lddx) &&
-           aligned16(f.w);
+           aligned16(f.w) && (f.residual == nullptr || rows_aligned16(f.residual, f.ldres));
   }
   template <int V, bool kWarp>
   __device__ static void run(const ops::RmsNormBackwardInput<T>& f, std::int64_t rows, float* smem) {
@@ -83,6 +83,7 @@ struct RmsNormBackwardInputRows : WarpRows<T> {
       const T* xr = f.x + r * f.ldx;
       const T* dyr = f.dy + r * f.lddy;
       T* dxr = f.dx + r * f.lddx;
+      const T* resr = f.residual != nullptr ? f.residual + r * f.ldres : nullptr;
       const float rs = to_float(f.rstd[r]);
       float dot = 0;
       row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
@@ -104,6 +105,12 @@ struct RmsNormBackwardInputRows : WarpRows<T> {
         load_float<W>(dyr, j, dy);
 #pragma unroll
         for (int k = 0; k < W; ++k) dx[k] = rs * w[k] * dy[k] - c * x[k];
+        if (resr != nullptr) {  // the residual's gradient, added before the one rounding
+          float res[W];
+          load_float<W>(resr, j, res);
+#pragma unroll
+          for (int k = 0; k < W; ++k) dx[k] = __fadd_rn(dx[k], res[k]);
+        }
         store_float<W>(dxr, j, dx);
       });
     }
