@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -526,6 +527,13 @@ TEST_CASE("bf16 RMSNorm: statistics and dw in float, outputs within one rounding
     std::vector<float> dw = bf16_values(n, "rms.dw0"), dw_f = dw;
     Cpu::for_each(n, ops::RmsNormBackwardWeight<bf16>{xb.data(), ld, rstd.data(), dyb.data(), ld, dw.data(), rows});
     Cpu::for_each(n, ops::RmsNormBackwardWeight<float>{x.data(), ld, rstd_f.data(), dy.data(), ld, dw_f.data(), rows});
+    // Written, not added (the step's first write): the sum alone, bit for bit what adding
+    // it to zeros gives.
+    std::vector<float> zeros(n, 0.0f), written(n, std::numeric_limits<float>::quiet_NaN());
+    Cpu::for_each(n, ops::RmsNormBackwardWeight<bf16>{xb.data(), ld, rstd.data(), dyb.data(), ld, zeros.data(), rows});
+    Cpu::for_each(n,
+                  ops::RmsNormBackwardWeight<bf16>{xb.data(), ld, rstd.data(), dyb.data(), ld, written.data(), rows, false});
+    CHECK(written == zeros);
     // Absolute term: a sum over rows of terms of both signs; 1e-6 of the terms' total
     // magnitude (16 float ulps of it) covers float's rounding of the partial sums.
     double terms = 0;

@@ -56,13 +56,15 @@ class RmsNorm : public LayerTypes<T, B> {
                                                    dx.data(), n, n, residual != nullptr ? residual->data() : nullptr,
                                                    n});
     ctx.weight_grad([this, x, rstd, dy, rows, n] {
+      // The column sums written, not added to zeros: the step's first write (layer.hpp's rule).
       if (parallel::splits_rows(tp_)) {
-        Tensor<A> dw = B::template zeros<A>(weight_.grad.shape());
-        B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, dw.data(), rows});
+        Tensor<A> dw = B::template empty<A>(weight_.grad.shape());
+        B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, dw.data(), rows, false});
         parallel::accumulate_over_holders<B>(tp_, dw, weight_);
       } else {
-        weight_.template zero_grad_if_unwritten<B>();  // the kernel adds its column sums
-        B::for_each(n, ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, weight_.grad.data(), rows});
+        const bool add = weight_.grad_write_beta() != A(0);
+        B::for_each(n,
+                    ops::RmsNormBackwardWeight<T>{x.data(), n, rstd.data(), dy.data(), n, weight_.grad.data(), rows, add});
       }
     });
     return dx;

@@ -95,7 +95,8 @@ struct RmsNormBackwardInput {
   }
 };
 
-/// dw[j] += sum over rows, for column j.
+/// dw[j] += sum over rows, for column j; or, without `add`, dw[j] = that sum (the step's
+/// first write of the gradient: nothing zeroes dw before it).
 template <class T>
 struct RmsNormBackwardWeight {
   const T* x;
@@ -105,18 +106,19 @@ struct RmsNormBackwardWeight {
   std::int64_t lddy;
   accum_t<T>* dw;
   std::int64_t rows;
+  bool add = true;
   TESSERA_HD void operator()(std::int64_t j) const {
     using A = accum_t<T>;
     A s = 0;
     for (std::int64_t r = 0; r < rows; ++r) s += to_accum(dy[r * lddy + j]) * to_accum(x[r * ldx + j]) * rstd[r];
-    dw[j] += s;
+    dw[j] = add ? dw[j] + s : s;
   }
-  // Columns [0, cols) of dy and x over every row, rstd once per launch, dw read and
-  // written; 3 flops a (row, column) and 1 per column.
+  // Columns [0, cols) of dy and x over every row, rstd once per launch, dw read (when
+  // added to) and written; 3 flops a (row, column) and 1 per column.
   Traffic traffic(std::int64_t cols) const {
     const double c = static_cast<double>(cols), e = c * static_cast<double>(rows);
-    return {2 * e * sizeof(T) + static_cast<double>(rows) * sizeof(accum_t<T>) + c * sizeof(accum_t<T>),
-            c * sizeof(accum_t<T>), 3 * e + c, 0};
+    return {2 * e * sizeof(T) + static_cast<double>(rows) * sizeof(accum_t<T>) + (add ? c * sizeof(accum_t<T>) : 0),
+            c * sizeof(accum_t<T>), 3 * e + (add ? c : 0), 0};
   }
 };
 

@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(32 * kWeightWarps)
   }
 }
 
-/// dw[j] += the sum of partial[c * n + j] over the chunks c: a block of 8 warps per 32
+/// dw[j] += the sum of partial[c * n + j] over the chunks c (dw[j] = it, without f.add): a block of 8 warps per 32
 /// columns (lane l: column 32 b + l), warp w adding chunks w, w + 8, ... in order, then
 /// the 8 warps' sums added in warp order.
 template <class T>
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(32 * kWeightWarps)
       float total = sums[0][lane];
 #pragma unroll
       for (int w = 1; w < kWeightWarps; ++w) total += sums[w][lane];
-      f.dw[j] = from_float<D>(to_float(f.dw[j]) + total);
+      f.dw[j] = f.add ? from_float<D>(to_float(f.dw[j]) + total) : from_float<D>(total);
     }
     __syncthreads();  // sums is rewritten by the next tile
   }
