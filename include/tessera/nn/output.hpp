@@ -121,8 +121,7 @@ class ChunkedCrossEntropyHead {
   /// overload below, then a copy to the host). With `dh` given, also writes
   /// d(loss_scale * sum)/dh into it and accumulates dW.
   double forward(const Tensor<T>& h, std::span<const std::int32_t> targets, A loss_scale, Tensor<T>* dh) {
-    Tensor<double> sum = B::template empty<double>(Shape{1});
-    B::for_each(1, ops::LaneSum{nullptr, 0, sum.data(), false});
+    const Tensor<double> sum = B::template zeros<double>(Shape{1});
     forward(h, targets, loss_scale, dh, sum.data());
     return download<B>(sum)[0];
   }

@@ -496,8 +496,7 @@ template <class T, Backend B, class Block>
 double Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> inputs,
                                                   std::span<const std::int32_t> targets, Geometry g,
                                                   double loss_scale, bool last_micro_batch) {
-  Tensor<double> sum = B::template empty<double>(Shape{1});
-  B::for_each(1, ops::LaneSum{nullptr, 0, sum.data(), false});
+  const Tensor<double> sum = B::template zeros<double>(Shape{1});
   forward_backward(inputs, targets, g, loss_scale, last_micro_batch, sum.data());
   return download<B>(sum)[0];
 }
@@ -511,13 +510,14 @@ void Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> in
   if constexpr (Runtime::pipelines)
     if (pipeline_degree() > 1) check_batch(g.batch, g.seq_len);
   meter_.reset_peak();
-  bool walked = false;
-  if constexpr (Runtime::pipelines)
-    if (pipeline_degree() > 1) {
+  if constexpr (Runtime::pipelines) {
+    if (pipeline_degree() > 1)
       runtime_.pipeline_forward_backward(*this, inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
-      walked = true;
-    }
-  if (!walked) walk(inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
+    else
+      walk(inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
+  } else {
+    walk(inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
+  }
   saved_bytes_peak_ = meter_.peak();
   // What the backward wrote nothing into holds zero (a parameter this rank's part of the
   // step did not reach).

@@ -110,32 +110,12 @@ class AdamW {
 
   /// One update at learning rate `lr`, gradients multiplied by `grad_scale`: every
   /// parameter in one launch (ops::AdamWMultiStep).
-  void step(double lr, double grad_scale = 1.0) { step(lr, grad_scale, nullptr); }
+  void step(double lr, double grad_scale = 1.0) { update(lr, grad_scale, nullptr); }
 
   /// One update at learning rate `lr`, gradients multiplied by the scale at `grad_scale`
   /// in B's memory (the clip scale ops::ClipScale wrote, read by the kernel, not the
   /// host); a NaN there skips the update on the device (train::StepScalars).
-  void step(double lr, const A* grad_scale) { step(lr, 1.0, grad_scale); }
-
- private:
-  void step(double lr, double grad_scale, const A* device_grad_scale) {
-    ++step_;
-    const double bc1 = 1 - std::pow(options_.beta1, static_cast<double>(step_));
-    const double bc2 = 1 - std::pow(options_.beta2, static_cast<double>(step_));
-    const ops::AdamWScalars<A> scalars{static_cast<A>(lr),
-                                       static_cast<A>(options_.beta1),
-                                       static_cast<A>(options_.beta2),
-                                       static_cast<A>(options_.eps),
-                                       static_cast<A>(options_.weight_decay),
-                                       static_cast<A>(bc1),
-                                       static_cast<A>(bc2),
-                                       static_cast<A>(grad_scale)};
-    if constexpr (std::is_same_v<A, float>)
-      if (bf16_states()) return launch(launch_bf16_, scalars, device_grad_scale);
-    launch(launch_accum_, scalars, device_grad_scale);
-  }
-
- public:
+  void step(double lr, const A* grad_scale) { update(lr, 1.0, grad_scale); }
 
   /// The first step's one-time work without the step: uploads the launch's tables of
   /// tensors (again only if a tensor moved since), so that a step() after it does what
@@ -215,6 +195,25 @@ class AdamW {
     std::int64_t size = 0;      // indices of the launch, each tensor padded to whole blocks
     std::int64_t elements = 0;  // the tensors' numel summed: size less the padding
   };
+
+  /// One update: the gradient scale `grad_scale`, or the one at `device_grad_scale` in
+  /// B's memory when that is set.
+  void update(double lr, double grad_scale, const A* device_grad_scale) {
+    ++step_;
+    const double bc1 = 1 - std::pow(options_.beta1, static_cast<double>(step_));
+    const double bc2 = 1 - std::pow(options_.beta2, static_cast<double>(step_));
+    const ops::AdamWScalars<A> scalars{static_cast<A>(lr),
+                                       static_cast<A>(options_.beta1),
+                                       static_cast<A>(options_.beta2),
+                                       static_cast<A>(options_.eps),
+                                       static_cast<A>(options_.weight_decay),
+                                       static_cast<A>(bc1),
+                                       static_cast<A>(bc2),
+                                       static_cast<A>(grad_scale)};
+    if constexpr (std::is_same_v<A, float>)
+      if (bf16_states()) return launch(launch_bf16_, scalars, device_grad_scale);
+    launch(launch_accum_, scalars, device_grad_scale);
+  }
 
   /// Whether the update goes to fp32 masters: bf16 parameters, stored as such or not.
   bool has_masters() const { return param_dtype() == DType::bf16; }

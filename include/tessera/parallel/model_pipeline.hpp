@@ -120,7 +120,7 @@ class ModelPipeline {
                         bool last_micro_batch, double* loss_sum) {
     const std::int64_t mb = microbatch_size(g.batch);
     const int M = static_cast<int>(g.batch / mb);
-    Tensor<double> pass_sum = zeroed_sum();
+    Tensor<double> pass_sum = B::template zeros<double>(Shape{1});
     Stages<Model> stages(*this, m, units, inputs, targets, nn::Geometry{mb, g.seq_len}, M, loss_scale, true,
                          pass_sum.data());
     const PipelinePass pass = run_pipeline<B>(program(M), rank_, plan_.mesh->pp(), stages);
@@ -140,19 +140,13 @@ class ModelPipeline {
       forward_program_ = lower_forward(pp_, stages_per_rank_);
       check_program(*forward_program_);
     }
-    Tensor<double> sum = zeroed_sum();
+    Tensor<double> sum = B::template zeros<double>(Shape{1});
     Stages<Model> stages(*this, m, units, inputs, targets, g, 1, 0.0, false, sum.data());
     run_pipeline<B>(*forward_program_, rank_, plan_.mesh->pp(), stages);
     sum_over_pipeline(sum);
     return download<B>(sum)[0];
   }
 
-  /// A pass's loss sum in B's memory, zeroed (a launch).
-  static Tensor<double> zeroed_sum() {
-    Tensor<double> sum = B::template empty<double>(Shape{1});
-    B::for_each(1, ops::LaneSum{nullptr, 0, sum.data(), false});
-    return sum;
-  }
   /// The last stage's loss sum on every pipeline rank (the others add zero): a collective
   /// on the device.
   void sum_over_pipeline(Tensor<double>& sum) { plan_.mesh->pp().all_reduce(std::span<double>(sum.data(), 1)); }

@@ -19,8 +19,9 @@
 //     them back.
 //   SwiGLU (model.py:248) and autograd's gradient sums (q, k, v into the norm's output:
 //     two adds; w1, w3: one; each residual's two: one, which tessera's norm backward adds
-//     as it writes). The residual adds are tessera's own (Add). SDPA's output transpose is a view (PyTorch's flash path returns
-//     it in (B, T, H, D) memory), as are the transposes before it.
+//     as it writes). The residual adds are tessera's own (Add). SDPA's output transpose
+//     is a view (PyTorch's flash path returns it in (B, T, H, D) memory), as are the
+//     transposes before it.
 //   the loss (model.py:432, train.py:164): the logits cast to fp32, log_softmax, the
 //     NLL; backward: a zero fill of the fp32 logits' gradient, the scatter,
 //     log_softmax's backward, and the cast back (tessera's one-pass kernel reads and
