@@ -1143,7 +1143,8 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
         [&] { return count_nonfinite(da[0]) + count_nonfinite(db[0]); }, policy, dev));
   }
   {  // Cross-entropy on one chunk of the output head's logits: z, targets -> gradient in place, row losses.
-    // (The kernel passes over each row three times: max, exp and sum, gradient.)
+    // (On sm_90 a row of 8193 to 131072 logits is read once by a cluster of blocks; other
+    // rows are passed over three times: max, exp and sum, gradient.)
     const std::int64_t v = a.vocab_size, rows = gpu_loss_chunk_rows(v, tokens);
     const double bytes = fb * double(2 * rows * v) + double(rows) * double(sizeof(std::int32_t) + sizeof(double));
     const std::int64_t sets = rotation_sets(bytes, dev.l2_bytes);
@@ -1165,6 +1166,26 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
           double bad = 0;
           for (std::int64_t r = 0; r < rows; ++r) bad += std::isfinite(l[r]) ? 0 : 1;
           return count_nonfinite(z[0]) + bad;
+        },
+        policy, dev));
+    // The bf16 model's loss head: the float logits only read, the gradient written as bf16.
+    const double head_bytes = double(rows * v) * (fb + sizeof(tessera::bf16)) +
+                              double(rows) * double(sizeof(std::int32_t) + sizeof(double));
+    std::vector<Tensor<tessera::bf16>> g;
+    for (std::int64_t s = 0; s < sets; ++s) g.push_back(Cuda::empty<tessera::bf16>(Shape{rows, v}));
+    report(measure_memory_op(
+        "cross-entropy", "logits " + shape_text(rows, v) + ", targets -> bf16 gradient, loss", head_bytes, sets,
+        [&](std::int64_t i) {
+          const auto s = static_cast<std::size_t>(i % sets);
+          Cuda::for_each(rows, tessera::ops::CrossEntropyRow<float, tessera::bf16>{
+                                   z[s].data(), v, v, targets.data(), 1.0f / float(tokens), true, loss.data(),
+                                   g[s].data(), v});
+        },
+        [&] {
+          const Tensor<double> l = tessera::download<Cuda>(loss);
+          double bad = 0;
+          for (std::int64_t r = 0; r < rows; ++r) bad += std::isfinite(l[r]) ? 0 : 1;
+          return count_nonfinite(g[0]) + bad;
         },
         policy, dev));
   }

@@ -30,6 +30,15 @@ static_assert(cuda::HasOpKernel<ops::AdamWMultiStep<bf16, float>>);
 
 int device_count() { return cuda::device_count(); }
 
+bool cross_entropy_one_read_runs() { return cuda::detail::one_read_runs_here<float, bf16, 32>(); }
+
+int device_compute_major() {
+  int device = 0, major = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major;
+}
+
 void* device_allocate(std::size_t bytes) {
   void* p = nullptr;
   TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes));

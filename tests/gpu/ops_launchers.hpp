@@ -11,6 +11,12 @@
 namespace tessera::gpu_test {
 
 int device_count();
+/// Whether CrossEntropyRow's one-read kernel (a cluster of blocks per row) runs on this
+/// GPU for float logits and a bf16 gradient (its sm_90 code is in the binary and the GPU
+/// runs it); where it does not, rows of any length take the row kernel's passes.
+bool cross_entropy_one_read_runs();
+/// The current GPU's compute capability, major part.
+int device_compute_major();
 
 /// Raw device memory for DeviceArray (cudaMalloc / cudaFree / blocking copies).
 void* device_allocate(std::size_t bytes);

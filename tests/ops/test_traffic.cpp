@@ -252,6 +252,38 @@ TEST_CASE("traffic: cross-entropy rows") {
   check_linear(f, rows);
   check_linear(bl, rows);
 
+  // The CUDA kernel's bytes: a row of a vocabulary the one-read kernel takes is read once
+  // (target id, target logit, the row) and its output written once, whatever the
+  // passes; the arithmetic is the functor's. Outside that range the passes' bytes.
+  const std::int64_t llama3 = 128256;
+  std::vector<bf16> grad(1);  // only whether the gradient goes apart counts
+  const ops::CrossEntropyRow<float, bf16> with_grad{nullptr, llama3, llama3, nullptr, 0.5f, true, nullptr,
+                                                    grad.data(), llama3};
+  const ops::Traffic passes = with_grad.traffic(rows), once = with_grad.cuda_traffic(rows);
+  CHECK(passes.bytes_read == 3 * (kI + kF + 3 * double(llama3) * kF));
+  check_equal(once, 3 * (kI + kF + double(llama3) * kF), 3 * (kD + double(llama3) * kB), passes.flops,
+              passes.transcendentals);
+  CHECK(once.bytes() / double(rows) < 6.01 * double(llama3));  // 6 bytes a logit: 14 in the passes
+  // In place: the float row's gradient written over it; loss only: its exponentials.
+  const ops::CrossEntropyRow<float> in_place{nullptr, llama3, llama3, nullptr, 0.5f, true, nullptr};
+  check_equal(in_place.cuda_traffic(rows), 3 * (kI + kF + double(llama3) * kF), 3 * (kD + double(llama3) * kF),
+              in_place.traffic(rows).flops, in_place.traffic(rows).transcendentals);
+  const ops::CrossEntropyRow<float> in_place_loss{nullptr, llama3, llama3, nullptr, 0.5f, false, nullptr};
+  CHECK(in_place_loss.cuda_traffic(rows).bytes_written == 3 * (kD + double(llama3) * kF));
+  const ops::CrossEntropyRow<bf16> bf16_loss{nullptr, llama3, llama3, nullptr, 0.5f, false, nullptr};
+  CHECK(bf16_loss.cuda_traffic(rows).bytes_written == 3 * kD);
+  // The range's edges: the passes below kOneReadMinVocab and above kOneReadMaxVocab.
+  for (const std::int64_t vocab : {ops::kOneReadMinVocab - 1, ops::kOneReadMaxVocab + 1}) {
+    const ops::CrossEntropyRow<float> e{nullptr, vocab, vocab, nullptr, 0.5f, true, nullptr};
+    CHECK(e.cuda_traffic(rows).bytes() == e.traffic(rows).bytes());
+  }
+  for (const std::int64_t vocab : {ops::kOneReadMinVocab, ops::kOneReadMaxVocab}) {
+    const ops::CrossEntropyRow<float> e{nullptr, vocab, vocab, nullptr, 0.5f, true, nullptr};
+    CHECK(e.cuda_traffic(rows).bytes() < e.traffic(rows).bytes());
+  }
+  static_assert(ops::HasCudaTraffic<ops::CrossEntropyRow<float, bf16>>);
+  static_assert(!ops::HasCudaTraffic<ops::CrossEntropyShardMax<float>>, "the vocabulary-parallel passes are read as they run");
+
   // Vocabulary-split: the max pass reads the target and the row, writes the max.
   const ops::CrossEntropyShardMax<float> mf{nullptr, v, v, nullptr, nullptr};
   check_equal(mf.traffic(rows), 3 * (kI + 10 * kF), 3 * kF, 3 * 9, 0);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <string_view>
@@ -68,6 +69,9 @@ struct Kernel {
   const char* functor = "";  // the functor's type, namespaces dropped ("RmsNormForward<float>")
   std::int64_t n = 0;
   ops::Traffic traffic{};
+  /// What the CUDA kernel moves where it differs from the functor (ops::HasCudaTraffic):
+  /// the GPU cost model prices this one, the CPU's `traffic`.
+  std::optional<ops::Traffic> cuda_traffic{};
   bool priced = true;  // false: the functor has no traffic(); the cost model counts it apart
   KernelClass cuda_class = KernelClass::per_index;
   friend bool operator==(const Kernel& a, const Kernel& b) {

@@ -8,7 +8,8 @@
 //   gemm                  m, n, k, transposes, operand and result dtypes, accumulation
 //   attention_forward/backward   the AttentionShape and dtype
 //   for_each(n, f)        the functor's name, n, its ops::Traffic (when F has traffic()),
-//                         and the kernel class Cuda::for_each would use for F
+//                         the CUDA kernel's where it differs (cuda_traffic()), and the
+//                         kernel class Cuda::for_each would use for F
 //   zeros                 a fill of the tensor's bytes (empty records nothing: the
 //                         allocation itself comes from the memory counters)
 //   copy_to_host/from_host  the bytes, the library line that asked (upload, download), and
@@ -52,6 +53,7 @@ struct Traced {
       k.n = n;
       if constexpr (ops::HasTraffic<F>) k.traffic = f.traffic(n);
       else k.priced = false;
+      if constexpr (ops::HasCudaTraffic<F>) k.cuda_traffic = f.cuda_traffic(n);
       k.cuda_class = cuda_kernel_class<F>;
       trace::record(k);
     }

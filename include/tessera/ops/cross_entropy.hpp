@@ -17,11 +17,18 @@
 // element rounded once to G, so a separate conversion pass is not needed. Its values are
 // those the in-place gradient rounded to G would have, bit for bit.
 //
-// traffic(): a vocabulary row (up to 128256 logits) is too long to stay on chip, so
-// each pass over it reads it from memory again: the max; the exponentials and their sum
-// (one pass: a float row writes them back); the gradient (read and written, the
-// target's correction within it). Every row is counted as having a target (an ignored
-// row only reads its target and writes zeros), and a shard as holding every row's target.
+// traffic(): the functor's passes over a row, each reading it from memory again (a
+// vocabulary row of up to 128256 logits does not stay in a CPU core's nearest caches
+// between them): the max; the exponentials and their sum (one pass: a float row writes
+// them back); the gradient (read and written, the target's correction within it). Every
+// row is counted as having a target (an ignored row only reads its target and writes
+// zeros), and a shard as holding every row's target.
+//
+// cuda_traffic(): on sm_90 the CUDA kernel holds a row of kOneReadMinVocab to
+// kOneReadMaxVocab logits in the registers of a cluster of blocks
+// (backend/cuda/cross_entropy_kernels.cuh), so the row is read once and its output
+// written once, whatever the passes; other vocabularies (and older GPUs) take the
+// passes above.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +41,11 @@
 namespace tessera::ops {
 
 inline constexpr std::int32_t kIgnoreIndex = -100;
+
+/// The vocabularies whose rows the CUDA kernel reads once on sm_90 (a cluster of 8 blocks
+/// of 512 threads, 32 logits a thread at most); shorter rows stay in L2 between passes.
+inline constexpr std::int64_t kOneReadMinVocab = 8193;
+inline constexpr std::int64_t kOneReadMaxVocab = 8 * 512 * 32;
 
 template <class T, class G = T>
 struct CrossEntropyRow {
@@ -113,6 +125,19 @@ struct CrossEntropyRow {
     const double exps = r * (v + 1 + (keep ? 0 : g * (v + 1)));
     Traffic t{read, written, flops, exps};
     t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
+    return t;
+  }
+  // The CUDA kernel's: a row held on chip is read once; its gradient (or, for a float
+  // row without the gradient, its exponentials) written once.
+  Traffic cuda_traffic(std::int64_t rows) const {
+    Traffic t = traffic(rows);
+    if (vocab < kOneReadMinVocab || vocab > kOneReadMaxVocab) return t;
+    const double r = static_cast<double>(rows), v = static_cast<double>(vocab);
+    const bool keep = kKeep(grad != nullptr);
+    const double out = grad != nullptr ? static_cast<double>(sizeof(G)) : static_cast<double>(sizeof(T));
+    t.bytes_read = r * (sizeof(std::int32_t) + sizeof(T) * (1 + v));
+    t.bytes_written = r * (sizeof(double) + v * (write_grad ? out : (keep ? sizeof(T) : 0)));
+    t.walk_bytes = 0;  // a cluster's threads read the row side by side
     return t;
   }
 };

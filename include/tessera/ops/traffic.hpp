@@ -54,4 +54,13 @@ concept HasTraffic = requires(const F& f, std::int64_t n) {
   { f.traffic(n) } -> std::same_as<Traffic>;
 };
 
+/// A functor whose CUDA kernel moves other bytes than its operator() does over the same
+/// indices (a row the kernel holds on chip between passes): cuda_traffic(n) is the
+/// kernel's, which the GPU cost model prices (plan/cost.hpp); traffic(n) stays the
+/// functor's, which the CPU's does.
+template <class F>
+concept HasCudaTraffic = requires(const F& f, std::int64_t n) {
+  { f.cuda_traffic(n) } -> std::same_as<Traffic>;
+};
+
 }  // namespace tessera::ops

@@ -190,7 +190,7 @@ class GpuPricer : public Pricer {
     return 2 * flash_kernel_fmas(a) / (m_.fp32_tflops.value * 1e12 * flash_efficiency());
   }
   double work(const trace::Kernel& k) const {
-    const ops::Traffic& t = k.traffic;
+    const ops::Traffic& t = k.cuda_traffic ? *k.cuda_traffic : k.traffic;
     double memory = t.bytes() / m_.stream_bandwidth();
     if (k.cuda_class == KernelClass::per_index && t.walk_bytes > 0) {
       const double walking = std::min(t.walk_bytes, t.bytes());

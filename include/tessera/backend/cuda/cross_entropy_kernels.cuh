@@ -1,13 +1,37 @@
 // Cross-entropy's row kernels (ops/cross_entropy.hpp): CrossEntropyRow, and the
 // vocabulary-parallel CrossEntropyShardMax, CrossEntropyShardExp and CrossEntropyShardGrad.
 //
-// One row (or shard of one) per block, sized as row_launch.cuh says: a vocabulary row of
-// 128256 gets 1024 threads. The passes are the functors': max, then exp and its sum, then
-// the gradient (in place, or into a bf16 buffer read from float logits). A float row holds exp(z - max) between passes and a bf16 row its logits,
-// so CrossEntropyShardExp leaves a bf16 row holding its logits, and CrossEntropyShardGrad
-// starts from them.
+// A row read once (CrossEntropyRow on sm_90, ops::kOneReadMinVocab to kOneReadMaxVocab
+// logits, the row 16-byte aligned as row_launch.cuh's rule says): a cluster of
+// kOneReadBlocks blocks of kOneReadThreads threads takes a row, each block a contiguous
+// slice of its 16-byte vectors, each thread up to E logits (8, 16 or 32, the fewest that
+// cover the row) in registers. The block's max goes to its shared memory; after a
+// cluster barrier every thread takes the max of the blocks' maxima (distributed shared
+// memory); then the exponentials, kept in registers, their block sum, a second barrier,
+// and the sum of the blocks' sums in block order; then the gradient is written from the
+// registers. Each logit is read from memory once and each output written once: 6 bytes
+// a logit for float logits and a bf16 gradient, where the passes below move 14. A
+// Llama 3 row (128256) is 8 x 512 threads x 31.3 logits; the cluster's 8 blocks hold
+// 513 KB of it at once, two clusters' blocks share an SM, so one waits at a barrier
+// while the other loads.
+//
+// Otherwise one row (or shard of one) per block, sized as row_launch.cuh says: a
+// vocabulary row of 128256 gets 1024 threads. The passes are the functors': max, then
+// exp and its sum, then the gradient (in place, or into a bf16 buffer read from float
+// logits), each reading the row from memory again. A float row holds exp(z - max)
+// between passes and a bf16 row its logits, so CrossEntropyShardExp leaves a bf16 row
+// holding its logits, and CrossEntropyShardGrad starts from them.
+//
+// Both give each gradient element the functor's expression, rounded once; they differ
+// from the CPU (and from each other) only in the order the row's sum is added, and each
+// adds in an order fixed by the row's length, so runs repeat bit for bit.
 #pragma once
 
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -203,6 +227,199 @@ struct CrossEntropyShardGradRows : VocabRows<T> {
       row_scale<V, kWarp, !kRowHoldsIntermediates<T>>(z, z, f.vocab, to_float(f.max[r]), scale / sum, t - f.lo, scale,
                                                      g);
     }
+  }
+};
+
+// ---- A row read once: a cluster of blocks per row (sm_90) ------------------------------
+
+/// Blocks in a row's cluster, and threads in each (ops::kOneReadMaxVocab is their product
+/// times the most logits a thread holds, 32).
+inline constexpr int kOneReadBlocks = 8;
+inline constexpr int kOneReadThreads = 512;
+static_assert(ops::kOneReadMaxVocab == std::int64_t{kOneReadBlocks} * kOneReadThreads * 32,
+              "ops::kOneReadMaxVocab is the cluster's capacity at 32 logits a thread");
+
+/// One row per cluster of kOneReadBlocks blocks (blockIdx.x / kOneReadBlocks is the row),
+/// E logits a thread at most, in vectors of V (16 bytes of T). The launcher has checked
+/// that the row fits (vocab <= kOneReadBlocks * kOneReadThreads * E) and that every row
+/// is 16-byte aligned (logits, and grad when set).
+template <class T, class G, int E>
+__global__ void __launch_bounds__(kOneReadThreads, 2) cross_entropy_one_read_kernel(ops::CrossEntropyRow<T, G> f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int V = kVectorWidth<T>;
+  static_assert(E % V == 0, "a thread holds whole vectors");
+  constexpr int kVectors = E / V;
+  __shared__ float smem[32];
+  __shared__ float block_max, block_sum;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const std::int64_t r = blockIdx.x / kOneReadBlocks;
+  const int tid = static_cast<int>(threadIdx.x);
+  T* z = f.logits + r * f.ld;
+  const std::int32_t t = f.targets[r];
+  G* out_grad = f.grad != nullptr ? f.grad + r * f.grad_ld : nullptr;
+
+  // This block's vectors: a contiguous slice of the row's ceil(vocab / V), the last maybe
+  // short; its columns end at `end`. Vector k of this thread starts at column(k). The
+  // row fits (vocab <= kOneReadMaxVocab), so columns are ints.
+  const int vocab = static_cast<int>(f.vocab);
+  const int vectors = (vocab + V - 1) / V;
+  const int per_block = (vectors + kOneReadBlocks - 1) / kOneReadBlocks;
+  const int first = rank * per_block, end = min(vocab, (first + per_block) * V);
+  const int column0 = (first + tid) * V;
+  auto column = [&](int k) { return column0 + k * (kOneReadThreads * V); };
+  auto whole = [&](int k) { return column(k) + V <= end; };
+  auto present = [&](int k, int w) { return column(k) + w < end; };
+
+  if (t == ops::kIgnoreIndex) {  // the whole cluster takes this branch: no barrier
+    if (rank == 0 && tid == 0) f.loss[r] = 0;
+    if (f.write_grad) {
+      const float zero[V] = {};
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+        if (whole(k)) {
+          if (out_grad != nullptr) store_float<V>(out_grad, column(k), zero);
+          else store_float<V>(z, column(k), zero);
+        } else {
+#pragma unroll
+          for (int w = 0; w < V; ++w)
+            if (present(k, w)) {
+              if (out_grad != nullptr) out_grad[column(k) + w] = from_float<G>(0.0f);
+              else z[column(k) + w] = from_float<T>(0.0f);
+            }
+        }
+      }
+    }
+    return;
+  }
+  const float zt = rank == 0 && tid == 0 ? to_float(z[t]) : 0.0f;  // before any block writes the row
+
+  float x[kVectors][V];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) {
+    if (whole(k)) {
+      load_float<V>(z, column(k), x[k]);
+    } else {
+#pragma unroll
+      for (int w = 0; w < V; ++w) x[k][w] = present(k, w) ? to_float(z[column(k) + w]) : -INFINITY;
+    }
+#pragma unroll
+    for (int w = 0; w < V; ++w) m = fmaxf(m, x[k][w]);
+  }
+  m = block_reduce(m, MaxOp{}, smem);
+  if (tid == 0) block_max = m;
+  cluster.sync();  // every block's max in its shared memory
+  m = *cluster.map_shared_rank(&block_max, 0);
+#pragma unroll
+  for (int b = 1; b < kOneReadBlocks; ++b) m = fmaxf(m, *cluster.map_shared_rank(&block_max, b));
+
+  float s = 0;
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k)
+#pragma unroll
+    for (int w = 0; w < V; ++w) {
+      x[k][w] = present(k, w) ? ops::exp_nonpositive(x[k][w] - m) : 0.0f;
+      s += x[k][w];
+    }
+  s = block_reduce(s, SumOp{}, smem);
+  if (tid == 0) block_sum = s;
+  cluster.sync();  // every block's sum
+  float sum = *cluster.map_shared_rank(&block_sum, 0);
+#pragma unroll
+  for (int b = 1; b < kOneReadBlocks; ++b) sum += *cluster.map_shared_rank(&block_sum, b);
+  // No block may leave (its shared memory gone) before every block has read it.
+  auto read_all = cluster.barrier_arrive();
+
+  if (rank == 0 && tid == 0) f.loss[r] = static_cast<double>(m + ops::log_(sum) - zt);
+  const bool keep = kRowHoldsIntermediates<T> && out_grad == nullptr;  // the functor's float row: exp(z - max)
+  if (f.write_grad || keep) {
+    const float scale = to_float(f.scale), factor = f.write_grad ? scale / sum : 1.0f;
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+#pragma unroll
+      for (int w = 0; w < V; ++w) {
+        if (!f.write_grad) continue;  // exp(z - max) as it is
+        x[k][w] *= factor;
+        if (column(k) + w == t) x[k][w] -= scale;
+      }
+      if (whole(k)) {
+        if (out_grad != nullptr) store_float<V>(out_grad, column(k), x[k]);
+        else store_float<V>(z, column(k), x[k]);
+      } else {
+#pragma unroll
+        for (int w = 0; w < V; ++w)
+          if (present(k, w)) {
+            if (out_grad != nullptr) out_grad[column(k) + w] = from_float<G>(x[k][w]);
+            else z[column(k) + w] = from_float<T>(x[k][w]);
+          }
+      }
+    }
+  }
+  cluster.barrier_wait(std::move(read_all));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // never launched: the launcher asks for sm_90 code first
+#endif
+}
+
+/// Host side: whether the current device runs the one-read kernel for <T, G, E>: the
+/// code it would run is sm_90 or newer (not a JIT of older PTX, where the body is empty).
+/// Asked once per device.
+template <class T, class G, int E>
+bool one_read_runs_here() {
+  static std::array<std::atomic<int>, 64> known{};  // 0: not asked, 1: no, 2: yes
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= static_cast<int>(known.size())) return false;
+  int k = known[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  if (k == 0) {
+    cudaFuncAttributes a{};
+    TESSERA_CUDA_CHECK(cudaFuncGetAttributes(&a, cross_entropy_one_read_kernel<T, G, E>));
+    k = a.binaryVersion >= 90 ? 2 : 1;
+    known[static_cast<std::size_t>(device)].store(k, std::memory_order_relaxed);
+  }
+  return k == 2;
+}
+
+/// OpKernel<CrossEntropyRow<T, G>>: the row read once where the row fits a cluster, is
+/// long enough to gain by it, is aligned, and the GPU has clusters; the passes otherwise.
+template <class T, class G>
+struct CrossEntropyRowKernel {
+  template <class F>
+  static void launch(std::int64_t rows, const F& f, cudaStream_t stream) {
+    const bool fits = f.vocab >= ops::kOneReadMinVocab && f.vocab <= ops::kOneReadMaxVocab &&
+                      CrossEntropyRows<T, G>::aligned(f) && rows <= (std::int64_t{1} << 31) / kOneReadBlocks - 1;
+    const std::int64_t capacity = std::int64_t{kOneReadBlocks} * kOneReadThreads;
+    if (fits) {
+      if (f.vocab <= capacity * 8) {
+        if (try_launch<8>(rows, f, stream)) return;
+      } else if (f.vocab <= capacity * 16) {
+        if (try_launch<16>(rows, f, stream)) return;
+      } else if (try_launch<32>(rows, f, stream)) {
+        return;
+      }
+    }
+    RowKernel<CrossEntropyRows<T, G>>::launch(rows, f, stream);
+  }
+
+ private:
+  template <int E, class F>
+  static bool try_launch(std::int64_t rows, const F& f, cudaStream_t stream) {
+    if (!one_read_runs_here<T, G, E>()) return false;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(rows * kOneReadBlocks));
+    config.blockDim = dim3(kOneReadThreads);
+    config.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kOneReadBlocks;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, cross_entropy_one_read_kernel<T, G, E>, f));
+    return true;
   }
 };
 

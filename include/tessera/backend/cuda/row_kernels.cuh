@@ -100,7 +100,7 @@ TESSERA_CUDA_OP_KERNEL(Fill, detail::ElementwiseKernel<ops::Fill<T>>)
 #undef TESSERA_CUDA_OP_KERNEL
 template <class T, class G>
   requires detail::kLoweredElement<T> && detail::kLoweredElement<G>
-struct OpKernel<ops::CrossEntropyRow<T, G>> : detail::RowKernel<detail::CrossEntropyRows<T, G>> {};
+struct OpKernel<ops::CrossEntropyRow<T, G>> : detail::CrossEntropyRowKernel<T, G> {};
 template <class T, class M>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::AdamWMultiStep<T, M>> : detail::AdamWMultiKernel<T, M> {};
