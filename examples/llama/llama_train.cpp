@@ -63,6 +63,7 @@
 #include "train_cuda.hpp"
 #endif
 #if TESSERA_WITH_NCCL
+#include "tessera/backend/cuda/memory.hpp"
 #include "tessera/comm/nccl.hpp"
 #endif
 
@@ -83,12 +84,15 @@ std::chrono::milliseconds train_timeout(const train::JobConfig& c) {
 /// The world of a multi-process launch on GPUs: one NCCL rank per process on `device`.
 /// The id goes through a TcpStore at MASTER_ADDR:MASTER_PORT when they are set
 /// (torchrun; srun with them), else by MPI broadcast (mpirun, srun with MPI). The
-/// collectives are ordered against the legacy default stream, the CUDA backend's.
+/// collectives are ordered against the CUDA backend's compute stream on `device`.
 comm::Communicator nccl_world(const comm::Launch& launch, int device, const train::JobConfig& c) {
   comm::NcclOptions options;
   options.init_timeout = std::chrono::seconds(c.comm.init_timeout_seconds);
   options.timeout = train_timeout(c);
-  options.compute = nullptr;
+  {
+    const cuda::detail::DeviceScope on(device);
+    options.compute = cuda::compute_stream();
+  }
   options.share_device = c.comm.share_gpu;
   if (launch.has_master() || launch.kind == comm::LaunchKind::torchrun)
     return comm::Communicator(comm::nccl_from_torchrun(launch, options));

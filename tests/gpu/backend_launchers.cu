@@ -204,4 +204,35 @@ GrowthCheck allocator_growth() {
   return r;
 }
 
+CaptureCheck capture_backend_work(const Tensor<float>& a, const Tensor<float>& b) {
+  CaptureCheck r;
+  const cudaStream_t s = cuda::compute_stream();
+  r.created = s != nullptr;
+  r.stable = cuda::compute_stream() == s && Cuda::stream() == s;
+  const std::int64_t m = a.size(0), n = b.size(1);
+  const Tensor<float> da = upload<Cuda>(a), db = upload<Cuda>(b);
+  Tensor<float> eager = Cuda::empty<float>(Shape{m, n}), replayed = Cuda::empty<float>(Shape{m, n});
+  const auto work = [&](Tensor<float>& c) {
+    Cuda::gemm(Trans::no, Trans::no, 1.0f, da.cview(), db.cview(), 0.0f, c.view());
+    Cuda::for_each(m * n, ops::Scale<float>{0.5f, c.data()});
+  };
+  work(eager);  // also makes the GEMM's plan and this thread's workspace: nothing to allocate under capture
+  Cuda::synchronize();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  work(replayed);
+  TESSERA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  TESSERA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &r.nodes));
+  TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, s));  // a replay writes what the first wrote
+  Cuda::synchronize();
+  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+  r.eager = download<Cuda>(eager);
+  r.replayed = download<Cuda>(replayed);
+  return r;
+}
+
 }  // namespace tessera::gpu_test

@@ -88,4 +88,15 @@ struct GrowthCheck {
 };
 GrowthCheck allocator_growth();
 
+/// The compute stream (cuda::compute_stream()), and the backend's work captured on it: a
+/// GEMM (c = a b) then a lowered kernel (c *= 0.5) run eagerly, then issued again into
+/// another output under stream capture, the graph replayed twice.
+struct CaptureCheck {
+  bool created = false;  // not the legacy default stream
+  bool stable = false;   // the same stream on every call, and Cuda::stream()'s
+  std::size_t nodes = 0;          // the captured graph's
+  Tensor<float> eager, replayed;  // the outputs, downloaded
+};
+CaptureCheck capture_backend_work(const Tensor<float>& a, const Tensor<float>& b);
+
 }  // namespace tessera::gpu_test

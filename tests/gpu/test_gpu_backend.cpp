@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -268,6 +269,20 @@ TEST_CASE("Cuda::gemm with k == 0 scales C by beta, or zeroes it") {
                                                      c.view());
   for (std::int64_t i = 0; i < got.numel(); ++i)
     CHECK(static_cast<float>(got[i]) == round_to_bf16(-2.0f * static_cast<float>(c[i])));
+}
+
+TEST_CASE("The backend runs on a created compute stream, and its work there can be captured as a CUDA graph") {
+  Tensor<float> a = Cpu::empty<float>(Shape{96, 64}), b = Cpu::empty<float>(Shape{64, 80});
+  for (std::int64_t i = 0; i < a.numel(); ++i) a.data()[i] = static_cast<float>((i * 37) % 17) / 8 - 1;
+  for (std::int64_t i = 0; i < b.numel(); ++i) b.data()[i] = static_cast<float>((i * 11) % 13) / 6 - 1;
+  const gpu_test::CaptureCheck r = gpu_test::capture_backend_work(a, b);
+  CHECK(r.created);
+  CHECK(r.stable);
+  CHECK(r.nodes >= 2);  // the GEMM's kernel(s) and the scale's
+  REQUIRE(r.eager.numel() == 96 * 80);
+  REQUIRE(r.replayed.numel() == r.eager.numel());
+  CHECK(std::memcmp(r.eager.data(), r.replayed.data(), r.eager.bytes()) == 0);
+  CHECK(r.eager.data()[0] != 0.0f);
 }
 
 TEST_CASE("Every algorithm gemm_candidates offers gives the CPU's result") {

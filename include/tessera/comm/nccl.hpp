@@ -3,8 +3,9 @@
 // (compiled by g++ or nvcc alike).
 //
 // Streams. The engine runs NCCL on its own communication stream (cudaStreamNonBlocking)
-// and orders it against one compute stream, given at construction (by default the
-// legacy default stream, the one the CUDA backend launches on). Each collective: an
+// and orders it against one compute stream, given at construction: the CUDA backend's,
+// cuda::compute_stream(), in the trainers (by default the legacy default stream, which
+// the backend's blocking stream is ordered with, as is every other blocking stream). Each collective: an
 // event recorded on the compute stream, which the comm stream waits for (the inputs
 // earlier kernels write are ready), the NCCL call on the comm stream, an event recorded
 // after it. The Handle's wait() makes the compute stream wait for that event
@@ -95,8 +96,9 @@ struct NcclOptions {
   /// Bounds a collective, from its issue to its completion on the device (the
   /// watchdog); zero or negative: no watchdog.
   std::chrono::milliseconds timeout = std::chrono::seconds(600);
-  /// The stream the collectives are ordered against (nullptr: the legacy default
-  /// stream, the CUDA backend's).
+  /// The stream the collectives are ordered against: the CUDA backend's is
+  /// cuda::compute_stream() (nullptr: the legacy default stream, ordered with every
+  /// blocking stream, the backend's among them, so correct but ordered against more).
   cudaStream_t compute = nullptr;
   /// Called from the watchdog thread, after it aborted the communicator, with the
   /// message that names the rank and the operation. Empty: print it to stderr and end

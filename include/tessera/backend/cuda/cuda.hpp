@@ -8,9 +8,10 @@
 //   current device, from that device's caching allocator (memory.hpp); host code never
 //   dereferences them. Values cross with copy_to_host() and copy_from_host() (and
 //   upload() / download() in backend.hpp). A zero-size tensor allocates nothing.
-// - Ordering. Every launch, GEMM, memset and copy goes to stream(), the legacy default
-//   stream: work runs in issue order, asynchronously to the host, and the NCCL engine
-//   orders its collectives against this same stream (comm/nccl.hpp). Calls return
+// - Ordering. Every launch, GEMM, memset and copy goes to stream(), the device's compute
+//   stream (cuda::compute_stream(), memory.hpp): work runs in issue order, asynchronously
+//   to the host, and the NCCL engine orders its collectives against this same stream
+//   (comm/nccl.hpp). Calls return
 //   before the device has finished, except copy_to_host(), which returns when the host
 //   may read the destination (it synchronises the stream). copy_from_host() returns
 //   when the host may reuse the source without waiting for the device: the bytes go

@@ -7,12 +7,13 @@
 // instead of failing somewhere inside CUDA.
 //
 // The compute stream. Every kernel, GEMM, memset and copy of the backend runs on one
-// stream, compute_stream(): the legacy default stream (nullptr), which is also the
-// default compute stream the NCCL engine orders its communication stream against
-// (comm/nccl.hpp). Being one stream, work runs in the order the host issues it, and
-// that is what makes the allocator's reuse of blocks safe (below). Changing the stream
-// is a change here alone. (tessera is not compiled with nvcc's --default-stream
-// per-thread, under which nullptr would name another stream.)
+// stream per device, compute_stream(): a stream created on first use, blocking (so it
+// stays ordered with anything issued to the legacy default stream), which the NCCL
+// engine orders its communication stream against when given it (comm/nccl.hpp; the
+// trainers give it). Being one stream, work runs in the order the host issues it, and
+// that is what makes the allocator's reuse of blocks safe (below); being a created
+// stream, work issued to it can be captured as a CUDA graph. Changing the stream is a
+// change here alone.
 //
 // Allocators. Each device gets one CachingAllocator (backend/caching_allocator.hpp),
 // created on its first allocation and shared by every thread of the process (thread
@@ -90,8 +91,38 @@ namespace tessera::cuda {
 /// The most devices one process addresses (device indices 0 .. kMaxDevices - 1).
 inline constexpr int kMaxDevices = 64;
 
-/// The stream every piece of the CUDA backend runs on: the legacy default stream.
-inline cudaStream_t compute_stream() { return nullptr; }
+namespace detail {
+/// Each device's compute stream, created on first use and never destroyed (work may be
+/// issued during static teardown).
+struct ComputeStreams {
+  std::array<std::atomic<cudaStream_t>, kMaxDevices> stream{};
+  std::mutex create;
+};
+inline ComputeStreams& compute_streams() {
+  static ComputeStreams* streams = new ComputeStreams;  // immortal
+  return *streams;
+}
+}  // namespace detail
+
+/// The stream every piece of the CUDA backend runs on, one per device (the current
+/// one's). A created stream, so that a step issued to it can be captured as a CUDA graph
+/// (the legacy default stream cannot be); a blocking one (cudaStreamDefault), so that
+/// work anything else issues to the legacy default stream (a cudaMemcpy, a library's
+/// own) stays ordered with it, as it was when the backend ran on that stream.
+inline cudaStream_t compute_stream() {
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " out of range");
+  auto& streams = detail::compute_streams();
+  std::atomic<cudaStream_t>& slot = streams.stream[static_cast<std::size_t>(device)];
+  if (cudaStream_t s = slot.load(std::memory_order_acquire)) return s;
+  std::lock_guard lock(streams.create);
+  if (cudaStream_t s = slot.load(std::memory_order_acquire)) return s;
+  cudaStream_t s = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+  slot.store(s, std::memory_order_release);
+  return s;
+}
 
 namespace detail {
 
