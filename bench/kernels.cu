@@ -1063,10 +1063,12 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
         "rmsnorm backward", "x, dy " + shape_text(m, d) + ", w, rstd -> dx; dw +=", bytes, sets,
         [&](std::int64_t i) {
           const auto s = static_cast<std::size_t>(i % sets);
-          Cuda::for_each(m, RmsNormBackwardInput<float>{x[s].data(), d, w[s].data(), rstd[s].data(), dy[s].data(), d,
-                                                        dx[s].data(), d, d});
-          Cuda::for_each(d, RmsNormBackwardWeight<float>{x[s].data(), d, rstd[s].data(), dy[s].data(), d,
-                                                         dw[s].data(), m});
+          // Both passes in one launch, as the layer runs them (x and dy read once).
+          Cuda::for_each(m + d, tessera::ops::RmsNormBackward<float>{
+                                    RmsNormBackwardInput<float>{x[s].data(), d, w[s].data(), rstd[s].data(),
+                                                                dy[s].data(), d, dx[s].data(), d, d},
+                                    RmsNormBackwardWeight<float>{x[s].data(), d, rstd[s].data(), dy[s].data(), d,
+                                                                 dw[s].data(), m}});
         },
         [&] { return count_nonfinite(dx[0]) + count_nonfinite(dw[0]); }, policy, dev));
   }

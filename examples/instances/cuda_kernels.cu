@@ -45,6 +45,7 @@ namespace tessera {
   TESSERA_LAUNCH_OP(ops::RmsNormForward<T>)                                                                           \
   TESSERA_LAUNCH_OP(ops::RmsNormBackwardInput<T>)                                                                     \
   TESSERA_LAUNCH_OP(ops::RmsNormBackwardWeight<T>)                                                                    \
+  TESSERA_LAUNCH_OP(ops::RmsNormBackward<T>)                                                                          \
   TESSERA_LAUNCH_OP(ops::RopeRotate<T>)                                                                               \
   TESSERA_LAUNCH_OP(ops::SwiGluForward<T>)                                                                            \
   TESSERA_LAUNCH_OP(ops::SwiGluBackward<T>)                                                                           \

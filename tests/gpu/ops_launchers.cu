@@ -96,6 +96,7 @@ std::vector<float> adamw_step(std::vector<float> p, const std::vector<float>& g,
   TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormForward<T>)           \
   TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormBackwardInput<T>)     \
   TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormBackwardWeight<T>)    \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::RmsNormBackward<T>)          \
   TESSERA_GPU_TEST_LAUNCHERS(ops::CrossEntropyRow<T>)          \
   TESSERA_GPU_TEST_LAUNCHERS(ops::CrossEntropyShardMax<T>)     \
   TESSERA_GPU_TEST_LAUNCHERS(ops::CrossEntropyShardExp<T>)     \

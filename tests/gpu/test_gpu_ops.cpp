@@ -363,6 +363,101 @@ TEST_CASE_TEMPLATE("RMSNorm backward (weight): the two-stage column sums give th
   }
 }
 
+/// RmsNormBackward (both passes in one launch: the fused kernel where the rows allow it,
+/// the two kernels otherwise) on the GPU against the two CPU functors: dx (plus the
+/// residual) and dw (written, or added to).
+template <class T>
+void check_rmsnorm_backward_fused(const RowCase& c, std::uint32_t seed, bool residual, bool add) {
+  using R = RstdOf<T>;
+  using D = pointee<decltype(ops::RmsNormBackwardWeight<T>::dw)>;
+  const NormInputs<T> in(c, seed);
+  const std::vector<R> rstd = random_values<R>(static_cast<std::size_t>(c.rows), 0.5, 2, seed + 3);
+  const std::vector<T> res = random_values<T>(in.x.size(), -1, 1, seed + 4);
+  const std::vector<T> dx0 = random_values<T>(in.x.size(), 7, 8, seed + 5);
+  const std::vector<D> dw0 = random_values<D>(static_cast<std::size_t>(c.n), -1, 1, seed + 6);
+  ops::RmsNormBackward<T> f{};
+  f.input.ldx = f.input.lddy = f.input.lddx = f.input.ldres = c.ld;
+  f.input.n = c.n;
+  f.weight.ldx = f.weight.lddy = c.ld;
+  f.weight.rows = c.rows;
+  f.weight.add = add;
+
+  std::vector<T> dx_cpu = dx0;
+  std::vector<D> dw_cpu = dw0;
+  ops::RmsNormBackward<T> fc = f;
+  fc.input.x = fc.weight.x = in.x.data();
+  fc.input.w = in.w.data();
+  fc.input.rstd = fc.weight.rstd = rstd.data();
+  fc.input.dy = fc.weight.dy = in.dy.data();
+  fc.input.dx = dx_cpu.data();
+  if (residual) fc.input.residual = res.data();
+  fc.weight.dw = dw_cpu.data();
+  Cpu::for_each(c.rows + c.n, fc);
+
+  DeviceArray<T> dxin(in.x, c.offset), dwt(in.w, c.offset), ddy(in.dy, c.offset), ddx(dx0, c.offset),
+      dres(res, c.offset);
+  DeviceArray<R> drstd(rstd);
+  DeviceArray<D> ddw(dw0);
+  ops::RmsNormBackward<T> fg = f;
+  fg.input.x = fg.weight.x = dxin.data();
+  fg.input.w = dwt.data();
+  fg.input.rstd = fg.weight.rstd = drstd.data();
+  fg.input.dy = fg.weight.dy = ddy.data();
+  fg.input.dx = ddx.data();
+  if (residual) fg.input.residual = dres.data();
+  fg.weight.dw = ddw.data();
+  gpu_test::launch_op(c.rows + c.n, fg);
+
+  std::vector<double> abs_dot(static_cast<std::size_t>(c.rows)), coef(static_cast<std::size_t>(c.rows));
+  std::vector<double> abs_sum(static_cast<std::size_t>(c.n), 0.0);
+  for (std::int64_t r = 0; r < c.rows; ++r) {
+    double a = 0, d = 0;
+    for (std::int64_t j = 0; j < c.n; ++j) {
+      const double t = value(in.w[j]) * value(in.dy[r * c.ld + j]) * value(in.x[r * c.ld + j]);
+      a += std::fabs(t);
+      d += t;
+      abs_sum[j] += std::fabs(value(in.dy[r * c.ld + j]) * value(in.x[r * c.ld + j]) * value(rstd[r]));
+    }
+    const double rs = value(rstd[r]);
+    abs_dot[r] = a;
+    coef[r] = rs * rs * rs * d / static_cast<double>(c.n);
+  }
+  const std::string what = std::string(residual ? "residual, " : "") + (add ? "dw added to, " : "dw written, ");
+  check_close(ddx.download(), dx_cpu,
+              [&](std::size_t i) {
+                const std::int64_t r = static_cast<std::int64_t>(i) / c.ld, j = static_cast<std::int64_t>(i) % c.ld;
+                if (j >= c.n) return 0.0;
+                const double rs = value(rstd[r]), x = value(in.x[i]);
+                const double terms = std::fabs(rs * value(in.w[j]) * value(in.dy[i])) + std::fabs(coef[r] * x) +
+                                     (residual ? std::fabs(value(res[i])) : 0.0);
+                const double through_c = kRowSumTol * rs * rs * rs * abs_dot[r] / static_cast<double>(c.n);
+                return kExprTol * terms + through_c * std::fabs(x) + rounding_of<T>() * std::fabs(value(dx_cpu[i]));
+              },
+              "fused dx, " + what + describe(c));
+  check_close(ddw.download(), dw_cpu,
+              [&](std::size_t j) {
+                return kRowSumTol * (abs_sum[j] + (add ? std::fabs(value(dw0[j])) : 0.0)) +
+                       rounding_of<D>() * std::fabs(value(dw_cpu[j]));
+              },
+              "fused dw, " + what + describe(c));
+}
+
+TEST_CASE_TEMPLATE("RMSNorm backward, both passes in one launch: the fused kernel gives the CPU functors' dx and dw", T,
+                   float, bf16) {
+  const RowCase cases[] = {
+      {1000, 2048, 2048, 0, "Llama 3.2 1B's width: fused, 62 chunks of 16 rows and a short one"},
+      {48, 4096, 4096, 0, "Llama 3 8B's width: fused"},
+      {20, 16384, 16384, 0, "2 vectors a thread (bf16), fused; a float row of 4096 vectors takes the two kernels"},
+      {7, 24, 24, 0, "a row of 3 or 6 vectors: fused, one warp"},
+      {300, 1001, 1001, 0, "a row not whole vectors: the two kernels"},
+      {129, 96, 96, 1, "a misaligned base: the two kernels"},
+  };
+  std::uint32_t seed = 700;
+  for (const RowCase& c : cases)
+    for (const bool residual : {false, true})
+      for (const bool add : {false, true}) check_rmsnorm_backward_fused<T>(c, seed += 10, residual, add);
+}
+
 TEST_CASE_TEMPLATE("RMSNorm backward (weight) on another stream gives the compute stream's bits", T, float, bf16) {
   const RowCase c{1000, 4095, 4096, 0, "8 chunks"};
   const auto on_compute = check_rmsnorm_backward_weight<T>(c, 400);

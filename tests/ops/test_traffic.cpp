@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/backend/kernel_class.hpp"
+#include "tessera/backend/trace.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/ops/ops.hpp"
 #include "tessera/ops/norm.hpp"
@@ -227,6 +229,40 @@ TEST_CASE("traffic: causal softmax rows") {
   const ops::RowDot<bf16> d{nullptr, 8, nullptr, 8, 8, nullptr};
   check_equal(d.traffic(3), 2 * 3 * 8 * kB, 3 * kF, 2 * 3 * 8, 0);
   check_linear(d, 3);
+}
+
+TEST_CASE("traffic: RMSNorm's backward in one launch, x and dy read once on the GPU, traced as its two passes") {
+  const std::int64_t rows = 64, n = 32;
+  const ops::RmsNormBackwardInput<bf16> in{nullptr, n, nullptr, nullptr, nullptr, n, nullptr, n, n};
+  for (const bool add : {false, true}) {
+    const ops::RmsNormBackwardWeight<bf16> w{nullptr, n, nullptr, nullptr, n, nullptr, rows, add};
+    const ops::RmsNormBackward<bf16> f{in, w};
+    // The CPU runs the two loops: their traffic.
+    ops::Traffic both = in.traffic(rows);
+    both += w.traffic(n);
+    check_equal(f.traffic(rows + n), both.bytes_read, both.bytes_written, both.flops, both.transcendentals);
+    // The kernel: the input pass's bytes, then 4 chunks of 16 rows' float partials
+    // written and read back, dw written (and read when added to); x and dy not again.
+    const ops::Traffic once = f.cuda_traffic(rows + n);
+    const ops::Traffic input = in.traffic(rows);
+    check_equal(once, input.bytes_read + 4 * n * kF + (add ? n * kF : 0), input.bytes_written + 4 * n * kF + n * kF,
+                both.flops, 0);
+    CHECK(both.bytes() - once.bytes() == doctest::Approx(2.0 * rows * n * kB + rows * kF - 8 * n * kF));
+    // Traced as the two functors, the kernel's bytes on the first.
+    std::vector<std::string> names;
+    std::vector<std::int64_t> counts;
+    std::vector<double> bytes;
+    f.trace_parts(rows + n, [&]<class F>(const F&, std::int64_t m, const ops::Traffic& cuda) {
+      names.push_back(tessera::trace::functor_name<F>());
+      counts.push_back(m);
+      bytes.push_back(cuda.bytes());
+    });
+    CHECK(names == std::vector<std::string>{"RmsNormBackwardInput<bf16>", "RmsNormBackwardWeight<bf16>"});
+    CHECK(counts == std::vector<std::int64_t>{rows, n});
+    CHECK(bytes == std::vector<double>{once.bytes(), 0.0});
+  }
+  static_assert(ops::TracedAsParts<ops::RmsNormBackward<float>> && !ops::TracedAsParts<ops::RmsNormBackwardInput<float>>);
+  static_assert(cuda_kernel_class<ops::RmsNormBackward<bf16>> == KernelClass::row);
 }
 
 TEST_CASE("traffic: cross-entropy rows") {

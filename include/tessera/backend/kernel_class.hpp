@@ -60,6 +60,7 @@ struct cuda_kernel_class_of {
 TESSERA_CUDA_KERNEL_CLASS(RmsNormForward, row)
 TESSERA_CUDA_KERNEL_CLASS(RmsNormBackwardInput, row)
 TESSERA_CUDA_KERNEL_CLASS(RmsNormBackwardWeight, column_sums)
+TESSERA_CUDA_KERNEL_CLASS(RmsNormBackward, row)
 TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardMax, row)
 TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardExp, row)
 TESSERA_CUDA_KERNEL_CLASS(CrossEntropyShardGrad, row)

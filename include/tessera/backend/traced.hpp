@@ -9,7 +9,9 @@
 //   attention_forward/backward   the AttentionShape and dtype
 //   for_each(n, f)        the functor's name, n, its ops::Traffic (when F has traffic()),
 //                         the CUDA kernel's where it differs (cuda_traffic()), and the
-//                         kernel class Cuda::for_each would use for F
+//                         kernel class Cuda::for_each would use for F; a functor that
+//                         fuses others' passes (ops::TracedAsParts) as those functors,
+//                         the fused kernel's traffic on them
 //   zeros                 a fill of the tensor's bytes (empty records nothing: the
 //                         allocation itself comes from the memory counters)
 //   copy_to_host/from_host  the bytes, the library line that asked (upload, download), and
@@ -18,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/kernel_class.hpp"
@@ -48,16 +51,29 @@ struct Traced {
   template <class F>
   static void for_each(std::int64_t n, const F& f) {
     if (trace::current() && n > 0) {
-      trace::Kernel k;
-      k.functor = trace::functor_name<F>();
-      k.n = n;
-      if constexpr (ops::HasTraffic<F>) k.traffic = f.traffic(n);
-      else k.priced = false;
-      if constexpr (ops::HasCudaTraffic<F>) k.cuda_traffic = f.cuda_traffic(n);
-      k.cuda_class = cuda_kernel_class<F>;
-      trace::record(k);
+      if constexpr (ops::TracedAsParts<F>) {
+        f.trace_parts(n, [](const auto& part, std::int64_t m, const ops::Traffic& cuda) {
+          if (m > 0) record_kernel(part, m, cuda);
+        });
+      } else {
+        std::optional<ops::Traffic> cuda;
+        if constexpr (ops::HasCudaTraffic<F>) cuda = f.cuda_traffic(n);
+        record_kernel(f, n, cuda);
+      }
     }
     B::for_each(n, f);
+  }
+
+  template <class F>
+  static void record_kernel(const F& f, std::int64_t n, std::optional<ops::Traffic> cuda) {
+    trace::Kernel k;
+    k.functor = trace::functor_name<F>();
+    k.n = n;
+    if constexpr (ops::HasTraffic<F>) k.traffic = f.traffic(n);
+    else k.priced = false;
+    k.cuda_traffic = cuda;
+    k.cuda_class = cuda_kernel_class<F>;
+    trace::record(k);
   }
 
   static void synchronize() {

@@ -52,9 +52,19 @@ class RmsNorm : public LayerTypes<T, B> {
       TESSERA_CHECK(residual->shape() == x.shape(), weight_.name, ": a residual gradient of shape ",
                     residual->shape(), " beside an input of shape ", x.shape());
     Tensor<T> dx = B::template empty<T>(x.shape());
-    B::for_each(rows, ops::RmsNormBackwardInput<T>{x.data(), n, weight_.value.data(), rstd.data(), dy.data(), n,
-                                                   dx.data(), n, n, residual != nullptr ? residual->data() : nullptr,
-                                                   n});
+    const ops::RmsNormBackwardInput<T> input{x.data(),  n, weight_.value.data(), rstd.data(), dy.data(), n,
+                                             dx.data(), n, n, residual != nullptr ? residual->data() : nullptr,
+                                             n};
+    if (ctx.weight_grad_queue() == nullptr && !parallel::splits_rows(tp_)) {
+      // Both passes in one launch (x and dy read once on the GPU); the column sums
+      // written, not added to zeros, on the step's first write (layer.hpp's rule).
+      const bool add = weight_.grad_write_beta() != A(0);
+      B::for_each(rows + n, ops::RmsNormBackward<T>{input, ops::RmsNormBackwardWeight<T>{
+                                                               x.data(), n, rstd.data(), dy.data(), n,
+                                                               weight_.grad.data(), rows, add}});
+      return dx;
+    }
+    B::for_each(rows, input);
     ctx.weight_grad([this, x, rstd, dy, rows, n] {
       // The column sums written, not added to zeros: the step's first write (layer.hpp's rule).
       if (parallel::splits_rows(tp_)) {

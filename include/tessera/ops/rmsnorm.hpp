@@ -122,4 +122,56 @@ struct RmsNormBackwardWeight {
   }
 };
 
+/// Both backward passes in one launch of rows + n indices: index r < rows is
+/// input(r), row r's dx; index rows + j is weight(j), column j's dw. The two write
+/// apart and read only x, dy, rstd, w and the residual, so the indices may run in any
+/// order; input and weight describe the same rows (weight.rows of them, n = input.n
+/// columns). The CPU runs the two loops; the CUDA kernel reads each row of x and dy once
+/// for both (backend/cuda/rmsnorm_kernels.cuh).
+template <class T>
+struct RmsNormBackward {
+  RmsNormBackwardInput<T> input;
+  RmsNormBackwardWeight<T> weight;
+
+  /// Rows in the chunk whose weight-gradient partial sums the CUDA kernel keeps
+  /// together (one block's): cuda_traffic() counts them.
+  static constexpr std::int64_t kRowsPerPartial = 16;
+
+  TESSERA_HD void operator()(std::int64_t i) const {
+    if (i < weight.rows) input(i);
+    else weight(i - weight.rows);
+  }
+  // The two functors' own traffic, each over its indices.
+  Traffic traffic(std::int64_t indices) const {
+    Traffic t = input.traffic(weight.rows);
+    t += weight.traffic(indices - weight.rows);
+    return t;
+  }
+  // One kernel: the input pass's bytes, then per chunk of kRowsPerPartial rows a float
+  // partial sum of each column written and read back, and dw read (when added to) and
+  // written; the weight pass's arithmetic.
+  Traffic cuda_traffic(std::int64_t indices) const {
+    const std::int64_t cols = indices - weight.rows;
+    Traffic t = input.traffic(weight.rows);
+    const double c = static_cast<double>(cols);
+    const double chunks = static_cast<double>((weight.rows + kRowsPerPartial - 1) / kRowsPerPartial);
+    const double a = sizeof(accum_t<T>);
+    t.bytes_read += chunks * c * a + (weight.add ? c * a : 0);
+    t.bytes_written += chunks * c * a + c * a;
+    t.flops += 3 * c * static_cast<double>(weight.rows) + (weight.add ? c : 0);
+    t.walk_bytes = 0;
+    return t;
+  }
+
+  /// A trace records this launch as its two passes (backend/traced.hpp), by the
+  /// functors the plan's rewrites of other runtimes know; the CUDA kernel's bytes go
+  /// on the first, the second's are none (it reads nothing the first has not).
+  static constexpr bool kTracedAsParts = true;
+  template <class Record>
+  void trace_parts(std::int64_t indices, Record&& record) const {
+    record(input, weight.rows, cuda_traffic(indices));
+    record(weight, indices - weight.rows, Traffic{});
+  }
+};
+
 }  // namespace tessera::ops

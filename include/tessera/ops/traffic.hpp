@@ -63,4 +63,10 @@ concept HasCudaTraffic = requires(const F& f, std::int64_t n) {
   { f.cuda_traffic(n) } -> std::same_as<Traffic>;
 };
 
+/// A functor that runs other functors' passes in one launch and is traced as them
+/// (F::kTracedAsParts, and f.trace_parts(n, record) calling record(part, part's n,
+/// the CUDA kernel's traffic put on that part) for each).
+template <class F>
+concept TracedAsParts = requires { requires F::kTracedAsParts; };
+
 }  // namespace tessera::ops

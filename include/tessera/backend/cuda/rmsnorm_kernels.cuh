@@ -11,6 +11,19 @@
 //                                         chunks' partials (warp w chunks w, w + 8, ...)
 //                                         and add the total into dw
 //
+//   RmsNormBackward                       both passes, x and dy read once: a block per
+//                                         chunk of 16 rows (ops::RmsNormBackward::
+//                                         kRowsPerPartial), each thread up to 2 vectors of
+//                                         every row (its columns fixed), the row's dot
+//                                         product a block sum, dx written, and the
+//                                         thread's column sums kept in registers over the
+//                                         chunk's rows in order, then written as the
+//                                         chunk's partial sums; RmsNormBackwardWeight's
+//                                         second kernel adds them into dw. Rows of at most
+//                                         2048 vectors, every row 16-byte aligned and a
+//                                         whole number of vectors; other shapes take the
+//                                         two launches
+//
 // RmsNormBackwardWeight's chunks are at least 128 rows, and at most 1024 of them.
 //
 // Scratch. RmsNormBackwardWeight takes (chunks, n) floats from the device's caching
@@ -237,6 +250,107 @@ struct RmsNormWeightKernel {
     }
     const std::int64_t blocks = std::min<std::int64_t>((n + 31) / 32, kMaxBlocks);
     rmsnorm_weight_sum<T><<<static_cast<unsigned>(blocks), 32 * kWeightWarps, 0, stream>>>(f, n, chunks,
+                                                                                        partial.data());
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    order_compute_after(stream);
+  }
+};
+
+/// ops::RmsNormBackward on rows [blockIdx.x R, + R) (R = rows_per_block): thread t
+/// holds vectors t, t + blockDim.x, ... (K of them at most) of each row, all whole.
+template <class T, int V, int K>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    rmsnorm_backward_fused(ops::RmsNormBackward<T> f, std::int64_t rows_per_block, float* partial) {
+  __shared__ float smem[32];
+  const ops::RmsNormBackwardInput<T>& in = f.input;
+  const std::int64_t n = in.n, rows = f.weight.rows;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * rows_per_block;
+  const std::int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
+  const std::int64_t vectors = n / V;
+  auto column = [&](int k) { return (static_cast<std::int64_t>(threadIdx.x) + std::int64_t{k} * blockDim.x) * V; };
+  auto mine = [&](int k) { return static_cast<std::int64_t>(threadIdx.x) + std::int64_t{k} * blockDim.x < vectors; };
+  float w[K][V], acc[K][V];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0.0f;
+    if (mine(k)) load_float<V>(in.w, column(k), w[k]);
+  }
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const T* xr = in.x + r * in.ldx;
+    const T* dyr = in.dy + r * in.lddy;
+    float x[K][V], dy[K][V];
+    float dot = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!mine(k)) continue;
+      load_float<V>(xr, column(k), x[k]);
+      load_float<V>(dyr, column(k), dy[k]);
+#pragma unroll
+      for (int v = 0; v < V; ++v) dot += w[k][v] * dy[k][v] * x[k][v];
+    }
+    dot = block_reduce(dot, SumOp{}, smem);
+    const float rs = to_float(in.rstd[r]);
+    const float c = rs * rs * rs * dot / static_cast<float>(n);
+    T* dxr = in.dx + r * in.lddx;
+    const T* resr = in.residual != nullptr ? in.residual + r * in.ldres : nullptr;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!mine(k)) continue;
+      float dx[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) dx[v] = rs * w[k][v] * dy[k][v] - c * x[k][v];
+      if (resr != nullptr) {  // the residual's gradient, added before the one rounding
+        float res[V];
+        load_float<V>(resr, column(k), res);
+#pragma unroll
+        for (int v = 0; v < V; ++v) dx[v] = __fadd_rn(dx[v], res[v]);
+      }
+      store_float<V>(dxr, column(k), dx);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[k][v] += dy[k][v] * x[k][v] * rs;
+    }
+  }
+  float* out = partial + static_cast<std::int64_t>(blockIdx.x) * n;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (mine(k))
+#pragma unroll
+      for (int v = 0; v < V; ++v) out[column(k) + v] = acc[k][v];
+}
+
+/// OpKernel for RmsNormBackward: the fused kernel where the rows allow it (see the top
+/// of this file), then RmsNormBackwardWeight's sum of the chunks' partials into dw;
+/// otherwise the two functors' own launches.
+template <class T>
+struct RmsNormBackwardKernel {
+  static void launch(std::int64_t indices, const ops::RmsNormBackward<T>& f, cudaStream_t stream) {
+    constexpr int V = kVectorWidth<T>;
+    const ops::RmsNormBackwardInput<T>& in = f.input;
+    const std::int64_t n = in.n, rows = f.weight.rows > 0 ? f.weight.rows : 0, cols = indices - rows;
+    const std::int64_t vectors = n / V, per = ops::RmsNormBackward<T>::kRowsPerPartial;
+    const std::int64_t chunks = (rows + per - 1) / per;
+    const bool fused = rows > 0 && n > 0 && cols == n && n % V == 0 && vectors <= 2 * kMaxRowThreads &&
+                       chunks <= kMaxBlocks &&
+                       RmsNormBackwardInputRows<T>::aligned(in) && f.weight.x == in.x && f.weight.dy == in.dy &&
+                       f.weight.ldx == in.ldx && f.weight.lddy == in.lddy && f.weight.rstd == in.rstd;
+    if (!fused) {
+      if (rows > 0) RowKernel<RmsNormBackwardInputRows<T>>::launch(rows, in, stream);
+      if (cols > 0) RmsNormWeightKernel<T>::launch(cols, f.weight, stream);
+      return;
+    }
+    const int k = vectors <= kMaxRowThreads ? 1 : 2;  // 2: no spills at 64 registers (4 would)
+    const std::int64_t per_thread = k;
+    const auto threads = static_cast<unsigned>(
+        std::min<std::int64_t>(kMaxRowThreads, ((vectors + per_thread - 1) / per_thread + 31) / 32 * 32));
+    Buffer<float> partial = device_buffer<float>(static_cast<std::size_t>(chunks * n),
+                                                 "the RMSNorm weight gradient's partial sums");
+    const auto grid = static_cast<unsigned>(chunks);
+    if (k == 1) rmsnorm_backward_fused<T, V, 1><<<grid, threads, 0, stream>>>(f, per, partial.data());
+    else rmsnorm_backward_fused<T, V, 2><<<grid, threads, 0, stream>>>(f, per, partial.data());
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    const std::int64_t blocks = std::min<std::int64_t>((n + 31) / 32, kMaxBlocks);
+    rmsnorm_weight_sum<T><<<static_cast<unsigned>(blocks), 32 * kWeightWarps, 0, stream>>>(f.weight, n, chunks,
                                                                                         partial.data());
     TESSERA_CUDA_CHECK(cudaGetLastError());
     order_compute_after(stream);

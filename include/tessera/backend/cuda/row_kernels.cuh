@@ -16,7 +16,8 @@
 //   row_launch.cuh             what the families share: conversions, vector loads and
 //                              stores, reductions, the row kernel and its launch; the
 //                              arithmetic, alignment and determinism rules
-//   rmsnorm_kernels.cuh        RmsNormForward, RmsNormBackwardInput, RmsNormBackwardWeight
+//   rmsnorm_kernels.cuh        RmsNormForward, RmsNormBackwardInput, RmsNormBackwardWeight,
+//                              RmsNormBackward (both backward passes, x and dy read once)
 //   cross_entropy_kernels.cuh  CrossEntropyRow, CrossEntropyShardMax, CrossEntropyShardExp,
 //                              CrossEntropyShardGrad
 //   softmax_kernels.cuh        CausalSoftmaxForward, CausalSoftmaxRecompute,
@@ -81,6 +82,7 @@ concept HasOpKernel = requires(std::int64_t n, const F& f, cudaStream_t stream) 
 TESSERA_CUDA_OP_KERNEL(RmsNormForward, detail::RowKernel<detail::RmsNormForwardRows<T>>)
 TESSERA_CUDA_OP_KERNEL(RmsNormBackwardInput, detail::RowKernel<detail::RmsNormBackwardInputRows<T>>)
 TESSERA_CUDA_OP_KERNEL(RmsNormBackwardWeight, detail::RmsNormWeightKernel<T>)
+TESSERA_CUDA_OP_KERNEL(RmsNormBackward, detail::RmsNormBackwardKernel<T>)
 TESSERA_CUDA_OP_KERNEL(CrossEntropyShardMax, detail::RowKernel<detail::CrossEntropyShardMaxRows<T>>)
 TESSERA_CUDA_OP_KERNEL(CrossEntropyShardExp, detail::RowKernel<detail::CrossEntropyShardExpRows<T>>)
 TESSERA_CUDA_OP_KERNEL(CrossEntropyShardGrad, detail::RowKernel<detail::CrossEntropyShardGradRows<T>>)
@@ -115,7 +117,7 @@ inline constexpr bool kKernelClassAgrees = HasOpKernel<F> == (cuda_kernel_class<
 template <class T>
 constexpr bool kernel_classes_agree() {
   return kKernelClassAgrees<ops::RmsNormForward<T>> && kKernelClassAgrees<ops::RmsNormBackwardInput<T>> &&
-         kKernelClassAgrees<ops::RmsNormBackwardWeight<T>> && kKernelClassAgrees<ops::CrossEntropyRow<T>> && kKernelClassAgrees<ops::CrossEntropyRow<T, bf16>> &&
+         kKernelClassAgrees<ops::RmsNormBackwardWeight<T>> && kKernelClassAgrees<ops::RmsNormBackward<T>> && kKernelClassAgrees<ops::CrossEntropyRow<T>> && kKernelClassAgrees<ops::CrossEntropyRow<T, bf16>> &&
          kKernelClassAgrees<ops::CrossEntropyShardMax<T>> && kKernelClassAgrees<ops::CrossEntropyShardExp<T>> &&
          kKernelClassAgrees<ops::CrossEntropyShardGrad<T>> && kKernelClassAgrees<ops::CausalSoftmaxForward<T>> &&
          kKernelClassAgrees<ops::CausalSoftmaxRecompute<T>> && kKernelClassAgrees<ops::CausalSoftmaxBackward<T>> &&
