@@ -444,6 +444,43 @@ TEST_CASE("bf16 RoPE rotation and its inverse stay within one rounding of float"
   }
 }
 
+TEST_CASE("RMSNorm's backward in one launch: rows + n indices, the two functors' results in any order") {
+  // Index r < rows is row r's dx, index rows + j column j's dw: the CPU backend (as its
+  // two loops), every index in turn, and every index in reverse all give the two
+  // functors' own results, bit for bit.
+  const std::int64_t rows = 300, n = 40;
+  std::vector<float> x(rows * n), dy(rows * n), res(rows * n), w(n), rstd(rows);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::sin(0.37f * static_cast<float>(i));
+    dy[i] = std::cos(0.11f * static_cast<float>(i));
+    res[i] = 0.25f * std::sin(0.05f * static_cast<float>(i));
+  }
+  for (std::int64_t j = 0; j < n; ++j) w[j] = 0.5f + 0.01f * static_cast<float>(j);
+  for (std::int64_t r = 0; r < rows; ++r) rstd[r] = 0.8f + 0.001f * static_cast<float>(r);
+  for (const bool add : {false, true}) {
+    std::vector<float> dx_want(rows * n), dw_want(n, 0.5f);
+    Cpu::for_each(rows, ops::RmsNormBackwardInput<float>{x.data(), n, w.data(), rstd.data(), dy.data(), n,
+                                                         dx_want.data(), n, n, res.data(), n});
+    Cpu::for_each(n, ops::RmsNormBackwardWeight<float>{x.data(), n, rstd.data(), dy.data(), n, dw_want.data(), rows,
+                                                       add});
+    for (int how = 0; how < 3; ++how) {
+      std::vector<float> dx(rows * n, -1.0f), dw(n, 0.5f);
+      const ops::RmsNormBackward<float> f{
+          {x.data(), n, w.data(), rstd.data(), dy.data(), n, dx.data(), n, n, res.data(), n},
+          {x.data(), n, rstd.data(), dy.data(), n, dw.data(), rows, add}};
+      if (how == 0) Cpu::for_each(rows + n, f);
+      else if (how == 1)
+        for (std::int64_t i = 0; i < rows + n; ++i) f(i);
+      else
+        for (std::int64_t i = rows + n - 1; i >= 0; --i) f(i);
+      CAPTURE(how);
+      CAPTURE(add);
+      CHECK(dx == dx_want);
+      CHECK(dw == dw_want);
+    }
+  }
+}
+
 TEST_CASE("bf16 RMSNorm: statistics and dw in float, outputs within one rounding of float") {
   // 5 rows of 37 and 4 rows of 3001; the long rows' sums of squares and dot products, and
   // dw's sums over 3001 rows, are where a bf16 accumulator fails.

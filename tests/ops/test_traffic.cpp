@@ -252,7 +252,7 @@ TEST_CASE("traffic: RMSNorm's backward in one launch, x and dy read once on the 
     std::vector<std::string> names;
     std::vector<std::int64_t> counts;
     std::vector<double> bytes;
-    f.trace_parts(rows + n, [&]<class F>(const F&, std::int64_t m, const ops::Traffic& cuda) {
+    f.parts(rows + n, [&]<class F>(const F&, std::int64_t m, const ops::Traffic& cuda) {
       names.push_back(tessera::trace::functor_name<F>());
       counts.push_back(m);
       bytes.push_back(cuda.bytes());
@@ -261,7 +261,7 @@ TEST_CASE("traffic: RMSNorm's backward in one launch, x and dy read once on the 
     CHECK(counts == std::vector<std::int64_t>{rows, n});
     CHECK(bytes == std::vector<double>{once.bytes(), 0.0});
   }
-  static_assert(ops::TracedAsParts<ops::RmsNormBackward<float>> && !ops::TracedAsParts<ops::RmsNormBackwardInput<float>>);
+  static_assert(ops::FusesParts<ops::RmsNormBackward<float>> && !ops::FusesParts<ops::RmsNormBackwardInput<float>>);
   static_assert(cuda_kernel_class<ops::RmsNormBackward<bf16>> == KernelClass::row);
 }
 

@@ -10,7 +10,7 @@
 //   for_each(n, f)        the functor's name, n, its ops::Traffic (when F has traffic()),
 //                         the CUDA kernel's where it differs (cuda_traffic()), and the
 //                         kernel class Cuda::for_each would use for F; a functor that
-//                         fuses others' passes (ops::TracedAsParts) as those functors,
+//                         fuses others' passes (ops::FusesParts) as those functors,
 //                         the fused kernel's traffic on them
 //   zeros                 a fill of the tensor's bytes (empty records nothing: the
 //                         allocation itself comes from the memory counters)
@@ -51,8 +51,8 @@ struct Traced {
   template <class F>
   static void for_each(std::int64_t n, const F& f) {
     if (trace::current() && n > 0) {
-      if constexpr (ops::TracedAsParts<F>) {
-        f.trace_parts(n, [](const auto& part, std::int64_t m, const ops::Traffic& cuda) {
+      if constexpr (ops::FusesParts<F>) {
+        f.parts(n, [](const auto& part, std::int64_t m, const ops::Traffic& cuda) {
           if (m > 0) record_kernel(part, m, cuda);
         });
       } else {

@@ -126,8 +126,8 @@ struct RmsNormBackwardWeight {
 /// input(r), row r's dx; index rows + j is weight(j), column j's dw. The two write
 /// apart and read only x, dy, rstd, w and the residual, so the indices may run in any
 /// order; input and weight describe the same rows (weight.rows of them, n = input.n
-/// columns). The CPU runs the two loops; the CUDA kernel reads each row of x and dy once
-/// for both (backend/cuda/rmsnorm_kernels.cuh).
+/// columns). The CPU backend runs the two loops (parts()); the CUDA kernel reads each row
+/// of x and dy once for both (backend/cuda/rmsnorm_kernels.cuh).
 template <class T>
 struct RmsNormBackward {
   RmsNormBackwardInput<T> input;
@@ -163,12 +163,13 @@ struct RmsNormBackward {
     return t;
   }
 
-  /// A trace records this launch as its two passes (backend/traced.hpp), by the
-  /// functors the plan's rewrites of other runtimes know; the CUDA kernel's bytes go
-  /// on the first, the second's are none (it reads nothing the first has not).
-  static constexpr bool kTracedAsParts = true;
+  /// Its two passes (ops::FusesParts): a trace records them by the functors the plan's
+  /// rewrites of other runtimes know, the CUDA kernel's bytes on the first, the second's
+  /// none (it reads nothing the first has not); the CPU backend runs them as two loops,
+  /// each spread evenly over the threads.
+  static constexpr bool kFusesParts = true;
   template <class Record>
-  void trace_parts(std::int64_t indices, Record&& record) const {
+  void parts(std::int64_t indices, Record&& record) const {
     record(input, weight.rows, cuda_traffic(indices));
     record(weight, indices - weight.rows, Traffic{});
   }

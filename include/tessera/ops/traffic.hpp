@@ -63,10 +63,11 @@ concept HasCudaTraffic = requires(const F& f, std::int64_t n) {
   { f.cuda_traffic(n) } -> std::same_as<Traffic>;
 };
 
-/// A functor that runs other functors' passes in one launch and is traced as them
-/// (F::kTracedAsParts, and f.trace_parts(n, record) calling record(part, part's n,
-/// the CUDA kernel's traffic put on that part) for each).
+/// A functor that runs other functors' passes in one launch (F::kFusesParts, and
+/// f.parts(n, visit) calling visit(part, part's n, the CUDA kernel's traffic put on that
+/// part) for each, in order). A trace records the parts (backend/traced.hpp), and the CPU
+/// backend runs them as their own loops; the CUDA backend's kernel runs them fused.
 template <class F>
-concept TracedAsParts = requires { requires F::kTracedAsParts; };
+concept FusesParts = requires { requires F::kFusesParts; };
 
 }  // namespace tessera::ops

@@ -24,6 +24,7 @@
 #include "tessera/core/host_sync.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/ops/attention_shape.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera {
 
@@ -71,6 +72,10 @@ struct Cpu {
   template <class F>
   static void for_each(std::int64_t n, const F& f) {
     if (n <= 0) return;
+    if constexpr (ops::FusesParts<F>) {  // each part its own loop, evenly spread
+      f.parts(n, [](const auto& part, std::int64_t m, const ops::Traffic&) { for_each(m, part); });
+      return;
+    }
     if (n < kMinParallel || omp_in_parallel()) {
       for (std::int64_t i = 0; i < n; ++i) f(i);
       return;
