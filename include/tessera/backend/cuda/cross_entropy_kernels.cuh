@@ -34,7 +34,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
+#include "tessera/backend/cuda/kernel_layouts.hpp"
 #include "tessera/backend/cuda/row_launch.cuh"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/math.hpp"
@@ -261,16 +263,14 @@ __global__ void __launch_bounds__(kOneReadThreads, 2) cross_entropy_one_read_ker
   G* out_grad = f.grad != nullptr ? f.grad + r * f.grad_ld : nullptr;
 
   // This block's vectors: a contiguous slice of the row's ceil(vocab / V), the last maybe
-  // short; its columns end at `end`. Vector k of this thread starts at column(k). The
-  // row fits (vocab <= kOneReadMaxVocab), so columns are ints.
-  const int vocab = static_cast<int>(f.vocab);
-  const int vectors = (vocab + V - 1) / V;
-  const int per_block = (vectors + kOneReadBlocks - 1) / kOneReadBlocks;
-  const int first = rank * per_block, end = min(vocab, (first + per_block) * V);
-  const int column0 = (first + tid) * V;
-  auto column = [&](int k) { return column0 + k * (kOneReadThreads * V); };
-  auto whole = [&](int k) { return column(k) + V <= end; };
-  auto present = [&](int k, int w) { return column(k) + w < end; };
+  // short; its columns end at `end`. Vector k of this thread starts at column(k)
+  // (kernel_layouts.hpp, whose coverage the CPU tests check). The row fits
+  // (vocab <= kOneReadMaxVocab), so columns are ints.
+  const OneReadLayout layout{static_cast<int>(f.vocab), V, kOneReadBlocks, kOneReadThreads};
+  const int end = layout.end(rank), column0 = layout.column(rank, tid, 0);
+  auto column = [&](int k) { return column0 + k * layout.stride(); };  // layout.column(rank, tid, k)
+  auto whole = [&](int k) { return column(k) + V <= end; };           // layout.whole(rank, tid, k)
+  auto present = [&](int k, int w) { return column(k) + w < end; };   // layout.present(rank, tid, k, w)
 
   if (t == ops::kIgnoreIndex) {  // the whole cluster takes this branch: no barrier
     if (rank == 0 && tid == 0) f.loss[r] = 0;
@@ -390,15 +390,11 @@ struct CrossEntropyRowKernel {
   static void launch(std::int64_t rows, const F& f, cudaStream_t stream) {
     const bool fits = f.vocab >= ops::kOneReadMinVocab && f.vocab <= ops::kOneReadMaxVocab &&
                       CrossEntropyRows<T, G>::aligned(f) && rows <= (std::int64_t{1} << 31) / kOneReadBlocks - 1;
-    const std::int64_t capacity = std::int64_t{kOneReadBlocks} * kOneReadThreads;
     if (fits) {
-      if (f.vocab <= capacity * 8) {
-        if (try_launch<8>(rows, f, stream)) return;
-      } else if (f.vocab <= capacity * 16) {
-        if (try_launch<16>(rows, f, stream)) return;
-      } else if (try_launch<32>(rows, f, stream)) {
-        return;
-      }
+      const std::optional<int> e = one_read_logits_per_thread(f.vocab, kOneReadBlocks, kOneReadThreads);
+      if (e == 8 && try_launch<8>(rows, f, stream)) return;
+      if (e == 16 && try_launch<16>(rows, f, stream)) return;
+      if (e == 32 && try_launch<32>(rows, f, stream)) return;
     }
     RowKernel<CrossEntropyRows<T, G>>::launch(rows, f, stream);
   }

@@ -36,8 +36,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/kernel_layouts.hpp"
 #include "tessera/backend/cuda/memory.hpp"
 #include "tessera/backend/cuda/row_launch.cuh"
 #include "tessera/ops/math.hpp"
@@ -266,9 +268,11 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const std::int64_t n = in.n, rows = f.weight.rows;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * rows_per_block;
   const std::int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
-  const std::int64_t vectors = n / V;
-  auto column = [&](int k) { return (static_cast<std::int64_t>(threadIdx.x) + std::int64_t{k} * blockDim.x) * V; };
-  auto mine = [&](int k) { return static_cast<std::int64_t>(threadIdx.x) + std::int64_t{k} * blockDim.x < vectors; };
+  // Thread t's vectors (kernel_layouts.hpp, whose coverage the CPU tests check).
+  const FusedNormLayout layout{n / V, static_cast<int>(blockDim.x), K};
+  const int tid = static_cast<int>(threadIdx.x);
+  auto column = [&](int k) { return layout.vector(tid, k) * V; };
+  auto mine = [&](int k) { return layout.mine(tid, k); };
   float w[K][V], acc[K][V];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -328,10 +332,10 @@ struct RmsNormBackwardKernel {
     constexpr int V = kVectorWidth<T>;
     const ops::RmsNormBackwardInput<T>& in = f.input;
     const std::int64_t n = in.n, rows = f.weight.rows > 0 ? f.weight.rows : 0, cols = indices - rows;
-    const std::int64_t vectors = n / V, per = ops::RmsNormBackward<T>::kRowsPerPartial;
+    const std::int64_t per = ops::RmsNormBackward<T>::kRowsPerPartial;
     const std::int64_t chunks = (rows + per - 1) / per;
-    const bool fused = rows > 0 && n > 0 && cols == n && n % V == 0 && vectors <= 2 * kMaxRowThreads &&
-                       chunks <= kMaxBlocks &&
+    const std::optional<FusedNormLayout> layout = fused_norm_layout(n / V, kMaxRowThreads);
+    const bool fused = layout && rows > 0 && cols == n && n % V == 0 && chunks <= kMaxBlocks &&
                        RmsNormBackwardInputRows<T>::aligned(in) && f.weight.x == in.x && f.weight.dy == in.dy &&
                        f.weight.ldx == in.ldx && f.weight.lddy == in.lddy && f.weight.rstd == in.rstd;
     if (!fused) {
@@ -339,10 +343,8 @@ struct RmsNormBackwardKernel {
       if (cols > 0) RmsNormWeightKernel<T>::launch(cols, f.weight, stream);
       return;
     }
-    const int k = vectors <= kMaxRowThreads ? 1 : 2;  // 2: no spills at 64 registers (4 would)
-    const std::int64_t per_thread = k;
-    const auto threads = static_cast<unsigned>(
-        std::min<std::int64_t>(kMaxRowThreads, ((vectors + per_thread - 1) / per_thread + 31) / 32 * 32));
+    const int k = layout->per_thread;
+    const auto threads = static_cast<unsigned>(layout->threads);
     Buffer<float> partial = device_buffer<float>(static_cast<std::size_t>(chunks * n),
                                                  "the RMSNorm weight gradient's partial sums");
     const auto grid = static_cast<unsigned>(chunks);
