@@ -1154,6 +1154,12 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
     for (std::size_t r = 0; r < ids.size(); ++r) ids[r] = static_cast<std::int32_t>((r * 7919) % std::size_t(v));
     const Tensor<std::int32_t> targets = tessera::upload<Cuda>(std::span<const std::int32_t>(ids));
     const Tensor<double> loss = Cuda::empty<double>(Shape{rows});
+    const auto nonfinite_losses = [&] {
+      const Tensor<double> l = tessera::download<Cuda>(loss);
+      double bad = 0;
+      for (std::int64_t r = 0; r < rows; ++r) bad += std::isfinite(l[r]) ? 0 : 1;
+      return bad;
+    };
     std::vector<Tensor<float>> z;
     for (std::int64_t s = 0; s < sets; ++s) z.push_back(random_tensor<float>(Shape{rows, v}, -8, 8));
     report(measure_memory_op(
@@ -1163,12 +1169,7 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
           Cuda::for_each(rows, tessera::ops::CrossEntropyRow<float>{z[s].data(), v, v, targets.data(),
                                                                     1.0f / float(tokens), true, loss.data()});
         },
-        [&] {
-          const Tensor<double> l = tessera::download<Cuda>(loss);
-          double bad = 0;
-          for (std::int64_t r = 0; r < rows; ++r) bad += std::isfinite(l[r]) ? 0 : 1;
-          return count_nonfinite(z[0]) + bad;
-        },
+        [&] { return count_nonfinite(z[0]) + nonfinite_losses(); },
         policy, dev));
     // The bf16 model's loss head: the float logits only read, the gradient written as bf16.
     const double head_bytes = double(rows * v) * (fb + sizeof(tessera::bf16)) +
@@ -1183,12 +1184,7 @@ std::vector<MemoryResult> run_memory(const tessera::nn::ModelArgs& a, std::int64
                                    z[s].data(), v, v, targets.data(), 1.0f / float(tokens), true, loss.data(),
                                    g[s].data(), v});
         },
-        [&] {
-          const Tensor<double> l = tessera::download<Cuda>(loss);
-          double bad = 0;
-          for (std::int64_t r = 0; r < rows; ++r) bad += std::isfinite(l[r]) ? 0 : 1;
-          return count_nonfinite(g[0]) + bad;
-        },
+        [&] { return count_nonfinite(g[0]) + nonfinite_losses(); },
         policy, dev));
   }
   return out;

@@ -217,6 +217,50 @@ TEST_CASE_TEMPLATE("RMSNorm forward: the lowered kernel gives the CPU functor's 
   for (const RowCase& c : kNormCases) check_rmsnorm_forward<T>(c, seed += 10);
 }
 
+/// How far the GPU's dx (RMSNorm's input gradient, plus `res` where given) may be from
+/// the CPU's `dx_cpu`, per element: dx_j = rs w_j dy_j - c x_j with c = rs^3 sum_k(w dy
+/// x) / n, so the sum's error reaches dx_j through c x_j; the padding exact.
+template <class T, class R>
+std::function<double(std::size_t)> dx_tolerance(const RowCase& c, const NormInputs<T>& in, const std::vector<R>& rstd,
+                                                const std::vector<T>* res, const std::vector<T>& dx_cpu) {
+  std::vector<double> abs_dot(static_cast<std::size_t>(c.rows)), coef(static_cast<std::size_t>(c.rows));
+  for (std::int64_t r = 0; r < c.rows; ++r) {
+    double a = 0, d = 0;
+    for (std::int64_t j = 0; j < c.n; ++j) {
+      const double t = value(in.w[j]) * value(in.dy[r * c.ld + j]) * value(in.x[r * c.ld + j]);
+      a += std::fabs(t);
+      d += t;
+    }
+    const double rs = value(rstd[r]);
+    abs_dot[r] = a;
+    coef[r] = rs * rs * rs * d / static_cast<double>(c.n);
+  }
+  return [&c, &in, &rstd, res, &dx_cpu, abs_dot, coef](std::size_t i) {
+    const std::int64_t r = static_cast<std::int64_t>(i) / c.ld, j = static_cast<std::int64_t>(i) % c.ld;
+    if (j >= c.n) return 0.0;
+    const double rs = value(rstd[r]), x = value(in.x[i]);
+    const double terms = std::fabs(rs * value(in.w[j]) * value(in.dy[i])) + std::fabs(coef[r] * x) +
+                         (res != nullptr ? std::fabs(value((*res)[i])) : 0.0);
+    const double through_c = kRowSumTol * rs * rs * rs * abs_dot[r] / static_cast<double>(c.n);
+    return kExprTol * terms + through_c * std::fabs(x) + rounding_of<T>() * std::fabs(value(dx_cpu[i]));
+  };
+}
+
+/// How far the GPU's dw (RMSNorm's weight gradient: column sums of dy x rs, added to dw0
+/// when `add`) may be from the CPU's `dw_cpu`, per column.
+template <class T, class R, class D>
+std::function<double(std::size_t)> dw_tolerance(const RowCase& c, const NormInputs<T>& in, const std::vector<R>& rstd,
+                                                const std::vector<D>& dw0, bool add, const std::vector<D>& dw_cpu) {
+  std::vector<double> abs_sum(static_cast<std::size_t>(c.n), 0.0);
+  for (std::int64_t r = 0; r < c.rows; ++r)
+    for (std::int64_t j = 0; j < c.n; ++j)
+      abs_sum[j] += std::fabs(value(in.dy[r * c.ld + j]) * value(in.x[r * c.ld + j]) * value(rstd[r]));
+  return [&dw0, add, &dw_cpu, abs_sum](std::size_t j) {
+    return kRowSumTol * (abs_sum[j] + (add ? std::fabs(value(dw0[j])) : 0.0)) +
+           rounding_of<D>() * std::fabs(value(dw_cpu[j]));
+  };
+}
+
 /// RmsNormBackwardInput on the GPU and on the CPU for one case, from the CPU forward's
 /// rstd; with `residual`, a residual's gradient added in the same pass.
 template <class T>
@@ -263,30 +307,7 @@ void check_rmsnorm_backward_input(const RowCase& c, std::uint32_t seed, bool res
   if (residual) fg.residual = dres.data();
   gpu_test::launch_op(c.rows, fg);
 
-  // dx_j = rs w_j dy_j - c x_j with c = rs^3 sum_k(w dy x) / n: the sum's error
-  // reaches dx_j through c x_j.
-  std::vector<double> abs_dot(static_cast<std::size_t>(c.rows)), coef(static_cast<std::size_t>(c.rows));
-  for (std::int64_t r = 0; r < c.rows; ++r) {
-    double a = 0, d = 0;
-    for (std::int64_t j = 0; j < c.n; ++j) {
-      const double t = value(in.w[j]) * value(in.dy[r * c.ld + j]) * value(in.x[r * c.ld + j]);
-      a += std::fabs(t);
-      d += t;
-    }
-    const double rs = value(rstd[r]);
-    abs_dot[r] = a;
-    coef[r] = rs * rs * rs * d / static_cast<double>(c.n);
-  }
-  check_close(ddx.download(), dx_cpu,
-              [&](std::size_t i) {
-                const std::int64_t r = static_cast<std::int64_t>(i) / c.ld, j = static_cast<std::int64_t>(i) % c.ld;
-                if (j >= c.n) return 0.0;
-                const double rs = value(rstd[r]), x = value(in.x[i]);
-                const double terms = std::fabs(rs * value(in.w[j]) * value(in.dy[i])) + std::fabs(coef[r] * x) +
-                                     (residual ? std::fabs(value(res[i])) : 0.0);
-                const double through_c = kRowSumTol * rs * rs * rs * abs_dot[r] / static_cast<double>(c.n);
-                return kExprTol * terms + through_c * std::fabs(x) + rounding_of<T>() * std::fabs(value(dx_cpu[i]));
-              },
+  check_close(ddx.download(), dx_cpu, dx_tolerance(c, in, rstd, residual ? &res : nullptr, dx_cpu),
               (residual ? "dx + residual, " : "dx, ") + describe(c));
 }
 
@@ -333,16 +354,8 @@ std::vector<pointee<decltype(ops::RmsNormBackwardWeight<T>::dw)>> check_rmsnorm_
   if (side_stream) gpu_test::launch_op_on_side_stream(c.n, fg);
   else gpu_test::launch_op(c.n, fg);
 
-  std::vector<double> abs_sum(static_cast<std::size_t>(c.n), 0.0);
-  for (std::int64_t r = 0; r < c.rows; ++r)
-    for (std::int64_t j = 0; j < c.n; ++j)
-      abs_sum[j] += std::fabs(value(in.dy[r * c.ld + j]) * value(in.x[r * c.ld + j]) * value(rstd[r]));
   const std::vector<D> dw_gpu = ddw.download();
-  check_close(dw_gpu, dw_cpu,
-              [&](std::size_t j) {
-                return kRowSumTol * (abs_sum[j] + (add ? std::fabs(value(dw0[j])) : 0.0)) +
-                       rounding_of<D>() * std::fabs(value(dw_cpu[j]));
-              },
+  check_close(dw_gpu, dw_cpu, dw_tolerance(c, in, rstd, dw0, add, dw_cpu),
               std::string(side_stream ? "dw on a side stream, " : "dw, ") + (add ? "" : "written, ") + describe(c));
   return dw_gpu;
 }
@@ -408,37 +421,10 @@ void check_rmsnorm_backward_fused(const RowCase& c, std::uint32_t seed, bool res
   fg.weight.dw = ddw.data();
   gpu_test::launch_op(c.rows + c.n, fg);
 
-  std::vector<double> abs_dot(static_cast<std::size_t>(c.rows)), coef(static_cast<std::size_t>(c.rows));
-  std::vector<double> abs_sum(static_cast<std::size_t>(c.n), 0.0);
-  for (std::int64_t r = 0; r < c.rows; ++r) {
-    double a = 0, d = 0;
-    for (std::int64_t j = 0; j < c.n; ++j) {
-      const double t = value(in.w[j]) * value(in.dy[r * c.ld + j]) * value(in.x[r * c.ld + j]);
-      a += std::fabs(t);
-      d += t;
-      abs_sum[j] += std::fabs(value(in.dy[r * c.ld + j]) * value(in.x[r * c.ld + j]) * value(rstd[r]));
-    }
-    const double rs = value(rstd[r]);
-    abs_dot[r] = a;
-    coef[r] = rs * rs * rs * d / static_cast<double>(c.n);
-  }
   const std::string what = std::string(residual ? "residual, " : "") + (add ? "dw added to, " : "dw written, ");
-  check_close(ddx.download(), dx_cpu,
-              [&](std::size_t i) {
-                const std::int64_t r = static_cast<std::int64_t>(i) / c.ld, j = static_cast<std::int64_t>(i) % c.ld;
-                if (j >= c.n) return 0.0;
-                const double rs = value(rstd[r]), x = value(in.x[i]);
-                const double terms = std::fabs(rs * value(in.w[j]) * value(in.dy[i])) + std::fabs(coef[r] * x) +
-                                     (residual ? std::fabs(value(res[i])) : 0.0);
-                const double through_c = kRowSumTol * rs * rs * rs * abs_dot[r] / static_cast<double>(c.n);
-                return kExprTol * terms + through_c * std::fabs(x) + rounding_of<T>() * std::fabs(value(dx_cpu[i]));
-              },
+  check_close(ddx.download(), dx_cpu, dx_tolerance(c, in, rstd, residual ? &res : nullptr, dx_cpu),
               "fused dx, " + what + describe(c));
-  check_close(ddw.download(), dw_cpu,
-              [&](std::size_t j) {
-                return kRowSumTol * (abs_sum[j] + (add ? std::fabs(value(dw0[j])) : 0.0)) +
-                       rounding_of<D>() * std::fabs(value(dw_cpu[j]));
-              },
+  check_close(ddw.download(), dw_cpu, dw_tolerance(c, in, rstd, dw0, add, dw_cpu),
               "fused dw, " + what + describe(c));
 }
 
