@@ -49,6 +49,8 @@ expect_error "n_heads not dividing dim" "n_heads (3) does not divide dim (32)" "
 expect_error "n_kv_heads not dividing n_heads" "n_kv_heads (3) does not divide n_heads (2)" "$train" "${small[@]}" --model.n_kv_heads 3
 expect_error "unknown device" "training.device must be one of auto, cpu, cuda; got \"gpu\"" "$train" "${small[@]}" --training.device gpu
 expect_error "unknown optimizer state dtype" "optimizer.state_dtype must be one of float32, bfloat16; got \"float16\"" "$train" "${small[@]}" --optimizer.state_dtype float16
+expect_error "a graphed step over two ranks" "training.cuda_graph: a graph is one rank's work and this layout has 2 ranks" \
+  "$train" "${small[@]}" --thread-ranks 2 --training.cuda_graph true
 # Asking for the GPU where none can be used: without a device (or a build without CUDA)
 # the error names the key; on a machine with a GPU this run would train, so it is skipped there.
 if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L > /dev/null 2>&1; then

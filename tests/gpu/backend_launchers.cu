@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "backend_launchers.hpp"
@@ -217,19 +219,28 @@ CaptureCheck capture_backend_work(const Tensor<float>& a, const Tensor<float>& b
     Cuda::for_each(m * n, ops::Scale<float>{0.5f, c.data()});
   };
   work(eager);  // also makes the GEMM's plan and this thread's workspace: nothing to allocate under capture
-  Cuda::synchronize();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  work(replayed);
-  TESSERA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  TESSERA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &r.nodes));
-  TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, s));
-  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, s));  // a replay writes what the first wrote
-  Cuda::synchronize();
-  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+  {
+    Cuda::Graph graph = Cuda::capture([&] {
+      work(replayed);
+      // Scratch allocated and released inside the capture comes from the graph's pool.
+      Tensor<float> scratch = Cuda::empty<float>(Shape{m, n});
+      Cuda::for_each(m * n, ops::Copy<float>{replayed.data(), scratch.data()});
+      r.scratch_from_pool = cuda::graph_allocator(cuda::current_device()).owns(scratch.data());
+    });
+    r.nodes = graph.size();
+    graph.replay();
+    graph.replay();  // a replay writes what the first wrote
+    Cuda::synchronize();
+  }
+  // A copy from the host inside a capture is refused, and the stream captures no more.
+  try {
+    (void)Cuda::capture([&] { (void)upload<Cuda>(std::span<const float>(a.data(), 4)); });
+  } catch (const Error& e) {
+    r.copy_refused = std::string(e.what()).find("a copy from the host inside a graph capture") != std::string::npos;
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  r.capture_ended = status == cudaStreamCaptureStatusNone;
   r.eager = download<Cuda>(eager);
   r.replayed = download<Cuda>(replayed);
   return r;

@@ -95,6 +95,9 @@ struct CaptureCheck {
   bool created = false;  // not the legacy default stream
   bool stable = false;   // the same stream on every call, and Cuda::stream()'s
   std::size_t nodes = 0;          // the captured graph's
+  bool scratch_from_pool = false;  // a tensor allocated inside the capture came from the graph pool
+  bool copy_refused = false;       // a copy from the host inside a capture was refused by name
+  bool capture_ended = false;      // ... and the refused capture was ended
   Tensor<float> eager, replayed;  // the outputs, downloaded
 };
 CaptureCheck capture_backend_work(const Tensor<float>& a, const Tensor<float>& b);

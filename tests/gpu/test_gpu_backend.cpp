@@ -271,14 +271,17 @@ TEST_CASE("Cuda::gemm with k == 0 scales C by beta, or zeroes it") {
     CHECK(static_cast<float>(got[i]) == round_to_bf16(-2.0f * static_cast<float>(c[i])));
 }
 
-TEST_CASE("The backend runs on a created compute stream, and its work there can be captured as a CUDA graph") {
+TEST_CASE("The backend runs on a created compute stream, and Cuda::capture makes a CUDA graph of its work there") {
   Tensor<float> a = Cpu::empty<float>(Shape{96, 64}), b = Cpu::empty<float>(Shape{64, 80});
   for (std::int64_t i = 0; i < a.numel(); ++i) a.data()[i] = static_cast<float>((i * 37) % 17) / 8 - 1;
   for (std::int64_t i = 0; i < b.numel(); ++i) b.data()[i] = static_cast<float>((i * 11) % 13) / 6 - 1;
   const gpu_test::CaptureCheck r = gpu_test::capture_backend_work(a, b);
   CHECK(r.created);
   CHECK(r.stable);
-  CHECK(r.nodes >= 2);  // the GEMM's kernel(s) and the scale's
+  CHECK(r.nodes >= 3);  // the GEMM's kernel(s), the scale's and the copy's
+  CHECK(r.scratch_from_pool);
+  CHECK(r.copy_refused);
+  CHECK(r.capture_ended);
   REQUIRE(r.eager.numel() == 96 * 80);
   REQUIRE(r.replayed.numel() == r.eager.numel());
   CHECK(std::memcmp(r.eager.data(), r.replayed.data(), r.eager.bytes()) == 0);

@@ -435,11 +435,13 @@ TEST_CASE("traffic: the optimizer and the gradient norm set the figures' fields"
       Recording::launches.clear();
       opt.step(1e-3);
       REQUIRE(Recording::launches.size() == 1);
-      const ops::Traffic want = bf16_states
-                                    ? ops::AdamWMultiStep<float, bf16>{nullptr, nullptr, {}, 3100, 2, masters}.traffic(
-                                          3 * ops::kAdamWBlock)
-                                    : ops::AdamWMultiStep<float>{nullptr, nullptr, {}, 3100, 2, masters}.traffic(
-                                          3 * ops::kAdamWBlock);
+      // The launch reads the scalars stage() wrote to the backend (AdamW::stage).
+      const ops::AdamWScalars<float> staged{};
+      const ops::Traffic want =
+          bf16_states ? ops::AdamWMultiStep<float, bf16>{nullptr, nullptr, {}, 3100, 2, masters, nullptr, &staged}
+                            .traffic(3 * ops::kAdamWBlock)
+                      : ops::AdamWMultiStep<float>{nullptr, nullptr, {}, 3100, 2, masters, nullptr, &staged}.traffic(
+                            3 * ops::kAdamWBlock);
       const ops::Traffic got = Recording::launches[0];
       CHECK(got.bytes_read == want.bytes_read);
       CHECK(got.bytes_written == want.bytes_written);

@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 76);
+  CHECK(keys.size() == 77);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -643,7 +643,7 @@ TEST_CASE("to_toml round trip") {
                  "--training.seed", "99",
                  "--training.deterministic",
                  "--training.device", "cpu", "--training.attention", "tessera",
-                 "--training.expandable_segments", "false",
+                 "--training.expandable_segments", "false", "--training.cuda_graph", "true",
                  "--training.mixed_precision_param", "float32",
                  "--training.dataset", "shard",
                  "--training.dataset_path", "data/c4.tshard",

@@ -24,6 +24,22 @@
 
 namespace tessera::nn {
 
+/// A micro-batch's ids in the backend's memory, checked against the vocabulary, with
+/// their grouping for the backward (ops::EmbeddingSegments): Embedding::stage writes it
+/// ahead of the forward and backward that read it. `fixed`: staged again into the same
+/// tensors, the groups too, in their padded layout, so that every step launches the same
+/// work over the same addresses (a step a graph replays). Otherwise the groups are made
+/// and uploaded by the backward itself, from the host's ids, as a step's peak memory
+/// has always been measured without them.
+template <Backend B>
+struct StagedIds {
+  Tensor<std::int32_t> ids;               // (rows)
+  Tensor<std::int32_t> segments;          // EmbeddingSegments::packed (fixed)
+  ops::EmbeddingSegments layout;          // what `segments` holds, its packed array left empty
+  std::span<const std::int32_t> host;     // the ids the backward groups (not fixed): the caller's, kept alive
+  bool fixed = false;
+};
+
 template <class T, Backend B>
 class Embedding : public LayerTypes<T, B> {
  public:
@@ -35,33 +51,68 @@ class Embedding : public LayerTypes<T, B> {
     if (tp) weight_.split = tp->split(0);
   }
 
-  /// This rank's rows of the embedded ids.
-  Tensor<T> forward(std::span<const std::int32_t> ids) {
-    const std::int64_t vocab = vocab_, dim = weight_.value.size(1);
+  /// Checks `ids` against the vocabulary and writes them to `into` in B's memory, with
+  /// their grouping by id when `for_backward` (the host holds the ids, so it groups them:
+  /// ops/embedding.hpp). A fixed `into` keeps its tensors and their addresses.
+  void stage(std::span<const std::int32_t> ids, StagedIds<B>& into, bool for_backward) const {
+    const std::int64_t vocab = vocab_;
     for (std::size_t i = 0; i < ids.size(); ++i)
       TESSERA_CHECK(ids[i] >= 0 && ids[i] < vocab, weight_.name, ": token id ", ids[i], " at position ", i,
                     " is outside the vocabulary of ", vocab);
-    const auto rows = static_cast<std::int64_t>(ids.size());
+    write(into.ids, std::span<const std::int32_t>(ids), into.fixed);
+    if (!for_backward) return;
+    if (!into.fixed) {
+      into.host = ids;  // grouped by the backward
+      return;
+    }
+    const auto [lo, hi] = range();
+    into.layout = ops::embedding_segments(ids, lo, hi, into.fixed);
+    write(into.segments, std::span<const std::int32_t>(into.layout.packed), into.fixed);
+    into.layout.packed = {};
+  }
+
+  /// This rank's rows of the embedded ids.
+  Tensor<T> forward(std::span<const std::int32_t> ids) {
+    StagedIds<B> staged;
+    stage(ids, staged, false);
+    return forward(staged);
+  }
+  Tensor<T> forward(const StagedIds<B>& staged) {
+    const std::int64_t dim = weight_.value.size(1), rows = staged.ids.numel();
     Tensor<T> y = B::template empty<T>(Shape{rows, dim});
     const auto [lo, hi] = range();
-    const Tensor<std::int32_t> on_backend = upload<B>(ids);
-    B::for_each(rows * dim, ops::EmbeddingForward<T>{on_backend.data(), weight_.value.data(), y.data(), dim, lo, hi});
+    B::for_each(rows * dim, ops::EmbeddingForward<T>{staged.ids.data(), weight_.value.data(), y.data(), dim, lo, hi});
     return parallel::summed_rows<B>(tp_, y);
   }
 
   /// `dy_rows`: the gradient of this rank's rows.
   void backward(std::span<const std::int32_t> ids, const Tensor<T>& dy_rows) {
+    StagedIds<B> staged;
+    staged.host = ids;  // checked by the forward
+    backward(staged, dy_rows);
+  }
+  void backward(const StagedIds<B>& staged, const Tensor<T>& dy_rows) {
+    TESSERA_CHECK(staged.fixed ? !staged.segments.empty() : staged.host.data() != nullptr, weight_.name,
+                  ": the ids were staged without what the backward groups");
     const Tensor<T> dy = parallel::whole_rows<B>(tp_, dy_rows);
     const std::int64_t dim = weight_.grad.size(1);
     const auto [lo, hi] = range();
-    // The positions grouped by id on the host (the ids are host data), one upload.
-    const ops::EmbeddingSegments seg = ops::embedding_segments(ids, lo, hi);
+    // The positions grouped by id: staged (fixed), or here on the host, one upload.
+    ops::EmbeddingSegments seg = staged.layout;
+    Tensor<std::int32_t> packed = staged.segments;
+    if (!staged.fixed) {
+      seg = ops::embedding_segments(staged.host, lo, hi);
+      if (seg.count > 0) packed = upload<B>(std::span<const std::int32_t>(seg.packed));
+    }
     weight_.template zero_grad_if_unwritten<B>();  // rows no id reaches keep zero
-    if (seg.count == 0) return;
-    const Tensor<std::int32_t> packed = upload<B>(std::span<const std::int32_t>(seg.packed));
+    // Padded: every id's slot launched, the count read on the device.
+    const std::int64_t slots = seg.capacity > 0 ? seg.capacity : seg.count;
+    if (slots == 0) return;
     const std::int32_t* base = packed.data();
-    B::for_each(seg.count * dim, ops::EmbeddingBackward<T>{seg.ids(base), seg.offsets(base), seg.order(base), dy.data(),
-                                                           weight_.grad.data(), dim, lo, seg.positions});
+    B::for_each(slots * dim, ops::EmbeddingBackward<T>{seg.ids(base), seg.offsets(base), seg.order(base), dy.data(),
+                                                       weight_.grad.data(), dim, lo,
+                                                       seg.capacity > 0 ? seg.capacity : seg.positions,
+                                                       seg.count_at(base)});
   }
 
   template <class F>
@@ -76,6 +127,14 @@ class Embedding : public LayerTypes<T, B> {
   std::pair<std::int64_t, std::int64_t> range() const {
     const std::int64_t per = vocab_ / weight_.split.parts;
     return {per * weight_.split.index, per * (weight_.split.index + 1)};
+  }
+
+  /// `host` in `t` in B's memory: into `t` itself when `in_place` and it has the size.
+  static void write(Tensor<std::int32_t>& t, std::span<const std::int32_t> host, bool in_place) {
+    if (in_place && t.numel() == static_cast<std::int64_t>(host.size()))
+      B::copy_from_host(host.data(), t.data(), t.numel());
+    else
+      t = upload<B>(host);
   }
 
   Parameter<T> weight_;

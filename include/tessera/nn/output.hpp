@@ -136,15 +136,38 @@ class ChunkedCrossEntropyHead {
   void forward(const Tensor<T>& h, std::span<const std::int32_t> targets, A loss_scale, Tensor<T>* dh,
                double* loss_sum) {
     Region region(region::kLossHead);
-    const std::int64_t rows = h.size(0), vocab = weight_->whole.dims[0];
+    check_targets(targets, h.size(0));
+    const Tensor<std::int32_t> target_ids = upload<B>(targets);
+    forward(h, target_ids, LossScale{loss_scale, nullptr}, dh, loss_sum);
+  }
+
+  /// Each target a vocabulary id or ops::kIgnoreIndex, one per row of `rows`; else an
+  /// error naming the first that is not.
+  void check_targets(std::span<const std::int32_t> targets, std::int64_t rows) const {
+    const std::int64_t vocab = weight_->whole.dims[0];
     TESSERA_CHECK(static_cast<std::int64_t>(targets.size()) == rows, "loss: ", targets.size(), " targets for ", rows,
                   " rows");
     for (std::size_t i = 0; i < targets.size(); ++i)
       TESSERA_CHECK(targets[i] == ops::kIgnoreIndex || (targets[i] >= 0 && targets[i] < vocab), "loss: target id ",
                     targets[i], " at position ", i, " is outside the vocabulary of ", vocab);
+  }
+
+  /// d(total loss)/d(a row's loss): a value, or (`at` set) the value in B's memory there.
+  struct LossScale {
+    A value = 0;
+    const A* at = nullptr;
+  };
+
+  /// As above, from targets already in B's memory (checked by check_targets) and the scale
+  /// `scale`: what a staged micro-batch gives (Transformer::stage).
+  void forward(const Tensor<T>& h, const Tensor<std::int32_t>& target_ids, LossScale scale, Tensor<T>* dh,
+               double* loss_sum) {
+    Region region(region::kLossHead);
+    const std::int64_t rows = h.size(0);
+    TESSERA_CHECK(target_ids.numel() == rows, "loss: ", target_ids.numel(), " targets for ", rows, " rows");
+    const A loss_scale = scale.value;
     const std::int64_t local = weight_->value.size(0);  // this rank's vocabulary
     const std::int64_t step = chunk_rows(local, rows);
-    const Tensor<std::int32_t> target_ids = upload<B>(targets);
     Tensor<double> row_loss = B::template empty<double>(Shape{rows});
     Tensor<A> logits = B::template empty<A>(Shape{std::min(step, rows), local});
     Tensor<T> logits_grad;  // the gradient rounded to T, when T is not A
@@ -168,16 +191,16 @@ class ChunkedCrossEntropyHead {
         B::for_each(n, ops::CrossEntropyShardExp<A>{z.data(), local, local, lo, t, max.data(), sums.data()});
         tp_->comm().all_reduce(std::span<A>(sums.data(), static_cast<std::size_t>(2 * n)));
         B::for_each(n, ops::CrossEntropyShardGrad<A>{z.data(), local, local, lo, t, max.data(), sums.data(), loss_scale,
-                                                     dh != nullptr, row_loss.data() + r0});
+                                                     dh != nullptr, row_loss.data() + r0, scale.at});
       } else if constexpr (std::is_same_v<T, A>) {
         B::for_each(n, ops::CrossEntropyRow<A>{z.data(), local, local, target_ids.data() + r0, loss_scale, dh != nullptr,
-                                               row_loss.data() + r0});
+                                               row_loss.data() + r0, nullptr, 0, scale.at});
       } else {
         // The gradient straight into the T operand of the two GEMMs below (no pass of
         // its own to round it): the logits stay accum_t<T>, and are only read.
         B::for_each(n, ops::CrossEntropyRow<A, T>{z.data(), local, local, target_ids.data() + r0, loss_scale,
                                                   dh != nullptr, row_loss.data() + r0,
-                                                  dh != nullptr ? logits_grad.data() : nullptr, local});
+                                                  dh != nullptr ? logits_grad.data() : nullptr, local, scale.at});
       }
       if (dh != nullptr) {
         TensorView<const T> dz;

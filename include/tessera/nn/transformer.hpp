@@ -90,6 +90,26 @@ void init_parameter(const Parameter<T>& p, std::uint64_t seed, T* out, std::int6
   B::for_each(n, ops::InitValues<T>{out, parameter_key(seed, p.name), kind, in.std, in.lo, in.hi, where});
 }
 
+/// A micro-batch in the backend's memory, staged ahead of the forward_backward that reads
+/// it (Transformer::stage): its ids (with their grouping for the embedding's backward),
+/// its targets and its loss scale. Nothing crosses from the host during a forward_backward
+/// over it. A fixed one (fixed()) is staged again into the same tensors every time, so
+/// every step over it launches the same work at the same addresses: a step a graph
+/// captures once and replays (train/trainer.hpp).
+template <Backend B, class A>
+struct StagedBatch {
+  Geometry g;
+  StagedIds<B> inputs;
+  Tensor<std::int32_t> targets;  // (rows)
+  Tensor<A> loss_scale;          // (1): d(step loss)/d(a token's loss)
+  static StagedBatch fixed_layout() {
+    StagedBatch b;
+    b.inputs.fixed = true;
+    return b;
+  }
+  bool fixed() const { return inputs.fixed; }
+};
+
 template <class T, Backend B, class Block = LlamaBlock<T, B>>
 class Transformer {
   static_assert(Layer<Block>, "tessera::nn::Transformer<T, B, Block>: Block must satisfy tessera::nn::Layer "
@@ -271,6 +291,19 @@ class Transformer {
   void forward_backward(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
                         double loss_scale, bool last_micro_batch, double* loss_sum);
 
+  using staged_batch_type = StagedBatch<B, A>;
+
+  /// Writes a micro-batch to `into` in B's memory (copies from the host, issued without
+  /// waiting for the device), checked as forward_backward checks it. A fixed `into` keeps
+  /// its tensors: the geometry must stay the one it was first staged with.
+  void stage(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
+             double loss_scale, staged_batch_type& into) const;
+
+  /// forward_backward over a staged micro-batch, the loss scale read on the device: the
+  /// micro-batch issues no copy from the host and reads nothing back, so a step of them
+  /// can be captured as a graph. Not for a pipelined model (its schedule stages its own).
+  void forward_backward(const staged_batch_type& batch, bool last_micro_batch, double* loss_sum);
+
   /// Sum of token losses, no gradients and nothing saved.
   double loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g);
 
@@ -389,8 +422,7 @@ class Transformer {
   void free_head() { runtime_.head_done(args_.tie_embeddings); }
 
   /// The one-stage walk of forward_backward (no pipeline).
-  void walk(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
-            double loss_scale, bool last_micro_batch, double* loss_sum);
+  void walk(const staged_batch_type& batch, bool last_micro_batch, double* loss_sum);
 
   static void release(Parameter<T>& p) {
     p.value.release();
@@ -505,19 +537,51 @@ template <class T, Backend B, class Block>
 void Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> inputs,
                                                 std::span<const std::int32_t> targets, Geometry g, double loss_scale,
                                                 bool last_micro_batch, double* loss_sum) {
-  check_geometry(inputs, g);
-  TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a parallel plan");
-  if constexpr (Runtime::pipelines)
-    if (pipeline_degree() > 1) check_batch(g.batch, g.seq_len);
-  meter_.reset_peak();
   if constexpr (Runtime::pipelines) {
-    if (pipeline_degree() > 1)
+    if (pipeline_degree() > 1) {
+      check_geometry(inputs, g);
+      TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a parallel plan");
+      check_batch(g.batch, g.seq_len);
+      meter_.reset_peak();
       runtime_.pipeline_forward_backward(*this, inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
-    else
-      walk(inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
-  } else {
-    walk(inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
+      saved_bytes_peak_ = meter_.peak();
+      for_each_local_parameter([](Parameter<T>& p) { p.template zero_grad_if_unwritten<B>(); });
+      return;
+    }
   }
+  staged_batch_type batch;
+  stage(inputs, targets, g, loss_scale, batch);
+  forward_backward(batch, last_micro_batch, loss_sum);
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::stage(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
+                                     Geometry g, double loss_scale, staged_batch_type& into) const {
+  check_geometry(inputs, g);
+  TESSERA_CHECK(pipeline_degree() == 1, "model: a pipelined model stages its micro-batches in its schedule");
+  TESSERA_CHECK(!into.fixed() || into.inputs.ids.empty() || (into.g.batch == g.batch && into.g.seq_len == g.seq_len),
+                "model: a batch of ", g.batch, " x ", g.seq_len, " where every step's must be the first's (",
+                into.g.batch, " x ", into.g.seq_len, "): a step a graph replays has fixed shapes");
+  head_.check_targets(targets, g.rows());
+  tok_embeddings_.stage(inputs, into.inputs, true);
+  if (!into.fixed() || into.targets.numel() != g.rows()) {
+    into.targets = upload<B>(targets);
+  } else {
+    B::copy_from_host(targets.data(), into.targets.data(), g.rows());
+  }
+  if (into.loss_scale.empty()) into.loss_scale = B::template empty<A>(Shape{1});
+  const A scale = static_cast<A>(loss_scale);
+  B::copy_from_host(&scale, into.loss_scale.data(), 1);
+  into.g = g;
+}
+
+template <class T, Backend B, class Block>
+void Transformer<T, B, Block>::forward_backward(const staged_batch_type& batch, bool last_micro_batch,
+                                                double* loss_sum) {
+  TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a parallel plan");
+  TESSERA_CHECK(pipeline_degree() == 1, "model: a pipelined model stages its micro-batches in its schedule");
+  meter_.reset_peak();
+  walk(batch, last_micro_batch, loss_sum);
   saved_bytes_peak_ = meter_.peak();
   // What the backward wrote nothing into holds zero (a parameter this rank's part of the
   // step did not reach).
@@ -525,10 +589,10 @@ void Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> in
 }
 
 template <class T, Backend B, class Block>
-void Transformer<T, B, Block>::walk(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
-                                    Geometry g, double loss_scale, bool last_micro_batch, double* loss_sum) {
+void Transformer<T, B, Block>::walk(const staged_batch_type& batch, bool last_micro_batch, double* loss_sum) {
+  const Geometry g = batch.g;
   runtime_.begin_step(*this, last_micro_batch);
-  Tensor<T> h = tok_embeddings_.forward(inputs);
+  Tensor<T> h = tok_embeddings_.forward(batch.inputs);
   runtime_.embedding_forward_done();
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     runtime_.before_block_forward(*this, i);
@@ -540,7 +604,7 @@ void Transformer<T, B, Block>::walk(std::span<const std::int32_t> inputs, std::s
   Tensor<T> hn = parallel::whole_rows<B>(tensor_parallel(), norm_.forward(Context<T>(g, &norm_store), h));
   h.release();
   Tensor<T> dhn = B::template empty<T>(hn.shape());
-  head_.forward(hn, targets, static_cast<A>(loss_scale), &dhn, loss_sum);
+  head_.forward(hn, batch.targets, {A(0), batch.loss_scale.data()}, &dhn, loss_sum);
   hn.release();
   // Loss parallelism leaves each rank its vocabulary's share of dhn; else dhn is whole.
   dhn = head_.vocab_parallel() ? parallel::summed_rows<B>(tensor_parallel(), dhn)
@@ -558,7 +622,7 @@ void Transformer<T, B, Block>::walk(std::span<const std::int32_t> inputs, std::s
     runtime_.block_backward_done(*this, i);
   }
   runtime_.before_embedding_backward();
-  tok_embeddings_.backward(inputs, dh);
+  tok_embeddings_.backward(batch.inputs, dh);
   runtime_.embedding_backward_done(*this, last_micro_batch);
 }
 

@@ -128,10 +128,14 @@ struct AdamWMultiStep {
   /// ops::ClipScale wrote there), in place of s.grad_scale; null: s.grad_scale. A NaN
   /// there (a gradient norm or loss that was not finite) skips the step: nothing changes.
   const A* grad_scale = nullptr;
-  /// The step's scalars, s with the gradient scale read from grad_scale when that is set;
-  /// false where that scale is NaN (the step changes nothing).
+  /// Where the step reads all of its scalars in the backend's memory, in place of s (the
+  /// learning rate and bias corrections change every step; a launch a graph replays may
+  /// not); null: s.
+  const AdamWScalars<A>* step_scalars = nullptr;
+  /// The step's scalars, s (or *step_scalars) with the gradient scale read from
+  /// grad_scale when that is set; false where that scale is NaN (the step changes nothing).
   TESSERA_HD bool scalars(AdamWScalars<A>& out) const {
-    out = s;
+    out = step_scalars != nullptr ? *step_scalars : s;
     if (grad_scale == nullptr) return true;
     out.grad_scale = *grad_scale;
     return out.grad_scale == out.grad_scale;
@@ -178,7 +182,8 @@ struct AdamWMultiStep {
     const double blocks = static_cast<double>((n + kAdamWBlock - 1) / kAdamWBlock);
     const double tables =
         blocks * sizeof(std::int32_t) + static_cast<double>(tensor_count) * sizeof(AdamWTensor<T, M>);
-    const double scale = grad_scale != nullptr ? sizeof(A) : 0;  // read once, as the tables are
+    const double scale = (grad_scale != nullptr ? sizeof(A) : 0) +  // read once, as the tables are
+                         (step_scalars != nullptr ? sizeof(AdamWScalars<A>) : 0);
     const double read = tables + scale + e * (sizeof(A) + 2 * sizeof(M) + (masters ? sizeof(A) : sizeof(T)));
     const double written = e * (2 * sizeof(M) + sizeof(T) + m * sizeof(A));
     return {read, written, kAdamWFlops * e, e};

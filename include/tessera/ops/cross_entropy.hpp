@@ -58,6 +58,11 @@ struct CrossEntropyRow {
   double* loss;      // (rows) per-row loss, summed by the caller in order
   G* grad = nullptr;         // where the gradient goes, (rows, vocab) at leading dimension grad_ld; unset: the logits
   std::int64_t grad_ld = 0;
+  /// Where the scale is read in the backend's memory, in place of `scale` (a step a graph
+  /// replays: the scale changes with the batch's target count, the launch may not).
+  const accum_t<T>* scale_at = nullptr;
+
+  TESSERA_HD accum_t<T> loss_scale() const { return scale_at != nullptr ? *scale_at : scale; }
 
   /// Whether the row holds the exponentials between passes: float and double logits
   /// written over by their own gradient.
@@ -97,6 +102,7 @@ struct CrossEntropyRow {
     }
     loss[r] = static_cast<double>(m + log_(sum) - zt);
     if (!write_grad) return;
+    const A scale = loss_scale();
     const A inv = scale / sum;
     if (d != nullptr) {
       for (std::int64_t j = 0; j < vocab; ++j) d[j] = from_accum<G>(exp_nonpositive(to_accum(z[j]) - m) * inv);
@@ -232,6 +238,10 @@ struct CrossEntropyShardGrad {
   accum_t<T> scale;
   bool write_grad;
   double* loss;  // (rows)
+  const accum_t<T>* scale_at = nullptr;  // where the scale is read, in place of `scale` (CrossEntropyRow's)
+
+  TESSERA_HD accum_t<T> loss_scale() const { return scale_at != nullptr ? *scale_at : scale; }
+
   TESSERA_HD void operator()(std::int64_t r) const {
     using A = accum_t<T>;
     T* z = logits + r * ld;
@@ -245,6 +255,7 @@ struct CrossEntropyShardGrad {
     const A sum = sums[2 * r];
     loss[r] = static_cast<double>(max[r] + log_(sum) - sums[2 * r + 1]);
     if (!write_grad) return;
+    const A scale = loss_scale();
     const A inv = scale / sum;
     if constexpr (detail::accum_is_storage<T>) {
       for (std::int64_t j = 0; j < vocab; ++j) z[j] *= inv;

@@ -61,18 +61,28 @@ struct EmbeddingForward {
 /// [lo, hi) present in the batch, ascending (`count` of them), then count + 1 offsets
 /// into the positions, then the positions of each id in ascending order. One int32
 /// array, so it crosses to the backend in one upload.
+///
+/// With a capacity (the batch's positions), each part is padded to it and the count
+/// follows them: the layout is then the same for every batch of that size, and a launch
+/// over capacity x dim indices that reads the count (EmbeddingBackward::count_at) is the
+/// same launch every step, as a replayed graph needs.
 struct EmbeddingSegments {
   std::vector<std::int32_t> packed;
   std::int64_t count = 0;      // distinct ids in [lo, hi)
   std::int64_t positions = 0;  // positions whose id is in [lo, hi)
+  std::int64_t capacity = 0;   // each part's length when padded (0: not padded, `count`)
+  std::int64_t stride() const { return capacity > 0 ? capacity : count; }
   const std::int32_t* ids(const std::int32_t* base) const { return base; }
-  const std::int32_t* offsets(const std::int32_t* base) const { return base + count; }
-  const std::int32_t* order(const std::int32_t* base) const { return base + 2 * count + 1; }
+  const std::int32_t* offsets(const std::int32_t* base) const { return base + stride(); }
+  const std::int32_t* order(const std::int32_t* base) const { return base + 2 * stride() + 1; }
+  /// The count, in B's memory, when padded (null otherwise).
+  const std::int32_t* count_at(const std::int32_t* base) const { return capacity > 0 ? base + 3 * capacity + 1 : nullptr; }
 };
 
 /// Groups the positions of `ids` that lie in [lo, hi) by id (a stable sort: each id's
-/// positions ascending).
-inline EmbeddingSegments embedding_segments(std::span<const std::int32_t> ids, std::int64_t lo, std::int64_t hi) {
+/// positions ascending); `padded`: in the fixed layout of `ids.size()` positions.
+inline EmbeddingSegments embedding_segments(std::span<const std::int32_t> ids, std::int64_t lo, std::int64_t hi,
+                                            bool padded = false) {
   std::vector<std::int32_t> order;
   order.reserve(ids.size());
   for (std::size_t r = 0; r < ids.size(); ++r)
@@ -94,10 +104,18 @@ inline EmbeddingSegments embedding_segments(std::span<const std::int32_t> ids, s
   EmbeddingSegments s;
   s.count = static_cast<std::int64_t>(unique.size());
   s.positions = static_cast<std::int64_t>(order.size());
-  s.packed.reserve(unique.size() + offsets.size() + order.size());
+  if (padded) {
+    s.capacity = static_cast<std::int64_t>(ids.size());
+    const auto cap = ids.size();
+    unique.resize(cap, 0);
+    offsets.resize(cap + 1, offsets.back());
+    order.resize(cap, 0);
+  }
+  s.packed.reserve(unique.size() + offsets.size() + order.size() + 1);
   s.packed.insert(s.packed.end(), unique.begin(), unique.end());
   s.packed.insert(s.packed.end(), offsets.begin(), offsets.end());
   s.packed.insert(s.packed.end(), order.begin(), order.end());
+  if (padded) s.packed.push_back(static_cast<std::int32_t>(s.count));
   return s;
 }
 
@@ -113,8 +131,12 @@ struct EmbeddingBackward {
   std::int64_t dim;
   std::int64_t lo = 0;
   std::int64_t positions = 0;  // offsets[count]: for traffic()
+  /// The count in B's memory, for a launch over the padded layout's capacity: indices
+  /// past count x dim do nothing. Null: every index is an id's.
+  const std::int32_t* count_at = nullptr;
   TESSERA_HD void operator()(std::int64_t i) const {
     const std::int64_t s = i / dim, j = i - s * dim;
+    if (count_at != nullptr && s >= *count_at) return;
     accum_t<T>* g = dtable + (ids[s] - lo) * dim + j;
     accum_t<T> acc = *g;
     for (std::int32_t k = offsets[s]; k < offsets[s + 1]; ++k) acc += to_accum(dout[order[k] * dim + j]);

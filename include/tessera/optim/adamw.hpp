@@ -87,6 +87,7 @@ class AdamW {
                   "AdamW: state_dtype ", name_of(options.state_dtype), ": the moments are stored as float32 or bfloat16");
     TESSERA_CHECK((options.state_dtype == DType::f32 || std::is_same_v<A, float>),
                   "AdamW: bfloat16 moments need a float32 or bfloat16 model (they are updated in float32)");
+    staged_ = B::template empty<ops::AdamWScalars<A>>(Shape{1});  // a step's, counted as such
     MemoryUseScope use(MemoryUse::optimizer);  // moments and masters
     auto add = [&](nn::Parameter<T>& p) {
       State s{&p, {}, {}};
@@ -110,12 +111,46 @@ class AdamW {
 
   /// One update at learning rate `lr`, gradients multiplied by `grad_scale`: every
   /// parameter in one launch (ops::AdamWMultiStep).
-  void step(double lr, double grad_scale = 1.0) { update(lr, grad_scale, nullptr); }
+  void step(double lr, double grad_scale = 1.0) {
+    stage(lr, grad_scale);
+    apply();
+  }
 
   /// One update at learning rate `lr`, gradients multiplied by the scale at `grad_scale`
   /// in B's memory (the clip scale ops::ClipScale wrote, read by the kernel, not the
   /// host); a NaN there skips the update on the device (train::StepScalars).
-  void step(double lr, const A* grad_scale) { update(lr, 1.0, grad_scale); }
+  void step(double lr, const A* grad_scale) {
+    stage(lr);
+    apply(grad_scale);
+  }
+
+  /// An update in two halves, for a step a graph replays (train/trainer.hpp): stage()
+  /// counts the update and writes its scalars (learning rate `lr`, bias corrections,
+  /// gradient scale) to one place in B's memory, a copy from the host; apply() is the
+  /// launch, which reads them there and so is the same launch every step. Each stage()
+  /// is followed by one apply(), or by the replay of a graph that captured one.
+  void stage(double lr, double grad_scale = 1.0) {
+    ++step_;
+    const double bc1 = 1 - std::pow(options_.beta1, static_cast<double>(step_));
+    const double bc2 = 1 - std::pow(options_.beta2, static_cast<double>(step_));
+    const ops::AdamWScalars<A> scalars{static_cast<A>(lr),
+                                       static_cast<A>(options_.beta1),
+                                       static_cast<A>(options_.beta2),
+                                       static_cast<A>(options_.eps),
+                                       static_cast<A>(options_.weight_decay),
+                                       static_cast<A>(bc1),
+                                       static_cast<A>(bc2),
+                                       static_cast<A>(grad_scale)};
+    B::copy_from_host(&scalars, staged_.data(), 1);
+  }
+
+  /// The staged update of every parameter in one launch; the gradients multiplied by the
+  /// scale at `grad_scale` in B's memory when that is set (in place of the staged one).
+  void apply(const A* grad_scale = nullptr) {
+    if constexpr (std::is_same_v<A, float>)
+      if (bf16_states()) return launch(launch_bf16_, grad_scale);
+    launch(launch_accum_, grad_scale);
+  }
 
   /// The first step's one-time work without the step: uploads the launch's tables of
   /// tensors (again only if a tensor moved since), so that a step() after it does what
@@ -196,37 +231,18 @@ class AdamW {
     std::int64_t elements = 0;  // the tensors' numel summed: size less the padding
   };
 
-  /// One update: the gradient scale `grad_scale`, or the one at `device_grad_scale` in
-  /// B's memory when that is set.
-  void update(double lr, double grad_scale, const A* device_grad_scale) {
-    ++step_;
-    const double bc1 = 1 - std::pow(options_.beta1, static_cast<double>(step_));
-    const double bc2 = 1 - std::pow(options_.beta2, static_cast<double>(step_));
-    const ops::AdamWScalars<A> scalars{static_cast<A>(lr),
-                                       static_cast<A>(options_.beta1),
-                                       static_cast<A>(options_.beta2),
-                                       static_cast<A>(options_.eps),
-                                       static_cast<A>(options_.weight_decay),
-                                       static_cast<A>(bc1),
-                                       static_cast<A>(bc2),
-                                       static_cast<A>(grad_scale)};
-    if constexpr (std::is_same_v<A, float>)
-      if (bf16_states()) return launch(launch_bf16_, scalars, device_grad_scale);
-    launch(launch_accum_, scalars, device_grad_scale);
-  }
-
   /// Whether the update goes to fp32 masters: bf16 parameters, stored as such or not.
   bool has_masters() const { return param_dtype() == DType::bf16; }
 
   bool bf16_states() const { return options_.state_dtype == DType::bf16; }
 
   template <class M>
-  void launch(Launch<M>& l, const ops::AdamWScalars<A>& scalars, const A* grad_scale) {
+  void launch(Launch<M>& l, const A* grad_scale) {
     refresh_tables(l);
     if (l.size == 0) return;
-    B::for_each(l.size, ops::AdamWMultiStep<T, M>{l.tensors.data(), l.block_tensor.data(), scalars, l.elements,
+    B::for_each(l.size, ops::AdamWMultiStep<T, M>{l.tensors.data(), l.block_tensor.data(), {}, l.elements,
                                                   static_cast<std::int64_t>(l.host_table.size()), has_masters(),
-                                                  grad_scale});
+                                                  grad_scale, staged_.data()});
   }
 
   /// The launch's tables in B's memory, uploaded again only when a tensor moved (a
@@ -276,6 +292,7 @@ class AdamW {
   std::int64_t step_ = 0;
   Launch<A> launch_accum_;    // state_dtype f32: moments in accum_t<T>
   Launch<bf16> launch_bf16_;  // state_dtype bf16 (float arithmetic only)
+  Tensor<ops::AdamWScalars<A>> staged_;  // the next update's scalars (stage())
 };
 
 }  // namespace tessera::optim

@@ -84,7 +84,10 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
     // global batch (a 405B layout on 16,384 GPUs would build and check 1 GiB of ids).
     std::vector<std::uint32_t> tokens(static_cast<std::size_t>(seq + 1), 0);
     data::DataLoader loader(std::move(tokens), seq, local, mesh ? mesh->dp_rank() : 0, dp);
-    train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
+    // The eager step: a replayed graph launches the same work (training.cuda_graph).
+    train::TrainerOptions options = train::trainer_options(c);
+    options.graph = false;
+    train::Trainer<Model> trainer(model, std::move(options), std::move(loader));
     if (steps_before == 0) trainer.prepare();
     for (int i = 0; i < steps_before; ++i) trainer.step();
     stats[static_cast<int>(Device::cpu)].reset_peak();

@@ -212,6 +212,11 @@ inline std::vector<ConfigKey> build_config_keys() {
                "(CUDA virtual memory, as PyTorch's expandable_segments, which torchtitan's launch script sets) "
                "instead of a cudaMalloc for each block no free one fits: less memory lost between blocks. "
                "false: a segment per block. llama-plan replays either."),
+      make_key("training.cuda_graph", field<&J::training, &TrainingSection::cuda_graph>(),
+               "Capture the second step as a CUDA graph and replay it for every later step: one launch in place "
+               "of each step's thousand kernel launches. One rank (no data, tensor, pipeline or context "
+               "parallelism) and batches of one shape; on the CPU backend the same capture runs as recorded "
+               "calls. llama-plan prices the eager step."),
       make_key("training.mixed_precision_param", field<&J::training, &TrainingSection::mixed_precision_param>(),
                "Dtype of parameters in forward and backward: \"auto\" (the model's own: llama-train trains a "
                "bf16 model on a GPU and a float32 one on the CPU), \"bfloat16\" (bf16 values, float32 masters in "

@@ -23,7 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "tessera/backend/graph.hpp"
 #include "tessera/checkpoint/sharded.hpp"
+#include "tessera/core/type_name.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
@@ -182,6 +184,23 @@ class Trainer {
 
   comm::Communicator* world() { return sharded::world_of(model_); }
 
+  /// Whether the model takes staged micro-batches (nn::StagedBatch): a Transformer does,
+  /// unless pipelined (its schedule stages its own).
+  static constexpr bool kStages = requires { typename Model::staged_batch_type; };
+  bool stages() const {
+    if constexpr (kStages)
+      return model_.pipeline_degree() == 1;
+    else
+      return false;
+  }
+
+  /// The step's launches, from the gradients' start to the optimizer's staged update,
+  /// `forward_backward(i, last)` running micro-batch i; over staged micro-batches they
+  /// issue no copy from the host and read nothing back (what a graph captures). Returns
+  /// the largest saved activations of a micro-batch.
+  template <class F>
+  std::size_t launch_step(std::size_t micro_batches, comm::DeviceMesh* mesh, F&& forward_backward);
+
   Model& model_;
   TrainerOptions options_;
   data::BatchSource batches_;
@@ -189,6 +208,10 @@ class Trainer {
   optim::LrSchedule schedule_;
   train::StepScalars<B, accum_t<T>> scalars_;  // the step's loss sum, norm and clip scale, on the device
   std::int64_t accumulation_ = 1;
+  // options.graph: the staged micro-batches at fixed addresses, the captured step and the
+  // activations its capture measured.
+  struct Graphed;
+  std::shared_ptr<Graphed> graphed_;
   std::int64_t step_ = 0;
   std::int64_t lr_step_ = 0;  // the schedule's position: the step count unless a resume restarted one of them
   // The host copy of a save, reused by the next (pinned on a GPU: checkpoint/sharded.hpp).
@@ -213,6 +236,42 @@ Trainer<Model>::Trainer(Model& model, TrainerOptions options, data::BatchSource 
                 global, ") must be a multiple of the local batch x the data-parallel degree (", local, " x ", dp,
                 " = ", local * dp, ")");
   accumulation_ = global / (local * dp);
+  if (options_.graph) {
+    const std::string_view key = options_.name("training.cuda_graph", "graph");
+    TESSERA_CHECK(CapturesGraphs<B>, key, ": the ", type_name<B>(), " backend does not capture graphs");
+    comm::DeviceMesh* mesh = model.plan().mesh;
+    TESSERA_CHECK(!mesh || mesh->world().size() == 1, key, ": a graph is one rank's work and this layout has ",
+                  mesh ? mesh->world().size() : 1, " ranks (collectives are not captured): train one rank, or ",
+                  options_.from == SettingsFrom::config ? "set it to false" : "leave it false");
+    TESSERA_CHECK(stages(), key, ": the model does not take staged micro-batches (nn::StagedBatch)");
+  }
+}
+
+template <class Model>
+struct Trainer<Model>::Graphed {
+  std::vector<typename Model::staged_batch_type> batches;  // fixed_layout() each
+  graph_t<B> graph;
+  bool warmed_up = false;  // the first step ran eagerly: lazily made tables and workspaces exist
+  bool captured = false;
+  std::size_t activations = 0;
+};
+
+template <class Model>
+template <class F>
+std::size_t Trainer<Model>::launch_step(std::size_t micro_batches, comm::DeviceMesh* mesh, F&& forward_backward) {
+  model_.zero_grad();
+  scalars_.begin();
+  std::size_t activations = 0;
+  for (std::size_t i = 0; i < micro_batches; ++i) {
+    forward_backward(i, i + 1 == micro_batches);
+    activations = std::max(activations, model_.saved_activation_bytes());
+  }
+  if (mesh) scalars_.sum_loss_over(mesh->dp());
+  Region optimizer(region::kOptimizer);
+  model_.squared_grad_norm(scalars_.squared_norm());
+  scalars_.clip(options_.max_norm);
+  optimizer_.apply(scalars_.grad_scale());  // skipped on the device if the loss or the norm is not finite
+  return activations;
 }
 
 template <class Model>
@@ -239,23 +298,52 @@ StepMetrics Trainer<Model>::step() {
   TESSERA_CHECK(n_targets > 0, "step ", step_ + 1, ": the batch has no target tokens");
   // The step launches everything without reading a value back (train/step_scalars.hpp):
   // the loss sum, the gradient norm and the clip scale stay on the device, and AdamW
-  // reads the scale there; the host reads the loss and the norm once, at the end.
-  model_.zero_grad();
-  scalars_.begin();
-  std::size_t activations = 0;
-  for (std::size_t i = 0; i < micro.size(); ++i) {
-    const auto& b = micro[i];
-    model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
-                            1.0 / static_cast<double>(n_targets), i + 1 == micro.size(), scalars_.loss_sum());
-    activations = std::max(activations, model_.saved_activation_bytes());
-  }
-  if (mesh) scalars_.sum_loss_over(mesh->dp());
+  // reads the scale there; the host reads the loss and the norm once, at the end. What
+  // the host gives the step (the micro-batches, the loss scale, the optimizer's learning
+  // rate and bias corrections) is staged in the backend's memory before the launches,
+  // which read it there: the launches are then the same every step, and with
+  // options.graph the steps after the first replay the second's, captured.
   const double lr = options_.optimizer.lr * schedule_.factor(lr_step_);
-  {
-    Region optimizer(region::kOptimizer);
-    model_.squared_grad_norm(scalars_.squared_norm());
-    scalars_.clip(options_.max_norm);
-    optimizer_.step(lr, scalars_.grad_scale());  // skipped on the device if the loss or the norm is not finite
+  const double loss_scale = 1.0 / static_cast<double>(n_targets);
+  optimizer_.stage(lr);
+  std::size_t activations = 0;
+  if constexpr (kStages) {
+    if (stages()) {
+      using Staged = typename Model::staged_batch_type;
+      std::vector<Staged> eager(options_.graph ? 0 : micro.size());
+      if (options_.graph && !graphed_) {
+        graphed_ = std::make_shared<Graphed>();
+        for (std::size_t i = 0; i < micro.size(); ++i) graphed_->batches.push_back(Staged::fixed_layout());
+      }
+      std::vector<Staged>& staged = options_.graph ? graphed_->batches : eager;
+      for (std::size_t i = 0; i < micro.size(); ++i)
+        model_.stage(micro[i].inputs, micro[i].targets, nn::Geometry{micro[i].batch, micro[i].seq_len}, loss_scale,
+                     staged[i]);
+      const auto launch = [&] {
+        return launch_step(staged.size(), mesh, [&](std::size_t i, bool last) {
+          model_.forward_backward(staged[i], last, scalars_.loss_sum());
+        });
+      };
+      if (!options_.graph || !graphed_->warmed_up) {
+        activations = launch();  // eager; a graphed run's first step warms up
+        if (options_.graph) graphed_->warmed_up = true;
+      } else if constexpr (CapturesGraphs<B>) {
+        if (!graphed_->captured) {
+          graphed_->graph = B::capture([&] { graphed_->activations = launch(); });
+          graphed_->captured = true;
+        }
+        graphed_->graph.replay();
+        activations = graphed_->activations;
+      }
+    }
+  }
+  if (!stages()) {
+    // A pipelined model takes the host's micro-batches: its schedule stages them.
+    activations = launch_step(micro.size(), mesh, [&](std::size_t i, bool last) {
+      const auto& b = micro[i];
+      model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len}, loss_scale, last,
+                              scalars_.loss_sum());
+    });
   }
   B::synchronize();
   const auto read = scalars_.read();
@@ -333,6 +421,7 @@ void Trainer<Model>::load_checkpoint(const std::string& dir, ResumeParts parts) 
            ")");
     }
   };
+  graphed_.reset();  // loading may move tensors a captured step reads: the next steps capture afresh
   const nlohmann::json state =
       load_sharded_checkpoint(model_, optimizer_, dir, LoadParts{parts.model, parts.optimizer}, check);
   if (parts.train_state) step_ = state.at("step").get<std::int64_t>();

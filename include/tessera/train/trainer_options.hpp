@@ -56,6 +56,10 @@ struct TrainerOptions {
   /// One device's peak FLOP/s, which MFU is measured against; unset: no MFU (StepMetrics'
   /// mfu_pct and mfu_causal_pct stay 0).
   std::optional<double> peak_flops;
+  /// Each step after the first replays a graph of the second's work (backend/graph.hpp):
+  /// on a GPU one launch in place of a thousand. One rank, no pipeline, a backend that
+  /// captures (Cpu, Cuda), batches of one shape.
+  bool graph = false;
   /// Settings a resume must find unchanged besides the Trainer's own (the sequence
   /// length, the global batch and the parameters' dtype).
   std::vector<KeptSetting> keep_on_resume;
@@ -86,6 +90,7 @@ inline TrainerOptions trainer_options(const JobConfig& c) {
                 optim::parse_decay_type(c.lr_scheduler.decay_type), c.lr_scheduler.min_lr_factor};
   o.global_batch_size = c.training.global_batch_size > 0 ? c.training.global_batch_size : 0;
   o.max_norm = c.training.max_norm;
+  o.graph = c.training.cuda_graph;
   auto keep = [&](const char* key, nlohmann::json value) { o.keep_on_resume.push_back({key, std::move(value), "dataloader"}); };
   keep("training.dataset", c.training.dataset);
   keep("model.tokenizer", c.model.tokenizer);

@@ -18,6 +18,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/cpu/attention.hpp"
 #include "tessera/backend/cpu/device_memory.hpp"
+#include "tessera/backend/cpu/graph.hpp"
 #include "tessera/comm/memory_access.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
@@ -44,8 +45,36 @@ struct Cpu {
   template <class T>
   static Tensor<T> zeros(Shape shape) {
     Tensor<T> t = empty<T>(shape);
-    if (t.numel() > 0) std::memset(static_cast<void*>(t.data()), 0, static_cast<std::size_t>(t.numel()) * sizeof(T));
+    if (t.numel() == 0) return t;
+    void* p = static_cast<void*>(t.data());
+    const auto bytes = static_cast<std::size_t>(t.numel()) * sizeof(T);
+    if (cpu::Capture* c = cpu::capturing())
+      c->ops.emplace_back([p, bytes] { std::memset(p, 0, bytes); });
+    else
+      std::memset(p, 0, bytes);
     return t;
+  }
+
+  /// A stretch of the backend's work recorded once and replayed (cpu/graph.hpp).
+  using Graph = cpu::Graph;
+
+  /// Runs `body` with every launch, GEMM, attention call and zero fill it issues recorded
+  /// and not run, and returns them as a graph to replay; nothing ran until the first
+  /// replay, as with a captured CUDA graph. A host transfer or synchronisation inside
+  /// `body` is an error; an error thrown by `body` abandons the capture.
+  template <class F>
+  static Graph capture(F&& body) {
+    TESSERA_CHECK(cpu::capturing() == nullptr, "CPU backend: a graph capture inside a graph capture");
+    cpu::Capture c;
+    cpu::detail::capture = &c;
+    try {
+      body();
+    } catch (...) {
+      cpu::detail::capture = nullptr;
+      throw;
+    }
+    cpu::detail::capture = nullptr;
+    return std::move(c).finish();
   }
 
   /// How the in-process engines reach this backend's memory: the host's copies and
@@ -72,6 +101,10 @@ struct Cpu {
   template <class F>
   static void for_each(std::int64_t n, const F& f) {
     if (n <= 0) return;
+    if (cpu::Capture* c = cpu::capturing()) {
+      c->ops.emplace_back([n, f] { for_each(n, f); });
+      return;
+    }
     if constexpr (ops::FusesParts<F>) {  // each part its own loop, evenly spread
       f.parts(n, [](const auto& part, std::int64_t m, const ops::Traffic&) { for_each(m, part); });
       return;
@@ -86,18 +119,23 @@ struct Cpu {
 
   /// The host's work is done when each call returns; what is left are the waits an
   /// engine deferred to the host's next synchronisation (core/host_sync.hpp).
-  static void synchronize() { detail::run_deferred_host_waits(); }
+  static void synchronize() {
+    outside_capture("a synchronisation");
+    detail::run_deferred_host_waits();
+  }
 
   /// Host transfers are copies: the CPU backend's memory is the host's. A copy to the
   /// host synchronises, as on a GPU.
   template <class T>
   static void copy_to_host(const T* src, T* dst, std::int64_t n) {
+    outside_capture("a copy to the host");
     detail::run_deferred_host_waits();
     if (n > 0 && src != dst)
       std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
   }
   template <class T>
   static void copy_from_host(const T* src, T* dst, std::int64_t n) {
+    outside_capture("a copy from the host");
     if (n > 0 && src != dst)
       std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
   }
@@ -116,6 +154,10 @@ struct Cpu {
                   "tessera: Cpu::gemm writes C as its operands' type or their accumulation type");
     const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
+    if (cpu::Capture* cap = cpu::capturing()) {
+      cap->ops.emplace_back([=] { gemm<T, C>(ta, tb, alpha, a, b, beta, c); });
+      return;
+    }
     if (k == 0) {
       scale_matrix(beta, c);
       return;
@@ -152,6 +194,10 @@ struct Cpu {
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
+    if (cpu::Capture* c = cpu::capturing()) {
+      c->ops.emplace_back([=] { detail::cpu_attention_forward<Cpu>(s, q, k, v, o, lse); });
+      return;
+    }
     detail::cpu_attention_forward<Cpu>(s, q, k, v, o, lse);
   }
 
@@ -160,10 +206,21 @@ struct Cpu {
   static void attention_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                  TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
                                  TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+    if (cpu::Capture* c = cpu::capturing()) {
+      c->ops.emplace_back([=] { detail::cpu_attention_backward<Cpu>(s, q, k, v, o, lse, d_o, dq, dk, dv); });
+      return;
+    }
     detail::cpu_attention_backward<Cpu>(s, q, k, v, o, lse, d_o, dq, dk, dv);
   }
 
  private:
+  /// What a graph cannot hold: an error naming `what` while this thread captures.
+  static void outside_capture(const char* what) {
+    TESSERA_CHECK(cpu::capturing() == nullptr, "CPU backend: ", what,
+                  " inside a graph capture: a graph replays the backend's work, not the host's (stage values before "
+                  "the captured work and read them after its replay)");
+  }
+
   template <class C, class S>
   static void scale_matrix(S beta, TensorView<C> c) {
     for (std::int64_t i = 0; i < c.rows(); ++i)

@@ -20,8 +20,10 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 
+#include "tessera/backend/cpu/graph.hpp"
 #include "tessera/comm/memory_access.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
@@ -41,18 +43,26 @@ class DeviceMemory {
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) fail("out of host memory allocating ", bytes, " bytes");
     if (const int byte = fill_byte_.load(std::memory_order_relaxed); byte >= 0) std::memset(p, byte, rounded);
+    // A capture's blocks stay the graph's while it lives (cpu/graph.hpp).
+    std::shared_ptr<GraphMemory> graph = capturing() != nullptr ? capturing()->memory : nullptr;
     std::lock_guard lock(mutex_);
-    live_[reinterpret_cast<std::uintptr_t>(p)] = Entry{rounded, device_of_this_thread()};
+    live_[reinterpret_cast<std::uintptr_t>(p)] = Entry{rounded, device_of_this_thread(), std::move(graph)};
     return p;
   }
 
   static void release(void* p) {
     if (p == nullptr) return;
+    std::shared_ptr<GraphMemory> graph;
     {
       DeviceMemory& m = instance();
       std::lock_guard lock(m.mutex_);
-      m.live_.erase(reinterpret_cast<std::uintptr_t>(p));
+      const auto it = m.live_.find(reinterpret_cast<std::uintptr_t>(p));
+      if (it != m.live_.end()) {
+        graph = std::move(it->second.graph);
+        m.live_.erase(it);
+      }
     }
+    if (graph && graph->hold(p)) return;
     std::free(p);
   }
 
@@ -79,6 +89,7 @@ class DeviceMemory {
   struct Entry {
     std::size_t bytes;
     const void* device;
+    std::shared_ptr<GraphMemory> graph;  // the capture that allocated it, if one did
   };
   /// The device a thread's allocations belong to: its rank's memory counters (thread
   /// ranks, ScopedMemoryStats), or the process (nullptr).

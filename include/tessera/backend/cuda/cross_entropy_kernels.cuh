@@ -131,7 +131,7 @@ struct CrossEntropyRows : VocabRows<T> {
   template <int V, bool kWarp>
   __device__ static void run(const ops::CrossEntropyRow<T, G>& f, std::int64_t rows, float* smem) {
     const RowGroup<kWarp> g;
-    const float scale = to_float(f.scale);
+    const float scale = to_float(f.loss_scale());
     for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
       T* z = f.logits + r * f.ld;
       const std::int32_t t = f.targets[r];
@@ -212,7 +212,7 @@ struct CrossEntropyShardGradRows : VocabRows<T> {
   template <int V, bool kWarp>
   __device__ static void run(const ops::CrossEntropyShardGrad<T>& f, std::int64_t rows, float*) {
     const RowGroup<kWarp> g;
-    const float scale = to_float(f.scale);
+    const float scale = to_float(f.loss_scale());
     for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
       T* z = f.logits + r * f.ld;
       const std::int64_t t = f.targets[r];
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kOneReadThreads, 2) cross_entropy_one_read_ker
   if (rank == 0 && tid == 0) f.loss[r] = static_cast<double>(m + ops::log_(sum) - zt);
   const bool keep = kRowHoldsIntermediates<T> && out_grad == nullptr;  // the functor's float row: exp(z - max)
   if (f.write_grad || keep) {
-    const float scale = to_float(f.scale), factor = f.write_grad ? scale / sum : 1.0f;
+    const float scale = to_float(f.loss_scale()), factor = f.write_grad ? scale / sum : 1.0f;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
 #pragma unroll

@@ -41,9 +41,11 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/caching_allocator.hpp"
+#include "tessera/backend/cuda/graph.hpp"
 #include "tessera/backend/cuda/attention_engine.hpp"
 #include "tessera/backend/cuda/check.hpp"
 #include "tessera/backend/cuda/gemm.hpp"
@@ -97,9 +99,22 @@ struct Cuda {
     cuda::launch_op(n, f, stream());
   }
 
+  /// A stretch of the compute stream's work captured once and replayed (cuda/graph.hpp).
+  using Graph = cuda::Graph;
+
+  /// Captures the work `body` issues as a graph, nothing of it run until the first
+  /// replay. A host transfer or synchronisation inside `body` is an error; an error
+  /// thrown by `body` abandons the capture.
+  template <class F>
+  static Graph capture(F&& body) {
+    cuda::require_device();
+    return cuda::capture(stream(), cuda::current_device(), std::forward<F>(body));
+  }
+
   /// Waits until every piece of work issued to the compute stream has finished.
   static void synchronize() {
     cuda::require_device();
+    outside_capture("a synchronisation");
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
 
@@ -116,6 +131,7 @@ struct Cuda {
   template <class T>
   static void copy_to_host(const T* src, T* dst, std::int64_t n) {
     cuda::require_device();
+    outside_capture("a copy to the host");
     if (n <= 0) return;
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<void*>(dst), static_cast<const void*>(src),
                                        static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost, stream()));
@@ -139,6 +155,7 @@ struct Cuda {
   template <class T>
   static void copy_from_host(const T* src, T* dst, std::int64_t n) {
     cuda::require_device();
+    outside_capture("a copy from the host");
     if (n <= 0) return;
     cuda::copy_from_host_staged(static_cast<void*>(dst), static_cast<const void*>(src),
                                 static_cast<std::size_t>(n) * sizeof(T), stream());
@@ -216,6 +233,14 @@ struct Cuda {
   }
 
  private:
+  /// What a graph cannot hold: an error naming `what` while this thread captures
+  /// (cuda/graph.hpp).
+  static void outside_capture(const char* what) {
+    TESSERA_CHECK(!cuda::capturing(), "CUDA backend: ", what,
+                  " inside a graph capture: a graph replays the device's work, not the host's (stage values before "
+                  "the captured work and read them after its replay)");
+  }
+
   /// Sets the first `cols` columns of `rows` rows of m (leading dimension m.ld()) to zero.
   template <class T>
   static void zero_rows(TensorView<T> m, std::int64_t rows, std::int64_t cols) {

@@ -427,26 +427,65 @@ inline int current_device() {
   return device;
 }
 
+namespace detail {
+/// A new allocator for `device`, with expandable segments when they are on and the device
+/// has them; `status` says which it runs.
+inline CachingAllocator* new_allocator(int device, std::string& status) {
+  auto& all = device_allocators();
+  CachingAllocator::Upstream up = cuda_upstream(device);
+  if (all.expandable) {
+    std::string why;
+    up.expandable = cuda_expandable(device, why);
+    status = up.expandable ? "expandable segments" : "a segment per block (" + why + ")";
+  } else {
+    status = "a segment per block (training.expandable_segments = false)";
+  }
+  all.any_created = true;
+  return new CachingAllocator(std::move(up));
+}
+
+inline void check_device_index(int device) {
+  TESSERA_CHECK(0 <= device && device < visible_devices() && device < kMaxDevices, "CUDA backend: device ",
+                device, " is not one of the ", visible_devices(), " visible devices");
+}
+
+/// Each device's graph pool (graph_allocator), created on first use and never destroyed.
+struct GraphAllocators {
+  std::array<std::once_flag, kMaxDevices> once;
+  std::array<CachingAllocator*, kMaxDevices> allocator{};
+};
+inline GraphAllocators& graph_allocators() {
+  static GraphAllocators* all = new GraphAllocators;  // immortal, as the device allocators
+  return *all;
+}
+
+/// The pool a graph capture on this thread allocates from (cuda/graph.hpp), or null.
+inline thread_local CachingAllocator* capture_allocator = nullptr;
+}  // namespace detail
+
 /// The caching allocator of `device`, created on first use.
 inline CachingAllocator& device_allocator(int device) {
   require_device();
-  TESSERA_CHECK(0 <= device && device < visible_devices() && device < kMaxDevices, "CUDA backend: device ",
-                device, " is not one of the ", visible_devices(), " visible devices");
+  detail::check_device_index(device);
   auto& all = detail::device_allocators();
-  std::call_once(all.once[static_cast<std::size_t>(device)], [&] {
-    const auto d = static_cast<std::size_t>(device);
-    CachingAllocator::Upstream up = detail::cuda_upstream(device);
-    if (all.expandable) {
-      std::string why;
-      up.expandable = detail::cuda_expandable(device, why);
-      all.expandable_status[d] = up.expandable ? "expandable segments" : "a segment per block (" + why + ")";
-    } else {
-      all.expandable_status[d] = "a segment per block (training.expandable_segments = false)";
-    }
-    all.allocator[d] = new CachingAllocator(std::move(up));
-    all.any_created = true;
+  const auto d = static_cast<std::size_t>(device);
+  std::call_once(all.once[d], [&] { all.allocator[d] = detail::new_allocator(device, all.expandable_status[d]); });
+  return *all.allocator[d];
+}
+
+/// The private pool of graph captures on `device` (cuda/graph.hpp): a capture allocates
+/// from it, and its blocks go back to it, so what a captured graph writes is handed to
+/// no other work while the graph may replay.
+inline CachingAllocator& graph_allocator(int device) {
+  require_device();
+  detail::check_device_index(device);
+  auto& pools = detail::graph_allocators();
+  const auto d = static_cast<std::size_t>(device);
+  std::call_once(pools.once[d], [&] {
+    std::string status;
+    pools.allocator[d] = detail::new_allocator(device, status);
   });
-  return *all.allocator[static_cast<std::size_t>(device)];
+  return *pools.allocator[d];
 }
 
 /// Whether the device allocators, all created after this call, grow expandable segments
@@ -484,7 +523,9 @@ Buffer<T> device_buffer(std::size_t n, std::string_view what = {}) {
   TESSERA_CHECK(n <= std::numeric_limits<std::size_t>::max() / sizeof(T), "CUDA backend: ", n,
                 " elements of ", sizeof(T), " bytes", what.empty() ? "" : " for ", what,
                 " overflow the address space");
-  void* p = device_allocator().allocate(n * sizeof(T), what);
+  // Inside a graph capture, from the graph's pool (cuda/graph.hpp).
+  CachingAllocator& from = detail::capture_allocator != nullptr ? *detail::capture_allocator : device_allocator();
+  void* p = from.allocate(n * sizeof(T), what);
   return Buffer<T>(static_cast<T*>(p), n, Device::cuda, &CachingAllocator::release_to_owner);
 }
 
