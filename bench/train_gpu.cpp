@@ -5,7 +5,7 @@
 //               [--ac selective|selective:N|full|none] [--attention auto|cudnn|tessera]
 //               [--state-dtype float32|bfloat16] [--steps 10] [--warmup 3]
 //               [--peak-tflops 989] [--json FILE] [--markdown] [--commit HASH]
-//               [--profile] [--plan-json FLAVOR=FILE ...]
+//               [--profile] [--plan-json FLAVOR=FILE ...] [--graph]
 //
 // The model is what llama-train builds, over the CUDA backend and bf16:
 // Transformer<bf16, Cuda, Parallel<LlamaBlock<bf16, Cuda>, ..., Checkpoint<Dynamic>>>,
@@ -26,6 +26,10 @@
 // end, so the time between steps that the host spends launching is counted as the
 // device sees it, and no synchronisation is added between steps (nor is there one inside
 // a step: the loss and the gradient norm are read once, after the last).
+// --graph replays the step from a CUDA graph, as training.cuda_graph does: the micro-batch
+// staged once at fixed addresses (nn::StagedBatch), the warm-up steps eager, then one
+// capture, and each timed step one copy of AdamW's scalars (AdamW::stage) and one
+// cudaGraphLaunch.
 //
 // Reported per flavor:
 //   tokens/s, the median step time;
@@ -58,6 +62,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
@@ -104,6 +109,7 @@ struct Options {
   std::string json_path, commit = "-";
   bool markdown = false;
   bool profile = false;                             // one more step under CUPTI
+  bool graph = false;                               // timed steps replayed from a captured graph
   std::map<std::string, nlohmann::json> plan_json;  // --plan-json's, read at start: a bad file costs no GPU time
 };
 
@@ -112,10 +118,11 @@ void usage() {
       "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|selective:N|full|none]\n"
       "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
-      "                   [--profile] [--plan-json FLAVOR=FILE ...]\n"
+      "                   [--profile] [--plan-json FLAVOR=FILE ...] [--graph]\n"
       "Training steps of Llama models in bf16 on one GPU: tokens/s, MFU (torchtitan's formula), peak memory.\n"
       "--profile: one more step under CUPTI, its device time by llama-plan's classes and kernels;\n"
-      "--plan-json FLAVOR=FILE: llama-plan --json of that flavor's run, printed beside the profile.\n");
+      "--plan-json FLAVOR=FILE: llama-plan --json of that flavor's run, printed beside the profile;\n"
+      "--graph: the timed steps replayed from a CUDA graph of the step (training.cuda_graph).\n");
 }
 
 /// llama-plan's --json for one device: its step and its time by class, checked.
@@ -193,6 +200,8 @@ Options parse_options(int argc, char** argv) {
       o.commit = std::string(value());
     } else if (flag == "--markdown") {
       o.markdown = true;
+    } else if (flag == "--graph") {
+      o.graph = true;
     } else if (flag == "--profile") {
 #if TESSERA_HAVE_CUPTI
       o.profile = true;
@@ -319,10 +328,39 @@ Result run_flavor(const std::string& flavor, const Options& o) {
     }
   };
   for (std::int64_t s = 0; s < o.warmup; ++s) step();
+  std::function<void()> timed = step;
+  Cuda::Graph graph;
+  auto staged = Model::staged_batch_type::fixed_layout();
+  if (o.graph) {
+    // The trainer's graphed step (train/trainer.hpp): what the host gives it staged, the
+    // launches captured once, each step AdamW's scalars staged and the graph replayed.
+    model.stage(inputs, targets, g, 1.0 / static_cast<double>(tokens), staged);
+    cuda::graph_allocator(cuda::current_device()).reset_peak();
+    graph = Cuda::capture([&] {
+      model.zero_grad();
+      scalars.begin();
+      model.forward_backward(staged, true, scalars.loss_sum());
+      Region optimizer_region(region::kOptimizer);
+      model.squared_grad_norm(scalars.squared_norm());
+      scalars.clip(1.0);
+      optimizer.apply(scalars.grad_scale());
+    });
+    timed = [&] {
+      optimizer.stage(adamw.lr);
+      graph.replay();
+    };
+  }
   Cuda::synchronize();
   cuda::device_allocator().reset_peak();
-  const std::vector<double> seconds = device_step_seconds(o.steps, step);
-  const CachingAllocator::Stats held = cuda::device_allocator().stats();
+  const std::vector<double> seconds = device_step_seconds(o.steps, timed);
+  CachingAllocator::Stats held = cuda::device_allocator().stats();
+  if (o.graph) {
+    // The step's own tensors came from the graph's pool when it was captured; the
+    // parameters, gradients and optimizer state, allocated before, stay in the device's.
+    const CachingAllocator::Stats pool = cuda::graph_allocator(cuda::current_device()).stats();
+    held.peak_allocated += pool.peak_allocated;
+    held.peak_reserved += pool.peak_reserved;
+  }
 #if TESSERA_HAVE_CUPTI
   if (o.profile) {
     // A profile that fails (CUPTI refused, records dropped) costs the profile, not the
@@ -330,7 +368,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
     try {
       cuda::KernelProfile profile;
       const auto t0 = std::chrono::steady_clock::now();
-      step();
+      timed();
       Cuda::synchronize();
       r.profile_wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       r.profile = plan::measure_step(profile.stop());
@@ -422,6 +460,7 @@ int run(const Options& o) {
     // What the flavor held is freed by now; give the cached blocks back for the next.
     cuda::device_allocator().empty_cache();
     if (!r.attention.empty()) std::printf("%-12s | attention: %s\n", r.flavor.c_str(), r.attention.c_str());
+    if (o.graph) std::printf("%-12s | steps replayed from a CUDA graph (--graph)\n", r.flavor.c_str());
     if (!r.error.empty()) {
       std::printf("%-12s | did not run: %s\n", r.flavor.c_str(), r.error.c_str());
     } else {
@@ -464,6 +503,7 @@ int run(const Options& o) {
                           {"activation_checkpoint", o.ac.str()},
                           {"attention", r.attention},
                           {"state_dtype", name_of(o.state_dtype)},
+                          {"cuda_graph", o.graph},
                           {"device", device},
                           {"date", date},
                           {"commit", o.commit},

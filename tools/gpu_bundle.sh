@@ -35,7 +35,8 @@
 #             and 10 timed steps), and 8B with full, then every 6th block's, checkpointing and
 #             bf16 AdamW moments (what fits one H200; 2 and 5), batch 1 x seq 8192, Markdown
 #             rows for RESULTS.md; with CUPTI, one more step of each (but the selective
-#             one) profiled, its device time by llama-plan's classes beside the prediction
+#             one) profiled, its device time by llama-plan's classes beside the prediction;
+#             and 1B with its steps replayed from a CUDA graph (--graph)
 #   torch     bench/torch_llama.py, the strongest fair PyTorch baseline: 1B and 3B without
 #             checkpointing, 8B with full checkpointing, the same batch, sequence and steps
 #             as train; eager, then torch.compile (default mode; 1B also
@@ -198,6 +199,9 @@ case "${1:-}" in
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 10 --warmup 3 --markdown --commit "$commit" \
       $(profile llama3.2_1b llama3.2_3b) --json "$out/train.json" 2>&1 | tee "$out/train.txt"
     status=$?
+    # 1B again with its timed steps replayed from a CUDA graph (training.cuda_graph).
+    "$here/bench-train" --flavors llama3.2_1b --ac none --steps 10 --warmup 3 --graph --markdown --commit "$commit" \
+      --json "$out/train-graph.json" 2>&1 | tee "$out/train-graph.txt" || status=1
     # Llama 3 8B with full checkpointing and bf16 moments needs 109 GiB: an H200, not an H100.
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
     if [ "${mib:-0}" -ge 120000 ]; then
