@@ -32,14 +32,21 @@ import sys
 from pathlib import Path
 
 import numpy
-import safetensors
-import safetensors.torch
-import sentencepiece
-import tiktoken
-import tiktoken._educational
-import torch
-import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+
+# The model and tokenizer fixtures need these; `--only float8` needs only numpy and ml_dtypes.
+try:
+    import safetensors
+    import safetensors.torch
+    import sentencepiece
+    import tiktoken
+    import tiktoken._educational
+    import torch
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+except ImportError as missing:  # reported by main() unless only the float8 fixtures are made
+    MISSING = missing
+else:
+    MISSING = None
 
 IGNORE = -100
 BATCH, SEQ_LEN = 2, 16
@@ -498,11 +505,82 @@ def make_tokenizers(out: Path) -> None:
     make_sentencepiece(tok, text)
 
 
+# ---------------------------------------------------------------------------------------
+# Float8 conversions
+
+FLOAT8_SAMPLE = 1 << 16  # random floats, besides the structured ones
+
+
+def splitmix64(state: int) -> tuple[int, int]:
+    """One step of SplitMix64: (new state, output). tests/core/test_float8.cpp runs the same."""
+    state = (state + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return state, z ^ (z >> 31)
+
+
+def float8_sample_bits() -> numpy.ndarray:
+    """The float32 inputs the sample fixtures convert, as bits: FLOAT8_SAMPLE random ones
+    (half any bits at all, half with an exponent in [2^-20, 2^17], around both formats'
+    ranges), then for each format every midpoint between neighbouring magnitudes and the
+    floats on either side of it, then the magnitudes themselves."""
+    import ml_dtypes
+
+    bits = []
+    state = 0x5EED_F1_0A78
+    for i in range(FLOAT8_SAMPLE):
+        state, r = splitmix64(state)
+        u = r >> 32
+        if i % 2 == 1:
+            exponent = 127 - 20 + (u >> 23) % 38  # 2^-20 .. 2^17
+            u = (u & 0x807FFFFF) | (exponent << 23)
+        bits.append(u)
+    for dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        codes = numpy.arange(128, dtype=numpy.uint8).view(dtype).astype(numpy.float32)
+        finite = numpy.sort(codes[numpy.isfinite(codes)])
+        for a, b in zip(finite[:-1], finite[1:]):
+            mid = numpy.float32((numpy.float64(a) + numpy.float64(b)) / 2)
+            for v in (numpy.nextafter(mid, numpy.float32(-numpy.inf)), mid, numpy.nextafter(mid, numpy.float32(numpy.inf))):
+                bits.append(int(numpy.float32(v).view(numpy.uint32)))
+                bits.append(int(numpy.float32(-v).view(numpy.uint32)))
+        for v in finite:
+            bits.append(int(numpy.float32(v).view(numpy.uint32)))
+    return numpy.array(bits, dtype=numpy.uint32)
+
+
+def make_float8(out: Path) -> None:
+    """tests/fixtures/float8/: ml_dtypes' saturating conversions (clamp to the largest
+    finite value, then its cast: torchao's to_fp8_saturated) of every bf16 value and of
+    the sample floats, one byte each, and each format's 256 codes as float32."""
+    import ml_dtypes
+
+    f8 = out / "float8"
+    f8.mkdir(parents=True, exist_ok=True)
+    every_bf16 = (numpy.arange(1 << 16, dtype=numpy.uint32) << 16).view(numpy.float32)
+    sample = float8_sample_bits().view(numpy.float32)
+    for name, dtype in (("e4m3", ml_dtypes.float8_e4m3fn), ("e5m2", ml_dtypes.float8_e5m2)):
+        largest = numpy.float32(ml_dtypes.finfo(dtype).max)
+        with numpy.errstate(invalid="ignore", over="ignore"):
+            for label, values in (("bf16", every_bf16), ("sample", sample)):
+                codes = numpy.clip(values, -largest, largest).astype(dtype).view(numpy.uint8)
+                (f8 / f"{label}_to_{name}.bin").write_bytes(codes.tobytes())
+        decoded = numpy.arange(256, dtype=numpy.uint8).view(dtype).astype(numpy.float32)
+        (f8 / f"{name}_values.bin").write_bytes(decoded.astype("<f4").tobytes())
+    print(f"  float8: {len(sample)} sample floats, ml_dtypes {ml_dtypes.__version__}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "fixtures",
                         help="fixture folder (default: tests/fixtures of this repository)")
+    parser.add_argument("--only", choices=["float8"], help="make only these fixtures (float8: numpy and ml_dtypes)")
     args = parser.parse_args()
+    if args.only == "float8":
+        make_float8(args.out)
+        return 0
+    if MISSING is not None:
+        raise SystemExit(f"make_fixtures.py: {MISSING} (tools/fixtures-requirements.txt lists what it needs)")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -514,6 +592,8 @@ def main() -> int:
     make_models(args.out)
     print("tokenizers:")
     make_tokenizers(args.out)
+    print("float8:")
+    make_float8(args.out)
     total = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
     print(f"fixtures: {total / 1e6:.2f} MB under {args.out}")
     return 0

@@ -1,4 +1,5 @@
-// Element types: fp32, fp64 (for gradient checks) and bf16 storage.
+// Element types: fp32, fp64 (for gradient checks), bf16 storage, and the two float8
+// storage formats (core/float8.hpp: operands of float8 GEMMs, never a model's type).
 //
 // bf16 is a storage type: arithmetic happens in fp32 after conversion, and the
 // conversion back rounds to nearest even, as the hardware does. NaN stays NaN.
@@ -15,7 +16,9 @@
 #include <string_view>
 #include <type_traits>
 
+#include "tessera/core/bits.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/float8.hpp"
 #include "tessera/core/macros.hpp"
 
 namespace tessera {
@@ -34,7 +37,7 @@ struct bf16 {
   }
 
   TESSERA_HD static std::uint16_t round_bits(float f) {
-    std::uint32_t u = bit_cast_u32(f);
+    std::uint32_t u = detail::float_bits(f);
     if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
       return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
     }
@@ -43,45 +46,34 @@ struct bf16 {
   }
 
   TESSERA_HD static float from_bits_to_float(std::uint16_t b) {
-    return bit_cast_f32(static_cast<std::uint32_t>(b) << 16);
-  }
-
- private:
-  TESSERA_HD static std::uint32_t bit_cast_u32(float f) {
-    union {
-      float f;
-      std::uint32_t u;
-    } v{f};
-    return v.u;
-  }
-  TESSERA_HD static float bit_cast_f32(std::uint32_t u) {
-    union {
-      std::uint32_t u;
-      float f;
-    } v{u};
-    return v.f;
+    return detail::bits_float(static_cast<std::uint32_t>(b) << 16);
   }
 };
 
 /// Rounds an fp32 value to the nearest bf16-representable value.
 TESSERA_HD inline float round_to_bf16(float f) { return static_cast<float>(bf16(f)); }
 
-enum class DType : std::uint8_t { f32, f64, bf16 };
+enum class DType : std::uint8_t { f32, f64, bf16, f8e4m3, f8e5m2 };
 
 constexpr std::size_t size_of(DType t) {
   switch (t) {
     case DType::f32: return 4;
     case DType::f64: return 8;
     case DType::bf16: return 2;
+    case DType::f8e4m3: return 1;
+    case DType::f8e5m2: return 1;
   }
   return 0;
 }
 
+/// PyTorch's names (torch.float8_e4m3fn, torch.float8_e5m2).
 constexpr std::string_view name_of(DType t) {
   switch (t) {
     case DType::f32: return "float32";
     case DType::f64: return "float64";
     case DType::bf16: return "bfloat16";
+    case DType::f8e4m3: return "float8_e4m3fn";
+    case DType::f8e5m2: return "float8_e5m2";
   }
   return "?";
 }
@@ -100,7 +92,9 @@ constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::f32;
   else if constexpr (std::is_same_v<T, double>) return DType::f64;
   else if constexpr (std::is_same_v<T, bf16>) return DType::bf16;
-  else static_assert(sizeof(T) == 0, "tessera: dtype_of<T>: T must be float, double or bf16");
+  else if constexpr (std::is_same_v<T, float8_e4m3>) return DType::f8e4m3;
+  else if constexpr (std::is_same_v<T, float8_e5m2>) return DType::f8e5m2;
+  else static_assert(sizeof(T) == 0, "tessera: dtype_of<T>: T must be float, double, bf16 or a float8 type");
 }
 
 namespace detail {
