@@ -16,6 +16,7 @@
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/embedding.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/ops/flash_attention.hpp"
 #include "tessera/ops/init.hpp"
 #include "tessera/ops/rmsnorm.hpp"
@@ -64,6 +65,11 @@ namespace tessera {
   TESSERA_LAUNCH_OP(parallel::detail::CopyPieceRow<T>)                                                                \
   TESSERA_LAUNCH_OP(cuda::detail::ScaleMatrix<T>)                                                                     \
   TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<T>)                                                                      \
+  TESSERA_LAUNCH_OP(ops::RowAbsMax<T>)                                                                                \
+  TESSERA_LAUNCH_OP(ops::ColumnAbsMax<T>)                                                                             \
+  TESSERA_LAUNCH_OP(ops::QuantizeFloat8<T, float8_e4m3>)                                                              \
+  TESSERA_LAUNCH_OP(ops::QuantizeFloat8<T, float8_e5m2>)                                                              \
+  TESSERA_LAUNCH_OP(ops::Float8GemmScale<T>)                                                                          \
   template void cuda::flash_attention_forward(const AttentionShape&, TensorView<const T>, TensorView<const T>,        \
                                               TensorView<const T>, TensorView<T>, float*, cudaStream_t);              \
   template void cuda::flash_attention_backward(const AttentionShape&, TensorView<const T>, TensorView<const T>,       \
@@ -90,6 +96,11 @@ TESSERA_LAUNCH_OP(ops::LaneSum)  // a step's loss sum and gradient norm, added o
 TESSERA_LAUNCH_OP(ops::ClipScale<float>)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int32_t>)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int64_t>)
+// Float8 GEMMs (nn/float8.hpp): the tensor amax, the scales, the float8 values widened.
+TESSERA_LAUNCH_OP(ops::MaxOf)
+TESSERA_LAUNCH_OP(ops::Float8ScaleFromAmax)
+TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e4m3>)
+TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e5m2>)
 
 #undef TESSERA_MODEL_KERNELS
 #undef TESSERA_LAUNCH_OP

@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 77);
+  CHECK(keys.size() == 83);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -165,7 +165,7 @@ TEST_CASE("the key table is consistent") {
   CHECK(tessera::train::find_config_key("training.nope") == nullptr);
   CHECK(tessera::train::config_sections() ==
         std::vector<std::string_view>{"job", "model", "optimizer", "lr_scheduler", "training", "parallelism",
-                                      "activation_checkpoint", "checkpoint", "metrics", "comm"});
+                                      "activation_checkpoint", "float8", "checkpoint", "metrics", "comm"});
 }
 
 TEST_CASE("[comm]: the timeouts, positive seconds") {
@@ -385,7 +385,8 @@ TEST_CASE("TOML syntax errors give the line and column") {
 TEST_CASE("unknown sections and keys") {
   CHECK_ERROR(parse("[trainig]\nsteps = 3\n"), "job.toml:1:", "unknown section [trainig]",
               "did you mean [training]?");
-  CHECK_ERROR(parse("[float8]\nenable = true\n"), "unknown section [float8]", "known: job, model");
+  CHECK_ERROR(parse("[compile]\nenable = true\n"), "unknown section [compile]", "known: job, model");
+  CHECK_ERROR(parse("[float8]\nenable = true\n"), "unknown key 'float8.enable'");
   CHECK_ERROR(parse("[training]\nstepz = 3\n"), "job.toml:2:1", "unknown key 'training.stepz'",
               "did you mean 'training.steps'?");
   CHECK_ERROR(parse("[training]\nlr = 3.0\n"), "unknown key 'training.lr'", "did you mean 'optimizer.lr'?");
@@ -625,6 +626,7 @@ TEST_CASE("to_toml round trip") {
                  "--model.tie_embeddings", "false",
                  "--model.ffn_hidden", "96",
                  "--model.tokenizer", "tokenizers/llama3/tokenizer.model",
+                 "--model.converters", "float8",
                  "--optimizer.lr", "0.000123456789",
                  "--optimizer.eps", "1e-12",
                  "--optimizer.weight_decay", "0",
@@ -661,6 +663,11 @@ TEST_CASE("to_toml round trip") {
                  "--parallelism.pipeline_parallel_split_points", "layers.0,layers.1, layers.2",
                  "--activation_checkpoint.mode", "full",
                  "--activation_checkpoint.selective_ac_option", "op",
+                 "--float8.recipe_name", "rowwise",
+                 "--float8.enable_fsdp_float8_all_gather", "true",
+                 "--float8.precompute_float8_dynamic_scale_for_fsdp", "true",
+                 "--float8.filter_fqns", "output,auto_filter_small_kn",
+                 "--float8.emulate", "true",
                  "--checkpoint.enable",
                  "--checkpoint.folder", "ckpt",
                  "--checkpoint.interval", "3",

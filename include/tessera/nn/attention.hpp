@@ -34,17 +34,20 @@ class Attention : public LayerTypes<T, B> {
   /// `out_std`: the init std of wo (torchtitan scales it by depth).
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every head here); a degree the
   /// head counts do not allow is refused before anything is made.
+  /// `float8`: which of the projections multiply in float8 (ops::Float8Policy; none: none).
   Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope,
-            parallel::TensorParallelGroup* tp = nullptr)
+            parallel::TensorParallelGroup* tp = nullptr, const ops::Float8Policy* float8 = nullptr)
       : n_heads_(heads_here(name, a, tp)),
         n_kv_heads_(std::max<std::int64_t>(1, a.kv_heads() / (tp ? tp->degree() : 1))),
         head_dim_(a.head_dim()),
-        wq_(name + ".wq", a.dim, a.n_heads * a.head_dim(), Init::truncated_normal(0.02), tp, split(tp, 0, a.n_heads)),
+        wq_(name + ".wq", a.dim, a.n_heads * a.head_dim(), Init::truncated_normal(0.02), tp, split(tp, 0, a.n_heads),
+            float8),
         wk_(name + ".wk", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02), tp,
-            split(tp, 0, a.kv_heads())),
+            split(tp, 0, a.kv_heads()), float8),
         wv_(name + ".wv", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02), tp,
-            split(tp, 0, a.kv_heads())),
-        wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1, a.n_heads)),
+            split(tp, 0, a.kv_heads()), float8),
+        wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1, a.n_heads),
+            float8),
         rope_(std::move(rope)),
         tp_(tp) {}
 

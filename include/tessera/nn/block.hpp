@@ -35,9 +35,11 @@ class LlamaBlock : public LayerTypes<T, B> {
 
   explicit LlamaBlock(const BlockArgs<T, B>& b)
       : attention_norm_(b.name + ".attention_norm", b.model.dim, b.model.norm_eps, b.tp),
-        attention_(b.name + ".attention", b.model, output_init_std(b.model, b.layer_id), b.rope, b.tp),
+        attention_(b.name + ".attention", b.model, output_init_std(b.model, b.layer_id), b.rope, b.tp,
+                   b.plan ? &b.plan->float8 : nullptr),
         ffn_norm_(b.name + ".ffn_norm", b.model.dim, b.model.norm_eps, b.tp),
-        feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id), b.tp) {}
+        feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id), b.tp,
+                      b.plan ? &b.plan->float8 : nullptr) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     Tensor<T> a = attention_.forward(ctx.child("attention"), attention_norm_.forward(ctx.child("attention_norm"), x));

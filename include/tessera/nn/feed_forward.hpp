@@ -31,10 +31,12 @@ class FeedForward : public LayerTypes<T, B> {
 
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every hidden unit here); a
   /// degree the hidden size does not allow is refused before anything is made.
-  FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr)
-      : w1_(name + ".w1", a.dim, hidden(name, a, tp), Init::truncated_normal(0.02), tp, split(tp, 0)),
-        w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1)),
-        w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std), tp, split(tp, 0)),
+  /// `float8`: which of the projections multiply in float8 (ops::Float8Policy; none: none).
+  FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr,
+              const ops::Float8Policy* float8 = nullptr)
+      : w1_(name + ".w1", a.dim, hidden(name, a, tp), Init::truncated_normal(0.02), tp, split(tp, 0), float8),
+        w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1), float8),
+        w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std), tp, split(tp, 0), float8),
         tp_(tp) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {

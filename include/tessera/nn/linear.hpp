@@ -11,13 +11,20 @@
 // The layer computes with whatever piece it holds. A piece several ranks hold (key
 // and value heads replicated over more ranks than there are heads) gets its gradient
 // summed over them.
+//
+// Under a float8 policy that takes this layer (ops::Float8Policy: model.converters =
+// ["float8"], [float8]), its three GEMMs cast their operands to float8 by the policy's
+// recipe (nn/float8.hpp); the weight's gradient stays in the accumulation type.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/nn/float8.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
@@ -29,9 +36,13 @@ class Linear : public LayerTypes<T, B> {
   /// `tp` and `split`: the tensor-parallel group and how the weight lies over it
   /// (whole by default). A split its shape does not allow is refused here, naming the
   /// weight and its shape: a block that states no check of its own is checked this way.
+  /// `float8`: the policy deciding whether this layer's GEMMs run in float8 (by its name
+  /// and whole shape; none: they do not).
   Linear(std::string name, std::int64_t in, std::int64_t out, Init init, parallel::TensorParallelGroup* tp = nullptr,
-         TensorSplit split = {})
-      : weight_(Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{out, in}, init)), tp_(tp) {
+         TensorSplit split = {}, const ops::Float8Policy* float8 = nullptr)
+      : tp_(tp) {
+    if (float8 != nullptr && float8->applies(name, in, out)) float8_ = ops::float8_casts(float8->recipe);
+    weight_ = Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{out, in}, init);
     weight_.split = split;
     parallel::check_split(weight_);
   }
@@ -39,7 +50,11 @@ class Linear : public LayerTypes<T, B> {
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
       Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
-      B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
+      if (float8_)
+        float8_gemm<B>(Trans::no, Trans::yes, x.cview(), float8_->input, weight_.value.cview(), float8_->weight, 0.0f,
+                       out.view(), weight_.name);
+      else
+        B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
       return out;
     });
     ctx.save("x", SaveKind::input, x);
@@ -54,14 +69,18 @@ class Linear : public LayerTypes<T, B> {
 
   /// dx = beta * dx + dy W, so several layers reading one input can sum into one dx.
   void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, float beta) {
-    B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
+    if (float8_)
+      float8_gemm<B>(Trans::no, Trans::no, dy.cview(), float8_->grad_output, weight_.value.cview(),
+                     float8_->weight_for_grad_input, beta, dx.view(), weight_.name);
+    else
+      B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
     ctx.weight_grad([this, x = ctx.saved("x"), dy] {
       if (parallel::active(tp_) && weight_.split.holders > 1) {
         Tensor<accum_t<T>> dw = B::template empty<accum_t<T>>(weight_.grad.shape());
-        B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), 0.0f, dw.view());
+        weight_gemm(dy, x, 0.0f, dw);
         parallel::accumulate_over_holders<B>(tp_, dw, weight_);
       } else {
-        B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), weight_.grad_write_beta(), weight_.grad.view());
+        weight_gemm(dy, x, weight_.grad_write_beta(), weight_.grad);
       }
     });
   }
@@ -74,10 +93,22 @@ class Linear : public LayerTypes<T, B> {
   Parameter<T>& weight() { return weight_; }
   std::int64_t in_features() const { return weight_.value.size(1); }
   std::int64_t out_features() const { return weight_.value.size(0); }
+  /// The casts of this layer's float8 GEMMs, when it has them.
+  const std::optional<ops::Float8LinearCasts>& float8() const { return float8_; }
 
  private:
+  /// into = dy^T x + beta into: the weight's gradient, in float8 where the recipe casts it.
+  void weight_gemm(const Tensor<T>& dy, const Tensor<T>& x, accum_t<T> beta, const Tensor<accum_t<T>>& into) {
+    if (float8_ && !float8_->grad_weight_high_precision)
+      float8_gemm<B>(Trans::yes, Trans::no, dy.cview(), float8_->grad_output_for_grad_weight, x.cview(),
+                     float8_->input_for_grad_weight, static_cast<float>(beta), into.view(), weight_.name);
+    else
+      B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), beta, into.view());
+  }
+
   Parameter<T> weight_;
   parallel::TensorParallelGroup* tp_ = nullptr;
+  std::optional<ops::Float8LinearCasts> float8_;
 };
 
 }  // namespace tessera::nn

@@ -15,6 +15,7 @@
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/parallel/schedule_kind.hpp"
 #include "tessera/parallel/wording.hpp"
 
@@ -151,6 +152,8 @@ struct Plan {
   bool sequence_parallel = true;
   /// For Pipeline<dynamic> (and a pipeline's run-time details).
   PipelineOptions pipeline{};
+  /// Which linear layers multiply in float8, by which recipe (ops/float8.hpp).
+  ops::Float8Policy float8{};
 
   int dp_degree() const { return mesh ? mesh->dp_degree() : 1; }
   int tp_degree() const { return mesh ? mesh->shape().tp : 1; }

@@ -138,6 +138,10 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Tokenizer: \"byte\", \"synthetic_bpe\" (the embedded corpus's BPE vocabulary), a tiktoken-format "
                "(Llama 3) or SentencePiece (Llama 2) tokenizer.model file, or a Hugging Face model directory "
                "holding one."),
+      make_key("model.converters", field<&J::model, &M::converters>(),
+               "What is swapped into the model: [\"float8\"] trains the linear layers' GEMMs in float8 as "
+               "[float8] says (a bfloat16 model: training.mixed_precision_param = \"bfloat16\"). Empty: nothing.")
+          .one_of({"float8"}),
       // [optimizer]
       make_key("optimizer.name", field<&J::optimizer, &OptimizerSection::name>(), "Optimizer.").one_of({"AdamW"}),
       make_key("optimizer.lr", field<&J::optimizer, &OptimizerSection::lr>(), "Peak learning rate.").at_least(0),
@@ -284,6 +288,25 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("activation_checkpoint.selective_ac_option",
                field<&J::activation_checkpoint, &ActivationCheckpointSection::selective_ac_option>(),
                "Selective mode: \"op\" (keep matmul outputs, recompute the rest) or N (every N-th block)."),
+      // [float8]
+      make_key("float8.recipe_name", field<&J::float8, &Float8Section::recipe_name>(),
+               "torchao's recipe: tensorwise (a scale per tensor; gradients in e5m2), rowwise (a scale per row or "
+               "column along each GEMM's reduction, powers of two, all e4m3) or rowwise_with_gw_hp (rowwise, the "
+               "weight gradient in the model's precision).")
+          .one_of({"tensorwise", "rowwise", "rowwise_with_gw_hp"}),
+      make_key("float8.enable_fsdp_float8_all_gather",
+               field<&J::float8, &Float8Section::enable_fsdp_float8_all_gather>(),
+               "Cast each FSDP shard to float8 before the all-gather (half the bytes; tensorwise only)."),
+      make_key("float8.precompute_float8_dynamic_scale_for_fsdp",
+               field<&J::float8, &Float8Section::precompute_float8_dynamic_scale_for_fsdp>(),
+               "With the float8 all-gather: every weight's scale from one all-reduce of amaxes after the "
+               "optimizer step."),
+      make_key("float8.filter_fqns", field<&J::float8, &Float8Section::filter_fqns>(),
+               "Layers kept in the model's precision: each whose name contains one of these. \"auto_filter_small_kn\" "
+               "also keeps the layers torchao finds too small for float8 to pay, by the recipe."),
+      make_key("float8.emulate", field<&J::float8, &Float8Section::emulate>(),
+               "Emulate the float8 GEMMs: the operands cast to float8 exactly as on a GPU, multiplied in float32 "
+               "(the CPU, and GPUs before sm_89)."),
       // [checkpoint]
       make_key("checkpoint.enable", field<&J::checkpoint, &CheckpointSection::enable>(),
                "Save checkpoints (and resume from the latest one)."),

@@ -41,6 +41,9 @@ struct ModelSection {
   std::optional<std::int64_t> max_seq_len;
   std::optional<bool> tie_embeddings;
   std::string tokenizer = "byte";
+  /// What is swapped into the model: "float8" trains its linear layers' GEMMs in float8
+  /// as [float8] says (torchtitan's model.converters).
+  std::vector<std::string> converters;
   nn::ModelArgs args{};  // nn::model_flavor(flavor) with the overrides above applied
 };
 
@@ -107,6 +110,15 @@ struct ActivationCheckpointSection {
   std::string selective_ac_option = "2";  // "op" or every N-th layer
 };
 
+/// [float8]: torchtitan's, read when model.converters holds "float8".
+struct Float8Section {
+  std::string recipe_name = "tensorwise";
+  bool enable_fsdp_float8_all_gather = false;
+  bool precompute_float8_dynamic_scale_for_fsdp = false;
+  std::vector<std::string> filter_fqns = {"output"};
+  bool emulate = false;
+};
+
 /// [checkpoint]
 struct CheckpointSection {
   bool enable = false;
@@ -157,10 +169,18 @@ struct JobConfig {
   TrainingSection training;
   ParallelismSection parallelism;
   ActivationCheckpointSection activation_checkpoint;
+  Float8Section float8;
   CheckpointSection checkpoint;
   MetricsSection metrics;
   CommSection comm;
 };
+
+/// Whether model.converters asks for float8 GEMMs ([float8]).
+inline bool float8_enabled(const JobConfig& c) {
+  for (const std::string& name : c.model.converters)
+    if (name == "float8") return true;
+  return false;
+}
 
 /// The parameters' dtype training.mixed_precision_param asks for; none for "auto" (the
 /// model's own element type).

@@ -23,6 +23,43 @@ inline void check_supported(const JobConfig& c) {
   parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
   parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
+  if (float8_enabled(c)) {
+    TESSERA_CHECK(!c.float8.precompute_float8_dynamic_scale_for_fsdp || c.float8.enable_fsdp_float8_all_gather,
+                  "float8.precompute_float8_dynamic_scale_for_fsdp needs float8.enable_fsdp_float8_all_gather = true");
+    TESSERA_CHECK(!c.float8.enable_fsdp_float8_all_gather || c.float8.recipe_name == "tensorwise",
+                  "float8.enable_fsdp_float8_all_gather needs float8.recipe_name = \"tensorwise\" (one scale a "
+                  "weight, agreed over the shards), not \"", c.float8.recipe_name, "\"");
+    TESSERA_CHECK(!c.float8.enable_fsdp_float8_all_gather,
+                  "float8.enable_fsdp_float8_all_gather: not yet in this build (FSDP all-gathers the weights in "
+                  "their own dtype and each is cast to float8 after it)");
+    TESSERA_CHECK(c.float8.emulate, "float8.emulate = false: this build runs float8 GEMMs emulated only (the "
+                  "operands cast as on a GPU, multiplied in float32); cuBLASLt's float8 matmul is not yet in. Set "
+                  "float8.emulate = true");
+    TESSERA_CHECK(p.tensor_parallel_degree == 1, "model.converters = [\"float8\"] with "
+                  "parallelism.tensor_parallel_degree = ", p.tensor_parallel_degree,
+                  ": float8 under tensor parallelism is not yet in this build (a weight's scale would be its piece's)");
+  }
+}
+
+/// The float8 policy [float8] describes, when model.converters asks for it: checked
+/// against the parameters' dtype, which must be bfloat16 (after "auto" is resolved).
+inline ops::Float8Policy float8_policy(const JobConfig& c) {
+  ops::Float8Policy f;
+  if (!float8_enabled(c)) return f;
+  TESSERA_CHECK(c.training.mixed_precision_param == "bfloat16", "model.converters = [\"float8\"]: float8 GEMMs "
+                "cast a bfloat16 model's values, and training.mixed_precision_param is \"",
+                c.training.mixed_precision_param, "\" (set it to \"bfloat16\")");
+  f.enabled = true;
+  f.recipe = ops::parse_float8_recipe(c.float8.recipe_name, "float8.recipe_name");
+  f.emulate = c.float8.emulate;
+  f.filter_fqns.clear();  // the config's list, in place of the policy's default
+  for (const std::string& name : c.float8.filter_fqns) {
+    if (name == "auto_filter_small_kn")
+      f.auto_filter = true;
+    else
+      f.filter_fqns.push_back(name);
+  }
+  return f;
 }
 
 /// The run-time plan [parallelism] and [activation_checkpoint] describe, on `mesh`.
@@ -40,6 +77,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.pipeline.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);
   plan.pipeline.microbatch_size = c.parallelism.pipeline_parallel_microbatch_size;
   plan.pipeline.split_points = parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
+  plan.float8 = float8_policy(c);
   return plan;
 }
 

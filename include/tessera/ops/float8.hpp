@@ -1,0 +1,290 @@
+// Float8 scaling, as torchao's float8 training does it (torchao/float8/float8_utils.py):
+// a tensor's scale is the format's largest value over the tensor's largest magnitude
+// (amax, at least 1e-12), taken in double and stored as a float, optionally rounded down to
+// a power of two; the tensor is multiplied by it in float and converted with saturation
+// (core/float8.hpp); a GEMM of float8 operands multiplies its float sums by the two
+// inverses (cuBLASLt's A and B scales: D = scale_a scale_b (A B)). A scale is taken over
+// the whole tensor, or one per row or per column (torchao's axiswise scaling along the
+// dimension a GEMM reduces over).
+//
+// A linear layer's three GEMMs cast their operands by torchao's recipes (the names
+// torchtitan's float8.recipe_name takes):
+//
+//   recipe              y = x W^T             dx = dy W                  dW = dy^T x
+//   tensorwise          x e4m3, W e4m3        dy e5m2, W e4m3            dy e5m2, x e4m3
+//   rowwise             x, W e4m3 by row      dy e4m3 by row,            dy, x e4m3 by column
+//                                             W e4m3 by column
+//   rowwise_with_gw_hp  x, W e4m3 by row      dy e4m3 by row, W e4m3     in the model's precision
+//
+// "by row" / "by column": one scale per row or column of the matrix as stored, along the
+// dimension the GEMM reduces over; rowwise rounds its scales down to powers of two
+// (round_scales_to_power_of_2).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/float8.hpp"
+#include "tessera/core/macros.hpp"
+#include "tessera/ops/traffic.hpp"
+
+namespace tessera::ops {
+
+/// torchao's EPS: the smallest amax a scale is taken from.
+inline constexpr double kFloat8AmaxFloor = 1e-12;
+
+/// Which of a rows x cols matrix's elements share a scale.
+enum class Float8Axis : std::uint8_t {
+  tensor,   // one scale
+  rows,     // one per row (amax along the row: the GEMM reduces over columns)
+  columns,  // one per column (amax down the column: the GEMM reduces over rows)
+};
+
+/// The scale index of element (r, c) for `axis`.
+TESSERA_HD inline std::int64_t float8_scale_index(Float8Axis axis, std::int64_t r, std::int64_t c) {
+  return axis == Float8Axis::tensor ? 0 : axis == Float8Axis::rows ? r : c;
+}
+
+/// The larger of m and |v|; a NaN wins (its scale is NaN, as torch.max's amax).
+TESSERA_HD inline float max_abs(float m, float v) {
+  const float a = std::fabs(v);
+  return a > m || a != a ? a : m;
+}
+
+/// out[r] = max_j |x[r, j]|, as a float; index r.
+template <class T>
+struct RowAbsMax {
+  const T* x;
+  std::int64_t ld, cols;
+  float* out;
+  TESSERA_HD void operator()(std::int64_t r) const {
+    float m = 0;
+    for (std::int64_t j = 0; j < cols; ++j) m = max_abs(m, static_cast<float>(to_accum(x[r * ld + j])));
+    out[r] = m;
+  }
+  Traffic traffic(std::int64_t rows) const {
+    const double r = static_cast<double>(rows), e = r * static_cast<double>(cols);
+    return {e * sizeof(T), r * sizeof(float), e, 0};
+  }
+};
+
+/// out[c] = max_i |x[i, c]| over `rows` rows, as a float; index c (each walks its column).
+template <class T>
+struct ColumnAbsMax {
+  const T* x;
+  std::int64_t ld, rows;
+  float* out;
+  TESSERA_HD void operator()(std::int64_t c) const {
+    float m = 0;
+    for (std::int64_t i = 0; i < rows; ++i) m = max_abs(m, static_cast<float>(to_accum(x[i * ld + c])));
+    out[c] = m;
+  }
+  Traffic traffic(std::int64_t cols) const {
+    const double c = static_cast<double>(cols), e = c * static_cast<double>(rows);
+    return {e * sizeof(T), c * sizeof(float), e, 0};
+  }
+};
+
+/// out[0] = max of in[0..n) (NaN wins); one index.
+struct MaxOf {
+  const float* in;
+  std::int64_t n;
+  float* out;
+  TESSERA_HD void operator()(std::int64_t) const {
+    float m = 0;
+    for (std::int64_t i = 0; i < n; ++i) m = in[i] > m || in[i] != in[i] ? in[i] : m;
+    out[0] = m;
+  }
+  Traffic traffic(std::int64_t) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(float), sizeof(float), e, 0};
+  }
+};
+
+/// The largest power of two not above `s` (a positive float; 0 and infinity stay), as
+/// torch.exp2(torch.floor(torch.log2(s))) gives it.
+TESSERA_HD inline float power_of_two_below(float s) {
+  const std::uint32_t u = tessera::detail::float_bits(s);
+  if (u >= 0x7f800000u || u == 0) return s;  // infinity, NaN, zero
+  if (u >= 0x00800000u) return tessera::detail::bits_float(u & 0xff800000u);
+  std::uint32_t top = 0x00400000u;  // a subnormal: its highest set bit
+  while ((u & top) == 0) top >>= 1;
+  return tessera::detail::bits_float(top);
+}
+
+/// scale[i] = float(max / max(double(amax[i]), 1e-12)) (a power of two not above it when
+/// `power_of_two`), and inverse[i] = 1 / scale[i], the GEMM's; index i.
+struct Float8ScaleFromAmax {
+  const float* amax;
+  float* scale;
+  float* inverse;
+  double format_max;
+  bool power_of_two;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const double a = static_cast<double>(amax[i]);
+    float s = static_cast<float>(format_max / (a > kFloat8AmaxFloor || a != a ? a : kFloat8AmaxFloor));
+    if (power_of_two) s = power_of_two_below(s);
+    scale[i] = s;
+    inverse[i] = 1.0f / s;
+  }
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(float), 2 * e * sizeof(float), 3 * e, 0};
+  }
+};
+
+/// out[r, c] = F(float(x[r, c]) * scale[index of (r, c)]) over rows x cols (index
+/// r * cols + c); F is float8_e4m3 or float8_e5m2.
+template <class T, class F>
+struct QuantizeFloat8 {
+  const T* x;
+  std::int64_t ld, cols;
+  const float* scale;
+  Float8Axis axis;
+  F* out;  // rows x cols, contiguous
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const std::int64_t r = i / cols, c = i - r * cols;
+    out[i] = F(static_cast<float>(to_accum(x[r * ld + c])) * scale[float8_scale_index(axis, r, c)]);
+  }
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * (sizeof(T) + sizeof(float)), e * sizeof(F), e, 0};
+  }
+};
+
+/// out[i] = float(q[i]): a float8 operand widened (exactly) for a GEMM in float.
+template <class F>
+struct Float8ToFloat {
+  const F* q;
+  float* out;
+  TESSERA_HD void operator()(std::int64_t i) const { out[i] = static_cast<float>(q[i]); }
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(F), e * sizeof(float), 0, 0};
+  }
+};
+
+/// The float8 GEMM's scaling: c[i, j] = C(sum[i, j] * (inverse_a[.] * inverse_b[.]) +
+/// beta c[i, j]) over m x n (index i * n + j), sum the float GEMM of the float8 values;
+/// inverse_a by row i (or one), inverse_b by column j (or one). beta == 0 ignores what c
+/// held, NaN included.
+template <class C>
+struct Float8GemmScale {
+  const float* sum;  // m x n, contiguous
+  std::int64_t n;
+  const float* inverse_a;
+  bool a_per_row;
+  const float* inverse_b;
+  bool b_per_column;
+  float beta;
+  C* c;
+  std::int64_t ldc;
+  TESSERA_HD void operator()(std::int64_t k) const {
+    const std::int64_t i = k / n, j = k - i * n;
+    const float s = inverse_a[a_per_row ? i : 0] * inverse_b[b_per_column ? j : 0];
+    float v = sum[k] * s;
+    C& out = c[i * ldc + j];
+    if (beta != 0.0f) v += beta * static_cast<float>(to_accum(out));
+    out = from_accum<C>(v);
+  }
+  Traffic traffic(std::int64_t e) const {
+    const double x = static_cast<double>(e), b = beta != 0.0f ? 1 : 0;
+    return {x * (sizeof(float) + b * sizeof(C)), x * sizeof(C), x * (2 + 2 * b), 0};
+  }
+};
+
+enum class Float8Recipe : std::uint8_t { tensorwise, rowwise, rowwise_with_gw_hp };
+
+inline std::string_view name_of(Float8Recipe r) {
+  switch (r) {
+    case Float8Recipe::tensorwise: return "tensorwise";
+    case Float8Recipe::rowwise: return "rowwise";
+    case Float8Recipe::rowwise_with_gw_hp: return "rowwise_with_gw_hp";
+  }
+  return "?";
+}
+
+/// torchtitan's float8.recipe_name; `key` names the setting in the error.
+inline Float8Recipe parse_float8_recipe(std::string_view s, std::string_view key) {
+  if (s == "tensorwise") return Float8Recipe::tensorwise;
+  if (s == "rowwise") return Float8Recipe::rowwise;
+  if (s == "rowwise_with_gw_hp") return Float8Recipe::rowwise_with_gw_hp;
+  fail(key, ": unknown float8 recipe '", s, "' (expected tensorwise, rowwise or rowwise_with_gw_hp)");
+}
+
+/// How one operand of a float8 GEMM is cast: its format, which elements share a scale,
+/// and whether scales are rounded down to powers of two.
+struct Float8Cast {
+  DType format = DType::f8e4m3;
+  ops::Float8Axis axis = ops::Float8Axis::tensor;
+  bool power_of_two = false;
+};
+
+/// The casts of a linear layer's three GEMMs (the table at the top).
+struct Float8LinearCasts {
+  Float8Cast input, weight;                      // y = x W^T
+  Float8Cast grad_output, weight_for_grad_input;  // dx = dy W
+  Float8Cast grad_output_for_grad_weight, input_for_grad_weight;  // dW = dy^T x
+  bool grad_weight_high_precision = false;        // dW in the model's precision instead
+  bool fast_accumulation_forward = true;          // cuBLASLt's fast accumulation, forward only
+};
+
+inline Float8LinearCasts float8_casts(Float8Recipe r) {
+  Float8LinearCasts c;
+  switch (r) {
+    case Float8Recipe::tensorwise: {
+      const Float8Cast e4m3{DType::f8e4m3, Float8Axis::tensor, false}, e5m2{DType::f8e5m2, Float8Axis::tensor, false};
+      c.input = c.weight = c.weight_for_grad_input = c.input_for_grad_weight = e4m3;
+      c.grad_output = c.grad_output_for_grad_weight = e5m2;
+      return c;
+    }
+    case Float8Recipe::rowwise:
+      c.input = c.weight = c.grad_output = {DType::f8e4m3, Float8Axis::rows, true};
+      c.weight_for_grad_input = c.grad_output_for_grad_weight = c.input_for_grad_weight = {DType::f8e4m3,
+                                                                                           Float8Axis::columns, true};
+      return c;
+    case Float8Recipe::rowwise_with_gw_hp:
+      c.input = c.weight = c.grad_output = {DType::f8e4m3, Float8Axis::rows, false};
+      c.weight_for_grad_input = {DType::f8e4m3, Float8Axis::tensor, false};
+      c.grad_weight_high_precision = true;
+      return c;
+  }
+  return c;
+}
+
+
+/// Which linear layers train in float8, and by which recipe: torchtitan's [float8] with
+/// model.converters = ["float8"] (train/job_plan.hpp makes it from a config).
+struct Float8Policy {
+  bool enabled = false;
+  Float8Recipe recipe = Float8Recipe::tensorwise;
+  /// A layer whose name contains one of these stays in the model's precision (torchtitan's
+  /// filter_fqns; "output", its default, names a head tessera computes in its own kernels).
+  std::vector<std::string> filter_fqns = {"output"};
+  /// torchao's filter of layers too small for float8 to pay ("auto_filter_small_kn" in
+  /// torchtitan's filter_fqns): by the recipe, from the weight's whole shape.
+  bool auto_filter = false;
+  /// The GEMMs emulated (nn::float8_gemm over the backend's float GEMM), as torchao's
+  /// emulate: the CPU, and GPUs without float8 tensor cores.
+  bool emulate = false;
+
+  /// Whether the layer `name`, `in` -> `out` features whole, trains in float8.
+  bool applies(std::string_view name, std::int64_t in, std::int64_t out) const {
+    if (!enabled) return false;
+    for (const std::string& f : filter_fqns)
+      if (!f.empty() && name.find(f) != std::string_view::npos) return false;
+    if (!auto_filter) return true;
+    // torchao's auto filters, K the input features and N the output ones (measured on H100s).
+    const std::int64_t k = in, n = out;
+    if (k % 16 != 0 || n % 16 != 0) return false;
+    if (recipe == Float8Recipe::tensorwise) return !(k <= 4096 && n <= 1024);
+    return !(n <= 2048 || k <= 1024 || (n <= 4096 && k <= 2048));
+  }
+};
+
+}  // namespace tessera::ops

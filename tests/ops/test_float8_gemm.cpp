@@ -1,0 +1,197 @@
+// Float8 scaling and GEMMs (ops/float8.hpp, nn/float8.hpp) against the formula written out
+// here in double: torchao's scales (largest value over amax, at least 1e-12, in double,
+// stored as a float, powers of two for rowwise), the saturating cast, and each recipe's
+// three GEMMs of a linear layer as sums of the float8 values over the two scales.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/nn/float8.hpp"
+
+namespace test_float8_gemm {  // unity build: this file's names stay in here
+
+using namespace tessera;
+using ops::Float8Axis;
+
+namespace {
+
+Tensor<float> random_matrix(std::int64_t rows, std::int64_t cols, std::uint32_t seed, float spread) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Tensor<float> t(Shape{rows, cols});
+  // Rows of different magnitudes, so row scales differ from the tensor's.
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      t.view()(r, c) = normal(gen) * std::pow(spread, static_cast<float>(r % 5) - 2.0f);
+  return t;
+}
+
+/// The formula: the scale of each element's group, and its float8 value.
+struct Reference {
+  std::vector<float> scale;  // by group
+  std::vector<float> value;  // the float8 values, rows x cols
+};
+
+Reference reference_cast(const Tensor<float>& x, ops::Float8Cast cast) {
+  const std::int64_t rows = x.size(0), cols = x.size(1);
+  const std::int64_t groups = cast.axis == Float8Axis::tensor ? 1 : cast.axis == Float8Axis::rows ? rows : cols;
+  std::vector<double> amax(static_cast<std::size_t>(groups), 0.0);
+  auto group = [&](std::int64_t r, std::int64_t c) {
+    return static_cast<std::size_t>(cast.axis == Float8Axis::tensor ? 0 : cast.axis == Float8Axis::rows ? r : c);
+  };
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      amax[group(r, c)] = std::max(amax[group(r, c)], std::fabs(static_cast<double>(x.cview()(r, c))));
+  const double fmax = cast.format == DType::f8e4m3 ? 448.0 : 57344.0;
+  Reference ref;
+  for (double a : amax) {
+    auto s = static_cast<float>(fmax / std::max(a, 1e-12));
+    if (cast.power_of_two) s = std::exp2(std::floor(std::log2(s)));
+    ref.scale.push_back(s);
+  }
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float v = x.cview()(r, c) * ref.scale[group(r, c)];
+      ref.value.push_back(cast.format == DType::f8e4m3 ? static_cast<float>(float8_e4m3(v))
+                                                       : static_cast<float>(float8_e5m2(v)));
+    }
+  return ref;
+}
+
+/// op(A) op(B) / (scale_a scale_b) in double, from the formula's casts, and the same of
+/// the terms' magnitudes (what a float sum's rounding is measured against).
+struct GemmReference {
+  std::vector<double> c, magnitude;
+};
+GemmReference reference_gemm(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca,
+                                   const Tensor<float>& b, ops::Float8Cast cb) {
+  const Reference ra = reference_cast(a, ca), rb = reference_cast(b, cb);
+  const std::int64_t m = ta == Trans::no ? a.size(0) : a.size(1), k = ta == Trans::no ? a.size(1) : a.size(0);
+  const std::int64_t n = tb == Trans::no ? b.size(1) : b.size(0);
+  auto at = [&](std::int64_t i, std::int64_t p) {
+    return ta == Trans::no ? ra.value[static_cast<std::size_t>(i * a.size(1) + p)]
+                           : ra.value[static_cast<std::size_t>(p * a.size(1) + i)];
+  };
+  auto bt = [&](std::int64_t p, std::int64_t j) {
+    return tb == Trans::no ? rb.value[static_cast<std::size_t>(p * b.size(1) + j)]
+                           : rb.value[static_cast<std::size_t>(j * b.size(1) + p)];
+  };
+  GemmReference r;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0, mag = 0;
+      for (std::int64_t p = 0; p < k; ++p) {
+        s += static_cast<double>(at(i, p)) * bt(p, j);
+        mag += std::fabs(static_cast<double>(at(i, p)) * bt(p, j));
+      }
+      const float sa = ra.scale[ca.axis == Float8Axis::tensor ? 0 : static_cast<std::size_t>(i)];
+      const float sb = rb.scale[cb.axis == Float8Axis::tensor ? 0 : static_cast<std::size_t>(j)];
+      r.c.push_back(s / (static_cast<double>(sa) * sb));
+      r.magnitude.push_back(mag / (static_cast<double>(sa) * sb));
+    }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("float8 casts: the scales and values are the formula's, bit for bit, by tensor, row and column") {
+  const Tensor<float> x = random_matrix(12, 40, 7, 8.0f);
+  for (const DType format : {DType::f8e4m3, DType::f8e5m2})
+    for (const Float8Axis axis : {Float8Axis::tensor, Float8Axis::rows, Float8Axis::columns})
+      for (const bool pow2 : {false, true}) {
+        const ops::Float8Cast cast{format, axis, pow2};
+        CAPTURE(name_of(format));
+        CAPTURE(static_cast<int>(axis));
+        CAPTURE(pow2);
+        const nn::Float8Operand<Cpu> q = nn::cast_to_float8<Cpu>(x.cview(), cast);
+        const Reference ref = reference_cast(x, cast);
+        REQUIRE(q.scale.numel() == static_cast<std::int64_t>(ref.scale.size()));
+        for (std::size_t g = 0; g < ref.scale.size(); ++g) {
+          CHECK(q.scale[static_cast<std::int64_t>(g)] == ref.scale[g]);
+          CHECK(q.inverse[static_cast<std::int64_t>(g)] == 1.0f / ref.scale[g]);
+        }
+        const Tensor<float> values = nn::float8_values<Cpu>(q);
+        int differ = 0;
+        for (std::int64_t i = 0; i < values.numel(); ++i) differ += values[i] != ref.value[static_cast<std::size_t>(i)];
+        CHECK(differ == 0);
+        // The group's largest magnitude lands on the format's largest value (not a power of
+        // two: the scale is exact enough that it may round a hair under it).
+        if (!pow2) {
+          float largest = 0;
+          for (std::int64_t i = 0; i < values.numel(); ++i) largest = std::max(largest, std::fabs(values[i]));
+          CHECK(largest == (format == DType::f8e4m3 ? 448.0f : 57344.0f));
+        }
+      }
+}
+
+TEST_CASE("float8 casts: an all-zero tensor takes the floor amax, a power-of-two scale rounds down") {
+  const Tensor<float> zeros(Shape{3, 4});
+  const nn::Float8Operand<Cpu> q = nn::cast_to_float8<Cpu>(zeros.cview(), {DType::f8e4m3, Float8Axis::tensor, false});
+  CHECK(q.scale[0] == static_cast<float>(448.0 / 1e-12));
+  CHECK(ops::power_of_two_below(3.0f) == 2.0f);
+  CHECK(ops::power_of_two_below(0.75f) == 0.5f);
+  CHECK(ops::power_of_two_below(4.0f) == 4.0f);
+  CHECK(ops::power_of_two_below(0x1.8p-140f) == 0x1p-140f);  // a subnormal
+  CHECK(std::isinf(ops::power_of_two_below(std::numeric_limits<float>::infinity())));
+}
+
+TEST_CASE("float8 GEMMs: each recipe's three GEMMs of a linear layer are the formula's") {
+  // y = x W^T (x: M x K, W: N x K); dx = dy W; dW = dy^T x.
+  const std::int64_t M = 24, K = 32, N = 16;
+  const Tensor<float> x = random_matrix(M, K, 1, 4.0f), w = random_matrix(N, K, 2, 2.0f),
+                      dy = random_matrix(M, N, 3, 16.0f);
+  for (const ops::Float8Recipe recipe :
+       {ops::Float8Recipe::tensorwise, ops::Float8Recipe::rowwise, ops::Float8Recipe::rowwise_with_gw_hp}) {
+    CAPTURE(ops::name_of(recipe));
+    const ops::Float8LinearCasts c = ops::float8_casts(recipe);
+    auto check = [&](Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca, const Tensor<float>& b,
+                     ops::Float8Cast cb, std::int64_t m, std::int64_t n, const char* label) {
+      const std::string what = label;
+      CAPTURE(what);
+      // Accumulated into C with beta = 1 (the weight gradient's second micro-batch).
+      Tensor<float> out(Shape{m, n});
+      for (std::int64_t i = 0; i < out.numel(); ++i) out[i] = 0.25f * static_cast<float>(i % 7);
+      const Tensor<float> before = out.clone();
+      nn::float8_gemm<Cpu>(ta, tb, a.cview(), ca, b.cview(), cb, 1.0f, out.view(), what);
+      const GemmReference want = reference_gemm(ta, tb, a, ca, b, cb);
+      double worst = 0;  // the error over what float sums of these terms may lose
+      for (std::int64_t i = 0; i < out.numel(); ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        const double expected = want.c[k] + before[i];
+        const double bound = 2.0 * (static_cast<double>(a.size(0) + a.size(1)) + 2) * 0x1p-24 *
+                             (want.magnitude[k] + std::fabs(before[i]));
+        worst = std::max(worst, std::fabs(out[i] - expected) / bound);
+      }
+      CAPTURE(worst);
+      CHECK(worst <= 1.0);  // float sums of exact products, within float's rounding of them
+    };
+    check(Trans::no, Trans::yes, x, c.input, w, c.weight, M, N, "y = x W^T");
+    check(Trans::no, Trans::no, dy, c.grad_output, w, c.weight_for_grad_input, M, K, "dx = dy W");
+    if (!c.grad_weight_high_precision)
+      check(Trans::yes, Trans::no, dy, c.grad_output_for_grad_weight, x, c.input_for_grad_weight, N, K, "dW = dy^T x");
+  }
+  // The recipes' formats: tensorwise's gradients e5m2, rowwise's all e4m3 with power-of-two scales.
+  CHECK(ops::float8_casts(ops::Float8Recipe::tensorwise).grad_output.format == DType::f8e5m2);
+  CHECK(ops::float8_casts(ops::Float8Recipe::rowwise).grad_output.format == DType::f8e4m3);
+  CHECK(ops::float8_casts(ops::Float8Recipe::rowwise).weight.power_of_two);
+  CHECK(ops::float8_casts(ops::Float8Recipe::rowwise_with_gw_hp).grad_weight_high_precision);
+}
+
+TEST_CASE("float8 GEMMs refuse scales across the reduction, and an unknown recipe, by name") {
+  const Tensor<float> a = random_matrix(4, 8, 1, 1.0f), b = random_matrix(6, 8, 2, 1.0f);
+  Tensor<float> c(Shape{4, 6});
+  CHECK_THROWS_WITH_AS(nn::float8_gemm<Cpu>(Trans::no, Trans::yes, a.cview(), {DType::f8e4m3, Float8Axis::columns, false},
+                                            b.cview(), {}, 0.0f, c.view(), "layers.0.attention.wq"),
+                       doctest::Contains("layers.0.attention.wq: the first operand's float8 scales do not run along"),
+                       Error);
+  CHECK_THROWS_WITH_AS(ops::parse_float8_recipe("blockwise", "float8.recipe_name"),
+                       doctest::Contains("float8.recipe_name: unknown float8 recipe 'blockwise'"), Error);
+}
+
+}  // namespace test_float8_gemm

@@ -1,0 +1,177 @@
+// Float8 training on the CPU (model.converters = ["float8"], [float8] with emulate): the
+// config's keys and refusals, which layers the policy takes, and each recipe's short loss
+// curve against the same model trained in bf16 (bench-float8-curves runs the long ones).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/instances.hpp"
+#include "tessera/train/config.hpp"
+#include "tessera/train/job_plan.hpp"
+#include "tessera/train/trainer.hpp"
+
+namespace test_float8_training {  // unity build: this file's names stay in here (tests/meson.build)
+
+using namespace tessera;
+using Model = DynamicModel<float, Cpu>;
+
+namespace {
+
+train::JobConfig float8_job(const std::vector<std::string>& overrides) {
+  return train::parse_config(R"(
+    [model]
+    flavor = "debugmodel"
+    dim = 64
+    n_layers = 2
+    n_heads = 4
+    multiple_of = 64
+    [training]
+    local_batch_size = 4
+    seq_len = 32
+    steps = 30
+    mixed_precision_param = "bfloat16"
+    synthetic_documents = 300
+    [optimizer]
+    lr = 3e-3
+    [lr_scheduler]
+    warmup_steps = 5
+    [float8]
+    emulate = true
+  )",
+                             "test_float8", overrides);
+}
+
+std::vector<double> losses(const train::JobConfig& c) {
+  train::check_supported(c);
+  Model model(c.model.args, train::make_plan(c, nullptr));
+  model.init_weights(5);
+  data::DataLoader loader(train::load_training_tokens(c, io::ByteTokenizer{}), c.training.seq_len,
+                          c.training.local_batch_size);
+  train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
+  std::vector<double> l;
+  for (std::int64_t s = 0; s < c.training.steps; ++s) l.push_back(trainer.step().loss);
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("The float8 policy takes the linear layers its filters leave, by name and torchao's sizes") {
+  ops::Float8Policy p;
+  CHECK_FALSE(p.applies("layers.0.attention.wq", 4096, 4096));  // not enabled
+  p.enabled = true;
+  CHECK(p.applies("layers.0.attention.wq", 64, 64));
+  CHECK_FALSE(p.applies("output", 4096, 128256));  // "output" is filtered by default
+  p.filter_fqns = {"feed_forward"};
+  CHECK_FALSE(p.applies("layers.3.feed_forward.w2", 14336, 4096));
+  CHECK(p.applies("layers.3.attention.wo", 4096, 4096));
+  p.auto_filter = true;  // torchao's: tensorwise skips K <= 4096 with N <= 1024
+  CHECK_FALSE(p.applies("layers.0.attention.wk", 4096, 1024));
+  CHECK(p.applies("layers.0.attention.wq", 4096, 4096));
+  CHECK_FALSE(p.applies("layers.0.attention.wq", 4100, 4096));  // not a multiple of 16
+  p.recipe = ops::Float8Recipe::rowwise;  // rowwise skips N <= 2048, K <= 1024, or both N <= 4096 and K <= 2048
+  CHECK_FALSE(p.applies("layers.0.attention.wq", 2048, 2048));
+  CHECK(p.applies("layers.0.attention.wq", 4096, 4096));
+  CHECK_FALSE(p.applies("layers.0.attention.wk", 4096, 1024));
+}
+
+TEST_CASE("[float8] is read when model.converters names it, and what cannot run is refused by key") {
+  const train::JobConfig c = float8_job({"--model.converters", "float8", "--float8.recipe_name", "rowwise",
+                                         "--float8.filter_fqns", "output,auto_filter_small_kn"});
+  const parallel::Plan plan = train::make_plan(c, nullptr);
+  CHECK(plan.float8.enabled);
+  CHECK(plan.float8.recipe == ops::Float8Recipe::rowwise);
+  CHECK(plan.float8.auto_filter);
+  CHECK(plan.float8.filter_fqns == std::vector<std::string>{"output"});
+  CHECK_FALSE(train::make_plan(float8_job({}), nullptr).float8.enabled);  // [float8] alone changes nothing
+
+  auto refused = [](const std::vector<std::string>& overrides, const std::string& message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(
+        {
+          const train::JobConfig bad = float8_job(overrides);
+          train::check_supported(bad);
+          (void)train::make_plan(bad, nullptr);
+        },
+        doctest::Contains(message.c_str()), Error);
+  };
+  refused({"--model.converters", "float4"}, "model.converters: each item must be one of float8");
+  refused({"--model.converters", "float8", "--float8.recipe_name", "blockwise"},
+          "float8.recipe_name must be one of tensorwise, rowwise, rowwise_with_gw_hp");
+  refused({"--model.converters", "float8", "--training.mixed_precision_param", "float32"},
+          "float8 GEMMs cast a bfloat16 model's values, and training.mixed_precision_param is \"float32\"");
+  refused({"--model.converters", "float8", "--float8.emulate", "false"},
+          "float8.emulate = false: this build runs float8 GEMMs emulated only");
+  refused({"--model.converters", "float8", "--float8.precompute_float8_dynamic_scale_for_fsdp", "true"},
+          "needs float8.enable_fsdp_float8_all_gather = true");
+  refused({"--model.converters", "float8", "--float8.enable_fsdp_float8_all_gather", "true", "--float8.recipe_name",
+           "rowwise"},
+          "float8.enable_fsdp_float8_all_gather needs float8.recipe_name = \"tensorwise\"");
+  refused({"--model.converters", "float8", "--float8.enable_fsdp_float8_all_gather", "true"},
+          "float8.enable_fsdp_float8_all_gather: not yet in this build");
+  refused({"--model.converters", "float8", "--parallelism.tensor_parallel_degree", "2"},
+          "float8 under tensor parallelism is not yet in this build");
+}
+
+namespace {
+
+/// Every parameter's gradient after one forward_backward of the small model's first batch.
+std::vector<std::vector<float>> gradients(const train::JobConfig& c) {
+  Model model(c.model.args, train::make_plan(c, nullptr));
+  model.init_weights(5);
+  data::DataLoader loader(train::load_training_tokens(c, io::ByteTokenizer{}), c.training.seq_len,
+                          c.training.local_batch_size);
+  const data::Batch b = loader.next();
+  model.zero_grad();
+  model.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len}, 1.0 / static_cast<double>(b.n_targets));
+  std::vector<std::vector<float>> g;
+  model.for_each_parameter([&](nn::Parameter<float>& p) { g.emplace_back(p.grad.data(), p.grad.data() + p.numel()); });
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("Each float8 recipe's gradients are bf16's to float8's precision, every parameter") {
+  const auto bf16 = gradients(float8_job({}));
+  for (const std::string recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+    CAPTURE(recipe);
+    const auto f8 = gradients(float8_job({"--model.converters", "float8", "--float8.recipe_name", recipe}));
+    REQUIRE(f8.size() == bf16.size());
+    double worst = 0;
+    for (std::size_t p = 0; p < f8.size(); ++p) {
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < f8[p].size(); ++i) {
+        diff += (f8[p][i] - bf16[p][i]) * static_cast<double>(f8[p][i] - bf16[p][i]);
+        norm += bf16[p][i] * static_cast<double>(bf16[p][i]);
+      }
+      worst = std::max(worst, std::sqrt(diff / norm));
+    }
+    MESSAGE(recipe, ": largest relative L2 gap of a gradient to bf16's ", worst);
+    CHECK(worst > 0);
+    CHECK(worst < 0.15);
+  }
+}
+
+TEST_CASE("Each float8 recipe trains the debug model as bf16 does: its short curve within 2%, no step diverging") {
+  const std::vector<double> bf16 = losses(float8_job({}));
+  CHECK(bf16.back() < bf16.front() - 0.5);
+  for (const std::string recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+    CAPTURE(recipe);
+    const std::vector<double> f8 = losses(float8_job({"--model.converters", "float8", "--float8.recipe_name", recipe}));
+    REQUIRE(f8.size() == bf16.size());
+    CHECK(f8 != bf16);  // the float8 GEMMs ran
+    double worst = 0;
+    for (std::size_t s = 0; s < f8.size(); ++s) {
+      REQUIRE(std::isfinite(f8[s]));
+      worst = std::max(worst, std::fabs(f8[s] - bf16[s]) / bf16[s]);
+    }
+    MESSAGE(recipe, ": loss ", f8.front(), " -> ", f8.back(), " (bf16 ", bf16.front(), " -> ", bf16.back(),
+            "), largest relative gap ", worst);
+    CHECK(std::fabs(f8.back() - bf16.back()) / bf16.back() < 0.02);
+    CHECK(worst < 0.05);
+  }
+}
+
+}  // namespace test_float8_training
