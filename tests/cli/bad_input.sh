@@ -49,6 +49,12 @@ expect_error "n_heads not dividing dim" "n_heads (3) does not divide dim (32)" "
 expect_error "n_kv_heads not dividing n_heads" "n_kv_heads (3) does not divide n_heads (2)" "$train" "${small[@]}" --model.n_kv_heads 3
 expect_error "unknown device" "training.device must be one of auto, cpu, cuda; got \"gpu\"" "$train" "${small[@]}" --training.device gpu
 expect_error "unknown optimizer state dtype" "optimizer.state_dtype must be one of float32, bfloat16; got \"float16\"" "$train" "${small[@]}" --optimizer.state_dtype float16
+expect_error "float8 GEMMs on a float32 model" "float8 GEMMs cast a bfloat16 model's values" \
+  "$train" "${small[@]}" --model.converters float8 --float8.emulate true
+expect_error "float8 GEMMs not emulated" "float8.emulate = false: this build runs float8 GEMMs emulated only" \
+  "$train" "${small[@]}" --model.converters float8 --training.mixed_precision_param bfloat16
+expect_error "an unknown float8 recipe" "float8.recipe_name must be one of tensorwise, rowwise, rowwise_with_gw_hp" \
+  "$train" "${small[@]}" --model.converters float8 --float8.recipe_name blockwise
 expect_error "a graphed step over two ranks" "training.cuda_graph: a graph is one rank's work and this layout has 2 ranks" \
   "$train" "${small[@]}" --thread-ranks 2 --training.cuda_graph true
 # Asking for the GPU where none can be used: without a device (or a build without CUDA)
