@@ -23,6 +23,7 @@
 #include "tessera/data/loader.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/nn/float8.hpp"
 #include "tessera/train/trainer.hpp"
 
 namespace tessera::gpu_test {
@@ -243,5 +244,39 @@ std::vector<CollectiveResults> thread_collectives(int ranks, std::size_t n, comm
 
 /// thread_collectives<Cuda> with ThreadOptions::memory = Cuda::memory_access().
 std::vector<CollectiveResults> cuda_thread_collectives(int ranks, std::size_t n);
+
+/// `x` rounded to bf16 (the GPU model's type) and cast to float8 by `cast` on B
+/// (nn::cast_to_float8): the float8 values as floats, and the scales.
+struct Float8CastValues {
+  std::vector<float> values, scales;
+};
+template <class B>
+Float8CastValues float8_cast_on(const Tensor<float>& x, ops::Float8Cast cast) {
+  Tensor<bf16> host(x.shape(), Uninitialized{});
+  for (std::int64_t i = 0; i < x.numel(); ++i) host[i] = bf16(x[i]);
+  const Tensor<bf16> on = upload<B>(host);
+  const nn::Float8Operand<B> q = nn::cast_to_float8<B>(on.cview(), cast);
+  const Tensor<float> v = download<B>(nn::float8_values<B>(q)), s = download<B>(q.scale);
+  return {{v.data(), v.data() + v.numel()}, {s.data(), s.data() + s.numel()}};
+}
+Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast);
+
+/// op(A) op(B) by nn::float8_gemm on B, A and B rounded to bf16, C in float.
+template <class B>
+std::vector<float> float8_gemm_on(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca, const Tensor<float>& b,
+                                  ops::Float8Cast cb, std::int64_t m, std::int64_t n) {
+  auto on = [](const Tensor<float>& x) {
+    Tensor<bf16> host(x.shape(), Uninitialized{});
+    for (std::int64_t i = 0; i < x.numel(); ++i) host[i] = bf16(x[i]);
+    return upload<B>(host);
+  };
+  const Tensor<bf16> da = on(a), db = on(b);
+  Tensor<float> c = B::template zeros<float>(Shape{m, n});
+  nn::float8_gemm<B>(ta, tb, da.cview(), ca, db.cview(), cb, 0.0f, c.view(), "float8_gemm_on");
+  const Tensor<float> h = download<B>(c);
+  return {h.data(), h.data() + h.numel()};
+}
+std::vector<float> cuda_float8_gemm(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca,
+                                    const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n);
 
 }  // namespace tessera::gpu_test

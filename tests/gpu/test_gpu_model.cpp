@@ -385,6 +385,47 @@ TEST_CASE("Transformer<bf16, Cuda>: the CPU backend's bf16 model, to bf16 accura
   }
 }
 
+TEST_CASE("Float8 casts on the GPU are the CPU's bit for bit, and every recipe's GEMMs agree with the CPU's") {
+  // The casts are integer arithmetic on the same bf16 values (core/float8.hpp), the scales
+  // the same double division: bitwise. The GEMMs sum exact products in float in two
+  // orders (cuBLASLt's, OpenBLAS's).
+  const std::int64_t M = 48, K = 64, N = 32;
+  auto matrix = [](std::int64_t rows, std::int64_t cols, int seed) {
+    Tensor<float> t(Shape{rows, cols});
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      t[i] = std::sin(static_cast<float>(i * 7 + seed)) * std::pow(4.0f, static_cast<float>((i / cols) % 5) - 2.0f);
+    return t;
+  };
+  const Tensor<float> x = matrix(M, K, 1), w = matrix(N, K, 2), dy = matrix(M, N, 3);
+  for (const auto recipe : {ops::Float8Recipe::tensorwise, ops::Float8Recipe::rowwise,
+                            ops::Float8Recipe::rowwise_with_gw_hp}) {
+    const std::string name(ops::name_of(recipe));
+    CAPTURE(name);
+    const ops::Float8LinearCasts c = ops::float8_casts(recipe);
+    for (const ops::Float8Cast cast : {c.input, c.weight_for_grad_input, c.grad_output_for_grad_weight}) {
+      const gpu_test::Float8CastValues gpu = gpu_test::cuda_float8_cast(x, cast);
+      const gpu_test::Float8CastValues cpu = gpu_test::float8_cast_on<Cpu>(x, cast);
+      CHECK(gpu.scales == cpu.scales);
+      CHECK(gpu.values == cpu.values);
+    }
+    auto agree = [&](Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca, const Tensor<float>& b,
+                     ops::Float8Cast cb, std::int64_t m, std::int64_t n) {
+      const std::vector<float> gpu = gpu_test::cuda_float8_gemm(ta, tb, a, ca, b, cb, m, n);
+      const std::vector<float> cpu = gpu_test::float8_gemm_on<Cpu>(ta, tb, a, ca, b, cb, m, n);
+      REQUIRE(gpu.size() == cpu.size());
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < gpu.size(); ++i) {
+        diff += (gpu[i] - cpu[i]) * static_cast<double>(gpu[i] - cpu[i]);
+        norm += cpu[i] * static_cast<double>(cpu[i]);
+      }
+      CHECK(std::sqrt(diff / norm) < 1e-6);
+    };
+    agree(Trans::no, Trans::yes, x, c.input, w, c.weight, M, N);
+    agree(Trans::no, Trans::no, dy, c.grad_output, w, c.weight_for_grad_input, M, K);
+    agree(Trans::yes, Trans::no, dy, c.grad_output_for_grad_weight, x, c.input_for_grad_weight, N, K);
+  }
+}
+
 TEST_CASE("Transformer<bf16, Cuda>: steps replayed from a captured CUDA graph are the eager steps, bit for bit") {
   // training.cuda_graph: the first step eager, the second captured and replayed, the rest
   // replayed; the learning rate, the bias corrections and the loss scale change every step
