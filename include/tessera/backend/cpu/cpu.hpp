@@ -49,7 +49,7 @@ struct Cpu {
     void* p = static_cast<void*>(t.data());
     const auto bytes = static_cast<std::size_t>(t.numel()) * sizeof(T);
     if (cpu::Capture* c = cpu::capturing())
-      c->ops.emplace_back([p, bytes] { std::memset(p, 0, bytes); });
+      c->ops.push_back(cpu::RecordedOp::call([p, bytes] { std::memset(p, 0, bytes); }));
     else
       std::memset(p, 0, bytes);
     return t;
@@ -102,7 +102,8 @@ struct Cpu {
   static void for_each(std::int64_t n, const F& f) {
     if (n <= 0) return;
     if (cpu::Capture* c = cpu::capturing()) {
-      c->ops.emplace_back([n, f] { for_each(n, f); });
+      static_assert(std::is_trivially_copyable_v<F>, "tessera: a launched functor is a trivially copyable struct");
+      c->ops.push_back(cpu::RecordedOp::launch(&replay<F>, n, &f, sizeof(F)));
       return;
     }
     if constexpr (ops::FusesParts<F>) {  // each part its own loop, evenly spread
@@ -155,7 +156,7 @@ struct Cpu {
     const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
     if (cpu::Capture* cap = cpu::capturing()) {
-      cap->ops.emplace_back([=] { gemm<T, C>(ta, tb, alpha, a, b, beta, c); });
+      cap->ops.push_back(cpu::RecordedOp::call([=] { gemm<T, C>(ta, tb, alpha, a, b, beta, c); }));
       return;
     }
     if (k == 0) {
@@ -195,7 +196,7 @@ struct Cpu {
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
     if (cpu::Capture* c = cpu::capturing()) {
-      c->ops.emplace_back([=] { detail::cpu_attention_forward<Cpu>(s, q, k, v, o, lse); });
+      c->ops.push_back(cpu::RecordedOp::call([=] { detail::cpu_attention_forward<Cpu>(s, q, k, v, o, lse); }));
       return;
     }
     detail::cpu_attention_forward<Cpu>(s, q, k, v, o, lse);
@@ -207,13 +208,20 @@ struct Cpu {
                                  TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
                                  TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
     if (cpu::Capture* c = cpu::capturing()) {
-      c->ops.emplace_back([=] { detail::cpu_attention_backward<Cpu>(s, q, k, v, o, lse, d_o, dq, dk, dv); });
+      c->ops.push_back(
+          cpu::RecordedOp::call([=] { detail::cpu_attention_backward<Cpu>(s, q, k, v, o, lse, d_o, dq, dk, dv); }));
       return;
     }
     detail::cpu_attention_backward<Cpu>(s, q, k, v, o, lse, d_o, dq, dk, dv);
   }
 
  private:
+  /// A recorded launch, run again (cpu/graph.hpp).
+  template <class F>
+  static void replay(std::int64_t n, const void* f) {
+    for_each(n, *static_cast<const F*>(f));
+  }
+
   /// What a graph cannot hold: an error naming `what` while this thread captures.
   static void outside_capture(const char* what) {
     TESSERA_CHECK(cpu::capturing() == nullptr, "CPU backend: ", what,

@@ -18,7 +18,10 @@
 // without reuse inside the capture, which a small model's step affords.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -66,6 +69,40 @@ class GraphMemory {
   std::vector<void*> held_;
 };
 
+/// One recorded piece of work: a launch (the functor's bytes and the instantiation that
+/// runs it: one small function per functor type, so that every for_each does not also
+/// instantiate a std::function) or any other call.
+class RecordedOp {
+ public:
+  /// A launch of `n` indices: `run(n, f)` on a copy of the `bytes` bytes at `f` (a
+  /// trivially copyable functor; memcpy makes its copy, C++20's implicit object creation).
+  static RecordedOp launch(void (*run)(std::int64_t, const void*), std::int64_t n, const void* f, std::size_t bytes) {
+    RecordedOp op;
+    op.launch_ = run;
+    op.n_ = n;
+    op.storage_ = std::make_unique<std::max_align_t[]>((bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t));
+    std::memcpy(op.storage_.get(), f, bytes);
+    return op;
+  }
+  static RecordedOp call(std::function<void()> f) {
+    RecordedOp op;
+    op.call_ = std::move(f);
+    return op;
+  }
+  void operator()() const {
+    if (launch_ != nullptr)
+      launch_(n_, storage_.get());
+    else
+      call_();
+  }
+
+ private:
+  void (*launch_)(std::int64_t, const void*) = nullptr;
+  std::int64_t n_ = 0;
+  std::unique_ptr<std::max_align_t[]> storage_;
+  std::function<void()> call_;
+};
+
 /// A recorded stretch of the CPU backend's work.
 class Graph {
  public:
@@ -100,13 +137,13 @@ class Graph {
     memory_.reset();
     ops_.clear();
   }
-  std::vector<std::function<void()>> ops_;
+  std::vector<RecordedOp> ops_;
   std::shared_ptr<GraphMemory> memory_;
 };
 
 /// The capture under way on a thread.
 struct Capture {
-  std::vector<std::function<void()>> ops;
+  std::vector<RecordedOp> ops;
   std::shared_ptr<GraphMemory> memory = std::make_shared<GraphMemory>();
 
   Capture() = default;
