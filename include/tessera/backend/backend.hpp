@@ -89,6 +89,19 @@ Tensor<T> upload(std::span<const T> host, const std::source_location& site = std
   return t;
 }
 
+/// `host`'s elements in `t`, in B's memory: copied into `t` itself when `keep` and it has
+/// their count (its address unchanged, as a replayed graph needs), else into a new tensor.
+template <Backend B, class T>
+void upload_into(Tensor<T>& t, std::span<const T> host, bool keep,
+                 const std::source_location& site = std::source_location::current()) {
+  if (!keep || t.numel() != static_cast<std::int64_t>(host.size())) {
+    t = upload<B>(host, site);
+    return;
+  }
+  detail::TransferSite at(site);
+  B::copy_from_host(host.data(), t.data(), t.numel());
+}
+
 /// A host tensor holding the elements of `t`, which lives in B's memory (`t` itself
 /// when that is host memory).
 template <Backend B, class T>

@@ -59,7 +59,7 @@ class Embedding : public LayerTypes<T, B> {
     for (std::size_t i = 0; i < ids.size(); ++i)
       TESSERA_CHECK(ids[i] >= 0 && ids[i] < vocab, weight_.name, ": token id ", ids[i], " at position ", i,
                     " is outside the vocabulary of ", vocab);
-    write(into.ids, std::span<const std::int32_t>(ids), into.fixed);
+    upload_into<B>(into.ids, ids, into.fixed);
     if (!for_backward) return;
     if (!into.fixed) {
       into.host = ids;  // grouped by the backward
@@ -67,7 +67,7 @@ class Embedding : public LayerTypes<T, B> {
     }
     const auto [lo, hi] = range();
     into.layout = ops::embedding_segments(ids, lo, hi, into.fixed);
-    write(into.segments, std::span<const std::int32_t>(into.layout.packed), into.fixed);
+    upload_into<B>(into.segments, std::span<const std::int32_t>(into.layout.packed), into.fixed);
     into.layout.packed = {};
   }
 
@@ -127,14 +127,6 @@ class Embedding : public LayerTypes<T, B> {
   std::pair<std::int64_t, std::int64_t> range() const {
     const std::int64_t per = vocab_ / weight_.split.parts;
     return {per * weight_.split.index, per * (weight_.split.index + 1)};
-  }
-
-  /// `host` in `t` in B's memory: into `t` itself when `in_place` and it has the size.
-  static void write(Tensor<std::int32_t>& t, std::span<const std::int32_t> host, bool in_place) {
-    if (in_place && t.numel() == static_cast<std::int64_t>(host.size()))
-      B::copy_from_host(host.data(), t.data(), t.numel());
-    else
-      t = upload<B>(host);
   }
 
   Parameter<T> weight_;

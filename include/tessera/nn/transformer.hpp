@@ -564,11 +564,7 @@ void Transformer<T, B, Block>::stage(std::span<const std::int32_t> inputs, std::
                 into.g.batch, " x ", into.g.seq_len, "): a step a graph replays has fixed shapes");
   head_.check_targets(targets, g.rows());
   tok_embeddings_.stage(inputs, into.inputs, true);
-  if (!into.fixed() || into.targets.numel() != g.rows()) {
-    into.targets = upload<B>(targets);
-  } else {
-    B::copy_from_host(targets.data(), into.targets.data(), g.rows());
-  }
+  upload_into<B>(into.targets, targets, into.fixed());
   if (into.loss_scale.empty()) into.loss_scale = B::template empty<A>(Shape{1});
   const A scale = static_cast<A>(loss_scale);
   B::copy_from_host(&scale, into.loss_scale.data(), 1);
