@@ -96,9 +96,11 @@ TESSERA_LAUNCH_OP(ops::LaneSum)  // a step's loss sum and gradient norm, added o
 TESSERA_LAUNCH_OP(ops::ClipScale<float>)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int32_t>)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int64_t>)
-// Float8 GEMMs (nn/float8.hpp): the tensor amax, the scales, the float8 values widened.
+// Float8 GEMMs (nn/float8.hpp): the tensor amax, the scales, one scale given to every row,
+// the float8 values widened.
 TESSERA_LAUNCH_OP(ops::MaxOf)
 TESSERA_LAUNCH_OP(ops::Float8ScaleFromAmax)
+TESSERA_LAUNCH_OP(ops::Float8ScaleBroadcast)
 TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e4m3>)
 TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e5m2>)
 

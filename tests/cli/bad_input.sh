@@ -51,7 +51,7 @@ expect_error "unknown device" "training.device must be one of auto, cpu, cuda; g
 expect_error "unknown optimizer state dtype" "optimizer.state_dtype must be one of float32, bfloat16; got \"float16\"" "$train" "${small[@]}" --optimizer.state_dtype float16
 expect_error "float8 GEMMs on a float32 model" "float8 GEMMs cast a bfloat16 model's values" \
   "$train" "${small[@]}" --model.converters float8 --float8.emulate true
-expect_error "float8 GEMMs not emulated" "float8.emulate = false: this build runs float8 GEMMs emulated only" \
+expect_error "float8 GEMMs not emulated on the CPU" "would run float8 GEMMs on the cpu backend, which has none" \
   "$train" "${small[@]}" --model.converters float8 --training.mixed_precision_param bfloat16
 expect_error "an unknown float8 recipe" "float8.recipe_name must be one of tensorwise, rowwise, rowwise_with_gw_hp" \
   "$train" "${small[@]}" --model.converters float8 --float8.recipe_name blockwise

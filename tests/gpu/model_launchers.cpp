@@ -178,8 +178,9 @@ std::vector<CollectiveResults> cuda_thread_collectives(int ranks, std::size_t n)
 Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast) { return float8_cast_on<Cuda>(x, cast); }
 
 std::vector<float> cuda_float8_gemm(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca,
-                                    const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n) {
-  return float8_gemm_on<Cuda>(ta, tb, a, ca, b, cb, m, n);
+                                    const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n,
+                                    nn::Float8GemmOptions options) {
+  return float8_gemm_on<Cuda>(ta, tb, a, ca, b, cb, m, n, options);
 }
 
 }  // namespace tessera::gpu_test

@@ -261,10 +261,12 @@ Float8CastValues float8_cast_on(const Tensor<float>& x, ops::Float8Cast cast) {
 }
 Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast);
 
-/// op(A) op(B) by nn::float8_gemm on B, A and B rounded to bf16, C in float.
+/// op(A) op(B) by nn::float8_gemm on B, A and B rounded to bf16, C in float (emulated
+/// unless `options` say otherwise).
 template <class B>
 std::vector<float> float8_gemm_on(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca, const Tensor<float>& b,
-                                  ops::Float8Cast cb, std::int64_t m, std::int64_t n) {
+                                  ops::Float8Cast cb, std::int64_t m, std::int64_t n,
+                                  nn::Float8GemmOptions options = {}) {
   auto on = [](const Tensor<float>& x) {
     Tensor<bf16> host(x.shape(), Uninitialized{});
     for (std::int64_t i = 0; i < x.numel(); ++i) host[i] = bf16(x[i]);
@@ -272,11 +274,12 @@ std::vector<float> float8_gemm_on(Trans ta, Trans tb, const Tensor<float>& a, op
   };
   const Tensor<bf16> da = on(a), db = on(b);
   Tensor<float> c = B::template zeros<float>(Shape{m, n});
-  nn::float8_gemm<B>(ta, tb, da.cview(), ca, db.cview(), cb, 0.0f, c.view(), "float8_gemm_on");
+  nn::float8_gemm<B>(ta, tb, da.cview(), ca, db.cview(), cb, 0.0f, c.view(), "float8_gemm_on", options);
   const Tensor<float> h = download<B>(c);
   return {h.data(), h.data() + h.numel()};
 }
 std::vector<float> cuda_float8_gemm(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca,
-                                    const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n);
+                                    const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n,
+                                    nn::Float8GemmOptions options = {});
 
 }  // namespace tessera::gpu_test

@@ -408,21 +408,51 @@ TEST_CASE("Float8 casts on the GPU are the CPU's bit for bit, and every recipe's
       CHECK(gpu.scales == cpu.scales);
       CHECK(gpu.values == cpu.values);
     }
-    auto agree = [&](Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca, const Tensor<float>& b,
-                     ops::Float8Cast cb, std::int64_t m, std::int64_t n) {
-      const std::vector<float> gpu = gpu_test::cuda_float8_gemm(ta, tb, a, ca, b, cb, m, n);
-      const std::vector<float> cpu = gpu_test::float8_gemm_on<Cpu>(ta, tb, a, ca, b, cb, m, n);
+    auto gap = [](const std::vector<float>& gpu, const std::vector<float>& cpu) {
       REQUIRE(gpu.size() == cpu.size());
       double diff = 0, norm = 0;
       for (std::size_t i = 0; i < gpu.size(); ++i) {
         diff += (gpu[i] - cpu[i]) * static_cast<double>(gpu[i] - cpu[i]);
         norm += cpu[i] * static_cast<double>(cpu[i]);
       }
-      CHECK(std::sqrt(diff / norm) < 1e-6);
+      return std::sqrt(diff / norm);
+    };
+    // Emulated on the GPU (its float GEMM), and on cuBLASLt's float8 matmul: with fast
+    // accumulation (the forward's), its sums keep fewer bits inside the tensor cores.
+    auto agree = [&](Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca, const Tensor<float>& b,
+                     ops::Float8Cast cb, std::int64_t m, std::int64_t n) {
+      const std::vector<float> cpu = gpu_test::float8_gemm_on<Cpu>(ta, tb, a, ca, b, cb, m, n);
+      CHECK(gap(gpu_test::cuda_float8_gemm(ta, tb, a, ca, b, cb, m, n), cpu) < 1e-6);
+      const double exact = gap(gpu_test::cuda_float8_gemm(ta, tb, a, ca, b, cb, m, n, {false, false}), cpu);
+      const double fast = gap(gpu_test::cuda_float8_gemm(ta, tb, a, ca, b, cb, m, n, {false, true}), cpu);
+      MESSAGE(name, ": cuBLASLt float8 matmul against the CPU's emulation ", exact, ", with fast accumulation ", fast);
+      CHECK(exact < 1e-5);
+      CHECK(fast < 2e-3);
     };
     agree(Trans::no, Trans::yes, x, c.input, w, c.weight, M, N);
     agree(Trans::no, Trans::no, dy, c.grad_output, w, c.weight_for_grad_input, M, K);
     agree(Trans::yes, Trans::no, dy, c.grad_output_for_grad_weight, x, c.input_for_grad_weight, N, K);
+  }
+}
+
+TEST_CASE("Transformer<bf16, Cuda> on cuBLASLt's float8 matmul trains as its emulated float8 GEMMs do, each recipe") {
+  // The same float8 operands either way; the sums differ in order, and the forward's in
+  // cuBLASLt's fast accumulation. Dimensions 256, 704 and 128, and 64 tokens: multiples of 16.
+  for (const char* recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+    CAPTURE(recipe);
+    const train::JobConfig emulated = small_job({"--training.mixed_precision_param", "bfloat16", "--training.steps",
+                                                 "4", "--model.converters", "float8", "--float8.recipe_name", recipe,
+                                                 "--float8.emulate", "true"});
+    train::JobConfig real = emulated;
+    real.float8.emulate = false;
+    const TrainRun e = cuda_bf16_train_steps(emulated), r = cuda_bf16_train_steps(real);
+    REQUIRE(e.losses.size() == r.losses.size());
+    for (std::size_t s = 0; s < e.losses.size(); ++s) {
+      CAPTURE(s);
+      REQUIRE(std::isfinite(r.losses[s]));
+      CHECK(std::fabs(r.losses[s] - e.losses[s]) <= 2e-3 * e.losses[s]);
+    }
+    MESSAGE(recipe, ": last loss ", r.losses.back(), " on cuBLASLt, ", e.losses.back(), " emulated");
   }
 }
 

@@ -194,4 +194,122 @@ TEST_CASE("float8 GEMMs refuse scales across the reduction, and an unknown recip
                        doctest::Contains("float8.recipe_name: unknown float8 recipe 'blockwise'"), Error);
 }
 
+
+TEST_CASE("float8 casts transposed: the values of x^T and the scales of x, bit for bit, by tensor, row and column") {
+  const Tensor<float> x = random_matrix(12, 40, 9, 8.0f);
+  for (const Float8Axis axis : {Float8Axis::tensor, Float8Axis::rows, Float8Axis::columns}) {
+    CAPTURE(static_cast<int>(axis));
+    const ops::Float8Cast cast{DType::f8e5m2, axis, false};
+    const nn::Float8Operand<Cpu> plain = nn::cast_to_float8<Cpu>(x.cview(), cast);
+    const nn::Float8Operand<Cpu> t = nn::cast_to_float8<Cpu>(x.cview(), cast, true);
+    CHECK(t.transposed);
+    CHECK((t.rows == 40 && t.cols == 12));
+    REQUIRE(t.scale.numel() == plain.scale.numel());
+    for (std::int64_t g = 0; g < t.scale.numel(); ++g) CHECK(t.scale[g] == plain.scale[g]);
+    const Tensor<float> vp = nn::float8_values<Cpu>(plain), vt = nn::float8_values<Cpu>(t);
+    int differ = 0;
+    for (std::int64_t r = 0; r < 12; ++r)
+      for (std::int64_t c = 0; c < 40; ++c) differ += vp.cview()(r, c) != vt.cview()(c, r);
+    CHECK(differ == 0);
+  }
+}
+
+namespace {
+
+/// The CPU backend with a float8 GEMM written from the contract alone (backend.hpp's
+/// Float8GemmOperand: rows x k values, the reduction along each row, inverse scales one or
+/// by row), in double: what nn::float8_gemm hands the CUDA backend's cuBLASLt matmul is
+/// checked here against the formula, operands, layouts and scales.
+struct Float8Cpu : Cpu {
+  static inline int calls = 0;
+  static inline bool last_fast = false;
+  template <class C>
+  static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<C> c,
+                          bool fast_accumulation) {
+    const GemmSizes s = check_float8_gemm(a, b, c);
+    ++calls;
+    last_fast = fast_accumulation;
+    auto value = [](const Float8GemmOperand& o, std::int64_t r, std::int64_t p) {
+      const std::uint8_t code = static_cast<const std::uint8_t*>(o.data)[r * o.k + p];
+      return static_cast<double>(o.format == DType::f8e4m3 ? static_cast<float>(float8_e4m3::from_bits(code))
+                                                           : static_cast<float>(float8_e5m2::from_bits(code)));
+    };
+    for (std::int64_t i = 0; i < s.m; ++i)
+      for (std::int64_t j = 0; j < s.n; ++j) {
+        double sum = 0;
+        for (std::int64_t p = 0; p < s.k; ++p) sum += value(a, i, p) * value(b, j, p);
+        sum *= static_cast<double>(a.inverse[a.per_row ? i : 0]) * b.inverse[b.per_row ? j : 0];
+        C& out = c(i, j);
+        out = static_cast<C>(sum + (beta != 0.0f ? beta * static_cast<double>(out) : 0.0));
+      }
+  }
+};
+static_assert(HasFloat8Gemm<Float8Cpu>);
+
+}  // namespace
+
+TEST_CASE("float8 GEMMs on a backend's own float8 GEMM: each recipe's three GEMMs are the formula's, fast "
+          "accumulation on the forward only") {
+  const std::int64_t M = 32, K = 48, N = 16;  // cuBLASLt's multiples of 16: M is the weight gradient's reduction
+  const Tensor<float> x = random_matrix(M, K, 4, 4.0f), w = random_matrix(N, K, 5, 2.0f),
+                      dy = random_matrix(M, N, 6, 16.0f);
+  for (const ops::Float8Recipe recipe :
+       {ops::Float8Recipe::tensorwise, ops::Float8Recipe::rowwise, ops::Float8Recipe::rowwise_with_gw_hp}) {
+    CAPTURE(ops::name_of(recipe));
+    const ops::Float8LinearCasts c = ops::float8_casts(recipe);
+    auto check = [&](Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca, const Tensor<float>& b,
+                     ops::Float8Cast cb, std::int64_t m, std::int64_t n, bool fast, const char* label) {
+      const std::string what = label;
+      CAPTURE(what);
+      Tensor<float> out(Shape{m, n});
+      for (std::int64_t i = 0; i < out.numel(); ++i) out[i] = 0.25f * static_cast<float>(i % 7);
+      const Tensor<float> before = out.clone();
+      const int calls = Float8Cpu::calls;
+      nn::float8_gemm<Float8Cpu>(ta, tb, a.cview(), ca, b.cview(), cb, 1.0f, out.view(), what, {false, fast});
+      CHECK(Float8Cpu::calls == calls + 1);  // not emulated
+      CHECK(Float8Cpu::last_fast == fast);
+      const GemmReference want = reference_gemm(ta, tb, a, ca, b, cb);
+      double worst = 0;
+      for (std::int64_t i = 0; i < out.numel(); ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        const double expected = want.c[k] + before[i];
+        worst = std::max(worst, std::fabs(out[i] - expected) / (want.magnitude[k] + std::fabs(before[i]) + 1e-30));
+      }
+      CAPTURE(worst);
+      CHECK(worst <= 1e-7);  // the same sums in double, rounded once to float
+      // Emulated, the same GEMM runs on the float GEMM: the same operands, float sums.
+      Tensor<float> emulated = before.clone();
+      nn::float8_gemm<Float8Cpu>(ta, tb, a.cview(), ca, b.cview(), cb, 1.0f, emulated.view(), what, {true, fast});
+      CHECK(Float8Cpu::calls == calls + 1);
+    };
+    check(Trans::no, Trans::yes, x, c.input, w, c.weight, M, N, c.fast_accumulation_forward, "y = x W^T");
+    check(Trans::no, Trans::no, dy, c.grad_output, w, c.weight_for_grad_input, M, K, false, "dx = dy W");
+    if (!c.grad_weight_high_precision)
+      check(Trans::yes, Trans::no, dy, c.grad_output_for_grad_weight, x, c.input_for_grad_weight, N, K, false,
+            "dW = dy^T x");
+  }
+  CHECK(ops::float8_casts(ops::Float8Recipe::tensorwise).fast_accumulation_forward);
+
+  // Sizes cuBLASLt's float8 matmul cannot take are refused, naming the GEMM: 24 tokens
+  // reduced over by the weight gradient.
+  const Tensor<float> dy24 = random_matrix(24, N, 7, 1.0f), x24 = random_matrix(24, K, 8, 1.0f);
+  Tensor<float> dw(Shape{N, K});
+  const ops::Float8Cast e4m3{DType::f8e4m3, Float8Axis::tensor, false};
+  CHECK_THROWS_WITH_AS(nn::float8_gemm<Float8Cpu>(Trans::yes, Trans::no, dy24.cview(), e4m3, x24.cview(), e4m3, 0.0f,
+                                                  dw.view(), "layers.0.feed_forward.w2", {false, false}),
+                       doctest::Contains("layers.0.feed_forward.w2: a float8 GEMM needs its reduction and its output's "
+                                         "columns in multiples of 16 (cuBLASLt), not k = 24, n = 48"),
+                       Error);
+  // The contract's own refusals: two e5m2 operands, scales unalike.
+  std::vector<std::uint8_t> bytes(64 * 16, 0);
+  const float one = 1.0f;
+  Tensor<float> c16(Shape{64, 64});
+  const Float8GemmOperand e5{bytes.data(), DType::f8e5m2, 64, 16, &one, false};
+  CHECK_THROWS_WITH_AS(Float8Cpu::gemm_float8(e5, e5, 0.0f, c16.view(), false),
+                       doctest::Contains("gemm_float8: both operands float8_e5m2"), Error);
+  Float8GemmOperand by_row{bytes.data(), DType::f8e4m3, 64, 16, &one, true};
+  CHECK_THROWS_WITH_AS(Float8Cpu::gemm_float8(by_row, e5, 0.0f, c16.view(), false),
+                       doctest::Contains("gemm_float8: one operand scaled by row and the other by one scale"), Error);
+}
+
 }  // namespace test_float8_gemm

@@ -9,6 +9,7 @@
 
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/instances.hpp"
+#include "tessera/plan/dry_run.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/job_plan.hpp"
 #include "tessera/train/trainer.hpp"
@@ -102,8 +103,8 @@ TEST_CASE("[float8] is read when model.converters names it, and what cannot run 
           "float8.recipe_name must be one of tensorwise, rowwise, rowwise_with_gw_hp");
   refused({"--model.converters", "float8", "--training.mixed_precision_param", "float32"},
           "float8 GEMMs cast a bfloat16 model's values, and training.mixed_precision_param is \"float32\"");
-  refused({"--model.converters", "float8", "--float8.emulate", "false"},
-          "float8.emulate = false: this build runs float8 GEMMs emulated only");
+  refused({"--model.converters", "float8", "--float8.emulate", "false", "--training.seq_len", "24"},
+          "training.seq_len = 24: float8 GEMMs (float8.emulate = false) reduce over a micro-batch's tokens");
   refused({"--model.converters", "float8", "--float8.precompute_float8_dynamic_scale_for_fsdp", "true"},
           "needs float8.enable_fsdp_float8_all_gather = true");
   refused({"--model.converters", "float8", "--float8.enable_fsdp_float8_all_gather", "true", "--float8.recipe_name",
@@ -172,6 +173,61 @@ TEST_CASE("Each float8 recipe trains the debug model as bf16 does: its short cur
     CHECK(std::fabs(f8.back() - bf16.back()) / bf16.back() < 0.02);
     CHECK(worst < 0.05);
   }
+}
+
+
+TEST_CASE("Float8 GEMMs not emulated: refused on the CPU and for sizes cuBLASLt cannot take, float8 GEMMs in a dry run") {
+  const std::vector<std::string> real = {"--model.converters", "float8", "--float8.emulate", "false"};
+  const train::JobConfig cpu = float8_job(real);
+  CHECK_THROWS_WITH_AS(Model(cpu.model.args, train::make_plan(cpu, nullptr)),
+                       doctest::Contains("float8.emulate = false: layers.0.attention.wq would run float8 GEMMs on the "
+                                         "cpu backend, which has none"),
+                       Error);
+
+  // The dry run stands for a GPU with cuBLASLt's float8 matmul: each linear layer of the
+  // blocks (7 a block, 2 blocks) runs its three GEMMs in float8 (or two, the weight
+  // gradient in bf16), the output projection in bf16.
+  struct Count {
+    int e4m3 = 0, e5m2 = 0, other = 0;
+  };
+  auto gemms = [](const plan::StepTrace& st) {
+    Count n;
+    for (const trace::Event& e : st.trace.events())
+      if (const auto* g = std::get_if<trace::Gemm>(&e.op)) {
+        if (g->operands == DType::f8e4m3 || g->operands == DType::f8e5m2) {
+          CHECK((g->ta == Trans::no && g->tb == Trans::yes));  // cuBLASLt's layout
+          (g->operands == DType::f8e4m3 ? n.e4m3 : n.e5m2) += 1;
+        } else {
+          ++n.other;
+        }
+      }
+    return n;
+  };
+  const Count off = gemms(plan::dry_run_step<bf16>(float8_job({})));
+  REQUIRE(off.e4m3 + off.e5m2 == 0);
+  const int linear = 3 * 14;
+  REQUIRE(off.other > linear);
+  struct Case {
+    const char* recipe;
+    int e4m3, e5m2, high;  // GEMMs with each operand type, and the linear layers' in bf16
+  };
+  for (const Case k : {Case{"tensorwise", 14, 28, 0}, Case{"rowwise", 42, 0, 0}, Case{"rowwise_with_gw_hp", 28, 0, 14}}) {
+    CAPTURE(k.recipe);
+    std::vector<std::string> o = real;
+    o.insert(o.end(), {"--float8.recipe_name", k.recipe});
+    const Count n = gemms(plan::dry_run_step<bf16>(float8_job(o)));
+    CHECK(n.e4m3 == k.e4m3);
+    CHECK(n.e5m2 == k.e5m2);
+    CHECK(n.other == off.other - linear + k.high);
+  }
+
+  // Sizes a float8 GEMM cannot take: 72 features (not a multiple of 16), or 24 tokens a sequence.
+  std::vector<std::string> odd = real;
+  odd.insert(odd.end(), {"--model.dim", "72", "--model.n_heads", "4"});
+  CHECK_THROWS_WITH_AS(plan::dry_run_step<bf16>(float8_job(odd)),
+                       doctest::Contains("layers.0.attention.wq (72 -> 72 features) cannot run float8 GEMMs, which "
+                                         "need both sizes in multiples of 16"),
+                       Error);
 }
 
 }  // namespace test_float8_training

@@ -22,6 +22,7 @@
 #include <source_location>
 #include <span>
 
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
@@ -154,5 +155,47 @@ GemmSizes check_gemm(Trans ta, Trans tb, const TensorView<TA>& a, const TensorVi
                 "gemm: operands need unit column stride");
   return {m, n, k};
 }
+
+
+/// One operand of a float8 GEMM as a backend multiplies it: `rows` x `k` values of
+/// `format` (float8_e4m3fn or float8_e5m2), row-major and contiguous, the GEMM's
+/// reduction running along each row (cuBLASLt's "TN" layout, the only one its float8
+/// matmul takes on Hopper), and the factors that bring them back: `inverse[0]` for every
+/// row, or `inverse[r]` for row r when `per_row`.
+struct Float8GemmOperand {
+  const void* data = nullptr;
+  DType format = DType::f8e4m3;
+  std::int64_t rows = 0, k = 0;
+  const float* inverse = nullptr;
+  bool per_row = false;
+};
+
+/// The sizes of a float8 GEMM, C (a.rows x b.rows) = (a b^T) scaled, once its operands
+/// are checked: formats, shapes that chain, scales alike (both per row or both single),
+/// not both e5m2 (cuBLASLt multiplies e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3). Every
+/// backend's gemm_float8 checks with these messages.
+template <class C>
+GemmSizes check_float8_gemm(const Float8GemmOperand& a, const Float8GemmOperand& b, const TensorView<C>& c) {
+  auto float8 = [](DType t) { return t == DType::f8e4m3 || t == DType::f8e5m2; };
+  TESSERA_CHECK(float8(a.format) && float8(b.format), "gemm_float8: operands of ", name_of(a.format), " and ",
+                name_of(b.format), " (float8_e4m3fn or float8_e5m2 expected)");
+  TESSERA_CHECK(!(a.format == DType::f8e5m2 && b.format == DType::f8e5m2),
+                "gemm_float8: both operands float8_e5m2 (one must be float8_e4m3fn)");
+  TESSERA_CHECK(c.rank() == 2 && (c.cols() <= 1 || c.stride(1) == 1),
+                "gemm_float8: C must be rank 2 with unit column stride");
+  TESSERA_CHECK(a.k == b.k && c.rows() == a.rows && c.cols() == b.rows, "gemm_float8: shapes do not chain: A ",
+                a.rows, "x", a.k, ", B ", b.rows, "x", b.k, " (used transposed), C ", c.rows(), "x", c.cols());
+  TESSERA_CHECK(a.per_row == b.per_row, "gemm_float8: one operand scaled by row and the other by one scale");
+  return {a.rows, b.rows, a.k};
+}
+
+/// Whether B multiplies float8 operands itself: B::gemm_float8(a, b, beta, c,
+/// fast_accumulation) sets C = (a b^T) * a.inverse[.] * b.inverse[.] + beta C, C of
+/// bfloat16 or float32 (the CUDA backend through cuBLASLt's float8 matmul; the dry run).
+/// A backend without it runs float8 GEMMs emulated (nn/float8.hpp).
+template <class B>
+concept HasFloat8Gemm = requires(const Float8GemmOperand& a, TensorView<float> c) {
+  B::gemm_float8(a, a, 0.0f, c, false);
+};
 
 }  // namespace tessera

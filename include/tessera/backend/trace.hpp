@@ -34,7 +34,7 @@ namespace tessera::trace {
 struct Gemm {
   std::int64_t m = 0, n = 0, k = 0;
   Trans ta = Trans::no, tb = Trans::no;
-  DType operands = DType::f32;  // A and B
+  DType operands = DType::f32;  // A and B (a float8 GEMM: A's format; B's may be the other)
   DType result = DType::f32;    // C
   bool accumulate = false;      // beta != 0: C is read as well as written
   double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }

@@ -6,6 +6,7 @@
 // run, backend/meta/meta.hpp) computes nothing and leaves the same trace. Outside a
 // Recording it is B. What is recorded:
 //   gemm                  m, n, k, transposes, operand and result dtypes, accumulation
+//   gemm_float8           as gemm, the operands' dtype the first one's float8 format
 //   attention_forward/backward   the AttentionShape and dtype
 //   for_each(n, f)        the functor's name, n, its ops::Traffic (when F has traffic()),
 //                         the CUDA kernel's where it differs (cuda_traffic()), and the
@@ -100,6 +101,19 @@ struct Traced {
       trace::record(trace::Gemm{s.m, s.n, s.k, ta, tb, dtype_of<T>(), dtype_of<C>(), beta != accum_t<T>(0)});
     }
     B::gemm(ta, tb, alpha, a, b, beta, c);
+  }
+
+  /// B's float8 GEMM, where B has one: recorded as a GEMM of float8 operands (A's
+  /// format), in cuBLASLt's layout (op(A) = A, op(B) = B^T).
+  template <class C>
+    requires HasFloat8Gemm<B>
+  static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<C> c,
+                          bool fast_accumulation) {
+    if (trace::current()) {
+      const GemmSizes s = check_float8_gemm(a, b, c);
+      trace::record(trace::Gemm{s.m, s.n, s.k, Trans::no, Trans::yes, a.format, dtype_of<C>(), beta != 0.0f});
+    }
+    B::gemm_float8(a, b, beta, c, fast_accumulation);
   }
 
   template <class T>

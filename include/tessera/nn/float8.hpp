@@ -1,12 +1,18 @@
 // Float8 GEMMs of a linear layer (ops/float8.hpp holds the recipes' casts and the functors).
 //
-// float8_gemm is the arithmetic every backend runs: the operands cast to float8, the
-// float8 values multiplied in float, the float sums multiplied by the two inverse scales.
-// cuBLASLt's float8 matmul computes the same with the same cast operands (its own order of
-// sums, with fast accumulation on the forward as torchao asks); on a backend without it this
-// is the emulation (float8.emulate): the operands bitwise those of the GPU, the sums in float.
-// Scales are taken from each tensor's amax when it is cast (dynamic scaling), the weight
-// again in the backward, as torchao recasts it there.
+// float8_gemm casts both operands to float8 (dynamic scaling: each scale from the amax
+// of the tensor, row or column as the cast says, taken when it is cast; the weight again
+// in the backward, as torchao recasts it there) into the layout a float8 GEMM takes, each
+// operand's reduction along its rows (Float8GemmOperand, backend.hpp: cuBLASLt's "TN";
+// an operand the GEMM reduces down its columns, as both of the weight gradient's are, is
+// transposed as it is cast), then multiplies them one of two ways:
+//   - on the backend's own float8 GEMM (HasFloat8Gemm: the CUDA backend's cuBLASLt
+//     float8 matmul, fast accumulation where the recipe asks; the dry run records it as
+//     a float8 GEMM, which llama-plan prices at float8 rates);
+//   - emulated (float8.emulate, and any backend without one: the CPU): the float8 values
+//     widened to float (exactly), multiplied by the backend's float GEMM, the sums
+//     multiplied by the two inverse scales. The operands are bitwise those the GPU
+//     multiplies; only the order of the float sums differs.
 #pragma once
 
 #include <cstdint>
@@ -26,35 +32,58 @@ using ops::Float8Cast;
 using ops::Float8LinearCasts;
 using ops::Float8Recipe;
 
-/// An operand cast to float8: its values, the inverse scales (one, or one per row or
-/// column as its cast says), and the cast.
+/// Options of a float8 GEMM: whether to emulate it even where the backend has float8
+/// GEMMs, and cuBLASLt's fast accumulation (torchao takes it for the forward only).
+struct Float8GemmOptions {
+  bool emulate = true;
+  bool fast_accumulation = false;
+};
+
+/// An operand cast to float8: its values (rows x cols as stored: the cast tensor's, or its
+/// transpose's when `transposed`), the scales and inverses (one, or one per row or column
+/// of the cast tensor as its cast says), and the cast.
 template <Backend B>
 struct Float8Operand {
   Tensor<float8_e4m3> e4m3;  // one of the two, as cast.format says
   Tensor<float8_e5m2> e5m2;
   Tensor<float> scale, inverse;
   Float8Cast cast;
+  bool transposed = false;
   std::int64_t rows = 0, cols = 0;
+
+  /// The operand as a float8 GEMM takes it: the reduction along each stored row, so the
+  /// scales must be one or one per stored row (`what` names the GEMM in the error).
+  Float8GemmOperand gemm_operand(std::string_view what) const {
+    const ops::Float8Axis along = transposed ? ops::Float8Axis::columns : ops::Float8Axis::rows;
+    TESSERA_CHECK(cast.axis == ops::Float8Axis::tensor || cast.axis == along, what,
+                  ": a float8 operand's scales do not run along the GEMM's reduction");
+    const void* data = cast.format == DType::f8e4m3 ? static_cast<const void*>(e4m3.data())
+                                                     : static_cast<const void*>(e5m2.data());
+    return {data, cast.format, rows, cols, inverse.data(), cast.axis != ops::Float8Axis::tensor};
+  }
 };
 
-/// `x` (rows x cols, leading dimension ld) cast to float8 by `cast`: amaxes, scales, values.
+/// `x` (rows x cols, leading dimension ld) cast to float8 by `cast`: amaxes, scales, and
+/// the values, stored as x^T (cols x rows) when `transpose`.
 template <Backend B, class T>
-Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast) {
+Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool transpose = false) {
   using ops::Float8Axis;
   Float8Operand<B> q;
   q.cast = cast;
-  q.rows = x.rows();
-  q.cols = x.cols();
-  const std::int64_t ld = x.cols() <= 1 ? x.cols() : x.ld();
-  const std::int64_t n_scales = cast.axis == Float8Axis::rows ? q.rows : cast.axis == Float8Axis::columns ? q.cols : 1;
-  Tensor<float> amax = B::template empty<float>(Shape{cast.axis == Float8Axis::columns ? q.cols : q.rows});
+  q.transposed = transpose;
+  const std::int64_t xr = x.rows(), xc = x.cols();
+  q.rows = transpose ? xc : xr;
+  q.cols = transpose ? xr : xc;
+  const std::int64_t ld = xc <= 1 ? xc : x.ld();
+  const std::int64_t n_scales = cast.axis == Float8Axis::rows ? xr : cast.axis == Float8Axis::columns ? xc : 1;
+  Tensor<float> amax = B::template empty<float>(Shape{cast.axis == Float8Axis::columns ? xc : xr});
   if (cast.axis == Float8Axis::columns)
-    B::for_each(q.cols, ops::ColumnAbsMax<T>{x.data(), ld, q.rows, amax.data()});
+    B::for_each(xc, ops::ColumnAbsMax<T>{x.data(), ld, xr, amax.data()});
   else
-    B::for_each(q.rows, ops::RowAbsMax<T>{x.data(), ld, q.cols, amax.data()});
+    B::for_each(xr, ops::RowAbsMax<T>{x.data(), ld, xc, amax.data()});
   if (cast.axis == Float8Axis::tensor) {
     Tensor<float> all = B::template empty<float>(Shape{1});
-    B::for_each(1, ops::MaxOf{amax.data(), q.rows, all.data()});
+    B::for_each(1, ops::MaxOf{amax.data(), xr, all.data()});
     amax = all;
   }
   q.scale = B::template empty<float>(Shape{n_scales});
@@ -62,19 +91,21 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast) {
   const double format_max = cast.format == DType::f8e4m3 ? float8_e4m3::max() : float8_e5m2::max();
   B::for_each(n_scales, ops::Float8ScaleFromAmax{amax.data(), q.scale.data(), q.inverse.data(), format_max,
                                                  cast.power_of_two});
-  const std::int64_t n = q.rows * q.cols;
+  const std::int64_t n = xr * xc;
   if (cast.format == DType::f8e4m3) {
     q.e4m3 = B::template empty<float8_e4m3>(Shape{q.rows, q.cols});
-    B::for_each(n, ops::QuantizeFloat8<T, float8_e4m3>{x.data(), ld, q.cols, q.scale.data(), cast.axis, q.e4m3.data()});
+    B::for_each(n, ops::QuantizeFloat8<T, float8_e4m3>{x.data(), ld, xr, xc, q.scale.data(), cast.axis, transpose,
+                                                       q.e4m3.data()});
   } else {
     TESSERA_CHECK(cast.format == DType::f8e5m2, "float8: a cast to ", name_of(cast.format), " (not a float8 format)");
     q.e5m2 = B::template empty<float8_e5m2>(Shape{q.rows, q.cols});
-    B::for_each(n, ops::QuantizeFloat8<T, float8_e5m2>{x.data(), ld, q.cols, q.scale.data(), cast.axis, q.e5m2.data()});
+    B::for_each(n, ops::QuantizeFloat8<T, float8_e5m2>{x.data(), ld, xr, xc, q.scale.data(), cast.axis, transpose,
+                                                       q.e5m2.data()});
   }
   return q;
 }
 
-/// The float8 values of `q` as floats (exact), rows x cols.
+/// The float8 values of `q` as floats (exact), as stored: rows x cols.
 template <Backend B>
 Tensor<float> float8_values(const Float8Operand<B>& q) {
   Tensor<float> f = B::template empty<float>(Shape{q.rows, q.cols});
@@ -86,12 +117,16 @@ Tensor<float> float8_values(const Float8Operand<B>& q) {
   return f;
 }
 
+/// The multiples a float8 GEMM's sizes must be of (cuBLASLt's float8 matmul: its
+/// reduction and the second operand's rows, both leading dimensions of 1-byte elements).
+inline constexpr std::int64_t kFloat8GemmMultiple = 16;
+
 /// C = (op(A) op(B)) / (scale_a scale_b) + beta C, A and B cast to float8 by `cast_a` and
 /// `cast_b`: a scale per row of op(A) or one, per column of op(B) or one (each cast's
 /// axis must run along the reduction: `what` names the GEMM in the error).
 template <Backend B, class T, class C>
 void float8_gemm(Trans ta, Trans tb, TensorView<const T> a, Float8Cast cast_a, TensorView<const T> b, Float8Cast cast_b,
-                 float beta, TensorView<C> c, std::string_view what) {
+                 float beta, TensorView<C> c, std::string_view what, Float8GemmOptions options = {}) {
   using ops::Float8Axis;
   const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
   const Float8Axis a_along = ta == Trans::no ? Float8Axis::rows : Float8Axis::columns;
@@ -101,13 +136,35 @@ void float8_gemm(Trans ta, Trans tb, TensorView<const T> a, Float8Cast cast_a, T
   TESSERA_CHECK(cast_b.axis == Float8Axis::tensor || cast_b.axis == b_along, what,
                 ": the second operand's float8 scales do not run along the GEMM's reduction");
   if (m == 0 || n == 0) return;
-  const Float8Operand<B> qa = cast_to_float8<B>(a, cast_a), qb = cast_to_float8<B>(b, cast_b);
-  const Tensor<float> fa = float8_values<B>(qa), fb = float8_values<B>(qb);
+  // Both as a float8 GEMM takes them: op(A) (m x k) and op(B)^T (n x k), k along the rows.
+  const Float8Operand<B> qa = cast_to_float8<B>(a, cast_a, ta == Trans::yes);
+  const Float8Operand<B> qb = cast_to_float8<B>(b, cast_b, tb == Trans::no);
+  Float8GemmOperand fa = qa.gemm_operand(what), fb = qb.gemm_operand(what);
+  if constexpr (HasFloat8Gemm<B>) {
+    if (!options.emulate) {
+      TESSERA_CHECK(k % kFloat8GemmMultiple == 0 && n % kFloat8GemmMultiple == 0, what,
+                    ": a float8 GEMM needs its reduction and its output's columns in multiples of ",
+                    kFloat8GemmMultiple, " (cuBLASLt), not k = ", k, ", n = ", n, " (m = ", m,
+                    "); set float8.emulate = true or keep the layer out by float8.filter_fqns");
+      // cuBLASLt scales both operands alike: a single scale beside a scaled-by-row operand
+      // is given to each of its rows.
+      Tensor<float> spread;
+      for (Float8GemmOperand* o : {&fa, &fb})
+        if (!o->per_row && (fa.per_row || fb.per_row)) {
+          spread = B::template empty<float>(Shape{o->rows});
+          B::for_each(o->rows, ops::Float8ScaleBroadcast{o->inverse, spread.data()});
+          o->inverse = spread.data();
+          o->per_row = true;
+        }
+      B::gemm_float8(fa, fb, beta, c, options.fast_accumulation);
+      return;
+    }
+  }
+  const Tensor<float> va = float8_values<B>(qa), vb = float8_values<B>(qb);
   Tensor<float> sum = B::template empty<float>(Shape{m, n});
-  B::gemm(ta, tb, 1.0f, fa.cview(), fb.cview(), 0.0f, sum.view());
-  B::for_each(m * n, ops::Float8GemmScale<C>{sum.data(), n, qa.inverse.data(), cast_a.axis != Float8Axis::tensor,
-                                             qb.inverse.data(), cast_b.axis != Float8Axis::tensor, beta, c.data(),
-                                             c.cols() <= 1 ? c.cols() : c.ld()});
+  B::gemm(Trans::no, Trans::yes, 1.0f, va.cview(), vb.cview(), 0.0f, sum.view());
+  B::for_each(m * n, ops::Float8GemmScale<C>{sum.data(), n, fa.inverse, fa.per_row, fb.inverse, fb.per_row, beta,
+                                             c.data(), c.cols() <= 1 ? c.cols() : c.ld()});
 }
 
 }  // namespace tessera::nn

@@ -14,7 +14,10 @@
 //
 // Under a float8 policy that takes this layer (ops::Float8Policy: model.converters =
 // ["float8"], [float8]), its three GEMMs cast their operands to float8 by the policy's
-// recipe (nn/float8.hpp); the weight's gradient stays in the accumulation type.
+// recipe (nn/float8.hpp); the weight's gradient stays in the accumulation type. They run
+// on the backend's float8 GEMM (cuBLASLt's) unless the policy emulates them; a backend
+// without one (the CPU) is refused here unless it does, as is a layer whose sizes a
+// float8 GEMM cannot take.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +44,11 @@ class Linear : public LayerTypes<T, B> {
   Linear(std::string name, std::int64_t in, std::int64_t out, Init init, parallel::TensorParallelGroup* tp = nullptr,
          TensorSplit split = {}, const ops::Float8Policy* float8 = nullptr)
       : tp_(tp) {
-    if (float8 != nullptr && float8->applies(name, in, out)) float8_ = ops::float8_casts(float8->recipe);
+    if (float8 != nullptr && float8->applies(name, in, out)) {
+      float8_ = ops::float8_casts(float8->recipe);
+      emulate_float8_ = float8->emulate;
+      if (!emulate_float8_) check_float8_gemms(name, in, out);
+    }
     weight_ = Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{out, in}, init);
     weight_.split = split;
     parallel::check_split(weight_);
@@ -52,7 +59,7 @@ class Linear : public LayerTypes<T, B> {
       Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
       if (float8_)
         float8_gemm<B>(Trans::no, Trans::yes, x.cview(), float8_->input, weight_.value.cview(), float8_->weight, 0.0f,
-                       out.view(), weight_.name);
+                       out.view(), weight_.name, {emulate_float8_, float8_->fast_accumulation_forward});
       else
         B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
       return out;
@@ -71,7 +78,7 @@ class Linear : public LayerTypes<T, B> {
   void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, float beta) {
     if (float8_)
       float8_gemm<B>(Trans::no, Trans::no, dy.cview(), float8_->grad_output, weight_.value.cview(),
-                     float8_->weight_for_grad_input, beta, dx.view(), weight_.name);
+                     float8_->weight_for_grad_input, beta, dx.view(), weight_.name, {emulate_float8_, false});
     else
       B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
     ctx.weight_grad([this, x = ctx.saved("x"), dy] {
@@ -97,11 +104,23 @@ class Linear : public LayerTypes<T, B> {
   const std::optional<ops::Float8LinearCasts>& float8() const { return float8_; }
 
  private:
+  /// A layer whose float8 GEMMs are not emulated needs a backend that has them and sizes
+  /// they take (its tokens are checked at each GEMM).
+  static void check_float8_gemms(const std::string& name, std::int64_t in, std::int64_t out) {
+    TESSERA_CHECK(HasFloat8Gemm<B>, "float8.emulate = false: ", name, " would run float8 GEMMs on the ",
+                  name_of(B::device), " backend, which has none (cuBLASLt's need a GPU of compute capability 8.9 "
+                  "or later); set float8.emulate = true to run them emulated");
+    TESSERA_CHECK(in % kFloat8GemmMultiple == 0 && out % kFloat8GemmMultiple == 0, "model.converters = [\"float8\"]: ",
+                  name, " (", in, " -> ", out, " features) cannot run float8 GEMMs, which need both sizes in multiples "
+                  "of ", kFloat8GemmMultiple, "; keep it out by float8.filter_fqns or set float8.emulate = true");
+  }
+
   /// into = dy^T x + beta into: the weight's gradient, in float8 where the recipe casts it.
   void weight_gemm(const Tensor<T>& dy, const Tensor<T>& x, accum_t<T> beta, const Tensor<accum_t<T>>& into) {
     if (float8_ && !float8_->grad_weight_high_precision)
       float8_gemm<B>(Trans::yes, Trans::no, dy.cview(), float8_->grad_output_for_grad_weight, x.cview(),
-                     float8_->input_for_grad_weight, static_cast<float>(beta), into.view(), weight_.name);
+                     float8_->input_for_grad_weight, static_cast<float>(beta), into.view(), weight_.name,
+                     {emulate_float8_, false});
     else
       B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), beta, into.view());
   }
@@ -109,6 +128,7 @@ class Linear : public LayerTypes<T, B> {
   Parameter<T> weight_;
   parallel::TensorParallelGroup* tp_ = nullptr;
   std::optional<ops::Float8LinearCasts> float8_;
+  bool emulate_float8_ = true;
 };
 
 }  // namespace tessera::nn

@@ -138,23 +138,48 @@ struct Float8ScaleFromAmax {
   }
 };
 
-/// out[r, c] = F(float(x[r, c]) * scale[index of (r, c)]) over rows x cols (index
-/// r * cols + c); F is float8_e4m3 or float8_e5m2.
+/// x (rows x cols, leading dimension ld) cast to F (float8_e4m3 or float8_e5m2), each
+/// element multiplied in float by its scale (`axis` of x) and converted with saturation:
+/// out = F(x * scale), rows x cols contiguous (index r * cols + c); or, when `transpose`,
+/// out = F(x * scale)^T, cols x rows contiguous (index c * rows + r), the layout a float8
+/// GEMM takes an operand reduced over x's rows in (Float8GemmOperand: the reduction along
+/// each row). Each index writes one element of out, so writes are coalesced; a
+/// transposed cast reads x down its columns.
 template <class T, class F>
 struct QuantizeFloat8 {
   const T* x;
-  std::int64_t ld, cols;
+  std::int64_t ld, rows, cols;
   const float* scale;
   Float8Axis axis;
-  F* out;  // rows x cols, contiguous
+  bool transpose;
+  F* out;
   TESSERA_HD void operator()(std::int64_t i) const {
-    const std::int64_t r = i / cols, c = i - r * cols;
+    std::int64_t r, c;
+    if (transpose) {
+      c = i / rows;
+      r = i - c * rows;
+    } else {
+      r = i / cols;
+      c = i - r * cols;
+    }
     out[i] = F(static_cast<float>(to_accum(x[r * ld + c])) * scale[float8_scale_index(axis, r, c)]);
   }
   Traffic traffic(std::int64_t n) const {
     const double e = static_cast<double>(n);
-    return {e * (sizeof(T) + sizeof(float)), e * sizeof(F), e, 0};
+    Traffic t{e * (sizeof(T) + sizeof(float)), e * sizeof(F), e, 0};
+    // Neighbouring indices read elements a row apart: each read walks alone.
+    if (transpose) t.walk_bytes = e * sizeof(T);
+    return t;
   }
+};
+
+/// out[i] = in[0]: one float8 scale given to every row, for a GEMM whose other operand
+/// is scaled by row (cuBLASLt scales both operands alike).
+struct Float8ScaleBroadcast {
+  const float* in;
+  float* out;
+  TESSERA_HD void operator()(std::int64_t i) const { out[i] = in[0]; }
+  Traffic traffic(std::int64_t n) const { return {sizeof(float), static_cast<double>(n) * sizeof(float), 0, 0}; }
 };
 
 /// out[i] = float(q[i]): a float8 operand widened (exactly) for a GEMM in float.

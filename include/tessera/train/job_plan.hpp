@@ -32,9 +32,11 @@ inline void check_supported(const JobConfig& c) {
     TESSERA_CHECK(!c.float8.enable_fsdp_float8_all_gather,
                   "float8.enable_fsdp_float8_all_gather: not yet in this build (FSDP all-gathers the weights in "
                   "their own dtype and each is cast to float8 after it)");
-    TESSERA_CHECK(c.float8.emulate, "float8.emulate = false: this build runs float8 GEMMs emulated only (the "
-                  "operands cast as on a GPU, multiplied in float32); cuBLASLt's float8 matmul is not yet in. Set "
-                  "float8.emulate = true");
+    // Float8 GEMMs that are not emulated run on the backend's own (nn::Linear refuses a
+    // backend without one); cuBLASLt's reduce over the tokens in multiples of 16.
+    TESSERA_CHECK(c.float8.emulate || c.training.seq_len % 16 == 0, "training.seq_len = ", c.training.seq_len,
+                  ": float8 GEMMs (float8.emulate = false) reduce over a micro-batch's tokens, which cuBLASLt takes "
+                  "in multiples of 16; use a seq_len that is one, or set float8.emulate = true");
     TESSERA_CHECK(p.tensor_parallel_degree == 1, "model.converters = [\"float8\"] with "
                   "parallelism.tensor_parallel_degree = ", p.tensor_parallel_degree,
                   ": float8 under tensor parallelism is not yet in this build (a weight's scale would be its piece's)");

@@ -170,6 +170,14 @@ struct Cuda {
     cuda::gemm<T, C>(ta, tb, alpha, a, b, beta, c);
   }
 
+  /// C = (A B^T) scaled + beta C for float8 operands (backend.hpp's Float8GemmOperand),
+  /// through cuBLASLt's float8 matmul (cuda/gemm.hpp); C bf16 or float.
+  template <class C>
+  static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<C> c,
+                          bool fast_accumulation) {
+    cuda::gemm_float8<C>(a, b, beta, c, fast_accumulation);
+  }
+
   /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T) in
   /// accum_t<T> (float for float and bf16 tensors). bf16 runs on the installed
   /// attention engine when there is one (cuda::attention_engine()).
@@ -252,5 +260,6 @@ struct Cuda {
 };
 
 static_assert(Backend<Cuda>, "tessera: Cuda must satisfy the Backend concept");
+static_assert(HasFloat8Gemm<Cuda>, "tessera: Cuda must run float8 GEMMs");
 
 }  // namespace tessera

@@ -17,6 +17,17 @@
 // cuBLASLt's COMPUTE_TYPE reduction: partial sums in an fp32 workspace, added in a
 // separate pass, never in the output type nor in place in the output.
 //
+// Float8. gemm_float8 multiplies two float8 operands (Float8GemmOperand, backend.hpp:
+// e4m3 x e4m3, or either with one e5m2) into bf16 or fp32, in the one layout cuBLASLt's
+// float8 matmul takes on Hopper ("TN": both operands with the reduction along their
+// stored rows, so tessera's op(A) = A, op(B) = B^T), with CUBLAS_COMPUTE_32F. The inverse
+// scales go in as cuBLASLt's A and B scale pointers, single (SCALAR_32F) or one per row of
+// each operand (OUTER_VEC_32F: per row of D's rows and columns); fast accumulation
+// (CUBLASLT_MATMUL_DESC_FAST_ACCUM) where the caller asks. Scale pointers are part of the
+// matmul descriptor, so a float8 GEMM's descriptor is made for each call (host work
+// only) while its layouts and algorithm are cached as any GEMM's. It needs float8 tensor
+// cores (compute capability 8.9 or later), checked once per device.
+//
 // Algorithms. cuBLASLt's heuristic (cublasLtMatmulAlgoGetHeuristic) picks an algorithm
 // for a GEMM key: m, n, k, the transposes, the three leading dimensions, the element
 // type, whether beta is zero, the device, and the byte alignment of each operand's
@@ -56,6 +67,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -115,10 +127,13 @@ inline constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;
 /// What identifies a GEMM to the algorithm cache (row-major terms, as the caller sees it).
 struct GemmKey {
   int device = 0;
-  DType dtype = DType::f32;  // A's and B's
-  DType out = DType::f32;    // C's: dtype, or float32 for a bfloat16 GEMM writing fp32
+  DType dtype = DType::f32;    // A's and B's (float8: A's)
+  DType b_dtype = DType::f32;  // B's: dtype, except a float8 GEMM's may be the other format
+  DType out = DType::f32;      // C's: dtype, or float32 for a bfloat16 or float8 GEMM writing fp32
   Trans ta = Trans::no, tb = Trans::no;
   bool beta_zero = true;
+  bool scaled_by_row = false;      // float8: both operands' scales one per row (else one each)
+  bool fast_accumulation = false;  // float8: cuBLASLt's fast accumulation
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldc = 0;
   std::uint32_t align_a = 256, align_b = 256, align_c = 256;  // pointer alignment in bytes, at most 256
@@ -129,12 +144,19 @@ struct GemmKey {
   /// alignment(A,B,C)=256,4,256 bytes on cuda:0".
   std::string str() const {
     auto op = [](Trans t, const char* x) { return std::string(x) + (t == Trans::yes ? "^T" : ""); };
-    return tessera::detail::concat(name_of(dtype), " GEMM", out == dtype ? "" : " into ",
+    const bool f8 = float8();
+    return tessera::detail::concat(name_of(dtype), f8 ? " x " : "", f8 ? name_of(b_dtype) : std::string_view{},
+                                   f8 && scaled_by_row ? " (scaled by row)" : "",
+                                   f8 && fast_accumulation ? " (fast accumulation)" : "", " GEMM",
+                                   out == dtype ? "" : " into ",
                                    out == dtype ? std::string_view{} : name_of(out), " m=", m, " n=", n, " k=", k, " op(A)=", op(ta, "A"),
                                    " op(B)=", op(tb, "B"), " lda=", lda, " ldb=", ldb, " ldc=", ldc,
                                    " beta=", beta_zero ? "0" : "nonzero", " alignment(A,B,C)=", align_a, ",",
                                    align_b, ",", align_c, " bytes on cuda:", device);
   }
+
+  /// A GEMM of float8 operands.
+  bool float8() const { return dtype == DType::f8e4m3 || dtype == DType::f8e5m2; }
 };
 
 /// One algorithm the heuristic offers for a GEMM.
@@ -176,7 +198,9 @@ struct GemmKeyHash {
     mix(static_cast<std::uint64_t>(key.device));
     mix(static_cast<std::uint64_t>(key.dtype) | (static_cast<std::uint64_t>(key.out) << 32) |
         (static_cast<std::uint64_t>(key.ta) << 8) |
-        (static_cast<std::uint64_t>(key.tb) << 16) | (static_cast<std::uint64_t>(key.beta_zero) << 24));
+        (static_cast<std::uint64_t>(key.tb) << 16) | (static_cast<std::uint64_t>(key.beta_zero) << 24) |
+        (static_cast<std::uint64_t>(key.b_dtype) << 40) | (static_cast<std::uint64_t>(key.scaled_by_row) << 48) |
+        (static_cast<std::uint64_t>(key.fast_accumulation) << 56));
     for (std::int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(static_cast<std::uint64_t>(v));
     mix(static_cast<std::uint64_t>(key.align_a) | (static_cast<std::uint64_t>(key.align_b) << 16) |
         (static_cast<std::uint64_t>(key.align_c) << 32));
@@ -222,7 +246,7 @@ GemmKey make_key(Trans ta, Trans tb, TensorView<const T> a, TensorView<const T> 
                  std::int64_t m, std::int64_t n, std::int64_t k) {
   GemmKey key;
   key.device = current_device();
-  key.dtype = dtype_of<T>();
+  key.dtype = key.b_dtype = dtype_of<T>();
   key.out = dtype_of<C>();
   key.ta = ta;
   key.tb = tb;
@@ -288,6 +312,35 @@ struct LtPreference {
   }
 };
 
+/// A matmul descriptor, destroyed with this object.
+struct LtMatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  LtMatmulDesc() = default;
+  LtMatmulDesc(const LtMatmulDesc&) = delete;
+  LtMatmulDesc& operator=(const LtMatmulDesc&) = delete;
+  ~LtMatmulDesc() {
+    if (desc != nullptr) (void)cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+/// A float8 GEMM's inverse scales, device pointers, in tessera's terms: A's and B's.
+struct Float8Scales {
+  const float* a = nullptr;
+  const float* b = nullptr;
+};
+
+/// The CUDA data type of a GEMM element type.
+inline cudaDataType_t cuda_data_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f8e4m3: return CUDA_R_8F_E4M3;
+    case DType::f8e5m2: return CUDA_R_8F_E5M2;
+    default: break;
+  }
+  fail("CUDA backend: no GEMM of ", name_of(t), " elements");
+}
+
 /// The matmul and layout descriptors of a GEMM key (destroyed with this object).
 class GemmDescriptors {
  public:
@@ -304,7 +357,8 @@ class GemmDescriptors {
   ~GemmDescriptors() { destroy(); }
 
   /// Up to `max_count` algorithms for the key, the heuristic's best estimate first.
-  std::vector<GemmAlgo> heuristic(cublasLtHandle_t handle, int max_count) const {
+  /// `scales`: a float8 GEMM's (its descriptor made with them), else none.
+  std::vector<GemmAlgo> heuristic(cublasLtHandle_t handle, int max_count, const Float8Scales* scales = nullptr) const {
     TESSERA_CHECK(max_count > 0, "gemm_candidates: max_count must be positive, not ", max_count);
     LtPreference guard;
     TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&guard.pref), key_.str());
@@ -330,7 +384,9 @@ class GemmDescriptors {
     // Not a std::vector: nvcc's front end fails on destroying the unnamed struct's elements.
     const auto results = std::make_unique<cublasLtMatmulHeuristicResult_t[]>(static_cast<std::size_t>(max_count));
     int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op_, first_, second_, out_, out_, pref,
+    LtMatmulDesc scaled;
+    const cublasLtMatmulDesc_t op = matmul_desc(scales, scaled);
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op, first_, second_, out_, out_, pref,
                                                                  max_count, results.get(), &returned);
     if (status == CUBLAS_STATUS_NOT_SUPPORTED) returned = 0;  // no heuristic for this configuration
     else if (status != CUBLAS_STATUS_SUCCESS)
@@ -348,39 +404,83 @@ class GemmDescriptors {
     return algos;
   }
 
-  /// Runs D = alpha op(A) op(B) + beta C with `algo` on the compute stream.
+  /// Runs D = alpha op(A) op(B) + beta C with `algo` on the compute stream (`scales`: a
+  /// float8 GEMM's).
   void run(cublasLtHandle_t handle, const GemmAlgo& algo, const float* alpha, const void* a, const void* b,
-           const float* beta, void* c, void* workspace) const {
-    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle, op_, alpha, b, first_, a, second_, beta, c, out_, c, out_, &algo.algo,
+           const float* beta, void* c, void* workspace, const Float8Scales* scales = nullptr) const {
+    LtMatmulDesc scaled;
+    const cublasLtMatmulDesc_t op = matmul_desc(scales, scaled);
+    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle, op, alpha, b, first_, a, second_, beta, c, out_, c, out_, &algo.algo,
                                         workspace, kGemmWorkspaceBytes, compute_stream()),
                          key_.str());
   }
 
  private:
-  void create() {
-    const cudaDataType_t type = key_.dtype == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-    const cudaDataType_t out_type = key_.out == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-    TESSERA_CHECK((key_.dtype == DType::f32 || key_.dtype == DType::bf16) &&
-                      (key_.out == key_.dtype || key_.out == DType::f32),
-                  "CUDA backend: the ", key_.str(),
-                  " is not supported (float32, bfloat16, and bfloat16 into float32 are)");
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), key_.str());
+  /// The descriptor a call uses: the cached one, or for a float8 GEMM one made in `made`
+  /// with its scale pointers (cuBLASLt's first operand is B's storage: its scale is B's).
+  cublasLtMatmulDesc_t matmul_desc(const Float8Scales* scales, LtMatmulDesc& made) const {
+    if (!key_.float8()) return op_;
+    TESSERA_CHECK(scales != nullptr && scales->a != nullptr && scales->b != nullptr, "CUDA backend: the ",
+                  key_.str(), " was given no scales");
+    make_op(made.desc);
+    const void* first_scale = scales->b;
+    const void* second_scale = scales->a;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(made.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &first_scale,
+                                                        sizeof(first_scale)),
+                         key_.str());
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(made.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                        &second_scale, sizeof(second_scale)),
+                         key_.str());
+    return made.desc;
+  }
+
+  /// A matmul descriptor with the key's transposes and, for float8, its accumulation and
+  /// scale modes.
+  void make_op(cublasLtMatmulDesc_t& op) const {
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), key_.str());
     // cuBLASLt's first operand is B's storage, its second A's (see the header comment).
     const std::int32_t trans_first = key_.tb == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
     const std::int32_t trans_second = key_.ta == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
     TESSERA_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof(trans_first)),
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof(trans_first)),
         key_.str());
     TESSERA_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof(trans_second)),
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof(trans_second)),
         key_.str());
+    if (!key_.float8()) return;
+    const std::int8_t fast = key_.fast_accumulation ? 1 : 0;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)),
+                         key_.str());
+    if (key_.scaled_by_row) {
+      // One scale per row of each operand as stored: per row of D (tessera's A) and per
+      // column (tessera's B), cuBLASLt's M and N.
+      const std::int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      for (const cublasLtMatmulDescAttributes_t attr : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE})
+        TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, attr, &mode, sizeof(mode)), key_.str());
+    }
+  }
+
+  void create() {
+    const bool plain = (key_.dtype == DType::f32 || key_.dtype == DType::bf16) && key_.b_dtype == key_.dtype &&
+                       (key_.out == key_.dtype || key_.out == DType::f32);
+    const bool float8 = key_.float8() && (key_.b_dtype == DType::f8e4m3 || key_.b_dtype == DType::f8e5m2) &&
+                        !(key_.dtype == DType::f8e5m2 && key_.b_dtype == DType::f8e5m2) &&
+                        (key_.out == DType::bf16 || key_.out == DType::f32) && key_.ta == Trans::no &&
+                        key_.tb == Trans::yes;
+    TESSERA_CHECK(plain || float8, "CUDA backend: the ", key_.str(),
+                  " is not supported (float32, bfloat16, bfloat16 into float32, and float8 in cuBLASLt's layout "
+                  "into bfloat16 or float32 are)");
+    // The first operand is B's storage, the second A's.
+    const cudaDataType_t type = cuda_data_type(key_.dtype), first_type = cuda_data_type(key_.b_dtype);
+    const cudaDataType_t out_type = cuda_data_type(key_.out);
+    make_op(op_);
     // Row-major (r x c) storage is column-major (c x r): B is (k x n) as stored, or (n x k)
     // when used transposed; A is (m x k), or (k x m); C is (m x n).
     const auto b_rows = static_cast<std::uint64_t>(key_.tb == Trans::no ? key_.k : key_.n);
     const auto b_cols = static_cast<std::uint64_t>(key_.tb == Trans::no ? key_.n : key_.k);
     const auto a_rows = static_cast<std::uint64_t>(key_.ta == Trans::no ? key_.m : key_.k);
     const auto a_cols = static_cast<std::uint64_t>(key_.ta == Trans::no ? key_.k : key_.m);
-    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first_, type, b_cols, b_rows, key_.ldb), key_.str());
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first_, first_type, b_cols, b_rows, key_.ldb), key_.str());
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second_, type, a_cols, a_rows, key_.lda), key_.str());
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out_, out_type, static_cast<std::uint64_t>(key_.n),
                                                     static_cast<std::uint64_t>(key_.m), key_.ldc),
@@ -408,7 +508,8 @@ class GemmDescriptors {
 struct GemmPlan {
   GemmDescriptors desc;
   GemmAlgo algo;
-  GemmPlan(const GemmKey& key, cublasLtHandle_t handle) : desc(key), algo(desc.heuristic(handle, 1).front()) {}
+  GemmPlan(const GemmKey& key, cublasLtHandle_t handle, const Float8Scales* scales)
+      : desc(key), algo(desc.heuristic(handle, 1, scales).front()) {}
 };
 
 /// Keys the plan cache holds at most; meeting one more starts it over (plans in use stay
@@ -428,13 +529,14 @@ inline GemmPlanCache& gemm_plan_cache() {
 
 /// The cached plan of `key`, made on a miss (descriptors created and the heuristic asked
 /// outside the lock; when two threads miss at once, the first to insert wins).
-inline std::shared_ptr<const GemmPlan> gemm_plan(const GemmKey& key, cublasLtHandle_t handle) {
+inline std::shared_ptr<const GemmPlan> gemm_plan(const GemmKey& key, cublasLtHandle_t handle,
+                                                 const Float8Scales* scales = nullptr) {
   auto& cache = gemm_plan_cache();
   {
     std::lock_guard lock(cache.mutex);
     if (auto it = cache.plans.find(key); it != cache.plans.end()) return it->second;
   }
-  auto made = std::make_shared<const GemmPlan>(key, handle);
+  auto made = std::make_shared<const GemmPlan>(key, handle, scales);
   std::lock_guard lock(cache.mutex);
   if (auto it = cache.plans.find(key); it != cache.plans.end()) return it->second;
   if (cache.plans.size() >= kGemmPlanCapacity) cache.plans.clear();
@@ -525,6 +627,71 @@ void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorVie
   const std::shared_ptr<const detail::GemmPlan> plan = detail::gemm_plan(key, handle);
   plan->desc.run(handle, algo != nullptr ? *algo : plan->algo, &alpha32, a.data(), b.data(), &beta32, c.data(),
                  detail::gemm_workspace(key.device));
+}
+
+/// Whether `device` has float8 tensor cores (compute capability 8.9 or later), asked once.
+inline bool has_float8_gemms(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> capability{};  // major * 10 + minor; 0: not asked yet
+  TESSERA_CHECK(0 <= device && device < kMaxDevices, "CUDA backend: device ", device, " out of range");
+  std::atomic<int>& known = capability[static_cast<std::size_t>(device)];
+  int cc = known.load(std::memory_order_relaxed);
+  if (cc == 0) {
+    int major = 0, minor = 0;
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    cc = major * 10 + minor;
+    known.store(cc, std::memory_order_relaxed);
+  }
+  return cc >= 89;
+}
+
+/// C = (A B^T) * a.inverse[.] * b.inverse[.] + beta C: two float8 operands (each its
+/// reduction along its rows) into bf16 or fp32 C, through cuBLASLt's float8 matmul, on
+/// the current device's compute stream. A single scale beside a scaled-by-row operand is
+/// refused (check_float8_gemm): nn::float8_gemm spreads it over the rows first.
+template <class C>
+void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<C> c,
+                 bool fast_accumulation) {
+  static_assert(std::is_same_v<C, float> || std::is_same_v<C, bf16>,
+                "tessera: Cuda::gemm_float8 writes bfloat16 or float32");
+  require_device();
+  const GemmSizes s = check_float8_gemm(a, b, c);
+  if (s.m == 0 || s.n == 0) return;
+  const int device = current_device();
+  if (!has_float8_gemms(device)) {
+    int major = 0, minor = 0;
+    (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    fail("float8.emulate = false: cuda:", device, " (compute capability ", major, ".", minor,
+         ") has no float8 tensor cores (8.9 or later); set float8.emulate = true to run float8 GEMMs emulated");
+  }
+  if (s.k == 0) {
+    detail::scale_or_zero(beta, c, s.m, s.n);
+    return;
+  }
+  GemmKey key;
+  key.device = device;
+  key.dtype = a.format;
+  key.b_dtype = b.format;
+  key.out = dtype_of<C>();
+  key.ta = Trans::no;
+  key.tb = Trans::yes;
+  key.beta_zero = beta == 0.0f;
+  key.scaled_by_row = a.per_row;
+  key.fast_accumulation = fast_accumulation;
+  key.m = s.m;
+  key.n = s.n;
+  key.k = s.k;
+  key.lda = key.ldb = s.k;
+  key.ldc = detail::leading_dimension(c);
+  key.align_a = detail::alignment_of(a.data);
+  key.align_b = detail::alignment_of(b.data);
+  key.align_c = detail::alignment_of(c.data());
+  const detail::Float8Scales scales{a.inverse, b.inverse};
+  const cublasLtHandle_t handle = detail::lt_handle(device);
+  const std::shared_ptr<const detail::GemmPlan> plan = detail::gemm_plan(key, handle, &scales);
+  const float alpha = 1.0f;
+  plan->desc.run(handle, plan->algo, &alpha, a.data, b.data, &beta, c.data(), detail::gemm_workspace(device), &scales);
 }
 
 /// GEMM keys whose plans are cached now.

@@ -283,6 +283,13 @@ struct Meta {
     check_gemm(ta, tb, a, b, c);
   }
 
+  /// A float8 GEMM, as the GPU the dry run stands for runs it (cuBLASLt's float8 matmul):
+  /// checked, recorded by Traced<Meta> as a float8 GEMM.
+  template <class C>
+  static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float, TensorView<C> c, bool) {
+    check_float8_gemm(a, b, c);
+  }
+
   template <class T>
   static void attention_forward(const AttentionShape&, TensorView<const T>, TensorView<const T>, TensorView<const T>,
                                 TensorView<T>, accum_t<T>*) {}
@@ -304,8 +311,11 @@ struct Meta {
 
 static_assert(Backend<Meta>, "tessera: Meta must satisfy the Backend concept");
 
+static_assert(HasFloat8Gemm<Meta>, "tessera: Meta must take float8 GEMMs, as the GPUs it stands for do");
+
 /// The dry-run backend: Meta, every call recorded.
 using DryRun = Traced<Meta>;
 static_assert(Backend<DryRun>, "tessera: Traced<Meta> must satisfy the Backend concept");
+static_assert(HasFloat8Gemm<DryRun>, "tessera: Traced<Meta> must record float8 GEMMs");
 
 }  // namespace tessera
