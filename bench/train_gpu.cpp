@@ -6,6 +6,7 @@
 //               [--state-dtype float32|bfloat16] [--steps 10] [--warmup 3]
 //               [--peak-tflops 989] [--json FILE] [--markdown] [--commit HASH]
 //               [--profile] [--plan-json FLAVOR=FILE ...] [--graph]
+//               [--float8 tensorwise|rowwise|rowwise_with_gw_hp]
 //
 // The model is what llama-train builds, over the CUDA backend and bf16:
 // Transformer<bf16, Cuda, Parallel<LlamaBlock<bf16, Cuda>, ..., Checkpoint<Dynamic>>>,
@@ -30,6 +31,10 @@
 // staged once at fixed addresses (nn::StagedBatch), the warm-up steps eager, then one
 // capture, and each timed step one copy of AdamW's scalars (AdamW::stage) and one
 // cudaGraphLaunch.
+// --float8 RECIPE runs the blocks' linear layers on cuBLASLt's float8 matmul by torchao's
+// recipe (model.converters = ["float8"], float8.emulate = false, the output projection
+// kept in bf16 as torchtitan's default filter_fqns does); MFU stays against the bf16 peak
+// (--peak-tflops), as torchtitan reports it, and each line says "float8".
 //
 // Reported per flavor:
 //   tokens/s, the median step time;
@@ -67,6 +72,7 @@
 #include <exception>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <span>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -84,6 +90,7 @@
 #include "tessera/core/units.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/parallel.hpp"
@@ -110,6 +117,7 @@ struct Options {
   bool markdown = false;
   bool profile = false;                             // one more step under CUPTI
   bool graph = false;                               // timed steps replayed from a captured graph
+  std::optional<ops::Float8Recipe> float8;          // the linear layers' GEMMs in float8, by this recipe
   std::map<std::string, nlohmann::json> plan_json;  // --plan-json's, read at start: a bad file costs no GPU time
 };
 
@@ -119,10 +127,12 @@ void usage() {
       "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
       "                   [--profile] [--plan-json FLAVOR=FILE ...] [--graph]\n"
+      "                   [--float8 tensorwise|rowwise|rowwise_with_gw_hp]\n"
       "Training steps of Llama models in bf16 on one GPU: tokens/s, MFU (torchtitan's formula), peak memory.\n"
       "--profile: one more step under CUPTI, its device time by llama-plan's classes and kernels;\n"
       "--plan-json FLAVOR=FILE: llama-plan --json of that flavor's run, printed beside the profile;\n"
-      "--graph: the timed steps replayed from a CUDA graph of the step (training.cuda_graph).\n");
+      "--graph: the timed steps replayed from a CUDA graph of the step (training.cuda_graph);\n"
+      "--float8 RECIPE: the blocks' linear layers on cuBLASLt's float8 matmul (MFU against the bf16 peak).\n");
 }
 
 /// llama-plan's --json for one device: its step and its time by class, checked.
@@ -202,6 +212,8 @@ Options parse_options(int argc, char** argv) {
       o.markdown = true;
     } else if (flag == "--graph") {
       o.graph = true;
+    } else if (flag == "--float8") {
+      o.float8 = ops::parse_float8_recipe(value(), "--float8");
     } else if (flag == "--profile") {
 #if TESSERA_HAVE_CUPTI
       o.profile = true;
@@ -293,6 +305,11 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   parallel::Plan plan;
   plan.checkpoint = o.ac;
   plan.param_dtype = DType::bf16;
+  if (o.float8) {
+    plan.float8.enabled = true;
+    plan.float8.recipe = *o.float8;
+    plan.float8.emulate = false;
+  }
   Model model(args, plan);
   r.params = model.num_params();
   model.init_weights(0);
@@ -461,6 +478,9 @@ int run(const Options& o) {
     cuda::device_allocator().empty_cache();
     if (!r.attention.empty()) std::printf("%-12s | attention: %s\n", r.flavor.c_str(), r.attention.c_str());
     if (o.graph) std::printf("%-12s | steps replayed from a CUDA graph (--graph)\n", r.flavor.c_str());
+    if (o.float8)
+      std::printf("%-12s | float8 %s GEMMs (cuBLASLt), MFU against the bf16 peak\n", r.flavor.c_str(),
+                  std::string(ops::name_of(*o.float8)).c_str());
     if (!r.error.empty()) {
       std::printf("%-12s | did not run: %s\n", r.flavor.c_str(), r.error.c_str());
     } else {
@@ -486,7 +506,9 @@ int run(const Options& o) {
       if (!r.error.empty()) continue;
       const double target = target_mfu(r.flavor);
       std::printf("| %s | %s | %s | %s | %lld x %lld | %s | %.0f | %.1f%% | %.1f%% | %s | %s |\n", date.c_str(),
-                  o.commit.c_str(), device.c_str(), r.flavor.c_str(), static_cast<long long>(o.batch),
+                  o.commit.c_str(), device.c_str(),
+                  (r.flavor + (o.float8 ? " (float8 " + std::string(ops::name_of(*o.float8)) + ")" : "")).c_str(),
+                  static_cast<long long>(o.batch),
                   static_cast<long long>(o.seq), o.ac.str().c_str(), r.tokens_per_sec, r.mfu, r.mfu_causal,
                   mebibytes(static_cast<double>(r.peak_bytes)).c_str(),
                   target == 0 ? "-" : (std::string(r.mfu >= target ? "PASS" : "MISS") + " (>= " +
@@ -504,6 +526,7 @@ int run(const Options& o) {
                           {"attention", r.attention},
                           {"state_dtype", name_of(o.state_dtype)},
                           {"cuda_graph", o.graph},
+                          {"float8", o.float8 ? std::string(ops::name_of(*o.float8)) : std::string("none")},
                           {"device", device},
                           {"date", date},
                           {"commit", o.commit},

@@ -55,6 +55,11 @@
 #   gemms     bench-kernels' bf16 GEMMs with the toolkit's cuBLASLt and with PyTorch's, then
 #             bench/torch_gemms.py: torch.matmul on the same shapes, timed the same way, then
 #             the same GEMMs beside 1 to 32 SMs held (bench-kernels --sections sm-hold)
+#   float8    bench-train with the blocks' linear layers on cuBLASLt's float8 matmul
+#             (--float8): 1B and 3B without checkpointing, tensorwise then rowwise, and 8B
+#             with full checkpointing and bf16 moments (an H200), each against train's bf16
+#             row of the same flavor and checkpointing (train.json, train8b.json) and
+#             llama-plan's float8 prediction; not part of `all` (about three minutes)
 #   llama     llama-train on the debug model on the GPU, 100 steps
 #   nccl      several llama-train processes sharing the one GPU over NCCL (comm.share_gpu):
 #             FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B) on 2 processes, FSDP 2 x TP 2,
@@ -410,6 +415,26 @@ PY
     # What NCCL said of itself: its version and the transport of each connection.
     grep -hoE "NCCL version [0-9.]+[^ ]*|via NET/[A-Za-z]+[^ ]*|Duplicate GPU.*" "$work"/*.rank*.log | sort | uniq -c | head -n 8
     exit "$status" ;;
+  float8)
+    # Issue 51's targets: 8B tensorwise >= 1.35x and rowwise >= 1.2x tessera's own bf16
+    # tokens/s, 3B tensorwise >= 1.25x; MFU against the bf16 peak.
+    status=0
+    for recipe in tensorwise rowwise; do
+      "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 10 --warmup 3 --float8 "$recipe" \
+        --markdown --commit "$commit" --json "$out/train-float8-$recipe.json" 2>&1 |
+        tee "$out/train-float8-$recipe.txt" || status=1
+    done
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+    if [ "${mib:-0}" -ge 120000 ]; then
+      for recipe in tensorwise rowwise; do
+        "$here/bench-train" --flavors llama3_8b --ac full --state-dtype bfloat16 --steps 5 --warmup 2 --float8 "$recipe" \
+          --markdown --commit "$commit" --json "$out/train8b-float8-$recipe.json" 2>&1 |
+          tee "$out/train8b-float8-$recipe.txt" || status=1
+      done
+    else
+      echo "float8: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b-float8.txt"
+    fi
+    exit "$status" ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
       --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
@@ -465,7 +490,7 @@ PY
     grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
     echo "-- clocks.txt"; cat "$work/clocks.txt"
     cat "$out/summary.txt" ;;
-  *) echo "usage: run.sh test|kernels|train|torch|titan|eager|gemms|llama|nccl|all [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: run.sh test|kernels|train|float8|torch|titan|eager|gemms|llama|nccl|all [SECONDS]" >&2; exit 2 ;;
 esac
 EOF
 chmod +x "$bundle/run.sh"
