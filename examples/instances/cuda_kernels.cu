@@ -101,6 +101,7 @@ TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int64_t>)
 TESSERA_LAUNCH_OP(ops::MaxOf)
 TESSERA_LAUNCH_OP(ops::Float8ScaleFromAmax)
 TESSERA_LAUNCH_OP(ops::Float8ScaleBroadcast)
+TESSERA_LAUNCH_OP(ops::Float8Transpose<float8_e4m3>)  // a weight gathered in float8, for the input gradient
 TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e4m3>)
 TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e5m2>)
 

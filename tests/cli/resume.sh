@@ -178,8 +178,24 @@ else
   fail "fsdp_killed: the run ended before step $k"
 fi
 
+# --- Float8 under FSDP 2, its weights gathered in float8 ------------------------------------
+# Checkpoints hold the high-precision shards: killed and resumed with the same layout, the
+# run is the uninterrupted one, bit for bit (emulated float8 GEMMs, on thread ranks).
+f8=("${fsdp[@]}" --training.mixed_precision_param bfloat16 --model.converters float8 --float8.emulate true
+    --float8.recipe_name tensorwise --float8.enable_fsdp_float8_all_gather true)
+run f8 "$train" "${small[@]}" "${f8[@]}" || exit 1
+k=$((3 + RANDOM % (steps - 3)))
+if kill_at f8_killed "$k" "job.dump_folder $work/f8_killed" "$train" "${small[@]}" "${f8[@]}"; then
+  echo "killed float8 FSDP 2 (thread ranks, float8 all-gather) after step $k's metrics"
+  run f8_killed "$train" "${small[@]}" "${f8[@]}" && compare f8_killed f8 0
+else
+  fail "f8_killed: the run ended before step $k"
+fi
+
 # --- mpirun: one rank process killed -----------------------------------------------------
 if [ "$mpirun" != none ]; then
+  # The float8 all-gather over MPI: thread ranks' run, within the parity bar.
+  run mpi_f8 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" "${small[@]}" "${f8[@]:2}" && compare mpi_f8 f8 1e-5
   mpi=("$mpirun" "${mpi_flags[@]}" -np 2 "$train" "${small[@]}" --parallelism.data_parallel_shard_degree 2
        --training.local_batch_size 4)
   run mpi "${mpi[@]}" || exit 1

@@ -173,9 +173,11 @@ struct Float8GemmOperand {
 /// The sizes of a float8 GEMM, C (a.rows x b.rows) = (a b^T) scaled, once its operands
 /// are checked: formats, shapes that chain, scales alike (both per row or both single),
 /// not both e5m2 (cuBLASLt multiplies e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3). Every
-/// backend's gemm_float8 checks with these messages.
+/// backend's gemm_float8 checks with these messages (`scales_alike` false: all but the
+/// scales, for a caller that spreads a single scale itself).
 template <class C>
-GemmSizes check_float8_gemm(const Float8GemmOperand& a, const Float8GemmOperand& b, const TensorView<C>& c) {
+GemmSizes check_float8_gemm(const Float8GemmOperand& a, const Float8GemmOperand& b, const TensorView<C>& c,
+                            bool scales_alike = true) {
   auto float8 = [](DType t) { return t == DType::f8e4m3 || t == DType::f8e5m2; };
   TESSERA_CHECK(float8(a.format) && float8(b.format), "gemm_float8: operands of ", name_of(a.format), " and ",
                 name_of(b.format), " (float8_e4m3fn or float8_e5m2 expected)");
@@ -185,7 +187,7 @@ GemmSizes check_float8_gemm(const Float8GemmOperand& a, const Float8GemmOperand&
                 "gemm_float8: C must be rank 2 with unit column stride");
   TESSERA_CHECK(a.k == b.k && c.rows() == a.rows && c.cols() == b.rows, "gemm_float8: shapes do not chain: A ",
                 a.rows, "x", a.k, ", B ", b.rows, "x", b.k, " (used transposed), C ", c.rows(), "x", c.cols());
-  TESSERA_CHECK(a.per_row == b.per_row, "gemm_float8: one operand scaled by row and the other by one scale");
+  TESSERA_CHECK(!scales_alike || a.per_row == b.per_row, "gemm_float8: one operand scaled by row and the other by one scale");
   return {a.rows, b.rows, a.k};
 }
 

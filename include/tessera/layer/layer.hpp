@@ -25,6 +25,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/float8.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
@@ -110,6 +111,14 @@ struct Parameter {
   /// Whether `grad` holds this step's gradient so far (false: its memory is stale, and
   /// the step's first writer overwrites it). A gradient allocated zeroed is written.
   bool grad_written = true;
+  /// FSDP's float8 all-gather (float8.enable_fsdp_float8_all_gather): set by the layer
+  /// that multiplies this weight in float8 with one scale (nn::Linear, tensorwise). While
+  /// its sharding unit holds it gathered that way, `float8_value` holds its float8 values
+  /// (e4m3, its piece's shape), `float8_inverse` the one inverse scale, and `value` is
+  /// empty; otherwise both are empty.
+  bool gathers_float8 = false;
+  Tensor<float8_e4m3> float8_value;
+  Tensor<float> float8_inverse;
 
   /// Marks the gradient unwritten: the next writer overwrites it. No kernel runs.
   void forget_grad() { grad_written = false; }

@@ -121,6 +121,63 @@ Tensor<float> float8_values(const Float8Operand<B>& q) {
 /// reduction and the second operand's rows, both leading dimensions of 1-byte elements).
 inline constexpr std::int64_t kFloat8GemmMultiple = 16;
 
+/// The values of a float8 GEMM operand as floats (exact), rows x k.
+template <Backend B>
+Tensor<float> float8_values(const Float8GemmOperand& o) {
+  Tensor<float> f = B::template empty<float>(Shape{o.rows, o.k});
+  const std::int64_t n = o.rows * o.k;
+  if (o.format == DType::f8e4m3)
+    B::for_each(n, ops::Float8ToFloat<float8_e4m3>{static_cast<const float8_e4m3*>(o.data), f.data()});
+  else
+    B::for_each(n, ops::Float8ToFloat<float8_e5m2>{static_cast<const float8_e5m2*>(o.data), f.data()});
+  return f;
+}
+
+/// C = (a b^T) * a.inverse[.] * b.inverse[.] + beta C for two operands already in float8
+/// (C is m x n, a m x k, b n x k): on the backend's float8 GEMM unless `options.emulate`
+/// or the backend has none, else emulated. `what` names the GEMM in errors.
+template <Backend B, class C>
+void float8_multiply(Float8GemmOperand a, Float8GemmOperand b, float beta, TensorView<C> c, std::string_view what,
+                     Float8GemmOptions options) {
+  const GemmSizes s = check_float8_gemm(a, b, c, /*scales_alike=*/false);
+  if (s.m == 0 || s.n == 0) return;
+  if constexpr (HasFloat8Gemm<B>) {
+    if (!options.emulate) {
+      TESSERA_CHECK(s.k % kFloat8GemmMultiple == 0 && s.n % kFloat8GemmMultiple == 0, what,
+                    ": a float8 GEMM needs its reduction and its output's columns in multiples of ",
+                    kFloat8GemmMultiple, " (cuBLASLt), not k = ", s.k, ", n = ", s.n, " (m = ", s.m,
+                    "); set float8.emulate = true or keep the layer out by float8.filter_fqns");
+      // cuBLASLt scales both operands alike: a single scale beside a scaled-by-row operand
+      // is given to each of its rows.
+      Tensor<float> spread;
+      for (Float8GemmOperand* o : {&a, &b})
+        if (!o->per_row && (a.per_row || b.per_row)) {
+          spread = B::template empty<float>(Shape{o->rows});
+          B::for_each(o->rows, ops::Float8ScaleBroadcast{o->inverse, spread.data()});
+          o->inverse = spread.data();
+          o->per_row = true;
+        }
+      B::gemm_float8(a, b, beta, c, options.fast_accumulation);
+      return;
+    }
+  }
+  const Tensor<float> va = float8_values<B>(a), vb = float8_values<B>(b);
+  Tensor<float> sum = B::template empty<float>(Shape{s.m, s.n});
+  B::gemm(Trans::no, Trans::yes, 1.0f, va.cview(), vb.cview(), 0.0f, sum.view());
+  B::for_each(s.m * s.n, ops::Float8GemmScale<C>{sum.data(), s.n, a.inverse, a.per_row, b.inverse, b.per_row, beta,
+                                                 c.data(), c.cols() <= 1 ? c.cols() : c.ld()});
+}
+
+/// The cast of op(A) a float8 GEMM takes (m x k, the reduction along its rows), by
+/// `cast`, whose axis must run along the reduction (`what` names the GEMM in the error).
+template <Backend B, class T>
+Float8Operand<B> cast_first_operand(Trans ta, TensorView<const T> a, Float8Cast cast, std::string_view what) {
+  const ops::Float8Axis along = ta == Trans::no ? ops::Float8Axis::rows : ops::Float8Axis::columns;
+  TESSERA_CHECK(cast.axis == ops::Float8Axis::tensor || cast.axis == along, what,
+                ": the first operand's float8 scales do not run along the GEMM's reduction");
+  return cast_to_float8<B>(a, cast, ta == Trans::yes);
+}
+
 /// C = (op(A) op(B)) / (scale_a scale_b) + beta C, A and B cast to float8 by `cast_a` and
 /// `cast_b`: a scale per row of op(A) or one, per column of op(B) or one (each cast's
 /// axis must run along the reduction: `what` names the GEMM in the error).
@@ -129,42 +186,23 @@ void float8_gemm(Trans ta, Trans tb, TensorView<const T> a, Float8Cast cast_a, T
                  float beta, TensorView<C> c, std::string_view what, Float8GemmOptions options = {}) {
   using ops::Float8Axis;
   const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
-  const Float8Axis a_along = ta == Trans::no ? Float8Axis::rows : Float8Axis::columns;
   const Float8Axis b_along = tb == Trans::no ? Float8Axis::columns : Float8Axis::rows;
-  TESSERA_CHECK(cast_a.axis == Float8Axis::tensor || cast_a.axis == a_along, what,
-                ": the first operand's float8 scales do not run along the GEMM's reduction");
+  const Float8Operand<B> qa = cast_first_operand<B>(ta, a, cast_a, what);
   TESSERA_CHECK(cast_b.axis == Float8Axis::tensor || cast_b.axis == b_along, what,
                 ": the second operand's float8 scales do not run along the GEMM's reduction");
   if (m == 0 || n == 0) return;
   // Both as a float8 GEMM takes them: op(A) (m x k) and op(B)^T (n x k), k along the rows.
-  const Float8Operand<B> qa = cast_to_float8<B>(a, cast_a, ta == Trans::yes);
   const Float8Operand<B> qb = cast_to_float8<B>(b, cast_b, tb == Trans::no);
-  Float8GemmOperand fa = qa.gemm_operand(what), fb = qb.gemm_operand(what);
-  if constexpr (HasFloat8Gemm<B>) {
-    if (!options.emulate) {
-      TESSERA_CHECK(k % kFloat8GemmMultiple == 0 && n % kFloat8GemmMultiple == 0, what,
-                    ": a float8 GEMM needs its reduction and its output's columns in multiples of ",
-                    kFloat8GemmMultiple, " (cuBLASLt), not k = ", k, ", n = ", n, " (m = ", m,
-                    "); set float8.emulate = true or keep the layer out by float8.filter_fqns");
-      // cuBLASLt scales both operands alike: a single scale beside a scaled-by-row operand
-      // is given to each of its rows.
-      Tensor<float> spread;
-      for (Float8GemmOperand* o : {&fa, &fb})
-        if (!o->per_row && (fa.per_row || fb.per_row)) {
-          spread = B::template empty<float>(Shape{o->rows});
-          B::for_each(o->rows, ops::Float8ScaleBroadcast{o->inverse, spread.data()});
-          o->inverse = spread.data();
-          o->per_row = true;
-        }
-      B::gemm_float8(fa, fb, beta, c, options.fast_accumulation);
-      return;
-    }
-  }
-  const Tensor<float> va = float8_values<B>(qa), vb = float8_values<B>(qb);
-  Tensor<float> sum = B::template empty<float>(Shape{m, n});
-  B::gemm(Trans::no, Trans::yes, 1.0f, va.cview(), vb.cview(), 0.0f, sum.view());
-  B::for_each(m * n, ops::Float8GemmScale<C>{sum.data(), n, fa.inverse, fa.per_row, fb.inverse, fb.per_row, beta,
-                                             c.data(), c.cols() <= 1 ? c.cols() : c.ld()});
+  float8_multiply<B>(qa.gemm_operand(what), qb.gemm_operand(what), beta, c, what, options);
+}
+
+/// C = op(A) W^T / (scale_a scale_w) + beta C with W already in float8 (`w`: n x k, the
+/// reduction along its rows: FSDP's float8 all-gather), A cast by `cast_a`.
+template <Backend B, class T, class C>
+void float8_gemm(Trans ta, TensorView<const T> a, Float8Cast cast_a, const Float8GemmOperand& w, float beta,
+                 TensorView<C> c, std::string_view what, Float8GemmOptions options = {}) {
+  const Float8Operand<B> qa = cast_first_operand<B>(ta, a, cast_a, what);
+  float8_multiply<B>(qa.gemm_operand(what), w, beta, c, what, options);
 }
 
 }  // namespace tessera::nn

@@ -17,7 +17,9 @@
 // recipe (nn/float8.hpp); the weight's gradient stays in the accumulation type. They run
 // on the backend's float8 GEMM (cuBLASLt's) unless the policy emulates them; a backend
 // without one (the CPU) is refused here unless it does, as is a layer whose sizes a
-// float8 GEMM cannot take.
+// float8 GEMM cannot take. Under FSDP's float8 all-gather (tensorwise) the weight arrives
+// already in float8 (Parameter::float8_value, parallel/sharding.hpp) and the forward and
+// input-gradient GEMMs multiply it as it is.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +51,16 @@ class Linear : public LayerTypes<T, B> {
       emulate_float8_ = float8->emulate;
       if (!emulate_float8_) check_float8_gemms(name, in, out);
     }
+    // FSDP may gather this weight in float8: its one scale is the forward's and the input
+    // gradient's alike (tensorwise), so both multiply the gathered values.
+    const bool gathers_float8 = float8_ && float8->all_gather;
+    TESSERA_CHECK(!gathers_float8 || (float8_->weight.axis == ops::Float8Axis::tensor &&
+                                      float8_->weight_for_grad_input.axis == ops::Float8Axis::tensor &&
+                                      float8_->weight.format == DType::f8e4m3 &&
+                                      float8_->weight_for_grad_input.format == DType::f8e4m3),
+                  "float8.enable_fsdp_float8_all_gather needs the tensorwise recipe (one scale a weight): ", name);
     weight_ = Parameter<T>::template on<B>(std::move(name) + ".weight", Shape{out, in}, init);
+    weight_.gathers_float8 = gathers_float8;
     weight_.split = split;
     parallel::check_split(weight_);
   }
@@ -57,7 +68,10 @@ class Linear : public LayerTypes<T, B> {
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
       Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
-      if (float8_)
+      if (!weight_.float8_value.empty())
+        float8_gemm<B>(Trans::no, x.cview(), float8_->input, gathered_float8_weight(false), 0.0f, out.view(),
+                       weight_.name, {emulate_float8_, float8_->fast_accumulation_forward});
+      else if (float8_)
         float8_gemm<B>(Trans::no, Trans::yes, x.cview(), float8_->input, weight_.value.cview(), float8_->weight, 0.0f,
                        out.view(), weight_.name, {emulate_float8_, float8_->fast_accumulation_forward});
       else
@@ -76,7 +90,11 @@ class Linear : public LayerTypes<T, B> {
 
   /// dx = beta * dx + dy W, so several layers reading one input can sum into one dx.
   void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, float beta) {
-    if (float8_)
+    if (!weight_.float8_value.empty()) {
+      const Tensor<float8_e4m3> transposed = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
+      float8_gemm<B>(Trans::no, dy.cview(), float8_->grad_output, gathered_float8_weight(true, transposed), beta,
+                     dx.view(), weight_.name, {emulate_float8_, false});
+    } else if (float8_)
       float8_gemm<B>(Trans::no, Trans::no, dy.cview(), float8_->grad_output, weight_.value.cview(),
                      float8_->weight_for_grad_input, beta, dx.view(), weight_.name, {emulate_float8_, false});
     else
@@ -98,12 +116,23 @@ class Linear : public LayerTypes<T, B> {
   }
 
   Parameter<T>& weight() { return weight_; }
-  std::int64_t in_features() const { return weight_.value.size(1); }
-  std::int64_t out_features() const { return weight_.value.size(0); }
+  std::int64_t in_features() const { return weight_.piece_shape()[1]; }
+  std::int64_t out_features() const { return weight_.piece_shape()[0]; }
   /// The casts of this layer's float8 GEMMs, when it has them.
   const std::optional<ops::Float8LinearCasts>& float8() const { return float8_; }
 
  private:
+  /// The weight as FSDP's float8 all-gather left it, as a float8 GEMM's second operand: as
+  /// gathered (out x in: the forward's), or `transposed` into `into` (in x out: the input
+  /// gradient's, the reduction over the output features).
+  Float8GemmOperand gathered_float8_weight(bool transposed, const Tensor<float8_e4m3>& into = {}) const {
+    const Tensor<float8_e4m3>& w = weight_.float8_value;
+    const std::int64_t out = w.size(0), in = w.size(1);
+    if (!transposed) return {w.data(), DType::f8e4m3, out, in, weight_.float8_inverse.data(), false};
+    B::for_each(out * in, ops::Float8Transpose<float8_e4m3>{w.data(), out, in, into.data()});
+    return {into.data(), DType::f8e4m3, in, out, weight_.float8_inverse.data(), false};
+  }
+
   /// A layer whose float8 GEMMs are not emulated needs a backend that has them and sizes
   /// they take (its tokens are checked at each GEMM).
   static void check_float8_gemms(const std::string& name, std::int64_t in, std::int64_t out) {

@@ -173,6 +173,26 @@ struct QuantizeFloat8 {
   }
 };
 
+/// out = in^T for float8 values (rows x cols in, cols x rows out; the bytes moved, not
+/// converted): a weight gathered in float8 (FSDP's float8 all-gather) given to the GEMM
+/// that reduces down its columns; index i of out.
+template <class F>
+struct Float8Transpose {
+  const F* in;
+  std::int64_t rows, cols;
+  F* out;
+  TESSERA_HD void operator()(std::int64_t i) const {
+    const std::int64_t c = i / rows, r = i - c * rows;
+    out[i] = in[r * cols + c];
+  }
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    Traffic t{e * sizeof(F), e * sizeof(F), 0, 0};
+    t.walk_bytes = e * sizeof(F);  // neighbouring indices read a row apart
+    return t;
+  }
+};
+
 /// out[i] = in[0]: one float8 scale given to every row, for a GEMM whose other operand
 /// is scaled by row (cuBLASLt scales both operands alike).
 struct Float8ScaleBroadcast {
@@ -297,6 +317,10 @@ struct Float8Policy {
   /// The GEMMs emulated (nn::float8_gemm over the backend's float GEMM), as torchao's
   /// emulate: the CPU, and GPUs without float8 tensor cores.
   bool emulate = false;
+  /// FSDP's float8 all-gather (torchtitan's enable_fsdp_float8_all_gather, tensorwise):
+  /// each weight the policy takes is cast to float8 on its shards, with one scale agreed
+  /// over them, and gathered as float8 (parallel/sharding.hpp).
+  bool all_gather = false;
 
   /// Whether the layer `name`, `in` -> `out` features whole, trains in float8.
   bool applies(std::string_view name, std::int64_t in, std::int64_t out) const {

@@ -156,7 +156,7 @@ class ModelRuntime {
   /// every rank (into the model's hold_whole); then frees them again. A collective.
   template <class Model, class F>
   void with_whole_parameters(Model& m, F&& f) {
-    units_.for_each(m, [](Unit& u) { u.unshard(); });
+    units_.for_each(m, [](Unit& u) { u.unshard_values(); });
     std::vector<std::pair<nn::Parameter<T>*, Tensor<T>>> pieces;
     auto restore = [&] {
       m.hold_whole({});

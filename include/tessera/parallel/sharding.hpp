@@ -19,6 +19,19 @@
 // finish_grads() completes at the end of the step. With bfloat16 parameters (a bf16
 // model, or an fp32 one with mixed_precision_param = "bfloat16") the gather sends
 // bfloat16 (half the bytes); gradients are reduced in float32 either way.
+//
+// FSDP's float8 all-gather (float8.enable_fsdp_float8_all_gather; the weights a float8
+// layer marks, Parameter::gathers_float8): each such weight's scale is agreed before the
+// gather, from its largest magnitude over every shard (each rank's part, then one
+// all-reduce of the maxima over the shard group: exact, so it is the amax of the whole
+// weight); each rank casts its part of the weight to float8_e4m3 by it (from the values
+// the plain gather would send: rounded to bf16 first where it sends bf16) and the unit's
+// flat vector is gathered as one byte an element. The unit's other parameters (the
+// norms' weights) go in a second, small gather of their own elements. The layer then
+// multiplies the gathered float8 values as they are (Parameter::float8_value,
+// float8_inverse): the same scale and the same elementwise cast as gathering the weight
+// and casting it after, so the same bytes, in a quarter (fp32 masters) or half (bf16) of
+// the gather's bytes.
 #pragma once
 
 #include <algorithm>
@@ -33,9 +46,11 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/float8.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/ops/traffic.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/plan.hpp"
@@ -62,6 +77,27 @@ struct UnpackBf16 {
     return {e * sizeof(std::uint16_t), e * sizeof(float), 0, 0};
   }
 };
+
+/// out[0] = the largest magnitude of x[0..n) (NaN wins): rows of kFlatAbsMaxRow elements
+/// in parallel, then their maxima. Exact: any split of x gives the same value.
+inline constexpr std::int64_t kFlatAbsMaxRow = 4096;
+template <Backend B, class T>
+void flat_abs_max(const T* x, std::int64_t n, float* out) {
+  const std::int64_t full = n / kFlatAbsMaxRow, tail = n - full * kFlatAbsMaxRow, rows = full + (tail > 0 ? 1 : 0);
+  if (rows == 0) {
+    B::for_each(1, ops::Fill<float>{0.0f, out});
+    return;
+  }
+  Tensor<float> partial = B::template empty<float>(Shape{rows});
+  if (full > 0) B::for_each(full, ops::RowAbsMax<T>{x, kFlatAbsMaxRow, kFlatAbsMaxRow, partial.data()});
+  if (tail > 0) B::for_each(1, ops::RowAbsMax<T>{x + full * kFlatAbsMaxRow, tail, tail, partial.data() + full});
+  B::for_each(1, ops::MaxOf{partial.data(), rows, out});
+}
+
+/// The bytes of float8 storage, as a collective moves them.
+inline const std::uint8_t* float8_bytes(const float8_e4m3* p) { return reinterpret_cast<const std::uint8_t*>(p); }
+inline std::uint8_t* float8_bytes(float8_e4m3* p) { return reinterpret_cast<std::uint8_t*>(p); }
+
 }  // namespace detail
 
 template <class T, Backend B>
@@ -148,6 +184,7 @@ class ShardedUnit {
         s.p->value.release();
         s.p->grad.release();
       }
+      plan_float8_gather();
     } else {
       shard_numel_ = numel_;
       if (mode_ == ShardingMode::ddp) {
@@ -177,6 +214,11 @@ class ShardedUnit {
     if (!shards() || gathered_ || gather_.pending()) return;
     const std::int64_t np = padded_numel();
     MemoryUseScope use(MemoryUse::parameters);  // the gathered parameters and their staging
+    gathering_float8_ = !float8_slots_.empty() && !whole_values_;
+    if (gathering_float8_) {
+      prefetch_float8();
+      return;
+    }
     if constexpr (std::is_same_v<T, float>) {
       if (gather_bf16_) {
         packed_shard_ = B::template empty<std::uint16_t>(Shape{shard_numel_});
@@ -200,6 +242,10 @@ class ShardedUnit {
     if (!shards() || gathered_) return;
     prefetch();
     gather_.wait();
+    if (gathering_float8_) {
+      unshard_float8();
+      return;
+    }
     if constexpr (std::is_same_v<T, float>) {
       if (gather_bf16_) {
         MemoryUseScope use(MemoryUse::parameters);
@@ -213,14 +259,40 @@ class ShardedUnit {
     gathered_ = true;
   }
 
+  /// Makes every parameter's value whole in its own precision, the weights FSDP gathers
+  /// in float8 too (what saving, exporting and with_whole_parameters read): a gather in
+  /// float8, done or on its way, is dropped and the values gathered instead.
+  void unshard_values() {
+    check_sharded();
+    if (!shards()) return;
+    if (gathering_float8_ && (gathered_ || gather_.pending())) reshard();
+    whole_values_ = true;
+    try {
+      unshard();
+    } catch (...) {
+      whole_values_ = false;
+      throw;
+    }
+    whole_values_ = false;
+  }
+
   /// Frees the gathered parameters (FSDP/HSDP); their values become empty.
   void reshard() {
     if (!shards()) return;
     gather_.wait();
-    for (auto& s : params_) s.p->value.release();
+    rest_gather_.wait();
+    for (auto& s : params_) {
+      s.p->value.release();
+      s.p->float8_value.release();
+      s.p->float8_inverse.release();
+    }
     full_.release();
     packed_full_.release();
     packed_shard_.release();
+    release_float8_staging();
+    f8_full_.release();
+    f8_inverse_.release();
+    rest_all_.release();
     gathered_ = false;
   }
 
@@ -347,6 +419,127 @@ class ShardedUnit {
     Shape shape;  // the parameter's (its value is empty while sharded)
   };
 
+  /// The float8 all-gather's layout (shard()): which slots gather as float8, and where the
+  /// others' elements lie in the rest's compact vector (their own order, end to end).
+  /// Rank r's elements of the rest are a run [rest_begin_[r], rest_begin_[r + 1]) of it,
+  /// gathered in slabs of the longest run.
+  void plan_float8_gather() {
+    float8_slots_.clear();
+    rest_slots_.clear();
+    for (std::size_t i = 0; i < params_.size(); ++i) (params_[i].p->gathers_float8 ? float8_slots_ : rest_slots_).push_back(i);
+    if (float8_slots_.empty()) return;
+    rest_offset_.assign(params_.size(), 0);
+    rest_numel_ = 0;
+    for (std::size_t i : rest_slots_) {
+      rest_offset_[i] = rest_numel_;
+      rest_numel_ += params_[i].shape.numel();
+    }
+    // Elements of the rest at flat positions below `pos`.
+    auto before = [&](std::int64_t pos) {
+      std::int64_t n = 0;
+      for (std::size_t i : rest_slots_)
+        n += std::clamp<std::int64_t>(pos - params_[i].offset, 0, params_[i].shape.numel());
+      return n;
+    };
+    const int S = degree();
+    rest_begin_.assign(static_cast<std::size_t>(S) + 1, 0);
+    rest_slab_ = 0;
+    for (int r = 0; r <= S; ++r) rest_begin_[static_cast<std::size_t>(r)] = before(shard_numel_ * r);
+    for (int r = 0; r < S; ++r)
+      rest_slab_ = std::max(rest_slab_, rest_begin_[static_cast<std::size_t>(r) + 1] - rest_begin_[static_cast<std::size_t>(r)]);
+  }
+
+  /// The float8 all-gather's first half: the scales agreed, this rank's part cast and
+  /// sent, the rest's elements sent (see the header comment).
+  void prefetch_float8() {
+    const int S = degree(), rank = shard_comm_->rank();
+    const std::int64_t begin = shard_numel_ * rank, np = padded_numel();
+    // The values the plain gather would send: bf16-rounded where it sends bf16.
+    const T* src = local_.value.data();
+    if constexpr (std::is_same_v<T, float>) {
+      if (gather_bf16_) {
+        packed_shard_ = B::template empty<std::uint16_t>(Shape{shard_numel_});
+        B::for_each(shard_numel_, detail::PackBf16{local_.value.data(), packed_shard_.data()});
+        rounded_shard_ = B::template empty<float>(Shape{shard_numel_});
+        B::for_each(shard_numel_, detail::UnpackBf16{packed_shard_.data(), rounded_shard_.data()});
+        src = rounded_shard_.data();
+      }
+    }
+    // Each float8 weight's amax over this rank's part (0 where it holds none), the
+    // maxima over the shard group, the scales.
+    const auto nf = static_cast<std::int64_t>(float8_slots_.size());
+    f8_amax_ = B::template zeros<float>(Shape{nf});
+    for (std::int64_t i = 0; i < nf; ++i) {
+      const Slot& s = params_[float8_slots_[static_cast<std::size_t>(i)]];
+      const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
+      if (lo < hi) detail::flat_abs_max<B>(src + (lo - begin), hi - lo, f8_amax_.data() + i);
+    }
+    shard_comm_->all_reduce(std::span<float>(f8_amax_.data(), static_cast<std::size_t>(nf)), comm::ReduceOp::max);
+    f8_scale_ = B::template empty<float>(Shape{nf});
+    f8_inverse_ = B::template empty<float>(Shape{nf});
+    B::for_each(nf, ops::Float8ScaleFromAmax{f8_amax_.data(), f8_scale_.data(), f8_inverse_.data(),
+                                             float8_e4m3::max(), false});
+    // This rank's bytes: each float8 weight's part cast by its scale, the rest zero.
+    f8_shard_ = B::template zeros<float8_e4m3>(Shape{shard_numel_});
+    for (std::int64_t i = 0; i < nf; ++i) {
+      const Slot& s = params_[float8_slots_[static_cast<std::size_t>(i)]];
+      const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
+      if (lo < hi)
+        B::for_each(hi - lo, ops::QuantizeFloat8<T, float8_e4m3>{src + (lo - begin), hi - lo, 1, hi - lo,
+                                                                 f8_scale_.data() + i, ops::Float8Axis::tensor, false,
+                                                                 f8_shard_.data() + (lo - begin)});
+    }
+    f8_full_ = B::template empty<float8_e4m3>(Shape{np});
+    gather_ = shard_comm_->all_gather_async(
+        std::span<const std::uint8_t>(detail::float8_bytes(f8_shard_.data()), static_cast<std::size_t>(shard_numel_)),
+        std::span<std::uint8_t>(detail::float8_bytes(f8_full_.data()), static_cast<std::size_t>(np)));
+    // The rest: this rank's run of it, in a slab.
+    if (rest_slab_ == 0) return;
+    rest_shard_ = B::template zeros<T>(Shape{rest_slab_});
+    const std::int64_t run = rest_begin_[static_cast<std::size_t>(rank)];
+    for (std::size_t i : rest_slots_) {
+      const Slot& s = params_[i];
+      const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
+      if (lo < hi)
+        B::for_each(hi - lo, ops::Copy<T>{src + (lo - begin), rest_shard_.data() + (rest_offset_[i] + (lo - s.offset) - run)});
+    }
+    rest_full_ = B::template empty<T>(Shape{rest_slab_ * S});
+    rest_gather_ = shard_comm_->all_gather_async(std::span<const T>(rest_shard_.data(), static_cast<std::size_t>(rest_slab_)),
+                                                 std::span<T>(rest_full_.data(), static_cast<std::size_t>(rest_slab_ * S)));
+  }
+
+  /// The float8 all-gather's second half: the float8 weights as views of the gathered
+  /// bytes and their inverse scales, the rest's runs laid end to end.
+  void unshard_float8() {
+    rest_gather_.wait();
+    for (std::size_t i = 0; i < float8_slots_.size(); ++i) {
+      Slot& s = params_[float8_slots_[i]];
+      s.p->float8_value = f8_full_.slice(s.offset, s.shape);
+      s.p->float8_inverse = f8_inverse_.slice(static_cast<std::int64_t>(i), Shape{1});
+    }
+    if (rest_numel_ > 0) {
+      MemoryUseScope use(MemoryUse::parameters);
+      rest_all_ = B::template empty<T>(Shape{rest_numel_});
+      for (int r = 0; r < degree(); ++r) {
+        const std::int64_t from = rest_begin_[static_cast<std::size_t>(r)], n = rest_begin_[static_cast<std::size_t>(r) + 1] - from;
+        if (n > 0) B::for_each(n, ops::Copy<T>{rest_full_.data() + rest_slab_ * r, rest_all_.data() + from});
+      }
+      for (std::size_t i : rest_slots_) params_[i].p->value = rest_all_.slice(rest_offset_[i], params_[i].shape);
+    }
+    release_float8_staging();
+    gathered_ = true;
+  }
+
+  void release_float8_staging() {
+    packed_shard_.release();
+    rounded_shard_.release();
+    f8_amax_.release();
+    f8_scale_.release();
+    f8_shard_.release();
+    rest_shard_.release();
+    rest_full_.release();
+  }
+
   void check_sharded() const {
     TESSERA_CHECK(sharded_, name_, ": used before shard(): call the model's shard() after initialising or loading it");
   }
@@ -363,6 +556,16 @@ class ShardedUnit {
   nn::Parameter<T> local_;  // the flat shard (FSDP/HSDP)
   Tensor<T> full_;          // the gathered flat parameters
   Tensor<std::uint16_t> packed_shard_, packed_full_;
+  // FSDP's float8 all-gather: its layout, and what it holds while gathering and gathered.
+  std::vector<std::size_t> float8_slots_, rest_slots_;
+  std::vector<std::int64_t> rest_offset_, rest_begin_;
+  std::int64_t rest_numel_ = 0, rest_slab_ = 0;
+  Tensor<float> rounded_shard_, f8_amax_, f8_scale_, f8_inverse_;
+  Tensor<float8_e4m3> f8_shard_, f8_full_;
+  Tensor<T> rest_shard_, rest_full_, rest_all_;
+  comm::Handle rest_gather_;
+  bool whole_values_ = false;      // unshard_values() under way: gather values, not float8
+  bool gathering_float8_ = false;  // the gather done or on its way is the float8 one
   Tensor<G> full_grad_, reducing_grad_, reduced_;
   Tensor<G> bucket_;  // DDP: the flat gradient every parameter's grad views
   comm::Handle gather_, reduce_;
