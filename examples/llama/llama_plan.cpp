@@ -23,6 +23,10 @@
 // together on the machine's [network] (plan/timeline.hpp, plan/cluster.hpp): the step,
 // tokens/s per GPU, MFU, and each position's memory peak, compute, exposed communication
 // and pipeline wait.
+//
+// Float8 (model.converters = ["float8"]): with float8.emulate = false the trace holds the
+// GPU's float8 GEMMs, priced at the profile's float8 rates (refused by name on a profile
+// without them); MFU stays against the bf16 peak, and the report says so.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -71,6 +75,10 @@ void usage() {
       "                   modes and FSDP reshard policies, the global batch held (training.global_batch_size,\n"
       "                   or what the config's own degrees make of it on N GPUs). Each layout is traced small\n"
       "                   and extrapolated in depth and batch; the first is then predicted in full\n"
+      "  --search.float8 R  with --search: float8 as a dimension, each layout also with its linear layers'\n"
+      "                   GEMMs in float8 (model.converters = [\"float8\"], float8.emulate = false) by each recipe\n"
+      "                   of R: a comma-separated list of tensorwise, rowwise, rowwise_with_gw_hp, or all. A\n"
+      "                   bfloat16 model on a profile with float8 rates ([compute.fp8_tflops]) only\n"
       "  --plan.zero1 true  account the data-parallel ranks as ZeRO-1 (Megatron's distributed optimizer):\n"
       "                   bf16 parameters and gradients whole on every rank, optimizer states and fp32\n"
       "                   masters sharded over them; to compare with published ZeRO-1 runs. tessera's\n"
@@ -203,7 +211,28 @@ nlohmann::json layout_keys(const train::JobConfig& c) {
   j["training.local_batch_size"] = c.training.local_batch_size;
   j["training.global_batch_size"] = c.training.global_batch_size;
   j["training.seq_len"] = c.training.seq_len;
+  j["model.converters"] = c.model.converters;
+  if (train::float8_enabled(c)) {
+    j["float8.recipe_name"] = c.float8.recipe_name;
+    j["float8.emulate"] = c.float8.emulate;
+  }
   return j;
+}
+
+/// What MFU is measured against: on a GPU the peak of the parameters' dtype, which for a
+/// float8 run (`float8`: its float8 GEMMs) is the bf16 peak, though its float8 GEMMs run
+/// at up to twice that; on the CPU the fastest GEMM measured.
+std::string mfu_peak_text(const plan::StepShape& shape, std::int64_t float8, const Target& t) {
+  if (t.cpu) return "the fastest GEMM measured";
+  const std::string peak = shape.dtype == DType::bf16 ? "bf16 peak" : "fp32 peak";
+  return float8 > 0 ? tessera::detail::concat(peak, ", its ", float8, " float8 GEMMs included") : peak;
+}
+
+/// The float8 GEMMs of a layout's positions.
+std::int64_t float8_gemms(const plan::LayoutPrediction& l) {
+  std::int64_t n = 0;
+  for (const auto& p : l.positions) n += p.compute.float8_gemms;
+  return n;
 }
 
 /// The figures every prediction gives (one device's, a layout's, a searched layout's).
@@ -278,6 +307,8 @@ nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, con
   j["tokens_per_step"] = st.shape.tokens;
   put_summary(j, p, t);
   j["peak_flops"] = p.peak_flops;
+  j["mfu_peak"] = std::string(name_of(st.shape.dtype));  // a float8 run's MFU is against the bf16 peak
+  j["float8_gemms"] = p.float8_gemms;
   const nlohmann::json time = class_times(p);
   const MemoryBreakdown& b = p.memory;
   const std::size_t temporaries = b[MemoryUse::temporary] - std::min(b.saved_activations, b[MemoryUse::temporary]);
@@ -314,9 +345,10 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
     std::printf("  attention: %s\n", t.attention.why.c_str());
   std::printf("  traced in %.3f s: %zu operations, %lld host reads (each a device synchronisation)\n\n", st.seconds, ops,
               static_cast<long long>(p.host_reads));
-  std::printf("step %s | %.0f tokens/s | MFU %.1f%% (causal %.1f%%) against %.1f TFLOP/s | peak %s of %s usable: %s\n\n",
+  std::printf("step %s | %.0f tokens/s | MFU %.1f%% (causal %.1f%%) against %.1f TFLOP/s (%s) | peak %s of %s usable: %s\n\n",
               seconds_text(p.step_seconds).c_str(), p.tokens_per_sec, p.mfu_pct, p.mfu_causal_pct, p.peak_flops / 1e12,
-              peak_text(p).c_str(), gib(p.usable_bytes).c_str(), fit_text(p, c).c_str());
+              mfu_peak_text(st.shape, p.float8_gemms, t).c_str(), peak_text(p).c_str(), gib(p.usable_bytes).c_str(),
+              fit_text(p, c).c_str());
   std::printf("time by class\n");
   for (const auto& [name, ct] : p.by_class)
     std::printf("  %-24s %10s  %5.1f%%  (%lld)\n", name.c_str(), seconds_text(ct.seconds).c_str(),
@@ -413,6 +445,8 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
   j["dtype"] = std::string(name_of(traces.front().shape.dtype));
   j["tokens_per_step"] = traces.front().shape.tokens;
   put_summary(j, l, t);
+  j["mfu_peak"] = std::string(name_of(traces.front().shape.dtype));  // a float8 run's MFU is against the bf16 peak
+  j["float8_gemms"] = float8_gemms(l);
   j["exposed_comm_seconds"] = l.exposed_comm_seconds;
   j["pipeline_wait_seconds"] = l.pipeline_wait_seconds;
   j["collective_sm_seconds"] = l.collective_sm_seconds;
@@ -489,9 +523,10 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
     std::printf("  note: each rank is priced on the whole CPU as measured (%s); ranks that share its cores run slower\n",
                 l.positions.front().compute.machine.c_str());
   std::printf("\n");
-  std::printf("step %s | %.0f tokens/s per GPU | MFU %.1f%% (causal %.1f%%) | peak %s of %s usable: %s\n\n",
-              seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct, peak_text(l).c_str(),
-              gib(l.usable_bytes).c_str(), fit_text(l, c).c_str());
+  std::printf("step %s | %.0f tokens/s per GPU | MFU %.1f%% (causal %.1f%%, %s) | peak %s of %s usable: %s\n\n",
+              seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct,
+              mfu_peak_text(shape, float8_gemms(l), t).c_str(), peak_text(l).c_str(), gib(l.usable_bytes).c_str(),
+              fit_text(l, c).c_str());
   std::printf("position  rank      compute  exposed comm  pipeline wait  comm (all)  collectives   peak memory      reserved\n");
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     const plan::PositionPrediction& p = l.positions[i];
@@ -530,11 +565,19 @@ void emit_config(const std::string& path, const train::JobConfig& c) {
   TESSERA_CHECK(out.good(), "--emit-config ", path, ": cannot write");
 }
 
-std::string layout_text(const train::JobConfig& c) {
+/// "a, b, c".
+std::string joined(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) s += (s.empty() ? "" : ", ") + i;
+  return s;
+}
+
+/// A searched layout's row; `float8`: with its float8 recipe ("-" without float8).
+std::string layout_text(const train::JobConfig& c, bool float8) {
   const auto& p = c.parallelism;
   std::string ac = c.activation_checkpoint.mode;
   if (ac == "selective") ac += c.activation_checkpoint.selective_ac_option == "op" ? " op" : " every " + c.activation_checkpoint.selective_ac_option;
-  char t[160];
+  char t[200];
   std::snprintf(t, sizeof t, "%4lld %5lld %3lld %3lld  %-21s %3lld  %-13s %-7s", static_cast<long long>(p.data_parallel_replicate_degree),
                 static_cast<long long>(p.data_parallel_shard_degree), static_cast<long long>(p.tensor_parallel_degree),
                 static_cast<long long>(p.pipeline_parallel_degree),
@@ -542,7 +585,13 @@ std::string layout_text(const train::JobConfig& c) {
                 static_cast<long long>(p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_microbatch_size
                                                                       : c.training.local_batch_size),
                 ac.c_str(), p.data_parallel_shard_degree > 1 ? p.fsdp_reshard_after_forward.c_str() : "-");
-  return t;
+  std::string row = t;
+  if (float8) {
+    const std::string recipe = plan::float8_recipe(c);
+    std::snprintf(t, sizeof t, " %-18s", recipe.empty() ? "-" : recipe.c_str());
+    row += t;
+  }
+  return row;
 }
 
 std::string layout_brief(const train::JobConfig& c) {
@@ -552,12 +601,21 @@ std::string layout_brief(const train::JobConfig& c) {
                                  p.pipeline_parallel_degree > 1 ? " " + p.pipeline_parallel_schedule : std::string(),
                                  ", microbatch ",
                                  p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_microbatch_size : c.training.local_batch_size,
-                                 ", checkpoint ", c.activation_checkpoint.mode);
+                                 ", checkpoint ", c.activation_checkpoint.mode,
+                                 train::float8_enabled(c) ? ", float8 " + c.float8.recipe_name : std::string());
 }
 
-/// --search: every layout of `c`'s model on `world` GPUs of `target`, ranked.
+/// --search: every layout of `c`'s model on `world` GPUs of `target`, ranked; with
+/// `float8_recipes`, each also in float8 by each recipe (--search.float8).
 int search(const train::JobConfig& given, int world, const Target& target, bool bf16_model, bool json,
-           const std::string& emit, std::int64_t max_microbatch) {
+           const std::string& emit, std::int64_t max_microbatch, const std::vector<std::string>& float8_recipes) {
+  if (!float8_recipes.empty()) {
+    // Refused before anything is traced: float8 casts a bf16 model's values, and is priced
+    // at the profile's float8 rates.
+    TESSERA_CHECK(bf16_model, "--search.float8: float8 GEMMs cast a bfloat16 model's values, and "
+                  "training.mixed_precision_param is \"", given.training.mixed_precision_param, "\" (set it to \"bfloat16\")");
+    target.pricer->require_float8("--search.float8's float8 layouts");
+  }
   std::int64_t global = given.training.global_batch_size;
   if (global <= 0) {
     comm::MeshShape own;
@@ -574,6 +632,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
   space.gpus_per_node = target.network ? static_cast<int>(target.network->gpus_per_node.value) : 1;
   space.max_microbatch = max_microbatch;
   space.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  space.float8_recipes = float8_recipes;
   const auto t0 = std::chrono::steady_clock::now();
   const plan::TraceRank trace_rank = [&](const train::JobConfig& c, int w, int rank) {
     return llama_plan::trace_step(c, bf16_model, target.device_bytes, w, rank);
@@ -610,6 +669,8 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
     out["layouts"] = std::move(layouts);
     out["search"] = {{"gpus", world},
                      {"machine", target.pricer->name()},
+                     {"float8_recipes", float8_recipes},
+                     {"mfu_peak", bf16_model ? "bfloat16" : "float32"},
                      {"flavor", given.model.flavor},
                      {"global_batch_size", global},
                      {"enumerated", r.enumerated},
@@ -636,12 +697,19 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
               r.enumerated, r.priced, r.dry_runs, seconds, r.refused, r.enumerated - r.priced - r.refused, fitting,
               r.dominated);
   if (r.refused > 0) std::printf("  first refusal: %s\n", r.first_refusal.c_str());
-  std::printf("\n rank  repl shard  tp  pp  schedule               mb  checkpoint    reshard       step  tokens/s/GPU    MFU  peak memory\n");
+  const bool float8 = !float8_recipes.empty();
+  if (float8)
+    std::printf("  float8: each layout also with its linear layers' GEMMs in float8 by %s (float8.emulate = false); "
+                "MFU against the bf16 peak, float8 layouts included\n",
+                joined(float8_recipes).c_str());
+  std::printf("\n rank  repl shard  tp  pp  schedule               mb  checkpoint    reshard%s       step  tokens/s/GPU    MFU  peak memory\n",
+              float8 ? " float8            " : "");
   const std::size_t shown = std::min<std::size_t>(fitting, 20);
   for (std::size_t i = 0; i < shown; ++i) {
     const auto& l = r.layouts[i];
-    std::printf("%5zu  %s %10s %13.0f %5.1f%% %12s%s\n", i + 1, layout_text(l.config).c_str(), seconds_text(l.step_seconds).c_str(),
-                l.tokens_per_sec, l.mfu_pct, gib(static_cast<double>(l.peak_memory_bytes)).c_str(), l.extrapolated ? "" : "  (full trace)");
+    std::printf("%5zu  %s %10s %13.0f %5.1f%% %12s%s\n", i + 1, layout_text(l.config, float8).c_str(),
+                seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct,
+                gib(static_cast<double>(l.peak_memory_bytes)).c_str(), l.extrapolated ? "" : "  (full trace)");
   }
   if (fitting > shown) std::printf("  ... %zu more that fit (--json lists them all, and those that do not fit)\n", fitting - shown);
   std::printf("  (full trace): priced from the traces of its own depth and batch; the others extrapolated from small ones\n");
@@ -649,6 +717,23 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
     std::printf("\nthe first layout, predicted from its full traces: step %+.2f%%, peak memory %+.2f%% from its extrapolation\n",
                 100 * r.check_step_gap, 100 * r.check_memory_gap);
   return 0;
+}
+
+/// --search.float8's value: recipes separated by commas, each torchao's (ops/float8.hpp),
+/// none twice; "all" for every one.
+std::vector<std::string> float8_recipe_list(const std::string& v) {
+  if (v == "all") return {std::begin(plan::kFloat8Recipes), std::end(plan::kFloat8Recipes)};
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= v.size()) {
+    const std::size_t comma = std::min(v.find(',', at), v.size());
+    const std::string r = v.substr(at, comma - at);
+    ops::parse_float8_recipe(r, "--search.float8");
+    TESSERA_CHECK(std::find(out.begin(), out.end(), r) == out.end(), "--search.float8: ", r, " is given twice");
+    out.push_back(r);
+    at = comma + 1;
+  }
+  return out;
 }
 
 /// `v`, the value of `flag`, as a whole number in [lo, hi]; else one line naming the flag.
@@ -676,6 +761,7 @@ int run(std::vector<std::string> args) {
   bool attention_given = false;  // plan.attention: only plan.runtime scaling reads it
   std::optional<double> fragmentation;  // plan.fragmentation: only plan.runtime scaling reads it
   std::int64_t max_microbatch = 8;
+  std::vector<std::string> float8_recipes;  // --search.float8: float8 as a search dimension
   std::size_t top = 12;  // plan.top: the costliest kinds of operation listed
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
@@ -698,6 +784,8 @@ int run(std::vector<std::string> args) {
     } else if (args[i] == "--search.max_microbatch") {
       max_microbatch = whole_number("--search.max_microbatch", value_of(i, "a number of sequences"), 1, 1 << 30,
                                     "a positive number");
+    } else if (args[i] == "--search.float8") {
+      float8_recipes = float8_recipe_list(value_of(i, "float8 recipes (tensorwise,rowwise,rowwise_with_gw_hp or all)"));
     } else if (args[i] == "--machine") {
       machine = value_of(i, "a machine name or a profile FILE.toml");
     } else if (args[i] == "--emit-config") {
@@ -811,8 +899,10 @@ int run(std::vector<std::string> args) {
     const Target t = resolve_machine(machine, trace::Trace{}, given.training.attention, bf16 ? DType::bf16 : DType::f32,
                                      given.model.args.head_dim());
     check_cluster(t);
-    return search(given, world, t, bf16, json, emit, max_microbatch);
+    return search(given, world, t, bf16, json, emit, max_microbatch, float8_recipes);
   }
+  TESSERA_CHECK(float8_recipes.empty(), "--search.float8: a dimension of --search; give --search with it (one layout "
+                "in float8: model.converters = [\"float8\"], float8.recipe_name, float8.emulate = false)");
   comm::MeshShape mesh = plan::check_dry_run(given, world);
   train::JobConfig c = resolved(given, mesh);
   if (zero1) {
@@ -832,6 +922,8 @@ int run(std::vector<std::string> args) {
   if (!cpu) {
     target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype, hd);
     check_cluster(target);
+    if (train::float8_enabled(c) && !c.float8.emulate)
+      target.pricer->require_float8("model.converters = [\"float8\"] with float8.emulate = false (the GPU's float8 GEMMs)");
   }
   if (!emit.empty()) emit_config(emit, c);
   if (world == 1 && !zero1 && !torchtitan) {

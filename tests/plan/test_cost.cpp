@@ -1,7 +1,8 @@
 // The cost model's arithmetic (plan/cost.hpp) and the machine profiles (plan/machine.hpp):
 // each class of operation priced as the model says, on a profile made for the test; every
 // built-in profile loads; a profile with a figure missing, not positive or without a
-// source is refused, naming the file and the key.
+// source is refused, naming the file and the key; float8 GEMMs priced at the profile's
+// float8 rates, and refused by name on a profile without them.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -114,6 +115,116 @@ TEST_CASE("cost: a GEMM takes its FLOPs at the curve's efficiency, or its bytes 
   // Nothing runs in less than a launch.
   const trace::Gemm tiny{2, 2, 2, Trans::no, Trans::no, DType::bf16, DType::bf16, false};
   CHECK(p.seconds(tiny) == doctest::Approx(2e-6));
+}
+
+namespace {
+/// Float8 rates for the test profile: 200 TFLOP/s, 5% of it at 1 GFLOP up to 40% at 100.
+const char* kFloat8Rates = R"(
+[compute.fp8_tflops]
+value = 200
+source = "test"
+[gemm.fp8_efficiency]
+points = [[1.0, 0.05], [100.0, 0.4]]
+source = "test"
+)";
+plan::Machine with_float8() { return plan::parse_machine(std::string(kProfile) + kFloat8Rates, "fp8.toml"); }
+
+/// A float8 GEMM as a trace records one (backend/traced.hpp): "TN", cuBLASLt's layout.
+trace::Gemm float8_gemm(std::int64_t m, std::int64_t n, std::int64_t k, DType operands = DType::f8e4m3,
+                        DType result = DType::bf16, bool accumulate = false) {
+  return trace::Gemm{m, n, k, Trans::no, Trans::yes, operands, result, accumulate};
+}
+}  // namespace
+
+TEST_CASE("cost: a float8 GEMM takes its FLOPs at the profile's float8 peak and curve, or its one-byte operands' bytes") {
+  const plan::GpuPricer p(with_float8());
+  // 2 x 4096^3 = 137 GFLOP, past the curve's last point: 40% of 200 TFLOP/s = 80, where
+  // the bf16 GEMM of the same shape runs at 50% of 100.
+  const trace::Gemm big = float8_gemm(4096, 4096, 4096);
+  CHECK(p.seconds(big) == doctest::Approx(big.flops() / 80e12).epsilon(1e-12));
+  trace::Gemm same_in_bf16 = big;
+  same_in_bf16.operands = DType::bf16;
+  CHECK(p.seconds(same_in_bf16) == doctest::Approx(big.flops() / 50e12).epsilon(1e-12));
+  CHECK(p.seconds(big) < p.seconds(same_in_bf16));
+  // 10 GFLOP: halfway in log between 1 and 100, so 22.5% of 200; e5m2 operands (a
+  // gradient's) at the same rate; a float32 result accumulated changes only the bytes.
+  const trace::Gemm mid = float8_gemm(1000, 1000, 5000, DType::f8e5m2, DType::f32, true);
+  CHECK(p.seconds(mid) == doctest::Approx(mid.flops() / 45e12).epsilon(1e-9));
+  // A thin float8 GEMM is bound by its bytes, its operands one byte an element: half the
+  // operand bytes of the bf16 one.
+  const trace::Gemm thin = float8_gemm(32, 32768, 8192, DType::f8e4m3, DType::f32, true);
+  const double bytes = (32.0 * 8192 + 8192.0 * 32768) * 1 + 32.0 * 32768 * 4 * 2;
+  CHECK(plan::gemm_bytes(thin) == bytes);
+  CHECK(p.seconds(thin) == doctest::Approx(bytes / 0.5e12).epsilon(1e-12));
+  trace::Gemm thin_bf16 = thin;
+  thin_bf16.operands = DType::bf16;
+  CHECK(p.seconds(thin) < p.seconds(thin_bf16));
+  // Nothing runs in less than a launch.
+  CHECK(p.seconds(float8_gemm(16, 16, 16)) == doctest::Approx(2e-6));
+}
+
+TEST_CASE("cost: a step's float8 GEMMs on a built-in profile: the profile's float8 rate, under bf16's, MFU against bf16") {
+  const std::filesystem::path file = std::filesystem::path(TESSERA_MACHINES) / "h100-sxm.toml";
+  const plan::Machine m = plan::load_machine(file);
+  REQUIRE(m.has_float8());
+  const plan::GpuPricer p(m);
+  // Llama 3 8B's feed-forward at 8192 tokens, in float8 and in bf16.
+  const trace::Gemm f8 = float8_gemm(8192, 14336, 4096);
+  trace::Gemm bf = f8;
+  bf.operands = DType::bf16;
+  trace::Trace t;
+  t.add(f8);
+  plan::StepShape shape;
+  shape.args = nn::model_flavor("debugmodel");
+  shape.tokens = 8192;
+  shape.seq_len = 8192;
+  shape.dtype = DType::bf16;  // a float8 run's model is bf16
+  const plan::Prediction pr = plan::predict(t, p, shape, 1'000'000, MemoryBreakdown{});
+  const double gflop = f8.flops() / 1e9;
+  const double expected = std::max(f8.flops() / (m.fp8_tflops->value * 1e12 * m.gemm_fp8->at(gflop)),
+                                   plan::gemm_bytes(f8) / m.stream_bandwidth());
+  CHECK(pr.step_seconds == doctest::Approx(expected).epsilon(1e-12));
+  CHECK(pr.step_seconds == doctest::Approx(f8.flops() / (m.fp8_tflops->value * 1e12 * m.gemm_fp8->at(gflop))));
+  CHECK(pr.step_seconds < p.seconds(bf));
+  CHECK(pr.float8_gemms == 1);
+  // The costliest list names the float8 dtype.
+  REQUIRE(pr.top.size() == 1);
+  CHECK(pr.top.front().what == "gemm 8192x14336x4096 float8_e4m3fn->bfloat16 (nt)");
+  // MFU stays against the bf16 peak, not the float8 one.
+  CHECK(pr.peak_flops == doctest::Approx(m.bf16_tflops.value * 1e12));
+  CHECK(pr.mfu_pct == doctest::Approx(100 * pr.tokens_per_sec * shape.args.flops_per_token(8192) / (m.bf16_tflops.value * 1e12)));
+}
+
+TEST_CASE("cost: a float8 GEMM on a profile without float8 rates is refused, naming the profile and the key") {
+  const plan::GpuPricer bare = pricer();  // test.toml: no compute.fp8_tflops
+  CHECK_ERROR_CONTAINS(bare.seconds(float8_gemm(4096, 4096, 4096)),
+                       "test.toml: machine profile: compute.fp8_tflops is missing, so a float8 GEMM (4096x4096x4096 "
+                       "float8_e4m3fn) cannot be priced on test-gpu");
+  CHECK_ERROR_CONTAINS(bare.require_float8("float8 layouts"), "test.toml: machine profile: compute.fp8_tflops is missing, "
+                       "so float8 layouts cannot be priced");
+  // The A100's profile has no float8 tensor cores to price: a step with a float8 GEMM
+  // is refused, never priced at another dtype's rate.
+  const std::filesystem::path file = std::filesystem::path(TESSERA_MACHINES) / "a100-80gb-sxm.toml";
+  const plan::GpuPricer a100(plan::load_machine(file));
+  trace::Trace t;
+  t.add(trace::Gemm{4096, 4096, 4096, Trans::no, Trans::no, DType::bf16, DType::bf16, false});
+  t.add(float8_gemm(4096, 4096, 4096, DType::f8e5m2));
+  plan::StepShape shape;
+  shape.args = nn::model_flavor("debugmodel");
+  shape.tokens = shape.seq_len = 1024;
+  shape.dtype = DType::bf16;
+  CHECK_ERROR_CONTAINS(plan::predict(t, a100, shape, 1, MemoryBreakdown{}),
+                       file.string() + ": machine profile: compute.fp8_tflops is missing, so a float8 GEMM (4096x4096x4096 "
+                       "float8_e5m2) cannot be priced on a100-80gb-sxm");
+  // A machine without float8 GEMMs at all (a pricer that does not say otherwise) refuses too.
+  struct NoFloat8 final : plan::Pricer {
+    double seconds(const trace::Op&) const override { return 0; }
+    double peak_flops(DType) const override { return 1; }
+    double usable_bytes() const override { return 1; }
+    std::string name() const override { return "plain"; }
+  } plain;
+  CHECK_ERROR_CONTAINS(plain.require_float8("float8 layouts"),
+                       "plain: float8 layouts cannot be priced: this machine has no float8 GEMM rate");
 }
 
 TEST_CASE("cost: the portable flash kernel runs at the shared-memory bound, a quarter of the fp32 rate") {
@@ -310,6 +421,25 @@ TEST_CASE("machine profiles: every built-in profile loads, each figure with its 
       CHECK(r->forward.at(8192) < m.bf16_tflops.value);
       CHECK(r->backward.at(8192) <= r->forward.at(8192));
     }
+    // Float8 on the Hopper profiles, none on the A100's (it has no float8 tensor cores):
+    // the float8 peak twice the bf16 one; large GEMMs faster in float8 than in bf16, the
+    // smallest no faster than twice (they are bound by what every kernel takes).
+    CHECK(m.has_float8() == name.starts_with("h"));
+    if (m.has_float8()) {
+      CHECK(!m.fp8_tflops->source.empty());
+      CHECK(!m.gemm_fp8->source.empty());
+      CHECK(m.fp8_tflops->value == doctest::Approx(2 * m.bf16_tflops.value).epsilon(1e-3));
+      for (const double gflop : {17.2, 275.0, 1000.0, 8000.0}) {
+        CAPTURE(gflop);
+        const double f8 = m.fp8_tflops->value * m.gemm_fp8->at(gflop), bf = m.bf16_tflops.value * m.gemm_bf16.at(gflop);
+        CHECK(f8 > 1.3 * bf);
+        CHECK(f8 < 2 * bf);
+      }
+      CHECK(m.fp8_tflops->value * m.gemm_fp8->at(0.134) <= 1.1 * m.bf16_tflops.value * m.gemm_bf16.at(0.134));
+    } else {
+      CHECK(!m.fp8_tflops.has_value());
+      CHECK(!m.gemm_fp8.has_value());
+    }
     // A GEMM beside held SMs: measured on the Hopper profiles (over the SMs' share), the
     // SMs' share alone on the A100's, where nothing was measured.
     CHECK(m.gemm_beside_held_sms.has_value() == name.starts_with("h"));
@@ -363,6 +493,44 @@ TEST_CASE("machine profiles: a figure missing, not positive or without its sourc
   CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, 5]]\n", "gpu.toml"),
                        "attention.cudnn_bf16_hd64_backward has no source");
   CHECK_ERROR_CONTAINS(plan::load_machine("/nonexistent/gpu.toml"), "/nonexistent/gpu.toml: cannot open the machine profile");
+}
+
+TEST_CASE("machine profiles: the float8 rates come together, each a sourced figure, or are refused by name") {
+  const plan::Machine m = with_float8();
+  REQUIRE(m.has_float8());
+  CHECK(m.fp8_tflops->value == 200);
+  CHECK(m.fp8_tflops->source == "test");
+  CHECK(m.gemm_fp8->points.size() == 2);
+  CHECK(!plan::parse_machine(kProfile, "gpu.toml").has_float8());  // optional: no float8 tensor cores
+  const std::string base = kProfile;
+  const std::string peak = "[compute.fp8_tflops]\nvalue = 200\nsource = \"t\"\n";
+  const auto curve = [](const std::string& points, const std::string& source = "source = \"t\"\n") {
+    return "[gemm.fp8_efficiency]\n" + points + "\n" + source;
+  };
+  // A malformed curve: decreasing sizes, a fraction over 1, not pairs, no source, empty.
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = [[100.0, 0.4], [1.0, 0.05]]"), "gpu.toml"),
+                       "gemm.fp8_efficiency.points must have increasing gflop");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = [[1.0, 1.5]]"), "gpu.toml"),
+                       "machine profile: gemm.fp8_efficiency.points[0]: gflop, fraction must be positive, the second at most 1");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = [[1.0, 0.5, 3.0]]"), "gpu.toml"),
+                       "gemm.fp8_efficiency.points[0] must be a pair [gflop, fraction] of numbers");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = [[1.0, 0.5]]", ""), "gpu.toml"),
+                       "gemm.fp8_efficiency has no source");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = []"), "gpu.toml"),
+                       "gemm.fp8_efficiency.points must be a non-empty list of [gflop, fraction] pairs");
+  // The peak: a positive number with its source.
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[compute.fp8_tflops]\nvalue = 0\nsource = \"t\"\n" +
+                                               curve("points = [[1.0, 0.5]]"),
+                                           "gpu.toml"),
+                       "compute.fp8_tflops.value must be a positive number, got 0");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[compute.fp8_tflops]\nvalue = 200\n" + curve("points = [[1.0, 0.5]]"),
+                                           "gpu.toml"),
+                       "compute.fp8_tflops has no source");
+  // One without the other.
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak, "gpu.toml"),
+                       "gpu.toml: machine profile: compute.fp8_tflops is given without gemm.fp8_efficiency");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(base + curve("points = [[1.0, 0.5]]"), "gpu.toml"),
+                       "gpu.toml: machine profile: gemm.fp8_efficiency is given without compute.fp8_tflops");
 }
 
 TEST_CASE("machine profiles: a profile with a base takes the base's figures and replaces those it gives") {

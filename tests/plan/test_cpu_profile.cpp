@@ -1,7 +1,8 @@
 // The CPU's measured profile (plan/cpu.hpp): which instance of a large call is timed in
-// its place, and the peak for MFU being the fastest GEMM measured.
+// its place, the peak for MFU being the fastest GEMM measured, and float8 GEMMs refused.
 #include <doctest/doctest.h>
 
+#include "../support/errors.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/backend/trace.hpp"
 #include "tessera/plan/cpu.hpp"
@@ -62,6 +63,16 @@ TEST_CASE("cpu profile: the peak for MFU is the fastest GEMM measured, the step'
     CHECK(s > 0);
     CHECK(g.flops() / s <= p.peak_gemm_flops);
   }
+}
+
+TEST_CASE("cpu profile: a float8 GEMM, which the CPU backend runs only emulated, is refused rather than priced as free") {
+  trace::Trace tr;
+  tr.add(trace::Gemm{256, 256, 256, Trans::no, Trans::yes, DType::f8e4m3, DType::bf16, false});
+  plan::CpuProfile p;
+  CHECK_ERROR_CONTAINS(plan::measure_gemms(tr, 0.005, p),
+                       "a float8 GEMM (256x256x256 float8_e4m3fn) has no rate here: the CPU backend runs float8 GEMMs "
+                       "emulated (float8.emulate = true)");
+  CHECK(p.gemm_seconds.empty());
 }
 
 }  // namespace test_cpu_profile

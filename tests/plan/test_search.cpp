@@ -1,6 +1,6 @@
 // llama-plan --search's library (plan/search.hpp): a layout priced from small traces,
 // extrapolated in depth and batch, against the same layout priced from its full traces;
-// the enumeration; the ranking and its pruning.
+// the enumeration, float8 as one of its dimensions; the ranking and its pruning.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../parallel/harness.hpp"
+#include "../support/errors.hpp"
 #include "tessera/plan/machine.hpp"
 #include "tessera/plan/search.hpp"
 
@@ -142,6 +143,111 @@ TEST_CASE("search: the layouts of 8 GPUs, each once, every one with the global b
   // Two nodes of 4: tensor parallelism stays within one.
   space.gpus_per_node = 4;
   for (const auto& c : plan::enumerate_layouts(base, space, 16)) CHECK(c.parallelism.tensor_parallel_degree <= 4);
+}
+
+TEST_CASE("search: float8 is a dimension only when asked for: each layout without it and with each recipe") {
+  const train::JobConfig base = job(6, 2, 16, {"--training.mixed_precision_param", "bfloat16"});
+  plan::SearchSpace space;
+  space.gpus = 8;
+  space.max_microbatch = 4;
+  // Not asked for: the base's own setting (here none), on every layout.
+  const std::vector<train::JobConfig> plain = plan::enumerate_layouts(base, space, 16);
+  REQUIRE(!plain.empty());
+  for (const auto& c : plain) {
+    CHECK(!train::float8_enabled(c));
+    CHECK(plan::float8_recipe(c).empty());
+  }
+  // Asked for: every layout once without float8 and once by each recipe, on the GPU's
+  // float8 GEMMs (not the emulation).
+  space.float8_recipes = {"tensorwise", "rowwise"};
+  const std::vector<train::JobConfig> all = plan::enumerate_layouts(base, space, 16);
+  CHECK(all.size() == 3 * plain.size());
+  std::map<std::string, std::size_t> by_recipe;
+  std::set<std::string> seen;
+  for (const auto& c : all) {
+    const std::string recipe = plan::float8_recipe(c);
+    ++by_recipe[recipe];
+    seen.insert(train::to_toml(c));
+    if (recipe.empty()) continue;
+    CHECK(c.model.converters == std::vector<std::string>{"float8"});
+    CHECK(c.float8.recipe_name == recipe);
+    CHECK(!c.float8.emulate);
+  }
+  CHECK(seen.size() == all.size());
+  CHECK(by_recipe == std::map<std::string, std::size_t>{{"", plain.size()}, {"tensorwise", plain.size()}, {"rowwise", plain.size()}});
+  // Each layout of the plain space is there in each setting, its other keys the same.
+  for (std::size_t i = 0; i < 3; ++i) {
+    train::JobConfig c = all[i * 4];  // the first family's first variant, in each setting
+    c.model.converters.clear();
+    c.float8 = base.float8;
+    CHECK(train::to_toml(c) == train::to_toml(plain.front()));
+  }
+  // A base already in float8 (emulated) without the dimension keeps its own setting;
+  // with it, "without float8" takes the converter out.
+  train::JobConfig emulated = base;
+  emulated.model.converters = {"float8"};
+  emulated.float8.emulate = true;
+  space.float8_recipes.clear();
+  for (const auto& c : plan::enumerate_layouts(emulated, space, 16)) CHECK((train::float8_enabled(c) && c.float8.emulate));
+  space.float8_recipes = {"rowwise_with_gw_hp"};
+  std::size_t off = 0;
+  for (const auto& c : plan::enumerate_layouts(emulated, space, 16)) {
+    if (!train::float8_enabled(c)) ++off;
+    else CHECK((c.float8.recipe_name == "rowwise_with_gw_hp" && !c.float8.emulate));
+  }
+  CHECK(off == plain.size());
+  // Layouts of different float8 settings are not variants of each other: neither settles
+  // the other, whatever their checkpointing.
+  train::JobConfig none = plain.front(), f8 = plain.front();
+  none.activation_checkpoint.mode = "none";
+  f8.activation_checkpoint.mode = "full";
+  CHECK(plan::less_work(none, f8));
+  plan::detail::set_float8(f8, "tensorwise");
+  CHECK(!plan::less_work(none, f8));
+  CHECK(!plan::less_work(f8, none));
+}
+
+TEST_CASE("search: float8 layouts are priced at the profile's float8 rates, and refused where it has none") {
+  const train::JobConfig base = job(4, 2, 4, {"--training.mixed_precision_param", "bfloat16"});
+  plan::SearchSpace space;
+  space.gpus = 2;
+  space.max_microbatch = 1;
+  space.float8_recipes = {"tensorwise"};
+  const plan::TraceRank trace_bf16 = [](const train::JobConfig& c, int world, int rank) {
+    return plan::dry_run_step<bf16>(c, 0, world, rank);
+  };
+  // On the A100's profile: refused before anything is traced, naming the file and the key.
+  const plan::Machine a100 = plan::load_machine(std::string(TESSERA_MACHINES) + "/a100-80gb-sxm.toml");
+  CHECK_ERROR_CONTAINS(plan::search_layouts(base, space, 4, trace_bf16, plan::GpuPricer(a100), *a100.network),
+                       "a100-80gb-sxm.toml: machine profile: compute.fp8_tflops is missing, so the search's float8 "
+                       "layouts (SearchSpace::float8_recipes) cannot be priced");
+  // On the H100's: the float8 layouts are priced beside the others, each with its recipe,
+  // and its float8 GEMMs at the float8 rate: a layout's step differs from its bf16 twin's.
+  const plan::Machine m = h100();
+  const plan::GpuPricer gpu(m);
+  const plan::SearchReport r = plan::search_layouts(base, space, 4, trace_bf16, gpu, *m.network);
+  std::map<std::string, std::map<std::string, double>> steps;  // layout -> recipe -> step
+  for (const auto& l : r.layouts) {
+    train::JobConfig twin = l.config;
+    plan::detail::set_float8(twin, "");
+    twin.float8 = base.float8;
+    steps[train::to_toml(twin)][plan::float8_recipe(l.config)] = l.step_seconds;
+  }
+  std::size_t pairs = 0;
+  for (const auto& [layout, by] : steps)
+    if (by.count("") && by.count("tensorwise")) {
+      ++pairs;
+      CHECK(by.at("tensorwise") != by.at(""));
+    }
+  CHECK(pairs > 0);
+  // Traced in full, a float8 layout's GEMMs are float8 ones.
+  train::JobConfig c = base;
+  plan::detail::set_float8(c, "tensorwise");
+  const plan::StepTrace st = trace_bf16(c, 1, 0);
+  std::size_t float8_gemms = 0;
+  for (const auto& g : st.trace.all<trace::Gemm>()) float8_gemms += plan::is_float8(g.operands);
+  CHECK(float8_gemms > 0);
+  CHECK(plan::predict(st, gpu, 0).float8_gemms == static_cast<std::int64_t>(float8_gemms));
 }
 
 TEST_CASE("search: fitting layouts first, fastest first; the first predicted in full") {

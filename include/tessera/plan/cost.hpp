@@ -8,7 +8,10 @@
 //
 //   GEMM        max(2mnk / (peak x efficiency(size)), bytes / stream bandwidth), the
 //               efficiency curve of the operands' dtype (bf16 tensor cores; fp32 on CUDA
-//               cores, tessera's fp32 GEMMs run without TF32)
+//               cores, tessera's fp32 GEMMs run without TF32; float8, cuBLASLt's float8
+//               matmul, at the profile's float8 peak and curve: refused on a profile
+//               without them, never priced at another dtype's rate); the bytes are each
+//               operand's own (a float8 element is one byte)
 //   attention   cuDNN's flash attention (training.attention = cudnn, or auto on a bf16
 //               model where the profile gives its rates): the call's FLOPs at the
 //               profile's measured TFLOP/s for its head dim, direction and sequence
@@ -86,6 +89,12 @@ class Pricer {
     const double sms = sm_count();
     return sms > 0 && held > 0 ? sms / std::max(1.0, sms - held) : 1.0;
   }
+  /// Refuses float8 GEMMs (`what` asked for them) where this machine has no rate for
+  /// them, before anything is traced; a GPU profile with float8 rates prices them.
+  virtual void require_float8(std::string_view what) const {
+    fail(name(), ": ", what, " cannot be priced: this machine has no float8 GEMM rate (float8.emulate = true "
+         "prices the emulation)");
+  }
 };
 
 /// Multiply-adds of tessera's portable flash kernel for one attention call (see above).
@@ -102,6 +111,9 @@ inline double gemm_bytes(const trace::Gemm& g) {
   return (static_cast<double>(g.m) * g.k + static_cast<double>(g.k) * g.n) * ab +
          static_cast<double>(g.m) * g.n * c * (g.accumulate ? 2 : 1);
 }
+
+/// Whether a GEMM's operands are float8 (cuBLASLt's float8 matmul on a GPU).
+inline bool is_float8(DType t) { return t == DType::f8e4m3 || t == DType::f8e5m2; }
 
 /// Which attention kernels a GPU step runs.
 enum class AttentionKernel { tessera, cudnn };
@@ -149,19 +161,35 @@ class GpuPricer : public Pricer {
   double seconds(const trace::Op& op) const override {
     return std::max(launch(), std::visit([&](const auto& o) { return work(o); }, op));
   }
+  /// The peak MFU is measured against, for a model of `dtype` parameters: a bf16 model's
+  /// is the bf16 tensor-core peak even when its linear layers run float8 GEMMs (MFU stays
+  /// against the bf16 peak, as torchtitan reports a float8 run's, and llama-plan labels it
+  /// so), else the fp32 rate.
   double peak_flops(DType dtype) const override {
     return (dtype == DType::bf16 ? m_.bf16_tflops.value : m_.fp32_tflops.value) * 1e12;
   }
   double usable_bytes() const override { return m_.usable_bytes(); }
   double sm_count() const override { return m_.sm_count.value; }
   /// A GEMM beside held SMs as the profile measured it (gemm.slowdown_beside_held_sms);
-  /// attention, and a profile without the measurement, as the SMs' share.
+  /// attention, and a profile without the measurement, as the SMs' share. The measurement
+  /// is of bf16 GEMMs and stands for every GEMM, float8 ones included: what a held SM
+  /// costs is the tile waves of cuBLASLt's persistent Hopper kernels spread over fewer
+  /// SMs, which a float8 kernel has as a bf16 one does (its tiles take half as long, and
+  /// the waves are as many); nothing measured says otherwise.
   double beside_held_sms(int held, bool gemm) const override {
     const double spread = Pricer::beside_held_sms(held, gemm);
     return gemm && m_.gemm_beside_held_sms ? m_.gemm_beside_held_sms->at(held, spread) : spread;
   }
   std::string name() const override { return m_.name; }
   const Machine& machine() const { return m_; }
+
+  /// Refuses float8 GEMMs where the profile has no float8 rates, naming the profile and
+  /// the key; `what` says what asked for them.
+  void require_float8(std::string_view what) const override {
+    TESSERA_CHECK(m_.has_float8(), m_.origin, ": machine profile: compute.fp8_tflops is missing, so ", what,
+                  " cannot be priced on ", m_.name,
+                  " (a GPU without float8 tensor cores; float8.emulate = true prices the emulation there)");
+  }
   AttentionKernel attention() const { return attention_; }
 
   /// The fraction of the fp32 rate the portable flash kernel reaches (a quarter here).
@@ -176,10 +204,17 @@ class GpuPricer : public Pricer {
   double clock() const { return m_.boost_clock_ghz.value * 1e9; }
 
   double work(const trace::Gemm& g) const {
-    const bool bf16 = g.operands == DType::bf16;
-    const double peak = peak_flops(bf16 ? DType::bf16 : DType::f32);
-    const double eff = (bf16 ? m_.gemm_bf16 : m_.gemm_fp32).at(g.flops() / 1e9);
-    return std::max(g.flops() / (peak * eff), gemm_bytes(g) / m_.stream_bandwidth());
+    const double gflop = g.flops() / 1e9;
+    double rate = 0;  // FLOP/s
+    if (is_float8(g.operands)) {
+      require_float8(tessera::detail::concat("a float8 GEMM (", g.m, "x", g.n, "x", g.k, " ", name_of(g.operands), ")"));
+      rate = m_.fp8_tflops->value * 1e12 * m_.gemm_fp8->at(gflop);
+    } else if (g.operands == DType::bf16) {
+      rate = m_.bf16_tflops.value * 1e12 * m_.gemm_bf16.at(gflop);
+    } else {
+      rate = m_.fp32_tflops.value * 1e12 * m_.gemm_fp32.at(gflop);
+    }
+    return std::max(g.flops() / rate, gemm_bytes(g) / m_.stream_bandwidth());
   }
   double work(const trace::Attention& a) const {
     if (attention_ == AttentionKernel::cudnn && a.dtype == DType::bf16)
@@ -233,8 +268,8 @@ struct Prediction {
   ClassTimes by_class;
   std::vector<OpTotal> top;  // the costliest kinds of operation, costliest first
   double tokens_per_sec = 0;
-  double mfu_pct = 0, mfu_causal_pct = 0;
-  double peak_flops = 0;
+  double mfu_pct = 0, mfu_causal_pct = 0;  // against peak_flops
+  double peak_flops = 0;                   // the parameters' dtype's peak: bf16's for a float8 run
   std::size_t peak_memory_bytes = 0;      // live bytes at the peak
   std::size_t reserved_memory_bytes = 0;  // what the allocator holds at its peak (>= the live peak)
   MemoryBreakdown memory{};
@@ -242,6 +277,7 @@ struct Prediction {
   bool fits = false;                      // reserved_memory_bytes within usable_bytes
   std::int64_t host_reads = 0;        // transfers to the host: each a synchronisation on a GPU
   std::int64_t unpriced_kernels = 0;  // launches of functors without traffic() (priced as nothing)
+  std::int64_t float8_gemms = 0;      // GEMMs of float8 operands (their MFU is still against peak_flops)
 };
 
 
@@ -311,6 +347,7 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
     if (std::holds_alternative<trace::Memory>(e.op) || is_communication(e.op)) continue;
     if (const auto* k = std::get_if<trace::Kernel>(&e.op); k && !k->priced) ++p.unpriced_kernels;
     if (const auto* t = std::get_if<trace::Transfer>(&e.op); t && t->to_host) ++p.host_reads;
+    if (const auto* g = std::get_if<trace::Gemm>(&e.op); g && is_float8(g->operands)) ++p.float8_gemms;
     const double s = pricer.seconds(e.op);
     const char* cls = detail::class_of(e);
     add_to_class(p.by_class, cls, s);

@@ -273,6 +273,10 @@ inline void measure_gemms(const trace::Trace& trace, double budget, CpuProfile& 
   for (const auto& g : trace.all<trace::Gemm>()) {
     const auto key = detail::key_of(g);
     if (p.gemm_seconds.count(key)) continue;
+    // The CPU backend has no float8 GEMM to time: a trace of float8 GEMMs is a GPU's
+    // (float8.emulate = false), and timing nothing would price them as free.
+    TESSERA_CHECK(!is_float8(g.operands), "the CPU profile: a float8 GEMM (", g.m, "x", g.n, "x", g.k, " ",
+                  name_of(g.operands), ") has no rate here: the CPU backend runs float8 GEMMs emulated (float8.emulate = true)");
     const auto [timed, scale] = detail::timed_instance(g);
     double s = 0;
     if (g.operands == DType::f32 && g.result == DType::f32) s = detail::time_gemm<float, float>(timed, budget, evict);

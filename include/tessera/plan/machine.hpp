@@ -13,6 +13,11 @@
 //   [compute.shared_memory_bytes_per_clock_per_sm]
 //   [gemm.bf16_efficiency]    points = [[gflop, fraction], ...]: the fraction of the peak
 //   [gemm.fp32_efficiency]    cuBLAS reaches by GEMM size (2 m n k / 1e9)
+//   [compute.fp8_tflops]      optional, with [gemm.fp8_efficiency] (each needs the other):
+//   [gemm.fp8_efficiency]     the dense float8 tensor-core peak and the fraction of it
+//                             cuBLASLt's float8 matmul reaches by size. A GPU without float8
+//                             tensor cores (A100) gives neither, and a float8 GEMM priced on
+//                             it is refused, naming the profile and compute.fp8_tflops
 //   [gemm.slowdown_beside_held_sms]  optional: points = [[held, ratio], ...], how many
 //                             times as long a bf16 GEMM takes while `held` SMs are taken
 //                             by blocks that stay (an NCCL collective's channels),
@@ -152,6 +157,8 @@ struct Machine {
   Sourced capacity_bytes, reserved_bytes;
   Sourced bf16_tflops, fp32_tflops, sm_count, boost_clock_ghz, shared_memory_bytes_per_clock_per_sm;
   EfficiencyCurve gemm_bf16, gemm_fp32;
+  std::optional<Sourced> fp8_tflops;          // absent: no float8 tensor cores
+  std::optional<EfficiencyCurve> gemm_fp8;    // given exactly when fp8_tflops is
   std::optional<HeldSmSlowdown> gemm_beside_held_sms;  // absent: sm / (sm - held)
   Sourced hbm_gbs, hbm_fraction;
   Sourced launch_us, sync_us, host_link_gbs;
@@ -166,6 +173,9 @@ struct Machine {
     if (it == cudnn_attention_bf16.end()) --it;
     return &it->second;
   }
+
+  /// Whether the profile prices float8 GEMMs (compute.fp8_tflops and gemm.fp8_efficiency).
+  bool has_float8() const { return fp8_tflops.has_value() && gemm_fp8.has_value(); }
 
   /// Bytes tensors may take: capacity less what is reserved before the first one.
   double usable_bytes() const { return capacity_bytes.value - reserved_bytes.value; }
@@ -401,6 +411,18 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
   m.shared_memory_bytes_per_clock_per_sm = read_rate(root, origin, "compute", "shared_memory_bytes_per_clock_per_sm");
   m.gemm_bf16 = read_curve(root, origin, "gemm", "bf16_efficiency");
   m.gemm_fp32 = read_curve(root, origin, "gemm", "fp32_efficiency");
+  // Float8: optional (an A100 has no float8 tensor cores), the peak and its curve together.
+  const auto* compute = root.get_as<toml::table>("compute");
+  const auto* gemm_section = root.get_as<toml::table>("gemm");
+  const bool fp8_peak = compute && compute->get("fp8_tflops");
+  const bool fp8_curve = gemm_section && gemm_section->get("fp8_efficiency");
+  TESSERA_CHECK(fp8_peak == fp8_curve, origin, ": machine profile: ", fp8_peak ? "compute.fp8_tflops" : "gemm.fp8_efficiency",
+                " is given without ", fp8_peak ? "gemm.fp8_efficiency" : "compute.fp8_tflops",
+                " (a float8 GEMM is priced from both: give both, or neither on a GPU without float8 tensor cores)");
+  if (fp8_peak) {
+    m.fp8_tflops = read_rate(root, origin, "compute", "fp8_tflops");
+    m.gemm_fp8 = read_curve(root, origin, "gemm", "fp8_efficiency");
+  }
   if (const auto* gemm = root.get_as<toml::table>("gemm"); gemm && gemm->get("slowdown_beside_held_sms")) {
     const std::string name = "gemm.slowdown_beside_held_sms";
     const toml::table& t = detail::table_at(root, origin, "gemm", "slowdown_beside_held_sms");

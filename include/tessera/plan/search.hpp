@@ -4,7 +4,9 @@
 // enumerate_layouts(base, space) lists the layouts: replicate x shard x tensor x pipeline
 // degrees that multiply to the GPUs (tensor parallelism within a node), and for each the
 // pipeline schedules, the microbatch sizes (sequences per microbatch with pipelining,
-// per forward otherwise), the activation checkpoint modes and the FSDP reshard policies.
+// per forward otherwise), the activation checkpoint modes and the FSDP reshard policies;
+// and, where the space asks for it (SearchSpace::float8_recipes), the linear layers'
+// GEMMs in bf16 or in float8 by each of torchao's recipes, on the GPU's float8 matmul.
 // The global batch (the training's hyperparameter) is held; a layout whose data-parallel
 // degree does not divide it is not a layout of this training.
 //
@@ -67,12 +69,21 @@
 
 namespace tessera::plan {
 
+/// The float8 recipes a search may take (torchao's, float8.recipe_name): one scale a
+/// tensor; one a row (powers of two); rowwise with the weight gradient's GEMM in bf16.
+inline constexpr const char* kFloat8Recipes[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp"};
+
 /// What --search enumerates on.
 struct SearchSpace {
   int gpus = 1;
   int gpus_per_node = 8;               // tensor parallelism stays within a node
   std::int64_t max_microbatch = 8;     // sequences per microbatch (or per forward without pipelining)
   int threads = 1;                     // layouts priced side by side
+  /// Float8 as a dimension: each layout without float8 and with model.converters =
+  /// ["float8"] by each of these recipes (float8.emulate = false: the GPU's float8 GEMMs,
+  /// priced at the profile's float8 rates). Empty: the base's own converters and
+  /// [float8], whatever they are, and no float8 dimension.
+  std::vector<std::string> float8_recipes;
 };
 
 /// One layout the search priced: its config (every degree and batch resolved) and the
@@ -204,15 +215,35 @@ inline double lerp_to(double x1, double f1, double x2, double f2, double x) {
   return x2 == x1 ? f1 : f1 + (f2 - f1) * (x - x1) / (x2 - x1);
 }
 
+/// `c` with its linear layers' GEMMs in float8 by `recipe` on the GPU's float8 matmul
+/// (model.converters holds "float8", float8.emulate = false), or without float8 (`recipe`
+/// empty): "float8" taken out of model.converters.
+inline void set_float8(train::JobConfig& c, const std::string& recipe) {
+  auto& conv = c.model.converters;
+  conv.erase(std::remove(conv.begin(), conv.end(), std::string("float8")), conv.end());
+  if (recipe.empty()) return;
+  conv.push_back("float8");
+  c.float8.recipe_name = recipe;
+  c.float8.emulate = false;
+}
+
 }  // namespace detail
+
+/// The float8 recipe `c` trains its linear layers' GEMMs by, or "" without float8.
+inline std::string float8_recipe(const train::JobConfig& c) {
+  return train::float8_enabled(c) ? c.float8.recipe_name : std::string();
+}
 
 /// Whether layout `a` does no more work than `b`, a variant of the same layout: no more
 /// recomputation (a checkpoint mode of less, or the same mode and option) and its
 /// parameters kept gathered after forward at least as long. It then holds at least as
 /// much live memory, though not always as much reserved: the caching allocator's
 /// rounding and free blocks differ between variants (search_layouts relies on the live
-/// peak alone; tests/plan/test_search.cpp checks it against pricing every layout).
+/// peak alone; tests/plan/test_search.cpp checks it against pricing every layout). Layouts
+/// of different float8 settings are not variants of each other: their GEMMs and the casts'
+/// saved tensors differ, so neither settles the other.
 inline bool less_work(const train::JobConfig& a, const train::JobConfig& b) {
+  if (float8_recipe(a) != float8_recipe(b)) return false;
   const auto rank = [](const train::JobConfig& c) {
     return c.activation_checkpoint.mode == "none" ? 0 : c.activation_checkpoint.mode == "selective" ? 1 : 2;
   };
@@ -228,13 +259,21 @@ using TraceRank = std::function<StepTrace(const train::JobConfig& c, int world, 
 
 /// Every layout of `base` on `space.gpus` GPUs, global batch `global_batch` sequences:
 /// base's model, training and every other key, with the degrees, local batch, pipeline
-/// schedule and microbatch, checkpoint mode and reshard policy of each layout. Degrees
-/// the model cannot take (tensor parallelism over the heads, more stages than layers)
-/// are left to the pricing, which names what refuses them.
+/// schedule and microbatch, checkpoint mode and reshard policy of each layout, and its
+/// float8 recipe where the space has them. Degrees the model cannot take (tensor
+/// parallelism over the heads, more stages than layers) and settings the runtime refuses
+/// (float8 under tensor parallelism, while it does) are left to the pricing, which names
+/// what refuses them.
 inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& base, const SearchSpace& space,
                                                        std::int64_t global_batch) {
   std::vector<train::JobConfig> out;
   const std::int64_t n = space.gpus;
+  // The float8 settings: "" without float8, else a recipe; none given, the base's own.
+  std::vector<std::optional<std::string>> float8s{std::nullopt};
+  if (!space.float8_recipes.empty()) {
+    float8s = {std::string()};
+    for (const std::string& r : space.float8_recipes) float8s.emplace_back(r);
+  }
   for (std::int64_t tp : detail::divisors(n)) {
     if (tp > space.gpus_per_node) continue;
     for (std::int64_t pp : detail::divisors(n / tp)) {
@@ -250,30 +289,32 @@ inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& b
                    : std::vector<const char*>{"1F1B"};
         for (std::int64_t mb : detail::divisors(per_rank)) {
           if (mb > space.max_microbatch) continue;
-          for (const char* schedule : schedules)
-            for (const char* reshard : reshards)
-              for (const auto& ac : detail::kAcModes) {
-                train::JobConfig c = base;
-                auto& p = c.parallelism;
-                p.data_parallel_replicate_degree = dp / shard;
-                p.data_parallel_shard_degree = shard;
-                p.tensor_parallel_degree = tp;
-                p.pipeline_parallel_degree = pp;
-                p.pipeline_parallel_schedule = schedule;
-                p.pipeline_parallel_split_points.clear();
-                p.fsdp_reshard_after_forward = reshard;
-                c.activation_checkpoint.mode = ac.mode;
-                c.activation_checkpoint.selective_ac_option = ac.option;
-                c.training.global_batch_size = global_batch;
-                if (pp > 1) {
-                  c.training.local_batch_size = per_rank;
-                  p.pipeline_parallel_microbatch_size = mb;
-                } else {
-                  c.training.local_batch_size = mb;
-                  p.pipeline_parallel_microbatch_size = 1;
+          for (const auto& float8 : float8s)
+            for (const char* schedule : schedules)
+              for (const char* reshard : reshards)
+                for (const auto& ac : detail::kAcModes) {
+                  train::JobConfig c = base;
+                  if (float8) detail::set_float8(c, *float8);
+                  auto& p = c.parallelism;
+                  p.data_parallel_replicate_degree = dp / shard;
+                  p.data_parallel_shard_degree = shard;
+                  p.tensor_parallel_degree = tp;
+                  p.pipeline_parallel_degree = pp;
+                  p.pipeline_parallel_schedule = schedule;
+                  p.pipeline_parallel_split_points.clear();
+                  p.fsdp_reshard_after_forward = reshard;
+                  c.activation_checkpoint.mode = ac.mode;
+                  c.activation_checkpoint.selective_ac_option = ac.option;
+                  c.training.global_batch_size = global_batch;
+                  if (pp > 1) {
+                    c.training.local_batch_size = per_rank;
+                    p.pipeline_parallel_microbatch_size = mb;
+                  } else {
+                    c.training.local_batch_size = mb;
+                    p.pipeline_parallel_microbatch_size = 1;
+                  }
+                  out.push_back(std::move(c));
                 }
-                out.push_back(std::move(c));
-              }
         }
       }
     }
@@ -440,6 +481,7 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
   }
   const std::int64_t tokens = c.training.global_batch_size * c.training.seq_len;
   // A GPU trains a bf16 model unless float32 is asked for ("auto": train::resolve_mixed_precision).
+  // A float8 layout's model is bf16 too: its MFU is against the bf16 peak (GpuPricer::peak_flops).
   const DType dtype = c.training.mixed_precision_param == "float32" ? DType::f32 : DType::bf16;
   r.tokens_per_sec = r.step_seconds > 0 ? static_cast<double>(tokens) / r.step_seconds / world : 0;
   r.mfu_pct = 100 * r.tokens_per_sec * c.model.args.flops_per_token(c.training.seq_len) / compute.peak_flops(dtype);
@@ -451,11 +493,13 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
 inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpace& space, std::int64_t global_batch,
                                    const TraceRank& trace_rank, const Pricer& compute, const Network& net) {
   SearchReport report;
+  // Float8 layouts are priced at the machine's float8 rates: refused up front where it has none.
+  if (!space.float8_recipes.empty()) compute.require_float8("the search's float8 layouts (SearchSpace::float8_recipes)");
   const std::vector<train::JobConfig> all = enumerate_layouts(base, space, global_batch);
   report.enumerated = all.size();
   // A family: one layout but for its checkpoint mode and reshard policy. A group: the
-  // families of one tensor and pipeline degree and schedule, by shard degree (most
-  // first) and microbatch size (smallest first).
+  // families of one tensor and pipeline degree, schedule and float8 recipe, by shard
+  // degree (most first) and microbatch size (smallest first).
   struct Family {
     std::int64_t shard = 0, microbatch = 0;
     std::vector<const train::JobConfig*> variants;  // least work first (enumeration order)
@@ -464,7 +508,7 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
   for (const auto& c : all) {
     const auto& p = c.parallelism;
     const std::string group = std::to_string(p.tensor_parallel_degree) + "/" + std::to_string(p.pipeline_parallel_degree) +
-                              "/" + p.pipeline_parallel_schedule;
+                              "/" + p.pipeline_parallel_schedule + "/" + float8_recipe(c);
     const std::int64_t mb = p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_microbatch_size : c.training.local_batch_size;
     Family& f = groups[group][{-p.data_parallel_shard_degree, mb}];
     f.shard = p.data_parallel_shard_degree;
