@@ -175,7 +175,9 @@ std::vector<CollectiveResults> cuda_thread_collectives(int ranks, std::size_t n)
   return thread_collectives<Cuda>(ranks, n, Cuda::memory_access());
 }
 
-Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast) { return float8_cast_on<Cuda>(x, cast); }
+Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, bool transpose) {
+  return float8_cast_on<Cuda>(x, cast, transpose);
+}
 
 std::vector<float> cuda_float8_gemm(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca,
                                     const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n,

@@ -251,15 +251,15 @@ struct Float8CastValues {
   std::vector<float> values, scales;
 };
 template <class B>
-Float8CastValues float8_cast_on(const Tensor<float>& x, ops::Float8Cast cast) {
+Float8CastValues float8_cast_on(const Tensor<float>& x, ops::Float8Cast cast, bool transpose = false) {
   Tensor<bf16> host(x.shape(), Uninitialized{});
   for (std::int64_t i = 0; i < x.numel(); ++i) host[i] = bf16(x[i]);
   const Tensor<bf16> on = upload<B>(host);
-  const nn::Float8Operand<B> q = nn::cast_to_float8<B>(on.cview(), cast);
+  const nn::Float8Operand<B> q = nn::cast_to_float8<B>(on.cview(), cast, transpose);
   const Tensor<float> v = download<B>(nn::float8_values<B>(q)), s = download<B>(q.scale);
   return {{v.data(), v.data() + v.numel()}, {s.data(), s.data() + s.numel()}};
 }
-Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast);
+Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, bool transpose = false);
 
 /// op(A) op(B) by nn::float8_gemm on B, A and B rounded to bf16, C in float (emulated
 /// unless `options` say otherwise).

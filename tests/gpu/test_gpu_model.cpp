@@ -435,6 +435,34 @@ TEST_CASE("Float8 casts on the GPU are the CPU's bit for bit, and every recipe's
   }
 }
 
+TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, transposing tiles) are the CPU's bit "
+          "for bit") {
+  // backend/cuda/float8_kernels.cuh: shapes with whole and partial 64 x 64 tiles, rows of
+  // vectors (8 | cols) and the per-element fallback (37 columns), a long MaxOf (5000 rows).
+  struct Shape2 {
+    std::int64_t rows, cols;
+  };
+  for (const Shape2 sh : {Shape2{64, 128}, Shape2{100, 72}, Shape2{33, 37}, Shape2{5000, 24}}) {
+    Tensor<float> x(Shape{sh.rows, sh.cols});
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      x[i] = std::sin(static_cast<float>(i) * 0.37f) * std::pow(8.0f, static_cast<float>((i / sh.cols) % 7) - 3.0f);
+    for (const DType format : {DType::f8e4m3, DType::f8e5m2})
+      for (const ops::Float8Axis axis : {ops::Float8Axis::tensor, ops::Float8Axis::rows, ops::Float8Axis::columns})
+        for (const bool transpose : {false, true}) {
+          CAPTURE(sh.rows);
+          CAPTURE(sh.cols);
+          CAPTURE(static_cast<int>(format));
+          CAPTURE(static_cast<int>(axis));
+          CAPTURE(transpose);
+          const ops::Float8Cast cast{format, axis, axis != ops::Float8Axis::tensor};
+          const gpu_test::Float8CastValues gpu = gpu_test::cuda_float8_cast(x, cast, transpose);
+          const gpu_test::Float8CastValues cpu = gpu_test::float8_cast_on<Cpu>(x, cast, transpose);
+          CHECK(gpu.scales == cpu.scales);
+          CHECK(gpu.values == cpu.values);
+        }
+  }
+}
+
 TEST_CASE("Transformer<bf16, Cuda> on cuBLASLt's float8 matmul trains as its emulated float8 GEMMs do, each recipe") {
   // The same float8 operands either way; the sums differ in order, and the forward's in
   // cuBLASLt's fast accumulation. Dimensions 256, 704 and 128, and 64 tokens: multiples of 16.

@@ -16,6 +16,7 @@
 #include "tessera/ops/adamw.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/ops/norm.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
@@ -30,6 +31,7 @@ enum class KernelClass : std::uint8_t {
   column_sums,   // RmsNormBackwardWeight: chunked column sums in two deterministic kernels
   elementwise,   // grid-stride over 16-byte vectors
   multi_tensor,  // AdamWMultiStep: a block per block of the launch's table, 8 elements a thread
+  tiles,         // QuantizeFloat8: 64 x 64 tiles through shared memory (transposing casts), else rows of vectors
 };
 
 constexpr const char* name_of(KernelClass k) {
@@ -39,6 +41,7 @@ constexpr const char* name_of(KernelClass k) {
     case KernelClass::column_sums: return "column sums";
     case KernelClass::elementwise: return "elementwise";
     case KernelClass::multi_tensor: return "multi-tensor";
+    case KernelClass::tiles: return "tiles";
   }
   return "?";
 }
@@ -86,6 +89,22 @@ struct cuda_kernel_class_of<ops::CrossEntropyRow<T, G>> {
 template <>
 struct cuda_kernel_class_of<ops::LaneSum> {
   static constexpr KernelClass value = KernelClass::row;
+};
+// Float8 casts (ops/float8.hpp): a row's amax per warp or block, the amaxes' max in one
+// block, the cast itself in tiles.
+template <class T>
+  requires kCudaLoweredElement<T>
+struct cuda_kernel_class_of<ops::RowAbsMax<T>> {
+  static constexpr KernelClass value = KernelClass::row;
+};
+template <>
+struct cuda_kernel_class_of<ops::MaxOf> {
+  static constexpr KernelClass value = KernelClass::row;
+};
+template <class T, class F>
+  requires kCudaLoweredElement<T>
+struct cuda_kernel_class_of<ops::QuantizeFloat8<T, F>> {
+  static constexpr KernelClass value = KernelClass::tiles;
 };
 template <class T, class M>
   requires kCudaLoweredElement<T>

@@ -171,6 +171,12 @@ struct QuantizeFloat8 {
     if (transpose) t.walk_bytes = e * sizeof(T);
     return t;
   }
+  /// The CUDA kernel's (backend/cuda/float8_kernels.cuh): x read once, in tiles or rows
+  /// of vectors, a scale per row or column of the tile, out written once.
+  Traffic cuda_traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(T), e * sizeof(F), e, 0};
+  }
 };
 
 /// out = in^T for float8 values (rows x cols in, cols x rows out; the bytes moved, not

@@ -26,6 +26,7 @@
 //   rope_kernels.cuh           RopeRotate
 //   norm_kernels.cuh           SquaredNormChunks, LaneSum
 //   adamw_kernels.cuh          AdamWMultiStep
+//   float8_kernels.cuh         RowAbsMax, MaxOf, QuantizeFloat8 (tiles when transposing)
 //
 // This header holds the table that gives each of them its OpKernel, checks it against
 // backend/kernel_class.hpp, and defines launch_op.
@@ -39,6 +40,7 @@
 #include "tessera/backend/cuda/adamw_kernels.cuh"
 #include "tessera/backend/cuda/cross_entropy_kernels.cuh"
 #include "tessera/backend/cuda/elementwise_kernels.cuh"
+#include "tessera/backend/cuda/float8_kernels.cuh"
 #include "tessera/backend/cuda/kernels.hpp"
 #include "tessera/backend/cuda/launch.cuh"
 #include "tessera/backend/cuda/norm_kernels.cuh"
@@ -51,6 +53,7 @@
 #include "tessera/ops/adamw.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/ops/embedding.hpp"
 #include "tessera/ops/init.hpp"
 #include "tessera/ops/norm.hpp"
@@ -108,6 +111,14 @@ template <class T, class M>
 struct OpKernel<ops::AdamWMultiStep<T, M>> : detail::AdamWMultiKernel<T, M> {};
 template <>
 struct OpKernel<ops::LaneSum> : detail::LaneSumKernel {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::RowAbsMax<T>> : detail::RowKernel<detail::RowAbsMaxRows<T>> {};
+template <>
+struct OpKernel<ops::MaxOf> : detail::MaxOfKernel {};
+template <class T, class F>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::QuantizeFloat8<T, F>> : detail::QuantizeFloat8Kernel<T, F> {};
 
 namespace detail {
 /// The host-side list the cost model prices launches by (backend/kernel_class.hpp) names
@@ -128,10 +139,12 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::Convert<T, float>> && kKernelClassAgrees<ops::EmbeddingForward<T>> &&
          kKernelClassAgrees<ops::EmbeddingBackward<T>> && kKernelClassAgrees<ops::AdamWMultiStep<T>> &&
          (!std::is_same_v<accum_t<T>, float> || kKernelClassAgrees<ops::AdamWMultiStep<T, bf16>>) &&
-         kKernelClassAgrees<ops::InitValues<T>> && kKernelClassAgrees<ops::SquaredNormChunks<T>>;
+         kKernelClassAgrees<ops::InitValues<T>> && kKernelClassAgrees<ops::SquaredNormChunks<T>> &&
+         kKernelClassAgrees<ops::RowAbsMax<T>> && kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e4m3>> &&
+         kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e5m2>> && kKernelClassAgrees<ops::ColumnAbsMax<T>>;
 }
 static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>() &&
-                  kKernelClassAgrees<ops::LaneSum>,
+                  kKernelClassAgrees<ops::LaneSum> && kKernelClassAgrees<ops::MaxOf>,
               "tessera: backend/kernel_class.hpp must list exactly the functors row_kernels.cuh lowers");
 }  // namespace detail
 
