@@ -33,6 +33,15 @@
 //      Bytes = each tensor read once + each output written once; GB/s is set against a
 //      device-to-device copy moving the same bytes, timed alongside.
 //
+//   4. Float8 GEMMs (--sections float8, not by default): the same GEMM cases in cuBLASLt's
+//      float8 layout (op(A) = A, op(B) = B^T, each operand's reduction along its rows),
+//      e4m3 x e4m3 into bf16 (fast accumulation on the forward, as torchao), by one scale
+//      a tensor (tensorwise) and by one a row (rowwise: outer-vector scales), beside the
+//      bf16 GEMM of the same shape in the same layout; TFLOP/s and the gain over bf16, the
+//      figures llama-plan's [gemm.fp8_efficiency] is to be measured by. Then the casts
+//      that feed them (nn::cast_to_float8: amax, scale, cast; as stored and transposed) on
+//      each case's first operand, in GB/s against a device copy of the same bytes.
+//
 // Method (CUDA events): half a second of untimed GEMMs first (clocks up, first-use
 // costs paid); then per timed thing one warm-up call, one timed call to size the trial,
 // and --trials trials of N back-to-back calls (N so a trial lasts >= --trial-ms, at most
@@ -77,6 +86,7 @@
 #include "tessera/core/tensor.hpp"
 #include "tessera/core/units.hpp"
 #include "tessera/layer/args.hpp"
+#include "tessera/nn/float8.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/rmsnorm.hpp"
@@ -113,6 +123,7 @@ struct Options {
   std::vector<DType> dtypes = {DType::bf16, DType::f32};
   bool ceilings = true, gemm = true, attention = true, memory = true;
   bool sm_hold = false;  // not by default: run.sh's gemms step asks for it
+  bool float8 = false;   // not by default: run.sh's float8 step asks for it
   std::vector<std::int64_t> held_sms = {1, 2, 4, 8, 16, 24, 32};
   std::string memory_flavor = "llama3_8b";
   std::int64_t trials = 5;
@@ -126,7 +137,7 @@ struct Options {
 
 constexpr const char* usage =
     "usage: bench-kernels [--tokens N] [--flavors a,b] [--attention-seqs T1,T2] [--dtypes bf16,fp32]\n"
-    "                     [--sections ceilings,gemm,attention,memory,sm-hold] [--memory-flavor NAME] [--held-sms A,B]\n"
+    "                     [--sections ceilings,gemm,attention,memory,sm-hold,float8] [--memory-flavor NAME] [--held-sms A,B]\n"
     "                     [--trials N] [--trial-ms X] [--screen-ms X] [--candidates N] [--finalists N]\n"
     "                     [--json FILE] [--commit HASH]\n"
     "  tessera's GPU kernels on one device: cuBLASLt GEMMs on the Llama 3 shapes (heuristic choice against the\n"
@@ -176,14 +187,15 @@ Options parse_options(int argc, char** argv) {
         if (std::find(o.dtypes.begin(), o.dtypes.end(), d) == o.dtypes.end()) o.dtypes.push_back(d);
       }
     } else if (flag == "--sections") {
-      o.ceilings = o.gemm = o.attention = o.memory = o.sm_hold = false;
+      o.ceilings = o.gemm = o.attention = o.memory = o.sm_hold = o.float8 = false;
       for (const auto& s : split_list(flag, value())) {
         if (s == "ceilings") o.ceilings = true;
         else if (s == "gemm") o.gemm = true;
         else if (s == "attention") o.attention = true;
         else if (s == "memory") o.memory = true;
         else if (s == "sm-hold") o.sm_hold = true;
-        else tessera::fail("--sections: unknown section '", s, "' (ceilings, gemm, attention, memory, sm-hold)");
+        else if (s == "float8") o.float8 = true;
+        else tessera::fail("--sections: unknown section '", s, "' (ceilings, gemm, attention, memory, sm-hold, float8)");
       }
     } else if (flag == "--held-sms") {
       o.held_sms.clear();
@@ -765,6 +777,106 @@ GemmResult run_gemm(const GemmCase& g, const Options& o, const TimingPolicy& pol
     r.check_ok = cmp.nonfinite == 0 && r.rel_diff <= tolerance;  // NaN fails
   }
   return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Float8 GEMMs and their casts.
+
+struct Float8Result {
+  GemmCase c;
+  Timing bf16, tensorwise, rowwise;
+  Timing cast, cast_transposed, copy;  // the first operand's casts, and a copy of its bytes
+  double cast_bytes = 0;               // bf16 read + float8 written
+  std::string error;                   // why it did not run, else empty
+};
+
+/// One GEMM case in cuBLASLt's float8 layout: a (m x k) and b (n x k), bf16 and cast.
+Float8Result run_float8(const GemmCase& g, const TimingPolicy& policy) {
+  namespace nn = tessera::nn;
+  namespace ops = tessera::ops;
+  Float8Result r;
+  r.c = g;
+  try {
+    const Tensor<bf16> a = random_tensor<bf16>(Shape{g.m, g.k}, -1, 1), b = random_tensor<bf16>(Shape{g.n, g.k}, -1, 1);
+    Tensor<bf16> out = random_tensor<bf16>(Shape{g.m, g.n}, -1, 1);
+    const float beta = g.beta_one ? 1.0f : 0.0f;
+    const bool fast = g.pass == Pass::forward;
+    const ops::Float8Cast tensor{DType::f8e4m3, ops::Float8Axis::tensor, false};
+    const ops::Float8Cast by_row{DType::f8e4m3, ops::Float8Axis::rows, true};
+    const nn::Float8Operand<Cuda> at = nn::cast_to_float8<Cuda>(a.cview(), tensor),
+                                  bt = nn::cast_to_float8<Cuda>(b.cview(), tensor),
+                                  ar = nn::cast_to_float8<Cuda>(a.cview(), by_row),
+                                  br = nn::cast_to_float8<Cuda>(b.cview(), by_row);
+    const std::vector<Timing> t = time_calls(
+        {[&](std::int64_t) { Cuda::gemm<bf16>(Trans::no, Trans::yes, 1.0f, a.cview(), b.cview(), beta, out.view()); },
+         [&](std::int64_t) { Cuda::gemm_float8(at.gemm_operand("bench"), bt.gemm_operand("bench"), beta, out.view(), fast); },
+         [&](std::int64_t) { Cuda::gemm_float8(ar.gemm_operand("bench"), br.gemm_operand("bench"), beta, out.view(), fast); }},
+        policy);
+    r.bf16 = t[0];
+    r.tensorwise = t[1];
+    r.rowwise = t[2];
+    // The first operand's casts (amax, scale, values), as stored and transposed, beside a
+    // device copy of the bytes they move.
+    // A copy of 1.5 m k bytes reads and writes the 3 m k a cast moves (2 read, 1 written).
+    const Tensor<bf16> from = Cuda::empty<bf16>(Shape{g.m, g.k}), to = Cuda::empty<bf16>(Shape{g.m, g.k});
+    r.cast_bytes = 3.0 * double(g.m) * double(g.k);
+    const std::vector<Timing> c = time_calls(
+        {[&](std::int64_t) { (void)nn::cast_to_float8<Cuda>(a.cview(), tensor); },
+         [&](std::int64_t) { (void)nn::cast_to_float8<Cuda>(a.cview(), tensor, true); },
+         [&](std::int64_t) {
+           TESSERA_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), static_cast<std::size_t>(g.m * g.k * 3 / 2),
+                                              cudaMemcpyDeviceToDevice, tcuda::compute_stream()));
+         }},
+        policy);
+    r.cast = c[0];
+    r.cast_transposed = c[1];
+    r.copy = c[2];
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+void print_float8_header(std::int64_t tokens) {
+  std::printf("\n== float8 GEMMs (cuBLASLt, e4m3 x e4m3 -> bf16, layout TN), %lld tokens: TFLOP/s and the gain over "
+              "bf16 of the same shape; the first operand's casts in GB/s (copy of the same bytes beside)\n",
+              static_cast<long long>(tokens));
+  std::printf("  %-12s %-22s %-9s %6s %6s %6s | %8s %10s %6s %10s %6s | %8s %8s %8s\n", "flavor", "layers", "pass",
+              "m", "n", "k", "bf16", "tensorwise", "gain", "rowwise", "gain", "cast", "cast^T", "copy");
+}
+
+void print_float8(const Float8Result& r) {
+  const GemmCase& g = r.c;
+  if (!r.error.empty()) {
+    std::printf("  %-12s %-22s did not run: %s\n", g.flavor.c_str(), g.layer_text().c_str(), r.error.c_str());
+    return;
+  }
+  const double f = g.flops() / 1e12, gb = r.cast_bytes / 1e9;
+  std::printf("  %-12s %-22s %-9s %6lld %6lld %6lld | %8.1f %10.1f %5.2fx %10.1f %5.2fx | %8.0f %8.0f %8.0f\n",
+              g.flavor.c_str(), g.layer_text().c_str(), g.pass_text().c_str(), (long long)g.m, (long long)g.n,
+              (long long)g.k, f / r.bf16.seconds, f / r.tensorwise.seconds, r.bf16.seconds / r.tensorwise.seconds,
+              f / r.rowwise.seconds, r.bf16.seconds / r.rowwise.seconds, gb / r.cast.seconds,
+              gb / r.cast_transposed.seconds, gb / r.copy.seconds);
+}
+
+json float8_json(const Float8Result& r) {
+  const GemmCase& g = r.c;
+  json j = {{"flavor", g.flavor}, {"layers", g.layers}, {"pass", g.pass_text()}, {"m", g.m}, {"n", g.n},
+            {"k", g.k}, {"gflop", g.flops() / 1e9}};
+  if (!r.error.empty()) {
+    j["error"] = r.error;
+    return j;
+  }
+  const double f = g.flops() / 1e12;
+  j["bf16_tflops"] = f / r.bf16.seconds;
+  j["tensorwise_tflops"] = f / r.tensorwise.seconds;
+  j["rowwise_tflops"] = f / r.rowwise.seconds;
+  j["cast_gbps"] = r.cast_bytes / 1e9 / r.cast.seconds;
+  j["cast_transposed_gbps"] = r.cast_bytes / 1e9 / r.cast_transposed.seconds;
+  j["copy_gbps"] = r.cast_bytes / 1e9 / r.copy.seconds;
+  j["timings"] = {{"bf16", r.bf16.to_json()}, {"tensorwise", r.tensorwise.to_json()}, {"rowwise", r.rowwise.to_json()},
+                  {"cast", r.cast.to_json()}, {"cast_transposed", r.cast_transposed.to_json()}, {"copy", r.copy.to_json()}};
+  return j;
 }
 
 void print_gemm_header(DType dtype, std::int64_t tokens) {
@@ -1394,7 +1506,7 @@ int run(const Options& o) {
                  }()},
                 {"sections",
                  {{"ceilings", o.ceilings}, {"gemm", o.gemm}, {"attention", o.attention}, {"memory", o.memory},
-                  {"sm_hold", o.sm_hold}}},
+                  {"sm_hold", o.sm_hold}, {"float8", o.float8}}},
                 {"memory_flavor", o.memory_flavor},
                 {"trials", o.trials},
                 {"trial_ms", o.trial_ms},
@@ -1437,6 +1549,21 @@ int run(const Options& o) {
         }
     }
     doc["gemm"] = rows;
+  }
+
+  if (o.float8) {
+    print_float8_header(o.tokens);
+    json rows = json::array();
+    for (const auto& flavor : o.flavors)
+      for (const GemmCase& g : gemm_cases(flavor, o.tokens)) {
+        // cuBLASLt's float8 matmul takes sizes in multiples of 16 (the output head's
+        // vocabulary is one of them for every Llama 3 flavor).
+        if (g.k % 16 != 0 || g.n % 16 != 0) continue;
+        const Float8Result r = run_float8(g, policy);
+        print_float8(r);
+        rows.push_back(float8_json(r));
+      }
+    doc["float8"] = rows;
   }
 
   std::vector<AttentionResult> attention;
