@@ -312,4 +312,33 @@ TEST_CASE("float8 GEMMs on a backend's own float8 GEMM: each recipe's three GEMM
                        doctest::Contains("gemm_float8: one operand scaled by row and the other by one scale"), Error);
 }
 
+
+TEST_CASE("float8 casts shared while a Float8SharedCasts is open: the same tensor and cast cast once, the rest apart") {
+  const Tensor<float> x = random_matrix(16, 32, 11, 2.0f), y = random_matrix(16, 32, 12, 2.0f);
+  const ops::Float8Cast e4m3{DType::f8e4m3, Float8Axis::tensor, false}, e5m2{DType::f8e5m2, Float8Axis::tensor, false};
+  const void* first = nullptr;
+  {
+    nn::Float8SharedCasts<Cpu> shared;
+    const nn::Float8Operand<Cpu> a = nn::cast_to_float8<Cpu>(x.cview(), e4m3);
+    const nn::Float8Operand<Cpu> b = nn::cast_to_float8<Cpu>(x.cview(), e4m3);
+    CHECK(a.e4m3.data() == b.e4m3.data());  // handed the kept one
+    first = a.e4m3.data();
+    CHECK(nn::cast_to_float8<Cpu>(x.cview(), e4m3, true).e4m3.data() != first);  // transposed: its own
+    CHECK(nn::cast_to_float8<Cpu>(x.cview(), e5m2).e5m2.data() != nullptr);      // another format: its own
+    CHECK(nn::cast_to_float8<Cpu>(y.cview(), e4m3).e4m3.data() != first);        // another tensor: its own
+    CHECK(shared.kept() == 4);
+    {
+      nn::Float8SharedCasts<Cpu> inner;  // the innermost is the one used
+      CHECK(nn::cast_to_float8<Cpu>(x.cview(), e4m3).e4m3.data() != first);
+      CHECK(inner.kept() == 1);
+    }
+    CHECK(nn::cast_to_float8<Cpu>(x.cview(), e4m3).e4m3.data() == first);
+  }
+  CHECK(nn::Float8SharedCasts<Cpu>::current() == nullptr);
+  // Closed: each cast its own, with the same values.
+  const nn::Float8Operand<Cpu> c = nn::cast_to_float8<Cpu>(x.cview(), e4m3), d = nn::cast_to_float8<Cpu>(x.cview(), e4m3);
+  CHECK(c.e4m3.data() != d.e4m3.data());
+  CHECK(nn::float8_values<Cpu>(c).cview()(3, 5) == nn::float8_values<Cpu>(d).cview()(3, 5));
+}
+
 }  // namespace test_float8_gemm

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
@@ -221,8 +222,19 @@ TEST_CASE("Float8 GEMMs not emulated: refused on the CPU and for sizes cuBLASLt 
     CAPTURE(k.recipe);
     std::vector<std::string> o = real;
     o.insert(o.end(), {"--float8.recipe_name", k.recipe});
-    const Count n = gemms(plan::dry_run_step<bf16>(float8_job(o)));
+    const plan::StepTrace st = plan::dry_run_step<bf16>(float8_job(o));
+    const Count n = gemms(st);
     CHECK(n.e4m3 == k.e4m3);
+    // The casts: attention's x cast once for wq, wk and wv, the feed-forward's once for
+    // w1 and w3 (nn::Float8SharedCasts), and their transposes once for the weight
+    // gradients: a block's forward casts 4 inputs and 7 weights, its backward 7
+    // gradients and 7 weights (the input gradients), and, for the weight gradients, 7
+    // gradients and 4 inputs (none where they stay in bf16).
+    int casts = 0;
+    for (const trace::Event& e : st.trace.events())
+      if (const auto* kernel = std::get_if<trace::Kernel>(&e.op))
+        casts += std::string_view(kernel->functor).starts_with("QuantizeFloat8") ? 1 : 0;
+    CHECK(casts == 2 * (11 + 14 + (k.high > 0 ? 0 : 11)));
     CHECK(n.e5m2 == k.e5m2);
     CHECK(n.other == off.other - linear + k.high);
   }

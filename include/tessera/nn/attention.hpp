@@ -20,6 +20,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/nn/float8.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/rope.hpp"
 #include "tessera/ops/attention_shape.hpp"
@@ -55,9 +56,13 @@ class Attention : public LayerTypes<T, B> {
     const AttentionShape s = shape(ctx.geometry());
     const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
-    Tensor<T> q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, s.seq_len);
-    Tensor<T> k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, s.seq_len);
-    Tensor<T> v = wv_.forward(ctx.child("wv"), x);
+    Tensor<T> q, k, v;
+    {
+      Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the three
+      q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, s.seq_len);
+      k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, s.seq_len);
+      v = wv_.forward(ctx.child("wv"), x);
+    }
     Tensor<accum_t<T>> lse;  // fp32 for bf16
     Tensor<T> o = ctx.op("o", SaveKind::attention, [&] {
       Tensor<T> out = B::template empty<T>(q.shape());
@@ -86,6 +91,7 @@ class Attention : public LayerTypes<T, B> {
                           ctx.template saved<accum_t<T>>("lse").data(), d_o.cview(), dq.view(), dk.view(), dv.view());
     rope_->rotate(dq, n_heads_, s.seq_len, true);
     rope_->rotate(dk, n_kv_heads_, s.seq_len, true);
+    Float8SharedCasts<B> shared;  // float8 GEMMs: x^T cast once for the three weight gradients
     Tensor<T> dx = wq_.backward(ctx.child("wq"), dq);
     wk_.backward_into(ctx.child("wk"), dk, dx, 1.0f);
     wv_.backward_into(ctx.child("wv"), dv, dx, 1.0f);

@@ -12,6 +12,7 @@
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/block_args.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/nn/float8.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/ops/swiglu.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
@@ -41,8 +42,12 @@ class FeedForward : public LayerTypes<T, B> {
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
     const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
-    Tensor<T> a = w1_.forward(ctx.child("w1"), x);
-    Tensor<T> b = w3_.forward(ctx.child("w3"), x);
+    Tensor<T> a, b;
+    {
+      Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the two
+      a = w1_.forward(ctx.child("w1"), x);
+      b = w3_.forward(ctx.child("w3"), x);
+    }
     Tensor<T> g = B::template empty<T>(a.shape());
     B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
     ctx.save("a", SaveKind::matmul, a);
@@ -58,6 +63,7 @@ class FeedForward : public LayerTypes<T, B> {
     Tensor<T> db = B::template empty<T>(b.shape());
     B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
     dg.release();
+    Float8SharedCasts<B> shared;  // float8 GEMMs: x^T cast once for the two weight gradients
     Tensor<T> dx = w1_.backward(ctx.child("w1"), da);
     w3_.backward_into(ctx.child("w3"), db, dx, 1.0f);
     return parallel::summed_rows<B>(tp_, dx);

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/dtype.hpp"
@@ -63,11 +65,61 @@ struct Float8Operand {
   }
 };
 
+/// While one is open on this thread, casts to float8 on backend B are kept, and a cast of
+/// the same tensor (its address, element type, shape and leading dimension) by the same
+/// cast, transposed alike, is handed the kept one instead of casting again. A layer
+/// whose linear layers read one input opens one around them (attention's wq, wk and wv;
+/// the feed-forward's w1 and w3), so the input is cast once for the three or two GEMMs,
+/// and its transpose once for their weight gradients; the layer keeps the tensors alive
+/// and unchanged while it is open. The values are those of casting each time.
+template <Backend B>
+class Float8SharedCasts {
+ public:
+  struct Key {
+    const void* data = nullptr;
+    DType type = DType::f32;
+    std::int64_t rows = 0, cols = 0, ld = 0;
+    Float8Cast cast;
+    bool transpose = false;
+    bool operator==(const Key& o) const {
+      return data == o.data && type == o.type && rows == o.rows && cols == o.cols && ld == o.ld &&
+             cast.format == o.cast.format && cast.axis == o.cast.axis && cast.power_of_two == o.cast.power_of_two &&
+             transpose == o.transpose;
+    }
+  };
+
+  Float8SharedCasts() : previous_(current_) { current_ = this; }
+  ~Float8SharedCasts() { current_ = previous_; }
+  Float8SharedCasts(const Float8SharedCasts&) = delete;
+  Float8SharedCasts& operator=(const Float8SharedCasts&) = delete;
+
+  /// The innermost one open on this thread, or none.
+  static Float8SharedCasts* current() { return current_; }
+  const Float8Operand<B>* find(const Key& k) const {
+    for (const auto& [key, q] : kept_)
+      if (key == k) return &q;
+    return nullptr;
+  }
+  void keep(const Key& k, const Float8Operand<B>& q) { kept_.emplace_back(k, q); }
+  std::size_t kept() const { return kept_.size(); }
+
+ private:
+  static inline thread_local Float8SharedCasts* current_ = nullptr;
+  Float8SharedCasts* previous_;
+  std::vector<std::pair<Key, Float8Operand<B>>> kept_;
+};
+
 /// `x` (rows x cols, leading dimension ld) cast to float8 by `cast`: amaxes, scales, and
-/// the values, stored as x^T (cols x rows) when `transpose`.
+/// the values, stored as x^T (cols x rows) when `transpose`; the kept cast where a
+/// Float8SharedCasts open on this thread has one.
 template <Backend B, class T>
 Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool transpose = false) {
   using ops::Float8Axis;
+  Float8SharedCasts<B>* shared = Float8SharedCasts<B>::current();
+  const typename Float8SharedCasts<B>::Key key{x.data(), dtype_of<T>(), x.rows(), x.cols(),
+                                                x.cols() <= 1 ? x.cols() : x.ld(), cast, transpose};
+  if (shared != nullptr)
+    if (const Float8Operand<B>* kept = shared->find(key)) return *kept;
   Float8Operand<B> q;
   q.cast = cast;
   q.transposed = transpose;
@@ -102,6 +154,7 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
     B::for_each(n, ops::QuantizeFloat8<T, float8_e5m2>{x.data(), ld, xr, xc, q.scale.data(), cast.axis, transpose,
                                                        q.e5m2.data()});
   }
+  if (shared != nullptr) shared->keep(key, q);
   return q;
 }
 
