@@ -161,6 +161,13 @@ plan_fails "cuDNN attention on a profile without its rates" \
   "${debug[@]}" --machine "$work/no-attention.toml" --training.attention cudnn --training.mixed_precision_param bfloat16
 plan_fails "an unknown attention" "training.attention must be one of auto, cudnn, tessera" "${debug[@]}" \
   --training.attention flash
+f8=(--training.mixed_precision_param bfloat16 --model.converters float8 --float8.emulate false)
+plan_fails "float8 GEMMs on a GPU without float8 tensor cores" \
+  "machine profile: compute.fp8_tflops is missing, so model.converters = [\"float8\"] with float8.emulate = false" \
+  "${debug[@]}" "${f8[@]}" --machine a100-80gb-sxm
+plan_fails "float8 GEMMs over tokens cuBLASLt cannot take" \
+  "training.seq_len = 24: float8 GEMMs (float8.emulate = false) reduce over a micro-batch's tokens" \
+  "${debug[@]}" "${f8[@]}" --machine h200 --training.seq_len 24
 plan_fails "unknown machine" "--machine tpu-v9: unknown machine (known: h100-sxm, h200, a100-80gb-sxm, a100-80gb-p4de, cpu" \
   "${debug[@]}" --machine tpu-v9
 plan_fails "missing machine file" "$work/none.toml: cannot open the machine profile" "${debug[@]}" --machine "$work/none.toml"
