@@ -111,14 +111,14 @@ TEST_CASE("[float8] is read when model.converters names it, and what cannot run 
   refused({"--model.converters", "float8", "--float8.enable_fsdp_float8_all_gather", "true", "--float8.recipe_name",
            "rowwise"},
           "float8.enable_fsdp_float8_all_gather needs float8.recipe_name = \"tensorwise\"");
-  refused({"--model.converters", "float8", "--float8.enable_fsdp_float8_all_gather", "true",
-           "--float8.precompute_float8_dynamic_scale_for_fsdp", "true"},
-          "float8.precompute_float8_dynamic_scale_for_fsdp: not yet in this build");
-  // The all-gather itself runs (tests/parallel/test_parity.cpp holds it to gathering then casting).
-  const train::JobConfig gather = float8_job({"--model.converters", "float8", "--float8.enable_fsdp_float8_all_gather",
-                                              "true"});
-  train::check_supported(gather);
-  CHECK(train::make_plan(gather, nullptr).float8.all_gather);
+  // The all-gather itself runs (tests/parallel/test_parity.cpp holds it to gathering then
+  // casting), its scales agreed once a step with or without precompute.
+  for (const char* precompute : {"false", "true"}) {
+    const train::JobConfig gather = float8_job({"--model.converters", "float8", "--float8.enable_fsdp_float8_all_gather",
+                                                "true", "--float8.precompute_float8_dynamic_scale_for_fsdp", precompute});
+    train::check_supported(gather);
+    CHECK(train::make_plan(gather, nullptr).float8.all_gather);
+  }
   refused({"--model.converters", "float8", "--parallelism.tensor_parallel_degree", "2"},
           "float8 under tensor parallelism is not yet in this build");
 }

@@ -15,9 +15,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/comm/communicator.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/sharding.hpp"
@@ -74,8 +77,41 @@ class ModelUnits {
     for (std::size_t i = 0; i < m.n_layers(); ++i)
       if constexpr (requires { m.layer(i).set_last_micro_batch(true); })
         m.layer(i).set_last_micro_batch(last_micro_batch);
+    agree_float8_scales(m);
     if (embedding_) embedding_->unshard();
     prefetch(m.n_layers() == 0 ? head_.get() : of(m.layer(0)));
+  }
+
+  /// FSDP's float8 all-gather: every unit's float8 weights agree their scales in one
+  /// all-reduce of amaxes before the walk's first gather (sharding.hpp), which the
+  /// walk's gathers use until it ends (embedding_backward_done).
+  template <class Model>
+  void agree_float8_scales(Model& m) {
+    std::int64_t total = 0;
+    comm::Communicator* group = nullptr;
+    for_each(m, [&](Unit& u) {
+      total += u.float8_weights();
+      if (u.float8_weights() > 0) group = u.shard_comm();
+    });
+    if (total == 0) return;
+    Tensor<float> amax;
+    {
+      MemoryUseScope use(MemoryUse::parameters);
+      amax = B::template empty<float>(Shape{total});
+    }
+    std::int64_t at = 0;
+    for_each(m, [&](Unit& u) {
+      if (u.float8_weights() == 0) return;
+      u.float8_local_amaxes(amax.data() + at);
+      at += u.float8_weights();
+    });
+    group->all_reduce(std::span<float>(amax.data(), static_cast<std::size_t>(total)), comm::ReduceOp::max);
+    at = 0;
+    for_each(m, [&](Unit& u) {
+      if (u.float8_weights() == 0) return;
+      u.take_float8_amaxes(amax.data() + at);
+      at += u.float8_weights();
+    });
   }
   void embedding_forward_done() {
     if (embedding_ && embedding_->reshard_after_forward()) embedding_->reshard();
@@ -119,7 +155,10 @@ class ModelUnits {
     if (!embedding_) return;
     embedding_->reduce_grads(last_micro_batch);
     embedding_->reshard();
-    for_each(m, [](Unit& u) { u.finish_grads(); });
+    for_each(m, [](Unit& u) {
+      u.finish_grads();
+      u.forget_float8_scales();  // the walk is over: the optimizer may change the values
+    });
   }
 
   // ---- inference: gathered while used, freed after --------------------------------

@@ -29,9 +29,6 @@ inline void check_supported(const JobConfig& c) {
     TESSERA_CHECK(!c.float8.enable_fsdp_float8_all_gather || c.float8.recipe_name == "tensorwise",
                   "float8.enable_fsdp_float8_all_gather needs float8.recipe_name = \"tensorwise\" (one scale a "
                   "weight, agreed over the shards), not \"", c.float8.recipe_name, "\"");
-    TESSERA_CHECK(!c.float8.precompute_float8_dynamic_scale_for_fsdp,
-                  "float8.precompute_float8_dynamic_scale_for_fsdp: not yet in this build (each float8 all-gather "
-                  "agrees its weights' scales by its own all-reduce of their amaxes)");
     // Float8 GEMMs that are not emulated run on the backend's own (nn::Linear refuses a
     // backend without one); cuBLASLt's reduce over the tokens in multiples of 16.
     TESSERA_CHECK(c.float8.emulate || c.training.seq_len % 16 == 0, "training.seq_len = ", c.training.seq_len,
