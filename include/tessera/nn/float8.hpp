@@ -59,9 +59,12 @@ struct Float8Operand {
     const ops::Float8Axis along = transposed ? ops::Float8Axis::columns : ops::Float8Axis::rows;
     TESSERA_CHECK(cast.axis == ops::Float8Axis::tensor || cast.axis == along, what,
                   ": a float8 operand's scales do not run along the GEMM's reduction");
-    const void* data = cast.format == DType::f8e4m3 ? static_cast<const void*>(e4m3.data())
-                                                     : static_cast<const void*>(e5m2.data());
-    return {data, cast.format, rows, cols, inverse.data(), cast.axis != ops::Float8Axis::tensor};
+    return {values(), cast.format, rows, cols, inverse.data(), cast.axis != ops::Float8Axis::tensor};
+  }
+
+  /// The values' storage, of whichever format the cast made.
+  const void* values() const {
+    return cast.format == DType::f8e4m3 ? static_cast<const void*>(e4m3.data()) : static_cast<const void*>(e5m2.data());
   }
 };
 
@@ -158,18 +161,6 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
   return q;
 }
 
-/// The float8 values of `q` as floats (exact), as stored: rows x cols.
-template <Backend B>
-Tensor<float> float8_values(const Float8Operand<B>& q) {
-  Tensor<float> f = B::template empty<float>(Shape{q.rows, q.cols});
-  const std::int64_t n = q.rows * q.cols;
-  if (q.cast.format == DType::f8e4m3)
-    B::for_each(n, ops::Float8ToFloat<float8_e4m3>{q.e4m3.data(), f.data()});
-  else
-    B::for_each(n, ops::Float8ToFloat<float8_e5m2>{q.e5m2.data(), f.data()});
-  return f;
-}
-
 /// The multiples a float8 GEMM's sizes must be of (cuBLASLt's float8 matmul: its
 /// reduction and the second operand's rows, both leading dimensions of 1-byte elements).
 inline constexpr std::int64_t kFloat8GemmMultiple = 16;
@@ -184,6 +175,12 @@ Tensor<float> float8_values(const Float8GemmOperand& o) {
   else
     B::for_each(n, ops::Float8ToFloat<float8_e5m2>{static_cast<const float8_e5m2*>(o.data), f.data()});
   return f;
+}
+
+/// The float8 values of `q` as floats (exact), as stored: rows x cols.
+template <Backend B>
+Tensor<float> float8_values(const Float8Operand<B>& q) {
+  return float8_values<B>(Float8GemmOperand{q.values(), q.cast.format, q.rows, q.cols, q.inverse.data(), false});
 }
 
 /// C = (a b^T) * a.inverse[.] * b.inverse[.] + beta C for two operands already in float8

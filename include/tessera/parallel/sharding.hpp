@@ -46,6 +46,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
@@ -184,7 +185,7 @@ class ShardedUnit {
       local_.whole = Shape{shard_numel_};
       local_.template allocate<B>(local_.whole);
       for (auto& s : params_) {
-        const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
+        const auto [lo, hi] = held_range(s);
         if (lo < hi && !s.p->value.empty())
           B::for_each(hi - lo, ops::Copy<T>{s.p->value.data() + (lo - s.offset), local_.value.data() + (lo - begin)});
         s.p->value.release();
@@ -408,7 +409,7 @@ class ShardedUnit {
     }
     const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
     for (auto& s : params_) {
-      const std::int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.shape.numel());
+      const auto [lo, hi] = held_range(s);
       if (lo < hi) f(*s.p, lo - s.offset, hi - lo, local_, lo - begin);
     }
   }
@@ -440,7 +441,7 @@ class ShardedUnit {
       const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
       for (const auto& slot : params_) {
         if (!slot.p->split.owner) continue;
-        const std::int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.shape.numel());
+        const auto [lo, hi] = held_range(slot);
         if (lo < hi) norms.add(local_.grad.data() + (lo - begin), hi - lo);
       }
     } else {
@@ -512,7 +513,7 @@ class ShardedUnit {
     const std::int64_t begin = shard_numel_ * shard_comm_->rank();
     for (std::size_t i = 0; i < float8_slots_.size(); ++i) {
       const Slot& s = params_[float8_slots_[i]];
-      const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
+      const auto [lo, hi] = held_range(s);
       if (lo < hi) detail::flat_abs_max<B>(src + (lo - begin), hi - lo, amax + i);
       else B::for_each(1, ops::Fill<float>{0.0f, amax + i});
     }
@@ -543,7 +544,7 @@ class ShardedUnit {
     f8_shard_ = B::template zeros<float8_e4m3>(Shape{shard_numel_});
     for (std::int64_t i = 0; i < nf; ++i) {
       const Slot& s = params_[float8_slots_[static_cast<std::size_t>(i)]];
-      const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
+      const auto [lo, hi] = held_range(s);
       if (lo < hi)
         B::for_each(hi - lo, ops::QuantizeFloat8<T, float8_e4m3>{src + (lo - begin), hi - lo, 1, hi - lo,
                                                                  f8_scale_.data() + i, ops::Float8Axis::tensor, false,
@@ -559,7 +560,7 @@ class ShardedUnit {
     const std::int64_t run = rest_begin_[static_cast<std::size_t>(rank)];
     for (std::size_t i : rest_slots_) {
       const Slot& s = params_[i];
-      const std::int64_t lo = std::max(begin, s.offset), hi = std::min(begin + shard_numel_, s.offset + s.shape.numel());
+      const auto [lo, hi] = held_range(s);
       if (lo < hi)
         B::for_each(hi - lo, ops::Copy<T>{src + (lo - begin), rest_shard_.data() + (rest_offset_[i] + (lo - s.offset) - run)});
     }
@@ -598,6 +599,13 @@ class ShardedUnit {
     f8_shard_.release();
     rest_shard_.release();
     rest_full_.release();
+  }
+
+  /// The flat positions [lo, hi) of slot s's elements that lie in this rank's shard
+  /// (none when lo >= hi).
+  std::pair<std::int64_t, std::int64_t> held_range(const Slot& s) const {
+    const std::int64_t begin = shard_numel_ * shard_comm_->rank();
+    return {std::max(begin, s.offset), std::min(begin + shard_numel_, s.offset + s.shape.numel())};
   }
 
   void check_sharded() const {
