@@ -180,7 +180,7 @@ class ShardedUnit {
     if (shards()) {
       const int S = degree();
       shard_numel_ = (numel_ + S - 1) / S;
-      const std::int64_t begin = shard_numel_ * shard_comm_->rank();
+      const std::int64_t begin = shard_begin();
       local_.name = name_ + ".flat_shard";
       local_.whole = Shape{shard_numel_};
       local_.template allocate<B>(local_.whole);
@@ -407,7 +407,7 @@ class ShardedUnit {
       for (auto& s : params_) f(*s.p, std::int64_t{0}, s.p->numel(), *s.p, std::int64_t{0});
       return;
     }
-    const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
+    const std::int64_t begin = shard_begin();
     for (auto& s : params_) {
       const auto [lo, hi] = held_range(s);
       if (lo < hi) f(*s.p, lo - s.offset, hi - lo, local_, lo - begin);
@@ -438,7 +438,7 @@ class ShardedUnit {
     check_sharded();
     if (!first_replica()) return;
     if (shards()) {
-      const std::int64_t begin = shard_numel_ * shard_comm_->rank(), end = begin + shard_numel_;
+      const std::int64_t begin = shard_begin();
       for (const auto& slot : params_) {
         if (!slot.p->split.owner) continue;
         const auto [lo, hi] = held_range(slot);
@@ -510,7 +510,7 @@ class ShardedUnit {
   /// Each float8 weight's amax over this rank's part of `src` (the shard's values), at
   /// amax[i]; 0 for a weight this rank holds none of.
   void float8_local_amaxes_from(const T* src, float* amax) {
-    const std::int64_t begin = shard_numel_ * shard_comm_->rank();
+    const std::int64_t begin = shard_begin();
     for (std::size_t i = 0; i < float8_slots_.size(); ++i) {
       const Slot& s = params_[float8_slots_[i]];
       const auto [lo, hi] = held_range(s);
@@ -601,10 +601,13 @@ class ShardedUnit {
     rest_full_.release();
   }
 
+  /// The flat position of this rank's shard's first element.
+  std::int64_t shard_begin() const { return shard_numel_ * shard_comm_->rank(); }
+
   /// The flat positions [lo, hi) of slot s's elements that lie in this rank's shard
   /// (none when lo >= hi).
   std::pair<std::int64_t, std::int64_t> held_range(const Slot& s) const {
-    const std::int64_t begin = shard_numel_ * shard_comm_->rank();
+    const std::int64_t begin = shard_begin();
     return {std::max(begin, s.offset), std::min(begin + shard_numel_, s.offset + s.shape.numel())};
   }
 
