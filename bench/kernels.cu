@@ -15,13 +15,15 @@
 //      the heuristic choice, and the best of those is compared with it (target: the
 //      heuristic at >= 95% of the best rate). The best candidate's output is compared
 //      with the heuristic's (relative L2 difference; bf16 <= 1e-2, fp32 <= 1e-4).
-//   2. Attention (causal GQA) on each flavor's heads at each --attention-seqs T, batch =
+//   2. Attention (GQA) on each flavor's heads at each --attention-seqs T, batch =
 //      tokens / T (at least 1): tessera's flash kernels (cuda::flash_attention_forward /
 //      _backward) in bf16 and fp32 storage, and in bf16 cuDNN's fused attention through
 //      the engine training installs (Cuda::attention_forward / _backward after
-//      cuda::select_attention("cudnn"); a row saying why where cuDNN cannot run).
-//      FLOPs: forward 4 B H T^2 hd / 2 (causal: half the score matrix), with the
-//      full-matrix count (torchtitan's convention) beside it; backward 2.5 x forward.
+//      cuda::select_attention("cudnn"); a row saying why where cuDNN cannot run). In
+//      bf16, each also without a mask (full: a context-parallel block off the diagonal)
+//      at the same T. FLOPs: forward 4 B H T^2 hd / 2 causal (half the score matrix),
+//      4 B H T^2 hd full, with the full-matrix count (torchtitan's convention) beside
+//      it; backward 2.5 x forward.
 //      Target: causal forward >= 450 TFLOP/s at hd 128, T 8192, bf16, for the attention
 //      a bf16 training run uses (cuDNN where it runs, else tessera's kernels).
 //   3. Memory-bound ops on --memory-flavor's shapes (float32: the ops/ functors compute
@@ -141,7 +143,7 @@ constexpr const char* usage =
     "                     [--trials N] [--trial-ms X] [--screen-ms X] [--candidates N] [--finalists N]\n"
     "                     [--json FILE] [--commit HASH]\n"
     "  tessera's GPU kernels on one device: cuBLASLt GEMMs on the Llama 3 shapes (heuristic choice against the\n"
-    "  best candidate), causal GQA flash attention, and the memory-bound ops against a device copy; sm-hold\n"
+    "  best candidate), GQA flash attention (causal; in bf16 full too), and the memory-bound ops against a device copy; sm-hold\n"
     "  (not by default): each bf16 GEMM of --memory-flavor with --held-sms SMs held by spinning blocks, against\n"
     "  llama-plan's sm / (sm - held) for a GEMM beside an NCCL collective (plan/cluster.hpp).\n"
     "  defaults: --tokens 8192 --flavors llama3.2_1b,llama3.2_3b,llama3_8b --attention-seqs 8192,2048\n"
@@ -956,10 +958,15 @@ struct AttentionResult {
   double forward_flops_full() const {
     return 4.0 * double(s.batch) * double(s.n_heads) * double(s.seq_len) * double(s.seq_len) * double(s.head_dim);
   }
-  double forward_flops() const { return forward_flops_full() / 2; }  // causal: half the score matrix
+  /// The FLOPs the call computes: half the score matrix causal, all of it full.
+  double forward_flops() const { return s.causal ? forward_flops_full() / 2 : forward_flops_full(); }
   double forward_tflops() const { return forward_flops() / forward.seconds / 1e12; }
   double backward_tflops() const { return 2.5 * forward_flops() / backward.seconds / 1e12; }
-  bool target_case() const { return dtype == DType::bf16 && s.head_dim == 128 && s.seq_len == 8192; }
+  /// The rates with the full matrix counted (torchtitan's convention; a full row's own).
+  double forward_tflops_full() const { return forward_flops_full() / forward.seconds / 1e12; }
+  double backward_tflops_full() const { return 2.5 * forward_flops_full() / backward.seconds / 1e12; }
+  const char* mask() const { return s.causal ? "causal" : "full"; }
+  bool target_case() const { return dtype == DType::bf16 && s.head_dim == 128 && s.seq_len == 8192 && s.causal; }
   bool pass() const { return forward_tflops() >= 450; }
 };
 
@@ -1007,12 +1014,13 @@ AttentionResult run_attention(const std::string& flavor, const AttentionShape& s
 }
 
 void print_attention_header() {
-  std::printf("\nattention: causal GQA, tessera's flash kernels (cuda::flash_attention_forward / _backward) and "
+  std::printf("\nattention: GQA, causal and (bf16) full (no mask: a context-parallel block off the diagonal), "
+              "tessera's flash kernels (cuda::flash_attention_forward / _backward) and "
               "cuDNN's fused attention (bf16, the engine training installs); FLOPs: forward "
-              "4 B H T^2 hd / 2 (causal: half the T x T scores), [full T x T as torchtitan counts] = 2x; backward "
-              "2.5 x forward\n");
-  std::printf("  %-12s %-7s %-7s %-12s %-6s %4s  %11s %8s %8s  %11s %8s %8s\n", "flavor", "kernel", "storage",
-              "B x T", "H/KV", "hd", "forward ms", "TFLOP/s", "[full]", "backward ms", "TFLOP/s", "[full]");
+              "4 B H T^2 hd / 2 causal (half the T x T scores), 4 B H T^2 hd full; [full T x T as torchtitan counts]; "
+              "backward 2.5 x forward\n");
+  std::printf("  %-12s %-7s %-7s %-6s %-12s %-6s %4s  %11s %8s %8s  %11s %8s %8s\n", "flavor", "kernel", "storage",
+              "mask", "B x T", "H/KV", "hd", "forward ms", "TFLOP/s", "[full]", "backward ms", "TFLOP/s", "[full]");
   std::fflush(stdout);
 }
 
@@ -1023,33 +1031,43 @@ void print_attention(const AttentionResult& r) {
   if (r.nonfinite > 0) note += " CHECK FAILED: " + fmt("%.0f", r.nonfinite) + " non-finite outputs";
   const std::string bt = std::to_string(r.s.batch) + " x " + std::to_string(r.s.seq_len);
   const std::string heads = std::to_string(r.s.n_heads) + "/" + std::to_string(r.s.n_kv_heads);
-  std::printf("  %-12s %-7s %-7s %-12s %-6s %4lld  %11.3f %8.1f %8.1f  %11.3f %8.1f %8.1f%s\n", r.flavor.c_str(),
-              r.kernel.c_str(), dtype_label(r.dtype).c_str(), bt.c_str(), heads.c_str(), (long long)r.s.head_dim,
-              1e3 * r.forward.seconds, r.forward_tflops(), 2 * r.forward_tflops(), 1e3 * r.backward.seconds,
-              r.backward_tflops(), 2 * r.backward_tflops(), note.c_str());
+  std::printf("  %-12s %-7s %-7s %-6s %-12s %-6s %4lld  %11.3f %8.1f %8.1f  %11.3f %8.1f %8.1f%s\n", r.flavor.c_str(),
+              r.kernel.c_str(), dtype_label(r.dtype).c_str(), r.mask(), bt.c_str(), heads.c_str(),
+              (long long)r.s.head_dim, 1e3 * r.forward.seconds, r.forward_tflops(), r.forward_tflops_full(),
+              1e3 * r.backward.seconds, r.backward_tflops(), r.backward_tflops_full(), note.c_str());
   std::fflush(stdout);
 }
 
+/// The rates twice: over the FLOPs the call computes ("forward_tflops", ...; a causal row
+/// also under the names earlier runs used, "forward_tflops_causal", ...) and with the
+/// full matrix counted ("..._full").
 json attention_json(const AttentionResult& r) {
-  return {{"flavor", r.flavor},
-          {"kernel", r.kernel},
-          {"dtype", dtype_label(r.dtype)},
-          {"batch", r.s.batch},
-          {"seq_len", r.s.seq_len},
-          {"n_heads", r.s.n_heads},
-          {"n_kv_heads", r.s.n_kv_heads},
-          {"head_dim", r.s.head_dim},
-          {"forward", r.forward.to_json()},
-          {"backward", r.backward.to_json()},
-          {"forward_flops_causal", r.forward_flops()},
-          {"forward_flops_full", r.forward_flops_full()},
-          {"forward_tflops_causal", r.forward_tflops()},
-          {"forward_tflops_full", 2 * r.forward_tflops()},
-          {"backward_tflops_causal", r.backward_tflops()},
-          {"backward_tflops_full", 2 * r.backward_tflops()},
-          {"target_case", r.target_case()},
-          {"target_forward_450_pass", r.target_case() ? json(r.pass()) : json(nullptr)},
-          {"nonfinite_outputs", r.nonfinite}};
+  json j = {{"flavor", r.flavor},
+            {"kernel", r.kernel},
+            {"dtype", dtype_label(r.dtype)},
+            {"mask", r.mask()},
+            {"batch", r.s.batch},
+            {"seq_len", r.s.seq_len},
+            {"n_heads", r.s.n_heads},
+            {"n_kv_heads", r.s.n_kv_heads},
+            {"head_dim", r.s.head_dim},
+            {"forward", r.forward.to_json()},
+            {"backward", r.backward.to_json()},
+            {"forward_flops", r.forward_flops()},
+            {"forward_flops_full", r.forward_flops_full()},
+            {"forward_tflops", r.forward_tflops()},
+            {"forward_tflops_full", r.forward_tflops_full()},
+            {"backward_tflops", r.backward_tflops()},
+            {"backward_tflops_full", r.backward_tflops_full()},
+            {"target_case", r.target_case()},
+            {"target_forward_450_pass", r.target_case() ? json(r.pass()) : json(nullptr)},
+            {"nonfinite_outputs", r.nonfinite}};
+  if (r.s.causal) {
+    j["forward_flops_causal"] = r.forward_flops();
+    j["forward_tflops_causal"] = r.forward_tflops();
+    j["backward_tflops_causal"] = r.backward_tflops();
+  }
+  return j;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1582,34 +1600,38 @@ int run(const Options& o) {
         continue;
       }
       for (std::int64_t seq : o.attention_seqs)
-        for (DType dtype : o.dtypes) {
-          const AttentionShape s{std::max<std::int64_t>(1, o.tokens / seq), seq, a.n_heads, a.kv_heads(),
-                                 a.head_dim()};
-          AttentionResult r = dtype == DType::bf16 ? run_attention<bf16>(flavor, s, policy)
-                                                   : run_attention<float>(flavor, s, policy);
-          print_attention(r);
-          rows.push_back(attention_json(r));
-          checks_ok = checks_ok && r.nonfinite == 0;
-          attention.push_back(std::move(r));
-          if (dtype != DType::bf16) continue;
-          // cuDNN, as training.attention = "cudnn" installs it for this shape.
-          std::string why;
-          try {
-            (void)tessera::cuda::select_attention("cudnn", true, s, false);
-          } catch (const std::exception& e) {
-            why = e.what();
+        for (DType dtype : o.dtypes)
+          for (bool causal : {true, false}) {
+            // Full (no mask) in bf16 only: the storage a context-parallel run trains in.
+            if (!causal && dtype != DType::bf16) continue;
+            const AttentionShape s{std::max<std::int64_t>(1, o.tokens / seq), seq, a.n_heads, a.kv_heads(),
+                                   a.head_dim(), causal};
+            AttentionResult r = dtype == DType::bf16 ? run_attention<bf16>(flavor, s, policy)
+                                                     : run_attention<float>(flavor, s, policy);
+            print_attention(r);
+            rows.push_back(attention_json(r));
+            checks_ok = checks_ok && r.nonfinite == 0;
+            attention.push_back(std::move(r));
+            if (dtype != DType::bf16) continue;
+            // cuDNN, as training.attention = "cudnn" installs it for this shape.
+            std::string why;
+            try {
+              (void)tessera::cuda::select_attention("cudnn", true, s, false);
+            } catch (const std::exception& e) {
+              why = e.what();
+            }
+            if (!why.empty()) {
+              std::printf("  %-12s cudnn   bf16    %-6s not run: %s\n", flavor.c_str(), causal ? "causal" : "full",
+                          why.c_str());
+              continue;
+            }
+            AttentionResult c = run_attention<bf16>(flavor, s, policy, true);
+            tcuda::set_attention_engine(nullptr);
+            print_attention(c);
+            rows.push_back(attention_json(c));
+            checks_ok = checks_ok && c.nonfinite == 0;
+            attention.push_back(std::move(c));
           }
-          if (!why.empty()) {
-            std::printf("  %-12s cudnn   bf16    not run: %s\n", flavor.c_str(), why.c_str());
-            continue;
-          }
-          AttentionResult c = run_attention<bf16>(flavor, s, policy, true);
-          tcuda::set_attention_engine(nullptr);
-          print_attention(c);
-          rows.push_back(attention_json(c));
-          checks_ok = checks_ok && c.nonfinite == 0;
-          attention.push_back(std::move(c));
-        }
     }
     doc["attention"] = rows;
   }

@@ -17,7 +17,8 @@ struct AttentionResult {
 };
 
 /// Cpu::attention_forward and attention_backward in float on run.q, k, v and d_o (the
-/// values the device was given, already rounded to bf16 for a bf16 run).
+/// values the device was given, already rounded to bf16 for a bf16 run), causal or full
+/// as run.shape says.
 inline AttentionResult cpu_attention(const FlashRun& run) {
   const AttentionShape& s = run.shape;
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;

@@ -2,9 +2,10 @@
 // kernels, both through Cuda::attention_forward/backward<bf16>: o, the log-sum-exp (the
 // two use the same convention, so it is compared too), dq, dk and dv, over grouped-query
 // shapes, head dims 64 and 128, sequences that are not multiples of 64, batches above
-// one, and padded rows (the model's own strided layouts). Also: every output is
-// overwritten, the deterministic backward repeats bitwise, a head dim cuDNN refuses
-// comes back with its reason. Where this binary or machine has no cuDNN, the cases say
+// one, and padded rows (the model's own strided layouts), causal and full (no mask: a
+// context-parallel block off the diagonal). Also: every output is overwritten, the
+// graphs of one shape's causal and full calls are kept apart, the deterministic backward
+// repeats bitwise, a head dim cuDNN refuses comes back with its reason. Where this binary or machine has no cuDNN, the cases say
 // why and check nothing else.
 #include <doctest/doctest.h>
 
@@ -70,6 +71,7 @@ gpu_test::FlashRun run_with(GpuAttention a, const AttentionShape& s, std::int64_
 /// that; both round P and dS to bf16 as GEMM operands), so they are held to twice that
 /// of each other; the log-sum-exp is fp32 from the same bf16 inputs in both.
 void check_against_tessera(const AttentionShape& s, std::int64_t pad) {
+  CAPTURE(s.causal);
   CAPTURE(s.batch);
   CAPTURE(s.seq_len);
   CAPTURE(s.n_heads);
@@ -125,24 +127,63 @@ TEST_CASE("cuDNN attention gives tessera's flash kernels and the CPU backend: GQ
   else MESSAGE("cuDNN declines head dim 16: " << hd16);
 }
 
+TEST_CASE("cuDNN attention without a mask (full) gives tessera's flash kernels and the CPU backend: GQA, hd 64 and 128, odd T, batch > 1") {
+  if (!cudnn_here()) return;
+  auto full = [](std::int64_t batch, std::int64_t t, std::int64_t heads, std::int64_t kv, std::int64_t hd) {
+    return AttentionShape{batch, t, heads, kv, hd, false};
+  };
+  for (std::int64_t kv : {1, 2, 4}) {
+    check_against_tessera(full(2, 150, 4, kv, 64), 0);
+    check_against_tessera(full(2, 150, 4, kv, 128), 0);
+  }
+  check_against_tessera(full(3, 64, 8, 8, 64), 0);
+  check_against_tessera(full(1, 333, 8, 2, 128), 0);
+  check_against_tessera(full(2, 5, 4, 2, 64), 0);
+  // A context-parallel block of 8B at Llama 3's length over cp 2: chunks of 2048 tokens.
+  check_against_tessera(full(1, 2048, 8, 2, 128), 0);
+  check_against_tessera(full(2, 150, 4, 2, 64), 8);
+  check_against_tessera(full(2, 100, 4, 1, 128), 8);
+}
+
+TEST_CASE("cuDNN attention keeps one shape's causal and full graphs apart") {
+  if (!cudnn_here()) return;
+  // The same dims and lds both ways in turn, each against the CPU backend with its own
+  // mask: a graph cached for one and reused for the other would fail the second.
+  AttentionShape s{2, 150, 4, 2, 64};
+  for (bool causal : {true, false, true}) {
+    CAPTURE(causal);
+    s.causal = causal;
+    const gpu_test::FlashRun got = run_with(GpuAttention::cudnn, s, 0);
+    const gpu_test::AttentionResult cpu = gpu_test::cpu_attention(got);
+    CHECK(max_rel_diff(got.o, cpu.o) < 1e-2);
+    CHECK(max_rel_diff(got.lse, cpu.lse) < 1e-4);
+    CHECK(max_rel_diff(got.dq, cpu.dq) < 2e-2);
+    CHECK(max_rel_diff(got.dk, cpu.dk) < 2e-2);
+    CHECK(max_rel_diff(got.dv, cpu.dv) < 2e-2);
+  }
+}
+
 TEST_CASE("cuDNN attention's deterministic backward repeats bitwise and agrees with the default one") {
   if (!cudnn_here()) return;
-  const AttentionShape s{2, 150, 8, 2, 128};
-  const std::string why = gpu_test::cudnn_support(s, true);
-  if (!why.empty()) {
-    MESSAGE("cuDNN has no deterministic backward here: " << why);
-    return;
+  for (bool causal : {true, false}) {
+    CAPTURE(causal);
+    const AttentionShape s{2, 150, 8, 2, 128, causal};
+    const std::string why = gpu_test::cudnn_support(s, true);
+    if (!why.empty()) {
+      MESSAGE("cuDNN has no deterministic backward here: " << why);
+      return;
+    }
+    const gpu_test::FlashRun a = run_with(GpuAttention::cudnn_deterministic, s, 0);
+    const gpu_test::FlashRun b = run_with(GpuAttention::cudnn_deterministic, s, 0);
+    CHECK(a.o == b.o);
+    CHECK(a.dq == b.dq);
+    CHECK(a.dk == b.dk);
+    CHECK(a.dv == b.dv);
+    const gpu_test::FlashRun fast = run_with(GpuAttention::cudnn, s, 0);
+    CHECK(max_rel_diff(fast.dq, a.dq) < 1e-2);
+    CHECK(max_rel_diff(fast.dk, a.dk) < 1e-2);
+    CHECK(max_rel_diff(fast.dv, a.dv) < 1e-2);
   }
-  const gpu_test::FlashRun a = run_with(GpuAttention::cudnn_deterministic, s, 0);
-  const gpu_test::FlashRun b = run_with(GpuAttention::cudnn_deterministic, s, 0);
-  CHECK(a.o == b.o);
-  CHECK(a.dq == b.dq);
-  CHECK(a.dk == b.dk);
-  CHECK(a.dv == b.dv);
-  const gpu_test::FlashRun fast = run_with(GpuAttention::cudnn, s, 0);
-  CHECK(max_rel_diff(fast.dq, a.dq) < 1e-2);
-  CHECK(max_rel_diff(fast.dk, a.dk) < 1e-2);
-  CHECK(max_rel_diff(fast.dv, a.dv) < 1e-2);
 }
 
 TEST_CASE("cuDNN attention refuses a head dim it does not run, with cuDNN's reason") {

@@ -1,7 +1,7 @@
-// The CUDA flash attention kernels give the CPU backend's causal attention: o, lse, dq,
-// dk, dv, in float and bf16 storage, head dims 64 and 128, groups of 1, 2 and 4 q heads
-// per kv head, rows padded so that tiles load with 16-byte vectors and without. Runs
-// only where a device is present (the suite's main is in main.cpp).
+// The CUDA flash attention kernels give the CPU backend's attention, causal and full (no
+// mask): o, lse, dq, dk, dv, in float and bf16 storage, head dims 16 to 128, groups of
+// 1, 2 and 4 q heads per kv head, rows padded so that tiles load with 16-byte vectors
+// and without. Runs only where a device is present (the suite's main is in main.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -47,6 +47,7 @@ std::vector<float> plus(const std::vector<float>& a, const std::vector<float>& b
 void check_flash_on_gpu(const AttentionShape& s, bool bf16, std::int64_t pad) {
   CAPTURE(s.head_dim);
   CAPTURE(s.n_kv_heads);
+  CAPTURE(s.causal);
   CAPTURE(bf16);
   CAPTURE(pad);
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
@@ -94,6 +95,26 @@ TEST_CASE("flash attention on the GPU matches the CPU backend: float and bf16, h
   for (bool bf16 : {false, true}) {
     check_flash_on_gpu({2, 150, 4, 2, 16}, bf16, 0);
     check_flash_on_gpu({2, 70, 4, 1, 32}, bf16, 0);
+  }
+}
+
+TEST_CASE("flash attention on the GPU without a mask (full) matches the CPU backend: float and bf16, hd 16 to 128, GQA") {
+  // A context-parallel block whose keys all come before its queries: every key tile for
+  // every query block, every query tile for every key block.
+  auto full = [](std::int64_t batch, std::int64_t t, std::int64_t heads, std::int64_t kv, std::int64_t hd) {
+    return AttentionShape{batch, t, heads, kv, hd, false};
+  };
+  for (bool bf16 : {false, true})
+    for (std::int64_t kv : {1, 2, 4}) {
+      check_flash_on_gpu(full(2, 150, 4, kv, 64), bf16, 0);
+      check_flash_on_gpu(full(2, 150, 4, kv, 128), bf16, 0);
+    }
+  check_flash_on_gpu(full(2, 150, 4, 2, 64), false, 1);
+  check_flash_on_gpu(full(2, 150, 4, 2, 128), true, 1);
+  check_flash_on_gpu(full(3, 5, 4, 2, 64), false, 0);
+  for (bool bf16 : {false, true}) {
+    check_flash_on_gpu(full(2, 150, 4, 2, 16), bf16, 0);
+    check_flash_on_gpu(full(2, 70, 4, 1, 32), bf16, 0);
   }
 }
 

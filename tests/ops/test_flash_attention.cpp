@@ -1,5 +1,6 @@
 // Flash attention's row functors (ops/flash_attention.hpp), driven tile by tile on the
-// host, against the CPU backend's causal grouped-query attention: o, lse, dq, dk, dv.
+// host, against the CPU backend's grouped-query attention, causal and full (no mask),
+// and against a naive reference in double: o, lse, dq, dk, dv.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "../support/errors.hpp"
 #include "../support/gradcheck.hpp"
+#include "../support/naive_attention.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/ops/flash_attention.hpp"
 
@@ -97,6 +99,7 @@ Matrix<R> sum_of(const Matrix<T>& start, const Matrix<R>& b) {
 struct Config {
   std::int64_t batch, seq_len, n_heads, n_kv_heads, tile;
   double q_std = 1.0;  // spread of q: large values make scores far apart
+  bool causal = true;  // false: full attention, no mask
 };
 
 struct Errors {
@@ -108,7 +111,7 @@ struct Errors {
 /// NaN (it must be overwritten), dk and dv with random values (they must be added to).
 template <class T, class R, int HD>
 Errors flash_vs_cpu(const Config& c) {
-  const AttentionShape s{c.batch, c.seq_len, c.n_heads, c.n_kv_heads, HD};
+  const AttentionShape s{c.batch, c.seq_len, c.n_heads, c.n_kv_heads, HD, c.causal};
   const std::int64_t rows = s.rows(), qc = s.n_heads * HD, kc = s.n_kv_heads * HD;
   const auto q = random_matrix<T>(rows, qc, 3, "q", c.q_std), k = random_matrix<T>(rows, kc, 1, "k");
   const auto v = random_matrix<T>(rows, kc, 0, "v"), d_o = random_matrix<T>(rows, qc, 2, "dO");
@@ -143,6 +146,7 @@ void check_flash(const Config& c, double tol, double grad_tol) {
   CAPTURE(c.n_heads);
   CAPTURE(c.n_kv_heads);
   CAPTURE(c.tile);
+  CAPTURE(c.causal);
   const Errors e = flash_vs_cpu<T, R, HD>(c);
   CHECK(e.o < tol);
   CHECK(e.lse < tol);
@@ -165,12 +169,20 @@ void check_all(double tol, double grad_tol) {
   // The small head dims: torchtitan's debug model (dim 256 over 16 heads) has 16.
   check_flash<T, R, 16>({2, 41, 4, 2, 16}, tol, grad_tol);
   check_flash<T, R, 32>({2, 23, 4, 1, 64}, tol, grad_tol);
+  // Full attention (no mask): every key tile for every query, every query tile for
+  // every key, over the same groups and ragged tiles.
+  for (std::int64_t kv : {1, 2, 4}) check_flash<T, R, 64>({2, 45, 4, kv, 16, 1.0, false}, tol, grad_tol);
+  check_flash<T, R, 64>({2, 70, 4, 2, 64, 1.0, false}, tol, grad_tol);
+  check_flash<T, R, 64>({1, 37, 4, 1, 1, 1.0, false}, tol, grad_tol);
+  check_flash<T, R, 128>({2, 19, 4, 2, 16, 1.0, false}, tol, grad_tol);
+  check_flash<T, R, 16>({2, 41, 4, 2, 16, 1.0, false}, tol, grad_tol);
 }
 
 template <class T, class R>
 void check_far_apart_scores(double tol, double grad_tol) {
   // Scores with a spread of about 25: exp(s - m) over a stale max would overflow float.
   check_flash<T, R, 64>({1, 70, 2, 1, 16, 25.0}, tol, grad_tol);
+  check_flash<T, R, 64>({1, 70, 2, 1, 16, 25.0, false}, tol, grad_tol);
 }
 
 }  // namespace
@@ -189,10 +201,12 @@ TEST_CASE("flash attention rows on bf16 storage stay within bf16 rounding of the
   // Inputs rounded to bf16; the reference computes in float on those values. o, dq, dk
   // and dv are rounded to bf16 on output (2^-9 relative), and the backward reads the
   // rounded o through D = dO . O; lse stays float.
-  const Config configs[] = {{2, 45, 4, 2, 16}, {2, 70, 4, 1, 64}, {2, 33, 4, 4, 1}};
+  const Config configs[] = {{2, 45, 4, 2, 16}, {2, 70, 4, 1, 64}, {2, 33, 4, 4, 1}, {2, 45, 4, 2, 16, 1.0, false},
+                            {2, 33, 4, 4, 1, 1.0, false}};
   for (const Config& c : configs) {
     CAPTURE(c.tile);
     CAPTURE(c.n_kv_heads);
+    CAPTURE(c.causal);
     const Errors e = flash_vs_cpu<bf16, float, 64>(c);
     CHECK(e.o < 5e-3);
     CHECK(e.lse < 1e-5);
@@ -258,7 +272,8 @@ void check_bf16_rows_against_float(const Config& c) {
   CAPTURE(c.n_kv_heads);
   CAPTURE(c.tile);
   CAPTURE(c.q_std);
-  const AttentionShape s{c.batch, c.seq_len, c.n_heads, c.n_kv_heads, HD};
+  CAPTURE(c.causal);
+  const AttentionShape s{c.batch, c.seq_len, c.n_heads, c.n_kv_heads, HD, c.causal};
   const std::int64_t rows = s.rows(), qc = s.n_heads * HD, kc = s.n_kv_heads * HD;
   const auto q = random_matrix<bf16>(rows, qc, 3, "q", c.q_std), k = random_matrix<bf16>(rows, kc, 1, "k");
   const auto v = random_matrix<bf16>(rows, kc, 0, "v"), d_o = random_matrix<bf16>(rows, qc, 2, "dO");
@@ -308,6 +323,9 @@ TEST_CASE("flash attention rows on bf16 storage: lse in float, outputs within on
   // 301 keys for the last query: l (the sum of exponentials), acc, dk and dv sum over
   // hundreds of terms, which a bf16 accumulator would visibly lose.
   check_bf16_rows_against_float<64>({1, 301, 2, 1, 64});
+  // Full attention: every query over all 301 keys.
+  check_bf16_rows_against_float<64>({1, 301, 2, 1, 64, 1.0, false});
+  check_bf16_rows_against_float<128>({2, 37, 4, 2, 16, 1.0, false});
 }
 
 TEST_CASE("flash attention D on bf16 storage is the float D of the same values") {
@@ -342,6 +360,71 @@ TEST_CASE("flash attention D on bf16 storage is the float D of the same values")
   }
 }
 
+namespace {
+
+/// A view's values, dense row-major.
+template <class T>
+std::vector<double> dense(TensorView<T> m) {
+  std::vector<double> out;
+  out.reserve(static_cast<std::size_t>(m.rows() * m.cols()));
+  for (std::int64_t r = 0; r < m.rows(); ++r)
+    for (std::int64_t c = 0; c < m.cols(); ++c) out.push_back(to_double(m(r, c)));
+  return out;
+}
+
+/// The flash rows in double against the naive reference, causal or full as c.causal:
+/// o, lse, dq, dk, dv to 1e-12 of the largest value.
+template <int HD>
+void check_rows_against_naive(const Config& c) {
+  CAPTURE(HD);
+  CAPTURE(c.seq_len);
+  CAPTURE(c.n_kv_heads);
+  CAPTURE(c.tile);
+  CAPTURE(c.causal);
+  const AttentionShape s{c.batch, c.seq_len, c.n_heads, c.n_kv_heads, HD, c.causal};
+  const std::int64_t rows = s.rows(), qc = s.n_heads * HD, kc = s.n_kv_heads * HD;
+  const auto q = random_matrix<double>(rows, qc, 3, "q.naive"), k = random_matrix<double>(rows, kc, 1, "k.naive");
+  const auto v = random_matrix<double>(rows, kc, 2, "v.naive"), d_o = random_matrix<double>(rows, qc, 0, "dO.naive");
+  const testing::NaiveAttention ref =
+      testing::naive_attention(s, dense(q.cview()), dense(k.cview()), dense(v.cview()), dense(d_o.cview()));
+
+  auto o = matrix<double>(rows, qc, 5);
+  std::vector<double> lse(ref.lse.size());
+  ops::flash_attention_forward_rows<double, HD>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), c.tile);
+  auto dq = matrix<double>(rows, qc, 1, std::numeric_limits<double>::quiet_NaN());
+  auto dk = matrix<double>(rows, kc, 2), dv = matrix<double>(rows, kc, 0);  // zeros: added into
+  ops::flash_attention_backward_rows<double, HD>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(),
+                                                 d_o.cview(), dq.view, dk.view, dv.view, c.tile);
+  CHECK(max_rel_diff(dense(o.cview()), ref.o) < 1e-12);
+  CHECK(max_rel_diff(lse, ref.lse) < 1e-12);
+  CHECK(max_rel_diff(dense(dq.view), ref.dq) < 1e-12);
+  CHECK(max_rel_diff(dense(dk.view), ref.dk) < 1e-12);
+  CHECK(max_rel_diff(dense(dv.view), ref.dv) < 1e-12);
+
+  // The inputs tell the masks apart: the other mask's reference is far from this one.
+  AttentionShape other = s;
+  other.causal = !s.causal;
+  const testing::NaiveAttention wrong =
+      testing::naive_attention(other, dense(q.cview()), dense(k.cview()), dense(v.cview()), dense(d_o.cview()));
+  CHECK(max_rel_diff(wrong.o, ref.o) > 1e-2);
+  CHECK(max_rel_diff(wrong.dk, ref.dk) > 1e-2);
+}
+
+}  // namespace
+
+TEST_CASE("flash attention rows, causal and full, match a naive reference in double") {
+  // Groups of 4, 2 and 1 q heads per kv head; tiles of 1, 16 and 64 rows against
+  // sequences that are not multiples of them; head dims 16, 64 and 128.
+  for (bool causal : {true, false}) {
+    for (std::int64_t kv : {1, 2, 4}) {
+      check_rows_against_naive<64>({2, 45, 4, kv, 16, 1.0, causal});
+      check_rows_against_naive<16>({1, 37, 4, kv, 1, 1.0, causal});
+    }
+    check_rows_against_naive<64>({2, 70, 4, 2, 64, 1.0, causal});
+    check_rows_against_naive<128>({2, 19, 4, 2, 16, 1.0, causal});
+  }
+}
+
 TEST_CASE("flash attention: the first query sees only the first key; tiles past the causal edge change nothing") {
   constexpr int kHd = 64;
   const auto q = random_matrix<double>(8, kHd, 0, "q1"), k = random_matrix<double>(8, kHd, 0, "k1");
@@ -371,6 +454,18 @@ TEST_CASE("flash attention: the first query sees only the first key; tiles past 
   key_row.finish(dk.data(), dv.data());
   CHECK(std::all_of(dk.begin(), dk.end(), [](double x) { return x == 2.0; }));
   CHECK(std::all_of(dv.begin(), dv.end(), [](double x) { return x == -3.0; }));
+  // Seen from query 0 on (full attention), the same key row takes every query's terms.
+  ops::FlashBackwardKeyRow<double, kHd> full_key_row;
+  full_key_row.start(k.view.row(5), v.view.row(5), 0, scale);
+  full_key_row.update(q.view.row(0), kHd, d_o.view.row(0), kHd, lse4.data(), delta4.data(), 0, 4);
+  full_key_row.finish(dk.data(), dv.data());
+  CHECK(std::any_of(dv.begin(), dv.end(), [](double x) { return x != -3.0; }));
+
+  // Seeing keys up to 7 (full attention), query 0 takes keys 1..7 as well.
+  ops::FlashForwardRow<double, kHd> full_row;
+  full_row.start(q.view.row(0), 7, scale);
+  full_row.update(k.view.row(1), kHd, v.view.row(1), kHd, 1, 7);
+  CHECK(full_row.l > 0.0);
 
   // Query 2 against keys 3..7: dq is overwritten with zeros.
   ops::FlashBackwardQueryRow<double, kHd> query_row;

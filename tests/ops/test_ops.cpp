@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../support/gradcheck.hpp"
+#include "../support/naive_attention.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/ops/ops.hpp"
 
@@ -226,6 +227,49 @@ TEST_CASE("CPU attention backward across several query blocks matches finite dif
       CHECK((*g)[idx] == doctest::Approx((fp - fm) / (2 * h)).epsilon(1e-6));
     }
   }
+}
+
+TEST_CASE("CPU attention, causal and full, matches a naive reference in double: o, lse, dq, dk, dv") {
+  // 150 rows: two whole blocks of 64 and a partial one (full attention gives every
+  // block every key); groups of 2 and 4 q heads per kv head and heads of their own.
+  auto dense = [](const Tensor<double>& t) { return std::vector<double>(t.data(), t.data() + t.numel()); };
+  auto max_rel_diff = [](const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
+    double diff = 0, ref = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, std::isnan(a[i]) ? HUGE_VAL : std::abs(a[i] - b[i]));
+      ref = std::max(ref, std::abs(b[i]));
+    }
+    return diff / ref;
+  };
+  for (bool causal : {true, false})
+    for (std::int64_t kv : {1, 2, 4}) {
+      CAPTURE(causal);
+      CAPTURE(kv);
+      const std::int64_t t = 150, hd = 8, rows = 2 * t;
+      const AttentionShape s{2, t, 4, kv, hd, causal};
+      Tensor<double> q(Shape{rows, 4 * hd}), k(Shape{rows, kv * hd}), v(Shape{rows, kv * hd}), d_o(Shape{rows, 4 * hd});
+      fill_normal(q, 8, "q");
+      fill_normal(k, 9, "k");
+      fill_normal(v, 10, "v");
+      fill_normal(d_o, 11, "dO");
+      Tensor<double> o(q.shape()), lse(Shape{2, 4, t}), dq(q.shape()), dk(k.shape()), dv(v.shape());
+      Cpu::attention_forward(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+      Cpu::attention_backward(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(), dq.view(),
+                              dk.view(), dv.view());
+      const auto ref = testing::naive_attention(s, dense(q), dense(k), dense(v), dense(d_o));
+      CHECK(max_rel_diff(dense(o), ref.o) < 1e-12);
+      CHECK(max_rel_diff(dense(lse), ref.lse) < 1e-12);
+      CHECK(max_rel_diff(dense(dq), ref.dq) < 1e-12);
+      CHECK(max_rel_diff(dense(dk), ref.dk) < 1e-12);
+      CHECK(max_rel_diff(dense(dv), ref.dv) < 1e-12);
+      // The inputs tell the masks apart: the other mask's reference is far from this one.
+      AttentionShape other = s;
+      other.causal = !causal;
+      const auto wrong = testing::naive_attention(other, dense(q), dense(k), dense(v), dense(d_o));
+      CHECK(max_rel_diff(wrong.o, ref.o) > 1e-2);
+      CHECK(max_rel_diff(wrong.dq, ref.dq) > 1e-2);
+    }
 }
 
 TEST_CASE("Squared-norm partials do not depend on the chunking") {

@@ -240,6 +240,12 @@ TEST_CASE("cost: the portable flash kernel runs at the shared-memory bound, a qu
   // The causal FLOPs the formula counts: q k^T and p v over the pairs, 2.5 times that backward.
   CHECK(fwd.flops() == 4 * pairs * 64);
   CHECK(bwd.flops() == 2.5 * fwd.flops());
+  // Full attention (no mask) computes every pair.
+  trace::Attention full = fwd;
+  full.shape.causal = false;
+  CHECK(plan::flash_kernel_fmas(full) == 8.0 * 1024 * 1024 * 64 * 2);
+  CHECK(full.flops() == 4 * 8.0 * 1024 * 1024 * 64);
+  CHECK(p.seconds(full) == doctest::Approx(2 * 8.0 * 1024 * 1024 * 64 * 2 / (25.6e12 * 0.25)).epsilon(1e-12));
 }
 
 namespace {
@@ -274,6 +280,14 @@ TEST_CASE("cost: cuDNN's attention takes its FLOPs at the profile's rate for its
   CHECK(p.seconds(mid) == doctest::Approx(mid.flops() / 150e12).epsilon(1e-9));
   trace::Attention longer{{1, 16384, 8, 2, 64}, DType::bf16, false};
   CHECK(p.seconds(longer) == doctest::Approx(longer.flops() / 200e12).epsilon(1e-12));
+  // A full block (context parallelism's, off the diagonal) takes its own FLOPs, all T^2
+  // pairs, at the causal curve's rate for the same length.
+  trace::Attention full = fwd;
+  full.shape.causal = false;
+  CHECK(full.flops() == doctest::Approx(2 * fwd.flops() * 1024 / 1025).epsilon(1e-12));
+  CHECK(p.seconds(full) == doctest::Approx(full.flops() / 100e12).epsilon(1e-12));
+  full.backward = true;
+  CHECK(p.seconds(full) == doctest::Approx(full.flops() / 80e12).epsilon(1e-12));
   // Head dims take the smallest curve at or above them (96 -> 128), else the largest.
   trace::Attention hd96{{1, 1024, 8, 2, 96}, DType::bf16, false}, hd256{{1, 1024, 8, 2, 256}, DType::bf16, false};
   CHECK(p.seconds(hd96) == doctest::Approx(hd96.flops() / 50e12).epsilon(1e-12));

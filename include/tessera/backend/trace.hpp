@@ -41,26 +41,20 @@ struct Gemm {
   friend bool operator==(const Gemm&, const Gemm&) = default;
 };
 
-/// Causal grouped-query attention, forward or backward, over `shape`.
+/// Grouped-query attention, forward or backward, over `shape` (causal or full).
 struct Attention {
   AttentionShape shape;
   DType dtype = DType::f32;
   bool backward = false;
-  /// Multiply-adds the causal computation makes, counted as two FLOPs each: q k^T and
-  /// p v over the T (T + 1) / 2 (query, key) pairs at or below the diagonal per head; the
-  /// backward makes two and a half times the forward's (dv, dp, dq, dk; s recomputed).
+  /// Multiply-adds the computation makes, counted as two FLOPs each: q k^T and p v over
+  /// the (query, key) pairs it computes (AttentionShape::pairs: those at or below the
+  /// diagonal for a causal call); the backward makes two and a half times the forward's
+  /// (dv, dp, dq, dk; s recomputed).
   double flops() const {
-    const auto& s = shape;
-    const double pairs = static_cast<double>(s.batch) * static_cast<double>(s.n_heads) *
-                         static_cast<double>(s.seq_len) * static_cast<double>(s.seq_len + 1) / 2;
-    const double forward = 4.0 * pairs * static_cast<double>(s.head_dim);
+    const double forward = 4.0 * shape.pairs() * static_cast<double>(shape.head_dim);
     return backward ? 2.5 * forward : forward;
   }
-  friend bool operator==(const Attention& a, const Attention& b) {
-    return a.shape.batch == b.shape.batch && a.shape.seq_len == b.shape.seq_len && a.shape.n_heads == b.shape.n_heads &&
-           a.shape.n_kv_heads == b.shape.n_kv_heads && a.shape.head_dim == b.shape.head_dim && a.dtype == b.dtype &&
-           a.backward == b.backward;
-  }
+  friend bool operator==(const Attention&, const Attention&) = default;
 };
 
 /// One B::for_each(n, f) of a functor: its name, what it does (ops/traffic.hpp) and the

@@ -1,10 +1,17 @@
-// Flash attention as per-row functors: causal grouped-query attention computed one row
-// at a time against tiles of the other side, with an online softmax, so no (T, T)
-// score matrix is ever held.
+// Flash attention as per-row functors: grouped-query attention, causal or full,
+// computed one row at a time against tiles of the other side, with an online softmax,
+// so no (T, T) score matrix is ever held.
 //
 // Layout as the CPU backend's (backend/cpu/attention.hpp): q and o are (B*T, H*hd), k
 // and v (B*T, KV*hd), row-major, each with its own ld; head h reads kv head h / (H/KV);
-// s_ij = scale * q_i . k_j with scale = 1/sqrt(hd); query i sees keys 0..i.
+// s_ij = scale * q_i . k_j with scale = 1/sqrt(hd). Causal, query i sees keys 0..i;
+// full (AttentionShape::causal false), every key.
+//
+// The functors know no mask, only a bound: a query row sees the keys up to its
+// `last_key`, a key row is seen by the queries from its `first_query` on. Causal, those
+// are the row's own position; full, the sequence's last key (T - 1) and first query (0),
+// so nothing is skipped. The drivers below and the kernels pick the bound and walk only
+// the tiles it lets through.
 //
 // Forward (FlashForwardRow): a query row keeps the running max m of its scores, the
 // running sum l = sum_j exp(s_ij - m) and acc = sum_j exp(s_ij - m) v_j over the keys
@@ -14,8 +21,9 @@
 // Backward recomputes p_ij = exp(s_ij - lse_i) and, with D_i = dO_i . O_i (FlashDelta),
 //   dS_ij = p_ij (dO_i . v_j - D_i),   dv_j = sum_i p_ij dO_i,
 //   dk_j = scale sum_i dS_ij q_i,      dq_i = scale sum_j dS_ij k_j.
-// FlashBackwardKeyRow accumulates dk_j and dv_j over query tiles (i >= j) of every q head
-// of the key's group; FlashBackwardQueryRow accumulates dq_i over key tiles (j <= i).
+// FlashBackwardKeyRow accumulates dk_j and dv_j over the query tiles that see key j (i >= j
+// causal) of every q head of the key's group; FlashBackwardQueryRow accumulates dq_i over
+// the key tiles query i sees (j <= i causal).
 // They are two separate passes: every output row has one owner that adds its terms in
 // a fixed order, so there are no atomics and results are deterministic. dq is
 // overwritten; dk and dv are added into (callers pass zeros).
@@ -82,17 +90,28 @@ TESSERA_HD inline A flash_dot(const A* x, const U* y) {
   return s;
 }
 
-/// The number of keys [key0, key0 + n) that query `query` sees (0 when key0 > query).
-TESSERA_HD inline std::int64_t flash_visible_keys(std::int64_t query, std::int64_t key0, std::int64_t n) {
-  const std::int64_t end = query - key0 + 1;
+/// The number of keys [key0, key0 + n) that a query seeing keys up to `last_key` sees
+/// (0 when key0 > last_key).
+TESSERA_HD inline std::int64_t flash_visible_keys(std::int64_t last_key, std::int64_t key0, std::int64_t n) {
+  const std::int64_t end = last_key - key0 + 1;
   return end < 0 ? 0 : (end < n ? end : n);
 }
 
-/// The first of the queries [query0, query0 + n) that sees key `key` (n when none does).
-TESSERA_HD inline std::int64_t flash_first_query(std::int64_t key, std::int64_t query0, std::int64_t n) {
-  const std::int64_t begin = key - query0;
+/// The first of the queries [query0, query0 + n) that sees a key seen from `first_query`
+/// on (n when none does).
+TESSERA_HD inline std::int64_t flash_first_query(std::int64_t first_query, std::int64_t query0, std::int64_t n) {
+  const std::int64_t begin = first_query - query0;
   return begin < 0 ? 0 : (begin < n ? begin : n);
 }
+
+/// The last key query `query` of a sequence of `seq_len` sees: itself causal, the
+/// sequence's last full.
+TESSERA_HD inline std::int64_t flash_last_key(bool causal, std::int64_t query, std::int64_t seq_len) {
+  return causal ? query : seq_len - 1;
+}
+
+/// The first query that sees key `key`: itself causal, the sequence's first full.
+TESSERA_HD inline std::int64_t flash_first_query_of(bool causal, std::int64_t key) { return causal ? key : 0; }
 
 }  // namespace detail
 
@@ -106,10 +125,10 @@ struct FlashForwardRow {
   A acc[HD];  // sum_j exp(s_j - m) v_j
   A m;        // the largest score seen so far
   A l;        // sum_j exp(s_j - m)
-  std::int64_t query;  // the row's position in its sequence
+  std::int64_t last_key;  // the last key the row sees (causal: the row's own position)
 
   template <class U>
-  TESSERA_HD void start(const U* q_row, std::int64_t position, A scale) {
+  TESSERA_HD void start(const U* q_row, std::int64_t row_last_key, A scale) {
     TESSERA_FLASH_UNROLL
     for (int d = 0; d < HD; ++d) {
       q[d] = scale * convert<A>(q_row[d]);
@@ -117,15 +136,15 @@ struct FlashForwardRow {
     }
     m = -std::numeric_limits<A>::infinity();
     l = A(0);
-    query = position;
+    last_key = row_last_key;
   }
 
   /// Keys [key0, key0 + n): key key0 + r is row r of k (ld ldk) and of v (ld ldv).
-  /// Keys after the query are skipped (a tile wholly after it changes nothing).
+  /// Keys after last_key are skipped (a tile wholly after it changes nothing).
   template <class U>
   TESSERA_HD void update(const U* k, std::int64_t ldk, const U* v, std::int64_t ldv, std::int64_t key0,
                          std::int64_t n) {
-    const std::int64_t end = detail::flash_visible_keys(query, key0, n);
+    const std::int64_t end = detail::flash_visible_keys(last_key, key0, n);
     for (std::int64_t r = 0; r < end; ++r) {
       const A s = detail::flash_dot<A, HD>(q, k + r * ldk);
       if (s > m) {  // a new max: rescale what was summed under the old one
@@ -154,7 +173,8 @@ struct FlashForwardRow {
 };
 
 /// The backward state of one key row j of one kv head: dk_j and dv_j accumulated over
-/// the query tiles (queries i >= j) of every q head that reads this kv head.
+/// the query tiles that see it (queries i >= j causal) of every q head that reads this
+/// kv head.
 template <class T, int HD>
 struct FlashBackwardKeyRow {
   static_assert(HD > 0 && HD % 8 == 0, "FlashBackwardKeyRow: HD must be a positive multiple of 8");
@@ -165,10 +185,10 @@ struct FlashBackwardKeyRow {
   A dk[HD];  // sum_i dS_ij q_i (times scale at finish)
   A dv[HD];  // sum_i p_ij dO_i
   A scale;
-  std::int64_t key;  // the row's position in its sequence
+  std::int64_t first_query;  // the first query that sees the row (causal: the row's own position)
 
   template <class U>
-  TESSERA_HD void start(const U* k_row, const U* v_row, std::int64_t position, A softmax_scale) {
+  TESSERA_HD void start(const U* k_row, const U* v_row, std::int64_t row_first_query, A softmax_scale) {
     TESSERA_FLASH_UNROLL
     for (int d = 0; d < HD; ++d) {
       k[d] = softmax_scale * convert<A>(k_row[d]);
@@ -177,16 +197,16 @@ struct FlashBackwardKeyRow {
       dv[d] = A(0);
     }
     scale = softmax_scale;
-    key = position;
+    first_query = row_first_query;
   }
 
   /// Queries [query0, query0 + n) of one q head: query query0 + r is row r of q (ld ldq)
-  /// and of d_o (ld lddo), with log-sum-exp lse[r] and D delta[r]. Queries before the
-  /// key are skipped.
+  /// and of d_o (ld lddo), with log-sum-exp lse[r] and D delta[r]. Queries before
+  /// first_query are skipped.
   template <class U>
   TESSERA_HD void update(const U* q, std::int64_t ldq, const U* d_o, std::int64_t lddo, const A* lse,
                          const A* delta, std::int64_t query0, std::int64_t n) {
-    for (std::int64_t r = detail::flash_first_query(key, query0, n); r < n; ++r) {
+    for (std::int64_t r = detail::flash_first_query(first_query, query0, n); r < n; ++r) {
       const U* qr = q + r * ldq;
       const U* dor = d_o + r * lddo;
       const A p = exp_nonpositive(detail::flash_dot<A, HD>(k, qr) - lse[r]);
@@ -210,7 +230,8 @@ struct FlashBackwardKeyRow {
   }
 };
 
-/// The backward state of one query row i: dq_i accumulated over key tiles (keys j <= i).
+/// The backward state of one query row i: dq_i accumulated over the key tiles it sees
+/// (keys j <= i causal).
 template <class T, int HD>
 struct FlashBackwardQueryRow {
   static_assert(HD > 0 && HD % 8 == 0, "FlashBackwardQueryRow: HD must be a positive multiple of 8");
@@ -222,10 +243,10 @@ struct FlashBackwardQueryRow {
   A lse;      // the row's log-sum-exp
   A delta;    // D_i = dO_i . O_i
   A scale;
-  std::int64_t query;  // the row's position in its sequence
+  std::int64_t last_key;  // the last key the row sees (causal: the row's own position)
 
   template <class U>
-  TESSERA_HD void start(const U* q_row, const U* d_o_row, A row_lse, A row_delta, std::int64_t position,
+  TESSERA_HD void start(const U* q_row, const U* d_o_row, A row_lse, A row_delta, std::int64_t row_last_key,
                         A softmax_scale) {
     TESSERA_FLASH_UNROLL
     for (int d = 0; d < HD; ++d) {
@@ -236,14 +257,14 @@ struct FlashBackwardQueryRow {
     lse = row_lse;
     delta = row_delta;
     scale = softmax_scale;
-    query = position;
+    last_key = row_last_key;
   }
 
   /// Keys [key0, key0 + n), as FlashForwardRow::update takes them.
   template <class U>
   TESSERA_HD void update(const U* k, std::int64_t ldk, const U* v, std::int64_t ldv, std::int64_t key0,
                          std::int64_t n) {
-    const std::int64_t end = detail::flash_visible_keys(query, key0, n);
+    const std::int64_t end = detail::flash_visible_keys(last_key, key0, n);
     for (std::int64_t r = 0; r < end; ++r) {
       const U* kr = k + r * ldk;
       const A p = exp_nonpositive(detail::flash_dot<A, HD>(q, kr) - lse);
@@ -346,8 +367,9 @@ void flash_check_driver(const AttentionShape& s, std::int64_t tile) {
 }  // namespace detail
 
 /// The forward on the host, one FlashForwardRow per (b, h, query row) over key tiles
-/// of `tile` rows (tiles wholly after the query are skipped, as the kernel skips them):
-/// o (B*T, H*hd) and lse (B, H, T). A reference driver for the functors, not a fast path.
+/// of `tile` rows (causal, tiles wholly after the query are skipped, as the kernel skips
+/// them; full, every tile is visited): o (B*T, H*hd) and lse (B, H, T). A reference
+/// driver for the functors, not a fast path.
 template <class T, int HD>
 void flash_attention_forward_rows(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                   TensorView<const T> v, TensorView<T> o, acc_t<T>* lse, std::int64_t tile) {
@@ -361,8 +383,9 @@ void flash_attention_forward_rows(const AttentionShape& s, TensorView<const T> q
     for (std::int64_t h = 0; h < s.n_heads; ++h) {
       const std::int64_t kvh = h / s.group(), bh = b * s.n_heads + h;
       for (std::int64_t i = 0; i < t; ++i) {
-        row.start(q.row(b * t + i) + h * HD, i, scale);
-        for (std::int64_t key0 = 0; key0 <= i; key0 += tile) {
+        const std::int64_t last = detail::flash_last_key(s.causal, i, t);
+        row.start(q.row(b * t + i) + h * HD, last, scale);
+        for (std::int64_t key0 = 0; key0 <= last; key0 += tile) {
           const std::int64_t n = tile < t - key0 ? tile : t - key0;
           row.update(k.row(b * t + key0) + kvh * HD, k.ld(), v.row(b * t + key0) + kvh * HD, v.ld(), key0, n);
         }
@@ -392,10 +415,11 @@ void flash_attention_backward_rows(const AttentionShape& s, TensorView<const T> 
   for (std::int64_t b = 0; b < s.batch; ++b)
     for (std::int64_t kvh = 0; kvh < s.n_kv_heads; ++kvh)
       for (std::int64_t j = 0; j < t; ++j) {
-        key_row.start(k.row(b * t + j) + kvh * HD, v.row(b * t + j) + kvh * HD, j, scale);
+        const std::int64_t first = detail::flash_first_query_of(s.causal, j);
+        key_row.start(k.row(b * t + j) + kvh * HD, v.row(b * t + j) + kvh * HD, first, scale);
         for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h) {
           const std::int64_t bh = b * s.n_heads + h;
-          for (std::int64_t query0 = j / tile * tile; query0 < t; query0 += tile) {
+          for (std::int64_t query0 = first / tile * tile; query0 < t; query0 += tile) {
             const std::int64_t n = tile < t - query0 ? tile : t - query0;
             key_row.update(q.row(b * t + query0) + h * HD, q.ld(), d_o.row(b * t + query0) + h * HD, d_o.ld(),
                            lse + bh * t + query0, delta.data() + bh * t + query0, query0, n);
@@ -409,9 +433,10 @@ void flash_attention_backward_rows(const AttentionShape& s, TensorView<const T> 
     for (std::int64_t h = 0; h < s.n_heads; ++h) {
       const std::int64_t kvh = h / s.group(), bh = b * s.n_heads + h;
       for (std::int64_t i = 0; i < t; ++i) {
+        const std::int64_t last = detail::flash_last_key(s.causal, i, t);
         query_row.start(q.row(b * t + i) + h * HD, d_o.row(b * t + i) + h * HD, lse[bh * t + i],
-                        delta[static_cast<std::size_t>(bh * t + i)], i, scale);
-        for (std::int64_t key0 = 0; key0 <= i; key0 += tile) {
+                        delta[static_cast<std::size_t>(bh * t + i)], last, scale);
+        for (std::int64_t key0 = 0; key0 <= last; key0 += tile) {
           const std::int64_t n = tile < t - key0 ? tile : t - key0;
           query_row.update(k.row(b * t + key0) + kvh * HD, k.ld(), v.row(b * t + key0) + kvh * HD, v.ld(), key0,
                            n);

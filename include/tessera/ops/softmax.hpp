@@ -1,7 +1,8 @@
 // Causal softmax rows for attention and their backward.
 //
 // Row r of a scores tile holds s_rj = q_i . k_j for query i = r + offset (the tile
-// covers queries [offset, offset + rows)) and keys j in [0, cols); only j <= i is kept.
+// covers queries [offset, offset + rows)) and keys j in [0, cols); only j <= i is kept
+// (an offset of cols or more keeps every key: attention without a mask).
 // Forward writes p_ij = exp(s_ij - lse_i) (zero above the
 // diagonal) and lse_i, the row's log-sum-exp: backward recomputes p from the scores
 // and lse instead of keeping the (T, T) matrix alive, as flash attention does.

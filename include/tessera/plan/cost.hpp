@@ -15,7 +15,8 @@
 //   attention   cuDNN's flash attention (training.attention = cudnn, or auto on a bf16
 //               model where the profile gives its rates): the call's FLOPs at the
 //               profile's measured TFLOP/s for its head dim, direction and sequence
-//               length ([attention] in the machine file, plan/machine.hpp). Otherwise
+//               length ([attention] in the machine file, plan/machine.hpp; measured
+//               causal, and a full call is priced at the same rate). Otherwise
 //               tessera's portable flash kernel (backend/cuda/flash_attention.cuh), by
 //               what it does: one thread per query (or key) row, fp32 multiply-adds on
 //               CUDA cores, each reading its K, V (or Q, dO) operand from shared memory.
@@ -24,7 +25,8 @@
 //               against four warp-wide fp32 multiply-adds: the kernel runs at the fp32
 //               rate times (shared bytes per clock / 4) / (fp32 lanes per SM), a quarter
 //               on every profile here. The forward makes 2 hd multiply-adds per (query,
-//               key) pair at or below the diagonal, the backward 7 hd (the key pass
+//               key) pair it computes (at or below the diagonal causal, every pair
+//               full: AttentionShape::pairs), the backward 7 hd (the key pass
 //               recomputes s and dp and accumulates dk and dv; the query pass recomputes
 //               s and dp and accumulates dq). Spills at head dim 128 are not priced.
 //   kernels     the functor's bytes (ops::Traffic) at the stream bandwidth when the
@@ -99,10 +101,7 @@ class Pricer {
 
 /// Multiply-adds of tessera's portable flash kernel for one attention call (see above).
 inline double flash_kernel_fmas(const trace::Attention& a) {
-  const auto& s = a.shape;
-  const double pairs = static_cast<double>(s.batch) * static_cast<double>(s.n_heads) * static_cast<double>(s.seq_len) *
-                       static_cast<double>(s.seq_len + 1) / 2;
-  return pairs * static_cast<double>(s.head_dim) * (a.backward ? 7.0 : 2.0);
+  return a.shape.pairs() * static_cast<double>(a.shape.head_dim) * (a.backward ? 7.0 : 2.0);
 }
 
 /// Bytes a GEMM must move at least: A and B read once, C written (and read when accumulating).
@@ -219,6 +218,10 @@ class GpuPricer : public Pricer {
   double work(const trace::Attention& a) const {
     if (attention_ == AttentionKernel::cudnn && a.dtype == DType::bf16)
       if (const AttentionRates* r = m_.cudnn_attention_rates(a.shape.head_dim)) {
+        // The curves were measured causal. A full call (a context-parallel block off the
+        // diagonal) takes its own FLOPs, all T^2 pairs (a.flops()), at the causal rate for
+        // the same seq_len: conservative, as a block without a mask runs at least as
+        // efficiently as a causal one (no diagonal tiles to mask).
         const double tflops = (a.backward ? r->backward : r->forward).at(static_cast<double>(a.shape.seq_len));
         return a.flops() / (tflops * 1e12);
       }

@@ -30,7 +30,8 @@
 //   [attention.cudnn_bf16_hd<D>_forward], [attention.cudnn_bf16_hd<D>_backward]
 //                             optional: cuDNN's causal flash attention in bf16 at head
 //                             dim D, points = [[seq_len, tflops], ...] (FLOPs counted as
-//                             trace::Attention counts them: causal pairs only); each head
+//                             trace::Attention counts them: causal pairs only; a full call
+//                             is priced at the same rate, plan/cost.hpp); each head
 //                             dim given both ways. Without them a step that would run
 //                             cuDNN's attention is priced on tessera's own kernel, and
 //                             llama-plan says so

@@ -1,10 +1,10 @@
-// Causal grouped-query attention on the CPU, in blocks of query rows.
+// Grouped-query attention on the CPU, causal or full, in blocks of query rows.
 //
 // Layout: q and o are (B*T, H*hd), k and v are (B*T, KV*hd), row-major; head h reads
-// kv head h / (H/KV). Queries are taken kBlock rows at a time: block [i0, i1) needs
-// keys [0, i1) only, so the scores are a (i1 - i0, i1) GEMM -- the causal half of the
-// (T, T) product, in a tile that stays in cache -- followed by the row softmax and a
-// second GEMM against V. Forward keeps o and the per-row log-sum-exp lse (B, H, T);
+// kv head h / (H/KV). Queries are taken kBlock rows at a time: causal, block [i0, i1)
+// needs keys [0, i1) only, so the scores are a (i1 - i0, i1) GEMM -- the causal half of
+// the (T, T) product, in a tile that stays in cache -- followed by the row softmax and a
+// second GEMM against V; full, every block takes every key. Forward keeps o and the per-row log-sum-exp lse (B, H, T);
 // backward recomputes each block's probabilities from q, k and lse, so no (T, T)
 // matrix is ever held. One task per (batch, head) forward and per (batch, kv head)
 // backward, the q heads of a group writing the same dk, dv in a fixed order.
@@ -64,13 +64,14 @@ void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, Tenso
     std::vector<T> p(std::is_same_v<T, A> ? 0 : static_cast<std::size_t>(bs * t));
     for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
       const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
-      TensorView<A> sv(scores.data(), Shape{rows, i1});
-      Cpu::gemm(Trans::no, Trans::yes, A(1), head_rows(q, b * t + i0, rows, h, hd), head_rows(k, b * t, i1, kvh, hd),
+      const std::int64_t keys = s.causal ? i1 : t, offset = s.causal ? i0 : t;  // offset t: every key visible
+      TensorView<A> sv(scores.data(), Shape{rows, keys});
+      Cpu::gemm(Trans::no, Trans::yes, A(1), head_rows(q, b * t + i0, rows, h, hd), head_rows(k, b * t, keys, kvh, hd),
                 A(0), sv);
-      ops::CausalSoftmaxForward<A> softmax{scores.data(), i1, i1, i0, scale, lse + bh * t + i0};
+      ops::CausalSoftmaxForward<A> softmax{scores.data(), keys, keys, offset, scale, lse + bh * t + i0};
       for (std::int64_t r = 0; r < rows; ++r) softmax(r);
-      Cpu::gemm(Trans::no, Trans::no, A(1), as_operand<T>(scores, p, rows, i1), head_rows(v, b * t, i1, kvh, hd), A(0),
-                head_rows(o, b * t + i0, rows, h, hd));
+      Cpu::gemm(Trans::no, Trans::no, A(1), as_operand<T>(scores, p, rows, keys), head_rows(v, b * t, keys, kvh, hd),
+                A(0), head_rows(o, b * t + i0, rows, h, hd));
     }
   });
 }
@@ -98,25 +99,26 @@ void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, Tens
       const std::int64_t bh = b * s.n_heads + h;
       for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
         const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
-        TensorView<A> pv(p.data(), Shape{rows, i1}), dpv(dp.data(), Shape{rows, i1});
+        const std::int64_t keys = s.causal ? i1 : t, offset = s.causal ? i0 : t;  // offset t: every key visible
+        TensorView<A> pv(p.data(), Shape{rows, keys}), dpv(dp.data(), Shape{rows, keys});
         const auto qb = head_rows(q, b * t + i0, rows, h, hd), dob = head_rows(d_o, b * t + i0, rows, h, hd);
         const auto ob = head_rows(o, b * t + i0, rows, h, hd);
-        const auto kp = head_rows(k, b * t, i1, kvh, hd), vp = head_rows(v, b * t, i1, kvh, hd);
+        const auto kp = head_rows(k, b * t, keys, kvh, hd), vp = head_rows(v, b * t, keys, kvh, hd);
         Cpu::gemm(Trans::no, Trans::yes, A(1), qb, kp, A(0), pv);  // S = Q K^T
-        ops::CausalSoftmaxRecompute<A> recompute{p.data(), i1, i1, i0, scale, lse + bh * t + i0};
+        ops::CausalSoftmaxRecompute<A> recompute{p.data(), keys, keys, offset, scale, lse + bh * t + i0};
         ops::RowDot<T> rowdot{dob.data(), dob.ld(), ob.data(), ob.ld(), hd, d.data()};
         for (std::int64_t r = 0; r < rows; ++r) {
           recompute(r);
           rowdot(r);
         }
-        const TensorView<const T> p_operand = as_operand<T>(p, p_store, rows, i1);
-        Cpu::gemm(Trans::yes, Trans::no, A(1), p_operand, dob, A(1), head_rows(dv, b * t, i1, kvh, hd));  // dV += P^T dO
-        Cpu::gemm(Trans::no, Trans::yes, A(1), dob, vp, A(0), dpv);                                     // dP = dO V^T
-        ops::CausalSoftmaxBackward<A> softmax_back{p.data(), i1, dp.data(), i1, d.data(), i1, i0, scale};
+        const TensorView<const T> p_operand = as_operand<T>(p, p_store, rows, keys);
+        Cpu::gemm(Trans::yes, Trans::no, A(1), p_operand, dob, A(1), head_rows(dv, b * t, keys, kvh, hd));  // dV += P^T dO
+        Cpu::gemm(Trans::no, Trans::yes, A(1), dob, vp, A(0), dpv);  // dP = dO V^T
+        ops::CausalSoftmaxBackward<A> softmax_back{p.data(), keys, dp.data(), keys, d.data(), keys, offset, scale};
         for (std::int64_t r = 0; r < rows; ++r) softmax_back(r);
-        const TensorView<const T> ds = as_operand<T>(dp, ds_store, rows, i1);
-        Cpu::gemm(Trans::no, Trans::no, A(1), ds, kp, A(0), head_rows(dq, b * t + i0, rows, h, hd));   // dQ = dS K
-        Cpu::gemm(Trans::yes, Trans::no, A(1), ds, qb, A(1), head_rows(dk, b * t, i1, kvh, hd));       // dK += dS^T Q
+        const TensorView<const T> ds = as_operand<T>(dp, ds_store, rows, keys);
+        Cpu::gemm(Trans::no, Trans::no, A(1), ds, kp, A(0), head_rows(dq, b * t + i0, rows, h, hd));  // dQ = dS K
+        Cpu::gemm(Trans::yes, Trans::no, A(1), ds, qb, A(1), head_rows(dk, b * t, keys, kvh, hd));     // dK += dS^T Q
       }
     }
   });

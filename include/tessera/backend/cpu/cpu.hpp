@@ -191,7 +191,7 @@ struct Cpu {
     }
   }
 
-  /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T).
+  /// Grouped-query attention forward, causal or full (s.causal): o (B*T, H*hd) and lse (B, H, T).
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {

@@ -10,9 +10,12 @@
 // project's kernels (cuDNN's SDPA has no fp32 path).
 //
 // The engine's contract is the backend's: q, o (B*T, H*hd), k, v (B*T, KV*hd), row-major
-// with an ld each; causal; head h reads kv head h / (H/KV); scale 1/sqrt(hd); lse
-// (B, H, T) fp32, the natural-log log-sum-exp of the scaled scores; the backward
-// overwrites dq, dk and dv. An engine throws a tessera::Error naming itself and the
+// with an ld each; causal, or no mask when shape.causal is false; head h reads kv head
+// h / (H/KV); scale 1/sqrt(hd); lse (B, H, T) fp32, the natural-log log-sum-exp of the
+// scaled scores; the backward overwrites dq, dk and dv. The backward takes the o and lse
+// it is given, which need not be its own forward's: a context-parallel block is given
+// the merged attention's, and P = exp(S - lse), D = rowsum(dO * O) of those are its share
+// of the gradients. An engine throws a tessera::Error naming itself and the
 // shape when it cannot run a call.
 //
 // Host C++ only (g++ compiles it): the engine's own translation unit includes it.

@@ -178,9 +178,9 @@ struct Cuda {
     cuda::gemm_float8<C>(a, b, beta, c, fast_accumulation);
   }
 
-  /// Causal grouped-query attention forward: o (B*T, H*hd) and lse (B, H, T) in
-  /// accum_t<T> (float for float and bf16 tensors). bf16 runs on the installed
-  /// attention engine when there is one (cuda::attention_engine()).
+  /// Grouped-query attention forward, causal or full (s.causal): o (B*T, H*hd) and lse
+  /// (B, H, T) in accum_t<T> (float for float and bf16 tensors). bf16 runs on the
+  /// installed attention engine when there is one (cuda::attention_engine()).
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {

@@ -12,13 +12,14 @@
 // reason if it refuses them; set_attention_engine(cudnn_attention_engine(...)) makes
 // Cuda::attention_forward/backward<bf16> run through cuDNN (attention_engine.hpp).
 //
-// What runs: causal (top-left diagonal) grouped-query SDPA, bf16 in and out, fp32
-// softmax and statistics, scale 1/sqrt(hd). Q, K, V, O and their gradients are read and
+// What runs: grouped-query SDPA, causal (top-left diagonal) or, for a full call
+// (AttentionShape::causal false: a context-parallel block off the diagonal), without a
+// mask; bf16 in and out, fp32 softmax and statistics, scale 1/sqrt(hd). Q, K, V, O and their gradients are read and
 // written in the model's own (B*T, heads*hd) layouts through strides, with no permute
 // copies; the forward's Stats output is the (B, H, T) log-sum-exp the backend's
 // contract names (natural log, of the scaled scores: the project's convention), and
 // the backward overwrites dQ, dK and dV. Graphs are built once per (device, direction,
-// deterministic, B, T, H, KV, hd, every operand's ld) and cached; each device has one
+// deterministic, B, T, H, KV, hd, causal, every operand's ld) and cached; each device has one
 // cudnnHandle and one workspace from its caching allocator that grows to the largest
 // graph's need and is kept. Calls on one device are serialised by a mutex (thread ranks
 // sharing a GPU); all work goes to the stream each call names.
@@ -44,8 +45,8 @@ struct CudnnAvailability {
 };
 CudnnAvailability cudnn_availability();
 
-/// Builds (and caches) the forward and backward graphs of `shape` with packed operands
-/// (ld = heads * hd) on the current device. Empty when cuDNN runs them, else cuDNN's
+/// Builds (and caches) the forward and backward graphs of `shape` (its mask included)
+/// with packed operands (ld = heads * hd) on the current device. Empty when cuDNN runs them, else cuDNN's
 /// reason. Needs cudnn_availability().ok.
 std::string cudnn_attention_support(const AttentionShape& shape, bool deterministic_backward);
 

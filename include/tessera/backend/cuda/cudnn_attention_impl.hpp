@@ -11,8 +11,9 @@
 // with strides {T*ld, hd, ld, 1} (the BSHD layout): Q, K, V, O, dO, dQ, dK and dV are
 // declared that way and bound to the tensors' own pointers. Stats is {B, H, T, 1} fp32
 // with strides {H*T, T, 1, 1}: the lse array. K and V (and dK, dV) have KV heads; cuDNN
-// reduces the group's gradients itself. The mask is causal with top-left alignment
-// (query i sees keys 0..i), the scale 1/sqrt(hd).
+// reduces the group's gradients itself. A causal call (AttentionShape::causal) has the
+// causal mask with top-left alignment (query i sees keys 0..i); a full one has no mask.
+// The scale is 1/sqrt(hd).
 #pragma once
 
 #include <cmath>
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,8 +75,8 @@ namespace detail {
 namespace fe = cudnn_frontend;
 
 inline std::string cudnn_shape_text(const AttentionShape& s) {
-  return tessera::detail::concat("batch ", s.batch, ", seq ", s.seq_len, ", ", s.n_heads, " heads (", s.n_kv_heads, " kv), head dim ",
-                s.head_dim);
+  return tessera::detail::concat("batch ", s.batch, ", seq ", s.seq_len, ", ", s.n_heads, " heads (", s.n_kv_heads,
+                                 " kv), head dim ", s.head_dim, s.causal ? "" : ", full");
 }
 
 /// "9.19.0" from cudnnGetVersion()'s 91900.
@@ -121,9 +123,20 @@ enum class Direction : std::int64_t { forward = 0, backward = 1 };
 // Tensor uids in the graphs.
 enum : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
-/// What a graph is built for: direction, deterministic, B, T, H, KV, hd, then the lds
-/// of q, k, v, o (forward) and of q, k, v, o, dO, dq, dk, dv (backward).
+/// What a graph is built for: direction, deterministic, B, T, H, KV, hd, causal, then
+/// the lds of q, k, v, o (forward) and of q, k, v, o, dO, dq, dk, dv (backward).
 using GraphKey = std::vector<std::int64_t>;
+
+/// Where the lds start in a GraphKey.
+inline constexpr std::size_t kKeyLds = 8;
+
+inline GraphKey graph_key(Direction dir, bool deterministic, const AttentionShape& s,
+                          std::initializer_list<std::int64_t> lds) {
+  GraphKey key{static_cast<std::int64_t>(dir), deterministic ? 1 : 0, s.batch, s.seq_len, s.n_heads, s.n_kv_heads,
+               s.head_dim, s.causal ? 1 : 0};
+  key.insert(key.end(), lds);
+  return key;
+}
 
 /// One device's cuDNN state, created on first use and never destroyed (a handle or a
 /// workspace freed during the process's exit could outlive the runtime).
@@ -177,22 +190,26 @@ inline std::vector<std::int64_t> stats_stride(const AttentionShape& s) {
 
 inline float cudnn_scale(const AttentionShape& s) { return 1.0f / std::sqrt(static_cast<float>(s.head_dim)); }
 
+/// The mask: causal (top-left: query i sees keys 0..i) when s.causal, else none.
+template <class Attributes>
+void set_mask(Attributes& options, const AttentionShape& s) {
+  if (s.causal)
+    options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+}
+
 /// The forward graph for the key's lds: o and Stats from q, k, v.
 inline std::shared_ptr<fe::graph::Graph> make_forward_graph(const AttentionShape& s, const GraphKey& key) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const std::int64_t* ld = key.data() + 7;  // q, k, v, o
+  const std::int64_t* ld = key.data() + kKeyLds;  // q, k, v, o
   auto q = bshd(*g, "Q", kQ, s, s.n_heads, ld[0]);
   auto k = bshd(*g, "K", kK, s, s.n_kv_heads, ld[1]);
   auto v = bshd(*g, "V", kV, s, s.n_kv_heads, ld[2]);
-  auto options = fe::graph::SDPA_attributes()
-                     .set_name("tessera_sdpa")
-                     .set_generate_stats(true)
-                     .set_attn_scale(cudnn_scale(s))
-                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                     .set_diagonal_band_right_bound(0);
+  auto options =
+      fe::graph::SDPA_attributes().set_name("tessera_sdpa").set_generate_stats(true).set_attn_scale(cudnn_scale(s));
+  set_mask(options, s);
   auto [o, stats] = g->sdpa(q, k, v, options);
   set_bshd(*o, kO, s, s.n_heads, ld[3]);
   stats->set_output(true)
@@ -210,7 +227,7 @@ inline std::shared_ptr<fe::graph::Graph> make_backward_graph(const AttentionShap
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const std::int64_t* ld = key.data() + 7;  // q, k, v, o, dO, dq, dk, dv
+  const std::int64_t* ld = key.data() + kKeyLds;  // q, k, v, o, dO, dq, dk, dv
   auto q = bshd(*g, "Q", kQ, s, s.n_heads, ld[0]);
   auto k = bshd(*g, "K", kK, s, s.n_kv_heads, ld[1]);
   auto v = bshd(*g, "V", kV, s, s.n_kv_heads, ld[2]);
@@ -225,9 +242,8 @@ inline std::shared_ptr<fe::graph::Graph> make_backward_graph(const AttentionShap
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("tessera_sdpa_backward")
                      .set_attn_scale(cudnn_scale(s))
-                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                     .set_diagonal_band_right_bound(0)
                      .set_deterministic_algorithm(deterministic);
+  set_mask(options, s);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
   set_bshd(*dq, kDQ, s, s.n_heads, ld[5]);
   set_bshd(*dk, kDK, s, s.n_kv_heads, ld[6]);
@@ -299,8 +315,7 @@ inline void cudnn_forward(const AttentionForwardCall& c) {
   cudnn_guard(s, "forward", [&] {
     CudnnDevice& dev = cudnn_device(c.device);
     std::lock_guard<std::mutex> lock(dev.mutex);
-    const GraphKey key{static_cast<std::int64_t>(Direction::forward), 0, s.batch, s.seq_len, s.n_heads,
-                       s.n_kv_heads, s.head_dim, c.q.ld(), c.k.ld(), c.v.ld(), c.o.ld()};
+    const GraphKey key = graph_key(Direction::forward, false, s, {c.q.ld(), c.k.ld(), c.v.ld(), c.o.ld()});
     fe::graph::Graph& g = cudnn_graph(dev, s, key);
     std::unordered_map<std::int64_t, void*> pack{{kQ, const_cast<bf16*>(c.q.data())},
                                                  {kK, const_cast<bf16*>(c.k.data())},
@@ -319,21 +334,9 @@ void cudnn_backward(const AttentionBackwardCall& c) {
   cudnn_guard(s, "backward", [&] {
     CudnnDevice& dev = cudnn_device(c.device);
     std::lock_guard<std::mutex> lock(dev.mutex);
-    const GraphKey key{static_cast<std::int64_t>(Direction::backward),
-                       deterministic ? 1 : 0,
-                       s.batch,
-                       s.seq_len,
-                       s.n_heads,
-                       s.n_kv_heads,
-                       s.head_dim,
-                       c.q.ld(),
-                       c.k.ld(),
-                       c.v.ld(),
-                       c.o.ld(),
-                       c.d_o.ld(),
-                       c.dq.ld(),
-                       c.dk.ld(),
-                       c.dv.ld()};
+    const GraphKey key =
+        graph_key(Direction::backward, deterministic, s,
+                  {c.q.ld(), c.k.ld(), c.v.ld(), c.o.ld(), c.d_o.ld(), c.dq.ld(), c.dk.ld(), c.dv.ld()});
     fe::graph::Graph& g = cudnn_graph(dev, s, key);
     std::unordered_map<std::int64_t, void*> pack{{kQ, const_cast<bf16*>(c.q.data())},
                                                  {kK, const_cast<bf16*>(c.k.data())},
@@ -371,9 +374,9 @@ std::string cudnn_attention_support(const AttentionShape& s, bool deterministic_
     detail::CudnnDevice& dev = detail::cudnn_device(device);
     std::lock_guard<std::mutex> lock(dev.mutex);
     const std::int64_t ldq = s.n_heads * s.head_dim, ldk = s.n_kv_heads * s.head_dim;
-    const detail::GraphKey forward{0, 0, s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim, ldq, ldk, ldk, ldq};
-    const detail::GraphKey backward{1,   deterministic_backward ? 1 : 0, s.batch, s.seq_len, s.n_heads, s.n_kv_heads,
-                                    s.head_dim, ldq, ldk, ldk, ldq, ldq, ldq, ldk, ldk};
+    const detail::GraphKey forward = detail::graph_key(detail::Direction::forward, false, s, {ldq, ldk, ldk, ldq});
+    const detail::GraphKey backward = detail::graph_key(detail::Direction::backward, deterministic_backward, s,
+                                                        {ldq, ldk, ldk, ldq, ldq, ldq, ldk, ldk});
     detail::cudnn_graph(dev, s, forward);
     detail::cudnn_graph(dev, s, backward);
   } catch (const std::exception& e) {

@@ -1,23 +1,25 @@
-// Causal grouped-query flash attention on CUDA: the portable kernels (any sm_80+),
-// built from the row functors of ops/flash_attention.hpp.
+// Grouped-query flash attention on CUDA, causal or full: the portable kernels (any
+// sm_80+), built from the row functors of ops/flash_attention.hpp.
 //
 // Layout and semantics as the CPU backend's: q, o (B*T, H*hd), k, v (B*T, KV*hd),
 // row-major with an ld each; lse (B, H, T) in float; dq overwritten, dk and dv added into.
+// AttentionShape::causal picks the mask: a full call (no mask) walks every tile; the
+// causal path is the same code with its bounds (a kernel argument, uniform over a block).
 //
 // Forward: one thread per query row, a block of kFlashBlockRows (64) consecutive rows of
 // one (batch, head). The block walks the key tiles below its last query -- tiles wholly
-// above the causal diagonal are never loaded -- staging each tile's K and V rows into
-// shared memory as float with every thread of the block, then each thread runs
-// FlashForwardRow::update on the shared tile (threads read the same shared row at the
-// same time: broadcasts, no bank conflicts).
+// above the causal diagonal are never loaded; full, it walks them all -- staging each
+// tile's K and V rows into shared memory as float with every thread of the block, then
+// each thread runs FlashForwardRow::update on the shared tile (threads read the same
+// shared row at the same time: broadcasts, no bank conflicts).
 //
 // Backward: a FlashDelta pass (D = dO . O per row and head, into the caller's
 // workspace), then two passes with no atomics. The key pass runs one thread per key row
 // (a block of 64 keys of one (batch, kv head)); it walks, for every q head of the group,
-// the query tiles from the block's first key on, staged as Q, dO, lse and D, and adds
-// its dk, dv rows into the outputs once at the end. The query pass runs one thread per
-// query row over key tiles as the forward does and overwrites dq. Every output row has
-// one owner summing in a fixed order: results are deterministic.
+// the query tiles from the block's first key on (full: from the first query), staged as
+// Q, dO, lse and D, and adds its dk, dv rows into the outputs once at the end. The query
+// pass runs one thread per query row over key tiles as the forward does and overwrites
+// dq. Every output row has one owner summing in a fixed order: results are deterministic.
 //
 // Tiles are 64 rows at head dims up to 64 and 32 at 128, so two float tiles take at most 32 KiB of
 // static shared memory either way. Tiles are loaded with 16-byte vector loads when the
@@ -121,6 +123,7 @@ struct FlashArgs {
   const float* delta;  // (B, H, T): D = dO . O
   std::int64_t batch, seq_len, n_heads, n_kv_heads;
   float scale;
+  bool causal;  // false: no mask, every tile visited
   bool vector_loads;
 };
 
@@ -141,13 +144,14 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_query_kernel(FlashArgs<
 
   std::conditional_t<backward, ops::FlashBackwardQueryRow<T, HD>, ops::FlashForwardRow<T, HD>> row;
   if (active) {
+    const std::int64_t last_key = ops::detail::flash_last_key(a.causal, i, t);
     if constexpr (backward)
       row.start(a.q + (base + i) * a.ldq + h * HD, a.d_o + (base + i) * a.lddo + h * HD, a.lse[bh * t + i],
-                a.delta[bh * t + i], i, a.scale);
+                a.delta[bh * t + i], last_key, a.scale);
     else
-      row.start(a.q + (base + i) * a.ldq + h * HD, i, a.scale);
+      row.start(a.q + (base + i) * a.ldq + h * HD, last_key, a.scale);
   }
-  const std::int64_t key_end = flash_min(t, i0 + kFlashBlockRows);  // keys the block's queries see
+  const std::int64_t key_end = a.causal ? flash_min(t, i0 + kFlashBlockRows) : t;  // keys the block's queries see
   for (std::int64_t key0 = 0; key0 < key_end; key0 += kTile) {
     const int n = static_cast<int>(flash_min(kTile, t - key0));
     __syncthreads();  // the previous tile has been read by every thread
@@ -178,10 +182,13 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_backward_key_kernel(Fla
   const bool active = j < t;
 
   ops::FlashBackwardKeyRow<T, HD> row;
-  if (active) row.start(a.k + (base + j) * a.ldk + kvh * HD, a.v + (base + j) * a.ldv + kvh * HD, j, a.scale);
+  if (active)
+    row.start(a.k + (base + j) * a.ldk + kvh * HD, a.v + (base + j) * a.ldv + kvh * HD,
+              ops::detail::flash_first_query_of(a.causal, j), a.scale);
+  const std::int64_t query_begin = a.causal ? j0 : 0;  // queries the block's keys are seen by
   for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     const std::int64_t bh = b * a.n_heads + h;
-    for (std::int64_t query0 = j0; query0 < t; query0 += kTile) {  // queries the block's keys are seen by
+    for (std::int64_t query0 = query_begin; query0 < t; query0 += kTile) {
       const int n = static_cast<int>(flash_min(kTile, t - query0));
       __syncthreads();
       flash_stage<T, HD, kTile>(qs, a.q + (base + query0) * a.ldq + h * HD, a.ldq, n, a.vector_loads);
@@ -233,6 +240,7 @@ void flash_attention_forward(const AttentionShape& s, TensorView<const T> q, Ten
     a.out = o.data(), a.ldout = o.ld(), a.lse_out = lse;
     a.batch = s.batch, a.seq_len = s.seq_len, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads;
     a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    a.causal = s.causal;
     a.vector_loads = detail::flash_vector_loadable(k) && detail::flash_vector_loadable(v);
     const unsigned grid = detail::flash_grid(s.seq_len, s.batch * s.n_heads, "forward");
     ops::with_flash_head_dim(s.head_dim, [&]<int HD>() {
@@ -265,6 +273,7 @@ void flash_attention_backward(const AttentionShape& s, TensorView<const T> q, Te
     a.lse = lse, a.delta = delta;
     a.batch = s.batch, a.seq_len = s.seq_len, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads;
     a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    a.causal = s.causal;
     a.vector_loads = detail::flash_vector_loadable(q) && detail::flash_vector_loadable(k) &&
                      detail::flash_vector_loadable(v) && detail::flash_vector_loadable(d_o);
     const unsigned key_grid = detail::flash_grid(s.seq_len, s.batch * s.n_kv_heads, "backward key pass");

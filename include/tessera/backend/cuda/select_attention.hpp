@@ -22,10 +22,12 @@ namespace tessera::cuda {
 /// Decides training.attention = `requested` for a model whose one-rank attention call
 /// is `shape` (heads already divided by tensor parallelism, one micro-batch), in bf16 or
 /// not, on the current device, and installs the choice (cuDNN's engine, or none: the
-/// project's flash kernels). Returns the decision and its start-up text; a "cudnn" that
-/// cannot run throws, naming the key and the reason.
+/// project's flash kernels). `full_blocks`: the run also calls `shape` without a mask
+/// (context parallelism's blocks off the diagonal), so cuDNN is asked about those graphs
+/// too. Returns the decision and its start-up text; a "cudnn" that cannot run throws,
+/// naming the key and the reason.
 inline AttentionChoice select_attention(const std::string& requested, bool bf16_model, const AttentionShape& shape,
-                                             bool deterministic) {
+                                        bool deterministic, bool full_blocks = false) {
   AttentionFacts f;
   f.on_gpu = true;
   f.bf16_model = bf16_model;
@@ -42,8 +44,15 @@ inline AttentionChoice select_attention(const std::string& requested, bool bf16_
     f.library_error = lib.why_not;
   }
   // cuDNN's own word: the graphs of the shape, built now and kept for the first step.
-  const AttentionChoice choice =
-      choose_attention(requested, f, [&] { return cuda::cudnn_attention_support(shape, deterministic); });
+  const AttentionChoice choice = choose_attention(requested, f, [&] {
+    std::string why = cuda::cudnn_attention_support(shape, deterministic);
+    if (why.empty() && full_blocks) {
+      AttentionShape full = shape;
+      full.causal = false;
+      why = cuda::cudnn_attention_support(full, deterministic);
+    }
+    return why;
+  });
   cuda::set_attention_engine(choice.cudnn ? cuda::cudnn_attention_engine(deterministic) : nullptr);
   return choice;
 }
