@@ -280,9 +280,7 @@ train::JobConfig job(const Options& o, const Layout& l, const AcMode& ac) {
 
 /// The mesh the job's [parallelism] degrees describe on the 8 ranks.
 comm::MeshShape mesh_of(const train::JobConfig& c) {
-  const auto& p = c.parallelism;
-  return comm::mesh_shape(kRanks, p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                          p.tensor_parallel_degree, p.pipeline_parallel_degree);
+  return train::mesh_shape(c, kRanks);
 }
 
 /// Stages per pipeline rank, as the model places them (2 for the interleaved schedules).

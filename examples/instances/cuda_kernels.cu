@@ -13,6 +13,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/ops/adamw.hpp"
+#include "tessera/ops/attention_merge.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/embedding.hpp"
@@ -70,6 +71,8 @@ namespace tessera {
   TESSERA_LAUNCH_OP(ops::QuantizeFloat8<T, float8_e4m3>)                                                              \
   TESSERA_LAUNCH_OP(ops::QuantizeFloat8<T, float8_e5m2>)                                                              \
   TESSERA_LAUNCH_OP(ops::Float8GemmScale<T>)                                                                          \
+  TESSERA_LAUNCH_OP(ops::MergeAttention<T>)                                                                           \
+  TESSERA_LAUNCH_OP(ops::AccumulateInto<T>)                                                                           \
   template void cuda::flash_attention_forward(const AttentionShape&, TensorView<const T>, TensorView<const T>,        \
                                               TensorView<const T>, TensorView<T>, float*, cudaStream_t);              \
   template void cuda::flash_attention_backward(const AttentionShape&, TensorView<const T>, TensorView<const T>,       \

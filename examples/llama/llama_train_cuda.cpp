@@ -65,14 +65,16 @@ std::string setup_cuda_allocator(const train::JobConfig& c) {
 
 std::string setup_cuda_attention(const train::JobConfig& c) {
   const nn::ModelArgs& a = c.model.args;
-  // One rank's attention call: heads split by tensor parallelism, one micro-batch.
-  const std::int64_t tp = c.parallelism.tensor_parallel_degree;
+  // One rank's attention call: heads split by tensor parallelism, one micro-batch;
+  // under context parallelism a block of one chunk a sequence, causal and full
+  // (parallel/context_parallel.hpp).
+  const std::int64_t tp = c.parallelism.tensor_parallel_degree, cp = c.parallelism.context_parallel_degree;
   const std::int64_t batch = c.parallelism.pipeline_parallel_degree > 1 ? c.parallelism.pipeline_parallel_microbatch_size
                                                                         : c.training.local_batch_size;
-  const AttentionShape s{batch, c.training.seq_len, a.n_heads / tp, std::max<std::int64_t>(1, a.kv_heads() / tp),
-                         a.head_dim()};
+  const std::int64_t length = cp > 1 ? c.training.seq_len / (2 * cp) : c.training.seq_len;
+  const AttentionShape s{batch, length, a.n_heads / tp, std::max<std::int64_t>(1, a.kv_heads() / tp), a.head_dim()};
   return cuda::select_attention(c.training.attention, c.training.mixed_precision_param == "bfloat16", s,
-                                      c.training.deterministic)
+                                c.training.deterministic, cp > 1)
       .text;
 }
 

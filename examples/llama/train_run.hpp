@@ -124,10 +124,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   const train::JobConfig& c = *in.config;
   const bool lead = world.rank() == 0;  // rank 0 writes the files and the metrics
   // The same checks on every rank, before any collective: a bad layout fails alike everywhere.
-  const auto& p = c.parallelism;
-  const comm::MeshShape shape = comm::mesh_shape(world.size(), p.data_parallel_replicate_degree,
-                                                 p.data_parallel_shard_degree, p.tensor_parallel_degree,
-                                                 p.pipeline_parallel_degree);
+  const comm::MeshShape shape = train::mesh_shape(c, world.size());
   const std::int64_t dp = shape.dp(), local = c.training.local_batch_size;
   const std::int64_t global = c.training.global_batch_size > 0 ? c.training.global_batch_size : local * dp;
   TESSERA_CHECK(global % (local * dp) == 0, "training.global_batch_size (", global,

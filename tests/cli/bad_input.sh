@@ -57,6 +57,12 @@ expect_error "an unknown float8 recipe" "float8.recipe_name must be one of tenso
   "$train" "${small[@]}" --model.converters float8 --float8.recipe_name blockwise
 expect_error "a graphed step over two ranks" "training.cuda_graph: a graph is one rank's work and this layout has 2 ranks" \
   "$train" "${small[@]}" --thread-ranks 2 --training.cuda_graph true
+expect_error "a seq_len context parallelism cannot balance" \
+  "training.seq_len = 16 does not split into 2 x parallelism.context_parallel_degree = 6 equal chunks" \
+  "$train" "${small[@]}" --thread-ranks 3 --parallelism.context_parallel_degree 3
+expect_error "a context-parallel degree the ranks do not hold" \
+  "context_parallel_degree 4 = 4 does not divide the world size 2" \
+  "$train" "${small[@]}" --thread-ranks 2 --parallelism.context_parallel_degree 4
 # Asking for the GPU where none can be used: without a device (or a build without CUDA)
 # the error names the key; on a machine with a GPU this run would train, so it is skipped there.
 if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L > /dev/null 2>&1; then

@@ -165,6 +165,10 @@ train_run threads_fsdp2_tp2_pp2 "$train" --thread-ranks 8 --training.local_batch
   --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B \
   && check_parity threads_fsdp2_tp2_pp2 && check_pipeline_header threads_fsdp2_tp2_pp2 Interleaved1F1B
+# Context parallel 2 on two thread ranks: both read the whole batch of 4, each holds two
+# of the four chunks of every sequence; held to NCCL's rules.
+train_run threads_cp2 "$train" --thread-ranks 2 --training.local_batch_size 4 --comm.check_nccl_semantics true \
+  --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 && check_parity threads_cp2
 if [ "$mpirun" != none ]; then
   # Two processes (FSDP 2), two sequences each.
   train_run mpi2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 2 && check_parity mpi2
@@ -175,6 +179,10 @@ if [ "$mpirun" != none ]; then
   # Two processes as tensor parallel 2, each reading the whole batch of 4, held to NCCL's rules.
   train_run mpi2_tp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
     --parallelism.tensor_parallel_degree 2 --comm.check_nccl_semantics true && check_parity mpi2_tp2
+  # Two processes as context parallel 2, each reading the whole batch of 4, held to NCCL's rules.
+  train_run mpi2_cp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
+    --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 \
+    --comm.check_nccl_semantics true && check_parity mpi2_cp2
   # Two processes as pipeline parallel 2 (GPipe), two microbatches of two sequences,
   # held to NCCL's rules.
   train_run mpi2_pp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 --comm.check_nccl_semantics true \
@@ -281,8 +289,9 @@ ac_zero=(--activation_checkpoint.mode selective --activation_checkpoint.selectiv
 on_every_launch "selective_ac_option 0" \
   'activation_checkpoint.selective_ac_option must be "op" or a positive integer, got "0"' \
   "${ac_zero[@]}" -- "${ac_zero[@]}" -- "${ac_zero[@]}"
-cp=(--parallelism.context_parallel_degree 2)
-on_every_launch "context_parallel_degree 2" "parallelism.context_parallel_degree = 2: not available in this build" \
+cp=(--parallelism.context_parallel_degree 2 --training.seq_len 30)
+on_every_launch "context parallel 2 over a seq_len of 30" \
+  "training.seq_len = 30 does not split into 2 x parallelism.context_parallel_degree = 4 equal chunks" \
   "${cp[@]}" -- "${cp[@]}" -- "${cp[@]}"
 # Tensor parallelism the model cannot take, refused on every rank before any file is written.
 expect_error one "tensor_parallel_degree 3 on 3 thread ranks (16 heads)" \

@@ -580,6 +580,11 @@ TEST_CASE("Virtual ranks on one GPU: FSDP, TP, PP and FSDP x TP give one rank's 
   check_virtual_ranks("FSDP 2 x TP 2", {1, 1, 2, 2}, {});
 }
 
+TEST_CASE("Virtual ranks on one GPU: context parallelism (the ring's full blocks on the device) gives one rank's losses") {
+  check_virtual_ranks("CP 2", {1, 1, 1, 1, 2}, {});
+  check_virtual_ranks("CP 2 x FSDP 2, full checkpointing", {1, 1, 2, 1, 2}, test::kAcModes[1].keys);
+}
+
 TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {
   test::TempDir dir("tessera_gpu_model");
   const train::JobConfig c = small_job();

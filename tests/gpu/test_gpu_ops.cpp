@@ -957,7 +957,7 @@ void check_rope(const RopeCase& rc, std::uint32_t seed) {
   f.ld = ld;
   f.n_heads = heads;
   f.head_dim = rc.head_dim;
-  f.seq_len = seq;
+  f.positions = seq;
   f.inverse = rc.inverse;
 
   std::vector<T> x_cpu = x;

@@ -1,6 +1,6 @@
 // Parity across processes: the thread-rank parity matrices (tests/parallel: tensor
-// parallelism, every pipeline schedule on 2 and 4 ranks, uneven stage splits, their
-// compositions with FSDP and HSDP, and each data-parallel sharding, the checkpoint modes
+// parallelism, every pipeline schedule on 2 and 4 ranks, uneven stage splits, context
+// parallelism, their compositions with FSDP and HSDP, and each data-parallel sharding, the checkpoint modes
 // dealt over them) run over MPI ranks, all of it in one launch of 8 processes.
 //
 // Each layout (a mesh shape, a schedule, a checkpoint mode) trains the parity model in
@@ -297,7 +297,7 @@ constexpr const char* kSchedules[] = {"GPipe", "1F1B", "Interleaved1F1B", "Inter
 
 }  // namespace
 
-TEST_CASE("parity over MPI: tensor and pipeline parallelism, every schedule, and their compositions") {
+TEST_CASE("parity over MPI: tensor, pipeline and context parallelism, every schedule, and their compositions") {
   std::vector<Layout> matrix = {
       {"TP 2", {1, 1, 1, 2}, {}, {}},
       {"TP 4, checkpoint full", {1, 1, 1, 4}, ac(1), {}},
@@ -321,6 +321,9 @@ TEST_CASE("parity over MPI: tensor and pipeline parallelism, every schedule, and
                     with(schedule("InterleavedZeroBubble"), ac(3)),
                     {}});
   matrix.push_back({"HSDP 2x2 x TP 2, checkpoint full", {1, 2, 2, 2}, ac(1), {}});
+  // Context parallelism: the ring's sends and receives over MPI.
+  matrix.push_back({"CP 4, checkpoint selective op", {1, 1, 1, 1, 4}, ac(2), {}});
+  matrix.push_back({"CP 2 x TP 2 x FSDP 2, checkpoint full", {1, 1, 2, 2, 2}, ac(1), {}});
   check_matrix(matrix);
 }
 

@@ -237,8 +237,8 @@ TEST_CASE("training checkpoints: a run resumed on one rank is the uninterrupted 
 }
 
 TEST_CASE("training checkpoints: saved under each layout of the parity matrix, resumed under two others, the same run") {
-  // Every layout the parity tests train (tests/parallel/test_parity.cpp and the tensor-
-  // and pipeline-parallel ones) and all three at once, each saving after step 3 and
+  // Every layout the parity tests train (tests/parallel/test_parity.cpp and the tensor-,
+  // pipeline- and context-parallel ones) and all of them at once, each saving after step 3 and
   // resumed under the layouts three and five places on: every kind of layout is saved
   // and resumed into others (one rank into PP x TP x FSDP and HSDP, PP 2 into one rank).
   // Under the sanitizers, three places on only: every layout still saves and loads.
@@ -253,7 +253,9 @@ TEST_CASE("training checkpoints: saved under each layout of the parity matrix, r
                             {"FSDP 2 x TP 2", {1, 1, 2, 2}},
                             {"PP 2", {2, 1, 1, 1}},
                             {"PP 2 x TP 2", {2, 1, 1, 2}},
-                            {"PP 2 x FSDP 2", {2, 1, 2, 1}}};
+                            {"PP 2 x FSDP 2", {2, 1, 2, 1}},
+                            {"CP 2", {1, 1, 1, 1, 2}},
+                            {"CP 2 x TP 2 x FSDP 2", {1, 1, 2, 2, 2}}};
   constexpr std::int64_t kBatch = 8;  // the global batch: every data-parallel degree divides it
   auto job = [](const comm::MeshShape& s) { return debug_job(kBatch / s.dp(), kBatch, 6); };
   const std::vector<double> whole = train_steps({}, job({}), 6);

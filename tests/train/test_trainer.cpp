@@ -379,8 +379,10 @@ TEST_CASE("Checkpoints round-trip and reject a model of another shape") {
 }
 
 TEST_CASE("Settings this build cannot run are rejected by name") {
-  CHECK_THROWS_WITH_AS(train::check_supported(small_job({"--parallelism.context_parallel_degree", "2"})),
-                       doctest::Contains("parallelism.context_parallel_degree = 2"), Error);
+  CHECK_THROWS_WITH_AS(train::check_supported(small_job({"--parallelism.context_parallel_degree", "3"})),
+                       doctest::Contains("does not split into 2 x parallelism.context_parallel_degree = 6 equal chunks"),
+                       Error);
+  CHECK_NOTHROW(train::check_supported(small_job({"--parallelism.context_parallel_degree", "2"})));
   CHECK_THROWS_WITH_AS(train::check_supported(small_job({"--activation_checkpoint.mode", "partial"})),
                        doctest::Contains("activation_checkpoint.mode must be one of none, full, selective; got \"partial\""),
                        Error);

@@ -28,8 +28,9 @@
 #include "tessera/layer/layer.hpp"
 
 namespace tessera::parallel {
-struct Plan;                // parallel/plan.hpp: what the parallel policies read at run time
-class TensorParallelGroup;  // parallel/tensor_parallel.hpp: the ranks a block splits over
+struct Plan;                 // parallel/plan.hpp: what the parallel policies read at run time
+class TensorParallelGroup;   // parallel/tensor_parallel.hpp: the ranks a block splits over
+class ContextParallelGroup;  // parallel/context_parallel.hpp: the ranks that share each sequence
 }  // namespace tessera::parallel
 
 namespace tessera::nn {
@@ -43,6 +44,17 @@ template <class L>
 concept TensorParallelLayer = Layer<L> && requires {
   { L::tensor_parallel } -> std::convertible_to<bool>;
   requires L::tensor_parallel;
+};
+
+/// A layer that runs on a context-parallel rank's share of each sequence (two chunks,
+/// chunk-major rows: ops/positions.hpp): what it does across positions it does over
+/// BlockArgs::cp (parallel::attention_forward / attention_backward), and it places
+/// each row by Geometry::positions(). A layer that works row by row may say so as it
+/// is. Without it a model refuses a context-parallel degree above 1.
+template <class L>
+concept ContextParallelLayer = Layer<L> && requires {
+  { L::context_parallel } -> std::convertible_to<bool>;
+  requires L::context_parallel;
 };
 
 /// The settings of a block that declares none of its own.
@@ -161,6 +173,9 @@ struct BlockArgs {
   parallel::TensorParallelGroup* tp = nullptr;
   /// The block's own settings, as the model was given them: read with options<O>().
   BlockOptionsRef options_ref{};
+  /// The ranks that hold the other parts of each sequence (nullptr: degree 1): what a
+  /// block that says `static constexpr bool context_parallel = true` attends across.
+  parallel::ContextParallelGroup* cp = nullptr;
 
   /// The block's own settings as its `options_type` O (nn::Transformer's third
   /// argument); they live as long as the model. Throws naming both types when the model

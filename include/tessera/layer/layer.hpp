@@ -30,6 +30,7 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/positions.hpp"
 
 namespace tessera::nn {
 
@@ -364,10 +365,17 @@ class ActivationStore {
 };
 
 /// The shape of the token batch a call works on: activations are (batch * seq_len, ...).
+/// Under context parallelism seq_len is this rank's share of each sequence (two chunks,
+/// chunk-major rows: ops/positions.hpp) and `context` says which share it is.
 struct Geometry {
   std::int64_t batch = 0;
   std::int64_t seq_len = 0;
+  ops::ContextShard context{};
   std::int64_t rows() const { return batch * seq_len; }
+  /// The length of the whole sequences the rows come from.
+  std::int64_t whole_seq_len() const { return seq_len * context.degree; }
+  /// Each row's position in its sequence (what RoPE rotates by).
+  ops::RowPositions positions() const { return ops::RowPositions(batch, seq_len, context); }
 };
 
 /// What a context does with saves and op outputs: the lever the checkpoint

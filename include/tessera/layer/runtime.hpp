@@ -16,7 +16,8 @@
 //                                this rank builds; tensor_parallel_comm(args, options) the
 //                                group the layers split over (nullptr at degree 1), once the
 //                                model's parts and its blocks (given their own options) can
-//                                split over it
+//                                split over it; context_parallel_comm() the group each
+//                                sequence is split over (nullptr at degree 1)
 //   attach(model)                once the parts exist (the data-parallel units)
 //   make_storage, shard, sharded, for_each_held_stretch, for_each_local_parameter,
 //   with_whole_parameters, add_owned_gradients, sum_over_world
@@ -81,6 +82,8 @@ class OneRank {
   std::nullptr_t tensor_parallel_comm(const ModelArgs&, const Options&) const {
     return nullptr;
   }
+  std::nullptr_t context_parallel_comm() const { return nullptr; }
+
   template <class Model>
   void attach(Model&) {}
 

@@ -5,6 +5,10 @@
 // Saves the rotated q and k, v, o and the row log-sum-exp; the backend's attention
 // backward recomputes the probabilities from them.
 //
+// Under context parallelism (parallel/context_parallel.hpp) the rows are this rank's two
+// chunks of each sequence: RoPE rotates them by their global positions and the keys
+// and values of the other chunks come round the cp ring.
+//
 // Under tensor parallelism (parallel/tensor_parallel.hpp) x arrives as this rank's
 // rows and is gathered; wq, wk, wv are column-parallel (this rank's heads), wo is
 // row-parallel and its partial sums are reduce-scattered back to rows. Key/value
@@ -24,6 +28,7 @@
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/rope.hpp"
 #include "tessera/ops/attention_shape.hpp"
+#include "tessera/parallel/context_parallel.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
@@ -36,8 +41,10 @@ class Attention : public LayerTypes<T, B> {
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every head here); a degree the
   /// head counts do not allow is refused before anything is made.
   /// `float8`: which of the projections multiply in float8 (ops::Float8Policy; none: none).
+  /// `cp`: the ranks holding the other parts of each sequence (nullptr or degree 1: none).
   Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope,
-            parallel::TensorParallelGroup* tp = nullptr, const ops::Float8Policy* float8 = nullptr)
+            parallel::TensorParallelGroup* tp = nullptr, const ops::Float8Policy* float8 = nullptr,
+            parallel::ContextParallelGroup* cp = nullptr)
       : n_heads_(heads_here(name, a, tp)),
         n_kv_heads_(std::max<std::int64_t>(1, a.kv_heads() / (tp ? tp->degree() : 1))),
         head_dim_(a.head_dim()),
@@ -50,7 +57,8 @@ class Attention : public LayerTypes<T, B> {
         wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1, a.n_heads),
             float8),
         rope_(std::move(rope)),
-        tp_(tp) {}
+        tp_(tp),
+        cp_(cp) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
     const AttentionShape s = shape(ctx.geometry());
@@ -59,15 +67,15 @@ class Attention : public LayerTypes<T, B> {
     Tensor<T> q, k, v;
     {
       Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the three
-      q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, s.seq_len);
-      k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, s.seq_len);
+      q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, ctx.geometry().positions());
+      k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, ctx.geometry().positions());
       v = wv_.forward(ctx.child("wv"), x);
     }
     Tensor<accum_t<T>> lse;  // fp32 for bf16
     Tensor<T> o = ctx.op("o", SaveKind::attention, [&] {
       Tensor<T> out = B::template empty<T>(q.shape());
       lse = B::template empty<accum_t<T>>(Shape{s.batch, n_heads_, s.seq_len});
-      B::attention_forward(s, q.cview(), k.cview(), v.cview(), out.view(), lse.data());
+      parallel::attention_forward<B>(cp_, s, q.cview(), k.cview(), v.cview(), out.view(), lse.data());
       return out;
     });
     lse = ctx.op("lse", SaveKind::attention, [&] { return lse; });  // made with o, kept with o
@@ -87,10 +95,11 @@ class Attention : public LayerTypes<T, B> {
     Tensor<T> dq = B::template empty<T>(q.shape());
     Tensor<T> dk = B::template empty<T>(k.shape());
     Tensor<T> dv = B::template empty<T>(k.shape());
-    B::attention_backward(s, q.cview(), k.cview(), ctx.saved("v").cview(), ctx.saved("o").cview(),
-                          ctx.template saved<accum_t<T>>("lse").data(), d_o.cview(), dq.view(), dk.view(), dv.view());
-    rope_->rotate(dq, n_heads_, s.seq_len, true);
-    rope_->rotate(dk, n_kv_heads_, s.seq_len, true);
+    parallel::attention_backward<B>(cp_, s, q.cview(), k.cview(), ctx.saved("v").cview(), ctx.saved("o").cview(),
+                                    ctx.template saved<accum_t<T>>("lse").data(), d_o.cview(), dq.view(), dk.view(),
+                                    dv.view());
+    rope_->rotate(dq, n_heads_, ctx.geometry().positions(), true);
+    rope_->rotate(dk, n_kv_heads_, ctx.geometry().positions(), true);
     Float8SharedCasts<B> shared;  // float8 GEMMs: x^T cast once for the three weight gradients
     Tensor<T> dx = wq_.backward(ctx.child("wq"), dq);
     wk_.backward_into(ctx.child("wk"), dk, dx, 1.0f);
@@ -129,6 +138,7 @@ class Attention : public LayerTypes<T, B> {
   Linear<T, B> wq_, wk_, wv_, wo_;
   std::shared_ptr<RopeTable<T, B>> rope_;
   parallel::TensorParallelGroup* tp_;
+  parallel::ContextParallelGroup* cp_;
 };
 
 }  // namespace tessera::nn

@@ -25,6 +25,8 @@ class LlamaBlock : public LayerTypes<T, B> {
   static constexpr bool writes_gradients_first = true;  // layer.hpp's first-write rule
   /// Splits over tensor-parallel ranks (BlockArgs::tp).
   static constexpr bool tensor_parallel = true;
+  /// Runs on a context-parallel rank's share of each sequence (BlockArgs::cp).
+  static constexpr bool context_parallel = true;
 
   /// What a tensor-parallel degree must divide here beyond what the model checks (the
   /// head counts): the feed-forward's hidden size. Its attention term of the FLOP count
@@ -36,7 +38,7 @@ class LlamaBlock : public LayerTypes<T, B> {
   explicit LlamaBlock(const BlockArgs<T, B>& b)
       : attention_norm_(b.name + ".attention_norm", b.model.dim, b.model.norm_eps, b.tp),
         attention_(b.name + ".attention", b.model, output_init_std(b.model, b.layer_id), b.rope, b.tp,
-                   b.plan ? &b.plan->float8 : nullptr),
+                   b.plan ? &b.plan->float8 : nullptr, b.cp),
         ffn_norm_(b.name + ".ffn_norm", b.model.dim, b.model.norm_eps, b.tp),
         feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id), b.tp,
                       b.plan ? &b.plan->float8 : nullptr) {}

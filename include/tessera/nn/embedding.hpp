@@ -13,9 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/layer.hpp"
@@ -36,8 +38,16 @@ struct StagedIds {
   Tensor<std::int32_t> ids;               // (rows)
   Tensor<std::int32_t> segments;          // EmbeddingSegments::packed (fixed)
   ops::EmbeddingSegments layout;          // what `segments` holds, its packed array left empty
-  std::span<const std::int32_t> host;     // the ids the backward groups (not fixed): the caller's, kept alive
+  std::span<const std::int32_t> host;     // the ids the backward groups (not fixed): the caller's, kept alive,
+  std::shared_ptr<const std::vector<std::int32_t>> owned;  // or these, when the stager made them (keep())
   bool fixed = false;
+
+  /// Keeps `ids` (made by the stager: a context-parallel rank's share of the batch) for
+  /// the backward to group, with the staged ids, in place of the caller's.
+  void keep(std::vector<std::int32_t> ids) {
+    owned = std::make_shared<const std::vector<std::int32_t>>(std::move(ids));
+    if (!fixed) host = *owned;
+  }
 };
 
 template <class T, Backend B>

@@ -40,18 +40,18 @@ class RopeTable {
     length_ = length;
   }
 
-  /// Rotates (rows, n_heads * head_dim) in place; row r sits at position r % seq_len.
-  void rotate(const Tensor<T>& x, std::int64_t n_heads, std::int64_t seq_len, bool inverse) {
-    ensure(seq_len);
-    B::for_each(x.size(0), ops::RopeRotate<T>{x.data(), x.size(1), n_heads, head_dim_, seq_len, cos_.data(),
+  /// Rotates (rows, n_heads * head_dim) in place; row r sits at position positions(r).
+  void rotate(const Tensor<T>& x, std::int64_t n_heads, ops::RowPositions positions, bool inverse) {
+    ensure(positions.end());
+    B::for_each(x.size(0), ops::RopeRotate<T>{x.data(), x.size(1), n_heads, head_dim_, positions, cos_.data(),
                                               sin_.data(), inverse});
   }
 
   /// x rotated into a new tensor; x is left as it is (it may be a kept op output).
-  Tensor<T> rotated(const Tensor<T>& x, std::int64_t n_heads, std::int64_t seq_len) {
-    ensure(seq_len);
+  Tensor<T> rotated(const Tensor<T>& x, std::int64_t n_heads, ops::RowPositions positions) {
+    ensure(positions.end());
     Tensor<T> y = B::template empty<T>(x.shape());
-    B::for_each(x.size(0), ops::RopeRotate<T>{y.data(), x.size(1), n_heads, head_dim_, seq_len, cos_.data(),
+    B::for_each(x.size(0), ops::RopeRotate<T>{y.data(), x.size(1), n_heads, head_dim_, positions, cos_.data(),
                                               sin_.data(), false, x.data()});
     return y;
   }

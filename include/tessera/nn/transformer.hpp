@@ -28,6 +28,11 @@
 // their heads and hidden units over the mesh's tp group, the hidden state between them
 // is split by rows (sequence parallelism), the embedding and the output by vocabulary,
 // and the loss is computed without gathering the logits (parallel/tensor_parallel.hpp).
+//
+// Context parallelism is the model's and the blocks': the model takes whole sequences
+// and gives its blocks this rank's two chunks of each (share_of; a pipeline's micro-
+// batches are split first), and the blocks attend across the cp group's ranks
+// (parallel/context_parallel.hpp). Each rank's loss is the sum over its own tokens.
 #pragma once
 
 #include <cmath>
@@ -54,6 +59,8 @@
 #include "tessera/nn/rope.hpp"
 #include "tessera/ops/init.hpp"
 #include "tessera/optim/clip.hpp"
+#include "tessera/parallel/context_parallel.hpp"
+#include "tessera/parallel/host_values.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
@@ -336,6 +343,8 @@ class Transformer {
   ChunkedCrossEntropyHead<T, B>& head() { return head_; }
   /// The tensor-parallel group the layers split over, or nullptr at degree 1.
   parallel::TensorParallelGroup* tensor_parallel() { return tp_.active() ? &tp_ : nullptr; }
+  /// The group each sequence is split over, or nullptr at degree 1.
+  parallel::ContextParallelGroup* context_parallel() { return cp_.active() ? &cp_ : nullptr; }
   ActivationMeter& activation_meter() { return meter_; }
 
   // ---- the pipeline (the runtime's; one stage on one rank) ------------------------
@@ -392,14 +401,50 @@ class Transformer {
     }
   }
 
+  /// Checks a batch of whole sequences as the caller gives it.
   void check_geometry(std::span<const std::int32_t> inputs, Geometry g) const {
     TESSERA_CHECK(g.batch > 0 && g.seq_len > 0 && static_cast<std::int64_t>(inputs.size()) == g.rows(), "model: ",
                   inputs.size(), " tokens for a batch of ", g.batch, " x ", g.seq_len);
-    TESSERA_CHECK(!tp_.sequence_parallel() || g.rows() % tp_.degree() == 0, "model: a batch of ", g.batch, " x ",
-                  g.seq_len, " = ", g.rows(), " tokens does not split into rows over ", tp_.degree(),
-                  " tensor-parallel ranks");
+    TESSERA_CHECK(g.context.whole(), "model: a batch is given as whole sequences (the model splits them over its "
+                                     "context-parallel ranks)");
+    const parallel::Wording w = plan_.wording();
+    const int cp = cp_.degree();
+    TESSERA_CHECK(g.seq_len % (2 * cp) == 0 || cp == 1, w(parallel::settings::seq_len, g.seq_len),
+                  " does not split into 2 x ", w(parallel::settings::context_parallel_degree, cp), " = ", 2 * cp,
+                  " equal chunks (each context-parallel rank holds two chunks of every sequence)");
+    const std::int64_t rows = g.rows() / cp;
+    TESSERA_CHECK(!tp_.sequence_parallel() || rows % tp_.degree() == 0, "model: a batch of ", g.batch, " x ",
+                  g.seq_len, cp > 1 ? tessera::detail::concat(" (", rows, " tokens on each context-parallel rank)")
+                                    : tessera::detail::concat(" = ", rows, " tokens"),
+                  " does not split into rows over ", tp_.degree(), " tensor-parallel ranks");
     TESSERA_CHECK(g.seq_len <= args_.max_seq_len, "model: seq_len ", g.seq_len, " exceeds max_seq_len ",
                   args_.max_seq_len);
+  }
+
+  /// This rank's share of a checked batch of whole sequences: under context parallelism
+  /// its two chunks of each, chunk-major in runs of `group` sequences (a pipeline's
+  /// microbatch; parallel::context_tokens), with the geometry of its rows; else the batch.
+  struct Share {
+    std::vector<std::int32_t> owned_inputs, owned_targets;
+    std::span<const std::int32_t> inputs, targets;
+    Geometry g;
+  };
+  Share share_of(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
+                 std::int64_t group) const {
+    Share s;
+    if (!cp_.active()) {
+      s.inputs = inputs;
+      s.targets = targets;
+      s.g = g;
+      return s;
+    }
+    const ops::ContextShard shard = cp_.shard();
+    s.owned_inputs = parallel::context_tokens(inputs, g.batch, g.seq_len, shard, group);
+    if (!targets.empty()) s.owned_targets = parallel::context_tokens(targets, g.batch, g.seq_len, shard, group);
+    s.inputs = s.owned_inputs;
+    s.targets = s.owned_targets;
+    s.g = Geometry{g.batch, g.seq_len / shard.degree, shard};
+    return s;
   }
 
   /// The final normed hidden state, every row; a sharded model gathers and frees each
@@ -407,6 +452,14 @@ class Transformer {
   /// gathered afterwards, for the logits; free_head() frees them.
   Tensor<T> final_hidden(std::span<const std::int32_t> inputs, Geometry g) {
     check_geometry(inputs, g);
+    TESSERA_CHECK(!cp_.active(), "model: logits under context parallelism (each rank holds part of every sequence): "
+                                 "take them from a whole copy (made inside with_whole_parameters), as llama-train "
+                                 "samples");
+    return hidden(inputs, g);
+  }
+
+  /// final_hidden over rows already checked: this rank's share of the batch (share_of).
+  Tensor<T> hidden(std::span<const std::int32_t> inputs, Geometry g) {
     TESSERA_CHECK(sharded(), "model: inference before shard() on a parallel plan");
     TESSERA_CHECK(pipeline_degree() == 1, "model: logits of a pipelined model: take them from a whole copy (made "
                                           "inside with_whole_parameters), as llama-train samples");
@@ -434,6 +487,7 @@ class Transformer {
   block_options_type options_;        // before the runtime: it checks the blocks with them
   Runtime runtime_;                   // before the parts: it says which this rank builds
   parallel::TensorParallelGroup tp_;  // before the layers: they point to it
+  parallel::ContextParallelGroup cp_;  // likewise
   ActivationMeter meter_;             // before the stores: they report to it until they go
   std::shared_ptr<RopeTable<T, B>> rope_;
   Embedding<T, B> tok_embeddings_;
@@ -460,13 +514,14 @@ Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Pla
       options_(options),
       runtime_(args_, plan_),
       tp_(runtime_.tensor_parallel_comm(args_, options_), plan.loss_parallel, plan.sequence_parallel),
+      cp_(runtime_.context_parallel_comm()),
       rope_(std::make_shared<RopeTable<T, B>>(args.head_dim(), args.rope_theta, args.rope_scaling)),
       tok_embeddings_("tok_embeddings", args.vocab_size, args.dim,
                       args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0), tensor_parallel()),
       norm_("norm", args.dim, args.norm_eps, tensor_parallel()) {
   for (std::int64_t i : layout().layer_ids)
     layers_.emplace_back(BlockArgs<T, B>{args_, i, "layers." + std::to_string(i), rope_, &plan_, tensor_parallel(),
-                                         BlockOptionsRef(options_)});
+                                         BlockOptionsRef(options_), context_parallel()});
   if (!args.tie_embeddings) {
     const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
     output_ = std::make_unique<Parameter<T>>(Parameter<T>::template on<B>(
@@ -543,7 +598,9 @@ void Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> in
       TESSERA_CHECK(sharded(), "model: forward_backward before shard() on a parallel plan");
       check_batch(g.batch, g.seq_len);
       meter_.reset_peak();
-      runtime_.pipeline_forward_backward(*this, inputs, targets, g, loss_scale, last_micro_batch, loss_sum);
+      const Share share = share_of(inputs, targets, g, runtime_.microbatch_size(g.batch));
+      runtime_.pipeline_forward_backward(*this, share.inputs, share.targets, share.g, loss_scale, last_micro_batch,
+                                         loss_sum);
       saved_bytes_peak_ = meter_.peak();
       for_each_local_parameter([](Parameter<T>& p) { p.template zero_grad_if_unwritten<B>(); });
       return;
@@ -559,16 +616,18 @@ void Transformer<T, B, Block>::stage(std::span<const std::int32_t> inputs, std::
                                      Geometry g, double loss_scale, staged_batch_type& into) const {
   check_geometry(inputs, g);
   TESSERA_CHECK(pipeline_degree() == 1, "model: a pipelined model stages its micro-batches in its schedule");
-  TESSERA_CHECK(!into.fixed() || into.inputs.ids.empty() || (into.g.batch == g.batch && into.g.seq_len == g.seq_len),
+  Share share = share_of(inputs, targets, g, g.batch);
+  TESSERA_CHECK(!into.fixed() || into.inputs.ids.empty() || (into.g.batch == g.batch && into.g.seq_len == share.g.seq_len),
                 "model: a batch of ", g.batch, " x ", g.seq_len, " where every step's must be the first's (",
-                into.g.batch, " x ", into.g.seq_len, "): a step a graph replays has fixed shapes");
-  head_.check_targets(targets, g.rows());
-  tok_embeddings_.stage(inputs, into.inputs, true);
-  upload_into<B>(into.targets, targets, into.fixed());
+                into.g.batch, " x ", into.g.whole_seq_len(), "): a step a graph replays has fixed shapes");
+  head_.check_targets(share.targets, share.g.rows());
+  tok_embeddings_.stage(share.inputs, into.inputs, true);
+  if (!share.owned_inputs.empty()) into.inputs.keep(std::move(share.owned_inputs));  // the backward groups them
+  upload_into<B>(into.targets, share.targets, into.fixed());
   if (into.loss_scale.empty()) into.loss_scale = B::template empty<A>(Shape{1});
   const A scale = static_cast<A>(loss_scale);
   B::copy_from_host(&scale, into.loss_scale.data(), 1);
-  into.g = g;
+  into.g = share.g;
 }
 
 template <class T, Backend B, class Block>
@@ -625,14 +684,22 @@ void Transformer<T, B, Block>::walk(const staged_batch_type& batch, bool last_mi
 template <class T, Backend B, class Block>
 double Transformer<T, B, Block>::loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
                                       Geometry g) {
+  check_geometry(inputs, g);
+  const Share share = share_of(inputs, targets, g, g.batch);
+  double l = 0;
+  bool pipelined = false;
   if constexpr (Runtime::pipelines)
     if (pipeline_degree() > 1) {
       TESSERA_CHECK(sharded(), "model: inference before shard() on a parallel plan");
-      return runtime_.pipeline_loss(*this, inputs, targets, g);
+      l = runtime_.pipeline_loss(*this, share.inputs, share.targets, share.g);
+      pipelined = true;
     }
-  const double l = head_.forward(final_hidden(inputs, g), targets, A(0), nullptr);
-  free_head();
-  return l;
+  if (!pipelined) {
+    l = head_.forward(hidden(share.inputs, share.g), share.targets, A(0), nullptr);
+    free_head();
+  }
+  // Each context-parallel rank summed its own tokens' losses.
+  return cp_.active() ? parallel::all_reduce_host<B>(cp_.comm(), l) : l;
 }
 
 template <class T, Backend B, class Block>

@@ -15,6 +15,7 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
+#include "tessera/ops/positions.hpp"
 #include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
@@ -53,21 +54,21 @@ inline std::vector<double> rope_inv_freq(std::int64_t head_dim, double theta, co
   return f;
 }
 
-/// Rotates every head of row r in place. Row r sits at position r % seq_len.
+/// Rotates every head of row r in place. Row r sits at position positions(r).
 template <class T>
 struct RopeRotate {
   T* x;  // (rows, n_heads * head_dim), leading dimension ld
   std::int64_t ld;
   std::int64_t n_heads;
   std::int64_t head_dim;
-  std::int64_t seq_len;
-  const T* cos;  // (seq_len, head_dim / 2)
+  RowPositions positions;
+  const T* cos;  // (positions.end(), head_dim / 2)
   const T* sin;
   bool inverse;           // rotate by -angle (the backward)
   const T* src = nullptr;  // rotate src (same layout) into x; nullptr: x in place
   TESSERA_HD void operator()(std::int64_t r) const {
     const std::int64_t half = head_dim / 2;
-    const std::int64_t pos = r % seq_len;
+    const std::int64_t pos = positions(r);
     const T* c = cos + pos * half;
     const T* s = sin + pos * half;
     T* row = x + r * ld;
@@ -84,12 +85,12 @@ struct RopeRotate {
     }
   }
   // Every row's heads read (from src, or x in place) and written; the cos and sin rows of
-  // the positions the launch touches (min(rows, seq_len)) read once; 6 flops a pair.
+  // the positions the launch touches read once; 6 flops a pair.
   Traffic traffic(std::int64_t rows) const {
     const double half = static_cast<double>(head_dim / 2), r = static_cast<double>(rows);
-    const double positions = rows < seq_len ? r : static_cast<double>(seq_len);
+    const double table_rows = static_cast<double>(positions.distinct(rows));
     const double e = r * static_cast<double>(n_heads) * 2 * half;
-    return {e * sizeof(T) + 2 * positions * half * sizeof(T), e * sizeof(T), 3 * e, 0};
+    return {e * sizeof(T) + 2 * table_rows * half * sizeof(T), e * sizeof(T), 3 * e, 0};
   }
 };
 

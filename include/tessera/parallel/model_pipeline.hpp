@@ -121,7 +121,7 @@ class ModelPipeline {
     const std::int64_t mb = microbatch_size(g.batch);
     const int M = static_cast<int>(g.batch / mb);
     Tensor<double> pass_sum = B::template zeros<double>(Shape{1});
-    Stages<Model> stages(*this, m, units, inputs, targets, nn::Geometry{mb, g.seq_len}, M, loss_scale, true,
+    Stages<Model> stages(*this, m, units, inputs, targets, nn::Geometry{mb, g.seq_len, g.context}, M, loss_scale, true,
                          pass_sum.data());
     const PipelinePass pass = run_pipeline<B>(program(M), rank_, plan_.mesh->pp(), stages);
     stages.check_done();

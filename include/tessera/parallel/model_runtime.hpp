@@ -24,6 +24,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/type_name.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/block_args.hpp"
 #include "tessera/layer/layer.hpp"
@@ -77,6 +78,18 @@ class ModelRuntime {
                                                                                            mesh_tp, ">")};
     check_tensor_parallel<Block>(args, options, degree, plan_.loss_parallel, w);
     return mesh_tp > 1 ? &plan_.mesh->tp() : nullptr;
+  }
+
+  /// The group each sequence is split over (nullptr at degree 1), once the block type is
+  /// one that runs on a share of each sequence (nn::ContextParallelLayer).
+  comm::Communicator* context_parallel_comm() const {
+    const int cp = plan_.cp_degree();
+    if (cp == 1) return nullptr;
+    TESSERA_CHECK(nn::ContextParallelLayer<nn::bare_block_t<Block>>, plan_.wording()(settings::context_parallel_degree, cp),
+                  ": the block type ", type_name<nn::bare_block_t<Block>>(),
+                  " does not declare that it runs on part of each sequence (`static constexpr bool context_parallel = "
+                  "true`, attending across the ranks of nn::BlockArgs::cp as nn::LlamaBlock does)");
+    return &plan_.mesh->cp();
   }
 
   /// Once the model's parts exist: the embedding's and the head's data-parallel units.

@@ -37,7 +37,7 @@ class ModelUnits {
   /// `pipelined`: units stay gathered through a pass.
   template <class Model>
   void attach(Model& m, ShardingMode mode, const Plan& plan, bool pipelined, bool has_embedding, bool has_head) {
-    active_ = mode != ShardingMode::none || plan.dp_degree() > 1;
+    active_ = mode != ShardingMode::none || plan.dp_degree() > 1 || plan.cp_degree() > 1;
     prefetch_ = plan.prefetch;
     if (!active_) return;
     const bool tied = m.args().tie_embeddings;

@@ -76,6 +76,8 @@ class Parallel {
   static constexpr bool writes_gradients_first = true;
   /// The block's own settings: the model hands them through to the block (BlockArgs).
   using options_type = nn::block_options_t<Block>;
+  /// Runs on a context-parallel rank's share of each sequence when its block does.
+  static constexpr bool context_parallel = nn::ContextParallelLayer<Block>;
   using sharding_policy = typename parallel::find_policy<parallel::is_sharding, Sharding<None>, Policies...>::type;
   using checkpoint_policy =
       typename parallel::find_policy<parallel::is_checkpoint, Checkpoint<None>, Policies...>::type;
@@ -117,7 +119,7 @@ class Parallel {
         parallel::checkpoint_mode<typename checkpoint_policy::mode>(plan), args.layer_id);
     const parallel::ShardingMode mode = sharding_mode(plan);
     pipelined_ = pipeline_degree(plan) > 1;
-    if (mode != parallel::ShardingMode::none || plan.dp_degree() > 1) {
+    if (mode != parallel::ShardingMode::none || plan.dp_degree() > 1 || plan.cp_degree() > 1) {
       // torchtitan's default keeps the last block gathered: its backward comes next.
       // In a pipeline every block runs again for the next microbatch: it stays gathered
       // through the pass, and the model reduces and frees it after its last backward.

@@ -89,10 +89,13 @@ inline CheckpointMode parse_checkpoint(std::string_view mode, std::string_view o
 }
 
 /// The sharding a mesh implies (torchtitan's reading of the degrees): replicate and
-/// shard → HSDP; shard only → FSDP; replicate only → DDP; neither → none.
+/// shard → HSDP; shard only → FSDP; replicate only → DDP; neither → none. Context
+/// parallelism shards as dp_shard does (FSDP over dp_shard x cp), since its ranks hold
+/// the same parameters and must sum their gradients.
 inline ShardingMode sharding_for(const comm::MeshShape& s) {
-  if (s.dp_replicate > 1 && s.dp_shard > 1) return ShardingMode::hsdp;
-  if (s.dp_shard > 1) return ShardingMode::fsdp;
+  const int shard = s.dp_shard * s.cp;
+  if (s.dp_replicate > 1 && shard > 1) return ShardingMode::hsdp;
+  if (shard > 1) return ShardingMode::fsdp;
   if (s.dp_replicate > 1) return ShardingMode::ddp;
   return ShardingMode::none;
 }
@@ -158,6 +161,7 @@ struct Plan {
   int dp_degree() const { return mesh ? mesh->dp_degree() : 1; }
   int tp_degree() const { return mesh ? mesh->shape().tp : 1; }
   int pp_degree() const { return mesh ? mesh->shape().pp : 1; }
+  int cp_degree() const { return mesh ? mesh->shape().cp : 1; }
   int dp_rank() const { return mesh ? mesh->dp_rank() : 0; }
   /// What Sharding<Dynamic> means on this plan's mesh.
   ShardingMode dynamic_sharding() const { return mesh ? sharding_for(mesh->shape()) : ShardingMode::none; }

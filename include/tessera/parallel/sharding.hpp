@@ -119,6 +119,12 @@ class ShardedUnit {
                   " needs a DeviceMesh in the Plan");
     if (plan.mesh) {
       auto& mesh = *plan.mesh;
+      // Context-parallel ranks hold the same parameters and each a part of every
+      // sequence's gradient: FSDP and HSDP shard over them too (dp_shard x cp).
+      TESSERA_CHECK(mesh.shape().cp == 1 || mode == ShardingMode::fsdp || mode == ShardingMode::hsdp, name_, ": ",
+                    plan.wording()(settings::context_parallel_degree, mesh.shape().cp), " needs Sharding<FSDP> or ",
+                    "Sharding<HSDP> (its ranks' gradients are summed as FSDP's shards), not ",
+                    mode == ShardingMode::none ? "no sharding" : name_of(mode));
       switch (mode) {
         case ShardingMode::none:
           TESSERA_CHECK(mesh.dp_degree() == 1, name_, ": ", mesh.dp_degree(),
@@ -128,10 +134,10 @@ class ShardedUnit {
         case ShardingMode::fsdp:
           TESSERA_CHECK(mesh.shape().dp_replicate == 1, name_, ": Sharding<FSDP> on a mesh with data_parallel_replicate_degree ",
                         mesh.shape().dp_replicate, ": use HSDP to replicate shards, or set the degree to 1");
-          shard_comm_ = &mesh.dp_shard();
+          shard_comm_ = &mesh.dp_shard_cp();
           break;
         case ShardingMode::hsdp:
-          shard_comm_ = &mesh.dp_shard();
+          shard_comm_ = &mesh.dp_shard_cp();
           replicate_comm_ = &mesh.dp_replicate();
           break;
         case ShardingMode::ddp: replicate_comm_ = &mesh.dp(); break;

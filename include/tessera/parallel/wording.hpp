@@ -24,6 +24,8 @@ struct Setting {
 namespace settings {
 inline constexpr Setting tensor_parallel_degree{"parallelism.tensor_parallel_degree",
                                                 "the mesh's tensor-parallel degree"};
+inline constexpr Setting context_parallel_degree{"parallelism.context_parallel_degree",
+                                                 "the mesh's context-parallel degree"};
 inline constexpr Setting pipeline_parallel_degree{"parallelism.pipeline_parallel_degree", "the mesh's pipeline degree"};
 inline constexpr Setting microbatch_size{"parallelism.pipeline_parallel_microbatch_size",
                                          "the pipeline microbatch size"};

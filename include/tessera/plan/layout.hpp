@@ -107,7 +107,7 @@ inline LayoutPrediction predict_layout(const std::vector<StepTrace>& positions, 
   out.gpus = first.shape.devices;
   std::vector<const trace::Trace*> traces;
   for (const StepTrace& st : positions) traces.push_back(&st.trace);
-  const Timeline t = simulate_step(traces, first.mesh.dp() * first.mesh.tp, compute, net);
+  const Timeline t = simulate_step(traces, first.mesh.per_stage(), compute, net);
   out.step_seconds = t.step_seconds;
   out.usable_bytes = compute.usable_bytes();
   out.fits = true;

@@ -41,18 +41,16 @@ inline Prediction predict(const StepTrace& st, const Pricer& pricer, std::size_t
 /// Refuses what a dry run cannot plan, naming the key: settings llama-train refuses, and
 /// degrees that do not make a mesh of `world` ranks. Returns the mesh.
 inline comm::MeshShape check_dry_run(const train::JobConfig& c, int world = 1) {
-  const auto& p = c.parallelism;
   train::check_supported(c);
   TESSERA_CHECK(world >= 1, "a layout needs at least one rank, got ", world);
-  return comm::mesh_shape(world, p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                          p.tensor_parallel_degree, p.pipeline_parallel_degree);
+  return train::mesh_shape(c, world);
 }
 
 /// One world rank at each pipeline position of `shape` (its other coordinates 0): the
 /// ranks whose traces differ. Data- and tensor-parallel peers trace as these do.
 inline std::vector<int> distinct_ranks(const comm::MeshShape& shape) {
   std::vector<int> ranks;
-  for (int p = 0; p < shape.pp; ++p) ranks.push_back(p * shape.dp() * shape.tp);
+  for (int p = 0; p < shape.pp; ++p) ranks.push_back(p * shape.per_stage());
   return ranks;
 }
 

@@ -256,7 +256,8 @@ inline std::vector<ConfigKey> build_config_keys() {
           .at_least(1),
       make_key("parallelism.context_parallel_degree",
                field<&J::parallelism, &ParallelismSection::context_parallel_degree>(),
-               "Context-parallel ranks (sequence split).")
+               "Context-parallel ranks: each sequence split over them, attention as a ring. training.seq_len must be a "
+               "multiple of 2 x the degree.")
           .at_least(1),
       make_key("parallelism.disable_loss_parallel",
                field<&J::parallelism, &ParallelismSection::disable_loss_parallel>(),

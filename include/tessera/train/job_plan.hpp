@@ -17,9 +17,11 @@ namespace tessera::train {
 /// Rejects the settings this build cannot run yet, naming the key.
 inline void check_supported(const JobConfig& c) {
   const auto& p = c.parallelism;
-  TESSERA_CHECK(p.context_parallel_degree == 1, "parallelism.context_parallel_degree = ", p.context_parallel_degree,
-                ": not available in this build (data, tensor and pipeline parallelism are; context parallelism is not "
-                "yet)");
+  // Each context-parallel rank holds two chunks of every sequence (the causal balance).
+  TESSERA_CHECK(p.context_parallel_degree <= 1 || c.training.seq_len % (2 * p.context_parallel_degree) == 0,
+                "training.seq_len = ", c.training.seq_len, " does not split into 2 x parallelism.context_parallel_degree"
+                " = ", 2 * p.context_parallel_degree, " equal chunks (each context-parallel rank holds two chunks of "
+                "every sequence)");
   parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
   parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
@@ -60,6 +62,13 @@ inline ops::Float8Policy float8_policy(const JobConfig& c) {
       f.filter_fqns.push_back(name);
   }
   return f;
+}
+
+/// The mesh the [parallelism] degrees describe on `world` ranks (comm::mesh_shape).
+inline comm::MeshShape mesh_shape(const JobConfig& c, int world) {
+  const auto& p = c.parallelism;
+  return comm::mesh_shape(world, p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
+                          p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree);
 }
 
 /// The run-time plan [parallelism] and [activation_checkpoint] describe, on `mesh`.

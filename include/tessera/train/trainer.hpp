@@ -266,7 +266,7 @@ std::size_t Trainer<Model>::launch_step(std::size_t micro_batches, comm::DeviceM
     forward_backward(i, i + 1 == micro_batches);
     activations = std::max(activations, model_.saved_activation_bytes());
   }
-  if (mesh) scalars_.sum_loss_over(mesh->dp());
+  if (mesh) scalars_.sum_loss_over(mesh->dp_cp());  // context-parallel ranks each hold some of the tokens
   Region optimizer(region::kOptimizer);
   model_.squared_grad_norm(scalars_.squared_norm());
   scalars_.clip(options_.max_norm);

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kElementwiseThreads) rope_kernel(ops::RopeRota
   for (std::int64_t item = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; item < items;
        item += stride) {
     const std::int64_t r = item / per_row, h = (item % per_row) / per_head, iv = item % per_head;
-    const std::int64_t pos = r % f.seq_len;
+    const std::int64_t pos = f.positions(r);
     T* out = f.x + r * f.ld + h * f.head_dim;
     const T* in = f.src ? f.src + r * f.ld + h * f.head_dim : out;
     T u[2 * W], v[2 * W];
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kElementwiseThreads) rope_kernel(ops::RopeRota
     l.ld = 0;
     l.n_heads = 1;
     l.head_dim = 2 * W;
-    l.seq_len = 1;
+    l.positions = ops::RowPositions{};
     l.cos = c;
     l.sin = s;
     l.src = u;

@@ -1,0 +1,297 @@
+// Context parallelism: each sequence split over the cp ranks of a group, attention as a
+// ring (the load-balanced ring attention torchtitan and Megatron-LM run for Llama).
+//
+// The split. A sequence of S tokens is cut into 2 cp chunks of c = S / (2 cp); rank i
+// holds chunks i and 2 cp - 1 - i (the head-tail balance: under a causal mask chunk j
+// attends over j + 1 chunks, so every rank's pair attends over 2 cp + 1 chunks). Its
+// rows are chunk-major, the first chunk of every sequence then the second
+// (ops/positions.hpp), so a chunk is one (batch, c) block. context_tokens() makes that
+// layout from whole sequences; everything but attention and RoPE works row by row and
+// never sees the difference, and RoPE rotates each row by its global position
+// (nn::Geometry::positions).
+//
+// The forward ring. Each rank packs its keys and values into one buffer and, over cp
+// steps, attends with the buffer it holds while passing it on: at step s it holds the
+// keys of rank (i - s) mod cp, sends them to rank i + 1 and receives the next from rank
+// i - 1, one send/recv group issued before the step's attention and waited on after it,
+// so the transfer runs beside the compute. Each (query chunk, key chunk) pair is causal
+// when the chunks are the same, full when the key chunk comes earlier and skipped when
+// it comes later; every rank computes three blocks at step 0 and two at every other.
+// Each block's output and log-sum-exp are merged into running ones in accum_t<T>
+// (ops/attention_merge.hpp), rounded to T once at the end: o is exactly softmax(q K^T) V
+// over the whole sequence, up to rounding.
+//
+// The backward ring. Given the merged o and lse, a block's backward is the whole
+// attention's restricted to the block (P = exp(S - lse), D = rowsum(dO o)), so the
+// backends' attention backward runs per block unchanged. Keys and values go round again;
+// each rank adds a block's dq into its own, and its dk and dv into the running gradient
+// of the keys it holds, which travels one step behind them: after computing step s the
+// rank sends the running dk, dv of the keys it held to rank i + 1 and receives those of
+// the keys it will hold next, in one group every rank issues at the same step (so no
+// rank waits on a later group), waited on at step s + 1 once that step's blocks are
+// computed (summed apart meanwhile, then added in). After the last step the gradients
+// have gone round to their keys' rank.
+//
+// Traffic per attention call and rank: (cp - 1) times the local keys and values forward;
+// as much again backward, plus cp times their gradients (accum_t<T>).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tessera/backend/backend.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/tensor.hpp"
+#include "tessera/layer/layer.hpp"
+#include "tessera/ops/attention_merge.hpp"
+#include "tessera/ops/attention_shape.hpp"
+#include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/positions.hpp"
+
+namespace tessera::parallel {
+
+/// The ranks that hold parts of the same sequences: the mesh's cp dimension.
+class ContextParallelGroup {
+ public:
+  /// Degree 1: every rank holds whole sequences.
+  ContextParallelGroup() = default;
+  /// `comm` must outlive the group.
+  explicit ContextParallelGroup(comm::Communicator* comm) : comm_(comm) {}
+
+  int degree() const { return comm_ ? comm_->size() : 1; }
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  bool active() const { return degree() > 1; }
+  comm::Communicator& comm() { return *comm_; }
+  ops::ContextShard shard() const { return {rank(), degree()}; }
+
+ private:
+  comm::Communicator* comm_ = nullptr;
+};
+
+inline bool active(const ContextParallelGroup* cp) { return cp && cp->active(); }
+
+/// This rank's tokens of `all` (batch sequences of seq_len tokens, row-major) in the
+/// chunk-major layout: for each run of `group` consecutive sequences (a pipeline's
+/// microbatch; the whole batch otherwise), the first chunk of each, then the second.
+/// seq_len must be a multiple of 2 x degree (the caller names the setting it came from).
+template <class Id>
+std::vector<Id> context_tokens(std::span<const Id> all, std::int64_t batch, std::int64_t seq_len,
+                               ops::ContextShard cp, std::int64_t group) {
+  TESSERA_CHECK(seq_len % cp.chunks() == 0 && group > 0 && batch % group == 0 &&
+                    static_cast<std::int64_t>(all.size()) == batch * seq_len,
+                "context parallelism: ", all.size(), " tokens as ", batch, " sequences of ", seq_len,
+                " in groups of ", group, " do not split into ", cp.chunks(), " chunks a sequence");
+  const std::int64_t c = seq_len / cp.chunks();
+  std::vector<Id> out;
+  out.reserve(static_cast<std::size_t>(batch * 2 * c));
+  for (std::int64_t g0 = 0; g0 < batch; g0 += group)
+    for (int j = 0; j < (cp.whole() ? 1 : 2); ++j)
+      for (std::int64_t b = g0; b < g0 + group; ++b) {
+        const Id* chunk = all.data() + b * seq_len + cp.chunk(j) * c;
+        out.insert(out.end(), chunk, chunk + c);
+      }
+  return out;
+}
+
+namespace detail {
+
+/// One (query chunk i, key chunk j) block of a ring step, and whether it is causal.
+struct RingBlock {
+  int q_chunk, kv_chunk;
+  bool causal;
+};
+
+/// The blocks rank `rank` computes with the keys and values of rank `src` (up to three).
+inline std::vector<RingBlock> ring_blocks(ops::ContextShard me, int src) {
+  const ops::ContextShard from{src, me.degree};
+  std::vector<RingBlock> blocks;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) {
+      const int q = me.chunk(i), k = from.chunk(j);
+      if (k <= q) blocks.push_back({i, j, k == q});
+    }
+  return blocks;
+}
+
+/// The views of one chunk of a chunk-major (2 R, cols) matrix.
+template <class T>
+TensorView<T> chunk_rows(TensorView<T> m, int j, std::int64_t rows) {
+  return TensorView<T>(m.row(j * rows), Shape{rows, m.size(1)}, {m.ld(), 1});
+}
+
+template <class T>
+TensorView<T> packed(T* base, std::int64_t rows, std::int64_t cols) {
+  return TensorView<T>(base, Shape{rows, cols});
+}
+
+/// The ring copies and converts whole matrices: each must be contiguous (rows, cols).
+template <class... Views>
+void check_contiguous(const AttentionShape& s, const Views&... views) {
+  const bool ok = (... && (views.is_contiguous() && views.rows() == s.rows()));
+  TESSERA_CHECK(ok && s.seq_len % 2 == 0 && s.causal, "context parallelism: attention over ", s.batch, " x ",
+                s.seq_len, " rows takes contiguous causal (rows, cols) operands of two chunks a sequence");
+}
+
+}  // namespace detail
+
+/// Causal attention over the local chunks of `s` (s.seq_len: this rank's 2 chunks a
+/// sequence; lse written (2, batch, heads, chunk)), the keys of every rank of the group
+/// brought round the ring. Degree 1: the backend's attention over whole sequences.
+template <Backend B, class T>
+void attention_forward(ContextParallelGroup* cp, const AttentionShape& s, TensorView<const T> q,
+                       TensorView<const T> k, TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
+  if (!active(cp)) {
+    B::attention_forward(s, q, k, v, o, lse);
+    return;
+  }
+  using A = accum_t<T>;
+  detail::check_contiguous(s, q, k, v, o);
+  const ops::ContextShard me = cp->shard();
+  const std::int64_t c = s.seq_len / 2, R = s.batch * c, kv_cols = k.size(1), q_cols = q.size(1);
+  const AttentionShape block{s.batch, c, s.n_heads, s.n_kv_heads, s.head_dim};
+  const std::int64_t stats = s.batch * s.n_heads * c;  // lse elements of one chunk
+  // Keys and values packed [k (2R rows); v (2R rows)]: one buffer to pass on, two to alternate.
+  const std::int64_t kv_numel = 2 * (2 * R) * kv_cols;
+  std::array<Tensor<T>, 2> kv{B::template empty<T>(Shape{kv_numel}), B::template empty<T>(Shape{kv_numel})};
+  B::for_each(2 * R * kv_cols, ops::Copy<T>{k.data(), kv[0].data()});
+  B::for_each(2 * R * kv_cols, ops::Copy<T>{v.data(), kv[0].data() + 2 * R * kv_cols});
+  // The running output: o itself when T is its own accumulation type.
+  Tensor<A> o_acc;
+  TensorView<A> acc;
+  if constexpr (std::is_same_v<T, A>) {
+    acc = o;
+  } else {
+    o_acc = B::template empty<A>(Shape{2 * R, q_cols});
+    acc = o_acc.view();
+  }
+  Tensor<T> o_block = B::template empty<T>(Shape{R, q_cols});
+  Tensor<A> lse_block = B::template empty<A>(Shape{stats});
+  std::array<bool, 2> merged{false, false};
+  const int P = me.degree, next = (me.rank + 1) % P, prev = (me.rank + P - 1) % P;
+  for (int step = 0; step < P; ++step) {
+    Tensor<T>& cur = kv[static_cast<std::size_t>(step % 2)];
+    Tensor<T>& nxt = kv[static_cast<std::size_t>((step + 1) % 2)];
+    comm::Handle pass;
+    if (step + 1 < P) {
+      const std::array<comm::PeerOp, 2> ops{
+          comm::PeerOp{comm::PeerOp::Kind::send, next, cur.data(), static_cast<std::size_t>(kv_numel),
+                       comm::data_type_of<T>(), 0},
+          comm::PeerOp{comm::PeerOp::Kind::recv, prev, nxt.data(), static_cast<std::size_t>(kv_numel),
+                       comm::data_type_of<T>(), 0}};
+      pass = cp->comm().send_recv_async(std::span<const comm::PeerOp>(ops));
+    }
+    const auto kk = detail::packed<const T>(cur.data(), 2 * R, kv_cols);
+    const auto vv = detail::packed<const T>(cur.data() + 2 * R * kv_cols, 2 * R, kv_cols);
+    for (const detail::RingBlock& b : detail::ring_blocks(me, (me.rank + P - step) % P)) {
+      AttentionShape bs = block;
+      bs.causal = b.causal;
+      B::attention_forward(bs, detail::chunk_rows(q, b.q_chunk, R), detail::chunk_rows(kk, b.kv_chunk, R),
+                           detail::chunk_rows(vv, b.kv_chunk, R), o_block.view(), lse_block.data());
+      const auto i = static_cast<std::size_t>(b.q_chunk);
+      B::for_each(R, ops::MergeAttention<T>{acc.row(b.q_chunk * R), lse + b.q_chunk * stats, o_block.data(),
+                                            lse_block.data(), acc.ld(), q_cols, s.n_heads, s.head_dim, c,
+                                            !merged[i]});
+      merged[i] = true;
+    }
+    if (step + 1 < P) pass.wait();
+  }
+  if constexpr (!std::is_same_v<T, A>) {
+    for (std::int64_t r = 0; r < 2 * R; r += R)
+      B::for_each(R * q_cols, ops::Convert<A, T>{o_acc.data() + r * q_cols, o.row(r)});
+  }
+}
+
+/// The gradients of attention_forward's: dq, dk, dv (overwritten) from the merged o and
+/// lse it wrote. Degree 1: the backend's attention backward over whole sequences.
+template <Backend B, class T>
+void attention_backward(ContextParallelGroup* cp, const AttentionShape& s, TensorView<const T> q,
+                        TensorView<const T> k, TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
+                        TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
+  if (!active(cp)) {
+    B::attention_backward(s, q, k, v, o, lse, d_o, dq, dk, dv);
+    return;
+  }
+  using A = accum_t<T>;
+  detail::check_contiguous(s, q, k, v, o, d_o, dq, dk, dv);
+  const ops::ContextShard me = cp->shard();
+  const std::int64_t c = s.seq_len / 2, R = s.batch * c, kv_cols = k.size(1), q_cols = q.size(1);
+  const AttentionShape block{s.batch, c, s.n_heads, s.n_kv_heads, s.head_dim};
+  const std::int64_t stats = s.batch * s.n_heads * c;
+  const std::int64_t kv_numel = 2 * (2 * R) * kv_cols;
+  const int P = me.degree, next = (me.rank + 1) % P, prev = (me.rank + P - 1) % P;
+  std::array<Tensor<T>, 2> kv{B::template empty<T>(Shape{kv_numel}), B::template empty<T>(Shape{kv_numel})};
+  B::for_each(2 * R * kv_cols, ops::Copy<T>{k.data(), kv[0].data()});
+  B::for_each(2 * R * kv_cols, ops::Copy<T>{v.data(), kv[0].data() + 2 * R * kv_cols});
+  // The running gradients of the keys held, packed like them, in accum_t<T>: the one
+  // being added into, and the one arriving for the next step's keys; and this step's
+  // blocks' gradients of the keys, summed apart while the running ones arrive.
+  std::array<Tensor<A>, 2> dkv{B::template zeros<A>(Shape{kv_numel}), B::template empty<A>(Shape{kv_numel})};
+  Tensor<A> step_dkv = P > 1 ? B::template empty<A>(Shape{kv_numel}) : Tensor<A>{};
+  Tensor<A> dq_acc = B::template empty<A>(Shape{2 * R * q_cols});
+  std::array<bool, 2> dq_written{false, false};
+  Tensor<T> dq_block = B::template empty<T>(Shape{R, q_cols});
+  Tensor<T> dk_block = B::template empty<T>(Shape{R, kv_cols}), dv_block = B::template empty<T>(Shape{R, kv_cols});
+  comm::Handle gradients;  // the running gradients' exchange issued at the previous step
+  for (int step = 0; step < P; ++step) {
+    Tensor<T>& cur = kv[static_cast<std::size_t>(step % 2)];
+    Tensor<T>& nxt = kv[static_cast<std::size_t>((step + 1) % 2)];
+    comm::Handle pass;
+    if (step + 1 < P) {
+      const std::array<comm::PeerOp, 2> ops{
+          comm::PeerOp{comm::PeerOp::Kind::send, next, cur.data(), static_cast<std::size_t>(kv_numel),
+                       comm::data_type_of<T>(), 0},
+          comm::PeerOp{comm::PeerOp::Kind::recv, prev, nxt.data(), static_cast<std::size_t>(kv_numel),
+                       comm::data_type_of<T>(), 0}};
+      pass = cp->comm().send_recv_async(std::span<const comm::PeerOp>(ops));
+    }
+    const auto kk = detail::packed<const T>(cur.data(), 2 * R, kv_cols);
+    const auto vv = detail::packed<const T>(cur.data() + 2 * R * kv_cols, 2 * R, kv_cols);
+    const std::vector<detail::RingBlock> blocks = detail::ring_blocks(me, (me.rank + P - step) % P);
+    // Step 0 adds into its own keys' running gradients (zero); a later step sums its
+    // blocks apart while those of its keys are still arriving from rank i - 1.
+    Tensor<A>& run = dkv[static_cast<std::size_t>(step % 2)];
+    Tensor<A>& into = step == 0 ? run : step_dkv;
+    if (step > 0) B::for_each(kv_numel, ops::Fill<A>{A(0), step_dkv.data()});
+    for (const detail::RingBlock& b : blocks) {
+      AttentionShape bs = block;
+      bs.causal = b.causal;
+      const std::int64_t qi = b.q_chunk;
+      B::attention_backward(bs, detail::chunk_rows(q, b.q_chunk, R), detail::chunk_rows(kk, b.kv_chunk, R),
+                            detail::chunk_rows(vv, b.kv_chunk, R), detail::chunk_rows(o, b.q_chunk, R),
+                            lse + qi * stats, detail::chunk_rows(d_o, b.q_chunk, R), dq_block.view(),
+                            dk_block.view(), dv_block.view());
+      const auto i = static_cast<std::size_t>(b.q_chunk);
+      B::for_each(R * q_cols, ops::AccumulateInto<T>{dq_block.data(), dq_acc.data() + qi * R * q_cols, !dq_written[i]});
+      dq_written[i] = true;
+      A* dk_into = into.data() + b.kv_chunk * R * kv_cols;
+      B::for_each(R * kv_cols, ops::AccumulateInto<T>{dk_block.data(), dk_into, false});
+      B::for_each(R * kv_cols, ops::AccumulateInto<T>{dv_block.data(), dk_into + 2 * R * kv_cols, false});
+    }
+    if (step > 0) {
+      gradients.wait();  // the running gradients of these keys, sent by rank i - 1 after its step - 1
+      B::for_each(kv_numel, ops::AccumulateInto<A>{step_dkv.data(), run.data(), false});
+    }
+    // Pass the running gradients on and take those of the next keys (after the last step:
+    // of this rank's own keys, home). Every rank issues this group at the same step.
+    Tensor<A>& arriving = dkv[static_cast<std::size_t>((step + 1) % 2)];
+    const std::array<comm::PeerOp, 2> ops{
+        comm::PeerOp{comm::PeerOp::Kind::send, next, run.data(), static_cast<std::size_t>(kv_numel),
+                     comm::data_type_of<A>(), 0},
+        comm::PeerOp{comm::PeerOp::Kind::recv, prev, arriving.data(), static_cast<std::size_t>(kv_numel),
+                     comm::data_type_of<A>(), 0}};
+    gradients = cp->comm().send_recv_async(std::span<const comm::PeerOp>(ops));
+    if (step + 1 < P) pass.wait();
+  }
+  gradients.wait();
+  const Tensor<A>& home = dkv[static_cast<std::size_t>(P % 2)];
+  B::for_each(2 * R * q_cols, ops::Convert<A, T>{dq_acc.data(), dq.data()});
+  B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data(), dk.data()});
+  B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data() + 2 * R * kv_cols, dv.data()});
+}
+
+}  // namespace tessera::parallel
