@@ -22,7 +22,9 @@
 // traced one per pipeline position, their peers phantoms (plan/phantom.hpp), and replayed
 // together on the machine's [network] (plan/timeline.hpp, plan/cluster.hpp): the step,
 // tokens/s per GPU, MFU, and each position's memory peak, compute, exposed communication
-// and pipeline wait.
+// and pipeline wait. With context parallelism (parallelism.context_parallel_degree) each
+// rank's trace holds its part of every sequence and its ring attention: the blocks of its
+// chunks, the keys and values passed round beside them, the gradients' ring backward.
 //
 // Float8 (model.converters = ["float8"]): with float8.emulate = false the trace holds the
 // GPU's float8 GEMMs, priced at the profile's float8 rates (refused by name on a profile
@@ -70,11 +72,13 @@ void usage() {
       "  --emit-config F  write the layout planned (with --search: the first), every key, as a llama-train\n"
       "                   config to F\n"
       "  --search         every layout of the model on --gpus N, ranked by tokens/s: replicate x shard x\n"
-      "                   tensor x pipeline degrees (tensor parallelism within a node), pipeline schedules,\n"
-      "                   microbatch sizes (up to --search.max_microbatch, default 8), activation checkpoint\n"
-      "                   modes and FSDP reshard policies, the global batch held (training.global_batch_size,\n"
-      "                   or what the config's own degrees make of it on N GPUs). Each layout is traced small\n"
-      "                   and extrapolated in depth and batch; the first is then predicted in full\n"
+      "                   context x tensor x pipeline degrees (tensor parallelism within a node; context\n"
+      "                   parallelism where each rank keeps at least 8192 tokens of a sequence, in 2 cp equal\n"
+      "                   chunks), pipeline schedules, microbatch sizes (up to --search.max_microbatch,\n"
+      "                   default 8), activation checkpoint modes and FSDP reshard policies, the global batch\n"
+      "                   held (training.global_batch_size, or what the config's own degrees make of it on N\n"
+      "                   GPUs). Each layout is traced small and extrapolated in depth and batch; the first\n"
+      "                   is then predicted in full\n"
       "  --search.float8 R  with --search: float8 as a dimension, each layout also with its linear layers'\n"
       "                   GEMMs in float8 (model.converters = [\"float8\"], float8.emulate = false) by each recipe\n"
       "                   of R: a comma-separated list of tensorwise, rowwise, rowwise_with_gw_hp, or all. A\n"
@@ -201,6 +205,7 @@ nlohmann::json layout_keys(const train::JobConfig& c) {
   j["parallelism.data_parallel_replicate_degree"] = p.data_parallel_replicate_degree;
   j["parallelism.data_parallel_shard_degree"] = p.data_parallel_shard_degree;
   j["parallelism.tensor_parallel_degree"] = p.tensor_parallel_degree;
+  j["parallelism.context_parallel_degree"] = p.context_parallel_degree;
   j["parallelism.disable_sequence_parallel"] = p.disable_sequence_parallel;
   j["parallelism.pipeline_parallel_degree"] = p.pipeline_parallel_degree;
   j["parallelism.pipeline_parallel_schedule"] = p.pipeline_parallel_schedule;
@@ -379,7 +384,7 @@ int world_of(const train::JobConfig& c, std::int64_t gpus) {
   const auto& p = c.parallelism;
   std::int64_t w = 1;
   for (std::int64_t d : {p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.tensor_parallel_degree,
-                         p.pipeline_parallel_degree})
+                         p.pipeline_parallel_degree, p.context_parallel_degree})
     w *= std::max<std::int64_t>(d, 1);
   TESSERA_CHECK(w <= (1 << 24), "parallelism: the degrees multiply to ", w, " ranks; give --gpus");
   return static_cast<int>(w);
@@ -393,6 +398,7 @@ train::JobConfig resolved(train::JobConfig c, const comm::MeshShape& mesh) {
   p.data_parallel_shard_degree = mesh.dp_shard;
   p.tensor_parallel_degree = mesh.tp;
   p.pipeline_parallel_degree = mesh.pp;
+  p.context_parallel_degree = mesh.cp;
   if (c.training.global_batch_size <= 0) c.training.global_batch_size = c.training.local_batch_size * mesh.dp();
   return c;
 }
@@ -578,13 +584,15 @@ std::string layout_text(const train::JobConfig& c, bool float8) {
   std::string ac = c.activation_checkpoint.mode;
   if (ac == "selective") ac += c.activation_checkpoint.selective_ac_option == "op" ? " op" : " every " + c.activation_checkpoint.selective_ac_option;
   char t[200];
-  std::snprintf(t, sizeof t, "%4lld %5lld %3lld %3lld  %-21s %3lld  %-13s %-7s", static_cast<long long>(p.data_parallel_replicate_degree),
-                static_cast<long long>(p.data_parallel_shard_degree), static_cast<long long>(p.tensor_parallel_degree),
+  std::snprintf(t, sizeof t, "%4lld %5lld %3lld %3lld %3lld  %-21s %3lld  %-13s %-7s",
+                static_cast<long long>(p.data_parallel_replicate_degree), static_cast<long long>(p.data_parallel_shard_degree),
+                static_cast<long long>(p.context_parallel_degree), static_cast<long long>(p.tensor_parallel_degree),
                 static_cast<long long>(p.pipeline_parallel_degree),
                 p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_schedule.c_str() : "-",
                 static_cast<long long>(p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_microbatch_size
                                                                       : c.training.local_batch_size),
-                ac.c_str(), p.data_parallel_shard_degree > 1 ? p.fsdp_reshard_after_forward.c_str() : "-");
+                ac.c_str(),
+                p.data_parallel_shard_degree * p.context_parallel_degree > 1 ? p.fsdp_reshard_after_forward.c_str() : "-");
   std::string row = t;
   if (float8) {
     const std::string recipe = plan::float8_recipe(c);
@@ -597,6 +605,8 @@ std::string layout_text(const train::JobConfig& c, bool float8) {
 std::string layout_brief(const train::JobConfig& c) {
   const auto& p = c.parallelism;
   return tessera::detail::concat("replicate ", p.data_parallel_replicate_degree, ", shard ", p.data_parallel_shard_degree,
+                                 p.context_parallel_degree > 1 ? tessera::detail::concat(", context ", p.context_parallel_degree)
+                                                               : std::string(),
                                  ", tensor ", p.tensor_parallel_degree, ", pipeline ", p.pipeline_parallel_degree,
                                  p.pipeline_parallel_degree > 1 ? " " + p.pipeline_parallel_schedule : std::string(),
                                  ", microbatch ",
@@ -702,7 +712,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
     std::printf("  float8: each layout also with its linear layers' GEMMs in float8 by %s (float8.emulate = false); "
                 "MFU against the bf16 peak, float8 layouts included\n",
                 joined(float8_recipes).c_str());
-  std::printf("\n rank  repl shard  tp  pp  schedule               mb  checkpoint    reshard%s       step  tokens/s/GPU    MFU  peak memory\n",
+  std::printf("\n rank  repl shard  cp  tp  pp  schedule               mb  checkpoint    reshard%s       step  tokens/s/GPU    MFU  peak memory\n",
               float8 ? " float8            " : "");
   const std::size_t shown = std::min<std::size_t>(fitting, 20);
   for (std::size_t i = 0; i < shown; ++i) {
@@ -851,6 +861,11 @@ int run(std::vector<std::string> args) {
   zero1 = zero1 || scaling;  // the runtime's data parallelism is ZeRO-1
   train::JobConfig given = train::load_config("", args);
   train::resolve_mixed_precision(given, machine != "cpu");  // what llama-train would train there
+  // ZeRO-1 and the other runtimes' counts are of data-parallel replicas and their own
+  // layouts; context-parallel ranks shard the parameters (FSDP over dp_shard x cp).
+  TESSERA_CHECK(!zero1 || given.parallelism.context_parallel_degree == 1, "parallelism.context_parallel_degree ",
+                given.parallelism.context_parallel_degree, ": ", scaling ? "plan.runtime scaling counts" : "plan.zero1 accounts",
+                " data-parallel replicas, and context-parallel ranks shard the parameters (FSDP over dp_shard x cp)");
   if (scaling) {
     // The runtime's own stage split, so that the trace prices the layers where it placed them.
     auto& p = given.parallelism;
@@ -875,6 +890,9 @@ int run(std::vector<std::string> args) {
                   ": plan.runtime torchtitan counts the FSDP layouts of its published table, not its tensor parallelism");
     TESSERA_CHECK(p.pipeline_parallel_degree == 1, "parallelism.pipeline_parallel_degree ", p.pipeline_parallel_degree,
                   ": plan.runtime torchtitan counts the FSDP layouts of its published table, not its pipelines");
+    TESSERA_CHECK(p.context_parallel_degree == 1, "parallelism.context_parallel_degree ", p.context_parallel_degree,
+                  ": plan.runtime torchtitan counts the FSDP layouts of its published A100 table, not its context "
+                  "parallelism (plan tessera's run of the layout)");
     TESSERA_CHECK(!zero1, "--plan.zero1: plan.runtime torchtitan runs FSDP, not ZeRO-1");
     TESSERA_CHECK(!search_all, "--search: plan.runtime torchtitan prices one layout of that runtime; the search ranks "
                   "tessera's");

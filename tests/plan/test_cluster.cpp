@@ -1,7 +1,8 @@
 // The cluster model's arithmetic (plan/cluster.hpp: NCCL's algorithms on the links a
-// group crosses) and the layout timeline (plan/timeline.hpp): overlap, exposed
-// communication, pipeline waits, and every bench-policy-matrix layout replayed from its
-// dry-run traces without a deadlock.
+// group crosses, a send/recv's link by where its two ranks sit) and the layout timeline
+// (plan/timeline.hpp): overlap, exposed communication, pipeline waits, a context-parallel
+// ring beside FSDP's collectives, and every bench-policy-matrix layout (and three with
+// context parallelism) replayed from its dry-run traces without a deadlock.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -94,6 +95,26 @@ TEST_CASE("cluster: collectives cost what NCCL's model says") {
     CHECK(plan::collective_seconds(c, net) == doctest::Approx((8.4 + 9.6) * 1e-6 + double(1 << 20) / 23e9));
     c.group.stride = 2;  // within a node
     CHECK(plan::collective_seconds(c, net) == doctest::Approx((8.4 + 3.4) * 1e-6 + double(1 << 20) / 235e9));
+  }
+  SUBCASE("a context-parallel ring moves at its slowest link: NVLink while it lies in one node") {
+    const double nvlink = (8.4 + 3.4) * 1e-6 + double(1 << 20) / 235e9, network = (8.4 + 9.6) * 1e-6 + double(1 << 20) / 23e9;
+    // Rank 0 of the ring sends to 1 and receives from the last, its wrap.
+    trace::Collective ring = collective("send_recv", 0, 8, 1);  // cp 8 x tp 1: one node
+    ring.peers = {{1, 1 << 20, true}, {7, 1 << 20, false}};
+    CHECK(plan::ring_seconds(ring, net) == doctest::Approx(nvlink));
+    ring = collective("send_recv", 0, 4, 2);  // cp 4 x tp 2: ranks 0, 2, 4, 6
+    ring.peers = {{1, 1 << 20, true}, {3, 1 << 20, false}};
+    CHECK(plan::ring_seconds(ring, net) == doctest::Approx(nvlink));
+    ring = collective("send_recv", 0, 2, 8);  // cp 2 x tp 8: the two ranks a node apart
+    ring.peers = {{1, 1 << 20, true}, {1, 1 << 20, false}};
+    CHECK(plan::ring_seconds(ring, net) == doctest::Approx(network));
+    // cp 16 over two nodes: rank 0's own transfers stay in its node, but the ring waits
+    // for the two that cross (7 to 8, 15 to 0).
+    ring = collective("send_recv", 0, 16, 1);
+    ring.peers = {{1, 1 << 20, true}, {15, 1 << 20, false}};
+    CHECK(plan::ring_seconds(ring, net) == doctest::Approx(network));
+    ring.peers = {{1, 1 << 21, true}, {15, 1 << 21, false}};  // the largest transfer sets the time
+    CHECK(plan::ring_seconds(ring, net) == doctest::Approx((8.4 + 9.6) * 1e-6 + double(1 << 21) / 23e9));
   }
   SUBCASE("one rank sends nothing") { CHECK(plan::collective_seconds(collective("all_reduce", 1 << 20, 1, 1), net) == 0); }
 }
@@ -341,6 +362,31 @@ TEST_CASE("timeline: a pipeline stage waits for what the stage before it sends")
                        doctest::Contains("the positions wait for each other"), Error);
 }
 
+TEST_CASE("timeline: a ring's send/recv within a position is every peer's at once, beside FSDP's collectives") {
+  // FSDP over dp_shard x cp with dp_shard 1 is a group of the ring's stride and size; the
+  // ring's communicator is another, on its own stream: the ring's keys do not wait for the
+  // all-gather issued before them. Its wait is exposed communication, not pipeline wait.
+  const plan::Machine m = a100();
+  FixedPricer compute;
+  trace::Trace t;
+  const trace::Collective gather = collective("all_gather", 1 << 30, 8, 1, 1);
+  trace::Collective ring = collective("send_recv", 0, 8, 1, 2);
+  ring.peers = {{1, 1 << 24, true}, {7, 1 << 24, false}};
+  t.add(gather);
+  t.add(ring);
+  t.add(trace::CommWait{2});
+  t.add(trace::Fill{4});
+  t.add(trace::CommWait{1});
+  const plan::Timeline tl = plan::simulate_step({&t}, 8, compute, *m.network);
+  const double g = plan::collective_seconds(gather, *m.network), r = plan::ring_seconds(ring, *m.network);
+  REQUIRE(r + 1e-3 < g);
+  CHECK(tl.step_seconds == doctest::Approx(g));
+  CHECK(tl.positions[0].exposed_comm_seconds == doctest::Approx(g - 1e-3));
+  CHECK(tl.positions[0].pipeline_wait_seconds == 0);
+  CHECK(r == plan::ring_seconds(ring, *m.network));
+  CHECK(tl.positions[0].comm_seconds == doctest::Approx(g + r));
+}
+
 TEST_CASE("timeline: every bench-policy-matrix layout replays from its positions' traces") {
   const plan::Machine m = a100();
   const plan::GpuPricer gpu(m);
@@ -351,13 +397,15 @@ TEST_CASE("timeline: every bench-policy-matrix layout replays from its positions
   const L layouts[] = {{{1, 1, 8, 1}, ""},          {{1, 2, 4, 1}, ""},          {{1, 8, 1, 1}, ""},
                        {{1, 1, 1, 8}, ""},          {{1, 2, 2, 2}, ""},          {{8, 1, 1, 1}, "GPipe"},
                        {{8, 1, 1, 1}, "1F1B"},      {{2, 1, 4, 1}, "Interleaved1F1B"},
-                       {{4, 1, 2, 1}, "InterleavedZeroBubble"}, {{2, 1, 2, 2}, "1F1B"}};
+                       {{4, 1, 2, 1}, "InterleavedZeroBubble"}, {{2, 1, 2, 2}, "1F1B"},
+                       {{1, 1, 4, 1, 2}, ""},       {{1, 2, 1, 2, 2}, ""},       {{2, 1, 2, 1, 2}, "1F1B"}};
   for (const L& l : layouts) {
     std::vector<std::string> keys = {
         "--parallelism.data_parallel_replicate_degree", std::to_string(l.shape.dp_replicate),
         "--parallelism.data_parallel_shard_degree", std::to_string(l.shape.dp_shard),
         "--parallelism.tensor_parallel_degree", std::to_string(l.shape.tp),
-        "--parallelism.pipeline_parallel_degree", std::to_string(l.shape.pp)};
+        "--parallelism.pipeline_parallel_degree", std::to_string(l.shape.pp),
+        "--parallelism.context_parallel_degree", std::to_string(l.shape.cp)};
     if (*l.schedule) keys.insert(keys.end(), {"--parallelism.pipeline_parallel_schedule", l.schedule});
     const train::JobConfig c = test::debug_job(test::kParityBatch / l.shape.dp(), test::kParityBatch, 2, keys);
     std::vector<plan::StepTrace> traces;
@@ -365,7 +413,7 @@ TEST_CASE("timeline: every bench-policy-matrix layout replays from its positions
     std::vector<const trace::Trace*> positions;
     for (const auto& st : traces) positions.push_back(&st.trace);
     INFO(l.shape.str(), " ", std::string(l.schedule));
-    const plan::Timeline tl = plan::simulate_step(positions, l.shape.dp() * l.shape.tp, gpu, *m.network);
+    const plan::Timeline tl = plan::simulate_step(positions, l.shape.per_stage(), gpu, *m.network);
     REQUIRE(tl.positions.size() == static_cast<std::size_t>(l.shape.pp));
     for (const auto& p : tl.positions) {
       CHECK(p.collectives > 0);

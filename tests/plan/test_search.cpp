@@ -1,6 +1,7 @@
 // llama-plan --search's library (plan/search.hpp): a layout priced from small traces,
 // extrapolated in depth and batch, against the same layout priced from its full traces;
-// the enumeration, float8 as one of its dimensions; the ranking and its pruning.
+// the enumeration, float8 and context parallelism as dimensions of it; the ranking and its
+// pruning.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -63,6 +64,12 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
         "--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"}},
       {"FSDP 2 x PP 2, 1F1B, 8 microbatches", 4, 10, 8, 16,
        {"--parallelism.data_parallel_shard_degree", "2", "--parallelism.pipeline_parallel_degree", "2"}},
+      {"CP 2 x FSDP 2, full checkpointing, 4 accumulation steps", 4, 10, 1, 8,
+       {"--parallelism.data_parallel_shard_degree", "2", "--parallelism.context_parallel_degree", "2",
+        "--activation_checkpoint.mode", "full"}},
+      {"CP 4 x PP 2, 1F1B, 8 microbatches", 8, 10, 8, 8,
+       {"--parallelism.context_parallel_degree", "4", "--parallelism.pipeline_parallel_degree", "2",
+        "--parallelism.data_parallel_shard_degree", "1"}},
       {"PP 2, Interleaved1F1B, 12 microbatches of 1", 2, 18, 12, 12,
        {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
         "--parallelism.data_parallel_shard_degree", "1"}},
@@ -143,6 +150,76 @@ TEST_CASE("search: the layouts of 8 GPUs, each once, every one with the global b
   // Two nodes of 4: tensor parallelism stays within one.
   space.gpus_per_node = 4;
   for (const auto& c : plan::enumerate_layouts(base, space, 16)) CHECK(c.parallelism.tensor_parallel_degree <= 4);
+}
+
+TEST_CASE("search: context parallelism where each rank keeps enough of a sequence, in 2 cp equal chunks") {
+  // The degrees: divisors of the GPUs left beside tensor and pipeline parallelism, each
+  // splitting a sequence into 2 cp chunks and leaving each rank min_context_tokens.
+  CHECK(plan::context_degrees(8, 131072, 8192) == std::vector<std::int64_t>{1, 2, 4, 8});
+  CHECK(plan::context_degrees(16, 131072, 8192) == std::vector<std::int64_t>{1, 2, 4, 8, 16});
+  CHECK(plan::context_degrees(64, 131072, 8192) == std::vector<std::int64_t>{1, 2, 4, 8, 16});
+  CHECK(plan::context_degrees(8, 8192, 8192) == std::vector<std::int64_t>{1});
+  CHECK(plan::context_degrees(8, 120, 1) == std::vector<std::int64_t>{1, 2, 4});  // 120 is not 16 chunks
+  CHECK(plan::context_degrees(6, 36, 1) == std::vector<std::int64_t>{1, 2, 3, 6});
+  // The layouts of 8 GPUs at 128 tokens a sequence, each rank keeping at least 32: cp 1,
+  // 2 and 4, every layout once, its degrees making the GPUs with the context-parallel
+  // ranks sharing their sequences, and FSDP's reshard policy a choice wherever it shards
+  // (over dp_shard x cp).
+  const train::JobConfig base = job(6, 2, 16, {"--training.seq_len", "128"});
+  plan::SearchSpace space;
+  space.gpus = 8;
+  space.max_microbatch = 4;
+  const std::size_t without = plan::enumerate_layouts(base, space, 16).size();
+  for (const auto& c : plan::enumerate_layouts(base, space, 16)) CHECK(c.parallelism.context_parallel_degree == 1);
+  space.min_context_tokens = 32;
+  const std::vector<train::JobConfig> all = plan::enumerate_layouts(base, space, 16);
+  CHECK(all.size() > without);
+  std::set<std::int64_t> cps;
+  std::set<std::string> seen;
+  for (const auto& c : all) {
+    const auto& p = c.parallelism;
+    const std::int64_t cp = p.context_parallel_degree, dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree;
+    cps.insert(cp);
+    CHECK(dp * cp * p.tensor_parallel_degree * p.pipeline_parallel_degree == 8);
+    CHECK(c.training.seq_len % (2 * cp) == 0);
+    CHECK(c.training.global_batch_size == 16);
+    if (p.pipeline_parallel_degree > 1) CHECK(c.training.local_batch_size * dp == 16);
+    else CHECK(16 % (c.training.local_batch_size * dp) == 0);
+    CHECK((p.fsdp_reshard_after_forward == "default") == (p.data_parallel_shard_degree * cp == 1));
+    seen.insert(train::to_toml(c));
+  }
+  CHECK(cps == std::set<std::int64_t>{1, 2, 4});
+  CHECK(seen.size() == all.size());
+}
+
+TEST_CASE("search: at a long sequence and a small batch, it proposes splitting the sequences") {
+  // The debug model at 16,384 tokens a sequence on 4 GPUs: each rank keeps at least 8,192
+  // tokens (the default), so cp 2 is priced beside tensor and pipeline parallelism, and
+  // its layouts fit. With one sequence a step and tensor parallelism kept to one GPU, the
+  // only way to spread the sequence is to split it: the answer is cp 4, whose ranks keep
+  // 4,096 tokens each (the floor lowered to take it), predicted from its full traces.
+  const plan::Machine m = h100();
+  const plan::GpuPricer gpu(m);
+  const std::vector<std::string> long_seq = {"--training.seq_len", "16384", "--model.max_seq_len", "16384"};
+  plan::SearchSpace space;
+  space.gpus = 4;
+  space.max_microbatch = 1;
+  {
+    const plan::SearchReport r = plan::search_layouts(job(4, 1, 2, long_seq), space, 2, kTrace, gpu, *m.network);
+    std::set<std::int64_t> fitting;
+    for (const auto& l : r.layouts)
+      if (l.fits) fitting.insert(l.config.parallelism.context_parallel_degree);
+    CHECK(fitting == std::set<std::int64_t>{1, 2});
+  }
+  space.gpus_per_node = 1;  // no tensor parallelism
+  space.min_context_tokens = 4096;
+  const plan::SearchReport r = plan::search_layouts(job(4, 1, 1, long_seq), space, 1, kTrace, gpu, *m.network);
+  REQUIRE(!r.layouts.empty());
+  const plan::SearchResult& first = r.layouts.front();
+  CHECK(first.fits);
+  CHECK(!first.extrapolated);
+  CHECK(first.mesh.cp == 4);
+  CHECK(first.config.parallelism.context_parallel_degree == 4);
 }
 
 TEST_CASE("search: float8 is a dimension only when asked for: each layout without it and with each recipe") {

@@ -26,7 +26,12 @@
 // where the bus bandwidth is the node's NVLink bus bandwidth within a node, and across
 // nodes the smaller of it and the network bandwidth of the members one node holds (NCCL
 // runs a channel through each of their NICs). A send/recv moves its bytes over the one
-// link between its two ranks at that link's bandwidth after one step's latency. Left out:
+// link between its two ranks at that link's bandwidth after one step's latency (a
+// pipeline's neighbours, `stride` apart: within a node where two strides fit one). A
+// context-parallel ring's send/recv (ring_seconds) moves at its slowest link: every rank
+// sends to the next and receives from the one before at once, and each waits for its
+// receive before its next step, so the ring is on NVLink while the whole group (cp ranks
+// tp apart) lies in one node, and on the network once it spans nodes. Left out:
 // NVLink SHARP and CollNet (faster all-reduce where a cluster has them), LL128, the tree's
 // correction at medium sizes, and links shared by concurrent collectives.
 //
@@ -147,6 +152,20 @@ inline double collective_seconds(const trace::Collective& c, const Network& net)
     best = std::min({best, seconds(simple, tree_bus * 0.5), seconds(ll, tree_bus * 0.5 / 3.8)});
   }
   return best;
+}
+
+/// Seconds a context-parallel ring's send/recv group takes on `net` (a group among the
+/// ranks of one pipeline position, plan/timeline.hpp): each transfer at the ring's
+/// slowest link, NVLink while the group lies in one node, else the network (above); the
+/// group completes with its largest.
+inline double ring_seconds(const trace::Collective& c, const Network& net) {
+  const bool one_node = placement(c.group, static_cast<int>(net.gpus_per_node.value)).nodes == 1;
+  const double bw = one_node ? net.nvlink_gbs.value : net.network_gbs.value;
+  const double lat = one_node ? net.nvlink_latency_us.value : net.network_latency_us.value;
+  double worst = 0;
+  for (const auto& x : c.peers)
+    worst = std::max(worst, (nccl::kRingSimpleBase + lat) * 1e-6 + static_cast<double>(x.bytes) / (bw * 1e9));
+  return worst;
 }
 
 }  // namespace tessera::plan

@@ -1,10 +1,12 @@
 // Searching the layouts of a cluster: every way llama-train can lay a model over N GPUs,
 // each predicted from a trace of its own ranks, ranked by tokens/s.
 //
-// enumerate_layouts(base, space) lists the layouts: replicate x shard x tensor x pipeline
-// degrees that multiply to the GPUs (tensor parallelism within a node), and for each the
-// pipeline schedules, the microbatch sizes (sequences per microbatch with pipelining,
-// per forward otherwise), the activation checkpoint modes and the FSDP reshard policies;
+// enumerate_layouts(base, space) lists the layouts: replicate x shard x context x tensor x
+// pipeline degrees that multiply to the GPUs (tensor parallelism within a node; context
+// parallelism where each rank keeps at least SearchSpace::min_context_tokens of a
+// sequence, in 2 cp equal chunks), and for each the pipeline schedules, the microbatch
+// sizes (sequences per microbatch with pipelining, per forward otherwise), the activation
+// checkpoint modes and the FSDP reshard policies (FSDP shards over dp_shard x cp);
 // and, where the space asks for it (SearchSpace::float8_recipes), the linear layers'
 // GEMMs in bf16 or in float8 by each of torchao's recipes, on the GPU's float8 matmul.
 // The global batch (the training's hyperparameter) is held; a layout whose data-parallel
@@ -79,6 +81,12 @@ struct SearchSpace {
   int gpus_per_node = 8;               // tensor parallelism stays within a node
   std::int64_t max_microbatch = 8;     // sequences per microbatch (or per forward without pipelining)
   int threads = 1;                     // layouts priced side by side
+  /// Context-parallel degrees cp > 1 are taken where each rank keeps at least this many
+  /// tokens of a sequence (seq_len / cp): below it the ring's blocks are short attention
+  /// calls and its steps short transfers, the memory they save is small beside the
+  /// parameters', and every degree multiplies the layouts. The default leaves searches at
+  /// 8,192 tokens and under as they were, and takes cp 2 to 16 at 128k.
+  std::int64_t min_context_tokens = 8192;
   /// Float8 as a dimension: each layout without float8 and with model.converters =
   /// ["float8"] by each of these recipes (float8.emulate = false: the GPU's float8 GEMMs,
   /// priced at the profile's float8 rates). Empty: the base's own converters and
@@ -257,6 +265,17 @@ inline bool less_work(const train::JobConfig& a, const train::JobConfig& b) {
 /// Traces world rank `rank` of the layout `c` on `world` ranks (llama_plan::trace_step).
 using TraceRank = std::function<StepTrace(const train::JobConfig& c, int world, int rank)>;
 
+/// The context-parallel degrees a search takes for sequences of `seq_len` tokens on the
+/// `ranks` GPUs left beside tensor and pipeline parallelism: 1, and each divisor cp of
+/// `ranks` that splits a sequence into 2 cp equal chunks while each rank keeps at least
+/// `min_tokens` of it.
+inline std::vector<std::int64_t> context_degrees(std::int64_t ranks, std::int64_t seq_len, std::int64_t min_tokens) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t cp : detail::divisors(ranks))
+    if (cp == 1 || (seq_len % (2 * cp) == 0 && seq_len / cp >= min_tokens)) out.push_back(cp);
+  return out;
+}
+
 /// Every layout of `base` on `space.gpus` GPUs, global batch `global_batch` sequences:
 /// base's model, training and every other key, with the degrees, local batch, pipeline
 /// schedule and microbatch, checkpoint mode and reshard policy of each layout, and its
@@ -278,43 +297,47 @@ inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& b
     if (tp > space.gpus_per_node) continue;
     for (std::int64_t pp : detail::divisors(n / tp)) {
       if (pp > base.model.args.n_layers + 2) continue;
-      const std::int64_t dp = n / (tp * pp);
-      if (global_batch % dp != 0) continue;
-      const std::int64_t per_rank = global_batch / dp;  // sequences per data-parallel rank per step
-      for (std::int64_t shard : detail::divisors(dp)) {
-        const std::vector<const char*> reshards =
-            shard > 1 ? std::vector<const char*>{"never", "always"} : std::vector<const char*>{"default"};
-        const std::vector<const char*> schedules =
-            pp > 1 ? std::vector<const char*>{"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"}
-                   : std::vector<const char*>{"1F1B"};
-        for (std::int64_t mb : detail::divisors(per_rank)) {
-          if (mb > space.max_microbatch) continue;
-          for (const auto& float8 : float8s)
-            for (const char* schedule : schedules)
-              for (const char* reshard : reshards)
-                for (const auto& ac : detail::kAcModes) {
-                  train::JobConfig c = base;
-                  if (float8) detail::set_float8(c, *float8);
-                  auto& p = c.parallelism;
-                  p.data_parallel_replicate_degree = dp / shard;
-                  p.data_parallel_shard_degree = shard;
-                  p.tensor_parallel_degree = tp;
-                  p.pipeline_parallel_degree = pp;
-                  p.pipeline_parallel_schedule = schedule;
-                  p.pipeline_parallel_split_points.clear();
-                  p.fsdp_reshard_after_forward = reshard;
-                  c.activation_checkpoint.mode = ac.mode;
-                  c.activation_checkpoint.selective_ac_option = ac.option;
-                  c.training.global_batch_size = global_batch;
-                  if (pp > 1) {
-                    c.training.local_batch_size = per_rank;
-                    p.pipeline_parallel_microbatch_size = mb;
-                  } else {
-                    c.training.local_batch_size = mb;
-                    p.pipeline_parallel_microbatch_size = 1;
+      for (std::int64_t cp : context_degrees(n / (tp * pp), base.training.seq_len, space.min_context_tokens)) {
+        const std::int64_t dp = n / (tp * pp * cp);  // the context-parallel ranks share their sequences
+        if (global_batch % dp != 0) continue;
+        const std::int64_t per_rank = global_batch / dp;  // sequences per data-parallel rank per step
+        for (std::int64_t shard : detail::divisors(dp)) {
+          // FSDP shards over dp_shard x cp: with either, its reshard policy is a choice.
+          const std::vector<const char*> reshards =
+              shard * cp > 1 ? std::vector<const char*>{"never", "always"} : std::vector<const char*>{"default"};
+          const std::vector<const char*> schedules =
+              pp > 1 ? std::vector<const char*>{"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"}
+                     : std::vector<const char*>{"1F1B"};
+          for (std::int64_t mb : detail::divisors(per_rank)) {
+            if (mb > space.max_microbatch) continue;
+            for (const auto& float8 : float8s)
+              for (const char* schedule : schedules)
+                for (const char* reshard : reshards)
+                  for (const auto& ac : detail::kAcModes) {
+                    train::JobConfig c = base;
+                    if (float8) detail::set_float8(c, *float8);
+                    auto& p = c.parallelism;
+                    p.data_parallel_replicate_degree = dp / shard;
+                    p.data_parallel_shard_degree = shard;
+                    p.tensor_parallel_degree = tp;
+                    p.pipeline_parallel_degree = pp;
+                    p.context_parallel_degree = cp;
+                    p.pipeline_parallel_schedule = schedule;
+                    p.pipeline_parallel_split_points.clear();
+                    p.fsdp_reshard_after_forward = reshard;
+                    c.activation_checkpoint.mode = ac.mode;
+                    c.activation_checkpoint.selective_ac_option = ac.option;
+                    c.training.global_batch_size = global_batch;
+                    if (pp > 1) {
+                      c.training.local_batch_size = per_rank;
+                      p.pipeline_parallel_microbatch_size = mb;
+                    } else {
+                      c.training.local_batch_size = mb;
+                      p.pipeline_parallel_microbatch_size = 1;
+                    }
+                    out.push_back(std::move(c));
                   }
-                  out.push_back(std::move(c));
-                }
+          }
         }
       }
     }
@@ -498,8 +521,8 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
   const std::vector<train::JobConfig> all = enumerate_layouts(base, space, global_batch);
   report.enumerated = all.size();
   // A family: one layout but for its checkpoint mode and reshard policy. A group: the
-  // families of one tensor and pipeline degree, schedule and float8 recipe, by shard
-  // degree (most first) and microbatch size (smallest first).
+  // families of one tensor, pipeline and context degree, schedule and float8 recipe, by
+  // shard degree (most first) and microbatch size (smallest first).
   struct Family {
     std::int64_t shard = 0, microbatch = 0;
     std::vector<const train::JobConfig*> variants;  // least work first (enumeration order)
@@ -508,7 +531,8 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
   for (const auto& c : all) {
     const auto& p = c.parallelism;
     const std::string group = std::to_string(p.tensor_parallel_degree) + "/" + std::to_string(p.pipeline_parallel_degree) +
-                              "/" + p.pipeline_parallel_schedule + "/" + float8_recipe(c);
+                              "/" + std::to_string(p.context_parallel_degree) + "/" + p.pipeline_parallel_schedule + "/" +
+                              float8_recipe(c);
     const std::int64_t mb = p.pipeline_parallel_degree > 1 ? p.pipeline_parallel_microbatch_size : c.training.local_batch_size;
     Family& f = groups[group][{-p.data_parallel_shard_degree, mb}];
     f.shard = p.data_parallel_shard_degree;

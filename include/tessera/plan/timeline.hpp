@@ -1,8 +1,8 @@
 // A layout's step in time: every pipeline position's trace replayed on a compute stream
 // and on one stream per communicator, as NcclEngine runs it (comm/nccl.hpp).
 //
-// Each position is the trace of one rank (plan/dry_run.hpp: distinct_ranks); its data-
-// and tensor-parallel peers run the same trace at the same time. Replaying them:
+// Each position is the trace of one rank (plan/dry_run.hpp: distinct_ranks); its data-,
+// context- and tensor-parallel peers run the same trace at the same time. Replaying them:
 //   compute     each operation after the one before, at the pricer's time (plan/cost.hpp)
 //   collective  starts on its communicator's stream once the compute issued before it is
 //               done and the stream's previous collective is, and takes what NCCL takes on
@@ -10,13 +10,17 @@
 //               world, the pipeline's own) starts when every position has issued it
 //   send/recv   a transfer starts when both ranks' groups have started (NCCL pairs the
 //               k-th send from a rank with the k-th recv from it), and a group ends with
-//               its last transfer
+//               its last transfer; a group whose peers are within the position (the
+//               context-parallel ring: ranks tp apart in one stage) is every peer's at
+//               once, since the peers run the same program, so it starts when the
+//               position issues it and takes what the ring takes (ring_seconds)
 //   wait        the compute stream waits for the collective's end (CommWait)
 // so what overlaps is what the code overlaps: an FSDP unit's prefetched all-gather runs
-// beside the unit before it, a reduce-scatter beside the next unit's backward, and a
-// pipeline stage waits for its recv as long as the stage before it takes to send. The
-// step ends when the last position's compute does. Time a position's compute spends
-// waiting is exposed communication, or pipeline wait where it waits for a send/recv: the
+// beside the unit before it, a reduce-scatter beside the next unit's backward, a ring
+// step's keys beside that step's attention, and a pipeline stage waits for its recv as
+// long as the stage before it takes to send. The step ends when the last position's
+// compute does. Time a position's compute spends waiting is exposed communication (the
+// ring's waits among it), or pipeline wait where it waits for a pipeline send/recv: the
 // bubble of the schedule as the program runs it, with the transfers' own time in it.
 //
 // A collective between nodes holds SMs while it runs (plan/cluster.hpp, collective_sms),
@@ -63,7 +67,12 @@ struct Timeline {
 };
 
 /// Replays `positions` (the traces of a layout's pipeline positions, in pipeline order;
-/// `block` = the world ranks per position, dp x tp) on `compute` and `net`.
+/// `block` = the world ranks per position, MeshShape::per_stage()) on `compute` and `net`.
+///
+/// Each communicator has its stream, known by its group's stride and size. Two of a mesh's
+/// can share those (FSDP's dp_shard x cp group is the cp group when dp_shard is 1), and
+/// then the send/recv groups within a position (the ring's) are kept on a stream of their
+/// own: the ring's communicator is not FSDP's.
 inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions, int block, const Pricer& compute,
                               const Network& net) {
   const int P = static_cast<int>(positions.size());
@@ -75,6 +84,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
     const trace::Collective* c = nullptr;
     int sms = 0;  // what it holds while it runs (collective_sms), where SMs are shared
     bool cross = false;
+    bool ring = false;  // a send/recv group among the position's own ranks
     std::tuple<int, int, std::int64_t> rendezvous{};  // (stride, size, ordinal) of a cross-position group
     // Each send/recv: (from, to, ordinal) and its place in the collective's peers.
     std::vector<std::pair<std::tuple<int, int, std::int64_t>, std::size_t>> transfers;
@@ -87,8 +97,8 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
   struct State {
     std::size_t next = 0;
     double clock = 0;
-    std::map<std::pair<int, int>, std::optional<std::size_t>> stream;  // communicator -> its last collective
-    std::map<std::pair<int, int>, std::int64_t> ordinal;               // communicator -> collectives issued
+    std::map<std::tuple<int, int, bool>, std::optional<std::size_t>> stream;  // communicator -> its last collective
+    std::map<std::tuple<int, int, bool>, std::int64_t> ordinal;               // communicator -> collectives issued
     std::map<std::pair<int, int>, std::int64_t> sent, received;        // (from, to) -> transfers issued
     std::map<std::uint64_t, std::size_t> by_id;
     PositionTime time;
@@ -99,7 +109,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
   auto end_of = [&](std::size_t i) -> std::optional<double> {
     Issued& x = issued[i];
     if (x.end) return x.end;
-    const double price = collective_seconds(*x.c, net);
+    const double price = x.ring ? ring_seconds(*x.c, net) : collective_seconds(*x.c, net);
     if (x.cross) {
       const auto& all = rendezvous[x.rendezvous];
       if (static_cast<int>(all.size()) < P) return std::nullopt;
@@ -147,7 +157,9 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
     while (st.next < events.size()) {
       const trace::Op& op = events[st.next].op;
       if (const auto* c = std::get_if<trace::Collective>(&op)) {
-        const std::pair<int, int> comm{c->group.stride, c->group.size};
+        // A send/recv group among this position's own ranks: a ring whose peers run it too.
+        const bool ring = std::string_view(c->kind) == "send_recv" && c->group.stride * c->group.size <= block;
+        const std::tuple<int, int, bool> comm{c->group.stride, c->group.size, ring};
         double free = 0;
         if (const auto& last = st.stream[comm]) {
           const auto e = end_of(*last);
@@ -159,13 +171,14 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         x.start = std::max(st.clock, free);
         x.c = c;
         x.sms = shared_sms ? collective_sms(*c, net) : 0;
+        x.ring = ring;
         x.cross = c->group.stride * c->group.size > block && std::string_view(c->kind) != "send_recv";
         const std::size_t id = issued.size();
         if (x.cross) {
           x.rendezvous = {c->group.stride, c->group.size, st.ordinal[comm]++};
           rendezvous[x.rendezvous].push_back(id);
         }
-        for (std::size_t i = 0; i < c->peers.size(); ++i) {
+        for (std::size_t i = 0; !ring && i < c->peers.size(); ++i) {
           const trace::PeerBytes& peer = c->peers[i];
           // Pipeline peers: the group's ranks are the positions (its stride is the block).
           TESSERA_CHECK(c->group.stride == block && c->group.size == P, "simulate_step: a send/recv outside the "
@@ -178,7 +191,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         issued.push_back(x);
         st.stream[comm] = id;
         st.by_id[c->id] = id;
-        st.time.comm_seconds += collective_seconds(*c, net);
+        st.time.comm_seconds += ring ? ring_seconds(*c, net) : collective_seconds(*c, net);
         ++st.time.collectives;
       } else if (const auto* w = std::get_if<trace::CommWait>(&op)) {
         const auto it = st.by_id.find(w->id);

@@ -186,9 +186,9 @@ inline TorchtitanTimeRewrites torchtitan_fsdp_copies(StepTrace& st) {
 /// built in `spare` (trace::Trace::rewrite).
 inline TorchtitanTimeRewrites torchtitan_step_time(StepTrace& st, const TorchtitanRun& run,
                                                    std::vector<trace::Event>& spare) {
-  TESSERA_CHECK(st.mesh.tp == 1 && st.mesh.pp == 1, "plan.runtime torchtitan: counts the FSDP layouts of its "
-                "published table; its tensor and pipeline parallelism (tp ", st.mesh.tp, ", pp ", st.mesh.pp,
-                ") are not counted");
+  TESSERA_CHECK(st.mesh.tp == 1 && st.mesh.pp == 1 && st.mesh.cp == 1, "plan.runtime torchtitan: counts the FSDP "
+                "layouts of its published table; its tensor, pipeline and context parallelism (tp ", st.mesh.tp, ", pp ",
+                st.mesh.pp, ", cp ", st.mesh.cp, ") are not counted");
   using enum EagerSite;
   using enum EagerPlace;
   const std::vector<EagerKernel> triton_weight = triton_rmsnorm_weight_gradient(run.sm_count);
