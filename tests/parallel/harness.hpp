@@ -181,6 +181,20 @@ inline LayoutRun layout_run(comm::MeshShape shape, const std::vector<std::string
   return r;
 }
 
+/// Each rank's error from training `shape` with `keys` for one step (empty where a rank
+/// ran through): what a refusal test checks, every rank having to refuse, none to hang.
+inline std::vector<std::string> layout_errors(comm::MeshShape shape, const std::vector<std::string>& keys) {
+  std::vector<std::string> errors(static_cast<std::size_t>(shape.world()));
+  comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
+    try {
+      train_layout(world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, 1, keys));
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  }, nccl_rules());
+  return errors;
+}
+
 inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size() || a.empty()) return INFINITY;
   double worst = 0;

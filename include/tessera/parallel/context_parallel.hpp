@@ -137,6 +137,54 @@ void check_contiguous(const AttentionShape& s, const Views&... views) {
                 s.seq_len, " rows takes contiguous causal (rows, cols) operands of two chunks a sequence");
 }
 
+/// One attention call's ring: this rank's place in it, and its keys and values packed
+/// [k (2R rows); v (2R rows)] in two buffers, the one attended with and the one arriving.
+template <Backend B, class T>
+struct Ring {
+  ContextParallelGroup& cp;
+  ops::ContextShard me;
+  std::int64_t R, kv_cols, kv_numel;  // rows of a chunk (batch x c); kv's width; a packed buffer's elements
+  int P, next, prev;
+  std::array<Tensor<T>, 2> kv;
+
+  Ring(ContextParallelGroup& group, const AttentionShape& s, TensorView<const T> k, TensorView<const T> v)
+      : cp(group),
+        me(group.shard()),
+        R(s.batch * (s.seq_len / 2)),
+        kv_cols(k.size(1)),
+        kv_numel(2 * (2 * R) * kv_cols),
+        P(me.degree),
+        next((me.rank + 1) % P),
+        prev((me.rank + P - 1) % P),
+        kv{B::template empty<T>(Shape{kv_numel}), B::template empty<T>(Shape{kv_numel})} {
+    B::for_each(2 * R * kv_cols, ops::Copy<T>{k.data(), kv[0].data()});
+    B::for_each(2 * R * kv_cols, ops::Copy<T>{v.data(), kv[0].data() + 2 * R * kv_cols});
+  }
+
+  /// Sends `send` to the next rank and receives `recv` from the one before, as one group.
+  template <class E>
+  comm::Handle exchange(const E* send, E* recv) {
+    const std::array<comm::PeerOp, 2> ops{
+        comm::PeerOp{comm::PeerOp::Kind::send, next, const_cast<E*>(send), static_cast<std::size_t>(kv_numel),
+                     comm::data_type_of<E>(), 0},
+        comm::PeerOp{comm::PeerOp::Kind::recv, prev, recv, static_cast<std::size_t>(kv_numel), comm::data_type_of<E>(),
+                     0}};
+    return cp.comm().send_recv_async(std::span<const comm::PeerOp>(ops));
+  }
+  /// Step `step`'s keys and values passed on (none after the last step), to wait on after it.
+  comm::Handle pass(int step) {
+    if (step + 1 >= P) return {};
+    return exchange(held(step).data(), kv[static_cast<std::size_t>((step + 1) % 2)].data());
+  }
+  const Tensor<T>& held(int step) const { return kv[static_cast<std::size_t>(step % 2)]; }
+  TensorView<const T> keys(int step) const { return packed<const T>(held(step).data(), 2 * R, kv_cols); }
+  TensorView<const T> values(int step) const {
+    return packed<const T>(held(step).data() + 2 * R * kv_cols, 2 * R, kv_cols);
+  }
+  /// The blocks step `step` computes: with the keys of rank i - step.
+  std::vector<RingBlock> blocks(int step) const { return ring_blocks(me, (me.rank + P - step) % P); }
+};
+
 }  // namespace detail
 
 /// Causal attention over the local chunks of `s` (s.seq_len: this rank's 2 chunks a
@@ -151,15 +199,9 @@ void attention_forward(ContextParallelGroup* cp, const AttentionShape& s, Tensor
   }
   using A = accum_t<T>;
   detail::check_contiguous(s, q, k, v, o);
-  const ops::ContextShard me = cp->shard();
-  const std::int64_t c = s.seq_len / 2, R = s.batch * c, kv_cols = k.size(1), q_cols = q.size(1);
-  const AttentionShape block{s.batch, c, s.n_heads, s.n_kv_heads, s.head_dim};
+  detail::Ring<B, T> ring(*cp, s, k, v);
+  const std::int64_t c = s.seq_len / 2, R = ring.R, q_cols = q.size(1);
   const std::int64_t stats = s.batch * s.n_heads * c;  // lse elements of one chunk
-  // Keys and values packed [k (2R rows); v (2R rows)]: one buffer to pass on, two to alternate.
-  const std::int64_t kv_numel = 2 * (2 * R) * kv_cols;
-  std::array<Tensor<T>, 2> kv{B::template empty<T>(Shape{kv_numel}), B::template empty<T>(Shape{kv_numel})};
-  B::for_each(2 * R * kv_cols, ops::Copy<T>{k.data(), kv[0].data()});
-  B::for_each(2 * R * kv_cols, ops::Copy<T>{v.data(), kv[0].data() + 2 * R * kv_cols});
   // The running output: o itself when T is its own accumulation type.
   Tensor<A> o_acc;
   TensorView<A> acc;
@@ -172,33 +214,19 @@ void attention_forward(ContextParallelGroup* cp, const AttentionShape& s, Tensor
   Tensor<T> o_block = B::template empty<T>(Shape{R, q_cols});
   Tensor<A> lse_block = B::template empty<A>(Shape{stats});
   std::array<bool, 2> merged{false, false};
-  const int P = me.degree, next = (me.rank + 1) % P, prev = (me.rank + P - 1) % P;
-  for (int step = 0; step < P; ++step) {
-    Tensor<T>& cur = kv[static_cast<std::size_t>(step % 2)];
-    Tensor<T>& nxt = kv[static_cast<std::size_t>((step + 1) % 2)];
-    comm::Handle pass;
-    if (step + 1 < P) {
-      const std::array<comm::PeerOp, 2> ops{
-          comm::PeerOp{comm::PeerOp::Kind::send, next, cur.data(), static_cast<std::size_t>(kv_numel),
-                       comm::data_type_of<T>(), 0},
-          comm::PeerOp{comm::PeerOp::Kind::recv, prev, nxt.data(), static_cast<std::size_t>(kv_numel),
-                       comm::data_type_of<T>(), 0}};
-      pass = cp->comm().send_recv_async(std::span<const comm::PeerOp>(ops));
-    }
-    const auto kk = detail::packed<const T>(cur.data(), 2 * R, kv_cols);
-    const auto vv = detail::packed<const T>(cur.data() + 2 * R * kv_cols, 2 * R, kv_cols);
-    for (const detail::RingBlock& b : detail::ring_blocks(me, (me.rank + P - step) % P)) {
-      AttentionShape bs = block;
-      bs.causal = b.causal;
-      B::attention_forward(bs, detail::chunk_rows(q, b.q_chunk, R), detail::chunk_rows(kk, b.kv_chunk, R),
-                           detail::chunk_rows(vv, b.kv_chunk, R), o_block.view(), lse_block.data());
+  for (int step = 0; step < ring.P; ++step) {
+    comm::Handle pass = ring.pass(step);
+    for (const detail::RingBlock& b : ring.blocks(step)) {
+      AttentionShape block{s.batch, c, s.n_heads, s.n_kv_heads, s.head_dim, b.causal};
+      B::attention_forward(block, detail::chunk_rows(q, b.q_chunk, R), detail::chunk_rows(ring.keys(step), b.kv_chunk, R),
+                           detail::chunk_rows(ring.values(step), b.kv_chunk, R), o_block.view(), lse_block.data());
       const auto i = static_cast<std::size_t>(b.q_chunk);
       B::for_each(R, ops::MergeAttention<T>{acc.row(b.q_chunk * R), lse + b.q_chunk * stats, o_block.data(),
                                             lse_block.data(), acc.ld(), q_cols, s.n_heads, s.head_dim, c,
                                             !merged[i]});
       merged[i] = true;
     }
-    if (step + 1 < P) pass.wait();
+    pass.wait();
   }
   if constexpr (!std::is_same_v<T, A>) {
     for (std::int64_t r = 0; r < 2 * R; r += R)
@@ -218,51 +246,31 @@ void attention_backward(ContextParallelGroup* cp, const AttentionShape& s, Tenso
   }
   using A = accum_t<T>;
   detail::check_contiguous(s, q, k, v, o, d_o, dq, dk, dv);
-  const ops::ContextShard me = cp->shard();
-  const std::int64_t c = s.seq_len / 2, R = s.batch * c, kv_cols = k.size(1), q_cols = q.size(1);
-  const AttentionShape block{s.batch, c, s.n_heads, s.n_kv_heads, s.head_dim};
-  const std::int64_t stats = s.batch * s.n_heads * c;
-  const std::int64_t kv_numel = 2 * (2 * R) * kv_cols;
-  const int P = me.degree, next = (me.rank + 1) % P, prev = (me.rank + P - 1) % P;
-  std::array<Tensor<T>, 2> kv{B::template empty<T>(Shape{kv_numel}), B::template empty<T>(Shape{kv_numel})};
-  B::for_each(2 * R * kv_cols, ops::Copy<T>{k.data(), kv[0].data()});
-  B::for_each(2 * R * kv_cols, ops::Copy<T>{v.data(), kv[0].data() + 2 * R * kv_cols});
+  detail::Ring<B, T> ring(*cp, s, k, v);
+  const std::int64_t c = s.seq_len / 2, R = ring.R, kv_cols = ring.kv_cols, kv_numel = ring.kv_numel;
+  const std::int64_t q_cols = q.size(1), stats = s.batch * s.n_heads * c;
   // The running gradients of the keys held, packed like them, in accum_t<T>: the one
   // being added into, and the one arriving for the next step's keys; and this step's
   // blocks' gradients of the keys, summed apart while the running ones arrive.
   std::array<Tensor<A>, 2> dkv{B::template zeros<A>(Shape{kv_numel}), B::template empty<A>(Shape{kv_numel})};
-  Tensor<A> step_dkv = P > 1 ? B::template empty<A>(Shape{kv_numel}) : Tensor<A>{};
+  Tensor<A> step_dkv = B::template empty<A>(Shape{kv_numel});
   Tensor<A> dq_acc = B::template empty<A>(Shape{2 * R * q_cols});
   std::array<bool, 2> dq_written{false, false};
   Tensor<T> dq_block = B::template empty<T>(Shape{R, q_cols});
   Tensor<T> dk_block = B::template empty<T>(Shape{R, kv_cols}), dv_block = B::template empty<T>(Shape{R, kv_cols});
   comm::Handle gradients;  // the running gradients' exchange issued at the previous step
-  for (int step = 0; step < P; ++step) {
-    Tensor<T>& cur = kv[static_cast<std::size_t>(step % 2)];
-    Tensor<T>& nxt = kv[static_cast<std::size_t>((step + 1) % 2)];
-    comm::Handle pass;
-    if (step + 1 < P) {
-      const std::array<comm::PeerOp, 2> ops{
-          comm::PeerOp{comm::PeerOp::Kind::send, next, cur.data(), static_cast<std::size_t>(kv_numel),
-                       comm::data_type_of<T>(), 0},
-          comm::PeerOp{comm::PeerOp::Kind::recv, prev, nxt.data(), static_cast<std::size_t>(kv_numel),
-                       comm::data_type_of<T>(), 0}};
-      pass = cp->comm().send_recv_async(std::span<const comm::PeerOp>(ops));
-    }
-    const auto kk = detail::packed<const T>(cur.data(), 2 * R, kv_cols);
-    const auto vv = detail::packed<const T>(cur.data() + 2 * R * kv_cols, 2 * R, kv_cols);
-    const std::vector<detail::RingBlock> blocks = detail::ring_blocks(me, (me.rank + P - step) % P);
+  for (int step = 0; step < ring.P; ++step) {
+    comm::Handle pass = ring.pass(step);
     // Step 0 adds into its own keys' running gradients (zero); a later step sums its
     // blocks apart while those of its keys are still arriving from rank i - 1.
     Tensor<A>& run = dkv[static_cast<std::size_t>(step % 2)];
     Tensor<A>& into = step == 0 ? run : step_dkv;
     if (step > 0) B::for_each(kv_numel, ops::Fill<A>{A(0), step_dkv.data()});
-    for (const detail::RingBlock& b : blocks) {
-      AttentionShape bs = block;
-      bs.causal = b.causal;
+    for (const detail::RingBlock& b : ring.blocks(step)) {
+      AttentionShape block{s.batch, c, s.n_heads, s.n_kv_heads, s.head_dim, b.causal};
       const std::int64_t qi = b.q_chunk;
-      B::attention_backward(bs, detail::chunk_rows(q, b.q_chunk, R), detail::chunk_rows(kk, b.kv_chunk, R),
-                            detail::chunk_rows(vv, b.kv_chunk, R), detail::chunk_rows(o, b.q_chunk, R),
+      B::attention_backward(block, detail::chunk_rows(q, b.q_chunk, R), detail::chunk_rows(ring.keys(step), b.kv_chunk, R),
+                            detail::chunk_rows(ring.values(step), b.kv_chunk, R), detail::chunk_rows(o, b.q_chunk, R),
                             lse + qi * stats, detail::chunk_rows(d_o, b.q_chunk, R), dq_block.view(),
                             dk_block.view(), dv_block.view());
       const auto i = static_cast<std::size_t>(b.q_chunk);
@@ -278,17 +286,11 @@ void attention_backward(ContextParallelGroup* cp, const AttentionShape& s, Tenso
     }
     // Pass the running gradients on and take those of the next keys (after the last step:
     // of this rank's own keys, home). Every rank issues this group at the same step.
-    Tensor<A>& arriving = dkv[static_cast<std::size_t>((step + 1) % 2)];
-    const std::array<comm::PeerOp, 2> ops{
-        comm::PeerOp{comm::PeerOp::Kind::send, next, run.data(), static_cast<std::size_t>(kv_numel),
-                     comm::data_type_of<A>(), 0},
-        comm::PeerOp{comm::PeerOp::Kind::recv, prev, arriving.data(), static_cast<std::size_t>(kv_numel),
-                     comm::data_type_of<A>(), 0}};
-    gradients = cp->comm().send_recv_async(std::span<const comm::PeerOp>(ops));
-    if (step + 1 < P) pass.wait();
+    gradients = ring.exchange(run.data(), dkv[static_cast<std::size_t>((step + 1) % 2)].data());
+    pass.wait();
   }
   gradients.wait();
-  const Tensor<A>& home = dkv[static_cast<std::size_t>(P % 2)];
+  const Tensor<A>& home = dkv[static_cast<std::size_t>(ring.P % 2)];
   B::for_each(2 * R * q_cols, ops::Convert<A, T>{dq_acc.data(), dq.data()});
   B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data(), dk.data()});
   B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data() + 2 * R * kv_cols, dv.data()});
