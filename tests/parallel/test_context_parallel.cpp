@@ -15,6 +15,7 @@
 #include <random>
 
 #include "harness.hpp"
+#include "parity_checks.hpp"
 #include "tessera/comm/thread.hpp"
 #include "tessera/nn/attention.hpp"
 #include "tessera/parallel/context_parallel.hpp"
@@ -52,16 +53,6 @@ double relative_gap(const std::vector<E>& a, const std::vector<E>& b) {
     largest = std::max(largest, static_cast<double>(std::abs(b[i])));
   }
   return worst / largest;
-}
-
-void check_parity(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys,
-                  const std::vector<std::string>& model_keys = {}) {
-  CAPTURE(layout);
-  const LayoutRun run = layout_run(shape, with(keys, model_keys));
-  CHECK(run.ranks_agree);
-  const RunGap gap = run_gap(run.rank0, one_rank_run(model_keys));
-  CHECK(gap.loss <= 1e-5);
-  CHECK(gap.grad_norm <= 1e-4);
 }
 
 }  // namespace
@@ -220,21 +211,21 @@ TEST_CASE("context parallel: a rank's attention layer gives its rows of the whol
 
 TEST_CASE("context parallel: CP 2 and CP 4 train the same model as one rank, in every checkpoint mode") {
   std::size_t turn = 0;
-  for (const AcMode& ac : ac_modes_for(turn++)) check_parity(std::string("CP 2, ") + ac.name, {1, 1, 1, 1, 2}, ac.keys);
+  for (const AcMode& ac : ac_modes_for(turn++)) check_layout_parity(std::string("CP 2, ") + ac.name, {1, 1, 1, 1, 2}, ac.keys);
   for (const AcMode& ac : ac_modes_for(turn++, true))
-    check_parity(std::string("CP 4, ") + ac.name, {1, 1, 1, 1, 4}, ac.keys);
+    check_layout_parity(std::string("CP 4, ") + ac.name, {1, 1, 1, 1, 4}, ac.keys);
 }
 
 TEST_CASE("context parallel: composed with FSDP, HSDP, TP and PP") {
   std::size_t turn = 0;
   const auto modes = [&] { return ac_modes_for(turn++); };
-  for (const AcMode& ac : modes()) check_parity(std::string("CP 2 x FSDP 2, ") + ac.name, {1, 1, 2, 1, 2}, ac.keys);
-  check_parity("CP 2 x HSDP 2x1, selective op", {1, 2, 1, 1, 2}, kAcModes[2].keys);
-  check_parity("CP 2 x TP 2, full", {1, 1, 1, 2, 2}, kAcModes[1].keys, {"--model.n_kv_heads", "4"});
-  check_parity("CP 2 x PP 2 (1F1B), none", {2, 1, 1, 1, 2}, kAcModes[0].keys);
-  check_parity("CP 2 x PP 2 (interleaved 1F1B), every 2nd layer", {2, 1, 1, 1, 2},
+  for (const AcMode& ac : modes()) check_layout_parity(std::string("CP 2 x FSDP 2, ") + ac.name, {1, 1, 2, 1, 2}, ac.keys);
+  check_layout_parity("CP 2 x HSDP 2x1, selective op", {1, 2, 1, 1, 2}, kAcModes[2].keys);
+  check_layout_parity("CP 2 x TP 2, full", {1, 1, 1, 2, 2}, kAcModes[1].keys, {"--model.n_kv_heads", "4"});
+  check_layout_parity("CP 2 x PP 2 (1F1B), none", {2, 1, 1, 1, 2}, kAcModes[0].keys);
+  check_layout_parity("CP 2 x PP 2 (interleaved 1F1B), every 2nd layer", {2, 1, 1, 1, 2},
                with(kAcModes[3].keys, {"--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"}));
-  check_parity("CP 2 x TP 2 x FSDP 2, selective op", {1, 1, 2, 2, 2}, kAcModes[2].keys);
+  check_layout_parity("CP 2 x TP 2 x FSDP 2, selective op", {1, 1, 2, 2, 2}, kAcModes[2].keys);
 }
 
 TEST_CASE("context parallel: 4096 tokens a sequence on CP 2, as one rank") {

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "harness.hpp"
+#include "parity_checks.hpp"
 #include "tessera/checkpoint/hf.hpp"
 #include "tessera/comm/thread.hpp"
 
@@ -20,16 +21,6 @@ using namespace tessera::test;
 
 namespace {
 
-void check_parity(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys,
-                  const std::vector<std::string>& model_keys = {}) {
-  CAPTURE(layout);
-  const LayoutRun run = layout_run(shape, with(keys, model_keys));
-  CHECK(run.ranks_agree);
-  const RunGap gap = run_gap(run.rank0, one_rank_run(model_keys));
-  CHECK(gap.loss <= 1e-5);
-  CHECK(gap.grad_norm <= 1e-4);
-}
-
 std::vector<std::string> schedule(const char* name, int microbatch_size = 1) {
   return {"--parallelism.pipeline_parallel_schedule", name, "--parallelism.pipeline_parallel_microbatch_size",
           std::to_string(microbatch_size)};
@@ -39,33 +30,33 @@ std::vector<std::string> schedule(const char* name, int microbatch_size = 1) {
 
 TEST_CASE("pipeline parity: every schedule on 2 ranks") {
   for (const char* s : {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"})
-    check_parity(std::string("PP 2, ") + s, {2, 1, 1, 1}, schedule(s));
+    check_layout_parity(std::string("PP 2, ") + s, {2, 1, 1, 1}, schedule(s));
 }
 
 TEST_CASE("pipeline parity: every schedule on 4 ranks") {
   for (const char* s : {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"})
-    check_parity(std::string("PP 4, ") + s, {4, 1, 1, 1}, schedule(s, 2));
+    check_layout_parity(std::string("PP 4, ") + s, {4, 1, 1, 1}, schedule(s, 2));
 }
 
 TEST_CASE("pipeline parity: layer counts that do not split evenly over the stages") {
   // 5 blocks + embedding + output = 7 layers over 4 stages (2, 2, 2, 1); 7 blocks over
   // 2 x 2 interleaved stages (3, 2, 2, 2); 6 blocks over 3 stages (3, 3, 2).
-  check_parity("PP 4, 1F1B, 5 layers", {4, 1, 1, 1}, schedule("1F1B", 2), {"--model.n_layers", "5"});
-  check_parity("PP 2, Interleaved1F1B, 7 layers", {2, 1, 1, 1}, schedule("Interleaved1F1B"), {"--model.n_layers", "7"});
-  check_parity("PP 3, GPipe", {3, 1, 1, 1}, schedule("GPipe"));
+  check_layout_parity("PP 4, 1F1B, 5 layers", {4, 1, 1, 1}, schedule("1F1B", 2), {"--model.n_layers", "5"});
+  check_layout_parity("PP 2, Interleaved1F1B, 7 layers", {2, 1, 1, 1}, schedule("Interleaved1F1B"), {"--model.n_layers", "7"});
+  check_layout_parity("PP 3, GPipe", {3, 1, 1, 1}, schedule("GPipe"));
 }
 
 TEST_CASE("pipeline parity: composed with FSDP, tensor parallelism and activation checkpointing") {
-  check_parity("FSDP 2 x PP 2, 1F1B, full", {2, 1, 2, 1}, with(schedule("1F1B"), kAcModes[1].keys));
-  check_parity("TP 2 x PP 2, Interleaved1F1B, selective op", {2, 1, 1, 2},
+  check_layout_parity("FSDP 2 x PP 2, 1F1B, full", {2, 1, 2, 1}, with(schedule("1F1B"), kAcModes[1].keys));
+  check_layout_parity("TP 2 x PP 2, Interleaved1F1B, selective op", {2, 1, 1, 2},
                with(schedule("Interleaved1F1B"), kAcModes[2].keys));
-  check_parity("FSDP 2 x TP 2 x PP 2, InterleavedZeroBubble, every 2nd layer", {2, 1, 2, 2},
+  check_layout_parity("FSDP 2 x TP 2 x PP 2, InterleavedZeroBubble, every 2nd layer", {2, 1, 2, 2},
                with(schedule("InterleavedZeroBubble"), kAcModes[3].keys));
-  check_parity("DDP 2 x PP 2, GPipe, 2 micro-batches per step", {2, 2, 1, 1},
+  check_layout_parity("DDP 2 x PP 2, GPipe, 2 micro-batches per step", {2, 2, 1, 1},
                with(schedule("GPipe", 2), {"--training.local_batch_size", "2"}));
   // Without sequence parallelism the stages pass every row, and a micro-batch's tokens
   // need not divide by the tp degree (31 here; with it, refused by name).
-  check_parity("TP 2 x PP 2 without sequence parallelism, 1F1B, 31-token micro-batches", {2, 1, 1, 2},
+  check_layout_parity("TP 2 x PP 2 without sequence parallelism, 1F1B, 31-token micro-batches", {2, 1, 1, 2},
                with(schedule("1F1B"), {"--parallelism.disable_sequence_parallel", "true"}), {"--training.seq_len", "31"});
 }
 

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "harness.hpp"
+#include "parity_checks.hpp"
 #include "tessera/comm/thread.hpp"
 
 namespace test_tensor_parallel {  // unity build: this file's names stay in here (tests/meson.build)
@@ -23,16 +24,6 @@ using namespace tessera::test;
 
 namespace {
 
-void check_parity(const std::string& layout, comm::MeshShape shape, const std::vector<std::string>& keys,
-                  const std::vector<std::string>& model_keys = {}, double grad_norm_bar = 1e-4) {
-  CAPTURE(layout);
-  const LayoutRun run = layout_run(shape, with(keys, model_keys));
-  CHECK(run.ranks_agree);
-  const RunGap gap = run_gap(run.rank0, one_rank_run(model_keys));
-  CHECK(gap.loss <= 1e-5);
-  CHECK(gap.grad_norm <= grad_norm_bar);
-}
-
 const std::vector<std::string> kFull = kAcModes[1].keys;
 const std::vector<std::string> kSelectiveOp = kAcModes[2].keys;
 const std::vector<std::string> kEvery2nd = kAcModes[3].keys;
@@ -40,37 +31,37 @@ const std::vector<std::string> kEvery2nd = kAcModes[3].keys;
 }  // namespace
 
 TEST_CASE("tensor parallel: TP 2 and TP 4 train the same model as one rank") {
-  check_parity("TP 2", {1, 1, 1, 2}, {});
-  check_parity("TP 4, full checkpointing", {1, 1, 1, 4}, kFull);
+  check_layout_parity("TP 2", {1, 1, 1, 2}, {});
+  check_layout_parity("TP 4, full checkpointing", {1, 1, 1, 4}, kFull);
 }
 
 TEST_CASE("tensor parallel: TP 4 over 2 key/value heads (each kv head on 2 ranks), and TP 2 over 4") {
   const std::vector<std::string> gqa = {"--model.n_kv_heads", "2"};
-  check_parity("TP 4 > kv heads 2", {1, 1, 1, 4}, kSelectiveOp, gqa);
-  check_parity("TP 2 < kv heads 4", {1, 1, 1, 2}, {}, {"--model.n_kv_heads", "4"});
+  check_layout_parity("TP 4 > kv heads 2", {1, 1, 1, 4}, kSelectiveOp, gqa);
+  check_layout_parity("TP 2 < kv heads 4", {1, 1, 1, 2}, {}, {"--model.n_kv_heads", "4"});
 }
 
 TEST_CASE("tensor parallel: loss parallelism disabled (the output whole on every rank)") {
-  check_parity("TP 2, no loss parallel", {1, 1, 1, 2}, {"--parallelism.disable_loss_parallel", "true"});
+  check_layout_parity("TP 2, no loss parallel", {1, 1, 1, 2}, {"--parallelism.disable_loss_parallel", "true"});
 }
 
 TEST_CASE("tensor parallel: sequence parallelism disabled (every row on every rank between the regions)") {
   const std::vector<std::string> no_sp = {"--parallelism.disable_sequence_parallel", "true"};
-  check_parity("TP 2, no sequence parallel", {1, 1, 1, 2}, no_sp);
+  check_layout_parity("TP 2, no sequence parallel", {1, 1, 1, 2}, no_sp);
   // Selective op keeps wo's and w2's outputs: the all-reduce must leave them partial.
-  check_parity("FSDP 2 x TP 2, no sequence parallel, selective op", {1, 1, 2, 2}, with(no_sp, kSelectiveOp));
-  check_parity("TP 4 > kv heads 2, neither sequence nor loss parallel, full", {1, 1, 1, 4},
+  check_layout_parity("FSDP 2 x TP 2, no sequence parallel, selective op", {1, 1, 2, 2}, with(no_sp, kSelectiveOp));
+  check_layout_parity("TP 4 > kv heads 2, neither sequence nor loss parallel, full", {1, 1, 1, 4},
                with(with(no_sp, {"--parallelism.disable_loss_parallel", "true"}), kFull), {"--model.n_kv_heads", "2"});
 }
 
 TEST_CASE("tensor parallel: with tied embeddings (the head reads the vocabulary-split embedding)") {
-  check_parity("TP 2, tied", {1, 1, 1, 2}, {}, {"--model.tie_embeddings", "true"});
+  check_layout_parity("TP 2, tied", {1, 1, 1, 2}, {}, {"--model.tie_embeddings", "true"});
 }
 
 TEST_CASE("tensor parallel: FSDP x TP and HSDP x TP, with checkpointing") {
-  check_parity("FSDP 2 x TP 2, selective op", {1, 1, 2, 2}, kSelectiveOp);
-  check_parity("FSDP 2 x TP 4, every 2nd layer", {1, 1, 2, 4}, kEvery2nd);
-  check_parity("HSDP 2x2 x TP 2, full", {1, 2, 2, 2}, kFull);
+  check_layout_parity("FSDP 2 x TP 2, selective op", {1, 1, 2, 2}, kSelectiveOp);
+  check_layout_parity("FSDP 2 x TP 4, every 2nd layer", {1, 1, 2, 4}, kEvery2nd);
+  check_layout_parity("HSDP 2x2 x TP 2, full", {1, 2, 2, 2}, kFull);
 }
 
 TEST_CASE("tensor parallel: each rank's gradient is its piece of one rank's, and saving sees whole parameters") {
