@@ -173,6 +173,38 @@ TEST_CASE("DataLoader: bad arguments") {
   CHECK(one.next().targets == Row{1, 2, 3, 4});
 }
 
+TEST_CASE("DataLoader: a loss mask turns the targets it leaves out into ignore_index, in every layout") {
+  // 4 windows of 5 tokens (seq_len 4); token i counts when i % 3 == 0.
+  tessera::io::TokenStream stream{iota_tokens(20), {}};
+  for (std::size_t i = 0; i < 20; ++i) stream.loss_mask.push_back(i % 3 == 0 ? 1 : 0);
+  DataLoader whole(stream, 4, 2);
+  CHECK(whole.masked());
+  const Batch b = whole.next();
+  // Window 0 is tokens 0..4: inputs 0 1 2 3, targets 1 2 3 4, of which only 3 counts.
+  CHECK(row_of(b.inputs, 4, 0) == Row{0, 1, 2, 3});
+  CHECK(row_of(b.targets, 4, 0) == Row{-100, -100, 3, -100});
+  // Window 1 is tokens 5..9: targets 6 7 8 9, of which 6 and 9 count.
+  CHECK(row_of(b.targets, 4, 1) == Row{6, -100, -100, 9});
+  CHECK(b.n_targets == 3);
+  // Each data-parallel rank's slice carries the same mask as the whole batch's rows.
+  for (std::int64_t r = 0; r < 2; ++r) {
+    DataLoader part(stream, 4, 1, r, 2);
+    const Batch p = part.next();
+    CHECK(p.targets == row_of(b.targets, 4, r));
+  }
+  // Wrapped round and resumed, the mask stays with its tokens.
+  DataLoader later(stream, 4, 2);
+  later.seek(4);
+  CHECK(later.next().targets == b.targets);
+}
+
+TEST_CASE("DataLoader: a loss mask of the wrong length, or one that keeps nothing, is refused") {
+  CHECK_ERROR_CONTAINS(DataLoader(tessera::io::TokenStream{iota_tokens(10), {1, 0}}, 4, 1), "10 tokens but 2 loss mask values");
+  tessera::io::TokenStream none{iota_tokens(12), std::vector<std::uint8_t>(12, 0)};
+  none.loss_mask[11] = 1;  // past the last whole window of 5 tokens: never a target
+  CHECK_ERROR_CONTAINS(DataLoader(none, 4, 1), "the loss mask leaves no target in the 2 windows");
+}
+
 TEST_CASE("count_targets skips ignore_index") {
   Batch b;
   b.batch = 1;

@@ -246,9 +246,12 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
   }
   SUBCASE("unsupported version") {
     Bytes b = original;
-    put_u32(b, 8, 2);
+    put_u32(b, 8, 3);
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "unsupported version 2");
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "unsupported version 3");
+    put_u32(b, 8, 2);  // a loss mask's version without the mask's flag
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(read_token_shard(bad), "version 2 flags are 0");
     CHECK_ERROR_CONTAINS(read_token_shard_header(bad), bad);
   }
   SUBCASE("reserved field set") {
@@ -315,6 +318,79 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
     write_bytes(bad, b);
     CHECK_ERROR_CONTAINS(read_token_shard(bad), "token id 300 at index 63 is not below vocab_size 258");
     CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+  }
+}
+
+TEST_CASE("a shard with a loss mask: layout, round trip, streaming, and bad masks") {
+  using tessera::io::TokenStream;
+  TempDir dir("tessera-shard-mask");
+  const std::string path = (dir.path / "chat.bin").string();
+  TokenStream stream;
+  stream.ids = sample_tokens(13, 300);  // 13 tokens: the mask's last byte is partly used
+  for (std::size_t i = 0; i < stream.ids.size(); ++i) stream.loss_mask.push_back(i % 3 == 1 || i == 12 ? 1 : 0);
+  tessera::io::write_token_shard(path, stream, 300);
+
+  const Bytes b = read_bytes(path);
+  REQUIRE(b.size() == 32 + 4 * 13 + 2);
+  CHECK(u32_at(b, 8) == 2);   // version 2
+  CHECK(u32_at(b, 28) == 1);  // flags: a loss mask follows
+  // Bits LSB first: tokens 1, 4, 7, 10 and 12.
+  CHECK(b[32 + 52] == 0b10010010);
+  CHECK(b[32 + 53] == 0b00010100);
+  CHECK(u32_at(b, 24) == tessera::io::crc32(b.data() + 32, b.size() - 32));
+
+  const TokenStream back = tessera::io::read_token_stream(path);
+  CHECK(back.ids == stream.ids);
+  CHECK(back.loss_mask == stream.loss_mask);
+  CHECK(tessera::io::read_token_shard(path) == stream.ids);  // the ids alone
+  CHECK(tessera::io::read_token_shard_header(path).loss_mask);
+
+  // Streamed in pieces, the same bytes.
+  const std::string streamed = (dir.path / "streamed.bin").string();
+  {
+    tessera::io::TokenShardWriter w(streamed, 300, true);
+    const std::span<const std::uint32_t> ids(stream.ids);
+    const std::span<const std::uint8_t> mask(stream.loss_mask);
+    w.append(ids.first(5), mask.first(5));
+    w.append(ids.subspan(5), mask.subspan(5));
+    CHECK_ERROR_CONTAINS(w.append(ids), "has a loss mask");
+    w.commit();
+  }
+  CHECK(read_bytes(streamed) == b);
+
+  // A shard without a mask stays version 1, and reads with an empty mask.
+  const std::string plain = (dir.path / "plain.bin").string();
+  tessera::io::write_token_shard(plain, TokenStream{stream.ids, {}}, 300);
+  CHECK(u32_at(read_bytes(plain), 8) == 1);
+  CHECK(tessera::io::read_token_stream(plain).loss_mask.empty());
+  {
+    tessera::io::TokenShardWriter w((dir.path / "x.bin").string(), 300);
+    CHECK_ERROR_CONTAINS(w.append(stream.ids, stream.loss_mask), "has no loss mask");
+  }
+
+  const std::string bad = (dir.path / "bad.bin").string();
+  SUBCASE("the mask cut short") {
+    write_bytes(bad, Bytes(b.begin(), b.end() - 1));
+    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), "truncated: expected 86 bytes");
+    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), "2 bytes of loss mask");
+  }
+  SUBCASE("a flipped mask bit") {
+    Bytes c = b;
+    c[32 + 52] ^= 0x01;
+    write_bytes(bad, c);
+    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), "corrupt");
+  }
+  SUBCASE("a bit past the last token") {
+    Bytes c = b;
+    c[32 + 53] |= 0x80;
+    put_u32(c, 24, tessera::io::crc32(c.data() + 32, c.size() - 32));
+    write_bytes(bad, c);
+    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), "bits set past the last token");
+  }
+  SUBCASE("mask and ids of different lengths") {
+    CHECK_ERROR_CONTAINS(tessera::io::write_token_shard(bad, TokenStream{stream.ids, {1, 0}}, 300),
+                         "13 ids but 2 mask values");
+    CHECK_FALSE(fs::exists(bad));
   }
 }
 

@@ -10,10 +10,16 @@
 // out the loader wraps to the first one and counts an epoch; a global batch may straddle
 // the wrap.
 //
+// A loss mask (io::TokenStream, chat data) travels with the tokens: a target whose token
+// the mask leaves out (a prompt token of a chat) becomes Batch::ignore_index, so only
+// the tokens the mask keeps (the assistant's replies) are predicted. The inputs are not
+// masked: the model reads the whole conversation.
+//
 // position() counts the windows consumed since the start of epoch 0 (all ranks together);
 // saving it and calling seek() with it resumes the stream exactly, epoch included.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/io/token_shard.hpp"  // TokenStream
 #include "tessera/io/tokenizer.hpp"
 
 namespace tessera::data {
@@ -57,7 +64,13 @@ class DataLoader {
  public:
   DataLoader(std::vector<std::uint32_t> tokens, std::int64_t seq_len, std::int64_t local_batch_size,
              std::int64_t dp_rank = 0, std::int64_t dp_degree = 1)
-      : tokens_(std::move(tokens)),
+      : DataLoader(io::TokenStream{std::move(tokens), {}}, seq_len, local_batch_size, dp_rank, dp_degree) {}
+
+  /// A token stream with its loss mask (empty: every target counts).
+  DataLoader(io::TokenStream stream, std::int64_t seq_len, std::int64_t local_batch_size, std::int64_t dp_rank = 0,
+             std::int64_t dp_degree = 1)
+      : tokens_(std::move(stream.ids)),
+        mask_(std::move(stream.loss_mask)),
         seq_len_(seq_len),
         local_batch_size_(local_batch_size),
         dp_rank_(dp_rank),
@@ -81,6 +94,15 @@ class DataLoader {
                     "DataLoader: token id ", tokens_[i], " at index ", i, " does not fit in int32");
     }
     windows_per_epoch_ = static_cast<std::int64_t>(tokens_.size() / window);
+    if (!mask_.empty()) {
+      TESSERA_CHECK(mask_.size() == tokens_.size(), "DataLoader: ", tokens_.size(), " tokens but ", mask_.size(),
+                    " loss mask values");
+      const auto used = static_cast<std::size_t>(windows_per_epoch_) * window;
+      TESSERA_CHECK(std::any_of(mask_.begin(), mask_.begin() + static_cast<std::ptrdiff_t>(used),
+                                [](std::uint8_t m) { return m != 0; }),
+                    "DataLoader: the loss mask leaves no target in the ", windows_per_epoch_,
+                    " windows of the stream (no assistant reply to learn from?)");
+    }
   }
 
   /// This rank's slice of the next global batch; advances every rank's position alike.
@@ -104,6 +126,12 @@ class DataLoader {
       const std::uint32_t* src = tokens_.data() + w * (seq_len_ + 1);
       b.inputs.insert(b.inputs.end(), src, src + seq_len_);
       b.targets.insert(b.targets.end(), src + 1, src + seq_len_ + 1);
+      if (!mask_.empty()) {
+        const std::uint8_t* keep = mask_.data() + w * (seq_len_ + 1) + 1;
+        std::int32_t* row_targets = b.targets.data() + row * seq_len_;
+        for (std::int64_t j = 0; j < seq_len_; ++j)
+          if (!keep[j]) row_targets[j] = Batch::ignore_index;
+      }
     }
     b.n_targets = count_targets(b);
     position_ += local_batch_size_ * dp_degree_;
@@ -131,9 +159,12 @@ class DataLoader {
   std::int64_t dp_rank() const { return dp_rank_; }
   std::int64_t dp_degree() const { return dp_degree_; }
   std::int64_t num_tokens() const { return static_cast<std::int64_t>(tokens_.size()); }
+  /// Whether a loss mask decides which targets count.
+  bool masked() const { return !mask_.empty(); }
 
  private:
   std::vector<std::uint32_t> tokens_;
+  std::vector<std::uint8_t> mask_;  // per token; empty: every target counts
   std::int64_t seq_len_, local_batch_size_, dp_rank_, dp_degree_;
   std::int64_t windows_per_epoch_ = 0;
   std::int64_t position_ = 0;

@@ -1,19 +1,24 @@
-// Token shards: a tokenized corpus as one flat file of uint32 token ids.
+// Token shards: a tokenized corpus as one flat file of uint32 token ids, with an
+// optional loss mask.
 //
 // Layout (all little-endian; docs/formats.md is the reference):
 //   offset  0  8 bytes  magic "TSRATOKS"
-//   offset  8  u32      version (1)
+//   offset  8  u32      version: 1 (ids only) or 2 (ids and a loss mask)
 //   offset 12  u32      vocab_size: every id in the payload is below it
 //   offset 16  u64      count: number of tokens
-//   offset 24  u32      CRC-32 (IEEE) of the payload bytes
-//   offset 28  u32      reserved, 0
+//   offset 24  u32      CRC-32 (IEEE) of the payload bytes (ids, then the mask's)
+//   offset 28  u32      version 1: reserved, 0; version 2: flags, bit 0 set (a mask follows)
 //   offset 32  count x u32 token ids
+//   version 2: ceil(count / 8) bytes of loss mask: bit i % 8 of byte i / 8 is set when
+//              token i counts as a target (chat data: the assistant's replies); the
+//              unused high bits of the last byte are 0
 //
-// write_token_shard checks every id against vocab_size before it writes anything;
-// TokenShardWriter streams ids in as they come. Both write to `path + ".tmp"` and
-// rename, so a reader never sees a half-written shard at `path`.
-// The reader checks everything the header claims (magic, version, exact file size,
-// CRC, ids below vocab_size) and throws tessera::Error with one line naming the path.
+// A shard without a mask is written as version 1, so every reader of version 1 still
+// reads it. write_token_shard checks every id against vocab_size before it writes
+// anything; TokenShardWriter streams ids in as they come. Both write to `path + ".tmp"`
+// and rename, so a reader never sees a half-written shard at `path`.
+// The reader checks everything the header claims (magic, version, flags, exact file
+// size, CRC, ids below vocab_size) and throws tessera::Error with one line naming the path.
 #pragma once
 
 #include <algorithm>
@@ -38,7 +43,9 @@
 namespace tessera::io {
 
 inline constexpr std::string_view token_shard_magic = "TSRATOKS";
-inline constexpr std::uint32_t token_shard_version = 1;
+inline constexpr std::uint32_t token_shard_version = 1;         // ids only
+inline constexpr std::uint32_t token_shard_masked_version = 2;  // ids and a loss mask
+inline constexpr std::uint32_t token_shard_flag_loss_mask = 1;
 inline constexpr std::uint64_t token_shard_header_bytes = 32;
 
 struct TokenShardHeader {
@@ -46,6 +53,20 @@ struct TokenShardHeader {
   std::uint32_t vocab_size = 0;  // every id is below it
   std::uint64_t count = 0;       // number of tokens in the payload
   std::uint32_t crc32 = 0;       // CRC-32 of the payload bytes
+  bool loss_mask = false;        // a loss mask follows the ids (version 2)
+
+  /// Bytes of the loss mask: ceil(count / 8), or 0 without one.
+  std::uint64_t mask_bytes() const { return loss_mask ? (count + 7) / 8 : 0; }
+};
+
+/// A token stream and which of its tokens count as targets: loss_mask[i] is 1 when
+/// token i may be predicted (a chat's assistant replies), 0 when it may not (the
+/// prompt); an empty mask means every token counts.
+struct TokenStream {
+  std::vector<std::uint32_t> ids;
+  std::vector<std::uint8_t> loss_mask;
+
+  bool masked() const { return !loss_mask.empty(); }
 };
 
 namespace detail {
@@ -101,21 +122,30 @@ inline TokenShardHeader read_checked_header(const std::string& path, std::ifstre
   header.vocab_size = load_u32_le(raw + 12);
   header.count = load_u64_le(raw + 16);
   header.crc32 = load_u32_le(raw + 24);
-  std::uint32_t reserved = load_u32_le(raw + 28);
-  TESSERA_CHECK(header.version == token_shard_version, "token shard '", path, "': unsupported version ",
-                header.version, " (this reader knows version ", token_shard_version, ")");
-  TESSERA_CHECK(reserved == 0, "token shard '", path, "': reserved header field is ", reserved,
-                ", expected 0");
+  const std::uint32_t flags = load_u32_le(raw + 28);
+  TESSERA_CHECK(header.version == token_shard_version || header.version == token_shard_masked_version,
+                "token shard '", path, "': unsupported version ", header.version, " (this reader knows versions ",
+                token_shard_version, " and ", token_shard_masked_version, ")");
+  if (header.version == token_shard_version) {
+    TESSERA_CHECK(flags == 0, "token shard '", path, "': reserved header field is ", flags, ", expected 0");
+  } else {
+    TESSERA_CHECK(flags == token_shard_flag_loss_mask, "token shard '", path, "': version 2 flags are ", flags,
+                  ", expected ", token_shard_flag_loss_mask, " (a loss mask follows the ids)");
+    header.loss_mask = true;
+  }
   TESSERA_CHECK(header.vocab_size > 0, "token shard '", path, "': vocab_size is 0");
   constexpr std::uint64_t max_count = (std::numeric_limits<std::uint64_t>::max() - token_shard_header_bytes) / 4;
   TESSERA_CHECK(header.count <= max_count, "token shard '", path, "': truncated: header claims ",
                 header.count, " tokens, more than any file can hold; file is ", size, " bytes");
-  std::uint64_t expected = token_shard_header_bytes + 4 * header.count;
-  TESSERA_CHECK(size >= expected, "token shard '", path, "': truncated: expected ", expected,
-                " bytes (32-byte header + 4 x ", header.count, " tokens), found ", size);
-  TESSERA_CHECK(size == expected, "token shard '", path, "': ", size - expected,
-                " trailing bytes: expected ", expected, " bytes (32-byte header + 4 x ", header.count,
-                " tokens), found ", size);
+  const std::uint64_t expected = token_shard_header_bytes + 4 * header.count + header.mask_bytes();
+  const std::string layout = tessera::detail::concat("32-byte header + 4 x ", header.count, " tokens",
+                                                     header.loss_mask ? " + " : "",
+                                                     header.loss_mask ? std::to_string(header.mask_bytes()) : "",
+                                                     header.loss_mask ? " bytes of loss mask" : "");
+  TESSERA_CHECK(size >= expected, "token shard '", path, "': truncated: expected ", expected, " bytes (", layout,
+                "), found ", size);
+  TESSERA_CHECK(size == expected, "token shard '", path, "': ", size - expected, " trailing bytes: expected ",
+                expected, " bytes (", layout, "), found ", size);
   return header;
 }
 
@@ -123,13 +153,15 @@ inline TokenShardHeader read_checked_header(const std::string& path, std::ifstre
 
 /// Writes a token shard in pieces, so a tokenizer's output never has to be held in
 /// memory: ids are appended as they come and the header's count and CRC are filled in
-/// by commit(). Until then the shard lives at `path + ".tmp"`; a writer destroyed
-/// without commit() (an error, an exception) removes it, so `path` is either left as it
-/// was or replaced by a complete shard.
+/// by commit(). A shard with a loss mask (`with_loss_mask`) takes each id's mask bit
+/// with it; the bits (an eighth of a byte per token) are held until commit() writes
+/// them after the ids. Until then the shard lives at `path + ".tmp"`; a writer
+/// destroyed without commit() (an error, an exception) removes it, so `path` is either
+/// left as it was or replaced by a complete shard.
 class TokenShardWriter {
  public:
-  TokenShardWriter(std::string path, std::uint32_t vocab_size)
-      : path_(std::move(path)), tmp_(path_ + ".tmp"), vocab_size_(vocab_size) {
+  TokenShardWriter(std::string path, std::uint32_t vocab_size, bool with_loss_mask = false)
+      : path_(std::move(path)), tmp_(path_ + ".tmp"), vocab_size_(vocab_size), masked_(with_loss_mask) {
     TESSERA_CHECK(vocab_size > 0, "write_token_shard '", path_, "': vocab_size must be positive");
     out_.open(tmp_, std::ios::binary | std::ios::trunc);
     if (!out_.is_open()) {
@@ -141,8 +173,9 @@ class TokenShardWriter {
     }
     unsigned char header[token_shard_header_bytes] = {};  // count and CRC come at commit()
     std::memcpy(header, token_shard_magic.data(), token_shard_magic.size());
-    detail::store_u32_le(header + 8, token_shard_version);
+    detail::store_u32_le(header + 8, masked_ ? token_shard_masked_version : token_shard_version);
     detail::store_u32_le(header + 12, vocab_size_);
+    detail::store_u32_le(header + 28, masked_ ? token_shard_flag_loss_mask : 0);
     out_.write(reinterpret_cast<const char*>(header), token_shard_header_bytes);
   }
   TokenShardWriter(const TokenShardWriter&) = delete;
@@ -154,8 +187,53 @@ class TokenShardWriter {
     std::filesystem::remove(tmp_, ignored);
   }
 
-  /// Appends `ids`; each must be below vocab_size (the error gives its index in the shard).
+  /// Appends `ids` to a shard without a loss mask; each must be below vocab_size (the
+  /// error gives its index in the shard).
   void append(std::span<const std::uint32_t> ids) {
+    TESSERA_CHECK(!masked_, "write_token_shard '", path_, "': the shard has a loss mask: append ids with their mask");
+    append_ids(ids);
+  }
+
+  /// Appends `ids` and their loss mask (`mask[i]` nonzero: token i counts as a target)
+  /// to a shard with a loss mask.
+  void append(std::span<const std::uint32_t> ids, std::span<const std::uint8_t> mask) {
+    TESSERA_CHECK(masked_, "write_token_shard '", path_, "': the shard has no loss mask (open it with_loss_mask)");
+    TESSERA_CHECK(mask.size() == ids.size(), "write_token_shard '", path_, "': ", ids.size(), " ids but ",
+                  mask.size(), " mask values");
+    const std::uint64_t first = count_;
+    append_ids(ids);
+    mask_bits_.resize(static_cast<std::size_t>((count_ + 7) / 8), 0);
+    for (std::size_t i = 0; i < mask.size(); ++i) {
+      const std::uint64_t k = first + i;
+      if (mask[i]) mask_bits_[static_cast<std::size_t>(k / 8)] |= static_cast<std::uint8_t>(1u << (k % 8));
+    }
+  }
+
+  std::uint64_t count() const { return count_; }
+
+  /// Writes the loss mask (if any), completes the header, closes the file and renames
+  /// it to `path`.
+  void commit() {
+    TESSERA_CHECK(!committed_, "write_token_shard '", path_, "': committed twice");
+    if (masked_) {
+      crc_ = crc32_update(crc_, mask_bits_.data(), mask_bits_.size());
+      out_.write(reinterpret_cast<const char*>(mask_bits_.data()), static_cast<std::streamsize>(mask_bits_.size()));
+    }
+    unsigned char fields[12];
+    detail::store_u64_le(fields, count_);
+    detail::store_u32_le(fields + 8, crc_);
+    out_.seekp(16);
+    out_.write(reinterpret_cast<const char*>(fields), sizeof fields);
+    out_.close();
+    std::error_code ec;
+    if (!out_) fail("write_token_shard '", path_, "': writing '", tmp_, "' failed (disk full?)");
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec) fail("write_token_shard '", path_, "': cannot rename '", tmp_, "' to it: ", ec.message());
+    committed_ = true;
+  }
+
+ private:
+  void append_ids(std::span<const std::uint32_t> ids) {
     TESSERA_CHECK(!committed_, "write_token_shard '", path_, "': append after commit");
     for (std::size_t i = 0; i < ids.size(); ++i) {
       TESSERA_CHECK(ids[i] < vocab_size_, "write_token_shard '", path_, "': token id ", ids[i], " at index ",
@@ -171,32 +249,15 @@ class TokenShardWriter {
     count_ += ids.size();
   }
 
-  std::uint64_t count() const { return count_; }
-
-  /// Completes the header, closes the file and renames it to `path`.
-  void commit() {
-    TESSERA_CHECK(!committed_, "write_token_shard '", path_, "': committed twice");
-    unsigned char fields[12];
-    detail::store_u64_le(fields, count_);
-    detail::store_u32_le(fields + 8, crc_);
-    out_.seekp(16);
-    out_.write(reinterpret_cast<const char*>(fields), sizeof fields);
-    out_.close();
-    std::error_code ec;
-    if (!out_) fail("write_token_shard '", path_, "': writing '", tmp_, "' failed (disk full?)");
-    std::filesystem::rename(tmp_, path_, ec);
-    if (ec) fail("write_token_shard '", path_, "': cannot rename '", tmp_, "' to it: ", ec.message());
-    committed_ = true;
-  }
-
- private:
   std::string path_, tmp_;
   std::uint32_t vocab_size_;
+  bool masked_;
   std::ofstream out_;
   std::uint64_t count_ = 0;
   std::uint32_t crc_ = 0;
   bool committed_ = false;
   std::vector<unsigned char> chunk_ = std::vector<unsigned char>(4 * 16384);  // little-endian staging
+  std::vector<std::uint8_t> mask_bits_;  // the loss mask, packed, until commit()
 };
 
 /// Writes `tokens` as a token shard at `path`, by way of `path + ".tmp"` and a rename.
@@ -221,20 +282,40 @@ inline TokenShardHeader read_token_shard_header(const std::string& path) {
   return detail::read_checked_header(path, in, size);
 }
 
-/// Every token of the shard at `path`, after checking header, size, CRC and ids.
-inline std::vector<std::uint32_t> read_token_shard(const std::string& path) {
+/// Writes `stream` (ids and, when it has one, its loss mask) as a token shard at `path`.
+inline void write_token_shard(const std::string& path, const TokenStream& stream, std::uint32_t vocab_size) {
+  if (!stream.masked()) return write_token_shard(path, stream.ids, vocab_size);
+  TESSERA_CHECK(stream.loss_mask.size() == stream.ids.size(), "write_token_shard '", path, "': ", stream.ids.size(),
+                " ids but ", stream.loss_mask.size(), " mask values");
+  TokenShardWriter w(path, vocab_size, true);
+  w.append(stream.ids, stream.loss_mask);
+  w.commit();
+}
+
+/// Every token of the shard at `path` and its loss mask (empty for a shard without
+/// one), after checking header, size, CRC and ids.
+inline TokenStream read_token_stream(const std::string& path) {
   std::ifstream in;
   std::uint64_t size = detail::open_token_shard(path, in);
   TokenShardHeader header = detail::read_checked_header(path, in, size);
   TESSERA_CHECK(header.count <= std::numeric_limits<std::size_t>::max() / 4, "token shard '", path,
                 "': ", header.count, " tokens do not fit in memory");
-  std::vector<std::uint32_t> tokens(static_cast<std::size_t>(header.count));
+  TokenStream stream;
+  std::vector<std::uint32_t>& tokens = stream.ids;
+  tokens.resize(static_cast<std::size_t>(header.count));
   // Read the payload straight into the vector's memory, then put the bytes in host order.
   const auto payload_bytes = static_cast<std::streamsize>(4 * header.count);
   in.read(reinterpret_cast<char*>(tokens.data()), payload_bytes);
   TESSERA_CHECK(in.gcount() == payload_bytes, "token shard '", path, "': truncated while reading: got ",
                 in.gcount(), " of ", payload_bytes, " payload bytes");
   std::uint32_t crc = crc32(tokens.data(), tokens.size() * 4);
+  std::vector<std::uint8_t> bits(static_cast<std::size_t>(header.mask_bytes()));
+  if (header.loss_mask) {
+    in.read(reinterpret_cast<char*>(bits.data()), static_cast<std::streamsize>(bits.size()));
+    TESSERA_CHECK(in.gcount() == static_cast<std::streamsize>(bits.size()), "token shard '", path,
+                  "': truncated while reading the loss mask");
+    crc = crc32_update(crc, bits.data(), bits.size());
+  }
   TESSERA_CHECK(crc == header.crc32, "token shard '", path, "': corrupt: payload CRC-32 is 0x", detail::hex(crc),
                 ", header says 0x", detail::hex(header.crc32));
   if constexpr (std::endian::native != std::endian::little) {
@@ -244,7 +325,20 @@ inline std::vector<std::uint32_t> read_token_shard(const std::string& path) {
     TESSERA_CHECK(tokens[i] < header.vocab_size, "token shard '", path, "': token id ", tokens[i],
                   " at index ", i, " is not below vocab_size ", header.vocab_size);
   }
-  return tokens;
+  if (header.loss_mask) {
+    const std::uint64_t used = header.count % 8;
+    TESSERA_CHECK(used == 0 || (bits.back() >> used) == 0, "token shard '", path,
+                  "': the loss mask's last byte has bits set past the last token");
+    stream.loss_mask.resize(tokens.size());
+    for (std::size_t i = 0; i < tokens.size(); ++i) stream.loss_mask[i] = (bits[i / 8] >> (i % 8)) & 1u;
+  }
+  return stream;
+}
+
+/// Every token of the shard at `path`, after checking header, size, CRC and ids; a
+/// shard's loss mask, if it has one, is checked and dropped (read_token_stream keeps it).
+inline std::vector<std::uint32_t> read_token_shard(const std::string& path) {
+  return read_token_stream(path).ids;
 }
 
 /// The tokens of a file that is either a token shard (told by its magic, whatever its
