@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes the reference fixtures that tests/parity replays: tiny Hugging Face Llama models
-with their logits, loss and gradients, and tokenizer files with the ids tiktoken and
-SentencePiece give for a corpus of awkward strings.
+with their logits, loss and gradients, tokenizer files with the ids tiktoken,
+SentencePiece and Hugging Face `tokenizers` give for a corpus of awkward strings, and the
+ids transformers' apply_chat_template gives for conversations in the Llama 3 and Llama 2
+chat formats.
 
 The fixtures are committed (tests/fixtures/); CI never runs this script. Regenerate them
 after changing it, from the repository root, in a virtual environment outside it:
@@ -13,7 +15,10 @@ after changing it, from the repository root, in a virtual environment outside it
 It needs these PyPI packages, at the versions pinned in tools/fixtures-requirements.txt:
 torch 2.15.0 (the CPU build is enough), transformers 5.23.0, tiktoken 0.14.0 (and its
 dependency regex, which splits the BPE training text), sentencepiece 0.2.3,
-safetensors 0.8.0, numpy 2.4.6. Every random number comes from a fixed seed and PyTorch
+tokenizers 0.23.3, safetensors 0.8.0, numpy 2.4.6, jinja2 3.1.6, protobuf 7.36.2 (for
+transformers to read a SentencePiece model). `--only tokenizer_json` (the tokenizer.json
+fixtures) needs only tokenizers and numpy; `--only chat` transformers, tokenizers,
+sentencepiece, protobuf and jinja2, not torch; `--only float8` only numpy and ml_dtypes. Every random number comes from a fixed seed and PyTorch
 runs on one thread, so running it twice gives the same bytes. docs/parity.md describes
 the files and the tests that replay them.
 """
@@ -27,13 +32,15 @@ import io
 import json
 import math
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
 
 import numpy
 
-# The model and tokenizer fixtures need these; `--only float8` needs only numpy and ml_dtypes.
+# The model and tokenizer fixtures need these; `--only float8` needs only numpy and ml_dtypes,
+# `--only tokenizer_json` only tokenizers.
 try:
     import safetensors
     import safetensors.torch
@@ -506,6 +513,267 @@ def make_tokenizers(out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# Hugging Face tokenizer.json (byte-level BPE): needs only the `tokenizers` package
+
+# Strings besides CORPUS for the tokenizer.json fixtures: the added tokens inside text,
+# and long inputs (one piece of thousands of bytes takes the heap merge).
+HF_EXTRA_CORPUS = [
+    "tessera",
+    "use tessera to train",
+    "a hello world inside",
+    "x<custom>y<custom><custom>",
+    "<s>tessera</s> and <|eot_id|>tessera<|begin_of_text|>",
+    "tesseratessera tessera",
+    "thequickbrownfoxjumpsoverthelazydog" * 20,
+    " " * 600 + "x",
+    "\n" * 100 + "end",
+    "layers " * 100,
+    "1234567890" * 30,
+    "😀" * 40,
+]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: printable Latin-1 bytes stand for themselves, the
+    others for U+0100 on, in byte order (what `tokenizers` and transformers use)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
+        list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def tiktoken_vocab_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """transformers' TikTokenConverter.extract_vocab_merges_from_model: every split of a
+    token into two tokens is a merge, ordered by the token's rank, then by the ranks of
+    its halves."""
+    enc = bytes_to_unicode()
+
+    def as_str(b: bytes) -> str:
+        return "".join(enc[x] for x in b)
+
+    vocab, merges = {}, []
+    for token, rank in ranks.items():
+        vocab[as_str(token)] = rank
+        if len(token) == 1:
+            continue
+        local = [(token[:i], token[i:], rank) for i in range(1, len(token))
+                 if token[:i] in ranks and token[i:] in ranks]
+        merges.extend(sorted(local, key=lambda x: (ranks[x[0]], ranks[x[1]])))
+    merges.sort(key=lambda m: m[2])
+    return vocab, [(as_str(a), as_str(b)) for a, b, _ in merges]
+
+
+def read_tiktoken(path: Path) -> dict[bytes, int]:
+    ranks = {}
+    for line in path.read_text().splitlines():
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def write_tokenizer_json(tokenizer, path: Path) -> None:
+    """The tokenizer's JSON, one value a line (`tokenizers` orders the vocabulary by id)."""
+    doc = json.loads(tokenizer.to_str())
+    path.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+
+
+def make_tokenizer_json(out: Path) -> None:
+    """tests/fixtures/tokenizers/hf_*/tokenizer.json and the ids `tokenizers` gives for
+    corpus.json + hf_corpus.json in hf_ids.json ("ordinary": special-token text read as
+    text; "allow_special" only where it differs; "decoded" only where decode differs):
+      hf_llama3   bpe.tiktoken converted as transformers converts Llama 3's tiktoken file
+                  (Split + ByteLevel, ignore_merges, 256 special added tokens, BOS template)
+      hf_trained  BpeTrainer on the training text: ignore_merges false, the specials in the
+                  vocabulary, non-special added tokens (one of them normalized)
+      hf_gpt2     a smaller BpeTrainer vocabulary behind GPT-2's ByteLevel(use_regex) pre-
+                  tokenizer, <s>/</s> with the eos in tokenizer_config.json's object form"""
+    import tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = out / "tokenizers"
+    tok.mkdir(parents=True, exist_ok=True)
+    byte_alphabet = sorted(bytes_to_unicode().values())
+
+    def template(bos: str, bos_id: int):
+        return processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1",
+                                             special_tokens=[(bos, bos_id)])
+
+    made = {}
+
+    # Llama 3 style, from the tiktoken fixture.
+    ranks = read_tiktoken(tok / "bpe.tiktoken")
+    vocab, merges = tiktoken_vocab_merges(ranks)
+    llama3 = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
+    llama3.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    llama3.decoder = decoders.ByteLevel()
+    specials = llama3_special_tokens()
+    llama3.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
+    llama3.post_processor = processors.Sequence([processors.ByteLevel(trim_offsets=False),
+                                                 template(specials[0], len(ranks))])
+    made["hf_llama3"] = (llama3, {"bos_token": specials[0], "eos_token": specials[1]})
+
+    text = training_text()
+    lines = [line for line in text.split("\n") if line]
+
+    # Trained with BpeTrainer, the specials first in the vocabulary.
+    trained = Tokenizer(models.BPE(fuse_unk=False, ignore_merges=False))
+    trained.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trained.decoder = decoders.ByteLevel()
+    trained.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=520, show_progress=False, initial_alphabet=byte_alphabet,
+        special_tokens=["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]))
+    trained.add_tokens([AddedToken("tessera", normalized=False), AddedToken(" hello world", normalized=False),
+                        AddedToken("<custom>", normalized=True)])
+    trained.post_processor = template("<|begin_of_text|>", trained.token_to_id("<|begin_of_text|>"))
+    made["hf_trained"] = (trained, None)
+
+    # GPT-2's pre-tokenizer, a smaller vocabulary.
+    gpt2 = Tokenizer(models.BPE(fuse_unk=False))
+    gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    gpt2.decoder = decoders.ByteLevel()
+    gpt2.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=330, show_progress=False, initial_alphabet=byte_alphabet, special_tokens=["<s>", "</s>"]))
+    gpt2.add_tokens([AddedToken("tessera", normalized=False)])
+    gpt2.post_processor = template("<s>", gpt2.token_to_id("<s>"))
+    made["hf_gpt2"] = (gpt2, {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False,
+                                                               "normalized": False, "rstrip": False,
+                                                               "single_word": False, "special": True}})
+
+    strings = CORPUS + HF_EXTRA_CORPUS
+    write_json(tok / "hf_corpus.json", HF_EXTRA_CORPUS)
+    doc = {"tokenizers": tokenizers.__version__}
+    for name, (tokenizer, config) in made.items():
+        directory = tok / name
+        directory.mkdir(exist_ok=True)
+        write_tokenizer_json(tokenizer, directory / "tokenizer.json")
+        if config is not None:
+            (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        reloaded = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        entries = []
+        for s in strings:
+            reloaded.encode_special_tokens = True
+            ordinary = reloaded.encode(s, add_special_tokens=False).ids
+            reloaded.encode_special_tokens = False
+            special = reloaded.encode(s, add_special_tokens=False).ids
+            entry = {"ordinary": ordinary}
+            if special != ordinary:
+                entry["allow_special"] = special
+            decoded = reloaded.decode(ordinary, skip_special_tokens=True)
+            if decoded != s:
+                entry["decoded"] = decoded
+            entries.append(entry)
+        with_bos = reloaded.encode("a", add_special_tokens=True).ids
+        doc[name] = {"vocab_size": reloaded.get_vocab_size(with_added_tokens=True), "bos": with_bos[0],
+                     "encodings": entries}
+    # Each named entry's list on its own lines: write_json handles one level, so flatten.
+    text_out = "{\n" + f'  "tokenizers": {json.dumps(doc["tokenizers"])}'
+    for name in made:
+        d = doc[name]
+        body = ",\n".join("      " + json.dumps(e, ensure_ascii=False, separators=(",", ":")) for e in d["encodings"])
+        text_out += (f',\n  {json.dumps(name)}: {{"vocab_size": {d["vocab_size"]}, "bos": {d["bos"]}, '
+                     f'"encodings": [\n{body}\n  ]}}')
+    text_out += "\n}\n"
+    assert json.loads(text_out) == doc
+    (tok / "hf_ids.json").write_text(text_out, encoding="utf-8")
+
+    # The Llama 3 conversion is transformers' own, when transformers is there to ask.
+    try:
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+    except ImportError:
+        pass
+    else:
+        import tiktoken.load  # noqa: F401  (TikTokenConverter reads the file with it)
+        assert TikTokenConverter(vocab_file=str(tok / "bpe.tiktoken")).extract_vocab_merges_from_model(
+            str(tok / "bpe.tiktoken")) == (vocab, merges)
+    sizes = ", ".join(f"{n} {t.get_vocab_size(with_added_tokens=True)}" for n, (t, _) in made.items())
+    print(f"  tokenizer.json: {sizes} tokens; tokenizers {tokenizers.__version__}")
+
+
+# ---------------------------------------------------------------------------------------
+# Chat formats: transformers' apply_chat_template (needs transformers, tokenizers,
+# sentencepiece, protobuf and jinja2; not torch)
+
+REPO = Path(__file__).resolve().parent.parent
+
+CHAT_CONVERSATIONS = [
+    # One turn each way.
+    [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi! How can I help?"}],
+    # A system message, white space to strip (ASCII, no-break space, ideographic space), two turns.
+    [{"role": "system", "content": " You are terse. "},
+     {"role": "user", "content": "  What is two plus three?\n"},
+     {"role": "assistant", "content": "\u00a0Five.\u3000"},
+     {"role": "user", "content": "And times?"},
+     {"role": "assistant", "content": "Six.\n\n"}],
+    # Unicode, newlines and template-like text inside the content.
+    [{"role": "user", "content": "Übersetze: «héllo» — 你好 😀\nline two"},
+     {"role": "assistant", "content": "[INST] is text here, as is <<SYS>>.\n  Indented line."}],
+    # Numbers and punctuation runs; a longer reply.
+    [{"role": "user", "content": "Count: 1234567, then 89!!!"},
+     {"role": "assistant", "content": " ".join(["one two three four five six seven"] * 12)}],
+    # Ends with a user turn (a prompt to answer).
+    [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Sky colour?"}],
+]
+
+
+def make_chat(out: Path) -> None:
+    """tests/fixtures/chat/chat_ids.json: for each conversation and chat format, the ids
+    transformers' apply_chat_template gives with that model's template, with and
+    without the generation prompt where the template allows it. Llama 3 through the
+    hf_llama3 tokenizer.json fixture; Llama 2 through the SentencePiece fixture sp.model
+    loaded as a LlamaTokenizer with legacy true (Meta's reference encoding)."""
+    import tempfile
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok_dir = out / "tokenizers"
+    source = (REPO / "include" / "tessera" / "io" / "chat.hpp").read_text()
+    templates = {name: cpp_string_constant(source, f"{name}_chat_template") for name in ("llama3", "llama2")}
+    llama3 = PreTrainedTokenizerFast(tokenizer_file=str(tok_dir / "hf_llama3" / "tokenizer.json"),
+                                     bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+    llama3.chat_template = templates["llama3"]
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copy(tok_dir / "sp.model", Path(d) / "tokenizer.model")
+        (Path(d) / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+            "legacy": True, "add_bos_token": True, "add_eos_token": False, "chat_template": templates["llama2"]}))
+        llama2 = AutoTokenizer.from_pretrained(d)
+    cases = []
+    for messages in CHAT_CONVERSATIONS:
+        for fmt, tokenizer in (("llama3", llama3), ("llama2", llama2)):
+            for generation in (False, True):
+                if fmt == "llama2" and generation != (messages[-1]["role"] == "user"):
+                    continue  # Llama 2's template has no generation prompt: a prompt ends with a user turn
+                ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation,
+                                                    return_dict=False)
+                cases.append({"format": fmt, "generation_prompt": generation, "messages": messages, "ids": ids})
+    chat = out / "chat"
+    chat.mkdir(parents=True, exist_ok=True)
+    body = ",\n".join("  " + json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in cases)
+    (chat / "chat_ids.json").write_text("[\n" + body + "\n]\n", encoding="utf-8")
+    print(f"  chat: {len(cases)} conversations in llama3 and llama2 formats")
+
+
+def cpp_string_constant(source: str, name: str) -> str:
+    """The value of `inline constexpr std::string_view NAME = "..." "...";` in C++ source:
+    adjacent string literals joined, the escapes \\n \\\\ \\" \\' read."""
+    start = source.index(f"{name} =") + len(name) + 2
+    end = source.index(";", start)
+    text = ""
+    for literal in re.findall(r'"((?:[^"\\]|\\.)*)"', source[start:end]):
+        text += re.sub(r"\\(.)", lambda m: {"n": "\n", "\\": "\\", '"': '"', "'": "'"}[m.group(1)], literal)
+    return text
+
+
+# ---------------------------------------------------------------------------------------
 # Float8 conversions
 
 FLOAT8_SAMPLE = 1 << 16  # random floats, besides the structured ones
@@ -574,10 +842,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "fixtures",
                         help="fixture folder (default: tests/fixtures of this repository)")
-    parser.add_argument("--only", choices=["float8"], help="make only these fixtures (float8: numpy and ml_dtypes)")
+    parser.add_argument("--only", choices=["float8", "tokenizer_json", "chat"],
+                        help="make only these fixtures (float8: numpy and ml_dtypes; tokenizer_json: tokenizers; "
+                             "chat: transformers without torch)")
     args = parser.parse_args()
     if args.only == "float8":
         make_float8(args.out)
+        return 0
+    if args.only == "tokenizer_json":
+        make_tokenizer_json(args.out)
+        return 0
+    if args.only == "chat":
+        make_chat(args.out)
         return 0
     if MISSING is not None:
         raise SystemExit(f"make_fixtures.py: {MISSING} (tools/fixtures-requirements.txt lists what it needs)")
@@ -592,6 +868,9 @@ def main() -> int:
     make_models(args.out)
     print("tokenizers:")
     make_tokenizers(args.out)
+    make_tokenizer_json(args.out)
+    print("chat:")
+    make_chat(args.out)
     print("float8:")
     make_float8(args.out)
     total = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())

@@ -63,7 +63,8 @@ void usage() {
       "  --step N          the checkpoint of step N in a run folder\n"
       "  --checksums       list: every tensor's CRC-32C too\n"
       "  --dtype D         convert: float32 (default) or bfloat16, as stored in the output\n"
-      "  --tokenizer FILE  convert --to hf: copied into OUTDIR as tokenizer.model\n"
+      "  --tokenizer FILE  convert --to hf: its files for transformers written into OUTDIR\n"
+      "                    (tokenizer.model and/or tokenizer.json, tokenizer_config.json)\n"
       "  --force           convert: replace OUT if it exists\n");
 }
 

@@ -1,11 +1,19 @@
 // llama-tokenize: text and JSON lines files -> one token shard, on every core.
 //
 //   llama-tokenize --tokenizer SPEC --output FILE.bin [--threads N] [--no-bos] [--no-eos]
-//                  [--field text] [--format auto|text|jsonl] INPUT...
+//                  [--field text] [--format auto|text|jsonl] [--chat auto|llama3|llama2]
+//                  INPUT...
 //
 // A text file is one document; a .jsonl/.json file holds one document per line in the
 // field "text". Each document becomes BOS + ids + EOS; documents are concatenated in
-// input order (the same shard for any --threads) and written atomically. While it runs,
+// input order (the same shard for any --threads) and written atomically. With --chat,
+// each JSON line is a conversation ({"messages": [...]}) in that chat format
+// (io/chat.hpp), and the shard carries a loss mask over the assistants' replies.
+//
+//   llama-tokenize --write-synthetic-chat FILE.jsonl [--conversations N] [--first K]
+//
+// writes the embedded chat set (data/synthetic_chat.hpp), conversations K .. K + N - 1,
+// as such JSON lines: a chat set to fine-tune on with nothing downloaded. While it runs,
 // a progress bar goes to stderr when stderr is a terminal; a summary line always
 // follows. docs/tokenize.md has the details.
 #include <sys/ioctl.h>
@@ -17,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -25,8 +34,9 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/data/synthetic_chat.hpp"
 #include "tessera/data/tokenize.hpp"
-#include "tessera/io/load_tokenizer.hpp"
+#include "tessera/data/tokenizers.hpp"
 #include "tessera/io/token_shard.hpp"
 
 using namespace tessera;
@@ -37,7 +47,8 @@ void usage() {
   std::printf(
       "usage: llama-tokenize --tokenizer SPEC --output FILE.bin [options] INPUT...\n\n"
       "Tokenizes text and JSON lines files into one token shard, documents in input order.\n\n"
-      "  --tokenizer SPEC   'byte', or a tokenizer file (tiktoken or SentencePiece)\n"
+      "  --tokenizer SPEC   'byte', 'synthetic_bpe', or a tokenizer file or directory (tiktoken,\n"
+      "                     SentencePiece or tokenizer.json)\n"
       "  --output FILE      the token shard to write (replaced whole, only on success)\n"
       "  --threads N        worker threads (default: every core, %u here)\n"
       "  --no-bos           do not put BOS before each document\n"
@@ -45,8 +56,16 @@ void usage() {
       "  --field NAME       the JSON field holding a document's text (default: text)\n"
       "  --format F         auto (default: .jsonl/.json are JSON lines, anything else text),\n"
       "                     text or jsonl for every input\n"
+      "  --chat FORMAT      chat data: each JSON line is {\"messages\": [{\"role\": ..., \"content\":\n"
+      "                     ...}, ...]}, tokenized in FORMAT (llama3, llama2, or auto: llama3\n"
+      "                     when the tokenizer has its header tokens); the shard gets a loss\n"
+      "                     mask so that training learns the assistants' replies only\n"
       "  INPUT              a text file (one document), a .jsonl/.json file (one document per\n"
-      "                     line), or - for standard input\n",
+      "                     line), or - for standard input\n\n"
+      "       llama-tokenize --write-synthetic-chat FILE.jsonl [--conversations N] [--first K]\n\n"
+      "Writes the embedded chat set, conversations K .. K + N - 1 (default 0 .. 1999), as JSON\n"
+      "lines of {\"messages\": [...]}: arithmetic questions and repetitions in the embedded\n"
+      "corpus's words.\n",
       std::max(1u, std::thread::hardware_concurrency()));
 }
 
@@ -113,8 +132,52 @@ class ProgressBar {
   std::thread thread_;  // last: starts once the rest is ready
 };
 
+std::int64_t parse_count(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  long long v = -1;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TESSERA_CHECK(used == text.size() && v >= 0, flag, ": expected a whole number >= 0, got '", text, "'");
+  return v;
+}
+
+/// --write-synthetic-chat: the embedded chat set as JSON lines, written whole or not at all.
+int write_synthetic_chat(const std::vector<std::string>& args) {
+  std::string path;
+  std::int64_t count = 2000, first = 0;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    TESSERA_CHECK(a == "--write-synthetic-chat" || a == "--conversations" || a == "--first", "unknown option '", a,
+                  "' with --write-synthetic-chat (it takes --conversations and --first)");
+    TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
+    const std::string& v = args[++i];
+    if (a == "--write-synthetic-chat") path = v;
+    else if (a == "--conversations") count = parse_count(a, v);
+    else first = parse_count(a, v);
+  }
+  TESSERA_CHECK(count > 0, "--conversations: at least one conversation");
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    TESSERA_CHECK(out.is_open(), path, ": cannot open '", tmp, "' for writing");
+    for (std::int64_t i = first; i < first + count; ++i) out << data::chat_json_line(data::synthetic_conversation(0, i)) << '\n';
+    out.close();
+    TESSERA_CHECK(out.good(), path, ": writing '", tmp, "' failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  TESSERA_CHECK(!ec, path, ": cannot rename '", tmp, "' to it: ", ec.message());
+  std::fprintf(stderr, "llama-tokenize: wrote conversations %lld .. %lld of the embedded chat set to %s\n",
+               static_cast<long long>(first), static_cast<long long>(first + count - 1), path.c_str());
+  return 0;
+}
+
 int run(const std::vector<std::string>& args) {
-  std::string tokenizer_spec, output, format = "auto";
+  if (std::find(args.begin(), args.end(), "--write-synthetic-chat") != args.end()) return write_synthetic_chat(args);
+  std::string tokenizer_spec, output, format = "auto", chat;
   data::TokenizeOptions options;
   std::vector<std::string> inputs;
   bool options_done = false;
@@ -133,13 +196,15 @@ int run(const std::vector<std::string>& args) {
       options.encode.bos = false;
     } else if (a == "--no-eos") {
       options.encode.eos = false;
-    } else if (a == "--tokenizer" || a == "--output" || a == "--threads" || a == "--field" || a == "--format") {
+    } else if (a == "--tokenizer" || a == "--output" || a == "--threads" || a == "--field" || a == "--format" ||
+               a == "--chat") {
       TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
       const std::string& v = args[++i];
       if (a == "--tokenizer") tokenizer_spec = v;
       else if (a == "--output") output = v;
       else if (a == "--threads") options.threads = parse_threads(v);
       else if (a == "--field") options.field = v;
+      else if (a == "--chat") chat = v;
       else format = v;
     } else {
       fail("unknown option '", a, "' (see --help)");
@@ -167,18 +232,25 @@ int run(const std::vector<std::string>& args) {
     sources.push_back({path, f});
   }
   data::DocumentReader reader(std::move(sources));
-  const std::unique_ptr<io::Tokenizer> tok = io::load_tokenizer(tokenizer_spec);
+  const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(tokenizer_spec);
   TESSERA_CHECK(tok->vocab_size() > 0 && tok->vocab_size() <= std::numeric_limits<std::uint32_t>::max(),
                 "tokenizer '", tokenizer_spec, "': vocabulary size ", tok->vocab_size(),
                 " does not fit a token shard's u32 field");
   options.threads = data::resolved_threads(options);
+  if (!chat.empty()) {
+    options.chat = io::resolve_chat_format(chat, *tok, "--chat");
+    TESSERA_CHECK(format != "text", "--chat: chat data is JSON lines, not --format text");
+    for (const data::InputSource& s : reader.sources())
+      TESSERA_CHECK(s.format == data::InputFormat::jsonl, s.name(),
+                    ": chat data is JSON lines of {\"messages\": [...]} (name the file .jsonl or give --format jsonl)");
+  }
 
   // Ids stream into OUTPUT.tmp as they come (memory stays at two batches of text); the
   // shard replaces OUTPUT only once every document has succeeded, and a failed run
   // removes the temporary file.
   const auto start = std::chrono::steady_clock::now();
   data::TokenizeProgress progress;
-  io::TokenShardWriter shard(output, static_cast<std::uint32_t>(tok->vocab_size()));
+  io::TokenShardWriter shard(output, static_cast<std::uint32_t>(tok->vocab_size()), options.chat.has_value());
   data::TokenizeStats stats;
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   {
@@ -186,13 +258,21 @@ int run(const std::vector<std::string>& args) {
     if (tty) bar.emplace(progress, reader.total_bytes());
     stats = data::tokenize_sources(
         reader, *tok, options,
-        [&](std::span<const std::uint32_t> ids) { shard.append(ids); }, &progress);
+        [&](std::span<const std::uint32_t> ids, std::span<const std::uint8_t> mask) {
+          if (options.chat)
+            shard.append(ids, mask);
+          else
+            shard.append(ids);
+        },
+        &progress);
   }
   shard.commit();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::fprintf(stderr, "llama-tokenize: %s, %u thread%s -> %s\n", data::summary_line(stats, seconds).c_str(),
-               options.threads, options.threads == 1 ? "" : "s", output.c_str());
+  std::fprintf(stderr, "llama-tokenize: %s, %u thread%s -> %s%s\n", data::summary_line(stats, seconds).c_str(),
+               options.threads, options.threads == 1 ? "" : "s", output.c_str(),
+               options.chat ? (" (chat format " + std::string(io::name_of(*options.chat)) + ", with a loss mask)").c_str()
+                            : "");
   return 0;
 }
 

@@ -401,3 +401,58 @@ TEST_CASE("progress and summary lines") {
 }
 
 }  // namespace test_tokenize
+
+namespace test_tokenize {
+
+TEST_CASE("chat data: conversations in order, each with its loss mask, whatever the thread count") {
+  TempDir dir("tessera-tokenize-chat");
+  const std::string path = (dir.path / "chat.jsonl").string();
+  std::string text;
+  std::vector<std::vector<tessera::io::ChatMessage>> conversations;
+  for (int i = 0; i < 40; ++i) {
+    conversations.push_back({{"user", "question " + std::to_string(i)}, {"assistant", "answer " + doc_text(i)}});
+    text += R"({"messages": [{"role": "user", "content": ")" + conversations.back()[0].content +
+            R"("}, {"role": "assistant", "content": ")" + conversations.back()[1].content + "\"}]}\n";
+    if (i % 9 == 0) text += "\n";  // blank lines are skipped
+  }
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+  }
+  tessera::io::TokenStream want;
+  for (const auto& c : conversations) {
+    auto t = tessera::io::chat_tokens(tessera::io::ChatFormat::llama2, ByteTokenizer{}, c, "x");
+    want.ids.insert(want.ids.end(), t.ids.begin(), t.ids.end());
+    want.loss_mask.insert(want.loss_mask.end(), t.loss_mask.begin(), t.loss_mask.end());
+  }
+  for (unsigned threads : {1u, 3u}) {
+    TokenizeOptions o;
+    o.threads = threads;
+    o.batch_bytes = 700;  // many batches
+    o.chat = tessera::io::ChatFormat::llama2;
+    DocumentReader reader({InputSource{path, InputFormat::jsonl}});
+    TokenizeStats stats;
+    const tessera::io::TokenStream got = tokenize_stream(reader, ByteTokenizer{}, o, &stats);
+    CHECK(got.ids == want.ids);
+    CHECK(got.loss_mask == want.loss_mask);
+    CHECK(stats.documents == 40);
+  }
+  // A bad conversation is named by file and line, the first in input order.
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    out << R"({"messages": [{"role": "user", "content": "q"}, {"role": "robot", "content": "a"}]})" << "\n";
+    out << "{not json\n";
+  }
+  TokenizeOptions o;
+  o.threads = 2;
+  o.chat = tessera::io::ChatFormat::llama2;
+  DocumentReader reader({InputSource{path, InputFormat::jsonl}});
+  CHECK_ERROR_CONTAINS(tokenize_stream(reader, ByteTokenizer{}, o), path + ":46: message 2 has role 'robot'");
+  // Chat data needs a sink that takes the mask, and JSON lines.
+  DocumentReader again({InputSource{path, InputFormat::jsonl}});
+  CHECK_ERROR_CONTAINS(tokenize_all(again, ByteTokenizer{}, o), "chat data carries a loss mask");
+  DocumentReader text_reader({InputSource{path, InputFormat::text}});
+  CHECK_ERROR_CONTAINS(tokenize_stream(text_reader, ByteTokenizer{}, o), "chat data is JSON lines");
+}
+
+}  // namespace test_tokenize

@@ -206,10 +206,10 @@ TEST_CASE("load_tokenizer: what it cannot use is named, with what was expected")
   CHECK_ERROR_CONTAINS(load_tokenizer(""), "not a built-in tokenizer");
   fs::create_directories(tmp.path / "empty");
   CHECK_ERROR_CONTAINS(load_tokenizer((tmp.path / "empty").string()),
-                       "the directory has neither tokenizer.model nor original/tokenizer.model");
+                       "the directory has none of tokenizer.model, tokenizer.json, original/tokenizer.model");
   const std::string text = write_file(tmp.path / "notes.txt", "hello world\n");
   CHECK_ERROR_CONTAINS(load_tokenizer(text), "'" + text + "' is not a tokenizer file; expected a tiktoken rank file");
-  CHECK_ERROR_CONTAINS(load_tokenizer(text), "or a SentencePiece model");
+  CHECK_ERROR_CONTAINS(load_tokenizer(text), ", a SentencePiece model (Llama 2) or a Hugging Face tokenizer.json");
   const std::string empty = write_file(tmp.path / "empty.model", "");
   CHECK_ERROR_CONTAINS(load_tokenizer(empty), "is empty; expected");
   // Files that look like one kind and are broken get that kind's error.

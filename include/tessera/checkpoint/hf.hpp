@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <span>
 #include <string>
@@ -33,7 +34,12 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/io/chat.hpp"
+#include "tessera/io/hf_tokenizer.hpp"
+#include "tessera/io/load_tokenizer.hpp"
+#include "tessera/io/sentencepiece.hpp"
 #include "tessera/io/sharded_safetensors.hpp"
+#include "tessera/io/tiktoken.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/layer.hpp"
 
@@ -312,11 +318,87 @@ void load_hf_model(Model& model, const std::string& dir) {
 struct HfSaveOptions {
   DType dtype = DType::f32;                          // stored dtype: f32 or bf16
   std::uint64_t max_shard_bytes = 5'000'000'000ull;  // Hugging Face's default shard size
-  std::string tokenizer_file;                        // copied in as tokenizer.model when set
+  std::string tokenizer_file;                        // its files written in when set (write_hf_tokenizer)
 };
 
+/// Writes the tokenizer files of a Hugging Face directory into `dir` for the tokenizer
+/// file `tokenizer_spec` names (a file or directory io::load_tokenizer reads), so that
+/// transformers' AutoTokenizer.from_pretrained(dir) (5.23) loads it directly and encodes
+/// as tessera does:
+///   tiktoken (Llama 3)      tokenizer.model (the file), tokenizer.json (its conversion,
+///                           io::tiktoken_tokenizer_json), tokenizer_config.json with
+///                           tokenizer_class PreTrainedTokenizerFast
+///   tokenizer.json          tokenizer.json (the file as read), tokenizer_config.json
+///                           with tokenizer_class PreTrainedTokenizerFast
+///   SentencePiece (Llama 2) tokenizer.model (the file), tokenizer_config.json with
+///                           tokenizer_class SentencePieceBackend and special_tokens_pattern
+///                           "bos": transformers runs SentencePiece itself. (Its
+///                           LlamaTokenizer converts the model to a tokenizer.json
+///                           pipeline whose Metaspace adds no dummy prefix to text that
+///                           starts with a space: " a" loses a token.)
+/// tokenizer_config.json also names bos_token and eos_token, lists the special tokens
+/// in added_tokens_decoder, sets model_max_length and clean_up_tokenization_spaces false
+/// (decode gives the bytes back as they were), and holds the chat template
+/// (io/chat.hpp): Llama 3's when the tokenizer has its header and end-of-turn tokens,
+/// Llama 2's otherwise.
+inline void write_hf_tokenizer(const std::string& tokenizer_spec, const std::filesystem::path& dir,
+                               std::int64_t model_max_length) {
+  namespace fs = std::filesystem;
+  using ordered = nlohmann::ordered_json;
+  const std::string tokenizer_file = io::tokenizer_file(tokenizer_spec);  // a directory's file, too
+  TESSERA_CHECK(!tokenizer_file.empty(), "tokenizer '", tokenizer_spec, "' has no file to export");
+  const std::unique_ptr<io::Tokenizer> tok = io::load_tokenizer(tokenizer_file);
+  const auto write = [&](const char* name, const std::string& text) {
+    const fs::path path = dir / name;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    TESSERA_CHECK(out.good(), path.string(), ": cannot write");
+  };
+  const auto copy_as = [&](const char* name) {
+    std::error_code ec;
+    fs::copy_file(tokenizer_file, dir / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) fail(tokenizer_file, ": cannot copy into ", dir.string(), ": ", ec.message());
+  };
+  ordered added = ordered::object();
+  const auto add = [&](std::uint32_t id, const std::string& content, bool special, bool normalized) {
+    added[std::to_string(id)] = {{"content", content}, {"lstrip", false},     {"normalized", normalized},
+                                 {"rstrip", false},    {"single_word", false}, {"special", special}};
+  };
+  ordered config = ordered::object();
+  if (const auto* sp = dynamic_cast<const io::SentencePieceTokenizer*>(tok.get())) {
+    copy_as("tokenizer.model");
+    for (std::uint32_t id : {sp->unk_id(), sp->bos_id(), sp->eos_id()}) add(id, sp->token_text(id), true, false);
+  } else if (const auto* tt = dynamic_cast<const io::TiktokenTokenizer*>(tok.get())) {
+    copy_as("tokenizer.model");
+    write("tokenizer.json", io::tiktoken_tokenizer_json(*tt));
+    for (std::size_t i = 0; i < io::llama3_num_special_tokens; ++i)
+      add(tt->num_base_tokens() + static_cast<std::uint32_t>(i), io::llama3_special_token_name(i), true, false);
+  } else if (const auto* hf = dynamic_cast<const io::HfTokenizer*>(tok.get())) {
+    write("tokenizer.json", hf->json());
+    for (const io::detail::HfAddedToken& t : hf->added_tokens()) add(t.id, t.content, t.special, t.normalized);
+  } else {
+    fail(tokenizer_file, ": a ", tok->kind(), " tokenizer has no Hugging Face form");
+  }
+  const bool sentencepiece = tok->kind() == "sentencepiece";
+  config["added_tokens_decoder"] = std::move(added);
+  config["bos_token"] = tok->token_text(tok->bos_id());
+  config["chat_template"] = std::string(io::chat_template_of(io::chat_format_for(*tok)));
+  config["clean_up_tokenization_spaces"] = false;
+  config["eos_token"] = tok->token_text(tok->eos_id());
+  config["model_input_names"] = ordered::array({"input_ids", "attention_mask"});
+  config["model_max_length"] = model_max_length;
+  if (sentencepiece) {
+    config["special_tokens_pattern"] = "bos";
+    config["unk_token"] = tok->token_text(dynamic_cast<const io::SentencePieceTokenizer&>(*tok).unk_id());
+  }
+  config["tokenizer_class"] = sentencepiece ? "SentencePieceBackend" : "PreTrainedTokenizerFast";
+  write("tokenizer_config.json", config.dump(2) + "\n");
+}
+
 /// Writes `model` as a Hugging Face Llama directory `dir` (config.json, safetensors
-/// under Hugging Face names, and the tokenizer file when given). All or nothing: the
+/// under Hugging Face names, and the tokenizer's files when given: write_hf_tokenizer).
+/// All or nothing: the
 /// files are written into `dir.partial` and swapped in only when complete, so a failed
 /// save leaves an earlier directory at `dir` intact. Refuses to replace a directory
 /// that is not a model directory (has no config.json).
@@ -357,10 +439,7 @@ void save_hf_model(Model& model, const std::string& dir, const HfSaveOptions& o 
   io::write_sharded_safetensors(staging.string(), std::move(tensors),
                                 o.dtype == DType::bf16 ? io::StDtype::bf16 : io::StDtype::f32, o.max_shard_bytes,
                                 {{"format", "pt"}});
-  if (!o.tokenizer_file.empty()) {
-    fs::copy_file(o.tokenizer_file, staging / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
-    if (ec) fail(o.tokenizer_file, ": cannot copy into ", staging.string(), ": ", ec.message());
-  }
+  if (!o.tokenizer_file.empty()) write_hf_tokenizer(o.tokenizer_file, staging, model.args().max_seq_len);
 
   // Swap: the old directory moves aside, the new one in, then the old one goes.
   fs::remove_all(previous, ec);

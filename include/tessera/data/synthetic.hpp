@@ -511,13 +511,19 @@ inline std::string synthetic_document(std::uint64_t seed, std::int64_t index) {
   return detail::SyntheticWriter(seed, index).document();
 }
 
-/// Documents 0 .. n_documents-1 of the synthetic corpus under `seed`.
-inline std::vector<std::string> synthetic_corpus(std::uint64_t seed, std::int64_t n_documents) {
+/// Documents first .. first + n_documents - 1 of the synthetic corpus under `seed`.
+inline std::vector<std::string> synthetic_corpus(std::uint64_t seed, std::int64_t first, std::int64_t n_documents) {
   TESSERA_CHECK(n_documents >= 0, "synthetic_corpus: n_documents ", n_documents, " is negative");
+  TESSERA_CHECK(first >= 0, "synthetic_corpus: first document ", first, " is negative");
   std::vector<std::string> docs;
   docs.reserve(static_cast<std::size_t>(n_documents));
-  for (std::int64_t i = 0; i < n_documents; ++i) docs.push_back(synthetic_document(seed, i));
+  for (std::int64_t i = 0; i < n_documents; ++i) docs.push_back(synthetic_document(seed, first + i));
   return docs;
+}
+
+/// Documents 0 .. n_documents-1 of the synthetic corpus under `seed`.
+inline std::vector<std::string> synthetic_corpus(std::uint64_t seed, std::int64_t n_documents) {
+  return synthetic_corpus(seed, 0, n_documents);
 }
 
 }  // namespace tessera::data

@@ -22,6 +22,10 @@
 //
 // Tokenizer::encode is called concurrently from several threads on one const tokenizer.
 //
+// Chat data. With TokenizeOptions::chat set, each JSON line is a conversation
+// ({"messages": [...]}, io/chat.hpp) and becomes its ids in that chat format with a loss
+// mask over the assistants' replies; the mask travels beside the ids to a MaskedTokenSink.
+//
 // Errors name the file and, for JSON lines, the line: "c4.jsonl:17: no \"text\" field".
 #pragma once
 
@@ -49,6 +53,8 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/units.hpp"
+#include "tessera/io/chat.hpp"
+#include "tessera/io/token_shard.hpp"  // TokenStream
 #include "tessera/io/tokenizer.hpp"
 
 namespace tessera::data {
@@ -378,6 +384,9 @@ struct TokenizeOptions {
   std::string field = "text";                   // the JSON lines field holding the text
   unsigned threads = 0;                         // 0: std::thread::hardware_concurrency()
   std::uint64_t batch_bytes = std::uint64_t{32} << 20;  // text read ahead per batch
+  // Chat data: JSON lines of conversations in this format, with a loss mask (BOS and
+  // EOS are the format's, `encode` and `field` are not used).
+  std::optional<io::ChatFormat> chat;
 };
 
 /// Counters the workers advance as they go, for a progress display on another thread.
@@ -395,6 +404,9 @@ struct TokenizeStats {
 
 /// Receives the ids of consecutive documents, in input order.
 using TokenSink = std::function<void(std::span<const std::uint32_t>)>;
+/// The same with each id's loss mask value (empty for documents that have none: every
+/// target counts; one per id for chat data).
+using MaskedTokenSink = std::function<void(std::span<const std::uint32_t>, std::span<const std::uint8_t>)>;
 
 /// The thread count `options` asks for: its own, or every core.
 inline unsigned resolved_threads(const TokenizeOptions& options) {
@@ -429,7 +441,7 @@ class BatchRun {
   BatchRun(const BatchRun&) = delete;
   BatchRun& operator=(const BatchRun&) = delete;
 
-  TokenizeStats finish(const TokenSink& sink) {
+  TokenizeStats finish(const MaskedTokenSink& sink) {
     join();
     for (const Part& p : parts_) {
       if (p.error) std::rethrow_exception(p.error);
@@ -439,7 +451,7 @@ class BatchRun {
       stats.documents += p.end - p.begin;
       stats.tokens += p.ids.size();
       for (std::size_t d = p.begin; d < p.end; ++d) stats.input_bytes += batch_.docs[d].input_bytes;
-      if (!p.ids.empty()) sink(std::span<const std::uint32_t>(p.ids));
+      if (!p.ids.empty()) sink(std::span<const std::uint32_t>(p.ids), std::span<const std::uint8_t>(p.mask));
     }
     return stats;
   }
@@ -448,6 +460,7 @@ class BatchRun {
   struct Part {
     std::size_t begin = 0, end = 0;  // documents [begin, end) of the batch
     std::vector<std::uint32_t> ids;
+    std::vector<std::uint8_t> mask;  // chat data only
     std::exception_ptr error;
   };
 
@@ -480,7 +493,7 @@ class BatchRun {
       Part& p = parts_[i];
       try {
         for (std::size_t d = p.begin; d < p.end; ++d) {
-          encode_into(batch_.docs[d], p.ids);
+          encode_into(batch_.docs[d], p);
           if (progress_ != nullptr) {
             progress_->documents.fetch_add(1, std::memory_order_relaxed);
             progress_->input_bytes.fetch_add(batch_.docs[d].input_bytes, std::memory_order_relaxed);
@@ -494,10 +507,19 @@ class BatchRun {
     }
   }
 
-  void encode_into(const RawDocument& doc, std::vector<std::uint32_t>& out) const {
+  void encode_into(const RawDocument& doc, Part& part) const {
     const InputSource& source = sources_[doc.source];
+    std::vector<std::uint32_t>& out = part.ids;
     std::vector<std::uint32_t> ids;
-    if (source.format == InputFormat::text) {
+    if (options_.chat) {
+      TESSERA_CHECK(source.format == InputFormat::jsonl, source.name(),
+                    ": chat data is JSON lines of {\"messages\": [...]}, not a text file");
+      const std::string where = tessera::detail::concat(source.name(), ":", doc.line);
+      io::ChatTokens t =
+          io::chat_tokens(*options_.chat, tok_, io::parse_chat_line(doc.bytes, source.name(), doc.line), where);
+      ids = std::move(t.ids);
+      part.mask.insert(part.mask.end(), t.loss_mask.begin(), t.loss_mask.end());
+    } else if (source.format == InputFormat::text) {
       ids = encode(doc.bytes, source, doc);
     } else {
       ids = encode(json_document_text(doc.bytes, options_.field, source.name(), doc.line), source, doc);
@@ -537,17 +559,31 @@ class BatchRun {
 /// Tokenizes the documents of `batch` (read from `sources`) on options.threads threads
 /// and passes their ids to `sink` in document order. Throws the first bad record's error.
 inline TokenizeStats tokenize_batch(const DocumentBatch& batch, const std::vector<InputSource>& sources,
-                                    const io::Tokenizer& tok, const TokenizeOptions& options, const TokenSink& sink,
-                                    TokenizeProgress* progress = nullptr) {
+                                    const io::Tokenizer& tok, const TokenizeOptions& options,
+                                    const MaskedTokenSink& sink, TokenizeProgress* progress = nullptr) {
   detail::BatchRun run(batch, sources, tok, options, progress);
   return run.finish(sink);
+}
+
+namespace detail {
+/// A sink of ids alone, for documents without a loss mask.
+inline MaskedTokenSink ids_only(const TokenSink& sink, const TokenizeOptions& options) {
+  TESSERA_CHECK(!options.chat, "chat data carries a loss mask: tokenize it into a MaskedTokenSink");
+  return [&sink](std::span<const std::uint32_t> ids, std::span<const std::uint8_t>) { sink(ids); };
+}
+}  // namespace detail
+
+inline TokenizeStats tokenize_batch(const DocumentBatch& batch, const std::vector<InputSource>& sources,
+                                    const io::Tokenizer& tok, const TokenizeOptions& options, const TokenSink& sink,
+                                    TokenizeProgress* progress = nullptr) {
+  return tokenize_batch(batch, sources, tok, options, detail::ids_only(sink, options), progress);
 }
 
 /// Every document of `reader`, tokenized in batches of options.batch_bytes of text; the
 /// next batch is read while the current one is tokenized. The ids reach `sink` in input
 /// order. Throws at the first bad record (in input order), naming its file and line.
 inline TokenizeStats tokenize_sources(DocumentReader& reader, const io::Tokenizer& tok,
-                                      const TokenizeOptions& options, const TokenSink& sink,
+                                      const TokenizeOptions& options, const MaskedTokenSink& sink,
                                       TokenizeProgress* progress = nullptr) {
   TokenizeStats total;
   DocumentBatch current, next;
@@ -571,6 +607,25 @@ inline TokenizeStats tokenize_sources(DocumentReader& reader, const io::Tokenize
     std::swap(current, next);
   }
   return total;
+}
+
+inline TokenizeStats tokenize_sources(DocumentReader& reader, const io::Tokenizer& tok,
+                                      const TokenizeOptions& options, const TokenSink& sink,
+                                      TokenizeProgress* progress = nullptr) {
+  return tokenize_sources(reader, tok, options, detail::ids_only(sink, options), progress);
+}
+
+/// Every id of `reader`'s documents and, for chat data, its loss mask.
+inline io::TokenStream tokenize_stream(DocumentReader& reader, const io::Tokenizer& tok,
+                                       const TokenizeOptions& options, TokenizeStats* stats = nullptr) {
+  io::TokenStream out;
+  const TokenizeStats s = tokenize_sources(
+      reader, tok, options, [&](std::span<const std::uint32_t> ids, std::span<const std::uint8_t> mask) {
+        out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+        out.loss_mask.insert(out.loss_mask.end(), mask.begin(), mask.end());
+      });
+  if (stats != nullptr) *stats = s;
+  return out;
 }
 
 /// All the ids of `reader`'s documents, in order (a convenience over tokenize_sources).

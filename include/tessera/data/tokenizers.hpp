@@ -4,7 +4,9 @@
 // trainer resolve model.tokenizer here.
 #pragma once
 
+#include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -25,6 +27,8 @@ inline std::unique_ptr<io::Tokenizer> make_tokenizer(const std::string& spec) {
 
 /// Writes the file of the tokenizer `spec` names to `dest`, so that a saved model
 /// carries its tokenizer. Returns false, writing nothing, for "byte" (which has none).
+/// A tokenizer.json brings the tokenizer_config.json beside it (its EOS) along, beside
+/// `dest`; the copy is read back by content, whatever `dest` is called.
 inline bool save_tokenizer_file(const std::string& spec, const std::string& dest) {
   namespace fs = std::filesystem;
   if (spec == "synthetic_bpe") {
@@ -39,6 +43,18 @@ inline bool save_tokenizer_file(const std::string& spec, const std::string& dest
   fs::copy_file(file, tmp, fs::copy_options::overwrite_existing, ec);
   if (!ec) fs::rename(tmp, dest, ec);
   if (ec) fail(dest, ": cannot copy the tokenizer ", file, " here: ", ec.message());
+  const fs::path config = fs::path(file).parent_path() / "tokenizer_config.json";
+  const fs::path config_dest = fs::path(dest).parent_path() / "tokenizer_config.json";
+  if (fs::is_regular_file(config, ec) && !fs::equivalent(config, config_dest, ec)) {
+    std::ifstream in(file, std::ios::binary);
+    char first = 0;
+    while (in.get(first) && std::isspace(static_cast<unsigned char>(first))) {
+    }
+    if (first == '{') {
+      fs::copy_file(config, config_dest, fs::copy_options::overwrite_existing, ec);
+      if (ec) fail(config_dest.string(), ": cannot copy ", config.string(), " here: ", ec.message());
+    }
+  }
   return true;
 }
 

@@ -36,6 +36,7 @@
 #include <string_view>
 #include <system_error>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -148,11 +149,26 @@ inline std::string printable_bytes(std::string_view bytes) {
 /// Pieces up to this many parts use tiktoken's scan; longer ones use the heap.
 inline constexpr std::size_t bpe_scan_limit = 64;
 
+/// The rank of merging the parts [b0, b1) and [b1, b2) of `piece`: `rank_of(left,
+/// right)` when the ranking takes the pair (Hugging Face BPE, io/hf_tokenizer.hpp: a
+/// merge names its two tokens), else `rank_of(left + right)` (tiktoken: the rank of
+/// the concatenation).
+template <class RankOf>
+std::uint32_t merge_rank(const RankOf& rank_of, std::string_view piece, std::uint32_t b0, std::uint32_t b1,
+                         std::uint32_t b2) {
+  if constexpr (std::is_invocable_v<const RankOf&, std::string_view, std::string_view>) {
+    return rank_of(piece.substr(b0, b1 - b0), piece.substr(b1, b2 - b1));
+  } else {
+    return rank_of(piece.substr(b0, b2 - b0));
+  }
+}
+
 /// Byte-pair merging of `piece`, tiktoken's way. `bounds` holds the start offsets of
 /// its current parts followed by piece.size() (0, 1, ..., n for single bytes; the BPE
 /// trainer passes a coarser split); on return it holds the parts after merging.
-/// `rank_of(bytes)` gives the rank of a byte string or no_rank. Repeatedly merges the
-/// adjacent pair whose concatenation has the lowest rank, the leftmost on ties.
+/// `rank_of(bytes)` gives the rank of a byte string or no_rank (or `rank_of(left, right)`
+/// the rank of a pair, see merge_rank). Repeatedly merges the adjacent pair with the
+/// lowest rank, the leftmost on ties.
 /// This is the quadratic scan, for short pieces.
 template <class RankOf>
 void byte_pair_merge_scan(std::string_view piece, std::vector<std::uint32_t>& bounds, const RankOf& rank_of) {
@@ -160,7 +176,7 @@ void byte_pair_merge_scan(std::string_view piece, std::vector<std::uint32_t>& bo
   // ranks[i]: the rank of parts i and i+1 together.
   std::vector<std::uint32_t> ranks(bounds.size() - 2);
   const auto pair_rank = [&](std::size_t i) {
-    return i + 2 < bounds.size() ? rank_of(piece.substr(bounds[i], bounds[i + 2] - bounds[i])) : no_rank;
+    return i + 2 < bounds.size() ? merge_rank(rank_of, piece, bounds[i], bounds[i + 1], bounds[i + 2]) : no_rank;
   };
   for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = pair_rank(i);
   while (!ranks.empty()) {
@@ -178,7 +194,8 @@ void byte_pair_merge_scan(std::string_view piece, std::vector<std::uint32_t>& bo
 /// The same merges in O(n log n): a doubly linked list of parts and a heap of
 /// (rank, part, end of its right neighbour), stale entries skipped when popped. An
 /// entry is current while its part is alive and the part after it still ends where it
-/// did; the rank depends only on those bytes, so such an entry is exact.
+/// did; the rank depends only on those bytes (and, parts only ever merging, the bound
+/// between the two is still the one it was), so such an entry is exact.
 template <class RankOf>
 void byte_pair_merge_heap(std::string_view piece, std::vector<std::uint32_t>& bounds, const RankOf& rank_of) {
   if (bounds.size() < 3) return;
@@ -194,7 +211,7 @@ void byte_pair_merge_heap(std::string_view piece, std::vector<std::uint32_t>& bo
   const auto push = [&](std::uint32_t k) {
     if (k == m || next[k] == m) return;
     const std::uint32_t end = bounds[next[next[k]]];
-    const std::uint32_t r = rank_of(piece.substr(bounds[k], end - bounds[k]));
+    const std::uint32_t r = merge_rank(rank_of, piece, bounds[k], bounds[next[k]], end);
     if (r != no_rank) heap.emplace(r, k, end);
   };
   for (std::uint32_t k = 0; k + 1 < m; ++k) push(k);

@@ -5,7 +5,8 @@
 // interface (a virtual class), not a compile-time policy: which tokenizer a job uses is
 // read from its config, and tokenizing is never on the training step's hot path.
 // Implementations: ByteTokenizer (here), TiktokenTokenizer (Llama 3's BPE file format,
-// io/tiktoken.hpp) and SentencePieceTokenizer (Llama 2, io/sentencepiece.hpp);
+// io/tiktoken.hpp), SentencePieceTokenizer (Llama 2, io/sentencepiece.hpp) and
+// HfTokenizer (Hugging Face's byte-level BPE tokenizer.json, io/hf_tokenizer.hpp);
 // io/load_tokenizer.hpp picks one from a name or a file.
 //
 // The byte tokenizer is the simplest tokenizer that round-trips any text: ids 0..255
@@ -40,7 +41,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  /// "byte", "tiktoken" or "sentencepiece".
+  /// "byte", "tiktoken", "sentencepiece" or "tokenizer.json".
   virtual std::string_view kind() const = 0;
 
   /// Ids run over [0, vocab_size()), special tokens included.
