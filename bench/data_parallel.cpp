@@ -338,7 +338,7 @@ int run(const Options& o) {
   const train::JobConfig c0 = job(o, 1, all_ac_modes().front());
   const std::vector<std::uint32_t> tokens = [&] {
     auto tok = data::make_tokenizer(c0.model.tokenizer);
-    return train::load_training_tokens(c0, *tok);
+    return train::load_training_tokens(c0, *tok).ids;
   }();
   const nn::ModelArgs& args = c0.model.args;
 

@@ -493,7 +493,7 @@ int run(const Options& o) {
   const train::JobConfig c0 = job(o, all_layouts().front(), all_ac_modes().front());
   const std::vector<std::uint32_t> tokens = [&] {
     auto tok = data::make_tokenizer(c0.model.tokenizer);
-    return train::load_training_tokens(c0, *tok);
+    return train::load_training_tokens(c0, *tok).ids;
   }();
   const nn::ModelArgs& args = c0.model.args;
   std::size_t combinations = 0;

@@ -74,7 +74,7 @@ std::string setup_cuda_attention(const train::JobConfig& c) {
   const std::int64_t length = cp > 1 ? c.training.seq_len / (2 * cp) : c.training.seq_len;
   const AttentionShape s{batch, length, a.n_heads / tp, std::max<std::int64_t>(1, a.kv_heads() / tp), a.head_dim()};
   return cuda::select_attention(c.training.attention, c.training.mixed_precision_param == "bfloat16", s,
-                                c.training.deterministic, cp > 1)
+                                c.training.deterministic, cp > 1, c.training.document_mask)
       .text;
 }
 

@@ -34,6 +34,7 @@
 #include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/trainer.hpp"
+#include "tessera/train/validate.hpp"
 
 namespace tessera::llama_train {
 
@@ -111,9 +112,20 @@ inline nn::ModelArgs checked_model_args(const train::JobConfig& c, const io::Tok
   TESSERA_CHECK(tok.vocab_size() <= a.vocab_size, "model.tokenizer '", c.model.tokenizer, "' has ", tok.vocab_size(),
                 " ids, more than the model's vocabulary of ", a.vocab_size,
                 init_hf ? " (vocab_size in " + init + "/config.json)" : " (model.vocab_size)");
-  if (c.training.dataset == "shard") {
-    TESSERA_CHECK(!c.training.dataset_path.empty(), "training.dataset_path: required when training.dataset = \"shard\"");
-    io::read_token_shard_header(c.training.dataset_path);
+  // The files every rank will read, before anything slow: a missing one fails at once.
+  for (const train::DatasetSpec& d : {train::training_dataset(c), train::validation_dataset(c)}) {
+    if (d.section == "validation" && !c.validation.enable) continue;
+    if (d.dataset == "synthetic") continue;
+    TESSERA_CHECK(!d.path.empty(), d.section, ".dataset_path: required when ", d.section, ".dataset = \"", d.dataset, "\"");
+    if (d.dataset == "shard") io::read_token_shard_header(d.path);
+    if (d.dataset == "chat") {
+      std::ifstream probe(d.path);
+      TESSERA_CHECK(probe.good(), d.section, ".dataset_path '", d.path, "': cannot open (JSON lines of conversations)");
+      const io::ChatFormat f = io::resolve_chat_format(c.training.chat_format, tok, "training.chat_format");
+      TESSERA_CHECK(f != io::ChatFormat::llama3 || io::chat_format_for(tok) == io::ChatFormat::llama3,
+                    "training.chat_format = llama3: model.tokenizer '", c.model.tokenizer,
+                    "' lacks Llama 3's <|start_header_id|>, <|end_header_id|> and <|eot_id|> (llama2 needs only BOS and EOS)");
+    }
   }
   return a;
 }
@@ -180,13 +192,25 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     model.init_weights(static_cast<std::uint64_t>(c.training.seed));
   }
 
-  std::vector<std::uint32_t> tokens = train::load_training_tokens(c, tok);
-  for (std::size_t i = 0; i < tokens.size(); ++i)
-    TESSERA_CHECK(tokens[i] < static_cast<std::uint32_t>(a.vocab_size), c.training.dataset == "shard" ? c.training.dataset_path : "synthetic corpus",
-                  ": token id ", tokens[i], " at index ", i, " is outside the model's vocabulary (model.vocab_size = ",
-                  a.vocab_size, ")");
-  data::DataLoader loader(std::move(tokens), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
-                          mesh.dp_degree());
+  // Each stream's ids are checked against the model before any step reads them.
+  auto load = [&](const train::DatasetSpec& d) {
+    io::TokenStream s = train::load_token_stream(d, tok);
+    for (std::size_t i = 0; i < s.ids.size(); ++i)
+      TESSERA_CHECK(s.ids[i] < static_cast<std::uint32_t>(a.vocab_size), train::dataset_name(d), ": token id ", s.ids[i],
+                    " at index ", i, " is outside the model's vocabulary (model.vocab_size = ", a.vocab_size, ")");
+    return s;
+  };
+  data::DataLoader loader(load(train::training_dataset(c)), c.training.seq_len, c.training.local_batch_size,
+                          mesh.dp_rank(), mesh.dp_degree());
+  std::optional<train::Validator> validator;
+  if (c.validation.enable) {
+    const train::DatasetSpec d = train::validation_dataset(c);
+    model.check_batch(c.validation.local_batch_size, c.validation.seq_len);
+    validator.emplace(data::DataLoader(load(d), c.validation.seq_len, c.validation.local_batch_size, mesh.dp_rank(),
+                                       mesh.dp_degree()),
+                      c.validation.steps, c.training.document_mask ? train::document_start_id(c) : -1,
+                      train::dataset_name(d));
+  }
 
   if (lead)
     std::fprintf(stderr,
@@ -203,6 +227,18 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
                  in.compute_text().c_str(), plan.checkpoint.str().c_str(),
                  c.optimizer.state_dtype == "float32" ? "" : (" | AdamW moments: " + c.optimizer.state_dtype).c_str(),
                  pipeline_line.c_str());
+  if (lead && (loader.masked() || validator))
+    std::fprintf(stderr, "%s%s%s",
+                 loader.masked() ? "  loss mask: the assistants' replies only (chat data)\n" : "",
+                 validator ? tessera::detail::concat("  validation: every ", c.validation.freq, " steps, ",
+                                                     validator->steps(), " global batch",
+                                                     validator->steps() == 1 ? "" : "es", " of ",
+                                                     c.validation.local_batch_size * dp, " x seq ",
+                                                     c.validation.seq_len, " from ",
+                                                     train::dataset_name(train::validation_dataset(c)))
+                                 .c_str()
+                           : "",
+                 validator ? "\n" : "");
 
   // Only now, with every input checked, does the run touch its dump folder.
   const std::string tokenizer_copy = (dump / "tokenizer.model").string();
@@ -254,6 +290,11 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   for (std::int64_t s = trainer.steps_done() + 1; s <= c.training.steps; ++s) {
     train::StepMetrics m = trainer.step();
     const bool last = s == c.training.steps;
+    if (validator && (s % c.validation.freq == 0 || last)) {
+      const train::ValidationResult v = validator->run(model);
+      m.validation_loss = v.loss;
+      m.validation_tokens = v.tokens;
+    }
     // The training state after every interval-th step and the last (at the last with
     // last_save_model_only, the model alone: <dump_folder>/model.safetensors below).
     if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || last) && !(last && c.checkpoint.last_save_model_only)) {

@@ -20,7 +20,8 @@ struct AttentionResult {
 /// values the device was given, already rounded to bf16 for a bf16 run), causal or full
 /// as run.shape says.
 inline AttentionResult cpu_attention(const FlashRun& run) {
-  const AttentionShape& s = run.shape;
+  AttentionShape s = run.shape;
+  if (!run.documents.empty()) s.documents = run.documents.data();
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
   Tensor<float> o(Shape{rows, qc}), dq(Shape{rows, qc}), dk(Shape{rows, kc}), dv(Shape{rows, kc});
   AttentionResult r;

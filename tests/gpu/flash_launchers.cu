@@ -64,7 +64,14 @@ struct DeviceFloats {
 
 template <class T>
 void run_flash(tessera::gpu_test::FlashRun& run) {
-  const tessera::AttentionShape& s = run.shape;
+  tessera::AttentionShape s = run.shape;
+  tessera::ops::DocumentSpan* documents = nullptr;
+  if (!run.documents.empty()) {
+    const std::size_t bytes = run.documents.size() * sizeof(tessera::ops::DocumentSpan);
+    TESSERA_CUDA_CHECK(cudaMalloc(&documents, bytes));
+    TESSERA_CUDA_CHECK(cudaMemcpy(documents, run.documents.data(), bytes, cudaMemcpyHostToDevice));
+    s.documents = documents;
+  }
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
   const DeviceMatrix<T> q(run.q, rows, qc, run.pad), k(run.k, rows, kc, run.pad), v(run.v, rows, kc, run.pad);
   const DeviceMatrix<T> d_o(run.d_o, rows, qc, run.pad);
@@ -79,6 +86,7 @@ void run_flash(tessera::gpu_test::FlashRun& run) {
                                              dq.view(), dk.view(), dv.view(), delta.data, stream);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+  if (documents) TESSERA_CUDA_CHECK(cudaFree(documents));
   run.o = o.to_host();
   run.lse = lse.to_host();
   run.dq = dq.to_host();

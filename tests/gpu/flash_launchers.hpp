@@ -18,6 +18,7 @@ struct FlashRun {
   std::vector<float> q, k, v, d_o;  // inputs
   std::vector<float> dq, dk, dv;    // in: the outputs' initial contents; out: the results
   std::vector<float> o, lse;        // out: o (B*T, H*hd), lse (B, H, T)
+  std::vector<ops::DocumentSpan> documents;  // packed documents (B*T rows), uploaded for the device; empty: none
 };
 
 /// cuda::flash_attention_forward, then cuda::flash_attention_backward on the forward's

@@ -67,7 +67,7 @@ NamedValues gradient_values(Model& model) {
 
 /// The byte-tokenized synthetic corpus small_job trains on.
 inline std::vector<std::uint32_t> small_job_tokens(const train::JobConfig& c) {
-  return train::load_training_tokens(c, io::ByteTokenizer{});
+  return train::load_training_tokens(c, io::ByteTokenizer{}).ids;
 }
 
 /// One forward_backward of a fresh model (seed c.training.seed) on the first batch.

@@ -1,7 +1,8 @@
-// The CUDA flash attention kernels give the CPU backend's attention, causal and full (no
-// mask): o, lse, dq, dk, dv, in float and bf16 storage, head dims 16 to 128, groups of
-// 1, 2 and 4 q heads per kv head, rows padded so that tiles load with 16-byte vectors
-// and without. Runs only where a device is present (the suite's main is in main.cpp).
+// The CUDA flash attention kernels give the CPU backend's attention, causal, full (no
+// mask) and over packed documents: o, lse, dq, dk, dv, in float and bf16 storage, head
+// dims 16 to 128, groups of 1, 2 and 4 q heads per kv head, rows padded so that tiles
+// load with 16-byte vectors and without. Runs only where a device is present (the
+// suite's main is in main.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -44,7 +45,9 @@ std::vector<float> plus(const std::vector<float>& a, const std::vector<float>& b
   return out;
 }
 
-void check_flash_on_gpu(const AttentionShape& s, bool bf16, std::int64_t pad) {
+void check_flash_on_gpu(const AttentionShape& s, bool bf16, std::int64_t pad,
+                        const std::vector<ops::DocumentSpan>& documents = {}) {
+  CAPTURE(documents.size());
   CAPTURE(s.head_dim);
   CAPTURE(s.n_kv_heads);
   CAPTURE(s.causal);
@@ -55,6 +58,7 @@ void check_flash_on_gpu(const AttentionShape& s, bool bf16, std::int64_t pad) {
   run.shape = s;
   run.pad = pad;
   run.bf16 = bf16;
+  run.documents = documents;
   run.q = random_values(rows * qc, "q", bf16);
   run.k = random_values(rows * kc, "k", bf16);
   run.v = random_values(rows * kc, "v", bf16);
@@ -116,6 +120,22 @@ TEST_CASE("flash attention on the GPU without a mask (full) matches the CPU back
     check_flash_on_gpu(full(2, 150, 4, 2, 16), bf16, 0);
     check_flash_on_gpu(full(2, 70, 4, 1, 32), bf16, 0);
   }
+}
+
+TEST_CASE("flash attention on the GPU over packed documents matches the CPU backend: float and bf16, hd 64 and 128") {
+  // Documents that start mid-block, on a block's first row (64), one token long, and one
+  // over two blocks; the second sequence one document: query blocks that skip key
+  // tiles, key blocks that stop before the sequence's end.
+  const std::int64_t t = 150;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * t), 3);
+  for (std::int64_t start : {10, 64, 65, 66, 140}) ids[static_cast<std::size_t>(start)] = 1;
+  const std::vector<ops::DocumentSpan> documents = ops::document_spans(ids, 2, t, 1);
+  for (bool bf16 : {false, true})
+    for (std::int64_t kv : {1, 4}) {
+      check_flash_on_gpu({2, t, 4, kv, 64}, bf16, 0, documents);
+      check_flash_on_gpu({2, t, 4, kv, 128}, bf16, 0, documents);
+    }
+  check_flash_on_gpu({2, t, 4, 2, 64}, false, 1, documents);
 }
 
 TEST_CASE("flash attention on the GPU refuses other head dims and float64 by name") {

@@ -229,47 +229,90 @@ TEST_CASE("CPU attention backward across several query blocks matches finite dif
   }
 }
 
+namespace {
+
+std::vector<double> dense(const Tensor<double>& t) { return std::vector<double>(t.data(), t.data() + t.numel()); }
+
+double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::isnan(a[i]) ? HUGE_VAL : std::abs(a[i] - b[i]));
+    ref = std::max(ref, std::abs(b[i]));
+  }
+  return diff / ref;
+}
+
+/// Cpu's attention forward and backward on `s` (q heads 4, whatever kv heads) against the
+/// naive reference in double (1e-12: o, lse, dq, dk, dv), and that reference far from
+/// `other`'s (the inputs tell the two masks apart).
+void check_cpu_attention(const AttentionShape& s, const AttentionShape& other) {
+  const std::int64_t rows = s.batch * s.seq_len, hd = s.head_dim, kv = s.n_kv_heads;
+  Tensor<double> q(Shape{rows, 4 * hd}), k(Shape{rows, kv * hd}), v(Shape{rows, kv * hd}), d_o(Shape{rows, 4 * hd});
+  fill_normal(q, 8, "q");
+  fill_normal(k, 9, "k");
+  fill_normal(v, 10, "v");
+  fill_normal(d_o, 11, "dO");
+  Tensor<double> o(q.shape()), lse(Shape{s.batch, 4, s.seq_len}), dq(q.shape()), dk(k.shape()), dv(v.shape());
+  Cpu::attention_forward(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+  Cpu::attention_backward(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(), dq.view(),
+                          dk.view(), dv.view());
+  const auto ref = testing::naive_attention(s, dense(q), dense(k), dense(v), dense(d_o));
+  CHECK(max_rel_diff(dense(o), ref.o) < 1e-12);
+  CHECK(max_rel_diff(dense(lse), ref.lse) < 1e-12);
+  CHECK(max_rel_diff(dense(dq), ref.dq) < 1e-12);
+  CHECK(max_rel_diff(dense(dk), ref.dk) < 1e-12);
+  CHECK(max_rel_diff(dense(dv), ref.dv) < 1e-12);
+  const auto wrong = testing::naive_attention(other, dense(q), dense(k), dense(v), dense(d_o));
+  CHECK(max_rel_diff(wrong.o, ref.o) > 1e-2);
+  CHECK(max_rel_diff(wrong.dq, ref.dq) > 1e-2);
+  CHECK(max_rel_diff(wrong.dk, ref.dk) > 1e-2);
+}
+
+}  // namespace
+
 TEST_CASE("CPU attention, causal and full, matches a naive reference in double: o, lse, dq, dk, dv") {
   // 150 rows: two whole blocks of 64 and a partial one (full attention gives every
   // block every key); groups of 2 and 4 q heads per kv head and heads of their own.
-  auto dense = [](const Tensor<double>& t) { return std::vector<double>(t.data(), t.data() + t.numel()); };
-  auto max_rel_diff = [](const std::vector<double>& a, const std::vector<double>& b) {
-    REQUIRE(a.size() == b.size());
-    double diff = 0, ref = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      diff = std::max(diff, std::isnan(a[i]) ? HUGE_VAL : std::abs(a[i] - b[i]));
-      ref = std::max(ref, std::abs(b[i]));
-    }
-    return diff / ref;
-  };
   for (bool causal : {true, false})
     for (std::int64_t kv : {1, 2, 4}) {
       CAPTURE(causal);
       CAPTURE(kv);
-      const std::int64_t t = 150, hd = 8, rows = 2 * t;
-      const AttentionShape s{2, t, 4, kv, hd, causal};
-      Tensor<double> q(Shape{rows, 4 * hd}), k(Shape{rows, kv * hd}), v(Shape{rows, kv * hd}), d_o(Shape{rows, 4 * hd});
-      fill_normal(q, 8, "q");
-      fill_normal(k, 9, "k");
-      fill_normal(v, 10, "v");
-      fill_normal(d_o, 11, "dO");
-      Tensor<double> o(q.shape()), lse(Shape{2, 4, t}), dq(q.shape()), dk(k.shape()), dv(v.shape());
-      Cpu::attention_forward(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
-      Cpu::attention_backward(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(), dq.view(),
-                              dk.view(), dv.view());
-      const auto ref = testing::naive_attention(s, dense(q), dense(k), dense(v), dense(d_o));
-      CHECK(max_rel_diff(dense(o), ref.o) < 1e-12);
-      CHECK(max_rel_diff(dense(lse), ref.lse) < 1e-12);
-      CHECK(max_rel_diff(dense(dq), ref.dq) < 1e-12);
-      CHECK(max_rel_diff(dense(dk), ref.dk) < 1e-12);
-      CHECK(max_rel_diff(dense(dv), ref.dv) < 1e-12);
-      // The inputs tell the masks apart: the other mask's reference is far from this one.
+      const AttentionShape s{2, 150, 4, kv, 8, causal};
       AttentionShape other = s;
       other.causal = !causal;
-      const auto wrong = testing::naive_attention(other, dense(q), dense(k), dense(v), dense(d_o));
-      CHECK(max_rel_diff(wrong.o, ref.o) > 1e-2);
-      CHECK(max_rel_diff(wrong.dq, ref.dq) > 1e-2);
+      check_cpu_attention(s, other);
     }
+}
+
+TEST_CASE("document spans: a document starts at each BOS and at each sequence's first token") {
+  // Two sequences of 6: [x B x x B x] and [B x x x x x].
+  const std::vector<std::int32_t> ids = {5, 1, 7, 8, 1, 9, 1, 2, 3, 4, 5, 6};
+  const auto spans = ops::document_spans(ids, 2, 6, 1);
+  const std::vector<ops::DocumentSpan> want = {{0, 1}, {1, 4}, {1, 4}, {1, 4}, {4, 6}, {4, 6},
+                                               {0, 6}, {0, 6}, {0, 6}, {0, 6}, {0, 6}, {0, 6}};
+  CHECK(spans == want);
+  // Positions restart at each document: RoPE's rows read them through RowPositions.
+  const ops::RowPositions pos(2, 6, ops::ContextShard{}, spans.data());
+  const std::vector<std::int64_t> want_pos = {0, 0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 5};
+  for (std::int64_t r = 0; r < 12; ++r) CHECK(pos(r) == want_pos[static_cast<std::size_t>(r)]);
+  CHECK_THROWS_WITH_AS(ops::document_spans(ids, 2, 5, 1), doctest::Contains("12 ids for a batch of 2 x 5"), Error);
+}
+
+TEST_CASE("CPU attention over packed documents matches a naive masked reference in double") {
+  // 150 rows a sequence: documents that start mid-block, on a block's first row (64),
+  // one token long, and one that spans two blocks; the second sequence is one document.
+  const std::int64_t t = 150;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * t), 3);
+  for (std::int64_t start : {10, 64, 65, 66, 140}) ids[static_cast<std::size_t>(start)] = 1;
+  const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, t, 1);
+  for (std::int64_t kv : {1, 4}) {
+    CAPTURE(kv);
+    const AttentionShape s{2, t, 4, kv, 8, true, spans.data()};
+    AttentionShape whole = s;  // the documents matter: without them the reference is far
+    whole.documents = nullptr;
+    check_cpu_attention(s, whole);
+  }
 }
 
 TEST_CASE("Squared-norm partials do not depend on the chunking") {

@@ -11,7 +11,8 @@ train::JobConfig debug_job(std::int64_t local_batch, std::int64_t global_batch, 
                            const std::vector<std::string>& overrides) {
   std::vector<std::string> o = {"--training.local_batch_size", std::to_string(local_batch),
                                 "--training.global_batch_size", std::to_string(global_batch),
-                                "--training.steps", std::to_string(steps)};
+                                "--training.steps", std::to_string(steps),
+                                "--validation.local_batch_size", std::to_string(local_batch)};
   o.insert(o.end(), overrides.begin(), overrides.end());
   return train::parse_config(R"(
     [model]
@@ -29,6 +30,9 @@ train::JobConfig debug_job(std::int64_t local_batch, std::int64_t global_batch, 
     seed = 0
     mixed_precision_param = "float32"
     synthetic_documents = 400
+    [validation]
+    seq_len = 32
+    synthetic_documents = 60
   )",
                              "parity_job", o);
 }
@@ -37,9 +41,14 @@ const std::vector<std::uint32_t>& debug_tokens() {
   static const std::vector<std::uint32_t> tokens = [] {
     const train::JobConfig c = debug_job(1, 1, 1);
     auto tok = data::make_tokenizer(c.model.tokenizer);
-    return train::load_training_tokens(c, *tok);
+    return train::load_training_tokens(c, *tok).ids;
   }();
   return tokens;
+}
+
+io::TokenStream validation_tokens(const train::JobConfig& c) {
+  auto tok = data::make_tokenizer(c.model.tokenizer);
+  return train::load_token_stream(train::validation_dataset(c), *tok);
 }
 
 template RunResult train_layout<CpuDynamicModel>(comm::Communicator, comm::MeshShape, const train::JobConfig&,

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/trainer.hpp"
+#include "tessera/train/validate.hpp"
 
 namespace tessera::test {
 
@@ -91,7 +93,11 @@ struct RunResult {
   std::size_t activation_bytes = 0;   // peak saved activations, this rank
   std::size_t peak_memory_bytes = 0;  // every allocation, this rank
   std::uint64_t comm_bytes = 0;       // sent by this rank in the last step
+  std::vector<double> validation_losses;  // [validation] enabled: each validation's loss
 };
+
+/// The validation stream [validation] names, tokenized by the debug model's tokenizer.
+io::TokenStream validation_tokens(const train::JobConfig& c);
 
 /// Trains the debug model on `world` laid out as `shape`, with the config `c`
 /// (its [parallelism] and [activation_checkpoint] keys make the Plan); a block with
@@ -107,9 +113,16 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
   data::DataLoader loader(debug_tokens(), c.training.seq_len, c.training.local_batch_size, mesh.dp_rank(),
                           mesh.dp_degree());
   train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
+  std::optional<train::Validator> validator;
+  if (c.validation.enable)
+    validator.emplace(data::DataLoader(validation_tokens(c), c.validation.seq_len, c.validation.local_batch_size,
+                                       mesh.dp_rank(), mesh.dp_degree()),
+                      c.validation.steps, c.training.document_mask ? train::document_start_id(c) : -1, "validation");
   RunResult r;
   for (std::int64_t s = 0; s < c.training.steps; ++s) {
     const train::StepMetrics m = trainer.step();
+    if (validator && ((s + 1) % c.validation.freq == 0 || s + 1 == c.training.steps))
+      r.validation_losses.push_back(validator->run(model).loss);
     r.losses.push_back(m.loss);
     r.grad_norms.push_back(m.grad_norm);
     r.activation_bytes = std::max(r.activation_bytes, m.activation_bytes);
@@ -177,7 +190,8 @@ inline LayoutRun layout_run(comm::MeshShape shape, const std::vector<std::string
       nccl_rules());
   LayoutRun r{per_rank.front()};
   for (const auto& p : per_rank)
-    r.ranks_agree = r.ranks_agree && p.losses == r.rank0.losses && p.grad_norms == r.rank0.grad_norms;
+    r.ranks_agree = r.ranks_agree && p.losses == r.rank0.losses && p.grad_norms == r.rank0.grad_norms &&
+                    p.validation_losses == r.rank0.validation_losses;
   return r;
 }
 

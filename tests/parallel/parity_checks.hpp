@@ -22,6 +22,11 @@ inline void check_layout_parity(const std::string& layout, comm::MeshShape shape
   const RunGap gap = run_gap(run.rank0, one_rank_run(model_keys));
   CHECK(gap.loss <= 1e-5);
   CHECK(gap.grad_norm <= grad_norm_bar);
+  // Validation (when the keys enable it) reads the same held-out loss on every layout.
+  const RunResult& reference = one_rank_run(model_keys);
+  CHECK(run.rank0.validation_losses.size() == reference.validation_losses.size());
+  if (!reference.validation_losses.empty())
+    CHECK(max_relative_difference(run.rank0.validation_losses, reference.validation_losses) <= 1e-5);
 }
 
 }  // namespace tessera::test

@@ -21,7 +21,8 @@ struct NaiveAttention {
 };
 
 /// Attention over dense row-major q, d_o (B*T, H*hd) and k, v (B*T, KV*hd): causal
-/// (query i sees keys 0..i) when s.causal, else every query sees every key. Head h
+/// (query i sees keys 0..i) when s.causal, else every query sees every key; with
+/// s.documents (host memory here), query i sees only keys from its document's begin. Head h
 /// reads kv head h / (H / KV); scale 1/sqrt(hd).
 inline NaiveAttention naive_attention(const AttentionShape& s, const std::vector<double>& q,
                                       const std::vector<double>& k, const std::vector<double>& v,
@@ -45,31 +46,32 @@ inline NaiveAttention naive_attention(const AttentionShape& s, const std::vector
       auto vrow = [&](std::int64_t j) { return v.data() + (b * t + j) * kc + kvh * hd; };
       for (std::int64_t i = 0; i < t; ++i) {
         const std::int64_t keys = s.causal ? i + 1 : t;  // keys 0..keys-1 are seen
+        const std::int64_t j0 = s.documents ? s.documents[b * t + i].begin : 0;  // from its document's first
         double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < keys; ++j) {
+        for (std::int64_t j = j0; j < keys; ++j) {
           double dot = 0;
           for (std::int64_t d = 0; d < hd; ++d) dot += qrow(i)[d] * krow(j)[d];
           p[at(j)] = scale * dot;
           m = std::max(m, p[at(j)]);
         }
         double sum = 0;
-        for (std::int64_t j = 0; j < keys; ++j) sum += std::exp(p[at(j)] - m);
+        for (std::int64_t j = j0; j < keys; ++j) sum += std::exp(p[at(j)] - m);
         const double lse = m + std::log(sum);
         r.lse[at((b * s.n_heads + h) * t + i)] = lse;
-        for (std::int64_t j = 0; j < keys; ++j) p[at(j)] = std::exp(p[at(j)] - lse);
+        for (std::int64_t j = j0; j < keys; ++j) p[at(j)] = std::exp(p[at(j)] - lse);
         double* o = r.o.data() + (b * t + i) * qc + h * hd;
-        for (std::int64_t j = 0; j < keys; ++j)
+        for (std::int64_t j = j0; j < keys; ++j)
           for (std::int64_t d = 0; d < hd; ++d) o[d] += p[at(j)] * vrow(j)[d];
         // Backward: dp_ij = dO_i . v_j, D_i = sum_j p_ij dp_ij, ds_ij = p_ij (dp_ij - D_i).
         double delta = 0;
-        for (std::int64_t j = 0; j < keys; ++j) {
+        for (std::int64_t j = j0; j < keys; ++j) {
           double dot = 0;
           for (std::int64_t d = 0; d < hd; ++d) dot += dorow(i)[d] * vrow(j)[d];
           dp[at(j)] = dot;
           delta += p[at(j)] * dot;
         }
         double* dq = r.dq.data() + (b * t + i) * qc + h * hd;
-        for (std::int64_t j = 0; j < keys; ++j) {
+        for (std::int64_t j = j0; j < keys; ++j) {
           const double ds = p[at(j)] * (dp[at(j)] - delta);
           double* dk = r.dk.data() + (b * t + j) * kc + kvh * hd;
           double* dv = r.dv.data() + (b * t + j) * kc + kvh * hd;

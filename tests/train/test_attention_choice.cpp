@@ -70,8 +70,9 @@ TEST_CASE("training.attention = cudnn where it cannot run: one error naming the 
     const char* reason;
   };
   AttentionFacts cpu = runnable(), fp32 = runnable(), no_frontend = runnable(), no_library = runnable();
-  AttentionFacts turing = runnable(), odd_hd = runnable(), big_hd_ampere = runnable();
+  AttentionFacts turing = runnable(), odd_hd = runnable(), big_hd_ampere = runnable(), documents = runnable();
   cpu.on_gpu = false;
+  documents.documents = true;
   fp32.bf16_model = false;
   no_frontend.frontend.clear();
   no_library.library_error = "libcudnn.so.9 was not found at run time (libcudnn.so.9: cannot open shared object file)";
@@ -91,6 +92,9 @@ TEST_CASE("training.attention = cudnn where it cannot run: one error naming the 
       {"a head dim that is no multiple of 8", odd_hd,
        "head dim 12 is not one cuDNN accepts on sm_90 (a multiple of 8, at most 256)"},
       {"head dim 256 on sm_80", big_hd_ampere, "head dim 256 is not one cuDNN accepts on sm_80 (a multiple of 8, at most 128)"},
+      {"packed documents masked apart", documents,
+       "packed documents are masked apart (training.document_mask), which tessera's kernels do and this build's "
+       "cuDNN path does not"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.what);

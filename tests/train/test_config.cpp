@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 83);
+  CHECK(keys.size() == 93);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -165,7 +165,7 @@ TEST_CASE("the key table is consistent") {
   CHECK(tessera::train::find_config_key("training.nope") == nullptr);
   CHECK(tessera::train::config_sections() ==
         std::vector<std::string_view>{"job", "model", "optimizer", "lr_scheduler", "training", "parallelism",
-                                      "activation_checkpoint", "float8", "checkpoint", "metrics", "comm"});
+                                      "activation_checkpoint", "float8", "checkpoint", "metrics", "validation", "comm"});
 }
 
 TEST_CASE("[comm]: the timeouts, positive seconds") {
@@ -500,7 +500,7 @@ TEST_CASE("unknown names in enumerated keys") {
   CHECK_ERROR(parse("[activation_checkpoint]\nmode = \"partial\""),
               "activation_checkpoint.mode must be one of none, full, selective");
   CHECK_ERROR(parse("[checkpoint]\nexport_dtype = \"float16\""), "checkpoint.export_dtype must be one of");
-  CHECK_ERROR(parse("[training]\ndataset = \"c4\""), "training.dataset must be one of synthetic, shard; got \"c4\"");
+  CHECK_ERROR(parse("[training]\ndataset = \"c4\""), "training.dataset must be one of synthetic, shard, chat; got \"c4\"");
   CHECK_ERROR(parse("[training]\nattention = \"flash\""),
               "training.attention must be one of auto, cudnn, tessera; got \"flash\"");
   CHECK_ERROR(parse("[optimizer]\nname = \"SGD\""), "optimizer.name must be one of AdamW");
@@ -646,9 +646,11 @@ TEST_CASE("to_toml round trip") {
                  "--training.deterministic",
                  "--training.device", "cpu", "--training.attention", "tessera",
                  "--training.expandable_segments", "false", "--training.cuda_graph", "true",
+                 "--training.document_mask",
                  "--training.mixed_precision_param", "float32",
                  "--training.dataset", "shard",
                  "--training.dataset_path", "data/c4.tshard",
+                 "--training.chat_format", "llama2",
                  "--training.synthetic_documents", "5",
                  "--parallelism.data_parallel_replicate_degree", "2",
                  "--parallelism.data_parallel_shard_degree", "4",
@@ -684,6 +686,14 @@ TEST_CASE("to_toml round trip") {
                  "--metrics.enable_tensorboard",
                  "--metrics.save_tb_folder", "tensorboard",
                  "--metrics.peak_tflops", "989.5",
+                 "--validation.enable",
+                 "--validation.dataset", "chat",
+                 "--validation.dataset_path", "data/val.jsonl",
+                 "--validation.freq", "3",
+                 "--validation.steps", "4",
+                 "--validation.local_batch_size", "2",
+                 "--validation.seq_len", "128",
+                 "--validation.synthetic_documents", "7",
                  "--comm.init_timeout_seconds", "30",
                  "--comm.train_timeout_seconds", "45",
                  "--comm.check_nccl_semantics",
@@ -784,7 +794,8 @@ TEST_CASE("every example config loads") {
   std::set<std::string> expected;
   for (const auto& a : tessera::nn::model_flavors()) expected.insert(a.flavor);
   CHECK(flavors == expected);
-  CHECK(files == static_cast<int>(expected.size()));
+  // One file per flavor, and debug_chat.toml (the debug model fine-tuned on chat data).
+  CHECK(files == static_cast<int>(expected.size()) + 1);
 
   auto lr_of = [&](const char* name) { return load_config((dir / name).string(), {}).optimizer.lr; };
   CHECK(lr_of("llama3_8b.toml") == 3e-4);

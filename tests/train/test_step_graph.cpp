@@ -136,7 +136,7 @@ Run train(const train::JobConfig& c, bool graph) {
   model.init_weights(3);
   train::TrainerOptions o = train::trainer_options(c);
   o.graph = graph;
-  const std::vector<std::uint32_t> tokens = train::load_training_tokens(c, io::ByteTokenizer{});
+  const std::vector<std::uint32_t> tokens = train::load_training_tokens(c, io::ByteTokenizer{}).ids;
   auto windows = [&](const data::BatchRequest& r) {
     data::DataLoader l(tokens, r.seq_len, r.batch);
     l.seek(r.index * r.batch);

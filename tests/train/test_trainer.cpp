@@ -182,7 +182,7 @@ std::vector<double> code_losses(train::TrainerOptions o, data::BatchSource batch
   return l;
 }
 
-std::vector<std::uint32_t> small_tokens() { return train::load_training_tokens(small_job(), io::ByteTokenizer{}); }
+std::vector<std::uint32_t> small_tokens() { return train::load_training_tokens(small_job(), io::ByteTokenizer{}).ids; }
 
 /// Whether every parameter value of `model` is a bf16 value.
 bool all_bf16(Model& model) {

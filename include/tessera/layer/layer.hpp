@@ -367,15 +367,30 @@ class ActivationStore {
 /// The shape of the token batch a call works on: activations are (batch * seq_len, ...).
 /// Under context parallelism seq_len is this rank's share of each sequence (two chunks,
 /// chunk-major rows: ops/positions.hpp) and `context` says which share it is.
+///
+/// Packed documents: a caller sets `document_start_id` (a BOS id) and the model finds
+/// each row's document in the input ids when it takes the batch, staging the spans in
+/// the backend's memory (`documents`): positions then restart at each document and
+/// attention stays inside it. Layers read `documents` only through positions() and the
+/// attention shape.
 struct Geometry {
   std::int64_t batch = 0;
   std::int64_t seq_len = 0;
   ops::ContextShard context{};
+  std::int32_t document_start_id = -1;          // a document starts at each input of this id; -1: none do
+  const ops::DocumentSpan* documents = nullptr;  // (rows()), the model's: each row's document; nullptr: none
   std::int64_t rows() const { return batch * seq_len; }
   /// The length of the whole sequences the rows come from.
   std::int64_t whole_seq_len() const { return seq_len * context.degree; }
-  /// Each row's position in its sequence (what RoPE rotates by).
-  ops::RowPositions positions() const { return ops::RowPositions(batch, seq_len, context); }
+  /// Each row's position in its sequence, or in its document (what RoPE rotates by).
+  ops::RowPositions positions() const { return ops::RowPositions(batch, seq_len, context, documents); }
+  /// The same geometry over `batch_` sequences from sequence `first` on (a microbatch).
+  Geometry sequences(std::int64_t first, std::int64_t batch_) const {
+    Geometry g = *this;
+    g.batch = batch_;
+    if (documents) g.documents = documents + first * seq_len;
+    return g;
+  }
 };
 
 /// What a context does with saves and op outputs: the lever the checkpoint

@@ -9,6 +9,9 @@
 // chunks of each sequence: RoPE rotates them by their global positions and the keys
 // and values of the other chunks come round the cp ring.
 //
+// Packed documents (Geometry::documents): RoPE counts positions from each row's
+// document start and each query attends only within its document.
+//
 // Under tensor parallelism (parallel/tensor_parallel.hpp) x arrives as this rank's
 // rows and is gathered; wq, wk, wv are column-parallel (this rank's heads), wo is
 // row-parallel and its partial sums are reduce-scattered back to rows. Key/value
@@ -131,7 +134,7 @@ class Attention : public LayerTypes<T, B> {
   }
 
   AttentionShape shape(const Geometry& g) const {
-    return AttentionShape{g.batch, g.seq_len, n_heads_, n_kv_heads_, head_dim_};
+    return AttentionShape{g.batch, g.seq_len, n_heads_, n_kv_heads_, head_dim_, true, g.documents};
   }
 
   std::int64_t n_heads_, n_kv_heads_, head_dim_;

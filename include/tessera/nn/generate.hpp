@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/io/chat.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/layer/layer.hpp"
 
@@ -84,6 +86,23 @@ std::string generate_text(Model& model, const io::Tokenizer& tok, std::string_vi
   o.vocab_limit = tok.vocab_size();
   const std::vector<std::int32_t> out = generate(model, std::move(ids), o);
   return io::valid_utf8(tok.decode(std::vector<std::uint32_t>(out.begin(), out.end())));
+}
+
+/// The assistant's answer to `messages` (ending with a user message) in a chat format:
+/// the conversation's ids with the generation prompt (io::chat_tokens), continued until
+/// the turn ends (<|eot_id|> in llama3, EOS in llama2), decoded without its end and
+/// stripped of the white space the format puts around a reply.
+template <class Model>
+std::string generate_chat_reply(Model& model, const io::Tokenizer& tok, io::ChatFormat format,
+                                std::span<const io::ChatMessage> messages, SampleOptions o) {
+  TESSERA_CHECK(!messages.empty() && messages.back().role == "user",
+                "generate_chat_reply: the conversation must end with a user message");
+  const io::ChatTokens prompt = io::chat_tokens(format, tok, messages, "the chat prompt", true);
+  o.stop_token = format == io::ChatFormat::llama3 ? *tok.special_id("<|eot_id|>") : tok.eos_id();
+  o.vocab_limit = tok.vocab_size();
+  const std::vector<std::int32_t> out =
+      generate(model, std::vector<std::int32_t>(prompt.ids.begin(), prompt.ids.end()), o);
+  return io::valid_utf8(std::string(io::python_strip(tok.decode(std::vector<std::uint32_t>(out.begin(), out.end())))));
 }
 
 }  // namespace tessera::nn

@@ -109,6 +109,7 @@ struct StagedBatch {
   StagedIds<B> inputs;
   Tensor<std::int32_t> targets;  // (rows)
   Tensor<A> loss_scale;          // (1): d(step loss)/d(a token's loss)
+  Tensor<std::int32_t> documents;  // (rows, 2): each row's ops::DocumentSpan; empty: not masked apart
   static StagedBatch fixed_layout() {
     StagedBatch b;
     b.inputs.fixed = true;
@@ -443,8 +444,31 @@ class Transformer {
     if (!targets.empty()) s.owned_targets = parallel::context_tokens(targets, g.batch, g.seq_len, shard, group);
     s.inputs = s.owned_inputs;
     s.targets = s.owned_targets;
-    s.g = Geometry{g.batch, g.seq_len / shard.degree, shard};
+    s.g = g;
+    s.g.seq_len = g.seq_len / shard.degree;
+    s.g.context = shard;
     return s;
+  }
+
+  /// `g` with each row's document (g.documents) when the batch's documents are masked
+  /// apart (g.document_start_id): found in the rows' `inputs` and staged in `into`
+  /// (kept there when `keep` and the size is unchanged: a graph's fixed tensors).
+  Geometry with_documents(std::span<const std::int32_t> inputs, Geometry g, Tensor<std::int32_t>& into,
+                          bool keep = false) const {
+    g.documents = nullptr;
+    if (g.document_start_id < 0) return g;
+    TESSERA_CHECK(!cp_.active(), "model: packed documents (training.document_mask) are not masked across context-"
+                                 "parallel ranks");
+    const std::vector<ops::DocumentSpan> spans = ops::document_spans(inputs, g.batch, g.seq_len, g.document_start_id);
+    static_assert(sizeof(ops::DocumentSpan) == 2 * sizeof(std::int32_t));
+    std::vector<std::int32_t> flat(2 * spans.size());
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+      flat[2 * i] = spans[i].begin;
+      flat[2 * i + 1] = spans[i].end;
+    }
+    upload_into<B>(into, std::span<const std::int32_t>(flat), keep);
+    g.documents = reinterpret_cast<const ops::DocumentSpan*>(into.data());
+    return g;
   }
 
   /// The final normed hidden state, every row; a sharded model gathers and frees each
@@ -455,7 +479,8 @@ class Transformer {
     TESSERA_CHECK(!cp_.active(), "model: logits under context parallelism (each rank holds part of every sequence): "
                                  "take them from a whole copy (made inside with_whole_parameters), as llama-train "
                                  "samples");
-    return hidden(inputs, g);
+    Tensor<std::int32_t> documents;
+    return hidden(inputs, with_documents(inputs, g, documents));
   }
 
   /// final_hidden over rows already checked: this rank's share of the batch (share_of).
@@ -599,8 +624,10 @@ void Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> in
       check_batch(g.batch, g.seq_len);
       meter_.reset_peak();
       const Share share = share_of(inputs, targets, g, runtime_.microbatch_size(g.batch));
-      runtime_.pipeline_forward_backward(*this, share.inputs, share.targets, share.g, loss_scale, last_micro_batch,
-                                         loss_sum);
+      Tensor<std::int32_t> documents;
+      runtime_.pipeline_forward_backward(*this, share.inputs, share.targets,
+                                         with_documents(share.inputs, share.g, documents), loss_scale,
+                                         last_micro_batch, loss_sum);
       saved_bytes_peak_ = meter_.peak();
       for_each_local_parameter([](Parameter<T>& p) { p.template zero_grad_if_unwritten<B>(); });
       return;
@@ -627,7 +654,7 @@ void Transformer<T, B, Block>::stage(std::span<const std::int32_t> inputs, std::
   if (into.loss_scale.empty()) into.loss_scale = B::template empty<A>(Shape{1});
   const A scale = static_cast<A>(loss_scale);
   B::copy_from_host(&scale, into.loss_scale.data(), 1);
-  into.g = share.g;
+  into.g = with_documents(share.inputs, share.g, into.documents, into.fixed());
 }
 
 template <class T, Backend B, class Block>
@@ -686,16 +713,18 @@ double Transformer<T, B, Block>::loss(std::span<const std::int32_t> inputs, std:
                                       Geometry g) {
   check_geometry(inputs, g);
   const Share share = share_of(inputs, targets, g, g.batch);
+  Tensor<std::int32_t> documents;
+  const Geometry sg = with_documents(share.inputs, share.g, documents);
   double l = 0;
   bool pipelined = false;
   if constexpr (Runtime::pipelines)
     if (pipeline_degree() > 1) {
       TESSERA_CHECK(sharded(), "model: inference before shard() on a parallel plan");
-      l = runtime_.pipeline_loss(*this, share.inputs, share.targets, share.g);
+      l = runtime_.pipeline_loss(*this, share.inputs, share.targets, sg);
       pipelined = true;
     }
   if (!pipelined) {
-    l = head_.forward(hidden(share.inputs, share.g), share.targets, A(0), nullptr);
+    l = head_.forward(hidden(share.inputs, sg), share.targets, A(0), nullptr);
     free_head();
   }
   // Each context-parallel rank summed its own tokens' losses.

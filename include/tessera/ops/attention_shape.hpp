@@ -4,9 +4,16 @@
 // (a whole sequence, or a context-parallel block on the diagonal); a full one lets every
 // query see every key (a context-parallel block whose keys all come earlier in the
 // sequence: parallel/context_parallel.hpp).
+//
+// Packed documents (`documents`, per row of the call; ops/positions.hpp): query i sees
+// only the keys of its own document, [documents[i].begin, i] causal. Queries and keys
+// are the same rows, so a key j is seen by the queries [j, documents[j].end). The
+// whole-sequence causal bound stays the cost's upper bound (pairs()).
 #pragma once
 
 #include <cstdint>
+
+#include "tessera/ops/positions.hpp"
 
 namespace tessera {
 
@@ -17,11 +24,14 @@ struct AttentionShape {
   std::int64_t n_kv_heads = 0;
   std::int64_t head_dim = 0;
   bool causal = true;  // false: no mask
+  const ops::DocumentSpan* documents = nullptr;  // (batch * seq_len) in the backend's memory; nullptr: one
+                                                 // document a sequence. Causal calls only.
 
   std::int64_t rows() const { return batch * seq_len; }
   std::int64_t group() const { return n_heads / n_kv_heads; }
   /// The (query, key) pairs the call computes, over every sequence and query head:
-  /// T (T + 1) / 2 per head causal, T^2 full.
+  /// T (T + 1) / 2 per head causal, T^2 full (with documents, the causal bound: what
+  /// they skip depends on the data).
   double pairs() const {
     const double t = static_cast<double>(seq_len);
     return static_cast<double>(batch) * static_cast<double>(n_heads) * (causal ? t * (t + 1) / 2 : t * t);

@@ -13,6 +13,11 @@
 // so nothing is skipped. The drivers below and the kernels pick the bound and walk only
 // the tiles it lets through.
 //
+// Packed documents (AttentionShape::documents) add the other bound of each row: a query
+// sees keys from its document's first (`first_key`), a key is seen by queries up to its
+// document's last (`last_query`). Tiles wholly outside those bounds are skipped by the
+// drivers and kernels as the causal bound's are.
+//
 // Forward (FlashForwardRow): a query row keeps the running max m of its scores, the
 // running sum l = sum_j exp(s_ij - m) and acc = sum_j exp(s_ij - m) v_j over the keys
 // seen so far; a key with a larger score rescales l and acc by exp(m_old - m_new).
@@ -104,6 +109,33 @@ TESSERA_HD inline std::int64_t flash_first_query(std::int64_t first_query, std::
   return begin < 0 ? 0 : (begin < n ? begin : n);
 }
 
+/// The first of the keys [key0, key0 + n) that a query seeing keys from `first_key` on
+/// sees, as an index into the tile (0 when first_key <= key0).
+TESSERA_HD inline std::int64_t flash_first_visible_key(std::int64_t first_key, std::int64_t key0) {
+  return first_key > key0 ? first_key - key0 : 0;
+}
+
+/// One past the last of the queries [query0, query0 + n) that sees a key seen up to
+/// `last_query` (0 when none does).
+TESSERA_HD inline std::int64_t flash_query_end(std::int64_t last_query, std::int64_t query0, std::int64_t n) {
+  const std::int64_t end = last_query - query0 + 1;
+  return end < 0 ? 0 : (end < n ? end : n);
+}
+
+/// The first key row `row` (of a call's rows) sees: its document's first, or the
+/// sequence's (`sequence_start`) without documents.
+TESSERA_HD inline std::int64_t flash_first_key(const DocumentSpan* documents, std::int64_t row,
+                                               std::int64_t sequence_start) {
+  return documents ? documents[row].begin : sequence_start;
+}
+
+/// The last query that sees key row `row` (of a call's rows): its document's last
+/// (`otherwise` without documents).
+TESSERA_HD inline std::int64_t flash_last_query(const DocumentSpan* documents, std::int64_t row,
+                                                std::int64_t otherwise) {
+  return documents ? documents[row].end - 1 : otherwise;
+}
+
 /// The last key query `query` of a sequence of `seq_len` sees: itself causal, the
 /// sequence's last full.
 TESSERA_HD inline std::int64_t flash_last_key(bool causal, std::int64_t query, std::int64_t seq_len) {
@@ -125,10 +157,11 @@ struct FlashForwardRow {
   A acc[HD];  // sum_j exp(s_j - m) v_j
   A m;        // the largest score seen so far
   A l;        // sum_j exp(s_j - m)
-  std::int64_t last_key;  // the last key the row sees (causal: the row's own position)
+  std::int64_t last_key;   // the last key the row sees (causal: the row's own position)
+  std::int64_t first_key;  // the first key the row sees (its document's first; 0 without documents)
 
   template <class U>
-  TESSERA_HD void start(const U* q_row, std::int64_t row_last_key, A scale) {
+  TESSERA_HD void start(const U* q_row, std::int64_t row_last_key, A scale, std::int64_t row_first_key = 0) {
     TESSERA_FLASH_UNROLL
     for (int d = 0; d < HD; ++d) {
       q[d] = scale * convert<A>(q_row[d]);
@@ -137,15 +170,17 @@ struct FlashForwardRow {
     m = -std::numeric_limits<A>::infinity();
     l = A(0);
     last_key = row_last_key;
+    first_key = row_first_key;
   }
 
   /// Keys [key0, key0 + n): key key0 + r is row r of k (ld ldk) and of v (ld ldv).
-  /// Keys after last_key are skipped (a tile wholly after it changes nothing).
+  /// Keys after last_key or before first_key are skipped (a tile wholly outside changes
+  /// nothing).
   template <class U>
   TESSERA_HD void update(const U* k, std::int64_t ldk, const U* v, std::int64_t ldv, std::int64_t key0,
                          std::int64_t n) {
     const std::int64_t end = detail::flash_visible_keys(last_key, key0, n);
-    for (std::int64_t r = 0; r < end; ++r) {
+    for (std::int64_t r = detail::flash_first_visible_key(first_key, key0); r < end; ++r) {
       const A s = detail::flash_dot<A, HD>(q, k + r * ldk);
       if (s > m) {  // a new max: rescale what was summed under the old one
         const A c = exp_nonpositive(m - s);
@@ -186,9 +221,11 @@ struct FlashBackwardKeyRow {
   A dv[HD];  // sum_i p_ij dO_i
   A scale;
   std::int64_t first_query;  // the first query that sees the row (causal: the row's own position)
+  std::int64_t last_query;   // the last query that sees the row (its document's last; unbounded without documents)
 
   template <class U>
-  TESSERA_HD void start(const U* k_row, const U* v_row, std::int64_t row_first_query, A softmax_scale) {
+  TESSERA_HD void start(const U* k_row, const U* v_row, std::int64_t row_first_query, A softmax_scale,
+                        std::int64_t row_last_query = std::numeric_limits<std::int64_t>::max() / 2) {
     TESSERA_FLASH_UNROLL
     for (int d = 0; d < HD; ++d) {
       k[d] = softmax_scale * convert<A>(k_row[d]);
@@ -198,15 +235,17 @@ struct FlashBackwardKeyRow {
     }
     scale = softmax_scale;
     first_query = row_first_query;
+    last_query = row_last_query;
   }
 
   /// Queries [query0, query0 + n) of one q head: query query0 + r is row r of q (ld ldq)
   /// and of d_o (ld lddo), with log-sum-exp lse[r] and D delta[r]. Queries before
-  /// first_query are skipped.
+  /// first_query or after last_query are skipped.
   template <class U>
   TESSERA_HD void update(const U* q, std::int64_t ldq, const U* d_o, std::int64_t lddo, const A* lse,
                          const A* delta, std::int64_t query0, std::int64_t n) {
-    for (std::int64_t r = detail::flash_first_query(first_query, query0, n); r < n; ++r) {
+    const std::int64_t end = detail::flash_query_end(last_query, query0, n);
+    for (std::int64_t r = detail::flash_first_query(first_query, query0, n); r < end; ++r) {
       const U* qr = q + r * ldq;
       const U* dor = d_o + r * lddo;
       const A p = exp_nonpositive(detail::flash_dot<A, HD>(k, qr) - lse[r]);
@@ -243,11 +282,12 @@ struct FlashBackwardQueryRow {
   A lse;      // the row's log-sum-exp
   A delta;    // D_i = dO_i . O_i
   A scale;
-  std::int64_t last_key;  // the last key the row sees (causal: the row's own position)
+  std::int64_t last_key;   // the last key the row sees (causal: the row's own position)
+  std::int64_t first_key;  // the first key the row sees (its document's first; 0 without documents)
 
   template <class U>
   TESSERA_HD void start(const U* q_row, const U* d_o_row, A row_lse, A row_delta, std::int64_t row_last_key,
-                        A softmax_scale) {
+                        A softmax_scale, std::int64_t row_first_key = 0) {
     TESSERA_FLASH_UNROLL
     for (int d = 0; d < HD; ++d) {
       q[d] = softmax_scale * convert<A>(q_row[d]);
@@ -258,6 +298,7 @@ struct FlashBackwardQueryRow {
     delta = row_delta;
     scale = softmax_scale;
     last_key = row_last_key;
+    first_key = row_first_key;
   }
 
   /// Keys [key0, key0 + n), as FlashForwardRow::update takes them.
@@ -265,7 +306,7 @@ struct FlashBackwardQueryRow {
   TESSERA_HD void update(const U* k, std::int64_t ldk, const U* v, std::int64_t ldv, std::int64_t key0,
                          std::int64_t n) {
     const std::int64_t end = detail::flash_visible_keys(last_key, key0, n);
-    for (std::int64_t r = 0; r < end; ++r) {
+    for (std::int64_t r = detail::flash_first_visible_key(first_key, key0); r < end; ++r) {
       const U* kr = k + r * ldk;
       const A p = exp_nonpositive(detail::flash_dot<A, HD>(q, kr) - lse);
       const A ds = p * (detail::flash_dot<A, HD>(d_o, v + r * ldv) - delta);
@@ -327,6 +368,7 @@ inline void flash_check_shape(const AttentionShape& s) {
                 s.n_heads, " is not a positive multiple of n_kv_heads ", s.n_kv_heads);
   TESSERA_CHECK(flash_head_dim_supported(s.head_dim), "flash attention: head dim ", s.head_dim,
                 " is not supported (16, 32, 64 or 128)");
+  TESSERA_CHECK(s.documents == nullptr || s.causal, "flash attention: packed documents take a causal call");
 }
 
 /// Checks the forward's operands against the shape (views in any memory: only their
@@ -367,8 +409,8 @@ void flash_check_driver(const AttentionShape& s, std::int64_t tile) {
 }  // namespace detail
 
 /// The forward on the host, one FlashForwardRow per (b, h, query row) over key tiles
-/// of `tile` rows (causal, tiles wholly after the query are skipped, as the kernel skips
-/// them; full, every tile is visited): o (B*T, H*hd) and lse (B, H, T). A reference
+/// of `tile` rows (causal, tiles wholly after the query or before its document are
+/// skipped, as the kernel skips them; full, every tile is visited): o (B*T, H*hd) and lse (B, H, T). A reference
 /// driver for the functors, not a fast path.
 template <class T, int HD>
 void flash_attention_forward_rows(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
@@ -384,8 +426,9 @@ void flash_attention_forward_rows(const AttentionShape& s, TensorView<const T> q
       const std::int64_t kvh = h / s.group(), bh = b * s.n_heads + h;
       for (std::int64_t i = 0; i < t; ++i) {
         const std::int64_t last = detail::flash_last_key(s.causal, i, t);
-        row.start(q.row(b * t + i) + h * HD, last, scale);
-        for (std::int64_t key0 = 0; key0 <= last; key0 += tile) {
+        const std::int64_t first = detail::flash_first_key(s.documents, b * t + i, 0);
+        row.start(q.row(b * t + i) + h * HD, last, scale, first);
+        for (std::int64_t key0 = first / tile * tile; key0 <= last; key0 += tile) {
           const std::int64_t n = tile < t - key0 ? tile : t - key0;
           row.update(k.row(b * t + key0) + kvh * HD, k.ld(), v.row(b * t + key0) + kvh * HD, v.ld(), key0, n);
         }
@@ -416,10 +459,11 @@ void flash_attention_backward_rows(const AttentionShape& s, TensorView<const T> 
     for (std::int64_t kvh = 0; kvh < s.n_kv_heads; ++kvh)
       for (std::int64_t j = 0; j < t; ++j) {
         const std::int64_t first = detail::flash_first_query_of(s.causal, j);
-        key_row.start(k.row(b * t + j) + kvh * HD, v.row(b * t + j) + kvh * HD, first, scale);
+        const std::int64_t last = detail::flash_last_query(s.documents, b * t + j, t - 1);
+        key_row.start(k.row(b * t + j) + kvh * HD, v.row(b * t + j) + kvh * HD, first, scale, last);
         for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h) {
           const std::int64_t bh = b * s.n_heads + h;
-          for (std::int64_t query0 = first / tile * tile; query0 < t; query0 += tile) {
+          for (std::int64_t query0 = first / tile * tile; query0 <= last; query0 += tile) {
             const std::int64_t n = tile < t - query0 ? tile : t - query0;
             key_row.update(q.row(b * t + query0) + h * HD, q.ld(), d_o.row(b * t + query0) + h * HD, d_o.ld(),
                            lse + bh * t + query0, delta.data() + bh * t + query0, query0, n);
@@ -434,9 +478,10 @@ void flash_attention_backward_rows(const AttentionShape& s, TensorView<const T> 
       const std::int64_t kvh = h / s.group(), bh = b * s.n_heads + h;
       for (std::int64_t i = 0; i < t; ++i) {
         const std::int64_t last = detail::flash_last_key(s.causal, i, t);
+        const std::int64_t first = detail::flash_first_key(s.documents, b * t + i, 0);
         query_row.start(q.row(b * t + i) + h * HD, d_o.row(b * t + i) + h * HD, lse[bh * t + i],
-                        delta[static_cast<std::size_t>(bh * t + i)], last, scale);
-        for (std::int64_t key0 = 0; key0 <= last; key0 += tile) {
+                        delta[static_cast<std::size_t>(bh * t + i)], last, scale, first);
+        for (std::int64_t key0 = first / tile * tile; key0 <= last; key0 += tile) {
           const std::int64_t n = tile < t - key0 ? tile : t - key0;
           query_row.update(k.row(b * t + key0) + kvh * HD, k.ld(), v.row(b * t + key0) + kvh * HD, v.ld(), key0,
                            n);

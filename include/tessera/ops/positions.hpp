@@ -9,10 +9,19 @@
 // every sequence (batch x c rows), then the second -- so that each chunk is one
 // (batch, c) block an attention call takes whole; every other op works row by row and
 // does not mind the order.
+//
+// Packed documents (document masking, training.document_mask): a row's sequence may hold
+// several documents, each a contiguous run of its tokens. Each row then carries its
+// document's span (DocumentSpan, positions in its sequence), its position restarts at 0
+// where its document starts, and attention keeps each query to the keys of its own
+// document (ops/attention_shape.hpp).
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
+#include "tessera/core/error.hpp"
 #include "tessera/core/macros.hpp"
 
 namespace tessera::ops {
@@ -30,6 +39,36 @@ struct ContextShard {
   friend bool operator==(const ContextShard&, const ContextShard&) = default;
 };
 
+/// The document a row belongs to: positions [begin, end) of its sequence (in the whole
+/// sequence's positions under context parallelism).
+struct DocumentSpan {
+  std::int32_t begin = 0;
+  std::int32_t end = 0;
+  friend bool operator==(const DocumentSpan&, const DocumentSpan&) = default;
+};
+
+/// Each row's document in `batch` sequences of `seq_len` input ids (row-major): a
+/// document starts at the sequence's first token and at every token equal to
+/// `start_id` (a BOS), and runs to the next start or the sequence's end.
+inline std::vector<DocumentSpan> document_spans(std::span<const std::int32_t> ids, std::int64_t batch,
+                                                std::int64_t seq_len, std::int32_t start_id) {
+  TESSERA_CHECK(batch >= 0 && seq_len > 0 && static_cast<std::int64_t>(ids.size()) == batch * seq_len,
+                "document_spans: ", ids.size(), " ids for a batch of ", batch, " x ", seq_len);
+  TESSERA_CHECK(seq_len <= INT32_MAX, "document_spans: seq_len ", seq_len, " does not fit in int32");
+  std::vector<DocumentSpan> spans(ids.size());
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t row0 = b * seq_len;
+    std::int64_t begin = 0;
+    for (std::int64_t t = 1; t <= seq_len; ++t) {
+      if (t < seq_len && ids[static_cast<std::size_t>(row0 + t)] != start_id) continue;
+      for (std::int64_t i = begin; i < t; ++i)
+        spans[static_cast<std::size_t>(row0 + i)] = {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(t)};
+      begin = t;
+    }
+  }
+  return spans;
+}
+
 /// Row r's position in its sequence, for rows of `batch` sequences of which this rank
 /// holds `local_len` tokens each (two chunks of local_len / 2 under context parallelism).
 struct RowPositions {
@@ -37,11 +76,14 @@ struct RowPositions {
   std::int64_t chunk_rows = 0;  // context-parallel: batch x chunk, the first chunk's rows; 0: whole sequences
   std::int64_t first = 0;       // context-parallel: the positions this rank's two chunks start at
   std::int64_t second = 0;
+  const DocumentSpan* documents = nullptr;  // per row (the backend's memory): positions count from its
+                                            // document's begin; nullptr: from the sequence's start
 
   RowPositions() = default;
   /// Whole sequences of seq_len tokens.
   RowPositions(std::int64_t seq_len) : local_len(seq_len) {}  // NOLINT: a length reads as whole sequences
-  RowPositions(std::int64_t batch, std::int64_t local_len_, ContextShard cp) : local_len(local_len_) {
+  RowPositions(std::int64_t batch, std::int64_t local_len_, ContextShard cp, const DocumentSpan* docs = nullptr)
+      : local_len(local_len_), documents(docs) {
     if (cp.whole()) return;
     const std::int64_t c = local_len / 2;
     chunk_rows = batch * c;
@@ -50,17 +92,20 @@ struct RowPositions {
   }
 
   TESSERA_HD std::int64_t operator()(std::int64_t r) const {
-    if (chunk_rows == 0) return r % local_len;
+    const std::int64_t start = documents ? documents[r].begin : 0;
+    if (chunk_rows == 0) return r % local_len - start;
     const std::int64_t c = local_len / 2;
-    return r < chunk_rows ? first + r % c : second + (r - chunk_rows) % c;
+    return (r < chunk_rows ? first + r % c : second + (r - chunk_rows) % c) - start;
   }
-  /// One past the largest position a row can have: the length the rotary tables need.
+  /// One past the largest position a row can have (with documents, a bound): the length
+  /// the rotary tables need.
   std::int64_t end() const {
     if (chunk_rows == 0) return local_len;
     const std::int64_t c = local_len / 2;
     return (first > second ? first : second) + c;
   }
-  /// How many distinct positions rows [0, rows) take (the table rows a launch reads).
+  /// How many distinct positions rows [0, rows) take (the table rows a launch reads; with
+  /// documents, a bound).
   std::int64_t distinct(std::int64_t rows) const {
     return rows < local_len ? rows : local_len;
   }

@@ -135,6 +135,8 @@ void check_contiguous(const AttentionShape& s, const Views&... views) {
   const bool ok = (... && (views.is_contiguous() && views.rows() == s.rows()));
   TESSERA_CHECK(ok && s.seq_len % 2 == 0 && s.causal, "context parallelism: attention over ", s.batch, " x ",
                 s.seq_len, " rows takes contiguous causal (rows, cols) operands of two chunks a sequence");
+  TESSERA_CHECK(s.documents == nullptr, "context parallelism: packed documents (training.document_mask) are not "
+                                       "masked across the ring: train without one of them");
 }
 
 /// One attention call's ring: this rank's place in it, and its keys and values packed

@@ -121,8 +121,7 @@ class ModelPipeline {
     const std::int64_t mb = microbatch_size(g.batch);
     const int M = static_cast<int>(g.batch / mb);
     Tensor<double> pass_sum = B::template zeros<double>(Shape{1});
-    Stages<Model> stages(*this, m, units, inputs, targets, nn::Geometry{mb, g.seq_len, g.context}, M, loss_scale, true,
-                         pass_sum.data());
+    Stages<Model> stages(*this, m, units, inputs, targets, g.sequences(0, mb), M, loss_scale, true, pass_sum.data());
     const PipelinePass pass = run_pipeline<B>(program(M), rank_, plan_.mesh->pp(), stages);
     stages.check_done();
     wait_seconds_ = pass.wait_seconds;
@@ -231,6 +230,9 @@ class ModelPipeline {
       for (int m = 0; m < M_; ++m) norm_stores_.emplace_back("norm", &model.activation_meter());
     }
 
+    /// Microbatch m's geometry: its sequences' documents where they are masked apart.
+    nn::Geometry geometry(int m) const { return g_.sequences(m * g_.batch, g_.batch); }
+
     /// A tensor of the shape that crosses between stages: this tensor-parallel rank's
     /// rows of a microbatch's hidden state.
     Tensor<T> transfer_buffer() const {
@@ -249,12 +251,12 @@ class ModelPipeline {
       }
       const std::size_t first = pipeline_.first_local_layer(s);
       for (std::size_t j = first; j < first + static_cast<std::size_t>(range.blocks()); ++j)
-        x = t.layer(j).forward(nn::Context<T>(g_, training_ ? &store(j, m) : nullptr), x);
+        x = t.layer(j).forward(nn::Context<T>(geometry(m), training_ ? &store(j, m) : nullptr), x);
       if (!range.output) return x;
       Unit* head = units_.head();
       if (!training_) {
         if (head) head->unshard();
-        Tensor<T> hn = t.final_norm().forward(nn::Context<T>(g_, nullptr), x);
+        Tensor<T> hn = t.final_norm().forward(nn::Context<T>(geometry(m), nullptr), x);
         t.head().forward(whole_rows<B>(t.tensor_parallel(), hn), ids(targets_, m), A(0), nullptr, loss_sum_);
         if (head) head->reshard();
         return {};
@@ -264,7 +266,8 @@ class ModelPipeline {
         head->begin_grads();
       }
       nn::ActivationStore<T>& norm_store = norm_stores_[static_cast<std::size_t>(m)];
-      Tensor<T> hn = whole_rows<B>(t.tensor_parallel(), t.final_norm().forward(nn::Context<T>(g_, &norm_store), x));
+      Tensor<T> hn =
+          whole_rows<B>(t.tensor_parallel(), t.final_norm().forward(nn::Context<T>(geometry(m), &norm_store), x));
       x.release();
       Tensor<T> dhn = B::template empty<T>(hn.shape());
       t.head().forward(hn, ids(targets_, m), static_cast<A>(loss_scale_), &dhn, loss_sum_);
@@ -279,7 +282,7 @@ class ModelPipeline {
       nn::WeightGradQueue* later = defer ? &queue(s, m) : nullptr;
       if (range.output) {
         auto& norm_store = norm_stores_[static_cast<std::size_t>(m)];
-        dy = t.final_norm().backward(nn::Context<T>(g_, &norm_store).deferring_weight_grads(later),
+        dy = t.final_norm().backward(nn::Context<T>(geometry(m), &norm_store).deferring_weight_grads(later),
                                      head_grad_[static_cast<std::size_t>(m)]);
         norm_store.clear();
         head_grad_[static_cast<std::size_t>(m)].release();
@@ -287,7 +290,7 @@ class ModelPipeline {
       const std::size_t first = pipeline_.first_local_layer(s);
       for (std::size_t j = first + static_cast<std::size_t>(range.blocks()); j-- > first;) {
         nn::prepare_gradients(t.layer(j));
-        dy = t.layer(j).backward(nn::Context<T>(g_, &store(j, m)).deferring_weight_grads(later), dy);
+        dy = t.layer(j).backward(nn::Context<T>(geometry(m), &store(j, m)).deferring_weight_grads(later), dy);
         store(j, m).clear();
       }
       if (!range.embedding) return dy;

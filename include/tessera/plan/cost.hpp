@@ -123,12 +123,15 @@ inline const char* attention_name(AttentionKernel k) { return k == AttentionKern
 /// parameters are `dtype` and whose heads are `head_dim` wide: llama-train's own rule
 /// (backend/cuda/attention_choice.hpp), for a GPU build that has cuDNN's frontend and a machine
 /// that has its library, with head dims checked as on sm_80 (a multiple of 8, at most
-/// 128: every Llama shape). And cuDNN is priced only where the profile gives its rates.
+/// 128: every Llama shape), and packed documents masked apart (`documents`,
+/// training.document_mask) run tessera's kernels. And cuDNN is priced only where the
+/// profile gives its rates.
 struct AttentionChoice {
   AttentionKernel kernel = AttentionKernel::tessera;
   std::string why;
 };
-inline AttentionChoice choose_attention(const std::string& key, DType dtype, std::int64_t head_dim, const Machine& m) {
+inline AttentionChoice choose_attention(const std::string& key, DType dtype, std::int64_t head_dim, const Machine& m,
+                                        bool documents = false) {
   cuda::AttentionFacts f;
   f.on_gpu = true;
   f.bf16_model = dtype == DType::bf16;
@@ -136,6 +139,7 @@ inline AttentionChoice choose_attention(const std::string& key, DType dtype, std
   f.library = "cuDNN";
   f.cc_major = 8;
   f.head_dim = head_dim;
+  f.documents = documents;
   const cuda::AttentionChoice run = cuda::choose_attention(key, f, nullptr);
   if (!run.cudnn) return {AttentionKernel::tessera, run.text};
   if (m.cudnn_attention_bf16.empty()) {

@@ -70,6 +70,20 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
   TESSERA_CHECK(t.dataset != "shard" || !t.dataset_path.empty(), o.of("training.dataset"),
                 ": training.dataset_path is required when training.dataset = \"shard\" (a token shard made by "
                 "llama-tokenize)");
+  TESSERA_CHECK(t.dataset != "chat" || !t.dataset_path.empty(), o.of("training.dataset"),
+                ": training.dataset_path is required when training.dataset = \"chat\" (JSON lines of "
+                "{\"messages\": [...]})");
+  const auto& v = c.validation;
+  if (v.enable) {
+    TESSERA_CHECK(v.dataset == "synthetic" || !v.dataset_path.empty(), o.of("validation.dataset"),
+                  ": validation.dataset_path is required when validation.dataset = \"", v.dataset, "\"");
+    TESSERA_CHECK(v.seq_len <= c.model.args.max_seq_len, o.of("validation.seq_len"), ": validation.seq_len (",
+                  v.seq_len, ") exceeds the model's max_seq_len (", c.model.args.max_seq_len, ")");
+    const std::int64_t cp = c.parallelism.context_parallel_degree;
+    TESSERA_CHECK(cp <= 1 || v.seq_len % (2 * cp) == 0, o.of("validation.seq_len"), ": validation.seq_len (",
+                  v.seq_len, ") must be a multiple of 2 x parallelism.context_parallel_degree (", 2 * cp,
+                  "): each context-parallel rank holds two chunks of every sequence");
+  }
   TESSERA_CHECK(t.global_batch_size == -1 || t.global_batch_size % t.local_batch_size == 0,
                 o.of("training.global_batch_size"), ": training.global_batch_size (", t.global_batch_size,
                 ") must be a multiple of training.local_batch_size (", t.local_batch_size, ")");

@@ -221,6 +221,11 @@ inline std::vector<ConfigKey> build_config_keys() {
                "of each step's thousand kernel launches. One rank (no data, tensor, pipeline or context "
                "parallelism) and batches of one shape; on the CPU backend the same capture runs as recorded "
                "calls. llama-plan prices the eager step."),
+      make_key("training.document_mask", field<&J::training, &TrainingSection::document_mask>(),
+               "Packed documents do not see each other (torchtitan's document-masked attention): a document starts "
+               "at each BOS input (and at each sequence's first token), attends only within itself, its RoPE "
+               "positions restart at 0, and the target that is the next document's BOS is not counted. Not with "
+               "context parallelism; on the GPU it runs tessera's attention kernels, not cuDNN's."),
       make_key("training.mixed_precision_param", field<&J::training, &TrainingSection::mixed_precision_param>(),
                "Dtype of parameters in forward and backward: \"auto\" (the model's own: llama-train trains a "
                "bf16 model on a GPU and a float32 one on the CPU), \"bfloat16\" (bf16 values, float32 masters in "
@@ -230,10 +235,17 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Dtype of gradient reductions across data-parallel ranks.")
           .one_of({"float32"}),
       make_key("training.dataset", field<&J::training, &TrainingSection::dataset>(),
-               "\"synthetic\": the embedded corpus; \"shard\": a token shard file (training.dataset_path).")
-          .one_of({"synthetic", "shard"}),
+               "\"synthetic\": the embedded corpus; \"shard\": a token shard file made by llama-tokenize "
+               "(training.dataset_path; a chat shard's loss mask is kept); \"chat\": JSON lines of "
+               "conversations ({\"messages\": [...]}, training.dataset_path) tokenized at the start in "
+               "training.chat_format, the loss on the assistants' replies only.")
+          .one_of({"synthetic", "shard", "chat"}),
       make_key("training.dataset_path", field<&J::training, &TrainingSection::dataset_path>(),
-               "Token shard file made by llama-tokenize (required when dataset = \"shard\")."),
+               "The token shard (dataset = \"shard\") or the JSON lines file (dataset = \"chat\")."),
+      make_key("training.chat_format", field<&J::training, &TrainingSection::chat_format>(),
+               "Chat format of dataset = \"chat\": \"llama3\", \"llama2\", or \"auto\" (llama3 when the "
+               "tokenizer has Llama 3's header tokens, else llama2).")
+          .one_of({"auto", "llama3", "llama2"}),
       make_key("training.synthetic_documents", field<&J::training, &TrainingSection::synthetic_documents>(),
                "Documents of the embedded corpus to generate.")
           .positive(),
@@ -355,6 +367,33 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("metrics.peak_tflops", field<&J::metrics, &MetricsSection::peak_tflops>(),
                "Peak TFLOP/s per device that MFU is computed against (0: the device's known peak).")
           .at_least(0),
+      // [validation]
+      make_key("validation.enable", field<&J::validation, &ValidationSection::enable>(),
+               "Compute a validation loss every validation.freq steps (and after the last): the mean cross-entropy "
+               "of held-out data, no gradients, under the training's layout; in metrics.jsonl and TensorBoard as "
+               "validation_loss."),
+      make_key("validation.dataset", field<&J::validation, &ValidationSection::dataset>(),
+               "As training.dataset: \"synthetic\" (documents of the embedded corpus that training never reads), "
+               "\"shard\" or \"chat\" (validation.dataset_path; training.chat_format).")
+          .one_of({"synthetic", "shard", "chat"}),
+      make_key("validation.dataset_path", field<&J::validation, &ValidationSection::dataset_path>(),
+               "The validation token shard or chat JSON lines file."),
+      make_key("validation.freq", field<&J::validation, &ValidationSection::freq>(),
+               "Validate every this many steps.")
+          .positive(),
+      make_key("validation.steps", field<&J::validation, &ValidationSection::steps>(),
+               "Global batches per validation.")
+          .positive()
+          .or_minus_one("the whole set once, in whole global batches"),
+      make_key("validation.local_batch_size", field<&J::validation, &ValidationSection::local_batch_size>(),
+               "Sequences per data-parallel rank in a validation batch.")
+          .positive(),
+      make_key("validation.seq_len", field<&J::validation, &ValidationSection::seq_len>(),
+               "Tokens per validation sequence.")
+          .positive(),
+      make_key("validation.synthetic_documents", field<&J::validation, &ValidationSection::synthetic_documents>(),
+               "Held-out documents of the embedded corpus (validation.dataset = \"synthetic\").")
+          .positive(),
       // [comm]
       make_key("comm.init_timeout_seconds", field<&J::comm, &CommSection::init_timeout_seconds>(),
                "Seconds the ranks may take to start: the rendezvous at MASTER_ADDR:MASTER_PORT, the NCCL id "

@@ -79,14 +79,29 @@ struct TrainingSection {
   std::string attention = "auto";  // on the GPU: "auto" (cudnn where it can run), "cudnn" or "tessera"
   bool expandable_segments = true;  // on the GPU: the caching allocator's large pool grows one segment
   bool cuda_graph = false;           // steps after the first replay a captured graph of the step
+  bool document_mask = false;        // packed documents (split at BOS) do not attend to each other
   /// "auto": the model's element type, nothing rounded (llama-train: a bf16 model on a
   /// GPU, torchtitan's default; float32 on the CPU); "bfloat16" on a float32 model: bf16
   /// parameter values with float32 masters.
   std::string mixed_precision_param = "auto";
   std::string mixed_precision_reduce = "float32";
-  std::string dataset = "synthetic";  // "synthetic" (embedded corpus) or "shard"
-  std::string dataset_path;           // the token shard when dataset = "shard"
+  std::string dataset = "synthetic";  // "synthetic" (embedded corpus), "shard" or "chat"
+  std::string dataset_path;           // the token shard ("shard"), the JSON lines ("chat")
+  std::string chat_format = "auto";   // "chat": llama3, llama2, or auto (from the tokenizer)
   std::int64_t synthetic_documents = 20000;
+};
+
+/// [validation]: torchtitan's. A loss over held-out data every `freq` steps, without
+/// gradients, under the training's layout.
+struct ValidationSection {
+  bool enable = false;
+  std::string dataset = "synthetic";  // as training.dataset; "synthetic": documents training never reads
+  std::string dataset_path;
+  std::int64_t freq = 10;
+  std::int64_t steps = -1;  // -1: the whole set once, in whole global batches
+  std::int64_t local_batch_size = 8;
+  std::int64_t seq_len = 2048;
+  std::int64_t synthetic_documents = 200;  // "synthetic": how many held-out documents
 };
 
 /// [parallelism]
@@ -172,6 +187,7 @@ struct JobConfig {
   Float8Section float8;
   CheckpointSection checkpoint;
   MetricsSection metrics;
+  ValidationSection validation;
   CommSection comm;
 };
 

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -46,9 +47,12 @@ struct StepMetrics {
   std::size_t activation_bytes = 0;
   std::uint64_t comm_bytes = 0;  // bytes this rank sent in collectives this step
   double checkpoint_seconds = 0;  // what a checkpoint save after the step held it (async: the copy only)
+  // [validation], after the steps it ran at: the held-out loss and its counted targets.
+  std::optional<double> validation_loss;
+  std::int64_t validation_tokens = 0;
 
   nlohmann::json to_json() const {
-    return {{"step", step},
+    nlohmann::json j = {{"step", step},
             {"loss", loss},
             {"grad_norm", grad_norm},
             {"lr", lr},
@@ -61,6 +65,11 @@ struct StepMetrics {
             {"activation_bytes", activation_bytes},
             {"comm_bytes", comm_bytes},
             {"checkpoint_seconds", checkpoint_seconds}};
+    if (validation_loss) {
+      j["validation_loss"] = *validation_loss;
+      j["validation_tokens"] = validation_tokens;
+    }
+    return j;
   }
 };
 
@@ -121,12 +130,17 @@ class MetricsLogger {
     // From this run's own steps: a resumed run's ETA does not count the steps it skipped.
     const double done = static_cast<double>(std::max<std::int64_t>(1, m.step - first_step_));
     const double left = elapsed / done * static_cast<double>(total_steps_ - m.step);
-    char line[256];
+    char line[320];
     std::snprintf(line, sizeof line, "step %5lld/%lld | loss %7.4f | grad_norm %6.3f | lr %.2e | %9.0f tok/s | mfu %5.2f%% | mem %s | left %s",
                   static_cast<long long>(m.step), static_cast<long long>(total_steps_), m.loss, m.grad_norm, m.lr,
                   m.tokens_per_sec, m.mfu_pct, memory_bytes(static_cast<double>(m.peak_memory_bytes)).c_str(),
                   duration_text(left).c_str());
-    const bool milestone = m.step % log_freq_ == 0 || m.step == 1 || m.step == total_steps_;
+    if (m.validation_loss) {
+      const std::size_t used = std::strlen(line);
+      std::snprintf(line + used, sizeof line - used, " | validation loss %7.4f", *m.validation_loss);
+    }
+    const bool milestone =
+        m.step % log_freq_ == 0 || m.step == 1 || m.step == total_steps_ || m.validation_loss.has_value();
     if (live_) {
       std::fprintf(stderr, "\r\033[2K%s", line);
       if (milestone) std::fprintf(stderr, "\n");

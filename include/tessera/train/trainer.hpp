@@ -31,6 +31,7 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/data/batch_source.hpp"
+#include "tessera/data/documents.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/synthetic.hpp"
 #include "tessera/data/tokenizers.hpp"
@@ -43,6 +44,7 @@
 #include "tessera/parallel/host_values.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/stages.hpp"
+#include "tessera/train/dataset.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/job_plan.hpp"
 #include "tessera/train/metrics.hpp"
@@ -50,18 +52,6 @@
 #include "tessera/train/trainer_options.hpp"
 
 namespace tessera::train {
-
-/// The token stream [training] names: the embedded corpus (tokenized by `tok`, each
-/// document between BOS and EOS) or a token shard (already tokenized).
-inline std::vector<std::uint32_t> load_training_tokens(const JobConfig& c, const io::Tokenizer& tok) {
-  if (c.training.dataset == "synthetic") {
-    auto docs = data::synthetic_corpus(static_cast<std::uint64_t>(c.training.seed), c.training.synthetic_documents);
-    return data::pack_documents(docs, tok);
-  }
-  TESSERA_CHECK(!c.training.dataset_path.empty(), "training.dataset_path: required when training.dataset = \"shard\"");
-  auto tokens = io::read_token_shard(c.training.dataset_path);
-  return tokens;
-}
 
 /// What a resume loads of a checkpoint: everything but the parts named in
 /// checkpoint.exclude_from_loading (torchtitan's names), which start afresh.
@@ -149,6 +139,14 @@ class Trainer {
   static Model& prepared(Model& model) {
     model.shard();
     return model;
+  }
+
+  /// The geometry of a micro-batch: its shape, and where its documents start when they
+  /// are masked apart (the model finds them in the ids).
+  nn::Geometry geometry(const data::Batch& b) const {
+    nn::Geometry g{b.batch, b.seq_len};
+    g.document_start_id = options_.document_start_id;
+    return g;
   }
 
   /// The optimizer's options, once the parameters' dtype is checked against the model's
@@ -289,6 +287,7 @@ StepMetrics Trainer<Model>::step() {
   std::int64_t n_targets = 0;
   for (std::int64_t i = 0; i < accumulation_; ++i) {
     micro.push_back(batches_.next());
+    if (options_.document_start_id >= 0) data::mask_document_boundaries(micro.back(), options_.document_start_id);
     n_targets += micro.back().n_targets;
   }
   // The loss is the mean over the global batch's target tokens: count them on every rank
@@ -317,8 +316,7 @@ StepMetrics Trainer<Model>::step() {
       }
       std::vector<Staged>& staged = options_.graph ? graphed_->batches : eager;
       for (std::size_t i = 0; i < micro.size(); ++i)
-        model_.stage(micro[i].inputs, micro[i].targets, nn::Geometry{micro[i].batch, micro[i].seq_len}, loss_scale,
-                     staged[i]);
+        model_.stage(micro[i].inputs, micro[i].targets, geometry(micro[i]), loss_scale, staged[i]);
       const auto launch = [&] {
         return launch_step(staged.size(), mesh, [&](std::size_t i, bool last) {
           model_.forward_backward(staged[i], last, scalars_.loss_sum());
@@ -341,8 +339,7 @@ StepMetrics Trainer<Model>::step() {
     // A pipelined model takes the host's micro-batches: its schedule stages them.
     activations = launch_step(micro.size(), mesh, [&](std::size_t i, bool last) {
       const auto& b = micro[i];
-      model_.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len}, loss_scale, last,
-                              scalars_.loss_sum());
+      model_.forward_backward(b.inputs, b.targets, geometry(b), loss_scale, last, scalars_.loss_sum());
     });
   }
   B::synchronize();

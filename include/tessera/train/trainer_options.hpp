@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/data/tokenizers.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/lr_schedule.hpp"
 #include "tessera/train/job_config.hpp"
@@ -60,6 +62,11 @@ struct TrainerOptions {
   /// on a GPU one launch in place of a thousand. One rank, no pipeline, a backend that
   /// captures (Cpu, Cuda), batches of one shape.
   bool graph = false;
+  /// Packed documents masked apart (training.document_mask): a document starts at each
+  /// input equal to this id (a BOS) and at each sequence's first token; each attends
+  /// only within itself, with positions from its start, and a target equal to it (the
+  /// next document's start) is not counted (data::mask_document_boundaries). -1: off.
+  std::int32_t document_start_id = -1;
   /// Settings a resume must find unchanged besides the Trainer's own (the sequence
   /// length, the global batch and the parameters' dtype).
   std::vector<KeptSetting> keep_on_resume;
@@ -71,6 +78,17 @@ struct TrainerOptions {
     return from == SettingsFrom::config ? config_key : option;
   }
 };
+
+/// The BOS id that starts a document under training.document_mask: model.tokenizer's,
+/// checked against the model's vocabulary.
+inline std::int32_t document_start_id(const JobConfig& c) {
+  const auto tok = data::make_tokenizer(c.model.tokenizer);
+  const std::uint32_t bos = tok->bos_id();
+  TESSERA_CHECK(static_cast<std::int64_t>(bos) < c.model.args.vocab_size, "training.document_mask: the BOS id ", bos,
+                " of model.tokenizer ", c.model.tokenizer, " is outside the model's vocabulary of ",
+                c.model.args.vocab_size, " (documents are found by their BOS token)");
+  return static_cast<std::int32_t>(bos);
+}
 
 /// The options a job's config describes ([optimizer], [lr_scheduler], [training]), with
 /// the data settings a resume must keep. training.mixed_precision_param = "auto" leaves
@@ -91,6 +109,7 @@ inline TrainerOptions trainer_options(const JobConfig& c) {
   o.global_batch_size = c.training.global_batch_size > 0 ? c.training.global_batch_size : 0;
   o.max_norm = c.training.max_norm;
   o.graph = c.training.cuda_graph;
+  if (c.training.document_mask) o.document_start_id = document_start_id(c);
   auto keep = [&](const char* key, nlohmann::json value) { o.keep_on_resume.push_back({key, std::move(value), "dataloader"}); };
   keep("training.dataset", c.training.dataset);
   keep("model.tokenizer", c.model.tokenizer);

@@ -9,6 +9,11 @@
 // matrix is ever held. One task per (batch, head) forward and per (batch, kv head)
 // backward, the q heads of a group writing the same dk, dv in a fixed order.
 //
+// Packed documents (AttentionShape::documents): a query block's keys start at its first
+// row's document (the keys before it are neither multiplied nor read) and each row's
+// softmax starts at its own document's first key; the columns before it are zeros in P
+// and dS, so the GEMMs over the tile add nothing for them.
+//
 // Precision, for bf16 tensors as in the flash kernels: scores, dP and the softmax
 // statistics are fp32 (accum_t<T>); the probabilities P and dS are rounded to T once,
 // as the operands of the GEMMs that follow. For float everything is float and no copy
@@ -52,10 +57,40 @@ TensorView<const T> as_operand(std::vector<accum_t<T>>& acc, std::vector<T>& sto
   }
 }
 
+/// The keys query block [i0, i1) of sequence b sees, as a tile of columns [kb, ke):
+/// causal, keys [0, i1), from the block's first document on when the rows are packed
+/// documents (a block wholly after a document skips its keys); full, every key. Row r's
+/// visible keys begin at tile column first(r) (its document's start; 0 without
+/// documents) and its causal offset in the shifted row is offset(r).
+struct AttentionTile {
+  const AttentionShape& s;
+  std::int64_t b, i0, kb, ke;
+  AttentionTile(const AttentionShape& shape, std::int64_t b_, std::int64_t i0_, std::int64_t i1)
+      : s(shape), b(b_), i0(i0_), kb(shape.documents ? shape.documents[b_ * shape.seq_len + i0_].begin : 0),
+        ke(shape.causal ? i1 : shape.seq_len) {}
+  std::int64_t keys() const { return ke - kb; }
+  std::int64_t first(std::int64_t r) const {
+    return s.documents ? s.documents[b * s.seq_len + i0 + r].begin - kb : 0;
+  }
+  /// The row functors' offset for row r read from column first(r) on (seq_len: every key).
+  std::int64_t offset(std::int64_t r) const { return s.causal ? i0 - kb - first(r) : s.seq_len; }
+};
+
+/// Zeros columns [0, n) of a row (the keys before its document).
+template <class A>
+void zero_prefix(A* row, std::int64_t n) {
+  for (std::int64_t j = 0; j < n; ++j) row[j] = A(0);
+}
+
+inline void check_documents(const AttentionShape& s) {
+  TESSERA_CHECK(s.documents == nullptr || s.causal, "attention: packed documents take a causal call");
+}
+
 template <class Cpu, class T>
 void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                            TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
   using A = accum_t<T>;
+  check_documents(s);
   const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   Cpu::for_each(s.batch * s.n_heads, [&](std::int64_t bh) {
@@ -64,14 +99,20 @@ void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, Tenso
     std::vector<T> p(std::is_same_v<T, A> ? 0 : static_cast<std::size_t>(bs * t));
     for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
       const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
-      const std::int64_t keys = s.causal ? i1 : t, offset = s.causal ? i0 : t;  // offset t: every key visible
+      const AttentionTile tile(s, b, i0, i1);
+      const std::int64_t keys = tile.keys();
       TensorView<A> sv(scores.data(), Shape{rows, keys});
-      Cpu::gemm(Trans::no, Trans::yes, A(1), head_rows(q, b * t + i0, rows, h, hd), head_rows(k, b * t, keys, kvh, hd),
-                A(0), sv);
-      ops::CausalSoftmaxForward<A> softmax{scores.data(), keys, keys, offset, scale, lse + bh * t + i0};
-      for (std::int64_t r = 0; r < rows; ++r) softmax(r);
-      Cpu::gemm(Trans::no, Trans::no, A(1), as_operand<T>(scores, p, rows, keys), head_rows(v, b * t, keys, kvh, hd),
-                A(0), head_rows(o, b * t + i0, rows, h, hd));
+      Cpu::gemm(Trans::no, Trans::yes, A(1), head_rows(q, b * t + i0, rows, h, hd),
+                head_rows(k, b * t + tile.kb, keys, kvh, hd), A(0), sv);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t f = tile.first(r);
+        ops::CausalSoftmaxForward<A> softmax{scores.data() + f, keys, keys - f, tile.offset(r), scale,
+                                             lse + bh * t + i0};
+        softmax(r);
+        zero_prefix(scores.data() + r * keys, f);
+      }
+      Cpu::gemm(Trans::no, Trans::no, A(1), as_operand<T>(scores, p, rows, keys),
+                head_rows(v, b * t + tile.kb, keys, kvh, hd), A(0), head_rows(o, b * t + i0, rows, h, hd));
     }
   });
 }
@@ -82,6 +123,7 @@ void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, Tens
                             TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
                             TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
   using A = accum_t<T>;
+  check_documents(s);
   const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   Cpu::for_each(s.batch * s.n_kv_heads, [&](std::int64_t bk) {
@@ -99,26 +141,38 @@ void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, Tens
       const std::int64_t bh = b * s.n_heads + h;
       for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
         const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
-        const std::int64_t keys = s.causal ? i1 : t, offset = s.causal ? i0 : t;  // offset t: every key visible
+        const AttentionTile tile(s, b, i0, i1);
+        const std::int64_t keys = tile.keys();
         TensorView<A> pv(p.data(), Shape{rows, keys}), dpv(dp.data(), Shape{rows, keys});
         const auto qb = head_rows(q, b * t + i0, rows, h, hd), dob = head_rows(d_o, b * t + i0, rows, h, hd);
         const auto ob = head_rows(o, b * t + i0, rows, h, hd);
-        const auto kp = head_rows(k, b * t, keys, kvh, hd), vp = head_rows(v, b * t, keys, kvh, hd);
+        const auto kp = head_rows(k, b * t + tile.kb, keys, kvh, hd);
+        const auto vp = head_rows(v, b * t + tile.kb, keys, kvh, hd);
         Cpu::gemm(Trans::no, Trans::yes, A(1), qb, kp, A(0), pv);  // S = Q K^T
-        ops::CausalSoftmaxRecompute<A> recompute{p.data(), keys, keys, offset, scale, lse + bh * t + i0};
         ops::RowDot<T> rowdot{dob.data(), dob.ld(), ob.data(), ob.ld(), hd, d.data()};
         for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t f = tile.first(r);
+          ops::CausalSoftmaxRecompute<A> recompute{p.data() + f, keys, keys - f, tile.offset(r), scale,
+                                                   lse + bh * t + i0};
           recompute(r);
+          zero_prefix(p.data() + r * keys, f);
           rowdot(r);
         }
         const TensorView<const T> p_operand = as_operand<T>(p, p_store, rows, keys);
-        Cpu::gemm(Trans::yes, Trans::no, A(1), p_operand, dob, A(1), head_rows(dv, b * t, keys, kvh, hd));  // dV += P^T dO
+        // dV += P^T dO
+        Cpu::gemm(Trans::yes, Trans::no, A(1), p_operand, dob, A(1), head_rows(dv, b * t + tile.kb, keys, kvh, hd));
         Cpu::gemm(Trans::no, Trans::yes, A(1), dob, vp, A(0), dpv);  // dP = dO V^T
-        ops::CausalSoftmaxBackward<A> softmax_back{p.data(), keys, dp.data(), keys, d.data(), keys, offset, scale};
-        for (std::int64_t r = 0; r < rows; ++r) softmax_back(r);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t f = tile.first(r);
+          ops::CausalSoftmaxBackward<A> softmax_back{
+              p.data() + f, keys, dp.data() + f, keys, d.data(), keys - f, tile.offset(r), scale};
+          softmax_back(r);
+          zero_prefix(dp.data() + r * keys, f);
+        }
         const TensorView<const T> ds = as_operand<T>(dp, ds_store, rows, keys);
         Cpu::gemm(Trans::no, Trans::no, A(1), ds, kp, A(0), head_rows(dq, b * t + i0, rows, h, hd));  // dQ = dS K
-        Cpu::gemm(Trans::yes, Trans::no, A(1), ds, qb, A(1), head_rows(dk, b * t, keys, kvh, hd));     // dK += dS^T Q
+        // dK += dS^T Q
+        Cpu::gemm(Trans::yes, Trans::no, A(1), ds, qb, A(1), head_rows(dk, b * t + tile.kb, keys, kvh, hd));
       }
     }
   });

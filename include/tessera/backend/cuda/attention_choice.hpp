@@ -8,7 +8,9 @@
 // cuDNN runs a bf16 model on sm_80 or newer, in a build that has the frontend's headers,
 // where libcudnn.so.9 loads at run time, for head dims cuDNN accepts (a multiple of 8, at
 // most 128 before sm_90 and 256 from it), and only when cuDNN itself builds the model's
-// graphs (the probe: cuDNN's own word on the shape, the GPU and the library version).
+// graphs (the probe: cuDNN's own word on the shape, the GPU and the library version),
+// and not for packed documents masked apart (training.document_mask: tessera's kernels
+// take per-row document bounds; cuDNN's variable-length (ragged) path is not wired in).
 // The facts are gathered by the trainer (examples/llama/llama_train_cuda.cpp); the rule
 // is here, host C++ with no CUDA header, so every refusal and fallback is tested without
 // a GPU and llama-plan prices the attention a run would choose (plan/cost.hpp).
@@ -32,6 +34,7 @@ struct AttentionFacts {
   int cc_major = 0, cc_minor = 0;   // the GPU's compute capability
   std::int64_t head_dim = 0;
   bool deterministic = false;       // training.deterministic: cuDNN's deterministic backward
+  bool documents = false;           // training.document_mask: packed documents masked apart
 };
 
 /// The decision and how the start-up line reports it.
@@ -44,6 +47,9 @@ struct AttentionChoice {
 inline std::string cudnn_refusal(const AttentionFacts& f) {
   using tessera::detail::concat;
   if (!f.on_gpu) return "this run trains on the CPU (training.device); cuDNN attention runs on a GPU";
+  if (f.documents)
+    return "packed documents are masked apart (training.document_mask), which tessera's kernels do and this "
+           "build's cuDNN path does not";
   if (!f.bf16_model)
     return "the model is float32 (training.mixed_precision_param = \"float32\"); cuDNN attention runs bf16 models";
   if (f.frontend.empty()) return "this build has no cuDNN frontend headers (run tools/install-deps.sh and rebuild)";

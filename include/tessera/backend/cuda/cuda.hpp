@@ -180,7 +180,8 @@ struct Cuda {
 
   /// Grouped-query attention forward, causal or full (s.causal): o (B*T, H*hd) and lse
   /// (B, H, T) in accum_t<T> (float for float and bf16 tensors). bf16 runs on the
-  /// installed attention engine when there is one (cuda::attention_engine()).
+  /// installed attention engine when there is one (cuda::attention_engine()), except
+  /// over packed documents (s.documents), which only the project's kernels mask.
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
@@ -188,7 +189,7 @@ struct Cuda {
                   "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
     if constexpr (std::is_same_v<T, bf16>) {
-      if (const cuda::AttentionEngine* engine = cuda::attention_engine()) {
+      if (const cuda::AttentionEngine* engine = s.documents ? nullptr : cuda::attention_engine()) {
         const int device = cuda::current_device();
         engine->forward({s, q, k, v, o, lse, stream(), device, &cuda::device_allocator(device)});
         return;
@@ -206,7 +207,7 @@ struct Cuda {
                   "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
     if constexpr (std::is_same_v<T, bf16>) {
-      if (const cuda::AttentionEngine* engine = cuda::attention_engine()) {
+      if (const cuda::AttentionEngine* engine = s.documents ? nullptr : cuda::attention_engine()) {
         const int device = cuda::current_device();
         engine->backward({s, q, k, v, o, lse, d_o, dq, dk, dv, stream(), device, &cuda::device_allocator(device)});
         return;

@@ -21,6 +21,10 @@
 // pass runs one thread per query row over key tiles as the forward does and overwrites
 // dq. Every output row has one owner summing in a fixed order: results are deterministic.
 //
+// Packed documents (AttentionShape::documents, per row): a query block starts at the key
+// its first row's document starts at, a key block stops after the query its last row's
+// document ends with, and each row's functor keeps to its own document's bounds.
+//
 // Tiles are 64 rows at head dims up to 64 and 32 at 128, so two float tiles take at most 32 KiB of
 // static shared memory either way. Tiles are loaded with 16-byte vector loads when the
 // staged tensors' base pointers are 16-byte aligned and their ld * sizeof(T) is a
@@ -122,6 +126,7 @@ struct FlashArgs {
   const float* lse;    // (B, H, T): the backward's copy of it
   const float* delta;  // (B, H, T): D = dO . O
   std::int64_t batch, seq_len, n_heads, n_kv_heads;
+  const ops::DocumentSpan* documents;  // (B*T) or nullptr: one document a sequence
   float scale;
   bool causal;  // false: no mask, every tile visited
   bool vector_loads;
@@ -145,14 +150,18 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_query_kernel(FlashArgs<
   std::conditional_t<backward, ops::FlashBackwardQueryRow<T, HD>, ops::FlashForwardRow<T, HD>> row;
   if (active) {
     const std::int64_t last_key = ops::detail::flash_last_key(a.causal, i, t);
+    const std::int64_t first_key = ops::detail::flash_first_key(a.documents, base + i, 0);
     if constexpr (backward)
       row.start(a.q + (base + i) * a.ldq + h * HD, a.d_o + (base + i) * a.lddo + h * HD, a.lse[bh * t + i],
-                a.delta[bh * t + i], last_key, a.scale);
+                a.delta[bh * t + i], last_key, a.scale, first_key);
     else
-      row.start(a.q + (base + i) * a.ldq + h * HD, last_key, a.scale);
+      row.start(a.q + (base + i) * a.ldq + h * HD, last_key, a.scale, first_key);
   }
-  const std::int64_t key_end = a.causal ? flash_min(t, i0 + kFlashBlockRows) : t;  // keys the block's queries see
-  for (std::int64_t key0 = 0; key0 < key_end; key0 += kTile) {
+  // The keys the block's queries see: from its first row's document on (documents begin
+  // in row order), up to its last row causal.
+  const std::int64_t key_begin = ops::detail::flash_first_key(a.documents, base + i0, 0);
+  const std::int64_t key_end = a.causal ? flash_min(t, i0 + kFlashBlockRows) : t;
+  for (std::int64_t key0 = key_begin; key0 < key_end; key0 += kTile) {
     const int n = static_cast<int>(flash_min(kTile, t - key0));
     __syncthreads();  // the previous tile has been read by every thread
     flash_stage<T, HD, kTile>(ks, a.k + (base + key0) * a.ldk + kvh * HD, a.ldk, n, a.vector_loads);
@@ -184,11 +193,16 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_backward_key_kernel(Fla
   ops::FlashBackwardKeyRow<T, HD> row;
   if (active)
     row.start(a.k + (base + j) * a.ldk + kvh * HD, a.v + (base + j) * a.ldv + kvh * HD,
-              ops::detail::flash_first_query_of(a.causal, j), a.scale);
-  const std::int64_t query_begin = a.causal ? j0 : 0;  // queries the block's keys are seen by
+              ops::detail::flash_first_query_of(a.causal, j), a.scale,
+              ops::detail::flash_last_query(a.documents, base + j, t - 1));
+  // The queries the block's keys are seen by: from its first key on causal, up to the end
+  // of its last row's document (documents end in row order).
+  const std::int64_t query_begin = a.causal ? j0 : 0;
+  const std::int64_t query_end =
+      ops::detail::flash_last_query(a.documents, base + flash_min(j0 + kFlashBlockRows, t) - 1, t - 1) + 1;
   for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     const std::int64_t bh = b * a.n_heads + h;
-    for (std::int64_t query0 = query_begin; query0 < t; query0 += kTile) {
+    for (std::int64_t query0 = query_begin; query0 < query_end; query0 += kTile) {
       const int n = static_cast<int>(flash_min(kTile, t - query0));
       __syncthreads();
       flash_stage<T, HD, kTile>(qs, a.q + (base + query0) * a.ldq + h * HD, a.ldq, n, a.vector_loads);
@@ -241,6 +255,7 @@ void flash_attention_forward(const AttentionShape& s, TensorView<const T> q, Ten
     a.batch = s.batch, a.seq_len = s.seq_len, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads;
     a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     a.causal = s.causal;
+    a.documents = s.documents;
     a.vector_loads = detail::flash_vector_loadable(k) && detail::flash_vector_loadable(v);
     const unsigned grid = detail::flash_grid(s.seq_len, s.batch * s.n_heads, "forward");
     ops::with_flash_head_dim(s.head_dim, [&]<int HD>() {
@@ -274,6 +289,7 @@ void flash_attention_backward(const AttentionShape& s, TensorView<const T> q, Te
     a.batch = s.batch, a.seq_len = s.seq_len, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads;
     a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     a.causal = s.causal;
+    a.documents = s.documents;
     a.vector_loads = detail::flash_vector_loadable(q) && detail::flash_vector_loadable(k) &&
                      detail::flash_vector_loadable(v) && detail::flash_vector_loadable(d_o);
     const unsigned key_grid = detail::flash_grid(s.seq_len, s.batch * s.n_kv_heads, "backward key pass");

@@ -24,10 +24,11 @@ namespace tessera::cuda {
 /// not, on the current device, and installs the choice (cuDNN's engine, or none: the
 /// project's flash kernels). `full_blocks`: the run also calls `shape` without a mask
 /// (context parallelism's blocks off the diagonal), so cuDNN is asked about those graphs
-/// too. Returns the decision and its start-up text; a "cudnn" that cannot run throws,
+/// too. `documents`: the run masks packed documents apart (training.document_mask), which
+/// only the project's kernels do. Returns the decision and its start-up text; a "cudnn" that cannot run throws,
 /// naming the key and the reason.
 inline AttentionChoice select_attention(const std::string& requested, bool bf16_model, const AttentionShape& shape,
-                                        bool deterministic, bool full_blocks = false) {
+                                        bool deterministic, bool full_blocks = false, bool documents = false) {
   AttentionFacts f;
   f.on_gpu = true;
   f.bf16_model = bf16_model;
@@ -37,6 +38,7 @@ inline AttentionChoice select_attention(const std::string& requested, bool bf16_
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&f.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
   f.head_dim = shape.head_dim;
   f.deterministic = deterministic;
+  f.documents = documents;
   // libcudnn is loaded only where it could be used.
   if (requested != "tessera" && f.bf16_model && !f.frontend.empty()) {
     const cuda::CudnnAvailability lib = cuda::cudnn_availability();
