@@ -138,6 +138,25 @@ TEST_CASE("flash attention on the GPU over packed documents matches the CPU back
   check_flash_on_gpu({2, t, 4, 2, 64}, false, 1, documents);
 }
 
+TEST_CASE("flash attention on the GPU over a context-parallel block of packed documents: rows that see no key") {
+  // Queries at positions 450..599 and keys at 0..149 of sequences of 600 (CP 2's block
+  // below the diagonal), bounds from ops::BlockDocuments: the document from 100 to 470
+  // reaches the first 20 queries; every later query sees no key of the block (lse -inf,
+  // o and dq zero) and keys 0..99 are seen by none.
+  const std::int64_t S = 600, c = 150;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * S), 3);
+  for (std::int64_t start : {100, 470, 520}) ids[static_cast<std::size_t>(start)] = 1;
+  const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, S, 1);
+  std::vector<ops::DocumentSpan> queries, bounds(static_cast<std::size_t>(2 * c));
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t i = 0; i < c; ++i) queries.push_back(spans[static_cast<std::size_t>(b * S + 3 * c + i)]);
+  for (std::int64_t r = 0; r < 2 * c; ++r) ops::BlockDocuments{queries.data(), bounds.data(), c, 3 * c, 0}(r);
+  for (bool bf16 : {false, true}) {
+    check_flash_on_gpu({2, c, 4, 2, 64, false}, bf16, 0, bounds);
+    check_flash_on_gpu({2, c, 4, 2, 128, false}, bf16, 0, bounds);
+  }
+}
+
 TEST_CASE("flash attention on the GPU refuses other head dims and float64 by name") {
   CHECK_ERROR_CONTAINS(gpu_test::flash_forward_without_data({1, 4, 2, 1, 96}, false),
                        "flash attention: head dim 96 is not supported (16, 32, 64 or 128)");

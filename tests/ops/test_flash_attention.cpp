@@ -73,10 +73,11 @@ double max_rel_diff(TensorView<U> a, TensorView<V> b) {
   for (std::int64_t r = 0; r < a.rows(); ++r)
     for (std::int64_t c = 0; c < a.cols(); ++c) {
       const double x = to_double(a(r, c)), y = to_double(b(r, c));
+      if (x == y) continue;  // infinities too: the -inf lse of a row that sees no key
       diff = std::max(diff, std::isnan(x) ? std::numeric_limits<double>::infinity() : std::abs(x - y));
-      ref = std::max(ref, std::abs(y));
+      if (std::isfinite(y)) ref = std::max(ref, std::abs(y));
     }
-  return diff / ref;
+  return diff == 0 ? 0 : diff / ref;
 }
 
 template <class U, class V>
@@ -425,37 +426,72 @@ TEST_CASE("flash attention rows, causal and full, match a naive reference in dou
   }
 }
 
+namespace {
+
+/// The flash rows (head dim 16, tiles of `tile` rows) on `s`, packed documents in its
+/// bounds, against the naive reference in double: o, lse, dq, dk, dv within 1e-12. The
+/// backward takes the forward's lse with each -inf (a row that saw no key of a ring
+/// block) made finite, as a ring's merged lse is: such a row's terms are all zero.
+/// Returns the forward's lse.
+std::vector<double> check_document_rows(const AttentionShape& s, std::int64_t tile) {
+  const std::int64_t rows = s.rows(), qc = s.n_heads * 16, kc = s.n_kv_heads * 16;
+  const auto q = random_matrix<double>(rows, qc, 3, "q.docs"), k = random_matrix<double>(rows, kc, 1, "k.docs");
+  const auto v = random_matrix<double>(rows, kc, 2, "v.docs"), d_o = random_matrix<double>(rows, qc, 0, "dO.docs");
+  const testing::NaiveAttention ref =
+      testing::naive_attention(s, dense(q.cview()), dense(k.cview()), dense(v.cview()), dense(d_o.cview()));
+  auto o = matrix<double>(rows, qc, 5);
+  std::vector<double> lse(ref.lse.size());
+  ops::flash_attention_forward_rows<double, 16>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), tile);
+  std::vector<double> merged = lse;
+  for (double& x : merged) x = std::isfinite(x) ? x : 0.5;
+  auto dq = matrix<double>(rows, qc, 1, std::numeric_limits<double>::quiet_NaN());
+  auto dk = matrix<double>(rows, kc, 2), dv = matrix<double>(rows, kc, 0);  // zeros: added into
+  ops::flash_attention_backward_rows<double, 16>(s, q.cview(), k.cview(), v.cview(), o.cview(), merged.data(),
+                                                 d_o.cview(), dq.view, dk.view, dv.view, tile);
+  CHECK(max_rel_diff(dense(o.cview()), ref.o) < 1e-12);
+  CHECK(max_rel_diff(lse, ref.lse) < 1e-12);
+  CHECK(max_rel_diff(dense(dq.view), ref.dq) < 1e-12);
+  CHECK(max_rel_diff(dense(dk.view), ref.dk) < 1e-12);
+  CHECK(max_rel_diff(dense(dv.view), ref.dv) < 1e-12);
+  return lse;
+}
+
+}  // namespace
+
 TEST_CASE("flash attention rows over packed documents match a naive masked reference in double") {
   // Documents that start mid-tile, on a tile's first row, one token long; tiles of 1, 16
   // and 64 rows, so whole tiles before a document (or after a key's) are skipped.
+  const std::int64_t t = 70;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * t), 3);
+  for (std::int64_t start : {std::int64_t{5}, std::int64_t{16}, std::int64_t{17}, std::int64_t{40}, t + 33})
+    ids[static_cast<std::size_t>(start)] = 1;
+  const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, t, 1);
   for (std::int64_t tile : {1, 16, 64})
     for (std::int64_t kv : {1, 4}) {
       CAPTURE(tile);
       CAPTURE(kv);
-      const std::int64_t t = 70, rows = 2 * t;
-      std::vector<std::int32_t> ids(static_cast<std::size_t>(rows), 3);
-      for (std::int64_t start : {std::int64_t{5}, std::int64_t{16}, std::int64_t{17}, std::int64_t{40}, t + 33})
-        ids[static_cast<std::size_t>(start)] = 1;
-      const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, t, 1);
-      const AttentionShape s{2, t, 4, kv, 16, true, spans.data()};
-      const std::int64_t qc = 4 * 16, kc = kv * 16;
-      const auto q = random_matrix<double>(rows, qc, 3, "q.docs"), k = random_matrix<double>(rows, kc, 1, "k.docs");
-      const auto v = random_matrix<double>(rows, kc, 2, "v.docs"), d_o = random_matrix<double>(rows, qc, 0, "dO.docs");
-      const testing::NaiveAttention ref =
-          testing::naive_attention(s, dense(q.cview()), dense(k.cview()), dense(v.cview()), dense(d_o.cview()));
-      auto o = matrix<double>(rows, qc, 5);
-      std::vector<double> lse(ref.lse.size());
-      ops::flash_attention_forward_rows<double, 16>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), tile);
-      auto dq = matrix<double>(rows, qc, 1, std::numeric_limits<double>::quiet_NaN());
-      auto dk = matrix<double>(rows, kc, 2), dv = matrix<double>(rows, kc, 0);  // zeros: added into
-      ops::flash_attention_backward_rows<double, 16>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(),
-                                                     d_o.cview(), dq.view, dk.view, dv.view, tile);
-      CHECK(max_rel_diff(dense(o.cview()), ref.o) < 1e-12);
-      CHECK(max_rel_diff(lse, ref.lse) < 1e-12);
-      CHECK(max_rel_diff(dense(dq.view), ref.dq) < 1e-12);
-      CHECK(max_rel_diff(dense(dk.view), ref.dk) < 1e-12);
-      CHECK(max_rel_diff(dense(dv.view), ref.dv) < 1e-12);
+      check_document_rows({2, t, 4, kv, 16, true, spans.data()}, tile);
     }
+}
+
+TEST_CASE("flash attention rows over a full ring block of packed documents match the naive reference") {
+  // Queries at positions 210..279 and keys at 0..69 of sequences of 280 (a CP 2 block
+  // below the diagonal), bounds from ops::BlockDocuments: the document from 40 to 230
+  // reaches the first 20 queries, which see keys 40..69; the later queries see no key
+  // (lse -inf, o and dq zero), and keys 0..39 are seen by none (dk, dv zero).
+  const std::int64_t S = 280, c = 70;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * S), 3);
+  for (std::int64_t start : {40, 230, 250}) ids[static_cast<std::size_t>(start)] = 1;
+  const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, S, 1);
+  std::vector<ops::DocumentSpan> queries, bounds(static_cast<std::size_t>(2 * c));
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t i = 0; i < c; ++i) queries.push_back(spans[static_cast<std::size_t>(b * S + 3 * c + i)]);
+  for (std::int64_t r = 0; r < 2 * c; ++r) ops::BlockDocuments{queries.data(), bounds.data(), c, 3 * c, 0}(r);
+  for (std::int64_t tile : {1, 16, 64}) {
+    CAPTURE(tile);
+    const std::vector<double> lse = check_document_rows({2, c, 4, 2, 16, false, bounds.data()}, tile);
+    CHECK(std::isinf(lse[25]));  // (b 0, head 0, query 25): past the document
+  }
 }
 
 TEST_CASE("flash attention: the first query sees only the first key; tiles past the causal edge change nothing") {

@@ -1,7 +1,8 @@
 // Context parallelism trains the same model as one rank. The pieces first: the
 // chunk-major layout and each row's position; the ring attention against the backends'
 // attention over whole sequences, forward and backward, on thread ranks under NCCL's
-// rules (degrees 2, 3 and 4, grouped-query heads, a batch of two). Then the parity
+// rules (degrees 2, 3 and 4, grouped-query heads, a batch of two; one document a
+// sequence, and packed documents that cross chunks and ranks). Then the parity
 // matrix: the parity model for 10 steps (3 in sanitizer builds) on CP 2, CP 4 and CP
 // composed with FSDP, HSDP, TP and PP, each with activation checkpoint modes, losses
 // within 1e-5 of one rank's at every step; one run at 4096 tokens a sequence; and the
@@ -82,60 +83,92 @@ TEST_CASE("context parallel: each rank holds chunks i and 2 cp - 1 - i of every 
   CHECK(whole.end() == 8);
 }
 
-TEST_CASE("context parallel: the ring's attention is attention over whole sequences, forward and backward") {
+namespace {
+
+/// The ring's attention over cp ranks against the CPU backend's over whole sequences
+/// (relative gaps within 1e-5 on every rank: o, lse, dq, dk, dv). `starts`: packed
+/// documents starting at those positions of each sequence (besides its first), masked
+/// apart; none: one document a sequence.
+void check_ring(int cp, std::vector<std::int64_t> starts = {}) {
   const std::int64_t batch = 2, heads = 4, kv_heads = 2, hd = 8, c = 5;  // chunks of 5: no tile divides them
+  const std::int64_t S = 2 * cp * c, rows = batch * S, q_cols = heads * hd, kv_cols = kv_heads * hd;
+  const auto q = random_floats(static_cast<std::size_t>(rows * q_cols), 1);
+  const auto k = random_floats(static_cast<std::size_t>(rows * kv_cols), 2);
+  const auto v = random_floats(static_cast<std::size_t>(rows * kv_cols), 3);
+  const auto d_o = random_floats(static_cast<std::size_t>(rows * q_cols), 4);
+  std::vector<ops::DocumentSpan> spans;
+  if (!starts.empty()) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(rows), 3);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t p : starts) ids[static_cast<std::size_t>(b * S + (p + 3 * b) % S)] = 1;
+    spans = ops::document_spans(ids, batch, S, 1);
+  }
+  // One rank, whole sequences.
+  const AttentionShape whole{batch, S, heads, kv_heads, hd, true, spans.empty() ? nullptr : spans.data()};
+  std::vector<float> o(q.size()), lse(static_cast<std::size_t>(batch * heads * S)), dq(q.size()), dk(k.size()),
+      dv(v.size());
+  auto view = [](auto& x, std::int64_t cols) {
+    using E = std::remove_reference_t<decltype(x[0])>;
+    return TensorView<E>(x.data(), Shape{static_cast<std::int64_t>(x.size()) / cols, cols});
+  };
+  Cpu::attention_forward<float>(whole, view(q, q_cols), view(k, kv_cols), view(v, kv_cols), view(o, q_cols),
+                                lse.data());
+  Cpu::attention_backward<float>(whole, view(q, q_cols), view(k, kv_cols), view(v, kv_cols), view(o, q_cols),
+                                 lse.data(), view(d_o, q_cols), view(dq, q_cols), view(dk, kv_cols), view(dv, kv_cols));
+  std::vector<std::int64_t> all_rows(static_cast<std::size_t>(rows));
+  std::iota(all_rows.begin(), all_rows.end(), 0);
+  std::vector<double> gaps(static_cast<std::size_t>(cp) * 5, INFINITY);
+  comm::run_thread_ranks(cp, [&](comm::Communicator& world) {
+    parallel::ContextParallelGroup group(&world);
+    const auto mine = parallel::context_tokens<std::int64_t>(all_rows, batch, S, group.shard(), batch);
+    auto lq = take_rows(q, q_cols, mine), lk = take_rows(k, kv_cols, mine), lv = take_rows(v, kv_cols, mine);
+    auto ldo = take_rows(d_o, q_cols, mine);
+    std::vector<float> lo(lq.size()), llse(static_cast<std::size_t>(batch * heads * 2 * c)), ldq(lq.size()),
+        ldk(lk.size()), ldv(lv.size());
+    // Each row's document in whole-sequence positions, in the rows' chunk order.
+    const std::vector<ops::DocumentSpan> local_spans =
+        spans.empty() ? spans : parallel::context_tokens<ops::DocumentSpan>(spans, batch, S, group.shard(), batch);
+    const AttentionShape local{batch, 2 * c, heads, kv_heads, hd, true,
+                               local_spans.empty() ? nullptr : local_spans.data()};
+    parallel::attention_forward<Cpu, float>(&group, local, view(lq, q_cols), view(lk, kv_cols), view(lv, kv_cols),
+                                            view(lo, q_cols), llse.data());
+    parallel::attention_backward<Cpu, float>(&group, local, view(lq, q_cols), view(lk, kv_cols), view(lv, kv_cols),
+                                             view(lo, q_cols), llse.data(), view(ldo, q_cols), view(ldq, q_cols),
+                                             view(ldk, kv_cols), view(ldv, kv_cols));
+    // lse, chunk-major (2, batch, heads, c), against the whole's (batch, heads, S).
+    std::vector<float> want_lse;
+    const ops::ContextShard me = group.shard();
+    for (int j = 0; j < 2; ++j)
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t t = 0; t < c; ++t)
+            want_lse.push_back(lse[static_cast<std::size_t>((b * heads + h) * S + me.chunk(j) * c + t)]);
+    double* g = gaps.data() + world.rank() * 5;
+    g[0] = relative_gap(lo, take_rows(o, q_cols, mine));
+    g[1] = relative_gap(llse, want_lse);
+    g[2] = relative_gap(ldq, take_rows(dq, q_cols, mine));
+    g[3] = relative_gap(ldk, take_rows(dk, kv_cols, mine));
+    g[4] = relative_gap(ldv, take_rows(dv, kv_cols, mine));
+  }, nccl_rules());
+  for (double g : gaps) CHECK(g <= 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("context parallel: the ring's attention is attention over whole sequences, forward and backward") {
   for (int cp : {2, 3, 4}) {
     CAPTURE(cp);
-    const std::int64_t S = 2 * cp * c, rows = batch * S, q_cols = heads * hd, kv_cols = kv_heads * hd;
-    const auto q = random_floats(static_cast<std::size_t>(rows * q_cols), 1);
-    const auto k = random_floats(static_cast<std::size_t>(rows * kv_cols), 2);
-    const auto v = random_floats(static_cast<std::size_t>(rows * kv_cols), 3);
-    const auto d_o = random_floats(static_cast<std::size_t>(rows * q_cols), 4);
-    // One rank, whole sequences.
-    const AttentionShape whole{batch, S, heads, kv_heads, hd};
-    std::vector<float> o(q.size()), lse(static_cast<std::size_t>(batch * heads * S)), dq(q.size()), dk(k.size()),
-        dv(v.size());
-    auto view = [](auto& x, std::int64_t cols) {
-      using E = std::remove_reference_t<decltype(x[0])>;
-      return TensorView<E>(x.data(), Shape{static_cast<std::int64_t>(x.size()) / cols, cols});
-    };
-    Cpu::attention_forward<float>(whole, view(q, q_cols), view(k, kv_cols), view(v, kv_cols), view(o, q_cols),
-                                  lse.data());
-    Cpu::attention_backward<float>(whole, view(q, q_cols), view(k, kv_cols), view(v, kv_cols), view(o, q_cols),
-                                   lse.data(), view(d_o, q_cols), view(dq, q_cols), view(dk, kv_cols),
-                                   view(dv, kv_cols));
-    std::vector<std::int64_t> all_rows(static_cast<std::size_t>(rows));
-    std::iota(all_rows.begin(), all_rows.end(), 0);
-    std::vector<double> gaps(static_cast<std::size_t>(cp) * 5, INFINITY);
-    comm::run_thread_ranks(cp, [&](comm::Communicator& world) {
-      parallel::ContextParallelGroup group(&world);
-      const auto mine = parallel::context_tokens<std::int64_t>(all_rows, batch, S, group.shard(), batch);
-      auto lq = take_rows(q, q_cols, mine), lk = take_rows(k, kv_cols, mine), lv = take_rows(v, kv_cols, mine);
-      auto ldo = take_rows(d_o, q_cols, mine);
-      std::vector<float> lo(lq.size()), llse(static_cast<std::size_t>(batch * heads * 2 * c)), ldq(lq.size()),
-          ldk(lk.size()), ldv(lv.size());
-      const AttentionShape local{batch, 2 * c, heads, kv_heads, hd};
-      parallel::attention_forward<Cpu, float>(&group, local, view(lq, q_cols), view(lk, kv_cols), view(lv, kv_cols),
-                                              view(lo, q_cols), llse.data());
-      parallel::attention_backward<Cpu, float>(&group, local, view(lq, q_cols), view(lk, kv_cols),
-                                               view(lv, kv_cols), view(lo, q_cols), llse.data(), view(ldo, q_cols),
-                                               view(ldq, q_cols), view(ldk, kv_cols), view(ldv, kv_cols));
-      // lse, chunk-major (2, batch, heads, c), against the whole's (batch, heads, S).
-      std::vector<float> want_lse;
-      const ops::ContextShard me = group.shard();
-      for (int j = 0; j < 2; ++j)
-        for (std::int64_t b = 0; b < batch; ++b)
-          for (std::int64_t h = 0; h < heads; ++h)
-            for (std::int64_t t = 0; t < c; ++t)
-              want_lse.push_back(lse[static_cast<std::size_t>((b * heads + h) * S + me.chunk(j) * c + t)]);
-      double* g = gaps.data() + world.rank() * 5;
-      g[0] = relative_gap(lo, take_rows(o, q_cols, mine));
-      g[1] = relative_gap(llse, want_lse);
-      g[2] = relative_gap(ldq, take_rows(dq, q_cols, mine));
-      g[3] = relative_gap(ldk, take_rows(dk, kv_cols, mine));
-      g[4] = relative_gap(ldv, take_rows(dv, kv_cols, mine));
-    }, nccl_rules());
-    for (double g : gaps) CHECK(g <= 1e-5);
+    check_ring(cp);
+  }
+}
+
+TEST_CASE("context parallel: the ring masks packed documents apart as attention over whole sequences does") {
+  // Documents that start mid-chunk, on a chunk's first position (5, 10), one token long
+  // (5), and that span several chunks and ranks (the second sequence's starts are
+  // shifted by 3).
+  for (int cp : {2, 3, 4}) {
+    CAPTURE(cp);
+    check_ring(cp, {3, 5, 6, 10, 17});
   }
 }
 

@@ -2,8 +2,9 @@
 // layout of the parity matrices as on one rank: the parity model for 10 steps (3 in
 // sanitizer builds), losses within 1e-5 relative at every step. Data-parallel (FSDP,
 // HSDP), tensor-parallel (with FSDP), pipelines (each microbatch its own documents,
-// zero-bubble's deferred weight gradients) and their composition; a graphed step on
-// the CPU. Context parallelism is refused by the config's check.
+// zero-bubble's deferred weight gradients), context-parallel (the ring's blocks masked
+// as the whole sequence is, alone and composed) and their composition; a graphed step
+// on the CPU.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -13,7 +14,6 @@
 #include "parity_checks.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/train/config.hpp"
-#include "tessera/train/job_plan.hpp"
 #include "tessera/train/trainer_options.hpp"
 
 namespace test_documents {  // unity build: this file's names stay in here (tests/meson.build)
@@ -50,16 +50,17 @@ TEST_CASE("document mask: data-parallel, tensor-parallel and pipeline layouts tr
                       kDocuments);
 }
 
-TEST_CASE("document mask: context parallelism and a BOS outside the vocabulary are refused in one line") {
-  // The config's check, before any rank is started, and every rank of a layout.
-  CHECK_THROWS_WITH_AS(
-      train::check_supported(debug_job(8, 8, 1, with(kDocuments, {"--parallelism.context_parallel_degree", "2"}))),
-      doctest::Contains("training.document_mask is not supported with context parallelism "
-                        "(parallelism.context_parallel_degree = 2)"),
-      Error);
-  for (const auto& e : layout_errors({1, 1, 1, 1, 2}, kDocuments))
-    CHECK(e.find("packed documents (training.document_mask) are not masked across context-parallel ranks") !=
-          std::string::npos);
+TEST_CASE("document mask: context-parallel layouts train one rank's model") {
+  // The ring's blocks: documents that cross chunks and ranks, queries of a chunk that see
+  // none of an earlier chunk's keys.
+  check_layout_parity("CP 2", {1, 1, 1, 1, 2}, {}, kDocuments);
+  check_layout_parity("CP 4, full", {1, 1, 1, 1, 4}, kAcModes[1].keys, kDocuments);
+  check_layout_parity("CP 2 x FSDP 2, selective op", {1, 1, 2, 1, 2}, kAcModes[2].keys, kDocuments);
+  check_layout_parity("CP 2 x TP 2", {1, 1, 1, 2, 2}, {}, with(kDocuments, {"--model.n_kv_heads", "4"}));
+  check_layout_parity("CP 2 x PP 2, 1F1B", {2, 1, 1, 1, 2}, pipeline("1F1B"), kDocuments);
+}
+
+TEST_CASE("document mask: a BOS outside the vocabulary is refused in one line") {
   const auto bos = data::make_tokenizer("synthetic_bpe")->bos_id();
   const train::JobConfig small = debug_job(8, 8, 1, with(kDocuments, {"--model.vocab_size", std::to_string(bos)}));
   const std::string refusal = "training.document_mask: the BOS id " + std::to_string(bos) +

@@ -425,14 +425,19 @@ class Transformer {
   /// This rank's share of a checked batch of whole sequences: under context parallelism
   /// its two chunks of each, chunk-major in runs of `group` sequences (a pipeline's
   /// microbatch; parallel::context_tokens), with the geometry of its rows; else the batch.
+  /// When the batch's documents are masked apart (g.document_start_id), each row's
+  /// document, found in the whole sequences (so in whole-sequence positions under
+  /// context parallelism) and laid out as the rows are.
   struct Share {
     std::vector<std::int32_t> owned_inputs, owned_targets;
     std::span<const std::int32_t> inputs, targets;
+    std::vector<ops::DocumentSpan> documents;
     Geometry g;
   };
   Share share_of(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, Geometry g,
                  std::int64_t group) const {
     Share s;
+    if (g.document_start_id >= 0) s.documents = ops::document_spans(inputs, g.batch, g.seq_len, g.document_start_id);
     if (!cp_.active()) {
       s.inputs = inputs;
       s.targets = targets;
@@ -441,6 +446,8 @@ class Transformer {
     }
     const ops::ContextShard shard = cp_.shard();
     s.owned_inputs = parallel::context_tokens(inputs, g.batch, g.seq_len, shard, group);
+    if (!s.documents.empty())
+      s.documents = parallel::context_tokens<ops::DocumentSpan>(s.documents, g.batch, g.seq_len, shard, group);
     if (!targets.empty()) s.owned_targets = parallel::context_tokens(targets, g.batch, g.seq_len, shard, group);
     s.inputs = s.owned_inputs;
     s.targets = s.owned_targets;
@@ -450,16 +457,14 @@ class Transformer {
     return s;
   }
 
-  /// `g` with each row's document (g.documents) when the batch's documents are masked
-  /// apart (g.document_start_id): found in the rows' `inputs` and staged in `into`
-  /// (kept there when `keep` and the size is unchanged: a graph's fixed tensors).
-  Geometry with_documents(std::span<const std::int32_t> inputs, Geometry g, Tensor<std::int32_t>& into,
-                          bool keep = false) const {
+  /// The share's geometry with each row's document (g.documents) when the batch's
+  /// documents are masked apart, staged in `into` (kept there when `keep` and the size is
+  /// unchanged: a graph's fixed tensors).
+  Geometry with_documents(const Share& share, Tensor<std::int32_t>& into, bool keep = false) const {
+    Geometry g = share.g;
     g.documents = nullptr;
     if (g.document_start_id < 0) return g;
-    TESSERA_CHECK(!cp_.active(), "model: packed documents (training.document_mask) are not masked across context-"
-                                 "parallel ranks");
-    const std::vector<ops::DocumentSpan> spans = ops::document_spans(inputs, g.batch, g.seq_len, g.document_start_id);
+    const std::vector<ops::DocumentSpan>& spans = share.documents;
     static_assert(sizeof(ops::DocumentSpan) == 2 * sizeof(std::int32_t));
     std::vector<std::int32_t> flat(2 * spans.size());
     for (std::size_t i = 0; i < spans.size(); ++i) {
@@ -480,7 +485,7 @@ class Transformer {
                                  "take them from a whole copy (made inside with_whole_parameters), as llama-train "
                                  "samples");
     Tensor<std::int32_t> documents;
-    return hidden(inputs, with_documents(inputs, g, documents));
+    return hidden(inputs, with_documents(share_of(inputs, {}, g, g.batch), documents));
   }
 
   /// final_hidden over rows already checked: this rank's share of the batch (share_of).
@@ -626,7 +631,7 @@ void Transformer<T, B, Block>::forward_backward(std::span<const std::int32_t> in
       const Share share = share_of(inputs, targets, g, runtime_.microbatch_size(g.batch));
       Tensor<std::int32_t> documents;
       runtime_.pipeline_forward_backward(*this, share.inputs, share.targets,
-                                         with_documents(share.inputs, share.g, documents), loss_scale,
+                                         with_documents(share, documents), loss_scale,
                                          last_micro_batch, loss_sum);
       saved_bytes_peak_ = meter_.peak();
       for_each_local_parameter([](Parameter<T>& p) { p.template zero_grad_if_unwritten<B>(); });
@@ -654,7 +659,7 @@ void Transformer<T, B, Block>::stage(std::span<const std::int32_t> inputs, std::
   if (into.loss_scale.empty()) into.loss_scale = B::template empty<A>(Shape{1});
   const A scale = static_cast<A>(loss_scale);
   B::copy_from_host(&scale, into.loss_scale.data(), 1);
-  into.g = with_documents(share.inputs, share.g, into.documents, into.fixed());
+  into.g = with_documents(share, into.documents, into.fixed());
 }
 
 template <class T, Backend B, class Block>
@@ -714,7 +719,7 @@ double Transformer<T, B, Block>::loss(std::span<const std::int32_t> inputs, std:
   check_geometry(inputs, g);
   const Share share = share_of(inputs, targets, g, g.batch);
   Tensor<std::int32_t> documents;
-  const Geometry sg = with_documents(share.inputs, share.g, documents);
+  const Geometry sg = with_documents(share, documents);
   double l = 0;
   bool pipelined = false;
   if constexpr (Runtime::pipelines)

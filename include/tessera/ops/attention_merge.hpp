@@ -5,7 +5,8 @@
 // A block of keys K_b gives, per query row and head, o_b = softmax(q K_b^T) V_b and
 // lse_b = log sum_j exp(q . k_j) over its keys. Two blocks' results combine exactly:
 //   lse = log(exp(lse_a) + exp(lse_b)),  o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse)
-// (computed from m = max(lse_a, lse_b), so no exponential overflows). The running pair is
+// (computed from m = max(lse_a, lse_b), so no exponential overflows). A block in which a
+// row sees no key (packed documents: lse_b = -inf, o_b = 0) leaves the row as it was. The running pair is
 // kept in accum_t<T> and rounded to T once at the end.
 //
 // Layouts: o is (rows, heads * head_dim) with leading dimension ld; rows are (batch,
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/macros.hpp"
@@ -33,6 +35,7 @@ struct MergeAttention {
   std::int64_t ld, ld_block, heads, head_dim, chunk;
   bool first;
   TESSERA_HD void operator()(std::int64_t r) const {
+    constexpr A kInfinity = std::numeric_limits<A>::infinity();
     const std::int64_t b = r / chunk, t = r % chunk;
     for (std::int64_t h = 0; h < heads; ++h) {
       const std::int64_t s = (b * heads + h) * chunk + t;
@@ -44,6 +47,12 @@ struct MergeAttention {
         continue;
       }
       const A la = lse[s], lb = lse_block[s], m = la > lb ? la : lb;
+      if (!(lb > -kInfinity)) continue;  // the block saw none of the row's keys
+      if (!(la > -kInfinity)) {          // nor had any block before it: the block's values
+        for (std::int64_t d = 0; d < head_dim; ++d) out[d] = to_accum(in[d]);
+        lse[s] = lb;
+        continue;
+      }
       const A wa = exp_nonpositive(la - m), wb = exp_nonpositive(lb - m), sum = wa + wb;
       const A ca = wa / sum, cb = wb / sum;
       for (std::int64_t d = 0; d < head_dim; ++d) out[d] = out[d] * ca + to_accum(in[d]) * cb;

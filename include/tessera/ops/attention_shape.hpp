@@ -5,10 +5,16 @@
 // query see every key (a context-parallel block whose keys all come earlier in the
 // sequence: parallel/context_parallel.hpp).
 //
-// Packed documents (`documents`, per row of the call; ops/positions.hpp): query i sees
-// only the keys of its own document, [documents[i].begin, i] causal. Queries and keys
-// are the same rows, so a key j is seen by the queries [j, documents[j].end). The
-// whole-sequence causal bound stays the cost's upper bound (pairs()).
+// Packed documents (`documents`, per row of the call; ops/positions.hpp): row i, as a
+// query, sees the keys from documents[i].begin on, and as a key is seen by the queries
+// before documents[i].end, both indices of the call's rows; the causal or full bound
+// applies as well. Over whole sequences these are each row's document: query i sees
+// [begin, i], key j is seen by [j, end). A context-parallel ring block (queries and keys
+// from different chunks of the sequence) carries its own bounds (ops::BlockDocuments),
+// causal on the diagonal and full below it; a row may then see no key of the block
+// (begin past the last key: its output is zero and its log-sum-exp -inf) or be seen by
+// no query (end 0). The whole-sequence causal bound stays the cost's upper bound
+// (pairs()).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +31,7 @@ struct AttentionShape {
   std::int64_t head_dim = 0;
   bool causal = true;  // false: no mask
   const ops::DocumentSpan* documents = nullptr;  // (batch * seq_len) in the backend's memory; nullptr: one
-                                                 // document a sequence. Causal calls only.
+                                                 // document a sequence
 
   std::int64_t rows() const { return batch * seq_len; }
   std::int64_t group() const { return n_heads / n_kv_heads; }

@@ -15,8 +15,10 @@
 //
 // Packed documents (AttentionShape::documents) add the other bound of each row: a query
 // sees keys from its document's first (`first_key`), a key is seen by queries up to its
-// document's last (`last_query`). Tiles wholly outside those bounds are skipped by the
-// drivers and kernels as the causal bound's are.
+// document's last (`last_query`); in a context-parallel ring block, the block's bounds
+// (ops::BlockDocuments), under which a row may see no key or be seen by no query. Tiles
+// wholly outside those bounds are skipped by the drivers and kernels as the causal
+// bound's are.
 //
 // Forward (FlashForwardRow): a query row keeps the running max m of its scores, the
 // running sum l = sum_j exp(s_ij - m) and acc = sum_j exp(s_ij - m) v_j over the keys
@@ -197,13 +199,15 @@ struct FlashForwardRow {
     }
   }
 
-  /// o_row = acc / l (HD values, rounded to U) and *lse_out = m + log l.
+  /// o_row = acc / l (HD values, rounded to U) and *lse_out = m + log l; a row that saw
+  /// no key (a ring block wholly before its document) writes zeros and -inf.
   template <class U>
   TESSERA_HD void finish(U* o_row, A* lse_out) const {
-    const A inv = A(1) / l;
+    const bool seen = l > A(0);
+    const A inv = seen ? A(1) / l : A(0);
     TESSERA_FLASH_UNROLL
     for (int d = 0; d < HD; ++d) o_row[d] = convert<U>(acc[d] * inv);
-    *lse_out = m + log_(l);
+    *lse_out = seen ? m + log_(l) : -std::numeric_limits<A>::infinity();
   }
 };
 
@@ -368,7 +372,6 @@ inline void flash_check_shape(const AttentionShape& s) {
                 s.n_heads, " is not a positive multiple of n_kv_heads ", s.n_kv_heads);
   TESSERA_CHECK(flash_head_dim_supported(s.head_dim), "flash attention: head dim ", s.head_dim,
                 " is not supported (16, 32, 64 or 128)");
-  TESSERA_CHECK(s.documents == nullptr || s.causal, "flash attention: packed documents take a causal call");
 }
 
 /// Checks the forward's operands against the shape (views in any memory: only their

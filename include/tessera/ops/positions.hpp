@@ -17,12 +17,14 @@
 // document (ops/attention_shape.hpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/macros.hpp"
+#include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
 
@@ -68,6 +70,46 @@ inline std::vector<DocumentSpan> document_spans(std::span<const std::int32_t> id
   }
   return spans;
 }
+
+/// One context-parallel ring block's document bounds (parallel/context_parallel.hpp), as
+/// the backends' attention reads AttentionShape::documents: the queries are a chunk of c
+/// rows a sequence starting at position `query_start` of it, the keys a chunk starting at
+/// `key_start` (at or before it), and `queries` holds each query row's document in whole
+/// sequence positions. Row r of the block gets, as a query, the first key it sees
+/// (`begin`: its document's first position less key_start, clamped to [0, c]; c: none)
+/// and, as a key, one past the last query that sees it (`end`: the queries whose document
+/// begins at or before the key, a prefix of the chunk since documents begin in row order;
+/// 0: none). Keys before the queries are then seen exactly by the queries of their own
+/// document, and a block on the diagonal (key_start == query_start) gives each row its
+/// document's bounds within the chunk, which the causal bound completes.
+struct BlockDocuments {
+  const DocumentSpan* queries;  // (batch x c), the query chunk's rows
+  DocumentSpan* out;            // (batch x c)
+  std::int64_t c;
+  std::int64_t query_start, key_start;
+  TESSERA_HD void operator()(std::int64_t r) const {
+    const std::int64_t b = r / c, j = r % c;
+    const DocumentSpan* row = queries + b * c;
+    const std::int64_t begin = row[j].begin - key_start;
+    // The first query of the chunk whose document begins after key j.
+    const std::int64_t key = key_start + j;
+    std::int64_t lo = 0, hi = c;
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (row[mid].begin <= key)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    out[r] = {static_cast<std::int32_t>(begin < 0 ? 0 : (begin > c ? c : begin)), static_cast<std::int32_t>(lo)};
+  }
+  // Its own query's span and the spans the search reads, one span written; a comparison
+  // and an index update a search step.
+  Traffic traffic(std::int64_t n) const {
+    const double steps = std::ceil(std::log2(static_cast<double>(c) + 1)), e = static_cast<double>(n);
+    return {e * (1 + steps) * sizeof(DocumentSpan), e * sizeof(DocumentSpan), 2 * e * steps, 0};
+  }
+};
 
 /// Row r's position in its sequence, for rows of `batch` sequences of which this rank
 /// holds `local_len` tokens each (two chunks of local_len / 2 under context parallelism).

@@ -32,6 +32,14 @@
 // computed (summed apart meanwhile, then added in). After the last step the gradients
 // have gone round to their keys' rank.
 //
+// Packed documents (AttentionShape::documents: each local row's document in whole-
+// sequence positions). A block masks them as a whole-sequence call would: each query
+// sees the block's keys from its document's first on, and a key is seen by the queries
+// of its own document (ops::BlockDocuments computes both bounds from the query chunk's
+// rows alone, so no span travels the ring). A query may see no key of a full block (its
+// document begins after it): the block gives it lse -inf, which the merge skips, and
+// the diagonal block always gives it its own key.
+//
 // Traffic per attention call and rank: (cp - 1) times the local keys and values forward;
 // as much again backward, plus cp times their gradients (accum_t<T>).
 #pragma once
@@ -135,8 +143,6 @@ void check_contiguous(const AttentionShape& s, const Views&... views) {
   const bool ok = (... && (views.is_contiguous() && views.rows() == s.rows()));
   TESSERA_CHECK(ok && s.seq_len % 2 == 0 && s.causal, "context parallelism: attention over ", s.batch, " x ",
                 s.seq_len, " rows takes contiguous causal (rows, cols) operands of two chunks a sequence");
-  TESSERA_CHECK(s.documents == nullptr, "context parallelism: packed documents (training.document_mask) are not "
-                                       "masked across the ring: train without one of them");
 }
 
 /// One attention call's ring: this rank's place in it, and its keys and values packed
@@ -145,13 +151,16 @@ template <Backend B, class T>
 struct Ring {
   ContextParallelGroup& cp;
   ops::ContextShard me;
+  const AttentionShape& shape;  // this rank's call: two chunks a sequence
   std::int64_t R, kv_cols, kv_numel;  // rows of a chunk (batch x c); kv's width; a packed buffer's elements
   int P, next, prev;
   std::array<Tensor<T>, 2> kv;
+  Tensor<std::int32_t> bounds;  // packed documents: the current block's (R ops::DocumentSpan)
 
   Ring(ContextParallelGroup& group, const AttentionShape& s, TensorView<const T> k, TensorView<const T> v)
       : cp(group),
         me(group.shard()),
+        shape(s),
         R(s.batch * (s.seq_len / 2)),
         kv_cols(k.size(1)),
         kv_numel(2 * (2 * R) * kv_cols),
@@ -161,6 +170,7 @@ struct Ring {
         kv{B::template empty<T>(Shape{kv_numel}), B::template empty<T>(Shape{kv_numel})} {
     B::for_each(2 * R * kv_cols, ops::Copy<T>{k.data(), kv[0].data()});
     B::for_each(2 * R * kv_cols, ops::Copy<T>{v.data(), kv[0].data() + 2 * R * kv_cols});
+    if (s.documents) bounds = B::template empty<std::int32_t>(Shape{2 * R});
   }
 
   /// Sends `send` to the next rank and receives `recv` from the one before, as one group.
@@ -184,7 +194,23 @@ struct Ring {
     return packed<const T>(held(step).data() + 2 * R * kv_cols, 2 * R, kv_cols);
   }
   /// The blocks step `step` computes: with the keys of rank i - step.
-  std::vector<RingBlock> blocks(int step) const { return ring_blocks(me, (me.rank + P - step) % P); }
+  std::vector<RingBlock> blocks(int step) const { return ring_blocks(me, source(step)); }
+  int source(int step) const { return (me.rank + P - step) % P; }
+  /// Block b of step `step` as one attention call over (batch, c) queries and keys; with
+  /// packed documents, their bounds in the block (ops::BlockDocuments) computed into
+  /// `bounds`, which the call must read before the next block's are (one stream).
+  AttentionShape block(int step, const RingBlock& b) {
+    const std::int64_t c = shape.seq_len / 2;
+    AttentionShape block{shape.batch, c, shape.n_heads, shape.n_kv_heads, shape.head_dim, b.causal};
+    if (shape.documents) {
+      const ops::ContextShard from{source(step), P};
+      auto* out = reinterpret_cast<ops::DocumentSpan*>(bounds.data());
+      B::for_each(R, ops::BlockDocuments{shape.documents + b.q_chunk * R, out, c, me.chunk(b.q_chunk) * c,
+                                         from.chunk(b.kv_chunk) * c});
+      block.documents = out;
+    }
+    return block;
+  }
 };
 
 }  // namespace detail
@@ -219,7 +245,7 @@ void attention_forward(ContextParallelGroup* cp, const AttentionShape& s, Tensor
   for (int step = 0; step < ring.P; ++step) {
     comm::Handle pass = ring.pass(step);
     for (const detail::RingBlock& b : ring.blocks(step)) {
-      AttentionShape block{s.batch, c, s.n_heads, s.n_kv_heads, s.head_dim, b.causal};
+      const AttentionShape block = ring.block(step, b);
       B::attention_forward(block, detail::chunk_rows(q, b.q_chunk, R), detail::chunk_rows(ring.keys(step), b.kv_chunk, R),
                            detail::chunk_rows(ring.values(step), b.kv_chunk, R), o_block.view(), lse_block.data());
       const auto i = static_cast<std::size_t>(b.q_chunk);
@@ -269,7 +295,7 @@ void attention_backward(ContextParallelGroup* cp, const AttentionShape& s, Tenso
     Tensor<A>& into = step == 0 ? run : step_dkv;
     if (step > 0) B::for_each(kv_numel, ops::Fill<A>{A(0), step_dkv.data()});
     for (const detail::RingBlock& b : ring.blocks(step)) {
-      AttentionShape block{s.batch, c, s.n_heads, s.n_kv_heads, s.head_dim, b.causal};
+      const AttentionShape block = ring.block(step, b);
       const std::int64_t qi = b.q_chunk;
       B::attention_backward(block, detail::chunk_rows(q, b.q_chunk, R), detail::chunk_rows(ring.keys(step), b.kv_chunk, R),
                             detail::chunk_rows(ring.values(step), b.kv_chunk, R), detail::chunk_rows(o, b.q_chunk, R),

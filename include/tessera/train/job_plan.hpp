@@ -22,9 +22,6 @@ inline void check_supported(const JobConfig& c) {
                 "training.seq_len = ", c.training.seq_len, " does not split into 2 x parallelism.context_parallel_degree"
                 " = ", 2 * p.context_parallel_degree, " equal chunks (each context-parallel rank holds two chunks of "
                 "every sequence)");
-  TESSERA_CHECK(!c.training.document_mask || p.context_parallel_degree <= 1,
-                "training.document_mask is not supported with context parallelism (parallelism.context_parallel_degree"
-                " = ", p.context_parallel_degree, "): the ring does not mask packed documents apart");
   parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
   parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);

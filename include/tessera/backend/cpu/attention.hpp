@@ -12,7 +12,9 @@
 // Packed documents (AttentionShape::documents): a query block's keys start at its first
 // row's document (the keys before it are neither multiplied nor read) and each row's
 // softmax starts at its own document's first key; the columns before it are zeros in P
-// and dS, so the GEMMs over the tile add nothing for them.
+// and dS, so the GEMMs over the tile add nothing for them. In a context-parallel ring
+// block a row, or a whole query block, may see no key: its output is zero, its
+// log-sum-exp -inf and its dq zero.
 //
 // Precision, for bf16 tensors as in the flash kernels: scores, dP and the softmax
 // statistics are fp32 (accum_t<T>); the probabilities P and dS are rounded to T once,
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -58,19 +61,21 @@ TensorView<const T> as_operand(std::vector<accum_t<T>>& acc, std::vector<T>& sto
 }
 
 /// The keys query block [i0, i1) of sequence b sees, as a tile of columns [kb, ke):
-/// causal, keys [0, i1), from the block's first document on when the rows are packed
-/// documents (a block wholly after a document skips its keys); full, every key. Row r's
-/// visible keys begin at tile column first(r) (its document's start; 0 without
-/// documents) and its causal offset in the shifted row is offset(r).
+/// causal, keys [0, i1); full, every key; from the block's first document on when the
+/// rows are packed documents (a block wholly after a document skips its keys; none at
+/// all: keys() 0). Row r's visible keys begin at tile column first(r) (its document's
+/// start; 0 without documents; keys(): none) and its causal offset in the shifted row is
+/// offset(r).
 struct AttentionTile {
   const AttentionShape& s;
   std::int64_t b, i0, kb, ke;
   AttentionTile(const AttentionShape& shape, std::int64_t b_, std::int64_t i0_, std::int64_t i1)
-      : s(shape), b(b_), i0(i0_), kb(shape.documents ? shape.documents[b_ * shape.seq_len + i0_].begin : 0),
-        ke(shape.causal ? i1 : shape.seq_len) {}
+      : s(shape), b(b_), i0(i0_), ke(shape.causal ? i1 : shape.seq_len) {
+    kb = shape.documents ? std::min<std::int64_t>(shape.documents[b_ * shape.seq_len + i0_].begin, ke) : 0;
+  }
   std::int64_t keys() const { return ke - kb; }
   std::int64_t first(std::int64_t r) const {
-    return s.documents ? s.documents[b * s.seq_len + i0 + r].begin - kb : 0;
+    return s.documents ? std::min<std::int64_t>(s.documents[b * s.seq_len + i0 + r].begin, ke) - kb : 0;
   }
   /// The row functors' offset for row r read from column first(r) on (seq_len: every key).
   std::int64_t offset(std::int64_t r) const { return s.causal ? i0 - kb - first(r) : s.seq_len; }
@@ -82,15 +87,10 @@ void zero_prefix(A* row, std::int64_t n) {
   for (std::int64_t j = 0; j < n; ++j) row[j] = A(0);
 }
 
-inline void check_documents(const AttentionShape& s) {
-  TESSERA_CHECK(s.documents == nullptr || s.causal, "attention: packed documents take a causal call");
-}
-
 template <class Cpu, class T>
 void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                            TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
   using A = accum_t<T>;
-  check_documents(s);
   const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   Cpu::for_each(s.batch * s.n_heads, [&](std::int64_t bh) {
@@ -101,14 +101,26 @@ void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, Tenso
       const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
       const AttentionTile tile(s, b, i0, i1);
       const std::int64_t keys = tile.keys();
+      if (keys == 0) {  // no row of the block sees a key
+        const TensorView<T> ob = head_rows(o, b * t + i0, rows, h, hd);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          std::fill(ob.row(r), ob.row(r) + hd, from_accum<T>(A(0)));
+          lse[bh * t + i0 + r] = -std::numeric_limits<A>::infinity();
+        }
+        continue;
+      }
       TensorView<A> sv(scores.data(), Shape{rows, keys});
       Cpu::gemm(Trans::no, Trans::yes, A(1), head_rows(q, b * t + i0, rows, h, hd),
                 head_rows(k, b * t + tile.kb, keys, kvh, hd), A(0), sv);
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t f = tile.first(r);
-        ops::CausalSoftmaxForward<A> softmax{scores.data() + f, keys, keys - f, tile.offset(r), scale,
-                                             lse + bh * t + i0};
-        softmax(r);
+        if (f < keys) {
+          ops::CausalSoftmaxForward<A> softmax{scores.data() + f, keys, keys - f, tile.offset(r), scale,
+                                               lse + bh * t + i0};
+          softmax(r);
+        } else {  // the row sees none of the keys: a zero row of P
+          lse[bh * t + i0 + r] = -std::numeric_limits<A>::infinity();
+        }
         zero_prefix(scores.data() + r * keys, f);
       }
       Cpu::gemm(Trans::no, Trans::no, A(1), as_operand<T>(scores, p, rows, keys),
@@ -123,7 +135,6 @@ void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, Tens
                             TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
                             TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
   using A = accum_t<T>;
-  check_documents(s);
   const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   Cpu::for_each(s.batch * s.n_kv_heads, [&](std::int64_t bk) {
@@ -143,6 +154,11 @@ void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, Tens
         const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
         const AttentionTile tile(s, b, i0, i1);
         const std::int64_t keys = tile.keys();
+        if (keys == 0) {  // no row of the block sees a key: dq is zero
+          const TensorView<T> dqb = head_rows(dq, b * t + i0, rows, h, hd);
+          for (std::int64_t r = 0; r < rows; ++r) std::fill(dqb.row(r), dqb.row(r) + hd, from_accum<T>(A(0)));
+          continue;
+        }
         TensorView<A> pv(p.data(), Shape{rows, keys}), dpv(dp.data(), Shape{rows, keys});
         const auto qb = head_rows(q, b * t + i0, rows, h, hd), dob = head_rows(d_o, b * t + i0, rows, h, hd);
         const auto ob = head_rows(o, b * t + i0, rows, h, hd);
