@@ -21,22 +21,11 @@
 #include "tessera/io/token_shard.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/train/evaluate.hpp"
+#include "flags.hpp"
 
 using namespace tessera;
 
 namespace {
-
-std::int64_t parse_count(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TESSERA_CHECK(used == text.size() && used > 0 && v > 0, flag, ": expected a positive integer, got '", text, "'");
-  return v;
-}
 
 void usage() {
   std::printf(
@@ -63,8 +52,8 @@ int run(const std::vector<std::string>& args) {
     const std::string& v = args[++i];
     if (a == "--model") model_path = v;
     else if (a == "--tokens") tokens_path = v;
-    else if (a == "--seq-len") seq_len = parse_count(a, v);
-    else batch = parse_count(a, v);
+    else if (a == "--seq-len") seq_len = cli::parse_number<std::int64_t>(a, v, "a positive integer", 1);
+    else batch = cli::parse_number<std::int64_t>(a, v, "a positive integer", 1);
   }
   TESSERA_CHECK(!model_path.empty(), "--model: required (a Hugging Face Llama directory or a model.safetensors)");
   TESSERA_CHECK(!tokens_path.empty(), "--tokens: required (a token shard or a .u32 file)");

@@ -28,24 +28,12 @@
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "flags.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;
 
 namespace {
-
-template <class V>
-V parse_number(const std::string& flag, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    V v;
-    if constexpr (std::is_floating_point_v<V>) v = static_cast<V>(std::stod(text, &used));
-    else v = static_cast<V>(std::stoll(text, &used));
-    if (used == text.size()) return v;
-  } catch (const std::exception&) {
-  }
-  fail(flag, ": expected a number, got '", text, "'");
-}
 
 int run(const std::vector<std::string>& args) {
   std::string checkpoint, prompt, tokenizer, chat, system, chat_format = "auto";
@@ -71,10 +59,10 @@ int run(const std::vector<std::string>& args) {
     else if (a == "--system") system = v;
     else if (a == "--chat-format") chat_format = v;
     else if (a == "--tokenizer") tokenizer = v;
-    else if (a == "--max-new-tokens") o.max_new_tokens = parse_number<std::int64_t>(a, v);
-    else if (a == "--temperature") o.temperature = parse_number<double>(a, v);
-    else if (a == "--top-k") o.top_k = parse_number<std::int64_t>(a, v);
-    else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, v);
+    else if (a == "--max-new-tokens") o.max_new_tokens = cli::parse_number<std::int64_t>(a, v, "a whole number");
+    else if (a == "--temperature") o.temperature = cli::parse_number<double>(a, v, "a number");
+    else if (a == "--top-k") o.top_k = cli::parse_number<std::int64_t>(a, v, "a whole number");
+    else if (a == "--seed") o.seed = cli::parse_number<std::uint64_t>(a, v, "a whole number >= 0");
     else fail("unknown option '", a, "' (see --help)");
   }
   TESSERA_CHECK(!checkpoint.empty(),

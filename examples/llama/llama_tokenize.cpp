@@ -38,6 +38,7 @@
 #include "tessera/data/tokenize.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/io/token_shard.hpp"
+#include "flags.hpp"
 
 using namespace tessera;
 
@@ -69,19 +70,6 @@ void usage() {
       std::max(1u, std::thread::hardware_concurrency()));
 }
 
-unsigned parse_threads(const std::string& text) {
-  std::size_t used = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty() || text[0] == '-' || v == 0 || v > 4096) {
-    fail("--threads: expected a whole number from 1 to 4096, got '", text, "'");
-  }
-  return static_cast<unsigned>(v);
-}
 
 std::size_t terminal_columns() {
   struct winsize w {};
@@ -132,17 +120,6 @@ class ProgressBar {
   std::thread thread_;  // last: starts once the rest is ready
 };
 
-std::int64_t parse_count(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  long long v = -1;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TESSERA_CHECK(used == text.size() && v >= 0, flag, ": expected a whole number >= 0, got '", text, "'");
-  return v;
-}
 
 /// --write-synthetic-chat: the embedded chat set as JSON lines, written whole or not at all.
 int write_synthetic_chat(const std::vector<std::string>& args) {
@@ -155,8 +132,8 @@ int write_synthetic_chat(const std::vector<std::string>& args) {
     TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
     const std::string& v = args[++i];
     if (a == "--write-synthetic-chat") path = v;
-    else if (a == "--conversations") count = parse_count(a, v);
-    else first = parse_count(a, v);
+    else if (a == "--conversations") count = cli::parse_number<std::int64_t>(a, v, "a whole number >= 0", 0);
+    else first = cli::parse_number<std::int64_t>(a, v, "a whole number >= 0", 0);
   }
   TESSERA_CHECK(count > 0, "--conversations: at least one conversation");
   const std::string tmp = path + ".tmp";
@@ -202,7 +179,8 @@ int run(const std::vector<std::string>& args) {
       const std::string& v = args[++i];
       if (a == "--tokenizer") tokenizer_spec = v;
       else if (a == "--output") output = v;
-      else if (a == "--threads") options.threads = parse_threads(v);
+      else if (a == "--threads")
+        options.threads = cli::parse_number<unsigned>(a, v, "a whole number from 1 to 4096", 1, 4096);
       else if (a == "--field") options.field = v;
       else if (a == "--chat") chat = v;
       else format = v;

@@ -618,11 +618,7 @@ class HfTokenizer final : public Tokenizer {
           return;
         }
       }
-      bounds.resize(piece.size() + 1);
-      for (std::uint32_t i = 0; i <= piece.size(); ++i) bounds[i] = i;
-      detail::byte_pair_merge(piece, bounds, rank_of);
-      for (std::size_t k = 0; k + 1 < bounds.size(); ++k)
-        ids.push_back(d.id_of(piece.substr(bounds[k], bounds[k + 1] - bounds[k])));
+      detail::append_merged_piece(piece, bounds, rank_of, [&d](std::string_view part) { return d.id_of(part); }, ids);
     };
     split(text, 0, bpe);
   }

@@ -241,6 +241,18 @@ void byte_pair_merge(std::string_view piece, std::vector<std::uint32_t>& bounds,
   }
 }
 
+/// Appends the ids of one pre-tokenized piece: its bytes merged by rank (rank_of on
+/// two adjacent parts), then each part's id (id_of on its bytes). `bounds` is scratch.
+template <class RankOf, class IdOf>
+void append_merged_piece(std::string_view piece, std::vector<std::uint32_t>& bounds, const RankOf& rank_of,
+                         const IdOf& id_of, std::vector<std::uint32_t>& ids) {
+  bounds.resize(piece.size() + 1);
+  for (std::uint32_t i = 0; i <= piece.size(); ++i) bounds[i] = i;
+  byte_pair_merge(piece, bounds, rank_of);
+  for (std::size_t k = 0; k + 1 < bounds.size(); ++k)
+    ids.push_back(id_of(piece.substr(bounds[k], bounds[k + 1] - bounds[k])));
+}
+
 /// The parsed vocabulary: immutable once built, shared by copies of the tokenizer.
 struct TiktokenVocab {
   std::string source;                // the file, for messages
@@ -435,11 +447,7 @@ class TiktokenTokenizer final : public Tokenizer {
         ids.push_back(whole);
         return;
       }
-      bounds.resize(piece.size() + 1);
-      for (std::uint32_t i = 0; i <= piece.size(); ++i) bounds[i] = i;
-      detail::byte_pair_merge(piece, bounds, rank_of);
-      for (std::size_t k = 0; k + 1 < bounds.size(); ++k)
-        ids.push_back(vocab_->rank_of(piece.substr(bounds[k], bounds[k + 1] - bounds[k])));
+      detail::append_merged_piece(piece, bounds, rank_of, rank_of, ids);
     });
   }
 
