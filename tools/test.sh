@@ -87,6 +87,30 @@ trap summary EXIT
 start_phase "dependencies"
 bash tools/install-deps.sh
 
+# OpenBLAS picks its kernels from the CPU it detects, and Debian 12's (0.3.21) does not
+# know the newest Intel server CPUs: it falls back to its SSE3 "Prescott" kernels, which
+# run the suite's GEMMs two to three times slower (bench/README.md). Where it would, the
+# tests run with the kernels the CPU has (AVX-512: SkylakeX, AVX2: Haswell); a setting
+# of OPENBLAS_CORETYPE in the environment wins. The tests check results, never timing,
+# within tolerances any of the kernels meet.
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+  core=$(python3 -c 'import ctypes, ctypes.util
+lib = ctypes.CDLL(ctypes.util.find_library("openblas") or "libopenblas.so.0")
+lib.openblas_get_corename.restype = ctypes.c_char_p
+print(lib.openblas_get_corename().decode())' 2>/dev/null || true)
+  if [ "${core,,}" = prescott ]; then
+    cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    if [[ $cpu_flags == *" avx512f "* && $cpu_flags == *" avx512bw "* && $cpu_flags == *" avx512vl "* &&
+          $cpu_flags == *" avx512dq "* ]]; then
+      export OPENBLAS_CORETYPE=SkylakeX
+    elif [[ $cpu_flags == *" avx2 "* && $cpu_flags == *" fma "* ]]; then
+      export OPENBLAS_CORETYPE=Haswell
+    fi
+    [ -n "${OPENBLAS_CORETYPE:-}" ] &&
+      echo "OpenBLAS would run its Prescott kernels on this CPU: the tests run with OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
+  fi
+fi
+
 start_phase "release build"
 # The test executables the sanitizer build runs case for case are left to it
 # (-Dsanitizer_twins=false; tests/meson.build names them). Both builds let GCC collect its
