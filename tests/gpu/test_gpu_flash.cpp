@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/documents.hpp"
 #include "../support/errors.hpp"
 #include "../support/gradcheck.hpp"
 #include "attention_reference.hpp"
@@ -127,9 +128,7 @@ TEST_CASE("flash attention on the GPU over packed documents matches the CPU back
   // over two blocks; the second sequence one document: query blocks that skip key
   // tiles, key blocks that stop before the sequence's end.
   const std::int64_t t = 150;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * t), 3);
-  for (std::int64_t start : {10, 64, 65, 66, 140}) ids[static_cast<std::size_t>(start)] = 1;
-  const std::vector<ops::DocumentSpan> documents = ops::document_spans(ids, 2, t, 1);
+  const std::vector<ops::DocumentSpan> documents = testing::spans_starting_at(2, t, {10, 64, 65, 66, 140});
   for (bool bf16 : {false, true})
     for (std::int64_t kv : {1, 4}) {
       check_flash_on_gpu({2, t, 4, kv, 64}, bf16, 0, documents);
@@ -144,13 +143,8 @@ TEST_CASE("flash attention on the GPU over a context-parallel block of packed do
   // reaches the first 20 queries; every later query sees no key of the block (lse -inf,
   // o and dq zero) and keys 0..99 are seen by none.
   const std::int64_t S = 600, c = 150;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * S), 3);
-  for (std::int64_t start : {100, 470, 520}) ids[static_cast<std::size_t>(start)] = 1;
-  const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, S, 1);
-  std::vector<ops::DocumentSpan> queries, bounds(static_cast<std::size_t>(2 * c));
-  for (std::int64_t b = 0; b < 2; ++b)
-    for (std::int64_t i = 0; i < c; ++i) queries.push_back(spans[static_cast<std::size_t>(b * S + 3 * c + i)]);
-  for (std::int64_t r = 0; r < 2 * c; ++r) ops::BlockDocuments{queries.data(), bounds.data(), c, 3 * c, 0}(r);
+  const std::vector<ops::DocumentSpan> bounds =
+      testing::ring_block_bounds(testing::spans_starting_at(2, S, {100, 470, 520}), 2, S, c, 3, 0);
   for (bool bf16 : {false, true}) {
     check_flash_on_gpu({2, c, 4, 2, 64, false}, bf16, 0, bounds);
     check_flash_on_gpu({2, c, 4, 2, 128, false}, bf16, 0, bounds);

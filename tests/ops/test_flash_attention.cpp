@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../support/documents.hpp"
 #include "../support/errors.hpp"
 #include "../support/gradcheck.hpp"
 #include "../support/naive_attention.hpp"
@@ -373,8 +374,46 @@ std::vector<double> dense(TensorView<T> m) {
   return out;
 }
 
-/// The flash rows in double against the naive reference, causal or full as c.causal:
-/// o, lse, dq, dk, dv to 1e-12 of the largest value.
+/// The inputs, the naive reference and the flash rows' lse of one check_flash_rows run.
+struct RowsRun {
+  Matrix<double> q, k, v, d_o;
+  testing::NaiveAttention ref;
+  std::vector<double> lse;
+};
+
+/// The flash rows (head dim HD, tiles of `tile` rows) in double on `s` against the naive
+/// reference: o, lse, dq, dk, dv to 1e-12 of the largest value. The backward takes the
+/// forward's lse with each -inf (a row that saw no key of a context-parallel ring block)
+/// made finite, as the ring's merged lse is: such a row's terms are all zero.
+template <int HD>
+RowsRun check_flash_rows(const AttentionShape& s, std::int64_t tile) {
+  const std::int64_t rows = s.rows(), qc = s.n_heads * HD, kc = s.n_kv_heads * HD;
+  RowsRun run{random_matrix<double>(rows, qc, 3, "q.naive"), random_matrix<double>(rows, kc, 1, "k.naive"),
+              random_matrix<double>(rows, kc, 2, "v.naive"), random_matrix<double>(rows, qc, 0, "dO.naive"),
+              {}, {}};
+  const auto &q = run.q, &k = run.k, &v = run.v, &d_o = run.d_o;
+  run.ref = testing::naive_attention(s, dense(q.cview()), dense(k.cview()), dense(v.cview()), dense(d_o.cview()));
+  const testing::NaiveAttention& ref = run.ref;
+
+  auto o = matrix<double>(rows, qc, 5);
+  run.lse.resize(ref.lse.size());
+  ops::flash_attention_forward_rows<double, HD>(s, q.cview(), k.cview(), v.cview(), o.view, run.lse.data(), tile);
+  std::vector<double> merged = run.lse;
+  for (double& x : merged) x = std::isfinite(x) ? x : 0.5;
+  auto dq = matrix<double>(rows, qc, 1, std::numeric_limits<double>::quiet_NaN());
+  auto dk = matrix<double>(rows, kc, 2), dv = matrix<double>(rows, kc, 0);  // zeros: added into
+  ops::flash_attention_backward_rows<double, HD>(s, q.cview(), k.cview(), v.cview(), o.cview(), merged.data(),
+                                                 d_o.cview(), dq.view, dk.view, dv.view, tile);
+  CHECK(max_rel_diff(dense(o.cview()), ref.o) < 1e-12);
+  CHECK(max_rel_diff(run.lse, ref.lse) < 1e-12);
+  CHECK(max_rel_diff(dense(dq.view), ref.dq) < 1e-12);
+  CHECK(max_rel_diff(dense(dk.view), ref.dk) < 1e-12);
+  CHECK(max_rel_diff(dense(dv.view), ref.dv) < 1e-12);
+  return run;
+}
+
+/// check_flash_rows on c's shape, causal or full as c.causal, and that the inputs tell
+/// the masks apart: the other mask's reference is far from this one.
 template <int HD>
 void check_rows_against_naive(const Config& c) {
   CAPTURE(HD);
@@ -383,32 +422,13 @@ void check_rows_against_naive(const Config& c) {
   CAPTURE(c.tile);
   CAPTURE(c.causal);
   const AttentionShape s{c.batch, c.seq_len, c.n_heads, c.n_kv_heads, HD, c.causal};
-  const std::int64_t rows = s.rows(), qc = s.n_heads * HD, kc = s.n_kv_heads * HD;
-  const auto q = random_matrix<double>(rows, qc, 3, "q.naive"), k = random_matrix<double>(rows, kc, 1, "k.naive");
-  const auto v = random_matrix<double>(rows, kc, 2, "v.naive"), d_o = random_matrix<double>(rows, qc, 0, "dO.naive");
-  const testing::NaiveAttention ref =
-      testing::naive_attention(s, dense(q.cview()), dense(k.cview()), dense(v.cview()), dense(d_o.cview()));
-
-  auto o = matrix<double>(rows, qc, 5);
-  std::vector<double> lse(ref.lse.size());
-  ops::flash_attention_forward_rows<double, HD>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), c.tile);
-  auto dq = matrix<double>(rows, qc, 1, std::numeric_limits<double>::quiet_NaN());
-  auto dk = matrix<double>(rows, kc, 2), dv = matrix<double>(rows, kc, 0);  // zeros: added into
-  ops::flash_attention_backward_rows<double, HD>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(),
-                                                 d_o.cview(), dq.view, dk.view, dv.view, c.tile);
-  CHECK(max_rel_diff(dense(o.cview()), ref.o) < 1e-12);
-  CHECK(max_rel_diff(lse, ref.lse) < 1e-12);
-  CHECK(max_rel_diff(dense(dq.view), ref.dq) < 1e-12);
-  CHECK(max_rel_diff(dense(dk.view), ref.dk) < 1e-12);
-  CHECK(max_rel_diff(dense(dv.view), ref.dv) < 1e-12);
-
-  // The inputs tell the masks apart: the other mask's reference is far from this one.
+  const RowsRun run = check_flash_rows<HD>(s, c.tile);
   AttentionShape other = s;
   other.causal = !s.causal;
-  const testing::NaiveAttention wrong =
-      testing::naive_attention(other, dense(q.cview()), dense(k.cview()), dense(v.cview()), dense(d_o.cview()));
-  CHECK(max_rel_diff(wrong.o, ref.o) > 1e-2);
-  CHECK(max_rel_diff(wrong.dk, ref.dk) > 1e-2);
+  const testing::NaiveAttention wrong = testing::naive_attention(other, dense(run.q.cview()), dense(run.k.cview()),
+                                                                 dense(run.v.cview()), dense(run.d_o.cview()));
+  CHECK(max_rel_diff(wrong.o, run.ref.o) > 1e-2);
+  CHECK(max_rel_diff(wrong.dk, run.ref.dk) > 1e-2);
 }
 
 }  // namespace
@@ -426,51 +446,16 @@ TEST_CASE("flash attention rows, causal and full, match a naive reference in dou
   }
 }
 
-namespace {
-
-/// The flash rows (head dim 16, tiles of `tile` rows) on `s`, packed documents in its
-/// bounds, against the naive reference in double: o, lse, dq, dk, dv within 1e-12. The
-/// backward takes the forward's lse with each -inf (a row that saw no key of a ring
-/// block) made finite, as a ring's merged lse is: such a row's terms are all zero.
-/// Returns the forward's lse.
-std::vector<double> check_document_rows(const AttentionShape& s, std::int64_t tile) {
-  const std::int64_t rows = s.rows(), qc = s.n_heads * 16, kc = s.n_kv_heads * 16;
-  const auto q = random_matrix<double>(rows, qc, 3, "q.docs"), k = random_matrix<double>(rows, kc, 1, "k.docs");
-  const auto v = random_matrix<double>(rows, kc, 2, "v.docs"), d_o = random_matrix<double>(rows, qc, 0, "dO.docs");
-  const testing::NaiveAttention ref =
-      testing::naive_attention(s, dense(q.cview()), dense(k.cview()), dense(v.cview()), dense(d_o.cview()));
-  auto o = matrix<double>(rows, qc, 5);
-  std::vector<double> lse(ref.lse.size());
-  ops::flash_attention_forward_rows<double, 16>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), tile);
-  std::vector<double> merged = lse;
-  for (double& x : merged) x = std::isfinite(x) ? x : 0.5;
-  auto dq = matrix<double>(rows, qc, 1, std::numeric_limits<double>::quiet_NaN());
-  auto dk = matrix<double>(rows, kc, 2), dv = matrix<double>(rows, kc, 0);  // zeros: added into
-  ops::flash_attention_backward_rows<double, 16>(s, q.cview(), k.cview(), v.cview(), o.cview(), merged.data(),
-                                                 d_o.cview(), dq.view, dk.view, dv.view, tile);
-  CHECK(max_rel_diff(dense(o.cview()), ref.o) < 1e-12);
-  CHECK(max_rel_diff(lse, ref.lse) < 1e-12);
-  CHECK(max_rel_diff(dense(dq.view), ref.dq) < 1e-12);
-  CHECK(max_rel_diff(dense(dk.view), ref.dk) < 1e-12);
-  CHECK(max_rel_diff(dense(dv.view), ref.dv) < 1e-12);
-  return lse;
-}
-
-}  // namespace
-
 TEST_CASE("flash attention rows over packed documents match a naive masked reference in double") {
   // Documents that start mid-tile, on a tile's first row, one token long; tiles of 1, 16
   // and 64 rows, so whole tiles before a document (or after a key's) are skipped.
   const std::int64_t t = 70;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * t), 3);
-  for (std::int64_t start : {std::int64_t{5}, std::int64_t{16}, std::int64_t{17}, std::int64_t{40}, t + 33})
-    ids[static_cast<std::size_t>(start)] = 1;
-  const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, t, 1);
+  const std::vector<ops::DocumentSpan> spans = testing::spans_starting_at(2, t, {5, 16, 17, 40, t + 33});
   for (std::int64_t tile : {1, 16, 64})
     for (std::int64_t kv : {1, 4}) {
       CAPTURE(tile);
       CAPTURE(kv);
-      check_document_rows({2, t, 4, kv, 16, true, spans.data()}, tile);
+      check_flash_rows<16>({2, t, 4, kv, 16, true, spans.data()}, tile);
     }
 }
 
@@ -480,17 +465,12 @@ TEST_CASE("flash attention rows over a full ring block of packed documents match
   // reaches the first 20 queries, which see keys 40..69; the later queries see no key
   // (lse -inf, o and dq zero), and keys 0..39 are seen by none (dk, dv zero).
   const std::int64_t S = 280, c = 70;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * S), 3);
-  for (std::int64_t start : {40, 230, 250}) ids[static_cast<std::size_t>(start)] = 1;
-  const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, S, 1);
-  std::vector<ops::DocumentSpan> queries, bounds(static_cast<std::size_t>(2 * c));
-  for (std::int64_t b = 0; b < 2; ++b)
-    for (std::int64_t i = 0; i < c; ++i) queries.push_back(spans[static_cast<std::size_t>(b * S + 3 * c + i)]);
-  for (std::int64_t r = 0; r < 2 * c; ++r) ops::BlockDocuments{queries.data(), bounds.data(), c, 3 * c, 0}(r);
+  const std::vector<ops::DocumentSpan> bounds =
+      testing::ring_block_bounds(testing::spans_starting_at(2, S, {40, 230, 250}), 2, S, c, 3, 0);
   for (std::int64_t tile : {1, 16, 64}) {
     CAPTURE(tile);
-    const std::vector<double> lse = check_document_rows({2, c, 4, 2, 16, false, bounds.data()}, tile);
-    CHECK(std::isinf(lse[25]));  // (b 0, head 0, query 25): past the document
+    const RowsRun run = check_flash_rows<16>({2, c, 4, 2, 16, false, bounds.data()}, tile);
+    CHECK(std::isinf(run.lse[25]));  // (b 0, head 0, query 25): past the document
   }
 }
 

@@ -4,13 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "../support/documents.hpp"
 #include "../support/gradcheck.hpp"
 #include "../support/naive_attention.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
@@ -305,9 +305,7 @@ TEST_CASE("CPU attention over packed documents matches a naive masked reference 
   // 150 rows a sequence: documents that start mid-block, on a block's first row (64),
   // one token long, and one that spans two blocks; the second sequence is one document.
   const std::int64_t t = 150;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * t), 3);
-  for (std::int64_t start : {10, 64, 65, 66, 140}) ids[static_cast<std::size_t>(start)] = 1;
-  const std::vector<ops::DocumentSpan> spans = ops::document_spans(ids, 2, t, 1);
+  const std::vector<ops::DocumentSpan> spans = testing::spans_starting_at(2, t, {10, 64, 65, 66, 140});
   for (std::int64_t kv : {1, 4}) {
     CAPTURE(kv);
     const AttentionShape s{2, t, 4, kv, 8, true, spans.data()};
@@ -317,43 +315,18 @@ TEST_CASE("CPU attention over packed documents matches a naive masked reference 
   }
 }
 
-namespace {
-
-/// Document spans of `batch` sequences of `seq_len` ids: sequence 0's documents start at
-/// `starts`, the others are one document each.
-std::vector<ops::DocumentSpan> spans_starting_at(std::int64_t batch, std::int64_t seq_len,
-                                                 std::initializer_list<std::int64_t> starts) {
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(batch * seq_len), 3);
-  for (std::int64_t start : starts) ids[static_cast<std::size_t>(start)] = 1;
-  return ops::document_spans(ids, batch, seq_len, 1);
-}
-
-/// A ring block's bounds (ops::BlockDocuments) of query chunk `qc` and key chunk `kc`
-/// (chunks of c positions) of sequences whose whole spans are `spans`.
-std::vector<ops::DocumentSpan> block_bounds(const std::vector<ops::DocumentSpan>& spans, std::int64_t batch,
-                                            std::int64_t seq_len, std::int64_t c, std::int64_t qc, std::int64_t kc) {
-  std::vector<ops::DocumentSpan> queries;
-  for (std::int64_t b = 0; b < batch; ++b)
-    for (std::int64_t i = 0; i < c; ++i) queries.push_back(spans[static_cast<std::size_t>(b * seq_len + qc * c + i)]);
-  std::vector<ops::DocumentSpan> out(queries.size());
-  Cpu::for_each(batch * c, ops::BlockDocuments{queries.data(), out.data(), c, qc * c, kc * c});
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("a ring block's document bounds: each query's first key and each key's last query, as the whole mask") {
   // Sequences of 24 in 4 chunks of 6: documents starting mid-chunk, on a chunk's first
   // position (6, 18), one token long (6), and one spanning two chunks; the second
   // sequence is one document.
   const std::int64_t S = 24, c = 6;
-  const auto spans = spans_starting_at(2, S, {3, 6, 7, 18, 22});
+  const auto spans = testing::spans_starting_at(2, S, {3, 6, 7, 18, 22});
   auto doc = [&](std::int64_t b, std::int64_t p) { return spans[static_cast<std::size_t>(b * S + p)]; };
   for (std::int64_t qc = 0; qc < 4; ++qc)
     for (std::int64_t kc = 0; kc <= qc; ++kc) {
       CAPTURE(qc);
       CAPTURE(kc);
-      const auto bounds = block_bounds(spans, 2, S, c, qc, kc);
+      const auto bounds = testing::ring_block_bounds(spans, 2, S, c, qc, kc);
       for (std::int64_t b = 0; b < 2; ++b)
         for (std::int64_t r = 0; r < c; ++r) {
           // Row r as a query: the first key of the block in its document (c: none); as a
@@ -377,8 +350,7 @@ TEST_CASE("CPU attention over a full ring block of packed documents: rows and wh
   // below the diagonal): the document from 100 to 470 reaches 20 queries, so the rest of
   // the first 64-row block and every later block see no key (lse -inf, o and dq zero).
   const std::int64_t S = 600, c = 150;
-  const auto spans = spans_starting_at(2, S, {100, 470, 520});
-  const auto bounds = block_bounds(spans, 2, S, c, 3, 0);
+  const auto bounds = testing::ring_block_bounds(testing::spans_starting_at(2, S, {100, 470, 520}), 2, S, c, 3, 0);
   AttentionShape s{2, c, 4, 2, 8, false, bounds.data()};
   AttentionShape whole = s;  // without the bounds: every key
   whole.documents = nullptr;
