@@ -21,6 +21,7 @@
 #include "tessera/ops/flash_attention.hpp"
 #include "tessera/ops/init.hpp"
 #include "tessera/ops/positions.hpp"
+#include "tessera/ops/ragged_documents.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
 #include "tessera/ops/softmax.hpp"
@@ -99,6 +100,8 @@ TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<double>)
 TESSERA_LAUNCH_OP(ops::LaneSum)  // a step's loss sum and gradient norm, added on the device
 TESSERA_LAUNCH_OP(ops::ClipScale<float>)
 TESSERA_LAUNCH_OP(ops::BlockDocuments)  // the context-parallel ring's bounds of packed documents
+TESSERA_LAUNCH_OP(ops::RaggedOffsets)   // packed documents as cuDNN's variable-length attention takes them
+TESSERA_LAUNCH_OP(ops::StatsLayout)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int32_t>)
 TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int64_t>)
 // Float8 GEMMs (nn/float8.hpp): the tensor amax, the scales, one scale given to every row,

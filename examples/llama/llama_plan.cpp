@@ -157,9 +157,11 @@ plan::Network cpu_network(const plan::CpuProfile& p, int world) {
 /// The machine --machine names; for `cpu`, measured on the step's own work, and shared by
 /// `world` ranks (each with its share of the memory, joined as cpu_network says). On a GPU
 /// the attention kernels are those `attention` (training.attention) picks for a model of
-/// `dtype` (`documents`: training.document_mask, which only tessera's kernels mask).
+/// `dtype` (`documents`: training.document_mask; `context_parallel`: its ring, whose
+/// blocks only tessera's kernels mask).
 Target resolve_machine(const std::string& name, const trace::Trace& step_trace, const std::string& attention,
-                       DType dtype, std::int64_t head_dim, int world = 1, bool documents = false) {
+                       DType dtype, std::int64_t head_dim, int world = 1, bool documents = false,
+                       bool context_parallel = false) {
   Target t;
   if (name == "cpu") {
     t.cpu = true;
@@ -191,7 +193,7 @@ Target resolve_machine(const std::string& name, const trace::Trace& step_trace, 
   t.reserved_bytes = m.reserved_bytes.value;
   t.device_bytes = static_cast<std::size_t>(m.capacity_bytes.value);
   t.description = m.description;
-  t.attention = plan::choose_attention(attention, dtype, head_dim, m, documents);
+  t.attention = plan::choose_attention(attention, dtype, head_dim, m, documents, context_parallel);
   t.network = m.network;
   t.sm_count = static_cast<int>(m.sm_count.value);
   t.pricer = std::make_unique<plan::GpuPricer>(std::move(m), t.attention.kernel);
@@ -915,7 +917,8 @@ int run(std::vector<std::string> args) {
     TESSERA_CHECK(machine != "cpu", "--search: plans GPU clusters; give a GPU --machine (for this machine's CPU, plan one layout)");
     const bool bf16 = given.training.mixed_precision_param == "bfloat16";
     const Target t = resolve_machine(machine, trace::Trace{}, given.training.attention, bf16 ? DType::bf16 : DType::f32,
-                                     given.model.args.head_dim(), 1, given.training.document_mask);
+                                     given.model.args.head_dim(), 1, given.training.document_mask,
+                                     given.parallelism.context_parallel_degree > 1);
     check_cluster(t);
     return search(given, world, t, bf16, json, emit, max_microbatch, float8_recipes);
   }
@@ -938,7 +941,8 @@ int run(std::vector<std::string> args) {
   Target target;
   const std::int64_t hd = c.model.args.head_dim();
   if (!cpu) {
-    target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype, hd, 1, c.training.document_mask);
+    target = resolve_machine(machine, trace::Trace{}, c.training.attention, dtype, hd, 1, c.training.document_mask,
+                             c.parallelism.context_parallel_degree > 1);
     check_cluster(target);
     if (train::float8_enabled(c) && !c.float8.emulate)
       target.pricer->require_float8("model.converters = [\"float8\"] with float8.emulate = false (the GPU's float8 GEMMs)");
@@ -946,7 +950,9 @@ int run(std::vector<std::string> args) {
   if (!emit.empty()) emit_config(emit, c);
   if (world == 1 && !zero1 && !torchtitan) {
     plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
-    if (cpu) target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd, 1, c.training.document_mask);
+    if (cpu)
+      target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd, 1, c.training.document_mask,
+                               c.parallelism.context_parallel_degree > 1);
     const plan::Prediction p = plan::predict(st, *target.pricer, top);
     if (json)
       std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());
@@ -990,7 +996,8 @@ int run(std::vector<std::string> args) {
     trace::Trace all;  // the CPU is measured on every position's work
     for (const auto& st : traces)
       for (const auto& e : st.trace.events()) all.add(e.op);
-    target = resolve_machine(machine, all, c.training.attention, dtype, hd, world, c.training.document_mask);
+    target = resolve_machine(machine, all, c.training.attention, dtype, hd, world, c.training.document_mask,
+                             c.parallelism.context_parallel_degree > 1);
   }
   plan::LayoutPrediction l = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}), top);
   MemoryModel mm;

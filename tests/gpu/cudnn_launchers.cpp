@@ -8,6 +8,7 @@
 #include "cudnn_launchers.hpp"
 #include "tessera/backend/cuda/cuda.hpp"
 #include "tessera/backend/cuda/cudnn_attention.hpp"
+#include "tessera/ops/ragged_documents.hpp"
 
 namespace tessera::gpu_test {
 
@@ -67,7 +68,31 @@ std::string cudnn_support(const AttentionShape& s, bool deterministic) {
 
 void cuda_attention(FlashRun& run) {
   TESSERA_CHECK(run.bf16, "cuda_attention: the engines run bf16 tensors");
-  const AttentionShape& s = run.shape;
+  AttentionShape s = run.shape;
+  // Packed documents: the rows' spans and, over whole (causal) sequences, the document
+  // table, staged as the model stages them (nn/transformer.hpp).
+  Tensor<std::int32_t> documents;
+  if (!run.documents.empty()) {
+    const ops::DocumentTable table =
+        s.causal ? ops::document_table(run.documents, s.batch, s.seq_len) : ops::DocumentTable{};
+    std::vector<std::int32_t> flat;
+    const auto append = [&flat](const std::vector<ops::DocumentSpan>& part) {
+      for (const ops::DocumentSpan& d : part) {
+        flat.push_back(d.begin);
+        flat.push_back(d.end);
+      }
+    };
+    append(run.documents);
+    append(table.spans);
+    documents = Cuda::empty<std::int32_t>(Shape{static_cast<std::int64_t>(flat.size())});
+    Cuda::copy_from_host(flat.data(), documents.data(), documents.numel());
+    const auto* staged = reinterpret_cast<const ops::DocumentSpan*>(documents.data());
+    s.documents = staged;
+    if (table.slots > 0) {
+      s.document_table = staged + run.documents.size();
+      s.document_slots = table.slots;
+    }
+  }
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
   const PaddedMatrix q(run.q, rows, qc, run.pad), k(run.k, rows, kc, run.pad), v(run.v, rows, kc, run.pad);
   const PaddedMatrix d_o(run.d_o, rows, qc, run.pad);

@@ -35,7 +35,8 @@ std::string cudnn_support(const AttentionShape& s, bool deterministic);
 /// One bf16 Cuda::attention_forward then Cuda::attention_backward (on the forward's o
 /// and lse) with the attention use_attention() chose. Host matrices are dense; on the
 /// device each row has `run.pad` extra columns. run.dq, dk, dv: the outputs' initial
-/// contents in, the results out. run.bf16 must be true.
+/// contents in, the results out. run.bf16 must be true. With run.documents, packed
+/// documents: a causal call also gets their document table (cuDNN's ragged layout).
 void cuda_attention(FlashRun& run);
 
 }  // namespace tessera::gpu_test

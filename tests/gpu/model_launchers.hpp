@@ -20,11 +20,13 @@
 #include "tessera/comm/memory_access.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/comm/thread.hpp"
+#include "tessera/data/documents.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/nn/float8.hpp"
 #include "tessera/train/trainer.hpp"
+#include "tessera/train/trainer_options.hpp"
 
 namespace tessera::gpu_test {
 
@@ -70,7 +72,8 @@ inline std::vector<std::uint32_t> small_job_tokens(const train::JobConfig& c) {
   return train::load_training_tokens(c, io::ByteTokenizer{}).ids;
 }
 
-/// One forward_backward of a fresh model (seed c.training.seed) on the first batch.
+/// One forward_backward of a fresh model (seed c.training.seed) on the first batch (its
+/// packed documents masked apart with training.document_mask).
 struct ForwardBackward {
   double loss_sum = 0;  // the sum of token losses
   std::int64_t n_targets = 0;
@@ -84,11 +87,15 @@ ForwardBackward forward_backward_once(const train::JobConfig& c) {
   model.shard();
   model.zero_grad();
   data::DataLoader loader(small_job_tokens(c), c.training.seq_len, c.training.local_batch_size);
-  const data::Batch b = loader.next();
+  data::Batch b = loader.next();
+  nn::Geometry g{b.batch, b.seq_len};
+  if (c.training.document_mask) {  // as the Trainer takes a batch
+    g.document_start_id = train::document_start_id(c);
+    data::mask_document_boundaries(b, g.document_start_id);
+  }
   ForwardBackward r;
   r.n_targets = b.n_targets;
-  r.loss_sum = model.forward_backward(b.inputs, b.targets, nn::Geometry{b.batch, b.seq_len},
-                                      1.0 / static_cast<double>(b.n_targets));
+  r.loss_sum = model.forward_backward(b.inputs, b.targets, g, 1.0 / static_cast<double>(b.n_targets));
   r.gradients = gradient_values(model);
   return r;
 }

@@ -3,10 +3,12 @@
 // two use the same convention, so it is compared too), dq, dk and dv, over grouped-query
 // shapes, head dims 64 and 128, sequences that are not multiples of 64, batches above
 // one, and padded rows (the model's own strided layouts), causal and full (no mask: a
-// context-parallel block off the diagonal). Also: every output is overwritten, the
-// graphs of one shape's causal and full calls are kept apart, the deterministic backward
-// repeats bitwise, a head dim cuDNN refuses comes back with its reason. Where this binary or machine has no cuDNN, the cases say
-// why and check nothing else.
+// context-parallel block off the diagonal), and over packed documents (cuDNN's
+// variable-length attention, ops/ragged_documents.hpp). Also: every output is
+// overwritten, the graphs of one shape's causal and full calls are kept apart, the
+// deterministic backward repeats bitwise, a head dim cuDNN refuses comes back with its
+// reason. Where this binary or machine has no cuDNN, the cases say why and check nothing
+// else.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,11 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "../support/documents.hpp"
 #include "../support/gradcheck.hpp"
 #include "attention_reference.hpp"
 #include "cudnn_launchers.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/ragged_documents.hpp"
 
 namespace test_gpu_cudnn {  // unity build: this file's names stay in here (tests/meson.build)
 
@@ -40,9 +44,10 @@ std::vector<float> bf16_values(std::int64_t n, const std::string& name, double s
   return out;
 }
 
-/// A run of `s` with `pad` extra columns per device row; every output starts as NaN,
-/// so an output left unwritten (or added into) shows.
-gpu_test::FlashRun make_run(const AttentionShape& s, std::int64_t pad) {
+/// A run of `s` with `pad` extra columns per device row (over packed `documents` when
+/// given); every output starts as NaN, so an output left unwritten (or added into) shows.
+gpu_test::FlashRun make_run(const AttentionShape& s, std::int64_t pad,
+                            const std::vector<ops::DocumentSpan>& documents = {}) {
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
   gpu_test::FlashRun run;
   run.shape = s;
@@ -56,12 +61,14 @@ gpu_test::FlashRun make_run(const AttentionShape& s, std::int64_t pad) {
   run.dq.assign(static_cast<std::size_t>(rows * qc), nan);
   run.dk.assign(static_cast<std::size_t>(rows * kc), nan);
   run.dv.assign(static_cast<std::size_t>(rows * kc), nan);
+  run.documents = documents;
   return run;
 }
 
-gpu_test::FlashRun run_with(GpuAttention a, const AttentionShape& s, std::int64_t pad) {
+gpu_test::FlashRun run_with(GpuAttention a, const AttentionShape& s, std::int64_t pad,
+                            const std::vector<ops::DocumentSpan>& documents = {}) {
   gpu_test::AttentionScope scope(a);
-  gpu_test::FlashRun run = make_run(s, pad);
+  gpu_test::FlashRun run = make_run(s, pad, documents);
   gpu_test::cuda_attention(run);
   return run;
 }
@@ -88,6 +95,36 @@ void check_against_tessera(const AttentionShape& s, std::int64_t pad) {
   CHECK(max_rel_diff(got.dv, ref.dv) < 2e-2);
   // And both against the CPU backend in float: the own kernels are held to 5e-3 and
   // 1e-2 there (test_gpu_flash.cpp); cuDNN to twice that.
+  const gpu_test::AttentionResult cpu = gpu_test::cpu_attention(got);
+  CHECK(max_rel_diff(got.o, cpu.o) < 1e-2);
+  CHECK(max_rel_diff(got.lse, cpu.lse) < 1e-4);
+  CHECK(max_rel_diff(got.dq, cpu.dq) < 2e-2);
+  CHECK(max_rel_diff(got.dk, cpu.dk) < 2e-2);
+  CHECK(max_rel_diff(got.dv, cpu.dv) < 2e-2);
+}
+
+/// cuDNN's variable-length attention over packed `documents` against tessera's kernels
+/// over the same documents and the CPU backend, held as check_against_tessera holds the
+/// dense calls. Every row belongs to one document, so every output is written; and the
+/// cuDNN run must differ somewhere bitwise from tessera's (it ran cuDNN, not a fallback).
+void check_documents(const AttentionShape& s, std::int64_t pad, const std::vector<ops::DocumentSpan>& documents) {
+  CAPTURE(s.batch);
+  CAPTURE(s.seq_len);
+  CAPTURE(s.n_kv_heads);
+  CAPTURE(s.head_dim);
+  CAPTURE(pad);
+  AttentionShape probe = s;
+  probe.document_slots = ops::document_table(documents, s.batch, s.seq_len).slots;
+  CAPTURE(probe.document_slots);
+  REQUIRE(gpu_test::cudnn_support(probe, false) == "");
+  const gpu_test::FlashRun ref = run_with(GpuAttention::tessera, s, pad, documents);
+  const gpu_test::FlashRun got = run_with(GpuAttention::cudnn, s, pad, documents);
+  CHECK(got.o != ref.o);
+  CHECK(max_rel_diff(got.o, ref.o) < 1e-2);
+  CHECK(max_rel_diff(got.lse, ref.lse) < 1e-4);
+  CHECK(max_rel_diff(got.dq, ref.dq) < 2e-2);
+  CHECK(max_rel_diff(got.dk, ref.dk) < 2e-2);
+  CHECK(max_rel_diff(got.dv, ref.dv) < 2e-2);
   const gpu_test::AttentionResult cpu = gpu_test::cpu_attention(got);
   CHECK(max_rel_diff(got.o, cpu.o) < 1e-2);
   CHECK(max_rel_diff(got.lse, cpu.lse) < 1e-4);
@@ -184,6 +221,31 @@ TEST_CASE("cuDNN attention's deterministic backward repeats bitwise and agrees w
     CHECK(max_rel_diff(fast.dk, a.dk) < 1e-2);
     CHECK(max_rel_diff(fast.dv, a.dv) < 1e-2);
   }
+}
+
+TEST_CASE("cuDNN variable-length attention over packed documents gives tessera's kernels and the CPU backend") {
+  if (!cudnn_here()) return;
+  AttentionShape ragged{2, 150, 4, 2, 64};
+  ragged.document_slots = 8;
+  const std::string why = gpu_test::cudnn_support(ragged, false);
+  if (!why.empty()) {
+    MESSAGE("cuDNN has no variable-length attention here: " << why);
+    return;
+  }
+  // Documents that start mid-tile, on a tile's first row (64), one token long, and over
+  // two tiles; the second sequence one document, so its slots past the first are empty.
+  const std::int64_t t = 150;
+  const std::vector<ops::DocumentSpan> documents = testing::spans_starting_at(2, t, {10, 64, 65, 66, 140});
+  for (std::int64_t kv : {1, 2, 4})
+    for (std::int64_t hd : {64, 128}) check_documents({2, t, 4, kv, hd}, 0, documents);
+  check_documents({2, t, 4, 2, 64}, 8, documents);  // rows wider than the heads: strides
+  // One document a sequence: the same as the causal call without documents.
+  check_documents({2, t, 4, 2, 128}, 0, testing::spans_starting_at(2, t, {}));
+  // Llama 3's training length at 8B's grouping and head dim, 37 documents of uneven
+  // lengths (64 slots).
+  std::vector<std::int32_t> ids(8192, 3);
+  for (std::int64_t i = 1; i <= 36; ++i) ids[static_cast<std::size_t>((i * i * 97) % 8192)] = 1;
+  check_documents({1, 8192, 8, 2, 128}, 0, ops::document_spans(ids, 1, 8192, 1));
 }
 
 TEST_CASE("cuDNN attention refuses a head dim it does not run, with cuDNN's reason") {

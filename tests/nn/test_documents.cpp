@@ -10,6 +10,7 @@
 #include "tessera/core/rng.hpp"
 #include "tessera/data/documents.hpp"
 #include "tessera/nn/transformer.hpp"
+#include "tessera/ops/ragged_documents.hpp"
 
 namespace test_documents {  // unity build: this file's names stay in here (tests/meson.build)
 
@@ -96,6 +97,60 @@ TEST_CASE("a packed batch with document_mask trains as its documents one by one:
   const double unmasked = model.forward_backward(b.inputs, b.targets, Geometry{batch, t}, 1.0);
   CHECK(unmasked != doctest::Approx(alone_loss).epsilon(1e-6));
   CHECK(testing::max_rel_diff(gradients(model), alone_grads) > 1e-2);
+}
+
+TEST_CASE("a staged batch carries its document table; a fixed one keeps its slots, growing them for more documents") {
+  ModelArgs a = testing::tiny_args();
+  a.vocab_size = 40;
+  a.max_seq_len = 16;
+  Transformer<float, Cpu> model(a);
+  model.init_weights(5);
+  auto batch_with = [](std::initializer_list<std::int64_t> starts) {
+    std::vector<std::int32_t> ids(2 * 8, 5);
+    for (std::int64_t r : starts) ids[static_cast<std::size_t>(r)] = kBos;
+    return ids;
+  };
+  Geometry g{2, 8};
+  g.document_start_id = kBos;
+  const std::vector<std::int32_t> targets(16, 6);
+  using Staged = Transformer<float, Cpu>::staged_batch_type;
+  auto table_of = [](const Staged& s) {
+    return std::vector<ops::DocumentSpan>(s.g.document_table, s.g.document_table + s.g.batch * s.g.document_slots);
+  };
+
+  // Three documents in the first sequence, one in the second: 4 slots each.
+  Staged eager;
+  model.stage(batch_with({3, 5}), targets, g, 1.0, eager);
+  REQUIRE(eager.g.document_slots == 4);
+  const std::vector<ops::DocumentSpan> want = {{0, 3}, {3, 5}, {5, 8}, {8, 8}, {0, 8}, {8, 8}, {8, 8}, {8, 8}};
+  CHECK(table_of(eager) == want);
+  // A micro-batch of the second sequence reads its own part of the table.
+  const Geometry second = eager.g.sequences(1, 1);
+  CHECK(second.document_table == eager.g.document_table + 4);
+  CHECK(second.documents == eager.g.documents + 8);
+  // An eager batch takes as few slots as its documents need.
+  model.stage(batch_with({}), targets, g, 1.0, eager);
+  CHECK(eager.g.document_slots == 1);
+
+  // A fixed batch (a captured step's) keeps its slots when fewer documents come, and
+  // grows them when more do.
+  Staged fixed = Staged::fixed_layout();
+  model.stage(batch_with({3, 5}), targets, g, 1.0, fixed);
+  CHECK(fixed.g.document_slots == 4);
+  const ops::DocumentSpan* before = fixed.g.document_table;
+  model.stage(batch_with({}), targets, g, 1.0, fixed);
+  CHECK(fixed.g.document_slots == 4);
+  CHECK(fixed.g.document_table == before);  // staged again in place
+  CHECK(table_of(fixed)[0] == ops::DocumentSpan{0, 8});
+  model.stage(batch_with({1, 2, 3, 4, 9}), targets, g, 1.0, fixed);
+  CHECK(fixed.g.document_slots == 8);
+
+  // Without document_mask nothing is staged.
+  Staged plain;
+  model.stage(batch_with({3}), targets, Geometry{2, 8}, 1.0, plain);
+  CHECK(plain.g.documents == nullptr);
+  CHECK(plain.g.document_table == nullptr);
+  CHECK(plain.g.document_slots == 0);
 }
 
 }  // namespace test_documents

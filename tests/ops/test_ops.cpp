@@ -15,6 +15,7 @@
 #include "../support/naive_attention.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/ops/ops.hpp"
+#include "tessera/ops/ragged_documents.hpp"
 
 namespace test_ops {  // unity build: this file's names stay in here (tests/meson.build)
 
@@ -355,6 +356,68 @@ TEST_CASE("CPU attention over a full ring block of packed documents: rows and wh
   AttentionShape whole = s;  // without the bounds: every key
   whole.documents = nullptr;
   check_cpu_attention(s, whole);
+}
+
+TEST_CASE("a document table: each sequence's documents in order, power-of-two slots, empty spans past the last") {
+  // Two sequences of 6: [x B x x B x] (3 documents) and [B x x x x x] (1).
+  const std::vector<std::int32_t> ids = {5, 1, 7, 8, 1, 9, 1, 2, 3, 4, 5, 6};
+  const auto spans = ops::document_spans(ids, 2, 6, 1);
+  const ops::DocumentTable t = ops::document_table(spans, 2, 6);
+  CHECK(t.slots == 4);
+  const std::vector<ops::DocumentSpan> want = {{0, 1}, {1, 4}, {4, 6}, {6, 6}, {0, 6}, {6, 6}, {6, 6}, {6, 6}};
+  CHECK(t.spans == want);
+  // A table staged again keeps its slots; more documents than that grow them.
+  CHECK(ops::document_table(spans, 2, 6, 8).slots == 8);
+  CHECK(ops::document_table(spans, 2, 6, 3).slots == 4);
+  CHECK(ops::document_table(std::span(spans).subspan(6), 1, 6).slots == 1);
+  CHECK(ops::document_slots_for(0) == 1);
+  CHECK(ops::document_slots_for(5) == 8);
+  CHECK(ops::document_slots_for(64) == 64);
+  // Spans that do not tile their sequence are refused, naming the sequence and the row.
+  std::vector<ops::DocumentSpan> broken = spans;
+  broken[4] = {3, 6};
+  CHECK_THROWS_WITH_AS(ops::document_table(broken, 2, 6), doctest::Contains("sequence 0, row 4: span [3, 6)"), Error);
+  CHECK_THROWS_WITH_AS(ops::document_table(spans, 3, 6), doctest::Contains("12 row spans for a batch of 3 x 6"), Error);
+}
+
+TEST_CASE("ragged offsets and lengths: each document's first row times each tensor's leading dimension") {
+  const std::int64_t batch = 2, t = 150;
+  const auto spans = testing::spans_starting_at(batch, t, {10, 64, 65, 66, 140});
+  const ops::DocumentTable table = ops::document_table(spans, batch, t);
+  REQUIRE(table.slots == 8);  // 6 documents in the first sequence
+  const std::int64_t entries = batch * table.slots;
+  std::vector<std::int64_t> offsets(static_cast<std::size_t>(ops::kRaggedTensors * (entries + 1)), -1);
+  std::vector<std::int32_t> lengths(static_cast<std::size_t>(entries), -1);
+  ops::RaggedOffsets f{table.spans.data(), entries, table.slots, t};
+  const std::int64_t scale[ops::kRaggedTensors] = {256, 64, 72, 264, 256, 256, 64, 64, 4};
+  std::copy(scale, scale + ops::kRaggedTensors, f.scale);
+  f.offsets = offsets.data();
+  f.lengths = lengths.data();
+  Cpu::for_each(entries + 1, f);
+  // The documents' first rows and lengths, by hand; the slots past a sequence's last
+  // document are empty at its end.
+  const std::vector<std::int64_t> first = {0, 10, 64, 65, 66, 140, 150, 150, 150, 300, 300, 300, 300, 300, 300, 300, 300};
+  const std::vector<std::int32_t> length = {10, 54, 1, 1, 74, 10, 0, 0, 150, 0, 0, 0, 0, 0, 0, 0};
+  CHECK(lengths == length);
+  for (int k = 0; k < ops::kRaggedTensors; ++k)
+    for (std::int64_t e = 0; e <= entries; ++e) {
+      CAPTURE(k);
+      CAPTURE(e);
+      CHECK(offsets[static_cast<std::size_t>(k * (entries + 1) + e)] == first[static_cast<std::size_t>(e)] * scale[k]);
+    }
+}
+
+TEST_CASE("the log-sum-exp moves between (batch, heads, seq) and token-major (rows, heads) and back") {
+  const std::int64_t batch = 2, heads = 3, t = 5, n = batch * heads * t;
+  std::vector<float> bht(static_cast<std::size_t>(n)), tokens(static_cast<std::size_t>(n), -1), back(bht.size(), -1);
+  for (std::int64_t i = 0; i < n; ++i) bht[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  Cpu::for_each(n, ops::StatsLayout{bht.data(), tokens.data(), t, heads, true});
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t p = 0; p < t; ++p)
+        CHECK(tokens[static_cast<std::size_t>((b * t + p) * heads + h)] == bht[static_cast<std::size_t>((b * heads + h) * t + p)]);
+  Cpu::for_each(n, ops::StatsLayout{tokens.data(), back.data(), t, heads, false});
+  CHECK(back == bht);
 }
 
 TEST_CASE("Squared-norm partials do not depend on the chunking") {

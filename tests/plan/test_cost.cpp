@@ -406,12 +406,43 @@ TEST_CASE("cost: transfers and synchronisations wait for the device; the step su
   CHECK(plan::predict(t, p, shape, 8'900'000'000, b, 12, 8'950'000'000).fits);
 }
 
+TEST_CASE("cost: packed documents run cuDNN's variable-length attention where the profile's GPU takes it") {
+  // The profile's compute capability decides, as the GPU's does in llama-train: sm_90 runs
+  // cuDNN over packed documents, sm_80 (and a profile that gives none) tessera's kernels,
+  // and a context-parallel ring tessera's kernels anywhere.
+  const plan::Machine ampere = with_cudnn();
+  const plan::Machine hopper = plan::parse_machine(edited("device = \"cuda\"", "device = \"cuda\"\ncompute_capability = \"9.0\""),
+                                                   "hopper.toml");
+  CHECK(ampere.cc_major == 0);
+  REQUIRE(hopper.cc_major == 9);
+  CHECK(hopper.cc_minor == 0);
+  plan::Machine hopper_rated = ampere;
+  hopper_rated.cc_major = 9;
+  CHECK(plan::choose_attention("auto", DType::bf16, 128, hopper_rated, true).kernel == plan::AttentionKernel::cudnn);
+  const plan::AttentionChoice old = plan::choose_attention("auto", DType::bf16, 128, ampere, true);
+  CHECK(old.kernel == plan::AttentionKernel::tessera);
+  CHECK(old.why.find("token-major statistics on sm_90 and sm_100 only (this is sm_80)") != std::string::npos);
+  const plan::AttentionChoice ring = plan::choose_attention("auto", DType::bf16, 128, hopper_rated, true, true);
+  CHECK(ring.kernel == plan::AttentionKernel::tessera);
+  CHECK(ring.why.find("under context parallelism") != std::string::npos);
+  CHECK(plan::choose_attention("auto", DType::bf16, 128, hopper_rated, false, true).kernel ==
+        plan::AttentionKernel::cudnn);
+  for (const char* bad : {"9", "nine", "9.0.1", "9.10"}) {
+    CAPTURE(bad);
+    CHECK_ERROR_CONTAINS(
+        plan::parse_machine(edited("device = \"cuda\"", std::string("device = \"cuda\"\ncompute_capability = \"") + bad + "\""),
+                            "gpu.toml"),
+        "machine profile: machine.compute_capability must be a string such as \"9.0\"");
+  }
+}
+
 TEST_CASE("machine profiles: every built-in profile loads, each figure with its source") {
   for (const std::string name : {"h100-sxm", "h200", "a100-80gb-sxm", "a100-80gb-p4de"}) {
     CAPTURE(name);
     const std::filesystem::path file = std::filesystem::path(TESSERA_MACHINES) / (name + ".toml");
     const plan::Machine m = plan::load_machine(file);
     CHECK(m.name == name);
+    CHECK(m.cc_major == (name.find("a100") == 0 ? 8 : 9));
     CHECK(m.bf16_tflops.value > m.fp32_tflops.value);
     CHECK(m.usable_bytes() > 70e9);
     CHECK(m.gemm_bf16.points.size() >= 4);

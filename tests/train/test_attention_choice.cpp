@@ -24,6 +24,7 @@ AttentionFacts runnable() {
   f.bf16_model = true;
   f.frontend = "1.32.0";
   f.library = "cuDNN 9.19.0";
+  f.library_version = 91900;
   f.cc_major = 9;
   f.cc_minor = 0;
   f.head_dim = 128;
@@ -70,9 +71,16 @@ TEST_CASE("training.attention = cudnn where it cannot run: one error naming the 
     const char* reason;
   };
   AttentionFacts cpu = runnable(), fp32 = runnable(), no_frontend = runnable(), no_library = runnable();
-  AttentionFacts turing = runnable(), odd_hd = runnable(), big_hd_ampere = runnable(), documents = runnable();
+  AttentionFacts turing = runnable(), odd_hd = runnable(), big_hd_ampere = runnable();
+  AttentionFacts documents_ring = runnable(), documents_old = runnable(), documents_ampere = runnable();
   cpu.on_gpu = false;
-  documents.documents = true;
+  documents_ring.documents = documents_ring.context_parallel = true;
+  documents_old.documents = true;
+  documents_old.library = "cuDNN 9.5.1";
+  documents_old.library_version = 90501;
+  documents_ampere.documents = true;
+  documents_ampere.cc_major = 8;
+  documents_ampere.cc_minor = 6;
   fp32.bf16_model = false;
   no_frontend.frontend.clear();
   no_library.library_error = "libcudnn.so.9 was not found at run time (libcudnn.so.9: cannot open shared object file)";
@@ -92,9 +100,15 @@ TEST_CASE("training.attention = cudnn where it cannot run: one error naming the 
       {"a head dim that is no multiple of 8", odd_hd,
        "head dim 12 is not one cuDNN accepts on sm_90 (a multiple of 8, at most 256)"},
       {"head dim 256 on sm_80", big_hd_ampere, "head dim 256 is not one cuDNN accepts on sm_80 (a multiple of 8, at most 128)"},
-      {"packed documents masked apart", documents,
-       "packed documents are masked apart (training.document_mask), which tessera's kernels do and this build's "
-       "cuDNN path does not"},
+      {"packed documents under context parallelism", documents_ring,
+       "packed documents (training.document_mask) under context parallelism: the ring's blocks are not whole "
+       "documents, which cuDNN's variable-length attention takes; tessera's kernels mask them"},
+      {"packed documents before cuDNN 9.6", documents_old,
+       "packed documents (training.document_mask) run as cuDNN's variable-length attention, which needs cuDNN 9.6 "
+       "or newer (this is cuDNN 9.5.1)"},
+      {"packed documents on sm_86", documents_ampere,
+       "packed documents (training.document_mask) run as cuDNN's variable-length attention, whose backward reads "
+       "token-major statistics on sm_90 and sm_100 only (this is sm_86)"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.what);
@@ -106,6 +120,23 @@ TEST_CASE("training.attention = cudnn where it cannot run: one error naming the 
     CHECK(fallback.text.rfind(std::string("tessera (auto: ") + c.reason, 0) == 0);
     CHECK(probe.calls == 0);  // refused before cuDNN is asked
   }
+}
+
+TEST_CASE("training.attention: packed documents run on cuDNN's variable-length attention where it can") {
+  Probe probe;
+  AttentionFacts hopper = runnable(), blackwell = runnable(), context_parallel = runnable();
+  hopper.documents = blackwell.documents = true;
+  blackwell.cc_major = 10;
+  context_parallel.context_parallel = true;  // without documents the ring's blocks are cuDNN's
+  for (const AttentionFacts& f : {hopper, blackwell, context_parallel}) {
+    CHECK(choose_attention("cudnn", f, probe.fn()).cudnn);
+    CHECK(choose_attention("auto", f, probe.fn()).cudnn);
+  }
+  CHECK(probe.calls == 6);  // each asked cuDNN's own word on the graphs
+  AttentionFacts consumer_blackwell = runnable();  // sm_120: cuDNN refuses token-major statistics there
+  consumer_blackwell.documents = true;
+  consumer_blackwell.cc_major = 12;
+  CHECK_FALSE(choose_attention("auto", consumer_blackwell, probe.fn()).cudnn);
 }
 
 TEST_CASE("training.attention: cuDNN's own refusal of the model's graphs, as an error or a fallback") {

@@ -379,6 +379,8 @@ struct Geometry {
   ops::ContextShard context{};
   std::int32_t document_start_id = -1;          // a document starts at each input of this id; -1: none do
   const ops::DocumentSpan* documents = nullptr;  // (rows()), the model's: each row's document; nullptr: none
+  const ops::DocumentSpan* document_table = nullptr;  // (batch x document_slots), whole sequences only: each
+  std::int64_t document_slots = 0;                    // sequence's documents (ops/ragged_documents.hpp)
   std::int64_t rows() const { return batch * seq_len; }
   /// The length of the whole sequences the rows come from.
   std::int64_t whole_seq_len() const { return seq_len * context.degree; }
@@ -389,6 +391,7 @@ struct Geometry {
     Geometry g = *this;
     g.batch = batch_;
     if (documents) g.documents = documents + first * seq_len;
+    if (document_table) g.document_table = document_table + first * document_slots;
     return g;
   }
 };

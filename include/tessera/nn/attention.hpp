@@ -134,7 +134,9 @@ class Attention : public LayerTypes<T, B> {
   }
 
   AttentionShape shape(const Geometry& g) const {
-    return AttentionShape{g.batch, g.seq_len, n_heads_, n_kv_heads_, head_dim_, true, g.documents};
+    return AttentionShape{g.batch,     g.seq_len, n_heads_,         n_kv_heads_,
+                          head_dim_,   true,      g.documents,      g.document_table,
+                          g.document_slots};
   }
 
   std::int64_t n_heads_, n_kv_heads_, head_dim_;

@@ -58,6 +58,7 @@
 #include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/rope.hpp"
 #include "tessera/ops/init.hpp"
+#include "tessera/ops/ragged_documents.hpp"
 #include "tessera/optim/clip.hpp"
 #include "tessera/parallel/context_parallel.hpp"
 #include "tessera/parallel/host_values.hpp"
@@ -458,21 +459,38 @@ class Transformer {
   }
 
   /// The share's geometry with each row's document (g.documents) when the batch's
-  /// documents are masked apart, staged in `into` (kept there when `keep` and the size is
-  /// unchanged: a graph's fixed tensors).
-  Geometry with_documents(const Share& share, Tensor<std::int32_t>& into, bool keep = false) const {
+  /// documents are masked apart, and over whole sequences their document table
+  /// (g.document_table, at least `min_slots` entries a sequence: ops/ragged_documents.hpp),
+  /// staged in `into` (kept there when `keep` and the size is unchanged: a graph's fixed
+  /// tensors).
+  Geometry with_documents(const Share& share, Tensor<std::int32_t>& into, bool keep = false,
+                          std::int64_t min_slots = 0) const {
     Geometry g = share.g;
     g.documents = nullptr;
+    g.document_table = nullptr;
+    g.document_slots = 0;
     if (g.document_start_id < 0) return g;
     const std::vector<ops::DocumentSpan>& spans = share.documents;
+    ops::DocumentTable table;
+    if (g.context.whole()) table = ops::document_table(spans, g.batch, g.seq_len, min_slots);
     static_assert(sizeof(ops::DocumentSpan) == 2 * sizeof(std::int32_t));
-    std::vector<std::int32_t> flat(2 * spans.size());
-    for (std::size_t i = 0; i < spans.size(); ++i) {
-      flat[2 * i] = spans[i].begin;
-      flat[2 * i + 1] = spans[i].end;
-    }
+    std::vector<std::int32_t> flat;
+    flat.reserve(2 * (spans.size() + table.spans.size()));
+    const auto append = [&flat](const std::vector<ops::DocumentSpan>& part) {
+      for (const ops::DocumentSpan& d : part) {
+        flat.push_back(d.begin);
+        flat.push_back(d.end);
+      }
+    };
+    append(spans);
+    append(table.spans);
     upload_into<B>(into, std::span<const std::int32_t>(flat), keep);
-    g.documents = reinterpret_cast<const ops::DocumentSpan*>(into.data());
+    const auto* staged = reinterpret_cast<const ops::DocumentSpan*>(into.data());
+    g.documents = staged;
+    if (table.slots > 0) {
+      g.document_table = staged + spans.size();
+      g.document_slots = table.slots;
+    }
     return g;
   }
 
@@ -659,7 +677,9 @@ void Transformer<T, B, Block>::stage(std::span<const std::int32_t> inputs, std::
   if (into.loss_scale.empty()) into.loss_scale = B::template empty<A>(Shape{1});
   const A scale = static_cast<A>(loss_scale);
   B::copy_from_host(&scale, into.loss_scale.data(), 1);
-  into.g = with_documents(share, into.documents, into.fixed());
+  // A fixed batch keeps its document slots (a graph replays the attention calls of its
+  // capture), growing them only when a batch holds more documents (Trainer captures again).
+  into.g = with_documents(share, into.documents, into.fixed(), into.fixed() ? into.g.document_slots : 0);
 }
 
 template <class T, Backend B, class Block>

@@ -15,6 +15,11 @@
 // (begin past the last key: its output is zero and its log-sum-exp -inf) or be seen by
 // no query (end 0). The whole-sequence causal bound stays the cost's upper bound
 // (pairs()).
+//
+// A whole-sequence call over packed documents also carries its document table
+// (`document_table`, `document_slots` entries a sequence: ops/ragged_documents.hpp), the
+// same documents as cuDNN's variable-length attention takes them; a ring block, whose
+// bounds are not whole documents, carries none, and only the project's kernels run it.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +37,8 @@ struct AttentionShape {
   bool causal = true;  // false: no mask
   const ops::DocumentSpan* documents = nullptr;  // (batch * seq_len) in the backend's memory; nullptr: one
                                                  // document a sequence
+  const ops::DocumentSpan* document_table = nullptr;  // (batch * document_slots), with documents on a whole-
+  std::int64_t document_slots = 0;                    // sequence call: each sequence's documents in order
 
   std::int64_t rows() const { return batch * seq_len; }
   std::int64_t group() const { return n_heads / n_kv_heads; }

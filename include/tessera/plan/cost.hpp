@@ -122,24 +122,28 @@ inline const char* attention_name(AttentionKernel k) { return k == AttentionKern
 /// What `training.attention` (auto | cudnn | tessera) runs on `m` for a model whose
 /// parameters are `dtype` and whose heads are `head_dim` wide: llama-train's own rule
 /// (backend/cuda/attention_choice.hpp), for a GPU build that has cuDNN's frontend and a machine
-/// that has its library, with head dims checked as on sm_80 (a multiple of 8, at most
-/// 128: every Llama shape), and packed documents masked apart (`documents`,
-/// training.document_mask) run tessera's kernels. And cuDNN is priced only where the
-/// profile gives its rates.
+/// that has a current library (cuDNN 9.19), on the profile's compute capability (sm_80's
+/// rules where it gives none): head dims a multiple of 8 up to 128 or 256, and packed
+/// documents (`documents`, training.document_mask) on cuDNN's variable-length attention
+/// on sm_90 and sm_100, except in a context-parallel ring (`context_parallel`). And cuDNN
+/// is priced only where the profile gives its rates.
 struct AttentionChoice {
   AttentionKernel kernel = AttentionKernel::tessera;
   std::string why;
 };
 inline AttentionChoice choose_attention(const std::string& key, DType dtype, std::int64_t head_dim, const Machine& m,
-                                        bool documents = false) {
+                                        bool documents = false, bool context_parallel = false) {
   cuda::AttentionFacts f;
   f.on_gpu = true;
   f.bf16_model = dtype == DType::bf16;
   f.frontend = "assumed";
   f.library = "cuDNN";
-  f.cc_major = 8;
+  f.library_version = 91900;
+  f.cc_major = m.cc_major > 0 ? m.cc_major : 8;
+  f.cc_minor = m.cc_major > 0 ? m.cc_minor : 0;
   f.head_dim = head_dim;
   f.documents = documents;
+  f.context_parallel = context_parallel;
   const cuda::AttentionChoice run = cuda::choose_attention(key, f, nullptr);
   if (!run.cudnn) return {AttentionKernel::tessera, run.text};
   if (m.cudnn_attention_bf16.empty()) {

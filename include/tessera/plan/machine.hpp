@@ -5,7 +5,10 @@
 // profile whose figure is missing, not a positive number, or has no source, naming the
 // file and the key:
 //
-//   [machine]                 name, description, device = "cuda"
+//   [machine]                 name, description, device = "cuda"; optional
+//                             compute_capability = "9.0" (the rules training.attention
+//                             applies: backend/cuda/attention_choice.hpp; without it,
+//                             sm_80's)
 //   [memory.capacity_bytes]   device memory, and [memory.reserved_bytes] what the CUDA
 //                             context, library workspaces and allocator slack take first
 //   [compute.bf16_tflops]     dense tensor-core peak; [compute.fp32_tflops] CUDA cores;
@@ -62,6 +65,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -154,6 +158,7 @@ struct Machine {
   std::string description;
   std::string origin;  // the file it was read from, or "built in"
   Device device = Device::cuda;
+  int cc_major = 0, cc_minor = 0;  // [machine] compute_capability; 0: not given
 
   Sourced capacity_bytes, reserved_bytes;
   Sourced bf16_tflops, fp32_tflops, sm_count, boost_clock_ghz, shared_memory_bytes_per_clock_per_sm;
@@ -399,6 +404,17 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
   const auto* device = head->get_as<std::string>("device");
   TESSERA_CHECK(device && device->get() == "cuda", origin, ": machine profile: machine.device must be \"cuda\" (the CPU's "
                 "profile is measured: --machine cpu)");
+  if (const toml::node* cc = head->get("compute_capability")) {
+    const auto* text = cc->as_string();
+    int major = 0, minor = 0;
+    char end = 0;
+    const bool ok = text && std::sscanf(text->get().c_str(), "%d.%d%c", &major, &minor, &end) == 2 && major >= 1 &&
+                    minor >= 0 && minor <= 9;
+    TESSERA_CHECK(ok, detail::where(origin, *cc),
+                  ": machine profile: machine.compute_capability must be a string such as \"9.0\"");
+    m.cc_major = major;
+    m.cc_minor = minor;
+  }
   using detail::read_curve;
   using detail::read_rate;
   m.capacity_bytes = read_rate(root, origin, "memory", "capacity_bytes");

@@ -224,8 +224,9 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("training.document_mask", field<&J::training, &TrainingSection::document_mask>(),
                "Packed documents do not see each other (torchtitan's document-masked attention): a document starts "
                "at each BOS input (and at each sequence's first token), attends only within itself, its RoPE "
-               "positions restart at 0, and the target that is the next document's BOS is not counted. Not with "
-               "context parallelism; on the GPU it runs tessera's attention kernels, not cuDNN's."),
+               "positions restart at 0, and the target that is the next document's BOS is not counted. On the GPU "
+               "cuDNN runs it as variable-length attention (each document one sequence) where training.attention "
+               "chooses cuDNN; under context parallelism the ring's blocks run tessera's kernels."),
       make_key("training.mixed_precision_param", field<&J::training, &TrainingSection::mixed_precision_param>(),
                "Dtype of parameters in forward and backward: \"auto\" (the model's own: llama-train trains a "
                "bf16 model on a GPU and a float32 one on the CPU), \"bfloat16\" (bf16 values, float32 masters in "

@@ -315,8 +315,17 @@ StepMetrics Trainer<Model>::step() {
         for (std::size_t i = 0; i < micro.size(); ++i) graphed_->batches.push_back(Staged::fixed_layout());
       }
       std::vector<Staged>& staged = options_.graph ? graphed_->batches : eager;
-      for (std::size_t i = 0; i < micro.size(); ++i)
+      for (std::size_t i = 0; i < micro.size(); ++i) {
+        const std::int64_t slots = staged[i].g.document_slots;
         model_.stage(micro[i].inputs, micro[i].targets, geometry(micro[i]), loss_scale, staged[i]);
+        // More packed documents in a sequence than any batch before held grow its document
+        // table (nn/transformer.hpp): the captured step's attention calls take the old
+        // one, so this step runs eagerly and the next is captured again.
+        if (options_.graph && staged[i].g.document_slots != slots) {
+          graphed_->warmed_up = false;
+          graphed_->captured = false;
+        }
+      }
       const auto launch = [&] {
         return launch_step(staged.size(), mesh, [&](std::size_t i, bool last) {
           model_.forward_backward(staged[i], last, scalars_.loss_sum());

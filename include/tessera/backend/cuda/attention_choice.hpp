@@ -8,9 +8,13 @@
 // cuDNN runs a bf16 model on sm_80 or newer, in a build that has the frontend's headers,
 // where libcudnn.so.9 loads at run time, for head dims cuDNN accepts (a multiple of 8, at
 // most 128 before sm_90 and 256 from it), and only when cuDNN itself builds the model's
-// graphs (the probe: cuDNN's own word on the shape, the GPU and the library version),
-// and not for packed documents masked apart (training.document_mask: tessera's kernels
-// take per-row document bounds; cuDNN's variable-length (ragged) path is not wired in).
+// graphs (the probe: cuDNN's own word on the shape, the GPU and the library version).
+// Packed documents masked apart (training.document_mask) run as cuDNN's variable-length
+// (ragged) attention, each document one entry (ops/ragged_documents.hpp): that needs
+// cuDNN 9.6 or newer, sm_90 or sm_100 (elsewhere its backward does not read the
+// token-major statistics the graphs keep), and whole sequences: the
+// blocks of context parallelism's ring are not whole documents, so a run with both masks
+// them with tessera's kernels.
 // The facts are gathered by the trainer (examples/llama/llama_train_cuda.cpp); the rule
 // is here, host C++ with no CUDA header, so every refusal and fallback is tested without
 // a GPU and llama-plan prices the attention a run would choose (plan/cost.hpp).
@@ -34,7 +38,9 @@ struct AttentionFacts {
   int cc_major = 0, cc_minor = 0;   // the GPU's compute capability
   std::int64_t head_dim = 0;
   bool deterministic = false;       // training.deterministic: cuDNN's deterministic backward
+  std::int64_t library_version = 0;  // cudnnGetVersion()'s 91900 when libcudnn loaded
   bool documents = false;           // training.document_mask: packed documents masked apart
+  bool context_parallel = false;    // parallelism.context_parallel_degree > 1: attention runs in ring blocks
 };
 
 /// The decision and how the start-up line reports it.
@@ -47,9 +53,9 @@ struct AttentionChoice {
 inline std::string cudnn_refusal(const AttentionFacts& f) {
   using tessera::detail::concat;
   if (!f.on_gpu) return "this run trains on the CPU (training.device); cuDNN attention runs on a GPU";
-  if (f.documents)
-    return "packed documents are masked apart (training.document_mask), which tessera's kernels do and this "
-           "build's cuDNN path does not";
+  if (f.documents && f.context_parallel)
+    return "packed documents (training.document_mask) under context parallelism: the ring's blocks are not whole "
+           "documents, which cuDNN's variable-length attention takes; tessera's kernels mask them";
   if (!f.bf16_model)
     return "the model is float32 (training.mixed_precision_param = \"float32\"); cuDNN attention runs bf16 models";
   if (f.frontend.empty()) return "this build has no cuDNN frontend headers (run tools/install-deps.sh and rebuild)";
@@ -60,6 +66,12 @@ inline std::string cudnn_refusal(const AttentionFacts& f) {
   if (f.head_dim % 8 != 0 || f.head_dim > max_hd)
     return concat("head dim ", f.head_dim, " is not one cuDNN accepts on sm_", f.cc_major, f.cc_minor,
                   " (a multiple of 8, at most ", max_hd, ")");
+  if (f.documents && f.library_version < 90600)
+    return concat("packed documents (training.document_mask) run as cuDNN's variable-length attention, which needs "
+                  "cuDNN 9.6 or newer (this is ", f.library, ")");
+  if (f.documents && f.cc_major != 9 && f.cc_major != 10)
+    return concat("packed documents (training.document_mask) run as cuDNN's variable-length attention, whose backward "
+                  "reads token-major statistics on sm_90 and sm_100 only (this is sm_", f.cc_major, f.cc_minor, ")");
   return {};
 }
 

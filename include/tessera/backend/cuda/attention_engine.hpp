@@ -15,8 +15,11 @@
 // scaled scores; the backward overwrites dq, dk and dv. The backward takes the o and lse
 // it is given, which need not be its own forward's: a context-parallel block is given
 // the merged attention's, and P = exp(S - lse), D = rowsum(dO * O) of those are its share
-// of the gradients. An engine throws a tessera::Error naming itself and the
-// shape when it cannot run a call.
+// of the gradients. Over packed documents (shape.documents with its document table) an
+// engine that takes them ragged (AttentionEngine::ragged) is given the call's
+// RaggedDocuments; the backend runs every other call over documents on its own kernels.
+// An engine throws a tessera::Error naming itself and the shape when it cannot run a
+// call.
 //
 // Host C++ only (g++ compiles it): the engine's own translation unit includes it.
 #pragma once
@@ -24,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 
 #include "tessera/backend/caching_allocator.hpp"
 #include "tessera/core/dtype.hpp"
@@ -31,6 +35,19 @@
 #include "tessera/ops/attention_shape.hpp"
 
 namespace tessera::cuda {
+
+/// A call over packed documents in cuDNN's variable-length ("ragged") layout
+/// (ops/ragged_documents.hpp), staged by the backend on the call's stream from the
+/// shape's document table: `entries` = batch x document_slots documents, each tensor's
+/// offsets (ops::RaggedTensor order, entries + 1 int64 elements each) and the documents'
+/// lengths (entries); the log-sum-exp token-major, (rows, H) in `stats`, which a forward
+/// writes and a backward reads in place of lse (the backend moves it to and from lse).
+struct RaggedDocuments {
+  std::int64_t entries = 0;
+  const std::int64_t* offsets = nullptr;
+  const std::int32_t* lengths = nullptr;
+  float* stats = nullptr;
+};
 
 /// One attention forward call: o and lse from q, k, v.
 struct AttentionForwardCall {
@@ -41,6 +58,7 @@ struct AttentionForwardCall {
   cudaStream_t stream;
   int device;                   // the current device
   CachingAllocator* allocator;  // that device's, for workspace
+  const RaggedDocuments* ragged = nullptr;  // packed documents (shape.documents); nullptr: none
 };
 
 /// One attention backward call: dq, dk, dv (all overwritten) from the forward's
@@ -54,6 +72,7 @@ struct AttentionBackwardCall {
   cudaStream_t stream;
   int device;
   CachingAllocator* allocator;
+  const RaggedDocuments* ragged = nullptr;
 };
 
 /// An attention implementation for bf16 tensors.
@@ -61,6 +80,7 @@ struct AttentionEngine {
   const char* name;  // "cudnn"
   void (*forward)(const AttentionForwardCall&);
   void (*backward)(const AttentionBackwardCall&);
+  bool ragged = false;  // takes packed documents as RaggedDocuments (else the project's kernels run them)
 };
 
 namespace detail {

@@ -37,6 +37,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -58,6 +59,7 @@
 #include "tessera/core/tensor.hpp"
 #include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/flash_attention.hpp"
+#include "tessera/ops/ragged_documents.hpp"
 
 namespace tessera {
 
@@ -180,8 +182,9 @@ struct Cuda {
 
   /// Grouped-query attention forward, causal or full (s.causal): o (B*T, H*hd) and lse
   /// (B, H, T) in accum_t<T> (float for float and bf16 tensors). bf16 runs on the
-  /// installed attention engine when there is one (cuda::attention_engine()), except
-  /// over packed documents (s.documents), which only the project's kernels mask.
+  /// installed attention engine when there is one (cuda::attention_engine()); over packed
+  /// documents (s.documents) only when the engine takes them ragged and the call has its
+  /// document table (whole sequences), else on the project's kernels, which mask any.
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
@@ -189,9 +192,16 @@ struct Cuda {
                   "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
     if constexpr (std::is_same_v<T, bf16>) {
-      if (const cuda::AttentionEngine* engine = s.documents ? nullptr : cuda::attention_engine()) {
+      if (const cuda::AttentionEngine* engine = engine_for(s)) {
         const int device = cuda::current_device();
-        engine->forward({s, q, k, v, o, lse, stream(), device, &cuda::device_allocator(device)});
+        CachingAllocator* allocator = &cuda::device_allocator(device);
+        if (!s.documents) {
+          engine->forward({s, q, k, v, o, lse, stream(), device, allocator});
+          return;
+        }
+        const RaggedStage r = stage_ragged(s, {q.ld(), k.ld(), v.ld(), o.ld(), 0, 0, 0, 0, s.n_heads});
+        engine->forward({s, q, k, v, o, lse, stream(), device, allocator, &r.call});
+        for_each(s.rows() * s.n_heads, ops::StatsLayout{r.call.stats, lse, s.seq_len, s.n_heads, false});
         return;
       }
     }
@@ -207,9 +217,17 @@ struct Cuda {
                   "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
     if constexpr (std::is_same_v<T, bf16>) {
-      if (const cuda::AttentionEngine* engine = s.documents ? nullptr : cuda::attention_engine()) {
+      if (const cuda::AttentionEngine* engine = engine_for(s)) {
         const int device = cuda::current_device();
-        engine->backward({s, q, k, v, o, lse, d_o, dq, dk, dv, stream(), device, &cuda::device_allocator(device)});
+        CachingAllocator* allocator = &cuda::device_allocator(device);
+        if (!s.documents) {
+          engine->backward({s, q, k, v, o, lse, d_o, dq, dk, dv, stream(), device, allocator});
+          return;
+        }
+        const RaggedStage r = stage_ragged(
+            s, {q.ld(), k.ld(), v.ld(), o.ld(), d_o.ld(), dq.ld(), dk.ld(), dv.ld(), s.n_heads});
+        for_each(s.rows() * s.n_heads, ops::StatsLayout{lse, r.call.stats, s.seq_len, s.n_heads, true});
+        engine->backward({s, q, k, v, o, r.call.stats, d_o, dq, dk, dv, stream(), device, allocator, &r.call});
         return;
       }
     }
@@ -248,6 +266,41 @@ struct Cuda {
     TESSERA_CHECK(!cuda::capturing(), "CUDA backend: ", what,
                   " inside a graph capture: a graph replays the device's work, not the host's (stage values before "
                   "the captured work and read them after its replay)");
+  }
+
+  /// The installed attention engine for a bf16 call of shape `s`: none over packed
+  /// documents unless it takes them ragged and the call carries its document table.
+  static const cuda::AttentionEngine* engine_for(const AttentionShape& s) {
+    const cuda::AttentionEngine* engine = cuda::attention_engine();
+    if (engine != nullptr && s.documents != nullptr && !(engine->ragged && s.document_table != nullptr))
+      return nullptr;
+    return engine;
+  }
+
+  /// A call's packed documents in the ragged layout: offsets and lengths made from the
+  /// document table on the stream (`scale`: each ops::RaggedTensor's leading dimension,
+  /// the heads for the statistics), and the token-major statistics' scratch. The tensors
+  /// go back to the allocator when it ends, reused in stream order after the call.
+  struct RaggedStage {
+    Tensor<std::int64_t> offsets;
+    Tensor<std::int32_t> lengths;
+    Tensor<float> stats;
+    cuda::RaggedDocuments call;
+  };
+  static RaggedStage stage_ragged(const AttentionShape& s, const std::array<std::int64_t, ops::kRaggedTensors>& scale) {
+    TESSERA_CHECK(s.document_slots > 0, "CUDA backend: ragged attention without a document table");
+    RaggedStage r;
+    const std::int64_t entries = s.batch * s.document_slots;
+    r.offsets = empty<std::int64_t>(Shape{ops::kRaggedTensors * (entries + 1)});
+    r.lengths = empty<std::int32_t>(Shape{entries});
+    r.stats = empty<float>(Shape{s.rows(), s.n_heads});
+    ops::RaggedOffsets f{s.document_table, entries, s.document_slots, s.seq_len};
+    for (int t = 0; t < ops::kRaggedTensors; ++t) f.scale[t] = scale[static_cast<std::size_t>(t)];
+    f.offsets = r.offsets.data();
+    f.lengths = r.lengths.data();
+    for_each(entries + 1, f);
+    r.call = {entries, r.offsets.data(), r.lengths.data(), r.stats.data()};
+    return r;
   }
 
   /// Sets the first `cols` columns of `rows` rows of m (leading dimension m.ld()) to zero.

@@ -24,9 +24,10 @@ namespace tessera::cuda {
 /// not, on the current device, and installs the choice (cuDNN's engine, or none: the
 /// project's flash kernels). `full_blocks`: the run also calls `shape` without a mask
 /// (context parallelism's blocks off the diagonal), so cuDNN is asked about those graphs
-/// too. `documents`: the run masks packed documents apart (training.document_mask), which
-/// only the project's kernels do. Returns the decision and its start-up text; a "cudnn" that cannot run throws,
-/// naming the key and the reason.
+/// too. `documents`: the run masks packed documents apart (training.document_mask), so
+/// cuDNN is asked about its variable-length graphs (one document slot a sequence: the
+/// graphs of more slots are built as batches need them). Returns the decision and its
+/// start-up text; a "cudnn" that cannot run throws, naming the key and the reason.
 inline AttentionChoice select_attention(const std::string& requested, bool bf16_model, const AttentionShape& shape,
                                         bool deterministic, bool full_blocks = false, bool documents = false) {
   AttentionFacts f;
@@ -39,15 +40,19 @@ inline AttentionChoice select_attention(const std::string& requested, bool bf16_
   f.head_dim = shape.head_dim;
   f.deterministic = deterministic;
   f.documents = documents;
+  f.context_parallel = full_blocks;
   // libcudnn is loaded only where it could be used.
   if (requested != "tessera" && f.bf16_model && !f.frontend.empty()) {
     const cuda::CudnnAvailability lib = cuda::cudnn_availability();
     f.library = lib.library;
+    f.library_version = lib.version;
     f.library_error = lib.why_not;
   }
   // cuDNN's own word: the graphs of the shape, built now and kept for the first step.
   const AttentionChoice choice = choose_attention(requested, f, [&] {
-    std::string why = cuda::cudnn_attention_support(shape, deterministic);
+    AttentionShape whole = shape;
+    if (documents) whole.document_slots = 1;
+    std::string why = cuda::cudnn_attention_support(whole, deterministic);
     if (why.empty() && full_blocks) {
       AttentionShape full = shape;
       full.causal = false;
