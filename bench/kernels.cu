@@ -21,9 +21,12 @@
 //      the engine training installs (Cuda::attention_forward / _backward after
 //      cuda::select_attention("cudnn"); a row saying why where cuDNN cannot run). In
 //      bf16, each also without a mask (full: a context-parallel block off the diagonal)
+//      and over packed documents (docs: training.document_mask, documents of T/32 to T/4
+//      tokens, tessera's kernels bounding each row and cuDNN's variable-length attention)
 //      at the same T. FLOPs: forward 4 B H T^2 hd / 2 causal (half the score matrix),
-//      4 B H T^2 hd full, with the full-matrix count (torchtitan's convention) beside
-//      it; backward 2.5 x forward.
+//      4 B H T^2 hd full, 4 H hd x the sum of each document's L^2 / 2 over documents,
+//      with the full-matrix count (torchtitan's convention) beside it; backward 2.5 x
+//      forward.
 //      Target: causal forward >= 450 TFLOP/s at hd 128, T 8192, bf16, for the attention
 //      a bf16 training run uses (cuDNN where it runs, else tessera's kernels).
 //   3. Memory-bound ops on --memory-flavor's shapes (float32: the ops/ functors compute
@@ -91,6 +94,8 @@
 #include "tessera/nn/float8.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/ops/attention_shape.hpp"
+#include "tessera/ops/positions.hpp"
+#include "tessera/ops/ragged_documents.hpp"
 #include "tessera/ops/rmsnorm.hpp"
 #include "tessera/ops/rope.hpp"
 #include "tessera/ops/swiglu.hpp"
@@ -947,39 +952,91 @@ json gemm_json(const GemmResult& r) {
 // ---------------------------------------------------------------------------------------
 // 2. Attention.
 
+/// The sum over the documents of `spans` (one a row, in order) of f(the document's length).
+template <class F>
+double over_documents(const std::vector<tessera::ops::DocumentSpan>& spans, F f) {
+  double sum = 0;
+  for (std::size_t r = 0; r < spans.size(); r += static_cast<std::size_t>(spans[r].end - spans[r].begin))
+    sum += f(static_cast<double>(spans[r].end - spans[r].begin));
+  return sum;
+}
+
 struct AttentionResult {
   std::string flavor;
   std::string kernel = "tessera";  // "tessera" (the project's flash kernels) or "cudnn"
   DType dtype = DType::bf16;
-  AttentionShape s;
+  AttentionShape s;                           // its pointers unset: run_attention stages `documents`
+  std::vector<tessera::ops::DocumentSpan> documents;  // packed documents, one span a row; empty: none
   Timing forward, backward;
   double nonfinite = 0;  // in o, dq, dk, dv
 
   double forward_flops_full() const {
     return 4.0 * double(s.batch) * double(s.n_heads) * double(s.seq_len) * double(s.seq_len) * double(s.head_dim);
   }
-  /// The FLOPs the call computes: half the score matrix causal, all of it full.
-  double forward_flops() const { return s.causal ? forward_flops_full() / 2 : forward_flops_full(); }
+  /// The FLOPs the call computes: half the score matrix causal, all of it full, half of
+  /// each document's own square over packed documents.
+  double forward_flops() const {
+    if (documents.empty()) return s.causal ? forward_flops_full() / 2 : forward_flops_full();
+    const double squares = over_documents(documents, [](double length) { return length * length; });
+    return 4.0 * double(s.n_heads) * double(s.head_dim) * squares / 2;
+  }
   double forward_tflops() const { return forward_flops() / forward.seconds / 1e12; }
   double backward_tflops() const { return 2.5 * forward_flops() / backward.seconds / 1e12; }
   /// The rates with the full matrix counted (torchtitan's convention; a full row's own).
   double forward_tflops_full() const { return forward_flops_full() / forward.seconds / 1e12; }
   double backward_tflops_full() const { return 2.5 * forward_flops_full() / backward.seconds / 1e12; }
-  const char* mask() const { return s.causal ? "causal" : "full"; }
-  bool target_case() const { return dtype == DType::bf16 && s.head_dim == 128 && s.seq_len == 8192 && s.causal; }
+  const char* mask() const { return !documents.empty() ? "docs" : s.causal ? "causal" : "full"; }
+  bool target_case() const {
+    return dtype == DType::bf16 && s.head_dim == 128 && s.seq_len == 8192 && s.causal && documents.empty();
+  }
   bool pass() const { return forward_tflops() >= 450; }
 };
 
 /// `cudnn`: through Cuda::attention_forward / _backward with cuDNN's engine installed
 /// (the caller installs it), as a bf16 training step calls it.
+/// The spans of `batch` sequences of `seq_len` tokens packed with documents of seq_len/32
+/// to seq_len/4 tokens (a fixed pseudo-random draw), as document_spans finds them.
+std::vector<tessera::ops::DocumentSpan> packed_documents(std::int64_t batch, std::int64_t seq_len) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(batch * seq_len), 3);
+  const std::int64_t shortest = std::max<std::int64_t>(1, seq_len / 32), longest = std::max(shortest, seq_len / 4);
+  std::uint64_t draw = 0;
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t t = 0; t < seq_len;) {
+      ids[static_cast<std::size_t>(b * seq_len + t)] = 1;
+      const auto spread = static_cast<std::uint64_t>(longest - shortest + 1);
+      t += shortest + static_cast<std::int64_t>(tessera::mix64(++draw) % spread);
+    }
+  return tessera::ops::document_spans(ids, batch, seq_len, 1);
+}
+
+/// `documents`: over packed documents (their spans, staged for the call with the document
+/// table as the model stages them).
 template <class T>
-AttentionResult run_attention(const std::string& flavor, const AttentionShape& s, const TimingPolicy& policy,
-                              bool cudnn = false) {
+AttentionResult run_attention(const std::string& flavor, const AttentionShape& shape, const TimingPolicy& policy,
+                              bool cudnn = false, const std::vector<tessera::ops::DocumentSpan>& documents = {}) {
   AttentionResult r;
   r.flavor = flavor;
   r.kernel = cudnn ? "cudnn" : "tessera";
   r.dtype = tessera::dtype_of<T>();
-  r.s = s;
+  r.s = shape;
+  r.documents = documents;
+  AttentionShape s = shape;
+  Tensor<std::int32_t> staged;
+  if (!documents.empty()) {
+    const tessera::ops::DocumentTable table = tessera::ops::document_table(documents, s.batch, s.seq_len);
+    std::vector<std::int32_t> flat;
+    for (const auto* part : {&documents, &table.spans})
+      for (const tessera::ops::DocumentSpan& d : *part) {
+        flat.push_back(d.begin);
+        flat.push_back(d.end);
+      }
+    staged = Cuda::empty<std::int32_t>(Shape{static_cast<std::int64_t>(flat.size())});
+    Cuda::copy_from_host(flat.data(), staged.data(), staged.numel());
+    const auto* spans = reinterpret_cast<const tessera::ops::DocumentSpan*>(staged.data());
+    s.documents = spans;
+    s.document_table = spans + documents.size();
+    s.document_slots = table.slots;
+  }
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
   const Tensor<T> q = random_tensor<T>(Shape{rows, qc}, -1, 1), k = random_tensor<T>(Shape{rows, kc}, -1, 1),
                   v = random_tensor<T>(Shape{rows, kc}, -1, 1), d_o = random_tensor<T>(Shape{rows, qc}, -1, 1);
@@ -1014,11 +1071,11 @@ AttentionResult run_attention(const std::string& flavor, const AttentionShape& s
 }
 
 void print_attention_header() {
-  std::printf("\nattention: GQA, causal and (bf16) full (no mask: a context-parallel block off the diagonal), "
-              "tessera's flash kernels (cuda::flash_attention_forward / _backward) and "
-              "cuDNN's fused attention (bf16, the engine training installs); FLOPs: forward "
-              "4 B H T^2 hd / 2 causal (half the T x T scores), 4 B H T^2 hd full; [full T x T as torchtitan counts]; "
-              "backward 2.5 x forward\n");
+  std::printf("\nattention: GQA, causal and (bf16) full (no mask: a context-parallel block off the diagonal) and "
+              "docs (packed documents of T/32 to T/4 tokens), tessera's flash kernels (cuda::flash_attention_forward / "
+              "_backward) and cuDNN's fused attention (bf16, the engine training installs; variable-length over docs); "
+              "FLOPs: forward 4 B H T^2 hd / 2 causal (half the T x T scores), 4 B H T^2 hd full, 4 H hd sum(L^2) / 2 "
+              "docs; [full T x T as torchtitan counts]; backward 2.5 x forward\n");
   std::printf("  %-12s %-7s %-7s %-6s %-12s %-6s %4s  %11s %8s %8s  %11s %8s %8s\n", "flavor", "kernel", "storage",
               "mask", "B x T", "H/KV", "hd", "forward ms", "TFLOP/s", "[full]", "backward ms", "TFLOP/s", "[full]");
   std::fflush(stdout);
@@ -1051,6 +1108,8 @@ json attention_json(const AttentionResult& r) {
             {"n_heads", r.s.n_heads},
             {"n_kv_heads", r.s.n_kv_heads},
             {"head_dim", r.s.head_dim},
+            {"documents", r.documents.empty() ? json(nullptr)
+                                              : json(over_documents(r.documents, [](double) { return 1.0; }))},
             {"forward", r.forward.to_json()},
             {"backward", r.backward.to_json()},
             {"forward_flops", r.forward_flops()},
@@ -1601,12 +1660,15 @@ int run(const Options& o) {
       }
       for (std::int64_t seq : o.attention_seqs)
         for (DType dtype : o.dtypes)
-          for (bool causal : {true, false}) {
-            // Full (no mask) in bf16 only: the storage a context-parallel run trains in.
-            if (!causal && dtype != DType::bf16) continue;
-            const AttentionShape s{std::max<std::int64_t>(1, o.tokens / seq), seq, a.n_heads, a.kv_heads(),
-                                   a.head_dim(), causal};
-            AttentionResult r = dtype == DType::bf16 ? run_attention<bf16>(flavor, s, policy)
+          for (const char* mask : {"causal", "full", "docs"}) {
+            // Full (no mask) and packed documents in bf16 only: the storage a run trains in.
+            const bool causal = std::string(mask) != "full", packed = std::string(mask) == "docs";
+            if (std::string(mask) != "causal" && dtype != DType::bf16) continue;
+            AttentionShape s{std::max<std::int64_t>(1, o.tokens / seq), seq, a.n_heads, a.kv_heads(), a.head_dim(),
+                             causal};
+            const std::vector<tessera::ops::DocumentSpan> documents =
+                packed ? packed_documents(s.batch, s.seq_len) : std::vector<tessera::ops::DocumentSpan>{};
+            AttentionResult r = dtype == DType::bf16 ? run_attention<bf16>(flavor, s, policy, false, documents)
                                                      : run_attention<float>(flavor, s, policy);
             print_attention(r);
             rows.push_back(attention_json(r));
@@ -1616,16 +1678,15 @@ int run(const Options& o) {
             // cuDNN, as training.attention = "cudnn" installs it for this shape.
             std::string why;
             try {
-              (void)tessera::cuda::select_attention("cudnn", true, s, false);
+              (void)tessera::cuda::select_attention("cudnn", true, s, false, false, packed);
             } catch (const std::exception& e) {
               why = e.what();
             }
             if (!why.empty()) {
-              std::printf("  %-12s cudnn   bf16    %-6s not run: %s\n", flavor.c_str(), causal ? "causal" : "full",
-                          why.c_str());
+              std::printf("  %-12s cudnn   bf16    %-6s not run: %s\n", flavor.c_str(), mask, why.c_str());
               continue;
             }
-            AttentionResult c = run_attention<bf16>(flavor, s, policy, true);
+            AttentionResult c = run_attention<bf16>(flavor, s, policy, true, documents);
             tcuda::set_attention_engine(nullptr);
             print_attention(c);
             rows.push_back(attention_json(c));
