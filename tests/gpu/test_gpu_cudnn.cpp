@@ -73,11 +73,15 @@ gpu_test::FlashRun run_with(GpuAttention a, const AttentionShape& s, std::int64_
   return run;
 }
 
-/// cuDNN against tessera's kernels on one shape. Each is within 5e-3 (o) and 1e-2
-/// (gradients) of the CPU backend in float (test_gpu_flash.cpp holds the kernels to
-/// that; both round P and dS to bf16 as GEMM operands), so they are held to twice that
-/// of each other; the log-sum-exp is fp32 from the same bf16 inputs in both.
-void check_against_tessera(const AttentionShape& s, std::int64_t pad) {
+/// cuDNN against tessera's kernels on one shape (over packed `documents` when given:
+/// cuDNN's variable-length attention). Each is within 5e-3 (o) and 1e-2 (gradients) of
+/// the CPU backend in float (test_gpu_flash.cpp holds the kernels to that; both round P
+/// and dS to bf16 as GEMM operands), so they are held to twice that of each other; the
+/// log-sum-exp is fp32 from the same bf16 inputs in both. Over documents every row
+/// belongs to one document, so every output is written, and the cuDNN run must differ
+/// somewhere bitwise from tessera's: it ran cuDNN, not a fallback to the same kernels.
+void check_against_tessera(const AttentionShape& s, std::int64_t pad,
+                           const std::vector<ops::DocumentSpan>& documents = {}) {
   CAPTURE(s.causal);
   CAPTURE(s.batch);
   CAPTURE(s.seq_len);
@@ -85,9 +89,15 @@ void check_against_tessera(const AttentionShape& s, std::int64_t pad) {
   CAPTURE(s.n_kv_heads);
   CAPTURE(s.head_dim);
   CAPTURE(pad);
-  REQUIRE(gpu_test::cudnn_support(s, false) == "");
-  const gpu_test::FlashRun ref = run_with(GpuAttention::tessera, s, pad);
-  const gpu_test::FlashRun got = run_with(GpuAttention::cudnn, s, pad);
+  AttentionShape probe = s;
+  if (!documents.empty()) probe.document_slots = ops::document_table(documents, s.batch, s.seq_len).slots;
+  CAPTURE(probe.document_slots);
+  REQUIRE(gpu_test::cudnn_support(probe, false) == "");
+  const gpu_test::FlashRun ref = run_with(GpuAttention::tessera, s, pad, documents);
+  const gpu_test::FlashRun got = run_with(GpuAttention::cudnn, s, pad, documents);
+  if (!documents.empty()) {
+    CHECK(got.o != ref.o);
+  }
   CHECK(max_rel_diff(got.o, ref.o) < 1e-2);
   CHECK(max_rel_diff(got.lse, ref.lse) < 1e-4);
   CHECK(max_rel_diff(got.dq, ref.dq) < 2e-2);
@@ -95,36 +105,6 @@ void check_against_tessera(const AttentionShape& s, std::int64_t pad) {
   CHECK(max_rel_diff(got.dv, ref.dv) < 2e-2);
   // And both against the CPU backend in float: the own kernels are held to 5e-3 and
   // 1e-2 there (test_gpu_flash.cpp); cuDNN to twice that.
-  const gpu_test::AttentionResult cpu = gpu_test::cpu_attention(got);
-  CHECK(max_rel_diff(got.o, cpu.o) < 1e-2);
-  CHECK(max_rel_diff(got.lse, cpu.lse) < 1e-4);
-  CHECK(max_rel_diff(got.dq, cpu.dq) < 2e-2);
-  CHECK(max_rel_diff(got.dk, cpu.dk) < 2e-2);
-  CHECK(max_rel_diff(got.dv, cpu.dv) < 2e-2);
-}
-
-/// cuDNN's variable-length attention over packed `documents` against tessera's kernels
-/// over the same documents and the CPU backend, held as check_against_tessera holds the
-/// dense calls. Every row belongs to one document, so every output is written; and the
-/// cuDNN run must differ somewhere bitwise from tessera's (it ran cuDNN, not a fallback).
-void check_documents(const AttentionShape& s, std::int64_t pad, const std::vector<ops::DocumentSpan>& documents) {
-  CAPTURE(s.batch);
-  CAPTURE(s.seq_len);
-  CAPTURE(s.n_kv_heads);
-  CAPTURE(s.head_dim);
-  CAPTURE(pad);
-  AttentionShape probe = s;
-  probe.document_slots = ops::document_table(documents, s.batch, s.seq_len).slots;
-  CAPTURE(probe.document_slots);
-  REQUIRE(gpu_test::cudnn_support(probe, false) == "");
-  const gpu_test::FlashRun ref = run_with(GpuAttention::tessera, s, pad, documents);
-  const gpu_test::FlashRun got = run_with(GpuAttention::cudnn, s, pad, documents);
-  CHECK(got.o != ref.o);
-  CHECK(max_rel_diff(got.o, ref.o) < 1e-2);
-  CHECK(max_rel_diff(got.lse, ref.lse) < 1e-4);
-  CHECK(max_rel_diff(got.dq, ref.dq) < 2e-2);
-  CHECK(max_rel_diff(got.dk, ref.dk) < 2e-2);
-  CHECK(max_rel_diff(got.dv, ref.dv) < 2e-2);
   const gpu_test::AttentionResult cpu = gpu_test::cpu_attention(got);
   CHECK(max_rel_diff(got.o, cpu.o) < 1e-2);
   CHECK(max_rel_diff(got.lse, cpu.lse) < 1e-4);
@@ -237,15 +217,15 @@ TEST_CASE("cuDNN variable-length attention over packed documents gives tessera's
   const std::int64_t t = 150;
   const std::vector<ops::DocumentSpan> documents = testing::spans_starting_at(2, t, {10, 64, 65, 66, 140});
   for (std::int64_t kv : {1, 2, 4})
-    for (std::int64_t hd : {64, 128}) check_documents({2, t, 4, kv, hd}, 0, documents);
-  check_documents({2, t, 4, 2, 64}, 8, documents);  // rows wider than the heads: strides
+    for (std::int64_t hd : {64, 128}) check_against_tessera({2, t, 4, kv, hd}, 0, documents);
+  check_against_tessera({2, t, 4, 2, 64}, 8, documents);  // rows wider than the heads: strides
   // One document a sequence: the same as the causal call without documents.
-  check_documents({2, t, 4, 2, 128}, 0, testing::spans_starting_at(2, t, {}));
+  check_against_tessera({2, t, 4, 2, 128}, 0, testing::spans_starting_at(2, t, {}));
   // Llama 3's training length at 8B's grouping and head dim, 37 documents of uneven
   // lengths (64 slots).
   std::vector<std::int32_t> ids(8192, 3);
   for (std::int64_t i = 1; i <= 36; ++i) ids[static_cast<std::size_t>((i * i * 97) % 8192)] = 1;
-  check_documents({1, 8192, 8, 2, 128}, 0, ops::document_spans(ids, 1, 8192, 1));
+  check_against_tessera({1, 8192, 8, 2, 128}, 0, ops::document_spans(ids, 1, 8192, 1));
 }
 
 TEST_CASE("cuDNN attention refuses a head dim it does not run, with cuDNN's reason") {
