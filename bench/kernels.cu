@@ -1024,12 +1024,7 @@ AttentionResult run_attention(const std::string& flavor, const AttentionShape& s
   Tensor<std::int32_t> staged;
   if (!documents.empty()) {
     const tessera::ops::DocumentTable table = tessera::ops::document_table(documents, s.batch, s.seq_len);
-    std::vector<std::int32_t> flat;
-    for (const auto* part : {&documents, &table.spans})
-      for (const tessera::ops::DocumentSpan& d : *part) {
-        flat.push_back(d.begin);
-        flat.push_back(d.end);
-      }
+    const std::vector<std::int32_t> flat = tessera::ops::staged_documents(documents, table);
     staged = Cuda::empty<std::int32_t>(Shape{static_cast<std::int64_t>(flat.size())});
     Cuda::copy_from_host(flat.data(), staged.data(), staged.numel());
     const auto* spans = reinterpret_cast<const tessera::ops::DocumentSpan*>(staged.data());

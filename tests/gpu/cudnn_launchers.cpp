@@ -75,15 +75,7 @@ void cuda_attention(FlashRun& run) {
   if (!run.documents.empty()) {
     const ops::DocumentTable table =
         s.causal ? ops::document_table(run.documents, s.batch, s.seq_len) : ops::DocumentTable{};
-    std::vector<std::int32_t> flat;
-    const auto append = [&flat](const std::vector<ops::DocumentSpan>& part) {
-      for (const ops::DocumentSpan& d : part) {
-        flat.push_back(d.begin);
-        flat.push_back(d.end);
-      }
-    };
-    append(run.documents);
-    append(table.spans);
+    const std::vector<std::int32_t> flat = ops::staged_documents(run.documents, table);
     documents = Cuda::empty<std::int32_t>(Shape{static_cast<std::int64_t>(flat.size())});
     Cuda::copy_from_host(flat.data(), documents.data(), documents.numel());
     const auto* staged = reinterpret_cast<const ops::DocumentSpan*>(documents.data());

@@ -474,16 +474,7 @@ class Transformer {
     ops::DocumentTable table;
     if (g.context.whole()) table = ops::document_table(spans, g.batch, g.seq_len, min_slots);
     static_assert(sizeof(ops::DocumentSpan) == 2 * sizeof(std::int32_t));
-    std::vector<std::int32_t> flat;
-    flat.reserve(2 * (spans.size() + table.spans.size()));
-    const auto append = [&flat](const std::vector<ops::DocumentSpan>& part) {
-      for (const ops::DocumentSpan& d : part) {
-        flat.push_back(d.begin);
-        flat.push_back(d.end);
-      }
-    };
-    append(spans);
-    append(table.spans);
+    const std::vector<std::int32_t> flat = ops::staged_documents(spans, table);
     upload_into<B>(into, std::span<const std::int32_t>(flat), keep);
     const auto* staged = reinterpret_cast<const ops::DocumentSpan*>(into.data());
     g.documents = staged;

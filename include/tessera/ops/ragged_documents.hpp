@@ -78,6 +78,20 @@ inline DocumentTable document_table(std::span<const DocumentSpan> rows, std::int
   return t;
 }
 
+/// The rows' spans and their document table as the one int32 array the model stages
+/// beside the ids (two a span: begin, end): the rows' spans, then the table's, which so
+/// starts at span rows.size().
+inline std::vector<std::int32_t> staged_documents(std::span<const DocumentSpan> rows, const DocumentTable& table) {
+  std::vector<std::int32_t> flat;
+  flat.reserve(2 * (rows.size() + table.spans.size()));
+  for (std::span<const DocumentSpan> part : {rows, std::span<const DocumentSpan>(table.spans)})
+    for (const DocumentSpan& d : part) {
+      flat.push_back(d.begin);
+      flat.push_back(d.end);
+    }
+  return flat;
+}
+
 /// The tensors of a ragged attention call, in the order of RaggedOffsets::offsets.
 enum RaggedTensor : int { kRaggedQ, kRaggedK, kRaggedV, kRaggedO, kRaggedDO, kRaggedDQ, kRaggedDK, kRaggedDV,
                           kRaggedStats, kRaggedTensors };
