@@ -35,6 +35,9 @@ doctest_cases() {
 san_pid=""
 summary() {
   local status=$?
+  # The report must not change the run's status: no -e or pipefail inside it, and the
+  # run's own status at the end.
+  set +e +o pipefail
   # A background build still running (a release test failed): stop it and its compilers.
   [ -n "$san_pid" ] && kill -- "-$san_pid" 2>/dev/null || true
   [ -n "$phase" ] && phase="$phase (stopped)"
@@ -52,10 +55,12 @@ summary() {
   slowest_units
   slowest_tests
   [ "$status" -eq 0 ] || echo "  FAILED (exit status $status)"
+  exit "$status"
 }
 # The ten slowest translation units of both builds (ninja's log: start and end in ms),
 # and the ten slowest tests (meson's test log), so that a change which slows CI names
-# itself.
+# itself. awk rather than head takes the first ten: it reads to the end, so sort never
+# writes into a closed pipe (SIGPIPE, exit 141, once the list outgrew the pipe's buffer).
 slowest_units() {
   local logs=()
   for b in build build-san; do [ -f "$b/.ninja_log" ] && logs+=("$b/.ninja_log"); done
@@ -63,7 +68,7 @@ slowest_units() {
   echo "== ten slowest translation units (seconds; build-san's beside the release tests, at low priority)"
   awk -F'\t' 'FNR > 1 && $4 ~ /\.o$/ { d = FILENAME; sub("/\\.ninja_log$", "", d)
                                           printf "  %6.1f  %s: %s\n", ($2 - $1) / 1000, d, $4 }' "${logs[@]}" |
-    sort -rn | head -n 10
+    sort -rn | awk 'NR <= 10'
 }
 slowest_tests() {
   local logs=()
