@@ -71,7 +71,9 @@ struct Float8Format {
     if (shift > 24) return sign;  // under half the smallest subnormal
     std::uint32_t q = significand >> shift;
     const std::uint32_t rest = significand & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rest > half || (rest == half && (q & 1u))) ++q;
+    // Round half to even, without a branch: the rounding bit is data, which a branch
+    // would mispredict for half the values of a tensor.
+    q += static_cast<std::uint32_t>(rest > half) | (static_cast<std::uint32_t>(rest == half) & q);
     // q < 2^kMan: a subnormal (exponent field 0); 2^kMan <= q: normal, and a carry to
     // 2^(kMan + 1) moves into the exponent field by the same sum.
     const std::uint32_t code = (static_cast<std::uint32_t>(target + kBias) << kMan) + q - (1u << kMan);

@@ -138,6 +138,22 @@ struct Float8ScaleFromAmax {
   }
 };
 
+/// visit(i, outer, inner) for each index i in [begin, end) of a row-major matrix of
+/// `inner_size` elements a row (i = outer * inner_size + inner): one division for the
+/// range rather than one an index (a functor's range, ops::RunsRanges).
+template <class Visit>
+inline void walk_row_major(std::int64_t begin, std::int64_t end, std::int64_t inner_size, const Visit& visit) {
+  if (begin >= end) return;
+  std::int64_t outer = begin / inner_size, inner = begin - outer * inner_size;
+  for (std::int64_t i = begin; i < end; ++i) {
+    visit(i, outer, inner);
+    if (++inner == inner_size) {
+      inner = 0;
+      ++outer;
+    }
+  }
+}
+
 /// x (rows x cols, leading dimension ld) cast to F (float8_e4m3 or float8_e5m2), each
 /// element multiplied in float by its scale (`axis` of x) and converted with saturation:
 /// out = F(x * scale), rows x cols contiguous (index r * cols + c); or, when `transpose`,
@@ -162,7 +178,17 @@ struct QuantizeFloat8 {
       r = i / cols;
       c = i - r * cols;
     }
-    out[i] = F(static_cast<float>(to_accum(x[r * ld + c])) * scale[float8_scale_index(axis, r, c)]);
+    out[i] = element(r, c);
+  }
+  /// Indices [begin, end), as operator() (the CPU backend's share of a thread).
+  void range(std::int64_t begin, std::int64_t end) const {
+    if (transpose)
+      walk_row_major(begin, end, rows, [&](std::int64_t i, std::int64_t c, std::int64_t r) { out[i] = element(r, c); });
+    else
+      walk_row_major(begin, end, cols, [&](std::int64_t i, std::int64_t r, std::int64_t c) { out[i] = element(r, c); });
+  }
+  TESSERA_HD F element(std::int64_t r, std::int64_t c) const {
+    return F(static_cast<float>(to_accum(x[r * ld + c])) * scale[float8_scale_index(axis, r, c)]);
   }
   Traffic traffic(std::int64_t n) const {
     const double e = static_cast<double>(n);
@@ -236,7 +262,15 @@ struct Float8GemmScale {
   C* c;
   std::int64_t ldc;
   TESSERA_HD void operator()(std::int64_t k) const {
-    const std::int64_t i = k / n, j = k - i * n;
+    const std::int64_t i = k / n;
+    element(k, i, k - i * n);
+  }
+  /// Indices [begin, end), as operator() (the CPU backend's share of a thread).
+  void range(std::int64_t begin, std::int64_t end) const {
+    walk_row_major(begin, end, n, [&](std::int64_t k, std::int64_t i, std::int64_t j) { element(k, i, j); });
+  }
+  /// Index k, element (i, j) of C.
+  TESSERA_HD void element(std::int64_t k, std::int64_t i, std::int64_t j) const {
     const float s = inverse_a[a_per_row ? i : 0] * inverse_b[b_per_column ? j : 0];
     float v = sum[k] * s;
     C& out = c[i * ldc + j];

@@ -70,4 +70,12 @@ concept HasCudaTraffic = requires(const F& f, std::int64_t n) {
 template <class F>
 concept FusesParts = requires { requires F::kFusesParts; };
 
+/// A functor that also runs a contiguous range of its indices in one call: f.range(begin,
+/// end) does exactly what f(i) does for each i in [begin, end), and lets a functor over a
+/// matrix walk its rows and columns without dividing every index by a row's length. The
+/// CPU backend gives each thread its share of the indices that way; the CUDA backend
+/// launches f(i).
+template <class F>
+concept RunsRanges = requires(const F& f, std::int64_t i) { f.range(i, i); };
+
 }  // namespace tessera::ops

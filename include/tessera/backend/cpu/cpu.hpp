@@ -110,6 +110,19 @@ struct Cpu {
       f.parts(n, [](const auto& part, std::int64_t m, const ops::Traffic&) { for_each(m, part); });
       return;
     }
+    if constexpr (ops::RunsRanges<F>) {  // each thread its contiguous share, in one call
+      if (n < kMinParallel || omp_in_parallel()) {
+        f.range(0, n);
+        return;
+      }
+#pragma omp parallel
+      {
+        const auto t = static_cast<std::int64_t>(omp_get_thread_num());
+        const auto threads = static_cast<std::int64_t>(omp_get_num_threads());
+        f.range(n * t / threads, n * (t + 1) / threads);
+      }
+      return;
+    }
     if (n < kMinParallel || omp_in_parallel()) {
       for (std::int64_t i = 0; i < n; ++i) f(i);
       return;
