@@ -4,8 +4,9 @@
 # Without `all`: the debug model on every built-in machine, on a machine file, and on the
 # measured CPU, in JSON with every key a user reads; then bad input, each one line naming
 # the key or file and exit status 1. With `all`: every config in CONFIGS_DIR on every GPU
-# profile (h100-sxm, h200, a100-80gb-sxm) and three of them (the smallest, a mid-size, the
-# largest) on the measured cpu, one device each (parallelism degrees set to 1). Layouts
+# profile (h100-sxm, h200, a100-80gb-sxm) and two of them (a mid-size and the largest; the
+# smallest is the run without `all`) on the measured cpu, one device each (parallelism
+# degrees set to 1). Layouts
 # across GPUs: a few compositions on GPU profiles and on this CPU (context parallelism
 # among them), their --json summing up, --emit-config, and the layouts llama-plan
 # refuses; --search, and at 128k tokens on 8 H200s its answer for Llama 3.1 8B.
@@ -93,9 +94,10 @@ plan_fails() {
 if [ "$mode" = all ]; then
   for config in "$configs"/*.toml; do
     machines=(h100-sxm h200 a100-80gb-sxm)
-    # The CPU is measured on each config's own GEMMs (2 s a config): the smallest, a
-    # mid-size and the largest model cover its paths (shapes timed whole, scaled down).
-    case "$(basename "$config" .toml)" in debug_model | llama3.2_1b | llama3.1_405b) machines+=(cpu) ;; esac
+    # The CPU is measured on each config's own GEMMs (seconds a config): a mid-size and the
+    # largest model cover its paths (shapes timed whole, scaled down) beside the debug
+    # model, which the run without `all` (cli_plan) plans on it.
+    case "$(basename "$config" .toml)" in llama3.2_1b | llama3.1_405b) machines+=(cpu) ;; esac
     for machine in "${machines[@]}"; do
       plan_ok "$(basename "$config" .toml) on $machine" --config "$config" --machine "$machine" "${one_device[@]}"
     done
