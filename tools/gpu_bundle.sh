@@ -82,6 +82,9 @@ cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}  # any release build with CUDA enabled will do (BUILD=build)
 bundle=gpu-bundle
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release -Dcuda=enabled -Dgpu_arch=90
+# Machine code and optimised host code, whatever the build was configured for (CI's
+# -Dgpu_code=check compiles the CUDA code only to check it).
+meson configure "$build" -Dgpu_code=run > /dev/null
 # A CUDA object for which ninja recorded no header dependencies (Meson before 1.4 gives
 # nvcc none) may predate the headers it includes: compile it again, so the GPU runs the
 # tree as it is.

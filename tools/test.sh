@@ -122,9 +122,9 @@ start_phase "release build"
 # garbage late (-Dgcc_lazy_gc: a tenth less compile time for more memory, meson.build).
 # Everything at -O1, as the test code always is: -O3 spends 40% more compile time and the
 # suites run no faster (docs/testing.md); the CUDA code, which CI compiles but cannot run,
-# to PTX without machine code (-Dgpu_machine_code=false: no ptxas).
+# to PTX without machine code, and the host code only a GPU runs at -O0 (-Dgpu_code=check).
 [ -f build/build.ninja ] || meson setup build -Doptimization=1 -Ddebug=false -Dsanitizer_twins=false \
-  -Dgcc_lazy_gc=true -Dgpu_machine_code=false
+  -Dgcc_lazy_gc=true -Dgpu_code=check
 meson compile -C build -j "$jobs"
 
 # The sanitizer build runs beside the release tests, at the lowest CPU priority (nice 19):
