@@ -110,6 +110,7 @@ struct Options {
   std::vector<std::string> flavors = {"llama3.2_1b", "llama3.2_3b", "llama3_8b"};
   std::int64_t batch = 1, seq = 8192, steps = 10, warmup = 3;
   parallel::CheckpointMode ac{parallel::CheckpointMode::Kind::selective_op, 0};
+  bool recompute_swiglu = false;  // activation_checkpoint.recompute_swiglu
   double peak_tflops = 989;
   std::string attention = "auto";  // training.attention
   DType state_dtype = DType::f32;  // optimizer.state_dtype
@@ -121,9 +122,15 @@ struct Options {
   std::map<std::string, nlohmann::json> plan_json;  // --plan-json's, read at start: a bad file costs no GPU time
 };
 
+/// The checkpoint mode, and the SwiGLU output's recompute where it is on.
+std::string checkpointing_text(const Options& o) {
+  return o.ac.str() + (o.recompute_swiglu ? ", SwiGLU output recomputed" : "");
+}
+
 void usage() {
   std::printf(
       "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|selective:N|full|none]\n"
+      "                   [--recompute-swiglu]\n"
       "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
       "                   [--profile] [--plan-json FLAVOR=FILE ...] [--graph]\n"
@@ -132,6 +139,8 @@ void usage() {
       "--profile: one more step under CUPTI, its device time by llama-plan's classes and kernels;\n"
       "--plan-json FLAVOR=FILE: llama-plan --json of that flavor's run, printed beside the profile;\n"
       "--graph: the timed steps replayed from a CUDA graph of the step (training.cuda_graph);\n"
+      "--recompute-swiglu: the feed-forward's SwiGLU output made again in the backward, not kept\n"
+      "  (activation_checkpoint.recompute_swiglu);\n"
       "--float8 RECIPE: the blocks' linear layers on cuBLASLt's float8 matmul (MFU against the bf16 peak).\n");
 }
 
@@ -189,6 +198,8 @@ Options parse_options(int argc, char** argv) {
       else if (v.starts_with("selective:"))  // every N-th block recomputed whole, torchtitan's layer option
         o.ac = parallel::parse_checkpoint("selective", v.substr(10));
       else fail("--ac: '", v, "' is not one of selective, selective:N, full, none");
+    } else if (flag == "--recompute-swiglu") {
+      o.recompute_swiglu = true;
     } else if (flag == "--attention") {
       o.attention = std::string(value());
       TESSERA_CHECK(o.attention == "auto" || o.attention == "cudnn" || o.attention == "tessera", "--attention: '",
@@ -304,6 +315,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
                     .text;
   parallel::Plan plan;
   plan.checkpoint = o.ac;
+  plan.recompute_swiglu = o.recompute_swiglu;
   plan.param_dtype = DType::bf16;
   if (o.float8) {
     plan.float8.enabled = true;
@@ -460,7 +472,7 @@ int run(const Options& o) {
   std::printf("bench-train: %s, %s, commit %s | batch %lld x seq %lld, activation checkpointing %s, AdamW moments "
               "%s, peak %.0f TFLOP/s | memory: %s\n",
               device.c_str(), date.c_str(), o.commit.c_str(), static_cast<long long>(o.batch),
-              static_cast<long long>(o.seq), o.ac.str().c_str(), std::string(name_of(o.state_dtype)).c_str(),
+              static_cast<long long>(o.seq), checkpointing_text(o).c_str(), std::string(name_of(o.state_dtype)).c_str(),
               o.peak_tflops, cuda::expandable_segments_status(cuda::current_device()).c_str());
   std::vector<Result> results;
   bool failed = false;
@@ -509,7 +521,7 @@ int run(const Options& o) {
                   o.commit.c_str(), device.c_str(),
                   (r.flavor + (o.float8 ? " (float8 " + std::string(ops::name_of(*o.float8)) + ")" : "")).c_str(),
                   static_cast<long long>(o.batch),
-                  static_cast<long long>(o.seq), o.ac.str().c_str(), r.tokens_per_sec, r.mfu, r.mfu_causal,
+                  static_cast<long long>(o.seq), checkpointing_text(o).c_str(), r.tokens_per_sec, r.mfu, r.mfu_causal,
                   mebibytes(static_cast<double>(r.peak_bytes)).c_str(),
                   target == 0 ? "-" : (std::string(r.mfu >= target ? "PASS" : "MISS") + " (>= " +
                                        std::to_string(static_cast<int>(target)) + "%)")
@@ -522,7 +534,7 @@ int run(const Options& o) {
       nlohmann::json j = {{"flavor", r.flavor},
                           {"batch", o.batch},
                           {"seq_len", o.seq},
-                          {"activation_checkpoint", o.ac.str()},
+                          {"activation_checkpoint", checkpointing_text(o)},
                           {"attention", r.attention},
                           {"state_dtype", name_of(o.state_dtype)},
                           {"cuda_graph", o.graph},

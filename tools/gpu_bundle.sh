@@ -32,8 +32,9 @@
 #             model in fp32 and bf16 against the CPU backend, virtual ranks on one GPU
 #   kernels   bench-kernels (GEMMs, attention, memory-bound ops), JSON and text
 #   train     bench-train on Llama 3.2 1B and 3B without activation checkpointing (3 warm-up
-#             and 10 timed steps), and 8B with full, then every 6th block's, checkpointing and
-#             bf16 AdamW moments (what fits one H200; 2 and 5), batch 1 x seq 8192, Markdown
+#             and 10 timed steps), and 8B with full, then every 6th block's, checkpointing, then
+#             none with the SwiGLU output recomputed, and bf16 AdamW moments (what fits one
+#             H200; 2 and 5), batch 1 x seq 8192, Markdown
 #             rows for RESULTS.md; with CUPTI, one more step of each (but the selective
 #             one) profiled, its device time by llama-plan's classes beside the prediction;
 #             and 1B with its steps replayed from a CUDA graph (--graph)
@@ -222,6 +223,10 @@ case "${1:-}" in
       # 61.8% at 137.1, too close), the 58% target's row.
       "$here/bench-train" --flavors llama3_8b --ac selective:6 --state-dtype bfloat16 --steps 5 --warmup 2 --markdown \
         --commit "$commit" --json "$out/train8b-selective.json" 2>&1 | tee "$out/train8b-selective.txt" || status=1
+      # And no block recomputed, the SwiGLU output remade in the backward instead of kept
+      # (activation_checkpoint.recompute_swiglu): llama-plan 748.6 ms, 64.0% MFU, 134.1 GiB.
+      "$here/bench-train" --flavors llama3_8b --ac none --recompute-swiglu --state-dtype bfloat16 --steps 5 --warmup 2 \
+        --markdown --commit "$commit" --json "$out/train8b-swiglu.json" 2>&1 | tee "$out/train8b-swiglu.txt" || status=1
     else
       echo "train: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b.txt"
     fi

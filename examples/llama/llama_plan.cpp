@@ -200,6 +200,11 @@ Target resolve_machine(const std::string& name, const trace::Trace& step_trace, 
   return t;
 }
 
+/// activation_checkpoint.mode, and the SwiGLU output's recompute where it is on.
+std::string checkpointing_text(const train::JobConfig& c) {
+  return c.activation_checkpoint.mode + (c.activation_checkpoint.recompute_swiglu ? ", SwiGLU output recomputed" : "");
+}
+
 /// The keys that make a layout, under llama-train's names.
 nlohmann::json layout_keys(const train::JobConfig& c) {
   const auto& p = c.parallelism;
@@ -215,6 +220,7 @@ nlohmann::json layout_keys(const train::JobConfig& c) {
   j["parallelism.fsdp_reshard_after_forward"] = p.fsdp_reshard_after_forward;
   j["activation_checkpoint.mode"] = c.activation_checkpoint.mode;
   j["activation_checkpoint.selective_ac_option"] = c.activation_checkpoint.selective_ac_option;
+  j["activation_checkpoint.recompute_swiglu"] = c.activation_checkpoint.recompute_swiglu;
   j["training.local_batch_size"] = c.training.local_batch_size;
   j["training.global_batch_size"] = c.training.global_batch_size;
   j["training.seq_len"] = c.training.seq_len;
@@ -344,7 +350,7 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
   std::printf("  %s, batch %lld x seq %lld = %lld tokens/step, activation checkpointing: %s | one rank on %s (%s)\n",
               std::string(name_of(st.shape.dtype)).c_str(),
               static_cast<long long>(st.shape.tokens / st.shape.seq_len), static_cast<long long>(st.shape.seq_len),
-              static_cast<long long>(st.shape.tokens), c.activation_checkpoint.mode.c_str(), p.machine.c_str(),
+              static_cast<long long>(st.shape.tokens), checkpointing_text(c).c_str(), p.machine.c_str(),
               t.origin.c_str());
   std::size_t ops = 0;
   for (const auto& e : st.trace.events()) ops += !std::holds_alternative<trace::Memory>(e.op);
@@ -504,7 +510,7 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
   std::printf("  %s, global batch %lld x seq %lld = %lld tokens/step, activation checkpointing: %s\n",
               std::string(name_of(shape.dtype)).c_str(), static_cast<long long>(shape.tokens / shape.seq_len),
               static_cast<long long>(shape.seq_len), static_cast<long long>(shape.tokens),
-              c.activation_checkpoint.mode.c_str());
+              checkpointing_text(c).c_str());
   std::printf("  %d GPUs of %s (%s), %g per node | mesh %s", l.gpus, l.positions.front().compute.machine.c_str(),
               t.origin.c_str(), t.network ? t.network->gpus_per_node.value : 1.0, l.mesh.str().c_str());
   if (mm.zero1) std::printf(" as ZeRO-1 over the %d data-parallel ranks", l.mesh.dp());

@@ -75,6 +75,47 @@ TEST_CASE("FeedForward (SwiGLU) backward matches finite differences") {
   check_layer("feed_forward", ffn, Geometry{2, 3}, a.dim, 13);
 }
 
+TEST_CASE("FeedForward with recompute_swiglu: the same output and gradients bit for bit, a hidden size a row less kept") {
+  ModelArgs a = tiny_args();
+  const Geometry g{2, 3};
+  Tensor<double> x(Shape{g.rows(), a.dim});
+  fill_normal(x, 17, "x");
+  struct Run {
+    std::vector<double> y, dx, grads;
+    std::size_t kept = 0;
+  };
+  auto run = [&](bool recompute) {
+    FeedForward<double, Cpu> ffn("ffn", a, 0.1, nullptr, nullptr, recompute);
+    randomize(ffn, 3);
+    ActivationMeter meter;
+    ActivationStore<double> store("", &meter);
+    Run r;
+    Tensor<double> y = ffn.forward(Context<double>(g, &store), x);
+    r.kept = meter.current();
+    r.y = to_vector(y);
+    Tensor<double> dy(y.shape());
+    fill_normal(dy, 17, "dy");
+    ffn.for_each_parameter([](Parameter<double>& p) { p.forget_grad(); });
+    r.dx = to_vector(ffn.backward(Context<double>(g, &store), dy));
+    ffn.for_each_parameter([&](Parameter<double>& p) {
+      const auto v = to_vector(p.grad);
+      r.grads.insert(r.grads.end(), v.begin(), v.end());
+    });
+    return r;
+  };
+  const Run kept = run(false), remade = run(true);
+  CHECK(remade.y == kept.y);
+  CHECK(remade.dx == kept.dx);
+  CHECK(remade.grads == kept.grads);
+  // x (w1's and w3's input), W1 x and W3 x kept either way; the SwiGLU output only without.
+  const std::size_t hidden_rows = static_cast<std::size_t>(g.rows() * a.ffn_hidden_dim()) * sizeof(double);
+  CHECK(kept.kept == remade.kept + hidden_rows);
+  CHECK(remade.kept == static_cast<std::size_t>(g.rows() * a.dim) * sizeof(double) + 2 * hidden_rows);
+  FeedForward<double, Cpu> ffn("ffn", a, 0.1, nullptr, nullptr, true);
+  randomize(ffn, 3);
+  check_layer("feed_forward, SwiGLU recomputed", ffn, g, a.dim, 13);
+}
+
 TEST_CASE("Attention backward matches finite differences") {
   SUBCASE("grouped-query, no rope scaling") {
     ModelArgs a = tiny_args();

@@ -102,8 +102,10 @@ struct Mode {
   const char* mode;
   const char* option;
   std::size_t attention_calls;  // 6 layers forward and backward, plus the recomputed forwards
+  bool recompute_swiglu = false;  // activation_checkpoint.recompute_swiglu
 };
-const Mode kModes[] = {{"none", "", 12}, {"full", "", 18}, {"selective", "op", 12}, {"selective", "2", 15}};
+const Mode kModes[] = {{"none", "", 12},      {"full", "", 18},         {"selective", "op", 12},
+                       {"selective", "2", 15}, {"none", "", 12, true}, {"full", "", 18, true}};
 
 }  // namespace
 
@@ -111,7 +113,8 @@ TEST_CASE("dry run: a step on Meta asks for what the CPU backend's step does, wi
   for (const Mode& mode : kModes) {
     std::vector<std::string> keys = {"--activation_checkpoint.mode", mode.mode};
     if (*mode.option) keys.insert(keys.end(), {"--activation_checkpoint.selective_ac_option", mode.option});
-    const std::string name = std::string(mode.mode) + " " + mode.option;
+    if (mode.recompute_swiglu) keys.insert(keys.end(), {"--activation_checkpoint.recompute_swiglu", "true"});
+    const std::string name = std::string(mode.mode) + " " + mode.option + (mode.recompute_swiglu ? " swiglu" : "");
     CAPTURE(name);
     const train::JobConfig c = small_job(keys);
     const Run cpu = traced_step<float, Traced<Cpu>>(c);

@@ -41,7 +41,7 @@ class LlamaBlock : public LayerTypes<T, B> {
                    b.plan ? &b.plan->float8 : nullptr, b.cp),
         ffn_norm_(b.name + ".ffn_norm", b.model.dim, b.model.norm_eps, b.tp),
         feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id), b.tp,
-                      b.plan ? &b.plan->float8 : nullptr) {}
+                      b.plan ? &b.plan->float8 : nullptr, b.plan != nullptr && b.plan->recompute_swiglu) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
     Tensor<T> a = attention_.forward(ctx.child("attention"), attention_norm_.forward(ctx.child("attention_norm"), x));

@@ -3,6 +3,13 @@
 // Under tensor parallelism x arrives as this rank's rows and is gathered; w1 and w3
 // are column-parallel (this rank's hidden units), w2 row-parallel, its partial sums
 // reduce-scattered back to rows (parallel/tensor_parallel.hpp).
+//
+// The backward reads W1 x and W3 x (kept) and w2's input, the SwiGLU output g. With
+// `recompute_swiglu` (activation_checkpoint.recompute_swiglu) g is not kept: the backward
+// makes it again from the two it keeps, the same functor on the same values, so the same
+// bits, for one elementwise pass a block; the activations held fall by a hidden size a
+// token a block (Llama 3 8B at 8,192 tokens: 7 GiB, what lets it train on one H200
+// without recomputing blocks).
 #pragma once
 
 #include <cstdint>
@@ -33,12 +40,14 @@ class FeedForward : public LayerTypes<T, B> {
   /// `tp`: the tensor-parallel group (nullptr or degree 1: every hidden unit here); a
   /// degree the hidden size does not allow is refused before anything is made.
   /// `float8`: which of the projections multiply in float8 (ops::Float8Policy; none: none).
+  /// `recompute_swiglu`: the SwiGLU output made again in the backward rather than kept.
   FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr,
-              const ops::Float8Policy* float8 = nullptr)
+              const ops::Float8Policy* float8 = nullptr, bool recompute_swiglu = false)
       : w1_(name + ".w1", a.dim, hidden(name, a, tp), Init::truncated_normal(0.02), tp, split(tp, 0), float8),
         w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1), float8),
         w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std), tp, split(tp, 0), float8),
-        tp_(tp) {}
+        tp_(tp),
+        recompute_swiglu_(recompute_swiglu) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
     const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
@@ -52,13 +61,21 @@ class FeedForward : public LayerTypes<T, B> {
     B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
     ctx.save("a", SaveKind::matmul, a);
     ctx.save("b", SaveKind::matmul, b);
-    return parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), g));
+    return parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), g, /*keep_input=*/!recompute_swiglu_));
   }
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
     const Tensor<T>& a = ctx.saved("a");
     const Tensor<T>& b = ctx.saved("b");
-    Tensor<T> dg = w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows));
+    Tensor<T> dg;
+    {
+      Tensor<T> g;  // w2's input, made again where the forward did not keep it
+      if (recompute_swiglu_) {
+        g = B::template empty<T>(a.shape());
+        B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
+      }
+      dg = w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows), recompute_swiglu_ ? &g : nullptr);
+    }
     Tensor<T> da = B::template empty<T>(a.shape());
     Tensor<T> db = B::template empty<T>(b.shape());
     B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
@@ -87,6 +104,7 @@ class FeedForward : public LayerTypes<T, B> {
 
   Linear<T, B> w1_, w2_, w3_;
   parallel::TensorParallelGroup* tp_;
+  bool recompute_swiglu_ = false;
 };
 
 }  // namespace tessera::nn

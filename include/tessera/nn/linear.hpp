@@ -3,7 +3,9 @@
 // Saves its input; backward gives dx = dy W and accumulates dW += dy^T x (the latter
 // through Context::weight_grad, so a zero-bubble schedule can run it later; the step's
 // first write has beta 0, layer.hpp's first-write rule). For bf16 the GEMMs read bf16
-// operands and accumulate in fp32; dW is accumulated in fp32.
+// operands and accumulate in fp32; dW is accumulated in fp32. A caller that can make the
+// input again in the backward (nn::FeedForward's SwiGLU output) may have the forward keep
+// nothing and hand the input to the backward itself.
 //
 // Under tensor parallelism the weight may be split (parallel/tensor_parallel.hpp):
 // by output rows (column-parallel: y holds this rank's output features) or by input
@@ -65,7 +67,9 @@ class Linear : public LayerTypes<T, B> {
     parallel::check_split(weight_);
   }
 
-  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
+  /// y = x W^T; x is kept for the backward unless `keep_input` is false (the caller then
+  /// gives it to backward or backward_into).
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x, bool keep_input = true) {
     Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
       Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
       if (!weight_.float8_value.empty())
@@ -78,18 +82,22 @@ class Linear : public LayerTypes<T, B> {
         B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
       return out;
     });
-    ctx.save("x", SaveKind::input, x);
+    if (keep_input) ctx.save("x", SaveKind::input, x);
     return y;
   }
 
-  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy) {
+  /// `input`: the forward's input where the forward did not keep it (else nullptr).
+  Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>* input = nullptr) {
     Tensor<T> dx = B::template empty<T>(Shape{dy.size(0), in_features()});
-    backward_into(ctx, dy, dx, 0.0f);
+    backward_into(ctx, dy, dx, 0.0f, input);
     return dx;
   }
 
   /// dx = beta * dx + dy W, so several layers reading one input can sum into one dx.
-  void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, float beta) {
+  /// `input`: the forward's input where the forward did not keep it (else nullptr); the
+  /// weight gradient may read it later (a zero-bubble schedule's), so it holds a reference.
+  void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, float beta,
+                     const Tensor<T>* input = nullptr) {
     if (!weight_.float8_value.empty()) {
       const Tensor<float8_e4m3> transposed = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
       float8_gemm<B>(Trans::no, dy.cview(), float8_->grad_output, gathered_float8_weight(true, transposed), beta,
@@ -99,7 +107,7 @@ class Linear : public LayerTypes<T, B> {
                      float8_->weight_for_grad_input, beta, dx.view(), weight_.name, {emulate_float8_, false});
     else
       B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
-    ctx.weight_grad([this, x = ctx.saved("x"), dy] {
+    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy] {
       if (parallel::active(tp_) && weight_.split.holders > 1) {
         Tensor<accum_t<T>> dw = B::template empty<accum_t<T>>(weight_.grad.shape());
         weight_gemm(dy, x, 0.0f, dw);

@@ -141,6 +141,9 @@ struct Plan {
   Reshard reshard = Reshard::default_policy;
   /// For Checkpoint<Dynamic>.
   CheckpointMode checkpoint{};
+  /// The feed-forward's SwiGLU output made again in the backward rather than kept for it
+  /// (nn::FeedForward; activation_checkpoint.recompute_swiglu), under any checkpoint mode.
+  bool recompute_swiglu = false;
   /// Parameters as the blocks compute with them: bf16 halves what all-gathers send.
   DType param_dtype = DType::f32;
   /// Gather the next unit's parameters while this one computes.

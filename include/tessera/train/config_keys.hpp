@@ -302,6 +302,10 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("activation_checkpoint.selective_ac_option",
                field<&J::activation_checkpoint, &ActivationCheckpointSection::selective_ac_option>(),
                "Selective mode: \"op\" (keep matmul outputs, recompute the rest) or N (every N-th block)."),
+      make_key("activation_checkpoint.recompute_swiglu",
+               field<&J::activation_checkpoint, &ActivationCheckpointSection::recompute_swiglu>(),
+               "Do not keep the feed-forward's SwiGLU output (w2's input) for the backward: make it again there "
+               "from the two projections kept (one elementwise pass a block; a hidden size less a token a block)."),
       // [float8]
       make_key("float8.recipe_name", field<&J::float8, &Float8Section::recipe_name>(),
                "torchao's recipe: tensorwise (a scale per tensor; gradients in e5m2), rowwise (a scale per row or "

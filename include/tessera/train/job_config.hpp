@@ -123,6 +123,7 @@ struct ParallelismSection {
 struct ActivationCheckpointSection {
   std::string mode = "none";  // torchtitan defaults to selective; tessera to none until the Checkpoint policies land
   std::string selective_ac_option = "2";  // "op" or every N-th layer
+  bool recompute_swiglu = false;          // tessera's: the feed-forward's SwiGLU output remade in the backward
 };
 
 /// [float8]: torchtitan's, read when model.converters holds "float8".
