@@ -224,7 +224,7 @@ case "${1:-}" in
       "$here/bench-train" --flavors llama3_8b --ac selective:6 --state-dtype bfloat16 --steps 5 --warmup 2 --markdown \
         --commit "$commit" --json "$out/train8b-selective.json" 2>&1 | tee "$out/train8b-selective.txt" || status=1
       # And no block recomputed, the SwiGLU output remade in the backward instead of kept
-      # (activation_checkpoint.recompute_swiglu): llama-plan 748.6 ms, 64.0% MFU, 134.1 GiB.
+      # (activation_checkpoint.recompute_swiglu): llama-plan 748.60 ms, 64.1% MFU, 134.13 GiB.
       "$here/bench-train" --flavors llama3_8b --ac none --recompute-swiglu --state-dtype bfloat16 --steps 5 --warmup 2 \
         --markdown --commit "$commit" --json "$out/train8b-swiglu.json" 2>&1 | tee "$out/train8b-swiglu.txt" || status=1
     else
