@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 93);
+  CHECK(keys.size() == 94);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -665,6 +665,7 @@ TEST_CASE("to_toml round trip") {
                  "--parallelism.pipeline_parallel_split_points", "layers.0,layers.1, layers.2",
                  "--activation_checkpoint.mode", "full",
                  "--activation_checkpoint.selective_ac_option", "op",
+                 "--activation_checkpoint.recompute_swiglu", "true",
                  "--float8.recipe_name", "rowwise",
                  "--float8.enable_fsdp_float8_all_gather", "true",
                  "--float8.precompute_float8_dynamic_scale_for_fsdp", "true",
