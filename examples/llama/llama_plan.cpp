@@ -591,6 +591,7 @@ std::string layout_text(const train::JobConfig& c, bool float8) {
   const auto& p = c.parallelism;
   std::string ac = c.activation_checkpoint.mode;
   if (ac == "selective") ac += c.activation_checkpoint.selective_ac_option == "op" ? " op" : " every " + c.activation_checkpoint.selective_ac_option;
+  if (c.activation_checkpoint.recompute_swiglu) ac += ", SwiGLU";
   char t[200];
   std::snprintf(t, sizeof t, "%4lld %5lld %3lld %3lld %3lld  %-21s %3lld  %-13s %-7s",
                 static_cast<long long>(p.data_parallel_replicate_degree), static_cast<long long>(p.data_parallel_shard_degree),

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -254,7 +255,8 @@ TEST_CASE("search: float8 is a dimension only when asked for: each layout withou
   CHECK(by_recipe == std::map<std::string, std::size_t>{{"", plain.size()}, {"tensorwise", plain.size()}, {"rowwise", plain.size()}});
   // Each layout of the plain space is there in each setting, its other keys the same.
   for (std::size_t i = 0; i < 3; ++i) {
-    train::JobConfig c = all[i * 4];  // the first family's first variant, in each setting
+    // The first family's first variant, in each setting (one reshard policy: no sharding).
+    train::JobConfig c = all[i * std::size(plan::detail::kAcModes)];
     c.model.converters.clear();
     c.float8 = base.float8;
     CHECK(train::to_toml(c) == train::to_toml(plain.front()));
@@ -282,6 +284,89 @@ TEST_CASE("search: float8 is a dimension only when asked for: each layout withou
   plan::detail::set_float8(f8, "tensorwise");
   CHECK(!plan::less_work(none, f8));
   CHECK(!plan::less_work(f8, none));
+}
+
+TEST_CASE("search: no recomputation with the SwiGLU output remade is a variant between none and selective") {
+  const train::JobConfig base = job(6, 2, 16, {});
+  plan::SearchSpace space;
+  space.gpus = 2;
+  space.max_microbatch = 4;
+  const std::vector<train::JobConfig> all = plan::enumerate_layouts(base, space, 16);
+  // Each family (one layout but for its checkpointing) once with each mode, the SwiGLU
+  // recompute only beside no recomputation.
+  std::map<std::string, std::vector<std::string>> modes;
+  for (const auto& c : all) {
+    const auto& ac = c.activation_checkpoint;
+    CHECK((!ac.recompute_swiglu || ac.mode == "none"));
+    const auto& p = c.parallelism;
+    const std::string family = std::to_string(p.data_parallel_shard_degree) + "/" + std::to_string(p.tensor_parallel_degree) +
+                               "/" + std::to_string(p.pipeline_parallel_degree) + "/" + p.pipeline_parallel_schedule +
+                               "/" + std::to_string(c.training.local_batch_size) + "/" +
+                               std::to_string(p.pipeline_parallel_microbatch_size) + "/" + p.fsdp_reshard_after_forward;
+    modes[family].push_back(ac.mode + (ac.mode == "selective" ? ":" + ac.selective_ac_option : "") +
+                            (ac.recompute_swiglu ? "+swiglu" : ""));
+  }
+  REQUIRE(!modes.empty());
+  for (const auto& [family, m] : modes) {
+    CAPTURE(family);
+    CHECK(m == std::vector<std::string>{"none", "none+swiglu", "selective:op", "selective:2", "full"});
+  }
+  // It does more work than no recomputation (which holds the SwiGLU outputs it remakes),
+  // and is no variant of the selective modes or of full either way: it recomputes less
+  // than they do, and may hold more or less.
+  auto with = [&](std::string mode, std::string option, bool swiglu) {
+    train::JobConfig c = all.front();
+    c.activation_checkpoint.mode = std::move(mode);
+    c.activation_checkpoint.selective_ac_option = std::move(option);
+    c.activation_checkpoint.recompute_swiglu = swiglu;
+    return c;
+  };
+  const train::JobConfig none = with("none", "2", false), swiglu = with("none", "2", true);
+  CHECK(plan::less_work(none, swiglu));
+  CHECK(!plan::less_work(swiglu, none));
+  CHECK(plan::less_work(swiglu, swiglu));
+  for (const auto& more : {with("selective", "op", false), with("selective", "2", false), with("full", "2", false)}) {
+    CAPTURE(more.activation_checkpoint.mode);
+    CHECK(plan::less_work(none, more));
+    CHECK(!plan::less_work(swiglu, more));
+    CHECK(!plan::less_work(more, swiglu));
+    CHECK(plan::less_work(swiglu, with(more.activation_checkpoint.mode, more.activation_checkpoint.selective_ac_option, true)));
+  }
+  // On a device where no recomputation is over and the SwiGLU recompute fits, the search
+  // lists the latter, faster than any recomputing blocks.
+  const plan::Machine m = h100();
+  const plan::GpuPricer gpu(m);
+  const train::JobConfig one = job(6, 1, 1, {"--parallelism.data_parallel_shard_degree", "1"});
+  plan::SearchSpace alone;
+  alone.gpus = 1;
+  alone.max_microbatch = 1;
+  auto priced = [&](bool swiglu) {
+    train::JobConfig c = one;
+    c.activation_checkpoint.mode = "none";
+    c.activation_checkpoint.recompute_swiglu = swiglu;
+    return plan::price_layout(c, 1, kTrace, gpu, *m.network);
+  };
+  const plan::SearchResult kept = priced(false), remade = priced(true);
+  REQUIRE(remade.reserved_memory_bytes < kept.reserved_memory_bytes);
+  CHECK(remade.step_seconds > kept.step_seconds);
+  struct Cap final : plan::Pricer {
+    const plan::Pricer& inner;
+    double bytes;
+    Cap(const plan::Pricer& p, double b) : inner(p), bytes(b) {}
+    double seconds(const trace::Op& op) const override { return inner.seconds(op); }
+    double peak_flops(DType d) const override { return inner.peak_flops(d); }
+    double usable_bytes() const override { return bytes; }
+    std::string name() const override { return "capped"; }
+  };
+  const Cap cap(gpu, 0.5 * static_cast<double>(remade.reserved_memory_bytes + kept.reserved_memory_bytes));
+  const plan::SearchReport r = plan::search_layouts(one, alone, 1, kTrace, cap, *m.network);
+  REQUIRE(!r.layouts.empty());
+  const auto& best = r.layouts.front();
+  CHECK(best.fits);
+  CHECK(best.config.activation_checkpoint.mode == "none");
+  CHECK(best.config.activation_checkpoint.recompute_swiglu);
+  for (const auto& l : r.layouts)
+    if (l.fits) CHECK((l.config.activation_checkpoint.mode != "none" || l.config.activation_checkpoint.recompute_swiglu));
 }
 
 TEST_CASE("search: float8 layouts are priced at the profile's float8 rates, and refused where it has none") {
@@ -375,7 +460,7 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
     const auto& ac = l.config.activation_checkpoint;
     const std::string reshard = l.config.parallelism.fsdp_reshard_after_forward;
     const bool lightest = ac.mode == "full" && reshard != "never";
-    const bool least_work = ac.mode == "none" && reshard != "always";
+    const bool least_work = ac.mode == "none" && !ac.recompute_swiglu && reshard != "always";
     CHECK((lightest || least_work));
   }
   // A device where only some layouts fit: the larger microbatches past one that does
@@ -395,7 +480,7 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
   for (const auto& l : r.layouts) peaks.push_back(static_cast<double>(l.peak_memory_bytes));
   std::sort(peaks.begin(), peaks.end());
   auto family = [](std::string toml) {
-    for (const char* key : {"mode = ", "selective_ac_option = ", "fsdp_reshard_after_forward = "}) {
+    for (const char* key : {"mode = ", "selective_ac_option = ", "recompute_swiglu = ", "fsdp_reshard_after_forward = "}) {
       const auto at = toml.find(key);
       if (at != std::string::npos) toml.erase(at, toml.find('\n', at) - at);
     }
