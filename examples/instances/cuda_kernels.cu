@@ -107,6 +107,7 @@ TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<std::int64_t>)
 // Float8 GEMMs (nn/float8.hpp): the tensor amax, the scales, one scale given to every row,
 // the float8 values widened.
 TESSERA_LAUNCH_OP(ops::MaxOf)
+TESSERA_LAUNCH_OP(ops::Float8ScaleFromAmaxes)
 TESSERA_LAUNCH_OP(ops::Float8ScaleFromAmax)
 TESSERA_LAUNCH_OP(ops::Float8ScaleBroadcast)
 TESSERA_LAUNCH_OP(ops::Float8Transpose<float8_e4m3>)  // a weight gathered in float8, for the input gradient

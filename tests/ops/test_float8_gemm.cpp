@@ -4,8 +4,10 @@
 // three GEMMs of a linear layer as sums of the float8 values over the two scales.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -139,6 +141,30 @@ TEST_CASE("float8 casts: an all-zero tensor takes the floor amax, a power-of-two
   CHECK(ops::power_of_two_below(4.0f) == 4.0f);
   CHECK(ops::power_of_two_below(0x1.8p-140f) == 0x1p-140f);  // a subnormal
   CHECK(std::isinf(ops::power_of_two_below(std::numeric_limits<float>::infinity())));
+}
+
+TEST_CASE("float8 scales: a tensor's one scale from its rows' amaxes in one functor is MaxOf's then the scale's") {
+  // Float8ScaleFromAmaxes (one launch) against MaxOf then Float8ScaleFromAmax (two): the
+  // same bits, a NaN winning wherever it stands, an all-zero tensor at the floor, none.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> cases{
+      {0.5f, 3.25f, 448.0f, 1e-3f}, {0.0f, 0.0f}, {}, {2.0f, nan, 7.0f}, {nan, 1.0f}, {1.0f, inf}, {1e-30f, 3e-20f}};
+  for (const auto& amaxes : cases)
+    for (const double format_max : {448.0, 57344.0})
+      for (const bool power_of_two : {false, true}) {
+        CAPTURE(amaxes.size());
+        CAPTURE(format_max);
+        CAPTURE(power_of_two);
+        const auto n = static_cast<std::int64_t>(amaxes.size());
+        float max = -1, scale[2] = {-1, -1}, inverse[2] = {-1, -1};
+        ops::MaxOf{amaxes.data(), n, &max}(0);
+        ops::Float8ScaleFromAmax{&max, &scale[0], &inverse[0], format_max, power_of_two}(0);
+        ops::Float8ScaleFromAmaxes{amaxes.data(), n, &scale[1], &inverse[1], format_max, power_of_two}(0);
+        CHECK(std::memcmp(&scale[0], &scale[1], sizeof(float)) == 0);
+        CHECK(std::memcmp(&inverse[0], &inverse[1], sizeof(float)) == 0);
+        const bool any_nan = std::any_of(amaxes.begin(), amaxes.end(), [](float a) { return a != a; });
+        CHECK(std::isnan(scale[1]) == any_nan);
+      }
 }
 
 TEST_CASE("float8 GEMMs: each recipe's three GEMMs of a linear layer are the formula's") {
@@ -323,22 +349,50 @@ TEST_CASE("float8 casts shared while a Float8SharedCasts is open: the same tenso
     const nn::Float8Operand<Cpu> b = nn::cast_to_float8<Cpu>(x.cview(), e4m3);
     CHECK(a.e4m3.data() == b.e4m3.data());  // handed the kept one
     first = a.e4m3.data();
-    CHECK(nn::cast_to_float8<Cpu>(x.cview(), e4m3, true).e4m3.data() != first);  // transposed: its own
+    // Transposed: its own values, the kept one's scale (tensorwise: the same amax).
+    const nn::Float8Operand<Cpu> t = nn::cast_to_float8<Cpu>(x.cview(), e4m3, true);
+    CHECK(t.e4m3.data() != first);
+    CHECK(t.scale.data() == a.scale.data());
+    CHECK(t.inverse.data() == a.inverse.data());
     CHECK(nn::cast_to_float8<Cpu>(x.cview(), e5m2).e5m2.data() != nullptr);      // another format: its own
     CHECK(nn::cast_to_float8<Cpu>(y.cview(), e4m3).e4m3.data() != first);        // another tensor: its own
     CHECK(shared.kept() == 4);
     {
-      nn::Float8SharedCasts<Cpu> inner;  // the innermost is the one used
-      CHECK(nn::cast_to_float8<Cpu>(x.cview(), e4m3).e4m3.data() != first);
+      nn::Float8SharedCasts<Cpu> inner;  // sees the casts of the one open around it
+      CHECK(nn::cast_to_float8<Cpu>(x.cview(), e4m3).e4m3.data() == first);
+      CHECK(inner.kept() == 0);
+      const void* own = nn::cast_to_float8<Cpu>(x.cview(), e5m2, true).e5m2.data();  // kept by the inner one
       CHECK(inner.kept() == 1);
+      CHECK(nn::cast_to_float8<Cpu>(x.cview(), e5m2, true).e5m2.data() == own);
     }
+    CHECK(shared.kept() == 4);
     CHECK(nn::cast_to_float8<Cpu>(x.cview(), e4m3).e4m3.data() == first);
   }
   CHECK(nn::Float8SharedCasts<Cpu>::current() == nullptr);
-  // Closed: each cast its own, with the same values.
+  // Closed: each cast its own, with the same values; the transposed cast's values and
+  // scale are those it was given while the scale was shared.
   const nn::Float8Operand<Cpu> c = nn::cast_to_float8<Cpu>(x.cview(), e4m3), d = nn::cast_to_float8<Cpu>(x.cview(), e4m3);
   CHECK(c.e4m3.data() != d.e4m3.data());
   CHECK(nn::float8_values<Cpu>(c).cview()(3, 5) == nn::float8_values<Cpu>(d).cview()(3, 5));
+  for (const ops::Float8Cast cast : {e4m3, e5m2, ops::Float8Cast{DType::f8e4m3, Float8Axis::tensor, true}}) {
+    const nn::Float8Operand<Cpu> alone = nn::cast_to_float8<Cpu>(x.cview(), cast, true);
+    nn::Float8SharedCasts<Cpu> shared;
+    (void)nn::cast_to_float8<Cpu>(x.cview(), cast);
+    const nn::Float8Operand<Cpu> given = nn::cast_to_float8<Cpu>(x.cview(), cast, true);
+    CHECK(given.scale[0] == alone.scale[0]);
+    CHECK(given.inverse[0] == alone.inverse[0]);
+    const Tensor<float> va = nn::float8_values<Cpu>(alone), vg = nn::float8_values<Cpu>(given);
+    CHECK(std::memcmp(va.data(), vg.data(), sizeof(float) * static_cast<std::size_t>(va.numel())) == 0);
+  }
+  // Scales by row or column are not shared between the layouts: a transposed rowwise
+  // cast (scales by x's columns) takes its own.
+  {
+    const ops::Float8Cast by_rows{DType::f8e4m3, Float8Axis::rows, true}, by_columns{DType::f8e4m3, Float8Axis::columns, true};
+    nn::Float8SharedCasts<Cpu> shared;
+    const nn::Float8Operand<Cpu> r = nn::cast_to_float8<Cpu>(x.cview(), by_rows);
+    CHECK(nn::cast_to_float8<Cpu>(x.cview(), by_rows, true).scale.data() != r.scale.data());
+    CHECK(nn::cast_to_float8<Cpu>(x.cview(), by_columns, true).scale.data() != r.scale.data());
+  }
 }
 
 }  // namespace test_float8_gemm

@@ -101,6 +101,10 @@ template <>
 struct cuda_kernel_class_of<ops::MaxOf> {
   static constexpr KernelClass value = KernelClass::row;
 };
+template <>
+struct cuda_kernel_class_of<ops::Float8ScaleFromAmaxes> {
+  static constexpr KernelClass value = KernelClass::row;
+};
 template <class T, class F>
   requires kCudaLoweredElement<T>
 struct cuda_kernel_class_of<ops::QuantizeFloat8<T, F>> {

@@ -92,7 +92,11 @@ class Attention : public LayerTypes<T, B> {
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
     const AttentionShape s = shape(ctx.geometry());
-    Tensor<T> d_o = wo_.backward(ctx.child("wo"), parallel::whole_rows<B>(tp_, dy_rows));
+    Tensor<T> d_o;
+    {
+      Float8SharedCasts<B> shared;  // float8 GEMMs (tensorwise): dy's amax once for both of wo's gradients
+      d_o = wo_.backward(ctx.child("wo"), parallel::whole_rows<B>(tp_, dy_rows));
+    }
     const Tensor<T>& q = ctx.saved("q");
     const Tensor<T>& k = ctx.saved("k");
     Tensor<T> dq = B::template empty<T>(q.shape());
@@ -103,7 +107,9 @@ class Attention : public LayerTypes<T, B> {
                                     dv.view());
     rope_->rotate(dq, n_heads_, ctx.geometry().positions(), true);
     rope_->rotate(dk, n_kv_heads_, ctx.geometry().positions(), true);
-    Float8SharedCasts<B> shared;  // float8 GEMMs: x^T cast once for the three weight gradients
+    // Float8 GEMMs: x^T cast once for the three weight gradients, and (tensorwise) each
+    // of dq, dk and dv's amax taken once for its input and weight gradients.
+    Float8SharedCasts<B> shared;
     Tensor<T> dx = wq_.backward(ctx.child("wq"), dq);
     wk_.backward_into(ctx.child("wk"), dk, dx, 1.0f);
     wv_.backward_into(ctx.child("wv"), dv, dx, 1.0f);

@@ -74,13 +74,16 @@ class FeedForward : public LayerTypes<T, B> {
         g = B::template empty<T>(a.shape());
         B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
       }
+      Float8SharedCasts<B> shared;  // float8 GEMMs (tensorwise): dy's amax once for both of w2's gradients
       dg = w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows), recompute_swiglu_ ? &g : nullptr);
     }
     Tensor<T> da = B::template empty<T>(a.shape());
     Tensor<T> db = B::template empty<T>(b.shape());
     B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
     dg.release();
-    Float8SharedCasts<B> shared;  // float8 GEMMs: x^T cast once for the two weight gradients
+    // Float8 GEMMs: x^T cast once for the two weight gradients, and (tensorwise) da's and
+    // db's amaxes each taken once for its input and weight gradients.
+    Float8SharedCasts<B> shared;
     Tensor<T> dx = w1_.backward(ctx.child("w1"), da);
     w3_.backward_into(ctx.child("w3"), db, dx, 1.0f);
     return parallel::summed_rows<B>(tp_, dx);

@@ -70,11 +70,16 @@ struct Float8Operand {
 
 /// While one is open on this thread, casts to float8 on backend B are kept, and a cast of
 /// the same tensor (its address, element type, shape and leading dimension) by the same
-/// cast, transposed alike, is handed the kept one instead of casting again. A layer
-/// whose linear layers read one input opens one around them (attention's wq, wk and wv;
-/// the feed-forward's w1 and w3), so the input is cast once for the three or two GEMMs,
-/// and its transpose once for their weight gradients; the layer keeps the tensors alive
-/// and unchanged while it is open. The values are those of casting each time.
+/// cast, transposed alike, is handed the kept one instead of casting again; by the same
+/// tensorwise cast transposed the other way, it takes the kept one's scale (the amax of
+/// the same values) and only casts. A layer whose linear layers read one input opens one
+/// around them (attention's wq, wk and wv; the feed-forward's w1 and w3), so the input is
+/// cast once for the three or two GEMMs, and its transpose once for their weight
+/// gradients; a linear layer opens one around its backward, so that the output's gradient
+/// (tensorwise) has its amax taken once for the input gradient and the weight gradient.
+/// Whoever opens one keeps the tensors alive and unchanged while it is open; one opened
+/// inside another sees the outer one's casts too. The values are those of casting each
+/// time.
 template <Backend B>
 class Float8SharedCasts {
  public:
@@ -98,10 +103,20 @@ class Float8SharedCasts {
 
   /// The innermost one open on this thread, or none.
   static Float8SharedCasts* current() { return current_; }
+  /// The cast kept for `k`, in this one or one open around it.
   const Float8Operand<B>* find(const Key& k) const {
-    for (const auto& [key, q] : kept_)
-      if (key == k) return &q;
+    for (const Float8SharedCasts* s = this; s != nullptr; s = s->previous_)
+      for (const auto& [key, q] : s->kept_)
+        if (key == k) return &q;
     return nullptr;
+  }
+  /// A kept cast of the same tensor by the same tensorwise cast in the other layout (its
+  /// scale is k's), or none.
+  const Float8Operand<B>* find_scale(const Key& k) const {
+    if (k.cast.axis != ops::Float8Axis::tensor) return nullptr;
+    Key other = k;
+    other.transpose = !k.transpose;
+    return find(other);
   }
   void keep(const Key& k, const Float8Operand<B>& q) { kept_.emplace_back(k, q); }
   std::size_t kept() const { return kept_.size(); }
@@ -112,12 +127,36 @@ class Float8SharedCasts {
   std::vector<std::pair<Key, Float8Operand<B>>> kept_;
 };
 
+/// q.scale and q.inverse for casting `x` (rows x cols, leading dimension ld) by `cast`:
+/// the amax of each row (or column), and the scales from them (a tensorwise cast's one
+/// from all the rows').
+template <Backend B, class T>
+void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>& q) {
+  using ops::Float8Axis;
+  const std::int64_t xr = x.rows(), xc = x.cols(), ld = xc <= 1 ? xc : x.ld();
+  const std::int64_t n_scales = cast.axis == Float8Axis::rows ? xr : cast.axis == Float8Axis::columns ? xc : 1;
+  Tensor<float> amax = B::template empty<float>(Shape{cast.axis == Float8Axis::columns ? xc : xr});
+  if (cast.axis == Float8Axis::columns)
+    B::for_each(xc, ops::ColumnAbsMax<T>{x.data(), ld, xr, amax.data()});
+  else
+    B::for_each(xr, ops::RowAbsMax<T>{x.data(), ld, xc, amax.data()});
+  q.scale = B::template empty<float>(Shape{n_scales});
+  q.inverse = B::template empty<float>(Shape{n_scales});
+  const double format_max = cast.format == DType::f8e4m3 ? float8_e4m3::max() : float8_e5m2::max();
+  if (cast.axis == Float8Axis::tensor)  // the rows' amaxes to one scale, in one launch
+    B::for_each(1, ops::Float8ScaleFromAmaxes{amax.data(), xr, q.scale.data(), q.inverse.data(), format_max,
+                                              cast.power_of_two});
+  else
+    B::for_each(n_scales, ops::Float8ScaleFromAmax{amax.data(), q.scale.data(), q.inverse.data(), format_max,
+                                                   cast.power_of_two});
+}
+
 /// `x` (rows x cols, leading dimension ld) cast to float8 by `cast`: amaxes, scales, and
 /// the values, stored as x^T (cols x rows) when `transpose`; the kept cast where a
-/// Float8SharedCasts open on this thread has one.
+/// Float8SharedCasts open on this thread has one, or the kept scale where it has the
+/// same tensorwise cast in the other layout.
 template <Backend B, class T>
 Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool transpose = false) {
-  using ops::Float8Axis;
   Float8SharedCasts<B>* shared = Float8SharedCasts<B>::current();
   const typename Float8SharedCasts<B>::Key key{x.data(), dtype_of<T>(), x.rows(), x.cols(),
                                                 x.cols() <= 1 ? x.cols() : x.ld(), cast, transpose};
@@ -126,26 +165,15 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
   Float8Operand<B> q;
   q.cast = cast;
   q.transposed = transpose;
-  const std::int64_t xr = x.rows(), xc = x.cols();
+  const std::int64_t xr = x.rows(), xc = x.cols(), ld = xc <= 1 ? xc : x.ld();
   q.rows = transpose ? xc : xr;
   q.cols = transpose ? xr : xc;
-  const std::int64_t ld = xc <= 1 ? xc : x.ld();
-  const std::int64_t n_scales = cast.axis == Float8Axis::rows ? xr : cast.axis == Float8Axis::columns ? xc : 1;
-  Tensor<float> amax = B::template empty<float>(Shape{cast.axis == Float8Axis::columns ? xc : xr});
-  if (cast.axis == Float8Axis::columns)
-    B::for_each(xc, ops::ColumnAbsMax<T>{x.data(), ld, xr, amax.data()});
-  else
-    B::for_each(xr, ops::RowAbsMax<T>{x.data(), ld, xc, amax.data()});
-  if (cast.axis == Float8Axis::tensor) {
-    Tensor<float> all = B::template empty<float>(Shape{1});
-    B::for_each(1, ops::MaxOf{amax.data(), xr, all.data()});
-    amax = all;
+  if (const Float8Operand<B>* twin = shared != nullptr ? shared->find_scale(key) : nullptr) {
+    q.scale = twin->scale;
+    q.inverse = twin->inverse;
+  } else {
+    take_float8_scales<B>(x, cast, q);
   }
-  q.scale = B::template empty<float>(Shape{n_scales});
-  q.inverse = B::template empty<float>(Shape{n_scales});
-  const double format_max = cast.format == DType::f8e4m3 ? float8_e4m3::max() : float8_e5m2::max();
-  B::for_each(n_scales, ops::Float8ScaleFromAmax{amax.data(), q.scale.data(), q.inverse.data(), format_max,
-                                                 cast.power_of_two});
   const std::int64_t n = xr * xc;
   if (cast.format == DType::f8e4m3) {
     q.e4m3 = B::template empty<float8_e4m3>(Shape{q.rows, q.cols});

@@ -90,15 +90,21 @@ struct ColumnAbsMax {
   }
 };
 
-/// out[0] = max of in[0..n) (NaN wins); one index.
+/// The larger of two non-negative values or NaNs, a NaN winning (either order gives a
+/// NaN or the same number).
+TESSERA_HD inline float max_nan(float m, float v) { return v > m || v != v ? v : m; }
+
+/// out[0] = max of in[0..n) (NaN wins; 0 for n = 0); one index. `finish` is what the
+/// one index does with the maximum (the CUDA kernel reduces over a block, then calls it).
 struct MaxOf {
   const float* in;
   std::int64_t n;
   float* out;
+  TESSERA_HD void finish(float m) const { out[0] = m; }
   TESSERA_HD void operator()(std::int64_t) const {
     float m = 0;
-    for (std::int64_t i = 0; i < n; ++i) m = in[i] > m || in[i] != in[i] ? in[i] : m;
-    out[0] = m;
+    for (std::int64_t i = 0; i < n; ++i) m = max_nan(m, in[i]);
+    finish(m);
   }
   Traffic traffic(std::int64_t) const {
     const double e = static_cast<double>(n);
@@ -117,8 +123,15 @@ TESSERA_HD inline float power_of_two_below(float s) {
   return tessera::detail::bits_float(top);
 }
 
-/// scale[i] = float(max / max(double(amax[i]), 1e-12)) (a power of two not above it when
-/// `power_of_two`), and inverse[i] = 1 / scale[i], the GEMM's; index i.
+/// float(max / max(double(amax), 1e-12)), a power of two not above it when `power_of_two`:
+/// the scale of a float8 cast whose values' largest magnitude is amax.
+TESSERA_HD inline float float8_scale(float amax, double format_max, bool power_of_two) {
+  const double a = static_cast<double>(amax);
+  const float s = static_cast<float>(format_max / (a > kFloat8AmaxFloor || a != a ? a : kFloat8AmaxFloor));
+  return power_of_two ? power_of_two_below(s) : s;
+}
+
+/// scale[i] = float8_scale(amax[i]), and inverse[i] = 1 / scale[i], the GEMM's; index i.
 struct Float8ScaleFromAmax {
   const float* amax;
   float* scale;
@@ -126,15 +139,40 @@ struct Float8ScaleFromAmax {
   double format_max;
   bool power_of_two;
   TESSERA_HD void operator()(std::int64_t i) const {
-    const double a = static_cast<double>(amax[i]);
-    float s = static_cast<float>(format_max / (a > kFloat8AmaxFloor || a != a ? a : kFloat8AmaxFloor));
-    if (power_of_two) s = power_of_two_below(s);
+    const float s = float8_scale(amax[i], format_max, power_of_two);
     scale[i] = s;
     inverse[i] = 1.0f / s;
   }
   Traffic traffic(std::int64_t n) const {
     const double e = static_cast<double>(n);
     return {e * sizeof(float), 2 * e * sizeof(float), 3 * e, 0};
+  }
+};
+
+/// A tensor's one scale from the amaxes of its n rows (or of any split of it): scale[0] =
+/// float8_scale(max of amax[0..n)) (NaN wins) and inverse[0] = 1 / scale[0], as MaxOf
+/// then Float8ScaleFromAmax give them, in one launch; one index (the CUDA kernel is
+/// MaxOf's, reducing over a block, then `finish`).
+struct Float8ScaleFromAmaxes {
+  const float* in;  // the amaxes
+  std::int64_t n;
+  float* scale;
+  float* inverse;
+  double format_max;
+  bool power_of_two;
+  TESSERA_HD void finish(float m) const {
+    const float s = float8_scale(m, format_max, power_of_two);
+    scale[0] = s;
+    inverse[0] = 1.0f / s;
+  }
+  TESSERA_HD void operator()(std::int64_t) const {
+    float m = 0;
+    for (std::int64_t i = 0; i < n; ++i) m = max_nan(m, in[i]);
+    finish(m);
+  }
+  Traffic traffic(std::int64_t) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(float), 2 * sizeof(float), e + 3, 0};
   }
 };
 

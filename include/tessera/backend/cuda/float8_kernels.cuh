@@ -1,12 +1,14 @@
 // The float8 casts' kernels (ops/float8.hpp): RowAbsMax, a row per warp or block;
-// MaxOf, one block; QuantizeFloat8, rows of vectors or, transposing, tiles.
+// MaxOf and Float8ScaleFromAmaxes, one block; QuantizeFloat8, rows of vectors or,
+// transposing, tiles.
 //
 // Per index, RowAbsMax walks a whole row in one thread and MaxOf walks every row's amax
 // in one thread (a single thread over 8192 values), and a transposing QuantizeFloat8
 // reads x down its columns, one element a thread a row apart. Here:
 //   RowAbsMax      the row kernel (row_launch.cuh): the row's elements as vectors over
 //                  the warp or block, a reduction in which a NaN wins, as max_abs's
-//   MaxOf          one block strides over the n values, the same reduction
+//   MaxOf          one block strides over the n values, the same reduction (and
+//                  Float8ScaleFromAmaxes, which then makes the scale of the maximum)
 //   QuantizeFloat8 not transposing: a thread per 8 consecutive elements of a row (one
 //                  16- or 32-byte load, one 8-byte store) where every row is aligned and
 //                  8 divides the columns, else a thread per element; transposing: a
@@ -59,21 +61,23 @@ struct RowAbsMaxRows : WarpRows<T> {
   }
 };
 
-/// MaxOf's n values, one block: a thread's share, then the block's. (A template, as
-/// every kernel in a header: each translation unit's instance is the same one.)
+/// The maximum of F's n values `in`, one block: a thread's share, then the block's, then
+/// F's finish (MaxOf stores it, Float8ScaleFromAmaxes makes the scale from it). (A
+/// template, as every kernel in a header: each translation unit's instance is the same one.)
 template <class F>
 __global__ void __launch_bounds__(kMaxRowThreads) max_of_kernel(F f) {
   __shared__ float smem[32];
   float m = 0;
   for (std::int64_t i = threadIdx.x; i < f.n; i += blockDim.x) m = MaxNanOp{}(m, f.in[i]);
   m = block_reduce(m, MaxNanOp{}, smem);
-  if (threadIdx.x == 0) f.out[0] = m;
+  if (threadIdx.x == 0) f.finish(m);
 }
 
-/// OpKernel for MaxOf (launched with n = 1, its one index).
+/// OpKernel for MaxOf and Float8ScaleFromAmaxes (launched with n = 1, their one index).
+template <class F>
 struct MaxOfKernel {
-  static void launch(std::int64_t, const ops::MaxOf& f, cudaStream_t stream) {
-    max_of_kernel<ops::MaxOf><<<1, kMaxRowThreads, 0, stream>>>(f);
+  static void launch(std::int64_t, const F& f, cudaStream_t stream) {
+    max_of_kernel<F><<<1, kMaxRowThreads, 0, stream>>>(f);
     TESSERA_CUDA_CHECK(cudaGetLastError());
   }
 };

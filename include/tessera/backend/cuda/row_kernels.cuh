@@ -26,7 +26,7 @@
 //   rope_kernels.cuh           RopeRotate
 //   norm_kernels.cuh           SquaredNormChunks, LaneSum
 //   adamw_kernels.cuh          AdamWMultiStep
-//   float8_kernels.cuh         RowAbsMax, MaxOf, QuantizeFloat8 (tiles when transposing)
+//   float8_kernels.cuh         RowAbsMax, MaxOf, Float8ScaleFromAmaxes, QuantizeFloat8 (tiles when transposing)
 //
 // This header holds the table that gives each of them its OpKernel, checks it against
 // backend/kernel_class.hpp, and defines launch_op.
@@ -115,7 +115,9 @@ template <class T>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::RowAbsMax<T>> : detail::RowKernel<detail::RowAbsMaxRows<T>> {};
 template <>
-struct OpKernel<ops::MaxOf> : detail::MaxOfKernel {};
+struct OpKernel<ops::MaxOf> : detail::MaxOfKernel<ops::MaxOf> {};
+template <>
+struct OpKernel<ops::Float8ScaleFromAmaxes> : detail::MaxOfKernel<ops::Float8ScaleFromAmaxes> {};
 template <class T, class F>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::QuantizeFloat8<T, F>> : detail::QuantizeFloat8Kernel<T, F> {};
@@ -144,7 +146,8 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e5m2>> && kKernelClassAgrees<ops::ColumnAbsMax<T>>;
 }
 static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>() &&
-                  kKernelClassAgrees<ops::LaneSum> && kKernelClassAgrees<ops::MaxOf>,
+                  kKernelClassAgrees<ops::LaneSum> && kKernelClassAgrees<ops::MaxOf> &&
+                  kKernelClassAgrees<ops::Float8ScaleFromAmaxes>,
               "tessera: backend/kernel_class.hpp must list exactly the functors row_kernels.cuh lowers");
 }  // namespace detail
 
