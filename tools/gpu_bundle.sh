@@ -64,16 +64,18 @@
 #             llama-plan's float8 prediction; not part of `all` (about three minutes)
 #   llama     llama-train on the debug model on the GPU, 100 steps
 #   nccl      several llama-train processes sharing the one GPU over NCCL (comm.share_gpu):
-#             FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B) on 2 processes, FSDP 2 x TP 2,
-#             HSDP 2 x 2, PP 2 x TP 2 on 4, each against one process's losses (float32:
-#             1e-5; bf16 with cuDNN on FSDP 2 and TP 2: 1e-3), kill -9 of a rank, a
+#             FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B), CP 2 on 2 processes, FSDP 2 x
+#             TP 2, HSDP 2 x 2, PP 2 x TP 2, CP 2 x FSDP 2 on 4, each against one process's
+#             losses (float32: 1e-5; bf16 with cuDNN on FSDP 2, TP 2, CP 2: 1e-3), kill -9 of a rank, a
 #             checkpoint saved under FSDP 4 and resumed under TP 2 x FSDP 2, NCCL's version
 #             and transports; not part of `all` (a few minutes)
 #   all       every step above but nccl and titan in one command (eager, gemms, test, train,
 #             torch, llama, kernels), each under a cap and within SECONDS in all (default
 #             540), the torch step planning its runs within its cap; the logs packed into
 #             $OUT/results.tar.gz after each step, a line a step in $OUT/summary.txt; the
-#             GPU's clocks and power logged through it, by step (bench/gpu_clocks.py)
+#             GPU's clocks and power logged through it, by step (bench/gpu_clocks.py).
+#             run.sh all SECONDS STEP:CAP ... runs the steps named instead, in that order
+#             (nccl and float8 too; a cap of 0 takes what is left)
 set -euo pipefail
 if [ -n "${TESSERA_WHEELS:-}" ]; then
   TESSERA_WHEELS=$(cd "$TESSERA_WHEELS" 2>/dev/null && pwd) ||
@@ -314,10 +316,10 @@ case "${1:-}" in
     # Several NCCL processes on this one GPU (comm.share_gpu: a host per rank, NCCL over
     # sockets on loopback), each against one process on the same config and global batch:
     #  - the float32 model with tessera's attention, per-step losses within 1e-5 (the CPU
-    #    parity bar): FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B) on 2 processes, FSDP 2 x
-    #    TP 2, HSDP 2 x 2, PP 2 x TP 2 on 4;
-    #  - the bf16 model with cuDNN's attention (deterministic), within 1e-3 on FSDP 2 and
-    #    TP 2: the CPU's bf16 parity bar (tests/parallel/test_bf16_training.cpp: a layout
+    #    parity bar): FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B), CP 2 (the ring) on 2
+    #    processes, FSDP 2 x TP 2, HSDP 2 x 2, PP 2 x TP 2, CP 2 x FSDP 2 on 4;
+    #  - the bf16 model with cuDNN's attention (deterministic), within 1e-3 on FSDP 2, TP 2
+    #    and CP 2 (cuDNN's causal and full blocks): the CPU's bf16 parity bar (tests/parallel/test_bf16_training.cpp: a layout
     #    reorders fp32 sums and a last-bit change flips a bf16 rounding now and then; a
     #    quarter of a bf16 ulp, far below what a lost or doubled gradient piece does);
     #  - kill -9 of one of 2 ranks mid-run: the other exits non-zero within
@@ -372,8 +374,11 @@ PY
       "f32 fsdp2_tp2 4 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4"
       "f32 hsdp2x2 4 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2"
       "f32 pp2_tp2 4 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+      "f32 cp2 2 --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+      "f32 cp2_fsdp2 4 --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4"
       "b16 fsdp2 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4"
       "b16 tp2 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+      "b16 cp2 2 --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
     )
     for l in "${layouts[@]}"; do
       read -r -a words <<< "$l"
@@ -470,6 +475,8 @@ PY
       --format=csv,noheader,nounits -lms 250 > "$work/clocks.csv" 2> "$work/clocks.err" &
     logger=$!
     steps=("eager 150" "gemms 150" "test 150" "train 100" "torch 120" "llama 40" "kernels 0")
+    # run.sh all SECONDS STEP:CAP ...: those steps in that order instead (a cap of 0: what is left).
+    (( $# > 2 )) && { steps=(); for s in "${@:3}"; do steps+=("${s/:/ }"); done; }
     for s in "${steps[@]}"; do
       read -r name cap <<< "$s"
       left=$(( total - ($(date +%s) - start) ))
@@ -499,7 +506,8 @@ PY
     done
     grep -hE "\| +(profiled step|class |GEMMs|attention|memory-bound|loss head|optimizer|host synchron|no profile)" \
       "$work"/train.txt "$work"/train8b.txt 2>/dev/null
-    grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log 2>/dev/null
+    grep -hE "^\[doctest\] (test cases|assertions|Status)|^\| 20" "$work"/test.log "$work"/train.log "$work"/float8.log 2>/dev/null
+    grep -hE "^nccl:|^ +[0-9]+ (NCCL version|via|Duplicate)" "$work"/nccl.log 2>/dev/null
     echo "-- clocks.txt"; cat "$work/clocks.txt"
     cat "$out/summary.txt" ;;
   *) echo "usage: run.sh test|kernels|train|float8|torch|titan|eager|gemms|llama|nccl|all [SECONDS]" >&2; exit 2 ;;
