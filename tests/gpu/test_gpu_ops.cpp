@@ -607,7 +607,10 @@ TEST_CASE("Cross-entropy rows into a bf16 gradient: the in-place kernel's gradie
     for (std::size_t i = 0; i < got.size(); ++i) {
       const std::int64_t j = static_cast<std::int64_t>(i) % c.ld;
       const bf16 expect = cc.write_grad && j < c.n ? bf16(want[i]) : sentinel;
-      differ += got[i].bits != expect.bits;
+      if (got[i].bits != expect.bits && differ++ == 0)
+        MESSAGE("first difference: row ", static_cast<std::int64_t>(i) / c.ld, ", column ", j, " (target ",
+                t[static_cast<std::size_t>(static_cast<std::int64_t>(i) / c.ld)], "): bf16 bits ", got[i].bits,
+                ", the in-place float ", want[i], " rounds to bits ", expect.bits);
     }
     CHECK(differ == 0);
   }

@@ -98,8 +98,9 @@ __device__ void row_scale(const T* z, G* out, std::int64_t n, float m, float fac
     load_float<W>(z, j, v);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      if constexpr (kFromLogits) v[k] = ops::exp_nonpositive(v[k] - m) * factor;
-      else v[k] *= factor;
+      // The product rounded on its own (never fused with the target's subtraction), so
+      // every instantiation, in place or into rows of G, makes the same float.
+      v[k] = ops::mul_rn(kFromLogits ? ops::exp_nonpositive(v[k] - m) : v[k], factor);
       if (j + k == t) v[k] -= subtract;
     }
     store_float<W>(out, j, v);
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(kOneReadThreads, 2) cross_entropy_one_read_ker
 #pragma unroll
       for (int w = 0; w < V; ++w) {
         if (!f.write_grad) continue;  // exp(z - max) as it is
-        x[k][w] *= factor;
+        x[k][w] = ops::mul_rn(x[k][w], factor);  // as row_scale: never fused with the subtraction
         if (column(k) + w == t) x[k][w] -= scale;
       }
       if (whole(k)) {
