@@ -397,10 +397,13 @@ PY
     base+=(--comm.train_timeout_seconds 30)
     start kill 2 "${f32[@]}" --training.steps 100000 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4
     for _ in $(seq 1 240); do
-      [ "$(grep -c '"loss"' "$work/kill/metrics.jsonl" 2>/dev/null)" -ge 3 ] && break
+      logged=$(grep -c '"loss"' "$work/kill/metrics.jsonl" 2>/dev/null)
+      [ "${logged:-0}" -ge 3 ] && break
       sleep 0.5
     done
-    kill -9 "${pids[1]}"
+    # ${pids[1]} is rank 1's `timeout`: the rank is its child (killing the timeout alone
+    # left the rank training, as on 2026-12-04).
+    pkill -9 -P "${pids[1]}" || kill -9 "${pids[1]}"
     t0=$(date +%s)
     wait "${pids[0]}"
     rc=$?
@@ -492,13 +495,16 @@ PY
       rc=$?
       why=""; (( rc == 124 || rc == 137 )) && why=" (stopped at its ${limit} s)"
       echo "$name: exit $rc in $(( $(date +%s) - t0 )) s$why" | tee -a "$out/summary.txt"
-      tar -czf "$out/results.tar.gz" -C "$work" --exclude=./llama-train .  # not the debug model's checkpoints
+      # A step stopped at its cap may leave processes of its own (nccl's ranks run under
+      # timeouts of their own): none may run beside the next step's timings.
+      pkill -9 -f "^$here/" 2> /dev/null && echo "$name: processes it left were killed" | tee -a "$out/summary.txt"
+      tar -czf "$out/results.tar.gz" -C "$work" --exclude=./llama-train --exclude=checkpoint --exclude="*.safetensors" --exclude="*.bin" .  # no checkpoints, no saved models
     done
     mark "end"
     sleep 1
     kill "$logger" 2> /dev/null
     python3 "$here/gpu_clocks.py" --csv "$work/clocks.csv" --marks "$MARKS" --json "$work/clocks.json" > "$work/clocks.txt" 2>&1
-    tar -czf "$out/results.tar.gz" -C "$work" --exclude=./llama-train .
+    tar -czf "$out/results.tar.gz" -C "$work" --exclude=./llama-train --exclude=checkpoint --exclude="*.safetensors" --exclude="*.bin" .
     # The end of the reply (a loan returns the last 12,000 characters): what each step
     # found, the shortest and most asked-for last; the whole of it is in the archive.
     for f in "$work"/eager*.txt "$work"/gemms-torch.txt "$work"/torch.txt; do
