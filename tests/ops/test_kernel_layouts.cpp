@@ -93,3 +93,44 @@ TEST_CASE("kernel layouts: RMSNorm's fused backward holds every vector of a row 
   CHECK_FALSE(tessera::cuda::detail::fused_norm_layout(2049, kMax));
   CHECK_FALSE(tessera::cuda::detail::fused_norm_layout(0, kMax));
 }
+
+TEST_CASE("kernel layouts: the transposing float8 cast reads and writes every element of its tile once") {
+  using tessera::cuda::detail::TransposeTileLayout;
+  // float8_kernels.cuh's tile (64, 256 threads, runs of 8), and others the rule allows.
+  for (const TransposeTileLayout l : {TransposeTileLayout{64, 256, 8}, TransposeTileLayout{32, 128, 8},
+                                      TransposeTileLayout{64, 128, 4}, TransposeTileLayout{128, 512, 8}}) {
+    CAPTURE(l.tile);
+    CAPTURE(l.threads);
+    CAPTURE(l.run);
+    REQUIRE(l.reads() * l.run * l.threads == l.tile * l.tile);
+    REQUIRE(l.writes() * TransposeTileLayout::kWord * l.threads == l.tile * l.tile);
+    std::vector<int> read(static_cast<std::size_t>(l.tile * l.tile), 0), written(read.size(), 0);
+    bool inside = true, warps_along_rows = true;
+    for (int t = 0; t < l.threads; ++t) {
+      for (int k = 0; k < l.reads(); ++k) {
+        const int rr = l.read_row(t, k), cc = l.read_column(t, k);
+        inside = inside && rr >= 0 && rr < l.tile && cc >= 0 && cc % l.run == 0 && cc + l.run <= l.tile;
+        if (inside)
+          for (int w = 0; w < l.run; ++w) ++read[static_cast<std::size_t>(rr * l.tile + cc + w)];
+        // A lane's run follows its left neighbour's along the row, unless the row ended.
+        if (t % 32 != 0 && cc != 0) warps_along_rows = warps_along_rows && l.read_column(t - 1, k) + l.run == cc;
+      }
+      for (int k = 0; k < l.writes(); ++k) {
+        const int cc = l.write_column(t, k), rr = l.write_row(t, k);
+        inside = inside && cc >= 0 && cc < l.tile && rr >= 0 && rr % 4 == 0 && rr + 4 <= l.tile;
+        if (inside)
+          for (int i = 0; i < 4; ++i) ++written[static_cast<std::size_t>((rr + i) * l.tile + cc)];
+        if (t % 32 != 0 && rr != 0) warps_along_rows = warps_along_rows && l.write_row(t - 1, k) + 4 == rr;
+      }
+    }
+    CHECK(inside);
+    CHECK(warps_along_rows);
+    std::int64_t read_once = 0, written_once = 0;
+    for (std::size_t i = 0; i < read.size(); ++i) {
+      read_once += read[i] == 1;
+      written_once += written[i] == 1;
+    }
+    CHECK(read_once == l.tile * l.tile);
+    CHECK(written_once == l.tile * l.tile);
+  }
+}

@@ -28,7 +28,7 @@ namespace tessera {
 enum class KernelClass : std::uint8_t {
   per_index,     // cuda::for_each: one thread per index runs the functor's operator()
   row,           // a row per warp or per block, reductions across its threads, vector loads
-  column_sums,   // RmsNormBackwardWeight: chunked column sums in two deterministic kernels
+  column_sums,   // chunks of rows reduced down columns: RmsNormBackwardWeight's sums, ColumnAbsMax's maxima
   elementwise,   // grid-stride over 16-byte vectors
   multi_tensor,  // AdamWMultiStep: a block per block of the launch's table, 8 elements a thread
   tiles,         // QuantizeFloat8: 64 x 64 tiles through shared memory (transposing casts), else rows of vectors
@@ -90,12 +90,17 @@ template <>
 struct cuda_kernel_class_of<ops::LaneSum> {
   static constexpr KernelClass value = KernelClass::row;
 };
-// Float8 casts (ops/float8.hpp): a row's amax per warp or block, the amaxes' max in one
-// block, the cast itself in tiles.
+// Float8 casts (ops/float8.hpp): a row's amax per warp or block, columns' amaxes in
+// chunks of rows, the amaxes' max in one block, the cast itself in tiles.
 template <class T>
   requires kCudaLoweredElement<T>
 struct cuda_kernel_class_of<ops::RowAbsMax<T>> {
   static constexpr KernelClass value = KernelClass::row;
+};
+template <class T>
+  requires kCudaLoweredElement<T>
+struct cuda_kernel_class_of<ops::ColumnAbsMax<T>> {
+  static constexpr KernelClass value = KernelClass::column_sums;
 };
 template <>
 struct cuda_kernel_class_of<ops::MaxOf> {

@@ -7,8 +7,9 @@
 // past the largest finite one (an infinity too) becomes that value with its sign, as
 // torchao's to_fp8_saturated (clamp, then cast) and the hardware's cvt...satfinite do;
 // NaN stays NaN; a value below half the smallest subnormal becomes zero with its sign.
-// The rounding is integer arithmetic on the float's bits, so the host and the device give
-// the same byte for every input: tests/core/test_float8.cpp checks every bf16 input and a
+// The rounding is integer arithmetic on the float's bits (on Ada and Hopper, the device's
+// own conversion instruction, which rounds and saturates the same way), so the host and
+// the device give the same byte for every input: tests/core/test_float8.cpp checks every bf16 input and a
 // large sample of floats against the ml_dtypes package (fixtures by tools/make_fixtures.py).
 // A float8 value becomes a float exactly.
 #pragma once
@@ -54,6 +55,20 @@ struct Float8Format {
     const auto sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
     const std::uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return static_cast<std::uint8_t>(sign | kNanCode);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // Ada and Hopper convert in one instruction with the same rounding and saturation
+    // (PTX ISA, cvt.rn.satfinite to e4m3x2 or e5m2x2: nearest even, an infinity or a
+    // value past the largest finite one to that value with its sign); NaN is handled
+    // above. The second operand, the pair's high byte, is a zero left unused.
+    static_assert((kExp == 4 && kMan == 3 && kBias == 7) || (kExp == 5 && kMan == 2 && kBias == 15),
+                  "the device converts to E4M3FN and E5M2 only");
+    std::uint16_t pair;
+    if constexpr (kExp == 4)
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));
+    else
+      asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));
+    return static_cast<std::uint8_t>(pair & 0xffu);
+#else
     if (a >= float_bits(decode(kMaxCode))) return static_cast<std::uint8_t>(sign | kMaxCode);
     // The float as significand x 2^(e - 23), its hidden bit made explicit.
     int e = static_cast<int>(a >> 23) - 127;
@@ -78,6 +93,7 @@ struct Float8Format {
     // 2^(kMan + 1) moves into the exponent field by the same sum.
     const std::uint32_t code = (static_cast<std::uint32_t>(target + kBias) << kMan) + q - (1u << kMan);
     return static_cast<std::uint8_t>(sign | code);
+#endif
   }
 };
 

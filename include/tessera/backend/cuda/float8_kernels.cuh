@@ -1,6 +1,6 @@
 // The float8 casts' kernels (ops/float8.hpp): RowAbsMax, a row per warp or block;
-// MaxOf and Float8ScaleFromAmaxes, one block; QuantizeFloat8, rows of vectors or,
-// transposing, tiles.
+// ColumnAbsMax, chunks of rows times 32 columns; MaxOf and Float8ScaleFromAmaxes, one
+// block; QuantizeFloat8, rows of vectors or, transposing, tiles.
 //
 // Per index, RowAbsMax walks a whole row in one thread and MaxOf walks every row's amax
 // in one thread (a single thread over 8192 values), and a transposing QuantizeFloat8
@@ -12,8 +12,13 @@
 //   QuantizeFloat8 not transposing: a thread per 8 consecutive elements of a row (one
 //                  16- or 32-byte load, one 8-byte store) where every row is aligned and
 //                  8 divides the columns, else a thread per element; transposing: a
-//                  block per 64 x 64 tile, read along x's rows into shared memory as
-//                  float8 bytes, written along out's rows (x's columns)
+//                  block per 64 x 64 tile, read along x's rows in runs of 8 into shared
+//                  memory as float8 bytes, written along out's rows (x's columns) in
+//                  words of 4 (kernel_layouts.hpp's TransposeTileLayout)
+// The conversion itself is one instruction for two elements on Ada and Hopper
+// (core/float8.hpp): with it and 32-bit indices the casts are bound by memory, where
+// the integer rounding and 64-bit index arithmetic held them to 13-28% of the device
+// copy on an H200 (bench-kernels, 2026-12-04).
 // A maximum is exact whatever the order, and each cast is the functor's own conversion
 // of the same float product, so the results are the per-index kernel's bit for bit (the
 // GPU suite checks them against the CPU backend's).
@@ -23,8 +28,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "tessera/backend/cuda/check.hpp"
+#include "tessera/backend/cuda/kernel_layouts.hpp"
 #include "tessera/backend/cuda/launch.cuh"
 #include "tessera/backend/cuda/row_launch.cuh"
 #include "tessera/core/float8.hpp"
@@ -61,6 +68,56 @@ struct RowAbsMaxRows : WarpRows<T> {
   }
 };
 
+/// ColumnAbsMax: blocks of 8 warps, each 32 columns (lane l: column 32 bx + l) of a
+/// chunk of 256 rows (warp w: the chunk's rows w, w + 8, ...), a warp reading 32
+/// neighbours of a row; the 8 warps' maxima, then one atomic maximum a column on the
+/// float's bits, out zeroed first. |x| is never negative, so its bits order as unsigned
+/// integers as its values do, and a NaN's bits lie above every number's: a NaN wins, as
+/// in max_abs, and the maximum is exact whatever order the chunks arrive in. (Per
+/// index, a thread walked its whole column alone: as many threads as columns, each
+/// 8192 dependent loads deep, 0.55x the bf16 step at 1B with rowwise scales on an
+/// H200, 2026-12-04.)
+inline constexpr int kColumnMaxWarps = 8;
+inline constexpr std::int64_t kColumnMaxChunk = 256;
+
+template <class T>
+__global__ void __launch_bounds__(32 * kColumnMaxWarps) column_abs_max_kernel(ops::ColumnAbsMax<T> f, std::int64_t cols) {
+  __shared__ float maxima[kColumnMaxWarps][32];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kColumnMaxChunk;
+  const std::int64_t r1 = f.rows < r0 + kColumnMaxChunk ? f.rows : r0 + kColumnMaxChunk;
+  float m = 0;
+  if (c < cols) {
+#pragma unroll 8
+    for (std::int64_t r = r0 + warp; r < r1; r += kColumnMaxWarps)
+      m = ops::max_abs(m, static_cast<float>(to_accum(f.x[r * f.ld + c])));
+  }
+  maxima[warp][lane] = m;
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+#pragma unroll
+    for (int w = 1; w < kColumnMaxWarps; ++w) m = MaxNanOp{}(m, maxima[w][lane]);
+    atomicMax(reinterpret_cast<unsigned*>(f.out) + c, __float_as_uint(m));
+  }
+}
+
+/// OpKernel for ColumnAbsMax (n: the columns).
+template <class T>
+struct ColumnAbsMaxKernel {
+  static void launch(std::int64_t cols, const ops::ColumnAbsMax<T>& f, cudaStream_t stream) {
+    if (cols <= 0) return;
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(f.out, 0, static_cast<std::size_t>(cols) * sizeof(float), stream));
+    if (f.rows <= 0) return;
+    const std::int64_t chunks = (f.rows + kColumnMaxChunk - 1) / kColumnMaxChunk, groups = (cols + 31) / 32;
+    TESSERA_CHECK(chunks <= 65535 && groups <= 2147483647, "ColumnAbsMax: ", f.rows, " x ", cols,
+                  " is past the column maxima's grid");
+    column_abs_max_kernel<T><<<dim3(static_cast<unsigned>(groups), static_cast<unsigned>(chunks)),
+                               32 * kColumnMaxWarps, 0, stream>>>(f, cols);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
 /// The maximum of F's n values `in`, one block: a thread's share, then the block's, then
 /// F's finish (MaxOf stores it, Float8ScaleFromAmaxes makes the scale from it). (A
 /// template, as every kernel in a header: each translation unit's instance is the same one.)
@@ -82,54 +139,88 @@ struct MaxOfKernel {
   }
 };
 
-/// Elements a thread casts in the row-vector kernel.
+/// Elements a thread casts in the row-vector kernel, and reads at once in the tiles.
 inline constexpr int kQuantizeRun = 8;
 
 /// Not transposing, rows of vectors: thread t casts elements [8 u, 8 u + 8) of row r,
-/// u = t mod (cols / 8), r = t / (cols / 8); every row 16-byte aligned, 8 | cols.
-template <class T, class F>
+/// u = t mod (cols / 8), r = t / (cols / 8); every row 16-byte aligned, 8 | cols. I, the
+/// index type: 32 bits where the runs and the grid's stride fit (a 64-bit division per
+/// run cost as much as the cast of its 8 elements).
+template <class T, class F, class I>
 __global__ void __launch_bounds__(kElementwiseThreads) quantize_rows_kernel(ops::QuantizeFloat8<T, F> f) {
-  const std::int64_t runs = f.cols / kQuantizeRun, total = f.rows * runs;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total; t += stride) {
-    const std::int64_t r = t / runs, c = (t - r * runs) * kQuantizeRun;
+  const I runs = static_cast<I>(f.cols / kQuantizeRun), total = static_cast<I>(f.rows) * runs;
+  const I stride = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I t = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += stride) {
+    const I r = t / runs, c = (t - r * runs) * kQuantizeRun;
     float v[kQuantizeRun];
-    load_float<kQuantizeRun>(f.x + r * f.ld, c, v);
+    load_float<kQuantizeRun>(f.x + static_cast<std::int64_t>(r) * f.ld, c, v);
     F q[kQuantizeRun];
 #pragma unroll
     for (int k = 0; k < kQuantizeRun; ++k) q[k] = F(v[k] * f.scale[ops::float8_scale_index(f.axis, r, c + k)]);
-    store_elements<kQuantizeRun>(f.out + r * f.cols, c, q);
+    store_elements<kQuantizeRun>(f.out + static_cast<std::int64_t>(r) * f.cols, c, q);
   }
 }
 
 /// Transposing tiles: TILE x TILE elements of x a block.
 inline constexpr int kQuantizeTile = 64;
 inline constexpr int kQuantizeTileThreads = 256;
+/// Bytes of a row of the tile in shared memory: padded by one word, so that the 32
+/// lanes reading down a column (rows 4 apart) touch 8 banks each once, twice at most.
+inline constexpr int kQuantizeTilePitch = kQuantizeTile + 4;
 
-/// Block (bx, by) casts x's rows [64 by, +64) and columns [64 bx, +64): each thread
-/// reads 16 elements along x's rows (a warp: 32 neighbours of one row) and keeps their
-/// float8 bytes in shared memory, then writes 16 along out's rows (a warp: 32
-/// neighbouring bytes of one of x's columns). Tiles past the edge skip what lies outside.
-template <class T, class F>
+/// Block (bx, by) casts x's rows [64 by, +64) and columns [64 bx, +64), as
+/// TransposeTileLayout says: each thread reads runs of 8 elements along x's rows (one
+/// 16- or 32-byte load where kVectors: every row 16-byte aligned, 8 | cols) and keeps
+/// their float8 bytes in shared memory, then writes words of 4 bytes along out's rows
+/// (x's columns; one 4-byte store where kWords: 4 | rows, out 4-byte aligned). Tiles
+/// past the edge skip what lies outside.
+template <class T, class F, bool kVectors, bool kWords>
 __global__ void __launch_bounds__(kQuantizeTileThreads) quantize_transposed_kernel(ops::QuantizeFloat8<T, F> f) {
-  constexpr int kTile = kQuantizeTile, kPerThread = kTile * kTile / kQuantizeTileThreads;
-  // A row of the tile padded by 4 bytes: a warp reading down a column touches 32 banks.
-  __shared__ std::uint8_t tile[kTile][kTile + 4];
+  constexpr int kTile = kQuantizeTile, kPitch = kQuantizeTilePitch, kRun = kQuantizeRun;
+  constexpr TransposeTileLayout kLayout{kTile, kQuantizeTileThreads, kRun};
+  __shared__ __align__(16) std::uint8_t tile[kTile * kPitch];
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kTile, c0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
   const int t = static_cast<int>(threadIdx.x);
-#pragma unroll 4
-  for (int k = 0; k < kPerThread; ++k) {
-    const int e = k * kQuantizeTileThreads + t, rr = e / kTile, cc = e % kTile;
+#pragma unroll
+  for (int k = 0; k < kLayout.reads(); ++k) {
+    const int rr = kLayout.read_row(t, k), cc = kLayout.read_column(t, k);
     const std::int64_t r = r0 + rr, c = c0 + cc;
-    if (r < f.rows && c < f.cols)
-      tile[rr][cc] = F(static_cast<float>(to_accum(f.x[r * f.ld + c])) * f.scale[ops::float8_scale_index(f.axis, r, c)]).bits;
+    if (r >= f.rows || c >= f.cols) continue;
+    std::uint8_t b[kRun];
+    if constexpr (kVectors) {  // 8 | cols: the run is whole
+      float v[kRun];
+      load_float<kRun>(f.x + r * f.ld, c, v);
+#pragma unroll
+      for (int w = 0; w < kRun; ++w) b[w] = F(v[w] * f.scale[ops::float8_scale_index(f.axis, r, c + w)]).bits;
+    } else {
+#pragma unroll
+      for (int w = 0; w < kRun; ++w)
+        b[w] = c + w < f.cols ? f.element(r, c + w).bits : std::uint8_t{0};
+    }
+    std::uint32_t word[kRun / 4];
+    memcpy(word, b, kRun);
+#pragma unroll
+    for (int i = 0; i < kRun / 4; ++i) reinterpret_cast<std::uint32_t*>(tile + rr * kPitch + cc)[i] = word[i];
   }
   __syncthreads();
-#pragma unroll 4
-  for (int k = 0; k < kPerThread; ++k) {
-    const int e = k * kQuantizeTileThreads + t, cc = e / kTile, rr = e % kTile;
-    const std::int64_t r = r0 + rr, c = c0 + cc;
-    if (r < f.rows && c < f.cols) f.out[c * f.rows + r] = F::from_bits(tile[rr][cc]);
+#pragma unroll
+  for (int k = 0; k < kLayout.writes(); ++k) {
+    const int cc = kLayout.write_column(t, k), rr = kLayout.write_row(t, k);
+    const std::int64_t c = c0 + cc, r = r0 + rr;
+    if (c >= f.cols || r >= f.rows) continue;
+    std::uint8_t b[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b[i] = tile[(rr + i) * kPitch + cc];
+    F* out = f.out + c * f.rows + r;
+    if (kWords && r + 4 <= f.rows) {
+      std::uint32_t word;
+      memcpy(&word, b, 4);
+      *reinterpret_cast<std::uint32_t*>(out) = word;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (r + i < f.rows) out[i] = F::from_bits(b[i]);
+    }
   }
 }
 
@@ -137,18 +228,31 @@ __global__ void __launch_bounds__(kQuantizeTileThreads) quantize_transposed_kern
 /// they fit, else a thread per element.
 template <class T, class F>
 struct QuantizeFloat8Kernel {
+  template <bool kVectors, bool kWords>
+  static void tiles(const ops::QuantizeFloat8<T, F>& f, dim3 grid, cudaStream_t stream) {
+    quantize_transposed_kernel<T, F, kVectors, kWords><<<grid, kQuantizeTileThreads, 0, stream>>>(f);
+  }
   static void launch(std::int64_t n, const ops::QuantizeFloat8<T, F>& f, cudaStream_t stream) {
     if (f.transpose) {
       const std::int64_t bx = (f.cols + kQuantizeTile - 1) / kQuantizeTile, by = (f.rows + kQuantizeTile - 1) / kQuantizeTile;
       TESSERA_CHECK(by <= 65535 && bx <= 2147483647, "QuantizeFloat8: ", f.rows, " x ", f.cols,
                     " is past the tiled cast's grid");
-      quantize_transposed_kernel<T, F><<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by)),
-                                         kQuantizeTileThreads, 0, stream>>>(f);
+      const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by));
+      const bool vectors = f.cols % kQuantizeRun == 0 && rows_aligned16(f.x, f.ld);
+      const bool words = f.rows % 4 == 0 && reinterpret_cast<std::uintptr_t>(f.out) % 4 == 0;
+      if (vectors && words) tiles<true, true>(f, grid, stream);
+      else if (vectors) tiles<true, false>(f, grid, stream);
+      else if (words) tiles<false, true>(f, grid, stream);
+      else tiles<false, false>(f, grid, stream);
     } else if (f.cols % kQuantizeRun == 0 && rows_aligned16(f.x, f.ld) && aligned16(f.out)) {
-      const std::int64_t threads = f.rows * (f.cols / kQuantizeRun);
+      const std::int64_t runs = f.rows * (f.cols / kQuantizeRun);
       const auto blocks = static_cast<unsigned>(
-          std::min<std::int64_t>((threads + kElementwiseThreads - 1) / kElementwiseThreads, 65535));
-      quantize_rows_kernel<T, F><<<blocks, kElementwiseThreads, 0, stream>>>(f);
+          std::min<std::int64_t>((runs + kElementwiseThreads - 1) / kElementwiseThreads, 65535));
+      // 32-bit indices where the last run plus the grid's stride stays under 2^31.
+      if (runs + std::int64_t{blocks} * kElementwiseThreads < (std::int64_t{1} << 31))
+        quantize_rows_kernel<T, F, std::uint32_t><<<blocks, kElementwiseThreads, 0, stream>>>(f);
+      else
+        quantize_rows_kernel<T, F, std::int64_t><<<blocks, kElementwiseThreads, 0, stream>>>(f);
     } else {
       for_each(n, f, stream);
       return;

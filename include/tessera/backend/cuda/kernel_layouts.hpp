@@ -10,6 +10,9 @@
 //   FusedNormLayout   RMSNorm's fused backward (rmsnorm_kernels.cuh): a row of n
 //                     elements, n a whole number of vectors of V, over one block, thread
 //                     t holding vectors t, t + threads, ...
+//   TransposeTileLayout  the transposing float8 cast (float8_kernels.cuh): a square
+//                     tile of x over one block, read as runs along x's rows, written as
+//                     4-byte words along out's rows (x's columns)
 #pragma once
 
 #include <cstdint>
@@ -73,5 +76,23 @@ inline std::optional<FusedNormLayout> fused_norm_layout(std::int64_t vectors, in
   const auto threads = static_cast<int>((per + 31) / 32 * 32);
   return FusedNormLayout{vectors, threads < max_threads ? threads : max_threads, k};
 }
+
+/// A tile of `tile` x `tile` elements of x over `threads` threads, in two phases. Read:
+/// run k of thread t is `run` neighbouring elements of one of x's rows (a warp's runs
+/// side by side along the row). Write: word k of thread t is 4 neighbouring bytes of one
+/// of out's rows, x's rows [write_row, +4) of x's column write_column (a warp's words
+/// side by side along out's row). tile is a multiple of run and of 4, and tile^2 of
+/// run x threads and of 4 x threads.
+struct TransposeTileLayout {
+  static constexpr int kWord = 4;  // bytes of a write
+  int tile = 0, threads = 0, run = 0;
+
+  TESSERA_HD int reads() const { return tile * tile / run / threads; }  // runs a thread reads
+  TESSERA_HD int read_row(int t, int k) const { return (k * threads + t) / (tile / run); }
+  TESSERA_HD int read_column(int t, int k) const { return (k * threads + t) % (tile / run) * run; }
+  TESSERA_HD int writes() const { return tile * tile / kWord / threads; }  // words a thread writes
+  TESSERA_HD int write_column(int t, int k) const { return (k * threads + t) / (tile / kWord); }
+  TESSERA_HD int write_row(int t, int k) const { return (k * threads + t) % (tile / kWord) * kWord; }
+};
 
 }  // namespace tessera::cuda::detail

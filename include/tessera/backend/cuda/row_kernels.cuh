@@ -26,7 +26,8 @@
 //   rope_kernels.cuh           RopeRotate
 //   norm_kernels.cuh           SquaredNormChunks, LaneSum
 //   adamw_kernels.cuh          AdamWMultiStep
-//   float8_kernels.cuh         RowAbsMax, MaxOf, Float8ScaleFromAmaxes, QuantizeFloat8 (tiles when transposing)
+//   float8_kernels.cuh         RowAbsMax, ColumnAbsMax, MaxOf, Float8ScaleFromAmaxes, QuantizeFloat8 (tiles
+//                              when transposing)
 //
 // This header holds the table that gives each of them its OpKernel, checks it against
 // backend/kernel_class.hpp, and defines launch_op.
@@ -114,6 +115,9 @@ struct OpKernel<ops::LaneSum> : detail::LaneSumKernel {};
 template <class T>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::RowAbsMax<T>> : detail::RowKernel<detail::RowAbsMaxRows<T>> {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::ColumnAbsMax<T>> : detail::ColumnAbsMaxKernel<T> {};
 template <>
 struct OpKernel<ops::MaxOf> : detail::MaxOfKernel<ops::MaxOf> {};
 template <>
