@@ -67,7 +67,8 @@
 #             FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B), CP 2 on 2 processes, FSDP 2 x
 #             TP 2, HSDP 2 x 2, PP 2 x TP 2, CP 2 x FSDP 2 on 4, each against one process's
 #             losses (float32: 1e-5; bf16 with cuDNN on FSDP 2, TP 2, CP 2: 1e-3), kill -9 of a rank, a
-#             checkpoint saved under FSDP 4 and resumed under TP 2 x FSDP 2, NCCL's version
+#             checkpoint saved under FSDP 4 and resumed under TP 2 x FSDP 2, FSDP 2 under
+#             torchrun itself and Open MPI's mpirun where the image has them, NCCL's version
 #             and transports; not part of `all` (a few minutes)
 #   all       every step above but nccl and titan in one command (eager, gemms, test, train,
 #             torch, llama, kernels), each under a cap and within SECONDS in all (default
@@ -393,6 +394,28 @@ PY
       compare "$name" "one-$kind" "$bar" || status=1
       echo "nccl: $name took $(( $(date +%s) - t0 )) s"
     done
+    # The launchers themselves, FSDP 2 in float32 against one process: torchrun (the image's
+    # PyTorch; --standalone serves its agent store on MASTER_PORT, rank 0's store then
+    # listens on the next port), and Open MPI's mpirun where the image has one (the NCCL
+    # unique id then travels by MPI_Bcast, through the Open MPI libraries of the bundle).
+    fsdp2=(--parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4 --comm.share_gpu true)
+    if python3 -c "import torch.distributed.run" 2> /dev/null; then
+      NCCL_DEBUG=INFO timeout 180 python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python \
+        "$here/llama-train" "${base[@]}" "${f32[@]}" "${fsdp2[@]}" --job.dump_folder "$work/f32-torchrun" \
+        > "$work/f32-torchrun.rank0.log" 2>&1 && compare f32-torchrun one-f32 1e-5 ||
+        { echo "nccl: torchrun failed"; tail -n 8 "$work/f32-torchrun.rank0.log"; status=1; }
+    else
+      echo "nccl: torchrun: this image's python3 has no torch.distributed.run"
+    fi
+    if command -v mpirun > /dev/null && mpirun --version 2>&1 | grep -q "Open MPI"; then
+      echo "nccl: mpirun: $(mpirun --version 2>&1 | head -n 1)"
+      timeout 180 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH \
+        "$here/llama-train" "${base[@]}" "${f32[@]}" "${fsdp2[@]}" --job.dump_folder "$work/f32-mpirun" \
+        > "$work/f32-mpirun.rank0.log" 2>&1 && compare f32-mpirun one-f32 1e-5 ||
+        { echo "nccl: mpirun failed"; tail -n 8 "$work/f32-mpirun.rank0.log"; status=1; }
+    else
+      echo "nccl: mpirun: none in this image, or not Open MPI's ($(mpirun --version 2>&1 | head -n 1)); the bundle does not carry a launcher"
+    fi
     # kill -9 of rank 1 once rank 0 has logged 3 steps.
     base+=(--comm.train_timeout_seconds 30)
     start kill 2 "${f32[@]}" --training.steps 100000 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4
