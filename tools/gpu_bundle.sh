@@ -449,6 +449,17 @@ PY
         --training.local_batch_size 4
       wait_all && compare ckpt one-f32 1e-5 || { echo "nccl: the resumed run failed"; tail -n 8 "$work"/ckpt.rank*.log; status=1; }
       grep -o '"checkpoint_seconds": *[0-9.e-]*' "$work/ckpt/metrics.jsonl" | sort | uniq -c | sed 's/^/nccl: /'
+      # Start-up memory: rank 0's device memory after the model's initialisation under
+      # FSDP 4 (the run that saved: its first step's metrics) against one process's.
+      python3 - "$work/one-f32/metrics.jsonl" "$work/ckpt/metrics.jsonl" <<'PY' || status=1
+import json, sys
+def first(path):
+    return next(json.loads(l)["memory_after_init_bytes"] for l in open(path) if "memory_after_init_bytes" in l)
+one, fsdp = first(sys.argv[1]), first(sys.argv[2])
+print(f"nccl: memory after init_weights, rank 0 of FSDP 4: {fsdp / 2**20:.1f} MiB, one process: {one / 2**20:.1f} MiB "
+      f"({fsdp / one:.2f} of it; a quarter of the parameters and gradients, and what is not sharded)")
+sys.exit(0 if fsdp < 0.5 * one else 1)
+PY
     else
       echo "nccl: the FSDP 4 run that saves failed"; tail -n 8 "$work"/ckpt.rank*.log; status=1
     fi

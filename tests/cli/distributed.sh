@@ -111,6 +111,25 @@ check_parity() {
   echo "ok: $name: $result; rank 0 alone wrote $(echo "$files" | wc -l) entries and printed once"
 }
 
+# check_init_memory NAME WANT: rank 0's memory after the model's initialisation (its first
+# step's memory_after_init_bytes: parameters and gradients, before the optimizer's state)
+# is WANT of one rank's, within 3% (FSDP's flat shards are padded to whole rows).
+check_init_memory() {
+  local result
+  if result=$(python3 - "$work/one/metrics.jsonl" "$work/$1/metrics.jsonl" "$2" 2>&1 <<'EOF'
+import json, sys
+one, run = (json.loads(open(p).readline())["memory_after_init_bytes"] for p in sys.argv[1:3])
+want = float(sys.argv[3])
+print("rank 0 after init_weights: %d bytes, %.4f of one rank's %d (want %s)" % (run, run / one, one, sys.argv[3]))
+sys.exit(0 if want <= run / one <= want * 1.03 else 1)
+EOF
+  ); then
+    echo "ok: $1: $result"
+  else
+    echo "FAIL: $1: $result"; failures=$((failures + 1))
+  fi
+}
+
 # check_pipeline_header NAME SCHEDULE: NAME's start-up header counts the whole model's
 # parameters (as one rank's does, not one stage's) and has one pipeline line, naming
 # SCHEDULE, the microbatches and the stages.
@@ -133,7 +152,8 @@ check_pipeline_header() {
 # One rank: a global batch of 4 sequences.
 train_run one "$train" --training.local_batch_size 4 || { echo "the one-rank reference failed"; exit 1; }
 # Four thread ranks (FSDP 4), one sequence each: the same global batch.
-train_run threads4 "$train" --thread-ranks 4 --training.local_batch_size 1 && check_parity threads4
+train_run threads4 "$train" --thread-ranks 4 --training.local_batch_size 1 && check_parity threads4 &&
+  check_init_memory threads4 0.25
 # HSDP 2 x 2 on thread ranks, through the degrees, held to NCCL's rules.
 train_run threads_hsdp "$train" --thread-ranks 4 --training.local_batch_size 1 \
   --parallelism.data_parallel_replicate_degree 2 --comm.check_nccl_semantics true && check_parity threads_hsdp

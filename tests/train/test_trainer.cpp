@@ -218,6 +218,26 @@ TEST_CASE("A Trainer built in code: the config's door, nothing rounded unless as
   CHECK(code_losses(train::trainer_options(unnamed), data::DataLoader(tokens, 64, 8), 3) == from_code);
 }
 
+TEST_CASE("The first step reports the memory in use after the model's initialisation, before the optimizer's") {
+  const train::JobConfig c = small_job();
+  Model model(c.model.args);
+  model.init_weights(0);
+  std::size_t parameter_bytes = 0;
+  model.for_each_parameter([&](nn::Parameter<float>& p) { parameter_bytes += p.value.numel() * sizeof(float); });
+  const std::size_t before = memory_stats(Cpu::device).current();
+  train::Trainer<Model> trainer(model, small_options(), data::BatchSource::tokens(small_tokens(), 64, 8));
+  const std::size_t with_optimizer = memory_stats(Cpu::device).current();
+  const train::StepMetrics first = trainer.step(), second = trainer.step();
+  REQUIRE(first.memory_after_init_bytes.has_value());
+  // The parameters are in it; the optimizer's moments (two more copies) are not.
+  CHECK(*first.memory_after_init_bytes >= before);
+  CHECK(*first.memory_after_init_bytes >= parameter_bytes);
+  CHECK(with_optimizer >= *first.memory_after_init_bytes + 2 * parameter_bytes);
+  CHECK(first.to_json().contains("memory_after_init_bytes"));
+  CHECK_FALSE(second.memory_after_init_bytes.has_value());
+  CHECK_FALSE(second.to_json().contains("memory_after_init_bytes"));
+}
+
 TEST_CASE("A step whose loss is not finite stops the run, its update not applied (the skip is on the device)") {
   const train::JobConfig c = small_job();
   Model model(c.model.args);

@@ -44,6 +44,9 @@ struct StepMetrics {
   double mfu_pct = 0;
   double mfu_causal_pct = 0;
   std::size_t peak_memory_bytes = 0;
+  // The first step a process runs: the device memory in use after the model's
+  // initialisation, before the optimizer's state (Trainer).
+  std::optional<std::size_t> memory_after_init_bytes;
   std::size_t activation_bytes = 0;
   std::uint64_t comm_bytes = 0;  // bytes this rank sent in collectives this step
   double checkpoint_seconds = 0;  // what a checkpoint save after the step held it (async: the copy only)
@@ -65,6 +68,7 @@ struct StepMetrics {
             {"activation_bytes", activation_bytes},
             {"comm_bytes", comm_bytes},
             {"checkpoint_seconds", checkpoint_seconds}};
+    if (memory_after_init_bytes) j["memory_after_init_bytes"] = *memory_after_init_bytes;
     if (validation_loss) {
       j["validation_loss"] = *validation_loss;
       j["validation_tokens"] = validation_tokens;

@@ -202,6 +202,11 @@ class Trainer {
   Model& model_;
   TrainerOptions options_;
   data::BatchSource batches_;
+  // The memory in use on this rank's device once the model is built and initialised,
+  // before the optimizer's state (a default member initializer, run in declaration
+  // order): the first step's metrics report it. Under FSDP it is the rank's share.
+  std::size_t memory_after_init_ = memory_stats(B::device).current();
+  bool memory_after_init_reported_ = false;
   optim::AdamW<T, B> optimizer_;
   optim::LrSchedule schedule_;
   train::StepScalars<B, accum_t<T>> scalars_;  // the step's loss sum, norm and clip scale, on the device
@@ -384,6 +389,10 @@ StepMetrics Trainer<Model>::step() {
   }
   m.comm_bytes = mesh ? mesh->world().traffic().total() - sent_before : 0;
   m.peak_memory_bytes = memory_stats(B::device).peak();
+  if (!memory_after_init_reported_) {
+    m.memory_after_init_bytes = memory_after_init_;
+    memory_after_init_reported_ = true;
+  }
   m.activation_bytes = activations;
   return m;
 }
