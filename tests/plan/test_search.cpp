@@ -38,6 +38,17 @@ train::JobConfig job(int layers, std::int64_t local, std::int64_t global, std::v
   return test::debug_job(local, global, 2, keys);
 }
 
+/// A pricer that prices as `inner` but offers only `bytes` of device memory.
+struct CappedPricer final : plan::Pricer {
+  const plan::Pricer& inner;
+  double bytes;
+  CappedPricer(const plan::Pricer& p, double b) : inner(p), bytes(b) {}
+  double seconds(const trace::Op& op) const override { return inner.seconds(op); }
+  double peak_flops(DType d) const override { return inner.peak_flops(d); }
+  double usable_bytes() const override { return bytes; }
+  std::string name() const override { return "capped"; }
+};
+
 }  // namespace
 
 TEST_CASE("search: a layout extrapolated from small traces prices as its full traces do") {
@@ -349,16 +360,7 @@ TEST_CASE("search: no recomputation with the SwiGLU output remade is a variant b
   const plan::SearchResult kept = priced(false), remade = priced(true);
   REQUIRE(remade.reserved_memory_bytes < kept.reserved_memory_bytes);
   CHECK(remade.step_seconds > kept.step_seconds);
-  struct Cap final : plan::Pricer {
-    const plan::Pricer& inner;
-    double bytes;
-    Cap(const plan::Pricer& p, double b) : inner(p), bytes(b) {}
-    double seconds(const trace::Op& op) const override { return inner.seconds(op); }
-    double peak_flops(DType d) const override { return inner.peak_flops(d); }
-    double usable_bytes() const override { return bytes; }
-    std::string name() const override { return "capped"; }
-  };
-  const Cap cap(gpu, 0.5 * static_cast<double>(remade.reserved_memory_bytes + kept.reserved_memory_bytes));
+  const CappedPricer cap(gpu, 0.5 * static_cast<double>(remade.reserved_memory_bytes + kept.reserved_memory_bytes));
   const plan::SearchReport r = plan::search_layouts(one, alone, 1, kTrace, cap, *m.network);
   REQUIRE(!r.layouts.empty());
   const auto& best = r.layouts.front();
@@ -467,15 +469,6 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
   // not fit, the smaller shard degrees past one where none fits, and the variants whose
   // fit another's settles are not priced; every layout that fits and that no variant
   // doing less work dominates is still found (against pricing every one).
-  struct Cap final : plan::Pricer {
-    const plan::Pricer& inner;
-    double bytes;
-    Cap(const plan::Pricer& p, double b) : inner(p), bytes(b) {}
-    double seconds(const trace::Op& op) const override { return inner.seconds(op); }
-    double peak_flops(DType d) const override { return inner.peak_flops(d); }
-    double usable_bytes() const override { return bytes; }
-    std::string name() const override { return "capped"; }
-  };
   std::vector<double> peaks;
   for (const auto& l : r.layouts) peaks.push_back(static_cast<double>(l.peak_memory_bytes));
   std::sort(peaks.begin(), peaks.end());
@@ -491,7 +484,7 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
   // from the one before it.
   for (const std::size_t share : {3, 2}) {
     CAPTURE(share);
-    const Cap cap(gpu, peaks[peaks.size() / share]);
+    const CappedPricer cap(gpu, peaks[peaks.size() / share]);
     const plan::SearchReport pruned = plan::search_layouts(base, alone, 8, kTrace, cap, *m.network);
     CHECK(pruned.priced == pruned.layouts.size() + pruned.dominated);
     CHECK(pruned.priced < plan::enumerate_layouts(base, alone, 8).size());

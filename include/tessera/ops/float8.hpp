@@ -94,6 +94,13 @@ struct ColumnAbsMax {
 /// NaN or the same number).
 TESSERA_HD inline float max_nan(float m, float v) { return v > m || v != v ? v : m; }
 
+/// The largest of in[0..n) (NaN wins; 0 for n = 0), walked in order.
+TESSERA_HD inline float max_of(const float* in, std::int64_t n) {
+  float m = 0;
+  for (std::int64_t i = 0; i < n; ++i) m = max_nan(m, in[i]);
+  return m;
+}
+
 /// out[0] = max of in[0..n) (NaN wins; 0 for n = 0); one index. `finish` is what the
 /// one index does with the maximum (the CUDA kernel reduces over a block, then calls it).
 struct MaxOf {
@@ -101,11 +108,7 @@ struct MaxOf {
   std::int64_t n;
   float* out;
   TESSERA_HD void finish(float m) const { out[0] = m; }
-  TESSERA_HD void operator()(std::int64_t) const {
-    float m = 0;
-    for (std::int64_t i = 0; i < n; ++i) m = max_nan(m, in[i]);
-    finish(m);
-  }
+  TESSERA_HD void operator()(std::int64_t) const { finish(max_of(in, n)); }
   Traffic traffic(std::int64_t) const {
     const double e = static_cast<double>(n);
     return {e * sizeof(float), sizeof(float), e, 0};
@@ -165,11 +168,7 @@ struct Float8ScaleFromAmaxes {
     scale[0] = s;
     inverse[0] = 1.0f / s;
   }
-  TESSERA_HD void operator()(std::int64_t) const {
-    float m = 0;
-    for (std::int64_t i = 0; i < n; ++i) m = max_nan(m, in[i]);
-    finish(m);
-  }
+  TESSERA_HD void operator()(std::int64_t) const { finish(max_of(in, n)); }
   Traffic traffic(std::int64_t) const {
     const double e = static_cast<double>(n);
     return {e * sizeof(float), 2 * sizeof(float), e + 3, 0};
