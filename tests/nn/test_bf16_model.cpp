@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -123,7 +124,10 @@ TEST_CASE("bf16 model: loss and gradients agree with the fp32 model on the same 
   }
 }
 
-TEST_CASE("bf16 model: every activation-checkpoint mode gives bitwise the gradients of none") {
+TEST_CASE("bf16 model: every activation-checkpoint mode gives bitwise the gradients of none, float8 GEMMs too") {
+  // With float8 GEMMs (emulated) too: a tensorwise linear layer's backward casts x and W
+  // by the scales its forward saved, which the recompute saves again, or, where selective
+  // checkpointing replays the forward's output, by their own amax: the same scales.
   using Block = Parallel<LlamaBlock<bf16, Cpu>, Checkpoint<Dynamic>>;
   const parallel::CheckpointMode modes[] = {
       {parallel::CheckpointMode::Kind::none, 0},
@@ -132,26 +136,39 @@ TEST_CASE("bf16 model: every activation-checkpoint mode gives bitwise the gradie
       {parallel::CheckpointMode::Kind::selective_layer, 2},
   };
   const Batch b;
-  std::vector<std::vector<float>> reference;
-  double reference_loss = 0;
-  for (const auto& mode : modes) {
-    CAPTURE(mode.str());
-    parallel::Plan plan;
-    plan.checkpoint = mode;
-    Transformer<bf16, Cpu, Block> m(small_args(), plan);
-    m.init_weights(9);
-    m.shard();
-    m.zero_grad();
-    const double loss = m.forward_backward(b.inputs, b.targets, b.g, 1.0 / b.g.rows());
-    const auto g = gradients(m);
-    if (reference.empty()) {
-      reference = g;
-      reference_loss = loss;
-      continue;
+  const std::optional<ops::Float8Recipe> recipes[] = {std::nullopt, ops::Float8Recipe::tensorwise,
+                                                      ops::Float8Recipe::rowwise};
+  double bf16_loss = 0;
+  for (const std::optional<ops::Float8Recipe> recipe : recipes) {
+    CAPTURE(recipe ? std::string(ops::name_of(*recipe)) : std::string("bf16"));
+    std::vector<std::vector<float>> reference;
+    double reference_loss = 0;
+    for (const auto& mode : modes) {
+      CAPTURE(mode.str());
+      parallel::Plan plan;
+      plan.checkpoint = mode;
+      if (recipe) {
+        plan.float8.enabled = true;
+        plan.float8.emulate = true;
+        plan.float8.recipe = *recipe;
+      }
+      Transformer<bf16, Cpu, Block> m(small_args(), plan);
+      m.init_weights(9);
+      m.shard();
+      m.zero_grad();
+      const double loss = m.forward_backward(b.inputs, b.targets, b.g, 1.0 / b.g.rows());
+      const auto g = gradients(m);
+      if (reference.empty()) {
+        reference = g;
+        reference_loss = loss;
+        if (!recipe) bf16_loss = loss;
+        else CHECK(loss != bf16_loss);  // the float8 GEMMs ran
+        continue;
+      }
+      CHECK(loss == reference_loss);
+      REQUIRE(g.size() == reference.size());
+      for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == reference[i]);
     }
-    CHECK(loss == reference_loss);
-    REQUIRE(g.size() == reference.size());
-    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == reference[i]);
   }
 }
 

@@ -219,7 +219,8 @@ TEST_CASE("Float8 GEMMs not emulated: refused on the CPU and for sizes cuBLASLt 
     int e4m3, e5m2, high;  // GEMMs with each operand type, and the linear layers' in bf16
   };
   for (const Case k : {Case{"tensorwise", 14, 28, 0}, Case{"rowwise", 42, 0, 0}, Case{"rowwise_with_gw_hp", 28, 0, 14}}) {
-    CAPTURE(k.recipe);
+    const std::string recipe(k.recipe);
+    CAPTURE(recipe);
     std::vector<std::string> o = real;
     o.insert(o.end(), {"--float8.recipe_name", k.recipe});
     const plan::StepTrace st = plan::dry_run_step<bf16>(float8_job(o));
@@ -230,11 +231,19 @@ TEST_CASE("Float8 GEMMs not emulated: refused on the CPU and for sizes cuBLASLt 
     // gradients: a block's forward casts 4 inputs and 7 weights, its backward 7
     // gradients and 7 weights (the input gradients), and, for the weight gradients, 7
     // gradients and 4 inputs (none where they stay in bf16).
-    int casts = 0;
+    int casts = 0, amaxes = 0;
     for (const trace::Event& e : st.trace.events())
-      if (const auto* kernel = std::get_if<trace::Kernel>(&e.op))
+      if (const auto* kernel = std::get_if<trace::Kernel>(&e.op)) {
         casts += std::string_view(kernel->functor).starts_with("QuantizeFloat8") ? 1 : 0;
+        amaxes += std::string_view(kernel->functor).find("AbsMax") != std::string_view::npos ? 1 : 0;
+      }
     CHECK(casts == 2 * (11 + 14 + (k.high > 0 ? 0 : 11)));
+    // The amaxes: tensorwise takes the forward's 4 inputs' and 7 weights', then the 7
+    // output gradients' (each once for both of its GEMMs); the backward's casts of the
+    // inputs and weights take the forward's scales (nn::Linear saves them). Rowwise
+    // scales each operand along its own reduction: an amax a cast.
+    if (recipe == "tensorwise") CHECK(amaxes == 2 * (11 + 7));
+    else CHECK(amaxes == casts);
     CHECK(n.e5m2 == k.e5m2);
     CHECK(n.other == off.other - linear + k.high);
   }

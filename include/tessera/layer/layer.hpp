@@ -186,6 +186,7 @@ enum class SaveKind : std::uint8_t {
   attention,  // the attention core's output and statistics
   norm,       // normalisation statistics
   pointwise,  // the output of element-wise math
+  scale,      // a float8 cast's scale and its inverse (one float each)
 };
 
 /// Bytes of distinct saved tensors across a tree of stores, now and at the peak: the
@@ -488,6 +489,13 @@ class Context {
   template <class U>
   void save(std::string_view key, SaveKind kind, const Tensor<U>& tensor) const {
     if (saving()) store_->save(key, kind, Saved<T>(tensor));
+  }
+
+  /// What the forward saved under `key`, or nullptr where it saved nothing by that name
+  /// (or this context saves nothing).
+  template <class U = T>
+  const Tensor<U>* saved_if(std::string_view key) const {
+    return saving() ? store_->template find<U>(key) : nullptr;
   }
 
   /// What the forward saved under `key`, as a Tensor<U> (T, or accum_t<T> for a statistic).

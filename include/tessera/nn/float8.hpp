@@ -96,6 +96,12 @@ class Float8SharedCasts {
     }
   };
 
+  /// The key of casting `x` by `cast`, transposed or not.
+  template <class T>
+  static Key key_of(TensorView<const T> x, Float8Cast cast, bool transpose) {
+    return Key{x.data(), dtype_of<T>(), x.rows(), x.cols(), x.cols() <= 1 ? x.cols() : x.ld(), cast, transpose};
+  }
+
   Float8SharedCasts() : previous_(current_) { current_ = this; }
   ~Float8SharedCasts() { current_ = previous_; }
   Float8SharedCasts(const Float8SharedCasts&) = delete;
@@ -104,27 +110,49 @@ class Float8SharedCasts {
   /// The innermost one open on this thread, or none.
   static Float8SharedCasts* current() { return current_; }
   /// The cast kept for `k`, in this one or one open around it.
-  const Float8Operand<B>* find(const Key& k) const {
-    for (const Float8SharedCasts* s = this; s != nullptr; s = s->previous_)
-      for (const auto& [key, q] : s->kept_)
-        if (key == k) return &q;
-    return nullptr;
-  }
-  /// A kept cast of the same tensor by the same tensorwise cast in the other layout (its
-  /// scale is k's), or none.
+  const Float8Operand<B>* find(const Key& k) const { return lookup(k, false); }
+  /// A kept cast of the same tensor by the same tensorwise cast in the other layout, or
+  /// a kept scale of it (keep_scale): its scale is k's. Or none.
   const Float8Operand<B>* find_scale(const Key& k) const {
     if (k.cast.axis != ops::Float8Axis::tensor) return nullptr;
     Key other = k;
     other.transpose = !k.transpose;
-    return find(other);
+    return lookup(other, true);
   }
-  void keep(const Key& k, const Float8Operand<B>& q) { kept_.emplace_back(k, q); }
+  void keep(const Key& k, const Float8Operand<B>& q) { kept_.push_back({k, q, false}); }
+  /// Keeps a scale (and its inverse) taken earlier of the tensor `k` names, by k's
+  /// tensorwise cast: a cast of it in the other layout takes it (find_scale); no cast is
+  /// handed it whole (find). A layer's backward keeps its forward's scales so, for the
+  /// same values.
+  void keep_scale(const Key& k, const Tensor<float>& scale, const Tensor<float>& inverse) {
+    TESSERA_CHECK(k.cast.axis == ops::Float8Axis::tensor && scale.data() != nullptr && inverse.data() != nullptr &&
+                      scale.numel() == 1 && inverse.numel() == 1,
+                  "Float8SharedCasts::keep_scale: one scale of a tensorwise cast");
+    Float8Operand<B> q;
+    q.scale = scale;
+    q.inverse = inverse;
+    q.cast = k.cast;
+    q.transposed = k.transpose;
+    kept_.push_back({k, std::move(q), true});
+  }
   std::size_t kept() const { return kept_.size(); }
 
  private:
+  struct Kept {
+    Key key;
+    Float8Operand<B> operand;
+    bool scale_only;  // keep_scale's: no values
+  };
+  const Float8Operand<B>* lookup(const Key& k, bool scales_too) const {
+    for (const Float8SharedCasts* s = this; s != nullptr; s = s->previous_)
+      for (const Kept& kept : s->kept_)
+        if (kept.key == k && (scales_too || !kept.scale_only)) return &kept.operand;
+    return nullptr;
+  }
+
   static inline thread_local Float8SharedCasts* current_ = nullptr;
   Float8SharedCasts* previous_;
-  std::vector<std::pair<Key, Float8Operand<B>>> kept_;
+  std::vector<Kept> kept_;
 };
 
 /// q.scale and q.inverse for casting `x` (rows x cols, leading dimension ld) by `cast`:
@@ -158,8 +186,7 @@ void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>
 template <Backend B, class T>
 Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool transpose = false) {
   Float8SharedCasts<B>* shared = Float8SharedCasts<B>::current();
-  const typename Float8SharedCasts<B>::Key key{x.data(), dtype_of<T>(), x.rows(), x.cols(),
-                                                x.cols() <= 1 ? x.cols() : x.ld(), cast, transpose};
+  const typename Float8SharedCasts<B>::Key key = Float8SharedCasts<B>::key_of(x, cast, transpose);
   if (shared != nullptr)
     if (const Float8Operand<B>* kept = shared->find(key)) return *kept;
   Float8Operand<B> q;

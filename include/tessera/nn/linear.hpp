@@ -75,11 +75,18 @@ class Linear : public LayerTypes<T, B> {
       if (!weight_.float8_value.empty())
         float8_gemm<B>(Trans::no, x.cview(), float8_->input, gathered_float8_weight(false), 0.0f, out.view(),
                        weight_.name, {emulate_float8_, float8_->fast_accumulation_forward});
-      else if (float8_)
+      else if (float8_) {
+        // The GEMM's casts, whose tensorwise scales the backward takes: kept in the scope
+        // open around it (a layer's, sharing x between its linear layers), else in one here.
+        std::optional<Float8SharedCasts<B>> own;
+        Float8SharedCasts<B>& casts = open_casts(own);
         float8_gemm<B>(Trans::no, Trans::yes, x.cview(), float8_->input, weight_.value.cview(), float8_->weight, 0.0f,
                        out.view(), weight_.name, {emulate_float8_, float8_->fast_accumulation_forward});
-      else
+        keep_scale(ctx, casts, "x", x.cview(), float8_->input, reuses_input_scale());
+        keep_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
+      } else {
         B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
+      }
       return out;
     });
     if (keep_input) ctx.save("x", SaveKind::input, x);
@@ -102,18 +109,22 @@ class Linear : public LayerTypes<T, B> {
       const Tensor<float8_e4m3> transposed = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
       float8_gemm<B>(Trans::no, dy.cview(), float8_->grad_output, gathered_float8_weight(true, transposed), beta,
                      dx.view(), weight_.name, {emulate_float8_, false});
-    } else if (float8_)
+    } else if (float8_) {
+      std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
+      Float8SharedCasts<B>& casts = open_casts(own);
+      take_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight);
       float8_gemm<B>(Trans::no, Trans::no, dy.cview(), float8_->grad_output, weight_.value.cview(),
                      float8_->weight_for_grad_input, beta, dx.view(), weight_.name, {emulate_float8_, false});
-    else
+    } else {
       B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
-    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy] {
+    }
+    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy, x_scale = saved_scale(ctx, "x")] {
       if (parallel::active(tp_) && weight_.split.holders > 1) {
         Tensor<accum_t<T>> dw = B::template empty<accum_t<T>>(weight_.grad.shape());
-        weight_gemm(dy, x, 0.0f, dw);
+        weight_gemm(dy, x, 0.0f, dw, x_scale);
         parallel::accumulate_over_holders<B>(tp_, dw, weight_);
       } else {
-        weight_gemm(dy, x, weight_.grad_write_beta(), weight_.grad);
+        weight_gemm(dy, x, weight_.grad_write_beta(), weight_.grad, x_scale);
       }
     });
   }
@@ -152,14 +163,91 @@ class Linear : public LayerTypes<T, B> {
                   "of ", kFloat8GemmMultiple, "; keep it out by float8.filter_fqns or set float8.emulate = true");
   }
 
-  /// into = dy^T x + beta into: the weight's gradient, in float8 where the recipe casts it.
-  void weight_gemm(const Tensor<T>& dy, const Tensor<T>& x, accum_t<T> beta, const Tensor<accum_t<T>>& into) {
-    if (float8_ && !float8_->grad_weight_high_precision)
+  /// A scale and its inverse the forward saved (held: a deferred weight gradient may run
+  /// after the store is cleared), or none (empty).
+  struct SavedScale {
+    Tensor<float> scale, inverse;
+    bool found() const { return scale.data() != nullptr && inverse.data() != nullptr; }
+  };
+
+  /// into = dy^T x + beta into: the weight's gradient, in float8 where the recipe casts
+  /// it, x's transpose cast with the forward's scale of x where it kept one.
+  void weight_gemm(const Tensor<T>& dy, const Tensor<T>& x, accum_t<T> beta, const Tensor<accum_t<T>>& into,
+                   const SavedScale& x_scale = {}) {
+    if (float8_ && !float8_->grad_weight_high_precision) {
+      std::optional<Float8SharedCasts<B>> own;
+      Float8SharedCasts<B>& casts = open_casts(own);
+      if (x_scale.found())
+        casts.keep_scale(Float8SharedCasts<B>::key_of(x.cview(), float8_->input, false), x_scale.scale,
+                         x_scale.inverse);
       float8_gemm<B>(Trans::yes, Trans::no, dy.cview(), float8_->grad_output_for_grad_weight, x.cview(),
                      float8_->input_for_grad_weight, static_cast<float>(beta), into.view(), weight_.name,
                      {emulate_float8_, false});
-    else
+    } else {
       B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), beta, into.view());
+    }
+  }
+
+  // ---- The forward's tensorwise scales, taken again by the backward ------------------
+  // A tensorwise recipe casts x and W by one scale each in the forward, and their
+  // transposes by the same casts for the weight and input gradients: the amax of the
+  // same values. The forward saves the two scales (a statistic each: 4 bytes and its
+  // inverse), and the backward hands them to its casts (Float8SharedCasts::keep_scale),
+  // which then only cast: no amax pass over x and W again. Where the forward's GEMM did
+  // not run (an output replayed from selective checkpointing's stash) nothing is saved,
+  // and the backward takes the amax itself, as before.
+
+  /// The Float8SharedCasts open on this thread, or `own` opened (a linear layer's casts
+  /// join the scope its layer opened around it: a scope of its own would hide them).
+  static Float8SharedCasts<B>& open_casts(std::optional<Float8SharedCasts<B>>& own) {
+    if (Float8SharedCasts<B>* open = Float8SharedCasts<B>::current()) return *open;
+    return own.emplace();
+  }
+
+  /// The input's backward cast (for the weight gradient) is the forward's, transposed.
+  bool reuses_input_scale() const {
+    return float8_ && !float8_->grad_weight_high_precision && float8_->input.axis == ops::Float8Axis::tensor &&
+           same_cast(float8_->input, float8_->input_for_grad_weight);
+  }
+  /// The weight's backward cast (for the input gradient) is the forward's, transposed.
+  bool reuses_weight_scale() const {
+    return float8_ && float8_->weight.axis == ops::Float8Axis::tensor &&
+           same_cast(float8_->weight, float8_->weight_for_grad_input);
+  }
+  static bool same_cast(const ops::Float8Cast& a, const ops::Float8Cast& b) {
+    return a.format == b.format && a.axis == b.axis && a.power_of_two == b.power_of_two;
+  }
+
+  static std::string scale_key(const char* what) { return std::string(what) + "_float8_scale"; }
+  static std::string inverse_key(const char* what) { return std::string(what) + "_float8_inverse"; }
+
+  /// After the forward's GEMM: the scale its cast of `v` by `cast` took (found in
+  /// `casts`, or in a scope around it), saved under `what` where `reused`.
+  void keep_scale(const Context<T>& ctx, const Float8SharedCasts<B>& casts, const char* what, TensorView<const T> v,
+                  const ops::Float8Cast& cast, bool reused) const {
+    if constexpr (std::is_same_v<accum_t<T>, float>) {
+      if (!reused) return;
+      const Float8Operand<B>* q = casts.find(Float8SharedCasts<B>::key_of(v, cast, false));
+      if (q == nullptr) return;
+      ctx.save(scale_key(what), SaveKind::scale, q->scale);
+      ctx.save(inverse_key(what), SaveKind::scale, q->inverse);
+    }
+  }
+  /// What keep_scale saved under `what`, or none.
+  static SavedScale saved_scale(const Context<T>& ctx, const char* what) {
+    SavedScale s;
+    if constexpr (std::is_same_v<accum_t<T>, float>) {
+      const Tensor<float>* scale = ctx.template saved_if<float>(scale_key(what));
+      const Tensor<float>* inverse = ctx.template saved_if<float>(inverse_key(what));
+      if (scale != nullptr && inverse != nullptr) s = {*scale, *inverse};
+    }
+    return s;
+  }
+  /// Hands `casts` the forward's scale of `v` (by the forward's `cast`), where it saved one.
+  static void take_scale(const Context<T>& ctx, Float8SharedCasts<B>& casts, const char* what, TensorView<const T> v,
+                         const ops::Float8Cast& cast) {
+    const SavedScale s = saved_scale(ctx, what);
+    if (s.found()) casts.keep_scale(Float8SharedCasts<B>::key_of(v, cast, false), s.scale, s.inverse);
   }
 
   Parameter<T> weight_;
