@@ -76,7 +76,9 @@ struct Float8Operand {
 /// around them (attention's wq, wk and wv; the feed-forward's w1 and w3), so the input is
 /// cast once for the three or two GEMMs, and its transpose once for their weight
 /// gradients; a linear layer opens one around its backward, so that the output's gradient
-/// (tensorwise) has its amax taken once for the input gradient and the weight gradient.
+/// (tensorwise) has its amax taken once for the input gradient and the weight gradient,
+/// and hands it the scales of x and W its forward took (keep_scale), so that their
+/// transposes are cast without another amax.
 /// Whoever opens one keeps the tensors alive and unchanged while it is open; one opened
 /// inside another sees the outer one's casts too. The values are those of casting each
 /// time.
