@@ -82,8 +82,8 @@ class Linear : public LayerTypes<T, B> {
         Float8SharedCasts<B>& casts = open_casts(own);
         float8_gemm<B>(Trans::no, Trans::yes, x.cview(), float8_->input, weight_.value.cview(), float8_->weight, 0.0f,
                        out.view(), weight_.name, {emulate_float8_, float8_->fast_accumulation_forward});
-        keep_scale(ctx, casts, "x", x.cview(), float8_->input, reuses_input_scale());
-        keep_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
+        save_scale(ctx, casts, "x", x.cview(), float8_->input, reuses_input_scale());
+        save_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
       } else {
         B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
       }
@@ -112,7 +112,7 @@ class Linear : public LayerTypes<T, B> {
     } else if (float8_) {
       std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
       Float8SharedCasts<B>& casts = open_casts(own);
-      take_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight);
+      hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
       float8_gemm<B>(Trans::no, Trans::no, dy.cview(), float8_->grad_output, weight_.value.cview(),
                      float8_->weight_for_grad_input, beta, dx.view(), weight_.name, {emulate_float8_, false});
     } else {
@@ -177,9 +177,7 @@ class Linear : public LayerTypes<T, B> {
     if (float8_ && !float8_->grad_weight_high_precision) {
       std::optional<Float8SharedCasts<B>> own;
       Float8SharedCasts<B>& casts = open_casts(own);
-      if (x_scale.found())
-        casts.keep_scale(Float8SharedCasts<B>::key_of(x.cview(), float8_->input, false), x_scale.scale,
-                         x_scale.inverse);
+      hand_scale(casts, x.cview(), float8_->input, x_scale);
       float8_gemm<B>(Trans::yes, Trans::no, dy.cview(), float8_->grad_output_for_grad_weight, x.cview(),
                      float8_->input_for_grad_weight, static_cast<float>(beta), into.view(), weight_.name,
                      {emulate_float8_, false});
@@ -223,7 +221,7 @@ class Linear : public LayerTypes<T, B> {
 
   /// After the forward's GEMM: the scale its cast of `v` by `cast` took (found in
   /// `casts`, or in a scope around it), saved under `what` where `reused`.
-  void keep_scale(const Context<T>& ctx, const Float8SharedCasts<B>& casts, const char* what, TensorView<const T> v,
+  void save_scale(const Context<T>& ctx, const Float8SharedCasts<B>& casts, const char* what, TensorView<const T> v,
                   const ops::Float8Cast& cast, bool reused) const {
     if constexpr (std::is_same_v<accum_t<T>, float>) {
       if (!reused) return;
@@ -233,7 +231,7 @@ class Linear : public LayerTypes<T, B> {
       ctx.save(inverse_key(what), SaveKind::scale, q->inverse);
     }
   }
-  /// What keep_scale saved under `what`, or none.
+  /// What save_scale saved under `what`, or none.
   static SavedScale saved_scale(const Context<T>& ctx, const char* what) {
     SavedScale s;
     if constexpr (std::is_same_v<accum_t<T>, float>) {
@@ -243,10 +241,9 @@ class Linear : public LayerTypes<T, B> {
     }
     return s;
   }
-  /// Hands `casts` the forward's scale of `v` (by the forward's `cast`), where it saved one.
-  static void take_scale(const Context<T>& ctx, Float8SharedCasts<B>& casts, const char* what, TensorView<const T> v,
-                         const ops::Float8Cast& cast) {
-    const SavedScale s = saved_scale(ctx, what);
+  /// Hands `casts` the forward's scale `s` of `v` (by the forward's `cast`), where it saved one.
+  static void hand_scale(Float8SharedCasts<B>& casts, TensorView<const T> v, const ops::Float8Cast& cast,
+                         const SavedScale& s) {
     if (s.found()) casts.keep_scale(Float8SharedCasts<B>::key_of(v, cast, false), s.scale, s.inverse);
   }
 
