@@ -53,6 +53,8 @@ namespace tessera {
   TESSERA_LAUNCH_OP(ops::RopeRotate<T>)                                                                               \
   TESSERA_LAUNCH_OP(ops::SwiGluForward<T>)                                                                            \
   TESSERA_LAUNCH_OP(ops::SwiGluBackward<T>)                                                                           \
+  TESSERA_LAUNCH_OP(ops::SwiGluForwardRows<T>)                                                                        \
+  TESSERA_LAUNCH_OP(ops::SwiGluBackwardRows<T>)                                                                       \
   TESSERA_LAUNCH_OP(ops::CausalSoftmaxForward<T>)                                                                     \
   TESSERA_LAUNCH_OP(ops::CausalSoftmaxRecompute<T>)                                                                   \
   TESSERA_LAUNCH_OP(ops::CausalSoftmaxBackward<T>)                                                                    \

@@ -44,6 +44,7 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/backend/kernel_class.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/ops/ops.hpp"
 
 namespace test_gpu_ops {  // unity build: this file's names stay in here (tests/meson.build)
@@ -205,11 +206,25 @@ void check_rmsnorm_forward(const RowCase& c, std::uint32_t seed) {
               [&](std::size_t i) { return (kRowSumTol + rounding_of<R>()) * std::fabs(value(rstd_cpu[i])); },
               "rstd, " + describe(c));
   // y = w x rstd: rstd's error plus one rounding; padding exact.
-  check_close(dy.download(), y_cpu,
+  const std::vector<T> y_gpu = dy.download();
+  check_close(y_gpu, y_cpu,
               [&](std::size_t i) {
                 return inside(i, c.ld, c.n) ? (kRowSumTol + rounding_of<T>()) * std::fabs(value(y_cpu[i])) : 0.0;
               },
               "y, " + describe(c));
+
+  // With the rows' amaxes of y (for a float8 cast of it, ops::RmsNormForward::y_amax):
+  // the same y bit for bit, and each row's amax RowAbsMax's of that y as stored.
+  DeviceArray<T> dy_amaxed(y0, c.offset);
+  DeviceArray<float> damax(std::vector<float>(static_cast<std::size_t>(c.rows), -1.0f));
+  F fa = fg;
+  fa.y = dy_amaxed.data();
+  fa.y_amax = damax.data();
+  gpu_test::launch_op(c.rows, fa);
+  check_same_bits(dy_amaxed.download(), y_gpu, "y with its rows' amaxes against y without, " + describe(c));
+  std::vector<float> want(static_cast<std::size_t>(c.rows));
+  Cpu::for_each(c.rows, ops::RowAbsMax<T>{y_gpu.data(), c.ld, c.n, want.data()});
+  check_same_bits(damax.download(), want, "y's row amaxes against RowAbsMax of y, " + describe(c));
 }
 
 TEST_CASE_TEMPLATE("RMSNorm forward: the lowered kernel gives the CPU functor's y and rstd", T, float, bf16) {
@@ -1044,6 +1059,85 @@ TEST_CASE_TEMPLATE("SwiGLU forward and backward: the vectorised kernels give the
                   [&](std::size_t i) { return (kExprTol + rounding_of<T>()) * std::fabs(value(db_cpu[i])); },
                   "swiglu backward db, " + what);
     }
+}
+
+struct SwiGluRowsCase {
+  std::int64_t rows, cols;
+  std::size_t offset;
+  const char* what;
+};
+const SwiGluRowsCase kSwiGluRowsCases[] = {
+    {37, 8192, 0, "a block per row, vector loads"},
+    {3, 14336, 0, "Llama 3 8B's hidden size, a block per row"},
+    {64, 1000, 0, "a warp per row, vector loads"},
+    {5, 1003, 0, "rows not whole vectors: scalar loads"},
+    {9, 4096, 1, "a misaligned base: scalar loads"},
+    {7, 1, 0, "rows of one element"},
+};
+
+/// The amax of each of `rows` rows of `cols` elements of x as stored (RowAbsMax on the CPU).
+template <class T>
+std::vector<float> row_amaxes(const std::vector<T>& x, std::int64_t rows, std::int64_t cols) {
+  std::vector<float> m(static_cast<std::size_t>(rows));
+  Cpu::for_each(rows, ops::RowAbsMax<T>{x.data(), cols, cols, m.data()});
+  return m;
+}
+
+TEST_CASE_TEMPLATE("SwiGLU by rows: the row kernels give the CPU functors' values and their own outputs' row amaxes",
+                   T, float, bf16) {
+  // backend/cuda/elementwise_kernels.cuh's SwiGluForwardRowsBody and SwiGluBackwardRowsBody,
+  // whose amaxes feed the float8 casts of g, da and db (nn::Float8RowAmaxes): each
+  // output within the elementwise check's tolerance of the CPU's, each row's amax exactly
+  // RowAbsMax's of the GPU's own output, a NaN in a row its amax.
+  std::uint32_t seed = 1100;
+  for (const SwiGluRowsCase& c : kSwiGluRowsCases) {
+    const std::string what = std::string(c.what) + " (rows " + std::to_string(c.rows) + ", cols " +
+                             std::to_string(c.cols) + ", offset " + std::to_string(c.offset) + ")";
+    const auto n = static_cast<std::size_t>(c.rows * c.cols);
+    auto a = random_values<T>(n, -6, 6, seed += 10);
+    const auto b = random_values<T>(n, -6, 6, seed + 1), dg = random_values<T>(n, -1, 1, seed + 2);
+    const auto g0 = random_values<T>(n, 7, 8, seed + 3);
+    const std::vector<float> amax0(static_cast<std::size_t>(c.rows), -1.0f);
+
+    std::vector<T> g_cpu = g0, da_cpu = g0, db_cpu = g0;
+    Cpu::for_each(static_cast<std::int64_t>(n), ops::SwiGluForward<T>{a.data(), b.data(), g_cpu.data()});
+    Cpu::for_each(static_cast<std::int64_t>(n),
+                  ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da_cpu.data(), db_cpu.data()});
+    DeviceArray<T> da(a, c.offset), db(b, c.offset), ddg(dg, c.offset), dgo(g0, c.offset), dda(g0, c.offset),
+        ddb(g0, c.offset);
+    DeviceArray<float> g_amax(amax0), da_amax(amax0), db_amax(amax0);
+    gpu_test::launch_op(c.rows, ops::SwiGluForwardRows<T>{{da.data(), db.data(), dgo.data()}, c.cols, g_amax.data()});
+    gpu_test::launch_op(c.rows, ops::SwiGluBackwardRows<T>{{da.data(), db.data(), ddg.data(), dda.data(), ddb.data()},
+                                                           c.cols, da_amax.data(), db_amax.data()});
+    const std::vector<T> g = dgo.download(), dav = dda.download(), dbv = ddb.download();
+    check_close(g, g_cpu, [&](std::size_t i) { return (kExprTol + rounding_of<T>()) * std::fabs(value(g_cpu[i])); },
+                "swiglu forward by rows, " + what);
+    check_close(dav, da_cpu,
+                [&](std::size_t i) {
+                  const double av = value(a[i]), s = 1 / (1 + std::exp(-av));
+                  const double terms = std::fabs(value(dg[i]) * value(b[i]) * s) * (1 + std::fabs(av * (1 - s)));
+                  return kExprTol * terms + rounding_of<T>() * std::fabs(value(da_cpu[i]));
+                },
+                "swiglu backward by rows da, " + what);
+    check_close(dbv, db_cpu, [&](std::size_t i) { return (kExprTol + rounding_of<T>()) * std::fabs(value(db_cpu[i])); },
+                "swiglu backward by rows db, " + what);
+    check_same_bits(g_amax.download(), row_amaxes(g, c.rows, c.cols), "g's row amaxes, " + what);
+    check_same_bits(da_amax.download(), row_amaxes(dav, c.rows, c.cols), "da's row amaxes, " + what);
+    check_same_bits(db_amax.download(), row_amaxes(dbv, c.rows, c.cols), "db's row amaxes, " + what);
+
+    // A NaN in the last row's a: that row's amaxes NaN (a NaN wins), the others as before.
+    a[n - 1] = as<T>(std::numeric_limits<float>::quiet_NaN());
+    DeviceArray<T> na(a, c.offset);
+    DeviceArray<float> nan_amax(amax0), nan_da(amax0), nan_db(amax0);
+    gpu_test::launch_op(c.rows, ops::SwiGluForwardRows<T>{{na.data(), db.data(), dgo.data()}, c.cols, nan_amax.data()});
+    gpu_test::launch_op(c.rows, ops::SwiGluBackwardRows<T>{{na.data(), db.data(), ddg.data(), dda.data(), ddb.data()},
+                                                           c.cols, nan_da.data(), nan_db.data()});
+    for (const std::vector<float>& m : {nan_amax.download(), nan_da.download(), nan_db.download()}) {
+      CHECK_MESSAGE(std::isnan(m.back()), "a NaN's row amax, ", what);
+      for (std::size_t r = 0; r + 1 < m.size(); ++r)
+        CHECK_MESSAGE(!std::isnan(m[r]), "row ", r, ", ", what);
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("Add, Copy, Axpy, Scale and Fill: the vectorised kernels give the CPU functors' values", T, float,

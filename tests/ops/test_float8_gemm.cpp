@@ -395,4 +395,57 @@ TEST_CASE("float8 casts shared while a Float8SharedCasts is open: the same tenso
   }
 }
 
+TEST_CASE("float8 casts take their rows' amaxes from a Float8RowAmaxes: the same bits, and none for scales by column") {
+  const Tensor<float> x = random_matrix(16, 32, 21, 2.0f), y = random_matrix(16, 32, 22, 2.0f);
+  Tensor<float> row_amax(Shape{16});
+  Cpu::for_each(16, ops::RowAbsMax<float>{x.data(), 32, 32, row_amax.data()});
+  const ops::Float8Cast tensorwise{DType::f8e4m3, Float8Axis::tensor, false}, by_rows{DType::f8e4m3, Float8Axis::rows, true};
+  const ops::Float8Cast by_columns{DType::f8e4m3, Float8Axis::columns, true};
+  auto same = [](const nn::Float8Operand<Cpu>& a, const nn::Float8Operand<Cpu>& b) {
+    const Tensor<float> va = nn::float8_values<Cpu>(a), vb = nn::float8_values<Cpu>(b);
+    return a.scale.numel() == b.scale.numel() &&
+           std::memcmp(a.scale.data(), b.scale.data(), sizeof(float) * static_cast<std::size_t>(a.scale.numel())) == 0 &&
+           std::memcmp(a.inverse.data(), b.inverse.data(), sizeof(float) * static_cast<std::size_t>(a.scale.numel())) == 0 &&
+           std::memcmp(va.data(), vb.data(), sizeof(float) * static_cast<std::size_t>(va.numel())) == 0;
+  };
+  // The amaxes RowAbsMax gives: every cast whose scales come from rows is the one without.
+  for (const bool transpose : {false, true})
+    for (const ops::Float8Cast cast : {tensorwise, by_rows, by_columns}) {
+      CAPTURE(transpose);
+      CAPTURE(static_cast<int>(cast.axis));
+      const nn::Float8Operand<Cpu> alone = nn::cast_to_float8<Cpu>(x.cview(), cast, transpose);
+      nn::Float8RowAmaxes<Cpu> amaxes;
+      amaxes.keep(x.cview(), row_amax);
+      REQUIRE(nn::Float8RowAmaxes<Cpu>::find(x.cview()) != nullptr);
+      CHECK(nn::Float8RowAmaxes<Cpu>::find(x.cview())->data() == row_amax.data());
+      CHECK(same(nn::cast_to_float8<Cpu>(x.cview(), cast, transpose), alone));
+    }
+  // Amaxes that are not x's show which casts read them: 1 for every row gives a
+  // tensorwise scale of 448 (e4m3's largest over 1), rows' of 256 (448 rounded down to a
+  // power of two); a cast by columns, or of another tensor, takes its own.
+  Tensor<float> ones(Shape{16});
+  for (std::int64_t r = 0; r < 16; ++r) ones.data()[r] = 1.0f;
+  {
+    nn::Float8RowAmaxes<Cpu> outer;
+    outer.keep(x.cview(), ones);
+    nn::Float8RowAmaxes<Cpu> inner;  // sees the one open around it
+    CHECK(nn::cast_to_float8<Cpu>(x.cview(), tensorwise).scale[0] == 448.0f);
+    CHECK(nn::cast_to_float8<Cpu>(x.cview(), tensorwise, true).scale[0] == 448.0f);
+    const nn::Float8Operand<Cpu> rows = nn::cast_to_float8<Cpu>(x.cview(), by_rows);
+    for (std::int64_t r = 0; r < 16; ++r) CHECK(rows.scale[r] == 256.0f);
+    CHECK(same(nn::cast_to_float8<Cpu>(x.cview(), by_columns, true), nn::cast_to_float8<Cpu>(y.cview(), by_columns, true)) ==
+          false);
+    CHECK(nn::cast_to_float8<Cpu>(y.cview(), tensorwise).scale[0] != 448.0f);
+    // Another view of the same storage (its first 8 rows) is another tensor.
+    CHECK(nn::Float8RowAmaxes<Cpu>::find(x.cview().slice_rows(0, 8)) == nullptr);
+    CHECK(nn::Float8RowAmaxes<Cpu>::find(x.cview()) != nullptr);
+  }
+  CHECK(nn::Float8RowAmaxes<Cpu>::find(x.cview()) == nullptr);  // closed
+  CHECK(nn::cast_to_float8<Cpu>(x.cview(), tensorwise).scale[0] != 448.0f);
+  // One amax a row, or a clear error.
+  nn::Float8RowAmaxes<Cpu> amaxes;
+  CHECK_THROWS_WITH_AS(amaxes.keep(x.cview(), Tensor<float>(Shape{15})),
+                       doctest::Contains("one amax a row of a 16-row tensor, not 15"), Error);
+}
+
 }  // namespace test_float8_gemm

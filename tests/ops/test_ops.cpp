@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -14,6 +15,7 @@
 #include "../support/gradcheck.hpp"
 #include "../support/naive_attention.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/ops/ops.hpp"
 #include "tessera/ops/ragged_documents.hpp"
 
@@ -606,6 +608,73 @@ TEST_CASE("bf16 SwiGLU forward and backward stay within one rounding of float") 
   check_within("g", g, g_f, kRoundRel);
   check_within("db", db, db_f, kRoundRel);
   check_within("da", da, da_f, kRoundRel, 1e-6 * max_abs(da_f));
+}
+
+namespace {
+
+/// The stored values of x and the amaxes of its rows as RowAbsMax takes them.
+template <class T>
+std::vector<float> row_abs_max(const std::vector<T>& x, std::int64_t rows, std::int64_t cols) {
+  std::vector<float> m(static_cast<std::size_t>(rows));
+  Cpu::for_each(rows, ops::RowAbsMax<T>{x.data(), cols, cols, m.data()});
+  return m;
+}
+
+template <class T>
+std::vector<std::uint32_t> bits_of(const std::vector<T>& v) {
+  std::vector<std::uint32_t> b;
+  for (const T& x : v) b.push_back(std::bit_cast<std::uint32_t>(static_cast<float>(to_accum(x))));
+  return b;
+}
+
+template <class T>
+void check_row_amaxes(const std::vector<float>& a_f, const std::vector<float>& b_f, const std::vector<float>& dg_f,
+                      std::int64_t rows, std::int64_t cols) {
+  auto stored = [](const std::vector<float>& v) {
+    if constexpr (std::is_same_v<T, bf16>) return as_bf16(v);
+    else return v;
+  };
+  std::vector<T> a = stored(a_f), b = stored(b_f), dg = stored(dg_f);
+  const std::size_t n = a.size();
+  a[static_cast<std::size_t>(2 * cols + 5)] = T(std::numeric_limits<float>::quiet_NaN());  // row 2's amaxes: NaN
+  std::vector<T> g(n), g_rows(n), da(n), db(n), da_rows(n), db_rows(n);
+  std::vector<float> g_amax(static_cast<std::size_t>(rows)), da_amax(g_amax), db_amax(g_amax);
+  Cpu::for_each(static_cast<std::int64_t>(n), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
+  Cpu::for_each(rows, ops::SwiGluForwardRows<T>{{a.data(), b.data(), g_rows.data()}, cols, g_amax.data()});
+  CHECK(bits_of(g_rows) == bits_of(g));
+  CHECK(bits_of(g_amax) == bits_of(row_abs_max(g, rows, cols)));
+  CHECK(std::isnan(g_amax[2]));
+  Cpu::for_each(static_cast<std::int64_t>(n), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
+  Cpu::for_each(rows, ops::SwiGluBackwardRows<T>{{a.data(), b.data(), dg.data(), da_rows.data(), db_rows.data()}, cols,
+                                                 da_amax.data(), db_amax.data()});
+  CHECK(bits_of(da_rows) == bits_of(da));
+  CHECK(bits_of(db_rows) == bits_of(db));
+  CHECK(bits_of(da_amax) == bits_of(row_abs_max(da, rows, cols)));
+  CHECK(bits_of(db_amax) == bits_of(row_abs_max(db, rows, cols)));
+  CHECK((std::isnan(da_amax[2]) && std::isnan(db_amax[2]) && !std::isnan(da_amax[1])));
+
+  // RMSNorm's forward over the same rows (x = b, w = the first row of dg): y as without
+  // the amaxes, and the amaxes of y as stored.
+  std::vector<T> y(n), y_amaxed(n);
+  std::vector<accum_t<T>> rstd(static_cast<std::size_t>(rows));
+  std::vector<float> y_amax(static_cast<std::size_t>(rows));
+  Cpu::for_each(rows, ops::RmsNormForward<T>{b.data(), cols, dg.data(), y.data(), cols, rstd.data(), cols, 1e-5f});
+  Cpu::for_each(rows, ops::RmsNormForward<T>{b.data(), cols, dg.data(), y_amaxed.data(), cols, rstd.data(), cols, 1e-5f,
+                                             y_amax.data()});
+  CHECK(bits_of(y_amaxed) == bits_of(y));
+  CHECK(bits_of(y_amax) == bits_of(row_abs_max(y, rows, cols)));
+  CHECK(y_amax[0] > 0.0f);
+}
+
+}  // namespace
+
+TEST_CASE("SwiGLU by rows and RMSNorm's forward write their outputs' row amaxes: RowAbsMax's of the same bits") {
+  // 5 rows of 37 (no whole vectors: the CPU loop is the same either way), a NaN in row 2.
+  const std::int64_t rows = 5, cols = 37;
+  const auto a = bf16_values(rows * cols, "rows.a", 3.0), b = bf16_values(rows * cols, "rows.b");
+  const auto dg = bf16_values(rows * cols, "rows.dg");
+  SUBCASE("bf16") { check_row_amaxes<bf16>(a, b, dg, rows, cols); }
+  SUBCASE("float") { check_row_amaxes<float>(a, b, dg, rows, cols); }
 }
 
 TEST_CASE("bf16 RoPE rotation and its inverse stay within one rounding of float") {

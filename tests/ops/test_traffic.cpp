@@ -32,6 +32,7 @@ constexpr bool all_have_traffic =
     HasTraffic<ops::Fill<T>> && HasTraffic<ops::SquaredNormPartial<T>> && HasTraffic<ops::RmsNormForward<T>> &&
     HasTraffic<ops::RmsNormBackwardInput<T>> && HasTraffic<ops::RmsNormBackwardWeight<T>> &&
     HasTraffic<ops::SwiGluForward<T>> && HasTraffic<ops::SwiGluBackward<T>> && HasTraffic<ops::RopeRotate<T>> &&
+    HasTraffic<ops::SwiGluForwardRows<T>> && HasTraffic<ops::SwiGluBackwardRows<T>> &&
     HasTraffic<ops::CausalSoftmaxForward<T>> && HasTraffic<ops::CausalSoftmaxRecompute<T>> &&
     HasTraffic<ops::CausalSoftmaxBackward<T>> && HasTraffic<ops::RowDot<T>> && HasTraffic<ops::CrossEntropyRow<T>> &&
     HasTraffic<ops::CrossEntropyShardMax<T>> && HasTraffic<ops::CrossEntropyShardExp<T>> &&
@@ -142,6 +143,12 @@ TEST_CASE("traffic: RMSNorm forward and backward") {
   check_equal(fb.traffic(rows), 3 * 8 * kB + 8 * kB, 3 * 8 * kB + 3 * kF, 3 * (2 * 8 + 2 * 8 + 3), 3);
   check_affine(ff, rows);
   CHECK(fb.traffic(2 * rows).bytes_read - fb.traffic(rows).bytes_read == 3 * 8 * kB);
+  // With the rows' amaxes of y (for a float8 cast): a float a row written, a comparison
+  // an element.
+  float amax[3];
+  const ops::RmsNormForward<bf16> fa{nullptr, n, nullptr, nullptr, n, nullptr, n, 1e-5f, amax};
+  check_equal(fa.traffic(rows), 3 * 8 * kB + 8 * kB, 3 * 8 * kB + 3 * kF + 3 * kF, 3 * (2 * 8 + 2 * 8 + 3) + 3 * 8, 3);
+  check_affine(fa, rows);
 
   // x and dy read once (2 * rows * n), w (n), rstd (rows); dx written. Per element
   // w dy x and the sum (3), then r w dy - c x (4); per row c = r^3 dot / n (4).
@@ -172,6 +179,15 @@ TEST_CASE("traffic: SwiGLU") {
               2 * 8 * kF, 8 * 10, 8);
   check_linear(ops::SwiGluForward<float>{nullptr, nullptr, nullptr}, 8);
   check_linear(b, 8);
+
+  // By rows of 8, with the outputs' row amaxes: the elementwise traffic of 3 rows, a
+  // float a row an output more, a comparison an element an output.
+  const ops::SwiGluForwardRows<bf16> fr{{nullptr, nullptr, nullptr}, 8, nullptr};
+  check_equal(fr.traffic(3), 2 * 24 * kB, 24 * kB + 3 * kF, 24 * 4 + 24, 24);
+  const ops::SwiGluBackwardRows<bf16> br{b, 8, nullptr, nullptr};
+  check_equal(br.traffic(3), 3 * 24 * kB, 2 * 24 * kB + 2 * 3 * kF, 24 * 10 + 2 * 24, 24);
+  check_linear(fr, 3);
+  check_linear(br, 3);
 }
 
 TEST_CASE("traffic: RoPE") {

@@ -116,6 +116,14 @@ class Attention : public LayerTypes<T, B> {
     return parallel::summed_rows<B>(tp_, dx);
   }
 
+  /// Whether the projections' float8 casts of the input take their scales from its rows'
+  /// amaxes, the input as it arrives (not gathered over sequence-parallel ranks first):
+  /// the norm before it may write them (nn::Float8RowAmaxes, nn::LlamaBlock).
+  bool float8_input_by_rows() const {
+    return !parallel::splits_rows(tp_) &&
+           (wq_.float8_input_by_rows() || wk_.float8_input_by_rows() || wv_.float8_input_by_rows());
+  }
+
   template <class F>
   void for_each_parameter(F&& f) {
     wq_.for_each_parameter(f);

@@ -13,6 +13,7 @@
 #include "tessera/layer/layer.hpp"
 #include "tessera/nn/attention.hpp"
 #include "tessera/nn/feed_forward.hpp"
+#include "tessera/nn/float8.hpp"
 #include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/rope.hpp"
 #include "tessera/ops/elementwise.hpp"
@@ -43,12 +44,24 @@ class LlamaBlock : public LayerTypes<T, B> {
         feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id), b.tp,
                       b.plan ? &b.plan->float8 : nullptr, b.plan != nullptr && b.plan->recompute_swiglu) {}
 
+  /// Each norm's output goes to a layer that may cast it to float8 by its rows' amaxes:
+  /// the norm then writes them in its own pass (Float8RowAmaxes).
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
-    Tensor<T> a = attention_.forward(ctx.child("attention"), attention_norm_.forward(ctx.child("attention_norm"), x));
+    Tensor<T> a;
+    {
+      Float8RowAmaxes<B> amaxes;
+      a = attention_.forward(ctx.child("attention"), normed(attention_norm_, ctx.child("attention_norm"), x,
+                                                            attention_.float8_input_by_rows() ? &amaxes : nullptr));
+    }
     Tensor<T> h = B::template empty<T>(x.shape());
     B::for_each(x.numel(), ops::Add<T>{x.data(), a.data(), h.data()});
     a.release();
-    Tensor<T> f = feed_forward_.forward(ctx.child("feed_forward"), ffn_norm_.forward(ctx.child("ffn_norm"), h));
+    Tensor<T> f;
+    {
+      Float8RowAmaxes<B> amaxes;
+      f = feed_forward_.forward(ctx.child("feed_forward"), normed(ffn_norm_, ctx.child("ffn_norm"), h,
+                                                                  feed_forward_.float8_input_by_rows() ? &amaxes : nullptr));
+    }
     Tensor<T> y = B::template empty<T>(x.shape());  // not in place: f may be a kept op output
     B::for_each(y.numel(), ops::Add<T>{h.data(), f.data(), y.data()});
     return y;
@@ -71,6 +84,15 @@ class LlamaBlock : public LayerTypes<T, B> {
   }
 
  private:
+  /// norm(x), its rows' amaxes kept in `amaxes` where given.
+  static Tensor<T> normed(RmsNorm<T, B>& norm, const Context<T>& ctx, const Tensor<T>& x, Float8RowAmaxes<B>* amaxes) {
+    if (amaxes == nullptr) return norm.forward(ctx, x);
+    const Tensor<float> y_amax = B::template empty<float>(Shape{x.size(0)});
+    Tensor<T> y = norm.forward(ctx, x, &y_amax);
+    amaxes->keep(y.cview(), y_amax);
+    return y;
+  }
+
   RmsNorm<T, B> attention_norm_;
   Attention<T, B> attention_;
   RmsNorm<T, B> ffn_norm_;

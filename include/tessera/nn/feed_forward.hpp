@@ -57,8 +57,8 @@ class FeedForward : public LayerTypes<T, B> {
       a = w1_.forward(ctx.child("w1"), x);
       b = w3_.forward(ctx.child("w3"), x);
     }
-    Tensor<T> g = B::template empty<T>(a.shape());
-    B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
+    Float8RowAmaxes<B> amaxes;  // g's, where w2 casts it to float8 by them
+    const Tensor<T> g = swiglu(a, b, &amaxes);
     ctx.save("a", SaveKind::matmul, a);
     ctx.save("b", SaveKind::matmul, b);
     return parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), g, /*keep_input=*/!recompute_swiglu_));
@@ -69,24 +69,42 @@ class FeedForward : public LayerTypes<T, B> {
     const Tensor<T>& b = ctx.saved("b");
     Tensor<T> dg;
     {
-      Tensor<T> g;  // w2's input, made again where the forward did not keep it
-      if (recompute_swiglu_) {
-        g = B::template empty<T>(a.shape());
-        B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
-      }
+      // w2's input, made again where the forward did not keep it (by the forward's kernel:
+      // the same bits; its amaxes unused, the backward's casts of g take the forward's scale
+      // or, by columns, their own)
+      Tensor<T> g;
+      if (recompute_swiglu_) g = swiglu(a, b, nullptr);
       Float8SharedCasts<B> shared;  // float8 GEMMs (tensorwise): dy's amax once for both of w2's gradients
       dg = w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows), recompute_swiglu_ ? &g : nullptr);
     }
     Tensor<T> da = B::template empty<T>(a.shape());
     Tensor<T> db = B::template empty<T>(b.shape());
-    B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
+    // Float8 GEMMs: da's and db's row amaxes written with them where w1 and w3 cast them
+    // by rows; x^T cast once for the two weight gradients, and (tensorwise) da's and db's
+    // scales each taken once for its input and weight gradients.
+    Float8RowAmaxes<B> amaxes;
+    if (w1_.float8_grad_output_by_rows() || w3_.float8_grad_output_by_rows()) {
+      const std::int64_t rows = a.size(0), cols = a.size(1);
+      const Tensor<float> da_amax = B::template empty<float>(Shape{rows}), db_amax = B::template empty<float>(Shape{rows});
+      B::for_each(rows, ops::SwiGluBackwardRows<T>{{a.data(), b.data(), dg.data(), da.data(), db.data()}, cols,
+                                                   da_amax.data(), db_amax.data()});
+      amaxes.keep(da.cview(), da_amax);
+      amaxes.keep(db.cview(), db_amax);
+    } else {
+      B::for_each(a.numel(), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
+    }
     dg.release();
-    // Float8 GEMMs: x^T cast once for the two weight gradients, and (tensorwise) da's and
-    // db's amaxes each taken once for its input and weight gradients.
     Float8SharedCasts<B> shared;
     Tensor<T> dx = w1_.backward(ctx.child("w1"), da);
     w3_.backward_into(ctx.child("w3"), db, dx, 1.0f);
     return parallel::summed_rows<B>(tp_, dx);
+  }
+
+  /// Whether w1 and w3's float8 casts of the input take their scales from its rows'
+  /// amaxes, the input as it arrives (not gathered over sequence-parallel ranks first):
+  /// the norm before it may write them (nn::Float8RowAmaxes, nn::LlamaBlock).
+  bool float8_input_by_rows() const {
+    return !parallel::splits_rows(tp_) && (w1_.float8_input_by_rows() || w3_.float8_input_by_rows());
   }
 
   template <class F>
@@ -98,6 +116,22 @@ class FeedForward : public LayerTypes<T, B> {
 
  private:
   static TensorSplit split(parallel::TensorParallelGroup* tp, int dim) { return tp ? tp->split(dim) : TensorSplit{}; }
+
+  /// g = silu(a) * b; with `amaxes`, by rows, g's row amaxes kept there (for w2's float8
+  /// cast). The rows' kernel whenever w2 casts by rows, so that a g made again in the
+  /// backward is the forward's bits whichever kernel made them.
+  Tensor<T> swiglu(const Tensor<T>& a, const Tensor<T>& b, Float8RowAmaxes<B>* amaxes) const {
+    Tensor<T> g = B::template empty<T>(a.shape());
+    if (w2_.float8_input_by_rows()) {
+      const std::int64_t rows = a.size(0), cols = a.size(1);
+      const Tensor<float> g_amax = B::template empty<float>(Shape{rows});
+      B::for_each(rows, ops::SwiGluForwardRows<T>{{a.data(), b.data(), g.data()}, cols, g_amax.data()});
+      if (amaxes != nullptr) amaxes->keep(g.cview(), g_amax);
+    } else {
+      B::for_each(a.numel(), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
+    }
+    return g;
+  }
 
   /// The hidden size, once the group's degree is checked against it.
   static std::int64_t hidden(const std::string& name, const ModelArgs& a, parallel::TensorParallelGroup* tp) {

@@ -157,19 +157,85 @@ class Float8SharedCasts {
   std::vector<Kept> kept_;
 };
 
+/// While one is open on this thread, the amax of each row of the tensors kept in it is
+/// known: written by the kernel that made the tensor, in the same pass (RMSNorm's forward,
+/// ops::RmsNormForward::y_amax; SwiGLU's forward and backward, ops::SwiGluForwardRows
+/// and ops::SwiGluBackwardRows), the values RowAbsMax gives. A float8 cast of such a
+/// tensor whose scales come from its rows' amaxes (a tensorwise cast, in either layout,
+/// or one by rows) takes them from there, with no pass of its own over the tensor; a cast
+/// by columns takes its own. A maximum is exact, so the scales are those of taking the
+/// amaxes, bit for bit. A layer opens one around the layer that casts what it wrote
+/// (nn::LlamaBlock around attention and the feed-forward, the norm's output; the
+/// feed-forward around w2, SwiGLU's output, and around w1 and w3's backward, their
+/// output gradients).
+/// Whoever opens one keeps the tensors alive and unchanged while it is open; one opened
+/// inside another sees the outer one's too.
+template <Backend B>
+class Float8RowAmaxes {
+ public:
+  Float8RowAmaxes() : previous_(current_) { current_ = this; }
+  ~Float8RowAmaxes() { current_ = previous_; }
+  Float8RowAmaxes(const Float8RowAmaxes&) = delete;
+  Float8RowAmaxes& operator=(const Float8RowAmaxes&) = delete;
+
+  /// Keeps `row_amax` (one float a row of x) as the amaxes of x's rows.
+  template <class T>
+  void keep(TensorView<const T> x, const Tensor<float>& row_amax) {
+    TESSERA_CHECK(row_amax.data() != nullptr && row_amax.numel() == x.rows(),
+                  "Float8RowAmaxes::keep: one amax a row of a ", x.rows(), "-row tensor, not ", row_amax.numel());
+    kept_.push_back({identity_of(x), row_amax});
+  }
+  /// The amaxes of x's rows, kept in the one open on this thread or one around it, or none.
+  template <class T>
+  static const Tensor<float>* find(TensorView<const T> x) {
+    const Identity id = identity_of(x);
+    for (const Float8RowAmaxes* s = current_; s != nullptr; s = s->previous_)
+      for (const Kept& k : s->kept_)
+        if (k.tensor == id) return &k.row_amax;
+    return nullptr;
+  }
+
+ private:
+  struct Identity {  // a tensor's storage, element type and shape
+    const void* data = nullptr;
+    DType type = DType::f32;
+    std::int64_t rows = 0, cols = 0, ld = 0;
+    bool operator==(const Identity&) const = default;
+  };
+  template <class T>
+  static Identity identity_of(TensorView<const T> x) {
+    return {x.data(), dtype_of<T>(), x.rows(), x.cols(), x.cols() <= 1 ? x.cols() : x.ld()};
+  }
+  struct Kept {
+    Identity tensor;
+    Tensor<float> row_amax;
+  };
+
+  static inline thread_local Float8RowAmaxes* current_ = nullptr;
+  Float8RowAmaxes* previous_;
+  std::vector<Kept> kept_;
+};
+
 /// q.scale and q.inverse for casting `x` (rows x cols, leading dimension ld) by `cast`:
 /// the amax of each row (or column), and the scales from them (a tensorwise cast's one
-/// from all the rows').
+/// from all the rows'). The rows' amaxes are the ones the kernel that wrote x kept
+/// (Float8RowAmaxes) where it did.
 template <Backend B, class T>
 void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>& q) {
   using ops::Float8Axis;
   const std::int64_t xr = x.rows(), xc = x.cols(), ld = xc <= 1 ? xc : x.ld();
   const std::int64_t n_scales = cast.axis == Float8Axis::rows ? xr : cast.axis == Float8Axis::columns ? xc : 1;
-  Tensor<float> amax = B::template empty<float>(Shape{cast.axis == Float8Axis::columns ? xc : xr});
-  if (cast.axis == Float8Axis::columns)
-    B::for_each(xc, ops::ColumnAbsMax<T>{x.data(), ld, xr, amax.data()});
-  else
-    B::for_each(xr, ops::RowAbsMax<T>{x.data(), ld, xc, amax.data()});
+  const Tensor<float>* known = cast.axis == Float8Axis::columns ? nullptr : Float8RowAmaxes<B>::find(x);
+  Tensor<float> amax;
+  if (known != nullptr) {
+    amax = *known;
+  } else {
+    amax = B::template empty<float>(Shape{cast.axis == Float8Axis::columns ? xc : xr});
+    if (cast.axis == Float8Axis::columns)
+      B::for_each(xc, ops::ColumnAbsMax<T>{x.data(), ld, xr, amax.data()});
+    else
+      B::for_each(xr, ops::RowAbsMax<T>{x.data(), ld, xc, amax.data()});
+  }
   q.scale = B::template empty<float>(Shape{n_scales});
   q.inverse = B::template empty<float>(Shape{n_scales});
   const double format_max = cast.format == DType::f8e4m3 ? float8_e4m3::max() : float8_e5m2::max();

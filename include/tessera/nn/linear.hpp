@@ -139,6 +139,14 @@ class Linear : public LayerTypes<T, B> {
   std::int64_t out_features() const { return weight_.piece_shape()[0]; }
   /// The casts of this layer's float8 GEMMs, when it has them.
   const std::optional<ops::Float8LinearCasts>& float8() const { return float8_; }
+  /// Whether the forward casts its input to float8 by scales from the amaxes of the
+  /// input's rows (tensorwise, or by rows): the kernel that writes the input may hand
+  /// them over (Float8RowAmaxes) and spare the cast its own pass.
+  bool float8_input_by_rows() const { return float8_ && float8_->input.axis != ops::Float8Axis::columns; }
+  /// The same for the backward's cast of the output's gradient (the input gradient's GEMM).
+  bool float8_grad_output_by_rows() const {
+    return float8_ && float8_->grad_output.axis != ops::Float8Axis::columns;
+  }
 
  private:
   /// The weight as FSDP's float8 all-gather left it, as a float8 GEMM's second operand: as

@@ -32,11 +32,16 @@ class RmsNorm : public LayerTypes<T, B> {
     if (tp) weight_.split = tp->whole();
   }
 
-  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
+  /// y = norm(x); with `y_amax` (one float a row), also the amax of each row of y as
+  /// stored, written by the same pass (for a float8 cast of y: nn::Float8RowAmaxes).
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x, const Tensor<float>* y_amax = nullptr) {
     const std::int64_t rows = x.size(0), n = x.size(1);
+    if (y_amax != nullptr)
+      TESSERA_CHECK(y_amax->numel() == rows, weight_.name, ": ", y_amax->numel(), " row amaxes for ", rows, " rows");
     Tensor<T> y = B::template empty<T>(x.shape());
     Tensor<A> rstd = B::template empty<A>(Shape{rows});
-    B::for_each(rows, ops::RmsNormForward<T>{x.data(), n, weight_.value.data(), y.data(), n, rstd.data(), n, eps_});
+    B::for_each(rows, ops::RmsNormForward<T>{x.data(), n, weight_.value.data(), y.data(), n, rstd.data(), n, eps_,
+                                             y_amax != nullptr ? y_amax->data() : nullptr});
     ctx.save("x", SaveKind::input, x);
     ctx.save("rstd", SaveKind::norm, rstd);
     return y;

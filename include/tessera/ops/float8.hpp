@@ -31,6 +31,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/float8.hpp"
 #include "tessera/core/macros.hpp"
+#include "tessera/ops/math.hpp"
 #include "tessera/ops/traffic.hpp"
 
 namespace tessera::ops {
@@ -48,12 +49,6 @@ enum class Float8Axis : std::uint8_t {
 /// The scale index of element (r, c) for `axis`.
 TESSERA_HD inline std::int64_t float8_scale_index(Float8Axis axis, std::int64_t r, std::int64_t c) {
   return axis == Float8Axis::tensor ? 0 : axis == Float8Axis::rows ? r : c;
-}
-
-/// The larger of m and |v|; a NaN wins (its scale is NaN, as torch.max's amax).
-TESSERA_HD inline float max_abs(float m, float v) {
-  const float a = std::fabs(v);
-  return a > m || a != a ? a : m;
 }
 
 /// out[r] = max_j |x[r, j]|, as a float; index r.
@@ -89,10 +84,6 @@ struct ColumnAbsMax {
     return {e * sizeof(T), c * sizeof(float), e, 0};
   }
 };
-
-/// The larger of two non-negative values or NaNs, a NaN winning (either order gives a
-/// NaN or the same number).
-TESSERA_HD inline float max_nan(float m, float v) { return v > m || v != v ? v : m; }
 
 /// The largest of in[0..n) (NaN wins; 0 for n = 0), walked in order.
 TESSERA_HD inline float max_of(const float* in, std::int64_t n) {

@@ -111,4 +111,15 @@ TESSERA_HD inline T sigmoid(T x) {
   return T(1) / (T(1) + exp_(-x));
 }
 
+/// The larger of m and |v|; a NaN wins (a float8 scale taken from it is NaN, as
+/// torch.max's amax): the step of an amax (ops/float8.hpp).
+TESSERA_HD inline float max_abs(float m, float v) {
+  const float a = std::fabs(v);
+  return a > m || a != a ? a : m;
+}
+
+/// The larger of two non-negative values or NaNs, a NaN winning (either order gives a
+/// NaN or the same number): amaxes combined.
+TESSERA_HD inline float max_nan(float m, float v) { return v > m || v != v ? v : m; }
+
 }  // namespace tessera::ops

@@ -27,6 +27,9 @@ struct RmsNormForward {
   accum_t<T>* rstd;  // (rows)
   std::int64_t n;
   accum_t<T> eps;
+  /// (rows) or null: y_amax[r] = max_j |y[r, j]| as stored (a NaN wins), as RowAbsMax
+  /// gives it, written by the same pass, for a float8 cast of y (nn::Float8RowAmaxes).
+  float* y_amax = nullptr;
   TESSERA_HD void operator()(std::int64_t r) const {
     using A = accum_t<T>;
     const T* xr = x + r * ldx;
@@ -39,13 +42,19 @@ struct RmsNormForward {
     A rs = A(1) / sqrt_(ss / static_cast<A>(n) + eps);
     rstd[r] = rs;
     for (std::int64_t j = 0; j < n; ++j) yr[j] = from_accum<T>(to_accum(w[j]) * (to_accum(xr[j]) * rs));
+    if (y_amax != nullptr) {
+      float m = 0;
+      for (std::int64_t j = 0; j < n; ++j) m = max_abs(m, static_cast<float>(to_accum(yr[j])));
+      y_amax[r] = m;
+    }
   }
   // x read once (a row kernel keeps the row on chip between the sum of squares and the
-  // scaling pass), w once per launch; 4 flops an element and 3 and a sqrt per row.
+  // scaling pass), w once per launch; 4 flops an element and 3 and a sqrt per row; with
+  // y_amax, a comparison an element and a float a row more.
   Traffic traffic(std::int64_t rows) const {
-    const double r = static_cast<double>(rows), e = r * static_cast<double>(n);
-    Traffic t{e * sizeof(T) + static_cast<double>(n) * sizeof(T), e * sizeof(T) + r * sizeof(accum_t<T>),
-              4 * e + 3 * r, r};
+    const double r = static_cast<double>(rows), e = r * static_cast<double>(n), amax = y_amax != nullptr ? 1 : 0;
+    Traffic t{e * sizeof(T) + static_cast<double>(n) * sizeof(T),
+              e * sizeof(T) + r * sizeof(accum_t<T>) + amax * r * sizeof(float), (4 + amax) * e + 3 * r, r};
     t.walk_bytes = t.bytes();  // each index walks its own row (or chunk) alone
     return t;
   }

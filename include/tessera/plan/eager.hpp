@@ -260,11 +260,13 @@ inline std::optional<SiteAt> site_of(const trace::Op& op, const EagerWidths& w, 
     const double width = k->traffic.bytes_written / n / static_cast<double>(size_of(activations));
     return SiteAt{EagerSite::rope, n, width, w};
   }
-  if (f.starts_with("SwiGluForward<") || f.starts_with("SwiGluBackward<")) {
+  if (f.starts_with("SwiGluForward") || f.starts_with("SwiGluBackward")) {
+    const EagerSite site = f.starts_with("SwiGluForward") ? EagerSite::swiglu_forward : EagerSite::swiglu_backward;
+    // SwiGluForwardRows / SwiGluBackwardRows (with float8's row amaxes) go by rows.
+    if (f.find("Rows<") != std::string_view::npos) return SiteAt{site, n, static_cast<double>(w.ffn), w};
     TESSERA_CHECK(w.ffn > 0 && k->n % w.ffn == 0, "eager rewrite: ", k->functor, " over ", k->n,
                   " elements is not whole rows of the feed-forward width ", w.ffn);
-    return SiteAt{f.starts_with("SwiGluForward<") ? EagerSite::swiglu_forward : EagerSite::swiglu_backward,
-                  n / static_cast<double>(w.ffn), static_cast<double>(w.ffn), w};
+    return SiteAt{site, n / static_cast<double>(w.ffn), static_cast<double>(w.ffn), w};
   }
   if (f.starts_with("CrossEntropyRow<")) return SiteAt{EagerSite::cross_entropy, n, static_cast<double>(w.vocab), w};
   if (f.starts_with("EmbeddingBackward<"))

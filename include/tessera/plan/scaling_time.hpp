@@ -193,8 +193,8 @@ inline std::int64_t scaling_tensor_parallel_reductions(StepTrace& st, std::vecto
         since = a->backward ? Since::attention : Since::nothing;
       } else if (const auto* k = std::get_if<trace::Kernel>(&ev.op)) {
         const std::string_view f = k->functor;
-        if (f.starts_with("SwiGluBackward<")) since = Since::feed_forward;
-        if (f.starts_with("RmsNorm") || f.starts_with("SwiGluForward<")) since = Since::nothing;
+        if (f.starts_with("SwiGluBackward")) since = Since::feed_forward;  // SwiGluBackward<, SwiGluBackwardRows<
+        if (f.starts_with("RmsNorm") || f.starts_with("SwiGluForward")) since = Since::nothing;
       } else if (const auto* c = std::get_if<trace::Collective>(&ev.op);
                  c && since != Since::nothing && std::string_view(c->kind) == "all_reduce" &&
                  c->group.size == st.mesh.tp && c->group.stride == 1) {

@@ -1,5 +1,6 @@
 // The elementwise kernels (ops/elementwise.hpp, ops/swiglu.hpp): SwiGluForward,
-// SwiGluBackward, Add, Copy, Axpy, Scale, Fill.
+// SwiGluBackward, Add, Copy, Axpy, Scale, Fill; and SwiGluForwardRows and
+// SwiGluBackwardRows, the same by rows with the outputs' row amaxes (at the end).
 //
 // Grid-stride over V-element vectors (V = 16 / sizeof(T)), 256 threads a block; the last
 // n % V elements by the functor itself. Vectors when every pointer is 16-byte aligned,
@@ -51,12 +52,19 @@ struct ElementwiseOver {
   static bool aligned(const F& f) { return (aligned16(f.*Fields::member) && ...); }
   template <int W>
   __device__ static void apply(const F& f, std::int64_t i) {
+    apply<W>(f, i, [](const F&) {});
+  }
+  /// The same, then then(local): the copy of f pointed at the registers, its outputs
+  /// there as they are stored (local.g[k], k < W), for a kernel that also reduces them.
+  template <int W, class Then>
+  __device__ static void apply(const F& f, std::int64_t i, Then&& then) {
     T regs[sizeof...(Fields)][W];
     F local = f;
     int slot = 0;
     // Comma folds run left to right: field k uses regs[k] in both passes.
     (point<Fields, W>(f, local, i, regs[slot++]), ...);
     apply_local<W>(local);
+    then(static_cast<const F&>(local));
     slot = 0;
     (store<Fields, W>(f, i, regs[slot++]), ...);
   }
@@ -123,6 +131,70 @@ struct ElementwiseKernel {
     if (vectors) elementwise_kernel<F, V><<<blocks, kElementwiseThreads, 0, stream>>>(n, f);
     else elementwise_kernel<F, 1><<<blocks, kElementwiseThreads, 0, stream>>>(n, f);
     TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+
+// ---- SwiGLU by rows, with the outputs' row amaxes ---------------------------------------
+//
+// SwiGluForwardRows and SwiGluBackwardRows: the row kernel (row_launch.cuh), a row (a
+// token's hidden units) per warp or block; each thread's vectors through the elementwise
+// functor's own apply, its outputs' magnitudes kept as they are stored, then a reduction
+// over the row's threads in which a NaN wins. Vectors where the functor's pointers are
+// 16-byte aligned and a row is a whole number of vectors.
+
+template <class T>
+struct SwiGluForwardRowsBody : WarpRows<T> {
+  using F = ops::SwiGluForwardRows<T>;
+  using E = Elementwise<ops::SwiGluForward<T>>;
+  static std::int64_t length(const F& f) { return f.cols; }
+  static bool aligned(const F& f) { return E::aligned(f.element) && f.cols % kVectorWidth<T> == 0; }
+  template <int V, bool kWarp>
+  __device__ static void run(const F& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      float m = 0;
+      row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        E::template apply<W>(f.element, r * f.cols + j, [&](const ops::SwiGluForward<T>& local) {
+#pragma unroll
+          for (int k = 0; k < W; ++k) m = ops::max_abs(m, to_float(local.g[k]));
+        });
+      });
+      m = g.reduce(m, MaxNanOp{}, smem);
+      if (g.rank() == 0) f.g_amax[r] = m;
+    }
+  }
+};
+
+template <class T>
+struct SwiGluBackwardRowsBody : WarpRows<T> {
+  using F = ops::SwiGluBackwardRows<T>;
+  using E = Elementwise<ops::SwiGluBackward<T>>;
+  static std::int64_t length(const F& f) { return f.cols; }
+  static bool aligned(const F& f) { return E::aligned(f.element) && f.cols % kVectorWidth<T> == 0; }
+  template <int V, bool kWarp>
+  __device__ static void run(const F& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      float ma = 0, mb = 0;
+      row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        constexpr int W = decltype(width)::value;
+        E::template apply<W>(f.element, r * f.cols + j, [&](const ops::SwiGluBackward<T>& local) {
+#pragma unroll
+          for (int k = 0; k < W; ++k) {
+            ma = ops::max_abs(ma, to_float(local.da[k]));
+            mb = ops::max_abs(mb, to_float(local.db[k]));
+          }
+        });
+      });
+      ma = g.reduce(ma, MaxNanOp{}, smem);
+      mb = g.reduce(mb, MaxNanOp{}, smem);
+      if (g.rank() == 0) {
+        f.da_amax[r] = ma;
+        f.db_amax[r] = mb;
+      }
+    }
   }
 };
 

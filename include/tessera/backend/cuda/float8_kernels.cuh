@@ -39,12 +39,6 @@
 
 namespace tessera::cuda::detail {
 
-/// The larger of two magnitudes, a NaN winning (ops::max_abs's rule on values already
-/// made non-negative). Either order gives a NaN or the same number.
-struct MaxNanOp {
-  __device__ float operator()(float a, float b) const { return b > a || b != b ? b : a; }
-};
-
 template <class T>
 struct RowAbsMaxRows : WarpRows<T> {
   static std::int64_t length(const ops::RowAbsMax<T>& f) { return f.cols; }

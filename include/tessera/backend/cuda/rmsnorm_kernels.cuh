@@ -2,7 +2,9 @@
 //
 //   RmsNormForward, RmsNormBackwardInput  row kernels (row_launch.cuh): a row per warp
 //                                         when it has at most 1024 elements, else a row
-//                                         per block
+//                                         per block; the forward's row amax of y (for a
+//                                         float8 cast of it), where asked, a reduction
+//                                         over the row's threads of the values as stored
 //   RmsNormBackwardWeight                 two kernels: blocks of 8 warps, each block a
 //                                         chunk of rows times 32 V columns (warp w the
 //                                         chunk's rows w, w + 8, ...), writing one
@@ -71,15 +73,25 @@ struct RmsNormForwardRows : WarpRows<T> {
       ss = g.reduce(ss, SumOp{}, smem);
       const float rs = 1.0f / ops::sqrt_(ss / static_cast<float>(f.n) + eps);
       if (g.rank() == 0) f.rstd[r] = from_float<pointee_t<decltype(f.rstd)>>(rs);
+      float m = 0;  // the row's amax of y as stored, where f.y_amax asks for it
       row_loop<V>(f.n, g.rank(), g.size(), [&](std::int64_t j, auto width) {
         constexpr int W = decltype(width)::value;
-        float x[W], w[W], y[W];
+        float x[W], w[W];
         load_float<W>(xr, j, x);
         load_float<W>(f.w, j, w);
+        T y[W];
 #pragma unroll
-        for (int k = 0; k < W; ++k) y[k] = w[k] * (x[k] * rs);
-        store_float<W>(yr, j, y);
+        for (int k = 0; k < W; ++k) y[k] = from_float<T>(w[k] * (x[k] * rs));
+        store_elements<W>(yr, j, y);
+        if (f.y_amax != nullptr) {
+#pragma unroll
+          for (int k = 0; k < W; ++k) m = ops::max_abs(m, to_float(y[k]));
+        }
       });
+      if (f.y_amax != nullptr) {  // the same for every thread of the group: all reduce
+        m = g.reduce(m, MaxNanOp{}, smem);
+        if (g.rank() == 0) f.y_amax[r] = m;
+      }
     }
   }
 };

@@ -22,7 +22,8 @@
 //                              CrossEntropyShardGrad
 //   softmax_kernels.cuh        CausalSoftmaxForward, CausalSoftmaxRecompute,
 //                              CausalSoftmaxBackward, RowDot
-//   elementwise_kernels.cuh    SwiGluForward, SwiGluBackward, Add, Copy, Axpy, Scale, Fill
+//   elementwise_kernels.cuh    SwiGluForward, SwiGluBackward, Add, Copy, Axpy, Scale, Fill;
+//                              SwiGluForwardRows, SwiGluBackwardRows (row kernels)
 //   rope_kernels.cuh           RopeRotate
 //   norm_kernels.cuh           SquaredNormChunks, LaneSum
 //   adamw_kernels.cuh          AdamWMultiStep
@@ -98,6 +99,8 @@ TESSERA_CUDA_OP_KERNEL(SquaredNormChunks, detail::SquaredNormChunksKernel<T>)
 TESSERA_CUDA_OP_KERNEL(RopeRotate, detail::RopeKernel<T>)
 TESSERA_CUDA_OP_KERNEL(SwiGluForward, detail::ElementwiseKernel<ops::SwiGluForward<T>>)
 TESSERA_CUDA_OP_KERNEL(SwiGluBackward, detail::ElementwiseKernel<ops::SwiGluBackward<T>>)
+TESSERA_CUDA_OP_KERNEL(SwiGluForwardRows, detail::RowKernel<detail::SwiGluForwardRowsBody<T>>)
+TESSERA_CUDA_OP_KERNEL(SwiGluBackwardRows, detail::RowKernel<detail::SwiGluBackwardRowsBody<T>>)
 TESSERA_CUDA_OP_KERNEL(Add, detail::ElementwiseKernel<ops::Add<T>>)
 TESSERA_CUDA_OP_KERNEL(Copy, detail::ElementwiseKernel<ops::Copy<T>>)
 TESSERA_CUDA_OP_KERNEL(Axpy, detail::ElementwiseKernel<ops::Axpy<T>>)
@@ -140,6 +143,7 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::CausalSoftmaxRecompute<T>> && kKernelClassAgrees<ops::CausalSoftmaxBackward<T>> &&
          kKernelClassAgrees<ops::RowDot<T>> && kKernelClassAgrees<ops::RopeRotate<T>> &&
          kKernelClassAgrees<ops::SwiGluForward<T>> && kKernelClassAgrees<ops::SwiGluBackward<T>> &&
+         kKernelClassAgrees<ops::SwiGluForwardRows<T>> && kKernelClassAgrees<ops::SwiGluBackwardRows<T>> &&
          kKernelClassAgrees<ops::Add<T>> && kKernelClassAgrees<ops::Copy<T>> && kKernelClassAgrees<ops::Axpy<T>> &&
          kKernelClassAgrees<ops::Scale<T>> && kKernelClassAgrees<ops::Fill<T>> &&
          kKernelClassAgrees<ops::Convert<T, float>> && kKernelClassAgrees<ops::EmbeddingForward<T>> &&

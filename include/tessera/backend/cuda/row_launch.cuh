@@ -169,6 +169,11 @@ struct SumOp {
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
+/// The larger of two magnitudes, a NaN winning (ops::max_nan: amaxes combined). Either
+/// order gives a NaN or the same number.
+struct MaxNanOp {
+  __device__ float operator()(float a, float b) const { return ops::max_nan(a, b); }
+};
 
 /// The reduction of v over the 32 lanes of a warp, in every lane. A butterfly: each step
 /// combines a lane's value with its partner's, a op b in one and b op a in the other,
