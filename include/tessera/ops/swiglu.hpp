@@ -62,59 +62,74 @@ struct SwiGluBackward {
   }
 };
 
-/// SwiGluForward over `rows` rows of `cols` elements (index r: elements [r cols, r cols +
-/// cols) of a, b and g, contiguous), and g_amax[r] = max |g| over the row as stored (a
-/// NaN wins), as RowAbsMax gives it.
-template <class T>
-struct SwiGluForwardRows {
-  SwiGluForward<T> element;
+/// An elementwise functor run over `rows` rows of `cols` contiguous elements (index r:
+/// elements [r cols, r cols + cols)), each row's amax of each of its outputs as stored
+/// written too. Outputs says which: kCount of them, take(e, i, m), which folds element i's
+/// outputs into m[0..kCount) (a NaN wins), and the arrays each row's amaxes go to. The
+/// CUDA kernel runs the same functor on registers and Outputs::take on them
+/// (backend/cuda/elementwise_kernels.cuh).
+template <class E, class Outputs>
+struct RowsWithAmaxes {
+  E element;
   std::int64_t cols;
-  float* g_amax;
+  Outputs amax;
   TESSERA_HD void operator()(std::int64_t r) const {
-    float m = 0;
+    float m[Outputs::kCount] = {};
     for (std::int64_t i = r * cols, end = i + cols; i < end; ++i) {
       element(i);
-      m = max_abs(m, static_cast<float>(to_accum(element.g[i])));
+      Outputs::take(element, i, m);
     }
-    g_amax[r] = m;
+    amax.store(r, m);
   }
-  // SwiGluForward's over the rows' elements, a comparison an element and a float a row more.
+  // The element functor's over the rows' elements, a comparison an element an output and
+  // a float a row an output more.
   Traffic traffic(std::int64_t rows) const {
     const double r = static_cast<double>(rows), e = r * static_cast<double>(cols);
     Traffic t = element.traffic(rows * cols);
-    t.bytes_written += r * sizeof(float);
-    t.flops += e;
+    t.bytes_written += Outputs::kCount * r * sizeof(float);
+    t.flops += Outputs::kCount * e;
     return t;
   }
 };
 
-/// SwiGluBackward over `rows` rows of `cols` elements (index r: elements [r cols, r cols +
-/// cols), contiguous), and da_amax[r], db_amax[r] = max |da|, max |db| over the row as
-/// stored (a NaN wins), as RowAbsMax gives them.
+/// SwiGluForward's output g: amax[r] = max |g| over row r.
+struct SwiGluForwardAmax {
+  static constexpr int kCount = 1;
+  float* g;
+  template <class T>
+  TESSERA_HD static void take(const SwiGluForward<T>& e, std::int64_t i, float* m) {
+    m[0] = max_abs(m[0], static_cast<float>(to_accum(e.g[i])));
+  }
+  TESSERA_HD void store(std::int64_t r, const float* m) const { g[r] = m[0]; }
+};
+
+/// SwiGluBackward's outputs da and db: their amaxes over row r.
+struct SwiGluBackwardAmax {
+  static constexpr int kCount = 2;
+  float* da;
+  float* db;
+  template <class T>
+  TESSERA_HD static void take(const SwiGluBackward<T>& e, std::int64_t i, float* m) {
+    m[0] = max_abs(m[0], static_cast<float>(to_accum(e.da[i])));
+    m[1] = max_abs(m[1], static_cast<float>(to_accum(e.db[i])));
+  }
+  TESSERA_HD void store(std::int64_t r, const float* m) const {
+    da[r] = m[0];
+    db[r] = m[1];
+  }
+};
+
+/// SwiGluForward by rows of `cols`, with g's row amaxes (as RowAbsMax gives them).
 template <class T>
-struct SwiGluBackwardRows {
-  SwiGluBackward<T> element;
-  std::int64_t cols;
-  float* da_amax;
-  float* db_amax;
-  TESSERA_HD void operator()(std::int64_t r) const {
-    float ma = 0, mb = 0;
-    for (std::int64_t i = r * cols, end = i + cols; i < end; ++i) {
-      element(i);
-      ma = max_abs(ma, static_cast<float>(to_accum(element.da[i])));
-      mb = max_abs(mb, static_cast<float>(to_accum(element.db[i])));
-    }
-    da_amax[r] = ma;
-    db_amax[r] = mb;
-  }
-  // SwiGluBackward's over the rows' elements, two comparisons an element and two floats a row more.
-  Traffic traffic(std::int64_t rows) const {
-    const double r = static_cast<double>(rows), e = r * static_cast<double>(cols);
-    Traffic t = element.traffic(rows * cols);
-    t.bytes_written += 2 * r * sizeof(float);
-    t.flops += 2 * e;
-    return t;
-  }
+struct SwiGluForwardRows : RowsWithAmaxes<SwiGluForward<T>, SwiGluForwardAmax> {
+  SwiGluForwardRows(SwiGluForward<T> e, std::int64_t cols, float* g_amax)
+      : RowsWithAmaxes<SwiGluForward<T>, SwiGluForwardAmax>{e, cols, {g_amax}} {}
+};
+/// SwiGluBackward by rows of `cols`, with da's and db's row amaxes.
+template <class T>
+struct SwiGluBackwardRows : RowsWithAmaxes<SwiGluBackward<T>, SwiGluBackwardAmax> {
+  SwiGluBackwardRows(SwiGluBackward<T> e, std::int64_t cols, float* da_amax, float* db_amax)
+      : RowsWithAmaxes<SwiGluBackward<T>, SwiGluBackwardAmax>{e, cols, {da_amax, db_amax}} {}
 };
 
 }  // namespace tessera::ops

@@ -1,6 +1,7 @@
 // The elementwise kernels (ops/elementwise.hpp, ops/swiglu.hpp): SwiGluForward,
 // SwiGluBackward, Add, Copy, Axpy, Scale, Fill; and SwiGluForwardRows and
-// SwiGluBackwardRows, the same by rows with the outputs' row amaxes (at the end).
+// SwiGluBackwardRows (ops::RowsWithAmaxes), the same by rows with the outputs' row
+// amaxes (at the end).
 //
 // Grid-stride over V-element vectors (V = 16 / sizeof(T)), 256 threads a block; the last
 // n % V elements by the functor itself. Vectors when every pointer is 16-byte aligned,
@@ -135,67 +136,42 @@ struct ElementwiseKernel {
 };
 
 
-// ---- SwiGLU by rows, with the outputs' row amaxes ---------------------------------------
+// ---- Elementwise functors by rows, with their outputs' row amaxes -----------------------
 //
-// SwiGluForwardRows and SwiGluBackwardRows: the row kernel (row_launch.cuh), a row (a
-// token's hidden units) per warp or block; each thread's vectors through the elementwise
-// functor's own apply, its outputs' magnitudes kept as they are stored, then a reduction
-// over the row's threads in which a NaN wins. Vectors where the functor's pointers are
-// 16-byte aligned and a row is a whole number of vectors.
+// ops::RowsWithAmaxes (SwiGluForwardRows, SwiGluBackwardRows): the row kernel
+// (row_launch.cuh), a row (a token's hidden units) per warp or block; each thread's
+// vectors through the element functor's own apply, its outputs' magnitudes folded as they
+// are stored (the functor's Outputs::take, on the registers), then one reduction a
+// output over the row's threads in which a NaN wins. Vectors where the element functor's
+// pointers are 16-byte aligned and a row is a whole number of vectors.
 
-template <class T>
-struct SwiGluForwardRowsBody : WarpRows<T> {
-  using F = ops::SwiGluForwardRows<T>;
-  using E = Elementwise<ops::SwiGluForward<T>>;
+template <class F, class E, class O, class T>
+struct RowsWithAmaxesBody : WarpRows<T> {
+  using Over = Elementwise<E>;
   static std::int64_t length(const F& f) { return f.cols; }
-  static bool aligned(const F& f) { return E::aligned(f.element) && f.cols % kVectorWidth<T> == 0; }
+  static bool aligned(const F& f) { return Over::aligned(f.element) && f.cols % kVectorWidth<T> == 0; }
   template <int V, bool kWarp>
   __device__ static void run(const F& f, std::int64_t rows, float* smem) {
     const RowGroup<kWarp> g;
     for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
-      float m = 0;
+      float m[O::kCount] = {};
       row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
         constexpr int W = decltype(width)::value;
-        E::template apply<W>(f.element, r * f.cols + j, [&](const ops::SwiGluForward<T>& local) {
+        Over::template apply<W>(f.element, r * f.cols + j, [&](const E& local) {
 #pragma unroll
-          for (int k = 0; k < W; ++k) m = ops::max_abs(m, to_float(local.g[k]));
+          for (int k = 0; k < W; ++k) O::take(local, k, m);
         });
       });
-      m = g.reduce(m, MaxNanOp{}, smem);
-      if (g.rank() == 0) f.g_amax[r] = m;
+#pragma unroll
+      for (int o = 0; o < O::kCount; ++o) m[o] = g.reduce(m[o], MaxNanOp{}, smem);
+      if (g.rank() == 0) f.amax.store(r, m);
     }
   }
 };
 
-template <class T>
-struct SwiGluBackwardRowsBody : WarpRows<T> {
-  using F = ops::SwiGluBackwardRows<T>;
-  using E = Elementwise<ops::SwiGluBackward<T>>;
-  static std::int64_t length(const F& f) { return f.cols; }
-  static bool aligned(const F& f) { return E::aligned(f.element) && f.cols % kVectorWidth<T> == 0; }
-  template <int V, bool kWarp>
-  __device__ static void run(const F& f, std::int64_t rows, float* smem) {
-    const RowGroup<kWarp> g;
-    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
-      float ma = 0, mb = 0;
-      row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
-        constexpr int W = decltype(width)::value;
-        E::template apply<W>(f.element, r * f.cols + j, [&](const ops::SwiGluBackward<T>& local) {
-#pragma unroll
-          for (int k = 0; k < W; ++k) {
-            ma = ops::max_abs(ma, to_float(local.da[k]));
-            mb = ops::max_abs(mb, to_float(local.db[k]));
-          }
-        });
-      });
-      ma = g.reduce(ma, MaxNanOp{}, smem);
-      mb = g.reduce(mb, MaxNanOp{}, smem);
-      if (g.rank() == 0) {
-        f.da_amax[r] = ma;
-        f.db_amax[r] = mb;
-      }
-    }
-  }
-};
+/// The row body of ops::RowsWithAmaxes<E, O> (a functor derived from one, as
+/// SwiGluForwardRows<T> is).
+template <class F, class E, class O, class T>
+using RowsWithAmaxesKernel = RowKernel<RowsWithAmaxesBody<F, E, O, T>>;
 
 }  // namespace tessera::cuda::detail

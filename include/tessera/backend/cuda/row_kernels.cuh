@@ -99,8 +99,10 @@ TESSERA_CUDA_OP_KERNEL(SquaredNormChunks, detail::SquaredNormChunksKernel<T>)
 TESSERA_CUDA_OP_KERNEL(RopeRotate, detail::RopeKernel<T>)
 TESSERA_CUDA_OP_KERNEL(SwiGluForward, detail::ElementwiseKernel<ops::SwiGluForward<T>>)
 TESSERA_CUDA_OP_KERNEL(SwiGluBackward, detail::ElementwiseKernel<ops::SwiGluBackward<T>>)
-TESSERA_CUDA_OP_KERNEL(SwiGluForwardRows, detail::RowKernel<detail::SwiGluForwardRowsBody<T>>)
-TESSERA_CUDA_OP_KERNEL(SwiGluBackwardRows, detail::RowKernel<detail::SwiGluBackwardRowsBody<T>>)
+TESSERA_CUDA_OP_KERNEL(SwiGluForwardRows, detail::RowsWithAmaxesKernel<ops::SwiGluForwardRows<T>, ops::SwiGluForward<T>,
+                                                                     ops::SwiGluForwardAmax, T>)
+TESSERA_CUDA_OP_KERNEL(SwiGluBackwardRows, detail::RowsWithAmaxesKernel<ops::SwiGluBackwardRows<T>, ops::SwiGluBackward<T>,
+                                                                      ops::SwiGluBackwardAmax, T>)
 TESSERA_CUDA_OP_KERNEL(Add, detail::ElementwiseKernel<ops::Add<T>>)
 TESSERA_CUDA_OP_KERNEL(Copy, detail::ElementwiseKernel<ops::Copy<T>>)
 TESSERA_CUDA_OP_KERNEL(Axpy, detail::ElementwiseKernel<ops::Axpy<T>>)
