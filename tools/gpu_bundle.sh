@@ -130,7 +130,8 @@ for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
   done
 done
 # llama-plan's prediction of bench-train's runs (run.sh train), beside which bench-train
-# --profile prints its step by class: batch 1 x seq 8192 on one GPU, bf16, as
+# --profile prints its step by class and tessera's kernels by functor (every kind of
+# operation listed: --plan.top): batch 1 x seq 8192 on one GPU, bf16, as
 # bench/predicted_gpu_step.sh makes them.
 one=(--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree 1
      --parallelism.tensor_parallel_degree 1 --parallelism.pipeline_parallel_degree 1
@@ -140,7 +141,8 @@ for run in "llama3.2_1b none float32" "llama3.2_3b none float32" "llama3_8b full
   read -r flavor ac moments <<< "$run"
   for machine in h100-sxm h200; do
     "$build/examples/llama-plan" --config examples/configs/$flavor.toml --machine $machine --json "${one[@]}" \
-      --activation_checkpoint.mode "$ac" --optimizer.state_dtype "$moments" > "$bundle/train-plan-$flavor-$machine.json"
+      --activation_checkpoint.mode "$ac" --optimizer.state_dtype "$moments" --plan.top 1000 \
+      > "$bundle/train-plan-$flavor-$machine.json"
   done
 done
 # bench-train --profile needs CUPTI, which Meson may not have found.

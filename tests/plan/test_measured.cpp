@@ -101,4 +101,81 @@ TEST_CASE("a measured step sums its classes, counts overlapping work once as bus
   CHECK(none.top.empty());
 }
 
+TEST_CASE("tessera's kernels are told by the functor they run, as the trace names it, and set beside the prediction's") {
+  // The names CUPTI reports (demangled): a row kernel names its body, then the functor; a
+  // row body of ops::RowsWithAmaxes names the functor first; the elementwise kernel, the
+  // per-index fallback and the float8 casts name it in their arguments too.
+  const std::vector<std::pair<std::string, std::string>> names = {
+      {"void tessera::cuda::detail::row_kernel<tessera::cuda::detail::RmsNormForwardRows<tessera::bf16>, 8, false, "
+       "tessera::ops::RmsNormForward<tessera::bf16> >(tessera::ops::RmsNormForward<tessera::bf16>, long)",
+       "RmsNormForward<bf16>"},
+      {"void tessera::cuda::detail::row_kernel<tessera::cuda::detail::RowsWithAmaxesBody<tessera::ops::"
+       "SwiGluForwardRows<tessera::bf16>, tessera::ops::SwiGluForward<tessera::bf16>, tessera::ops::SwiGluForwardAmax, "
+       "tessera::bf16>, 8, false, tessera::ops::SwiGluForwardRows<tessera::bf16> >(...)",
+       "SwiGluForwardRows<bf16>"},
+      {"void tessera::cuda::detail::elementwise_kernel<tessera::ops::SwiGluForward<tessera::bf16>, 8>(long, "
+       "tessera::ops::SwiGluForward<tessera::bf16>)",
+       "SwiGluForward<bf16>"},
+      {"void tessera::cuda::detail::quantize_rows_kernel<tessera::bf16, tessera::float8<tessera::E4M3>, unsigned "
+       "int>(tessera::ops::QuantizeFloat8<tessera::bf16, tessera::float8<tessera::E4M3> >)",
+       "QuantizeFloat8<bf16, float8<E4M3> >"},
+      {"void tessera::cuda::detail::max_of_kernel<tessera::ops::Float8ScaleFromAmaxes>(tessera::ops::"
+       "Float8ScaleFromAmaxes)",
+       "Float8ScaleFromAmaxes"},
+      {"nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", ""},
+      {"cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1", ""},
+  };
+  for (const auto& [name, functor] : names) {
+    CAPTURE(name);
+    CHECK(functor_of_kernel(name) == functor);
+  }
+
+  // A step: RMSNorm's forward twice, SwiGLU once, a GEMM, a copy, the optimizer's AdamW.
+  const std::string norm = names[0].first, swiglu = names[2].first;
+  std::vector<DeviceActivity> work = {
+      kernel(norm, 0, 10'000),
+      kernel(names[5].first, 10'000, 50'000),
+      kernel(norm, 50'000, 58'000),
+      kernel(swiglu, 60'000, 90'000),
+      kernel("void tessera::cuda::detail::adamw_multi_kernel<tessera::bf16, float>(tessera::ops::AdamWMultiStep<"
+             "tessera::bf16, float>)",
+             100'000, 200'000, region::kOptimizer),
+      kernel("memcpy device to device", 200'000, 210'000),
+  };
+  work.back().work = DeviceWork::device_copy;
+  const MeasuredStep m = measure_step(work);
+  REQUIRE(m.functors.size() == 3);  // the GEMM and the copy are no functors of tessera's
+  CHECK(m.functors[0].what == "AdamWMultiStep<bf16, float>");
+  CHECK(m.functors[0].cls == kClassOptimizer);
+  CHECK(m.functors[1].what == "SwiGluForward<bf16>");
+  CHECK(m.functors[2].what == "RmsNormForward<bf16>");
+  CHECK(m.functors[2].count == 2);
+  CHECK(m.functors[2].seconds == doctest::Approx(18e-6));
+
+  // Beside llama-plan's kinds of operation ("what (kernel class)"; its spacing of template
+  // arguments may differ): matched by functor and class; GEMMs, attention and host reads
+  // left out; a predicted functor nothing measured matched listed after, measured 0.
+  const std::vector<OpTotal> predicted = {
+      {"gemm 8192x2048x2048 bfloat16->bfloat16 (nt)", kClassGemm, 50e-6, 1},
+      {"AdamWMultiStep<bf16,float> (multi-tensor)", kClassOptimizer, 80e-6, 1},
+      {"RmsNormForward<bf16> (row)", kClassKernels, 12e-6, 2},
+      {"RmsNormBackwardInput<bf16> (row)", kClassKernels, 5e-6, 1},
+      {"attention forward b1 t8192 h32/8 d64 bfloat16", kClassAttention, 1e-3, 1},
+      {"gemm 3047x2048x128256 bfloat16->bfloat16 (nn)", kClassLossHead, 1e-3, 1},
+  };
+  const std::vector<FunctorComparison> c = compare_functors(m.functors, predicted);
+  REQUIRE(c.size() == 4);
+  CHECK(c[0].functor == "AdamWMultiStep<bf16, float>");
+  CHECK(c[0].predicted_seconds == doctest::Approx(80e-6));
+  CHECK(c[1].functor == "SwiGluForward<bf16>");
+  CHECK(c[1].predicted_count == 0);
+  CHECK(c[2].functor == "RmsNormForward<bf16>");
+  CHECK(c[2].measured_seconds == doctest::Approx(18e-6));
+  CHECK(c[2].predicted_seconds == doctest::Approx(12e-6));
+  CHECK(c[2].predicted_count == 2);
+  CHECK(c[3].functor == "RmsNormBackwardInput<bf16>");
+  CHECK(c[3].measured_count == 0);
+  CHECK(c[3].predicted_seconds == doctest::Approx(5e-6));
+}
+
 }  // namespace test_plan_measured

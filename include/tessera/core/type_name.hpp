@@ -12,13 +12,9 @@
 
 namespace tessera {
 
-/// A mangled type name (std::type_info::name()) demangled, with tessera's namespaces
-/// dropped ("RmsNormForward<float>", "examples::ReluSquaredOptions"); the mangled name
-/// itself where it does not demangle.
-inline std::string readable_type_name(const char* mangled) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
-  std::string s = status == 0 && d ? d.get() : mangled;
+/// A demangled name with tessera's namespaces dropped ("tessera::ops::RmsNormForward<
+/// tessera::bf16>" -> "RmsNormForward<bf16>").
+inline std::string without_tessera_namespaces(std::string s) {
   for (const char* prefix : {"tessera::ops::detail::", "tessera::ops::", "tessera::nn::detail::", "tessera::nn::",
                              "tessera::parallel::detail::", "tessera::parallel::", "tessera::optim::detail::",
                              "tessera::optim::", "tessera::detail::", "tessera::"}) {
@@ -26,6 +22,15 @@ inline std::string readable_type_name(const char* mangled) {
     for (std::size_t at = s.find(p); at != std::string::npos; at = s.find(p)) s.erase(at, p.size());
   }
   return s;
+}
+
+/// A mangled type name (std::type_info::name()) demangled, with tessera's namespaces
+/// dropped ("RmsNormForward<float>", "examples::ReluSquaredOptions"); the mangled name
+/// itself where it does not demangle.
+inline std::string readable_type_name(const char* mangled) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  return without_tessera_namespaces(status == 0 && d ? d.get() : mangled);
 }
 
 /// readable_type_name of T.
