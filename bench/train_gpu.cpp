@@ -54,12 +54,13 @@
 // --profile runs one more step under CUPTI (backend/cuda/kernel_profile.hpp) and tells
 // its device time by llama-plan's classes (plan/measured.hpp: GEMMs, attention,
 // memory-bound kernels, loss head, optimizer, host synchronisations), with the time the
-// device was busy, the costliest kernels by name and tessera's own kernels by the functor
-// each runs; the profiled step runs slower than a
+// device was busy, the costliest kernels by name and the kernels by the operation they
+// belong to (a GEMM or attention call by its shape, tessera's kernels by functor); the
+// profiled step runs slower than a
 // timed one (a callback on every CUDA call), so its classes are read as shares of the
 // device's time. --plan-json FLAVOR=FILE (llama-plan --json for that flavor's run on one
 // device, as bench/predicted_gpu_step.sh makes it) prints the prediction beside, class
-// by class and functor by functor (as many as the plan's --plan.top listed), measured
+// by class and operation by operation (as many as the plan's --plan.top listed), measured
 // over predicted. --json then holds "profile" (and "plan") per flavor.
 // A profile that fails (CUPTI refused, records dropped) is reported with its reason
 // beside the flavor's timed figures, which stand, and the exit status is 1.
@@ -460,11 +461,13 @@ void print_profile(const Result& r) {
   for (std::size_t i = 0; i < std::min<std::size_t>(m.top.size(), 10); ++i)
     std::printf("%-12s |     %8.2f ms x%-5lld %-20s %.110s\n", r.flavor.c_str(), m.top[i].seconds * 1e3,
                 static_cast<long long>(m.top[i].count), m.top[i].cls.c_str(), m.top[i].what.c_str());
-  // tessera's own kernels by functor, beside the prediction's (what a class's gap is made of).
-  std::printf("%-12s |   %-40s %-20s %10s %6s%s\n", r.flavor.c_str(), "tessera's kernels, by functor", "class",
-              "measured", "count", plan ? "   predicted  count  measured/predicted" : "");
-  for (const plan::FunctorComparison& f : plan::compare_functors(m.functors, predicted_kinds(r))) {
-    std::printf("%-12s |     %-38.38s %-20s %7.3f ms %6lld", r.flavor.c_str(), f.functor.c_str(), f.cls.c_str(),
+  // The kernels by the operation they belong to (each GEMM and attention call by its
+  // shape, tessera's kernels by functor), beside the prediction's: what a class's gap is
+  // made of.
+  std::printf("%-12s |   %-48s %-20s %10s %7s%s\n", r.flavor.c_str(), "by operation", "class", "measured",
+              "kernels", plan ? "   predicted  calls  measured/predicted" : "");
+  for (const plan::OperationComparison& f : plan::compare_operations(m.operations, predicted_kinds(r))) {
+    std::printf("%-12s |     %-46.46s %-20s %7.3f ms %7lld", r.flavor.c_str(), f.what.c_str(), f.cls.c_str(),
                 f.measured_seconds * 1e3, static_cast<long long>(f.measured_count));
     if (plan) {
       std::printf("   %7.3f ms %6lld", f.predicted_seconds * 1e3, static_cast<long long>(f.predicted_count));
@@ -479,13 +482,13 @@ nlohmann::json profile_json(const Result& r) {
   nlohmann::json classes = nlohmann::json::object(), top = nlohmann::json::array();
   for (const auto& [name, ct] : m.by_class) classes[name] = {{"seconds", ct.seconds}, {"count", ct.count}};
   for (const auto& o : m.top) top.push_back({{"what", o.what}, {"class", o.cls}, {"seconds", o.seconds}, {"count", o.count}});
-  nlohmann::json functors = nlohmann::json::array();
-  for (const plan::FunctorComparison& f : plan::compare_functors(m.functors, predicted_kinds(r)))
-    functors.push_back({{"functor", f.functor}, {"class", f.cls}, {"measured_seconds", f.measured_seconds},
-                        {"measured_count", f.measured_count}, {"predicted_seconds", f.predicted_seconds},
-                        {"predicted_count", f.predicted_count}});
+  nlohmann::json operations = nlohmann::json::array();
+  for (const plan::OperationComparison& f : plan::compare_operations(m.operations, predicted_kinds(r)))
+    operations.push_back({{"what", f.what}, {"class", f.cls}, {"measured_seconds", f.measured_seconds},
+                          {"measured_kernels", f.measured_count}, {"predicted_seconds", f.predicted_seconds},
+                          {"predicted_calls", f.predicted_count}});
   return {{"wall_seconds", r.profile_wall_seconds}, {"device_seconds", m.device_seconds},
-          {"busy_seconds", m.busy_seconds}, {"classes", classes}, {"costliest", top}, {"functors", functors}};
+          {"busy_seconds", m.busy_seconds}, {"classes", classes}, {"costliest", top}, {"operations", operations}};
 }
 
 std::string device_name() {

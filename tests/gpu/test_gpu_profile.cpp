@@ -1,7 +1,8 @@
 // cuda::KernelProfile (backend/cuda/kernel_profile.hpp) on the device: every kernel and
 // copy of a small step recorded with its span, each filed under the class the
-// prediction would file it under (plan/measured.hpp), regions included; one profile at a
-// time, and a second after the first has stopped.
+// prediction would file it under (plan/measured.hpp), regions included, and a GEMM's
+// kernels under the GEMM's name; one profile at a time, and a second after the first has
+// stopped.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -53,6 +54,17 @@ TEST_CASE("a kernel profile records each kernel and copy of a step, filed by cla
   }
   CHECK(plan::is_gemm_kernel(work[0].name));
   CHECK(std::string(plan::measured_class(work[0])) == plan::kClassGemm);
+  // Each GEMM's kernels carry the GEMM as llama-plan names it (trace::Launching), and the
+  // row of the step by operation is that name; Scale and Axpy go by their functors.
+  for (std::size_t i = 0; i < end; ++i) CHECK(work[i].operation == "gemm 256x384x512 bfloat16->bfloat16 (nn)");
+  CHECK(work[end].operation.empty());
+  CHECK(plan::operation_of(work[end]) == "Scale<float>");
+  CHECK(plan::operation_of(work[end + 1]) == "Axpy<float>");
+  REQUIRE(m.operations.size() >= 3);
+  bool gemm_row = false;
+  for (const plan::OpTotal& o : m.operations)
+    gemm_row |= o.what == "gemm 256x384x512 bfloat16->bfloat16 (nn)" && o.cls == plan::kClassGemm &&
+                o.count == static_cast<std::int64_t>(head);
   REQUIRE(end + 3 <= work.size());
   CHECK(work[end].region == region::kOptimizer);
   CHECK(work[end].name.find("Scale") != std::string::npos);
@@ -61,6 +73,7 @@ TEST_CASE("a kernel profile records each kernel and copy of a step, filed by cla
   CHECK(std::string(plan::measured_class(work[end + 1])) == plan::kClassKernels);
   for (std::size_t i = end + 2; i < work.size(); ++i)  // the download: one copy, or a staged pair
     CHECK(std::string(plan::measured_class(work[i])) == plan::kClassHost);
+  CHECK(gemm_row);
   CHECK(count_of(m, plan::kClassLossHead) == static_cast<std::int64_t>(head));
   CHECK(count_of(m, plan::kClassAttention) == 0);
   CHECK(m.busy_seconds > 0);

@@ -16,6 +16,8 @@ struct DeviceActivity {
   std::string name;         // the kernel's (demangled) name, or what the copy was
   DeviceWork work = DeviceWork::kernel;
   std::string region;       // the Region open on the launching thread, "" outside any
+  std::string operation;    // the operation the backend was launching (trace::describe of
+                            // trace::Launching's: a GEMM, an attention call), "" for none
   std::uint64_t start_ns = 0, end_ns = 0;
   std::uint64_t bytes = 0;  // copies and fills
   double seconds() const { return end_ns > start_ns ? static_cast<double>(end_ns - start_ns) * 1e-9 : 0.0; }

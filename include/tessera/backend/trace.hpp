@@ -171,6 +171,66 @@ struct Memory {
 
 using Op = std::variant<Gemm, Attention, Kernel, Fill, Transfer, Synchronize, Memory, Collective, CommWait>;
 
+/// "nn", "nt", "tn" or "tt": a GEMM's transposes.
+inline std::string trans_name(Trans a, Trans b) {
+  return std::string(a == Trans::no ? "n" : "t") + (b == Trans::no ? "n" : "t");
+}
+/// How llama-plan names an operation ("gemm 8192x2048x2048 bfloat16->bfloat16 (nt)",
+/// "RmsNormForward<bf16> (row)"): the kinds it sums and lists, and the names a device
+/// profile gives the kernels a GEMM or attention call launched (Launching).
+inline std::string describe(const Op& op) {
+  return std::visit(
+      [](const auto& o) -> std::string {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, Gemm>)
+          return tessera::detail::concat("gemm ", o.m, "x", o.n, "x", o.k, " ", name_of(o.operands), "->",
+                                         name_of(o.result), " (", trans_name(o.ta, o.tb), o.accumulate ? ", +=" : "",
+                                         ")");
+        else if constexpr (std::is_same_v<O, Attention>)
+          return tessera::detail::concat("attention ", o.backward ? "backward" : "forward", " b", o.shape.batch, " t",
+                                         o.shape.seq_len, " h", o.shape.n_heads, "/", o.shape.n_kv_heads, " d",
+                                         o.shape.head_dim, " ", name_of(o.dtype));
+        else if constexpr (std::is_same_v<O, Kernel>)
+          return tessera::detail::concat(o.functor, " (", name_of(o.cuda_class), ")");
+        else if constexpr (std::is_same_v<O, Fill>)
+          return "zero fill";
+        else if constexpr (std::is_same_v<O, Transfer>)
+          return tessera::detail::concat(o.to_host ? "copy to host" : "copy from host", " (", o.file, ":", o.line, ")");
+        else if constexpr (std::is_same_v<O, Synchronize>)
+          return "synchronize";
+        else if constexpr (std::is_same_v<O, Collective>)
+          return tessera::detail::concat(o.kind, " of ", o.bytes, " bytes over ", o.group.size, " ranks");
+        else if constexpr (std::is_same_v<O, CommWait>)
+          return "wait for a collective";
+        else
+          return "memory";
+      },
+      op);
+}
+
+/// While one is open on this thread, the backend is launching the work of `op` (a GEMM,
+/// an attention call): a device profile (backend/cuda/kernel_profile.hpp) names the
+/// kernels launched meanwhile by describe(op), so that each is set beside the price of
+/// the same operation. The CUDA backend opens one around each cuBLASLt and attention
+/// call; opening one costs a thread-local pointer swap.
+class Launching {
+ public:
+  explicit Launching(const Op& op) : op_(op), outer_(innermost()) { innermost() = &op_; }
+  ~Launching() { innermost() = outer_; }
+  Launching(const Launching&) = delete;
+  Launching& operator=(const Launching&) = delete;
+  /// The operation being launched on this thread, or nullptr.
+  static const Op* current() { return innermost(); }
+
+ private:
+  static const Op*& innermost() {
+    static thread_local const Op* op = nullptr;
+    return op;
+  }
+  Op op_;
+  const Op* outer_;
+};
+
 struct Event {
   Op op;
   const char* region = "";  // the innermost Region open when it was issued ("" outside any)

@@ -298,38 +298,8 @@ inline bool is_communication(const trace::Op& op) {
 }
 
 namespace detail {
-inline std::string trans_name(Trans a, Trans b) {
-  return std::string(a == Trans::no ? "n" : "t") + (b == Trans::no ? "n" : "t");
-}
-inline std::string describe(const trace::Op& op) {
-  return std::visit(
-      [](const auto& o) -> std::string {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<O, trace::Gemm>)
-          return tessera::detail::concat("gemm ", o.m, "x", o.n, "x", o.k, " ", name_of(o.operands), "->",
-                                         name_of(o.result), " (", trans_name(o.ta, o.tb), o.accumulate ? ", +=" : "",
-                                         ")");
-        else if constexpr (std::is_same_v<O, trace::Attention>)
-          return tessera::detail::concat("attention ", o.backward ? "backward" : "forward", " b", o.shape.batch, " t",
-                                         o.shape.seq_len, " h", o.shape.n_heads, "/", o.shape.n_kv_heads, " d",
-                                         o.shape.head_dim, " ", name_of(o.dtype));
-        else if constexpr (std::is_same_v<O, trace::Kernel>)
-          return tessera::detail::concat(o.functor, " (", name_of(o.cuda_class), ")");
-        else if constexpr (std::is_same_v<O, trace::Fill>)
-          return "zero fill";
-        else if constexpr (std::is_same_v<O, trace::Transfer>)
-          return tessera::detail::concat(o.to_host ? "copy to host" : "copy from host", " (", o.file, ":", o.line, ")");
-        else if constexpr (std::is_same_v<O, trace::Synchronize>)
-          return "synchronize";
-        else if constexpr (std::is_same_v<O, trace::Collective>)
-          return tessera::detail::concat(o.kind, " of ", o.bytes, " bytes over ", o.group.size, " ranks");
-        else if constexpr (std::is_same_v<O, trace::CommWait>)
-          return "wait for a collective";
-        else
-          return "memory";
-      },
-      op);
-}
+/// trace::describe (kept under this name for the plan's callers).
+inline std::string describe(const trace::Op& op) { return trace::describe(op); }
 inline const char* class_of(const trace::Event& e) {
   if (std::holds_alternative<trace::Transfer>(e.op) || std::holds_alternative<trace::Synchronize>(e.op))
     return kClassHost;

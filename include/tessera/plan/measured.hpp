@@ -87,22 +87,32 @@ inline std::string functor_of_kernel(std::string_view name) {
   return without_tessera_namespaces(std::string(name.substr(at, end - at)));
 }
 
+/// What the prediction calls the operation an activity belongs to: the GEMM or attention
+/// call the backend was launching (DeviceActivity::operation, trace::describe's name), or
+/// the functor of a kernel of tessera's own (functor_of_kernel); empty for the rest
+/// (copies, fills, a library's kernel launched outside a labelled call).
+inline std::string operation_of(const DeviceActivity& a) {
+  if (!a.operation.empty()) return a.operation;
+  return a.work == DeviceWork::kernel ? functor_of_kernel(a.name) : std::string();
+}
+
 /// A profiled step by class: each class's device time (durations summed: work on two
 /// streams at once counts twice) and count, the time the device was busy (the union of
-/// the activities' spans), the costliest kernels by name, and tessera's own kernels by
-/// the functor each runs (every one, costliest first: what the prediction lists them by).
+/// the activities' spans), the costliest kernels by name, and the kernels by the
+/// operation they belong to (operation_of: every one, costliest first, as the prediction
+/// lists its kinds of operation).
 struct MeasuredStep {
-  ClassTimes by_class;            // Prediction::by_class's order
-  double device_seconds = 0;      // the activities' durations summed
-  double busy_seconds = 0;        // the union of their spans
-  std::vector<OpTotal> top;       // by name (what), class (cls), summed time, count; costliest first
-  std::vector<OpTotal> functors;  // tessera's kernels by functor_of_kernel (what), class, time, count
+  ClassTimes by_class;              // Prediction::by_class's order
+  double device_seconds = 0;        // the activities' durations summed
+  double busy_seconds = 0;          // the union of their spans
+  std::vector<OpTotal> top;         // by name (what), class (cls), summed time, count; costliest first
+  std::vector<OpTotal> operations;  // by operation_of (what), class, summed time, kernels counted
 };
 
 inline MeasuredStep measure_step(const std::vector<DeviceActivity>& activities, std::size_t top = 40) {
   MeasuredStep m;
   m.by_class = zero_class_times();
-  std::map<std::string, OpTotal> names, functors;
+  std::map<std::string, OpTotal> names, operations;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
   for (const DeviceActivity& a : activities) {
     const char* cls = measured_class(a);
@@ -112,13 +122,12 @@ inline MeasuredStep measure_step(const std::vector<DeviceActivity>& activities, 
     if (o.what.empty()) o.what = a.name, o.cls = cls;
     o.seconds += a.seconds();
     ++o.count;
-    if (a.work == DeviceWork::kernel)
-      if (std::string functor = functor_of_kernel(a.name); !functor.empty()) {
-        OpTotal& f = functors[std::string(cls) + '\n' + functor];
-        if (f.what.empty()) f.what = std::move(functor), f.cls = cls;
-        f.seconds += a.seconds();
-        ++f.count;
-      }
+    if (std::string operation = operation_of(a); !operation.empty()) {
+      OpTotal& f = operations[std::string(cls) + '\n' + operation];
+      if (f.what.empty()) f.what = std::move(operation), f.cls = cls;
+      f.seconds += a.seconds();
+      ++f.count;
+    }
     if (a.end_ns > a.start_ns) spans.emplace_back(a.start_ns, a.end_ns);
   }
   std::sort(spans.begin(), spans.end());
@@ -135,50 +144,55 @@ inline MeasuredStep measure_step(const std::vector<DeviceActivity>& activities, 
   if (open) covered += open_end - open_start;
   m.busy_seconds = static_cast<double>(covered) * 1e-9;
   m.top = costliest(names, top);
-  m.functors = costliest(functors, functors.size());
+  m.operations = costliest(operations, operations.size());
   return m;
 }
 
-/// One functor of tessera's, measured beside predicted (either may be missing: count 0).
-struct FunctorComparison {
-  std::string functor, cls;
+/// One kind of operation, measured beside predicted (either side may be missing: count 0).
+/// Counts are kernels on the measured side (a GEMM may launch two: cuBLASLt's split-K
+/// reduction), calls on the predicted one.
+struct OperationComparison {
+  std::string what, cls;
   double measured_seconds = 0, predicted_seconds = 0;
   std::int64_t measured_count = 0, predicted_count = 0;
 };
 
-/// The measured functors (MeasuredStep::functors) beside the prediction's kinds of
-/// operation of the same functor and class (llama-plan's costliest, "RmsNormForward<bf16>
-/// (row)": the kernel class in brackets dropped; spaces ignored, as the two demanglers
-/// space template arguments differently); GEMMs and attention, which are no functors of
-/// tessera's, are left out of the prediction's side. Costliest measured first, then the
-/// predicted ones nothing measured matched. A functor the CUDA kernel runs fused with
-/// another (RMSNorm's backward) is measured under the launch's functor and predicted
-/// under its parts': it shows on both sides, unmatched.
-inline std::vector<FunctorComparison> compare_functors(const std::vector<OpTotal>& measured,
-                                                       const std::vector<OpTotal>& predicted) {
+/// The measured operations (MeasuredStep::operations) beside the prediction's kinds of
+/// operation (llama-plan's "costliest") of the same name and class: a GEMM or attention
+/// call by trace::describe's name, a kernel of tessera's by its functor (the prediction's
+/// "RmsNormForward<bf16> (row)" without its kernel class; spaces ignored, as the two
+/// demanglers space template arguments differently). Costliest measured first, then the
+/// predicted ones nothing measured matched; host synchronisations are left out. A functor
+/// the CUDA kernel runs fused with another (RMSNorm's backward) is measured under the
+/// launch's functor and predicted under its parts': it shows on both sides, unmatched.
+inline std::vector<OperationComparison> compare_operations(const std::vector<OpTotal>& measured,
+                                                           const std::vector<OpTotal>& predicted) {
+  auto name = [](std::string_view what) {
+    if (!what.starts_with("gemm ") && !what.starts_with("attention "))
+      if (const std::size_t b = what.rfind(" ("); b != std::string_view::npos && what.back() == ')')
+        what = what.substr(0, b);
+    return std::string(what);
+  };
   auto key = [](std::string_view what, std::string_view cls) {
-    if (const std::size_t b = what.rfind(" ("); b != std::string_view::npos && what.back() == ')') what = what.substr(0, b);
     std::string k(cls);
     k += '\n';
     for (char c : what)
       if (c != ' ') k += c;
     return k;
   };
-  std::vector<FunctorComparison> out;
+  std::vector<OperationComparison> out;
   std::map<std::string, std::size_t> index;
   for (const OpTotal& m : measured) {
     index[key(m.what, m.cls)] = out.size();
     out.push_back({m.what, m.cls, m.seconds, 0, m.count, 0});
   }
   for (const OpTotal& p : predicted) {
-    if (p.cls == kClassGemm || p.cls == kClassAttention || p.cls == kClassHost || p.what.starts_with("gemm ")) continue;
-    const std::string k = key(p.what, p.cls);
+    if (p.cls == kClassHost) continue;
+    const std::string what = name(p.what), k = key(what, p.cls);
     auto it = index.find(k);
     if (it == index.end()) {
-      std::string_view what = p.what;
-      if (const std::size_t b = what.rfind(" ("); b != std::string_view::npos) what = what.substr(0, b);
       it = index.emplace(k, out.size()).first;
-      out.push_back({std::string(what), p.cls, 0, 0, 0, 0});
+      out.push_back({what, p.cls, 0, 0, 0, 0});
     }
     out[it->second].predicted_seconds += p.seconds;
     out[it->second].predicted_count += p.count;

@@ -46,6 +46,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/backend/caching_allocator.hpp"
+#include "tessera/backend/trace.hpp"
 #include "tessera/backend/cuda/graph.hpp"
 #include "tessera/backend/cuda/attention_engine.hpp"
 #include "tessera/backend/cuda/check.hpp"
@@ -169,6 +170,10 @@ struct Cuda {
   template <class T, class C>
   static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
                    accum_t<T> beta, TensorView<C> c) {
+    const GemmSizes s = check_gemm(ta, tb, a, b, c);
+    // Its kernels named as llama-plan names the GEMM, for a device profile.
+    const trace::Launching launching(
+        trace::Gemm{s.m, s.n, s.k, ta, tb, dtype_of<T>(), dtype_of<C>(), beta != accum_t<T>(0)});
     cuda::gemm<T, C>(ta, tb, alpha, a, b, beta, c);
   }
 
@@ -177,6 +182,9 @@ struct Cuda {
   template <class C>
   static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<C> c,
                           bool fast_accumulation) {
+    const GemmSizes s = check_float8_gemm(a, b, c);
+    const trace::Launching launching(
+        trace::Gemm{s.m, s.n, s.k, Trans::no, Trans::yes, a.format, dtype_of<C>(), beta != 0.0f});
     cuda::gemm_float8<C>(a, b, beta, c, fast_accumulation);
   }
 
@@ -191,6 +199,7 @@ struct Cuda {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
+    const trace::Launching launching(trace::Attention{s, dtype_of<T>(), false});  // for a device profile
     if constexpr (std::is_same_v<T, bf16>) {
       if (const cuda::AttentionEngine* engine = engine_for(s)) {
         const int device = cuda::current_device();
@@ -216,6 +225,7 @@ struct Cuda {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "tessera: Cuda attention supports float and bf16 tensors");
     cuda::require_device();
+    const trace::Launching launching(trace::Attention{s, dtype_of<T>(), true});  // for a device profile
     if constexpr (std::is_same_v<T, bf16>) {
       if (const cuda::AttentionEngine* engine = engine_for(s)) {
         const int device = cuda::current_device();

@@ -1,5 +1,7 @@
 // Every kernel, copy and fill the device runs while a KernelProfile records, with the
-// Region (core/region.hpp) that was open on the thread that launched it: a step of the
+// Region (core/region.hpp) that was open on the thread that launched it, and the
+// operation the backend was launching (backend/trace.hpp's Launching: a GEMM's or an
+// attention call's kernels named as llama-plan names the operation): a step of the
 // real code told by llama-plan's classes (plan/measured.hpp), to set against its
 // prediction. Through CUPTI's activity API (the device's own start and end of each
 // kernel, on every stream) and its callback API (the launching call's correlation id,
@@ -32,6 +34,7 @@
 
 #include "tessera/backend/cuda/check.hpp"
 #include "tessera/backend/device_activity.hpp"
+#include "tessera/backend/trace.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/region.hpp"
 
@@ -56,6 +59,7 @@ struct ProfileState {
   bool recording = false;
   CUpti_SubscriberHandle subscriber{};
   std::unordered_map<std::uint32_t, const char*> regions;  // launch's correlation id -> region name
+  std::unordered_map<std::uint32_t, std::string> operations;  // -> the operation launching (trace::Launching)
   std::vector<DeviceActivity> activities;
 };
 
@@ -72,16 +76,22 @@ inline std::string demangled(const char* name) {
 }
 
 /// On entry to every runtime and driver call: its correlation id, with the region open on
-/// this thread (only inside one: the rest are classed by name).
+/// this thread (only inside one: the rest are classed by name) and the operation the
+/// backend is launching (trace::Launching: a GEMM's or an attention call's kernels are
+/// named as llama-plan names the operation).
 inline void CUPTIAPI on_cuda_call(void* userdata, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
   if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
   const auto* info = static_cast<const CUpti_CallbackData*>(data);
   if (info->callbackSite != CUPTI_API_ENTER) return;
   const char* region = Region::current_name();
-  if (region == nullptr || *region == '\0') return;
+  const trace::Op* op = trace::Launching::current();
+  const bool in_region = region != nullptr && *region != '\0';
+  if (!in_region && op == nullptr) return;
+  std::string operation = op != nullptr ? trace::describe(*op) : std::string();
   auto* s = static_cast<ProfileState*>(userdata);
   std::lock_guard lock(s->m);
-  s->regions.emplace(info->correlationId, region);
+  if (in_region) s->regions.emplace(info->correlationId, region);
+  if (op != nullptr) s->operations.emplace(info->correlationId, std::move(operation));
 }
 
 inline constexpr std::size_t kActivityBufferBytes = std::size_t{8} << 20;
@@ -143,6 +153,7 @@ inline void CUPTIAPI activity_buffer_completed(CUcontext, std::uint32_t, std::ui
   std::lock_guard lock(s.m);
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (const auto it = s.regions.find(ids[i]); it != s.regions.end()) got[i].region = it->second;
+    if (const auto it = s.operations.find(ids[i]); it != s.operations.end()) got[i].operation = it->second;
     s.activities.push_back(std::move(got[i]));
   }
 }
@@ -162,6 +173,7 @@ class KernelProfile {
       TESSERA_CHECK(!s.recording, "cuda::KernelProfile: a profile is already recording (one at a time)");
       s.recording = true;
       s.regions.clear();
+      s.operations.clear();
       s.activities.clear();
     }
     try {
@@ -204,6 +216,7 @@ class KernelProfile {
       std::lock_guard lock(s.m);
       out.swap(s.activities);
       s.regions.clear();
+      s.operations.clear();
     }
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });
     return out;
