@@ -61,7 +61,9 @@
 #             (--float8): 1B and 3B without checkpointing, tensorwise then rowwise, and 8B
 #             with full checkpointing and bf16 moments (an H200), each against train's bf16
 #             row of the same flavor and checkpointing (train.json, train8b.json) and
-#             llama-plan's float8 prediction; not part of `all` (about three minutes)
+#             llama-plan's float8 prediction; then bench/float8_curves.py: Llama 3.2 1B, 300
+#             steps at 2048 tokens, bf16 against tensorwise and rowwise, the loss curves
+#             (float8-curves.json); not part of `all` unless given a cap (about 4.5 minutes)
 #   llama     llama-train on the debug model on the GPU, 100 steps
 #   nccl      several llama-train processes sharing the one GPU over NCCL (comm.share_gpu):
 #             FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B), CP 2 on 2 processes, FSDP 2 x
@@ -109,7 +111,7 @@ done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpth
   while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 cp -r examples/configs "$bundle/configs"
 cp bench/torch_llama.py bench/torchtitan_eager.py bench/torchtitan_train.py bench/torch_gemms.py bench/gpu_clocks.py \
-  "$bundle/"
+  bench/float8_curves.py "$bundle/"
 # The Python wheels of TESSERA_WHEELS, where given (see the header).
 if [ -n "${TESSERA_WHEELS:-}" ]; then
   compgen -G "$TESSERA_WHEELS/*.whl" > /dev/null ||
@@ -490,6 +492,15 @@ PY
     else
       echo "float8: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b-float8.txt"
     fi
+    # Issue 51's short curve on the GPU: Llama 3.2 1B on the embedded corpus (batch 1 x seq
+    # 2048, no checkpointing, 300 steps), bf16 against tensorwise and rowwise on cuBLASLt's
+    # float8 matmul, from the same seed: the final loss within 2% of bf16's, no step diverging.
+    python3 "$here/float8_curves.py" --train "$here/llama-train" --config "$here/configs/llama3.2_1b.toml" \
+      --device cuda --emulate false --steps 300 --recipes tensorwise,rowwise --set model.tokenizer=synthetic_bpe \
+      --set training.dataset=synthetic --set training.local_batch_size=1 --set training.global_batch_size=1 \
+      --set training.seq_len=2048 --set parallelism.data_parallel_shard_degree=1 \
+      --set activation_checkpoint.mode=none --set lr_scheduler.warmup_steps=30 --markdown \
+      --json "$out/float8-curves.json" 2>&1 | tee "$out/float8-curves.txt" || status=1
     exit "$status" ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
