@@ -135,7 +135,6 @@ struct ElementwiseKernel {
   }
 };
 
-
 // ---- Elementwise functors by rows, with their outputs' row amaxes -----------------------
 //
 // ops::RowsWithAmaxes (SwiGluForwardRows, SwiGluBackwardRows): the row kernel
