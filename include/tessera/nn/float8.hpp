@@ -68,6 +68,20 @@ struct Float8Operand {
   }
 };
 
+/// A tensor as the float8 scopes below tell tensors apart: its storage, element type,
+/// shape and leading dimension (that of the matrix as stored: a one-column tensor's is 1
+/// whatever its view says), the x.ld() every cast reads it by.
+struct Float8Tensor {
+  const void* data = nullptr;
+  DType type = DType::f32;
+  std::int64_t rows = 0, cols = 0, ld = 0;
+  bool operator==(const Float8Tensor&) const = default;
+  template <class T>
+  static Float8Tensor of(TensorView<const T> x) {
+    return {x.data(), dtype_of<T>(), x.rows(), x.cols(), x.cols() <= 1 ? x.cols() : x.ld()};
+  }
+};
+
 /// While one is open on this thread, casts to float8 on backend B are kept, and a cast of
 /// the same tensor (its address, element type, shape and leading dimension) by the same
 /// cast, transposed alike, is handed the kept one instead of casting again; by the same
@@ -86,22 +100,19 @@ template <Backend B>
 class Float8SharedCasts {
  public:
   struct Key {
-    const void* data = nullptr;
-    DType type = DType::f32;
-    std::int64_t rows = 0, cols = 0, ld = 0;
+    Float8Tensor tensor;
     Float8Cast cast;
     bool transpose = false;
     bool operator==(const Key& o) const {
-      return data == o.data && type == o.type && rows == o.rows && cols == o.cols && ld == o.ld &&
-             cast.format == o.cast.format && cast.axis == o.cast.axis && cast.power_of_two == o.cast.power_of_two &&
-             transpose == o.transpose;
+      return tensor == o.tensor && cast.format == o.cast.format && cast.axis == o.cast.axis &&
+             cast.power_of_two == o.cast.power_of_two && transpose == o.transpose;
     }
   };
 
   /// The key of casting `x` by `cast`, transposed or not.
   template <class T>
   static Key key_of(TensorView<const T> x, Float8Cast cast, bool transpose) {
-    return Key{x.data(), dtype_of<T>(), x.rows(), x.cols(), x.cols() <= 1 ? x.cols() : x.ld(), cast, transpose};
+    return Key{Float8Tensor::of(x), cast, transpose};
   }
 
   Float8SharedCasts() : previous_(current_) { current_ = this; }
@@ -183,12 +194,12 @@ class Float8RowAmaxes {
   void keep(TensorView<const T> x, const Tensor<float>& row_amax) {
     TESSERA_CHECK(row_amax.data() != nullptr && row_amax.numel() == x.rows(),
                   "Float8RowAmaxes::keep: one amax a row of a ", x.rows(), "-row tensor, not ", row_amax.numel());
-    kept_.push_back({identity_of(x), row_amax});
+    kept_.push_back({Float8Tensor::of(x), row_amax});
   }
   /// The amaxes of x's rows, kept in the one open on this thread or one around it, or none.
   template <class T>
   static const Tensor<float>* find(TensorView<const T> x) {
-    const Identity id = identity_of(x);
+    const Float8Tensor id = Float8Tensor::of(x);
     for (const Float8RowAmaxes* s = current_; s != nullptr; s = s->previous_)
       for (const Kept& k : s->kept_)
         if (k.tensor == id) return &k.row_amax;
@@ -196,18 +207,8 @@ class Float8RowAmaxes {
   }
 
  private:
-  struct Identity {  // a tensor's storage, element type and shape
-    const void* data = nullptr;
-    DType type = DType::f32;
-    std::int64_t rows = 0, cols = 0, ld = 0;
-    bool operator==(const Identity&) const = default;
-  };
-  template <class T>
-  static Identity identity_of(TensorView<const T> x) {
-    return {x.data(), dtype_of<T>(), x.rows(), x.cols(), x.cols() <= 1 ? x.cols() : x.ld()};
-  }
   struct Kept {
-    Identity tensor;
+    Float8Tensor tensor;
     Tensor<float> row_amax;
   };
 
@@ -223,7 +224,7 @@ class Float8RowAmaxes {
 template <Backend B, class T>
 void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>& q) {
   using ops::Float8Axis;
-  const std::int64_t xr = x.rows(), xc = x.cols(), ld = xc <= 1 ? xc : x.ld();
+  const std::int64_t xr = x.rows(), xc = x.cols(), ld = Float8Tensor::of(x).ld;
   const std::int64_t n_scales = cast.axis == Float8Axis::rows ? xr : cast.axis == Float8Axis::columns ? xc : 1;
   const Tensor<float>* known = cast.axis == Float8Axis::columns ? nullptr : Float8RowAmaxes<B>::find(x);
   Tensor<float> amax;
@@ -260,7 +261,7 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
   Float8Operand<B> q;
   q.cast = cast;
   q.transposed = transpose;
-  const std::int64_t xr = x.rows(), xc = x.cols(), ld = xc <= 1 ? xc : x.ld();
+  const std::int64_t xr = x.rows(), xc = x.cols(), ld = key.tensor.ld;
   q.rows = transpose ? xc : xr;
   q.cols = transpose ? xr : xc;
   if (const Float8Operand<B>* twin = shared != nullptr ? shared->find_scale(key) : nullptr) {
