@@ -55,6 +55,8 @@ namespace tessera {
   TESSERA_LAUNCH_OP(ops::SwiGluBackward<T>)                                                                           \
   TESSERA_LAUNCH_OP(ops::SwiGluForwardRows<T>)                                                                        \
   TESSERA_LAUNCH_OP(ops::SwiGluBackwardRows<T>)                                                                       \
+  TESSERA_LAUNCH_OP(ops::SwiGluForwardPaired<T>)                                                                      \
+  TESSERA_LAUNCH_OP(ops::SwiGluBackwardPaired<T>)                                                                     \
   TESSERA_LAUNCH_OP(ops::CausalSoftmaxForward<T>)                                                                     \
   TESSERA_LAUNCH_OP(ops::CausalSoftmaxRecompute<T>)                                                                   \
   TESSERA_LAUNCH_OP(ops::CausalSoftmaxBackward<T>)                                                                    \

@@ -893,6 +893,9 @@ int run(std::vector<std::string> args) {
       p.pipeline_parallel_split_points =
           plan::scaling_split_points(static_cast<int>(given.model.args.n_layers), static_cast<int>(p.pipeline_parallel_degree));
   }
+  // Both other runtimes run wq, wk and wv (and w1 and w3) as separate linear layers
+  // (scaling's attention_qkv_in_one: false): traced so.
+  if (scaling || torchtitan) given.model.fuse_projections = false;
   if (torchtitan) {
     const auto& p = given.parallelism;
     TESSERA_CHECK(p.tensor_parallel_degree == 1, "parallelism.tensor_parallel_degree ", p.tensor_parallel_degree,

@@ -24,6 +24,7 @@ static_assert(cuda::HasOpKernel<ops::CausalSoftmaxForward<float>>);
 static_assert(cuda::HasOpKernel<ops::RopeRotate<float>>);
 static_assert(cuda::HasOpKernel<ops::SwiGluBackward<float>>);
 static_assert(cuda::HasOpKernel<ops::SwiGluForwardRows<bf16>> && cuda::HasOpKernel<ops::SwiGluBackwardRows<float>>);
+static_assert(cuda::HasOpKernel<ops::SwiGluForwardPaired<bf16>> && cuda::HasOpKernel<ops::SwiGluBackwardPaired<float>>);
 static_assert(cuda::HasOpKernel<ops::Fill<bf16>>);
 static_assert(!cuda::HasOpKernel<ops::RmsNormForward<double>>, "double runs one index per thread");
 static_assert(!cuda::HasOpKernel<ops::AdamWStep<float>>, "one tensor's AdamW is not lowered");
@@ -111,6 +112,8 @@ std::vector<float> adamw_step(std::vector<float> p, const std::vector<float>& g,
   TESSERA_GPU_TEST_LAUNCHERS(ops::SwiGluBackward<T>)           \
   TESSERA_GPU_TEST_LAUNCHERS(ops::SwiGluForwardRows<T>)        \
   TESSERA_GPU_TEST_LAUNCHERS(ops::SwiGluBackwardRows<T>)       \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::SwiGluForwardPaired<T>)      \
+  TESSERA_GPU_TEST_LAUNCHERS(ops::SwiGluBackwardPaired<T>)     \
   TESSERA_GPU_TEST_LAUNCHERS(ops::Add<T>)                      \
   TESSERA_GPU_TEST_LAUNCHERS(ops::Copy<T>)                     \
   TESSERA_GPU_TEST_LAUNCHERS(ops::Axpy<T>)                     \

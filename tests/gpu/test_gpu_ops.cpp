@@ -1140,6 +1140,43 @@ TEST_CASE_TEMPLATE("SwiGLU by rows: the row kernels give the CPU functors' value
   }
 }
 
+TEST_CASE_TEMPLATE("SwiGLU over a and b side by side (w1 and w3 as one GEMM): the row kernels give the CPU "
+                   "functors' values, in that layout", T, float, bf16) {
+  // backend/cuda/elementwise_kernels.cuh's PairedRowsBody: row r's elementwise functor over
+  // a and b in the two halves of row r of ab (leading dimension 2 cols), g (rows, cols),
+  // and da and db written side by side in dab. Each output within the elementwise check's
+  // tolerance of the CPU's, in its place; the rows' other half untouched where it should be.
+  std::uint32_t seed = 1300;
+  for (const SwiGluRowsCase& c : kSwiGluRowsCases) {
+    const std::string what = std::string(c.what) + " (rows " + std::to_string(c.rows) + ", cols " +
+                             std::to_string(c.cols) + ", offset " + std::to_string(c.offset) + ")";
+    const auto n = static_cast<std::size_t>(c.rows * c.cols);
+    const auto ab = random_values<T>(2 * n, -6, 6, seed += 10), dg = random_values<T>(n, -1, 1, seed + 2);
+    const auto g0 = random_values<T>(n, 7, 8, seed + 3), dab0 = random_values<T>(2 * n, 7, 8, seed + 4);
+    std::vector<T> g_cpu = g0, dab_cpu = dab0;
+    Cpu::for_each(c.rows, ops::SwiGluForwardPaired<T>{ab.data(), g_cpu.data(), c.cols});
+    Cpu::for_each(c.rows, ops::SwiGluBackwardPaired<T>{ab.data(), dg.data(), dab_cpu.data(), c.cols});
+    DeviceArray<T> dab_in(ab, c.offset), ddg(dg, c.offset), dgo(g0, c.offset), ddab(dab0, c.offset);
+    gpu_test::launch_op(c.rows, ops::SwiGluForwardPaired<T>{dab_in.data(), dgo.data(), c.cols});
+    gpu_test::launch_op(c.rows, ops::SwiGluBackwardPaired<T>{dab_in.data(), ddg.data(), ddab.data(), c.cols});
+    const std::vector<T> g = dgo.download(), dabv = ddab.download();
+    check_close(g, g_cpu, [&](std::size_t i) { return (kExprTol + rounding_of<T>()) * std::fabs(value(g_cpu[i])); },
+                "swiglu forward paired, " + what);
+    check_close(dabv, dab_cpu,
+                [&](std::size_t i) {
+                  // element i of dab: row r, column j of a's half (da) or b's (db)
+                  const std::size_t cols = static_cast<std::size_t>(c.cols), r = i / (2 * cols), j = i % (2 * cols);
+                  const std::size_t e = r * 2 * cols + j % cols;  // a's element of that row and column in ab
+                  const double av = value(ab[e]), bv = value(ab[e + cols]), s = 1 / (1 + std::exp(-av));
+                  const double d = value(dg[r * cols + j % cols]);
+                  const double terms = j < cols ? std::fabs(d * bv * s) * (1 + std::fabs(av * (1 - s)))
+                                                : std::fabs(d * av * s);
+                  return kExprTol * terms + rounding_of<T>() * std::fabs(value(dab_cpu[i]));
+                },
+                "swiglu backward paired, " + what);
+  }
+}
+
 TEST_CASE_TEMPLATE("Add, Copy, Axpy, Scale and Fill: the vectorised kernels give the CPU functors' values", T, float,
                    bf16) {
   std::uint32_t seed = 1100;

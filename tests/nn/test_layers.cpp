@@ -116,6 +116,107 @@ TEST_CASE("FeedForward with recompute_swiglu: the same output and gradients bit 
   check_layer("feed_forward, SwiGLU recomputed", ffn, g, a.dim, 13);
 }
 
+TEST_CASE("ParameterStack: its members side by side, whole and in pieces, one round after another") {
+  const TensorSplit halves{0, 2, 1, 1, true};  // rows cut in two, this rank's the second
+  auto stack = std::make_shared<ParameterStack<double>>(std::vector<Shape>{Shape{4, 3}, Shape{2, 3}},
+                                                        std::vector<TensorSplit>{halves, halves});
+  Parameter<double> p = Parameter<double>::on<Cpu>("p", Shape{4, 3}, Init::ones(), stack, 0);
+  Parameter<double> q = Parameter<double>::on<Cpu>("q", Shape{2, 3}, Init::ones(), stack, 1);
+  CHECK(side_by_side(p, q));
+  CHECK_FALSE(side_by_side(q, p));  // in the stack's order only
+  const double* first = p.value.data();
+  // Again, whole (a runtime making storage): a new round, side by side again.
+  p.allocate<Cpu>(p.whole);
+  q.allocate<Cpu>(q.whole);
+  CHECK(side_by_side(p, q));
+  CHECK(p.value.data() != first);
+  // This rank's pieces (tensor parallelism): side by side, the gradient too.
+  p.allocate<Cpu>(Shape{2, 3});
+  q.allocate<Cpu>(Shape{1, 3});
+  CHECK(side_by_side(p, q));
+  CHECK(q.grad.data() == p.grad.data() + 6);
+  // A DDP unit's values without gradients: the values side by side, no gradient given.
+  p.grad = {};
+  q.grad = {};
+  p.allocate<Cpu>(Shape{2, 3}, false);
+  q.allocate<Cpu>(Shape{1, 3}, false);
+  CHECK(q.value.data() == p.value.data() + 6);
+  CHECK((p.grad.empty() && q.grad.empty()));
+  // A shape that is neither its whole nor its piece is allocated on its own.
+  p.allocate<Cpu>(Shape{5, 3});
+  q.allocate<Cpu>(q.whole);
+  CHECK_FALSE(side_by_side(p, q));
+  CHECK(p.value.shape() == Shape{5, 3});
+}
+
+TEST_CASE("Attention and FeedForward run their projections as one GEMM: one by one's outputs and gradients, to "
+          "rounding, from the same saves") {
+  ModelArgs a = tiny_args();
+  const Geometry g{2, 5};
+  Tensor<double> x(Shape{g.rows(), a.dim}), dy(Shape{g.rows(), a.dim});
+  fill_normal(x, 21, "x");
+  fill_normal(dy, 22, "dy");
+  struct Run {
+    std::vector<double> y, dx, grads;
+    std::size_t kept = 0;
+  };
+  auto run = [&](auto& layer) {
+    randomize(layer, 6);
+    ActivationMeter meter;
+    ActivationStore<double> store("", &meter);
+    Run r;
+    r.y = to_vector(layer.forward(Context<double>(g, &store), x));
+    r.kept = meter.current();
+    layer.for_each_parameter([](Parameter<double>& p) { p.forget_grad(); });
+    r.dx = to_vector(layer.backward(Context<double>(g, &store), dy));
+    layer.for_each_parameter([&](Parameter<double>& p) {
+      const auto v = to_vector(p.grad);
+      r.grads.insert(r.grads.end(), v.begin(), v.end());
+    });
+    return r;
+  };
+  auto same = [](const Run& one, const Run& apart) {
+    CHECK(one.kept == apart.kept);
+    for (auto [u, v] : {std::pair{&one.y, &apart.y}, {&one.dx, &apart.dx}, {&one.grads, &apart.grads}}) {
+      REQUIRE(u->size() == v->size());
+      for (std::size_t i = 0; i < u->size(); ++i) CHECK((*u)[i] == doctest::Approx((*v)[i]).epsilon(1e-12).scale(1e-12));
+    }
+  };
+  auto weights = [](auto& layer) {
+    std::vector<Parameter<double>*> w;
+    layer.for_each_parameter([&](Parameter<double>& p) { w.push_back(&p); });
+    return w;
+  };
+  SUBCASE("attention: wq, wk and wv") {
+    auto rope = std::make_shared<RopeTable<double, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
+    Attention<double, Cpu> one("attention", a, 0.1, rope), apart("attention", a, 0.1, rope, nullptr, nullptr, nullptr, false);
+    const auto w = weights(one), v = weights(apart);
+    CHECK(side_by_side(*w[0], *w[1], *w[2]));
+    CHECK_FALSE(side_by_side(*v[0], *v[1], *v[2]));
+    const Run apart_run = run(apart);
+    same(run(one), apart_run);
+    // The values side by side, the gradients not (wk's elsewhere, as a DDP bucket or an
+    // FSDP unit may hold them): one GEMM each way but the weight gradients', one a weight.
+    Attention<double, Cpu> grads_apart("attention", a, 0.1, rope);
+    const auto u = weights(grads_apart);
+    u[1]->grad = Tensor<double>(u[1]->grad.shape());
+    CHECK(side_by_side(*u[0], *u[1], *u[2]));
+    same(run(grads_apart), apart_run);
+  }
+  SUBCASE("feed-forward: w1 and w3") {
+    FeedForward<double, Cpu> one("ffn", a, 0.1), apart("ffn", a, 0.1, nullptr, nullptr, false, false);
+    const auto w = weights(one), v = weights(apart);  // w1, w3, w2
+    CHECK(w[0]->name == "ffn.w1.weight");
+    CHECK(w[1]->name == "ffn.w3.weight");
+    CHECK(side_by_side(*w[0], *w[1]));
+    CHECK_FALSE(side_by_side(*v[0], *v[1]));
+    same(run(one), run(apart));
+    FeedForward<double, Cpu> remade("ffn", a, 0.1, nullptr, nullptr, true);
+    randomize(remade, 3);
+    check_layer("feed_forward as one, SwiGLU recomputed", remade, Geometry{2, 3}, a.dim, 13);
+  }
+}
+
 TEST_CASE("Attention backward matches finite differences") {
   SUBCASE("grouped-query, no rope scaling") {
     ModelArgs a = tiny_args();

@@ -677,6 +677,48 @@ TEST_CASE("SwiGLU by rows and RMSNorm's forward write their outputs' row amaxes:
   SUBCASE("float") { check_row_amaxes<float>(a, b, dg, rows, cols); }
 }
 
+namespace {
+template <class T>
+void check_paired(const std::vector<float>& a_f, const std::vector<float>& b_f, const std::vector<float>& dg_f,
+                  std::int64_t rows, std::int64_t cols) {
+  auto stored = [](const std::vector<float>& v) {
+    if constexpr (std::is_same_v<T, bf16>) return as_bf16(v);
+    else return v;
+  };
+  const std::vector<T> a = stored(a_f), b = stored(b_f), dg = stored(dg_f);
+  const std::size_t n = a.size();
+  // a and b side by side in each row of ab, as w1 and w3 run as one GEMM write them.
+  std::vector<T> ab(2 * n);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      ab[static_cast<std::size_t>(2 * r * cols + j)] = a[static_cast<std::size_t>(r * cols + j)];
+      ab[static_cast<std::size_t>(2 * r * cols + cols + j)] = b[static_cast<std::size_t>(r * cols + j)];
+    }
+  std::vector<T> g(n), g_paired(n), da(n), db(n), dab(2 * n);
+  Cpu::for_each(static_cast<std::int64_t>(n), ops::SwiGluForward<T>{a.data(), b.data(), g.data()});
+  Cpu::for_each(rows, ops::SwiGluForwardPaired<T>{ab.data(), g_paired.data(), cols});
+  CHECK(bits_of(g_paired) == bits_of(g));
+  Cpu::for_each(static_cast<std::int64_t>(n), ops::SwiGluBackward<T>{a.data(), b.data(), dg.data(), da.data(), db.data()});
+  Cpu::for_each(rows, ops::SwiGluBackwardPaired<T>{ab.data(), dg.data(), dab.data(), cols});
+  std::vector<T> da_paired, db_paired;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto row = dab.begin() + 2 * r * cols;
+    da_paired.insert(da_paired.end(), row, row + cols);
+    db_paired.insert(db_paired.end(), row + cols, row + 2 * cols);
+  }
+  CHECK(bits_of(da_paired) == bits_of(da));
+  CHECK(bits_of(db_paired) == bits_of(db));
+}
+}  // namespace
+
+TEST_CASE("SwiGLU over a and b side by side in each row (w1 and w3 run as one GEMM): the elementwise bits") {
+  const std::int64_t rows = 5, cols = 37;
+  const auto a = bf16_values(rows * cols, "paired.a", 3.0), b = bf16_values(rows * cols, "paired.b");
+  const auto dg = bf16_values(rows * cols, "paired.dg");
+  SUBCASE("bf16") { check_paired<bf16>(a, b, dg, rows, cols); }
+  SUBCASE("float") { check_paired<float>(a, b, dg, rows, cols); }
+}
+
 TEST_CASE("bf16 RoPE rotation and its inverse stay within one rounding of float") {
   const std::int64_t heads = 3, hd = 16, seq = 5, rows = 7, width = heads * hd;
   auto inv = ops::rope_inv_freq(hd, 10000.0, {});

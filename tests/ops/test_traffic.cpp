@@ -33,6 +33,7 @@ constexpr bool all_have_traffic =
     HasTraffic<ops::RmsNormBackwardInput<T>> && HasTraffic<ops::RmsNormBackwardWeight<T>> &&
     HasTraffic<ops::SwiGluForward<T>> && HasTraffic<ops::SwiGluBackward<T>> && HasTraffic<ops::RopeRotate<T>> &&
     HasTraffic<ops::SwiGluForwardRows<T>> && HasTraffic<ops::SwiGluBackwardRows<T>> &&
+    HasTraffic<ops::SwiGluForwardPaired<T>> && HasTraffic<ops::SwiGluBackwardPaired<T>> &&
     HasTraffic<ops::CausalSoftmaxForward<T>> && HasTraffic<ops::CausalSoftmaxRecompute<T>> &&
     HasTraffic<ops::CausalSoftmaxBackward<T>> && HasTraffic<ops::RowDot<T>> && HasTraffic<ops::CrossEntropyRow<T>> &&
     HasTraffic<ops::CrossEntropyShardMax<T>> && HasTraffic<ops::CrossEntropyShardExp<T>> &&
@@ -188,6 +189,15 @@ TEST_CASE("traffic: SwiGLU") {
   check_equal(br.traffic(3), 3 * 24 * kB, 2 * 24 * kB + 2 * 3 * kF, 24 * 10 + 2 * 24, 24);
   check_linear(fr, 3);
   check_linear(br, 3);
+
+  // Side by side in the rows of one matrix (w1 and w3 as one GEMM): the elementwise
+  // traffic of 3 rows of 8, nothing more.
+  const ops::SwiGluForwardPaired<bf16> fp{nullptr, nullptr, 8};
+  check_equal(fp.traffic(3), 2 * 24 * kB, 24 * kB, 24 * 4, 24);
+  const ops::SwiGluBackwardPaired<bf16> bp{nullptr, nullptr, nullptr, 8};
+  check_equal(bp.traffic(3), 3 * 24 * kB, 2 * 24 * kB, 24 * 10, 24);
+  check_linear(fp, 3);
+  check_linear(bp, 3);
 }
 
 TEST_CASE("traffic: RoPE") {

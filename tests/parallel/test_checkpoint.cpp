@@ -1,5 +1,6 @@
 // Activation checkpointing: every mode gives bitwise the gradients of none (on one
-// rank and under FSDP), and the activation memory it leaves orders
+// rank and under FSDP; selective "op", which runs the projections one by one, those of
+// none with model.fuse_projections false), and the activation memory it leaves orders
 // full < selective < none; the SwiGLU output made again in the backward
 // (activation_checkpoint.recompute_swiglu) changes no bit, under any mode, and keeps a
 // hidden size a token a block less.
@@ -31,12 +32,14 @@ struct Pass {
 };
 
 /// One forward_backward of the parity model's first batch under `mode`.
-Pass one_pass(comm::DeviceMesh* mesh, parallel::CheckpointMode mode, bool recompute_swiglu = false) {
+Pass one_pass(comm::DeviceMesh* mesh, parallel::CheckpointMode mode, bool recompute_swiglu = false,
+              bool fuse_projections = true) {
   const train::JobConfig c = debug_job(8, 8, 1);
   parallel::Plan plan;
   plan.mesh = mesh;
   plan.checkpoint = mode;
   plan.recompute_swiglu = recompute_swiglu;
+  plan.fuse_projections = fuse_projections;
   CpuDynamicModel model(c.model.args, plan);
   model.init_weights(0);
   model.shard();
@@ -53,26 +56,50 @@ Pass one_pass(comm::DeviceMesh* mesh, parallel::CheckpointMode mode, bool recomp
   return p;
 }
 
+/// Whether `mode` runs the projections as one where model.fuse_projections lets them:
+/// all but selective "op", whose stash keeps every other projection's output.
+bool fuses(const parallel::CheckpointMode& mode) { return mode.kind != parallel::CheckpointMode::Kind::selective_op; }
+
 }  // namespace
 
 TEST_CASE("checkpointing: every mode gives bitwise the gradients of none, on one rank") {
-  const Pass none = one_pass(nullptr, kModes[0]);
-  for (const auto& mode : kModes) {
-    CAPTURE(mode.str());
-    const Pass p = one_pass(nullptr, mode);
-    CHECK(p.loss == none.loss);
-    REQUIRE(p.grads.size() == none.grads.size());
-    for (std::size_t i = 0; i < p.grads.size(); ++i) CHECK(p.grads[i] == none.grads[i]);
+  for (const bool fuse : {true, false}) {
+    CAPTURE(fuse);
+    const Pass none = one_pass(nullptr, kModes[0], false, fuse);
+    for (const auto& mode : kModes) {
+      CAPTURE(mode.str());
+      if (fuse && !fuses(mode)) continue;  // below
+      const Pass p = one_pass(nullptr, mode, false, fuse);
+      CHECK(p.loss == none.loss);
+      REQUIRE(p.grads.size() == none.grads.size());
+      for (std::size_t i = 0; i < p.grads.size(); ++i) CHECK(p.grads[i] == none.grads[i]);
+    }
   }
+  // Selective "op" runs the projections one by one whatever fuse_projections says: the
+  // gradients of none with them one by one, and to rounding those with them as one.
+  const Pass op = one_pass(nullptr, kModes[2], false, true), unfused = one_pass(nullptr, kModes[0], false, false),
+             fused = one_pass(nullptr, kModes[0], false, true);
+  REQUIRE(op.grads.size() == unfused.grads.size());
+  bool all_same = true;
+  for (std::size_t i = 0; i < op.grads.size(); ++i) {
+    CHECK(op.grads[i] == unfused.grads[i]);
+    all_same = all_same && fused.grads[i] == unfused.grads[i];
+    for (std::size_t j = 0; j < op.grads[i].size(); ++j)
+      CHECK(fused.grads[i][j] == doctest::Approx(unfused.grads[i][j]).epsilon(1e-4).scale(1e-6));
+  }
+  CHECK(op.loss == doctest::Approx(fused.loss).epsilon(1e-6));
+  CHECK_FALSE(all_same);  // the fused GEMMs sum in another order: a test that they ran
 }
 
 TEST_CASE("checkpointing: every mode gives bitwise the gradients of none, under FSDP over 2 ranks") {
   comm::run_thread_ranks(2, [&](comm::Communicator& world) {
     omp_set_num_threads(1);
     comm::DeviceMesh mesh(world, comm::MeshShape{1, 1, 2, 1});
-    const Pass none = one_pass(&mesh, kModes[0]);
+    const Pass fused = one_pass(&mesh, kModes[0]), unfused = one_pass(&mesh, kModes[0], false, false);
     for (const auto& mode : kModes) {
+      CAPTURE(mode.str());
       const Pass p = one_pass(&mesh, mode);
+      const Pass& none = fuses(mode) ? fused : unfused;
       REQUIRE(p.grads.size() == none.grads.size());
       for (std::size_t i = 0; i < p.grads.size(); ++i) CHECK(p.grads[i] == none.grads[i]);
     }
@@ -81,9 +108,10 @@ TEST_CASE("checkpointing: every mode gives bitwise the gradients of none, under 
 
 TEST_CASE("checkpointing: the SwiGLU output made again in the backward changes no bit, under any mode, and keeps a "
           "hidden size a token a block less") {
-  const Pass none = one_pass(nullptr, kModes[0]);
+  const Pass fused = one_pass(nullptr, kModes[0]), unfused = one_pass(nullptr, kModes[0], false, false);
   for (const auto& mode : kModes) {
     CAPTURE(mode.str());
+    const Pass& none = fuses(mode) ? fused : unfused;
     const Pass kept = one_pass(nullptr, mode), remade = one_pass(nullptr, mode, true);
     CHECK(remade.loss == none.loss);
     REQUIRE(remade.grads.size() == none.grads.size());
@@ -94,7 +122,8 @@ TEST_CASE("checkpointing: the SwiGLU output made again in the backward changes n
   const auto& a = c.model.args;
   const std::size_t swiglu_outputs =
       static_cast<std::size_t>(a.n_layers * 8 * c.training.seq_len * a.ffn_hidden_dim()) * sizeof(float);
-  CHECK(none.activation_bytes - one_pass(nullptr, kModes[0], true).activation_bytes == swiglu_outputs);
+  CHECK(fused.activation_bytes - one_pass(nullptr, kModes[0], true).activation_bytes == swiglu_outputs);
+  CHECK(unfused.activation_bytes == fused.activation_bytes);  // q, k and v, and W1 x and W3 x, either way
 }
 
 TEST_CASE("checkpointing: activation memory orders full < selective < none") {

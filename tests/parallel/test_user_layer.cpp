@@ -141,7 +141,7 @@ TEST_CASE("every rank of a layout counts the model's parameters and FLOPs as one
   CHECK(relu_agrees == std::vector<int>{1, 1, 1, 1});
 }
 
-TEST_CASE("a user's block: selective checkpointing gives bitwise the gradients of none, despite in-place changes") {
+TEST_CASE("a user's block: checkpointing gives the gradients of none (bitwise where it runs the projections alike), despite in-place changes") {
   const train::JobConfig c = debug_job(8, 8, 1);
   auto grads = [&](parallel::CheckpointMode mode) {
     parallel::Plan plan;
@@ -159,8 +159,13 @@ TEST_CASE("a user's block: selective checkpointing gives bitwise the gradients o
   };
   using K = parallel::CheckpointMode::Kind;
   const auto none = grads({K::none, 0});
-  CHECK(grads({K::selective_op, 0}) == none);
   CHECK(grads({K::full, 0}) == none);
+  // Selective "op" runs the projections one by one (the block's Attention and FeedForward
+  // run them as one elsewhere): the gradients of none to rounding. A stash the in-place
+  // changes had reached would be off by the values themselves.
+  const auto op = grads({K::selective_op, 0});
+  REQUIRE(op.size() == none.size());
+  for (std::size_t i = 0; i < op.size(); ++i) CHECK(op[i] == doctest::Approx(none[i]).epsilon(1e-4).scale(1e-6));
 }
 
 }  // namespace test_user_layer

@@ -228,8 +228,10 @@ TEST_CASE("what the runtime model refuses, by key") {
 namespace {
 /// The debug model in bf16, batches of 2 x 32 tokens, with `keys` on top.
 train::JobConfig debug_bf16(const std::vector<std::string>& keys = {}) {
+  // scaling runs wq, wk and wv (and w1 and w3) as linear layers of their own: llama-plan
+  // traces it so (model.fuse_projections false), as here.
   std::vector<std::string> o = {"--training.seq_len", "32", "--training.local_batch_size", "2",
-                                "--training.mixed_precision_param", "bfloat16"};
+                                "--training.mixed_precision_param", "bfloat16", "--model.fuse_projections", "false"};
   o.insert(o.end(), keys.begin(), keys.end());
   return train::parse_config("[model]\nflavor = \"debugmodel\"\n", "test_scaling_time", o);
 }

@@ -97,16 +97,18 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
        {"--parallelism.pipeline_parallel_degree", "16", "--parallelism.data_parallel_shard_degree", "1"}, 2e-3},
       // Along that line from 8 and 16 ranks, not 4 and 8: at 4 the first stage would get
       // one microbatch, and its peak another phase of the step (from 4 and 8: +45%).
-      // Within 2e-3 (measured 1.1e-3): each stage's first microbatch writes its weight
-      // gradients (beta 0) where later ones add, a step slightly off affine in the degree.
+      // Within 3e-3 (measured 1.1e-3, 2.2e-3 since the projections run as one GEMM): each
+      // stage's first microbatch writes its weight gradients (beta 0) where later ones add,
+      // a step slightly off affine in the degree.
       {"FSDP 2 x PP 32, GPipe, 8 microbatches of 2, full checkpointing, reshard never", 64, 62, 16, 32,
        {"--parallelism.pipeline_parallel_degree", "32", "--parallelism.pipeline_parallel_schedule", "GPipe",
         "--parallelism.data_parallel_shard_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2",
-        "--activation_checkpoint.mode", "full", "--parallelism.fsdp_reshard_after_forward", "never"}, 2e-3},
+        "--activation_checkpoint.mode", "full", "--parallelism.fsdp_reshard_after_forward", "never"}, 3e-3},
+      // Within 1.5e-3 (measured 1.03e-3 since the projections run as one GEMM), as above.
       {"PP 64, GPipe, 8 microbatches of 2, full checkpointing (on 16 and 32 ranks)", 64, 126, 16, 16,
        {"--parallelism.pipeline_parallel_degree", "64", "--parallelism.pipeline_parallel_schedule", "GPipe",
         "--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_microbatch_size", "2",
-        "--activation_checkpoint.mode", "full"}},
+        "--activation_checkpoint.mode", "full"}, 1.5e-3},
       // Several stages per rank, extrapolated in the degree: within 1% and 0.5% (measured
       // 0.6% and 0.2%: the interleaved schedules are not exactly affine in the degree).
       {"PP 12, Interleaved1F1B, 36 microbatches", 12, 46, 36, 36,

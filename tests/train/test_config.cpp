@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 94);
+  CHECK(keys.size() == 95);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -627,6 +627,7 @@ TEST_CASE("to_toml round trip") {
                  "--model.ffn_hidden", "96",
                  "--model.tokenizer", "tokenizers/llama3/tokenizer.model",
                  "--model.converters", "float8",
+                 "--model.fuse_projections", "false",
                  "--optimizer.lr", "0.000123456789",
                  "--optimizer.eps", "1e-12",
                  "--optimizer.weight_decay", "0",

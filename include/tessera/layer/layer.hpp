@@ -87,6 +87,9 @@ class DeferParameterStorage {
   bool previous_;
 };
 
+template <class T>
+class ParameterStack;
+
 /// A named trainable tensor and its gradient. Names follow torchtitan
 /// ("layers.0.attention.wq.weight"). The gradient is accumulated in accum_t<T>: fp32
 /// for a bf16 parameter (FSDP2's semantics: bf16 compute, fp32 gradient reduction).
@@ -120,6 +123,10 @@ struct Parameter {
   bool gathers_float8 = false;
   Tensor<float8_e4m3> float8_value;
   Tensor<float> float8_inverse;
+  /// The parameters this one is stored beside (ParameterStack), and its place among
+  /// them; none: stored on its own.
+  std::shared_ptr<ParameterStack<T>> stack;
+  std::size_t stack_index = 0;
 
   /// Marks the gradient unwritten: the next writer overwrites it. No kernel runs.
   void forget_grad() { grad_written = false; }
@@ -143,24 +150,31 @@ struct Parameter {
 
   /// Value and gradient zeroed in backend B's memory: how layers make their
   /// parameters. Inside a DeferParameterStorage scope, without storage (allocate<B>).
+  /// `stack`: the ParameterStack it is member `index` of (stored beside the others).
   template <Backend B>
-  static Parameter on(std::string n, Shape shape, Init how) {
+  static Parameter on(std::string n, Shape shape, Init how, std::shared_ptr<ParameterStack<T>> stack = {},
+                      std::size_t index = 0) {
     Parameter p;
     p.name = std::move(n);
     p.init = how;
     p.whole = shape;
+    p.stack = std::move(stack);
+    p.stack_index = index;
     if (!DeferParameterStorage::active()) p.template allocate<B>(shape);
     return p;
   }
 
   /// Gives the parameter a zeroed value and gradient of `shape` in B's memory (its
   /// whole shape, or its piece's).
+  /// `with_grad` false: the value only (a DDP unit keeps the gradients in its bucket).
   template <Backend B>
-  void allocate(const Shape& shape) {
+  void allocate(const Shape& shape, bool with_grad = true) {
+    if (stack && stack->template place<B>(stack_index, shape, value, grad, with_grad)) return;
     {
       MemoryUseScope use(MemoryUse::parameters);
       value = B::template zeros<T>(shape);
     }
+    if (!with_grad) return;
     MemoryUseScope use(MemoryUse::gradients);
     grad = B::template zeros<grad_type>(shape);
   }
@@ -177,6 +191,116 @@ struct Parameter {
     return s;
   }
 };
+
+/// Parameters stored side by side. A layer that multiplies several weights as one matrix
+/// (nn::Attention's wq, wk and wv; nn::FeedForward's w1 and w3: one GEMM each way where
+/// there was one a weight) makes them a stack: whenever its members are given storage
+/// (Parameter::allocate: whole when they are made or the runtime makes them, or this
+/// rank's tensor-parallel pieces), the first member to ask allocates one value buffer and
+/// one gradient buffer for all of them, in the stack's order, and each member takes its
+/// slice of both. The members stay parameters of their own everywhere else: names,
+/// initialisation, checkpoints, optimizers. FSDP's units lay their parameters side by
+/// side in visiting order anyway, and a DDP bucket their gradients. Whether the members
+/// are side by side is checked where they are multiplied (nn::side_by_side, and the
+/// gradients where they are written): storage that puts them apart is still right,
+/// multiplied a weight at a time.
+template <class T>
+class ParameterStack {
+ public:
+  using G = accum_t<T>;
+  /// Each member's whole shape and tensor-parallel split, in the stack's order.
+  ParameterStack(std::vector<Shape> whole, std::vector<TensorSplit> splits)
+      : whole_(std::move(whole)), splits_(std::move(splits)) {
+    TESSERA_CHECK(whole_.size() == splits_.size() && !whole_.empty(), "ParameterStack: ", whole_.size(),
+                  " shapes and ", splits_.size(), " splits");
+  }
+  ParameterStack(const ParameterStack&) = delete;
+  ParameterStack& operator=(const ParameterStack&) = delete;
+
+  std::size_t size() const { return whole_.size(); }
+  const TensorSplit& split(std::size_t i) const { return splits_.at(i); }
+
+  /// Member i's storage of `shape` (its whole shape or its piece's): its slices of the
+  /// stack's buffers, allocated zeroed by the first member to ask for this round (a member
+  /// asking again starts the next); the gradient's only `with_grad`. False, allocating
+  /// nothing, for any other shape.
+  template <Backend B>
+  bool place(std::size_t i, const Shape& shape, Tensor<T>& value, Tensor<G>& grad, bool with_grad = true) {
+    if (i >= size()) return false;
+    const bool whole = shape == whole_[i];
+    if (!whole && shape != piece(i)) return false;
+    if (!round_ || round_->whole != whole || round_->with_grad != with_grad || round_->served[i])
+      start<B>(whole, with_grad);
+    Round& r = *round_;
+    value = r.value.slice(r.offset[i], shape);
+    if (with_grad) grad = r.grad.slice(r.offset[i], shape);
+    r.served[i] = true;
+    if (--r.left == 0) round_.reset();  // every member holds its slice: the buffers are theirs
+    return true;
+  }
+
+ private:
+  struct Round {
+    bool whole = true, with_grad = true;
+    Tensor<T> value;
+    Tensor<G> grad;
+    std::vector<std::int64_t> offset;
+    std::vector<bool> served;
+    std::size_t left = 0;
+  };
+
+  Shape piece(std::size_t i) const {
+    Shape s = whole_[i];
+    const TensorSplit& sp = splits_[i];
+    if (sp.split()) s.dims[sp.dim] /= sp.parts;
+    return s;
+  }
+
+  template <Backend B>
+  void start(bool whole, bool with_grad) {
+    auto r = std::make_unique<Round>();
+    r->whole = whole;
+    r->with_grad = with_grad;
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < size(); ++i) {
+      r->offset.push_back(n);
+      n += (whole ? whole_[i] : piece(i)).numel();
+    }
+    {
+      MemoryUseScope use(MemoryUse::parameters);
+      r->value = B::template zeros<T>(Shape{n});
+    }
+    if (with_grad) {
+      MemoryUseScope use(MemoryUse::gradients);
+      r->grad = B::template zeros<G>(Shape{n});
+    }
+    r->served.assign(size(), false);
+    r->left = size();
+    round_ = std::move(r);
+  }
+
+  std::vector<Shape> whole_;
+  std::vector<TensorSplit> splits_;
+  std::unique_ptr<Round> round_;
+};
+
+/// Whether the values of `first` and `rest`... are stored side by side in that order (a
+/// ParameterStack's round, or an FSDP unit's gathered buffer): together one matrix of
+/// their rows, each with the same columns. (Their gradients may live elsewhere, or not
+/// yet at all, FSDP's outside the backward: a writer checks them when it writes.)
+template <class T, class... Ps>
+bool side_by_side(const Parameter<T>& first, const Ps&... rest) {
+  const T* v = first.value.data();
+  if (v == nullptr || first.value.shape().rank != 2) return false;
+  const std::int64_t cols = first.value.size(1);
+  std::int64_t before = first.value.numel();  // elements from v to where the next must start
+  const auto follows = [&](const Parameter<T>& p) {
+    const bool ok = p.value.shape().rank == 2 && p.value.size(1) == cols && p.value.data() == v + before;
+    before += p.value.numel();
+    return ok;
+  };
+  return (follows(rest) && ...);
+}
 
 /// What an activation is, for the checkpoint policies: torchtitan's selective policy
 /// keeps matmul and attention outputs and recomputes the rest.

@@ -17,12 +17,23 @@
 // row-parallel and its partial sums are reduce-scattered back to rows. Key/value
 // heads are split like the query heads, or, with more ranks than kv heads, each rank
 // holds the one kv head its query heads read.
+//
+// The three projections run as one (nn::stacked_forward): wq, wk and wv are stored side by
+// side (a ParameterStack), one GEMM writes x [Wq; Wk; Wv]^T, (rows, (H + 2 KV) hd), RoPE
+// rotates its q and k columns in place, and attention reads q, k and v as column blocks of
+// it (the backends take any leading dimension). The backward writes dq, dk and dv into
+// one such matrix, RoPE turns its q and k columns back, and one GEMM gives dx, one the
+// three weights' gradients. The saves are the same bytes (q, k and v, now one matrix).
+// Not under context parallelism (the ring moves contiguous keys and values), float8,
+// selective checkpointing's op stash, or `fuse_projections` false: there the projections
+// run one by one, as before.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/args.hpp"
@@ -45,27 +56,32 @@ class Attention : public LayerTypes<T, B> {
   /// head counts do not allow is refused before anything is made.
   /// `float8`: which of the projections multiply in float8 (ops::Float8Policy; none: none).
   /// `cp`: the ranks holding the other parts of each sequence (nullptr or degree 1: none).
+  /// `fuse_projections`: wq, wk and wv stored side by side and run as one GEMM each way
+  /// where they can be (false: stored and run one by one).
   Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope,
             parallel::TensorParallelGroup* tp = nullptr, const ops::Float8Policy* float8 = nullptr,
-            parallel::ContextParallelGroup* cp = nullptr)
+            parallel::ContextParallelGroup* cp = nullptr, bool fuse_projections = true)
       : n_heads_(heads_here(name, a, tp)),
         n_kv_heads_(std::max<std::int64_t>(1, a.kv_heads() / (tp ? tp->degree() : 1))),
         head_dim_(a.head_dim()),
+        qkv_(fuse_projections ? qkv_stack(a, tp) : nullptr),
         wq_(name + ".wq", a.dim, a.n_heads * a.head_dim(), Init::truncated_normal(0.02), tp, split(tp, 0, a.n_heads),
-            float8),
+            float8, qkv_, 0),
         wk_(name + ".wk", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02), tp,
-            split(tp, 0, a.kv_heads()), float8),
+            split(tp, 0, a.kv_heads()), float8, qkv_, 1),
         wv_(name + ".wv", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02), tp,
-            split(tp, 0, a.kv_heads()), float8),
+            split(tp, 0, a.kv_heads()), float8, qkv_, 2),
         wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1, a.n_heads),
             float8),
         rope_(std::move(rope)),
         tp_(tp),
-        cp_(cp) {}
+        cp_(cp),
+        fuse_(fuse_projections) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
     const AttentionShape s = shape(ctx.geometry());
     const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
+    if (stacked(ctx)) return stacked_forward_(ctx, s, x);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
     Tensor<T> q, k, v;
     {
@@ -97,6 +113,7 @@ class Attention : public LayerTypes<T, B> {
       Float8SharedCasts<B> shared;  // float8 GEMMs (tensorwise): dy's amax once for both of wo's gradients
       d_o = wo_.backward(ctx.child("wo"), parallel::whole_rows<B>(tp_, dy_rows));
     }
+    if (const Tensor<T>* qkv = ctx.saved_if("qkv")) return stacked_backward_(ctx, s, *qkv, d_o);
     const Tensor<T>& q = ctx.saved("q");
     const Tensor<T>& k = ctx.saved("k");
     Tensor<T> dq = B::template empty<T>(q.shape());
@@ -133,6 +150,65 @@ class Attention : public LayerTypes<T, B> {
   }
 
  private:
+  // ---- wq, wk and wv as one --------------------------------------------------------
+
+  /// Whether the projections run as one in this call (the comment at the top).
+  bool stacked(const Context<T>& ctx) const {
+    return fuse_ && !parallel::active(cp_) && runs_stacked(ctx, wq_, wk_, wv_);
+  }
+
+  /// The stack wq, wk and wv are stored in: their whole shapes and splits, as made below.
+  static std::shared_ptr<ParameterStack<T>> qkv_stack(const ModelArgs& a, parallel::TensorParallelGroup* tp) {
+    const std::int64_t q = a.n_heads * a.head_dim(), kv = a.kv_heads() * a.head_dim();
+    return std::make_shared<ParameterStack<T>>(
+        std::vector<Shape>{Shape{q, a.dim}, Shape{kv, a.dim}, Shape{kv, a.dim}},
+        std::vector<TensorSplit>{split(tp, 0, a.n_heads), split(tp, 0, a.kv_heads()), split(tp, 0, a.kv_heads())});
+  }
+
+  /// Columns [first, first + heads hd) of m: one projection's block.
+  template <class V>
+  V heads_of(V m, std::int64_t first, std::int64_t heads) const {
+    return m.slice_cols(first, first + heads * head_dim_);
+  }
+
+  Tensor<T> stacked_forward_(const Context<T>& ctx, const AttentionShape& s, const Tensor<T>& x) {
+    const std::int64_t q_cols = n_heads_ * head_dim_, kv_cols = n_kv_heads_ * head_dim_;
+    const Tensor<T> qkv = stacked_forward(ctx.child("wqkv"), x, wq_, wk_, wv_);
+    const ops::RowPositions positions = ctx.geometry().positions();
+    rope_->rotate(heads_of(qkv.view(), 0, n_heads_), n_heads_, positions, false);
+    rope_->rotate(heads_of(qkv.view(), q_cols, n_kv_heads_), n_kv_heads_, positions, false);
+    const TensorView<const T> all = qkv.cview();
+    Tensor<accum_t<T>> lse;
+    Tensor<T> o = ctx.op("o", SaveKind::attention, [&] {
+      Tensor<T> out = B::template empty<T>(Shape{x.size(0), q_cols});
+      lse = B::template empty<accum_t<T>>(Shape{s.batch, n_heads_, s.seq_len});
+      parallel::attention_forward<B>(cp_, s, heads_of(all, 0, n_heads_), heads_of(all, q_cols, n_kv_heads_),
+                                     heads_of(all, q_cols + kv_cols, n_kv_heads_), out.view(), lse.data());
+      return out;
+    });
+    lse = ctx.op("lse", SaveKind::attention, [&] { return lse; });
+    ctx.save("qkv", SaveKind::matmul, qkv);  // rotated q and k, and v
+    ctx.save("o", SaveKind::attention, o);
+    ctx.save("lse", SaveKind::attention, lse);
+    return parallel::summed_rows<B>(tp_, wo_.forward(ctx.child("wo"), o));
+  }
+
+  Tensor<T> stacked_backward_(const Context<T>& ctx, const AttentionShape& s, const Tensor<T>& qkv,
+                              const Tensor<T>& d_o) {
+    const std::int64_t q_cols = n_heads_ * head_dim_, kv_cols = n_kv_heads_ * head_dim_;
+    const TensorView<const T> all = qkv.cview();
+    const Tensor<T> dqkv = B::template empty<T>(qkv.shape());
+    const TensorView<T> d = dqkv.view();
+    parallel::attention_backward<B>(cp_, s, heads_of(all, 0, n_heads_), heads_of(all, q_cols, n_kv_heads_),
+                                    heads_of(all, q_cols + kv_cols, n_kv_heads_), ctx.saved("o").cview(),
+                                    ctx.template saved<accum_t<T>>("lse").data(), d_o.cview(), heads_of(d, 0, n_heads_),
+                                    heads_of(d, q_cols, n_kv_heads_), heads_of(d, q_cols + kv_cols, n_kv_heads_));
+    const ops::RowPositions positions = ctx.geometry().positions();
+    rope_->rotate(heads_of(d, 0, n_heads_), n_heads_, positions, true);
+    rope_->rotate(heads_of(d, q_cols, n_kv_heads_), n_kv_heads_, positions, true);
+    return parallel::summed_rows<B>(tp_, stacked_backward(ctx.child("wqkv"), dqkv, wq_, wk_, wv_));
+  }
+
   /// The query heads this rank computes, once the group's degree is checked against the
   /// head counts (first, so that a bad degree is named as such rather than as a
   /// projection that does not split).
@@ -154,10 +230,12 @@ class Attention : public LayerTypes<T, B> {
   }
 
   std::int64_t n_heads_, n_kv_heads_, head_dim_;
+  std::shared_ptr<ParameterStack<T>> qkv_;  // wq, wk and wv side by side (none: fuse_projections false)
   Linear<T, B> wq_, wk_, wv_, wo_;
   std::shared_ptr<RopeTable<T, B>> rope_;
   parallel::TensorParallelGroup* tp_;
   parallel::ContextParallelGroup* cp_;
+  bool fuse_ = true;
 };
 
 }  // namespace tessera::nn

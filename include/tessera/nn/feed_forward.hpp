@@ -10,10 +10,19 @@
 // bits, for one elementwise pass a block; the activations held fall by a hidden size a
 // token a block (Llama 3 8B at 8,192 tokens: 7 GiB, what lets it train on one H200
 // without recomputing blocks).
+//
+// w1 and w3 run as one (nn::stacked_forward): stored side by side (a ParameterStack), one GEMM
+// writes x [W1; W3]^T, (rows, 2 hidden), a and b side by side in each row, which SwiGLU
+// reads as they lie (ops::SwiGluForwardPaired); its backward writes da and db the same
+// way, and one GEMM gives dx, one both weights' gradients. Not under float8 (w1, w3, or w2
+// casting g by its rows' amaxes), selective checkpointing's op stash, or
+// `fuse_projections` false: there they run one by one, as before.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/args.hpp"
@@ -41,16 +50,26 @@ class FeedForward : public LayerTypes<T, B> {
   /// degree the hidden size does not allow is refused before anything is made.
   /// `float8`: which of the projections multiply in float8 (ops::Float8Policy; none: none).
   /// `recompute_swiglu`: the SwiGLU output made again in the backward rather than kept.
+  /// `fuse_projections`: w1 and w3 stored side by side and run as one GEMM each way where
+  /// they can be (false: stored and run one by one).
   FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr,
-              const ops::Float8Policy* float8 = nullptr, bool recompute_swiglu = false)
-      : w1_(name + ".w1", a.dim, hidden(name, a, tp), Init::truncated_normal(0.02), tp, split(tp, 0), float8),
+              const ops::Float8Policy* float8 = nullptr, bool recompute_swiglu = false, bool fuse_projections = true)
+      : w13_(fuse_projections ? gate_up_stack(name, a, tp) : nullptr),
+        w1_(name + ".w1", a.dim, hidden(name, a, tp), Init::truncated_normal(0.02), tp, split(tp, 0), float8, w13_, 0),
         w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1), float8),
-        w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std), tp, split(tp, 0), float8),
+        w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std), tp, split(tp, 0), float8, w13_,
+            1),
         tp_(tp),
-        recompute_swiglu_(recompute_swiglu) {}
+        recompute_swiglu_(recompute_swiglu),
+        fuse_(fuse_projections) {}
 
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
     const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
+    if (fuse_ && !w2_.float8_input_by_rows() && runs_stacked(ctx, w1_, w3_)) {
+      const Tensor<T> ab = stacked_forward(ctx.child("w13"), x, w1_, w3_);
+      ctx.save("ab", SaveKind::matmul, ab);
+      return parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), swiglu_paired(ab), !recompute_swiglu_));
+    }
     Tensor<T> a, b;
     {
       Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the two
@@ -65,6 +84,7 @@ class FeedForward : public LayerTypes<T, B> {
   }
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
+    if (const Tensor<T>* ab = ctx.saved_if("ab")) return stacked_backward_(ctx, *ab, dy_rows);
     const Tensor<T>& a = ctx.saved("a");
     const Tensor<T>& b = ctx.saved("b");
     Tensor<T> dg;
@@ -107,14 +127,45 @@ class FeedForward : public LayerTypes<T, B> {
     return !parallel::splits_rows(tp_) && (w1_.float8_input_by_rows() || w3_.float8_input_by_rows());
   }
 
+  /// w1 and w3 next to each other, so that an FSDP unit's flat buffers (laid out in this
+  /// order) hold them side by side too.
   template <class F>
   void for_each_parameter(F&& f) {
     w1_.for_each_parameter(f);
-    w2_.for_each_parameter(f);
     w3_.for_each_parameter(f);
+    w2_.for_each_parameter(f);
   }
 
  private:
+  /// The stack w1 and w3 are stored in: their whole shapes and splits, as made below.
+  static std::shared_ptr<ParameterStack<T>> gate_up_stack(const std::string& name, const ModelArgs& a,
+                                                          parallel::TensorParallelGroup* tp) {
+    const Shape w{hidden(name, a, tp), a.dim};
+    return std::make_shared<ParameterStack<T>>(std::vector<Shape>{w, w}, std::vector<TensorSplit>{split(tp, 0), split(tp, 0)});
+  }
+
+  /// g = silu(a) * b from a and b side by side in the rows of ab.
+  Tensor<T> swiglu_paired(const Tensor<T>& ab) const {
+    const std::int64_t rows = ab.size(0), cols = ab.size(1) / 2;
+    Tensor<T> g = B::template empty<T>(Shape{rows, cols});
+    B::for_each(rows, ops::SwiGluForwardPaired<T>{ab.data(), g.data(), cols});
+    return g;
+  }
+
+  Tensor<T> stacked_backward_(const Context<T>& ctx, const Tensor<T>& ab, const Tensor<T>& dy_rows) {
+    Tensor<T> dg;
+    {
+      Tensor<T> g;  // w2's input, made again where the forward did not keep it: the same bits
+      if (recompute_swiglu_) g = swiglu_paired(ab);
+      Float8SharedCasts<B> shared;  // w2 in float8 (tensorwise): dy's amax once for both of its gradients
+      dg = w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows), recompute_swiglu_ ? &g : nullptr);
+    }
+    const Tensor<T> dab = B::template empty<T>(ab.shape());
+    B::for_each(ab.size(0), ops::SwiGluBackwardPaired<T>{ab.data(), dg.data(), dab.data(), ab.size(1) / 2});
+    dg.release();
+    return parallel::summed_rows<B>(tp_, stacked_backward(ctx.child("w13"), dab, w1_, w3_));
+  }
+
   static TensorSplit split(parallel::TensorParallelGroup* tp, int dim) { return tp ? tp->split(dim) : TensorSplit{}; }
 
   /// g = silu(a) * b; with `amaxes`, by rows, g's row amaxes kept there (for w2's float8
@@ -139,9 +190,11 @@ class FeedForward : public LayerTypes<T, B> {
     return a.ffn_hidden_dim();
   }
 
+  std::shared_ptr<ParameterStack<T>> w13_;  // w1 and w3 side by side (none: fuse_projections false)
   Linear<T, B> w1_, w2_, w3_;
   parallel::TensorParallelGroup* tp_;
   bool recompute_swiglu_ = false;
+  bool fuse_ = true;
 };
 
 }  // namespace tessera::nn

@@ -40,11 +40,12 @@ class RopeTable {
     length_ = length;
   }
 
-  /// Rotates (rows, n_heads * head_dim) in place; row r sits at position positions(r).
-  void rotate(const Tensor<T>& x, std::int64_t n_heads, ops::RowPositions positions, bool inverse) {
+  /// Rotates (rows, n_heads * head_dim) in place, rows x.ld() apart (a contiguous
+  /// tensor, or columns of a wider one); row r sits at position positions(r).
+  void rotate(TensorView<T> x, std::int64_t n_heads, ops::RowPositions positions, bool inverse) {
     ensure(positions.end());
-    B::for_each(x.size(0), ops::RopeRotate<T>{x.data(), x.size(1), n_heads, head_dim_, positions, cos_.data(),
-                                              sin_.data(), inverse});
+    B::for_each(x.rows(), ops::RopeRotate<T>{x.data(), x.ld(), n_heads, head_dim_, positions, cos_.data(),
+                                             sin_.data(), inverse});
   }
 
   /// x rotated into a new tensor; x is left as it is (it may be a kept op output).

@@ -9,6 +9,13 @@
 // them next (w2's input g; w1's and w3's output gradients da and db): the casts then
 // take their scales from these (nn::Float8RowAmaxes) rather than reading the outputs
 // again. Each element is the elementwise functor's own call, so the outputs are its bits.
+//
+// SwiGluForwardPaired and SwiGluBackwardPaired read a and b where w1 and w3, run as one
+// GEMM (nn::stacked_forward), wrote them: side by side in each row of one (rows, 2 cols)
+// matrix ab, a in the first cols columns. Row r is the elementwise functor pointed at
+// that row's a, b and outputs (row(r)), so again each element is its own call and bits.
+// The backward writes da and db side by side in the same layout (dab), the gradient of
+// the GEMM's output.
 #pragma once
 
 #include <cstdint>
@@ -130,6 +137,44 @@ template <class T>
 struct SwiGluBackwardRows : RowsWithAmaxes<SwiGluBackward<T>, SwiGluBackwardAmax> {
   SwiGluBackwardRows(SwiGluBackward<T> e, std::int64_t cols, float* da_amax, float* db_amax)
       : RowsWithAmaxes<SwiGluBackward<T>, SwiGluBackwardAmax>{e, cols, {da_amax, db_amax}} {}
+};
+
+/// SwiGluForward over rows of ab (a | b, leading dimension 2 cols) into g (rows, cols).
+template <class T>
+struct SwiGluForwardPaired {
+  const T* ab;
+  T* g;
+  std::int64_t cols;
+  /// Row r's elementwise functor: its elements 0..cols.
+  TESSERA_HD SwiGluForward<T> row(std::int64_t r) const {
+    const T* a = ab + 2 * r * cols;
+    return {a, a + cols, g + r * cols};
+  }
+  TESSERA_HD void operator()(std::int64_t r) const {
+    const SwiGluForward<T> e = row(r);
+    for (std::int64_t j = 0; j < cols; ++j) e(j);
+  }
+  Traffic traffic(std::int64_t rows) const { return row(0).traffic(rows * cols); }
+};
+
+/// SwiGluBackward over rows of ab (a | b) and dg (rows, cols) into dab (da | db, leading
+/// dimension 2 cols); dab may alias nothing.
+template <class T>
+struct SwiGluBackwardPaired {
+  const T* ab;
+  const T* dg;
+  T* dab;
+  std::int64_t cols;
+  TESSERA_HD SwiGluBackward<T> row(std::int64_t r) const {
+    const T* a = ab + 2 * r * cols;
+    T* da = dab + 2 * r * cols;
+    return {a, a + cols, dg + r * cols, da, da + cols};
+  }
+  TESSERA_HD void operator()(std::int64_t r) const {
+    const SwiGluBackward<T> e = row(r);
+    for (std::int64_t j = 0; j < cols; ++j) e(j);
+  }
+  Traffic traffic(std::int64_t rows) const { return row(0).traffic(rows * cols); }
 };
 
 }  // namespace tessera::ops

@@ -144,6 +144,9 @@ struct Plan {
   /// The feed-forward's SwiGLU output made again in the backward rather than kept for it
   /// (nn::FeedForward; activation_checkpoint.recompute_swiglu), under any checkpoint mode.
   bool recompute_swiglu = false;
+  /// Attention's wq, wk and wv, and the feed-forward's w1 and w3, stored side by side and
+  /// each run as one GEMM a direction where they can be (nn::stacked_forward; model.fuse_projections).
+  bool fuse_projections = true;
   /// Parameters as the blocks compute with them: bf16 halves what all-gathers send.
   DType param_dtype = DType::f32;
   /// Gather the next unit's parameters while this one computes.

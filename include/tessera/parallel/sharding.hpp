@@ -205,7 +205,11 @@ class ShardedUnit {
         bucket_ = B::template zeros<G>(Shape{numel_});
       }
       for (auto& s : params_) {
-        if (s.p->value.empty()) {
+        if (s.p->value.empty() && s.p->grad.empty()) {
+          // Beside the rest of its ParameterStack, where it has one; under DDP the gradient
+          // lives in the bucket.
+          s.p->template allocate<B>(s.shape, mode_ != ShardingMode::ddp);
+        } else if (s.p->value.empty()) {
           MemoryUseScope use(MemoryUse::parameters);
           s.p->value = B::template zeros<T>(s.shape);
         }

@@ -323,16 +323,11 @@ void narrow(nn::Parameter<T>& p) {
   if (!p.split.split() || p.value.shape() != p.whole) return;
   const nn::TensorSplit& s = p.split;
   check_split(p);
-  const Shape local = p.piece_shape();
-  Tensor<T> piece;
-  {
-    MemoryUseScope use(MemoryUse::parameters);
-    piece = B::template empty<T>(local);
-  }
-  detail::copy_piece<B>(p.value, piece, s.dim, s.index, true);
-  p.value = piece;
-  MemoryUseScope use(MemoryUse::gradients);
-  p.grad = B::template zeros<typename nn::Parameter<T>::grad_type>(local);
+  // The piece is allocated as any parameter's storage is (beside the rest of its
+  // ParameterStack, where it has one), then filled from the whole.
+  const Tensor<T> whole = p.value;
+  p.template allocate<B>(p.piece_shape());
+  detail::copy_piece<B>(whole, p.value, s.dim, s.index, true);
 }
 
 /// The whole value of a narrowed parameter, put together from every rank's piece

@@ -262,8 +262,10 @@ inline std::optional<SiteAt> site_of(const trace::Op& op, const EagerWidths& w, 
   }
   if (f.starts_with("SwiGluForward") || f.starts_with("SwiGluBackward")) {
     const EagerSite site = f.starts_with("SwiGluForward") ? EagerSite::swiglu_forward : EagerSite::swiglu_backward;
-    // SwiGluForwardRows / SwiGluBackwardRows (with float8's row amaxes) go by rows.
-    if (f.find("Rows<") != std::string_view::npos) return SiteAt{site, n, static_cast<double>(w.ffn), w};
+    // SwiGluForwardRows / SwiGluBackwardRows (with float8's row amaxes) and the Paired ones
+    // (w1 and w3 run as one GEMM) go by rows.
+    if (f.find("Rows<") != std::string_view::npos || f.find("Paired<") != std::string_view::npos)
+      return SiteAt{site, n, static_cast<double>(w.ffn), w};
     TESSERA_CHECK(w.ffn > 0 && k->n % w.ffn == 0, "eager rewrite: ", k->functor, " over ", k->n,
                   " elements is not whole rows of the feed-forward width ", w.ffn);
     return SiteAt{site, n / static_cast<double>(w.ffn), static_cast<double>(w.ffn), w};

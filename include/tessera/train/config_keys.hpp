@@ -142,6 +142,10 @@ inline std::vector<ConfigKey> build_config_keys() {
                "What is swapped into the model: [\"float8\"] trains the linear layers' GEMMs in float8 as "
                "[float8] says (a bfloat16 model: training.mixed_precision_param = \"bfloat16\"). Empty: nothing.")
           .one_of({"float8"}),
+      make_key("model.fuse_projections", field<&J::model, &M::fuse_projections>(),
+               "tessera's: attention's wq, wk and wv, and the feed-forward's w1 and w3, stored side by side and "
+               "each group run as one GEMM a direction (checkpoints and exports unchanged). false: one GEMM a "
+               "weight, as torchtitan runs them."),
       // [optimizer]
       make_key("optimizer.name", field<&J::optimizer, &OptimizerSection::name>(), "Optimizer.").one_of({"AdamW"}),
       make_key("optimizer.lr", field<&J::optimizer, &OptimizerSection::lr>(), "Peak learning rate.").at_least(0),

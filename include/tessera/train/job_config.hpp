@@ -44,6 +44,9 @@ struct ModelSection {
   /// What is swapped into the model: "float8" trains its linear layers' GEMMs in float8
   /// as [float8] says (torchtitan's model.converters).
   std::vector<std::string> converters;
+  /// tessera's: attention's wq, wk and wv, and the feed-forward's w1 and w3, stored side
+  /// by side and run as one GEMM a direction (parallel::Plan::fuse_projections).
+  bool fuse_projections = true;
   nn::ModelArgs args{};  // nn::model_flavor(flavor) with the overrides above applied
 };
 

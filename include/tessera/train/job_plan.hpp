@@ -79,6 +79,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.reshard = parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
   plan.checkpoint = parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   plan.recompute_swiglu = c.activation_checkpoint.recompute_swiglu;
+  plan.fuse_projections = c.model.fuse_projections;
   // "auto" is the model's own type: a float32 model's blocks compute with float32 values
   // (a bf16 model's are bf16 whatever this says).
   plan.param_dtype = param_dtype(c).value_or(DType::f32);

@@ -1,7 +1,8 @@
 // The elementwise kernels (ops/elementwise.hpp, ops/swiglu.hpp): SwiGluForward,
 // SwiGluBackward, Add, Copy, Axpy, Scale, Fill; and SwiGluForwardRows and
 // SwiGluBackwardRows (ops::RowsWithAmaxes), the same by rows with the outputs' row
-// amaxes (at the end).
+// amaxes; SwiGluForwardPaired and SwiGluBackwardPaired, the same by rows of a layout of
+// their own (at the end).
 //
 // Grid-stride over V-element vectors (V = 16 / sizeof(T)), 256 threads a block; the last
 // n % V elements by the functor itself. Vectors when every pointer is 16-byte aligned,
@@ -172,5 +173,34 @@ struct RowsWithAmaxesBody : WarpRows<T> {
 /// SwiGluForwardRows<T> is).
 template <class F, class E, class O, class T>
 using RowsWithAmaxesKernel = RowKernel<RowsWithAmaxesBody<F, E, O, T>>;
+
+// ---- Elementwise functors by rows of their own layout -----------------------------------
+//
+// ops::SwiGluForwardPaired, SwiGluBackwardPaired: the row kernel, a row per warp or block;
+// row r's elementwise functor (f.row(r): its arrays pointed at that row) over the row's
+// f.cols elements, vectors through the element functor's own apply. Vectors where row 0's
+// functor has every pointer 16-byte aligned and cols is a whole number of vectors (then
+// every row's is: each array's rows are a multiple of cols apart).
+
+template <class F, class E, class T>
+struct PairedRowsBody : WarpRows<T> {
+  using Over = Elementwise<E>;
+  static std::int64_t length(const F& f) { return f.cols; }
+  static bool aligned(const F& f) { return Over::aligned(f.row(0)) && f.cols % kVectorWidth<T> == 0; }
+  template <int V, bool kWarp>
+  __device__ static void run(const F& f, std::int64_t rows, float*) {
+    const RowGroup<kWarp> g;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      const E e = f.row(r);
+      row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+        Over::template apply<decltype(width)::value>(e, j);
+      });
+    }
+  }
+};
+
+/// The row kernel of a functor F whose row(r) is the elementwise functor E of row r.
+template <class F, class E, class T>
+using PairedRowsKernel = RowKernel<PairedRowsBody<F, E, T>>;
 
 }  // namespace tessera::cuda::detail

@@ -23,7 +23,8 @@
 //   softmax_kernels.cuh        CausalSoftmaxForward, CausalSoftmaxRecompute,
 //                              CausalSoftmaxBackward, RowDot
 //   elementwise_kernels.cuh    SwiGluForward, SwiGluBackward, Add, Copy, Axpy, Scale, Fill;
-//                              SwiGluForwardRows, SwiGluBackwardRows (row kernels)
+//                              SwiGluForwardRows, SwiGluBackwardRows, SwiGluForwardPaired,
+//                              SwiGluBackwardPaired (row kernels)
 //   rope_kernels.cuh           RopeRotate
 //   norm_kernels.cuh           SquaredNormChunks, LaneSum
 //   adamw_kernels.cuh          AdamWMultiStep
@@ -103,6 +104,9 @@ TESSERA_CUDA_OP_KERNEL(SwiGluForwardRows, detail::RowsWithAmaxesKernel<ops::SwiG
                                                                      ops::SwiGluForwardAmax, T>)
 TESSERA_CUDA_OP_KERNEL(SwiGluBackwardRows, detail::RowsWithAmaxesKernel<ops::SwiGluBackwardRows<T>, ops::SwiGluBackward<T>,
                                                                       ops::SwiGluBackwardAmax, T>)
+TESSERA_CUDA_OP_KERNEL(SwiGluForwardPaired, detail::PairedRowsKernel<ops::SwiGluForwardPaired<T>, ops::SwiGluForward<T>, T>)
+TESSERA_CUDA_OP_KERNEL(SwiGluBackwardPaired,
+                       detail::PairedRowsKernel<ops::SwiGluBackwardPaired<T>, ops::SwiGluBackward<T>, T>)
 TESSERA_CUDA_OP_KERNEL(Add, detail::ElementwiseKernel<ops::Add<T>>)
 TESSERA_CUDA_OP_KERNEL(Copy, detail::ElementwiseKernel<ops::Copy<T>>)
 TESSERA_CUDA_OP_KERNEL(Axpy, detail::ElementwiseKernel<ops::Axpy<T>>)
@@ -146,6 +150,7 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::RowDot<T>> && kKernelClassAgrees<ops::RopeRotate<T>> &&
          kKernelClassAgrees<ops::SwiGluForward<T>> && kKernelClassAgrees<ops::SwiGluBackward<T>> &&
          kKernelClassAgrees<ops::SwiGluForwardRows<T>> && kKernelClassAgrees<ops::SwiGluBackwardRows<T>> &&
+         kKernelClassAgrees<ops::SwiGluForwardPaired<T>> && kKernelClassAgrees<ops::SwiGluBackwardPaired<T>> &&
          kKernelClassAgrees<ops::Add<T>> && kKernelClassAgrees<ops::Copy<T>> && kKernelClassAgrees<ops::Axpy<T>> &&
          kKernelClassAgrees<ops::Scale<T>> && kKernelClassAgrees<ops::Fill<T>> &&
          kKernelClassAgrees<ops::Convert<T, float>> && kKernelClassAgrees<ops::EmbeddingForward<T>> &&
