@@ -114,6 +114,7 @@ struct Options {
   std::int64_t batch = 1, seq = 8192, steps = 10, warmup = 3;
   parallel::CheckpointMode ac{parallel::CheckpointMode::Kind::selective_op, 0};
   bool recompute_swiglu = false;  // activation_checkpoint.recompute_swiglu
+  bool fuse_projections = true;   // model.fuse_projections
   double peak_tflops = 989;
   std::string attention = "auto";  // training.attention
   DType state_dtype = DType::f32;  // optimizer.state_dtype
@@ -127,13 +128,14 @@ struct Options {
 
 /// The checkpoint mode, and the SwiGLU output's recompute where it is on.
 std::string checkpointing_text(const Options& o) {
-  return o.ac.str() + (o.recompute_swiglu ? ", SwiGLU output recomputed" : "");
+  return o.ac.str() + (o.recompute_swiglu ? ", SwiGLU output recomputed" : "") +
+         (o.fuse_projections ? "" : ", projections one by one");
 }
 
 void usage() {
   std::printf(
       "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|selective:N|full|none]\n"
-      "                   [--recompute-swiglu]\n"
+      "                   [--recompute-swiglu] [--separate-projections]\n"
       "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
       "                   [--profile] [--plan-json FLAVOR=FILE ...] [--graph]\n"
@@ -144,6 +146,8 @@ void usage() {
       "--graph: the timed steps replayed from a CUDA graph of the step (training.cuda_graph);\n"
       "--recompute-swiglu: the feed-forward's SwiGLU output made again in the backward, not kept\n"
       "  (activation_checkpoint.recompute_swiglu);\n"
+      "--separate-projections: wq, wk and wv, and w1 and w3, one GEMM a weight (model.fuse_projections =\n"
+      "  false; by default each group runs as one GEMM a direction);\n"
       "--float8 RECIPE: the blocks' linear layers on cuBLASLt's float8 matmul (MFU against the bf16 peak).\n");
 }
 
@@ -203,6 +207,8 @@ Options parse_options(int argc, char** argv) {
       else fail("--ac: '", v, "' is not one of selective, selective:N, full, none");
     } else if (flag == "--recompute-swiglu") {
       o.recompute_swiglu = true;
+    } else if (flag == "--separate-projections") {
+      o.fuse_projections = false;
     } else if (flag == "--attention") {
       o.attention = std::string(value());
       TESSERA_CHECK(o.attention == "auto" || o.attention == "cudnn" || o.attention == "tessera", "--attention: '",
@@ -319,6 +325,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   parallel::Plan plan;
   plan.checkpoint = o.ac;
   plan.recompute_swiglu = o.recompute_swiglu;
+  plan.fuse_projections = o.fuse_projections;
   plan.param_dtype = DType::bf16;
   if (o.float8) {
     plan.float8.enabled = true;
