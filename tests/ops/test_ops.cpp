@@ -627,14 +627,17 @@ std::vector<std::uint32_t> bits_of(const std::vector<T>& v) {
   return b;
 }
 
+/// v as T stores it (bf16: rounded).
+template <class T>
+std::vector<T> stored_as(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<T, bf16>) return as_bf16(v);
+  else return v;
+}
+
 template <class T>
 void check_row_amaxes(const std::vector<float>& a_f, const std::vector<float>& b_f, const std::vector<float>& dg_f,
                       std::int64_t rows, std::int64_t cols) {
-  auto stored = [](const std::vector<float>& v) {
-    if constexpr (std::is_same_v<T, bf16>) return as_bf16(v);
-    else return v;
-  };
-  std::vector<T> a = stored(a_f), b = stored(b_f), dg = stored(dg_f);
+  std::vector<T> a = stored_as<T>(a_f), b = stored_as<T>(b_f), dg = stored_as<T>(dg_f);
   const std::size_t n = a.size();
   a[static_cast<std::size_t>(2 * cols + 5)] = T(std::numeric_limits<float>::quiet_NaN());  // row 2's amaxes: NaN
   std::vector<T> g(n), g_rows(n), da(n), db(n), da_rows(n), db_rows(n);
@@ -681,11 +684,7 @@ namespace {
 template <class T>
 void check_paired(const std::vector<float>& a_f, const std::vector<float>& b_f, const std::vector<float>& dg_f,
                   std::int64_t rows, std::int64_t cols) {
-  auto stored = [](const std::vector<float>& v) {
-    if constexpr (std::is_same_v<T, bf16>) return as_bf16(v);
-    else return v;
-  };
-  const std::vector<T> a = stored(a_f), b = stored(b_f), dg = stored(dg_f);
+  const std::vector<T> a = stored_as<T>(a_f), b = stored_as<T>(b_f), dg = stored_as<T>(dg_f);
   const std::size_t n = a.size();
   // a and b side by side in each row of ab, as w1 and w3 run as one GEMM write them.
   std::vector<T> ab(2 * n);
