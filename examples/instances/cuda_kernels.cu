@@ -73,6 +73,7 @@ namespace tessera {
   TESSERA_LAUNCH_OP(cuda::detail::ScaleMatrix<T>)                                                                     \
   TESSERA_LAUNCH_OP(cuda::detail::ReduceInto<T>)                                                                      \
   TESSERA_LAUNCH_OP(ops::RowAbsMax<T>)                                                                                \
+  TESSERA_LAUNCH_OP(ops::RowAbsMaxScale<T>)                                                                           \
   TESSERA_LAUNCH_OP(ops::ColumnAbsMax<T>)                                                                             \
   TESSERA_LAUNCH_OP(ops::QuantizeFloat8<T, float8_e4m3>)                                                              \
   TESSERA_LAUNCH_OP(ops::QuantizeFloat8<T, float8_e5m2>)                                                              \

@@ -167,6 +167,46 @@ TEST_CASE("float8 scales: a tensor's one scale from its rows' amaxes in one func
       }
 }
 
+TEST_CASE("float8 scales: the rows' amaxes and the one scale in one launch are RowAbsMax's then the scale's, and a "
+          "trace records the scale as run inside the rows' launch") {
+  // 37 rows of 29, a NaN in row 5 in the second case: ops::RowAbsMaxScale against RowAbsMax
+  // then Float8ScaleFromAmaxes, the amaxes and the scale bit for bit.
+  const std::int64_t rows = 37, cols = 29, ld = 31;
+  for (const bool with_nan : {false, true}) {
+    CAPTURE(with_nan);
+    std::vector<float> x(static_cast<std::size_t>(rows * ld), 7e9f);  // the columns past cols are not read
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c)
+        x[static_cast<std::size_t>(r * ld + c)] = std::sin(0.7f * static_cast<float>(r * cols + c)) * static_cast<float>(r + 1);
+    if (with_nan) x[static_cast<std::size_t>(5 * ld + 3)] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> amax(rows, -1), fused_amax(rows, -1);
+    float scale[2] = {-1, -1}, inverse[2] = {-1, -1};
+    Cpu::for_each(rows, ops::RowAbsMax<float>{x.data(), ld, cols, amax.data()});
+    Cpu::for_each(1, ops::Float8ScaleFromAmaxes{amax.data(), rows, &scale[0], &inverse[0], 448.0, false});
+    const ops::RowAbsMaxScale<float> fused{{x.data(), ld, cols, fused_amax.data()},
+                                           {fused_amax.data(), rows, &scale[1], &inverse[1], 448.0, false}};
+    Cpu::for_each(rows, fused);
+    CHECK(std::memcmp(amax.data(), fused_amax.data(), amax.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(&scale[0], &scale[1], sizeof(float)) == 0);
+    CHECK(std::memcmp(&inverse[0], &inverse[1], sizeof(float)) == 0);
+    CHECK(std::isnan(scale[1]) == with_nan);
+    CHECK(fused_amax[36] == doctest::Approx(37.0f).epsilon(0.05));
+  }
+  // Its parts, as a trace records them: the rows with their traffic and a launch of their
+  // own, then the scale inside that launch.
+  struct Part {
+    std::int64_t n;
+    double read;
+    bool own_launch;
+  };
+  std::vector<Part> parts;
+  const ops::RowAbsMaxScale<float> f{{nullptr, 64, 64, nullptr}, {nullptr, 100, nullptr, nullptr, 448.0, false}};
+  f.parts(100, [&](const auto&, std::int64_t m, const ops::Traffic& t, bool own) { parts.push_back({m, t.bytes_read, own}); });
+  REQUIRE(parts.size() == 2);
+  CHECK((parts[0].n == 100 && parts[0].read == 100 * 64 * 4 && parts[0].own_launch));
+  CHECK((parts[1].n == 1 && parts[1].read == 100 * 4 && !parts[1].own_launch));
+}
+
 TEST_CASE("float8 GEMMs: each recipe's three GEMMs of a linear layer are the formula's") {
   // y = x W^T (x: M x K, W: N x K); dx = dy W; dW = dy^T x.
   const std::int64_t M = 24, K = 32, N = 16;

@@ -278,14 +278,17 @@ TEST_CASE("traffic: RMSNorm's backward in one launch, x and dy read once on the 
     std::vector<std::string> names;
     std::vector<std::int64_t> counts;
     std::vector<double> bytes;
-    f.parts(rows + n, [&]<class F>(const F&, std::int64_t m, const ops::Traffic& cuda) {
+    std::vector<int> own_launches;
+    f.parts(rows + n, [&]<class F>(const F&, std::int64_t m, const ops::Traffic& cuda, bool own_launch) {
       names.push_back(tessera::trace::functor_name<F>());
       counts.push_back(m);
       bytes.push_back(cuda.bytes());
+      own_launches.push_back(own_launch);
     });
     CHECK(names == std::vector<std::string>{"RmsNormBackwardInput<bf16>", "RmsNormBackwardWeight<bf16>"});
     CHECK(counts == std::vector<std::int64_t>{rows, n});
     CHECK(bytes == std::vector<double>{once.bytes(), 0.0});
+    CHECK(own_launches == std::vector<int>{1, 1});  // the partial sums' reduction is a kernel of its own
   }
   static_assert(ops::FusesParts<ops::RmsNormBackward<float>> && !ops::FusesParts<ops::RmsNormBackwardInput<float>>);
   static_assert(cuda_kernel_class<ops::RmsNormBackward<bf16>> == KernelClass::row);

@@ -346,6 +346,20 @@ TEST_CASE("cost: a kernel takes its bytes at the bandwidth, or walks them a wave
   CHECK(p.seconds(k) == doctest::Approx(1.6e10 / (100 * 16 * 1e9)));
 }
 
+TEST_CASE("cost: a pass run inside the launch before it takes its work alone, no launch interval") {
+  const plan::GpuPricer p = pricer();
+  trace::Kernel k;  // a one-block pass over 8192 floats: far under a launch
+  k.functor = "Float8ScaleFromAmaxes";
+  k.n = 1;
+  k.traffic.bytes_read = 8192 * 4;
+  k.cuda_class = KernelClass::row;
+  const double own = p.seconds(k);
+  CHECK(own == doctest::Approx(2e-6));  // the profile's host.launch_us
+  k.own_launch = false;  // ops::RowAbsMaxScale's second part
+  CHECK(p.seconds(k) == doctest::Approx(8192 * 4 / 0.5e12));
+  CHECK(p.seconds(k) < own);
+}
+
 TEST_CASE("cost: transfers and synchronisations wait for the device; the step sums every operation by class") {
   const plan::GpuPricer p = pricer();
   CHECK(p.seconds(trace::Synchronize{}) == doctest::Approx(10e-6));

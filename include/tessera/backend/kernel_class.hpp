@@ -103,6 +103,11 @@ struct cuda_kernel_class_of<ops::RowAbsMax<T>> {
 };
 template <class T>
   requires kCudaLoweredElement<T>
+struct cuda_kernel_class_of<ops::RowAbsMaxScale<T>> {
+  static constexpr KernelClass value = KernelClass::row;
+};
+template <class T>
+  requires kCudaLoweredElement<T>
 struct cuda_kernel_class_of<ops::ColumnAbsMax<T>> {
   static constexpr KernelClass value = KernelClass::column_sums;
 };

@@ -68,8 +68,12 @@ struct Kernel {
   std::optional<ops::Traffic> cuda_traffic{};
   bool priced = true;  // false: the functor has no traffic(); the cost model counts it apart
   KernelClass cuda_class = KernelClass::per_index;
+  /// false: a pass the GPU runs inside the launch of the kernel before it (ops::FusesParts),
+  /// so it costs no launch of its own.
+  bool own_launch = true;
   friend bool operator==(const Kernel& a, const Kernel& b) {
     return std::string_view(a.functor) == b.functor && a.n == b.n && a.priced == b.priced && a.cuda_class == b.cuda_class &&
+           a.own_launch == b.own_launch &&
            a.traffic.bytes_read == b.traffic.bytes_read && a.traffic.bytes_written == b.traffic.bytes_written &&
            a.traffic.flops == b.traffic.flops && a.traffic.transcendentals == b.traffic.transcendentals;
   }

@@ -53,8 +53,8 @@ struct Traced {
   static void for_each(std::int64_t n, const F& f) {
     if (trace::current() && n > 0) {
       if constexpr (ops::FusesParts<F>) {
-        f.parts(n, [](const auto& part, std::int64_t m, const ops::Traffic& cuda) {
-          if (m > 0) record_kernel(part, m, cuda);
+        f.parts(n, [](const auto& part, std::int64_t m, const ops::Traffic& cuda, bool own_launch) {
+          if (m > 0) record_kernel(part, m, cuda, own_launch);
         });
       } else {
         std::optional<ops::Traffic> cuda;
@@ -66,10 +66,11 @@ struct Traced {
   }
 
   template <class F>
-  static void record_kernel(const F& f, std::int64_t n, std::optional<ops::Traffic> cuda) {
+  static void record_kernel(const F& f, std::int64_t n, std::optional<ops::Traffic> cuda, bool own_launch = true) {
     trace::Kernel k;
     k.functor = trace::functor_name<F>();
     k.n = n;
+    k.own_launch = own_launch;
     if constexpr (ops::HasTraffic<F>) k.traffic = f.traffic(n);
     else k.priced = false;
     k.cuda_traffic = cuda;

@@ -227,20 +227,26 @@ void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>
   const std::int64_t xr = x.rows(), xc = x.cols(), ld = Float8Tensor::of(x).ld;
   const std::int64_t n_scales = cast.axis == Float8Axis::rows ? xr : cast.axis == Float8Axis::columns ? xc : 1;
   const Tensor<float>* known = cast.axis == Float8Axis::columns ? nullptr : Float8RowAmaxes<B>::find(x);
+  q.scale = B::template empty<float>(Shape{n_scales});
+  q.inverse = B::template empty<float>(Shape{n_scales});
+  const double format_max = cast.format == DType::f8e4m3 ? float8_e4m3::max() : float8_e5m2::max();
   Tensor<float> amax;
   if (known != nullptr) {
     amax = *known;
   } else {
     amax = B::template empty<float>(Shape{cast.axis == Float8Axis::columns ? xc : xr});
-    if (cast.axis == Float8Axis::columns)
+    if (cast.axis == Float8Axis::columns) {
       B::for_each(xc, ops::ColumnAbsMax<T>{x.data(), ld, xr, amax.data()});
-    else
+    } else if (cast.axis == Float8Axis::tensor) {  // the rows' amaxes and the one scale, in one launch
+      B::for_each(xr, ops::RowAbsMaxScale<T>{{x.data(), ld, xc, amax.data()},
+                                             {amax.data(), xr, q.scale.data(), q.inverse.data(), format_max,
+                                              cast.power_of_two}});
+      return;
+    } else {
       B::for_each(xr, ops::RowAbsMax<T>{x.data(), ld, xc, amax.data()});
+    }
   }
-  q.scale = B::template empty<float>(Shape{n_scales});
-  q.inverse = B::template empty<float>(Shape{n_scales});
-  const double format_max = cast.format == DType::f8e4m3 ? float8_e4m3::max() : float8_e5m2::max();
-  if (cast.axis == Float8Axis::tensor)  // the rows' amaxes to one scale, in one launch
+  if (cast.axis == Float8Axis::tensor)  // the rows' amaxes (a kernel's that wrote x) to one scale, in one launch
     B::for_each(1, ops::Float8ScaleFromAmaxes{amax.data(), xr, q.scale.data(), q.inverse.data(), format_max,
                                               cast.power_of_two});
   else

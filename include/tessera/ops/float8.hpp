@@ -166,6 +166,25 @@ struct Float8ScaleFromAmaxes {
   }
 };
 
+/// A tensorwise cast's row amaxes and its one scale, in one launch: RowAbsMax over the
+/// rows into `rows.out`, then Float8ScaleFromAmaxes over those amaxes (`scale.in` is
+/// `rows.out`, `scale.n` the rows), the two launches' values bit for bit (a maximum is exact
+/// in any order, and a NaN wins either way). Its two passes (ops::FusesParts): the CPU
+/// backend runs them as two loops; the CUDA kernel runs the rows, and the block that
+/// finishes last reduces their amaxes to the scale (backend/cuda/float8_kernels.cuh), so a
+/// trace records the scale as run in the rows' launch.
+template <class T>
+struct RowAbsMaxScale {
+  RowAbsMax<T> rows;
+  Float8ScaleFromAmaxes scale;
+  static constexpr bool kFusesParts = true;
+  template <class Record>
+  void parts(std::int64_t n, Record&& record) const {
+    record(rows, n, rows.traffic(n), true);
+    record(scale, std::int64_t{1}, scale.traffic(1), false);
+  }
+};
+
 /// visit(i, outer, inner) for each index i in [begin, end) of a row-major matrix of
 /// `inner_size` elements a row (i = outer * inner_size + inner): one division for the
 /// range rather than one an index (a functor's range, ops::RunsRanges).

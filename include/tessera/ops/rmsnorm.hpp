@@ -179,8 +179,8 @@ struct RmsNormBackward {
   static constexpr bool kFusesParts = true;
   template <class Record>
   void parts(std::int64_t indices, Record&& record) const {
-    record(input, weight.rows, cuda_traffic(indices));
-    record(weight, indices - weight.rows, Traffic{});
+    record(input, weight.rows, cuda_traffic(indices), true);
+    record(weight, indices - weight.rows, Traffic{}, true);  // the partial sums' reduction, a kernel of its own
   }
 };
 

@@ -65,8 +65,9 @@ concept HasCudaTraffic = requires(const F& f, std::int64_t n) {
 
 /// A functor that runs other functors' passes in one launch (F::kFusesParts, and
 /// f.parts(n, visit) calling visit(part, part's n, the CUDA kernel's traffic put on that
-/// part) for each, in order). A trace records the parts (backend/traced.hpp), and the CPU
-/// backend runs them as their own loops; the CUDA backend's kernel runs them fused.
+/// part, whether the part is a launch of its own on the GPU) for each, in order). A trace
+/// records the parts (backend/traced.hpp), and the CPU backend runs them as their own
+/// loops; the CUDA backend's kernel runs them fused.
 template <class F>
 concept FusesParts = requires { requires F::kFusesParts; };
 

@@ -45,9 +45,11 @@
 //   synchronize a host synchronisation
 //
 // and every operation takes at least the launch interval (host.launch_us): the GPU
-// cannot run kernels faster than the host issues them. Not priced: the host's own work
-// between launches (it overlaps with the device's, except after a synchronisation, which
-// sync_us covers), allocator calls (cached blocks), and the first step's one-time uploads.
+// cannot run kernels faster than the host issues them (a pass run inside the launch of
+// the kernel before it, trace::Kernel::own_launch false, takes its work alone). Not
+// priced: the host's own work between launches (it overlaps with the device's, except
+// after a synchronisation, which sync_us covers), allocator calls (cached blocks), and the
+// first step's one-time uploads.
 #pragma once
 
 #include <algorithm>
@@ -166,6 +168,8 @@ class GpuPricer : public Pricer {
       : m_(std::move(m)), attention_(attention) {}
 
   double seconds(const trace::Op& op) const override {
+    // A pass inside the launch before it (trace::Kernel::own_launch) waits for no launch.
+    if (const auto* k = std::get_if<trace::Kernel>(&op); k != nullptr && !k->own_launch) return work(*k);
     return std::max(launch(), std::visit([&](const auto& o) { return work(o); }, op));
   }
   /// The peak MFU is measured against, for a model of `dtype` parameters: a bf16 model's

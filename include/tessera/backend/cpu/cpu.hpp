@@ -106,10 +106,17 @@ struct Cpu {
       c->ops.push_back(cpu::RecordedOp::launch(&replay<F>, n, &f, sizeof(F)));
       return;
     }
-    if constexpr (ops::FusesParts<F>) {  // each part its own loop, evenly spread
-      f.parts(n, [](const auto& part, std::int64_t m, const ops::Traffic&) { for_each(m, part); });
-      return;
+    if constexpr (ops::FusesParts<F>) {  // each part its own loop, evenly spread (the parts in order)
+      f.parts(n, [](const auto& part, std::int64_t m, const ops::Traffic&, bool) { for_each(m, part); });
+    } else {
+      each_index(n, f);
     }
+  }
+
+ private:
+  /// for_each's loop for a functor of single indices (or ranges of them).
+  template <class F>
+  static void each_index(std::int64_t n, const F& f) {
     if constexpr (ops::RunsRanges<F>) {  // each thread its contiguous share, in one call
       if (n < kMinParallel || omp_in_parallel()) {
         f.range(0, n);
@@ -131,6 +138,7 @@ struct Cpu {
     for (std::int64_t i = 0; i < n; ++i) f(i);
   }
 
+ public:
   /// The host's work is done when each call returns; what is left are the waits an
   /// engine deferred to the host's next synchronisation (core/host_sync.hpp).
   static void synchronize() {

@@ -9,6 +9,8 @@
 //                  the warp or block, a reduction in which a NaN wins, as max_abs's
 //   MaxOf          one block strides over the n values, the same reduction (and
 //                  Float8ScaleFromAmaxes, which then makes the scale of the maximum)
+//   RowAbsMaxScale RowAbsMax's row kernel, then the block that finishes last makes the
+//                  scale as MaxOf's block does (a tensorwise cast's amax in one launch)
 //   QuantizeFloat8 not transposing: a thread per 8 consecutive elements of a row (one
 //                  16- or 32-byte load, one 8-byte store) where every row is aligned and
 //                  8 divides the columns, else a thread per element; transposing: a
@@ -59,6 +61,49 @@ struct RowAbsMaxRows : WarpRows<T> {
       m = g.reduce(m, MaxNanOp{}, smem);
       if (g.rank() == 0) f.out[r] = m;
     }
+  }
+};
+
+/// Blocks of RowAbsMaxScale kernels that have finished their rows, in this launch. Launches
+/// on one stream run one after another (tessera's compute stream, a graph's replay), and
+/// the block that finishes last sets it back to 0 for the next.
+static __device__ unsigned int row_amax_scale_blocks_done = 0;
+
+/// RowAbsMaxScale: RowAbsMaxRows over the rows; then each block counts itself done (its
+/// amaxes made visible to the grid first), and the last reads every row's amax from L2 and
+/// makes the scale as max_of_kernel does: the same maximum, the same scale, one launch.
+template <class T>
+struct RowAbsMaxScaleRows : WarpRows<T> {
+  using F = ops::RowAbsMaxScale<T>;
+  static std::int64_t length(const F& f) { return RowAbsMaxRows<T>::length(f.rows); }
+  static bool aligned(const F& f) { return RowAbsMaxRows<T>::aligned(f.rows); }
+  template <int V, bool kWarp>
+  __device__ static void run(const F& f, std::int64_t rows, float* smem) {
+    RowAbsMaxRows<T>::template run<V, kWarp>(f.rows, rows, smem);
+    __shared__ bool last;
+    __threadfence();  // this block's amaxes, before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&row_amax_scale_blocks_done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    float m = 0;
+    for (std::int64_t i = threadIdx.x; i < f.scale.n; i += blockDim.x) m = MaxNanOp{}(m, __ldcg(f.scale.in + i));
+    m = block_reduce(m, MaxNanOp{}, smem);
+    if (threadIdx.x == 0) {
+      f.scale.finish(m);
+      row_amax_scale_blocks_done = 0;
+    }
+  }
+};
+
+/// OpKernel for RowAbsMaxScale: the row kernel of RowAbsMaxScaleRows, its scale reading
+/// the amaxes its rows write.
+template <class T>
+struct RowAbsMaxScaleKernel {
+  static void launch(std::int64_t rows, const ops::RowAbsMaxScale<T>& f, cudaStream_t stream) {
+    TESSERA_CHECK(f.scale.in == f.rows.out && f.scale.n == rows, "RowAbsMaxScale: its scale must read the ", rows,
+                  " amaxes its rows write");
+    RowKernel<RowAbsMaxScaleRows<T>>::launch(rows, f, stream);
   }
 };
 

@@ -131,6 +131,9 @@ template <>
 struct OpKernel<ops::MaxOf> : detail::MaxOfKernel<ops::MaxOf> {};
 template <>
 struct OpKernel<ops::Float8ScaleFromAmaxes> : detail::MaxOfKernel<ops::Float8ScaleFromAmaxes> {};
+template <class T>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::RowAbsMaxScale<T>> : detail::RowAbsMaxScaleKernel<T> {};
 template <class T, class F>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::QuantizeFloat8<T, F>> : detail::QuantizeFloat8Kernel<T, F> {};
@@ -157,7 +160,8 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::EmbeddingBackward<T>> && kKernelClassAgrees<ops::AdamWMultiStep<T>> &&
          (!std::is_same_v<accum_t<T>, float> || kKernelClassAgrees<ops::AdamWMultiStep<T, bf16>>) &&
          kKernelClassAgrees<ops::InitValues<T>> && kKernelClassAgrees<ops::SquaredNormChunks<T>> &&
-         kKernelClassAgrees<ops::RowAbsMax<T>> && kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e4m3>> &&
+         kKernelClassAgrees<ops::RowAbsMax<T>> && kKernelClassAgrees<ops::RowAbsMaxScale<T>> &&
+         kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e4m3>> &&
          kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e5m2>> && kKernelClassAgrees<ops::ColumnAbsMax<T>>;
 }
 static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>() &&
