@@ -63,6 +63,11 @@ struct TensorSplit {
   int holders = 1;
   bool owner = true;
   bool split() const { return parts > 1; }
+  /// This rank's piece of a parameter of shape `whole`: cut along dim into parts.
+  Shape piece_of(Shape whole) const {
+    if (split()) whole.dims[dim] /= parts;
+    return whole;
+  }
 };
 
 /// While one is alive on this thread, Parameter::on makes parameters without storage
@@ -185,11 +190,7 @@ struct Parameter {
   std::int64_t numel() const { return value.numel(); }
   /// The shape of this rank's tensor-parallel piece: `whole` cut along split.dim into
   /// split.parts (whole when not split).
-  Shape piece_shape() const {
-    Shape s = whole;
-    if (split.split()) s.dims[split.dim] /= split.parts;
-    return s;
-  }
+  Shape piece_shape() const { return split.piece_of(whole); }
 };
 
 /// Parameters stored side by side. A layer that multiplies several weights as one matrix
@@ -249,12 +250,7 @@ class ParameterStack {
     std::size_t left = 0;
   };
 
-  Shape piece(std::size_t i) const {
-    Shape s = whole_[i];
-    const TensorSplit& sp = splits_[i];
-    if (sp.split()) s.dims[sp.dim] /= sp.parts;
-    return s;
-  }
+  Shape piece(std::size_t i) const { return splits_[i].piece_of(whole_[i]); }
 
   template <Backend B>
   void start(bool whole, bool with_grad) {
