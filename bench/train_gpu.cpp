@@ -146,8 +146,9 @@ void usage() {
       "--graph: the timed steps replayed from a CUDA graph of the step (training.cuda_graph);\n"
       "--recompute-swiglu: the feed-forward's SwiGLU output made again in the backward, not kept\n"
       "  (activation_checkpoint.recompute_swiglu);\n"
-      "--separate-projections: wq, wk and wv, and w1 and w3, one GEMM a weight (model.fuse_projections =\n"
-      "  false; by default each group runs as one GEMM a direction);\n"
+      "--separate-projections: wq, wk and wv, and w1 and w3, one GEMM a weight, and each residual added by a\n"
+      "  pass of its own (model.fuse_projections = false; by default each group runs as one GEMM a direction\n"
+      "  and wo's and w2's GEMMs add the residuals);\n"
       "--float8 RECIPE: the blocks' linear layers on cuBLASLt's float8 matmul (MFU against the bf16 peak).\n");
 }
 

@@ -38,8 +38,8 @@
 #             rows for RESULTS.md; with CUPTI, one more step of each (but the selective
 #             one) profiled, its device time by llama-plan's classes beside the prediction;
 #             1B and 3B with the projections one by one (--separate-projections, the step
-#             before they ran as one GEMM); and 1B with its steps replayed from a CUDA graph
-#             (--graph)
+#             before they ran as one GEMM and wo and w2 added the residuals); and 1B with its
+#             steps replayed from a CUDA graph (--graph)
 #   torch     bench/torch_llama.py, the strongest fair PyTorch baseline: 1B and 3B without
 #             checkpointing, 8B with full checkpointing, the same batch, sequence and steps
 #             as train; eager, then torch.compile (default mode; 1B also
@@ -218,9 +218,9 @@ case "${1:-}" in
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 10 --warmup 3 --markdown --commit "$commit" \
       $(profile llama3.2_1b llama3.2_3b) --json "$out/train.json" 2>&1 | tee "$out/train.txt"
     status=$?
-    # 1B and 3B again with the projections one by one (model.fuse_projections = false):
-    # the step before they ran as one GEMM (llama-plan 148.18 and 359.32 ms against 147.15
-    # and 356.74).
+    # 1B and 3B again with the projections one by one and the residuals added by passes of
+    # their own (model.fuse_projections = false): the step before either change (llama-plan
+    # 148.18 and 359.32 ms against 146.38 and 354.71).
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 10 --warmup 3 --separate-projections \
       --markdown --commit "$commit" --json "$out/train-separate.json" 2>&1 | tee "$out/train-separate.txt" || status=1
     # 1B again with its timed steps replayed from a CUDA graph (training.cuda_graph).

@@ -1,16 +1,22 @@
 // The CPU backend on bf16 tensors. GEMM: operands widened to float, the product in
 // float, C written as bf16 (rounded once) or as float (a weight gradient accumulated in
-// fp32). Attention: bf16 q, k, v, o and gradients, fp32 log-sum-exp and row statistics.
+// fp32), and the GEMM reading C apart from the D it writes (float, double and bf16).
+// Attention: bf16 q, k, v, o and gradients, fp32 log-sum-exp and row statistics.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
+#include "../support/errors.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/attention_shape.hpp"
 
 namespace test_cpu_bf16 {  // unity build: this file's names stay in here (tests/meson.build)
@@ -83,6 +89,86 @@ TEST_CASE("Cpu::gemm in bf16 with beta zero ignores what C held, and with k == 0
   for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = float(i) + 0.5f;
   Cpu::gemm(Trans::no, Trans::no, 1.0f, empty_a.cview(), empty_b.cview(), 2.0f, g.view());
   for (std::int64_t i = 0; i < g.numel(); ++i) CHECK(g[i] == 2.0f * (float(i) + 0.5f));
+}
+
+/// A backend with Cpu's in-place gemm only: gemm_out_of_place's fallback.
+struct InPlaceGemmCpu : Cpu {
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<C> c) {
+    Cpu::gemm(ta, tb, alpha, a, b, beta, c);
+  }
+};
+static_assert(HasOutOfPlaceGemm<Cpu> && !HasOutOfPlaceGemm<InPlaceGemmCpu>);
+
+TEST_CASE("Cpu::gemm reading C apart from D: the product rounded to D's type, then beta C added, C unchanged") {
+  // As cuBLASLt with a bf16 C (tests/gpu's product_term), and as the product followed by
+  // ops::Axpy: a residual added in the GEMM is bitwise the GEMM then the add, in float,
+  // double and bf16, and a backend without the out-of-place gemm gives the same.
+  const Trans kTrans[] = {Trans::no, Trans::yes};
+  auto check = [&]<class T, class C>(std::type_identity<T>, std::type_identity<C>) {
+    for (Trans ta : kTrans)
+      for (Trans tb : kTrans)
+        for (float beta : {1.0f, -0.75f, 0.0f}) {
+          CAPTURE(int(ta));
+          CAPTURE(int(tb));
+          CAPTURE(beta);
+          const std::int64_t m = 6, n = 5, k = 11;
+          auto cast = [](const Tensor<float>& t) {
+            Tensor<T> r(t.shape());
+            for (std::int64_t i = 0; i < t.numel(); ++i) r[i] = T(t[i]);
+            return r;
+          };
+          auto cast_c = [](const Tensor<float>& t) {
+            Tensor<C> r(t.shape());
+            for (std::int64_t i = 0; i < t.numel(); ++i) r[i] = C(t[i]);
+            return r;
+          };
+          const Tensor<T> a = cast(values(ta == Trans::no ? Shape{m, k} : Shape{k, m}, 0.1f));
+          const Tensor<T> b = cast(values(tb == Trans::no ? Shape{k, n} : Shape{n, k}, 0.2f));
+          const Tensor<C> c = cast_c(values(Shape{m, n}, 0.3f));
+          const Tensor<C> c_before = c.clone();
+          Tensor<C> expected(Shape{m, n});
+          Cpu::gemm(ta, tb, accum_t<T>(0.5f), a.cview(), b.cview(), accum_t<T>(0), expected.view());
+          if (beta != 0.0f)
+            Cpu::for_each(expected.numel(), ops::Axpy<C>{accum_t<C>(beta), c.data(), expected.data()});
+          Tensor<C> d(Shape{m, n}), fallback(Shape{m, n});
+          Cpu::gemm(ta, tb, accum_t<T>(0.5f), a.cview(), b.cview(), accum_t<T>(beta), c.cview(), d.view());
+          gemm_out_of_place<InPlaceGemmCpu>(ta, tb, accum_t<T>(0.5f), a.cview(), b.cview(), accum_t<T>(beta),
+                                            c.cview(), fallback.view());
+          for (std::int64_t i = 0; i < d.numel(); ++i) {
+            CHECK(std::memcmp(&d[i], &expected[i], sizeof(C)) == 0);
+            CHECK(std::memcmp(&fallback[i], &expected[i], sizeof(C)) == 0);
+            CHECK(std::memcmp(&c[i], &c_before[i], sizeof(C)) == 0);
+          }
+        }
+  };
+  check(std::type_identity<float>{}, std::type_identity<float>{});
+  check(std::type_identity<double>{}, std::type_identity<double>{});
+  check(std::type_identity<bf16>{}, std::type_identity<bf16>{});
+  check(std::type_identity<bf16>{}, std::type_identity<float>{});
+}
+
+TEST_CASE("Cpu::gemm reading C apart: C where D is runs in place, k == 0 gives beta C, and a C unlike D is refused") {
+  const Tensor<float> a = values(Shape{4, 3}, 0.4f), b = values(Shape{3, 2}, 0.5f);
+  Tensor<float> c = values(Shape{4, 2}, 0.6f), in_place = c.clone();
+  Cpu::gemm(Trans::no, Trans::no, 1.0f, a.cview(), b.cview(), 1.0f, in_place.view());
+  Cpu::gemm(Trans::no, Trans::no, 1.0f, a.cview(), b.cview(), 1.0f, c.cview(), c.view());
+  for (std::int64_t i = 0; i < c.numel(); ++i) CHECK(c[i] == in_place[i]);
+
+  const Tensor<float> empty_a(Shape{4, 0}), empty_b(Shape{0, 2});
+  const Tensor<float> c0 = values(Shape{4, 2}, 0.7f);
+  Tensor<float> d(Shape{4, 2});
+  Cpu::gemm(Trans::no, Trans::no, 1.0f, empty_a.cview(), empty_b.cview(), 2.0f, c0.cview(), d.view());
+  for (std::int64_t i = 0; i < d.numel(); ++i) CHECK(d[i] == 2.0f * c0[i]);
+
+  const Tensor<float> wide = values(Shape{4, 3}, 0.8f);
+  CHECK_THROWS_WITH_AS(Cpu::gemm(Trans::no, Trans::no, 1.0f, a.cview(), b.cview(), 1.0f, wide.cview(), d.view()),
+                       doctest::Contains("gemm: C read apart from D needs D's shape and leading dimension: C 4x3"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Cpu::gemm(Trans::no, Trans::no, 1.0f, a.cview(), b.cview(), 1.0f,
+                                 wide.cview().slice_cols(0, 2), d.view()),
+                       doctest::Contains("C 4x2 (leading dimension 3), D 4x2 (2)"), Error);
 }
 
 TEST_CASE("Cpu attention on bf16 tensors follows the float attention of the same values") {

@@ -47,6 +47,22 @@ template Tensor<float> cuda_gemm(Trans, Trans, float, const Tensor<bf16>&, Tenso
                                  const Tensor<bf16>&, TensorView<const bf16>, float, const Tensor<float>&,
                                  TensorView<float>);
 
+template <class T, class C>
+std::pair<Tensor<C>, Tensor<C>> cuda_gemm_apart(Trans ta, Trans tb, accum_t<T> alpha, const Tensor<T>& a,
+                                                const Tensor<T>& b, accum_t<T> beta, const Tensor<C>& c) {
+  const Tensor<T> da = upload<Cuda>(a), db = upload<Cuda>(b);
+  const Tensor<C> dc = upload<Cuda>(c);
+  const Tensor<C> dd = Cuda::empty<C>(c.shape());
+  Cuda::gemm(ta, tb, alpha, da.cview(), db.cview(), beta, dc.cview(), dd.view());
+  return {download<Cuda>(dd), download<Cuda>(dc)};
+}
+template std::pair<Tensor<float>, Tensor<float>> cuda_gemm_apart(Trans, Trans, float, const Tensor<float>&,
+                                                                 const Tensor<float>&, float, const Tensor<float>&);
+template std::pair<Tensor<bf16>, Tensor<bf16>> cuda_gemm_apart(Trans, Trans, float, const Tensor<bf16>&,
+                                                               const Tensor<bf16>&, float, const Tensor<bf16>&);
+template std::pair<Tensor<float>, Tensor<float>> cuda_gemm_apart(Trans, Trans, float, const Tensor<bf16>&,
+                                                                 const Tensor<bf16>&, float, const Tensor<float>&);
+
 template <class T>
 std::vector<Tensor<T>> cuda_gemm_each_candidate(Trans ta, Trans tb, float alpha, const Tensor<T>& a, const Tensor<T>& b,
                                                 float beta, const Tensor<T>& c, std::vector<std::string>* described) {

@@ -23,6 +23,12 @@ Tensor<C> cuda_gemm(Trans ta, Trans tb, accum_t<T> alpha, const Tensor<T>& a_sto
                     const Tensor<T>& b_store, TensorView<const T> b, accum_t<T> beta, const Tensor<C>& c_store,
                     TensorView<C> c);
 
+/// Cuda::gemm reading C apart from the D it writes (whole tensors, D of C's shape): D, and
+/// C as it is afterwards. T is float or bf16; C is T, or float from bf16 operands.
+template <class T, class C = T>
+std::pair<Tensor<C>, Tensor<C>> cuda_gemm_apart(Trans ta, Trans tb, accum_t<T> alpha, const Tensor<T>& a,
+                                                const Tensor<T>& b, accum_t<T> beta, const Tensor<C>& c);
+
 /// As cuda_gemm on whole tensors, once for every algorithm cuda::gemm_candidates offers
 /// (each run starts from c), in the heuristic's order. T is float or bf16.
 /// `described`, when given, gets each candidate's configuration (cuda::gemm_algo_text).

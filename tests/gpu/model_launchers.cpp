@@ -181,8 +181,8 @@ Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, 
 
 std::vector<float> cuda_float8_gemm(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca,
                                     const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n,
-                                    nn::Float8GemmOptions options) {
-  return float8_gemm_on<Cuda>(ta, tb, a, ca, b, cb, m, n, options);
+                                    nn::Float8GemmOptions options, const Tensor<float>* residual) {
+  return float8_gemm_on<Cuda>(ta, tb, a, ca, b, cb, m, n, options, residual);
 }
 
 }  // namespace tessera::gpu_test

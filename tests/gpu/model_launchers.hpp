@@ -269,11 +269,12 @@ Float8CastValues float8_cast_on(const Tensor<float>& x, ops::Float8Cast cast, bo
 Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, bool transpose = false);
 
 /// op(A) op(B) by nn::float8_gemm on B, A and B rounded to bf16, C in float (emulated
-/// unless `options` say otherwise).
+/// unless `options` say otherwise); plus `residual` where given, read apart from C as the
+/// GEMM's own (a block's residual added in its output projection).
 template <class B>
 std::vector<float> float8_gemm_on(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca, const Tensor<float>& b,
                                   ops::Float8Cast cb, std::int64_t m, std::int64_t n,
-                                  nn::Float8GemmOptions options = {}) {
+                                  nn::Float8GemmOptions options = {}, const Tensor<float>* residual = nullptr) {
   auto on = [](const Tensor<float>& x) {
     Tensor<bf16> host(x.shape(), Uninitialized{});
     for (std::int64_t i = 0; i < x.numel(); ++i) host[i] = bf16(x[i]);
@@ -281,12 +282,14 @@ std::vector<float> float8_gemm_on(Trans ta, Trans tb, const Tensor<float>& a, op
   };
   const Tensor<bf16> da = on(a), db = on(b);
   Tensor<float> c = B::template zeros<float>(Shape{m, n});
-  nn::float8_gemm<B>(ta, tb, da.cview(), ca, db.cview(), cb, 0.0f, c.view(), "float8_gemm_on", options);
+  const Tensor<float> r = residual != nullptr ? upload<B>(*residual) : Tensor<float>{};
+  nn::float8_gemm<B>(ta, tb, da.cview(), ca, db.cview(), cb, residual != nullptr ? 1.0f : 0.0f, c.view(),
+                     "float8_gemm_on", options, r.cview());
   const Tensor<float> h = download<B>(c);
   return {h.data(), h.data() + h.numel()};
 }
 std::vector<float> cuda_float8_gemm(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca,
                                     const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n,
-                                    nn::Float8GemmOptions options = {});
+                                    nn::Float8GemmOptions options = {}, const Tensor<float>* residual = nullptr);
 
 }  // namespace tessera::gpu_test

@@ -271,6 +271,35 @@ TEST_CASE("Cuda::gemm with k == 0 scales C by beta, or zeroes it") {
     CHECK(static_cast<float>(got[i]) == round_to_bf16(-2.0f * static_cast<float>(c[i])));
 }
 
+TEST_CASE("Cuda::gemm reading C apart from D (a residual added in the GEMM) matches the CPU's, C unchanged") {
+  // cuBLASLt's out-of-place matmul: D = alpha op(A) op(B) + beta C, C and D one layout.
+  // bf16: the product term rounded on its own before beta C is added (product_term), as
+  // the CPU's out-of-place gemm rounds it.
+  for (Trans ta : kTrans)
+    for (Trans tb : kTrans) {
+      INFO("op(A)=", name(ta), " op(B)=", name(tb));
+      const GemmProblem p = make_problem(ta, tb, 64, 48, 96, 0.75f, 1.0f, 0, 0, 16);
+      const auto [d, c_after] = gpu_test::cuda_gemm_apart<float>(ta, tb, p.alpha, p.a, p.b, p.beta, p.c);
+      check_close(d, cpu_reference(p, p.a, p.b, p.c), 1e-5f, 0.0f);
+      for (std::int64_t i = 0; i < p.c.numel(); ++i) CHECK(c_after[i] == p.c[i]);
+
+      const Tensor<bf16> a = to_bf16(p.a), b = to_bf16(p.b), c = to_bf16(p.c);
+      const auto [d16, c16_after] = gpu_test::cuda_gemm_apart<bf16>(ta, tb, p.alpha, a, b, p.beta, c);
+      Tensor<bf16> cpu(c.shape());
+      Cpu::gemm(ta, tb, p.alpha, a.cview(), b.cview(), p.beta, c.cview(), cpu.view());
+      const Tensor<float> af = to_float(a), bf = to_float(b), cf = to_float(c);
+      const Tensor<float> product = product_term(p, af, bf);
+      const Reference ref = cpu_reference(p, af, bf, cf);
+      check_close(to_float(d16), ref, 1e-5f, 1.0f / 256, &product);
+      check_close(to_float(cpu), ref, 1e-5f, 1.0f / 256, &product);
+      for (std::int64_t i = 0; i < c.numel(); ++i) CHECK(c16_after[i].bits == c[i].bits);
+
+      const auto [d32, c32_after] = gpu_test::cuda_gemm_apart<bf16, float>(ta, tb, p.alpha, a, b, p.beta, p.c);
+      check_close(d32, cpu_reference(p, af, bf, p.c), 1e-5f, 0.0f);
+      for (std::int64_t i = 0; i < p.c.numel(); ++i) CHECK(c32_after[i] == p.c[i]);
+    }
+}
+
 TEST_CASE("The backend runs on a created compute stream, and Cuda::capture makes a CUDA graph of its work there") {
   Tensor<float> a = Cpu::empty<float>(Shape{96, 64}), b = Cpu::empty<float>(Shape{64, 80});
   for (std::int64_t i = 0; i < a.numel(); ++i) a.data()[i] = static_cast<float>((i * 37) % 17) / 8 - 1;

@@ -435,6 +435,17 @@ TEST_CASE("Float8 casts on the GPU are the CPU's bit for bit, and every recipe's
       CHECK(fast < 2e-3);
     };
     agree(Trans::no, Trans::yes, x, c.input, w, c.weight, M, N);
+    {
+      // The forward with a residual read apart from its output (cuBLASLt's out-of-place
+      // float8 matmul, C and D bf16 in the model, float here), against the CPU's emulation.
+      const Tensor<float> residual = matrix(M, N, 4);
+      const std::vector<float> cpu = gpu_test::float8_gemm_on<Cpu>(Trans::no, Trans::yes, x, c.input, w, c.weight, M, N,
+                                                                   {}, &residual);
+      const double apart = gap(gpu_test::cuda_float8_gemm(Trans::no, Trans::yes, x, c.input, w, c.weight, M, N,
+                                                          {false, true}, &residual), cpu);
+      MESSAGE(name, ": the forward with a residual read apart, against the CPU's emulation ", apart);
+      CHECK(apart < 2e-3);
+    }
     agree(Trans::no, Trans::no, dy, c.grad_output, w, c.weight_for_grad_input, M, K);
     agree(Trans::yes, Trans::no, dy, c.grad_output_for_grad_weight, x, c.input_for_grad_weight, N, K);
   }

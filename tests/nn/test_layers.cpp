@@ -1,7 +1,9 @@
 // Every layer's backward against central finite differences in float64.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../support/gradcheck.hpp"
@@ -60,6 +62,34 @@ TEST_CASE("Linear backward matches finite differences") {
   Linear<double, Cpu> lin("lin", 6, 5, Init::truncated_normal(0.5));
   randomize(lin, 1);
   check_layer("linear", lin, Geometry{2, 3}, 6, 11);
+}
+
+TEST_CASE("Linear::forward_adding is the forward then the residual's add, bit for bit, with the same saves") {
+  // The residual as the GEMM's C (gemm_out_of_place): the product rounded to the output's
+  // type, then the residual added, as ops::Add after the forward writes it.
+  auto check = [&]<class T>(std::type_identity<T>) {
+    Linear<T, Cpu> lin("layers.0.attention.wo", 6, 5, Init::truncated_normal(0.5));
+    lin.for_each_parameter([](Parameter<T>& p) {
+      for (std::int64_t i = 0; i < p.numel(); ++i) p.value[i] = T(0.13 * static_cast<double>(i % 9) - 0.5);
+    });
+    const Geometry g{2, 3};
+    Tensor<T> x(Shape{g.rows(), 6}), residual(Shape{g.rows(), 5});
+    for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = T(0.37 * static_cast<double>(i % 11) - 1.5);
+    for (std::int64_t i = 0; i < residual.numel(); ++i) residual[i] = T(0.61 * static_cast<double>(i % 7) - 2.0);
+    ActivationStore<T> plain, adding;
+    const Tensor<T> y = lin.forward(Context<T>(g, &plain), x);
+    const Tensor<T> sum = lin.forward_adding(Context<T>(g, &adding), x, residual);
+    const Tensor<T> expected = sum_of<Cpu>(residual, y);
+    for (std::int64_t i = 0; i < sum.numel(); ++i) CHECK(std::memcmp(&sum[i], &expected[i], sizeof(T)) == 0);
+    CHECK(adding.bytes() == plain.bytes());
+    CHECK_THROWS_WITH_AS(lin.forward_adding(Context<T>(g, nullptr), x, y.clone().reshape(Shape{5, g.rows()})),
+                         doctest::Contains("layers.0.attention.wo.weight: the residual added to the output is (5, 6), "
+                                           "the output (6, 5)"),
+                         Error);
+  };
+  check(std::type_identity<double>{});
+  check(std::type_identity<float>{});
+  check(std::type_identity<bf16>{});
 }
 
 TEST_CASE("RmsNorm backward matches finite differences") {

@@ -379,6 +379,40 @@ TEST_CASE("float8 GEMMs on a backend's own float8 GEMM: each recipe's three GEMM
 }
 
 
+TEST_CASE("float8 GEMMs reading C apart from the D they write: the product into D, then beta C added, C unchanged") {
+  // A residual added in the forward GEMM (nn::Linear::forward_adding): emulated, and on a
+  // backend whose float8 GEMM runs in place only (its product, then ops::Axpy), each bit
+  // for bit the GEMM with beta 0 followed by the add.
+  const std::int64_t M = 32, K = 48, N = 16;
+  const Tensor<float> x = random_matrix(M, K, 9, 4.0f), w = random_matrix(N, K, 10, 2.0f),
+                      residual = random_matrix(M, N, 11, 3.0f);
+  static_assert(!HasOutOfPlaceFloat8Gemm<Float8Cpu>);
+  for (const ops::Float8Recipe recipe : {ops::Float8Recipe::tensorwise, ops::Float8Recipe::rowwise}) {
+    CAPTURE(ops::name_of(recipe));
+    const ops::Float8LinearCasts c = ops::float8_casts(recipe);
+    for (const bool emulate : {true, false}) {
+      CAPTURE(emulate);
+      Tensor<float> expected(Shape{M, N}), got(Shape{M, N});
+      nn::float8_gemm<Float8Cpu>(Trans::no, Trans::yes, x.cview(), c.input, w.cview(), c.weight, 0.0f,
+                                 expected.view(), "y", {emulate, false});
+      Cpu::for_each(expected.numel(), ops::Axpy<float>{1.0f, residual.data(), expected.data()});
+      const int calls = Float8Cpu::calls;
+      nn::float8_gemm<Float8Cpu>(Trans::no, Trans::yes, x.cview(), c.input, w.cview(), c.weight, 1.0f, got.view(),
+                                 "y", {emulate, false}, residual.cview());
+      CHECK(Float8Cpu::calls == calls + (emulate ? 0 : 1));
+      for (std::int64_t i = 0; i < got.numel(); ++i) CHECK(got[i] == expected[i]);
+    }
+  }
+  // A C of another shape is refused, naming the GEMM's contract.
+  const Tensor<float> wide = random_matrix(M, N + 1, 12, 1.0f);
+  Tensor<float> out(Shape{M, N});
+  CHECK_THROWS_WITH_AS(nn::float8_gemm<Cpu>(Trans::no, Trans::yes, x.cview(), ops::float8_casts(ops::Float8Recipe::tensorwise).input,
+                                            w.cview(), ops::float8_casts(ops::Float8Recipe::tensorwise).weight, 1.0f,
+                                            out.view(), "y", {true, false}, wide.cview()),
+                       doctest::Contains("gemm_float8: C read apart from D needs D's shape and leading dimension: C 32x17"),
+                       Error);
+}
+
 TEST_CASE("float8 casts shared while a Float8SharedCasts is open: the same tensor and cast cast once, the rest apart") {
   const Tensor<float> x = random_matrix(16, 32, 11, 2.0f), y = random_matrix(16, 32, 12, 2.0f);
   const ops::Float8Cast e4m3{DType::f8e4m3, Float8Axis::tensor, false}, e5m2{DType::f8e5m2, Float8Axis::tensor, false};

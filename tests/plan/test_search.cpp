@@ -82,9 +82,14 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
       {"CP 4 x PP 2, 1F1B, 8 microbatches", 8, 10, 8, 8,
        {"--parallelism.context_parallel_degree", "4", "--parallelism.pipeline_parallel_degree", "2",
         "--parallelism.data_parallel_shard_degree", "1"}},
+      // Within 1e-2 (measured 5.7e-3; exact before the residuals were added by the output
+      // projections' GEMMs, and exact with model.fuse_projections = false): the interleaved
+      // schedule's step is a maximum over its stages' paths, affine in the blocks per stage
+      // only piecewise, and at the debug model's size two launches fewer a block moved this
+      // case off the piece its small traces lie on (0.3% at 20 blocks, 1.1% at 16).
       {"PP 2, Interleaved1F1B, 12 microbatches of 1", 2, 18, 12, 12,
        {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
-        "--parallelism.data_parallel_shard_degree", "1"}},
+        "--parallelism.data_parallel_shard_degree", "1"}, 1e-2},
       {"PP 2, GPipe, reshard never, every 2nd block recomputed", 4, 16, 10, 20,
        {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "GPipe",
         "--parallelism.data_parallel_shard_degree", "2", "--parallelism.fsdp_reshard_after_forward", "never",

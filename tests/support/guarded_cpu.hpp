@@ -250,6 +250,16 @@ struct GuardedCpu {
     GuardedArena::Open open;
     Cpu::gemm(ta, tb, alpha, a, b, beta, c);
   }
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<const C> c, TensorView<C> d) {
+    resident("gemm", "A", a.data(), a.numel());
+    resident("gemm", "B", b.data(), b.numel());
+    resident("gemm", "C", c.data(), c.numel());
+    resident("gemm", "D", d.data(), d.numel());
+    GuardedArena::Open open;
+    Cpu::gemm(ta, tb, alpha, a, b, beta, c, d);
+  }
 
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,

@@ -26,6 +26,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/elementwise.hpp"
 
 namespace tessera {
 
@@ -156,6 +157,20 @@ GemmSizes check_gemm(Trans ta, Trans tb, const TensorView<TA>& a, const TensorVi
   return {m, n, k};
 }
 
+/// The sizes of D = alpha op(A) op(B) + beta C where C is read apart from the D written
+/// (gemm_out_of_place): check_gemm's of A, B and D, and C of D's shape and leading
+/// dimension (cuBLASLt gives the two one layout). Every backend's checks with these messages.
+template <class TA, class TB, class TC>
+GemmSizes check_gemm_out_of_place(Trans ta, Trans tb, const TensorView<TA>& a, const TensorView<TB>& b,
+                                  const TensorView<const TC>& c, const TensorView<TC>& d) {
+  const GemmSizes s = check_gemm(ta, tb, a, b, d);
+  TESSERA_CHECK(c.rank() == 2 && c.rows() == d.rows() && c.cols() == d.cols() && (c.cols() <= 1 || c.stride(1) == 1) &&
+                    c.ld() == d.ld(),
+                "gemm: C read apart from D needs D's shape and leading dimension: C ", c.rows(), "x", c.cols(),
+                " (leading dimension ", c.ld(), "), D ", d.rows(), "x", d.cols(), " (", d.ld(), ")");
+  return s;
+}
+
 
 /// One operand of a float8 GEMM as a backend multiplies it: `rows` x `k` values of
 /// `format` (float8_e4m3fn or float8_e5m2), row-major and contiguous, the GEMM's
@@ -191,6 +206,16 @@ GemmSizes check_float8_gemm(const Float8GemmOperand& a, const Float8GemmOperand&
   return {a.rows, b.rows, a.k};
 }
 
+/// A float8 GEMM's C read apart from the D it writes (`d`, already checked against the
+/// operands): of D's shape and leading dimension. Every backend's checks with this message.
+template <class C>
+void check_float8_gemm_input(const TensorView<const C>& c, const TensorView<C>& d) {
+  TESSERA_CHECK(c.rank() == 2 && c.rows() == d.rows() && c.cols() == d.cols() && (c.cols() <= 1 || c.stride(1) == 1) &&
+                    c.ld() == d.ld(),
+                "gemm_float8: C read apart from D needs D's shape and leading dimension: C ", c.rows(), "x", c.cols(),
+                " (leading dimension ", c.ld(), "), D ", d.rows(), "x", d.cols(), " (", d.ld(), ")");
+}
+
 /// Whether B multiplies float8 operands itself: B::gemm_float8(a, b, beta, c,
 /// fast_accumulation) sets C = (a b^T) * a.inverse[.] * b.inverse[.] + beta C, C of
 /// bfloat16 or float32 (the CUDA backend through cuBLASLt's float8 matmul; the dry run).
@@ -199,5 +224,44 @@ template <class B>
 concept HasFloat8Gemm = requires(const Float8GemmOperand& a, TensorView<float> c) {
   B::gemm_float8(a, a, 0.0f, c, false);
 };
+
+/// Whether B's float8 GEMM also reads C apart from the D it writes:
+/// B::gemm_float8(a, b, beta, c, d, fast_accumulation), D = (a b^T) scaled + beta C
+/// (cuBLASLt's out-of-place matmul; the dry run).
+template <class B>
+concept HasOutOfPlaceFloat8Gemm = requires(const Float8GemmOperand& a, TensorView<const float> c, TensorView<float> d) {
+  B::gemm_float8(a, a, 0.0f, c, d, false);
+};
+
+/// Whether B's gemm reads C apart from the D it writes: B::gemm(ta, tb, alpha, a, b, beta,
+/// c, d) sets D = alpha op(A) op(B) + beta C in one pass, C unchanged (cuBLASLt's C and D;
+/// the CPU backend's). What a layer uses to add a residual in its GEMM (nn::Linear::forward_adding).
+template <class B>
+concept HasOutOfPlaceGemm = requires(TensorView<const float> a, TensorView<float> d) {
+  B::gemm(Trans::no, Trans::yes, 1.0f, a, a, 1.0f, a, d);
+};
+
+/// D = alpha op(A) op(B) + beta C, C read apart from D (check_gemm_out_of_place): B's own
+/// where it has one (HasOutOfPlaceGemm: one pass), else B's gemm writing the product into
+/// D and a pass adding beta C (C and D contiguous there). Either way the product is
+/// rounded to D's type before beta C is added, as cuBLASLt does with a bf16 C.
+template <Backend B, class T, class C>
+void gemm_out_of_place(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                       accum_t<T> beta, TensorView<const C> c, TensorView<C> d) {
+  if constexpr (HasOutOfPlaceGemm<B>) {
+    B::gemm(ta, tb, alpha, a, b, beta, c, d);
+  } else {
+    check_gemm_out_of_place(ta, tb, a, b, c, d);
+    if (c.data() == d.data()) {
+      B::gemm(ta, tb, alpha, a, b, beta, d);
+      return;
+    }
+    TESSERA_CHECK(d.rows() <= 1 || d.ld() == d.cols(),
+                  "gemm_out_of_place: a backend without an out-of-place gemm needs contiguous C and D");
+    B::gemm(ta, tb, alpha, a, b, accum_t<T>(0), d);
+    if (beta != accum_t<T>(0))
+      B::for_each(d.rows() * d.cols(), ops::Axpy<C>{static_cast<accum_t<C>>(beta), c.data(), d.data()});
+  }
+}
 
 }  // namespace tessera

@@ -103,6 +103,17 @@ struct Traced {
     }
     B::gemm(ta, tb, alpha, a, b, beta, c);
   }
+  /// B's out-of-place GEMM, where B has one: recorded as the GEMM reading C (beta nonzero).
+  template <class T, class C>
+    requires HasOutOfPlaceGemm<B>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<const C> c, TensorView<C> d) {
+    if (trace::current()) {
+      const GemmSizes s = check_gemm_out_of_place(ta, tb, a, b, c, d);
+      trace::record(trace::Gemm{s.m, s.n, s.k, ta, tb, dtype_of<T>(), dtype_of<C>(), beta != accum_t<T>(0)});
+    }
+    B::gemm(ta, tb, alpha, a, b, beta, c, d);
+  }
 
   /// B's float8 GEMM, where B has one: recorded as a GEMM of float8 operands (A's
   /// format), in cuBLASLt's layout (op(A) = A, op(B) = B^T).
@@ -115,6 +126,17 @@ struct Traced {
       trace::record(trace::Gemm{s.m, s.n, s.k, Trans::no, Trans::yes, a.format, dtype_of<C>(), beta != 0.0f});
     }
     B::gemm_float8(a, b, beta, c, fast_accumulation);
+  }
+  /// B's out-of-place float8 GEMM, where B has one: recorded as the GEMM reading C.
+  template <class C>
+    requires HasOutOfPlaceFloat8Gemm<B>
+  static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<const C> c,
+                          TensorView<C> d, bool fast_accumulation) {
+    if (trace::current()) {
+      const GemmSizes s = check_float8_gemm(a, b, d);
+      trace::record(trace::Gemm{s.m, s.n, s.k, Trans::no, Trans::yes, a.format, dtype_of<C>(), beta != 0.0f});
+    }
+    B::gemm_float8(a, b, beta, c, d, fast_accumulation);
   }
 
   template <class T>

@@ -78,10 +78,12 @@ class Attention : public LayerTypes<T, B> {
         cp_(cp),
         fuse_(fuse_projections) {}
 
-  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
+  /// The attention's output (this rank's rows), plus `residual` where given (a block's
+  /// x, the same rows): added in wo's GEMM where it can be (output_).
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
     const AttentionShape s = shape(ctx.geometry());
     const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
-    if (stacked(ctx)) return stacked_forward_(ctx, s, x);
+    if (stacked(ctx)) return stacked_forward_(ctx, s, x, residual);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
     Tensor<T> q, k, v;
     {
@@ -103,7 +105,7 @@ class Attention : public LayerTypes<T, B> {
     ctx.save("v", SaveKind::matmul, v);
     ctx.save("o", SaveKind::attention, o);
     ctx.save("lse", SaveKind::attention, lse);
-    return parallel::summed_rows<B>(tp_, wo_.forward(ctx.child("wo"), o));
+    return output_(ctx, o, residual);
   }
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
@@ -171,7 +173,8 @@ class Attention : public LayerTypes<T, B> {
     return m.slice_cols(first, first + heads * head_dim_);
   }
 
-  Tensor<T> stacked_forward_(const Context<T>& ctx, const AttentionShape& s, const Tensor<T>& x) {
+  Tensor<T> stacked_forward_(const Context<T>& ctx, const AttentionShape& s, const Tensor<T>& x,
+                             const Tensor<T>* residual) {
     const std::int64_t q_cols = n_heads_ * head_dim_, kv_cols = n_kv_heads_ * head_dim_;
     const Tensor<T> qkv = stacked_forward(ctx.child("wqkv"), x, wq_, wk_, wv_);
     const ops::RowPositions positions = ctx.geometry().positions();
@@ -190,7 +193,17 @@ class Attention : public LayerTypes<T, B> {
     ctx.save("qkv", SaveKind::matmul, qkv);  // rotated q and k, and v
     ctx.save("o", SaveKind::attention, o);
     ctx.save("lse", SaveKind::attention, lse);
-    return parallel::summed_rows<B>(tp_, wo_.forward(ctx.child("wo"), o));
+    return output_(ctx, o, residual);
+  }
+
+  /// o Wo^T summed over the tensor-parallel ranks, plus `residual` where given: added in
+  /// wo's GEMM (Linear::forward_adding) where the projections fuse and no tensor-parallel
+  /// partial sums are to be reduced first, else by a pass after the sum.
+  Tensor<T> output_(const Context<T>& ctx, const Tensor<T>& o, const Tensor<T>* residual) {
+    if (residual != nullptr && fuse_ && !parallel::active(tp_))
+      return wo_.forward_adding(ctx.child("wo"), o, *residual);
+    Tensor<T> y = parallel::summed_rows<B>(tp_, wo_.forward(ctx.child("wo"), o));
+    return residual != nullptr ? sum_of<B>(*residual, y) : y;
   }
 
   Tensor<T> stacked_backward_(const Context<T>& ctx, const AttentionShape& s, const Tensor<T>& qkv,

@@ -16,7 +16,6 @@
 #include "tessera/nn/float8.hpp"
 #include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/rope.hpp"
-#include "tessera/ops/elementwise.hpp"
 
 namespace tessera::nn {
 
@@ -46,26 +45,21 @@ class LlamaBlock : public LayerTypes<T, B> {
                       b.plan == nullptr || b.plan->fuse_projections) {}
 
   /// Each norm's output goes to a layer that may cast it to float8 by its rows' amaxes:
-  /// the norm then writes them in its own pass (Float8RowAmaxes).
+  /// the norm then writes them in its own pass (Float8RowAmaxes). Each residual is added
+  /// by the layer it goes round, in its output projection's GEMM where it can be.
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x) {
-    Tensor<T> a;
+    Tensor<T> h;
     {
       Float8RowAmaxes<B> amaxes;
-      a = attention_.forward(ctx.child("attention"), normed(attention_norm_, ctx.child("attention_norm"), x,
-                                                            attention_.float8_input_by_rows() ? &amaxes : nullptr));
+      h = attention_.forward(ctx.child("attention"),
+                             normed(attention_norm_, ctx.child("attention_norm"), x,
+                                    attention_.float8_input_by_rows() ? &amaxes : nullptr),
+                             &x);
     }
-    Tensor<T> h = B::template empty<T>(x.shape());
-    B::for_each(x.numel(), ops::Add<T>{x.data(), a.data(), h.data()});
-    a.release();
-    Tensor<T> f;
-    {
-      Float8RowAmaxes<B> amaxes;
-      f = feed_forward_.forward(ctx.child("feed_forward"), normed(ffn_norm_, ctx.child("ffn_norm"), h,
-                                                                  feed_forward_.float8_input_by_rows() ? &amaxes : nullptr));
-    }
-    Tensor<T> y = B::template empty<T>(x.shape());  // not in place: f may be a kept op output
-    B::for_each(y.numel(), ops::Add<T>{h.data(), f.data(), y.data()});
-    return y;
+    Float8RowAmaxes<B> amaxes;
+    return feed_forward_.forward(
+        ctx.child("feed_forward"),
+        normed(ffn_norm_, ctx.child("ffn_norm"), h, feed_forward_.float8_input_by_rows() ? &amaxes : nullptr), &h);
   }
 
   /// The residuals' gradients (dy into dh, dh into dx) are added by the norms' backward

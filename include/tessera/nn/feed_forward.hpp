@@ -63,12 +63,14 @@ class FeedForward : public LayerTypes<T, B> {
         recompute_swiglu_(recompute_swiglu),
         fuse_(fuse_projections) {}
 
-  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows) {
+  /// The feed-forward's output (this rank's rows), plus `residual` where given (a block's
+  /// h, the same rows): added in w2's GEMM where it can be (output_).
+  Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
     const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
     if (fuse_ && !w2_.float8_input_by_rows() && runs_stacked(ctx, w1_, w3_)) {
       const Tensor<T> ab = stacked_forward(ctx.child("w13"), x, w1_, w3_);
       ctx.save("ab", SaveKind::matmul, ab);
-      return parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), swiglu_paired(ab), !recompute_swiglu_));
+      return output_(ctx, swiglu_paired(ab), residual);
     }
     Tensor<T> a, b;
     {
@@ -80,7 +82,7 @@ class FeedForward : public LayerTypes<T, B> {
     const Tensor<T> g = swiglu(a, b, &amaxes);
     ctx.save("a", SaveKind::matmul, a);
     ctx.save("b", SaveKind::matmul, b);
-    return parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), g, /*keep_input=*/!recompute_swiglu_));
+    return output_(ctx, g, residual);
   }
 
   Tensor<T> backward(const Context<T>& ctx, const Tensor<T>& dy_rows) {
@@ -142,6 +144,17 @@ class FeedForward : public LayerTypes<T, B> {
                                                           parallel::TensorParallelGroup* tp) {
     const Shape w{hidden(name, a, tp), a.dim};
     return std::make_shared<ParameterStack<T>>(std::vector<Shape>{w, w}, std::vector<TensorSplit>{split(tp, 0), split(tp, 0)});
+  }
+
+  /// g W2^T summed over the tensor-parallel ranks (g kept for the backward unless the
+  /// SwiGLU output is recomputed), plus `residual` where given: added in w2's GEMM
+  /// (Linear::forward_adding) where the projections fuse and no tensor-parallel partial sums
+  /// are to be reduced first, else by a pass after the sum.
+  Tensor<T> output_(const Context<T>& ctx, const Tensor<T>& g, const Tensor<T>* residual) {
+    if (residual != nullptr && fuse_ && !parallel::active(tp_))
+      return w2_.forward_adding(ctx.child("w2"), g, *residual, /*keep_input=*/!recompute_swiglu_);
+    Tensor<T> y = parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), g, /*keep_input=*/!recompute_swiglu_));
+    return residual != nullptr ? sum_of<B>(*residual, y) : y;
   }
 
   /// g = silu(a) * b from a and b side by side in the rows of ab.

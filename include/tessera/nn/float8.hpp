@@ -26,6 +26,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/float8.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/float8.hpp"
 
 namespace tessera::nn {
@@ -313,13 +314,25 @@ Tensor<float> float8_values(const Float8Operand<B>& q) {
   return float8_values<B>(Float8GemmOperand{q.values(), q.cast.format, q.rows, q.cols, q.inverse.data(), false});
 }
 
+/// d += beta c over contiguous matrices of one shape: a float8 GEMM's C read apart, added
+/// after the product was written (`what` names the GEMM in the error).
+template <Backend B, class C>
+void add_scaled(float beta, TensorView<const C> c, TensorView<C> d, std::string_view what) {
+  TESSERA_CHECK(d.rows() <= 1 || d.ld() == d.cols(), what, ": a float8 GEMM adding C after its product needs C and D contiguous");
+  B::for_each(d.rows() * d.cols(), ops::Axpy<C>{beta, c.data(), d.data()});
+}
+
 /// C = (a b^T) * a.inverse[.] * b.inverse[.] + beta C for two operands already in float8
 /// (C is m x n, a m x k, b n x k): on the backend's float8 GEMM unless `options.emulate`
-/// or the backend has none, else emulated. `what` names the GEMM in errors.
+/// or the backend has none, else emulated. `what` names the GEMM in errors. `c_in`: the
+/// C that beta multiplies, read apart from the `c` written (of its shape and leading
+/// dimension: a residual the sum goes onto), or empty for c itself.
 template <Backend B, class C>
 void float8_multiply(Float8GemmOperand a, Float8GemmOperand b, float beta, TensorView<C> c, std::string_view what,
-                     Float8GemmOptions options) {
+                     Float8GemmOptions options, TensorView<const C> c_in = {}) {
   const GemmSizes s = check_float8_gemm(a, b, c, /*scales_alike=*/false);
+  const bool apart = c_in.data() != nullptr && c_in.data() != c.data();
+  if (apart) check_float8_gemm_input(c_in, c);
   if (s.m == 0 || s.n == 0) return;
   if constexpr (HasFloat8Gemm<B>) {
     if (!options.emulate) {
@@ -337,15 +350,25 @@ void float8_multiply(Float8GemmOperand a, Float8GemmOperand b, float beta, Tenso
           o->inverse = spread.data();
           o->per_row = true;
         }
-      B::gemm_float8(a, b, beta, c, options.fast_accumulation);
+      if constexpr (HasOutOfPlaceFloat8Gemm<B>) {
+        if (apart) {
+          B::gemm_float8(a, b, beta, c_in, c, options.fast_accumulation);
+          return;
+        }
+      }
+      B::gemm_float8(a, b, apart ? 0.0f : beta, c, options.fast_accumulation);
+      if (apart && beta != 0.0f) add_scaled<B>(beta, c_in, c, what);
       return;
     }
   }
   const Tensor<float> va = float8_values<B>(a), vb = float8_values<B>(b);
   Tensor<float> sum = B::template empty<float>(Shape{s.m, s.n});
   B::gemm(Trans::no, Trans::yes, 1.0f, va.cview(), vb.cview(), 0.0f, sum.view());
-  B::for_each(s.m * s.n, ops::Float8GemmScale<C>{sum.data(), s.n, a.inverse, a.per_row, b.inverse, b.per_row, beta,
-                                                 c.data(), c.cols() <= 1 ? c.cols() : c.ld()});
+  // C read apart: the product rounded to C's type, then beta C added and rounded (as the
+  // CPU backend's out-of-place gemm, and cuBLASLt with a bf16 C).
+  B::for_each(s.m * s.n, ops::Float8GemmScale<C>{sum.data(), s.n, a.inverse, a.per_row, b.inverse, b.per_row,
+                                                 apart ? 0.0f : beta, c.data(), c.cols() <= 1 ? c.cols() : c.ld()});
+  if (apart && beta != 0.0f) add_scaled<B>(beta, c_in, c, what);
 }
 
 /// The cast of op(A) a float8 GEMM takes (m x k, the reduction along its rows), by
@@ -360,10 +383,12 @@ Float8Operand<B> cast_first_operand(Trans ta, TensorView<const T> a, Float8Cast 
 
 /// C = (op(A) op(B)) / (scale_a scale_b) + beta C, A and B cast to float8 by `cast_a` and
 /// `cast_b`: a scale per row of op(A) or one, per column of op(B) or one (each cast's
-/// axis must run along the reduction: `what` names the GEMM in the error).
+/// axis must run along the reduction: `what` names the GEMM in the error). `c_in`: the C
+/// beta multiplies, read apart from the `c` written, or empty (float8_multiply).
 template <Backend B, class T, class C>
 void float8_gemm(Trans ta, Trans tb, TensorView<const T> a, Float8Cast cast_a, TensorView<const T> b, Float8Cast cast_b,
-                 float beta, TensorView<C> c, std::string_view what, Float8GemmOptions options = {}) {
+                 float beta, TensorView<C> c, std::string_view what, Float8GemmOptions options = {},
+                 TensorView<const C> c_in = {}) {
   using ops::Float8Axis;
   const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
   const Float8Axis b_along = tb == Trans::no ? Float8Axis::columns : Float8Axis::rows;
@@ -373,16 +398,16 @@ void float8_gemm(Trans ta, Trans tb, TensorView<const T> a, Float8Cast cast_a, T
   if (m == 0 || n == 0) return;
   // Both as a float8 GEMM takes them: op(A) (m x k) and op(B)^T (n x k), k along the rows.
   const Float8Operand<B> qb = cast_to_float8<B>(b, cast_b, tb == Trans::no);
-  float8_multiply<B>(qa.gemm_operand(what), qb.gemm_operand(what), beta, c, what, options);
+  float8_multiply<B>(qa.gemm_operand(what), qb.gemm_operand(what), beta, c, what, options, c_in);
 }
 
 /// C = op(A) W^T / (scale_a scale_w) + beta C with W already in float8 (`w`: n x k, the
 /// reduction along its rows: FSDP's float8 all-gather), A cast by `cast_a`.
 template <Backend B, class T, class C>
 void float8_gemm(Trans ta, TensorView<const T> a, Float8Cast cast_a, const Float8GemmOperand& w, float beta,
-                 TensorView<C> c, std::string_view what, Float8GemmOptions options = {}) {
+                 TensorView<C> c, std::string_view what, Float8GemmOptions options = {}, TensorView<const C> c_in = {}) {
   const Float8Operand<B> qa = cast_first_operand<B>(ta, a, cast_a, what);
-  float8_multiply<B>(qa.gemm_operand(what), w, beta, c, what, options);
+  float8_multiply<B>(qa.gemm_operand(what), w, beta, c, what, options, c_in);
 }
 
 }  // namespace tessera::nn

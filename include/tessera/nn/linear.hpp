@@ -33,10 +33,20 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/nn/float8.hpp"
+#include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/float8.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
+
+/// a + b as a new tensor (out of place: either may be an output a checkpoint policy keeps).
+template <Backend B, class T>
+Tensor<T> sum_of(const Tensor<T>& a, const Tensor<T>& b) {
+  TESSERA_CHECK(a.shape() == b.shape(), "sum_of: ", a.shape().str(), " and ", b.shape().str());
+  Tensor<T> y = B::template empty<T>(a.shape());
+  B::for_each(y.numel(), ops::Add<T>{a.data(), b.data(), y.data()});
+  return y;
+}
 
 template <class T, Backend B>
 class Linear : public LayerTypes<T, B> {
@@ -82,27 +92,20 @@ class Linear : public LayerTypes<T, B> {
   /// y = x W^T; x is kept for the backward unless `keep_input` is false (the caller then
   /// gives it to backward or backward_into).
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x, bool keep_input = true) {
-    Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
-      Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
-      if (!weight_.float8_value.empty())
-        float8_gemm<B>(Trans::no, x.cview(), float8_->input, gathered_float8_weight(false), 0.0f, out.view(),
-                       weight_.name, {emulate_float8_, float8_->fast_accumulation_forward});
-      else if (float8_) {
-        // The GEMM's casts, whose tensorwise scales the backward takes: kept in the scope
-        // open around it (a layer's, sharing x between its linear layers), else in one here.
-        std::optional<Float8SharedCasts<B>> own;
-        Float8SharedCasts<B>& casts = open_casts(own);
-        float8_gemm<B>(Trans::no, Trans::yes, x.cview(), float8_->input, weight_.value.cview(), float8_->weight, 0.0f,
-                       out.view(), weight_.name, {emulate_float8_, float8_->fast_accumulation_forward});
-        save_scale(ctx, casts, "x", x.cview(), float8_->input, reuses_input_scale());
-        save_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
-      } else {
-        B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
-      }
-      return out;
-    });
-    if (keep_input) ctx.save("x", SaveKind::input, x);
-    return y;
+    return forward_(ctx, x, keep_input, nullptr);
+  }
+
+  /// residual + x W^T, the forward with a block's residual added in the GEMM's epilogue
+  /// (the GEMM's C, read apart from its output: gemm_out_of_place, float8_gemm's c_in),
+  /// so no pass of its own, and a bf16 sum rounded once. The backward is the forward's:
+  /// the residual's gradient is dy itself, which the block passes on. The op "y" of ctx
+  /// is the sum.
+  Tensor<T> forward_adding(const Context<T>& ctx, const Tensor<T>& x, const Tensor<T>& residual,
+                           bool keep_input = true) {
+    TESSERA_CHECK(residual.shape().rank == 2 && residual.size(0) == x.size(0) && residual.size(1) == out_features(),
+                  weight_.name, ": the residual added to the output is ", residual.shape().str(), ", the output (",
+                  x.size(0), ", ", out_features(), ")");
+    return forward_(ctx, x, keep_input, &residual);
   }
 
   /// `input`: the forward's input where the forward did not keep it (else nullptr).
@@ -241,6 +244,35 @@ class Linear : public LayerTypes<T, B> {
   }
   static bool same_cast(const ops::Float8Cast& a, const ops::Float8Cast& b) {
     return a.format == b.format && a.axis == b.axis && a.power_of_two == b.power_of_two;
+  }
+
+  /// x W^T (+ *residual, added by the GEMM as its C where given).
+  Tensor<T> forward_(const Context<T>& ctx, const Tensor<T>& x, bool keep_input, const Tensor<T>* residual) {
+    Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
+      Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
+      const float beta = residual != nullptr ? 1.0f : 0.0f;
+      const TensorView<const T> c = residual != nullptr ? residual->cview() : TensorView<const T>{};
+      if (!weight_.float8_value.empty())
+        float8_gemm<B>(Trans::no, x.cview(), float8_->input, gathered_float8_weight(false), beta, out.view(),
+                       weight_.name, {emulate_float8_, float8_->fast_accumulation_forward}, c);
+      else if (float8_) {
+        // The GEMM's casts, whose tensorwise scales the backward takes: kept in the scope
+        // open around it (a layer's, sharing x between its linear layers), else in one here.
+        std::optional<Float8SharedCasts<B>> own;
+        Float8SharedCasts<B>& casts = open_casts(own);
+        float8_gemm<B>(Trans::no, Trans::yes, x.cview(), float8_->input, weight_.value.cview(), float8_->weight, beta,
+                       out.view(), weight_.name, {emulate_float8_, float8_->fast_accumulation_forward}, c);
+        save_scale(ctx, casts, "x", x.cview(), float8_->input, reuses_input_scale());
+        save_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
+      } else if (residual != nullptr) {
+        gemm_out_of_place<B>(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 1.0f, c, out.view());
+      } else {
+        B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
+      }
+      return out;
+    });
+    if (keep_input) ctx.save("x", SaveKind::input, x);
+    return y;
   }
 
   static std::string scale_key(const char* what) { return std::string(what) + "_float8_scale"; }

@@ -212,6 +212,32 @@ struct Cpu {
     }
   }
 
+  /// D = alpha * op(A) * op(B) + beta * C, C read apart from D (backend.hpp's
+  /// HasOutOfPlaceGemm), of D's shape and leading dimension, C unchanged. As cuBLASLt
+  /// rounds it: the product rounded to D's type as the gemm above writes it, then beta C
+  /// added and the sum rounded again (with a bf16 C the GPU's results match that to the
+  /// bit: tests/gpu/test_gpu_backend.cpp's product_term). So a residual added here is
+  /// bitwise the product followed by ops::Add.
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<const C> c, TensorView<C> d) {
+    const auto [m, n, k] = check_gemm_out_of_place(ta, tb, a, b, c, d);
+    if (c.data() == d.data()) {
+      gemm(ta, tb, alpha, a, b, beta, d);
+      return;
+    }
+    if (m == 0 || n == 0) return;
+    if (cpu::Capture* cap = cpu::capturing()) {
+      cap->ops.push_back(cpu::RecordedOp::call([=] { gemm<T, C>(ta, tb, alpha, a, b, beta, c, d); }));
+      return;
+    }
+    gemm(ta, tb, alpha, a, b, accum_t<T>(0), d);
+    if (beta == accum_t<T>(0)) return;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        d(i, j) = from_accum<C>(to_accum(d(i, j)) + beta * to_accum(c(i, j)));
+  }
+
   /// Grouped-query attention forward, causal or full (s.causal): o (B*T, H*hd) and lse (B, H, T).
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,

@@ -177,6 +177,17 @@ struct Cuda {
     cuda::gemm<T, C>(ta, tb, alpha, a, b, beta, c);
   }
 
+  /// D = alpha * op(A) * op(B) + beta * C, C read apart from D (backend.hpp's
+  /// HasOutOfPlaceGemm): cuBLASLt's C and D, one pass, a bf16 D rounded once.
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b,
+                   accum_t<T> beta, TensorView<const C> c, TensorView<C> d) {
+    const GemmSizes s = check_gemm_out_of_place(ta, tb, a, b, c, d);
+    const trace::Launching launching(
+        trace::Gemm{s.m, s.n, s.k, ta, tb, dtype_of<T>(), dtype_of<C>(), beta != accum_t<T>(0)});
+    cuda::gemm<T, C>(ta, tb, alpha, a, b, beta, c, d);
+  }
+
   /// C = (A B^T) scaled + beta C for float8 operands (backend.hpp's Float8GemmOperand),
   /// through cuBLASLt's float8 matmul (cuda/gemm.hpp); C bf16 or float.
   template <class C>
@@ -186,6 +197,15 @@ struct Cuda {
     const trace::Launching launching(
         trace::Gemm{s.m, s.n, s.k, Trans::no, Trans::yes, a.format, dtype_of<C>(), beta != 0.0f});
     cuda::gemm_float8<C>(a, b, beta, c, fast_accumulation);
+  }
+  /// The same, C read apart from the D written (of D's shape and leading dimension).
+  template <class C>
+  static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<const C> c,
+                          TensorView<C> d, bool fast_accumulation) {
+    const GemmSizes s = check_float8_gemm(a, b, d);
+    const trace::Launching launching(
+        trace::Gemm{s.m, s.n, s.k, Trans::no, Trans::yes, a.format, dtype_of<C>(), beta != 0.0f});
+    cuda::gemm_float8<C>(a, b, beta, c, d, fast_accumulation);
   }
 
   /// Grouped-query attention forward, causal or full (s.causal): o (B*T, H*hd) and lse

@@ -404,13 +404,13 @@ class GemmDescriptors {
     return algos;
   }
 
-  /// Runs D = alpha op(A) op(B) + beta C with `algo` on the compute stream (`scales`: a
-  /// float8 GEMM's).
+  /// Runs D = alpha op(A) op(B) + beta C with `algo` on the compute stream, C and D of
+  /// one layout (the same matrix, or C read apart from D); `scales`: a float8 GEMM's.
   void run(cublasLtHandle_t handle, const GemmAlgo& algo, const float* alpha, const void* a, const void* b,
-           const float* beta, void* c, void* workspace, const Float8Scales* scales = nullptr) const {
+           const float* beta, const void* c, void* d, void* workspace, const Float8Scales* scales = nullptr) const {
     LtMatmulDesc scaled;
     const cublasLtMatmulDesc_t op = matmul_desc(scales, scaled);
-    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle, op, alpha, b, first_, a, second_, beta, c, out_, c, out_, &algo.algo,
+    TESSERA_CUBLAS_CHECK(cublasLtMatmul(handle, op, alpha, b, first_, a, second_, beta, c, out_, d, out_, &algo.algo,
                                         workspace, kGemmWorkspaceBytes, compute_stream()),
                          key_.str());
   }
@@ -626,6 +626,33 @@ void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorVie
   const cublasLtHandle_t handle = detail::lt_handle(key.device);
   const std::shared_ptr<const detail::GemmPlan> plan = detail::gemm_plan(key, handle);
   plan->desc.run(handle, algo != nullptr ? *algo : plan->algo, &alpha32, a.data(), b.data(), &beta32, c.data(),
+                 c.data(), detail::gemm_workspace(key.device));
+}
+
+/// D = alpha * op(A) * op(B) + beta * C, C read apart from D (of D's shape and leading
+/// dimension: check_gemm_out_of_place), one cublasLtMatmul on the current device's compute
+/// stream: D is rounded once from the fp32 alpha op(A) op(B) + beta C. Cached by D's key,
+/// its C alignment the lesser of C's and D's.
+template <class T, class C>
+void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorView<const T> b, accum_t<T> beta,
+          TensorView<const C> c, TensorView<C> d) {
+  check_gemm_out_of_place(ta, tb, a, b, c, d);
+  GemmKey key = gemm_key(ta, tb, a, b, beta, d);
+  key.align_c = std::min(key.align_c, detail::alignment_of(c.data()));
+  const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
+  if (key.m == 0 || key.n == 0) return;
+  if (key.k == 0) {
+    if (beta32 != 0.0f && c.data() != d.data())
+      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(d.data(), static_cast<std::size_t>(key.ldc) * sizeof(C), c.data(),
+                                           static_cast<std::size_t>(key.ldc) * sizeof(C),
+                                           static_cast<std::size_t>(key.n) * sizeof(C), static_cast<std::size_t>(key.m),
+                                           cudaMemcpyDeviceToDevice, compute_stream()));
+    detail::scale_or_zero(beta32, d, key.m, key.n);
+    return;
+  }
+  const cublasLtHandle_t handle = detail::lt_handle(key.device);
+  const std::shared_ptr<const detail::GemmPlan> plan = detail::gemm_plan(key, handle);
+  plan->desc.run(handle, plan->algo, &alpha32, a.data(), b.data(), &beta32, c.data(), d.data(),
                  detail::gemm_workspace(key.device));
 }
 
@@ -649,13 +676,16 @@ inline bool has_float8_gemms(int device) {
 /// reduction along its rows) into bf16 or fp32 C, through cuBLASLt's float8 matmul, on
 /// the current device's compute stream. A single scale beside a scaled-by-row operand is
 /// refused (check_float8_gemm): nn::float8_gemm spreads it over the rows first.
+/// `c_in`: C read apart from the D written (`c`), of its shape and leading dimension
+/// (cuBLASLt's out-of-place matmul: one pass, D rounded once); or C itself.
 template <class C>
-void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<C> c,
-                 bool fast_accumulation) {
+void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<const C> c_in,
+                 TensorView<C> c, bool fast_accumulation) {
   static_assert(std::is_same_v<C, float> || std::is_same_v<C, bf16>,
                 "tessera: Cuda::gemm_float8 writes bfloat16 or float32");
   require_device();
   const GemmSizes s = check_float8_gemm(a, b, c);
+  if (c_in.data() != c.data()) check_float8_gemm_input(c_in, c);
   if (s.m == 0 || s.n == 0) return;
   const int device = current_device();
   if (!has_float8_gemms(device)) {
@@ -666,6 +696,11 @@ void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float b
          ") has no float8 tensor cores (8.9 or later); set float8.emulate = true to run float8 GEMMs emulated");
   }
   if (s.k == 0) {
+    if (beta != 0.0f && c_in.data() != c.data())
+      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(c.data(), static_cast<std::size_t>(c.ld()) * sizeof(C), c_in.data(),
+                                           static_cast<std::size_t>(c.ld()) * sizeof(C),
+                                           static_cast<std::size_t>(s.n) * sizeof(C), static_cast<std::size_t>(s.m),
+                                           cudaMemcpyDeviceToDevice, compute_stream()));
     detail::scale_or_zero(beta, c, s.m, s.n);
     return;
   }
@@ -686,12 +721,20 @@ void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float b
   key.ldc = detail::leading_dimension(c);
   key.align_a = detail::alignment_of(a.data);
   key.align_b = detail::alignment_of(b.data);
-  key.align_c = detail::alignment_of(c.data());
+  key.align_c = std::min(detail::alignment_of(c.data()), detail::alignment_of(c_in.data()));
   const detail::Float8Scales scales{a.inverse, b.inverse};
   const cublasLtHandle_t handle = detail::lt_handle(device);
   const std::shared_ptr<const detail::GemmPlan> plan = detail::gemm_plan(key, handle, &scales);
   const float alpha = 1.0f;
-  plan->desc.run(handle, plan->algo, &alpha, a.data, b.data, &beta, c.data(), detail::gemm_workspace(device), &scales);
+  plan->desc.run(handle, plan->algo, &alpha, a.data, b.data, &beta, c_in.data(), c.data(),
+                 detail::gemm_workspace(device), &scales);
+}
+
+/// C = (A B^T) * a.inverse[.] * b.inverse[.] + beta C, in place.
+template <class C>
+void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float beta, TensorView<C> c,
+                 bool fast_accumulation) {
+  gemm_float8<C>(a, b, beta, TensorView<const C>(c), c, fast_accumulation);
 }
 
 /// GEMM keys whose plans are cached now.

@@ -282,12 +282,24 @@ struct Meta {
                    TensorView<C> c) {
     check_gemm(ta, tb, a, b, c);
   }
+  template <class T, class C>
+  static void gemm(Trans ta, Trans tb, accum_t<T>, TensorView<const T> a, TensorView<const T> b, accum_t<T>,
+                   TensorView<const C> c, TensorView<C> d) {
+    check_gemm_out_of_place(ta, tb, a, b, c, d);
+  }
 
   /// A float8 GEMM, as the GPU the dry run stands for runs it (cuBLASLt's float8 matmul):
   /// checked, recorded by Traced<Meta> as a float8 GEMM.
   template <class C>
   static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float, TensorView<C> c, bool) {
     check_float8_gemm(a, b, c);
+  }
+  /// The same, C read apart from D (cuBLASLt's out-of-place matmul).
+  template <class C>
+  static void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float, TensorView<const C> c,
+                          TensorView<C> d, bool) {
+    check_float8_gemm(a, b, d);
+    check_float8_gemm_input(c, d);
   }
 
   template <class T>
