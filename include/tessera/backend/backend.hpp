@@ -160,14 +160,22 @@ GemmSizes check_gemm(Trans ta, Trans tb, const TensorView<TA>& a, const TensorVi
 /// The sizes of D = alpha op(A) op(B) + beta C where C is read apart from the D written
 /// (gemm_out_of_place): check_gemm's of A, B and D, and C of D's shape and leading
 /// dimension (cuBLASLt gives the two one layout). Every backend's checks with these messages.
+namespace detail {
+/// C of D's shape, unit column stride and leading dimension, or an error starting `what`.
+template <class TC>
+void check_c_like_d(const char* what, const TensorView<const TC>& c, const TensorView<TC>& d) {
+  TESSERA_CHECK(c.rank() == 2 && c.rows() == d.rows() && c.cols() == d.cols() && (c.cols() <= 1 || c.stride(1) == 1) &&
+                    c.ld() == d.ld(),
+                what, ": C read apart from D needs D's shape and leading dimension: C ", c.rows(), "x", c.cols(),
+                " (leading dimension ", c.ld(), "), D ", d.rows(), "x", d.cols(), " (", d.ld(), ")");
+}
+}  // namespace detail
+
 template <class TA, class TB, class TC>
 GemmSizes check_gemm_out_of_place(Trans ta, Trans tb, const TensorView<TA>& a, const TensorView<TB>& b,
                                   const TensorView<const TC>& c, const TensorView<TC>& d) {
   const GemmSizes s = check_gemm(ta, tb, a, b, d);
-  TESSERA_CHECK(c.rank() == 2 && c.rows() == d.rows() && c.cols() == d.cols() && (c.cols() <= 1 || c.stride(1) == 1) &&
-                    c.ld() == d.ld(),
-                "gemm: C read apart from D needs D's shape and leading dimension: C ", c.rows(), "x", c.cols(),
-                " (leading dimension ", c.ld(), "), D ", d.rows(), "x", d.cols(), " (", d.ld(), ")");
+  detail::check_c_like_d("gemm", c, d);
   return s;
 }
 
@@ -210,10 +218,7 @@ GemmSizes check_float8_gemm(const Float8GemmOperand& a, const Float8GemmOperand&
 /// operands): of D's shape and leading dimension. Every backend's checks with this message.
 template <class C>
 void check_float8_gemm_input(const TensorView<const C>& c, const TensorView<C>& d) {
-  TESSERA_CHECK(c.rank() == 2 && c.rows() == d.rows() && c.cols() == d.cols() && (c.cols() <= 1 || c.stride(1) == 1) &&
-                    c.ld() == d.ld(),
-                "gemm_float8: C read apart from D needs D's shape and leading dimension: C ", c.rows(), "x", c.cols(),
-                " (leading dimension ", c.ld(), "), D ", d.rows(), "x", d.cols(), " (", d.ld(), ")");
+  detail::check_c_like_d("gemm_float8", c, d);
 }
 
 /// Whether B multiplies float8 operands itself: B::gemm_float8(a, b, beta, c,

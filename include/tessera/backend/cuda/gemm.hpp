@@ -568,6 +568,18 @@ void scale_or_zero(float beta, TensorView<T> c, std::int64_t m, std::int64_t n) 
   }
 }
 
+/// The k == 0 GEMM with C read apart from D (of D's leading dimension): D = beta * C,
+/// and zero when beta is zero.
+template <class T>
+void scale_or_zero(float beta, TensorView<const T> c, TensorView<T> d, std::int64_t m, std::int64_t n) {
+  if (beta != 0.0f && c.data() != d.data()) {
+    const std::size_t pitch = static_cast<std::size_t>(leading_dimension(d)) * sizeof(T);
+    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(d.data(), pitch, c.data(), pitch, static_cast<std::size_t>(n) * sizeof(T),
+                                         static_cast<std::size_t>(m), cudaMemcpyDeviceToDevice, compute_stream()));
+  }
+  scale_or_zero(beta, d, m, n);
+}
+
 template <class T, class C>
 constexpr void check_element_type() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>, "tessera: Cuda::gemm supports float and bf16");
@@ -642,12 +654,7 @@ void gemm(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T> a, TensorVie
   const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
   if (key.m == 0 || key.n == 0) return;
   if (key.k == 0) {
-    if (beta32 != 0.0f && c.data() != d.data())
-      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(d.data(), static_cast<std::size_t>(key.ldc) * sizeof(C), c.data(),
-                                           static_cast<std::size_t>(key.ldc) * sizeof(C),
-                                           static_cast<std::size_t>(key.n) * sizeof(C), static_cast<std::size_t>(key.m),
-                                           cudaMemcpyDeviceToDevice, compute_stream()));
-    detail::scale_or_zero(beta32, d, key.m, key.n);
+    detail::scale_or_zero(beta32, c, d, key.m, key.n);
     return;
   }
   const cublasLtHandle_t handle = detail::lt_handle(key.device);
@@ -696,12 +703,7 @@ void gemm_float8(const Float8GemmOperand& a, const Float8GemmOperand& b, float b
          ") has no float8 tensor cores (8.9 or later); set float8.emulate = true to run float8 GEMMs emulated");
   }
   if (s.k == 0) {
-    if (beta != 0.0f && c_in.data() != c.data())
-      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(c.data(), static_cast<std::size_t>(c.ld()) * sizeof(C), c_in.data(),
-                                           static_cast<std::size_t>(c.ld()) * sizeof(C),
-                                           static_cast<std::size_t>(s.n) * sizeof(C), static_cast<std::size_t>(s.m),
-                                           cudaMemcpyDeviceToDevice, compute_stream()));
-    detail::scale_or_zero(beta, c, s.m, s.n);
+    detail::scale_or_zero(beta, c_in, c, s.m, s.n);
     return;
   }
   GemmKey key;
