@@ -3,18 +3,21 @@
 //
 //   0. Ceilings: a 8192^3 GEMM in bf16 and in fp32 (no TF32) through Cuda::gemm, and a
 //      device-to-device cudaMemcpyAsync (bytes read + bytes written).
-//   1. GEMMs: the shapes of the Llama 3 flavors' linear layers at --tokens rows (batch x
-//      seq): forward y = x W^T of wq, wk, wv, wo, w1, w3, w2 and the output head, and
-//      each one's backward dx = dy W and dW += dy^T x, with the transposes and beta
-//      nn::Linear passes (wk, wv and w3 sum into the dx of wq and w1: beta 1); also one
-//      chunk of the output head as the chunked cross-entropy runs it. Shapes that are
-//      the same GEMM are timed once under all their names. FLOPs 2 m n k. Per shape:
-//      the time of Cuda::gemm's cached heuristic choice, and the best time among
+//   1. GEMMs: the ones one training step of each flavor issues at batch 1 x --tokens (no
+//      checkpointing), as llama-plan traces the step (bench/step_gemms.hpp): the
+//      projections that read one input as one GEMM (wq/wk/wv, w1/w3), wo and w2 reading
+//      the residual as their C (beta 1: timed in place, the same bytes), each weight's
+//      gradient written first (beta 0) into fp32, the loss head's chunks (fp32 logits,
+//      the chunks' dW summed), so a change to the model changes what is timed. Each
+//      distinct GEMM once, with how often the step issues it; bf16 operands into the
+//      step's own C type, and again in fp32 throughout (--dtypes). FLOPs 2 m n k. Per
+//      GEMM: the time of Cuda::gemm's cached heuristic choice, and the best time among
 //      cuBLASLt's heuristic candidates (cuda::gemm_candidates): every candidate is
 //      screened with a short timing, the fastest --finalists are timed in full beside
 //      the heuristic choice, and the best of those is compared with it (target: the
 //      heuristic at >= 95% of the best rate). The best candidate's output is compared
-//      with the heuristic's (relative L2 difference; bf16 <= 1e-2, fp32 <= 1e-4).
+//      with the heuristic's (relative L2 difference; into bf16 <= 1e-2, into fp32 <= 1e-4).
+//      --list-gemms prints the cases and exits, without a GPU.
 //   2. Attention (GQA) on each flavor's heads at each --attention-seqs T, batch =
 //      tokens / T (at least 1): tessera's flash kernels (cuda::flash_attention_forward /
 //      _backward) in bf16 and fp32 storage, and in bf16 cuDNN's fused attention through
@@ -38,14 +41,17 @@
 //      Bytes = each tensor read once + each output written once; GB/s is set against a
 //      device-to-device copy moving the same bytes, timed alongside.
 //
-//   4. Float8 GEMMs (--sections float8, not by default): the same GEMM cases in cuBLASLt's
-//      float8 layout (op(A) = A, op(B) = B^T, each operand's reduction along its rows),
-//      e4m3 x e4m3 into bf16 (fast accumulation on the forward, as torchao), by one scale
-//      a tensor (tensorwise) and by one a row (rowwise: outer-vector scales), beside the
-//      bf16 GEMM of the same shape in the same layout; TFLOP/s and the gain over bf16, the
-//      figures llama-plan's [gemm.fp8_efficiency] is to be measured by. Then the casts
-//      that feed them (nn::cast_to_float8: amax, scale, cast; as stored and transposed) on
-//      each case's first operand, in GB/s against a device copy of the same bytes.
+//   4. Float8 GEMMs (--sections float8, not by default): the float8 GEMMs of the
+//      tensorwise step (its traced step, as section 1's; float8 layers run one by one, and
+//      the output projection stays bf16) in cuBLASLt's float8 layout (op(A) = A,
+//      op(B) = B^T, each operand's reduction along its rows) into the step's C: by one
+//      scale a tensor (tensorwise: the first operand in the step's format, e5m2 for a
+//      gradient) and by one a row (rowwise: e4m3 x e4m3, outer-vector scales), fast
+//      accumulation on the forward's (e4m3 x e4m3) as torchao, beside the bf16 GEMM of the
+//      same shape in the same layout; TFLOP/s and the gain over bf16, the figures
+//      llama-plan's [gemm.fp8_efficiency] is to be measured by. Then the casts that feed
+//      them (nn::cast_to_float8: amax, scale, cast; as stored and transposed) on each
+//      case's first operand, in GB/s against a device copy of the same bytes.
 //
 // Method (CUDA events): half a second of untimed GEMMs first (clocks up, first-use
 // costs paid); then per timed thing one warm-up call, one timed call to size the trial,
@@ -101,6 +107,7 @@
 #include "tessera/ops/swiglu.hpp"
 
 #include "machine.hpp"
+#include "step_gemms.hpp"
 
 namespace {
 
@@ -140,17 +147,22 @@ struct Options {
   std::int64_t finalists = 3;
   std::string json_path;
   std::string commit = "-";
+  double device_memory_gib = 0;  // the memory the step's trace sizes its loss-head chunks for (0: the device's)
+  bool list_gemms = false;       // print the step's GEMM cases and exit, touching no device
 };
 
 constexpr const char* usage =
     "usage: bench-kernels [--tokens N] [--flavors a,b] [--attention-seqs T1,T2] [--dtypes bf16,fp32]\n"
     "                     [--sections ceilings,gemm,attention,memory,sm-hold,float8] [--memory-flavor NAME] [--held-sms A,B]\n"
     "                     [--trials N] [--trial-ms X] [--screen-ms X] [--candidates N] [--finalists N]\n"
-    "                     [--json FILE] [--commit HASH]\n"
+    "                     [--json FILE] [--commit HASH] [--device-memory-gib X] [--list-gemms]\n"
     "  tessera's GPU kernels on one device: cuBLASLt GEMMs on the Llama 3 shapes (heuristic choice against the\n"
     "  best candidate), GQA flash attention (causal; in bf16 full too), and the memory-bound ops against a device copy; sm-hold\n"
     "  (not by default): each bf16 GEMM of --memory-flavor with --held-sms SMs held by spinning blocks, against\n"
     "  llama-plan's sm / (sm - held) for a GEMM beside an NCCL collective (plan/cluster.hpp).\n"
+    "  The GEMMs are those one training step issues (batch 1 x --tokens, no checkpointing; float8: the tensorwise\n"
+    "  step's), as llama-plan traces it; --list-gemms prints them and exits without a GPU (with --device-memory-gib,\n"
+    "  the memory the loss head's chunks are sized for; by default the device's).\n"
     "  defaults: --tokens 8192 --flavors llama3.2_1b,llama3.2_3b,llama3_8b --attention-seqs 8192,2048\n"
     "            --dtypes bf16,fp32 --sections ceilings,gemm,attention,memory --memory-flavor llama3_8b\n"
     "            --trials 5 --trial-ms 20 --screen-ms 5 --candidates 32 --finalists 3 --held-sms 1,2,4,8,16,24,32\n";
@@ -215,6 +227,13 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--finalists") o.finalists = parse_count(flag, value(), 1);
     else if (flag == "--json") o.json_path = std::string(value());
     else if (flag == "--commit") o.commit = std::string(value());
+    else if (flag == "--device-memory-gib") {
+      const std::string text(value());
+      char* end = nullptr;
+      o.device_memory_gib = std::strtod(text.c_str(), &end);
+      TESSERA_CHECK(end != text.c_str() && *end == '\0' && o.device_memory_gib > 0 && std::isfinite(o.device_memory_gib),
+                    flag, ": expected a positive number of GiB, got '", text, "'");
+    } else if (flag == "--list-gemms") o.list_gemms = true;
     else if (flag == "--help" || flag == "-h") {
       std::fputs(usage, stdout);
       std::exit(0);
@@ -229,6 +248,13 @@ Options parse_options(int argc, char** argv) {
 }
 
 std::string dtype_label(DType d) { return d == DType::bf16 ? "bf16" : "fp32"; }
+
+/// The device memory the step's trace sizes its loss-head chunks for: --device-memory-gib,
+/// else the current device's.
+std::size_t device_bytes(const Options& o) {
+  if (o.device_memory_gib > 0) return static_cast<std::size_t>(o.device_memory_gib * double(std::size_t{1} << 30));
+  return Cuda::device_memory_bytes();
+}
 
 std::string fmt(const char* format, double v) {
   char s[64];
@@ -603,35 +629,29 @@ Ceilings measure_ceilings(const TimingPolicy& policy, const DeviceInfo& dev) {
 // ---------------------------------------------------------------------------------------
 // 1. GEMMs.
 
-enum class Pass { forward, input_grad, weight_grad };
-
+/// One GEMM a training step issues (bench/step_gemms.hpp), timed once whatever its count.
 struct GemmCase {
   std::string flavor;
-  std::vector<std::string> layers;
-  Pass pass = Pass::forward;
+  std::string where;  // "blocks" or the region it runs in ("loss head")
+  std::string pass;   // plan::StepGemm::pass(): "y = x W^T", "dW = dy^T x", ...
+  std::int64_t count = 0;  // issues a step
   Trans ta = Trans::no, tb = Trans::no;
   std::int64_t m = 0, n = 0, k = 0;
-  bool beta_one = false;
+  bool beta_one = false;            // C read (beta 1): a gradient summed into, or a residual read apart from D
+  DType operands = DType::bf16;     // A's storage (a float8 GEMM's first operand's format)
+  DType result = DType::bf16;       // C's, in the step
 
   double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+  /// "x16 blocks", "x2 loss head".
   std::string layer_text() const {
-    std::string s;
-    for (const auto& l : layers) s += (s.empty() ? "" : "/") + l;
+    std::string s = "x";
+    s += std::to_string(count);
+    s += ' ';
+    s += where;
     return s;
-  }
-  std::string pass_text() const {
-    switch (pass) {
-      case Pass::forward: return "y = x W^T";
-      case Pass::input_grad: return beta_one ? "dx += dy W" : "dx = dy W";
-      case Pass::weight_grad: return "dW += dy^T x";
-    }
-    return "?";
   }
   std::string mnk_text() const {
     return std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k);
-  }
-  bool same_gemm(const GemmCase& o) const {
-    return ta == o.ta && tb == o.tb && m == o.m && n == o.n && k == o.k && beta_one == o.beta_one;
   }
 };
 
@@ -642,54 +662,61 @@ std::int64_t gpu_loss_chunk_rows(std::int64_t vocab, std::int64_t rows) {
                                       tessera::nn::loss_chunk_budget(Cuda::device_memory_bytes()));
 }
 
-/// The GEMMs of one flavor's linear layers at `rows` tokens, as nn::Linear and the
-/// chunked output head issue them; one entry per distinct GEMM, named by every layer
-/// that issues it. Forward passes first, then dx, then dW.
-std::vector<GemmCase> gemm_cases(const std::string& flavor, std::int64_t rows) {
-  const tessera::nn::ModelArgs a = tessera::nn::model_flavor(flavor);
-  const std::int64_t d = a.dim, q = a.n_heads * a.head_dim(), kv = a.kv_heads() * a.head_dim(),
-                     f = a.ffn_hidden_dim(), v = a.vocab_size;
-  struct Layer {
-    std::string name;
-    std::int64_t in, out, rows;
-    bool dx_accumulates;  // backward_into with beta 1: wk, wv and w3 add into the dx of wq and w1
-  };
-  std::vector<Layer> layers = {{"wq", d, q, rows, false}, {"wk", d, kv, rows, true}, {"wv", d, kv, rows, true},
-                               {"wo", q, d, rows, false}, {"w1", d, f, rows, false}, {"w3", d, f, rows, true},
-                               {"w2", f, d, rows, false}, {"output", d, v, rows, false}};
-  const std::int64_t chunk = gpu_loss_chunk_rows(v, rows);
-  if (chunk < rows) layers.push_back({"output chunk (" + std::to_string(chunk) + " rows)", d, v, chunk, false});
-
+/// The GEMMs one training step of `flavor` issues at batch 1 x `tokens` on a device of
+/// `device_bytes`, as the step traces (bench/step_gemms.hpp: the projections fused as the
+/// model runs them, the gradients' first writes, the residuals read as C, the loss head's
+/// chunks), in the order it first issues them. `float8`: the float8 GEMMs of the
+/// tensorwise step (its bf16 output projection left out).
+std::vector<GemmCase> gemm_cases(const std::string& flavor, std::int64_t tokens, std::size_t device_bytes,
+                                 bool float8 = false) {
   std::vector<GemmCase> cases;
-  auto add = [&](GemmCase g) {
-    for (auto& c : cases)
-      if (c.same_gemm(g)) {
-        c.layers.push_back(g.layers.front());
-        return;
-      }
-    cases.push_back(std::move(g));
-  };
-  for (Pass pass : {Pass::forward, Pass::input_grad, Pass::weight_grad})
-    for (const Layer& l : layers) {
-      GemmCase g;
-      g.flavor = flavor;
-      g.layers = {l.name};
-      g.pass = pass;
-      if (pass == Pass::forward) {  // y (rows, out) = x (rows, in) W (out, in)^T
-        g.ta = Trans::no, g.tb = Trans::yes, g.m = l.rows, g.n = l.out, g.k = l.in, g.beta_one = false;
-      } else if (pass == Pass::input_grad) {  // dx (rows, in) = dy (rows, out) W (out, in)
-        g.ta = Trans::no, g.tb = Trans::no, g.m = l.rows, g.n = l.in, g.k = l.out, g.beta_one = l.dx_accumulates;
-      } else {  // dW (out, in) += dy (rows, out)^T x (rows, in)
-        g.ta = Trans::yes, g.tb = Trans::no, g.m = l.out, g.n = l.in, g.k = l.rows, g.beta_one = true;
-      }
-      add(std::move(g));
-    }
+  for (const tessera::plan::StepGemm& s : step_gemms(flavor, tokens, device_bytes, float8)) {
+    const tessera::trace::Gemm& g = s.gemm;
+    const bool f8 = g.operands == DType::f8e4m3 || g.operands == DType::f8e5m2;
+    if (f8 != float8) continue;
+    GemmCase c;
+    c.flavor = flavor;
+    c.where = s.region.empty() ? "blocks" : s.region;
+    c.pass = s.pass();
+    c.count = s.count;
+    c.ta = g.ta, c.tb = g.tb, c.m = g.m, c.n = g.n, c.k = g.k;
+    c.beta_one = g.accumulate;
+    c.operands = g.operands;
+    c.result = g.result;
+    cases.push_back(std::move(c));
+  }
   return cases;
+}
+
+/// What identifies a case in --json: the step's GEMM, where it runs and how often.
+json case_json(const GemmCase& g) {
+  return {{"flavor", g.flavor},
+          {"where", g.where},
+          {"count", g.count},
+          {"pass", g.pass},
+          {"trans_a", g.ta == Trans::yes},
+          {"trans_b", g.tb == Trans::yes},
+          {"m", g.m},
+          {"n", g.n},
+          {"k", g.k},
+          {"beta", g.beta_one ? 1 : 0},
+          {"step_operands", std::string(tessera::name_of(g.operands))},
+          {"step_result", std::string(tessera::name_of(g.result))},
+          {"flops", g.flops()}};
+}
+
+/// f.template operator()<C>() with C the type a case's step writes (bf16 or float).
+template <class F>
+decltype(auto) with_result(const GemmCase& g, F&& f) {
+  if (g.result == DType::f32) return f.template operator()<float>();
+  TESSERA_CHECK(g.result == DType::bf16, "a GEMM writing ", tessera::name_of(g.result), " is not benchmarked");
+  return f.template operator()<bf16>();
 }
 
 struct GemmResult {
   GemmCase c;
-  DType dtype = DType::bf16;
+  DType dtype = DType::bf16;   // the operands'
+  DType result = DType::bf16;  // C's
   std::int64_t sets = 1;
   std::int64_t candidates = 0;
   std::int64_t chosen_rank = 0;  // the heuristic choice's place in the candidate list (1-based; 0: not in it)
@@ -705,31 +732,35 @@ struct GemmResult {
   bool pass() const { return fraction >= 0.95; }
 };
 
-template <class T>
+/// A case with operands of T into C (bf16 into the step's own result type, or fp32 throughout).
+template <class T, class C>
 GemmResult run_gemm(const GemmCase& g, const Options& o, const TimingPolicy& policy, const DeviceInfo& dev) {
   GemmResult r;
   r.c = g;
   r.dtype = tessera::dtype_of<T>();
+  r.result = tessera::dtype_of<C>();
   const Shape sa = g.ta == Trans::no ? Shape{g.m, g.k} : Shape{g.k, g.m};
   const Shape sb = g.tb == Trans::no ? Shape{g.k, g.n} : Shape{g.n, g.k};
   const Shape sc{g.m, g.n};
-  r.sets = rotation_sets(double(sa.numel() + sb.numel() + sc.numel()) * sizeof(T), dev.l2_bytes);
-  std::vector<Tensor<T>> a, b, c;
+  r.sets = rotation_sets(double(sa.numel() + sb.numel()) * sizeof(T) + double(sc.numel()) * sizeof(C), dev.l2_bytes);
+  std::vector<Tensor<T>> a, b;
+  std::vector<Tensor<C>> c;
   for (std::int64_t s = 0; s < r.sets; ++s) {
     a.push_back(random_tensor<T>(sa, -1, 1));
     b.push_back(random_tensor<T>(sb, -1, 1));
-    c.push_back(random_tensor<T>(sc, -1, 1));
+    c.push_back(random_tensor<C>(sc, -1, 1));
   }
   const float one = 1.0f, beta = g.beta_one ? 1.0f : 0.0f;  // alpha and beta are fp32 for every T
   auto run = [&](std::int64_t i, const tcuda::GemmAlgo* algo) {
     const auto s = static_cast<std::size_t>(i % r.sets);
-    if (algo != nullptr) tcuda::gemm<T>(g.ta, g.tb, one, a[s].cview(), b[s].cview(), beta, c[s].view(), algo);
-    else Cuda::gemm<T>(g.ta, g.tb, one, a[s].cview(), b[s].cview(), beta, c[s].view());
+    if (algo != nullptr) tcuda::gemm<T, C>(g.ta, g.tb, one, a[s].cview(), b[s].cview(), beta, c[s].view(), algo);
+    else Cuda::gemm<T, C>(g.ta, g.tb, one, a[s].cview(), b[s].cview(), beta, c[s].view());
   };
 
-  const std::vector<tcuda::GemmAlgo> candidates = tcuda::gemm_candidates<T>(
+  const std::vector<tcuda::GemmAlgo> candidates = tcuda::gemm_candidates<T, C>(
       g.ta, g.tb, a[0].cview(), b[0].cview(), beta, c[0].view(), static_cast<int>(o.candidates));
-  const tcuda::GemmAlgo chosen = tcuda::gemm_chosen_algo<T>(g.ta, g.tb, a[0].cview(), b[0].cview(), beta, c[0].view());
+  const tcuda::GemmAlgo chosen =
+      tcuda::gemm_chosen_algo<T, C>(g.ta, g.tb, a[0].cview(), b[0].cview(), beta, c[0].view());
   r.candidates = static_cast<std::int64_t>(candidates.size());
   for (std::size_t j = 0; j < candidates.size(); ++j)
     if (candidates[j] == chosen) {
@@ -773,14 +804,14 @@ GemmResult run_gemm(const GemmCase& g, const Options& o, const TimingPolicy& pol
 
   // The best algorithm must compute what the heuristic's computes (C zeroed for both).
   if (!r.best_is_chosen) {
-    const Tensor<T> check = Cuda::empty<T>(sc);
+    const Tensor<C> check = Cuda::empty<C>(sc);
     TESSERA_CUDA_CHECK(cudaMemsetAsync(c[0].data(), 0, c[0].bytes(), Cuda::stream()));
     TESSERA_CUDA_CHECK(cudaMemsetAsync(check.data(), 0, check.bytes(), Cuda::stream()));
-    Cuda::gemm<T>(g.ta, g.tb, one, a[0].cview(), b[0].cview(), beta, c[0].view());
-    tcuda::gemm<T>(g.ta, g.tb, one, a[0].cview(), b[0].cview(), beta, check.view(), best_algo);
-    const Comparison cmp = compare<T>(check.cview(), c[0].cview());
+    Cuda::gemm<T, C>(g.ta, g.tb, one, a[0].cview(), b[0].cview(), beta, c[0].view());
+    tcuda::gemm<T, C>(g.ta, g.tb, one, a[0].cview(), b[0].cview(), beta, check.view(), best_algo);
+    const Comparison cmp = compare<C>(check.cview(), c[0].cview());
     r.rel_diff = cmp.rel_diff;
-    const double tolerance = std::is_same_v<T, bf16> ? 1e-2 : 1e-4;
+    const double tolerance = std::is_same_v<C, bf16> ? 1e-2 : 1e-4;
     r.check_ok = cmp.nonfinite == 0 && r.rel_diff <= tolerance;  // NaN fails
   }
   return r;
@@ -797,25 +828,29 @@ struct Float8Result {
   std::string error;                   // why it did not run, else empty
 };
 
-/// One GEMM case in cuBLASLt's float8 layout: a (m x k) and b (n x k), bf16 and cast.
-Float8Result run_float8(const GemmCase& g, const TimingPolicy& policy) {
+/// One GEMM case in cuBLASLt's float8 layout: a (m x k) and b (n x k), bf16 and cast, into
+/// the step's own C (bf16 or fp32). The tensorwise GEMM takes the first operand in the
+/// step's format (e5m2 for a gradient), the rowwise one e4m3 for both, as torchao's recipes.
+template <class C>
+Float8Result run_float8_into(const GemmCase& g, const TimingPolicy& policy) {
   namespace nn = tessera::nn;
   namespace ops = tessera::ops;
   Float8Result r;
   r.c = g;
   try {
     const Tensor<bf16> a = random_tensor<bf16>(Shape{g.m, g.k}, -1, 1), b = random_tensor<bf16>(Shape{g.n, g.k}, -1, 1);
-    Tensor<bf16> out = random_tensor<bf16>(Shape{g.m, g.n}, -1, 1);
+    Tensor<C> out = random_tensor<C>(Shape{g.m, g.n}, -1, 1);
     const float beta = g.beta_one ? 1.0f : 0.0f;
-    const bool fast = g.pass == Pass::forward;
+    const bool fast = g.operands == DType::f8e4m3;  // the forward's: fast accumulation, as torchao
     const ops::Float8Cast tensor{DType::f8e4m3, ops::Float8Axis::tensor, false};
+    const ops::Float8Cast tensor_a{g.operands, ops::Float8Axis::tensor, false};
     const ops::Float8Cast by_row{DType::f8e4m3, ops::Float8Axis::rows, true};
-    const nn::Float8Operand<Cuda> at = nn::cast_to_float8<Cuda>(a.cview(), tensor),
+    const nn::Float8Operand<Cuda> at = nn::cast_to_float8<Cuda>(a.cview(), tensor_a),
                                   bt = nn::cast_to_float8<Cuda>(b.cview(), tensor),
                                   ar = nn::cast_to_float8<Cuda>(a.cview(), by_row),
                                   br = nn::cast_to_float8<Cuda>(b.cview(), by_row);
     const std::vector<Timing> t = time_calls(
-        {[&](std::int64_t) { Cuda::gemm<bf16>(Trans::no, Trans::yes, 1.0f, a.cview(), b.cview(), beta, out.view()); },
+        {[&](std::int64_t) { Cuda::gemm<bf16, C>(Trans::no, Trans::yes, 1.0f, a.cview(), b.cview(), beta, out.view()); },
          [&](std::int64_t) { Cuda::gemm_float8(at.gemm_operand("bench"), bt.gemm_operand("bench"), beta, out.view(), fast); },
          [&](std::int64_t) { Cuda::gemm_float8(ar.gemm_operand("bench"), br.gemm_operand("bench"), beta, out.view(), fast); }},
         policy);
@@ -844,23 +879,29 @@ Float8Result run_float8(const GemmCase& g, const TimingPolicy& policy) {
   return r;
 }
 
+Float8Result run_float8(const GemmCase& g, const TimingPolicy& policy) {
+  return with_result(g, [&]<class C>() { return run_float8_into<C>(g, policy); });
+}
+
 void print_float8_header(std::int64_t tokens) {
-  std::printf("\n== float8 GEMMs (cuBLASLt, e4m3 x e4m3 -> bf16, layout TN), %lld tokens: TFLOP/s and the gain over "
+  std::printf("\n== float8 GEMMs of the tensorwise step (cuBLASLt, layout TN, into the step's C; tensorwise with the "
+              "step's first operand, e5m2 for a gradient, rowwise e4m3 x e4m3), %lld tokens: TFLOP/s and the gain over "
               "bf16 of the same shape; the first operand's casts in GB/s (copy of the same bytes beside)\n",
               static_cast<long long>(tokens));
-  std::printf("  %-12s %-22s %-9s %6s %6s %6s | %8s %10s %6s %10s %6s | %8s %8s %8s\n", "flavor", "layers", "pass",
+  std::printf("  %-12s %-14s %-22s %6s %6s %6s | %8s %10s %6s %10s %6s | %8s %8s %8s\n", "flavor", "where", "pass",
               "m", "n", "k", "bf16", "tensorwise", "gain", "rowwise", "gain", "cast", "cast^T", "copy");
 }
 
 void print_float8(const Float8Result& r) {
   const GemmCase& g = r.c;
   if (!r.error.empty()) {
-    std::printf("  %-12s %-22s did not run: %s\n", g.flavor.c_str(), g.layer_text().c_str(), r.error.c_str());
+    std::printf("  %-12s %-14s %-22s did not run: %s\n", g.flavor.c_str(), g.layer_text().c_str(), g.pass.c_str(),
+                r.error.c_str());
     return;
   }
   const double f = g.flops() / 1e12, gb = r.cast_bytes / 1e9;
-  std::printf("  %-12s %-22s %-9s %6lld %6lld %6lld | %8.1f %10.1f %5.2fx %10.1f %5.2fx | %8.0f %8.0f %8.0f\n",
-              g.flavor.c_str(), g.layer_text().c_str(), g.pass_text().c_str(), (long long)g.m, (long long)g.n,
+  std::printf("  %-12s %-14s %-22s %6lld %6lld %6lld | %8.1f %10.1f %5.2fx %10.1f %5.2fx | %8.0f %8.0f %8.0f\n",
+              g.flavor.c_str(), g.layer_text().c_str(), g.pass.c_str(), (long long)g.m, (long long)g.n,
               (long long)g.k, f / r.bf16.seconds, f / r.tensorwise.seconds, r.bf16.seconds / r.tensorwise.seconds,
               f / r.rowwise.seconds, r.bf16.seconds / r.rowwise.seconds, gb / r.cast.seconds,
               gb / r.cast_transposed.seconds, gb / r.copy.seconds);
@@ -868,8 +909,8 @@ void print_float8(const Float8Result& r) {
 
 json float8_json(const Float8Result& r) {
   const GemmCase& g = r.c;
-  json j = {{"flavor", g.flavor}, {"layers", g.layers}, {"pass", g.pass_text()}, {"m", g.m}, {"n", g.n},
-            {"k", g.k}, {"gflop", g.flops() / 1e9}};
+  json j = case_json(g);
+  j["gflop"] = g.flops() / 1e9;
   if (!r.error.empty()) {
     j["error"] = r.error;
     return j;
@@ -890,9 +931,12 @@ void print_gemm_header(DType dtype, std::int64_t tokens) {
   std::printf("\nGEMM %s (cuBLASLt, %s), tokens %lld; TFLOP/s = 2 m n k / time; heuristic = Cuda::gemm's cached "
               "choice (#its place among the candidates); best = fastest of the heuristic and the finalists\n",
               dtype_label(dtype).c_str(),
-              dtype == DType::bf16 ? "bf16 in and out, fp32 accumulation" : "fp32, no TF32", (long long)tokens);
-  std::printf("  %-12s %-24s %-13s %-24s %18s %8s  %-9s %9s %8s  %9s\n", "flavor", "layers", "pass", "m x n x k",
-              "heuristic ms", "TFLOP/s", "best", "ms", "TFLOP/s", "heur/best");
+              dtype == DType::bf16 ? "bf16 operands into the step's C (bf16, or fp32: weight gradients, logits), fp32 "
+                                     "accumulation"
+                                   : "fp32, no TF32",
+              (long long)tokens);
+  std::printf("  %-12s %-14s %-14s %-5s %-24s %18s %8s  %-9s %9s %8s  %9s\n", "flavor", "where", "pass", "C",
+              "m x n x k", "heuristic ms", "TFLOP/s", "best", "ms", "TFLOP/s", "heur/best");
   std::fflush(stdout);
 }
 
@@ -913,25 +957,18 @@ void print_gemm(const GemmResult& r) {
             " candidates failed to run; first " + r.first_failure.substr(0, r.first_failure.find(':')) + status + ")";
   }
   if (!r.check_ok) note += " CHECK FAILED: the best differs from the heuristic's result by " + fmt("%.2e", r.rel_diff);
-  std::printf("  %-12s %-24s %-13s %-24s %9s %8.3f %8.1f  %-9s %9.3f %8.1f  %8.1f%%%s\n", r.c.flavor.c_str(),
-              r.c.layer_text().c_str(), r.c.pass_text().c_str(), r.c.mnk_text().c_str(), heur.c_str(),
+  std::printf("  %-12s %-14s %-14s %-5s %-24s %9s %8.3f %8.1f  %-9s %9.3f %8.1f  %8.1f%%%s\n", r.c.flavor.c_str(),
+              r.c.layer_text().c_str(), r.c.pass.c_str(), dtype_label(r.result).c_str(), r.c.mnk_text().c_str(),
+              heur.c_str(),
               1e3 * r.heuristic.seconds, r.c.flops() / r.heuristic.seconds / 1e12, best.c_str(), 1e3 * r.best.seconds,
               r.c.flops() / r.best.seconds / 1e12, 100 * r.fraction, note.c_str());
   std::fflush(stdout);
 }
 
 json gemm_json(const GemmResult& r) {
-  return {{"dtype", dtype_label(r.dtype)},
-          {"flavor", r.c.flavor},
-          {"layers", r.c.layers},
-          {"pass", r.c.pass_text()},
-          {"trans_a", r.c.ta == Trans::yes},
-          {"trans_b", r.c.tb == Trans::yes},
-          {"m", r.c.m},
-          {"n", r.c.n},
-          {"k", r.c.k},
-          {"beta", r.c.beta_one ? 1 : 0},
-          {"flops", r.c.flops()},
+  json j = case_json(r.c);
+  j.update({{"dtype", dtype_label(r.dtype)},
+          {"result", dtype_label(r.result)},
           {"operand_sets", r.sets},
           {"candidates", r.candidates},
           {"failed_candidates", r.failed},
@@ -946,7 +983,8 @@ json gemm_json(const GemmResult& r) {
           {"heuristic_fraction_of_best", r.fraction},
           {"target_within_5_percent", r.pass()},
           {"best_vs_heuristic_rel_diff", std::isnan(r.rel_diff) ? json(nullptr) : json(r.rel_diff)},
-          {"check_ok", r.check_ok}};
+          {"check_ok", r.check_ok}});
+  return j;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1420,14 +1458,15 @@ struct SmHoldResult {
   std::vector<Held> held;
 };
 
-std::vector<SmHoldResult> run_sm_hold(const std::string& flavor, std::int64_t tokens, double trial_seconds,
+std::vector<SmHoldResult> run_sm_hold(const std::vector<GemmCase>& cases, double trial_seconds,
                                       const std::vector<std::int64_t>& held_sms, const DeviceInfo& dev) {
   for (const std::int64_t h : held_sms)
     TESSERA_CHECK(h < dev.sms, "--held-sms: ", h, " SMs held leaves none of the device's ", dev.sms, " for the GEMMs");
-  std::printf("\nGEMMs beside SMs held (bf16, %s, %lld tokens; llama-plan prices a GEMM beside a collective "
+  std::printf("\nGEMMs beside SMs held (bf16 into the step's C, %s's step; llama-plan prices a GEMM beside a collective "
               "between nodes at sm / (sm - held), %d SMs here)\n",
-              flavor.c_str(), (long long)tokens, dev.sms);
-  std::printf("  %-24s %-16s %10s   %s\n", "layers", "m x n x k", "alone", "held SMs: measured / alone (llama-plan's)");
+              cases.empty() ? "-" : cases.front().flavor.c_str(), dev.sms);
+  std::printf("  %-14s %-14s %-16s %10s   %s\n", "where", "pass", "m x n x k", "alone",
+              "held SMs: measured / alone (llama-plan's)");
   std::fflush(stdout);
   int smem = 0;
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index));
@@ -1449,13 +1488,16 @@ std::vector<SmHoldResult> run_sm_hold(const std::string& flavor, std::int64_t to
   unsigned* started = started_owner.get();
   cudaEvent_t hold_end = end_owner.get();
   std::vector<SmHoldResult> out;
-  for (const GemmCase& g : gemm_cases(flavor, tokens)) {
+  for (const GemmCase& g : cases) {
     const Shape sa = g.ta == Trans::no ? Shape{g.m, g.k} : Shape{g.k, g.m};
     const Shape sb = g.tb == Trans::no ? Shape{g.k, g.n} : Shape{g.n, g.k};
-    const Tensor<bf16> a = random_tensor<bf16>(sa, -1, 1), b = random_tensor<bf16>(sb, -1, 1),
-                       c = random_tensor<bf16>(Shape{g.m, g.n}, -1, 1);
-    const float one = 1.0f, beta = g.beta_one ? 1.0f : 0.0f;
-    auto call = [&] { Cuda::gemm<bf16>(g.ta, g.tb, one, a.cview(), b.cview(), beta, c.view()); };
+    const Tensor<bf16> a = random_tensor<bf16>(sa, -1, 1), b = random_tensor<bf16>(sb, -1, 1);
+    const float beta = g.beta_one ? 1.0f : 0.0f;
+    // The GEMM into a C of the step's type, kept alive by the call.
+    const std::function<void()> call = with_result(g, [&]<class C>() -> std::function<void()> {
+      auto c = std::make_shared<Tensor<C>>(random_tensor<C>(Shape{g.m, g.n}, -1, 1));
+      return [&a, &b, &g, beta, c] { Cuda::gemm<bf16, C>(g.ta, g.tb, 1.0f, a.cview(), b.cview(), beta, c->view()); };
+    });
     const Event e0, e1;
     call();  // warm-up: the plan cached
     e0.record();
@@ -1500,8 +1542,8 @@ std::vector<SmHoldResult> run_sm_hold(const std::string& flavor, std::int64_t to
     for (const auto& x : r.held)
       cells += "  " + std::to_string(x.sms) + ": " + fmt("%.3f", x.seconds / r.alone) +
                fmt(" (%.3f)", x.predicted / r.alone) + (x.covered ? "" : "!");
-    std::printf("  %-24s %-16s %8.3f ms %s\n", g.layer_text().c_str(), g.mnk_text().c_str(), r.alone * 1e3,
-                cells.c_str());
+    std::printf("  %-14s %-14s %-16s %8.3f ms %s\n", g.layer_text().c_str(), g.pass.c_str(), g.mnk_text().c_str(),
+                r.alone * 1e3, cells.c_str());
     std::fflush(stdout);
     out.push_back(std::move(r));
   }
@@ -1516,8 +1558,9 @@ json sm_hold_json(const SmHoldResult& r) {
                     {"predicted_seconds", x.predicted},
                     {"resident_blocks", x.resident},
                     {"covered", x.covered}});
-  return {{"layers", r.c.layer_text()}, {"m", r.c.m}, {"n", r.c.n}, {"k", r.c.k},
-          {"pass", r.c.pass_text()},  {"alone_seconds", r.alone}, {"held", held}};
+  json j = case_json(r.c);
+  j.update({{"alone_seconds", r.alone}, {"held", held}});
+  return j;
 }
 
 int run(const Options& o) {
@@ -1612,8 +1655,9 @@ int run(const Options& o) {
     for (DType dtype : o.dtypes) {
       print_gemm_header(dtype, o.tokens);
       for (const auto& flavor : o.flavors)
-        for (const GemmCase& g : gemm_cases(flavor, o.tokens)) {
-          GemmResult r = dtype == DType::bf16 ? run_gemm<bf16>(g, o, policy, dev) : run_gemm<float>(g, o, policy, dev);
+        for (const GemmCase& g : gemm_cases(flavor, o.tokens, device_bytes(o))) {
+          GemmResult r = dtype == DType::f32 ? run_gemm<float, float>(g, o, policy, dev)
+                                             : with_result(g, [&]<class C>() { return run_gemm<bf16, C>(g, o, policy, dev); });
           print_gemm(r);
           rows.push_back(gemm_json(r));
           checks_ok = checks_ok && r.check_ok;
@@ -1627,10 +1671,7 @@ int run(const Options& o) {
     print_float8_header(o.tokens);
     json rows = json::array();
     for (const auto& flavor : o.flavors)
-      for (const GemmCase& g : gemm_cases(flavor, o.tokens)) {
-        // cuBLASLt's float8 matmul takes sizes in multiples of 16 (the output head's
-        // vocabulary is one of them for every Llama 3 flavor).
-        if (g.k % 16 != 0 || g.n % 16 != 0) continue;
+      for (const GemmCase& g : gemm_cases(flavor, o.tokens, device_bytes(o), true)) {
         const Float8Result r = run_float8(g, policy);
         print_float8(r);
         rows.push_back(float8_json(r));
@@ -1706,7 +1747,8 @@ int run(const Options& o) {
   if (o.sm_hold) {
     json rows = json::array();
     bool covered = true;
-    for (const SmHoldResult& r : run_sm_hold(o.memory_flavor, o.tokens, o.trial_ms * 1e-3, o.held_sms, dev)) {
+    for (const SmHoldResult& r :
+         run_sm_hold(gemm_cases(o.memory_flavor, o.tokens, device_bytes(o)), o.trial_ms * 1e-3, o.held_sms, dev)) {
       rows.push_back(sm_hold_json(r));
       for (const auto& h : r.held) covered = covered && h.covered;
     }
@@ -1747,7 +1789,7 @@ int run(const Options& o) {
     std::printf("  GEMM heuristic choice within 5%% of the best candidate: %lld of %zu shapes PASS; lowest: %s %s %s "
                 "%s (%s) at %.1f%%\n",
                 (long long)passed, gemms.size(), dtype_label(worst->dtype).c_str(), worst->c.flavor.c_str(),
-                worst->c.layer_text().c_str(), worst->c.pass_text().c_str(), worst->c.mnk_text().c_str(),
+                worst->c.layer_text().c_str(), worst->c.pass.c_str(), worst->c.mnk_text().c_str(),
                 100 * worst->fraction);
     targets["gemm_within_5_percent"] = {{"passed", passed}, {"shapes", gemms.size()}};
   }
@@ -1772,9 +1814,29 @@ int run(const Options& o) {
 
 }  // namespace
 
+/// --list-gemms: the cases the GEMM sections would time, for each flavor; no device needed
+/// when --device-memory-gib is given.
+int list_gemms(const Options& o) {
+  std::printf("the GEMMs of one training step, batch 1 x %lld tokens, no checkpointing, as llama-plan traces it "
+              "(sized for %.1f GiB of device memory)\n",
+              (long long)o.tokens, double(device_bytes(o)) / double(std::size_t{1} << 30));
+  for (bool float8 : {false, true}) {
+    if (float8 ? !o.float8 : !(o.gemm || o.sm_hold)) continue;
+    std::printf("%s\n", float8 ? "float8 (tensorwise):" : "bf16:");
+    for (const auto& flavor : o.flavors)
+      for (const GemmCase& g : gemm_cases(flavor, o.tokens, device_bytes(o), float8))
+        std::printf("  %-12s %-16s %-22s %-22s %s%s, %s -> %s\n", g.flavor.c_str(), g.layer_text().c_str(),
+                    g.pass.c_str(), g.mnk_text().c_str(), tessera::trace::trans_name(g.ta, g.tb).c_str(),
+                    g.beta_one ? " beta 1" : "", std::string(tessera::name_of(g.operands)).c_str(),
+                    std::string(tessera::name_of(g.result)).c_str());
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   try {
     const Options o = parse_options(argc, argv);
+    if (o.list_gemms) return list_gemms(o);
     int devices = 0;
     const cudaError_t status = cudaGetDeviceCount(&devices);
     if (status != cudaSuccess || devices <= 0) {

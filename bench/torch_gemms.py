@@ -9,7 +9,10 @@ times torch.matmul (bf16 in and out, as bench-kernels' bf16 section) on each of 
 shapes the way bench-kernels times them (CUDA events around N back-to-back calls, N so
 that a trial lasts at least --trial-ms, the median of --trials trials after a warm-up
 call; uniform random operands, the same number of operand sets rotated), and prints
-PyTorch's rate beside tessera's heuristic choice and its best candidate. Where the two
+PyTorch's rate beside tessera's heuristic choice and its best candidate. bench-kernels'
+GEMMs are a training step's own (its weight gradients and logits written in fp32, the
+"C" column); PyTorch's run writes bf16 throughout, as autograd does for bf16 weights, so
+on those rows the two differ by the output's bytes as well. Where the two
 agree, the gap is in the method (back-to-back GEMMs against GEMMs between other kernels);
 where PyTorch is faster here too, it is in the library or the algorithm chosen (run it
 against bench-kernels' --json made with PyTorch's own cuBLASLt to tell which).
@@ -132,7 +135,8 @@ def compare(shapes: list[dict], options: dict, device: str, trials: int | None, 
         t = time_entry(torch, g, device, trial_ms, trials, sets or int(g.get("operand_sets", 1)))
         flops = 2.0 * g["m"] * g["n"] * g["k"]
         tflops = flops / t["seconds"] / 1e12
-        rows.append({"flavor": g["flavor"], "layers": g.get("layers", []), "pass": g["pass"], "m": g["m"],
+        rows.append({"flavor": g["flavor"], "where": g.get("where", ""), "count": g.get("count"),
+                     "result": g.get("result", "bf16"), "pass": g["pass"], "m": g["m"],
                      "n": g["n"], "k": g["k"], "torch": t, "torch_tflops": tflops,
                      "tessera_heuristic_tflops": g["heuristic_tflops"], "tessera_best_tflops": g["best_tflops"],
                      "torch_over_heuristic": tflops / g["heuristic_tflops"] if g["heuristic_tflops"] else None,
@@ -144,10 +148,11 @@ def compare(shapes: list[dict], options: dict, device: str, trials: int | None, 
 
 def report(out: dict, tessera_note: str) -> None:
     print(f"{PROG}: {out['device']}, torch {out['torch']}, cuBLAS {out['cublas']}; tessera: {tessera_note}")
-    print(f"  {'flavor':<12} {'pass':<14} {'m x n x k':<24} {'tessera':>8} {'best':>8} {'torch':>8} {'torch/tessera':>14}")
+    print(f"  {'flavor':<12} {'pass':<14} {'C':<5} {'m x n x k':<24} {'tessera':>8} {'best':>8} {'torch':>8} "
+          f"{'torch/tessera':>14}")
     for r in out["rows"]:
         shape = f"{r['m']} x {r['n']} x {r['k']}"
-        print(f"  {r['flavor']:<12} {r['pass']:<14} {shape:<24} {r['tessera_heuristic_tflops']:8.1f} "
+        print(f"  {r['flavor']:<12} {r['pass']:<14} {r['result']:<5} {shape:<24} {r['tessera_heuristic_tflops']:8.1f} "
               f"{r['tessera_best_tflops']:8.1f} {r['torch_tflops']:8.1f} {r['torch_over_heuristic']:13.3f}x")
     ratios = [r["torch_over_heuristic"] for r in out["rows"] if r["torch_over_heuristic"]]
     if ratios:
