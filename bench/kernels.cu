@@ -26,10 +26,12 @@
 //      bf16, each also without a mask (full: a context-parallel block off the diagonal)
 //      and over packed documents (docs: training.document_mask, documents of T/32 to T/4
 //      tokens, tessera's kernels bounding each row and cuDNN's variable-length attention)
-//      at the same T. FLOPs: forward 4 B H T^2 hd / 2 causal (half the score matrix),
-//      4 B H T^2 hd full, 4 H hd x the sum of each document's L^2 / 2 over documents,
-//      with the full-matrix count (torchtitan's convention) beside it; backward 2.5 x
-//      forward.
+//      at the same T; cuDNN's causal rows also in the step's layout (qkv: q, k and v the
+//      column blocks of one matrix, as the fused wq/wk/wv projection writes them, and dq,
+//      dk, dv into one such matrix). FLOPs: forward 4 B H T^2 hd / 2 causal (half the
+//      score matrix), 4 B H T^2 hd full, 4 H hd x the sum of each document's L^2 / 2 over
+//      documents, with the full-matrix count (torchtitan's convention) beside it;
+//      backward 2.5 x forward.
 //      Target: causal forward >= 450 TFLOP/s at hd 128, T 8192, bf16, for the attention
 //      a bf16 training run uses (cuDNN where it runs, else tessera's kernels).
 //   3. Memory-bound ops on --memory-flavor's shapes (float32: the ops/ functors compute
@@ -1005,6 +1007,7 @@ struct AttentionResult {
   DType dtype = DType::bf16;
   AttentionShape s;                           // its pointers unset: run_attention stages `documents`
   std::vector<tessera::ops::DocumentSpan> documents;  // packed documents, one span a row; empty: none
+  bool step_layout = false;  // q, k, v (and dq, dk, dv) the column blocks of one matrix, as the step has them
   Timing forward, backward;
   double nonfinite = 0;  // in o, dq, dk, dv
 
@@ -1024,8 +1027,10 @@ struct AttentionResult {
   double forward_tflops_full() const { return forward_flops_full() / forward.seconds / 1e12; }
   double backward_tflops_full() const { return 2.5 * forward_flops_full() / backward.seconds / 1e12; }
   const char* mask() const { return !documents.empty() ? "docs" : s.causal ? "causal" : "full"; }
+  const char* layout() const { return step_layout ? "qkv" : "packed"; }
   bool target_case() const {
-    return dtype == DType::bf16 && s.head_dim == 128 && s.seq_len == 8192 && s.causal && documents.empty();
+    return dtype == DType::bf16 && s.head_dim == 128 && s.seq_len == 8192 && s.causal && documents.empty() &&
+           !step_layout;
   }
   bool pass() const { return forward_tflops() >= 450; }
 };
@@ -1051,9 +1056,11 @@ std::vector<tessera::ops::DocumentSpan> packed_documents(std::int64_t batch, std
 /// table as the model stages them).
 template <class T>
 AttentionResult run_attention(const std::string& flavor, const AttentionShape& shape, const TimingPolicy& policy,
-                              bool cudnn = false, const std::vector<tessera::ops::DocumentSpan>& documents = {}) {
+                              bool cudnn = false, const std::vector<tessera::ops::DocumentSpan>& documents = {},
+                              bool step_layout = false) {
   AttentionResult r;
   r.flavor = flavor;
+  r.step_layout = step_layout;
   r.kernel = cudnn ? "cudnn" : "tessera";
   r.dtype = tessera::dtype_of<T>();
   r.s = shape;
@@ -1071,19 +1078,31 @@ AttentionResult run_attention(const std::string& flavor, const AttentionShape& s
     s.document_slots = table.slots;
   }
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
-  const Tensor<T> q = random_tensor<T>(Shape{rows, qc}, -1, 1), k = random_tensor<T>(Shape{rows, kc}, -1, 1),
-                  v = random_tensor<T>(Shape{rows, kc}, -1, 1), d_o = random_tensor<T>(Shape{rows, qc}, -1, 1);
-  const Tensor<T> o = Cuda::empty<T>(Shape{rows, qc}), dq = Cuda::empty<T>(Shape{rows, qc});
-  const Tensor<T> dk = Cuda::zeros<T>(Shape{rows, kc}), dv = Cuda::zeros<T>(Shape{rows, kc});
+  // Packed: q, k, v, dq, dk, dv each its own tensor. The step's layout: q, k and v the
+  // column blocks of one (rows, qc + 2 kc) matrix, as the fused wq/wk/wv projection
+  // writes them, and dq, dk, dv the blocks of one such matrix (nn/attention.hpp).
+  const std::int64_t width = r.step_layout ? qc + 2 * kc : qc;
+  const Tensor<T> in = random_tensor<T>(Shape{rows, width}, -1, 1), d_in = Cuda::zeros<T>(Shape{rows, width});
+  const Tensor<T> k_own = r.step_layout ? Tensor<T>() : random_tensor<T>(Shape{rows, kc}, -1, 1),
+                  v_own = r.step_layout ? Tensor<T>() : random_tensor<T>(Shape{rows, kc}, -1, 1),
+                  dk_own = r.step_layout ? Tensor<T>() : Cuda::zeros<T>(Shape{rows, kc}),
+                  dv_own = r.step_layout ? Tensor<T>() : Cuda::zeros<T>(Shape{rows, kc});
+  const TensorView<const T> q = in.cview().slice_cols(0, qc),
+                            k = r.step_layout ? in.cview().slice_cols(qc, qc + kc) : k_own.cview(),
+                            v = r.step_layout ? in.cview().slice_cols(qc + kc, width) : v_own.cview();
+  const TensorView<T> dq = d_in.view().slice_cols(0, qc),
+                      dk = r.step_layout ? d_in.view().slice_cols(qc, qc + kc) : dk_own.view(),
+                      dv = r.step_layout ? d_in.view().slice_cols(qc + kc, width) : dv_own.view();
+  const Tensor<T> d_o = random_tensor<T>(Shape{rows, qc}, -1, 1), o = Cuda::empty<T>(Shape{rows, qc});
   const Tensor<float> lse = Cuda::empty<float>(Shape{s.batch * s.n_heads * s.seq_len});
   const Tensor<float> delta = Cuda::empty<float>(Shape{s.batch * s.n_heads * s.seq_len});
 
   r.forward = time_call(
       [&](std::int64_t) {
         if (cudnn)
-          Cuda::attention_forward<T>(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+          Cuda::attention_forward<T>(s, q, k, v, o.view(), lse.data());
         else
-          tcuda::flash_attention_forward<T>(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data(), Cuda::stream());
+          tcuda::flash_attention_forward<T>(s, q, k, v, o.view(), lse.data(), Cuda::stream());
       },
       policy);
   // The backward reads the forward's o and lse (left by the calls above); dk and dv
@@ -1091,15 +1110,14 @@ AttentionResult run_attention(const std::string& flavor, const AttentionShape& s
   r.backward = time_call(
       [&](std::int64_t) {
         if (cudnn)
-          Cuda::attention_backward<T>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(), dq.view(),
-                                      dk.view(), dv.view());
+          Cuda::attention_backward<T>(s, q, k, v, o.cview(), lse.data(), d_o.cview(), dq, dk, dv);
         else
-          tcuda::flash_attention_backward<T>(s, q.cview(), k.cview(), v.cview(), o.cview(), lse.data(), d_o.cview(),
-                                             dq.view(), dk.view(), dv.view(), delta.data(), Cuda::stream());
+          tcuda::flash_attention_backward<T>(s, q, k, v, o.cview(), lse.data(), d_o.cview(), dq, dk, dv, delta.data(),
+                                             Cuda::stream());
       },
       policy);
-  r.nonfinite = count_nonfinite(o) + count_nonfinite(dq) + count_nonfinite(dk) + count_nonfinite(dv) +
-                count_nonfinite(lse);
+  r.nonfinite = count_nonfinite(o) + count_nonfinite(d_in) + count_nonfinite(lse) +
+                (r.step_layout ? 0 : count_nonfinite(dk_own) + count_nonfinite(dv_own));
   return r;
 }
 
@@ -1109,8 +1127,10 @@ void print_attention_header() {
               "_backward) and cuDNN's fused attention (bf16, the engine training installs; variable-length over docs); "
               "FLOPs: forward 4 B H T^2 hd / 2 causal (half the T x T scores), 4 B H T^2 hd full, 4 H hd sum(L^2) / 2 "
               "docs; [full T x T as torchtitan counts]; backward 2.5 x forward\n");
-  std::printf("  %-12s %-7s %-7s %-6s %-12s %-6s %4s  %11s %8s %8s  %11s %8s %8s\n", "flavor", "kernel", "storage",
+  std::printf("  %-12s %-7s %-7s %-10s %-12s %-6s %4s  %11s %8s %8s  %11s %8s %8s\n", "flavor", "kernel", "storage",
               "mask", "B x T", "H/KV", "hd", "forward ms", "TFLOP/s", "[full]", "backward ms", "TFLOP/s", "[full]");
+  std::printf("  (mask \"causal qkv\": q, k, v and dq, dk, dv the column blocks of one matrix, as the fused wq/wk/wv "
+              "projection gives them in the step; other rows each its own tensor)\n");
   std::fflush(stdout);
 }
 
@@ -1121,8 +1141,9 @@ void print_attention(const AttentionResult& r) {
   if (r.nonfinite > 0) note += " CHECK FAILED: " + fmt("%.0f", r.nonfinite) + " non-finite outputs";
   const std::string bt = std::to_string(r.s.batch) + " x " + std::to_string(r.s.seq_len);
   const std::string heads = std::to_string(r.s.n_heads) + "/" + std::to_string(r.s.n_kv_heads);
-  std::printf("  %-12s %-7s %-7s %-6s %-12s %-6s %4lld  %11.3f %8.1f %8.1f  %11.3f %8.1f %8.1f%s\n", r.flavor.c_str(),
-              r.kernel.c_str(), dtype_label(r.dtype).c_str(), r.mask(), bt.c_str(), heads.c_str(),
+  const std::string mask = std::string(r.mask()) + (r.step_layout ? " qkv" : "");
+  std::printf("  %-12s %-7s %-7s %-10s %-12s %-6s %4lld  %11.3f %8.1f %8.1f  %11.3f %8.1f %8.1f%s\n", r.flavor.c_str(),
+              r.kernel.c_str(), dtype_label(r.dtype).c_str(), mask.c_str(), bt.c_str(), heads.c_str(),
               (long long)r.s.head_dim, 1e3 * r.forward.seconds, r.forward_tflops(), r.forward_tflops_full(),
               1e3 * r.backward.seconds, r.backward_tflops(), r.backward_tflops_full(), note.c_str());
   std::fflush(stdout);
@@ -1136,6 +1157,7 @@ json attention_json(const AttentionResult& r) {
             {"kernel", r.kernel},
             {"dtype", dtype_label(r.dtype)},
             {"mask", r.mask()},
+            {"layout", r.layout()},
             {"batch", r.s.batch},
             {"seq_len", r.s.seq_len},
             {"n_heads", r.s.n_heads},
@@ -1722,12 +1744,16 @@ int run(const Options& o) {
               std::printf("  %-12s cudnn   bf16    %-6s not run: %s\n", flavor.c_str(), mask, why.c_str());
               continue;
             }
-            AttentionResult c = run_attention<bf16>(flavor, s, policy, true, documents);
+            // Causal: also in the step's layout (q, k, v out of the fused projection).
+            for (bool step_layout : {false, true}) {
+              if (step_layout && !(causal && !packed)) continue;
+              AttentionResult c = run_attention<bf16>(flavor, s, policy, true, documents, step_layout);
+              print_attention(c);
+              rows.push_back(attention_json(c));
+              checks_ok = checks_ok && c.nonfinite == 0;
+              attention.push_back(std::move(c));
+            }
             tcuda::set_attention_engine(nullptr);
-            print_attention(c);
-            rows.push_back(attention_json(c));
-            checks_ok = checks_ok && c.nonfinite == 0;
-            attention.push_back(std::move(c));
           }
     }
     doc["attention"] = rows;
