@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/collectives.hpp"
 #include "../support/errors.hpp"
 #include "tessera/comm/thread.hpp"
 #include "tessera/core/tensor.hpp"
@@ -21,45 +22,13 @@ namespace test_thread {  // unity build: this file's names stay in here (tests/m
 using namespace tessera;
 using namespace tessera::comm;
 
-namespace {
-float value(int rank, std::size_t i) { return static_cast<float>(rank * 1000 + static_cast<int>(i)) * 0.5f; }
-}  // namespace
-
 TEST_CASE("thread ranks: all_gather, reduce_scatter, all_reduce and broadcast match their definitions") {
   for (int p : {1, 2, 3, 4, 8}) {
     CAPTURE(p);
     std::atomic<int> checked{0};
     run_thread_ranks(p, [&](Communicator& c) {
       REQUIRE(c.size() == p);
-      const int r = c.rank();
-      const std::size_t n = 7;
-      std::vector<float> mine(n), gathered(n * p);
-      for (std::size_t i = 0; i < n; ++i) mine[i] = value(r, i);
-      c.all_gather(std::span<const float>(mine), std::span<float>(gathered));
-      for (int q = 0; q < p; ++q)
-        for (std::size_t i = 0; i < n; ++i) CHECK(gathered[q * n + i] == value(q, i));
-
-      std::vector<float> full(n * p), block(n);
-      for (std::size_t i = 0; i < full.size(); ++i) full[i] = value(r, i);
-      c.reduce_scatter(std::span<const float>(full), std::span<float>(block));
-      for (std::size_t i = 0; i < n; ++i) {
-        float expect = 0;
-        for (int q = 0; q < p; ++q) expect += value(q, r * n + i);
-        CHECK(block[i] == expect);
-      }
-
-      // Uneven chunking: 11 elements over p ranks, in place; max and min too.
-      std::vector<double> x(11);
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] = r + 0.25 * static_cast<double>(i);
-      c.all_reduce(std::span<double>(x));
-      for (std::size_t i = 0; i < x.size(); ++i) CHECK(x[i] == p * (p - 1) / 2.0 + p * 0.25 * static_cast<double>(i));
-      CHECK(c.all_reduce_value<std::int64_t>(r, ReduceOp::max) == p - 1);
-      CHECK(c.all_reduce_value<std::int64_t>(r + 5, ReduceOp::min) == 5);
-
-      std::vector<std::int32_t> b(5, r == p - 1 ? 42 : -1);
-      c.broadcast(std::span<std::int32_t>(b), p - 1);
-      for (auto v : b) CHECK(v == 42);
-      c.barrier();
+      testing::check_collectives_match_definitions(c);
       ++checked;
     });
     CHECK(checked == p);
@@ -134,21 +103,7 @@ TEST_CASE("thread ranks: split groups ranks by color, ranked by key") {
 }
 
 TEST_CASE("thread ranks: grouped send/recv around a ring and both ways at once") {
-  run_thread_ranks(5, [&](Communicator& c) {
-    const int r = c.rank(), p = c.size();
-    std::vector<float> to_next(100, static_cast<float>(r)), from_prev(100), to_prev(3, -static_cast<float>(r)),
-        from_next(3);
-    const PeerOp ops[] = {
-        {PeerOp::Kind::recv, (r + p - 1) % p, from_prev.data(), from_prev.size(), DataType::f32},
-        {PeerOp::Kind::recv, (r + 1) % p, from_next.data(), from_next.size(), DataType::f32},
-        {PeerOp::Kind::send, (r + 1) % p, to_next.data(), to_next.size(), DataType::f32},
-        {PeerOp::Kind::send, (r + p - 1) % p, to_prev.data(), to_prev.size(), DataType::f32},
-    };
-    c.send_recv(ops);
-    for (float v : from_prev) CHECK(v == static_cast<float>((r + p - 1) % p));
-    for (float v : from_next) CHECK(v == -static_cast<float>((r + 1) % p));
-    CHECK(c.traffic().send == 103 * sizeof(float));
-  });
+  run_thread_ranks(5, [&](Communicator& c) { testing::check_ring_send_recv(c); });
 }
 
 TEST_CASE("thread ranks: async collectives complete in issue order while the caller computes") {
