@@ -59,25 +59,21 @@ struct Options {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      TESSERA_CHECK(i + 1 < argc, flag, " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--flavor") o.flavor = std::string(value());
-    else if (flag == "--layers") o.layers = bench::parse_count(flag, value(), 1);
-    else if (flag == "--dir") o.dir = std::string(value());
-    else if (flag == "--commit") o.commit = std::string(value());
+  for (bench::Flags f(argc, argv); f.next();) {
+    const std::string_view flag = f.flag();
+    if (flag == "--flavor") o.flavor = std::string(f.value());
+    else if (flag == "--layers") o.layers = bench::parse_count(flag, f.value(), 1);
+    else if (flag == "--dir") o.dir = std::string(f.value());
+    else if (flag == "--commit") o.commit = std::string(f.value());
     else if (flag == "--ranks") {
       o.ranks.clear();
-      for (std::string_view r : bench::split_commas(value()))
+      for (std::string_view r : bench::split_commas(f.value()))
         o.ranks.push_back(static_cast<int>(bench::parse_count(flag, r, 1)));
     } else if (flag == "--help") {
       std::printf("usage: bench-checkpoint-io [--flavor F] [--layers N] [--ranks 1,2] [--dir DIR] [--commit HASH]\n");
       std::exit(0);
     } else {
-      fail("unknown option ", flag, " (see --help)");
+      f.unknown();
     }
   }
   return o;

@@ -126,42 +126,25 @@ constexpr const char* usage =
     "  defaults: --batch 8 (global) --seq 128 --warmup 2 --steps 5, every layout and mode,\n"
     "  --threads = hardware threads / ranks (at least 1)\n";
 
-/// The items of a comma-separated list, each looked up by key in `all`.
-template <class Item>
-std::vector<Item> parse_list(std::string_view flag, std::string_view text, const std::vector<Item>& all) {
-  std::vector<Item> out;
-  std::string known;
-  for (const auto& item : all) known += (known.empty() ? "" : ", ") + item.key;
-  for (std::string_view word : split_commas(text)) {
-    auto it = std::find_if(all.begin(), all.end(), [&](const Item& i) { return i.key == word; });
-    TESSERA_CHECK(it != all.end(), flag, ": unknown item '", word, "' (known: ", known, ")");
-    out.push_back(*it);
-  }
-  return out;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      TESSERA_CHECK(i + 1 < argc, flag, ": missing value");
-      return argv[++i];
-    };
-    if (flag == "--batch") o.batch = parse_count(flag, value(), 1);
-    else if (flag == "--seq") o.seq = parse_count(flag, value(), 1);
-    else if (flag == "--warmup") o.warmup = parse_count(flag, value(), 0);
-    else if (flag == "--steps") o.steps = parse_count(flag, value(), 1);
-    else if (flag == "--threads") o.threads = static_cast<int>(parse_count(flag, value(), 1));
-    else if (flag == "--layouts") o.layouts = parse_list(flag, value(), all_layouts());
-    else if (flag == "--ac") o.ac_modes = parse_list(flag, value(), all_ac_modes());
-    else if (flag == "--json") o.json_path = std::string(value());
-    else if (flag == "--commit") o.commit = std::string(value());
+  const auto key = [](const auto& item) -> const std::string& { return item.key; };
+  for (Flags f(argc, argv); f.next();) {
+    const std::string_view flag = f.flag();
+    if (flag == "--batch") o.batch = parse_count(flag, f.value(), 1);
+    else if (flag == "--seq") o.seq = parse_count(flag, f.value(), 1);
+    else if (flag == "--warmup") o.warmup = parse_count(flag, f.value(), 0);
+    else if (flag == "--steps") o.steps = parse_count(flag, f.value(), 1);
+    else if (flag == "--threads") o.threads = static_cast<int>(parse_count(flag, f.value(), 1));
+    else if (flag == "--layouts") o.layouts = parse_keyed(flag, f.value(), all_layouts(), key);
+    else if (flag == "--ac") o.ac_modes = parse_keyed(flag, f.value(), all_ac_modes(), key);
+    else if (flag == "--json") o.json_path = std::string(f.value());
+    else if (flag == "--commit") o.commit = std::string(f.value());
     else if (flag == "--help" || flag == "-h") {
       std::fputs(usage, stdout);
       std::exit(0);
     } else {
-      fail("unknown option '", flag, "' (try --help)");
+      f.unknown();
     }
   }
   for (const auto& l : o.layouts)
@@ -184,22 +167,7 @@ train::JobConfig job(const Options& o, std::int64_t dp, const AcMode& ac) {
       "--activation_checkpoint.mode", ac.mode,
       "--activation_checkpoint.selective_ac_option", ac.option,
   };
-  return train::parse_config(R"(
-    [model]
-    flavor = "debugmodel"
-    tokenizer = "synthetic_bpe"
-    vocab_size = 1024
-    [optimizer]
-    lr = 3e-3
-    [lr_scheduler]
-    warmup_steps = 1
-    [training]
-    max_norm = 1.0
-    seed = 0
-    mixed_precision_param = "float32"
-    synthetic_documents = 400
-  )",
-                             "bench-data-parallel", keys);
+  return train::parse_config(kDebugModelJob, "bench-data-parallel", keys);
 }
 
 /// What one rank measured.

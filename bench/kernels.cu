@@ -178,38 +178,25 @@ std::vector<std::string> split_list(std::string_view flag, std::string_view text
   return out;
 }
 
-double parse_ms(std::string_view flag, std::string_view text) {
-  const std::string s(text);
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  TESSERA_CHECK(end != s.c_str() && *end == '\0' && v > 0 && std::isfinite(v), flag,
-                ": expected a positive number of milliseconds, got '", text, "'");
-  return v;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      TESSERA_CHECK(i + 1 < argc, flag, ": missing value");
-      return argv[++i];
-    };
-    if (flag == "--tokens") o.tokens = parse_count(flag, value(), 1);
-    else if (flag == "--flavors") o.flavors = split_list(flag, value());
+  for (Flags f(argc, argv); f.next();) {
+    const std::string_view flag = f.flag();
+    if (flag == "--tokens") o.tokens = parse_count(flag, f.value(), 1);
+    else if (flag == "--flavors") o.flavors = split_list(flag, f.value());
     else if (flag == "--attention-seqs") {
       o.attention_seqs.clear();
-      for (const auto& s : split_list(flag, value())) o.attention_seqs.push_back(parse_count(flag, s, 1));
+      for (const auto& s : split_list(flag, f.value())) o.attention_seqs.push_back(parse_count(flag, s, 1));
     } else if (flag == "--dtypes") {
       o.dtypes.clear();
-      for (const auto& s : split_list(flag, value())) {
+      for (const auto& s : split_list(flag, f.value())) {
         const DType d = tessera::parse_dtype(s, "--dtypes");
         TESSERA_CHECK(d != DType::f64, "--dtypes: float64 is not benchmarked (bf16 and fp32 are)");
         if (std::find(o.dtypes.begin(), o.dtypes.end(), d) == o.dtypes.end()) o.dtypes.push_back(d);
       }
     } else if (flag == "--sections") {
       o.ceilings = o.gemm = o.attention = o.memory = o.sm_hold = o.float8 = false;
-      for (const auto& s : split_list(flag, value())) {
+      for (const auto& s : split_list(flag, f.value())) {
         if (s == "ceilings") o.ceilings = true;
         else if (s == "gemm") o.gemm = true;
         else if (s == "attention") o.attention = true;
@@ -220,27 +207,22 @@ Options parse_options(int argc, char** argv) {
       }
     } else if (flag == "--held-sms") {
       o.held_sms.clear();
-      for (const auto& s : split_list(flag, value())) o.held_sms.push_back(parse_count(flag, s, 1));
-    } else if (flag == "--memory-flavor") o.memory_flavor = std::string(value());
-    else if (flag == "--trials") o.trials = parse_count(flag, value(), 1);
-    else if (flag == "--trial-ms") o.trial_ms = parse_ms(flag, value());
-    else if (flag == "--screen-ms") o.screen_ms = parse_ms(flag, value());
-    else if (flag == "--candidates") o.candidates = parse_count(flag, value(), 1);
-    else if (flag == "--finalists") o.finalists = parse_count(flag, value(), 1);
-    else if (flag == "--json") o.json_path = std::string(value());
-    else if (flag == "--commit") o.commit = std::string(value());
-    else if (flag == "--device-memory-gib") {
-      const std::string text(value());
-      char* end = nullptr;
-      o.device_memory_gib = std::strtod(text.c_str(), &end);
-      TESSERA_CHECK(end != text.c_str() && *end == '\0' && o.device_memory_gib > 0 && std::isfinite(o.device_memory_gib),
-                    flag, ": expected a positive number of GiB, got '", text, "'");
-    } else if (flag == "--list-gemms") o.list_gemms = true;
+      for (const auto& s : split_list(flag, f.value())) o.held_sms.push_back(parse_count(flag, s, 1));
+    } else if (flag == "--memory-flavor") o.memory_flavor = std::string(f.value());
+    else if (flag == "--trials") o.trials = parse_count(flag, f.value(), 1);
+    else if (flag == "--trial-ms") o.trial_ms = parse_positive(flag, f.value(), "milliseconds");
+    else if (flag == "--screen-ms") o.screen_ms = parse_positive(flag, f.value(), "milliseconds");
+    else if (flag == "--candidates") o.candidates = parse_count(flag, f.value(), 1);
+    else if (flag == "--finalists") o.finalists = parse_count(flag, f.value(), 1);
+    else if (flag == "--json") o.json_path = std::string(f.value());
+    else if (flag == "--commit") o.commit = std::string(f.value());
+    else if (flag == "--device-memory-gib") o.device_memory_gib = parse_positive(flag, f.value(), "GiB");
+    else if (flag == "--list-gemms") o.list_gemms = true;
     else if (flag == "--help" || flag == "-h") {
       std::fputs(usage, stdout);
       std::exit(0);
     } else {
-      tessera::fail("unknown option '", flag, "' (try --help)");
+      f.unknown();
     }
   }
   TESSERA_CHECK(o.candidates <= 1024, "--candidates: at most 1024, got ", o.candidates);

@@ -7,13 +7,16 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -75,6 +78,75 @@ inline std::int64_t parse_count(std::string_view flag, std::string_view text, st
   return v;
 }
 
+/// The job the thread-rank benchmarks (bench-data-parallel, bench-policy-matrix) train:
+/// the debug model on the embedded corpus with its 1024-token BPE, in fp32; each adds
+/// its layout, batch and checkpointing as command-line keys.
+inline constexpr const char* kDebugModelJob = R"(
+    [model]
+    flavor = "debugmodel"
+    tokenizer = "synthetic_bpe"
+    vocab_size = 1024
+    [optimizer]
+    lr = 3e-3
+    [lr_scheduler]
+    warmup_steps = 1
+    [training]
+    max_norm = 1.0
+    seed = 0
+    mixed_precision_param = "float32"
+    synthetic_documents = 400
+  )";
+
+/// A benchmark's command line, flag by flag:
+///
+///   for (Flags f(argc, argv); f.next();) {
+///     const std::string_view flag = f.flag();
+///     if (flag == "--steps") o.steps = parse_count(flag, f.value(), 1);
+///     else if (flag == "--help") ...
+///     else f.unknown();
+///   }
+///
+/// value() takes the word after the flag, or fails naming the flag; flag() stays the flag.
+class Flags {
+ public:
+  Flags(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) words_.emplace_back(argv[i]);
+  }
+  explicit Flags(std::vector<std::string_view> words) : words_(std::move(words)) {}
+
+  /// Steps to the next flag; false past the last word.
+  bool next() {
+    if (next_ >= words_.size()) return false;
+    flag_ = words_[next_++];
+    return true;
+  }
+  std::string_view flag() const { return flag_; }
+  /// The word after the flag, taken.
+  std::string_view value() {
+    TESSERA_CHECK(next_ < words_.size(), flag_, ": missing value");
+    return words_[next_++];
+  }
+  /// Fails naming the flag.
+  [[noreturn]] void unknown(std::string_view hint = "try --help") const {
+    fail("unknown option '", flag_, "' (", hint, ")");
+  }
+
+ private:
+  std::vector<std::string_view> words_;
+  std::size_t next_ = 0;
+  std::string_view flag_;
+};
+
+/// `text`, the value of `flag`, as a positive finite number of `unit`s.
+inline double parse_positive(std::string_view flag, std::string_view text, std::string_view unit) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  TESSERA_CHECK(end != s.c_str() && *end == '\0' && v > 0 && std::isfinite(v), flag, ": expected a positive number of ",
+                unit, ", got '", text, "'");
+  return v;
+}
+
 /// The items of a comma-separated command-line list ("a,b,c"), empty items included.
 inline std::vector<std::string_view> split_commas(std::string_view text) {
   std::vector<std::string_view> out;
@@ -86,5 +158,22 @@ inline std::vector<std::string_view> split_commas(std::string_view text) {
   }
 }
 
+
+/// The items of the comma list `text`, each the item of `all` whose key (key(item)) it is;
+/// an unknown word fails naming `flag` and the known keys.
+template <class Item, class Key>
+std::vector<Item> parse_keyed(std::string_view flag, std::string_view text, const std::vector<Item>& all, Key key) {
+  std::vector<Item> out;
+  for (std::string_view word : split_commas(text)) {
+    const auto it = std::find_if(all.begin(), all.end(), [&](const Item& i) { return std::string_view(key(i)) == word; });
+    if (it == all.end()) {
+      std::string known;
+      for (const Item& i : all) (known += known.empty() ? "" : ", ") += std::string_view(key(i));
+      fail(flag, ": unknown item '", word, "' (known: ", known, ")");
+    }
+    out.push_back(*it);
+  }
+  return out;
+}
 
 }  // namespace tessera::bench

@@ -126,18 +126,15 @@ int run(const std::vector<std::string_view>& args) {
   bool markdown = false;
   std::string commit = "unknown";
   std::vector<const Shape*> chosen;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    auto value = [&]() -> std::string_view {
-      TESSERA_CHECK(i + 1 < args.size(), args[i], ": expected a value");
-      return args[++i];
-    };
-    if (args[i] == "--warmup") warmup = bench::parse_count("--warmup", value(), 0);
-    else if (args[i] == "--steps") steps = bench::parse_count("--steps", value(), 1);
-    else if (args[i] == "--rounds") rounds = bench::parse_count("--rounds", value(), 1);
-    else if (args[i] == "--commit") commit = std::string(value());
-    else if (args[i] == "--markdown") markdown = true;
-    else if (args[i] == "--shapes") {
-      for (const std::string_view name : bench::split_commas(value())) {
+  for (bench::Flags f(args); f.next();) {
+    const std::string_view flag = f.flag();
+    if (flag == "--warmup") warmup = bench::parse_count(flag, f.value(), 0);
+    else if (flag == "--steps") steps = bench::parse_count(flag, f.value(), 1);
+    else if (flag == "--rounds") rounds = bench::parse_count(flag, f.value(), 1);
+    else if (flag == "--commit") commit = std::string(f.value());
+    else if (flag == "--markdown") markdown = true;
+    else if (flag == "--shapes") {
+      for (const std::string_view name : bench::split_commas(f.value())) {
         const Shape* found = nullptr;
         for (const Shape& s : shapes())
           if (s.name == name) found = &s;
@@ -146,8 +143,7 @@ int run(const std::vector<std::string_view>& args) {
         chosen.push_back(found);
       }
     } else {
-      fail("unknown option ", args[i],
-           " (options: --shapes debug-8x128,debug-4x1024,80m-4x512 --warmup N --rounds N --steps N --commit SHA --markdown)");
+      f.unknown("options: --shapes debug-8x128,debug-4x1024,80m-4x512 --warmup N --rounds N --steps N --commit SHA --markdown");
     }
   }
   if (chosen.empty())

@@ -189,41 +189,28 @@ std::vector<Layout> filter_layouts(std::string_view flag, std::string_view text)
   return out;
 }
 
-std::vector<AcMode> parse_ac(std::string_view flag, std::string_view text) {
-  std::vector<AcMode> out;
-  for (std::string_view w : split_commas(text)) {
-    auto it = std::find_if(all_ac_modes().begin(), all_ac_modes().end(), [&](const AcMode& m) { return m.key == w; });
-    TESSERA_CHECK(it != all_ac_modes().end(), flag, ": unknown mode '", w, "' (known: none, full, op)");
-    out.push_back(*it);
-  }
-  return out;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      TESSERA_CHECK(i + 1 < argc, flag, ": missing value");
-      return argv[++i];
-    };
-    if (flag == "--batch") o.batch = parse_count(flag, value(), 1);
-    else if (flag == "--seq") o.seq = parse_count(flag, value(), 1);
-    else if (flag == "--microbatch") o.microbatch = parse_count(flag, value(), 1);
-    else if (flag == "--warmup") o.warmup = parse_count(flag, value(), 0);
-    else if (flag == "--steps") o.steps = parse_count(flag, value(), 1);
-    else if (flag == "--threads") o.threads = static_cast<int>(parse_count(flag, value(), 1));
-    else if (flag == "--dim") o.dim = parse_count(flag, value(), 1);
-    else if (flag == "--layers") o.layers = parse_count(flag, value(), 1);
-    else if (flag == "--layouts") o.layouts = filter_layouts(flag, value());
-    else if (flag == "--ac") o.ac_modes = parse_ac(flag, value());
+  for (Flags f(argc, argv); f.next();) {
+    const std::string_view flag = f.flag();
+    if (flag == "--batch") o.batch = parse_count(flag, f.value(), 1);
+    else if (flag == "--seq") o.seq = parse_count(flag, f.value(), 1);
+    else if (flag == "--microbatch") o.microbatch = parse_count(flag, f.value(), 1);
+    else if (flag == "--warmup") o.warmup = parse_count(flag, f.value(), 0);
+    else if (flag == "--steps") o.steps = parse_count(flag, f.value(), 1);
+    else if (flag == "--threads") o.threads = static_cast<int>(parse_count(flag, f.value(), 1));
+    else if (flag == "--dim") o.dim = parse_count(flag, f.value(), 1);
+    else if (flag == "--layers") o.layers = parse_count(flag, f.value(), 1);
+    else if (flag == "--layouts") o.layouts = filter_layouts(flag, f.value());
+    else if (flag == "--ac")
+      o.ac_modes = parse_keyed(flag, f.value(), all_ac_modes(), [](const AcMode& m) -> const std::string& { return m.key; });
     else if (flag == "--markdown") o.markdown = true;
-    else if (flag == "--commit") o.commit = std::string(value());
+    else if (flag == "--commit") o.commit = std::string(f.value());
     else if (flag == "--help" || flag == "-h") {
       std::fputs(usage, stdout);
       std::exit(0);
     } else {
-      fail("unknown option '", flag, "' (try --help)");
+      f.unknown();
     }
   }
   return o;
@@ -260,22 +247,7 @@ train::JobConfig job(const Options& o, const Layout& l, const AcMode& ac) {
   if (!l.schedule.empty()) keys.insert(keys.end(), {"--parallelism.pipeline_parallel_schedule", l.schedule});
   if (o.dim > 0) keys.insert(keys.end(), {"--model.dim", std::to_string(o.dim)});
   if (o.layers > 0) keys.insert(keys.end(), {"--model.n_layers", std::to_string(o.layers)});
-  return train::parse_config(R"(
-    [model]
-    flavor = "debugmodel"
-    tokenizer = "synthetic_bpe"
-    vocab_size = 1024
-    [optimizer]
-    lr = 3e-3
-    [lr_scheduler]
-    warmup_steps = 1
-    [training]
-    max_norm = 1.0
-    seed = 0
-    mixed_precision_param = "float32"
-    synthetic_documents = 400
-  )",
-                             "bench-policy-matrix", keys);
+  return train::parse_config(kDebugModelJob, "bench-policy-matrix", keys);
 }
 
 /// The mesh the job's [parallelism] degrees describe on the 8 ranks.

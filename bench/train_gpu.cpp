@@ -173,32 +173,28 @@ nlohmann::json read_plan(const std::string& flavor, const std::string& file, con
 Options parse_options(int argc, char** argv) {
   Options o;
   std::vector<std::pair<std::string, std::string>> plans;  // --plan-json FLAVOR=FILE, read once --flavors is known
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      TESSERA_CHECK(i + 1 < argc, "bench-train: ", flag, " needs a value");
-      return argv[++i];
-    };
+  for (Flags f(argc, argv); f.next();) {
+    const std::string_view flag = f.flag();
     if (flag == "--help" || flag == "-h") {
       usage();
       std::exit(0);
     } else if (flag == "--flavors") {
       o.flavors.clear();
-      for (std::string_view f : split_commas(value())) {
-        TESSERA_CHECK(!f.empty(), "--flavors: an empty name in the list");
-        (void)nn::model_flavor(std::string(f));  // an unknown name fails here, naming it
-        o.flavors.emplace_back(f);
+      for (std::string_view name : split_commas(f.value())) {
+        TESSERA_CHECK(!name.empty(), "--flavors: an empty name in the list");
+        (void)nn::model_flavor(std::string(name));  // an unknown name fails here, naming it
+        o.flavors.emplace_back(name);
       }
     } else if (flag == "--batch") {
-      o.batch = parse_count(flag, value(), 1);
+      o.batch = parse_count(flag, f.value(), 1);
     } else if (flag == "--seq") {
-      o.seq = parse_count(flag, value(), 1);
+      o.seq = parse_count(flag, f.value(), 1);
     } else if (flag == "--steps") {
-      o.steps = parse_count(flag, value(), 1);
+      o.steps = parse_count(flag, f.value(), 1);
     } else if (flag == "--warmup") {
-      o.warmup = parse_count(flag, value(), 0);
+      o.warmup = parse_count(flag, f.value(), 0);
     } else if (flag == "--ac") {
-      const std::string_view v = value();
+      const std::string_view v = f.value();
       using K = parallel::CheckpointMode::Kind;
       if (v == "selective") o.ac = {K::selective_op, 0};
       else if (v == "full") o.ac = {K::full, 0};
@@ -211,30 +207,26 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--separate-projections") {
       o.fuse_projections = false;
     } else if (flag == "--attention") {
-      o.attention = std::string(value());
+      o.attention = std::string(f.value());
       TESSERA_CHECK(o.attention == "auto" || o.attention == "cudnn" || o.attention == "tessera", "--attention: '",
                     o.attention, "' is not one of auto, cudnn, tessera");
     } else if (flag == "--state-dtype") {
-      const std::string_view v = value();
+      const std::string_view v = f.value();
       if (v == "float32") o.state_dtype = DType::f32;
       else if (v == "bfloat16") o.state_dtype = DType::bf16;
       else fail("--state-dtype: '", v, "' is not one of float32, bfloat16");
     } else if (flag == "--peak-tflops") {
-      const std::string v(value());
-      char* end = nullptr;
-      o.peak_tflops = std::strtod(v.c_str(), &end);
-      TESSERA_CHECK(end != v.c_str() && *end == '\0' && o.peak_tflops > 0, "--peak-tflops: '", v,
-                    "' is not a positive number");
+      o.peak_tflops = parse_positive(flag, f.value(), "TFLOP/s");
     } else if (flag == "--json") {
-      o.json_path = std::string(value());
+      o.json_path = std::string(f.value());
     } else if (flag == "--commit") {
-      o.commit = std::string(value());
+      o.commit = std::string(f.value());
     } else if (flag == "--markdown") {
       o.markdown = true;
     } else if (flag == "--graph") {
       o.graph = true;
     } else if (flag == "--float8") {
-      o.float8 = ops::parse_float8_recipe(value(), "--float8");
+      o.float8 = ops::parse_float8_recipe(f.value(), "--float8");
     } else if (flag == "--profile") {
 #if TESSERA_HAVE_CUPTI
       o.profile = true;
@@ -242,13 +234,13 @@ Options parse_options(int argc, char** argv) {
       fail("--profile: this bench-train was built without CUPTI (Meson found no libcupti beside the CUDA toolkit)");
 #endif
     } else if (flag == "--plan-json") {
-      const std::string v(value());
+      const std::string v(f.value());
       const std::size_t eq = v.find('=');
       TESSERA_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < v.size(), "--plan-json: '", v,
                     "' is not FLAVOR=FILE");
       plans.emplace_back(v.substr(0, eq), v.substr(eq + 1));
     } else {
-      fail("unknown option ", flag, " (see --help)");
+      f.unknown();
     }
   }
   for (const auto& [flavor, file] : plans) {

@@ -157,23 +157,19 @@ constexpr const char* usage =
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      TESSERA_CHECK(i + 1 < argc, flag, ": missing value");
-      return argv[++i];
-    };
-    if (flag == "--batch") o.batch = parse_count(flag, value(), 1);
-    else if (flag == "--seq") o.seq = parse_count(flag, value(), 1);
-    else if (flag == "--steps") o.steps = parse_count(flag, value(), 1);
-    else if (flag == "--warmup") o.warmup = parse_count(flag, value(), 0);
-    else if (flag == "--commit") o.commit = std::string(value());
+  for (Flags f(argc, argv); f.next();) {
+    const std::string_view flag = f.flag();
+    if (flag == "--batch") o.batch = parse_count(flag, f.value(), 1);
+    else if (flag == "--seq") o.seq = parse_count(flag, f.value(), 1);
+    else if (flag == "--steps") o.steps = parse_count(flag, f.value(), 1);
+    else if (flag == "--warmup") o.warmup = parse_count(flag, f.value(), 0);
+    else if (flag == "--commit") o.commit = std::string(f.value());
     else if (flag == "--markdown") o.markdown = true;
     else if (flag == "--help" || flag == "-h") {
       std::fputs(usage, stdout);
       std::exit(0);
     } else {
-      tessera::fail("unknown option '", flag, "' (try --help)");
+      f.unknown();
     }
   }
   return o;
