@@ -1,5 +1,6 @@
 // What the benchmarks share: reading the machine (/proc/cpuinfo, /proc/stat, the
-// process's CPU time), the date, medians and integer options.
+// process's CPU time), the date, medians, their command lines (Flags and the parsers of
+// counts, numbers with units and lists) and the debug job the thread-rank ones train.
 #pragma once
 
 #include <sys/resource.h>
@@ -157,7 +158,6 @@ inline std::vector<std::string_view> split_commas(std::string_view text) {
     text.remove_prefix(comma + 1);
   }
 }
-
 
 /// The items of the comma list `text`, each the item of `all` whose key (key(item)) it is;
 /// an unknown word fails naming `flag` and the known keys.
