@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <source_location>
 #include <span>
+#include <string_view>
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
@@ -246,6 +247,24 @@ concept HasOutOfPlaceGemm = requires(TensorView<const float> a, TensorView<float
   B::gemm(Trans::no, Trans::yes, 1.0f, a, a, 1.0f, a, d);
 };
 
+/// d += beta c, the C of a GEMM read apart from the D it writes, added after the product
+/// was written to D (by a backend without an out-of-place GEMM): C and D of one shape,
+/// contiguous. `what` names the GEMM in the error.
+namespace detail {
+/// D (and so C, of its layout) contiguous, as add_scaled needs them, or an error starting `what`.
+template <class C>
+void check_addable(const TensorView<C>& d, std::string_view what) {
+  TESSERA_CHECK(d.rows() <= 1 || d.ld() == d.cols(), what,
+                ": C read apart from D is added after the product here, which needs C and D contiguous");
+}
+}  // namespace detail
+
+template <Backend B, class C>
+void add_scaled(accum_t<C> beta, TensorView<const C> c, TensorView<C> d, std::string_view what) {
+  detail::check_addable(d, what);
+  B::for_each(d.rows() * d.cols(), ops::Axpy<C>{beta, c.data(), d.data()});
+}
+
 /// D = alpha op(A) op(B) + beta C, C read apart from D (check_gemm_out_of_place): B's own
 /// where it has one (HasOutOfPlaceGemm: one pass), else B's gemm writing the product into
 /// D and a pass adding beta C (C and D contiguous there). Either way the product is
@@ -261,11 +280,9 @@ void gemm_out_of_place(Trans ta, Trans tb, accum_t<T> alpha, TensorView<const T>
       B::gemm(ta, tb, alpha, a, b, beta, d);
       return;
     }
-    TESSERA_CHECK(d.rows() <= 1 || d.ld() == d.cols(),
-                  "gemm_out_of_place: a backend without an out-of-place gemm needs contiguous C and D");
+    detail::check_addable(d, "gemm_out_of_place");
     B::gemm(ta, tb, alpha, a, b, accum_t<T>(0), d);
-    if (beta != accum_t<T>(0))
-      B::for_each(d.rows() * d.cols(), ops::Axpy<C>{static_cast<accum_t<C>>(beta), c.data(), d.data()});
+    if (beta != accum_t<T>(0)) add_scaled<B>(static_cast<accum_t<C>>(beta), c, d, "gemm_out_of_place");
   }
 }
 

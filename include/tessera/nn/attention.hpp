@@ -196,14 +196,9 @@ class Attention : public LayerTypes<T, B> {
     return output_(ctx, o, residual);
   }
 
-  /// o Wo^T summed over the tensor-parallel ranks, plus `residual` where given: added in
-  /// wo's GEMM (Linear::forward_adding) where the projections fuse and no tensor-parallel
-  /// partial sums are to be reduced first, else by a pass after the sum.
+  /// o Wo^T summed over the tensor-parallel ranks, plus `residual` where given.
   Tensor<T> output_(const Context<T>& ctx, const Tensor<T>& o, const Tensor<T>* residual) {
-    if (residual != nullptr && fuse_ && !parallel::active(tp_))
-      return wo_.forward_adding(ctx.child("wo"), o, *residual);
-    Tensor<T> y = parallel::summed_rows<B>(tp_, wo_.forward(ctx.child("wo"), o));
-    return residual != nullptr ? sum_of<B>(*residual, y) : y;
+    return output_projection(wo_, ctx.child("wo"), o, residual, fuse_, tp_);
   }
 
   Tensor<T> stacked_backward_(const Context<T>& ctx, const AttentionShape& s, const Tensor<T>& qkv,

@@ -147,14 +147,9 @@ class FeedForward : public LayerTypes<T, B> {
   }
 
   /// g W2^T summed over the tensor-parallel ranks (g kept for the backward unless the
-  /// SwiGLU output is recomputed), plus `residual` where given: added in w2's GEMM
-  /// (Linear::forward_adding) where the projections fuse and no tensor-parallel partial sums
-  /// are to be reduced first, else by a pass after the sum.
+  /// SwiGLU output is recomputed), plus `residual` where given.
   Tensor<T> output_(const Context<T>& ctx, const Tensor<T>& g, const Tensor<T>* residual) {
-    if (residual != nullptr && fuse_ && !parallel::active(tp_))
-      return w2_.forward_adding(ctx.child("w2"), g, *residual, /*keep_input=*/!recompute_swiglu_);
-    Tensor<T> y = parallel::summed_rows<B>(tp_, w2_.forward(ctx.child("w2"), g, /*keep_input=*/!recompute_swiglu_));
-    return residual != nullptr ? sum_of<B>(*residual, y) : y;
+    return output_projection(w2_, ctx.child("w2"), g, residual, fuse_, tp_, /*keep_input=*/!recompute_swiglu_);
   }
 
   /// g = silu(a) * b from a and b side by side in the rows of ab.

@@ -26,7 +26,6 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/float8.hpp"
 #include "tessera/core/tensor.hpp"
-#include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/float8.hpp"
 
 namespace tessera::nn {
@@ -312,14 +311,6 @@ Tensor<float> float8_values(const Float8GemmOperand& o) {
 template <Backend B>
 Tensor<float> float8_values(const Float8Operand<B>& q) {
   return float8_values<B>(Float8GemmOperand{q.values(), q.cast.format, q.rows, q.cols, q.inverse.data(), false});
-}
-
-/// d += beta c over contiguous matrices of one shape: a float8 GEMM's C read apart, added
-/// after the product was written (`what` names the GEMM in the error).
-template <Backend B, class C>
-void add_scaled(float beta, TensorView<const C> c, TensorView<C> d, std::string_view what) {
-  TESSERA_CHECK(d.rows() <= 1 || d.ld() == d.cols(), what, ": a float8 GEMM adding C after its product needs C and D contiguous");
-  B::for_each(d.rows() * d.cols(), ops::Axpy<C>{beta, c.data(), d.data()});
 }
 
 /// C = (a b^T) * a.inverse[.] * b.inverse[.] + beta C for two operands already in float8

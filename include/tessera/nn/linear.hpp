@@ -312,6 +312,18 @@ class Linear : public LayerTypes<T, B> {
   bool emulate_float8_ = true;
 };
 
+/// A block's output projection (attention's wo, the feed-forward's w2): x W^T summed over
+/// the tensor-parallel ranks `tp`, plus `residual` where given. The residual is added in
+/// W's GEMM (Linear::forward_adding) where `fused` (the layer's projections run fused) and
+/// no tensor-parallel partial sums are to be reduced first, else by a pass after the sum.
+template <class T, Backend B>
+Tensor<T> output_projection(Linear<T, B>& w, const Context<T>& ctx, const Tensor<T>& x, const Tensor<T>* residual,
+                            bool fused, parallel::TensorParallelGroup* tp, bool keep_input = true) {
+  if (residual != nullptr && fused && !parallel::active(tp)) return w.forward_adding(ctx, x, *residual, keep_input);
+  Tensor<T> y = parallel::summed_rows<B>(tp, w.forward(ctx, x, keep_input));
+  return residual != nullptr ? sum_of<B>(*residual, y) : y;
+}
+
 // ---- Linear layers reading one input, run as one -------------------------------------
 //
 // Attention's wq, wk and wv read the same x, as the feed-forward's w1 and w3 do. With
