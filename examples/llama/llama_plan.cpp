@@ -26,11 +26,16 @@
 // rank's trace holds its part of every sequence and its ring attention: the blocks of its
 // chunks, the keys and values passed round beside them, the gradients' ring backward.
 //
+// The whole run: training.steps steps of the priced step, and the validations [validation]
+// asks for, each global batch of them priced from its own trace (plan/run_cost.hpp): the
+// run's length, its GPU-hours, and with --plan.gpu_hour_price its price.
+//
 // Float8 (model.converters = ["float8"]): with float8.emulate = false the trace holds the
 // GPU's float8 GEMMs, priced at the profile's float8 rates (refused by name on a profile
 // without them); MFU stays against the bf16 peak, and the report says so.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -42,15 +47,19 @@
 #include "builtin_machines.hpp"
 #include "step_trace.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/data/tokenizers.hpp"
+#include "tessera/io/token_shard.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/cpu.hpp"
 #include "tessera/plan/layout.hpp"
 #include "tessera/plan/machine.hpp"
+#include "tessera/plan/run_cost.hpp"
 #include "tessera/plan/scaling_memory.hpp"
 #include "tessera/plan/scaling_time.hpp"
 #include "tessera/plan/search.hpp"
 #include "tessera/plan/torchtitan_time.hpp"
 #include "tessera/train/config.hpp"
+#include "tessera/train/dataset.hpp"
 
 using namespace tessera;
 
@@ -61,7 +70,8 @@ void usage() {
       "usage: llama-plan [--config FILE.toml] [--machine NAME|FILE.toml] [--gpus N] [--json]\n"
       "                  [--emit-config FILE.toml] [--section.key value ...]\n\n"
       "Predicts one training step of the config on a machine, from a trace of the very code llama-train runs:\n"
-      "time by class, tokens/s, MFU, peak memory and its breakdown, and whether it fits.\n\n"
+      "time by class, tokens/s, MFU, peak memory and its breakdown, and whether it fits; and the whole run\n"
+      "(training.steps steps and their validations): its length and GPU-hours.\n\n"
       "  --machine NAME   %s, or cpu (this machine, measured), or a machine profile FILE.toml\n"
       "                   (default h100-sxm)\n"
       "  --gpus N         the layout's ranks, in nodes of the machine file's [network] gpus_per_node\n"
@@ -105,7 +115,8 @@ void usage() {
       "  --plan.fragmentation F  with plan.runtime scaling: the share of PyTorch's caching allocator's reservation\n"
       "                   its live tensors leave unfilled at the peak, 0 to 1 (default 0.15, GMLake's average on\n"
       "                   A100 80GB; plan/scaling_memory.hpp): the stage fits where its peak / (1 - F) does\n"
-      "  --plan.top N     how many of the costliest kinds of operation to list (default 12)\n\n"
+      "  --plan.top N     how many of the costliest kinds of operation to list (default 12)\n"
+      "  --plan.gpu_hour_price P  what one GPU-hour costs (any currency): the run's price beside its GPU-hours\n\n"
       "Config keys are llama-train's (llama-train --help lists them).\n",
       builtin_machine_names().c_str());
 }
@@ -129,6 +140,16 @@ std::string seconds_text(double s) {
   if (s >= 1) std::snprintf(t, sizeof t, "%.3f s", s);
   else if (s >= 1e-3) std::snprintf(t, sizeof t, "%.2f ms", s * 1e3);
   else std::snprintf(t, sizeof t, "%.1f us", s * 1e6);
+  return t;
+}
+
+/// A run's length: seconds, minutes, hours or days.
+std::string duration_text(double s) {
+  char t[32];
+  if (s < 120) std::snprintf(t, sizeof t, "%.1f s", s);
+  else if (s < 2 * 3600) std::snprintf(t, sizeof t, "%.1f min", s / 60);
+  else if (s < 2 * 86400) std::snprintf(t, sizeof t, "%.1f h", s / 3600);
+  else std::snprintf(t, sizeof t, "%.1f days", s / 86400);
   return t;
 }
 
@@ -248,6 +269,98 @@ std::int64_t float8_gemms(const plan::LayoutPrediction& l) {
   return n;
 }
 
+/// The run's validation as llama-plan prices it: the global batches of a pass (0 where it
+/// cannot), and why not.
+struct ValidationPlan {
+  std::int64_t batches = 0;
+  std::string unpriced;
+};
+
+/// [validation] of `c` on `dp` data-parallel ranks: validation.steps, or, for -1, the whole
+/// set counted as llama-train reads it (a token shard by its header, else the stream made
+/// with model.tokenizer); where that cannot be done here (a file this machine lacks), why,
+/// and the key that prices it without the data. `runtime`: another runtime's step
+/// (plan.runtime, plan.zero1), whose validation is not traced.
+ValidationPlan plan_validation(const train::JobConfig& c, int dp, const std::string& runtime) {
+  ValidationPlan v;
+  if (!c.validation.enable) return v;
+  if (!runtime.empty()) {
+    v.unpriced = runtime + " prices that runtime's training step, not its validation";
+    return v;
+  }
+  if (c.validation.steps > 0) {
+    v.batches = c.validation.steps;
+    return v;
+  }
+  try {
+    const train::DatasetSpec d = train::validation_dataset(c);
+    const std::uint64_t tokens = d.dataset == "shard" ? io::read_token_shard_header(d.path).count
+                                                      : train::load_token_stream(d, *data::make_tokenizer(c.model.tokenizer)).ids.size();
+    v.batches = plan::validation_batches(c, tokens, dp);
+  } catch (const std::exception& e) {
+    v.unpriced = tessera::detail::concat("validation.steps = -1 reads the whole validation set, which cannot be counted "
+                                         "here (", e.what(), "): give validation.steps");
+  }
+  return v;
+}
+
+/// The run at `step_seconds` a step, its validation priced at `batch_seconds` a global
+/// batch where `v` has batches.
+plan::RunCost price_run(const train::JobConfig& c, double step_seconds, std::int64_t tokens_per_step, int gpus,
+                        const ValidationPlan& v, double batch_seconds) {
+  plan::RunCost r = plan::run_cost(c, step_seconds, tokens_per_step, gpus);
+  r.validation_batches = v.batches;
+  r.validation_batch_seconds = v.batches > 0 ? batch_seconds : 0;
+  r.validation_unpriced = v.unpriced;
+  return r;
+}
+
+nlohmann::json run_json(const plan::RunCost& r, std::optional<double> price) {
+  nlohmann::json j = {{"steps", r.steps},
+                      {"step_seconds", r.step_seconds},
+                      {"tokens", r.tokens},
+                      {"training_seconds", r.training_seconds()},
+                      {"validations", r.validations},
+                      {"validation_batches", r.validation_batches},
+                      {"validation_batch_seconds", r.validation_batch_seconds},
+                      {"validation_seconds", r.validation_seconds()},
+                      {"seconds", r.seconds()},
+                      {"gpus", r.gpus},
+                      {"gpu_hours", r.gpu_hours()}};
+  if (!r.validation_unpriced.empty()) j["validation_unpriced"] = r.validation_unpriced;
+  if (price) {
+    j["gpu_hour_price"] = *price;
+    j["price"] = *price * r.gpu_hours();
+  }
+  return j;
+}
+
+/// The run, two lines: its steps and validation, then its length, GPU-hours and price.
+/// On the CPU (`cpu`), the run's length alone.
+void print_run(const plan::RunCost& r, std::optional<double> price, bool cpu) {
+  std::printf("run: %lld steps (training.steps) x %s = %s, %.2fM tokens", static_cast<long long>(r.steps),
+              seconds_text(r.step_seconds).c_str(), duration_text(r.training_seconds()).c_str(),
+              static_cast<double>(r.tokens) / 1e6);
+  if (r.validation && r.validation_batches > 0)
+    std::printf("; validation: %lld passes x %lld global batch%s x %s = %s", static_cast<long long>(r.validations),
+                static_cast<long long>(r.validation_batches), r.validation_batches == 1 ? "" : "es",
+                seconds_text(r.validation_batch_seconds).c_str(), duration_text(r.validation_seconds()).c_str());
+  if (cpu) {
+    std::printf("\n  %s on this machine", duration_text(r.seconds()).c_str());
+  } else {
+    const double h = r.gpu_hours();
+    char hours[32];
+    std::snprintf(hours, sizeof hours, h < 100 ? "%.3g" : "%.0f", h);
+    std::printf("\n  %s on %d GPU%s = %s GPU-hours", duration_text(r.seconds()).c_str(), r.gpus, r.gpus == 1 ? "" : "s",
+                hours);
+    if (price) std::printf(", at %g a GPU-hour: %.2f", *price, *price * h);
+  }
+  std::printf(" (checkpoint saves and start-up not counted)\n");
+  if (r.validation && r.validation_batches == 0)
+    std::printf("  validation not priced: %s\n", r.validation_unpriced.c_str());
+  std::printf("\n");
+}
+
 /// The figures every prediction gives (one device's, a layout's, a searched layout's).
 template <class P>
 void put_figures(nlohmann::json& j, const P& p) {
@@ -311,7 +424,8 @@ nlohmann::json class_times(const plan::Prediction& p) {
   return time;
 }
 
-nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, const train::JobConfig& c, const Target& t) {
+nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, const train::JobConfig& c, const Target& t,
+                       const plan::RunCost& run, std::optional<double> price) {
   nlohmann::json j = layout_keys(c);
   j["machine"] = p.machine;
   j["machine_origin"] = t.origin;
@@ -334,6 +448,7 @@ nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, con
                            {"reserved", t.reserved_bytes}};
   j["breakdown"] = {{"time", time}, {"memory", memory}};
   j["costliest"] = costliest_json(p);
+  j["run"] = run_json(run, price);
   j["host_reads"] = p.host_reads;
   j["unpriced_kernels"] = p.unpriced_kernels;
   j["trace_seconds"] = st.seconds;
@@ -341,7 +456,8 @@ nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, con
   return j;
 }
 
-void print(const plan::Prediction& p, const plan::StepTrace& st, const train::JobConfig& c, const Target& t) {
+void print(const plan::Prediction& p, const plan::StepTrace& st, const train::JobConfig& c, const Target& t,
+           const plan::RunCost& run, std::optional<double> price) {
   const auto& a = c.model.args;
   std::printf("tessera llama-plan: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fB parameters\n",
               c.model.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
@@ -362,6 +478,7 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
               seconds_text(p.step_seconds).c_str(), p.tokens_per_sec, p.mfu_pct, p.mfu_causal_pct, p.peak_flops / 1e12,
               mfu_peak_text(st.shape, p.float8_gemms, t).c_str(), peak_text(p).c_str(), gib(p.usable_bytes).c_str(),
               fit_text(p, c).c_str());
+  print_run(run, price, t.cpu);
   std::printf("time by class\n");
   for (const auto& [name, ct] : p.by_class)
     std::printf("  %-24s %10s  %5.1f%%  (%lld)\n", name.c_str(), seconds_text(ct.seconds).c_str(),
@@ -441,7 +558,8 @@ void apply_memory(plan::LayoutPrediction& l, const MemoryModel& mm) {
 }
 
 nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
-                           const train::JobConfig& c, const Target& t, const MemoryModel& mm) {
+                           const train::JobConfig& c, const Target& t, const MemoryModel& mm, const plan::RunCost& run,
+                           std::optional<double> price) {
   nlohmann::json j = layout_keys(c);
   j["plan.zero1"] = mm.zero1;
   j["plan.runtime"] = mm.scaling ? "scaling" : mm.torchtitan ? "torchtitan" : "tessera";
@@ -464,6 +582,7 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
   j["exposed_comm_seconds"] = l.exposed_comm_seconds;
   j["pipeline_wait_seconds"] = l.pipeline_wait_seconds;
   j["collective_sm_seconds"] = l.collective_sm_seconds;
+  j["run"] = run_json(run, price);
   nlohmann::json positions = nlohmann::json::array();
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     const plan::PositionPrediction& p = l.positions[i];
@@ -498,7 +617,8 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
 }
 
 void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepTrace>& traces,
-                  const train::JobConfig& c, const Target& t, const MemoryModel& mm) {
+                  const train::JobConfig& c, const Target& t, const MemoryModel& mm, const plan::RunCost& run,
+                  std::optional<double> price) {
   const auto& a = c.model.args;
   const plan::StepShape& shape = traces.front().shape;
   double traced = 0;
@@ -541,6 +661,7 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
               seconds_text(l.step_seconds).c_str(), l.tokens_per_sec, l.mfu_pct, l.mfu_causal_pct,
               mfu_peak_text(shape, float8_gemms(l), t).c_str(), peak_text(l).c_str(), gib(l.usable_bytes).c_str(),
               fit_text(l, c).c_str());
+  print_run(run, price, t.cpu);
   std::printf("position  rank      compute  exposed comm  pipeline wait  comm (all)  collectives   peak memory      reserved\n");
   for (std::size_t i = 0; i < l.positions.size(); ++i) {
     const plan::PositionPrediction& p = l.positions[i];
@@ -627,7 +748,8 @@ std::string layout_brief(const train::JobConfig& c) {
 /// --search: every layout of `c`'s model on `world` GPUs of `target`, ranked; with
 /// `float8_recipes`, each also in float8 by each recipe (--search.float8).
 int search(const train::JobConfig& given, int world, const Target& target, bool bf16_model, bool json,
-           const std::string& emit, std::int64_t max_microbatch, const std::vector<std::string>& float8_recipes) {
+           const std::string& emit, std::int64_t max_microbatch, const std::vector<std::string>& float8_recipes,
+           std::optional<double> price) {
   if (!float8_recipes.empty()) {
     // Refused before anything is traced: float8 casts a bf16 model's values, and is priced
     // at the profile's float8 rates.
@@ -673,6 +795,19 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
                   " GPUs of ", target.pricer->name(), " fits in ", size_text(target.pricer->usable_bytes()), " per GPU", smallest);
   }
   if (!emit.empty()) emit_config(emit, r.layouts.front().config);
+  // The first layout's run, its validation traced on its own positions.
+  const auto& first = r.layouts.front();
+  const comm::MeshShape first_mesh = plan::check_dry_run(first.config, world);
+  const ValidationPlan validation = plan_validation(first.config, first_mesh.dp(), "");
+  double validation_batch = 0;
+  if (validation.batches > 0) {
+    std::vector<plan::StepTrace> vt;
+    for (int rank : plan::distinct_ranks(first_mesh))
+      vt.push_back(llama_plan::trace_validation(first.config, bf16_model, target.device_bytes, world, rank));
+    validation_batch = plan::predict_layout(vt, *target.pricer, target.network.value_or(plan::Network{}), 0).step_seconds;
+  }
+  const plan::RunCost run = price_run(first.config, first.step_seconds, global * given.training.seq_len, world,
+                                      validation, validation_batch);
   if (json) {
     nlohmann::json layouts = nlohmann::json::array();
     for (const auto& l : r.layouts) {
@@ -686,6 +821,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
     }
     nlohmann::json out;
     out["layouts"] = std::move(layouts);
+    out["run"] = run_json(run, price);  // the first layout's
     out["search"] = {{"gpus", world},
                      {"machine", target.pricer->name()},
                      {"float8_recipes", float8_recipes},
@@ -735,6 +871,8 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
   if (r.checked)
     std::printf("\nthe first layout, predicted from its full traces: step %+.2f%%, peak memory %+.2f%% from its extrapolation\n",
                 100 * r.check_step_gap, 100 * r.check_memory_gap);
+  std::printf("\nthe first layout's ");
+  print_run(run, price, false);
   return 0;
 }
 
@@ -782,6 +920,7 @@ int run(std::vector<std::string> args) {
   std::int64_t max_microbatch = 8;
   std::vector<std::string> float8_recipes;  // --search.float8: float8 as a search dimension
   std::size_t top = 12;  // plan.top: the costliest kinds of operation listed
+  std::optional<double> price;  // plan.gpu_hour_price: what one GPU-hour costs
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
                   ": expected ", what);
@@ -839,6 +978,17 @@ int run(std::vector<std::string> args) {
         fused_rmsnorm = v == "fused";
       } else if (key == "top") {
         top = static_cast<std::size_t>(whole_number("--plan.top", v, 0, 1 << 20, "a number of kinds, 0 or more"));
+      } else if (key == "gpu_hour_price") {
+        std::size_t used = 0;
+        double f = -1;
+        try {
+          f = std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        TESSERA_CHECK(used == v.size() && std::isfinite(f) && f > 0, "--plan.gpu_hour_price ", v,
+                      ": expected the price of one GPU-hour, a positive number");
+        price = f;
       } else if (key == "fragmentation") {
         std::size_t used = 0;
         double f = -1;
@@ -852,7 +1002,7 @@ int run(std::vector<std::string> args) {
         fragmentation = f;
       } else {
         TESSERA_CHECK(false, "--plan.", key, ": unknown key (known: plan.zero1, plan.runtime, plan.attention, "
-                      "plan.rmsnorm, plan.fragmentation, plan.top)");
+                      "plan.rmsnorm, plan.fragmentation, plan.top, plan.gpu_hour_price)");
       }
     } else if (args[i] == "--gpus") {
       gpus = whole_number("--gpus", value_of(i, "a number of GPUs"), 1, 1 << 24,
@@ -930,7 +1080,7 @@ int run(std::vector<std::string> args) {
                                      given.model.args.head_dim(), 1, given.training.document_mask,
                                      given.parallelism.context_parallel_degree > 1);
     check_cluster(t);
-    return search(given, world, t, bf16, json, emit, max_microbatch, float8_recipes);
+    return search(given, world, t, bf16, json, emit, max_microbatch, float8_recipes, price);
   }
   TESSERA_CHECK(float8_recipes.empty(), "--search.float8: a dimension of --search; give --search with it (one layout "
                 "in float8: model.converters = [\"float8\"], float8.recipe_name, float8.emulate = false)");
@@ -958,21 +1108,37 @@ int run(std::vector<std::string> args) {
       target.pricer->require_float8("model.converters = [\"float8\"] with float8.emulate = false (the GPU's float8 GEMMs)");
   }
   if (!emit.empty()) emit_config(emit, c);
+  // The run's validation, traced where it is priced (plan.runtime and plan.zero1 price
+  // another runtime's step).
+  const std::string other_runtime = scaling ? "plan.runtime scaling" : torchtitan ? "plan.runtime torchtitan"
+                                    : zero1 ? "plan.zero1" : "";
+  const ValidationPlan validation = plan_validation(c, mesh.dp(), other_runtime);
   if (world == 1 && !zero1 && !torchtitan) {
     plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
-    if (cpu)
-      target = resolve_machine(machine, st.trace, c.training.attention, dtype, hd, 1, c.training.document_mask,
+    std::optional<plan::StepTrace> vt;
+    if (validation.batches > 0) vt = llama_plan::trace_validation(c, bf16_model, target.device_bytes);
+    if (cpu) {
+      trace::Trace all = st.trace;  // the CPU is measured on the step's work and the validation's
+      if (vt)
+        for (const auto& e : vt->trace.events()) all.add(e.op);
+      target = resolve_machine(machine, all, c.training.attention, dtype, hd, 1, c.training.document_mask,
                                c.parallelism.context_parallel_degree > 1);
+    }
     const plan::Prediction p = plan::predict(st, *target.pricer, top);
+    const plan::RunCost run_cost = price_run(c, p.step_seconds, st.shape.tokens, 1, validation,
+                                             vt ? plan::predict(*vt, *target.pricer, 0).step_seconds : 0);
     if (json)
-      std::printf("%s\n", to_json(p, st, c, target).dump(2).c_str());
+      std::printf("%s\n", to_json(p, st, c, target, run_cost, price).dump(2).c_str());
     else
-      print(p, st, c, target);
+      print(p, st, c, target, run_cost, price);
     return 0;
   }
-  std::vector<plan::StepTrace> traces;
-  for (int rank : plan::distinct_ranks(mesh))
+  std::vector<plan::StepTrace> traces, validation_traces;
+  for (int rank : plan::distinct_ranks(mesh)) {
     traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
+    if (validation.batches > 0)
+      validation_traces.push_back(llama_plan::trace_validation(c, bf16_model, target.device_bytes, world, rank));
+  }
   std::optional<plan::ScalingRun> run;
   if (scaling) {
     run.emplace();
@@ -1004,8 +1170,9 @@ int run(std::vector<std::string> args) {
   }
   if (cpu) {
     trace::Trace all;  // the CPU is measured on every position's work
-    for (const auto& st : traces)
-      for (const auto& e : st.trace.events()) all.add(e.op);
+    for (const auto* ts : {&traces, &validation_traces})
+      for (const auto& st : *ts)
+        for (const auto& e : st.trace.events()) all.add(e.op);
     target = resolve_machine(machine, all, c.training.attention, dtype, hd, world, c.training.document_mask,
                              c.parallelism.context_parallel_degree > 1);
   }
@@ -1018,10 +1185,14 @@ int run(std::vector<std::string> args) {
     mm.scaling = run;
     apply_memory(l, mm);
   }
+  const plan::Network network = target.network.value_or(plan::Network{});
+  const plan::RunCost run_cost =
+      price_run(c, l.step_seconds, traces.front().shape.tokens, world, validation,
+                validation_traces.empty() ? 0 : plan::predict_layout(validation_traces, *target.pricer, network, 0).step_seconds);
   if (json)
-    std::printf("%s\n", layout_json(l, traces, c, target, mm).dump(2).c_str());
+    std::printf("%s\n", layout_json(l, traces, c, target, mm, run_cost, price).dump(2).c_str());
   else
-    print_layout(l, traces, c, target, mm);
+    print_layout(l, traces, c, target, mm, run_cost, price);
   return 0;
 }
 

@@ -1,4 +1,5 @@
-// One traced training step of a config, compiled once for llama-plan and llama-train.
+// One traced training step of a config (and one validation batch), compiled once for
+// llama-plan and llama-train.
 //
 // llama-plan prices it on a machine; llama-train measures the CPU's GEMM peak for MFU on
 // its GEMMs (plan/cpu.hpp: measure_gemm_peak). The model types of the dry run are
@@ -18,6 +19,11 @@ namespace llama_plan {
 /// rank `rank` of a layout of `world` ranks.
 tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes = 0,
                                     int world = 1, int rank = 0);
+
+/// One traced global batch of the config's validation ([validation]), after a training
+/// step, on the same terms as trace_step (plan::dry_run_validation).
+tessera::plan::StepTrace trace_validation(const tessera::train::JobConfig& c, bool bf16_model,
+                                          std::size_t device_bytes = 0, int world = 1, int rank = 0);
 
 /// `c` on one device: every parallelism degree 1 (the whole model's step on one rank).
 tessera::train::JobConfig on_one_device(tessera::train::JobConfig c);

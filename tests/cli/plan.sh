@@ -2,8 +2,8 @@
 # llama-plan end to end.
 #   plan.sh LLAMA_PLAN CONFIGS_DIR MACHINES_DIR [all]
 # Without `all`: the debug model on every built-in machine, on a machine file, and on the
-# measured CPU, in JSON with every key a user reads; then bad input, each one line naming
-# the key or file and exit status 1. With `all`: every config in CONFIGS_DIR on every GPU
+# measured CPU, in JSON with every key a user reads; the whole run's cost; then bad input,
+# each one line naming the key or file and exit status 1. With `all`: every config in CONFIGS_DIR on every GPU
 # profile (h100-sxm, h200, a100-80gb-sxm) and two of them (a mid-size and the largest; the
 # smallest is the run without `all`) on the measured cpu, one device each (parallelism
 # degrees set to 1). Layouts
@@ -155,6 +155,44 @@ else
   echo "FAIL: a bf16 model on h200:"; head -n 5 "$work/bf16.json" "$work/err"; failures=$((failures + 1))
 fi
 
+# The whole run: training.steps steps and the validations, each priced; GPU-hours and the
+# price. check_run FILE STEPS VALIDATIONS BATCHES GPUS [PRICE]: run's figures add up.
+check_run() {
+  python3 - "$@" <<'EOF2'
+import json, sys
+j = json.load(open(sys.argv[1]))
+steps, validations, batches, gpus = (int(a) for a in sys.argv[2:6])
+r = j["run"] if "run" in j else sys.exit("no 'run' in the JSON")
+step = j["step_seconds"] if "step_seconds" in j else j["layouts"][0]["step_seconds"]
+assert (r["steps"], r["validations"], r["validation_batches"], r["gpus"]) == (steps, validations, batches, gpus), r
+assert r["step_seconds"] == step and step > 0, (r["step_seconds"], step)
+assert (r["validation_batch_seconds"] > 0) == (batches > 0), r
+want = steps * step + validations * batches * r["validation_batch_seconds"]
+assert abs(r["seconds"] - want) <= 1e-9 * want, (r["seconds"], want)
+assert abs(r["gpu_hours"] - gpus * want / 3600) <= 1e-9 * want, r
+if len(sys.argv) > 6:
+    assert abs(r["price"] - float(sys.argv[6]) * r["gpu_hours"]) <= 1e-9 * r["price"], r
+EOF2
+}
+validate=(--validation.enable true --validation.freq 100 --training.steps 250)
+if "$plan" "${debug[@]}" --machine h200 "${validate[@]}" --plan.gpu_hour_price 2.5 --json > "$work/run.json" 2> "$work/err" &&
+   check_run "$work/run.json" 250 3 1 1 2.5 2>> "$work/err" &&
+   "$plan" "${debug[@]}" --machine h200 "${validate[@]}" --plan.gpu_hour_price 2.5 > "$work/run.txt" 2>> "$work/err" &&
+   grep -qE '^run: 250 steps \(training.steps\) x [0-9.]+ ms = .*; validation: 3 passes x 1 global batch x ' "$work/run.txt" &&
+   grep -qE '^  .* on 1 GPU = [0-9.e-]+ GPU-hours, at 2.5 a GPU-hour: ' "$work/run.txt" &&
+   "$plan" "${debug[@]}" --gpus 4 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 \
+     "${validate[@]}" --validation.steps 3 --json > "$work/run4.json" 2>> "$work/err" &&
+   check_run "$work/run4.json" 250 3 3 4 2>> "$work/err" &&
+   "$plan" "${debug[@]}" --machine h200 --json > "$work/run0.json" 2>> "$work/err" && check_run "$work/run0.json" 250 0 0 1 2>> "$work/err" &&
+   "$plan" "${debug[@]}" "${validate[@]}" --validation.dataset shard --validation.dataset_path "$work/none.bin" \
+     --json > "$work/runx.json" 2>> "$work/err" && check_run "$work/runx.json" 250 3 0 1 2>> "$work/err" &&
+   grep -q '"validation_unpriced": "validation.steps = -1 reads the whole validation set, which cannot be counted here' \
+     "$work/runx.json"; then
+  echo "ok: the run: its steps and validations priced, in GPU-hours and at a price; on 4 GPUs; validation off; unpriced"
+else
+  echo "FAIL: the run:"; head -n 12 "$work/run.txt" "$work/err"; failures=$((failures + 1))
+fi
+
 # Bad input: one line, exit status 1.
 plan_fails "cuDNN attention for a float32 model" 'training.attention = "cudnn": the model is float32' "${debug[@]}" \
   --machine h200 --training.attention cudnn --training.mixed_precision_param float32
@@ -184,6 +222,8 @@ plan_fails "--machine without a name" "--machine: expected a machine name or a p
 plan_fails "missing config" "none.toml" --config "$work/none.toml"
 plan_fails "unknown key" "unknown option --training.stpes" "${debug[@]}" --training.stpes 3
 plan_fails "--gpus not a number" "--gpus eight: expected a number of GPUs" "${debug[@]}" --gpus eight
+plan_fails "a price that is not positive" "--plan.gpu_hour_price 0: expected the price of one GPU-hour, a positive number" \
+  "${debug[@]}" --plan.gpu_hour_price 0
 
 # A layout across GPUs: each pipeline position traced and replayed on the network.
 # check_layout FILE GPUS PP: the keys a user of --json reads, every position, and sums that hold.

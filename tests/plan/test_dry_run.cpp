@@ -78,6 +78,33 @@ Run traced_step(const train::JobConfig& c) {
   return r;
 }
 
+/// A validation batch of T's model on backend B (train::Validator, one global batch of
+/// validation.local_batch_size x validation.seq_len) after an untraced training step, traced.
+template <class T, class B>
+trace::Trace traced_validation(const train::JobConfig& c) {
+  using Model = DynamicModel<T, B>;
+  const parallel::Plan plan = train::make_plan(c, nullptr);
+  Model model(c.model.args, plan);
+  if constexpr (B::device == Device::cpu) model.init_weights(0);
+  auto stream = [](std::size_t n) {
+    std::vector<std::uint32_t> tokens(n);
+    for (std::size_t i = 0; i < n; ++i) tokens[i] = static_cast<std::uint32_t>((i * 7919) % 250);
+    return tokens;
+  };
+  const std::int64_t local = c.validation.local_batch_size, seq = c.validation.seq_len;
+  data::DataLoader loader(stream(4 * 2 * 33), c.training.seq_len, c.training.local_batch_size, 0, 1);
+  train::Trainer<Model> trainer(model, train::trainer_options(c), std::move(loader));
+  trainer.step();
+  train::Validator validator(data::DataLoader(stream(static_cast<std::size_t>(local * (seq + 1))), seq, local, 0, 1), 1,
+                             -1, "test_dry_run");
+  trace::Trace t;
+  {
+    trace::Recording recording(t, {B::device});
+    validator.run(model);
+  }
+  return t;
+}
+
 /// The operations the device is asked for, without memory events and reads back to the
 /// host: on the CPU backend download() hands back the tensor itself, so only the dry run
 /// (whose memory is not the host's) copies.
@@ -146,6 +173,44 @@ TEST_CASE("dry run: a step on Meta asks for what the CPU backend's step does, wi
     REQUIRE(reads.size() == 1);
     CHECK(reads[0].find("train/step_scalars.hpp") != std::string::npos);
   }
+}
+
+TEST_CASE("dry run: a validation batch asks for what the CPU backend's Validator does: the forward and the loss") {
+  const train::JobConfig c = small_job({"--validation.enable", "true", "--validation.local_batch_size", "3",
+                                        "--validation.seq_len", "16", "--activation_checkpoint.mode", "full"});
+  const trace::Trace cpu = traced_validation<float, Traced<Cpu>>(c);
+  const plan::StepTrace dry = plan::dry_run_validation<float>(c);
+  const auto a = device_ops(cpu), b = device_ops(dry.trace);
+  const std::string difference = first_difference(a, b);
+  CAPTURE(difference);
+  CHECK(a == b);
+  CHECK(dry.shape.tokens == 3 * 16);
+  CHECK(dry.shape.seq_len == 16);
+  // Forward only, once (full checkpointing recomputes nothing without a backward): a GEMM
+  // per projection and the head against the step's three (forward, input and weight
+  // gradients) and its recomputed forward; one attention call a layer; no optimizer.
+  const plan::StepTrace step = plan::dry_run_step<float>(c);
+  CHECK(dry.trace.all<trace::Attention>().size() == 6);
+  for (const auto& at : dry.trace.all<trace::Attention>()) CHECK_FALSE(at.backward);
+  CHECK(3 * dry.trace.all<trace::Gemm>().size() < step.trace.all<trace::Gemm>().size());
+  for (const auto& k : dry.trace.all<trace::Kernel>()) {
+    CAPTURE(std::string(k.functor));
+    CHECK(std::string_view(k.functor).find("AdamW") == std::string_view::npos);
+    CHECK(k.priced);
+  }
+}
+
+TEST_CASE("dry run: a validation batch under FSDP gathers the parameters and sums the losses, and reduces no gradient") {
+  const train::JobConfig c = small_job({"--validation.enable", "true", "--validation.local_batch_size", "2",
+                                        "--validation.seq_len", "16", "--parallelism.data_parallel_shard_degree", "2"});
+  const plan::StepTrace v = plan::dry_run_validation<float>(c, 0, 2, 1);
+  std::map<std::string, int> kinds;
+  for (const auto& x : v.trace.all<trace::Collective>()) ++kinds[x.kind];
+  CHECK(kinds["all_gather"] > 0);
+  CHECK(kinds["all_reduce"] == 1);  // the loss and target sums (train/validate.hpp)
+  CHECK(kinds.count("reduce_scatter") == 0);
+  CHECK(v.shape.tokens == 2 * 2 * 16);  // the global batch: 2 sequences on each of 2 ranks
+  CHECK(v.rank == 1);
 }
 
 TEST_CASE("dry run: the checkpoint modes order the saved activations full < selective op < none") {

@@ -44,19 +44,20 @@
 #include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/trainer.hpp"
+#include "tessera/train/validate.hpp"
 
 namespace tessera::plan {
 
-/// Traces one training step of the model `c` describes, its parameters in T, on a device
-/// of `device_bytes` (a GPU profile's capacity; 0: the host), which layers that size their
-/// working sets from the device's memory see (meta::DeviceMemory): that of world rank
-/// `rank` when the layout spans `world` ranks (the degrees of [parallelism] make its mesh).
-/// `steps_before`: 0 traces the first step after Trainer::prepare; n > 0 runs n steps
-/// without prepare() and traces the next, which does the same (tests/plan/test_dry_run.cpp
-/// holds the two equal, event for event and byte for byte) at n + 1 times the cost.
-template <class T>
-StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, int world = 1, int rank = 0,
-                       int steps_before = 0) {
+namespace detail {
+
+/// The dry run's frame: the model and the trainer `c` describes on Traced<Meta>, as rank
+/// `rank` of `world` sees them (memory, allocator replay, phantom mesh, a token stream of
+/// the right length, Trainer::prepare or `steps_before` untraced steps), then
+/// `record(trainer, model, mesh, out)` under a trace recording into `out`. The shape it
+/// fills is the training step's; the record may change it.
+template <class T, class Record>
+StepTrace dry_run(const train::JobConfig& c, std::size_t device_bytes, int world, int rank, int steps_before,
+                  Record&& record) {
   const comm::MeshShape shape = check_dry_run(c, world);
   TESSERA_CHECK(rank >= 0 && rank < world, "dry run: rank ", rank, " is outside the world of ", world, " ranks");
   const auto t0 = std::chrono::steady_clock::now();
@@ -91,6 +92,11 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
     if (steps_before == 0) trainer.prepare();
     for (int i = 0; i < steps_before; ++i) trainer.step();
     stats[static_cast<int>(Device::cpu)].reset_peak();
+    out.shape.args = c.model.args;
+    out.shape.tokens = global * seq;
+    out.shape.seq_len = seq;
+    out.shape.dtype = std::is_same_v<T, bf16> ? DType::bf16 : plan.param_dtype;
+    out.shape.devices = world;
     {
       // Room for as many events as this thread's last dry run recorded: a search traces
       // thousands of steps of about one size, and growing each trace's events by
@@ -98,24 +104,60 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
       static thread_local std::size_t last_events = 0;
       out.trace.reserve(last_events);
       trace::Recording recording(out.trace, {Device::meta});
-      const train::StepMetrics m = trainer.step();
-      out.saved_activation_bytes = m.activation_bytes;
+      record(trainer, model, mesh ? &*mesh : nullptr, out);
       last_events = out.trace.events().size();
     }
     out.peak_bytes = stats[static_cast<int>(Device::meta)].peak();
     out.reserved_peak_bytes = replay.stats().peak_reserved;
     out.at_peak = stats[static_cast<int>(Device::meta)].at_peak();
     out.host_peak_bytes = stats[static_cast<int>(Device::cpu)].peak();
-    out.shape.args = c.model.args;
-    out.shape.tokens = global * seq;
-    out.shape.seq_len = seq;
-    out.shape.dtype = std::is_same_v<T, bf16> ? DType::bf16 : plan.param_dtype;
-    out.shape.devices = world;
     out.mesh = shape;
     out.rank = rank;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+}  // namespace detail
+
+/// Traces one training step of the model `c` describes, its parameters in T, on a device
+/// of `device_bytes` (a GPU profile's capacity; 0: the host), which layers that size their
+/// working sets from the device's memory see (meta::DeviceMemory): that of world rank
+/// `rank` when the layout spans `world` ranks (the degrees of [parallelism] make its mesh).
+/// `steps_before`: 0 traces the first step after Trainer::prepare; n > 0 runs n steps
+/// without prepare() and traces the next, which does the same (tests/plan/test_dry_run.cpp
+/// holds the two equal, event for event and byte for byte) at n + 1 times the cost.
+template <class T>
+StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, int world = 1, int rank = 0,
+                       int steps_before = 0) {
+  return detail::dry_run<T>(c, device_bytes, world, rank, steps_before,
+                            [](auto& trainer, auto&, comm::DeviceMesh*, StepTrace& out) {
+                              const train::StepMetrics m = trainer.step();
+                              out.saved_activation_bytes = m.activation_bytes;
+                            });
+}
+
+/// Traces one global batch of validation ([validation]: validation.local_batch_size
+/// sequences of validation.seq_len tokens on each data-parallel rank) as llama-train's
+/// Validator reads it, after the model's first training step: the forward and the loss
+/// under the training's layout, no gradients (train/validate.hpp), and the sum over the
+/// data-parallel ranks. Its shape is the validation batch's: tokens of the global batch,
+/// validation.seq_len. The memory peak is the run's up to then, the step's included.
+template <class T>
+StepTrace dry_run_validation(const train::JobConfig& c, std::size_t device_bytes = 0, int world = 1, int rank = 0) {
+  const std::int64_t local = c.validation.local_batch_size, seq = c.validation.seq_len;
+  return detail::dry_run<T>(c, device_bytes, world, rank, 1,
+                            [&](auto& trainer, auto& model, comm::DeviceMesh* mesh, StepTrace& out) {
+                              model.check_batch(local, seq);
+                              const std::int64_t dp = mesh ? mesh->dp_degree() : 1;
+                              std::vector<std::uint32_t> tokens(static_cast<std::size_t>(seq + 1), 0);
+                              train::Validator validator(
+                                  data::DataLoader(std::move(tokens), seq, local, mesh ? mesh->dp_rank() : 0, dp), 1,
+                                  trainer.options().document_start_id, "validation (dry run)");
+                              validator.run(model);
+                              out.shape.tokens = local * dp * seq;
+                              out.shape.seq_len = seq;
+                            });
 }
 
 /// The two dry runs llama-plan and llama-train trace: of the fp32 model and of the bf16
@@ -124,7 +166,9 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
 /// `namespace tessera::plan { TESSERA_DRY_RUN_INSTANCES(template) }` in one file.
 #define TESSERA_DRY_RUN_INSTANCES(X)                                                                                   \
   X StepTrace dry_run_step<float>(const train::JobConfig&, std::size_t, int, int, int);                                \
-  X StepTrace dry_run_step<bf16>(const train::JobConfig&, std::size_t, int, int, int);
+  X StepTrace dry_run_step<bf16>(const train::JobConfig&, std::size_t, int, int, int);                                 \
+  X StepTrace dry_run_validation<float>(const train::JobConfig&, std::size_t, int, int);                               \
+  X StepTrace dry_run_validation<bf16>(const train::JobConfig&, std::size_t, int, int);
 
 #if defined(TESSERA_EXTERN_INSTANCES)
 TESSERA_DRY_RUN_INSTANCES(extern template)
