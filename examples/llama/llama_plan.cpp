@@ -907,6 +907,19 @@ std::int64_t whole_number(const char* flag, const std::string& v, std::int64_t l
   return n;
 }
 
+/// `v` as a finite number, the whole of it; nothing where it is not one.
+std::optional<double> finite_number(const std::string& v) {
+  std::size_t used = 0;
+  double f = 0;
+  try {
+    f = std::stod(v, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != v.size() || !std::isfinite(f)) return std::nullopt;
+  return f;
+}
+
 int run(std::vector<std::string> args) {
   std::string machine = "h100-sxm", emit;
   std::int64_t gpus = 0;
@@ -979,27 +992,12 @@ int run(std::vector<std::string> args) {
       } else if (key == "top") {
         top = static_cast<std::size_t>(whole_number("--plan.top", v, 0, 1 << 20, "a number of kinds, 0 or more"));
       } else if (key == "gpu_hour_price") {
-        std::size_t used = 0;
-        double f = -1;
-        try {
-          f = std::stod(v, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        TESSERA_CHECK(used == v.size() && std::isfinite(f) && f > 0, "--plan.gpu_hour_price ", v,
-                      ": expected the price of one GPU-hour, a positive number");
-        price = f;
+        price = finite_number(v);
+        TESSERA_CHECK(price && *price > 0, "--plan.gpu_hour_price ", v, ": expected the price of one GPU-hour, a positive number");
       } else if (key == "fragmentation") {
-        std::size_t used = 0;
-        double f = -1;
-        try {
-          f = std::stod(v, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        TESSERA_CHECK(used == v.size() && f >= 0 && f < 1, "--plan.fragmentation ", v,
+        fragmentation = finite_number(v);
+        TESSERA_CHECK(fragmentation && *fragmentation >= 0 && *fragmentation < 1, "--plan.fragmentation ", v,
                       ": expected a share of the reservation, from 0 up to (not including) 1");
-        fragmentation = f;
       } else {
         TESSERA_CHECK(false, "--plan.", key, ": unknown key (known: plan.zero1, plan.runtime, plan.attention, "
                       "plan.rmsnorm, plan.fragmentation, plan.top, plan.gpu_hour_price)");
