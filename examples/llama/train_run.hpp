@@ -5,12 +5,16 @@
 // over in RunInputs, so the CUDA side needs neither.
 #pragma once
 
+#include <fcntl.h>
 #include <omp.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -103,6 +107,15 @@ std::unique_ptr<nn::Transformer<float, Cpu>> whole_copy_on_cpu(Model& model, con
 inline nn::ModelArgs checked_model_args(const train::JobConfig& c, const io::Tokenizer& tok) {
   const std::string& init = c.checkpoint.initial_load_path;
   const bool init_hf = !init.empty() && train::is_hf_directory(init);
+  std::error_code ec;
+  TESSERA_CHECK(init.empty() || init_hf || !fs::is_directory(init, ec), "checkpoint.initial_load_path '", init,
+                "': a directory without config.json (expected a Hugging Face model directory or a model.safetensors; "
+                "a run's own checkpoints resume from its job.dump_folder)");
+  // The folders the run writes to, before anything slow: a file in their place fails at once.
+  const fs::path dump = c.job.dump_folder, ckpt = dump / c.checkpoint.folder;
+  for (const auto& [path, key] : {std::pair{dump, "job.dump_folder"}, std::pair{ckpt, "checkpoint.folder"}})
+    TESSERA_CHECK(!fs::exists(path, ec) || fs::is_directory(path, ec), path.string(), ": not a directory (", key,
+                  " names the folder the run writes to)");
   TESSERA_CHECK(!c.checkpoint.initial_load_in_hf || init_hf, "checkpoint.initial_load_in_hf = true: initial_load_path '",
                 init, "' is not a Hugging Face model directory (a folder with config.json)");
   // A Hugging Face directory brings its own model arguments: its config.json.
@@ -129,6 +142,29 @@ inline nn::ModelArgs checked_model_args(const train::JobConfig& c, const io::Tok
   }
   return a;
 }
+
+/// One run at a time writes to a dump folder: an advisory lock (flock) on the folder
+/// itself, held by the lead rank until the run ends, released by the system if it dies.
+/// Two runs in one folder would prune and overwrite each other's checkpoints.
+class FolderLock {
+ public:
+  explicit FolderLock(const fs::path& folder) : fd_(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+    TESSERA_CHECK(fd_ >= 0, folder.string(), ": cannot open to lock it: ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      TESSERA_CHECK(err != EWOULDBLOCK, folder.string(), ": another run is writing to this folder (job.dump_folder); "
+                    "give this one its own, or wait for that one to end");
+      fail(folder.string(), ": cannot lock: ", std::strerror(err));
+    }
+  }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  ~FolderLock() { ::close(fd_); }
+
+ private:
+  int fd_ = -1;
+};
 
 /// One rank's run; every rank of `world` calls it with the same inputs.
 template <class Model>
@@ -178,6 +214,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
         std::fprintf(stderr, "warning: %s: %s, skipped\n", s.path.string().c_str(),
                      s.partial ? "a save that never finished" : "incomplete (no COMPLETE marker: its save did not finish)");
     });
+  if (resume) train::check_resume(ckpt, *resume, c.training.steps);
   if (resume && parts.model) {
     // The checkpoint gives each rank its share: nothing to initialise.
   } else if (init_hf) {
@@ -200,14 +237,26 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
                     " at index ", i, " is outside the model's vocabulary (model.vocab_size = ", a.vocab_size, ")");
     return s;
   };
-  data::DataLoader loader(load(train::training_dataset(c)), c.training.seq_len, c.training.local_batch_size,
-                          mesh.dp_rank(), mesh.dp_degree());
+  // A stream too short for one window (or whose loss mask leaves no target) is named with
+  // the keys that made it.
+  auto loader_of = [&](const train::DatasetSpec& d, std::int64_t seq_len, std::int64_t local_batch) {
+    io::TokenStream stream = load(d);
+    try {
+      return data::DataLoader(std::move(stream), seq_len, local_batch, mesh.dp_rank(), mesh.dp_degree());
+    } catch (const Error& e) {
+      fail(train::dataset_name(d), " (", d.section, ".dataset = \"", d.dataset, "\"",
+           d.dataset == "synthetic" ? tessera::detail::concat(", ", d.section, ".synthetic_documents = ", d.documents)
+                                    : std::string(),
+           ", ", d.section, ".seq_len = ", seq_len, "): ", e.what());
+    }
+  };
+  data::DataLoader loader =
+      loader_of(train::training_dataset(c), c.training.seq_len, c.training.local_batch_size);
   std::optional<train::Validator> validator;
   if (c.validation.enable) {
     const train::DatasetSpec d = train::validation_dataset(c);
     model.check_batch(c.validation.local_batch_size, c.validation.seq_len);
-    validator.emplace(data::DataLoader(load(d), c.validation.seq_len, c.validation.local_batch_size, mesh.dp_rank(),
-                                       mesh.dp_degree()),
+    validator.emplace(loader_of(d, c.validation.seq_len, c.validation.local_batch_size),
                       c.validation.steps, c.training.document_mask ? train::document_start_id(c) : -1,
                       train::dataset_name(d));
   }
@@ -243,8 +292,10 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   // Only now, with every input checked, does the run touch its dump folder.
   const std::string tokenizer_copy = (dump / "tokenizer.model").string();
   bool has_tokenizer_file = false;
+  std::optional<FolderLock> lock;  // held to the run's end
   if (lead) {
     fs::create_directories(dump);
+    lock.emplace(dump);
     std::ofstream out(dump / "config.toml");
     out << in.config_toml;
     TESSERA_CHECK(out.good(), (dump / "config.toml").string(), ": cannot write");

@@ -71,6 +71,21 @@ fi
 expect_error "unknown attention" 'training.attention must be one of auto, cudnn, tessera; got "flash"' "$train" "${small[@]}" --training.attention flash
 expect_error "cudnn attention on the CPU" 'training.attention = "cudnn": this run trains on the CPU (training.device); cuDNN attention runs on a GPU' "$train" "${small[@]}" --training.device cpu --training.attention cudnn
 expect_error "missing token shard" "$work/none.tshard" "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/none.tshard"
+expect_error "a corpus shorter than a window" \
+  "the synthetic corpus (training.dataset = \"synthetic\", training.synthetic_documents = 1, training.seq_len = 512): DataLoader: the token stream has" \
+  "$train" "${small[@]}" --training.synthetic_documents 1 --training.seq_len 512 --model.max_seq_len 512
+expect_error "a dump folder that is a file" "$work/typed.toml: not a directory (job.dump_folder names the folder the run writes to)" \
+  "$train" "${small[@]}" --job.dump_folder "$work/typed.toml"
+expect_error "an initial model that is a run's folder" "checkpoint.initial_load_path '$work': a directory without config.json" \
+  "$train" "${small[@]}" --checkpoint.initial_load_path "$work"
+# One run at a time in a dump folder: a second one, started while the first holds it, is refused.
+mkdir -p "$work/busy"
+flock "$work/busy" sleep 30 &
+locker=$!
+sleep 0.5
+expect_error "a dump folder another run is writing to" "$work/busy: another run is writing to this folder (job.dump_folder)" \
+  "$train" "${small[@]}" --job.dump_folder "$work/busy"
+kill "$locker" 2>/dev/null; wait "$locker" 2>/dev/null
 # A valid shard first, then broken copies of it.
 printf 'TSRATOKS' > "$work/bad_magic.tshard"; head -c 100 /dev/zero >> "$work/bad_magic.tshard"
 expect_error "not a token shard" "bad_magic.tshard" "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/bad_magic.tshard"
@@ -92,6 +107,9 @@ expect_error "missing checkpoint" "nothing.safetensors" "$generate" --checkpoint
 expect_error "checkpoint of another shape" "does not match [model]" "$train" "${small[@]}" --model.dim 64 --checkpoint.initial_load_path "$ckpt"
 expect_error "generate: bad number" "--temperature: expected a number" "$generate" --checkpoint "$ckpt" --temperature hot
 expect_error "generate: unknown option" "unknown option '--tempreature'" "$generate" --checkpoint "$ckpt" --tempreature 1
+expect_error "generate: an unknown option last" "unknown option '--bogus'" "$generate" --checkpoint "$ckpt" --bogus
+expect_error "generate: an option for a value" "--checkpoint: missing value (got the option '--max-new-tokens')" \
+  "$generate" --checkpoint --max-new-tokens 5
 
 # A checkpoint that was saved is never clobbered by a failed run.
 before=$(md5sum < "$ckpt")
@@ -125,6 +143,8 @@ if [ -f "$rank_file" ]; then
     "$train" "${small[@]}" --training.steps 3 --checkpoint.enable true --training.local_batch_size 2
   expect_error "resume from a missing step" "checkpoint.load_step = 7 names a checkpoint that is not there" \
     "$train" "${small[@]}" --training.steps 3 --checkpoint.enable true --checkpoint.load_step 7
+  expect_error "resume past the run's end" "step-2: the run would resume at step 2, past its end (training.steps = 1)" \
+    "$train" "${small[@]}" --training.steps 1 --checkpoint.enable true
 else
   echo "FAIL: no checkpoint at $rank_file"; failures=$((failures + 1))
 fi

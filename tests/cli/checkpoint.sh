@@ -309,6 +309,17 @@ expect_error "a missing rank file" "missing/model-rank1-of-2.safetensors: missin
 cp -r "$run2/step-2" "$work/marker"
 echo 'not json' > "$work/marker/COMPLETE"
 expect_error "a broken COMPLETE marker" "marker/COMPLETE: not a valid marker" convert "$work/marker" --to hf "$work/x"
+echo '{"world_size": 99999999999}' > "$work/marker/COMPLETE"
+expect_error "a marker's world_size past any world" "marker/COMPLETE: world_size 99999999999 is not a number of ranks" \
+  verify "$work/marker"
+echo '{"world_size": 2, "format": "tessera sharded checkpoint 2"}' > "$work/marker/COMPLETE"
+expect_error "a marker of another format" 'marker/COMPLETE: format "tessera sharded checkpoint 2" is not' verify "$work/marker"
+# One rank's file from another save of the same layout: two models mixed, refused.
+cp -r "$run2/step-4" "$work/mixed"
+cp "$run2/step-2/model-rank1-of-2.safetensors" "$work/mixed/"
+expect_error "files from different saves" \
+  "mixed/model-rank1-of-2.safetensors: saved at step 2 (data position 16), where $work/mixed/model-rank0-of-2.safetensors was saved at step 4" \
+  verify "$work/mixed"
 cp -r "$run2/step-2" "$work/header"
 # A byte of the JSON header's stretch index, flipped: the index checksum names the file.
 python3 - "$work/header/model-rank0-of-2.safetensors" <<'EOF'

@@ -1,5 +1,6 @@
 // A run's checkpoint folder (checkpoint/folder.hpp): which checkpoint a rerun
-// resumes from, what keep_latest_k removes; and a resumed run's metrics.jsonl and
+// resumes from, which resumes are refused (past the run's end, back past newer
+// checkpoints), what keep_latest_k removes; and a resumed run's metrics.jsonl and
 // TensorBoard files (train/metrics.hpp), which go on from the resumed step.
 #include <doctest/doctest.h>
 
@@ -62,6 +63,25 @@ TEST_CASE("checkpoint folder: a rerun resumes from the latest complete checkpoin
   CHECK_ERROR_CONTAINS(train::resume_point(folder, 6), "step-6: checkpoint.load_step = 6 names a checkpoint that is not there");
   CHECK_ERROR_CONTAINS(train::resume_point(folder, 12), "step-12: checkpoint.load_step = 12 names a checkpoint whose save did not finish");
   CHECK_ERROR_CONTAINS(train::resume_point(folder, 14), "not there");  // a partial folder is no checkpoint
+}
+
+TEST_CASE("checkpoint folder: a resume past the run's end, or back past newer checkpoints, is refused") {
+  tessera::test::TempDir dir;
+  const fs::path folder = dir.path / "checkpoint";
+  make_step(folder, 5, true);
+  make_step(folder, 10, true);
+  make_step(folder, 15, true);
+  make_step(folder, 20, false);              // incomplete: no checkpoint to lose
+  make_step(folder, 25, false, ".partial");  // nor an interrupted save
+  const train::SavedStep latest = *train::resume_point(folder, -1);
+  CHECK_NOTHROW(train::check_resume(folder, latest, 20));
+  CHECK_NOTHROW(train::check_resume(folder, latest, 15));  // done: the final model is saved again, the same
+  CHECK_ERROR_CONTAINS(train::check_resume(folder, latest, 10),
+                       "step-15: the run would resume at step 15, past its end (training.steps = 10)");
+  CHECK_ERROR_CONTAINS(train::check_resume(folder, *train::resume_point(folder, 5), 20),
+                       "checkpoint.load_step = 5 goes back past step-10, step-15, saved by the run this one would branch from");
+  CHECK_ERROR_CONTAINS(train::check_resume(folder, *train::resume_point(folder, 10), 20), "goes back past step-15,");
+  CHECK_NOTHROW(train::check_resume(folder, *train::resume_point(folder, 15), 20));  // the latest, named
 }
 
 TEST_CASE("checkpoint folder: keep_latest_k counts complete checkpoints and never removes the latest") {

@@ -375,7 +375,7 @@ TEST_CASE("A Trainer built in code refuses what cannot run, in the words of the 
   CHECK(unmeasured.step().mfu_pct == 0);
 }
 
-TEST_CASE("Checkpoints round-trip and reject a model of another shape") {
+TEST_CASE("Checkpoints round-trip and reject a model of another shape, a tensor with no place, a value not finite") {
   const auto dir = std::filesystem::temp_directory_path() / "tessera_test_trainer_ckpt";
   std::filesystem::remove_all(dir);
   train::JobConfig c = small_job();
@@ -395,6 +395,25 @@ TEST_CASE("Checkpoints round-trip and reject a model of another shape") {
   other.n_heads = 2;
   Model wrong(other);
   CHECK_THROWS_WITH_AS(train::load_model(wrong, path), doctest::Contains("tok_embeddings.weight"), Error);
+  // A model with fewer layers than the file holds: the rest has no place in it.
+  nn::ModelArgs fewer = c.model.args;
+  fewer.n_layers -= 1;
+  Model shallow(fewer);
+  std::string message;
+  try {
+    train::load_model(shallow, path);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find(path + ": tensor 'layers." + std::to_string(fewer.n_layers) + ".") != std::string::npos);
+  CHECK(message.find("' has no place in the model (") != std::string::npos);
+  // A value that is not finite, named with its tensor and element.
+  a.for_each_parameter([&](nn::Parameter<float>& p) {
+    if (p.name == "norm.weight") p.value.data()[3] = std::numeric_limits<float>::quiet_NaN();
+  });
+  train::save_model(a, path, DType::bf16);
+  CHECK_THROWS_WITH_AS(train::load_model(b, path),
+                       doctest::Contains((path + ": tensor 'norm.weight' holds NaN at element 3").c_str()), Error);
   std::filesystem::remove_all(dir);
 }
 

@@ -1,6 +1,7 @@
 // A run's checkpoint folder: `step-<N>` folders, each a sharded training checkpoint
 // (checkpoint/sharded.hpp), complete once its COMPLETE marker is there. Which one
-// a rerun resumes from, and which ones keep_latest_k lets go.
+// a rerun resumes from (and which resumes would lose or mix saved work), and which ones
+// keep_latest_k lets go.
 //
 // Only names this library writes are looked at: `step-<digits>` folders, and the
 // `step-<digits>.partial` folders of saves (or removals) a crash interrupted. Anything
@@ -89,6 +90,25 @@ inline std::optional<SavedStep> resume_point(const std::filesystem::path& folder
     if (skipped) skipped(*it);
   }
   return std::nullopt;
+}
+
+/// Refuses a resume that would lose or mix saved work, before the run writes anything:
+/// one from a step past the run's end (`steps`, training.steps: the run would train
+/// nothing and write the older state over its final model), and one from an earlier step
+/// than complete checkpoints still in `folder` (checkpoint.load_step going back): the
+/// run's saves would sit beside the abandoned run's newer ones, keep_latest_k would keep
+/// those (the newest) over the run's own, and the next rerun would resume from them.
+inline void check_resume(const std::filesystem::path& folder, const SavedStep& from, std::int64_t steps) {
+  TESSERA_CHECK(from.step <= steps, from.path.string(), ": the run would resume at step ", from.step,
+                ", past its end (training.steps = ", steps, "): raise training.steps to train on, or give "
+                "checkpoint.load_step to go back to an earlier step");
+  std::string newer;
+  for (const SavedStep& s : list_saved_steps(folder))
+    if (s.complete && s.step > from.step) newer += (newer.empty() ? "" : ", ") + s.path.filename().string();
+  TESSERA_CHECK(newer.empty(), folder.string(), ": checkpoint.load_step = ", from.step, " goes back past ", newer,
+                ", saved by the run this one would branch from: this run's saves would be mixed with them, and "
+                "checkpoint.keep_latest_k would keep them over this run's; move them out of the folder to branch "
+                "from step ", from.step);
 }
 
 /// Removes all but the latest `keep` complete checkpoints (keep <= 0: keeps them all),

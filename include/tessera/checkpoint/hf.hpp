@@ -18,6 +18,7 @@
 // one the model has no place for.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +53,23 @@ void check_whole(const nn::Parameter<T>& p, const char* what) {
   TESSERA_CHECK(p.value.data() != nullptr, p.name, " cannot be ", what,
                 ": only this rank's shard is here (the model is sharded); save inside "
                 "model.with_whole_parameters(...), load before model.shard()");
+}
+
+/// A loaded parameter's values must be finite: a NaN or an infinity in a saved model (a
+/// corrupt file, or a run that diverged) would make every loss and sample NaN, far from
+/// the file. Refused naming the file, the tensor and the first such element. One pass
+/// of sums in double (no finite float or bf16 values overflow it) finds whether to look.
+template <class T>
+void check_finite(std::span<const T> values, const std::string& file, const std::string& tensor) {
+  double sum = 0;
+  for (const T& v : values) sum += static_cast<double>(static_cast<float>(v));
+  if (std::isfinite(sum)) return;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const double v = static_cast<double>(static_cast<float>(values[i]));
+    if (!std::isfinite(v))
+      fail(file, ": tensor '", tensor, "' holds ", std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", " at element ", i,
+           " (a model whose values are not all finite cannot be trained or run)");
+  }
 }
 
 // ---------------------------------------------------------------------------------
@@ -297,7 +315,9 @@ void load_hf_model(Model& model, const std::string& dir) {
            ", but the model config.json describes needs ", io::detail::shape_str(shape));
     }
     Tensor<T> host(p.shape(), Uninitialized{});
-    st.read(name, std::span<T>(host.data(), static_cast<std::size_t>(p.numel())), shape);
+    const std::span<T> values(host.data(), static_cast<std::size_t>(p.numel()));
+    st.read(name, values, shape);
+    check_finite(std::span<const T>(values), st.file_of(name).path(), name);
     B::copy_from_host(host.data(), p.value.data(), p.numel());
     used.insert(name);
   });

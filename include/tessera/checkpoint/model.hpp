@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <system_error>
 #include <string>
 #include <vector>
@@ -44,22 +45,28 @@ inline nlohmann::json model_args_to_json(const nn::ModelArgs& a) {
 
 inline nn::ModelArgs model_args_from_json(const nlohmann::json& j, const std::string& where) {
   nn::ModelArgs a;
+  // A whole number, not a float JSON would convert (1e30 does not fit an int64).
+  auto integer = [&](const nlohmann::json& o, const char* key) {
+    const nlohmann::json& v = o.at(key);
+    TESSERA_CHECK(v.is_number_integer(), where, ": model arguments: ", key, " is ", v.dump(), ", not a whole number");
+    return v.get<std::int64_t>();
+  };
   try {
     a.flavor = j.at("flavor").get<std::string>();
-    a.dim = j.at("dim").get<std::int64_t>();
-    a.n_layers = j.at("n_layers").get<std::int64_t>();
-    a.n_heads = j.at("n_heads").get<std::int64_t>();
-    a.n_kv_heads = j.at("n_kv_heads").get<std::int64_t>();
-    a.vocab_size = j.at("vocab_size").get<std::int64_t>();
-    a.multiple_of = j.at("multiple_of").get<std::int64_t>();
+    a.dim = integer(j, "dim");
+    a.n_layers = integer(j, "n_layers");
+    a.n_heads = integer(j, "n_heads");
+    a.n_kv_heads = integer(j, "n_kv_heads");
+    a.vocab_size = integer(j, "vocab_size");
+    a.multiple_of = integer(j, "multiple_of");
     a.ffn_dim_multiplier = j.at("ffn_dim_multiplier").get<double>();
-    a.ffn_hidden = j.value("ffn_hidden", std::int64_t{0});  // absent in older checkpoints
+    a.ffn_hidden = j.contains("ffn_hidden") ? integer(j, "ffn_hidden") : 0;  // absent in older checkpoints
     a.norm_eps = j.at("norm_eps").get<double>();
     a.rope_theta = j.at("rope_theta").get<double>();
     const auto& r = j.at("rope_scaling");
     a.rope_scaling = {r.at("enabled").get<bool>(), r.at("factor").get<double>(), r.at("low_freq_factor").get<double>(),
-                      r.at("high_freq_factor").get<double>(), r.at("original_max_position").get<std::int64_t>()};
-    a.max_seq_len = j.at("max_seq_len").get<std::int64_t>();
+                      r.at("high_freq_factor").get<double>(), integer(r, "original_max_position")};
+    a.max_seq_len = integer(j, "max_seq_len");
     a.tie_embeddings = j.at("tie_embeddings").get<bool>();
     a.depth_init = j.at("depth_init").get<bool>();
   } catch (const nlohmann::json::exception& e) {
@@ -103,20 +110,32 @@ inline nn::ModelArgs read_model_args(const std::string& path) {
   return model_args_from_json(j, path);
 }
 
-/// Loads every parameter of `model` from `path`; a missing tensor or another shape
-/// is an error naming the file and the tensor.
+/// Loads every parameter of `model` from `path`; a missing tensor, another shape, a value
+/// that is not finite, or a tensor with no place in the model (a file whose
+/// tessera.model_args do not describe it) is an error naming the file and the tensor.
 template <class Model>
 void load_model(Model& model, const std::string& path) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
   auto file = io::SafetensorsFile::open(path);
+  std::set<std::string> used;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
     check_whole(p, "loaded");
     std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
     Tensor<T> host(p.shape(), Uninitialized{});
-    file.read(p.name, std::span<T>(host.data(), static_cast<std::size_t>(p.numel())), shape);
+    const std::span<T> values(host.data(), static_cast<std::size_t>(p.numel()));
+    file.read(p.name, values, shape);
+    check_finite(std::span<const T>(values), path, p.name);
     B::copy_from_host(host.data(), p.value.data(), p.numel());
+    used.insert(p.name);
   });
+  // A pipelined model holds only its stages: the others' tensors have a place elsewhere.
+  if constexpr (requires { model.parameter_names(); })
+    for (const std::string& n : model.parameter_names()) used.insert(n);
+  for (const io::TensorEntry& e : file.tensors())
+    TESSERA_CHECK(used.count(e.name), path, ": tensor '", e.name, "' has no place in the model (", model.args().n_layers,
+                  " layers", model.args().tie_embeddings ? ", tied embeddings" : "",
+                  "): the file's tessera.model_args do not describe what it holds");
 }
 
 /// The model arguments of either kind of saved model: a Hugging Face directory (its

@@ -256,7 +256,7 @@ inline void commit_save(const std::string& dir, int world) {
   const fs::path tmp = partial / (std::string(kCompleteMarker) + ".tmp");
   {
     std::ofstream out(tmp);
-    out << nlohmann::json{{"world_size", world}, {"format", "tessera sharded checkpoint 1"}}.dump() << "\n";
+    out << nlohmann::json{{"world_size", world}, {"format", kFormat}}.dump() << "\n";
     out.flush();
     TESSERA_CHECK(out.good(), tmp.string(), ": cannot write");
   }

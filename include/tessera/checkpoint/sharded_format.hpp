@@ -60,6 +60,10 @@ namespace tessera::train {
 namespace sharded {
 
 inline constexpr const char* kCompleteMarker = "COMPLETE";
+/// The marker's "format": what this reader reads.
+inline constexpr const char* kFormat = "tessera sharded checkpoint 1";
+/// The most ranks a marker may name.
+inline constexpr std::int64_t kMaxWorld = std::int64_t{1} << 24;
 
 inline std::string file_name(int rank, int world) {
   return "model-rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
@@ -167,11 +171,17 @@ inline Index read_index(const std::string& dir) {
     nlohmann::json j;
     try {
       in >> j;
-      world = j.at("world_size").get<int>();
     } catch (const std::exception& e) {
       fail(marker.string(), ": not a valid marker (", e.what(), ")");
     }
-    TESSERA_CHECK(world >= 1, marker.string(), ": world_size ", world, " is not a number of ranks");
+    TESSERA_CHECK(j.is_object() && j.contains("world_size"), marker.string(), ": not a valid marker (no world_size)");
+    const nlohmann::json& w = j["world_size"];
+    TESSERA_CHECK(w.is_number_integer() && w.get<std::int64_t>() >= 1 && w.get<std::int64_t>() <= kMaxWorld,
+                  marker.string(), ": world_size ", w.dump(), " is not a number of ranks (1 to ", kMaxWorld, ")");
+    world = w.get<int>();
+    // Absent in the first markers; where present, the format this reader reads.
+    TESSERA_CHECK(!j.contains("format") || j["format"] == kFormat, marker.string(), ": format ", j.value("format", nlohmann::json()).dump(),
+                  " is not \"", kFormat, "\" (written by another version of tessera?)");
   }
   Index index;
   for (int r = 0; r < world; ++r) {
@@ -201,9 +211,18 @@ inline Index read_index(const std::string& dir) {
         fail(f.path(), ": tessera.crc32c is not a map of checksums: ", e.what());
       }
     }
+    // Every file of one save holds the same training state (its step, its data position):
+    // a file from another save (copied in, or left by another run) would mix two models.
+    const nlohmann::json state = field("tessera.state");
+    if (r > 0)
+      TESSERA_CHECK(state == index.state, f.path(), ": saved at step ", state.value("step", nlohmann::json()).dump(),
+                    " (data position ", state.value("data_position", nlohmann::json()).dump(), "), where ",
+                    index.files.front().path(), " was saved at step ", index.state.value("step", nlohmann::json()).dump(),
+                    " (data position ", index.state.value("data_position", nlohmann::json()).dump(),
+                    "): the files come from different saves");
     if (r == 0) {
       index.model_args = field("tessera.model_args");
-      const nlohmann::json families = field("tessera.families"), state = field("tessera.state");
+      const nlohmann::json families = field("tessera.families");
       try {
         index.families = families.get<std::vector<std::string>>();
       } catch (const nlohmann::json::exception& e) {
