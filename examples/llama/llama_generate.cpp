@@ -14,6 +14,7 @@
 // through --tokenizer, by default the tokenizer.model beside the file or inside the
 // directory (or its tokenizer.json), else the byte tokenizer; the prompt follows a BOS
 // token and generation stops at EOS.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -51,7 +52,14 @@ int run(const std::vector<std::string>& args) {
                   "llama3 when the tokenizer has its header tokens), after the --system message if given.\n");
       return 0;
     }
+    static const std::vector<std::string> known = {"--checkpoint", "--prompt",  "--chat",        "--system",
+                                                   "--chat-format", "--tokenizer", "--max-new-tokens", "--temperature",
+                                                   "--top-k",      "--seed"};
+    if (std::find(known.begin(), known.end(), a) == known.end()) fail("unknown option '", a, "' (see --help)");
     TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
+    // Only text (a prompt, a message) may start with "--"; elsewhere it is the next option.
+    const bool text = a == "--prompt" || a == "--chat" || a == "--system";
+    TESSERA_CHECK(text || args[i + 1].rfind("--", 0) != 0, a, ": missing value (got the option '", args[i + 1], "')");
     const std::string& v = args[++i];
     if (a == "--checkpoint") checkpoint = v;
     else if (a == "--prompt") prompt = v;

@@ -157,7 +157,7 @@ int run(const std::vector<std::string>& args) {
   std::string tokenizer_spec, output, format = "auto", chat;
   data::TokenizeOptions options;
   std::vector<std::string> inputs;
-  bool options_done = false;
+  bool options_done = false, field_given = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (options_done || a == "-" || a.empty() || a[0] != '-') {
@@ -177,13 +177,20 @@ int run(const std::vector<std::string>& args) {
                a == "--chat") {
       TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
       const std::string& v = args[++i];
-      if (a == "--tokenizer") tokenizer_spec = v;
-      else if (a == "--output") output = v;
-      else if (a == "--threads")
+      if (a == "--tokenizer") {
+        tokenizer_spec = v;
+      } else if (a == "--output") {
+        output = v;
+      } else if (a == "--threads") {
         options.threads = cli::parse_number<unsigned>(a, v, "a whole number from 1 to 4096", 1, 4096);
-      else if (a == "--field") options.field = v;
-      else if (a == "--chat") chat = v;
-      else format = v;
+      } else if (a == "--field") {
+        options.field = v;
+        field_given = true;
+      } else if (a == "--chat") {
+        chat = v;
+      } else {
+        format = v;
+      }
     } else {
       fail("unknown option '", a, "' (see --help)");
     }
@@ -218,6 +225,8 @@ int run(const std::vector<std::string>& args) {
   if (!chat.empty()) {
     options.chat = io::resolve_chat_format(chat, *tok, "--chat");
     TESSERA_CHECK(format != "text", "--chat: chat data is JSON lines, not --format text");
+    TESSERA_CHECK(!field_given, "--field: chat data is read from each line's \"messages\"; --field names the text "
+                  "field of JSON lines of documents");
     for (const data::InputSource& s : reader.sources())
       TESSERA_CHECK(s.format == data::InputFormat::jsonl, s.name(),
                     ": chat data is JSON lines of {\"messages\": [...]} (name the file .jsonl or give --format jsonl)");
@@ -244,6 +253,9 @@ int run(const std::vector<std::string>& args) {
         },
         &progress);
   }
+  // An empty shard would only fail later, in the DataLoader of the run that reads it.
+  TESSERA_CHECK(stats.tokens > 0, inputs.size() == 1 ? inputs.front() : "the inputs", ": no documents",
+                options.chat ? " (no conversations)" : "", ", so no token shard is written");
   shard.commit();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

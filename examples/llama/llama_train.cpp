@@ -35,6 +35,7 @@
 // train_run.hpp's run_rank, instantiated here for the CPU and in llama_train_cuda.cpp
 // for CUDA. On the GPU, training.attention picks cuDNN's fused attention or
 // tessera's own kernels (backend/cuda/attention_choice.hpp); the start-up line says which.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -127,16 +128,23 @@ int run(std::vector<std::string> args) {
       usage();
       return 0;
     }
-  int thread_ranks = 1;
-  for (std::size_t i = 0; i < args.size(); ++i)
-    if (args[i] == "--thread-ranks") {
-      const std::string v = i + 1 < args.size() ? args[i + 1] : "";
-      const bool number = !v.empty() && v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
-      TESSERA_CHECK(number && std::stoi(v) >= 1, "--thread-ranks '", v, "': expected a positive number of ranks");
-      thread_ranks = std::stoi(v);
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
-      break;
+  int thread_ranks = 0;  // 0: not given
+  for (std::size_t i = 0; i < args.size();) {
+    // --thread-ranks N or --thread-ranks=N, once.
+    const bool joined = args[i].rfind("--thread-ranks=", 0) == 0;
+    if (args[i] != "--thread-ranks" && !joined) {
+      ++i;
+      continue;
     }
+    TESSERA_CHECK(thread_ranks == 0, "--thread-ranks: given twice");
+    const std::string v = joined ? args[i].substr(15) : i + 1 < args.size() ? args[i + 1] : "";
+    const bool number = !v.empty() && v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
+    TESSERA_CHECK(number && std::stoi(v) >= 1, "--thread-ranks '", v, "': expected a number of ranks from 1 to 9999");
+    thread_ranks = std::stoi(v);
+    const std::size_t n = joined || i + 1 >= args.size() ? 1 : 2;
+    args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + n));
+  }
+  thread_ranks = std::max(thread_ranks, 1);
   train::JobConfig c = train::load_config("", args);
   train::check_supported(c);
   if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());

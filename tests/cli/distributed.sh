@@ -368,12 +368,14 @@ expect_error one "tensor_parallel_degree 2 on one rank" \
   "data_parallel_replicate_degree 1 x tensor_parallel_degree 2 x pipeline_parallel_degree 1 = 2 does not divide the world size 1" \
   "$train" "${small[@]}" "${bad[@]}" --parallelism.tensor_parallel_degree 2
 
-expect_error one "--thread-ranks 0" "--thread-ranks '0': expected a positive number of ranks" \
+expect_error one "--thread-ranks 0" "--thread-ranks '0': expected a number of ranks from 1 to 9999" \
   "$train" --thread-ranks 0 "${small[@]}" "${bad[@]}"
-expect_error one "--thread-ranks abc" "--thread-ranks 'abc': expected a positive number of ranks" \
+expect_error one "--thread-ranks abc" "--thread-ranks 'abc': expected a number of ranks from 1 to 9999" \
   "$train" --thread-ranks abc "${small[@]}" "${bad[@]}"
-expect_error one "--thread-ranks without a number" "--thread-ranks '': expected a positive number of ranks" \
+expect_error one "--thread-ranks without a number" "--thread-ranks '': expected a number of ranks from 1 to 9999" \
   "$train" "${small[@]}" "${bad[@]}" --thread-ranks
+expect_error one "--thread-ranks twice" "--thread-ranks: given twice" \
+  "$train" --thread-ranks=2 "${small[@]}" "${bad[@]}" --thread-ranks 4
 if [ "$mpirun" != none ]; then
   expect_error mpi "--thread-ranks 2 under mpirun -np 2" \
     "--thread-ranks 2 under an MPI launch of 2 processes: use one or the other" \

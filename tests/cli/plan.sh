@@ -212,6 +212,9 @@ plan_fails "float8 GEMMs over tokens cuBLASLt cannot take" \
 plan_fails "unknown machine" "--machine tpu-v9: unknown machine (known: h100-sxm, h200, a100-80gb-sxm, a100-80gb-p4de, cpu" \
   "${debug[@]}" --machine tpu-v9
 plan_fails "missing machine file" "$work/none.toml: cannot open the machine profile" "${debug[@]}" --machine "$work/none.toml"
+mkdir -p "$work/profiles.toml"
+plan_fails "a machine file that is a directory" "$work/profiles.toml: a directory, not a machine profile" "${debug[@]}" \
+  --machine "$work/profiles.toml"
 sed 's/^value = 3350$/value = 0/' "$machines/h100-sxm.toml" > "$work/broken.toml"
 plan_fails "machine file with a non-positive rate" "machine profile: hbm.bandwidth_gbs.value must be a positive number, got 0" \
   "${debug[@]}" --machine "$work/broken.toml"

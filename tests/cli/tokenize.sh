@@ -168,6 +168,11 @@ expect_error "bad --threads" "--threads: expected a whole number" "$tokenize" --
 expect_error "bad --format" "--format: expected auto, text or jsonl" "$tokenize" --tokenizer byte --output "$work/keep.bin" --format csv "$work/one.txt"
 expect_error "output directory missing" "no/such/dir/out.bin: its directory" "$tokenize" --tokenizer byte --output "$work/no/such/dir/out.bin" "$work/one.txt"
 expect_error "output is a directory" "is a directory; --output names the shard file" "$tokenize" --tokenizer byte --output "$work" "$work/one.txt"
+: > "$work/empty.jsonl"
+printf '\n\n' > "$work/blank.jsonl"
+expect_error "an empty input" "empty.jsonl: no documents, so no token shard is written" "$tokenize" --tokenizer byte --output "$work/keep.bin" "$work/empty.jsonl"
+expect_error "blank lines only" "blank.jsonl: no documents, so no token shard is written" "$tokenize" --tokenizer byte --output "$work/keep.bin" "$work/blank.jsonl"
+expect_error "--field with chat data" "--field: chat data is read from each line's" "$tokenize" --tokenizer byte --chat llama2 --field x --output "$work/keep.bin" "$work/c4.jsonl"
 runs=$((runs + 1))
 if [ "$before" = "$(md5sum < "$work/keep.bin")" ] && [ ! -e "$work/keep.bin.tmp" ]; then
   ok "failed runs leave the existing output intact and no temporary file"

@@ -578,9 +578,15 @@ TEST_CASE("model shapes that do not divide are rejected") {
   CHECK_ERROR(parse("[model]\ndim = 200\n"), "n_heads (16) does not divide dim (200)");
   CHECK_ERROR(parse("[model]\nn_kv_heads = 3\n"), "job.toml: [model]",
               "n_kv_heads (3) does not divide n_heads (16)");
-  CHECK_ERROR(parse("", {"--model.n_kv_heads", "5"}), "n_kv_heads (5) does not divide n_heads (16)");
+  CHECK_ERROR(parse("", {"--model.n_kv_heads", "5"}), "job.toml with --model.n_kv_heads from the command line: [model]",
+              "n_kv_heads (5) does not divide n_heads (16)");
   CHECK_ERROR(load_config("", {"--model.n_heads", "3"}), "command line: [model]",
               "n_heads (3) does not divide dim (256)");
+}
+
+TEST_CASE("the folders a job writes to are named") {
+  CHECK_ERROR(parse("", {"--job.dump_folder", ""}), "command line: job.dump_folder is empty");
+  CHECK_ERROR(parse("[checkpoint]\nfolder = \"\"\n"), "job.toml:2:10: checkpoint.folder is empty");
 }
 
 TEST_CASE("to_toml round trip") {

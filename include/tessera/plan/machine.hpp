@@ -75,6 +75,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -483,6 +484,9 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
 
 /// Reads a GPU profile from a file.
 inline Machine load_machine(const std::filesystem::path& path, const MachineResolver& resolve = machine_beside) {
+  std::error_code ec;
+  TESSERA_CHECK(!std::filesystem::is_directory(path, ec), path.string(),
+                ": a directory, not a machine profile (a FILE.toml of the form of examples/machines)");
   const std::optional<std::string> text = detail::file_text(path);
   TESSERA_CHECK(text.has_value(), path.string(), ": cannot open the machine profile");
   return parse_machine(*text, path.string(), resolve);

@@ -60,7 +60,19 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
   }
   for (const auto& k : config_keys())
     if (k.apply_to_args) k.apply_to_args(c);
-  c.model.args.validate(tessera::detail::concat(model_where, ": [model]"));
+  // The shape's errors name where its keys came from: the file, and the command line's
+  // overrides of [model] beside it.
+  std::string overrides;
+  for (const auto& [key, origin] : o.by_key)
+    if (key.starts_with("model.") && origin == "command line" && model_where != origin)
+      overrides += (overrides.empty() ? "--" : ", --") + key;
+  c.model.args.validate(overrides.empty() ? tessera::detail::concat(model_where, ": [model]")
+                                          : tessera::detail::concat(model_where, " with ", overrides,
+                                                                    " from the command line: [model]"));
+  TESSERA_CHECK(!c.job.dump_folder.empty(), o.of("job.dump_folder"),
+                ": job.dump_folder is empty (the folder the job writes its checkpoints, metrics and models to)");
+  TESSERA_CHECK(!c.checkpoint.folder.empty(), o.of("checkpoint.folder"),
+                ": checkpoint.folder is empty (the checkpoints' folder inside job.dump_folder)");
 
   // Rules that tie keys together.
   const auto& t = c.training;
