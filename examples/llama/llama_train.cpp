@@ -243,7 +243,11 @@ int run(std::vector<std::string> args) {
                     in.peak_flops / 1e9, Cpu::blas_kernels());
     } else {
       plan::CpuProfile measured;
-      plan::measure_gemms(llama_plan::trace_step(llama_plan::on_one_device(c), false).trace, 0.02, measured);
+      const plan::StepTrace step = llama_train::sized_by(
+          tessera::detail::concat("tracing a step for the MFU peak (a rank's batch: training.local_batch_size x "
+                                  "training.seq_len = ", c.training.local_batch_size, " x ", c.training.seq_len, " tokens)"),
+          [&] { return llama_plan::trace_step(llama_plan::on_one_device(c), false); });
+      plan::measure_gemms(step.trace, 0.02, measured);
       in.peak_flops = measured.peak_gemm_flops;
       std::snprintf(text, sizeof text, "peak %.1f GFLOP/s (fastest of the step's %zu GEMM shapes, measured; OpenBLAS %s kernels)",
                     in.peak_flops / 1e9, measured.gemm_seconds.size(), Cpu::blas_kernels());

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -166,6 +167,17 @@ class FolderLock {
   int fd_ = -1;
 };
 
+/// Runs `f`; host memory running out in it (std::bad_alloc, which names nothing) is an
+/// error saying what the run was doing and the keys that size it.
+template <class F>
+decltype(auto) sized_by(const std::string& what, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    fail("out of host memory ", what);
+  }
+}
+
 /// One rank's run; every rank of `world` calls it with the same inputs.
 template <class Model>
 int run_rank(comm::Communicator world, const RunInputs& in) {
@@ -190,7 +202,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   const bool init_hf = !init.empty() && train::is_hf_directory(init);
   const io::Tokenizer& tok = *in.tokenizer;
   const nn::ModelArgs a = checked_model_args(c, tok);
-  Model model(a, plan);
+  Model model = sized_by("building the model (model.dim, model.n_layers, model.vocab_size)", [&] { return Model(a, plan); });
   // The model has checked its heads, hidden units and vocabulary against the tp degree,
   // and its stages against the pipeline degree; now the batch against both (rows over
   // the tp ranks; microbatches the schedule can run), before any file is written.
@@ -240,7 +252,12 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   // A stream too short for one window (or whose loss mask leaves no target) is named with
   // the keys that made it.
   auto loader_of = [&](const train::DatasetSpec& d, std::int64_t seq_len, std::int64_t local_batch) {
-    io::TokenStream stream = load(d);
+    io::TokenStream stream = sized_by(
+        tessera::detail::concat("loading ", train::dataset_name(d), " (", d.section, ".dataset",
+                                d.dataset == "synthetic" ? tessera::detail::concat(", ", d.section, ".synthetic_documents = ", d.documents)
+                                                         : std::string(),
+                                ")"),
+        [&] { return load(d); });
     try {
       return data::DataLoader(std::move(stream), seq_len, local_batch, mesh.dp_rank(), mesh.dp_degree());
     } catch (const Error& e) {
@@ -338,7 +355,10 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     std::fprintf(stderr, "checkpoint %s written\n", dir.c_str());
     train::prune_checkpoints(ckpt, c.checkpoint.keep_latest_k);
   };
-  for (std::int64_t s = trainer.steps_done() + 1; s <= c.training.steps; ++s) {
+  const std::string step_size = tessera::detail::concat(
+      "in a step (a rank's batch: training.local_batch_size x training.seq_len = ", local, " x ", c.training.seq_len,
+      " tokens", c.validation.enable ? "; validation.local_batch_size x validation.seq_len for validation" : "", ")");
+  for (std::int64_t s = trainer.steps_done() + 1; s <= c.training.steps; ++s) sized_by(step_size, [&] {
     train::StepMetrics m = trainer.step();
     const bool last = s == c.training.steps;
     if (validator && (s % c.validation.freq == 0 || last)) {
@@ -362,7 +382,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     // from this one with its line missing.
     if (log) log->log(m);
     if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(last || !async));
-  }
+  });
   if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(true));
   const std::string final_path = (dump / "model.safetensors").string();
   save([&] {

@@ -100,6 +100,7 @@ TEST_CASE("[float8] is read when model.converters names it, and what cannot run 
         doctest::Contains(message.c_str()), Error);
   };
   refused({"--model.converters", "float4"}, "model.converters: each item must be one of float8");
+  refused({"--model.converters", "float8,float8"}, "model.converters: \"float8\" is given twice");
   refused({"--model.converters", "float8", "--float8.recipe_name", "blockwise"},
           "float8.recipe_name must be one of tensorwise, rowwise, rowwise_with_gw_hp");
   refused({"--model.converters", "float8", "--training.mixed_precision_param", "float32"},

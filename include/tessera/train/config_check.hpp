@@ -43,10 +43,15 @@ inline void check_key(const ConfigKey& k, const JobConfig& c, const std::string&
     if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
       fail(where, ": ", k.name, " must be one of ", join(k.choices, ", "), "; got ", quote(s));
   }
-  if (k.type == KeyType::StringList && !k.choices.empty())  // each item among the choices
-    for (const std::string& s : std::get<std::vector<std::string>>(v))
-      if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
-        fail(where, ": ", k.name, ": each item must be one of ", join(k.choices, ", "), "; got ", quote(s));
+  if (k.type == KeyType::StringList) {
+    const auto& items = std::get<std::vector<std::string>>(v);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), items[i]) == k.choices.end())
+        fail(where, ": ", k.name, ": each item must be one of ", join(k.choices, ", "), "; got ", quote(items[i]));
+      if (std::find(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(i), items[i]) != items.begin() + static_cast<std::ptrdiff_t>(i))
+        fail(where, ": ", k.name, ": ", quote(items[i]), " is given twice");
+    }
+  }
 }
 
 inline void finalize(JobConfig& c, const Origins& o, std::string_view model_where) {
