@@ -14,15 +14,6 @@ tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf1
   return st;
 }
 
-tessera::plan::StepTrace trace_validation(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes,
-                                          int world, int rank) {
-  tessera::plan::StepTrace st = bf16_model
-                                    ? tessera::plan::dry_run_validation<tessera::bf16>(c, device_bytes, world, rank)
-                                    : tessera::plan::dry_run_validation<float>(c, device_bytes, world, rank);
-  if (device_bytes == 0) st.reserved_peak_bytes = st.peak_bytes;  // as trace_step's
-  return st;
-}
-
 tessera::train::JobConfig on_one_device(tessera::train::JobConfig c) {
   auto& p = c.parallelism;
   p.data_parallel_replicate_degree = p.data_parallel_shard_degree = p.tensor_parallel_degree = 1;

@@ -1,5 +1,5 @@
-// One traced training step of a config (and one validation batch), compiled once for
-// llama-plan and llama-train.
+// One traced training step of a config, compiled once for llama-plan and llama-train (and
+// llama-plan's traced validation batch).
 //
 // llama-plan prices it on a machine; llama-train measures the CPU's GEMM peak for MFU on
 // its GEMMs (plan/cpu.hpp: measure_gemm_peak). The model types of the dry run are
@@ -21,7 +21,8 @@ tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf1
                                     int world = 1, int rank = 0);
 
 /// One traced global batch of the config's validation ([validation]), after a training
-/// step, on the same terms as trace_step (plan::dry_run_validation).
+/// step, on the same terms as trace_step (plan::dry_run_validation). llama-plan's alone:
+/// defined in validation_trace.cpp, which only it compiles.
 tessera::plan::StepTrace trace_validation(const tessera::train::JobConfig& c, bool bf16_model,
                                           std::size_t device_bytes = 0, int world = 1, int rank = 0);
 

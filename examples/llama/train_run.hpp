@@ -202,7 +202,8 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   const bool init_hf = !init.empty() && train::is_hf_directory(init);
   const io::Tokenizer& tok = *in.tokenizer;
   const nn::ModelArgs a = checked_model_args(c, tok);
-  Model model = sized_by("building the model (model.dim, model.n_layers, model.vocab_size)", [&] { return Model(a, plan); });
+  Model model =
+      sized_by("building the model (model.dim, model.n_layers, model.vocab_size)", [&] { return Model(a, plan); });
   // The model has checked its heads, hidden units and vocabulary against the tp degree,
   // and its stages against the pipeline degree; now the batch against both (rows over
   // the tp ranks; microbatches the schedule can run), before any file is written.
@@ -249,26 +250,22 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
                     " at index ", i, " is outside the model's vocabulary (model.vocab_size = ", a.vocab_size, ")");
     return s;
   };
-  // A stream too short for one window (or whose loss mask leaves no target) is named with
-  // the keys that made it.
+  // A stream too large for the host, too short for one window, or whose loss mask leaves
+  // no target is named with the keys that made it.
   auto loader_of = [&](const train::DatasetSpec& d, std::int64_t seq_len, std::int64_t local_batch) {
-    io::TokenStream stream = sized_by(
-        tessera::detail::concat("loading ", train::dataset_name(d), " (", d.section, ".dataset",
-                                d.dataset == "synthetic" ? tessera::detail::concat(", ", d.section, ".synthetic_documents = ", d.documents)
-                                                         : std::string(),
-                                ")"),
-        [&] { return load(d); });
+    const std::string keys = tessera::detail::concat(
+        d.section, ".dataset = \"", d.dataset, "\"",
+        d.dataset == "synthetic" ? tessera::detail::concat(", ", d.section, ".synthetic_documents = ", d.documents)
+                                 : std::string());
+    io::TokenStream stream =
+        sized_by(tessera::detail::concat("loading ", train::dataset_name(d), " (", keys, ")"), [&] { return load(d); });
     try {
       return data::DataLoader(std::move(stream), seq_len, local_batch, mesh.dp_rank(), mesh.dp_degree());
     } catch (const Error& e) {
-      fail(train::dataset_name(d), " (", d.section, ".dataset = \"", d.dataset, "\"",
-           d.dataset == "synthetic" ? tessera::detail::concat(", ", d.section, ".synthetic_documents = ", d.documents)
-                                    : std::string(),
-           ", ", d.section, ".seq_len = ", seq_len, "): ", e.what());
+      fail(train::dataset_name(d), " (", keys, ", ", d.section, ".seq_len = ", seq_len, "): ", e.what());
     }
   };
-  data::DataLoader loader =
-      loader_of(train::training_dataset(c), c.training.seq_len, c.training.local_batch_size);
+  data::DataLoader loader = loader_of(train::training_dataset(c), c.training.seq_len, c.training.local_batch_size);
   std::optional<train::Validator> validator;
   if (c.validation.enable) {
     const train::DatasetSpec d = train::validation_dataset(c);

@@ -160,15 +160,15 @@ StepTrace dry_run_validation(const train::JobConfig& c, std::size_t device_bytes
                             });
 }
 
-/// The two dry runs llama-plan and llama-train trace: of the fp32 model and of the bf16
-/// model. Under TESSERA_EXTERN_INSTANCES (tessera/instances.hpp) they are declared
+/// The two step dry runs llama-plan and llama-train trace: of the fp32 model and of the
+/// bf16 model. Under TESSERA_EXTERN_INSTANCES (tessera/instances.hpp) they are declared
 /// `extern template` here, and a build compiles them once:
-/// `namespace tessera::plan { TESSERA_DRY_RUN_INSTANCES(template) }` in one file.
+/// `namespace tessera::plan { TESSERA_DRY_RUN_INSTANCES(template) }` in one file. The
+/// validation's are instantiated where they are used (llama-plan alone, which the
+/// sanitizer build leaves out: examples/llama/validation_trace.cpp).
 #define TESSERA_DRY_RUN_INSTANCES(X)                                                                                   \
   X StepTrace dry_run_step<float>(const train::JobConfig&, std::size_t, int, int, int);                                \
-  X StepTrace dry_run_step<bf16>(const train::JobConfig&, std::size_t, int, int, int);                                 \
-  X StepTrace dry_run_validation<float>(const train::JobConfig&, std::size_t, int, int);                               \
-  X StepTrace dry_run_validation<bf16>(const train::JobConfig&, std::size_t, int, int);
+  X StepTrace dry_run_step<bf16>(const train::JobConfig&, std::size_t, int, int, int);
 
 #if defined(TESSERA_EXTERN_INSTANCES)
 TESSERA_DRY_RUN_INSTANCES(extern template)
