@@ -167,14 +167,17 @@ class FolderLock {
   int fd_ = -1;
 };
 
-/// Runs `f`; host memory running out in it (std::bad_alloc, which names nothing) is an
-/// error saying what the run was doing and the keys that size it.
+/// Runs `f`; memory running out in it is an error saying what the run was doing and the
+/// keys that size it: tessera's allocators' OutOfMemory (host or device, with the bytes
+/// and the tensor) and std::bad_alloc (host, naming nothing).
 template <class F>
 decltype(auto) sized_by(const std::string& what, F&& f) {
   try {
     return f();
+  } catch (const OutOfMemory& e) {
+    fail_out_of_memory(e.what(), ", while ", what);
   } catch (const std::bad_alloc&) {
-    fail("out of host memory ", what);
+    fail_out_of_memory("out of host memory, while ", what);
   }
 }
 
@@ -318,9 +321,11 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   }
   train::TrainerOptions options = train::trainer_options(c);
   if (in.peak_flops > 0) options.peak_flops = in.peak_flops;
-  train::Trainer<Model> trainer(model, std::move(options), std::move(loader));
+  train::Trainer<Model> trainer = sized_by(
+      "setting up the optimizer (AdamW's moments and masters: the model's size, optimizer.state_dtype)",
+      [&] { return train::Trainer<Model>(model, std::move(options), std::move(loader)); });
   if (resume) {
-    trainer.load_checkpoint(resume->path.string(), parts);
+    sized_by("loading " + resume->path.string(), [&] { trainer.load_checkpoint(resume->path.string(), parts); });
     if (lead) {
       std::string excluded;
       for (const std::string& x : c.checkpoint.exclude_from_loading) excluded += (excluded.empty() ? "" : ", ") + x;

@@ -78,6 +78,12 @@ expect_error "a dump folder that is a file" "$work/typed.toml: not a directory (
   "$train" "${small[@]}" --job.dump_folder "$work/typed.toml"
 expect_error "an initial model that is a run's folder" "checkpoint.initial_load_path '$work': a directory without config.json" \
   "$train" "${small[@]}" --checkpoint.initial_load_path "$work"
+# A model no machine's memory holds (256 TB of embeddings): the allocator's error says
+# what the run was building and the keys that size it. The sanitizers' allocator returns
+# null for it (as the C library's does) only when allowed to.
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" expect_error "a model larger than memory" \
+  "out of host memory allocating 256000000000000 bytes, while building the model (model.dim, model.n_layers, model.vocab_size)" \
+  "$train" "${small[@]}" --model.vocab_size 2000000000000
 # One run at a time in a dump folder: a second one, started while the first holds it, is refused.
 mkdir -p "$work/busy"
 flock "$work/busy" sleep 30 &

@@ -184,3 +184,26 @@ TEST_CASE("Error messages read as the stream writes their parts, on either path"
   CHECK(detail::concat() == "");
   REQUIRE_THROWS_WITH_AS(fail("rank ", 3, " of ", 8, ": ", std::string("bad")), "rank 3 of 8: bad", Error);
 }
+
+TEST_CASE("Memory running out is its own kind of error, and keeps it when context is added") {
+  REQUIRE_THROWS_WITH_AS(fail_out_of_memory("out of host memory allocating ", 64, " bytes"),
+                         "out of host memory allocating 64 bytes", OutOfMemory);
+#ifndef __SANITIZE_ADDRESS__  // AddressSanitizer's allocator ends the process instead (unless told not to)
+  // A buffer no host can give (4 EiB): the allocator's error, not std::bad_alloc.
+  CHECK_THROWS_AS(Buffer<float>(std::size_t{1} << 60), OutOfMemory);
+#endif
+  // fail_like: the caught error's kind, the new message.
+  auto rethrown = [](const std::exception& cause) {
+    try {
+      fail_like(cause, cause.what(), " (for layers.0.w1)");
+    } catch (const OutOfMemory& e) {
+      return "OutOfMemory: " + std::string(e.what());
+    } catch (const Error& e) {
+      return "Error: " + std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(rethrown(OutOfMemory("out of device memory")) == "OutOfMemory: out of device memory (for layers.0.w1)");
+  CHECK(rethrown(Error("bad shape")) == "Error: bad shape (for layers.0.w1)");
+  CHECK(rethrown(std::runtime_error("io")) == "Error: io (for layers.0.w1)");
+}

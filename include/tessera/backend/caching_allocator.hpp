@@ -393,7 +393,7 @@ class CachingAllocator {
       } catch (const std::exception&) {  // the figure is a courtesy: the error is out of memory
       }
     }
-    fail("out of device memory", device_suffix(), " allocating ", bytes, " bytes (",
+    fail_out_of_memory("out of device memory", device_suffix(), " allocating ", bytes, " bytes (",
          binary_bytes(static_cast<double>(bytes)), ")", for_what(what), ": ",
          binary_bytes(static_cast<double>(stats_.allocated_bytes)), " allocated by tessera, ",
          binary_bytes(static_cast<double>(stats_.reserved_bytes)), " reserved", free_text);

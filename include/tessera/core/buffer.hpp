@@ -37,7 +37,7 @@ class Buffer {
   Buffer(std::size_t size, Uninitialized) : size_(size), device_(Device::cpu), deleter_(&host_free) {
     if (size == 0) return;
     data_ = static_cast<T*>(std::aligned_alloc(64, round_up(size * sizeof(T))));
-    if (data_ == nullptr) fail("out of host memory allocating ", size * sizeof(T), " bytes");
+    if (data_ == nullptr) fail_out_of_memory("out of host memory allocating ", size * sizeof(T), " bytes");
     stats_ = &memory_stats(device_);
     stats_->on_alloc(size_ * sizeof(T), use_);
   }

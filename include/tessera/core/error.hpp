@@ -22,6 +22,14 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+/// Memory ran out, host or device. Its own type so that a caller who knows what the
+/// memory was for (a binary's phase, the keys that size it) can catch it and say so,
+/// where the allocator knows only the bytes and the tensor.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 /// A part concat appends without a stream: text, a char, or an integer (not bool), each
 /// written as operator<< writes it under the "C" locale.
@@ -84,9 +92,9 @@ struct MessagePart {
   void (*write)(std::string&, const void*) = nullptr;
 };
 
-/// The message of `fail`, joined and thrown: one function for every message, out of the
-/// callers' way (cold: never on a path that does not fail).
-[[noreturn, gnu::cold, gnu::noinline]] inline void throw_error(std::initializer_list<MessagePart> parts) {
+/// The message of `fail`, joined: one function for every message, out of the callers'
+/// way (cold: never on a path that does not fail).
+[[gnu::cold, gnu::noinline]] inline std::string join_message(std::initializer_list<MessagePart> parts) {
   std::string message;
   for (const auto& part : parts) {
     if (part.write != nullptr) {
@@ -95,7 +103,15 @@ struct MessagePart {
       message += part.text;
     }
   }
-  throw Error(message);
+  return message;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_error(std::initializer_list<MessagePart> parts) {
+  throw Error(join_message(parts));
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_out_of_memory(std::initializer_list<MessagePart> parts) {
+  throw OutOfMemory(join_message(parts));
 }
 }  // namespace detail
 
@@ -105,6 +121,20 @@ struct MessagePart {
 /// call's types; a stream manipulator (std::hex) does not carry from one part to the next.
 template <class... Parts>
 [[noreturn, gnu::cold, gnu::noinline]] void fail(const Parts&... parts) {
+  detail::throw_error({detail::MessagePart(parts)...});
+}
+
+/// `fail` for an allocator whose memory ran out: the same message, thrown as OutOfMemory.
+template <class... Parts>
+[[noreturn, gnu::cold, gnu::noinline]] void fail_out_of_memory(const Parts&... parts) {
+  detail::throw_out_of_memory({detail::MessagePart(parts)...});
+}
+
+/// `fail` with context added to an error caught on the way (`parts` usually hold
+/// cause.what()): thrown as the same kind, so an OutOfMemory stays one.
+template <class... Parts>
+[[noreturn, gnu::cold, gnu::noinline]] void fail_like(const std::exception& cause, const Parts&... parts) {
+  if (dynamic_cast<const OutOfMemory*>(&cause) != nullptr) detail::throw_out_of_memory({detail::MessagePart(parts)...});
   detail::throw_error({detail::MessagePart(parts)...});
 }
 

@@ -41,7 +41,7 @@ class DeviceMemory {
   void* allocate(std::size_t bytes) {
     const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
-    if (p == nullptr) fail("out of host memory allocating ", bytes, " bytes");
+    if (p == nullptr) fail_out_of_memory("out of host memory allocating ", bytes, " bytes");
     if (const int byte = fill_byte_.load(std::memory_order_relaxed); byte >= 0) std::memset(p, byte, rounded);
     // A capture's blocks stay the graph's while it lives (cpu/graph.hpp).
     std::shared_ptr<GraphMemory> graph = capturing() != nullptr ? capturing()->memory : nullptr;

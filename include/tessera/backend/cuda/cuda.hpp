@@ -81,7 +81,7 @@ struct Cuda {
     try {
       return Tensor<T>(shape, cuda::device_buffer<T>(n));
     } catch (const Error& e) {
-      fail(e.what(), " (for Cuda::empty<", cuda::detail::element_name<T>(), ">", shape.str(), ")");
+      fail_like(e, e.what(), " (for Cuda::empty<", cuda::detail::element_name<T>(), ">", shape.str(), ")");
     }
   }
 

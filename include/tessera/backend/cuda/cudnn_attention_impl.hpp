@@ -379,7 +379,7 @@ void cudnn_guard(const AttentionShape& s, const char* what, F&& body) {
   } catch (const std::exception& e) {
     const std::string message = e.what();
     if (message.find(where) != std::string::npos) throw;  // cudnn_check named it already
-    fail(where, ": ", message);
+    fail_like(e, where, ": ", message);
   }
 }
 
