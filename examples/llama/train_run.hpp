@@ -325,7 +325,12 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
       "setting up the optimizer (AdamW's moments and masters: the model's size, optimizer.state_dtype)",
       [&] { return train::Trainer<Model>(model, std::move(options), std::move(loader)); });
   if (resume) {
-    sized_by("loading " + resume->path.string(), [&] { trainer.load_checkpoint(resume->path.string(), parts); });
+    const std::vector<std::string> changed =
+        sized_by("loading " + resume->path.string(), [&] { return trainer.load_checkpoint(resume->path.string(), parts); });
+    if (lead)
+      for (const std::string& change : changed)
+        std::fprintf(stderr, "warning: %s: %s: the run goes on with the new value\n", resume->path.string().c_str(),
+                     change.c_str());
     if (lead) {
       std::string excluded;
       for (const std::string& x : c.checkpoint.exclude_from_loading) excluded += (excluded.empty() ? "" : ", ") + x;

@@ -151,6 +151,17 @@ if [ -f "$rank_file" ]; then
     "$train" "${small[@]}" --training.steps 3 --checkpoint.enable true --checkpoint.load_step 7
   expect_error "resume past the run's end" "step-2: the run would resume at step 2, past its end (training.steps = 1)" \
     "$train" "${small[@]}" --training.steps 1 --checkpoint.enable true
+  # A model argument no shape shows may change on a resume: the run goes on and says so.
+  runs=$((runs + 1))
+  out=$(timeout 60 "$train" "${small[@]}" --training.steps 3 --checkpoint.enable true --model.rope_theta 1000000 2>&1 >/dev/null)
+  status=$?
+  warning="step-2: model.rope_theta was 500000.0 when this checkpoint was saved and is 1000000.0 now: the run goes on with the new value"
+  if [ "$status" -eq 0 ] && [[ "$out" == *"$warning"* ]]; then
+    echo "ok: resume with another RoPE base -> warning: ...$warning"
+  else
+    echo "FAIL: resume with another RoPE base: exit status $status, no warning '$warning'"; echo "$out" | tail -n 5
+    failures=$((failures + 1))
+  fi
 else
   echo "FAIL: no checkpoint at $rank_file"; failures=$((failures + 1))
 fi

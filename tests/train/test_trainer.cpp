@@ -326,6 +326,42 @@ TEST_CASE("A Trainer's batches from a callback, resumed at the saved position") 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("A resume reports the model's arguments no shape shows when they changed, and goes on") {
+  const auto dir = std::filesystem::temp_directory_path() / "tessera_test_trainer_reported";
+  std::filesystem::remove_all(dir);
+  const train::JobConfig c = small_job();
+  const std::vector<std::uint32_t> tokens = small_tokens();
+  {
+    Model model(c.model.args);
+    model.init_weights(0);
+    train::Trainer<Model> first(model, small_options(), data::BatchSource::tokens(tokens, 64, 8));
+    first.step();
+    first.save_checkpoint(dir.string());
+  }
+  auto resumed_changes = [&](const nn::ModelArgs& a, train::ResumeParts parts = {}) {
+    Model model(a);
+    model.init_weights(1);
+    train::Trainer<Model> t(model, small_options(), data::BatchSource::tokens(tokens, 64, 8));
+    return t.load_checkpoint(dir.string(), parts);
+  };
+  CHECK(resumed_changes(c.model.args).empty());
+  nn::ModelArgs longer = c.model.args;
+  longer.rope_theta = 2 * c.model.args.rope_theta;
+  longer.rope_scaling.enabled = true;
+  const std::vector<std::string> changes = resumed_changes(longer);
+  REQUIRE(changes.size() == 2);
+  CHECK(changes[0].starts_with("rope_scaling was {\"enabled\":false,"));
+  CHECK(changes[0].find("when this checkpoint was saved and is {\"enabled\":true,") != std::string::npos);
+  CHECK(changes[1] == "rope_theta was " + nlohmann::json(c.model.args.rope_theta).dump() +
+                          " when this checkpoint was saved and is " + nlohmann::json(longer.rope_theta).dump() + " now");
+  // A model started afresh keeps nothing of the saved one to compare.
+  train::ResumeParts fresh;
+  fresh.model = false;
+  fresh.optimizer = false;
+  CHECK(resumed_changes(longer, fresh).empty());
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("A Trainer built in code refuses what cannot run, in the words of the code") {
   const train::JobConfig c = small_job();
   const std::vector<std::uint32_t> tokens = small_tokens();

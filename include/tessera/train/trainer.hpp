@@ -132,8 +132,9 @@ class Trainer {
   /// Resumes from a checkpoint save_checkpoint wrote, under this layout or any other:
   /// the next step() is the one that followed the save. Parts not in `parts` keep
   /// their present state. A setting that differs from the saving run's is refused by
-  /// name (kept_settings).
-  void load_checkpoint(const std::string& dir, ResumeParts parts = {});
+  /// name (kept_settings); one a resume may change (reported_settings) is returned, a
+  /// line each, for the caller to report.
+  std::vector<std::string> load_checkpoint(const std::string& dir, ResumeParts parts = {});
 
  private:
   static Model& prepared(Model& model) {
@@ -173,11 +174,29 @@ class Trainer {
     return f;
   }
 
+  /// The model's arguments that no tensor's shape shows, by name: a resume may change
+  /// them (a RoPE base raised to lengthen the context, say), and is told when it does.
+  /// Saved beside the kept settings, with the part "model". None for a model without
+  /// nn::ModelArgs.
+  nlohmann::json reported_settings() const {
+    nlohmann::json f = nlohmann::json::object();
+    if constexpr (requires { { model_.args() } -> std::convertible_to<const nn::ModelArgs&>; }) {
+      const nn::ModelArgs& a = model_.args();
+      const nn::RopeScaling& s = a.rope_scaling;
+      f[std::string(options_.name("model.rope_theta", "rope_theta"))] = a.rope_theta;
+      f[std::string(options_.name("model.norm_eps", "norm_eps"))] = a.norm_eps;
+      f[std::string(options_.name("model.rope_scaling", "rope_scaling"))] = {
+          {"enabled", s.enabled}, {"factor", s.factor}, {"low_freq_factor", s.low_freq_factor},
+          {"high_freq_factor", s.high_freq_factor}, {"original_max_position", s.original_max_position}};
+    }
+    return f;
+  }
+
   nlohmann::json training_state() const {
-    return {{"step", step_},
-            {"lr_step", lr_step_},
-            {"data_position", batches_.position()},
-            {"config", kept_settings()}};
+    nlohmann::json config = kept_settings();
+    const nlohmann::json reported = reported_settings();  // items() views it: held for the loop
+    for (const auto& [key, value] : reported.items()) config[key] = {value, "model"};
+    return {{"step", step_}, {"lr_step", lr_step_}, {"data_position", batches_.position()}, {"config", config}};
   }
 
   comm::Communicator* world() { return sharded::world_of(model_); }
@@ -418,8 +437,9 @@ std::string Trainer<Model>::poll_checkpoint(bool wait) {
 }
 
 template <class Model>
-void Trainer<Model>::load_checkpoint(const std::string& dir, ResumeParts parts) {
+std::vector<std::string> Trainer<Model>::load_checkpoint(const std::string& dir, ResumeParts parts) {
   const nlohmann::json now = kept_settings();
+  std::vector<std::string> changed;
   auto check = [&](const nlohmann::json& state) {
     TESSERA_CHECK(state.is_object() && state.contains("step") && state.contains("data_position") &&
                       state.contains("lr_step") && state.contains("config") && state.at("config").is_object(),
@@ -435,6 +455,16 @@ void Trainer<Model>::load_checkpoint(const std::string& dir, ResumeParts parts) 
                                                  : "ResumeParts{}." + part + " = false",
            ")");
     }
+    // The model's unshaped arguments, when its weights are loaded: a change is reported
+    // (nothing to compare in a checkpoint saved before they were recorded).
+    if (!parts.model) return;
+    const nlohmann::json reported = reported_settings();
+    for (const auto& [key, value] : reported.items()) {
+      const auto saved = state.at("config").find(key);
+      if (saved != state.at("config").end() && saved->at(0) != value)
+        changed.push_back(tessera::detail::concat(key, " was ", saved->at(0).dump(),
+                                                  " when this checkpoint was saved and is ", value.dump(), " now"));
+    }
   };
   graphed_.reset();  // loading may move tensors a captured step reads: the next steps capture afresh
   const nlohmann::json state =
@@ -442,6 +472,7 @@ void Trainer<Model>::load_checkpoint(const std::string& dir, ResumeParts parts) 
   if (parts.train_state) step_ = state.at("step").get<std::int64_t>();
   if (parts.lr_scheduler) lr_step_ = state.at("lr_step").get<std::int64_t>();
   if (parts.dataloader) batches_.seek(state.at("data_position").get<std::int64_t>());
+  return changed;
 }
 
 }  // namespace tessera::train
