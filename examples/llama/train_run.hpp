@@ -327,11 +327,10 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   if (resume) {
     const std::vector<std::string> changed =
         sized_by("loading " + resume->path.string(), [&] { return trainer.load_checkpoint(resume->path.string(), parts); });
-    if (lead)
+    if (lead) {
       for (const std::string& change : changed)
         std::fprintf(stderr, "warning: %s: %s: the run goes on with the new value\n", resume->path.string().c_str(),
                      change.c_str());
-    if (lead) {
       std::string excluded;
       for (const std::string& x : c.checkpoint.exclude_from_loading) excluded += (excluded.empty() ? "" : ", ") + x;
       std::fprintf(stderr, "resumed from %s: step %lld of %lld, data position %lld%s\n", resume->path.string().c_str(),
