@@ -10,9 +10,9 @@
 // Layouts, as MeshShape{pp, dp_replicate, dp_shard, tp}: FSDP 8, HSDP 2x4, DDP 8, TP 8,
 // TP 2 x FSDP 4, TP 4 x FSDP 2, HSDP 2x2 x TP 2; PP 8 with GPipe and 1F1B (the debug
 // model's 6 blocks + embedding + output are 8 units, one per stage); PP 2 x FSDP 4 and
-// PP 4 x FSDP 2 with GPipe, 1F1B, Interleaved1F1B and InterleavedZeroBubble (the
-// interleaved ones with 2 stages per rank); TP 2 x PP 2 x FSDP 2 with 1F1B and
-// InterleavedZeroBubble.
+// PP 4 x FSDP 2 with GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, LoopedBFS and
+// ZBVZeroBubble (the last four with 2 stages per rank); TP 2 x PP 2 x FSDP 2 with 1F1B
+// and InterleavedZeroBubble.
 //
 // Each combination trains the debug model (dim 256, 6 layers, 16 heads, vocabulary 1024
 // with the synthetic BPE tokenizer, float32; --dim and --layers make it bigger) with
@@ -126,7 +126,12 @@ const std::vector<Layout>& all_layouts() {
         {"pp8-1f1b", "PP 8", {8, 1, 1, 1}, "1F1B", true},
     };
     const std::pair<const char*, const char*> schedules[] = {
-        {"gpipe", "GPipe"}, {"1f1b", "1F1B"}, {"i1f1b", "Interleaved1F1B"}, {"izb", "InterleavedZeroBubble"}};
+        {"gpipe", "GPipe"},
+        {"1f1b", "1F1B"},
+        {"i1f1b", "Interleaved1F1B"},
+        {"izb", "InterleavedZeroBubble"},
+        {"bfs", "LoopedBFS"},
+        {"zbv", "ZBVZeroBubble"}};
     for (const auto& [key, schedule] : schedules)
       l.push_back({std::string("pp2-fsdp4-") + key, "PP 2 x FSDP 4", {2, 1, 4, 1}, schedule, false});
     for (const auto& [key, schedule] : schedules)
@@ -255,11 +260,6 @@ comm::MeshShape mesh_of(const train::JobConfig& c) {
   return train::mesh_shape(c, kRanks);
 }
 
-/// Stages per pipeline rank, as the model places them (2 for the interleaved schedules).
-int stages_per_rank(parallel::ScheduleKind k) {
-  return k == parallel::ScheduleKind::interleaved_1f1b || k == parallel::ScheduleKind::interleaved_zero_bubble ? 2 : 1;
-}
-
 /// Fails before any rank starts if the batch does not fit `layout`: a batch the
 /// data-parallel ranks cannot split, or a pipeline its schedule cannot run.
 void check_layout(const Options& o, const Layout& layout) {
@@ -273,8 +273,8 @@ void check_layout(const Options& o, const Layout& layout) {
   const train::JobConfig c = job(o, layout, all_ac_modes().front());
   const parallel::ScheduleKind kind = parallel::parse_schedule_kind(layout.schedule);
   try {
-    parallel::check_schedule_shape(kind, s.pp, stages_per_rank(kind), static_cast<int>(local / o.microbatch));
-    parallel::split_stages(static_cast<int>(c.model.args.n_layers), s.pp * stages_per_rank(kind));
+    parallel::check_schedule_shape(kind, s.pp, parallel::default_stages_per_rank(kind), static_cast<int>(local / o.microbatch));
+    parallel::split_stages(static_cast<int>(c.model.args.n_layers), s.pp * parallel::default_stages_per_rank(kind));
   } catch (const std::exception& e) {
     fail(layout.key, " (--batch ", o.batch, ", --microbatch ", o.microbatch, "): ", e.what());
   }

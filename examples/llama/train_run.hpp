@@ -64,9 +64,9 @@ struct RunInputs {
   std::function<std::string()> compute_text;
 };
 
-/// The stages of a pipeline over `pp` ranks, in order, each with its pipeline rank:
+/// The stages of a pipeline, in order, each with the pipeline rank `schedule` places it on:
 /// "embedding + layers 0-2 (pp rank 0); layers 3-5 + output (pp rank 1)".
-inline std::string describe_stages(const std::vector<parallel::StageRange>& stages, int pp) {
+inline std::string describe_stages(const std::vector<parallel::StageRange>& stages, const parallel::Schedule& schedule) {
   std::string out;
   for (std::size_t s = 0; s < stages.size(); ++s) {
     const parallel::StageRange& r = stages[s];
@@ -76,7 +76,8 @@ inline std::string describe_stages(const std::vector<parallel::StageRange>& stag
     if (r.blocks() == 1) add("layer " + std::to_string(r.first_block));
     if (r.blocks() > 1) add("layers " + std::to_string(r.first_block) + "-" + std::to_string(r.end_block - 1));
     if (r.output) add("output");
-    out += (out.empty() ? "" : "; ") + stage + " (pp rank " + std::to_string(static_cast<int>(s) % pp) + ")";
+    const int rank = schedule.rank_of(static_cast<int>(s));
+    out += (out.empty() ? "" : "; ") + stage + " (pp rank " + std::to_string(rank) + ")";
   }
   return out;
 }
@@ -215,9 +216,10 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   std::string pipeline_line;
   if (pp > 1) {
     const std::int64_t mb = c.parallelism.pipeline_parallel_microbatch_size;
-    pipeline_line = "  pipeline: " + parallel::describe(model.schedule(static_cast<int>(local / mb))) +
-                    " (simulated) | microbatch " + std::to_string(mb) + " x seq " +
-                    std::to_string(c.training.seq_len) + " | stages: " + describe_stages(model.stages(), pp) + "\n";
+    const parallel::Schedule& schedule = model.schedule(static_cast<int>(local / mb));
+    pipeline_line = "  pipeline: " + parallel::describe(schedule) + " (simulated) | microbatch " + std::to_string(mb) +
+                    " x seq " + std::to_string(c.training.seq_len) +
+                    " | stages: " + describe_stages(model.stages(), schedule) + "\n";
   }
   // A rerun of a job whose folder holds checkpoints resumes from the latest complete one
   // (or checkpoint.load_step's); initial_load_path only starts a job that has none.

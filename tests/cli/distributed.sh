@@ -208,6 +208,18 @@ if [ "$mpirun" != none ]; then
   train_run mpi2_pp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 --comm.check_nccl_semantics true \
     --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule GPipe \
     --parallelism.pipeline_parallel_microbatch_size 2 && check_parity mpi2_pp2 && check_pipeline_header mpi2_pp2 GPipe
+  # Two processes as pipeline parallel 2 by ZBVZeroBubble, four microbatches: stages down
+  # the ranks and back up, so process 0 holds the embedding and the output; held to
+  # NCCL's rules.
+  train_run mpi2_zbv "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 --comm.check_nccl_semantics true \
+    --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule ZBVZeroBubble \
+    && check_parity mpi2_zbv && check_pipeline_header mpi2_zbv ZBVZeroBubble &&
+    if grep -q '^  pipeline: .*stages: embedding + layer 0 (pp rank 0); layers 1-2 (pp rank 1); layers 3-4 (pp rank 1); layer 5 + output (pp rank 0)$' "$work/mpi2_zbv.err"; then
+      echo "ok: mpi2_zbv: the V placement in the header"
+    else
+      echo "FAIL: mpi2_zbv: the header's stages are not placed down the ranks and back up: $(grep '^  pipeline: ' "$work/mpi2_zbv.err")"
+      failures=$((failures + 1))
+    fi
   # FSDP 2 x TP 2 x PP 2 on 8 CPU ranks, planned by llama-plan and emitted as a config
   # (its steps and folder with it), then trained from that file alone.
   if [ -n "$plan" ]; then
@@ -354,7 +366,7 @@ expect_error one "PP 4 for a model of 1 layer" \
   "pipeline degree larger than the layer count: 4 stages for 1 layers + embedding + output = 3 units" \
   "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 4 --model.n_layers 1
 expect_error one "unknown pipeline schedule" \
-  'parallelism.pipeline_parallel_schedule must be one of 1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble; got "ZeroBubble"' \
+  'parallelism.pipeline_parallel_schedule must be one of 1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble; got "ZeroBubble"' \
   "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 2 \
   --parallelism.pipeline_parallel_schedule ZeroBubble
 expect_error one "tied embeddings on PP 2" \

@@ -6,9 +6,7 @@
 
 namespace tessera::test {
 
-inline constexpr parallel::ScheduleKind kAllScheduleKinds[] = {
-    parallel::ScheduleKind::gpipe, parallel::ScheduleKind::one_f_one_b, parallel::ScheduleKind::interleaved_1f1b,
-    parallel::ScheduleKind::interleaved_zero_bubble};
+inline constexpr auto kAllScheduleKinds = parallel::kScheduleKinds;
 
 /// Whether check_schedule_shape accepts P ranks x V stages each with M microbatches.
 inline bool schedule_fits(parallel::ScheduleKind k, int P, int V, int M) {

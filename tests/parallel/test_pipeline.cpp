@@ -1,9 +1,10 @@
 // Pipeline parallelism trains the same model as one rank: the parity model in float32
 // for 10 steps (3 in sanitizer builds) on thread ranks, losses within 1e-5 relative at
 // every step (gradient norms within 1e-4), for every schedule (GPipe, 1F1B,
-// Interleaved1F1B, InterleavedZeroBubble) on 2 and 4 pipeline ranks, with layer counts that do not split evenly, and composed
-// with FSDP, DDP, tensor parallelism and activation checkpointing. Also: saving under
-// a pipeline gathers every stage; bad layouts are refused by name on every rank.
+// Interleaved1F1B, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble) on 2 and 4 pipeline
+// ranks, with layer counts that do not split evenly, and composed with FSDP, DDP, tensor
+// parallelism and activation checkpointing. Also: saving under a pipeline gathers every
+// stage (under either placement); bad layouts are refused by name on every rank.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -29,13 +30,18 @@ std::vector<std::string> schedule(const char* name, int microbatch_size = 1) {
 }  // namespace
 
 TEST_CASE("pipeline parity: every schedule on 2 ranks") {
-  for (const char* s : {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"})
+  for (parallel::ScheduleKind k : parallel::kScheduleKinds) {
+    const char* s = parallel::name_of(k);
     check_layout_parity(std::string("PP 2, ") + s, {2, 1, 1, 1}, schedule(s));
+  }
 }
 
 TEST_CASE("pipeline parity: every schedule on 4 ranks") {
-  for (const char* s : {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"})
+  // ZBVZeroBubble's 8 stages: the debug model's 6 blocks, embedding and output one a stage.
+  for (parallel::ScheduleKind k : parallel::kScheduleKinds) {
+    const char* s = parallel::name_of(k);
     check_layout_parity(std::string("PP 4, ") + s, {4, 1, 1, 1}, schedule(s, 2));
+  }
 }
 
 TEST_CASE("pipeline parity: layer counts that do not split evenly over the stages") {
@@ -44,6 +50,8 @@ TEST_CASE("pipeline parity: layer counts that do not split evenly over the stage
   check_layout_parity("PP 4, 1F1B, 5 layers", {4, 1, 1, 1}, schedule("1F1B", 2), {"--model.n_layers", "5"});
   check_layout_parity("PP 2, Interleaved1F1B, 7 layers", {2, 1, 1, 1}, schedule("Interleaved1F1B"), {"--model.n_layers", "7"});
   check_layout_parity("PP 3, GPipe", {3, 1, 1, 1}, schedule("GPipe"));
+  // 5 blocks + 2 over ZBV's 2 x 2 stages (2, 2, 2, 1): rank 0 holds stages 0 and 3.
+  check_layout_parity("PP 2, ZBVZeroBubble, 5 layers", {2, 1, 1, 1}, schedule("ZBVZeroBubble"), {"--model.n_layers", "5"});
 }
 
 TEST_CASE("pipeline parity: composed with FSDP, tensor parallelism and activation checkpointing") {
@@ -52,6 +60,9 @@ TEST_CASE("pipeline parity: composed with FSDP, tensor parallelism and activatio
                with(schedule("Interleaved1F1B"), kAcModes[2].keys));
   check_layout_parity("FSDP 2 x TP 2 x PP 2, InterleavedZeroBubble, every 2nd layer", {2, 1, 2, 2},
                with(schedule("InterleavedZeroBubble"), kAcModes[3].keys));
+  check_layout_parity("FSDP 2 x TP 2 x PP 2, ZBVZeroBubble, full", {2, 1, 2, 2},
+               with(schedule("ZBVZeroBubble"), kAcModes[1].keys));
+  check_layout_parity("FSDP 2 x PP 2, LoopedBFS, selective op", {2, 1, 2, 1}, with(schedule("LoopedBFS"), kAcModes[2].keys));
   check_layout_parity("DDP 2 x PP 2, GPipe, 2 micro-batches per step", {2, 2, 1, 1},
                with(schedule("GPipe", 2), {"--training.local_batch_size", "2"}));
   // Without sequence parallelism the stages pass every row, and a micro-batch's tokens
@@ -76,37 +87,40 @@ TEST_CASE("pipeline: with sequence parallelism a micro-batch's tokens that do no
 }
 
 TEST_CASE("pipeline: saving brings every stage's whole parameters to every rank") {
-  const train::JobConfig c = debug_job(2, 2, 1, {"--model.n_layers", "5"});
-  std::map<std::string, std::vector<float>> reference;
-  {
-    CpuDynamicModel model(c.model.args, train::make_plan(c, nullptr));
-    model.init_weights(0);
-    model.for_each_parameter([&](nn::Parameter<float>& p) {
-      reference[p.name] = std::vector<float>(p.value.data(), p.value.data() + p.numel());
-    });
-  }
-  comm::run_thread_ranks(4, [&](comm::Communicator& world) {
-    comm::DeviceMesh mesh(world, {2, 1, 1, 2});
-    CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
-    model.init_weights(0);
-    model.shard();
-    std::size_t held = 0;
-    model.for_each_parameter([&](nn::Parameter<float>&) { ++held; });
-    CHECK(held < reference.size());  // this rank's stage only
-    std::size_t seen = 0;
-    model.with_whole_parameters([&] {
+  for (const char* s : {"1F1B", "ZBVZeroBubble"}) {
+    CAPTURE(std::string(s));
+    const train::JobConfig c = debug_job(2, 2, 1, with({"--model.n_layers", "5"}, schedule(s)));
+    std::map<std::string, std::vector<float>> reference;
+    {
+      CpuDynamicModel model(c.model.args, train::make_plan(c, nullptr));
+      model.init_weights(0);
       model.for_each_parameter([&](nn::Parameter<float>& p) {
-        const auto& want = reference.at(p.name);
-        REQUIRE(static_cast<std::size_t>(p.numel()) == want.size());
-        CHECK(std::equal(want.begin(), want.end(), p.value.data()));
-        ++seen;
+        reference[p.name] = std::vector<float>(p.value.data(), p.value.data() + p.numel());
       });
-    });
-    CHECK(seen == reference.size());
-    std::size_t after = 0;
-    model.for_each_parameter([&](nn::Parameter<float>&) { ++after; });
-    CHECK(after == held);
-  }, nccl_rules());
+    }
+    comm::run_thread_ranks(4, [&](comm::Communicator& world) {
+      comm::DeviceMesh mesh(world, {2, 1, 1, 2});
+      CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
+      model.init_weights(0);
+      model.shard();
+      std::size_t held = 0;
+      model.for_each_parameter([&](nn::Parameter<float>&) { ++held; });
+      CHECK(held < reference.size());  // this rank's stage only
+      std::size_t seen = 0;
+      model.with_whole_parameters([&] {
+        model.for_each_parameter([&](nn::Parameter<float>& p) {
+          const auto& want = reference.at(p.name);
+          REQUIRE(static_cast<std::size_t>(p.numel()) == want.size());
+          CHECK(std::equal(want.begin(), want.end(), p.value.data()));
+          ++seen;
+        });
+      });
+      CHECK(seen == reference.size());
+      std::size_t after = 0;
+      model.for_each_parameter([&](nn::Parameter<float>&) { ++after; });
+      CHECK(after == held);
+    }, nccl_rules());
+  }
 }
 
 TEST_CASE("pipeline: bad layouts are refused by name on every rank, never a hang") {
@@ -124,6 +138,11 @@ TEST_CASE("pipeline: bad layouts are refused by name on every rank, never a hang
           "multiple of the 4 ranks, got 6");
   refused({2, 1, 1, 1}, schedule("1F1B", 3), "pipeline_parallel_microbatch_size = 3 does not divide");
   refused({2, 1, 1, 1}, {"--model.tie_embeddings", "true"}, "with tied embeddings");
+  // ZBV's V placement needs exactly 2 stages per rank: 3 from 5 split points on 2 ranks.
+  refused({2, 1, 1, 1},
+          with(schedule("ZBVZeroBubble"),
+               {"--parallelism.pipeline_parallel_split_points", "layers.1,layers.2,layers.3,layers.4,layers.5"}),
+          "ZBVZeroBubble runs exactly 2 stages per rank (down the ranks and back up), got 3");
 }
 
 TEST_CASE("pipeline: a block type without a Pipeline policy is refused at degree > 1") {
@@ -137,6 +156,19 @@ TEST_CASE("pipeline: a block type without a Pipeline policy is refused at degree
     }
   }, nccl_rules());
   for (const auto& e : errors) CHECK(e.find("has no tessera::Pipeline policy") != std::string::npos);
+}
+
+TEST_CASE("pipeline: each static schedule tag means its schedule; Dynamic the plan's") {
+  parallel::Plan plan;
+  plan.pipeline.schedule = parallel::ScheduleKind::looped_bfs;
+  CHECK(parallel::pipeline_schedule<Pipeline<2, GPipe>>(plan) == parallel::ScheduleKind::gpipe);
+  CHECK(parallel::pipeline_schedule<Pipeline<2, OneFOneB>>(plan) == parallel::ScheduleKind::one_f_one_b);
+  CHECK(parallel::pipeline_schedule<Pipeline<2, Interleaved1F1B>>(plan) == parallel::ScheduleKind::interleaved_1f1b);
+  CHECK(parallel::pipeline_schedule<Pipeline<2, InterleavedZeroBubble>>(plan) ==
+        parallel::ScheduleKind::interleaved_zero_bubble);
+  CHECK(parallel::pipeline_schedule<Pipeline<2, ZBVZeroBubble>>(plan) == parallel::ScheduleKind::zbv_zero_bubble);
+  CHECK(parallel::pipeline_schedule<Pipeline<2, LoopedBFS>>(plan) == parallel::ScheduleKind::looped_bfs);
+  CHECK(parallel::pipeline_schedule<Pipeline<dynamic>>(plan) == parallel::ScheduleKind::looped_bfs);
 }
 
 TEST_CASE("pipeline parity: static policies, Pipeline<2, OneFOneB> with TensorParallel<2>, in any order") {

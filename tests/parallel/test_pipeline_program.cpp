@@ -31,15 +31,15 @@ namespace {
 /// compute that needs it and each send just after the compute that makes it, every
 /// transfer a group of its own.
 Program eager(const Schedule& s) {
-  Program p{s.ranks, s.stages_per_rank, {}};
+  Program p{s.ranks, s.stages_per_rank, s.placement(), {}};
   const int S = s.stages();
   for (int r = 0; r < s.ranks; ++r) {
     std::vector<Step> steps;
     for (const Action& a : s.per_rank[static_cast<std::size_t>(r)]) {
-      if (const auto in = input_of(a, S))
+      if (const auto in = input_of(a, S); in && s.rank_of(in->stage) != r)
         steps.push_back(Step::transfers({{Transfer::Kind::recv, s.rank_of(in->stage), *in}}));
       steps.push_back(Step::compute(a));
-      if (const auto out = output_of(a, S))
+      if (const auto out = output_of(a, S); out && s.rank_of(out->consumer()) != r)
         steps.push_back(Step::transfers({{Transfer::Kind::send, s.rank_of(out->consumer()), *out}}));
     }
     p.per_rank.push_back(std::move(steps));
@@ -121,8 +121,9 @@ TEST_CASE("pipeline program: every schedule over a grid of shapes lowers to a pr
               const Step& step = steps[i];
               if (step.kind == Step::Kind::compute) {
                 computes.push_back(step.action);
-                // Each output for another rank is sent before the next compute.
-                if (const auto out = output_of(step.action, S)) {
+                // Each output for another rank is sent before the next compute (the V
+                // placement's middle stages hand theirs over on the rank).
+                if (const auto out = output_of(step.action, S); out && p.rank_of(out->consumer()) != r) {
                   ++expected;
                   const Transfer sent{Transfer::Kind::send, p.rank_of(out->consumer()), *out};
                   bool issued = false;
@@ -149,19 +150,28 @@ TEST_CASE("pipeline program: every schedule over a grid of shapes lowers to a pr
 }
 
 TEST_CASE("pipeline program: the forward-only walk lowers to a program the checker accepts") {
-  for (int P = 1; P <= 4; ++P)
-    for (int V = 1; V <= 3; ++V) {
-      CAPTURE(P);
-      CAPTURE(V);
-      const Program p = lower_forward(P, V);
-      CHECK_NOTHROW(check_program(p));
-      for (int r = 0; r < P; ++r) {
-        int forwards = 0;
-        for (const Step& step : p.per_rank[static_cast<std::size_t>(r)])
-          forwards += step.kind == Step::Kind::compute && step.action.op == Op::forward;
-        CHECK(forwards == V);
+  for (Placement placement : {Placement::loop, Placement::vee})
+    for (int P = 1; P <= 4; ++P)
+      for (int V = 1; V <= 3; ++V) {
+        CAPTURE(P);
+        CAPTURE(V);
+        const Program p = lower_forward(P, V, placement);
+        CHECK_NOTHROW(check_program(p));
+        for (int r = 0; r < P; ++r) {
+          int forwards = 0;
+          for (const Step& step : p.per_rank[static_cast<std::size_t>(r)])
+            forwards += step.kind == Step::Kind::compute && step.action.op == Op::forward &&
+                        rank_of_stage(placement, P, step.action.stage) == r;
+          CHECK(forwards == V);
+        }
       }
-    }
+  // The V placement on 2 ranks x 2 stages: stage 1 hands its activation to stage 2 on
+  // rank 1 itself: one transfer each way between the ranks (rank 0 sends stage 0's and
+  // asks for stage 2's in one group), none for the middle.
+  const Program vee = lower_forward(2, 2, Placement::vee);
+  CHECK(format_program(vee) ==
+        "rank 0: 0F0 [s a0.0->1 r a2.0<-1] 3F0\n"
+        "rank 1: [r a0.0<-0] 1F0 2F0 [s a2.0->0]\n");
   // One rank: no transfers at all.
   const Program one = lower(make_schedule(ScheduleKind::one_f_one_b, 1, 1, 4));
   CHECK_NOTHROW(check_program(one));
@@ -192,7 +202,7 @@ TEST_CASE("pipeline program: the checker refuses the eager sends of a buffered r
   CHECK_NOTHROW(check_program(eager(make_schedule(ScheduleKind::gpipe, 3, 1, 4))));
   // The example of the rules: rank 0 sends activation 1 then receives gradient 0, rank 1
   // sends gradient 0 then receives activation 1, each on its own.
-  Program p{2, 1, {}};
+  Program p{2, 1, Placement::loop, {}};
   p.per_rank = {
       {compute(Op::forward, 0, 0), Step::transfers({send(1, A, 0, 0)}), compute(Op::forward, 0, 1),
        Step::transfers({send(1, A, 0, 1)}), Step::transfers({recv(1, G, 1, 0)}), compute(Op::backward, 0, 0),
@@ -214,7 +224,7 @@ TEST_CASE("pipeline program: the checker refuses the eager sends of a buffered r
 
 TEST_CASE("pipeline program: the checker refuses transfers in swapped issue order") {
   // GPipe on 2 ranks, 2 microbatches; rank 1 receives both activations up front.
-  Program p{2, 1, {}};
+  Program p{2, 1, Placement::loop, {}};
   p.per_rank = {
       {compute(Op::forward, 0, 0), Step::transfers({send(1, A, 0, 0)}), compute(Op::forward, 0, 1),
        Step::transfers({send(1, A, 0, 1), recv(1, G, 1, 0)}), compute(Op::backward, 0, 0),
@@ -259,7 +269,7 @@ TEST_CASE("pipeline program: the checker refuses data used before its recv or se
 TEST_CASE("pipeline program: run_pipeline delivers every tensor to its compute over thread ranks, untagged") {
   for (ScheduleKind kind : test::kAllScheduleKinds)
     for (int P = 2; P <= 3; ++P) {
-      const int V = kind == ScheduleKind::interleaved_1f1b ? 2 : 1, M = 2 * P;
+      const int V = default_stages_per_rank(kind), M = 2 * P;
       CAPTURE(std::string(name_of(kind)));
       CAPTURE(P);
       const Schedule s = make_schedule(kind, P, V, M);
@@ -283,18 +293,21 @@ TEST_CASE("pipeline program: run_pipeline delivers every tensor to its compute o
         CHECK(losses[static_cast<std::size_t>(r)] == expected);
       }
     }
-  // The forward-only walk.
-  const int P = 3, V = 2;
-  std::vector<NumberStages> stages(static_cast<std::size_t>(P));
-  std::vector<double> losses(static_cast<std::size_t>(P));
-  comm::run_thread_ranks(P, [&](comm::Communicator& c) {
-    NumberStages& mine = stages[static_cast<std::size_t>(c.rank())];
-    mine.stages = P * V;
-    losses[static_cast<std::size_t>(c.rank())] = run_pipeline<Cpu>(lower_forward(P, V), c.rank(), c, mine).loss;
-  }, tessera::test::nccl_rules());
-  for (int r = 0; r < P; ++r) {
-    CHECK(stages[static_cast<std::size_t>(r)].wrong.empty());
-    CHECK(losses[static_cast<std::size_t>(r)] == P * V - 1);
+  // The forward-only walk, under both placements.
+  for (Placement placement : {Placement::loop, Placement::vee}) {
+    const int P = 3, V = 2;
+    std::vector<NumberStages> stages(static_cast<std::size_t>(P));
+    std::vector<double> losses(static_cast<std::size_t>(P));
+    comm::run_thread_ranks(P, [&](comm::Communicator& c) {
+      NumberStages& mine = stages[static_cast<std::size_t>(c.rank())];
+      mine.stages = P * V;
+      losses[static_cast<std::size_t>(c.rank())] =
+          run_pipeline<Cpu>(lower_forward(P, V, placement), c.rank(), c, mine).loss;
+    }, tessera::test::nccl_rules());
+    for (int r = 0; r < P; ++r) {
+      CHECK(stages[static_cast<std::size_t>(r)].wrong.empty());
+      CHECK(losses[static_cast<std::size_t>(r)] == P * V - 1);
+    }
   }
 }
 

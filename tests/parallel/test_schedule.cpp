@@ -1,7 +1,8 @@
 // Pipeline stage splitting and schedules as pure logic (parallel/stages.hpp,
 // parallel/schedule.hpp): the split rule and its override, each schedule's order on small
-// cases derived by hand, the simulated bubble against the textbook figures, activation
-// memory, and every schedule over a grid of shapes complete and free of deadlocks.
+// cases derived by hand, the stages' placements, the simulated bubble against the textbook
+// figures, activation memory, and every schedule over a grid of shapes complete and free
+// of deadlocks.
 // Run alone with --test-case='pipeline:*'.
 #include <doctest/doctest.h>
 
@@ -111,11 +112,20 @@ TEST_CASE("pipeline: schedule names parse as torchtitan spells them") {
   for (ScheduleKind k : test::kAllScheduleKinds) CHECK(parse_schedule_kind(name_of(k)) == k);
   CHECK(parse_schedule_kind("1F1B") == ScheduleKind::one_f_one_b);
   CHECK(parse_schedule_kind("InterleavedZeroBubble") == ScheduleKind::interleaved_zero_bubble);
+  CHECK(parse_schedule_kind("LoopedBFS") == ScheduleKind::looped_bfs);
+  CHECK(parse_schedule_kind("ZBVZeroBubble") == ScheduleKind::zbv_zero_bubble);
+  CHECK(test::kAllScheduleKinds.size() == 6);
   CHECK_ERROR_CONTAINS(parse_schedule_kind("interleaved1f1b"),
-                       "parallelism.pipeline_parallel_schedule: unknown schedule \"interleaved1f1b\" (known: GPipe, "
-                       "1F1B, Interleaved1F1B, InterleavedZeroBubble)");
+                       "parallelism.pipeline_parallel_schedule: unknown schedule \"interleaved1f1b\" (known: 1F1B, "
+                       "Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble)");
   CHECK(splits_backward(ScheduleKind::interleaved_zero_bubble));
+  CHECK(splits_backward(ScheduleKind::zbv_zero_bubble));
   CHECK_FALSE(splits_backward(ScheduleKind::interleaved_1f1b));
+  CHECK_FALSE(splits_backward(ScheduleKind::looped_bfs));
+  CHECK(default_stages_per_rank(ScheduleKind::one_f_one_b) == 1);
+  CHECK(default_stages_per_rank(ScheduleKind::gpipe) == 1);
+  CHECK(default_stages_per_rank(ScheduleKind::looped_bfs) == 2);
+  CHECK(default_stages_per_rank(ScheduleKind::zbv_zero_bubble) == 2);
 }
 
 TEST_CASE("pipeline: schedule shapes a schedule cannot run are errors naming keys, schedule and minimum") {
@@ -139,6 +149,12 @@ TEST_CASE("pipeline: schedule shapes a schedule cannot run are errors naming key
   CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::interleaved_1f1b, 2, 1, 4),
                        "parallelism.pipeline_parallel_schedule: Interleaved1F1B needs at least 2 stages per rank, "
                        "got 1 (with one stage per rank use 1F1B)");
+  CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::zbv_zero_bubble, 2, 3, 4),
+                       "parallelism.pipeline_parallel_schedule: ZBVZeroBubble runs exactly 2 stages per rank (down the "
+                       "ranks and back up), got 3");
+  CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::zbv_zero_bubble, 2, 1, 4), "ZBVZeroBubble runs exactly 2 stages");
+  CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::looped_bfs, 2, 2, 0),
+                       "schedule LoopedBFS needs at least 1 microbatch, got 0");
   CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::gpipe, 0, 1, 4),
                        "parallelism.pipeline_parallel_degree: must be at least 1, got 0");
   CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::gpipe, 2, 0, 4), "stages per rank must be at least 1, got 0");
@@ -152,6 +168,35 @@ TEST_CASE("pipeline: schedule shapes a schedule cannot run are errors naming key
   CHECK(test::schedule_fits(ScheduleKind::interleaved_zero_bubble, 4, 1, 5));
   CHECK(test::schedule_fits(ScheduleKind::interleaved_1f1b, 4, 2, 8));
   CHECK_FALSE(test::schedule_fits(ScheduleKind::interleaved_zero_bubble, 4, 2, 5));
+  // LoopedBFS any V and any M; ZBVZeroBubble V = 2 and any M (fewer than 2P - 1 leave gaps).
+  CHECK(min_microbatches(ScheduleKind::looped_bfs, 4) == 1);
+  CHECK(min_microbatches(ScheduleKind::zbv_zero_bubble, 4) == 1);
+  CHECK(test::schedule_fits(ScheduleKind::looped_bfs, 4, 1, 1));
+  CHECK(test::schedule_fits(ScheduleKind::looped_bfs, 4, 3, 5));
+  CHECK(test::schedule_fits(ScheduleKind::zbv_zero_bubble, 4, 2, 3));
+  CHECK_FALSE(test::schedule_fits(ScheduleKind::zbv_zero_bubble, 4, 1, 8));
+}
+
+TEST_CASE("pipeline: the V placement puts stages down the ranks and back up") {
+  // Looping: stage s on rank s % P. V: rank r holds r and 2P-1-r (and, past two rounds,
+  // 2P + r, 4P - 1 - r, ...): the first and last stages on rank 0, the middle two on P-1.
+  for (int P = 1; P <= 8; ++P)
+    for (int s = 0; s < 4 * P; ++s) {
+      CAPTURE(P);
+      CAPTURE(s);
+      CHECK(rank_of_stage(Placement::loop, P, s) == s % P);
+      const int round = s / P;
+      CHECK(rank_of_stage(Placement::vee, P, s) == (round % 2 == 0 ? s % P : P - 1 - s % P));
+      for (Placement pl : {Placement::loop, Placement::vee})
+        CHECK(stage_of_rank(pl, P, rank_of_stage(pl, P, s), round) == s);  // the inverse, by local index
+    }
+  CHECK(placement_of(ScheduleKind::zbv_zero_bubble) == Placement::vee);
+  CHECK(placement_of(ScheduleKind::interleaved_1f1b) == Placement::loop);
+  const Schedule zbv = make_schedule(ScheduleKind::zbv_zero_bubble, 4, 2, 8);
+  CHECK(zbv.stages_of(0) == std::vector<int>{0, 7});
+  CHECK(zbv.stages_of(3) == std::vector<int>{3, 4});
+  CHECK(zbv.rank_of(7) == 0);
+  CHECK(zbv.rank_of(5) == 2);
 }
 
 TEST_CASE("pipeline: 1F1B schedule order and timeline match the hand-derived ones") {
@@ -201,6 +246,38 @@ TEST_CASE("pipeline: interleaved and zero-bubble schedule orders match the hand-
   CHECK(simulate(zb).bubble == doctest::Approx(1.0 / 7.0));
 }
 
+TEST_CASE("pipeline: LoopedBFS and ZBVZeroBubble orders match the hand-derived ones") {
+  // LoopedBFS, P = 2, V = 2, M = 2: each stage's forwards in turn, then the backwards from
+  // the last stage and the last microbatch.
+  const Schedule bfs = make_schedule(ScheduleKind::looped_bfs, 2, 2, 2);
+  CHECK(format_order(bfs) ==
+        "rank 0: 0F0 0F1 2F0 2F1 2B1 2B0 0B1 0B0\n"
+        "rank 1: 1F0 1F1 3F0 3F1 3B1 3B0 1B1 1B0\n");
+  CHECK(format_timeline(bfs) ==
+        "rank 0: 0F0 0F1 2F0 2F1 .   .   .   2B1 --- 2B0 --- 0B1 --- 0B0 ---\n"
+        "rank 1: .   1F0 1F1 3F0 3F1 3B1 --- 3B0 --- 1B1 --- 1B0 --- .   .\n");
+  // ZBVZeroBubble, P = 2, M = 3 (= 2P - 1: no microbatch left out). Rank 0 holds stages 0
+  // and 3, rank 1 stages 1 and 2.
+  //   rank 0: 2(P-0)-1 = 3 forwards of stage 0; P = 2 times F, I, W of stage 3; then stage
+  //   0's I, W, stage 3's F, I, W; then P times stage 0's I and W.
+  //   rank 1: 1 forward of stage 1; once F of stage 2, F of stage 1; once F, I, W of stage
+  //   2; then stage 1's F, I, W and stage 2's F, I, W; once I of 1, I of 2; once I of 1 and
+  //   stage 1's oldest W owed; the W's still owed, stage 2's first.
+  const Schedule zbv = make_schedule(ScheduleKind::zbv_zero_bubble, 2, 2, 3);
+  CHECK(format_order(zbv) ==
+        "rank 0: 0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0 3F2 3I2 3W2 0I1 0W1 0I2 0W2\n"
+        "rank 1: 1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1I1 2I2 1I2 1W1 2W2 1W2\n");
+  // Stage 1 -> 2 stays on rank 1 and stage 3 on rank 0 turns the microbatch round at once:
+  // one unit of idle time a rank, (P-1) F.
+  CHECK(format_timeline(zbv) ==
+        "rank 0: 0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0 3F2 3I2 3W2 0I1 0W1 0I2 0W2 .\n"
+        "rank 1: .   1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1I1 2I2 1I2 1W1 2W2 1W2\n");
+  // Fewer microbatches than 2P - 1: the same order with microbatch 2 left out.
+  CHECK(format_order(make_schedule(ScheduleKind::zbv_zero_bubble, 2, 2, 2)) ==
+        "rank 0: 0F0 0F1 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0 0I1 0W1\n"
+        "rank 1: 1F0 2F0 1F1 2F1 2I0 2W0 1I0 1W0 2I1 2W1 1I1 1W1\n");
+}
+
 TEST_CASE("pipeline: every schedule over a grid of shapes is complete, well placed and free of deadlocks") {
   int checked = 0;
   for (ScheduleKind k : test::kAllScheduleKinds)
@@ -224,10 +301,12 @@ TEST_CASE("pipeline: every schedule over a grid of shapes is complete, well plac
               REQUIRE(a.stage < S);
               REQUIRE(a.microbatch >= 0);
               REQUIRE(a.microbatch < M);
-              CHECK(a.stage % P == r);
+              // The looping placement, or for ZBV stages r and 2P-1-r.
+              const bool vee = k == ScheduleKind::zbv_zero_bubble;
+              CHECK((vee ? (a.stage < P ? a.stage : 2 * P - 1 - a.stage) : a.stage % P) == r);
               ++count[static_cast<std::size_t>((a.stage * M + a.microbatch) * 4 + static_cast<int>(a.op))];
             }
-          const bool split = k == ScheduleKind::interleaved_zero_bubble;
+          const bool split = k == ScheduleKind::interleaved_zero_bubble || k == ScheduleKind::zbv_zero_bubble;
           bool once = true;
           for (int i = 0; i < S * M; ++i) {
             const int* c = &count[static_cast<std::size_t>(i * 4)];
@@ -243,7 +322,7 @@ TEST_CASE("pipeline: every schedule over a grid of shapes is complete, well plac
           }
           ++checked;
         }
-  CHECK(checked == 580);
+  CHECK(checked == 580 + 8 * 4 * 16 + 8 * 16);  // + LoopedBFS (every V, M) + ZBVZeroBubble (V = 2, every M)
 }
 
 TEST_CASE("pipeline: simulated schedule bubbles equal the textbook figures") {
@@ -268,7 +347,18 @@ TEST_CASE("pipeline: simulated schedule bubbles equal the textbook figures") {
         if (test::schedule_fits(ScheduleKind::interleaved_zero_bubble, P, V, M))
           CHECK(simulate(make_schedule(ScheduleKind::interleaved_zero_bubble, P, V, M)).bubble ==
                 doctest::Approx(bubble_zero_bubble(P, V, M)));
+        // LoopedBFS, once a rank's first stage has work for every rank (M >= P): the
+        // interleaved bubble, under any uniform costs.
+        if (M >= P)
+          for (const Costs& c : {Costs{1, 1, 1}, Costs{2, 3, 1}})
+            CHECK(simulate(make_schedule(ScheduleKind::looped_bfs, P, V, M), c).bubble ==
+                  doctest::Approx(bubble_interleaved(P, V, M)));
       }
+      // ZBVZeroBubble with the V filled (M >= 2P - 1) and equal costs: (P-1) F idle a rank,
+      // the zero-bubble figure of two stages per rank.
+      if (M >= 2 * P - 1)
+        CHECK(simulate(make_schedule(ScheduleKind::zbv_zero_bubble, P, 2, M)).bubble ==
+              doctest::Approx(bubble_zero_bubble(P, 2, M)));
     }
   CHECK(bubble_1f1b(4, 8) == doctest::Approx(3.0 / 11.0));
   CHECK(bubble_interleaved(4, 2, 8) == doctest::Approx(3.0 / 19.0));
@@ -306,6 +396,22 @@ TEST_CASE("pipeline: schedule activation memory: 1F1B holds P microbatches on ra
         CHECK(gpipe.peak_in_flight[static_cast<std::size_t>(r)] == M);
         CHECK(one.peak_in_flight[static_cast<std::size_t>(r)] == P - r);
         CHECK(zb.peak_in_flight[static_cast<std::size_t>(r)] == P - r);  // ZB-H1: 1F1B's memory
+      }
+    }
+  // LoopedBFS holds every microbatch of every stage; ZBVZeroBubble, once its V is filled,
+  // 2P stage activations on every rank (each half a rank's layers: 1F1B's P on rank 0, on
+  // every rank), and never more.
+  for (int P = 1; P <= 8; ++P)
+    for (int M = 1; M <= 16; ++M) {
+      CAPTURE(P);
+      CAPTURE(M);
+      const Simulation bfs = simulate(make_schedule(ScheduleKind::looped_bfs, P, 2, M));
+      const Simulation zbv = simulate(make_schedule(ScheduleKind::zbv_zero_bubble, P, 2, M));
+      for (int r = 0; r < P; ++r) {
+        CAPTURE(r);
+        CHECK(bfs.peak_in_flight[static_cast<std::size_t>(r)] == 2 * M);
+        CHECK(zbv.peak_in_flight[static_cast<std::size_t>(r)] <= 2 * P);
+        if (M >= 2 * P - 1) CHECK(zbv.peak_in_flight[static_cast<std::size_t>(r)] == 2 * P);
       }
     }
   // Interleaved, P = 4, V = 2, M = 8: warm-up (V-1) P + 2 (P-1-r) forwards, one more in the
@@ -373,6 +479,8 @@ TEST_CASE("pipeline: schedule description for logs") {
   CHECK(describe(make_schedule(ScheduleKind::interleaved_1f1b, 4, 2, 8)) ==
         "Interleaved1F1B, 4 ranks x 2 stages, 8 microbatches, bubble 15.8%");
   CHECK(describe(make_schedule(ScheduleKind::gpipe, 1, 1, 1)) == "GPipe, 1 rank x 1 stage, 1 microbatch, bubble 0.0%");
+  CHECK(describe(make_schedule(ScheduleKind::zbv_zero_bubble, 4, 2, 8)) ==
+        "ZBVZeroBubble, 4 ranks x 2 stages, 8 microbatches, bubble 5.9%");
   const Simulation sim = simulate(make_schedule(ScheduleKind::one_f_one_b, 4, 1, 8));
   CHECK(sim.makespan == doctest::Approx(33.0));  // (M + P - 1) x (1 + 2)
   CHECK(sim.busy == std::vector<double>{24.0, 24.0, 24.0, 24.0});

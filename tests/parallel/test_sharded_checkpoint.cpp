@@ -103,6 +103,37 @@ TEST_CASE("sharded checkpoints: saved under each layout, loaded under others, ev
   }
 }
 
+TEST_CASE("sharded checkpoints: saved under ZBVZeroBubble's V placement, loaded under the looping one, bitwise") {
+  // PP 2 x FSDP 2 by ZBV: pipeline rank 0 holds stages 0 and 3 (the embedding and the
+  // output), rank 1 the middle two. Loaded by 1F1B on PP 2 (rank 0 the embedding, rank 1
+  // the output) and on one rank.
+  const train::JobConfig zbv =
+      debug_job(1, 1, 1, {"--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"});
+  const train::JobConfig c = debug_job(1, 1, 1);
+  Values reference;
+  {
+    CpuDynamicModel one(c.model.args);
+    one.init_weights(kSeed);
+    reference = whole_values(one);
+  }
+  tessera::test::TempDir dir;
+  const std::string folder = dir.file("step-1");
+  on_layout({"PP 2 x FSDP 2, ZBVZeroBubble", {2, 1, 2, 1}}, zbv, [&](CpuDynamicModel& model, comm::Communicator&) {
+    model.init_weights(kSeed);
+    train::save_sharded_model(model, folder);
+  });
+  for (const Layout& load : {Layout{"one rank", {}}, Layout{"PP 2, 1F1B", {2, 1, 1, 1}}}) {
+    const std::string into = load.name;
+    CAPTURE(into);
+    std::vector<Values> got(static_cast<std::size_t>(load.shape.world()));
+    on_layout(load, c, [&](CpuDynamicModel& model, comm::Communicator& world) {
+      train::load_sharded_model(model, folder);
+      got[static_cast<std::size_t>(world.rank())] = whole_values(model);
+    });
+    for (const Values& v : got) CHECK(same_bits(v, reference));
+  }
+}
+
 TEST_CASE("sharded checkpoints: an interrupted save, a missing or truncated file and another model are refused") {
   const train::JobConfig c = debug_job(1, 1, 1);
   tessera::test::TempDir dir;

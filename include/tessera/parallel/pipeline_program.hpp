@@ -105,10 +105,11 @@ struct Step {
 struct Program {
   int ranks = 1;            ///< P
   int stages_per_rank = 1;  ///< V
+  Placement placement = Placement::loop;
   std::vector<std::vector<Step>> per_rank;
 
   [[nodiscard]] int stages() const { return ranks * stages_per_rank; }
-  [[nodiscard]] int rank_of(int stage) const { return stage % ranks; }
+  [[nodiscard]] int rank_of(int stage) const { return rank_of_stage(placement, ranks, stage); }
 };
 
 /// The tensor `a` takes from another stage, if any: a forward's input activation (not on
@@ -172,11 +173,13 @@ inline std::vector<std::vector<double>> buffered_start_times(int ranks, int stag
   return start;
 }
 
-/// Lowers per-rank action lists over `ranks` x `stages_per_rank` stages (see the header
-/// comment). A tensor whose producer and consumer share a rank (one rank only) gets no
-/// transfer: the runner hands it over in memory.
-inline Program lower_lists(int ranks, int stages_per_rank, const std::vector<std::vector<Action>>& lists) {
-  Program p{ranks, stages_per_rank, {}};
+/// Lowers per-rank action lists over `ranks` x `stages_per_rank` stages placed by
+/// `placement` (see the header comment). A tensor whose producer and consumer share a
+/// rank (one rank only, or the two middle stages of the V placement) gets no transfer:
+/// the runner hands it over in memory.
+inline Program lower_lists(int ranks, int stages_per_rank, Placement placement,
+                           const std::vector<std::vector<Action>>& lists) {
+  Program p{ranks, stages_per_rank, placement, {}};
   const int S = p.stages();
   const auto start = buffered_start_times(ranks, S, lists);
   // The order every rank issues its transfers in: by when the payload is made (in the
@@ -268,18 +271,18 @@ inline std::string spell(const std::vector<Transfer>& group) {
 /// between them, by the policy in the header comment.
 inline Program lower(const Schedule& s) {
   validate(s);
-  return detail::lower_lists(s.ranks, s.stages_per_rank, s.per_rank);
+  return detail::lower_lists(s.ranks, s.stages_per_rank, s.placement(), s.per_rank);
 }
 
 /// The program of a forward-only pass (evaluation): one microbatch through every stage
-/// in order, each rank running the forwards of its stages r, r + P, ...
-inline Program lower_forward(int ranks, int stages_per_rank) {
+/// in order, each rank running the forwards of its stages in model order.
+inline Program lower_forward(int ranks, int stages_per_rank, Placement placement = Placement::loop) {
   TESSERA_CHECK(ranks >= 1 && stages_per_rank >= 1, "pipeline program: needs at least 1 rank and 1 stage per rank, got ",
                 ranks, " and ", stages_per_rank);
   std::vector<std::vector<Action>> lists(static_cast<std::size_t>(ranks));
   for (int st = 0; st < ranks * stages_per_rank; ++st)
-    lists[static_cast<std::size_t>(st % ranks)].push_back({Op::forward, st, 0});
-  return detail::lower_lists(ranks, stages_per_rank, lists);
+    lists[static_cast<std::size_t>(rank_of_stage(placement, ranks, st))].push_back({Op::forward, st, 0});
+  return detail::lower_lists(ranks, stages_per_rank, placement, lists);
 }
 
 /// Checks `p` against the rules in the header comment: first each rank alone (every

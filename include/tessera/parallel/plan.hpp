@@ -103,8 +103,8 @@ inline ShardingMode sharding_for(const comm::MeshShape& s) {
 /// What Pipeline<...> with run-time choices reads: torchtitan's pipeline_parallel_* keys.
 struct PipelineOptions {
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
-  /// Stages per pipeline rank; 0: 1 for GPipe and 1F1B, 2 for the interleaved schedules
-  /// (or what split_points imply).
+  /// Stages per pipeline rank; 0: 1 for GPipe and 1F1B, 2 for the others (or what
+  /// split_points imply).
   int stages_per_rank = 0;
   /// Sequences per microbatch: a data-parallel rank's batch is cut into
   /// local_batch_size / microbatch_size microbatches.
@@ -116,7 +116,7 @@ struct PipelineOptions {
 
 /// Stages per pipeline rank for `kind` on `pp` ranks: what split_points imply (their
 /// stage count over pp), else the explicit count, else 1 for GPipe and 1F1B and 2 for
-/// the interleaved schedules. Throws naming the settings (`wording`) when the two disagree.
+/// the others (default_stages_per_rank). Throws naming the settings (`wording`) when the two disagree.
 inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int pp, Wording wording = config_keys) {
   int V = p.stages_per_rank;
   if (!p.split_points.empty()) {
@@ -128,7 +128,7 @@ inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int pp, 
     return S / pp;
   }
   if (V > 0) return V;
-  return kind == ScheduleKind::interleaved_1f1b || kind == ScheduleKind::interleaved_zero_bubble ? 2 : 1;
+  return default_stages_per_rank(kind);
 }
 
 struct Plan {

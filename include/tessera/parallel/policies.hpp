@@ -98,6 +98,8 @@ struct GPipe {};
 struct OneFOneB {};               // "1F1B"
 struct Interleaved1F1B {};        // several stages per rank
 struct InterleavedZeroBubble {};  // backward split into input and weight gradients
+struct LoopedBFS {};              // several stages per rank, breadth first
+struct ZBVZeroBubble {};          // two stages per rank down and back up, split backwards
 
 /// Pipeline parallelism over Stages ranks (or the mesh's pp degree with
 /// tessera::dynamic), run by Schedule (Dynamic: the Plan's pipeline_parallel_schedule).
@@ -117,9 +119,11 @@ struct Pipeline {
   static_assert(dynamic_degree || degree >= 1, "tessera::Pipeline<Stages, Schedule>: Stages must be at least 1");
   static_assert(std::is_same_v<Schedule, Dynamic> || std::is_same_v<Schedule, GPipe> ||
                     std::is_same_v<Schedule, OneFOneB> || std::is_same_v<Schedule, Interleaved1F1B> ||
-                    std::is_same_v<Schedule, InterleavedZeroBubble>,
+                    std::is_same_v<Schedule, InterleavedZeroBubble> || std::is_same_v<Schedule, LoopedBFS> ||
+                    std::is_same_v<Schedule, ZBVZeroBubble>,
                 "tessera::Pipeline<Stages, Schedule>: Schedule must be tessera::GPipe, tessera::OneFOneB, "
-                "tessera::Interleaved1F1B, tessera::InterleavedZeroBubble or tessera::Dynamic");
+                "tessera::Interleaved1F1B, tessera::InterleavedZeroBubble, tessera::LoopedBFS, "
+                "tessera::ZBVZeroBubble or tessera::Dynamic");
   using schedule = Schedule;
 };
 
@@ -243,6 +247,10 @@ ScheduleKind pipeline_schedule(const Plan& plan) {
     return ScheduleKind::interleaved_1f1b;
   else if constexpr (std::is_same_v<S, InterleavedZeroBubble>)
     return ScheduleKind::interleaved_zero_bubble;
+  else if constexpr (std::is_same_v<S, LoopedBFS>)
+    return ScheduleKind::looped_bfs;
+  else if constexpr (std::is_same_v<S, ZBVZeroBubble>)
+    return ScheduleKind::zbv_zero_bubble;
   else
     return plan.pipeline.schedule;
 }

@@ -1,7 +1,9 @@
 // Pipeline schedules as pure logic: what each pipeline rank computes, and in which order.
 //
 // P ranks hold S = P x V stages, V stages per rank ("virtual stages"); stage s lives on
-// rank s % P (the looping placement of torchtitan and PyTorch). Each of the M
+// rank s % P (the looping placement of torchtitan and PyTorch), or, for ZBVZeroBubble,
+// down the ranks and back up (the V placement: rank r holds stages r and 2P-1-r;
+// schedule_kind.hpp). Each of the M
 // microbatches passes forward through stages 0 .. S-1 and backward through S-1 .. 0.
 // Stage 0's forward takes the input tokens; stage S-1's forward computes the loss, so its
 // backward can start as soon as its own forward is done. A schedule is, for each rank, an
@@ -26,6 +28,17 @@
 //                          al. 2023 for V = 1; its interleaved form, as PyTorch's
 //                          ScheduleInterleavedZeroBubble, for V >= 2, warm-up
 //                          (V-1) P + (P-1-r)).
+//   LoopedBFS              breadth first over V >= 1 stages per rank (Lamy-Poirier 2022):
+//                          every microbatch forward through the rank's first stage, then
+//                          its second, ...; then every backward, last stage first and
+//                          the last microbatch first. GPipe's order, stage by stage.
+//   ZBVZeroBubble          the V-shaped zero-bubble schedule (ZB-V, Qi et al. 2023,
+//                          section 6): two stages per rank in the V placement, split
+//                          backwards; a microbatch turns round on rank P-1 and its
+//                          backward begins at once on rank 0, so warm-up and cool-down
+//                          are filled with the other chunk's work and weight gradients.
+//                          With F = I = W the bubble is about (P-1) F against 1F1B's
+//                          (P-1)(F+B), at 1F1B's peak activations.
 //
 // simulate() executes the lists against the data dependencies with given op costs
 // (sends buffered, a producer never waiting for its consumer: it judges the order of
@@ -76,19 +89,25 @@ struct Schedule {
 
   /// S = P x V.
   [[nodiscard]] int stages() const { return ranks * stages_per_rank; }
-  /// The rank holding `stage` (looping placement).
-  [[nodiscard]] int rank_of(int stage) const { return stage % ranks; }
-  /// The stages `rank` holds, in model order: rank, rank + P, ...
+  /// Where the stages live: the V placement for ZBVZeroBubble, the looping one otherwise.
+  [[nodiscard]] Placement placement() const { return placement_of(kind); }
+  /// The rank holding `stage`.
+  [[nodiscard]] int rank_of(int stage) const { return rank_of_stage(placement(), ranks, stage); }
+  /// The stages `rank` holds, in model order (rank, rank + P, ... with the looping placement).
   [[nodiscard]] std::vector<int> stages_of(int rank) const {
     std::vector<int> s;
-    for (int v = 0; v < stages_per_rank; ++v) s.push_back(v * ranks + rank);
+    for (int v = 0; v < stages_per_rank; ++v) s.push_back(stage_of_rank(placement(), ranks, rank, v));
     return s;
   }
 };
 
-/// The fewest microbatches `kind` runs on `ranks` ranks: 1 for GPipe, P for the others
-/// (PyTorch's requirement for 1F1B; the interleaved schedules also need a multiple of P).
-constexpr int min_microbatches(ScheduleKind k, int ranks) { return k == ScheduleKind::gpipe ? 1 : ranks; }
+/// The fewest microbatches `kind` runs on `ranks` ranks: P for the 1F1B family (PyTorch's
+/// requirement for 1F1B; the interleaved schedules also need a multiple of P), 1 for
+/// GPipe, LoopedBFS and ZBVZeroBubble (which needs 2P - 1 to fill its pipeline, and runs
+/// fewer as the same order with the missing microbatches left out, as PyTorch does).
+constexpr int min_microbatches(ScheduleKind k, int ranks) {
+  return k == ScheduleKind::gpipe || k == ScheduleKind::looped_bfs || k == ScheduleKind::zbv_zero_bubble ? 1 : ranks;
+}
 
 /// Checks that `kind` can run `microbatches` microbatches with `ranks` x `stages_per_rank`
 /// stages; throws naming the settings (by config key, unless `wording` says the values
@@ -96,6 +115,8 @@ constexpr int min_microbatches(ScheduleKind k, int ranks) { return k == Schedule
 ///   GPipe, 1F1B: one stage per rank; 1F1B needs M >= P.
 ///   Interleaved1F1B: V >= 2 (with V = 1 it is 1F1B), M >= P and M a multiple of P.
 ///   InterleavedZeroBubble: V >= 1, M >= P; for V >= 2 also M a multiple of P.
+///   LoopedBFS: V >= 1, M >= 1.
+///   ZBVZeroBubble: V = 2 (its V placement), M >= 1.
 /// The multiple-of-P rule is Narayanan et al.'s, stricter than PyTorch, which also accepts
 /// M when floor(M / P) divides M (rounds of more than P microbatches).
 inline void check_schedule_shape(ScheduleKind kind, int ranks, int stages_per_rank, int microbatches,
@@ -108,16 +129,21 @@ inline void check_schedule_shape(ScheduleKind kind, int ranks, int stages_per_ra
   TESSERA_CHECK(microbatches >= 1, mb, ": schedule ", name, " needs at least 1 microbatch, got ", microbatches);
   if (kind == ScheduleKind::gpipe || kind == ScheduleKind::one_f_one_b)
     TESSERA_CHECK(stages_per_rank == 1, wording(settings::schedule), ": ", name, " runs one stage per rank, got ",
-                  stages_per_rank, " stages per rank (Interleaved1F1B or InterleavedZeroBubble run several)");
+                  stages_per_rank, " stages per rank (Interleaved1F1B, InterleavedZeroBubble or LoopedBFS run several)");
   if (kind == ScheduleKind::interleaved_1f1b)
     TESSERA_CHECK(stages_per_rank >= 2, wording(settings::schedule),
                   ": Interleaved1F1B needs at least 2 stages per rank, got ", stages_per_rank,
                   " (with one stage per rank use 1F1B)");
+  if (kind == ScheduleKind::zbv_zero_bubble)
+    TESSERA_CHECK(stages_per_rank == 2, wording(settings::schedule),
+                  ": ZBVZeroBubble runs exactly 2 stages per rank (down the ranks and back up), got ",
+                  stages_per_rank);
   const int least = min_microbatches(kind, ranks);
   TESSERA_CHECK(microbatches >= least, mb, ": schedule ", name, " on ", ranks, " ranks needs at least ", least,
                 " microbatches, got ", microbatches, " (microbatches = ", wording(settings::local_batch_size), " / ",
                 mb, ")");
-  if (stages_per_rank >= 2)
+  if (stages_per_rank >= 2 &&
+      (kind == ScheduleKind::interleaved_1f1b || kind == ScheduleKind::interleaved_zero_bubble))
     TESSERA_CHECK(microbatches % ranks == 0, mb, ": schedule ", name, " with ", stages_per_rank,
                   " stages per rank needs a microbatch count that is a multiple of the ", ranks, " ranks, got ",
                   microbatches, " (microbatches = ", wording(settings::local_batch_size), " / ", mb, ")");
@@ -167,6 +193,60 @@ inline std::vector<Action> one_f_one_b_family(int P, int V, int M, int rank, int
   return out;
 }
 
+/// LoopedBFS on rank `rank`: every microbatch forward through each of the rank's stages
+/// in model order, then every backward, the last stage and the last microbatch first
+/// (PyTorch's ScheduleLoopedBFS).
+inline std::vector<Action> looped_bfs(int P, int V, int M, int rank) {
+  std::vector<Action> out;
+  out.reserve(static_cast<std::size_t>(2 * V * M));
+  for (int v = 0; v < V; ++v)
+    for (int m = 0; m < M; ++m) out.push_back({Op::forward, stage_of_rank(Placement::loop, P, rank, v), m});
+  for (int v = V; v-- > 0;)
+    for (int m = M; m-- > 0;) out.push_back({Op::backward, stage_of_rank(Placement::loop, P, rank, v), m});
+  return out;
+}
+
+/// ZBVZeroBubble on rank `rank` (ZB-V, Qi et al. 2023, section 6, in PyTorch's phases):
+/// chunk 0 is stage r (going down the ranks), chunk 1 stage 2P-1-r (coming back up). Laid
+/// out for N = max(M, 2P - 1) microbatches, the fewest that fill the V, then the
+/// microbatches past M dropped (the order of the rest kept):
+///   1. 2(P-r) - 1 forwards of chunk 0;
+///   2. r times: a forward of chunk 1, a forward of chunk 0;
+///   3. P-r times: a forward, an input gradient and a weight gradient of chunk 1;
+///   4. until both chunks have every forward: chunk 0's next forward (while it has one),
+///      input and weight gradients, then chunk 1's forward, input and weight gradients;
+///   5. r times: an input gradient of chunk 0, then one of chunk 1;
+///   6. P-r times: an input gradient of chunk 0 and its oldest weight gradient owed;
+///   7. the weight gradients still owed, chunk 1's then chunk 0's.
+inline std::vector<Action> zbv_zero_bubble(int P, int M, int rank) {
+  const int N = std::max(M, 2 * P - 1);
+  const int down = stage_of_rank(Placement::vee, P, rank, 0), up = stage_of_rank(Placement::vee, P, rank, 1);
+  struct Chunk {
+    int stage, f = 0, i = 0, w = 0;  // the next microbatch of each op
+  } c0{down}, c1{up};
+  std::vector<Action> all;
+  auto f = [&](Chunk& c) { all.push_back({Op::forward, c.stage, c.f++}); };
+  auto i = [&](Chunk& c) { all.push_back({Op::backward_input, c.stage, c.i++}); };
+  auto w = [&](Chunk& c) { all.push_back({Op::backward_weight, c.stage, c.w++}); };
+  for (int k = 0; k < 2 * (P - rank) - 1; ++k) f(c0);
+  for (int k = 0; k < rank; ++k) f(c1), f(c0);
+  for (int k = 0; k < P - rank; ++k) f(c1), i(c1), w(c1);
+  while (c1.f < c0.f || c0.f < N) {
+    if (c0.f < N) f(c0);
+    i(c0), w(c0), f(c1), i(c1), w(c1);
+  }
+  for (int k = 0; k < rank; ++k) i(c0), i(c1);
+  for (int k = 0; k < P - rank; ++k) i(c0), w(c0);
+  while (c1.w < c1.i) w(c1);
+  while (c0.w < c0.i) w(c0);
+  TESSERA_CHECK(c0.f == N && c0.i == N && c0.w == N && c1.f == N && c1.i == N && c1.w == N,
+                "pipeline schedule ZBVZeroBubble: rank ", rank, " of ", P, " laid out an incomplete list (a bug)");
+  std::vector<Action> out;
+  for (const Action& a : all)
+    if (a.microbatch < M) out.push_back(a);
+  return out;
+}
+
 }  // namespace detail
 
 /// The schedule `kind` for `ranks` pipeline ranks with `stages_per_rank` stages each and
@@ -186,6 +266,8 @@ inline Schedule make_schedule(ScheduleKind kind, int ranks, int stages_per_rank,
       case ScheduleKind::interleaved_zero_bubble:
         list = detail::one_f_one_b_family(P, V, M, r, std::min((V - 1) * P + (P - 1 - r), V * M), true, r);
         break;
+      case ScheduleKind::looped_bfs: list = detail::looped_bfs(P, V, M, r); break;
+      case ScheduleKind::zbv_zero_bubble: list = detail::zbv_zero_bubble(P, M, r); break;
     }
     s.per_rank.push_back(std::move(list));
   }

@@ -1,8 +1,11 @@
 // The pipeline schedules tessera runs, by name: the choice a Plan carries
-// (parallelism.pipeline_parallel_schedule). What each schedule does is schedule.hpp's.
+// (parallelism.pipeline_parallel_schedule), and where each puts its stages. What each
+// schedule does is schedule.hpp's.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "tessera/core/error.hpp"
@@ -10,7 +13,19 @@
 namespace tessera::parallel {
 
 /// torchtitan's `parallelism.pipeline_parallel_schedule` values that tessera runs.
-enum class ScheduleKind : std::uint8_t { gpipe, one_f_one_b, interleaved_1f1b, interleaved_zero_bubble };
+enum class ScheduleKind : std::uint8_t {
+  gpipe,
+  one_f_one_b,
+  interleaved_1f1b,
+  interleaved_zero_bubble,
+  looped_bfs,
+  zbv_zero_bubble,
+};
+
+/// Every schedule, in the order the help and the errors list them.
+inline constexpr std::array kScheduleKinds{ScheduleKind::one_f_one_b,     ScheduleKind::interleaved_1f1b,
+                                           ScheduleKind::gpipe,           ScheduleKind::interleaved_zero_bubble,
+                                           ScheduleKind::looped_bfs,      ScheduleKind::zbv_zero_bubble};
 
 /// The schedule's name as torchtitan's config spells it.
 constexpr const char* name_of(ScheduleKind k) {
@@ -19,20 +34,62 @@ constexpr const char* name_of(ScheduleKind k) {
     case ScheduleKind::one_f_one_b: return "1F1B";
     case ScheduleKind::interleaved_1f1b: return "Interleaved1F1B";
     case ScheduleKind::interleaved_zero_bubble: return "InterleavedZeroBubble";
+    case ScheduleKind::looped_bfs: return "LoopedBFS";
+    case ScheduleKind::zbv_zero_bubble: return "ZBVZeroBubble";
   }
   return "?";
 }
 
+/// "1F1B, Interleaved1F1B, GPipe, ...": the known names, for errors and help.
+inline std::string schedule_names() {
+  std::string out;
+  for (ScheduleKind k : kScheduleKinds) {
+    if (!out.empty()) out += ", ";
+    out += name_of(k);
+  }
+  return out;
+}
+
 /// Parses `parallelism.pipeline_parallel_schedule` (exact spelling); throws listing the known names.
 inline ScheduleKind parse_schedule_kind(std::string_view name) {
-  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_1f1b,
-                         ScheduleKind::interleaved_zero_bubble})
+  for (ScheduleKind k : kScheduleKinds)
     if (name == name_of(k)) return k;
-  fail("parallelism.pipeline_parallel_schedule: unknown schedule \"", name,
-       "\" (known: GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble)");
+  fail("parallelism.pipeline_parallel_schedule: unknown schedule \"", name, "\" (known: ", schedule_names(), ")");
 }
 
 /// Whether the schedule splits each backward into backward_input and backward_weight.
-constexpr bool splits_backward(ScheduleKind k) { return k == ScheduleKind::interleaved_zero_bubble; }
+constexpr bool splits_backward(ScheduleKind k) {
+  return k == ScheduleKind::interleaved_zero_bubble || k == ScheduleKind::zbv_zero_bubble;
+}
+
+/// Stages per rank when neither the split points nor the code say: 1 for the schedules of
+/// one stage per rank (GPipe, 1F1B), 2 for the others, as torchtitan.
+constexpr int default_stages_per_rank(ScheduleKind k) {
+  return k == ScheduleKind::gpipe || k == ScheduleKind::one_f_one_b ? 1 : 2;
+}
+
+/// Where stage s of S = P x V lives (PyTorch's stage-to-rank "styles").
+///   loop  rank s % P: rank r holds stages r, r + P, r + 2P, ... (every schedule but ZBV)
+///   vee   down the ranks and back up: stage s % P of an even round of P stages on rank
+///         s % P, of an odd round on rank P - 1 - s % P. With V = 2 rank r holds stages r
+///         and 2P - 1 - r: rank 0 the first and the last, rank P - 1 the two middle ones,
+///         whose hand-over stays on the rank (ZBVZeroBubble).
+enum class Placement : std::uint8_t { loop, vee };
+
+constexpr Placement placement_of(ScheduleKind k) {
+  return k == ScheduleKind::zbv_zero_bubble ? Placement::vee : Placement::loop;
+}
+
+/// The rank holding stage `stage` of a pipeline of `ranks` ranks.
+constexpr int rank_of_stage(Placement placement, int ranks, int stage) {
+  const int round = stage / ranks, i = stage % ranks;
+  return placement == Placement::vee && round % 2 == 1 ? ranks - 1 - i : i;
+}
+
+/// The `local`-th stage (in model order) that rank `rank` holds: its stage of round
+/// `local`. A stage's local index is stage / ranks under either placement.
+constexpr int stage_of_rank(Placement placement, int ranks, int rank, int local) {
+  return local * ranks + (placement == Placement::vee && local % 2 == 1 ? ranks - 1 - rank : rank);
+}
 
 }  // namespace tessera::parallel

@@ -315,7 +315,8 @@ inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& b
           const std::vector<const char*> reshards =
               shard * cp > 1 ? std::vector<const char*>{"never", "always"} : std::vector<const char*>{"default"};
           const std::vector<const char*> schedules =
-              pp > 1 ? std::vector<const char*>{"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"}
+              pp > 1 ? std::vector<const char*>{"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble",
+                                                "ZBVZeroBubble"}
                      : std::vector<const char*>{"1F1B"};
           for (std::int64_t mb : detail::divisors(per_rank)) {
             if (mb > space.max_microbatch) continue;

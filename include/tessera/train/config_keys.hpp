@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tessera/layer/args.hpp"
+#include "tessera/parallel/schedule_kind.hpp"
 #include "tessera/train/config_field.hpp"
 #include "tessera/train/job_config.hpp"
 
@@ -97,6 +98,8 @@ inline std::vector<ConfigKey> build_config_keys() {
   using M = ModelSection;
   using A = nn::ModelArgs;
   const std::vector<std::string_view> dtypes = {"float32", "bfloat16"};
+  std::vector<std::string_view> schedule_names;
+  for (parallel::ScheduleKind k : parallel::kScheduleKinds) schedule_names.emplace_back(parallel::name_of(k));
   std::vector<KeyBuilder> b = {
       // [job]
       make_key("job.dump_folder", field<&J::job, &JobSection::dump_folder>(),
@@ -285,7 +288,7 @@ inline std::vector<ConfigKey> build_config_keys() {
                "residual adds on every row, all-reduces at the regions) instead of splitting the rows."),
       make_key("parallelism.pipeline_parallel_schedule",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_schedule>(), "Pipeline schedule.")
-          .one_of({"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"}),
+          .one_of(schedule_names),
       make_key("parallelism.pipeline_parallel_microbatch_size",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_microbatch_size>(),
                "Sequences per pipeline microbatch.")
