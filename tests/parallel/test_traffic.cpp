@@ -91,6 +91,9 @@ TEST_CASE("traffic: every rank sends what the analytic count says, for each shar
        {"--parallelism.pipeline_parallel_schedule", "GPipe", "--parallelism.pipeline_parallel_microbatch_size", "2"},
        4},
       {"DDP 2 x PP 4, Interleaved1F1B", {4, 2, 1, 1}, 1, {"--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"}, 4},
+      // The V placement: the middle two stages share pipeline rank P-1, whose hand-over
+      // sends nothing.
+      {"FSDP 2 x PP 4, ZBVZeroBubble", {4, 1, 2, 1}, 1, {"--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"}, 4},
   };
   for (const Case& k : cases) {
     const std::string name = k.name;  // doctest prints a const char* as an address

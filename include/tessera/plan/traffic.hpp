@@ -83,6 +83,7 @@ struct RankLayers {
   std::vector<int> blocks;  // global block ids
   std::vector<int> stages;  // global stage ids
   int n_stages = 1;
+  parallel::Placement placement = parallel::Placement::loop;
 };
 
 inline RankLayers rank_layers(const StepLayout& l) {
@@ -96,8 +97,10 @@ inline RankLayers rank_layers(const StepLayout& l) {
   const int V = parallel::stages_per_rank(l.pipeline.schedule, l.pipeline, P);
   const auto stages = parallel::split_stages(L, P * V, l.pipeline.split_points);
   r.n_stages = P * V;
+  r.placement = parallel::placement_of(l.pipeline.schedule);
   r.embedding = r.output = false;
-  for (int s = l.pp_rank; s < P * V; s += P) {
+  for (int v = 0; v < V; ++v) {
+    const int s = parallel::stage_of_rank(r.placement, P, l.pp_rank, v);
     r.stages.push_back(s);
     for (int i = stages[static_cast<std::size_t>(s)].first_block; i < stages[static_cast<std::size_t>(s)].end_block; ++i)
       r.blocks.push_back(i);
@@ -221,13 +224,16 @@ inline std::uint64_t expected_step_bytes(const StepLayout& l) {
   } else {
     // Each pass: its pipeline microbatches through this rank's stages, each stage
     // sending its output forward (but the last) and its input gradient back (but the
-    // first), then the loss all-reduced over the pipeline.
+    // first) where the stage at the other end is on another rank (the V placement's
+    // middle two share one), then the loss all-reduced over the pipeline.
     const std::int64_t mb_rows = l.pipeline.microbatch_size * l.seq_len;
     const auto microbatches = static_cast<std::uint64_t>(l.rows / mb_rows);
     const std::int64_t held = l.sequence_parallel ? mb_rows / shape.tp : mb_rows;  // rows between the regions
     const std::uint64_t activation = static_cast<std::uint64_t>(held * l.args.dim) * 4;
     std::uint64_t sends = 0;
-    for (int s : r.stages) sends += (s + 1 < r.n_stages ? activation : 0) + (s > 0 ? activation : 0);
+    const auto elsewhere = [&](int stage) { return parallel::rank_of_stage(r.placement, P, stage) != l.pp_rank; };
+    for (int s : r.stages)
+      sends += (s + 1 < r.n_stages && elsewhere(s + 1) ? activation : 0) + (s > 0 && elsewhere(s - 1) ? activation : 0);
     bytes += m * (microbatches * (detail::tensor_parallel_bytes(l, r, mb_rows) + sends) + detail::all_reduce_bytes(8, P));
   }
   bytes += 2 * detail::all_reduce_bytes(8, D);  // target count, loss sum
