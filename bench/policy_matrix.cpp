@@ -10,9 +10,9 @@
 // Layouts, as MeshShape{pp, dp_replicate, dp_shard, tp}: FSDP 8, HSDP 2x4, DDP 8, TP 8,
 // TP 2 x FSDP 4, TP 4 x FSDP 2, HSDP 2x2 x TP 2; PP 8 with GPipe and 1F1B (the debug
 // model's 6 blocks + embedding + output are 8 units, one per stage); PP 2 x FSDP 4 and
-// PP 4 x FSDP 2 with GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, LoopedBFS and
-// ZBVZeroBubble (the last four with 2 stages per rank); TP 2 x PP 2 x FSDP 2 with 1F1B
-// and InterleavedZeroBubble.
+// PP 4 x FSDP 2 with GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, LoopedBFS,
+// ZBVZeroBubble and DualPipeV (the last five with 2 stages per rank); TP 2 x PP 2 x FSDP 2
+// with 1F1B and InterleavedZeroBubble.
 //
 // Each combination trains the debug model (dim 256, 6 layers, 16 heads, vocabulary 1024
 // with the synthetic BPE tokenizer, float32; --dim and --layers make it bigger) with
@@ -131,7 +131,8 @@ const std::vector<Layout>& all_layouts() {
         {"i1f1b", "Interleaved1F1B"},
         {"izb", "InterleavedZeroBubble"},
         {"bfs", "LoopedBFS"},
-        {"zbv", "ZBVZeroBubble"}};
+        {"zbv", "ZBVZeroBubble"},
+        {"dpv", "DualPipeV"}};
     for (const auto& [key, schedule] : schedules)
       l.push_back({std::string("pp2-fsdp4-") + key, "PP 2 x FSDP 4", {2, 1, 4, 1}, schedule, false});
     for (const auto& [key, schedule] : schedules)

@@ -366,7 +366,7 @@ expect_error one "PP 4 for a model of 1 layer" \
   "pipeline degree larger than the layer count: 4 stages for 1 layers + embedding + output = 3 units" \
   "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 4 --model.n_layers 1
 expect_error one "unknown pipeline schedule" \
-  'parallelism.pipeline_parallel_schedule must be one of 1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble; got "ZeroBubble"' \
+  'parallelism.pipeline_parallel_schedule must be one of 1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV; got "ZeroBubble"' \
   "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 2 \
   --parallelism.pipeline_parallel_schedule ZeroBubble
 expect_error one "tied embeddings on PP 2" \

@@ -1,4 +1,4 @@
-// expect: tessera::Pipeline<Stages, Schedule>: Schedule must be tessera::GPipe, tessera::OneFOneB, tessera::Interleaved1F1B, tessera::InterleavedZeroBubble, tessera::LoopedBFS, tessera::ZBVZeroBubble or tessera::Dynamic
+// expect: tessera::Pipeline<Stages, Schedule>: Schedule must be tessera::GPipe, tessera::OneFOneB, tessera::Interleaved1F1B, tessera::InterleavedZeroBubble, tessera::LoopedBFS, tessera::ZBVZeroBubble, tessera::DualPipeV or tessera::Dynamic
 // A schedule that is not one of the pipeline schedules (here a checkpoint choice).
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/nn/transformer.hpp"

@@ -1,7 +1,7 @@
 // Pipeline parallelism trains the same model as one rank: the parity model in float32
 // for 10 steps (3 in sanitizer builds) on thread ranks, losses within 1e-5 relative at
 // every step (gradient norms within 1e-4), for every schedule (GPipe, 1F1B,
-// Interleaved1F1B, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble) on 2 and 4 pipeline
+// Interleaved1F1B, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV) on 2 and 4 pipeline
 // ranks, with layer counts that do not split evenly, and composed with FSDP, DDP, tensor
 // parallelism and activation checkpointing. Also: saving under a pipeline gathers every
 // stage (under either placement); bad layouts are refused by name on every rank.
@@ -37,10 +37,12 @@ TEST_CASE("pipeline parity: every schedule on 2 ranks") {
 }
 
 TEST_CASE("pipeline parity: every schedule on 4 ranks") {
-  // ZBVZeroBubble's 8 stages: the debug model's 6 blocks, embedding and output one a stage.
+  // The V schedules' 8 stages: the debug model's 6 blocks, embedding and output one a
+  // stage. Microbatches of 2 sequences (4 of them), of 1 for DualPipeV (8, one a stage).
   for (parallel::ScheduleKind k : parallel::kScheduleKinds) {
     const char* s = parallel::name_of(k);
-    check_layout_parity(std::string("PP 4, ") + s, {4, 1, 1, 1}, schedule(s, 2));
+    check_layout_parity(std::string("PP 4, ") + s, {4, 1, 1, 1},
+                        schedule(s, k == parallel::ScheduleKind::dual_pipe_v ? 1 : 2));
   }
 }
 
@@ -168,6 +170,7 @@ TEST_CASE("pipeline: each static schedule tag means its schedule; Dynamic the pl
         parallel::ScheduleKind::interleaved_zero_bubble);
   CHECK(parallel::pipeline_schedule<Pipeline<2, ZBVZeroBubble>>(plan) == parallel::ScheduleKind::zbv_zero_bubble);
   CHECK(parallel::pipeline_schedule<Pipeline<2, LoopedBFS>>(plan) == parallel::ScheduleKind::looped_bfs);
+  CHECK(parallel::pipeline_schedule<Pipeline<2, DualPipeV>>(plan) == parallel::ScheduleKind::dual_pipe_v);
   CHECK(parallel::pipeline_schedule<Pipeline<dynamic>>(plan) == parallel::ScheduleKind::looped_bfs);
 }
 

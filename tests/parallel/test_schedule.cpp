@@ -114,18 +114,21 @@ TEST_CASE("pipeline: schedule names parse as torchtitan spells them") {
   CHECK(parse_schedule_kind("InterleavedZeroBubble") == ScheduleKind::interleaved_zero_bubble);
   CHECK(parse_schedule_kind("LoopedBFS") == ScheduleKind::looped_bfs);
   CHECK(parse_schedule_kind("ZBVZeroBubble") == ScheduleKind::zbv_zero_bubble);
-  CHECK(test::kAllScheduleKinds.size() == 6);
+  CHECK(parse_schedule_kind("DualPipeV") == ScheduleKind::dual_pipe_v);
+  CHECK(test::kAllScheduleKinds.size() == 7);
   CHECK_ERROR_CONTAINS(parse_schedule_kind("interleaved1f1b"),
                        "parallelism.pipeline_parallel_schedule: unknown schedule \"interleaved1f1b\" (known: 1F1B, "
-                       "Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble)");
+                       "Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV)");
   CHECK(splits_backward(ScheduleKind::interleaved_zero_bubble));
   CHECK(splits_backward(ScheduleKind::zbv_zero_bubble));
+  CHECK(splits_backward(ScheduleKind::dual_pipe_v));
   CHECK_FALSE(splits_backward(ScheduleKind::interleaved_1f1b));
   CHECK_FALSE(splits_backward(ScheduleKind::looped_bfs));
   CHECK(default_stages_per_rank(ScheduleKind::one_f_one_b) == 1);
   CHECK(default_stages_per_rank(ScheduleKind::gpipe) == 1);
   CHECK(default_stages_per_rank(ScheduleKind::looped_bfs) == 2);
   CHECK(default_stages_per_rank(ScheduleKind::zbv_zero_bubble) == 2);
+  CHECK(default_stages_per_rank(ScheduleKind::dual_pipe_v) == 2);
 }
 
 TEST_CASE("pipeline: schedule shapes a schedule cannot run are errors naming keys, schedule and minimum") {
@@ -153,6 +156,10 @@ TEST_CASE("pipeline: schedule shapes a schedule cannot run are errors naming key
                        "parallelism.pipeline_parallel_schedule: ZBVZeroBubble runs exactly 2 stages per rank (down the "
                        "ranks and back up), got 3");
   CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::zbv_zero_bubble, 2, 1, 4), "ZBVZeroBubble runs exactly 2 stages");
+  CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::dual_pipe_v, 2, 4, 4), "DualPipeV runs exactly 2 stages per rank");
+  CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::dual_pipe_v, 4, 2, 7),
+                       "parallelism.pipeline_parallel_microbatch_size: schedule DualPipeV on 4 ranks needs at least 8 "
+                       "microbatches, got 7");
   CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::looped_bfs, 2, 2, 0),
                        "schedule LoopedBFS needs at least 1 microbatch, got 0");
   CHECK_ERROR_CONTAINS(make_schedule(ScheduleKind::gpipe, 0, 1, 4),
@@ -175,6 +182,9 @@ TEST_CASE("pipeline: schedule shapes a schedule cannot run are errors naming key
   CHECK(test::schedule_fits(ScheduleKind::looped_bfs, 4, 3, 5));
   CHECK(test::schedule_fits(ScheduleKind::zbv_zero_bubble, 4, 2, 3));
   CHECK_FALSE(test::schedule_fits(ScheduleKind::zbv_zero_bubble, 4, 1, 8));
+  // DualPipeV: V = 2 and a microbatch per stage at least, any count above (PyTorch's rule).
+  CHECK(min_microbatches(ScheduleKind::dual_pipe_v, 4) == 8);
+  CHECK(test::schedule_fits(ScheduleKind::dual_pipe_v, 4, 2, 9));
 }
 
 TEST_CASE("pipeline: the V placement puts stages down the ranks and back up") {
@@ -191,6 +201,7 @@ TEST_CASE("pipeline: the V placement puts stages down the ranks and back up") {
         CHECK(stage_of_rank(pl, P, rank_of_stage(pl, P, s), round) == s);  // the inverse, by local index
     }
   CHECK(placement_of(ScheduleKind::zbv_zero_bubble) == Placement::vee);
+  CHECK(placement_of(ScheduleKind::dual_pipe_v) == Placement::vee);
   CHECK(placement_of(ScheduleKind::interleaved_1f1b) == Placement::loop);
   const Schedule zbv = make_schedule(ScheduleKind::zbv_zero_bubble, 4, 2, 8);
   CHECK(zbv.stages_of(0) == std::vector<int>{0, 7});
@@ -278,6 +289,26 @@ TEST_CASE("pipeline: LoopedBFS and ZBVZeroBubble orders match the hand-derived o
         "rank 1: 1F0 2F0 1F1 2F1 2I0 2W0 1I0 1W0 2I1 2W1 1I1 1W1\n");
 }
 
+TEST_CASE("pipeline: DualPipeV's order matches the hand-derived one") {
+  // P = 2, M = 4, rank 0 (stages 0 and 3): 2(P-1) = 2 forwards of stage 0; once F of 0,
+  // F of 3; once I of 3, its W, F of 3; M-2P+1 = 1 time F of 0, B of 3, F of 3, B of 0;
+  // once B of 3, F of 3, B of 0; once B of 3 whole, then (halfway, rank 0 even) I of 0;
+  // once the oldest W owed, I of 0; once the last W.
+  const Schedule dpv = make_schedule(ScheduleKind::dual_pipe_v, 2, 2, 4);
+  CHECK(format_order(dpv) ==
+        "rank 0: 0F0 0F1 0F2 3F0 3I0 3W0 3F1 0F3 3B1 3F2 0B0 3B2 3F3 0B1 3B3 0I2 0W2 0I3 0W3\n"
+        "rank 1: 1F0 2F0 1F1 2F1 1F2 2B0 2F2 1B0 1F3 2B1 2F3 1B1 2B2 1B2 2I3 1I3 2W3 1W3\n");
+  // Whole backwards in the steady state, split ones in the warm-up and cool-down only.
+  int whole = 0, split = 0;
+  for (const auto& list : dpv.per_rank)
+    for (const Action& a : list) {
+      whole += a.op == B;
+      split += a.op == I;
+    }
+  CHECK(whole == 11);
+  CHECK(split == 5);
+}
+
 TEST_CASE("pipeline: every schedule over a grid of shapes is complete, well placed and free of deadlocks") {
   int checked = 0;
   for (ScheduleKind k : test::kAllScheduleKinds)
@@ -301,16 +332,20 @@ TEST_CASE("pipeline: every schedule over a grid of shapes is complete, well plac
               REQUIRE(a.stage < S);
               REQUIRE(a.microbatch >= 0);
               REQUIRE(a.microbatch < M);
-              // The looping placement, or for ZBV stages r and 2P-1-r.
-              const bool vee = k == ScheduleKind::zbv_zero_bubble;
+              // The looping placement, or for ZBV and DualPipeV stages r and 2P-1-r.
+              const bool vee = k == ScheduleKind::zbv_zero_bubble || k == ScheduleKind::dual_pipe_v;
               CHECK((vee ? (a.stage < P ? a.stage : 2 * P - 1 - a.stage) : a.stage % P) == r);
               ++count[static_cast<std::size_t>((a.stage * M + a.microbatch) * 4 + static_cast<int>(a.op))];
             }
+          // Each backward whole, or split into I and W: every one for the zero-bubble
+          // schedules, none for the others, some for DualPipeV.
           const bool split = k == ScheduleKind::interleaved_zero_bubble || k == ScheduleKind::zbv_zero_bubble;
+          const bool mixed = k == ScheduleKind::dual_pipe_v;
           bool once = true;
           for (int i = 0; i < S * M; ++i) {
             const int* c = &count[static_cast<std::size_t>(i * 4)];
-            once = once && c[0] == 1 && c[1] == (split ? 0 : 1) && c[2] == (split ? 1 : 0) && c[3] == (split ? 1 : 0);
+            const bool whole = c[1] == 1 && c[2] == 0 && c[3] == 0, parts = c[1] == 0 && c[2] == 1 && c[3] == 1;
+            once = once && c[0] == 1 && (mixed ? whole || parts : split ? parts : whole);
           }
           CHECK(once);
           // Completes (simulate throws on a deadlock) under costs of different shapes.
@@ -322,7 +357,8 @@ TEST_CASE("pipeline: every schedule over a grid of shapes is complete, well plac
           }
           ++checked;
         }
-  CHECK(checked == 580 + 8 * 4 * 16 + 8 * 16);  // + LoopedBFS (every V, M) + ZBVZeroBubble (V = 2, every M)
+  // + LoopedBFS (every V, M) + ZBVZeroBubble (V = 2, every M) + DualPipeV (V = 2, M >= 2P)
+  CHECK(checked == 580 + 8 * 4 * 16 + 8 * 16 + 64);
 }
 
 TEST_CASE("pipeline: simulated schedule bubbles equal the textbook figures") {
@@ -358,6 +394,10 @@ TEST_CASE("pipeline: simulated schedule bubbles equal the textbook figures") {
       // the zero-bubble figure of two stages per rank.
       if (M >= 2 * P - 1)
         CHECK(simulate(make_schedule(ScheduleKind::zbv_zero_bubble, P, 2, M)).bubble ==
+              doctest::Approx(bubble_zero_bubble(P, 2, M)));
+      // DualPipeV run one op at a time: the same with equal costs.
+      if (M >= 2 * P)
+        CHECK(simulate(make_schedule(ScheduleKind::dual_pipe_v, P, 2, M)).bubble ==
               doctest::Approx(bubble_zero_bubble(P, 2, M)));
     }
   CHECK(bubble_1f1b(4, 8) == doctest::Approx(3.0 / 11.0));
@@ -407,11 +447,14 @@ TEST_CASE("pipeline: schedule activation memory: 1F1B holds P microbatches on ra
       CAPTURE(M);
       const Simulation bfs = simulate(make_schedule(ScheduleKind::looped_bfs, P, 2, M));
       const Simulation zbv = simulate(make_schedule(ScheduleKind::zbv_zero_bubble, P, 2, M));
+      const Simulation dpv = M >= 2 * P ? simulate(make_schedule(ScheduleKind::dual_pipe_v, P, 2, M)) : Simulation{};
       for (int r = 0; r < P; ++r) {
         CAPTURE(r);
         CHECK(bfs.peak_in_flight[static_cast<std::size_t>(r)] == 2 * M);
         CHECK(zbv.peak_in_flight[static_cast<std::size_t>(r)] <= 2 * P);
         if (M >= 2 * P - 1) CHECK(zbv.peak_in_flight[static_cast<std::size_t>(r)] == 2 * P);
+        // DualPipeV: one more, the forward it runs before the backward it is paired with.
+        if (M >= 2 * P) CHECK(dpv.peak_in_flight[static_cast<std::size_t>(r)] == 2 * P + 1);
       }
     }
   // Interleaved, P = 4, V = 2, M = 8: warm-up (V-1) P + 2 (P-1-r) forwards, one more in the

@@ -2,7 +2,7 @@
 // and a pass of the schedule's lowered program over them.
 //
 // The model is cut into stages (stages.hpp; the embedding and the output count as one
-// layer each), stage s on pipeline rank s % P (or, for ZBVZeroBubble, down the ranks
+// layer each), stage s on pipeline rank s % P (or, for ZBVZeroBubble and DualPipeV, down the ranks
 // and back up: schedule_kind.hpp's placements); the rank builds only its stages'
 // layers (layout()). A micro-batch from the trainer is cut into pipeline microbatches;
 // Stages below gives the runner (pipeline_runner.hpp) this rank's stages over the

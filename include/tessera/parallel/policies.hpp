@@ -100,6 +100,7 @@ struct Interleaved1F1B {};        // several stages per rank
 struct InterleavedZeroBubble {};  // backward split into input and weight gradients
 struct LoopedBFS {};              // several stages per rank, breadth first
 struct ZBVZeroBubble {};          // two stages per rank down and back up, split backwards
+struct DualPipeV {};              // the same placement, forwards paired with whole backwards
 
 /// Pipeline parallelism over Stages ranks (or the mesh's pp degree with
 /// tessera::dynamic), run by Schedule (Dynamic: the Plan's pipeline_parallel_schedule).
@@ -120,10 +121,10 @@ struct Pipeline {
   static_assert(std::is_same_v<Schedule, Dynamic> || std::is_same_v<Schedule, GPipe> ||
                     std::is_same_v<Schedule, OneFOneB> || std::is_same_v<Schedule, Interleaved1F1B> ||
                     std::is_same_v<Schedule, InterleavedZeroBubble> || std::is_same_v<Schedule, LoopedBFS> ||
-                    std::is_same_v<Schedule, ZBVZeroBubble>,
+                    std::is_same_v<Schedule, ZBVZeroBubble> || std::is_same_v<Schedule, DualPipeV>,
                 "tessera::Pipeline<Stages, Schedule>: Schedule must be tessera::GPipe, tessera::OneFOneB, "
                 "tessera::Interleaved1F1B, tessera::InterleavedZeroBubble, tessera::LoopedBFS, "
-                "tessera::ZBVZeroBubble or tessera::Dynamic");
+                "tessera::ZBVZeroBubble, tessera::DualPipeV or tessera::Dynamic");
   using schedule = Schedule;
 };
 
@@ -251,6 +252,8 @@ ScheduleKind pipeline_schedule(const Plan& plan) {
     return ScheduleKind::looped_bfs;
   else if constexpr (std::is_same_v<S, ZBVZeroBubble>)
     return ScheduleKind::zbv_zero_bubble;
+  else if constexpr (std::is_same_v<S, DualPipeV>)
+    return ScheduleKind::dual_pipe_v;
   else
     return plan.pipeline.schedule;
 }

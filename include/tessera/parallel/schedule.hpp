@@ -39,6 +39,12 @@
 //                          are filled with the other chunk's work and weight gradients.
 //                          With F = I = W the bubble is about (P-1) F against 1F1B's
 //                          (P-1)(F+B), at 1F1B's peak activations.
+//   DualPipeV              DeepSeek's DualPipe folded into the V placement (as PyTorch's
+//                          ScheduleDualPipeV), M >= 2P: the steady state pairs a forward
+//                          of one chunk with a whole backward of the other (PyTorch
+//                          overlaps the pair; here they run one after the other), and
+//                          only the warm-up and cool-down split backwards, the weight
+//                          gradients filling the tail.
 //
 // simulate() executes the lists against the data dependencies with given op costs
 // (sends buffered, a producer never waiting for its consumer: it judges the order of
@@ -104,9 +110,11 @@ struct Schedule {
 /// The fewest microbatches `kind` runs on `ranks` ranks: P for the 1F1B family (PyTorch's
 /// requirement for 1F1B; the interleaved schedules also need a multiple of P), 1 for
 /// GPipe, LoopedBFS and ZBVZeroBubble (which needs 2P - 1 to fill its pipeline, and runs
-/// fewer as the same order with the missing microbatches left out, as PyTorch does).
+/// fewer as the same order with the missing microbatches left out, as PyTorch does), 2P
+/// (one per stage) for DualPipeV, as PyTorch.
 constexpr int min_microbatches(ScheduleKind k, int ranks) {
-  return k == ScheduleKind::gpipe || k == ScheduleKind::looped_bfs || k == ScheduleKind::zbv_zero_bubble ? 1 : ranks;
+  if (k == ScheduleKind::gpipe || k == ScheduleKind::looped_bfs || k == ScheduleKind::zbv_zero_bubble) return 1;
+  return k == ScheduleKind::dual_pipe_v ? 2 * ranks : ranks;
 }
 
 /// Checks that `kind` can run `microbatches` microbatches with `ranks` x `stages_per_rank`
@@ -117,6 +125,7 @@ constexpr int min_microbatches(ScheduleKind k, int ranks) {
 ///   InterleavedZeroBubble: V >= 1, M >= P; for V >= 2 also M a multiple of P.
 ///   LoopedBFS: V >= 1, M >= 1.
 ///   ZBVZeroBubble: V = 2 (its V placement), M >= 1.
+///   DualPipeV: V = 2 (the V placement), M >= 2P.
 /// The multiple-of-P rule is Narayanan et al.'s, stricter than PyTorch, which also accepts
 /// M when floor(M / P) divides M (rounds of more than P microbatches).
 inline void check_schedule_shape(ScheduleKind kind, int ranks, int stages_per_rank, int microbatches,
@@ -134,10 +143,9 @@ inline void check_schedule_shape(ScheduleKind kind, int ranks, int stages_per_ra
     TESSERA_CHECK(stages_per_rank >= 2, wording(settings::schedule),
                   ": Interleaved1F1B needs at least 2 stages per rank, got ", stages_per_rank,
                   " (with one stage per rank use 1F1B)");
-  if (kind == ScheduleKind::zbv_zero_bubble)
-    TESSERA_CHECK(stages_per_rank == 2, wording(settings::schedule),
-                  ": ZBVZeroBubble runs exactly 2 stages per rank (down the ranks and back up), got ",
-                  stages_per_rank);
+  if (placement_of(kind) == Placement::vee)
+    TESSERA_CHECK(stages_per_rank == 2, wording(settings::schedule), ": ", name,
+                  " runs exactly 2 stages per rank (down the ranks and back up), got ", stages_per_rank);
   const int least = min_microbatches(kind, ranks);
   TESSERA_CHECK(microbatches >= least, mb, ": schedule ", name, " on ", ranks, " ranks needs at least ", least,
                 " microbatches, got ", microbatches, " (microbatches = ", wording(settings::local_batch_size), " / ",
@@ -247,6 +255,59 @@ inline std::vector<Action> zbv_zero_bubble(int P, int M, int rank) {
   return out;
 }
 
+/// DualPipeV on rank `rank` (the V form of DeepSeek's DualPipe, in PyTorch's phases):
+/// chunk 0 is stage r, chunk 1 stage 2P-1-r, M >= 2P microbatches. Where PyTorch runs a
+/// forward and a backward overlapped, this runs the forward, then the backward. Input
+/// gradients (I) queue their weight gradients, which W takes oldest first; B is a whole
+/// backward.
+///   1. 2(P-r-1) forwards of chunk 0;
+///   2. r+1 times: a forward of chunk 0, then of chunk 1;
+///   3. P-r-1 times: I of chunk 1, a W, a forward of chunk 1;
+///   4. M-2P+r+1 times: a forward of chunk 0 and B of chunk 1, a forward of chunk 1 and B
+///      of chunk 0;
+///   5. P-r-1 times: B of chunk 1, then a forward of chunk 1 and B of chunk 0;
+///   6. r+1 times: a backward of chunk 1, then of chunk 0, whole until halfway through
+///      (from chunk 1 on odd ranks, chunk 0 on even ones), I from there on;
+///   7. P-r-1 times: a W, then I of chunk 0;
+///   8. r+1 times: a W.
+inline std::vector<Action> dual_pipe_v(int P, int M, int rank) {
+  const int down = stage_of_rank(Placement::vee, P, rank, 0), up = stage_of_rank(Placement::vee, P, rank, 1);
+  struct Chunk {
+    int stage, f = 0, b = 0;  // the next microbatch to go forward and back
+  } c0{down}, c1{up};
+  std::vector<Action> out;
+  std::vector<Action> owed;  // weight gradients of the input gradients run, oldest first
+  bool split = false;
+  auto f = [&](Chunk& c) { out.push_back({Op::forward, c.stage, c.f++}); };
+  auto b = [&](Chunk& c, bool input_only) {
+    out.push_back({input_only ? Op::backward_input : Op::backward, c.stage, c.b});
+    if (input_only) owed.push_back({Op::backward_weight, c.stage, c.b});
+    ++c.b;
+  };
+  auto w = [&] {
+    TESSERA_CHECK(!owed.empty(), "pipeline schedule DualPipeV: rank ", rank, " of ", P, " owes no weight gradient (a bug)");
+    out.push_back(owed.front());
+    owed.erase(owed.begin());
+  };
+  for (int k = 0; k < 2 * (P - rank - 1); ++k) f(c0);
+  for (int k = 0; k < rank + 1; ++k) f(c0), f(c1);
+  for (int k = 0; k < P - rank - 1; ++k) b(c1, true), w(), f(c1);
+  for (int k = 0; k < M - 2 * P + rank + 1; ++k) f(c0), b(c1, false), f(c1), b(c0, false);
+  for (int k = 0; k < P - rank - 1; ++k) b(c1, false), f(c1), b(c0, false);
+  const int half = (rank + 1) / 2;
+  for (int k = 0; k < rank + 1; ++k) {
+    if (k == half && rank % 2 == 1) split = true;
+    b(c1, split);
+    if (k == half && rank % 2 == 0) split = true;
+    b(c0, split);
+  }
+  for (int k = 0; k < P - rank - 1; ++k) w(), b(c0, split);
+  for (int k = 0; k < rank + 1; ++k) w();
+  TESSERA_CHECK(owed.empty() && c0.f == M && c0.b == M && c1.f == M && c1.b == M, "pipeline schedule DualPipeV: rank ",
+                rank, " of ", P, " laid out an incomplete list (a bug)");
+  return out;
+}
+
 }  // namespace detail
 
 /// The schedule `kind` for `ranks` pipeline ranks with `stages_per_rank` stages each and
@@ -268,6 +329,7 @@ inline Schedule make_schedule(ScheduleKind kind, int ranks, int stages_per_rank,
         break;
       case ScheduleKind::looped_bfs: list = detail::looped_bfs(P, V, M, r); break;
       case ScheduleKind::zbv_zero_bubble: list = detail::zbv_zero_bubble(P, M, r); break;
+      case ScheduleKind::dual_pipe_v: list = detail::dual_pipe_v(P, M, r); break;
     }
     s.per_rank.push_back(std::move(list));
   }

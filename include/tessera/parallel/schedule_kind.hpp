@@ -20,12 +20,14 @@ enum class ScheduleKind : std::uint8_t {
   interleaved_zero_bubble,
   looped_bfs,
   zbv_zero_bubble,
+  dual_pipe_v,
 };
 
 /// Every schedule, in the order the help and the errors list them.
 inline constexpr std::array kScheduleKinds{ScheduleKind::one_f_one_b,     ScheduleKind::interleaved_1f1b,
                                            ScheduleKind::gpipe,           ScheduleKind::interleaved_zero_bubble,
-                                           ScheduleKind::looped_bfs,      ScheduleKind::zbv_zero_bubble};
+                                           ScheduleKind::looped_bfs,      ScheduleKind::zbv_zero_bubble,
+                                           ScheduleKind::dual_pipe_v};
 
 /// The schedule's name as torchtitan's config spells it.
 constexpr const char* name_of(ScheduleKind k) {
@@ -36,6 +38,7 @@ constexpr const char* name_of(ScheduleKind k) {
     case ScheduleKind::interleaved_zero_bubble: return "InterleavedZeroBubble";
     case ScheduleKind::looped_bfs: return "LoopedBFS";
     case ScheduleKind::zbv_zero_bubble: return "ZBVZeroBubble";
+    case ScheduleKind::dual_pipe_v: return "DualPipeV";
   }
   return "?";
 }
@@ -57,9 +60,12 @@ inline ScheduleKind parse_schedule_kind(std::string_view name) {
   fail("parallelism.pipeline_parallel_schedule: unknown schedule \"", name, "\" (known: ", schedule_names(), ")");
 }
 
-/// Whether the schedule splits each backward into backward_input and backward_weight.
+/// Whether the schedule splits backwards into backward_input and backward_weight: every
+/// one (InterleavedZeroBubble, ZBVZeroBubble) or those of its warm-up and cool-down
+/// (DualPipeV).
 constexpr bool splits_backward(ScheduleKind k) {
-  return k == ScheduleKind::interleaved_zero_bubble || k == ScheduleKind::zbv_zero_bubble;
+  return k == ScheduleKind::interleaved_zero_bubble || k == ScheduleKind::zbv_zero_bubble ||
+         k == ScheduleKind::dual_pipe_v;
 }
 
 /// Stages per rank when neither the split points nor the code say: 1 for the schedules of
@@ -69,15 +75,15 @@ constexpr int default_stages_per_rank(ScheduleKind k) {
 }
 
 /// Where stage s of S = P x V lives (PyTorch's stage-to-rank "styles").
-///   loop  rank s % P: rank r holds stages r, r + P, r + 2P, ... (every schedule but ZBV)
+///   loop  rank s % P: rank r holds stages r, r + P, r + 2P, ... (every schedule but the two V ones)
 ///   vee   down the ranks and back up: stage s % P of an even round of P stages on rank
 ///         s % P, of an odd round on rank P - 1 - s % P. With V = 2 rank r holds stages r
 ///         and 2P - 1 - r: rank 0 the first and the last, rank P - 1 the two middle ones,
-///         whose hand-over stays on the rank (ZBVZeroBubble).
+///         whose hand-over stays on the rank (ZBVZeroBubble, DualPipeV).
 enum class Placement : std::uint8_t { loop, vee };
 
 constexpr Placement placement_of(ScheduleKind k) {
-  return k == ScheduleKind::zbv_zero_bubble ? Placement::vee : Placement::loop;
+  return k == ScheduleKind::zbv_zero_bubble || k == ScheduleKind::dual_pipe_v ? Placement::vee : Placement::loop;
 }
 
 /// The rank holding stage `stage` of a pipeline of `ranks` ranks.
