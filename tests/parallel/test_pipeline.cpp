@@ -187,6 +187,48 @@ TEST_CASE("pipeline parity: static policies, Pipeline<2, OneFOneB> with TensorPa
   CHECK(gap.grad_norm <= 1e-4);
 }
 
+TEST_CASE("pipeline: layers per stage and the weights of the ends place the blocks, and train the same model") {
+  // torchtitan's pipeline_parallel_layers_per_stage = 1 on 6 blocks (+ 1 + 1): 8 stages,
+  // 4 a rank for Interleaved1F1B, the embedding and the output each a stage of its own
+  // (rank 0 holds the embedding and blocks 1, 3, 5; rank 1 blocks 0, 2, 4 and the
+  // output). The output counting as 3 layers under 1F1B on 2 ranks:
+  // 6 + 1 + 3 = 10 units, 5 a stage, so rank 0 holds 4 blocks and rank 1 the other 2.
+  struct Case {
+    const char* name;
+    std::vector<std::string> keys;
+    std::vector<std::int64_t> rank0, rank1;
+  };
+  const Case cases[] = {
+      {"PP 2, Interleaved1F1B, 1 layer a stage",
+       with(schedule("Interleaved1F1B"), {"--parallelism.pipeline_parallel_layers_per_stage", "1"}),
+       {1, 3, 5},
+       {0, 2, 4}},
+      {"PP 2, 1F1B, the output counting as 3 layers",
+       with(schedule("1F1B"), {"--parallelism.pipeline_parallel_last_stage_less_layers", "3"}),
+       {0, 1, 2, 3},
+       {4, 5}},
+  };
+  for (const Case& k : cases) {
+    const std::string name = k.name;
+    CAPTURE(name);
+    const train::JobConfig c = debug_job(kParityBatch, kParityBatch, 1, k.keys);
+    std::vector<std::vector<std::int64_t>> ids(2);
+    comm::run_thread_ranks(2, [&](comm::Communicator& world) {
+      comm::DeviceMesh mesh(world, {2, 1, 1, 1});
+      CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
+      for (std::size_t i = 0; i < model.n_layers(); ++i)
+        ids[static_cast<std::size_t>(world.rank())].push_back(model.layer_id(i));
+    }, nccl_rules());
+    CHECK(ids[0] == k.rank0);
+    CHECK(ids[1] == k.rank1);
+    check_layout_parity(k.name, {2, 1, 1, 1}, k.keys);
+  }
+  // Layers per stage that do not make a multiple of the pipeline degree, refused on every rank.
+  for (const auto& e : layout_errors({2, 1, 1, 1}, {"--parallelism.pipeline_parallel_layers_per_stage", "3"}))
+    CHECK(e.find("parallelism.pipeline_parallel_layers_per_stage = 3: 6 layers + embedding + output = 8 units make 3 "
+                 "stages of at most 3, not a multiple of parallelism.pipeline_parallel_degree = 2") != std::string::npos);
+}
+
 TEST_CASE("pipeline: explicit split points place the blocks, and train the same model") {
   // torchtitan's pipeline_parallel_split_points: stage 1 begins at layers.4.
   const train::JobConfig c = debug_job(kParityBatch, kParityBatch, kParitySteps);

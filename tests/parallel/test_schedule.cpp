@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../support/errors.hpp"
+#include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "schedule_shapes.hpp"
 #include "tessera/parallel/stages.hpp"
@@ -77,6 +78,86 @@ TEST_CASE("pipeline: stages split at torchtitan's split points") {
         std::vector<StageRange>{{0, 0, true, false}, {0, 8, false, false}, {8, 8, false, true}});
   CHECK(parse_split_points(std::vector<std::string>{"layers.0", "layers.15"}) == std::vector<int>{0, 15});
   CHECK(parse_split_points(std::vector<std::string>{}).empty());
+}
+
+TEST_CASE("pipeline: stages split with the embedding and the output counting as other layer counts") {
+  // torchtitan's pipeline_parallel_first_stage_less_layers = 2, _last_stage_less_layers =
+  // 0: 8 blocks + 2 + 0 = 10 units on 4 stages, shares 3, 3, 2, 2; the first stage holds
+  // 3 - 2 = 1 block, the last 2 - 0 = 2.
+  CHECK(split_stages(8, 4, {}, config_keys, {2, 0}) ==
+        std::vector<StageRange>{{0, 1, true, false}, {1, 4, false, false}, {4, 6, false, false}, {6, 8, false, true}});
+  // One stage holds everything whatever the weights.
+  CHECK(split_stages(8, 1, {}, config_keys, {3, 3}) == std::vector<StageRange>{{0, 8, true, true}});
+  // The default weights are the default split.
+  for (int layers = 1; layers <= 12; ++layers)
+    for (int n = 1; n <= layers + 2; ++n) CHECK(split_stages(layers, n, {}, config_keys, {1, 1}) == split_stages(layers, n));
+  // Every split: contiguous blocks, all of them, each stage its share less the weights on the ends.
+  for (int layers = 1; layers <= 10; ++layers)
+    for (int we = 0; we <= 3; ++we)
+      for (int wo = 0; wo <= 3; ++wo)
+        for (int n = 1; n <= layers + we + wo; ++n) {
+          const int units = layers + we + wo, base = units / n;
+          if (n > 1 && (we > base || wo > base)) continue;
+          CAPTURE(layers);
+          CAPTURE(we);
+          CAPTURE(wo);
+          CAPTURE(n);
+          const std::vector<StageRange> st = split_stages(layers, n, {}, config_keys, {we, wo});
+          REQUIRE(static_cast<int>(st.size()) == n);
+          int block = 0;
+          for (int i = 0; i < n; ++i) {
+            const StageRange& r = st[static_cast<std::size_t>(i)];
+            CHECK(r.first_block == block);
+            const int share = base + (i < units % n ? 1 : 0);
+            CHECK(r.blocks() == share - (i == 0 ? we : 0) - (i == n - 1 ? wo : 0));
+            block = r.end_block;
+          }
+          CHECK(block == layers);
+        }
+  CHECK_ERROR_CONTAINS(split_stages(8, 4, {}, config_keys, {4, 1}),
+                       "parallelism.pipeline_parallel_first_stage_less_layers = 4: more than the 3 layers of a stage "
+                       "(8 layers + 4 for the embedding + 1 for the output = 13 units over 4 stages)");
+  CHECK_ERROR_CONTAINS(split_stages(8, 4, {}, config_keys, {1, 5}),
+                       "parallelism.pipeline_parallel_last_stage_less_layers = 5: more than the 3 layers of a stage");
+  CHECK_ERROR_CONTAINS(split_stages(2, 6, {}, config_keys, {1, 2}),
+                       "pipeline degree larger than the layer count: 6 stages for 2 layers + 1 for the embedding + 2 "
+                       "for the output = 5 units");
+}
+
+TEST_CASE("pipeline: layers per stage set the stage count; it and the weights are the even split's") {
+  PipelineOptions o;
+  o.schedule = ScheduleKind::interleaved_1f1b;
+  // 6 blocks + 1 + 1 = 8 units: 2 a stage make 4 stages, 2 on each of 2 ranks.
+  o.layers_per_stage = 2;
+  CHECK(stages_per_rank(o.schedule, o, 6, 2) == 2);
+  CHECK(stages_per_rank(o.schedule, o, 6, 4) == 1);
+  // 3 a stage: 3 stages (rounded up), not a multiple of 2 ranks.
+  o.layers_per_stage = 3;
+  CHECK_ERROR_CONTAINS(stages_per_rank(o.schedule, o, 6, 2),
+                       "parallelism.pipeline_parallel_layers_per_stage = 3: 6 layers + embedding + output = 8 units "
+                       "make 3 stages of at most 3, not a multiple of parallelism.pipeline_parallel_degree = 2");
+  // The weights count: 6 + 0 + 0 = 6 units at 3 a stage, 2 stages.
+  o.weights = {0, 0};
+  CHECK(stages_per_rank(o.schedule, o, 6, 2) == 1);
+  const StageSplit split = pipeline_stages(ScheduleKind::one_f_one_b, o, 6, 2);
+  CHECK(split.stages == std::vector<StageRange>{{0, 3, true, false}, {3, 6, false, true}});
+  // Split points place every block: with layers per stage, or weights other than 1, refused.
+  o.split_points = {3};
+  CHECK_ERROR_CONTAINS(stages_per_rank(o.schedule, o, 6, 2),
+                       "parallelism.pipeline_parallel_split_points and parallelism.pipeline_parallel_layers_per_stage "
+                       "both say where the stages begin: give one");
+  o.layers_per_stage = 0;
+  CHECK_ERROR_CONTAINS(stages_per_rank(o.schedule, o, 6, 2),
+                       "parallelism.pipeline_parallel_split_points place every block: "
+                       "parallelism.pipeline_parallel_first_stage_less_layers and "
+                       "parallelism.pipeline_parallel_last_stage_less_layers weigh the even split only (leave them 1)");
+  o.weights = {};
+  CHECK(stages_per_rank(o.schedule, o, 6, 2) == 1);
+  // In code the settings are named in words.
+  o.split_points.clear();
+  o.layers_per_stage = 3;
+  CHECK_ERROR_CONTAINS(stages_per_rank(o.schedule, o, 6, 2, code_words),
+                       "the pipeline's layers per stage 3: 6 layers + embedding + output = 8 units make 3 stages");
 }
 
 TEST_CASE("pipeline: stage splitting errors name the key and the numbers") {

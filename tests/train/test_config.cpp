@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 95);
+  CHECK(keys.size() == 98);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -670,6 +670,9 @@ TEST_CASE("to_toml round trip") {
                  "--parallelism.pipeline_parallel_microbatch_size", "2",
                  "--parallelism.fsdp_reshard_after_forward", "never",
                  "--parallelism.pipeline_parallel_split_points", "layers.0,layers.1, layers.2",
+                 "--parallelism.pipeline_parallel_layers_per_stage", "3",
+                 "--parallelism.pipeline_parallel_first_stage_less_layers", "2",
+                 "--parallelism.pipeline_parallel_last_stage_less_layers", "0",
                  "--activation_checkpoint.mode", "full",
                  "--activation_checkpoint.selective_ac_option", "op",
                  "--activation_checkpoint.recompute_swiglu", "true",

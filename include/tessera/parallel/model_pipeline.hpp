@@ -71,10 +71,11 @@ class ModelPipeline {
     TESSERA_CHECK(!args.tie_embeddings, w(settings::pipeline_parallel_degree, pp_), " with tied embeddings (",
                   args.flavor, "): the embedding and the output live on different stages");
     rank_ = plan.mesh->pp_rank();
-    const int V = parallel::stages_per_rank(kind_, plan.pipeline, pp_, w);
+    StageSplit split = pipeline_stages(kind_, plan.pipeline, L, pp_, w);
+    const int V = split.per_rank;
     stages_per_rank_ = V;
     placement_ = placement_of(kind_);
-    stages_ = split_stages(L, pp_ * V, plan.pipeline.split_points, w);
+    stages_ = std::move(split.stages);
     for (int v = 0; v < V; ++v) {
       const StageRange& r = stages_[static_cast<std::size_t>(stage_of_rank(placement_, pp_, rank_, v))];
       for (int i = r.first_block; i < r.end_block; ++i) layout_.layer_ids.push_back(i);

@@ -17,6 +17,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/ops/float8.hpp"
 #include "tessera/parallel/schedule_kind.hpp"
+#include "tessera/parallel/stages.hpp"
 #include "tessera/parallel/wording.hpp"
 
 namespace tessera::parallel {
@@ -103,8 +104,8 @@ inline ShardingMode sharding_for(const comm::MeshShape& s) {
 /// What Pipeline<...> with run-time choices reads: torchtitan's pipeline_parallel_* keys.
 struct PipelineOptions {
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
-  /// Stages per pipeline rank; 0: 1 for GPipe and 1F1B, 2 for the others (or what
-  /// split_points imply).
+  /// Stages per pipeline rank; 0: what split_points or layers_per_stage imply, else 1 for
+  /// GPipe and 1F1B and 2 for the others.
   int stages_per_rank = 0;
   /// Sequences per microbatch: a data-parallel rank's batch is cut into
   /// local_batch_size / microbatch_size microbatches.
@@ -112,23 +113,66 @@ struct PipelineOptions {
   /// Block indices where a stage begins (torchtitan's pipeline_parallel_split_points);
   /// empty: an even split (parallel/stages.hpp).
   std::vector<int> split_points;
+  /// Layers per stage of the even split (torchtitan's pipeline_parallel_layers_per_stage):
+  /// the stage count is the units (blocks and the weights below) over this, rounded up.
+  /// 0: not set.
+  int layers_per_stage = 0;
+  /// How many layers the embedding and the output count as in the even split
+  /// (pipeline_parallel_first_stage_less_layers, _last_stage_less_layers).
+  StageWeights weights{};
 };
 
-/// Stages per pipeline rank for `kind` on `pp` ranks: what split_points imply (their
-/// stage count over pp), else the explicit count, else 1 for GPipe and 1F1B and 2 for
-/// the others (default_stages_per_rank). Throws naming the settings (`wording`) when the two disagree.
-inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int pp, Wording wording = config_keys) {
+/// Stages per pipeline rank for `kind` on `pp` ranks with a model of `n_layers` blocks:
+/// what split_points imply (their stage count over pp), else what layers_per_stage does,
+/// else the explicit count, else 1 for GPipe and 1F1B and 2 for the others
+/// (default_stages_per_rank). Throws naming the settings (`wording`) when they disagree,
+/// when split points come with layers_per_stage or other weights, or when the stage count
+/// is not a multiple of pp.
+inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int n_layers, int pp,
+                           Wording wording = config_keys) {
   int V = p.stages_per_rank;
-  if (!p.split_points.empty()) {
-    const int S = static_cast<int>(p.split_points.size()) + 1;
-    TESSERA_CHECK(S % pp == 0, wording(settings::split_points), ": ", p.split_points.size(), " points make ", S,
-                  " stages, not a multiple of ", wording(settings::pipeline_parallel_degree, pp));
+  auto agree = [&](int S) {
     TESSERA_CHECK(V == 0 || V == S / pp, wording.pick("parallelism", "pipeline"), ": ", S, " stages over ", pp,
                   " ranks is ", S / pp, " stages per rank, not ", V);
     return S / pp;
+  };
+  if (!p.split_points.empty()) {
+    TESSERA_CHECK(p.layers_per_stage == 0, wording(settings::split_points), " and ",
+                  wording(settings::layers_per_stage), " both say where the stages begin: give one");
+    TESSERA_CHECK(p.weights == StageWeights{}, wording(settings::split_points), " place every block: ",
+                  wording(settings::first_stage_less_layers), " and ", wording(settings::last_stage_less_layers),
+                  " weigh the even split only (leave them 1)");
+    const int S = static_cast<int>(p.split_points.size()) + 1;
+    TESSERA_CHECK(S % pp == 0, wording(settings::split_points), ": ", p.split_points.size(), " points make ", S,
+                  " stages, not a multiple of ", wording(settings::pipeline_parallel_degree, pp));
+    return agree(S);
+  }
+  if (p.layers_per_stage > 0) {
+    const int units = n_layers + p.weights.embedding + p.weights.output;
+    const int S = (units + p.layers_per_stage - 1) / p.layers_per_stage;
+    TESSERA_CHECK(S % pp == 0, wording(settings::layers_per_stage, p.layers_per_stage), ": ",
+                  detail::unit_count(n_layers, p.weights), " make ", S, " stages of at most ", p.layers_per_stage,
+                  ", not a multiple of ", wording(settings::pipeline_parallel_degree, pp));
+    return agree(S);
   }
   if (V > 0) return V;
   return default_stages_per_rank(kind);
+}
+
+/// The stages of a model of `n_layers` blocks on `pp` pipeline ranks run by `kind` (the
+/// block policy's schedule, or p.schedule) with `p`: how many each rank holds, and what
+/// every stage holds (split_stages), in stage order.
+struct StageSplit {
+  int per_rank = 1;
+  std::vector<StageRange> stages;
+};
+
+inline StageSplit pipeline_stages(ScheduleKind kind, const PipelineOptions& p, int n_layers, int pp,
+                                      Wording wording = config_keys) {
+  StageSplit out;
+  out.per_rank = stages_per_rank(kind, p, n_layers, pp, wording);
+  out.stages = split_stages(n_layers, pp * out.per_rank, p.split_points, wording, p.weights);
+  return out;
 }
 
 struct Plan {

@@ -2,13 +2,16 @@
 //
 // The model is a chain of units: the embedding, the transformer blocks 0 .. n_layers-1,
 // then the output (final norm + head). For balance the embedding and the output each
-// count as one layer, as torchtitan counts them, so there are n_layers + 2 units to
-// place on n_stages stages (n_stages = pipeline degree x virtual stages per rank).
+// count as some layers, one each by default as torchtitan counts them
+// (pipeline_parallel_first_stage_less_layers and _last_stage_less_layers, StageWeights),
+// so there are n_layers + 2 units to place on n_stages stages (n_stages = pipeline degree
+// x virtual stages per rank).
 //
 // Default split: every stage gets units / n_stages units and the first units % n_stages
 // stages one more; stage 0 therefore starts with the embedding and the last stage ends
-// with the output. With 8 blocks on 4 stages (10 units): 3, 3, 2, 2 units, that is
-// embedding + blocks 0-1 | blocks 2-4 | blocks 5-6 | block 7 + output.
+// with the output, each holding as many blocks fewer as those count for. With 8 blocks on
+// 4 stages (10 units): 3, 3, 2, 2 units, that is embedding + blocks 0-1 | blocks 2-4 |
+// blocks 5-6 | block 7 + output.
 //
 // Explicit split: torchtitan's `pipeline_parallel_split_points` names the block where each
 // new stage begins ("layers.3"). n_stages - 1 strictly increasing points in [0, n_layers]
@@ -44,6 +47,16 @@ struct StageRange {
   friend bool operator==(const StageRange&, const StageRange&) = default;
 };
 
+/// How many layers the embedding and the output count as when the blocks are split
+/// evenly (torchtitan's pipeline_parallel_first_stage_less_layers and
+/// _last_stage_less_layers): the first stage holds `embedding` blocks fewer than its
+/// share, the last `output` fewer. One each by default.
+struct StageWeights {
+  int embedding = 1;
+  int output = 1;
+  friend bool operator==(const StageWeights&, const StageWeights&) = default;
+};
+
 namespace detail {
 
 inline void check_stage_shape(int n_layers, int n_stages, Wording w) {
@@ -52,40 +65,57 @@ inline void check_stage_shape(int n_layers, int n_stages, Wording w) {
                 ": the pipeline needs at least one stage, got ", n_stages);
 }
 
-/// The stage covering units [u0, u1) of the n_layers + 2 units.
-inline StageRange stage_of_units(int n_layers, int u0, int u1) {
-  StageRange r;
-  r.embedding = u0 == 0;
-  r.output = u1 == n_layers + 2;
-  r.first_block = u0 == 0 ? 0 : u0 - 1;
-  r.end_block = u1 == n_layers + 2 ? n_layers : u1 - 1;
-  return r;
+/// "8 layers + embedding + output = 10 units", or with other weights
+/// "8 layers + 2 for the embedding + 0 for the output = 10 units".
+inline std::string unit_count(int n_layers, StageWeights w) {
+  const int units = n_layers + w.embedding + w.output;
+  if (w == StageWeights{}) return ::tessera::detail::concat(n_layers, " layers + embedding + output = ", units, " units");
+  return ::tessera::detail::concat(n_layers, " layers + ", w.embedding, " for the embedding + ", w.output,
+                                   " for the output = ", units, " units");
 }
 
 }  // namespace detail
 
 /// Splits n_layers blocks (plus the embedding and the output) over n_stages stages.
-/// Without `split_points`: equal unit counts, the remainder to the early stages. With
-/// them: stage i + 1 begins at block split_points[i]; exactly n_stages - 1 strictly
-/// increasing points in [0, n_layers]. Throws naming the setting (by config key, unless
-/// `wording` says the values were set in code) and the numbers when a stage would be
-/// empty or the points are malformed.
+/// Without `split_points`: equal unit counts (the embedding and the output counting as
+/// `weights` say), the remainder to the early stages. With them: stage i + 1 begins at
+/// block split_points[i]; exactly n_stages - 1 strictly increasing points in
+/// [0, n_layers], and the weights are not used. Throws naming the setting (by config key,
+/// unless `wording` says the values were set in code) and the numbers when a stage would
+/// be empty, a weight is more than a stage's share, or the points are malformed.
 inline std::vector<StageRange> split_stages(int n_layers, int n_stages, std::span<const int> split_points = {},
-                                            Wording wording = config_keys) {
+                                            Wording wording = config_keys, StageWeights weights = {}) {
   detail::check_stage_shape(n_layers, n_stages, wording);
-  const int units = n_layers + 2;
   std::vector<StageRange> stages;
   stages.reserve(static_cast<std::size_t>(n_stages));
   if (split_points.empty()) {
+    TESSERA_CHECK(weights.embedding >= 0 && weights.output >= 0, wording.pick("parallelism", "pipeline"),
+                  ": the embedding and the output count as at least 0 layers, got ", weights.embedding, " and ",
+                  weights.output);
+    const int units = n_layers + weights.embedding + weights.output;
     TESSERA_CHECK(n_stages <= units, wording.pick(settings::pipeline_parallel_degree.key, "pipeline stages"),
-                  ": pipeline degree larger than the layer count: ", n_stages, " stages for ", n_layers,
-                  " layers + embedding + output = ", units, " units, and each stage needs at least one");
+                  ": pipeline degree larger than the layer count: ", n_stages, " stages for ",
+                  detail::unit_count(n_layers, weights), ", and each stage needs at least one");
     const int base = units / n_stages, extra = units % n_stages;
-    int u = 0;
+    if (n_stages > 1) {
+      TESSERA_CHECK(weights.embedding <= base, wording(settings::first_stage_less_layers, weights.embedding),
+                    ": more than the ", base, " layers of a stage (", detail::unit_count(n_layers, weights), " over ",
+                    n_stages, " stages)");
+      TESSERA_CHECK(weights.output <= base, wording(settings::last_stage_less_layers, weights.output),
+                    ": more than the ", base, " layers of a stage (", detail::unit_count(n_layers, weights), " over ",
+                    n_stages, " stages)");
+    }
+    int block = 0;
     for (int s = 0; s < n_stages; ++s) {
-      const int next = u + base + (s < extra ? 1 : 0);
-      stages.push_back(detail::stage_of_units(n_layers, u, next));
-      u = next;
+      StageRange r;
+      r.embedding = s == 0;
+      r.output = s == n_stages - 1;
+      const int share = base + (s < extra ? 1 : 0);
+      const int blocks = share - (r.embedding ? weights.embedding : 0) - (r.output ? weights.output : 0);
+      r.first_block = block;
+      r.end_block = block + blocks;
+      block = r.end_block;
+      stages.push_back(r);
     }
     return stages;
   }

@@ -30,6 +30,12 @@ inline constexpr Setting pipeline_parallel_degree{"parallelism.pipeline_parallel
 inline constexpr Setting microbatch_size{"parallelism.pipeline_parallel_microbatch_size",
                                          "the pipeline microbatch size"};
 inline constexpr Setting split_points{"parallelism.pipeline_parallel_split_points", "the pipeline split points"};
+inline constexpr Setting layers_per_stage{"parallelism.pipeline_parallel_layers_per_stage",
+                                          "the pipeline's layers per stage"};
+inline constexpr Setting first_stage_less_layers{"parallelism.pipeline_parallel_first_stage_less_layers",
+                                                 "the layers the embedding counts as"};
+inline constexpr Setting last_stage_less_layers{"parallelism.pipeline_parallel_last_stage_less_layers",
+                                                "the layers the output counts as"};
 inline constexpr Setting schedule{"parallelism.pipeline_parallel_schedule", "the pipeline schedule"};
 inline constexpr Setting local_batch_size{"training.local_batch_size", "the batch size"};
 inline constexpr Setting seq_len{"training.seq_len", "the sequence length"};

@@ -156,17 +156,22 @@ struct AcMode {
 inline constexpr AcMode kAcModes[] = {
     {"none", "2", 0}, {"none", "2", 0, true}, {"selective", "op", 1}, {"selective", "2", 1}, {"full", "2", 2}};
 
+/// `c` with no say on where its stages begin, for split points to follow: they place
+/// every block, so the even split's layers per stage and weights go too.
+inline void clear_stage_split(train::JobConfig& c) {
+  c.parallelism.pipeline_parallel_split_points.clear();
+  c.parallelism.pipeline_parallel_layers_per_stage.reset();
+  c.parallelism.pipeline_parallel_first_stage_less_layers = 1;
+  c.parallelism.pipeline_parallel_last_stage_less_layers = 1;
+}
+
 /// Blocks per stage of `c` (every stage of every rank, in stage order).
 inline std::vector<int> stage_blocks(const train::JobConfig& c) {
-  const auto& p = c.parallelism;
-  parallel::PipelineOptions o;
-  o.schedule = parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
-  o.split_points = parallel::parse_split_points(p.pipeline_parallel_split_points);
-  const int pp = static_cast<int>(p.pipeline_parallel_degree);
-  const int stages = pp > 1 ? pp * parallel::stages_per_rank(o.schedule, o, pp) : 1;
+  const parallel::PipelineOptions o = train::pipeline_options(c);
+  const int pp = static_cast<int>(c.parallelism.pipeline_parallel_degree), L = static_cast<int>(c.model.args.n_layers);
   std::vector<int> blocks;
-  for (const auto& s : parallel::split_stages(static_cast<int>(c.model.args.n_layers), stages, o.split_points))
-    blocks.push_back(s.blocks());
+  if (pp == 1) return {L};
+  for (const auto& s : parallel::pipeline_stages(o.schedule, o, L, pp).stages) blocks.push_back(s.blocks());
   return blocks;
 }
 
@@ -175,7 +180,7 @@ inline train::JobConfig shallower(train::JobConfig c, int d) {
   if (d == 0) return c;
   const std::vector<int> blocks = stage_blocks(c);
   c.model.args.n_layers -= static_cast<std::int64_t>(blocks.size()) * d;
-  c.parallelism.pipeline_parallel_split_points.clear();
+  clear_stage_split(c);
   if (blocks.size() > 1) {
     int at = 0;
     for (std::size_t s = 0; s + 1 < blocks.size(); ++s) {
@@ -215,7 +220,7 @@ inline train::JobConfig with_pipeline_degree(train::JobConfig c, int pp) {
   now.front() = blocks.front();
   now.back() = blocks.back();
   c.parallelism.pipeline_parallel_degree = pp;
-  c.parallelism.pipeline_parallel_split_points.clear();
+  clear_stage_split(c);
   int at = 0;
   for (int s = 0; s + 1 < stages; ++s) {
     at += now[static_cast<std::size_t>(s)];
@@ -334,6 +339,7 @@ inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& b
                     p.context_parallel_degree = cp;
                     p.pipeline_parallel_schedule = schedule;
                     p.pipeline_parallel_split_points.clear();
+                    p.pipeline_parallel_layers_per_stage.reset();  // the schedule's stages per rank
                     p.fsdp_reshard_after_forward = reshard;
                     c.activation_checkpoint.mode = ac.mode;
                     c.activation_checkpoint.selective_ac_option = ac.option;
@@ -368,11 +374,8 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
                                                                !c.parallelism.disable_loss_parallel,
                                                                parallel::config_keys);
   if (mesh.pp > 1) {
-    parallel::PipelineOptions o;
-    o.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);
-    o.split_points = parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
-    const int v = parallel::stages_per_rank(o.schedule, o, mesh.pp);
-    (void)parallel::split_stages(static_cast<int>(c.model.args.n_layers), mesh.pp * v, o.split_points);
+    const parallel::PipelineOptions o = train::pipeline_options(c);
+    const int v = parallel::pipeline_stages(o.schedule, o, static_cast<int>(c.model.args.n_layers), mesh.pp).per_rank;
     parallel::check_schedule_shape(o.schedule, mesh.pp, v,
                                    static_cast<int>(c.training.local_batch_size / c.parallelism.pipeline_parallel_microbatch_size));
   }

@@ -94,8 +94,9 @@ inline RankLayers rank_layers(const StepLayout& l) {
     r.stages = {0};
     return r;
   }
-  const int V = parallel::stages_per_rank(l.pipeline.schedule, l.pipeline, P);
-  const auto stages = parallel::split_stages(L, P * V, l.pipeline.split_points);
+  const parallel::StageSplit split = parallel::pipeline_stages(l.pipeline.schedule, l.pipeline, L, P);
+  const int V = split.per_rank;
+  const auto& stages = split.stages;
   r.n_stages = P * V;
   r.placement = parallel::placement_of(l.pipeline.schedule);
   r.embedding = r.output = false;

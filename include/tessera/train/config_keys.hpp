@@ -302,6 +302,22 @@ inline std::vector<ConfigKey> build_config_keys() {
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_split_points>(),
                "Blocks where each pipeline stage after the first begins (\"layers.N\"), one fewer than the stages "
                "(pipeline_parallel_degree x stages per rank); empty: stages of equal size."),
+      make_key("parallelism.pipeline_parallel_layers_per_stage",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_layers_per_stage>(),
+               "Layers per pipeline stage (the embedding and the output counted by the two keys below): the stage "
+               "count is the layers over this, rounded up, and must be a multiple of pipeline_parallel_degree.")
+          .positive()
+          .unset_means("1 stage per rank for GPipe and 1F1B, 2 for the others"),
+      make_key("parallelism.pipeline_parallel_first_stage_less_layers",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_first_stage_less_layers>(),
+               "How many layers the embedding counts as when the blocks are split over the stages: the first stage "
+               "holds that many blocks fewer.")
+          .at_least(0),
+      make_key("parallelism.pipeline_parallel_last_stage_less_layers",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_last_stage_less_layers>(),
+               "How many layers the output (final norm and head) counts as when the blocks are split over the "
+               "stages: the last stage holds that many blocks fewer.")
+          .at_least(0),
       // [activation_checkpoint]
       make_key("activation_checkpoint.mode", field<&J::activation_checkpoint, &ActivationCheckpointSection::mode>(),
                "Recompute activations in backward: none, full (every block) or selective.")

@@ -120,6 +120,9 @@ struct ParallelismSection {
   std::int64_t pipeline_parallel_microbatch_size = 1;
   std::string fsdp_reshard_after_forward = "default";
   std::vector<std::string> pipeline_parallel_split_points;  // empty: the even split
+  std::optional<std::int64_t> pipeline_parallel_layers_per_stage;  // unset: the schedule's stages per rank
+  std::int64_t pipeline_parallel_first_stage_less_layers = 1;  // the layers the embedding counts as
+  std::int64_t pipeline_parallel_last_stage_less_layers = 1;   // the layers the output counts as
 };
 
 /// [activation_checkpoint]

@@ -71,6 +71,19 @@ inline comm::MeshShape mesh_shape(const JobConfig& c, int world) {
                           p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree);
 }
 
+/// What [parallelism]'s pipeline_parallel_* keys say (parallel::PipelineOptions).
+inline parallel::PipelineOptions pipeline_options(const JobConfig& c) {
+  const auto& p = c.parallelism;
+  parallel::PipelineOptions o;
+  o.schedule = parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
+  o.microbatch_size = p.pipeline_parallel_microbatch_size;
+  o.split_points = parallel::parse_split_points(p.pipeline_parallel_split_points);
+  o.layers_per_stage = static_cast<int>(p.pipeline_parallel_layers_per_stage.value_or(0));
+  o.weights = {static_cast<int>(p.pipeline_parallel_first_stage_less_layers),
+               static_cast<int>(p.pipeline_parallel_last_stage_less_layers)};
+  return o;
+}
+
 /// The run-time plan [parallelism] and [activation_checkpoint] describe, on `mesh`.
 inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   parallel::Plan plan;
@@ -85,9 +98,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.param_dtype = param_dtype(c).value_or(DType::f32);
   plan.loss_parallel = !c.parallelism.disable_loss_parallel;
   plan.sequence_parallel = !c.parallelism.disable_sequence_parallel;
-  plan.pipeline.schedule = parallel::parse_schedule_kind(c.parallelism.pipeline_parallel_schedule);
-  plan.pipeline.microbatch_size = c.parallelism.pipeline_parallel_microbatch_size;
-  plan.pipeline.split_points = parallel::parse_split_points(c.parallelism.pipeline_parallel_split_points);
+  plan.pipeline = pipeline_options(c);
   plan.float8 = float8_policy(c);
   return plan;
 }
