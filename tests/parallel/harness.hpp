@@ -220,6 +220,23 @@ inline double max_relative_difference(const std::vector<double>& a, const std::v
   return worst;
 }
 
+/// How far tensor `a` is from `b` at its worst, against b's scale: max |a - b| / max |b|.
+/// Two sums of the same products in another order (a GEMM of three projections as one,
+/// another BLAS kernel's blocking) differ by rounding of the summands, which can be
+/// larger than an element left small by cancellation: a gap of 1e-7 of the tensor's
+/// scale is rounding (OpenBLAS's Haswell kernels give 3e-7 where its SkylakeX ones give
+/// 9e-8), where a wrong value is off by about the values themselves.
+inline double gap_to_scale(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double scale = 0, worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::abs(b[i])));
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  }
+  if (!std::isfinite(worst)) return INFINITY;
+  return scale > 0 ? worst / scale : worst;
+}
+
 /// How far a layout's run is from one rank's: the largest relative difference of the
 /// losses (the parity bar is 1e-5) and of the gradient norms, which clipping uses (held
 /// to 1e-4: a norm sums squares over every shard, piece and stage, so summation order
