@@ -2,9 +2,9 @@
 // and a pass of the schedule's lowered program over them.
 //
 // The model is cut into stages (stages.hpp; the embedding and the output count as one
-// layer each), stage s on pipeline rank s % P (or, for ZBVZeroBubble and DualPipeV, down the ranks
-// and back up: schedule_kind.hpp's placements); the rank builds only its stages'
-// layers (layout()). A micro-batch from the trainer is cut into pipeline microbatches;
+// layer each unless the plan weighs them otherwise), stage s on pipeline rank s % P (or,
+// for ZBVZeroBubble and DualPipeV, down the ranks and back up: schedule_kind.hpp's
+// placements); the rank builds only its stages' layers (layout()). A micro-batch from the trainer is cut into pipeline microbatches;
 // Stages below gives the runner (pipeline_runner.hpp) this rank's stages over the
 // model's parts: a stage's forward and backward for a microbatch, the head's loss, a
 // zero-bubble schedule's deferred weight-gradient work. Transfers go in grouped,
@@ -175,8 +175,10 @@ class ModelPipeline {
   /// rank's, its (s / P)-th in model order under either placement).
   std::size_t first_local_layer(int s) const {
     std::size_t n = 0;
-    for (int v = 0; v < s / pp_; ++v)
-      n += static_cast<std::size_t>(stages_[static_cast<std::size_t>(stage_of_rank(placement_, pp_, rank_, v))].blocks());
+    for (int v = 0; v < s / pp_; ++v) {
+      const int earlier = stage_of_rank(placement_, pp_, rank_, v);
+      n += static_cast<std::size_t>(stages_[static_cast<std::size_t>(earlier)].blocks());
+    }
     return n;
   }
 

@@ -168,7 +168,7 @@ struct StageSplit {
 };
 
 inline StageSplit pipeline_stages(ScheduleKind kind, const PipelineOptions& p, int n_layers, int pp,
-                                      Wording wording = config_keys) {
+                                  Wording wording = config_keys) {
   StageSplit out;
   out.per_rank = stages_per_rank(kind, p, n_layers, pp, wording);
   out.stages = split_stages(n_layers, pp * out.per_rank, p.split_points, wording, p.weights);

@@ -1,9 +1,9 @@
 // Pipeline schedules as pure logic: what each pipeline rank computes, and in which order.
 //
 // P ranks hold S = P x V stages, V stages per rank ("virtual stages"); stage s lives on
-// rank s % P (the looping placement of torchtitan and PyTorch), or, for ZBVZeroBubble,
-// down the ranks and back up (the V placement: rank r holds stages r and 2P-1-r;
-// schedule_kind.hpp). Each of the M
+// rank s % P (the looping placement of torchtitan and PyTorch), or, for ZBVZeroBubble
+// and DualPipeV, down the ranks and back up (the V placement: rank r holds stages r and
+// 2P-1-r; schedule_kind.hpp). Each of the M
 // microbatches passes forward through stages 0 .. S-1 and backward through S-1 .. 0.
 // Stage 0's forward takes the input tokens; stage S-1's forward computes the loss, so its
 // backward can start as soon as its own forward is done. A schedule is, for each rank, an
@@ -95,7 +95,8 @@ struct Schedule {
 
   /// S = P x V.
   [[nodiscard]] int stages() const { return ranks * stages_per_rank; }
-  /// Where the stages live: the V placement for ZBVZeroBubble, the looping one otherwise.
+  /// Where the stages live: the V placement for ZBVZeroBubble and DualPipeV, the looping
+  /// one otherwise.
   [[nodiscard]] Placement placement() const { return placement_of(kind); }
   /// The rank holding `stage`.
   [[nodiscard]] int rank_of(int stage) const { return rank_of_stage(placement(), ranks, stage); }

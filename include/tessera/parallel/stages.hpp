@@ -69,7 +69,8 @@ inline void check_stage_shape(int n_layers, int n_stages, Wording w) {
 /// "8 layers + 2 for the embedding + 0 for the output = 10 units".
 inline std::string unit_count(int n_layers, StageWeights w) {
   const int units = n_layers + w.embedding + w.output;
-  if (w == StageWeights{}) return ::tessera::detail::concat(n_layers, " layers + embedding + output = ", units, " units");
+  if (w == StageWeights{})
+    return ::tessera::detail::concat(n_layers, " layers + embedding + output = ", units, " units");
   return ::tessera::detail::concat(n_layers, " layers + ", w.embedding, " for the embedding + ", w.output,
                                    " for the output = ", units, " units");
 }
