@@ -93,14 +93,29 @@ struct TensorParallel {
   using heads = H;
 };
 
-// Pipeline schedules (parallel/schedule.hpp).
-struct GPipe {};
-struct OneFOneB {};               // "1F1B"
-struct Interleaved1F1B {};        // several stages per rank
-struct InterleavedZeroBubble {};  // backward split into input and weight gradients
-struct LoopedBFS {};              // several stages per rank, breadth first
-struct ZBVZeroBubble {};          // two stages per rank down and back up, split backwards
-struct DualPipeV {};              // the same placement, forwards paired with whole backwards
+// Pipeline schedules (parallel/schedule.hpp), each the run-time schedule it fixes.
+template <parallel::ScheduleKind K>
+struct ScheduleTag {
+  static constexpr parallel::ScheduleKind kind = K;
+};
+struct GPipe : ScheduleTag<parallel::ScheduleKind::gpipe> {};
+struct OneFOneB : ScheduleTag<parallel::ScheduleKind::one_f_one_b> {};  // "1F1B"
+// several stages per rank
+struct Interleaved1F1B : ScheduleTag<parallel::ScheduleKind::interleaved_1f1b> {};
+// backward split into input and weight gradients
+struct InterleavedZeroBubble : ScheduleTag<parallel::ScheduleKind::interleaved_zero_bubble> {};
+// several stages per rank, breadth first
+struct LoopedBFS : ScheduleTag<parallel::ScheduleKind::looped_bfs> {};
+// two stages per rank down and back up, split backwards
+struct ZBVZeroBubble : ScheduleTag<parallel::ScheduleKind::zbv_zero_bubble> {};
+// the same placement, forwards paired with whole backwards
+struct DualPipeV : ScheduleTag<parallel::ScheduleKind::dual_pipe_v> {};
+
+namespace detail {
+/// One of the schedule tags above (a type with no `kind`, such as a checkpoint choice, is not).
+template <class S>
+concept schedule_tag = requires { S::kind; } && std::is_base_of_v<ScheduleTag<S::kind>, S>;
+}  // namespace detail
 
 /// Pipeline parallelism over Stages ranks (or the mesh's pp degree with
 /// tessera::dynamic), run by Schedule (Dynamic: the Plan's pipeline_parallel_schedule).
@@ -118,10 +133,7 @@ struct Pipeline {
       return static_cast<int>(Stages);
   }();
   static_assert(dynamic_degree || degree >= 1, "tessera::Pipeline<Stages, Schedule>: Stages must be at least 1");
-  static_assert(std::is_same_v<Schedule, Dynamic> || std::is_same_v<Schedule, GPipe> ||
-                    std::is_same_v<Schedule, OneFOneB> || std::is_same_v<Schedule, Interleaved1F1B> ||
-                    std::is_same_v<Schedule, InterleavedZeroBubble> || std::is_same_v<Schedule, LoopedBFS> ||
-                    std::is_same_v<Schedule, ZBVZeroBubble> || std::is_same_v<Schedule, DualPipeV>,
+  static_assert(std::is_same_v<Schedule, Dynamic> || detail::schedule_tag<Schedule>,
                 "tessera::Pipeline<Stages, Schedule>: Schedule must be tessera::GPipe, tessera::OneFOneB, "
                 "tessera::Interleaved1F1B, tessera::InterleavedZeroBubble, tessera::LoopedBFS, "
                 "tessera::ZBVZeroBubble, tessera::DualPipeV or tessera::Dynamic");
@@ -240,22 +252,10 @@ int pipeline_degree(const Plan& plan) {
 template <class P>
 ScheduleKind pipeline_schedule(const Plan& plan) {
   using S = typename P::schedule;
-  if constexpr (std::is_same_v<S, GPipe>)
-    return ScheduleKind::gpipe;
-  else if constexpr (std::is_same_v<S, OneFOneB>)
-    return ScheduleKind::one_f_one_b;
-  else if constexpr (std::is_same_v<S, Interleaved1F1B>)
-    return ScheduleKind::interleaved_1f1b;
-  else if constexpr (std::is_same_v<S, InterleavedZeroBubble>)
-    return ScheduleKind::interleaved_zero_bubble;
-  else if constexpr (std::is_same_v<S, LoopedBFS>)
-    return ScheduleKind::looped_bfs;
-  else if constexpr (std::is_same_v<S, ZBVZeroBubble>)
-    return ScheduleKind::zbv_zero_bubble;
-  else if constexpr (std::is_same_v<S, DualPipeV>)
-    return ScheduleKind::dual_pipe_v;
-  else
+  if constexpr (std::is_same_v<S, Dynamic>)
     return plan.pipeline.schedule;
+  else
+    return S::kind;
 }
 
 /// The run-time checkpointing a static choice means, or the Plan's for Dynamic.
