@@ -4,8 +4,8 @@
 // The model is cut into stages (stages.hpp; the embedding and the output count as one
 // layer each unless the plan weighs them otherwise), stage s on pipeline rank s % P (or,
 // for ZBVZeroBubble and DualPipeV, down the ranks and back up: schedule_kind.hpp's
-// placements); the rank builds only its stages' layers (layout()). A micro-batch from the trainer is cut into pipeline microbatches;
-// Stages below gives the runner (pipeline_runner.hpp) this rank's stages over the
+// placements); the rank builds only its stages' layers (layout()). A micro-batch from
+// the trainer is cut into pipeline microbatches; Stages below gives the runner (pipeline_runner.hpp) this rank's stages over the
 // model's parts: a stage's forward and backward for a microbatch, the head's loss, a
 // zero-bubble schedule's deferred weight-gradient work. Transfers go in grouped,
 // untagged send/recv calls that follow NCCL's rules (pipeline_program.hpp).
@@ -74,14 +74,13 @@ class ModelPipeline {
     StageSplit split = pipeline_stages(kind_, plan.pipeline, L, pp_, w);
     const int V = split.per_rank;
     stages_per_rank_ = V;
-    placement_ = placement_of(kind_);
     stages_ = std::move(split.stages);
     for (int v = 0; v < V; ++v) {
-      const StageRange& r = stages_[static_cast<std::size_t>(stage_of_rank(placement_, pp_, rank_, v))];
+      const StageRange& r = stages_[static_cast<std::size_t>(stage_of_rank(placement(), pp_, rank_, v))];
       for (int i = r.first_block; i < r.end_block; ++i) layout_.layer_ids.push_back(i);
     }
-    layout_.embedding = rank_of_stage(placement_, pp_, 0) == rank_;
-    layout_.head = rank_of_stage(placement_, pp_, pp_ * V - 1) == rank_;
+    layout_.embedding = rank_of_stage(placement(), pp_, 0) == rank_;
+    layout_.head = rank_of_stage(placement(), pp_, pp_ * V - 1) == rank_;
     // The schedule's own checks (stages per rank) with the smallest microbatch count it takes.
     check_schedule_shape(kind_, pp_, V, min_microbatches(kind_, pp_), w);
   }
@@ -139,7 +138,7 @@ class ModelPipeline {
   double loss(Model& m, ModelUnits<T, B>& units, std::span<const std::int32_t> inputs,
               std::span<const std::int32_t> targets, nn::Geometry g) {
     if (!forward_program_) {
-      forward_program_ = lower_forward(pp_, stages_per_rank_, placement_);
+      forward_program_ = lower_forward(pp_, stages_per_rank_, placement());
       check_program(*forward_program_);
     }
     Tensor<double> sum = B::template zeros<double>(Shape{1});
@@ -161,7 +160,7 @@ class ModelPipeline {
     std::map<std::string, nn::Parameter<T>*> mine;
     m.for_each_parameter([&](nn::Parameter<T>& p) { mine[p.name] = &p; });
     for (auto& q : all) {
-      const int owner = rank_of_stage(placement_, pp_, stage_of(q->name));
+      const int owner = rank_of_stage(placement(), pp_, stage_of(q->name));
       if (owner == rank_) {
         const nn::Parameter<T>& p = *mine.at(q->name);
         B::for_each(q->numel(), ops::Copy<T>{p.value.data(), q->value.data()});
@@ -171,12 +170,15 @@ class ModelPipeline {
   }
 
  private:
+  /// Where the schedule puts the stages (schedule_kind.hpp).
+  Placement placement() const { return placement_of(kind_); }
+
   /// The index among this rank's blocks of the first block of stage s (one of this
   /// rank's, its (s / P)-th in model order under either placement).
   std::size_t first_local_layer(int s) const {
     std::size_t n = 0;
     for (int v = 0; v < s / pp_; ++v) {
-      const int earlier = stage_of_rank(placement_, pp_, rank_, v);
+      const int earlier = stage_of_rank(placement(), pp_, rank_, v);
       n += static_cast<std::size_t>(stages_[static_cast<std::size_t>(earlier)].blocks());
     }
     return n;
@@ -350,7 +352,6 @@ class ModelPipeline {
   const Plan& plan_;  // the model's, which outlives this
   int pp_ = 1, rank_ = 0, stages_per_rank_ = 1;
   ScheduleKind kind_ = ScheduleKind::one_f_one_b;
-  Placement placement_ = Placement::loop;
   std::vector<StageRange> stages_;
   nn::StackLayout layout_;
   std::map<int, Schedule> schedules_;                         // by microbatch count
