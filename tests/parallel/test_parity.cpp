@@ -78,21 +78,21 @@ TEST_CASE("parity: float8 GEMMs (emulated) under FSDP 2 and HSDP 2 x 2 train one
   // A float8 cast scales each activation by its own micro-batch's amax, so the one rank
   // runs the same micro-batches as each data-parallel rank (gradient accumulation over
   // them); the weights are gathered whole before they are cast, as without the float8
-  // all-gather. Measured under FSDP: the losses equal to the last bit, so the fp32 parity
-  // bar. HSDP reduces the gradients in another order than the one rank accumulates them,
-  // and the parameters are bf16: whether a last-bit difference flips a bf16 rounding
-  // depends on the BLAS kernel's own summation order (0 with OpenBLAS's SkylakeX
-  // kernels, 1.3e-5 on the loss and 1.7e-4 on the norm with its Haswell ones), so HSDP is
-  // held to the bf16 model's bars (test_bf16_training.cpp), far below a lost gradient.
+  // all-gather. The parameters are bf16, so whether a last-bit difference in a sum flips
+  // a bf16 rounding depends on the BLAS's own summation order, which its kernel and its
+  // threads set: with OpenBLAS's SkylakeX kernels every case is equal to the last bit;
+  // with its Haswell ones HSDP is 1.3e-5 off on the loss (one thread) and FSDP 2 3.8e-5
+  // (two threads). So the cases are held to the bf16 model's bars
+  // (test_bf16_training.cpp), far below what a lost or doubled gradient piece does; the
+  // float8 all-gather below is held to the last bit against the bf16 gather.
   struct Case {
     const char* name;
     comm::MeshShape shape;
     const char* recipe;
-    double loss_bar, norm_bar;
   };
-  for (const Case& k : {Case{"FSDP 2, tensorwise", {1, 1, 2, 1}, "tensorwise", 1e-5, 1e-4},
-                        Case{"FSDP 2, rowwise", {1, 1, 2, 1}, "rowwise", 1e-5, 1e-4},
-                        Case{"HSDP 2x2, tensorwise", {1, 2, 2, 1}, "tensorwise", 1e-3, 5e-3}}) {
+  for (const Case& k : {Case{"FSDP 2, tensorwise", {1, 1, 2, 1}, "tensorwise"},
+                        Case{"FSDP 2, rowwise", {1, 1, 2, 1}, "rowwise"},
+                        Case{"HSDP 2x2, tensorwise", {1, 2, 2, 1}, "tensorwise"}}) {
     const std::string name = k.name;
     CAPTURE(name);
     const std::vector<std::string> keys = {"--training.mixed_precision_param", "bfloat16", "--model.converters",
@@ -103,8 +103,8 @@ TEST_CASE("parity: float8 GEMMs (emulated) under FSDP 2 and HSDP 2 x 2 train one
     CHECK(run.ranks_agree);
     const RunGap gap = run_gap(run.rank0, one);
     MESSAGE(name, ": loss within ", gap.loss, ", gradient norm within ", gap.grad_norm, " of one rank");
-    CHECK(gap.loss <= k.loss_bar);
-    CHECK(gap.grad_norm <= k.norm_bar);
+    CHECK(gap.loss <= 1e-3);
+    CHECK(gap.grad_norm <= 5e-3);
     CHECK(one.losses != one_rank_run({"--training.mixed_precision_param", "bfloat16"}).losses);  // float8 ran
     if (std::string_view(k.recipe) != "tensorwise") continue;
     // float8.enable_fsdp_float8_all_gather: each weight's scale agreed over its shards (one
