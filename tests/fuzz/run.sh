@@ -96,10 +96,10 @@ run_target() {
 }
 
 # Build every target, then fuzz them side by side, each with FUZZ_JOBS processes and
-# reporting into its own file, printed in order once all have ended (CI has two cores:
-# the two targets take one each).
-targets=(safetensors)
-extra_flags=("")
+# reporting into its own file, printed in order once all have ended (CI has two cores,
+# which the three targets share).
+targets=(safetensors schedule_csv)
+extra_flags=("" "")
 if [ -f include/tessera/io/tiktoken.hpp ]; then
   pcre_flags=$(pkg-config --cflags --libs libpcre2-8 2>/dev/null) || { echo "fuzz: pkg-config cannot find libpcre2-8 (libpcre2-dev)" >&2; exit 1; }
   targets+=(tiktoken)
@@ -123,7 +123,7 @@ for i in "${!targets[@]}"; do
 done
 $build_only && exit 0
 
-declare -A max_len=([safetensors]=8192 [tiktoken]=16384)
+declare -A max_len=([safetensors]=8192 [tiktoken]=16384 [schedule_csv]=2048)
 pids=()
 for t in "${targets[@]}"; do
   run_target "$t" "${max_len[$t]}" > "$build/report_$t.txt" 2>&1 &

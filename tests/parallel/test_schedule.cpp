@@ -199,7 +199,8 @@ TEST_CASE("pipeline: schedule names parse as torchtitan spells them") {
   CHECK(test::kAllScheduleKinds.size() == 7);
   CHECK_ERROR_CONTAINS(parse_schedule_kind("interleaved1f1b"),
                        "parallelism.pipeline_parallel_schedule: unknown schedule \"interleaved1f1b\" (known: 1F1B, "
-                       "Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV)");
+                       "Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV, "
+                       "PipelineScheduleSingle, PipelineScheduleMulti)");
   CHECK(splits_backward(ScheduleKind::interleaved_zero_bubble));
   CHECK(splits_backward(ScheduleKind::zbv_zero_bubble));
   CHECK(splits_backward(ScheduleKind::dual_pipe_v));

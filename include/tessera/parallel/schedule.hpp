@@ -92,12 +92,13 @@ struct Schedule {
   int stages_per_rank = 1;  ///< V
   int microbatches = 1;     ///< M
   std::vector<std::vector<Action>> per_rank;  ///< per_rank[r]: rank r's actions in order
+  /// Where the stages live: placement_of(kind) (the V placement for ZBVZeroBubble and
+  /// DualPipeV, the looping one otherwise), or where a schedule file's rows put them.
+  Placement stage_placement = Placement::loop;
 
   /// S = P x V.
   [[nodiscard]] int stages() const { return ranks * stages_per_rank; }
-  /// Where the stages live: the V placement for ZBVZeroBubble and DualPipeV, the looping
-  /// one otherwise.
-  [[nodiscard]] Placement placement() const { return placement_of(kind); }
+  [[nodiscard]] Placement placement() const { return stage_placement; }
   /// The rank holding `stage`.
   [[nodiscard]] int rank_of(int stage) const { return rank_of_stage(placement(), ranks, stage); }
   /// The stages `rank` holds, in model order (rank, rank + P, ... with the looping placement).
@@ -114,6 +115,7 @@ struct Schedule {
 /// fewer as the same order with the missing microbatches left out, as PyTorch does), 2P
 /// (one per stage) for DualPipeV, as PyTorch.
 constexpr int min_microbatches(ScheduleKind k, int ranks) {
+  if (from_file(k)) return 1;  // the file's own count (schedule_csv.hpp)
   if (k == ScheduleKind::gpipe || k == ScheduleKind::looped_bfs || k == ScheduleKind::zbv_zero_bubble) return 1;
   return k == ScheduleKind::dual_pipe_v ? 2 * ranks : ranks;
 }
@@ -127,6 +129,8 @@ constexpr int min_microbatches(ScheduleKind k, int ranks) {
 ///   LoopedBFS: V >= 1, M >= 1.
 ///   ZBVZeroBubble: V = 2 (its V placement), M >= 1.
 ///   DualPipeV: V = 2 (the V placement), M >= 2P.
+///   PipelineScheduleSingle: V = 1; PipelineScheduleMulti: V >= 1 (with either, what the
+///   file's rows hold is schedule_csv.hpp's to check).
 /// The multiple-of-P rule is Narayanan et al.'s, stricter than PyTorch, which also accepts
 /// M when floor(M / P) divides M (rounds of more than P microbatches).
 inline void check_schedule_shape(ScheduleKind kind, int ranks, int stages_per_rank, int microbatches,
@@ -137,9 +141,10 @@ inline void check_schedule_shape(ScheduleKind kind, int ranks, int stages_per_ra
   TESSERA_CHECK(stages_per_rank >= 1, "pipeline schedule ", name, ": stages per rank must be at least 1, got ",
                 stages_per_rank);
   TESSERA_CHECK(microbatches >= 1, mb, ": schedule ", name, " needs at least 1 microbatch, got ", microbatches);
-  if (kind == ScheduleKind::gpipe || kind == ScheduleKind::one_f_one_b)
+  if (kind == ScheduleKind::gpipe || kind == ScheduleKind::one_f_one_b || kind == ScheduleKind::csv_single)
     TESSERA_CHECK(stages_per_rank == 1, wording(settings::schedule), ": ", name, " runs one stage per rank, got ",
-                  stages_per_rank, " stages per rank (Interleaved1F1B, InterleavedZeroBubble or LoopedBFS run several)");
+                  stages_per_rank, " stages per rank (Interleaved1F1B, InterleavedZeroBubble, LoopedBFS or "
+                  "PipelineScheduleMulti run several)");
   if (kind == ScheduleKind::interleaved_1f1b)
     TESSERA_CHECK(stages_per_rank >= 2, wording(settings::schedule),
                   ": Interleaved1F1B needs at least 2 stages per rank, got ", stages_per_rank,
@@ -313,10 +318,13 @@ inline std::vector<Action> dual_pipe_v(int P, int M, int rank) {
 
 /// The schedule `kind` for `ranks` pipeline ranks with `stages_per_rank` stages each and
 /// `microbatches` microbatches. Throws (check_schedule_shape) when the shape does not fit.
+/// A file's schedule (from_file) is read, not made: schedule_from_table (schedule_csv.hpp).
 inline Schedule make_schedule(ScheduleKind kind, int ranks, int stages_per_rank, int microbatches) {
+  TESSERA_CHECK(!from_file(kind), "pipeline schedule ", name_of(kind), ": its order comes from a file (",
+                config_keys(settings::schedule_csv), "), not from the schedule's name");
   check_schedule_shape(kind, ranks, stages_per_rank, microbatches);
   const int P = ranks, V = stages_per_rank, M = microbatches;
-  Schedule s{kind, P, V, M, {}};
+  Schedule s{kind, P, V, M, {}, placement_of(kind)};
   for (int r = 0; r < P; ++r) {
     std::vector<Action> list;
     switch (kind) {
@@ -331,6 +339,8 @@ inline Schedule make_schedule(ScheduleKind kind, int ranks, int stages_per_rank,
       case ScheduleKind::looped_bfs: list = detail::looped_bfs(P, V, M, r); break;
       case ScheduleKind::zbv_zero_bubble: list = detail::zbv_zero_bubble(P, M, r); break;
       case ScheduleKind::dual_pipe_v: list = detail::dual_pipe_v(P, M, r); break;
+      case ScheduleKind::csv_single:
+      case ScheduleKind::csv_multi: break;  // refused above
     }
     s.per_rank.push_back(std::move(list));
   }
@@ -504,8 +514,12 @@ inline Simulation simulate(const Schedule& s, const Costs& costs = {}) {
         const std::size_t i = next[static_cast<std::size_t>(r)];
         if (i == list.size()) continue;
         Action dep = needs(list[i]).second;
-        // A whole backward of the next stage satisfies a backward_input dependency too.
-        if (dep.op == Op::backward_input && !splits_backward(s.kind)) dep.op = Op::backward;
+        // A whole backward of the next stage satisfies a backward_input dependency too:
+        // name the one the schedule has.
+        if (dep.op == Op::backward_input) {
+          const auto& theirs = s.per_rank[static_cast<std::size_t>(s.rank_of(dep.stage))];
+          if (std::find(theirs.begin(), theirs.end(), dep) == theirs.end()) dep.op = Op::backward;
+        }
         why << sep << "rank " << r << " waits at action " << i << " (" << detail::spell(list[i]) << ") for the "
             << detail::spell(dep) << " on rank " << s.rank_of(dep.stage);
         sep = "; ";

@@ -1,6 +1,8 @@
 // The pipeline schedules tessera runs, by name: the choice a Plan carries
 // (parallelism.pipeline_parallel_schedule), and where each puts its stages. What each
-// schedule does is schedule.hpp's.
+// schedule does is schedule.hpp's; the two whose order a file gives (PyTorch's
+// PipelineScheduleSingle and PipelineScheduleMulti, with
+// parallelism.pipeline_parallel_schedule_csv) are read by schedule_csv.hpp.
 #pragma once
 
 #include <array>
@@ -21,13 +23,21 @@ enum class ScheduleKind : std::uint8_t {
   looped_bfs,
   zbv_zero_bubble,
   dual_pipe_v,
+  csv_single,  ///< one stage per rank, the order read from a CSV file
+  csv_multi,   ///< one or more stages per rank, the order read from a CSV file
 };
 
-/// Every schedule, in the order the help and the errors list them.
+/// Every schedule tessera lays out itself, in the order the help and the errors list them.
 inline constexpr std::array kScheduleKinds{ScheduleKind::one_f_one_b,     ScheduleKind::interleaved_1f1b,
                                            ScheduleKind::gpipe,           ScheduleKind::interleaved_zero_bubble,
                                            ScheduleKind::looped_bfs,      ScheduleKind::zbv_zero_bubble,
                                            ScheduleKind::dual_pipe_v};
+
+/// The schedules whose order a file gives (parallelism.pipeline_parallel_schedule_csv).
+inline constexpr std::array kFileScheduleKinds{ScheduleKind::csv_single, ScheduleKind::csv_multi};
+
+/// Whether `k` runs the order of a schedule file rather than laying out its own.
+constexpr bool from_file(ScheduleKind k) { return k == ScheduleKind::csv_single || k == ScheduleKind::csv_multi; }
 
 /// The schedule's name as torchtitan's config spells it.
 constexpr const char* name_of(ScheduleKind k) {
@@ -39,6 +49,8 @@ constexpr const char* name_of(ScheduleKind k) {
     case ScheduleKind::looped_bfs: return "LoopedBFS";
     case ScheduleKind::zbv_zero_bubble: return "ZBVZeroBubble";
     case ScheduleKind::dual_pipe_v: return "DualPipeV";
+    case ScheduleKind::csv_single: return "PipelineScheduleSingle";
+    case ScheduleKind::csv_multi: return "PipelineScheduleMulti";
   }
   return "?";
 }
@@ -46,10 +58,12 @@ constexpr const char* name_of(ScheduleKind k) {
 /// "1F1B, Interleaved1F1B, GPipe, ...": the known names, for errors and help.
 inline std::string schedule_names() {
   std::string out;
-  for (ScheduleKind k : kScheduleKinds) {
+  auto add = [&](ScheduleKind k) {
     if (!out.empty()) out += ", ";
     out += name_of(k);
-  }
+  };
+  for (ScheduleKind k : kScheduleKinds) add(k);
+  for (ScheduleKind k : kFileScheduleKinds) add(k);
   return out;
 }
 
@@ -57,21 +71,24 @@ inline std::string schedule_names() {
 inline ScheduleKind parse_schedule_kind(std::string_view name) {
   for (ScheduleKind k : kScheduleKinds)
     if (name == name_of(k)) return k;
+  for (ScheduleKind k : kFileScheduleKinds)
+    if (name == name_of(k)) return k;
   fail("parallelism.pipeline_parallel_schedule: unknown schedule \"", name, "\" (known: ", schedule_names(), ")");
 }
 
 /// Whether the schedule splits backwards into backward_input and backward_weight: every
 /// one (InterleavedZeroBubble, ZBVZeroBubble) or those of its warm-up and cool-down
-/// (DualPipeV).
+/// (DualPipeV). A file's schedule may split some: its actions say.
 constexpr bool splits_backward(ScheduleKind k) {
   return k == ScheduleKind::interleaved_zero_bubble || k == ScheduleKind::zbv_zero_bubble ||
          k == ScheduleKind::dual_pipe_v;
 }
 
 /// Stages per rank when neither the split points nor the code say: 1 for the schedules of
-/// one stage per rank (GPipe, 1F1B), 2 for the others, as torchtitan.
+/// one stage per rank (GPipe, 1F1B, PipelineScheduleSingle), 2 for the others, as
+/// torchtitan (a schedule file's own stage count comes first: plan.hpp).
 constexpr int default_stages_per_rank(ScheduleKind k) {
-  return k == ScheduleKind::gpipe || k == ScheduleKind::one_f_one_b ? 1 : 2;
+  return k == ScheduleKind::gpipe || k == ScheduleKind::one_f_one_b || k == ScheduleKind::csv_single ? 1 : 2;
 }
 
 /// Where stage s of S = P x V lives (PyTorch's stage-to-rank "styles").
@@ -82,6 +99,8 @@ constexpr int default_stages_per_rank(ScheduleKind k) {
 ///         whose hand-over stays on the rank (ZBVZeroBubble, DualPipeV).
 enum class Placement : std::uint8_t { loop, vee };
 
+/// Where `k` puts its stages. A file's schedule (from_file) puts them where its rows say,
+/// in one of the two placements (schedule_csv.hpp); loop is only its default.
 constexpr Placement placement_of(ScheduleKind k) {
   return k == ScheduleKind::zbv_zero_bubble || k == ScheduleKind::dual_pipe_v ? Placement::vee : Placement::loop;
 }

@@ -37,6 +37,7 @@ inline constexpr Setting first_stage_less_layers{"parallelism.pipeline_parallel_
 inline constexpr Setting last_stage_less_layers{"parallelism.pipeline_parallel_last_stage_less_layers",
                                                 "the layers the output counts as"};
 inline constexpr Setting schedule{"parallelism.pipeline_parallel_schedule", "the pipeline schedule"};
+inline constexpr Setting schedule_csv{"parallelism.pipeline_parallel_schedule_csv", "the pipeline schedule's table"};
 inline constexpr Setting local_batch_size{"training.local_batch_size", "the batch size"};
 inline constexpr Setting seq_len{"training.seq_len", "the sequence length"};
 }  // namespace settings
