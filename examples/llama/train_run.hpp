@@ -217,7 +217,10 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   if (pp > 1) {
     const std::int64_t mb = c.parallelism.pipeline_parallel_microbatch_size;
     const parallel::Schedule& schedule = model.schedule(static_cast<int>(local / mb));
-    pipeline_line = "  pipeline: " + parallel::describe(schedule) + " (simulated) | microbatch " + std::to_string(mb) +
+    const std::string& file = c.parallelism.pipeline_parallel_schedule_csv;
+    pipeline_line = "  pipeline: " + parallel::describe(schedule) + " (simulated)" +
+                    (parallel::from_file(schedule.kind) ? " | order from " + file : std::string()) + " | microbatch " +
+                    std::to_string(mb) +
                     " x seq " + std::to_string(c.training.seq_len) +
                     " | stages: " + describe_stages(model.stages(), schedule) + "\n";
   }

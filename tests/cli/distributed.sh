@@ -48,6 +48,11 @@ fi
 small=(--config "$configs/debug_model.toml" --model.dim 64 --training.steps 3 --training.seq_len 32
        --checkpoint.enable false --metrics.peak_tflops 1)
 
+# A pipeline order in PyTorch's CSV of actions, one row per rank: rank 0 holds stages 0
+# and 3, rank 1 stages 1 and 2 (the V placement); two microbatches.
+csv_order=$work/order.csv
+printf '%s\n' 0F0,0F1,3F0,3I0,3W0,3F1,3B1,0I0,0B1,0W0 1F0,2F0,1F1,2F1,2I0,1B0,2B1,1I1,1W1,2W0 > "$csv_order"
+
 # --- The same losses on every launch ---------------------------------------------
 
 # train_run NAME LAUNCH...: trains into $work/NAME; LAUNCH is the command before the
@@ -220,6 +225,19 @@ if [ "$mpirun" != none ]; then
       echo "FAIL: mpi2_zbv: the header's stages are not placed down the ranks and back up: $(grep '^  pipeline: ' "$work/mpi2_zbv.err")"
       failures=$((failures + 1))
     fi
+  # Two processes running an order read from a file (PyTorch's CSV of actions: stages in
+  # the V placement, whole and split backwards mixed), two microbatches of two
+  # sequences; held to NCCL's rules.
+  train_run mpi2_csv "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 --comm.check_nccl_semantics true \
+    --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule PipelineScheduleMulti \
+    --parallelism.pipeline_parallel_schedule_csv "$csv_order" --parallelism.pipeline_parallel_microbatch_size 2 \
+    && check_parity mpi2_csv && check_pipeline_header mpi2_csv PipelineScheduleMulti &&
+    if grep -q "^  pipeline: .* | order from $csv_order | .*layer 5 + output (pp rank 0)\$" "$work/mpi2_csv.err"; then
+      echo "ok: mpi2_csv: the file and the V placement in the header"
+    else
+      echo "FAIL: mpi2_csv: the header does not name the file or place the stages as its rows: $(grep '^  pipeline: ' "$work/mpi2_csv.err")"
+      failures=$((failures + 1))
+    fi
   # FSDP 2 x TP 2 x PP 2 on 8 CPU ranks, planned by llama-plan and emitted as a config
   # (its steps and folder with it), then trained from that file alone.
   if [ -n "$plan" ]; then
@@ -366,9 +384,29 @@ expect_error one "PP 4 for a model of 1 layer" \
   "pipeline degree larger than the layer count: 4 stages for 1 layers + embedding + output = 3 units" \
   "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 4 --model.n_layers 1
 expect_error one "unknown pipeline schedule" \
-  'parallelism.pipeline_parallel_schedule must be one of 1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV; got "ZeroBubble"' \
+  'parallelism.pipeline_parallel_schedule must be one of 1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV, PipelineScheduleSingle, PipelineScheduleMulti; got "ZeroBubble"' \
   "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 2 \
   --parallelism.pipeline_parallel_schedule ZeroBubble
+pp2_csv=(--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule PipelineScheduleMulti
+         --parallelism.pipeline_parallel_microbatch_size 2 --training.local_batch_size 4)
+expect_error one "a schedule file that is not there" \
+  "parallelism.pipeline_parallel_schedule_csv: $work/none.csv: schedule file not found" \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" "${pp2_csv[@]}" --parallelism.pipeline_parallel_schedule_csv "$work/none.csv"
+printf '0F0,0X1\n' > "$work/broken.csv"
+expect_error one "a schedule file with a cell that is not an action" \
+  "parallelism.pipeline_parallel_schedule_csv: $work/broken.csv: row 1, column 2: \"0X1\" is not an action (unknown type \"X\"" \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" "${pp2_csv[@]}" --parallelism.pipeline_parallel_schedule_csv "$work/broken.csv"
+expect_error one "PipelineScheduleMulti without a schedule file" \
+  'parallelism.pipeline_parallel_schedule = "PipelineScheduleMulti" runs the order of a schedule file, and parallelism.pipeline_parallel_schedule_csv names none' \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" "${pp2_csv[@]}"
+expect_error one "a schedule file with 1F1B" \
+  "parallelism.pipeline_parallel_schedule_csv = \"$csv_order\" is an order to run, and parallelism.pipeline_parallel_schedule = \"1F1B\" lays out its own" \
+  "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" "${pp2_csv[@]}" --parallelism.pipeline_parallel_schedule 1F1B \
+  --parallelism.pipeline_parallel_schedule_csv "$csv_order"
+expect_error one "a schedule file of 2 ranks on PP 4" \
+  "parallelism.pipeline_parallel_schedule_csv: $csv_order: has 2 rows (one a pipeline rank), and parallelism.pipeline_parallel_degree = 4" \
+  "$train" --thread-ranks 4 "${small[@]}" "${bad[@]}" "${pp2_csv[@]}" --parallelism.pipeline_parallel_degree 4 \
+  --parallelism.pipeline_parallel_schedule_csv "$csv_order"
 expect_error one "tied embeddings on PP 2" \
   "parallelism.pipeline_parallel_degree = 2 with tied embeddings (debugmodel): the embedding and the output live on different stages" \
   "$train" --thread-ranks 2 "${small[@]}" "${bad[@]}" --parallelism.pipeline_parallel_degree 2 --model.tie_embeddings true

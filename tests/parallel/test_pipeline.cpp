@@ -2,7 +2,7 @@
 // for 10 steps (3 in sanitizer builds) on thread ranks, losses within 1e-5 relative at
 // every step (gradient norms within 1e-4), for every schedule (GPipe, 1F1B,
 // Interleaved1F1B, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV) on 2 and 4 pipeline
-// ranks, with layer counts that do not split evenly, and composed with FSDP, DDP, tensor
+// ranks, for orders read from a schedule file, with layer counts that do not split evenly, and composed with FSDP, DDP, tensor
 // parallelism and activation checkpointing. Also: saving under a pipeline gathers every
 // stage (under either placement); bad layouts are refused by name on every rank.
 #include <doctest/doctest.h>
@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 
+#include "../support/temp_dir.hpp"
 #include "harness.hpp"
 #include "parity_checks.hpp"
 #include "tessera/checkpoint/hf.hpp"
@@ -54,6 +55,30 @@ TEST_CASE("pipeline parity: layer counts that do not split evenly over the stage
   check_layout_parity("PP 3, GPipe", {3, 1, 1, 1}, schedule("GPipe"));
   // 5 blocks + 2 over ZBV's 2 x 2 stages (2, 2, 2, 1): rank 0 holds stages 0 and 3.
   check_layout_parity("PP 2, ZBVZeroBubble, 5 layers", {2, 1, 1, 1}, schedule("ZBVZeroBubble"), {"--model.n_layers", "5"});
+}
+
+TEST_CASE("pipeline parity: orders read from a schedule file (PipelineScheduleMulti, PipelineScheduleSingle)") {
+  const TempDir dir;
+  const std::string key = "--parallelism.pipeline_parallel_schedule_csv";
+  // Two ranks in the V placement (rank 0 holds stages 0 and 3), two microbatches, whole
+  // and split backwards mixed: an order no named schedule lays out.
+  const std::string vee = dir.write("vee.csv",
+                                    "0F0,0F1,3F0,3I0,3W0,3F1,3B1,0I0,0B1,0W0\n"
+                                    "1F0,2F0,1F1,2F1,2I0,1B0,2B1,1I1,1W1,2W0\n");
+  check_layout_parity("PP 2, PipelineScheduleMulti in the V placement", {2, 1, 1, 1},
+                      with(schedule("PipelineScheduleMulti", 4), {key, vee}));
+  check_layout_parity("FSDP 2 x PP 2, PipelineScheduleMulti in the V placement, full", {2, 1, 2, 1},
+                      with(with(schedule("PipelineScheduleMulti", 2), {key, vee}), kAcModes[1].keys));
+  // One stage a rank, in PyTorch's lowered rows (its transfers left to tessera): rank 0
+  // runs every forward, then the backwards from the last microbatch; rank 1 alternates.
+  const std::string single = dir.write("single.csv",
+                                       "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0F2,0SEND_F2,0F3,0SEND_F3,0B3,0B2,0B1,0B0\n"
+                                       "1RECV_F0,1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n");
+  check_layout_parity("PP 2, PipelineScheduleSingle", {2, 1, 1, 1}, with(schedule("PipelineScheduleSingle", 2), {key, single}));
+  // A pass of other microbatches than the file runs, refused on every rank.
+  for (const auto& e : layout_errors({2, 1, 1, 1}, with(schedule("PipelineScheduleMulti", 1), {key, vee})))
+    CHECK(e.find("parallelism.pipeline_parallel_schedule_csv: " + vee + ": runs 2 microbatches a pass, and each pass "
+                 "has 8 (training.local_batch_size / parallelism.pipeline_parallel_microbatch_size)") != std::string::npos);
 }
 
 TEST_CASE("pipeline parity: composed with FSDP, tensor parallelism and activation checkpointing") {

@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 98);
+  CHECK(keys.size() == 99);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -666,7 +666,8 @@ TEST_CASE("to_toml round trip") {
                  "--parallelism.context_parallel_degree", "2",
                  "--parallelism.disable_loss_parallel",
                  "--parallelism.disable_sequence_parallel",
-                 "--parallelism.pipeline_parallel_schedule", "GPipe",
+                 "--parallelism.pipeline_parallel_schedule", "PipelineScheduleMulti",
+                 "--parallelism.pipeline_parallel_schedule_csv", "runs/order.csv",
                  "--parallelism.pipeline_parallel_microbatch_size", "2",
                  "--parallelism.fsdp_reshard_after_forward", "never",
                  "--parallelism.pipeline_parallel_split_points", "layers.0,layers.1, layers.2",

@@ -4,7 +4,7 @@
 // The model is cut into stages (stages.hpp; the embedding and the output count as one
 // layer each unless the plan weighs them otherwise), stage s on pipeline rank s % P (or,
 // for ZBVZeroBubble and DualPipeV, down the ranks and back up: schedule_kind.hpp's
-// placements); the rank builds only its stages' layers (layout()). A micro-batch from
+// placements; for a schedule file's order, where its rows put them); the rank builds only its stages' layers (layout()). A micro-batch from
 // the trainer is cut into pipeline microbatches; Stages below gives the runner (pipeline_runner.hpp) this rank's stages over the
 // model's parts: a stage's forward and backward for a microbatch, the head's loss, a
 // zero-bubble schedule's deferred weight-gradient work. Transfers go in grouped,
@@ -81,8 +81,16 @@ class ModelPipeline {
     }
     layout_.embedding = rank_of_stage(placement(), pp_, 0) == rank_;
     layout_.head = rank_of_stage(placement(), pp_, pp_ * V - 1) == rank_;
-    // The schedule's own checks (stages per rank) with the smallest microbatch count it takes.
+    // The schedule's own checks (stages per rank) with the smallest microbatch count it
+    // takes; a file's rows against the ranks and the stages.
     check_schedule_shape(kind_, pp_, V, min_microbatches(kind_, pp_), w);
+    if (from_file(kind_)) {
+      TESSERA_CHECK(plan.pipeline.table != nullptr, w(settings::schedule), " = ", name_of(kind_),
+                    " runs the order of a schedule file, and ", w(settings::schedule_csv), " names none");
+      check_table_shape(*plan.pipeline.table, kind_, pp_, V, std::nullopt, w);
+    } else if (plan.pipeline.table) {
+      check_table_shape(*plan.pipeline.table, kind_, pp_, V, std::nullopt, w);  // refuses: the schedule has its own order
+    }
   }
 
   const nn::StackLayout& layout() const { return layout_; }
@@ -95,7 +103,12 @@ class ModelPipeline {
   const Schedule& schedule(int microbatches) {
     auto it = schedules_.find(microbatches);
     if (it == schedules_.end())
-      it = schedules_.emplace(microbatches, make_schedule(kind_, pp_, stages_per_rank_, microbatches)).first;
+      it = schedules_
+               .emplace(microbatches, from_file(kind_) ? schedule_from_table(*plan_.pipeline.table, kind_, pp_,
+                                                                             stages_per_rank_, microbatches,
+                                                                             plan_.wording())
+                                                       : make_schedule(kind_, pp_, stages_per_rank_, microbatches))
+               .first;
     return it->second;
   }
 
@@ -110,6 +123,8 @@ class ModelPipeline {
                   w(settings::local_batch_size, batch),
                   " (each data-parallel rank's batch is cut into microbatches of that many sequences)");
     check_schedule_shape(kind_, pp_, stages_per_rank_, static_cast<int>(batch / mb), w);
+    if (from_file(kind_))
+      check_table_shape(*plan_.pipeline.table, kind_, pp_, stages_per_rank_, static_cast<int>(batch / mb), w);
     return mb;
   }
 
@@ -170,8 +185,8 @@ class ModelPipeline {
   }
 
  private:
-  /// Where the schedule puts the stages (schedule_kind.hpp).
-  Placement placement() const { return placement_of(kind_); }
+  /// Where the schedule (or its file) puts the stages (plan.hpp).
+  Placement placement() const { return placement_of(kind_, plan_.pipeline); }
 
   /// The index among this rank's blocks of the first block of stage s (one of this
   /// rank's, its (s / P)-th in model order under either placement).
@@ -197,11 +212,19 @@ class ModelPipeline {
 
   /// The lowered program of the schedule for `microbatches` microbatches, made and
   /// checked against NCCL's rules (check_program) before it first runs: once per
-  /// process for each schedule shape (checked_program).
+  /// process for each schedule shape (checked_program), once per model for a file's order.
   const Program& program(int microbatches) {
     auto it = programs_.find(microbatches);
-    if (it == programs_.end())
-      it = programs_.emplace(microbatches, checked_program(kind_, pp_, stages_per_rank_, microbatches)).first;
+    if (it == programs_.end()) {
+      std::shared_ptr<const Program> p;
+      if (from_file(kind_)) {  // the file's order: lowered and checked once per model
+        p = std::make_shared<const Program>(lower(schedule(microbatches)));
+        check_program(*p);
+      } else {
+        p = checked_program(kind_, pp_, stages_per_rank_, microbatches);
+      }
+      it = programs_.emplace(microbatches, std::move(p)).first;
+    }
     return *it->second;
   }
 

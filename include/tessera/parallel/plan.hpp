@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/ops/float8.hpp"
+#include "tessera/parallel/schedule_csv.hpp"
 #include "tessera/parallel/schedule_kind.hpp"
 #include "tessera/parallel/stages.hpp"
 #include "tessera/parallel/wording.hpp"
@@ -120,12 +122,23 @@ struct PipelineOptions {
   /// How many layers the embedding and the output count as in the even split
   /// (pipeline_parallel_first_stage_less_layers, _last_stage_less_layers).
   StageWeights weights{};
+  /// The order PipelineScheduleSingle and PipelineScheduleMulti run, read from a file
+  /// (pipeline_parallel_schedule_csv; schedule_csv.hpp); nullptr for the schedules that
+  /// lay out their own.
+  std::shared_ptr<const ScheduleTable> table;
 };
+
+/// Where a pipeline run by `kind` with `p` puts its stages: where the schedule file's
+/// rows put them for PipelineScheduleSingle and PipelineScheduleMulti, else the
+/// schedule's own placement (schedule_kind.hpp).
+inline Placement placement_of(ScheduleKind kind, const PipelineOptions& p) {
+  return from_file(kind) && p.table ? p.table->order.placement() : placement_of(kind);
+}
 
 /// Stages per pipeline rank for `kind` on `pp` ranks with a model of `n_layers` blocks:
 /// what split_points imply (their stage count over pp), else what layers_per_stage does,
-/// else the explicit count, else 1 for GPipe and 1F1B and 2 for the others
-/// (default_stages_per_rank). Throws naming the settings (`wording`) when they disagree,
+/// else the explicit count, else a schedule file's, else 1 for GPipe and 1F1B and 2 for
+/// the others (default_stages_per_rank). Throws naming the settings (`wording`) when they disagree,
 /// when split points come with layers_per_stage or other weights, or when the stage count
 /// is not a multiple of pp.
 inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int n_layers, int pp,
@@ -156,6 +169,7 @@ inline int stages_per_rank(ScheduleKind kind, const PipelineOptions& p, int n_la
     return agree(S);
   }
   if (V > 0) return V;
+  if (from_file(kind) && p.table) return p.table->order.stages_per_rank;
   return default_stages_per_rank(kind);
 }
 

@@ -338,6 +338,7 @@ inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& b
                     p.pipeline_parallel_degree = pp;
                     p.context_parallel_degree = cp;
                     p.pipeline_parallel_schedule = schedule;
+                    p.pipeline_parallel_schedule_csv.clear();  // a file's order is for its own degree and batch
                     p.pipeline_parallel_split_points.clear();
                     p.pipeline_parallel_layers_per_stage.reset();  // the schedule's stages per rank
                     p.fsdp_reshard_after_forward = reshard;

@@ -98,7 +98,7 @@ inline RankLayers rank_layers(const StepLayout& l) {
   const int V = split.per_rank;
   const auto& stages = split.stages;
   r.n_stages = P * V;
-  r.placement = parallel::placement_of(l.pipeline.schedule);
+  r.placement = parallel::placement_of(l.pipeline.schedule, l.pipeline);
   r.embedding = r.output = false;
   for (int v = 0; v < V; ++v) {
     const int s = parallel::stage_of_rank(r.placement, P, l.pp_rank, v);

@@ -100,6 +100,7 @@ inline std::vector<ConfigKey> build_config_keys() {
   const std::vector<std::string_view> dtypes = {"float32", "bfloat16"};
   std::vector<std::string_view> schedule_names;
   for (parallel::ScheduleKind k : parallel::kScheduleKinds) schedule_names.emplace_back(parallel::name_of(k));
+  for (parallel::ScheduleKind k : parallel::kFileScheduleKinds) schedule_names.emplace_back(parallel::name_of(k));
   std::vector<KeyBuilder> b = {
       // [job]
       make_key("job.dump_folder", field<&J::job, &JobSection::dump_folder>(),
@@ -289,6 +290,11 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("parallelism.pipeline_parallel_schedule",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_schedule>(), "Pipeline schedule.")
           .one_of(schedule_names),
+      make_key("parallelism.pipeline_parallel_schedule_csv",
+               field<&J::parallelism, &ParallelismSection::pipeline_parallel_schedule_csv>(),
+               "A CSV file of each pipeline rank's actions in order (PyTorch's format: a row per rank, cells such as "
+               "2F0, 1B3, 0I1, 0W1), run with pipeline_parallel_schedule = PipelineScheduleSingle or "
+               "PipelineScheduleMulti; empty: none."),
       make_key("parallelism.pipeline_parallel_microbatch_size",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_microbatch_size>(),
                "Sequences per pipeline microbatch.")
@@ -307,7 +313,8 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Layers per pipeline stage (the embedding and the output counted by the two keys below): the stage "
                "count is the layers over this, rounded up, and must be a multiple of pipeline_parallel_degree.")
           .positive()
-          .unset_means("1 stage per rank for GPipe and 1F1B, 2 for the others"),
+          .unset_means("the schedule file's stages per rank; else 1 for GPipe, 1F1B and PipelineScheduleSingle, 2 "
+                       "for the others"),
       make_key("parallelism.pipeline_parallel_first_stage_less_layers",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_first_stage_less_layers>(),
                "How many layers the embedding counts as when the blocks are split over the stages: the first stage "

@@ -117,6 +117,7 @@ struct ParallelismSection {
   bool disable_loss_parallel = false;
   bool disable_sequence_parallel = false;
   std::string pipeline_parallel_schedule = "1F1B";
+  std::string pipeline_parallel_schedule_csv;  // the order of PipelineScheduleSingle/Multi; "": none
   std::int64_t pipeline_parallel_microbatch_size = 1;
   std::string fsdp_reshard_after_forward = "default";
   std::vector<std::string> pipeline_parallel_split_points;  // empty: the even split

@@ -4,11 +4,14 @@
 // (plan/dry_run.hpp) all start from it.
 #pragma once
 
+#include <memory>
+
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/schedule.hpp"
+#include "tessera/parallel/schedule_csv.hpp"
 #include "tessera/parallel/stages.hpp"
 #include "tessera/train/job_config.hpp"
 
@@ -22,7 +25,16 @@ inline void check_supported(const JobConfig& c) {
                 "training.seq_len = ", c.training.seq_len, " does not split into 2 x parallelism.context_parallel_degree"
                 " = ", 2 * p.context_parallel_degree, " equal chunks (each context-parallel rank holds two chunks of "
                 "every sequence)");
-  parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
+  const parallel::ScheduleKind schedule = parallel::parse_schedule_kind(p.pipeline_parallel_schedule);
+  {  // the two keys agree at any degree (the file is read whenever named: pipeline_options)
+    TESSERA_CHECK(!parallel::from_file(schedule) || !p.pipeline_parallel_schedule_csv.empty(),
+                  "parallelism.pipeline_parallel_schedule = \"", p.pipeline_parallel_schedule, "\" runs the order of a "
+                  "schedule file, and parallelism.pipeline_parallel_schedule_csv names none");
+    TESSERA_CHECK(parallel::from_file(schedule) || p.pipeline_parallel_schedule_csv.empty(),
+                  "parallelism.pipeline_parallel_schedule_csv = \"", p.pipeline_parallel_schedule_csv, "\" is an "
+                  "order to run, and parallelism.pipeline_parallel_schedule = \"", p.pipeline_parallel_schedule,
+                  "\" lays out its own: set it to PipelineScheduleMulti (or PipelineScheduleSingle) to run the file's");
+  }
   parallel::parse_checkpoint(c.activation_checkpoint.mode, c.activation_checkpoint.selective_ac_option);
   parallel::parse_reshard(c.parallelism.fsdp_reshard_after_forward);
   if (float8_enabled(c)) {
@@ -81,7 +93,37 @@ inline parallel::PipelineOptions pipeline_options(const JobConfig& c) {
   o.layers_per_stage = static_cast<int>(p.pipeline_parallel_layers_per_stage.value_or(0));
   o.weights = {static_cast<int>(p.pipeline_parallel_first_stage_less_layers),
                static_cast<int>(p.pipeline_parallel_last_stage_less_layers)};
+  // The file is read (and checked) wherever the schedule names one, so that a bad file
+  // is refused at start-up; only a pipeline runs its order.
+  if (parallel::from_file(o.schedule) && !p.pipeline_parallel_schedule_csv.empty()) {
+    try {
+      o.table = std::make_shared<const parallel::ScheduleTable>(
+          parallel::read_schedule_csv(p.pipeline_parallel_schedule_csv));
+    } catch (const Error& e) {
+      fail("parallelism.pipeline_parallel_schedule_csv: ", e.what());
+    }
+  }
   return o;
+}
+
+/// The schedule each data-parallel rank's pass runs under `c`, a config whose degrees and
+/// batch are resolved, with a pipeline degree above 1: its action lists, as the pipeline
+/// ranks will run them (the schedule file's order, or the named schedule's for
+/// local_batch_size / pipeline_parallel_microbatch_size microbatches). Throws naming the
+/// keys where the schedule cannot run that shape.
+inline parallel::Schedule pipeline_schedule(const JobConfig& c) {
+  const auto& p = c.parallelism;
+  const int pp = static_cast<int>(p.pipeline_parallel_degree);
+  TESSERA_CHECK(pp > 1, "parallelism.pipeline_parallel_degree = ", pp, ": a layout without a pipeline has no schedule");
+  TESSERA_CHECK(p.pipeline_parallel_microbatch_size >= 1 &&
+                    c.training.local_batch_size % p.pipeline_parallel_microbatch_size == 0,
+                "parallelism.pipeline_parallel_microbatch_size = ", p.pipeline_parallel_microbatch_size,
+                " does not divide training.local_batch_size = ", c.training.local_batch_size);
+  const parallel::PipelineOptions o = pipeline_options(c);
+  const int V = parallel::pipeline_stages(o.schedule, o, static_cast<int>(c.model.args.n_layers), pp).per_rank;
+  const int M = static_cast<int>(c.training.local_batch_size / p.pipeline_parallel_microbatch_size);
+  return parallel::from_file(o.schedule) ? parallel::schedule_from_table(*o.table, o.schedule, pp, V, M)
+                                         : parallel::make_schedule(o.schedule, pp, V, M);
 }
 
 /// The run-time plan [parallelism] and [activation_checkpoint] describe, on `mesh`.
