@@ -5,7 +5,7 @@
 //   llama-plan --config examples/configs/llama3_8b.toml --machine h100-sxm --gpus 64
 //              --parallelism.tensor_parallel_degree 8
 //   llama-plan --config CFG [--machine h100-sxm|h200|a100-80gb-sxm|a100-80gb-p4de|cpu|FILE.toml] [--gpus N]
-//              [--section.key value ...] [--json] [--emit-config FILE.toml]
+//              [--section.key value ...] [--json] [--emit-config FILE.toml] [--emit-schedule FILE.csv]
 //
 // Reads the same TOML and command-line keys as llama-train, traces one training step of
 // that model on the dry-run backend (plan/dry_run.hpp: nothing computed, nothing stored),
@@ -68,7 +68,7 @@ namespace {
 void usage() {
   std::printf(
       "usage: llama-plan [--config FILE.toml] [--machine NAME|FILE.toml] [--gpus N] [--json]\n"
-      "                  [--emit-config FILE.toml] [--section.key value ...]\n\n"
+      "                  [--emit-config FILE.toml] [--emit-schedule FILE.csv] [--section.key value ...]\n\n"
       "Predicts one training step of the config on a machine, from a trace of the very code llama-train runs:\n"
       "time by class, tokens/s, MFU, peak memory and its breakdown, and whether it fits; and the whole run\n"
       "(training.steps steps and their validations): its length and GPU-hours.\n\n"
@@ -81,6 +81,10 @@ void usage() {
       "  --json           one JSON object instead of the table\n"
       "  --emit-config F  write the layout planned (with --search: the first), every key, as a llama-train\n"
       "                   config to F\n"
+      "  --emit-schedule F  write the pipeline schedule of the layout planned (with --search: the first) to F:\n"
+      "                   each pipeline rank's actions in order, PyTorch's CSV (a row per rank, cells such as\n"
+      "                   2F0), which parallelism.pipeline_parallel_schedule_csv runs with\n"
+      "                   parallelism.pipeline_parallel_schedule = PipelineScheduleMulti\n"
       "  --search         every layout of the model on --gpus N, ranked by tokens/s: replicate x shard x\n"
       "                   context x tensor x pipeline degrees (tensor parallelism within a node; context\n"
       "                   parallelism where each rank keeps at least 8192 tokens of a sequence, in 2 cp equal\n"
@@ -700,6 +704,17 @@ void emit_config(const std::string& path, const train::JobConfig& c) {
   TESSERA_CHECK(out.good(), "--emit-config ", path, ": cannot write");
 }
 
+void emit_schedule(const std::string& path, const train::JobConfig& c) {
+  TESSERA_CHECK(c.parallelism.pipeline_parallel_degree > 1, "--emit-schedule ", path, ": the layout has no pipeline "
+                "(parallelism.pipeline_parallel_degree = ", c.parallelism.pipeline_parallel_degree, ")");
+  const std::string text = parallel::format_csv(train::pipeline_schedule(c));
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  TESSERA_CHECK(out.good(), "--emit-schedule ", path, ": cannot open for writing");
+  out << text;
+  out.close();
+  TESSERA_CHECK(out.good(), "--emit-schedule ", path, ": cannot write");
+}
+
 /// "a, b, c".
 std::string joined(const std::vector<std::string>& items) {
   std::string s;
@@ -748,8 +763,8 @@ std::string layout_brief(const train::JobConfig& c) {
 /// --search: every layout of `c`'s model on `world` GPUs of `target`, ranked; with
 /// `float8_recipes`, each also in float8 by each recipe (--search.float8).
 int search(const train::JobConfig& given, int world, const Target& target, bool bf16_model, bool json,
-           const std::string& emit, std::int64_t max_microbatch, const std::vector<std::string>& float8_recipes,
-           std::optional<double> price) {
+           const std::string& emit, const std::string& emit_csv, std::int64_t max_microbatch,
+           const std::vector<std::string>& float8_recipes, std::optional<double> price) {
   if (!float8_recipes.empty()) {
     // Refused before anything is traced: float8 casts a bf16 model's values, and is priced
     // at the profile's float8 rates.
@@ -795,6 +810,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
                   " GPUs of ", target.pricer->name(), " fits in ", size_text(target.pricer->usable_bytes()), " per GPU", smallest);
   }
   if (!emit.empty()) emit_config(emit, r.layouts.front().config);
+  if (!emit_csv.empty()) emit_schedule(emit_csv, r.layouts.front().config);
   // The first layout's run, its validation traced on its own positions.
   const auto& first = r.layouts.front();
   const comm::MeshShape first_mesh = plan::check_dry_run(first.config, world);
@@ -921,7 +937,7 @@ std::optional<double> finite_number(const std::string& v) {
 }
 
 int run(std::vector<std::string> args) {
-  std::string machine = "h100-sxm", emit;
+  std::string machine = "h100-sxm", emit, emit_csv;
   std::int64_t gpus = 0;
   bool json = false, zero1 = false, search_all = false;
   bool scaling = false;  // plan.runtime scaling: the memory counted as that runtime holds it
@@ -961,6 +977,8 @@ int run(std::vector<std::string> args) {
       machine = value_of(i, "a machine name or a profile FILE.toml");
     } else if (args[i] == "--emit-config") {
       emit = value_of(i, "the FILE.toml to write");
+    } else if (args[i] == "--emit-schedule") {
+      emit_csv = value_of(i, "the FILE.csv to write");
     } else if (args[i].rfind("--plan.", 0) == 0) {
       // --plan.KEY VALUE or --plan.KEY=VALUE; --plan.zero1 alone is a switch.
       std::string key = args[i].substr(7), v;
@@ -1078,7 +1096,7 @@ int run(std::vector<std::string> args) {
                                      given.model.args.head_dim(), 1, given.training.document_mask,
                                      given.parallelism.context_parallel_degree > 1);
     check_cluster(t);
-    return search(given, world, t, bf16, json, emit, max_microbatch, float8_recipes, price);
+    return search(given, world, t, bf16, json, emit, emit_csv, max_microbatch, float8_recipes, price);
   }
   TESSERA_CHECK(float8_recipes.empty(), "--search.float8: a dimension of --search; give --search with it (one layout "
                 "in float8: model.converters = [\"float8\"], float8.recipe_name, float8.emulate = false)");
@@ -1087,6 +1105,7 @@ int run(std::vector<std::string> args) {
   if (zero1) {
     // Traced as data-parallel replicas, then accounted as ZeRO-1 (plan::account_zero1).
     TESSERA_CHECK(emit.empty(), "--emit-config: plan.zero1 is a layout tessera's runtime does not run");
+    TESSERA_CHECK(emit_csv.empty(), "--emit-schedule: plan.zero1 is a layout tessera's runtime does not run");
     c.parallelism.data_parallel_replicate_degree = mesh.dp();
     c.parallelism.data_parallel_shard_degree = 1;
     mesh = plan::check_dry_run(c, world);
@@ -1106,6 +1125,7 @@ int run(std::vector<std::string> args) {
       target.pricer->require_float8("model.converters = [\"float8\"] with float8.emulate = false (the GPU's float8 GEMMs)");
   }
   if (!emit.empty()) emit_config(emit, c);
+  if (!emit_csv.empty()) emit_schedule(emit_csv, c);
   // The run's validation, traced where it is priced (plan.runtime and plan.zero1 price
   // another runtime's step).
   const std::string other_runtime = scaling ? "plan.runtime scaling" : torchtitan ? "plan.runtime torchtitan"

@@ -340,6 +340,20 @@ else
   echo "FAIL: --emit-config:"; head -n 5 "$work/err"; failures=$((failures + 1))
 fi
 
+# --emit-schedule writes the layout's pipeline order in PyTorch's CSV; run from that file
+# (PipelineScheduleMulti) the layout plans the same step as the named schedule.
+pp_layout=(--gpus 4 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B
+           --training.local_batch_size 4)
+if "$plan" "${debug[@]}" "${pp_layout[@]}" --json --emit-schedule "$work/order.csv" > "$work/a.json" 2> "$work/err" &&
+   [ "$(wc -l < "$work/order.csv")" -eq 2 ] && head -n 1 "$work/order.csv" | grep -q '^0F0,0F1,2F0,2F1,' &&
+   "$plan" "${debug[@]}" "${pp_layout[@]}" --parallelism.pipeline_parallel_schedule PipelineScheduleMulti \
+     --parallelism.pipeline_parallel_schedule_csv "$work/order.csv" --json > "$work/b.json" 2>> "$work/err" &&
+   python3 -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); sys.exit(a["step_seconds"] != b["step_seconds"] or a["peak_memory_bytes"] != b["peak_memory_bytes"])' "$work/a.json" "$work/b.json"; then
+  echo "ok: --emit-schedule writes the order, and the file plans the same step as the schedule it came from"
+else
+  echo "FAIL: --emit-schedule:"; head -n 5 "$work/err" "$work/order.csv"; failures=$((failures + 1))
+fi
+
 # --plan.zero1: data-parallel replicas accounted as ZeRO-1 hold less than as DDP (the
 # optimizer's state split 16 ways, bf16 gradients), and the mode is never emitted.
 ddp=(--config "$configs/llama2_7b.toml" --machine a100-80gb-sxm --gpus 16 --training.seq_len 512
@@ -361,6 +375,9 @@ then
 else
   echo "FAIL: --plan.zero1:"; head -n 5 "$work/err"; failures=$((failures + 1))
 fi
+plan_fails "--emit-schedule of a layout without a pipeline" \
+  "--emit-schedule $work/none.csv: the layout has no pipeline (parallelism.pipeline_parallel_degree = 1)" \
+  "${debug[@]}" --emit-schedule "$work/none.csv"
 plan_fails "--emit-config of a ZeRO-1 layout" "--emit-config: plan.zero1 is a layout tessera's runtime does not run" \
   "${ddp[@]}" --plan.zero1 true --emit-config "$work/zero1.toml"
 plan_fails "--plan.zero1 with a bad value" "--plan.zero1 maybe: expected true or false" "${debug[@]}" --plan.zero1 maybe
