@@ -30,6 +30,7 @@
 #include "tessera/checkpoint/model.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/mesh.hpp"
+#include "tessera/core/profile.hpp"
 #include "tessera/instances.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
@@ -369,30 +370,56 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   const std::string step_size = tessera::detail::concat(
       "in a step (a rank's batch: training.local_batch_size x training.seq_len = ", local, " x ", c.training.seq_len,
       " tokens", c.validation.enable ? "; validation.local_batch_size x validation.seq_len for validation" : "", ")");
+  // profiling.enable_profiling: every profile_freq-th step recorded on this rank's thread
+  // (core/profile.hpp), its timeline written by every rank beside the others'.
+  profile::Recorder recorder([] { return static_cast<std::uint64_t>(memory_stats(Model::backend_type::device).current()); });
+  auto write_profile = [&](std::int64_t s) {
+    const fs::path dir = dump / c.profiling.save_traces_folder / ("iteration_" + std::to_string(s));
+    const fs::path file = dir / ("rank" + std::to_string(world.rank()) + "_trace.json");
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    TESSERA_CHECK(!ec, "profiling.save_traces_folder: cannot create ", dir.string(), ": ", ec.message());
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << profile::chrome_trace(recorder, world.rank(), "rank " + std::to_string(world.rank()));
+    out.close();
+    TESSERA_CHECK(out.good(), "profiling.save_traces_folder: cannot write ", file.string());
+    recorder.clear();
+    if (lead)
+      std::fprintf(stderr, "profile of step %lld: %s (rank<r>_trace.json for each of the %d ranks)\n",
+                   static_cast<long long>(s), dir.string().c_str(), world.size());
+  };
   for (std::int64_t s = trainer.steps_done() + 1; s <= c.training.steps; ++s) sized_by(step_size, [&] {
-    train::StepMetrics m = trainer.step();
-    const bool last = s == c.training.steps;
-    if (validator && (s % c.validation.freq == 0 || last)) {
-      const train::ValidationResult v = validator->run(model);
-      m.validation_loss = v.loss;
-      m.validation_tokens = v.tokens;
-    }
-    // The training state after every interval-th step and the last (at the last with
-    // last_save_model_only, the model alone: <dump_folder>/model.safetensors below).
-    if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || last) && !(last && c.checkpoint.last_save_model_only)) {
-      const std::string dir = train::step_path(ckpt, s).string();
-      const auto t0 = std::chrono::steady_clock::now();
-      m.checkpoint_seconds = trainer.start_checkpoint(dir);
-      if (!async) {  // the step waits for the files too
-        trainer.wait_checkpoint_written();
-        m.checkpoint_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const bool profiled = c.profiling.enable_profiling && s % c.profiling.profile_freq == 0;
+    {
+      const profile::Recording recording(profiled ? &recorder : nullptr);
+      const profile::Span step_span("step", [&] { return "step " + std::to_string(s); });
+      train::StepMetrics m = trainer.step();
+      const bool last = s == c.training.steps;
+      if (validator && (s % c.validation.freq == 0 || last)) {
+        const profile::Span span("step", "validation");
+        const train::ValidationResult v = validator->run(model);
+        m.validation_loss = v.loss;
+        m.validation_tokens = v.tokens;
       }
+      // The training state after every interval-th step and the last (at the last with
+      // last_save_model_only, the model alone: <dump_folder>/model.safetensors below).
+      if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || last) && !(last && c.checkpoint.last_save_model_only)) {
+        const profile::Span span("step", "checkpoint");
+        const std::string dir = train::step_path(ckpt, s).string();
+        const auto t0 = std::chrono::steady_clock::now();
+        m.checkpoint_seconds = trainer.start_checkpoint(dir);
+        if (!async) {  // the step waits for the files too
+          trainer.wait_checkpoint_written();
+          m.checkpoint_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+      }
+      // The step's line is written before any checkpoint commits after it: a run killed
+      // between the two resumes from an earlier checkpoint and logs the step again, never
+      // from this one with its line missing.
+      if (log) log->log(m);
+      if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(last || !async));
     }
-    // The step's line is written before any checkpoint commits after it: a run killed
-    // between the two resumes from an earlier checkpoint and logs the step again, never
-    // from this one with its line missing.
-    if (log) log->log(m);
-    if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(last || !async));
+    if (profiled) write_profile(s);
   });
   if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(true));
   const std::string final_path = (dump / "model.safetensors").string();

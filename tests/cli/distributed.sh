@@ -154,6 +154,62 @@ check_pipeline_header() {
   fi
 }
 
+# losses_match NAME: same_losses, a failure counted (check_parity's other checks left out:
+# a profiled run's folder holds its timelines too).
+losses_match() {
+  local result
+  if ! result=$(same_losses "$1" 2>&1); then
+    echo "FAIL: $1: $result"; failures=$((failures + 1)); return 1
+  fi
+}
+
+# check_profile NAME RANKS: profiling.profile_freq 2 over 3 steps recorded step 2 alone,
+# one Chrome trace per rank, each a span "step 2" holding the rank's layers and
+# collectives; the ranks' steps overlap in time (one clock for all).
+check_profile() {
+  local name=$1 ranks=$2 result
+  if result=$(python3 - "$work/$name/profile_trace" "$ranks" 2>&1 <<'PROFILE'
+import json, os, sys
+root, ranks = sys.argv[1], int(sys.argv[2])
+if sorted(os.listdir(root)) != ["iteration_2"]:
+    sys.exit("recorded %s (expected iteration_2 alone)" % sorted(os.listdir(root)))
+files = sorted(os.listdir(os.path.join(root, "iteration_2")))
+if files != ["rank%d_trace.json" % r for r in range(ranks)]:
+    sys.exit("files %s" % files)
+steps, total = [], 0
+for r in range(ranks):
+    ev = json.load(open(os.path.join(root, "iteration_2", "rank%d_trace.json" % r)))["traceEvents"]
+    spans = [e for e in ev if e["ph"] == "X"]
+    total += len(spans)
+    step = [e for e in spans if e["name"] == "step 2"]
+    if len(step) != 1 or any(e["pid"] != r for e in spans):
+        sys.exit("rank %d: %d spans 'step 2', pids %s" % (r, len(step), sorted({e["pid"] for e in spans})))
+    s = step[0]
+    outside = [e["name"] for e in spans if e["ts"] < s["ts"] or e["ts"] + e["dur"] > s["ts"] + s["dur"] + 0.01]
+    if outside:
+        sys.exit("rank %d: spans outside the step: %s" % (r, outside[:5]))
+    names = {e["name"] for e in spans}
+    for want in ("micro-batch 0", "optimizer"):
+        if want not in names:
+            sys.exit("rank %d: no span %r" % (r, want))
+    if not any(n.startswith("layers.") and n.endswith(" backward") for n in names):
+        sys.exit("rank %d: no layer's backward" % r)
+    if not any(e["cat"] == "comm" and e.get("args", {}).get("bytes", 0) > 0 for e in spans):
+        sys.exit("rank %d: no collective with its bytes" % r)
+    if not any(e["ph"] == "C" and e["name"] == "memory in use" for e in ev):
+        sys.exit("rank %d: no memory track" % r)
+    steps.append((s["ts"], s["ts"] + s["dur"]))
+if max(b for b, _ in steps) > min(e for _, e in steps):
+    sys.exit("the ranks' steps do not overlap in time: %s" % steps)
+print("%d ranks, %d spans" % (ranks, total))
+PROFILE
+  ); then
+    echo "ok: $name: profile of step 2 ($result)"
+  else
+    echo "FAIL: $name: profile: $result"; failures=$((failures + 1))
+  fi
+}
+
 # One rank: a global batch of 4 sequences.
 train_run one "$train" --training.local_batch_size 4 || { echo "the one-rank reference failed"; exit 1; }
 # Four thread ranks (FSDP 4), one sequence each: the same global batch.
@@ -179,6 +235,12 @@ train_run threads_fsdp2_tp2 "$train" --thread-ranks 4 --training.local_batch_siz
 train_run threads_pp2 "$train" --thread-ranks 2 --training.local_batch_size 4 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B \
   && check_parity threads_pp2 && check_pipeline_header threads_pp2 1F1B
+# The same, its second step recorded on both ranks (profiling.enable_profiling): the
+# same losses, and a timeline per rank.
+train_run threads_pp2_profile "$train" --thread-ranks 2 --training.local_batch_size 4 \
+  --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B \
+  --profiling.enable_profiling true --profiling.profile_freq 2 \
+  && losses_match threads_pp2_profile && check_profile threads_pp2_profile 2
 # PP 2 x TP 2 on four thread ranks, zero bubble over two stages per rank.
 train_run threads_pp2_tp2 "$train" --thread-ranks 4 --training.local_batch_size 4 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \
@@ -197,6 +259,10 @@ train_run threads_cp2 "$train" --thread-ranks 2 --training.local_batch_size 4 --
 if [ "$mpirun" != none ]; then
   # Two processes (FSDP 2), two sequences each.
   train_run mpi2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 2 && check_parity mpi2
+  # The same with the second step recorded in each process: the two files line up in time.
+  train_run mpi2_profile "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 2 \
+    --profiling.enable_profiling true --profiling.profile_freq 2 \
+    && losses_match mpi2_profile && check_profile mpi2_profile 2
   # Two processes as DDP, each accumulating two micro-batches of one sequence.
   train_run mpi2_ddp "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 1 \
     --training.global_batch_size 4 --parallelism.data_parallel_replicate_degree 2 \

@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 99);
+  CHECK(keys.size() == 102);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -165,7 +165,7 @@ TEST_CASE("the key table is consistent") {
   CHECK(tessera::train::find_config_key("training.nope") == nullptr);
   CHECK(tessera::train::config_sections() ==
         std::vector<std::string_view>{"job", "model", "optimizer", "lr_scheduler", "training", "parallelism",
-                                      "activation_checkpoint", "float8", "checkpoint", "metrics", "validation", "comm"});
+                                      "activation_checkpoint", "float8", "checkpoint", "metrics", "profiling", "validation", "comm"});
 }
 
 TEST_CASE("[comm]: the timeouts, positive seconds") {
@@ -461,6 +461,7 @@ TEST_CASE("values out of range") {
       {"[lr_scheduler]\nmin_lr_factor = 2", "lr_scheduler.min_lr_factor must be in [0, 1], got 2.0"},
       {"[metrics]\nlog_freq = 0", "metrics.log_freq must be positive, got 0"},
       {"[metrics]\npeak_tflops = -1", "metrics.peak_tflops must be >= 0"},
+      {"[profiling]\nprofile_freq = 0", "profiling.profile_freq must be positive, got 0"},
       {"[checkpoint]\ninterval = 0", "checkpoint.interval must be positive"},
       {"[checkpoint]\nkeep_latest_k = -1", "checkpoint.keep_latest_k must be >= 0"},
       {"[parallelism]\ntensor_parallel_degree = 0", "parallelism.tensor_parallel_degree must be >= 1, got 0"},
@@ -698,6 +699,9 @@ TEST_CASE("to_toml round trip") {
                  "--metrics.enable_tensorboard",
                  "--metrics.save_tb_folder", "tensorboard",
                  "--metrics.peak_tflops", "989.5",
+                 "--profiling.enable_profiling",
+                 "--profiling.save_traces_folder", "traces",
+                 "--profiling.profile_freq", "5",
                  "--validation.enable",
                  "--validation.dataset", "chat",
                  "--validation.dataset_path", "data/val.jsonl",

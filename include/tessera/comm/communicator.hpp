@@ -11,7 +11,9 @@
 // kilobytes to megabytes, so one indirect call per collective costs nothing next to
 // it; erasing the engine keeps it out of every model and policy type.
 //
-// The typed front checks sizes and element types, and counts the bytes each rank sends.
+// The typed front checks sizes and element types, counts the bytes each rank sends, and,
+// while a profile records on the calling thread, makes each collective and its wait a
+// span of it (core/profile.hpp).
 #pragma once
 
 #include <concepts>
@@ -27,6 +29,7 @@
 #include "tessera/comm/engine.hpp"
 #include "tessera/comm/self.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/profile.hpp"
 
 namespace tessera::comm {
 
@@ -63,7 +66,8 @@ class Communicator {
     TESSERA_CHECK(out.size() == in.size() * static_cast<std::size_t>(size()), "all_gather: output of ", out.size(),
                   " elements for ", in.size(), " per rank over ", size(), " ranks");
     count(traffic_->all_gather, in.size_bytes() * static_cast<std::uint64_t>(size() - 1));
-    return impl_->all_gather(in.data(), out.data(), in.size(), data_type_of<T>());
+    return issued("all_gather", out.size_bytes(),
+                  [&] { return impl_->all_gather(in.data(), out.data(), in.size(), data_type_of<T>()); });
   }
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
@@ -76,7 +80,8 @@ class Communicator {
     TESSERA_CHECK(in.size() == out.size() * static_cast<std::size_t>(size()), "reduce_scatter: input of ",
                   in.size(), " elements for ", out.size(), " per rank over ", size(), " ranks");
     count(traffic_->reduce_scatter, out.size_bytes() * static_cast<std::uint64_t>(size() - 1));
-    return impl_->reduce_scatter(in.data(), out.data(), out.size(), data_type_of<T>(), op);
+    return issued("reduce_scatter", in.size_bytes(),
+                  [&] { return impl_->reduce_scatter(in.data(), out.data(), out.size(), data_type_of<T>(), op); });
   }
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
@@ -99,7 +104,8 @@ class Communicator {
     TESSERA_CHECK(in.size() == out.size(), "all_reduce: input of ", in.size(), " elements, output of ", out.size());
     const auto p = static_cast<std::uint64_t>(size());
     count(traffic_->all_reduce, 2 * in.size_bytes() * (p - 1) / p);
-    return impl_->all_reduce(in.data(), out.data(), in.size(), data_type_of<T>(), op);
+    return issued("all_reduce", in.size_bytes(),
+                  [&] { return impl_->all_reduce(in.data(), out.data(), in.size(), data_type_of<T>(), op); });
   }
   template <class T>
   void all_reduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
@@ -119,7 +125,8 @@ class Communicator {
   Handle broadcast_async(std::span<T> data, int root) {
     TESSERA_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " outside ", size(), " ranks");
     count(traffic_->broadcast, rank() == root ? data.size_bytes() * static_cast<std::uint64_t>(size() - 1) : 0);
-    return impl_->broadcast(data.data(), data.size(), data_type_of<T>(), root);
+    return issued("broadcast", data.size_bytes(),
+                  [&] { return impl_->broadcast(data.data(), data.size(), data_type_of<T>(), root); });
   }
   template <class T>
   void broadcast(std::span<T> data, int root) {
@@ -132,15 +139,16 @@ class Communicator {
   /// transfers a peer waits for in the same group as the recvs this rank waits for
   /// (PeerOp, engine.hpp). The sent buffers must stay untouched until the Handle is waited on.
   Handle send_recv_async(std::span<const PeerOp> ops) {
-    std::uint64_t sent = 0;
+    std::uint64_t sent = 0, moved = 0;
     for (const auto& o : ops) {
       TESSERA_CHECK(o.peer >= 0 && o.peer < size() && o.peer != rank(), "send_recv: rank ", rank(),
                     " cannot exchange with peer ", o.peer, " of ", size());
       detail::check_tag(o, rank());
       if (o.kind == PeerOp::Kind::send) sent += o.count * size_of(o.type);
+      moved += o.count * size_of(o.type);
     }
     count(traffic_->send, sent);
-    return impl_->send_recv(ops);
+    return issued("send_recv", moved, [&] { return impl_->send_recv(ops); });
   }
   void send_recv(std::span<const PeerOp> ops) { send_recv_async(ops).wait(); }
 
@@ -222,6 +230,14 @@ class Communicator {
     void abort(const std::string& reason) override { engine.abort(reason); }
     E engine;
   };
+
+  /// A collective issued by `issue`: a span of the recording thread's profile (its
+  /// payload in bytes and the group's size), and its wait another (Handle::timed).
+  template <class Issue>
+  Handle issued(const char* what, std::uint64_t bytes, Issue&& issue) {
+    const profile::Span span("comm", what, bytes, size());
+    return issue().timed(what, bytes, size());
+  }
 
   Communicator(std::shared_ptr<Concept> impl, std::shared_ptr<Traffic> traffic)
       : impl_(std::move(impl)), traffic_(std::move(traffic)) {}

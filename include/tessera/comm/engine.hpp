@@ -29,6 +29,7 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/profile.hpp"
 
 namespace tessera::comm {
 
@@ -198,6 +199,25 @@ class Handle {
     impl->wait();
   }
   bool pending() const { return impl_ != nullptr; }
+
+  /// This handle with its wait() a span "wait <what>" of the waiting thread's profile
+  /// (core/profile.hpp), while a profile records on this thread; else itself.
+  Handle timed(const char* what, std::uint64_t bytes, int ranks) && {
+    if (!impl_ || !profile::recording()) return std::move(*this);
+    struct Timed : Impl {
+      std::unique_ptr<Impl> inner;
+      const char* what;
+      std::uint64_t bytes;
+      int ranks;
+      Timed(std::unique_ptr<Impl> i, const char* w, std::uint64_t b, int r)
+          : inner(std::move(i)), what(w), bytes(b), ranks(r) {}
+      void wait() override {
+        const profile::Span span("comm", [&] { return std::string("wait ") + what; }, bytes, ranks);
+        inner->wait();
+      }
+    };
+    return Handle(std::make_unique<Timed>(std::move(impl_), what, bytes, ranks));
+  }
 
  private:
   void drain() noexcept {

@@ -4,8 +4,11 @@
 // dry run's trace (backend/meta/trace.hpp) files every recorded operation under the
 // innermost open region, so a step's predicted time can be told by part (llama-plan
 // prints the loss head and the optimizer apart from the GEMMs and kernels elsewhere).
-// Other backends ignore regions; opening one costs a thread-local pointer swap.
+// Other backends ignore regions; opening one costs a thread-local pointer swap. While a
+// profile records on the thread (core/profile.hpp), a region is also one of its spans.
 #pragma once
+
+#include "tessera/core/profile.hpp"
 
 namespace tessera {
 
@@ -18,7 +21,7 @@ inline constexpr const char* kRecompute = "recompute";      // a checkpoint poli
 
 class Region {
  public:
-  explicit Region(const char* name) : name_(name), outer_(innermost()) { innermost() = this; }
+  explicit Region(const char* name) : name_(name), outer_(innermost()), span_("region", name) { innermost() = this; }
   ~Region() { innermost() = outer_; }
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -45,6 +48,7 @@ class Region {
 
   const char* name_;
   const Region* outer_;
+  profile::Span span_;
 };
 
 }  // namespace tessera

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/core/profile.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/block_args.hpp"
@@ -338,6 +339,10 @@ class Transformer {
   Block& layer(std::size_t i) { return layers_.at(i); }
   std::size_t n_layers() const { return layers_.size(); }
   std::int64_t layer_id(std::size_t i) const { return layout().layer_ids.at(i); }
+  /// "layers.12 forward": the profile's span of the i-th block's `what` (core/profile.hpp).
+  std::string layer_span(std::size_t i, std::string_view what) const {
+    return "layers." + std::to_string(layer_id(i)) + std::string(what);
+  }
   Embedding<T, B>& embedding() { return tok_embeddings_; }
   RmsNorm<T, B>& final_norm() { return norm_; }
   /// The output projection, or nullptr when the head reads the embedding (tied).
@@ -690,9 +695,14 @@ template <class T, Backend B, class Block>
 void Transformer<T, B, Block>::walk(const staged_batch_type& batch, bool last_micro_batch, double* loss_sum) {
   const Geometry g = batch.g;
   runtime_.begin_step(*this, last_micro_batch);
-  Tensor<T> h = tok_embeddings_.forward(batch.inputs);
+  Tensor<T> h;
+  {
+    const profile::Span span("layer", "tok_embeddings forward");
+    h = tok_embeddings_.forward(batch.inputs);
+  }
   runtime_.embedding_forward_done();
   for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const profile::Span span("layer", [&] { return layer_span(i, " forward"); });
     runtime_.before_block_forward(*this, i);
     h = layers_[i].forward(Context<T>(g, &stores_[i]), h);
   }
@@ -713,15 +723,19 @@ void Transformer<T, B, Block>::walk(const staged_batch_type& batch, bool last_mi
   dhn.release();
   runtime_.head_backward_done(last_micro_batch);
   for (std::size_t i = layers_.size(); i-- > 0;) {
+    const profile::Span span("layer", [&] { return layer_span(i, " backward"); });
     runtime_.before_block_backward(*this, i);
     prepare_gradients(layers_[i]);
     dh = layers_[i].backward(Context<T>(g, &stores_[i]), dh);
     stores_[i].clear();
     runtime_.block_backward_done(*this, i);
   }
-  runtime_.before_embedding_backward();
-  tok_embeddings_.backward(batch.inputs, dh);
-  runtime_.embedding_backward_done(*this, last_micro_batch);
+  {
+    const profile::Span span("layer", "tok_embeddings backward");
+    runtime_.before_embedding_backward();
+    tok_embeddings_.backward(batch.inputs, dh);
+    runtime_.embedding_backward_done(*this, last_micro_batch);
+  }
 }
 
 template <class T, Backend B, class Block>

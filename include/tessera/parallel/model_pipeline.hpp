@@ -28,6 +28,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/profile.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/layer/runtime.hpp"
@@ -277,13 +278,16 @@ class ModelPipeline {
       Model& t = model_;
       const StageRange& range = pipeline_.stages_[static_cast<std::size_t>(s)];
       if (range.embedding) {
+        const profile::Span span("layer", "tok_embeddings forward");
         if (Unit* u = units_.embedding()) u->unshard();
         x = t.embedding().forward(ids(inputs_, m));
         if (Unit* u = units_.embedding(); u && !training_) u->reshard();
       }
       const std::size_t first = pipeline_.first_local_layer(s);
-      for (std::size_t j = first; j < first + static_cast<std::size_t>(range.blocks()); ++j)
+      for (std::size_t j = first; j < first + static_cast<std::size_t>(range.blocks()); ++j) {
+        const profile::Span span("layer", [&] { return t.layer_span(j, " forward"); });
         x = t.layer(j).forward(nn::Context<T>(geometry(m), training_ ? &store(j, m) : nullptr), x);
+      }
       if (!range.output) return x;
       Unit* head = units_.head();
       if (!training_) {
@@ -321,11 +325,13 @@ class ModelPipeline {
       }
       const std::size_t first = pipeline_.first_local_layer(s);
       for (std::size_t j = first + static_cast<std::size_t>(range.blocks()); j-- > first;) {
+        const profile::Span span("layer", [&] { return t.layer_span(j, defer ? " backward_input" : " backward"); });
         nn::prepare_gradients(t.layer(j));
         dy = t.layer(j).backward(nn::Context<T>(geometry(m), &store(j, m)).deferring_weight_grads(later), dy);
         store(j, m).clear();
       }
       if (!range.embedding) return dy;
+      const profile::Span span("layer", "tok_embeddings backward");
       if (Unit* u = units_.embedding()) u->begin_grads();
       t.embedding().backward(ids(inputs_, m), dy);
       return {};

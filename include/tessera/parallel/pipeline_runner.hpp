@@ -35,6 +35,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/profile.hpp"
 #include "tessera/parallel/host_values.hpp"
 #include "tessera/parallel/pipeline_program.hpp"
 
@@ -133,6 +134,7 @@ PipelinePass run_pipeline(const Program& program, int rank, comm::Communicator& 
       Tensor input;
       if (const auto in = input_of(a, S)) {
         if (auto it = received_in.find(key(*in)); it != received_in.end()) {
+          const profile::Span span("pipeline", "pipeline wait");
           const auto t0 = std::chrono::steady_clock::now();
           complete(it->second);
           pass.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -141,6 +143,10 @@ PipelinePass run_pipeline(const Program& program, int rank, comm::Communicator& 
         input = take(*in);
       }
       Tensor output;
+      // PyTorch's label of the action: stage, op letter, microbatch ("1F0", "0W3").
+      const profile::Span span("pipeline", [&] {
+        return ::tessera::detail::concat(a.stage, "FBIW"[static_cast<int>(a.op)], a.microbatch);
+      });
       switch (a.op) {
         case Op::forward: output = stages.forward(a.stage, a.microbatch, std::move(input), pass.loss); break;
         case Op::backward:

@@ -402,6 +402,17 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("metrics.peak_tflops", field<&J::metrics, &MetricsSection::peak_tflops>(),
                "Peak TFLOP/s per device that MFU is computed against (0: the device's known peak).")
           .at_least(0),
+      // [profiling]
+      make_key("profiling.enable_profiling", field<&J::profiling, &ProfilingSection::enable_profiling>(),
+               "Record a timeline of every profile_freq-th step (the step, each layer's forward and backward, each "
+               "collective and its wait, each pipeline action, the loss head, the optimizer, the memory in use), "
+               "one Chrome trace file per rank: <dump_folder>/<save_traces_folder>/iteration_<step>/"
+               "rank<r>_trace.json."),
+      make_key("profiling.save_traces_folder", field<&J::profiling, &ProfilingSection::save_traces_folder>(),
+               "Folder of the timelines, inside job.dump_folder."),
+      make_key("profiling.profile_freq", field<&J::profiling, &ProfilingSection::profile_freq>(),
+               "Record the steps that are multiples of this.")
+          .positive(),
       // [validation]
       make_key("validation.enable", field<&J::validation, &ValidationSection::enable>(),
                "Compute a validation loss every validation.freq steps (and after the last): the mean cross-entropy "

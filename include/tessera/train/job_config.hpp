@@ -166,6 +166,13 @@ struct MetricsSection {
   double peak_tflops = 0.0;  // 0: the device's known peak
 };
 
+/// [profiling]: a timeline of some steps, one file per rank (core/profile.hpp).
+struct ProfilingSection {
+  bool enable_profiling = false;
+  std::string save_traces_folder = "profile_trace";  // inside job.dump_folder
+  std::int64_t profile_freq = 10;  // every this many steps (the steps that are multiples of it)
+};
+
 /// [comm]: how long the ranks wait for each other (torchtitan's keys), and the NCCL-rules check.
 struct CommSection {
   /// The start: the rendezvous at MASTER_ADDR:MASTER_PORT, the NCCL id exchange,
@@ -195,6 +202,7 @@ struct JobConfig {
   Float8Section float8;
   CheckpointSection checkpoint;
   MetricsSection metrics;
+  ProfilingSection profiling;
   ValidationSection validation;
   CommSection comm;
 };

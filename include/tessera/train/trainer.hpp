@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/profile.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/data/batch_source.hpp"
 #include "tessera/data/documents.hpp"
@@ -285,6 +287,7 @@ std::size_t Trainer<Model>::launch_step(std::size_t micro_batches, comm::DeviceM
   scalars_.begin();
   std::size_t activations = 0;
   for (std::size_t i = 0; i < micro_batches; ++i) {
+    const profile::Span span("step", [&] { return "micro-batch " + std::to_string(i); });
     forward_backward(i, i + 1 == micro_batches);
     activations = std::max(activations, model_.saved_activation_bytes());
   }
@@ -309,10 +312,13 @@ StepMetrics Trainer<Model>::step() {
   const std::uint64_t sent_before = mesh ? mesh->world().traffic().total() : 0;
   std::vector<data::Batch> micro;
   std::int64_t n_targets = 0;
-  for (std::int64_t i = 0; i < accumulation_; ++i) {
-    micro.push_back(batches_.next());
-    if (options_.document_start_id >= 0) data::mask_document_boundaries(micro.back(), options_.document_start_id);
-    n_targets += micro.back().n_targets;
+  {
+    const profile::Span span("step", "data");
+    for (std::int64_t i = 0; i < accumulation_; ++i) {
+      micro.push_back(batches_.next());
+      if (options_.document_start_id >= 0) data::mask_document_boundaries(micro.back(), options_.document_start_id);
+      n_targets += micro.back().n_targets;
+    }
   }
   // The loss is the mean over the global batch's target tokens: count them on every rank
   // (staged as a double, exact below 2^53, through a backend buffer: host_values.hpp).
@@ -375,8 +381,10 @@ StepMetrics Trainer<Model>::step() {
       model_.forward_backward(b.inputs, b.targets, geometry(b), loss_scale, last, scalars_.loss_sum());
     });
   }
+  std::optional<profile::Span> reading(std::in_place, "step", "synchronize and read the loss");
   B::synchronize();
   const auto read = scalars_.read();
+  reading.reset();
   const double loss_sum = read.loss_sum, norm = read.grad_norm;
   if (!read.finite()) {
     optimizer_.set_steps_taken(optimizer_.steps_taken() - 1);  // the update was skipped
