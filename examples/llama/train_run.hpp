@@ -372,7 +372,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
       " tokens", c.validation.enable ? "; validation.local_batch_size x validation.seq_len for validation" : "", ")");
   // profiling.enable_profiling: every profile_freq-th step recorded on this rank's thread
   // (core/profile.hpp), its timeline written by every rank beside the others'.
-  profile::Recorder recorder([] { return static_cast<std::uint64_t>(memory_stats(Model::backend_type::device).current()); });
+  profile::Recorder recorder([] { return memory_stats(Model::backend_type::device).now(); });
   auto write_profile = [&](std::int64_t s) {
     const fs::path dir = dump / c.profiling.save_traces_folder / ("iteration_" + std::to_string(s));
     const fs::path file = dir / ("rank" + std::to_string(world.rank()) + "_trace.json");

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "tessera/core/memory.hpp"
 #include "tessera/core/profile.hpp"
 #include "tessera/core/region.hpp"
 
@@ -90,32 +91,39 @@ TEST_CASE("profile: spans nest on their thread; another thread's are its own Rec
 }
 
 TEST_CASE("profile: the memory in use is sampled as spans open and close, a sample a change") {
-  std::uint64_t in_use = 100;
-  profile::Recorder r([&] { return in_use; });
+  MemoryStats stats;
+  stats.on_alloc(100, MemoryUse::parameters);
+  profile::Recorder r([&] { return stats.now(); });
   {
     const profile::Recording on(r);
     const profile::Span a("step", "a");
-    in_use = 300;
-    { const profile::Span b("layer", "b"); }  // opens at 300, closes at 300: one sample
-    in_use = 200;
+    stats.on_alloc(200);  // a temporary
+    stats.on_saved(150);  // of which a layer saved 150 for its backward
+    { const profile::Span b("layer", "b"); }  // opens and closes at the same: one sample
+    stats.on_free(200);
+    stats.on_saved(-150);
   }
   REQUIRE(r.memory().size() == 3);
-  CHECK(r.memory()[0].bytes == 100);
-  CHECK(r.memory()[1].bytes == 300);
-  CHECK(r.memory()[2].bytes == 200);
+  CHECK(r.memory()[0].held.total() == 100);
+  CHECK(r.memory()[1].held[MemoryUse::temporary] == 200);
+  CHECK(r.memory()[1].held.saved_activations == 150);
+  CHECK(r.memory()[2].held.total() == 100);
   r.clear();
   CHECK(r.events().empty());
   CHECK(r.memory().empty());
 }
 
 TEST_CASE("profile: the Chrome trace file holds every span, its payload and the memory track") {
-  std::uint64_t in_use = 1 << 20;
-  profile::Recorder r([&] { return in_use; });
+  MemoryStats stats;
+  stats.on_alloc(1 << 20, MemoryUse::parameters);
+  profile::Recorder r([&] { return stats.now(); });
   {
     const profile::Recording on(r);
     const profile::Span step("step", "step \"2\"\\\n");  // a name that needs escaping
     const profile::Span comm("comm", "reduce_scatter", 123456, 4);
-    in_use = 2 << 20;
+    stats.on_alloc(3000, MemoryUse::gradients);
+    stats.on_alloc(500);
+    stats.on_saved(200);
   }
   const std::string text = profile::chrome_trace(r, 3, "rank 3");
   const nlohmann::json j = nlohmann::json::parse(text);
@@ -138,6 +146,13 @@ TEST_CASE("profile: the Chrome trace file holds every span, its payload and the 
   CHECK(ts2 + dur2 <= ts1 + dur1 + 0.001);
   CHECK(ev[3]["ph"] == "C");
   CHECK(ev[3]["name"] == "memory in use");
-  CHECK(ev[3]["args"]["bytes"] == 1 << 20);
-  CHECK(ev[4]["args"]["bytes"] == 2 << 20);
+  CHECK(ev[3]["args"]["parameters"] == 1 << 20);
+  CHECK(ev[3]["args"]["gradients"] == 0);
+  const auto& last = ev[4]["args"];  // a series per use, the temporaries split
+  CHECK(last["parameters"] == 1 << 20);
+  CHECK(last["gradients"] == 3000);
+  CHECK(last["optimizer"] == 0);
+  CHECK(last["saved activations"] == 200);
+  CHECK(last["other temporaries"] == 300);
+  CHECK(last["workspace"] == 0);
 }

@@ -24,7 +24,7 @@ namespace {
 
 struct RankProfile {
   std::vector<profile::Event> events;
-  std::size_t memory_samples = 0;
+  std::vector<profile::MemorySample> memory;
   std::vector<double> losses;
 };
 
@@ -63,13 +63,13 @@ std::vector<RankProfile> two_steps(const train::JobConfig& c, bool record) {
     train::Trainer<CpuDynamicModel> trainer(model, train::trainer_options(c), std::move(loader));
     RankProfile& mine = ranks[static_cast<std::size_t>(world.rank())];
     mine.losses.push_back(trainer.step().loss);  // the first step, never recorded
-    profile::Recorder recorder([] { return static_cast<std::uint64_t>(memory_stats(Cpu::device).current()); });
+    profile::Recorder recorder([] { return memory_stats(Cpu::device).now(); });
     {
       const profile::Recording on(record ? &recorder : nullptr);
       mine.losses.push_back(trainer.step().loss);
     }
     mine.events = recorder.events();
-    mine.memory_samples = recorder.memory().size();
+    mine.memory = recorder.memory();
   }, nccl_rules());
   return ranks;
 }
@@ -89,7 +89,17 @@ TEST_CASE("profile: a step of FSDP 2 x PP 2 recorded on every rank, and the loss
     const int pp_rank = r / 2;
     CHECK(p.losses == plain[static_cast<std::size_t>(r)].losses);  // bit for bit
     CHECK(nested(p.events));
-    CHECK(p.memory_samples > 0);
+    // The memory track: the rank's parameter shards, gradients and optimizer state held
+    // throughout, saved activations coming and going.
+    REQUIRE_FALSE(p.memory.empty());
+    std::size_t most_saved = 0;
+    for (const auto& m : p.memory) {
+      CHECK(m.held[MemoryUse::parameters] > 0);
+      CHECK(m.held[MemoryUse::optimizer] > 0);
+      most_saved = std::max(most_saved, m.held.saved_activations);
+    }
+    CHECK(most_saved > 0);
+    CHECK(p.memory.back().held.saved_activations == 0);
     // The pipeline actions, in 1F1B's order for this pipeline rank.
     std::vector<std::string> actions;
     for (const auto& e : p.events)

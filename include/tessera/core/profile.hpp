@@ -10,7 +10,7 @@
 // "layers.12 forward" is formatted only while something records. Spans on one thread
 // nest (a Span ends before the one opened before it), which the file format relies on.
 //
-//   profile::Recorder recorder([&] { return memory_stats(B::device).current(); });
+//   profile::Recorder recorder([] { return memory_stats(B::device).now(); });
 //   {
 //     profile::Recording on(recorder);  // this thread's spans go to `recorder`
 //     trainer.step();
@@ -35,6 +35,8 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/core/memory.hpp"
+
 namespace tessera::profile {
 
 /// One span: what ran, from when to when, on the recording thread.
@@ -48,10 +50,10 @@ struct Event {
   int depth = 0;                 // spans open around it on its thread
 };
 
-/// The memory in use at a moment (a sample taken as a span opens or closes).
+/// The memory in use at a moment, by what it holds (a sample taken as a span opens or closes).
 struct MemorySample {
   std::int64_t at_ns = 0;
-  std::uint64_t bytes = 0;
+  MemoryBreakdown held;
 };
 
 inline std::int64_t now_ns() {
@@ -63,8 +65,9 @@ inline std::int64_t now_ns() {
 class Recorder {
  public:
   /// `memory`, where given, is sampled as each span opens and closes (on the recording
-  /// thread): the bytes in use on the device the spans run on.
-  explicit Recorder(std::function<std::uint64_t()> memory = {}) : memory_(std::move(memory)) {}
+  /// thread): the bytes in use on the device the spans run on, by use
+  /// (MemoryStats::now(), core/memory.hpp).
+  explicit Recorder(std::function<MemoryBreakdown()> memory = {}) : memory_(std::move(memory)) {}
 
   const std::vector<Event>& events() const { return events_; }
   const std::vector<MemorySample>& memory() const { return samples_; }
@@ -89,11 +92,13 @@ class Recorder {
  private:
   void sample() {
     if (!memory_) return;
-    const std::uint64_t b = memory_();
-    if (samples_.empty() || samples_.back().bytes != b) samples_.push_back({now_ns(), b});
+    const MemoryBreakdown b = memory_();
+    if (samples_.empty() || samples_.back().held.by_use != b.by_use ||
+        samples_.back().held.saved_activations != b.saved_activations)
+      samples_.push_back({now_ns(), b});
   }
 
-  std::function<std::uint64_t()> memory_;
+  std::function<MemoryBreakdown()> memory_;
   std::vector<Event> events_;
   std::vector<MemorySample> samples_;
   int depth_ = 0;
@@ -178,8 +183,9 @@ inline void append_us(std::string& out, std::int64_t ns) {
 
 /// `r`'s spans (closed ones) and memory samples in the Chrome trace event format (one JSON
 /// object: complete events "X" on process `pid` named `process`, thread 0; the memory as
-/// a counter track "memory in use"), which Perfetto and chrome://tracing open. A span
-/// still open is written as ending at the last close.
+/// a counter "memory in use" with a series per use: parameters, gradients, optimizer,
+/// saved activations, other temporaries, workspace), which Perfetto and chrome://tracing
+/// open. A span still open is written as ending at the last close.
 inline std::string chrome_trace(const Recorder& r, int pid, std::string_view process) {
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   const std::string p = std::to_string(pid);
@@ -207,7 +213,14 @@ inline std::string chrome_trace(const Recorder& r, int pid, std::string_view pro
   for (const MemorySample& m : r.memory()) {
     out += ",\n{\"name\":\"memory in use\",\"ph\":\"C\",\"pid\":" + p + ",\"tid\":0,\"ts\":";
     detail::append_us(out, m.at_ns);
-    out += ",\"args\":{\"bytes\":" + std::to_string(m.bytes) + "}}";
+    const std::size_t temporaries = m.held[MemoryUse::temporary];
+    const std::size_t saved = std::min(m.held.saved_activations, temporaries);
+    out += ",\"args\":{\"parameters\":" + std::to_string(m.held[MemoryUse::parameters]) +
+           ",\"gradients\":" + std::to_string(m.held[MemoryUse::gradients]) +
+           ",\"optimizer\":" + std::to_string(m.held[MemoryUse::optimizer]) +
+           ",\"saved activations\":" + std::to_string(saved) +
+           ",\"other temporaries\":" + std::to_string(temporaries - saved) +
+           ",\"workspace\":" + std::to_string(m.held[MemoryUse::workspace]) + "}}";
   }
   out += "\n]}\n";
   return out;
