@@ -328,7 +328,8 @@ case "${1:-}" in
     # Several NCCL processes on this one GPU (comm.share_gpu: a host per rank, NCCL over
     # sockets on loopback), each against one process on the same config and global batch:
     #  - the float32 model with tessera's attention, per-step losses within 1e-5 (the CPU
-    #    parity bar): FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B), CP 2 (the ring) on 2
+    #    parity bar): FSDP 2 (its third step profiled), TP 2, PP 2 (1F1B, Interleaved1F1B,
+    #    an order from a CSV file), CP 2 (the ring) on 2
     #    processes, FSDP 2 x TP 2, HSDP 2 x 2, PP 2 x TP 2, CP 2 x FSDP 2 on 4;
     #  - the bf16 model with cuDNN's attention (deterministic), within 1e-3 on FSDP 2, TP 2
     #    and CP 2 (cuDNN's causal and full blocks): the CPU's bf16 parity bar (tests/parallel/test_bf16_training.cpp: a layout
@@ -378,8 +379,12 @@ PY
       "$here/llama-train" "${base[@]}" "${dtype[@]}" --training.local_batch_size 8 --job.dump_folder "$work/one-$kind" \
         > "$work/one-$kind.log" 2>&1 || { echo "nccl: the one-process $kind run failed"; tail -n 20 "$work/one-$kind.log"; exit 1; }
     done
+    # A pipeline order read from a file (PyTorch's CSV: the V placement, whole and split
+    # backwards mixed), and FSDP 2's third step recorded on both ranks (profiling).
+    printf '%s\n' 0F0,0F1,3F0,3I0,3W0,3F1,3B1,0I0,0B1,0W0 1F0,2F0,1F1,2F1,2I0,1B0,2B1,1I1,1W1,2W0 > "$work/order.csv"
     layouts=(
-      "f32 fsdp2 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4"
+      "f32 fsdp2 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4 --profiling.enable_profiling true --profiling.profile_freq 3"
+      "f32 pp2_csv 2 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule PipelineScheduleMulti --parallelism.pipeline_parallel_schedule_csv $work/order.csv --parallelism.pipeline_parallel_microbatch_size 4 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
       "f32 tp2 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
       "f32 pp2_1f1b 2 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
       "f32 pp2_interleaved 2 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
@@ -405,6 +410,20 @@ PY
       compare "$name" "one-$kind" "$bar" || status=1
       echo "nccl: $name took $(( $(date +%s) - t0 )) s"
     done
+    # The profile of FSDP 2's third step: a Chrome trace per rank, its collectives (NCCL's,
+    # their host side) and layers inside the step.
+    python3 - "$work/f32-fsdp2/profile_trace/iteration_3" <<'PY' || status=1
+import json, os, sys
+d = sys.argv[1]
+for r in (0, 1):
+    ev = json.load(open(os.path.join(d, "rank%d_trace.json" % r)))["traceEvents"]
+    names = [e["name"] for e in ev if e["ph"] == "X"]
+    need = ["step 3", "all_gather", "reduce_scatter", "optimizer", "layers.0 forward", "layers.0 backward"]
+    missing = [n for n in need if n not in names]
+    print("nccl: profile rank %d: %d spans%s" % (r, len(names), ", missing %s" % missing if missing else ""))
+    if missing:
+        sys.exit(1)
+PY
     # The launchers themselves, FSDP 2 in float32 against one process: torchrun (the image's
     # PyTorch; --standalone serves its agent store on MASTER_PORT, rank 0's store then
     # listens on the next port), and Open MPI's mpirun where the image has one (the NCCL
