@@ -329,7 +329,7 @@ case "${1:-}" in
     # sockets on loopback), each against one process on the same config and global batch:
     #  - the float32 model with tessera's attention, per-step losses within 1e-5 (the CPU
     #    parity bar): FSDP 2 (its third step profiled), TP 2, PP 2 (1F1B, Interleaved1F1B,
-    #    an order from a CSV file), CP 2 (the ring) on 2
+    #    an order from a CSV file), CP 2 (the ring, and the keys all-gathered) on 2
     #    processes, FSDP 2 x TP 2, HSDP 2 x 2, PP 2 x TP 2, CP 2 x FSDP 2 on 4;
     #  - the bf16 model with cuDNN's attention (deterministic), within 1e-3 on FSDP 2, TP 2
     #    and CP 2 (cuDNN's causal and full blocks): the CPU's bf16 parity bar (tests/parallel/test_bf16_training.cpp: a layout
@@ -392,6 +392,7 @@ PY
       "f32 hsdp2x2 4 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2"
       "f32 pp2_tp2 4 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
       "f32 cp2 2 --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+      "f32 cp2_allgather 2 --parallelism.context_parallel_degree 2 --parallelism.context_parallel_rotate_method allgather --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
       "f32 cp2_fsdp2 4 --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4"
       "b16 fsdp2 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4"
       "b16 tp2 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"

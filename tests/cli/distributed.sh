@@ -274,6 +274,11 @@ if [ "$mpirun" != none ]; then
   train_run mpi2_cp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
     --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 \
     --comm.check_nccl_semantics true && check_parity mpi2_cp2
+  # The same with the keys all-gathered (torchtitan's allgather rotation).
+  train_run mpi2_cp2_allgather "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 \
+    --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 \
+    --parallelism.context_parallel_rotate_method allgather --comm.check_nccl_semantics true \
+    && check_parity mpi2_cp2_allgather
   # Two processes as pipeline parallel 2 (GPipe), two microbatches of two sequences,
   # held to NCCL's rules.
   train_run mpi2_pp2 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" --training.local_batch_size 4 --comm.check_nccl_semantics true \

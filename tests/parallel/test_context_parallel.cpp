@@ -85,11 +85,14 @@ TEST_CASE("context parallel: each rank holds chunks i and 2 cp - 1 - i of every 
 
 namespace {
 
-/// The ring's attention over cp ranks against the CPU backend's over whole sequences
-/// (relative gaps within 1e-5 on every rank: o, lse, dq, dk, dv). `starts`: packed
-/// documents starting at those positions of each sequence (besides its first), masked
-/// apart; none: one document a sequence.
-void check_ring(int cp, std::vector<std::int64_t> starts = {}) {
+/// The ring's attention over cp ranks (or, `rotation` all_gather, the all-gathered keys')
+/// against the CPU backend's over whole sequences (relative gaps within 1e-5 on every
+/// rank: o, lse, dq, dk, dv). `starts`: packed documents starting at those positions of
+/// each sequence (besides its first), masked apart; none: one document a sequence. The
+/// all-gathered forward is also the ring's, bit for bit (the same blocks merged in the
+/// same order).
+void check_ring(int cp, std::vector<std::int64_t> starts = {},
+                parallel::ContextRotation rotation = parallel::ContextRotation::ring) {
   const std::int64_t batch = 2, heads = 4, kv_heads = 2, hd = 8, c = 5;  // chunks of 5: no tile divides them
   const std::int64_t S = 2 * cp * c, rows = batch * S, q_cols = heads * hd, kv_cols = kv_heads * hd;
   const auto q = random_floats(static_cast<std::size_t>(rows * q_cols), 1);
@@ -118,8 +121,9 @@ void check_ring(int cp, std::vector<std::int64_t> starts = {}) {
   std::vector<std::int64_t> all_rows(static_cast<std::size_t>(rows));
   std::iota(all_rows.begin(), all_rows.end(), 0);
   std::vector<double> gaps(static_cast<std::size_t>(cp) * 5, INFINITY);
+  std::vector<int> same_as_ring(static_cast<std::size_t>(cp), 0);
   comm::run_thread_ranks(cp, [&](comm::Communicator& world) {
-    parallel::ContextParallelGroup group(&world);
+    parallel::ContextParallelGroup group(&world, rotation);
     const auto mine = parallel::context_tokens<std::int64_t>(all_rows, batch, S, group.shard(), batch);
     auto lq = take_rows(q, q_cols, mine), lk = take_rows(k, kv_cols, mine), lv = take_rows(v, kv_cols, mine);
     auto ldo = take_rows(d_o, q_cols, mine);
@@ -132,6 +136,13 @@ void check_ring(int cp, std::vector<std::int64_t> starts = {}) {
                                local_spans.empty() ? nullptr : local_spans.data()};
     parallel::attention_forward<Cpu, float>(&group, local, view(lq, q_cols), view(lk, kv_cols), view(lv, kv_cols),
                                             view(lo, q_cols), llse.data());
+    if (rotation != parallel::ContextRotation::ring) {
+      parallel::ContextParallelGroup ring(&world);
+      std::vector<float> ro(lq.size()), rlse(llse.size());
+      parallel::attention_forward<Cpu, float>(&ring, local, view(lq, q_cols), view(lk, kv_cols), view(lv, kv_cols),
+                                              view(ro, q_cols), rlse.data());
+      same_as_ring[static_cast<std::size_t>(world.rank())] = ro == lo && rlse == llse;
+    }
     parallel::attention_backward<Cpu, float>(&group, local, view(lq, q_cols), view(lk, kv_cols), view(lv, kv_cols),
                                              view(lo, q_cols), llse.data(), view(ldo, q_cols), view(ldq, q_cols),
                                              view(ldk, kv_cols), view(ldv, kv_cols));
@@ -151,9 +162,25 @@ void check_ring(int cp, std::vector<std::int64_t> starts = {}) {
     g[4] = relative_gap(ldv, take_rows(dv, kv_cols, mine));
   }, nccl_rules());
   for (double g : gaps) CHECK(g <= 1e-5);
+  if (rotation != parallel::ContextRotation::ring)
+    for (int same : same_as_ring) CHECK(same == 1);
 }
 
 }  // namespace
+
+TEST_CASE("context parallel: the all-gathered keys' attention is attention over whole sequences, the ring's forward") {
+  for (int cp : {2, 3, 4}) {
+    CAPTURE(cp);
+    check_ring(cp, {}, parallel::ContextRotation::all_gather);
+    check_ring(cp, {3, 5, 6, 10, 17}, parallel::ContextRotation::all_gather);
+  }
+  CHECK(parallel::parse_context_rotation("allgather") == parallel::ContextRotation::all_gather);
+  CHECK(parallel::parse_context_rotation("alltoall") == parallel::ContextRotation::ring);
+  CHECK_THROWS_WITH_AS(parallel::parse_context_rotation("ring"),
+                       "parallelism.context_parallel_rotate_method: unknown method \"ring\" (known: alltoall, "
+                       "allgather)",
+                       Error);
+}
 
 TEST_CASE("context parallel: the ring's attention is attention over whole sequences, forward and backward") {
   for (int cp : {2, 3, 4}) {
@@ -259,6 +286,15 @@ TEST_CASE("context parallel: composed with FSDP, HSDP, TP and PP") {
   check_layout_parity("CP 2 x PP 2 (interleaved 1F1B), every 2nd layer", {2, 1, 1, 1, 2},
                with(kAcModes[3].keys, {"--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"}));
   check_layout_parity("CP 2 x TP 2 x FSDP 2, selective op", {1, 1, 2, 2, 2}, kAcModes[2].keys);
+}
+
+TEST_CASE("context parallel: with the keys all-gathered, CP 2, CP 4 and CP 2 x FSDP 2 train the same model as one rank") {
+  const std::vector<std::string> gathered = {"--parallelism.context_parallel_rotate_method", "allgather"};
+  check_layout_parity("CP 2, allgather, none", {1, 1, 1, 1, 2}, with(kAcModes[0].keys, gathered));
+  check_layout_parity("CP 4, allgather, full", {1, 1, 1, 1, 4}, with(kAcModes[1].keys, gathered));
+  check_layout_parity("CP 2 x FSDP 2, allgather, selective op", {1, 1, 2, 1, 2}, with(kAcModes[2].keys, gathered));
+  check_layout_parity("CP 2 x PP 2 (1F1B), allgather, packed documents", {2, 1, 1, 1, 2}, gathered,
+                      {"--training.document_mask", "true"});
 }
 
 TEST_CASE("context parallel: 4096 tokens a sequence on CP 2, as one rank") {

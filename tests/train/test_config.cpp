@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 102);
+  CHECK(keys.size() == 103);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -665,6 +665,7 @@ TEST_CASE("to_toml round trip") {
                  "--parallelism.tensor_parallel_degree", "2",
                  "--parallelism.pipeline_parallel_degree", "2",
                  "--parallelism.context_parallel_degree", "2",
+                 "--parallelism.context_parallel_rotate_method", "allgather",
                  "--parallelism.disable_loss_parallel",
                  "--parallelism.disable_sequence_parallel",
                  "--parallelism.pipeline_parallel_schedule", "PipelineScheduleMulti",

@@ -42,6 +42,16 @@
 //
 // Traffic per attention call and rank: (cp - 1) times the local keys and values forward;
 // as much again backward, plus cp times their gradients (accum_t<T>).
+//
+// All-gathered keys (parallelism.context_parallel_rotate_method = "allgather", torchtitan's
+// default; the ring is its "alltoall"). The keys and values of every rank are gathered at
+// once, while the rank computes its blocks with its own; then it computes the other
+// ranks' blocks in the ring's order (so the forward's merge, and its result, are the
+// ring's bit for bit). The backward gathers them again, sums each block's gradients of the
+// keys into the slot of the rank they came from, and one reduce-scatter brings each
+// rank the sum for its own keys. The same bytes as the ring, in two collectives an
+// attention call instead of cp - 1 exchanges, one of them (the reduce-scatter) waited on
+// with nothing beside it; and cp times the keys and values held at once.
 #pragma once
 
 #include <array>
@@ -60,6 +70,7 @@
 #include "tessera/ops/attention_shape.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/positions.hpp"
+#include "tessera/parallel/plan.hpp"
 
 namespace tessera::parallel {
 
@@ -69,16 +80,19 @@ class ContextParallelGroup {
   /// Degree 1: every rank holds whole sequences.
   ContextParallelGroup() = default;
   /// `comm` must outlive the group.
-  explicit ContextParallelGroup(comm::Communicator* comm) : comm_(comm) {}
+  explicit ContextParallelGroup(comm::Communicator* comm, ContextRotation rotation = ContextRotation::ring)
+      : comm_(comm), rotation_(rotation) {}
 
   int degree() const { return comm_ ? comm_->size() : 1; }
   int rank() const { return comm_ ? comm_->rank() : 0; }
   bool active() const { return degree() > 1; }
   comm::Communicator& comm() { return *comm_; }
   ops::ContextShard shard() const { return {rank(), degree()}; }
+  ContextRotation rotation() const { return rotation_; }
 
  private:
   comm::Communicator* comm_ = nullptr;
+  ContextRotation rotation_ = ContextRotation::ring;
 };
 
 inline bool active(const ContextParallelGroup* cp) { return cp && cp->active(); }
@@ -146,7 +160,9 @@ void check_contiguous(const AttentionShape& s, const Views&... views) {
 }
 
 /// One attention call's ring: this rank's place in it, and its keys and values packed
-/// [k (2R rows); v (2R rows)] in two buffers, the one attended with and the one arriving.
+/// [k (2R rows); v (2R rows)] in two buffers, the one attended with and the one arriving;
+/// or, all-gathered (ContextRotation::all_gather), every rank's in one buffer, in rank
+/// order, which a step past the first reads its keys from instead.
 template <Backend B, class T>
 struct Ring {
   ContextParallelGroup& cp;
@@ -156,6 +172,8 @@ struct Ring {
   int P, next, prev;
   std::array<Tensor<T>, 2> kv;
   Tensor<std::int32_t> bounds;  // packed documents: the current block's (R ops::DocumentSpan)
+  Tensor<T> all;                // all-gathered: every rank's packed keys and values (P x kv_numel)
+  comm::Handle gathering;       // the all-gather in flight, waited on before step 1
 
   Ring(ContextParallelGroup& group, const AttentionShape& s, TensorView<const T> k, TensorView<const T> v)
       : cp(group),
@@ -171,7 +189,14 @@ struct Ring {
     B::for_each(2 * R * kv_cols, ops::Copy<T>{k.data(), kv[0].data()});
     B::for_each(2 * R * kv_cols, ops::Copy<T>{v.data(), kv[0].data() + 2 * R * kv_cols});
     if (s.documents) bounds = B::template empty<std::int32_t>(Shape{2 * R});
+    if (gathered()) {  // every rank's keys, arriving while step 0 computes with this rank's own
+      all = B::template empty<T>(Shape{P * kv_numel});
+      gathering = cp.comm().all_gather_async(std::span<const T>(kv[0].data(), static_cast<std::size_t>(kv_numel)),
+                                             std::span<T>(all.data(), static_cast<std::size_t>(P * kv_numel)));
+    }
   }
+
+  bool gathered() const { return cp.rotation() == ContextRotation::all_gather; }
 
   /// Sends `send` to the next rank and receives `recv` from the one before, as one group.
   template <class E>
@@ -183,16 +208,23 @@ struct Ring {
                      0}};
     return cp.comm().send_recv_async(std::span<const comm::PeerOp>(ops));
   }
-  /// Step `step`'s keys and values passed on (none after the last step), to wait on after it.
+  /// Step `step`'s keys and values passed on (none after the last step, none when
+  /// gathered), to wait on after it. Gathered, step 1 first waits for the gather.
   comm::Handle pass(int step) {
+    if (gathered()) {
+      if (step == 1) gathering.wait();
+      return {};
+    }
     if (step + 1 >= P) return {};
-    return exchange(held(step).data(), kv[static_cast<std::size_t>((step + 1) % 2)].data());
+    return exchange(held(step), kv[static_cast<std::size_t>((step + 1) % 2)].data());
   }
-  const Tensor<T>& held(int step) const { return kv[static_cast<std::size_t>(step % 2)]; }
-  TensorView<const T> keys(int step) const { return packed<const T>(held(step).data(), 2 * R, kv_cols); }
-  TensorView<const T> values(int step) const {
-    return packed<const T>(held(step).data() + 2 * R * kv_cols, 2 * R, kv_cols);
+  /// The packed keys and values step `step` computes with: rank source(step)'s.
+  const T* held(int step) const {
+    if (gathered() && step > 0) return all.data() + source(step) * kv_numel;
+    return kv[static_cast<std::size_t>(step % 2)].data();
   }
+  TensorView<const T> keys(int step) const { return packed<const T>(held(step), 2 * R, kv_cols); }
+  TensorView<const T> values(int step) const { return packed<const T>(held(step) + 2 * R * kv_cols, 2 * R, kv_cols); }
   /// The blocks step `step` computes: with the keys of rank i - step.
   std::vector<RingBlock> blocks(int step) const { return ring_blocks(me, source(step)); }
   int source(int step) const { return (me.rank + P - step) % P; }
@@ -277,6 +309,40 @@ void attention_backward(ContextParallelGroup* cp, const AttentionShape& s, Tenso
   detail::Ring<B, T> ring(*cp, s, k, v);
   const std::int64_t c = s.seq_len / 2, R = ring.R, kv_cols = ring.kv_cols, kv_numel = ring.kv_numel;
   const std::int64_t q_cols = q.size(1), stats = s.batch * s.n_heads * c;
+  if (ring.gathered()) {
+    // Each block's gradients of the keys summed into the slot of the rank they came from,
+    // then one reduce-scatter: every rank the sum for its own keys.
+    Tensor<A> dkv_all = B::template zeros<A>(Shape{ring.P * kv_numel});
+    Tensor<A> dq_acc = B::template empty<A>(Shape{2 * R * q_cols});
+    std::array<bool, 2> dq_written{false, false};
+    Tensor<T> dq_block = B::template empty<T>(Shape{R, q_cols});
+    Tensor<T> dk_block = B::template empty<T>(Shape{R, kv_cols}), dv_block = B::template empty<T>(Shape{R, kv_cols});
+    for (int step = 0; step < ring.P; ++step) {
+      comm::Handle pass = ring.pass(step);  // none: step 1 waits for the gather
+      for (const detail::RingBlock& b : ring.blocks(step)) {
+        const AttentionShape block = ring.block(step, b);
+        const std::int64_t qi = b.q_chunk;
+        B::attention_backward(block, detail::chunk_rows(q, b.q_chunk, R),
+                              detail::chunk_rows(ring.keys(step), b.kv_chunk, R),
+                              detail::chunk_rows(ring.values(step), b.kv_chunk, R), detail::chunk_rows(o, b.q_chunk, R),
+                              lse + qi * stats, detail::chunk_rows(d_o, b.q_chunk, R), dq_block.view(),
+                              dk_block.view(), dv_block.view());
+        const auto i = static_cast<std::size_t>(b.q_chunk);
+        B::for_each(R * q_cols, ops::AccumulateInto<T>{dq_block.data(), dq_acc.data() + qi * R * q_cols, !dq_written[i]});
+        dq_written[i] = true;
+        A* dk_into = dkv_all.data() + ring.source(step) * kv_numel + b.kv_chunk * R * kv_cols;
+        B::for_each(R * kv_cols, ops::AccumulateInto<T>{dk_block.data(), dk_into, false});
+        B::for_each(R * kv_cols, ops::AccumulateInto<T>{dv_block.data(), dk_into + 2 * R * kv_cols, false});
+      }
+    }
+    Tensor<A> home = B::template empty<A>(Shape{kv_numel});
+    cp->comm().reduce_scatter(std::span<const A>(dkv_all.data(), static_cast<std::size_t>(ring.P * kv_numel)),
+                              std::span<A>(home.data(), static_cast<std::size_t>(kv_numel)));
+    B::for_each(2 * R * q_cols, ops::Convert<A, T>{dq_acc.data(), dq.data()});
+    B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data(), dk.data()});
+    B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data() + 2 * R * kv_cols, dv.data()});
+    return;
+  }
   // The running gradients of the keys held, packed like them, in accum_t<T>: the one
   // being added into, and the one arriving for the next step's keys; and this step's
   // blocks' gradients of the keys, summed apart while the running ones arrive.

@@ -103,6 +103,21 @@ inline ShardingMode sharding_for(const comm::MeshShape& s) {
   return ShardingMode::none;
 }
 
+/// How the keys and values reach every rank of the group (torchtitan's
+/// context_parallel_rotate_method): round the ring, one neighbour's at a time beside the
+/// compute ("alltoall"), or all at once ("allgather").
+enum class ContextRotation : std::uint8_t { ring, all_gather };
+
+/// torchtitan's spelling of `r`.
+constexpr const char* name_of(ContextRotation r) { return r == ContextRotation::ring ? "alltoall" : "allgather"; }
+
+/// Parses parallelism.context_parallel_rotate_method; throws naming the key.
+inline ContextRotation parse_context_rotation(std::string_view name) {
+  if (name == "alltoall") return ContextRotation::ring;
+  if (name == "allgather") return ContextRotation::all_gather;
+  fail("parallelism.context_parallel_rotate_method: unknown method \"", name, "\" (known: alltoall, allgather)");
+}
+
 /// What Pipeline<...> with run-time choices reads: torchtitan's pipeline_parallel_* keys.
 struct PipelineOptions {
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
@@ -221,6 +236,9 @@ struct Plan {
   PipelineOptions pipeline{};
   /// Which linear layers multiply in float8, by which recipe (ops/float8.hpp).
   ops::Float8Policy float8{};
+  /// Under context parallelism: how the keys and values reach every rank of the group
+  /// (parallel/context_parallel.hpp; parallelism.context_parallel_rotate_method).
+  ContextRotation context_rotation = ContextRotation::ring;
 
   int dp_degree() const { return mesh ? mesh->dp_degree() : 1; }
   int tp_degree() const { return mesh ? mesh->shape().tp : 1; }

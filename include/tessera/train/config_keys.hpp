@@ -280,6 +280,11 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Context-parallel ranks: each sequence split over them, attention as a ring. training.seq_len must be a "
                "multiple of 2 x the degree.")
           .at_least(1),
+      make_key("parallelism.context_parallel_rotate_method",
+               field<&J::parallelism, &ParallelismSection::context_parallel_rotate_method>(),
+               "How context parallelism brings every rank's keys and values: \"alltoall\" round the ring, one "
+               "neighbour's at a time beside the attention; \"allgather\" all at once (cp times the keys held).")
+          .one_of({"alltoall", "allgather"}),
       make_key("parallelism.disable_loss_parallel",
                field<&J::parallelism, &ParallelismSection::disable_loss_parallel>(),
                "Gather the logits before the loss instead of computing it on vocabulary shards."),

@@ -114,6 +114,7 @@ struct ParallelismSection {
   std::int64_t tensor_parallel_degree = 1;
   std::int64_t pipeline_parallel_degree = 1;
   std::int64_t context_parallel_degree = 1;
+  std::string context_parallel_rotate_method = "alltoall";  // the ring; "allgather": every rank's keys at once
   bool disable_loss_parallel = false;
   bool disable_sequence_parallel = false;
   std::string pipeline_parallel_schedule = "1F1B";

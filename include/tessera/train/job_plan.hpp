@@ -142,6 +142,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.sequence_parallel = !c.parallelism.disable_sequence_parallel;
   plan.pipeline = pipeline_options(c);
   plan.float8 = float8_policy(c);
+  plan.context_rotation = parallel::parse_context_rotation(c.parallelism.context_parallel_rotate_method);
   return plan;
 }
 
