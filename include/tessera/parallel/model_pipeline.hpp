@@ -4,9 +4,10 @@
 // The model is cut into stages (stages.hpp; the embedding and the output count as one
 // layer each unless the plan weighs them otherwise), stage s on pipeline rank s % P (or,
 // for ZBVZeroBubble and DualPipeV, down the ranks and back up: schedule_kind.hpp's
-// placements; for a schedule file's order, where its rows put them); the rank builds only its stages' layers (layout()). A micro-batch from
-// the trainer is cut into pipeline microbatches; Stages below gives the runner (pipeline_runner.hpp) this rank's stages over the
-// model's parts: a stage's forward and backward for a microbatch, the head's loss, a
+// placements; for a schedule file's order, where its rows put them); the rank builds
+// only its stages' layers (layout()). A micro-batch from the trainer is cut into
+// pipeline microbatches; Stages below gives the runner (pipeline_runner.hpp) this rank's
+// stages over the model's parts: a stage's forward and backward for a microbatch, the head's loss, a
 // zero-bubble schedule's deferred weight-gradient work. Transfers go in grouped,
 // untagged send/recv calls that follow NCCL's rules (pipeline_program.hpp).
 // Data-parallel units stay gathered through a pass and are reduced once after it.
