@@ -309,57 +309,13 @@ void attention_backward(ContextParallelGroup* cp, const AttentionShape& s, Tenso
   detail::Ring<B, T> ring(*cp, s, k, v);
   const std::int64_t c = s.seq_len / 2, R = ring.R, kv_cols = ring.kv_cols, kv_numel = ring.kv_numel;
   const std::int64_t q_cols = q.size(1), stats = s.batch * s.n_heads * c;
-  if (ring.gathered()) {
-    // Each block's gradients of the keys summed into the slot of the rank they came from,
-    // then one reduce-scatter: every rank the sum for its own keys.
-    Tensor<A> dkv_all = B::template zeros<A>(Shape{ring.P * kv_numel});
-    Tensor<A> dq_acc = B::template empty<A>(Shape{2 * R * q_cols});
-    std::array<bool, 2> dq_written{false, false};
-    Tensor<T> dq_block = B::template empty<T>(Shape{R, q_cols});
-    Tensor<T> dk_block = B::template empty<T>(Shape{R, kv_cols}), dv_block = B::template empty<T>(Shape{R, kv_cols});
-    for (int step = 0; step < ring.P; ++step) {
-      comm::Handle pass = ring.pass(step);  // none: step 1 waits for the gather
-      for (const detail::RingBlock& b : ring.blocks(step)) {
-        const AttentionShape block = ring.block(step, b);
-        const std::int64_t qi = b.q_chunk;
-        B::attention_backward(block, detail::chunk_rows(q, b.q_chunk, R),
-                              detail::chunk_rows(ring.keys(step), b.kv_chunk, R),
-                              detail::chunk_rows(ring.values(step), b.kv_chunk, R), detail::chunk_rows(o, b.q_chunk, R),
-                              lse + qi * stats, detail::chunk_rows(d_o, b.q_chunk, R), dq_block.view(),
-                              dk_block.view(), dv_block.view());
-        const auto i = static_cast<std::size_t>(b.q_chunk);
-        B::for_each(R * q_cols, ops::AccumulateInto<T>{dq_block.data(), dq_acc.data() + qi * R * q_cols, !dq_written[i]});
-        dq_written[i] = true;
-        A* dk_into = dkv_all.data() + ring.source(step) * kv_numel + b.kv_chunk * R * kv_cols;
-        B::for_each(R * kv_cols, ops::AccumulateInto<T>{dk_block.data(), dk_into, false});
-        B::for_each(R * kv_cols, ops::AccumulateInto<T>{dv_block.data(), dk_into + 2 * R * kv_cols, false});
-      }
-    }
-    Tensor<A> home = B::template empty<A>(Shape{kv_numel});
-    cp->comm().reduce_scatter(std::span<const A>(dkv_all.data(), static_cast<std::size_t>(ring.P * kv_numel)),
-                              std::span<A>(home.data(), static_cast<std::size_t>(kv_numel)));
-    B::for_each(2 * R * q_cols, ops::Convert<A, T>{dq_acc.data(), dq.data()});
-    B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data(), dk.data()});
-    B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data() + 2 * R * kv_cols, dv.data()});
-    return;
-  }
-  // The running gradients of the keys held, packed like them, in accum_t<T>: the one
-  // being added into, and the one arriving for the next step's keys; and this step's
-  // blocks' gradients of the keys, summed apart while the running ones arrive.
-  std::array<Tensor<A>, 2> dkv{B::template zeros<A>(Shape{kv_numel}), B::template empty<A>(Shape{kv_numel})};
-  Tensor<A> step_dkv = B::template empty<A>(Shape{kv_numel});
+  // Both rotations: each block's backward from the merged o and lse, its dq summed into
+  // this rank's, its dk and dv into `slot` (packed like the keys the step used).
   Tensor<A> dq_acc = B::template empty<A>(Shape{2 * R * q_cols});
   std::array<bool, 2> dq_written{false, false};
   Tensor<T> dq_block = B::template empty<T>(Shape{R, q_cols});
   Tensor<T> dk_block = B::template empty<T>(Shape{R, kv_cols}), dv_block = B::template empty<T>(Shape{R, kv_cols});
-  comm::Handle gradients;  // the running gradients' exchange issued at the previous step
-  for (int step = 0; step < ring.P; ++step) {
-    comm::Handle pass = ring.pass(step);
-    // Step 0 adds into its own keys' running gradients (zero); a later step sums its
-    // blocks apart while those of its keys are still arriving from rank i - 1.
-    Tensor<A>& run = dkv[static_cast<std::size_t>(step % 2)];
-    Tensor<A>& into = step == 0 ? run : step_dkv;
-    if (step > 0) B::for_each(kv_numel, ops::Fill<A>{A(0), step_dkv.data()});
+  auto backward_blocks = [&](int step, A* slot) {
     for (const detail::RingBlock& b : ring.blocks(step)) {
       const AttentionShape block = ring.block(step, b);
       const std::int64_t qi = b.q_chunk;
@@ -370,10 +326,45 @@ void attention_backward(ContextParallelGroup* cp, const AttentionShape& s, Tenso
       const auto i = static_cast<std::size_t>(b.q_chunk);
       B::for_each(R * q_cols, ops::AccumulateInto<T>{dq_block.data(), dq_acc.data() + qi * R * q_cols, !dq_written[i]});
       dq_written[i] = true;
-      A* dk_into = into.data() + b.kv_chunk * R * kv_cols;
+      A* dk_into = slot + b.kv_chunk * R * kv_cols;
       B::for_each(R * kv_cols, ops::AccumulateInto<T>{dk_block.data(), dk_into, false});
       B::for_each(R * kv_cols, ops::AccumulateInto<T>{dv_block.data(), dk_into + 2 * R * kv_cols, false});
     }
+  };
+  // dq, and this rank's keys' gradients `home` (packed), written out in T.
+  auto write_out = [&](const A* home) {
+    B::for_each(2 * R * q_cols, ops::Convert<A, T>{dq_acc.data(), dq.data()});
+    B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home, dk.data()});
+    B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home + 2 * R * kv_cols, dv.data()});
+  };
+  if (ring.gathered()) {
+    // Each block's gradients of the keys summed into the slot of the rank they came from,
+    // then one reduce-scatter: every rank the sum for its own keys.
+    Tensor<A> dkv_all = B::template zeros<A>(Shape{ring.P * kv_numel});
+    for (int step = 0; step < ring.P; ++step) {
+      comm::Handle pass = ring.pass(step);  // none: step 1 waits for the gather
+      backward_blocks(step, dkv_all.data() + ring.source(step) * kv_numel);
+    }
+    Tensor<A> home = B::template empty<A>(Shape{kv_numel});
+    cp->comm().reduce_scatter(std::span<const A>(dkv_all.data(), static_cast<std::size_t>(ring.P * kv_numel)),
+                              std::span<A>(home.data(), static_cast<std::size_t>(kv_numel)));
+    write_out(home.data());
+    return;
+  }
+  // The running gradients of the keys held, packed like them, in accum_t<T>: the one
+  // being added into, and the one arriving for the next step's keys; and this step's
+  // blocks' gradients of the keys, summed apart while the running ones arrive.
+  std::array<Tensor<A>, 2> dkv{B::template zeros<A>(Shape{kv_numel}), B::template empty<A>(Shape{kv_numel})};
+  Tensor<A> step_dkv = B::template empty<A>(Shape{kv_numel});
+  comm::Handle gradients;  // the running gradients' exchange issued at the previous step
+  for (int step = 0; step < ring.P; ++step) {
+    comm::Handle pass = ring.pass(step);
+    // Step 0 adds into its own keys' running gradients (zero); a later step sums its
+    // blocks apart while those of its keys are still arriving from rank i - 1.
+    Tensor<A>& run = dkv[static_cast<std::size_t>(step % 2)];
+    Tensor<A>& into = step == 0 ? run : step_dkv;
+    if (step > 0) B::for_each(kv_numel, ops::Fill<A>{A(0), step_dkv.data()});
+    backward_blocks(step, into.data());
     if (step > 0) {
       gradients.wait();  // the running gradients of these keys, sent by rank i - 1 after its step - 1
       B::for_each(kv_numel, ops::AccumulateInto<A>{step_dkv.data(), run.data(), false});
@@ -384,10 +375,7 @@ void attention_backward(ContextParallelGroup* cp, const AttentionShape& s, Tenso
     pass.wait();
   }
   gradients.wait();
-  const Tensor<A>& home = dkv[static_cast<std::size_t>(ring.P % 2)];
-  B::for_each(2 * R * q_cols, ops::Convert<A, T>{dq_acc.data(), dq.data()});
-  B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data(), dk.data()});
-  B::for_each(2 * R * kv_cols, ops::Convert<A, T>{home.data() + 2 * R * kv_cols, dv.data()});
+  write_out(dkv[static_cast<std::size_t>(ring.P % 2)].data());
 }
 
 }  // namespace tessera::parallel
