@@ -402,8 +402,11 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
         m.validation_tokens = v.tokens;
       }
       // The training state after every interval-th step and the last (at the last with
-      // last_save_model_only, the model alone: <dump_folder>/model.safetensors below).
-      if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || last) && !(last && c.checkpoint.last_save_model_only)) {
+      // last_save_model_only, the model alone: <dump_folder>/model.safetensors below), and
+      // after the first with enable_first_step_checkpoint.
+      const bool first = s == 1 && c.checkpoint.enable_first_step_checkpoint;
+      if (c.checkpoint.enable && (s % c.checkpoint.interval == 0 || last || first) &&
+          !(last && !first && c.checkpoint.last_save_model_only)) {
         const profile::Span span("step", "checkpoint");
         const std::string dir = train::step_path(ckpt, s).string();
         const auto t0 = std::chrono::steady_clock::now();

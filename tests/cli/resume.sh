@@ -192,6 +192,18 @@ else
   fail "f8_killed: the run ended before step $k"
 fi
 
+# --- checkpoint.enable_first_step_checkpoint: a save right after step 1 -------------------
+# Three steps, an interval past them, the last save the model alone: the only whole
+# checkpoint is step 1's, and it is complete.
+first=("${small[@]}" --training.steps 3 --checkpoint.interval 100 --checkpoint.last_save_model_only true)
+if run first_step "$train" "${first[@]}" --checkpoint.enable_first_step_checkpoint true; then
+  if [ "$(cd "$work/first_step/checkpoint" && ls)" = "step-1" ] && [ -f "$work/first_step/checkpoint/step-1/COMPLETE" ]; then
+    echo "ok: enable_first_step_checkpoint saved step 1 alone, complete"
+  else
+    fail "first_step: checkpoint folder holds '$(ls "$work/first_step/checkpoint" 2>&1 | tr '\n' ' ')' (expected step-1, complete)"
+  fi
+fi
+
 # --- mpirun: one rank process killed -----------------------------------------------------
 if [ "$mpirun" != none ]; then
   # The float8 all-gather over MPI: thread ranks' run, within the parity bar.

@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 103);
+  CHECK(keys.size() == 104);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -688,6 +688,7 @@ TEST_CASE("to_toml round trip") {
                  "--checkpoint.folder", "ckpt",
                  "--checkpoint.interval", "3",
                  "--checkpoint.load_step", "6",
+                 "--checkpoint.enable_first_step_checkpoint",
                  "--checkpoint.exclude_from_loading", "dataloader,lr_scheduler",
                  "--checkpoint.async_mode", "async",
                  "--checkpoint.last_save_model_only", "false",

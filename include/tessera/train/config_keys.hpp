@@ -368,6 +368,9 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("checkpoint.interval", field<&J::checkpoint, &CheckpointSection::interval>(),
                "Save every this many steps.")
           .positive(),
+      make_key("checkpoint.enable_first_step_checkpoint",
+               field<&J::checkpoint, &CheckpointSection::enable_first_step_checkpoint>(),
+               "Also save right after the first step: a new cluster or storage shows at once that saving works."),
       make_key("checkpoint.load_step", field<&J::checkpoint, &CheckpointSection::load_step>(),
                "Resume from the checkpoint of this step (it must be there and complete).")
           .at_least(0)
