@@ -120,6 +120,10 @@ void usage() {
       "                   its live tensors leave unfilled at the peak, 0 to 1 (default 0.15, GMLake's average on\n"
       "                   A100 80GB; plan/scaling_memory.hpp): the stage fits where its peak / (1 - F) does\n"
       "  --plan.top N     how many of the costliest kinds of operation to list (default 12)\n"
+      "  --plan.balance_stages true  with a pipeline of stages of equal size: the layout also priced with the\n"
+      "                   embedding counted as 0-2 layers and the output as 0-4 (parallelism.pipeline_parallel_\n"
+      "                   first_stage_less_layers, _last_stage_less_layers), fastest first; --emit-config\n"
+      "                   writes the fastest that fits\n"
       "  --plan.gpu_hour_price P  what one GPU-hour costs (any currency): the run's price beside its GPU-hours\n\n"
       "Config keys are llama-train's (llama-train --help lists them).\n",
       builtin_machine_names().c_str());
@@ -715,6 +719,73 @@ void emit_schedule(const std::string& path, const train::JobConfig& c) {
   TESSERA_CHECK(out.good(), "--emit-schedule ", path, ": cannot write");
 }
 
+/// One weighting of the ends of a pipeline's even split, priced (--plan.balance_stages).
+struct Balance {
+  int first = 1, last = 1;  // the layers the embedding and the output count as
+  std::vector<int> blocks;  // per stage
+  plan::LayoutPrediction layout;
+};
+
+/// The layouts --plan.balance_stages prices: `c` with the embedding counted as 0-2 layers
+/// and the output as 0-4 in the even split, each split of the blocks once (by the first
+/// weighting that makes it), fastest first of those that fit, then the rest; `refused`,
+/// the weightings the runtime refuses (a stage left with nothing), and `why`, the first
+/// one's reason.
+std::vector<Balance> balance_stages(const train::JobConfig& c, int world, const Target& target, bool bf16_model,
+                                    int& refused, std::string& why) {
+  const comm::MeshShape mesh = plan::check_dry_run(c, world);
+  const int L = static_cast<int>(c.model.args.n_layers);
+  std::vector<Balance> out;
+  refused = 0;
+  for (int first = 0; first <= 2; ++first)
+    for (int last = 0; last <= 4; ++last) {
+      train::JobConfig v = c;
+      v.parallelism.pipeline_parallel_first_stage_less_layers = first;
+      v.parallelism.pipeline_parallel_last_stage_less_layers = last;
+      Balance b;
+      b.first = first;
+      b.last = last;
+      try {
+        const parallel::PipelineOptions o = train::pipeline_options(v);
+        for (const auto& st : parallel::pipeline_stages(o.schedule, o, L, mesh.pp).stages) b.blocks.push_back(st.blocks());
+        if (std::any_of(out.begin(), out.end(), [&](const Balance& x) { return x.blocks == b.blocks; }))
+          continue;  // the same stages as a weighting already priced
+        std::vector<plan::StepTrace> traces;
+        for (int rank : plan::distinct_ranks(mesh))
+          traces.push_back(llama_plan::trace_step(v, bf16_model, target.device_bytes, world, rank));
+        b.layout = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}), 0);
+      } catch (const Error& e) {  // what the runtime would refuse for this weighting
+        if (refused++ == 0) why = tessera::detail::concat("first ", first, ", last ", last, ": ", e.what());
+        continue;
+      }
+      out.push_back(std::move(b));
+    }
+  std::stable_sort(out.begin(), out.end(), [](const Balance& a, const Balance& b) {
+    if (a.layout.fits != b.layout.fits) return a.layout.fits;
+    return a.layout.step_seconds < b.layout.step_seconds;
+  });
+  return out;
+}
+
+/// The row among `rows` with `c`'s own split of the blocks, or nullptr.
+const Balance* balance_of(const std::vector<Balance>& rows, const train::JobConfig& c) {
+  const parallel::PipelineOptions o = train::pipeline_options(c);
+  std::vector<int> blocks;
+  for (const auto& st : parallel::pipeline_stages(o.schedule, o, static_cast<int>(c.model.args.n_layers),
+                                                  static_cast<int>(c.parallelism.pipeline_parallel_degree))
+                            .stages)
+    blocks.push_back(st.blocks());
+  for (const Balance& b : rows)
+    if (b.blocks == blocks) return &b;
+  return nullptr;
+}
+
+std::string blocks_text(const std::vector<int>& blocks) {
+  std::string t;
+  for (int b : blocks) t += (t.empty() ? "" : " ") + std::to_string(b);
+  return t;
+}
+
 /// "a, b, c".
 std::string joined(const std::vector<std::string>& items) {
   std::string s;
@@ -949,6 +1020,7 @@ int run(std::vector<std::string> args) {
   std::int64_t max_microbatch = 8;
   std::vector<std::string> float8_recipes;  // --search.float8: float8 as a search dimension
   std::size_t top = 12;  // plan.top: the costliest kinds of operation listed
+  bool balance = false;  // plan.balance_stages: the ends' weights of a pipeline's split priced
   std::optional<double> price;  // plan.gpu_hour_price: what one GPU-hour costs
   auto value_of = [&](std::size_t i, const char* what) {
     TESSERA_CHECK(i + 1 < args.size() && !args[i + 1].empty() && args[i + 1].rfind("--", 0) != 0, args[i],
@@ -1007,6 +1079,9 @@ int run(std::vector<std::string> args) {
       } else if (key == "rmsnorm") {
         TESSERA_CHECK(v == "torch" || v == "fused", "--plan.rmsnorm ", v, ": expected torch or fused");
         fused_rmsnorm = v == "fused";
+      } else if (key == "balance_stages") {
+        TESSERA_CHECK(v == "true" || v == "false", "--plan.balance_stages ", v, ": expected true or false");
+        balance = v == "true";
       } else if (key == "top") {
         top = static_cast<std::size_t>(whole_number("--plan.top", v, 0, 1 << 20, "a number of kinds, 0 or more"));
       } else if (key == "gpu_hour_price") {
@@ -1018,7 +1093,7 @@ int run(std::vector<std::string> args) {
                       ": expected a share of the reservation, from 0 up to (not including) 1");
       } else {
         TESSERA_CHECK(false, "--plan.", key, ": unknown key (known: plan.zero1, plan.runtime, plan.attention, "
-                      "plan.rmsnorm, plan.fragmentation, plan.top, plan.gpu_hour_price)");
+                      "plan.rmsnorm, plan.fragmentation, plan.top, plan.balance_stages, plan.gpu_hour_price)");
       }
     } else if (args[i] == "--gpus") {
       gpus = whole_number("--gpus", value_of(i, "a number of GPUs"), 1, 1 << 24,
@@ -1096,6 +1171,7 @@ int run(std::vector<std::string> args) {
                                      given.model.args.head_dim(), 1, given.training.document_mask,
                                      given.parallelism.context_parallel_degree > 1);
     check_cluster(t);
+    TESSERA_CHECK(!balance, "--plan.balance_stages: weighs one layout's stages; not with --search");
     return search(given, world, t, bf16, json, emit, emit_csv, max_microbatch, float8_recipes, price);
   }
   TESSERA_CHECK(float8_recipes.empty(), "--search.float8: a dimension of --search; give --search with it (one layout "
@@ -1124,12 +1200,22 @@ int run(std::vector<std::string> args) {
     if (train::float8_enabled(c) && !c.float8.emulate)
       target.pricer->require_float8("model.converters = [\"float8\"] with float8.emulate = false (the GPU's float8 GEMMs)");
   }
-  if (!emit.empty()) emit_config(emit, c);
+  const std::string other_runtime = scaling ? "plan.runtime scaling" : torchtitan ? "plan.runtime torchtitan"
+                                    : zero1 ? "plan.zero1" : "";
+  if (balance) {
+    TESSERA_CHECK(mesh.pp > 1, "--plan.balance_stages: weighs the ends of a pipeline's stages; the layout has none "
+                  "(parallelism.pipeline_parallel_degree = 1)");
+    TESSERA_CHECK(c.parallelism.pipeline_parallel_split_points.empty() &&
+                      !c.parallelism.pipeline_parallel_layers_per_stage,
+                  "--plan.balance_stages: weighs the ends of the even split; parallelism.pipeline_parallel_split_points"
+                  " or pipeline_parallel_layers_per_stage place the stages themselves");
+    TESSERA_CHECK(!cpu && other_runtime.empty(), "--plan.balance_stages: prices tessera's step on a GPU --machine",
+                  other_runtime.empty() ? "" : ", not with ", other_runtime);
+  }
+  if (!emit.empty() && !balance) emit_config(emit, c);  // with balance_stages: the fastest weighting, below
   if (!emit_csv.empty()) emit_schedule(emit_csv, c);
   // The run's validation, traced where it is priced (plan.runtime and plan.zero1 price
   // another runtime's step).
-  const std::string other_runtime = scaling ? "plan.runtime scaling" : torchtitan ? "plan.runtime torchtitan"
-                                    : zero1 ? "plan.zero1" : "";
   const ValidationPlan validation = plan_validation(c, mesh.dp(), other_runtime);
   if (world == 1 && !zero1 && !torchtitan) {
     plan::StepTrace st = llama_plan::trace_step(c, bf16_model, target.device_bytes);
@@ -1207,10 +1293,57 @@ int run(std::vector<std::string> args) {
   const plan::RunCost run_cost =
       price_run(c, l.step_seconds, traces.front().shape.tokens, world, validation,
                 validation_traces.empty() ? 0 : plan::predict_layout(validation_traces, *target.pricer, network, 0).step_seconds);
-  if (json)
-    std::printf("%s\n", layout_json(l, traces, c, target, mm, run_cost, price).dump(2).c_str());
-  else
-    print_layout(l, traces, c, target, mm, run_cost, price);
+  std::vector<Balance> weighed;
+  int refused = 0;
+  std::string refusal;
+  if (balance) {
+    weighed = balance_stages(c, world, target, bf16_model, refused, refusal);
+    TESSERA_CHECK(!weighed.empty(), "--plan.balance_stages: every weighting of the ends is refused (", refusal, ")");
+    if (!emit.empty()) {
+      train::JobConfig best = c;
+      best.parallelism.pipeline_parallel_first_stage_less_layers = weighed.front().first;
+      best.parallelism.pipeline_parallel_last_stage_less_layers = weighed.front().last;
+      emit_config(emit, best);
+    }
+  }
+  const Balance* mine = balance ? balance_of(weighed, c) : nullptr;
+  if (json) {
+    nlohmann::json j = layout_json(l, traces, c, target, mm, run_cost, price);
+    if (balance) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const Balance& b : weighed)
+        rows.push_back({{"first_stage_less_layers", b.first},
+                        {"last_stage_less_layers", b.last},
+                        {"blocks_per_stage", b.blocks},
+                        {"step_seconds", b.layout.step_seconds},
+                        {"tokens_per_sec", b.layout.tokens_per_sec},
+                        {"reserved_memory_bytes", b.layout.reserved_memory_bytes},
+                        {"fits", b.layout.fits}});
+      j["stage_balance"] = {{"weightings", rows}, {"refused", refused}};
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  print_layout(l, traces, c, target, mm, run_cost, price);
+  if (balance) {
+    std::printf("\nstage balance (plan.balance_stages): the embedding and the output counted as 0-2 and 0-4 layers "
+                "in the even split, each split once, fastest first\n");
+    std::printf(" first  last  blocks a stage          step  tokens/s/GPU     reserved\n");
+    for (const Balance& b : weighed)
+      std::printf("   %3d   %3d  %-18s  %10s  %12.0f  %11s%s%s\n", b.first, b.last, blocks_text(b.blocks).c_str(),
+                  seconds_text(b.layout.step_seconds).c_str(), b.layout.tokens_per_sec,
+                  gib(static_cast<double>(b.layout.reserved_memory_bytes)).c_str(), b.layout.fits ? "" : "  does NOT fit",
+                  &b == mine ? "  (the config's split)" : "");
+    if (refused > 0) std::printf("  %d weighting%s refused (%s)\n", refused, refused == 1 ? "" : "s", refusal.c_str());
+    const Balance& best = weighed.front();
+    if (mine && &best != mine && best.layout.fits)
+      std::printf("the fastest that fits: --parallelism.pipeline_parallel_first_stage_less_layers %d "
+                  "--parallelism.pipeline_parallel_last_stage_less_layers %d: %s a step (%+.1f%% against the config's)\n",
+                  best.first, best.last, seconds_text(best.layout.step_seconds).c_str(),
+                  100.0 * (best.layout.step_seconds / mine->layout.step_seconds - 1.0));
+    else if (mine && &best == mine)
+      std::printf("the config's weighting is the fastest that fits\n");
+  }
   return 0;
 }
 

@@ -354,6 +354,43 @@ else
   echo "FAIL: --emit-schedule:"; head -n 5 "$work/err" "$work/order.csv"; failures=$((failures + 1))
 fi
 
+# --plan.balance_stages: the ends' weights of a pipeline's even split priced, each split of
+# the blocks once, fastest first; the config's split among them; --emit-config writes the
+# fastest, whose plan is that row's.
+balanced=(--config "$configs/llama3_8b.toml" --machine h100-sxm --gpus 8 --parallelism.pipeline_parallel_degree 8
+          --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 16 --training.global_batch_size 16)
+if "$plan" "${balanced[@]}" --plan.balance_stages true --json --emit-config "$work/balanced.toml" > "$work/bal.json" 2> "$work/err" &&
+   "$plan" --config "$work/balanced.toml" --json > "$work/bal_best.json" 2>> "$work/err" &&
+   python3 - "$work/bal.json" "$work/bal_best.json" <<'EOF2'
+import json, sys
+j, best = (json.load(open(f)) for f in sys.argv[1:])
+rows = j["stage_balance"]["weightings"]
+splits = [tuple(r["blocks_per_stage"]) for r in rows]
+if len(splits) != len(set(splits)) or any(sum(s) != 32 or len(s) != 8 for s in splits):
+    sys.exit("splits %s: not 8 stages of the 32 blocks, each once" % splits)
+fitting = [r["step_seconds"] for r in rows if r["fits"]]
+if fitting != sorted(fitting) or not rows[0]["fits"]:
+    sys.exit("not fastest first: %s" % fitting)
+mine = [r for r in rows if r["first_stage_less_layers"] == 1 and r["last_stage_less_layers"] == 1]
+if len(mine) != 1 or abs(mine[0]["step_seconds"] - j["step_seconds"]) > 1e-9:
+    sys.exit("the config's own weighting is not its plan's step: %s against %s" % (mine, j["step_seconds"]))
+if abs(best["step_seconds"] - rows[0]["step_seconds"]) > 1e-9:
+    sys.exit("the emitted config plans %s, the fastest row %s" % (best["step_seconds"], rows[0]["step_seconds"]))
+print("%d splits, the fastest %.3f s against the config's %.3f s" % (len(rows), rows[0]["step_seconds"], j["step_seconds"]))
+EOF2
+then
+  echo "ok: --plan.balance_stages prices each split once, fastest first, and --emit-config writes the fastest"
+else
+  echo "FAIL: --plan.balance_stages:"; head -n 5 "$work/err"; failures=$((failures + 1))
+fi
+plan_fails "--plan.balance_stages without a pipeline" \
+  "--plan.balance_stages: weighs the ends of a pipeline's stages; the layout has none (parallelism.pipeline_parallel_degree = 1)" \
+  "${debug[@]}" --plan.balance_stages true
+plan_fails "--plan.balance_stages with split points" \
+  "--plan.balance_stages: weighs the ends of the even split; parallelism.pipeline_parallel_split_points" \
+  "${balanced[@]}" --plan.balance_stages true --parallelism.pipeline_parallel_split_points \
+  layers.4,layers.8,layers.12,layers.16,layers.20,layers.24,layers.28
+
 # --plan.zero1: data-parallel replicas accounted as ZeRO-1 hold less than as DDP (the
 # optimizer's state split 16 ways, bf16 gradients), and the mode is never emitted.
 ddp=(--config "$configs/llama2_7b.toml" --machine a100-80gb-sxm --gpus 16 --training.seq_len 512
