@@ -96,6 +96,9 @@ TEST_CASE("schedule csv: empty cells, spaces, quotes, CRLF, a byte-order mark an
   const ScheduleTable t = parse(text);
   CHECK(t.order.per_rank[0] == std::vector<Action>{{F, 0, 0}, {F, 0, 1}, {B, 0, 0}, {B, 0, 1}});
   CHECK(t.order.per_rank[1] == std::vector<Action>{{F, 1, 0}, {B, 1, 0}, {F, 1, 1}, {B, 1, 1}});
+  // Blank lines after the last row are no ranks; one between rows is a rank with nothing.
+  CHECK(parse(text + "\r\n  \n\n").order.ranks == 2);
+  CHECK_ERROR_CONTAINS(parse("0F0,0B0\n\n1F0,1B0\n"), "order.csv: row 2 (rank 1) has no forward");
 }
 
 TEST_CASE("schedule csv: malformed cells are refused naming the file, the row and the column") {

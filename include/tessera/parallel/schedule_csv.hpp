@@ -149,6 +149,7 @@ inline ScheduleTable parse_schedule_csv(std::string_view text, std::string sourc
   if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a byte-order mark
   std::vector<std::vector<Action>> rows;
   std::vector<std::vector<int>> columns;  // each action's cell, for errors
+  std::vector<bool> blank;                // whether each row's line is blank
   std::size_t line_start = 0;
   while (line_start < text.size()) {
     std::size_t end = text.find('\n', line_start);
@@ -169,6 +170,14 @@ inline ScheduleTable parse_schedule_csv(std::string_view text, std::string sourc
       if (comma == std::string_view::npos) break;
       cell_start = comma + 1;
     }
+    blank.push_back(detail::trim(line).empty());
+  }
+  // Blank lines after the last row (an editor's) are no ranks; one between rows is a rank
+  // with nothing to do, refused below.
+  while (!rows.empty() && blank.back()) {
+    rows.pop_back();
+    columns.pop_back();
+    blank.pop_back();
   }
   const auto where = [&](int row, std::size_t i) {
     return ::tessera::detail::concat(t.source, ": row ", row + 1, ", column ",
