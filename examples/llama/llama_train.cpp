@@ -206,6 +206,7 @@ int run(std::vector<std::string> args) {
                                           "(testing only: slow)"
                                         : "");
     in.compute_text = [compute] { return compute; };
+    in.annotations = llama_train::nvtx_annotations();
     TESSERA_CHECK(!c.comm.check_nccl_semantics, "comm.check_nccl_semantics = true on a GPU: the check holds the CPU "
                   "engines to NCCL's rules (set training.device = \"cpu\"); GPU processes run NCCL itself, and "
                   "virtual ranks share one device, which NCCL refuses");

@@ -2,6 +2,7 @@
 // B = Cuda (see train_cuda.hpp). Host C++: the kernels it launches come from the build's
 // kernel library (examples/instances/cuda_kernels.cu).
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -79,6 +80,13 @@ std::string setup_cuda_attention(const train::JobConfig& c) {
 }
 
 comm::MemoryAccess cuda_memory_access() { return Cuda::memory_access(); }
+
+profile::Annotations nvtx_annotations() {
+  profile::Annotations a;
+  a.push = [](const char* name) { (void)nvtxRangePushA(name); };
+  a.pop = [] { (void)nvtxRangePop(); };
+  return a;
+}
 
 int run_rank_cuda(comm::Communicator world, const RunInputs& in) {
   if (in.config->training.mixed_precision_param == "bfloat16") return run_rank<DynamicModel<bf16, Cuda>>(world, in);

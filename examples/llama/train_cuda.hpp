@@ -44,6 +44,10 @@ std::string setup_cuda_attention(const train::JobConfig& c);
 /// How thread ranks sharing the GPU move and reduce its buffers (Cuda::memory_access()).
 comm::MemoryAccess cuda_memory_access();
 
+/// NVTX ranges for a recorded step's spans (profiling.enable_profiling): under Nsight
+/// Systems each span shows over the kernels it launched.
+profile::Annotations nvtx_annotations();
+
 /// run_rank over the CUDA backend: nn::Transformer<bf16, Cuda, ...> when
 /// training.mixed_precision_param is "bfloat16" (bf16 activations and parameters, fp32
 /// gradients and AdamW state), nn::Transformer<float, Cuda, ...> when it is "float32".

@@ -63,6 +63,8 @@ struct RunInputs {
   /// What each rank computes with, asked when the header is printed (after run_rank has
   /// set a thread rank's OpenMP team): "2 OpenMP threads each", "on one NVIDIA H200 ...".
   std::function<std::string()> compute_text;
+  /// What a recorded step's spans also tell a device profiler (NVTX ranges on a GPU).
+  profile::Annotations annotations;
 };
 
 /// The stages of a pipeline, in order, each with the pipeline rank `schedule` places it on:
@@ -373,6 +375,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   // profiling.enable_profiling: every profile_freq-th step recorded on this rank's thread
   // (core/profile.hpp), its timeline written by every rank beside the others'.
   profile::Recorder recorder([] { return memory_stats(Model::backend_type::device).now(); });
+  recorder.annotate(in.annotations);
   auto write_profile = [&](std::int64_t s) {
     const fs::path dir = dump / c.profiling.save_traces_folder / ("iteration_" + std::to_string(s));
     const fs::path file = dir / ("rank" + std::to_string(world.rank()) + "_trace.json");

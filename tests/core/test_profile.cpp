@@ -156,3 +156,24 @@ TEST_CASE("profile: the Chrome trace file holds every span, its payload and the 
   CHECK(last["other temporaries"] == 300);
   CHECK(last["workspace"] == 0);
 }
+
+namespace {
+std::string annotated;  // what the annotation hooks below were told, in order
+void push_annotation(const char* name) { annotated += std::string("+") + name; }
+void pop_annotation() { annotated += "-"; }
+}  // namespace
+
+TEST_CASE("profile: a Recorder's annotations (NVTX ranges on a GPU) open and close with its spans") {
+  profile::Recorder r;
+  r.annotate({push_annotation, pop_annotation});
+  annotated.clear();
+  {
+    const profile::Span outside("step", "not recorded, not annotated");
+  }
+  {
+    const profile::Recording on(r);
+    const profile::Span step("step", "step 1");
+    const profile::Span layer("layer", "layers.0 forward");
+  }
+  CHECK(annotated == "+step 1+layers.0 forward--");
+}

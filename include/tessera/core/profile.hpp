@@ -61,6 +61,15 @@ inline std::int64_t now_ns() {
       .count();
 }
 
+/// What a Recorder also tells a device profiler as its spans open and close: on a GPU,
+/// NVTX ranges, so that an Nsight Systems timeline of a recorded step shows each span
+/// over the kernels it launched (llama-train's CUDA build installs them; a range pushed
+/// with no profiler attached costs next to nothing).
+struct Annotations {
+  void (*push)(const char* name) = nullptr;
+  void (*pop)() = nullptr;
+};
+
 /// The spans opened on the threads it is installed on, in the order they opened.
 class Recorder {
  public:
@@ -68,6 +77,9 @@ class Recorder {
   /// thread): the bytes in use on the device the spans run on, by use
   /// (MemoryStats::now(), core/memory.hpp).
   explicit Recorder(std::function<MemoryBreakdown()> memory = {}) : memory_(std::move(memory)) {}
+
+  /// Also pushes and pops `a`'s ranges as spans open and close.
+  void annotate(Annotations a) { annotations_ = a; }
 
   const std::vector<Event>& events() const { return events_; }
   const std::vector<MemorySample>& memory() const { return samples_; }
@@ -81,9 +93,11 @@ class Recorder {
   std::size_t open(std::string name, const char* category, std::uint64_t bytes, int ranks) {
     sample();
     events_.push_back(Event{std::move(name), category, now_ns(), -1, bytes, ranks, depth_++});
+    if (annotations_.push) annotations_.push(events_.back().name.c_str());
     return events_.size() - 1;
   }
   void close(std::size_t index) {
+    if (annotations_.pop) annotations_.pop();
     events_[index].end_ns = now_ns();
     --depth_;
     sample();
@@ -99,6 +113,7 @@ class Recorder {
   }
 
   std::function<MemoryBreakdown()> memory_;
+  Annotations annotations_;
   std::vector<Event> events_;
   std::vector<MemorySample> samples_;
   int depth_ = 0;
