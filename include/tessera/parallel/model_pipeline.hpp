@@ -86,13 +86,10 @@ class ModelPipeline {
     // The schedule's own checks (stages per rank) with the smallest microbatch count it
     // takes; a file's rows against the ranks and the stages.
     check_schedule_shape(kind_, pp_, V, min_microbatches(kind_, pp_), w);
-    if (from_file(kind_)) {
-      TESSERA_CHECK(plan.pipeline.table != nullptr, w(settings::schedule), " = ", name_of(kind_),
-                    " runs the order of a schedule file, and ", w(settings::schedule_csv), " names none");
-      check_table_shape(*plan.pipeline.table, kind_, pp_, V, std::nullopt, w);
-    } else if (plan.pipeline.table) {
-      check_table_shape(*plan.pipeline.table, kind_, pp_, V, std::nullopt, w);  // refuses: the schedule has its own order
-    }
+    TESSERA_CHECK(!from_file(kind_) || plan.pipeline.table != nullptr, w(settings::schedule), " = ", name_of(kind_),
+                  " runs the order of a schedule file, and ", w(settings::schedule_csv), " names none");
+    // A table beside a named schedule is refused here too (it lays out its own order).
+    if (plan.pipeline.table) check_table_shape(*plan.pipeline.table, kind_, pp_, V, std::nullopt, w);
   }
 
   const nn::StackLayout& layout() const { return layout_; }
@@ -106,10 +103,8 @@ class ModelPipeline {
     auto it = schedules_.find(microbatches);
     if (it == schedules_.end())
       it = schedules_
-               .emplace(microbatches, from_file(kind_) ? schedule_from_table(*plan_.pipeline.table, kind_, pp_,
-                                                                             stages_per_rank_, microbatches,
-                                                                             plan_.wording())
-                                                       : make_schedule(kind_, pp_, stages_per_rank_, microbatches))
+               .emplace(microbatches,
+                        schedule_for(kind_, plan_.pipeline, pp_, stages_per_rank_, microbatches, plan_.wording()))
                .first;
     return it->second;
   }

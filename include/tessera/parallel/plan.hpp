@@ -17,6 +17,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/ops/float8.hpp"
+#include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/schedule_csv.hpp"
 #include "tessera/parallel/schedule_kind.hpp"
 #include "tessera/parallel/stages.hpp"
@@ -142,6 +143,17 @@ struct PipelineOptions {
   /// lay out their own.
   std::shared_ptr<const ScheduleTable> table;
 };
+
+/// The schedule a pipeline run by `kind` with `p` runs on `ranks` x `stages_per_rank`
+/// stages for `microbatches` microbatches: the file's order for PipelineScheduleSingle and
+/// PipelineScheduleMulti (schedule_from_table), else the named schedule's (make_schedule).
+inline Schedule schedule_for(ScheduleKind kind, const PipelineOptions& p, int ranks, int stages_per_rank,
+                             int microbatches, Wording wording = config_keys) {
+  if (!from_file(kind)) return make_schedule(kind, ranks, stages_per_rank, microbatches);
+  TESSERA_CHECK(p.table != nullptr, wording(settings::schedule), " = ", name_of(kind),
+                " runs the order of a schedule file, and ", wording(settings::schedule_csv), " names none");
+  return schedule_from_table(*p.table, kind, ranks, stages_per_rank, microbatches, wording);
+}
 
 /// Where a pipeline run by `kind` with `p` puts its stages: where the schedule file's
 /// rows put them for PipelineScheduleSingle and PipelineScheduleMulti, else the

@@ -122,8 +122,7 @@ inline parallel::Schedule pipeline_schedule(const JobConfig& c) {
   const parallel::PipelineOptions o = pipeline_options(c);
   const int V = parallel::pipeline_stages(o.schedule, o, static_cast<int>(c.model.args.n_layers), pp).per_rank;
   const int M = static_cast<int>(c.training.local_batch_size / p.pipeline_parallel_microbatch_size);
-  return parallel::from_file(o.schedule) ? parallel::schedule_from_table(*o.table, o.schedule, pp, V, M)
-                                         : parallel::make_schedule(o.schedule, pp, V, M);
+  return parallel::schedule_for(o.schedule, o, pp, V, M);
 }
 
 /// The run-time plan [parallelism] and [activation_checkpoint] describe, on `mesh`.
