@@ -23,6 +23,8 @@
 #include "tessera/backend/caching_allocator.hpp"
 #include "tessera/core/buffer.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/memory_history.hpp"
+#include "tessera/core/profile.hpp"
 #include "../support/errors.hpp"
 
 namespace test_caching_allocator {  // unity build: this file's names stay in here (tests/meson.build)
@@ -146,7 +148,181 @@ CachingAllocator::Upstream expandable_upstream(FakeDevice& d, std::size_t range 
 
 std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
+/// What a history's events say the allocator holds: the blocks in use (address -> size)
+/// and the bytes of segments and pages held, replayed from the first event.
+struct Replayed {
+  std::map<std::uintptr_t, std::size_t> blocks;
+  std::size_t held = 0;
+};
+Replayed replay(const MemoryHistory& h) {
+  Replayed r;
+  for (const AllocatorEvent& e : h.events()) switch (e.action) {
+      case AllocatorAction::alloc: REQUIRE(r.blocks.emplace(e.address, e.bytes).second); break;
+      case AllocatorAction::free_completed: REQUIRE(r.blocks.erase(e.address) == 1); break;
+      case AllocatorAction::segment_alloc:
+      case AllocatorAction::segment_map: r.held += e.bytes; break;
+      case AllocatorAction::segment_free:
+      case AllocatorAction::segment_unmap: REQUIRE(r.held >= e.bytes); r.held -= e.bytes; break;
+      case AllocatorAction::oom: break;
+    }
+  return r;
+}
+
+/// Checks that `state` covers each segment exactly with its blocks, in address order,
+/// and agrees with the replay of `h` and with `stats`.
+void check_state(const AllocatorState& state, const MemoryHistory& h, const CachingAllocator::Stats& stats) {
+  std::size_t held = 0, allocated = 0, requested = 0;
+  std::map<std::uintptr_t, std::size_t> in_use;
+  std::uintptr_t last_end = 0;
+  for (const SegmentState& seg : state) {
+    REQUIRE(seg.address >= last_end);
+    last_end = seg.address + seg.bytes;
+    std::uintptr_t at = seg.address;
+    for (const BlockState& b : seg.blocks) {
+      REQUIRE(b.address == at);
+      at += b.bytes;
+      if (b.in_use) {
+        in_use.emplace(b.address, b.bytes);
+        allocated += b.bytes;
+        requested += b.requested;
+        REQUIRE(b.requested <= b.bytes);
+      }
+    }
+    REQUIRE(at == seg.address + seg.bytes);
+    held += seg.bytes;
+  }
+  CHECK(held == stats.reserved_bytes);
+  CHECK(allocated == stats.allocated_bytes);
+  CHECK(requested == stats.requested_bytes);
+  const Replayed r = replay(h);
+  CHECK(r.held == stats.reserved_bytes);
+  CHECK(r.blocks == in_use);
+}
+
 }  // namespace
+
+TEST_CASE("history: every block and segment, with where it was asked for; state: the segments and their blocks") {
+  FakeDevice device(8 * MiB);
+  CachingAllocator alloc(device.upstream());
+  CHECK(alloc.history() == nullptr);
+  void* before = alloc.allocate(4 * KiB, "before");  // not recorded: no history yet
+  alloc.record_history(100);
+  const MemoryHistory* h = alloc.history();
+  REQUIRE(h != nullptr);
+  alloc.record_history(5);  // one already recording stays
+  CHECK(alloc.history() == h);
+  CHECK(h->max_entries() == 100);
+
+  profile::Recorder recorder;
+  void* w = nullptr;
+  void* g = nullptr;
+  {
+    profile::Recording on(recorder);
+    const profile::Span step("step", "step 3");
+    const profile::Span layer("layer", [] { return std::string("layers.1 backward"); });
+    w = [&] {
+      const MemoryUseScope use(MemoryUse::parameters);
+      return alloc.allocate(3 * MiB, "layers.1.attention.wq");
+    }();
+    const MemoryUseScope use(MemoryUse::gradients);
+    g = alloc.allocate(1 * MiB + 1);
+    CHECK_ERROR_CONTAINS(alloc.allocate(5 * MiB, "too big"), "out of device memory");
+  }
+  alloc.release(g);
+  alloc.empty_cache();
+
+  const std::vector<AllocatorEvent> events = h->events();
+  std::vector<AllocatorAction> actions;
+  for (const AllocatorEvent& e : events) actions.push_back(e.action);
+  using A = AllocatorAction;
+  // w: a segment of 4 MiB, whole (1 MiB left is not split off); g: a 2 MiB segment,
+  // whole too; the device is full, so the 5 MiB request empties the cache (nothing free to
+  // give back) and fails; g goes, then its segment with empty_cache.
+  CHECK(actions == std::vector{A::segment_alloc, A::alloc, A::segment_alloc, A::alloc, A::oom, A::free_completed,
+                               A::segment_free});
+  CHECK(events[0].bytes == 4 * MiB);
+  CHECK(events[1].address == address(w));
+  CHECK(events[1].bytes == 4 * MiB);
+  CHECK(events[3].bytes == 2 * MiB);
+  CHECK(events[4].bytes == 5 * MiB);
+  CHECK(events[4].device_free == 0);
+  CHECK(events[6].address == events[2].address);
+  for (std::size_t i = 1; i < events.size(); ++i) CHECK(events[i].time_us >= events[i - 1].time_us);
+  const AllocationContext cw = h->context(events[1].context);
+  CHECK(cw.use == MemoryUse::parameters);
+  CHECK(cw.what == "layers.1.attention.wq");
+  REQUIRE(cw.spans.size() == 2);
+  CHECK(cw.spans[0] == AllocationContext::Span{"step", "step 3"});
+  CHECK(cw.spans[1] == AllocationContext::Span{"layer", "layers.1 backward"});
+  const AllocationContext cg = h->context(events[3].context);
+  CHECK(cg.use == MemoryUse::gradients);
+  CHECK(cg.what.empty());
+  CHECK(h->context(events[4].context).what == "too big");
+  CHECK(events[0].context == 0);
+  CHECK(h->live_context(address(w)) == events[1].context);
+  CHECK(h->live_context(address(g)) == 0);  // released
+  CHECK(h->live_context(address(before)) == 0);
+
+  // The state: the small segment of `before` (2 MiB: its block and the free rest) and w's.
+  const AllocatorState state = alloc.state();
+  REQUIRE(state.size() == 2);
+  const SegmentState& small = state[address(before) < address(w) ? 0 : 1];
+  const SegmentState& large = state[address(before) < address(w) ? 1 : 0];
+  CHECK(small.small);
+  CHECK(small.bytes == 2 * MiB);
+  CHECK(small.blocks == std::vector<BlockState>{{address(before), 4 * KiB, 4 * KiB, true},
+                                                {address(before) + 4 * KiB, 2 * MiB - 4 * KiB, 0, false}});
+  CHECK(!large.small);
+  CHECK(large.blocks == std::vector<BlockState>{{address(w), 4 * MiB, 3 * MiB, true}});
+  alloc.release(w);
+  alloc.release(before);
+
+  // A ring of 3 keeps the last 3 events.
+  FakeDevice other;
+  CachingAllocator small_ring(other.upstream());
+  small_ring.record_history(3);
+  void* x = small_ring.allocate(4 * KiB);
+  small_ring.release(x);
+  x = small_ring.allocate(8 * KiB);
+  const std::vector<AllocatorEvent> kept = small_ring.history()->events();
+  CHECK(small_ring.history()->overflowed());
+  REQUIRE(kept.size() == 3);
+  CHECK(kept[0].action == A::alloc);
+  CHECK(kept[1].action == A::free_completed);
+  CHECK(kept[2].action == A::alloc);
+  CHECK(kept[2].bytes == 8 * KiB);
+  small_ring.release(x);
+}
+
+TEST_CASE("state: the expandable segment is its runs of mapped pages; its history maps and unmaps them") {
+  FakeDevice device;
+  CachingAllocator alloc(expandable_upstream(device));
+  alloc.record_history();
+  auto* a = static_cast<char*>(alloc.allocate(4 * MiB, "a"));
+  void* b = alloc.allocate(6 * MiB, "b");
+  void* c = alloc.allocate(2 * MiB, "c");
+  alloc.release(b);
+  alloc.empty_cache();  // b's three pages go: two runs of mapped pages are left
+  const AllocatorState state = alloc.state();
+  REQUIRE(state.size() == 2);
+  CHECK(state[0].expandable);
+  CHECK(state[0].address == address(a));
+  CHECK(state[0].blocks == std::vector<BlockState>{{address(a), 4 * MiB, 4 * MiB, true}});
+  CHECK(state[1].address == address(a) + 10 * MiB);
+  CHECK(state[1].blocks == std::vector<BlockState>{{address(c), 2 * MiB, 2 * MiB, true}});
+  check_state(state, *alloc.history(), alloc.stats());
+  // A block over the holes maps them again: one run.
+  void* d = alloc.allocate(5 * MiB, "d");
+  const AllocatorState again = alloc.state();
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].bytes == 12 * MiB);
+  check_state(again, *alloc.history(), alloc.stats());
+  const std::vector<AllocatorEvent> events = alloc.history()->events();
+  CHECK(events.back().action == AllocatorAction::alloc);
+  CHECK(events[events.size() - 2].action == AllocatorAction::segment_map);
+  CHECK(events[events.size() - 2].bytes == 6 * MiB);
+  for (void* p : {static_cast<void*>(a), c, d}) alloc.release(p);
+}
 
 TEST_CASE("requests are rounded up to 512 bytes and blocks are 256-byte aligned") {
   FakeDevice device;
@@ -750,6 +926,7 @@ TEST_CASE("random allocations and releases keep every invariant") {
     std::size_t requested = 0;
     std::size_t allocations = 0;
     int out_of_memory = 0;
+    alloc.record_history(std::size_t{1} << 20);  // every event: the replay below starts from the first
     for (int step = 0; step < 6000; ++step) {
       if (live.empty() || rng() % 5 < 3) {
         std::size_t bytes;
@@ -811,7 +988,9 @@ TEST_CASE("random allocations and releases keep every invariant") {
       REQUIRE(s.peak_allocated >= s.allocated_bytes);
       REQUIRE(s.peak_reserved >= s.reserved_bytes);
       if (!expandable) REQUIRE(s.upstream_allocations - s.upstream_releases == device.segments.size());
+      if (step % 250 == 0) check_state(alloc.state(), *alloc.history(), s);
     }
+    CHECK(!alloc.history()->overflowed());
     CHECK(out_of_memory > 0);  // the budget was reached and the allocator recovered
     for (auto& [a, l] : live) alloc.release(reinterpret_cast<void*>(a));
     auto s = alloc.stats();

@@ -113,6 +113,31 @@ TEST_CASE("profile: the memory in use is sampled as spans open and close, a samp
   CHECK(r.memory().empty());
 }
 
+TEST_CASE("profile: the spans open now, outermost first; clear() keeps them open") {
+  profile::Recorder r;
+  const profile::Recording on(r);
+  CHECK(r.open_spans().empty());
+  const profile::Span step("step", "step 1");
+  {
+    const profile::Span layer("layer", [] { return std::string("layers.0 forward"); });
+    const auto open = r.open_spans();
+    REQUIRE(open.size() == 2);
+    CHECK(open[0]->name == "step 1");
+    CHECK(open[1]->name == "layers.0 forward");
+    CHECK(std::string(open[1]->category) == "layer");
+    CHECK(open[1]->depth == 1);
+  }
+  { const profile::Span done("comm", "all_gather"); }
+  REQUIRE(r.open_spans().size() == 1);
+  r.clear();  // the closed spans go; "step 1" is still open and closes into the next recording
+  REQUIRE(r.events().size() == 1);
+  CHECK(r.events()[0].name == "step 1");
+  CHECK(r.events()[0].end_ns == -1);
+  const profile::Span next("layer", "layers.1 forward");
+  REQUIRE(r.open_spans().size() == 2);
+  CHECK(r.open_spans()[1]->depth == 1);
+}
+
 TEST_CASE("profile: the Chrome trace file holds every span, its payload and the memory track") {
   MemoryStats stats;
   stats.on_alloc(1 << 20, MemoryUse::parameters);

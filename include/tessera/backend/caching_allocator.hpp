@@ -60,6 +60,12 @@
 // keeps a collective's tensors alive until its wait(); after that, later kernels on the
 // compute stream come after the collective and may reuse its blocks.
 //
+// History. record_history() attaches a MemoryHistory (core/memory_history.hpp) that is
+// told of every block handed out and taken back, every segment taken and given back
+// (pages mapped and unmapped, for the expandable one) and every request that could not be
+// served; state() is the segments and their blocks now. The two make a memory snapshot
+// (io/memory_snapshot.hpp). Without a history an allocation costs one more branch.
+//
 // Threads. One mutex guards each allocator, upstream calls included: several virtual
 // ranks (threads) share one device and its allocator.
 //
@@ -77,6 +83,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -87,6 +94,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/memory_history.hpp"
 #include "tessera/core/units.hpp"
 
 namespace tessera {
@@ -258,6 +266,7 @@ class CachingAllocator {
     stats_.requested_bytes += bytes;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated_bytes);
     ++stats_.allocations;
+    if (history_) history_->record(AllocatorAction::alloc, b->ptr, b->size, what);
     return b->ptr;
   }
 
@@ -308,6 +317,57 @@ class CachingAllocator {
   Stats stats() const {
     std::lock_guard lock(mutex_);
     return stats_;
+  }
+
+  /// Records what this allocator does from now on in a history of the last `max_entries`
+  /// events (core/memory_history.hpp); a history already recording is kept as it is.
+  void record_history(std::size_t max_entries = MemoryHistory::kDefaultEntries) {
+    std::lock_guard lock(mutex_);
+    if (!history_) history_ = std::make_unique<MemoryHistory>(max_entries);
+  }
+  /// The history record_history() attached, or nullptr; it lives as long as the allocator.
+  const MemoryHistory* history() const {
+    std::lock_guard lock(mutex_);
+    return history_.get();
+  }
+
+  /// The segments held now, in address order, each with the blocks that cover it. The
+  /// expandable segment is given as its runs of mapped pages: the free blocks over the
+  /// pages empty_cache unmapped are left out (they hold no memory).
+  AllocatorState state() const {
+    std::lock_guard lock(mutex_);
+    AllocatorState out;
+    auto blocks_in = [](const Block* first, const char* from, const char* to) {
+      std::vector<BlockState> v;
+      for (const Block* b = first; b != nullptr; b = b->next) {
+        const char* lo = std::max<const char*>(b->ptr, from);
+        const char* hi = std::min<const char*>(b->ptr + b->size, to);
+        if (lo < hi)
+          v.push_back({reinterpret_cast<std::uintptr_t>(lo), static_cast<std::size_t>(hi - lo),
+                       b->allocated ? b->requested : 0, b->allocated});
+      }
+      return v;
+    };
+    for (const auto& [base, segment] : segments_) {
+      if (base != grow_base_) {
+        out.push_back({reinterpret_cast<std::uintptr_t>(base), segment.size, segment.first->small, false,
+                       blocks_in(segment.first, base, base + segment.size)});
+        continue;
+      }
+      const std::size_t page = upstream_.expandable->page_bytes;
+      std::size_t start = 0;
+      auto run = [&](std::size_t from, std::size_t to) {
+        if (from < to)
+          out.push_back({reinterpret_cast<std::uintptr_t>(base + from), to - from, false, true,
+                         blocks_in(segment.first, base + from, base + to)});
+      };
+      for (std::size_t hole : holes_) {
+        run(start, hole);
+        start = hole + page;
+      }
+      run(start, grow_end_);
+    }
+    return out;
   }
 
   /// Starts new peak windows at the bytes allocated and reserved now.
@@ -377,6 +437,7 @@ class CachingAllocator {
            static_cast<const void*>(p), " that is not ", kSegmentAlign, "-byte aligned");
     }
     auto* base = static_cast<char*>(p);
+    if (history_) history_->record(AllocatorAction::segment_alloc, base, size);
     auto* b = new Block{base, size, base, small};
     segments_.emplace(base, Segment{size, b});
     stats_.reserved_bytes += size;
@@ -387,12 +448,15 @@ class CachingAllocator {
 
   [[noreturn]] void out_of_memory(std::size_t bytes, std::string_view what) const {
     std::string free_text;
+    std::size_t free_bytes = 0;
     if (upstream_.device_free_bytes) {
       try {
-        free_text = ", " + binary_bytes(static_cast<double>(upstream_.device_free_bytes())) + " free on the device";
+        free_bytes = upstream_.device_free_bytes();
+        free_text = ", " + binary_bytes(static_cast<double>(free_bytes)) + " free on the device";
       } catch (const std::exception&) {  // the figure is a courtesy: the error is out of memory
       }
     }
+    if (history_) history_->record(AllocatorAction::oom, nullptr, bytes, what, free_bytes);
     fail_out_of_memory("out of device memory", device_suffix(), " allocating ", bytes, " bytes (",
          binary_bytes(static_cast<double>(bytes)), ")", for_what(what), ": ",
          binary_bytes(static_cast<double>(stats_.allocated_bytes)), " allocated by tessera, ",
@@ -410,6 +474,7 @@ class CachingAllocator {
     }
     Block* b = it->second;
     live_.erase(it);
+    if (history_) history_->record(AllocatorAction::free_completed, b->ptr, b->size);
     stats_.allocated_bytes -= b->size;
     stats_.requested_bytes -= b->requested;
     b->allocated = false;
@@ -481,6 +546,7 @@ class CachingAllocator {
         void* base = b->ptr;
         const std::size_t size = b->size;
         delete b;
+        if (history_) history_->record(AllocatorAction::segment_free, base, size);
         upstream_.release(base, size);
       }
     }
@@ -508,6 +574,7 @@ class CachingAllocator {
       Block* last = grow_last_ != nullptr && !grow_last_->allocated ? grow_last_ : nullptr;
       const std::size_t need = round_up(size - (last != nullptr ? last->size : 0), x.page_bytes);
       if (need <= x.range_bytes - grow_end_ && x.map(grow_base_ + grow_end_, need)) {
+        if (history_) history_->record(AllocatorAction::segment_map, grow_base_ + grow_end_, need);
         Block* b = last;
         if (b != nullptr) {
           large_free_.erase(b);
@@ -543,6 +610,7 @@ class CachingAllocator {
       const std::size_t end = hole == holes_.end() ? to : std::min(to, *hole);
       if (at < end) {
         x.unmap(grow_base_ + at, end - at);
+        if (history_) history_->record(AllocatorAction::segment_unmap, grow_base_ + at, end - at);
         if (keep_holes)
           for (std::size_t page = at; page < end; page += x.page_bytes) holes_.insert(hole, page);
         stats_.reserved_bytes -= end - at;
@@ -572,6 +640,7 @@ class CachingAllocator {
       runs.emplace_back(start, end);
     }
     for (auto [start, end] : runs) {
+      if (history_) history_->record(AllocatorAction::segment_map, grow_base_ + start, end - start);
       holes_.erase(holes_.lower_bound(start), holes_.lower_bound(end));
       stats_.reserved_bytes += end - start;
       ++stats_.upstream_allocations;
@@ -618,6 +687,7 @@ class CachingAllocator {
   std::size_t grow_end_ = 0;
   Block* grow_last_ = nullptr;
   std::set<std::size_t> holes_;  // pages (offsets from the base) below grow_end_ not mapped
+  std::unique_ptr<MemoryHistory> history_;  // record_history()
 };
 
 }  // namespace tessera

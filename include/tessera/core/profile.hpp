@@ -83,23 +83,38 @@ class Recorder {
 
   const std::vector<Event>& events() const { return events_; }
   const std::vector<MemorySample>& memory() const { return samples_; }
+  /// The spans open now, the outermost first (where an allocation is asked for: the
+  /// memory history's context, core/memory_history.hpp).
+  std::vector<const Event*> open_spans() const {
+    std::vector<const Event*> out;
+    out.reserve(open_.size());
+    for (std::size_t i : open_) out.push_back(&events_[i]);
+    return out;
+  }
+  /// Forgets the spans and samples recorded; spans open now stay open.
   void clear() {
-    events_.clear();
+    std::vector<Event> still_open;
+    for (std::size_t& i : open_) {
+      still_open.push_back(std::move(events_[i]));
+      i = still_open.size() - 1;
+    }
+    events_ = std::move(still_open);
     samples_.clear();
-    depth_ = 0;
   }
 
-  /// Opens a span; returns its index for close().
+  /// Opens a span; returns the handle close() takes (its depth).
   std::size_t open(std::string name, const char* category, std::uint64_t bytes, int ranks) {
     sample();
-    events_.push_back(Event{std::move(name), category, now_ns(), -1, bytes, ranks, depth_++});
+    events_.push_back(Event{std::move(name), category, now_ns(), -1, bytes, ranks, static_cast<int>(open_.size())});
     if (annotations_.push) annotations_.push(events_.back().name.c_str());
-    return events_.size() - 1;
+    open_.push_back(events_.size() - 1);
+    return open_.size() - 1;
   }
-  void close(std::size_t index) {
+  /// Closes the span open() returned `handle` for: the innermost one open.
+  void close(std::size_t handle) {
     if (annotations_.pop) annotations_.pop();
-    events_[index].end_ns = now_ns();
-    --depth_;
+    events_[open_[handle]].end_ns = now_ns();
+    open_.resize(handle);
     sample();
   }
 
@@ -116,7 +131,7 @@ class Recorder {
   Annotations annotations_;
   std::vector<Event> events_;
   std::vector<MemorySample> samples_;
-  int depth_ = 0;
+  std::vector<std::size_t> open_;  // the spans open now, outermost first: indices into events_
 };
 
 namespace detail {

@@ -55,6 +55,16 @@ struct Cpu {
     return t;
   }
 
+  /// A memory snapshot's parts (profiling.enable_memory_snapshot, io/memory_snapshot.hpp):
+  /// this thread's device (its rank's) records its history from now on; what it holds
+  /// now, each tensor a segment of its own (cpu/device_memory.hpp); the device's index.
+  static void record_memory_history(std::size_t max_entries) {
+    cpu::DeviceMemory::instance().record_history(max_entries);
+  }
+  static const MemoryHistory* memory_history() { return cpu::DeviceMemory::instance().history(); }
+  static AllocatorState memory_state() { return cpu::DeviceMemory::instance().state(); }
+  static int memory_device() { return 0; }
+
   /// A stretch of the backend's work recorded once and replayed (cpu/graph.hpp).
   using Graph = cpu::Graph;
 

@@ -70,6 +70,14 @@ struct Cuda {
   /// The stream all of the backend's work runs on (memory.hpp says why it is this one).
   static cudaStream_t stream() { return cuda::compute_stream(); }
 
+  /// A memory snapshot's parts (profiling.enable_memory_snapshot, io/memory_snapshot.hpp):
+  /// the current device's allocator records its history from now on; what it holds now;
+  /// the device's index. A graph capture's private pool (training.cuda_graph) is apart.
+  static void record_memory_history(std::size_t max_entries) { cuda::device_allocator().record_history(max_entries); }
+  static const MemoryHistory* memory_history() { return cuda::device_allocator().history(); }
+  static AllocatorState memory_state() { return cuda::device_allocator().state(); }
+  static int memory_device() { return cuda::current_device(); }
+
   /// A device tensor the caller fills completely before reading it (not zeroed).
   template <class T>
   static Tensor<T> empty(Shape shape) {

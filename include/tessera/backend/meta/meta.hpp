@@ -146,6 +146,13 @@ class AllocatorReplay {
     return p;
   }
   CachingAllocator::Stats stats() const { return allocator_.stats(); }
+  /// The allocator's history from now on, and its segments now: a memory snapshot of the
+  /// step the dry run replays (plan::dry_run_memory_snapshot).
+  void record_history(std::size_t max_entries = MemoryHistory::kDefaultEntries) {
+    allocator_.record_history(max_entries);
+  }
+  const MemoryHistory* history() const { return allocator_.history(); }
+  AllocatorState state() const { return allocator_.state(); }
 
   /// A block allocate() handed out: the bytes asked for and where it went.
   struct Block {
