@@ -48,6 +48,7 @@
 #include "step_trace.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/data/tokenizers.hpp"
+#include "tessera/io/memory_snapshot.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/cpu.hpp"
@@ -68,7 +69,8 @@ namespace {
 void usage() {
   std::printf(
       "usage: llama-plan [--config FILE.toml] [--machine NAME|FILE.toml] [--gpus N] [--json]\n"
-      "                  [--emit-config FILE.toml] [--emit-schedule FILE.csv] [--section.key value ...]\n\n"
+      "                  [--emit-config FILE.toml] [--emit-schedule FILE.csv] [--emit-memory-snapshot FILE.pickle]\n"
+      "                  [--section.key value ...]\n\n"
       "Predicts one training step of the config on a machine, from a trace of the very code llama-train runs:\n"
       "time by class, tokens/s, MFU, peak memory and its breakdown, and whether it fits; and the whole run\n"
       "(training.steps steps and their validations): its length and GPU-hours.\n\n"
@@ -85,6 +87,10 @@ void usage() {
       "                   each pipeline rank's actions in order, PyTorch's CSV (a row per rank, cells such as\n"
       "                   2F0), which parallelism.pipeline_parallel_schedule_csv runs with\n"
       "                   parallelism.pipeline_parallel_schedule = PipelineScheduleMulti\n"
+      "  --emit-memory-snapshot F  write the memory snapshot of the layout planned (with --search: the first)\n"
+      "                   to F: its first rank's step as the CUDA allocator it replays holds it, and every\n"
+      "                   allocation from the model's first parameter on, with the spans open at it, in\n"
+      "                   PyTorch's format (pytorch.org/memory_viz; tools/memory_snapshot.py summary)\n"
       "  --search         every layout of the model on --gpus N, ranked by tokens/s: replicate x shard x\n"
       "                   context x tensor x pipeline degrees (tensor parallelism within a node; context\n"
       "                   parallelism where each rank keeps at least 8192 tokens of a sequence, in 2 cp equal\n"
@@ -708,6 +714,12 @@ void emit_config(const std::string& path, const train::JobConfig& c) {
   TESSERA_CHECK(out.good(), "--emit-config ", path, ": cannot write");
 }
 
+void emit_memory_snapshot(const std::string& path, const train::JobConfig& c, bool bf16_model, std::size_t device_bytes,
+                          int world) {
+  const std::string pickle = llama_plan::memory_snapshot(c, bf16_model, device_bytes, world, 0);
+  io::write_memory_snapshot(path, pickle, "--emit-memory-snapshot");
+}
+
 void emit_schedule(const std::string& path, const train::JobConfig& c) {
   TESSERA_CHECK(c.parallelism.pipeline_parallel_degree > 1, "--emit-schedule ", path, ": the layout has no pipeline "
                 "(parallelism.pipeline_parallel_degree = ", c.parallelism.pipeline_parallel_degree, ")");
@@ -834,7 +846,8 @@ std::string layout_brief(const train::JobConfig& c) {
 /// --search: every layout of `c`'s model on `world` GPUs of `target`, ranked; with
 /// `float8_recipes`, each also in float8 by each recipe (--search.float8).
 int search(const train::JobConfig& given, int world, const Target& target, bool bf16_model, bool json,
-           const std::string& emit, const std::string& emit_csv, std::int64_t max_microbatch,
+           const std::string& emit, const std::string& emit_csv, const std::string& emit_memory,
+           std::int64_t max_microbatch,
            const std::vector<std::string>& float8_recipes, std::optional<double> price) {
   if (!float8_recipes.empty()) {
     // Refused before anything is traced: float8 casts a bf16 model's values, and is priced
@@ -882,6 +895,8 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
   }
   if (!emit.empty()) emit_config(emit, r.layouts.front().config);
   if (!emit_csv.empty()) emit_schedule(emit_csv, r.layouts.front().config);
+  if (!emit_memory.empty())
+    emit_memory_snapshot(emit_memory, r.layouts.front().config, bf16_model, target.device_bytes, world);
   // The first layout's run, its validation traced on its own positions.
   const auto& first = r.layouts.front();
   const comm::MeshShape first_mesh = plan::check_dry_run(first.config, world);
@@ -1008,7 +1023,7 @@ std::optional<double> finite_number(const std::string& v) {
 }
 
 int run(std::vector<std::string> args) {
-  std::string machine = "h100-sxm", emit, emit_csv;
+  std::string machine = "h100-sxm", emit, emit_csv, emit_memory;
   std::int64_t gpus = 0;
   bool json = false, zero1 = false, search_all = false;
   bool scaling = false;  // plan.runtime scaling: the memory counted as that runtime holds it
@@ -1051,6 +1066,8 @@ int run(std::vector<std::string> args) {
       emit = value_of(i, "the FILE.toml to write");
     } else if (args[i] == "--emit-schedule") {
       emit_csv = value_of(i, "the FILE.csv to write");
+    } else if (args[i] == "--emit-memory-snapshot") {
+      emit_memory = value_of(i, "the FILE.pickle to write");
     } else if (args[i].rfind("--plan.", 0) == 0) {
       // --plan.KEY VALUE or --plan.KEY=VALUE; --plan.zero1 alone is a switch.
       std::string key = args[i].substr(7), v;
@@ -1172,7 +1189,7 @@ int run(std::vector<std::string> args) {
                                      given.parallelism.context_parallel_degree > 1);
     check_cluster(t);
     TESSERA_CHECK(!balance, "--plan.balance_stages: weighs one layout's stages; not with --search");
-    return search(given, world, t, bf16, json, emit, emit_csv, max_microbatch, float8_recipes, price);
+    return search(given, world, t, bf16, json, emit, emit_csv, emit_memory, max_microbatch, float8_recipes, price);
   }
   TESSERA_CHECK(float8_recipes.empty(), "--search.float8: a dimension of --search; give --search with it (one layout "
                 "in float8: model.converters = [\"float8\"], float8.recipe_name, float8.emulate = false)");
@@ -1214,6 +1231,11 @@ int run(std::vector<std::string> args) {
   }
   if (!emit.empty() && !balance) emit_config(emit, c);  // with balance_stages: the fastest weighting, below
   if (!emit_csv.empty()) emit_schedule(emit_csv, c);
+  if (!emit_memory.empty()) {
+    TESSERA_CHECK(!cpu && other_runtime.empty(), "--emit-memory-snapshot: the CUDA allocator's memory as tessera's step "
+                  "uses it on a GPU --machine", other_runtime.empty() ? "" : ", not with ", other_runtime);
+    emit_memory_snapshot(emit_memory, c, bf16_model, target.device_bytes, world);
+  }
   // The run's validation, traced where it is priced (plan.runtime and plan.zero1 price
   // another runtime's step).
   const ValidationPlan validation = plan_validation(c, mesh.dp(), other_runtime);

@@ -14,6 +14,14 @@ tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf1
   return st;
 }
 
+std::string memory_snapshot(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes, int world,
+                            int rank) {
+  std::string out;
+  if (bf16_model) tessera::plan::dry_run_step<tessera::bf16>(c, device_bytes, world, rank, 0, &out);
+  else tessera::plan::dry_run_step<float>(c, device_bytes, world, rank, 0, &out);
+  return out;
+}
+
 tessera::train::JobConfig on_one_device(tessera::train::JobConfig c) {
   auto& p = c.parallelism;
   p.data_parallel_replicate_degree = p.data_parallel_shard_degree = p.tensor_parallel_degree = 1;

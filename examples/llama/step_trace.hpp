@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "tessera/plan/traced_step.hpp"
 #include "tessera/train/job_config.hpp"
@@ -19,6 +20,12 @@ namespace llama_plan {
 /// rank `rank` of a layout of `world` ranks.
 tessera::plan::StepTrace trace_step(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes = 0,
                                     int world = 1, int rank = 0);
+
+/// The memory snapshot of that step (PyTorch's pickle, io/memory_snapshot.hpp): the
+/// replayed CUDA allocator's segments and blocks at the step's end, and every allocation
+/// and release from the model's first parameter on, each with the spans open at it.
+std::string memory_snapshot(const tessera::train::JobConfig& c, bool bf16_model, std::size_t device_bytes,
+                            int world = 1, int rank = 0);
 
 /// One traced global batch of the config's validation ([validation]), after a training
 /// step, on the same terms as trace_step (plan::dry_run_validation). llama-plan's alone:

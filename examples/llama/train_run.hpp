@@ -30,8 +30,10 @@
 #include "tessera/checkpoint/model.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/mesh.hpp"
+#include "tessera/core/memory_history.hpp"
 #include "tessera/core/profile.hpp"
 #include "tessera/instances.hpp"
+#include "tessera/io/memory_snapshot.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/nn/generate.hpp"
@@ -209,6 +211,10 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
   const bool init_hf = !init.empty() && train::is_hf_directory(init);
   const io::Tokenizer& tok = *in.tokenizer;
   const nn::ModelArgs a = checked_model_args(c, tok);
+  // profiling.enable_memory_snapshot: this rank's device allocator records from before
+  // the model's first parameter, so a snapshot's events replay to what it holds.
+  using B = typename Model::backend_type;
+  if (c.profiling.enable_memory_snapshot) B::record_memory_history(MemoryHistory::kDefaultEntries);
   Model model =
       sized_by("building the model (model.dim, model.n_layers, model.vocab_size)", [&] { return Model(a, plan); });
   // The model has checked its heads, hidden units and vocabulary against the tp degree,
@@ -391,10 +397,29 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
       std::fprintf(stderr, "profile of step %lld: %s (rank<r>_trace.json for each of the %d ranks)\n",
                    static_cast<long long>(s), dir.string().c_str(), world.size());
   };
+  // profiling.enable_memory_snapshot: every profile_freq-th step, and a step that ran out
+  // of memory, written by every rank (io/memory_snapshot.hpp); on the steps not profiled a
+  // recorder that keeps only the spans open gives the allocations their context.
+  profile::Recorder where;
+  auto write_memory_snapshot = [&](const std::string& iteration) {
+    const fs::path dir = dump / c.profiling.save_memory_snapshot_folder / iteration;
+    const fs::path file = dir / ("rank" + std::to_string(world.rank()) + "_memory_snapshot.pickle");
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    TESSERA_CHECK(!ec, "profiling.save_memory_snapshot_folder: cannot create ", dir.string(), ": ", ec.message());
+    const bool expandable = B::device == Device::cuda && c.training.expandable_segments;
+    io::write_memory_snapshot(
+        file.string(), io::torch_memory_snapshot(B::memory_state(), B::memory_history(), B::memory_device(), expandable),
+        "profiling.save_memory_snapshot_folder");
+    if (lead)
+      std::fprintf(stderr, "memory snapshot: %s (rank<r>_memory_snapshot.pickle for each of the %d ranks)\n",
+                   dir.string().c_str(), world.size());
+  };
   for (std::int64_t s = trainer.steps_done() + 1; s <= c.training.steps; ++s) sized_by(step_size, [&] {
     const bool profiled = c.profiling.enable_profiling && s % c.profiling.profile_freq == 0;
-    {
-      const profile::Recording recording(profiled ? &recorder : nullptr);
+    const bool snapshot = c.profiling.enable_memory_snapshot && s % c.profiling.profile_freq == 0;
+    try {
+      const profile::Recording recording(profiled ? &recorder : c.profiling.enable_memory_snapshot ? &where : nullptr);
       const profile::Span step_span("step", [&] { return "step " + std::to_string(s); });
       train::StepMetrics m = trainer.step();
       const bool last = s == c.training.steps;
@@ -424,8 +449,19 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
       // from this one with its line missing.
       if (log) log->log(m);
       if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(last || !async));
+    } catch (const OutOfMemory&) {
+      // The snapshot of a step that ran out of memory (its events end at the request that
+      // failed), then the error as it was.
+      if (c.profiling.enable_memory_snapshot) try {
+          write_memory_snapshot("iteration_" + std::to_string(s) + "_exit");
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "warning: no memory snapshot of the step that ran out of memory: %s\n", e.what());
+        }
+      throw;
     }
+    where.clear();
     if (profiled) write_profile(s);
+    if (snapshot) write_memory_snapshot("iteration_" + std::to_string(s));
   });
   if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(true));
   const std::string final_path = (dump / "model.safetensors").string();

@@ -210,6 +210,50 @@ PROFILE
   fi
 }
 
+# check_memory_snapshot NAME RANKS: profiling.enable_memory_snapshot with profile_freq 2
+# over 3 steps wrote step 2's snapshot alone, one per rank, each whole
+# (tools/memory_snapshot.py check: its events from the model's first parameter replay to
+# the blocks it holds), rank 0's peak in use that of its metrics (blocks of 64 bytes, so
+# within 0.1%), its blocks named by what they hold and the spans open at them.
+check_memory_snapshot() {
+  local name=$1 ranks=$2 result tools
+  tools=$(dirname "$(dirname "$configs")")/tools
+  if result=$(python3 - "$tools" "$work/$name" "$ranks" 2>&1 <<'SNAPSHOT'
+import json, os, pickle, subprocess, sys
+tools, dump, ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.path.insert(0, tools)
+import memory_snapshot
+root = os.path.join(dump, "memory_snapshot")
+if sorted(os.listdir(root)) != ["iteration_2"]:
+    sys.exit("snapshots of %s (expected iteration_2 alone)" % sorted(os.listdir(root)))
+files = sorted(os.listdir(os.path.join(root, "iteration_2")))
+if files != ["rank%d_memory_snapshot.pickle" % r for r in range(ranks)]:
+    sys.exit("files %s" % files)
+paths = [os.path.join(root, "iteration_2", f) for f in files]
+check = subprocess.run([sys.executable, os.path.join(tools, "memory_snapshot.py"), "check"] + paths,
+                       capture_output=True, text=True)
+if check.returncode != 0:
+    sys.exit(check.stderr.strip())
+s = pickle.load(open(paths[0], "rb"))
+r = memory_snapshot.Replay(s["device_traces"][0])
+steps = [json.loads(line) for line in open(os.path.join(dump, "metrics.jsonl"))]
+peak = max(m["peak_memory_bytes"] for m in steps if m["step"] <= 2)
+if abs(r.peak - peak) > peak * 1e-3:
+    sys.exit("rank 0's snapshot peaks at %d bytes in use, its metrics at %d" % (r.peak, peak))
+sites = {memory_snapshot.where(f) for _, f in r.at_peak.values()}
+if not any(x.startswith("temporary < layers.") and x.endswith(" < micro-batch 0 < step 2") for x in sites):
+    sys.exit("no layer's temporaries of step 2 at the peak: %s" % sorted(sites)[:8])
+if "optimizer" not in sites:
+    sys.exit("no optimizer state at the peak: %s" % sorted(sites)[:8])
+print("%d ranks, %d events on rank 0, peak %.1f MiB" % (ranks, len(s["device_traces"][0]), r.peak / 2**20))
+SNAPSHOT
+  ); then
+    echo "ok: $name: memory snapshot of step 2 ($result)"
+  else
+    echo "FAIL: $name: memory snapshot: $result"; failures=$((failures + 1))
+  fi
+}
+
 # One rank: a global batch of 4 sequences.
 train_run one "$train" --training.local_batch_size 4 || { echo "the one-rank reference failed"; exit 1; }
 # Four thread ranks (FSDP 4), one sequence each: the same global batch.
@@ -235,12 +279,13 @@ train_run threads_fsdp2_tp2 "$train" --thread-ranks 4 --training.local_batch_siz
 train_run threads_pp2 "$train" --thread-ranks 2 --training.local_batch_size 4 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B \
   && check_parity threads_pp2 && check_pipeline_header threads_pp2 1F1B
-# The same, its second step recorded on both ranks (profiling.enable_profiling): the
-# same losses, and a timeline per rank.
+# The same, its second step recorded on both ranks (profiling.enable_profiling,
+# enable_memory_snapshot): the same losses, a timeline and a memory snapshot per rank.
 train_run threads_pp2_profile "$train" --thread-ranks 2 --training.local_batch_size 4 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B \
-  --profiling.enable_profiling true --profiling.profile_freq 2 \
-  && losses_match threads_pp2_profile && check_profile threads_pp2_profile 2
+  --profiling.enable_profiling true --profiling.profile_freq 2 --profiling.enable_memory_snapshot true \
+  && losses_match threads_pp2_profile && check_profile threads_pp2_profile 2 \
+  && check_memory_snapshot threads_pp2_profile 2
 # PP 2 x TP 2 on four thread ranks, zero bubble over two stages per rank.
 train_run threads_pp2_tp2 "$train" --thread-ranks 4 --training.local_batch_size 4 \
   --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 \

@@ -354,6 +354,50 @@ else
   echo "FAIL: --emit-schedule:"; head -n 5 "$work/err" "$work/order.csv"; failures=$((failures + 1))
 fi
 
+# --emit-memory-snapshot: the step as the CUDA allocator the dry run replays holds it, in
+# PyTorch's format: whole (tools/memory_snapshot.py check: its blocks cover its segments
+# and its events replay to them), its peaks those of --json (held at most: the
+# reservation; in use at most: at least the live peak, the blocks being whole where the
+# allocator split nothing off), each block named by what it holds and the spans open at
+# it; a damaged copy is refused.
+tools=$(dirname "$(dirname "$configs")")/tools
+fsdp4=(--gpus 4 --parallelism.data_parallel_shard_degree 4 --training.mixed_precision_param bfloat16 --machine h200)
+if "$plan" "${debug[@]}" "${fsdp4[@]}" --json --emit-memory-snapshot "$work/m.pickle" > "$work/a.json" 2> "$work/err" &&
+   python3 "$tools/memory_snapshot.py" check "$work/m.pickle" > "$work/check" 2>> "$work/err" &&
+   python3 - "$tools" "$work/m.pickle" "$work/a.json" >> "$work/err" 2>&1 <<'EOF2'
+import json, pickle, sys
+sys.path.insert(0, sys.argv[1])
+import memory_snapshot
+s = pickle.load(open(sys.argv[2], "rb"))
+j = json.load(open(sys.argv[3]))
+r = memory_snapshot.Replay(s["device_traces"][0])
+if r.peak_held != j["reserved_memory_bytes"]:
+    sys.exit("held at most %d, --json reserves %d" % (r.peak_held, j["reserved_memory_bytes"]))
+if not j["peak_memory_bytes"] <= r.peak <= r.peak_held:
+    sys.exit("in use at most %d, --json's peak %d, held %d" % (r.peak, j["peak_memory_bytes"], r.peak_held))
+sites = {memory_snapshot.where(f) for _, f in r.at_peak.values()}
+for want in ("optimizer", "gradients", "temporary < layers.0 forward < micro-batch 0"):
+    if not any(x == want or x.startswith(want) for x in sites):
+        sys.exit("no site %r at the peak among %s" % (want, sorted(sites)[:8]))
+s["segments"][0]["blocks"][0]["size"] += 512
+pickle.dump(s, open(sys.argv[2] + ".bad", "wb"))
+EOF2
+then
+  if python3 "$tools/memory_snapshot.py" check "$work/m.pickle.bad" > /dev/null 2> "$work/bad" ||
+     ! grep -q "m.pickle.bad: device 0: segment 0x" "$work/bad"; then
+    echo "FAIL: --emit-memory-snapshot: a damaged snapshot passed the check:"; cat "$work/bad"; failures=$((failures + 1))
+  else
+    echo "ok: --emit-memory-snapshot: $(cat "$work/check"); the peaks of --json; damaged: $(cat "$work/bad")"
+  fi
+else
+  echo "FAIL: --emit-memory-snapshot:"; head -n 5 "$work/err"; failures=$((failures + 1))
+fi
+plan_fails "--emit-memory-snapshot on the CPU" "--emit-memory-snapshot: the CUDA allocator's memory as tessera's step uses it on a GPU --machine" \
+  "${debug[@]}" --machine cpu --emit-memory-snapshot "$work/cpu.pickle"
+plan_fails "--emit-memory-snapshot to a folder that is not there" \
+  "--emit-memory-snapshot: cannot write the memory snapshot $work/no/such/m.pickle" \
+  "${debug[@]}" --emit-memory-snapshot "$work/no/such/m.pickle"
+
 # --plan.balance_stages: the ends' weights of a pipeline's even split priced, each split of
 # the blocks once, fastest first; the config's split among them; --emit-config writes the
 # fastest, whose plan is that row's.

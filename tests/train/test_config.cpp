@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 104);
+  CHECK(keys.size() == 106);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -704,6 +704,8 @@ TEST_CASE("to_toml round trip") {
                  "--profiling.enable_profiling",
                  "--profiling.save_traces_folder", "traces",
                  "--profiling.profile_freq", "5",
+                 "--profiling.enable_memory_snapshot",
+                 "--profiling.save_memory_snapshot_folder", "snapshots",
                  "--validation.enable",
                  "--validation.dataset", "chat",
                  "--validation.dataset_path", "data/val.jsonl",

@@ -36,7 +36,9 @@
 #include "tessera/backend/trace.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/profile.hpp"
 #include "tessera/data/loader.hpp"
+#include "tessera/io/memory_snapshot.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/plan/cost.hpp"
 #include "tessera/plan/phantom.hpp"
@@ -57,7 +59,7 @@ namespace detail {
 /// fills is the training step's; the record may change it.
 template <class T, class Record>
 StepTrace dry_run(const train::JobConfig& c, std::size_t device_bytes, int world, int rank, int steps_before,
-                  Record&& record) {
+                  std::string* memory_snapshot, Record&& record) {
   const comm::MeshShape shape = check_dry_run(c, world);
   TESSERA_CHECK(rank >= 0 && rank < world, "dry run: rank ", rank, " is outside the world of ", world, " ranks");
   const auto t0 = std::chrono::steady_clock::now();
@@ -68,6 +70,11 @@ StepTrace dry_run(const train::JobConfig& c, std::size_t device_bytes, int world
     ScopedMemoryStats scope(stats);
     meta::DeviceMemory device(device_bytes);
     meta::AllocatorReplay replay(c.training.expandable_segments);  // opened before the model, closed after it
+    // A memory snapshot's history starts before the model's first parameter; the spans
+    // open at each allocation are its context.
+    profile::Recorder where;
+    const profile::Recording spans(memory_snapshot != nullptr ? &where : nullptr);
+    if (memory_snapshot != nullptr) replay.record_history(std::size_t{1} << 30);
     // One rank alone has no mesh (as llama-train on one rank); a layout's rank has one of
     // phantom communicators.
     std::optional<comm::DeviceMesh> mesh;
@@ -113,6 +120,8 @@ StepTrace dry_run(const train::JobConfig& c, std::size_t device_bytes, int world
     out.host_peak_bytes = stats[static_cast<int>(Device::cpu)].peak();
     out.mesh = shape;
     out.rank = rank;
+    if (memory_snapshot != nullptr)
+      *memory_snapshot = io::torch_memory_snapshot(replay.state(), replay.history(), 0, c.training.expandable_segments);
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
@@ -127,10 +136,13 @@ StepTrace dry_run(const train::JobConfig& c, std::size_t device_bytes, int world
 /// `steps_before`: 0 traces the first step after Trainer::prepare; n > 0 runs n steps
 /// without prepare() and traces the next, which does the same (tests/plan/test_dry_run.cpp
 /// holds the two equal, event for event and byte for byte) at n + 1 times the cost.
+/// `memory_snapshot`, where given, receives the replayed allocator's memory snapshot at
+/// the step's end (io/memory_snapshot.hpp: PyTorch's pickle), its events from before the
+/// model's first parameter, each allocation's context the spans open at it.
 template <class T>
 StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, int world = 1, int rank = 0,
-                       int steps_before = 0) {
-  return detail::dry_run<T>(c, device_bytes, world, rank, steps_before,
+                       int steps_before = 0, std::string* memory_snapshot = nullptr) {
+  return detail::dry_run<T>(c, device_bytes, world, rank, steps_before, memory_snapshot,
                             [](auto& trainer, auto&, comm::DeviceMesh*, StepTrace& out) {
                               const train::StepMetrics m = trainer.step();
                               out.saved_activation_bytes = m.activation_bytes;
@@ -146,7 +158,7 @@ StepTrace dry_run_step(const train::JobConfig& c, std::size_t device_bytes = 0, 
 template <class T>
 StepTrace dry_run_validation(const train::JobConfig& c, std::size_t device_bytes = 0, int world = 1, int rank = 0) {
   const std::int64_t local = c.validation.local_batch_size, seq = c.validation.seq_len;
-  return detail::dry_run<T>(c, device_bytes, world, rank, 1,
+  return detail::dry_run<T>(c, device_bytes, world, rank, 1, nullptr,
                             [&](auto& trainer, auto& model, comm::DeviceMesh* mesh, StepTrace& out) {
                               model.check_batch(local, seq);
                               const std::int64_t dp = mesh ? mesh->dp_degree() : 1;
@@ -167,8 +179,8 @@ StepTrace dry_run_validation(const train::JobConfig& c, std::size_t device_bytes
 /// validation's are instantiated where they are used (llama-plan alone, which the
 /// sanitizer build leaves out: examples/llama/validation_trace.cpp).
 #define TESSERA_DRY_RUN_INSTANCES(X)                                                                                   \
-  X StepTrace dry_run_step<float>(const train::JobConfig&, std::size_t, int, int, int);                                \
-  X StepTrace dry_run_step<bf16>(const train::JobConfig&, std::size_t, int, int, int);
+  X StepTrace dry_run_step<float>(const train::JobConfig&, std::size_t, int, int, int, std::string*);                  \
+  X StepTrace dry_run_step<bf16>(const train::JobConfig&, std::size_t, int, int, int, std::string*);
 
 #if defined(TESSERA_EXTERN_INSTANCES)
 TESSERA_DRY_RUN_INSTANCES(extern template)

@@ -419,8 +419,17 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("profiling.save_traces_folder", field<&J::profiling, &ProfilingSection::save_traces_folder>(),
                "Folder of the timelines, inside job.dump_folder."),
       make_key("profiling.profile_freq", field<&J::profiling, &ProfilingSection::profile_freq>(),
-               "Record the steps that are multiples of this.")
+               "Record the steps that are multiples of this (timelines and memory snapshots).")
           .positive(),
+      make_key("profiling.enable_memory_snapshot", field<&J::profiling, &ProfilingSection::enable_memory_snapshot>(),
+               "Record every block the device allocator hands out and takes back, and each segment, from the "
+               "start, with where it was asked for (what it holds and the spans open), and after every "
+               "profile_freq-th step write PyTorch's memory snapshot, one pickle per rank: "
+               "<dump_folder>/<save_memory_snapshot_folder>/iteration_<step>/rank<r>_memory_snapshot.pickle "
+               "(pytorch.org/memory_viz draws it); a step that runs out of memory writes iteration_<step>_exit/."),
+      make_key("profiling.save_memory_snapshot_folder",
+               field<&J::profiling, &ProfilingSection::save_memory_snapshot_folder>(),
+               "Folder of the memory snapshots, inside job.dump_folder."),
       // [validation]
       make_key("validation.enable", field<&J::validation, &ValidationSection::enable>(),
                "Compute a validation loss every validation.freq steps (and after the last): the mean cross-entropy "

@@ -168,11 +168,14 @@ struct MetricsSection {
   double peak_tflops = 0.0;  // 0: the device's known peak
 };
 
-/// [profiling]: a timeline of some steps, one file per rank (core/profile.hpp).
+/// [profiling]: a timeline of some steps, one file per rank (core/profile.hpp), and
+/// memory snapshots (io/memory_snapshot.hpp).
 struct ProfilingSection {
   bool enable_profiling = false;
   std::string save_traces_folder = "profile_trace";  // inside job.dump_folder
   std::int64_t profile_freq = 10;  // every this many steps (the steps that are multiples of it)
+  bool enable_memory_snapshot = false;  // the device allocator's history and state (core/memory_history.hpp)
+  std::string save_memory_snapshot_folder = "memory_snapshot";  // inside job.dump_folder
 };
 
 /// [comm]: how long the ranks wait for each other (torchtitan's keys), and the NCCL-rules check.
