@@ -113,7 +113,7 @@ done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpth
   while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 cp -r examples/configs "$bundle/configs"
 cp bench/torch_llama.py bench/torchtitan_eager.py bench/torchtitan_train.py bench/torch_gemms.py bench/gpu_clocks.py \
-  bench/float8_curves.py "$bundle/"
+  bench/float8_curves.py tools/memory_snapshot.py "$bundle/"
 # The Python wheels of TESSERA_WHEELS, where given (see the header).
 if [ -n "${TESSERA_WHEELS:-}" ]; then
   compgen -G "$TESSERA_WHEELS/*.whl" > /dev/null ||
@@ -133,6 +133,12 @@ for run in "llama2_13b 6 2 4096" "llama3_8b 4 1 8192"; do
       > "$bundle/eager-plan-$flavor-$machine.json"
   done
 done
+# llama-plan's memory snapshot of run.sh nccl's FSDP 2 run (its first rank, on h200),
+# beside the snapshot that run writes on the device: the allocator replay held to account.
+"$build/examples/llama-plan" --config examples/configs/debug_model.toml --machine h200 --gpus 2 \
+  --training.seq_len 128 --training.global_batch_size 8 --training.mixed_precision_param float32 \
+  --training.attention tessera --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4 \
+  --emit-memory-snapshot "$bundle/fsdp2-plan.pickle" > /dev/null
 # llama-plan's prediction of bench-train's runs (run.sh train), beside which bench-train
 # --profile prints its step by class and tessera's kernels by functor (every kind of
 # operation listed: --plan.top): batch 1 x seq 8192 on one GPU, bf16, as
@@ -328,7 +334,8 @@ case "${1:-}" in
     # Several NCCL processes on this one GPU (comm.share_gpu: a host per rank, NCCL over
     # sockets on loopback), each against one process on the same config and global batch:
     #  - the float32 model with tessera's attention, per-step losses within 1e-5 (the CPU
-    #    parity bar): FSDP 2 (its third step profiled), TP 2, PP 2 (1F1B, Interleaved1F1B,
+    #    parity bar): FSDP 2 (its third step profiled, and its memory snapshot beside
+    #    llama-plan's), TP 2, PP 2 (1F1B, Interleaved1F1B,
     #    an order from a CSV file), CP 2 (the ring, and the keys all-gathered) on 2
     #    processes, FSDP 2 x TP 2, HSDP 2 x 2, PP 2 x TP 2, CP 2 x FSDP 2 on 4;
     #  - the bf16 model with cuDNN's attention (deterministic), within 1e-3 on FSDP 2, TP 2
@@ -383,7 +390,7 @@ PY
     # backwards mixed), and FSDP 2's third step recorded on both ranks (profiling).
     printf '%s\n' 0F0,0F1,3F0,3I0,3W0,3F1,3B1,0I0,0B1,0W0 1F0,2F0,1F1,2F1,2I0,1B0,2B1,1I1,1W1,2W0 > "$work/order.csv"
     layouts=(
-      "f32 fsdp2 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4 --profiling.enable_profiling true --profiling.profile_freq 3"
+      "f32 fsdp2 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4 --profiling.enable_profiling true --profiling.profile_freq 3 --profiling.enable_memory_snapshot true"
       "f32 pp2_csv 2 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule PipelineScheduleMulti --parallelism.pipeline_parallel_schedule_csv $work/order.csv --parallelism.pipeline_parallel_microbatch_size 4 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
       "f32 tp2 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
       "f32 pp2_1f1b 2 --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
@@ -424,6 +431,25 @@ for r in (0, 1):
     print("nccl: profile rank %d: %d spans%s" % (r, len(names), ", missing %s" % missing if missing else ""))
     if missing:
         sys.exit(1)
+PY
+    # Its memory snapshots (the CUDA caching allocator's, each process its own): whole, and
+    # rank 0's peaks beside llama-plan's replay of the same step.
+    snaps=("$work/f32-fsdp2/memory_snapshot/iteration_3/"rank{0,1}_memory_snapshot.pickle)
+    if checked=$(python3 "$here/memory_snapshot.py" check "${snaps[@]}" 2>&1); then
+      sed 's/^/nccl: memory snapshot: /' <<< "$checked"
+    else
+      echo "nccl: memory snapshot: $checked"; status=1
+    fi
+    python3 - "$here" "${snaps[0]}" "$here/fsdp2-plan.pickle" <<'PY' || status=1
+import pickle, sys
+sys.path.insert(0, sys.argv[1])
+import memory_snapshot
+def replay(path):
+    s = pickle.load(open(path, "rb"))
+    return memory_snapshot.Replay(s["device_traces"][memory_snapshot.devices(s)[0]])
+got, want = replay(sys.argv[2]), replay(sys.argv[3])
+print("nccl: memory snapshot rank 0: held at most %.1f MiB (predicted %.1f), in use at most %.1f MiB (predicted %.1f)"
+      % (got.peak_held / 2**20, want.peak_held / 2**20, got.peak / 2**20, want.peak / 2**20))
 PY
     # The launchers themselves, FSDP 2 in float32 against one process: torchrun (the image's
     # PyTorch; --standalone serves its agent store on MASTER_PORT, rank 0's store then
