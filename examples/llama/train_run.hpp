@@ -244,7 +244,11 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
         std::fprintf(stderr, "warning: %s: %s, skipped\n", s.path.string().c_str(),
                      s.partial ? "a save that never finished" : "incomplete (no COMPLETE marker: its save did not finish)");
     });
-  if (resume) train::check_resume(ckpt, *resume, c.training.steps);
+  // checkpoint.create_seed_checkpoint starts a job: it never writes over saved work.
+  TESSERA_CHECK(!c.checkpoint.create_seed_checkpoint || !resume, "checkpoint.create_seed_checkpoint = true: ",
+                resume ? resume->path.string() : std::string(), " is already there: a seed checkpoint starts a job "
+                "(give this one its own job.dump_folder, or remove the folder's checkpoints)");
+  if (resume && !c.checkpoint.create_seed_checkpoint) train::check_resume(ckpt, *resume, c.training.steps);
   if (resume && parts.model) {
     // The checkpoint gives each rank its share: nothing to initialise.
   } else if (init_hf) {
@@ -352,6 +356,19 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
                    static_cast<long long>(trainer.batches().position()),
                    excluded.empty() ? "" : (" (started afresh: " + excluded + ")").c_str());
     }
+  }
+  if (c.checkpoint.create_seed_checkpoint) {
+    // The initialised model and the training state before any step (AdamW's moments at
+    // zero, the schedule and the data at their start): a run in this folder resumes from
+    // it as from any checkpoint, under any layout, and trains as if it had initialised
+    // the model itself.
+    const std::string dir = train::step_path(ckpt, 0).string();
+    trainer.start_checkpoint(dir);
+    const std::string written = trainer.poll_checkpoint(true);
+    if (lead && !written.empty())
+      std::fprintf(stderr, "seed checkpoint %s written: a run with job.dump_folder = %s starts from it\n",
+                   written.c_str(), dump.string().c_str());
+    return 0;
   }
   std::unique_ptr<train::MetricsLogger> log;
   if (lead)

@@ -204,6 +204,42 @@ if run first_step "$train" "${first[@]}" --checkpoint.enable_first_step_checkpoi
   fi
 fi
 
+# --- checkpoint.create_seed_checkpoint: step 0 written under one layout, trained under another
+# FSDP 2 on thread ranks writes step-0 alone and trains nothing; one rank in the same
+# folder starts from it and logs the uninterrupted one-rank run's losses bitwise (the
+# initial weights do not depend on the layout that makes them). A second seed into a
+# folder that holds a checkpoint, and a seed without checkpoint.enable, are refused.
+seed_args=("${small[@]}" --checkpoint.interval 100)
+if run seeded "$train" "${seed_args[@]}" --thread-ranks 2 --parallelism.data_parallel_shard_degree 2 \
+     --training.local_batch_size 4 --checkpoint.create_seed_checkpoint true; then
+  if [ "$(cd "$work/seeded/checkpoint" && ls)" != "step-0" ] || [ ! -f "$work/seeded/checkpoint/step-0/COMPLETE" ] ||
+     [ -e "$work/seeded/metrics.jsonl" ]; then
+    fail "seeded: after the seed the folder holds '$(ls "$work/seeded" "$work/seeded/checkpoint" 2>&1 | tr '\n' ' ')' (expected step-0, complete, and no step trained)"
+  elif run seeded "$train" "${seed_args[@]}" && grep -q "resumed from $work/seeded/checkpoint/step-0: step 0 of" "$work/seeded.err"; then
+    compare seeded one 0
+  else
+    fail "seeded: the run did not start from step-0"; tail -n 3 "$work/seeded.err"
+  fi
+  timeout 120 "$train" "${seed_args[@]}" --checkpoint.create_seed_checkpoint true --job.dump_folder "$work/seeded" \
+    > /dev/null 2> "$work/reseed.err" < /dev/null
+  status=$?
+  if [ "$status" -eq 1 ] && grep -q "checkpoint.create_seed_checkpoint = true: $work/seeded/checkpoint/step-10 is already there" \
+       "$work/reseed.err" && [ "$(cd "$work/seeded/checkpoint" && ls | tr '\n' ' ')" = "step-0 step-10 " ]; then
+    echo "ok: a seed into a folder with checkpoints is refused, the folder untouched"
+  else
+    fail "reseed: exit status $status, $(tail -n 1 "$work/reseed.err"), folder: $(ls "$work/seeded/checkpoint" | tr '\n' ' ')"
+  fi
+fi
+timeout 120 "$train" "${seed_args[@]}" --checkpoint.enable false --checkpoint.create_seed_checkpoint true \
+  --job.dump_folder "$work/unseeded" > /dev/null 2> "$work/unseeded.err" < /dev/null
+status=$?
+if [ "$status" -eq 1 ] && grep -q "checkpoint.create_seed_checkpoint = true writes a checkpoint: it needs checkpoint.enable = true" \
+     "$work/unseeded.err" && [ ! -e "$work/unseeded" ]; then
+  echo "ok: a seed without checkpoint.enable is refused, nothing written"
+else
+  fail "unseeded: exit status $status, $(tail -n 1 "$work/unseeded.err")"
+fi
+
 # --- mpirun: one rank process killed -----------------------------------------------------
 if [ "$mpirun" != none ]; then
   # The float8 all-gather over MPI: thread ranks' run, within the parity bar.

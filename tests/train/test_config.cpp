@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 106);
+  CHECK(keys.size() == 107);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -464,6 +464,8 @@ TEST_CASE("values out of range") {
       {"[profiling]\nprofile_freq = 0", "profiling.profile_freq must be positive, got 0"},
       {"[checkpoint]\ninterval = 0", "checkpoint.interval must be positive"},
       {"[checkpoint]\nkeep_latest_k = -1", "checkpoint.keep_latest_k must be >= 0"},
+      {"[checkpoint]\ncreate_seed_checkpoint = true",
+       "job.toml: checkpoint.create_seed_checkpoint = true writes a checkpoint: it needs checkpoint.enable = true"},
       {"[parallelism]\ntensor_parallel_degree = 0", "parallelism.tensor_parallel_degree must be >= 1, got 0"},
       {"[parallelism]\ntensor_parallel_degree = -1", "parallelism.tensor_parallel_degree must be >= 1, got -1"},
       {"[parallelism]\npipeline_parallel_degree = 0", "parallelism.pipeline_parallel_degree must be >= 1"},
@@ -689,6 +691,7 @@ TEST_CASE("to_toml round trip") {
                  "--checkpoint.interval", "3",
                  "--checkpoint.load_step", "6",
                  "--checkpoint.enable_first_step_checkpoint",
+                 "--checkpoint.create_seed_checkpoint",
                  "--checkpoint.exclude_from_loading", "dataloader,lr_scheduler",
                  "--checkpoint.async_mode", "async",
                  "--checkpoint.last_save_model_only", "false",

@@ -78,6 +78,8 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
                 ": job.dump_folder is empty (the folder the job writes its checkpoints, metrics and models to)");
   TESSERA_CHECK(!c.checkpoint.folder.empty(), o.of("checkpoint.folder"),
                 ": checkpoint.folder is empty (the checkpoints' folder inside job.dump_folder)");
+  TESSERA_CHECK(!c.checkpoint.create_seed_checkpoint || c.checkpoint.enable, o.of("checkpoint.create_seed_checkpoint"),
+                ": checkpoint.create_seed_checkpoint = true writes a checkpoint: it needs checkpoint.enable = true");
 
   // Rules that tie keys together.
   const auto& t = c.training;

@@ -371,6 +371,10 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("checkpoint.enable_first_step_checkpoint",
                field<&J::checkpoint, &CheckpointSection::enable_first_step_checkpoint>(),
                "Also save right after the first step: a new cluster or storage shows at once that saving works."),
+      make_key("checkpoint.create_seed_checkpoint", field<&J::checkpoint, &CheckpointSection::create_seed_checkpoint>(),
+               "Write the initialised model (its seed, or initial_load_path) and its fresh training state as "
+               "<dump_folder>/<folder>/step-0, and exit without training: a run with this job.dump_folder starts "
+               "from it under any layout. Needs checkpoint.enable; refused where the folder holds a checkpoint."),
       make_key("checkpoint.load_step", field<&J::checkpoint, &CheckpointSection::load_step>(),
                "Resume from the checkpoint of this step (it must be there and complete).")
           .at_least(0)

@@ -150,6 +150,7 @@ struct CheckpointSection {
   std::int64_t interval = 500;
   std::int64_t load_step = -1;  // -1: the latest complete checkpoint
   bool enable_first_step_checkpoint = false;  // also save after the first step (checks saving works)
+  bool create_seed_checkpoint = false;  // write step-0 (the initialised model and fresh state) and exit
   std::vector<std::string> exclude_from_loading;
   std::string async_mode = "disabled";
   bool last_save_model_only = true;
