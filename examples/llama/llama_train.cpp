@@ -39,12 +39,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
+#include "tessera/comm/flight_recorder.hpp"
 #include "tessera/comm/launch.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/comm/thread.hpp"
@@ -95,6 +97,14 @@ comm::Communicator nccl_world(const comm::Launch& launch, int device, const trai
     options.compute = cuda::compute_stream();
   }
   options.share_device = c.comm.share_gpu;
+  // The watchdog's failure (a collective past the timeout, NCCL's asynchronous error)
+  // ends the process from its own thread: the flight recorder is written first.
+  options.on_failure = [](const std::string& message) {
+    comm::FlightRecorder::dump_all(message);
+    std::fprintf(stderr, "\ntessera: error: %s\n", message.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  };
   if (launch.has_master() || launch.kind == comm::LaunchKind::torchrun)
     return comm::Communicator(comm::nccl_from_torchrun(launch, options));
 #if TESSERA_WITH_MPI

@@ -29,6 +29,7 @@
 #include "tessera/checkpoint/folder.hpp"
 #include "tessera/checkpoint/model.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/flight_recorder.hpp"
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/memory_history.hpp"
 #include "tessera/core/profile.hpp"
@@ -189,7 +190,7 @@ decltype(auto) sized_by(const std::string& what, F&& f) {
 
 /// One rank's run; every rank of `world` calls it with the same inputs.
 template <class Model>
-int run_rank(comm::Communicator world, const RunInputs& in) {
+int run_rank_steps(comm::Communicator world, const RunInputs& in) {
   const train::JobConfig& c = *in.config;
   const bool lead = world.rank() == 0;  // rank 0 writes the files and the metrics
   // The same checks on every rank, before any collective: a bad layout fails alike everywhere.
@@ -415,9 +416,11 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
                    static_cast<long long>(s), dir.string().c_str(), world.size());
   };
   // profiling.enable_memory_snapshot: every profile_freq-th step, and a step that ran out
-  // of memory, written by every rank (io/memory_snapshot.hpp); on the steps not profiled a
-  // recorder that keeps only the spans open gives the allocations their context.
+  // of memory, written by every rank (io/memory_snapshot.hpp). On the steps not profiled a
+  // recorder of the spans alone gives the allocations, and the flight recorder's
+  // collectives (comm.trace_buf_size), the layer or action that asked for them.
   profile::Recorder where;
+  const bool spans_for_context = c.profiling.enable_memory_snapshot || c.comm.trace_buf_size > 0;
   auto write_memory_snapshot = [&](const std::string& iteration) {
     const fs::path dir = dump / c.profiling.save_memory_snapshot_folder / iteration;
     const fs::path file = dir / ("rank" + std::to_string(world.rank()) + "_memory_snapshot.pickle");
@@ -436,7 +439,7 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     const bool profiled = c.profiling.enable_profiling && s % c.profiling.profile_freq == 0;
     const bool snapshot = c.profiling.enable_memory_snapshot && s % c.profiling.profile_freq == 0;
     try {
-      const profile::Recording recording(profiled ? &recorder : c.profiling.enable_memory_snapshot ? &where : nullptr);
+      const profile::Recording recording(profiled ? &recorder : spans_for_context ? &where : nullptr);
       const profile::Span step_span("step", [&] { return "step " + std::to_string(s); });
       train::StepMetrics m = trainer.step();
       const bool last = s == c.training.steps;
@@ -512,6 +515,39 @@ int run_rank(comm::Communicator world, const RunInputs& in) {
     std::printf("--- sample (temperature %.1f) ---\n%s\n", o.temperature, sample.c_str());
   }
   return 0;
+}
+
+}  // namespace tessera::llama_train
+
+namespace tessera::llama_train {
+
+/// One rank's run (run_rank_steps); every rank of `world` calls it with the same inputs.
+/// With comm.trace_buf_size > 0 the rank's collectives go to a flight recorder
+/// (comm/flight_recorder.hpp), which a run that fails after the rank's first collective
+/// writes to <dump_folder>/<comm.save_traces_folder>/rank<r>_trace.json before the error
+/// goes on (bad input, refused before any collective, leaves the dump folder alone).
+template <class Model>
+int run_rank(comm::Communicator world, const RunInputs& in) {
+  const train::JobConfig& c = *in.config;
+  const int rank = world.rank();
+  std::shared_ptr<comm::FlightRecorder> flight;
+  if (c.comm.trace_buf_size > 0) {
+    flight = std::make_shared<comm::FlightRecorder>(static_cast<std::size_t>(c.comm.trace_buf_size), rank,
+                                                    world.size());
+    flight->dump_to(
+        (fs::path(c.job.dump_folder) / c.comm.save_traces_folder / ("rank" + std::to_string(rank) + "_trace.json"))
+            .string());
+    world.record_flights(flight);
+  }
+  try {
+    return run_rank_steps<Model>(std::move(world), in);
+  } catch (const std::exception& e) {
+    if (flight && flight->total() > 0)
+      if (const std::string path = flight->dump(e.what()); !path.empty())
+        std::fprintf(stderr, "rank %d: its last collectives: %s (tools/comm_trace.py reads the ranks' files)\n", rank,
+                     path.c_str());
+    throw;
+  }
 }
 
 }  // namespace tessera::llama_train

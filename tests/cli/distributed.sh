@@ -558,6 +558,27 @@ else
   echo "ok: no run with bad input wrote its dump folder"
 fi
 
+# A rank that fails after the others have started training (rank 0 cannot open its
+# metrics.jsonl: a folder is in the way): the run ends with rank 0's error, and the
+# flight recorder of the rank that had issued a collective shows it waiting there, rank 0
+# absent (comm.trace_buf_size; tools/comm_trace.py sets the files side by side).
+tools=$(dirname "$(dirname "$configs")")/tools
+mkdir -p "$work/stalled/metrics.jsonl"
+expect_error one "rank 0 failing on 2 thread ranks" "rank 0: $work/stalled/metrics.jsonl: cannot open for writing" \
+  "$train" --thread-ranks 2 "${small[@]}" --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4 \
+  --job.dump_folder "$work/stalled"
+if report=$(python3 "$tools/comm_trace.py" "$work/stalled/comm_traces" 2>&1) &&
+   [ "$(cd "$work/stalled/comm_traces" && ls)" = "rank1_trace.json" ] &&
+   grep -q "^1 of 2 ranks left a trace; none from rank 0$" <<< "$report" &&
+   grep -q "rank 0 left no trace; the others issued #1 there" <<< "$report" &&
+   grep -q "^rank 1 waits for dp #1, all_reduce" <<< "$report" &&
+   grep -q "^rank 1 failed: .*rank 0: $work/stalled/metrics.jsonl: cannot open for writing" <<< "$report"; then
+  echo "ok: the flight record of rank 1: $(grep "^rank 1 waits" <<< "$report")"
+else
+  echo "FAIL: the flight records of the stalled run:"; echo "$report"; ls "$work/stalled/comm_traces"
+  failures=$((failures + 1))
+fi
+
 echo "bad input checked in $((SECONDS - bad_start)) s"
 [ "$failures" -eq 0 ] && echo "cli_distributed: all checks passed"
 [ "$failures" -eq 0 ]

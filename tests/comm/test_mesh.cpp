@@ -67,6 +67,38 @@ TEST_CASE("DeviceMesh: coordinates with tp fastest and communicators per dimensi
   CHECK(coords.size() == 16);
 }
 
+TEST_CASE("DeviceMesh: each communicator knows its name and its members' world ranks") {
+  const MeshShape shape{2, 2, 2, 1, 2};  // pp, dp_replicate, dp_shard, tp, cp: 16 ranks
+  run_thread_ranks(16, [&](Communicator& world) {
+    DeviceMesh mesh(world, shape);
+    CHECK(world.group().name == "world");
+    CHECK(world.group().world_ranks.size() == 16);
+    const std::int32_t me = world.rank();
+    auto check = [&](Communicator& c, const char* name) {
+      INFO(name << " of rank " << me);
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(c.size()));
+      c.all_gather(std::span<const std::int32_t>(&me, 1), std::span<std::int32_t>(ids));
+      CHECK(c.group().name == name);
+      CHECK(std::vector<std::int32_t>(c.group().world_ranks.begin(), c.group().world_ranks.end()) == ids);
+    };
+    check(mesh.tp(), "tp");
+    check(mesh.cp(), "cp");
+    check(mesh.dp_shard(), "dp_shard");
+    check(mesh.dp_replicate(), "dp_replicate");
+    check(mesh.pp(), "pp");
+    check(mesh.dp(), "dp");
+    check(mesh.dp_shard_cp(), "dp_shard_cp");
+    check(mesh.dp_cp(), "dp_cp");
+    // A split of a split composes (a pipeline's pair of dp_cp ranks).
+    Communicator half = mesh.dp_cp().split_strided(2, 2);
+    std::vector<std::int32_t> ids(2);
+    half.all_gather(std::span<const std::int32_t>(&me, 1), std::span<std::int32_t>(ids));
+    CHECK(std::vector<std::int32_t>(half.group().world_ranks.begin(), half.group().world_ranks.end()) == ids);
+    // A split by color cannot know its members.
+    CHECK(world.split(me % 2, me).group().world_ranks.empty());
+  });
+}
+
 TEST_CASE("DeviceMesh: a shape that does not match the world is refused") {
   CHECK_ERROR_CONTAINS(run_thread_ranks(2, [&](Communicator& world) { DeviceMesh mesh(world, MeshShape{1, 1, 4, 1}); }),
                        "needs 4 ranks, the world has 2");

@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 107);
+  CHECK(keys.size() == 109);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -463,9 +463,10 @@ TEST_CASE("values out of range") {
       {"[metrics]\npeak_tflops = -1", "metrics.peak_tflops must be >= 0"},
       {"[profiling]\nprofile_freq = 0", "profiling.profile_freq must be positive, got 0"},
       {"[checkpoint]\ninterval = 0", "checkpoint.interval must be positive"},
+      {"[comm]\ntrace_buf_size = -1", "comm.trace_buf_size must be >= 0, got -1"},
       {"[checkpoint]\nkeep_latest_k = -1", "checkpoint.keep_latest_k must be >= 0"},
       {"[checkpoint]\ncreate_seed_checkpoint = true",
-       "job.toml: checkpoint.create_seed_checkpoint = true writes a checkpoint: it needs checkpoint.enable = true"},
+       "job.toml:2:26: checkpoint.create_seed_checkpoint = true writes a checkpoint: it needs checkpoint.enable = true"},
       {"[parallelism]\ntensor_parallel_degree = 0", "parallelism.tensor_parallel_degree must be >= 1, got 0"},
       {"[parallelism]\ntensor_parallel_degree = -1", "parallelism.tensor_parallel_degree must be >= 1, got -1"},
       {"[parallelism]\npipeline_parallel_degree = 0", "parallelism.pipeline_parallel_degree must be >= 1"},
@@ -720,7 +721,9 @@ TEST_CASE("to_toml round trip") {
                  "--comm.init_timeout_seconds", "30",
                  "--comm.train_timeout_seconds", "45",
                  "--comm.check_nccl_semantics",
-                 "--comm.share_gpu"};
+                 "--comm.share_gpu",
+                 "--comm.trace_buf_size", "64",
+                 "--comm.save_traces_folder", "collectives"};
     JobConfig c = load_config("", args);
     const JobConfig defaults;
     for (const auto& k : tessera::train::config_keys()) {

@@ -13,13 +13,17 @@
 //
 // The typed front checks sizes and element types, counts the bytes each rank sends, and,
 // while a profile records on the calling thread, makes each collective and its wait a
-// span of it (core/profile.hpp).
+// span of it (core/profile.hpp). With a flight recorder attached (record_flights()), it
+// records each collective with its group and its number there, and the rank's wait for
+// it (comm/flight_recorder.hpp); a communicator knows its group's world ranks (split_strided
+// computes them; split by color leaves them unknown) and the name a mesh gave it (named()).
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +31,7 @@
 #include <utility>
 
 #include "tessera/comm/engine.hpp"
+#include "tessera/comm/flight_recorder.hpp"
 #include "tessera/comm/self.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/profile.hpp"
@@ -54,7 +59,10 @@ class Communicator {
   template <class E>
     requires(!std::same_as<std::remove_cvref_t<E>, Communicator> && Engine<E>)
   explicit Communicator(E engine, std::shared_ptr<Traffic> traffic = std::make_shared<Traffic>())
-      : impl_(std::make_shared<Model<E>>(std::move(engine))), traffic_(std::move(traffic)) {}
+      : impl_(std::make_shared<Model<E>>(std::move(engine))), traffic_(std::move(traffic)),
+        group_(std::make_shared<GroupInfo>(GroupInfo{"world", std::vector<int>(static_cast<std::size_t>(size()))})) {
+    std::iota(group_->world_ranks.begin(), group_->world_ranks.end(), 0);
+  }
 
   int rank() const { return impl_->rank(); }
   int size() const { return impl_->size(); }
@@ -157,7 +165,10 @@ class Communicator {
   /// The ranks with the same color form a new communicator, ranked by key (then by
   /// rank here). Every rank of this communicator must call it. The child counts its
   /// traffic into the same Traffic as this one.
-  Communicator split(int color, int key) const { return Communicator(impl_->split(color, key), traffic_); }
+  Communicator split(int color, int key) const {
+    return Communicator(impl_->split(color, key), traffic_, std::make_shared<GroupInfo>(GroupInfo{"split", {}}),
+                        flight_);
+  }
 
   /// The ranks that differ from this one only in the digit of weight `stride` and base
   /// `size` of their rank: rank = (a x size + i) x stride + b with b < stride, ranked by
@@ -169,8 +180,29 @@ class Communicator {
   Communicator split_strided(int stride, int size) const {
     TESSERA_CHECK(stride >= 1 && size >= 1 && this->size() % (stride * size) == 0, "split_strided: stride ", stride,
                   " x size ", size, " does not divide the communicator's ", this->size(), " ranks");
-    return Communicator(impl_->split_strided(stride, size), traffic_);
+    // This rank's group: the ranks that share its digits but the one of weight `stride`.
+    const int block = stride * size, r = rank();
+    std::vector<int> members;
+    if (!group_->world_ranks.empty())
+      for (int i = 0; i < size; ++i)
+        members.push_back(group_->world_ranks[static_cast<std::size_t>(r / block * block + r % stride + i * stride)]);
+    return Communicator(impl_->split_strided(stride, size), traffic_,
+                        std::make_shared<GroupInfo>(GroupInfo{"split", std::move(members)}), flight_);
   }
+
+  /// This communicator under `name` in its flight records (a mesh names its dimensions'):
+  /// a copy sharing the engine, its collectives numbered afresh.
+  Communicator named(std::string name) const {
+    return Communicator(impl_, traffic_, std::make_shared<GroupInfo>(GroupInfo{std::move(name), group_->world_ranks}),
+                        flight_);
+  }
+  /// The group as flight records name it.
+  const GroupInfo& group() const { return *group_; }
+
+  /// Records this communicator's collectives in `recorder` from now on (nullptr: stops),
+  /// and those of the communicators split from it afterwards.
+  void record_flights(std::shared_ptr<FlightRecorder> recorder) { flight_ = std::move(recorder); }
+  const std::shared_ptr<FlightRecorder>& flight_recorder() const { return flight_; }
 
   /// Makes every rank's pending and future collectives fail with `reason` (thread
   /// ranks), or ends the job (MPI): the way a failing rank never leaves the others hanging.
@@ -235,12 +267,19 @@ class Communicator {
   /// payload in bytes and the group's size), and its wait another (Handle::timed).
   template <class Issue>
   Handle issued(const char* what, std::uint64_t bytes, Issue&& issue) {
+    if (!flight_) {
+      const profile::Span span("comm", what, bytes, size());
+      return issue().timed(what, bytes, size());
+    }
+    // Recorded before its own span opens: the record's context is what issued it.
+    const std::uint64_t id = flight_->issued(*group_, ++group_->issued, what, bytes, rank(), size());
     const profile::Span span("comm", what, bytes, size());
-    return issue().timed(what, bytes, size());
+    return issue().timed(what, bytes, size()).then([flight = flight_, id] { flight->waited(id); });
   }
 
-  Communicator(std::shared_ptr<Concept> impl, std::shared_ptr<Traffic> traffic)
-      : impl_(std::move(impl)), traffic_(std::move(traffic)) {}
+  Communicator(std::shared_ptr<Concept> impl, std::shared_ptr<Traffic> traffic, std::shared_ptr<GroupInfo> group,
+               std::shared_ptr<FlightRecorder> flight)
+      : impl_(std::move(impl)), traffic_(std::move(traffic)), group_(std::move(group)), flight_(std::move(flight)) {}
 
   void count(std::uint64_t& field, std::uint64_t bytes) {
     field += bytes;
@@ -249,6 +288,8 @@ class Communicator {
 
   std::shared_ptr<Concept> impl_;
   std::shared_ptr<Traffic> traffic_;
+  std::shared_ptr<GroupInfo> group_;        // copies share it: one group, one numbering
+  std::shared_ptr<FlightRecorder> flight_;  // record_flights()
 };
 
 inline Communicator::Communicator() : Communicator(SelfEngine{}) {}

@@ -219,6 +219,25 @@ class Handle {
     return Handle(std::make_unique<Timed>(std::move(impl_), what, bytes, ranks));
   }
 
+  /// This handle with `done` called once its wait() returns (at once for an empty one).
+  template <class F>
+  Handle then(F done) && {
+    if (!impl_) {
+      done();
+      return std::move(*this);
+    }
+    struct Then : Impl {
+      std::unique_ptr<Impl> inner;
+      F done;
+      Then(std::unique_ptr<Impl> i, F d) : inner(std::move(i)), done(std::move(d)) {}
+      void wait() override {
+        inner->wait();
+        done();
+      }
+    };
+    return Handle(std::make_unique<Then>(std::move(impl_), std::move(done)));
+  }
+
  private:
   void drain() noexcept {
     if (!impl_) return;

@@ -85,14 +85,14 @@ class DeviceMesh {
     // Each dimension's ranks differ in its coordinate alone: a digit of the world rank
     // (tp fastest), so each communicator is a strided split of the world; the joint ones
     // span adjacent digits. Without context parallelism they are the ones without it.
-    tp_ = world_.split_strided(1, T);
-    cp_ = world_.split_strided(T, C);
-    dp_shard_ = world_.split_strided(T * C, S);
-    dp_replicate_ = world_.split_strided(T * C * S, R);
-    pp_ = world_.split_strided(T * C * S * R, shape.pp);
-    dp_ = world_.split_strided(T * C, S * R);
-    dp_shard_cp_ = C == 1 ? dp_shard_ : world_.split_strided(T, C * S);
-    dp_cp_ = C == 1 ? dp_ : world_.split_strided(T, C * S * R);
+    tp_ = world_.split_strided(1, T).named("tp");
+    cp_ = world_.split_strided(T, C).named("cp");
+    dp_shard_ = world_.split_strided(T * C, S).named("dp_shard");
+    dp_replicate_ = world_.split_strided(T * C * S, R).named("dp_replicate");
+    pp_ = world_.split_strided(T * C * S * R, shape.pp).named("pp");
+    dp_ = world_.split_strided(T * C, S * R).named("dp");
+    dp_shard_cp_ = C == 1 ? dp_shard_ : world_.split_strided(T, C * S).named("dp_shard_cp");
+    dp_cp_ = C == 1 ? dp_ : world_.split_strided(T, C * S * R).named("dp_cp");
   }
 
   /// One rank alone.

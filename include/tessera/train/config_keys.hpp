@@ -479,6 +479,14 @@ inline std::vector<ConfigKey> build_config_keys() {
                "tells NCCL it is a host of its own (NCCL_HOSTID, unless set), so NCCL accepts ranks on one GPU and "
                "moves data over sockets on the loopback interface (NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1): slow, "
                "but every NCCL call runs on the device. Off: more ranks than GPUs are refused."),
+      make_key("comm.trace_buf_size", field<&J::comm, &CommSection::trace_buf_size>(),
+               "The flight recorder: each rank keeps its last this many collectives (group, number on the group, "
+               "operation, bytes, the layer or pipeline action that issued it, and whether it waited for it) and "
+               "writes them when the run fails: <dump_folder>/<save_traces_folder>/rank<r>_trace.json, which "
+               "tools/comm_trace.py sets side by side to name the rank that stopped and where. 0 records none.")
+          .at_least(0),
+      make_key("comm.save_traces_folder", field<&J::comm, &CommSection::save_traces_folder>(),
+               "Folder of the flight recorder's files, inside job.dump_folder."),
   };
   std::vector<ConfigKey> keys;
   keys.reserve(b.size());

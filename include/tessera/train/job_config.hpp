@@ -195,6 +195,10 @@ struct CommSection {
   /// rank tells NCCL it is a host of its own (NCCL_HOSTID), so NCCL accepts them and
   /// moves data over sockets on the loopback interface: slow, but every NCCL call runs.
   bool share_gpu = false;
+  /// The flight recorder: the last this many collectives of each rank, written when the
+  /// run fails (comm/flight_recorder.hpp); 0 records none.
+  std::int64_t trace_buf_size = 20000;
+  std::string save_traces_folder = "comm_traces";  // inside job.dump_folder
 };
 
 struct JobConfig {
