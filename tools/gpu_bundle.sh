@@ -113,7 +113,7 @@ done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpth
   while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 cp -r examples/configs "$bundle/configs"
 cp bench/torch_llama.py bench/torchtitan_eager.py bench/torchtitan_train.py bench/torch_gemms.py bench/gpu_clocks.py \
-  bench/float8_curves.py tools/memory_snapshot.py "$bundle/"
+  bench/float8_curves.py tools/memory_snapshot.py tools/comm_trace.py "$bundle/"
 # The Python wheels of TESSERA_WHEELS, where given (see the header).
 if [ -n "${TESSERA_WHEELS:-}" ]; then
   compgen -G "$TESSERA_WHEELS/*.whl" > /dev/null ||
@@ -342,7 +342,8 @@ case "${1:-}" in
     #    and CP 2 (cuDNN's causal and full blocks): the CPU's bf16 parity bar (tests/parallel/test_bf16_training.cpp: a layout
     #    reorders fp32 sums and a last-bit change flips a bf16 rounding now and then; a
     #    quarter of a bf16 ulp, far below what a lost or doubled gradient piece does);
-    #  - kill -9 of one of 2 ranks mid-run: the other exits non-zero within
+    #  - kill -9 of one of 2 ranks mid-run (the survivor's flight record read by
+    #    tools/comm_trace.py): the other exits non-zero within
     #    comm.train_timeout_seconds (30) + 15 s, naming its rank and the NCCL collective;
     #  - a sharded checkpoint saved (async) under FSDP 4, resumed under TP 2 x FSDP 2: the
     #    run's losses, saved and resumed, within 1e-5 of one process's; checkpoint_seconds;
@@ -496,6 +497,13 @@ PY
       echo "nccl: kill -9 of rank 1: rank 0 exited $rc after $took s, saying: ${said:-nothing naming its rank and collective}"
       tail -n 5 "$work/kill.rank0.log"
       status=1
+    fi
+    # The survivor's flight record (comm.trace_buf_size), written by the watchdog: the
+    # collective it waits for, rank 1 absent.
+    if report=$(python3 "$here/comm_trace.py" "$work/kill/comm_traces" 2>&1) && grep -q "^rank 0 waits for" <<< "$report"; then
+      echo "nccl: kill -9 of rank 1: flight record: $(grep -m 1 "^rank 0 waits for" <<< "$report")"
+    else
+      echo "nccl: kill -9 of rank 1: no flight record of rank 0: $report"; status=1
     fi
     # Saved under FSDP 4 at steps 3 and 6; step 6's save removed, the run resumed from step 3
     # under TP 2 x FSDP 2: metrics.jsonl then holds steps 1-3 saved and 4-6 resumed.
