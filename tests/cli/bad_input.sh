@@ -76,6 +76,12 @@ expect_error "a corpus shorter than a window" \
   "$train" "${small[@]}" --training.synthetic_documents 1 --training.seq_len 512 --model.max_seq_len 512
 expect_error "a dump folder that is a file" "$work/typed.toml: not a directory (job.dump_folder names the folder the run writes to)" \
   "$train" "${small[@]}" --job.dump_folder "$work/typed.toml"
+# A file under a checkpoint's name is the user's: refused, never replaced by a save.
+mkdir -p "$work/stray/checkpoint" && echo "notes" > "$work/stray/checkpoint/step-1"
+expect_error "a file named like a checkpoint" \
+  "$work/stray/checkpoint/step-1: a file where a checkpoint's folder goes (step-<N> and step-<N>.partial are the checkpoints' names); move it out of the checkpoint folder" \
+  "$train" "${small[@]}" --job.dump_folder "$work/stray" --checkpoint.enable true
+[ "$(cat "$work/stray/checkpoint/step-1")" = notes ] || { echo "FAIL: the stray file was changed"; failures=$((failures + 1)); }
 expect_error "an initial model that is a run's folder" "checkpoint.initial_load_path '$work': a directory without config.json" \
   "$train" "${small[@]}" --checkpoint.initial_load_path "$work"
 # A model no machine's memory holds (256 TB of embeddings): the allocator's error says

@@ -65,6 +65,23 @@ TEST_CASE("checkpoint folder: a rerun resumes from the latest complete checkpoin
   CHECK_ERROR_CONTAINS(train::resume_point(folder, 14), "not there");  // a partial folder is no checkpoint
 }
 
+TEST_CASE("checkpoint folder: a file under a checkpoint's name is refused, not replaced by a save") {
+  tessera::test::TempDir dir;
+  const fs::path folder = dir.path / "checkpoint";
+  make_step(folder, 2, true);
+  std::ofstream(folder / "step-4") << "a user's notes";
+  CHECK_ERROR_CONTAINS(train::resume_point(folder, -1),
+                       "step-4: a file where a checkpoint's folder goes (step-<N> and step-<N>.partial are the "
+                       "checkpoints' names); move it out of the checkpoint folder");
+  CHECK(fs::is_regular_file(folder / "step-4"));
+  fs::remove(folder / "step-4");
+  std::ofstream(folder / "step-6.partial") << "x";
+  CHECK_ERROR_CONTAINS(names(folder), "step-6.partial: a file where a checkpoint's folder goes");
+  fs::remove(folder / "step-6.partial");
+  std::ofstream(folder / "step-6.txt") << "not a checkpoint's name: left alone";
+  CHECK(names(folder) == std::vector<std::string>{"step-2"});
+}
+
 TEST_CASE("checkpoint folder: a resume past the run's end, or back past newer checkpoints, is refused") {
   tessera::test::TempDir dir;
   const fs::path folder = dir.path / "checkpoint";

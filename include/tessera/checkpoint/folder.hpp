@@ -5,7 +5,8 @@
 //
 // Only names this library writes are looked at: `step-<digits>` folders, and the
 // `step-<digits>.partial` folders of saves (or removals) a crash interrupted. Anything
-// else a user puts in the folder stays untouched.
+// else a user puts in the folder stays untouched; a file (not a folder) under one of
+// those names is refused by name rather than replaced by a save.
 #pragma once
 
 #include <algorithm>
@@ -55,10 +56,13 @@ inline std::vector<SavedStep> list_saved_steps(const std::filesystem::path& fold
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) return steps;
   for (const auto& e : fs::directory_iterator(folder, ec)) {
-    if (!e.is_directory(ec)) continue;
     const std::string name = e.path().filename().string();
     const auto n = step_folder_number(name);
     if (!n) continue;
+    // A save replaces a step's folder (and removes an interrupted one's): a file under
+    // such a name is not the library's, and would be lost.
+    TESSERA_CHECK(e.is_directory(ec), e.path().string(), ": a file where a checkpoint's folder goes (step-<N> and "
+                  "step-<N>.partial are the checkpoints' names); move it out of the checkpoint folder");
     const bool partial = is_partial_folder_name(name);
     steps.push_back({*n, e.path(), !partial && fs::exists(e.path() / sharded::kCompleteMarker, ec), partial});
   }
