@@ -517,10 +517,6 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
   return 0;
 }
 
-}  // namespace tessera::llama_train
-
-namespace tessera::llama_train {
-
 /// One rank's run (run_rank_steps); every rank of `world` calls it with the same inputs.
 /// With comm.trace_buf_size > 0 the rank's collectives go to a flight recorder
 /// (comm/flight_recorder.hpp), which a run that fails after the rank's first collective

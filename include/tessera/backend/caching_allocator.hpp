@@ -348,7 +348,9 @@ class CachingAllocator {
       }
       return v;
     };
-    for (const auto& [base, segment] : segments_) {
+    for (const auto& entry : segments_) {
+      char* const base = entry.first;  // named, not bound: lambdas capture them (Clang with OpenMP cannot bind)
+      const Segment& segment = entry.second;
       if (base != grow_base_) {
         out.push_back({reinterpret_cast<std::uintptr_t>(base), segment.size, segment.first->small, false,
                        blocks_in(segment.first, base, base + segment.size)});
