@@ -377,7 +377,7 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
         (dump / "metrics.jsonl").string(), c.training.steps, c.metrics.log_freq, isatty(STDERR_FILENO) != 0,
         trainer.steps_done(), c.metrics.enable_tensorboard ? (dump / c.metrics.save_tb_folder).string() : "");
   const DType export_dtype = parse_dtype(c.checkpoint.export_dtype, "checkpoint.export_dtype");
-  const bool async = c.checkpoint.async_mode == "async";
+  const bool async = c.checkpoint.async_mode != "disabled";  // "async" or "async_with_pinned_mem": one path
   // Saving gathers the whole parameters on every rank (a collective: data-parallel shards,
   // tensor-parallel pieces and the other pipeline stages' parameters); rank 0 writes.
   auto save = [&](auto&& write) {

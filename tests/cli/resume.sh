@@ -240,6 +240,15 @@ else
   fail "unseeded: exit status $status, $(tail -n 1 "$work/unseeded.err")"
 fi
 
+# --- checkpoint.async_mode = "async_with_pinned_mem" (torchtitan's name): tessera's async --
+# saves, the training unchanged, the last checkpoint complete.
+if run pinned "$train" "${small[@]}" --checkpoint.async_mode async_with_pinned_mem &&
+   compare pinned one 0 && [ -f "$work/pinned/checkpoint/step-10/COMPLETE" ]; then
+  echo "ok: async_with_pinned_mem saves as async does"
+else
+  [ -f "$work/pinned/checkpoint/step-10/COMPLETE" ] || fail "pinned: no complete step-10"
+fi
+
 # --- mpirun: one rank process killed -----------------------------------------------------
 if [ "$mpirun" != none ]; then
   # The float8 all-gather over MPI: thread ranks' run, within the parity bar.

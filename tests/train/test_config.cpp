@@ -504,6 +504,9 @@ TEST_CASE("unknown names in enumerated keys") {
   CHECK_ERROR(parse("[activation_checkpoint]\nmode = \"partial\""),
               "activation_checkpoint.mode must be one of none, full, selective");
   CHECK_ERROR(parse("[checkpoint]\nexport_dtype = \"float16\""), "checkpoint.export_dtype must be one of");
+  CHECK(parse("[checkpoint]\nasync_mode = \"async_with_pinned_mem\"").checkpoint.async_mode == "async_with_pinned_mem");
+  CHECK_ERROR(parse("[checkpoint]\nasync_mode = \"sync\""),
+              "checkpoint.async_mode must be one of disabled, async, async_with_pinned_mem; got \"sync\"");
   CHECK_ERROR(parse("[training]\ndataset = \"c4\""), "training.dataset must be one of synthetic, shard, chat; got \"c4\"");
   CHECK_ERROR(parse("[training]\nattention = \"flash\""),
               "training.attention must be one of auto, cudnn, tessera; got \"flash\"");

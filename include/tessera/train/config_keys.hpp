@@ -386,8 +386,10 @@ inline std::vector<ConfigKey> build_config_keys() {
           .one_of({"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}),
       make_key("checkpoint.async_mode", field<&J::checkpoint, &CheckpointSection::async_mode>(),
                "disabled: a save holds the step until its files are on the disk; async: the step holds only "
-               "while the state is copied to host memory, and a background thread writes the files.")
-          .one_of({"disabled", "async"}),
+               "while the state is copied to host memory (page-locked on a GPU, kept from one save to the next), "
+               "and a background thread writes the files; async_with_pinned_mem: the same (torchtitan's name for "
+               "its pinned variant, which tessera's async always is).")
+          .one_of({"disabled", "async", "async_with_pinned_mem"}),
       make_key("checkpoint.last_save_model_only", field<&J::checkpoint, &CheckpointSection::last_save_model_only>(),
                "At the last step save only the model weights (in export_dtype)."),
       make_key("checkpoint.export_dtype", field<&J::checkpoint, &CheckpointSection::export_dtype>(),
