@@ -45,9 +45,15 @@ TEST_CASE("flight recorder: each collective numbered on its group, its context, 
       kept[static_cast<std::size_t>(world.rank())] = recorder->records();
     }
     pending.wait();
+    world.barrier();  // a collective too: on the world, its first there
     const std::vector<FlightRecord> after = recorder->records();
-    REQUIRE(after.size() == 4);
+    REQUIRE(after.size() == 5);
     CHECK(after[3].waited_us >= after[3].issued_us);
+    CHECK(std::string(after[4].op) == "barrier");
+    CHECK(after[4].group == "world");
+    CHECK(after[4].seq == 1);
+    CHECK(after[4].ranks == std::vector<int>{0, 1, 2, 3});
+    CHECK(after[4].waited_us >= 0);
   });
   for (int r = 0; r < 4; ++r) {
     CAPTURE(r);

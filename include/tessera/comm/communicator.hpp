@@ -160,7 +160,11 @@ class Communicator {
   }
   void send_recv(std::span<const PeerOp> ops) { send_recv_async(ops).wait(); }
 
-  void barrier() { impl_->barrier().wait(); }
+  /// Every rank waits for every other (on NCCL: the GPUs' work is ordered, the hosts not
+  /// held). A collective like the others: profiled and flight-recorded.
+  void barrier() {
+    issued("barrier", 0, [&] { return impl_->barrier(); }).wait();
+  }
 
   /// The ranks with the same color form a new communicator, ranked by key (then by
   /// rank here). Every rank of this communicator must call it. The child counts its

@@ -53,7 +53,7 @@ struct FlightRecord {
   std::vector<int> ranks;  // the group's world ranks
   int group_rank = 0, group_size = 0;
   std::uint64_t seq = 0;   // its number on the group, from 1
-  const char* op = "";     // "all_gather", "reduce_scatter", "all_reduce", "broadcast", "send_recv"
+  const char* op = "";     // "all_gather", "reduce_scatter", "all_reduce", "broadcast", "send_recv", "barrier"
   std::uint64_t bytes = 0;
   std::int64_t issued_us = 0;
   std::int64_t waited_us = -1;     // -1: not waited for
