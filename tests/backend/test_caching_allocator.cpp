@@ -294,6 +294,38 @@ TEST_CASE("history: every block and segment, with where it was asked for; state:
   small_ring.release(x);
 }
 
+TEST_CASE("history: each step's contexts are its own, and the table keeps only what the ring and live blocks name") {
+  FakeDevice device;
+  CachingAllocator alloc(device.upstream());
+  alloc.record_history(64);
+  const MemoryHistory& h = *alloc.history();
+  void* kept = nullptr;
+  {
+    profile::Recorder where;
+    const profile::Recording on(where);
+    const profile::Span step("step", "step 0");
+    kept = alloc.allocate(4 * KiB, "kept from the first step");
+  }
+  for (int s = 1; s <= 5000; ++s) {  // 5,000 steps, each its own context
+    profile::Recorder where;
+    const profile::Recording on(where);
+    const profile::Span step("step", [&] { return "step " + std::to_string(s); });
+    alloc.release(alloc.allocate(8 * KiB));
+  }
+  const MemoryHistory::View v = h.view();
+  CHECK(v.contexts.size() < 2 * 1024 + 64);  // not 5,001
+  REQUIRE(v.events.size() == 64);
+  // The kept events still name their own step; the live block its first one.
+  const AllocatorEvent& last_alloc = v.events[v.events.size() - 2];
+  REQUIRE(last_alloc.action == AllocatorAction::alloc);
+  REQUIRE(last_alloc.context < v.contexts.size());
+  CHECK(v.contexts[last_alloc.context].spans.at(0).name == "step 5000");
+  const std::uint32_t live = v.live.at(address(kept));
+  CHECK(v.contexts.at(live).what == "kept from the first step");
+  CHECK(v.contexts.at(live).spans.at(0).name == "step 0");
+  alloc.release(kept);
+}
+
 TEST_CASE("state: the expandable segment is its runs of mapped pages; its history maps and unmaps them") {
   FakeDevice device;
   CachingAllocator alloc(expandable_upstream(device));

@@ -11,7 +11,11 @@
 // request's name where the caller gave one, and the spans open on that thread
 // (core/profile.hpp: the step, the micro-batch, the layer and its forward or backward,
 // the collective, the pipeline action), which a snapshot shows as the allocation's stack.
-// Contexts are interned: a step asks for the same few hundred again and again.
+// Contexts are interned: a step asks for the same few hundred again and again. The spans
+// name the step ("step 812"), so each step brings its own: once the table has grown to
+// twice what the kept events and the live blocks refer to, the others are dropped and
+// the ids renumbered, so that a long run's table stays the size of its ring. view() is
+// the consistent picture a snapshot writes (events, their contexts, the live blocks').
 //
 // It keeps the last `max_entries` events (a ring, as PyTorch's _record_memory_history
 // does; 100,000 as torchtitan records) and, apart from the ring, the context of every
@@ -24,6 +28,7 @@
 // Thread-safe: thread ranks sharing a device share its allocator and its history.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -116,12 +121,25 @@ class MemoryHistory {
     }
   }
 
-  /// The events kept, oldest first.
+  /// Everything a snapshot writes, taken at one moment: the events kept (oldest first),
+  /// the contexts their ids and the live blocks' ids name, and the ring's settings.
+  struct View {
+    std::vector<AllocatorEvent> events;
+    std::vector<AllocationContext> contexts;  // by id; 0 is no context
+    std::unordered_map<std::uintptr_t, std::uint32_t> live;  // block address -> its alloc's context
+    bool overflowed = false;
+    std::size_t max_entries = 0;
+  };
+  View view() const {
+    std::lock_guard lock(mutex_);
+    return {events_locked(), contexts_, live_, overflowed_, max_entries_};
+  }
+
+  /// The events kept, oldest first. Their context ids hold until the table is next
+  /// compacted (an allocation may do it): view() takes both at once.
   std::vector<AllocatorEvent> events() const {
     std::lock_guard lock(mutex_);
-    std::vector<AllocatorEvent> out(ring_.begin() + static_cast<std::ptrdiff_t>(next_), ring_.end());
-    out.insert(out.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(next_));
-    return out;
+    return events_locked();
   }
   /// Whether events older than the kept ones were dropped.
   bool overflowed() const {
@@ -152,7 +170,13 @@ class MemoryHistory {
     return c;
   }
 
-  std::uint32_t intern(AllocationContext c) {
+  std::vector<AllocatorEvent> events_locked() const {
+    std::vector<AllocatorEvent> out(ring_.begin() + static_cast<std::ptrdiff_t>(next_), ring_.end());
+    out.insert(out.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(next_));
+    return out;
+  }
+
+  static std::string key_of(const AllocationContext& c) {
     std::string key(1, static_cast<char>(c.use));
     key += c.what;
     for (const auto& s : c.spans) {
@@ -161,10 +185,38 @@ class MemoryHistory {
       key += '\x01';
       key += s.name;
     }
-    const auto [it, added] = ids_.try_emplace(std::move(key), static_cast<std::uint32_t>(contexts_.size()));
+    return key;
+  }
+
+  std::uint32_t intern(AllocationContext c) {
+    if (contexts_.size() >= compact_at_) compact();
+    const auto [it, added] = ids_.try_emplace(key_of(c), static_cast<std::uint32_t>(contexts_.size()));
     if (added) contexts_.push_back(std::move(c));
     return it->second;
   }
+
+  /// Keeps the contexts the ring's events and the live blocks refer to, renumbered.
+  void compact() {
+    constexpr std::uint32_t kDropped = ~std::uint32_t{0};
+    std::vector<std::uint32_t> remap(contexts_.size(), kDropped);
+    std::vector<AllocationContext> kept(1);
+    remap[0] = 0;
+    auto keep = [&](std::uint32_t& id) {
+      if (remap[id] == kDropped) {
+        remap[id] = static_cast<std::uint32_t>(kept.size());
+        kept.push_back(std::move(contexts_[id]));
+      }
+      id = remap[id];
+    };
+    for (AllocatorEvent& e : ring_) keep(e.context);
+    for (auto& [address, id] : live_) keep(id);
+    contexts_ = std::move(kept);
+    ids_.clear();
+    for (std::uint32_t i = 1; i < contexts_.size(); ++i) ids_.emplace(key_of(contexts_[i]), i);
+    compact_at_ = std::max(kMinCompaction, 2 * contexts_.size());
+  }
+
+  static constexpr std::size_t kMinCompaction = 1024;
 
   mutable std::mutex mutex_;
   std::size_t max_entries_;
@@ -172,6 +224,7 @@ class MemoryHistory {
   std::size_t next_ = 0;  // the oldest event once the ring is full
   bool overflowed_ = false;
   std::vector<AllocationContext> contexts_;
+  std::size_t compact_at_ = kMinCompaction;  // the table's size that triggers compact()
   std::unordered_map<std::string, std::uint32_t> ids_;
   std::unordered_map<std::uintptr_t, std::uint32_t> live_;  // block address -> its alloc's context
 };

@@ -43,16 +43,18 @@ namespace tessera::io {
 inline std::string torch_memory_snapshot(const AllocatorState& state, const MemoryHistory* history, int device = 0,
                                          bool expandable_segments = false) {
   TESSERA_CHECK(device >= 0, "memory snapshot: device ", device, " (a device index is 0 or more)");
+  // One moment's events and contexts: the allocator may go on meanwhile (thread ranks).
+  const MemoryHistory::View h = history != nullptr ? history->view() : MemoryHistory::View{};
   PickleWriter w;
   std::unordered_map<std::uint32_t, std::uint32_t> memo;  // context -> its frames' memo id
   auto frames = [&](std::uint32_t context) {
-    if (history == nullptr || context == 0) {
+    if (history == nullptr || context == 0 || context >= h.contexts.size()) {
       w.begin_list();
       w.end_list();
       return;
     }
     if (const auto it = memo.find(context); it != memo.end()) return w.get(it->second);
-    const AllocationContext c = history->context(context);
+    const AllocationContext& c = h.contexts[context];
     auto frame = [&](std::string_view filename, int line, const std::string& name) {
       w.begin_dict();
       w.string("filename");
@@ -118,7 +120,8 @@ inline std::string torch_memory_snapshot(const AllocatorState& state, const Memo
       w.string("state");
       w.string(b.in_use ? "active_allocated" : "inactive");
       w.string("frames");
-      frames(b.in_use && history != nullptr ? history->live_context(b.address) : 0);
+      const auto live = b.in_use ? h.live.find(b.address) : h.live.end();
+      frames(live != h.live.end() ? live->second : 0);
       w.end_dict();
     }
     w.end_list();
@@ -134,7 +137,7 @@ inline std::string torch_memory_snapshot(const AllocatorState& state, const Memo
   }
   w.begin_list();
   if (history != nullptr)
-    for (const AllocatorEvent& e : history->events()) {
+    for (const AllocatorEvent& e : h.events) {
       const bool oom = e.action == AllocatorAction::oom;
       w.begin_dict();
       w.string("action");
@@ -163,9 +166,9 @@ inline std::string torch_memory_snapshot(const AllocatorState& state, const Memo
   w.string("expandable_segments");
   w.boolean(expandable_segments);
   w.string("trace_alloc_max_entries");
-  w.integer(std::uint64_t{history != nullptr ? history->max_entries() : 0});
+  w.integer(std::uint64_t{h.max_entries});
   w.string("trace_alloc_overflowed");
-  w.boolean(history != nullptr && history->overflowed());
+  w.boolean(h.overflowed);
   w.end_dict();
   w.end_dict();
   return w.finish();
