@@ -48,7 +48,7 @@ inline std::string torch_memory_snapshot(const AllocatorState& state, const Memo
   PickleWriter w;
   std::unordered_map<std::uint32_t, std::uint32_t> memo;  // context -> its frames' memo id
   auto frames = [&](std::uint32_t context) {
-    if (history == nullptr || context == 0 || context >= h.contexts.size()) {
+    if (context == 0 || context >= h.contexts.size()) {  // no history: no contexts
       w.begin_list();
       w.end_list();
       return;
