@@ -67,6 +67,12 @@
 #             steps at 2048 tokens, bf16 against tensorwise and rowwise, the loss curves
 #             (float8-curves.json); not part of `all` unless given a cap (about 4.5 minutes)
 #   llama     llama-train on the debug model on the GPU, 100 steps
+#   offload   FSDP's CPU offload (training.enable_cpu_offload) on the GPU: the debug model's
+#             10 steps with and without it (the losses within 1e-5: AdamW on the host's
+#             loops against the GPU's), then Llama 3.2 3B (full checkpointing, batch 1 x
+#             8192, bf16) offloaded for 3 steps beside llama-plan's prediction for this
+#             machine (offload-plan-*.json: the device's peak, the host's memory, the step;
+#             the host rate is a DGX node's share, this machine's host differs); about 2 minutes
 #   nccl      several llama-train processes sharing the one GPU over NCCL (comm.share_gpu):
 #             FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B), CP 2 on 2 processes, FSDP 2 x
 #             TP 2, HSDP 2 x 2, PP 2 x TP 2, CP 2 x FSDP 2 on 4, each against one process's
@@ -154,6 +160,11 @@ for run in "llama3.2_1b none float32" "llama3.2_3b none float32" "llama3_8b full
       --activation_checkpoint.mode "$ac" --optimizer.state_dtype "$moments" --plan.top 1000 \
       > "$bundle/train-plan-$flavor-$machine.json"
   done
+done
+# The offloaded 3B step (run.sh offload), as llama-plan predicts it.
+for machine in h100-sxm h200; do
+  "$build/examples/llama-plan" --config examples/configs/llama3.2_3b.toml --machine $machine --json "${one[@]}" \
+    --activation_checkpoint.mode full --training.enable_cpu_offload true > "$bundle/offload-plan-$machine.json"
 done
 # bench-train --profile needs CUPTI, which Meson may not have found.
 if ldd "$build/bench/bench-train" | grep -q libcupti; then touch "$bundle/PROFILE"; fi
@@ -566,6 +577,28 @@ PY
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
       --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
+  offload)
+    status=0
+    work=$(mktemp -d)
+    for o in false true; do
+      "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 10 \
+        --training.enable_cpu_offload "$o" --job.dump_folder "$work/offload-$o" 2>&1 | tail -n 12 \
+        | tee "$out/offload-debug-$o.txt" || status=1
+    done
+    python3 - "$work/offload-false/metrics.jsonl" "$work/offload-true/metrics.jsonl" <<'PY' | tee "$out/offload-debug.txt" || status=1
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f) if '"loss"' in l] for f in sys.argv[1:3])
+worst = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b))
+print(f"offload: {len(b)} steps, largest relative loss difference {worst:.3g} (limit 1e-5)")
+sys.exit(0 if len(a) == len(b) == 10 and worst <= 1e-5 else 1)
+PY
+    timeout 400 "$here/llama-train" --config "$here/configs/llama3.2_3b.toml" --training.device cuda --training.steps 3 \
+      --training.seq_len 8192 --training.local_batch_size 1 --training.global_batch_size 1 \
+      --activation_checkpoint.mode full --training.enable_cpu_offload true --metrics.log_freq 1 \
+      --job.dump_folder "$work/offload-3b" 2>&1 | tail -n 12 | tee "$out/offload-3b.txt" || status=1
+    cp "$work/offload-3b/metrics.jsonl" "$out/offload-3b-metrics.jsonl" 2>/dev/null
+    cp "$here/offload-plan-$machine.json" "$out/" 2>/dev/null
+    exit "$status" ;;
   all)
     # Every step in one command, for a loan of a few minutes: the measurements still open
     # first (eager, gemms), then the suite, the training steps, the PyTorch comparison, the debug

@@ -461,6 +461,7 @@ nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, con
                            {"workspace", b[MemoryUse::workspace]},
                            {"reserved", t.reserved_bytes}};
   j["breakdown"] = {{"time", time}, {"memory", memory}};
+  j["offloaded_bytes"] = st.offloaded_bytes;  // host memory at its peak (training.enable_cpu_offload)
   j["costliest"] = costliest_json(p);
   j["run"] = run_json(run, price);
   j["host_reads"] = p.host_reads;
@@ -510,6 +511,9 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
   if (!t.cpu)
     std::printf("  %-24s %12s  (CUDA context, library workspaces: machine file)\n", "reserved",
                 gib(t.reserved_bytes).c_str());
+  if (st.offloaded_bytes > 0)
+    std::printf("  %-24s %12s  (host memory of this rank: shards, gradients, optimizer state)\n", "offloaded",
+                gib(static_cast<double>(st.offloaded_bytes)).c_str());
   std::printf("\ncostliest operations\n");
   print_costliest(p, p.step_seconds);
   if (p.unpriced_kernels > 0)

@@ -267,6 +267,21 @@ TEST_CASE("training checkpoints: a run resumed on one rank is the uninterrupted 
   }
 }
 
+TEST_CASE("training checkpoints: saved with the shards offloaded to the host, resumed without, and back: the same run") {
+  const train::JobConfig plain = debug_job(2, 4, 4, {"--training.mixed_precision_param", "bfloat16"});
+  const train::JobConfig offloaded =
+      debug_job(2, 4, 4, {"--training.mixed_precision_param", "bfloat16", "--training.enable_cpu_offload", "true"});
+  const comm::MeshShape fsdp2{1, 1, 2, 1};
+  const std::vector<double> whole = train_steps(fsdp2, plain, 4);
+  tessera::test::TempDir dir;
+  // FSDP 2 offloaded, resumed by FSDP 2 without; and the other way round.
+  const std::string saved_offloaded = dir.file("offloaded/step-2"), saved_plain = dir.file("plain/step-2");
+  CHECK(train_steps(fsdp2, offloaded, 2, "", saved_offloaded, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
+  CHECK(train_steps(fsdp2, plain, 2, saved_offloaded) == tail(whole, 2));
+  CHECK(train_steps(fsdp2, plain, 2, "", saved_plain, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
+  CHECK(train_steps(fsdp2, offloaded, 2, saved_plain) == tail(whole, 2));
+}
+
 TEST_CASE("training checkpoints: saved under each layout of the parity matrix, resumed under two others, the same run") {
   // Every layout the parity tests train (tests/parallel/test_parity.cpp and the tensor-,
   // pipeline- and context-parallel ones) and all of them at once, each saving after step 3 and

@@ -117,6 +117,19 @@ TEST_CASE("cost: a GEMM takes its FLOPs at the curve's efficiency, or its bytes 
   CHECK(p.seconds(tiny) == doctest::Approx(2e-6));
 }
 
+TEST_CASE("cost: a host loop (CPU offload) takes its bytes at host.memory_gbs, no launch; without the rate it is refused") {
+  trace::Kernel k;
+  k.functor = "AdamWMultiStep<float, float>";
+  k.n = 1000;
+  k.traffic = {4e9, 2e9, 0, 0};
+  k.on_host = true;
+  const plan::GpuPricer with_host(plan::parse_machine(std::string(kProfile) + "[host.memory_gbs]\nvalue = 50\nsource = \"test\"\n", "host.toml"));
+  CHECK(with_host.seconds(k) == doctest::Approx(6e9 / 50e9).epsilon(1e-12));
+  k.traffic = {8, 8, 0, 0};
+  CHECK(with_host.seconds(k) == doctest::Approx(16 / 50e9).epsilon(1e-12));  // under a launch: no launch
+  CHECK_THROWS_WITH_AS(pricer().seconds(k), doctest::Contains("host.memory_gbs is missing"), Error);
+}
+
 namespace {
 /// Float8 rates for the test profile: 200 TFLOP/s, 5% of it at 1 GFLOP up to 40% at 100.
 const char* kFloat8Rates = R"(

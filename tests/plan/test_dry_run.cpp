@@ -432,6 +432,35 @@ TEST_CASE("dry run: Llama 3 8B in bf16 holds 2 + 4 + 12 bytes per parameter, plu
   CHECK(st.trace.all<trace::Attention>().size() == 3 * 32);
 }
 
+TEST_CASE("dry run: Llama 3 8B offloaded (training.enable_cpu_offload) keeps 18 bytes a parameter in host memory, "
+          "runs AdamW and the norm as host loops and copies its shards over the host link") {
+  const train::JobConfig plain = llama3_8b_job({});
+  const train::JobConfig c = llama3_8b_job({"--training.enable_cpu_offload", "true"});
+  const plan::StepTrace st = plan::dry_run_step<bf16>(c);
+  const plan::StepTrace on_device = plan::dry_run_step<bf16>(plain);
+  const auto n = static_cast<std::size_t>(c.model.args.num_params());
+  CHECK(st.at_peak[MemoryUse::optimizer] == 0);
+  CHECK(st.offloaded_bytes >= 18 * n);  // bf16 values, fp32 gradients, moments and masters
+  CHECK(on_device.offloaded_bytes == 0);
+  CHECK(st.peak_bytes + 15 * n < on_device.peak_bytes);
+  bool adamw_on_host = false, norm_on_host = false, adamw_on_device = false;
+  for (const auto& k : st.trace.all<trace::Kernel>()) {
+    const std::string_view f = k.functor;
+    adamw_on_host = adamw_on_host || (k.on_host && f.starts_with("AdamWMultiStep"));
+    adamw_on_device = adamw_on_device || (!k.on_host && f.starts_with("AdamWMultiStep"));
+    norm_on_host = norm_on_host || (k.on_host && f.starts_with("SquaredNormChunks"));
+  }
+  CHECK(adamw_on_host);
+  CHECK(norm_on_host);
+  CHECK_FALSE(adamw_on_device);
+  // The bf16 values go down for each gather (a unit's forward, and its backward), the
+  // fp32 gradients up once.
+  std::int64_t down = 0, up = 0;
+  for (const auto& t : st.trace.all<trace::Transfer>()) (t.to_host ? up : down) += t.bytes;
+  CHECK(up >= static_cast<std::int64_t>(4 * n));
+  CHECK(down > static_cast<std::int64_t>(3 * n));
+}
+
 TEST_CASE("loss head: a chunk takes 16 MiB on a host and 1/64 of a device's memory, at most 4 GiB") {
   CHECK(nn::loss_chunk_budget(0) == std::size_t{16} << 20);
   CHECK(nn::loss_chunk_budget(std::size_t{80} << 30) == (std::size_t{80} << 30) / 64);

@@ -218,6 +218,7 @@ void check_functor_pointers(const F& f) {
 
 struct GuardedCpu {
   static constexpr Device device = Device::cuda;  // not the host's memory, as far as callers know
+  using Host = cpu::HostSide;  // host memory beside it (backend/host.hpp), unguarded
 
   template <class T>
   static Tensor<T> empty(Shape shape) {

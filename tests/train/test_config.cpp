@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 109);
+  CHECK(keys.size() == 110);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -660,6 +660,7 @@ TEST_CASE("to_toml round trip") {
                  "--training.deterministic",
                  "--training.device", "cpu", "--training.attention", "tessera",
                  "--training.expandable_segments", "false", "--training.cuda_graph", "true",
+                 "--training.enable_cpu_offload", "true",
                  "--training.document_mask",
                  "--training.mixed_precision_param", "float32",
                  "--training.dataset", "shard",

@@ -71,9 +71,12 @@ struct Kernel {
   /// false: a pass the GPU runs inside the launch of the kernel before it (ops::FusesParts),
   /// so it costs no launch of its own.
   bool own_launch = true;
+  /// A loop of the host backend (backend/host.hpp: an offloaded shard's optimizer step,
+  /// norm or gradient sum), run by the host's cores over host memory, not launched.
+  bool on_host = false;
   friend bool operator==(const Kernel& a, const Kernel& b) {
     return std::string_view(a.functor) == b.functor && a.n == b.n && a.priced == b.priced && a.cuda_class == b.cuda_class &&
-           a.own_launch == b.own_launch &&
+           a.own_launch == b.own_launch && a.on_host == b.on_host &&
            a.traffic.bytes_read == b.traffic.bytes_read && a.traffic.bytes_written == b.traffic.bytes_written &&
            a.traffic.flops == b.traffic.flops && a.traffic.transcendentals == b.traffic.transcendentals;
   }

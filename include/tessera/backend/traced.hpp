@@ -17,13 +17,17 @@
 //                         allocation itself comes from the memory counters)
 //   copy_to_host/from_host  the bytes, the library line that asked (upload, download), and
 //                         whether the CUDA backend waits for the device (to the host only)
+//   copy_to/from_pinned   as a transfer that does not wait (backend/host.hpp's copies)
 //   synchronize
+// Traced<B::Host> (B's host backend, backend/host.hpp) records its loops as host work
+// (trace::Kernel::on_host) and nothing else: its copies and fills stay in host memory.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/backend/host.hpp"
 #include "tessera/backend/kernel_class.hpp"
 #include "tessera/backend/trace.hpp"
 #include "tessera/comm/memory_access.hpp"
@@ -35,9 +39,26 @@
 namespace tessera {
 
 template <Backend B>
+struct Traced;
+
+namespace detail {
+template <class B>
+struct traced_host {
+  using type = void;  // B names no host backend
+};
+template <class B>
+  requires requires { typename B::Host; }
+struct traced_host<B> {
+  using type = Traced<typename B::Host>;
+};
+}  // namespace detail
+
+template <Backend B>
 struct Traced {
   using inner_type = B;
   static constexpr Device device = B::device;
+  static constexpr bool runs_on_host = is_host_backend<B>;
+  using Host = typename detail::traced_host<B>::type;
 
   template <class T>
   static Tensor<T> empty(Shape shape) {
@@ -45,7 +66,7 @@ struct Traced {
   }
   template <class T>
   static Tensor<T> zeros(Shape shape) {
-    trace::record(trace::Fill{shape.numel() * static_cast<std::int64_t>(sizeof(T))});
+    if constexpr (!runs_on_host) trace::record(trace::Fill{shape.numel() * static_cast<std::int64_t>(sizeof(T))});
     return B::template zeros<T>(shape);
   }
 
@@ -75,23 +96,36 @@ struct Traced {
     else k.priced = false;
     k.cuda_traffic = cuda;
     k.cuda_class = cuda_kernel_class<F>;
+    k.on_host = runs_on_host;
     trace::record(k);
   }
 
   static void synchronize() {
-    trace::record(trace::Synchronize{});
+    if constexpr (!runs_on_host) trace::record(trace::Synchronize{});
     B::synchronize();
   }
 
   template <class T>
   static void copy_to_host(const T* src, T* dst, std::int64_t n) {
-    record_transfer(n * static_cast<std::int64_t>(sizeof(T)), true);
+    if constexpr (!runs_on_host) record_transfer(n * static_cast<std::int64_t>(sizeof(T)), true, true);
     B::copy_to_host(src, dst, n);
   }
   template <class T>
   static void copy_from_host(const T* src, T* dst, std::int64_t n) {
-    record_transfer(n * static_cast<std::int64_t>(sizeof(T)), false);
+    if constexpr (!runs_on_host) record_transfer(n * static_cast<std::int64_t>(sizeof(T)), false, false);
     B::copy_from_host(src, dst, n);
+  }
+  /// B's copies to and from its host backend's memory (backend/host.hpp), neither
+  /// waiting for the device.
+  template <class T>
+  static void copy_from_pinned(const T* src, T* dst, std::int64_t n) {
+    record_transfer(n * static_cast<std::int64_t>(sizeof(T)), false, false);
+    copy_from_host_memory<B>(src, dst, n);
+  }
+  template <class T>
+  static void copy_to_pinned(const T* src, T* dst, std::int64_t n) {
+    record_transfer(n * static_cast<std::int64_t>(sizeof(T)), true, false);
+    copy_to_host_memory<B>(src, dst, n);
   }
 
   template <class T, class C>
@@ -164,9 +198,9 @@ struct Traced {
   }
 
  private:
-  static void record_transfer(std::int64_t bytes, bool to_host) {
+  static void record_transfer(std::int64_t bytes, bool to_host, bool synchronizes) {
     if (!trace::current()) return;
-    trace::Transfer t{bytes, to_host, "", 0, /*synchronizes=*/to_host};
+    trace::Transfer t{bytes, to_host, "", 0, synchronizes};
     if (const std::source_location* site = detail::transfer_site) {
       t.file = site->file_name();
       t.line = site->line();

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/backend/host.hpp"
 #include "tessera/checkpoint/model.hpp"
 #include "tessera/checkpoint/sharded_format.hpp"
 #include "tessera/comm/communicator.hpp"
@@ -191,7 +192,9 @@ RankFile snapshot(Model& model, const std::vector<std::string>& families, const 
     if (!h.writer) return;
     const nn::Parameter<T>& p = *h.param;
     const std::string key = p.name + "@" + std::to_string(count[p.name]++);
-    w.add_bytes(key, stored_dtype<T>(), {h.n}, host_bytes<B>(h.local->value.data() + h.offset, h.n, pool));
+    w.add_bytes(key, stored_dtype<T>(), {h.n}, with_backend<B>(on_host(h.local->value), [&]<class X>() {
+                  return host_bytes<X>(h.local->value.data() + h.offset, h.n, pool);
+                }));
     add_state(h, key, w);
     stretches.push_back({p.name, key, h.where.first, h.where.whole_cols, h.where.piece_cols, h.where.row0,
                          h.where.col0, h.n});
@@ -414,7 +417,10 @@ void load_folder(Model& model, const Index& index, const std::string& dir, Load&
     TESSERA_CHECK(shape != index.shapes.end(), dir, ": parameter '", p.name, "' is not in the checkpoint");
     TESSERA_CHECK(shape->second == dims(p.whole), dir, ": parameter '", p.name, "' has shape ",
                   io::detail::shape_str(shape->second), " in the checkpoint, the model's is ", p.whole.str());
-    if (values) read_into<B>(index, dir, p.name, values_family, h.where, h.n, h.values());
+    if (values)
+      with_backend<B>(on_host(h.local->value), [&]<class X>() {
+        read_into<X>(index, dir, p.name, values_family, h.where, h.n, h.values());
+      });
     load(h);
   });
   B::synchronize();
@@ -470,7 +476,7 @@ sharded::RankFile snapshot_checkpoint(Model& model, Optimizer& optimizer, nlohma
     optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
       using M = typename std::remove_cvref_t<decltype(t)>::value_type;
       w.add_bytes(std::string(name) + "/" + key, sharded::stored_dtype<M>(), {h.n},
-                  sharded::host_bytes<B>(t.data() + h.offset, h.n, pool));
+                  with_backend<B>(on_host(t), [&]<class X>() { return sharded::host_bytes<X>(t.data() + h.offset, h.n, pool); }));
     });
   };
   return sharded::snapshot(model, families, state, add_state, pool);
@@ -522,7 +528,9 @@ nlohmann::json load_sharded_checkpoint(Model& model, Optimizer& optimizer, const
           optimizer.for_each_state_tensor(*h.local, [&](std::string_view name, auto& t) {
             // The masters are the model's values at full precision: they go with the model.
             if (!(name == "master" ? parts.model : parts.optimizer)) return;
-            sharded::read_into<B>(index, dir, h.param->name, std::string(name), h.where, h.n, t.data() + h.offset);
+            with_backend<B>(on_host(t), [&]<class X>() {
+              sharded::read_into<X>(index, dir, h.param->name, std::string(name), h.where, h.n, t.data() + h.offset);
+            });
           });
         },
         parts.model);

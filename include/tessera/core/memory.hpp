@@ -19,16 +19,20 @@
 
 namespace tessera {
 
-/// Where a tensor's memory lives: the host, a CUDA device, or nowhere (the dry run's
-/// Meta backend, backend/meta/meta.hpp: shapes without storage).
-enum class Device : std::uint8_t { cpu, cuda, meta };
-inline constexpr int kDeviceKinds = 3;
+/// Where a tensor's memory lives: the host, a CUDA device, nowhere (the dry run's Meta
+/// backend, backend/meta/meta.hpp: shapes without storage), or the host memory a device
+/// backend keeps beside its own (`host`: FSDP's CPU offload, backend/host.hpp; pinned on
+/// a GPU). The CPU backend's memory is `cpu`, as is a plain host tensor's: counting
+/// `host` apart is what shows, on any backend, what offloading takes off the device.
+enum class Device : std::uint8_t { cpu, cuda, meta, host };
+inline constexpr int kDeviceKinds = 4;
 
 constexpr const char* name_of(Device d) {
   switch (d) {
     case Device::cpu: return "cpu";
     case Device::cuda: return "cuda";
     case Device::meta: return "meta";
+    case Device::host: return "host";
   }
   return "?";
 }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/backend/host.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/float8.hpp"
 #include "tessera/core/error.hpp"
@@ -142,10 +143,14 @@ struct Parameter {
 
   /// For a writer that adds to the gradient (or to part of it): zeroes the gradient
   /// if nothing wrote it yet this step, and marks it written.
+  /// B's loops, or its host backend's for a gradient in host memory (an offloaded
+  /// shard's, backend/host.hpp).
   template <Backend B>
   void zero_grad_if_unwritten() {
     if (std::exchange(grad_written, true) || grad.empty()) return;
-    B::for_each(grad.numel(), ops::Fill<grad_type>{grad_type(0), grad.data()});
+    with_backend<B>(on_host(grad), [&]<class X>() {
+      X::for_each(grad.numel(), ops::Fill<grad_type>{grad_type(0), grad.data()});
+    });
   }
 
   Parameter() = default;

@@ -141,14 +141,14 @@ class Transformer {
   /// NoBlockOptions for a block that declares none).
   using block_options_type = block_options_t<Block>;
 
-  /// On a parallel plan (a mesh of more than one rank) the parameters are made
+  /// On a parallel plan (a mesh of more than one rank, or CPU offload) the parameters are made
   /// without storage: init_weights() gives this rank its share only. `options` reach
   /// every block this rank makes (BlockArgs::options); left out, they are the type's
   /// default, and a type without one must be given.
   explicit Transformer(const ModelArgs& args, const parallel::Plan& plan = {},
                        const block_options_type& options = detail::default_block_options<block_options_type>())
       : Transformer(args, plan, options,
-                    DeferParameterStorage(plan.mesh != nullptr && plan.mesh->world().size() > 1)) {}
+                    DeferParameterStorage((plan.mesh != nullptr && plan.mesh->world().size() > 1) || plan.cpu_offload)) {}
 
  private:
   // The scope is a temporary of the delegating constructor's call: it lives until this
@@ -592,7 +592,9 @@ Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Pla
 
 template <class T, Backend B, class Block>
 void Transformer<T, B, Block>::init_weights(std::uint64_t seed) {
-  for_each_held_stretch([&](const HeldStretch& h) { init_parameter<B>(*h.param, seed, h.values(), h.n, h.where); });
+  for_each_held_stretch([&](const HeldStretch& h) {
+    with_backend<B>(on_host(h.local->value), [&]<class X>() { init_parameter<X>(*h.param, seed, h.values(), h.n, h.where); });
+  });
 }
 
 template <class T, Backend B, class Block>

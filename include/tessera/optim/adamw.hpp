@@ -16,6 +16,11 @@
 // tensor (the master and the bf16 rounding in the same pass), from tables of the
 // tensors' addresses kept in the backend's memory and uploaded again only when a
 // tensor moves.
+//
+// A parameter in the host memory beside B's (an FSDP shard under CPU offload,
+// parallel/sharding.hpp) gets its moments and master there too, and its update is the
+// same launch run by B's host backend on the host's cores (backend/host.hpp): AdamW's
+// arithmetic, element for element, wherever the parameter lives.
 #pragma once
 
 #include <cmath>
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/backend/host.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
@@ -91,15 +97,18 @@ class AdamW {
     MemoryUseScope use(MemoryUse::optimizer);  // moments and masters
     auto add = [&](nn::Parameter<T>& p) {
       State s{&p, {}, {}};
-      if (bf16_states())
-        s.moments = Moments<bf16>{B::template zeros<bf16>(p.shape()), B::template zeros<bf16>(p.shape())};
-      else
-        s.moments = Moments<A>{B::template zeros<A>(p.shape()), B::template zeros<A>(p.shape())};
-      if (has_masters()) {
-        s.master = B::template empty<A>(p.shape());
-        B::for_each(p.numel(), ops::Convert<T, A>{p.value.data(), s.master.data()});
-        round_into(s.master, p.value);
-      }
+      with_backend<B>(on_host(p.value), [&]<class X>() {
+        if (bf16_states())
+          s.moments = Moments<bf16>{X::template zeros<bf16>(p.shape()), X::template zeros<bf16>(p.shape())};
+        else
+          s.moments = Moments<A>{X::template zeros<A>(p.shape()), X::template zeros<A>(p.shape())};
+        if (has_masters()) {
+          s.master = X::template empty<A>(p.shape());
+          X::for_each(p.numel(), ops::Convert<T, A>{p.value.data(), s.master.data()});
+          round_into<X>(s.master, p.value);
+        }
+      });
+      on_host_ = on_host_ || on_host(p.value);
       states_.push_back(std::move(s));
     };
     // A sharded model hands out the parameters this rank updates (its flat shards).
@@ -142,14 +151,21 @@ class AdamW {
                                        static_cast<A>(bc2),
                                        static_cast<A>(grad_scale)};
     B::copy_from_host(&scalars, staged_.data(), 1);
+    if constexpr (HasHostBackend<B>) {
+      if (on_host_) {  // the parameters in host memory read their scalars there
+        using H = host_backend_t<B>;
+        if (host_staged_.empty()) host_staged_ = H::template empty<ops::AdamWScalars<A>>(Shape{1});
+        H::copy_from_host(&scalars, host_staged_.data(), 1);
+      }
+    }
   }
 
   /// The staged update of every parameter in one launch; the gradients multiplied by the
   /// scale at `grad_scale` in B's memory when that is set (in place of the staged one).
   void apply(const A* grad_scale = nullptr) {
     if constexpr (std::is_same_v<A, float>)
-      if (bf16_states()) return launch(launch_bf16_, grad_scale);
-    launch(launch_accum_, grad_scale);
+      if (bf16_states()) return launch_both(launch_bf16_, host_bf16_, grad_scale);
+    launch_both(launch_accum_, host_accum_, grad_scale);
   }
 
   /// The first step's one-time work without the step: uploads the launch's tables of
@@ -157,8 +173,12 @@ class AdamW {
   /// every later one does (Trainer::prepare).
   void prepare() {
     if constexpr (std::is_same_v<A, float>)
-      if (bf16_states()) return refresh_tables(launch_bf16_);
+      if (bf16_states()) {
+        refresh_tables(launch_bf16_);
+        return refresh_tables(host_bf16_);
+      }
     refresh_tables(launch_accum_);
+    refresh_tables(host_accum_);
   }
 
   std::int64_t steps_taken() const { return step_; }
@@ -224,6 +244,8 @@ class AdamW {
   /// what it holds on the host, and the block -> tensor map.
   template <class M>
   struct Launch {
+    explicit Launch(bool on_host = false) : host(on_host) {}
+    bool host;  // the parameters in host memory, run by B's host backend
     std::vector<ops::AdamWTensor<T, M>> host_table;  // what tensors holds
     Tensor<ops::AdamWTensor<T, M>> tensors;
     Tensor<std::int32_t> block_tensor;
@@ -236,13 +258,33 @@ class AdamW {
 
   bool bf16_states() const { return options_.state_dtype == DType::bf16; }
 
+  /// The update of the parameters in B's memory, then of those in the host's: for them
+  /// the scale at `grad_scale` (B's memory) is first read into host memory.
+  template <class M>
+  void launch_both(Launch<M>& device, Launch<M>& host, const A* grad_scale) {
+    launch(device, grad_scale);
+    if constexpr (HasHostBackend<B>) {
+      refresh_tables(host);
+      if (host.size == 0) return;
+      if (grad_scale != nullptr) {
+        if (host_scale_.empty()) host_scale_ = host_backend_t<B>::template empty<A>(Shape{1});
+        copy_to_host_memory<B>(grad_scale, host_scale_.data(), 1);
+        B::synchronize();
+        grad_scale = host_scale_.data();
+      }
+      launch(host, grad_scale);
+    }
+  }
+
   template <class M>
   void launch(Launch<M>& l, const A* grad_scale) {
     refresh_tables(l);
     if (l.size == 0) return;
-    B::for_each(l.size, ops::AdamWMultiStep<T, M>{l.tensors.data(), l.block_tensor.data(), {}, l.elements,
-                                                  static_cast<std::int64_t>(l.host_table.size()), has_masters(),
-                                                  grad_scale, staged_.data()});
+    with_backend<B>(l.host, [&]<class X>() {
+      X::for_each(l.size, ops::AdamWMultiStep<T, M>{l.tensors.data(), l.block_tensor.data(), {}, l.elements,
+                                                    static_cast<std::int64_t>(l.host_table.size()), has_masters(),
+                                                    grad_scale, l.host ? host_staged_.data() : staged_.data()});
+    });
   }
 
   /// The launch's tables in B's memory, uploaded again only when a tensor moved (a
@@ -253,7 +295,7 @@ class AdamW {
     table.reserve(states_.size());
     std::int64_t begin = 0;
     for (auto& s : states_) {
-      if (s.param->numel() == 0) continue;
+      if (s.param->numel() == 0 || on_host(s.param->value) != l.host) continue;
       TESSERA_CHECK(s.param->grad.numel() == s.param->numel(), "optimizer: parameter ", s.param->name, " has ",
                     s.param->numel(), " elements but its gradient ", s.param->grad.numel());
       Moments<M>& m = std::get<Moments<M>>(s.moments);
@@ -273,8 +315,10 @@ class AdamW {
         const std::int64_t count = (table[t].numel + ops::kAdamWBlock - 1) / ops::kAdamWBlock;
         for (std::int64_t b = first; b < first + count; ++b) blocks[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(t);
       }
-    l.tensors = upload<B>(std::span<const ops::AdamWTensor<T, M>>(table));
-    l.block_tensor = upload<B>(std::span<const std::int32_t>(blocks.get(), n_blocks));
+    with_backend<B>(l.host, [&]<class X>() {
+      l.tensors = upload<X>(std::span<const ops::AdamWTensor<T, M>>(table));
+      l.block_tensor = upload<X>(std::span<const std::int32_t>(blocks.get(), n_blocks));
+    });
     l.elements = 0;
     for (const auto& t : table) l.elements += t.numel;
     l.host_table = std::move(table);
@@ -283,8 +327,9 @@ class AdamW {
 
   /// The parameter gets the master's bf16 rounding (an fp32 model; a bf16 model's
   /// parameter already holds it).
+  template <class X>
   static void round_into(const Tensor<A>& from, const Tensor<T>& to) {
-    if constexpr (std::is_same_v<T, float>) B::for_each(from.numel(), detail::RoundToBf16{from.data(), to.data()});
+    if constexpr (std::is_same_v<T, float>) X::for_each(from.numel(), detail::RoundToBf16{from.data(), to.data()});
   }
 
   AdamWOptions options_;
@@ -292,7 +337,12 @@ class AdamW {
   std::int64_t step_ = 0;
   Launch<A> launch_accum_;    // state_dtype f32: moments in accum_t<T>
   Launch<bf16> launch_bf16_;  // state_dtype bf16 (float arithmetic only)
+  Launch<A> host_accum_{true};  // the same for the parameters in host memory
+  Launch<bf16> host_bf16_{true};
   Tensor<ops::AdamWScalars<A>> staged_;  // the next update's scalars (stage())
+  bool on_host_ = false;  // some parameters live in host memory (CPU offload)
+  Tensor<ops::AdamWScalars<A>> host_staged_;  // the same, in host memory (B::Host's)
+  Tensor<A> host_scale_;  // a gradient scale read from B's memory for the host's update
 };
 
 }  // namespace tessera::optim

@@ -236,6 +236,9 @@ struct Plan {
   DType param_dtype = DType::f32;
   /// Gather the next unit's parameters while this one computes.
   bool prefetch = true;
+  /// FSDP's and HSDP's shards, their gradients and the optimizer's state kept in host
+  /// memory, the optimizer run on the host (parallel/sharding.hpp; training.enable_cpu_offload).
+  bool cpu_offload = false;
   /// Under tensor parallelism: the output split by vocabulary and the loss computed
   /// without gathering logits (torchtitan's default; disable_loss_parallel turns it off).
   bool loss_parallel = true;
@@ -258,7 +261,12 @@ struct Plan {
   int cp_degree() const { return mesh ? mesh->shape().cp : 1; }
   int dp_rank() const { return mesh ? mesh->dp_rank() : 0; }
   /// What Sharding<Dynamic> means on this plan's mesh.
-  ShardingMode dynamic_sharding() const { return mesh ? sharding_for(mesh->shape()) : ShardingMode::none; }
+  /// CPU offload keeps FSDP's shards in host memory: on a mesh with no data-parallel
+  /// sharding or replication, each unit is FSDP over the rank alone (its shard, whole).
+  ShardingMode dynamic_sharding() const {
+    const ShardingMode m = mesh ? sharding_for(mesh->shape()) : ShardingMode::none;
+    return cpu_offload && m == ShardingMode::none ? ShardingMode::fsdp : m;
+  }
   /// How the run-time checks name this plan's settings.
   Wording wording() const { return Wording{from_config}; }
 };

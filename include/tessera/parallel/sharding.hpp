@@ -38,6 +38,18 @@
 // reductions, and the compute stream would wait for it (llama-plan: 79 ms of an 8B FSDP 8
 // step exposed, against 11). Scales so agreed serve the step's gathers until the walk
 // ends; outside one (inference, a pipeline's walk) each gather agrees its own.
+//
+// CPU offload (Plan::cpu_offload, training.enable_cpu_offload; FSDP and HSDP only): the
+// flat shard — its values, its gradient, and so the optimizer's moments and masters —
+// lives in the host memory beside B's (backend/host.hpp), and the optimizer, the
+// gradient norm and initialisation run there on the host's cores. Each gather first
+// copies this rank's shard into B's memory (in the compute stream's order; released once
+// gathered); each reduced gradient shard is copied back to the host and, on a later
+// micro-batch, added there. The device then holds a unit's parameters only while they
+// are gathered, and its gradients only from its backward to their reduction: the shards
+// and the optimizer's state leave it, for two crossings of the host link a step (values
+// down, gradients up). The arithmetic is every backend's, so an offloaded run trains
+// the very model the same run without it does.
 #pragma once
 
 #include <algorithm>
@@ -50,6 +62,7 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/backend/host.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
@@ -115,8 +128,8 @@ class ShardedUnit {
   /// `reshard_after_forward`: free the gathered parameters after the forward.
   ShardedUnit(std::string name, ShardingMode mode, const Plan& plan, bool reshard_after_forward)
       : name_(std::move(name)), mode_(mode), reshard_after_forward_(reshard_after_forward) {
-    TESSERA_CHECK(mode == ShardingMode::none || plan.mesh != nullptr, name_, ": ", name_of(mode),
-                  " needs a DeviceMesh in the Plan");
+    TESSERA_CHECK(mode == ShardingMode::none || plan.mesh != nullptr || (plan.cpu_offload && mode == ShardingMode::fsdp),
+                  name_, ": ", name_of(mode), " needs a DeviceMesh in the Plan");
     if (plan.mesh) {
       auto& mesh = *plan.mesh;
       // Context-parallel ranks hold the same parameters and each a part of every
@@ -142,8 +155,25 @@ class ShardedUnit {
           break;
         case ShardingMode::ddp: replicate_comm_ = &mesh.dp(); break;
       }
+    } else if (mode == ShardingMode::fsdp) {
+      // CPU offload on one rank without a mesh (llama-train on one GPU): FSDP over the
+      // rank alone, its shard the whole unit, its gather a copy.
+      if constexpr (requires { B::memory_access(); })
+        alone_ = std::make_unique<comm::Communicator>(comm::SelfEngine(B::memory_access()));
+      else
+        alone_ = std::make_unique<comm::Communicator>();
+      shard_comm_ = alone_.get();
     }
     gather_bf16_ = plan.param_dtype == DType::bf16 && std::is_same_v<T, float>;
+    if (plan.cpu_offload) {
+      TESSERA_CHECK(shards(), name_, ": ", plan.wording()(settings::cpu_offload), " offloads FSDP's and HSDP's shards, ",
+                    "and this layout is ", mode == ShardingMode::none ? "unsharded" : name_of(mode), ": ",
+                    plan.wording().pick("give parallelism.data_parallel_shard_degree x context_parallel_degree above 1 "
+                                        "(data_parallel_replicate_degree alone is DDP)",
+                                        "use Sharding<FSDP> or Sharding<HSDP>"));
+      if constexpr (HasHostBackend<B>) offload_ = true;
+      else fail(name_, ": CPU offload on a backend that names no host backend (B::Host)");
+    }
   }
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;
@@ -165,6 +195,8 @@ class ShardedUnit {
   bool sharded() const { return sharded_; }
   bool gathered() const { return gathered_; }
   bool reshard_after_forward() const { return reshard_after_forward_; }
+  /// Whether the shard lives in host memory (CPU offload; see the header comment).
+  bool offloaded() const { return offload_; }
 
   /// Moves to this rank's share: the FSDP/HSDP shard, or (DDP) the gradient bucket.
   /// Parameters with values (their pieces, as initialised or loaded, the same on every
@@ -189,11 +221,16 @@ class ShardedUnit {
       const std::int64_t begin = shard_begin();
       local_.name = name_ + ".flat_shard";
       local_.whole = Shape{shard_numel_};
-      local_.template allocate<B>(local_.whole);
+      with_backend<B>(offload_, [&]<class X>() { local_.template allocate<X>(local_.whole); });
       for (auto& s : params_) {
         const auto [lo, hi] = held_range(s);
-        if (lo < hi && !s.p->value.empty())
-          B::for_each(hi - lo, ops::Copy<T>{s.p->value.data() + (lo - s.offset), local_.value.data() + (lo - begin)});
+        if (lo < hi && !s.p->value.empty()) {
+          const T* from = s.p->value.data() + (lo - s.offset);
+          T* to = local_.value.data() + (lo - begin);
+          if (offload_) copy_to_host_memory<B>(from, to, hi - lo);
+          else B::for_each(hi - lo, ops::Copy<T>{from, to});
+        }
+        if (offload_) B::synchronize();  // the values are on the host before the whole goes
         s.p->value.release();
         s.p->grad.release();
       }
@@ -239,7 +276,7 @@ class ShardedUnit {
     if constexpr (std::is_same_v<T, float>) {
       if (gather_bf16_) {
         packed_shard_ = B::template empty<std::uint16_t>(Shape{shard_numel_});
-        B::for_each(shard_numel_, detail::PackBf16{local_.value.data(), packed_shard_.data()});
+        B::for_each(shard_numel_, detail::PackBf16{shard_values(), packed_shard_.data()});
         packed_full_ = B::template empty<std::uint16_t>(Shape{np});
         gather_ = shard_comm_->all_gather_async(std::span<const std::uint16_t>(packed_shard_.data(), shard_numel_),
                                                 std::span<std::uint16_t>(packed_full_.data(), np));
@@ -248,7 +285,7 @@ class ShardedUnit {
     }
     {
       full_ = B::template empty<T>(Shape{np});
-      gather_ = shard_comm_->all_gather_async(std::span<const T>(local_.value.data(), shard_numel_),
+      gather_ = shard_comm_->all_gather_async(std::span<const T>(shard_values(), shard_numel_),
                                               std::span<T>(full_.data(), np));
     }
   }
@@ -259,6 +296,7 @@ class ShardedUnit {
     if (!shards() || gathered_) return;
     prefetch();
     gather_.wait();
+    staged_.release();  // the gather has read it
     if (gathering_float8_) {
       unshard_float8();
       return;
@@ -290,6 +328,7 @@ class ShardedUnit {
     float8_local_amaxes_from(float8_source(), amax);
     rounded_shard_.release();
     packed_shard_.release();
+    staged_.release();
   }
 
   /// The second half: the scales from the amaxes agreed over the shard group (at
@@ -340,6 +379,7 @@ class ShardedUnit {
     full_.release();
     packed_full_.release();
     packed_shard_.release();
+    staged_.release();
     release_float8_staging();
     f8_full_.release();
     f8_inverse_.release();
@@ -394,7 +434,8 @@ class ShardedUnit {
     if (shards() && !reduced_.empty()) {
       if (replicate_comm_) replicate_comm_->all_reduce(std::span<G>(reduced_.data(), shard_numel_));
       // The step's first reduction is copied into the shard's gradient, later ones added.
-      if (local_.grad_write_beta() == G(0))
+      if (offload_) land_reduced_on_host();
+      else if (local_.grad_write_beta() == G(0))
         B::for_each(shard_numel_, ops::Copy<G>{reduced_.data(), local_.grad.data()});
       else
         B::for_each(shard_numel_, ops::Axpy<G>{G(1), reduced_.data(), local_.grad.data()});
@@ -452,7 +493,7 @@ class ShardedUnit {
       for (const auto& slot : params_) {
         if (!slot.p->split.owner) continue;
         const auto [lo, hi] = held_range(slot);
-        if (lo < hi) norms.add(local_.grad.data() + (lo - begin), hi - lo);
+        if (lo < hi) norms.add(local_.grad.data() + (lo - begin), hi - lo, offload_);
       }
     } else {
       for (const auto& slot : params_)
@@ -502,19 +543,50 @@ class ShardedUnit {
       rest_slab_ = std::max(rest_slab_, rest_begin_[static_cast<std::size_t>(r) + 1] - rest_begin_[static_cast<std::size_t>(r)]);
   }
 
+  /// The shard's values in B's memory, for a gather to send: the shard itself, or
+  /// (offloaded) its copy from the host, made once per gather (staged_, released when
+  /// gathered).
+  const T* shard_values() {
+    if (!offload_) return local_.value.data();
+    if (staged_.empty()) {
+      MemoryUseScope use(MemoryUse::parameters);
+      staged_ = B::template empty<T>(Shape{shard_numel_});
+      copy_from_host_memory<B>(local_.value.data(), staged_.data(), shard_numel_);
+    }
+    return staged_.data();
+  }
+
+  /// An offloaded shard's reduced gradient (reduced_, B's memory) copied to the host:
+  /// into the shard's gradient on the step's first reduction, else added to it there.
+  void land_reduced_on_host() {
+    if constexpr (HasHostBackend<B>) {
+      using H = host_backend_t<B>;
+      if (local_.grad_write_beta() == G(0)) {
+        copy_to_host_memory<B>(reduced_.data(), local_.grad.data(), shard_numel_);
+        B::synchronize();  // the host's loops read it next, and reduced_ goes
+        return;
+      }
+      MemoryUseScope use(MemoryUse::gradients);
+      Tensor<G> landed = H::template empty<G>(Shape{shard_numel_});
+      copy_to_host_memory<B>(reduced_.data(), landed.data(), shard_numel_);
+      B::synchronize();
+      H::for_each(shard_numel_, ops::Axpy<G>{G(1), landed.data(), local_.grad.data()});
+    }
+  }
+
   /// The shard's values as the plain gather would send them: bf16-rounded (into
   /// rounded_shard_) where it sends bf16, else the shard itself.
   const T* float8_source() {
     if constexpr (std::is_same_v<T, float>) {
       if (gather_bf16_) {
         packed_shard_ = B::template empty<std::uint16_t>(Shape{shard_numel_});
-        B::for_each(shard_numel_, detail::PackBf16{local_.value.data(), packed_shard_.data()});
+        B::for_each(shard_numel_, detail::PackBf16{shard_values(), packed_shard_.data()});
         rounded_shard_ = B::template empty<float>(Shape{shard_numel_});
         B::for_each(shard_numel_, detail::UnpackBf16{packed_shard_.data(), rounded_shard_.data()});
         return rounded_shard_.data();
       }
     }
-    return local_.value.data();
+    return shard_values();
   }
 
   /// Each float8 weight's amax over this rank's part of `src` (the shard's values), at
@@ -629,6 +701,8 @@ class ShardedUnit {
   ShardingMode mode_;
   bool reshard_after_forward_;
   bool gather_bf16_ = false;
+  bool offload_ = false;  // the shard lives in host memory (Plan::cpu_offload)
+  std::unique_ptr<comm::Communicator> alone_;  // FSDP over one rank without a mesh (CPU offload)
   comm::Communicator* shard_comm_ = nullptr;
   comm::Communicator* replicate_comm_ = nullptr;
   std::vector<Slot> params_;
@@ -636,6 +710,7 @@ class ShardedUnit {
   bool sharded_ = false, gathered_ = false, grads_open_ = false;
   nn::Parameter<T> local_;  // the flat shard (FSDP/HSDP)
   Tensor<T> full_;          // the gathered flat parameters
+  Tensor<T> staged_;        // offloaded: the shard's values copied to B for a gather
   Tensor<std::uint16_t> packed_shard_, packed_full_;
   // FSDP's float8 all-gather: its layout, and what it holds while gathering and gathered.
   std::vector<std::size_t> float8_slots_, rest_slots_;

@@ -40,6 +40,7 @@ inline constexpr Setting schedule{"parallelism.pipeline_parallel_schedule", "the
 inline constexpr Setting schedule_csv{"parallelism.pipeline_parallel_schedule_csv", "the pipeline schedule's table"};
 inline constexpr Setting local_batch_size{"training.local_batch_size", "the batch size"};
 inline constexpr Setting seq_len{"training.seq_len", "the sequence length"};
+inline constexpr Setting cpu_offload{"training.enable_cpu_offload", "the plan's CPU offload"};
 }  // namespace settings
 
 /// Whether a check names settings by config key (`from_config`) or in words.

@@ -37,6 +37,12 @@
 //               wavefront per SM per clock; transcendentals at 16 per SM per clock (the
 //               SFU rate of compute capability 8.x and 9.0, CUDA C++ Programming Guide,
 //               "Arithmetic Instructions"); the larger of the three
+//   host loop   a loop of the host backend (trace::Kernel::on_host: CPU offload's
+//               optimizer step, gradient norm and gradient sums, backend/host.hpp): its
+//               bytes (the functor's ops::Traffic) at the host memory rate of one rank
+//               (host.memory_gbs), on the step's one stream (the host runs it after the
+//               device has handed over the gradients, and the next gather waits for it);
+//               no launch interval
 //   fill        its bytes written at the stream bandwidth (cudaMemsetAsync)
 //   transfer    its bytes over the host link, plus a host synchronisation when it
 //               waits for the device (Transfer::synchronizes: every copy to the host; a
@@ -168,8 +174,9 @@ class GpuPricer : public Pricer {
       : m_(std::move(m)), attention_(attention) {}
 
   double seconds(const trace::Op& op) const override {
-    // A pass inside the launch before it (trace::Kernel::own_launch) waits for no launch.
-    if (const auto* k = std::get_if<trace::Kernel>(&op); k != nullptr && !k->own_launch) return work(*k);
+    // A pass inside the launch before it (trace::Kernel::own_launch) waits for no launch,
+    // nor does a host loop.
+    if (const auto* k = std::get_if<trace::Kernel>(&op); k != nullptr && (!k->own_launch || k->on_host)) return work(*k);
     return std::max(launch(), std::visit([&](const auto& o) { return work(o); }, op));
   }
   /// The peak MFU is measured against, for a model of `dtype` parameters: a bf16 model's
@@ -240,6 +247,12 @@ class GpuPricer : public Pricer {
     return 2 * flash_kernel_fmas(a) / (m_.fp32_tflops.value * 1e12 * flash_efficiency());
   }
   double work(const trace::Kernel& k) const {
+    if (k.on_host) {
+      TESSERA_CHECK(m_.host_memory_gbs.has_value(), m_.origin, ": machine profile: host.memory_gbs is missing, so ",
+                    "the host's loops of CPU offload (", k.functor, ", training.enable_cpu_offload) cannot be priced on ",
+                    m_.name);
+      return k.traffic.bytes() / (m_.host_memory_gbs->value * 1e9);
+    }
     const ops::Traffic& t = k.cuda_traffic ? *k.cuda_traffic : k.traffic;
     double memory = t.bytes() / m_.stream_bandwidth();
     if (k.cuda_class == KernelClass::per_index && t.walk_bytes > 0) {

@@ -118,6 +118,7 @@ StepTrace dry_run(const train::JobConfig& c, std::size_t device_bytes, int world
     out.reserved_peak_bytes = replay.stats().peak_reserved;
     out.at_peak = stats[static_cast<int>(Device::meta)].at_peak();
     out.host_peak_bytes = stats[static_cast<int>(Device::cpu)].peak();
+    out.offloaded_bytes = stats[static_cast<int>(Device::host)].peak();
     out.mesh = shape;
     out.rank = rank;
     if (memory_snapshot != nullptr)

@@ -30,6 +30,10 @@
 //   [host.launch_us]          back-to-back kernel launches on one stream, per launch
 //   [host.sync_us]            a small device-to-host copy and the stream wait it implies
 //   [host.link_gbs]           host <-> device copies
+//   [host.memory_gbs]         optional: the host memory bandwidth one rank's loops reach
+//                             while every GPU's rank of the node runs them (CPU offload's
+//                             optimizer, backend/host.hpp); without it an offloaded step
+//                             is refused, naming the key
 //   [attention.cudnn_bf16_hd<D>_forward], [attention.cudnn_bf16_hd<D>_backward]
 //                             optional: cuDNN's causal flash attention in bf16 at head
 //                             dim D, points = [[seq_len, tflops], ...] (FLOPs counted as
@@ -169,6 +173,7 @@ struct Machine {
   std::optional<HeldSmSlowdown> gemm_beside_held_sms;  // absent: sm / (sm - held)
   Sourced hbm_gbs, hbm_fraction;
   Sourced launch_us, sync_us, host_link_gbs;
+  std::optional<Sourced> host_memory_gbs;  // absent: host loops (CPU offload) are not priced
   std::map<std::int64_t, AttentionRates> cudnn_attention_bf16;  // by head dim; may be empty
   std::optional<Network> network;  // absent: one GPU's profile, no cluster
 
@@ -462,6 +467,8 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
   m.launch_us = read_rate(root, origin, "host", "launch_us");
   m.sync_us = read_rate(root, origin, "host", "sync_us");
   m.host_link_gbs = read_rate(root, origin, "host", "link_gbs");
+  if (const toml::table* host = root["host"].as_table(); host && host->get("memory_gbs"))
+    m.host_memory_gbs = read_rate(root, origin, "host", "memory_gbs");
   m.cudnn_attention_bf16 = detail::read_attention(root, origin);
   if (root.get("network")) {
     Network n;

@@ -25,6 +25,7 @@ struct StepTrace {
   std::size_t reserved_peak_bytes = 0;  // ... as tessera's caching allocator holds it: its segments at its peak
   MemoryBreakdown at_peak{};          // what it held then
   std::size_t host_peak_bytes = 0;    // host tensors the step made (read-backs, uploads' sources)
+  std::size_t offloaded_bytes = 0;    // host memory beside the device at its peak (CPU offload's shards and state)
   std::size_t saved_activation_bytes = 0;  // the activation store's peak in the step
   StepShape shape;
   comm::MeshShape mesh;               // the layout's

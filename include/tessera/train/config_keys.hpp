@@ -229,6 +229,14 @@ inline std::vector<ConfigKey> build_config_keys() {
                "of each step's thousand kernel launches. One rank (no data, tensor, pipeline or context "
                "parallelism) and batches of one shape; on the CPU backend the same capture runs as recorded "
                "calls. llama-plan prices the eager step."),
+      make_key("training.enable_cpu_offload", field<&J::training, &TrainingSection::enable_cpu_offload>(),
+               "FSDP's CPU offload (torchtitan's key): each rank's shards of the parameters, their gradients and "
+               "AdamW's moments and masters live in host memory (page-locked on a GPU) and the optimizer step runs "
+               "on the host's cores; each gather copies the shard to the device first, each reduced gradient "
+               "shard goes back. The device keeps only what a step gathers and computes. Needs FSDP or HSDP "
+               "(one rank counts as FSDP over itself); refused with DDP alone and with training.cuda_graph. "
+               "The same losses as without it, bit for bit; llama-plan prices the copies at the host link's rate "
+               "and the optimizer at the host's memory rate."),
       make_key("training.document_mask", field<&J::training, &TrainingSection::document_mask>(),
                "Packed documents do not see each other (torchtitan's document-masked attention): a document starts "
                "at each BOS input (and at each sequence's first token), attends only within itself, its RoPE "

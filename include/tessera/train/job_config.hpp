@@ -82,6 +82,7 @@ struct TrainingSection {
   std::string attention = "auto";  // on the GPU: "auto" (cudnn where it can run), "cudnn" or "tessera"
   bool expandable_segments = true;  // on the GPU: the caching allocator's large pool grows one segment
   bool cuda_graph = false;           // steps after the first replay a captured graph of the step
+  bool enable_cpu_offload = false;   // FSDP's shards, gradients and optimizer state in host memory
   bool document_mask = false;        // packed documents (split at BOS) do not attend to each other
   /// "auto": the model's element type, nothing rounded (llama-train: a bf16 model on a
   /// GPU, torchtitan's default; float32 on the CPU); "bfloat16" on a float32 model: bf16

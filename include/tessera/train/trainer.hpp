@@ -268,6 +268,9 @@ Trainer<Model>::Trainer(Model& model, TrainerOptions options, data::BatchSource 
                   mesh ? mesh->world().size() : 1, " ranks (collectives are not captured): train one rank, or ",
                   options_.from == SettingsFrom::config ? "set it to false" : "leave it false");
     TESSERA_CHECK(stages(), key, ": the model does not take staged micro-batches (nn::StagedBatch)");
+    TESSERA_CHECK(!model.plan().cpu_offload, key, ": the offloaded optimizer runs on the host's cores, which a graph "
+                  "does not replay: turn off ", options_.name("training.enable_cpu_offload", "the plan's cpu_offload"),
+                  " or the graph");
   }
 }
 

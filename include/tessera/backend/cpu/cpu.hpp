@@ -19,6 +19,7 @@
 #include "tessera/backend/cpu/attention.hpp"
 #include "tessera/backend/cpu/device_memory.hpp"
 #include "tessera/backend/cpu/graph.hpp"
+#include "tessera/backend/host.hpp"
 #include "tessera/comm/memory_access.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
@@ -29,8 +30,14 @@
 
 namespace tessera {
 
+namespace cpu {
+struct HostSide;
+}
+
 struct Cpu {
   static constexpr Device device = Device::cpu;
+  /// Its host backend (backend/host.hpp): host pages beside the ones it counts as its device's.
+  using Host = cpu::HostSide;
 
   /// A tensor the caller fills completely before reading it (not zeroed): host pages
   /// recorded as the backend's (cpu/device_memory.hpp), so a check can tell them from a
@@ -303,5 +310,42 @@ struct Cpu {
 };
 
 static_assert(Backend<Cpu>, "tessera: Cpu must satisfy the Backend concept");
+
+namespace cpu {
+/// The host backend of the CPU backend and of backends like it (backend/host.hpp): the
+/// CPU backend's loops and GEMMs over plain host pages, counted as Device::host, not as
+/// the device's (cpu::DeviceMemory). What an offloaded shard lives in on the CPU.
+struct HostSide : Cpu {
+  static constexpr Device device = Device::host;
+  static constexpr bool runs_on_host = true;
+  using Host = cpu::HostSide;
+
+  template <class T>
+  static Tensor<T> empty(Shape shape) {
+    const std::int64_t n = shape.numel();
+    if (n == 0) return Tensor<T>(shape, Buffer<T>());
+    return Tensor<T>(shape, Buffer<T>(host_pages<T>(n), static_cast<std::size_t>(n), Device::host, &free_pages));
+  }
+  template <class T>
+  static Tensor<T> zeros(Shape shape) {
+    Tensor<T> t = empty<T>(shape);
+    if (t.numel() > 0) std::memset(static_cast<void*>(t.data()), 0, static_cast<std::size_t>(t.numel()) * sizeof(T));
+    return t;
+  }
+
+ private:
+  template <class T>
+  static T* host_pages(std::int64_t n) {
+    const std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(T) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) fail_out_of_memory("out of host memory allocating ", bytes, " bytes to offload");
+    return static_cast<T*>(p);
+  }
+  static void free_pages(void* p) { std::free(p); }
+};
+}  // namespace cpu
+
+static_assert(Backend<cpu::HostSide>, "tessera: cpu::HostSide must satisfy the Backend concept");
+static_assert(is_host_backend<cpu::HostSide> && !is_host_backend<Cpu>);
 
 }  // namespace tessera

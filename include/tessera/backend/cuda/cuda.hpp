@@ -64,8 +64,15 @@
 
 namespace tessera {
 
+namespace cuda {
+struct PinnedHost;
+}
+
 struct Cuda {
   static constexpr Device device = Device::cuda;
+  /// Its host backend (backend/host.hpp): page-locked host memory, the CPU's loops
+  /// (pinned_host.hpp).
+  using Host = cuda::PinnedHost;
 
   /// The stream all of the backend's work runs on (memory.hpp says why it is this one).
   static cudaStream_t stream() { return cuda::compute_stream(); }
@@ -170,6 +177,28 @@ struct Cuda {
     if (n <= 0) return;
     cuda::copy_from_host_staged(static_cast<void*>(dst), static_cast<const void*>(src),
                                 static_cast<std::size_t>(n) * sizeof(T), stream());
+  }
+
+  /// n elements from page-locked host memory (its host backend's, backend/host.hpp) to
+  /// device memory, in stream order, straight from `src` (no staging, no
+  /// synchronisation): the host must not change src before the stream has passed the copy.
+  template <class T>
+  static void copy_from_pinned(const T* src, T* dst, std::int64_t n) {
+    cuda::require_device();
+    outside_capture("a copy from offloaded host memory");
+    if (n <= 0) return;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<void*>(dst), static_cast<const void*>(src),
+                                       static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream()));
+  }
+  /// n elements from device memory to page-locked host memory, in stream order, without
+  /// a synchronisation: dst holds them once synchronize() returns.
+  template <class T>
+  static void copy_to_pinned(const T* src, T* dst, std::int64_t n) {
+    cuda::require_device();
+    outside_capture("a copy to offloaded host memory");
+    if (n <= 0) return;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<void*>(dst), static_cast<const void*>(src),
+                                       static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost, stream()));
   }
 
   /// C = alpha * op(A) * op(B) + beta * C, row-major; each operand is a rank-2 view
@@ -355,3 +384,9 @@ static_assert(Backend<Cuda>, "tessera: Cuda must satisfy the Backend concept");
 static_assert(HasFloat8Gemm<Cuda>, "tessera: Cuda must run float8 GEMMs");
 
 }  // namespace tessera
+
+// The host backend, host C++ with the CPU backend's loops: not for nvcc, which compiles
+// the kernels only (cuda.cuh).
+#if !defined(__CUDACC__)
+#include "tessera/backend/cuda/pinned_host.hpp"
+#endif

@@ -68,6 +68,21 @@ class HostValues {
     if (it != state().values.end() && it->second.size() == bytes) std::memcpy(dst, it->second.data(), bytes);
     else std::memset(dst, 0, bytes);
   }
+  /// The value uploaded at `from`, if it has `bytes`, now also at `to` (a copy between
+  /// two Meta buffers); else `to` holds none.
+  static void copy(const void* from, const void* to, std::size_t bytes) {
+    if (state().count.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard lock(state().mutex);
+    const auto it = state().values.find(from);
+    if (it != state().values.end() && it->second.size() == bytes) {
+      std::vector<std::byte> v = it->second;
+      state().values[to] = std::move(v);
+    } else {
+      state().values.erase(to);
+    }
+    state().count.store(state().values.size(), std::memory_order_release);
+  }
+
   /// Every Meta buffer's release calls this: with no value held anywhere (nearly always:
   /// a staged value lives for one reduction), it returns without taking the lock that
   /// the threads of a search would otherwise queue on. The count is stored under the
@@ -248,8 +263,14 @@ class DeviceMemory {
 };
 }  // namespace meta
 
+namespace meta {
+struct HostSide;
+}
+
 struct Meta {
   static constexpr Device device = Device::meta;
+  /// Its host backend (backend/host.hpp): host memory as Meta's own, nothing stored.
+  using Host = meta::HostSide;
 
   template <class T>
   static Tensor<T> empty(Shape shape) {
@@ -282,6 +303,16 @@ struct Meta {
   template <class T>
   static void copy_from_host(const T* src, T* dst, std::int64_t n) {
     if (n > 0) meta::HostValues::put(dst, src, static_cast<std::size_t>(n) * sizeof(T));
+  }
+  /// Copies between Meta's memory and its host backend's (backend/host.hpp), whose
+  /// tensors have no storage either: a small value uploaded to the source goes with it.
+  template <class T>
+  static void copy_from_pinned(const T* src, T* dst, std::int64_t n) {
+    copy_stored(src, dst, n);
+  }
+  template <class T>
+  static void copy_to_pinned(const T* src, T* dst, std::int64_t n) {
+    copy_stored(src, dst, n);
   }
 
   template <class T, class C>
@@ -326,11 +357,42 @@ struct Meta {
     m.release = [](void* p) { meta::AddressSpace::release(p); };
     return m;
   }
+
+ private:
+  template <class T>
+  static void copy_stored(const T* src, T* dst, std::int64_t n) {
+    if (n > 0) meta::HostValues::copy(src, dst, static_cast<std::size_t>(n) * sizeof(T));
+  }
 };
+
+namespace meta {
+/// The dry run's host backend (backend/host.hpp): the host memory beside the device the
+/// dry run stands for, which a dry run does not store either. Its tensors are Meta
+/// addresses counted as Device::host, so the device's peak leaves them out; its loops
+/// run nothing, and Traced<meta::HostSide> records them as host work (priced at the host's
+/// memory rate). Its `device` stays Meta's: its values are read only through copies.
+struct HostSide : Meta {
+  static constexpr bool runs_on_host = true;
+  using Host = meta::HostSide;
+
+  template <class T>
+  static Tensor<T> empty(Shape shape) {
+    const auto n = static_cast<std::size_t>(shape.numel());
+    T* p = n == 0 ? nullptr : static_cast<T*>(AddressSpace::allocate(n * sizeof(T)));
+    return Tensor<T>(shape, Buffer<T>(p, n, Device::host, &AddressSpace::release));
+  }
+  template <class T>
+  static Tensor<T> zeros(Shape shape) {
+    return empty<T>(shape);
+  }
+};
+}  // namespace meta
 
 static_assert(Backend<Meta>, "tessera: Meta must satisfy the Backend concept");
 
 static_assert(HasFloat8Gemm<Meta>, "tessera: Meta must take float8 GEMMs, as the GPUs it stands for do");
+
+static_assert(Backend<meta::HostSide>, "tessera: meta::HostSide must satisfy the Backend concept");
 
 /// The dry-run backend: Meta, every call recorded.
 using DryRun = Traced<Meta>;
