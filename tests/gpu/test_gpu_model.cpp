@@ -611,6 +611,14 @@ TEST_CASE("Virtual ranks on one GPU: context parallelism (the ring's full blocks
   check_virtual_ranks("CP 2 x FSDP 2, full checkpointing", {1, 1, 2, 1, 2}, test::kAcModes[1].keys);
 }
 
+TEST_CASE("CPU offload on one GPU: shards in page-locked memory, AdamW on the host, one rank's losses") {
+  // The thread ranks and the one GPU rank offload (the one rank as FSDP over itself, its
+  // copies through Cuda::copy_from_pinned and copy_to_pinned); the CPU rank too.
+  check_virtual_ranks("FSDP 2 offloaded", {1, 1, 2, 1}, {"--training.enable_cpu_offload", "true"});
+  check_virtual_ranks("FSDP 2 offloaded, full checkpointing", {1, 1, 2, 1},
+                      test::with({"--training.enable_cpu_offload", "true"}, test::kAcModes[1].keys));
+}
+
 TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {
   test::TempDir dir("tessera_gpu_model");
   const train::JobConfig c = small_job();

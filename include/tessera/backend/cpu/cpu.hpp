@@ -312,19 +312,22 @@ struct Cpu {
 static_assert(Backend<Cpu>, "tessera: Cpu must satisfy the Backend concept");
 
 namespace cpu {
-/// The host backend of the CPU backend and of backends like it (backend/host.hpp): the
-/// CPU backend's loops and GEMMs over plain host pages, counted as Device::host, not as
-/// the device's (cpu::DeviceMemory). What an offloaded shard lives in on the CPU.
-struct HostSide : Cpu {
+/// A host backend (backend/host.hpp) over host memory from `Pages` (static
+/// allocate(bytes) -> void*, failing as out of memory; static release(void*)): the CPU
+/// backend's loops and GEMMs, its tensors counted as Device::host, not as a device's.
+/// `Self` is the backend type itself (its own host backend).
+template <class Self, class Pages>
+struct HostMemory : Cpu {
   static constexpr Device device = Device::host;
   static constexpr bool runs_on_host = true;
-  using Host = cpu::HostSide;
+  using Host = Self;
 
   template <class T>
   static Tensor<T> empty(Shape shape) {
     const std::int64_t n = shape.numel();
     if (n == 0) return Tensor<T>(shape, Buffer<T>());
-    return Tensor<T>(shape, Buffer<T>(host_pages<T>(n), static_cast<std::size_t>(n), Device::host, &free_pages));
+    void* p = Pages::allocate(static_cast<std::size_t>(n) * sizeof(T));
+    return Tensor<T>(shape, Buffer<T>(static_cast<T*>(p), static_cast<std::size_t>(n), Device::host, &Pages::release));
   }
   template <class T>
   static Tensor<T> zeros(Shape shape) {
@@ -332,17 +335,22 @@ struct HostSide : Cpu {
     if (t.numel() > 0) std::memset(static_cast<void*>(t.data()), 0, static_cast<std::size_t>(t.numel()) * sizeof(T));
     return t;
   }
-
- private:
-  template <class T>
-  static T* host_pages(std::int64_t n) {
-    const std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(T) + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, bytes);
-    if (p == nullptr) fail_out_of_memory("out of host memory allocating ", bytes, " bytes to offload");
-    return static_cast<T*>(p);
-  }
-  static void free_pages(void* p) { std::free(p); }
 };
+
+/// Plain host pages, 64-byte aligned.
+struct PlainPages {
+  static void* allocate(std::size_t bytes) {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p == nullptr) fail_out_of_memory("out of host memory allocating ", bytes, " bytes to offload");
+    return p;
+  }
+  static void release(void* p) { std::free(p); }
+};
+
+/// The host backend of the CPU backend and of backends like it: plain host pages, apart
+/// from the ones the CPU backend counts as its device's (cpu::DeviceMemory). What an
+/// offloaded shard lives in on the CPU.
+struct HostSide : HostMemory<HostSide, PlainPages> {};
 }  // namespace cpu
 
 static_assert(Backend<cpu::HostSide>, "tessera: cpu::HostSide must satisfy the Backend concept");

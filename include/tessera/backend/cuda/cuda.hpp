@@ -385,8 +385,6 @@ static_assert(HasFloat8Gemm<Cuda>, "tessera: Cuda must run float8 GEMMs");
 
 }  // namespace tessera
 
-// The host backend, host C++ with the CPU backend's loops: not for nvcc, which compiles
-// the kernels only (cuda.cuh).
-#if !defined(__CUDACC__)
+// The host backend (its loops are the CPU backend's): complete wherever Cuda is, so that
+// every translation unit, nvcc's too, sees the same classes that name it.
 #include "tessera/backend/cuda/pinned_host.hpp"
-#endif

@@ -24,15 +24,10 @@
 
 namespace tessera::cuda {
 
-struct PinnedHost : cpu::HostSide {
-  using Host = PinnedHost;
-
-  template <class T>
-  static Tensor<T> empty(Shape shape) {
-    const std::int64_t n = shape.numel();
-    if (n == 0) return Tensor<T>(shape, Buffer<T>());
+/// Page-locked host memory (cudaHostAlloc, portable).
+struct PinnedPages {
+  static void* allocate(std::size_t bytes) {
     require_device();
-    const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
     void* p = nullptr;
     const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (e != cudaSuccess || p == nullptr) {
@@ -40,18 +35,12 @@ struct PinnedHost : cpu::HostSide {
       fail_out_of_memory("out of page-locked host memory allocating ", bytes,
                          " bytes to offload (cudaHostAlloc: ", cudaGetErrorString(e), ")");
     }
-    return Tensor<T>(shape, Buffer<T>(static_cast<T*>(p), static_cast<std::size_t>(n), Device::host, &free_pinned));
+    return p;
   }
-  template <class T>
-  static Tensor<T> zeros(Shape shape) {
-    Tensor<T> t = empty<T>(shape);
-    if (t.numel() > 0) std::memset(static_cast<void*>(t.data()), 0, static_cast<std::size_t>(t.numel()) * sizeof(T));
-    return t;
-  }
-
- private:
-  static void free_pinned(void* p) noexcept { (void)cudaFreeHost(p); }
+  static void release(void* p) noexcept { (void)cudaFreeHost(p); }
 };
+
+struct PinnedHost : cpu::HostMemory<PinnedHost, PinnedPages> {};
 
 static_assert(Backend<PinnedHost>, "tessera: cuda::PinnedHost must satisfy the Backend concept");
 static_assert(is_host_backend<PinnedHost>);
