@@ -767,7 +767,7 @@ std::vector<Balance> balance_stages(const train::JobConfig& c, int world, const 
         if (std::any_of(out.begin(), out.end(), [&](const Balance& x) { return x.blocks == b.blocks; }))
           continue;  // the same stages as a weighting already priced
         std::vector<plan::StepTrace> traces;
-        for (int rank : plan::distinct_ranks(mesh))
+        for (int rank : plan::distinct_ranks(mesh, v))
           traces.push_back(llama_plan::trace_step(v, bf16_model, target.device_bytes, world, rank));
         b.layout = plan::predict_layout(traces, *target.pricer, target.network.value_or(plan::Network{}), 0);
       } catch (const Error& e) {  // what the runtime would refuse for this weighting
@@ -908,7 +908,7 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
   double validation_batch = 0;
   if (validation.batches > 0) {
     std::vector<plan::StepTrace> vt;
-    for (int rank : plan::distinct_ranks(first_mesh))
+    for (int rank : plan::distinct_ranks(first_mesh, first.config))
       vt.push_back(llama_plan::trace_validation(first.config, bf16_model, target.device_bytes, world, rank));
     validation_batch = plan::predict_layout(vt, *target.pricer, target.network.value_or(plan::Network{}), 0).step_seconds;
   }
@@ -1264,7 +1264,7 @@ int run(std::vector<std::string> args) {
     return 0;
   }
   std::vector<plan::StepTrace> traces, validation_traces;
-  for (int rank : plan::distinct_ranks(mesh)) {
+  for (int rank : plan::distinct_ranks(mesh, c)) {
     traces.push_back(llama_plan::trace_step(c, bf16_model, target.device_bytes, world, rank));
     if (validation.batches > 0)
       validation_traces.push_back(llama_plan::trace_validation(c, bf16_model, target.device_bytes, world, rank));

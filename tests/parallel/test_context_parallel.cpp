@@ -92,7 +92,8 @@ namespace {
 /// all-gathered forward is also the ring's, bit for bit (the same blocks merged in the
 /// same order).
 void check_ring(int cp, std::vector<std::int64_t> starts = {},
-                parallel::ContextRotation rotation = parallel::ContextRotation::ring) {
+                parallel::ContextRotation rotation = parallel::ContextRotation::ring,
+                parallel::ContextBalance balance = parallel::ContextBalance::head_tail) {
   const std::int64_t batch = 2, heads = 4, kv_heads = 2, hd = 8, c = 5;  // chunks of 5: no tile divides them
   const std::int64_t S = 2 * cp * c, rows = batch * S, q_cols = heads * hd, kv_cols = kv_heads * hd;
   const auto q = random_floats(static_cast<std::size_t>(rows * q_cols), 1);
@@ -123,7 +124,7 @@ void check_ring(int cp, std::vector<std::int64_t> starts = {},
   std::vector<double> gaps(static_cast<std::size_t>(cp) * 5, INFINITY);
   std::vector<int> same_as_ring(static_cast<std::size_t>(cp), 0);
   comm::run_thread_ranks(cp, [&](comm::Communicator& world) {
-    parallel::ContextParallelGroup group(&world, rotation);
+    parallel::ContextParallelGroup group(&world, rotation, balance);
     const auto mine = parallel::context_tokens<std::int64_t>(all_rows, batch, S, group.shard(), batch);
     auto lq = take_rows(q, q_cols, mine), lk = take_rows(k, kv_cols, mine), lv = take_rows(v, kv_cols, mine);
     auto ldo = take_rows(d_o, q_cols, mine);
@@ -137,7 +138,7 @@ void check_ring(int cp, std::vector<std::int64_t> starts = {},
     parallel::attention_forward<Cpu, float>(&group, local, view(lq, q_cols), view(lk, kv_cols), view(lv, kv_cols),
                                             view(lo, q_cols), llse.data());
     if (rotation != parallel::ContextRotation::ring) {
-      parallel::ContextParallelGroup ring(&world);
+      parallel::ContextParallelGroup ring(&world, parallel::ContextRotation::ring, balance);
       std::vector<float> ro(lq.size()), rlse(llse.size());
       parallel::attention_forward<Cpu, float>(&ring, local, view(lq, q_cols), view(lk, kv_cols), view(lv, kv_cols),
                                               view(ro, q_cols), rlse.data());
@@ -180,6 +181,48 @@ TEST_CASE("context parallel: the all-gathered keys' attention is attention over 
                        "parallelism.context_parallel_rotate_method: unknown method \"ring\" (known: alltoall, "
                        "allgather)",
                        Error);
+}
+
+TEST_CASE("context parallel: without the head-tail balance each rank holds its part of the sequence in order") {
+  // A sequence of 8 cut for CP 2 into 4 chunks of 2: rank 1 holds chunks 2 and 3.
+  const ops::ContextShard in_order{1, 2, false};
+  CHECK(in_order.chunk(0) == 2);
+  CHECK(in_order.chunk(1) == 3);
+  std::vector<int> all(16);
+  std::iota(all.begin(), all.end(), 0);
+  CHECK(parallel::context_tokens<int>(all, 2, 8, in_order, 2) == std::vector<int>{4, 5, 12, 13, 6, 7, 14, 15});
+  const ops::RowPositions p(2, 4, in_order);
+  std::vector<std::int64_t> positions;
+  for (std::int64_t r = 0; r < 8; ++r) positions.push_back(p(r));
+  CHECK(positions == std::vector<std::int64_t>{4, 5, 4, 5, 6, 7, 6, 7});
+  CHECK(p.end() == 8);
+  // The ring: rank i computes 4 i + 3 blocks over a step (every later key chunk skipped).
+  for (int rank = 0; rank < 4; ++rank) {
+    std::size_t blocks = 0;
+    for (int src = 0; src < 4; ++src) blocks += parallel::detail::ring_blocks({rank, 4, false}, src).size();
+    CHECK(blocks == static_cast<std::size_t>(4 * rank + 3));
+    std::size_t balanced = 0;
+    for (int src = 0; src < 4; ++src) balanced += parallel::detail::ring_blocks({rank, 4}, src).size();
+    CHECK(balanced == 2 * 4 + 1);
+  }
+  // Attention over the ring, and over the all-gathered keys, is the whole sequence's.
+  for (int cp : {2, 3}) {
+    CAPTURE(cp);
+    check_ring(cp, {}, parallel::ContextRotation::ring, parallel::ContextBalance::none);
+    check_ring(cp, {3, 5, 6, 10, 17}, parallel::ContextRotation::all_gather, parallel::ContextBalance::none);
+  }
+  CHECK(parallel::parse_context_balance("none") == parallel::ContextBalance::none);
+  CHECK(parallel::parse_context_balance("headtail") == parallel::ContextBalance::head_tail);
+  CHECK_THROWS_WITH_AS(parallel::parse_context_balance("ptrr"), doctest::Contains("known: headtail, none"), Error);
+}
+
+TEST_CASE("context parallel: without the head-tail balance, CP 2, CP 4 and CP 2 x FSDP 2 train the same model as one rank") {
+  const std::vector<std::string> in_order = {"--parallelism.context_parallel_load_balancer", "none"};
+  check_layout_parity("CP 2, in order, none", {1, 1, 1, 1, 2}, with(kAcModes[0].keys, in_order));
+  check_layout_parity("CP 4, in order, selective op", {1, 1, 1, 1, 4}, with(kAcModes[2].keys, in_order));
+  check_layout_parity("CP 2 x FSDP 2, in order, allgather, packed documents", {1, 1, 2, 1, 2},
+                      with(in_order, {"--parallelism.context_parallel_rotate_method", "allgather"}),
+                      {"--training.document_mask", "true"});
 }
 
 TEST_CASE("context parallel: the ring's attention is attention over whole sequences, forward and backward") {

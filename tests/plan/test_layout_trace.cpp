@@ -209,6 +209,24 @@ TEST_CASE("layout dry run: a context-parallel rank's attention is the ring's: ch
   CHECK(issued == waited);
 }
 
+TEST_CASE("layout dry run: without the head-tail balance the last context-parallel rank computes 4 cp - 1 blocks, "
+          "and is the one a layout's plan traces") {
+  const Layout l{"CP 4 x FSDP 2", {1, 1, 2, 1, 4}, ""};
+  const train::JobConfig c = job(l, {"--training.mixed_precision_param", "bfloat16", "--activation_checkpoint.mode",
+                                     "none", "--parallelism.context_parallel_load_balancer", "none"});
+  const int cp = 4, layers = static_cast<int>(c.model.args.n_layers);
+  // Rank r's cp coordinate is r (tp 1); its queries see every earlier rank's keys whole.
+  for (int r : {0, cp - 1}) {
+    CAPTURE(r);
+    const plan::StepTrace st = plan::dry_run_step<bf16>(c, 0, 8, r);
+    int forward = 0;
+    for (const auto& x : st.trace.all<trace::Attention>()) forward += !x.backward;
+    CHECK(forward == (4 * r + 3) * layers);
+  }
+  CHECK(plan::distinct_ranks({1, 1, 2, 1, 4}, c) == std::vector<int>{cp - 1});
+  CHECK(plan::distinct_ranks({2, 1, 1, 2, 2}, c) == std::vector<int>{2, 6});  // cp coordinate 1, tp 2 apart
+}
+
 TEST_CASE("layout dry run: a context-parallel rank holds a cp-th of one rank's activations") {
   // The same global batch of 8 sequences of 256 tokens on one rank and over cp 2 and 4
   // (every rank all 8 sequences, a cp-th of each): the saved activations divide by cp,

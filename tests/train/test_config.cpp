@@ -150,7 +150,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 110);
+  CHECK(keys.size() == 111);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -673,6 +673,7 @@ TEST_CASE("to_toml round trip") {
                  "--parallelism.pipeline_parallel_degree", "2",
                  "--parallelism.context_parallel_degree", "2",
                  "--parallelism.context_parallel_rotate_method", "allgather",
+                 "--parallelism.context_parallel_load_balancer", "none",
                  "--parallelism.disable_loss_parallel",
                  "--parallelism.disable_sequence_parallel",
                  "--parallelism.pipeline_parallel_schedule", "PipelineScheduleMulti",

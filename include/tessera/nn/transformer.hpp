@@ -558,7 +558,7 @@ Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Pla
       options_(options),
       runtime_(args_, plan_),
       tp_(runtime_.tensor_parallel_comm(args_, options_), plan.loss_parallel, plan.sequence_parallel),
-      cp_(runtime_.context_parallel_comm(), plan.context_rotation),
+      cp_(runtime_.context_parallel_comm(), plan.context_rotation, plan.context_balance),
       rope_(std::make_shared<RopeTable<T, B>>(args.head_dim(), args.rope_theta, args.rope_scaling)),
       tok_embeddings_("tok_embeddings", args.vocab_size, args.dim,
                       args.tie_embeddings ? Init::truncated_normal(0.02) : Init::normal(1.0), tensor_parallel()),

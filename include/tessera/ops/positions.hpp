@@ -32,12 +32,19 @@ namespace tessera::ops {
 struct ContextShard {
   int rank = 0;
   int degree = 1;
+  /// The head-tail balance (torchtitan's "headtail" load balancer): rank i holds chunks
+  /// i and 2 degree - 1 - i. false ("none"): chunks 2i and 2i + 1, the sequence's
+  /// degree-th part in order, the later ranks attending over more keys.
+  bool head_tail = true;
 
   bool whole() const { return degree == 1; }
   /// The chunks a sequence is cut into (2 degree; 1 whole).
   int chunks() const { return whole() ? 1 : 2 * degree; }
   /// Which of the sequence's chunks this rank's j-th chunk (0 or 1) is.
-  int chunk(int j) const { return j == 0 ? rank : 2 * degree - 1 - rank; }
+  int chunk(int j) const {
+    if (!head_tail) return 2 * rank + j;
+    return j == 0 ? rank : 2 * degree - 1 - rank;
+  }
   friend bool operator==(const ContextShard&, const ContextShard&) = default;
 };
 

@@ -3,7 +3,9 @@
 //
 // The split. A sequence of S tokens is cut into 2 cp chunks of c = S / (2 cp); rank i
 // holds chunks i and 2 cp - 1 - i (the head-tail balance: under a causal mask chunk j
-// attends over j + 1 chunks, so every rank's pair attends over 2 cp + 1 chunks). Its
+// attends over j + 1 chunks, so every rank's pair attends over 2 cp + 1 chunks; with
+// parallelism.context_parallel_load_balancer = "none", chunks 2i and 2i + 1, so rank i's
+// pair attends over 4i + 3 and the last rank's work sets the step's pace). Its
 // rows are chunk-major, the first chunk of every sequence then the second
 // (ops/positions.hpp), so a chunk is one (batch, c) block. context_tokens() makes that
 // layout from whole sequences; everything but attention and RoPE works row by row and
@@ -80,19 +82,22 @@ class ContextParallelGroup {
   /// Degree 1: every rank holds whole sequences.
   ContextParallelGroup() = default;
   /// `comm` must outlive the group.
-  explicit ContextParallelGroup(comm::Communicator* comm, ContextRotation rotation = ContextRotation::ring)
-      : comm_(comm), rotation_(rotation) {}
+  explicit ContextParallelGroup(comm::Communicator* comm, ContextRotation rotation = ContextRotation::ring,
+                                ContextBalance balance = ContextBalance::head_tail)
+      : comm_(comm), rotation_(rotation), balance_(balance) {}
 
   int degree() const { return comm_ ? comm_->size() : 1; }
   int rank() const { return comm_ ? comm_->rank() : 0; }
   bool active() const { return degree() > 1; }
   comm::Communicator& comm() { return *comm_; }
-  ops::ContextShard shard() const { return {rank(), degree()}; }
+  ops::ContextShard shard() const { return {rank(), degree(), balance_ == ContextBalance::head_tail}; }
   ContextRotation rotation() const { return rotation_; }
+  ContextBalance balance() const { return balance_; }
 
  private:
   comm::Communicator* comm_ = nullptr;
   ContextRotation rotation_ = ContextRotation::ring;
+  ContextBalance balance_ = ContextBalance::head_tail;
 };
 
 inline bool active(const ContextParallelGroup* cp) { return cp && cp->active(); }
@@ -130,7 +135,7 @@ struct RingBlock {
 
 /// The blocks rank `rank` computes with the keys and values of rank `src` (up to three).
 inline std::vector<RingBlock> ring_blocks(ops::ContextShard me, int src) {
-  const ops::ContextShard from{src, me.degree};
+  const ops::ContextShard from{src, me.degree, me.head_tail};
   std::vector<RingBlock> blocks;
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) {
@@ -235,7 +240,7 @@ struct Ring {
     const std::int64_t c = shape.seq_len / 2;
     AttentionShape block{shape.batch, c, shape.n_heads, shape.n_kv_heads, shape.head_dim, b.causal};
     if (shape.documents) {
-      const ops::ContextShard from{source(step), P};
+      const ops::ContextShard from{source(step), P, me.head_tail};
       auto* out = reinterpret_cast<ops::DocumentSpan*>(bounds.data());
       B::for_each(R, ops::BlockDocuments{shape.documents + b.q_chunk * R, out, c, me.chunk(b.q_chunk) * c,
                                          from.chunk(b.kv_chunk) * c});

@@ -119,6 +119,22 @@ inline ContextRotation parse_context_rotation(std::string_view name) {
   fail("parallelism.context_parallel_rotate_method: unknown method \"", name, "\" (known: alltoall, allgather)");
 }
 
+/// How a sequence's chunks are dealt to the context-parallel ranks (torchtitan's
+/// context_parallel_load_balancer): head and tail to each rank, so every rank attends over
+/// as many keys ("headtail"), or in order ("none").
+enum class ContextBalance : std::uint8_t { head_tail, none };
+
+/// torchtitan's spelling of `b`.
+constexpr const char* name_of(ContextBalance b) { return b == ContextBalance::head_tail ? "headtail" : "none"; }
+
+/// Parses parallelism.context_parallel_load_balancer; throws naming the key.
+inline ContextBalance parse_context_balance(std::string_view name) {
+  if (name == "headtail") return ContextBalance::head_tail;
+  if (name == "none") return ContextBalance::none;
+  fail("parallelism.context_parallel_load_balancer: unknown balancer \"", name, "\" (known: headtail, none; "
+       "torchtitan's ptrr balances FlexAttention's masks, which tessera's attention does not take)");
+}
+
 /// What Pipeline<...> with run-time choices reads: torchtitan's pipeline_parallel_* keys.
 struct PipelineOptions {
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
@@ -254,6 +270,9 @@ struct Plan {
   /// Under context parallelism: how the keys and values reach every rank of the group
   /// (parallel/context_parallel.hpp; parallelism.context_parallel_rotate_method).
   ContextRotation context_rotation = ContextRotation::ring;
+  /// Under context parallelism: which chunks of each sequence each rank holds
+  /// (ops::ContextShard; parallelism.context_parallel_load_balancer).
+  ContextBalance context_balance = ContextBalance::head_tail;
 
   int dp_degree() const { return mesh ? mesh->dp_degree() : 1; }
   int tp_degree() const { return mesh ? mesh->shape().tp : 1; }

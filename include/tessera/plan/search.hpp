@@ -460,7 +460,7 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
         }
         small = detail::with_batch_count(detail::shallower(small, depths[i]), m, count_at(p, j));
         std::vector<StepTrace> traces;
-        for (int rank : distinct_ranks(m)) traces.push_back(trace_rank(small, w, rank));
+        for (int rank : distinct_ranks(m, small)) traces.push_back(trace_rank(small, w, rank));
         r.dry_runs += static_cast<int>(traces.size());
         const LayoutPrediction l = predict_layout(traces, compute, net, 0);  // no operation lists: a third of the search
         Sample& s = cell(i, p, j);

@@ -48,11 +48,21 @@ inline comm::MeshShape check_dry_run(const train::JobConfig& c, int world = 1) {
 }
 
 /// One world rank at each pipeline position of `shape` (its other coordinates 0): the
-/// ranks whose traces differ. Data- and tensor-parallel peers trace as these do.
-inline std::vector<int> distinct_ranks(const comm::MeshShape& shape) {
+/// ranks whose traces differ. Data- and tensor-parallel peers trace as these do, and so
+/// do context-parallel peers under the head-tail balance. With `context_in_order`
+/// (parallelism.context_parallel_load_balancer = "none") the context-parallel ranks'
+/// work differs, the last attending over the most keys: the position's rank is that one,
+/// whose pace the ring keeps.
+inline std::vector<int> distinct_ranks(const comm::MeshShape& shape, bool context_in_order = false) {
   std::vector<int> ranks;
-  for (int p = 0; p < shape.pp; ++p) ranks.push_back(p * shape.per_stage());
+  const int cp_coordinate = context_in_order ? shape.cp - 1 : 0;
+  for (int p = 0; p < shape.pp; ++p) ranks.push_back(p * shape.per_stage() + cp_coordinate * shape.tp);
   return ranks;
+}
+
+/// distinct_ranks for the layout `c` describes on `shape` (its context-parallel balance).
+inline std::vector<int> distinct_ranks(const comm::MeshShape& shape, const train::JobConfig& c) {
+  return distinct_ranks(shape, c.parallelism.context_parallel_load_balancer == "none");
 }
 
 }  // namespace tessera::plan

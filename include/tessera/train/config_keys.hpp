@@ -293,6 +293,13 @@ inline std::vector<ConfigKey> build_config_keys() {
                "How context parallelism brings every rank's keys and values: \"alltoall\" round the ring, one "
                "neighbour's at a time beside the attention; \"allgather\" all at once (cp times the keys held).")
           .one_of({"alltoall", "allgather"}),
+      make_key("parallelism.context_parallel_load_balancer",
+               field<&J::parallelism, &ParallelismSection::context_parallel_load_balancer>(),
+               "Which chunks of each sequence a context-parallel rank holds: \"headtail\" (of 2 x degree chunks, "
+               "rank i the i-th and the i-th from the end, so under the causal mask every rank attends over as many "
+               "keys) or \"none\" (rank i the i-th part, in order: the last rank attends over the most and sets the "
+               "pace). torchtitan's key; its \"ptrr\" balances FlexAttention's masks and is refused.")
+          .one_of({"headtail", "none"}),
       make_key("parallelism.disable_loss_parallel",
                field<&J::parallelism, &ParallelismSection::disable_loss_parallel>(),
                "Gather the logits before the loss instead of computing it on vocabulary shards."),

@@ -116,6 +116,7 @@ struct ParallelismSection {
   std::int64_t pipeline_parallel_degree = 1;
   std::int64_t context_parallel_degree = 1;
   std::string context_parallel_rotate_method = "alltoall";  // the ring; "allgather": every rank's keys at once
+  std::string context_parallel_load_balancer = "headtail";  // "none": each rank a part of the sequence in order
   bool disable_loss_parallel = false;
   bool disable_sequence_parallel = false;
   std::string pipeline_parallel_schedule = "1F1B";

@@ -142,6 +142,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.pipeline = pipeline_options(c);
   plan.float8 = float8_policy(c);
   plan.context_rotation = parallel::parse_context_rotation(c.parallelism.context_parallel_rotate_method);
+  plan.context_balance = parallel::parse_context_balance(c.parallelism.context_parallel_load_balancer);
   plan.cpu_offload = c.training.enable_cpu_offload;
   return plan;
 }
