@@ -2,7 +2,8 @@
 // flat shards, their gradients and AdamW's state live in host memory (Device::host,
 // backend/host.hpp) and the optimizer runs on the host's loops. Held here:
 // - each layout (one rank, FSDP with two micro-batches, HSDP, bf16 parameters with
-//   their fp32 masters, bf16 moments, tensor and pipeline parallelism beside FSDP)
+//   their fp32 masters, bf16 moments, tensor and pipeline parallelism beside FSDP, FSDP's
+//   float8 all-gather)
 //   trains bit for bit the model it trains without offload: the same losses and
 //   gradient norms;
 // - the shards and the optimizer's state leave the device's count and appear in the
@@ -69,6 +70,9 @@ TEST_CASE("cpu offload: each layout trains bit for bit the model it trains witho
       {"FSDP 2, bf16 moments", {1, 1, 2, 1}, 4, {"--optimizer.state_dtype", "bfloat16"}},
       {"TP 2 x FSDP 2", {1, 1, 2, 2}, 4, {}},
       {"PP 2 x FSDP 2, 1F1B", {2, 1, 2, 1}, 4, {"--parallelism.pipeline_parallel_microbatch_size", "2"}},
+      {"FSDP 2, float8 all-gather (the scales agreed from the staged shards)", {1, 1, 2, 1}, 4,
+       {"--training.mixed_precision_param", "bfloat16", "--model.converters", "float8", "--float8.emulate", "true",
+        "--float8.enable_fsdp_float8_all_gather", "true"}},
   };
   for (const auto& l : layouts) {
     const std::string layout = l.name;
