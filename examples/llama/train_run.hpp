@@ -314,6 +314,9 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
                  in.compute_text().c_str(), plan.checkpoint.str().c_str(),
                  c.optimizer.state_dtype == "float32" ? "" : (" | AdamW moments: " + c.optimizer.state_dtype).c_str(),
                  pipeline_line.c_str());
+  if (lead && c.compile.enable)
+    std::fprintf(stderr, "  compile.enable = true (torchtitan's torch.compile): tessera's step is compiled C++ "
+                         "already; the key changes nothing\n");
   if (lead && (loader.masked() || validator))
     std::fprintf(stderr, "%s%s%s",
                  loader.masked() ? "  loss mask: the assistants' replies only (chat data)\n" : "",

@@ -6,9 +6,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -54,15 +56,38 @@ inline void check_key(const ConfigKey& k, const JobConfig& c, const std::string&
   }
 }
 
+/// tessera's flavor for torchtitan's model.name and model.flavor ("llama3" and "8B":
+/// llama3.1_8b, torchtitan's Llama 3 shapes being Llama 3.1's, RoPE scaling and 131,072
+/// positions); without a name, `flavor` is tessera's own.
+inline std::string tessera_flavor(const std::string& name, const std::string& flavor) {
+  if (name.empty()) return flavor;
+  static const std::map<std::pair<std::string, std::string>, std::string> torchtitan = {
+      {{"llama3", "debugmodel"}, "debugmodel"}, {{"llama3", "8B"}, "llama3.1_8b"},
+      {{"llama3", "70B"}, "llama3.1_70b"},      {{"llama3", "405B"}, "llama3.1_405b"},
+      {{"llama2", "debugmodel"}, "debugmodel"}, {{"llama2", "7B"}, "llama2_7b"},
+      {{"llama2", "13B"}, "llama2_13b"},        {{"llama2", "70B"}, "llama2_70b"}};
+  if (const auto it = torchtitan.find({name, flavor}); it != torchtitan.end()) return it->second;
+  // A tessera flavor name is taken as it is beside a model name.
+  for (const auto& a : nn::model_flavors())
+    if (a.flavor == flavor) return flavor;
+  std::string known;
+  for (const auto& [key, ours] : torchtitan)
+    if (key.first == name) known += (known.empty() ? "" : ", ") + key.second;
+  fail("model.flavor: '", flavor, "' is not a flavor of model.name = \"", name, "\" (torchtitan's: ", known,
+       "; or one of tessera's, as model.flavor says)");
+}
+
 inline void finalize(JobConfig& c, const Origins& o, std::string_view model_where) {
   for (const auto& k : config_keys()) check_key(k, c, o.of(k.name));
 
   // [model]: the flavor, the overrides on top, then the shape checks.
   try {
-    c.model.args = nn::model_flavor(c.model.flavor);
+    c.model.args = nn::model_flavor(tessera_flavor(c.model.name, c.model.flavor));
   } catch (const Error& e) {
     fail(o.of("model.flavor"), ": ", e.what());
   }
+  // torchtitan's folder of Hugging Face assets holds the tokenizer it reads.
+  if (!c.model.hf_assets_path.empty() && !o.by_key.contains("model.tokenizer")) c.model.tokenizer = c.model.hf_assets_path;
   for (const auto& k : config_keys())
     if (k.apply_to_args) k.apply_to_args(c);
   // The shape's errors name where its keys came from: the file, and the command line's
@@ -74,6 +99,13 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
   c.model.args.validate(overrides.empty() ? tessera::detail::concat(model_where, ": [model]")
                                           : tessera::detail::concat(model_where, " with ", overrides,
                                                                     " from the command line: [model]"));
+  TESSERA_CHECK(!c.metrics.enable_wandb, o.of("metrics.enable_wandb"),
+                ": metrics.enable_wandb = true: Weights & Biases is an online service this build does not reach; "
+                "metrics.enable_tensorboard = true writes the same scalars to local files");
+  TESSERA_CHECK(!c.parallelism.enable_async_tensor_parallel, o.of("parallelism.enable_async_tensor_parallel"),
+                ": parallelism.enable_async_tensor_parallel = true: tessera's tensor-parallel collectives run "
+                "whole (beside the work that does not need them), not cut into the GEMMs as torch.compile's "
+                "asynchronous tensor parallelism does; set it to false");
   TESSERA_CHECK(!c.job.dump_folder.empty(), o.of("job.dump_folder"),
                 ": job.dump_folder is empty (the folder the job writes its checkpoints, metrics and models to)");
   TESSERA_CHECK(!c.checkpoint.folder.empty(), o.of("checkpoint.folder"),
@@ -94,7 +126,8 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
                 "{\"messages\": [...]})");
   const auto& v = c.validation;
   if (v.enable) {
-    TESSERA_CHECK(v.dataset == "synthetic" || !v.dataset_path.empty(), o.of("validation.dataset"),
+    const bool hub = v.dataset.starts_with("c4");  // torchtitan's, refused where read (train/dataset.hpp)
+    TESSERA_CHECK(v.dataset == "synthetic" || hub || !v.dataset_path.empty(), o.of("validation.dataset"),
                   ": validation.dataset_path is required when validation.dataset = \"", v.dataset, "\"");
     TESSERA_CHECK(v.seq_len <= c.model.args.max_seq_len, o.of("validation.seq_len"), ": validation.seq_len (",
                   v.seq_len, ") exceeds the model's max_seq_len (", c.model.args.max_seq_len, ")");

@@ -109,8 +109,13 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("job.print_config", field<&J::job, &JobSection::print_config>(),
                "Print the effective configuration as TOML at start-up."),
       // [model]
+      make_key("model.name", field<&J::model, &M::name>(),
+               "torchtitan's model name: with \"llama3\", model.flavor may be torchtitan's \"8B\", \"70B\" or "
+               "\"405B\" (Llama 3.1's shapes: llama3.1_8b, ...); with \"llama2\", \"7B\", \"13B\" or \"70B\". "
+               "Empty: model.flavor is tessera's name.")
+          .one_of({"", "llama3", "llama2"}),
       make_key("model.flavor", field<&J::model, &M::flavor>(),
-               "Model flavor (debugmodel, llama2_7b, ..., llama3.1_405b, llama3.2_3b)."),
+               "Model flavor (debugmodel, llama2_7b, ..., llama3.1_405b, llama3.2_3b; torchtitan's with model.name)."),
       model_key<&M::dim, &A::dim>("model.dim", "Override: model width.").positive(),
       model_key<&M::n_layers, &A::n_layers>("model.n_layers", "Override: number of transformer blocks.")
           .positive(),
@@ -142,6 +147,9 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Tokenizer: \"byte\", \"synthetic_bpe\" (the embedded corpus's BPE vocabulary), a tiktoken-format "
                "(Llama 3) or SentencePiece (Llama 2) tokenizer.model file, or a Hugging Face model directory "
                "holding one."),
+      make_key("model.hf_assets_path", field<&J::model, &M::hf_assets_path>(),
+               "torchtitan's folder of Hugging Face assets: the tokenizer is read from it (tokenizer.json, "
+               "tokenizer.model) unless model.tokenizer is given."),
       make_key("model.converters", field<&J::model, &M::converters>(),
                "What is swapped into the model: [\"float8\"] trains the linear layers' GEMMs in float8 as "
                "[float8] says (a bfloat16 model: training.mixed_precision_param = \"bfloat16\"). Empty: nothing.")
@@ -255,8 +263,10 @@ inline std::vector<ConfigKey> build_config_keys() {
                "\"synthetic\": the embedded corpus; \"shard\": a token shard file made by llama-tokenize "
                "(training.dataset_path; a chat shard's loss mask is kept); \"chat\": JSON lines of "
                "conversations ({\"messages\": [...]}, training.dataset_path) tokenized at the start in "
-               "training.chat_format, the loss on the assistants' replies only.")
-          .one_of({"synthetic", "shard", "chat"}),
+               "training.chat_format, the loss on the assistants' replies only. torchtitan's \"c4\" and "
+               "\"c4_test\" are accepted in a config (llama-plan reads no data); a run refuses them, saying how to "
+               "make a shard of the text.")
+          .one_of({"synthetic", "shard", "chat", "c4", "c4_test"}),
       make_key("training.dataset_path", field<&J::training, &TrainingSection::dataset_path>(),
                "The token shard (dataset = \"shard\") or the JSON lines file (dataset = \"chat\")."),
       make_key("training.chat_format", field<&J::training, &TrainingSection::chat_format>(),
@@ -307,6 +317,11 @@ inline std::vector<ConfigKey> build_config_keys() {
                field<&J::parallelism, &ParallelismSection::disable_sequence_parallel>(),
                "With tensor parallelism, hold every row on every rank between the blocks' regions (norms and "
                "residual adds on every row, all-reduces at the regions) instead of splitting the rows."),
+      make_key("parallelism.enable_async_tensor_parallel",
+               field<&J::parallelism, &ParallelismSection::enable_async_tensor_parallel>(),
+               "torchtitan's asynchronous tensor parallelism (torch.compile cutting each all-gather and "
+               "reduce-scatter into the GEMM beside it). Read so that torchtitan's files load; true is refused: "
+               "tessera's tensor-parallel collectives run whole, beside the work that does not need them."),
       make_key("parallelism.pipeline_parallel_schedule",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_schedule>(), "Pipeline schedule.")
           .one_of(schedule_names),
@@ -431,6 +446,11 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("metrics.peak_tflops", field<&J::metrics, &MetricsSection::peak_tflops>(),
                "Peak TFLOP/s per device that MFU is computed against (0: the device's known peak).")
           .at_least(0),
+      make_key("metrics.enable_wandb", field<&J::metrics, &MetricsSection::enable_wandb>(),
+               "torchtitan's Weights & Biases logging. Read so that its files load; true is refused (an online "
+               "service: metrics.enable_tensorboard writes the same scalars to local files)."),
+      make_key("metrics.disable_color_printing", field<&J::metrics, &MetricsSection::disable_color_printing>(),
+               "torchtitan's: its log lines without colors. tessera's have none; read, and changes nothing."),
       // [profiling]
       make_key("profiling.enable_profiling", field<&J::profiling, &ProfilingSection::enable_profiling>(),
                "Record a timeline of every profile_freq-th step (the step, each layer's forward and backward, each "
@@ -458,8 +478,9 @@ inline std::vector<ConfigKey> build_config_keys() {
                "validation_loss."),
       make_key("validation.dataset", field<&J::validation, &ValidationSection::dataset>(),
                "As training.dataset: \"synthetic\" (documents of the embedded corpus that training never reads), "
-               "\"shard\" or \"chat\" (validation.dataset_path; training.chat_format).")
-          .one_of({"synthetic", "shard", "chat"}),
+               "\"shard\" or \"chat\" (validation.dataset_path; training.chat_format); torchtitan's "
+               "\"c4_validation\" and \"c4_test\" as training.dataset says.")
+          .one_of({"synthetic", "shard", "chat", "c4_validation", "c4_test"}),
       make_key("validation.dataset_path", field<&J::validation, &ValidationSection::dataset_path>(),
                "The validation token shard or chat JSON lines file."),
       make_key("validation.freq", field<&J::validation, &ValidationSection::freq>(),
@@ -504,6 +525,13 @@ inline std::vector<ConfigKey> build_config_keys() {
           .at_least(0),
       make_key("comm.save_traces_folder", field<&J::comm, &CommSection::save_traces_folder>(),
                "Folder of the flight recorder's files, inside job.dump_folder."),
+      // [compile]
+      make_key("compile.enable", field<&J::compile, &CompileSection::enable>(),
+               "torchtitan's torch.compile switch, read so that its files load: tessera's step is compiled C++ "
+               "already, and this changes nothing (llama-train's start-up line says so when it is true)."),
+      make_key("compile.components", field<&J::compile, &CompileSection::components>(),
+               "torchtitan's: what torch.compile compiles (\"model\", \"loss\"). Read, and changes nothing.")
+          .one_of({"model", "loss"}),
   };
   std::vector<ConfigKey> keys;
   keys.reserve(b.size());

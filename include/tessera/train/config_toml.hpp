@@ -98,6 +98,28 @@ inline void apply_toml(JobConfig& c, Origins& origins, std::string_view text, st
   } catch (const toml::parse_error& e) {
     fail(position(source, e.source()), ": TOML syntax error: ", e.description());
   }
+  // torchtitan's [quantize.linear.float8] is tessera's [float8]: its keys are read as those.
+  if (toml::table* quantize = root["quantize"].as_table()) {
+    const std::string where = position(source, quantize->source());
+    toml::table* linear = (*quantize)["linear"].as_table();
+    for (auto&& [key, node] : *quantize)
+      if (key.str() != "linear" || !linear)
+        fail(position(source, key.source()), ": unknown section [quantize.", key.str(),
+             "] (tessera reads torchtitan's [quantize.linear.float8], or [float8])");
+    for (auto&& [key, node] : *linear)
+      if (key.str() != "float8" || !node.is_table())
+        fail(position(source, key.source()), ": unknown section [quantize.linear.", key.str(),
+             "] (tessera's float8 recipes are [quantize.linear.float8]'s; MX formats need Blackwell GPUs)");
+    if (toml::table* float8 = (*linear)["float8"].as_table()) {
+      TESSERA_CHECK(!root.contains("float8"), where,
+                    ": [quantize.linear.float8] and [float8] both set the float8 keys: keep one");
+      toml::table moved = *float8;
+      root.erase("quantize");
+      root.insert("float8", std::move(moved));
+    } else {
+      root.erase("quantize");
+    }
+  }
   for (auto&& [section_key, section_node] : root) {
     std::string section(section_key.str());
     std::string where = position(source, section_key.source());

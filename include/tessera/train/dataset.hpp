@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "tessera/core/error.hpp"
 #include "tessera/data/loader.hpp"
@@ -36,8 +37,18 @@ struct DatasetSpec {
   std::int64_t first_document = 0, documents = 0;  // "synthetic"
 };
 
+/// torchtitan's datasets, which it streams from the Hugging Face Hub: a config may name
+/// them (llama-plan reads no data), and a run that would read one is refused.
+inline bool hub_dataset(std::string_view name) {
+  return name == "c4" || name == "c4_test" || name == "c4_validation";
+}
+
 /// The stream `spec` names, tokenized by `tok` where it is text.
 inline io::TokenStream load_token_stream(const DatasetSpec& spec, const io::Tokenizer& tok) {
+  TESSERA_CHECK(!hub_dataset(spec.dataset), spec.section, ".dataset = \"", spec.dataset,
+                "\": torchtitan streams it from the Hugging Face Hub, and tessera reads local files: tokenize a copy "
+                "with llama-tokenize and set ", spec.section, ".dataset = \"shard\" with ", spec.section,
+                ".dataset_path (or \"chat\" for conversations, \"synthetic\" for the embedded corpus)");
   if (spec.dataset == "synthetic") {
     const auto docs = data::synthetic_corpus(spec.seed, spec.first_document, spec.documents);
     return io::TokenStream{data::pack_documents(docs, tok), {}};

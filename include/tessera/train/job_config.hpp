@@ -27,6 +27,9 @@ struct JobSection {
 /// [model]: a flavor and optional overrides of its fields. `args` is not a key: it is
 /// resolved by load_config / parse_config / finalize_config.
 struct ModelSection {
+  /// torchtitan's model name ("llama3", "llama2"): with it, `flavor` may be torchtitan's
+  /// ("8B", "70B", "405B"; "7B", "13B", "70B"), resolved to tessera's in finalize. Empty: none.
+  std::string name;
   std::string flavor = "debugmodel";
   std::optional<std::int64_t> dim;
   std::optional<std::int64_t> n_layers;
@@ -41,6 +44,8 @@ struct ModelSection {
   std::optional<std::int64_t> max_seq_len;
   std::optional<bool> tie_embeddings;
   std::string tokenizer = "byte";
+  /// torchtitan's folder of Hugging Face assets: the tokenizer's, unless model.tokenizer is given.
+  std::string hf_assets_path;
   /// What is swapped into the model: "float8" trains its linear layers' GEMMs in float8
   /// as [float8] says (torchtitan's model.converters).
   std::vector<std::string> converters;
@@ -119,6 +124,7 @@ struct ParallelismSection {
   std::string context_parallel_load_balancer = "headtail";  // "none": each rank a part of the sequence in order
   bool disable_loss_parallel = false;
   bool disable_sequence_parallel = false;
+  bool enable_async_tensor_parallel = false;  // torchtitan's: true is refused (see config_keys.hpp)
   std::string pipeline_parallel_schedule = "1F1B";
   std::string pipeline_parallel_schedule_csv;  // the order of PipelineScheduleSingle/Multi; "": none
   std::int64_t pipeline_parallel_microbatch_size = 1;
@@ -169,6 +175,8 @@ struct MetricsSection {
   bool enable_tensorboard = false;
   std::string save_tb_folder = "tb";
   double peak_tflops = 0.0;  // 0: the device's known peak
+  bool enable_wandb = false;            // torchtitan's: true is refused (an online service)
+  bool disable_color_printing = false;  // torchtitan's: tessera's lines have no colors
 };
 
 /// [profiling]: a timeline of some steps, one file per rank (core/profile.hpp), and
@@ -203,6 +211,13 @@ struct CommSection {
   std::string save_traces_folder = "comm_traces";  // inside job.dump_folder
 };
 
+/// torchtitan's [compile]: torch.compile of the model and the loss. tessera's step is
+/// compiled C++ already; the keys are read so that torchtitan's files load, and do nothing.
+struct CompileSection {
+  bool enable = false;
+  std::vector<std::string> components = {"model", "loss"};
+};
+
 struct JobConfig {
   JobSection job;
   ModelSection model;
@@ -217,6 +232,7 @@ struct JobConfig {
   ProfilingSection profiling;
   ValidationSection validation;
   CommSection comm;
+  CompileSection compile;
 };
 
 /// Whether model.converters asks for float8 GEMMs ([float8]).
