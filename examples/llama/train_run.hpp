@@ -137,6 +137,7 @@ inline nn::ModelArgs checked_model_args(const train::JobConfig& c, const io::Tok
   for (const train::DatasetSpec& d : {train::training_dataset(c), train::validation_dataset(c)}) {
     if (d.section == "validation" && !c.validation.enable) continue;
     if (d.dataset == "synthetic") continue;
+    train::check_readable(d);
     TESSERA_CHECK(!d.path.empty(), d.section, ".dataset_path: required when ", d.section, ".dataset = \"", d.dataset, "\"");
     if (d.dataset == "shard") io::read_token_shard_header(d.path);
     if (d.dataset == "chat") {

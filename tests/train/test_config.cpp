@@ -564,6 +564,12 @@ dataset = "c4_validation"
   CHECK(parse("[model]\nname = \"llama3\"\nflavor = \"8B\"\nhf_assets_path = \"a\"\ntokenizer = \"byte\"\n"
               "[training]\nseq_len = 64\n").model.tokenizer == "byte");
   CHECK(parse("[model]\nname = \"llama2\"\nflavor = \"13B\"\n[training]\nseq_len = 64\n").model.args.dim == 5120);
+  // With initial_load_in_hf, the assets folder is the weights' too, unless initial_load_path is given.
+  CHECK(parse("[model]\nhf_assets_path = \"hf/8b\"\n[checkpoint]\ninitial_load_in_hf = true\n")
+            .checkpoint.initial_load_path == "hf/8b");
+  CHECK(parse("[model]\nhf_assets_path = \"hf/8b\"\n[checkpoint]\ninitial_load_in_hf = true\n"
+              "initial_load_path = \"other\"\n").checkpoint.initial_load_path == "other");
+  CHECK(parse("[model]\nhf_assets_path = \"hf/8b\"\n").checkpoint.initial_load_path.empty());
   CHECK_ERROR(parse("[model]\nname = \"llama3\"\nflavor = \"13B\"\n"), "'13B' is not a flavor of model.name",
               "8B");
   CHECK_ERROR(parse("[quantize.linear.mx]\nrecipe_name = \"mxfp8\"\n"), "unknown section [quantize.linear.mx]");

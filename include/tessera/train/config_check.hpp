@@ -88,6 +88,10 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
   }
   // torchtitan's folder of Hugging Face assets holds the tokenizer it reads.
   if (!c.model.hf_assets_path.empty() && !o.by_key.contains("model.tokenizer")) c.model.tokenizer = c.model.hf_assets_path;
+  // ... and the Hugging Face weights a run starts from, where initial_load_in_hf asks for them
+  // and initial_load_path names none (torchtitan's rule).
+  if (c.checkpoint.initial_load_in_hf && c.checkpoint.initial_load_path.empty() && !c.model.hf_assets_path.empty())
+    c.checkpoint.initial_load_path = c.model.hf_assets_path;
   for (const auto& k : config_keys())
     if (k.apply_to_args) k.apply_to_args(c);
   // The shape's errors name where its keys came from: the file, and the command line's

@@ -149,7 +149,8 @@ inline std::vector<ConfigKey> build_config_keys() {
                "holding one."),
       make_key("model.hf_assets_path", field<&J::model, &M::hf_assets_path>(),
                "torchtitan's folder of Hugging Face assets: the tokenizer is read from it (tokenizer.json, "
-               "tokenizer.model) unless model.tokenizer is given."),
+               "tokenizer.model) unless model.tokenizer is given, and with checkpoint.initial_load_in_hf the weights "
+               "unless checkpoint.initial_load_path is given."),
       make_key("model.converters", field<&J::model, &M::converters>(),
                "What is swapped into the model: [\"float8\"] trains the linear layers' GEMMs in float8 as "
                "[float8] says (a bfloat16 model: training.mixed_precision_param = \"bfloat16\"). Empty: nothing.")
@@ -432,7 +433,8 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Model to start from when the folder has none (\"\": none): a model.safetensors written by tessera, or "
                "a Hugging Face Llama directory, whose config.json then defines the model."),
       make_key("checkpoint.initial_load_in_hf", field<&J::checkpoint, &CheckpointSection::initial_load_in_hf>(),
-               "Require initial_load_path to be a Hugging Face Llama directory (config.json + safetensors)."),
+               "Require initial_load_path to be a Hugging Face Llama directory (config.json + safetensors); "
+               "without initial_load_path, model.hf_assets_path is that directory (torchtitan's rule)."),
       make_key("checkpoint.last_save_in_hf", field<&J::checkpoint, &CheckpointSection::last_save_in_hf>(),
                "Also save the final model as a Hugging Face Llama directory, <dump_folder>/hf."),
       // [metrics]

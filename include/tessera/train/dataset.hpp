@@ -43,12 +43,17 @@ inline bool hub_dataset(std::string_view name) {
   return name == "c4" || name == "c4_test" || name == "c4_validation";
 }
 
-/// The stream `spec` names, tokenized by `tok` where it is text.
-inline io::TokenStream load_token_stream(const DatasetSpec& spec, const io::Tokenizer& tok) {
+/// Refuses a stream tessera cannot read here (a Hub dataset), naming the key.
+inline void check_readable(const DatasetSpec& spec) {
   TESSERA_CHECK(!hub_dataset(spec.dataset), spec.section, ".dataset = \"", spec.dataset,
                 "\": torchtitan streams it from the Hugging Face Hub, and tessera reads local files: tokenize a copy "
                 "with llama-tokenize and set ", spec.section, ".dataset = \"shard\" with ", spec.section,
                 ".dataset_path (or \"chat\" for conversations, \"synthetic\" for the embedded corpus)");
+}
+
+/// The stream `spec` names, tokenized by `tok` where it is text.
+inline io::TokenStream load_token_stream(const DatasetSpec& spec, const io::Tokenizer& tok) {
+  check_readable(spec);
   if (spec.dataset == "synthetic") {
     const auto docs = data::synthetic_corpus(spec.seed, spec.first_document, spec.documents);
     return io::TokenStream{data::pack_documents(docs, tok), {}};
