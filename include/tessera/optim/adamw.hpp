@@ -97,7 +97,8 @@ class AdamW {
     MemoryUseScope use(MemoryUse::optimizer);  // moments and masters
     auto add = [&](nn::Parameter<T>& p) {
       State s{&p, {}, {}};
-      with_backend<B>(on_host(p.value), [&]<class X>() {
+      const bool host = on_host(p.value);
+      with_backend<B>(host, [&]<class X>() {
         if (bf16_states())
           s.moments = Moments<bf16>{X::template zeros<bf16>(p.shape()), X::template zeros<bf16>(p.shape())};
         else
@@ -108,7 +109,7 @@ class AdamW {
           round_into<X>(s.master, p.value);
         }
       });
-      on_host_ = on_host_ || on_host(p.value);
+      on_host_ = on_host_ || host;
       states_.push_back(std::move(s));
     };
     // A sharded model hands out the parameters this rank updates (its flat shards).
@@ -175,10 +176,11 @@ class AdamW {
     if constexpr (std::is_same_v<A, float>)
       if (bf16_states()) {
         refresh_tables(launch_bf16_);
-        return refresh_tables(host_bf16_);
+        if (on_host_) refresh_tables(host_bf16_);
+        return;
       }
     refresh_tables(launch_accum_);
-    refresh_tables(host_accum_);
+    if (on_host_) refresh_tables(host_accum_);
   }
 
   std::int64_t steps_taken() const { return step_; }
@@ -262,8 +264,10 @@ class AdamW {
   /// the scale at `grad_scale` (B's memory) is first read into host memory.
   template <class M>
   void launch_both(Launch<M>& device, Launch<M>& host, const A* grad_scale) {
-    launch(device, grad_scale);
+    refresh_tables(device);
+    run(device, grad_scale);
     if constexpr (HasHostBackend<B>) {
+      if (!on_host_) return;
       refresh_tables(host);
       if (host.size == 0) return;
       if (grad_scale != nullptr) {
@@ -272,13 +276,13 @@ class AdamW {
         B::synchronize();
         grad_scale = host_scale_.data();
       }
-      launch(host, grad_scale);
+      run(host, grad_scale);
     }
   }
 
+  /// The launch of tables refresh_tables made current.
   template <class M>
-  void launch(Launch<M>& l, const A* grad_scale) {
-    refresh_tables(l);
+  void run(Launch<M>& l, const A* grad_scale) {
     if (l.size == 0) return;
     with_backend<B>(l.host, [&]<class X>() {
       X::for_each(l.size, ops::AdamWMultiStep<T, M>{l.tensors.data(), l.block_tensor.data(), {}, l.elements,

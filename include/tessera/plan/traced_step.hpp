@@ -62,7 +62,8 @@ inline std::vector<int> distinct_ranks(const comm::MeshShape& shape, bool contex
 
 /// distinct_ranks for the layout `c` describes on `shape` (its context-parallel balance).
 inline std::vector<int> distinct_ranks(const comm::MeshShape& shape, const train::JobConfig& c) {
-  return distinct_ranks(shape, c.parallelism.context_parallel_load_balancer == "none");
+  return distinct_ranks(shape, parallel::parse_context_balance(c.parallelism.context_parallel_load_balancer) ==
+                                   parallel::ContextBalance::none);
 }
 
 }  // namespace tessera::plan

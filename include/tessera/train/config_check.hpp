@@ -130,8 +130,7 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
                 "{\"messages\": [...]})");
   const auto& v = c.validation;
   if (v.enable) {
-    const bool hub = v.dataset.starts_with("c4");  // torchtitan's, refused where read (train/dataset.hpp)
-    TESSERA_CHECK(v.dataset == "synthetic" || hub || !v.dataset_path.empty(), o.of("validation.dataset"),
+    TESSERA_CHECK(v.dataset == "synthetic" || hub_dataset(v.dataset) || !v.dataset_path.empty(), o.of("validation.dataset"),
                   ": validation.dataset_path is required when validation.dataset = \"", v.dataset, "\"");
     TESSERA_CHECK(v.seq_len <= c.model.args.max_seq_len, o.of("validation.seq_len"), ": validation.seq_len (",
                   v.seq_len, ") exceeds the model's max_seq_len (", c.model.args.max_seq_len, ")");

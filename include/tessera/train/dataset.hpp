@@ -14,7 +14,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include "tessera/core/error.hpp"
 #include "tessera/data/loader.hpp"
@@ -36,12 +35,6 @@ struct DatasetSpec {
   std::uint64_t seed = 0;
   std::int64_t first_document = 0, documents = 0;  // "synthetic"
 };
-
-/// torchtitan's datasets, which it streams from the Hugging Face Hub: a config may name
-/// them (llama-plan reads no data), and a run that would read one is refused.
-inline bool hub_dataset(std::string_view name) {
-  return name == "c4" || name == "c4_test" || name == "c4_validation";
-}
 
 /// Refuses a stream tessera cannot read here (a Hub dataset), naming the key.
 inline void check_readable(const DatasetSpec& spec) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/core/dtype.hpp"
@@ -217,6 +218,13 @@ struct CompileSection {
   bool enable = false;
   std::vector<std::string> components = {"model", "loss"};
 };
+
+/// torchtitan's datasets, which it streams from the Hugging Face Hub: a config may name
+/// them (llama-plan reads no data); a run that would read one is refused
+/// (train/dataset.hpp).
+inline bool hub_dataset(std::string_view name) {
+  return name == "c4" || name == "c4_test" || name == "c4_validation";
+}
 
 struct JobConfig {
   JobSection job;

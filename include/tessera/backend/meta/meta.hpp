@@ -75,8 +75,7 @@ class HostValues {
     std::lock_guard lock(state().mutex);
     const auto it = state().values.find(from);
     if (it != state().values.end() && it->second.size() == bytes) {
-      std::vector<std::byte> v = it->second;
-      state().values[to] = std::move(v);
+      state().values[to] = it->second;  // a map's insertion leaves `it` valid
     } else {
       state().values.erase(to);
     }
