@@ -1132,6 +1132,12 @@ int run(std::vector<std::string> args) {
   zero1 = zero1 || scaling;  // the runtime's data parallelism is ZeRO-1
   train::JobConfig given = train::load_config("", args);
   train::resolve_mixed_precision(given, machine != "cpu");  // what llama-train would train there
+  // The other runtimes' accounts move the optimizer's region, which closes a step, and the
+  // early step updates each unit inside the backward.
+  TESSERA_CHECK(!(zero1 || torchtitan) || !given.optimizer.early_step_in_backward,
+                "optimizer.early_step_in_backward: ", scaling ? "plan.runtime scaling" : torchtitan ? "plan.runtime torchtitan" : "plan.zero1",
+                " prices another runtime's optimizer step, after the backward; price the early step as tessera runs it "
+                "(without that flag)");
   // ZeRO-1 and the other runtimes' counts are of data-parallel replicas and their own
   // layouts; context-parallel ranks shard the parameters (FSDP over dp_shard x cp).
   TESSERA_CHECK(!zero1 || given.parallelism.context_parallel_degree == 1, "parallelism.context_parallel_degree ",

@@ -302,7 +302,7 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
     std::fprintf(stderr,
                  "tessera llama-train: %s | %lld layers, dim %lld, %lld heads (%lld kv), vocab %lld | %.2fM parameters\n"
                  "  %lld tokens/step (global batch %lld x seq %lld), %lld windows per epoch | %s\n"
-                 "  %d rank%s %s: %s%s over the %s engine, %s | activation checkpointing: %s%s\n%s",
+                 "  %d rank%s %s: %s%s%s over the %s engine, %s | activation checkpointing: %s%s\n%s",
                  a.flavor.c_str(), static_cast<long long>(a.n_layers), static_cast<long long>(a.dim),
                  static_cast<long long>(a.n_heads), static_cast<long long>(a.kv_heads()),
                  static_cast<long long>(a.vocab_size), static_cast<double>(a.num_params()) / 1e6,
@@ -311,6 +311,7 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
                  in.peak_text.c_str(), world.size(), world.size() == 1 ? "" : "s", shape.str().c_str(),
                  parallel::name_of(plan.dynamic_sharding()),
                  plan.cpu_offload ? " (CPU offload: shards, gradients and AdamW state in host memory, AdamW on the host)" : "",
+                 plan.early_step ? " (early step: each unit updated as its gradient is reduced, no clipping)" : "",
                  std::string(world.engine_name()).c_str(),
                  in.compute_text().c_str(), plan.checkpoint.str().c_str(),
                  c.optimizer.state_dtype == "float32" ? "" : (" | AdamW moments: " + c.optimizer.state_dtype).c_str(),

@@ -48,6 +48,7 @@ expect_error "missing config file" "missing.toml" "$train" --config "$work/missi
 expect_error "n_heads not dividing dim" "n_heads (3) does not divide dim (32)" "$train" "${small[@]}" --model.n_heads 3
 expect_error "torchtitan's Hub dataset" 'training.dataset = "c4": torchtitan streams it from the Hugging Face Hub' "$train" "${small[@]}" --training.dataset c4
 expect_error "torchtitan's async tensor parallelism" "parallelism.enable_async_tensor_parallel = true" "$train" "${small[@]}" --parallelism.enable_async_tensor_parallel true
+expect_error "the early step with clipping" "optimizer.early_step_in_backward: each unit is updated as soon as its gradient is reduced" "$train" "${small[@]}" --optimizer.early_step_in_backward true --training.max_norm 1
 expect_error "n_kv_heads not dividing n_heads" "n_kv_heads (3) does not divide n_heads (2)" "$train" "${small[@]}" --model.n_kv_heads 3
 expect_error "unknown device" "training.device must be one of auto, cpu, cuda; got \"gpu\"" "$train" "${small[@]}" --training.device gpu
 expect_error "unknown optimizer state dtype" "optimizer.state_dtype must be one of float32, bfloat16; got \"float16\"" "$train" "${small[@]}" --optimizer.state_dtype float16

@@ -282,6 +282,23 @@ TEST_CASE("training checkpoints: saved with the shards offloaded to the host, re
   CHECK(train_steps(fsdp2, offloaded, 2, saved_plain) == tail(whole, 2));
 }
 
+TEST_CASE("training checkpoints: saved under the early step, resumed without it, and back: the same run") {
+  // Unit by unit in the backward (optimizer.early_step_in_backward), with no clipping:
+  // the same moments and step count as the step without it.
+  const std::vector<std::string> no_clip = {"--training.max_norm", "0"};
+  const train::JobConfig plain = debug_job(2, 4, 4, no_clip);
+  const train::JobConfig early = debug_job(2, 4, 4, with(no_clip, {"--optimizer.early_step_in_backward", "true"}));
+  const comm::MeshShape fsdp2{1, 1, 2, 1};
+  const std::vector<double> whole = train_steps(fsdp2, plain, 4);
+  tessera::test::TempDir dir;
+  const std::string saved_early = dir.file("early/step-2"), saved_plain = dir.file("plain/step-2");
+  CHECK(train_steps(fsdp2, early, 2, "", saved_early, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
+  CHECK(train_steps(fsdp2, plain, 2, saved_early) == tail(whole, 2));
+  CHECK(train_steps(fsdp2, plain, 2, "", saved_plain, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
+  // And on one rank, FSDP over itself, against one rank's step without it.
+  CHECK(train_steps({}, early, 2, saved_plain) == train_steps({}, plain, 2, saved_plain));
+}
+
 TEST_CASE("training checkpoints: saved under each layout of the parity matrix, resumed under two others, the same run") {
   // Every layout the parity tests train (tests/parallel/test_parity.cpp and the tensor-,
   // pipeline- and context-parallel ones) and all of them at once, each saving after step 3 and

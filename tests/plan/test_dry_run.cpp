@@ -461,6 +461,44 @@ TEST_CASE("dry run: Llama 3 8B offloaded (training.enable_cpu_offload) keeps 18 
   CHECK(down > static_cast<std::int64_t>(3 * n));
 }
 
+TEST_CASE("dry run: Llama 3 8B under the early step (optimizer.early_step_in_backward) holds a unit's gradient, "
+          "not the model's, and updates each unit in the backward") {
+  const std::vector<std::string> none = {"--activation_checkpoint.mode", "none", "--training.max_norm", "0",
+                                         "--optimizer.state_dtype", "bfloat16"};
+  const train::JobConfig plain = llama3_8b_job(none);
+  std::vector<std::string> early = none;
+  early.insert(early.end(), {"--optimizer.early_step_in_backward", "true"});
+  const train::JobConfig c = llama3_8b_job(early);
+  const plan::StepTrace st = plan::dry_run_step<bf16>(c);
+  const plan::StepTrace whole = plan::dry_run_step<bf16>(plain);
+  const auto n = static_cast<std::size_t>(c.model.args.num_params());
+  // The largest units: the embedding and the head (untied), then a block. The head's
+  // gradient is reduced, and its unit updated, once the last block's backward is done:
+  // at most the head's and a block's gradients are held at once.
+  const auto& a = c.model.args;
+  const auto head = static_cast<std::size_t>(a.vocab_size * a.dim + a.dim);
+  const auto block = (n - 2 * head) / static_cast<std::size_t>(a.n_layers) + 1;
+  CHECK(whole.at_peak[MemoryUse::gradients] == 4 * n);
+  CHECK(st.at_peak[MemoryUse::gradients] <= 4 * (head + block) + 1024);  // each rounded to the allocator's 512 bytes
+  CHECK(st.at_peak[MemoryUse::optimizer] == whole.at_peak[MemoryUse::optimizer]);
+  CHECK(st.at_peak[MemoryUse::parameters] == whole.at_peak[MemoryUse::parameters]);  // gathers are views of the shards
+  CHECK(st.peak_bytes + 4 * (n - head - block) <= whole.peak_bytes);
+  // One AdamW launch a unit (the embedding, 32 blocks, the head), in the optimizer's
+  // region, the first before the last block's attention backward; the whole step's one.
+  std::size_t adamw = 0, whole_adamw = 0, attention_after_first = 0;
+  for (const auto& e : st.trace.events()) {
+    if (const auto* k = std::get_if<trace::Kernel>(&e.op); k && std::string_view(k->functor).starts_with("AdamWMultiStep")) {
+      CHECK(std::string_view(e.region) == region::kOptimizer);
+      ++adamw;
+    }
+    if (adamw > 0 && std::holds_alternative<trace::Attention>(e.op)) ++attention_after_first;
+  }
+  for (const auto& k : whole.trace.all<trace::Kernel>()) whole_adamw += std::string_view(k.functor).starts_with("AdamWMultiStep");
+  CHECK(adamw == 34);
+  CHECK(whole_adamw == 1);
+  CHECK(attention_after_first == 31);  // every block's attention backward but the last block's
+}
+
 TEST_CASE("loss head: a chunk takes 16 MiB on a host and 1/64 of a device's memory, at most 4 GiB") {
   CHECK(nn::loss_chunk_budget(0) == std::size_t{16} << 20);
   CHECK(nn::loss_chunk_budget(std::size_t{80} << 30) == (std::size_t{80} << 30) / 64);

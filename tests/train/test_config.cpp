@@ -152,7 +152,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 118);
+  CHECK(keys.size() == 119);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -706,6 +706,7 @@ TEST_CASE("to_toml round trip") {
                  "--optimizer.beta1", "0.8",
                  "--optimizer.beta2", "0.999",
                  "--optimizer.state_dtype", "bfloat16",
+                 "--optimizer.early_step_in_backward", "true",
                  "--lr_scheduler.warmup_steps", "7",
                  "--lr_scheduler.decay_ratio", "0.3",
                  "--lr_scheduler.decay_type", "sqrt",

@@ -29,6 +29,9 @@
 //                                the points of a step's walk, in the order the model
 //                                passes them; gather_embedding, embedding_done,
 //                                gather_head, head_done: inference's
+//   units_active, update_in_backward, updates_in_backward, updated_squared_norm
+//                                the early step: each sharding unit updated as its gradient
+//                                is reduced (none here: no units)
 //   pipelines, pipeline_degree, stages_per_rank, microbatch_size, pipeline_wait_seconds
 //                                a pipeline's shape; where `pipelines` is true, also
 //                                pipeline_forward_backward, pipeline_loss, stages, schedule
@@ -36,6 +39,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +65,12 @@ struct StackLayout {
     return l;
   }
 };
+
+/// The early step's update (optimizer.early_step_in_backward; parallel/model_units.hpp):
+/// called with one sharding unit's local parameters, whose gradients are final; `group`
+/// names the unit, the same every step.
+template <class T>
+using UnitUpdate = std::function<void(std::span<Parameter<T>* const> params, const void* group)>;
 
 /// The runtime of a model whose blocks carry no parallelism policy: every layer on this
 /// rank, every parameter whole, nothing gathered or reduced.
@@ -120,6 +131,14 @@ class OneRank {
     });
   }
   void sum_over_world(double*) const {}
+
+  // The early step: no sharding units to update.
+  bool units_active() const { return false; }
+  template <class Update>
+  void update_in_backward(Update&&) {}
+  bool updates_in_backward() const { return false; }
+  template <class Model>
+  void updated_squared_norm(Model&, double*) {}
 
   // The walk: nothing to gather or reduce.
   template <class Model>

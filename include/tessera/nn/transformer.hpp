@@ -141,14 +141,15 @@ class Transformer {
   /// NoBlockOptions for a block that declares none).
   using block_options_type = block_options_t<Block>;
 
-  /// On a parallel plan (a mesh of more than one rank, or CPU offload) the parameters are made
+  /// On a parallel plan (a mesh of more than one rank, or units over one rank: CPU offload,
+  /// the early step) the parameters are made
   /// without storage: init_weights() gives this rank its share only. `options` reach
   /// every block this rank makes (BlockArgs::options); left out, they are the type's
   /// default, and a type without one must be given.
   explicit Transformer(const ModelArgs& args, const parallel::Plan& plan = {},
                        const block_options_type& options = detail::default_block_options<block_options_type>())
       : Transformer(args, plan, options,
-                    DeferParameterStorage((plan.mesh != nullptr && plan.mesh->world().size() > 1) || plan.cpu_offload)) {}
+                    DeferParameterStorage((plan.mesh != nullptr && plan.mesh->world().size() > 1) || plan.units_over_self())) {}
 
  private:
   // The scope is a temporary of the delegating constructor's call: it lives until this
@@ -258,6 +259,22 @@ class Transformer {
   /// chunks' sums and their total on the device, and the sum over the world a collective
   /// there (train::StepScalars clips from it).
   void squared_grad_norm(double* out);
+
+  /// The early step (optimizer.early_step_in_backward; parallel/model_units.hpp): in
+  /// each step's last micro-batch `update(params, group)` gets each sharding unit's local
+  /// parameters as soon as their gradients are final (reduced over the data-parallel
+  /// ranks), and the unit's gradient shard is freed after; squared_grad_norm() is then
+  /// the norm those gradients had. Needs the parameters in sharding units: a
+  /// data-parallel plan, or Plan::early_step (units over the rank alone). An empty
+  /// function turns it off.
+  void update_in_backward(UnitUpdate<T> update) {
+    TESSERA_CHECK(!update || runtime_.units_active(), "model: the early step updates each sharding unit as its ",
+                  "gradient is reduced, and this model's parameters are in none: give the plan early_step = true ",
+                  "(optimizer.early_step_in_backward) or a data-parallel sharding");
+    TESSERA_CHECK(!update || pipeline_degree() == 1, "model: the early step runs in a walk of the whole model, not a "
+                  "pipeline's schedule");
+    runtime_.update_in_backward(std::move(update));
+  }
 
   /// Runs f() with every parameter whole on every rank (for saving): gathers the
   /// data-parallel shards and tensor-parallel pieces, and in a pipeline brings every
@@ -602,6 +619,7 @@ void Transformer<T, B, Block>::prepare(std::int64_t seq_len) {
   // Only where a block of this rank kept the shared table (a pipeline stage of the
   // embedding or the head alone holds none; a user's block may not rotate).
   if (rope_.use_count() > 1) rope_->ensure(seq_len);
+  if (plan_.early_step) return;  // each unit's norm is taken as it is updated
   runtime_.add_owned_gradients(*this, norms_);
   norms_.prepare();
 }
@@ -620,8 +638,12 @@ double Transformer<T, B, Block>::grad_norm() {
 
 template <class T, Backend B, class Block>
 void Transformer<T, B, Block>::squared_grad_norm(double* out) {
-  runtime_.add_owned_gradients(*this, norms_);
-  norms_.sum_into(out);
+  if (runtime_.updates_in_backward() || (plan_.early_step && runtime_.units_active())) {
+    runtime_.updated_squared_norm(*this, out);  // the gradients are gone: their norms were taken
+  } else {
+    runtime_.add_owned_gradients(*this, norms_);
+    norms_.sum_into(out);
+  }
   runtime_.sum_over_world(out);
 }
 

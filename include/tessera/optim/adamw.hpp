@@ -23,6 +23,7 @@
 // arithmetic, element for element, wherever the parameter lives.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -169,6 +170,24 @@ class AdamW {
     launch_both(launch_accum_, host_accum_, grad_scale);
   }
 
+  /// The staged update of `params` alone, in a launch of their own: some of the
+  /// parameters for_each_local_parameter handed out (a sharding unit's, whose gradients
+  /// are final), without a gradient scale. `group` names the set, the same parameters
+  /// each time it is given; its tables are kept apart from the whole model's and from
+  /// other groups'. The early step (optimizer.early_step_in_backward) updates each unit
+  /// this way as its gradient is reduced; a parameter's update is the same arithmetic as
+  /// apply()'s, element for element.
+  void apply_to(const void* group, std::span<nn::Parameter<T>* const> params) {
+    Group& g = group_of(group, params);
+    if constexpr (std::is_same_v<A, float>)
+      if (bf16_states()) {
+        refresh_tables(g.bf16_moments, g.index);
+        return run(g.bf16_moments, nullptr);
+      }
+    refresh_tables(g.accum, g.index);
+    run(g.accum, nullptr);
+  }
+
   /// The first step's one-time work without the step: uploads the launch's tables of
   /// tensors (again only if a tensor moved since), so that a step() after it does what
   /// every later one does (Trainer::prepare).
@@ -240,6 +259,7 @@ class AdamW {
     nn::Parameter<T>* param;
     std::variant<Moments<A>, Moments<bf16>> moments;  // Moments<bf16> with state_dtype = bf16
     Tensor<A> master;  // fp32 master weights when parameters are bf16
+    int group = -1;    // the apply_to group it belongs to (index into groups_), -1 for none
   };
 
   /// One launch's tables for moments stored as M: the table of tensors in B's memory,
@@ -254,6 +274,35 @@ class AdamW {
     std::int64_t size = 0;      // indices of the launch, each tensor padded to whole blocks
     std::int64_t elements = 0;  // the tensors' numel summed: size less the padding
   };
+
+  /// An apply_to group: its parameters' states (State::group) and its launch's tables.
+  struct Group {
+    Group(const void* k, int i, bool host) : key(k), index(i), accum(host), bf16_moments(host) {}
+    const void* key;
+    int index;
+    Launch<A> accum;
+    Launch<bf16> bf16_moments;
+  };
+
+  /// The group named `key`, made on its first use from `params` (each a parameter this
+  /// optimizer updates and no other group holds, all in B's memory or all in the host's).
+  Group& group_of(const void* key, std::span<nn::Parameter<T>* const> params) {
+    for (auto& g : groups_)
+      if (g->key == key) return *g;
+    const int index = static_cast<int>(groups_.size());
+    std::optional<bool> host;
+    for (nn::Parameter<T>* p : params) {
+      auto it = std::find_if(states_.begin(), states_.end(), [&](const State& s) { return s.param == p; });
+      TESSERA_CHECK(it != states_.end(), "optimizer: parameter ", p->name, " is not one this optimizer updates");
+      TESSERA_CHECK(it->group < 0, "optimizer: parameter ", p->name, " is in two update groups");
+      TESSERA_CHECK(!host || *host == on_host(p->value), "optimizer: an update group with parameters in host memory ",
+                    "and in the device's (", p->name, ")");
+      host = on_host(p->value);
+      it->group = index;
+    }
+    groups_.push_back(std::make_unique<Group>(key, index, host.value_or(false)));
+    return *groups_.back();
+  }
 
   /// Whether the update goes to fp32 masters: bf16 parameters, stored as such or not.
   bool has_masters() const { return param_dtype() == DType::bf16; }
@@ -292,14 +341,17 @@ class AdamW {
   }
 
   /// The launch's tables in B's memory, uploaded again only when a tensor moved (a
-  /// parameter's value or gradient replaced, as loading a checkpoint may do).
+  /// parameter's value or gradient replaced, as loading a checkpoint may do, or a
+  /// gradient made afresh each step, as the early step's are): the block -> tensor map
+  /// only when the tensors' sizes changed too. `group`: the states of that apply_to
+  /// group, -1 for every state on l's side (B's memory or the host's).
   template <class M>
-  void refresh_tables(Launch<M>& l) {
+  void refresh_tables(Launch<M>& l, int group = -1) {
     std::vector<ops::AdamWTensor<T, M>> table;
     table.reserve(states_.size());
     std::int64_t begin = 0;
     for (auto& s : states_) {
-      if (s.param->numel() == 0 || on_host(s.param->value) != l.host) continue;
+      if (s.param->numel() == 0 || on_host(s.param->value) != l.host || (group >= 0 && s.group != group)) continue;
       TESSERA_CHECK(s.param->grad.numel() == s.param->numel(), "optimizer: parameter ", s.param->name, " has ",
                     s.param->numel(), " elements but its gradient ", s.param->grad.numel());
       Moments<M>& m = std::get<Moments<M>>(s.moments);
@@ -308,6 +360,15 @@ class AdamW {
       begin += (s.param->numel() + ops::kAdamWBlock - 1) / ops::kAdamWBlock * ops::kAdamWBlock;
     }
     if (table == l.host_table && l.size == begin) return;
+    const bool same_sizes = l.size == begin && table.size() == l.host_table.size() &&
+                            std::equal(table.begin(), table.end(), l.host_table.begin(), [](const auto& a, const auto& b) {
+                              return a.numel == b.numel && a.begin == b.begin;
+                            });
+    if (same_sizes) {  // the tensors moved, the blocks did not
+      with_backend<B>(l.host, [&]<class X>() { l.tensors = upload<X>(std::span<const ops::AdamWTensor<T, M>>(table)); });
+      l.host_table = std::move(table);
+      return;
+    }
     // The block -> tensor map, 4 bytes per 2048 elements (8 MiB for a 4B-parameter
     // stage). A dry run (the Meta backend) uploads its bytes but never reads them: the
     // map is left as allocated, untouched, which was a fifth of a pipelined layout's plan.
@@ -347,6 +408,7 @@ class AdamW {
   bool on_host_ = false;  // some parameters live in host memory (CPU offload)
   Tensor<ops::AdamWScalars<A>> host_staged_;  // the same, in host memory (B::Host's)
   Tensor<A> host_scale_;  // a gradient scale read from B's memory for the host's update
+  std::vector<std::unique_ptr<Group>> groups_;  // apply_to's, in the order first given
 };
 
 }  // namespace tessera::optim

@@ -214,6 +214,16 @@ class ModelRuntime {
     if (plan_.mesh && plan_.mesh->world().size() > 1) plan_.mesh->world().all_reduce(std::span<double>(s, 1));
   }
 
+  // ---- the early step (model_units.hpp) ---------------------------------------------
+
+  bool units_active() const { return units_.active(); }
+  void update_in_backward(typename ModelUnits<T, B>::Update update) { units_.update_in_backward(std::move(update)); }
+  bool updates_in_backward() const { return units_.updates_in_backward(); }
+  template <class Model>
+  void updated_squared_norm(Model& m, double* out) {
+    units_.updated_squared_norm(m, out);
+  }
+
   // ---- a step's walk: the data-parallel units' order ------------------------------
 
   template <class Model>

@@ -10,18 +10,33 @@
 // gradient). In a pipeline every unit stays gathered through the pass and is reduced
 // once after it (reduce_after_pass).
 //
+// The early step (Plan::early_step, optimizer.early_step_in_backward): in a step's last
+// micro-batch each unit's gradient is final once its reduction completes, and the unit
+// is handed to the update given to update_in_backward() right then (the head's after the
+// last block's backward, each block's after the backward of the block before it, the
+// first block's and the embedding's at the walk's end); its gradient's norm is taken
+// first and the gradient freed after, so a step holds the gradient shards of the units
+// whose reductions are in flight, not the model's.
+//
 // A model hands its parts through: embedding(), final_norm(), output_weight() (or
 // nullptr when the output is the embedding), layer(i) and n_layers(), args().
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/core/region.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/layer/runtime.hpp"
+#include "tessera/ops/norm.hpp"
 #include "tessera/parallel/plan.hpp"
 #include "tessera/parallel/sharding.hpp"
 
@@ -72,8 +87,28 @@ class ModelUnits {
 
   // ---- a step's walk (one stage: no pipeline) -------------------------------------
 
+  // ---- the early step --------------------------------------------------------------
+
+  /// `update(params, group)`: updates the local parameters `params` of one unit (`group`
+  /// names it, the same every step), whose gradients are final. Called in each step's
+  /// last micro-batch as the units' reductions complete (see the header comment); an
+  /// empty function turns it off.
+  using Update = nn::UnitUpdate<T>;
+  void update_in_backward(Update update) { update_ = std::move(update); }
+  bool updates_in_backward() const { return static_cast<bool>(update_); }
+
+  /// The squared norm of the gradients the last step's units had when they were updated,
+  /// summed over the world's ranks by the caller: each unit's (this rank's owned elements,
+  /// as add_owned_gradient counts them) added in the model's order, to *out in B's memory.
+  template <class Model>
+  void updated_squared_norm(Model& m, double* out) {
+    early_slots(m);
+    B::for_each(1, ops::LaneSum{early_norm_.data(), early_norm_.numel(), out, false});
+  }
+
   template <class Model>
   void begin_step(Model& m, bool last_micro_batch) {
+    last_micro_batch_ = last_micro_batch;
     for (std::size_t i = 0; i < m.n_layers(); ++i)
       if constexpr (requires { m.layer(i).set_last_micro_batch(true); })
         m.layer(i).set_last_micro_batch(last_micro_batch);
@@ -141,7 +176,10 @@ class ModelUnits {
   }
   template <class Model>
   void block_backward_done(Model& m, std::size_t i) {
-    if (reducing_) reducing_->finish_grads();
+    if (reducing_) {
+      reducing_->finish_grads();
+      gradient_final(m, reducing_);
+    }
     reducing_ = of(m.layer(i));
   }
   void before_embedding_backward() {
@@ -151,7 +189,7 @@ class ModelUnits {
   }
   template <class Model>
   void embedding_backward_done(Model& m, bool last_micro_batch) {
-    reducing_ = nullptr;
+    Unit* const last_reducing = std::exchange(reducing_, nullptr);
     if (!embedding_) return;
     embedding_->reduce_grads(last_micro_batch);
     embedding_->reshard();
@@ -159,6 +197,8 @@ class ModelUnits {
       u.finish_grads();
       u.forget_float8_scales();  // the walk is over: the optimizer may change the values
     });
+    if (last_reducing) gradient_final(m, last_reducing);
+    gradient_final(m, embedding_.get());
   }
 
   // ---- inference: gathered while used, freed after --------------------------------
@@ -201,10 +241,45 @@ class ModelUnits {
     if (u && prefetch_) u->prefetch();
   }
 
+  /// The early step's slots: each unit's index in the model's order, its norm's table,
+  /// and the norms' place in B's memory; made on first use.
+  template <class Model>
+  void early_slots(Model& m) {
+    if (!early_units_.empty()) return;
+    for_each(m, [&](Unit& u) { early_units_.push_back(&u); });
+    early_norms_.resize(early_units_.size());
+    MemoryUseScope use(MemoryUse::optimizer);
+    early_norm_ = B::template zeros<double>(Shape{static_cast<std::int64_t>(early_units_.size())});
+  }
+
+  /// Unit u's gradient is final (its reduction complete): in the last micro-batch under
+  /// the early step, its norm is taken, its parameters updated and its gradient freed.
+  template <class Model>
+  void gradient_final(Model& m, Unit* u) {
+    if (!update_ || !last_micro_batch_) return;
+    early_slots(m);
+    const auto k = static_cast<std::size_t>(std::find(early_units_.begin(), early_units_.end(), u) - early_units_.begin());
+    TESSERA_CHECK(k < early_units_.size(), u->name(), ": a unit the model did not list");
+    const Region optimizer(region::kOptimizer);  // the dry run files its kernels as the optimizer's
+    u->add_owned_gradient(early_norms_[k]);
+    early_norms_[k].sum_into(early_norm_.data() + k);
+    std::vector<nn::Parameter<T>*> params;
+    u->for_each_local_parameter([&](nn::Parameter<T>& p) { params.push_back(&p); });
+    update_(params, u);
+    u->release_grad();
+  }
+
   std::unique_ptr<Unit> embedding_, head_;
   Unit* reducing_ = nullptr;  // the unit whose gradient reduction is in flight
   bool active_ = false;
   bool prefetch_ = true;
+  bool last_micro_batch_ = true;  // the walk under way is the step's last micro-batch's
+  // The early step: the update, the units in the model's order, each one's norm table and
+  // their norms in B's memory (early_slots).
+  Update update_;
+  std::vector<Unit*> early_units_;
+  std::vector<optim::SquaredNorms<B, typename Unit::grad_type>> early_norms_;
+  Tensor<double> early_norm_;
 };
 
 }  // namespace tessera::parallel

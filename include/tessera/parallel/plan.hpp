@@ -255,6 +255,10 @@ struct Plan {
   /// FSDP's and HSDP's shards, their gradients and the optimizer's state kept in host
   /// memory, the optimizer run on the host (parallel/sharding.hpp; training.enable_cpu_offload).
   bool cpu_offload = false;
+  /// Each unit's parameters updated as soon as its gradient is final, in the last
+  /// micro-batch's backward, and its gradient shard freed (optimizer.early_step_in_backward;
+  /// train/trainer.hpp, parallel/model_units.hpp). Units of FSDP, HSDP or DDP; no pipeline.
+  bool early_step = false;
   /// Under tensor parallelism: the output split by vocabulary and the loss computed
   /// without gathering logits (torchtitan's default; disable_loss_parallel turns it off).
   bool loss_parallel = true;
@@ -279,12 +283,15 @@ struct Plan {
   int pp_degree() const { return mesh ? mesh->shape().pp : 1; }
   int cp_degree() const { return mesh ? mesh->shape().cp : 1; }
   int dp_rank() const { return mesh ? mesh->dp_rank() : 0; }
+  /// Whether the parameters live in sharding units even on a mesh with no data-parallel
+  /// sharding or replication: CPU offload keeps FSDP's shards in host memory, and the
+  /// early step updates a unit's shard and frees its gradient. Each unit is then FSDP
+  /// over the rank alone (its shard, whole).
+  bool units_over_self() const { return cpu_offload || early_step; }
   /// What Sharding<Dynamic> means on this plan's mesh.
-  /// CPU offload keeps FSDP's shards in host memory: on a mesh with no data-parallel
-  /// sharding or replication, each unit is FSDP over the rank alone (its shard, whole).
   ShardingMode dynamic_sharding() const {
     const ShardingMode m = mesh ? sharding_for(mesh->shape()) : ShardingMode::none;
-    return cpu_offload && m == ShardingMode::none ? ShardingMode::fsdp : m;
+    return units_over_self() && m == ShardingMode::none ? ShardingMode::fsdp : m;
   }
   /// How the run-time checks name this plan's settings.
   Wording wording() const { return Wording{from_config}; }

@@ -125,10 +125,11 @@ class ShardedUnit {
   using G = typename nn::Parameter<T>::grad_type;  // gradients: fp32 for bf16 parameters
 
  public:
+  using grad_type = G;
   /// `reshard_after_forward`: free the gathered parameters after the forward.
   ShardedUnit(std::string name, ShardingMode mode, const Plan& plan, bool reshard_after_forward)
       : name_(std::move(name)), mode_(mode), reshard_after_forward_(reshard_after_forward) {
-    TESSERA_CHECK(mode == ShardingMode::none || plan.mesh != nullptr || (plan.cpu_offload && mode == ShardingMode::fsdp),
+    TESSERA_CHECK(mode == ShardingMode::none || plan.mesh != nullptr || (plan.units_over_self() && mode == ShardingMode::fsdp),
                   name_, ": ", name_of(mode), " needs a DeviceMesh in the Plan");
     if (plan.mesh) {
       auto& mesh = *plan.mesh;
@@ -156,8 +157,8 @@ class ShardedUnit {
         case ShardingMode::ddp: replicate_comm_ = &mesh.dp(); break;
       }
     } else if (mode == ShardingMode::fsdp) {
-      // CPU offload on one rank without a mesh (llama-train on one GPU): FSDP over the
-      // rank alone, its shard the whole unit, its gather a copy.
+      // CPU offload or the early step on one rank without a mesh (llama-train on one
+      // GPU): FSDP over the rank alone, its shard the whole unit, its gather a copy.
       if constexpr (requires { B::memory_access(); })
         alone_ = std::make_unique<comm::Communicator>(comm::SelfEngine(B::memory_access()));
       else
@@ -165,6 +166,7 @@ class ShardedUnit {
       shard_comm_ = alone_.get();
     }
     gather_bf16_ = plan.param_dtype == DType::bf16 && std::is_same_v<T, float>;
+    early_step_ = plan.early_step;
     if (plan.cpu_offload) {
       TESSERA_CHECK(shards(), name_, ": ", plan.wording()(settings::cpu_offload), " offloads FSDP's and HSDP's shards, ",
                     "and this layout is ", mode == ShardingMode::none ? "unsharded" : name_of(mode), ": ",
@@ -221,7 +223,8 @@ class ShardedUnit {
       const std::int64_t begin = shard_begin();
       local_.name = name_ + ".flat_shard";
       local_.whole = Shape{shard_numel_};
-      with_backend<B>(offload_, [&]<class X>() { local_.template allocate<X>(local_.whole); });
+      // Under the early step (in B's memory) the gradient is made by the first reduction.
+      with_backend<B>(offload_, [&]<class X>() { local_.template allocate<X>(local_.whole, offload_ || !early_step_); });
       for (auto& s : params_) {
         const auto [lo, hi] = held_range(s);
         if (lo < hi && !s.p->value.empty()) {
@@ -271,6 +274,10 @@ class ShardedUnit {
     gathering_float8_ = !float8_slots_.empty() && !whole_values_;
     if (gathering_float8_) {
       prefetch_float8();
+      return;
+    }
+    if (shard_is_whole()) {  // FSDP over one rank: the shard is the unit, gathered as it is
+      full_ = local_.value;
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
@@ -413,9 +420,13 @@ class ShardedUnit {
       zero_unwritten_grads();
       finish_grads();  // one reduction in flight per unit: a previous micro-batch's completes first
       MemoryUseScope use(MemoryUse::gradients);
-      reduced_ = B::template empty<G>(Shape{shard_numel_});
-      reduce_ = shard_comm_->reduce_scatter_async(std::span<const G>(full_grad_.data(), padded_numel()),
-                                                  std::span<G>(reduced_.data(), shard_numel_));
+      if (degree() == 1) {
+        reduced_ = full_grad_;  // a reduce-scatter over one rank: the gradient is its own shard
+      } else {
+        reduced_ = B::template empty<G>(Shape{shard_numel_});
+        reduce_ = shard_comm_->reduce_scatter_async(std::span<const G>(full_grad_.data(), padded_numel()),
+                                                    std::span<G>(reduced_.data(), shard_numel_));
+      }
       reducing_grad_ = std::move(full_grad_);  // alive until the reduction completes
       full_grad_.release();
       for (auto& s : params_) s.p->grad.release();
@@ -434,14 +445,25 @@ class ShardedUnit {
     if (shards() && !reduced_.empty()) {
       if (replicate_comm_) replicate_comm_->all_reduce(std::span<G>(reduced_.data(), shard_numel_));
       // The step's first reduction is copied into the shard's gradient, later ones added.
+      // Under the early step the shard's gradient lives only from its first reduction to
+      // its update (release_grad): the first reduction becomes it, with no copy.
       if (offload_) land_reduced_on_host();
-      else if (local_.grad_write_beta() == G(0))
-        B::for_each(shard_numel_, ops::Copy<G>{reduced_.data(), local_.grad.data()});
-      else
+      else if (local_.grad_write_beta() == G(0)) {
+        if (early_step_) local_.grad = std::move(reduced_);
+        else B::for_each(shard_numel_, ops::Copy<G>{reduced_.data(), local_.grad.data()});
+      } else
         B::for_each(shard_numel_, ops::Axpy<G>{G(1), reduced_.data(), local_.grad.data()});
       reduced_.release();
       reducing_grad_.release();
     }
+  }
+
+  /// Under the early step, after the shard's update: frees its gradient in B's memory
+  /// (the next step's first reduction becomes the gradient again). An offloaded shard's
+  /// gradient stays in host memory; DDP's bucket stays (every parameter's gradient views it).
+  void release_grad() {
+    if (!early_step_ || !shards() || offload_) return;
+    local_.grad.release();
   }
 
   /// Calls f(p, first, n, local, offset) for every stretch of a parameter's piece this
@@ -489,6 +511,7 @@ class ShardedUnit {
     check_sharded();
     if (!first_replica()) return;
     if (shards()) {
+      if (local_.grad.empty()) return;  // released by the early step, its norm taken before its update
       const std::int64_t begin = shard_begin();
       for (const auto& slot : params_) {
         if (!slot.p->split.owner) continue;
@@ -683,6 +706,11 @@ class ShardedUnit {
     rest_full_.release();
   }
 
+  /// Whether the gathered unit is this rank's shard itself, so that a gather is a view
+  /// of it: FSDP over one rank (units over the rank alone, or a shard group of one),
+  /// the shard in B's memory and gathered in its own precision.
+  bool shard_is_whole() const { return degree() == 1 && !offload_ && !gather_bf16_; }
+
   /// The flat position of this rank's shard's first element.
   std::int64_t shard_begin() const { return shard_numel_ * shard_comm_->rank(); }
 
@@ -702,6 +730,7 @@ class ShardedUnit {
   bool reshard_after_forward_;
   bool gather_bf16_ = false;
   bool offload_ = false;  // the shard lives in host memory (Plan::cpu_offload)
+  bool early_step_ = false;  // the shard's gradient lives from its first reduction to its update (Plan::early_step)
   std::unique_ptr<comm::Communicator> alone_;  // FSDP over one rank without a mesh (CPU offload)
   comm::Communicator* shard_comm_ = nullptr;
   comm::Communicator* replicate_comm_ = nullptr;

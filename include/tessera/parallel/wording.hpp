@@ -41,6 +41,7 @@ inline constexpr Setting schedule_csv{"parallelism.pipeline_parallel_schedule_cs
 inline constexpr Setting local_batch_size{"training.local_batch_size", "the batch size"};
 inline constexpr Setting seq_len{"training.seq_len", "the sequence length"};
 inline constexpr Setting cpu_offload{"training.enable_cpu_offload", "the plan's CPU offload"};
+inline constexpr Setting early_step{"optimizer.early_step_in_backward", "the plan's early_step"};
 }  // namespace settings
 
 /// Whether a check names settings by config key (`from_config`) or in words.

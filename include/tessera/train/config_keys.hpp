@@ -180,6 +180,14 @@ inline std::vector<ConfigKey> build_config_keys() {
                "Dtype the AdamW moments are stored in (updated in float32 arithmetic either way; bfloat16 saves 4 "
                "bytes per parameter).")
           .one_of(dtypes),
+      make_key("optimizer.early_step_in_backward", field<&J::optimizer, &OptimizerSection::early_step_in_backward>(),
+               "torchtitan's optimizer in the backward: AdamW updates each sharding unit (the embedding, a block, "
+               "the head) in the last micro-batch's backward as soon as the unit's gradient is reduced, and the "
+               "unit's gradient shard is freed, so a step never holds the whole gradient (4 bytes a parameter "
+               "less at the peak on one rank, 4 / the shard degree under FSDP). Nothing can be clipped, since "
+               "the whole gradient's norm comes after the updates: needs training.max_norm = 0 (the norm is still "
+               "reported). One rank, or TP or CP alone, runs as FSDP over itself. Refused with pipeline "
+               "parallelism and training.cuda_graph. Without clipping, the same losses as without it, bit for bit."),
       // [lr_scheduler]
       make_key("lr_scheduler.warmup_steps", field<&J::lr_scheduler, &LrSchedulerSection::warmup_steps>(),
                "Steps of linear warmup from near zero to optimizer.lr.")

@@ -65,6 +65,7 @@ struct OptimizerSection {
   double beta1 = 0.9;
   double beta2 = 0.95;
   std::string state_dtype = "float32";  // dtype the AdamW moments are stored in
+  bool early_step_in_backward = false;    // each unit updated as its gradient is reduced (Plan::early_step)
 };
 
 /// [lr_scheduler]: linear warmup, then (warmup-stable-decay) a decay phase.

@@ -144,6 +144,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.context_rotation = parallel::parse_context_rotation(c.parallelism.context_parallel_rotate_method);
   plan.context_balance = parallel::parse_context_balance(c.parallelism.context_parallel_load_balancer);
   plan.cpu_offload = c.training.enable_cpu_offload;
+  plan.early_step = c.optimizer.early_step_in_backward;
   return plan;
 }
 

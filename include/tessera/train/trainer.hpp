@@ -5,7 +5,11 @@
 // by 1 / (target tokens in the whole global batch), so the gradient is that of the
 // mean token loss however the batch is split. Then the global gradient norm is
 // clipped, AdamW steps at the scheduled learning rate, and the step's metrics are
-// returned.
+// returned. Under the early step (Plan::early_step, optimizer.early_step_in_backward)
+// AdamW updates each sharding unit inside the last micro-batch's backward, as soon as
+// the unit's gradient is reduced, and its gradient is freed: nothing is clipped (the
+// whole gradient's norm comes too late), and the norm reported is the one the gradients
+// had. Without clipping, the same update as the step without it, element for element.
 //
 // A Trainer is built from a model, TrainerOptions (train/trainer_options.hpp: named
 // fields, or trainer_options(JobConfig) for a config) and a data::BatchSource (a
@@ -206,6 +210,8 @@ class Trainer {
   /// Whether the model takes staged micro-batches (nn::StagedBatch): a Transformer does,
   /// unless pipelined (its schedule stages its own).
   static constexpr bool kStages = requires { typename Model::staged_batch_type; };
+  /// Whether the model updates its units in the backward (the early step).
+  static constexpr bool kUpdatesInBackward = requires(Model& m) { m.update_in_backward({}); };
   bool stages() const {
     if constexpr (kStages)
       return model_.pipeline_degree() == 1;
@@ -272,6 +278,20 @@ Trainer<Model>::Trainer(Model& model, TrainerOptions options, data::BatchSource 
                   "does not replay: turn off ", options_.name("training.enable_cpu_offload", "the plan's cpu_offload"),
                   " or the graph");
   }
+  if (model.plan().early_step) {
+    const auto early = model.plan().wording()(parallel::settings::early_step);
+    TESSERA_CHECK(options_.max_norm <= 0, early, ": each unit is updated as soon as its gradient is reduced, before "
+                  "the whole gradient's norm is known, so nothing can be clipped: set ",
+                  options_.name("training.max_norm", "max_norm"), " = 0 (it is ", options_.max_norm, ")");
+    TESSERA_CHECK(!options_.graph, early, ": the units' updates come with their gradients, which a captured step "
+                  "does not replay: turn off ", options_.name("training.cuda_graph", "graph"), " or the early step");
+    if constexpr (kUpdatesInBackward)
+      TESSERA_CHECK(model.pipeline_degree() == 1, early, ": a pipeline's stages reduce their gradients after their "
+                    "schedule, so there is no step to take early: turn it off under ",
+                    model.plan().wording()(parallel::settings::pipeline_parallel_degree, model.pipeline_degree()));
+    else
+      fail(early, ": the model (", type_name<Model>(), ") does not update its units in the backward (update_in_backward)");
+  }
 }
 
 template <class Model>
@@ -288,6 +308,23 @@ template <class F>
 std::size_t Trainer<Model>::launch_step(std::size_t micro_batches, comm::DeviceMesh* mesh, F&& forward_backward) {
   model_.zero_grad();
   scalars_.begin();
+  // The early step: the model hands AdamW each unit as its gradient is reduced, for this
+  // step's walks only (the model never holds a hook into a Trainer that is gone).
+  struct Unhook {
+    Model* model = nullptr;
+    ~Unhook() {
+      if constexpr (kUpdatesInBackward)
+        if (model) model->update_in_backward({});
+    }
+  } unhook;
+  if constexpr (kUpdatesInBackward) {
+    if (model_.plan().early_step) {
+      model_.update_in_backward([this](std::span<nn::Parameter<T>* const> params, const void* group) {
+        optimizer_.apply_to(group, params);
+      });
+      unhook.model = &model_;
+    }
+  }
   std::size_t activations = 0;
   for (std::size_t i = 0; i < micro_batches; ++i) {
     const profile::Span span("step", [&] { return "micro-batch " + std::to_string(i); });
@@ -298,14 +335,16 @@ std::size_t Trainer<Model>::launch_step(std::size_t micro_batches, comm::DeviceM
   Region optimizer(region::kOptimizer);
   model_.squared_grad_norm(scalars_.squared_norm());
   scalars_.clip(options_.max_norm);
-  optimizer_.apply(scalars_.grad_scale());  // skipped on the device if the loss or the norm is not finite
+  // Skipped on the device if the loss or the norm is not finite; under the early step the
+  // units were updated in the backward.
+  if (!model_.plan().early_step) optimizer_.apply(scalars_.grad_scale());
   return activations;
 }
 
 template <class Model>
 void Trainer<Model>::prepare() {
   model_.prepare(batches_.seq_len());
-  optimizer_.prepare();
+  if (!model_.plan().early_step) optimizer_.prepare();  // the early step's tables are its units'
 }
 
 template <class Model>
@@ -390,6 +429,11 @@ StepMetrics Trainer<Model>::step() {
   reading.reset();
   const double loss_sum = read.loss_sum, norm = read.grad_norm;
   if (!read.finite()) {
+    if (model_.plan().early_step)
+      fail("step ", step_ + 1, ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
+           "); lower ", options_.name("optimizer.lr", "the learning rate"), ". Under ",
+           model_.plan().wording()(parallel::settings::early_step), " the units were updated as their gradients "
+           "came, so this run's parameters are not to be kept: resume from the last checkpoint");
     optimizer_.set_steps_taken(optimizer_.steps_taken() - 1);  // the update was skipped
     fail("step ", step_ + 1, ": loss or gradient is not finite (loss sum ", loss_sum, ", grad norm ", norm,
          "); lower ", options_.name("optimizer.lr", "the learning rate"), " or ",
