@@ -114,6 +114,7 @@ struct Options {
   std::int64_t batch = 1, seq = 8192, steps = 10, warmup = 3;
   parallel::CheckpointMode ac{parallel::CheckpointMode::Kind::selective_op, 0};
   bool recompute_swiglu = false;  // activation_checkpoint.recompute_swiglu
+  bool early_step = false;        // optimizer.early_step_in_backward
   bool fuse_projections = true;   // model.fuse_projections
   double peak_tflops = 989;
   std::string attention = "auto";  // training.attention
@@ -129,13 +130,14 @@ struct Options {
 /// The checkpoint mode, and the SwiGLU output's recompute where it is on.
 std::string checkpointing_text(const Options& o) {
   return o.ac.str() + (o.recompute_swiglu ? ", SwiGLU output recomputed" : "") +
+         (o.early_step ? ", early step (each unit updated in the backward, no clipping)" : "") +
          (o.fuse_projections ? "" : ", projections one by one");
 }
 
 void usage() {
   std::printf(
       "usage: bench-train [--flavors A,B,...] [--batch N] [--seq N] [--ac selective|selective:N|full|none]\n"
-      "                   [--recompute-swiglu] [--separate-projections]\n"
+      "                   [--recompute-swiglu] [--separate-projections] [--early-step]\n"
       "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
       "                   [--profile] [--plan-json FLAVOR=FILE ...] [--graph]\n"
@@ -146,6 +148,8 @@ void usage() {
       "--graph: the timed steps replayed from a CUDA graph of the step (training.cuda_graph);\n"
       "--recompute-swiglu: the feed-forward's SwiGLU output made again in the backward, not kept\n"
       "  (activation_checkpoint.recompute_swiglu);\n"
+      "--early-step: AdamW updates each unit in the backward as its gradient is final, and frees the unit's\n"
+      "  gradient (optimizer.early_step_in_backward; nothing clipped);\n"
       "--separate-projections: wq, wk and wv, and w1 and w3, one GEMM a weight, and each residual added by a\n"
       "  pass of its own (model.fuse_projections = false; by default each group runs as one GEMM a direction\n"
       "  and wo's and w2's GEMMs add the residuals);\n"
@@ -204,6 +208,8 @@ Options parse_options(int argc, char** argv) {
       else fail("--ac: '", v, "' is not one of selective, selective:N, full, none");
     } else if (flag == "--recompute-swiglu") {
       o.recompute_swiglu = true;
+    } else if (flag == "--early-step") {
+      o.early_step = true;
     } else if (flag == "--separate-projections") {
       o.fuse_projections = false;
     } else if (flag == "--attention") {
@@ -243,6 +249,8 @@ Options parse_options(int argc, char** argv) {
       f.unknown();
     }
   }
+  TESSERA_CHECK(!(o.early_step && o.graph), "--early-step: the units' updates come with their gradients, which a "
+                "captured step does not replay; give --graph or --early-step");
   for (const auto& [flavor, file] : plans) {
     TESSERA_CHECK(std::find(o.flavors.begin(), o.flavors.end(), flavor) != o.flavors.end(), "--plan-json ", flavor,
                   "=", file, ": ", flavor, " is not among --flavors");
@@ -319,6 +327,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   plan.checkpoint = o.ac;
   plan.recompute_swiglu = o.recompute_swiglu;
   plan.fuse_projections = o.fuse_projections;
+  plan.early_step = o.early_step;
   plan.param_dtype = DType::bf16;
   if (o.float8) {
     plan.float8.enabled = true;
@@ -333,6 +342,12 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   adamw.param_dtype = DType::bf16;
   adamw.state_dtype = o.state_dtype;
   optim::AdamW<bf16, Cuda> optimizer(model, adamw);
+  // The early step: each unit handed to AdamW as its gradient is reduced (as the trainer
+  // does it, train/trainer.hpp), for as long as this run's model and optimizer live.
+  if (o.early_step)
+    model.update_in_backward([&](std::span<nn::Parameter<bf16>* const> params, const void* group) {
+      optimizer.apply_to(group, params);
+    });
 
   const std::int64_t tokens = o.batch * o.seq;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(tokens + 1));
@@ -349,6 +364,14 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   auto step = [&] {
     model.zero_grad();
     scalars.begin();
+    if (o.early_step) {
+      optimizer.stage(adamw.lr);
+      model.forward_backward(inputs, targets, g, 1.0 / static_cast<double>(tokens), true, scalars.loss_sum());
+      Region optimizer_region(region::kOptimizer);
+      model.squared_grad_norm(scalars.squared_norm());  // the units' norms, taken at their updates
+      scalars.clip(0.0);
+      return;
+    }
     model.forward_backward(inputs, targets, g, 1.0 / static_cast<double>(tokens), true, scalars.loss_sum());
     {
       // The region llama-train's trainer opens: the profile counts the norm and AdamW as
@@ -571,6 +594,7 @@ int run(const Options& o) {
                           {"attention", r.attention},
                           {"state_dtype", name_of(o.state_dtype)},
                           {"cuda_graph", o.graph},
+                          {"early_step", o.early_step},
                           {"float8", o.float8 ? std::string(ops::name_of(*o.float8)) : std::string("none")},
                           {"device", device},
                           {"date", date},

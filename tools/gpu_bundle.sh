@@ -32,9 +32,10 @@
 #             model in fp32 and bf16 against the CPU backend, virtual ranks on one GPU
 #   kernels   bench-kernels (GEMMs, attention, memory-bound ops), JSON and text
 #   train     bench-train on Llama 3.2 1B and 3B without activation checkpointing (3 warm-up
-#             and 10 timed steps), and 8B with full, then every 6th block's, checkpointing, then
-#             none with the SwiGLU output recomputed, and bf16 AdamW moments (what fits one
-#             H200; 2 and 5), batch 1 x seq 8192, Markdown
+#             and 10 timed steps; 3B again with bf16 moments), and 8B with full checkpointing,
+#             then none under the early step (optimizer.early_step_in_backward), then every 6th
+#             block's checkpointing, then none with the SwiGLU output recomputed, and bf16 AdamW
+#             moments (what fits one H200; 2 and 5), batch 1 x seq 8192, Markdown
 #             rows for RESULTS.md; with CUPTI, one more step of each (but the selective
 #             one) profiled, its device time by llama-plan's classes beside the prediction;
 #             1B and 3B with the projections one by one (--separate-projections, the step
@@ -235,6 +236,10 @@ case "${1:-}" in
     "$here/bench-train" --flavors llama3.2_1b,llama3.2_3b --ac none --steps 10 --warmup 3 --markdown --commit "$commit" \
       $(profile llama3.2_1b llama3.2_3b) --json "$out/train.json" 2>&1 | tee "$out/train.txt"
     status=$?
+    # 3B again with bf16 moments (optimizer.state_dtype), the 60% target's row: llama-plan
+    # 348.52 ms, 60.3% MFU, 63.50 GiB (354.71 ms with fp32 moments).
+    "$here/bench-train" --flavors llama3.2_3b --ac none --state-dtype bfloat16 --steps 10 --warmup 3 --markdown \
+      --commit "$commit" --json "$out/train3b-bf16.json" 2>&1 | tee "$out/train3b-bf16.txt" || status=1
     # 1B and 3B again with the projections one by one and the residuals added by passes of
     # their own (model.fuse_projections = false): the step before either change (llama-plan
     # 148.18 and 359.32 ms against 146.38 and 354.71).
@@ -249,6 +254,11 @@ case "${1:-}" in
       # shellcheck disable=SC2046
       "$here/bench-train" --flavors llama3_8b --ac full --state-dtype bfloat16 --steps 5 --warmup 2 --markdown --commit "$commit" \
         $(profile llama3_8b) --json "$out/train8b.json" 2>&1 | tee "$out/train8b.txt" || status=1
+      # And no block recomputed, each unit updated in the backward and its gradient freed
+      # (optimizer.early_step_in_backward, nothing clipped): llama-plan 739.50 ms, 64.8% MFU,
+      # 113.15 GiB (without the early step 141.13 GiB: does not fit).
+      "$here/bench-train" --flavors llama3_8b --ac none --early-step --state-dtype bfloat16 --steps 5 --warmup 2 \
+        --markdown --commit "$commit" --json "$out/train8b-early.json" 2>&1 | tee "$out/train8b-early.txt" || status=1
       # And with every 6th block recomputed (selective_ac_option = 6): llama-plan's fastest
       # checkpointing that fits with room (61.3% MFU, 136.2 GiB of 138.0 usable; every 8th:
       # 61.8% at 137.1, too close), the 58% target's row.
@@ -618,7 +628,7 @@ PY
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
       --format=csv,noheader,nounits -lms 250 > "$work/clocks.csv" 2> "$work/clocks.err" &
     logger=$!
-    steps=("eager 150" "gemms 150" "test 150" "train 100" "torch 120" "llama 40" "kernels 0")
+    steps=("eager 150" "gemms 150" "test 150" "train 130" "torch 120" "llama 40" "kernels 0")
     # run.sh all SECONDS STEP:CAP ...: those steps in that order instead (a cap of 0: what is left).
     (( $# > 2 )) && { steps=(); for s in "${@:3}"; do steps+=("${s/:/ }"); done; }
     for s in "${steps[@]}"; do

@@ -619,6 +619,14 @@ TEST_CASE("CPU offload on one GPU: shards in page-locked memory, AdamW on the ho
                       test::with({"--training.enable_cpu_offload", "true"}, test::kAcModes[1].keys));
 }
 
+TEST_CASE("The early step on one GPU: each unit updated in the backward, one rank's losses") {
+  // The thread ranks, the one GPU rank (FSDP over itself: gathers that are views of the
+  // shards, the gradient its own reduction) and the CPU rank all step early.
+  const std::vector<std::string> early = {"--training.max_norm", "0", "--optimizer.early_step_in_backward", "true"};
+  check_virtual_ranks("FSDP 2, early step", {1, 1, 2, 1}, early);
+  check_virtual_ranks("TP 2, early step, full checkpointing", {1, 1, 1, 2}, test::with(early, test::kAcModes[1].keys));
+}
+
 TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {
   test::TempDir dir("tessera_gpu_model");
   const train::JobConfig c = small_job();
