@@ -73,7 +73,9 @@
 #             loops against the GPU's), then Llama 3.2 3B (full checkpointing, batch 1 x
 #             8192, bf16) offloaded for 3 steps beside llama-plan's prediction for this
 #             machine (offload-plan-*.json: the device's peak, the host's memory, the step;
-#             the host rate is a DGX node's share, this machine's host differs); about 2 minutes
+#             the host rate is a DGX node's share, this machine's host differs), and again
+#             under the early step, each unit's update on the host beside the device's
+#             backward (offload-early-plan-*.json); about 3 minutes
 #   nccl      several llama-train processes sharing the one GPU over NCCL (comm.share_gpu):
 #             FSDP 2, TP 2, PP 2 (1F1B, Interleaved1F1B), CP 2 on 2 processes, FSDP 2 x
 #             TP 2, HSDP 2 x 2, PP 2 x TP 2, CP 2 x FSDP 2 on 4, each against one process's
@@ -166,6 +168,9 @@ done
 for machine in h100-sxm h200; do
   "$build/examples/llama-plan" --config examples/configs/llama3.2_3b.toml --machine $machine --json "${one[@]}" \
     --activation_checkpoint.mode full --training.enable_cpu_offload true > "$bundle/offload-plan-$machine.json"
+  "$build/examples/llama-plan" --config examples/configs/llama3.2_3b.toml --machine $machine --json "${one[@]}" \
+    --activation_checkpoint.mode full --training.enable_cpu_offload true --optimizer.early_step_in_backward true \
+    --training.max_norm 0 > "$bundle/offload-early-plan-$machine.json"
 done
 # bench-train --profile needs CUPTI, which Meson may not have found.
 if ldd "$build/bench/bench-train" | grep -q libcupti; then touch "$bundle/PROFILE"; fi
@@ -607,7 +612,15 @@ PY
       --activation_checkpoint.mode full --training.enable_cpu_offload true --metrics.log_freq 1 \
       --job.dump_folder "$work/offload-3b" 2>&1 | tail -n 12 | tee "$out/offload-3b.txt" || status=1
     cp "$work/offload-3b/metrics.jsonl" "$out/offload-3b-metrics.jsonl" 2>/dev/null
-    cp "$here/offload-plan-$machine.json" "$out/" 2>/dev/null
+    # And under the early step (nothing clipped): each unit's update on the host's cores
+    # beside the backward the device was given meanwhile (offload-early-plan-*.json).
+    timeout 400 "$here/llama-train" --config "$here/configs/llama3.2_3b.toml" --training.device cuda --training.steps 3 \
+      --training.seq_len 8192 --training.local_batch_size 1 --training.global_batch_size 1 \
+      --activation_checkpoint.mode full --training.enable_cpu_offload true --metrics.log_freq 1 \
+      --optimizer.early_step_in_backward true --training.max_norm 0 \
+      --job.dump_folder "$work/offload-early-3b" 2>&1 | tail -n 12 | tee "$out/offload-early-3b.txt" || status=1
+    cp "$work/offload-early-3b/metrics.jsonl" "$out/offload-early-3b-metrics.jsonl" 2>/dev/null
+    cp "$here/offload-plan-$machine.json" "$here/offload-early-plan-$machine.json" "$out/" 2>/dev/null
     exit "$status" ;;
   all)
     # Every step in one command, for a loan of a few minutes: the measurements still open

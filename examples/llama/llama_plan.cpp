@@ -431,6 +431,14 @@ void print_costliest(const plan::Prediction& p, double step_seconds) {
                 o.what.c_str());
 }
 
+/// Under the classes: how much of the host's loops (CPU offload's) ran beside the
+/// device's work, which the step does not wait for.
+void print_hidden_host(double host_seconds, double hidden_seconds) {
+  if (hidden_seconds <= 0) return;
+  std::printf("  of the host's loops (%s), %s ran beside the device's work: the step is that much shorter than "
+              "the classes' sum\n", seconds_text(host_seconds).c_str(), seconds_text(hidden_seconds).c_str());
+}
+
 /// The time by class, as {class: {seconds, count}}.
 nlohmann::json class_times(const plan::Prediction& p) {
   nlohmann::json time = nlohmann::json::object();
@@ -462,6 +470,8 @@ nlohmann::json to_json(const plan::Prediction& p, const plan::StepTrace& st, con
                            {"reserved", t.reserved_bytes}};
   j["breakdown"] = {{"time", time}, {"memory", memory}};
   j["offloaded_bytes"] = st.offloaded_bytes;  // host memory at its peak (training.enable_cpu_offload)
+  j["host_seconds"] = p.host_seconds;                // the host's loops (in the classes)
+  j["hidden_host_seconds"] = p.hidden_host_seconds;  // of which beside the device's work
   j["costliest"] = costliest_json(p);
   j["run"] = run_json(run, price);
   j["host_reads"] = p.host_reads;
@@ -498,6 +508,7 @@ void print(const plan::Prediction& p, const plan::StepTrace& st, const train::Jo
   for (const auto& [name, ct] : p.by_class)
     std::printf("  %-24s %10s  %5.1f%%  (%lld)\n", name.c_str(), seconds_text(ct.seconds).c_str(),
                 p.step_seconds > 0 ? 100 * ct.seconds / p.step_seconds : 0.0, static_cast<long long>(ct.count));
+  print_hidden_host(p.host_seconds, p.hidden_host_seconds);
   const MemoryBreakdown& b = p.memory;
   const std::size_t temporaries = b[MemoryUse::temporary] - std::min(b.saved_activations, b[MemoryUse::temporary]);
   std::printf("\nmemory at the peak\n");
@@ -611,6 +622,8 @@ nlohmann::json layout_json(const plan::LayoutPrediction& l, const std::vector<pl
                          {"pipeline_wait_seconds", p.time.pipeline_wait_seconds},
                          {"comm_seconds", p.time.comm_seconds},
                          {"collective_sm_seconds", p.time.collective_sm_seconds},
+                         {"host_seconds", p.time.host_seconds},
+                         {"hidden_host_seconds", p.time.hidden_host_seconds},
                          {"collectives", p.time.collectives},
                          {"peak_memory_bytes", p.compute.peak_memory_bytes},
                          {"reserved_memory_bytes", p.compute.reserved_memory_bytes},
@@ -704,6 +717,7 @@ void print_layout(const plan::LayoutPrediction& l, const std::vector<plan::StepT
   if (p.time.collective_sm_seconds > 0)
     std::printf("  and %s more of GEMMs and attention on the SMs the collectives between nodes leave them "
                 "(plan/cluster.hpp)\n", seconds_text(p.time.collective_sm_seconds).c_str());
+  print_hidden_host(p.time.host_seconds, p.time.hidden_host_seconds);
   if (!p.compute.top.empty()) {
     std::printf("\nposition %zu's costliest operations\n", last);
     print_costliest(p.compute, l.step_seconds);

@@ -625,6 +625,10 @@ TEST_CASE("The early step on one GPU: each unit updated in the backward, one ran
   const std::vector<std::string> early = {"--training.max_norm", "0", "--optimizer.early_step_in_backward", "true"};
   check_virtual_ranks("FSDP 2, early step", {1, 1, 2, 1}, early);
   check_virtual_ranks("TP 2, early step, full checkpointing", {1, 1, 1, 2}, test::with(early, test::kAcModes[1].keys));
+  // Offloaded: each unit's gradient copied up behind a fence (Cuda::fence), its update on
+  // the host while the device runs the next block's backward.
+  check_virtual_ranks("FSDP 2 offloaded, early step", {1, 1, 2, 1},
+                      test::with(early, {"--training.enable_cpu_offload", "true"}));
 }
 
 TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {

@@ -330,7 +330,7 @@ TEST_CASE("parity over MPI: tensor, pipeline and context parallelism, every sche
 // Each sharding once, the checkpoint modes dealt over them so each runs at least once:
 // the checkpoint policies do not touch the engine, and the thread-rank tests run every
 // sharding with every mode (tests/parallel/test_parity.cpp).
-TEST_CASE("parity over MPI: data parallelism (FSDP 8, 4, 2, HSDP 2x2, DDP 4), the checkpoint modes dealt over them") {
+TEST_CASE("parity over MPI: data parallelism (FSDP 8, 4, 2, HSDP 2x2, DDP 4, the early step), the checkpoint modes dealt over them") {
   const std::tuple<const char*, comm::MeshShape, int> layouts[] = {
       {"FSDP 8", {1, 1, 8, 1}, 0},   {"FSDP 4", {1, 1, 4, 1}, 1}, {"FSDP 2", {1, 1, 2, 1}, 2},
       {"HSDP 2x2", {1, 2, 2, 1}, 3}, {"DDP 4", {1, 4, 1, 1}, 1},
@@ -338,6 +338,10 @@ TEST_CASE("parity over MPI: data parallelism (FSDP 8, 4, 2, HSDP 2x2, DDP 4), th
   std::vector<Layout> matrix;
   for (const auto& [name, shape, mode] : layouts)
     matrix.push_back({std::string(name) + ", checkpoint " + kAcModes[mode].name, shape, ac(mode), {}});
+  // The early step updates each unit as its reduce-scatter completes, without clipping:
+  // against one rank's step without either.
+  matrix.push_back({"FSDP 2, early step, checkpoint selective op", {1, 1, 2, 1},
+                    with(ac(2), {"--optimizer.early_step_in_backward", "true"}), {"--training.max_norm", "0"}});
   check_matrix(matrix);
 }
 

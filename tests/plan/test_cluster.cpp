@@ -246,6 +246,53 @@ TEST_CASE("timeline: a collective overlaps the compute issued after it, and what
   CHECK(tl.step_seconds == doctest::Approx(comm + 1e-3));
 }
 
+TEST_CASE("timeline: a host loop after a fence's wait runs beside the device's later work; after a synchronisation, not") {
+  // 1 ms an operation (host loops too; fences and their waits take nothing, as GpuPricer
+  // prices them): device A, fence, device B, the host waits for the fence, a host loop,
+  // device C. The host's loop runs beside B: the step is 3 ms where the sum is 4.
+  struct HostPricer final : plan::Pricer {
+    bool cpu = false;
+    double seconds(const trace::Op& op) const override {
+      return std::holds_alternative<trace::Fence>(op) || std::holds_alternative<trace::FenceWait>(op) ? 0 : 1e-3;
+    }
+    double peak_flops(DType) const override { return 1e12; }
+    double usable_bytes() const override { return 1e12; }
+    std::string name() const override { return "host"; }
+    bool host_runs_device_work() const override { return cpu; }
+  };
+  trace::Kernel host_loop;
+  host_loop.functor = "AdamWMultiStep<float, float>";
+  host_loop.on_host = true;
+  const auto step = [&](bool fence, bool cpu) {
+    trace::Trace t;
+    t.add(trace::Fill{4});
+    t.add(trace::Fence{7});
+    t.add(trace::Fill{4});
+    if (fence) t.add(trace::FenceWait{7});
+    else t.add(trace::Synchronize{});
+    t.add(host_loop);
+    t.add(trace::Fill{4});
+    HostPricer pricer;
+    pricer.cpu = cpu;
+    const plan::Timeline tl = plan::simulate_step({&t}, 1, pricer, plan::Network{});
+    const plan::StepShape shape;
+    const plan::Prediction p = plan::predict(t, pricer, shape, 0, {});
+    CHECK(p.step_seconds == doctest::Approx(tl.step_seconds));  // one rank: the replay and the timeline agree
+    CHECK(tl.positions[0].host_seconds == doctest::Approx(1e-3));
+    CHECK(tl.positions[0].hidden_host_seconds == doctest::Approx(p.hidden_host_seconds));
+    return tl;
+  };
+  CHECK(step(true, false).step_seconds == doctest::Approx(3e-3));
+  CHECK(step(true, false).positions[0].hidden_host_seconds == doctest::Approx(1e-3));
+  CHECK(step(false, false).step_seconds == doctest::Approx(5e-3));  // the synchronisation's own 1 ms among them
+  CHECK(step(false, false).positions[0].hidden_host_seconds == 0);
+  CHECK(step(true, true).step_seconds == doctest::Approx(4e-3));  // a CPU's cores run both: the sum
+  trace::Trace unpaired;
+  unpaired.add(trace::FenceWait{3});
+  CHECK_THROWS_WITH_AS(plan::simulate_step({&unpaired}, 1, HostPricer{}, plan::Network{}),
+                       doctest::Contains("never recorded"), Error);
+}
+
 TEST_CASE("timeline: GEMMs and attention beside a collective between nodes run on the SMs it leaves") {
   struct SmPricer final : plan::Pricer {  // 1 ms an operation on 100 SMs
     double seconds(const trace::Op&) const override { return 1e-3; }

@@ -20,7 +20,9 @@
 #include "tessera/backend/trace.hpp"
 #include "tessera/backend/traced.hpp"
 #include "tessera/nn/output.hpp"
+#include "tessera/plan/cost.hpp"
 #include "tessera/plan/dry_run.hpp"
+#include "tessera/plan/machine.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/trainer.hpp"
@@ -497,6 +499,33 @@ TEST_CASE("dry run: Llama 3 8B under the early step (optimizer.early_step_in_bac
   CHECK(adamw == 34);
   CHECK(whole_adamw == 1);
   CHECK(attention_after_first == 31);  // every block's attention backward but the last block's
+}
+
+TEST_CASE("dry run: Llama 3 8B offloaded under the early step updates each unit on the host beside the backward the "
+          "device was given meanwhile") {
+  const std::vector<std::string> offload = {"--training.enable_cpu_offload", "true", "--training.max_norm", "0"};
+  std::vector<std::string> early = offload;
+  early.insert(early.end(), {"--optimizer.early_step_in_backward", "true"});
+  const plan::StepTrace after = plan::dry_run_step<bf16>(llama3_8b_job(offload));
+  const plan::StepTrace beside = plan::dry_run_step<bf16>(llama3_8b_job(early));
+  // Each offloaded gradient's copy up is followed by a fence, and the host waits for that
+  // alone: once a unit (34 of them) before its update, and at the walk's end without the
+  // early step. Nothing waits for the whole device between the blocks.
+  CHECK(beside.trace.all<trace::Fence>().size() == 34);
+  CHECK(beside.trace.all<trace::FenceWait>().size() == 34);
+  CHECK(after.trace.all<trace::FenceWait>().size() == 34);
+  const plan::GpuPricer h100(plan::load_machine(std::string(TESSERA_MACHINES) + "/h100-sxm.toml"),
+                             plan::AttentionKernel::cudnn);
+  const plan::Prediction p_after = plan::predict(after, h100), p_beside = plan::predict(beside, h100);
+  MESSAGE("offloaded, full checkpointing, on an H100: ", p_after.step_seconds, " s a step; under the early step ",
+          p_beside.step_seconds, " s, of the host's ", p_beside.host_seconds, " s of loops ", p_beside.hidden_host_seconds,
+          " s beside the device");
+  // The same work (the host's loops the same bytes, unit by unit), the device's backward
+  // under the host's updates.
+  CHECK(p_beside.host_seconds == doctest::Approx(p_after.host_seconds).epsilon(0.01));
+  CHECK(p_after.hidden_host_seconds < 0.01 * p_after.host_seconds);
+  CHECK(p_beside.hidden_host_seconds > 0.1 * p_beside.host_seconds);
+  CHECK(p_beside.step_seconds < p_after.step_seconds - 0.9 * p_beside.hidden_host_seconds);
 }
 
 TEST_CASE("loss head: a chunk takes 16 MiB on a host and 1/64 of a device's memory, at most 4 GiB") {

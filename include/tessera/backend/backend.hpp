@@ -19,9 +19,12 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <source_location>
 #include <span>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
@@ -245,6 +248,58 @@ concept HasOutOfPlaceFloat8Gemm = requires(const Float8GemmOperand& a, TensorVie
 template <class B>
 concept HasOutOfPlaceGemm = requires(TensorView<const float> a, TensorView<float> d) {
   B::gemm(Trans::no, Trans::yes, 1.0f, a, a, 1.0f, a, d);
+};
+
+/// Whether B can mark a point of its work for the host to wait on alone: B::fence()
+/// gives a B::Fence (movable) whose wait() returns once the work B was given before the
+/// fence is done, while what came after it may still run (a GPU's event on its stream).
+template <class B>
+concept HasFences = requires(typename B::Fence& f) {
+  { B::fence() } -> std::same_as<typename B::Fence>;
+  f.wait();
+};
+
+namespace detail {
+template <class B>
+struct fence_type {
+  struct None {};
+  using type = None;
+};
+template <HasFences B>
+struct fence_type<B> {
+  using type = typename B::Fence;
+};
+}  // namespace detail
+
+/// A point of B's work the host may wait for (FenceOf<B>::now()): B's own fence where it
+/// has them, else a wait for all of B's work (B::synchronize(): on a backend whose work
+/// is done when it returns, nothing).
+template <Backend B>
+class FenceOf {
+ public:
+  FenceOf() = default;
+  /// Marks the end of the work B was given so far.
+  static FenceOf now() {
+    FenceOf f;
+    if constexpr (HasFences<B>) f.fence_.emplace(B::fence());
+    f.set_ = true;
+    return f;
+  }
+  /// Waits for the marked point; again, or for a fence never set, nothing.
+  void wait() {
+    if (!std::exchange(set_, false)) return;
+    if constexpr (HasFences<B>) {
+      fence_->wait();
+      fence_.reset();
+    } else {
+      B::synchronize();
+    }
+  }
+  bool set() const { return set_; }
+
+ private:
+  std::optional<typename detail::fence_type<B>::type> fence_;
+  bool set_ = false;
 };
 
 /// d += beta c, the C of a GEMM read apart from the D it writes, added after the product

@@ -1,5 +1,6 @@
 // A trace of what a backend was asked to do: every GEMM, attention call, kernel launch,
-// zero fill, host transfer and synchronisation, in issue order, every allocation and
+// zero fill, host transfer, synchronisation and fence (a point of the device's work the
+// host may wait for alone), in issue order, every allocation and
 // release of the memory it watches, and (in a dry run of one rank of a layout) every
 // collective and send/recv the rank issues and where the compute waits for each.
 //
@@ -109,6 +110,19 @@ struct Synchronize {
   friend bool operator==(const Synchronize&, const Synchronize&) = default;
 };
 
+/// B::fence(): a point of the device's work (all it was given before), which the host
+/// may wait for alone (FenceWait) while the device goes on with what came after.
+struct Fence {
+  std::uint64_t id = 0;
+  friend bool operator==(const Fence&, const Fence&) = default;
+};
+
+/// The host waits until the device has reached Fence `id`.
+struct FenceWait {
+  std::uint64_t id = 0;
+  friend bool operator==(const FenceWait&, const FenceWait&) = default;
+};
+
 /// The communicator a collective runs on: its size, this rank's place in it, and the
 /// distance in world ranks between neighbouring members (a mesh dimension's stride:
 /// tensor-parallel peers 1, dp_shard peers the tensor-parallel degree, ...), from which
@@ -176,7 +190,8 @@ struct Memory {
   friend bool operator==(const Memory&, const Memory&) = default;
 };
 
-using Op = std::variant<Gemm, Attention, Kernel, Fill, Transfer, Synchronize, Memory, Collective, CommWait>;
+using Op = std::variant<Gemm, Attention, Kernel, Fill, Transfer, Synchronize, Fence, FenceWait, Memory, Collective,
+                        CommWait>;
 
 /// "nn", "nt", "tn" or "tt": a GEMM's transposes.
 inline std::string trans_name(Trans a, Trans b) {
@@ -205,6 +220,10 @@ inline std::string describe(const Op& op) {
           return tessera::detail::concat(o.to_host ? "copy to host" : "copy from host", " (", o.file, ":", o.line, ")");
         else if constexpr (std::is_same_v<O, Synchronize>)
           return "synchronize";
+        else if constexpr (std::is_same_v<O, Fence>)
+          return "fence";
+        else if constexpr (std::is_same_v<O, FenceWait>)
+          return "wait for a fence";
         else if constexpr (std::is_same_v<O, Collective>)
           return tessera::detail::concat(o.kind, " of ", o.bytes, " bytes over ", o.group.size, " ranks");
         else if constexpr (std::is_same_v<O, CommWait>)

@@ -19,10 +19,12 @@
 //                         whether the CUDA backend waits for the device (to the host only)
 //   copy_to/from_pinned   as a transfer that does not wait (backend/host.hpp's copies)
 //   synchronize
+//   fence, and its wait   a trace::Fence and a trace::FenceWait of one id
 // Traced<B::Host> (B's host backend, backend/host.hpp) records its loops as host work
 // (trace::Kernel::on_host) and nothing else: its copies and fills stay in host memory.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 
@@ -103,6 +105,30 @@ struct Traced {
   static void synchronize() {
     if constexpr (!runs_on_host) trace::record(trace::Synchronize{});
     B::synchronize();
+  }
+
+  /// B's fence (FenceOf<B>: its own, or a wait for all its work), recorded as a
+  /// trace::Fence and its wait as a trace::FenceWait of the same id.
+  class Fence {
+   public:
+    void wait() {
+      if (!inner_.set()) return;
+      trace::record(trace::FenceWait{id_});
+      inner_.wait();
+    }
+
+   private:
+    friend struct Traced;
+    std::uint64_t id_ = 0;
+    FenceOf<B> inner_;
+  };
+  static Fence fence() {
+    static std::atomic<std::uint64_t> next{0};
+    Fence f;
+    f.id_ = ++next;
+    trace::record(trace::Fence{f.id_});
+    f.inner_ = FenceOf<B>::now();
+    return f;
   }
 
   template <class T>

@@ -16,7 +16,9 @@
 // last block's backward, each block's after the backward of the block before it, the
 // first block's and the embedding's at the walk's end); its gradient's norm is taken
 // first and the gradient freed after, so a step holds the gradient shards of the units
-// whose reductions are in flight, not the model's.
+// whose reductions are in flight, not the model's. Under CPU offload each unit's update
+// waits one hand-off more, for its gradient's copy to the host, and then runs on the
+// host's cores beside the backward the device was given meanwhile.
 //
 // A model hands its parts through: embedding(), final_norm(), output_weight() (or
 // nullptr when the output is the embedding), layer(i) and n_layers(), args().
@@ -199,6 +201,10 @@ class ModelUnits {
     });
     if (last_reducing) gradient_final(m, last_reducing);
     gradient_final(m, embedding_.get());
+    if (Unit* u = std::exchange(deferred_, nullptr)) update_unit(m, u);
+    // The host's loops after the walk (the norm, the optimizer) read the offloaded
+    // gradients: each one's copy must have landed.
+    if (!update_) for_each(m, [](Unit& u) { u.wait_landed(); });
   }
 
   // ---- inference: gathered while used, freed after --------------------------------
@@ -226,7 +232,10 @@ class ModelUnits {
       u.reduce_grads(last_micro_batch);
       u.reshard();
     });
-    for_each(m, [](Unit& u) { u.finish_grads(); });
+    for_each(m, [](Unit& u) {
+      u.finish_grads();
+      u.wait_landed();
+    });
   }
 
  private:
@@ -254,10 +263,23 @@ class ModelUnits {
 
   /// Unit u's gradient is final (its reduction complete): in the last micro-batch under
   /// the early step, its norm is taken, its parameters updated and its gradient freed.
+  /// An offloaded unit's gradient is still on its way to the host: it is updated at the
+  /// next unit's hand-off (or the walk's end), after the backward issued meanwhile, so
+  /// that its update on the host's cores runs beside that backward on the device.
   template <class Model>
   void gradient_final(Model& m, Unit* u) {
     if (!update_ || !last_micro_batch_) return;
+    if (u->offloaded()) {
+      if (Unit* before = std::exchange(deferred_, u)) update_unit(m, before);
+      return;
+    }
+    update_unit(m, u);
+  }
+
+  template <class Model>
+  void update_unit(Model& m, Unit* u) {
     early_slots(m);
+    u->wait_landed();
     const auto k = static_cast<std::size_t>(std::find(early_units_.begin(), early_units_.end(), u) - early_units_.begin());
     TESSERA_CHECK(k < early_units_.size(), u->name(), ": a unit the model did not list");
     const Region optimizer(region::kOptimizer);  // the dry run files its kernels as the optimizer's
@@ -277,6 +299,7 @@ class ModelUnits {
   // The early step: the update, the units in the model's order, each one's norm table and
   // their norms in B's memory (early_slots).
   Update update_;
+  Unit* deferred_ = nullptr;  // an offloaded unit whose update waits for the next hand-off
   std::vector<Unit*> early_units_;
   std::vector<optim::SquaredNorms<B, typename Unit::grad_type>> early_norms_;
   Tensor<double> early_norm_;

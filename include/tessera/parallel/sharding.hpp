@@ -48,8 +48,11 @@
 // micro-batch, added there. The device then holds a unit's parameters only while they
 // are gathered, and its gradients only from its backward to their reduction: the shards
 // and the optimizer's state leave it, for two crossings of the host link a step (values
-// down, gradients up). The arithmetic is every backend's, so an offloaded run trains
-// the very model the same run without it does.
+// down, gradients up). A gradient's copy up is followed by a fence, and the host's loops
+// over it wait for that fence alone (wait_landed), not for the device's later work: under
+// the early step a unit's update runs on the host while the device runs the backward
+// issued after it (parallel/model_units.hpp). The arithmetic is every backend's, so an
+// offloaded run trains the very model the same run without it does.
 #pragma once
 
 #include <algorithm>
@@ -458,6 +461,11 @@ class ShardedUnit {
     }
   }
 
+  /// Waits until the offloaded shard's gradient has reached the host (the copy
+  /// finish_grads issued): what the host's loops over it wait for, and only for that
+  /// copy and the device's work before it. Nothing for a shard in B's memory.
+  void wait_landed() { landing_.wait(); }
+
   /// Under the early step, after the shard's update: frees its gradient in B's memory
   /// (the next step's first reduction becomes the gradient again). An offloaded shard's
   /// gradient stays in host memory; DDP's bucket stays (every parameter's gradient views it).
@@ -580,13 +588,15 @@ class ShardedUnit {
   }
 
   /// An offloaded shard's reduced gradient (reduced_, B's memory) copied to the host:
-  /// into the shard's gradient on the step's first reduction, else added to it there.
+  /// into the shard's gradient on the step's first reduction, in the stream's order with
+  /// a fence after it (wait_landed()), else added to it there. reduced_ may go as soon as
+  /// the copy is issued: B's memory is reused in stream order (backend/cuda/memory.hpp).
   void land_reduced_on_host() {
     if constexpr (HasHostBackend<B>) {
       using H = host_backend_t<B>;
       if (local_.grad_write_beta() == G(0)) {
         copy_to_host_memory<B>(reduced_.data(), local_.grad.data(), shard_numel_);
-        B::synchronize();  // the host's loops read it next, and reduced_ goes
+        landing_ = FenceOf<B>::now();
         return;
       }
       MemoryUseScope use(MemoryUse::gradients);
@@ -755,6 +765,7 @@ class ShardedUnit {
   Tensor<G> full_grad_, reducing_grad_, reduced_;
   Tensor<G> bucket_;  // DDP: the flat gradient every parameter's grad views
   comm::Handle gather_, reduce_;
+  FenceOf<B> landing_;  // offloaded: the reduced gradient's copy to the host, until waited for
 };
 
 }  // namespace tessera::parallel

@@ -2,9 +2,13 @@
 // and the step's throughput, MFU and memory against the device.
 //
 // The trace (backend/trace.hpp) says what the step asks of the device, in issue order;
-// a Pricer says how long one operation takes there. The step's time is the sum: one
-// stream, each operation after the one before, as the CUDA backend issues them (and the
-// CPU backend runs them). What is priced, on a GPU (GpuPricer, from a machine file):
+// a Pricer says how long one operation takes there. The step's time is their replay on
+// two clocks (HostDeviceClock): the device's stream runs each operation after the one
+// before, as the CUDA backend issues them (and the CPU backend runs them), and the host
+// thread runs the host backend's loops (CPU offload's); the device starts what comes
+// after a host loop once the host has issued it, and the host catches up with the device
+// at a synchronisation, or with a fence's point at its wait. Without host loops that is
+// the sum of the prices. What is priced, on a GPU (GpuPricer, from a machine file):
 //
 //   GEMM        max(2mnk / (peak x efficiency(size)), bytes / stream bandwidth), the
 //               efficiency curve of the operands' dtype (bf16 tensor cores; fp32 on CUDA
@@ -40,9 +44,11 @@
 //   host loop   a loop of the host backend (trace::Kernel::on_host: CPU offload's
 //               optimizer step, gradient norm and gradient sums, backend/host.hpp): its
 //               bytes (the functor's ops::Traffic) at the host memory rate of one rank
-//               (host.memory_gbs), on the step's one stream (the host runs it after the
-//               device has handed over the gradients, and the next gather waits for it);
-//               no launch interval
+//               (host.memory_gbs), on the host's clock (it runs once the host has waited
+//               for the gradients it reads, beside whatever the device was given before
+//               that wait); no launch interval
+//   fence       nothing: recording one is an event on the stream, and what its wait
+//               costs is the device's work before it, which the replay counts
 //   fill        its bytes written at the stream bandwidth (cudaMemsetAsync)
 //   transfer    its bytes over the host link, plus a host synchronisation when it
 //               waits for the device (Transfer::synchronizes: every copy to the host; a
@@ -88,6 +94,9 @@ class Pricer {
   /// Bytes tensors may take on the device.
   virtual double usable_bytes() const = 0;
   virtual std::string name() const = 0;
+  /// Whether the host's own thread does the device's work (a CPU backend): then host loops
+  /// and device work never run beside each other, and a step's operations take their sum.
+  virtual bool host_runs_device_work() const { return false; }
   /// The SMs GEMMs and attention run on, which a collective beside them shares
   /// (plan/timeline.hpp); 0 where the device has none.
   virtual double sm_count() const { return 0; }
@@ -177,6 +186,8 @@ class GpuPricer : public Pricer {
     // A pass inside the launch before it (trace::Kernel::own_launch) waits for no launch,
     // nor does a host loop.
     if (const auto* k = std::get_if<trace::Kernel>(&op); k != nullptr && (!k->own_launch || k->on_host)) return work(*k);
+    // A fence is an event recorded on the stream, its wait the host's: neither a launch.
+    if (std::holds_alternative<trace::Fence>(op) || std::holds_alternative<trace::FenceWait>(op)) return 0;
     return std::max(launch(), std::visit([&](const auto& o) { return work(o); }, op));
   }
   /// The peak MFU is measured against, for a model of `dtype` parameters: a bf16 model's
@@ -269,6 +280,10 @@ class GpuPricer : public Pricer {
     return (t.synchronizes ? sync() : 0.0) + static_cast<double>(t.bytes) / (m_.host_link_gbs.value * 1e9);
   }
   double work(const trace::Synchronize&) const { return sync(); }
+  // The host's wait for a fence is what the device has left before it: the step's replay
+  // (HostDeviceClock) counts it, nothing here.
+  double work(const trace::Fence&) const { return 0; }
+  double work(const trace::FenceWait&) const { return 0; }
   double work(const trace::Memory&) const { return 0; }
   // Communication is priced on the cluster's links, beside the compute (plan/cluster.hpp).
   double work(const trace::Collective&) const { return 0; }
@@ -287,9 +302,74 @@ struct StepShape {
   int devices = 1;
 };
 
+/// One rank's host thread and device stream, as its trace issues work (see the header
+/// comment): device work starts once the stream is free and the host has issued it; the
+/// host's loops run on the host's clock; the host catches up with the stream at a
+/// synchronisation (and a copy to the host), and with a fence's point at its wait.
+class HostDeviceClock {
+ public:
+  /// `serial`: the host thread does the device's work too (Pricer::host_runs_device_work),
+  /// so the host is never ahead of it.
+  explicit HostDeviceClock(bool serial = false) : serial_(serial) {}
+
+  /// Device work of `s` seconds, issued now. Returns when it starts.
+  double device_work(double s) {
+    const double start = std::max(device_, host_);
+    device_ = start + s;
+    if (serial_) host_ = device_;
+    return start;
+  }
+  /// A host loop of `s` seconds: beside the device's work where the device has work left.
+  void host_work(double s) {
+    hidden_host_ += std::clamp(device_ - host_, 0.0, s);
+    host_ += s;
+    host_seconds_ += s;
+  }
+  /// The host waits for everything issued, then `s` seconds more (the synchronisation's own).
+  void synchronize(double s) { host_ = std::max(host_, device_) + s; }
+  /// A fence at the stream's present end; the host's wait for it.
+  void fence(std::uint64_t id) { fences_[id] = device_; }
+  void wait_fence(std::uint64_t id) {
+    const auto it = fences_.find(id);
+    TESSERA_CHECK(it != fences_.end(), "step replay: a wait for fence ", id, ", which was never recorded");
+    host_ = std::max(host_, it->second);
+  }
+  /// Replays one priced operation (`s`: the pricer's seconds for it). Memory events and
+  /// communication are the caller's.
+  void replay(const trace::Op& op, double s) {
+    if (const auto* k = std::get_if<trace::Kernel>(&op); k && k->on_host) return host_work(s);
+    if (const auto* f = std::get_if<trace::Fence>(&op)) return fence(f->id);
+    if (const auto* w = std::get_if<trace::FenceWait>(&op)) return wait_fence(w->id);
+    if (std::holds_alternative<trace::Synchronize>(op)) return synchronize(s);
+    if (const auto* t = std::get_if<trace::Transfer>(&op); t && t->synchronizes) {
+      device_work(s);  // the copy, then the host has it
+      host_ = std::max(host_, device_);
+      return;
+    }
+    device_work(s);
+  }
+
+  double device() const { return device_; }
+  double host() const { return host_; }
+  /// When both have finished what they were given.
+  double end() const { return std::max(device_, host_); }
+  double host_seconds() const { return host_seconds_; }
+  /// The host loops' seconds while the device still had work: how much shorter the step
+  /// is than its operations' sum.
+  double hidden_host_seconds() const { return hidden_host_; }
+
+ private:
+  bool serial_ = false;
+  double device_ = 0, host_ = 0;
+  double host_seconds_ = 0, hidden_host_ = 0;
+  std::map<std::uint64_t, double> fences_;
+};
+
 struct Prediction {
   std::string machine;
   double step_seconds = 0;
+  double host_seconds = 0;         // the host backend's loops (CPU offload), in the classes
+  double hidden_host_seconds = 0;  // of which beside the device's work: the classes' sum less the step
   /// By class, in this order: GEMMs, attention, memory-bound kernels, loss head,
   /// optimizer, host synchronisations (the loss head and optimizer regions take their
   /// GEMMs and kernels; every host transfer and synchronisation is the last class).
@@ -318,7 +398,8 @@ namespace detail {
 /// trace::describe (kept under this name for the plan's callers).
 inline std::string describe(const trace::Op& op) { return trace::describe(op); }
 inline const char* class_of(const trace::Event& e) {
-  if (std::holds_alternative<trace::Transfer>(e.op) || std::holds_alternative<trace::Synchronize>(e.op))
+  if (std::holds_alternative<trace::Transfer>(e.op) || std::holds_alternative<trace::Synchronize>(e.op) ||
+      std::holds_alternative<trace::Fence>(e.op) || std::holds_alternative<trace::FenceWait>(e.op))
     return kClassHost;
   const std::string_view r = e.region;
   if (r == region::kLossHead) return kClassLossHead;
@@ -341,6 +422,7 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
   p.machine = pricer.name();
   p.by_class = zero_class_times();
   std::map<std::string, OpTotal> kinds;
+  HostDeviceClock clock(pricer.host_runs_device_work());
   for (const auto& e : trace.events()) {
     if (std::holds_alternative<trace::Memory>(e.op) || is_communication(e.op)) continue;
     if (const auto* k = std::get_if<trace::Kernel>(&e.op); k && !k->priced) ++p.unpriced_kernels;
@@ -349,7 +431,7 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
     const double s = pricer.seconds(e.op);
     const char* cls = detail::class_of(e);
     add_to_class(p.by_class, cls, s);
-    p.step_seconds += s;
+    clock.replay(e.op, s);
     if (top == 0) continue;
     const std::string what = detail::describe(e.op);
     OpTotal& kind = kinds[what + "|" + cls];
@@ -361,6 +443,9 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
     ++kind.count;
   }
   p.top = costliest(kinds, top);
+  p.step_seconds = clock.end();
+  p.host_seconds = clock.host_seconds();
+  p.hidden_host_seconds = clock.hidden_host_seconds();
 
   p.tokens_per_sec = p.step_seconds > 0 ? static_cast<double>(shape.tokens) / p.step_seconds : 0;
   p.peak_flops = pricer.peak_flops(shape.dtype);

@@ -336,6 +336,7 @@ class CpuPricer : public Pricer {
   }
   double peak_flops(DType) const override { return p_.peak_gemm_flops; }
   double usable_bytes() const override { return p_.memory_bytes; }
+  bool host_runs_device_work() const override { return true; }  // the cores run both
   std::string name() const override {
     return tessera::detail::concat("cpu (", p_.threads, " thread", p_.threads == 1 ? "" : "s", ", OpenBLAS ",
                                    p_.blas_kernels, " kernels, measured)");
@@ -367,6 +368,8 @@ class CpuPricer : public Pricer {
     return t.to_host ? 0 : static_cast<double>(t.bytes) / p_.bandwidth_at(static_cast<double>(t.bytes));
   }
   double work(const trace::Synchronize&) const { return 0; }
+  double work(const trace::Fence&) const { return 0; }
+  double work(const trace::FenceWait&) const { return 0; }
   double work(const trace::Memory&) const { return 0; }
   // Communication is priced on the cluster's links, beside the compute (plan/cluster.hpp).
   double work(const trace::Collective&) const { return 0; }

@@ -15,6 +15,10 @@
 //               once, since the peers run the same program, so it starts when the
 //               position issues it and takes what the ring takes (ring_seconds)
 //   wait        the compute stream waits for the collective's end (CommWait)
+//   host        the rank's host thread, as plan/cost.hpp's HostDeviceClock has it: the
+//               host backend's loops (CPU offload's) run on its clock, beside the
+//               device's work where the host waited only for a fence; the device starts
+//               what the host issues after them once it is issued
 // so what overlaps is what the code overlaps: an FSDP unit's prefetched all-gather runs
 // beside the unit before it, a reduce-scatter beside the next unit's backward, a ring
 // step's keys beside that step's attention, and a pipeline stage waits for its recv as
@@ -52,8 +56,10 @@ namespace tessera::plan {
 
 /// One pipeline position's replay.
 struct PositionTime {
-  double end_seconds = 0;        // when its compute stream finished the step
-  double compute_seconds = 0;    // busy on the compute stream
+  double end_seconds = 0;        // when its compute stream (and its host thread) finished the step
+  double compute_seconds = 0;    // busy on the compute stream (and its host synchronisations)
+  double host_seconds = 0;       // the host backend's loops (CPU offload)
+  double hidden_host_seconds = 0;  // of which beside the compute stream's work
   double exposed_comm_seconds = 0;  // waiting for collectives
   double pipeline_wait_seconds = 0;  // waiting for send/recv groups
   double comm_seconds = 0;       // collectives' own time, overlapped or not
@@ -96,7 +102,9 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
 
   struct State {
     std::size_t next = 0;
-    double clock = 0;
+    double clock = 0;  // the compute stream's
+    double host = 0;   // the host thread's: what it issues starts no earlier
+    std::map<std::uint64_t, double> fences;  // a fence's id -> the compute stream's time at it
     std::map<std::tuple<int, int, bool>, std::optional<std::size_t>> stream;  // communicator -> its last collective
     std::map<std::tuple<int, int, bool>, std::int64_t> ordinal;               // communicator -> collectives issued
     std::map<std::pair<int, int>, std::int64_t> sent, received;        // (from, to) -> transfers issued
@@ -134,6 +142,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
   // running beside it holding their SMs (see above).
   const double sms = compute.sm_count();
   const bool shared_sms = sms > 0 && net.nics_per_node.has_value();
+  const bool serial = compute.host_runs_device_work();  // a CPU: its cores run the host's loops and the device's
   auto beside_collectives = [&](const State& st, double s, bool gemm) {
     int held = 0;
     double until = std::numeric_limits<double>::infinity();
@@ -168,7 +177,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         }
         Issued x;
         x.pos = p;
-        x.start = std::max(st.clock, free);
+        x.start = std::max({st.clock, st.host, free});
         x.c = c;
         x.sms = shared_sms ? collective_sms(*c, net) : 0;
         x.ring = ring;
@@ -202,7 +211,24 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         const double waited = std::max(0.0, *e - st.clock);
         (issued[it->second].transfers.empty() ? st.time.exposed_comm_seconds : st.time.pipeline_wait_seconds) += waited;
         st.clock += waited;
+      } else if (const auto* k = std::get_if<trace::Kernel>(&op); k && k->on_host) {
+        const double s = compute.seconds(op);
+        st.time.hidden_host_seconds += serial ? 0.0 : std::clamp(st.clock - st.host, 0.0, s);
+        st.host = std::max(st.host, serial ? st.clock : st.host) + s;
+        st.time.host_seconds += s;
+      } else if (const auto* f = std::get_if<trace::Fence>(&op)) {
+        st.fences[f->id] = st.clock;
+      } else if (const auto* fw = std::get_if<trace::FenceWait>(&op)) {
+        const auto it = st.fences.find(fw->id);
+        TESSERA_CHECK(it != st.fences.end(), "simulate_step: position ", p, " waits for fence ", fw->id,
+                      ", which it never recorded");
+        st.host = std::max(st.host, it->second);
+      } else if (std::holds_alternative<trace::Synchronize>(op)) {
+        const double s = compute.seconds(op);
+        st.host = std::max(st.host, st.clock) + s;
+        st.time.compute_seconds += s;
       } else if (!std::holds_alternative<trace::Memory>(op)) {
+        st.clock = std::max(st.clock, st.host);  // issued by the host: not before it gets there
         double s = compute.seconds(op);
         if (shared_sms && (std::holds_alternative<trace::Gemm>(op) || std::holds_alternative<trace::Attention>(op))) {
           const double alone = s;
@@ -211,6 +237,9 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         }
         st.clock += s;
         st.time.compute_seconds += s;
+        // A copy to the host hands the host its bytes; on a CPU the host did the work.
+        if (const auto* t = std::get_if<trace::Transfer>(&op); serial || (t && t->synchronizes))
+          st.host = std::max(st.host, st.clock);
       }
       ++st.next;
       moved = true;
@@ -238,8 +267,8 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
   Timeline t;
   for (const State& st : state) {
     PositionTime pt = st.time;
-    pt.end_seconds = st.clock;
-    t.step_seconds = std::max(t.step_seconds, st.clock);
+    pt.end_seconds = std::max(st.clock, st.host);
+    t.step_seconds = std::max(t.step_seconds, pt.end_seconds);
     t.positions.push_back(pt);
   }
   return t;

@@ -129,6 +129,47 @@ struct Cuda {
     return cuda::capture(stream(), cuda::current_device(), std::forward<F>(body));
   }
 
+  /// A point of the compute stream's work (an event recorded there): wait() returns once
+  /// everything issued before it has finished, whatever was issued after (HasFences).
+  class Fence {
+   public:
+    Fence() = default;
+    Fence(Fence&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+    Fence& operator=(Fence&& o) noexcept {
+      if (this != &o) {
+        destroy();
+        event_ = std::exchange(o.event_, nullptr);
+      }
+      return *this;
+    }
+    Fence(const Fence&) = delete;
+    Fence& operator=(const Fence&) = delete;
+    ~Fence() { destroy(); }
+
+    /// Waits for the stream to reach the fence (at once for a fence moved from).
+    void wait() {
+      if (event_ != nullptr) TESSERA_CUDA_CHECK(cudaEventSynchronize(event_));
+    }
+
+   private:
+    friend struct Cuda;
+    void destroy() noexcept {
+      if (event_ != nullptr) (void)cudaEventDestroy(event_);  // from destructors: nothing to report
+      event_ = nullptr;
+    }
+    cudaEvent_t event_ = nullptr;
+  };
+
+  /// A fence at the end of the work issued to the compute stream so far.
+  static Fence fence() {
+    cuda::require_device();
+    outside_capture("a fence for the host");
+    Fence f;
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&f.event_, cudaEventDisableTiming));
+    TESSERA_CUDA_CHECK(cudaEventRecord(f.event_, stream()));
+    return f;
+  }
+
   /// Waits until every piece of work issued to the compute stream has finished.
   static void synchronize() {
     cuda::require_device();
