@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -179,13 +180,15 @@ inline comm::ThreadOptions nccl_rules() {
   return o;
 }
 
-inline LayoutRun layout_run(comm::MeshShape shape, const std::vector<std::string>& keys) {
+/// `local` sequences per rank and micro-batch (the global batch of kParityBatch in
+/// several micro-batches where local x dp is less), for `steps` steps.
+inline LayoutRun layout_run(comm::MeshShape shape, const std::vector<std::string>& keys, std::int64_t local, int steps) {
   std::vector<RunResult> per_rank(static_cast<std::size_t>(shape.world()));
   comm::run_thread_ranks(
       shape.world(),
       [&](comm::Communicator& world) {
         per_rank[static_cast<std::size_t>(world.rank())] =
-            train_layout(world, shape, debug_job(kParityBatch / shape.dp(), kParityBatch, kParitySteps, keys));
+            train_layout(world, shape, debug_job(local, kParityBatch, steps, keys));
       },
       nccl_rules());
   LayoutRun r{per_rank.front()};
@@ -193,6 +196,9 @@ inline LayoutRun layout_run(comm::MeshShape shape, const std::vector<std::string
     r.ranks_agree = r.ranks_agree && p.losses == r.rank0.losses && p.grad_norms == r.rank0.grad_norms &&
                     p.validation_losses == r.rank0.validation_losses;
   return r;
+}
+inline LayoutRun layout_run(comm::MeshShape shape, const std::vector<std::string>& keys) {
+  return layout_run(shape, keys, kParityBatch / shape.dp(), kParitySteps);
 }
 
 /// Each rank's error from training `shape` with `keys` for one step (empty where a rank

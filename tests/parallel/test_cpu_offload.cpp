@@ -17,6 +17,7 @@
 
 #include "../support/errors.hpp"
 #include "harness.hpp"
+#include "with_and_without.hpp"
 #include "tessera/comm/thread.hpp"
 
 namespace test_cpu_offload {  // unity build: this file's names stay in here (tests/meson.build)
@@ -33,35 +34,10 @@ constexpr int kSteps = 4;
 #endif
 
 const std::vector<std::string> kOffload = {"--training.enable_cpu_offload", "true"};
-
-/// Rank 0's run of `shape` with `keys`, `local` sequences per rank and micro-batch, a
-/// global batch of 8; every rank must agree.
-RunResult run(comm::MeshShape shape, std::int64_t local, const std::vector<std::string>& keys) {
-  std::vector<RunResult> per_rank(static_cast<std::size_t>(shape.world()));
-  comm::run_thread_ranks(
-      shape.world(),
-      [&](comm::Communicator& world) {
-        per_rank[static_cast<std::size_t>(world.rank())] =
-            train_layout(world, shape, debug_job(local, 8, kSteps, keys));
-      },
-      nccl_rules());
-  for (const auto& r : per_rank) {
-    CHECK(r.losses == per_rank.front().losses);
-    CHECK(r.grad_norms == per_rank.front().grad_norms);
-  }
-  return per_rank.front();
-}
-
 }  // namespace
 
 TEST_CASE("cpu offload: each layout trains bit for bit the model it trains without offload") {
-  struct Layout {
-    const char* name;
-    comm::MeshShape shape;
-    std::int64_t local;
-    std::vector<std::string> keys;
-  };
-  const Layout layouts[] = {
+  const NamedLayout layouts[] = {
       {"one rank (FSDP over itself)", {}, 8, {}},
       {"FSDP 2, two micro-batches (the second gradient added on the host)", {1, 1, 2, 1}, 2, {}},
       {"HSDP 2 x 2", {1, 2, 2, 1}, 2, {}},
@@ -74,15 +50,10 @@ TEST_CASE("cpu offload: each layout trains bit for bit the model it trains witho
        {"--training.mixed_precision_param", "bfloat16", "--model.converters", "float8", "--float8.emulate", "true",
         "--float8.enable_fsdp_float8_all_gather", "true"}},
   };
-  for (const auto& l : layouts) {
-    const std::string layout = l.name;
-    CAPTURE(layout);
-    const RunResult plain = run(l.shape, l.local, l.keys);
-    const RunResult offloaded = run(l.shape, l.local, with(l.keys, kOffload));
-    REQUIRE(plain.losses.size() == static_cast<std::size_t>(kSteps));
+  each_layout_with_and_without(layouts, {}, kOffload, kSteps, [](const RunResult& plain, const RunResult& offloaded) {
     CHECK(offloaded.losses == plain.losses);
     CHECK(offloaded.grad_norms == plain.grad_norms);
-  }
+  });
 }
 
 TEST_CASE("cpu offload: the shards and the optimizer's state leave the device for the host") {
@@ -111,7 +82,7 @@ TEST_CASE("cpu offload: the shards and the optimizer's state leave the device fo
 }
 
 TEST_CASE("cpu offload: DDP alone and a CUDA graph are refused by key") {
-  CHECK_ERROR_CONTAINS(run({1, 2, 1, 1}, 4, kOffload), "training.enable_cpu_offload");
+  CHECK_ERROR_CONTAINS(layout_run({1, 2, 1, 1}, kOffload, 4, 1), "training.enable_cpu_offload");
   CHECK_ERROR_CONTAINS(train_layout(comm::Communicator(), {}, debug_job(8, 8, 1, with(kOffload, {"--training.cuda_graph", "true"}))),
                        "training.enable_cpu_offload");
 }

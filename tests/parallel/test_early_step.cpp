@@ -18,6 +18,7 @@
 
 #include "../support/errors.hpp"
 #include "harness.hpp"
+#include "with_and_without.hpp"
 #include "tessera/comm/thread.hpp"
 
 namespace test_early_step {  // unity build: this file's names stay in here (tests/meson.build)
@@ -35,35 +36,10 @@ constexpr int kSteps = 4;
 
 const std::vector<std::string> kNoClip = {"--training.max_norm", "0"};
 const std::vector<std::string> kEarly = {"--optimizer.early_step_in_backward", "true"};
-
-/// Rank 0's run of `shape` with `keys`, `local` sequences per rank and micro-batch, a
-/// global batch of 8; every rank must agree.
-RunResult run(comm::MeshShape shape, std::int64_t local, const std::vector<std::string>& keys) {
-  std::vector<RunResult> per_rank(static_cast<std::size_t>(shape.world()));
-  comm::run_thread_ranks(
-      shape.world(),
-      [&](comm::Communicator& world) {
-        per_rank[static_cast<std::size_t>(world.rank())] =
-            train_layout(world, shape, debug_job(local, 8, kSteps, keys));
-      },
-      nccl_rules());
-  for (const auto& r : per_rank) {
-    CHECK(r.losses == per_rank.front().losses);
-    CHECK(r.grad_norms == per_rank.front().grad_norms);
-  }
-  return per_rank.front();
-}
-
 }  // namespace
 
 TEST_CASE("early step: each layout trains bit for bit the model its step without it trains") {
-  struct Layout {
-    const char* name;
-    comm::MeshShape shape;
-    std::int64_t local;
-    std::vector<std::string> keys;
-  };
-  const Layout layouts[] = {
+  const NamedLayout layouts[] = {
       {"one rank (FSDP over itself)", {}, 8, {}},
       {"FSDP 2", {1, 1, 2, 1}, 4, {}},
       {"FSDP 2, two micro-batches (the step in the second's backward)", {1, 1, 2, 1}, 2, {}},
@@ -79,12 +55,7 @@ TEST_CASE("early step: each layout trains bit for bit the model its step without
        {"--training.mixed_precision_param", "bfloat16", "--model.converters", "float8", "--float8.emulate", "true",
         "--float8.enable_fsdp_float8_all_gather", "true"}},
   };
-  for (const auto& l : layouts) {
-    const std::string layout = l.name;
-    CAPTURE(layout);
-    const RunResult plain = run(l.shape, l.local, with(kNoClip, l.keys));
-    const RunResult early = run(l.shape, l.local, with(with(kNoClip, l.keys), kEarly));
-    REQUIRE(plain.losses.size() == static_cast<std::size_t>(kSteps));
+  each_layout_with_and_without(layouts, kNoClip, kEarly, kSteps, [](const RunResult& plain, const RunResult& early) {
     CHECK(early.losses == plain.losses);
     REQUIRE(early.grad_norms.size() == plain.grad_norms.size());
     for (std::size_t s = 0; s < plain.grad_norms.size(); ++s) {
@@ -92,7 +63,7 @@ TEST_CASE("early step: each layout trains bit for bit the model its step without
       CHECK(plain.grad_norms[s] > 0);
       CHECK(std::abs(early.grad_norms[s] - plain.grad_norms[s]) <= 1e-12 * plain.grad_norms[s]);
     }
-  }
+  });
 }
 
 TEST_CASE("early step: on one rank the whole gradient is never held") {
@@ -127,7 +98,7 @@ TEST_CASE("early step: on one rank the whole gradient is never held") {
 
 TEST_CASE("early step: clipping, a pipeline and a CUDA graph are refused by key") {
   CHECK_ERROR_CONTAINS(train_layout(comm::Communicator(), {}, debug_job(8, 8, 1, kEarly)), "training.max_norm");
-  CHECK_ERROR_CONTAINS(run({2, 1, 1, 1}, 4, with(with(kNoClip, kEarly), {"--parallelism.pipeline_parallel_microbatch_size", "2"})),
+  CHECK_ERROR_CONTAINS(layout_run({2, 1, 1, 1}, with(with(kNoClip, kEarly), {"--parallelism.pipeline_parallel_microbatch_size", "2"}), 4, 1),
                        "optimizer.early_step_in_backward");
   CHECK_ERROR_CONTAINS(train_layout(comm::Communicator(), {}, debug_job(8, 8, 1, with(with(kNoClip, kEarly), {"--training.cuda_graph", "true"}))),
                        "training.cuda_graph");

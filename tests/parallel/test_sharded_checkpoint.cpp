@@ -267,19 +267,27 @@ TEST_CASE("training checkpoints: a run resumed on one rank is the uninterrupted 
   }
 }
 
+/// On FSDP 2, a run saved after 2 of 4 steps under `other` and resumed under `plain`, and
+/// one saved under `plain` and resumed under `other`: each the uninterrupted run under
+/// `plain`, bitwise. Returns the folder the plain run saved (in `dir`).
+std::string check_resumed_across(const train::JobConfig& plain, const train::JobConfig& other,
+                                 const tessera::test::TempDir& dir) {
+  const comm::MeshShape fsdp2{1, 1, 2, 1};
+  const std::vector<double> whole = train_steps(fsdp2, plain, 4);
+  const std::string saved_other = dir.file("other/step-2"), saved_plain = dir.file("plain/step-2");
+  CHECK(train_steps(fsdp2, other, 2, "", saved_other, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
+  CHECK(train_steps(fsdp2, plain, 2, saved_other) == tail(whole, 2));
+  CHECK(train_steps(fsdp2, plain, 2, "", saved_plain, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
+  CHECK(train_steps(fsdp2, other, 2, saved_plain) == tail(whole, 2));
+  return saved_plain;
+}
+
 TEST_CASE("training checkpoints: saved with the shards offloaded to the host, resumed without, and back: the same run") {
   const train::JobConfig plain = debug_job(2, 4, 4, {"--training.mixed_precision_param", "bfloat16"});
   const train::JobConfig offloaded =
       debug_job(2, 4, 4, {"--training.mixed_precision_param", "bfloat16", "--training.enable_cpu_offload", "true"});
-  const comm::MeshShape fsdp2{1, 1, 2, 1};
-  const std::vector<double> whole = train_steps(fsdp2, plain, 4);
   tessera::test::TempDir dir;
-  // FSDP 2 offloaded, resumed by FSDP 2 without; and the other way round.
-  const std::string saved_offloaded = dir.file("offloaded/step-2"), saved_plain = dir.file("plain/step-2");
-  CHECK(train_steps(fsdp2, offloaded, 2, "", saved_offloaded, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
-  CHECK(train_steps(fsdp2, plain, 2, saved_offloaded) == tail(whole, 2));
-  CHECK(train_steps(fsdp2, plain, 2, "", saved_plain, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
-  CHECK(train_steps(fsdp2, offloaded, 2, saved_plain) == tail(whole, 2));
+  check_resumed_across(plain, offloaded, dir);
 }
 
 TEST_CASE("training checkpoints: saved under the early step, resumed without it, and back: the same run") {
@@ -288,13 +296,8 @@ TEST_CASE("training checkpoints: saved under the early step, resumed without it,
   const std::vector<std::string> no_clip = {"--training.max_norm", "0"};
   const train::JobConfig plain = debug_job(2, 4, 4, no_clip);
   const train::JobConfig early = debug_job(2, 4, 4, with(no_clip, {"--optimizer.early_step_in_backward", "true"}));
-  const comm::MeshShape fsdp2{1, 1, 2, 1};
-  const std::vector<double> whole = train_steps(fsdp2, plain, 4);
   tessera::test::TempDir dir;
-  const std::string saved_early = dir.file("early/step-2"), saved_plain = dir.file("plain/step-2");
-  CHECK(train_steps(fsdp2, early, 2, "", saved_early, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
-  CHECK(train_steps(fsdp2, plain, 2, saved_early) == tail(whole, 2));
-  CHECK(train_steps(fsdp2, plain, 2, "", saved_plain, 2) == std::vector<double>(whole.begin(), whole.begin() + 2));
+  const std::string saved_plain = check_resumed_across(plain, early, dir);
   // And on one rank, FSDP over itself, against one rank's step without it.
   CHECK(train_steps({}, early, 2, saved_plain) == train_steps({}, plain, 2, saved_plain));
 }
