@@ -87,8 +87,6 @@ class ModelUnits {
     if (head_) f(*head_);
   }
 
-  // ---- a step's walk (one stage: no pipeline) -------------------------------------
-
   // ---- the early step --------------------------------------------------------------
 
   /// `update(params, group)`: updates the local parameters `params` of one unit (`group`
@@ -107,6 +105,8 @@ class ModelUnits {
     early_slots(m);
     B::for_each(1, ops::LaneSum{early_norm_.data(), early_norm_.numel(), out, false});
   }
+
+  // ---- a step's walk (one stage: no pipeline) -------------------------------------
 
   template <class Model>
   void begin_step(Model& m, bool last_micro_batch) {

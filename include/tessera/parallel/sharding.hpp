@@ -161,7 +161,8 @@ class ShardedUnit {
       }
     } else if (mode == ShardingMode::fsdp) {
       // CPU offload or the early step on one rank without a mesh (llama-train on one
-      // GPU): FSDP over the rank alone, its shard the whole unit, its gather a copy.
+      // GPU): FSDP over the rank alone, its shard the whole unit, its gather a view of the
+      // shard (shard_is_whole; a copy from the host when offloaded).
       if constexpr (requires { B::memory_access(); })
         alone_ = std::make_unique<comm::Communicator>(comm::SelfEngine(B::memory_access()));
       else
