@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -861,6 +862,75 @@ std::string layout_brief(const train::JobConfig& c) {
                                  train::float8_enabled(c) ? ", float8 " + c.float8.recipe_name : std::string());
 }
 
+/// When no layout fits: the search again with each memory lever the config leaves off
+/// (bf16 moments; the early step, which clips nothing; CPU offload; offload with the
+/// early step), a line each on stdout: its fastest layout that fits, or its smallest
+/// peak. Returns whether it printed any.
+bool print_memory_levers(const train::JobConfig& given, const plan::SearchSpace& space, std::int64_t global,
+                         const plan::TraceRank& trace_rank, const Target& target) {
+  struct Lever {
+    const char* keys;   // as the config says it
+    const char* costs;  // what it costs the run
+    std::function<void(train::JobConfig&)> apply;
+  };
+  const bool bf16_moments = given.optimizer.state_dtype == "bfloat16";
+  const bool early = given.optimizer.early_step_in_backward, offload = given.training.enable_cpu_offload;
+  const auto moments = [](train::JobConfig& c) { c.optimizer.state_dtype = "bfloat16"; };
+  const auto early_step = [](train::JobConfig& c) {
+    c.optimizer.early_step_in_backward = true;
+    c.training.max_norm = 0;
+  };
+  const auto offloaded = [](train::JobConfig& c) { c.training.enable_cpu_offload = true; };
+  std::vector<Lever> levers;
+  if (!bf16_moments) levers.push_back({"optimizer.state_dtype = bfloat16", "AdamW's moments stored in bf16", moments});
+  if (!early && !bf16_moments)
+    levers.push_back({"optimizer.state_dtype = bfloat16, optimizer.early_step_in_backward = true, training.max_norm = 0",
+                      "bf16 moments and no gradient clipping", [&](train::JobConfig& c) {
+                        moments(c);
+                        early_step(c);
+                      }});
+  if (!early && bf16_moments)
+    levers.push_back({"optimizer.early_step_in_backward = true, training.max_norm = 0", "no gradient clipping", early_step});
+  if (!offload)
+    levers.push_back({"training.enable_cpu_offload = true", "AdamW on the host's cores, the shards over the host link",
+                      offloaded});
+  if (!offload && !early)
+    levers.push_back({"training.enable_cpu_offload = true, optimizer.early_step_in_backward = true, training.max_norm = 0",
+                      "AdamW on the host beside the backward, no gradient clipping", [&](train::JobConfig& c) {
+                        offloaded(c);
+                        early_step(c);
+                      }});
+  if (levers.empty()) return false;
+  std::printf("nothing fits as configured; with the memory levers the config leaves off, each searched whole:\n");
+  for (const Lever& l : levers) {
+    std::string line;
+    try {
+      train::JobConfig c = given;
+      l.apply(c);
+      const plan::SearchReport r =
+          plan::search_layouts(c, space, global, trace_rank, *target.pricer, target.network.value_or(plan::Network{}));
+      const plan::SearchResult* best = r.layouts.empty() ? nullptr : &r.layouts.front();
+      char figures[96];
+      if (best && best->fits) {
+        std::snprintf(figures, sizeof figures, "%.0f tokens/s per GPU, MFU %.1f%%, ", best->tokens_per_sec, best->mfu_pct);
+        line = tessera::detail::concat("fits: ", figures, size_text(static_cast<double>(best->reserved_memory_bytes)),
+                                       " (", layout_brief(best->config), ")");
+      } else if (best) {
+        line = tessera::detail::concat("does not fit: the smallest peak is ",
+                                       size_text(static_cast<double>(best->reserved_memory_bytes)), " (",
+                                       layout_brief(best->config), ")");
+      } else {
+        line = tessera::detail::concat("every layout is refused: ", r.first_refusal);
+      }
+    } catch (const std::exception& e) {
+      line = tessera::detail::concat("not searched: ", e.what());
+    }
+    std::printf("  %s (%s): %s\n", l.keys, l.costs, line.c_str());
+  }
+  std::fflush(stdout);
+  return true;
+}
+
 /// --search: every layout of `c`'s model on `world` GPUs of `target`, ranked; with
 /// `float8_recipes`, each also in float8 by each recipe (--search.float8).
 int search(const train::JobConfig& given, int world, const Target& target, bool bf16_model, bool json,
@@ -908,8 +978,12 @@ int search(const train::JobConfig& given, int world, const Target& target, bool 
                                          " (", layout_brief(r.layouts.front().config), ")");
     else if (!r.first_refusal.empty())
       smallest = tessera::detail::concat("; every layout is refused: ", r.first_refusal);
+    // What the memory levers the config leaves off would fit, searched each (text output
+    // only): the error line says where to look.
+    const bool levers = !json && print_memory_levers(given, space, global, trace_rank, target);
     TESSERA_CHECK(false, "--search: none of the ", r.enumerated, " layouts of ", given.model.flavor, " on ", world,
-                  " GPUs of ", target.pricer->name(), " fits in ", size_text(target.pricer->usable_bytes()), " per GPU", smallest);
+                  " GPUs of ", target.pricer->name(), " fits in ", size_text(target.pricer->usable_bytes()), " per GPU", smallest,
+                  levers ? " (above: what the memory levers the config leaves off would fit)" : "");
   }
   if (!emit.empty()) emit_config(emit, r.layouts.front().config);
   if (!emit_csv.empty()) emit_schedule(emit_csv, r.layouts.front().config);

@@ -692,6 +692,13 @@ fi
 sed "s/^value = 85045477376$/value = 1920000000/" "$machines/h100-sxm.toml" > "$work/small_gpu.toml"
 plan_fails "--search over nothing that fits" "--search: none of the 1720 layouts of debugmodel on 8 GPUs of h100-sxm fits" \
   "${debug[@]}" --gpus 8 --search --machine "$work/small_gpu.toml"
+# ... and stdout says what the memory levers the config leaves off would fit: CPU offload does.
+if grep -q "^  training.enable_cpu_offload = true (AdamW on the host's cores, the shards over the host link): fits: " "$work/out" &&
+   [ "$(grep -c '^  optimizer.state_dtype = bfloat16' "$work/out")" -eq 2 ]; then
+  echo "ok: --search over nothing that fits lists the memory levers: $(grep -c '^  ' "$work/out") of them"
+else
+  echo "FAIL: --search over nothing that fits: no memory levers on stdout:"; head -n 6 "$work/out"; failures=$((failures + 1))
+fi
 plan_fails "--search of ZeRO-1" "--search: plan.zero1 is a layout tessera's runtime does not run" "${debug[@]}" --gpus 8 \
   --search --plan.zero1 true
 plan_fails "--search on the CPU" "--search: plans GPU clusters" "${debug[@]}" --gpus 2 --search --machine cpu

@@ -122,6 +122,19 @@ TEST_CASE("search: a layout extrapolated from small traces prices as its full tr
       {"FSDP 2 x PP 12, Interleaved1F1B, 36 microbatches", 24, 46, 36, 72,
        {"--parallelism.pipeline_parallel_degree", "12", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
         "--parallelism.data_parallel_shard_degree", "2"}, 1e-2, 5e-3},
+      // The early step: with one micro-batch a unit's gradient lives from its reduction to
+      // its update, with several every unit's until the last micro-batch; traced at 2 and 3
+      // accumulation steps, both past that change.
+      {"TP 2 (FSDP over one rank), the early step, 8 accumulation steps", 2, 10, 1, 8,
+       {"--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
+        "--optimizer.early_step_in_backward", "true", "--training.max_norm", "0"}},
+      {"TP 8 (FSDP over one rank), the early step, 6 layers, full checkpointing, 64 accumulation steps", 8, 6, 1, 64,
+       {"--parallelism.tensor_parallel_degree", "8", "--parallelism.data_parallel_shard_degree", "1",
+        "--optimizer.early_step_in_backward", "true", "--training.max_norm", "0", "--activation_checkpoint.mode", "full",
+        "--optimizer.state_dtype", "bfloat16"}},
+      {"FSDP 2, the early step, CPU offload, full checkpointing, 6 accumulation steps", 2, 10, 1, 12,
+       {"--parallelism.data_parallel_shard_degree", "2", "--optimizer.early_step_in_backward", "true",
+        "--training.max_norm", "0", "--training.enable_cpu_offload", "true", "--activation_checkpoint.mode", "full"}},
   };
   for (const Case& k : cases) {
     CAPTURE(std::string(k.name));
@@ -542,6 +555,29 @@ TEST_CASE("search: fitting layouts first, fastest first; the first predicted in 
   const plan::SearchReport none = plan::search_layouts(base, space, 8, kTrace, tiny, *m.network);
   for (const auto& l : none.layouts) CHECK(!l.fits);
   CHECK(!none.checked);
+}
+
+TEST_CASE("search: under the early step, a bf16 layout of many accumulation steps extrapolates to its full traces") {
+  // The early step's peak is a micro-batch's backward beside the whole gradient only from
+  // the third micro-batch on (the last frees the gradients unit by unit), so its small
+  // traces take 3 and 4 accumulation steps: from 1 and 2, as a step without it is traced,
+  // the debug model's bf16 step on TP 4 extrapolated to 343 MB where its 64 steps hold
+  // 20.8 MB (and from 2 and 3, on TP 8, to 19.3 MB against 11.3).
+  const plan::Machine m = h100();
+  const plan::GpuPricer gpu(m);
+  const plan::TraceRank bf16_trace = [](const train::JobConfig& c, int world, int rank) {
+    return plan::dry_run_step<bf16>(c, 0, world, rank);
+  };
+  const train::JobConfig c = train::parse_config("", "test_search",
+      {"--parallelism.tensor_parallel_degree", "4", "--parallelism.data_parallel_shard_degree", "1",
+       "--optimizer.early_step_in_backward", "true", "--training.max_norm", "0", "--activation_checkpoint.mode", "full",
+       "--optimizer.state_dtype", "bfloat16", "--training.local_batch_size", "1", "--training.global_batch_size", "64",
+       "--training.seq_len", "128", "--training.mixed_precision_param", "bfloat16"});
+  const plan::SearchResult small = plan::price_layout(c, 4, bf16_trace, gpu, *m.network);
+  const plan::SearchResult full = plan::price_layout(c, 4, bf16_trace, gpu, *m.network, true);
+  CHECK(small.extrapolated);
+  CHECK(small.peak_memory_bytes == full.peak_memory_bytes);
+  CHECK(small.step_seconds == doctest::Approx(full.step_seconds).epsilon(1e-3));
 }
 
 }  // namespace test_search

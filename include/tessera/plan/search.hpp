@@ -422,8 +422,12 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
     return on_ray ? count * pps[p] / mesh.pp : counts[j];
   };
   // Batch, at the layout's own degree: 2 pp and 3 pp microbatches (at pp the first
-  // stage's warm-up is not yet at its steady depth), or 2 and 3 accumulation steps.
-  const std::int64_t c1 = mesh.pp > 1 ? 2 * mesh.pp : 1, c2 = mesh.pp > 1 ? 3 * mesh.pp : 2;
+  // stage's warm-up is not yet at its steady depth), or 1 and 2 accumulation steps; 3 and
+  // 4 under the early step, whose gradients live a unit at a time in the last micro-batch
+  // and every unit's through the others: its peak is a micro-batch's backward beside the
+  // whole gradient only from 3 micro-batches on (one before the last), constant after.
+  const bool early = c.optimizer.early_step_in_backward;
+  const std::int64_t c1 = mesh.pp > 1 ? 2 * mesh.pp : (early ? 3 : 1), c2 = mesh.pp > 1 ? 3 * mesh.pp : c1 + 1;
   if (!full && pps.size() == 1 && count > c2) counts = {c1, c2};
   // Depth: the shallowest stage keeps 3 and 4 blocks (at 2, with full checkpointing and
   // FSDP freeing after forward, the peak falls in another phase of the step: Llama 3.1
