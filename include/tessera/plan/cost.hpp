@@ -312,11 +312,17 @@ class HostDeviceClock {
   /// so the host is never ahead of it.
   explicit HostDeviceClock(bool serial = false) : serial_(serial) {}
 
+  /// When device work issued now starts: once the stream is free and the host has issued it.
+  double next_start() const { return std::max(device_, host_); }
+  /// The stream busy until `t` (what was issued ends then, or it waits until then).
+  void device_until(double t) {
+    device_ = t;
+    if (serial_) host_ = device_;
+  }
   /// Device work of `s` seconds, issued now. Returns when it starts.
   double device_work(double s) {
-    const double start = std::max(device_, host_);
-    device_ = start + s;
-    if (serial_) host_ = device_;
+    const double start = next_start();
+    device_until(start + s);
     return start;
   }
   /// A host loop of `s` seconds: beside the device's work where the device has work left.

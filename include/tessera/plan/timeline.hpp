@@ -102,9 +102,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
 
   struct State {
     std::size_t next = 0;
-    double clock = 0;  // the compute stream's
-    double host = 0;   // the host thread's: what it issues starts no earlier
-    std::map<std::uint64_t, double> fences;  // a fence's id -> the compute stream's time at it
+    HostDeviceClock clock;  // the compute stream's and the host thread's
     std::map<std::tuple<int, int, bool>, std::optional<std::size_t>> stream;  // communicator -> its last collective
     std::map<std::tuple<int, int, bool>, std::int64_t> ordinal;               // communicator -> collectives issued
     std::map<std::pair<int, int>, std::int64_t> sent, received;        // (from, to) -> transfers issued
@@ -112,6 +110,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
     PositionTime time;
   };
   std::vector<State> state(static_cast<std::size_t>(P));
+  for (State& st : state) st.clock = HostDeviceClock(compute.host_runs_device_work());
 
   // The end of issued[i], once every rank it needs has issued its part.
   auto end_of = [&](std::size_t i) -> std::optional<double> {
@@ -142,20 +141,20 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
   // running beside it holding their SMs (see above).
   const double sms = compute.sm_count();
   const bool shared_sms = sms > 0 && net.nics_per_node.has_value();
-  const bool serial = compute.host_runs_device_work();  // a CPU: its cores run the host's loops and the device's
-  auto beside_collectives = [&](const State& st, double s, bool gemm) {
+  // `now`: when it starts.
+  auto beside_collectives = [&](const State& st, double now, double s, bool gemm) {
     int held = 0;
     double until = std::numeric_limits<double>::infinity();
     for (const auto& [comm, last] : st.stream) {
       if (!last || issued[*last].sms == 0) continue;
       const auto e = end_of(*last);  // a stream's collectives run back to back until its last ends
-      if (!e || *e <= st.clock) continue;
+      if (!e || *e <= now) continue;
       held += issued[*last].sms;
       until = std::min(until, *e);
     }
     if (held == 0) return s;
     const double k = compute.beside_held_sms(held, gemm);
-    const double slowed = std::min(s * k, until - st.clock);
+    const double slowed = std::min(s * k, until - now);
     return slowed + (s - slowed / k);
   };
 
@@ -177,7 +176,7 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
         }
         Issued x;
         x.pos = p;
-        x.start = std::max({st.clock, st.host, free});
+        x.start = std::max(st.clock.next_start(), free);
         x.c = c;
         x.sms = shared_sms ? collective_sms(*c, net) : 0;
         x.ring = ring;
@@ -208,38 +207,19 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
                       " it never issued");
         const auto e = end_of(it->second);
         if (!e) return moved;
-        const double waited = std::max(0.0, *e - st.clock);
+        const double waited = std::max(0.0, *e - st.clock.device());
         (issued[it->second].transfers.empty() ? st.time.exposed_comm_seconds : st.time.pipeline_wait_seconds) += waited;
-        st.clock += waited;
-      } else if (const auto* k = std::get_if<trace::Kernel>(&op); k && k->on_host) {
-        const double s = compute.seconds(op);
-        st.time.hidden_host_seconds += serial ? 0.0 : std::clamp(st.clock - st.host, 0.0, s);
-        st.host = std::max(st.host, serial ? st.clock : st.host) + s;
-        st.time.host_seconds += s;
-      } else if (const auto* f = std::get_if<trace::Fence>(&op)) {
-        st.fences[f->id] = st.clock;
-      } else if (const auto* fw = std::get_if<trace::FenceWait>(&op)) {
-        const auto it = st.fences.find(fw->id);
-        TESSERA_CHECK(it != st.fences.end(), "simulate_step: position ", p, " waits for fence ", fw->id,
-                      ", which it never recorded");
-        st.host = std::max(st.host, it->second);
-      } else if (std::holds_alternative<trace::Synchronize>(op)) {
-        const double s = compute.seconds(op);
-        st.host = std::max(st.host, st.clock) + s;
-        st.time.compute_seconds += s;
+        st.clock.device_until(st.clock.device() + waited);
       } else if (!std::holds_alternative<trace::Memory>(op)) {
-        st.clock = std::max(st.clock, st.host);  // issued by the host: not before it gets there
+        // Everything else on the two clocks (host loops, fences, synchronisations, device work).
         double s = compute.seconds(op);
         if (shared_sms && (std::holds_alternative<trace::Gemm>(op) || std::holds_alternative<trace::Attention>(op))) {
           const double alone = s;
-          s = beside_collectives(st, s, std::holds_alternative<trace::Gemm>(op));
+          s = beside_collectives(st, st.clock.next_start(), s, std::holds_alternative<trace::Gemm>(op));
           st.time.collective_sm_seconds += s - alone;
         }
-        st.clock += s;
-        st.time.compute_seconds += s;
-        // A copy to the host hands the host its bytes; on a CPU the host did the work.
-        if (const auto* t = std::get_if<trace::Transfer>(&op); serial || (t && t->synchronizes))
-          st.host = std::max(st.host, st.clock);
+        if (const auto* k = std::get_if<trace::Kernel>(&op); !k || !k->on_host) st.time.compute_seconds += s;
+        st.clock.replay(op, s);
       }
       ++st.next;
       moved = true;
@@ -267,7 +247,9 @@ inline Timeline simulate_step(const std::vector<const trace::Trace*>& positions,
   Timeline t;
   for (const State& st : state) {
     PositionTime pt = st.time;
-    pt.end_seconds = std::max(st.clock, st.host);
+    pt.end_seconds = st.clock.end();
+    pt.host_seconds = st.clock.host_seconds();
+    pt.hidden_host_seconds = st.clock.hidden_host_seconds();
     t.step_seconds = std::max(t.step_seconds, pt.end_seconds);
     t.positions.push_back(pt);
   }
