@@ -251,16 +251,19 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
                 resume ? resume->path.string() : std::string(), " is already there: a seed checkpoint starts a job "
                 "(give this one its own job.dump_folder, or remove the folder's checkpoints)");
   if (resume && !c.checkpoint.create_seed_checkpoint) train::check_resume(ckpt, *resume, c.training.steps);
+  // LoRA on a saved model: the file holds the base model, the adapters start from the seed.
+  const std::optional<std::uint64_t> adapter_seed =
+      plan.lora.enabled ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(c.training.seed)) : std::nullopt;
   if (resume && parts.model) {
     // The checkpoint gives each rank its share: nothing to initialise.
   } else if (init_hf) {
-    train::load_hf_model(model, init);
+    train::load_hf_model(model, init, adapter_seed);
   } else if (!init.empty()) {
     const nn::ModelArgs saved = train::read_model_args(init);
     TESSERA_CHECK(saved.num_params() == a.num_params() && saved.dim == a.dim && saved.n_layers == a.n_layers, init,
                   ": the checkpoint's model (", saved.flavor, ", ", saved.num_params(),
                   " parameters) does not match [model] (", a.flavor, ", ", a.num_params(), " parameters)");
-    train::load_model(model, init);
+    train::load_model(model, init, adapter_seed);
   } else {
     model.init_weights(static_cast<std::uint64_t>(c.training.seed));
   }
@@ -316,6 +319,19 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
                  in.compute_text().c_str(), plan.checkpoint.str().c_str(),
                  c.optimizer.state_dtype == "float32" ? "" : (" | AdamW moments: " + c.optimizer.state_dtype).c_str(),
                  pipeline_line.c_str());
+  if (lead && plan.lora.enabled) {
+    const std::string targets =
+        plan.lora.target_modules.empty() ? std::string("every linear layer") : [&] {
+          std::string t;
+          for (const std::string& m : plan.lora.target_modules) t += (t.empty() ? "" : ", ") + m;
+          return t;
+        }();
+    const std::int64_t adapters = nn::lora_params(a, plan.lora);
+    std::fprintf(stderr, "  LoRA: rank %lld, alpha %g on %s: %.3fM trainable parameters (%.3f%%), the rest frozen\n",
+                 static_cast<long long>(plan.lora.rank), plan.lora.alpha, targets.c_str(),
+                 static_cast<double>(adapters) / 1e6,
+                 100.0 * static_cast<double>(adapters) / static_cast<double>(a.num_params() + adapters));
+  }
   if (lead && c.compile.enable)
     std::fprintf(stderr, "  compile.enable = true (torchtitan's torch.compile): tessera's step is compiled C++ "
                          "already; the key changes nothing\n");

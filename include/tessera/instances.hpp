@@ -45,7 +45,7 @@
 /// defines them, `extern template` elsewhere.
 #define TESSERA_CPU_MODEL_INSTANCES(X)                                                                                 \
   X class nn::Transformer<float, Cpu>;                                                                                 \
-  X void train::load_saved_model(nn::Transformer<float, Cpu>&, const std::string&);                                    \
+  X void train::load_saved_model(nn::Transformer<float, Cpu>&, const std::string&, std::optional<std::uint64_t>);     \
   X void train::save_model(nn::Transformer<float, Cpu>&, const std::string&, DType);                                   \
   X void train::save_hf_model(nn::Transformer<float, Cpu>&, const std::string&, const train::HfSaveOptions&);          \
   X train::EvalResult train::evaluate(nn::Transformer<float, Cpu>&, std::span<const std::uint32_t>, std::int64_t,       \

@@ -166,6 +166,8 @@ TEST_CASE("Parameter initialisation on the GPU gives the CPU backend's values bi
   // Bounds of +-0.3 std: about 3 draws in 4 are rejected, so most elements redraw.
   check_init_bitwise<double>("trunc_normal, narrow", ops::InitKind::truncated_normal, 1.0, -0.3, 0.3);
   check_init_bitwise<bf16>("trunc_normal in bf16", ops::InitKind::truncated_normal, 0.05, -0.15, 0.15);
+  check_init_bitwise<float>("uniform, a LoRA adapter's A", ops::InitKind::uniform, 0.0, -0.0625, 0.0625);
+  check_init_bitwise<bf16>("uniform in bf16", ops::InitKind::uniform, 0.0, -0.25, 0.25);
   check_init_bitwise<float>("a piece at an offset", ops::InitKind::normal, 1.0, -2, 2,
                             ops::PieceIndex{(std::uint64_t{1} << 32) + 5});
   // A column piece (a row-parallel weight's) from the middle of a shard: the index map's

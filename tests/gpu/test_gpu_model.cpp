@@ -631,6 +631,14 @@ TEST_CASE("The early step on one GPU: each unit updated in the backward, one ran
                       test::with(early, {"--training.enable_cpu_offload", "true"}));
 }
 
+TEST_CASE("LoRA on one GPU: the adapters' GEMMs (into a fused projection's columns, the loss head's chunks) give one rank's losses") {
+  // The thread ranks, the one GPU rank and the CPU rank all train adapters beside frozen
+  // weights: cuBLASLt's GEMMs with beta 1 into column slices, alpha = alpha / rank.
+  const std::vector<std::string> lora = {"--model.converters", "lora", "--lora.rank", "4", "--optimizer.lr", "1e-2"};
+  check_virtual_ranks("TP 2, LoRA", {1, 1, 1, 2}, lora);
+  check_virtual_ranks("DDP 2, LoRA, full checkpointing", {1, 2, 1, 1}, test::with(lora, test::kAcModes[1].keys));
+}
+
 TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {
   test::TempDir dir("tessera_gpu_model");
   const train::JobConfig c = small_job();

@@ -123,4 +123,37 @@ TEST_CASE("check_gradients: a parameter nothing reaches fails, said as such") {
   CHECK(r.str().find("nothing reaches it") != std::string::npos);
 }
 
+TEST_CASE("check_gradients: LoRA adapters beside a frozen block pass, fused and one by one, every target") {
+  const ModelArgs a = testing::tiny_args();
+  auto rope = std::make_shared<RopeTable<double, Cpu>>(a.head_dim(), a.rope_theta, a.rope_scaling);
+  for (const bool fuse : {true, false}) {
+    for (const std::vector<std::string>& targets :
+         {std::vector<std::string>{}, std::vector<std::string>{"wq", "wv", "w2"}}) {
+      CAPTURE(fuse);
+      CAPTURE(targets.size());
+      parallel::Plan plan;
+      plan.fuse_projections = fuse;
+      plan.lora = LoraPolicy{true, 3, 5.0, targets};
+      FreezeParameters frozen;  // as the model makes its blocks under LoRA
+      LlamaBlock<double, Cpu> block(BlockArgs<double, Cpu>{a, 0, "layers.0", rope, &plan});
+      // B starts at zero (the model starts as it was): values of the init's scale or more
+      // everywhere, so that every path carries gradient.
+      block.for_each_parameter([](Parameter<double>& p) { testing::fill_normal(p.value, 9, p.name, 0.5); });
+      int trainable = 0, frozen_weights = 0;
+      block.for_each_parameter([&](Parameter<double>& p) {
+        const bool adapter = p.name.find(".lora_") != std::string::npos;
+        CHECK_MESSAGE(p.frozen != adapter, p.name);
+        CHECK_MESSAGE(p.grad.empty() == p.frozen, p.name);
+        (p.frozen ? frozen_weights : trainable) += 1;
+      });
+      CHECK(trainable == 2 * (targets.empty() ? 7 : 3));
+      CHECK(frozen_weights == 9);  // seven projections and two norms
+      const GradientReport r = check_gradients(block, Geometry{2, 5}, a.dim);
+      INFO(r.str());
+      CHECK(r.passed());
+      CHECK(r.checks.size() == static_cast<std::size_t>(1 + trainable));
+    }
+  }
+}
+
 }  // namespace test_gradcheck

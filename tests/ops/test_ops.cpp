@@ -1098,6 +1098,21 @@ TEST_CASE("parameter initialisation: the functor draws core/rng.hpp's values, wi
     CHECK(columns[i] == normal_values[row * 100 + col]);
   }
   for (double x : ones) CHECK(x == 1.0);
+  // Uniform on (-0.25, 0.25) (a LoRA adapter's A, torch.nn.Linear's default): the first
+  // two words of the same counter, lo + (hi - lo) u; mean 0, variance 0.5^2 / 12.
+  std::vector<float> uniform_values(n);
+  Cpu::for_each(n, ops::InitValues<float>{uniform_values.data(), key, ops::InitKind::uniform, 0.0, -0.25, 0.25});
+  double u1 = 0, u2 = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t w[4];
+    rng.draw(static_cast<std::uint64_t>(i), 0, 0, w);
+    REQUIRE(uniform_values[i] == static_cast<float>(-0.25 + 0.5 * uniform_open(w[0], w[1])));
+    REQUIRE(std::abs(uniform_values[i]) < 0.25f);
+    u1 += uniform_values[i];
+    u2 += static_cast<double>(uniform_values[i]) * uniform_values[i];
+  }
+  CHECK(std::abs(u1 / n) < 0.002);
+  CHECK(std::abs(u2 / n - 0.25 / 12) < 0.0005);
 }
 
 TEST_CASE("bf16 embedding: rows copied exactly, the table gradient summed in float") {

@@ -253,7 +253,8 @@ std::vector<double> tail(const std::vector<double>& v, std::size_t from) { retur
 
 TEST_CASE("training checkpoints: a run resumed on one rank is the uninterrupted run, bitwise (fp32, bf16 params, bf16 moments)") {
   const std::vector<std::vector<std::string>> variants = {
-      {}, {"--training.mixed_precision_param", "bfloat16"}, {"--optimizer.state_dtype", "bfloat16"}};
+      {}, {"--training.mixed_precision_param", "bfloat16"}, {"--optimizer.state_dtype", "bfloat16"},
+      {"--model.converters", "lora"}};
   for (const auto& keys : variants) {
     const std::string variant = keys.empty() ? "fp32" : keys[0] + " " + keys[1];
     CAPTURE(variant);
@@ -300,6 +301,24 @@ TEST_CASE("training checkpoints: saved under the early step, resumed without it,
   const std::string saved_plain = check_resumed_across(plain, early, dir);
   // And on one rank, FSDP over itself, against one rank's step without it.
   CHECK(train_steps({}, early, 2, saved_plain) == train_steps({}, plain, 2, saved_plain));
+}
+
+TEST_CASE("training checkpoints: LoRA saved under TP 2, resumed under DDP 2 and on one rank: the same run") {
+  // The frozen weights are saved with the model (their values), the adapters with their
+  // moments; a frozen weight has no optimizer state to save or load.
+  const std::vector<std::string> lora = {"--model.converters", "lora", "--lora.rank", "4", "--optimizer.lr", "1e-2"};
+  const train::JobConfig whole_batch = debug_job(4, 4, 6, lora), half = debug_job(2, 4, 6, lora);
+  const std::vector<double> whole = train_steps({}, whole_batch, 6);
+  tessera::test::TempDir dir;
+  const std::string folder = dir.file("step-3");
+  const std::vector<double> first = train_steps({1, 1, 1, 2}, whole_batch, 3, "", folder, 3);
+  CHECK(max_relative_difference(first, std::vector<double>(whole.begin(), whole.begin() + 3)) <= 1e-5);
+  CHECK(max_relative_difference(train_steps({1, 2, 1, 1}, half, 3, folder), tail(whole, 3)) <= 1e-5);
+  CHECK(max_relative_difference(train_steps({}, whole_batch, 3, folder), tail(whole, 3)) <= 1e-5);
+  // A checkpoint without the adapters' state (a run without LoRA) cannot resume one with them.
+  const std::string plain = dir.file("plain");
+  train_steps({}, debug_job(4, 4, 6), 1, "", plain, 1);
+  CHECK_ERROR_CONTAINS(train_steps({}, whole_batch, 1, plain), "lora_a");
 }
 
 TEST_CASE("training checkpoints: saved under each layout of the parity matrix, resumed under two others, the same run") {

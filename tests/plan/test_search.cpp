@@ -580,4 +580,35 @@ TEST_CASE("search: under the early step, a bf16 layout of many accumulation step
   CHECK(small.step_seconds == doctest::Approx(full.step_seconds).epsilon(1e-3));
 }
 
+TEST_CASE("search: under LoRA, FSDP refused, the unsharded layouts priced, and the frozen weights' FLOPs counted 4") {
+  // A refusal at one shard degree says nothing of the smaller ones: LoRA refuses every
+  // shard degree above 1, and DDP (replicate 4) must still be priced.
+  const plan::Machine m = h100();
+  const plan::GpuPricer gpu(m);
+  plan::SearchSpace space;
+  space.gpus = 4;
+  space.max_microbatch = 1;
+  const train::JobConfig c = job(4, 1, 4, {"--model.converters", "lora"});
+  const plan::SearchReport r = plan::search_layouts(c, space, 4, kTrace, gpu, *m.network);
+  CHECK(r.refused > 0);
+  CHECK(r.first_refusal.find("model.converters = [\"lora\"]") != std::string::npos);
+  std::set<std::int64_t> replicas;
+  for (const auto& l : r.layouts) {
+    CHECK(l.config.parallelism.data_parallel_shard_degree == 1);
+    if (l.fits) replicas.insert(l.config.parallelism.data_parallel_replicate_degree);
+  }
+  CHECK(replicas.count(4) == 1);
+  // MFU by the FLOPs the step does: 4 a frozen weight, 6 an adapter's.
+  REQUIRE(!r.layouts.empty());
+  const plan::SearchResult& first = r.layouts.front();
+  const nn::LoraPolicy lora{true, c.lora.rank, c.lora.alpha, {}};
+  CHECK(first.mfu_pct == doctest::Approx(100 * first.tokens_per_sec *
+                                          nn::training_flops_per_token(c.model.args, lora, c.training.seq_len) /
+                                          gpu.peak_flops(first.config.training.mixed_precision_param == "float32"
+                                                             ? DType::f32
+                                                             : DType::bf16)));
+  CHECK(nn::training_flops_per_token(c.model.args, lora, c.training.seq_len) <
+        c.model.args.flops_per_token(c.training.seq_len));
+}
+
 }  // namespace test_search

@@ -152,7 +152,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 119);
+  CHECK(keys.size() == 122);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -167,7 +167,7 @@ TEST_CASE("the key table is consistent") {
   CHECK(tessera::train::find_config_key("training.nope") == nullptr);
   CHECK(tessera::train::config_sections() ==
         std::vector<std::string_view>{"job", "model", "optimizer", "lr_scheduler", "training", "parallelism",
-                                      "activation_checkpoint", "float8", "checkpoint", "metrics", "profiling", "validation", "comm",
+                                      "activation_checkpoint", "float8", "lora", "checkpoint", "metrics", "profiling", "validation", "comm",
                                       "compile"});
 }
 
@@ -752,6 +752,9 @@ TEST_CASE("to_toml round trip") {
                  "--float8.precompute_float8_dynamic_scale_for_fsdp", "true",
                  "--float8.filter_fqns", "output,auto_filter_small_kn",
                  "--float8.emulate", "true",
+                 "--lora.rank", "16",
+                 "--lora.alpha", "32",
+                 "--lora.target_modules", "wq,wv",
                  "--checkpoint.enable",
                  "--checkpoint.folder", "ckpt",
                  "--checkpoint.interval", "3",

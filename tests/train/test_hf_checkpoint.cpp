@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,54 @@ TEST_CASE("a saved Hugging Face directory loads back bit for bit, in one file or
       CHECK(io::ShardedSafetensors::open(dir).contains("lm_head.weight") == !tied);
     }
   }
+}
+
+TEST_CASE("LoRA: a base model loads beside fresh adapters, and exports merged, the same model") {
+  parallel::Plan plan;
+  plan.lora = nn::LoraPolicy{true, 3, 6.0, {}};
+  TempDir tmp;
+  const std::string base_dir = (tmp.path / "base").string(), merged_dir = (tmp.path / "merged").string();
+  Model base(tiny(false));
+  base.init_weights(5);
+  train::save_hf_model(base, base_dir);
+  // The base model's weights, frozen, with the adapters the seed makes (B zero: the same model).
+  Model lora(tiny(false), plan);
+  CHECK_ERROR_CONTAINS(train::load_hf_model(lora, base_dir), "lora_a");
+  train::load_hf_model(lora, base_dir, 11);
+  const std::vector<std::int32_t> ids = {1, 5, 9, 2, 7, 3, 30, 4}, targets = {5, 9, 2, 7, 3, 30, 4, 8};
+  const nn::Geometry g{1, 8};
+  CHECK(lora.loss(ids, targets, g) == base.loss(ids, targets, g));
+  Model fresh(tiny(false), plan);
+  fresh.init_weights(11);
+  std::size_t adapters = 0;
+  std::map<std::string, std::vector<float>> made;
+  fresh.for_each_parameter([&](nn::Parameter<float>& p) { made[p.name].assign(p.value.data(), p.value.data() + p.numel()); });
+  lora.for_each_parameter([&](nn::Parameter<float>& p) {
+    if (!nn::is_lora_name(p.name)) return;
+    ++adapters;
+    CHECK_MESSAGE(std::vector<float>(p.value.data(), p.value.data() + p.numel()) == made.at(p.name), p.name);
+    // Trained adapters: B away from zero, so that the merge moves the weights.
+    for (std::int64_t i = 0; i < p.numel(); ++i) p.value[i] += 0.05f * static_cast<float>((i * 7 + 3) % 11 - 5);
+  });
+  CHECK(adapters == 2 * (7 * 2 + 1));
+  // Exported merged, W + (alpha / rank) B A: a plain model loads it and computes the same loss.
+  train::save_hf_model(lora, merged_dir);
+  CHECK_FALSE(io::ShardedSafetensors::open(merged_dir).contains("model.layers.0.self_attn.q_proj.lora_A.weight"));
+  Model merged(train::read_hf_config(merged_dir));
+  train::load_hf_model(merged, merged_dir);
+  const double with_adapters = lora.loss(ids, targets, g), folded = merged.loss(ids, targets, g);
+  CHECK(with_adapters != base.loss(ids, targets, g));
+  CHECK(std::abs(folded - with_adapters) <= 1e-5 * std::abs(with_adapters));
+  // So is model.safetensors, which a plain model (llama-generate's, llama-eval's) loads.
+  const std::string file = (tmp.path / "model.safetensors").string();
+  train::save_model(lora, file, DType::f32);
+  Model plain(tiny(false));
+  train::load_model(plain, file);
+  CHECK(values_of(plain) == values_of(merged));
+  // And a LoRA run may start from it: fresh adapters beside it, the merged model's loss.
+  Model again(tiny(false), plan);
+  train::load_model(again, file, 11);
+  CHECK(again.loss(ids, targets, g) == plain.loss(ids, targets, g));
 }
 
 TEST_CASE("bfloat16 export rounds each weight once") {

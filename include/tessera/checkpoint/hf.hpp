@@ -24,6 +24,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -43,6 +44,7 @@
 #include "tessera/io/tiktoken.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/layer/lora.hpp"
 
 namespace tessera::train {
 
@@ -296,14 +298,22 @@ inline nlohmann::ordered_json hf_config_json(const nn::ModelArgs& a, DType dtype
 /// model's dtype). A tensor missing, shaped otherwise than the model (built from
 /// config.json) expects, or with no place in the model is an error naming the file and
 /// the tensor.
+/// `adapter_seed`: LoRA adapters (which a Hugging Face model does not hold) are
+/// initialised from this seed, as init_weights makes them.
 template <class Model>
-void load_hf_model(Model& model, const std::string& dir) {
+void load_hf_model(Model& model, const std::string& dir, std::optional<std::uint64_t> adapter_seed = std::nullopt) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
   const io::ShardedSafetensors st = io::ShardedSafetensors::open(dir);
   std::set<std::string> used;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
     check_whole(p, "loaded");
+    if (nn::is_lora_name(p.name)) {
+      TESSERA_CHECK(adapter_seed.has_value(), dir, ": the model's LoRA adapter ", p.name, " has no Hugging Face tensor "
+                    "(load the base model with the adapters' seed)");
+      nn::init_parameter<B>(p, *adapter_seed, p.value.data(), p.numel());
+      return;
+    }
     const std::string name = hf_name(p.name);
     if (!st.contains(name)) {
       fail(dir, ": tensor '", name, "' (tessera parameter '", p.name, "') is missing from the safetensors files");
@@ -324,7 +334,8 @@ void load_hf_model(Model& model, const std::string& dir) {
   // A pipelined model holds only its stages: the others' tensors have a place elsewhere.
   std::set<std::string> elsewhere;
   if constexpr (requires { model.parameter_names(); })
-    for (const std::string& n : model.parameter_names()) elsewhere.insert(hf_name(n));
+    for (const std::string& n : model.parameter_names())
+      if (!nn::is_lora_name(n)) elsewhere.insert(hf_name(n));
   for (const std::string& name : st.names()) {
     if (used.count(name) || elsewhere.count(name)) continue;
     const bool rotary_buffer = name.size() > 21 && name.ends_with(".rotary_emb.inv_freq");
@@ -416,8 +427,42 @@ inline void write_hf_tokenizer(const std::string& tokenizer_spec, const std::fil
   write("tokenizer_config.json", config.dump(2) + "\n");
 }
 
+/// Calls f(p, values) for every parameter of `model` but LoRA's adapters, whole, with its
+/// values on the host: an adapted weight's merged, W + (alpha / rank) B A (one GEMM on the
+/// model's backend into a copy of W, rounded once), so that the file is a plain Llama
+/// model. What the whole-model files hold (save_model, save_hf_model).
+template <class Model, class F>
+void for_each_merged_parameter(Model& model, F&& f) {
+  using T = typename Model::scalar_type;
+  using B = typename Model::backend_type;
+  std::map<std::string, std::pair<nn::Parameter<T>*, nn::Parameter<T>*>, std::less<>> adapters;
+  float scale = 1.0f;
+  if constexpr (requires { model.plan().lora; }) scale = model.plan().lora.scaling();
+  model.for_each_parameter([&](nn::Parameter<T>& p) {
+    if (!nn::is_lora_name(p.name)) return;
+    const std::string weight = p.name.substr(0, p.name.size() - std::string_view(".lora_a.weight").size()) + ".weight";
+    (p.name.ends_with(".lora_a.weight") ? adapters[weight].first : adapters[weight].second) = &p;
+  });
+  model.for_each_parameter([&](nn::Parameter<T>& p) {
+    check_whole(p, "saved");
+    if (nn::is_lora_name(p.name)) return;
+    const auto it = adapters.find(p.name);
+    if (it == adapters.end()) {
+      f(p, download<B>(p.value));
+      return;
+    }
+    const auto [a, b] = it->second;
+    TESSERA_CHECK(a != nullptr && b != nullptr, p.name, ": a LoRA adapter without its other half");
+    const Tensor<T> merged = B::template empty<T>(p.shape());
+    B::for_each(p.numel(), ops::Copy<T>{p.value.data(), merged.data()});
+    B::gemm(Trans::no, Trans::no, scale, b->value.cview(), a->value.cview(), accum_t<T>(1), merged.view());
+    f(p, download<B>(merged));
+  });
+}
+
 /// Writes `model` as a Hugging Face Llama directory `dir` (config.json, safetensors
 /// under Hugging Face names, and the tokenizer's files when given: write_hf_tokenizer).
+/// A model with LoRA adapters is written with each adapter merged into its weight.
 /// All or nothing: the
 /// files are written into `dir.partial` and swapped in only when complete, so a failed
 /// save leaves an earlier directory at `dir` intact. Refuses to replace a directory
@@ -449,9 +494,8 @@ void save_hf_model(Model& model, const std::string& dir, const HfSaveOptions& o 
   }
   std::vector<io::TensorToWrite<T>> tensors;
   std::vector<Tensor<T>> host;  // the values on the host, alive until written
-  model.for_each_parameter([&](nn::Parameter<T>& p) {
-    check_whole(p, "saved");
-    host.push_back(download<typename Model::backend_type>(p.value));
+  for_each_merged_parameter(model, [&](nn::Parameter<T>& p, Tensor<T> values) {
+    host.push_back(std::move(values));
     tensors.push_back({hf_name(p.name),
                        std::vector<std::int64_t>(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank),
                        std::span<const T>(host.back().data(), static_cast<std::size_t>(p.numel()))});

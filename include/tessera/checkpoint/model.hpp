@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <string>
@@ -17,6 +19,7 @@
 #include "tessera/io/safetensors.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/layer/lora.hpp"
 
 namespace tessera::train {
 
@@ -77,17 +80,16 @@ inline nn::ModelArgs model_args_from_json(const nlohmann::json& j, const std::st
 }
 
 /// Writes every parameter of `model` to `path` (atomically: a crash leaves any
-/// previous file intact), stored as `dtype` (float32 or bfloat16).
+/// previous file intact), stored as `dtype` (float32 or bfloat16). A LoRA model's
+/// adapted weights are written merged with their adapters (for_each_merged_parameter).
 template <class Model>
 void save_model(Model& model, const std::string& path, DType dtype) {
   using T = typename Model::scalar_type;
-  using B = typename Model::backend_type;
   io::SafetensorsWriter w;
   const io::StDtype stored = dtype == DType::bf16 ? io::StDtype::bf16 : io::StDtype::f32;
-  model.for_each_parameter([&](nn::Parameter<T>& p) {
-    check_whole(p, "saved");
+  // A LoRA model's weights merged with their adapters: a plain Llama model's file.
+  for_each_merged_parameter(model, [&](nn::Parameter<T>& p, const Tensor<T>& host) {
     std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
-    const Tensor<T> host = download<B>(p.value);
     w.add(p.name, stored, shape, std::span<const T>(host.data(), static_cast<std::size_t>(p.numel())));
   });
   w.set_metadata("format", "pt");
@@ -113,14 +115,20 @@ inline nn::ModelArgs read_model_args(const std::string& path) {
 /// Loads every parameter of `model` from `path`; a missing tensor, another shape, a value
 /// that is not finite, or a tensor with no place in the model (a file whose
 /// tessera.model_args do not describe it) is an error naming the file and the tensor.
+/// `adapter_seed`: a LoRA adapter the file does not hold (a base model's file) is
+/// initialised from this seed, as init_weights makes it (nn::is_lora_name).
 template <class Model>
-void load_model(Model& model, const std::string& path) {
+void load_model(Model& model, const std::string& path, std::optional<std::uint64_t> adapter_seed = std::nullopt) {
   using T = typename Model::scalar_type;
   using B = typename Model::backend_type;
   auto file = io::SafetensorsFile::open(path);
   std::set<std::string> used;
   model.for_each_parameter([&](nn::Parameter<T>& p) {
     check_whole(p, "loaded");
+    if (adapter_seed && nn::is_lora_name(p.name) && !file.contains(p.name)) {
+      nn::init_parameter<B>(p, *adapter_seed, p.value.data(), p.numel());
+      return;
+    }
     std::vector<std::int64_t> shape(p.shape().dims.begin(), p.shape().dims.begin() + p.shape().rank);
     Tensor<T> host(p.shape(), Uninitialized{});
     const std::span<T> values(host.data(), static_cast<std::size_t>(p.numel()));
@@ -147,11 +155,12 @@ inline nn::ModelArgs read_saved_model_args(const std::string& path) {
   return is_hf_directory(path) ? read_hf_config(path) : read_model_args(path);
 }
 
-/// Loads `model` from either kind of saved model (see read_saved_model_args).
+/// Loads `model` from either kind of saved model (see read_saved_model_args); LoRA
+/// adapters the files do not hold are initialised from `adapter_seed` where given.
 template <class Model>
-void load_saved_model(Model& model, const std::string& path) {
-  if (is_hf_directory(path)) load_hf_model(model, path);
-  else load_model(model, path);
+void load_saved_model(Model& model, const std::string& path, std::optional<std::uint64_t> adapter_seed = std::nullopt) {
+  if (is_hf_directory(path)) load_hf_model(model, path, adapter_seed);
+  else load_model(model, path, adapter_seed);
 }
 
 }  // namespace tessera::train

@@ -196,8 +196,11 @@ RankFile snapshot(Model& model, const std::vector<std::string>& families, const 
                   return host_bytes<X>(h.local->value.data() + h.offset, h.n, pool);
                 }));
     add_state(h, key, w);
-    stretches.push_back({p.name, key, h.where.first, h.where.whole_cols, h.where.piece_cols, h.where.row0,
-                         h.where.col0, h.n});
+    nlohmann::json stretch = {p.name, key, h.where.first, h.where.whole_cols, h.where.piece_cols, h.where.row0,
+                              h.where.col0, h.n};
+    // A frozen parameter (LoRA) has no optimizer state: its values alone, said so.
+    if (p.frozen && families.size() > 0) stretch.push_back(nlohmann::json::array({""}));
+    stretches.push_back(std::move(stretch));
     shapes[p.name] = dims(p.whole);
   });
   B::synchronize();  // the copies are on the host before the step goes on

@@ -115,6 +115,7 @@ struct Index {
   std::map<std::string, std::vector<SavedRun>> runs;
   nlohmann::json model_args;
   std::vector<std::string> families;  // the state saved beside each stretch ("exp_avg", ...)
+  std::set<std::string> values_only;  // parameters saved frozen (LoRA): no state beside them
   nlohmann::json state;               // the training state (step, data position, ...), or null
   std::vector<std::map<std::string, std::uint32_t>> crcs;  // per file: each tensor's CRC-32C
 
@@ -245,7 +246,15 @@ inline Index read_index(const std::string& dir) {
                                     s.at(4).get<std::uint64_t>(), s.at(5).get<std::uint64_t>(),
                                     s.at(6).get<std::uint64_t>()};
         const auto n = s.at(7).get<std::int64_t>();
-        for (const std::string& family : index.families) {
+        // A stretch may list what is stored for it (a frozen parameter: its values alone).
+        std::vector<std::string> own = index.families;
+        if (s.size() > 8) {
+          own = s.at(8).get<std::vector<std::string>>();
+          TESSERA_CHECK(own == std::vector<std::string>{""}, f.path(), ": stretch '", key, "' lists ", s.at(8).dump(),
+                        " (a stretch's own list holds its values alone: [\"\"])");
+          if (index.families.size() > 1) index.values_only.insert(name);
+        }
+        for (const std::string& family : own) {
           const std::string stored = family.empty() ? key : family + "/" + key;
           TESSERA_CHECK(f.contains(stored), f.path(), ": stretch '", stored, "' is listed but not stored");
           TESSERA_CHECK(f.entry(stored).numel() == n, f.path(), ": stretch '", stored, "' holds ",
@@ -290,6 +299,9 @@ template <Backend B, class U>
 void read_into(const Index& index, const std::string& dir, const std::string& param, const std::string& family,
                const ops::PieceIndex& where, std::int64_t n, U* dst) {
   const std::vector<SavedRun>& runs = index.runs.at(param);
+  TESSERA_CHECK(family.empty() || !index.values_only.count(param), dir, ": parameter '", param, "' was saved frozen "
+                "(model.converters = [\"lora\"]: no optimizer state '", family, "' beside it); a run that trains it "
+                "cannot resume training it from this checkpoint");
   std::vector<U> host(static_cast<std::size_t>(n));
   for_each_run(where, n, [&](std::int64_t global, std::int64_t length, std::int64_t i) {
     // The saved runs overlapping [global, global + length), in order.

@@ -242,4 +242,11 @@ TESSERA_HD inline double normal(const Philox4x32& rng, std::uint64_t index, doub
   return detail::fma_rn(std, standard_normal(w), mean);
 }
 
+/// Element `index` of a uniform draw on (lo, hi): lo + (hi - lo) u, rounded once each.
+TESSERA_HD inline double uniform(const Philox4x32& rng, std::uint64_t index, double lo, double hi) {
+  std::uint32_t w[4];
+  rng.draw(index, 0, 0, w);
+  return detail::fma_rn(hi - lo, uniform_open(w[0], w[1]), lo);
+}
+
 }  // namespace tessera

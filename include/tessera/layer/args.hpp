@@ -23,9 +23,13 @@ using RopeScaling = ops::RopeScaling;
 /// every layer (matmuls between activations, which the parameters do not count), halved
 /// on request: causal attention computes half of the T x T square. Both ModelArgs (the
 /// Llama model, for the plan) and nn::Transformer (any block) count by it.
+/// `frozen_params` (of the non-embedding ones, counted apart from `non_embedding_params`):
+/// frozen weights (LoRA) count 4, their forward and their input's gradient, since no
+/// gradient of theirs is computed.
 inline double training_flops_per_token(std::int64_t non_embedding_params, double attention_flops,
-                                       bool causal_halved) {
-  return 6.0 * static_cast<double>(non_embedding_params) + (causal_halved ? attention_flops / 2 : attention_flops);
+                                       bool causal_halved, std::int64_t frozen_params = 0) {
+  return 6.0 * static_cast<double>(non_embedding_params) + 4.0 * static_cast<double>(frozen_params) +
+         (causal_halved ? attention_flops / 2 : attention_flops);
 }
 
 struct ModelArgs {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <initializer_list>
 #include <cstdint>
@@ -29,15 +30,17 @@
 #include "tessera/core/float8.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/memory.hpp"
+#include "tessera/core/rng.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/ops/elementwise.hpp"
+#include "tessera/ops/init.hpp"
 #include "tessera/ops/positions.hpp"
 
 namespace tessera::nn {
 
 /// How a parameter starts: torchtitan's initialisers.
 struct Init {
-  enum class Kind : std::uint8_t { ones, zeros, normal, truncated_normal } kind = Kind::zeros;
+  enum class Kind : std::uint8_t { ones, zeros, normal, truncated_normal, uniform } kind = Kind::zeros;
   double std = 0.0;
   double lo = -2.0;  // truncation bounds, absolute (as torch.nn.init.trunc_normal_)
   double hi = 2.0;
@@ -46,6 +49,14 @@ struct Init {
   static Init normal(double std) { return {Kind::normal, std}; }
   static Init truncated_normal(double std, double lo = -2.0, double hi = 2.0) {
     return {Kind::truncated_normal, std, lo, hi};
+  }
+  /// Uniform on (lo, hi).
+  static Init uniform(double lo, double hi) { return {Kind::uniform, 0.0, lo, hi}; }
+  /// torch.nn.Linear's default (kaiming_uniform_ with a = sqrt(5)): uniform on
+  /// (-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  static Init linear_default(std::int64_t fan_in) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    return uniform(-bound, bound);
   }
 };
 
@@ -93,6 +104,29 @@ class DeferParameterStorage {
   bool previous_;
 };
 
+/// While one is alive on this thread, Parameter::on makes frozen parameters (or, given
+/// false, trainable ones: scopes nest, the innermost decides): a frozen parameter keeps
+/// its value, has no gradient (none is ever allocated for it, and its layer skips the
+/// GEMM or kernel that would write one), and the optimizer holds nothing for it. How a
+/// model with LoRA adapters freezes everything but them (layer/lora.hpp, nn::Transformer).
+class FreezeParameters {
+ public:
+  explicit FreezeParameters(bool frozen = true) : previous_(flag()) { flag() = frozen; }
+  ~FreezeParameters() { flag() = previous_; }
+  FreezeParameters(const FreezeParameters&) = delete;
+  FreezeParameters& operator=(const FreezeParameters&) = delete;
+
+  /// Whether parameters made on this thread now are frozen.
+  static bool active() { return flag(); }
+
+ private:
+  static bool& flag() {
+    static thread_local bool frozen = false;
+    return frozen;
+  }
+  bool previous_;
+};
+
 template <class T>
 class ParameterStack;
 
@@ -133,6 +167,10 @@ struct Parameter {
   /// them; none: stored on its own.
   std::shared_ptr<ParameterStack<T>> stack;
   std::size_t stack_index = 0;
+  /// Frozen (FreezeParameters): no gradient, no optimizer state; its value is the model's
+  /// as loaded or initialised, and is saved and loaded as any other.
+  bool frozen = false;
+  bool trainable() const { return !frozen; }
 
   /// Marks the gradient unwritten: the next writer overwrites it. No kernel runs.
   void forget_grad() { grad_written = false; }
@@ -170,15 +208,18 @@ struct Parameter {
     p.whole = shape;
     p.stack = std::move(stack);
     p.stack_index = index;
+    p.frozen = FreezeParameters::active();
     if (!DeferParameterStorage::active()) p.template allocate<B>(shape);
     return p;
   }
 
   /// Gives the parameter a zeroed value and gradient of `shape` in B's memory (its
   /// whole shape, or its piece's).
-  /// `with_grad` false: the value only (a DDP unit keeps the gradients in its bucket).
+  /// `with_grad` false: the value only (a DDP unit keeps the gradients in its bucket). A
+  /// frozen parameter never has a gradient.
   template <Backend B>
   void allocate(const Shape& shape, bool with_grad = true) {
+    with_grad = with_grad && !frozen;
     if (stack && stack->template place<B>(stack_index, shape, value, grad, with_grad)) return;
     {
       MemoryUseScope use(MemoryUse::parameters);
@@ -723,6 +764,24 @@ void prepare_gradients(L& layer) {
     layer.for_each_parameter([](Parameter<typename L::scalar_type>& p) {
       p.template zero_grad_if_unwritten<typename L::backend_type>();
     });
+}
+
+/// Fills `n` values at `out` (in B's memory) with elements where(0), ..., where(n - 1)
+/// of parameter p as its Init makes them from (seed, p.name, element index in the
+/// whole) only: one launch of ops::InitValues on B, so the values are made where they
+/// live and are bitwise the same on every backend and in every layout.
+template <Backend B, class T>
+void init_parameter(const Parameter<T>& p, std::uint64_t seed, T* out, std::int64_t n, ops::PieceIndex where = {}) {
+  const Init& in = p.init;
+  ops::InitKind kind = ops::InitKind::zeros;
+  switch (in.kind) {
+    case Init::Kind::ones: kind = ops::InitKind::ones; break;
+    case Init::Kind::zeros: kind = ops::InitKind::zeros; break;
+    case Init::Kind::normal: kind = ops::InitKind::normal; break;
+    case Init::Kind::truncated_normal: kind = ops::InitKind::truncated_normal; break;
+    case Init::Kind::uniform: kind = ops::InitKind::uniform; break;
+  }
+  B::for_each(n, ops::InitValues<T>{out, parameter_key(seed, p.name), kind, in.std, in.lo, in.hi, where});
 }
 
 }  // namespace tessera::nn

@@ -58,21 +58,23 @@ class Attention : public LayerTypes<T, B> {
   /// `cp`: the ranks holding the other parts of each sequence (nullptr or degree 1: none).
   /// `fuse_projections`: wq, wk and wv stored side by side and run as one GEMM each way
   /// where they can be (false: stored and run one by one).
+  /// `lora`: which of the projections hold LoRA adapters (layer/lora.hpp; none: none).
   Attention(const std::string& name, const ModelArgs& a, double out_std, std::shared_ptr<RopeTable<T, B>> rope,
             parallel::TensorParallelGroup* tp = nullptr, const ops::Float8Policy* float8 = nullptr,
-            parallel::ContextParallelGroup* cp = nullptr, bool fuse_projections = true)
+            parallel::ContextParallelGroup* cp = nullptr, bool fuse_projections = true,
+            const LoraPolicy* lora = nullptr)
       : n_heads_(heads_here(name, a, tp)),
         n_kv_heads_(std::max<std::int64_t>(1, a.kv_heads() / (tp ? tp->degree() : 1))),
         head_dim_(a.head_dim()),
         qkv_(fuse_projections ? qkv_stack(a, tp) : nullptr),
         wq_(name + ".wq", a.dim, a.n_heads * a.head_dim(), Init::truncated_normal(0.02), tp, split(tp, 0, a.n_heads),
-            float8, qkv_, 0),
+            float8, qkv_, 0, lora),
         wk_(name + ".wk", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02), tp,
-            split(tp, 0, a.kv_heads()), float8, qkv_, 1),
+            split(tp, 0, a.kv_heads()), float8, qkv_, 1, lora),
         wv_(name + ".wv", a.dim, a.kv_heads() * a.head_dim(), Init::truncated_normal(0.02), tp,
-            split(tp, 0, a.kv_heads()), float8, qkv_, 2),
+            split(tp, 0, a.kv_heads()), float8, qkv_, 2, lora),
         wo_(name + ".wo", a.n_heads * a.head_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1, a.n_heads),
-            float8),
+            float8, nullptr, 0, lora),
         rope_(std::move(rope)),
         tp_(tp),
         cp_(cp),

@@ -38,11 +38,12 @@ class LlamaBlock : public LayerTypes<T, B> {
   explicit LlamaBlock(const BlockArgs<T, B>& b)
       : attention_norm_(b.name + ".attention_norm", b.model.dim, b.model.norm_eps, b.tp),
         attention_(b.name + ".attention", b.model, output_init_std(b.model, b.layer_id), b.rope, b.tp,
-                   b.plan ? &b.plan->float8 : nullptr, b.cp, b.plan == nullptr || b.plan->fuse_projections),
+                   b.plan ? &b.plan->float8 : nullptr, b.cp, b.plan == nullptr || b.plan->fuse_projections,
+                   b.plan ? &b.plan->lora : nullptr),
         ffn_norm_(b.name + ".ffn_norm", b.model.dim, b.model.norm_eps, b.tp),
         feed_forward_(b.name + ".feed_forward", b.model, output_init_std(b.model, b.layer_id), b.tp,
                       b.plan ? &b.plan->float8 : nullptr, b.plan != nullptr && b.plan->recompute_swiglu,
-                      b.plan == nullptr || b.plan->fuse_projections) {}
+                      b.plan == nullptr || b.plan->fuse_projections, b.plan ? &b.plan->lora : nullptr) {}
 
   /// Each norm's output goes to a layer that may cast it to float8 by its rows' amaxes:
   /// the norm then writes them in its own pass (Float8RowAmaxes). Each residual is added

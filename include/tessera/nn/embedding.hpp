@@ -102,6 +102,7 @@ class Embedding : public LayerTypes<T, B> {
     backward(staged, dy_rows);
   }
   void backward(const StagedIds<B>& staged, const Tensor<T>& dy_rows) {
+    if (weight_.frozen) return;  // nothing to write: its input, the ids, has no gradient
     TESSERA_CHECK(staged.fixed ? !staged.segments.empty() : staged.host.data() != nullptr, weight_.name,
                   ": the ids were staged without what the backward groups");
     const Tensor<T> dy = parallel::whole_rows<B>(tp_, dy_rows);

@@ -52,13 +52,17 @@ class FeedForward : public LayerTypes<T, B> {
   /// `recompute_swiglu`: the SwiGLU output made again in the backward rather than kept.
   /// `fuse_projections`: w1 and w3 stored side by side and run as one GEMM each way where
   /// they can be (false: stored and run one by one).
+  /// `lora`: which of the projections hold LoRA adapters (layer/lora.hpp; none: none).
   FeedForward(const std::string& name, const ModelArgs& a, double out_std, parallel::TensorParallelGroup* tp = nullptr,
-              const ops::Float8Policy* float8 = nullptr, bool recompute_swiglu = false, bool fuse_projections = true)
+              const ops::Float8Policy* float8 = nullptr, bool recompute_swiglu = false, bool fuse_projections = true,
+              const LoraPolicy* lora = nullptr)
       : w13_(fuse_projections ? gate_up_stack(name, a, tp) : nullptr),
-        w1_(name + ".w1", a.dim, hidden(name, a, tp), Init::truncated_normal(0.02), tp, split(tp, 0), float8, w13_, 0),
-        w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1), float8),
+        w1_(name + ".w1", a.dim, hidden(name, a, tp), Init::truncated_normal(0.02), tp, split(tp, 0), float8, w13_, 0,
+            lora),
+        w2_(name + ".w2", a.ffn_hidden_dim(), a.dim, Init::truncated_normal(out_std), tp, split(tp, 1), float8, nullptr,
+            0, lora),
         w3_(name + ".w3", a.dim, a.ffn_hidden_dim(), Init::truncated_normal(out_std), tp, split(tp, 0), float8, w13_,
-            1),
+            1, lora),
         tp_(tp),
         recompute_swiglu_(recompute_swiglu),
         fuse_(fuse_projections) {}

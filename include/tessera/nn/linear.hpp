@@ -22,6 +22,11 @@
 // float8 GEMM cannot take. Under FSDP's float8 all-gather (tensorwise) the weight arrives
 // already in float8 (Parameter::float8_value, parallel/sharding.hpp) and the forward and
 // input-gradient GEMMs multiply it as it is.
+//
+// Under LoRA (layer/lora.hpp: model.converters = ["lora"], [lora]) the weight is frozen
+// (no gradient, no GEMM for one) and a layer the policy takes holds an adapter
+// (nn/lora.hpp) whose output its forward adds into y, in the model's precision whatever
+// the layer's GEMMs run in.
 #pragma once
 
 #include <array>
@@ -33,6 +38,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/nn/float8.hpp"
+#include "tessera/nn/lora.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/float8.hpp"
 #include "tessera/parallel/tensor_parallel.hpp"
@@ -59,10 +65,12 @@ class Linear : public LayerTypes<T, B> {
   /// and whole shape; none: they do not).
   /// `stack`: the ParameterStack the weight is member `stack_index` of (stored beside
   /// the layers it runs with as one: nn::stacked_forward), with `split` as its split.
+  /// `lora`: the policy deciding whether this layer holds a LoRA adapter (none: it does not).
   Linear(std::string name, std::int64_t in, std::int64_t out, Init init, parallel::TensorParallelGroup* tp = nullptr,
          TensorSplit split = {}, const ops::Float8Policy* float8 = nullptr,
-         std::shared_ptr<ParameterStack<T>> stack = {}, std::size_t stack_index = 0)
+         std::shared_ptr<ParameterStack<T>> stack = {}, std::size_t stack_index = 0, const LoraPolicy* lora = nullptr)
       : tp_(tp) {
+    if (lora != nullptr && lora->applies(name)) lora_.emplace(name, in, out, *lora, tp, split);
     if (float8 != nullptr && float8->applies(name, in, out)) {
       float8_ = ops::float8_casts(float8->recipe);
       emulate_float8_ = float8->emulate;
@@ -133,7 +141,15 @@ class Linear : public LayerTypes<T, B> {
     } else {
       B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
     }
-    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy, x_scale = saved_scale(ctx, "x")] {
+    Tensor<T> du;  // the adapter's s dy B
+    if (lora_) {
+      du = lora_->grad_down(dy.cview());
+      lora_->add_input_grad(du.cview(), dx.view());
+    }
+    if (weight_.frozen && !lora_) return;
+    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy, du, x_scale = saved_scale(ctx, "x")] {
+      if (lora_) lora_->weight_grads(dy.cview(), x.cview(), du.cview());
+      if (weight_.frozen) return;
       if (parallel::active(tp_) && weight_.split.holders > 1) {
         Tensor<accum_t<T>> dw = B::template empty<accum_t<T>>(weight_.grad.shape());
         weight_gemm(dy, x, 0.0f, dw, x_scale);
@@ -147,9 +163,12 @@ class Linear : public LayerTypes<T, B> {
   template <class F>
   void for_each_parameter(F&& f) {
     f(weight_);
+    if (lora_) lora_->for_each_parameter(f);
   }
 
   Parameter<T>& weight() { return weight_; }
+  /// The LoRA adapter this layer holds, or nullptr.
+  LoraAdapter<T, B>* lora() { return lora_ ? &*lora_ : nullptr; }
   const Parameter<T>& weight() const { return weight_; }
   /// Whether this layer can run in one GEMM with others reading its input (stacked_forward):
   /// its GEMMs in the model's precision (not float8), and its gradient its own (not summed
@@ -269,6 +288,7 @@ class Linear : public LayerTypes<T, B> {
       } else {
         B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
       }
+      if (lora_) lora_->add_forward(x.cview(), out.view());
       return out;
     });
     if (keep_input) ctx.save("x", SaveKind::input, x);
@@ -307,6 +327,7 @@ class Linear : public LayerTypes<T, B> {
   }
 
   Parameter<T> weight_;
+  std::optional<LoraAdapter<T, B>> lora_;
   parallel::TensorParallelGroup* tp_ = nullptr;
   std::optional<ops::Float8LinearCasts> float8_;
   bool emulate_float8_ = true;
@@ -355,6 +376,13 @@ Tensor<T> stacked_forward(const Context<T>& ctx, const Tensor<T>& x, Linear<T, B
     Tensor<T> o = B::template empty<T>(Shape{x.size(0), out});
     B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), TensorView<const T>(first.weight().value.data(), Shape{out, in}),
             0.0f, o.view());
+    std::int64_t col = 0;  // each adapter's output into its layer's columns
+    auto add_adapter = [&](Linear<T, B>& l) {
+      if (LoraAdapter<T, B>* a = l.lora()) a->add_forward(x.cview(), o.view().slice_cols(col, col + l.out_features()));
+      col += l.out_features();
+    };
+    add_adapter(first);
+    (add_adapter(rest), ...);
     return o;
   });
   ctx.save("x", SaveKind::input, x);
@@ -372,9 +400,25 @@ Tensor<T> stacked_backward(const Context<T>& ctx, const Tensor<T>& dy, Linear<T,
   B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), TensorView<const T>(first.weight().value.data(), Shape{out, in}),
           0.0f, dx.view());
   std::array<Parameter<T>*, 1 + sizeof...(Ls)> ws{&first.weight(), &rest.weight()...};
-  ctx.weight_grad([ws, x = ctx.saved("x"), dy, in, out] {
+  // The adapters' input gradients, and their s dy B, by layer (none where it has none).
+  std::array<LoraAdapter<T, B>*, 1 + sizeof...(Ls)> adapters{first.lora(), rest.lora()...};
+  std::array<Tensor<T>, 1 + sizeof...(Ls)> dus;
+  std::array<std::int64_t, 2 + sizeof...(Ls)> cols{};
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    cols[i + 1] = cols[i] + ws[i]->value.size(0);
+    if (adapters[i] == nullptr) continue;
+    dus[i] = adapters[i]->grad_down(dy.cview().slice_cols(cols[i], cols[i + 1]));
+    adapters[i]->add_input_grad(dus[i].cview(), dx.view());
+  }
+  ctx.weight_grad([ws, adapters, dus, cols, x = ctx.saved("x"), dy, in, out] {
     using G = accum_t<T>;
-    bool alike = true;  // each written alike, and (still) side by side
+    for (std::size_t i = 0; i < ws.size(); ++i)
+      if (adapters[i] != nullptr)
+        adapters[i]->weight_grads(dy.cview().slice_cols(cols[i], cols[i + 1]), x.cview(), dus[i].cview());
+    bool frozen = false, trained = false;
+    for (Parameter<T>* w : ws) (w->frozen ? frozen : trained) = true;
+    if (!trained) return;
+    bool alike = !frozen;  // each written alike, and (still) side by side
     for (std::size_t i = 1; i < ws.size(); ++i)
       alike = alike && ws[i]->grad_written == ws[0]->grad_written &&
               ws[i]->grad.data() == ws[i - 1]->grad.data() + ws[i - 1]->grad.numel();
@@ -385,13 +429,10 @@ Tensor<T> stacked_backward(const Context<T>& ctx, const Tensor<T>& dy, Linear<T,
               TensorView<G>(ws.front()->grad.data(), Shape{out, in}));
       return;
     }
-    std::int64_t col = 0;
-    for (Parameter<T>* w : ws) {
-      const std::int64_t rows = w->grad.size(0);
-      B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview().slice_cols(col, col + rows), x.cview(), w->grad_write_beta(),
-              w->grad.view());
-      col += rows;
-    }
+    for (std::size_t i = 0; i < ws.size(); ++i)
+      if (!ws[i]->frozen)
+        B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview().slice_cols(cols[i], cols[i + 1]), x.cview(),
+                ws[i]->grad_write_beta(), ws[i]->grad.view());
   });
   return dx;
 }

@@ -41,6 +41,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/region.hpp"
 #include "tessera/layer/layer.hpp"
+#include "tessera/nn/lora.hpp"
 #include "tessera/ops/cross_entropy.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/norm.hpp"
@@ -104,8 +105,10 @@ class ChunkedCrossEntropyHead {
 
   /// `tp`: the group the weight is split over by vocabulary (loss parallelism), if it is.
   /// The chunks' budget is fixed here, from the memory of the device B runs on.
-  explicit ChunkedCrossEntropyHead(Parameter<T>* weight, parallel::TensorParallelGroup* tp = nullptr)
-      : weight_(weight), tp_(tp), budget_(loss_chunk_budget(device_memory_bytes<B>())) {}
+  /// `lora`: the projection's LoRA adapter, if it has one (its weight then frozen).
+  explicit ChunkedCrossEntropyHead(Parameter<T>* weight, parallel::TensorParallelGroup* tp = nullptr,
+                                   LoraAdapter<T, B>* lora = nullptr)
+      : weight_(weight), tp_(tp), lora_(lora), budget_(loss_chunk_budget(device_memory_bytes<B>())) {}
 
   /// Whether dh from forward() is a partial sum over the tensor-parallel ranks.
   bool vocab_parallel() const { return parallel::active(tp_) && weight_->split.split(); }
@@ -179,11 +182,18 @@ class ChunkedCrossEntropyHead {
       sums = B::template empty<A>(Shape{2 * std::min(step, rows)});
     }
     const std::int64_t lo = local * weight_->split.index;
+    // The adapter's gradients, summed over the chunks and finished once (LoraAdapter).
+    Tensor<A> lora_a_sum, lora_b_sum;
+    if (lora_ != nullptr && dh != nullptr) {
+      lora_a_sum = B::template empty<A>(lora_->a().value.shape());
+      lora_b_sum = B::template empty<A>(lora_->b().value.shape());
+    }
     for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
       const std::int64_t r1 = std::min(rows, r0 + step), n = r1 - r0;
       TensorView<A> z = logits.view().slice_rows(0, n);
       TensorView<const T> hc = h.cview().slice_rows(r0, r1);
       B::gemm(Trans::no, Trans::yes, A(1), hc, weight_->value.cview(), A(0), z);
+      if (lora_ != nullptr) lora_->add_forward(hc, z);
       if (vocab_parallel()) {
         const std::int32_t* t = target_ids.data() + r0;
         B::for_each(n, ops::CrossEntropyShardMax<A>{z.data(), local, local, t, max.data()});
@@ -211,9 +221,16 @@ class ChunkedCrossEntropyHead {
           dz = logits_grad.cview().slice_rows(0, n);
         }
         B::gemm(Trans::no, Trans::no, A(1), dz, weight_->value.cview(), A(0), dh->view().slice_rows(r0, r1));
-        B::gemm(Trans::yes, Trans::no, A(1), dz, hc, weight_->grad_write_beta(), weight_->grad.view());
+        if (!weight_->frozen)
+          B::gemm(Trans::yes, Trans::no, A(1), dz, hc, weight_->grad_write_beta(), weight_->grad.view());
+        if (lora_ != nullptr) {
+          const Tensor<T> du = lora_->grad_down(dz);
+          lora_->add_input_grad(du.cview(), dh->view().slice_rows(r0, r1));
+          lora_->weight_grads_into(dz, hc, du.cview(), r0 == 0 ? A(0) : A(1), lora_a_sum, lora_b_sum);
+        }
       }
     }
+    if (lora_ != nullptr && dh != nullptr) lora_->finish_grads(lora_a_sum, lora_b_sum);
     B::for_each(1, ops::LaneSum{row_loss.data(), rows, loss_sum, true});
   }
 
@@ -222,6 +239,7 @@ class ChunkedCrossEntropyHead {
   Tensor<A> logits(const Tensor<T>& h) const {
     Tensor<A> z = B::template empty<A>(Shape{h.size(0), weight_->value.size(0)});
     B::gemm(Trans::no, Trans::yes, A(1), h.cview(), weight_->value.cview(), A(0), z.view());
+    if (lora_ != nullptr) lora_->add_forward(h.cview(), z.view());
     if (!vocab_parallel()) return z;
     const std::int64_t parts = tp_->degree(), rows = z.size(0), local = z.size(1);
     Tensor<A> all = B::template empty<A>(Shape{parts * rows * local});
@@ -235,6 +253,7 @@ class ChunkedCrossEntropyHead {
  private:
   Parameter<T>* weight_;
   parallel::TensorParallelGroup* tp_ = nullptr;
+  LoraAdapter<T, B>* lora_ = nullptr;
   std::size_t budget_;
 };
 

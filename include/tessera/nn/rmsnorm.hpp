@@ -60,6 +60,10 @@ class RmsNorm : public LayerTypes<T, B> {
     const ops::RmsNormBackwardInput<T> input{x.data(),  n, weight_.value.data(), rstd.data(), dy.data(), n,
                                              dx.data(), n, n, residual != nullptr ? residual->data() : nullptr,
                                              n};
+    if (weight_.frozen) {  // the input's gradient only
+      B::for_each(rows, input);
+      return dx;
+    }
     if (ctx.weight_grad_queue() == nullptr && !parallel::splits_rows(tp_)) {
       // Both passes in one launch (x and dy read once on the GPU); the column sums
       // written, not added to zeros, on the step's first write (layer.hpp's rule).

@@ -35,11 +35,13 @@
 // (parallel/context_parallel.hpp). Each rank's loss is the sum over its own tokens.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -55,6 +57,7 @@
 #include "tessera/layer/runtime.hpp"
 #include "tessera/nn/block.hpp"
 #include "tessera/nn/embedding.hpp"
+#include "tessera/nn/lora.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/nn/rmsnorm.hpp"
 #include "tessera/nn/rope.hpp"
@@ -82,22 +85,6 @@ Options default_block_options() {
 }
 }  // namespace detail
 
-/// Fills `n` values at `out` (in B's memory) with elements where(0), ..., where(n - 1)
-/// of parameter p as its Init makes them from (seed, p.name, element index in the
-/// whole) only: one launch of ops::InitValues on B, so the values are made where they
-/// live and are bitwise the same on every backend and in every layout.
-template <Backend B, class T>
-void init_parameter(const Parameter<T>& p, std::uint64_t seed, T* out, std::int64_t n, ops::PieceIndex where = {}) {
-  const Init& in = p.init;
-  ops::InitKind kind = ops::InitKind::zeros;
-  switch (in.kind) {
-    case Init::Kind::ones: kind = ops::InitKind::ones; break;
-    case Init::Kind::zeros: kind = ops::InitKind::zeros; break;
-    case Init::Kind::normal: kind = ops::InitKind::normal; break;
-    case Init::Kind::truncated_normal: kind = ops::InitKind::truncated_normal; break;
-  }
-  B::for_each(n, ops::InitValues<T>{out, parameter_key(seed, p.name), kind, in.std, in.lo, in.hi, where});
-}
 
 /// A micro-batch in the backend's memory, staged ahead of the forward_backward that reads
 /// it (Transformer::stage): its ids (with their grouping for the embedding's backward),
@@ -149,13 +136,15 @@ class Transformer {
   explicit Transformer(const ModelArgs& args, const parallel::Plan& plan = {},
                        const block_options_type& options = detail::default_block_options<block_options_type>())
       : Transformer(args, plan, options,
-                    DeferParameterStorage((plan.mesh != nullptr && plan.mesh->world().size() > 1) || plan.units_over_self())) {}
+                    DeferParameterStorage((plan.mesh != nullptr && plan.mesh->world().size() > 1) || plan.units_over_self()),
+                    FreezeParameters(plan.lora.enabled || FreezeParameters::active())) {}
 
  private:
-  // The scope is a temporary of the delegating constructor's call: it lives until this
-  // one has finished, so every parameter the members and the body make sees it.
+  // The scopes are temporaries of the delegating constructor's call: they live until this
+  // one has finished, so every parameter the members and the body make sees them. Under
+  // LoRA every parameter is made frozen but the adapters (nn::LoraAdapter).
   Transformer(const ModelArgs& args, const parallel::Plan& plan, const block_options_type& options,
-              const DeferParameterStorage&);
+              const DeferParameterStorage&, const FreezeParameters&);
 
  public:
   Transformer(const Transformer&) = delete;
@@ -188,8 +177,15 @@ class Transformer {
     for (auto& l : layers_) l.for_each_parameter(f);
     if (layout().head) {
       norm_.for_each_parameter(f);
-      if (output_) f(*output_);
+      for_each_output_parameter(f);
     }
+  }
+
+  /// The output projection's weight and its LoRA adapter's, where the model has them.
+  template <class F>
+  void for_each_output_parameter(F&& f) {
+    if (output_) f(*output_);
+    if (output_lora_) output_lora_->for_each_parameter(f);
   }
 
   /// Initialises every parameter this rank holds from (seed, name, element index in
@@ -300,9 +296,11 @@ class Transformer {
   /// nn::DescribesAttentionFlops; else the model's attention, 12 H hd T), over the whole
   /// T x T square, or halved (`causal_halved`: what causal attention computes). For the
   /// Llama block, exactly ModelArgs::flops_per_token. The same on every rank.
+  /// Frozen parameters (LoRA) count 4, not 6: no gradient of theirs is computed.
   double flops_per_token(std::int64_t seq_len, bool causal_halved = false) const {
-    return training_flops_per_token(num_params_ - args_.num_embedding_params(),
-                                    static_cast<double>(args_.n_layers) * block_attention_flops(seq_len), causal_halved);
+    return training_flops_per_token(num_params_ - args_.num_embedding_params() - frozen_params_,
+                                    static_cast<double>(args_.n_layers) * block_attention_flops(seq_len), causal_halved,
+                                    frozen_params_);
   }
 
   /// Forward and backward of one micro-batch; accumulates gradients of
@@ -407,7 +405,11 @@ class Transformer {
   template <class F>
   void visit_one_block(F&& f) const {
     const DeferParameterStorage shapes_only;
-    bare_block_t<Block> b(BlockArgs<T, B>{args_, 0, "layers.0", rope_, nullptr, nullptr, BlockOptionsRef(options_)});
+    // Its parameters as the model's blocks have them: LoRA's adapters, and which are frozen.
+    parallel::Plan converters;
+    converters.lora = plan_.lora;
+    const FreezeParameters frozen(plan_.lora.enabled || FreezeParameters::active());
+    bare_block_t<Block> b(BlockArgs<T, B>{args_, 0, "layers.0", rope_, &converters, nullptr, BlockOptionsRef(options_)});
     b.for_each_parameter(f);
   }
 
@@ -555,12 +557,14 @@ class Transformer {
   std::deque<Block> layers_;  // a deque: blocks never move (a sharding unit points into its block)
   RmsNorm<T, B> norm_;
   std::unique_ptr<Parameter<T>> output_;
+  std::optional<LoraAdapter<T, B>> output_lora_;  // under LoRA, where it takes "output"
   ChunkedCrossEntropyHead<T, B> head_{nullptr};
   std::deque<ActivationStore<T>> stores_;
   std::size_t saved_bytes_peak_ = 0;
   optim::SquaredNorms<B, A> norms_;                    // the gradient norm's pieces, their table kept between steps
   std::vector<std::unique_ptr<Parameter<T>>> whole_;  // every parameter, inside with_whole_parameters
   std::int64_t num_params_ = 0;                       // of the whole model (num_params)
+  std::int64_t frozen_params_ = 0;                    // of those, frozen, but the embedding's
 };
 
 // The members whose bodies reach the whole model (its layers, the collectives, the
@@ -569,7 +573,8 @@ class Transformer {
 
 template <class T, Backend B, class Block>
 Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Plan& plan,
-                                      const block_options_type& options, const DeferParameterStorage&)
+                                      const block_options_type& options, const DeferParameterStorage&,
+                                      const FreezeParameters&)
     : args_((args.validate(), args)),
       plan_(plan),
       options_(options),
@@ -590,18 +595,35 @@ Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Pla
     // Loss parallelism splits it by vocabulary; without, every rank holds it whole
     // and computes the whole head (the first rank counts it in the gradient norm).
     output_->split = plan.loss_parallel ? tp_.split(0) : tp_.whole();
+    // Its adapter's gradients are partial sums over the ranks only where it is split.
+    if (plan.lora.applies("output"))
+      output_lora_.emplace("output", args.dim, args.vocab_size, plan.lora, tensor_parallel(), output_->split,
+                           plan.loss_parallel);
+  } else {
+    const auto& t = plan.lora.target_modules;
+    TESSERA_CHECK(!plan.lora.enabled || std::find(t.begin(), t.end(), "output") == t.end(),
+                  "lora.target_modules names \"output\", and this model has none of its own (model.tie_embeddings = "
+                  "true: the head multiplies by the embedding)");
   }
   head_ = ChunkedCrossEntropyHead<T, B>(output_ ? output_.get() : &tok_embeddings_.weight(),
-                                        plan.loss_parallel ? tensor_parallel() : nullptr);
+                                        plan.loss_parallel ? tensor_parallel() : nullptr,
+                                        output_lora_ ? &*output_lora_ : nullptr);
   // Counted from the parts' whole shapes, which every rank has, whatever it holds.
-  std::int64_t block = 0;
-  visit_one_block([&](Parameter<T>& p) { block += p.whole.numel(); });
-  num_params_ = tok_embeddings_.weight().whole.numel() + args_.n_layers * block + norm_.weight().whole.numel() +
-                (output_ ? output_->whole.numel() : 0);
+  std::int64_t block = 0, frozen_block = 0;
+  visit_one_block([&](Parameter<T>& p) {
+    block += p.whole.numel();
+    if (p.frozen) frozen_block += p.whole.numel();
+  });
+  num_params_ = tok_embeddings_.weight().whole.numel() + args_.n_layers * block + norm_.weight().whole.numel();
+  frozen_params_ = args_.n_layers * frozen_block + (norm_.weight().frozen ? norm_.weight().whole.numel() : 0);
+  for_each_output_parameter([&](Parameter<T>& p) {
+    num_params_ += p.whole.numel();
+    if (p.frozen) frozen_params_ += p.whole.numel();
+  });
   if (!layout().embedding) release(tok_embeddings_.weight());
   if (!layout().head) {
     release(norm_.weight());
-    if (output_) release(*output_);
+    for_each_output_parameter([](Parameter<T>& p) { release(p); });
   }
   for (std::size_t i = 0; i < layers_.size(); ++i) stores_.emplace_back("", &meter_);
   runtime_.attach(*this);
@@ -813,6 +835,10 @@ std::vector<std::string> Transformer<T, B, Block>::parameter_names() const {
     for (const auto& n : block) names.push_back("layers." + std::to_string(i) + "." + n);
   names.push_back("norm.weight");
   if (!args_.tie_embeddings) names.push_back("output.weight");
+  if (output_lora_) {
+    names.push_back("output.lora_a.weight");
+    names.push_back("output.lora_b.weight");
+  }
   return names;
 }
 

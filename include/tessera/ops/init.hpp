@@ -1,8 +1,8 @@
 // Parameter initialisation: element i of a parameter as a function of (seed, name, i).
 //
 // InitValues writes out[i] for every index of its launch: a constant (ones, zeros), a
-// normal(0, std), or a normal(0, std) truncated to [lo, hi] by rejection over the
-// attempts of the same Philox counter (core/rng.hpp). Both backends run this same code
+// normal(0, std), a normal(0, std) truncated to [lo, hi] by rejection over the
+// attempts of the same Philox counter, or a uniform on (lo, hi) (core/rng.hpp). Both backends run this same code
 // (the CPU backend loops over it, the CUDA backend launches it), and the normal transform
 // uses only operations that round the same way on host and device, so a parameter made on
 // a GPU holds bitwise the values the CPU backend makes. `where` maps out[i] to its element
@@ -21,7 +21,7 @@
 namespace tessera::ops {
 
 /// How the values are drawn (nn::Init's kinds).
-enum class InitKind : std::uint8_t { ones, zeros, normal, truncated_normal };
+enum class InitKind : std::uint8_t { ones, zeros, normal, truncated_normal, uniform };
 
 /// Where element i of a stretch of a piece lies in the whole parameter. The whole is
 /// seen as a matrix of `whole_cols` columns (a vector as one row); the piece is the
@@ -54,6 +54,7 @@ struct InitValues {
       case InitKind::zeros: return 0.0;
       case InitKind::normal: return normal(Philox4x32(key), index, 0.0, std);
       case InitKind::truncated_normal: return truncated_normal(Philox4x32(key), index, 0.0, std, lo, hi);
+      case InitKind::uniform: return uniform(Philox4x32(key), index, lo, hi);
     }
     return 0.0;
   }
@@ -75,6 +76,8 @@ struct InitValues {
     if (kind == InitKind::normal || kind == InitKind::truncated_normal) {
       t.flops = e * (60 + 2 * (4 + 30 + 25 + 3));
       t.transcendentals = e;
+    } else if (kind == InitKind::uniform) {
+      t.flops = e * (60 + 4 + 2);  // Philox, the uniform, the scale and shift
     }
     return t;
   }

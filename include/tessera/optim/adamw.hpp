@@ -97,6 +97,7 @@ class AdamW {
     staged_ = B::template empty<ops::AdamWScalars<A>>(Shape{1});  // a step's, counted as such
     MemoryUseScope use(MemoryUse::optimizer);  // moments and masters
     auto add = [&](nn::Parameter<T>& p) {
+      if (p.frozen) return;  // nothing to update: no state
       State s{&p, {}, {}};
       const bool host = on_host(p.value);
       with_backend<B>(host, [&]<class X>() {
@@ -221,8 +222,10 @@ class AdamW {
   /// for_each_local_parameter handed out; each tensor has p's shape): "exp_avg" and
   /// "exp_avg_sq" (Tensor<accum_t<T>>, or Tensor<bf16> with state_dtype = bf16) and,
   /// with bf16 parameters, "master" (Tensor<accum_t<T>>). For checkpoints.
+  /// A frozen parameter has none: f is not called.
   template <class F>
   void for_each_state_tensor(const nn::Parameter<T>& p, F&& f) {
+    if (p.frozen) return;
     for (auto& s : states_) {
       if (s.param != &p) continue;
       std::visit(

@@ -171,7 +171,9 @@ template <Backend B, class Model>
 double grad_norm(Model& model) {
   using T = typename Model::scalar_type;
   SquaredNorms<B, accum_t<T>> norms;
-  model.for_each_parameter([&](nn::Parameter<T>& p) { norms.add(p.grad); });
+  model.for_each_parameter([&](nn::Parameter<T>& p) {
+    if (!p.frozen) norms.add(p.grad);
+  });
   return std::sqrt(norms.sum());
 }
 

@@ -204,7 +204,7 @@ class ModelRuntime {
       units_.for_each(m, [&](Unit& u) { u.add_owned_gradient(norms); });
     else
       m.for_each_parameter([&](nn::Parameter<T>& p) {
-        if (p.split.owner) norms.add(p.grad);
+        if (p.split.owner && !p.frozen) norms.add(p.grad);
       });
   }
 

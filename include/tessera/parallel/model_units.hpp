@@ -20,7 +20,7 @@
 // waits one hand-off more, for its gradient's copy to the host, and then runs on the
 // host's cores beside the backward the device was given meanwhile.
 //
-// A model hands its parts through: embedding(), final_norm(), output_weight() (or
+// A model hands its parts through: embedding(), final_norm(), for_each_output_parameter() (or
 // nullptr when the output is the embedding), layer(i) and n_layers(), args().
 #pragma once
 
@@ -68,7 +68,7 @@ class ModelUnits {
     if (has_head) {
       head_ = std::make_unique<Unit>("norm+output", mode, plan, !pipelined && plan.reshard == Reshard::always);
       m.final_norm().for_each_parameter([&](nn::Parameter<T>& p) { head_->add(p); });
-      if (nn::Parameter<T>* out = m.output_weight()) head_->add(*out);
+      m.for_each_output_parameter([&](nn::Parameter<T>& p) { head_->add(p); });
     }
   }
 

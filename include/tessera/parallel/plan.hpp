@@ -16,6 +16,7 @@
 #include "tessera/comm/mesh.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/layer/lora.hpp"
 #include "tessera/ops/float8.hpp"
 #include "tessera/parallel/schedule.hpp"
 #include "tessera/parallel/schedule_csv.hpp"
@@ -271,6 +272,8 @@ struct Plan {
   PipelineOptions pipeline{};
   /// Which linear layers multiply in float8, by which recipe (ops/float8.hpp).
   ops::Float8Policy float8{};
+  /// Which linear layers hold LoRA adapters, everything else frozen (layer/lora.hpp).
+  nn::LoraPolicy lora{};
   /// Under context parallelism: how the keys and values reach every rank of the group
   /// (parallel/context_parallel.hpp; parallelism.context_parallel_rotate_method).
   ContextRotation context_rotation = ContextRotation::ring;

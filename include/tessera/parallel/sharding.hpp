@@ -222,6 +222,12 @@ class ShardedUnit {
       numel_ += s.shape.numel();
     }
     if (shards()) {
+      // A flat shard is updated whole: every element of it trains.
+      for (auto& s : params_)
+        TESSERA_CHECK(!s.p->frozen, name_, ": ", s.p->name, " is frozen (LoRA: model.converters = [\"lora\"]) and ",
+                      name_of(mode_), " updates its unit's flat shard whole; frozen parameters train under DDP, "
+                      "tensor, pipeline or no parallelism (parallelism.data_parallel_shard_degree = 1, "
+                      "context_parallel_degree = 1)");
       const int S = degree();
       shard_numel_ = (numel_ + S - 1) / S;
       const std::int64_t begin = shard_begin();
@@ -245,8 +251,14 @@ class ShardedUnit {
     } else {
       shard_numel_ = numel_;
       if (mode_ == ShardingMode::ddp) {
+        // The trainable parameters' gradients, end to end (a frozen one has none).
+        bucket_numel_ = 0;
+        for (auto& s : params_) {
+          s.grad_offset = bucket_numel_;
+          if (!s.p->frozen) bucket_numel_ += s.shape.numel();
+        }
         MemoryUseScope use(MemoryUse::gradients);
-        bucket_ = B::template zeros<G>(Shape{numel_});
+        bucket_ = B::template zeros<G>(Shape{bucket_numel_});
       }
       for (auto& s : params_) {
         if (s.p->value.empty() && s.p->grad.empty()) {
@@ -257,12 +269,13 @@ class ShardedUnit {
           MemoryUseScope use(MemoryUse::parameters);
           s.p->value = B::template zeros<T>(s.shape);
         }
+        if (s.p->frozen) continue;
         if (mode_ != ShardingMode::ddp) {
           MemoryUseScope use(MemoryUse::gradients);
           if (s.p->grad.empty()) s.p->grad = B::template zeros<G>(s.shape);
           continue;
         }
-        Tensor<G> view = bucket_.slice(s.offset, s.shape);  // the gradient lives in the bucket
+        Tensor<G> view = bucket_.slice(s.grad_offset, s.shape);  // the gradient lives in the bucket
         if (!s.p->grad.empty()) B::for_each(view.numel(), ops::Copy<G>{s.p->grad.data(), view.data()});
         s.p->grad = view;
       }
@@ -437,7 +450,7 @@ class ShardedUnit {
       grads_open_ = false;
     } else if (mode_ == ShardingMode::ddp && last_micro_batch) {
       zero_unwritten_grads();
-      reduce_ = replicate_comm_->all_reduce_async(std::span<G>(bucket_.data(), numel_));
+      if (bucket_numel_ > 0) reduce_ = replicate_comm_->all_reduce_async(std::span<G>(bucket_.data(), bucket_numel_));
     }
   }
 
@@ -529,7 +542,7 @@ class ShardedUnit {
       }
     } else {
       for (const auto& slot : params_)
-        if (slot.p->split.owner) norms.add(slot.p->grad);
+        if (slot.p->split.owner && !slot.p->frozen) norms.add(slot.p->grad);
     }
   }
 
@@ -543,6 +556,7 @@ class ShardedUnit {
     nn::Parameter<T>* p;
     std::int64_t offset;
     Shape shape;  // the parameter's (its value is empty while sharded)
+    std::int64_t grad_offset = 0;  // DDP: where its gradient lies in the bucket
   };
 
   /// The float8 all-gather's layout (shard()): which slots gather as float8, and where the
@@ -764,7 +778,8 @@ class ShardedUnit {
   bool whole_values_ = false;      // unshard_values() under way: gather values, not float8
   bool gathering_float8_ = false;  // the gather done or on its way is the float8 one
   Tensor<G> full_grad_, reducing_grad_, reduced_;
-  Tensor<G> bucket_;  // DDP: the flat gradient every parameter's grad views
+  Tensor<G> bucket_;  // DDP: the flat gradient every trainable parameter's grad views
+  std::int64_t bucket_numel_ = 0;
   comm::Handle gather_, reduce_;
   FenceOf<B> landing_;  // offloaded: the reduced gradient's copy to the host, until waited for
 };

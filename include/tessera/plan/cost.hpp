@@ -75,6 +75,7 @@
 
 #include "tessera/backend/cuda/attention_choice.hpp"
 #include "tessera/backend/trace.hpp"
+#include "tessera/layer/lora.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/region.hpp"
@@ -300,6 +301,7 @@ struct StepShape {
   std::int64_t seq_len = 0;
   DType dtype = DType::f32;  // the parameters' (bf16 for a bf16 model)
   int devices = 1;
+  nn::LoraPolicy lora{};  // LoRA's adapters, where the model has them (its FLOPs per token)
 };
 
 /// One rank's host thread and device stream, as its trace issues work (see the header
@@ -456,8 +458,9 @@ inline Prediction predict(const trace::Trace& trace, const Pricer& pricer, const
   p.tokens_per_sec = p.step_seconds > 0 ? static_cast<double>(shape.tokens) / p.step_seconds : 0;
   p.peak_flops = pricer.peak_flops(shape.dtype);
   const double per_device = p.tokens_per_sec / std::max(1, shape.devices);
-  p.mfu_pct = 100 * per_device * shape.args.flops_per_token(shape.seq_len) / p.peak_flops;
-  p.mfu_causal_pct = 100 * per_device * shape.args.flops_per_token(shape.seq_len, true) / p.peak_flops;
+  p.mfu_pct = 100 * per_device * nn::training_flops_per_token(shape.args, shape.lora, shape.seq_len) / p.peak_flops;
+  p.mfu_causal_pct =
+      100 * per_device * nn::training_flops_per_token(shape.args, shape.lora, shape.seq_len, true) / p.peak_flops;
   p.peak_memory_bytes = peak;
   p.reserved_memory_bytes = std::max(reserved, peak);
   p.memory = at_peak;

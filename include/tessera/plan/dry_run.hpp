@@ -104,6 +104,7 @@ StepTrace dry_run(const train::JobConfig& c, std::size_t device_bytes, int world
     out.shape.seq_len = seq;
     out.shape.dtype = std::is_same_v<T, bf16> ? DType::bf16 : plan.param_dtype;
     out.shape.devices = world;
+    out.shape.lora = plan.lora;
     {
       // Room for as many events as this thread's last dry run recorded: a search traces
       // thousands of steps of about one size, and growing each trace's events by

@@ -129,8 +129,9 @@ inline LayoutPrediction predict_layout(const std::vector<StepTrace>& positions, 
   const StepShape& shape = first.shape;
   out.tokens_per_sec = out.step_seconds > 0 ? static_cast<double>(shape.tokens) / out.step_seconds / out.gpus : 0;
   const double peak = compute.peak_flops(shape.dtype);
-  out.mfu_pct = 100 * out.tokens_per_sec * shape.args.flops_per_token(shape.seq_len) / peak;
-  out.mfu_causal_pct = 100 * out.tokens_per_sec * shape.args.flops_per_token(shape.seq_len, true) / peak;
+  out.mfu_pct = 100 * out.tokens_per_sec * nn::training_flops_per_token(shape.args, shape.lora, shape.seq_len) / peak;
+  out.mfu_causal_pct =
+      100 * out.tokens_per_sec * nn::training_flops_per_token(shape.args, shape.lora, shape.seq_len, true) / peak;
   return out;
 }
 

@@ -526,7 +526,10 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
   // A float8 layout's model is bf16 too: its MFU is against the bf16 peak (GpuPricer::peak_flops).
   const DType dtype = c.training.mixed_precision_param == "float32" ? DType::f32 : DType::bf16;
   r.tokens_per_sec = r.step_seconds > 0 ? static_cast<double>(tokens) / r.step_seconds / world : 0;
-  r.mfu_pct = 100 * r.tokens_per_sec * c.model.args.flops_per_token(c.training.seq_len) / compute.peak_flops(dtype);
+  nn::LoraPolicy lora;
+  if (train::lora_enabled(c)) lora = nn::LoraPolicy{true, c.lora.rank, c.lora.alpha, c.lora.target_modules};
+  r.mfu_pct = 100 * r.tokens_per_sec * nn::training_flops_per_token(c.model.args, lora, c.training.seq_len) /
+              compute.peak_flops(dtype);
   return r;
 }
 
@@ -660,12 +663,13 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
         return any ? Verdict::fits : known.front().second;
       };
       // Live memory grows with the microbatch and falls with the shard degree: past a
-      // family whose lightest variant is over, the larger microbatches are not priced,
-      // and past a shard degree where that holds of the smallest microbatch, the smaller
-      // degrees are not.
+      // family whose lightest variant is over (or refused: fewer microbatches), the larger
+      // microbatches are not priced, and past a shard degree where the smallest
+      // microbatch is over, the smaller degrees are not. A refusal says nothing of a
+      // smaller shard degree (LoRA refuses FSDP, and runs unsharded).
       std::int64_t shard = 0;
       std::vector<VariantKey> hint;
-      bool shard_over = false;  // this shard degree's smallest microbatch is over (or refused)
+      bool shard_over = false;  // this shard degree's smallest microbatch is over
       bool heavier = false;     // a family of this degree was: its larger microbatches are skipped
       for (const auto& [key, f] : *order[g]) {
         const bool smallest = f.shard != shard;
@@ -677,7 +681,7 @@ inline SearchReport search_layouts(const train::JobConfig& base, const SearchSpa
         if (heavier) continue;
         const Verdict v = price_family(f, hint);
         heavier = v == Verdict::over || v == Verdict::refused;
-        if (smallest) shard_over = heavier;
+        if (smallest) shard_over = v == Verdict::over;
       }
       std::lock_guard<std::mutex> lock(m);
       report.priced += priced.size() + dominated;

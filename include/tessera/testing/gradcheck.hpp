@@ -132,7 +132,7 @@ inline GradientCheck compare_gradient(std::string name, const Tensor<double>& x,
 }
 
 /// Checks a layer's backward for its input (rows g.rows() x in_dim) and every
-/// parameter against finite differences of f(x) = sum(c * layer(x)). The layer's
+/// trainable parameter against finite differences of f(x) = sum(c * layer(x)). The layer's
 /// parameter gradients are overwritten; its values are left as they were.
 template <class L>
   requires nn::Layer<L> && std::same_as<typename L::scalar_type, double> &&
@@ -145,6 +145,7 @@ GradientReport check_gradients(L& layer, nn::Geometry g, std::int64_t in_dim, Gr
   const Tensor<double> c(y.shape());
   fill_normal(c, o.seed, "c");
   layer.for_each_parameter([](nn::Parameter<double>& p) {
+    if (p.frozen) return;  // no gradient
     for (std::int64_t i = 0; i < p.numel(); ++i) p.grad[i] = 0;
   });
   const Tensor<double> dx = layer.backward(nn::Context<double>(g, &store), c);
@@ -159,7 +160,7 @@ GradientReport check_gradients(L& layer, nn::Geometry g, std::int64_t in_dim, Gr
   report.tolerance = o.tolerance;
   report.checks.push_back(compare_gradient("input", x, values(dx), f, o.tolerance, o.step));
   layer.for_each_parameter([&](nn::Parameter<double>& p) {
-    report.checks.push_back(compare_gradient(p.name, p.value, values(p.grad), f, o.tolerance, o.step));
+    if (!p.frozen) report.checks.push_back(compare_gradient(p.name, p.value, values(p.grad), f, o.tolerance, o.step));
   });
   return report;
 }

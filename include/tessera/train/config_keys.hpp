@@ -152,9 +152,10 @@ inline std::vector<ConfigKey> build_config_keys() {
                "tokenizer.model) unless model.tokenizer is given, and with checkpoint.initial_load_in_hf the weights "
                "unless checkpoint.initial_load_path is given."),
       make_key("model.converters", field<&J::model, &M::converters>(),
-               "What is swapped into the model: [\"float8\"] trains the linear layers' GEMMs in float8 as "
-               "[float8] says (a bfloat16 model: training.mixed_precision_param = \"bfloat16\"). Empty: nothing.")
-          .one_of({"float8"}),
+               "What is swapped into the model: \"float8\" trains the linear layers' GEMMs in float8 as "
+               "[float8] says (a bfloat16 model: training.mixed_precision_param = \"bfloat16\"); \"lora\" adds "
+               "LoRA adapters to the linear layers [lora] names and freezes everything else. Empty: nothing.")
+          .one_of({"float8", "lora"}),
       make_key("model.fuse_projections", field<&J::model, &M::fuse_projections>(),
                "tessera's: attention's wq, wk and wv, and the feed-forward's w1 and w3, stored side by side and "
                "each group run as one GEMM a direction (checkpoints and exports unchanged). false: one GEMM a "
@@ -399,6 +400,15 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("float8.emulate", field<&J::float8, &Float8Section::emulate>(),
                "Emulate the float8 GEMMs: the operands cast to float8 exactly as on a GPU, multiplied in float32 "
                "(the CPU, and GPUs before sm_89)."),
+      // [lora]
+      make_key("lora.rank", field<&J::lora, &LoraSection::rank>(),
+               "The adapters' rank r: A is r x in, B is out x r (torchtitan's default 8)."),
+      make_key("lora.alpha", field<&J::lora, &LoraSection::alpha>(),
+               "The adapters' output is scaled by alpha / rank (torchtitan's default 16)."),
+      make_key("lora.target_modules", field<&J::lora, &LoraSection::target_modules>(),
+               "The linear layers that gain adapters, by the last part of their name: wq, wk, wv, wo, w1, w2, w3, "
+               "output. Empty: all of them (torchtitan's default).")
+          .one_of({"wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"}),
       // [checkpoint]
       make_key("checkpoint.enable", field<&J::checkpoint, &CheckpointSection::enable>(),
                "Save checkpoints (and resume from the latest one)."),

@@ -153,6 +153,14 @@ struct Float8Section {
   bool emulate = false;
 };
 
+/// [lora]: torchtitan's LoRA converter, read when model.converters holds "lora"
+/// (layer/lora.hpp).
+struct LoraSection {
+  std::int64_t rank = 8;
+  double alpha = 16.0;
+  std::vector<std::string> target_modules;  // empty: every linear layer
+};
+
 /// [checkpoint]
 struct CheckpointSection {
   bool enable = false;
@@ -236,6 +244,7 @@ struct JobConfig {
   ParallelismSection parallelism;
   ActivationCheckpointSection activation_checkpoint;
   Float8Section float8;
+  LoraSection lora;
   CheckpointSection checkpoint;
   MetricsSection metrics;
   ProfilingSection profiling;
@@ -248,6 +257,13 @@ struct JobConfig {
 inline bool float8_enabled(const JobConfig& c) {
   for (const std::string& name : c.model.converters)
     if (name == "float8") return true;
+  return false;
+}
+
+/// Whether model.converters asks for LoRA adapters ([lora]).
+inline bool lora_enabled(const JobConfig& c) {
+  for (const std::string& name : c.model.converters)
+    if (name == "lora") return true;
   return false;
 }
 

@@ -1,0 +1,141 @@
+// LoRA (model.converters = ["lora"], [lora]; layer/lora.hpp, nn/lora.hpp). Held here:
+// - the model starts as the one the adapters were added to: the first step's loss is
+//   the model's without them, bit for bit (B starts at zero);
+// - only the adapters train: every other parameter keeps its value to the bit, has no
+//   gradient, and the optimizer holds state for the adapters alone;
+// - the loss falls, and each layout LoRA runs on (DDP, TP with and without loss
+//   parallelism, PP, TP x DDP, PP x TP) trains the model one rank trains, within the
+//   parity bar, every rank agreeing;
+// - what it cannot run is refused by key: FSDP, HSDP, context parallelism, CPU offload,
+//   the early step, an adapter on a head the model does not have, a rank below 1.
+// (The gradients against finite differences: tests/nn/test_gradcheck.cpp; checkpoints:
+// test_sharded_checkpoint.cpp.)
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../support/errors.hpp"
+#include "harness.hpp"
+#include "parity_checks.hpp"
+#include "tessera/comm/thread.hpp"
+
+namespace test_lora {  // unity build: this file's names stay in here (tests/meson.build)
+
+using namespace tessera;
+using namespace tessera::test;
+
+namespace {
+
+const std::vector<std::string> kLora = {"--model.converters", "lora", "--lora.rank", "4", "--lora.alpha", "8",
+                                        "--optimizer.lr", "1e-2"};
+
+bool is_adapter(const std::string& name) { return name.find(".lora_") != std::string::npos; }
+
+/// Every parameter's values on the host, by name.
+std::map<std::string, std::vector<float>> values_of(CpuDynamicModel& model) {
+  std::map<std::string, std::vector<float>> out;
+  model.for_each_parameter([&](nn::Parameter<float>& p) {
+    out[p.name] = std::vector<float>(p.value.data(), p.value.data() + p.numel());
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("LoRA: the model starts as it was, only the adapters train, and the loss falls") {
+  const train::JobConfig base = debug_job(4, 4, 6);
+  const train::JobConfig lora = debug_job(4, 4, 6, kLora);
+  const RunResult plain = train_layout(comm::Communicator(), {}, base);
+
+  comm::DeviceMesh mesh(comm::Communicator(), {});
+  CpuDynamicModel model(lora.model.args, train::make_plan(lora, &mesh));
+  model.init_weights(static_cast<std::uint64_t>(lora.training.seed));
+  const auto before = values_of(model);
+  std::size_t adapters = 0, adapter_elements = 0, frozen = 0;
+  model.for_each_parameter([&](nn::Parameter<float>& p) {
+    CHECK_MESSAGE(p.frozen != is_adapter(p.name), p.name);
+    CHECK_MESSAGE(p.grad.empty() == p.frozen, p.name);
+    if (p.frozen) ++frozen;
+    else {
+      ++adapters;
+      adapter_elements += static_cast<std::size_t>(p.numel());
+    }
+  });
+  const nn::ModelArgs& a = lora.model.args;
+  CHECK(adapters == static_cast<std::size_t>(2 * (7 * a.n_layers + (a.tie_embeddings ? 0 : 1))));
+  // The adapters as the plan counts them, and the FLOPs MFU counts: the frozen weights 4
+  // a parameter (forward, input gradient), the adapters 6.
+  const nn::LoraPolicy& policy = model.plan().lora;
+  CHECK(static_cast<std::size_t>(nn::lora_params(a, policy)) == adapter_elements);
+  CHECK(model.num_params() == a.num_params() + nn::lora_params(a, policy));
+  const std::int64_t seq = lora.training.seq_len;
+  CHECK(model.flops_per_token(seq) == doctest::Approx(nn::training_flops_per_token(a, policy, seq)).epsilon(1e-12));
+  CHECK(model.flops_per_token(seq, true) ==
+        doctest::Approx(nn::training_flops_per_token(a, policy, seq, true)).epsilon(1e-12));
+  CHECK(model.flops_per_token(seq) ==
+        doctest::Approx(a.flops_per_token(seq) - 2.0 * static_cast<double>(a.num_params() - a.num_embedding_params()) +
+                        6.0 * static_cast<double>(adapter_elements))
+            .epsilon(1e-12));
+  data::DataLoader loader(debug_tokens(), lora.training.seq_len, lora.training.local_batch_size, 0, 1);
+  train::Trainer<CpuDynamicModel> trainer(model, train::trainer_options(lora), std::move(loader));
+  std::vector<double> losses;
+  for (int s = 0; s < 6; ++s) losses.push_back(trainer.step().loss);
+
+  // B = 0: the adapters add exact zeros, so the first forward is the plain model's.
+  CHECK(losses.front() == plain.losses.front());
+  CHECK(losses.back() < losses.front());
+  // AdamW's moments for the adapters alone (float32: two of 4 bytes an element).
+  CHECK(trainer.optimizer().state_bytes() == adapter_elements * 2 * sizeof(float));
+  const auto after = values_of(model);
+  std::size_t moved = 0;
+  for (const auto& [name, v] : before) {
+    CAPTURE(name);
+    if (is_adapter(name)) moved += v != after.at(name);
+    else CHECK(v == after.at(name));
+  }
+  CHECK(moved == adapters);
+}
+
+TEST_CASE("LoRA: each layout trains the model one rank trains") {
+  struct Case {
+    const char* name;
+    comm::MeshShape shape;
+    std::vector<std::string> keys;
+  };
+  const Case cases[] = {
+      {"DDP 2", {1, 2, 1, 1}, {}},
+      {"TP 2 (the output's adapter split by vocabulary)", {1, 1, 1, 2}, {}},
+      {"TP 2 without loss parallelism", {1, 1, 1, 2}, {"--parallelism.disable_loss_parallel", "true"}},
+      {"TP 4 (more ranks than key/value heads)", {1, 1, 1, 4}, {}},
+      {"PP 2", {2, 1, 1, 1}, {"--parallelism.pipeline_parallel_microbatch_size", "2"}},
+      {"TP 2 x DDP 2", {1, 2, 1, 2}, {}},
+      {"PP 2 x TP 2, full checkpointing", {2, 1, 1, 2},
+       {"--parallelism.pipeline_parallel_microbatch_size", "2", "--activation_checkpoint.mode", "full"}},
+      {"TP 2, selective op checkpointing (projections run one by one)", {1, 1, 1, 2},
+       {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"}},
+  };
+  for (const Case& c : cases) check_layout_parity(c.name, c.shape, c.keys, kLora);
+}
+
+TEST_CASE("LoRA: what it cannot run is refused by key") {
+  CHECK_ERROR_CONTAINS(layout_run({1, 1, 2, 1}, kLora, 4, 1), "parallelism.data_parallel_shard_degree");
+  CHECK_ERROR_CONTAINS(layout_run({1, 1, 1, 1, 2}, kLora, 8, 1), "context_parallel_degree");
+  CHECK_ERROR_CONTAINS(train_layout(comm::Communicator(), {}, debug_job(8, 8, 1, with(kLora, {"--training.enable_cpu_offload", "true"}))),
+                       "training.enable_cpu_offload");
+  CHECK_ERROR_CONTAINS(train_layout(comm::Communicator(), {},
+                                    debug_job(8, 8, 1, with(kLora, {"--optimizer.early_step_in_backward", "true",
+                                                                    "--training.max_norm", "0"}))),
+                       "optimizer.early_step_in_backward");
+  CHECK_ERROR_CONTAINS(train_layout(comm::Communicator(), {}, debug_job(8, 8, 1, with(kLora, {"--lora.rank", "0"}))),
+                       "lora.rank");
+  CHECK_ERROR_CONTAINS(train_layout(comm::Communicator(), {},
+                                    debug_job(8, 8, 1, with(kLora, {"--model.tie_embeddings", "true",
+                                                                    "--lora.target_modules", "wq,output"}))),
+                       "lora.target_modules");
+  CHECK_ERROR_CONTAINS(debug_job(8, 8, 1, with(kLora, {"--lora.target_modules", "wq,q_proj"})), "q_proj");
+}
+
+}  // namespace test_lora
