@@ -636,7 +636,8 @@ TEST_CASE("LoRA on one GPU: the adapters' GEMMs (into a fused projection's colum
   // weights: cuBLASLt's GEMMs with beta 1 into column slices, alpha = alpha / rank.
   const std::vector<std::string> lora = {"--model.converters", "lora", "--lora.rank", "4", "--optimizer.lr", "1e-2"};
   check_virtual_ranks("TP 2, LoRA", {1, 1, 1, 2}, lora);
-  check_virtual_ranks("DDP 2, LoRA, full checkpointing", {1, 2, 1, 1}, test::with(lora, test::kAcModes[1].keys));
+  check_virtual_ranks("FSDP 2, LoRA (the frozen weights in shards of their own), full checkpointing", {1, 1, 2, 1},
+                      test::with(lora, test::kAcModes[1].keys));
 }
 
 TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {

@@ -330,7 +330,7 @@ TEST_CASE("parity over MPI: tensor, pipeline and context parallelism, every sche
 // Each sharding once, the checkpoint modes dealt over them so each runs at least once:
 // the checkpoint policies do not touch the engine, and the thread-rank tests run every
 // sharding with every mode (tests/parallel/test_parity.cpp).
-TEST_CASE("parity over MPI: data parallelism (FSDP 8, 4, 2, HSDP 2x2, DDP 4, the early step), the checkpoint modes dealt over them") {
+TEST_CASE("parity over MPI: data parallelism (FSDP 8, 4, 2, HSDP 2x2, DDP 4, the early step, LoRA), the checkpoint modes dealt over them") {
   const std::tuple<const char*, comm::MeshShape, int> layouts[] = {
       {"FSDP 8", {1, 1, 8, 1}, 0},   {"FSDP 4", {1, 1, 4, 1}, 1}, {"FSDP 2", {1, 1, 2, 1}, 2},
       {"HSDP 2x2", {1, 2, 2, 1}, 3}, {"DDP 4", {1, 4, 1, 1}, 1},
@@ -342,6 +342,10 @@ TEST_CASE("parity over MPI: data parallelism (FSDP 8, 4, 2, HSDP 2x2, DDP 4, the
   // against one rank's step without either.
   matrix.push_back({"FSDP 2, early step, checkpoint selective op", {1, 1, 2, 1},
                     with(ac(2), {"--optimizer.early_step_in_backward", "true"}), {"--training.max_norm", "0"}});
+  // LoRA: the frozen weights gathered from shards of their own, the adapters' gradients
+  // reduce-scattered and summed over the tensor-parallel ranks; against one rank's LoRA.
+  matrix.push_back({"FSDP 2 x TP 2, LoRA, checkpoint none", {1, 1, 2, 2}, ac(0),
+                    {"--model.converters", "lora", "--lora.rank", "4", "--optimizer.lr", "1e-2"}});
   check_matrix(matrix);
 }
 

@@ -130,7 +130,9 @@ class ShardedUnit {
  public:
   using grad_type = G;
   /// `reshard_after_forward`: free the gathered parameters after the forward.
-  ShardedUnit(std::string name, ShardingMode mode, const Plan& plan, bool reshard_after_forward)
+  /// `frozen_only`: the unit's frozen parameters' companion (see add()).
+  ShardedUnit(std::string name, ShardingMode mode, const Plan& plan, bool reshard_after_forward,
+              bool frozen_only = false)
       : name_(std::move(name)), mode_(mode), reshard_after_forward_(reshard_after_forward) {
     TESSERA_CHECK(mode == ShardingMode::none || plan.mesh != nullptr || (plan.units_over_self() && mode == ShardingMode::fsdp),
                   name_, ": ", name_of(mode), " needs a DeviceMesh in the Plan");
@@ -180,14 +182,26 @@ class ShardedUnit {
       if constexpr (HasHostBackend<B>) offload_ = true;
       else fail(name_, ": CPU offload on a backend that names no host backend (B::Host)");
     }
+    // Frozen parameters (LoRA) in shards of their own: gathered, never reduced or updated.
+    if (shards() && plan.lora.enabled && !frozen_only)
+      frozen_ = std::make_unique<ShardedUnit>(name_ + " (frozen)", mode, plan, reshard_after_forward, true);
+    frozen_only_ = frozen_only;
+    local_.frozen = frozen_only;
   }
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;
 
   /// Adds a parameter (in a fixed order, before shard()). Its place in the flat
   /// vector is fixed by shard(), from its tensor-parallel piece's shape.
+  /// Under FSDP and HSDP a frozen parameter (LoRA) goes to the unit's frozen companion, a
+  /// flat vector of its own that is gathered with the unit's and never reduced or updated:
+  /// a flat shard is updated whole. A unit with no trainable parameter becomes the frozen
+  /// one itself (shard()).
   void add(nn::Parameter<T>& p) {
     TESSERA_CHECK(!sharded_, name_, ": parameter ", p.name, " added after the unit was sharded");
+    if (frozen_ && p.frozen) return frozen_->add(p);
+    TESSERA_CHECK(!shards() || !p.frozen || frozen_only_, name_, ": ", p.name, " is frozen, and a plan without "
+                  "LoRA (Plan::lora) gives the unit no frozen shards");
     params_.push_back(Slot{&p, 0, {}});
   }
 
@@ -212,6 +226,14 @@ class ShardedUnit {
   /// through for_each_held_stretch.
   void shard() {
     if (sharded_) return;
+    if (frozen_ && frozen_->params_.empty()) frozen_.reset();  // nothing frozen here
+    if (frozen_ && params_.empty()) {  // nothing trains: this unit is the frozen one
+      params_ = std::move(frozen_->params_);
+      frozen_.reset();
+      frozen_only_ = true;
+      local_.frozen = true;
+    }
+    if (frozen_) frozen_->shard();
     sharded_ = true;
     numel_ = 0;
     for (auto& s : params_) {
@@ -222,12 +244,6 @@ class ShardedUnit {
       numel_ += s.shape.numel();
     }
     if (shards()) {
-      // A flat shard is updated whole: every element of it trains.
-      for (auto& s : params_)
-        TESSERA_CHECK(!s.p->frozen, name_, ": ", s.p->name, " is frozen (LoRA: model.converters = [\"lora\"]) and ",
-                      name_of(mode_), " updates its unit's flat shard whole; frozen parameters train under DDP, "
-                      "tensor, pipeline or no parallelism (parallelism.data_parallel_shard_degree = 1, "
-                      "context_parallel_degree = 1)");
       const int S = degree();
       shard_numel_ = (numel_ + S - 1) / S;
       const std::int64_t begin = shard_begin();
@@ -285,6 +301,7 @@ class ShardedUnit {
   /// Issues the all-gather of this unit's parameters, unless they are gathered or on their way.
   void prefetch() {
     check_sharded();
+    if (frozen_) frozen_->prefetch();
     if (!shards() || gathered_ || gather_.pending()) return;
     const std::int64_t np = padded_numel();
     MemoryUseScope use(MemoryUse::parameters);  // the gathered parameters and their staging
@@ -317,6 +334,7 @@ class ShardedUnit {
   /// Makes every parameter's value whole: waits for a prefetch, or gathers now.
   void unshard() {
     check_sharded();
+    if (frozen_) frozen_->unshard();
     if (!shards() || gathered_) return;
     prefetch();
     gather_.wait();
@@ -338,8 +356,9 @@ class ShardedUnit {
     gathered_ = true;
   }
 
-  /// The weights this unit gathers in float8 (0 without the float8 all-gather).
-  std::int64_t float8_weights() const { return static_cast<std::int64_t>(float8_slots_.size()); }
+  /// The weights this unit gathers in float8 (0 without the float8 all-gather), its frozen
+  /// companion's after its own.
+  std::int64_t float8_weights() const { return own_float8_weights() + (frozen_ ? frozen_->float8_weights() : 0); }
   /// The communicator the float8 weights' amaxes are agreed over (the shard group).
   comm::Communicator* shard_comm() const { return shard_comm_; }
 
@@ -348,29 +367,36 @@ class ShardedUnit {
   /// agreeing the scales of several units in one all-reduce.
   void float8_local_amaxes(float* amax) {
     check_sharded();
-    MemoryUseScope use(MemoryUse::parameters);
-    float8_local_amaxes_from(float8_source(), amax);
-    rounded_shard_.release();
-    packed_shard_.release();
-    staged_.release();
+    if (own_float8_weights() > 0) {
+      MemoryUseScope use(MemoryUse::parameters);
+      float8_local_amaxes_from(float8_source(), amax);
+      rounded_shard_.release();
+      packed_shard_.release();
+      staged_.release();
+    }
+    if (frozen_) frozen_->float8_local_amaxes(amax + own_float8_weights());
   }
 
   /// The second half: the scales from the amaxes agreed over the shard group (at
   /// `amax`, float8_weights() values), used by this unit's float8 gathers until
   /// forget_float8_scales().
   void take_float8_amaxes(const float* amax) {
-    const auto nf = float8_weights();
-    MemoryUseScope use(MemoryUse::parameters);
-    agreed_scale_ = B::template empty<float>(Shape{nf});
-    agreed_inverse_ = B::template empty<float>(Shape{nf});
-    B::for_each(nf, ops::Float8ScaleFromAmax{amax, agreed_scale_.data(), agreed_inverse_.data(), float8_e4m3::max(),
-                                             false});
+    const auto nf = own_float8_weights();
+    if (nf > 0) {
+      MemoryUseScope use(MemoryUse::parameters);
+      agreed_scale_ = B::template empty<float>(Shape{nf});
+      agreed_inverse_ = B::template empty<float>(Shape{nf});
+      B::for_each(nf, ops::Float8ScaleFromAmax{amax, agreed_scale_.data(), agreed_inverse_.data(), float8_e4m3::max(),
+                                               false});
+    }
+    if (frozen_) frozen_->take_float8_amaxes(amax + nf);
   }
 
   /// Drops scales taken by take_float8_amaxes: later gathers agree their own.
   void forget_float8_scales() {
     agreed_scale_.release();
     agreed_inverse_.release();
+    if (frozen_) frozen_->forget_float8_scales();
   }
 
   /// Makes every parameter's value whole in its own precision, the weights FSDP gathers
@@ -378,6 +404,7 @@ class ShardedUnit {
   /// float8, done or on its way, is dropped and the values gathered instead.
   void unshard_values() {
     check_sharded();
+    if (frozen_) frozen_->unshard_values();
     if (!shards()) return;
     if (gathering_float8_ && (gathered_ || gather_.pending())) reshard();
     whole_values_ = true;
@@ -393,6 +420,7 @@ class ShardedUnit {
   /// Frees the gathered parameters (FSDP/HSDP); their values become empty.
   void reshard() {
     if (!shards()) return;
+    if (frozen_) frozen_->reshard();
     gather_.wait();
     rest_gather_.wait();
     for (auto& s : params_) {
@@ -416,7 +444,7 @@ class ShardedUnit {
   /// first-write rule), so nothing is zero-filled but the padding past the last one.
   void begin_grads() {
     check_sharded();
-    if (!shards() || grads_open_) return;
+    if (!shards() || grads_open_ || frozen_only_) return;
     MemoryUseScope use(MemoryUse::gradients);
     full_grad_ = B::template empty<G>(Shape{padded_numel()});
     if (padded_numel() > numel_)
@@ -432,6 +460,7 @@ class ShardedUnit {
   /// DDP accumulates locally and reduces once, after the last micro-batch.
   void reduce_grads(bool last_micro_batch) {
     check_sharded();
+    if (frozen_only_) return;
     if (shards()) {
       TESSERA_CHECK(grads_open_, name_, ": reduce_grads without begin_grads");
       zero_unwritten_grads();
@@ -507,6 +536,7 @@ class ShardedUnit {
       const auto [lo, hi] = held_range(s);
       if (lo < hi) f(*s.p, lo - s.offset, hi - lo, local_, lo - begin);
     }
+    if (frozen_) frozen_->for_each_held_stretch(f);
   }
 
   /// Whether this rank is the first of those holding the same shard or parameters (HSDP's
@@ -531,7 +561,7 @@ class ShardedUnit {
   /// whole gradient.
   void add_owned_gradient(optim::SquaredNorms<B, G>& norms) {
     check_sharded();
-    if (!first_replica()) return;
+    if (!first_replica() || frozen_only_) return;
     if (shards()) {
       if (local_.grad.empty()) return;  // released by the early step, its norm taken before its update
       const std::int64_t begin = shard_begin();
@@ -746,6 +776,8 @@ class ShardedUnit {
     return {std::max(begin, s.offset), std::min(begin + shard_numel_, s.offset + s.shape.numel())};
   }
 
+  std::int64_t own_float8_weights() const { return static_cast<std::int64_t>(float8_slots_.size()); }
+
   void check_sharded() const {
     TESSERA_CHECK(sharded_, name_, ": used before shard(): call the model's shard() after initialising or loading it");
   }
@@ -757,6 +789,8 @@ class ShardedUnit {
   bool offload_ = false;  // the shard lives in host memory (Plan::cpu_offload)
   bool early_step_ = false;  // the shard's gradient lives from its first reduction to its update (Plan::early_step)
   std::unique_ptr<comm::Communicator> alone_;  // FSDP over one rank without a mesh (CPU offload)
+  std::unique_ptr<ShardedUnit> frozen_;  // LoRA: the frozen parameters' shards (add())
+  bool frozen_only_ = false;             // this unit's parameters are all frozen
   comm::Communicator* shard_comm_ = nullptr;
   comm::Communicator* replicate_comm_ = nullptr;
   std::vector<Slot> params_;

@@ -56,25 +56,16 @@ inline void check_supported(const JobConfig& c) {
   }
 }
 
-/// The LoRA policy [lora] describes, when model.converters asks for it: checked against
-/// the layout, whose parameters must not live in flat FSDP shards (a frozen parameter's
-/// elements would be updated with the shard's).
-inline nn::LoraPolicy lora_policy(const JobConfig& c, const comm::DeviceMesh* mesh) {
+/// The LoRA policy [lora] describes, when model.converters asks for it.
+inline nn::LoraPolicy lora_policy(const JobConfig& c) {
   nn::LoraPolicy l;
   if (!lora_enabled(c)) return l;
   TESSERA_CHECK(c.lora.rank >= 1, "lora.rank = ", c.lora.rank, ": the adapters' rank must be at least 1");
   TESSERA_CHECK(std::isfinite(c.lora.alpha), "lora.alpha = ", c.lora.alpha, ": must be finite");
-  const auto& p = c.parallelism;
-  const int shard = mesh ? mesh->shape().dp_shard : static_cast<int>(std::max<std::int64_t>(1, p.data_parallel_shard_degree));
-  const int cp = mesh ? mesh->shape().cp : static_cast<int>(p.context_parallel_degree);
-  TESSERA_CHECK(shard == 1 && cp == 1, "model.converters = [\"lora\"] with parallelism.data_parallel_shard_degree = ",
-                shard, " and context_parallel_degree = ", cp, ": FSDP (and HSDP, and context parallelism, which "
-                "shards over dp_shard x cp) updates flat shards whole, and LoRA freezes all but the adapters; run "
-                "LoRA under data_parallel_replicate_degree (DDP), tensor or pipeline parallelism");
   TESSERA_CHECK(!c.training.enable_cpu_offload && !c.optimizer.early_step_in_backward, "model.converters = [\"lora\"] "
                 "with ", c.training.enable_cpu_offload ? "training.enable_cpu_offload" : "optimizer.early_step_in_backward",
-                " = true: both keep the parameters in FSDP's flat shards, which LoRA's frozen parameters cannot share "
-                "with the adapters (the adapters' state is a few MiB: neither is needed)");
+                " = true: not with LoRA in this build (what they save, the gradients and AdamW's state, LoRA keeps "
+                "for the adapters alone: a few MiB)");
   l.enabled = true;
   l.rank = c.lora.rank;
   l.alpha = c.lora.alpha;
@@ -169,7 +160,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.sequence_parallel = !c.parallelism.disable_sequence_parallel;
   plan.pipeline = pipeline_options(c);
   plan.float8 = float8_policy(c);
-  plan.lora = lora_policy(c, mesh);
+  plan.lora = lora_policy(c);
   plan.context_rotation = parallel::parse_context_rotation(c.parallelism.context_parallel_rotate_method);
   plan.context_balance = parallel::parse_context_balance(c.parallelism.context_parallel_load_balancer);
   plan.cpu_offload = c.training.enable_cpu_offload;
