@@ -332,6 +332,7 @@ void list_step(const fs::path& dir, bool checksums) {
     std::uint64_t bytes = 0;
     for (const auto& [name, list] : stretches)
       for (const auto& [file, key] : list) {
+        if (!family.empty() && index.values_only.count(name)) continue;  // frozen (LoRA): its values alone
         const io::TensorEntry& e = index.files[file].entry(stored(family, key));
         dtypes.insert(std::string(io::name_of(e.dtype)));
         bytes += e.byte_size();
@@ -373,7 +374,9 @@ void list_step(const fs::path& dir, bool checksums) {
     }
     std::string dtype;
     for (const std::string& x : dtypes) dtype += (dtype.empty() ? "" : "+") + x;
-    params.add({name, shape_text(index.shapes.at(name)), dtype, std::to_string(list.size()), std::to_string(bytes)});
+    // A frozen parameter (LoRA) is saved without optimizer state.
+    params.add({index.values_only.count(name) ? name + " (frozen)" : name, shape_text(index.shapes.at(name)), dtype,
+                std::to_string(list.size()), std::to_string(bytes)});
   }
   params.print();
 
@@ -461,6 +464,25 @@ struct ConvertOptions {
   bool force = false;
 };
 
+/// The LoRA settings a checkpoint holding adapters was trained with (its training state's
+/// "lora", Trainer::reported_settings); none where it holds no adapters.
+nn::LoraPolicy lora_of(const train::sharded::Index& index, const std::string& dir) {
+  const bool adapters = std::any_of(index.shapes.begin(), index.shapes.end(),
+                                    [](const auto& s) { return nn::is_lora_name(s.first); });
+  if (!adapters) return {};
+  const nlohmann::json* saved = nullptr;
+  if (index.state.is_object() && index.state.contains("config") && index.state.at("config").contains("lora"))
+    saved = &index.state.at("config").at("lora").at(0);
+  TESSERA_CHECK(saved != nullptr, dir, ": holds LoRA adapters but not their settings (lora.alpha shows in no tensor): "
+                "convert a training checkpoint of the run, or its final model.safetensors (merged already)");
+  try {
+    return nn::LoraPolicy{true, saved->at("rank").get<std::int64_t>(), saved->at("alpha").get<double>(),
+                          saved->at("target_modules").get<std::vector<std::string>>()};
+  } catch (const nlohmann::json::exception& e) {
+    fail(dir, ": the training state's lora settings are malformed: ", e.what());
+  }
+}
+
 int convert(const Target& t, std::optional<std::int64_t> step, const ConvertOptions& o) {
   std::error_code ec;
   TESSERA_CHECK(!o.to.empty(), "convert: --to hf OUTDIR or --to safetensors FILE is required");
@@ -481,8 +503,12 @@ int convert(const Target& t, std::optional<std::int64_t> step, const ConvertOpti
         std::fprintf(stderr, "llama-checkpoint: warning: %s: %s; converting the latest complete one\n",
                      s.path.string().c_str(), state_text(s).c_str());
   const std::string d = dir->string();
-  const nn::ModelArgs a = train::model_args_from_json(train::sharded::read_index(d).model_args, d);
-  nn::Transformer<float, Cpu> model(a);
+  const train::sharded::Index index = train::sharded::read_index(d);
+  const nn::ModelArgs a = train::model_args_from_json(index.model_args, d);
+  // A LoRA run's checkpoint: its adapters, merged into the weights on the way out.
+  parallel::Plan plan;
+  plan.lora = lora_of(index, d);
+  nn::Transformer<float, Cpu> model(a, plan);
   // A bf16 run's checkpoint holds the optimizer's fp32 masters: the weights themselves,
   // of which its bf16 values are the rounding.
   const bool masters = train::load_sharded_model(model, d, true);

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
@@ -89,18 +90,19 @@ inline std::string describe_stages(const std::vector<parallel::StageRange>& stag
 }
 
 /// A whole fp32 copy of `model`'s parameters on the CPU (inside with_whole_parameters),
-/// for rank 0 to sample from alone.
+/// for rank 0 to sample from alone: a plain model, LoRA's adapters merged into its weights
+/// (train::for_each_merged_parameter), each parameter found by name.
 template <class Model>
 std::unique_ptr<nn::Transformer<float, Cpu>> whole_copy_on_cpu(Model& model, const nn::ModelArgs& a) {
   using T = typename Model::scalar_type;
-  using B = typename Model::backend_type;
   auto whole = std::make_unique<nn::Transformer<float, Cpu>>(a);
-  std::vector<nn::Parameter<float>*> into;
-  whole->for_each_parameter([&](nn::Parameter<float>& q) { into.push_back(&q); });
-  std::size_t i = 0;
-  model.for_each_parameter([&](nn::Parameter<T>& q) {
-    const Tensor<T> host = download<B>(q.value);
-    float* dst = into.at(i++)->value.data();
+  std::map<std::string, nn::Parameter<float>*> into;
+  whole->for_each_parameter([&](nn::Parameter<float>& q) { into[q.name] = &q; });
+  train::for_each_merged_parameter(model, [&](nn::Parameter<T>& q, const Tensor<T>& host) {
+    const auto it = into.find(q.name);
+    TESSERA_CHECK(it != into.end() && it->second->numel() == host.numel(), q.name,
+                  ": no parameter of its shape in the sampling model");
+    float* dst = it->second->value.data();
     for (std::int64_t k = 0; k < host.numel(); ++k) dst[k] = static_cast<float>(host[k]);
   });
   return whole;

@@ -242,6 +242,24 @@ else
   bad "llama-generate samples differ" "run's model: $reference" "safetensors:  $from_st" "hf:           $from_hf"
 fi
 
+# A LoRA run on two ranks of FSDP: its checkpoint holds the adapters apart (and the
+# settings that merge them); convert merges them as the run's own final save does.
+if timeout 120 "$train" "${small[@]}" "${two_ranks[@]}" --model.converters lora --lora.rank 4 \
+     --job.dump_folder "$work/lora" > "$work/train-lora.log" 2>&1; then
+  run_tool lora-list list "$work/lora/checkpoint/step-4"
+  adapters=$(has lora-list out 'lora_a\.weight')
+  run_tool convert-lora convert "$work/lora" --to safetensors "$work/lora.safetensors"
+  if [ "$status" -eq 0 ] && [ "$adapters" -gt 0 ] &&
+     result=$(same_tensors "$work/lora.safetensors" "$work/lora/model.safetensors" 2>&1) &&
+     ! grep -q lora_ <(python3 -c "import json,struct,sys; f=open(sys.argv[1],'rb'); print(f.read(8+struct.unpack('<Q',f.read(8))[0]))" "$work/lora.safetensors"); then
+    ok "convert of a LoRA run's checkpoint (its $adapters adapter rows listed): the adapters merged, $result as its model.safetensors"
+  else
+    bad "convert of the LoRA run (status $status, $adapters adapters listed): ${result:-}" "$(cat "$work/convert-lora.err")"
+  fi
+else
+  bad "the LoRA training run itself failed" "$(tail -n 5 "$work/train-lora.log")"
+fi
+
 run_tool convert-bf16 convert "$run2" --step 2 --to safetensors "$work/bf16.safetensors" --dtype bfloat16
 stored=$(dtypes "$work/bf16.safetensors" 2>&1)
 from=$(has convert-bf16 out '^wrote .*: safetensors, bfloat16, from .*/step-2 ')

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,36 @@ TEST_CASE("LoRA: beside float8 GEMMs, the frozen weights gathered in float8 trai
   CHECK(float8_gather.rank0.losses == bf16_gather.rank0.losses);
   CHECK(float8_gather.rank0.grad_norms == bf16_gather.rank0.grad_norms);
   CHECK(float8_gather.rank0.comm_bytes < bf16_gather.rank0.comm_bytes);
+}
+
+TEST_CASE("LoRA: the whole model every layout gathers (saves, exports, samples) holds the adapters") {
+  // with_whole_parameters gathers shards, pieces and (in a pipeline) the other ranks'
+  // stages: the adapters among them, so that a save merges every one.
+  const train::JobConfig one = debug_job(8, 8, 1, kLora);
+  std::set<std::string> names;
+  {
+    comm::DeviceMesh mesh(comm::Communicator(), {});
+    CpuDynamicModel model(one.model.args, train::make_plan(one, &mesh));
+    model.for_each_parameter([&](nn::Parameter<float>& p) { names.insert(p.name); });
+  }
+  for (const comm::MeshShape shape : {comm::MeshShape{2, 1, 1, 1}, comm::MeshShape{2, 1, 2, 2}}) {
+    CAPTURE(shape.world());
+    const train::JobConfig c =
+        debug_job(8 / shape.dp(), 8, 1, with(kLora, {"--parallelism.pipeline_parallel_microbatch_size", "2"}));
+    std::vector<std::set<std::string>> seen(static_cast<std::size_t>(shape.world()));
+    comm::run_thread_ranks(shape.world(), [&](comm::Communicator& world) {
+      comm::DeviceMesh mesh(world, shape);
+      CpuDynamicModel model(c.model.args, train::make_plan(c, &mesh));
+      model.init_weights(static_cast<std::uint64_t>(c.training.seed));
+      model.with_whole_parameters([&] {
+        model.for_each_parameter([&](nn::Parameter<float>& p) {
+          CHECK(p.numel() == p.whole.numel());
+          seen[static_cast<std::size_t>(world.rank())].insert(p.name);
+        });
+      });
+    });
+    for (const auto& s : seen) CHECK(s == names);
+  }
 }
 
 TEST_CASE("LoRA: what it cannot run is refused by key") {

@@ -420,9 +420,11 @@ void load_folder(Model& model, const Index& index, const std::string& dir, Load&
     TESSERA_CHECK(shape != index.shapes.end(), dir, ": parameter '", p.name, "' is not in the checkpoint");
     TESSERA_CHECK(shape->second == dims(p.whole), dir, ": parameter '", p.name, "' has shape ",
                   io::detail::shape_str(shape->second), " in the checkpoint, the model's is ", p.whole.str());
+    // A frozen parameter (LoRA) was saved with its values alone: they are its masters too.
     if (values)
       with_backend<B>(on_host(h.local->value), [&]<class X>() {
-        read_into<X>(index, dir, p.name, values_family, h.where, h.n, h.values());
+        read_into<X>(index, dir, p.name, index.values_only.count(p.name) ? std::string() : values_family, h.where, h.n,
+                     h.values());
       });
     load(h);
   });

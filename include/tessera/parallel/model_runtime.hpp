@@ -269,11 +269,13 @@ class ModelRuntime {
 
  private:
   /// Every parameter of the whole model, whole and zeroed: a one-rank model of the
-  /// wrapped block type names and shapes each.
+  /// wrapped block type names and shapes each (with LoRA's adapters where the model has them).
   template <class Model>
   static std::vector<std::unique_ptr<nn::Parameter<T>>> whole_model_parameters(Model& m) {
     std::vector<std::unique_ptr<nn::Parameter<T>>> all;
-    typename Model::template with_block<typename Block::block_type> one_rank(m.args(), {}, m.block_options());
+    Plan converters;
+    converters.lora = m.plan().lora;
+    typename Model::template with_block<typename Block::block_type> one_rank(m.args(), converters, m.block_options());
     one_rank.for_each_parameter([&](nn::Parameter<T>& q) {
       q.grad.release();
       all.push_back(std::make_unique<nn::Parameter<T>>(std::move(q)));

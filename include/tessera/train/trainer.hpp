@@ -195,6 +195,14 @@ class Trainer {
           {"enabled", s.enabled}, {"factor", s.factor}, {"low_freq_factor", s.low_freq_factor},
           {"high_freq_factor", s.high_freq_factor}, {"original_max_position", s.original_max_position}};
     }
+    // LoRA's settings (the adapters' shapes show the rank; alpha shows nowhere else): what
+    // merges them into the weights on export (llama-checkpoint --convert).
+    if constexpr (requires { model_.plan().lora; }) {
+      const nn::LoraPolicy& l = model_.plan().lora;
+      if (l.enabled)
+        f[std::string(options_.name("lora", "lora"))] = {
+            {"rank", l.rank}, {"alpha", l.alpha}, {"target_modules", l.target_modules}};
+    }
     return f;
   }
 
