@@ -124,6 +124,7 @@ struct Options {
   bool profile = false;                             // one more step under CUPTI
   bool graph = false;                               // timed steps replayed from a captured graph
   std::optional<ops::Float8Recipe> float8;          // the linear layers' GEMMs in float8, by this recipe
+  std::int64_t lora_rank = 0;                       // > 0: LoRA adapters of this rank, the rest frozen
   std::map<std::string, nlohmann::json> plan_json;  // --plan-json's, read at start: a bad file costs no GPU time
 };
 
@@ -131,6 +132,7 @@ struct Options {
 std::string checkpointing_text(const Options& o) {
   return o.ac.str() + (o.recompute_swiglu ? ", SwiGLU output recomputed" : "") +
          (o.early_step ? ", early step (each unit updated in the backward, no clipping)" : "") +
+         (o.lora_rank > 0 ? ", LoRA rank " + std::to_string(o.lora_rank) + " (every linear layer)" : "") +
          (o.fuse_projections ? "" : ", projections one by one");
 }
 
@@ -141,7 +143,7 @@ void usage() {
       "                   [--attention auto|cudnn|tessera] [--state-dtype float32|bfloat16]\n"
       "                   [--steps N] [--warmup N] [--peak-tflops X] [--json FILE] [--markdown] [--commit HASH]\n"
       "                   [--profile] [--plan-json FLAVOR=FILE ...] [--graph]\n"
-      "                   [--float8 tensorwise|rowwise|rowwise_with_gw_hp]\n"
+      "                   [--float8 tensorwise|rowwise|rowwise_with_gw_hp] [--lora RANK]\n"
       "Training steps of Llama models in bf16 on one GPU: tokens/s, MFU (torchtitan's formula), peak memory.\n"
       "--profile: one more step under CUPTI, its device time by llama-plan's classes and kernels;\n"
       "--plan-json FLAVOR=FILE: llama-plan --json of that flavor's run, printed beside the profile;\n"
@@ -153,7 +155,9 @@ void usage() {
       "--separate-projections: wq, wk and wv, and w1 and w3, one GEMM a weight, and each residual added by a\n"
       "  pass of its own (model.fuse_projections = false; by default each group runs as one GEMM a direction\n"
       "  and wo's and w2's GEMMs add the residuals);\n"
-      "--float8 RECIPE: the blocks' linear layers on cuBLASLt's float8 matmul (MFU against the bf16 peak).\n");
+      "--float8 RECIPE: the blocks' linear layers on cuBLASLt's float8 matmul (MFU against the bf16 peak);\n"
+      "--lora RANK: LoRA adapters of that rank (alpha 16) beside every linear layer, the rest frozen\n"
+      "  (model.converters = [\"lora\"]; MFU counts a frozen weight's FLOPs 4 times its parameters).\n");
 }
 
 /// llama-plan's --json for one device: its step and its time by class, checked.
@@ -233,6 +237,8 @@ Options parse_options(int argc, char** argv) {
       o.graph = true;
     } else if (flag == "--float8") {
       o.float8 = ops::parse_float8_recipe(f.value(), "--float8");
+    } else if (flag == "--lora") {
+      o.lora_rank = static_cast<std::int64_t>(parse_positive(flag, f.value(), "rank"));
     } else if (flag == "--profile") {
 #if TESSERA_HAVE_CUPTI
       o.profile = true;
@@ -329,6 +335,7 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   plan.fuse_projections = o.fuse_projections;
   plan.early_step = o.early_step;
   plan.param_dtype = DType::bf16;
+  if (o.lora_rank > 0) plan.lora = nn::LoraPolicy{true, o.lora_rank, 16.0, {}};
   if (o.float8) {
     plan.float8.enabled = true;
     plan.float8.recipe = *o.float8;
@@ -444,8 +451,8 @@ Result run_flavor(const std::string& flavor, const Options& o) {
   r.step_seconds = median(seconds);
   r.tokens_per_sec = static_cast<double>(tokens) / r.step_seconds;
   const double peak = o.peak_tflops * 1e12;
-  r.mfu = 100 * r.tokens_per_sec * args.flops_per_token(o.seq) / peak;
-  r.mfu_causal = 100 * r.tokens_per_sec * args.flops_per_token(o.seq, true) / peak;
+  r.mfu = 100 * r.tokens_per_sec * model.flops_per_token(o.seq) / peak;
+  r.mfu_causal = 100 * r.tokens_per_sec * model.flops_per_token(o.seq, true) / peak;
   return r;
 }
 
@@ -595,6 +602,7 @@ int run(const Options& o) {
                           {"state_dtype", name_of(o.state_dtype)},
                           {"cuda_graph", o.graph},
                           {"early_step", o.early_step},
+                          {"lora_rank", o.lora_rank},
                           {"float8", o.float8 ? std::string(ops::name_of(*o.float8)) : std::string("none")},
                           {"device", device},
                           {"date", date},

@@ -276,6 +276,11 @@ case "${1:-}" in
     else
       echo "train: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b.txt"
     fi
+    # Llama 3 8B with LoRA (rank 8, every linear layer, the rest frozen), no block
+    # recomputed: llama-plan 556.67 ms, 14,716 tokens/s, 51.74 GiB on an H200 (589.86 ms,
+    # 50.79 GiB on an H100): it fits either.
+    "$here/bench-train" --flavors llama3_8b --ac none --lora 8 --steps 5 --warmup 2 --markdown --commit "$commit" \
+      --json "$out/train8b-lora.json" 2>&1 | tee "$out/train8b-lora.txt" || status=1
     exit "$status" ;;
   torch)
     # The strongest fair PyTorch baseline beside each bench-train row (bench/torch_llama.py's
@@ -641,7 +646,7 @@ PY
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
       --format=csv,noheader,nounits -lms 250 > "$work/clocks.csv" 2> "$work/clocks.err" &
     logger=$!
-    steps=("eager 150" "gemms 150" "test 150" "train 130" "torch 120" "llama 40" "kernels 0")
+    steps=("eager 150" "gemms 150" "test 150" "train 145" "torch 105" "llama 40" "kernels 0")
     # run.sh all SECONDS STEP:CAP ...: those steps in that order instead (a cap of 0: what is left).
     (( $# > 2 )) && { steps=(); for s in "${@:3}"; do steps+=("${s/:/ }"); done; }
     for s in "${steps[@]}"; do

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "../../examples/custom_layer.hpp"
 #include "../support/errors.hpp"
 #include "harness.hpp"
 #include "parity_checks.hpp"
@@ -181,6 +182,22 @@ TEST_CASE("LoRA: the whole model every layout gathers (saves, exports, samples) 
     });
     for (const auto& s : seen) CHECK(s == names);
   }
+}
+
+TEST_CASE("LoRA: a model none of whose layers takes an adapter is refused, naming the targets") {
+  // The ReLU^2 block makes its attention and MLP without the plan's policy: under LoRA all
+  // of it is frozen, and with only wq targeted nothing would train.
+  parallel::Plan plan;
+  plan.lora = nn::LoraPolicy{true, 4, 8.0, {"wq"}};
+  const nn::ModelArgs a = debug_job(8, 8, 1).model.args;
+  using Relu = nn::Transformer<float, Cpu, examples::ReluSquaredBlock<float, Cpu>>;
+  CHECK_ERROR_CONTAINS(Relu(a, plan, examples::ReluSquaredOptions{64, 0.5}),
+                       "the LoRA policy's target_modules: no linear layer of this model takes an adapter");
+  plan.lora.target_modules = {"wq", "output"};  // the head's adapter trains
+  Relu with_head(a, plan, examples::ReluSquaredOptions{64, 0.5});
+  std::size_t trainable = 0;
+  with_head.for_each_parameter([&](nn::Parameter<float>& p) { trainable += !p.frozen; });
+  CHECK(trainable == 2);
 }
 
 TEST_CASE("LoRA: what it cannot run is refused by key") {

@@ -51,6 +51,7 @@
 #include "tessera/backend/backend.hpp"
 #include "tessera/core/profile.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/core/type_name.hpp"
 #include "tessera/layer/args.hpp"
 #include "tessera/layer/block_args.hpp"
 #include "tessera/layer/layer.hpp"
@@ -620,6 +621,11 @@ Transformer<T, B, Block>::Transformer(const ModelArgs& args, const parallel::Pla
     num_params_ += p.whole.numel();
     if (p.frozen) frozen_params_ += p.whole.numel();
   });
+  // Under LoRA something must train: the policy's targets name layers this model's blocks have.
+  TESSERA_CHECK(!plan.lora.enabled || num_params_ - tok_embeddings_.weight().whole.numel() > frozen_params_,
+                plan.wording().pick("lora.target_modules", "the LoRA policy's target_modules"),
+                ": no linear layer of this model takes an adapter (block ", type_name<bare_block_t<Block>>(),
+                "), so nothing would train");
   if (!layout().embedding) release(tok_embeddings_.weight());
   if (!layout().head) {
     release(norm_.weight());
