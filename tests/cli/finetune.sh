@@ -2,7 +2,8 @@
 # Fine-tuning on chat data end to end, as the README shows it: the embedded chat set
 # written as JSON lines, tokenized into a shard with a loss mask, trained on with a
 # validation loss from a held-out chat file, and the model answering in the chat format;
-# then every bad chat input ends in one error line naming the file (and line) and exit 1.
+# LoRA from the trained model on two ranks, starting at the base model's loss; then every
+# bad chat input ends in one error line naming the file (and line) and exit 1.
 #   finetune.sh LLAMA_TOKENIZE LLAMA_TRAIN LLAMA_GENERATE CONFIGS_DIR
 set -uo pipefail
 tokenize=$1
@@ -88,6 +89,31 @@ if answer=$("$generate" --checkpoint "$work/out/model.safetensors" --chat "What 
   ok "llama-generate --chat answers: '$answer'"
 else
   bad "llama-generate --chat"; cat "$work/gen.log"
+fi
+
+# LoRA from the trained model, on two thread ranks of FSDP (the frozen weights in shards of
+# their own): B starts at zero, so its first step's loss is the full fine-tune's from the
+# same model, bit for bit; then the adapters train, and the saved model (merged) answers.
+tune=("${small[@]}" --training.steps 3 --training.dataset shard --training.dataset_path "$work/chat.bin"
+      --checkpoint.initial_load_path "$work/out/model.safetensors" --thread-ranks 2
+      --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2)
+first_loss() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["loss"])' "$1"; }
+if "$train" "${tune[@]}" --job.dump_folder "$work/full" > /dev/null 2> "$work/full.log" &&
+   "$train" "${tune[@]}" --model.converters lora --job.dump_folder "$work/lora" > /dev/null 2> "$work/lora.log"; then
+  grep -q "LoRA: rank 8, alpha 16 on every linear layer" "$work/lora.log" && ok "the LoRA run says so" ||
+    bad "no LoRA line"
+  full=$(first_loss "$work/full/metrics.jsonl")
+  lora=$(first_loss "$work/lora/metrics.jsonl")
+  [ -n "$full" ] && [ "$full" = "$lora" ] && ok "LoRA's first loss is the base model's: $lora" ||
+    bad "first losses: full fine-tune '$full', LoRA '$lora'"
+  if "$generate" --checkpoint "$work/lora/model.safetensors" --chat "What is two plus three?" --max-new-tokens 10 \
+       --temperature 0 > /dev/null 2> "$work/lora-gen.log"; then
+    ok "llama-generate loads the LoRA run's merged model"
+  else
+    bad "llama-generate on the LoRA run's model"; cat "$work/lora-gen.log"
+  fi
+else
+  bad "the full and LoRA fine-tunes on two ranks"; tail -n 5 "$work/full.log" "$work/lora.log"
 fi
 
 # Bad input.
