@@ -147,8 +147,10 @@ class Linear : public LayerTypes<T, B> {
       lora_->add_input_grad(du.cview(), dx.view());
     }
     if (weight_.frozen && !lora_) return;
-    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy, du, x_scale = saved_scale(ctx, "x")] {
-      if (lora_) lora_->weight_grads(dy.cview(), x.cview(), du.cview());
+    const Tensor<T>* kept_u = lora_ ? ctx.saved_if("lora_u") : nullptr;
+    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy, du, x_scale = saved_scale(ctx, "x"),
+                     u = kept_u != nullptr ? *kept_u : Tensor<T>{}] {
+      if (lora_) lora_->weight_grads(dy.cview(), x.cview(), du.cview(), u.empty() ? nullptr : &u);
       if (weight_.frozen) return;
       if (parallel::active(tp_) && weight_.split.holders > 1) {
         Tensor<accum_t<T>> dw = B::template empty<accum_t<T>>(weight_.grad.shape());
@@ -267,6 +269,7 @@ class Linear : public LayerTypes<T, B> {
 
   /// x W^T (+ *residual, added by the GEMM as its C where given).
   Tensor<T> forward_(const Context<T>& ctx, const Tensor<T>& x, bool keep_input, const Tensor<T>* residual) {
+    Tensor<T> lora_u;
     Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
       Tensor<T> out = B::template empty<T>(Shape{x.size(0), out_features()});
       const float beta = residual != nullptr ? 1.0f : 0.0f;
@@ -288,9 +291,12 @@ class Linear : public LayerTypes<T, B> {
       } else {
         B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), weight_.value.cview(), 0.0f, out.view());
       }
-      if (lora_) lora_->add_forward(x.cview(), out.view());
+      if (lora_) lora_u = lora_->add_forward(x.cview(), out.view());
       return out;
     });
+    // The adapter's u for the backward, where the GEMMs ran (an output a policy replays
+    // from its stash did not: the backward makes it again).
+    if (!lora_u.empty()) ctx.save("lora_u", SaveKind::matmul, lora_u);
     if (keep_input) ctx.save("x", SaveKind::input, x);
     return y;
   }
@@ -372,20 +378,25 @@ bool runs_stacked(const Context<T>& ctx, const Linear<T, B>& first, const Ls&...
 template <class T, Backend B, class... Ls>
 Tensor<T> stacked_forward(const Context<T>& ctx, const Tensor<T>& x, Linear<T, B>& first, Ls&... rest) {
   const std::int64_t in = first.in_features(), out = (first.out_features() + ... + rest.out_features());
+  std::array<Tensor<T>, 1 + sizeof...(Ls)> us;  // each adapter's u = x A^T, for its backward
   Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
     Tensor<T> o = B::template empty<T>(Shape{x.size(0), out});
     B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), TensorView<const T>(first.weight().value.data(), Shape{out, in}),
             0.0f, o.view());
     std::int64_t col = 0;  // each adapter's output into its layer's columns
+    std::size_t i = 0;
     auto add_adapter = [&](Linear<T, B>& l) {
-      if (LoraAdapter<T, B>* a = l.lora()) a->add_forward(x.cview(), o.view().slice_cols(col, col + l.out_features()));
+      if (LoraAdapter<T, B>* a = l.lora()) us[i] = a->add_forward(x.cview(), o.view().slice_cols(col, col + l.out_features()));
       col += l.out_features();
+      ++i;
     };
     add_adapter(first);
     (add_adapter(rest), ...);
     return o;
   });
   ctx.save("x", SaveKind::input, x);
+  for (std::size_t i = 0; i < us.size(); ++i)
+    if (!us[i].empty()) ctx.save("lora_u" + std::to_string(i), SaveKind::matmul, us[i]);
   return y;
 }
 
@@ -402,19 +413,21 @@ Tensor<T> stacked_backward(const Context<T>& ctx, const Tensor<T>& dy, Linear<T,
   std::array<Parameter<T>*, 1 + sizeof...(Ls)> ws{&first.weight(), &rest.weight()...};
   // The adapters' input gradients, and their s dy B, by layer (none where it has none).
   std::array<LoraAdapter<T, B>*, 1 + sizeof...(Ls)> adapters{first.lora(), rest.lora()...};
-  std::array<Tensor<T>, 1 + sizeof...(Ls)> dus;
+  std::array<Tensor<T>, 1 + sizeof...(Ls)> dus, us;  // s dy B, and the u the forward kept
   std::array<std::int64_t, 2 + sizeof...(Ls)> cols{};
   for (std::size_t i = 0; i < ws.size(); ++i) {
     cols[i + 1] = cols[i] + ws[i]->value.size(0);
     if (adapters[i] == nullptr) continue;
     dus[i] = adapters[i]->grad_down(dy.cview().slice_cols(cols[i], cols[i + 1]));
     adapters[i]->add_input_grad(dus[i].cview(), dx.view());
+    if (const Tensor<T>* u = ctx.saved_if("lora_u" + std::to_string(i))) us[i] = *u;
   }
-  ctx.weight_grad([ws, adapters, dus, cols, x = ctx.saved("x"), dy, in, out] {
+  ctx.weight_grad([ws, adapters, dus, us, cols, x = ctx.saved("x"), dy, in, out] {
     using G = accum_t<T>;
     for (std::size_t i = 0; i < ws.size(); ++i)
       if (adapters[i] != nullptr)
-        adapters[i]->weight_grads(dy.cview().slice_cols(cols[i], cols[i + 1]), x.cview(), dus[i].cview());
+        adapters[i]->weight_grads(dy.cview().slice_cols(cols[i], cols[i + 1]), x.cview(), dus[i].cview(),
+                                  us[i].empty() ? nullptr : &us[i]);
     bool frozen = false, trained = false;
     for (Parameter<T>* w : ws) (w->frozen ? frozen : trained) = true;
     if (!trained) return;

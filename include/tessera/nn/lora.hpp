@@ -6,7 +6,8 @@
 //
 //   forward    u = x A^T (rows, rank);  y += s u B^T        (the GEMM's beta 1: no pass of its own)
 //   backward   du = s dy B (rows, rank);  dx += du A
-//              dB (+)= s dy^T u  (u made again from x: rows x in x rank, nothing saved)
+//              dB (+)= s dy^T u  (u as the forward kept it, rows x rank; made again from x
+//                                 where it was not kept)
 //              dA (+)= du^T x
 //
 // Four skinny GEMMs of rank columns where the layer's own are rows x in x out: at rank 8
@@ -63,11 +64,13 @@ class LoraAdapter {
     }
   }
 
-  /// y += s (x A^T) B^T: x (rows, in) and y (rows, out) as this rank holds them.
+  /// y += s (x A^T) B^T: x (rows, in) and y (rows, out) as this rank holds them; returns
+  /// u = x A^T, which the backward takes (weight_grads) rather than making it again.
   template <class Y>
-  void add_forward(TensorView<const T> x, TensorView<Y> y) const {
-    const Tensor<T> u = down(x);
+  Tensor<T> add_forward(TensorView<const T> x, TensorView<Y> y) const {
+    Tensor<T> u = down(x);
     B::gemm(Trans::no, Trans::yes, scale_, u.cview(), b_.value.cview(), static_cast<accum_t<Y>>(1), y);
+    return u;
   }
 
   /// du = s dy B (rows, rank): what the input's and A's gradients take.
@@ -82,10 +85,12 @@ class LoraAdapter {
     B::gemm(Trans::no, Trans::no, A(1), du, a_.value.cview(), A(1), dx);
   }
 
-  /// dB (+)= s dy^T u and dA (+)= du^T x, u = x A^T made again; summed over the ranks
-  /// holding each piece where those see parts of it (the comment at the top).
-  void weight_grads(TensorView<const T> dy, TensorView<const T> x, TensorView<const T> du) {
-    const Tensor<T> u = down(x);
+  /// dB (+)= s dy^T u and dA (+)= du^T x, u = x A^T as the forward kept it (`kept`), or
+  /// made again; summed over the ranks holding each piece where those see parts of it (the
+  /// comment at the top).
+  void weight_grads(TensorView<const T> dy, TensorView<const T> x, TensorView<const T> du,
+                    const Tensor<T>* kept = nullptr) {
+    const Tensor<T> u = kept != nullptr ? *kept : down(x);
     write(b_, [&](A beta, TensorView<A> into) { B::gemm(Trans::yes, Trans::no, scale_, dy, u.cview(), beta, into); });
     write(a_, [&](A beta, TensorView<A> into) { B::gemm(Trans::yes, Trans::no, A(1), du, x, beta, into); });
   }
@@ -93,10 +98,10 @@ class LoraAdapter {
   /// The two GEMMs of weight_grads, each added into `a_sum` and `b_sum` (this rank's
   /// shapes, fp32) with the beta given: for a caller that sums several calls (the loss
   /// head's chunks) before finishing them once (finish_grads).
-  void weight_grads_into(TensorView<const T> dy, TensorView<const T> x, TensorView<const T> du, A beta,
-                         const Tensor<A>& a_sum, const Tensor<A>& b_sum) const {
-    const Tensor<T> u = down(x);
-    B::gemm(Trans::yes, Trans::no, scale_, dy, u.cview(), beta, b_sum.view());
+  /// `u`: x A^T as the forward made it.
+  void weight_grads_into(TensorView<const T> dy, TensorView<const T> x, TensorView<const T> du,
+                         TensorView<const T> u, A beta, const Tensor<A>& a_sum, const Tensor<A>& b_sum) const {
+    B::gemm(Trans::yes, Trans::no, scale_, dy, u, beta, b_sum.view());
     B::gemm(Trans::yes, Trans::no, A(1), du, x, beta, a_sum.view());
   }
   /// Adds sums made by weight_grads_into to the gradients (summed over holders first).

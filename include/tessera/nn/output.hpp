@@ -193,7 +193,8 @@ class ChunkedCrossEntropyHead {
       TensorView<A> z = logits.view().slice_rows(0, n);
       TensorView<const T> hc = h.cview().slice_rows(r0, r1);
       B::gemm(Trans::no, Trans::yes, A(1), hc, weight_->value.cview(), A(0), z);
-      if (lora_ != nullptr) lora_->add_forward(hc, z);
+      Tensor<T> lora_u;  // the adapter's x A^T, for its gradients below
+      if (lora_ != nullptr) lora_u = lora_->add_forward(hc, z);
       if (vocab_parallel()) {
         const std::int32_t* t = target_ids.data() + r0;
         B::for_each(n, ops::CrossEntropyShardMax<A>{z.data(), local, local, t, max.data()});
@@ -226,7 +227,7 @@ class ChunkedCrossEntropyHead {
         if (lora_ != nullptr) {
           const Tensor<T> du = lora_->grad_down(dz);
           lora_->add_input_grad(du.cview(), dh->view().slice_rows(r0, r1));
-          lora_->weight_grads_into(dz, hc, du.cview(), r0 == 0 ? A(0) : A(1), lora_a_sum, lora_b_sum);
+          lora_->weight_grads_into(dz, hc, du.cview(), lora_u.cview(), r0 == 0 ? A(0) : A(1), lora_a_sum, lora_b_sum);
         }
       }
     }
