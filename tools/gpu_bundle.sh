@@ -277,8 +277,8 @@ case "${1:-}" in
       echo "train: llama3_8b skipped: it needs about 110 GiB and this GPU has ${mib:-?} MiB" | tee "$out/train8b.txt"
     fi
     # Llama 3 8B with LoRA (rank 8, every linear layer, the rest frozen), no block
-    # recomputed: llama-plan 556.67 ms, 14,716 tokens/s, 51.74 GiB on an H200 (589.86 ms,
-    # 50.79 GiB on an H100): it fits either.
+    # recomputed: llama-plan 551.73 ms, 14,848 tokens/s, 51.76 GiB on an H200 (582.96 ms,
+    # 50.82 GiB on an H100): it fits either.
     "$here/bench-train" --flavors llama3_8b --ac none --lora 8 --steps 5 --warmup 2 --markdown --commit "$commit" \
       --json "$out/train8b-lora.json" 2>&1 | tee "$out/train8b-lora.txt" || status=1
     exit "$status" ;;
