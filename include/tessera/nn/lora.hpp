@@ -151,13 +151,10 @@ class LoraAdapter {
     parallel::accumulate_over_holders<B>(tp_, part, p);
   }
 
+  /// Adds `sum` to p's gradient (its first write copies it), summed over the holders
+  /// first where the pieces are partial sums.
   void accumulate(Parameter<T>& p, Tensor<A>& sum) {
-    if (summed(p)) {
-      parallel::accumulate_over_holders<B>(tp_, sum, p);
-      return;
-    }
-    if (p.grad_write_beta() == A(0)) B::for_each(p.grad.numel(), ops::Copy<A>{sum.data(), p.grad.data()});
-    else B::for_each(p.grad.numel(), ops::Axpy<A>{A(1), sum.data(), p.grad.data()});
+    parallel::accumulate_over_holders<B>(summed(p) ? tp_ : nullptr, sum, p);
   }
 
   Parameter<T> a_, b_;

@@ -526,9 +526,9 @@ inline SearchResult price_layout(const train::JobConfig& c, int world, const Tra
   // A float8 layout's model is bf16 too: its MFU is against the bf16 peak (GpuPricer::peak_flops).
   const DType dtype = c.training.mixed_precision_param == "float32" ? DType::f32 : DType::bf16;
   r.tokens_per_sec = r.step_seconds > 0 ? static_cast<double>(tokens) / r.step_seconds / world : 0;
-  nn::LoraPolicy lora;
-  if (train::lora_enabled(c)) lora = nn::LoraPolicy{true, c.lora.rank, c.lora.alpha, c.lora.target_modules};
-  r.mfu_pct = 100 * r.tokens_per_sec * nn::training_flops_per_token(c.model.args, lora, c.training.seq_len) /
+  // (A layout LoRA refuses was refused by its dry run above: this does not throw.)
+  r.mfu_pct = 100 * r.tokens_per_sec *
+              nn::training_flops_per_token(c.model.args, train::lora_policy(c), c.training.seq_len) /
               compute.peak_flops(dtype);
   return r;
 }

@@ -4,7 +4,6 @@
 // (plan/dry_run.hpp) all start from it.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <memory>
 
