@@ -309,8 +309,12 @@ ValidationPlan plan_validation(const train::JobConfig& c, int dp, const std::str
   }
   try {
     const train::DatasetSpec d = train::validation_dataset(c);
-    const std::uint64_t tokens = d.dataset == "shard" ? io::read_token_shard_header(d.path).count
-                                                      : train::load_token_stream(d, *data::make_tokenizer(c.model.tokenizer)).ids.size();
+    std::uint64_t tokens = 0;
+    if (d.dataset == "shard") {
+      for (const std::string& f : train::flat_files(d)) tokens += io::read_token_shard_header(f).count;
+    } else {
+      tokens = train::load_token_stream(d, *data::make_tokenizer(c.model.tokenizer)).ids.size();
+    }
     v.batches = plan::validation_batches(c, tokens, dp);
   } catch (const std::exception& e) {
     v.unpriced = tessera::detail::concat("validation.steps = -1 reads the whole validation set, which cannot be counted "

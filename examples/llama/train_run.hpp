@@ -140,11 +140,15 @@ inline nn::ModelArgs checked_model_args(const train::JobConfig& c, const io::Tok
     if (d.section == "validation" && !c.validation.enable) continue;
     if (d.dataset == "synthetic") continue;
     train::check_readable(d);
-    TESSERA_CHECK(!d.path.empty(), d.section, ".dataset_path: required when ", d.section, ".dataset = \"", d.dataset, "\"");
-    if (d.dataset == "shard") io::read_token_shard_header(d.path);
+    TESSERA_CHECK(!d.paths.empty(), d.section, ".dataset_path: required when ", d.section, ".dataset = \"", d.dataset, "\"");
+    for (const std::vector<std::string>& files : train::dataset_files(d))
+      for (const std::string& f : files) {
+        if (d.dataset == "shard") io::read_token_shard_header(f);
+        if (d.dataset == "chat")
+          TESSERA_CHECK(std::ifstream(f).good(), d.section, ".dataset_path '", f,
+                        "': cannot open (JSON lines of conversations)");
+      }
     if (d.dataset == "chat") {
-      std::ifstream probe(d.path);
-      TESSERA_CHECK(probe.good(), d.section, ".dataset_path '", d.path, "': cannot open (JSON lines of conversations)");
       const io::ChatFormat f = io::resolve_chat_format(c.training.chat_format, tok, "training.chat_format");
       TESSERA_CHECK(f != io::ChatFormat::llama3 || io::chat_format_for(tok) == io::ChatFormat::llama3,
                     "training.chat_format = llama3: model.tokenizer '", c.model.tokenizer,
@@ -272,11 +276,19 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
 
   // Each stream's ids are checked against the model before any step reads them.
   auto load = [&](const train::DatasetSpec& d) {
-    io::TokenStream s = train::load_token_stream(d, tok);
-    for (std::size_t i = 0; i < s.ids.size(); ++i)
-      TESSERA_CHECK(s.ids[i] < static_cast<std::uint32_t>(a.vocab_size), train::dataset_name(d), ": token id ", s.ids[i],
-                    " at index ", i, " is outside the model's vocabulary (model.vocab_size = ", a.vocab_size, ")");
-    return s;
+    std::vector<data::TokenCorpus> corpora = train::open_corpora(d, tok);
+    for (const data::TokenCorpus& s : corpora) {
+      const auto limit = static_cast<std::uint32_t>(a.vocab_size - 1);
+      const std::uint64_t i = s.first_above(limit);
+      if (i == s.size()) continue;
+      std::uint32_t id = 0;
+      s.read(i, 1, &id, nullptr);
+      const std::vector<std::string> names = s.names();
+      fail(names.size() == 1 ? names.front() : train::dataset_name(d), ": token id ", id, " at index ", i,
+           names.size() == 1 ? "" : " of the stream", " is outside the model's vocabulary (model.vocab_size = ",
+           a.vocab_size, ")");
+    }
+    return corpora;
   };
   // A stream too large for the host, too short for one window, or whose loss mask leaves
   // no target is named with the keys that made it.
@@ -285,10 +297,13 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
         d.section, ".dataset = \"", d.dataset, "\"",
         d.dataset == "synthetic" ? tessera::detail::concat(", ", d.section, ".synthetic_documents = ", d.documents)
                                  : std::string());
-    io::TokenStream stream =
+    std::vector<data::TokenCorpus> corpora =
         sized_by(tessera::detail::concat("loading ", train::dataset_name(d), " (", keys, ")"), [&] { return load(d); });
+    std::vector<double> weights = d.weights;
+    if (weights.empty()) weights.assign(corpora.size(), 1.0);
     try {
-      return data::DataLoader(std::move(stream), seq_len, local_batch, mesh.dp_rank(), mesh.dp_degree());
+      return data::DataLoader(std::move(corpora), std::move(weights), seq_len, local_batch, mesh.dp_rank(),
+                              mesh.dp_degree());
     } catch (const Error& e) {
       fail(train::dataset_name(d), " (", keys, ", ", d.section, ".seq_len = ", seq_len, "): ", e.what());
     }
@@ -334,6 +349,25 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
                  static_cast<double>(adapters) / 1e6,
                  100.0 * static_cast<double>(adapters) / static_cast<double>(a.num_params() + adapters));
   }
+  if (lead && (loader.streams().size() > 1 || loader.streams().front().corpus.names().size() > 1)) {
+    // Which files feed the windows, and in what shares.
+    std::string line = loader.streams().size() > 1 ? "  data: a mix of" : "  data:";
+    const auto& streams = loader.streams();
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      const std::vector<std::string> names = streams[i].corpus.names();
+      line += tessera::detail::concat(i == 0 ? " " : "; ", names.front(),
+                                      names.size() > 1 ? tessera::detail::concat(" and ", names.size() - 1, " more files")
+                                                       : std::string(),
+                                      " (", streams[i].corpus.size(), " tokens, ", streams[i].windows, " windows");
+      if (streams.size() > 1) {
+        char share[32];
+        std::snprintf(share, sizeof share, ", %.1f%% of them", 100 * streams[i].weight);
+        line += share;
+      }
+      line += ")";
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   if (lead && c.compile.enable)
     std::fprintf(stderr, "  compile.enable = true (torchtitan's torch.compile): tessera's step is compiled C++ "
                          "already; the key changes nothing\n");
@@ -365,6 +399,12 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
   }
   train::TrainerOptions options = train::trainer_options(c);
   if (in.peak_flops > 0) options.peak_flops = in.peak_flops;
+  if (c.training.dataset != "synthetic") {
+    // The files themselves: a resume that would find others under a pattern is refused.
+    const nlohmann::json files = train::files_to_keep(train::training_dataset(c));
+    for (train::KeptSetting& k : options.keep_on_resume)
+      if (k.name == "training.dataset_path") k.value = files;
+  }
   train::Trainer<Model> trainer = sized_by(
       "setting up the optimizer (AdamW's moments and masters: the model's size, optimizer.state_dtype)",
       [&] { return train::Trainer<Model>(model, std::move(options), std::move(loader)); });

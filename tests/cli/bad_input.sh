@@ -75,7 +75,7 @@ expect_error "unknown attention" 'training.attention must be one of auto, cudnn,
 expect_error "cudnn attention on the CPU" 'training.attention = "cudnn": this run trains on the CPU (training.device); cuDNN attention runs on a GPU' "$train" "${small[@]}" --training.device cpu --training.attention cudnn
 expect_error "missing token shard" "$work/none.tshard" "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/none.tshard"
 expect_error "a corpus shorter than a window" \
-  "the synthetic corpus (training.dataset = \"synthetic\", training.synthetic_documents = 1, training.seq_len = 512): DataLoader: the token stream has" \
+  "the synthetic corpus (training.dataset = \"synthetic\", training.synthetic_documents = 1, training.seq_len = 512): DataLoader: the synthetic corpus has 63 tokens, fewer than one window" \
   "$train" "${small[@]}" --training.synthetic_documents 1 --training.seq_len 512 --model.max_seq_len 512
 expect_error "a dump folder that is a file" "$work/typed.toml: not a directory (job.dump_folder names the folder the run writes to)" \
   "$train" "${small[@]}" --job.dump_folder "$work/typed.toml"

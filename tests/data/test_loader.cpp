@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 
 #include "../support/errors.hpp"
+#include "../support/temp_dir.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -11,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "tessera/data/corpus.hpp"
 #include "tessera/data/loader.hpp"
+#include "tessera/io/mapped_token_shard.hpp"
 #include "tessera/data/synthetic.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
@@ -213,6 +217,146 @@ TEST_CASE("count_targets skips ignore_index") {
   CHECK(tessera::data::count_targets(b) == 2);
   b.targets.clear();
   CHECK(tessera::data::count_targets(b) == 0);
+}
+
+TEST_CASE("TokenCorpus: shards and streams in memory read as one stream, windows straddling them") {
+  using tessera::data::TokenCorpus;
+  tessera::test::TempDir dir("tessera-corpus");
+  // 0..99 split as memory [0, 17), shard [17, 40) with a mask, an empty shard, shard [40, 100).
+  const Ids all = iota_tokens(100);
+  std::vector<std::uint8_t> mask(100, 1);
+  tessera::io::TokenStream masked{Ids(all.begin() + 17, all.begin() + 40), {}};
+  for (std::size_t i = 0; i < masked.ids.size(); ++i) {
+    masked.loss_mask.push_back(i % 4 == 0 ? 1 : 0);
+    mask[17 + i] = masked.loss_mask.back();
+  }
+  tessera::io::write_token_shard(dir.file("b.bin"), masked, 1000);
+  tessera::io::write_token_shard(dir.file("empty.bin"), Ids{}, 1000);
+  tessera::io::write_token_shard(dir.file("c.bin"), Ids(all.begin() + 40, all.end()), 1000);
+  TokenCorpus corpus(tessera::io::TokenStream{Ids(all.begin(), all.begin() + 17), {}}, "head");
+  corpus.append(tessera::io::MappedTokenShard::open(dir.file("b.bin")));
+  corpus.append(tessera::io::MappedTokenShard::open(dir.file("empty.bin")));
+  corpus.append(tessera::io::MappedTokenShard::open(dir.file("c.bin")));
+  CHECK(corpus.size() == 100);
+  CHECK(corpus.masked());
+  CHECK(corpus.max_id() == 99);
+  CHECK(corpus.names() == std::vector<std::string>{"head", dir.file("b.bin"), dir.file("c.bin")});
+  CHECK(corpus.resident_tokens() == 17);
+  for (std::uint64_t first = 0; first < 100; first += 3)
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{9}, std::size_t{30}}) {
+      if (first + n > 100) continue;
+      Ids ids(n);
+      std::vector<std::uint8_t> keep(n);
+      corpus.read(first, n, ids.data(), keep.data());
+      CHECK(ids == Ids(all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(first + n)));
+      CHECK(keep == std::vector<std::uint8_t>(mask.begin() + static_cast<std::ptrdiff_t>(first),
+                                              mask.begin() + static_cast<std::ptrdiff_t>(first + n)));
+      const bool any = std::any_of(keep.begin(), keep.end(), [](std::uint8_t k) { return k != 0; });
+      CHECK(corpus.any_target(first, n) == any);
+    }
+  CHECK(corpus.first_above(98) == 99);
+  CHECK(corpus.first_above(99) == 100);
+  CHECK_ERROR_CONTAINS(corpus.read(95, 6, nullptr, nullptr), "tokens [95, 101) are past its 100 tokens");
+
+  // A DataLoader over the corpus gives what one over the same tokens in memory gives,
+  // on every data-parallel rank, across the wrap.
+  const tessera::io::TokenStream flat{all, mask};
+  for (std::int64_t degree : {1, 3}) {
+    for (std::int64_t r = 0; r < degree; ++r) {
+      DataLoader mapped(corpus, 6, 2, r, degree), memory(flat, 6, 2, r, degree);
+      CHECK(mapped.windows_per_epoch() == 14);
+      for (int step = 0; step < 9; ++step) {
+        const Batch x = mapped.next(), y = memory.next();
+        CHECK(x.inputs == y.inputs);
+        CHECK(x.targets == y.targets);
+        CHECK(x.n_targets == y.n_targets);
+      }
+    }
+  }
+}
+
+TEST_CASE("DataLoader: a weighted mix deals each stream its share, the same order on every layout") {
+  using tessera::data::TokenCorpus;
+  // Three streams told apart by their ids: 1000 + k, 2000 + k, 3000 + k; windows of 4 tokens.
+  auto stream = [](std::uint32_t base, std::size_t n) {
+    Ids ids(n);
+    for (std::size_t k = 0; k < n; ++k) ids[k] = base + static_cast<std::uint32_t>(k);
+    return TokenCorpus(tessera::io::TokenStream{ids, {}}, "stream " + std::to_string(base));
+  };
+  const std::vector<TokenCorpus> corpora = {stream(1000, 4 * 50), stream(2000, 4 * 3 + 2), stream(3000, 4 * 20)};
+  const std::vector<double> weights = {5, 3, 2};  // any units: 50%, 30%, 20%
+  const std::int64_t seq = 3;
+  DataLoader whole(corpora, weights, seq, 6);
+  REQUIRE(whole.streams().size() == 3);
+  CHECK(whole.streams()[0].weight == doctest::Approx(0.5));
+  CHECK(whole.streams()[1].windows == 3);
+  CHECK(whole.windows_per_epoch() == 73);
+  // The order: after every window, each stream's count within one of its share, and each
+  // stream's windows in its own order, wrapping by itself (stream 2 has only 3).
+  std::vector<std::int64_t> taken(3, 0);
+  std::vector<Row> order;
+  for (int step = 0; step < 20; ++step) {
+    const Batch b = whole.next();
+    for (std::int64_t r = 0; r < b.batch; ++r) {
+      const Row in = row_of(b.inputs, seq, r);
+      const std::size_t d = static_cast<std::size_t>(in[0] / 1000 - 1);
+      const std::int64_t w = taken[d] % whole.streams()[d].windows;
+      CHECK(in[0] == static_cast<std::int32_t>(1000 * (d + 1) + 4 * w));
+      CHECK(row_of(b.targets, seq, r)[2] == in[0] + 3);
+      ++taken[d];
+      const auto n = static_cast<double>(order.size() + 1);
+      for (std::size_t e = 0; e < 3; ++e) CHECK(std::abs(static_cast<double>(taken[e]) - n * weights[e] / 10) <= 1.0);
+      order.push_back(in);
+    }
+  }
+  CHECK(whole.windows_taken(whole.position()) == taken);
+  CHECK(whole.epoch() == std::min({taken[0] / 50, taken[1] / 3, taken[2] / 20}));
+  // Sliced over data-parallel ranks, the same global order; resumed anywhere, the same.
+  for (std::int64_t degree : {2, 3}) {
+    std::vector<DataLoader> ranks;
+    for (std::int64_t r = 0; r < degree; ++r) ranks.emplace_back(corpora, weights, seq, 6 / degree, r, degree);
+    for (int step = 0; step < 20; ++step)
+      for (std::int64_t r = 0; r < degree; ++r) {
+        const Batch b = ranks[static_cast<std::size_t>(r)].next();
+        for (std::int64_t row = 0; row < b.batch; ++row)
+          CHECK(row_of(b.inputs, seq, row) == order[static_cast<std::size_t>(step * 6 + r * (6 / degree) + row)]);
+      }
+  }
+  for (std::int64_t at : {0, 6, 42, 102}) {
+    DataLoader resumed(corpora, weights, seq, 3, 1, 2);
+    resumed.next();  // somewhere else first: seek goes back as well as forward
+    resumed.next();
+    resumed.seek(at);
+    for (int step = 0; step < 3; ++step) {
+      const Batch b = resumed.next();
+      for (std::int64_t row = 0; row < 3; ++row)
+        CHECK(row_of(b.inputs, seq, row) == order[static_cast<std::size_t>(at + step * 6 + 3 + row)]);
+    }
+  }
+  // Equal weights alternate; one stream of weight 1 reads as DataLoader over it alone.
+  DataLoader even(std::vector<TokenCorpus>{stream(1000, 40), stream(2000, 40)}, std::vector<double>{1, 1}, seq, 4);
+  const Batch e = even.next();
+  for (std::int64_t r = 0; r < 4; ++r) CHECK(row_of(e.inputs, seq, r)[0] / 1000 == 1 + r % 2);
+  DataLoader alone(std::vector<TokenCorpus>{stream(1000, 40)}, std::vector<double>{7}, seq, 4);
+  DataLoader plain(stream(1000, 40), seq, 4);
+  CHECK(alone.next().inputs == plain.next().inputs);
+}
+
+TEST_CASE("DataLoader: a mix refuses bad weights and a stream too short for a window, naming it") {
+  using tessera::data::TokenCorpus;
+  auto stream = [](std::size_t n, const std::string& name) {
+    return TokenCorpus(tessera::io::TokenStream{iota_tokens(n), {}}, name);
+  };
+  const std::vector<TokenCorpus> two = {stream(40, "a.bin"), stream(40, "b.bin")};
+  CHECK_ERROR_CONTAINS(DataLoader(two, std::vector<double>{1}, 3, 1), "2 token streams but 1 weights");
+  CHECK_ERROR_CONTAINS(DataLoader(two, std::vector<double>{1, 0}, 3, 1), "the weight of b.bin is 0; weights are positive numbers");
+  CHECK_ERROR_CONTAINS(DataLoader(two, std::vector<double>{-1, 1}, 3, 1), "the weight of a.bin is -1");
+  CHECK_ERROR_CONTAINS(DataLoader(std::vector<TokenCorpus>{stream(40, "a.bin"), stream(3, "short.bin")}, std::vector<double>{1, 1}, 3, 1),
+                       "short.bin has 3 tokens, fewer than one window of seq_len + 1 = 4");
+  CHECK_ERROR_CONTAINS(DataLoader(std::vector<TokenCorpus>{}, {}, 3, 1), "no token stream to read");
+  tessera::io::TokenStream none{iota_tokens(8), std::vector<std::uint8_t>(8, 0)};
+  CHECK_ERROR_CONTAINS(DataLoader(std::vector<TokenCorpus>{stream(40, "a.bin"), TokenCorpus(none, "prompts.bin")}, std::vector<double>{1, 1}, 3, 1),
+                       "prompts.bin: the loss mask leaves no target in the 2 windows");
 }
 
 TEST_CASE("synthetic corpus -> token shard -> DataLoader -> text") {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tessera/io/crc32.hpp"
+#include "tessera/io/mapped_token_shard.hpp"
 #include "tessera/io/token_shard.hpp"
 
 namespace test_token_shard {  // unity build: this file's names stay in here (tests/meson.build)
@@ -59,7 +60,77 @@ Ids sample_tokens(std::size_t n, std::uint32_t vocab) {
   return ids;
 }
 
+/// Both readers refuse the file at `path` with a message holding `text`: the one that
+/// loads it and the one that maps it (one thread, and pieces of 64 bytes on four).
+#define CHECK_READERS_REFUSE(path, text)                                                           \
+  do {                                                                                             \
+    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(path), text);                              \
+    CHECK_ERROR_CONTAINS(tessera::io::MappedTokenShard::open(path, 1), text);                      \
+    CHECK_ERROR_CONTAINS(tessera::io::MappedTokenShard::open(path, 4, 64), text);                  \
+  } while (0)
+
 }  // namespace
+
+TEST_CASE("crc32_combine joins the CRCs of pieces checksummed apart") {
+  const Ids ids = sample_tokens(1000, 1u << 20);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(ids.data());
+  const std::size_t n = 4 * ids.size();
+  const std::uint32_t whole = tessera::io::crc32(bytes, n);
+  for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{1999}, n - 1, n}) {
+    const std::uint32_t a = tessera::io::crc32(bytes, cut), b = tessera::io::crc32(bytes + cut, n - cut);
+    CHECK(tessera::io::crc32_combine(a, b, n - cut) == whole);
+  }
+  // Three pieces, joined left to right.
+  const std::uint32_t c1 = tessera::io::crc32(bytes, 100), c2 = tessera::io::crc32(bytes + 100, 1000),
+                      c3 = tessera::io::crc32(bytes + 1100, n - 1100);
+  CHECK(tessera::io::crc32_combine(tessera::io::crc32_combine(c1, c2, 1000), c3, n - 1100) == whole);
+  // An empty second piece leaves the first's CRC.
+  CHECK(tessera::io::crc32_combine(0x12345678u, 0, 0) == 0x12345678u);
+}
+
+TEST_CASE("a mapped shard reads what read_token_stream reads, in any piece, on any threads") {
+  using tessera::io::MappedTokenShard;
+  TempDir dir("tessera-mapped-shard");
+  const std::string plain = dir.file("plain.bin"), masked = dir.file("masked.bin");
+  const Ids ids = sample_tokens(1001, 5000);
+  tessera::io::write_token_shard(plain, ids, 5000);
+  tessera::io::TokenStream chat{ids, {}};
+  for (std::size_t i = 0; i < ids.size(); ++i) chat.loss_mask.push_back(i % 5 == 2 || i % 7 == 0 ? 1 : 0);
+  tessera::io::write_token_shard(masked, chat, 5000);
+  for (unsigned threads : {1u, 3u, 8u}) {
+    CAPTURE(threads);
+    const MappedTokenShard a = MappedTokenShard::open(plain, threads, 100), b = MappedTokenShard::open(masked, threads, 100);
+    CHECK(a.size() == ids.size());
+    CHECK_FALSE(a.masked());
+    CHECK(b.masked());
+    CHECK(a.max_id() == *std::max_element(ids.begin(), ids.end()));
+    CHECK(a.header().vocab_size == 5000);
+    for (const auto& [first, n] : {std::pair<std::uint64_t, std::size_t>{0, 1001}, {0, 1}, {997, 4}, {333, 100}, {1001, 0}}) {
+      Ids got(n);
+      std::vector<std::uint8_t> keep(n, 7);
+      a.read(first, n, got.data(), keep.data());
+      CHECK(got == Ids(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.begin() + static_cast<std::ptrdiff_t>(first + n)));
+      CHECK(std::all_of(keep.begin(), keep.end(), [](std::uint8_t k) { return k == 1; }));
+      b.read(first, n, got.data(), keep.data());
+      CHECK(got == Ids(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.begin() + static_cast<std::ptrdiff_t>(first + n)));
+      CHECK(keep == std::vector<std::uint8_t>(chat.loss_mask.begin() + static_cast<std::ptrdiff_t>(first),
+                                              chat.loss_mask.begin() + static_cast<std::ptrdiff_t>(first + n)));
+    }
+    CHECK_ERROR_CONTAINS(a.read(1000, 2, nullptr, nullptr), "tokens [1000, 1002) are past its 1001 tokens");
+    // any_target: over a byte's bits, whole bytes, and the tail.
+    for (std::uint64_t first = 0; first < 40; ++first)
+      for (std::uint64_t n = 0; n < 30; ++n) {
+        bool any = false;
+        for (std::uint64_t k = first; k < first + n; ++k) any = any || chat.loss_mask[k];
+        CHECK(b.any_target(first, n) == any);
+        CHECK(a.any_target(first, n) == (n > 0));
+      }
+  }
+  // An empty shard maps too.
+  const std::string empty = dir.file("empty.bin");
+  tessera::io::write_token_shard(empty, Ids{}, 10);
+  CHECK(MappedTokenShard::open(empty).size() == 0);
+}
 
 TEST_CASE("crc32: known check values and incremental updates") {
   using tessera::io::crc32;
@@ -222,84 +293,84 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
 
   SUBCASE("missing file") {
     const std::string missing = dir.file("missing.bin");
-    CHECK_ERROR_CONTAINS(read_token_shard(missing), "no such file");
-    CHECK_ERROR_CONTAINS(read_token_shard(missing), missing);
+    CHECK_READERS_REFUSE(missing, "no such file");
+    CHECK_READERS_REFUSE(missing, missing);
     CHECK_ERROR_CONTAINS(read_token_shard_header(missing), "no such file");
   }
   SUBCASE("a directory") {
-    CHECK_ERROR_CONTAINS(read_token_shard(dir.path.string()), "not a regular file");
+    CHECK_READERS_REFUSE(dir.path.string(), "not a regular file");
   }
   SUBCASE("shorter than the header") {
     write_bytes(bad, Bytes(original.begin(), original.begin() + 10));
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "file is 10 bytes, shorter than the 32-byte header");
+    CHECK_READERS_REFUSE(bad, "file is 10 bytes, shorter than the 32-byte header");
     CHECK_ERROR_CONTAINS(read_token_shard_header(bad), bad);
     write_bytes(bad, Bytes{});
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "file is 0 bytes");
+    CHECK_READERS_REFUSE(bad, "file is 0 bytes");
   }
   SUBCASE("wrong magic") {
     Bytes b = original;
     b[0] = 'X';
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "not a tessera token shard");
+    CHECK_READERS_REFUSE(bad, "not a tessera token shard");
     CHECK_ERROR_CONTAINS(read_token_shard_header(bad), "not a tessera token shard");
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+    CHECK_READERS_REFUSE(bad, bad);
   }
   SUBCASE("unsupported version") {
     Bytes b = original;
     put_u32(b, 8, 3);
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "unsupported version 3");
+    CHECK_READERS_REFUSE(bad, "unsupported version 3");
     put_u32(b, 8, 2);  // a loss mask's version without the mask's flag
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "version 2 flags are 0");
+    CHECK_READERS_REFUSE(bad, "version 2 flags are 0");
     CHECK_ERROR_CONTAINS(read_token_shard_header(bad), bad);
   }
   SUBCASE("reserved field set") {
     Bytes b = original;
     put_u32(b, 28, 5);
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "reserved header field is 5");
+    CHECK_READERS_REFUSE(bad, "reserved header field is 5");
   }
   SUBCASE("vocab_size 0 in the header") {
     Bytes b = original;
     put_u32(b, 12, 0);
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "vocab_size is 0");
+    CHECK_READERS_REFUSE(bad, "vocab_size is 0");
   }
   SUBCASE("truncated by one byte") {
     write_bytes(bad, Bytes(original.begin(), original.end() - 1));
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "truncated: expected 432 bytes");
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "found 431");
+    CHECK_READERS_REFUSE(bad, "truncated: expected 432 bytes");
+    CHECK_READERS_REFUSE(bad, "found 431");
     CHECK_ERROR_CONTAINS(read_token_shard_header(bad), "truncated");
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+    CHECK_READERS_REFUSE(bad, bad);
   }
   SUBCASE("header only, count says 100") {
     write_bytes(bad, Bytes(original.begin(), original.begin() + 32));
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "truncated: expected 432 bytes");
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "found 32");
+    CHECK_READERS_REFUSE(bad, "truncated: expected 432 bytes");
+    CHECK_READERS_REFUSE(bad, "found 32");
   }
   SUBCASE("a count no file can hold") {
     Bytes b = original;
     put_u32(b, 16, 0xFFFFFFFFu);
     put_u32(b, 20, 0xFFFFFFFFu);
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "truncated");
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "18446744073709551615 tokens");
+    CHECK_READERS_REFUSE(bad, "truncated");
+    CHECK_READERS_REFUSE(bad, "18446744073709551615 tokens");
   }
   SUBCASE("one trailing byte") {
     Bytes b = original;
     b.push_back(0);
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "1 trailing bytes: expected 432 bytes");
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "found 433");
+    CHECK_READERS_REFUSE(bad, "1 trailing bytes: expected 432 bytes");
+    CHECK_READERS_REFUSE(bad, "found 433");
     CHECK_ERROR_CONTAINS(read_token_shard_header(bad), "trailing");
   }
   SUBCASE("a flipped payload byte") {
     Bytes b = original;
     b[32 + 4 * 37 + 1] ^= 0x10;
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "corrupt");
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+    CHECK_READERS_REFUSE(bad, "corrupt");
+    CHECK_READERS_REFUSE(bad, bad);
     // The header alone is still consistent: read_token_shard_header does not read the payload.
     CHECK(read_token_shard_header(bad).count == 100);
   }
@@ -307,7 +378,7 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
     Bytes b = original;
     b[25] ^= 0x01;
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "corrupt");
+    CHECK_READERS_REFUSE(bad, "corrupt");
   }
   SUBCASE("an id not below vocab_size, with a correct CRC") {
     Ids wide = ids;
@@ -316,8 +387,8 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
     Bytes b = read_bytes(bad);
     put_u32(b, 12, 258);  // the header's vocab_size is outside the CRC
     write_bytes(bad, b);
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), "token id 300 at index 63 is not below vocab_size 258");
-    CHECK_ERROR_CONTAINS(read_token_shard(bad), bad);
+    CHECK_READERS_REFUSE(bad, "token id 300 at index 63 is not below vocab_size 258");
+    CHECK_READERS_REFUSE(bad, bad);
   }
 }
 
@@ -371,21 +442,21 @@ TEST_CASE("a shard with a loss mask: layout, round trip, streaming, and bad mask
   const std::string bad = (dir.path / "bad.bin").string();
   SUBCASE("the mask cut short") {
     write_bytes(bad, Bytes(b.begin(), b.end() - 1));
-    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), "truncated: expected 86 bytes");
-    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), "2 bytes of loss mask");
+    CHECK_READERS_REFUSE(bad, "truncated: expected 86 bytes");
+    CHECK_READERS_REFUSE(bad, "2 bytes of loss mask");
   }
   SUBCASE("a flipped mask bit") {
     Bytes c = b;
     c[32 + 52] ^= 0x01;
     write_bytes(bad, c);
-    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), "corrupt");
+    CHECK_READERS_REFUSE(bad, "corrupt");
   }
   SUBCASE("a bit past the last token") {
     Bytes c = b;
     c[32 + 53] |= 0x80;
     put_u32(c, 24, tessera::io::crc32(c.data() + 32, c.size() - 32));
     write_bytes(bad, c);
-    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), "bits set past the last token");
+    CHECK_READERS_REFUSE(bad, "bits set past the last token");
   }
   SUBCASE("mask and ids of different lengths") {
     CHECK_ERROR_CONTAINS(tessera::io::write_token_shard(bad, TokenStream{stream.ids, {1, 0}}, 300),

@@ -152,7 +152,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 122);
+  CHECK(keys.size() == 123);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -586,7 +586,42 @@ TEST_CASE("dataset shard needs a path") {
   CHECK_ERROR(parse("[training]\ndataset = \"shard\""), "job.toml:2:",
               "training.dataset_path is required when training.dataset = \"shard\"");
   auto c = parse("[training]\ndataset = \"shard\"\ndataset_path = \"data/x.tshard\"");
-  CHECK(c.training.dataset_path == "data/x.tshard");
+  CHECK(c.training.dataset_path == std::vector<std::string>{"data/x.tshard"});
+}
+
+TEST_CASE("dataset_path: one path or a list; dataset_weights: a number per entry") {
+  using Names = std::vector<std::string>;
+  using Weights = std::vector<double>;
+  const std::string shard = "[training]\ndataset = \"shard\"\n";
+  // One string is the list of it, in the file and on the command line; the dump writes a list.
+  CHECK(parse(shard + "dataset_path = \"a.bin\"\n").training.dataset_path == Names{"a.bin"});
+  CHECK(parse(shard, {"--training.dataset_path", "a.bin"}).training.dataset_path == Names{"a.bin"});
+  const JobConfig two = parse(shard + "dataset_path = [\"a.bin\", \"c4/*.bin\"]\ndataset_weights = [3, 0.5]\n");
+  CHECK(two.training.dataset_path == Names{"a.bin", "c4/*.bin"});
+  CHECK(two.training.dataset_weights == Weights{3.0, 0.5});
+  CHECK(parse_config(to_toml(two), "dump.toml", {}) == two);
+  CHECK(to_toml(two).find("dataset_weights = [3.0, 0.5]\n") != std::string::npos);
+  const JobConfig cli =
+      parse(shard, {"--training.dataset_path", "a.bin,b.bin", "--training.dataset_weights", "0.7, 0.3"});
+  CHECK(cli.training.dataset_path == Names{"a.bin", "b.bin"});
+  CHECK(cli.training.dataset_weights == Weights{0.7, 0.3});
+  CHECK(parse("[validation]\ndataset_path = \"v.bin\"\n").validation.dataset_path == Names{"v.bin"});
+  // Bad weights, each named by key (and where the file has a line, by line).
+  CHECK_ERROR(parse(shard + "dataset_path = [\"a.bin\", \"b.bin\"]\ndataset_weights = [1]\n"), "job.toml:",
+              "training.dataset_weights has 1 weight and training.dataset_path 2 entries: one weight per entry");
+  CHECK_ERROR(parse(shard + "dataset_path = [\"a.bin\"]\ndataset_weights = [0]\n"), "job.toml:4:",
+              "training.dataset_weights: each item must be positive, got 0.0");
+  CHECK_ERROR(parse(shard + "dataset_path = [\"a.bin\"]\ndataset_weights = [\"x\"]\n"), "job.toml:4:",
+              "training.dataset_weights: expected an array of numbers, got a string at index 0");
+  CHECK_ERROR(parse(shard + "dataset_path = [\"a.bin\"]\ndataset_weights = 1\n"), "job.toml:4:",
+              "expected an array of numbers, got an integer");
+  CHECK_ERROR(parse(shard, {"--training.dataset_path", "a.bin", "--training.dataset_weights", "1,x"}),
+              "--training.dataset_weights: expected comma-separated numbers (0.7,0.3), got 'x' in '1,x'");
+  CHECK_ERROR(parse("[training]\ndataset_weights = [1.0]\n"),
+              "training.dataset_weights mixes the files of training.dataset_path, and training.dataset = "
+              "\"synthetic\" reads none");
+  // A list key that takes no plain string still refuses one.
+  CHECK_ERROR(parse("[model]\nconverters = \"float8\"\n"), "model.converters: expected an array of strings");
 }
 
 TEST_CASE("model overrides apply on top of the flavor") {
@@ -725,6 +760,7 @@ TEST_CASE("to_toml round trip") {
                  "--training.mixed_precision_param", "float32",
                  "--training.dataset", "shard",
                  "--training.dataset_path", "data/c4.tshard",
+                 "--training.dataset_weights", "2",
                  "--training.chat_format", "llama2",
                  "--training.synthetic_documents", "5",
                  "--parallelism.data_parallel_replicate_degree", "2",

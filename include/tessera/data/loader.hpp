@@ -1,25 +1,35 @@
 // Data loading: documents -> one token stream -> windows -> batches, sliced per rank.
 //
-// pack_documents concatenates documents as <|bos|> bytes <|eos|>. The DataLoader cuts the
-// stream into consecutive, non-overlapping windows of seq_len + 1 tokens, as torchtitan
-// packs them: inputs are a window's first seq_len tokens, targets its last seq_len (the
-// inputs shifted by one). A step consumes one GLOBAL batch of local_batch_size * dp_degree
+// pack_documents concatenates documents as <|bos|> bytes <|eos|>. The DataLoader cuts a
+// stream (a TokenCorpus: in memory, or token shards mapped from their files) into
+// consecutive, non-overlapping windows of seq_len + 1 tokens, as torchtitan packs them:
+// inputs are a window's first seq_len tokens, targets its last seq_len (the inputs
+// shifted by one). A step consumes one GLOBAL batch of local_batch_size * dp_degree
 // consecutive windows, and data-parallel rank r takes windows [r * local, (r + 1) * local)
 // of it, so every data-parallel layout trains on the same global batch (DESIGN principle
 // 4). Tokens left over after the last whole window are not used. When the windows run
 // out the loader wraps to the first one and counts an epoch; a global batch may straddle
 // the wrap.
 //
+// A weighted mix of several streams (Megatron's data blend, torchtitan's dataset mix)
+// cuts each into its own windows and deals them out in one order: window i of the global
+// order comes from the stream whose share so far lags its weight the most (the largest
+// w_d (i + 1) - taken_d, the first on a tie), so after any n windows each stream has given
+// its weight's share of them to within one window. Each stream wraps by itself: a small
+// stream weighted high is read again while a large one is still in its first pass.
+//
 // A loss mask (io::TokenStream, chat data) travels with the tokens: a target whose token
 // the mask leaves out (a prompt token of a chat) becomes Batch::ignore_index, so only
 // the tokens the mask keeps (the assistant's replies) are predicted. The inputs are not
 // masked: the model reads the whole conversation.
 //
-// position() counts the windows consumed since the start of epoch 0 (all ranks together);
-// saving it and calling seek() with it resumes the stream exactly, epoch included.
+// position() counts the windows consumed since the start (all ranks together); saving it
+// and calling seek() with it resumes the stream exactly, each stream's epoch included
+// (a mix's order is replayed up to it: a few nanoseconds a window).
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -28,6 +38,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/data/corpus.hpp"
 #include "tessera/io/token_shard.hpp"  // TokenStream
 #include "tessera/io/tokenizer.hpp"
 
@@ -62,6 +73,13 @@ inline std::int64_t count_targets(const Batch& b) {
 
 class DataLoader {
  public:
+  /// One stream of each stream's windows in a mix: its corpus, its share of the windows.
+  struct Stream {
+    TokenCorpus corpus;
+    double weight = 1;  // normalised: the weights of a mix add up to 1
+    std::int64_t windows = 0;
+  };
+
   DataLoader(std::vector<std::uint32_t> tokens, std::int64_t seq_len, std::int64_t local_batch_size,
              std::int64_t dp_rank = 0, std::int64_t dp_degree = 1)
       : DataLoader(io::TokenStream{std::move(tokens), {}}, seq_len, local_batch_size, dp_rank, dp_degree) {}
@@ -69,12 +87,17 @@ class DataLoader {
   /// A token stream with its loss mask (empty: every target counts).
   DataLoader(io::TokenStream stream, std::int64_t seq_len, std::int64_t local_batch_size, std::int64_t dp_rank = 0,
              std::int64_t dp_degree = 1)
-      : tokens_(std::move(stream.ids)),
-        mask_(std::move(stream.loss_mask)),
-        seq_len_(seq_len),
-        local_batch_size_(local_batch_size),
-        dp_rank_(dp_rank),
-        dp_degree_(dp_degree) {
+      : DataLoader(TokenCorpus(std::move(stream)), seq_len, local_batch_size, dp_rank, dp_degree) {}
+
+  /// A corpus: in memory, mapped shards, or both.
+  DataLoader(TokenCorpus corpus, std::int64_t seq_len, std::int64_t local_batch_size, std::int64_t dp_rank = 0,
+             std::int64_t dp_degree = 1)
+      : DataLoader(one(std::move(corpus)), {1.0}, seq_len, local_batch_size, dp_rank, dp_degree) {}
+
+  /// A weighted mix of `corpora` (weights positive, one per corpus, in any units).
+  DataLoader(std::vector<TokenCorpus> corpora, std::vector<double> weights, std::int64_t seq_len,
+             std::int64_t local_batch_size, std::int64_t dp_rank = 0, std::int64_t dp_degree = 1)
+      : seq_len_(seq_len), local_batch_size_(local_batch_size), dp_rank_(dp_rank), dp_degree_(dp_degree) {
     TESSERA_CHECK(seq_len > 0, "DataLoader: seq_len must be positive, got ", seq_len);
     TESSERA_CHECK(local_batch_size > 0, "DataLoader: local_batch_size must be positive, got ", local_batch_size);
     TESSERA_CHECK(dp_degree > 0, "DataLoader: dp_degree must be positive, got ", dp_degree);
@@ -86,23 +109,36 @@ class DataLoader {
     TESSERA_CHECK(seq_len <= std::numeric_limits<std::int64_t>::max() / local_batch_size,
                   "DataLoader: batch local_batch_size x seq_len = ", local_batch_size, " x ", seq_len,
                   " overflows");
+    TESSERA_CHECK(!corpora.empty(), "DataLoader: no token stream to read");
+    TESSERA_CHECK(weights.size() == corpora.size(), "DataLoader: ", corpora.size(), " token streams but ",
+                  weights.size(), " weights");
+    double total = 0;
+    for (std::size_t d = 0; d < weights.size(); ++d) {
+      TESSERA_CHECK(std::isfinite(weights[d]) && weights[d] > 0, "DataLoader: the weight of ",
+                    stream_name(corpora[d], d), " is ", weights[d], "; weights are positive numbers");
+      total += weights[d];
+    }
     const auto window = static_cast<std::uint64_t>(seq_len) + 1;
-    TESSERA_CHECK(tokens_.size() >= window, "DataLoader: the token stream has ", tokens_.size(),
-                  " tokens, fewer than one window of seq_len + 1 = ", window);
-    for (std::size_t i = 0; i < tokens_.size(); ++i) {
-      TESSERA_CHECK(tokens_[i] <= static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max()),
-                    "DataLoader: token id ", tokens_[i], " at index ", i, " does not fit in int32");
+    for (std::size_t d = 0; d < corpora.size(); ++d) {
+      TokenCorpus& c = corpora[d];
+      const std::string name = stream_name(c, d);
+      TESSERA_CHECK(c.size() >= window, "DataLoader: ", name, " has ", c.size(), " tokens, fewer than one window of seq_len + 1 = ",
+                    window);
+      constexpr auto int32_max = static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max());
+      if (c.max_id() > int32_max) {
+        const std::uint64_t at = c.first_above(int32_max);
+        std::uint32_t id = 0;
+        c.read(at, 1, &id, nullptr);
+        fail("DataLoader: ", name, ": token id ", id, " at index ", at, " does not fit in int32");
+      }
+      const auto windows = static_cast<std::int64_t>(c.size() / window);
+      if (c.masked())
+        TESSERA_CHECK(c.any_target(0, static_cast<std::uint64_t>(windows) * window), "DataLoader: ", name,
+                      ": the loss mask leaves no target in the ", windows,
+                      " windows of the stream (no assistant reply to learn from?)");
+      streams_.push_back(Stream{std::move(c), weights[d] / total, windows});
     }
-    windows_per_epoch_ = static_cast<std::int64_t>(tokens_.size() / window);
-    if (!mask_.empty()) {
-      TESSERA_CHECK(mask_.size() == tokens_.size(), "DataLoader: ", tokens_.size(), " tokens but ", mask_.size(),
-                    " loss mask values");
-      const auto used = static_cast<std::size_t>(windows_per_epoch_) * window;
-      TESSERA_CHECK(std::any_of(mask_.begin(), mask_.begin() + static_cast<std::ptrdiff_t>(used),
-                                [](std::uint8_t m) { return m != 0; }),
-                    "DataLoader: the loss mask leaves no target in the ", windows_per_epoch_,
-                    " windows of the stream (no assistant reply to learn from?)");
-    }
+    taken_.assign(streams_.size(), 0);
   }
 
   /// This rank's slice of the next global batch; advances every rank's position alike.
@@ -111,37 +147,62 @@ class DataLoader {
     b.batch = local_batch_size_;
     b.seq_len = seq_len_;
     const auto n = static_cast<std::size_t>(local_batch_size_ * seq_len_);
-    // Appended row by row, not zero-filled first and then overwritten: a third of the
-    // bytes written (a dry run of a large batch spends its time here).
-    b.inputs.reserve(n);
-    b.targets.reserve(n);
+    b.inputs.resize(n);
+    b.targets.resize(n);
     TESSERA_CHECK(position_ <= std::numeric_limits<std::int64_t>::max() - global_batch_size(),
                   "DataLoader: position ", position_, " overflows");
-    // Each term below windows_per_epoch, so the sum cannot overflow.
-    const std::int64_t wpe = windows_per_epoch_;
-    const std::int64_t first = position_ % wpe + (dp_rank_ * local_batch_size_) % wpe;
-    for (std::int64_t row = 0; row < local_batch_size_; ++row) {
-      const std::int64_t w = (first + row % wpe) % wpe;
-      // Ids fit in int32 (checked at construction): the conversion keeps every value.
-      const std::uint32_t* src = tokens_.data() + w * (seq_len_ + 1);
-      b.inputs.insert(b.inputs.end(), src, src + seq_len_);
-      b.targets.insert(b.targets.end(), src + 1, src + seq_len_ + 1);
-      if (!mask_.empty()) {
-        const std::uint8_t* keep = mask_.data() + w * (seq_len_ + 1) + 1;
-        std::int32_t* row_targets = b.targets.data() + row * seq_len_;
-        for (std::int64_t j = 0; j < seq_len_; ++j)
-          if (!keep[j]) row_targets[j] = Batch::ignore_index;
+    const std::int64_t mine = position_ + dp_rank_ * local_batch_size_;  // this rank's first window
+    if (streams_.size() > 1) advance_to(position_);
+    std::vector<std::uint32_t> ids(static_cast<std::size_t>(seq_len_) + 1);
+    std::vector<std::uint8_t> keep;
+    for (std::int64_t i = position_; i < position_ + global_batch_size(); ++i) {
+      std::size_t d = 0;
+      std::int64_t w = 0;  // the stream's window
+      if (streams_.size() == 1) {
+        w = i % streams_[0].windows;
+      } else {
+        d = pick(i);
+        w = taken_[d] % streams_[d].windows;
+        ++taken_[d];
       }
+      if (i < mine || i >= mine + local_batch_size_) continue;
+      const Stream& s = streams_[d];
+      const bool masked = s.corpus.masked();
+      keep.resize(masked ? ids.size() : 0);
+      s.corpus.read(static_cast<std::uint64_t>(w) * ids.size(), ids.size(), ids.data(), masked ? keep.data() : nullptr);
+      // Ids fit in int32 (checked at construction): the conversion keeps every value.
+      const auto row = static_cast<std::size_t>(i - mine) * static_cast<std::size_t>(seq_len_);
+      std::copy(ids.begin(), ids.end() - 1, b.inputs.begin() + static_cast<std::ptrdiff_t>(row));
+      std::copy(ids.begin() + 1, ids.end(), b.targets.begin() + static_cast<std::ptrdiff_t>(row));
+      if (masked)
+        for (std::int64_t j = 0; j < seq_len_; ++j)
+          if (!keep[static_cast<std::size_t>(j) + 1]) b.targets[row + static_cast<std::size_t>(j)] = Batch::ignore_index;
     }
     b.n_targets = count_targets(b);
-    position_ += local_batch_size_ * dp_degree_;
+    position_ += global_batch_size();
+    if (streams_.size() > 1) blend_position_ = position_;
     return b;
   }
 
-  /// Completed passes over the windows: position() / windows_per_epoch().
-  std::int64_t epoch() const { return position_ / windows_per_epoch_; }
+  /// Completed passes over the windows: position() / windows_per_epoch() for one
+  /// stream; for a mix, the passes of the stream that has made the fewest.
+  std::int64_t epoch() const {
+    if (streams_.size() == 1) return position_ / streams_[0].windows;
+    const std::vector<std::int64_t> taken = windows_taken(position_);
+    std::int64_t e = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t d = 0; d < streams_.size(); ++d) e = std::min(e, taken[d] / streams_[d].windows);
+    return e;
+  }
 
-  /// Windows consumed since the start of epoch 0, by all ranks together.
+  /// Each stream's windows among the first `position` of the global order.
+  std::vector<std::int64_t> windows_taken(std::int64_t position) const {
+    if (streams_.size() == 1) return {position};
+    DataLoader replay = *this;
+    replay.advance_to(position);
+    return replay.taken_;
+  }
+
+  /// Windows consumed since the start, by all ranks together.
   std::int64_t position() const { return position_; }
 
   /// Resumes at a value position() returned (any window_index >= 0).
@@ -150,24 +211,71 @@ class DataLoader {
     position_ = window_index;
   }
 
-  /// Whole windows of seq_len + 1 tokens in the stream.
-  std::int64_t windows_per_epoch() const { return windows_per_epoch_; }
+  /// Whole windows of seq_len + 1 tokens in the stream (a mix: in all its streams).
+  std::int64_t windows_per_epoch() const {
+    std::int64_t n = 0;
+    for (const Stream& s : streams_) n += s.windows;
+    return n;
+  }
+
+  /// The streams read, in order, with their normalised weights and windows.
+  const std::vector<Stream>& streams() const { return streams_; }
 
   std::int64_t seq_len() const { return seq_len_; }
   std::int64_t local_batch_size() const { return local_batch_size_; }
   std::int64_t global_batch_size() const { return local_batch_size_ * dp_degree_; }
   std::int64_t dp_rank() const { return dp_rank_; }
   std::int64_t dp_degree() const { return dp_degree_; }
-  std::int64_t num_tokens() const { return static_cast<std::int64_t>(tokens_.size()); }
+  std::int64_t num_tokens() const {
+    std::uint64_t n = 0;
+    for (const Stream& s : streams_) n += s.corpus.size();
+    return static_cast<std::int64_t>(n);
+  }
   /// Whether a loss mask decides which targets count.
-  bool masked() const { return !mask_.empty(); }
+  bool masked() const {
+    return std::any_of(streams_.begin(), streams_.end(), [](const Stream& s) { return s.corpus.masked(); });
+  }
 
  private:
-  std::vector<std::uint32_t> tokens_;
-  std::vector<std::uint8_t> mask_;  // per token; empty: every target counts
+  static std::vector<TokenCorpus> one(TokenCorpus c) {
+    std::vector<TokenCorpus> v;
+    v.push_back(std::move(c));
+    return v;
+  }
+
+  static std::string stream_name(const TokenCorpus& c, std::size_t d) {
+    const std::vector<std::string> names = c.names();
+    if (names.size() == 1) return names[0];
+    if (names.empty()) return tessera::detail::concat("token stream ", d, " (empty)");
+    return tessera::detail::concat("token stream ", d, " (", names.front(), " and ", names.size() - 1, " more)");
+  }
+
+  // The stream window `i` of the global order comes from, given taken_ at i.
+  std::size_t pick(std::int64_t i) const {
+    std::size_t best = 0;
+    double lag = -std::numeric_limits<double>::infinity();
+    for (std::size_t d = 0; d < streams_.size(); ++d) {
+      const double l = streams_[d].weight * static_cast<double>(i + 1) - static_cast<double>(taken_[d]);
+      if (l > lag) lag = l, best = d;
+    }
+    return best;
+  }
+
+  // Brings taken_ to the start of window `position` of the global order.
+  void advance_to(std::int64_t position) {
+    if (position < blend_position_) {
+      std::fill(taken_.begin(), taken_.end(), 0);
+      blend_position_ = 0;
+    }
+    for (; blend_position_ < position; ++blend_position_) ++taken_[pick(blend_position_)];
+  }
+
+  std::vector<Stream> streams_;
   std::int64_t seq_len_, local_batch_size_, dp_rank_, dp_degree_;
-  std::int64_t windows_per_epoch_ = 0;
   std::int64_t position_ = 0;
+  // A mix's order so far: each stream's windows dealt before window blend_position_.
+  std::vector<std::int64_t> taken_;
+  std::int64_t blend_position_ = 0;
 };
 
 }  // namespace tessera::data

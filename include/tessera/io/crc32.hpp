@@ -7,7 +7,9 @@
 // time; a byte at a time is about 0.4 GB/s, eight at a time several times that, which
 // is what checksumming a checkpoint as it is written needs. The *_update forms let a
 // caller checksum data that arrives in pieces:
-//   crc32_update(crc32_update(0, a), b) == crc32(a followed by b).
+//   crc32_update(crc32_update(0, a), b) == crc32(a followed by b),
+// and crc32_combine joins the CRCs of pieces checksummed apart (on several threads):
+//   crc32_combine(crc32(a), crc32(b), size of b) == crc32(a followed by b).
 #pragma once
 
 #include <array>
@@ -57,6 +59,38 @@ std::uint32_t crc_update(std::uint32_t crc, const void* data, std::size_t size) 
 inline constexpr std::uint32_t kCrc32Poly = 0xEDB88320u;   // IEEE 802.3, reflected
 inline constexpr std::uint32_t kCrc32cPoly = 0x82F63B78u;  // Castagnoli, reflected
 
+// Polynomials over GF(2) modulo the CRC's, reflected as the CRC is: bit 31 holds x^0.
+// a * b mod P, shifting b up one power of x per bit of a.
+template <std::uint32_t Poly>
+constexpr std::uint32_t mul_mod(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t product = 0;
+  for (std::uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
+    if (a & bit) product ^= b;
+    b = (b & 1u) ? (b >> 1) ^ Poly : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 n) mod P: appending n zero bytes multiplies a CRC's register by it. Squaring
+// x^8 gives x^(8 * 2^k) for each bit k of n.
+template <std::uint32_t Poly>
+constexpr std::uint32_t x_pow_8n_mod(std::uint64_t n) {
+  std::uint32_t result = 1u << 31;      // x^0
+  std::uint32_t power = 1u << (31 - 8);  // x^8
+  for (; n != 0; n >>= 1) {
+    if (n & 1u) result = mul_mod<Poly>(power, result);
+    power = mul_mod<Poly>(power, power);
+  }
+  return result;
+}
+
+// The register after a's bytes, carried over b's `size_b` bytes, is crc_a * x^(8 size_b);
+// b's own CRC adds the rest (the initial and final xors cancel between the two).
+template <std::uint32_t Poly>
+constexpr std::uint32_t crc_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t size_b) {
+  return mul_mod<Poly>(x_pow_8n_mod<Poly>(size_b), crc_a) ^ crc_b;
+}
+
 }  // namespace detail
 
 /// Continues the CRC-32 `crc` (of the bytes seen so far; 0 for none) over `size` more bytes.
@@ -69,6 +103,12 @@ inline std::uint32_t crc32(const void* data, std::size_t size) { return crc32_up
 
 /// The CRC-32 of a byte span.
 inline std::uint32_t crc32(std::span<const std::byte> bytes) { return crc32(bytes.data(), bytes.size()); }
+
+/// The CRC-32 of a followed by b, from crc_a = crc32(a), crc_b = crc32(b) and b's size in
+/// bytes: pieces checksummed apart (on several threads) joined in order.
+inline constexpr std::uint32_t crc32_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t size_b) {
+  return detail::crc_combine<detail::kCrc32Poly>(crc_a, crc_b, size_b);
+}
 
 /// Continues the CRC-32C `crc` over `size` more bytes.
 inline std::uint32_t crc32c_update(std::uint32_t crc, const void* data, std::size_t size) {

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -84,6 +85,19 @@ class MappedFile {
   std::size_t size() const { return size_; }
   std::span<const std::byte> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
+
+  /// Lets the process's page tables drop the whole pages of [offset, offset + size): they
+  /// stay in the page cache, and reading them again maps them back (the mapping is
+  /// read-only, so nothing is lost). A pass over a large file calls it behind itself, so
+  /// the pages read do not count in the process's resident set.
+  void drop(std::size_t offset, std::size_t size) const {
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    if (data_ == nullptr || offset >= size_) return;
+    size = std::min(size, size_ - offset);
+    const std::size_t begin = (offset + page - 1) / page * page;
+    const std::size_t end = offset + size == size_ ? size_ : (offset + size) / page * page;
+    if (end > begin) ::madvise(const_cast<std::byte*>(data_) + begin, end - begin, MADV_DONTNEED);
+  }
 
  private:
   void release() noexcept {

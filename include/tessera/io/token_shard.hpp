@@ -106,15 +106,11 @@ inline std::uint64_t open_token_shard(const std::string& path, std::ifstream& in
   return size;
 }
 
-/// Reads and checks the 32-byte header of an open shard of `size` bytes: magic, version,
-/// reserved field, vocab_size, and that the file holds exactly `count` ids.
-inline TokenShardHeader read_checked_header(const std::string& path, std::ifstream& in, std::uint64_t size) {
+/// Checks the 32-byte header `raw` of a shard of `size` bytes: magic, version, reserved
+/// field, vocab_size, and that the file holds exactly `count` ids.
+inline TokenShardHeader check_header(const std::string& path, const unsigned char* raw, std::uint64_t size) {
   TESSERA_CHECK(size >= token_shard_header_bytes, "token shard '", path, "': file is ", size,
                 " bytes, shorter than the ", token_shard_header_bytes, "-byte header");
-  unsigned char raw[token_shard_header_bytes];
-  in.read(reinterpret_cast<char*>(raw), token_shard_header_bytes);
-  TESSERA_CHECK(in.gcount() == static_cast<std::streamsize>(token_shard_header_bytes), "token shard '",
-                path, "': cannot read the header");
   TESSERA_CHECK(std::memcmp(raw, token_shard_magic.data(), token_shard_magic.size()) == 0, "token shard '",
                 path, "': not a tessera token shard (bad magic)");
   TokenShardHeader header;
@@ -147,6 +143,17 @@ inline TokenShardHeader read_checked_header(const std::string& path, std::ifstre
   TESSERA_CHECK(size == expected, "token shard '", path, "': ", size - expected, " trailing bytes: expected ",
                 expected, " bytes (", layout, "), found ", size);
   return header;
+}
+
+/// Reads and checks the header of an open shard of `size` bytes (check_header).
+inline TokenShardHeader read_checked_header(const std::string& path, std::ifstream& in, std::uint64_t size) {
+  TESSERA_CHECK(size >= token_shard_header_bytes, "token shard '", path, "': file is ", size,
+                " bytes, shorter than the ", token_shard_header_bytes, "-byte header");
+  unsigned char raw[token_shard_header_bytes];
+  in.read(reinterpret_cast<char*>(raw), token_shard_header_bytes);
+  TESSERA_CHECK(in.gcount() == static_cast<std::streamsize>(token_shard_header_bytes), "token shard '",
+                path, "': cannot read the header");
+  return check_header(path, raw, size);
 }
 
 }  // namespace detail

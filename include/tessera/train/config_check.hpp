@@ -45,6 +45,14 @@ inline void check_key(const ConfigKey& k, const JobConfig& c, const std::string&
     if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
       fail(where, ": ", k.name, " must be one of ", join(k.choices, ", "), "; got ", quote(s));
   }
+  if (k.type == KeyType::FloatList) {
+    for (const double x : std::get<std::vector<double>>(v)) {
+      bool ok = std::isfinite(x);
+      if (k.min) ok = ok && (k.min_open ? x > *k.min : x >= *k.min);
+      if (k.max) ok = ok && (k.max_open ? x < *k.max : x <= *k.max);
+      if (!ok) fail(where, ": ", k.name, ": each item must be ", describe_range(k), ", got ", format_float(x));
+    }
+  }
   if (k.type == KeyType::StringList) {
     const auto& items = std::get<std::vector<std::string>>(v);
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -128,6 +136,15 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
   TESSERA_CHECK(t.dataset != "chat" || !t.dataset_path.empty(), o.of("training.dataset"),
                 ": training.dataset_path is required when training.dataset = \"chat\" (JSON lines of "
                 "{\"messages\": [...]})");
+  if (!t.dataset_weights.empty()) {
+    TESSERA_CHECK(t.dataset == "shard" || t.dataset == "chat", o.of("training.dataset_weights"),
+                  ": training.dataset_weights mixes the files of training.dataset_path, and training.dataset = \"",
+                  t.dataset, "\" reads none");
+    TESSERA_CHECK(t.dataset_weights.size() == t.dataset_path.size(), o.of("training.dataset_weights"),
+                  ": training.dataset_weights has ", t.dataset_weights.size(), " weight",
+                  t.dataset_weights.size() == 1 ? "" : "s", " and training.dataset_path ", t.dataset_path.size(),
+                  " entr", t.dataset_path.size() == 1 ? "y" : "ies", ": one weight per entry");
+  }
   const auto& v = c.validation;
   if (v.enable) {
     TESSERA_CHECK(v.dataset == "synthetic" || hub_dataset(v.dataset) || !v.dataset_path.empty(), o.of("validation.dataset"),

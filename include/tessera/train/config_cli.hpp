@@ -124,6 +124,18 @@ inline Value value_from_text(const ConfigKey& key, const std::string& text, cons
       return text;
     case KeyType::StringList:
       return split_list(key, text, where);
+    case KeyType::FloatList: {
+      std::vector<double> items;
+      for (const std::string& item : split_list(key, text, where)) {
+        double v = 0;
+        auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (ec != std::errc{} || ptr != item.data() + item.size() || !std::isfinite(v))
+          fail(where, ": --", key.name, ": expected comma-separated numbers (0.7,0.3), got '", item, "' in '", text,
+               "'");
+        items.push_back(v);
+      }
+      return items;
+    }
   }
   return wrong();
 }

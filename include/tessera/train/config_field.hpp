@@ -23,7 +23,7 @@
 
 namespace tessera::train {
 
-enum class KeyType { Int, Float, Bool, String, StringList };
+enum class KeyType { Int, Float, Bool, String, StringList, FloatList };
 
 inline const char* key_type_name(KeyType t) {
   switch (t) {
@@ -32,6 +32,7 @@ inline const char* key_type_name(KeyType t) {
     case KeyType::Bool: return "bool";
     case KeyType::String: return "string";
     case KeyType::StringList: return "string list";
+    case KeyType::FloatList: return "float list";
   }
   return "?";
 }
@@ -46,7 +47,8 @@ struct FieldRef {
 };
 
 using AnyField = std::variant<FieldRef<std::int64_t>, FieldRef<double>, FieldRef<bool>, FieldRef<std::string>,
-                              FieldRef<std::vector<std::string>>, FieldRef<std::optional<std::int64_t>>,
+                              FieldRef<std::vector<std::string>>, FieldRef<std::vector<double>>,
+                              FieldRef<std::optional<std::int64_t>>,
                               FieldRef<std::optional<double>>, FieldRef<std::optional<bool>>>;
 
 template <auto Section, auto Field>
@@ -64,7 +66,8 @@ AnyField field() {
 }
 
 /// One value as read from TOML or the command line; monostate means "unset".
-using Value = std::variant<std::monostate, std::int64_t, double, bool, std::string, std::vector<std::string>>;
+using Value =
+    std::variant<std::monostate, std::int64_t, double, bool, std::string, std::vector<std::string>, std::vector<double>>;
 
 template <class T>
 struct is_optional : std::false_type {};
@@ -83,8 +86,11 @@ KeyType key_type_of() {
     return KeyType::Bool;
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     return KeyType::StringList;
+  } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+    return KeyType::FloatList;
   } else {
-    static_assert(std::is_same_v<T, std::string>, "config fields are int64, double, bool, string or string list");
+    static_assert(std::is_same_v<T, std::string>,
+                  "config fields are int64, double, bool, string, string list or float list");
     return KeyType::String;
   }
 }
@@ -103,6 +109,7 @@ struct ConfigKey {
   bool min_open = false, max_open = false;
   std::string_view minus_one_means;
   std::vector<std::string_view> choices;
+  bool one_string_is_a_list = false;  // a string list given one plain string: the list of it
   std::string_view unset_means;  // for optional keys
   detail::AnyField field;
   // [model] overrides: copies the set value into model.args, and reads the flavor's value.
@@ -177,6 +184,11 @@ inline std::string format_value(const Value& v) {
       for (std::size_t i = 0; i < xs.size(); ++i) out += (i > 0 ? ", " : "") + quote(xs[i]);
       return out + "]";
     }
+    std::string operator()(const std::vector<double>& xs) const {  // a TOML array: [0.7, 0.3]
+      std::string out = "[";
+      for (std::size_t i = 0; i < xs.size(); ++i) out += (i > 0 ? ", " : "") + format_float(xs[i]);
+      return out + "]";
+    }
   } visitor;
   return std::visit(visitor, v);
 }
@@ -225,6 +237,7 @@ inline const char* expected_name(KeyType t) {
     case KeyType::Bool: return "a boolean (true or false)";
     case KeyType::String: return "a string";
     case KeyType::StringList: return "an array of strings";
+    case KeyType::FloatList: return "an array of numbers";
   }
   return "?";
 }

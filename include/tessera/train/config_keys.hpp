@@ -63,6 +63,11 @@ struct KeyBuilder {
     k.choices = std::move(values);
     return *this;
   }
+  /// A string list that may also be given as one plain string (a path: the list of it).
+  KeyBuilder& or_one_string() {
+    k.one_string_is_a_list = true;
+    return *this;
+  }
   KeyBuilder& unset_means(std::string_view text) {
     k.unset_means = text;
     return *this;
@@ -278,7 +283,16 @@ inline std::vector<ConfigKey> build_config_keys() {
                "make a shard of the text.")
           .one_of({"synthetic", "shard", "chat", "c4", "c4_test"}),
       make_key("training.dataset_path", field<&J::training, &TrainingSection::dataset_path>(),
-               "The token shard (dataset = \"shard\") or the JSON lines file (dataset = \"chat\")."),
+               "The token shards (dataset = \"shard\") or JSON lines files (dataset = \"chat\"): one path, or a "
+               "list of them, each a file or a glob pattern (\"c4/*.tshard\": its files in name order). Read one "
+               "after another as one stream, or mixed by dataset_weights. Shards are read where they lie (mapped, "
+               "not loaded).")
+          .or_one_string(),
+      make_key("training.dataset_weights", field<&J::training, &TrainingSection::dataset_weights>(),
+               "A weight per dataset_path entry: each global batch's windows are dealt from the entries in these "
+               "proportions (in any units), each entry wrapping by itself; empty: the entries read in order, as "
+               "one stream.")
+          .positive(),
       make_key("training.chat_format", field<&J::training, &TrainingSection::chat_format>(),
                "Chat format of dataset = \"chat\": \"llama3\", \"llama2\", or \"auto\" (llama3 when the "
                "tokenizer has Llama 3's header tokens, else llama2).")
@@ -502,7 +516,9 @@ inline std::vector<ConfigKey> build_config_keys() {
                "\"c4_validation\" and \"c4_test\" as training.dataset says.")
           .one_of({"synthetic", "shard", "chat", "c4_validation", "c4_test"}),
       make_key("validation.dataset_path", field<&J::validation, &ValidationSection::dataset_path>(),
-               "The validation token shard or chat JSON lines file."),
+               "The validation token shards or chat JSON lines files: one path or a list, each a file or a glob "
+               "pattern, read one after another.")
+          .or_one_string(),
       make_key("validation.freq", field<&J::validation, &ValidationSection::freq>(),
                "Validate every this many steps.")
           .positive(),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -68,6 +69,7 @@ inline Value value_from_toml(const ConfigKey& key, const toml::node& n, const st
       if (auto v = n.as_string()) return v->get();
       return wrong();
     case KeyType::StringList: {
+      if (const auto* one = n.as_string(); one && key.one_string_is_a_list) return std::vector<std::string>{one->get()};
       const auto* array = n.as_array();
       if (!array) return wrong();
       std::vector<std::string> items;
@@ -84,6 +86,27 @@ inline Value value_from_toml(const ConfigKey& key, const toml::node& n, const st
                " at index ", i);
         }
         items.push_back(s->get());
+      }
+      return items;
+    }
+    case KeyType::FloatList: {
+      const auto* array = n.as_array();
+      if (!array) return wrong();
+      std::vector<double> items;
+      items.reserve(array->size());
+      for (std::size_t i = 0; i < array->size(); ++i) {
+        const toml::node& item = *array->get(i);
+        std::optional<double> d;
+        if (auto v = item.as_floating_point()) d = v->get();
+        if (auto v = item.as_integer()) d = static_cast<double>(v->get());
+        if (!d || !std::isfinite(*d)) {
+          const auto& r = item.source();
+          std::string item_where = where;
+          if (r.path && r.begin.line > 0) item_where = position(*r.path, r);
+          fail(item_where, ": ", key.name, ": expected ", expected_name(key.type), ", got ",
+               d ? tessera::detail::concat(*d) : std::string(toml_type_name(item)), " at index ", i);
+        }
+        items.push_back(*d);
       }
       return items;
     }

@@ -4,22 +4,33 @@
 //                EOS: training reads documents 0 .. training.synthetic_documents - 1 of
 //                training.seed; validation reads the validation.synthetic_documents
 //                documents after them, which training never sees
-//   "shard"      a token shard made by llama-tokenize (io/token_shard.hpp), its loss
+//   "shard"      token shards made by llama-tokenize (io/token_shard.hpp), mapped where
+//                they lie rather than loaded (io/mapped_token_shard.hpp), each one's loss
 //                mask kept when it has one (a chat shard)
 //   "chat"       JSON lines of conversations (io/chat.hpp), tokenized here, at the start,
 //                in training.chat_format, with a loss mask over the assistants' replies
 //
-// Every rank loads the same stream and the DataLoader takes its slice.
+// dataset_path is a list: each entry a file or a glob pattern (its matches in name
+// order). The entries are read one after another as one stream, or, with
+// training.dataset_weights, each entry is a stream of its own and the DataLoader mixes
+// them by weight. Every rank opens the same streams and the DataLoader takes its slice.
 #pragma once
+
+#include <glob.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
+#include "tessera/data/corpus.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/data/synthetic.hpp"
 #include "tessera/data/tokenize.hpp"
 #include "tessera/io/chat.hpp"
+#include "tessera/io/mapped_token_shard.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
 #include "tessera/train/job_config.hpp"
@@ -30,7 +41,8 @@ namespace tessera::train {
 struct DatasetSpec {
   std::string section;
   std::string dataset;  // "synthetic", "shard" or "chat"
-  std::string path;
+  std::vector<std::string> paths;
+  std::vector<double> weights;  // one per path entry; empty: the entries as one stream
   std::string chat_format = "auto";
   std::uint64_t seed = 0;
   std::int64_t first_document = 0, documents = 0;  // "synthetic"
@@ -44,30 +56,106 @@ inline void check_readable(const DatasetSpec& spec) {
                 ".dataset_path (or \"chat\" for conversations, \"synthetic\" for the embedded corpus)");
 }
 
-/// The stream `spec` names, tokenized by `tok` where it is text.
-inline io::TokenStream load_token_stream(const DatasetSpec& spec, const io::Tokenizer& tok) {
+/// Whether a dataset_path entry is a glob pattern rather than a file's name.
+inline bool is_pattern(const std::string& entry) { return entry.find_first_of("*?[") != std::string::npos; }
+
+/// The files of one dataset_path entry: the entry itself, or a pattern's matches in name
+/// order (a pattern that matches nothing is an error naming `key`).
+inline std::vector<std::string> expand_entry(const std::string& entry, const std::string& key) {
+  if (!is_pattern(entry)) return {entry};
+  glob_t g{};
+  const int rc = ::glob(entry.c_str(), 0, nullptr, &g);  // unreadable folders hold no match
+  std::vector<std::string> files;
+  if (rc == 0)
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  TESSERA_CHECK(rc == 0 || rc == GLOB_NOMATCH, key, ": cannot list the files of '", entry, "' (out of memory)");
+  TESSERA_CHECK(!files.empty(), key, ": '", entry, "' matches no file");
+  return files;
+}
+
+/// Every file `spec` reads, entry by entry.
+inline std::vector<std::vector<std::string>> dataset_files(const DatasetSpec& spec) {
+  std::vector<std::vector<std::string>> out;
+  for (const std::string& entry : spec.paths) out.push_back(expand_entry(entry, spec.section + ".dataset_path"));
+  return out;
+}
+
+/// Every file `spec` reads, in order.
+inline std::vector<std::string> flat_files(const DatasetSpec& spec) {
+  std::vector<std::string> all;
+  for (const auto& files : dataset_files(spec)) all.insert(all.end(), files.begin(), files.end());
+  return all;
+}
+
+/// The files `spec` reads as a resume must find them again: one file as its path, the
+/// files of one stream as a list, a weighted mix's as a list per entry.
+inline nlohmann::json files_to_keep(const DatasetSpec& spec) {
+  if (!spec.weights.empty()) return nlohmann::json(dataset_files(spec));
+  const std::vector<std::string> files = flat_files(spec);
+  return files.size() == 1 ? nlohmann::json(files.front()) : nlohmann::json(files);
+}
+
+/// The streams `spec` names, tokenized by `tok` where they are text: one corpus per
+/// dataset_path entry when the spec has weights, else one corpus of them all. Shards are
+/// mapped and checked (io::MappedTokenShard), not loaded.
+inline std::vector<data::TokenCorpus> open_corpora(const DatasetSpec& spec, const io::Tokenizer& tok) {
   check_readable(spec);
+  std::vector<data::TokenCorpus> corpora;
   if (spec.dataset == "synthetic") {
     const auto docs = data::synthetic_corpus(spec.seed, spec.first_document, spec.documents);
-    return io::TokenStream{data::pack_documents(docs, tok), {}};
+    corpora.emplace_back(io::TokenStream{data::pack_documents(docs, tok), {}}, "the synthetic corpus");
+    return corpora;
   }
-  TESSERA_CHECK(!spec.path.empty(), spec.section, ".dataset_path: required when ", spec.section, ".dataset = \"",
+  TESSERA_CHECK(!spec.paths.empty(), spec.section, ".dataset_path: required when ", spec.section, ".dataset = \"",
                 spec.dataset, "\"");
-  if (spec.dataset == "shard") return io::read_token_stream(spec.path);
-  TESSERA_CHECK(spec.dataset == "chat", spec.section, ".dataset: unknown dataset '", spec.dataset,
-                "' (expected synthetic, shard or chat)");
-  data::TokenizeOptions options;
-  options.chat = io::resolve_chat_format(spec.chat_format, tok, "training.chat_format");
-  data::DocumentReader reader({data::InputSource{spec.path, data::InputFormat::jsonl}});
-  io::TokenStream stream = data::tokenize_stream(reader, tok, options);
-  TESSERA_CHECK(!stream.ids.empty(), spec.path, ": no conversations (", spec.section, ".dataset = \"chat\")");
-  return stream;
+  TESSERA_CHECK(spec.dataset == "shard" || spec.dataset == "chat", spec.section, ".dataset: unknown dataset '",
+                spec.dataset, "' (expected synthetic, shard or chat)");
+  const bool mixed = !spec.weights.empty();
+  for (const std::vector<std::string>& files : dataset_files(spec)) {
+    if (mixed || corpora.empty()) corpora.emplace_back();
+    data::TokenCorpus& corpus = corpora.back();
+    if (spec.dataset == "shard") {
+      for (const std::string& f : files) corpus.append(io::MappedTokenShard::open(f));
+      continue;
+    }
+    data::TokenizeOptions options;
+    options.chat = io::resolve_chat_format(spec.chat_format, tok, "training.chat_format");
+    std::vector<data::InputSource> inputs;
+    for (const std::string& f : files) inputs.push_back(data::InputSource{f, data::InputFormat::jsonl});
+    data::DocumentReader reader(inputs);
+    io::TokenStream stream = data::tokenize_stream(reader, tok, options);
+    TESSERA_CHECK(!stream.ids.empty(), files.front(), files.size() > 1 ? " (and the other files of its entry)" : "",
+                  ": no conversations (", spec.section, ".dataset = \"chat\")");
+    corpus.append(std::move(stream), files.size() == 1 ? files.front() : files.front() + " and its entry's other files");
+  }
+  return corpora;
+}
+
+/// The whole stream `spec` names, in memory: its entries one after another (a weighted
+/// mix's entries too). For tools that want the tokens themselves; training reads
+/// open_corpora's.
+inline io::TokenStream load_token_stream(const DatasetSpec& spec, const io::Tokenizer& tok) {
+  io::TokenStream out;
+  for (const data::TokenCorpus& c : open_corpora(spec, tok)) {
+    const auto at = out.ids.size();
+    out.ids.resize(at + c.size());
+    std::vector<std::uint8_t> keep(c.masked() ? c.size() : 0);
+    c.read(0, c.size(), out.ids.data() + at, c.masked() ? keep.data() : nullptr);
+    if (c.masked() && out.loss_mask.empty()) out.loss_mask.assign(at, 1);
+    if (!keep.empty())
+      out.loss_mask.insert(out.loss_mask.end(), keep.begin(), keep.end());
+    else if (!out.loss_mask.empty())
+      out.loss_mask.resize(out.ids.size(), 1);
+  }
+  return out;
 }
 
 inline DatasetSpec training_dataset(const JobConfig& c) {
   return DatasetSpec{"training",
                      c.training.dataset,
                      c.training.dataset_path,
+                     c.training.dataset_weights,
                      c.training.chat_format,
                      static_cast<std::uint64_t>(c.training.seed),
                      0,
@@ -78,20 +166,25 @@ inline DatasetSpec validation_dataset(const JobConfig& c) {
   return DatasetSpec{"validation",
                      c.validation.dataset,
                      c.validation.dataset_path,
+                     {},
                      c.training.chat_format,
                      static_cast<std::uint64_t>(c.training.seed),
                      c.training.synthetic_documents,
                      c.validation.synthetic_documents};
 }
 
-/// The token stream [training] names.
+/// The token stream [training] names, in memory.
 inline io::TokenStream load_training_tokens(const JobConfig& c, const io::Tokenizer& tok) {
   return load_token_stream(training_dataset(c), tok);
 }
 
-/// The name of a stream in errors: its file, or the embedded corpus.
+/// The name of a stream in errors: its file (the first of several, and how many more),
+/// or the embedded corpus.
 inline std::string dataset_name(const DatasetSpec& spec) {
-  return spec.dataset == "synthetic" ? std::string("the synthetic corpus") : spec.path;
+  if (spec.dataset == "synthetic") return "the synthetic corpus";
+  if (spec.paths.size() == 1) return spec.paths.front();
+  if (spec.paths.empty()) return spec.section + ".dataset_path (empty)";
+  return tessera::detail::concat(spec.paths.front(), " and ", spec.paths.size() - 1, " more");
 }
 
 }  // namespace tessera::train

@@ -97,7 +97,10 @@ struct TrainingSection {
   std::string mixed_precision_param = "auto";
   std::string mixed_precision_reduce = "float32";
   std::string dataset = "synthetic";  // "synthetic" (embedded corpus), "shard" or "chat"
-  std::string dataset_path;           // the token shard ("shard"), the JSON lines ("chat")
+  // The token shards ("shard") or JSON lines files ("chat"), each a file or a glob pattern;
+  // read one after another, or mixed by dataset_weights (one weight per entry).
+  std::vector<std::string> dataset_path;
+  std::vector<double> dataset_weights;  // empty: the entries read in order, as one stream
   std::string chat_format = "auto";   // "chat": llama3, llama2, or auto (from the tokenizer)
   std::int64_t synthetic_documents = 20000;
 };
@@ -107,7 +110,7 @@ struct TrainingSection {
 struct ValidationSection {
   bool enable = false;
   std::string dataset = "synthetic";  // as training.dataset; "synthetic": documents training never reads
-  std::string dataset_path;
+  std::vector<std::string> dataset_path;  // as training.dataset_path, read one after another
   std::int64_t freq = 10;
   std::int64_t steps = -1;  // -1: the whole set once, in whole global batches
   std::int64_t local_batch_size = 8;

@@ -117,7 +117,11 @@ inline TrainerOptions trainer_options(const JobConfig& c) {
     keep("training.seed", c.training.seed);  // the corpus is drawn from it
     keep("training.synthetic_documents", c.training.synthetic_documents);
   } else {
-    keep("training.dataset_path", c.training.dataset_path);
+    // One path as a string (as checkpoints saved before lists were); llama-train records
+    // the files a pattern matched.
+    const auto& paths = c.training.dataset_path;
+    keep("training.dataset_path", paths.size() == 1 ? nlohmann::json(paths.front()) : nlohmann::json(paths));
+    keep("training.dataset_weights", c.training.dataset_weights);
   }
   return o;
 }

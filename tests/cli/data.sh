@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Training data from several token shards: a list of shards (and a glob pattern) reads as
+# the one shard of their documents in order, losses bitwise; a weighted mix trains, says
+# its shares, and resumes from a checkpoint bitwise the run that went straight through;
+# and a resume that would read other files or other weights, or a pattern that matches
+# nothing, ends in one error line naming the key.
+#   data.sh LLAMA_TOKENIZE LLAMA_TRAIN CONFIGS_DIR
+set -uo pipefail
+tokenize=$1
+train=$2
+configs=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; failures=$((failures + 1)); }
+
+# expect_error DESCRIPTION EXPECTED_TEXT COMMAND...: exit 1, one stderr line from llama-train.
+expect_error() {
+  local what=$1 expected=$2
+  shift 2
+  local out status lines
+  out=$(timeout 120 "$@" 2>&1 >/dev/null)
+  status=$?
+  # A refused resume ends a run that has printed its start: its last line is the error.
+  out=$(printf '%s\n' "$out" | grep -v '^$' | grep -v '^tessera llama-train: ' | grep -v '^  ')
+  lines=$(printf '%s\n' "$out" | grep -c .)
+  if [ "$status" -ne 1 ]; then
+    bad "$what: exit status $status (expected 1)"; echo "$out" | tail -n 5
+  elif [ "$lines" -ne 1 ]; then
+    bad "$what: $lines lines on stderr (expected 1)"; echo "$out" | tail -n 5
+  elif [[ "$out" != "llama-train: error: "*"$expected"* ]]; then
+    bad "$what: '$out' lacks '$expected'"
+  else
+    ok "$what -> $out"
+  fi
+}
+
+# losses DIR: the losses of DIR/metrics.jsonl, one per line.
+losses() { python3 -c 'import json,sys; [print(repr(json.loads(l)["loss"])) for l in open(sys.argv[1])]' "$1/metrics.jsonl"; }
+
+# Two corpora of JSON lines: different words, so a mix's batches differ from either's.
+python3 - "$work" <<'EOF'
+import json, random, sys
+for name, words in (("a", "north river stone quiet lantern meadow".split()), ("b", "seven orbit copper signal engine delta".split())):
+    rng = random.Random(name)
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w") as f:
+        for _ in range(300):
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))}) + "\n")
+EOF
+mkdir -p "$work/shards"
+for s in a b; do
+  "$tokenize" --tokenizer byte --output "$work/shards/$s.bin" "$work/$s.jsonl" 2>> "$work/tok.log" || bad "tokenize $s"
+done
+"$tokenize" --tokenizer byte --output "$work/ab.bin" "$work/a.jsonl" "$work/b.jsonl" 2>> "$work/tok.log" || bad "tokenize a + b"
+
+small=(--config "$configs/debug_model.toml" --model.dim 64 --model.tokenizer byte --training.seq_len 64
+       --training.local_batch_size 4 --training.steps 4 --metrics.peak_tflops 1 --checkpoint.enable false
+       --checkpoint.last_save_in_hf false --checkpoint.last_save_model_only false --training.dataset shard)
+
+# A list of shards, and a pattern, read as the one shard of both.
+run() {  # run NAME ARGS...: trains into $work/NAME
+  local name=$1
+  shift
+  if ! timeout 300 "$train" "${small[@]}" "$@" --job.dump_folder "$work/$name" > "$work/$name.out" 2> "$work/$name.err"; then
+    bad "$name: exit status $?"; tail -n 5 "$work/$name.err"; return 1
+  fi
+}
+run whole --training.dataset_path "$work/ab.bin"
+run list --training.dataset_path "$work/shards/a.bin,$work/shards/b.bin"
+run pattern --training.dataset_path "$work/shards/*.bin"
+if [ -s "$work/whole/metrics.jsonl" ] && [ "$(losses "$work/whole")" = "$(losses "$work/list")" ] &&
+   [ "$(losses "$work/whole")" = "$(losses "$work/pattern")" ]; then
+  ok "two shards listed, or matched by a pattern, train as the one shard of both: losses bitwise"
+else
+  bad "the losses of a list of shards differ from the one shard's"; paste <(losses "$work/whole") <(losses "$work/list") <(losses "$work/pattern")
+fi
+grep -q "data: .*a.bin and 1 more files" "$work/pattern.err" && ok "the start names the files" || bad "no data line: $(head -n 4 "$work/pattern.err")"
+
+# A weighted mix: its shares at the start, and a resume from step 2 bitwise the straight run.
+mix=(--training.dataset_path "$work/shards/a.bin,$work/shards/b.bin" --training.dataset_weights 3,1
+     --checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 5)
+run mix "${mix[@]}"
+grep -q "data: a mix of .*a.bin (.* 75.0% of them); .*b.bin (.* 25.0% of them)" "$work/mix.err" &&
+  ok "the mix's shares at the start" || bad "no mix line: $(head -n 4 "$work/mix.err")"
+if [ -s "$work/mix/metrics.jsonl" ] && [ "$(losses "$work/mix")" != "$(losses "$work/whole")" ]; then
+  ok "the mix trains on other batches than the concatenation"
+else
+  bad "the mix's losses are the concatenation's"
+fi
+cp "$work/mix/metrics.jsonl" "$work/mix.straight.jsonl"
+rm -rf "$work/mix/checkpoint/step-4"
+run mix "${mix[@]}"
+if [ "$(python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(sys.argv[1])])' "$work/mix/metrics.jsonl")" = \
+     "$(python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(sys.argv[1])])' "$work/mix.straight.jsonl")" ]; then
+  ok "the mix resumed from step 2: steps 3 and 4 bitwise the straight run's"
+else
+  bad "the resumed mix differs"; paste "$work/mix/metrics.jsonl" "$work/mix.straight.jsonl" | head
+fi
+
+# A resume must read the same files in the same shares; a pattern must match something.
+rm -rf "$work/mix/checkpoint/step-4"
+expect_error "a resume with other weights" "training.dataset_weights was [3.0,1.0] when this checkpoint was saved and is [1.0,1.0] now" \
+  "$train" "${small[@]}" "${mix[@]}" --training.dataset_weights 1,1 --job.dump_folder "$work/mix"
+cp "$work/shards/a.bin" "$work/shards/c.bin"
+expect_error "a resume whose pattern finds another file" "training.dataset_path was [[\"$work/shards/a.bin\"],[\"$work/shards/b.bin\"]]" \
+  "$train" "${small[@]}" "${mix[@]}" --training.dataset_path "$work/shards/a.bin,$work/shards/[bc].bin" \
+  --job.dump_folder "$work/mix"
+expect_error "a pattern that matches nothing" "training.dataset_path: '$work/none/*.bin' matches no file" \
+  "$train" "${small[@]}" --training.dataset_path "$work/none/*.bin" --job.dump_folder "$work/none"
+expect_error "weights without one per entry" "training.dataset_weights has 1 weight and training.dataset_path 2 entries" \
+  "$train" "${small[@]}" --training.dataset_path "$work/shards/a.bin,$work/shards/b.bin" --training.dataset_weights 1 \
+  --job.dump_folder "$work/none"
+
+cp "$work/shards/b.bin" "$work/flipped.bin"
+printf '\x55' | dd of="$work/flipped.bin" bs=1 seek=1000 conv=notrunc status=none
+expect_error "a corrupt shard among several" "token shard '$work/flipped.bin': corrupt" \
+  "$train" "${small[@]}" --training.dataset_path "$work/shards/a.bin,$work/flipped.bin" --job.dump_folder "$work/none"
+
+[ "$failures" -eq 0 ] && echo "all data checks passed" || echo "$failures data check(s) failed"
+exit $((failures > 0))
