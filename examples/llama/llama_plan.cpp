@@ -307,6 +307,11 @@ ValidationPlan plan_validation(const train::JobConfig& c, int dp, const std::str
     v.batches = c.validation.steps;
     return v;
   }
+  if (c.training.packing == "first_fit") {
+    v.unpriced = "validation.steps = -1 reads the whole validation set, whose rows under training.packing = "
+                 "\"first_fit\" are counted only by reading its documents: give validation.steps";
+    return v;
+  }
   try {
     const train::DatasetSpec d = train::validation_dataset(c);
     std::uint64_t tokens = 0;

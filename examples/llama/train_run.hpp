@@ -301,9 +301,14 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
         sized_by(tessera::detail::concat("loading ", train::dataset_name(d), " (", keys, ")"), [&] { return load(d); });
     std::vector<double> weights = d.weights;
     if (weights.empty()) weights.assign(corpora.size(), 1.0);
+    data::Packing packing;
+    if (c.training.packing == "first_fit") {
+      packing.kind = data::Packing::Kind::first_fit;
+      packing.document_start_id = train::document_start_id(c, "training.packing = \"first_fit\"");
+    }
     try {
       return data::DataLoader(std::move(corpora), std::move(weights), seq_len, local_batch, mesh.dp_rank(),
-                              mesh.dp_degree());
+                              mesh.dp_degree(), packing);
     } catch (const Error& e) {
       fail(train::dataset_name(d), " (", keys, ", ", d.section, ".seq_len = ", seq_len, "): ", e.what());
     }
@@ -367,6 +372,19 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
       line += ")";
     }
     std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  if (lead && c.training.packing == "first_fit") {
+    std::int64_t documents = 0, too_long = 0, rows = 0, padding = 0;
+    for (const auto& s : loader.streams()) {
+      documents += s.rows->documents, too_long += s.rows->too_long, rows += s.rows->rows(), padding += s.rows->padding;
+    }
+    std::fprintf(stderr, "  packing: first fit, %lld documents in %lld rows (%.1f%% padding)%s\n",
+                 static_cast<long long>(documents), static_cast<long long>(rows),
+                 100.0 * static_cast<double>(padding) / static_cast<double>(rows * c.training.seq_len),
+                 too_long > 0 ? tessera::detail::concat(", ", too_long, " longer than a row of ", c.training.seq_len + 1,
+                                                        " tokens left out")
+                                    .c_str()
+                              : "");
   }
   if (lead && c.compile.enable)
     std::fprintf(stderr, "  compile.enable = true (torchtitan's torch.compile): tessera's step is compiled C++ "

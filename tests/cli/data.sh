@@ -119,5 +119,25 @@ printf '\x55' | dd of="$work/flipped.bin" bs=1 seek=1000 conv=notrunc status=non
 expect_error "a corrupt shard among several" "token shard '$work/flipped.bin': corrupt" \
   "$train" "${small[@]}" --training.dataset_path "$work/shards/a.bin,$work/flipped.bin" --job.dump_folder "$work/none"
 
+# Chat data packed first fit: whole conversations in each row, with document masking.
+"$tokenize" --write-synthetic-chat "$work/chat.jsonl" --conversations 200 2>> "$work/tok.log" || bad "write the chat set"
+"$tokenize" --tokenizer synthetic_bpe --chat auto --output "$work/chat.bin" "$work/chat.jsonl" 2>> "$work/tok.log" ||
+  bad "tokenize the chat set"
+chat=(--config "$configs/debug_model.toml" --model.dim 64 --training.seq_len 256 --training.local_batch_size 2
+      --training.steps 3 --metrics.peak_tflops 1 --checkpoint.enable false --checkpoint.last_save_in_hf false
+      --training.dataset shard --training.dataset_path "$work/chat.bin" --training.document_mask true
+      --validation.enable true --validation.dataset shard --validation.dataset_path "$work/chat.bin" --validation.steps 1
+      --validation.seq_len 256 --validation.local_batch_size 2)
+if timeout 300 "$train" "${chat[@]}" --training.packing first_fit --job.dump_folder "$work/packed" \
+     > "$work/packed.out" 2> "$work/packed.err" &&
+   grep -qE "packing: first fit, 200 documents in [0-9]+ rows \([0-9.]+% padding\)" "$work/packed.err" &&
+   [ "$(grep -c '"validation_loss"' "$work/packed/metrics.jsonl")" -ge 1 ]; then
+  ok "chat data packed first fit, validated: $(grep 'packing:' "$work/packed.err" | sed 's/^ *//')"
+else
+  bad "first-fit packing"; tail -n 5 "$work/packed.err"
+fi
+expect_error "first-fit rows too short for any conversation" "every one of its 200 documents is longer than a row of seq_len + 1 = 9 tokens" \
+  "$train" "${chat[@]}" --training.packing first_fit --training.seq_len 8 --job.dump_folder "$work/none"
+
 [ "$failures" -eq 0 ] && echo "all data checks passed" || echo "$failures data check(s) failed"
 exit $((failures > 0))

@@ -359,6 +359,76 @@ TEST_CASE("DataLoader: a mix refuses bad weights and a stream too short for a wi
                        "prompts.bin: the loss mask leaves no target in the 2 windows");
 }
 
+TEST_CASE("DataLoader: first-fit packing keeps documents whole, in the first open row with room") {
+  using tessera::data::Packing;
+  using tessera::data::TokenCorpus;
+  // Documents start at BOS = 1. Row capacity: seq_len 8 slots; a document of L tokens fills L - 1.
+  const std::vector<Ids> docs = {{1, 101, 102, 103, 104},                                   // A: 4 slots
+                                 {1, 201, 202, 203, 204, 205, 206, 207, 208},               // B: 8
+                                 {1, 301, 302},                                             // C: 2
+                                 {1, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411},  // D: 11, too long
+                                 {1, 501, 502, 503},                                        // E: 3
+                                 {1, 601},                                                  // F: 1
+                                 {1}};                                                      // G: nothing to predict
+  tessera::io::TokenStream stream;
+  for (const Ids& d : docs)
+    for (std::uint32_t t : d) {
+      stream.ids.push_back(t);
+      stream.loss_mask.push_back(t % 2 == 0 ? 1 : 0);  // even ids count
+    }
+  Packing packing;
+  packing.kind = Packing::Kind::first_fit;
+  packing.document_start_id = 1;
+  packing.open_rows = 2;
+  // Two open rows: A opens row 0, B row 1, C joins row 0; E fits neither, so row 0
+  // ([A, C]) closes and E opens a row that F joins; then row 1 ([B]) and [E, F] close.
+  const auto plan = tessera::data::PackedRows::plan(TokenCorpus(tessera::io::TokenStream{stream.ids, {}}), 8, packing);
+  CHECK(plan.rows() == 3);
+  CHECK(plan.documents == 7);
+  CHECK(plan.too_long == 1);
+  CHECK(plan.padding == 2 + 0 + 4);
+  const Row pad(1, 0);
+  auto row = [](std::initializer_list<Ids> parts, bool targets, std::size_t n) {
+    Row r;
+    for (const Ids& d : parts) {
+      if (targets)
+        r.insert(r.end(), d.begin() + 1, d.end());
+      else
+        r.insert(r.end(), d.begin(), d.end() - 1);
+    }
+    r.resize(n, targets ? Batch::ignore_index : 0);
+    return r;
+  };
+  DataLoader plain(std::vector<TokenCorpus>{TokenCorpus(tessera::io::TokenStream{stream.ids, {}})}, std::vector<double>{1},
+                   8, 3, 0, 1, packing);
+  CHECK(plain.windows_per_epoch() == 3);
+  const Batch b = plain.next();
+  CHECK(row_of(b.inputs, 8, 0) == row({docs[0], docs[2]}, false, 8));
+  CHECK(row_of(b.targets, 8, 0) == row({docs[0], docs[2]}, true, 8));
+  CHECK(row_of(b.inputs, 8, 1) == row({docs[1]}, false, 8));
+  CHECK(row_of(b.targets, 8, 2) == row({docs[4], docs[5]}, true, 8));
+  CHECK(b.n_targets == 6 + 8 + 4);
+  // The loss mask stays with its tokens; rows wrap and slice over ranks like windows.
+  DataLoader masked(std::vector<TokenCorpus>{TokenCorpus(stream)}, std::vector<double>{1}, 8, 1, 1, 3, packing);
+  const Batch m = masked.next();
+  // Rank 1 of 3 reads row 1, B: its targets 201..208, the odd ones left out.
+  CHECK(row_of(m.targets, 8, 0) == Row{Batch::ignore_index, 202, Batch::ignore_index, 204, Batch::ignore_index, 206,
+                                       Batch::ignore_index, 208});
+  masked.seek(3);
+  CHECK(masked.next().inputs == m.inputs);
+  // Tokens before the first BOS are a document too; a stream whose documents are all too long is refused.
+  Ids lead = {7, 8, 9, 1, 5, 6};
+  const auto lead_plan = tessera::data::PackedRows::plan(TokenCorpus(tessera::io::TokenStream{lead, {}}), 4, packing);
+  CHECK(lead_plan.documents == 2);
+  CHECK(lead_plan.rows() == 1);
+  CHECK_ERROR_CONTAINS(DataLoader(std::vector<TokenCorpus>{TokenCorpus(tessera::io::TokenStream{docs[3], {}}, "long.bin")},
+                                  std::vector<double>{1}, 8, 1, 0, 1, packing),
+                       "long.bin: every one of its 1 documents is longer than a row of seq_len + 1 = 9 tokens");
+  Packing no_bos = packing;
+  no_bos.document_start_id = -1;
+  CHECK_ERROR_CONTAINS(tessera::data::PackedRows::plan(TokenCorpus(stream), 8, no_bos), "needs the id documents start with");
+}
+
 TEST_CASE("synthetic corpus -> token shard -> DataLoader -> text") {
   namespace fs = std::filesystem;
   auto base = fs::temp_directory_path();

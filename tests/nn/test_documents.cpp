@@ -8,7 +8,9 @@
 #include "../support/gradcheck.hpp"
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/core/rng.hpp"
+#include "tessera/data/corpus.hpp"
 #include "tessera/data/documents.hpp"
+#include "tessera/data/loader.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/ops/ragged_documents.hpp"
 
@@ -151,6 +153,60 @@ TEST_CASE("a staged batch carries its document table; a fixed one keeps its slot
   CHECK(plain.g.documents == nullptr);
   CHECK(plain.g.document_table == nullptr);
   CHECK(plain.g.document_slots == 0);
+}
+
+
+TEST_CASE("first-fit rows with document_mask train each whole document as it would alone") {
+  ModelArgs a = testing::tiny_args();
+  a.dim = 32;
+  a.vocab_size = 40;
+  a.max_seq_len = 64;
+  Transformer<float, Cpu> model(a);
+  model.init_weights(9);
+
+  // Documents BOS + words + EOS; one (52 tokens) longer than a row of 41, left out.
+  std::vector<std::vector<std::uint32_t>> docs;
+  std::vector<std::uint32_t> stream;
+  std::uint64_t draw = 11;
+  for (int len : {5, 12, 1, 20, 9, 50, 3, 17, 30, 7}) {
+    std::vector<std::uint32_t> d = {kBos};
+    for (int i = 0; i < len; ++i) d.push_back(3 + static_cast<std::uint32_t>(mix64(++draw) % 37));
+    d.push_back(kEos);
+    stream.insert(stream.end(), d.begin(), d.end());
+    docs.push_back(std::move(d));
+  }
+  const std::int64_t t = 40;
+  data::Packing packing;
+  packing.kind = data::Packing::Kind::first_fit;
+  packing.document_start_id = kBos;
+  const data::TokenCorpus corpus(io::TokenStream{stream, {}});
+  const data::PackedRows plan = data::PackedRows::plan(corpus, t, packing);
+  CHECK(plan.too_long == 1);
+  data::DataLoader loader(std::vector<data::TokenCorpus>{corpus}, std::vector<double>{1}, t, plan.rows(), 0, 1, packing);
+  data::Batch b = loader.next();
+  data::mask_document_boundaries(b, kBos);  // as the trainer does: nothing to drop in whole documents
+  CHECK(b.n_targets == [&] {
+    std::int64_t n = 0;
+    for (const auto& d : docs) n += d.size() <= static_cast<std::size_t>(t + 1) ? static_cast<std::int64_t>(d.size()) - 1 : 0;
+    return n;
+  }());
+
+  Geometry packed{b.batch, t};
+  packed.document_start_id = kBos;
+  model.zero_grad();
+  const double packed_loss = model.forward_backward(b.inputs, b.targets, packed, 1.0);
+  const std::vector<float> packed_grads = gradients(model);
+
+  // Each document that fits, whole and alone: inputs its tokens but the last, targets but the first.
+  model.zero_grad();
+  double alone_loss = 0;
+  for (const auto& d : docs) {
+    if (d.size() > static_cast<std::size_t>(t + 1)) continue;
+    const std::vector<std::int32_t> in(d.begin(), d.end() - 1), tg(d.begin() + 1, d.end());
+    alone_loss += model.forward_backward(in, tg, Geometry{1, static_cast<std::int64_t>(in.size())}, 1.0);
+  }
+  CHECK(packed_loss == doctest::Approx(alone_loss).epsilon(1e-6));
+  CHECK(testing::max_rel_diff(packed_grads, gradients(model)) < 1e-6);
 }
 
 }  // namespace test_documents

@@ -131,6 +131,20 @@ class TokenCorpus {
     return size_;
   }
 
+  /// The index of every token whose id is `id`, in order.
+  std::vector<std::uint64_t> find_all(std::uint32_t id) const {
+    std::vector<std::uint64_t> at;
+    constexpr std::size_t chunk = 1 << 14;
+    std::vector<std::uint32_t> buf(chunk);
+    for (std::uint64_t k = 0; k < size_; k += chunk) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size_ - k));
+      read(k, n, buf.data(), nullptr);
+      for (std::size_t i = 0; i < n; ++i)
+        if (buf[i] == id) at.push_back(k + i);
+    }
+    return at;
+  }
+
   /// Whether any token of [first, first + n) counts as a target.
   bool any_target(std::uint64_t first, std::uint64_t n) const {
     for (std::size_t i = n > 0 ? segment_of(first) : segments_.size(); n > 0 && i < segments_.size(); ++i) {

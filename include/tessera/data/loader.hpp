@@ -18,6 +18,17 @@
 // its weight's share of them to within one window. Each stream wraps by itself: a small
 // stream weighted high is read again while a large one is still in its first pass.
 //
+// First-fit packing (Packing::first_fit, torchtitan's FirstFitPacking for SFT) keeps
+// documents whole instead: a document is the tokens from one BOS to the next, and each
+// row of seq_len inputs holds whole documents (a document of L tokens fills L - 1 slots:
+// its inputs, its targets shifted by one), placed in the first of 8 open rows with room
+// (when none has, the oldest row is closed and a new one opened), the rest of a row
+// padded with input 0 and no target. A document longer than a row is left out and
+// counted. The rows are planned once, in order, at construction: a row is a window, and
+// everything above (slicing, wrapping, mixing, resuming) is unchanged. With
+// training.document_mask each row's documents then train exactly as they would alone: a
+// chat's reply never arrives in a row without the prompt it answers.
+//
 // A loss mask (io::TokenStream, chat data) travels with the tokens: a target whose token
 // the mask leaves out (a prompt token of a chat) becomes Batch::ignore_index, so only
 // the tokens the mask keeps (the assistant's replies) are predicted. The inputs are not
@@ -33,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +83,71 @@ inline std::int64_t count_targets(const Batch& b) {
   return n;
 }
 
+/// How a stream becomes windows: cut into consecutive windows (torchtitan's
+/// ConcatThenSplit), or its documents packed whole into rows (first fit).
+struct Packing {
+  enum class Kind { concat, first_fit } kind = Kind::concat;
+  std::int32_t document_start_id = -1;  // first_fit: the BOS id each document starts with
+  std::int64_t open_rows = 8;           // first_fit: the rows a document may go into
+};
+
+/// The rows first-fit packing makes of a corpus: each a list of whole documents.
+struct PackedRows {
+  std::vector<std::uint64_t> start;  // the documents' first tokens, row after row
+  std::vector<std::uint32_t> length;  // their tokens
+  std::vector<std::uint64_t> row_begin;  // row r holds documents [row_begin[r], row_begin[r + 1])
+  std::int64_t documents = 0;             // documents found
+  std::int64_t too_long = 0;              // left out: longer than a row (seq_len + 1 tokens)
+  std::int64_t padding = 0;               // slots of all rows without a document
+
+  std::int64_t rows() const { return static_cast<std::int64_t>(row_begin.size()) - 1; }
+
+  /// Plans the rows of `corpus` for windows of seq_len inputs.
+  static PackedRows plan(const TokenCorpus& corpus, std::int64_t seq_len, const Packing& p) {
+    TESSERA_CHECK(p.document_start_id >= 0, "first-fit packing needs the id documents start with (the BOS id)");
+    TESSERA_CHECK(p.open_rows > 0, "first-fit packing: open_rows must be positive, got ", p.open_rows);
+    std::vector<std::uint64_t> starts = corpus.find_all(static_cast<std::uint32_t>(p.document_start_id));
+    if (starts.empty() || starts.front() != 0) starts.insert(starts.begin(), 0);  // tokens before the first BOS
+    PackedRows out;
+    out.row_begin.push_back(0);
+    struct Row {
+      std::vector<std::pair<std::uint64_t, std::uint32_t>> docs;
+      std::int64_t used = 0;
+    };
+    std::vector<Row> open;
+    auto close_first = [&] {
+      for (const auto& [start, length] : open.front().docs) {
+        out.start.push_back(start);
+        out.length.push_back(length);
+      }
+      out.padding += seq_len - open.front().used;
+      out.row_begin.push_back(out.start.size());
+      open.erase(open.begin());
+    };
+    for (std::size_t i = 0; i < starts.size(); ++i) {
+      const std::uint64_t end = i + 1 < starts.size() ? starts[i + 1] : corpus.size();
+      const std::uint64_t tokens = end - starts[i];
+      ++out.documents;
+      if (tokens < 2) continue;  // nothing to predict
+      const auto slots = static_cast<std::int64_t>(std::min<std::uint64_t>(tokens - 1, std::uint64_t{1} << 62));
+      if (slots > seq_len) {
+        ++out.too_long;
+        continue;
+      }
+      auto fits = std::find_if(open.begin(), open.end(), [&](const Row& r) { return r.used + slots <= seq_len; });
+      if (fits == open.end()) {
+        if (static_cast<std::int64_t>(open.size()) == p.open_rows) close_first();
+        open.emplace_back();
+        fits = open.end() - 1;
+      }
+      fits->docs.emplace_back(starts[i], static_cast<std::uint32_t>(tokens));
+      fits->used += slots;
+    }
+    while (!open.empty()) close_first();
+    return out;
+  }
+};
+
 class DataLoader {
  public:
   /// One stream of each stream's windows in a mix: its corpus, its share of the windows.
@@ -78,6 +155,7 @@ class DataLoader {
     TokenCorpus corpus;
     double weight = 1;  // normalised: the weights of a mix add up to 1
     std::int64_t windows = 0;
+    std::shared_ptr<const PackedRows> rows;  // first-fit packing's rows; null: consecutive windows
   };
 
   DataLoader(std::vector<std::uint32_t> tokens, std::int64_t seq_len, std::int64_t local_batch_size,
@@ -95,8 +173,10 @@ class DataLoader {
       : DataLoader(one(std::move(corpus)), {1.0}, seq_len, local_batch_size, dp_rank, dp_degree) {}
 
   /// A weighted mix of `corpora` (weights positive, one per corpus, in any units).
+  /// `packing` says how each corpus becomes windows.
   DataLoader(std::vector<TokenCorpus> corpora, std::vector<double> weights, std::int64_t seq_len,
-             std::int64_t local_batch_size, std::int64_t dp_rank = 0, std::int64_t dp_degree = 1)
+             std::int64_t local_batch_size, std::int64_t dp_rank = 0, std::int64_t dp_degree = 1,
+             const Packing& packing = {})
       : seq_len_(seq_len), local_batch_size_(local_batch_size), dp_rank_(dp_rank), dp_degree_(dp_degree) {
     TESSERA_CHECK(seq_len > 0, "DataLoader: seq_len must be positive, got ", seq_len);
     TESSERA_CHECK(local_batch_size > 0, "DataLoader: local_batch_size must be positive, got ", local_batch_size);
@@ -131,12 +211,28 @@ class DataLoader {
         c.read(at, 1, &id, nullptr);
         fail("DataLoader: ", name, ": token id ", id, " at index ", at, " does not fit in int32");
       }
+      if (packing.kind == Packing::Kind::first_fit) {
+        auto rows = std::make_shared<const PackedRows>(PackedRows::plan(c, seq_len, packing));
+        TESSERA_CHECK(rows->rows() > 0, "DataLoader: ", name, ": every one of its ", rows->documents,
+                      " documents is longer than a row of seq_len + 1 = ", window,
+                      " tokens (first-fit packing leaves those out)");
+        if (c.masked()) {
+          bool any = false;
+          for (std::size_t k = 0; k < rows->start.size() && !any; ++k)
+            any = c.any_target(rows->start[k] + 1, rows->length[k] - 1);
+          TESSERA_CHECK(any, "DataLoader: ", name, ": the loss mask leaves no target in the ", rows->rows(),
+                        " packed rows of the stream (no assistant reply to learn from?)");
+        }
+        const std::int64_t n = rows->rows();
+        streams_.push_back(Stream{std::move(c), weights[d] / total, n, std::move(rows)});
+        continue;
+      }
       const auto windows = static_cast<std::int64_t>(c.size() / window);
       if (c.masked())
         TESSERA_CHECK(c.any_target(0, static_cast<std::uint64_t>(windows) * window), "DataLoader: ", name,
                       ": the loss mask leaves no target in the ", windows,
                       " windows of the stream (no assistant reply to learn from?)");
-      streams_.push_back(Stream{std::move(c), weights[d] / total, windows});
+      streams_.push_back(Stream{std::move(c), weights[d] / total, windows, nullptr});
     }
     taken_.assign(streams_.size(), 0);
   }
@@ -167,16 +263,24 @@ class DataLoader {
       }
       if (i < mine || i >= mine + local_batch_size_) continue;
       const Stream& s = streams_[d];
-      const bool masked = s.corpus.masked();
-      keep.resize(masked ? ids.size() : 0);
-      s.corpus.read(static_cast<std::uint64_t>(w) * ids.size(), ids.size(), ids.data(), masked ? keep.data() : nullptr);
-      // Ids fit in int32 (checked at construction): the conversion keeps every value.
       const auto row = static_cast<std::size_t>(i - mine) * static_cast<std::size_t>(seq_len_);
-      std::copy(ids.begin(), ids.end() - 1, b.inputs.begin() + static_cast<std::ptrdiff_t>(row));
-      std::copy(ids.begin() + 1, ids.end(), b.targets.begin() + static_cast<std::ptrdiff_t>(row));
-      if (masked)
-        for (std::int64_t j = 0; j < seq_len_; ++j)
-          if (!keep[static_cast<std::size_t>(j) + 1]) b.targets[row + static_cast<std::size_t>(j)] = Batch::ignore_index;
+      std::int32_t* inputs = b.inputs.data() + row;
+      std::int32_t* targets = b.targets.data() + row;
+      if (!s.rows) {
+        const auto window = static_cast<std::size_t>(seq_len_) + 1;
+        read_pairs(s.corpus, static_cast<std::uint64_t>(w) * window, window, ids, keep, inputs, targets);
+        continue;
+      }
+      // A packed row: its documents one after another, then padding.
+      std::size_t filled = 0;
+      for (auto k = s.rows->row_begin[static_cast<std::size_t>(w)]; k < s.rows->row_begin[static_cast<std::size_t>(w) + 1];
+           ++k) {
+        const std::uint32_t length = s.rows->length[k];
+        read_pairs(s.corpus, s.rows->start[k], length, ids, keep, inputs + filled, targets + filled);
+        filled += length - 1;
+      }
+      std::fill(inputs + filled, inputs + seq_len_, 0);
+      std::fill(targets + filled, targets + seq_len_, Batch::ignore_index);
     }
     b.n_targets = count_targets(b);
     position_ += global_batch_size();
@@ -248,6 +352,22 @@ class DataLoader {
     if (names.size() == 1) return names[0];
     if (names.empty()) return tessera::detail::concat("token stream ", d, " (empty)");
     return tessera::detail::concat("token stream ", d, " (", names.front(), " and ", names.size() - 1, " more)");
+  }
+
+  // Tokens [first, first + n) of `corpus` as n - 1 (input, target) pairs: the inputs its
+  // first n - 1 tokens, the targets its last n - 1, a target the loss mask leaves out
+  // ignore_index. Ids fit in int32 (checked at construction): the conversion keeps them.
+  static void read_pairs(const TokenCorpus& corpus, std::uint64_t first, std::size_t n, std::vector<std::uint32_t>& ids,
+                         std::vector<std::uint8_t>& keep, std::int32_t* inputs, std::int32_t* targets) {
+    const bool masked = corpus.masked();
+    if (ids.size() < n) ids.resize(n);
+    keep.resize(masked ? n : 0);
+    corpus.read(first, n, ids.data(), masked ? keep.data() : nullptr);
+    std::copy(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n - 1), inputs);
+    std::copy(ids.begin() + 1, ids.begin() + static_cast<std::ptrdiff_t>(n), targets);
+    if (masked)
+      for (std::size_t j = 0; j + 1 < n; ++j)
+        if (!keep[j + 1]) targets[j] = Batch::ignore_index;
   }
 
   // The stream window `i` of the global order comes from, given taken_ at i.

@@ -293,6 +293,14 @@ inline std::vector<ConfigKey> build_config_keys() {
                "proportions (in any units), each entry wrapping by itself; empty: the entries read in order, as "
                "one stream.")
           .positive(),
+      make_key("training.packing", field<&J::training, &TrainingSection::packing>(),
+               "How the data becomes rows of seq_len + 1 tokens, for training and validation: "
+               "\"concat_then_split\" cuts the stream into consecutive windows (a document may span two); "
+               "\"first_fit\" keeps each document (BOS to the next BOS) whole in one row, in the first of 8 "
+               "open rows with room, the rest of a row padded and not counted, a document longer than a row left "
+               "out (torchtitan's FirstFitPacking, what its fine-tuning uses). With training.document_mask the "
+               "documents of a row then train as they would alone.")
+          .one_of({"concat_then_split", "first_fit"}),
       make_key("training.chat_format", field<&J::training, &TrainingSection::chat_format>(),
                "Chat format of dataset = \"chat\": \"llama3\", \"llama2\", or \"auto\" (llama3 when the "
                "tokenizer has Llama 3's header tokens, else llama2).")

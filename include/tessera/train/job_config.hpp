@@ -101,6 +101,7 @@ struct TrainingSection {
   // read one after another, or mixed by dataset_weights (one weight per entry).
   std::vector<std::string> dataset_path;
   std::vector<double> dataset_weights;  // empty: the entries read in order, as one stream
+  std::string packing = "concat_then_split";  // or "first_fit": whole documents in each row
   std::string chat_format = "auto";   // "chat": llama3, llama2, or auto (from the tokenizer)
   std::int64_t synthetic_documents = 20000;
 };

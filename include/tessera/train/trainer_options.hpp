@@ -79,12 +79,12 @@ struct TrainerOptions {
   }
 };
 
-/// The BOS id that starts a document under training.document_mask: model.tokenizer's,
-/// checked against the model's vocabulary.
-inline std::int32_t document_start_id(const JobConfig& c) {
+/// The BOS id that starts a document under training.document_mask (or `key`):
+/// model.tokenizer's, checked against the model's vocabulary.
+inline std::int32_t document_start_id(const JobConfig& c, std::string_view key = "training.document_mask") {
   const auto tok = data::make_tokenizer(c.model.tokenizer);
   const std::uint32_t bos = tok->bos_id();
-  TESSERA_CHECK(static_cast<std::int64_t>(bos) < c.model.args.vocab_size, "training.document_mask: the BOS id ", bos,
+  TESSERA_CHECK(static_cast<std::int64_t>(bos) < c.model.args.vocab_size, key, ": the BOS id ", bos,
                 " of model.tokenizer ", c.model.tokenizer, " is outside the model's vocabulary of ",
                 c.model.args.vocab_size, " (documents are found by their BOS token)");
   return static_cast<std::int32_t>(bos);
@@ -123,6 +123,7 @@ inline TrainerOptions trainer_options(const JobConfig& c) {
     keep("training.dataset_path", paths.size() == 1 ? nlohmann::json(paths.front()) : nlohmann::json(paths));
     keep("training.dataset_weights", c.training.dataset_weights);
   }
+  keep("training.packing", c.training.packing);
   return o;
 }
 
