@@ -292,7 +292,8 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
   };
   // A stream too large for the host, too short for one window, or whose loss mask leaves
   // no target is named with the keys that made it.
-  auto loader_of = [&](const train::DatasetSpec& d, std::int64_t seq_len, std::int64_t local_batch) {
+  auto loader_of = [&](const train::DatasetSpec& d, std::int64_t seq_len, std::int64_t local_batch,
+                       data::WindowOrder order) {
     const std::string keys = tessera::detail::concat(
         d.section, ".dataset = \"", d.dataset, "\"",
         d.dataset == "synthetic" ? tessera::detail::concat(", ", d.section, ".synthetic_documents = ", d.documents)
@@ -308,17 +309,18 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
     }
     try {
       return data::DataLoader(std::move(corpora), std::move(weights), seq_len, local_batch, mesh.dp_rank(),
-                              mesh.dp_degree(), packing);
+                              mesh.dp_degree(), packing, order);
     } catch (const Error& e) {
       fail(train::dataset_name(d), " (", keys, ", ", d.section, ".seq_len = ", seq_len, "): ", e.what());
     }
   };
-  data::DataLoader loader = loader_of(train::training_dataset(c), c.training.seq_len, c.training.local_batch_size);
+  data::DataLoader loader = loader_of(train::training_dataset(c), c.training.seq_len, c.training.local_batch_size,
+                                      {c.training.shuffle, static_cast<std::uint64_t>(c.training.seed)});
   std::optional<train::Validator> validator;
   if (c.validation.enable) {
     const train::DatasetSpec d = train::validation_dataset(c);
     model.check_batch(c.validation.local_batch_size, c.validation.seq_len);
-    validator.emplace(loader_of(d, c.validation.seq_len, c.validation.local_batch_size),
+    validator.emplace(loader_of(d, c.validation.seq_len, c.validation.local_batch_size, {}),
                       c.validation.steps, c.training.document_mask ? train::document_start_id(c) : -1,
                       train::dataset_name(d));
   }
@@ -373,6 +375,9 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   }
+  if (lead && c.training.shuffle)
+    std::fprintf(stderr, "  order: each epoch's windows shuffled (training.shuffle, training.seed = %lld)\n",
+                 static_cast<long long>(c.training.seed));
   if (lead && c.training.packing == "first_fit") {
     std::int64_t documents = 0, too_long = 0, rows = 0, padding = 0;
     for (const auto& s : loader.streams()) {

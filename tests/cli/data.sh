@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Training data from several token shards: a list of shards (and a glob pattern) reads as
-# the one shard of their documents in order, losses bitwise; a weighted mix trains, says
-# its shares, and resumes from a checkpoint bitwise the run that went straight through;
-# and a resume that would read other files or other weights, or a pattern that matches
-# nothing, ends in one error line naming the key.
+# the one shard of their documents in order, losses bitwise; a weighted mix, shuffled,
+# trains, says its shares, and resumes from a checkpoint bitwise the run that went
+# straight through; chat data packed first fit trains and validates; and a resume that
+# would read other files, weights or order, a pattern that matches nothing, or rows too
+# short for any document, ends in one error line naming the key.
 #   data.sh LLAMA_TOKENIZE LLAMA_TRAIN CONFIGS_DIR
 set -uo pipefail
 tokenize=$1
@@ -79,9 +80,10 @@ else
 fi
 grep -q "data: .*a.bin and 1 more files" "$work/pattern.err" && ok "the start names the files" || bad "no data line: $(head -n 4 "$work/pattern.err")"
 
-# A weighted mix: its shares at the start, and a resume from step 2 bitwise the straight run.
+# A weighted mix, shuffled: its shares at the start, and a resume from step 2 bitwise the
+# straight run.
 mix=(--training.dataset_path "$work/shards/a.bin,$work/shards/b.bin" --training.dataset_weights 3,1
-     --checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 5)
+     --training.shuffle true --checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 5)
 run mix "${mix[@]}"
 grep -q "data: a mix of .*a.bin (.* 75.0% of them); .*b.bin (.* 25.0% of them)" "$work/mix.err" &&
   ok "the mix's shares at the start" || bad "no mix line: $(head -n 4 "$work/mix.err")"
@@ -102,6 +104,8 @@ fi
 
 # A resume must read the same files in the same shares; a pattern must match something.
 rm -rf "$work/mix/checkpoint/step-4"
+expect_error "a resume unshuffled" "training.shuffle was true when this checkpoint was saved and is false now" \
+  "$train" "${small[@]}" "${mix[@]}" --training.shuffle false --job.dump_folder "$work/mix"
 expect_error "a resume with other weights" "training.dataset_weights was [3.0,1.0] when this checkpoint was saved and is [1.0,1.0] now" \
   "$train" "${small[@]}" "${mix[@]}" --training.dataset_weights 1,1 --job.dump_folder "$work/mix"
 cp "$work/shards/a.bin" "$work/shards/c.bin"

@@ -429,6 +429,69 @@ TEST_CASE("DataLoader: first-fit packing keeps documents whole, in the first ope
   CHECK_ERROR_CONTAINS(tessera::data::PackedRows::plan(TokenCorpus(stream), 8, no_bos), "needs the id documents start with");
 }
 
+TEST_CASE("permute is a permutation of [0, n) for every n, another for another key") {
+  for (std::int64_t n : {1, 2, 3, 4, 5, 7, 16, 17, 100, 1000, 4099}) {
+    CAPTURE(n);
+    std::vector<std::int64_t> seen(static_cast<std::size_t>(n), 0);
+    std::int64_t moved = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t p = tessera::data::permute(j, n, 42);
+      REQUIRE(p >= 0);
+      REQUIRE(p < n);
+      ++seen[static_cast<std::size_t>(p)];
+      moved += p != j ? 1 : 0;
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](std::int64_t c) { return c == 1; }));
+    if (n >= 100) CHECK(moved > n * 9 / 10);  // a shuffle, not the identity
+  }
+  std::int64_t same = 0;
+  for (std::int64_t j = 0; j < 1000; ++j) same += tessera::data::permute(j, 1000, 1) == tessera::data::permute(j, 1000, 2);
+  CHECK(same < 20);
+}
+
+TEST_CASE("DataLoader: shuffled, each epoch reads every window once in an order of its own, on every layout") {
+  using tessera::data::TokenCorpus;
+  using tessera::data::WindowOrder;
+  const std::int64_t seq = 3, windows = 20;
+  const Ids tokens = iota_tokens(static_cast<std::size_t>(windows * (seq + 1)));
+  const WindowOrder order{true, 7};
+  auto loader = [&](std::int64_t local, std::int64_t rank, std::int64_t degree, WindowOrder o) {
+    return DataLoader(std::vector<TokenCorpus>{TokenCorpus(tessera::io::TokenStream{tokens, {}})}, std::vector<double>{1},
+                      seq, local, rank, degree, {}, o);
+  };
+  DataLoader whole = loader(4, 0, 1, order);
+  std::vector<std::int64_t> read;  // the windows in the order read
+  for (int step = 0; step < 10; ++step) {
+    const Batch b = whole.next();
+    for (std::int64_t r = 0; r < 4; ++r) read.push_back(row_of(b.inputs, seq, r)[0] / (seq + 1));
+  }
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::int64_t> e(read.begin() + epoch * windows, read.begin() + (epoch + 1) * windows);
+    std::vector<std::int64_t> sorted = e;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<std::int64_t> all(static_cast<std::size_t>(windows));
+    std::iota(all.begin(), all.end(), 0);
+    CHECK(sorted == all);
+  }
+  CHECK_FALSE(std::is_sorted(read.begin(), read.begin() + windows));
+  CHECK(std::vector<std::int64_t>(read.begin(), read.begin() + windows) !=
+        std::vector<std::int64_t>(read.begin() + windows, read.end()));
+  // Two ranks, and a resume at step 3: the same global order.
+  for (std::int64_t r = 0; r < 2; ++r) {
+    DataLoader part = loader(2, r, 2, order);
+    part.seek(12);
+    for (int step = 3; step < 10; ++step) {
+      const Batch b = part.next();
+      for (std::int64_t row = 0; row < 2; ++row)
+        CHECK(row_of(b.inputs, seq, row)[0] / (seq + 1) == read[static_cast<std::size_t>(step * 4 + r * 2 + row)]);
+    }
+  }
+  // Another seed, another order; unshuffled, the files' order.
+  DataLoader other = loader(4, 0, 1, WindowOrder{true, 8});
+  CHECK(other.next().inputs != loader(4, 0, 1, order).next().inputs);
+  CHECK(loader(4, 0, 1, {}).next().inputs == DataLoader(tokens, seq, 4).next().inputs);
+}
+
 TEST_CASE("synthetic corpus -> token shard -> DataLoader -> text") {
   namespace fs = std::filesystem;
   auto base = fs::temp_directory_path();

@@ -152,7 +152,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 124);
+  CHECK(keys.size() == 125);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -762,6 +762,7 @@ TEST_CASE("to_toml round trip") {
                  "--training.dataset_path", "data/c4.tshard",
                  "--training.dataset_weights", "2",
                  "--training.packing", "first_fit",
+                 "--training.shuffle", "true",
                  "--training.chat_format", "llama2",
                  "--training.synthetic_documents", "5",
                  "--parallelism.data_parallel_replicate_degree", "2",

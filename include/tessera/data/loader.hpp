@@ -29,6 +29,12 @@
 // training.document_mask each row's documents then train exactly as they would alone: a
 // chat's reply never arrives in a row without the prompt it answers.
 //
+// Shuffled (WindowOrder::shuffle, torchtitan's loader shuffles by default), each stream's
+// windows are read in an order of their own each epoch: window j of epoch e is window
+// p(j) for a permutation p drawn from the seed, the stream and e (a keyed Feistel network
+// over the window indices, cycle-walked into range: no table, any window found in a few
+// steps), the same on every rank and after every resume.
+//
 // A loss mask (io::TokenStream, chat data) travels with the tokens: a target whose token
 // the mask leaves out (a prompt token of a chat) becomes Batch::ignore_index, so only
 // the tokens the mask keeps (the assistant's replies) are predicted. The inputs are not
@@ -50,6 +56,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/rng.hpp"
 #include "tessera/data/corpus.hpp"
 #include "tessera/io/token_shard.hpp"  // TokenStream
 #include "tessera/io/tokenizer.hpp"
@@ -90,6 +97,34 @@ struct Packing {
   std::int32_t document_start_id = -1;  // first_fit: the BOS id each document starts with
   std::int64_t open_rows = 8;           // first_fit: the rows a document may go into
 };
+
+/// The order windows are read in: as they come, or shuffled anew each epoch.
+struct WindowOrder {
+  bool shuffle = false;
+  std::uint64_t seed = 0;
+};
+
+/// A permutation of [0, n) drawn from `key`: a 4-round Feistel network over the smallest
+/// even power of two at least n, each result outside [0, n) fed back in (cycle walking:
+/// the domain is under 4 n, so a few steps on average).
+inline std::int64_t permute(std::int64_t j, std::int64_t n, std::uint64_t key) {
+  int bits = 2;
+  while ((std::int64_t{1} << bits) < n) bits += 2;
+  const int half = bits / 2;
+  const std::uint64_t mask = (std::uint64_t{1} << half) - 1;
+  auto x = static_cast<std::uint64_t>(j);
+  do {
+    std::uint64_t left = x >> half, right = x & mask;
+    for (std::uint64_t round = 0; round < 4; ++round) {
+      const std::uint64_t f = mix64(key ^ mix64(right + (round << 56))) & mask;
+      const std::uint64_t next = left ^ f;
+      left = right;
+      right = next;
+    }
+    x = (left << half) | right;
+  } while (x >= static_cast<std::uint64_t>(n));
+  return static_cast<std::int64_t>(x);
+}
 
 /// The rows first-fit packing makes of a corpus: each a list of whole documents.
 struct PackedRows {
@@ -176,8 +211,9 @@ class DataLoader {
   /// `packing` says how each corpus becomes windows.
   DataLoader(std::vector<TokenCorpus> corpora, std::vector<double> weights, std::int64_t seq_len,
              std::int64_t local_batch_size, std::int64_t dp_rank = 0, std::int64_t dp_degree = 1,
-             const Packing& packing = {})
-      : seq_len_(seq_len), local_batch_size_(local_batch_size), dp_rank_(dp_rank), dp_degree_(dp_degree) {
+             const Packing& packing = {}, const WindowOrder& order = {})
+      : order_(order),
+        seq_len_(seq_len), local_batch_size_(local_batch_size), dp_rank_(dp_rank), dp_degree_(dp_degree) {
     TESSERA_CHECK(seq_len > 0, "DataLoader: seq_len must be positive, got ", seq_len);
     TESSERA_CHECK(local_batch_size > 0, "DataLoader: local_batch_size must be positive, got ", local_batch_size);
     TESSERA_CHECK(dp_degree > 0, "DataLoader: dp_degree must be positive, got ", dp_degree);
@@ -253,14 +289,12 @@ class DataLoader {
     std::vector<std::uint8_t> keep;
     for (std::int64_t i = position_; i < position_ + global_batch_size(); ++i) {
       std::size_t d = 0;
-      std::int64_t w = 0;  // the stream's window
-      if (streams_.size() == 1) {
-        w = i % streams_[0].windows;
-      } else {
+      std::int64_t k = i;  // the stream's windows read before this one
+      if (streams_.size() > 1) {
         d = pick(i);
-        w = taken_[d] % streams_[d].windows;
-        ++taken_[d];
+        k = taken_[d]++;
       }
+      const std::int64_t w = window_of(d, k);
       if (i < mine || i >= mine + local_batch_size_) continue;
       const Stream& s = streams_[d];
       const auto row = static_cast<std::size_t>(i - mine) * static_cast<std::size_t>(seq_len_);
@@ -370,6 +404,15 @@ class DataLoader {
         if (!keep[j + 1]) targets[j] = Batch::ignore_index;
   }
 
+  // The window stream d reads k-th: in order, or shuffled within k's epoch.
+  std::int64_t window_of(std::size_t d, std::int64_t k) const {
+    const std::int64_t n = streams_[d].windows, j = k % n;
+    if (!order_.shuffle) return j;
+    const std::uint64_t key = mix64(order_.seed ^ mix64(static_cast<std::uint64_t>(d) + 0x5157) ^
+                                    mix64(static_cast<std::uint64_t>(k / n) + 0xe90c));
+    return permute(j, n, key);
+  }
+
   // The stream window `i` of the global order comes from, given taken_ at i.
   std::size_t pick(std::int64_t i) const {
     std::size_t best = 0;
@@ -391,6 +434,7 @@ class DataLoader {
   }
 
   std::vector<Stream> streams_;
+  WindowOrder order_;
   std::int64_t seq_len_, local_batch_size_, dp_rank_, dp_degree_;
   std::int64_t position_ = 0;
   // A mix's order so far: each stream's windows dealt before window blend_position_.

@@ -301,6 +301,10 @@ inline std::vector<ConfigKey> build_config_keys() {
                "out (torchtitan's FirstFitPacking, what its fine-tuning uses). With training.document_mask the "
                "documents of a row then train as they would alone.")
           .one_of({"concat_then_split", "first_fit"}),
+      make_key("training.shuffle", field<&J::training, &TrainingSection::shuffle>(),
+               "Read each epoch's windows (or first-fit rows) in an order of their own drawn from training.seed, "
+               "each dataset_path entry of a mix apart; false: in the order they lie. The same on every rank "
+               "and after a resume. Validation is never shuffled."),
       make_key("training.chat_format", field<&J::training, &TrainingSection::chat_format>(),
                "Chat format of dataset = \"chat\": \"llama3\", \"llama2\", or \"auto\" (llama3 when the "
                "tokenizer has Llama 3's header tokens, else llama2).")

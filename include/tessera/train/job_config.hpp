@@ -102,6 +102,7 @@ struct TrainingSection {
   std::vector<std::string> dataset_path;
   std::vector<double> dataset_weights;  // empty: the entries read in order, as one stream
   std::string packing = "concat_then_split";  // or "first_fit": whole documents in each row
+  bool shuffle = false;  // each epoch's windows in an order drawn from training.seed
   std::string chat_format = "auto";   // "chat": llama3, llama2, or auto (from the tokenizer)
   std::int64_t synthetic_documents = 20000;
 };

@@ -124,6 +124,8 @@ inline TrainerOptions trainer_options(const JobConfig& c) {
     keep("training.dataset_weights", c.training.dataset_weights);
   }
   keep("training.packing", c.training.packing);
+  keep("training.shuffle", c.training.shuffle);
+  if (c.training.shuffle && c.training.dataset != "synthetic") keep("training.seed", c.training.seed);  // the order
   return o;
 }
 
