@@ -15,29 +15,7 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
-ok() { echo "ok: $1"; }
-bad() { echo "FAIL: $1"; failures=$((failures + 1)); }
-
-# expect_error DESCRIPTION EXPECTED_TEXT COMMAND...: exit 1, one stderr line from llama-train.
-expect_error() {
-  local what=$1 expected=$2
-  shift 2
-  local out status lines
-  out=$(timeout 120 "$@" 2>&1 >/dev/null)
-  status=$?
-  # A refused resume ends a run that has printed its start: its last line is the error.
-  out=$(printf '%s\n' "$out" | grep -v '^$' | grep -v '^tessera llama-train: ' | grep -v '^  ')
-  lines=$(printf '%s\n' "$out" | grep -c .)
-  if [ "$status" -ne 1 ]; then
-    bad "$what: exit status $status (expected 1)"; echo "$out" | tail -n 5
-  elif [ "$lines" -ne 1 ]; then
-    bad "$what: $lines lines on stderr (expected 1)"; echo "$out" | tail -n 5
-  elif [[ "$out" != "llama-train: error: "*"$expected"* ]]; then
-    bad "$what: '$out' lacks '$expected'"
-  else
-    ok "$what -> $out"
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 
 # losses DIR: the losses of DIR/metrics.jsonl, one per line.
 losses() { python3 -c 'import json,sys; [print(repr(json.loads(l)["loss"])) for l in open(sys.argv[1])]' "$1/metrics.jsonl"; }
@@ -104,23 +82,23 @@ fi
 
 # A resume must read the same files in the same shares; a pattern must match something.
 rm -rf "$work/mix/checkpoint/step-4"
-expect_error "a resume unshuffled" "training.shuffle was true when this checkpoint was saved and is false now" \
+expect_error "a resume unshuffled" llama-train "training.shuffle was true when this checkpoint was saved and is false now" \
   "$train" "${small[@]}" "${mix[@]}" --training.shuffle false --job.dump_folder "$work/mix"
-expect_error "a resume with other weights" "training.dataset_weights was [3.0,1.0] when this checkpoint was saved and is [1.0,1.0] now" \
+expect_error "a resume with other weights" llama-train "training.dataset_weights was [3.0,1.0] when this checkpoint was saved and is [1.0,1.0] now" \
   "$train" "${small[@]}" "${mix[@]}" --training.dataset_weights 1,1 --job.dump_folder "$work/mix"
 cp "$work/shards/a.bin" "$work/shards/c.bin"
-expect_error "a resume whose pattern finds another file" "training.dataset_path was [[\"$work/shards/a.bin\"],[\"$work/shards/b.bin\"]]" \
+expect_error "a resume whose pattern finds another file" llama-train "training.dataset_path was [[\"$work/shards/a.bin\"],[\"$work/shards/b.bin\"]]" \
   "$train" "${small[@]}" "${mix[@]}" --training.dataset_path "$work/shards/a.bin,$work/shards/[bc].bin" \
   --job.dump_folder "$work/mix"
-expect_error "a pattern that matches nothing" "training.dataset_path: '$work/none/*.bin' matches no file" \
+expect_error "a pattern that matches nothing" llama-train "training.dataset_path: '$work/none/*.bin' matches no file" \
   "$train" "${small[@]}" --training.dataset_path "$work/none/*.bin" --job.dump_folder "$work/none"
-expect_error "weights without one per entry" "training.dataset_weights has 1 weight and training.dataset_path 2 entries" \
+expect_error "weights without one per entry" llama-train "training.dataset_weights has 1 weight and training.dataset_path 2 entries" \
   "$train" "${small[@]}" --training.dataset_path "$work/shards/a.bin,$work/shards/b.bin" --training.dataset_weights 1 \
   --job.dump_folder "$work/none"
 
 cp "$work/shards/b.bin" "$work/flipped.bin"
 printf '\x55' | dd of="$work/flipped.bin" bs=1 seek=1000 conv=notrunc status=none
-expect_error "a corrupt shard among several" "token shard '$work/flipped.bin': corrupt" \
+expect_error "a corrupt shard among several" llama-train "token shard '$work/flipped.bin': corrupt" \
   "$train" "${small[@]}" --training.dataset_path "$work/shards/a.bin,$work/flipped.bin" --job.dump_folder "$work/none"
 
 # Chat data packed first fit: whole conversations in each row, with document masking.
@@ -140,7 +118,7 @@ if timeout 300 "$train" "${chat[@]}" --training.packing first_fit --job.dump_fol
 else
   bad "first-fit packing"; tail -n 5 "$work/packed.err"
 fi
-expect_error "first-fit rows too short for any conversation" "every one of its 200 documents is longer than a row of seq_len + 1 = 9 tokens" \
+expect_error "first-fit rows too short for any conversation" llama-train "every one of its 200 documents is longer than a row of seq_len + 1 = 9 tokens" \
   "$train" "${chat[@]}" --training.packing first_fit --training.seq_len 8 --job.dump_folder "$work/none"
 
 [ "$failures" -eq 0 ] && echo "all data checks passed" || echo "$failures data check(s) failed"

@@ -15,28 +15,7 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
-ok() { echo "ok: $1"; }
-bad() { echo "FAIL: $1"; failures=$((failures + 1)); }
-
-# expect_error DESCRIPTION PROGRAM_NAME EXPECTED_TEXT COMMAND...: exit 1, one stderr line.
-expect_error() {
-  local what=$1 program=$2 expected=$3
-  shift 3
-  local out status lines
-  out=$(timeout 120 "$@" 2>&1 >/dev/null)
-  status=$?
-  out=$(printf '%s\n' "$out" | grep -v '^$')  # llama-train starts its error on a line of its own
-  lines=$(printf '%s\n' "$out" | grep -c .)
-  if [ "$status" -ne 1 ]; then
-    bad "$what: exit status $status (expected 1)"; echo "$out" | tail -n 5
-  elif [ "$lines" -ne 1 ]; then
-    bad "$what: $lines lines on stderr (expected 1)"; echo "$out" | tail -n 5
-  elif [[ "$out" != "$program: error: "*"$expected"* ]]; then
-    bad "$what: '$out' lacks '$expected'"
-  else
-    ok "$what -> $out"
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 
 # The chat set: 400 conversations to train on, 40 held out.
 "$tokenize" --write-synthetic-chat "$work/chat.jsonl" --conversations 400 2> "$work/write.log" || bad "write the chat set"

@@ -119,29 +119,25 @@ class TokenCorpus {
 
   /// The index of the first token whose id is above `limit`, or size() when none is.
   std::uint64_t first_above(std::uint32_t limit) const {
-    if (max_id() <= limit) return size_;
-    constexpr std::size_t chunk = 1 << 14;
-    std::vector<std::uint32_t> buf(chunk);
-    for (std::uint64_t k = 0; k < size_; k += chunk) {
-      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size_ - k));
-      read(k, n, buf.data(), nullptr);
-      for (std::size_t i = 0; i < n; ++i)
-        if (buf[i] > limit) return k + i;
-    }
-    return size_;
+    std::uint64_t at = size_;
+    if (max_id() > limit)
+      scan([&](std::uint64_t k, const std::uint32_t* ids, std::size_t n) {
+        const auto* hit = std::find_if(ids, ids + n, [&](std::uint32_t id) { return id > limit; });
+        if (hit == ids + n) return false;
+        at = k + static_cast<std::uint64_t>(hit - ids);
+        return true;
+      });
+    return at;
   }
 
   /// The index of every token whose id is `id`, in order.
   std::vector<std::uint64_t> find_all(std::uint32_t id) const {
     std::vector<std::uint64_t> at;
-    constexpr std::size_t chunk = 1 << 14;
-    std::vector<std::uint32_t> buf(chunk);
-    for (std::uint64_t k = 0; k < size_; k += chunk) {
-      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size_ - k));
-      read(k, n, buf.data(), nullptr);
+    scan([&](std::uint64_t k, const std::uint32_t* ids, std::size_t n) {
       for (std::size_t i = 0; i < n; ++i)
-        if (buf[i] == id) at.push_back(k + i);
-    }
+        if (ids[i] == id) at.push_back(k + i);
+      return false;
+    });
     return at;
   }
 
@@ -181,6 +177,19 @@ class TokenCorpus {
     if (s.size == 0) return;  // an empty segment holds nothing to read
     size_ += s.size;
     segments_.push_back(std::move(s));
+  }
+
+  // Calls visit(first token's index, ids, count) over the corpus in chunks, in order,
+  // until it returns true.
+  template <class Visit>
+  void scan(Visit&& visit) const {
+    constexpr std::size_t chunk = 1 << 14;
+    std::vector<std::uint32_t> buf(chunk);
+    for (std::uint64_t k = 0; k < size_; k += chunk) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size_ - k));
+      read(k, n, buf.data(), nullptr);
+      if (visit(k, static_cast<const std::uint32_t*>(buf.data()), n)) return;
+    }
   }
 
   // The segment holding token `k` (< size_).
