@@ -158,6 +158,9 @@ TEST_CASE("Parallel layouts on GuardedCpu thread ranks: no host access, one CPU 
   check_guarded_layout("HSDP 2 x 2", {1, 2, 2, 1}, {});
   check_guarded_layout("FSDP 2 offloaded: the shards in host memory, AdamW and the norm on the host", {1, 1, 2, 1},
                        {"--training.enable_cpu_offload", "true", "--training.mixed_precision_param", "bfloat16"});
+  check_guarded_layout("FSDP 2 offloaded with LoRA: the frozen shards in host memory too", {1, 1, 2, 1},
+                       {"--training.enable_cpu_offload", "true", "--training.mixed_precision_param", "bfloat16",
+                        "--model.converters", "lora", "--lora.rank", "4"});
   check_guarded_layout("TP 2 with loss parallelism", {1, 1, 1, 2}, {});
   check_guarded_layout("PP 2, Interleaved1F1B", {2, 1, 1, 1},
                        {"--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",

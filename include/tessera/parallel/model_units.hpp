@@ -285,9 +285,11 @@ class ModelUnits {
     const Region optimizer(region::kOptimizer);  // the dry run files its kernels as the optimizer's
     u->add_owned_gradient(early_norms_[k]);
     early_norms_[k].sum_into(early_norm_.data() + k);
-    std::vector<nn::Parameter<T>*> params;
-    u->for_each_local_parameter([&](nn::Parameter<T>& p) { params.push_back(&p); });
-    update_(params, u);
+    std::vector<nn::Parameter<T>*> params;  // a frozen unit (LoRA's embedding) has none to update
+    u->for_each_local_parameter([&](nn::Parameter<T>& p) {
+      if (!p.frozen) params.push_back(&p);
+    });
+    if (!params.empty()) update_(params, u);
     u->release_grad();
   }
 

@@ -61,10 +61,6 @@ inline nn::LoraPolicy lora_policy(const JobConfig& c) {
   if (!lora_enabled(c)) return l;
   TESSERA_CHECK(c.lora.rank >= 1, "lora.rank = ", c.lora.rank, ": the adapters' rank must be at least 1");
   TESSERA_CHECK(std::isfinite(c.lora.alpha), "lora.alpha = ", c.lora.alpha, ": must be finite");
-  TESSERA_CHECK(!c.training.enable_cpu_offload && !c.optimizer.early_step_in_backward, "model.converters = [\"lora\"] "
-                "with ", c.training.enable_cpu_offload ? "training.enable_cpu_offload" : "optimizer.early_step_in_backward",
-                " = true: not with LoRA in this build (what they save, the gradients and AdamW's state, LoRA keeps "
-                "for the adapters alone: a few MiB)");
   l.enabled = true;
   l.rank = c.lora.rank;
   l.alpha = c.lora.alpha;
