@@ -58,14 +58,6 @@ class TokenCorpus {
     add(std::move(s));
   }
 
-  /// Appends every segment of `other`.
-  void append(const TokenCorpus& other) {
-    for (Segment s : other.segments_) {
-      s.begin = size_;
-      add(std::move(s));
-    }
-  }
-
   /// Tokens in the corpus.
   std::uint64_t size() const { return size_; }
   /// Whether some segment has a loss mask (then not every target counts).
