@@ -5,11 +5,14 @@
 # straight through; chat data packed first fit trains and validates; and a resume that
 # would read other files, weights or order, a pattern that matches nothing, or rows too
 # short for any document, ends in one error line naming the key.
-#   data.sh LLAMA_TOKENIZE LLAMA_TRAIN CONFIGS_DIR
+# The shuffled mix on 2 thread ranks and on 2 MPI processes (each mapping the shards)
+# trains what one rank trains, within the parity bar.
+#   data.sh LLAMA_TOKENIZE LLAMA_TRAIN CONFIGS_DIR [MPIRUN|none]
 set -uo pipefail
 tokenize=$1
 train=$2
 configs=$3
+mpirun=${4:-none}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -78,6 +81,36 @@ if [ "$(python3 -c 'import json,sys; print([json.loads(l)["loss"] for l in open(
   ok "the mix resumed from step 2: steps 3 and 4 bitwise the straight run's"
 else
   bad "the resumed mix differs"; paste "$work/mix/metrics.jsonl" "$work/mix.straight.jsonl" | head
+fi
+
+# The same mix on 2 ranks (FSDP, each rank 2 of the 4 sequences): one rank's losses within
+# the parity bar, the global batch dealt the same, on thread ranks and on MPI processes.
+mix_one=(--training.dataset_path "$work/shards/a.bin,$work/shards/b.bin" --training.dataset_weights 3,1
+         --training.shuffle true)
+run mix_one "${mix_one[@]}"
+run mix_threads "${mix_one[@]}" --thread-ranks 2 --training.local_batch_size 2
+parity() {  # parity NAME: NAME's losses within 1e-5 (relative) of mix_one's; prints the gap
+  python3 - "$work/mix_one/metrics.jsonl" "$work/$1/metrics.jsonl" <<'EOF'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+gap = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) and a else float("inf")
+print(f"{gap:.2e}")
+sys.exit(0 if gap <= 1e-5 else 1)
+EOF
+}
+if gap=$(parity mix_threads); then ok "the mix on 2 thread ranks: one rank's losses within $gap"; else bad "the mix on 2 thread ranks: gap $gap"; fi
+if [ "$mpirun" != none ]; then
+  mpi_flags=(--oversubscribe -x OMP_NUM_THREADS=1 -x "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0")
+  [ "$(id -u)" -eq 0 ] && mpi_flags+=(--allow-run-as-root)
+  export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+  export OMPI_MCA_orte_base_help_aggregate=${OMPI_MCA_orte_base_help_aggregate:-0}
+  if timeout 300 "$mpirun" "${mpi_flags[@]}" -np 2 "$train" "${small[@]}" "${mix_one[@]}" --training.local_batch_size 2 \
+       --job.dump_folder "$work/mix_mpi" > "$work/mix_mpi.out" 2> "$work/mix_mpi.err" && gap=$(parity mix_mpi); then
+    ok "the mix on 2 MPI processes: one rank's losses within $gap"
+  else
+    bad "the mix on 2 MPI processes"; tail -n 5 "$work/mix_mpi.err"
+  fi
 fi
 
 # A resume must read the same files in the same shares; a pattern must match something.
