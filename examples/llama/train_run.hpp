@@ -422,12 +422,6 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
   }
   train::TrainerOptions options = train::trainer_options(c);
   if (in.peak_flops > 0) options.peak_flops = in.peak_flops;
-  if (c.training.dataset != "synthetic") {
-    // The files themselves: a resume that would find others under a pattern is refused.
-    const nlohmann::json files = train::files_to_keep(train::training_dataset(c));
-    for (train::KeptSetting& k : options.keep_on_resume)
-      if (k.name == "training.dataset_path") k.value = files;
-  }
   train::Trainer<Model> trainer = sized_by(
       "setting up the optimizer (AdamW's moments and masters: the model's size, optimizer.state_dtype)",
       [&] { return train::Trainer<Model>(model, std::move(options), std::move(loader)); });

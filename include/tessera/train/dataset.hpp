@@ -16,13 +16,9 @@
 // them by weight. Every rank opens the same streams and the DataLoader takes its slice.
 #pragma once
 
-#include <glob.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessera/core/error.hpp"
 #include "tessera/data/corpus.hpp"
@@ -33,6 +29,7 @@
 #include "tessera/io/mapped_token_shard.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "tessera/io/tokenizer.hpp"
+#include "tessera/train/dataset_files.hpp"
 #include "tessera/train/job_config.hpp"
 
 namespace tessera::train {
@@ -56,29 +53,9 @@ inline void check_readable(const DatasetSpec& spec) {
                 ".dataset_path (or \"chat\" for conversations, \"synthetic\" for the embedded corpus)");
 }
 
-/// Whether a dataset_path entry is a glob pattern rather than a file's name.
-inline bool is_pattern(const std::string& entry) { return entry.find_first_of("*?[") != std::string::npos; }
-
-/// The files of one dataset_path entry: the entry itself, or a pattern's matches in name
-/// order (a pattern that matches nothing is an error naming `key`).
-inline std::vector<std::string> expand_entry(const std::string& entry, const std::string& key) {
-  if (!is_pattern(entry)) return {entry};
-  glob_t g{};
-  const int rc = ::glob(entry.c_str(), 0, nullptr, &g);  // unreadable folders hold no match
-  std::vector<std::string> files;
-  if (rc == 0)
-    for (std::size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
-  ::globfree(&g);
-  TESSERA_CHECK(rc == 0 || rc == GLOB_NOMATCH, key, ": cannot list the files of '", entry, "' (out of memory)");
-  TESSERA_CHECK(!files.empty(), key, ": '", entry, "' matches no file");
-  return files;
-}
-
 /// Every file `spec` reads, entry by entry.
 inline std::vector<std::vector<std::string>> dataset_files(const DatasetSpec& spec) {
-  std::vector<std::vector<std::string>> out;
-  for (const std::string& entry : spec.paths) out.push_back(expand_entry(entry, spec.section + ".dataset_path"));
-  return out;
+  return expand_entries(spec.paths, spec.section + ".dataset_path");
 }
 
 /// Every file `spec` reads, in order.
@@ -86,14 +63,6 @@ inline std::vector<std::string> flat_files(const DatasetSpec& spec) {
   std::vector<std::string> all;
   for (const auto& files : dataset_files(spec)) all.insert(all.end(), files.begin(), files.end());
   return all;
-}
-
-/// The files `spec` reads as a resume must find them again: one file as its path, the
-/// files of one stream as a list, a weighted mix's as a list per entry.
-inline nlohmann::json files_to_keep(const DatasetSpec& spec) {
-  if (!spec.weights.empty()) return nlohmann::json(dataset_files(spec));
-  const std::vector<std::string> files = flat_files(spec);
-  return files.size() == 1 ? nlohmann::json(files.front()) : nlohmann::json(files);
 }
 
 /// The streams `spec` names, tokenized by `tok` where they are text: one corpus per

@@ -27,6 +27,7 @@
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/optim/adamw.hpp"
 #include "tessera/optim/lr_schedule.hpp"
+#include "tessera/train/dataset_files.hpp"
 #include "tessera/train/job_config.hpp"
 
 namespace tessera::train {
@@ -117,10 +118,10 @@ inline TrainerOptions trainer_options(const JobConfig& c) {
     keep("training.seed", c.training.seed);  // the corpus is drawn from it
     keep("training.synthetic_documents", c.training.synthetic_documents);
   } else {
-    // One path as a string (as checkpoints saved before lists were); llama-train records
-    // the files a pattern matched.
-    const auto& paths = c.training.dataset_path;
-    keep("training.dataset_path", paths.size() == 1 ? nlohmann::json(paths.front()) : nlohmann::json(paths));
+    // The files themselves, one as a string (as checkpoints saved before lists were): a
+    // resume that would find others under a pattern is refused.
+    keep("training.dataset_path", kept_files(c.training.dataset_path, !c.training.dataset_weights.empty(),
+                                              "training.dataset_path"));
     keep("training.dataset_weights", c.training.dataset_weights);
   }
   keep("training.packing", c.training.packing);
