@@ -1,13 +1,18 @@
-// bench-data-loading: what reading a large token shard costs a rank: the start (the
-// whole-file check), the memory held, and the rate windows are copied out at.
+// bench-data-loading: what reading a large token shard costs a rank: the start, the
+// checks, the memory held, and the rate windows are copied out at.
 //
-// A shard of --tokens random ids (vocabulary 128256) is written to --dir, then:
-//   open (1 thread), open (all)   io::MappedTokenShard::open on 1 thread and on every
-//                                 core: the CRC, id and mask checks, one pass over the file
+// A shard of --tokens random ids (vocabulary 128256) is written to --dir (version 3,
+// chunked), then:
+//   open                          io::MappedTokenShard::open: the header and the chunk
+//                                 table, what a training run's start pays
+//   check (1 thread), check (all) check_all() on a fresh open, on 1 thread and on every
+//                                 core: every chunk's CRC and ids, one pass over the file
+//                                 (what opening a version 1 or 2 shard costs)
 //   read whole                    io::read_token_stream, the shard loaded into memory
-//   batches                       a DataLoader over the mapped shard: global batches of
+//   batches, first / again        a DataLoader over the mapped shard: global batches of
 //                                 --batch x --seq tokens, this process's one rank of
-//                                 eight, the rate its windows are copied out at
+//                                 eight, the rate its windows are copied out at; the
+//                                 first time, each chunk a window touches is checked
 //   mix replay                    a two-entry mix seeked to 10^8 windows: what a resume
 //                                 of a mix spends replaying its order
 // The resident set (/proc/self/statm) is read after each: mapped, the process holds only
@@ -99,13 +104,17 @@ int main(int argc, char** argv) try {
   const double base = resident_gb();
 
   t0 = clock_type::now();
-  { const io::MappedTokenShard one = io::MappedTokenShard::open(path, 1); }
-  const double open1 = seconds_since(t0);
+  io::MappedTokenShard shard = io::MappedTokenShard::open(path);
+  const double open_s = seconds_since(t0);
+  const double after_open = resident_gb();
+  t0 = clock_type::now();
+  io::MappedTokenShard::open(path).check_all(1);
+  const double check1 = seconds_since(t0);
   const unsigned cores = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
   t0 = clock_type::now();
-  io::MappedTokenShard shard = io::MappedTokenShard::open(path, cores);
-  const double open_all = seconds_since(t0);
-  const double after_open = resident_gb();
+  io::MappedTokenShard::open(path).check_all(cores);
+  const double check_all = seconds_since(t0);
+  const double after_check = resident_gb();
 
   // One rank of eight: its windows of 8 global batches (or as many as the shard holds).
   data::TokenCorpus corpus;
@@ -115,6 +124,10 @@ int main(int argc, char** argv) try {
                 ": fewer than one global batch of 8 ranks x --batch ", o.batch);
   data::DataLoader loader(corpus, o.seq, o.batch, 3, 8);
   const int batches = static_cast<int>(std::min<std::int64_t>(8, windows / (8 * o.batch)));
+  t0 = clock_type::now();
+  for (int b = 0; b < batches; ++b) loader.next();
+  const double first_batch_s = seconds_since(t0) / batches;
+  loader.seek(0);
   t0 = clock_type::now();
   for (int b = 0; b < batches; ++b) loader.next();
   const double batch_s = seconds_since(t0) / batches;
@@ -135,15 +148,17 @@ int main(int argc, char** argv) try {
 
   std::printf("bench-data-loading: a %.2f GB shard (%lld tokens) written in %.2f s; resident %.2f GB before\n", gb,
               static_cast<long long>(o.tokens), write_s, base);
-  std::printf("\n| date | commit | machine | shard | open, 1 thread | open, %u threads | resident after open | "
-              "batches (rank 3 of 8, %lld x %lld) | resident after them | mix replay to 10^8 windows | "
-              "read whole | resident after it |\n",
+  std::printf("\n| date | commit | machine | shard | open | resident after it | check, 1 thread | "
+              "check, %u threads | resident after it | batches (rank 3 of 8, %lld x %lld), first read | again | "
+              "resident after them | mix replay to 10^8 windows | read whole | resident after it |\n",
               cores, static_cast<long long>(o.batch), static_cast<long long>(o.seq));
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| %s | %s | %s | %.2f GB | %.2f s (%.2f GB/s) | %.2f s (%.2f GB/s) | +%.3f GB | %.2f ms a batch "
-              "(%.0f M tokens/s) | +%.3f GB | %.2f s | %.2f s (%.2f GB/s) | +%.2f GB |\n",
-              bench::utc_date().c_str(), o.commit.c_str(), bench::cpuinfo_field("model name").c_str(), gb, open1,
-              gb / open1, open_all, gb / open_all, after_open - base, 1e3 * batch_s, rank_tokens / batch_s / 1e6,
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %s | %s | %s | %.2f GB | %.2f ms | +%.3f GB | %.2f s (%.2f GB/s) | %.2f s (%.2f GB/s) | +%.3f GB | "
+              "%.2f ms a batch (%.0f M tokens/s) | %.2f ms (%.0f M tokens/s) | +%.3f GB | %.2f s | %.2f s (%.2f GB/s) | "
+              "+%.2f GB |\n",
+              bench::utc_date().c_str(), o.commit.c_str(), bench::cpuinfo_field("model name").c_str(), gb,
+              1e3 * open_s, after_open - base, check1, gb / check1, check_all, gb / check_all, after_check - base,
+              1e3 * first_batch_s, rank_tokens / first_batch_s / 1e6, 1e3 * batch_s, rank_tokens / batch_s / 1e6,
               after_batches - base, replay_s, read_s, gb / read_s, after_read - base);
   return 0;
 } catch (const std::exception& e) {

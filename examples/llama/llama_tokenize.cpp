@@ -13,7 +13,13 @@
 //   llama-tokenize --write-synthetic-chat FILE.jsonl [--conversations N] [--first K]
 //
 // writes the embedded chat set (data/synthetic_chat.hpp), conversations K .. K + N - 1,
-// as such JSON lines: a chat set to fine-tune on with nothing downloaded. While it runs,
+// as such JSON lines: a chat set to fine-tune on with nothing downloaded.
+//
+//   llama-tokenize --check SHARD... [--threads N]
+//
+// checks token shards whole (every chunk's CRC-32 and ids, or a version 1 or 2 shard's
+// single CRC), as a training run checks them chunk by chunk as it reads: a corpus copied
+// to a cluster checked before the run that needs it. While it runs,
 // a progress bar goes to stderr when stderr is a terminal; a summary line always
 // follows. docs/tokenize.md has the details.
 #include <sys/ioctl.h>
@@ -37,6 +43,7 @@
 #include "tessera/data/synthetic_chat.hpp"
 #include "tessera/data/tokenize.hpp"
 #include "tessera/data/tokenizers.hpp"
+#include "tessera/io/mapped_token_shard.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "flags.hpp"
 
@@ -66,7 +73,11 @@ void usage() {
       "       llama-tokenize --write-synthetic-chat FILE.jsonl [--conversations N] [--first K]\n\n"
       "Writes the embedded chat set, conversations K .. K + N - 1 (default 0 .. 1999), as JSON\n"
       "lines of {\"messages\": [...]}: arithmetic questions and repetitions in the embedded\n"
-      "corpus's words.\n",
+      "corpus's words.\n\n"
+      "       llama-tokenize --check SHARD... [--threads N]\n\n"
+      "Checks token shards whole, on N threads (default: every core, up to 8): every chunk's\n"
+      "CRC-32 and ids (a version 1 or 2 shard: its one CRC), which a training run checks as it\n"
+      "reads them. A line per shard; the first bad one is named, with exit status 1.\n",
       std::max(1u, std::thread::hardware_concurrency()));
 }
 
@@ -152,8 +163,40 @@ int write_synthetic_chat(const std::vector<std::string>& args) {
   return 0;
 }
 
+/// --check: each shard opened and checked whole, a line for each.
+int check_shards(const std::vector<std::string>& args) {
+  unsigned threads = 0;
+  std::vector<std::string> shards;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--check") continue;
+    if (a == "--threads") {
+      TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
+      threads = cli::parse_number<unsigned>(a, args[++i], "a whole number from 1 to 4096", 1, 4096);
+      continue;
+    }
+    TESSERA_CHECK(a.empty() || a[0] != '-', "unknown option '", a, "' with --check (it takes --threads)");
+    shards.push_back(a);
+  }
+  TESSERA_CHECK(!shards.empty(), "--check: no token shards named");
+  for (const std::string& path : shards) {
+    const auto start = std::chrono::steady_clock::now();
+    const io::MappedTokenShard shard = io::MappedTokenShard::open(path, threads);
+    shard.check_all(threads);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const io::TokenShardHeader& h = shard.header();
+    std::fprintf(stderr, "llama-tokenize: %s: good: %llu tokens, ids up to %u (vocab_size %u)%s, version %u%s, %.2f s\n",
+                 path.c_str(), static_cast<unsigned long long>(h.count), shard.max_id(), h.vocab_size,
+                 h.loss_mask ? ", a loss mask" : "", h.version,
+                 h.chunked() ? (", " + std::to_string(h.chunks()) + (h.chunks() == 1 ? " chunk" : " chunks")).c_str() : "",
+                 seconds);
+  }
+  return 0;
+}
+
 int run(const std::vector<std::string>& args) {
   if (std::find(args.begin(), args.end(), "--write-synthetic-chat") != args.end()) return write_synthetic_chat(args);
+  if (std::find(args.begin(), args.end(), "--check") != args.end()) return check_shards(args);
   std::string tokenizer_spec, output, format = "auto", chat;
   data::TokenizeOptions options;
   std::vector<std::string> inputs;

@@ -131,8 +131,9 @@ expect_error "weights without one per entry" llama-train "training.dataset_weigh
 
 cp "$work/shards/b.bin" "$work/flipped.bin"
 printf '\x55' | dd of="$work/flipped.bin" bs=1 seek=1000 conv=notrunc status=none
-expect_error "a corrupt shard among several" llama-train "token shard '$work/flipped.bin': corrupt" \
-  "$train" "${small[@]}" --training.dataset_path "$work/shards/a.bin,$work/flipped.bin" --job.dump_folder "$work/none"
+# Checked as read: the first step's windows come from the flipped chunk.
+expect_error "a corrupt shard among several" llama-train "token shard '$work/flipped.bin': corrupt: chunk 0 (tokens [0, " \
+  "$train" "${small[@]}" --training.dataset_path "$work/flipped.bin,$work/shards/a.bin" --job.dump_folder "$work/none"
 
 # Chat data packed first fit: whole conversations in each row, with document masking.
 "$tokenize" --write-synthetic-chat "$work/chat.jsonl" --conversations 200 2>> "$work/tok.log" || bad "write the chat set"

@@ -24,11 +24,13 @@ source "$(dirname "$0")/expect.sh"
 [ "$(wc -l < "$work/chat.jsonl")" -eq 400 ] && ok "400 conversations written" || bad "chat.jsonl has $(wc -l < "$work/chat.jsonl") lines"
 if cmp -s "$work/chat.jsonl" "$work/val.jsonl"; then bad "the held-out set is the training set"; fi
 
-# Tokenized in the tokenizer's chat format, with a loss mask: a version 2 shard.
+# Tokenized in the tokenizer's chat format, with a loss mask: a version 3 shard, flag 1.
 if "$tokenize" --tokenizer synthetic_bpe --chat auto --output "$work/chat.bin" "$work/chat.jsonl" 2> "$work/tok.log" &&
    grep -q "chat format llama3, with a loss mask" "$work/tok.log"; then
   version=$(od -An -tu4 -j 8 -N 4 --endian=little "$work/chat.bin" | tr -d ' ')
-  [ "$version" = 2 ] && ok "a chat shard with a loss mask: $(cat "$work/tok.log")" || bad "shard version $version (expected 2)"
+  flags=$(od -An -tu4 -j 28 -N 4 --endian=little "$work/chat.bin" | tr -d ' ')
+  [ "$version" = 3 ] && [ "$flags" = 1 ] && ok "a chat shard with a loss mask: $(cat "$work/tok.log")" ||
+    bad "shard version $version, flags $flags (expected 3 and 1)"
 else
   bad "llama-tokenize --chat"; cat "$work/tok.log"
 fi

@@ -17,7 +17,8 @@ bad() { echo "FAIL: $1"; failures=$((failures + 1)); }
 u32_at() { od -An -tu4 -j "$2" -N 4 --endian=little "$1" | tr -d ' '; }
 u64_at() { od -An -tu8 -j "$2" -N 8 --endian=little "$1" | tr -d ' '; }
 
-# expect_shard DESCRIPTION FILE TOKENS: a token shard of the byte tokenizer with TOKENS ids.
+# expect_shard DESCRIPTION FILE TOKENS: a token shard of the byte tokenizer with TOKENS ids
+# (version 3: the ids, then the chunk table, 8 bytes per 65536 tokens).
 expect_shard() {
   runs=$((runs + 1))
   local what=$1 file=$2 tokens=$3
@@ -27,7 +28,7 @@ expect_shard() {
   vocab=$(u32_at "$file" 12)
   count=$(u64_at "$file" 16)
   size=$(wc -c < "$file")
-  if [ "$magic" != "TSRATOKS" ] || [ "$vocab" != 258 ] || [ "$count" != "$tokens" ] || [ "$size" -ne $((32 + 4 * tokens)) ]; then
+  if [ "$magic" != "TSRATOKS" ] || [ "$vocab" != 258 ] || [ "$count" != "$tokens" ] || [ "$size" -ne $((32 + 4 * tokens + 8 * ((tokens + 65535) / 65536))) ]; then
     bad "$what: magic '$magic', vocab $vocab, count $count, $size bytes (expected $tokens tokens)"
   elif [ -e "$file.tmp" ]; then
     bad "$what: $file.tmp left behind"
@@ -173,6 +174,22 @@ printf '\n\n' > "$work/blank.jsonl"
 expect_error "an empty input" "empty.jsonl: no documents, so no token shard is written" "$tokenize" --tokenizer byte --output "$work/keep.bin" "$work/empty.jsonl"
 expect_error "blank lines only" "blank.jsonl: no documents, so no token shard is written" "$tokenize" --tokenizer byte --output "$work/keep.bin" "$work/blank.jsonl"
 expect_error "--field with chat data" "--field: chat data is read from each line's" "$tokenize" --tokenizer byte --chat llama2 --field x --output "$work/keep.bin" "$work/c4.jsonl"
+
+# --check: every chunk of each shard; a flipped byte is named with its chunk.
+runs=$((runs + 1))
+if "$tokenize" --check "$work/out.bin" "$work/keep.bin" --threads 2 2> "$work/check.txt" &&
+   [ "$(grep -c ': good: ' "$work/check.txt")" = 2 ]; then
+  ok "--check: $(head -n 1 "$work/check.txt")"
+else
+  bad "--check of two good shards"; cat "$work/check.txt"
+fi
+cp "$work/out.bin" "$work/flipped.bin"
+printf '\x55' | dd of="$work/flipped.bin" bs=1 seek=1000 conv=notrunc status=none
+expect_error "--check of a flipped byte" "flipped.bin': corrupt: chunk 0 (tokens [0, " "$tokenize" --check "$work/flipped.bin"
+expect_error "--check of a missing shard" "no-such.bin': no such file" "$tokenize" --check "$work/no-such.bin"
+expect_error "--check of nothing" "--check: no token shards named" "$tokenize" --check
+expect_error "--check with a tokenizer option" "unknown option '--output' with --check" "$tokenize" --check "$work/keep.bin" --output x
+
 runs=$((runs + 1))
 if [ "$before" = "$(md5sum < "$work/keep.bin")" ] && [ ! -e "$work/keep.bin.tmp" ]; then
   ok "failed runs leave the existing output intact and no temporary file"

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "tessera/io/crc32.hpp"
@@ -24,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using Ids = std::vector<std::uint32_t>;
 using Bytes = std::vector<unsigned char>;
+using Mask = std::vector<std::uint8_t>;
 
 
 using tessera::test::TempDir;
@@ -90,46 +93,66 @@ TEST_CASE("crc32_combine joins the CRCs of pieces checksummed apart") {
 
 TEST_CASE("a mapped shard reads what read_token_stream reads, in any piece, on any threads") {
   using tessera::io::MappedTokenShard;
+  using tessera::io::TokenShardLayout;
   TempDir dir("tessera-mapped-shard");
-  const std::string plain = dir.file("plain.bin"), masked = dir.file("masked.bin");
-  const Ids ids = sample_tokens(1001, 5000);
-  tessera::io::write_token_shard(plain, ids, 5000);
-  tessera::io::TokenStream chat{ids, {}};
-  for (std::size_t i = 0; i < ids.size(); ++i) chat.loss_mask.push_back(i % 5 == 2 || i % 7 == 0 ? 1 : 0);
-  tessera::io::write_token_shard(masked, chat, 5000);
-  for (unsigned threads : {1u, 3u, 8u}) {
-    CAPTURE(threads);
-    const MappedTokenShard a = MappedTokenShard::open(plain, threads, 100), b = MappedTokenShard::open(masked, threads, 100);
-    CHECK(a.size() == ids.size());
-    CHECK_FALSE(a.masked());
-    CHECK(b.masked());
-    CHECK(a.max_id() == *std::max_element(ids.begin(), ids.end()));
-    CHECK(a.header().vocab_size == 5000);
-    for (const auto& [first, n] : {std::pair<std::uint64_t, std::size_t>{0, 1001}, {0, 1}, {997, 4}, {333, 100}, {1001, 0}}) {
-      Ids got(n);
-      std::vector<std::uint8_t> keep(n, 7);
-      a.read(first, n, got.data(), keep.data());
-      CHECK(got == Ids(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.begin() + static_cast<std::ptrdiff_t>(first + n)));
-      CHECK(std::all_of(keep.begin(), keep.end(), [](std::uint8_t k) { return k == 1; }));
-      b.read(first, n, got.data(), keep.data());
-      CHECK(got == Ids(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.begin() + static_cast<std::ptrdiff_t>(first + n)));
-      CHECK(keep == std::vector<std::uint8_t>(chat.loss_mask.begin() + static_cast<std::ptrdiff_t>(first),
-                                              chat.loss_mask.begin() + static_cast<std::ptrdiff_t>(first + n)));
-    }
-    CHECK_ERROR_CONTAINS(a.read(1000, 2, nullptr, nullptr), "tokens [1000, 1002) are past its 1001 tokens");
-    // any_target: over a byte's bits, whole bytes, and the tail.
-    for (std::uint64_t first = 0; first < 40; ++first)
-      for (std::uint64_t n = 0; n < 30; ++n) {
-        bool any = false;
-        for (std::uint64_t k = first; k < first + n; ++k) any = any || chat.loss_mask[k];
-        CHECK(b.any_target(first, n) == any);
-        CHECK(a.any_target(first, n) == (n > 0));
+  // Both layouts; the chunked one also over three chunks of its table (pieces across them).
+  for (const auto& [layout, count] : {std::pair{TokenShardLayout::whole, std::size_t{1001}},
+                                      std::pair{TokenShardLayout::chunked, std::size_t{1001}},
+                                      std::pair{TokenShardLayout::chunked, std::size_t{140001}}}) {
+    CAPTURE(count);
+    const bool chunked = layout == TokenShardLayout::chunked;
+    CAPTURE(chunked);
+    const std::string plain = dir.file("plain.bin"), masked = dir.file("masked.bin");
+    const Ids ids = sample_tokens(count, 5000);
+    tessera::io::write_token_shard(plain, ids, 5000, layout);
+    tessera::io::TokenStream chat{ids, {}};
+    for (std::size_t i = 0; i < ids.size(); ++i) chat.loss_mask.push_back(i % 5 == 2 || i % 7 == 0 ? 1 : 0);
+    tessera::io::write_token_shard(masked, chat, 5000, layout);
+    const tessera::io::TokenStream loaded = tessera::io::read_token_stream(masked);
+    CHECK(loaded.ids == ids);
+    CHECK(loaded.loss_mask == chat.loss_mask);
+    const std::uint64_t n_all = count, tail = count - 4, mid = count / 3;
+    for (unsigned threads : {1u, 3u, 8u}) {
+      CAPTURE(threads);
+      const MappedTokenShard a = MappedTokenShard::open(plain, threads, 100), b = MappedTokenShard::open(masked, threads, 100);
+      CHECK(a.size() == ids.size());
+      CHECK_FALSE(a.masked());
+      CHECK(b.masked());
+      CHECK(a.checked_as_read() == chunked);
+      CHECK(a.max_id() == *std::max_element(ids.begin(), ids.end()));
+      CHECK(a.header().vocab_size == 5000);
+      CHECK(a.chunks_checked() == 0);  // nothing read yet (and nothing to check as read before version 3)
+      for (const auto& [first, n] : {std::pair<std::uint64_t, std::size_t>{0, n_all}, {0, 1}, {tail, 4}, {mid, 100},
+                                     {count > 65600 ? 65530 : 0, count > 65600 ? 70 : 0}, {n_all, 0}}) {
+        CAPTURE(first);
+        Ids got(n);
+        std::vector<std::uint8_t> keep(n, 7);
+        a.read(first, n, got.data(), keep.data());
+        CHECK(got == Ids(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.begin() + static_cast<std::ptrdiff_t>(first + n)));
+        CHECK(std::all_of(keep.begin(), keep.end(), [](std::uint8_t k) { return k == 1; }));
+        b.read(first, n, got.data(), keep.data());
+        CHECK(got == Ids(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.begin() + static_cast<std::ptrdiff_t>(first + n)));
+        CHECK(keep == std::vector<std::uint8_t>(chat.loss_mask.begin() + static_cast<std::ptrdiff_t>(first),
+                                                chat.loss_mask.begin() + static_cast<std::ptrdiff_t>(first + n)));
       }
+      CHECK(a.chunks_checked() == a.header().chunks());  // the first read took them all
+      CHECK_ERROR_CONTAINS(a.read(n_all - 1, 2, nullptr, nullptr),
+                           tessera::detail::concat("tokens [", n_all - 1, ", ", n_all + 1, ") are past its ", n_all, " tokens"));
+      // any_target: over a byte's bits, whole bytes, and the tail.
+      for (std::uint64_t first = 0; first < 40; ++first)
+        for (std::uint64_t n = 0; n < 30; ++n) {
+          bool any = false;
+          for (std::uint64_t k = first; k < first + n; ++k) any = any || chat.loss_mask[k];
+          CHECK(b.any_target(first, n) == any);
+          CHECK(a.any_target(first, n) == (n > 0));
+        }
+    }
   }
   // An empty shard maps too.
   const std::string empty = dir.file("empty.bin");
   tessera::io::write_token_shard(empty, Ids{}, 10);
   CHECK(MappedTokenShard::open(empty).size() == 0);
+  MappedTokenShard::open(empty).check_all();
 }
 
 TEST_CASE("crc32: known check values and incremental updates") {
@@ -165,11 +188,11 @@ TEST_CASE("crc32c: known check values (RFC 3720) and incremental updates") {
   for (std::size_t n = 0; n <= 32; ++n) CHECK(crc32c_update(crc32c(up, n), up + n, 32 - n) == 0x46DD794Eu);
 }
 
-TEST_CASE("token shard: layout of a written file") {
+TEST_CASE("token shard: layout of a written file (version 1, whole)") {
   TempDir dir;
   const std::string path = dir.file("small.bin");
   Ids ids{1, 0x01020304u, 257, 0};
-  tessera::io::write_token_shard(path, ids, 0x01020305u);
+  tessera::io::write_token_shard(path, ids, 0x01020305u, tessera::io::TokenShardLayout::whole);
   Bytes b = read_bytes(path);
   REQUIRE(b.size() == 32 + 4 * ids.size());
   CHECK(std::string(b.begin(), b.begin() + 8) == "TSRATOKS");
@@ -196,7 +219,8 @@ TEST_CASE("token shard: round trips") {
     tessera::io::write_token_shard(path, ids, 258);
     CHECK(tessera::io::read_token_shard(path) == ids);
     auto h = tessera::io::read_token_shard_header(path);
-    CHECK(h.version == 1);
+    CHECK(h.version == 3);
+    CHECK(h.chunks() == 1);
     CHECK(h.vocab_size == 258);
     CHECK(h.count == 40000);
     CHECK(h.crc32 == u32_at(read_bytes(path), 24));
@@ -220,7 +244,7 @@ TEST_CASE("token shard: round trips") {
     Ids second{7, 8, 9};
     tessera::io::write_token_shard(path, second, 10);
     CHECK(tessera::io::read_token_shard(path) == second);
-    CHECK(fs::file_size(path) == 32 + 12);
+    CHECK(fs::file_size(path) == 32 + 12 + 8);
     CHECK_FALSE(fs::exists(path + ".tmp"));
   }
 }
@@ -253,7 +277,7 @@ TEST_CASE("token shard: the writer rejects bad input and leaves existing files a
 
 TEST_CASE("token shard: streaming writer gives the same bytes, and abandoning it keeps the old shard") {
   TempDir dir;
-  const Ids ids = sample_tokens(50000, 1000);  // several internal chunks
+  const Ids ids = sample_tokens(150000, 1000);  // three chunks of the table, pieces across their ends
   tessera::io::write_token_shard(dir.file("whole.bin"), ids, 1000);
   {
     tessera::io::TokenShardWriter w(dir.file("parts.bin"), 1000);
@@ -268,6 +292,16 @@ TEST_CASE("token shard: streaming writer gives the same bytes, and abandoning it
     CHECK_ERROR_CONTAINS(w.append(Ids{1}), "append after commit");
   }
   CHECK(read_bytes(dir.file("parts.bin")) == read_bytes(dir.file("whole.bin")));
+  {
+    // The same in the whole layout (version 1).
+    tessera::io::write_token_shard(dir.file("whole1.bin"), ids, 1000, tessera::io::TokenShardLayout::whole);
+    tessera::io::TokenShardWriter w(dir.file("parts1.bin"), 1000, false, tessera::io::TokenShardLayout::whole);
+    for (std::size_t begin = 0; begin < ids.size(); begin += 7777)
+      w.append(std::span<const std::uint32_t>(ids).subspan(begin, std::min<std::size_t>(7777, ids.size() - begin)));
+    w.commit();
+    CHECK(read_bytes(dir.file("parts1.bin")) == read_bytes(dir.file("whole1.bin")));
+    CHECK(tessera::io::read_token_shard(dir.file("parts1.bin")) == ids);
+  }
 
   const Ids old{4, 5, 6};
   tessera::io::write_token_shard(dir.file("kept.bin"), old, 10);
@@ -281,11 +315,11 @@ TEST_CASE("token shard: streaming writer gives the same bytes, and abandoning it
   CHECK(tessera::io::read_token_shard(dir.file("kept.bin")) == old);
 }
 
-TEST_CASE("token shard: the reader rejects every kind of bad file, naming the path") {
+TEST_CASE("token shard: the reader rejects every kind of bad file, naming the path (version 1)") {
   TempDir dir;
   const std::string good = dir.file("good.bin");
   const Ids ids = sample_tokens(100, 258);
-  tessera::io::write_token_shard(good, ids, 258);
+  tessera::io::write_token_shard(good, ids, 258, tessera::io::TokenShardLayout::whole);
   const Bytes original = read_bytes(good);
   const std::string bad = dir.file("bad.bin");
   using tessera::io::read_token_shard;
@@ -317,9 +351,10 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
   }
   SUBCASE("unsupported version") {
     Bytes b = original;
-    put_u32(b, 8, 3);
+    put_u32(b, 8, 4);
     write_bytes(bad, b);
-    CHECK_READERS_REFUSE(bad, "unsupported version 3");
+    CHECK_READERS_REFUSE(bad, "unsupported version 4");
+    CHECK_READERS_REFUSE(bad, "knows versions 1, 2 and 3");
     put_u32(b, 8, 2);  // a loss mask's version without the mask's flag
     write_bytes(bad, b);
     CHECK_READERS_REFUSE(bad, "version 2 flags are 0");
@@ -383,7 +418,7 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
   SUBCASE("an id not below vocab_size, with a correct CRC") {
     Ids wide = ids;
     wide[63] = 300;
-    tessera::io::write_token_shard(bad, wide, 1000);
+    tessera::io::write_token_shard(bad, wide, 1000, tessera::io::TokenShardLayout::whole);
     Bytes b = read_bytes(bad);
     put_u32(b, 12, 258);  // the header's vocab_size is outside the CRC
     write_bytes(bad, b);
@@ -392,14 +427,165 @@ TEST_CASE("token shard: the reader rejects every kind of bad file, naming the pa
   }
 }
 
-TEST_CASE("a shard with a loss mask: layout, round trip, streaming, and bad masks") {
+TEST_CASE("a chunked shard (version 3): its table, its chunks checked as read, and every kind of bad chunk") {
+  using tessera::io::MappedTokenShard;
   using tessera::io::TokenStream;
+  TempDir dir("tessera-shard-chunked");
+  constexpr std::size_t count = 150000;  // chunks [0, 65536), [65536, 131072), [131072, 150000)
+  TokenStream chat{sample_tokens(count, 1000), {}};
+  for (std::size_t i = 0; i < count; ++i) chat.loss_mask.push_back(i % 3 == 1 ? 1 : 0);
+  const std::string plain = dir.file("plain.bin"), masked = dir.file("masked.bin");
+  tessera::io::write_token_shard(plain, chat.ids, 1000);
+  tessera::io::write_token_shard(masked, chat, 1000);
+  const Bytes p = read_bytes(plain), m = read_bytes(masked);
+  constexpr std::size_t mask_bytes = (count + 7) / 8, table = 32 + 4 * count;
+
+  // The layout: the table after the ids (and the mask), the header's CRC over it.
+  REQUIRE(p.size() == table + 3 * 8);
+  REQUIRE(m.size() == table + mask_bytes + 3 * 8);
+  CHECK(u32_at(p, 8) == 3);
+  CHECK(u32_at(p, 28) == 0);
+  CHECK(u32_at(m, 8) == 3);
+  CHECK(u32_at(m, 28) == 1);
+  CHECK(u32_at(p, 24) == tessera::io::crc32(p.data() + table, 24));
+  CHECK(u32_at(m, 24) == tessera::io::crc32(m.data() + table + mask_bytes, 24));
+  for (std::size_t k = 0; k < 3; ++k) {
+    CAPTURE(k);
+    const std::size_t first = 65536 * k, n = std::min<std::size_t>(65536, count - first);
+    CHECK(u32_at(p, table + 8 * k) == tessera::io::crc32(p.data() + 32 + 4 * first, 4 * n));
+    CHECK(u32_at(p, table + 8 * k + 4) ==
+          *std::max_element(chat.ids.begin() + static_cast<std::ptrdiff_t>(first),
+                            chat.ids.begin() + static_cast<std::ptrdiff_t>(first + n)));
+    const std::uint32_t ids_crc = tessera::io::crc32(m.data() + 32 + 4 * first, 4 * n);
+    CHECK(u32_at(m, table + mask_bytes + 8 * k) ==
+          tessera::io::crc32_update(ids_crc, m.data() + table + first / 8, (n + 7) / 8));
+  }
+  CHECK(tessera::io::read_token_shard_header(masked).chunks() == 3);
+
+  // Opening reads the header and the table; each chunk is checked once, when first read.
+  {
+    const MappedTokenShard shard = MappedTokenShard::open(masked);
+    CHECK(shard.chunks_checked() == 0);
+    Ids got(10);
+    shard.read(65530, 10, got.data(), nullptr);  // chunks 0 and 1
+    CHECK(shard.chunks_checked() == 2);
+    shard.read(0, 10, got.data(), nullptr);
+    CHECK(shard.chunks_checked() == 2);
+    shard.check_all(2);
+    CHECK(shard.chunks_checked() == 3);
+  }
+  // Several threads reading one shard at once see its tokens.
+  {
+    const MappedTokenShard shard = MappedTokenShard::open(plain);
+    std::vector<std::thread> readers;
+    std::vector<int> mismatches(4, 0);
+    for (int t = 0; t < 4; ++t)
+      readers.emplace_back([&, t] {
+        Ids got(1000);
+        for (std::uint64_t first = static_cast<std::uint64_t>(t) * 7919; first + 1000 <= count; first += 37013) {
+          shard.read(first, 1000, got.data(), nullptr);
+          mismatches[static_cast<std::size_t>(t)] +=
+              got != Ids(chat.ids.begin() + static_cast<std::ptrdiff_t>(first), chat.ids.begin() + static_cast<std::ptrdiff_t>(first + 1000));
+        }
+      });
+    for (auto& r : readers) r.join();
+    CHECK(mismatches == std::vector<int>(4, 0));
+    CHECK(shard.chunks_checked() == 3);
+  }
+
+  const std::string bad = dir.file("bad.bin");
+  // A bad chunk: read_token_stream refuses the file; the mapped shard opens, reads the
+  // good chunks, and refuses any read (or check_all) that touches the bad one.
+  auto refuse_chunk = [&](const Bytes& b, const std::string& text, std::uint64_t bad_token) {
+    write_bytes(bad, b);
+    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), text);
+    CHECK_ERROR_CONTAINS(tessera::io::read_token_stream(bad), bad);
+    const MappedTokenShard shard = MappedTokenShard::open(bad);
+    Ids got(4);
+    std::vector<std::uint8_t> keep(4);
+    const std::uint64_t good = bad_token < 65536 ? 140000 : 0;
+    shard.read(good, 4, got.data(), keep.data());
+    CHECK_ERROR_CONTAINS(shard.read(bad_token, 4, got.data(), keep.data()), text);
+    CHECK_ERROR_CONTAINS(shard.read(bad_token, 4, got.data(), nullptr), bad);  // refused again: never marked checked
+    CHECK_ERROR_CONTAINS(shard.check_all(3), text);
+  };
+  SUBCASE("a flipped id byte") {
+    Bytes b = p;
+    b[32 + 4 * 70000 + 1] ^= 0x10;
+    refuse_chunk(b, "corrupt: chunk 1 (tokens [65536, 131072)) has CRC-32 0x", 70000);
+    refuse_chunk(b, ", the chunk table says 0x", 70000);
+  }
+  SUBCASE("a flipped mask bit") {
+    Bytes b = m;
+    b[table + 140000 / 8] ^= 0x04;
+    refuse_chunk(b, "corrupt: chunk 2 (tokens [131072, 150000))", 140000);
+  }
+  SUBCASE("an id not below vocab_size in a chunk whose CRC and table entry agree with it") {
+    // The table's entries are the writer's (vocab 2000); the header then claims 1000.
+    Ids wide = chat.ids;
+    wide[100000] = 1500;
+    tessera::io::write_token_shard(bad, wide, 2000);
+    Bytes b = read_bytes(bad);
+    put_u32(b, 12, 1000);
+    write_bytes(bad, b);
+    // Found when the shard opens: the table says chunk 1 holds an id of 1500.
+    CHECK_READERS_REFUSE(bad, "token id 1500 at index 100000 is not below vocab_size 1000");
+  }
+  SUBCASE("a table entry whose largest id is not the chunk's") {
+    Bytes b = p;
+    put_u32(b, table + 8 * 2 + 4, u32_at(b, table + 8 * 2 + 4) - 1);
+    put_u32(b, 24, tessera::io::crc32(b.data() + table, 24));
+    refuse_chunk(b, "corrupt: chunk 2 (tokens [131072, 150000)) has largest id", 131072);
+    refuse_chunk(b, "the chunk table says", 131072);
+  }
+  SUBCASE("a flipped table byte, or the header's CRC") {
+    Bytes b = p;
+    b[table + 9] ^= 0x01;
+    write_bytes(bad, b);
+    CHECK_READERS_REFUSE(bad, "corrupt: the chunk table's CRC-32 is 0x");
+    b = p;
+    b[25] ^= 0x01;
+    write_bytes(bad, b);
+    CHECK_READERS_REFUSE(bad, "corrupt: the chunk table's CRC-32");
+    CHECK_READERS_REFUSE(bad, bad);
+  }
+  SUBCASE("the table cut short, or one byte after it") {
+    write_bytes(bad, Bytes(p.begin(), p.end() - 1));
+    CHECK_READERS_REFUSE(bad, tessera::detail::concat("truncated: expected ", p.size(), " bytes"));
+    CHECK_READERS_REFUSE(bad, "3 chunk table entries of 8 bytes");
+    Bytes b = p;
+    b.push_back(0);
+    write_bytes(bad, b);
+    CHECK_READERS_REFUSE(bad, "1 trailing bytes");
+  }
+  SUBCASE("flags other than the mask's") {
+    Bytes b = p;
+    put_u32(b, 28, 2);
+    write_bytes(bad, b);
+    CHECK_READERS_REFUSE(bad, "version 3 flags are 2, expected 0 or 1");
+  }
+  SUBCASE("a mask bit past the last token, under correct CRCs") {
+    TokenStream odd{Ids(chat.ids.begin(), chat.ids.begin() + 13), Mask(13, 1)};
+    tessera::io::write_token_shard(bad, odd, 1000);
+    Bytes b = read_bytes(bad);
+    const std::size_t mask_at = 32 + 4 * 13, table_at = mask_at + 2;
+    b[mask_at + 1] |= 0x80;
+    put_u32(b, table_at, tessera::io::crc32_update(tessera::io::crc32(b.data() + 32, 4 * 13), b.data() + mask_at, 2));
+    put_u32(b, 24, tessera::io::crc32(b.data() + table_at, 8));
+    write_bytes(bad, b);
+    CHECK_READERS_REFUSE(bad, "bits set past the last token");
+  }
+}
+
+TEST_CASE("a shard with a loss mask (version 2): layout, round trip, streaming, and bad masks") {
+  using tessera::io::TokenStream;
+  using tessera::io::TokenShardLayout;
   TempDir dir("tessera-shard-mask");
   const std::string path = (dir.path / "chat.bin").string();
   TokenStream stream;
   stream.ids = sample_tokens(13, 300);  // 13 tokens: the mask's last byte is partly used
   for (std::size_t i = 0; i < stream.ids.size(); ++i) stream.loss_mask.push_back(i % 3 == 1 || i == 12 ? 1 : 0);
-  tessera::io::write_token_shard(path, stream, 300);
+  tessera::io::write_token_shard(path, stream, 300, TokenShardLayout::whole);
 
   const Bytes b = read_bytes(path);
   REQUIRE(b.size() == 32 + 4 * 13 + 2);
@@ -419,7 +605,7 @@ TEST_CASE("a shard with a loss mask: layout, round trip, streaming, and bad mask
   // Streamed in pieces, the same bytes.
   const std::string streamed = (dir.path / "streamed.bin").string();
   {
-    tessera::io::TokenShardWriter w(streamed, 300, true);
+    tessera::io::TokenShardWriter w(streamed, 300, true, TokenShardLayout::whole);
     const std::span<const std::uint32_t> ids(stream.ids);
     const std::span<const std::uint8_t> mask(stream.loss_mask);
     w.append(ids.first(5), mask.first(5));
@@ -429,9 +615,9 @@ TEST_CASE("a shard with a loss mask: layout, round trip, streaming, and bad mask
   }
   CHECK(read_bytes(streamed) == b);
 
-  // A shard without a mask stays version 1, and reads with an empty mask.
+  // A shard without a mask is version 1, and reads with an empty mask.
   const std::string plain = (dir.path / "plain.bin").string();
-  tessera::io::write_token_shard(plain, TokenStream{stream.ids, {}}, 300);
+  tessera::io::write_token_shard(plain, TokenStream{stream.ids, {}}, 300, TokenShardLayout::whole);
   CHECK(u32_at(read_bytes(plain), 8) == 1);
   CHECK(tessera::io::read_token_stream(plain).loss_mask.empty());
   {

@@ -2,21 +2,28 @@
 // as a loader asks for them, so a corpus far larger than a host's memory trains, and the
 // ranks of a node share one copy of it in the page cache.
 //
-// open() checks everything read_token_stream checks, with the same messages naming the
-// path: the header, the exact size, the payload's CRC-32, every id below the header's
-// vocab_size and no mask bit past the last token. The checks read the file once, in
-// pieces spread over a few threads (the pieces' CRCs joined by crc32_combine), and keep
-// nothing but the largest id, so opening a shard costs one pass over it and no memory.
+// Everything read_token_stream checks is checked before a token is handed out, with the
+// same messages naming the path. A version 3 shard (what llama-tokenize writes) is
+// checked as it is read: open() checks the header, the exact size, the chunk table's
+// CRC-32, every chunk's largest id against vocab_size and the mask's tail, which costs
+// the same for a shard of any size; each chunk of 65536 tokens is checked (its CRC-32 and
+// ids) the first time a read touches it, once. A shard of version 1 or 2 has one CRC for
+// the whole payload, so open() checks it whole: one pass over the file, in pieces spread
+// over a few threads (the pieces' CRCs joined by crc32_combine). Either way the pages a
+// check reads are dropped from the process's resident set behind it (the page cache
+// keeps them), and nothing but the largest id is kept.
 // The file must not be changed while it is mapped: a later write would change the
 // tokens under the run, and a truncation raises SIGBUS (as with any mapping).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -31,9 +38,10 @@ namespace tessera::io {
 
 class MappedTokenShard {
  public:
-  /// Maps the shard at `path` and checks it whole; throws tessera::Error naming the path.
-  /// `threads` bounds the threads the check runs on (0: up to 8, no more than the cores),
-  /// each taking at least `min_piece_bytes` of ids.
+  /// Maps the shard at `path` and checks it (version 3: its header and chunk table; the
+  /// chunks as they are read); throws tessera::Error naming the path. For a shard of
+  /// version 1 or 2, checked whole, `threads` bounds the threads the check runs on (0: up
+  /// to 8, no more than the cores), each taking at least `min_piece_bytes` of ids.
   static MappedTokenShard open(const std::string& path, unsigned threads = 0,
                                std::uint64_t min_piece_bytes = std::uint64_t{64} << 20) {
     {
@@ -47,7 +55,10 @@ class MappedTokenShard {
     TESSERA_CHECK(size >= token_shard_header_bytes, "token shard '", path, "': file is ", size,
                   " bytes, shorter than the ", token_shard_header_bytes, "-byte header");
     shard.header_ = detail::check_header(path, raw, size);
-    shard.check(threads, std::max<std::uint64_t>(min_piece_bytes, 4));
+    if (shard.header_.chunked())
+      shard.open_chunks();
+    else
+      shard.check(threads, std::max<std::uint64_t>(min_piece_bytes, 4));
     return shard;
   }
 
@@ -59,12 +70,35 @@ class MappedTokenShard {
   /// The largest id in the shard (0 for an empty one).
   std::uint32_t max_id() const { return max_id_; }
 
+  /// Whether the shard's chunks are checked as they are read (version 3), rather than the
+  /// whole file when it was opened (versions 1 and 2).
+  bool checked_as_read() const { return header_.chunked(); }
+  /// Chunks checked so far, of header().chunks() (0 for a shard checked whole at open).
+  std::uint64_t chunks_checked() const {
+    std::uint64_t n = 0;
+    for (std::uint64_t w = 0; w < words(); ++w) n += static_cast<std::uint64_t>(std::popcount(checked_[w].load()));
+    return n;
+  }
+  /// Checks every chunk not checked yet, on up to `threads` threads (0: up to 8, no more
+  /// than the cores); throws at the first bad chunk, in the file's order. Nothing to do
+  /// for a shard checked whole when it was opened.
+  void check_all(unsigned threads = 0) const {
+    const std::uint64_t chunks = header_.chunks();
+    if (chunks == 0) return;
+    if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+    const std::uint64_t pieces = std::min<std::uint64_t>(threads, chunks);
+    run_pieces(pieces, [&](std::uint64_t p) {
+      for (std::uint64_t k = chunks * p / pieces; k < chunks * (p + 1) / pieces; ++k) check_chunk(k);
+    });
+  }
+
   /// Copies tokens [first, first + n) into `ids` and, where `keep` is given, whether each
   /// counts as a target (1 everywhere for a shard without a loss mask).
   void read(std::uint64_t first, std::size_t n, std::uint32_t* ids, std::uint8_t* keep) const {
     TESSERA_CHECK(first <= header_.count && n <= header_.count - first, "token shard '", path(), "': tokens [",
                   first, ", ", first + n, ") are past its ", header_.count, " tokens");
     if (n == 0) return;
+    check_chunks(first, n);
     const unsigned char* src = payload() + 4 * first;
     if constexpr (std::endian::native == std::endian::little) {
       std::memcpy(ids, src, 4 * n);
@@ -87,6 +121,7 @@ class MappedTokenShard {
   bool any_target(std::uint64_t first, std::uint64_t n) const {
     if (n == 0) return false;
     if (!header_.loss_mask) return true;
+    check_chunks(first, n);
     const unsigned char* bits = mask();
     std::uint64_t k = first;
     const std::uint64_t end = first + n;
@@ -104,9 +139,68 @@ class MappedTokenShard {
     return reinterpret_cast<const unsigned char*>(file_.data()) + token_shard_header_bytes;
   }
   const unsigned char* mask() const { return payload() + 4 * header_.count; }
+  std::uint64_t words() const { return (header_.chunks() + 63) / 64; }
 
-  // One pass over the payload: CRC-32, every id below vocab_size, the largest id. The ids
-  // are split into pieces of whole ids, one thread each; the mask's CRC follows theirs.
+  // Version 3: the chunk table, checked against the header's CRC; the largest id from it;
+  // a chunk whose largest id is not below vocab_size checked at once (its id and index
+  // named); the mask's last byte. One bit per chunk says whether it has been checked.
+  void open_chunks() {
+    const auto* raw = reinterpret_cast<const unsigned char*>(file_.data());
+    std::uint64_t first_wide = 0;
+    table_ = detail::read_chunk_table(path(), header_, raw + header_.table_offset(), first_wide);
+    checked_ = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(words()));
+    for (const TokenShardChunk& c : table_) max_id_ = std::max(max_id_, c.max_id);
+    if (first_wide < header_.chunks()) check_chunk(first_wide);  // throws: an id at or above vocab_size
+    if (header_.mask_bytes() > 0) detail::check_mask_tail(path(), header_, mask()[header_.mask_bytes() - 1]);
+  }
+
+  // Checks the chunks that tokens [first, first + n) touch and have not been checked.
+  void check_chunks(std::uint64_t first, std::uint64_t n) const {
+    if (!header_.chunked()) return;
+    for (std::uint64_t k = first / token_shard_chunk_tokens; k <= (first + n - 1) / token_shard_chunk_tokens; ++k)
+      if (((checked_[k / 64].load(std::memory_order_acquire) >> (k % 64)) & 1u) == 0) check_chunk(k);
+  }
+
+  // Checks chunk k against its table entry, marks it checked, and drops the pages the
+  // check read from the resident set (a window's read maps back the few it copies).
+  // Two threads may check one chunk at once: both read the same bytes.
+  void check_chunk(std::uint64_t k) const {
+    const auto [first, n] = detail::chunk_tokens(header_, k);
+    detail::check_chunk(path(), header_, k, payload() + 4 * first, header_.loss_mask ? mask() + first / 8 : nullptr,
+                        table_[static_cast<std::size_t>(k)]);
+    checked_[k / 64].fetch_or(std::uint64_t{1} << (k % 64), std::memory_order_release);
+    file_.drop(static_cast<std::size_t>(token_shard_header_bytes + 4 * first), static_cast<std::size_t>(4 * n));
+    if (header_.loss_mask)
+      file_.drop(static_cast<std::size_t>(header_.mask_offset() + first / 8), static_cast<std::size_t>((n + 7) / 8));
+  }
+
+  // Runs piece(p) for p in [0, pieces), each on its own thread when there are several;
+  // rethrows the first piece's error (in piece order) once all have finished.
+  template <class Piece>
+  static void run_pieces(std::uint64_t pieces, Piece&& piece) {
+    if (pieces <= 1) {
+      if (pieces == 1) piece(0);
+      return;
+    }
+    std::vector<std::thread> workers;
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(pieces));
+    workers.reserve(errors.size());
+    for (std::uint64_t p = 0; p < pieces; ++p)
+      workers.emplace_back([&, p] {
+        try {
+          piece(p);
+        } catch (...) {
+          errors[static_cast<std::size_t>(p)] = std::current_exception();
+        }
+      });
+    for (auto& w : workers) w.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+  // Versions 1 and 2: one pass over the payload: CRC-32, every id below vocab_size, the
+  // largest id. The ids are split into pieces of whole ids, one thread each; the mask's
+  // CRC follows theirs.
   void check(unsigned threads, std::uint64_t min_piece_bytes) {
     const std::uint64_t count = header_.count;
     const std::uint64_t id_bytes = 4 * count;
@@ -158,24 +252,7 @@ class MappedTokenShard {
         }
       }
     };
-    if (pieces == 1) {
-      scan(part[0]);
-    } else {
-      std::vector<std::thread> workers;
-      std::vector<std::exception_ptr> errors(part.size());
-      workers.reserve(part.size());
-      for (std::size_t p = 0; p < part.size(); ++p)
-        workers.emplace_back([&, p] {
-          try {
-            scan(part[p]);
-          } catch (...) {
-            errors[p] = std::current_exception();
-          }
-        });
-      for (auto& w : workers) w.join();
-      for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
-    }
+    run_pieces(pieces, [&](std::uint64_t p) { scan(part[static_cast<std::size_t>(p)]); });
     std::uint32_t crc = 0;
     for (const Piece& piece : part) crc = crc32_combine(crc, piece.crc, 4 * piece.count);
     const std::uint64_t mask_bytes = header_.mask_bytes();
@@ -187,16 +264,14 @@ class MappedTokenShard {
                     " at index ", piece.bad_index, " is not below vocab_size ", vocab);
       max_id_ = std::max(max_id_, piece.max_id);
     }
-    if (mask_bytes > 0) {
-      const std::uint64_t used = count % 8;
-      TESSERA_CHECK(used == 0 || (mask()[mask_bytes - 1] >> used) == 0, "token shard '", path(),
-                    "': the loss mask's last byte has bits set past the last token");
-    }
+    if (mask_bytes > 0) detail::check_mask_tail(path(), header_, mask()[mask_bytes - 1]);
   }
 
   MappedFile file_;
   TokenShardHeader header_;
   std::uint32_t max_id_ = 0;
+  std::vector<TokenShardChunk> table_;                    // version 3: the chunk table
+  std::unique_ptr<std::atomic<std::uint64_t>[]> checked_;  // version 3: a bit per chunk, set once checked
 };
 
 }  // namespace tessera::io

@@ -67,7 +67,7 @@ inline std::vector<std::string> flat_files(const DatasetSpec& spec) {
 
 /// The streams `spec` names, tokenized by `tok` where they are text: one corpus per
 /// dataset_path entry when the spec has weights, else one corpus of them all. Shards are
-/// mapped and checked (io::MappedTokenShard), not loaded.
+/// mapped (io::MappedTokenShard: checked as they are read), not loaded.
 inline std::vector<data::TokenCorpus> open_corpora(const DatasetSpec& spec, const io::Tokenizer& tok) {
   check_readable(spec);
   std::vector<data::TokenCorpus> corpora;
