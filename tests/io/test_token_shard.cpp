@@ -1,9 +1,15 @@
 // Token shards: CRC-32, the file layout, round trips, and every kind of bad file.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "../support/errors.hpp"
 #include "../support/temp_dir.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -575,6 +581,57 @@ TEST_CASE("a chunked shard (version 3): its table, its chunks checked as read, a
     write_bytes(bad, b);
     CHECK_READERS_REFUSE(bad, "bits set past the last token");
   }
+}
+
+TEST_CASE("a mapped file shortened under the process: one line naming it, exit status 1") {
+  // In a child process: the SIGBUS handler ends it. Returns its exit status (or 128 + the
+  // signal that ended it) and what it wrote to stderr.
+  auto in_child = [](auto f) {
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::dup2(pipe_fds[1], STDERR_FILENO);
+      ::close(pipe_fds[0]);
+      const rlimit no_core{0, 0};
+      ::setrlimit(RLIMIT_CORE, &no_core);
+      f();
+      ::_exit(3);
+    }
+    ::close(pipe_fds[1]);
+    std::string out;
+    char buf[512];
+    for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    ::close(pipe_fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return std::pair{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+  };
+  TempDir dir("tessera-shard-sigbus");
+  const std::string path = dir.file("shortened.bin");
+  const Ids ids = sample_tokens(150000, 1000);
+  tessera::io::write_token_shard(path, ids, 1000);
+
+  const auto [status, err] = in_child([&] {
+    const tessera::io::MappedTokenShard shard = tessera::io::MappedTokenShard::open(path);
+    fs::resize_file(path, 8192);  // the pages past it are gone from under the mapping
+    Ids got(4);
+    shard.read(100000, 4, got.data(), nullptr);
+  });
+  CHECK(status == 1);
+  CHECK(err.find(tessera::detail::concat(": error: '", path, "': reading byte ")) != std::string::npos);
+  CHECK(err.find("of the mapped file failed (SIGBUS): it was shortened or rewritten in place") != std::string::npos);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+
+  // A SIGBUS outside every mapping is left to the action before (here the default).
+  tessera::io::write_token_shard(path, ids, 1000);
+  const auto [raised, quiet] = in_child([&] {
+    const tessera::io::MappedTokenShard shard = tessera::io::MappedTokenShard::open(path);
+    ::raise(SIGBUS);
+  });
+  CHECK(raised == 128 + SIGBUS);
+  CHECK(quiet.empty());
 }
 
 TEST_CASE("a shard with a loss mask (version 2): layout, round trip, streaming, and bad masks") {

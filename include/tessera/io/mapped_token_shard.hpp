@@ -13,7 +13,8 @@
 // check reads are dropped from the process's resident set behind it (the page cache
 // keeps them), and nothing but the largest id is kept.
 // The file must not be changed while it is mapped: a later write would change the
-// tokens under the run, and a truncation raises SIGBUS (as with any mapping).
+// tokens under the run (a chunk not yet checked is then refused), and a truncation ends
+// the process at the first read past the new end, naming the file (io/mapped_file.hpp).
 #pragma once
 
 #include <algorithm>
