@@ -624,14 +624,22 @@ TEST_CASE("a mapped file shortened under the process: one line naming it, exit s
   CHECK(err.find("of the mapped file failed (SIGBUS): it was shortened or rewritten in place") != std::string::npos);
   CHECK(std::count(err.begin(), err.end(), '\n') == 1);
 
-  // A SIGBUS outside every mapping is left to the action before (here the default).
+  // A SIGBUS outside every mapping is left to the action before: the default (the process
+  // ends by the signal, silently), or a sanitizer's handler (which reports it its way).
   tessera::io::write_token_shard(path, ids, 1000);
-  const auto [raised, quiet] = in_child([&] {
+  const auto [raised, other] = in_child([&] {
     const tessera::io::MappedTokenShard shard = tessera::io::MappedTokenShard::open(path);
     ::raise(SIGBUS);
   });
-  CHECK(raised == 128 + SIGBUS);
-  CHECK(quiet.empty());
+  const struct sigaction& before = tessera::io::detail::sigbus_before;
+  if ((before.sa_flags & SA_SIGINFO) == 0 && before.sa_handler == SIG_DFL) {
+    CHECK(raised == 128 + SIGBUS);
+    CHECK(other.empty());
+  } else {
+    CHECK(raised != 0);
+    CHECK(raised != 3);
+    CHECK(other.find("of the mapped file failed") == std::string::npos);
+  }
 }
 
 TEST_CASE("a shard with a loss mask (version 2): layout, round trip, streaming, and bad masks") {
