@@ -16,10 +16,13 @@
 // as such JSON lines: a chat set to fine-tune on with nothing downloaded.
 //
 //   llama-tokenize --check SHARD... [--threads N]
+//   llama-tokenize --upgrade SHARD... [--threads N]
 //
-// checks token shards whole (every chunk's CRC-32 and ids, or a version 1 or 2 shard's
-// single CRC), as a training run checks them chunk by chunk as it reads: a corpus copied
-// to a cluster checked before the run that needs it. While it runs,
+// --check checks token shards whole (every chunk's CRC-32 and ids, or a version 1 or 2
+// shard's single CRC), as a training run checks them chunk by chunk as it reads: a corpus
+// copied to a cluster checked before the run that needs it. --upgrade rewrites version 1
+// and 2 shards as version 3 (the same tokens and mask, with a chunk table), each checked
+// first and replaced whole, so that a run opens them without reading them. While it runs,
 // a progress bar goes to stderr when stderr is a terminal; a summary line always
 // follows. docs/tokenize.md has the details.
 #include <sys/ioctl.h>
@@ -36,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,7 +81,11 @@ void usage() {
       "       llama-tokenize --check SHARD... [--threads N]\n\n"
       "Checks token shards whole, on N threads (default: every core, up to 8): every chunk's\n"
       "CRC-32 and ids (a version 1 or 2 shard: its one CRC), which a training run checks as it\n"
-      "reads them. A line per shard; the first bad one is named, with exit status 1.\n",
+      "reads them. A line per shard; the first bad one is named, with exit status 1.\n\n"
+      "       llama-tokenize --upgrade SHARD... [--threads N]\n\n"
+      "Rewrites version 1 and 2 shards as version 3 (the same tokens and mask, with a CRC per\n"
+      "chunk, which a run checks as it reads instead of reading the whole file at its start),\n"
+      "each checked first and replaced whole; a version 3 shard is left as it is.\n",
       std::max(1u, std::thread::hardware_concurrency()));
 }
 
@@ -163,40 +171,68 @@ int write_synthetic_chat(const std::vector<std::string>& args) {
   return 0;
 }
 
-/// --check: each shard opened and checked whole, a line for each.
-int check_shards(const std::vector<std::string>& args) {
+/// --check and --upgrade (`option`): each shard checked whole, and with --upgrade one of
+/// version 1 or 2 rewritten as version 3; a line for each.
+int shard_tool(const std::vector<std::string>& args, const std::string& option) {
   unsigned threads = 0;
   std::vector<std::string> shards;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--check") continue;
+    if (a == option) continue;
     if (a == "--threads") {
       TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
       threads = cli::parse_number<unsigned>(a, args[++i], "a whole number from 1 to 4096", 1, 4096);
       continue;
     }
-    TESSERA_CHECK(a.empty() || a[0] != '-', "unknown option '", a, "' with --check (it takes --threads)");
+    TESSERA_CHECK(a.empty() || a[0] != '-', "unknown option '", a, "' with ", option, " (it takes --threads)");
     shards.push_back(a);
   }
-  TESSERA_CHECK(!shards.empty(), "--check: no token shards named");
+  TESSERA_CHECK(!shards.empty(), option, ": no token shards named");
   for (const std::string& path : shards) {
     const auto start = std::chrono::steady_clock::now();
     const io::MappedTokenShard shard = io::MappedTokenShard::open(path, threads);
     shard.check_all(threads);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const io::TokenShardHeader& h = shard.header();
-    std::fprintf(stderr, "llama-tokenize: %s: good: %llu tokens, ids up to %u (vocab_size %u)%s, version %u%s, %.2f s\n",
-                 path.c_str(), static_cast<unsigned long long>(h.count), shard.max_id(), h.vocab_size,
-                 h.loss_mask ? ", a loss mask" : "", h.version,
-                 h.chunked() ? (", " + std::to_string(h.chunks()) + (h.chunks() == 1 ? " chunk" : " chunks")).c_str() : "",
-                 seconds);
+    auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    if (option == "--check") {
+      std::fprintf(stderr, "llama-tokenize: %s: good: %llu tokens, ids up to %u (vocab_size %u)%s, version %u%s, %.2f s\n",
+                   path.c_str(), static_cast<unsigned long long>(h.count), shard.max_id(), h.vocab_size,
+                   h.loss_mask ? ", a loss mask" : "", h.version,
+                   h.chunked() ? (", " + std::to_string(h.chunks()) + (h.chunks() == 1 ? " chunk" : " chunks")).c_str() : "",
+                   seconds());
+      continue;
+    }
+    if (h.chunked()) {
+      std::fprintf(stderr, "llama-tokenize: %s: already version 3, left as it is\n", path.c_str());
+      continue;
+    }
+    // The new file is written beside the old one and renamed over it: the old inode stays
+    // mapped (and whole) until this shard is let go, and a failure leaves it in place.
+    io::TokenShardWriter out(path, h.vocab_size, h.loss_mask);
+    constexpr std::size_t block = std::size_t{1} << 20;
+    std::vector<std::uint32_t> ids(block);
+    std::vector<std::uint8_t> keep(block);
+    for (std::uint64_t first = 0; first < h.count; first += block) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(block, h.count - first));
+      shard.read(first, n, ids.data(), h.loss_mask ? keep.data() : nullptr);
+      if (h.loss_mask)
+        out.append(std::span<const std::uint32_t>(ids.data(), n), std::span<const std::uint8_t>(keep.data(), n));
+      else
+        out.append(std::span<const std::uint32_t>(ids.data(), n));
+    }
+    out.commit();
+    const io::TokenShardHeader now = io::read_token_shard_header(path);
+    std::fprintf(stderr, "llama-tokenize: %s: version %u -> %u (%llu tokens, %llu chunks), %.2f s\n", path.c_str(),
+                 h.version, now.version, static_cast<unsigned long long>(now.count),
+                 static_cast<unsigned long long>(now.chunks()), seconds());
   }
   return 0;
 }
 
 int run(const std::vector<std::string>& args) {
   if (std::find(args.begin(), args.end(), "--write-synthetic-chat") != args.end()) return write_synthetic_chat(args);
-  if (std::find(args.begin(), args.end(), "--check") != args.end()) return check_shards(args);
+  for (const char* option : {"--check", "--upgrade"})
+    if (std::find(args.begin(), args.end(), option) != args.end()) return shard_tool(args, option);
   std::string tokenizer_spec, output, format = "auto", chat;
   data::TokenizeOptions options;
   std::vector<std::string> inputs;

@@ -190,6 +190,45 @@ expect_error "--check of a missing shard" "no-such.bin': no such file" "$tokeniz
 expect_error "--check of nothing" "--check: no token shards named" "$tokenize" --check
 expect_error "--check with a tokenizer option" "unknown option '--output' with --check" "$tokenize" --check "$work/keep.bin" --output x
 
+# --upgrade: shards of versions 1 and 2 (written here by hand, as older tessera wrote them)
+# become version 3 with the same tokens and mask; a version 3 shard is left alone.
+python3 - "$work" <<'PY'
+import random, struct, sys, zlib
+rng = random.Random(7)
+ids = [rng.randrange(258) for _ in range(70000)]  # two chunks of version 3
+payload = struct.pack(f"<{len(ids)}I", *ids)
+mask = bytes(rng.randrange(256) for _ in range((len(ids) + 7) // 8))
+for name, version, flags, body in (("v1", 1, 0, payload), ("v2", 2, 1, payload + mask)):
+    header = b"TSRATOKS" + struct.pack("<IIQII", version, 258, len(ids), zlib.crc32(body), flags)
+    with open(f"{sys.argv[1]}/{name}.bin", "wb") as f:
+        f.write(header + body)
+PY
+cp "$work/v1.bin" "$work/v1.orig"; cp "$work/v2.bin" "$work/v2.orig"
+runs=$((runs + 1))
+if "$tokenize" --upgrade "$work/v1.bin" "$work/v2.bin" "$work/out.bin" 2> "$work/upgrade.txt" &&
+   grep -q "v1.bin: version 1 -> 3 (70000 tokens, 2 chunks)" "$work/upgrade.txt" &&
+   grep -q "v2.bin: version 2 -> 3 (70000 tokens, 2 chunks)" "$work/upgrade.txt" &&
+   grep -q "out.bin: already version 3, left as it is" "$work/upgrade.txt" &&
+   [ "$(u32_at "$work/v1.bin" 8)" = 3 ] && [ "$(u32_at "$work/v1.bin" 28)" = 0 ] &&
+   [ "$(u32_at "$work/v2.bin" 8)" = 3 ] && [ "$(u32_at "$work/v2.bin" 28)" = 1 ] &&
+   cmp -s <(tail -c +33 "$work/v1.orig") <(tail -c +33 "$work/v1.bin" | head -c 280000) &&
+   cmp -s <(tail -c +33 "$work/v2.orig") <(tail -c +33 "$work/v2.bin" | head -c 288750) &&
+   "$tokenize" --check "$work/v1.bin" "$work/v2.bin" 2> /dev/null && [ ! -e "$work/v1.bin.tmp" ]; then
+  ok "--upgrade: $(head -n 1 "$work/upgrade.txt")"
+else
+  bad "--upgrade of version 1 and 2 shards"; cat "$work/upgrade.txt"
+fi
+cp "$work/v1.orig" "$work/v1bad.bin"
+printf '\x55' | dd of="$work/v1bad.bin" bs=1 seek=1000 conv=notrunc status=none
+cp "$work/v1bad.bin" "$work/v1bad.orig"
+expect_error "--upgrade of a corrupt shard" "v1bad.bin': corrupt: payload CRC-32" "$tokenize" --upgrade "$work/v1bad.bin"
+runs=$((runs + 1))
+if cmp -s "$work/v1bad.bin" "$work/v1bad.orig" && [ ! -e "$work/v1bad.bin.tmp" ]; then
+  ok "a corrupt shard is left as it was"
+else
+  bad "--upgrade changed a corrupt shard, or left its temporary file"
+fi
+
 runs=$((runs + 1))
 if [ "$before" = "$(md5sum < "$work/keep.bin")" ] && [ ! -e "$work/keep.bin.tmp" ]; then
   ok "failed runs leave the existing output intact and no temporary file"
