@@ -363,7 +363,8 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
     for (std::size_t i = 0; i < streams.size(); ++i) {
       const std::vector<std::string> names = streams[i].corpus.names();
       line += tessera::detail::concat(i == 0 ? " " : "; ", names.front(),
-                                      names.size() > 1 ? tessera::detail::concat(" and ", names.size() - 1, " more files")
+                                      names.size() > 1 ? tessera::detail::concat(" and ", names.size() - 1,
+                                                                               names.size() == 2 ? " more file" : " more files")
                                                        : std::string(),
                                       " (", streams[i].corpus.size(), " tokens, ", streams[i].windows, " windows");
       if (streams.size() > 1) {
@@ -374,6 +375,18 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
       line += ")";
     }
     std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  if (lead) {
+    // Shards written before version 3 cost a pass over each at every start: say so once.
+    std::uint64_t whole = 0;
+    for (const auto& stream : loader.streams()) whole += stream.corpus.tokens_checked_at_open();
+    if (validator)
+      for (const auto& stream : validator->loader().streams()) whole += stream.corpus.tokens_checked_at_open();
+    if (whole > 0)
+      std::fprintf(stderr,
+                   "  data: %llu tokens in shards of version 1 or 2, read whole at every start to check them "
+                   "(llama-tokenize --upgrade gives them a CRC per chunk, checked as read)\n",
+                   static_cast<unsigned long long>(whole));
   }
   if (lead && c.training.shuffle)
     std::fprintf(stderr, "  order: each epoch's windows shuffled (training.shuffle, training.seed = %lld)\n",

@@ -59,7 +59,27 @@ if [ -s "$work/whole/metrics.jsonl" ] && [ "$(losses "$work/whole")" = "$(losses
 else
   bad "the losses of a list of shards differ from the one shard's"; paste <(losses "$work/whole") <(losses "$work/list") <(losses "$work/pattern")
 fi
-grep -q "data: .*a.bin and 1 more files" "$work/pattern.err" && ok "the start names the files" || bad "no data line: $(head -n 4 "$work/pattern.err")"
+grep -q "data: .*a.bin and 1 more file (" "$work/pattern.err" && ok "the start names the files" || bad "no data line: $(head -n 4 "$work/pattern.err")"
+
+# A shard of version 1 (its tokens in the whole layout, as tessera wrote before version 3)
+# is read whole at the start, and the start says so; upgraded, it trains bitwise the same.
+python3 - "$work/ab.bin" "$work/ab1.bin" <<'EOF'
+import struct, sys, zlib
+data = open(sys.argv[1], "rb").read()
+vocab, count = struct.unpack_from("<IQ", data, 12)
+payload = data[32:32 + 4 * count]
+open(sys.argv[2], "wb").write(b"TSRATOKS" + struct.pack("<IIQII", 1, vocab, count, zlib.crc32(payload), 0) + payload)
+EOF
+run version1 --training.dataset_path "$work/ab1.bin"
+"$tokenize" --upgrade "$work/ab1.bin" 2>> "$work/tok.log" || bad "llama-tokenize --upgrade"
+run upgraded --training.dataset_path "$work/ab1.bin"
+if grep -q "tokens in shards of version 1 or 2, read whole at every start" "$work/version1.err" &&
+   ! grep -q "version 1 or 2" "$work/upgraded.err" &&
+   [ "$(losses "$work/whole")" = "$(losses "$work/version1")" ] && [ "$(losses "$work/whole")" = "$(losses "$work/upgraded")" ]; then
+  ok "a version 1 shard trains as its version 3 twin, the start says it was read whole, and upgraded it is not"
+else
+  bad "version 1 shard: $(grep 'version 1 or 2' "$work/version1.err")"; paste <(losses "$work/whole") <(losses "$work/version1") <(losses "$work/upgraded")
+fi
 
 # A weighted mix, shuffled: its shares at the start, and a resume from step 2 bitwise the
 # straight run.

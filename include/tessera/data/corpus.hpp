@@ -76,6 +76,13 @@ class TokenCorpus {
     for (const Segment& s : segments_) out.push_back(s.name);
     return out;
   }
+  /// Tokens of mapped shards of version 1 or 2, which were read whole to be checked when
+  /// they were opened (a version 3 shard's chunks are checked as they are read).
+  std::uint64_t tokens_checked_at_open() const {
+    std::uint64_t n = 0;
+    for (const Segment& s : segments_) n += s.shard && !s.shard->checked_as_read() ? s.size : 0;
+    return n;
+  }
   /// Tokens held in this process's memory (the mapped shards' are the page cache's).
   std::uint64_t resident_tokens() const {
     std::uint64_t n = 0;

@@ -46,6 +46,8 @@ class Validator {
   }
 
   std::int64_t steps() const { return steps_; }
+  /// The held-out batches' loader.
+  const data::DataLoader& loader() const { return loader_; }
 
   /// The validation loss of `model` now (a collective over the model's mesh).
   template <class Model>
