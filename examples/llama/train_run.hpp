@@ -43,6 +43,7 @@
 #include "tessera/parallel/parallel.hpp"
 #include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/job_config.hpp"
+#include "tessera/train/rank_log.hpp"
 #include "tessera/train/trainer.hpp"
 #include "tessera/train/validate.hpp"
 
@@ -433,14 +434,20 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
     // The tokenizer travels with the models saved here (none for "byte").
     has_tokenizer_file = in.save_tokenizer_file(tokenizer_copy);
   }
+  // debug.enable_structured_logging: this rank's phases, from the checkpoint load on.
+  std::optional<train::RankLog> rank_log;
+  if (c.debug.enable_structured_logging) rank_log.emplace(dump / "structured_logs", world.rank());
+  const profile::PhaseLogging phases(rank_log ? &*rank_log : nullptr);
   train::TrainerOptions options = train::trainer_options(c);
   if (in.peak_flops > 0) options.peak_flops = in.peak_flops;
   train::Trainer<Model> trainer = sized_by(
       "setting up the optimizer (AdamW's moments and masters: the model's size, optimizer.state_dtype)",
       [&] { return train::Trainer<Model>(model, std::move(options), std::move(loader)); });
   if (resume) {
-    const std::vector<std::string> changed =
-        sized_by("loading " + resume->path.string(), [&] { return trainer.load_checkpoint(resume->path.string(), parts); });
+    const std::vector<std::string> changed = sized_by("loading " + resume->path.string(), [&] {
+      const profile::Span span("step", "checkpoint load");
+      return trainer.load_checkpoint(resume->path.string(), parts);
+    });
     if (lead) {
       for (const std::string& change : changed)
         std::fprintf(stderr, "warning: %s: %s: the run goes on with the new value\n", resume->path.string().c_str(),
@@ -530,7 +537,12 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
       std::fprintf(stderr, "memory snapshot: %s (rank<r>_memory_snapshot.pickle for each of the %d ranks)\n",
                    dir.string().c_str(), world.size());
   };
+  if (rank_log) {
+    rank_log->set_step(trainer.steps_done());
+    rank_log->instant("training_start");
+  }
   for (std::int64_t s = trainer.steps_done() + 1; s <= c.training.steps; ++s) sized_by(step_size, [&] {
+    if (rank_log) rank_log->set_step(s);
     const bool profiled = c.profiling.enable_profiling && s % c.profiling.profile_freq == 0;
     const bool snapshot = c.profiling.enable_memory_snapshot && s % c.profiling.profile_freq == 0;
     try {
@@ -579,6 +591,7 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
     if (snapshot) write_memory_snapshot("iteration_" + std::to_string(s));
   });
   if (trainer.checkpoint_pending()) committed(trainer.poll_checkpoint(true));
+  if (rank_log) rank_log->instant("training_end");
   const std::string final_path = (dump / "model.safetensors").string();
   save([&] {
     train::save_model(model, final_path, export_dtype);

@@ -566,7 +566,7 @@ tools=$(dirname "$(dirname "$configs")")/tools
 mkdir -p "$work/stalled/metrics.jsonl"
 expect_error one "rank 0 failing on 2 thread ranks" "rank 0: $work/stalled/metrics.jsonl: cannot open for writing" \
   "$train" --thread-ranks 2 "${small[@]}" --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4 \
-  --job.dump_folder "$work/stalled"
+  --debug.enable_structured_logging true --job.dump_folder "$work/stalled"
 if report=$(python3 "$tools/comm_trace.py" "$work/stalled/comm_traces" 2>&1) &&
    [ "$(cd "$work/stalled/comm_traces" && ls)" = "rank1_trace.json" ] &&
    grep -q "^1 of 2 ranks left a trace; none from rank 0$" <<< "$report" &&
@@ -576,6 +576,17 @@ if report=$(python3 "$tools/comm_trace.py" "$work/stalled/comm_traces" 2>&1) &&
   echo "ok: the flight record of rank 1: $(grep "^rank 1 waits" <<< "$report")"
 else
   echo "FAIL: the flight records of the stalled run:"; echo "$report"; ls "$work/stalled/comm_traces"
+  failures=$((failures + 1))
+fi
+# Its structured logs (debug.enable_structured_logging): rank 1's first step ended by the
+# abort, rank 0 failed before its first step (tools/rank_log.py).
+if report=$(python3 "$tools/rank_log.py" "$work/stalled/structured_logs" 2>&1) &&
+   [ "$(cd "$work/stalled/structured_logs" && ls | tr '\n' ' ')" = "rank_0.jsonl rank_1.jsonl " ] &&
+   grep -q "^2 ranks logged$" <<< "$report" && grep -q "^rank 1 failed in step at step 1" <<< "$report" &&
+   ! grep -q "^rank 0 failed" <<< "$report" && grep -q '"log_type_name": "training_start"' "$work/stalled/structured_logs/rank_1.jsonl"; then
+  echo "ok: the structured logs of the stalled run: $(grep '^rank 1 failed' <<< "$report" | head -n 2 | tr '\n' ';')"
+else
+  echo "FAIL: the structured logs of the stalled run:"; echo "$report"; ls "$work/stalled/structured_logs"
   failures=$((failures + 1))
 fi
 

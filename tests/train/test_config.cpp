@@ -152,7 +152,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 125);
+  CHECK(keys.size() == 126);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -168,7 +168,7 @@ TEST_CASE("the key table is consistent") {
   CHECK(tessera::train::config_sections() ==
         std::vector<std::string_view>{"job", "model", "optimizer", "lr_scheduler", "training", "parallelism",
                                       "activation_checkpoint", "float8", "lora", "checkpoint", "metrics", "profiling", "validation", "comm",
-                                      "compile"});
+                                      "compile", "debug"});
 }
 
 TEST_CASE("[comm]: the timeouts, positive seconds") {
@@ -832,6 +832,7 @@ TEST_CASE("to_toml round trip") {
                  "--comm.save_traces_folder", "collectives",
                  "--compile.enable",
                  "--compile.components", "loss",
+                 "--debug.enable_structured_logging",
                  "--metrics.disable_color_printing"};
     JobConfig c = load_config("", args);
     const JobConfig defaults;

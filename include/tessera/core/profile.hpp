@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -134,12 +135,44 @@ class Recorder {
   std::vector<std::size_t> open_;  // the spans open now, outermost first: indices into events_
 };
 
+/// Where a thread's coarse spans also go, whether or not a Recorder records: a log of a
+/// run's phases that is always on (train/rank_log.hpp: the step, its data and micro-
+/// batches, the optimizer, validation, checkpoints). takes() filters by category before a
+/// span's name is built; event() names the span's phase, or returns nullptr to leave it.
+class PhaseSink {
+ public:
+  virtual ~PhaseSink() = default;
+  virtual bool takes(const char* category) const = 0;
+  virtual const char* event(std::string_view name) const = 0;
+  virtual void begin(const char* event) = 0;
+  /// The span closed after `duration_ns`; `failed`: by an exception unwinding through it.
+  virtual void end(const char* event, std::int64_t duration_ns, bool failed) = 0;
+};
+
 namespace detail {
 inline Recorder*& current() {
   static thread_local Recorder* r = nullptr;
   return r;
 }
+inline PhaseSink*& current_sink() {
+  static thread_local PhaseSink* s = nullptr;
+  return s;
+}
 }  // namespace detail
+
+/// Installs `s` on this thread while it lives (the sink installed before comes back after).
+class PhaseLogging {
+ public:
+  explicit PhaseLogging(PhaseSink* s) : outer_(detail::current_sink()) {
+    if (s) detail::current_sink() = s;
+  }
+  ~PhaseLogging() { detail::current_sink() = outer_; }
+  PhaseLogging(const PhaseLogging&) = delete;
+  PhaseLogging& operator=(const PhaseLogging&) = delete;
+
+ private:
+  PhaseSink* outer_;
+};
 
 /// The Recorder installed on this thread, or nullptr.
 inline Recorder* recorder() { return detail::current(); }
@@ -162,20 +195,35 @@ class Recording {
   Recorder* outer_;
 };
 
-/// A span of this thread's work, recorded while a Recorder is installed here.
+/// A span of this thread's work, recorded while a Recorder is installed here, and logged
+/// as a phase while a PhaseSink installed here takes it.
 class Span {
  public:
-  /// `name` is built only while recording when it is a callable returning a string.
+  /// `name` is built only while recording (or logging a span of a category the sink
+  /// takes) when it is a callable returning a string.
   template <class Name>
   Span(const char* category, Name&& name, std::uint64_t bytes = 0, int ranks = 0) : recorder_(detail::current()) {
-    if (!recorder_) return;
+    PhaseSink* sink = detail::current_sink();
+    if (sink && !sink->takes(category)) sink = nullptr;
+    if (!recorder_ && !sink) return;
+    std::string built;
     if constexpr (std::is_invocable_v<Name&>)
-      index_ = recorder_->open(std::string(name()), category, bytes, ranks);
+      built = std::string(name());
     else
-      index_ = recorder_->open(std::string(std::string_view(name)), category, bytes, ranks);
+      built = std::string(std::string_view(name));
+    if (sink) {
+      if (const char* e = sink->event(built)) {
+        sink_ = sink, event_ = e;
+        sink_->begin(event_);
+        begin_ns_ = now_ns();
+        exceptions_ = std::uncaught_exceptions();
+      }
+    }
+    if (recorder_) index_ = recorder_->open(std::move(built), category, bytes, ranks);
   }
   ~Span() {
     if (recorder_) recorder_->close(index_);
+    if (sink_) sink_->end(event_, now_ns() - begin_ns_, std::uncaught_exceptions() > exceptions_);
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
@@ -183,6 +231,10 @@ class Span {
  private:
   Recorder* recorder_;
   std::size_t index_ = 0;
+  PhaseSink* sink_ = nullptr;
+  const char* event_ = nullptr;
+  std::int64_t begin_ns_ = 0;
+  int exceptions_ = 0;
 };
 
 namespace detail {

@@ -580,6 +580,13 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("compile.components", field<&J::compile, &CompileSection::components>(),
                "torchtitan's: what torch.compile compiles (\"model\", \"loss\"). Read, and changes nothing.")
           .one_of({"model", "loss"}),
+      // [debug]
+      make_key("debug.enable_structured_logging", field<&J::debug, &DebugSection::enable_structured_logging>(),
+               "A per-rank log of the run's phases, torchtitan's structured logging: a JSON line as each step, its "
+               "batch fetch, micro-batches and optimizer, each validation and checkpoint starts and ends, in "
+               "<dump_folder>/structured_logs/rank_<r>.jsonl (torchtitan's event names and fields), flushed as "
+               "written, so a rank that hangs or dies leaves its last phase open. tools/rank_log.py reads the "
+               "ranks side by side: the slowest rank of each phase, and what a rank left unfinished."),
   };
   std::vector<ConfigKey> keys;
   keys.reserve(b.size());

@@ -233,6 +233,12 @@ struct CompileSection {
   std::vector<std::string> components = {"model", "loss"};
 };
 
+/// [debug]: torchtitan's structured logging, a per-rank log of the run's phases
+/// (train/rank_log.hpp).
+struct DebugSection {
+  bool enable_structured_logging = false;
+};
+
 /// torchtitan's datasets, which it streams from the Hugging Face Hub: a config may name
 /// them (llama-plan reads no data); a run that would read one is refused
 /// (train/dataset.hpp).
@@ -256,6 +262,7 @@ struct JobConfig {
   ValidationSection validation;
   CommSection comm;
   CompileSection compile;
+  DebugSection debug;
 };
 
 /// Whether model.converters asks for float8 GEMMs ([float8]).
