@@ -48,19 +48,20 @@ def read_logs(paths):
     by_rank = collections.defaultdict(list)
     for f in files:
         with open(f) as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
+            lines = fh.readlines()
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                rank, name = int(r["rank"]), str(r["log_type_name"])
+            except (ValueError, KeyError, TypeError) as e:
+                # The last line of a killed rank may be cut short; any other is damage.
+                if n == len(lines):
                     continue
-                try:
-                    r = json.loads(line)
-                    rank, name = int(r["rank"]), str(r["log_type_name"])
-                except (ValueError, KeyError, TypeError) as e:
-                    # The last line of a killed rank may be cut short; any other is damage.
-                    if n == sum(1 for _ in open(f)):
-                        continue
-                    raise Bad(f"{f}:{n}: not a structured log line ({e})")
-                r["rank"], r["log_type_name"] = rank, name
-                by_rank[rank].append(r)
+                raise Bad(f"{f}:{n}: not a structured log line ({e})")
+            r["rank"], r["log_type_name"] = rank, name
+            by_rank[rank].append(r)
     return by_rank
 
 
