@@ -13,6 +13,10 @@
 //     widened to float (exactly), multiplied by the backend's float GEMM, the sums
 //     multiplied by the two inverse scales. The operands are bitwise those the GPU
 //     multiplies; only the order of the float sums differs.
+//
+// Under tensor parallelism an operand may be a piece of the tensor one rank would cast
+// (Float8Split): a scale that covers elements on other ranks takes its amax over them
+// (an all-reduce of the maxima: exact), so every piece is cast as the whole would be.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
+#include "tessera/comm/communicator.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/float8.hpp"
@@ -34,11 +39,39 @@ using ops::Float8Cast;
 using ops::Float8LinearCasts;
 using ops::Float8Recipe;
 
+/// How a tensor a float8 cast reads lies over a tensor-parallel group
+/// (parallel/tensor_parallel.hpp): whole on every rank (no group), or each rank holding
+/// a piece of it, a range of its rows or of its columns (as stored, before any
+/// transpose). A scale whose elements lie on several ranks (a tensorwise cast of a split
+/// tensor; a scale per row of a tensor split by columns, per column of one split by rows)
+/// takes its amax over the group: each rank's maxima, then an all-reduce of them by max.
+/// A maximum is exact in any order, so the scale is the whole tensor's (or row's), bit
+/// for bit, and each rank's piece is cast as the piece of the whole tensor's cast. A scale
+/// whose elements lie on one rank (per row of a tensor split by rows, or of one every
+/// rank holds whole) is that rank's own.
+struct Float8Split {
+  comm::Communicator* group = nullptr;  // the ranks holding the other pieces (none: whole)
+  bool by_rows = false;                 // the pieces are ranges of rows (else of columns)
+
+  static Float8Split whole() { return {}; }
+  static Float8Split rows(comm::Communicator& group) { return {&group, true}; }
+  static Float8Split columns(comm::Communicator& group) { return {&group, false}; }
+  bool split() const { return group != nullptr; }
+  /// Whether a cast by `axis` takes its amaxes over the group.
+  bool spans(ops::Float8Axis axis) const {
+    if (group == nullptr) return false;
+    if (axis == ops::Float8Axis::tensor) return true;
+    return (axis == ops::Float8Axis::rows) != by_rows;  // along the split dimension
+  }
+};
+
 /// Options of a float8 GEMM: whether to emulate it even where the backend has float8
-/// GEMMs, and cuBLASLt's fast accumulation (torchao takes it for the forward only).
+/// GEMMs, cuBLASLt's fast accumulation (torchao takes it for the forward only), and how
+/// each operand (A and B as stored) lies over a tensor-parallel group.
 struct Float8GemmOptions {
   bool emulate = true;
   bool fast_accumulation = false;
+  Float8Split split_a{}, split_b{};
 };
 
 /// An operand cast to float8: its values (rows x cols as stored: the cast tensor's, or its
@@ -220,13 +253,16 @@ class Float8RowAmaxes {
 /// q.scale and q.inverse for casting `x` (rows x cols, leading dimension ld) by `cast`:
 /// the amax of each row (or column), and the scales from them (a tensorwise cast's one
 /// from all the rows'). The rows' amaxes are the ones the kernel that wrote x kept
-/// (Float8RowAmaxes) where it did.
+/// (Float8RowAmaxes) where it did. Where `split` says x is a piece and a scale spans
+/// pieces, the amaxes are reduced over its group first (a tensorwise cast's rows to one
+/// value on each rank, then that one value).
 template <Backend B, class T>
-void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>& q) {
+void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>& q, const Float8Split& split = {}) {
   using ops::Float8Axis;
   const std::int64_t xr = x.rows(), xc = x.cols(), ld = Float8Tensor::of(x).ld;
   const std::int64_t n_scales = cast.axis == Float8Axis::rows ? xr : cast.axis == Float8Axis::columns ? xc : 1;
   const Tensor<float>* known = cast.axis == Float8Axis::columns ? nullptr : Float8RowAmaxes<B>::find(x);
+  const bool agreed = split.spans(cast.axis);
   q.scale = B::template empty<float>(Shape{n_scales});
   q.inverse = B::template empty<float>(Shape{n_scales});
   const double format_max = cast.format == DType::f8e4m3 ? float8_e4m3::max() : float8_e5m2::max();
@@ -237,7 +273,7 @@ void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>
     amax = B::template empty<float>(Shape{cast.axis == Float8Axis::columns ? xc : xr});
     if (cast.axis == Float8Axis::columns) {
       B::for_each(xc, ops::ColumnAbsMax<T>{x.data(), ld, xr, amax.data()});
-    } else if (cast.axis == Float8Axis::tensor) {  // the rows' amaxes and the one scale, in one launch
+    } else if (cast.axis == Float8Axis::tensor && !agreed) {  // the rows' amaxes and the one scale, in one launch
       B::for_each(xr, ops::RowAbsMaxScale<T>{{x.data(), ld, xc, amax.data()},
                                              {amax.data(), xr, q.scale.data(), q.inverse.data(), format_max,
                                               cast.power_of_two}});
@@ -246,7 +282,20 @@ void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>
       B::for_each(xr, ops::RowAbsMax<T>{x.data(), ld, xc, amax.data()});
     }
   }
-  if (cast.axis == Float8Axis::tensor)  // the rows' amaxes (a kernel's that wrote x) to one scale, in one launch
+  if (agreed) {
+    // Out of place: a kept amax (Float8RowAmaxes) stays this piece's. A tensorwise cast
+    // reduces its piece's rows to one value first, so one float crosses the group.
+    Tensor<float> over = B::template empty<float>(Shape{n_scales});
+    if (cast.axis == Float8Axis::tensor) {
+      B::for_each(1, ops::MaxOf{amax.data(), amax.numel(), over.data()});
+      split.group->all_reduce(std::span<float>(over.data(), 1), comm::ReduceOp::max);
+    } else {
+      split.group->all_reduce(std::span<const float>(amax.data(), static_cast<std::size_t>(n_scales)),
+                              std::span<float>(over.data(), static_cast<std::size_t>(n_scales)), comm::ReduceOp::max);
+    }
+    amax = over;
+  }
+  if (cast.axis == Float8Axis::tensor && !agreed)  // the rows' amaxes (a kernel's that wrote x) to one scale, in one launch
     B::for_each(1, ops::Float8ScaleFromAmaxes{amax.data(), xr, q.scale.data(), q.inverse.data(), format_max,
                                               cast.power_of_two});
   else
@@ -257,9 +306,11 @@ void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>
 /// `x` (rows x cols, leading dimension ld) cast to float8 by `cast`: amaxes, scales, and
 /// the values, stored as x^T (cols x rows) when `transpose`; the kept cast where a
 /// Float8SharedCasts open on this thread has one, or the kept scale where it has the
-/// same tensorwise cast in the other layout.
+/// same tensorwise cast in the other layout. `split`: how x lies over a tensor-parallel
+/// group (take_float8_scales).
 template <Backend B, class T>
-Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool transpose = false) {
+Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool transpose = false,
+                                const Float8Split& split = {}) {
   Float8SharedCasts<B>* shared = Float8SharedCasts<B>::current();
   const typename Float8SharedCasts<B>::Key key = Float8SharedCasts<B>::key_of(x, cast, transpose);
   if (shared != nullptr)
@@ -274,7 +325,7 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
     q.scale = twin->scale;
     q.inverse = twin->inverse;
   } else {
-    take_float8_scales<B>(x, cast, q);
+    take_float8_scales<B>(x, cast, q, split);
   }
   const std::int64_t n = xr * xc;
   if (cast.format == DType::f8e4m3) {
@@ -363,19 +414,23 @@ void float8_multiply(Float8GemmOperand a, Float8GemmOperand b, float beta, Tenso
 }
 
 /// The cast of op(A) a float8 GEMM takes (m x k, the reduction along its rows), by
-/// `cast`, whose axis must run along the reduction (`what` names the GEMM in the error).
+/// `cast`, whose axis must run along the reduction (`what` names the GEMM in the error);
+/// `split`: how A lies over a tensor-parallel group.
 template <Backend B, class T>
-Float8Operand<B> cast_first_operand(Trans ta, TensorView<const T> a, Float8Cast cast, std::string_view what) {
+Float8Operand<B> cast_first_operand(Trans ta, TensorView<const T> a, Float8Cast cast, std::string_view what,
+                                    const Float8Split& split = {}) {
   const ops::Float8Axis along = ta == Trans::no ? ops::Float8Axis::rows : ops::Float8Axis::columns;
   TESSERA_CHECK(cast.axis == ops::Float8Axis::tensor || cast.axis == along, what,
                 ": the first operand's float8 scales do not run along the GEMM's reduction");
-  return cast_to_float8<B>(a, cast, ta == Trans::yes);
+  return cast_to_float8<B>(a, cast, ta == Trans::yes, split);
 }
 
 /// C = (op(A) op(B)) / (scale_a scale_b) + beta C, A and B cast to float8 by `cast_a` and
 /// `cast_b`: a scale per row of op(A) or one, per column of op(B) or one (each cast's
 /// axis must run along the reduction: `what` names the GEMM in the error). `c_in`: the C
-/// beta multiplies, read apart from the `c` written, or empty (float8_multiply).
+/// beta multiplies, read apart from the `c` written, or empty (float8_multiply). Where
+/// `options` says A or B is a piece of a tensor split over a tensor-parallel group, its
+/// scales are the whole tensor's (Float8Split).
 template <Backend B, class T, class C>
 void float8_gemm(Trans ta, Trans tb, TensorView<const T> a, Float8Cast cast_a, TensorView<const T> b, Float8Cast cast_b,
                  float beta, TensorView<C> c, std::string_view what, Float8GemmOptions options = {},
@@ -383,12 +438,12 @@ void float8_gemm(Trans ta, Trans tb, TensorView<const T> a, Float8Cast cast_a, T
   using ops::Float8Axis;
   const auto [m, n, k] = check_gemm(ta, tb, a, b, c);
   const Float8Axis b_along = tb == Trans::no ? Float8Axis::columns : Float8Axis::rows;
-  const Float8Operand<B> qa = cast_first_operand<B>(ta, a, cast_a, what);
+  const Float8Operand<B> qa = cast_first_operand<B>(ta, a, cast_a, what, options.split_a);
   TESSERA_CHECK(cast_b.axis == Float8Axis::tensor || cast_b.axis == b_along, what,
                 ": the second operand's float8 scales do not run along the GEMM's reduction");
   if (m == 0 || n == 0) return;
   // Both as a float8 GEMM takes them: op(A) (m x k) and op(B)^T (n x k), k along the rows.
-  const Float8Operand<B> qb = cast_to_float8<B>(b, cast_b, tb == Trans::no);
+  const Float8Operand<B> qb = cast_to_float8<B>(b, cast_b, tb == Trans::no, options.split_b);
   float8_multiply<B>(qa.gemm_operand(what), qb.gemm_operand(what), beta, c, what, options, c_in);
 }
 
@@ -397,7 +452,7 @@ void float8_gemm(Trans ta, Trans tb, TensorView<const T> a, Float8Cast cast_a, T
 template <Backend B, class T, class C>
 void float8_gemm(Trans ta, TensorView<const T> a, Float8Cast cast_a, const Float8GemmOperand& w, float beta,
                  TensorView<C> c, std::string_view what, Float8GemmOptions options = {}, TensorView<const C> c_in = {}) {
-  const Float8Operand<B> qa = cast_first_operand<B>(ta, a, cast_a, what);
+  const Float8Operand<B> qa = cast_first_operand<B>(ta, a, cast_a, what, options.split_a);
   float8_multiply<B>(qa.gemm_operand(what), w, beta, c, what, options, c_in);
 }
 

@@ -74,7 +74,11 @@ class Linear : public LayerTypes<T, B> {
     if (float8 != nullptr && float8->applies(name, in, out)) {
       float8_ = ops::float8_casts(float8->recipe);
       emulate_float8_ = float8->emulate;
-      if (!emulate_float8_) check_float8_gemms(name, in, out);
+      if (!emulate_float8_) check_float8_gemms(name, split.piece_of(Shape{out, in}), split.split());
+      TESSERA_CHECK(split.holders <= 1, name, ": float8 with ", split.holders, " tensor-parallel ranks holding each "
+                    "piece of it (more ranks than key/value heads): each rank's output gradient is its part of a sum "
+                    "one rank casts to float8 whole; keep it out by float8.filter_fqns, or use a tensor-parallel "
+                    "degree that divides n_kv_heads");
     }
     // FSDP may gather this weight in float8: its one scale is the forward's and the input
     // gradient's alike (tensorwise), so both multiply the gathered values.
@@ -131,13 +135,14 @@ class Linear : public LayerTypes<T, B> {
     if (!weight_.float8_value.empty()) {
       const Tensor<float8_e4m3> transposed = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
       float8_gemm<B>(Trans::no, dy.cview(), float8_->grad_output, gathered_float8_weight(true, transposed), beta,
-                     dx.view(), weight_.name, {emulate_float8_, false});
+                     dx.view(), weight_.name, {emulate_float8_, false, grad_output_split()});
     } else if (float8_) {
       std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
       Float8SharedCasts<B>& casts = open_casts(own);
       hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
       float8_gemm<B>(Trans::no, Trans::no, dy.cview(), float8_->grad_output, weight_.value.cview(),
-                     float8_->weight_for_grad_input, beta, dx.view(), weight_.name, {emulate_float8_, false});
+                     float8_->weight_for_grad_input, beta, dx.view(), weight_.name,
+                     {emulate_float8_, false, grad_output_split(), weight_split()});
     } else {
       B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
     }
@@ -203,15 +208,33 @@ class Linear : public LayerTypes<T, B> {
     return {into.data(), DType::f8e4m3, in, out, weight_.float8_inverse.data(), false};
   }
 
+  // ---- How the float8 casts' operands lie over the tensor-parallel group ----------------
+  // Column-parallel (the weight split by output rows): x whole on every rank, W and dy
+  // (rows x this rank's output features) split. Row-parallel (split by input columns):
+  // x (rows x this rank's input features) and W split by columns, dy whole.
+  bool column_parallel() const { return parallel::active(tp_) && weight_.split.split() && weight_.split.dim == 0; }
+  bool row_parallel() const { return parallel::active(tp_) && weight_.split.split() && weight_.split.dim == 1; }
+  Float8Split input_split() const { return row_parallel() ? Float8Split::columns(tp_->comm()) : Float8Split{}; }
+  Float8Split grad_output_split() const {
+    return column_parallel() ? Float8Split::columns(tp_->comm()) : Float8Split{};
+  }
+  Float8Split weight_split() const {
+    if (column_parallel()) return Float8Split::rows(tp_->comm());
+    return row_parallel() ? Float8Split::columns(tp_->comm()) : Float8Split{};
+  }
+
   /// A layer whose float8 GEMMs are not emulated needs a backend that has them and sizes
-  /// they take (its tokens are checked at each GEMM).
-  static void check_float8_gemms(const std::string& name, std::int64_t in, std::int64_t out) {
+  /// they take: this rank's piece's (`piece`, out x in), a tensor-parallel one where
+  /// `split` (its tokens are checked at each GEMM).
+  static void check_float8_gemms(const std::string& name, Shape piece, bool split) {
     TESSERA_CHECK(HasFloat8Gemm<B>, "float8.emulate = false: ", name, " would run float8 GEMMs on the ",
                   name_of(B::device), " backend, which has none (cuBLASLt's need a GPU of compute capability 8.9 "
                   "or later); set float8.emulate = true to run them emulated");
+    const std::int64_t in = piece[1], out = piece[0];
     TESSERA_CHECK(in % kFloat8GemmMultiple == 0 && out % kFloat8GemmMultiple == 0, "model.converters = [\"float8\"]: ",
-                  name, " (", in, " -> ", out, " features) cannot run float8 GEMMs, which need both sizes in multiples "
-                  "of ", kFloat8GemmMultiple, "; keep it out by float8.filter_fqns or set float8.emulate = true");
+                  name, " (", in, " -> ", out, " features", split ? " on each tensor-parallel rank" : "",
+                  ") cannot run float8 GEMMs, which need both sizes in multiples of ", kFloat8GemmMultiple,
+                  "; keep it out by float8.filter_fqns or set float8.emulate = true");
   }
 
   /// A scale and its inverse the forward saved (held: a deferred weight gradient may run
@@ -231,7 +254,7 @@ class Linear : public LayerTypes<T, B> {
       hand_scale(casts, x.cview(), float8_->input, x_scale);
       float8_gemm<B>(Trans::yes, Trans::no, dy.cview(), float8_->grad_output_for_grad_weight, x.cview(),
                      float8_->input_for_grad_weight, static_cast<float>(beta), into.view(), weight_.name,
-                     {emulate_float8_, false});
+                     {emulate_float8_, false, grad_output_split(), input_split()});
     } else {
       B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), beta, into.view());
     }
@@ -276,14 +299,15 @@ class Linear : public LayerTypes<T, B> {
       const TensorView<const T> c = residual != nullptr ? residual->cview() : TensorView<const T>{};
       if (!weight_.float8_value.empty())
         float8_gemm<B>(Trans::no, x.cview(), float8_->input, gathered_float8_weight(false), beta, out.view(),
-                       weight_.name, {emulate_float8_, float8_->fast_accumulation_forward}, c);
+                       weight_.name, {emulate_float8_, float8_->fast_accumulation_forward, input_split()}, c);
       else if (float8_) {
         // The GEMM's casts, whose tensorwise scales the backward takes: kept in the scope
         // open around it (a layer's, sharing x between its linear layers), else in one here.
         std::optional<Float8SharedCasts<B>> own;
         Float8SharedCasts<B>& casts = open_casts(own);
         float8_gemm<B>(Trans::no, Trans::yes, x.cview(), float8_->input, weight_.value.cview(), float8_->weight, beta,
-                       out.view(), weight_.name, {emulate_float8_, float8_->fast_accumulation_forward}, c);
+                       out.view(), weight_.name,
+                       {emulate_float8_, float8_->fast_accumulation_forward, input_split(), weight_split()}, c);
         save_scale(ctx, casts, "x", x.cview(), float8_->input, reuses_input_scale());
         save_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
       } else if (residual != nullptr) {

@@ -120,15 +120,18 @@ class ModelUnits {
   }
 
   /// FSDP's float8 all-gather: every unit's float8 weights agree their scales in one
-  /// all-reduce of amaxes before the walk's first gather (sharding.hpp), which the
+  /// all-reduce of amaxes (and one more over the tensor-parallel group, whose ranks hold
+  /// pieces of each weight) before the walk's first gather (sharding.hpp), which the
   /// walk's gathers use until it ends (embedding_backward_done).
   template <class Model>
   void agree_float8_scales(Model& m) {
     std::int64_t total = 0;
-    comm::Communicator* group = nullptr;
+    comm::Communicator *group = nullptr, *pieces = nullptr;
     for_each(m, [&](Unit& u) {
       total += u.float8_weights();
-      if (u.float8_weights() > 0) group = u.shard_comm();
+      if (u.float8_weights() == 0) return;
+      group = u.shard_comm();
+      pieces = u.float8_piece_comm();
     });
     if (total == 0) return;
     Tensor<float> amax;
@@ -143,6 +146,8 @@ class ModelUnits {
       at += u.float8_weights();
     });
     group->all_reduce(std::span<float>(amax.data(), static_cast<std::size_t>(total)), comm::ReduceOp::max);
+    if (pieces != nullptr)  // tensor-parallel pieces: the whole weight's amax
+      pieces->all_reduce(std::span<float>(amax.data(), static_cast<std::size_t>(total)), comm::ReduceOp::max);
     at = 0;
     for_each(m, [&](Unit& u) {
       if (u.float8_weights() == 0) return;

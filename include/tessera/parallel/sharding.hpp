@@ -23,8 +23,9 @@
 // FSDP's float8 all-gather (float8.enable_fsdp_float8_all_gather; the weights a float8
 // layer marks, Parameter::gathers_float8): each such weight's scale is agreed before the
 // gather, from its largest magnitude over every shard (each rank's part, then one
-// all-reduce of the maxima over the shard group: exact, so it is the amax of the whole
-// weight); each rank casts its part of the weight to float8_e4m3 by it (from the values
+// all-reduce of the maxima over the shard group, and one over the tensor-parallel group
+// where the unit holds pieces of the weights: exact, so it is the amax of the whole
+// weight, as one rank's cast takes it); each rank casts its part of the weight to float8_e4m3 by it (from the values
 // the plain gather would send: rounded to bf16 first where it sends bf16) and the unit's
 // flat vector is gathered as one byte an element. The unit's other parameters (the
 // norms' weights) go in a second, small gather of their own elements. The layer then
@@ -138,6 +139,9 @@ class ShardedUnit {
                   name_, ": ", name_of(mode), " needs a DeviceMesh in the Plan");
     if (plan.mesh) {
       auto& mesh = *plan.mesh;
+      // A tensor-parallel piece's float8 scale is the whole weight's: agreed over the
+      // shards, then over the pieces (the float8 all-gather).
+      if (mesh.shape().tp > 1) tp_comm_ = &mesh.tp();
       // Context-parallel ranks hold the same parameters and each a part of every
       // sequence's gradient: FSDP and HSDP shard over them too (dp_shard x cp).
       TESSERA_CHECK(mesh.shape().cp == 1 || mode == ShardingMode::fsdp || mode == ShardingMode::hsdp, name_, ": ",
@@ -359,8 +363,10 @@ class ShardedUnit {
   /// The weights this unit gathers in float8 (0 without the float8 all-gather), its frozen
   /// companion's after its own.
   std::int64_t float8_weights() const { return own_float8_weights() + (frozen_ ? frozen_->float8_weights() : 0); }
-  /// The communicator the float8 weights' amaxes are agreed over (the shard group).
+  /// The communicators the float8 weights' amaxes are agreed over: the shard group, then
+  /// the tensor-parallel group where the weights are pieces of it (else none).
   comm::Communicator* shard_comm() const { return shard_comm_; }
+  comm::Communicator* float8_piece_comm() const { return tp_comm_; }
 
   /// Writes, at `amax`, the largest magnitude of each float8 weight's part on this rank
   /// (float8_weights() values, 0 for a weight it holds none of): the first half of
@@ -695,6 +701,8 @@ class ShardedUnit {
       f8_amax_ = B::template empty<float>(Shape{nf});
       float8_local_amaxes_from(src, f8_amax_.data());
       shard_comm_->all_reduce(std::span<float>(f8_amax_.data(), static_cast<std::size_t>(nf)), comm::ReduceOp::max);
+      if (tp_comm_ != nullptr)
+        tp_comm_->all_reduce(std::span<float>(f8_amax_.data(), static_cast<std::size_t>(nf)), comm::ReduceOp::max);
       f8_scale_ = B::template empty<float>(Shape{nf});
       f8_inverse_ = B::template empty<float>(Shape{nf});
       B::for_each(nf, ops::Float8ScaleFromAmax{f8_amax_.data(), f8_scale_.data(), f8_inverse_.data(),
@@ -793,6 +801,7 @@ class ShardedUnit {
   bool frozen_only_ = false;             // this unit's parameters are all frozen
   comm::Communicator* shard_comm_ = nullptr;
   comm::Communicator* replicate_comm_ = nullptr;
+  comm::Communicator* tp_comm_ = nullptr;  // the float8 all-gather's second agreement (tensor-parallel pieces)
   std::vector<Slot> params_;
   std::int64_t numel_ = 0, shard_numel_ = 0;
   bool sharded_ = false, gathered_ = false, grads_open_ = false;

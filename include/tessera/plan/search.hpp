@@ -295,8 +295,8 @@ inline std::vector<std::int64_t> context_degrees(std::int64_t ranks, std::int64_
 /// schedule and microbatch, checkpoint mode and reshard policy of each layout, and its
 /// float8 recipe where the space has them. Degrees the model cannot take (tensor
 /// parallelism over the heads, more stages than layers) and settings the runtime refuses
-/// (float8 under tensor parallelism, while it does) are left to the pricing, which names
-/// what refuses them.
+/// (float8 on wk and wv with more tensor-parallel ranks than kv heads) are left to the
+/// pricing, which names what refuses them.
 inline std::vector<train::JobConfig> enumerate_layouts(const train::JobConfig& base, const SearchSpace& space,
                                                        std::int64_t global_batch) {
   std::vector<train::JobConfig> out;

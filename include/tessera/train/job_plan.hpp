@@ -49,9 +49,6 @@ inline void check_supported(const JobConfig& c) {
     TESSERA_CHECK(c.float8.emulate || c.training.seq_len % 16 == 0, "training.seq_len = ", c.training.seq_len,
                   ": float8 GEMMs (float8.emulate = false) reduce over a micro-batch's tokens, which cuBLASLt takes "
                   "in multiples of 16; use a seq_len that is one, or set float8.emulate = true");
-    TESSERA_CHECK(p.tensor_parallel_degree == 1, "model.converters = [\"float8\"] with "
-                  "parallelism.tensor_parallel_degree = ", p.tensor_parallel_degree,
-                  ": float8 under tensor parallelism is not yet in this build (a weight's scale would be its piece's)");
   }
 }
 
