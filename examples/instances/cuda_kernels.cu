@@ -115,7 +115,8 @@ TESSERA_LAUNCH_OP(ops::MaxOf)
 TESSERA_LAUNCH_OP(ops::Float8ScaleFromAmaxes)
 TESSERA_LAUNCH_OP(ops::Float8ScaleFromAmax)
 TESSERA_LAUNCH_OP(ops::Float8ScaleBroadcast)
-TESSERA_LAUNCH_OP(ops::Float8Transpose<float8_e4m3>)  // a weight gathered in float8, for the input gradient
+TESSERA_LAUNCH_OP(ops::Float8Transpose<float8_e4m3>)  // a weight (FSDP) or an input (TP) gathered in float8
+TESSERA_LAUNCH_OP(ops::Float8Transpose<float8_e5m2>)  // an output gradient gathered in float8 (TP)
 TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e4m3>)
 TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e5m2>)
 

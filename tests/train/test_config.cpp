@@ -152,7 +152,7 @@ TEST_CASE("defaults follow torchtitan") {
 
 TEST_CASE("the key table is consistent") {
   const auto& keys = tessera::train::config_keys();
-  CHECK(keys.size() == 126);
+  CHECK(keys.size() == 127);
   std::set<std::string_view> names;
   for (const auto& k : keys) {
     INFO(k.name);
@@ -787,6 +787,7 @@ TEST_CASE("to_toml round trip") {
                  "--activation_checkpoint.recompute_swiglu", "true",
                  "--float8.recipe_name", "rowwise",
                  "--float8.enable_fsdp_float8_all_gather", "true",
+                 "--float8.enable_tp_float8_all_gather", "false",
                  "--float8.precompute_float8_dynamic_scale_for_fsdp", "true",
                  "--float8.filter_fqns", "output,auto_filter_small_kn",
                  "--float8.emulate", "true",

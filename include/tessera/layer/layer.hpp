@@ -392,9 +392,11 @@ class ActivationMeter {
   std::size_t current_ = 0, peak_ = 0;
 };
 
-/// What a store holds under one key: an activation (a Tensor<T>) or a statistic kept in
+/// What a store holds under one key: an activation (a Tensor<T>), a statistic kept in
 /// the accumulation type (a Tensor<accum_t<T>>: RMSNorm's rstd, attention's
-/// log-sum-exp). For float and double the two are the same type.
+/// log-sum-exp), or an activation kept as float8 values (a Tensor<float8_e4m3>: a
+/// linear layer's input gathered in float8 over sequence-parallel ranks, nn/linear.hpp).
+/// For float and double the first two are the same type.
 template <class T>
 class Saved {
  public:
@@ -402,29 +404,52 @@ class Saved {
   static constexpr bool kDistinct = !std::is_same_v<T, stat_type>;
 
   Saved() = default;
-  Saved(Tensor<T> t) : activation_(std::move(t)) {}  // NOLINT: implicit, either kind converts
+  Saved(Tensor<T> t) : activation_(std::move(t)) {}  // NOLINT: implicit, each kind converts
   template <class U = stat_type>
     requires(kDistinct && std::is_same_v<U, stat_type>)
-  Saved(Tensor<U> t) : statistic_(std::move(t)), is_statistic_(true) {}  // NOLINT
+  Saved(Tensor<U> t) : statistic_(std::move(t)), kind_(Kind::statistic) {}  // NOLINT
+  Saved(Tensor<float8_e4m3> t) : float8_(std::move(t)), kind_(Kind::float8) {}  // NOLINT
 
-  /// The tensor as U (T or accum_t<T>), or nullptr when it holds the other kind.
+  /// The tensor as U (T, accum_t<T> or float8_e4m3), or nullptr when it holds another kind.
   template <class U>
   const Tensor<U>* get() const {
-    if constexpr (std::is_same_v<U, T>) {
-      return is_statistic_ ? nullptr : &activation_;
+    if constexpr (std::is_same_v<U, float8_e4m3>) {
+      return kind_ == Kind::float8 ? &float8_ : nullptr;
+    } else if constexpr (std::is_same_v<U, T>) {
+      return kind_ == Kind::activation ? &activation_ : nullptr;
     } else {
-      static_assert(std::is_same_v<U, stat_type>, "tessera: a store holds T or accum_t<T> tensors");
-      return is_statistic_ ? &statistic_ : nullptr;
+      static_assert(std::is_same_v<U, stat_type>, "tessera: a store holds T, accum_t<T> or float8_e4m3 tensors");
+      return kind_ == Kind::statistic ? &statistic_ : nullptr;
     }
   }
-  const void* data() const { return is_statistic_ ? static_cast<const void*>(statistic_.data()) : activation_.data(); }
-  std::size_t bytes() const { return is_statistic_ ? statistic_.bytes() : activation_.bytes(); }
-  Device device() const { return is_statistic_ ? statistic_.device() : activation_.device(); }
+  const void* data() const {
+    switch (kind_) {
+      case Kind::statistic: return statistic_.data();
+      case Kind::float8: return float8_.data();
+      default: return activation_.data();
+    }
+  }
+  std::size_t bytes() const {
+    switch (kind_) {
+      case Kind::statistic: return statistic_.bytes();
+      case Kind::float8: return float8_.bytes();
+      default: return activation_.bytes();
+    }
+  }
+  Device device() const {
+    switch (kind_) {
+      case Kind::statistic: return statistic_.device();
+      case Kind::float8: return float8_.device();
+      default: return activation_.device();
+    }
+  }
 
  private:
+  enum class Kind : std::uint8_t { activation, statistic, float8 };
   Tensor<T> activation_;
   Tensor<stat_type> statistic_;  // empty unless kDistinct and it holds a statistic
-  bool is_statistic_ = false;
+  Tensor<float8_e4m3> float8_;
+  Kind kind_ = Kind::activation;
 };
 
 /// Activations one layer call saved for its backward, in named scopes that mirror
@@ -466,8 +491,8 @@ class ActivationStore {
     entries_.push_back(Entry{std::string(key), kind, std::move(tensor)});
   }
 
-  /// The tensor of element type U (T, or accum_t<T> for a statistic) saved under
-  /// `key`, or nullptr.
+  /// The tensor of element type U (T, accum_t<T> for a statistic, or float8_e4m3) saved
+  /// under `key`, or nullptr.
   template <class U = T>
   const Tensor<U>* find(std::string_view key) const {
     for (const auto& e : entries_)
@@ -651,7 +676,8 @@ class Context {
     return c;
   }
 
-  /// Saves an activation (U = T) or a statistic (U = accum_t<T>) for the backward.
+  /// Saves an activation (U = T), a statistic (U = accum_t<T>) or float8 values (U =
+  /// float8_e4m3) for the backward.
   template <class U>
   void save(std::string_view key, SaveKind kind, const Tensor<U>& tensor) const {
     if (saving()) store_->save(key, kind, Saved<T>(tensor));

@@ -84,11 +84,16 @@ class Attention : public LayerTypes<T, B> {
   /// x, the same rows): added in wo's GEMM where it can be (output_).
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
     const AttentionShape s = shape(ctx.geometry());
-    const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
-    if (stacked(ctx)) return stacked_forward_(ctx, s, x, residual);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
     Tensor<T> q, k, v;
-    {
+    if (gathers_float8_input()) {  // the rows cast here, gathered as float8, multiplied as gathered
+      const Float8Operand<B> x8 = gather_float8_rows<B>(tp_->comm(), x_rows.cview(), wq_.float8()->input);
+      q = rope_->rotated(wq_.forward_float8(ctx.child("wq"), x8), n_heads_, ctx.geometry().positions());
+      k = rope_->rotated(wk_.forward_float8(ctx.child("wk"), x8), n_kv_heads_, ctx.geometry().positions());
+      v = wv_.forward_float8(ctx.child("wv"), x8);
+    } else {
+      const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
+      if (stacked(ctx)) return stacked_forward_(ctx, s, x, residual);
       Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the three
       q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, ctx.geometry().positions());
       k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, ctx.geometry().positions());
@@ -115,7 +120,11 @@ class Attention : public LayerTypes<T, B> {
     Tensor<T> d_o;
     {
       Float8SharedCasts<B> shared;  // float8 GEMMs (tensorwise): dy's amax once for both of wo's gradients
-      d_o = wo_.backward(ctx.child("wo"), parallel::whole_rows<B>(tp_, dy_rows));
+      if (parallel::splits_rows(tp_) && wo_.takes_float8_grad_output())  // dy's rows cast here, gathered as float8
+        d_o = wo_.backward_float8(ctx.child("wo"),
+                                  gather_float8_rows<B>(tp_->comm(), dy_rows.cview(), wo_.float8()->grad_output));
+      else
+        d_o = wo_.backward(ctx.child("wo"), parallel::whole_rows<B>(tp_, dy_rows));
     }
     if (const Tensor<T>* qkv = ctx.saved_if("qkv")) return stacked_backward_(ctx, s, *qkv, d_o);
     const Tensor<T>& q = ctx.saved("q");
@@ -138,11 +147,19 @@ class Attention : public LayerTypes<T, B> {
   }
 
   /// Whether the projections' float8 casts of the input take their scales from its rows'
-  /// amaxes, the input as it arrives (not gathered over sequence-parallel ranks first):
-  /// the norm before it may write them (nn::Float8RowAmaxes, nn::LlamaBlock).
+  /// amaxes, the input as it arrives (not gathered over sequence-parallel ranks first, or
+  /// cast before a float8 gather): the norm before it may write them (nn::Float8RowAmaxes,
+  /// nn::LlamaBlock).
   bool float8_input_by_rows() const {
-    return !parallel::splits_rows(tp_) &&
+    return (!parallel::splits_rows(tp_) || gathers_float8_input()) &&
            (wq_.float8_input_by_rows() || wk_.float8_input_by_rows() || wv_.float8_input_by_rows());
+  }
+
+  /// Whether the input's sequence-parallel gather carries float8 values (each rank's rows
+  /// cast by the one scale wq, wk and wv cast x by: Linear::forward_float8).
+  bool gathers_float8_input() const {
+    return parallel::splits_rows(tp_) && wq_.takes_float8_input() && wk_.takes_float8_input() &&
+           wv_.takes_float8_input();
   }
 
   template <class F>

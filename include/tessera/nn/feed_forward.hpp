@@ -70,14 +70,18 @@ class FeedForward : public LayerTypes<T, B> {
   /// The feed-forward's output (this rank's rows), plus `residual` where given (a block's
   /// h, the same rows): added in w2's GEMM where it can be (output_).
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
-    const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
-    if (fuse_ && !w2_.float8_input_by_rows() && runs_stacked(ctx, w1_, w3_)) {
-      const Tensor<T> ab = stacked_forward(ctx.child("w13"), x, w1_, w3_);
-      ctx.save("ab", SaveKind::matmul, ab);
-      return output_(ctx, swiglu_paired(ab), residual);
-    }
     Tensor<T> a, b;
-    {
+    if (gathers_float8_input()) {  // the rows cast here, gathered as float8, multiplied as gathered
+      const Float8Operand<B> x8 = gather_float8_rows<B>(tp_->comm(), x_rows.cview(), w1_.float8()->input);
+      a = w1_.forward_float8(ctx.child("w1"), x8);
+      b = w3_.forward_float8(ctx.child("w3"), x8);
+    } else {
+      const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
+      if (fuse_ && !w2_.float8_input_by_rows() && runs_stacked(ctx, w1_, w3_)) {
+        const Tensor<T> ab = stacked_forward(ctx.child("w13"), x, w1_, w3_);
+        ctx.save("ab", SaveKind::matmul, ab);
+        return output_(ctx, swiglu_paired(ab), residual);
+      }
       Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the two
       a = w1_.forward(ctx.child("w1"), x);
       b = w3_.forward(ctx.child("w3"), x);
@@ -101,7 +105,7 @@ class FeedForward : public LayerTypes<T, B> {
       Tensor<T> g;
       if (recompute_swiglu_) g = swiglu(a, b, nullptr);
       Float8SharedCasts<B> shared;  // float8 GEMMs (tensorwise): dy's amax once for both of w2's gradients
-      dg = w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows), recompute_swiglu_ ? &g : nullptr);
+      dg = w2_backward_(ctx, dy_rows, recompute_swiglu_ ? &g : nullptr);
     }
     Tensor<T> da = B::template empty<T>(a.shape());
     Tensor<T> db = B::template empty<T>(b.shape());
@@ -127,10 +131,18 @@ class FeedForward : public LayerTypes<T, B> {
   }
 
   /// Whether w1 and w3's float8 casts of the input take their scales from its rows'
-  /// amaxes, the input as it arrives (not gathered over sequence-parallel ranks first):
+  /// amaxes, the input as it arrives (not gathered over sequence-parallel ranks first, or
+  /// cast before a float8 gather):
   /// the norm before it may write them (nn::Float8RowAmaxes, nn::LlamaBlock).
   bool float8_input_by_rows() const {
-    return !parallel::splits_rows(tp_) && (w1_.float8_input_by_rows() || w3_.float8_input_by_rows());
+    return (!parallel::splits_rows(tp_) || gathers_float8_input()) &&
+           (w1_.float8_input_by_rows() || w3_.float8_input_by_rows());
+  }
+
+  /// Whether the input's sequence-parallel gather carries float8 values (each rank's rows
+  /// cast by the one scale w1 and w3 cast x by: Linear::forward_float8).
+  bool gathers_float8_input() const {
+    return parallel::splits_rows(tp_) && w1_.takes_float8_input() && w3_.takes_float8_input();
   }
 
   /// w1 and w3 next to each other, so that an FSDP unit's flat buffers (laid out in this
@@ -170,7 +182,7 @@ class FeedForward : public LayerTypes<T, B> {
       Tensor<T> g;  // w2's input, made again where the forward did not keep it: the same bits
       if (recompute_swiglu_) g = swiglu_paired(ab);
       Float8SharedCasts<B> shared;  // w2 in float8 (tensorwise): dy's amax once for both of its gradients
-      dg = w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows), recompute_swiglu_ ? &g : nullptr);
+      dg = w2_backward_(ctx, dy_rows, recompute_swiglu_ ? &g : nullptr);
     }
     const Tensor<T> dab = B::template empty<T>(ab.shape());
     B::for_each(ab.size(0), ops::SwiGluBackwardPaired<T>{ab.data(), dg.data(), dab.data(), ab.size(1) / 2});
@@ -179,6 +191,17 @@ class FeedForward : public LayerTypes<T, B> {
   }
 
   static TensorSplit split(parallel::TensorParallelGroup* tp, int dim) { return tp ? tp->split(dim) : TensorSplit{}; }
+
+  /// w2's backward on the gradient of its (summed) output, whose rows arrive by a
+  /// sequence-parallel gather: of float8 values where w2 takes them (its tensorwise cast
+  /// of dy, on each rank's rows), else of the rows as they are. `g`: w2's input where the
+  /// forward did not keep it.
+  Tensor<T> w2_backward_(const Context<T>& ctx, const Tensor<T>& dy_rows, const Tensor<T>* g) {
+    if (parallel::splits_rows(tp_) && w2_.takes_float8_grad_output())
+      return w2_.backward_float8(ctx.child("w2"),
+                                 gather_float8_rows<B>(tp_->comm(), dy_rows.cview(), w2_.float8()->grad_output), g);
+    return w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows), g);
+  }
 
   /// g = silu(a) * b; with `amaxes`, by rows, g's row amaxes kept there (for w2's float8
   /// cast). The rows' kernel whenever w2 casts by rows, so that a g made again in the

@@ -342,6 +342,58 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
   return q;
 }
 
+/// The rows of x on this rank (x split by rows over `group`: sequence parallelism) cast
+/// by `cast` (one scale, agreed over the group: Float8Split::rows) and gathered as float8:
+/// every row's values, rank t's rows at block t, with the one scale. The cast is
+/// elementwise and the scale the whole tensor's, so these are the bytes of gathering x
+/// and casting it whole, in half (bf16) or a quarter (float32) of the gather's bytes.
+/// The rows' amaxes a kernel that wrote x kept (Float8RowAmaxes) serve the scale.
+template <Backend B, class T>
+Float8Operand<B> gather_float8_rows(comm::Communicator& group, TensorView<const T> x, Float8Cast cast) {
+  TESSERA_CHECK(cast.axis == ops::Float8Axis::tensor, "gather_float8_rows: one scale a tensor (tensorwise), so that "
+                "the rows of every rank share it");
+  const Float8Operand<B> local = cast_to_float8<B>(x, cast, false, Float8Split::rows(group));
+  Float8Operand<B> whole;
+  whole.scale = local.scale;
+  whole.inverse = local.inverse;
+  whole.cast = cast;
+  whole.rows = local.rows * group.size();
+  whole.cols = local.cols;
+  const auto n = static_cast<std::size_t>(local.rows * local.cols);
+  const auto bytes = [](const auto* p) { return reinterpret_cast<const std::uint8_t*>(p); };
+  const auto out = [](auto* p) { return reinterpret_cast<std::uint8_t*>(p); };
+  if (cast.format == DType::f8e4m3) {
+    whole.e4m3 = B::template empty<float8_e4m3>(Shape{whole.rows, whole.cols});
+    group.all_gather(std::span<const std::uint8_t>(bytes(local.e4m3.data()), n),
+                     std::span<std::uint8_t>(out(whole.e4m3.data()), n * static_cast<std::size_t>(group.size())));
+  } else {
+    whole.e5m2 = B::template empty<float8_e5m2>(Shape{whole.rows, whole.cols});
+    group.all_gather(std::span<const std::uint8_t>(bytes(local.e5m2.data()), n),
+                     std::span<std::uint8_t>(out(whole.e5m2.data()), n * static_cast<std::size_t>(group.size())));
+  }
+  return whole;
+}
+
+/// `q` (one scale) with its values transposed: the operand of the same cast of the
+/// transposed tensor, for a GEMM that reduces down q's columns (a weight gradient
+/// multiplying an input or output gradient gathered in float8).
+template <Backend B>
+Float8Operand<B> transposed_float8(const Float8Operand<B>& q) {
+  TESSERA_CHECK(q.cast.axis == ops::Float8Axis::tensor, "transposed_float8: one scale a tensor (tensorwise)");
+  Float8Operand<B> t = q;
+  t.rows = q.cols;
+  t.cols = q.rows;
+  t.transposed = !q.transposed;
+  if (q.cast.format == DType::f8e4m3) {
+    t.e4m3 = B::template empty<float8_e4m3>(Shape{t.rows, t.cols});
+    B::for_each(q.rows * q.cols, ops::Float8Transpose<float8_e4m3>{q.e4m3.data(), q.rows, q.cols, t.e4m3.data()});
+  } else {
+    t.e5m2 = B::template empty<float8_e5m2>(Shape{t.rows, t.cols});
+    B::for_each(q.rows * q.cols, ops::Float8Transpose<float8_e5m2>{q.e5m2.data(), q.rows, q.cols, t.e5m2.data()});
+  }
+  return t;
+}
+
 /// The multiples a float8 GEMM's sizes must be of (cuBLASLt's float8 matmul: its
 /// reduction and the second operand's rows, both leading dimensions of 1-byte elements).
 inline constexpr std::int64_t kFloat8GemmMultiple = 16;

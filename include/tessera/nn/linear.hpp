@@ -74,6 +74,7 @@ class Linear : public LayerTypes<T, B> {
     if (float8 != nullptr && float8->applies(name, in, out)) {
       float8_ = ops::float8_casts(float8->recipe);
       emulate_float8_ = float8->emulate;
+      float8_tp_gather_ = float8->tp_all_gather;
       if (!emulate_float8_) check_float8_gemms(name, split.piece_of(Shape{out, in}), split.split());
       TESSERA_CHECK(split.holders <= 1, name, ": float8 with ", split.holders, " tensor-parallel ranks holding each "
                     "piece of it (more ranks than key/value heads): each rank's output gradient is its part of a sum "
@@ -153,6 +154,15 @@ class Linear : public LayerTypes<T, B> {
     }
     if (weight_.frozen && !lora_) return;
     const Tensor<T>* kept_u = lora_ ? ctx.saved_if("lora_u") : nullptr;
+    // The forward's input gathered in float8 (forward_float8), where it was: its transpose
+    // is the weight gradient's operand.
+    const Float8Operand<B> x8 = input == nullptr ? saved_float8_input(ctx) : Float8Operand<B>{};
+    if (!x8.e4m3.empty()) {
+      ctx.weight_grad([this, x8, dy] {
+        weight_gemm_float8_input(dy, x8, weight_.grad_write_beta(), weight_.grad);
+      });
+      return;
+    }
     ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy, du, x_scale = saved_scale(ctx, "x"),
                      u = kept_u != nullptr ? *kept_u : Tensor<T>{}] {
       if (lora_) lora_->weight_grads(dy.cview(), x.cview(), du.cview(), u.empty() ? nullptr : &u);
@@ -165,6 +175,98 @@ class Linear : public LayerTypes<T, B> {
         weight_gemm(dy, x, weight_.grad_write_beta(), weight_.grad, x_scale);
       }
     });
+  }
+
+  // ---- Operands gathered in float8 over sequence-parallel ranks ------------------------
+  // Under sequence parallelism a column-parallel layer's input and a row-parallel layer's
+  // output gradient arrive by an all-gather of every rank's rows. Where this layer casts
+  // that operand by one scale (tensorwise) and its weight gradient casts the operand's
+  // transpose by the same cast, the rows may be cast on each rank and gathered as float8
+  // (nn::gather_float8_rows: the same bytes, half a bf16 gather's), and the layer then
+  // multiplies them as they are: torchtitan's float8 tensor parallelism.
+
+  /// Whether the forward may take x in float8 (forward_float8).
+  bool takes_float8_input() const {
+    return float8_ && float8_tp_gather_ && !lora_ && !weight_.frozen && float8_->input.axis == ops::Float8Axis::tensor &&
+           float8_->input.format == DType::f8e4m3 && reuses_input_scale();
+  }
+  /// Whether the backward may take dy in float8 (backward_float8).
+  bool takes_float8_grad_output() const {
+    return float8_ && float8_tp_gather_ && !lora_ && !weight_.frozen && !float8_->grad_weight_high_precision &&
+           float8_->grad_output.axis == ops::Float8Axis::tensor &&
+           same_cast(float8_->grad_output, float8_->grad_output_for_grad_weight);
+  }
+
+  /// y = x W^T with x already cast by this layer's input cast (`x8`: every row, e4m3, one
+  /// scale). x8 is kept for the backward (one byte an element), whose weight gradient
+  /// multiplies its transpose; where takes_float8_input().
+  Tensor<T> forward_float8(const Context<T>& ctx, const Float8Operand<B>& x8) {
+    TESSERA_CHECK(takes_float8_input() && x8.cast.format == DType::f8e4m3 && x8.cast.axis == ops::Float8Axis::tensor &&
+                      !x8.transposed && x8.cols == in_features(),
+                  weight_.name, ": an input in float8 needs this layer's tensorwise e4m3 input cast and ",
+                  in_features(), " features a row");
+    Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
+      Tensor<T> out = B::template empty<T>(Shape{x8.rows, out_features()});
+      const Float8GemmOptions options{emulate_float8_, float8_->fast_accumulation_forward};
+      if (!weight_.float8_value.empty()) {
+        float8_multiply<B>(x8.gemm_operand(weight_.name), gathered_float8_weight(false), 0.0f, out.view(),
+                           weight_.name, options);
+      } else {
+        const Float8Operand<B> w = cast_to_float8<B>(weight_.value.cview(), float8_->weight, false, weight_split());
+        float8_multiply<B>(x8.gemm_operand(weight_.name), w.gemm_operand(weight_.name), 0.0f, out.view(),
+                           weight_.name, options);
+        if constexpr (std::is_same_v<accum_t<T>, float>) {
+          if (reuses_weight_scale()) {
+            ctx.save(scale_key("w"), SaveKind::scale, w.scale);
+            ctx.save(inverse_key("w"), SaveKind::scale, w.inverse);
+          }
+        }
+      }
+      return out;
+    });
+    ctx.save("x8", SaveKind::input, x8.e4m3);
+    if constexpr (std::is_same_v<accum_t<T>, float>) {
+      ctx.save(scale_key("x8"), SaveKind::scale, x8.scale);
+      ctx.save(inverse_key("x8"), SaveKind::scale, x8.inverse);
+    }
+    return y;
+  }
+
+  /// dx = dy W, returned, and dW (+)= dy^T x (through ctx.weight_grad) with dy already
+  /// cast by this layer's output-gradient cast (`dy8`: every row, one scale); `input`: the
+  /// forward's input where it did not keep it. Where takes_float8_grad_output().
+  Tensor<T> backward_float8(const Context<T>& ctx, const Float8Operand<B>& dy8, const Tensor<T>* input = nullptr) {
+    TESSERA_CHECK(takes_float8_grad_output() && dy8.cast.format == float8_->grad_output.format &&
+                      dy8.cast.axis == ops::Float8Axis::tensor && !dy8.transposed && dy8.cols == out_features(),
+                  weight_.name, ": an output gradient in float8 needs this layer's tensorwise output-gradient cast and ",
+                  out_features(), " features a row");
+    Tensor<T> dx = B::template empty<T>(Shape{dy8.rows, in_features()});
+    const Float8GemmOptions options{emulate_float8_, false};
+    if (!weight_.float8_value.empty()) {
+      const Tensor<float8_e4m3> transposed = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
+      float8_multiply<B>(dy8.gemm_operand(weight_.name), gathered_float8_weight(true, transposed), 0.0f, dx.view(),
+                         weight_.name, options);
+    } else {
+      std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
+      Float8SharedCasts<B>& casts = open_casts(own);
+      hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
+      const Float8Operand<B> wt =
+          cast_to_float8<B>(weight_.value.cview(), float8_->weight_for_grad_input, true, weight_split());
+      float8_multiply<B>(dy8.gemm_operand(weight_.name), wt.gemm_operand(weight_.name), 0.0f, dx.view(), weight_.name,
+                         options);
+    }
+    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy8, x_scale = saved_scale(ctx, "x")] {
+      // dy^T (out x rows): dy8's values transposed, its scale; x^T cast by the forward's scale.
+      std::optional<Float8SharedCasts<B>> own;
+      Float8SharedCasts<B>& casts = open_casts(own);
+      hand_scale(casts, x.cview(), float8_->input, x_scale);
+      const Float8Operand<B> dyt = transposed_float8<B>(dy8);
+      const Float8Operand<B> xt = cast_to_float8<B>(x.cview(), float8_->input_for_grad_weight, true, input_split());
+      float8_multiply<B>(dyt.gemm_operand(weight_.name), xt.gemm_operand(weight_.name),
+                         static_cast<float>(weight_.grad_write_beta()), weight_.grad.view(), weight_.name,
+                         {emulate_float8_, false});
+    });
+    return dx;
   }
 
   template <class F>
@@ -258,6 +360,36 @@ class Linear : public LayerTypes<T, B> {
     } else {
       B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview(), x.cview(), beta, into.view());
     }
+  }
+
+  /// The input forward_float8 kept (its values, scale and inverse), or none (empty).
+  Float8Operand<B> saved_float8_input(const Context<T>& ctx) const {
+    Float8Operand<B> q;
+    if constexpr (std::is_same_v<accum_t<T>, float>) {
+      const Tensor<float8_e4m3>* x8 = ctx.template saved_if<float8_e4m3>("x8");
+      if (x8 == nullptr) return q;
+      q.e4m3 = *x8;
+      q.scale = ctx.template saved<float>(scale_key("x8"));
+      q.inverse = ctx.template saved<float>(inverse_key("x8"));
+      q.cast = float8_->input;
+      q.rows = x8->size(0);
+      q.cols = x8->size(1);
+    }
+    return q;
+  }
+
+  /// into = dy^T x + beta into with x as forward_float8 kept it (`x8`): its transpose the
+  /// GEMM's second operand, dy^T cast by the recipe.
+  void weight_gemm_float8_input(const Tensor<T>& dy, const Float8Operand<B>& x8, accum_t<T> beta,
+                                const Tensor<accum_t<T>>& into) {
+    std::optional<Float8SharedCasts<B>> own;
+    open_casts(own);
+    const Float8Operand<B> dyt =
+        cast_first_operand<B>(Trans::yes, dy.cview(), float8_->grad_output_for_grad_weight, weight_.name,
+                              grad_output_split());
+    const Float8Operand<B> xt = transposed_float8<B>(x8);
+    float8_multiply<B>(dyt.gemm_operand(weight_.name), xt.gemm_operand(weight_.name), static_cast<float>(beta),
+                       into.view(), weight_.name, {emulate_float8_, false});
   }
 
   // ---- The forward's tensorwise scales, taken again by the backward ------------------
@@ -361,6 +493,7 @@ class Linear : public LayerTypes<T, B> {
   parallel::TensorParallelGroup* tp_ = nullptr;
   std::optional<ops::Float8LinearCasts> float8_;
   bool emulate_float8_ = true;
+  bool float8_tp_gather_ = true;  // ops::Float8Policy::tp_all_gather
 };
 
 /// A block's output projection (attention's wo, the feed-forward's w2): x W^T summed over

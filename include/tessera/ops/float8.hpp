@@ -408,6 +408,11 @@ struct Float8Policy {
   /// each weight the policy takes is cast to float8 on its shards, with one scale agreed
   /// over them, and gathered as float8 (parallel/sharding.hpp).
   bool all_gather = false;
+  /// Tensor parallelism's sequence-parallel all-gathers in float8 (tensorwise; tessera's
+  /// float8.enable_tp_float8_all_gather, torchtitan's float8 tensor parallelism): a float8
+  /// layer's input and output gradient gathered as float8 values, each rank's rows cast
+  /// by the agreed scale (nn::gather_float8_rows); false gathers them as they are.
+  bool tp_all_gather = true;
 
   /// Whether the layer `name`, `in` -> `out` features whole, trains in float8.
   bool applies(std::string_view name, std::int64_t in, std::int64_t out) const {

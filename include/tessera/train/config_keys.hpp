@@ -416,6 +416,11 @@ inline std::vector<ConfigKey> build_config_keys() {
       make_key("float8.enable_fsdp_float8_all_gather",
                field<&J::float8, &Float8Section::enable_fsdp_float8_all_gather>(),
                "Cast each FSDP shard to float8 before the all-gather (half the bytes; tensorwise only)."),
+      make_key("float8.enable_tp_float8_all_gather",
+               field<&J::float8, &Float8Section::enable_tp_float8_all_gather>(),
+               "Under tensor parallelism with sequence parallelism (tensorwise): gather a float8 layer's input and "
+               "wo's and w2's output gradients as float8 values, each rank's rows cast by the agreed scale (half "
+               "the bytes; the same values as gathering then casting). tessera's."),
       make_key("float8.precompute_float8_dynamic_scale_for_fsdp",
                field<&J::float8, &Float8Section::precompute_float8_dynamic_scale_for_fsdp>(),
                "With the float8 all-gather: every weight's scale from one all-reduce of amaxes after the "

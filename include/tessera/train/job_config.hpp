@@ -153,6 +153,7 @@ struct ActivationCheckpointSection {
 struct Float8Section {
   std::string recipe_name = "tensorwise";
   bool enable_fsdp_float8_all_gather = false;
+  bool enable_tp_float8_all_gather = true;  // tessera's: the sequence-parallel gathers in float8
   bool precompute_float8_dynamic_scale_for_fsdp = false;
   std::vector<std::string> filter_fqns = {"output"};
   bool emulate = false;

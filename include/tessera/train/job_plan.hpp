@@ -77,6 +77,7 @@ inline ops::Float8Policy float8_policy(const JobConfig& c) {
   f.recipe = ops::parse_float8_recipe(c.float8.recipe_name, "float8.recipe_name");
   f.emulate = c.float8.emulate;
   f.all_gather = c.float8.enable_fsdp_float8_all_gather;
+  f.tp_all_gather = c.float8.enable_tp_float8_all_gather;
   f.filter_fqns.clear();  // the config's list, in place of the policy's default
   for (const std::string& name : c.float8.filter_fqns) {
     if (name == "auto_filter_small_kn")
