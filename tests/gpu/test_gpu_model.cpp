@@ -2,10 +2,10 @@
 // reductions over device, host, pinned and managed memory, and thread-rank collectives
 // on device buffers); one forward_backward and three Trainer steps of
 // nn::Transformer<float, Cuda> and of the binaries' block type under every activation
-// checkpointing mode; FSDP, TP, PP and FSDP x TP on virtual ranks sharing the GPU; a
-// checkpoint saved from the GPU and loaded on either backend; out of device memory as
-// an error. The CUDA side runs in model_launchers.cpp; the suite's main (main.cpp)
-// skips everything without a device.
+// checkpointing mode; FSDP, TP, PP and FSDP x TP on virtual ranks sharing the GPU
+// (float8 under TP among them); a checkpoint saved from the GPU and loaded on either
+// backend; out of device memory as an error. The CUDA side runs in model_launchers.cpp;
+// the suite's main (main.cpp) skips everything without a device.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -638,6 +638,44 @@ TEST_CASE("LoRA on one GPU: the adapters' GEMMs (into a fused projection's colum
   check_virtual_ranks("TP 2, LoRA", {1, 1, 1, 2}, lora);
   check_virtual_ranks("FSDP 2, LoRA (the frozen weights in shards of their own), full checkpointing", {1, 1, 2, 1},
                       test::with(lora, test::kAcModes[1].keys));
+}
+
+TEST_CASE("Float8 under TP on virtual ranks (cuBLASLt's float8 matmul, the gathers in float8) gives one GPU rank's run") {
+  // Each piece cast by the whole tensor's scale, the sequence-parallel gathers of the norms'
+  // outputs and of wo's and w2's gradients as float8 values; one GPU rank runs the same
+  // micro-batches (a cast's amax is its micro-batch's). The bf16 model's bars
+  // (tests/parallel/test_tensor_parallel.cpp): a row-parallel layer's partial sums are
+  // rounded to bf16 before they are summed. The gathers in bf16 give the same float8
+  // operands, so the same run bit for bit.
+  struct Layout {
+    const char* name;
+    comm::MeshShape shape;
+  };
+  for (const Layout& l : {Layout{"TP 2", {1, 1, 1, 2}}, Layout{"FSDP 2 x TP 2, weights gathered in float8", {1, 1, 2, 2}}}) {
+    const std::string layout = l.name;
+    CAPTURE(layout);
+    std::vector<std::string> keys = {"--training.mixed_precision_param", "bfloat16", "--model.converters", "float8",
+                                     "--float8.recipe_name", "tensorwise", "--float8.emulate", "false"};
+    if (l.shape.dp_shard > 1) keys = test::with(keys, {"--float8.enable_fsdp_float8_all_gather", "true"});
+    const std::int64_t local = test::kParityBatch / l.shape.dp();
+    const std::vector<test::RunResult> per_rank = cuda_thread_ranks(l.shape, layout_job(local, kLayoutSteps, keys));
+    const test::RunResult one = cuda_one_rank(layout_job(local, kLayoutSteps, keys));
+    REQUIRE(per_rank.size() == static_cast<std::size_t>(l.shape.world()));
+    for (const test::RunResult& r : per_rank) {
+      CHECK(r.losses == per_rank.front().losses);
+      CHECK(r.grad_norms == per_rank.front().grad_norms);
+    }
+    const test::RunGap gap = test::run_gap(per_rank.front(), one);
+    CAPTURE(gap.loss);
+    CAPTURE(gap.grad_norm);
+    CHECK(gap.loss <= 1e-3);
+    CHECK(gap.grad_norm <= 5e-3);
+    const std::vector<test::RunResult> bf16_gathers = cuda_thread_ranks(
+        l.shape, layout_job(local, kLayoutSteps, test::with(keys, {"--float8.enable_tp_float8_all_gather", "false"})));
+    CHECK(bf16_gathers.front().losses == per_rank.front().losses);
+    CHECK(bf16_gathers.front().grad_norms == per_rank.front().grad_norms);
+    CHECK(per_rank.front().comm_bytes < bf16_gathers.front().comm_bytes);
+  }
 }
 
 TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {
