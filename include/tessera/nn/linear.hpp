@@ -21,7 +21,13 @@
 // without one (the CPU) is refused here unless it does, as is a layer whose sizes a
 // float8 GEMM cannot take. Under FSDP's float8 all-gather (tensorwise) the weight arrives
 // already in float8 (Parameter::float8_value, parallel/sharding.hpp) and the forward and
-// input-gradient GEMMs multiply it as it is.
+// input-gradient GEMMs multiply it as it is. Under tensor parallelism each cast of a
+// piece (the weight; x of a row-parallel layer; dy of a column-parallel one) takes the
+// scales of the whole tensor (nn::Float8Split), so every rank multiplies its piece of
+// what one rank would; a piece several ranks hold is refused, since its gradient dy is
+// then each rank's part of a sum, which one rank casts whole. Under sequence parallelism
+// with tensorwise scaling the layer may take its input (forward_float8) or its output
+// gradient (backward_float8) already in float8, gathered so over the ranks.
 //
 // Under LoRA (layer/lora.hpp: model.converters = ["lora"], [lora]) the weight is frozen
 // (no gradient, no GEMM for one) and a layer the policy takes holds an adapter
