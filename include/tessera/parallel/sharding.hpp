@@ -25,9 +25,9 @@
 // gather, from its largest magnitude over every shard (each rank's part, then one
 // all-reduce of the maxima over the shard group, and one over the tensor-parallel group
 // where the unit holds pieces of the weights: exact, so it is the amax of the whole
-// weight, as one rank's cast takes it); each rank casts its part of the weight to float8_e4m3 by it (from the values
-// the plain gather would send: rounded to bf16 first where it sends bf16) and the unit's
-// flat vector is gathered as one byte an element. The unit's other parameters (the
+// weight, as one rank's cast takes it); each rank casts its part of the weight to
+// float8_e4m3 by it (from the values the plain gather would send: rounded to bf16 first
+// where it sends bf16) and the unit's flat vector is gathered as one byte an element. The unit's other parameters (the
 // norms' weights) go in a second, small gather of their own elements. The layer then
 // multiplies the gathered float8 values as they are (Parameter::float8_value,
 // float8_inverse): the same scale and the same elementwise cast as gathering the weight
