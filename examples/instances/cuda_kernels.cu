@@ -41,6 +41,7 @@ namespace tessera {
   TESSERA_LAUNCH_OP(ops::Fill<T>)                                                                                     \
   TESSERA_LAUNCH_OP(ops::Copy<T>)                                                                                     \
   TESSERA_LAUNCH_OP(ops::Add<T>)                                                                                      \
+  TESSERA_LAUNCH_OP(ops::SumOfPieces<T>)                                                                              \
   TESSERA_LAUNCH_OP(ops::Axpy<T>)                                                                                     \
   TESSERA_LAUNCH_OP(ops::Scale<T>)                                                                                    \
   TESSERA_LAUNCH_OP(ops::InitValues<T>)                                                                               \

@@ -47,7 +47,7 @@ expect_error "TOML syntax error" "broken.toml" "$train" --config "$work/broken.t
 expect_error "missing config file" "missing.toml" "$train" --config "$work/missing.toml"
 expect_error "n_heads not dividing dim" "n_heads (3) does not divide dim (32)" "$train" "${small[@]}" --model.n_heads 3
 expect_error "torchtitan's Hub dataset" 'training.dataset = "c4": torchtitan streams it from the Hugging Face Hub' "$train" "${small[@]}" --training.dataset c4
-expect_error "torchtitan's async tensor parallelism" "parallelism.enable_async_tensor_parallel = true" "$train" "${small[@]}" --parallelism.enable_async_tensor_parallel true
+expect_error "async tensor parallelism without sequence parallelism" "parallelism.enable_async_tensor_parallel = true cuts the sequence-parallel gathers" "$train" "${small[@]}" --parallelism.enable_async_tensor_parallel true --parallelism.disable_sequence_parallel true
 expect_error "the early step with clipping" "optimizer.early_step_in_backward: each unit is updated as soon as its gradient is reduced" "$train" "${small[@]}" --optimizer.early_step_in_backward true --training.max_norm 1
 expect_error "n_kv_heads not dividing n_heads" "n_kv_heads (3) does not divide n_heads (2)" "$train" "${small[@]}" --model.n_kv_heads 3
 expect_error "unknown device" "training.device must be one of auto, cpu, cuda; got \"gpu\"" "$train" "${small[@]}" --training.device gpu

@@ -606,6 +606,16 @@ TEST_CASE("Virtual ranks on one GPU: FSDP, TP, PP and FSDP x TP give one rank's 
   check_virtual_ranks("FSDP 2 x TP 2", {1, 1, 2, 2}, {});
 }
 
+TEST_CASE("Virtual ranks on one GPU: asynchronous TP (cuBLASLt's GEMMs by blocks of rows beside send/recv) gives one rank's losses") {
+  // parallelism.enable_async_tensor_parallel: each gather and reduce-scatter of the
+  // stacked projections and the output projections cut by peer, the GEMMs run on row
+  // slices of the gathered matrix, the pieces summed by ops::SumOfPieces on the device.
+  const std::vector<std::string> async = {"--parallelism.enable_async_tensor_parallel", "true"};
+  check_virtual_ranks("TP 2, asynchronous", {1, 1, 1, 2}, async);
+  check_virtual_ranks("FSDP 2 x TP 2, asynchronous, full checkpointing", {1, 1, 2, 2},
+                      test::with(async, test::kAcModes[1].keys));
+}
+
 TEST_CASE("Virtual ranks on one GPU: context parallelism (the ring's full blocks on the device) gives one rank's losses") {
   check_virtual_ranks("CP 2", {1, 1, 1, 1, 2}, {});
   check_virtual_ranks("CP 2 x FSDP 2, full checkpointing", {1, 1, 2, 1, 2}, test::kAcModes[1].keys);

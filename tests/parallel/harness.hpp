@@ -94,6 +94,7 @@ struct RunResult {
   std::size_t activation_bytes = 0;   // peak saved activations, this rank
   std::size_t peak_memory_bytes = 0;  // every allocation, this rank
   std::uint64_t comm_bytes = 0;       // sent by this rank in the last step
+  std::uint64_t peer_bytes = 0;       // of them, by point-to-point transfers
   std::vector<double> validation_losses;  // [validation] enabled: each validation's loss
 };
 
@@ -129,6 +130,7 @@ RunResult train_layout(comm::Communicator world, comm::MeshShape shape, const tr
     r.activation_bytes = std::max(r.activation_bytes, m.activation_bytes);
     r.peak_memory_bytes = std::max(r.peak_memory_bytes, m.peak_memory_bytes);
     r.comm_bytes = m.comm_bytes;
+    r.peer_bytes = m.peer_bytes;
   }
   return r;
 }

@@ -9,6 +9,8 @@
 // words (or by the static policy) when a program did. Float8 GEMMs under tensor
 // parallelism: a column- and a row-parallel linear layer against the whole one, every
 // recipe; the model against one rank's float8 run, FSDP's float8 all-gather included.
+// Asynchronous TP: the overlapped gather and reduce-scatter against the collectives, and
+// seven layouts with it against one rank.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -119,6 +121,116 @@ TEST_CASE("tensor parallel: FSDP x TP and HSDP x TP, with checkpointing") {
   check_layout_parity("FSDP 2 x TP 2, selective op", {1, 1, 2, 2}, kSelectiveOp);
   check_layout_parity("FSDP 2 x TP 4, every 2nd layer", {1, 1, 2, 4}, kEvery2nd);
   check_layout_parity("HSDP 2x2 x TP 2, full", {1, 2, 2, 2}, kFull);
+}
+
+TEST_CASE("tensor parallel: the overlapped gather and reduce-scatter are the collectives' bits, cut by peer") {
+  // Asynchronous TP's two moves on 2, 3 and 4 thread ranks under NCCL's rules: the
+  // gathered rows and the summed rows are whole_rows' and summed_rows' bit for bit (bf16
+  // sums rounded in the same order), the GEMM's blocks come in the order the transfers
+  // bring or want them, and the bytes sent are the collectives', by send/recv instead.
+  for (const int n : {2, 3, 4}) {
+    CAPTURE(n);
+    comm::run_thread_ranks(
+        n,
+        [&](comm::Communicator& world) {
+          parallel::TensorParallelGroup whole(&world), cut(&world, true, true, /*overlapped=*/true);
+          REQUIRE(parallel::overlaps(&cut));
+          REQUIRE_FALSE(parallel::overlaps(&whole));
+          const int r = world.rank();
+          const std::int64_t m = 3, cols = 5;
+          std::vector<float> mine(static_cast<std::size_t>(m * cols)), partial(static_cast<std::size_t>(n * m * cols));
+          for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = 0.37f * static_cast<float>(i) - 1.3f * (r + 1);
+          for (std::size_t i = 0; i < partial.size(); ++i)
+            partial[i] = std::sin(0.7f * static_cast<float>(i) + 1.9f * r) * (1.0f + 1e3f * static_cast<float>(r));
+          const auto check = [&]<class T>(T) {
+            const auto as_t = [&](const std::vector<float>& v, std::int64_t rows) {
+              Tensor<T> t = Cpu::empty<T>(Shape{rows, cols});
+              for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = T(v[static_cast<std::size_t>(i)]);
+              return t;
+            };
+            const auto bits = [](const Tensor<T>& t) {
+              std::vector<unsigned char> b(static_cast<std::size_t>(t.numel()) * sizeof(T));
+              std::memcpy(b.data(), t.data(), b.size());
+              return b;
+            };
+            const Tensor<T> x = as_t(mine, m), p = as_t(partial, n * m);
+            world.reset_traffic();
+            const Tensor<T> gathered = parallel::whole_rows<Cpu>(&whole, x);
+            const Tensor<T> summed = parallel::summed_rows<Cpu>(&whole, p);
+            const comm::Traffic collectives = world.traffic();
+            world.reset_traffic();
+            std::vector<std::int64_t> read, written;
+            const Tensor<T> gathered_cut = parallel::whole_rows_overlapped<Cpu>(
+                &cut, x, [&](const Tensor<T>& y, std::int64_t begin, std::int64_t end) {
+                  CHECK(y.size(0) == n * m);
+                  CHECK(end - begin == m);
+                  read.push_back(begin / m);
+                });
+            const Tensor<T> summed_cut = parallel::summed_rows_overlapped<Cpu, T>(
+                &cut, n * m, cols, [&](const Tensor<T>& into, std::int64_t begin, std::int64_t end) {
+                  CHECK(end - begin == m);
+                  std::memcpy(into.data() + begin * cols, p.data() + begin * cols,
+                              static_cast<std::size_t>((end - begin) * cols) * sizeof(T));
+                  written.push_back(begin / m);
+                });
+            CHECK(bits(gathered_cut) == bits(gathered));
+            CHECK(bits(summed_cut) == bits(summed));
+            std::vector<std::int64_t> arrival, departure;
+            for (int s = 0; s < n; ++s) {
+              arrival.push_back((r + s) % n);
+              departure.push_back((r + s + 1) % n);
+            }
+            CHECK(read == arrival);
+            CHECK(written == departure);
+            const comm::Traffic peers = world.traffic();
+            CHECK(peers.all_gather + peers.reduce_scatter == 0);
+            CHECK(peers.send == collectives.all_gather + collectives.reduce_scatter);
+          };
+          check(float{});
+          check(bf16{});
+        },
+        nccl_rules());
+  }
+}
+
+TEST_CASE("tensor parallel: asynchronous TP trains one rank's model, its collectives cut into the GEMMs") {
+  // parallelism.enable_async_tensor_parallel: the stacked projections' gathers and
+  // reduce-scatters and the output projections' cut by peer. The same bytes as the
+  // collectives, sent by send/recv, and one rank's model within the parity bar (a GEMM
+  // run a block of rows at a time rounds as OpenBLAS blocks that call: 1e-8 from the
+  // collectives' run in float32). Layers the cut does not reach (an op policy's stash,
+  // kv heads on several ranks, projections one by one) run whole beside those it does.
+  struct Case {
+    const char* name;
+    comm::MeshShape shape;
+    std::vector<std::string> keys, model_keys;
+    double loss_bar = 1e-5, grad_norm_bar = 1e-4;
+  };
+  const std::vector<std::string> async = {"--parallelism.enable_async_tensor_parallel", "true"};
+  for (const Case& k :
+       {Case{"TP 2", {1, 1, 1, 2}, {}, {}}, Case{"TP 4, full checkpointing", {1, 1, 1, 4}, kFull, {}},
+        Case{"FSDP 2 x TP 2, selective op", {1, 1, 2, 2}, kSelectiveOp, {}},
+        Case{"TP 4 > kv heads 2", {1, 1, 1, 4}, {}, {"--model.n_kv_heads", "2"}},
+        Case{"TP 2 x PP 2, 1F1B", {2, 1, 1, 2}, {"--parallelism.pipeline_parallel_microbatch_size", "2"}, {}},
+        Case{"TP 2, projections one by one", {1, 1, 1, 2}, {}, {"--model.fuse_projections", "false"}},
+        // bf16: a row-parallel layer's partial sums rounded before they are summed (the
+        // bf16 model's bars, as the float8 case above).
+        Case{"TP 2, bf16", {1, 1, 1, 2}, {}, {"--training.mixed_precision_param", "bfloat16"}, 1e-3, 5e-3}}) {
+    const std::string name = k.name;
+    CAPTURE(name);
+    const LayoutRun cut = layout_run(k.shape, with(with(k.keys, k.model_keys), async));
+    const LayoutRun collectives = layout_run(k.shape, with(k.keys, k.model_keys));
+    CHECK(cut.ranks_agree);
+    const RunGap gap = run_gap(cut.rank0, one_rank_run(k.model_keys));
+    const RunGap beside = run_gap(cut.rank0, collectives.rank0);
+    MESSAGE(name, ": loss within ", gap.loss, ", gradient norm within ", gap.grad_norm, " of one rank's (",
+            beside.loss, " and ", beside.grad_norm, " of the collectives'); bytes sent by send/recv in a step ",
+            cut.rank0.peer_bytes, " (", collectives.rank0.peer_bytes, " without), of ", cut.rank0.comm_bytes);
+    CHECK(gap.loss <= k.loss_bar);
+    CHECK(gap.grad_norm <= k.grad_norm_bar);
+    CHECK(cut.rank0.comm_bytes == collectives.rank0.comm_bytes);
+    CHECK(cut.rank0.peer_bytes > collectives.rank0.peer_bytes);
+  }
 }
 
 TEST_CASE("tensor parallel: each rank's gradient is its piece of one rank's, and saving sees whole parameters") {

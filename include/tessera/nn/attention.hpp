@@ -92,8 +92,8 @@ class Attention : public LayerTypes<T, B> {
       k = rope_->rotated(wk_.forward_float8(ctx.child("wk"), x8), n_kv_heads_, ctx.geometry().positions());
       v = wv_.forward_float8(ctx.child("wv"), x8);
     } else {
+      if (stacked(ctx)) return stacked_forward_(ctx, s, x_rows, residual);
       const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
-      if (stacked(ctx)) return stacked_forward_(ctx, s, x, residual);
       Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the three
       q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, ctx.geometry().positions());
       k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, ctx.geometry().positions());
@@ -124,7 +124,7 @@ class Attention : public LayerTypes<T, B> {
         d_o = wo_.backward_float8(ctx.child("wo"),
                                   gather_float8_rows<B>(tp_->comm(), dy_rows.cview(), wo_.float8()->grad_output));
       else
-        d_o = wo_.backward(ctx.child("wo"), parallel::whole_rows<B>(tp_, dy_rows));
+        d_o = wo_.backward_gathering(ctx.child("wo"), tp_, dy_rows);
     }
     if (const Tensor<T>* qkv = ctx.saved_if("qkv")) return stacked_backward_(ctx, s, *qkv, d_o);
     const Tensor<T>& q = ctx.saved("q");
@@ -192,17 +192,18 @@ class Attention : public LayerTypes<T, B> {
     return m.slice_cols(first, first + heads * head_dim_);
   }
 
-  Tensor<T> stacked_forward_(const Context<T>& ctx, const AttentionShape& s, const Tensor<T>& x,
+  /// x_rows: the rows this rank holds (parallel::whole_rows gathers the rest).
+  Tensor<T> stacked_forward_(const Context<T>& ctx, const AttentionShape& s, const Tensor<T>& x_rows,
                              const Tensor<T>* residual) {
     const std::int64_t q_cols = n_heads_ * head_dim_, kv_cols = n_kv_heads_ * head_dim_;
-    const Tensor<T> qkv = stacked_forward(ctx.child("wqkv"), x, wq_, wk_, wv_);
+    const Tensor<T> qkv = stacked_forward(ctx.child("wqkv"), tp_, x_rows, wq_, wk_, wv_);
     const ops::RowPositions positions = ctx.geometry().positions();
     rope_->rotate(heads_of(qkv.view(), 0, n_heads_), n_heads_, positions, false);
     rope_->rotate(heads_of(qkv.view(), q_cols, n_kv_heads_), n_kv_heads_, positions, false);
     const TensorView<const T> all = qkv.cview();
     Tensor<accum_t<T>> lse;
     Tensor<T> o = ctx.op("o", SaveKind::attention, [&] {
-      Tensor<T> out = B::template empty<T>(Shape{x.size(0), q_cols});
+      Tensor<T> out = B::template empty<T>(Shape{qkv.size(0), q_cols});
       lse = B::template empty<accum_t<T>>(Shape{s.batch, n_heads_, s.seq_len});
       parallel::attention_forward<B>(cp_, s, heads_of(all, 0, n_heads_), heads_of(all, q_cols, n_kv_heads_),
                                      heads_of(all, q_cols + kv_cols, n_kv_heads_), out.view(), lse.data());
@@ -233,7 +234,7 @@ class Attention : public LayerTypes<T, B> {
     const ops::RowPositions positions = ctx.geometry().positions();
     rope_->rotate(heads_of(d, 0, n_heads_), n_heads_, positions, true);
     rope_->rotate(heads_of(d, q_cols, n_kv_heads_), n_kv_heads_, positions, true);
-    return parallel::summed_rows<B>(tp_, stacked_backward(ctx.child("wqkv"), dqkv, wq_, wk_, wv_));
+    return stacked_backward(ctx.child("wqkv"), tp_, dqkv, wq_, wk_, wv_);
   }
 
   /// The query heads this rank computes, once the group's degree is checked against the

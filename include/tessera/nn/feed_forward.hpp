@@ -76,12 +76,12 @@ class FeedForward : public LayerTypes<T, B> {
       a = w1_.forward_float8(ctx.child("w1"), x8);
       b = w3_.forward_float8(ctx.child("w3"), x8);
     } else {
-      const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
       if (fuse_ && !w2_.float8_input_by_rows() && runs_stacked(ctx, w1_, w3_)) {
-        const Tensor<T> ab = stacked_forward(ctx.child("w13"), x, w1_, w3_);
+        const Tensor<T> ab = stacked_forward(ctx.child("w13"), tp_, x_rows, w1_, w3_);
         ctx.save("ab", SaveKind::matmul, ab);
         return output_(ctx, swiglu_paired(ab), residual);
       }
+      const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
       Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the two
       a = w1_.forward(ctx.child("w1"), x);
       b = w3_.forward(ctx.child("w3"), x);
@@ -187,7 +187,7 @@ class FeedForward : public LayerTypes<T, B> {
     const Tensor<T> dab = B::template empty<T>(ab.shape());
     B::for_each(ab.size(0), ops::SwiGluBackwardPaired<T>{ab.data(), dg.data(), dab.data(), ab.size(1) / 2});
     dg.release();
-    return parallel::summed_rows<B>(tp_, stacked_backward(ctx.child("w13"), dab, w1_, w3_));
+    return stacked_backward(ctx.child("w13"), tp_, dab, w1_, w3_);
   }
 
   static TensorSplit split(parallel::TensorParallelGroup* tp, int dim) { return tp ? tp->split(dim) : TensorSplit{}; }
@@ -200,7 +200,7 @@ class FeedForward : public LayerTypes<T, B> {
     if (parallel::splits_rows(tp_) && w2_.takes_float8_grad_output())
       return w2_.backward_float8(ctx.child("w2"),
                                  gather_float8_rows<B>(tp_->comm(), dy_rows.cview(), w2_.float8()->grad_output), g);
-    return w2_.backward(ctx.child("w2"), parallel::whole_rows<B>(tp_, dy_rows), g);
+    return w2_.backward_gathering(ctx.child("w2"), tp_, dy_rows, g);
   }
 
   /// g = silu(a) * b; with `amaxes`, by rows, g's row amaxes kept there (for w2's float8

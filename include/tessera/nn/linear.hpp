@@ -158,6 +158,50 @@ class Linear : public LayerTypes<T, B> {
       du = lora_->grad_down(dy.cview());
       lora_->add_input_grad(du.cview(), dx.view());
     }
+    queue_weight_grad_(ctx, dy, du, input);
+  }
+
+  /// backward of the output gradient whose rows arrive by a sequence-parallel gather over
+  /// `tp` (a row-parallel layer's): dx = dy W, returned, its GEMM a block of rows at a time
+  /// as the rows arrive where the group overlaps its collectives and the GEMM is the plain
+  /// one (parallel::whole_rows_overlapped), else after the gather.
+  Tensor<T> backward_gathering(const Context<T>& ctx, parallel::TensorParallelGroup* tp, const Tensor<T>& dy_rows,
+                               const Tensor<T>* input = nullptr) {
+    if (!parallel::overlaps(tp) || !plain_gemms()) return backward(ctx, parallel::whole_rows<B>(tp, dy_rows), input);
+    Tensor<T> dx = B::template empty<T>(Shape{dy_rows.size(0) * tp->degree(), in_features()});
+    const Tensor<T> dy = parallel::whole_rows_overlapped<B>(
+        tp, dy_rows, [&](const Tensor<T>& whole, std::int64_t begin, std::int64_t end) {
+          B::gemm(Trans::no, Trans::no, 1.0f, whole.cview().slice_rows(begin, end), weight_.value.cview(), 0.0f,
+                  dx.view().slice_rows(begin, end));
+        });
+    queue_weight_grad_(ctx, dy, Tensor<T>{}, input);
+    return dx;
+  }
+
+  // ---- The forward's GEMM a block of rows at a time ----------------------------------
+  // Asynchronous tensor parallelism runs a row-parallel layer's forward GEMM one peer's
+  // rows at a time, each block sent as soon as it is written (output_projection).
+
+  /// Whether the forward may run by blocks of rows now (forward_rows): its GEMMs the plain
+  /// ones (no float8, no adapter) and ctx neither stashing nor replaying op outputs
+  /// (selective checkpointing's op policy keeps the GEMM's whole output).
+  bool runs_by_rows(const Context<T>& ctx) const {
+    return plain_gemms() && ctx.recording() != Recording::stash && ctx.recording() != Recording::replay;
+  }
+  /// Rows of the forward's product: out = x W^T for a block of x's rows (runs_by_rows).
+  void forward_rows(TensorView<const T> x, TensorView<T> out) const {
+    B::gemm(Trans::no, Trans::yes, 1.0f, x, weight_.value.cview(), 0.0f, out);
+  }
+  /// Keeps the forward's input for the backward, as forward does (forward_rows' callers).
+  void keep_input(const Context<T>& ctx, const Tensor<T>& x) const { ctx.save("x", SaveKind::input, x); }
+
+ private:
+  /// Whether the layer's GEMMs are the model's precision and no adapter adds to them.
+  bool plain_gemms() const { return !float8_ && weight_.float8_value.empty() && !lora_; }
+
+  /// The weight gradient's part of the backward (through ctx.weight_grad): the adapter's
+  /// and the weight's, of dy and the forward's input; `du` the adapter's s dy B.
+  void queue_weight_grad_(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& du, const Tensor<T>* input) {
     if (weight_.frozen && !lora_) return;
     const Tensor<T>* kept_u = lora_ ? ctx.saved_if("lora_u") : nullptr;
     // The forward's input gathered in float8 (forward_float8), where it was: its transpose
@@ -183,6 +227,7 @@ class Linear : public LayerTypes<T, B> {
     });
   }
 
+ public:
   // ---- Operands gathered in float8 over sequence-parallel ranks ------------------------
   // Under sequence parallelism a column-parallel layer's input and a row-parallel layer's
   // output gradient arrive by an all-gather of every rank's rows. Where this layer casts
@@ -510,7 +555,17 @@ template <class T, Backend B>
 Tensor<T> output_projection(Linear<T, B>& w, const Context<T>& ctx, const Tensor<T>& x, const Tensor<T>* residual,
                             bool fused, parallel::TensorParallelGroup* tp, bool keep_input = true) {
   if (residual != nullptr && fused && !parallel::active(tp)) return w.forward_adding(ctx, x, *residual, keep_input);
-  Tensor<T> y = parallel::summed_rows<B>(tp, w.forward(ctx, x, keep_input));
+  Tensor<T> y;
+  if (parallel::overlaps(tp) && w.runs_by_rows(ctx)) {  // each peer's rows sent as soon as they are made
+    y = parallel::summed_rows_overlapped<B, T>(tp, x.size(0), w.out_features(),
+                                            [&](const Tensor<T>& partial, std::int64_t begin, std::int64_t end) {
+                                              w.forward_rows(x.cview().slice_rows(begin, end),
+                                                             partial.view().slice_rows(begin, end));
+                                            });
+    if (keep_input) w.keep_input(ctx, x);
+  } else {
+    y = parallel::summed_rows<B>(tp, w.forward(ctx, x, keep_input));
+  }
   return residual != nullptr ? sum_of<B>(*residual, y) : y;
 }
 
@@ -537,15 +592,23 @@ bool runs_stacked(const Context<T>& ctx, const Linear<T, B>& first, const Ls&...
 }
 
 /// y = x [W_0; W_1; ...]^T, (rows, the layers' outputs side by side), the op "y" of ctx;
-/// x kept for the backward. Where runs_stacked holds.
+/// x kept for the backward. Where runs_stacked holds. x is x_rows gathered over the
+/// sequence-parallel ranks of `tp` (parallel::whole_rows; x_rows itself without them),
+/// the GEMM a block of rows at a time as they arrive where the group overlaps its
+/// collectives (parallel::whole_rows_overlapped).
 template <class T, Backend B, class... Ls>
-Tensor<T> stacked_forward(const Context<T>& ctx, const Tensor<T>& x, Linear<T, B>& first, Ls&... rest) {
+Tensor<T> stacked_forward(const Context<T>& ctx, parallel::TensorParallelGroup* tp, const Tensor<T>& x_rows,
+                          Linear<T, B>& first, Ls&... rest) {
   const std::int64_t in = first.in_features(), out = (first.out_features() + ... + rest.out_features());
+  const TensorView<const T> w(first.weight().value.data(), Shape{out, in});
   std::array<Tensor<T>, 1 + sizeof...(Ls)> us;  // each adapter's u = x A^T, for its backward
+  Tensor<T> x;
   Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
-    Tensor<T> o = B::template empty<T>(Shape{x.size(0), out});
-    B::gemm(Trans::no, Trans::yes, 1.0f, x.cview(), TensorView<const T>(first.weight().value.data(), Shape{out, in}),
-            0.0f, o.view());
+    Tensor<T> o = B::template empty<T>(Shape{x_rows.size(0) * (parallel::splits_rows(tp) ? tp->degree() : 1), out});
+    x = parallel::whole_rows_overlapped<B>(tp, x_rows, [&](const Tensor<T>& whole, std::int64_t begin, std::int64_t end) {
+      B::gemm(Trans::no, Trans::yes, 1.0f, whole.cview().slice_rows(begin, end), w, 0.0f,
+              o.view().slice_rows(begin, end));
+    });
     std::int64_t col = 0;  // each adapter's output into its layer's columns
     std::size_t i = 0;
     auto add_adapter = [&](Linear<T, B>& l) {
@@ -557,33 +620,51 @@ Tensor<T> stacked_forward(const Context<T>& ctx, const Tensor<T>& x, Linear<T, B
     (add_adapter(rest), ...);
     return o;
   });
+  if (x.empty()) x = parallel::whole_rows<B>(tp, x_rows);  // the op's output came from a stash
   ctx.save("x", SaveKind::input, x);
   for (std::size_t i = 0; i < us.size(); ++i)
     if (!us[i].empty()) ctx.save("lora_u" + std::to_string(i), SaveKind::matmul, us[i]);
   return y;
 }
 
-/// The backward of stacked_forward: dx = dy [W_0; W_1; ...] (one GEMM) returned, and each
-/// weight's gradient dW_i (+)= dy_i^T x through ctx.weight_grad: one GEMM where the
-/// gradients lie side by side too and each is written alike this step (all first writes,
-/// or all additions), else one a layer on dy's columns.
+/// The backward of stacked_forward: dx = dy [W_0; W_1; ...] (one GEMM) summed over the
+/// tensor-parallel ranks `tp` (parallel::summed_rows) and returned, and each weight's
+/// gradient dW_i (+)= dy_i^T x through ctx.weight_grad: one GEMM where the gradients lie
+/// side by side too and each is written alike this step (all first writes, or all
+/// additions), else one a layer on dy's columns. Where the group overlaps its collectives
+/// and no adapter adds to dx, dx's GEMM runs a peer's rows at a time, each sent as soon as
+/// it is made (parallel::summed_rows_overlapped).
 template <class T, Backend B, class... Ls>
-Tensor<T> stacked_backward(const Context<T>& ctx, const Tensor<T>& dy, Linear<T, B>& first, Ls&... rest) {
+Tensor<T> stacked_backward(const Context<T>& ctx, parallel::TensorParallelGroup* tp, const Tensor<T>& dy,
+                           Linear<T, B>& first, Ls&... rest) {
   const std::int64_t in = first.in_features(), out = (first.out_features() + ... + rest.out_features());
-  Tensor<T> dx = B::template empty<T>(Shape{dy.size(0), in});
-  B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), TensorView<const T>(first.weight().value.data(), Shape{out, in}),
-          0.0f, dx.view());
+  const TensorView<const T> w(first.weight().value.data(), Shape{out, in});
   std::array<Parameter<T>*, 1 + sizeof...(Ls)> ws{&first.weight(), &rest.weight()...};
   // The adapters' input gradients, and their s dy B, by layer (none where it has none).
   std::array<LoraAdapter<T, B>*, 1 + sizeof...(Ls)> adapters{first.lora(), rest.lora()...};
   std::array<Tensor<T>, 1 + sizeof...(Ls)> dus, us;  // s dy B, and the u the forward kept
   std::array<std::int64_t, 2 + sizeof...(Ls)> cols{};
+  bool adapted = false;
   for (std::size_t i = 0; i < ws.size(); ++i) {
     cols[i + 1] = cols[i] + ws[i]->value.size(0);
-    if (adapters[i] == nullptr) continue;
-    dus[i] = adapters[i]->grad_down(dy.cview().slice_cols(cols[i], cols[i + 1]));
-    adapters[i]->add_input_grad(dus[i].cview(), dx.view());
-    if (const Tensor<T>* u = ctx.saved_if("lora_u" + std::to_string(i))) us[i] = *u;
+    adapted = adapted || adapters[i] != nullptr;
+  }
+  const auto input_grad = [&](const Tensor<T>& dx, std::int64_t begin, std::int64_t end) {
+    B::gemm(Trans::no, Trans::no, 1.0f, dy.cview().slice_rows(begin, end), w, 0.0f, dx.view().slice_rows(begin, end));
+  };
+  Tensor<T> dx_summed;
+  if (parallel::overlaps(tp) && !adapted) {
+    dx_summed = parallel::summed_rows_overlapped<B, T>(tp, dy.size(0), in, input_grad);
+  } else {
+    const Tensor<T> dx = B::template empty<T>(Shape{dy.size(0), in});
+    input_grad(dx, 0, dy.size(0));
+    for (std::size_t i = 0; i < ws.size(); ++i) {
+      if (adapters[i] == nullptr) continue;
+      dus[i] = adapters[i]->grad_down(dy.cview().slice_cols(cols[i], cols[i + 1]));
+      adapters[i]->add_input_grad(dus[i].cview(), dx.view());
+      if (const Tensor<T>* u = ctx.saved_if("lora_u" + std::to_string(i))) us[i] = *u;
+    }
+    dx_summed = parallel::summed_rows<B>(tp, dx);
   }
   ctx.weight_grad([ws, adapters, dus, us, cols, x = ctx.saved("x"), dy, in, out] {
     using G = accum_t<T>;
@@ -610,7 +691,7 @@ Tensor<T> stacked_backward(const Context<T>& ctx, const Tensor<T>& dy, Linear<T,
         B::gemm(Trans::yes, Trans::no, 1.0f, dy.cview().slice_cols(cols[i], cols[i + 1]), x.cview(),
                 ws[i]->grad_write_beta(), ws[i]->grad.view());
   });
-  return dx;
+  return dx_summed;
 }
 
 }  // namespace tessera::nn

@@ -25,6 +25,31 @@ struct Add {
   }
 };
 
+/// out[i] = the sum of `count` pieces in order, ((p_0 + p_1) + p_2) + ..., each sum
+/// rounded to T as it is made: piece `self` at own, the others one after another from
+/// received, `stride` elements apart (piece q at block q, or q - 1 past self).
+/// The order and the roundings of a host engine's reduce-scatter (comm/thread.hpp:
+/// rank 0's block, then each rank's added in turn), so the pieces sum to its bits.
+template <class T>
+struct SumOfPieces {
+  const T* received;
+  std::int64_t stride;
+  const T* own;
+  int self;
+  int count;
+  T* out;
+  TESSERA_HD const T* piece(int q) const { return q == self ? own : received + (q < self ? q : q - 1) * stride; }
+  TESSERA_HD void operator()(std::int64_t i) const {
+    T sum = piece(0)[i];
+    for (int q = 1; q < count; ++q) sum = from_accum<T>(to_accum(sum) + to_accum(piece(q)[i]));
+    out[i] = sum;
+  }
+  Traffic traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {count * e * sizeof(T), e * sizeof(T), (count - 1) * e, 0};
+  }
+};
+
 /// y[i] = x[i]
 template <class T>
 struct Copy {

@@ -268,6 +268,10 @@ struct Plan {
   /// it off: every rank then holds every row, Megatron-LM's layout without
   /// --sequence-parallel). parallel/tensor_parallel.hpp.
   bool sequence_parallel = true;
+  /// Under tensor and sequence parallelism: each region's gather and reduce-scatter cut
+  /// into one transfer per peer, each beside a GEMM on the rows already there
+  /// (parallelism.enable_async_tensor_parallel; parallel/tensor_parallel.hpp).
+  bool async_tensor_parallel = false;
   /// For Pipeline<dynamic> (and a pipeline's run-time details).
   PipelineOptions pipeline{};
   /// Which linear layers multiply in float8, by which recipe (ops/float8.hpp).

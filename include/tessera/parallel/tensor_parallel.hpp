@@ -22,7 +22,20 @@
 //   same bytes on the wire (an all-reduce moves what a gather and a reduce-scatter do).
 //
 // whole_rows(), summed_rows() and own_rows() move between these layouts and the whole
-// rows a region reads, so a layer is written once for both. Row shards of the flattened
+// rows a region reads, so a layer is written once for both.
+//
+// Asynchronous tensor parallelism (parallelism.enable_async_tensor_parallel, torchtitan's
+// async TP; sequence parallel only): a region's gather and its reduce-scatter are cut
+// into one transfer per peer, each beside a GEMM on rows already at hand.
+// whole_rows_overlapped() hands the GEMM this rank's rows first, then each peer's as they
+// arrive; summed_rows_overlapped() has the GEMM write each peer's rows of the partial
+// sums first, sends them while it writes the next, and sums the pieces it received last.
+// The bytes are the collectives'; what changes is that the GEMM no longer waits for all
+// of them (the transfers run on the communication stream, plan/timeline.hpp prices the
+// overlap). The gathered rows are the gather's bit for bit and the sum is a host engine's
+// reduce-scatter's (ops::SumOfPieces); a GEMM run a block of rows at a time may round
+// otherwise than the whole one (OpenBLAS and cuBLASLt block each call their own way), so
+// a run matches the collectives' within the parity bar, not to the bit. Row shards of the flattened
 // (batch * seq) dimension are torchtitan's Shard(1) of (batch, seq, dim) when batch = 1;
 // every op between regions works row by row, so any row split gives the same values.
 //
@@ -48,6 +61,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/comm/communicator.hpp"
@@ -120,10 +134,12 @@ void check_tensor_parallel(const nn::ModelArgs& a, const nn::block_options_t<Blo
 class TensorParallelGroup {
  public:
   TensorParallelGroup() = default;
-  explicit TensorParallelGroup(comm::Communicator* comm, bool loss_parallel = true, bool sequence_parallel = true)
+  explicit TensorParallelGroup(comm::Communicator* comm, bool loss_parallel = true, bool sequence_parallel = true,
+                               bool overlapped = false)
       : comm_(comm && comm->size() > 1 ? comm : nullptr),
         loss_parallel_(loss_parallel),
-        sequence_parallel_(sequence_parallel) {}
+        sequence_parallel_(sequence_parallel),
+        overlapped_(overlapped && sequence_parallel) {}
   TensorParallelGroup(const TensorParallelGroup&) = delete;
   TensorParallelGroup& operator=(const TensorParallelGroup&) = delete;
 
@@ -134,6 +150,9 @@ class TensorParallelGroup {
   bool loss_parallel() const { return loss_parallel_; }
   /// Between the regions each rank holds its share of the rows (true), or every row.
   bool sequence_parallel() const { return sequence_parallel_; }
+  /// The regions' gathers and reduce-scatters cut into one transfer per peer, each beside
+  /// a GEMM (asynchronous tensor parallelism; under sequence parallelism only).
+  bool overlapped() const { return overlapped_ && active(); }
   /// The rows this rank holds between the regions, of `rows` in all.
   std::int64_t rows_held(std::int64_t rows) const { return sequence_parallel_ ? rows / degree() : rows; }
   comm::Communicator& comm() {
@@ -169,6 +188,7 @@ class TensorParallelGroup {
   comm::Communicator* comm_ = nullptr;
   bool loss_parallel_ = true;
   bool sequence_parallel_ = true;
+  bool overlapped_ = false;
   std::map<int, std::unique_ptr<comm::Communicator>> holders_;
 };
 
@@ -228,6 +248,80 @@ Tensor<T> summed_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
   Tensor<T> y = B::template empty<T>(Shape{x.size(0) / n, x.size(1)});
   tp->comm().reduce_scatter(std::span<const T>(x.data(), static_cast<std::size_t>(x.numel())),
                             std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
+  return y;
+}
+
+/// Whether a region's collectives run cut into its GEMMs (whole_rows_overlapped,
+/// summed_rows_overlapped).
+inline bool overlaps(const TensorParallelGroup* tp) { return splits_rows(tp) && tp->overlapped(); }
+
+/// whole_rows(x), with `consume(y, begin, end)` called on the gathered y's rows
+/// [begin, end) of each rank as they are there: this rank's first, then rank r + 1's,
+/// r + 2's, ... (modulo the degree), each while the rows after it are on their way. Not
+/// overlapped (overlaps() false): the rows gathered whole, then consume(y, 0, rows) once.
+/// Step s of the transfers sends this rank's rows to rank r - s and takes rank r + s's:
+/// every rank issues the same steps in the same order, so NCCL's matching holds.
+template <Backend B, class T, class F>
+Tensor<T> whole_rows_overlapped(TensorParallelGroup* tp, const Tensor<T>& x, F&& consume) {
+  if (!overlaps(tp)) {
+    Tensor<T> y = whole_rows<B>(tp, x);
+    consume(y, std::int64_t{0}, y.size(0));
+    return y;
+  }
+  const int n = tp->degree(), r = tp->rank();
+  const std::int64_t m = x.size(0), cols = x.size(1);
+  const auto count = static_cast<std::size_t>(m * cols);
+  Tensor<T> y = B::template empty<T>(Shape{m * n, cols});
+  B::for_each(x.numel(), ops::Copy<T>{x.data(), y.data() + r * m * cols});
+  std::vector<comm::Handle> arriving;
+  for (int s = 1; s < n; ++s) {
+    const int to = (r - s + n) % n, from = (r + s) % n;
+    const comm::PeerOp step[] = {
+        {comm::PeerOp::Kind::send, to, const_cast<T*>(x.data()), count, comm::data_type_of<T>()},
+        {comm::PeerOp::Kind::recv, from, y.data() + from * m * cols, count, comm::data_type_of<T>()}};
+    arriving.push_back(tp->comm().send_recv_async(step));
+  }
+  consume(y, r * m, (r + 1) * m);
+  for (int s = 1; s < n; ++s) {
+    arriving[static_cast<std::size_t>(s - 1)].wait();
+    const std::int64_t from = (r + s) % n;
+    consume(y, from * m, (from + 1) * m);
+  }
+  return y;
+}
+
+/// summed_rows of the (rows, cols) partial sums `produce(p, begin, end)` writes into p's
+/// rows [begin, end): called for rank r + 1's rows first, then r + 2's, ... and this
+/// rank's last, each peer's rows sent to it while the next are made; the pieces this rank
+/// receives are summed in rank order (ops::SumOfPieces). Not overlapped: produce(p, 0,
+/// rows) once, then summed_rows(p).
+template <Backend B, class T, class F>
+Tensor<T> summed_rows_overlapped(TensorParallelGroup* tp, std::int64_t rows, std::int64_t cols, F&& produce) {
+  Tensor<T> partial = B::template empty<T>(Shape{rows, cols});
+  if (!overlaps(tp)) {
+    produce(partial, std::int64_t{0}, rows);
+    return summed_rows<B>(tp, partial);
+  }
+  const int n = tp->degree(), r = tp->rank();
+  TESSERA_CHECK(rows % n == 0, "tensor parallelism: ", rows, " rows do not split over ", n, " ranks");
+  const std::int64_t m = rows / n;
+  const auto count = static_cast<std::size_t>(m * cols);
+  // Every other rank's piece of this rank's rows: rank q's at block q, or q - 1 past r.
+  Tensor<T> received = B::template empty<T>(Shape{rows - m, cols});
+  std::vector<comm::Handle> sent;
+  for (int s = 1; s < n; ++s) {
+    const int to = (r + s) % n, from = (r - s + n) % n;
+    produce(partial, to * m, (to + 1) * m);
+    const comm::PeerOp step[] = {
+        {comm::PeerOp::Kind::send, to, partial.data() + to * m * cols, count, comm::data_type_of<T>()},
+        {comm::PeerOp::Kind::recv, from, received.data() + (from < r ? from : from - 1) * m * cols, count,
+         comm::data_type_of<T>()}};
+    sent.push_back(tp->comm().send_recv_async(step));
+  }
+  produce(partial, r * m, (r + 1) * m);
+  for (comm::Handle& h : sent) h.wait();
+  Tensor<T> y = B::template empty<T>(Shape{m, cols});
+  B::for_each(y.numel(), ops::SumOfPieces<T>{received.data(), m * cols, partial.data() + r * m * cols, r, n, y.data()});
   return y;
 }
 

@@ -114,10 +114,11 @@ inline void finalize(JobConfig& c, const Origins& o, std::string_view model_wher
   TESSERA_CHECK(!c.metrics.enable_wandb, o.of("metrics.enable_wandb"),
                 ": metrics.enable_wandb = true: Weights & Biases is an online service this build does not reach; "
                 "metrics.enable_tensorboard = true writes the same scalars to local files");
-  TESSERA_CHECK(!c.parallelism.enable_async_tensor_parallel, o.of("parallelism.enable_async_tensor_parallel"),
-                ": parallelism.enable_async_tensor_parallel = true: tessera's tensor-parallel collectives run "
-                "whole (beside the work that does not need them), not cut into the GEMMs as torch.compile's "
-                "asynchronous tensor parallelism does; set it to false");
+  TESSERA_CHECK(!c.parallelism.enable_async_tensor_parallel || !c.parallelism.disable_sequence_parallel,
+                o.of("parallelism.enable_async_tensor_parallel"),
+                ": parallelism.enable_async_tensor_parallel = true cuts the sequence-parallel gathers and "
+                "reduce-scatters into the GEMMs beside them, and parallelism.disable_sequence_parallel = true "
+                "leaves none (all-reduces instead); turn one of them off");
   TESSERA_CHECK(!c.job.dump_folder.empty(), o.of("job.dump_folder"),
                 ": job.dump_folder is empty (the folder the job writes its checkpoints, metrics and models to)");
   TESSERA_CHECK(!c.checkpoint.folder.empty(), o.of("checkpoint.folder"),

@@ -355,9 +355,9 @@ inline std::vector<ConfigKey> build_config_keys() {
                "residual adds on every row, all-reduces at the regions) instead of splitting the rows."),
       make_key("parallelism.enable_async_tensor_parallel",
                field<&J::parallelism, &ParallelismSection::enable_async_tensor_parallel>(),
-               "torchtitan's asynchronous tensor parallelism (torch.compile cutting each all-gather and "
-               "reduce-scatter into the GEMM beside it). Read so that torchtitan's files load; true is refused: "
-               "tessera's tensor-parallel collectives run whole, beside the work that does not need them."),
+               "With tensor and sequence parallelism, cut each region's all-gather and reduce-scatter into one "
+               "transfer per peer, each beside the GEMM on the rows already there (torchtitan's asynchronous "
+               "tensor parallelism)."),
       make_key("parallelism.pipeline_parallel_schedule",
                field<&J::parallelism, &ParallelismSection::pipeline_parallel_schedule>(), "Pipeline schedule.")
           .one_of(schedule_names),

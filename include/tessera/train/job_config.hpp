@@ -131,7 +131,7 @@ struct ParallelismSection {
   std::string context_parallel_load_balancer = "headtail";  // "none": each rank a part of the sequence in order
   bool disable_loss_parallel = false;
   bool disable_sequence_parallel = false;
-  bool enable_async_tensor_parallel = false;  // torchtitan's: true is refused (see config_keys.hpp)
+  bool enable_async_tensor_parallel = false;  // parallel::Plan::async_tensor_parallel
   std::string pipeline_parallel_schedule = "1F1B";
   std::string pipeline_parallel_schedule_csv;  // the order of PipelineScheduleSingle/Multi; "": none
   std::int64_t pipeline_parallel_microbatch_size = 1;

@@ -151,6 +151,7 @@ inline parallel::Plan make_plan(const JobConfig& c, comm::DeviceMesh* mesh) {
   plan.param_dtype = param_dtype(c).value_or(DType::f32);
   plan.loss_parallel = !c.parallelism.disable_loss_parallel;
   plan.sequence_parallel = !c.parallelism.disable_sequence_parallel;
+  plan.async_tensor_parallel = c.parallelism.enable_async_tensor_parallel;
   plan.pipeline = pipeline_options(c);
   plan.float8 = float8_policy(c);
   plan.lora = lora_policy(c);

@@ -49,6 +49,7 @@ struct StepMetrics {
   std::optional<std::size_t> memory_after_init_bytes;
   std::size_t activation_bytes = 0;
   std::uint64_t comm_bytes = 0;  // bytes this rank sent in collectives this step
+  std::uint64_t peer_bytes = 0;  // of them, sent by point-to-point transfers (comm::Traffic::send)
   double checkpoint_seconds = 0;  // what a checkpoint save after the step held it (async: the copy only)
   // [validation], after the steps it ran at: the held-out loss and its counted targets.
   std::optional<double> validation_loss;

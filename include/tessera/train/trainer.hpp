@@ -360,6 +360,7 @@ StepMetrics Trainer<Model>::step() {
   const auto t0 = std::chrono::steady_clock::now();
   comm::DeviceMesh* mesh = model_.plan().mesh;
   const std::uint64_t sent_before = mesh ? mesh->world().traffic().total() : 0;
+  const std::uint64_t peer_sent_before = mesh ? mesh->world().traffic().send : 0;
   std::vector<data::Batch> micro;
   std::int64_t n_targets = 0;
   {
@@ -470,6 +471,7 @@ StepMetrics Trainer<Model>::step() {
     m.mfu_causal_pct = 100.0 * per_device * model_.flops_per_token(seq, true) / *options_.peak_flops;
   }
   m.comm_bytes = mesh ? mesh->world().traffic().total() - sent_before : 0;
+  m.peer_bytes = mesh ? mesh->world().traffic().send - peer_sent_before : 0;
   m.peak_memory_bytes = memory_stats(B::device).peak();
   if (!memory_after_init_reported_) {
     m.memory_after_init_bytes = memory_after_init_;
