@@ -118,6 +118,8 @@ TESSERA_LAUNCH_OP(ops::Float8ScaleFromAmax)
 TESSERA_LAUNCH_OP(ops::Float8ScaleBroadcast)
 TESSERA_LAUNCH_OP(ops::Float8Transpose<float8_e4m3>)  // a weight (FSDP) or an input (TP) gathered in float8
 TESSERA_LAUNCH_OP(ops::Float8Transpose<float8_e5m2>)  // an output gradient gathered in float8 (TP)
+TESSERA_LAUNCH_OP(ops::Copy<float8_e4m3>)  // a rank's own rows into a gather in float8 cut by peer (asynchronous TP)
+TESSERA_LAUNCH_OP(ops::Copy<float8_e5m2>)
 TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e4m3>)
 TESSERA_LAUNCH_OP(ops::Float8ToFloat<float8_e5m2>)
 

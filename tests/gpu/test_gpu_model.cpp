@@ -688,6 +688,30 @@ TEST_CASE("Float8 under TP on virtual ranks (cuBLASLt's float8 matmul, the gathe
   }
 }
 
+TEST_CASE("Float8 under asynchronous TP on virtual ranks (float8 GEMMs by blocks of rows) gives one GPU rank's run") {
+  // The gathers in float8 multiplied a block of rows at a time as they arrive, the output
+  // projections' and the input gradients' operands cast once and multiplied by blocks
+  // (cuBLASLt's float8 matmul on row slices); the float8 model's bars against one GPU rank.
+  for (const char* recipe : {"tensorwise", "rowwise"}) {
+    CAPTURE(recipe);
+    const std::vector<std::string> keys = {"--training.mixed_precision_param", "bfloat16", "--model.converters",
+                                           "float8", "--float8.recipe_name", recipe, "--float8.emulate", "false",
+                                           "--parallelism.enable_async_tensor_parallel", "true"};
+    const comm::MeshShape shape{1, 1, 1, 2};
+    const std::vector<test::RunResult> per_rank =
+        cuda_thread_ranks(shape, layout_job(test::kParityBatch, kLayoutSteps, keys));
+    const test::RunResult one = cuda_one_rank(layout_job(test::kParityBatch, kLayoutSteps, keys));
+    REQUIRE(per_rank.size() == 2);
+    CHECK(per_rank[1].losses == per_rank[0].losses);
+    const test::RunGap gap = test::run_gap(per_rank.front(), one);
+    CAPTURE(gap.loss);
+    CAPTURE(gap.grad_norm);
+    CHECK(gap.loss <= 1e-3);
+    CHECK(gap.grad_norm <= 5e-3);
+    CHECK(per_rank.front().peer_bytes > 0);
+  }
+}
+
 TEST_CASE("A checkpoint saved from the GPU loads on the CPU and on the GPU with every value") {
   test::TempDir dir("tessera_gpu_model");
   const train::JobConfig c = small_job();

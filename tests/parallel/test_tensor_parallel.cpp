@@ -10,7 +10,7 @@
 // parallelism: a column- and a row-parallel linear layer against the whole one, every
 // recipe; the model against one rank's float8 run, FSDP's float8 all-gather included.
 // Asynchronous TP: the overlapped gather and reduce-scatter against the collectives, and
-// seven layouts with it against one rank.
+// ten layouts with it against one rank (float8 among them).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -207,6 +207,9 @@ TEST_CASE("tensor parallel: asynchronous TP trains one rank's model, its collect
     double loss_bar = 1e-5, grad_norm_bar = 1e-4;
   };
   const std::vector<std::string> async = {"--parallelism.enable_async_tensor_parallel", "true"};
+  const std::vector<std::string> float8 = {"--training.mixed_precision_param", "bfloat16", "--model.converters",
+                                           "float8", "--float8.emulate", "true", "--float8.recipe_name"};
+  const std::vector<std::string> kTensorwise = with(float8, {"tensorwise"}), kRowwise = with(float8, {"rowwise"});
   for (const Case& k :
        {Case{"TP 2", {1, 1, 1, 2}, {}, {}}, Case{"TP 4, full checkpointing", {1, 1, 1, 4}, kFull, {}},
         Case{"FSDP 2 x TP 2, selective op", {1, 1, 2, 2}, kSelectiveOp, {}},
@@ -215,7 +218,15 @@ TEST_CASE("tensor parallel: asynchronous TP trains one rank's model, its collect
         Case{"TP 2, projections one by one", {1, 1, 1, 2}, {}, {"--model.fuse_projections", "false"}},
         // bf16: a row-parallel layer's partial sums rounded before they are summed (the
         // bf16 model's bars, as the float8 case above).
-        Case{"TP 2, bf16", {1, 1, 1, 2}, {}, {"--training.mixed_precision_param", "bfloat16"}, 1e-3, 5e-3}}) {
+        Case{"TP 2, bf16", {1, 1, 1, 2}, {}, {"--training.mixed_precision_param", "bfloat16"}, 1e-3, 5e-3},
+        // Float8 (emulated): the gathers in float8 multiplied a block of rows at a time, the
+        // output projections' operands cast once and multiplied by blocks (per-row scales
+        // sliced with their rows, rowwise); the float8 model's bars against one rank's.
+        Case{"TP 2, float8 tensorwise (gathers in float8), full checkpointing", {1, 1, 1, 2}, kFull, kTensorwise, 1e-3,
+             5e-3},
+        Case{"TP 4, float8 rowwise", {1, 1, 1, 4}, {}, kRowwise, 1e-3, 5e-3},
+        Case{"TP 2, float8 tensorwise, weights gathered in float8 by FSDP 2", {1, 1, 2, 2},
+             {"--float8.enable_fsdp_float8_all_gather", "true"}, kTensorwise, 1e-3, 5e-3}}) {
     const std::string name = k.name;
     CAPTURE(name);
     const LayoutRun cut = layout_run(k.shape, with(with(k.keys, k.model_keys), async));

@@ -87,10 +87,10 @@ class Attention : public LayerTypes<T, B> {
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
     Tensor<T> q, k, v;
     if (gathers_float8_input()) {  // the rows cast here, gathered as float8, multiplied as gathered
-      const Float8Operand<B> x8 = gather_float8_rows<B>(tp_->comm(), x_rows.cview(), wq_.float8()->input);
-      q = rope_->rotated(wq_.forward_float8(ctx.child("wq"), x8), n_heads_, ctx.geometry().positions());
-      k = rope_->rotated(wk_.forward_float8(ctx.child("wk"), x8), n_kv_heads_, ctx.geometry().positions());
-      v = wv_.forward_float8(ctx.child("wv"), x8);
+      const std::array<Tensor<T>, 3> qkv = gathered_float8_forward(ctx, *tp_, x_rows, {"wq", "wk", "wv"}, wq_, wk_, wv_);
+      q = rope_->rotated(qkv[0], n_heads_, ctx.geometry().positions());
+      k = rope_->rotated(qkv[1], n_kv_heads_, ctx.geometry().positions());
+      v = qkv[2];
     } else {
       if (stacked(ctx)) return stacked_forward_(ctx, s, x_rows, residual);
       const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
@@ -121,8 +121,7 @@ class Attention : public LayerTypes<T, B> {
     {
       Float8SharedCasts<B> shared;  // float8 GEMMs (tensorwise): dy's amax once for both of wo's gradients
       if (parallel::splits_rows(tp_) && wo_.takes_float8_grad_output())  // dy's rows cast here, gathered as float8
-        d_o = wo_.backward_float8(ctx.child("wo"),
-                                  gather_float8_rows<B>(tp_->comm(), dy_rows.cview(), wo_.float8()->grad_output));
+        d_o = wo_.backward_float8_gathering(ctx.child("wo"), *tp_, dy_rows);
       else
         d_o = wo_.backward_gathering(ctx.child("wo"), tp_, dy_rows);
     }
@@ -140,10 +139,7 @@ class Attention : public LayerTypes<T, B> {
     // Float8 GEMMs: x^T cast once for the three weight gradients, and (tensorwise) each
     // of dq, dk and dv's amax taken once for its input and weight gradients.
     Float8SharedCasts<B> shared;
-    Tensor<T> dx = wq_.backward(ctx.child("wq"), dq);
-    wk_.backward_into(ctx.child("wk"), dk, dx, 1.0f);
-    wv_.backward_into(ctx.child("wv"), dv, dx, 1.0f);
-    return parallel::summed_rows<B>(tp_, dx);
+    return summed_input_grads(ctx, tp_, {"wq", "wk", "wv"}, {&dq, &dk, &dv}, wq_, wk_, wv_);
   }
 
   /// Whether the projections' float8 casts of the input take their scales from its rows'

@@ -72,9 +72,9 @@ class FeedForward : public LayerTypes<T, B> {
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
     Tensor<T> a, b;
     if (gathers_float8_input()) {  // the rows cast here, gathered as float8, multiplied as gathered
-      const Float8Operand<B> x8 = gather_float8_rows<B>(tp_->comm(), x_rows.cview(), w1_.float8()->input);
-      a = w1_.forward_float8(ctx.child("w1"), x8);
-      b = w3_.forward_float8(ctx.child("w3"), x8);
+      const std::array<Tensor<T>, 2> ab = gathered_float8_forward(ctx, *tp_, x_rows, {"w1", "w3"}, w1_, w3_);
+      a = ab[0];
+      b = ab[1];
     } else {
       if (fuse_ && !w2_.float8_input_by_rows() && runs_stacked(ctx, w1_, w3_)) {
         const Tensor<T> ab = stacked_forward(ctx.child("w13"), tp_, x_rows, w1_, w3_);
@@ -125,9 +125,7 @@ class FeedForward : public LayerTypes<T, B> {
     }
     dg.release();
     Float8SharedCasts<B> shared;
-    Tensor<T> dx = w1_.backward(ctx.child("w1"), da);
-    w3_.backward_into(ctx.child("w3"), db, dx, 1.0f);
-    return parallel::summed_rows<B>(tp_, dx);
+    return summed_input_grads(ctx, tp_, {"w1", "w3"}, {&da, &db}, w1_, w3_);
   }
 
   /// Whether w1 and w3's float8 casts of the input take their scales from its rows'
@@ -198,8 +196,7 @@ class FeedForward : public LayerTypes<T, B> {
   /// forward did not keep it.
   Tensor<T> w2_backward_(const Context<T>& ctx, const Tensor<T>& dy_rows, const Tensor<T>* g) {
     if (parallel::splits_rows(tp_) && w2_.takes_float8_grad_output())
-      return w2_.backward_float8(ctx.child("w2"),
-                                 gather_float8_rows<B>(tp_->comm(), dy_rows.cview(), w2_.float8()->grad_output), g);
+      return w2_.backward_float8_gathering(ctx.child("w2"), *tp_, dy_rows, g);
     return w2_.backward_gathering(ctx.child("w2"), tp_, dy_rows, g);
   }
 

@@ -182,20 +182,110 @@ class Linear : public LayerTypes<T, B> {
   // Asynchronous tensor parallelism runs a row-parallel layer's forward GEMM one peer's
   // rows at a time, each block sent as soon as it is written (output_projection).
 
-  /// Whether the forward may run by blocks of rows now (forward_rows): its GEMMs the plain
-  /// ones (no float8, no adapter) and ctx neither stashing nor replaying op outputs
-  /// (selective checkpointing's op policy keeps the GEMM's whole output).
+  /// Whether the forward may run by blocks of rows now (start_rows_forward): no adapter
+  /// adds to its output, and ctx neither stashes nor replays op outputs (selective
+  /// checkpointing's op policy keeps the GEMM's whole output).
   bool runs_by_rows(const Context<T>& ctx) const {
-    return plain_gemms() && ctx.recording() != Recording::stash && ctx.recording() != Recording::replay;
+    return !lora_ && ctx.recording() != Recording::stash && ctx.recording() != Recording::replay;
   }
-  /// Rows of the forward's product: out = x W^T for a block of x's rows (runs_by_rows).
-  void forward_rows(TensorView<const T> x, TensorView<T> out) const {
-    B::gemm(Trans::no, Trans::yes, 1.0f, x, weight_.value.cview(), 0.0f, out);
+
+  /// The forward of x prepared to run a block of rows at a time: a float8 layer's operands
+  /// cast once, as its forward casts them (the scales its backward reuses kept in ctx).
+  struct RowsForward {
+    bool float8 = false;
+    Float8Operand<B> x8, w8;  // x and, where this layer casts it, the weight
+    Float8GemmOperand w;      // the weight as the float8 GEMM multiplies it
+    Float8GemmOptions options;
+  };
+  RowsForward start_rows_forward(const Context<T>& ctx, const Tensor<T>& x) {
+    RowsForward f;
+    if (!float8_ && weight_.float8_value.empty()) return f;
+    f.float8 = true;
+    f.options = {emulate_float8_, float8_->fast_accumulation_forward};
+    if (!weight_.float8_value.empty()) {  // the weight gathered in float8 (forward_'s first branch)
+      f.x8 = cast_first_operand<B>(Trans::no, x.cview(), float8_->input, weight_.name, input_split());
+      f.w = gathered_float8_weight(false);
+      return f;
+    }
+    std::optional<Float8SharedCasts<B>> own;
+    Float8SharedCasts<B>& casts = open_casts(own);
+    f.x8 = cast_first_operand<B>(Trans::no, x.cview(), float8_->input, weight_.name, input_split());
+    f.w8 = cast_to_float8<B>(weight_.value.cview(), float8_->weight, false, weight_split());
+    f.w = f.w8.gemm_operand(weight_.name);
+    save_scale(ctx, casts, "x", x.cview(), float8_->input, reuses_input_scale());
+    save_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
+    return f;
   }
-  /// Keeps the forward's input for the backward, as forward does (forward_rows' callers).
+  /// Rows [begin, end) of the forward's product x W^T into `out` (those rows).
+  void rows_forward(const RowsForward& f, const Tensor<T>& x, std::int64_t begin, std::int64_t end,
+                    TensorView<T> out) const {
+    if (!f.float8) {
+      B::gemm(Trans::no, Trans::yes, 1.0f, x.cview().slice_rows(begin, end), weight_.value.cview(), 0.0f, out);
+      return;
+    }
+    float8_multiply<B>(rows_of(f.x8.gemm_operand(weight_.name), begin, end), f.w, 0.0f, out, weight_.name, f.options);
+  }
+  /// backward_into's input gradient prepared to run a block of rows at a time: a float8
+  /// layer's operands cast once, as backward_into casts them. Where no adapter adds to dx.
+  struct RowsBackward {
+    bool float8 = false;
+    Float8Operand<B> dy8, wt8;  // dy and, where this layer casts it, the weight's transpose
+    Float8GemmOperand wt;       // the weight's transpose as the float8 GEMM multiplies it
+  };
+  RowsBackward start_rows_backward(const Context<T>& ctx, const Tensor<T>& dy) {
+    TESSERA_CHECK(!lora_, weight_.name, ": an adapter adds to the input gradient as a whole");
+    RowsBackward f;
+    if (!float8_ && weight_.float8_value.empty()) return f;
+    f.float8 = true;
+    if (!weight_.float8_value.empty()) {  // the weight gathered in float8 (backward_into's first branch)
+      f.dy8 = cast_first_operand<B>(Trans::no, dy.cview(), float8_->grad_output, weight_.name, grad_output_split());
+      f.wt8.e4m3 = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
+      f.wt = gathered_float8_weight(true, f.wt8.e4m3);
+      return f;
+    }
+    std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
+    Float8SharedCasts<B>& casts = open_casts(own);
+    hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
+    f.dy8 = cast_first_operand<B>(Trans::no, dy.cview(), float8_->grad_output, weight_.name, grad_output_split());
+    f.wt8 = cast_to_float8<B>(weight_.value.cview(), float8_->weight_for_grad_input, true, weight_split());
+    f.wt = f.wt8.gemm_operand(weight_.name);
+    return f;
+  }
+  /// Rows [begin, end) of dx = beta dx + dy W (`dx`: those rows).
+  void rows_backward(const RowsBackward& f, const Tensor<T>& dy, std::int64_t begin, std::int64_t end, float beta,
+                     TensorView<T> dx) const {
+    if (!f.float8) {
+      B::gemm(Trans::no, Trans::no, 1.0f, dy.cview().slice_rows(begin, end), weight_.value.cview(),
+              static_cast<accum_t<T>>(beta), dx);
+      return;
+    }
+    float8_multiply<B>(rows_of(f.dy8.gemm_operand(weight_.name), begin, end), f.wt, beta, dx, weight_.name,
+                       {emulate_float8_, false});
+  }
+  /// The rest of the backward once rows_backward has made dx: the weight gradient.
+  void finish_rows_backward(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>* input = nullptr) {
+    queue_weight_grad_(ctx, dy, Tensor<T>{}, input);
+  }
+
+  /// Keeps the forward's input for the backward, as forward does (rows_forward's callers).
   void keep_input(const Context<T>& ctx, const Tensor<T>& x) const { ctx.save("x", SaveKind::input, x); }
 
  private:
+  /// backward_float8's weight gradient, dW (+)= dy^T x: dy8's values transposed with its
+  /// scale, x^T cast by the forward's scale (through ctx.weight_grad).
+  void queue_float8_weight_grad_(const Context<T>& ctx, const Float8Operand<B>& dy8, const Tensor<T>* input) {
+    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy8, x_scale = saved_scale(ctx, "x")] {
+      std::optional<Float8SharedCasts<B>> own;
+      Float8SharedCasts<B>& casts = open_casts(own);
+      hand_scale(casts, x.cview(), float8_->input, x_scale);
+      const Float8Operand<B> dyt = transposed_float8<B>(dy8);
+      const Float8Operand<B> xt = cast_to_float8<B>(x.cview(), float8_->input_for_grad_weight, true, input_split());
+      float8_multiply<B>(dyt.gemm_operand(weight_.name), xt.gemm_operand(weight_.name),
+                         static_cast<float>(weight_.grad_write_beta()), weight_.grad.view(), weight_.name,
+                         {emulate_float8_, false});
+    });
+  }
+
   /// Whether the layer's GEMMs are the model's precision and no adapter adds to them.
   bool plain_gemms() const { return !float8_ && weight_.float8_value.empty() && !lora_; }
 
@@ -252,72 +342,117 @@ class Linear : public LayerTypes<T, B> {
   /// scale). x8 is kept for the backward (one byte an element), whose weight gradient
   /// multiplies its transpose; where takes_float8_input().
   Tensor<T> forward_float8(const Context<T>& ctx, const Float8Operand<B>& x8) {
+    Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
+      Float8Rows f = start_float8_rows(ctx, x8);
+      float8_rows(f, x8, 0, x8.rows);
+      return f.out;
+    });
+    keep_float8_input(ctx, x8);
+    return y;
+  }
+
+  // ---- forward_float8 and backward_float8 a block of rows at a time ------------------
+  // For an operand whose rows arrive one rank's at a time (gather_float8_rows over a group
+  // that overlaps its collectives): start_float8_rows casts (or takes) the weight once and
+  // makes the output, float8_rows multiplies a block of rows into it. The forward's caller
+  // then keeps x8 (keep_float8_input); the backward's queues the weight gradient
+  // (backward_float8_gathering does both ends).
+
+  /// The weight as this layer's float8 GEMMs multiply it and the output being written.
+  struct Float8Rows {
+    Tensor<T> out;
+    Float8Operand<B> cast;  // the weight's cast, where this layer makes it
+    Float8GemmOperand w;
+    Float8GemmOptions options;
+  };
+
+  /// For the forward of x8 (where takes_float8_input()): the weight cast by its forward
+  /// cast (its scale kept for the backward where reused), the output (x8.rows, out).
+  Float8Rows start_float8_rows(const Context<T>& ctx, const Float8Operand<B>& x8) {
     TESSERA_CHECK(takes_float8_input() && x8.cast.format == DType::f8e4m3 && x8.cast.axis == ops::Float8Axis::tensor &&
                       !x8.transposed && x8.cols == in_features(),
                   weight_.name, ": an input in float8 needs this layer's tensorwise e4m3 input cast and ",
                   in_features(), " features a row");
-    Tensor<T> y = ctx.op("y", SaveKind::matmul, [&] {
-      Tensor<T> out = B::template empty<T>(Shape{x8.rows, out_features()});
-      const Float8GemmOptions options{emulate_float8_, float8_->fast_accumulation_forward};
-      if (!weight_.float8_value.empty()) {
-        float8_multiply<B>(x8.gemm_operand(weight_.name), gathered_float8_weight(false), 0.0f, out.view(),
-                           weight_.name, options);
-      } else {
-        const Float8Operand<B> w = cast_to_float8<B>(weight_.value.cview(), float8_->weight, false, weight_split());
-        float8_multiply<B>(x8.gemm_operand(weight_.name), w.gemm_operand(weight_.name), 0.0f, out.view(),
-                           weight_.name, options);
-        if constexpr (std::is_same_v<accum_t<T>, float>) {
-          if (reuses_weight_scale()) {
-            ctx.save(scale_key("w"), SaveKind::scale, w.scale);
-            ctx.save(inverse_key("w"), SaveKind::scale, w.inverse);
-          }
-        }
+    Float8Rows f;
+    f.out = B::template empty<T>(Shape{x8.rows, out_features()});
+    f.options = {emulate_float8_, float8_->fast_accumulation_forward};
+    if (!weight_.float8_value.empty()) {
+      f.w = gathered_float8_weight(false);
+      return f;
+    }
+    f.cast = cast_to_float8<B>(weight_.value.cview(), float8_->weight, false, weight_split());
+    f.w = f.cast.gemm_operand(weight_.name);
+    if constexpr (std::is_same_v<accum_t<T>, float>) {
+      if (reuses_weight_scale()) {
+        ctx.save(scale_key("w"), SaveKind::scale, f.cast.scale);
+        ctx.save(inverse_key("w"), SaveKind::scale, f.cast.inverse);
       }
-      return out;
-    });
+    }
+    return f;
+  }
+
+  /// Rows [begin, end) of f's product: of the forward (x8 W^T) or, from
+  /// start_float8_backward_rows, of the input gradient (dy8 W).
+  void float8_rows(Float8Rows& f, const Float8Operand<B>& a8, std::int64_t begin, std::int64_t end) const {
+    float8_multiply<B>(rows_of(a8.gemm_operand(weight_.name), begin, end), f.w, 0.0f,
+                       f.out.view().slice_rows(begin, end), weight_.name, f.options);
+  }
+
+  /// Keeps x8, the forward's input in float8, for the backward (forward_float8's end).
+  void keep_float8_input(const Context<T>& ctx, const Float8Operand<B>& x8) const {
     ctx.save("x8", SaveKind::input, x8.e4m3);
     if constexpr (std::is_same_v<accum_t<T>, float>) {
       ctx.save(scale_key("x8"), SaveKind::scale, x8.scale);
       ctx.save(inverse_key("x8"), SaveKind::scale, x8.inverse);
     }
-    return y;
   }
 
   /// dx = dy W, returned, and dW (+)= dy^T x (through ctx.weight_grad) with dy already
   /// cast by this layer's output-gradient cast (`dy8`: every row, one scale); `input`: the
   /// forward's input where it did not keep it. Where takes_float8_grad_output().
   Tensor<T> backward_float8(const Context<T>& ctx, const Float8Operand<B>& dy8, const Tensor<T>* input = nullptr) {
+    Float8Rows f = start_float8_backward_rows(ctx, dy8);
+    float8_rows(f, dy8, 0, dy8.rows);
+    queue_float8_weight_grad_(ctx, dy8, input);
+    return f.out;
+  }
+
+  /// backward_float8 of the output gradient whose rows are cast on each rank of `tp` and
+  /// gathered as float8 (gather_float8_rows), dx's GEMM a block of rows at a time as they
+  /// arrive where the group overlaps its collectives.
+  Tensor<T> backward_float8_gathering(const Context<T>& ctx, parallel::TensorParallelGroup& tp, const Tensor<T>& dy_rows,
+                                      const Tensor<T>* input = nullptr) {
+    std::optional<Float8Rows> f;
+    const Float8Operand<B> dy8 = gather_float8_rows<B>(
+        tp, dy_rows.cview(), float8_->grad_output, [&](const Float8Operand<B>& whole, std::int64_t begin, std::int64_t end) {
+          if (!f) f = start_float8_backward_rows(ctx, whole);
+          float8_rows(*f, whole, begin, end);
+        });
+    queue_float8_weight_grad_(ctx, dy8, input);
+    return f->out;
+  }
+
+  /// For the input gradient of dy8 (where takes_float8_grad_output()): the weight's
+  /// transpose cast for it (by the forward's scale where it kept one), dx (dy8.rows, in).
+  Float8Rows start_float8_backward_rows(const Context<T>& ctx, const Float8Operand<B>& dy8) {
     TESSERA_CHECK(takes_float8_grad_output() && dy8.cast.format == float8_->grad_output.format &&
                       dy8.cast.axis == ops::Float8Axis::tensor && !dy8.transposed && dy8.cols == out_features(),
                   weight_.name, ": an output gradient in float8 needs this layer's tensorwise output-gradient cast and ",
                   out_features(), " features a row");
-    Tensor<T> dx = B::template empty<T>(Shape{dy8.rows, in_features()});
-    const Float8GemmOptions options{emulate_float8_, false};
+    Float8Rows f;
+    f.out = B::template empty<T>(Shape{dy8.rows, in_features()});
+    f.options = {emulate_float8_, false};
     if (!weight_.float8_value.empty()) {
-      const Tensor<float8_e4m3> transposed = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
-      float8_multiply<B>(dy8.gemm_operand(weight_.name), gathered_float8_weight(true, transposed), 0.0f, dx.view(),
-                         weight_.name, options);
-    } else {
-      std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
-      Float8SharedCasts<B>& casts = open_casts(own);
-      hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
-      const Float8Operand<B> wt =
-          cast_to_float8<B>(weight_.value.cview(), float8_->weight_for_grad_input, true, weight_split());
-      float8_multiply<B>(dy8.gemm_operand(weight_.name), wt.gemm_operand(weight_.name), 0.0f, dx.view(), weight_.name,
-                         options);
+      f.cast.e4m3 = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
+      f.w = gathered_float8_weight(true, f.cast.e4m3);
+      return f;
     }
-    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy8, x_scale = saved_scale(ctx, "x")] {
-      // dy^T (out x rows): dy8's values transposed, its scale; x^T cast by the forward's scale.
-      std::optional<Float8SharedCasts<B>> own;
-      Float8SharedCasts<B>& casts = open_casts(own);
-      hand_scale(casts, x.cview(), float8_->input, x_scale);
-      const Float8Operand<B> dyt = transposed_float8<B>(dy8);
-      const Float8Operand<B> xt = cast_to_float8<B>(x.cview(), float8_->input_for_grad_weight, true, input_split());
-      float8_multiply<B>(dyt.gemm_operand(weight_.name), xt.gemm_operand(weight_.name),
-                         static_cast<float>(weight_.grad_write_beta()), weight_.grad.view(), weight_.name,
-                         {emulate_float8_, false});
-    });
-    return dx;
+    std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
+    Float8SharedCasts<B>& casts = open_casts(own);
+    hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
+    f.cast = cast_to_float8<B>(weight_.value.cview(), float8_->weight_for_grad_input, true, weight_split());
+    f.w = f.cast.gemm_operand(weight_.name);
+    return f;
   }
 
   template <class F>
@@ -557,16 +692,79 @@ Tensor<T> output_projection(Linear<T, B>& w, const Context<T>& ctx, const Tensor
   if (residual != nullptr && fused && !parallel::active(tp)) return w.forward_adding(ctx, x, *residual, keep_input);
   Tensor<T> y;
   if (parallel::overlaps(tp) && w.runs_by_rows(ctx)) {  // each peer's rows sent as soon as they are made
+    const typename Linear<T, B>::RowsForward f = w.start_rows_forward(ctx, x);
     y = parallel::summed_rows_overlapped<B, T>(tp, x.size(0), w.out_features(),
-                                            [&](const Tensor<T>& partial, std::int64_t begin, std::int64_t end) {
-                                              w.forward_rows(x.cview().slice_rows(begin, end),
-                                                             partial.view().slice_rows(begin, end));
-                                            });
+                                               [&](const Tensor<T>& partial, std::int64_t begin, std::int64_t end) {
+                                                 w.rows_forward(f, x, begin, end, partial.view().slice_rows(begin, end));
+                                               });
     if (keep_input) w.keep_input(ctx, x);
   } else {
     y = parallel::summed_rows<B>(tp, w.forward(ctx, x, keep_input));
   }
   return residual != nullptr ? sum_of<B>(*residual, y) : y;
+}
+
+/// Each of the layers' forward_float8 of x_rows cast by the first one's input cast (which
+/// they share: Attention's and FeedForward's gathers_float8_input) and gathered over `tp`
+/// as float8 (gather_float8_rows), their outputs in order; `names` their children of ctx.
+/// Where the group overlaps its collectives and ctx neither stashes nor replays op outputs,
+/// each layer's GEMM runs a block of rows at a time as the rows arrive.
+template <class T, Backend B, class... Ls>
+std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_float8_forward(const Context<T>& ctx,
+                                                                 parallel::TensorParallelGroup& tp,
+                                                                 const Tensor<T>& x_rows,
+                                                                 std::array<const char*, 1 + sizeof...(Ls)> names,
+                                                                 Linear<T, B>& first, Ls&... rest) {
+  constexpr std::size_t n = 1 + sizeof...(Ls);
+  const std::array<Linear<T, B>*, n> layers{&first, &rest...};
+  const Float8Cast cast = first.float8()->input;
+  std::array<Tensor<T>, n> outs;
+  if (!parallel::overlaps(&tp) || ctx.recording() == Recording::stash || ctx.recording() == Recording::replay) {
+    const Float8Operand<B> x8 = gather_float8_rows<B>(tp.comm(), x_rows.cview(), cast);
+    for (std::size_t i = 0; i < n; ++i) outs[i] = layers[i]->forward_float8(ctx.child(names[i]), x8);
+    return outs;
+  }
+  std::array<std::optional<typename Linear<T, B>::Float8Rows>, n> rows;
+  const Float8Operand<B> x8 = gather_float8_rows<B>(
+      tp, x_rows.cview(), cast, [&](const Float8Operand<B>& whole, std::int64_t begin, std::int64_t end) {
+        for (std::size_t i = 0; i < n; ++i) {
+          if (!rows[i]) rows[i] = layers[i]->start_float8_rows(ctx.child(names[i]), whole);
+          layers[i]->float8_rows(*rows[i], whole, begin, end);
+        }
+      });
+  for (std::size_t i = 0; i < n; ++i) {
+    layers[i]->keep_float8_input(ctx.child(names[i]), x8);
+    outs[i] = rows[i]->out;
+  }
+  return outs;
+}
+
+/// dx = dy_0 W_0 + dy_1 W_1 + ... of layers reading one input (each's backward, its weight
+/// gradient queued), summed over the tensor-parallel ranks `tp` (parallel::summed_rows);
+/// `names` their children of ctx. Where the group overlaps its collectives and no layer
+/// has an adapter, dx is made a peer's rows at a time, each sent as soon as it is made.
+template <class T, Backend B, class... Ls>
+Tensor<T> summed_input_grads(const Context<T>& ctx, parallel::TensorParallelGroup* tp,
+                             std::array<const char*, 1 + sizeof...(Ls)> names,
+                             std::array<const Tensor<T>*, 1 + sizeof...(Ls)> dys, Linear<T, B>& first, Ls&... rest) {
+  constexpr std::size_t n = 1 + sizeof...(Ls);
+  const std::array<Linear<T, B>*, n> layers{&first, &rest...};
+  bool adapted = false;
+  for (Linear<T, B>* l : layers) adapted = adapted || l->lora() != nullptr;
+  if (!parallel::overlaps(tp) || adapted) {
+    const Tensor<T> dx = first.backward(ctx.child(names[0]), *dys[0]);
+    for (std::size_t i = 1; i < n; ++i) layers[i]->backward_into(ctx.child(names[i]), *dys[i], dx, 1.0f);
+    return parallel::summed_rows<B>(tp, dx);
+  }
+  std::array<typename Linear<T, B>::RowsBackward, n> f;
+  for (std::size_t i = 0; i < n; ++i) f[i] = layers[i]->start_rows_backward(ctx.child(names[i]), *dys[i]);
+  const Tensor<T> dx = parallel::summed_rows_overlapped<B, T>(
+      tp, dys[0]->size(0), first.in_features(), [&](const Tensor<T>& partial, std::int64_t begin, std::int64_t end) {
+        for (std::size_t i = 0; i < n; ++i)
+          layers[i]->rows_backward(f[i], *dys[i], begin, end, i == 0 ? 0.0f : 1.0f, partial.view().slice_rows(begin, end));
+      });
+  for (std::size_t i = 0; i < n; ++i) layers[i]->finish_rows_backward(ctx.child(names[i]), *dys[i]);
+  return dx;
 }
 
 // ---- Linear layers reading one input, run as one -------------------------------------

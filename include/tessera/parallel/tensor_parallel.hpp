@@ -61,11 +61,13 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/float8.hpp"
 #include "tessera/core/memory.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/layer/args.hpp"
@@ -226,8 +228,14 @@ Tensor<T> whole_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
   if (!splits_rows(tp)) return x;
   const std::int64_t n = tp->degree();
   Tensor<T> y = B::template empty<T>(Shape{x.size(0) * n, x.size(1)});
-  tp->comm().all_gather(std::span<const T>(x.data(), static_cast<std::size_t>(x.numel())),
-                        std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
+  if constexpr (sizeof(T) == 1 && !std::is_integral_v<T>) {  // float8 values, as their bytes
+    const auto count = static_cast<std::size_t>(x.numel());
+    tp->comm().all_gather(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(x.data()), count),
+                          std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(y.data()), count * n));
+  } else {
+    tp->comm().all_gather(std::span<const T>(x.data(), static_cast<std::size_t>(x.numel())),
+                          std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
+  }
   return y;
 }
 
@@ -255,7 +263,19 @@ Tensor<T> summed_rows(TensorParallelGroup* tp, const Tensor<T>& x) {
 /// summed_rows_overlapped).
 inline bool overlaps(const TensorParallelGroup* tp) { return splits_rows(tp) && tp->overlapped(); }
 
-/// whole_rows(x), with `consume(y, begin, end)` called on the gathered y's rows
+namespace detail {
+/// The element type a transfer of T elements moves as: float8 values as their bytes.
+template <class T>
+constexpr comm::DataType moved_as() {
+  if constexpr (std::is_same_v<T, float8_e4m3> || std::is_same_v<T, float8_e5m2>)
+    return comm::DataType::u8;
+  else
+    return comm::data_type_of<T>();
+}
+}  // namespace detail
+
+/// whole_rows(x) (x of any element type the layers move, float8 among them), with
+/// `consume(y, begin, end)` called on the gathered y's rows
 /// [begin, end) of each rank as they are there: this rank's first, then rank r + 1's,
 /// r + 2's, ... (modulo the degree), each while the rows after it are on their way. Not
 /// overlapped (overlaps() false): the rows gathered whole, then consume(y, 0, rows) once.
@@ -277,8 +297,8 @@ Tensor<T> whole_rows_overlapped(TensorParallelGroup* tp, const Tensor<T>& x, F&&
   for (int s = 1; s < n; ++s) {
     const int to = (r - s + n) % n, from = (r + s) % n;
     const comm::PeerOp step[] = {
-        {comm::PeerOp::Kind::send, to, const_cast<T*>(x.data()), count, comm::data_type_of<T>()},
-        {comm::PeerOp::Kind::recv, from, y.data() + from * m * cols, count, comm::data_type_of<T>()}};
+        {comm::PeerOp::Kind::send, to, const_cast<T*>(x.data()), count, detail::moved_as<T>()},
+        {comm::PeerOp::Kind::recv, from, y.data() + from * m * cols, count, detail::moved_as<T>()}};
     arriving.push_back(tp->comm().send_recv_async(step));
   }
   consume(y, r * m, (r + 1) * m);
