@@ -336,7 +336,11 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
                  static_cast<long long>(a.vocab_size), static_cast<double>(a.num_params()) / 1e6,
                  static_cast<long long>(global * c.training.seq_len), static_cast<long long>(global),
                  static_cast<long long>(c.training.seq_len), static_cast<long long>(loader.windows_per_epoch()),
-                 in.peak_text.c_str(), world.size(), world.size() == 1 ? "" : "s", shape.str().c_str(),
+                 in.peak_text.c_str(), world.size(), world.size() == 1 ? "" : "s",
+                 (shape.str() + (plan.async_tensor_parallel && plan.tp_degree() > 1
+                                     ? " (asynchronous TP: its gathers and reduce-scatters cut into the GEMMs)"
+                                     : ""))
+                     .c_str(),
                  parallel::name_of(plan.dynamic_sharding()),
                  plan.cpu_offload ? " (CPU offload: shards, gradients and AdamW state in host memory, AdamW on the host)" : "",
                  plan.early_step ? " (early step: each unit updated as its gradient is reduced, no clipping)" : "",

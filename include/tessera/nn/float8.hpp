@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -33,7 +32,6 @@
 #include "tessera/core/float8.hpp"
 #include "tessera/core/tensor.hpp"
 #include "tessera/ops/float8.hpp"
-#include "tessera/parallel/tensor_parallel.hpp"
 
 namespace tessera::nn {
 
@@ -373,40 +371,6 @@ Float8Operand<B> gather_float8_rows(comm::Communicator& group, TensorView<const 
     group.all_gather(std::span<const std::uint8_t>(bytes(local.e5m2.data()), n),
                      std::span<std::uint8_t>(out(whole.e5m2.data()), n * static_cast<std::size_t>(group.size())));
   }
-  return whole;
-}
-
-/// gather_float8_rows over a tensor-parallel group, with `consume(whole, begin, end)`
-/// called on each rank's rows of the gathered operand as they are there (this rank's
-/// first, then rank r + 1's, ...), each while the rows after it are on their way, where
-/// the group overlaps its collectives (asynchronous tensor parallelism:
-/// parallel::whole_rows_overlapped); else gathered whole, then consume(whole, 0, rows).
-/// `whole` holds every row's storage from the start; a block's rows are set once it is
-/// consumed.
-template <Backend B, class T, class F>
-Float8Operand<B> gather_float8_rows(parallel::TensorParallelGroup& tp, TensorView<const T> x, Float8Cast cast,
-                                    F&& consume) {
-  if (!parallel::overlaps(&tp)) {
-    const Float8Operand<B> whole = gather_float8_rows<B>(tp.comm(), x, cast);
-    consume(whole, std::int64_t{0}, whole.rows);
-    return whole;
-  }
-  TESSERA_CHECK(cast.axis == ops::Float8Axis::tensor, "gather_float8_rows: one scale a tensor (tensorwise), so that "
-                "the rows of every rank share it");
-  const Float8Operand<B> local = cast_to_float8<B>(x, cast, false, Float8Split::rows(tp.comm()));
-  Float8Operand<B> whole = local;
-  whole.rows = local.rows * tp.degree();
-  const auto gather = [&](const auto& values, auto& into) {
-    using V = typename std::remove_cvref_t<decltype(values)>::value_type;
-    parallel::whole_rows_overlapped<B>(&tp, values, [&](const Tensor<V>& y, std::int64_t begin, std::int64_t end) {
-      into = y;
-      consume(std::as_const(whole), begin, end);
-    });
-  };
-  if (cast.format == DType::f8e4m3)
-    gather(local.e4m3, whole.e4m3);
-  else
-    gather(local.e5m2, whole.e5m2);
   return whole;
 }
 

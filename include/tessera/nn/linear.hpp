@@ -40,6 +40,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/layer.hpp"
@@ -58,6 +60,40 @@ Tensor<T> sum_of(const Tensor<T>& a, const Tensor<T>& b) {
   Tensor<T> y = B::template empty<T>(a.shape());
   B::for_each(y.numel(), ops::Add<T>{a.data(), b.data(), y.data()});
   return y;
+}
+
+/// gather_float8_rows over a tensor-parallel group, with `consume(whole, begin, end)`
+/// called on each rank's rows of the gathered operand as they are there (this rank's
+/// first, then rank r + 1's, ...), each while the rows after it are on their way, where
+/// the group overlaps its collectives (asynchronous tensor parallelism:
+/// parallel::whole_rows_overlapped); else gathered whole, then consume(whole, 0, rows).
+/// `whole` holds every row's storage from the start; a block's rows are set once it is
+/// consumed.
+template <Backend B, class T, class F>
+Float8Operand<B> gather_float8_rows(parallel::TensorParallelGroup& tp, TensorView<const T> x, Float8Cast cast,
+                                    F&& consume) {
+  if (!parallel::overlaps(&tp)) {
+    const Float8Operand<B> whole = gather_float8_rows<B>(tp.comm(), x, cast);
+    consume(whole, std::int64_t{0}, whole.rows);
+    return whole;
+  }
+  TESSERA_CHECK(cast.axis == ops::Float8Axis::tensor, "gather_float8_rows: one scale a tensor (tensorwise), so that "
+                "the rows of every rank share it");
+  const Float8Operand<B> local = cast_to_float8<B>(x, cast, false, Float8Split::rows(tp.comm()));
+  Float8Operand<B> whole = local;
+  whole.rows = local.rows * tp.degree();
+  const auto gather = [&](const auto& values, auto& into) {
+    using V = typename std::remove_cvref_t<decltype(values)>::value_type;
+    parallel::whole_rows_overlapped<B>(&tp, values, [&](const Tensor<V>& y, std::int64_t begin, std::int64_t end) {
+      into = y;
+      consume(std::as_const(whole), begin, end);
+    });
+  };
+  if (cast.format == DType::f8e4m3)
+    gather(local.e4m3, whole.e4m3);
+  else
+    gather(local.e5m2, whole.e5m2);
+  return whole;
 }
 
 template <class T, Backend B>
@@ -139,20 +175,7 @@ class Linear : public LayerTypes<T, B> {
   /// weight gradient may read it later (a zero-bubble schedule's), so it holds a reference.
   void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, float beta,
                      const Tensor<T>* input = nullptr) {
-    if (!weight_.float8_value.empty()) {
-      const Tensor<float8_e4m3> transposed = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
-      float8_gemm<B>(Trans::no, dy.cview(), float8_->grad_output, gathered_float8_weight(true, transposed), beta,
-                     dx.view(), weight_.name, {emulate_float8_, false, grad_output_split()});
-    } else if (float8_) {
-      std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
-      Float8SharedCasts<B>& casts = open_casts(own);
-      hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
-      float8_gemm<B>(Trans::no, Trans::no, dy.cview(), float8_->grad_output, weight_.value.cview(),
-                     float8_->weight_for_grad_input, beta, dx.view(), weight_.name,
-                     {emulate_float8_, false, grad_output_split(), weight_split()});
-    } else {
-      B::gemm(Trans::no, Trans::no, 1.0f, dy.cview(), weight_.value.cview(), static_cast<accum_t<T>>(beta), dx.view());
-    }
+    rows_backward(start_rows_backward(ctx, dy), dy, 0, dy.size(0), beta, dx.view());
     Tensor<T> du;  // the adapter's s dy B
     if (lora_) {
       du = lora_->grad_down(dy.cview());
@@ -225,30 +248,20 @@ class Linear : public LayerTypes<T, B> {
     }
     float8_multiply<B>(rows_of(f.x8.gemm_operand(weight_.name), begin, end), f.w, 0.0f, out, weight_.name, f.options);
   }
-  /// backward_into's input gradient prepared to run a block of rows at a time: a float8
-  /// layer's operands cast once, as backward_into casts them. Where no adapter adds to dx.
+  /// The input gradient's GEMM (dx = beta dx + dy W) prepared to run a block of rows at a
+  /// time: a float8 layer's operands cast once (backward_into runs it whole; an adapter's
+  /// addition to dx is the caller's).
   struct RowsBackward {
     bool float8 = false;
-    Float8Operand<B> dy8, wt8;  // dy and, where this layer casts it, the weight's transpose
+    Float8Operand<B> dy8, wt8;  // dy, and the storage of the weight's transpose
     Float8GemmOperand wt;       // the weight's transpose as the float8 GEMM multiplies it
   };
   RowsBackward start_rows_backward(const Context<T>& ctx, const Tensor<T>& dy) {
-    TESSERA_CHECK(!lora_, weight_.name, ": an adapter adds to the input gradient as a whole");
     RowsBackward f;
     if (!float8_ && weight_.float8_value.empty()) return f;
     f.float8 = true;
-    if (!weight_.float8_value.empty()) {  // the weight gathered in float8 (backward_into's first branch)
-      f.dy8 = cast_first_operand<B>(Trans::no, dy.cview(), float8_->grad_output, weight_.name, grad_output_split());
-      f.wt8.e4m3 = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
-      f.wt = gathered_float8_weight(true, f.wt8.e4m3);
-      return f;
-    }
-    std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
-    Float8SharedCasts<B>& casts = open_casts(own);
-    hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
     f.dy8 = cast_first_operand<B>(Trans::no, dy.cview(), float8_->grad_output, weight_.name, grad_output_split());
-    f.wt8 = cast_to_float8<B>(weight_.value.cview(), float8_->weight_for_grad_input, true, weight_split());
-    f.wt = f.wt8.gemm_operand(weight_.name);
+    f.wt = float8_weight_transposed_(ctx, f.wt8);
     return f;
   }
   /// Rows [begin, end) of dx = beta dx + dy W (`dx`: those rows).
@@ -271,6 +284,21 @@ class Linear : public LayerTypes<T, B> {
   void keep_input(const Context<T>& ctx, const Tensor<T>& x) const { ctx.save("x", SaveKind::input, x); }
 
  private:
+  /// The weight's transpose as the float8 GEMM of dx = dy W multiplies it: FSDP's weight
+  /// gathered in float8, transposed, or the weight cast by its input-gradient cast (by the
+  /// forward's scale where it kept one). `held` keeps its storage.
+  Float8GemmOperand float8_weight_transposed_(const Context<T>& ctx, Float8Operand<B>& held) {
+    if (!weight_.float8_value.empty()) {
+      held.e4m3 = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
+      return gathered_float8_weight(true, held.e4m3);
+    }
+    std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
+    Float8SharedCasts<B>& casts = open_casts(own);
+    hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
+    held = cast_to_float8<B>(weight_.value.cview(), float8_->weight_for_grad_input, true, weight_split());
+    return held.gemm_operand(weight_.name);
+  }
+
   /// backward_float8's weight gradient, dW (+)= dy^T x: dy8's values transposed with its
   /// scale, x^T cast by the forward's scale (through ctx.weight_grad).
   void queue_float8_weight_grad_(const Context<T>& ctx, const Float8Operand<B>& dy8, const Tensor<T>* input) {
@@ -442,16 +470,7 @@ class Linear : public LayerTypes<T, B> {
     Float8Rows f;
     f.out = B::template empty<T>(Shape{dy8.rows, in_features()});
     f.options = {emulate_float8_, false};
-    if (!weight_.float8_value.empty()) {
-      f.cast.e4m3 = B::template empty<float8_e4m3>(Shape{in_features(), out_features()});
-      f.w = gathered_float8_weight(true, f.cast.e4m3);
-      return f;
-    }
-    std::optional<Float8SharedCasts<B>> own;  // the forward's scale of the weight, for its transpose
-    Float8SharedCasts<B>& casts = open_casts(own);
-    hand_scale(casts, weight_.value.cview(), float8_->weight, saved_scale(ctx, "w"));
-    f.cast = cast_to_float8<B>(weight_.value.cview(), float8_->weight_for_grad_input, true, weight_split());
-    f.w = f.cast.gemm_operand(weight_.name);
+    f.w = float8_weight_transposed_(ctx, f.cast);
     return f;
   }
 
