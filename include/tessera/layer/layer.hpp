@@ -667,6 +667,9 @@ class Context {
   const Geometry& geometry() const { return geometry_; }
   bool saving() const { return recording_ == Recording::keep || recording_ == Recording::replay; }
   Recording recording() const { return recording_; }
+  /// Whether op outputs are stashed or replayed (an op policy): an op's output is then
+  /// kept or taken whole, so its computation cannot be split across other work.
+  bool stashes_ops() const { return recording_ == Recording::stash || recording_ == Recording::replay; }
 
   /// The context of the sub-layer `name`.
   Context child(std::string_view name) const {

@@ -209,7 +209,7 @@ class Linear : public LayerTypes<T, B> {
   /// adds to its output, and ctx neither stashes nor replays op outputs (selective
   /// checkpointing's op policy keeps the GEMM's whole output).
   bool runs_by_rows(const Context<T>& ctx) const {
-    return !lora_ && ctx.recording() != Recording::stash && ctx.recording() != Recording::replay;
+    return !lora_ && !ctx.stashes_ops();
   }
 
   /// The forward of x prepared to run a block of rows at a time: a float8 layer's operands
@@ -738,7 +738,7 @@ std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_float8_forward(const Context<T
   const std::array<Linear<T, B>*, n> layers{&first, &rest...};
   const Float8Cast cast = first.float8()->input;
   std::array<Tensor<T>, n> outs;
-  if (!parallel::overlaps(&tp) || ctx.recording() == Recording::stash || ctx.recording() == Recording::replay) {
+  if (!parallel::overlaps(&tp) || ctx.stashes_ops()) {
     const Float8Operand<B> x8 = gather_float8_rows<B>(tp.comm(), x_rows.cview(), cast);
     for (std::size_t i = 0; i < n; ++i) outs[i] = layers[i]->forward_float8(ctx.child(names[i]), x8);
     return outs;
@@ -804,7 +804,7 @@ Tensor<T> summed_input_grads(const Context<T>& ctx, parallel::TensorParallelGrou
 /// output, as torchtitan's policy counts them: run separately there, as there).
 template <class T, Backend B, class... Ls>
 bool runs_stacked(const Context<T>& ctx, const Linear<T, B>& first, const Ls&... rest) {
-  if (ctx.recording() == Recording::stash || ctx.recording() == Recording::replay) return false;
+  if (ctx.stashes_ops()) return false;
   return first.stackable() && (rest.stackable() && ...) && side_by_side(first.weight(), rest.weight()...);
 }
 
