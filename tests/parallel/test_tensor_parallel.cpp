@@ -194,37 +194,44 @@ TEST_CASE("tensor parallel: the overlapped gather and reduce-scatter are the col
 }
 
 TEST_CASE("tensor parallel: asynchronous TP trains one rank's model, its collectives cut into the GEMMs") {
-  // parallelism.enable_async_tensor_parallel: the stacked projections' gathers and
-  // reduce-scatters and the output projections' cut by peer. The same bytes as the
-  // collectives, sent by send/recv, and one rank's model within the parity bar (a GEMM
-  // run a block of rows at a time rounds as OpenBLAS blocks that call: 1e-8 from the
-  // collectives' run in float32). Layers the cut does not reach (an op policy's stash,
-  // kv heads on several ranks, projections one by one) run whole beside those it does.
+  // parallelism.enable_async_tensor_parallel: every region's gathers and reduce-scatters
+  // cut by peer. The same bytes as the collectives, sent by send/recv, and one rank's
+  // model within the parity bar (a GEMM run a block of rows at a time rounds as OpenBLAS
+  // blocks that call: 1e-8 from the collectives' run in float32). Layers the cut does not
+  // reach (an op policy's stash) run whole beside those it does.
   struct Case {
     const char* name;
     comm::MeshShape shape;
     std::vector<std::string> keys, model_keys;
     double loss_bar = 1e-5, grad_norm_bar = 1e-4;
+    // Where every region is cut, in float32 (the CPU model's activations, bf16 parameter
+    // values among them), and nothing else sends point to point: the cut transfers a
+    // block and step (4 forward, 4 backward, 4 more where full checkpointing replays the
+    // forward).
+    std::uint64_t cut_per_block = 0;
   };
   const std::vector<std::string> async = {"--parallelism.enable_async_tensor_parallel", "true"};
   const std::vector<std::string> float8 = {"--training.mixed_precision_param", "bfloat16", "--model.converters",
                                            "float8", "--float8.emulate", "true", "--float8.recipe_name"};
   const std::vector<std::string> kTensorwise = with(float8, {"tensorwise"}), kRowwise = with(float8, {"rowwise"});
   for (const Case& k :
-       {Case{"TP 2", {1, 1, 1, 2}, {}, {}}, Case{"TP 4, full checkpointing", {1, 1, 1, 4}, kFull, {}},
+       {Case{"TP 2", {1, 1, 1, 2}, {}, {}, 1e-5, 1e-4, 8},
+        Case{"TP 4, full checkpointing", {1, 1, 1, 4}, kFull, {}, 1e-5, 1e-4, 12},
         Case{"FSDP 2 x TP 2, selective op", {1, 1, 2, 2}, kSelectiveOp, {}},
-        Case{"TP 4 > kv heads 2", {1, 1, 1, 4}, {}, {"--model.n_kv_heads", "2"}},
+        // wk and wv held by two ranks each: not stacked, each multiplied by blocks.
+        Case{"TP 4 > kv heads 2", {1, 1, 1, 4}, {}, {"--model.n_kv_heads", "2"}, 1e-5, 1e-4, 8},
         Case{"TP 2 x PP 2, 1F1B", {2, 1, 1, 2}, {"--parallelism.pipeline_parallel_microbatch_size", "2"}, {}},
-        Case{"TP 2, projections one by one", {1, 1, 1, 2}, {}, {"--model.fuse_projections", "false"}},
+        Case{"TP 2, projections one by one", {1, 1, 1, 2}, {}, {"--model.fuse_projections", "false"}, 1e-5, 1e-4, 8},
         // bf16: a row-parallel layer's partial sums rounded before they are summed (the
         // bf16 model's bars, as the float8 case above).
-        Case{"TP 2, bf16", {1, 1, 1, 2}, {}, {"--training.mixed_precision_param", "bfloat16"}, 1e-3, 5e-3},
+        Case{"TP 2, bf16", {1, 1, 1, 2}, {}, {"--training.mixed_precision_param", "bfloat16"}, 1e-3, 5e-3, 8},
         // Float8 (emulated): the gathers in float8 multiplied a block of rows at a time, the
         // output projections' operands cast once and multiplied by blocks (per-row scales
         // sliced with their rows, rowwise); the float8 model's bars against one rank's.
         Case{"TP 2, float8 tensorwise (gathers in float8), full checkpointing", {1, 1, 1, 2}, kFull, kTensorwise, 1e-3,
              5e-3},
-        Case{"TP 4, float8 rowwise", {1, 1, 1, 4}, {}, kRowwise, 1e-3, 5e-3},
+        // Rowwise gathers bf16 rows, each block cast by its rows' scales as it arrives.
+        Case{"TP 4, float8 rowwise", {1, 1, 1, 4}, {}, kRowwise, 1e-3, 5e-3, 8},
         Case{"TP 2, float8 tensorwise, weights gathered in float8 by FSDP 2", {1, 1, 2, 2},
              {"--float8.enable_fsdp_float8_all_gather", "true"}, kTensorwise, 1e-3, 5e-3}}) {
     const std::string name = k.name;
@@ -241,6 +248,15 @@ TEST_CASE("tensor parallel: asynchronous TP trains one rank's model, its collect
     CHECK(gap.grad_norm <= k.grad_norm_bar);
     CHECK(cut.rank0.comm_bytes == collectives.rank0.comm_bytes);
     CHECK(cut.rank0.peer_bytes > collectives.rank0.peer_bytes);
+    if (k.cut_per_block > 0) {
+      // Each cut transfer: a rank sends (n - 1) blocks of R / n rows (its rows to each
+      // peer, or each peer's rows of a partial sum) of `dim` float32 elements.
+      const train::JobConfig c = debug_job(kParityBatch, kParityBatch, 1, k.model_keys);
+      const auto n = static_cast<std::uint64_t>(k.shape.tp);
+      const auto rows = static_cast<std::uint64_t>(kParityBatch / k.shape.dp() * c.training.seq_len);
+      CHECK(cut.rank0.peer_bytes == k.cut_per_block * static_cast<std::uint64_t>(c.model.args.n_layers) * (n - 1) *
+                                        (rows / n) * static_cast<std::uint64_t>(c.model.args.dim) * sizeof(float));
+    }
   }
 }
 

@@ -84,21 +84,16 @@ class Attention : public LayerTypes<T, B> {
   /// x, the same rows): added in wo's GEMM where it can be (output_).
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
     const AttentionShape s = shape(ctx.geometry());
+    if (stacked(ctx)) return stacked_forward_(ctx, s, x_rows, residual);
+    // The rows cast here and gathered as float8, multiplied as gathered; else gathered (in
+    // blocks multiplied as they arrive, where they can be) and multiplied.
+    const std::array<Tensor<T>, 3> qkv =
+        gathers_float8_input() ? gathered_float8_forward(ctx, *tp_, x_rows, {"wq", "wk", "wv"}, wq_, wk_, wv_)
+                               : gathered_forward(ctx, tp_, x_rows, {"wq", "wk", "wv"}, wq_, wk_, wv_);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
-    Tensor<T> q, k, v;
-    if (gathers_float8_input()) {  // the rows cast here, gathered as float8, multiplied as gathered
-      const std::array<Tensor<T>, 3> qkv = gathered_float8_forward(ctx, *tp_, x_rows, {"wq", "wk", "wv"}, wq_, wk_, wv_);
-      q = rope_->rotated(qkv[0], n_heads_, ctx.geometry().positions());
-      k = rope_->rotated(qkv[1], n_kv_heads_, ctx.geometry().positions());
-      v = qkv[2];
-    } else {
-      if (stacked(ctx)) return stacked_forward_(ctx, s, x_rows, residual);
-      const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
-      Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the three
-      q = rope_->rotated(wq_.forward(ctx.child("wq"), x), n_heads_, ctx.geometry().positions());
-      k = rope_->rotated(wk_.forward(ctx.child("wk"), x), n_kv_heads_, ctx.geometry().positions());
-      v = wv_.forward(ctx.child("wv"), x);
-    }
+    const Tensor<T> q = rope_->rotated(qkv[0], n_heads_, ctx.geometry().positions());
+    const Tensor<T> k = rope_->rotated(qkv[1], n_kv_heads_, ctx.geometry().positions());
+    const Tensor<T>& v = qkv[2];
     Tensor<accum_t<T>> lse;  // fp32 for bf16
     Tensor<T> o = ctx.op("o", SaveKind::attention, [&] {
       Tensor<T> out = B::template empty<T>(q.shape());

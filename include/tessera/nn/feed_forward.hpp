@@ -70,22 +70,18 @@ class FeedForward : public LayerTypes<T, B> {
   /// The feed-forward's output (this rank's rows), plus `residual` where given (a block's
   /// h, the same rows): added in w2's GEMM where it can be (output_).
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
-    Tensor<T> a, b;
-    if (gathers_float8_input()) {  // the rows cast here, gathered as float8, multiplied as gathered
-      const std::array<Tensor<T>, 2> ab = gathered_float8_forward(ctx, *tp_, x_rows, {"w1", "w3"}, w1_, w3_);
-      a = ab[0];
-      b = ab[1];
-    } else {
-      if (fuse_ && !w2_.float8_input_by_rows() && runs_stacked(ctx, w1_, w3_)) {
-        const Tensor<T> ab = stacked_forward(ctx.child("w13"), tp_, x_rows, w1_, w3_);
-        ctx.save("ab", SaveKind::matmul, ab);
-        return output_(ctx, swiglu_paired(ab), residual);
-      }
-      const Tensor<T> x = parallel::whole_rows<B>(tp_, x_rows);
-      Float8SharedCasts<B> shared;  // float8 GEMMs: x cast once for the two
-      a = w1_.forward(ctx.child("w1"), x);
-      b = w3_.forward(ctx.child("w3"), x);
+    if (fuse_ && !w2_.float8_input_by_rows() && runs_stacked(ctx, w1_, w3_)) {
+      const Tensor<T> ab = stacked_forward(ctx.child("w13"), tp_, x_rows, w1_, w3_);
+      ctx.save("ab", SaveKind::matmul, ab);
+      return output_(ctx, swiglu_paired(ab), residual);
     }
+    // The rows cast here and gathered as float8, multiplied as gathered; else gathered (in
+    // blocks multiplied as they arrive, where they can be) and multiplied.
+    const std::array<Tensor<T>, 2> ab = gathers_float8_input()
+                                            ? gathered_float8_forward(ctx, *tp_, x_rows, {"w1", "w3"}, w1_, w3_)
+                                            : gathered_forward(ctx, tp_, x_rows, {"w1", "w3"}, w1_, w3_);
+    const Tensor<T>& a = ab[0];
+    const Tensor<T>& b = ab[1];
     Float8RowAmaxes<B> amaxes;  // g's, where w2 casts it to float8 by them
     const Tensor<T> g = swiglu(a, b, &amaxes);
     ctx.save("a", SaveKind::matmul, a);

@@ -186,16 +186,19 @@ class Linear : public LayerTypes<T, B> {
 
   /// backward of the output gradient whose rows arrive by a sequence-parallel gather over
   /// `tp` (a row-parallel layer's): dx = dy W, returned, its GEMM a block of rows at a time
-  /// as the rows arrive where the group overlaps its collectives and the GEMM is the plain
-  /// one (parallel::whole_rows_overlapped), else after the gather.
+  /// as the rows arrive (parallel::whole_rows_overlapped) where the group overlaps its
+  /// collectives, no adapter adds to dx, and dy is cast to float8 by rows or not at all
+  /// (each block cast as it arrives); else after the gather.
   Tensor<T> backward_gathering(const Context<T>& ctx, parallel::TensorParallelGroup* tp, const Tensor<T>& dy_rows,
                                const Tensor<T>* input = nullptr) {
-    if (!parallel::overlaps(tp) || !plain_gemms()) return backward(ctx, parallel::whole_rows<B>(tp, dy_rows), input);
+    if (!parallel::overlaps(tp) || lora_ || !casts_grad_output_by_rows())
+      return backward(ctx, parallel::whole_rows<B>(tp, dy_rows), input);
     Tensor<T> dx = B::template empty<T>(Shape{dy_rows.size(0) * tp->degree(), in_features()});
+    std::optional<RowsBackward> f;  // prepared once the transfers are on their way
     const Tensor<T> dy = parallel::whole_rows_overlapped<B>(
         tp, dy_rows, [&](const Tensor<T>& whole, std::int64_t begin, std::int64_t end) {
-          B::gemm(Trans::no, Trans::no, 1.0f, whole.cview().slice_rows(begin, end), weight_.value.cview(), 0.0f,
-                  dx.view().slice_rows(begin, end));
+          if (!f) f = start_block_backward(ctx);
+          rows_backward(*f, whole, begin, end, 0.0f, dx.view().slice_rows(begin, end));
         });
     queue_weight_grad_(ctx, dy, Tensor<T>{}, input);
     return dx;
@@ -213,63 +216,82 @@ class Linear : public LayerTypes<T, B> {
   }
 
   /// The forward of x prepared to run a block of rows at a time: a float8 layer's operands
-  /// cast once, as its forward casts them (the scales its backward reuses kept in ctx).
+  /// cast once, as its forward casts them (the scales its backward reuses kept in ctx), or
+  /// x a block at a time (`by_blocks`: start_block_forward).
   struct RowsForward {
-    bool float8 = false;
-    Float8Operand<B> x8, w8;  // x and, where this layer casts it, the weight
+    bool float8 = false, by_blocks = false;
+    Float8Operand<B> x8, w8;  // x (whole, unless by blocks) and, where this layer casts it, the weight
     Float8GemmOperand w;      // the weight as the float8 GEMM multiplies it
     Float8GemmOptions options;
   };
-  RowsForward start_rows_forward(const Context<T>& ctx, const Tensor<T>& x) {
-    RowsForward f;
-    if (!float8_ && weight_.float8_value.empty()) return f;
-    f.float8 = true;
-    f.options = {emulate_float8_, float8_->fast_accumulation_forward};
-    if (!weight_.float8_value.empty()) {  // the weight gathered in float8 (forward_'s first branch)
-      f.x8 = cast_first_operand<B>(Trans::no, x.cview(), float8_->input, weight_.name, input_split());
-      f.w = gathered_float8_weight(false);
-      return f;
-    }
-    std::optional<Float8SharedCasts<B>> own;
-    Float8SharedCasts<B>& casts = open_casts(own);
-    f.x8 = cast_first_operand<B>(Trans::no, x.cview(), float8_->input, weight_.name, input_split());
-    f.w8 = cast_to_float8<B>(weight_.value.cview(), float8_->weight, false, weight_split());
-    f.w = f.w8.gemm_operand(weight_.name);
-    save_scale(ctx, casts, "x", x.cview(), float8_->input, reuses_input_scale());
-    save_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
-    return f;
+  /// For the forward of x, which is here whole.
+  RowsForward start_rows_forward(const Context<T>& ctx, const Tensor<T>& x) { return start_rows_forward_(ctx, &x); }
+  /// For the forward of an input whose rows arrive a block at a time (a sequence-parallel
+  /// gather): each block cast as it comes, by rows_forward. Where casts_input_by_rows().
+  RowsForward start_block_forward(const Context<T>& ctx) {
+    TESSERA_CHECK(casts_input_by_rows(), weight_.name, ": a float8 cast of the input by one scale needs the "
+                  "whole input; it cannot be cast a block of rows at a time");
+    return start_rows_forward_(ctx, nullptr);
   }
-  /// Rows [begin, end) of the forward's product x W^T into `out` (those rows).
+  /// Whether the forward's input may be cast a block of rows at a time, each row by itself:
+  /// no float8 cast of it, or one by rows over this rank's whole rows (not by one scale,
+  /// and not over columns other ranks hold).
+  bool casts_input_by_rows() const {
+    return !float8_ || (float8_->input.axis == ops::Float8Axis::rows && !input_split().spans(float8_->input.axis));
+  }
+  /// Rows [begin, end) of the forward's product x W^T into `out` (those rows; x's rows
+  /// [begin, end) there).
   void rows_forward(const RowsForward& f, const Tensor<T>& x, std::int64_t begin, std::int64_t end,
                     TensorView<T> out) const {
     if (!f.float8) {
       B::gemm(Trans::no, Trans::yes, 1.0f, x.cview().slice_rows(begin, end), weight_.value.cview(), 0.0f, out);
       return;
     }
+    if (f.by_blocks) {  // the block cast as the whole would cast its rows (an open Float8SharedCasts shares it)
+      const Float8Operand<B> x8 =
+          cast_first_operand<B>(Trans::no, x.cview().slice_rows(begin, end), float8_->input, weight_.name);
+      float8_multiply<B>(x8.gemm_operand(weight_.name), f.w, 0.0f, out, weight_.name, f.options);
+      return;
+    }
     float8_multiply<B>(rows_of(f.x8.gemm_operand(weight_.name), begin, end), f.w, 0.0f, out, weight_.name, f.options);
   }
   /// The input gradient's GEMM (dx = beta dx + dy W) prepared to run a block of rows at a
   /// time: a float8 layer's operands cast once (backward_into runs it whole; an adapter's
-  /// addition to dx is the caller's).
+  /// addition to dx is the caller's), or dy a block at a time (`by_blocks`).
   struct RowsBackward {
-    bool float8 = false;
-    Float8Operand<B> dy8, wt8;  // dy, and the storage of the weight's transpose
+    bool float8 = false, by_blocks = false;
+    Float8Operand<B> dy8, wt8;  // dy (whole, unless by blocks), and the storage of the weight's transpose
     Float8GemmOperand wt;       // the weight's transpose as the float8 GEMM multiplies it
   };
+  /// For the input gradient of dy, which is here whole.
   RowsBackward start_rows_backward(const Context<T>& ctx, const Tensor<T>& dy) {
-    RowsBackward f;
-    if (!float8_ && weight_.float8_value.empty()) return f;
-    f.float8 = true;
-    f.dy8 = cast_first_operand<B>(Trans::no, dy.cview(), float8_->grad_output, weight_.name, grad_output_split());
-    f.wt = float8_weight_transposed_(ctx, f.wt8);
-    return f;
+    return start_rows_backward_(ctx, &dy);
   }
-  /// Rows [begin, end) of dx = beta dx + dy W (`dx`: those rows).
+  /// For an output gradient whose rows arrive a block at a time (a sequence-parallel
+  /// gather): each block cast as it comes, by rows_backward. Where casts_grad_output_by_rows().
+  RowsBackward start_block_backward(const Context<T>& ctx) {
+    TESSERA_CHECK(casts_grad_output_by_rows(), weight_.name, ": a float8 cast of the output gradient by one scale "
+                  "needs the whole gradient; it cannot be cast a block of rows at a time");
+    return start_rows_backward_(ctx, nullptr);
+  }
+  /// Whether the input gradient's cast of the output gradient may take a block of rows at
+  /// a time (casts_input_by_rows's rule, for dy).
+  bool casts_grad_output_by_rows() const {
+    return !float8_ ||
+           (float8_->grad_output.axis == ops::Float8Axis::rows && !grad_output_split().spans(float8_->grad_output.axis));
+  }
+  /// Rows [begin, end) of dx = beta dx + dy W (`dx`: those rows; dy's rows [begin, end) there).
   void rows_backward(const RowsBackward& f, const Tensor<T>& dy, std::int64_t begin, std::int64_t end, float beta,
                      TensorView<T> dx) const {
     if (!f.float8) {
       B::gemm(Trans::no, Trans::no, 1.0f, dy.cview().slice_rows(begin, end), weight_.value.cview(),
               static_cast<accum_t<T>>(beta), dx);
+      return;
+    }
+    if (f.by_blocks) {
+      const Float8Operand<B> dy8 =
+          cast_first_operand<B>(Trans::no, dy.cview().slice_rows(begin, end), float8_->grad_output, weight_.name);
+      float8_multiply<B>(dy8.gemm_operand(weight_.name), f.wt, beta, dx, weight_.name, {emulate_float8_, false});
       return;
     }
     float8_multiply<B>(rows_of(f.dy8.gemm_operand(weight_.name), begin, end), f.wt, beta, dx, weight_.name,
@@ -284,6 +306,42 @@ class Linear : public LayerTypes<T, B> {
   void keep_input(const Context<T>& ctx, const Tensor<T>& x) const { ctx.save("x", SaveKind::input, x); }
 
  private:
+  /// start_rows_forward (`x` whole) and start_block_forward (`x` null: cast by blocks).
+  RowsForward start_rows_forward_(const Context<T>& ctx, const Tensor<T>* x) {
+    RowsForward f;
+    if (!float8_ && weight_.float8_value.empty()) return f;
+    f.float8 = true;
+    f.by_blocks = x == nullptr;
+    f.options = {emulate_float8_, float8_->fast_accumulation_forward};
+    const auto cast_x = [&] {
+      if (x != nullptr) f.x8 = cast_first_operand<B>(Trans::no, x->cview(), float8_->input, weight_.name, input_split());
+    };
+    if (!weight_.float8_value.empty()) {  // the weight gathered in float8 (forward_'s first branch)
+      cast_x();
+      f.w = gathered_float8_weight(false);
+      return f;
+    }
+    std::optional<Float8SharedCasts<B>> own;  // x's tensorwise scale found here for the backward (save_scale)
+    Float8SharedCasts<B>& casts = open_casts(own);
+    cast_x();
+    f.w8 = cast_to_float8<B>(weight_.value.cview(), float8_->weight, false, weight_split());
+    f.w = f.w8.gemm_operand(weight_.name);
+    if (x != nullptr) save_scale(ctx, casts, "x", x->cview(), float8_->input, reuses_input_scale());
+    save_scale(ctx, casts, "w", weight_.value.cview(), float8_->weight, reuses_weight_scale());
+    return f;
+  }
+  /// start_rows_backward (`dy` whole) and start_block_backward (`dy` null: cast by blocks).
+  RowsBackward start_rows_backward_(const Context<T>& ctx, const Tensor<T>* dy) {
+    RowsBackward f;
+    if (!float8_ && weight_.float8_value.empty()) return f;
+    f.float8 = true;
+    f.by_blocks = dy == nullptr;
+    if (dy != nullptr)
+      f.dy8 = cast_first_operand<B>(Trans::no, dy->cview(), float8_->grad_output, weight_.name, grad_output_split());
+    f.wt = float8_weight_transposed_(ctx, f.wt8);
+    return f;
+  }
+
   /// The weight's transpose as the float8 GEMM of dx = dy W multiplies it: FSDP's weight
   /// gathered in float8, transposed, or the weight cast by its input-gradient cast (by the
   /// forward's scale where it kept one). `held` keeps its storage.
@@ -313,9 +371,6 @@ class Linear : public LayerTypes<T, B> {
                          {emulate_float8_, false});
     });
   }
-
-  /// Whether the layer's GEMMs are the model's precision and no adapter adds to them.
-  bool plain_gemms() const { return !float8_ && weight_.float8_value.empty() && !lora_; }
 
   /// The weight gradient's part of the backward (through ctx.weight_grad): the adapter's
   /// and the weight's, of dy and the forward's input; `du` the adapter's s dy B.
@@ -721,6 +776,44 @@ Tensor<T> output_projection(Linear<T, B>& w, const Context<T>& ctx, const Tensor
     y = parallel::summed_rows<B>(tp, w.forward(ctx, x, keep_input));
   }
   return residual != nullptr ? sum_of<B>(*residual, y) : y;
+}
+
+/// Each of the layers' forward of x_rows gathered over the sequence-parallel ranks of `tp`
+/// (parallel::whole_rows; x_rows itself without them), their outputs in order; `names`
+/// their children of ctx; x cast to float8 once for all of them where they cast it alike
+/// (Float8SharedCasts). Where the group overlaps its collectives, ctx neither stashes nor
+/// replays op outputs, and each layer runs by rows with its input cast by rows or not at
+/// all (Linear::runs_by_rows, casts_input_by_rows), each layer's GEMM runs a block of rows
+/// at a time as the rows arrive, each block cast once.
+template <class T, Backend B, class... Ls>
+std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_forward(const Context<T>& ctx, parallel::TensorParallelGroup* tp,
+                                                          const Tensor<T>& x_rows,
+                                                          std::array<const char*, 1 + sizeof...(Ls)> names,
+                                                          Linear<T, B>& first, Ls&... rest) {
+  constexpr std::size_t n = 1 + sizeof...(Ls);
+  const std::array<Linear<T, B>*, n> layers{&first, &rest...};
+  std::array<Tensor<T>, n> outs;
+  bool by_blocks = parallel::overlaps(tp);
+  for (std::size_t i = 0; i < n; ++i)
+    by_blocks = by_blocks && layers[i]->runs_by_rows(ctx.child(names[i])) && layers[i]->casts_input_by_rows();
+  Float8SharedCasts<B> shared;  // float8 GEMMs: x, or each block of it, cast once for all
+  if (!by_blocks) {
+    const Tensor<T> x = parallel::whole_rows<B>(tp, x_rows);
+    for (std::size_t i = 0; i < n; ++i) outs[i] = layers[i]->forward(ctx.child(names[i]), x);
+    return outs;
+  }
+  const std::int64_t rows = x_rows.size(0) * tp->degree();
+  for (std::size_t i = 0; i < n; ++i) outs[i] = B::template empty<T>(Shape{rows, layers[i]->out_features()});
+  std::array<std::optional<typename Linear<T, B>::RowsForward>, n> f;  // prepared once the transfers are on their way
+  const Tensor<T> x = parallel::whole_rows_overlapped<B>(
+      tp, x_rows, [&](const Tensor<T>& whole, std::int64_t begin, std::int64_t end) {
+        for (std::size_t i = 0; i < n; ++i) {
+          if (!f[i]) f[i] = layers[i]->start_block_forward(ctx.child(names[i]));
+          layers[i]->rows_forward(*f[i], whole, begin, end, outs[i].view().slice_rows(begin, end));
+        }
+      });
+  for (std::size_t i = 0; i < n; ++i) layers[i]->keep_input(ctx.child(names[i]), x);
+  return outs;
 }
 
 /// Each of the layers' forward_float8 of x_rows cast by the first one's input cast (which
