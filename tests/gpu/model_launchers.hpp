@@ -267,6 +267,18 @@ Float8CastValues float8_cast_on(const Tensor<float>& x, ops::Float8Cast cast, bo
   return {{v.data(), v.data() + v.numel()}, {s.data(), s.data() + s.numel()}};
 }
 Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, bool transpose = false);
+/// `x` cast as float8_cast_on casts it, not transposed, by one scale (tensorwise), then its
+/// float8 values transposed (nn::transposed_float8: ops::Float8Transpose).
+template <class B>
+Float8CastValues float8_transposed_on(const Tensor<float>& x, ops::Float8Cast cast) {
+  Tensor<bf16> host(x.shape(), Uninitialized{});
+  for (std::int64_t i = 0; i < x.numel(); ++i) host[i] = bf16(x[i]);
+  const Tensor<bf16> on = upload<B>(host);
+  const nn::Float8Operand<B> q = nn::transposed_float8<B>(nn::cast_to_float8<B>(on.cview(), cast, false));
+  const Tensor<float> v = download<B>(nn::float8_values<B>(q)), s = download<B>(q.scale);
+  return {{v.data(), v.data() + v.numel()}, {s.data(), s.data() + s.numel()}};
+}
+Float8CastValues cuda_float8_transposed(const Tensor<float>& x, ops::Float8Cast cast);
 
 /// op(A) op(B) by nn::float8_gemm on B, A and B rounded to bf16, C in float (emulated
 /// unless `options` say otherwise); plus `residual` where given, read apart from C as the

@@ -451,8 +451,8 @@ TEST_CASE("Float8 casts on the GPU are the CPU's bit for bit, and every recipe's
   }
 }
 
-TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, transposing tiles) are the CPU's bit "
-          "for bit") {
+TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, transposing tiles) and Float8Transpose's "
+          "tiles are the CPU's bit for bit") {
   // backend/cuda/float8_kernels.cuh: shapes with whole and partial 64 x 64 tiles, rows of
   // vectors (8 | cols) and the per-element fallback (37 columns), a long MaxOf (5000 rows).
   struct Shape2 {
@@ -477,6 +477,13 @@ TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, 
           const gpu_test::Float8CastValues cpu = gpu_test::float8_cast_on<Cpu>(x, cast, transpose);
           CHECK(gpu.scales == cpu.scales);
           CHECK(gpu.values == cpu.values);
+          if (axis == ops::Float8Axis::tensor && transpose) {
+            // Float8Transpose's tiles (its four kernels, as the cast's): the cast's bytes
+            // moved are the transposed cast's.
+            const gpu_test::Float8CastValues moved = gpu_test::cuda_float8_transposed(x, cast);
+            CHECK(moved.scales == cpu.scales);
+            CHECK(moved.values == cpu.values);
+          }
         }
   }
 }

@@ -11,7 +11,9 @@
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/backend/kernel_class.hpp"
 #include "tessera/backend/trace.hpp"
+#include "tessera/core/float8.hpp"
 #include "tessera/nn/output.hpp"
+#include "tessera/ops/float8.hpp"
 #include "tessera/ops/ops.hpp"
 #include "tessera/ops/norm.hpp"
 #include "tessera/ops/traffic.hpp"
@@ -495,6 +497,19 @@ TEST_CASE("traffic: the optimizer and the gradient norm set the figures' fields"
   // A block per chunk on CUDA, its loads coalesced: nothing priced as a walk of one thread.
   CHECK(ops::SquaredNormChunks<float>{nullptr, 2, nullptr, 40005}.traffic(4).walk_bytes == 0);
   CHECK(cuda_kernel_class<ops::SquaredNormChunks<float>> == KernelClass::row);
+}
+
+TEST_CASE("traffic: a float8 transpose walks down columns a thread an element, the CUDA kernel's tiles do not") {
+  // ops::Float8Transpose: per index, neighbouring indices read a row apart (priced as a
+  // walk); on CUDA, tiles through shared memory read and write along rows, each byte once.
+  const ops::Float8Transpose<float8_e4m3> t{nullptr, 300, 200, nullptr};
+  const ops::Traffic walked = t.traffic(60000), tiled = t.cuda_traffic(60000);
+  check_equal(walked, 60000, 60000, 0, 0);
+  CHECK(walked.walk_bytes == 60000);
+  check_equal(tiled, 60000, 60000, 0, 0);
+  CHECK(tiled.walk_bytes == 0);
+  CHECK(cuda_kernel_class<ops::Float8Transpose<float8_e4m3>> == KernelClass::tiles);
+  CHECK(cuda_kernel_class<ops::Float8Transpose<float8_e5m2>> == KernelClass::tiles);
 }
 
 }  // namespace test_traffic

@@ -31,7 +31,8 @@ enum class KernelClass : std::uint8_t {
   column_sums,   // chunks of rows reduced down columns: RmsNormBackwardWeight's sums, ColumnAbsMax's maxima
   elementwise,   // grid-stride over 16-byte vectors
   multi_tensor,  // AdamWMultiStep: a block per block of the launch's table, 8 elements a thread
-  tiles,         // QuantizeFloat8: 64 x 64 tiles through shared memory (transposing casts), else rows of vectors
+  tiles,         // QuantizeFloat8: 64 x 64 tiles through shared memory (transposing casts), else rows of vectors;
+                 // Float8Transpose: the same tiles
 };
 
 constexpr const char* name_of(KernelClass k) {
@@ -122,6 +123,14 @@ struct cuda_kernel_class_of<ops::Float8ScaleFromAmaxes> {
 template <class T, class F>
   requires kCudaLoweredElement<T>
 struct cuda_kernel_class_of<ops::QuantizeFloat8<T, F>> {
+  static constexpr KernelClass value = KernelClass::tiles;
+};
+template <>
+struct cuda_kernel_class_of<ops::Float8Transpose<float8_e4m3>> {
+  static constexpr KernelClass value = KernelClass::tiles;
+};
+template <>
+struct cuda_kernel_class_of<ops::Float8Transpose<float8_e5m2>> {
   static constexpr KernelClass value = KernelClass::tiles;
 };
 template <class T, class M>

@@ -53,10 +53,8 @@ struct Float8Split {
   comm::Communicator* group = nullptr;  // the ranks holding the other pieces (none: whole)
   bool by_rows = false;                 // the pieces are ranges of rows (else of columns)
 
-  static Float8Split whole() { return {}; }
   static Float8Split rows(comm::Communicator& group) { return {&group, true}; }
   static Float8Split columns(comm::Communicator& group) { return {&group, false}; }
-  bool split() const { return group != nullptr; }
   /// Whether a cast by `axis` takes its amaxes over the group.
   bool spans(ops::Float8Axis axis) const {
     if (group == nullptr) return false;

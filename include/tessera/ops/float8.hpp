@@ -270,6 +270,12 @@ struct Float8Transpose {
     t.walk_bytes = e * sizeof(F);  // neighbouring indices read a row apart
     return t;
   }
+  /// The CUDA kernel's (backend/cuda/float8_kernels.cuh): tiles read along in's rows and
+  /// written along out's, each byte once.
+  Traffic cuda_traffic(std::int64_t n) const {
+    const double e = static_cast<double>(n);
+    return {e * sizeof(F), e * sizeof(F), 0, 0};
+  }
 };
 
 /// out[i] = in[0]: one float8 scale given to every row, for a GEMM whose other operand

@@ -1,10 +1,10 @@
 // The float8 casts' kernels (ops/float8.hpp): RowAbsMax, a row per warp or block;
 // ColumnAbsMax, chunks of rows times 32 columns; MaxOf and Float8ScaleFromAmaxes, one
-// block; QuantizeFloat8, rows of vectors or, transposing, tiles.
+// block; QuantizeFloat8, rows of vectors or, transposing, tiles; Float8Transpose, tiles.
 //
 // Per index, RowAbsMax walks a whole row in one thread and MaxOf walks every row's amax
 // in one thread (a single thread over 8192 values), and a transposing QuantizeFloat8
-// reads x down its columns, one element a thread a row apart. Here:
+// (or Float8Transpose) reads x down its columns, one element a thread a row apart. Here:
 //   RowAbsMax      the row kernel (row_launch.cuh): the row's elements as vectors over
 //                  the warp or block, a reduction in which a NaN wins, as max_abs's
 //   MaxOf          one block strides over the n values, the same reduction (and
@@ -17,6 +17,7 @@
 //                  block per 64 x 64 tile, read along x's rows in runs of 8 into shared
 //                  memory as float8 bytes, written along out's rows (x's columns) in
 //                  words of 4 (kernel_layouts.hpp's TransposeTileLayout)
+//   Float8Transpose the same tiles, each run x's 8 bytes as they are (one 8-byte load)
 // The conversion itself is one instruction for two elements on Ada and Hopper
 // (core/float8.hpp): with it and 32-bit indices the casts are bound by memory, where
 // the integer rounding and 64-bit index arithmetic held them to 13-28% of the device
@@ -207,14 +208,14 @@ inline constexpr int kQuantizeTileThreads = 256;
 /// lanes reading down a column (rows 4 apart) touch 8 banks each once, twice at most.
 inline constexpr int kQuantizeTilePitch = kQuantizeTile + 4;
 
-/// Block (bx, by) casts x's rows [64 by, +64) and columns [64 bx, +64), as
-/// TransposeTileLayout says: each thread reads runs of 8 elements along x's rows (one
-/// 16- or 32-byte load where kVectors: every row 16-byte aligned, 8 | cols) and keeps
-/// their float8 bytes in shared memory, then writes words of 4 bytes along out's rows
-/// (x's columns; one 4-byte store where kWords: 4 | rows, out 4-byte aligned). Tiles
-/// past the edge skip what lies outside.
-template <class T, class F, bool kVectors, bool kWords>
-__global__ void __launch_bounds__(kQuantizeTileThreads) quantize_transposed_kernel(ops::QuantizeFloat8<T, F> f) {
+/// One 64 x 64 tile of a transposing kernel, block (bx, by): x's rows [64 by, +64) and
+/// columns [64 bx, +64) (x: rows x cols) as TransposeTileLayout says. Each thread takes
+/// runs of 8 elements along x's rows as their float8 bytes (`run(r, c, bytes)`, columns
+/// past the edge as 0) and keeps them in shared memory, then writes words of 4 bytes along
+/// out's rows (x's columns: out is cols x rows; one 4-byte store where kWords: 4 | rows,
+/// out 4-byte aligned). Tiles past the edge skip what lies outside.
+template <bool kWords, class Run>
+__device__ void transposed_tile(const Run& run, std::int64_t rows, std::int64_t cols, std::uint8_t* out) {
   constexpr int kTile = kQuantizeTile, kPitch = kQuantizeTilePitch, kRun = kQuantizeRun;
   constexpr TransposeTileLayout kLayout{kTile, kQuantizeTileThreads, kRun};
   __shared__ __align__(16) std::uint8_t tile[kTile * kPitch];
@@ -224,18 +225,9 @@ __global__ void __launch_bounds__(kQuantizeTileThreads) quantize_transposed_kern
   for (int k = 0; k < kLayout.reads(); ++k) {
     const int rr = kLayout.read_row(t, k), cc = kLayout.read_column(t, k);
     const std::int64_t r = r0 + rr, c = c0 + cc;
-    if (r >= f.rows || c >= f.cols) continue;
+    if (r >= rows || c >= cols) continue;
     std::uint8_t b[kRun];
-    if constexpr (kVectors) {  // 8 | cols: the run is whole
-      float v[kRun];
-      load_float<kRun>(f.x + r * f.ld, c, v);
-#pragma unroll
-      for (int w = 0; w < kRun; ++w) b[w] = F(v[w] * f.scale[ops::float8_scale_index(f.axis, r, c + w)]).bits;
-    } else {
-#pragma unroll
-      for (int w = 0; w < kRun; ++w)
-        b[w] = c + w < f.cols ? f.element(r, c + w).bits : std::uint8_t{0};
-    }
+    run(r, c, b);
     std::uint32_t word[kRun / 4];
     memcpy(word, b, kRun);
 #pragma unroll
@@ -246,21 +238,68 @@ __global__ void __launch_bounds__(kQuantizeTileThreads) quantize_transposed_kern
   for (int k = 0; k < kLayout.writes(); ++k) {
     const int cc = kLayout.write_column(t, k), rr = kLayout.write_row(t, k);
     const std::int64_t c = c0 + cc, r = r0 + rr;
-    if (c >= f.cols || r >= f.rows) continue;
+    if (c >= cols || r >= rows) continue;
     std::uint8_t b[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) b[i] = tile[(rr + i) * kPitch + cc];
-    F* out = f.out + c * f.rows + r;
-    if (kWords && r + 4 <= f.rows) {
+    std::uint8_t* o = out + c * rows + r;
+    if (kWords && r + 4 <= rows) {
       std::uint32_t word;
       memcpy(&word, b, 4);
-      *reinterpret_cast<std::uint32_t*>(out) = word;
+      *reinterpret_cast<std::uint32_t*>(o) = word;
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (r + i < f.rows) out[i] = F::from_bits(b[i]);
+        if (r + i < rows) o[i] = b[i];
     }
   }
+}
+
+/// The transposing cast: each run of x cast to float8 (one 16- or 32-byte load where
+/// kVectors: every row 16-byte aligned, 8 | cols), by transposed_tile.
+template <class T, class F, bool kVectors, bool kWords>
+__global__ void __launch_bounds__(kQuantizeTileThreads) quantize_transposed_kernel(ops::QuantizeFloat8<T, F> f) {
+  constexpr int kRun = kQuantizeRun;
+  const auto run = [&f](std::int64_t r, std::int64_t c, std::uint8_t* b) {
+    if constexpr (kVectors) {  // 8 | cols: the run is whole
+      float v[kRun];
+      load_float<kRun>(f.x + r * f.ld, c, v);
+#pragma unroll
+      for (int w = 0; w < kRun; ++w) b[w] = F(v[w] * f.scale[ops::float8_scale_index(f.axis, r, c + w)]).bits;
+    } else {
+#pragma unroll
+      for (int w = 0; w < kRun; ++w) b[w] = c + w < f.cols ? f.element(r, c + w).bits : std::uint8_t{0};
+    }
+  };
+  static_assert(sizeof(F) == 1, "a float8 value is its byte");
+  transposed_tile<kWords>(run, f.rows, f.cols, reinterpret_cast<std::uint8_t*>(f.out));
+}
+
+/// Float8Transpose: each run of x's bytes copied (one 8-byte load where kVectors: x
+/// 8-byte aligned, 8 | cols), by transposed_tile.
+template <class F, bool kVectors, bool kWords>
+__global__ void __launch_bounds__(kQuantizeTileThreads) float8_transpose_kernel(ops::Float8Transpose<F> f) {
+  static_assert(sizeof(F) == 1, "a float8 value is its byte");
+  constexpr int kRun = kQuantizeRun;
+  const auto* in = reinterpret_cast<const std::uint8_t*>(f.in);
+  const auto run = [&f, in](std::int64_t r, std::int64_t c, std::uint8_t* b) {
+    const std::uint8_t* row = in + r * f.cols;
+    if constexpr (kVectors) {  // 8 | cols: the run is whole, and 8-byte aligned
+      const std::uint64_t v = *reinterpret_cast<const std::uint64_t*>(row + c);
+      memcpy(b, &v, kRun);
+    } else {
+#pragma unroll
+      for (int w = 0; w < kRun; ++w) b[w] = c + w < f.cols ? row[c + w] : std::uint8_t{0};
+    }
+  };
+  transposed_tile<kWords>(run, f.rows, f.cols, reinterpret_cast<std::uint8_t*>(f.out));
+}
+
+/// The grid of transposed_tile's blocks over rows x cols (`what` names the kernel).
+inline dim3 transposed_tiles_grid(std::int64_t rows, std::int64_t cols, const char* what) {
+  const std::int64_t bx = (cols + kQuantizeTile - 1) / kQuantizeTile, by = (rows + kQuantizeTile - 1) / kQuantizeTile;
+  TESSERA_CHECK(by <= 65535 && bx <= 2147483647, what, ": ", rows, " x ", cols, " is past the tiled transpose's grid");
+  return dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by));
 }
 
 /// OpKernel for QuantizeFloat8: the tiles when transposing, else rows of vectors where
@@ -273,10 +312,7 @@ struct QuantizeFloat8Kernel {
   }
   static void launch(std::int64_t n, const ops::QuantizeFloat8<T, F>& f, cudaStream_t stream) {
     if (f.transpose) {
-      const std::int64_t bx = (f.cols + kQuantizeTile - 1) / kQuantizeTile, by = (f.rows + kQuantizeTile - 1) / kQuantizeTile;
-      TESSERA_CHECK(by <= 65535 && bx <= 2147483647, "QuantizeFloat8: ", f.rows, " x ", f.cols,
-                    " is past the tiled cast's grid");
-      const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by));
+      const dim3 grid = transposed_tiles_grid(f.rows, f.cols, "QuantizeFloat8");
       const bool vectors = f.cols % kQuantizeRun == 0 && rows_aligned16(f.x, f.ld);
       const bool words = f.rows % 4 == 0 && reinterpret_cast<std::uintptr_t>(f.out) % 4 == 0;
       if (vectors && words) tiles<true, true>(f, grid, stream);
@@ -296,6 +332,25 @@ struct QuantizeFloat8Kernel {
       for_each(n, f, stream);
       return;
     }
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+/// OpKernel for Float8Transpose: transposed_tile's blocks, as the transposing cast's.
+template <class F>
+struct Float8TransposeKernel {
+  template <bool kVectors, bool kWords>
+  static void tiles(const ops::Float8Transpose<F>& f, dim3 grid, cudaStream_t stream) {
+    float8_transpose_kernel<F, kVectors, kWords><<<grid, kQuantizeTileThreads, 0, stream>>>(f);
+  }
+  static void launch(std::int64_t, const ops::Float8Transpose<F>& f, cudaStream_t stream) {
+    const dim3 grid = transposed_tiles_grid(f.rows, f.cols, "Float8Transpose");
+    const bool vectors = f.cols % kQuantizeRun == 0 && reinterpret_cast<std::uintptr_t>(f.in) % 8 == 0;
+    const bool words = f.rows % 4 == 0 && reinterpret_cast<std::uintptr_t>(f.out) % 4 == 0;
+    if (vectors && words) tiles<true, true>(f, grid, stream);
+    else if (vectors) tiles<true, false>(f, grid, stream);
+    else if (words) tiles<false, true>(f, grid, stream);
+    else tiles<false, false>(f, grid, stream);
     TESSERA_CUDA_CHECK(cudaGetLastError());
   }
 };

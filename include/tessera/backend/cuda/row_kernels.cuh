@@ -29,7 +29,7 @@
 //   norm_kernels.cuh           SquaredNormChunks, LaneSum
 //   adamw_kernels.cuh          AdamWMultiStep
 //   float8_kernels.cuh         RowAbsMax, ColumnAbsMax, MaxOf, Float8ScaleFromAmaxes, QuantizeFloat8 (tiles
-//                              when transposing)
+//                              when transposing), Float8Transpose (tiles)
 //
 // This header holds the table that gives each of them its OpKernel, checks it against
 // backend/kernel_class.hpp, and defines launch_op.
@@ -137,6 +137,10 @@ struct OpKernel<ops::RowAbsMaxScale<T>> : detail::RowAbsMaxScaleKernel<T> {};
 template <class T, class F>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::QuantizeFloat8<T, F>> : detail::QuantizeFloat8Kernel<T, F> {};
+template <>
+struct OpKernel<ops::Float8Transpose<float8_e4m3>> : detail::Float8TransposeKernel<float8_e4m3> {};
+template <>
+struct OpKernel<ops::Float8Transpose<float8_e5m2>> : detail::Float8TransposeKernel<float8_e5m2> {};
 
 namespace detail {
 /// The host-side list the cost model prices launches by (backend/kernel_class.hpp) names
@@ -166,7 +170,9 @@ constexpr bool kernel_classes_agree() {
 }
 static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>() &&
                   kKernelClassAgrees<ops::LaneSum> && kKernelClassAgrees<ops::MaxOf> &&
-                  kKernelClassAgrees<ops::Float8ScaleFromAmaxes>,
+                  kKernelClassAgrees<ops::Float8ScaleFromAmaxes> &&
+                  kKernelClassAgrees<ops::Float8Transpose<float8_e4m3>> &&
+                  kKernelClassAgrees<ops::Float8Transpose<float8_e5m2>>,
               "tessera: backend/kernel_class.hpp must list exactly the functors row_kernels.cuh lowers");
 }  // namespace detail
 
