@@ -85,14 +85,21 @@ class Attention : public LayerTypes<T, B> {
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
     const AttentionShape s = shape(ctx.geometry());
     if (stacked(ctx)) return stacked_forward_(ctx, s, x_rows, residual);
+    // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
+    const auto rotated = [&](std::size_t i, const Tensor<T>& y) {
+      return i == 2 ? y : rope_->rotated(y, i == 0 ? n_heads_ : n_kv_heads_, ctx.geometry().positions());
+    };
     // The rows cast here and gathered as float8, multiplied as gathered; else gathered (in
     // blocks multiplied as they arrive, where they can be) and multiplied.
-    const std::array<Tensor<T>, 3> qkv =
-        gathers_float8_input() ? gathered_float8_forward(ctx, *tp_, x_rows, {"wq", "wk", "wv"}, wq_, wk_, wv_)
-                               : gathered_forward(ctx, tp_, x_rows, {"wq", "wk", "wv"}, wq_, wk_, wv_);
-    // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
-    const Tensor<T> q = rope_->rotated(qkv[0], n_heads_, ctx.geometry().positions());
-    const Tensor<T> k = rope_->rotated(qkv[1], n_kv_heads_, ctx.geometry().positions());
+    std::array<Tensor<T>, 3> qkv;
+    if (gathers_float8_input()) {
+      qkv = gathered_float8_forward(ctx, *tp_, x_rows, {"wq", "wk", "wv"}, wq_, wk_, wv_);
+      for (std::size_t i = 0; i < 2; ++i) qkv[i] = rotated(i, qkv[i]);
+    } else {
+      qkv = gathered_forward(ctx, tp_, x_rows, {"wq", "wk", "wv"}, rotated, wq_, wk_, wv_);
+    }
+    const Tensor<T>& q = qkv[0];
+    const Tensor<T>& k = qkv[1];
     const Tensor<T>& v = qkv[2];
     Tensor<accum_t<T>> lse;  // fp32 for bf16
     Tensor<T> o = ctx.op("o", SaveKind::attention, [&] {

@@ -779,17 +779,20 @@ Tensor<T> output_projection(Linear<T, B>& w, const Context<T>& ctx, const Tensor
 }
 
 /// Each of the layers' forward of x_rows gathered over the sequence-parallel ranks of `tp`
-/// (parallel::whole_rows; x_rows itself without them), their outputs in order; `names`
-/// their children of ctx; x cast to float8 once for all of them where they cast it alike
-/// (Float8SharedCasts). Where the group overlaps its collectives, ctx neither stashes nor
-/// replays op outputs, and each layer runs by rows with its input cast by rows or not at
-/// all (Linear::runs_by_rows, casts_input_by_rows), each layer's GEMM runs a block of rows
-/// at a time as the rows arrive, each block cast once.
-template <class T, Backend B, class... Ls>
+/// (parallel::whole_rows; x_rows itself without them), each output i handed to
+/// `then(i, y)` and what it returns kept, in order; `names` their children of ctx; x cast
+/// to float8 once for all of them where they cast it alike (Float8SharedCasts). Where the
+/// group overlaps its collectives, ctx neither stashes nor replays op outputs, and each
+/// layer runs by rows with its input cast by rows or not at all (Linear::runs_by_rows,
+/// casts_input_by_rows), each layer's GEMM runs a block of rows at a time as the rows
+/// arrive, each block cast once; else the layers run one after another on the gathered x,
+/// each output through `then` before the next layer runs (so that what `then` replaces,
+/// a projection's output RoPE rotates out of place, is freed before the next is made).
+template <class T, Backend B, class Then, class... Ls>
 std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_forward(const Context<T>& ctx, parallel::TensorParallelGroup* tp,
                                                           const Tensor<T>& x_rows,
                                                           std::array<const char*, 1 + sizeof...(Ls)> names,
-                                                          Linear<T, B>& first, Ls&... rest) {
+                                                          Then&& then, Linear<T, B>& first, Ls&... rest) {
   constexpr std::size_t n = 1 + sizeof...(Ls);
   const std::array<Linear<T, B>*, n> layers{&first, &rest...};
   std::array<Tensor<T>, n> outs;
@@ -799,7 +802,7 @@ std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_forward(const Context<T>& ctx,
   Float8SharedCasts<B> shared;  // float8 GEMMs: x, or each block of it, cast once for all
   if (!by_blocks) {
     const Tensor<T> x = parallel::whole_rows<B>(tp, x_rows);
-    for (std::size_t i = 0; i < n; ++i) outs[i] = layers[i]->forward(ctx.child(names[i]), x);
+    for (std::size_t i = 0; i < n; ++i) outs[i] = then(i, layers[i]->forward(ctx.child(names[i]), x));
     return outs;
   }
   const std::int64_t rows = x_rows.size(0) * tp->degree();
@@ -812,7 +815,10 @@ std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_forward(const Context<T>& ctx,
           layers[i]->rows_forward(*f[i], whole, begin, end, outs[i].view().slice_rows(begin, end));
         }
       });
-  for (std::size_t i = 0; i < n; ++i) layers[i]->keep_input(ctx.child(names[i]), x);
+  for (std::size_t i = 0; i < n; ++i) {
+    layers[i]->keep_input(ctx.child(names[i]), x);
+    outs[i] = then(i, outs[i]);
+  }
   return outs;
 }
 
