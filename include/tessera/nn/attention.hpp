@@ -91,13 +91,9 @@ class Attention : public LayerTypes<T, B> {
     };
     // The rows cast here and gathered as float8, multiplied as gathered; else gathered (in
     // blocks multiplied as they arrive, where they can be) and multiplied.
-    std::array<Tensor<T>, 3> qkv;
-    if (gathers_float8_input()) {
-      qkv = gathered_float8_forward(ctx, *tp_, x_rows, {"wq", "wk", "wv"}, wq_, wk_, wv_);
-      for (std::size_t i = 0; i < 2; ++i) qkv[i] = rotated(i, qkv[i]);
-    } else {
-      qkv = gathered_forward(ctx, tp_, x_rows, {"wq", "wk", "wv"}, rotated, wq_, wk_, wv_);
-    }
+    const std::array<Tensor<T>, 3> qkv =
+        gathers_float8_input() ? gathered_float8_forward(ctx, *tp_, x_rows, {"wq", "wk", "wv"}, rotated, wq_, wk_, wv_)
+                               : gathered_forward(ctx, tp_, x_rows, {"wq", "wk", "wv"}, rotated, wq_, wk_, wv_);
     const Tensor<T>& q = qkv[0];
     const Tensor<T>& k = qkv[1];
     const Tensor<T>& v = qkv[2];

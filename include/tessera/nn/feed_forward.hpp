@@ -77,10 +77,9 @@ class FeedForward : public LayerTypes<T, B> {
     }
     // The rows cast here and gathered as float8, multiplied as gathered; else gathered (in
     // blocks multiplied as they arrive, where they can be) and multiplied.
-    const std::array<Tensor<T>, 2> ab = gathers_float8_input()
-                                            ? gathered_float8_forward(ctx, *tp_, x_rows, {"w1", "w3"}, w1_, w3_)
-                                            : gathered_forward(ctx, tp_, x_rows, {"w1", "w3"},
-                                                               [](std::size_t, const Tensor<T>& y) { return y; }, w1_, w3_);
+    const std::array<Tensor<T>, 2> ab =
+        gathers_float8_input() ? gathered_float8_forward(ctx, *tp_, x_rows, {"w1", "w3"}, as_made, w1_, w3_)
+                               : gathered_forward(ctx, tp_, x_rows, {"w1", "w3"}, as_made, w1_, w3_);
     const Tensor<T>& a = ab[0];
     const Tensor<T>& b = ab[1];
     Float8RowAmaxes<B> amaxes;  // g's, where w2 casts it to float8 by them

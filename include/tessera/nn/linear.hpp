@@ -778,6 +778,9 @@ Tensor<T> output_projection(Linear<T, B>& w, const Context<T>& ctx, const Tensor
   return residual != nullptr ? sum_of<B>(*residual, y) : y;
 }
 
+/// gathered_forward's and gathered_float8_forward's `then` that keeps each output as made.
+inline constexpr auto as_made = [](std::size_t, const auto& y) { return y; };
+
 /// Each of the layers' forward of x_rows gathered over the sequence-parallel ranks of `tp`
 /// (parallel::whole_rows; x_rows itself without them), each output i handed to
 /// `then(i, y)` and what it returns kept, in order; `names` their children of ctx; x cast
@@ -824,22 +827,24 @@ std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_forward(const Context<T>& ctx,
 
 /// Each of the layers' forward_float8 of x_rows cast by the first one's input cast (which
 /// they share: Attention's and FeedForward's gathers_float8_input) and gathered over `tp`
-/// as float8 (gather_float8_rows), their outputs in order; `names` their children of ctx.
-/// Where the group overlaps its collectives and ctx neither stashes nor replays op outputs,
-/// each layer's GEMM runs a block of rows at a time as the rows arrive.
-template <class T, Backend B, class... Ls>
+/// as float8 (gather_float8_rows), each output i handed to `then(i, y)` and what it
+/// returns kept, in order, as gathered_forward does; `names` their children of ctx. Where
+/// the group overlaps its collectives and ctx neither stashes nor replays op outputs, each
+/// layer's GEMM runs a block of rows at a time as the rows arrive; else one after another,
+/// each output through `then` before the next layer runs.
+template <class T, Backend B, class Then, class... Ls>
 std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_float8_forward(const Context<T>& ctx,
                                                                  parallel::TensorParallelGroup& tp,
                                                                  const Tensor<T>& x_rows,
                                                                  std::array<const char*, 1 + sizeof...(Ls)> names,
-                                                                 Linear<T, B>& first, Ls&... rest) {
+                                                                 Then&& then, Linear<T, B>& first, Ls&... rest) {
   constexpr std::size_t n = 1 + sizeof...(Ls);
   const std::array<Linear<T, B>*, n> layers{&first, &rest...};
   const Float8Cast cast = first.float8()->input;
   std::array<Tensor<T>, n> outs;
   if (!parallel::overlaps(&tp) || ctx.stashes_ops()) {
     const Float8Operand<B> x8 = gather_float8_rows<B>(tp.comm(), x_rows.cview(), cast);
-    for (std::size_t i = 0; i < n; ++i) outs[i] = layers[i]->forward_float8(ctx.child(names[i]), x8);
+    for (std::size_t i = 0; i < n; ++i) outs[i] = then(i, layers[i]->forward_float8(ctx.child(names[i]), x8));
     return outs;
   }
   std::array<std::optional<typename Linear<T, B>::Float8Rows>, n> rows;
@@ -852,7 +857,7 @@ std::array<Tensor<T>, 1 + sizeof...(Ls)> gathered_float8_forward(const Context<T
       });
   for (std::size_t i = 0; i < n; ++i) {
     layers[i]->keep_float8_input(ctx.child(names[i]), x8);
-    outs[i] = rows[i]->out;
+    outs[i] = then(i, rows[i]->out);
   }
   return outs;
 }
