@@ -78,6 +78,8 @@ namespace tessera {
   TESSERA_LAUNCH_OP(ops::ColumnAbsMax<T>)                                                                             \
   TESSERA_LAUNCH_OP(ops::QuantizeFloat8<T, float8_e4m3>)                                                              \
   TESSERA_LAUNCH_OP(ops::QuantizeFloat8<T, float8_e5m2>)                                                              \
+  TESSERA_LAUNCH_OP(ops::CastRowsFloat8<T, float8_e4m3>)                                                              \
+  TESSERA_LAUNCH_OP(ops::CastRowsFloat8<T, float8_e5m2>)                                                              \
   TESSERA_LAUNCH_OP(ops::Float8GemmScale<T>)                                                                          \
   TESSERA_LAUNCH_OP(ops::MergeAttention<T>)                                                                           \
   TESSERA_LAUNCH_OP(ops::AccumulateInto<T>)                                                                           \

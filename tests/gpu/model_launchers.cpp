@@ -175,8 +175,8 @@ std::vector<CollectiveResults> cuda_thread_collectives(int ranks, std::size_t n)
   return thread_collectives<Cuda>(ranks, n, Cuda::memory_access());
 }
 
-Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, bool transpose) {
-  return float8_cast_on<Cuda>(x, cast, transpose);
+Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, bool transpose, bool kept_row_amaxes) {
+  return float8_cast_on<Cuda>(x, cast, transpose, kept_row_amaxes);
 }
 
 Float8CastValues cuda_float8_transposed(const Tensor<float>& x, ops::Float8Cast cast) {

@@ -253,20 +253,30 @@ std::vector<CollectiveResults> thread_collectives(int ranks, std::size_t n, comm
 std::vector<CollectiveResults> cuda_thread_collectives(int ranks, std::size_t n);
 
 /// `x` rounded to bf16 (the GPU model's type) and cast to float8 by `cast` on B
-/// (nn::cast_to_float8): the float8 values as floats, and the scales.
+/// (nn::cast_to_float8): the float8 values as floats, and the scales. `kept_row_amaxes`:
+/// the cast given x's row amaxes (RowAbsMax on B, kept in an nn::Float8RowAmaxes) as a
+/// kernel that wrote x would give them.
 struct Float8CastValues {
   std::vector<float> values, scales;
 };
 template <class B>
-Float8CastValues float8_cast_on(const Tensor<float>& x, ops::Float8Cast cast, bool transpose = false) {
+Float8CastValues float8_cast_on(const Tensor<float>& x, ops::Float8Cast cast, bool transpose = false,
+                                bool kept_row_amaxes = false) {
   Tensor<bf16> host(x.shape(), Uninitialized{});
   for (std::int64_t i = 0; i < x.numel(); ++i) host[i] = bf16(x[i]);
   const Tensor<bf16> on = upload<B>(host);
+  nn::Float8RowAmaxes<B> amaxes;
+  if (kept_row_amaxes) {
+    const Tensor<float> m = B::template empty<float>(Shape{x.size(0)});
+    B::for_each(x.size(0), ops::RowAbsMax<bf16>{on.data(), x.size(1), x.size(1), m.data()});
+    amaxes.keep(on.cview(), m);
+  }
   const nn::Float8Operand<B> q = nn::cast_to_float8<B>(on.cview(), cast, transpose);
   const Tensor<float> v = download<B>(nn::float8_values<B>(q)), s = download<B>(q.scale);
   return {{v.data(), v.data() + v.numel()}, {s.data(), s.data() + s.numel()}};
 }
-Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, bool transpose = false);
+Float8CastValues cuda_float8_cast(const Tensor<float>& x, ops::Float8Cast cast, bool transpose = false,
+                                  bool kept_row_amaxes = false);
 /// `x` cast as float8_cast_on casts it, not transposed, by one scale (tensorwise), then its
 /// float8 values transposed (nn::transposed_float8: ops::Float8Transpose).
 template <class B>

@@ -451,16 +451,18 @@ TEST_CASE("Float8 casts on the GPU are the CPU's bit for bit, and every recipe's
   }
 }
 
-TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, transposing tiles) and Float8Transpose's "
-          "tiles are the CPU's bit for bit") {
+TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, transposing tiles, a cast by rows in "
+          "one pass) and Float8Transpose's tiles are the CPU's bit for bit") {
   // backend/cuda/float8_kernels.cuh: shapes with whole and partial 64 x 64 tiles, rows of
-  // vectors (8 | cols) and the per-element fallback (37 columns), a long MaxOf (5000 rows).
+  // vectors (8 | cols) and the per-element fallback (37 columns), a long MaxOf (5000 rows);
+  // a cast by rows (CastRowsFloat8) a row a warp (up to 1024 columns) and a row a block
+  // (2056 columns in vectors, 1031 one at a time), its amaxes taken or kept.
   struct Shape2 {
     std::int64_t rows, cols;
   };
   // The tiles' four kernels: runs loaded as vectors where 8 | cols, words stored where 4 | rows.
   for (const Shape2 sh : {Shape2{64, 128}, Shape2{100, 72}, Shape2{33, 37}, Shape2{5000, 24}, Shape2{36, 37},
-                          Shape2{33, 40}, Shape2{130, 200}}) {
+                          Shape2{33, 40}, Shape2{130, 200}, Shape2{20, 2056}, Shape2{9, 1031}}) {
     Tensor<float> x(Shape{sh.rows, sh.cols});
     for (std::int64_t i = 0; i < x.numel(); ++i)
       x[i] = std::sin(static_cast<float>(i) * 0.37f) * std::pow(8.0f, static_cast<float>((i / sh.cols) % 7) - 3.0f);
@@ -477,6 +479,11 @@ TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, 
           const gpu_test::Float8CastValues cpu = gpu_test::float8_cast_on<Cpu>(x, cast, transpose);
           CHECK(gpu.scales == cpu.scales);
           CHECK(gpu.values == cpu.values);
+          if (axis == ops::Float8Axis::rows && !transpose) {  // the amaxes a kernel that wrote x kept
+            const gpu_test::Float8CastValues kept = gpu_test::cuda_float8_cast(x, cast, false, true);
+            CHECK(kept.scales == cpu.scales);
+            CHECK(kept.values == cpu.values);
+          }
           if (axis == ops::Float8Axis::tensor && transpose) {
             // Float8Transpose's tiles (its four kernels, as the cast's): the cast's bytes
             // moved are the transposed cast's.

@@ -207,6 +207,49 @@ TEST_CASE("float8 scales: the rows' amaxes and the one scale in one launch are R
   CHECK((parts[1].n == 1 && parts[1].read == 100 * 4 && !parts[1].own_launch));
 }
 
+TEST_CASE("float8 casts by rows in one pass: RowAbsMax's amaxes, Float8ScaleFromAmax's scales and QuantizeFloat8's "
+          "values, bit for bit") {
+  // 37 rows of 29 at a leading dimension of 31 (the columns past 29 are not read): a NaN
+  // in row 5, an infinity in row 8, row 11 all zeros, row 14 past e4m3's range; the amaxes
+  // taken here or given (a kernel that wrote x kept them), each format, with and without
+  // power-of-two scales.
+  const std::int64_t rows = 37, cols = 29, ld = 31;
+  std::vector<float> x(static_cast<std::size_t>(rows * ld), 7e9f);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      x[static_cast<std::size_t>(r * ld + c)] =
+          r == 11 ? 0.0f : std::sin(0.7f * static_cast<float>(r * cols + c)) * std::pow(3.0f, static_cast<float>(r % 9) - 4);
+  x[static_cast<std::size_t>(5 * ld + 3)] = std::numeric_limits<float>::quiet_NaN();
+  x[static_cast<std::size_t>(8 * ld + 20)] = -std::numeric_limits<float>::infinity();
+  x[static_cast<std::size_t>(14 * ld + 7)] = 1e6f;
+  const auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  const auto check = [&]<class F>(F, double format_max) {
+    for (const bool power_of_two : {false, true})
+      for (const bool known : {false, true}) {
+        CAPTURE(format_max);
+        CAPTURE(power_of_two);
+        CAPTURE(known);
+        std::vector<float> amax(rows), scale(rows), inverse(rows), scale1(rows, -1), inverse1(rows, -1);
+        std::vector<F> values(static_cast<std::size_t>(rows * cols)), values1(values.size());
+        Cpu::for_each(rows, ops::RowAbsMax<float>{x.data(), ld, cols, amax.data()});
+        Cpu::for_each(rows, ops::Float8ScaleFromAmax{amax.data(), scale.data(), inverse.data(), format_max, power_of_two});
+        Cpu::for_each(rows * cols, ops::QuantizeFloat8<float, F>{x.data(), ld, rows, cols, scale.data(), Float8Axis::rows,
+                                                                 false, values.data()});
+        Cpu::for_each(rows, ops::CastRowsFloat8<float, F>{x.data(), ld, cols, known ? amax.data() : nullptr, format_max,
+                                                          power_of_two, scale1.data(), inverse1.data(), values1.data()});
+        CHECK(same(scale, scale1));
+        CHECK(same(inverse, inverse1));
+        CHECK(same(values, values1));
+        CHECK(std::isnan(scale1[5]));
+        CHECK(scale1[11] == ops::float8_scale(0.0f, format_max, power_of_two));
+      }
+  };
+  check(float8_e4m3{}, float8_e4m3::max());
+  check(float8_e5m2{}, float8_e5m2::max());
+}
+
 TEST_CASE("float8 GEMMs: each recipe's three GEMMs of a linear layer are the formula's") {
   // y = x W^T (x: M x K, W: N x K); dx = dy W; dW = dy^T x.
   const std::int64_t M = 24, K = 32, N = 16;

@@ -12,6 +12,7 @@
 #include "tessera/backend/kernel_class.hpp"
 #include "tessera/backend/trace.hpp"
 #include "tessera/core/float8.hpp"
+#include "tessera/nn/float8.hpp"
 #include "tessera/nn/output.hpp"
 #include "tessera/ops/float8.hpp"
 #include "tessera/ops/ops.hpp"
@@ -437,8 +438,12 @@ struct Recording : Cpu {
   static inline std::vector<ops::Traffic> launches;
   template <class F>
   static void for_each(std::int64_t n, const F& f) {
-    static_assert(ops::HasTraffic<F>, "a launched functor has no traffic()");
-    launches.push_back(f.traffic(n));
+    if constexpr (ops::FusesParts<F>) {  // each part as a trace records it
+      f.parts(n, [](const auto&, std::int64_t, const ops::Traffic& t, bool) { launches.push_back(t); });
+    } else {
+      static_assert(ops::HasTraffic<F>, "a launched functor has no traffic()");
+      launches.push_back(f.traffic(n));
+    }
     Cpu::for_each(n, f);
   }
 };
@@ -497,6 +502,39 @@ TEST_CASE("traffic: the optimizer and the gradient norm set the figures' fields"
   // A block per chunk on CUDA, its loads coalesced: nothing priced as a walk of one thread.
   CHECK(ops::SquaredNormChunks<float>{nullptr, 2, nullptr, 40005}.traffic(4).walk_bytes == 0);
   CHECK(cuda_kernel_class<ops::SquaredNormChunks<float>> == KernelClass::row);
+}
+
+TEST_CASE("traffic: a float8 cast by rows is one launch that reads x once; by columns, three") {
+  // nn::cast_to_float8 by rows (not transposed, each row its own scale): ops::CastRowsFloat8,
+  // x read once, the values and two floats a row written; with the amaxes a kernel that
+  // wrote x kept (nn::Float8RowAmaxes), those read too. By columns: ColumnAbsMax, the
+  // scales, then QuantizeFloat8 reading x again.
+  const std::int64_t rows = 37, cols = 29;
+  Tensor<float> x(Shape{rows, cols});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+  const double e = static_cast<double>(rows * cols);
+  for (const bool known : {false, true}) {
+    CAPTURE(known);
+    nn::Float8RowAmaxes<Recording> amaxes;
+    if (known) {
+      Tensor<float> m(Shape{rows});
+      Cpu::for_each(rows, ops::RowAbsMax<float>{x.data(), cols, cols, m.data()});
+      amaxes.keep(x.cview(), m);
+    }
+    Recording::launches.clear();
+    const nn::Float8Operand<Recording> q =
+        nn::cast_to_float8<Recording>(x.cview(), {DType::f8e4m3, ops::Float8Axis::rows, true});
+    REQUIRE(Recording::launches.size() == 1);
+    check_equal(Recording::launches[0], e * kF + (known ? rows * kF : 0), e + 2 * rows * kF, 2 * e + 3 * rows, 0);
+    CHECK(q.scale.numel() == rows);
+  }
+  Recording::launches.clear();
+  (void)nn::cast_to_float8<Recording>(x.cview(), {DType::f8e4m3, ops::Float8Axis::columns, true}, true);
+  REQUIRE(Recording::launches.size() == 3);
+  CHECK(Recording::launches[0].bytes_read == e * kF);
+  CHECK(Recording::launches[2].bytes_read == e * (kF + kF));
+  CHECK(cuda_kernel_class<ops::CastRowsFloat8<bf16, float8_e4m3>> == KernelClass::row);
+  CHECK(cuda_kernel_class<ops::CastRowsFloat8<float, float8_e5m2>> == KernelClass::row);
 }
 
 TEST_CASE("traffic: a float8 transpose walks down columns a thread an element, the CUDA kernel's tiles do not") {

@@ -95,8 +95,9 @@ template <>
 struct cuda_kernel_class_of<ops::LaneSum> {
   static constexpr KernelClass value = KernelClass::row;
 };
-// Float8 casts (ops/float8.hpp): a row's amax per warp or block, columns' amaxes in
-// chunks of rows, the amaxes' max in one block, the cast itself in tiles.
+// Float8 casts (ops/float8.hpp): a row's amax per warp or block, a cast by rows in one
+// pass a row the same way, columns' amaxes in chunks of rows, the amaxes' max in one
+// block, the cast itself in tiles.
 template <class T>
   requires kCudaLoweredElement<T>
 struct cuda_kernel_class_of<ops::RowAbsMax<T>> {
@@ -105,6 +106,11 @@ struct cuda_kernel_class_of<ops::RowAbsMax<T>> {
 template <class T>
   requires kCudaLoweredElement<T>
 struct cuda_kernel_class_of<ops::RowAbsMaxScale<T>> {
+  static constexpr KernelClass value = KernelClass::row;
+};
+template <class T, class F>
+  requires kCudaLoweredElement<T>
+struct cuda_kernel_class_of<ops::CastRowsFloat8<T, F>> {
   static constexpr KernelClass value = KernelClass::row;
 };
 template <class T>

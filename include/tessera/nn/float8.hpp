@@ -319,7 +319,28 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
   const std::int64_t xr = x.rows(), xc = x.cols(), ld = key.tensor.ld;
   q.rows = transpose ? xc : xr;
   q.cols = transpose ? xr : xc;
-  if (const Float8Operand<B>* twin = shared != nullptr ? shared->find_scale(key) : nullptr) {
+  const Float8Operand<B>* twin = shared != nullptr ? shared->find_scale(key) : nullptr;
+  if (twin == nullptr && cast.axis == ops::Float8Axis::rows && !transpose && !split.spans(cast.axis)) {
+    // Each row its own scale, found within the row: amax, scale and values in one pass.
+    q.scale = B::template empty<float>(Shape{xr});
+    q.inverse = B::template empty<float>(Shape{xr});
+    const Tensor<float>* known = Float8RowAmaxes<B>::find(x);
+    const float* amax = known != nullptr ? known->data() : nullptr;
+    const double format_max = cast.format == DType::f8e4m3 ? float8_e4m3::max() : float8_e5m2::max();
+    if (cast.format == DType::f8e4m3) {
+      q.e4m3 = B::template empty<float8_e4m3>(Shape{xr, xc});
+      B::for_each(xr, ops::CastRowsFloat8<T, float8_e4m3>{x.data(), ld, xc, amax, format_max, cast.power_of_two,
+                                                          q.scale.data(), q.inverse.data(), q.e4m3.data()});
+    } else {
+      TESSERA_CHECK(cast.format == DType::f8e5m2, "float8: a cast to ", name_of(cast.format), " (not a float8 format)");
+      q.e5m2 = B::template empty<float8_e5m2>(Shape{xr, xc});
+      B::for_each(xr, ops::CastRowsFloat8<T, float8_e5m2>{x.data(), ld, xc, amax, format_max, cast.power_of_two,
+                                                          q.scale.data(), q.inverse.data(), q.e5m2.data()});
+    }
+    if (shared != nullptr) shared->keep(key, q);
+    return q;
+  }
+  if (twin != nullptr) {
     q.scale = twin->scale;
     q.inverse = twin->inverse;
   } else {

@@ -1,6 +1,7 @@
-// The float8 casts' kernels (ops/float8.hpp): RowAbsMax, a row per warp or block;
-// ColumnAbsMax, chunks of rows times 32 columns; MaxOf and Float8ScaleFromAmaxes, one
-// block; QuantizeFloat8, rows of vectors or, transposing, tiles; Float8Transpose, tiles.
+// The float8 casts' kernels (ops/float8.hpp): RowAbsMax and CastRowsFloat8, a row per
+// warp or block; ColumnAbsMax, chunks of rows times 32 columns; MaxOf and
+// Float8ScaleFromAmaxes, one block; QuantizeFloat8, rows of vectors or, transposing,
+// tiles; Float8Transpose, tiles.
 //
 // Per index, RowAbsMax walks a whole row in one thread and MaxOf walks every row's amax
 // in one thread (a single thread over 8192 values), and a transposing QuantizeFloat8
@@ -11,6 +12,9 @@
 //                  Float8ScaleFromAmaxes, which then makes the scale of the maximum)
 //   RowAbsMaxScale RowAbsMax's row kernel, then the block that finishes last makes the
 //                  scale as MaxOf's block does (a tensorwise cast's amax in one launch)
+//   CastRowsFloat8 RowAbsMax's row kernel, then each thread makes the row's scale and
+//                  casts its share of the row again, read from cache (a cast by rows in
+//                  one launch, x read from memory once)
 //   QuantizeFloat8 not transposing: a thread per 8 consecutive elements of a row (one
 //                  16- or 32-byte load, one 8-byte store) where every row is aligned and
 //                  8 divides the columns, else a thread per element; transposing: a
@@ -42,6 +46,21 @@
 
 namespace tessera::cuda::detail {
 
+/// The amax of row xr (cols elements) over the group g, in every thread of it: the row's
+/// vectors over the group, a reduction in which a NaN wins, as max_abs's.
+template <int V, bool kWarp, class T>
+__device__ float row_abs_max(const RowGroup<kWarp>& g, const T* xr, std::int64_t cols, float* smem) {
+  float m = 0;
+  row_loop<V>(cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
+    constexpr int W = decltype(width)::value;
+    float v[W];
+    load_float<W>(xr, j, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) m = ops::max_abs(m, v[k]);
+  });
+  return g.reduce(m, MaxNanOp{}, smem);
+}
+
 template <class T>
 struct RowAbsMaxRows : WarpRows<T> {
   static std::int64_t length(const ops::RowAbsMax<T>& f) { return f.cols; }
@@ -50,17 +69,44 @@ struct RowAbsMaxRows : WarpRows<T> {
   __device__ static void run(const ops::RowAbsMax<T>& f, std::int64_t rows, float* smem) {
     const RowGroup<kWarp> g;
     for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
+      const float m = row_abs_max<V>(g, f.x + r * f.ld, f.cols, smem);
+      if (g.rank() == 0) f.out[r] = m;
+    }
+  }
+};
+
+/// CastRowsFloat8: a row a warp or block, its amax (row_abs_max, or the kept one), the
+/// scale made by every thread alike, then the row again (from cache) multiplied and
+/// converted, V elements a load and a store where every row of x is 16-byte aligned and
+/// V divides the columns (out's rows then start on V-byte boundaries), else one.
+template <class T, class F>
+struct CastRowsFloat8Rows : WarpRows<T> {
+  using Cast = ops::CastRowsFloat8<T, F>;
+  static std::int64_t length(const Cast& f) { return f.cols; }
+  static bool aligned(const Cast& f) {
+    return rows_aligned16(f.x, f.ld) && f.cols % kVectorWidth<T> == 0 && aligned16(f.out);
+  }
+  template <int V, bool kWarp>
+  __device__ static void run(const Cast& f, std::int64_t rows, float* smem) {
+    const RowGroup<kWarp> g;
+    for (std::int64_t r = g.first_row(); r < rows; r += g.row_stride()) {
       const T* xr = f.x + r * f.ld;
-      float m = 0;
+      const float m = f.known != nullptr ? f.known[r] : row_abs_max<V>(g, xr, f.cols, smem);
+      const float s = ops::float8_scale(m, f.format_max, f.power_of_two);
+      if (g.rank() == 0) {
+        f.scale[r] = s;
+        f.inverse[r] = 1.0f / s;
+      }
+      F* out = f.out + r * f.cols;
       row_loop<V>(f.cols, g.rank(), g.size(), [&](std::int64_t j, auto width) {
         constexpr int W = decltype(width)::value;
         float v[W];
         load_float<W>(xr, j, v);
+        F q[W];
 #pragma unroll
-        for (int k = 0; k < W; ++k) m = ops::max_abs(m, v[k]);
+        for (int k = 0; k < W; ++k) q[k] = F(v[k] * s);
+        store_elements<W>(out, j, q);
       });
-      m = g.reduce(m, MaxNanOp{}, smem);
-      if (g.rank() == 0) f.out[r] = m;
     }
   }
 };

@@ -137,6 +137,9 @@ struct OpKernel<ops::RowAbsMaxScale<T>> : detail::RowAbsMaxScaleKernel<T> {};
 template <class T, class F>
   requires detail::kLoweredElement<T>
 struct OpKernel<ops::QuantizeFloat8<T, F>> : detail::QuantizeFloat8Kernel<T, F> {};
+template <class T, class F>
+  requires detail::kLoweredElement<T>
+struct OpKernel<ops::CastRowsFloat8<T, F>> : detail::RowKernel<detail::CastRowsFloat8Rows<T, F>> {};
 template <>
 struct OpKernel<ops::Float8Transpose<float8_e4m3>> : detail::Float8TransposeKernel<float8_e4m3> {};
 template <>
@@ -166,7 +169,9 @@ constexpr bool kernel_classes_agree() {
          kKernelClassAgrees<ops::InitValues<T>> && kKernelClassAgrees<ops::SquaredNormChunks<T>> &&
          kKernelClassAgrees<ops::RowAbsMax<T>> && kKernelClassAgrees<ops::RowAbsMaxScale<T>> &&
          kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e4m3>> &&
-         kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e5m2>> && kKernelClassAgrees<ops::ColumnAbsMax<T>>;
+         kKernelClassAgrees<ops::QuantizeFloat8<T, float8_e5m2>> &&
+         kKernelClassAgrees<ops::CastRowsFloat8<T, float8_e4m3>> &&
+         kKernelClassAgrees<ops::CastRowsFloat8<T, float8_e5m2>> && kKernelClassAgrees<ops::ColumnAbsMax<T>>;
 }
 static_assert(kernel_classes_agree<float>() && kernel_classes_agree<bf16>() && kernel_classes_agree<double>() &&
                   kKernelClassAgrees<ops::LaneSum> && kKernelClassAgrees<ops::MaxOf> &&
