@@ -305,7 +305,8 @@ void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>
 /// the values, stored as x^T (cols x rows) when `transpose`; the kept cast where a
 /// Float8SharedCasts open on this thread has one, or the kept scale where it has the
 /// same tensorwise cast in the other layout. `split`: how x lies over a tensor-parallel
-/// group (take_float8_scales).
+/// group (take_float8_scales). A cast by rows, not transposed, whose rows lie whole on
+/// this rank is one launch (ops::CastRowsFloat8); any other takes its scales first.
 template <Backend B, class T>
 Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool transpose = false,
                                 const Float8Split& split = {}) {
