@@ -15,6 +15,12 @@
 // writes the embedded chat set (data/synthetic_chat.hpp), conversations K .. K + N - 1,
 // as such JSON lines: a chat set to fine-tune on with nothing downloaded.
 //
+//   llama-tokenize --import FILE... (--vocab-size N | --tokenizer SPEC) --output FILE.bin
+//
+// makes a token shard of ids tokenized elsewhere: NumPy .npy arrays and llm.c's token
+// files (io/token_arrays.hpp), in the order given, the ids as they are (each checked
+// below the vocabulary).
+//
 //   llama-tokenize --check SHARD... [--threads N]
 //   llama-tokenize --upgrade SHARD... [--threads N]
 //
@@ -48,6 +54,7 @@
 #include "tessera/data/tokenize.hpp"
 #include "tessera/data/tokenizers.hpp"
 #include "tessera/io/mapped_token_shard.hpp"
+#include "tessera/io/token_arrays.hpp"
 #include "tessera/io/token_shard.hpp"
 #include "flags.hpp"
 
@@ -78,6 +85,11 @@ void usage() {
       "Writes the embedded chat set, conversations K .. K + N - 1 (default 0 .. 1999), as JSON\n"
       "lines of {\"messages\": [...]}: arithmetic questions and repetitions in the embedded\n"
       "corpus's words.\n\n"
+      "       llama-tokenize --import FILE... (--vocab-size N | --tokenizer SPEC) --output FILE.bin\n\n"
+      "Makes a token shard of ids tokenized elsewhere, in the order given, as they are (no BOS or\n"
+      "EOS added): NumPy .npy files (one dimension of 2, 4 or 8-byte integers, numpy.save of a\n"
+      "token array) and llm.c's token files (GPT-2's uint16, Llama 3's uint32). Every id must be\n"
+      "below the vocabulary size, given or the tokenizer's.\n\n"
       "       llama-tokenize --check SHARD... [--threads N]\n\n"
       "Checks token shards whole, on N threads (default: every core, up to 8): every chunk's\n"
       "CRC-32 and ids (a version 1 or 2 shard: its one CRC), which a training run checks as it\n"
@@ -229,8 +241,63 @@ int shard_tool(const std::vector<std::string>& args, const std::string& option) 
   return 0;
 }
 
+/// --import: token id files (io::TokenArrayReader) into one shard, in order, as they are.
+int import_tokens(const std::vector<std::string>& args) {
+  std::string output, tokenizer_spec;
+  std::uint64_t vocab_size = 0;
+  std::vector<std::string> files;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--import") continue;
+    if (a == "--output" || a == "--vocab-size" || a == "--tokenizer") {
+      TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
+      const std::string& v = args[++i];
+      if (a == "--output") output = v;
+      else if (a == "--tokenizer") tokenizer_spec = v;
+      else vocab_size = cli::parse_number<std::uint64_t>(a, v, "a whole number from 1 to 4294967295", 1, 4294967295ull);
+      continue;
+    }
+    TESSERA_CHECK(a.empty() || a[0] != '-', "unknown option '", a,
+                  "' with --import (it takes --output, --vocab-size and --tokenizer)");
+    files.push_back(a);
+  }
+  TESSERA_CHECK(!output.empty(), "--output: required (the token shard to write)");
+  TESSERA_CHECK(!files.empty(), "--import: no files of token ids named");
+  TESSERA_CHECK((vocab_size > 0) != !tokenizer_spec.empty(),
+                "--import: give the vocabulary size, --vocab-size N or --tokenizer SPEC (one of them)");
+  if (!tokenizer_spec.empty()) {
+    const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(tokenizer_spec);
+    TESSERA_CHECK(tok->vocab_size() > 0 && tok->vocab_size() <= std::numeric_limits<std::uint32_t>::max(),
+                  "tokenizer '", tokenizer_spec, "': vocabulary size ", tok->vocab_size(),
+                  " does not fit a token shard's u32 field");
+    vocab_size = static_cast<std::uint64_t>(tok->vocab_size());
+  }
+  // Every file's header is read before the shard is begun: a bad one fails at once.
+  std::vector<io::TokenArrayReader> readers;
+  readers.reserve(files.size());
+  for (const std::string& f : files) readers.emplace_back(f);
+  const auto start = std::chrono::steady_clock::now();
+  io::TokenShardWriter shard(output, static_cast<std::uint32_t>(vocab_size));
+  std::vector<std::uint32_t> ids(std::size_t{1} << 20);
+  std::uint64_t total = 0;
+  for (io::TokenArrayReader& r : readers) {
+    while (const std::size_t n = r.read(ids, vocab_size)) shard.append(std::span<const std::uint32_t>(ids.data(), n));
+    std::fprintf(stderr, "llama-tokenize: %s: %llu ids (%s)\n", r.path().c_str(),
+                 static_cast<unsigned long long>(r.count()), r.description().c_str());
+    total += r.count();
+  }
+  TESSERA_CHECK(total > 0, files.size() == 1 ? files.front() : "the files", ": no ids, so no token shard is written");
+  shard.commit();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "llama-tokenize: %llu ids from %zu file%s, vocab_size %llu, %.2f s -> %s\n",
+               static_cast<unsigned long long>(total), files.size(), files.size() == 1 ? "" : "s",
+               static_cast<unsigned long long>(vocab_size), seconds, output.c_str());
+  return 0;
+}
+
 int run(const std::vector<std::string>& args) {
   if (std::find(args.begin(), args.end(), "--write-synthetic-chat") != args.end()) return write_synthetic_chat(args);
+  if (std::find(args.begin(), args.end(), "--import") != args.end()) return import_tokens(args);
   for (const char* option : {"--check", "--upgrade"})
     if (std::find(args.begin(), args.end(), option) != args.end()) return shard_tool(args, option);
   std::string tokenizer_spec, output, format = "auto", chat;

@@ -137,6 +137,39 @@ else
   echo "skip: script(1) is not installed, the terminal run is not tested"
 fi
 
+# --import: ids tokenized elsewhere (an llm.c GPT-2 file, a NumPy uint32 array) in the order
+# given, as they are: the same ids as the byte tokenizer's shard of the same documents.
+python3 - "$work" <<'PY'
+import struct, sys
+work = sys.argv[1]
+ids = list(struct.unpack("<300I", open(work + "/bare.bin", "rb").read()[32:32 + 4 * 300]))  # its first 300
+first, rest = ids[:120], ids[120:]
+with open(work + "/part1.bin", "wb") as f:  # llm.c: 256 int32 (magic, version, count), uint16 ids
+    f.write(struct.pack("<3i", 20240520, 1, len(first)) + bytes(253 * 4) + struct.pack("<%dH" % len(first), *first))
+header = "{'descr': '<u4', 'fortran_order': False, 'shape': (%d,), }" % len(rest)
+header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+with open(work + "/part2.npy", "wb") as f:  # numpy.save's layout, version 1.0
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + struct.pack("<%dI" % len(rest), *rest))
+PY
+runs=$((runs + 1))
+if timeout 60 "$tokenize" --import "$work/part1.bin" "$work/part2.npy" --vocab-size 258 --output "$work/imported.bin" \
+     2> "$work/import.txt" &&
+   grep -q "part1.bin: 120 ids (llm.c, uint16 ids)" "$work/import.txt" &&
+   grep -q "part2.npy: 180 ids (NumPy '<u4')" "$work/import.txt" &&
+   grep -q "^llama-tokenize: 300 ids from 2 files, vocab_size 258, .* s -> " "$work/import.txt" &&
+   cmp -s <(tail -c +33 "$work/imported.bin" | head -c 1200) <(tail -c +33 "$work/bare.bin" | head -c 1200); then
+  ok "--import: $(tail -n 1 "$work/import.txt")"
+else
+  bad "--import of an llm.c file and a NumPy array"; cat "$work/import.txt"
+fi
+expect_shard "--import's shard" "$work/imported.bin" 300
+expect_error "--import: an id past the vocabulary" "part1.bin: id " "$tokenize" --import "$work/part1.bin" "$work/part2.npy" \
+  --vocab-size 100 --output "$work/small.bin"
+expect_error "--import: no vocabulary size" "--import: give the vocabulary size" "$tokenize" --import "$work/part1.bin" \
+  --output "$work/none.bin"
+expect_error "--import: a text file" "one.txt: neither a NumPy .npy file nor an llm.c token file" "$tokenize" --import \
+  "$work/one.txt" --vocab-size 258 --output "$work/none.bin"
+
 # Bad input: one line naming the file and line, status 1, the existing output untouched.
 cp "$work/out.bin" "$work/keep.bin"
 before=$(md5sum < "$work/keep.bin")
