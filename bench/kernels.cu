@@ -52,7 +52,8 @@
 //      accumulation on the forward's (e4m3 x e4m3) as torchao, beside the bf16 GEMM of the
 //      same shape in the same layout; TFLOP/s and the gain over bf16, the figures
 //      llama-plan's [gemm.fp8_efficiency] is to be measured by. Then the casts that feed
-//      them (nn::cast_to_float8: amax, scale, cast; as stored and transposed, and by rows)
+//      them (nn::cast_to_float8: amax, scale, cast; as stored and transposed, by rows, and
+//      into both layouts by one scale: nn::cast_to_float8_both_layouts)
 //      on each case's first operand, in GB/s against a device copy of the same bytes.
 //
 // Method (CUDA events): half a second of untimed GEMMs first (clocks up, first-use
@@ -807,8 +808,9 @@ GemmResult run_gemm(const GemmCase& g, const Options& o, const TimingPolicy& pol
 struct Float8Result {
   GemmCase c;
   Timing bf16, tensorwise, rowwise;
-  Timing cast, cast_transposed, cast_rows, copy;  // the first operand's casts, and a copy of its bytes
+  Timing cast, cast_transposed, cast_rows, cast_both, copy;  // the first operand's casts, and a copy of its bytes
   double cast_bytes = 0;               // bf16 read + float8 written
+  double both_bytes = 0;               // bf16 read + float8 written in both layouts
   std::string error;                   // why it did not run, else empty
 };
 
@@ -842,15 +844,21 @@ Float8Result run_float8_into(const GemmCase& g, const TimingPolicy& policy) {
     r.tensorwise = t[1];
     r.rowwise = t[2];
     // The first operand's casts (amax, scale, values), as stored and transposed by one
-    // scale, and by rows (one pass a row: ops::CastRowsFloat8), beside a device copy of
-    // the bytes they move.
+    // scale, by rows (one pass a row: ops::CastRowsFloat8), and into both layouts by one
+    // scale (nn::cast_to_float8_both_layouts: a tensorwise output gradient's, 4 bytes an
+    // element), beside a device copy of the bytes a cast moves.
     // A copy of 1.5 m k bytes reads and writes the 3 m k a cast moves (2 read, 1 written).
     const Tensor<bf16> from = Cuda::empty<bf16>(Shape{g.m, g.k}), to = Cuda::empty<bf16>(Shape{g.m, g.k});
     r.cast_bytes = 3.0 * double(g.m) * double(g.k);
+    r.both_bytes = 4.0 * double(g.m) * double(g.k);
     const std::vector<Timing> c = time_calls(
         {[&](std::int64_t) { (void)nn::cast_to_float8<Cuda>(a.cview(), tensor); },
          [&](std::int64_t) { (void)nn::cast_to_float8<Cuda>(a.cview(), tensor, true); },
          [&](std::int64_t) { (void)nn::cast_to_float8<Cuda>(a.cview(), by_row); },
+         [&](std::int64_t) {
+           nn::Float8SharedCasts<Cuda> shared;
+           (void)nn::cast_to_float8_both_layouts<Cuda>(a.cview(), tensor);
+         },
          [&](std::int64_t) {
            TESSERA_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), static_cast<std::size_t>(g.m * g.k * 3 / 2),
                                               cudaMemcpyDeviceToDevice, tcuda::compute_stream()));
@@ -859,7 +867,8 @@ Float8Result run_float8_into(const GemmCase& g, const TimingPolicy& policy) {
     r.cast = c[0];
     r.cast_transposed = c[1];
     r.cast_rows = c[2];
-    r.copy = c[3];
+    r.cast_both = c[3];
+    r.copy = c[4];
   } catch (const std::exception& e) {
     r.error = e.what();
   }
@@ -873,10 +882,12 @@ Float8Result run_float8(const GemmCase& g, const TimingPolicy& policy) {
 void print_float8_header(std::int64_t tokens) {
   std::printf("\n== float8 GEMMs of the tensorwise step (cuBLASLt, layout TN, into the step's C; tensorwise with the "
               "step's first operand, e5m2 for a gradient, rowwise e4m3 x e4m3), %lld tokens: TFLOP/s and the gain over "
-              "bf16 of the same shape; the first operand's casts in GB/s (copy of the same bytes beside)\n",
+              "bf16 of the same shape; the first operand's casts in GB/s (both: into both layouts, 4 bytes an element; "
+              "copy of a cast's bytes beside)\n",
               static_cast<long long>(tokens));
-  std::printf("  %-12s %-14s %-22s %6s %6s %6s | %8s %10s %6s %10s %6s | %8s %8s %8s %8s\n", "flavor", "where", "pass",
-              "m", "n", "k", "bf16", "tensorwise", "gain", "rowwise", "gain", "cast", "cast^T", "by rows", "copy");
+  std::printf("  %-12s %-14s %-22s %6s %6s %6s | %8s %10s %6s %10s %6s | %8s %8s %8s %8s %8s\n", "flavor", "where",
+              "pass", "m", "n", "k", "bf16", "tensorwise", "gain", "rowwise", "gain", "cast", "cast^T", "by rows", "both",
+              "copy");
 }
 
 void print_float8(const Float8Result& r) {
@@ -887,11 +898,12 @@ void print_float8(const Float8Result& r) {
     return;
   }
   const double f = g.flops() / 1e12, gb = r.cast_bytes / 1e9;
-  std::printf("  %-12s %-14s %-22s %6lld %6lld %6lld | %8.1f %10.1f %5.2fx %10.1f %5.2fx | %8.0f %8.0f %8.0f %8.0f\n",
-              g.flavor.c_str(), g.layer_text().c_str(), g.pass.c_str(), (long long)g.m, (long long)g.n,
-              (long long)g.k, f / r.bf16.seconds, f / r.tensorwise.seconds, r.bf16.seconds / r.tensorwise.seconds,
-              f / r.rowwise.seconds, r.bf16.seconds / r.rowwise.seconds, gb / r.cast.seconds,
-              gb / r.cast_transposed.seconds, gb / r.cast_rows.seconds, gb / r.copy.seconds);
+  std::printf(
+      "  %-12s %-14s %-22s %6lld %6lld %6lld | %8.1f %10.1f %5.2fx %10.1f %5.2fx | %8.0f %8.0f %8.0f %8.0f %8.0f\n",
+      g.flavor.c_str(), g.layer_text().c_str(), g.pass.c_str(), (long long)g.m, (long long)g.n, (long long)g.k,
+      f / r.bf16.seconds, f / r.tensorwise.seconds, r.bf16.seconds / r.tensorwise.seconds, f / r.rowwise.seconds,
+      r.bf16.seconds / r.rowwise.seconds, gb / r.cast.seconds, gb / r.cast_transposed.seconds, gb / r.cast_rows.seconds,
+      r.both_bytes / 1e9 / r.cast_both.seconds, gb / r.copy.seconds);
 }
 
 json float8_json(const Float8Result& r) {
@@ -909,10 +921,12 @@ json float8_json(const Float8Result& r) {
   j["cast_gbps"] = r.cast_bytes / 1e9 / r.cast.seconds;
   j["cast_transposed_gbps"] = r.cast_bytes / 1e9 / r.cast_transposed.seconds;
   j["cast_rows_gbps"] = r.cast_bytes / 1e9 / r.cast_rows.seconds;
+  j["cast_both_gbps"] = r.both_bytes / 1e9 / r.cast_both.seconds;
   j["copy_gbps"] = r.cast_bytes / 1e9 / r.copy.seconds;
   j["timings"] = {{"bf16", r.bf16.to_json()}, {"tensorwise", r.tensorwise.to_json()}, {"rowwise", r.rowwise.to_json()},
                   {"cast", r.cast.to_json()}, {"cast_transposed", r.cast_transposed.to_json()},
-                  {"cast_rows", r.cast_rows.to_json()}, {"copy", r.copy.to_json()}};
+                  {"cast_rows", r.cast_rows.to_json()}, {"cast_both", r.cast_both.to_json()},
+                  {"copy", r.copy.to_json()}};
   return j;
 }
 

@@ -183,6 +183,10 @@ Float8CastValues cuda_float8_transposed(const Tensor<float>& x, ops::Float8Cast 
   return float8_transposed_on<Cuda>(x, cast);
 }
 
+std::array<Float8CastValues, 2> cuda_float8_both_layouts(const Tensor<float>& x, ops::Float8Cast cast) {
+  return float8_both_layouts_on<Cuda>(x, cast);
+}
+
 std::vector<float> cuda_float8_gemm(Trans ta, Trans tb, const Tensor<float>& a, ops::Float8Cast ca,
                                     const Tensor<float>& b, ops::Float8Cast cb, std::int64_t m, std::int64_t n,
                                     nn::Float8GemmOptions options, const Tensor<float>* residual) {

@@ -6,6 +6,7 @@
 // reference. This header includes no CUDA header, so the checks need none.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -289,6 +290,26 @@ Float8CastValues float8_transposed_on(const Tensor<float>& x, ops::Float8Cast ca
   return {{v.data(), v.data() + v.numel()}, {s.data(), s.data() + s.numel()}};
 }
 Float8CastValues cuda_float8_transposed(const Tensor<float>& x, ops::Float8Cast cast);
+/// `x` cast as float8_cast_on casts it, by one scale (tensorwise), into both layouts in
+/// one pass (nn::cast_to_float8_both_layouts): the values as x lies, then the transposed
+/// ones the scope kept.
+template <class B>
+std::array<Float8CastValues, 2> float8_both_layouts_on(const Tensor<float>& x, ops::Float8Cast cast) {
+  Tensor<bf16> host(x.shape(), Uninitialized{});
+  for (std::int64_t i = 0; i < x.numel(); ++i) host[i] = bf16(x[i]);
+  const Tensor<bf16> on = upload<B>(host);
+  nn::Float8SharedCasts<B> shared;
+  const nn::Float8Operand<B> q = nn::cast_to_float8_both_layouts<B>(on.cview(), cast);
+  const nn::Float8Operand<B> t = nn::cast_to_float8<B>(on.cview(), cast, true);  // the one kept
+  std::array<Float8CastValues, 2> out;
+  for (int i = 0; i < 2; ++i) {
+    const nn::Float8Operand<B>& o = i == 0 ? q : t;
+    const Tensor<float> v = download<B>(nn::float8_values<B>(o)), s = download<B>(o.scale);
+    out[static_cast<std::size_t>(i)] = {{v.data(), v.data() + v.numel()}, {s.data(), s.data() + s.numel()}};
+  }
+  return out;
+}
+std::array<Float8CastValues, 2> cuda_float8_both_layouts(const Tensor<float>& x, ops::Float8Cast cast);
 
 /// op(A) op(B) by nn::float8_gemm on B, A and B rounded to bf16, C in float (emulated
 /// unless `options` say otherwise); plus `residual` where given, read apart from C as the

@@ -452,7 +452,7 @@ TEST_CASE("Float8 casts on the GPU are the CPU's bit for bit, and every recipe's
 }
 
 TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, transposing tiles, a cast by rows in "
-          "one pass) and Float8Transpose's tiles are the CPU's bit for bit") {
+          "one pass, both layouts in one pass) and Float8Transpose's tiles are the CPU's bit for bit") {
   // backend/cuda/float8_kernels.cuh: shapes with whole and partial 64 x 64 tiles, rows of
   // vectors (8 | cols) and the per-element fallback (37 columns), a long MaxOf (5000 rows);
   // a cast by rows (CastRowsFloat8) a row a warp (up to 1024 columns) and a row a block
@@ -490,6 +490,14 @@ TEST_CASE("Float8 casts' own kernels (amax by rows, their max, rows of vectors, 
             const gpu_test::Float8CastValues moved = gpu_test::cuda_float8_transposed(x, cast);
             CHECK(moved.scales == cpu.scales);
             CHECK(moved.values == cpu.values);
+            // Both layouts in one pass (the tiles storing each run as x lies too): the
+            // transposed values and the straight ones the two casts' on the CPU.
+            const std::array<gpu_test::Float8CastValues, 2> both = gpu_test::cuda_float8_both_layouts(x, cast);
+            const gpu_test::Float8CastValues straight = gpu_test::float8_cast_on<Cpu>(x, cast, false);
+            CHECK(both[0].scales == straight.scales);
+            CHECK(both[0].values == straight.values);
+            CHECK(both[1].scales == cpu.scales);
+            CHECK(both[1].values == cpu.values);
           }
         }
   }

@@ -512,6 +512,88 @@ TEST_CASE("float8 casts shared while a Float8SharedCasts is open: the same tenso
   }
 }
 
+TEST_CASE("a tensorwise float8 cast into both layouts in one pass: each layout the single cast's, bit for bit") {
+  // ops::QuantizeFloat8 with `straight`: x read once, the values written transposed and
+  // as x lies (nn::cast_to_float8_both_layouts, a tensorwise output gradient's two casts).
+  // A leading dimension past the columns (never read), odd sizes, a NaN, an infinity and
+  // a value past e4m3's range; every axis of scales, each format.
+  const std::int64_t rows = 13, cols = 21, ld = 24;
+  Tensor<float> x(Shape{rows, ld});
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x[i] = (i % ld) >= cols ? 7e9f : std::sin(0.37f * static_cast<float>(i)) * std::pow(4.0f, static_cast<float>(i % 5) - 2);
+  x[3 * ld + 4] = std::numeric_limits<float>::quiet_NaN();
+  x[7 * ld + 9] = -std::numeric_limits<float>::infinity();
+  x[11 * ld + 2] = 3e5f;
+  const auto same = [](const auto* a, const auto* b, std::int64_t n) {
+    return std::memcmp(a, b, sizeof(a[0]) * static_cast<std::size_t>(n)) == 0;
+  };
+  const auto check = [&]<class F>(F) {
+    std::vector<float> scale(static_cast<std::size_t>(rows * cols));
+    for (std::size_t i = 0; i < scale.size(); ++i) scale[i] = 0.5f + 0.125f * static_cast<float>(i % 11);
+    for (const Float8Axis axis : {Float8Axis::tensor, Float8Axis::rows, Float8Axis::columns}) {
+      CAPTURE(static_cast<int>(axis));
+      std::vector<F> as_is(scale.size()), transposed(scale.size()), both_t(scale.size()), both_s(scale.size());
+      Cpu::for_each(rows * cols, ops::QuantizeFloat8<float, F>{x.data(), ld, rows, cols, scale.data(), axis, false,
+                                                               as_is.data()});
+      Cpu::for_each(rows * cols, ops::QuantizeFloat8<float, F>{x.data(), ld, rows, cols, scale.data(), axis, true,
+                                                               transposed.data()});
+      Cpu::for_each(rows * cols, ops::QuantizeFloat8<float, F>{x.data(), ld, rows, cols, scale.data(), axis, true,
+                                                               both_t.data(), both_s.data()});
+      CHECK(same(both_t.data(), transposed.data(), rows * cols));
+      CHECK(same(both_s.data(), as_is.data(), rows * cols));
+    }
+  };
+  check(float8_e4m3{});
+  check(float8_e5m2{});
+
+  // Through nn::cast_to_float8_both_layouts: the operand is cast_to_float8's, the
+  // transposed one is kept in the scope, where the cast of that layout finds it.
+  const Tensor<float> y = random_matrix(24, 40, 31, 4.0f);
+  auto equal = [](const nn::Float8Operand<Cpu>& a, const nn::Float8Operand<Cpu>& b) {
+    const Tensor<float> va = nn::float8_values<Cpu>(a), vb = nn::float8_values<Cpu>(b);
+    return a.rows == b.rows && a.cols == b.cols && a.transposed == b.transposed && a.scale[0] == b.scale[0] &&
+           a.inverse[0] == b.inverse[0] &&
+           std::memcmp(va.data(), vb.data(), sizeof(float) * static_cast<std::size_t>(va.numel())) == 0;
+  };
+  for (const ops::Float8Cast cast : {ops::Float8Cast{DType::f8e4m3, Float8Axis::tensor, false},
+                                     ops::Float8Cast{DType::f8e5m2, Float8Axis::tensor, false},
+                                     ops::Float8Cast{DType::f8e5m2, Float8Axis::tensor, true}}) {
+    CAPTURE(static_cast<int>(cast.format));
+    const nn::Float8Operand<Cpu> alone = nn::cast_to_float8<Cpu>(y.cview(), cast, false),
+                                 alone_t = nn::cast_to_float8<Cpu>(y.cview(), cast, true);
+    nn::Float8SharedCasts<Cpu> shared;
+    const nn::Float8Operand<Cpu> q = nn::cast_to_float8_both_layouts<Cpu>(y.cview(), cast);
+    CHECK(shared.kept() == 2);
+    CHECK(equal(q, alone));
+    const nn::Float8Operand<Cpu> t = nn::cast_to_float8<Cpu>(y.cview(), cast, true);  // the kept one
+    CHECK(t.values() != alone_t.values());
+    CHECK(equal(t, alone_t));
+    CHECK(t.scale.data() == q.scale.data());
+    CHECK(nn::cast_to_float8<Cpu>(y.cview(), cast, false).values() == q.values());
+    // Again in the same scope: the kept casts, nothing new.
+    CHECK(nn::cast_to_float8_both_layouts<Cpu>(y.cview(), cast).values() == q.values());
+    CHECK(shared.kept() == 2);
+  }
+  {  // A scale kept for the other layout (a layer's forward's, keep_scale) serves both.
+    const ops::Float8Cast cast{DType::f8e4m3, Float8Axis::tensor, false};
+    const nn::Float8Operand<Cpu> alone = nn::cast_to_float8<Cpu>(y.cview(), cast, false);
+    Tensor<float> scale(Shape{1}), inverse(Shape{1});
+    scale[0] = 2.0f * alone.scale[0];
+    inverse[0] = 1.0f / scale[0];
+    nn::Float8SharedCasts<Cpu> shared;
+    shared.keep_scale(nn::Float8SharedCasts<Cpu>::key_of(y.cview(), cast, true), scale, inverse);
+    const nn::Float8Operand<Cpu> q = nn::cast_to_float8_both_layouts<Cpu>(y.cview(), cast);
+    CHECK(q.scale.data() == scale.data());
+    CHECK(nn::cast_to_float8<Cpu>(y.cview(), cast, true).scale.data() == scale.data());
+  }
+  // Only tensorwise, and only inside a scope that keeps the other layout.
+  CHECK_THROWS_WITH_AS(nn::cast_to_float8_both_layouts<Cpu>(y.cview(), {DType::f8e4m3, Float8Axis::tensor, false}),
+                       doctest::Contains("inside a Float8SharedCasts"), Error);
+  nn::Float8SharedCasts<Cpu> shared;
+  CHECK_THROWS_WITH_AS(nn::cast_to_float8_both_layouts<Cpu>(y.cview(), {DType::f8e4m3, Float8Axis::rows, true}),
+                       doctest::Contains("a tensorwise cast"), Error);
+}
+
 TEST_CASE("float8 casts take their rows' amaxes from a Float8RowAmaxes: the same bits, and none for scales by column") {
   const Tensor<float> x = random_matrix(16, 32, 21, 2.0f), y = random_matrix(16, 32, 22, 2.0f);
   Tensor<float> row_amax(Shape{16});

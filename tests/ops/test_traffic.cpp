@@ -537,6 +537,33 @@ TEST_CASE("traffic: a float8 cast by rows is one launch that reads x once; by co
   CHECK(cuda_kernel_class<ops::CastRowsFloat8<float, float8_e5m2>> == KernelClass::row);
 }
 
+TEST_CASE("traffic: a tensorwise float8 cast into both layouts reads x once and writes each layout once") {
+  // nn::cast_to_float8_both_layouts (a tensorwise output gradient's two casts): the amax
+  // and scale in one launch (RowAbsMaxScale: its two parts recorded), then one
+  // QuantizeFloat8 that writes the values transposed and as x lies; on CUDA, x read once
+  // (2 bytes a bf16 element) and a byte written to each layout, where two casts read it
+  // twice.
+  const std::int64_t rows = 40, cols = 24;
+  Tensor<float> x(Shape{rows, cols});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = 0.02f * static_cast<float>(i % 89) - 0.8f;
+  const double e = static_cast<double>(rows * cols);
+  nn::Float8SharedCasts<Recording> shared;
+  Recording::launches.clear();
+  (void)nn::cast_to_float8_both_layouts<Recording>(x.cview(), {DType::f8e5m2, ops::Float8Axis::tensor, false});
+  REQUIRE(Recording::launches.size() == 3);
+  CHECK(Recording::launches[0].bytes_read == e * kF);
+  CHECK(Recording::launches[2].bytes_read == e * (kF + kF));
+  CHECK(Recording::launches[2].bytes_written == 2 * e);
+  (void)nn::cast_to_float8<Recording>(x.cview(), {DType::f8e5m2, ops::Float8Axis::tensor, false}, true);  // kept
+  CHECK(Recording::launches.size() == 3);
+  const ops::QuantizeFloat8<bf16, float8_e5m2> both{nullptr, cols, rows, cols, nullptr, ops::Float8Axis::tensor,
+                                                    true, nullptr, reinterpret_cast<float8_e5m2*>(16)};
+  check_equal(both.cuda_traffic(rows * cols), e * sizeof(bf16), 2 * e, e, 0);
+  ops::QuantizeFloat8<bf16, float8_e5m2> one = both;
+  one.straight = nullptr;
+  check_equal(one.cuda_traffic(rows * cols), e * sizeof(bf16), e, e, 0);
+}
+
 TEST_CASE("traffic: a float8 transpose walks down columns a thread an element, the CUDA kernel's tiles do not") {
   // ops::Float8Transpose: per index, neighbouring indices read a row apart (priced as a
   // walk); on CUDA, tiles through shared memory read and write along rows, each byte once.

@@ -362,6 +362,59 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
   return q;
 }
 
+/// `x` (rows x cols) cast by a tensorwise `cast` into both layouts in one pass: x read
+/// once, its values written transposed and as x lies (QuantizeFloat8's `straight`). The
+/// operand returned is cast_to_float8(x, cast, false)'s, and the transposed one
+/// cast_to_float8(x, cast, true)'s, bit for bit (one scale, the same elementwise cast);
+/// both are kept in the Float8SharedCasts open on this thread, where the cast of the
+/// other layout finds its values. For an operand two GEMMs take by one cast in its two
+/// layouts while the scope is open: a tensorwise output gradient, dx = dy W and
+/// dW = dy^T x (2 bytes a bf16 element read and 2 written, where two casts read 4 and
+/// write 2). Where the scope already holds the values of either layout, this is
+/// cast_to_float8's; a scale it holds for either (keep_scale) serves both.
+template <Backend B, class T>
+Float8Operand<B> cast_to_float8_both_layouts(TensorView<const T> x, Float8Cast cast, const Float8Split& split = {}) {
+  using Casts = Float8SharedCasts<B>;
+  Casts* shared = Casts::current();
+  TESSERA_CHECK(shared != nullptr && cast.axis == ops::Float8Axis::tensor,
+                "cast_to_float8_both_layouts: a tensorwise cast, inside a Float8SharedCasts that keeps the other layout");
+  const typename Casts::Key as_is = Casts::key_of(x, cast, false), transposed = Casts::key_of(x, cast, true);
+  if (shared->find(as_is) != nullptr || shared->find(transposed) != nullptr)
+    return cast_to_float8<B>(x, cast, false, split);
+  const std::int64_t xr = x.rows(), xc = x.cols();
+  Float8Operand<B> q, t;
+  q.cast = t.cast = cast;
+  q.rows = t.cols = xr;
+  q.cols = t.rows = xc;
+  t.transposed = true;
+  const Float8Operand<B>* kept = shared->find_scale(as_is);
+  if (kept == nullptr) kept = shared->find_scale(transposed);
+  if (kept != nullptr) {
+    q.scale = kept->scale;
+    q.inverse = kept->inverse;
+  } else {
+    take_float8_scales<B>(x, cast, q, split);
+  }
+  t.scale = q.scale;
+  t.inverse = q.inverse;
+  const std::int64_t n = xr * xc;
+  if (cast.format == DType::f8e4m3) {
+    q.e4m3 = B::template empty<float8_e4m3>(Shape{xr, xc});
+    t.e4m3 = B::template empty<float8_e4m3>(Shape{xc, xr});
+    B::for_each(n, ops::QuantizeFloat8<T, float8_e4m3>{x.data(), as_is.tensor.ld, xr, xc, q.scale.data(), cast.axis,
+                                                       true, t.e4m3.data(), q.e4m3.data()});
+  } else {
+    TESSERA_CHECK(cast.format == DType::f8e5m2, "float8: a cast to ", name_of(cast.format), " (not a float8 format)");
+    q.e5m2 = B::template empty<float8_e5m2>(Shape{xr, xc});
+    t.e5m2 = B::template empty<float8_e5m2>(Shape{xc, xr});
+    B::for_each(n, ops::QuantizeFloat8<T, float8_e5m2>{x.data(), as_is.tensor.ld, xr, xc, q.scale.data(), cast.axis,
+                                                       true, t.e5m2.data(), q.e5m2.data()});
+  }
+  shared->keep(as_is, q);
+  shared->keep(transposed, t);
+  return q;
+}
+
 /// The rows of x on this rank (x split by rows over `group`: sequence parallelism) cast
 /// by `cast` (one scale, agreed over the group: Float8Split::rows) and gathered as float8:
 /// every row's values, rank t's rows at block t, with the one scale. The cast is

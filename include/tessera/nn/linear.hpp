@@ -336,10 +336,24 @@ class Linear : public LayerTypes<T, B> {
     if (!float8_ && weight_.float8_value.empty()) return f;
     f.float8 = true;
     f.by_blocks = dy == nullptr;
-    if (dy != nullptr)
+    if (dy != nullptr && casts_grad_output_both_layouts(ctx))  // dy^T kept for the weight gradient's GEMM
+      f.dy8 = cast_to_float8_both_layouts<B>(dy->cview(), float8_->grad_output, grad_output_split());
+    else if (dy != nullptr)
       f.dy8 = cast_first_operand<B>(Trans::no, dy->cview(), float8_->grad_output, weight_.name, grad_output_split());
     f.wt = float8_weight_transposed_(ctx, f.wt8);
     return f;
+  }
+
+  /// Whether the backward casts dy into both layouts in one pass (nn::cast_to_float8_both_layouts):
+  /// the input gradient's GEMM takes dy and the weight gradient's dy^T, by one tensorwise
+  /// cast, and the weight gradient runs now, inside the Float8SharedCasts its layer
+  /// opened around the backward, where it finds dy^T kept (a zero-bubble schedule's,
+  /// deferred, casts dy^T when it runs).
+  bool casts_grad_output_both_layouts(const Context<T>& ctx) const {
+    return float8_ && !float8_->grad_weight_high_precision && !weight_.frozen &&
+           float8_->grad_output.axis == ops::Float8Axis::tensor &&
+           same_cast(float8_->grad_output, float8_->grad_output_for_grad_weight) && ctx.weight_grad_queue() == nullptr &&
+           Float8SharedCasts<B>::current() != nullptr;
   }
 
   /// The weight's transpose as the float8 GEMM of dx = dy W multiplies it: FSDP's weight

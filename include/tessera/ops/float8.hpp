@@ -208,6 +208,10 @@ inline void walk_row_major(std::int64_t begin, std::int64_t end, std::int64_t in
 /// GEMM takes an operand reduced over x's rows in (Float8GemmOperand: the reduction along
 /// each row). Each index writes one element of out, so writes are coalesced; a
 /// transposed cast reads x down its columns.
+/// `straight` (transposing only; null: none): the same values also as x lies, rows x cols
+/// contiguous, so that an operand both of whose GEMMs take it by one scale (a tensorwise
+/// output gradient: dx = dy W and dW = dy^T x) is read once for its two layouts, where
+/// two casts read it twice.
 template <class T, class F>
 struct QuantizeFloat8 {
   const T* x;
@@ -216,6 +220,7 @@ struct QuantizeFloat8 {
   Float8Axis axis;
   bool transpose;
   F* out;
+  F* straight = nullptr;
   TESSERA_HD void operator()(std::int64_t i) const {
     std::int64_t r, c;
     if (transpose) {
@@ -225,30 +230,35 @@ struct QuantizeFloat8 {
       r = i / cols;
       c = i - r * cols;
     }
-    out[i] = element(r, c);
+    write(i, r, c);
   }
   /// Indices [begin, end), as operator() (the CPU backend's share of a thread).
   void range(std::int64_t begin, std::int64_t end) const {
     if (transpose)
-      walk_row_major(begin, end, rows, [&](std::int64_t i, std::int64_t c, std::int64_t r) { out[i] = element(r, c); });
+      walk_row_major(begin, end, rows, [&](std::int64_t i, std::int64_t c, std::int64_t r) { write(i, r, c); });
     else
-      walk_row_major(begin, end, cols, [&](std::int64_t i, std::int64_t r, std::int64_t c) { out[i] = element(r, c); });
+      walk_row_major(begin, end, cols, [&](std::int64_t i, std::int64_t r, std::int64_t c) { write(i, r, c); });
   }
   TESSERA_HD F element(std::int64_t r, std::int64_t c) const {
     return F(static_cast<float>(to_accum(x[r * ld + c])) * scale[float8_scale_index(axis, r, c)]);
   }
+  TESSERA_HD void write(std::int64_t i, std::int64_t r, std::int64_t c) const {
+    const F v = element(r, c);
+    out[i] = v;
+    if (straight != nullptr) straight[r * cols + c] = v;
+  }
   Traffic traffic(std::int64_t n) const {
     const double e = static_cast<double>(n);
-    Traffic t{e * (sizeof(T) + sizeof(float)), e * sizeof(F), e, 0};
+    Traffic t{e * (sizeof(T) + sizeof(float)), e * sizeof(F) * (straight != nullptr ? 2 : 1), e, 0};
     // Neighbouring indices read elements a row apart: each read walks alone.
     if (transpose) t.walk_bytes = e * sizeof(T);
     return t;
   }
   /// The CUDA kernel's (backend/cuda/float8_kernels.cuh): x read once, in tiles or rows
-  /// of vectors, a scale per row or column of the tile, out written once.
+  /// of vectors, a scale per row or column of the tile, out (and straight) written once.
   Traffic cuda_traffic(std::int64_t n) const {
     const double e = static_cast<double>(n);
-    return {e * sizeof(T), e * sizeof(F), e, 0};
+    return {e * sizeof(T), e * sizeof(F) * (straight != nullptr ? 2 : 1), e, 0};
   }
 };
 

@@ -20,7 +20,8 @@
 //                  8 divides the columns, else a thread per element; transposing: a
 //                  block per 64 x 64 tile, read along x's rows in runs of 8 into shared
 //                  memory as float8 bytes, written along out's rows (x's columns) in
-//                  words of 4 (kernel_layouts.hpp's TransposeTileLayout)
+//                  words of 4 (kernel_layouts.hpp's TransposeTileLayout), and the runs
+//                  also stored as they are where the cast wants both layouts
 //   Float8Transpose the same tiles, each run x's 8 bytes as they are (one 8-byte load)
 // The conversion itself is one instruction for two elements on Ada and Hopper
 // (core/float8.hpp): with it and 32-bit indices the casts are bound by memory, where
@@ -302,19 +303,31 @@ __device__ void transposed_tile(const Run& run, std::int64_t rows, std::int64_t 
 }
 
 /// The transposing cast: each run of x cast to float8 (one 16- or 32-byte load where
-/// kVectors: every row 16-byte aligned, 8 | cols), by transposed_tile.
+/// kVectors: every row 16-byte aligned, 8 | cols), by transposed_tile; where f.straight,
+/// the run's bytes also stored there as x lies (one 8-byte store where kVectors: straight
+/// 8-byte aligned too), the 8 threads along a tile's row writing 64 neighbouring bytes.
 template <class T, class F, bool kVectors, bool kWords>
 __global__ void __launch_bounds__(kQuantizeTileThreads) quantize_transposed_kernel(ops::QuantizeFloat8<T, F> f) {
   constexpr int kRun = kQuantizeRun;
-  const auto run = [&f](std::int64_t r, std::int64_t c, std::uint8_t* b) {
+  auto* straight = reinterpret_cast<std::uint8_t*>(f.straight);
+  const auto run = [&f, straight](std::int64_t r, std::int64_t c, std::uint8_t* b) {
     if constexpr (kVectors) {  // 8 | cols: the run is whole
       float v[kRun];
       load_float<kRun>(f.x + r * f.ld, c, v);
 #pragma unroll
       for (int w = 0; w < kRun; ++w) b[w] = F(v[w] * f.scale[ops::float8_scale_index(f.axis, r, c + w)]).bits;
+      if (straight != nullptr) {
+        std::uint64_t word;
+        memcpy(&word, b, kRun);
+        *reinterpret_cast<std::uint64_t*>(straight + r * f.cols + c) = word;
+      }
     } else {
 #pragma unroll
       for (int w = 0; w < kRun; ++w) b[w] = c + w < f.cols ? f.element(r, c + w).bits : std::uint8_t{0};
+      if (straight != nullptr)
+#pragma unroll
+        for (int w = 0; w < kRun; ++w)
+          if (c + w < f.cols) straight[r * f.cols + c + w] = b[w];
     }
   };
   static_assert(sizeof(F) == 1, "a float8 value is its byte");
@@ -357,9 +370,12 @@ struct QuantizeFloat8Kernel {
     quantize_transposed_kernel<T, F, kVectors, kWords><<<grid, kQuantizeTileThreads, 0, stream>>>(f);
   }
   static void launch(std::int64_t n, const ops::QuantizeFloat8<T, F>& f, cudaStream_t stream) {
+    TESSERA_CHECK(f.straight == nullptr || f.transpose,
+                  "QuantizeFloat8: the values written in x's own layout as well need a transposing cast");
     if (f.transpose) {
       const dim3 grid = transposed_tiles_grid(f.rows, f.cols, "QuantizeFloat8");
-      const bool vectors = f.cols % kQuantizeRun == 0 && rows_aligned16(f.x, f.ld);
+      const bool vectors = f.cols % kQuantizeRun == 0 && rows_aligned16(f.x, f.ld) &&
+                           reinterpret_cast<std::uintptr_t>(f.straight) % 8 == 0;
       const bool words = f.rows % 4 == 0 && reinterpret_cast<std::uintptr_t>(f.out) % 4 == 0;
       if (vectors && words) tiles<true, true>(f, grid, stream);
       else if (vectors) tiles<true, false>(f, grid, stream);
