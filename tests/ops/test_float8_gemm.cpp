@@ -586,9 +586,17 @@ TEST_CASE("a tensorwise float8 cast into both layouts in one pass: each layout t
     CHECK(q.scale.data() == scale.data());
     CHECK(nn::cast_to_float8<Cpu>(y.cview(), cast, true).scale.data() == scale.data());
   }
-  // Only tensorwise, and only inside a scope that keeps the other layout.
+  {  // With no scope open, the transposed operand handed back.
+    const ops::Float8Cast cast{DType::f8e5m2, Float8Axis::tensor, false};
+    nn::Float8Operand<Cpu> t;
+    const nn::Float8Operand<Cpu> q = nn::cast_to_float8_both_layouts<Cpu>(y.cview(), cast, {}, &t);
+    CHECK(equal(q, nn::cast_to_float8<Cpu>(y.cview(), cast, false)));
+    CHECK(equal(t, nn::cast_to_float8<Cpu>(y.cview(), cast, true)));
+    CHECK(t.scale.data() == q.scale.data());
+  }
+  // Only tensorwise, and its transpose handed back or kept.
   CHECK_THROWS_WITH_AS(nn::cast_to_float8_both_layouts<Cpu>(y.cview(), {DType::f8e4m3, Float8Axis::tensor, false}),
-                       doctest::Contains("inside a Float8SharedCasts"), Error);
+                       doctest::Contains("handed back or kept in a Float8SharedCasts"), Error);
   nn::Float8SharedCasts<Cpu> shared;
   CHECK_THROWS_WITH_AS(nn::cast_to_float8_both_layouts<Cpu>(y.cview(), {DType::f8e4m3, Float8Axis::rows, true}),
                        doctest::Contains("a tensorwise cast"), Error);

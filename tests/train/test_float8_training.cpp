@@ -4,12 +4,15 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu.hpp"
 #include "tessera/instances.hpp"
+#include "tessera/nn/linear.hpp"
 #include "tessera/plan/dry_run.hpp"
 #include "tessera/train/config.hpp"
 #include "tessera/train/job_plan.hpp"
@@ -185,6 +188,76 @@ TEST_CASE("Each float8 recipe trains the debug model as bf16 does: its short cur
   }
 }
 
+
+// The CPU backend, counting its float8 casts' launches.
+template <class F>
+struct IsQuantize : std::false_type {};
+template <class T, class F>
+struct IsQuantize<ops::QuantizeFloat8<T, F>> : std::true_type {};
+struct CountingCpu : Cpu {
+  static inline int quantizes = 0, amaxes = 0;
+  template <class F>
+  static void for_each(std::int64_t n, const F& f) {
+    if constexpr (IsQuantize<F>::value) ++quantizes;
+    if constexpr (std::is_same_v<F, ops::RowAbsMaxScale<float>> || std::is_same_v<F, ops::RowAbsMax<float>>) ++amaxes;
+    Cpu::for_each(n, f);
+  }
+};
+static_assert(Backend<CountingCpu>);
+
+TEST_CASE("a tensorwise linear layer casts its output gradient once for both of its GEMMs, its weight gradient "
+          "run at once or deferred") {
+  // nn::Linear's backward (tensorwise, emulated): dy cast into both layouts in one launch,
+  // dy^T handed to the weight gradient, which a zero-bubble schedule defers
+  // (Context::deferring_weight_grads) and which then holds dy^T, not dy, and casts
+  // nothing. dx and dW are bit for bit those of casting dy twice (nn::float8_gemm).
+  const nn::Geometry g{2, 16};
+  const std::int64_t M = g.rows(), K = 48, N = 32;
+  auto matrix = [](std::int64_t rows, std::int64_t cols, float seed) {
+    Tensor<float> t(Shape{rows, cols});
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      t[i] = std::sin(seed + 0.61f * static_cast<float>(i)) * std::pow(2.0f, static_cast<float>(i % 7) - 3);
+    return t;
+  };
+  const Tensor<float> x = matrix(M, K, 1), dy = matrix(M, N, 2), w = matrix(N, K, 3);
+  ops::Float8Policy policy;
+  policy.enabled = true;
+  policy.emulate = true;
+  policy.recipe = ops::Float8Recipe::tensorwise;
+  const ops::Float8LinearCasts c = ops::float8_casts(policy.recipe);
+  // The reference: dy cast for each GEMM by itself.
+  Tensor<float> dx_ref(Shape{M, K}), dw_ref(Shape{N, K});
+  nn::float8_gemm<Cpu>(Trans::no, Trans::no, dy.cview(), c.grad_output, w.cview(), c.weight_for_grad_input, 0.0f,
+                       dx_ref.view(), "dx", {true, false});
+  nn::float8_gemm<Cpu>(Trans::yes, Trans::no, dy.cview(), c.grad_output_for_grad_weight, x.cview(),
+                       c.input_for_grad_weight, 0.0f, dw_ref.view(), "dW", {true, false});
+  auto same = [](const Tensor<float>& a, const Tensor<float>& b) {
+    return a.numel() == b.numel() &&
+           std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.numel())) == 0;
+  };
+  for (const bool deferred : {false, true}) {
+    CAPTURE(deferred);
+    nn::Linear<float, CountingCpu> lin("layers.0.feed_forward.w1", K, N, nn::Init{}, nullptr, {}, &policy);
+    std::memcpy(lin.weight().value.data(), w.data(), sizeof(float) * static_cast<std::size_t>(w.numel()));
+    nn::ActivationStore<float> store;
+    (void)lin.forward(nn::Context<float>(g, &store), x);
+    nn::WeightGradQueue queue;
+    const nn::Context<float> ctx = nn::Context<float>(g, &store).deferring_weight_grads(deferred ? &queue : nullptr);
+    CountingCpu::quantizes = CountingCpu::amaxes = 0;
+    Tensor<float> dx;
+    {
+      nn::Float8SharedCasts<CountingCpu> shared;  // as the layers that hold a linear layer open
+      dx = lin.backward(ctx, dy);
+    }
+    CHECK(queue.size() == (deferred ? 1u : 0u));
+    for (auto& f : queue) f();
+    CHECK(same(dx, dx_ref));
+    CHECK(same(lin.weight().grad, dw_ref));
+    // dy's amax once, dy in both layouts at once, W^T and x^T by their forward's scales.
+    CHECK(CountingCpu::amaxes == 1);
+    CHECK(CountingCpu::quantizes == 3);
+  }
+}
 
 TEST_CASE("Float8 GEMMs not emulated: refused on the CPU and for sizes cuBLASLt cannot take, float8 GEMMs in a dry run") {
   const std::vector<std::string> real = {"--model.converters", "float8", "--float8.emulate", "false"};

@@ -364,31 +364,38 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
 
 /// `x` (rows x cols) cast by a tensorwise `cast` into both layouts in one pass: x read
 /// once, its values written transposed and as x lies (QuantizeFloat8's `straight`). The
-/// operand returned is cast_to_float8(x, cast, false)'s, and the transposed one
-/// cast_to_float8(x, cast, true)'s, bit for bit (one scale, the same elementwise cast);
-/// both are kept in the Float8SharedCasts open on this thread, where the cast of the
-/// other layout finds its values. For an operand two GEMMs take by one cast in its two
-/// layouts while the scope is open: a tensorwise output gradient, dx = dy W and
-/// dW = dy^T x (2 bytes a bf16 element read and 2 written, where two casts read 4 and
-/// write 2). Where the scope already holds the values of either layout, this is
-/// cast_to_float8's; a scale it holds for either (keep_scale) serves both.
+/// operand returned is cast_to_float8(x, cast, false)'s and `*transposed` (where given)
+/// cast_to_float8(x, cast, true)'s, bit for bit (one scale, the same elementwise cast).
+/// Both are kept in the Float8SharedCasts open on this thread, if one is, where a cast of
+/// either layout finds its values; where it already holds the values of either, this is
+/// cast_to_float8's, and a scale it holds for either (keep_scale) serves both. For an
+/// operand two GEMMs take by one cast in its two layouts: a tensorwise output gradient,
+/// dx = dy W and dW = dy^T x (2 bytes a bf16 element read and 2 written, where two casts
+/// read 4 and write 2).
 template <Backend B, class T>
-Float8Operand<B> cast_to_float8_both_layouts(TensorView<const T> x, Float8Cast cast, const Float8Split& split = {}) {
+Float8Operand<B> cast_to_float8_both_layouts(TensorView<const T> x, Float8Cast cast, const Float8Split& split = {},
+                                             Float8Operand<B>* transposed = nullptr) {
   using Casts = Float8SharedCasts<B>;
   Casts* shared = Casts::current();
-  TESSERA_CHECK(shared != nullptr && cast.axis == ops::Float8Axis::tensor,
-                "cast_to_float8_both_layouts: a tensorwise cast, inside a Float8SharedCasts that keeps the other layout");
-  const typename Casts::Key as_is = Casts::key_of(x, cast, false), transposed = Casts::key_of(x, cast, true);
-  if (shared->find(as_is) != nullptr || shared->find(transposed) != nullptr)
+  TESSERA_CHECK(cast.axis == ops::Float8Axis::tensor && (shared != nullptr || transposed != nullptr),
+                "cast_to_float8_both_layouts: a tensorwise cast, its transpose handed back or kept in a "
+                "Float8SharedCasts");
+  const typename Casts::Key as_is = Casts::key_of(x, cast, false), other = Casts::key_of(x, cast, true);
+  if (shared != nullptr && (shared->find(as_is) != nullptr || shared->find(other) != nullptr)) {
+    if (transposed != nullptr) *transposed = cast_to_float8<B>(x, cast, true, split);
     return cast_to_float8<B>(x, cast, false, split);
+  }
   const std::int64_t xr = x.rows(), xc = x.cols();
   Float8Operand<B> q, t;
   q.cast = t.cast = cast;
   q.rows = t.cols = xr;
   q.cols = t.rows = xc;
   t.transposed = true;
-  const Float8Operand<B>* kept = shared->find_scale(as_is);
-  if (kept == nullptr) kept = shared->find_scale(transposed);
+  const Float8Operand<B>* kept = nullptr;
+  if (shared != nullptr) {
+    kept = shared->find_scale(as_is);
+    if (kept == nullptr) kept = shared->find_scale(other);
+  }
   if (kept != nullptr) {
     q.scale = kept->scale;
     q.inverse = kept->inverse;
@@ -410,8 +417,11 @@ Float8Operand<B> cast_to_float8_both_layouts(TensorView<const T> x, Float8Cast c
     B::for_each(n, ops::QuantizeFloat8<T, float8_e5m2>{x.data(), as_is.tensor.ld, xr, xc, q.scale.data(), cast.axis,
                                                        true, t.e5m2.data(), q.e5m2.data()});
   }
-  shared->keep(as_is, q);
-  shared->keep(transposed, t);
+  if (shared != nullptr) {
+    shared->keep(as_is, q);
+    shared->keep(other, t);
+  }
+  if (transposed != nullptr) *transposed = t;
   return q;
 }
 

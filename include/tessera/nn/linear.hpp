@@ -175,13 +175,14 @@ class Linear : public LayerTypes<T, B> {
   /// weight gradient may read it later (a zero-bubble schedule's), so it holds a reference.
   void backward_into(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& dx, float beta,
                      const Tensor<T>* input = nullptr) {
-    rows_backward(start_rows_backward(ctx, dy), dy, 0, dy.size(0), beta, dx.view());
+    const RowsBackward f = start_rows_backward(ctx, dy);
+    rows_backward(f, dy, 0, dy.size(0), beta, dx.view());
     Tensor<T> du;  // the adapter's s dy B
     if (lora_) {
       du = lora_->grad_down(dy.cview());
       lora_->add_input_grad(du.cview(), dx.view());
     }
-    queue_weight_grad_(ctx, dy, du, input);
+    queue_weight_grad_(ctx, dy, du, input, f.dyt8);
   }
 
   /// backward of the output gradient whose rows arrive by a sequence-parallel gather over
@@ -261,6 +262,7 @@ class Linear : public LayerTypes<T, B> {
   struct RowsBackward {
     bool float8 = false, by_blocks = false;
     Float8Operand<B> dy8, wt8;  // dy (whole, unless by blocks), and the storage of the weight's transpose
+    Float8Operand<B> dyt8;      // dy^T, where cast with dy in one pass for the weight gradient
     Float8GemmOperand wt;       // the weight's transpose as the float8 GEMM multiplies it
   };
   /// For the input gradient of dy, which is here whole.
@@ -298,8 +300,9 @@ class Linear : public LayerTypes<T, B> {
                        {emulate_float8_, false});
   }
   /// The rest of the backward once rows_backward has made dx: the weight gradient.
-  void finish_rows_backward(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>* input = nullptr) {
-    queue_weight_grad_(ctx, dy, Tensor<T>{}, input);
+  void finish_rows_backward(const Context<T>& ctx, const Tensor<T>& dy, const RowsBackward& f,
+                            const Tensor<T>* input = nullptr) {
+    queue_weight_grad_(ctx, dy, Tensor<T>{}, input, f.dyt8);
   }
 
   /// Keeps the forward's input for the backward, as forward does (rows_forward's callers).
@@ -336,8 +339,8 @@ class Linear : public LayerTypes<T, B> {
     if (!float8_ && weight_.float8_value.empty()) return f;
     f.float8 = true;
     f.by_blocks = dy == nullptr;
-    if (dy != nullptr && casts_grad_output_both_layouts(ctx))  // dy^T kept for the weight gradient's GEMM
-      f.dy8 = cast_to_float8_both_layouts<B>(dy->cview(), float8_->grad_output, grad_output_split());
+    if (dy != nullptr && casts_grad_output_both_layouts())  // dy^T for the weight gradient's GEMM
+      f.dy8 = cast_to_float8_both_layouts<B>(dy->cview(), float8_->grad_output, grad_output_split(), &f.dyt8);
     else if (dy != nullptr)
       f.dy8 = cast_first_operand<B>(Trans::no, dy->cview(), float8_->grad_output, weight_.name, grad_output_split());
     f.wt = float8_weight_transposed_(ctx, f.wt8);
@@ -346,14 +349,13 @@ class Linear : public LayerTypes<T, B> {
 
   /// Whether the backward casts dy into both layouts in one pass (nn::cast_to_float8_both_layouts):
   /// the input gradient's GEMM takes dy and the weight gradient's dy^T, by one tensorwise
-  /// cast, and the weight gradient runs now, inside the Float8SharedCasts its layer
-  /// opened around the backward, where it finds dy^T kept (a zero-bubble schedule's,
-  /// deferred, casts dy^T when it runs).
-  bool casts_grad_output_both_layouts(const Context<T>& ctx) const {
-    return float8_ && !float8_->grad_weight_high_precision && !weight_.frozen &&
+  /// cast, and the weight gradient is in float8. The weight gradient multiplies the dy^T
+  /// so made (RowsBackward::dyt8), now or, deferred (a zero-bubble schedule's), later: it
+  /// then holds dy^T's byte an element rather than dy's two, and casts nothing.
+  bool casts_grad_output_both_layouts() const {
+    return float8_ && !float8_->grad_weight_high_precision && !weight_.frozen && !lora_ &&
            float8_->grad_output.axis == ops::Float8Axis::tensor &&
-           same_cast(float8_->grad_output, float8_->grad_output_for_grad_weight) && ctx.weight_grad_queue() == nullptr &&
-           Float8SharedCasts<B>::current() != nullptr;
+           same_cast(float8_->grad_output, float8_->grad_output_for_grad_weight);
   }
 
   /// The weight's transpose as the float8 GEMM of dx = dy W multiplies it: FSDP's weight
@@ -387,32 +389,38 @@ class Linear : public LayerTypes<T, B> {
   }
 
   /// The weight gradient's part of the backward (through ctx.weight_grad): the adapter's
-  /// and the weight's, of dy and the forward's input; `du` the adapter's s dy B.
-  void queue_weight_grad_(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& du, const Tensor<T>* input) {
+  /// and the weight's, of dy and the forward's input; `du` the adapter's s dy B. `dyt8`:
+  /// dy^T in float8 where the input gradient's cast made it with dy (RowsBackward::dyt8),
+  /// which the weight gradient then multiplies, holding it rather than dy; else it casts
+  /// dy^T itself.
+  void queue_weight_grad_(const Context<T>& ctx, const Tensor<T>& dy, const Tensor<T>& du, const Tensor<T>* input,
+                          const Float8Operand<B>& dyt8 = {}) {
     if (weight_.frozen && !lora_) return;
     const Tensor<T>* kept_u = lora_ ? ctx.saved_if("lora_u") : nullptr;
+    const Tensor<T> dy_held = has_values(dyt8) ? Tensor<T>{} : dy;
     // The forward's input gathered in float8 (forward_float8), where it was: its transpose
     // is the weight gradient's operand.
     const Float8Operand<B> x8 = input == nullptr ? saved_float8_input(ctx) : Float8Operand<B>{};
     if (!x8.e4m3.empty()) {
-      ctx.weight_grad([this, x8, dy] {
-        weight_gemm_float8_input(dy, x8, weight_.grad_write_beta(), weight_.grad);
+      ctx.weight_grad([this, x8, dy = dy_held, dyt8] {
+        weight_gemm_float8_input(dy, x8, weight_.grad_write_beta(), weight_.grad, dyt8);
       });
       return;
     }
-    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy, du, x_scale = saved_scale(ctx, "x"),
-                     u = kept_u != nullptr ? *kept_u : Tensor<T>{}] {
+    ctx.weight_grad([this, x = input != nullptr ? *input : ctx.saved("x"), dy = dy_held, dyt8, du,
+                     x_scale = saved_scale(ctx, "x"), u = kept_u != nullptr ? *kept_u : Tensor<T>{}] {
       if (lora_) lora_->weight_grads(dy.cview(), x.cview(), du.cview(), u.empty() ? nullptr : &u);
       if (weight_.frozen) return;
       if (parallel::active(tp_) && weight_.split.holders > 1) {
         Tensor<accum_t<T>> dw = B::template empty<accum_t<T>>(weight_.grad.shape());
-        weight_gemm(dy, x, 0.0f, dw, x_scale);
+        weight_gemm(dy, x, 0.0f, dw, x_scale, dyt8);
         parallel::accumulate_over_holders<B>(tp_, dw, weight_);
       } else {
-        weight_gemm(dy, x, weight_.grad_write_beta(), weight_.grad, x_scale);
+        weight_gemm(dy, x, weight_.grad_write_beta(), weight_.grad, x_scale, dyt8);
       }
     });
   }
+  static bool has_values(const Float8Operand<B>& q) { return !q.e4m3.empty() || !q.e5m2.empty(); }
 
  public:
   // ---- Operands gathered in float8 over sequence-parallel ranks ------------------------
@@ -623,11 +631,18 @@ class Linear : public LayerTypes<T, B> {
   /// into = dy^T x + beta into: the weight's gradient, in float8 where the recipe casts
   /// it, x's transpose cast with the forward's scale of x where it kept one.
   void weight_gemm(const Tensor<T>& dy, const Tensor<T>& x, accum_t<T> beta, const Tensor<accum_t<T>>& into,
-                   const SavedScale& x_scale = {}) {
+                   const SavedScale& x_scale = {}, const Float8Operand<B>& dyt8 = {}) {
     if (float8_ && !float8_->grad_weight_high_precision) {
       std::optional<Float8SharedCasts<B>> own;
       Float8SharedCasts<B>& casts = open_casts(own);
       hand_scale(casts, x.cview(), float8_->input, x_scale);
+      if (has_values(dyt8)) {  // dy^T cast with dy (the input gradient's): float8_gemm's GEMM with it as the first operand
+        const Float8Operand<B> xt = cast_to_float8<B>(x.cview(), float8_->input_for_grad_weight, true, input_split());
+        if (into.numel() > 0)
+          float8_multiply<B>(dyt8.gemm_operand(weight_.name), xt.gemm_operand(weight_.name), static_cast<float>(beta),
+                             into.view(), weight_.name, {emulate_float8_, false});
+        return;
+      }
       float8_gemm<B>(Trans::yes, Trans::no, dy.cview(), float8_->grad_output_for_grad_weight, x.cview(),
                      float8_->input_for_grad_weight, static_cast<float>(beta), into.view(), weight_.name,
                      {emulate_float8_, false, grad_output_split(), input_split()});
@@ -655,12 +670,13 @@ class Linear : public LayerTypes<T, B> {
   /// into = dy^T x + beta into with x as forward_float8 kept it (`x8`): its transpose the
   /// GEMM's second operand, dy^T cast by the recipe.
   void weight_gemm_float8_input(const Tensor<T>& dy, const Float8Operand<B>& x8, accum_t<T> beta,
-                                const Tensor<accum_t<T>>& into) {
+                                const Tensor<accum_t<T>>& into, const Float8Operand<B>& dyt8 = {}) {
     std::optional<Float8SharedCasts<B>> own;
     open_casts(own);
     const Float8Operand<B> dyt =
-        cast_first_operand<B>(Trans::yes, dy.cview(), float8_->grad_output_for_grad_weight, weight_.name,
-                              grad_output_split());
+        has_values(dyt8) ? dyt8
+                         : cast_first_operand<B>(Trans::yes, dy.cview(), float8_->grad_output_for_grad_weight,
+                                                 weight_.name, grad_output_split());
     const Float8Operand<B> xt = transposed_float8<B>(x8);
     float8_multiply<B>(dyt.gemm_operand(weight_.name), xt.gemm_operand(weight_.name), static_cast<float>(beta),
                        into.view(), weight_.name, {emulate_float8_, false});
@@ -900,7 +916,7 @@ Tensor<T> summed_input_grads(const Context<T>& ctx, parallel::TensorParallelGrou
         for (std::size_t i = 0; i < n; ++i)
           layers[i]->rows_backward(f[i], *dys[i], begin, end, i == 0 ? 0.0f : 1.0f, partial.view().slice_rows(begin, end));
       });
-  for (std::size_t i = 0; i < n; ++i) layers[i]->finish_rows_backward(ctx.child(names[i]), *dys[i]);
+  for (std::size_t i = 0; i < n; ++i) layers[i]->finish_rows_backward(ctx.child(names[i]), *dys[i], f[i]);
   return dx;
 }
 
