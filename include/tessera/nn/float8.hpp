@@ -301,6 +301,27 @@ void take_float8_scales(TensorView<const T> x, Float8Cast cast, Float8Operand<B>
                                                    cast.power_of_two});
 }
 
+/// q's values: x (rows x cols, leading dimension ld) cast by q.cast at q.scale, stored as q
+/// lies (rows x cols, or cols x rows where q.transposed), by one QuantizeFloat8; where
+/// `straight` is given (q transposed), the same values also as x lies, into its storage
+/// (QuantizeFloat8's `straight`: x read once for both).
+template <Backend B, class T>
+void quantize_float8(TensorView<const T> x, std::int64_t ld, Float8Operand<B>& q, Float8Operand<B>* straight = nullptr) {
+  const std::int64_t xr = x.rows(), xc = x.cols(), n = xr * xc;
+  const auto run = [&]<class F>(Tensor<F>& out, Tensor<F>* also) {
+    out = B::template empty<F>(Shape{q.rows, q.cols});
+    if (also != nullptr) *also = B::template empty<F>(Shape{xr, xc});
+    B::for_each(n, ops::QuantizeFloat8<T, F>{x.data(), ld, xr, xc, q.scale.data(), q.cast.axis, q.transposed,
+                                             out.data(), also != nullptr ? also->data() : nullptr});
+  };
+  if (q.cast.format == DType::f8e4m3) {
+    run(q.e4m3, straight != nullptr ? &straight->e4m3 : nullptr);
+  } else {
+    TESSERA_CHECK(q.cast.format == DType::f8e5m2, "float8: a cast to ", name_of(q.cast.format), " (not a float8 format)");
+    run(q.e5m2, straight != nullptr ? &straight->e5m2 : nullptr);
+  }
+}
+
 /// `x` (rows x cols, leading dimension ld) cast to float8 by `cast`: amaxes, scales, and
 /// the values, stored as x^T (cols x rows) when `transpose`; the kept cast where a
 /// Float8SharedCasts open on this thread has one, or the kept scale where it has the
@@ -347,17 +368,7 @@ Float8Operand<B> cast_to_float8(TensorView<const T> x, Float8Cast cast, bool tra
   } else {
     take_float8_scales<B>(x, cast, q, split);
   }
-  const std::int64_t n = xr * xc;
-  if (cast.format == DType::f8e4m3) {
-    q.e4m3 = B::template empty<float8_e4m3>(Shape{q.rows, q.cols});
-    B::for_each(n, ops::QuantizeFloat8<T, float8_e4m3>{x.data(), ld, xr, xc, q.scale.data(), cast.axis, transpose,
-                                                       q.e4m3.data()});
-  } else {
-    TESSERA_CHECK(cast.format == DType::f8e5m2, "float8: a cast to ", name_of(cast.format), " (not a float8 format)");
-    q.e5m2 = B::template empty<float8_e5m2>(Shape{q.rows, q.cols});
-    B::for_each(n, ops::QuantizeFloat8<T, float8_e5m2>{x.data(), ld, xr, xc, q.scale.data(), cast.axis, transpose,
-                                                       q.e5m2.data()});
-  }
+  quantize_float8<B>(x, ld, q);
   if (shared != nullptr) shared->keep(key, q);
   return q;
 }
@@ -404,19 +415,7 @@ Float8Operand<B> cast_to_float8_both_layouts(TensorView<const T> x, Float8Cast c
   }
   t.scale = q.scale;
   t.inverse = q.inverse;
-  const std::int64_t n = xr * xc;
-  if (cast.format == DType::f8e4m3) {
-    q.e4m3 = B::template empty<float8_e4m3>(Shape{xr, xc});
-    t.e4m3 = B::template empty<float8_e4m3>(Shape{xc, xr});
-    B::for_each(n, ops::QuantizeFloat8<T, float8_e4m3>{x.data(), as_is.tensor.ld, xr, xc, q.scale.data(), cast.axis,
-                                                       true, t.e4m3.data(), q.e4m3.data()});
-  } else {
-    TESSERA_CHECK(cast.format == DType::f8e5m2, "float8: a cast to ", name_of(cast.format), " (not a float8 format)");
-    q.e5m2 = B::template empty<float8_e5m2>(Shape{xr, xc});
-    t.e5m2 = B::template empty<float8_e5m2>(Shape{xc, xr});
-    B::for_each(n, ops::QuantizeFloat8<T, float8_e5m2>{x.data(), as_is.tensor.ld, xr, xc, q.scale.data(), cast.axis,
-                                                       true, t.e5m2.data(), q.e5m2.data()});
-  }
+  quantize_float8<B>(x, as_is.tensor.ld, t, &q);
   if (shared != nullptr) {
     shared->keep(as_is, q);
     shared->keep(other, t);
