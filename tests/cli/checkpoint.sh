@@ -5,7 +5,8 @@
 # tensor's CRC-32C, and a flipped byte fails it naming the file and the tensor;
 # `convert` loads the two-rank checkpoint into one fp32 model and writes a safetensors
 # file and a Hugging Face directory holding bitwise the tensors the run's own final save
-# holds, which llama-generate samples the same text from. Then bad input: one line naming
+# holds, which llama-generate samples the same text from; a one-rank run with emulated
+# float8 GEMMs closes with a sample from its float32 weights. Then bad input: one line naming
 # the path or the flag, exit status 1, never a crash.
 #   checkpoint.sh LLAMA_TRAIN LLAMA_CHECKPOINT LLAMA_GENERATE CONFIGS_DIR
 set -uo pipefail
@@ -240,6 +241,25 @@ if [ -n "$reference" ] && [ "$from_st" = "$reference" ] && [ "$from_hf" = "$refe
   ok "llama-generate: the same sample from the run's model and both conversions"
 else
   bad "llama-generate samples differ" "run's model: $reference" "safetensors:  $from_st" "hf:           $from_hf"
+fi
+
+# One rank with emulated float8 GEMMs samples, at the end of its run, from a float32 copy
+# of its weights (each token's forward would otherwise cast every weight to float8 again,
+# in software): the sample's start is what llama-generate draws from the saved model with
+# the same seed, temperature and window (24 tokens, inside training.seq_len's 32).
+if timeout 120 "$train" "${small[@]}" --model.converters float8 --float8.emulate true --checkpoint.enable false \
+     --training.mixed_precision_param bfloat16 --training.steps 2 --job.dump_folder "$work/f8" > "$work/train-f8.log" 2>&1; then
+  drawn=$(timeout 60 "$generate" --checkpoint "$work/f8/model.safetensors" --max-new-tokens 24 --temperature 0.7 \
+            --seed 0 2>&1)
+  ended=$(sed -n '/^--- sample (temperature 0.7) ---$/{n;p;}' "$work/train-f8.log")
+  if [ -n "$drawn" ] && [ "${ended:0:${#drawn}}" = "$drawn" ]; then
+    ok "one rank, emulated float8: the run's closing sample starts as llama-generate's from its float32 model"
+  else
+    bad "one rank, emulated float8: the closing sample is not the float32 model's" "llama-generate: $drawn" \
+        "the run:        ${ended:0:120}"
+  fi
+else
+  bad "the float8 training run itself failed" "$(tail -n 5 "$work/train-f8.log")"
 fi
 
 # A LoRA run on two ranks of FSDP: its checkpoint holds the adapters apart (and the
