@@ -123,11 +123,14 @@ comm::Communicator nccl_world(const comm::Launch& launch, int device, const trai
 
 void usage() {
   std::printf(
-      "usage: llama-train [--thread-ranks N] [--config FILE.toml] [--section.key value ...]\n\n"
+      "usage: llama-train [--thread-ranks N] [--sample-tokens N] [--config FILE.toml] [--section.key value ...]\n\n"
       "Trains a Llama model on the CPU or on GPUs (training.device). Every config key can be overridden\n"
       "on the command line. Under mpirun or srun every process is a rank; on GPUs (torchrun, mpirun, srun)\n"
       "each process trains one GPU over NCCL. --thread-ranks N runs N ranks in this process (on the CPU,\n"
-      "or sharing one GPU).\n\n%s",
+      "or sharing one GPU). --sample-tokens N: the text sampled from the trained model at the end, N\n"
+      "tokens (default 300; 0: none). With several ranks rank 0 samples on the CPU from a float32 copy\n"
+      "of the whole model (4 bytes a parameter of host memory, a forward on the CPU a token): give 0\n"
+      "for a large model.\n\n%s",
       train::config_help().c_str());
 }
 
@@ -138,23 +141,29 @@ int run(std::vector<std::string> args) {
       usage();
       return 0;
     }
-  int thread_ranks = 0;  // 0: not given
-  for (std::size_t i = 0; i < args.size();) {
-    // --thread-ranks N or --thread-ranks=N, once.
-    const bool joined = args[i].rfind("--thread-ranks=", 0) == 0;
-    if (args[i] != "--thread-ranks" && !joined) {
-      ++i;
-      continue;
+  // `flag N` or `flag=N`, at most once, taken out of args: N from `least` to 9999, or
+  // `fallback` where the flag is not given.
+  const auto take_count = [&args](const std::string& flag, int least, int fallback, const char* what) {
+    int count = -1;  // not given
+    for (std::size_t i = 0; i < args.size();) {
+      const bool joined = args[i].rfind(flag + "=", 0) == 0;
+      if (args[i] != flag && !joined) {
+        ++i;
+        continue;
+      }
+      TESSERA_CHECK(count < 0, flag, ": given twice");
+      const std::string v = joined ? args[i].substr(flag.size() + 1) : i + 1 < args.size() ? args[i + 1] : "";
+      const bool number = !v.empty() && v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
+      TESSERA_CHECK(number && std::stoi(v) >= least, flag, " '", v, "': expected a number of ", what, " from ", least,
+                    " to 9999");
+      count = std::stoi(v);
+      const std::size_t n = joined || i + 1 >= args.size() ? 1 : 2;
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + n));
     }
-    TESSERA_CHECK(thread_ranks == 0, "--thread-ranks: given twice");
-    const std::string v = joined ? args[i].substr(15) : i + 1 < args.size() ? args[i + 1] : "";
-    const bool number = !v.empty() && v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
-    TESSERA_CHECK(number && std::stoi(v) >= 1, "--thread-ranks '", v, "': expected a number of ranks from 1 to 9999");
-    thread_ranks = std::stoi(v);
-    const std::size_t n = joined || i + 1 >= args.size() ? 1 : 2;
-    args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + n));
-  }
-  thread_ranks = std::max(thread_ranks, 1);
+    return count < 0 ? fallback : count;
+  };
+  const int thread_ranks = take_count("--thread-ranks", 1, 1, "ranks");
+  const int sample_tokens = take_count("--sample-tokens", 0, 300, "tokens");
   train::JobConfig c = train::load_config("", args);
   train::check_supported(c);
   if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());
@@ -166,6 +175,7 @@ int run(std::vector<std::string> args) {
   const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(c.model.tokenizer);
   RunInputs in;
   in.config = &c;
+  in.sample_tokens = sample_tokens;
   in.config_toml = train::to_toml(c);
   in.tokenizer = tok.get();
   in.save_tokenizer_file = [&c](const std::string& path) { return data::save_tokenizer_file(c.model.tokenizer, path); };

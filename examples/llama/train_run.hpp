@@ -64,6 +64,7 @@ struct RunInputs {
   /// Writes the tokenizer's file to the path given; false when it has none ("byte").
   std::function<bool(const std::string&)> save_tokenizer_file;
   double peak_flops = 0;              // per device, for MFU
+  std::int64_t sample_tokens = 300;   // the closing sample's length (--sample-tokens); 0: none
   std::string peak_text;              // "peak 77.0 GFLOP/s (measured sgemm, OpenBLAS Haswell kernels)"
   /// What each rank computes with, asked when the header is printed (after run_rank has
   /// set a thread rank's OpenMP team): "2 OpenMP threads each", "on one NVIDIA H200 ...".
@@ -616,6 +617,8 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
   // token, and each forward would cast every weight to float8 again in software (the
   // debug model's 300 tokens took 26 s, against 2.7 s from the copy). The copy samples
   // with float32 GEMMs, as the sample of several ranks always has.
+  // --sample-tokens 0: none, and no copy.
+  if (in.sample_tokens == 0) return 0;
   const bool emulated_float8 = B::device == Device::cpu && train::float8_enabled(c) && c.float8.emulate;
   std::unique_ptr<nn::Transformer<float, Cpu>> whole;
   if (world.size() > 1 || emulated_float8)
@@ -624,7 +627,7 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
     });
   if (lead) {
     nn::SampleOptions o;
-    o.max_new_tokens = 300;
+    o.max_new_tokens = in.sample_tokens;
     o.temperature = 0.7;
     o.seed = static_cast<std::uint64_t>(c.training.seed);
     o.context = c.training.seq_len;

@@ -38,7 +38,7 @@ for s in a b; do
 done
 "$tokenize" --tokenizer byte --output "$work/ab.bin" "$work/a.jsonl" "$work/b.jsonl" 2>> "$work/tok.log" || bad "tokenize a + b"
 
-small=(--config "$configs/debug_model.toml" --model.dim 64 --model.tokenizer byte --training.seq_len 64
+small=(--config "$configs/debug_model.toml" --sample-tokens 8 --model.dim 64 --model.tokenizer byte --training.seq_len 64
        --training.local_batch_size 4 --training.steps 4 --metrics.peak_tflops 1 --checkpoint.enable false
        --checkpoint.last_save_in_hf false --checkpoint.last_save_model_only false --training.dataset shard)
 

@@ -45,7 +45,7 @@ fi
 # harness.hpp: every split the layouts make is the same, at a quarter of the width, and
 # a run takes a quarter of the time): 3 steps of 32-token sequences, no step checkpoints,
 # a given peak rate (measuring it takes time and changes nothing here).
-small=(--config "$configs/debug_model.toml" --model.dim 64 --training.steps 3 --training.seq_len 32
+small=(--config "$configs/debug_model.toml" --sample-tokens 8 --model.dim 64 --training.steps 3 --training.seq_len 32
        --checkpoint.enable false --metrics.peak_tflops 1)
 
 # A pipeline order in PyTorch's CSV of actions, one row per rank: rank 0 holds stages 0

@@ -36,7 +36,7 @@ else
 fi
 
 # Trained on it, validated on the held-out conversations every 5 steps.
-small=(--config "$configs/debug_model.toml" --model.dim 64 --training.seq_len 64 --training.steps 10
+small=(--config "$configs/debug_model.toml" --sample-tokens 8 --model.dim 64 --training.seq_len 64 --training.steps 10
        --training.local_batch_size 4 --metrics.peak_tflops 1 --checkpoint.enable false
        --checkpoint.last_save_in_hf false --job.dump_folder "$work/out")
 if "$train" "${small[@]}" --training.dataset shard --training.dataset_path "$work/chat.bin" \

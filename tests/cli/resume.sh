@@ -21,7 +21,7 @@ echo "random steps from TEST_SEED=$seed"
 
 # The debug model at dim 64 (tests/cli/distributed.sh), 10 steps, a checkpoint every 2.
 steps=10
-small=(--config "$configs/debug_model.toml" --model.dim 64 --training.seq_len 32 --training.steps $steps
+small=(--config "$configs/debug_model.toml" --sample-tokens 8 --model.dim 64 --training.seq_len 32 --training.steps $steps
        --metrics.peak_tflops 1 --checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 2
        --checkpoint.last_save_model_only false --checkpoint.last_save_in_hf false)
 
@@ -136,7 +136,7 @@ fi
 # --- In the middle of a save -------------------------------------------------------------
 # The debug model at full width, whose saves take long enough to be caught: killed as soon
 # as a save's partial folder appears, which no resume may load.
-wide=(--config "$configs/debug_model.toml" --training.seq_len 32 --training.steps 6 --metrics.peak_tflops 1
+wide=(--config "$configs/debug_model.toml" --sample-tokens 8 --training.seq_len 32 --training.steps 6 --metrics.peak_tflops 1
       --checkpoint.enable true --checkpoint.interval 2 --checkpoint.last_save_model_only false
       --checkpoint.last_save_in_hf false --training.local_batch_size 2)
 run wide "$train" "${wide[@]}" || exit 1
