@@ -45,6 +45,9 @@ expect_error "mistyped value in a file" "typed.toml" "$train" --config "$work/ty
 printf '[training\nsteps = 1\n' > "$work/broken.toml"
 expect_error "TOML syntax error" "broken.toml" "$train" --config "$work/broken.toml"
 expect_error "missing config file" "missing.toml" "$train" --config "$work/missing.toml"
+expect_error "--sample-tokens not a count" "--sample-tokens '-1': expected a number of tokens from 0 to 9999" \
+  "$train" "${small[@]}" --sample-tokens -1
+expect_error "--sample-tokens twice" "--sample-tokens: given twice" "$train" "${small[@]}" --sample-tokens 1 --sample-tokens=2
 expect_error "n_heads not dividing dim" "n_heads (3) does not divide dim (32)" "$train" "${small[@]}" --model.n_heads 3
 expect_error "torchtitan's Hub dataset" 'training.dataset = "c4": torchtitan streams it from the Hugging Face Hub' "$train" "${small[@]}" --training.dataset c4
 expect_error "async tensor parallelism without sequence parallelism" "parallelism.enable_async_tensor_parallel = true cuts the sequence-parallel gathers" "$train" "${small[@]}" --parallelism.enable_async_tensor_parallel true --parallelism.disable_sequence_parallel true
