@@ -31,7 +31,7 @@ RECIPES = ["tensorwise", "rowwise", "rowwise_with_gw_hp"]
 
 
 def run(train: str, config: str, folder: Path, steps: int, extra: list[str]) -> list[float]:
-    args = [train, "--config", config, "--job.dump_folder", str(folder), "--training.steps", str(steps),
+    args = [train, "--sample-tokens", "0", "--config", config, "--job.dump_folder", str(folder), "--training.steps", str(steps),
             "--training.mixed_precision_param", "bfloat16", "--metrics.log_freq", "1", "--metrics.peak_tflops", "1",
             "--checkpoint.enable", "false", "--checkpoint.export_dtype", "bfloat16"] + extra
     done = subprocess.run(args, capture_output=True, text=True)

@@ -34,7 +34,7 @@ for entry in "${layouts[@]}"; do
   read -r -a keys <<< "${entry#*|}"
   "$plan" --config "$config" --machine cpu --gpus 2 --json "${keys[@]}" > "$work/plan.json"
   rm -rf "$work/run"
-  mpirun "${mpirun_args[@]}" "$train" --config "$config" --training.steps "$steps" --job.dump_folder "$work/run" \
+  mpirun "${mpirun_args[@]}" "$train" --sample-tokens 0 --config "$config" --training.steps "$steps" --job.dump_folder "$work/run" \
     --checkpoint.enable false "${keys[@]}" > "$work/train.log" 2>&1 || { tail -n 5 "$work/train.log"; exit 1; }
   python3 - "$work/plan.json" "$work/run/metrics.jsonl" "$name" <<'EOF'
 import json, sys

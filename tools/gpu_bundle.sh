@@ -381,7 +381,9 @@ case "${1:-}" in
     #  - NCCL's version and transports (NCCL_DEBUG=INFO), from every log.
     work="$out/nccl"
     mkdir -p "$work"
-    base=(--config "$here/configs/debug_model.toml" --training.device cuda --training.steps 6
+    # No closing sample (--sample-tokens 0, here and in the offload runs): several ranks
+    # draw it on the CPU, and an offloaded model's forward streams its weights each token.
+    base=(--sample-tokens 0 --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 6
           --training.seq_len 128 --training.global_batch_size 8 --metrics.log_freq 1 --checkpoint.enable false
           --comm.train_timeout_seconds 60 --comm.init_timeout_seconds 60)
     f32=(--training.mixed_precision_param float32 --training.attention tessera)
@@ -601,8 +603,8 @@ PY
     status=0
     work=$(mktemp -d)
     for o in false true; do
-      "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 10 \
-        --training.enable_cpu_offload "$o" --job.dump_folder "$work/offload-$o" 2>&1 | tail -n 12 \
+      "$here/llama-train" --sample-tokens 0 --config "$here/configs/debug_model.toml" --training.device cuda \
+        --training.steps 10 --training.enable_cpu_offload "$o" --job.dump_folder "$work/offload-$o" 2>&1 | tail -n 12 \
         | tee "$out/offload-debug-$o.txt" || status=1
     done
     python3 - "$work/offload-false/metrics.jsonl" "$work/offload-true/metrics.jsonl" <<'PY' | tee "$out/offload-debug.txt" || status=1
@@ -612,14 +614,14 @@ worst = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b))
 print(f"offload: {len(b)} steps, largest relative loss difference {worst:.3g} (limit 1e-5)")
 sys.exit(0 if len(a) == len(b) == 10 and worst <= 1e-5 else 1)
 PY
-    timeout 400 "$here/llama-train" --config "$here/configs/llama3.2_3b.toml" --training.device cuda --training.steps 3 \
+    timeout 400 "$here/llama-train" --sample-tokens 0 --config "$here/configs/llama3.2_3b.toml" --training.device cuda --training.steps 3 \
       --training.seq_len 8192 --training.local_batch_size 1 --training.global_batch_size 1 \
       --activation_checkpoint.mode full --training.enable_cpu_offload true --metrics.log_freq 1 \
       --job.dump_folder "$work/offload-3b" 2>&1 | tail -n 12 | tee "$out/offload-3b.txt" || status=1
     cp "$work/offload-3b/metrics.jsonl" "$out/offload-3b-metrics.jsonl" 2>/dev/null
     # And under the early step (nothing clipped): each unit's update on the host's cores
     # beside the backward the device was given meanwhile (offload-early-plan-*.json).
-    timeout 400 "$here/llama-train" --config "$here/configs/llama3.2_3b.toml" --training.device cuda --training.steps 3 \
+    timeout 400 "$here/llama-train" --sample-tokens 0 --config "$here/configs/llama3.2_3b.toml" --training.device cuda --training.steps 3 \
       --training.seq_len 8192 --training.local_batch_size 1 --training.global_batch_size 1 \
       --activation_checkpoint.mode full --training.enable_cpu_offload true --metrics.log_freq 1 \
       --optimizer.early_step_in_backward true --training.max_norm 0 \

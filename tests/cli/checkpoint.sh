@@ -112,7 +112,7 @@ for name in one two; do
   extra=()
   [ "$name" = two ] && extra=("${two_ranks[@]}")
   start=$SECONDS
-  if ! timeout 120 "$train" "${small[@]}" "${extra[@]}" --job.dump_folder "$work/$name" \
+  if ! timeout 120 "$train" "${small[@]}" "${extra[@]}" --sample-tokens 8 --job.dump_folder "$work/$name" \
        > "$work/train-$name.log" 2>&1; then
     echo "FAIL: the $name-rank training run itself failed"; tail -n 5 "$work/train-$name.log"; exit 1
   fi
@@ -247,7 +247,7 @@ fi
 # of its weights (each token's forward would otherwise cast every weight to float8 again,
 # in software): the sample's start is what llama-generate draws from the saved model with
 # the same seed, temperature and window (24 tokens, inside training.seq_len's 32).
-if timeout 120 "$train" "${small[@]}" --model.converters float8 --float8.emulate true --checkpoint.enable false \
+if timeout 120 "$train" "${small[@]}" --sample-tokens 24 --model.converters float8 --float8.emulate true --checkpoint.enable false \
      --training.mixed_precision_param bfloat16 --training.steps 2 --job.dump_folder "$work/f8" > "$work/train-f8.log" 2>&1; then
   drawn=$(timeout 60 "$generate" --checkpoint "$work/f8/model.safetensors" --max-new-tokens 24 --temperature 0.7 \
             --seed 0 2>&1)
@@ -264,7 +264,7 @@ fi
 
 # A LoRA run on two ranks of FSDP: its checkpoint holds the adapters apart (and the
 # settings that merge them); convert merges them as the run's own final save does.
-if timeout 120 "$train" "${small[@]}" "${two_ranks[@]}" --model.converters lora --lora.rank 4 \
+if timeout 120 "$train" "${small[@]}" "${two_ranks[@]}" --sample-tokens 8 --model.converters lora --lora.rank 4 \
      --job.dump_folder "$work/lora" > "$work/train-lora.log" 2>&1; then
   run_tool lora-list list "$work/lora/checkpoint/step-4"
   adapters=$(has lora-list out 'lora_a\.weight')
