@@ -262,6 +262,7 @@ struct GuardedCpu {
     Cpu::gemm(ta, tb, alpha, a, b, beta, c, d);
   }
 
+  static constexpr bool attention_takes_past_keys = Cpu::attention_takes_past_keys;
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {

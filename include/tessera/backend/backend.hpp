@@ -250,6 +250,13 @@ concept HasOutOfPlaceGemm = requires(TensorView<const float> a, TensorView<float
   B::gemm(Trans::no, Trans::yes, 1.0f, a, a, 1.0f, a, d);
 };
 
+/// Whether B's attention takes keys before its queries (AttentionShape::past: a KV cache's,
+/// for decoding: layer/kv_cache.hpp), which it says by declaring `static constexpr bool
+/// attention_takes_past_keys = true` (the CPU backend's). Elsewhere nn::generate runs the
+/// whole window again for each token.
+template <class B>
+inline constexpr bool attends_past_keys = requires { requires B::attention_takes_past_keys; };
+
 /// Whether B can mark a point of its work for the host to wait on alone: B::fence()
 /// gives a B::Fence (movable) whose wait() returns once the work B was given before the
 /// fence is done, while what came after it may still run (a GPU's event on its stream).

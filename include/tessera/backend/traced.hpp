@@ -60,6 +60,7 @@ struct Traced {
   using inner_type = B;
   static constexpr Device device = B::device;
   static constexpr bool runs_on_host = is_host_backend<B>;
+  static constexpr bool attention_takes_past_keys = attends_past_keys<B>;
   using Host = typename detail::traced_host<B>::type;
 
   template <class T>

@@ -57,6 +57,16 @@ concept ContextParallelLayer = Layer<L> && requires {
   requires L::context_parallel;
 };
 
+/// A layer whose every attention reads and extends Context::kv_cache when the forward
+/// carries one (nn::Attention does), so that a model of it decodes one new row at a time
+/// (layer/kv_cache.hpp). It says so with `static constexpr bool decodes_with_kv_cache =
+/// true`; a model of any other block runs the whole window again for each token.
+template <class L>
+concept KvCacheLayer = Layer<L> && requires {
+  { L::decodes_with_kv_cache } -> std::convertible_to<bool>;
+  requires L::decodes_with_kv_cache;
+};
+
 /// The settings of a block that declares none of its own.
 struct NoBlockOptions {};
 

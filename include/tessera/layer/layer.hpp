@@ -32,6 +32,7 @@
 #include "tessera/core/memory.hpp"
 #include "tessera/core/rng.hpp"
 #include "tessera/core/tensor.hpp"
+#include "tessera/layer/kv_cache.hpp"
 #include "tessera/ops/elementwise.hpp"
 #include "tessera/ops/init.hpp"
 #include "tessera/ops/positions.hpp"
@@ -573,11 +574,17 @@ struct Geometry {
   const ops::DocumentSpan* documents = nullptr;  // (rows()), the model's: each row's document; nullptr: none
   const ops::DocumentSpan* document_table = nullptr;  // (batch x document_slots), whole sequences only: each
   std::int64_t document_slots = 0;                    // sequence's documents (ops/ragged_documents.hpp)
+  std::int64_t past = 0;  // decoding: the tokens of each sequence already in the KV cache (Context::kv_cache);
+                          // these rows are the next seq_len, at positions past, past + 1, ...
   std::int64_t rows() const { return batch * seq_len; }
   /// The length of the whole sequences the rows come from.
   std::int64_t whole_seq_len() const { return seq_len * context.degree; }
   /// Each row's position in its sequence, or in its document (what RoPE rotates by).
-  ops::RowPositions positions() const { return ops::RowPositions(batch, seq_len, context, documents); }
+  ops::RowPositions positions() const {
+    ops::RowPositions p(batch, seq_len, context, documents);
+    p.past = past;
+    return p;
+  }
   /// The same geometry over `batch_` sequences from sequence `first` on (a microbatch).
   Geometry sequences(std::int64_t first, std::int64_t batch_) const {
     Geometry g = *this;
@@ -709,6 +716,16 @@ class Context {
   }
   WeightGradQueue* weight_grad_queue() const { return weight_grads_; }
 
+  /// A copy of this context that decodes through `cache` (layer/kv_cache.hpp): the
+  /// geometry's rows are one sequence's next tokens after geometry().past cached ones.
+  Context with_kv_cache(KvCache<T>* cache) const {
+    Context c = *this;
+    c.kv_cache_ = cache;
+    return c;
+  }
+  /// The KV cache this forward decodes through, or nullptr (no cache: the rows are whole).
+  KvCache<T>* kv_cache() const { return kv_cache_; }
+
   /// Runs `accumulate` (a parameter's gradient accumulation), now or, when this
   /// context defers weight gradients, later. It must capture by value every tensor it
   /// reads (tensors share their storage), and those tensors must not change after.
@@ -748,6 +765,7 @@ class Context {
   Recording recording_ = Recording::discard;
   StashRule<T>* rule_ = nullptr;
   WeightGradQueue* weight_grads_ = nullptr;
+  KvCache<T>* kv_cache_ = nullptr;
 };
 
 namespace detail {

@@ -27,9 +27,16 @@
 // Not under context parallelism (the ring moves contiguous keys and values), float8,
 // selective checkpointing's op stash, or `fuse_projections` false: there the projections
 // run one by one, as before.
+//
+// Decoding (a Context that carries a KV cache, layer/kv_cache.hpp): the rows are one
+// sequence's next tokens, at positions Geometry::past on. Their keys and values go into
+// this layer's slot of the cache after those of the tokens before them, and the queries
+// attend to every key the slot holds (the backend's attention with AttentionShape::past).
+// One whole sequence on one rank: no tensor or context parallelism, no packed documents.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,6 +44,7 @@
 
 #include "tessera/backend/backend.hpp"
 #include "tessera/layer/args.hpp"
+#include "tessera/layer/kv_cache.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/nn/float8.hpp"
 #include "tessera/nn/linear.hpp"
@@ -78,11 +86,16 @@ class Attention : public LayerTypes<T, B> {
         rope_(std::move(rope)),
         tp_(tp),
         cp_(cp),
-        fuse_(fuse_projections) {}
+        fuse_(fuse_projections),
+        name_(name) {}
 
   /// The attention's output (this rank's rows), plus `residual` where given (a block's
   /// x, the same rows): added in wo's GEMM where it can be (output_).
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
+    if constexpr (attends_past_keys<B>)
+      if (KvCache<T>* cache = ctx.kv_cache()) return cached_forward_(ctx, *cache, x_rows, residual);
+    TESSERA_CHECK(ctx.kv_cache() == nullptr, name_, ": decoding through a KV cache on a backend whose "
+                                                         "attention takes no keys before its queries");
     const AttentionShape s = shape(ctx.geometry());
     if (stacked(ctx)) return stacked_forward_(ctx, s, x_rows, residual);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
@@ -210,6 +223,58 @@ class Attention : public LayerTypes<T, B> {
     return output_(ctx, o, residual);
   }
 
+  /// Decoding (the comment at the top): the projections as forward() runs them, the keys
+  /// and values appended to this layer's slot of `cache`, attention over the whole slot.
+  Tensor<T> cached_forward_(const Context<T>& ctx, KvCache<T>& cache, const Tensor<T>& x_rows,
+                            const Tensor<T>* residual) {
+    const Geometry& g = ctx.geometry();
+    TESSERA_CHECK(!parallel::active(cp_) && !parallel::splits_rows(tp_) && (tp_ == nullptr || tp_->degree() == 1) &&
+                      g.batch == 1 && g.documents == nullptr,
+                  name_, ": decoding through a KV cache takes one whole sequence on one rank (no tensor or "
+                              "context parallelism, no packed documents)");
+    const std::int64_t q_cols = n_heads_ * head_dim_, kv_cols = n_kv_heads_ * head_dim_, n = g.seq_len;
+    typename KvCache<T>::Slot& slot = cache.slot(this, [&] {
+      return typename KvCache<T>::Slot{B::template empty<T>(Shape{cache.capacity(), kv_cols}),
+                                       B::template empty<T>(Shape{cache.capacity(), kv_cols}), 0};
+    });
+    TESSERA_CHECK(slot.length == g.past, name_, ": its KV cache holds ", slot.length,
+                  " tokens where the new rows start at position ", g.past);
+    TESSERA_CHECK(g.past + n <= cache.capacity(), name_, ": ", n, " new tokens after ", g.past,
+                  " do not fit a KV cache of ", cache.capacity());
+    // q, k and v of the new rows, rotated to their positions (past on): one matrix, or three.
+    Tensor<T> qkv;
+    std::array<Tensor<T>, 3> apart;
+    TensorView<const T> q, k, v;
+    if (stacked(ctx)) {
+      qkv = stacked_forward(ctx.child("wqkv"), tp_, x_rows, wq_, wk_, wv_);
+      rope_->rotate(heads_of(qkv.view(), 0, n_heads_), n_heads_, g.positions(), false);
+      rope_->rotate(heads_of(qkv.view(), q_cols, n_kv_heads_), n_kv_heads_, g.positions(), false);
+      q = heads_of(qkv.cview(), 0, n_heads_);
+      k = heads_of(qkv.cview(), q_cols, n_kv_heads_);
+      v = heads_of(qkv.cview(), q_cols + kv_cols, n_kv_heads_);
+    } else {
+      const auto rotated = [&](std::size_t i, const Tensor<T>& y) {
+        return i == 2 ? y : rope_->rotated(y, i == 0 ? n_heads_ : n_kv_heads_, g.positions());
+      };
+      apart = gathered_forward(ctx, tp_, x_rows, {"wq", "wk", "wv"}, rotated, wq_, wk_, wv_);
+      q = apart[0].cview();
+      k = apart[1].cview();
+      v = apart[2].cview();
+    }
+    for (std::int64_t r = 0; r < n; ++r) {
+      B::for_each(kv_cols, ops::Copy<T>{k.row(r), slot.keys.data() + (g.past + r) * kv_cols});
+      B::for_each(kv_cols, ops::Copy<T>{v.row(r), slot.values.data() + (g.past + r) * kv_cols});
+    }
+    slot.length = g.past + n;
+    AttentionShape s = shape(g);
+    s.past = g.past;
+    Tensor<T> o = B::template empty<T>(Shape{n, q_cols});
+    const Tensor<accum_t<T>> lse = B::template empty<accum_t<T>>(Shape{1, n_heads_, n});
+    B::attention_forward(s, q, TensorView<const T>(slot.keys.data(), Shape{slot.length, kv_cols}),
+                         TensorView<const T>(slot.values.data(), Shape{slot.length, kv_cols}), o.view(), lse.data());
+    return output_(ctx, o, residual);
+  }
+
   /// o Wo^T summed over the tensor-parallel ranks, plus `residual` where given.
   Tensor<T> output_(const Context<T>& ctx, const Tensor<T>& o, const Tensor<T>* residual) {
     return output_projection(wo_, ctx.child("wo"), o, residual, fuse_, tp_);
@@ -258,6 +323,7 @@ class Attention : public LayerTypes<T, B> {
   parallel::TensorParallelGroup* tp_;
   parallel::ContextParallelGroup* cp_;
   bool fuse_ = true;
+  std::string name_;  // "layers.3.attention": errors name the layer
 };
 
 }  // namespace tessera::nn

@@ -27,6 +27,8 @@ class LlamaBlock : public LayerTypes<T, B> {
   static constexpr bool tensor_parallel = true;
   /// Runs on a context-parallel rank's share of each sequence (BlockArgs::cp).
   static constexpr bool context_parallel = true;
+  /// Decodes one new row at a time through a KV cache (its attention reads it).
+  static constexpr bool decodes_with_kv_cache = true;
 
   /// What a tensor-parallel degree must divide here beyond what the model checks (the
   /// head counts): the feed-forward's hidden size. Its attention term of the FLOP count

@@ -1,7 +1,13 @@
 // Sampling text from a model: temperature and top-k over the last position's logits,
 // with a counter-based generator (the draw for token i depends only on seed and i).
-// Each new token reruns the model over the last `context` tokens (no KV cache: fine
-// for the small models this is used with; long generation wants a cache).
+//
+// The model sees the last `context` tokens. Where it decodes through a KV cache
+// (Transformer::decodes_with_kv_cache: tessera's blocks on the CPU backend) the window's
+// tokens are cached as they come, so each new token's forward runs over its own row; once
+// the sequence outgrows the window, the window moves on by a token each step and runs
+// again whole, as without a cache (the positions of its tokens change). The cache changes
+// what a token costs, never the text: the logits are the same to rounding. Elsewhere each
+// new token reruns the model over the whole window.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +23,7 @@
 #include "tessera/core/rng.hpp"
 #include "tessera/io/chat.hpp"
 #include "tessera/io/tokenizer.hpp"
+#include "tessera/layer/kv_cache.hpp"
 #include "tessera/layer/layer.hpp"
 
 namespace tessera::nn {
@@ -56,22 +63,51 @@ std::int32_t sample_token(const T* logits, std::int64_t vocab, const SampleOptio
   return ids[k - 1];
 }
 
-/// Continues `prompt` (not empty) by up to max_new_tokens ids; returns the new ids.
-template <class Model>
-std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> prompt, const SampleOptions& o) {
-  TESSERA_CHECK(!prompt.empty(), "generate: the prompt needs at least one token (e.g. BOS)");
-  const std::int64_t context = std::min(o.context, model.args().max_seq_len);
+namespace detail {
+/// The sampling loop over `prompt` (not empty): logits_after(ids, start) gives the logits
+/// (1, vocab) after the window ids[start, end), the last `context` tokens.
+template <class LogitsAfter>
+std::vector<std::int32_t> sample_tokens(std::vector<std::int32_t> prompt, const SampleOptions& o,
+                                        std::int64_t context, LogitsAfter&& logits_after) {
   std::vector<std::int32_t> out;
   for (std::int64_t i = 0; i < o.max_new_tokens; ++i) {
-    const auto n = static_cast<std::int64_t>(std::min<std::size_t>(prompt.size(), static_cast<std::size_t>(context)));
-    std::vector<std::int32_t> window(prompt.end() - n, prompt.end());
-    auto logits = model.last_logits(window, Geometry{1, n});
+    const std::size_t n = std::min<std::size_t>(prompt.size(), static_cast<std::size_t>(context));
+    const auto logits = logits_after(std::span<const std::int32_t>(prompt), prompt.size() - n);
     const std::int32_t next = sample_token(logits.data(), logits.size(1), o, static_cast<std::uint64_t>(i));
     out.push_back(next);
     prompt.push_back(next);
     if (next == o.stop_token) break;
   }
   return out;
+}
+}  // namespace detail
+
+/// Continues `prompt` (not empty) by up to max_new_tokens ids; returns the new ids.
+template <class Model>
+std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> prompt, const SampleOptions& o) {
+  TESSERA_CHECK(!prompt.empty(), "generate: the prompt needs at least one token (e.g. BOS)");
+  TESSERA_CHECK(o.context > 0, "generate: a context of ", o.context, " tokens");
+  const std::int64_t context = std::min(o.context, model.args().max_seq_len);
+  if constexpr (requires { model.decodes_with_kv_cache(); })
+    if (model.decodes_with_kv_cache()) {
+      // Room for every token the window can hold in this call.
+      const auto most = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
+      KvCache<typename Model::scalar_type> cache(std::max<std::int64_t>(1, std::min(context, most)));
+      std::size_t cached_from = 0;  // where in the sequence the cache's tokens begin
+      return detail::sample_tokens(std::move(prompt), o, context,
+                                   [&](std::span<const std::int32_t> ids, std::size_t start) {
+                                     if (start != cached_from) {  // the window moved on: its positions changed
+                                       cache.clear();
+                                       cached_from = start;
+                                     }
+                                     return model.cached_last_logits(
+                                         ids.subspan(start + static_cast<std::size_t>(cache.length())), cache);
+                                   });
+    }
+  return detail::sample_tokens(std::move(prompt), o, context, [&](std::span<const std::int32_t> ids, std::size_t start) {
+    const auto n = static_cast<std::int64_t>(ids.size() - start);
+    return model.last_logits(ids.subspan(start), Geometry{1, n});
+  });
 }
 
 /// Samples a continuation of the text `prompt` (after a BOS token) and decodes it, with

@@ -341,6 +341,25 @@ class Transformer {
   /// Logits (batch, vocab) at the last position of each sequence, on the host, in accum_t<T>.
   Tensor<A> last_logits(std::span<const std::int32_t> inputs, Geometry g);
 
+  /// Whether this model decodes through a KV cache (cached_last_logits): its blocks say
+  /// their attention reads one (nn::KvCacheLayer), its backend's attention takes the
+  /// cache's keys (attends_past_keys), it is whole here (no tensor, context or pipeline
+  /// parallelism), and no GEMM is float8 (a tensorwise cast of the input scales by the
+  /// amax of all its rows: over the new rows alone it would round otherwise). nn::generate
+  /// uses it where it holds.
+  bool decodes_with_kv_cache() const {
+    if constexpr (KvCacheLayer<Block> && attends_past_keys<B>)
+      return !tp_.active() && !cp_.active() && pipeline_degree() == 1 && !plan_.float8.enabled;
+    else
+      return false;
+  }
+
+  /// Decoding: the logits (1, vocab) after `inputs`, the next tokens of the one sequence
+  /// whose first cache.length() tokens `cache` holds, on the host, in accum_t<T>; the
+  /// cache then holds them too. The same logits as last_logits over the whole sequence
+  /// (to rounding: the GEMMs see fewer rows), for a forward over the new rows alone.
+  Tensor<A> cached_last_logits(std::span<const std::int32_t> inputs, KvCache<T>& cache);
+
   /// Peak bytes of saved activations during the last forward_backward (checkpoint
   /// stashes and recomputes included).
   std::size_t saved_activation_bytes() const { return saved_bytes_peak_; }
@@ -522,21 +541,27 @@ class Transformer {
     return hidden(inputs, with_documents(share_of(inputs, {}, g, g.batch), documents));
   }
 
-  /// final_hidden over rows already checked: this rank's share of the batch (share_of).
-  Tensor<T> hidden(std::span<const std::int32_t> inputs, Geometry g) {
+  /// final_hidden over rows already checked: this rank's share of the batch (share_of);
+  /// with `cache`, the rows after its tokens (cached_last_logits).
+  Tensor<T> hidden(std::span<const std::int32_t> inputs, Geometry g, KvCache<T>* cache = nullptr) {
     TESSERA_CHECK(sharded(), "model: inference before shard() on a parallel plan");
     TESSERA_CHECK(pipeline_degree() == 1, "model: logits of a pipelined model: take them from a whole copy (made "
                                           "inside with_whole_parameters), as llama-train samples");
     runtime_.gather_embedding();
     Tensor<T> h = tok_embeddings_.forward(inputs);
     runtime_.embedding_done(args_.tie_embeddings);
-    for (auto& l : layers_) h = l.forward(Context<T>(g, nullptr), h);
+    const Context<T> ctx = Context<T>(g, nullptr).with_kv_cache(cache);
+    for (auto& l : layers_) h = l.forward(ctx, h);
     runtime_.gather_head();
     return parallel::whole_rows<B>(tensor_parallel(), norm_.forward(Context<T>(g, nullptr), h));
   }
 
   /// Frees what final_hidden left gathered for the head.
   void free_head() { runtime_.head_done(args_.tie_embeddings); }
+
+  /// The logits (batch, vocab) of each sequence's last row of `hn` (final_hidden's), on the
+  /// host; frees the head.
+  Tensor<A> last_row_logits(const Tensor<T>& hn, Geometry g);
 
   /// The one-stage walk of forward_backward (no pipeline).
   void walk(const staged_batch_type& batch, bool last_micro_batch, double* loss_sum);
@@ -823,7 +848,30 @@ auto Transformer<T, B, Block>::logits(std::span<const std::int32_t> inputs, Geom
 
 template <class T, Backend B, class Block>
 auto Transformer<T, B, Block>::last_logits(std::span<const std::int32_t> inputs, Geometry g) -> Tensor<A> {
-  Tensor<T> hn = final_hidden(inputs, g);
+  return last_row_logits(final_hidden(inputs, g), g);
+}
+
+template <class T, Backend B, class Block>
+auto Transformer<T, B, Block>::cached_last_logits(std::span<const std::int32_t> inputs, KvCache<T>& cache)
+    -> Tensor<A> {
+  TESSERA_CHECK(decodes_with_kv_cache(),
+                "model: decoding through a KV cache needs a block whose attention reads it (nn::KvCacheLayer), a "
+                "backend whose attention takes its keys (attends_past_keys) and the whole model on this rank");
+  const auto n = static_cast<std::int64_t>(inputs.size());
+  TESSERA_CHECK(n > 0, "model: decoding no new tokens");
+  TESSERA_CHECK(cache.length() + n <= std::min(cache.capacity(), args_.max_seq_len), "model: ", n,
+                " new tokens after the ", cache.length(), " a KV cache holds go past its capacity of ",
+                cache.capacity(), " or max_seq_len ", args_.max_seq_len);
+  Geometry g{1, n};
+  g.past = cache.length();
+  check_geometry(inputs, g);
+  Tensor<T> hn = hidden(inputs, g, &cache);
+  cache.advance(n, "model");
+  return last_row_logits(hn, g);
+}
+
+template <class T, Backend B, class Block>
+auto Transformer<T, B, Block>::last_row_logits(const Tensor<T>& hn, Geometry g) -> Tensor<A> {
   Tensor<T> last = B::template empty<T>(Shape{g.batch, args_.dim});
   for (std::int64_t b = 0; b < g.batch; ++b)
     B::for_each(args_.dim,

@@ -120,6 +120,8 @@ struct BlockDocuments {
 
 /// Row r's position in its sequence, for rows of `batch` sequences of which this rank
 /// holds `local_len` tokens each (two chunks of local_len / 2 under context parallelism).
+/// Rows that continue a sequence whose first `past` tokens are already in a KV cache
+/// (decoding: whole sequences, no documents) start at position past.
 struct RowPositions {
   std::int64_t local_len = 1;   // rows per sequence here
   std::int64_t chunk_rows = 0;  // context-parallel: batch x chunk, the first chunk's rows; 0: whole sequences
@@ -127,6 +129,7 @@ struct RowPositions {
   std::int64_t second = 0;
   const DocumentSpan* documents = nullptr;  // per row (the backend's memory): positions count from its
                                             // document's begin; nullptr: from the sequence's start
+  std::int64_t past = 0;                    // whole sequences: the position of each sequence's first row
 
   RowPositions() = default;
   /// Whole sequences of seq_len tokens.
@@ -142,14 +145,14 @@ struct RowPositions {
 
   TESSERA_HD std::int64_t operator()(std::int64_t r) const {
     const std::int64_t start = documents ? documents[r].begin : 0;
-    if (chunk_rows == 0) return r % local_len - start;
+    if (chunk_rows == 0) return past + r % local_len - start;
     const std::int64_t c = local_len / 2;
     return (r < chunk_rows ? first + r % c : second + (r - chunk_rows) % c) - start;
   }
   /// One past the largest position a row can have (with documents, a bound): the length
   /// the rotary tables need.
   std::int64_t end() const {
-    if (chunk_rows == 0) return local_len;
+    if (chunk_rows == 0) return past + local_len;
     const std::int64_t c = local_len / 2;
     return (first > second ? first : second) + c;
   }

@@ -78,6 +78,8 @@ class Parallel {
   using options_type = nn::block_options_t<Block>;
   /// Runs on a context-parallel rank's share of each sequence when its block does.
   static constexpr bool context_parallel = nn::ContextParallelLayer<Block>;
+  /// Decodes through a KV cache when its block does.
+  static constexpr bool decodes_with_kv_cache = nn::KvCacheLayer<Block>;
   using sharding_policy = typename parallel::find_policy<parallel::is_sharding, Sharding<None>, Policies...>::type;
   using checkpoint_policy =
       typename parallel::find_policy<parallel::is_checkpoint, Checkpoint<None>, Policies...>::type;

@@ -16,6 +16,10 @@
 // block a row, or a whole query block, may see no key: its output is zero, its
 // log-sum-exp -inf and its dq zero.
 //
+// After a KV cache (AttentionShape::past, decoding) k and v hold past + T rows a sequence
+// and query block [i0, i1) is causal over keys [0, past + i1): the same tiles, the
+// diagonal past keys to the right. The backward takes none.
+//
 // Precision, for bf16 tensors as in the flash kernels: scores, dP and the softmax
 // statistics are fp32 (accum_t<T>); the probabilities P and dS are rounded to T once,
 // as the operands of the GEMMs that follow. For float everything is float and no copy
@@ -70,15 +74,17 @@ struct AttentionTile {
   const AttentionShape& s;
   std::int64_t b, i0, kb, ke;
   AttentionTile(const AttentionShape& shape, std::int64_t b_, std::int64_t i0_, std::int64_t i1)
-      : s(shape), b(b_), i0(i0_), ke(shape.causal ? i1 : shape.seq_len) {
+      : s(shape), b(b_), i0(i0_), ke(shape.past + (shape.causal ? i1 : shape.seq_len)) {
     kb = shape.documents ? std::min<std::int64_t>(shape.documents[b_ * shape.seq_len + i0_].begin, ke) : 0;
   }
   std::int64_t keys() const { return ke - kb; }
   std::int64_t first(std::int64_t r) const {
     return s.documents ? std::min<std::int64_t>(s.documents[b * s.seq_len + i0 + r].begin, ke) - kb : 0;
   }
-  /// The row functors' offset for row r read from column first(r) on (seq_len: every key).
-  std::int64_t offset(std::int64_t r) const { return s.causal ? i0 - kb - first(r) : s.seq_len; }
+  /// The row functors' offset for row r read from column first(r) on (key_len: every key).
+  std::int64_t offset(std::int64_t r) const { return s.causal ? s.past + i0 - kb - first(r) : s.key_len(); }
+  /// Tile column 0's row in k and v (key_len rows a sequence).
+  std::int64_t key_row() const { return b * s.key_len() + kb; }
 };
 
 /// Zeros columns [0, n) of a row (the keys before its document).
@@ -91,12 +97,14 @@ template <class Cpu, class T>
 void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                            TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
   using A = accum_t<T>;
-  const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
+  TESSERA_CHECK(s.past == 0 || s.documents == nullptr, "attention: keys before the queries (a KV cache's) over "
+                                                       "packed documents");
+  const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t), keys_max = s.key_len();
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   Cpu::for_each(s.batch * s.n_heads, [&](std::int64_t bh) {
     const std::int64_t b = bh / s.n_heads, h = bh % s.n_heads, kvh = h / s.group();
-    std::vector<A> scores(static_cast<std::size_t>(bs * t));
-    std::vector<T> p(std::is_same_v<T, A> ? 0 : static_cast<std::size_t>(bs * t));
+    std::vector<A> scores(static_cast<std::size_t>(bs * keys_max));
+    std::vector<T> p(std::is_same_v<T, A> ? 0 : static_cast<std::size_t>(bs * keys_max));
     for (std::int64_t i0 = 0; i0 < t; i0 += bs) {
       const std::int64_t i1 = std::min(t, i0 + bs), rows = i1 - i0;
       const AttentionTile tile(s, b, i0, i1);
@@ -111,7 +119,7 @@ void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, Tenso
       }
       TensorView<A> sv(scores.data(), Shape{rows, keys});
       Cpu::gemm(Trans::no, Trans::yes, A(1), head_rows(q, b * t + i0, rows, h, hd),
-                head_rows(k, b * t + tile.kb, keys, kvh, hd), A(0), sv);
+                head_rows(k, tile.key_row(), keys, kvh, hd), A(0), sv);
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t f = tile.first(r);
         if (f < keys) {
@@ -124,7 +132,7 @@ void cpu_attention_forward(const AttentionShape& s, TensorView<const T> q, Tenso
         zero_prefix(scores.data() + r * keys, f);
       }
       Cpu::gemm(Trans::no, Trans::no, A(1), as_operand<T>(scores, p, rows, keys),
-                head_rows(v, b * t + tile.kb, keys, kvh, hd), A(0), head_rows(o, b * t + i0, rows, h, hd));
+                head_rows(v, tile.key_row(), keys, kvh, hd), A(0), head_rows(o, b * t + i0, rows, h, hd));
     }
   });
 }
@@ -135,6 +143,7 @@ void cpu_attention_backward(const AttentionShape& s, TensorView<const T> q, Tens
                             TensorView<const T> v, TensorView<const T> o, const accum_t<T>* lse,
                             TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
   using A = accum_t<T>;
+  TESSERA_CHECK(s.past == 0, "attention backward: keys before the queries (a KV cache's) are for decoding only");
   const std::int64_t t = s.seq_len, hd = s.head_dim, bs = std::min(kAttentionBlock, t);
   const A scale = A(1) / std::sqrt(static_cast<A>(hd));
   Cpu::for_each(s.batch * s.n_kv_heads, [&](std::int64_t bk) {

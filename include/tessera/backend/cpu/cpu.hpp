@@ -256,6 +256,8 @@ struct Cpu {
   }
 
   /// Grouped-query attention forward, causal or full (s.causal): o (B*T, H*hd) and lse (B, H, T).
+  /// Takes the keys of a KV cache before the queries (s.past; attends_past_keys).
+  static constexpr bool attention_takes_past_keys = true;
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {

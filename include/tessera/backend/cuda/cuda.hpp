@@ -296,6 +296,8 @@ struct Cuda {
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "tessera: Cuda attention supports float and bf16 tensors");
+    TESSERA_CHECK(s.past == 0, "Cuda attention: keys before the queries (a KV cache's) are not taken here "
+                               "(attends_past_keys)");
     cuda::require_device();
     const trace::Launching launching(trace::Attention{s, dtype_of<T>(), false});  // for a device profile
     if constexpr (std::is_same_v<T, bf16>) {
@@ -322,6 +324,8 @@ struct Cuda {
                                  TensorView<const T> d_o, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "tessera: Cuda attention supports float and bf16 tensors");
+    TESSERA_CHECK(s.past == 0, "Cuda attention backward: keys before the queries (a KV cache's) are for decoding "
+                               "only");
     cuda::require_device();
     const trace::Launching launching(trace::Attention{s, dtype_of<T>(), true});  // for a device profile
     if constexpr (std::is_same_v<T, bf16>) {
