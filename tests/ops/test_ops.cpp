@@ -161,6 +161,67 @@ TEST_CASE("GEMM with transposes and strided operands matches a reference loop") 
                        doctest::Contains("do not chain"), Error);
 }
 
+TEST_CASE("GEMM of one row (a decoded token's) is the reference loop's: every transpose, strided, beta 0 over NaN") {
+  const std::int64_t k = 6, n = 5;
+  for (const Trans ta : {Trans::no, Trans::yes})
+    for (const Trans tb : {Trans::no, Trans::yes}) {
+      CAPTURE(static_cast<int>(ta));
+      CAPTURE(static_cast<int>(tb));
+      // A and B as columns of wider matrices: leading dimensions past their widths.
+      Tensor<double> row_a(Shape{2, k + 2}), wide_a(Shape{k, 3}), wide_b(Shape{k, n + 2});
+      fill_normal(row_a, 3, "a row");
+      fill_normal(wide_a, 4, "a");
+      fill_normal(wide_b, 5, "b");
+      const TensorView<const double> a = ta == Trans::no ? row_a.cview().slice_rows(1, 2).slice_cols(1, k + 1)
+                                                         : wide_a.cview().slice_cols(1, 2);
+      Tensor<double> b_nk(Shape{n, k + 1});
+      fill_normal(b_nk, 6, "bt");
+      const TensorView<const double> b = tb == Trans::no ? wide_b.cview().slice_cols(1, n + 1)
+                                                         : b_nk.cview().slice_cols(0, k);
+      const auto op_a = [&](std::int64_t i) { return ta == Trans::no ? a(0, i) : a(i, 0); };
+      const auto op_b = [&](std::int64_t i, std::int64_t j) { return tb == Trans::no ? b(i, j) : b(j, i); };
+      for (const double beta : {0.0, 0.5}) {
+        Tensor<double> c(Shape{1, n});
+        for (std::int64_t j = 0; j < n; ++j) c[j] = beta == 0 ? std::nan("") : double(j);
+        Cpu::gemm(ta, tb, 2.0, a, b, beta, c.view());
+        for (std::int64_t j = 0; j < n; ++j) {
+          double want = 0;
+          for (std::int64_t i = 0; i < k; ++i) want += op_a(i) * op_b(i, j);
+          want = 2 * want + (beta == 0 ? 0.0 : beta * double(j));
+          CHECK(c[j] == doctest::Approx(want).epsilon(1e-12));
+        }
+      }
+    }
+}
+
+TEST_CASE("CPU attention after a KV cache's keys gives the whole sequence's last rows") {
+  // 70 rows: a block of 64 and a partial one; the cache holds all but the last 5, or 1.
+  const std::int64_t t = 70, hd = 3;
+  AttentionShape whole{1, t, 4, 2, hd};
+  Tensor<double> q(Shape{t, 4 * hd}), k(Shape{t, 2 * hd}), v(Shape{t, 2 * hd}), o(Shape{t, 4 * hd}),
+      lse(Shape{1, 4, t});
+  fill_normal(q, 7, "q");
+  fill_normal(k, 8, "k");
+  fill_normal(v, 9, "v");
+  Cpu::attention_forward(whole, q.cview(), k.cview(), v.cview(), o.view(), lse.data());
+  for (const std::int64_t fresh : {5, 1}) {
+    CAPTURE(fresh);
+    AttentionShape s = whole;
+    s.seq_len = fresh;
+    s.past = t - fresh;
+    CHECK(s.key_len() == t);
+    CHECK(s.pairs() == doctest::Approx(4.0 * (fresh * (fresh + 1) / 2 + fresh * (t - fresh))));
+    Tensor<double> o_new(Shape{fresh, 4 * hd}), lse_new(Shape{1, 4, fresh});
+    Cpu::attention_forward(s, q.cview().slice_rows(t - fresh, t), k.cview(), v.cview(), o_new.view(), lse_new.data());
+    for (std::int64_t r = 0; r < fresh; ++r)
+      for (std::int64_t h = 0; h < 4; ++h) {
+        CHECK(lse_new[h * fresh + r] == doctest::Approx(lse[h * t + t - fresh + r]).epsilon(1e-12));
+        for (std::int64_t e = 0; e < hd; ++e)
+          CHECK(o_new.view()(r, h * hd + e) == doctest::Approx(o.view()(t - fresh + r, h * hd + e)).epsilon(1e-12));
+      }
+  }
+}
+
 TEST_CASE("CPU attention matches a naive causal grouped-query reference") {
   // 6 rows: one partial block; 150 rows: two whole blocks of 64 and a partial one.
   for (std::int64_t t : {6, 150}) {

@@ -36,6 +36,8 @@ struct SampleOptions {
   std::int64_t context = 256;                // tokens the model sees at most
   std::int64_t stop_token = -1;              // stop after emitting this id
   std::int64_t vocab_limit = 0;              // sample ids below this only (the tokenizer's size); 0: all
+  bool kv_cache = true;                      // decode through a KV cache where the model can (false: run
+                                             // the whole window for each token)
 };
 
 /// Picks one id from logits: argmax at temperature 0, else a draw from the softmax of
@@ -89,7 +91,7 @@ std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> promp
   TESSERA_CHECK(o.context > 0, "generate: a context of ", o.context, " tokens");
   const std::int64_t context = std::min(o.context, model.args().max_seq_len);
   if constexpr (requires { model.decodes_with_kv_cache(); })
-    if (model.decodes_with_kv_cache()) {
+    if (o.kv_cache && model.decodes_with_kv_cache()) {
       // Room for every token the window can hold in this call.
       const auto most = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
       KvCache<typename Model::scalar_type> cache(std::max<std::int64_t>(1, std::min(context, most)));

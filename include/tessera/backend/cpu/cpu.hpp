@@ -219,6 +219,10 @@ struct Cpu {
       auto ldb = static_cast<blasint>(std::max<std::int64_t>(b.ld(), std::max<std::int64_t>(b.cols(), 1)));
       auto ldc = static_cast<blasint>(std::max<std::int64_t>(c.ld(), std::max<std::int64_t>(c.cols(), 1)));
       auto t = [](Trans x) { return x == Trans::no ? CblasNoTrans : CblasTrans; };
+      if (m == 1) {  // one row of C (a decoded token's): op(B)'s product with a vector, read once, nothing packed
+        gemv_row(tb, alpha, a.data(), ta == Trans::no ? 1 : lda, b.data(), ldb, n, k, beta, c.data());
+        return;
+      }
       if constexpr (std::is_same_v<T, float>) {
         cblas_sgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
                     static_cast<blasint>(k), alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
@@ -227,6 +231,22 @@ struct Cpu {
                     static_cast<blasint>(k), alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
       }
     }
+  }
+
+  /// The one row c (n) = alpha x op(B) + beta c, x the k values of op(A)'s row `incx` apart,
+  /// B row-major with leading dimension ldb: (n, k) when tb is yes, (k, n) when no. With
+  /// beta 0 the row is zeroed first (what c held, NaN included, is not read: as gemm).
+  template <class T>
+  static void gemv_row(Trans tb, T alpha, const T* x, blasint incx, const T* b, blasint ldb, std::int64_t n,
+                       std::int64_t k, T beta, T* c) {
+    if (beta == T(0)) std::fill(c, c + n, T(0));
+    const auto rows = static_cast<blasint>(tb == Trans::yes ? n : k);
+    const auto cols = static_cast<blasint>(tb == Trans::yes ? k : n);
+    const auto trans = tb == Trans::yes ? CblasNoTrans : CblasTrans;
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemv(CblasRowMajor, trans, rows, cols, alpha, b, ldb, x, incx, beta, c, 1);
+    else
+      cblas_dgemv(CblasRowMajor, trans, rows, cols, alpha, b, ldb, x, incx, beta, c, 1);
   }
 
   /// D = alpha * op(A) * op(B) + beta * C, C read apart from D (backend.hpp's
