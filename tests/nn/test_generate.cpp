@@ -195,6 +195,8 @@ TEST_CASE("Decoding through a KV cache refuses what it cannot do, naming it") {
     p.float8.emulate = true;
     Transformer<float, Cpu> f8(a, p);
     CHECK_FALSE(f8.decodes_with_kv_cache());
+    KvCache<float> cache(8);
+    CHECK_THROWS_WITH(f8.cached_last_logits(all.first(2), cache), doctest::Contains("and no float8 GEMMs"));
   }
 }
 

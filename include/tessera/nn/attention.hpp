@@ -94,8 +94,8 @@ class Attention : public LayerTypes<T, B> {
   Tensor<T> forward(const Context<T>& ctx, const Tensor<T>& x_rows, const Tensor<T>* residual = nullptr) {
     if constexpr (attends_past_keys<B>)
       if (KvCache<T>* cache = ctx.kv_cache()) return cached_forward_(ctx, *cache, x_rows, residual);
-    TESSERA_CHECK(ctx.kv_cache() == nullptr, name_, ": decoding through a KV cache on a backend whose "
-                                                         "attention takes no keys before its queries");
+    TESSERA_CHECK(ctx.kv_cache() == nullptr, name_,
+                  ": decoding through a KV cache on a backend whose attention takes no keys before its queries");
     const AttentionShape s = shape(ctx.geometry());
     if (stacked(ctx)) return stacked_forward_(ctx, s, x_rows, residual);
     // RoPE out of place: the projections' outputs may be kept by a checkpoint policy.
@@ -228,10 +228,10 @@ class Attention : public LayerTypes<T, B> {
   Tensor<T> cached_forward_(const Context<T>& ctx, KvCache<T>& cache, const Tensor<T>& x_rows,
                             const Tensor<T>* residual) {
     const Geometry& g = ctx.geometry();
-    TESSERA_CHECK(!parallel::active(cp_) && !parallel::splits_rows(tp_) && (tp_ == nullptr || tp_->degree() == 1) &&
-                      g.batch == 1 && g.documents == nullptr,
-                  name_, ": decoding through a KV cache takes one whole sequence on one rank (no tensor or "
-                              "context parallelism, no packed documents)");
+    TESSERA_CHECK(!parallel::active(cp_) && (tp_ == nullptr || tp_->degree() == 1) && g.batch == 1 &&
+                      g.documents == nullptr,
+                  name_, ": decoding through a KV cache takes one whole sequence on one rank (no tensor or context "
+                         "parallelism, no packed documents)");
     const std::int64_t q_cols = n_heads_ * head_dim_, kv_cols = n_kv_heads_ * head_dim_, n = g.seq_len;
     typename KvCache<T>::Slot& slot = cache.slot(this, [&] {
       return typename KvCache<T>::Slot{B::template empty<T>(Shape{cache.capacity(), kv_cols}),

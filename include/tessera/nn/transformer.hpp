@@ -856,7 +856,8 @@ auto Transformer<T, B, Block>::cached_last_logits(std::span<const std::int32_t> 
     -> Tensor<A> {
   TESSERA_CHECK(decodes_with_kv_cache(),
                 "model: decoding through a KV cache needs a block whose attention reads it (nn::KvCacheLayer), a "
-                "backend whose attention takes its keys (attends_past_keys) and the whole model on this rank");
+                "backend whose attention takes its keys (attends_past_keys), the whole model on this rank (no "
+                "tensor, context or pipeline parallelism) and no float8 GEMMs");
   const auto n = static_cast<std::int64_t>(inputs.size());
   TESSERA_CHECK(n > 0, "model: decoding no new tokens");
   TESSERA_CHECK(cache.length() + n <= std::min(cache.capacity(), args_.max_seq_len), "model: ", n,
