@@ -17,8 +17,8 @@
 // log-sum-exp -inf and its dq zero.
 //
 // After a KV cache (AttentionShape::past, decoding) k and v hold past + T rows a sequence
-// and query block [i0, i1) is causal over keys [0, past + i1): the same tiles, the
-// diagonal past keys to the right. The backward takes none.
+// and query block [i0, i1) is causal over keys [0, past + i1): the same tiles, with the
+// diagonal moved `past` columns to the right. The backward takes none.
 //
 // Precision, for bf16 tensors as in the flash kernels: scores, dP and the softmax
 // statistics are fp32 (accum_t<T>); the probabilities P and dS are rounded to T once,
