@@ -84,7 +84,7 @@ namespace tessera {
   TESSERA_LAUNCH_OP(ops::MergeAttention<T>)                                                                           \
   TESSERA_LAUNCH_OP(ops::AccumulateInto<T>)                                                                           \
   template void cuda::flash_attention_forward(const AttentionShape&, TensorView<const T>, TensorView<const T>,        \
-                                              TensorView<const T>, TensorView<T>, float*, cudaStream_t);              \
+                                              TensorView<const T>, TensorView<T>, float*, cudaStream_t, float*);      \
   template void cuda::flash_attention_backward(const AttentionShape&, TensorView<const T>, TensorView<const T>,       \
                                                TensorView<const T>, TensorView<const T>, const float*,                \
                                                TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>,      \

@@ -38,4 +38,20 @@ inline AttentionResult cpu_attention(const FlashRun& run) {
   return r;
 }
 
+/// Cpu::attention_forward alone in float on run.q, k and v, after run.shape.past keys
+/// of a KV cache where it says so: o and lse.
+inline AttentionResult cpu_attention_forward(const FlashRun& run) {
+  const AttentionShape s = run.shape;
+  const std::int64_t rows = s.rows(), keys = s.batch * s.key_len(), qc = s.n_heads * s.head_dim;
+  const std::int64_t kc = s.n_kv_heads * s.head_dim;
+  Tensor<float> o(Shape{rows, qc});
+  AttentionResult r;
+  r.lse.resize(static_cast<std::size_t>(s.batch * s.n_heads * s.seq_len));
+  Cpu::attention_forward<float>(s, TensorView<const float>(run.q.data(), Shape{rows, qc}),
+                                TensorView<const float>(run.k.data(), Shape{keys, kc}),
+                                TensorView<const float>(run.v.data(), Shape{keys, kc}), o, r.lse.data());
+  r.o.assign(o.data(), o.data() + o.numel());
+  return r;
+}
+
 }  // namespace tessera::gpu_test

@@ -1,6 +1,6 @@
 // Launchers for the GPU flash attention tests: host float data to device matrices
-// (float or bf16, with padded rows), the CUDA forward and backward, results back as
-// float. Kernels and launches only; the checks are in test_gpu_flash.cpp.
+// (float or bf16, with padded rows), the CUDA forward and backward (or the forward alone
+// after a KV cache's keys), results back as float. Kernels and launches only; the checks are in test_gpu_flash.cpp.
 #include <vector>
 
 #include "flash_launchers.hpp"
@@ -94,9 +94,34 @@ void run_flash(tessera::gpu_test::FlashRun& run) {
   run.dv = dv.to_host();
 }
 
+template <class T>
+void run_decode(tessera::gpu_test::FlashRun& run) {
+  const tessera::AttentionShape s = run.shape;
+  const std::int64_t rows = s.rows(), keys = s.batch * s.key_len(), qc = s.n_heads * s.head_dim;
+  const std::int64_t kc = s.n_kv_heads * s.head_dim;
+  const DeviceMatrix<T> q(run.q, rows, qc, run.pad), k(run.k, keys, kc, run.pad), v(run.v, keys, kc, run.pad);
+  const DeviceMatrix<T> o(std::vector<float>(static_cast<std::size_t>(rows * qc)), rows, qc, run.pad);
+  DeviceFloats lse(static_cast<std::size_t>(s.batch * s.n_heads * s.seq_len));
+  DeviceFloats scratch(static_cast<std::size_t>(tessera::ops::flash_split_scratch(s)));
+  cudaStream_t stream = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
+  tessera::cuda::flash_attention_forward<T>(s, q.cview(), k.cview(), v.cview(), o.view(), lse.data, stream,
+                                            scratch.data);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+  run.o = o.to_host();
+  run.lse = lse.to_host();
+}
+
 }  // namespace
 
 namespace tessera::gpu_test {
+
+void flash_decode(FlashRun& run) {
+  if (run.bf16) run_decode<tessera::bf16>(run);
+  else run_decode<float>(run);
+}
+
 
 void flash_attention(FlashRun& run) {
   if (run.bf16) run_flash<tessera::bf16>(run);

@@ -15,7 +15,7 @@ struct FlashRun {
   AttentionShape shape;
   std::int64_t pad = 0;
   bool bf16 = false;                // store every matrix as bf16 on the device
-  std::vector<float> q, k, v, d_o;  // inputs
+  std::vector<float> q, k, v, d_o;  // inputs (k and v: past + seq_len rows a sequence)
   std::vector<float> dq, dk, dv;    // in: the outputs' initial contents; out: the results
   std::vector<float> o, lse;        // out: o (B*T, H*hd), lse (B, H, T)
   std::vector<ops::DocumentSpan> documents;  // packed documents (B*T rows), uploaded for the device; empty: none
@@ -24,6 +24,11 @@ struct FlashRun {
 /// cuda::flash_attention_forward, then cuda::flash_attention_backward on the forward's
 /// o and lse.
 void flash_attention(FlashRun& run);
+
+/// Decoding: cuda::flash_attention_forward alone, after run.shape.past keys of a KV
+/// cache (k and v hold past + seq_len rows a sequence), with the scratch its runs of
+/// keys take (ops::flash_split_scratch); fills run.o and run.lse.
+void flash_decode(FlashRun& run);
 
 /// Calls cuda::flash_attention_forward (float, or double when `float64`) on views
 /// without storage: for the errors raised before any launch.

@@ -89,6 +89,18 @@ ForwardBackward cuda_bf16_forward_backward(const train::JobConfig& c) { return f
 
 TrainRun cuda_bf16_train_steps(const train::JobConfig& c) { return train_steps<CudaBf16Model>(c); }
 
+DecodeRun cuda_decode(const train::JobConfig& c, const std::vector<std::int32_t>& ids,
+                      const std::vector<std::size_t>& steps, const std::vector<std::int32_t>& prompt,
+                      const nn::SampleOptions& o) {
+  return decode_run<CudaModel>(c, ids, steps, prompt, o);
+}
+
+DecodeRun cuda_bf16_decode(const train::JobConfig& c, const std::vector<std::int32_t>& ids,
+                           const std::vector<std::size_t>& steps, const std::vector<std::int32_t>& prompt,
+                           const nn::SampleOptions& o) {
+  return decode_run<CudaBf16Model>(c, ids, steps, prompt, o);
+}
+
 std::vector<test::RunResult> cuda_thread_ranks(comm::MeshShape shape, const train::JobConfig& c) {
   std::vector<test::RunResult> per_rank(static_cast<std::size_t>(shape.world()));
   comm::ThreadOptions options;

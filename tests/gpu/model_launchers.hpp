@@ -24,8 +24,10 @@
 #include "tessera/data/documents.hpp"
 #include "tessera/data/loader.hpp"
 #include "tessera/io/tokenizer.hpp"
+#include "tessera/layer/kv_cache.hpp"
 #include "tessera/layer/layer.hpp"
 #include "tessera/nn/float8.hpp"
+#include "tessera/nn/generate.hpp"
 #include "tessera/train/trainer.hpp"
 #include "tessera/train/trainer_options.hpp"
 
@@ -124,6 +126,42 @@ TrainRun train_steps(const train::JobConfig& c) {
   return r;
 }
 
+/// Decoding through a KV cache with a fresh model (seed c.training.seed, the plan c
+/// makes): the logits (on the host) after each run of `steps` new tokens of `ids`,
+/// through one cache and over the whole prefix, and nn::generate's tokens after `prompt`
+/// through the cache and over the whole window (SampleOptions::kv_cache).
+struct DecodeRun {
+  bool decodes = false;  // Model::decodes_with_kv_cache()
+  std::vector<std::vector<float>> cached, whole;
+  std::vector<std::int32_t> with_cache, without_cache;
+};
+
+template <class Model>
+DecodeRun decode_run(const train::JobConfig& c, const std::vector<std::int32_t>& ids,
+                     const std::vector<std::size_t>& steps, const std::vector<std::int32_t>& prompt,
+                     nn::SampleOptions o) {
+  using T = typename Model::scalar_type;
+  Model model(c.model.args, train::make_plan(c, nullptr));
+  model.init_weights(static_cast<std::uint64_t>(c.training.seed));
+  model.shard();
+  DecodeRun r;
+  r.decodes = model.decodes_with_kv_cache();
+  if (!r.decodes) return r;
+  nn::KvCache<T> cache(static_cast<std::int64_t>(ids.size()));
+  const std::span<const std::int32_t> all(ids);
+  std::size_t done = 0;
+  for (const std::size_t n : steps) {
+    r.cached.push_back(as_floats(model.cached_last_logits(all.subspan(done, n), cache)));
+    done += n;
+    r.whole.push_back(as_floats(model.last_logits(all.first(done), nn::Geometry{1, static_cast<std::int64_t>(done)})));
+  }
+  o.kv_cache = true;
+  r.with_cache = nn::generate(model, prompt, o);
+  o.kv_cache = false;
+  r.without_cache = nn::generate(model, prompt, o);
+  return r;
+}
+
 // ---- the CUDA runs (model_launchers.cpp)-----------------------------------------------
 
 /// forward_backward_once / train_steps with nn::Transformer<float, Cuda>.
@@ -148,6 +186,15 @@ std::vector<test::RunResult> cuda_thread_ranks(comm::MeshShape shape, const trai
 /// test::train_layout of the dynamic CUDA model on one rank (a SelfEngine moving device
 /// memory through Cuda::memory_access()).
 test::RunResult cuda_one_rank(const train::JobConfig& c);
+
+/// decode_run with nn::Transformer<float, Cuda>, and with the binaries' block type over
+/// bf16 (as cuda_bf16_train_steps).
+DecodeRun cuda_decode(const train::JobConfig& c, const std::vector<std::int32_t>& ids,
+                      const std::vector<std::size_t>& steps, const std::vector<std::int32_t>& prompt,
+                      const nn::SampleOptions& o);
+DecodeRun cuda_bf16_decode(const train::JobConfig& c, const std::vector<std::int32_t>& ids,
+                           const std::vector<std::size_t>& steps, const std::vector<std::int32_t>& prompt,
+                           const nn::SampleOptions& o);
 
 /// A fresh nn::Transformer<float, Cuda> (seed c.training.seed) saved to `path` with
 /// train::save_model as float32; returns its parameters.

@@ -1,8 +1,8 @@
 // The CUDA flash attention kernels give the CPU backend's attention, causal, full (no
-// mask) and over packed documents: o, lse, dq, dk, dv, in float and bf16 storage, head
-// dims 16 to 128, groups of 1, 2 and 4 q heads per kv head, rows padded so that tiles
-// load with 16-byte vectors and without. Runs only where a device is present (the
-// suite's main is in main.cpp).
+// mask), over packed documents and after a KV cache's keys (the forward): o, lse, dq,
+// dk, dv, in float and bf16 storage, head dims 16 to 128, groups of 1, 2 and 4 q heads
+// per kv head, rows padded so that tiles load with 16-byte vectors and without. Runs only
+// where a device is present (the suite's main is in main.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -149,6 +149,44 @@ TEST_CASE("flash attention on the GPU over a context-parallel block of packed do
     check_flash_on_gpu({2, c, 4, 2, 64, false}, bf16, 0, bounds);
     check_flash_on_gpu({2, c, 4, 2, 128, false}, bf16, 0, bounds);
   }
+}
+
+TEST_CASE("flash attention on the GPU after a KV cache's keys matches the CPU backend: runs merged, float and bf16") {
+  // One new token and a few after caches shorter than a run of keys (128), a run's
+  // length, and many runs with a partial last one (a token of a 4096-token window);
+  // GQA groups of 1 and 4, head dims 64 and 128, rows padded (scalar tile loads), full
+  // attention (every key) too.
+  auto decode = [](std::int64_t batch, std::int64_t t, std::int64_t kv, std::int64_t hd, std::int64_t past,
+                   bool bf16, std::int64_t pad, bool causal = true) {
+    AttentionShape s{batch, t, 4, kv, hd, causal};
+    s.past = past;
+    CAPTURE(batch);
+    CAPTURE(t);
+    CAPTURE(kv);
+    CAPTURE(hd);
+    CAPTURE(past);
+    CAPTURE(bf16);
+    CAPTURE(pad);
+    CAPTURE(causal);
+    gpu_test::FlashRun run;
+    run.shape = s;
+    run.pad = pad;
+    run.bf16 = bf16;
+    run.q = random_values(s.rows() * 4 * hd, "q", bf16);
+    run.k = random_values(batch * s.key_len() * kv * hd, "k", bf16);
+    run.v = random_values(batch * s.key_len() * kv * hd, "v", bf16);
+    gpu_test::flash_decode(run);
+    const gpu_test::AttentionResult ref = gpu_test::cpu_attention_forward(run);
+    CHECK(max_rel_diff(run.o, ref.o) < (bf16 ? 5e-3 : 1e-5));
+    CHECK(max_rel_diff(run.lse, ref.lse) < 1e-5);
+  };
+  for (bool bf16 : {false, true})
+    for (std::int64_t past : {1, 128, 300, 4095}) {
+      decode(1, 1, 1, 64, past, bf16, 0);
+      decode(2, 5, 4, 128, past, bf16, 0);
+      decode(1, 70, 2, 64, past, bf16, 1);
+    }
+  decode(2, 5, 2, 64, 300, false, 0, false);
 }
 
 TEST_CASE("flash attention on the GPU refuses other head dims and float64 by name") {

@@ -385,6 +385,64 @@ TEST_CASE("Transformer<bf16, Cuda>: the CPU backend's bf16 model, to bf16 accura
   }
 }
 
+namespace {
+/// The largest difference between two rows of logits, against the larger magnitude.
+double logits_gap(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double gap = 0, scale = 1;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    gap = std::max(gap, std::abs(double(got[i]) - double(want[i])));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return gap / scale;
+}
+}  // namespace
+
+TEST_CASE("Transformer on Cuda decodes through a KV cache: the whole prefix's logits, and the CPU's text") {
+  // 40 tokens through one cache in runs (a prompt, single tokens, longer runs); then 40
+  // tokens generated after a prompt of 5 in a window of 24, so the window moves on and
+  // the cache is filled again, greedy and sampled.
+  const std::vector<std::int32_t> ids = [] {
+    std::vector<std::int32_t> v(40);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int32_t>((i * 37 + 11) % 200);
+    return v;
+  }();
+  const std::vector<std::size_t> steps = {7, 1, 1, 5, 1, 3, 1, 1, 10, 1, 1, 8};
+  const std::vector<std::int32_t> prompt = {1, 2, 3, 4, 5};
+  for (const double temperature : {0.0, 0.8}) {
+    CAPTURE(temperature);
+    nn::SampleOptions o;
+    o.max_new_tokens = 40;
+    o.context = 24;
+    o.temperature = temperature;
+    o.top_k = 8;
+    o.seed = 3;
+    {
+      const train::JobConfig c = small_job();
+      const DecodeRun gpu = cuda_decode(c, ids, steps, prompt, o);
+      REQUIRE(gpu.decodes);
+      for (std::size_t i = 0; i < steps.size(); ++i) {
+        CAPTURE(i);
+        CHECK(logits_gap(gpu.cached[i], gpu.whole[i]) <= 1e-5);
+      }
+      CHECK(gpu.with_cache.size() == 40);
+      CHECK(gpu.with_cache == gpu.without_cache);
+      const DecodeRun cpu = decode_run<CpuModel>(c, ids, steps, prompt, o);
+      CHECK(gpu.with_cache == cpu.with_cache);
+    }
+    {  // the binaries' block type over bf16: the attention after the cache's keys on tessera's kernels
+      const train::JobConfig c = small_job({"--training.mixed_precision_param", "bfloat16"});
+      const DecodeRun gpu = cuda_bf16_decode(c, ids, steps, prompt, o);
+      REQUIRE(gpu.decodes);
+      for (std::size_t i = 0; i < steps.size(); ++i) {
+        CAPTURE(i);
+        CHECK(logits_gap(gpu.cached[i], gpu.whole[i]) <= 2e-2);
+      }
+      CHECK(gpu.with_cache.size() == 40);
+    }
+  }
+}
+
 TEST_CASE("Float8 casts on the GPU are the CPU's bit for bit, and every recipe's GEMMs agree with the CPU's") {
   // The casts are integer arithmetic on the same bf16 values (core/float8.hpp), the scales
   // the same double division: bitwise. The GEMMs sum exact products in float in two

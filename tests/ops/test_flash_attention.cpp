@@ -1,6 +1,7 @@
 // Flash attention's row functors (ops/flash_attention.hpp), driven tile by tile on the
 // host, against the CPU backend's grouped-query attention, causal and full (no mask),
-// and against a naive reference in double: o, lse, dq, dk, dv.
+// and after a KV cache's keys (the forward's runs of keys and their merge), and against
+// a naive reference in double: o, lse, dq, dk, dv.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../support/documents.hpp"
@@ -525,6 +527,96 @@ TEST_CASE("flash attention: the first query sees only the first key; tiles past 
   CHECK(std::all_of(dq.begin(), dq.end(), [](double x) { return x == 0.0; }));
 }
 
+namespace {
+
+/// The flash rows after `past` keys of a KV cache (storage T, tiles of `tile` rows, runs
+/// of `split_keys`) against the CPU backend's attention after the same keys in R: o and
+/// lse, relative to the largest value. k and v hold past + seq_len rows a sequence.
+template <class T, class R, int HD>
+std::pair<double, double> decode_vs_cpu(const AttentionShape& s, std::int64_t tile, std::int64_t split_keys,
+                                        std::int64_t pad) {
+  const std::int64_t rows = s.rows(), keys = s.batch * s.key_len(), qc = s.n_heads * HD, kc = s.n_kv_heads * HD;
+  const auto q = random_matrix<T>(rows, qc, pad, "q.decode"), k = random_matrix<T>(keys, kc, pad, "k.decode");
+  const auto v = random_matrix<T>(keys, kc, pad, "v.decode");
+  const auto rq = converted<R>(q, 0), rk = converted<R>(k, 0), rv = converted<R>(v, 0);
+  auto ro = matrix<R>(rows, qc, 0);
+  std::vector<R> rlse(static_cast<std::size_t>(s.batch * s.n_heads * s.seq_len));
+  Cpu::attention_forward<R>(s, rq.cview(), rk.cview(), rv.cview(), ro.view, rlse.data());
+  auto o = matrix<T>(rows, qc, pad, convert<T>(std::numeric_limits<float>::quiet_NaN()));  // every value written
+  std::vector<accum_t<T>> lse(rlse.size(), std::numeric_limits<accum_t<T>>::quiet_NaN());
+  ops::flash_attention_forward_rows<T, HD>(s, q.cview(), k.cview(), v.cview(), o.view, lse.data(), tile, split_keys);
+  return {max_rel_diff(o.view, ro.view), max_rel_diff(lse, rlse)};
+}
+
+template <class T, class R, int HD>
+void check_decode(const AttentionShape& s, std::int64_t tile, std::int64_t split_keys, double tol,
+                  std::int64_t pad = 0) {
+  CAPTURE(HD);
+  CAPTURE(s.batch);
+  CAPTURE(s.seq_len);
+  CAPTURE(s.past);
+  CAPTURE(s.n_kv_heads);
+  CAPTURE(tile);
+  CAPTURE(split_keys);
+  const auto [o, lse] = decode_vs_cpu<T, R, HD>(s, tile, split_keys, pad);
+  CHECK(o < tol);
+  CHECK(lse < tol);
+}
+
+}  // namespace
+
+TEST_CASE("flash attention rows after a KV cache's keys, in runs merged at the end, match the CPU backend") {
+  // One new token and a few (a block's worth and more) after caches shorter than a run,
+  // a run's length exactly, and several runs with a partial last one; runs of the
+  // kernel's 128 keys, of 16 (many runs, most of them past a row's causal edge) and one
+  // run of every key; tiles that do not divide the runs.
+  const std::int64_t split = ops::kFlashSplitKeys;
+  for (const std::int64_t past : {1, 127, 128, 300})
+    for (const std::int64_t t : {1, 5, 70}) {
+      AttentionShape s{2, t, 4, 2, 16};
+      s.past = past;
+      for (const std::int64_t tile : {7, 64})
+        for (const std::int64_t runs : {split, std::int64_t{16}, std::int64_t{100000}}) {
+          check_decode<double, double, 16>(s, tile, runs, 1e-12);
+          check_decode<float, float, 16>(s, tile, runs, 1e-5);
+        }
+    }
+  // The Llama head dims, one kv head for every query head, padded rows; bf16 storage to
+  // one rounding of the float backend on the same values.
+  AttentionShape s{1, 1, 4, 1, 64};
+  s.past = 299;
+  check_decode<float, float, 64>(s, 64, split, 1e-5, 3);
+  check_decode<bf16, float, 64>(s, 64, split, 1e-2, 3);
+  s.head_dim = 128;
+  s.n_kv_heads = 4;
+  check_decode<float, float, 128>(s, 32, split, 1e-5);
+  check_decode<bf16, float, 128>(s, 32, split, 1e-2);
+  // Full attention (no mask) after the cache: every key for every query.
+  AttentionShape full{2, 5, 4, 2, 16, false};
+  full.past = 200;
+  check_decode<double, double, 16>(full, 7, split, 1e-12);
+}
+
+TEST_CASE("flash attention's merge of key runs: a run that saw no key adds nothing, a row that saw none is zeros") {
+  // Two (row, head) pairs of head dim 2 over three runs: the first pair's middle run saw
+  // no key (lse -inf, its o ignored even as NaN); the second pair saw none in any run.
+  using Merge = ops::FlashMergeSplits<float>;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // Runs' o: (1 row, 2 heads x 2) each; lse: (1, 2 heads, 1) each.
+  const std::vector<float> o_parts = {1, 2, nan, nan, /**/ nan, nan, nan, nan, /**/ 3, 4, nan, nan};
+  const std::vector<float> lse_parts = {0.5f, -inf, /**/ -inf, -inf, /**/ 1.5f, -inf};
+  std::vector<float> o(4, 7.0f), lse(2, 7.0f);
+  const Merge merge{o_parts.data(), lse_parts.data(), o.data(), 4, lse.data(), 3, 1, 1, 2, 2};
+  for (std::int64_t i = 0; i < 4; ++i) merge(i);
+  const double w0 = 1 / (1 + std::exp(1.0)), w2 = 1 - w0;  // exp(0.5) : exp(1.5)
+  CHECK(o[0] == doctest::Approx(w0 * 1 + w2 * 3).epsilon(1e-6));
+  CHECK(o[1] == doctest::Approx(w0 * 2 + w2 * 4).epsilon(1e-6));
+  CHECK(lse[0] == doctest::Approx(std::log(std::exp(0.5) + std::exp(1.5))).epsilon(1e-6));
+  CHECK(o[2] == 0.0f);
+  CHECK(o[3] == 0.0f);
+  CHECK(lse[1] == -inf);
+}
+
 TEST_CASE("flash attention: bad shapes, head dims and tiles are refused by name") {
   CHECK_ERROR_CONTAINS(ops::with_flash_head_dim(96, []<int HD>() { return HD; }),
                        "flash attention: head dim 96 is not supported (16, 32, 64 or 128)");
@@ -550,6 +642,12 @@ TEST_CASE("flash attention: bad shapes, head dims and tiles are refused by name"
   CHECK_ERROR_CONTAINS(forward({1, 5, 4, 2, 48}, q.cview(), 16),
                        "flash attention: head dim 48 is not supported (16, 32, 64 or 128)");
   CHECK_ERROR_CONTAINS(forward({-1, 5, 4, 2, 64}, q.cview(), 16), "flash attention: batch -1 and seq_len 5");
+  // After a KV cache's keys, k and v hold them too.
+  AttentionShape after = s;
+  after.past = 3;
+  CHECK_ERROR_CONTAINS(forward(after, q.cview(), 16), "flash attention: k is (5, 128), expected (8, 128)");
+  after.past = -1;
+  CHECK_ERROR_CONTAINS(forward(after, q.cview(), 16), "flash attention: -1 keys before the queries");
   CHECK_ERROR_CONTAINS(
       (ops::flash_attention_forward_rows<float, 64>({1, 5, 2, 1, 128}, q.cview(), k.cview(), v.cview(), o.view,
                                                      lse.data(), 16)),
@@ -563,6 +661,12 @@ TEST_CASE("flash attention: bad shapes, head dims and tiles are refused by name"
                                                   d_o.cview(), dq.view, dkv, dv.view, 16);
   };
   backward(dk.view);
+  AttentionShape decoding = s;
+  decoding.past = 2;
+  CHECK_ERROR_CONTAINS((ops::flash_attention_backward_rows<float, 64>(decoding, q.cview(), k.cview(), v.cview(),
+                                                                     o.cview(), lse.data(), d_o.cview(), dq.view,
+                                                                     dk.view, dv.view, 16)),
+                       "flash attention backward: keys before the queries (a KV cache's) are for decoding only");
   auto short_dk = matrix<float>(4, 128, 0);
   CHECK_ERROR_CONTAINS(backward(short_dk.view), "flash attention: dk is (4, 128), expected (5, 128)");
   CHECK_ERROR_CONTAINS((ops::flash_attention_backward_rows<float, 64>(s, q.cview(), k.cview(), v.cview(), o.cview(),

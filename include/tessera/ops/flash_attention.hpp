@@ -5,7 +5,11 @@
 // Layout as the CPU backend's (backend/cpu/attention.hpp): q and o are (B*T, H*hd), k
 // and v (B*T, KV*hd), row-major, each with its own ld; head h reads kv head h / (H/KV);
 // s_ij = scale * q_i . k_j with scale = 1/sqrt(hd). Causal, query i sees keys 0..i;
-// full (AttentionShape::causal false), every key.
+// full (AttentionShape::causal false), every key. Decoding after a KV cache's keys
+// (AttentionShape::past, forward only), k and v hold past + T rows a sequence and causal
+// query i sees keys 0..past + i; its keys are walked in runs merged at the end
+// (kFlashSplitKeys, FlashMergeSplits), so that a call of a few queries still spreads
+// over many blocks.
 //
 // The functors know no mask, only a bound: a query row sees the keys up to its
 // `last_key`, a key row is seen by the queries from its `first_query` on. Causal, those
@@ -47,6 +51,7 @@
 // 128 (the Llama flavors use 64 and 128; torchtitan's debug model 16).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -138,10 +143,12 @@ TESSERA_HD inline std::int64_t flash_last_query(const DocumentSpan* documents, s
   return documents ? documents[row].end - 1 : otherwise;
 }
 
-/// The last key query `query` of a sequence of `seq_len` sees: itself causal, the
-/// sequence's last full.
-TESSERA_HD inline std::int64_t flash_last_key(bool causal, std::int64_t query, std::int64_t seq_len) {
-  return causal ? query : seq_len - 1;
+/// The last key query `query` of a call of `seq_len` queries sees: itself causal, the
+/// sequence's last full; after `past` keys of a KV cache (AttentionShape::past), both
+/// `past` further on.
+TESSERA_HD inline std::int64_t flash_last_key(bool causal, std::int64_t query, std::int64_t seq_len,
+                                              std::int64_t past = 0) {
+  return past + (causal ? query : seq_len - 1);
 }
 
 /// The first query that sees key `key`: itself causal, the sequence's first full.
@@ -327,6 +334,66 @@ struct FlashBackwardQueryRow {
   }
 };
 
+/// Decoding (AttentionShape::past > 0) the keys of a row are many and its queries few:
+/// the forward walks each row's keys in runs of kFlashSplitKeys, a run a block side by
+/// side (each run's o and log-sum-exp, as FlashForwardRow::finish writes them, into
+/// float scratch), then FlashMergeSplits combines the runs. Training's calls (past 0)
+/// walk every key in one run, as they always have.
+inline constexpr std::int64_t kFlashSplitKeys = 128;  // a whole number of tiles at every head dim
+
+/// The runs a forward walks each row's keys in: one, or for a call after a KV cache's
+/// keys one per kFlashSplitKeys of them.
+inline std::int64_t flash_key_splits(const AttentionShape& s) {
+  return s.past > 0 ? (s.key_len() + kFlashSplitKeys - 1) / kFlashSplitKeys : 1;
+}
+
+/// The float scratch the runs' outputs take: for each run, as many o values and
+/// log-sum-exps as the call has; 0 with one run (the kernel writes o and lse itself).
+inline std::int64_t flash_split_scratch(const AttentionShape& s) {
+  const std::int64_t splits = flash_key_splits(s);
+  return splits > 1 ? splits * (s.rows() * s.n_heads * s.head_dim + s.batch * s.n_heads * s.seq_len) : 0;
+}
+
+/// Combines the key runs of one element of o: index ((b * H + h) * T + t) * hd + d reads
+/// run r's o at o_parts + r * (B*T, H*hd) (dense) and its log-sum-exp at lse_parts + r *
+/// (B, H, T) (lse's layout), and writes
+///   o = sum_r exp(lse_r - m) o_r / sum_r exp(lse_r - m),  lse = m + log sum_r exp(lse_r - m)
+/// (lse by the index with d = 0), m the largest lse_r, summed in run order and rounded to
+/// T once. A run in which the row sees no key (lse_r -inf) adds nothing; a row that sees
+/// none at all gets zeros and -inf, as FlashForwardRow::finish writes them.
+template <class T>
+struct FlashMergeSplits {
+  using A = acc_t<T>;
+  const A* o_parts;
+  const A* lse_parts;
+  T* o;
+  std::int64_t ldo;
+  A* lse;
+  std::int64_t splits, batch, seq_len, n_heads, head_dim;
+  TESSERA_HD void operator()(std::int64_t index) const {
+    constexpr A kInfinity = std::numeric_limits<A>::infinity();
+    const std::int64_t d = index % head_dim, stat = index / head_dim;  // stat: (b * H + h) * T + t
+    const std::int64_t t = stat % seq_len, bh = stat / seq_len, h = bh % n_heads;
+    const std::int64_t row = (bh / n_heads) * seq_len + t, cols = n_heads * head_dim;
+    const std::int64_t o_stride = batch * seq_len * cols, lse_stride = batch * n_heads * seq_len;
+    const A* part_lse = lse_parts + stat;
+    const A* part_o = o_parts + row * cols + h * head_dim + d;
+    A m = -kInfinity;
+    for (std::int64_t r = 0; r < splits; ++r) m = part_lse[r * lse_stride] > m ? part_lse[r * lse_stride] : m;
+    A sum = 0, acc = 0;
+    if (m > -kInfinity)
+      for (std::int64_t r = 0; r < splits; ++r) {
+        const A l = part_lse[r * lse_stride];
+        if (!(l > -kInfinity)) continue;
+        const A w = exp_nonpositive(l - m);
+        sum += w;
+        acc += w * part_o[r * o_stride];
+      }
+    o[row * ldo + h * head_dim + d] = convert<T>(sum > A(0) ? acc / sum : A(0));
+    if (d == 0) lse[stat] = sum > A(0) ? m + log_(sum) : -kInfinity;
+  }
+};
+
 /// D (B, H, T) for the backward: index (b * H + h) * T + t gets dO . O over head h's
 /// columns of row b * T + t.
 template <class T>
@@ -380,10 +447,13 @@ template <class T>
 void flash_check_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                          TensorView<const T> v, TensorView<const T> o) {
   flash_check_shape(s);
+  TESSERA_CHECK(s.past >= 0, "flash attention: ", s.past, " keys before the queries");
+  TESSERA_CHECK(s.past == 0 || s.documents == nullptr,
+                "flash attention: keys before the queries (a KV cache's) over packed documents");
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
   detail::flash_check_matrix("q", q, rows, qc);
-  detail::flash_check_matrix("k", k, rows, kc);
-  detail::flash_check_matrix("v", v, rows, kc);
+  detail::flash_check_matrix("k", k, s.batch * s.key_len(), kc);
+  detail::flash_check_matrix("v", v, s.batch * s.key_len(), kc);
   detail::flash_check_matrix("o", o, rows, qc);
 }
 
@@ -392,6 +462,8 @@ template <class T>
 void flash_check_backward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                           TensorView<const T> v, TensorView<const T> o, TensorView<const T> d_o,
                           TensorView<const T> dq, TensorView<const T> dk, TensorView<const T> dv) {
+  TESSERA_CHECK(s.past == 0, "flash attention backward: keys before the queries (a KV cache's) are for decoding "
+                             "only");
   flash_check_forward<T>(s, q, k, v, o);
   const std::int64_t rows = s.rows(), qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
   detail::flash_check_matrix("dO", d_o, rows, qc);
@@ -413,31 +485,53 @@ void flash_check_driver(const AttentionShape& s, std::int64_t tile) {
 
 /// The forward on the host, one FlashForwardRow per (b, h, query row) over key tiles
 /// of `tile` rows (causal, tiles wholly after the query or before its document are
-/// skipped, as the kernel skips them; full, every tile is visited): o (B*T, H*hd) and lse (B, H, T). A reference
-/// driver for the functors, not a fast path.
+/// skipped, as the kernel skips them; full, every tile is visited): o (B*T, H*hd) and lse
+/// (B, H, T). After a KV cache's keys (s.past) the keys of each row are walked in the
+/// kernel's runs of `split_keys` (flash_key_splits: kFlashSplitKeys), each run's o and
+/// lse kept in float and the runs merged by FlashMergeSplits, as the kernel does. A
+/// reference driver for the functors, not a fast path.
 template <class T, int HD>
 void flash_attention_forward_rows(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                                  TensorView<const T> v, TensorView<T> o, acc_t<T>* lse, std::int64_t tile) {
+                                  TensorView<const T> v, TensorView<T> o, acc_t<T>* lse, std::int64_t tile,
+                                  std::int64_t split_keys = kFlashSplitKeys) {
   using A = acc_t<T>;
   flash_check_forward<T>(s, q, k, v, o);
   detail::flash_check_driver<HD>(s, tile);
-  const std::int64_t t = s.seq_len;
+  TESSERA_CHECK(split_keys > 0, "flash attention: runs of ", split_keys, " keys");
+  const std::int64_t t = s.seq_len, key_len = s.key_len();
+  const std::int64_t splits = s.past > 0 ? (key_len + split_keys - 1) / split_keys : 1;
+  const std::int64_t run_keys = splits > 1 ? split_keys : key_len;
   const A scale = A(1) / sqrt_(static_cast<A>(HD));
+  const std::int64_t cols = s.n_heads * HD, stats = s.batch * s.n_heads * t;
+  std::vector<A> o_parts(splits > 1 ? static_cast<std::size_t>(splits * s.rows() * cols) : 0);
+  std::vector<A> lse_parts(splits > 1 ? static_cast<std::size_t>(splits * stats) : 0);
   FlashForwardRow<T, HD> row;
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    for (std::int64_t h = 0; h < s.n_heads; ++h) {
-      const std::int64_t kvh = h / s.group(), bh = b * s.n_heads + h;
-      for (std::int64_t i = 0; i < t; ++i) {
-        const std::int64_t last = detail::flash_last_key(s.causal, i, t);
-        const std::int64_t first = detail::flash_first_key(s.documents, b * t + i, 0);
-        row.start(q.row(b * t + i) + h * HD, last, scale, first);
-        for (std::int64_t key0 = first / tile * tile; key0 <= last; key0 += tile) {
-          const std::int64_t n = tile < t - key0 ? tile : t - key0;
-          row.update(k.row(b * t + key0) + kvh * HD, k.ld(), v.row(b * t + key0) + kvh * HD, v.ld(), key0, n);
+  for (std::int64_t split = 0; split < splits; ++split) {
+    const std::int64_t run_begin = split * run_keys, run_end = std::min(key_len, run_begin + run_keys);
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < s.n_heads; ++h) {
+        const std::int64_t kvh = h / s.group(), bh = b * s.n_heads + h;
+        for (std::int64_t i = 0; i < t; ++i) {
+          const std::int64_t last = std::min(detail::flash_last_key(s.causal, i, t, s.past), run_end - 1);
+          const std::int64_t first = std::max(detail::flash_first_key(s.documents, b * t + i, 0), run_begin);
+          row.start(q.row(b * t + i) + h * HD, last, scale, first);
+          for (std::int64_t key0 = first / tile * tile; key0 <= last; key0 += tile) {
+            const std::int64_t n = tile < key_len - key0 ? tile : key_len - key0;
+            row.update(k.row(b * key_len + key0) + kvh * HD, k.ld(), v.row(b * key_len + key0) + kvh * HD, v.ld(),
+                       key0, n);
+          }
+          if (splits == 1)
+            row.finish(o.row(b * t + i) + h * HD, lse + bh * t + i);
+          else
+            row.finish(o_parts.data() + (split * s.rows() + b * t + i) * cols + h * HD,
+                       lse_parts.data() + split * stats + bh * t + i);
         }
-        row.finish(o.row(b * t + i) + h * HD, lse + bh * t + i);
       }
-    }
+  }
+  if (splits == 1) return;
+  const FlashMergeSplits<T> merge{o_parts.data(), lse_parts.data(), o.data(), o.ld(), lse,
+                                  splits,         s.batch,          t,        s.n_heads, HD};
+  for (std::int64_t index = 0; index < stats * HD; ++index) merge(index);
 }
 
 /// The backward on the host: D from FlashDelta, then the key-row pass (dk, dv added

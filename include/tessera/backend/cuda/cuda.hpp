@@ -22,7 +22,8 @@
 // - Attention is the flash-attention kernels' (flash_attention.cuh), for float and bf16
 //   tensors; the log-sum-exp is accum_t<T> (fp32) in both cases, as on the CPU backend.
 //   bf16 attention runs on the engine a program installed instead, when it installed
-//   one (attention_engine.hpp: cuDNN's fused SDPA, cudnn_attention.hpp).
+//   one (attention_engine.hpp: cuDNN's fused SDPA, cudnn_attention.hpp). Decoding after
+//   a KV cache's keys (AttentionShape::past) always runs on the flash kernels.
 // - Errors. Every CUDA and cuBLASLt return code is checked and throws a tessera::Error
 //   naming the call. The first use of the backend where no device is visible throws
 //   "CUDA backend: no CUDA device is visible (...)". A kernel's own failure surfaces at
@@ -291,15 +292,23 @@ struct Cuda {
   /// installed attention engine when there is one (cuda::attention_engine()); over packed
   /// documents (s.documents) only when the engine takes them ragged and the call has its
   /// document table (whole sequences), else on the project's kernels, which mask any.
+  /// Decoding after a KV cache's keys (s.past; attends_past_keys) runs on the project's
+  /// kernels, each row's keys in runs merged at the end (cuda/flash_attention.cuh).
+  static constexpr bool attention_takes_past_keys = true;
   template <class T>
   static void attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                 TensorView<const T> v, TensorView<T> o, accum_t<T>* lse) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "tessera: Cuda attention supports float and bf16 tensors");
-    TESSERA_CHECK(s.past == 0, "Cuda attention: keys before the queries (a KV cache's) are not taken here "
-                               "(attends_past_keys)");
     cuda::require_device();
     const trace::Launching launching(trace::Attention{s, dtype_of<T>(), false});  // for a device profile
+    if (s.past > 0) {
+      // The runs' scratch; freed blocks are reused in stream order, so it may go back to
+      // the allocator while the kernels still run.
+      Tensor<float> scratch = empty<float>({ops::flash_split_scratch(s)});
+      cuda::flash_attention_forward<T>(s, q, k, v, o, lse, stream(), scratch.data());
+      return;
+    }
     if constexpr (std::is_same_v<T, bf16>) {
       if (const cuda::AttentionEngine* engine = engine_for(s)) {
         const int device = cuda::current_device();

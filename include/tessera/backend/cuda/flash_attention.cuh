@@ -21,6 +21,13 @@
 // pass runs one thread per query row over key tiles as the forward does and overwrites
 // dq. Every output row has one owner summing in a fixed order: results are deterministic.
 //
+// Decoding after a KV cache's keys (AttentionShape::past, the forward only): k and v hold
+// past + T rows a sequence and the causal bound moves `past` keys on. Each row's keys are
+// walked in runs of ops::kFlashSplitKeys, a block per (run, query block, head), each
+// run's o and lse written in float to the caller's scratch; ops::FlashMergeSplits then
+// combines the runs, one thread per element of o. A token's few queries so spread over
+// (keys / 128) times as many blocks, where one block a head would walk every key alone.
+//
 // Packed documents (AttentionShape::documents, per row): a query block starts at the key
 // its first row's document starts at, a key block stops after the query its last row's
 // document ends with, and each row's functor keeps to its own document's bounds.
@@ -69,6 +76,7 @@ template <int HD>
 inline constexpr int kFlashTileRows = HD <= 64 ? 64 : 32;
 
 __device__ inline std::int64_t flash_min(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+__device__ inline std::int64_t flash_max(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
 
 /// Copies rows [0, n) of a (n, HD) slice (src, ld) into dst, a (kRows, HD) float tile;
 /// rows n..kRows-1 become zeros. Every thread of the block takes part.
@@ -126,6 +134,13 @@ struct FlashArgs {
   const float* lse;    // (B, H, T): the backward's copy of it
   const float* delta;  // (B, H, T): D = dO . O
   std::int64_t batch, seq_len, n_heads, n_kv_heads;
+  std::int64_t past;  // forward: keys a sequence before its first query (a KV cache's); backward: 0
+  // The forward's runs of keys (ops::flash_key_splits): `splits` runs of `split_keys`
+  // keys, the last run shorter; one run of every key writes out and lse_out, more write
+  // their o and lse into o_parts (splits x (B*T, H*hd)) and lse_parts (splits x (B, H, T)).
+  std::int64_t split_keys, splits;
+  float* o_parts;
+  float* lse_parts;
   const ops::DocumentSpan* documents;  // (B*T) or nullptr: one document a sequence
   float scale;
   bool causal;  // false: no mask, every tile visited
@@ -140,17 +155,20 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_query_kernel(FlashArgs<
   constexpr int kTile = kFlashTileRows<HD>;
   __shared__ float ks[kTile * HD];
   __shared__ float vs[kTile * HD];
-  const std::int64_t heads = a.batch * a.n_heads, t = a.seq_len;
+  const std::int64_t heads = a.batch * a.n_heads, t = a.seq_len, key_len = a.past + t;
   const std::int64_t blocks = (t + kFlashBlockRows - 1) / kFlashBlockRows;
-  const std::int64_t qb = blocks - 1 - blockIdx.x / heads, bh = blockIdx.x % heads;  // the last blocks first
+  const std::int64_t split = blockIdx.x / (blocks * heads), block = blockIdx.x % (blocks * heads);
+  const std::int64_t qb = blocks - 1 - block / heads, bh = block % heads;  // the last blocks first
   const std::int64_t b = bh / a.n_heads, h = bh % a.n_heads, kvh = h / (a.n_heads / a.n_kv_heads);
-  const std::int64_t i0 = qb * kFlashBlockRows, i = i0 + threadIdx.x, base = b * t;
+  const std::int64_t i0 = qb * kFlashBlockRows, i = i0 + threadIdx.x, base = b * t, key_base = b * key_len;
   const bool active = i < t;
+  // This block's run of keys (every key in one run but the forward's after a KV cache).
+  const std::int64_t run_begin = split * a.split_keys, run_end = flash_min(key_len, run_begin + a.split_keys);
 
   std::conditional_t<backward, ops::FlashBackwardQueryRow<T, HD>, ops::FlashForwardRow<T, HD>> row;
   if (active) {
-    const std::int64_t last_key = ops::detail::flash_last_key(a.causal, i, t);
-    const std::int64_t first_key = ops::detail::flash_first_key(a.documents, base + i, 0);
+    const std::int64_t last_key = flash_min(ops::detail::flash_last_key(a.causal, i, t, a.past), run_end - 1);
+    const std::int64_t first_key = flash_max(ops::detail::flash_first_key(a.documents, base + i, 0), run_begin);
     if constexpr (backward)
       row.start(a.q + (base + i) * a.ldq + h * HD, a.d_o + (base + i) * a.lddo + h * HD, a.lse[bh * t + i],
                 a.delta[bh * t + i], last_key, a.scale, first_key);
@@ -158,22 +176,26 @@ __global__ void __launch_bounds__(kFlashBlockRows) flash_query_kernel(FlashArgs<
       row.start(a.q + (base + i) * a.ldq + h * HD, last_key, a.scale, first_key);
   }
   // The keys the block's queries see: from its first row's document on (documents begin
-  // in row order), up to its last row causal.
-  const std::int64_t key_begin = ops::detail::flash_first_key(a.documents, base + i0, 0);
-  const std::int64_t key_end = a.causal ? flash_min(t, i0 + kFlashBlockRows) : t;
+  // in row order), up to its last row causal; within the block's run.
+  const std::int64_t key_begin = flash_max(ops::detail::flash_first_key(a.documents, base + i0, 0), run_begin);
+  const std::int64_t key_end =
+      flash_min(a.causal ? flash_min(key_len, a.past + i0 + kFlashBlockRows) : key_len, run_end);
   for (std::int64_t key0 = key_begin; key0 < key_end; key0 += kTile) {
-    const int n = static_cast<int>(flash_min(kTile, t - key0));
+    const int n = static_cast<int>(flash_min(kTile, key_len - key0));
     __syncthreads();  // the previous tile has been read by every thread
-    flash_stage<T, HD, kTile>(ks, a.k + (base + key0) * a.ldk + kvh * HD, a.ldk, n, a.vector_loads);
-    flash_stage<T, HD, kTile>(vs, a.v + (base + key0) * a.ldv + kvh * HD, a.ldv, n, a.vector_loads);
+    flash_stage<T, HD, kTile>(ks, a.k + (key_base + key0) * a.ldk + kvh * HD, a.ldk, n, a.vector_loads);
+    flash_stage<T, HD, kTile>(vs, a.v + (key_base + key0) * a.ldv + kvh * HD, a.ldv, n, a.vector_loads);
     __syncthreads();
     if (active) row.update(ks, HD, vs, HD, key0, n);
   }
   if (active) {
     if constexpr (backward)
       row.finish(a.out + (base + i) * a.ldout + h * HD);
-    else
+    else if (a.splits == 1)
       row.finish(a.out + (base + i) * a.ldout + h * HD, a.lse_out + bh * t + i);
+    else
+      row.finish(a.o_parts + (split * a.batch * t + base + i) * (a.n_heads * HD) + h * HD,
+                 a.lse_parts + (split * heads + bh) * t + i);
   }
 }
 
@@ -239,10 +261,12 @@ constexpr void flash_check_storage() {
 }  // namespace detail
 
 /// Forward (declared in kernels.hpp): o (B*T, H*hd) and lse (B, H, T) in float. T is
-/// float or bf16.
+/// float or bf16. After a KV cache's keys (s.past), `split_scratch` holds
+/// ops::flash_split_scratch(s) floats for the runs of keys (none needed without).
 template <class T>
 void flash_attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                             TensorView<const T> v, TensorView<T> o, float* lse, cudaStream_t stream) {
+                             TensorView<const T> v, TensorView<T> o, float* lse, cudaStream_t stream,
+                             float* split_scratch) {
   detail::flash_check_storage<T>();
   if constexpr (std::is_same_v<T, double>) {
     fail("flash attention (CUDA): float64 storage is not supported (float or bf16)");
@@ -253,15 +277,30 @@ void flash_attention_forward(const AttentionShape& s, TensorView<const T> q, Ten
     a.q = q.data(), a.ldq = q.ld(), a.k = k.data(), a.ldk = k.ld(), a.v = v.data(), a.ldv = v.ld();
     a.out = o.data(), a.ldout = o.ld(), a.lse_out = lse;
     a.batch = s.batch, a.seq_len = s.seq_len, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads;
+    a.past = s.past;
+    a.splits = ops::flash_key_splits(s);
+    a.split_keys = a.splits > 1 ? ops::kFlashSplitKeys : s.key_len();
+    if (a.splits > 1) {
+      TESSERA_CHECK(split_scratch != nullptr, "flash attention (CUDA): a call after ", s.past,
+                    " keys of a KV cache needs ", ops::flash_split_scratch(s), " floats of scratch for its ",
+                    a.splits, " runs of keys");
+      a.o_parts = split_scratch;
+      a.lse_parts = split_scratch + a.splits * s.rows() * s.n_heads * s.head_dim;
+    }
     a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     a.causal = s.causal;
     a.documents = s.documents;
     a.vector_loads = detail::flash_vector_loadable(k) && detail::flash_vector_loadable(v);
-    const unsigned grid = detail::flash_grid(s.seq_len, s.batch * s.n_heads, "forward");
+    const unsigned grid = detail::flash_grid(s.seq_len, s.batch * s.n_heads * a.splits, "forward");
     ops::with_flash_head_dim(s.head_dim, [&]<int HD>() {
       detail::flash_query_kernel<T, HD, false><<<grid, detail::kFlashBlockRows, 0, stream>>>(a);
       TESSERA_CUDA_CHECK(cudaGetLastError());
     });
+    if (a.splits > 1) {
+      const ops::FlashMergeSplits<T> merge{a.o_parts, a.lse_parts, o.data(), o.ld(), lse,
+                                           a.splits,  s.batch,     s.seq_len, s.n_heads, s.head_dim};
+      tessera::cuda::for_each(s.batch * s.n_heads * s.seq_len * s.head_dim, merge, stream);
+    }
   }
 }
 
@@ -287,6 +326,7 @@ void flash_attention_backward(const AttentionShape& s, TensorView<const T> q, Te
     a.out = dq.data(), a.ldout = dq.ld(), a.dk = dk.data(), a.lddk = dk.ld(), a.dv = dv.data(), a.lddv = dv.ld();
     a.lse = lse, a.delta = delta;
     a.batch = s.batch, a.seq_len = s.seq_len, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads;
+    a.past = 0, a.split_keys = s.seq_len, a.splits = 1;  // every key in one run
     a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     a.causal = s.causal;
     a.documents = s.documents;

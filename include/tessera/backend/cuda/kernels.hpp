@@ -41,9 +41,12 @@ template <class F>
 void launch_op(std::int64_t n, const F& f, cudaStream_t stream = compute_stream());
 
 /// Flash attention forward: o (B*T, H*hd) and lse (B, H, T) in float. T is float or bf16.
+/// After a KV cache's keys (s.past > 0), `split_scratch` is a workspace of
+/// ops::flash_split_scratch(s) floats.
 template <class T>
 void flash_attention_forward(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
-                             TensorView<const T> v, TensorView<T> o, float* lse, cudaStream_t stream);
+                             TensorView<const T> v, TensorView<T> o, float* lse, cudaStream_t stream,
+                             float* split_scratch = nullptr);
 
 /// Flash attention backward: dq (B*T, H*hd) overwritten, dk and dv (B*T, KV*hd) added
 /// into (pass zeros), from the forward's o and lse. `delta` is a workspace of B*H*T floats.
