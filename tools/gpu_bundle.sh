@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Packs what a machine with a GPU runs first into gpu-bundle.tar.xz (ignored by git):
-# the GPU suite, bench-kernels, bench-train and llama-train, built here for sm_90 (H100,
-# H200), the shared libraries they load that a bare CUDA image lacks (OpenBLAS, toml++,
-# PCRE2, SentencePiece, Open MPI, the GCC runtimes), the configs, torch_llama.py,
-# torchtitan_eager.py with llama-plan's predictions for it (made here), and run.sh, which
-# runs them there and writes every output to $OUT.
+# the GPU suite, bench-kernels, bench-train, bench-generate-gpu and llama-train, built
+# here for sm_90 (H100, H200), the shared libraries they load that a bare CUDA image
+# lacks (OpenBLAS, toml++, PCRE2, SentencePiece, Open MPI, the GCC runtimes), the configs,
+# torch_llama.py, torchtitan_eager.py with llama-plan's predictions for it (made here),
+# and run.sh, which runs them there and writes every output to $OUT.
 #
 # A machine lent for GPU work may reach no package registry, so nothing is built there:
 # the binaries travel. They need the CUDA 13 runtime and cuBLASLt where they run, and a
@@ -68,6 +68,8 @@
 #             steps at 2048 tokens, bf16 against tensorwise and rowwise, the loss curves
 #             (float8-curves.json); not part of `all` unless given a cap (about 4.5 minutes)
 #   llama     llama-train on the debug model on the GPU, 100 steps
+#   generate  bench-generate-gpu: sampling through the KV cache against the whole window,
+#             Llama 3.2 1B in bf16 after 16 and 2048 prompt tokens, the debug model in float32
 #   offload   FSDP's CPU offload (training.enable_cpu_offload) on the GPU: the debug model's
 #             10 steps with and without it (the losses within 1e-5: AdamW on the host's
 #             loops against the GPU's), then Llama 3.2 3B (full checkpointing, batch 1 x
@@ -84,7 +86,7 @@
 #             torchrun itself and Open MPI's mpirun where the image has them, NCCL's version
 #             and transports; not part of `all` (a few minutes)
 #   all       every step above but nccl and titan in one command (eager, gemms, test, train,
-#             torch, llama, kernels), each under a cap and within SECONDS in all (default
+#             torch, llama, generate, kernels), each under a cap and within SECONDS in all (default
 #             540), the torch step planning its runs within its cap; the logs packed into
 #             $OUT/results.tar.gz after each step, a line a step in $OUT/summary.txt; the
 #             GPU's clocks and power logged through it, by step (bench/gpu_clocks.py).
@@ -109,11 +111,12 @@ while read -r obj; do
   [ -n "$obj" ] || continue
   if ninja -C "$build" -t deps "$obj" 2>/dev/null | head -n 1 | grep -q '#deps 0,'; then rm -f "$build/$obj"; fi
 done < <(cd "$build" && find . -name '*.cu.o' | sed 's|^\./||')
-meson compile -C "$build" test_gpu bench-kernels bench-train llama-train llama-plan
+meson compile -C "$build" test_gpu bench-kernels bench-train bench-generate-gpu llama-train llama-plan
 
 rm -rf "$bundle" "$bundle.tar.xz"
 mkdir -p "$bundle/lib"
-bins=("$build/tests/gpu/test_gpu" "$build/bench/bench-kernels" "$build/bench/bench-train" "$build/examples/llama-train")
+bins=("$build/tests/gpu/test_gpu" "$build/bench/bench-kernels" "$build/bench/bench-train" "$build/bench/bench-generate-gpu"
+      "$build/examples/llama-train")
 cp "${bins[@]}" "$bundle/"
 # Every library they load, except the C and C++ runtimes (newer there) and CUDA's own.
 for b in "${bins[@]}"; do
@@ -197,7 +200,7 @@ for name in cudnn nccl; do
 done
 export LD_LIBRARY_PATH="$here/lib$cuda_libs:${LD_LIBRARY_PATH:-}"
 { nvidia-smi -L; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  for b in test_gpu bench-kernels bench-train llama-train; do ldd "$here/$b" | grep -E "not found|cudnn|nccl|cublas|cudart" | sed "s|^|$b: |"; done
+  for b in test_gpu bench-kernels bench-train bench-generate-gpu llama-train; do ldd "$here/$b" | grep -E "not found|cudnn|nccl|cublas|cudart" | sed "s|^|$b: |"; done
 } 2>&1 | tee "$out/device.txt"
 # Marks the start of a window of bench/gpu_clocks.py's table where `all` keeps a clock log.
 mark() { [ -n "${MARKS:-}" ] && echo "$(date '+%Y/%m/%d %H:%M:%S.%N') $*" >> "$MARKS"; return 0; }
@@ -596,6 +599,18 @@ PY
       --set activation_checkpoint.mode=none --set lr_scheduler.warmup_steps=30 --markdown \
       --json "$out/float8-curves.json" 2>&1 | tee "$out/float8-curves.txt" || status=1
     exit "$status" ;;
+  generate)
+    # Sampling through the KV cache (the decoding attention's runs of keys) against the
+    # whole window: Llama 3.2 1B in bf16 after a short prompt and a long one, then the debug
+    # model in float32, whose two modes must give the same tokens.
+    status=0
+    for prompt in 16 2048; do
+      "$here/bench-generate-gpu" --flavor llama3.2_1b --prompt "$prompt" --tokens 256 --commit "$commit" 2>&1 |
+        tee -a "$out/generate.txt" || status=1
+    done
+    "$here/bench-generate-gpu" --dtype float32 --prompt 64 --tokens 128 --commit "$commit" 2>&1 |
+      tee -a "$out/generate.txt" || status=1
+    exit "$status" ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \
       --job.dump_folder "$out/llama-train" 2>&1 | tail -n 40 | tee "$out/llama-train.txt" ;;
@@ -648,7 +663,7 @@ PY
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
       --format=csv,noheader,nounits -lms 250 > "$work/clocks.csv" 2> "$work/clocks.err" &
     logger=$!
-    steps=("eager 150" "gemms 150" "test 150" "train 145" "torch 105" "llama 40" "kernels 0")
+    steps=("eager 150" "gemms 150" "test 150" "train 145" "torch 105" "llama 40" "generate 40" "kernels 0")
     # run.sh all SECONDS STEP:CAP ...: those steps in that order instead (a cap of 0: what is left).
     (( $# > 2 )) && { steps=(); for s in "${@:3}"; do steps+=("${s/:/ }"); done; }
     for s in "${steps[@]}"; do
@@ -687,7 +702,7 @@ PY
     grep -hE "^nccl:|^ +[0-9]+ (NCCL version|via|Duplicate)" "$work"/nccl.log 2>/dev/null
     echo "-- clocks.txt"; cat "$work/clocks.txt"
     cat "$out/summary.txt" ;;
-  *) echo "usage: run.sh test|kernels|train|float8|torch|titan|eager|gemms|llama|nccl|all [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: run.sh test|kernels|train|float8|torch|titan|eager|gemms|llama|generate|offload|nccl|all [SECONDS]" >&2; exit 2 ;;
 esac
 EOF
 chmod +x "$bundle/run.sh"
