@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Packs what a machine with a GPU runs first into gpu-bundle.tar.xz (ignored by git):
-# the GPU suite, bench-kernels, bench-train, bench-generate-gpu and llama-train, built
-# here for sm_90 (H100, H200), the shared libraries they load that a bare CUDA image
-# lacks (OpenBLAS, toml++, PCRE2, SentencePiece, Open MPI, the GCC runtimes), the configs,
-# torch_llama.py, torchtitan_eager.py with llama-plan's predictions for it (made here),
-# and run.sh, which runs them there and writes every output to $OUT.
+# the GPU suite, bench-kernels, bench-train, bench-generate-gpu, llama-train and
+# llama-generate, built here for sm_90 (H100, H200), the shared libraries they load that
+# a bare CUDA image lacks (OpenBLAS, toml++, PCRE2, SentencePiece, Open MPI, the GCC
+# runtimes), the configs, torch_llama.py, torchtitan_eager.py with llama-plan's
+# predictions for it (made here), and run.sh, which runs them there and writes every
+# output to $OUT.
 #
 # A machine lent for GPU work may reach no package registry, so nothing is built there:
 # the binaries travel. They need the CUDA 13 runtime and cuBLASLt where they run, and a
@@ -69,7 +70,9 @@
 #             (float8-curves.json); not part of `all` unless given a cap (about 4.5 minutes)
 #   llama     llama-train on the debug model on the GPU, 100 steps
 #   generate  bench-generate-gpu: sampling through the KV cache against the whole window,
-#             Llama 3.2 1B in bf16 after 16 and 2048 prompt tokens, the debug model in float32
+#             Llama 3.2 1B in bf16 after 16 and 2048 prompt tokens, the debug model in float32;
+#             then llama-generate --device cuda on a debug model the GPU trained, float32
+#             greedy against the CPU's text, and bf16
 #   offload   FSDP's CPU offload (training.enable_cpu_offload) on the GPU: the debug model's
 #             10 steps with and without it (the losses within 1e-5: AdamW on the host's
 #             loops against the GPU's), then Llama 3.2 3B (full checkpointing, batch 1 x
@@ -111,12 +114,12 @@ while read -r obj; do
   [ -n "$obj" ] || continue
   if ninja -C "$build" -t deps "$obj" 2>/dev/null | head -n 1 | grep -q '#deps 0,'; then rm -f "$build/$obj"; fi
 done < <(cd "$build" && find . -name '*.cu.o' | sed 's|^\./||')
-meson compile -C "$build" test_gpu bench-kernels bench-train bench-generate-gpu llama-train llama-plan
+meson compile -C "$build" test_gpu bench-kernels bench-train bench-generate-gpu llama-train llama-generate llama-plan
 
 rm -rf "$bundle" "$bundle.tar.xz"
 mkdir -p "$bundle/lib"
 bins=("$build/tests/gpu/test_gpu" "$build/bench/bench-kernels" "$build/bench/bench-train" "$build/bench/bench-generate-gpu"
-      "$build/examples/llama-train")
+      "$build/examples/llama-train" "$build/examples/llama-generate")
 cp "${bins[@]}" "$bundle/"
 # Every library they load, except the C and C++ runtimes (newer there) and CUDA's own.
 for b in "${bins[@]}"; do
@@ -200,7 +203,7 @@ for name in cudnn nccl; do
 done
 export LD_LIBRARY_PATH="$here/lib$cuda_libs:${LD_LIBRARY_PATH:-}"
 { nvidia-smi -L; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  for b in test_gpu bench-kernels bench-train bench-generate-gpu llama-train; do ldd "$here/$b" | grep -E "not found|cudnn|nccl|cublas|cudart" | sed "s|^|$b: |"; done
+  for b in test_gpu bench-kernels bench-train bench-generate-gpu llama-train llama-generate; do ldd "$here/$b" | grep -E "not found|cudnn|nccl|cublas|cudart" | sed "s|^|$b: |"; done
 } 2>&1 | tee "$out/device.txt"
 # Marks the start of a window of bench/gpu_clocks.py's table where `all` keeps a clock log.
 mark() { [ -n "${MARKS:-}" ] && echo "$(date '+%Y/%m/%d %H:%M:%S.%N') $*" >> "$MARKS"; return 0; }
@@ -610,6 +613,19 @@ PY
     done
     "$here/bench-generate-gpu" --dtype float32 --prompt 64 --tokens 128 --commit "$commit" 2>&1 |
       tee -a "$out/generate.txt" || status=1
+    # llama-generate --device cuda on a model the GPU trained: float32 greedy, the CPU's text;
+    # bf16 printed beside.
+    work=$(mktemp -d)
+    "$here/llama-train" --sample-tokens 0 --config "$here/configs/debug_model.toml" --training.device cuda \
+      --training.steps 20 --checkpoint.enable false --job.dump_folder "$work/g" > "$work/train.log" 2>&1 ||
+      { echo "generate: the debug model's run failed"; tail -n 5 "$work/train.log"; exit 1; }
+    sample() { "$here/llama-generate" --checkpoint "$work/g/model.safetensors" --prompt "Nora" --max-new-tokens 64 \
+      --temperature 0 "$@" 2>&1; }
+    cpu=$(sample --device cpu); gpu=$(sample --device cuda); gpu16=$(sample --device cuda --dtype bfloat16)
+    { echo "cpu:           $cpu"; echo "cuda float32:  $gpu"; echo "cuda bfloat16: $gpu16"; } | tee -a "$out/generate.txt"
+    verdict="generate: llama-generate on the GPU writes the CPU's text"
+    [ "$cpu" = "$gpu" ] || { verdict="generate: llama-generate's GPU text differs from the CPU's"; status=1; }
+    echo "$verdict" | tee -a "$out/generate.txt"
     exit "$status" ;;
   llama)
     "$here/llama-train" --config "$here/configs/debug_model.toml" --training.device cuda --training.steps 100 \

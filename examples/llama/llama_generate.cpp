@@ -2,7 +2,7 @@
 //
 //   llama-generate --checkpoint outputs/debug_model/model.safetensors [--prompt TEXT]
 //                  [--tokenizer SPEC] [--max-new-tokens N] [--temperature T] [--top-k K]
-//                  [--seed S]
+//                  [--seed S] [--device cpu|cuda] [--dtype float32|bfloat16]
 //   llama-generate --checkpoint ... --chat MESSAGE [--system TEXT] [--chat-format F]
 //
 // With --chat the model answers MESSAGE as an instruct model does: the conversation
@@ -14,6 +14,10 @@
 // through --tokenizer, by default the tokenizer.model beside the file or inside the
 // directory (or its tokenizer.json), else the byte tokenizer; the prompt follows a BOS
 // token and generation stops at EOS.
+//
+// The model samples on the CPU in float32, or with --device cuda on one GPU (a build with
+// CUDA) with its weights in float32 or, --dtype bfloat16, in bf16; either way each new
+// token's forward runs over its own row through a KV cache.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -30,6 +34,10 @@
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "flags.hpp"
+#include "generate_run.hpp"
+#if TESSERA_WITH_CUDA
+#include "generate_cuda.hpp"
+#endif
 
 using namespace tessera;
 namespace fs = std::filesystem;
@@ -37,24 +45,27 @@ namespace fs = std::filesystem;
 namespace {
 
 int run(const std::vector<std::string>& args) {
-  std::string checkpoint, prompt, tokenizer, chat, system, chat_format = "auto";
-  bool chatting = false;
-  nn::SampleOptions o;
+  std::string checkpoint, tokenizer, device = "cpu", dtype = "float32";
+  llama_generate::Request r;
+  nn::SampleOptions& o = r.options;
   o.max_new_tokens = 200;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
       std::printf("usage: llama-generate --checkpoint FILE.safetensors|DIR [--prompt TEXT] [--tokenizer SPEC]\n"
                   "                      [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+                  "                      [--device cpu|cuda] [--dtype float32|bfloat16]\n"
                   "       llama-generate --checkpoint ... --chat MESSAGE [--system TEXT] [--chat-format F]\n\n"
                   "--tokenizer defaults to the tokenizer.model beside the checkpoint file or in the directory,\n"
                   "else the byte tokenizer. --chat answers MESSAGE in a chat format (llama3, llama2, or auto:\n"
-                  "llama3 when the tokenizer has its header tokens), after the --system message if given.\n");
+                  "llama3 when the tokenizer has its header tokens), after the --system message if given.\n"
+                  "--device cuda samples on one GPU (a build with CUDA), its weights in float32 or, with\n"
+                  "--dtype bfloat16, in bf16; the CPU samples in float32.\n");
       return 0;
     }
     static const std::vector<std::string> known = {"--checkpoint", "--prompt",  "--chat",        "--system",
                                                    "--chat-format", "--tokenizer", "--max-new-tokens", "--temperature",
-                                                   "--top-k",      "--seed"};
+                                                   "--top-k",      "--seed",      "--device",         "--dtype"};
     if (std::find(known.begin(), known.end(), a) == known.end()) fail("unknown option '", a, "' (see --help)");
     TESSERA_CHECK(i + 1 < args.size(), a, ": missing value");
     // Only text (a prompt, a message) may start with "--"; elsewhere it is the next option.
@@ -62,10 +73,12 @@ int run(const std::vector<std::string>& args) {
     TESSERA_CHECK(text || args[i + 1].rfind("--", 0) != 0, a, ": missing value (got the option '", args[i + 1], "')");
     const std::string& v = args[++i];
     if (a == "--checkpoint") checkpoint = v;
-    else if (a == "--prompt") prompt = v;
-    else if (a == "--chat") chat = v, chatting = true;
-    else if (a == "--system") system = v;
-    else if (a == "--chat-format") chat_format = v;
+    else if (a == "--prompt") r.prompt = v;
+    else if (a == "--chat") r.chat = v, r.chatting = true;
+    else if (a == "--system") r.system = v;
+    else if (a == "--chat-format") r.chat_format = v;
+    else if (a == "--device") device = v;
+    else if (a == "--dtype") dtype = v;
     else if (a == "--tokenizer") tokenizer = v;
     else if (a == "--max-new-tokens") o.max_new_tokens = cli::parse_number<std::int64_t>(a, v, "a whole number");
     else if (a == "--temperature") o.temperature = cli::parse_number<double>(a, v, "a number");
@@ -77,8 +90,17 @@ int run(const std::vector<std::string>& args) {
                 "--checkpoint: required (a model.safetensors written by llama-train, or a Hugging Face directory)");
   TESSERA_CHECK(o.max_new_tokens >= 0 && o.temperature >= 0 && o.top_k >= 0,
                 "--max-new-tokens, --temperature and --top-k must not be negative");
-  TESSERA_CHECK(!chatting || prompt.empty(), "--chat and --prompt: give one (--chat answers a message, --prompt continues text)");
-  TESSERA_CHECK(chatting || system.empty(), "--system: only with --chat");
+  TESSERA_CHECK(!r.chatting || r.prompt.empty(),
+                "--chat and --prompt: give one (--chat answers a message, --prompt continues text)");
+  TESSERA_CHECK(r.chatting || r.system.empty(), "--system: only with --chat");
+  TESSERA_CHECK(device == "cpu" || device == "cuda", "--device '", device, "': expected cpu or cuda");
+  TESSERA_CHECK(dtype == "float32" || dtype == "bfloat16", "--dtype '", dtype, "': expected float32 or bfloat16");
+  TESSERA_CHECK(dtype == "float32" || device == "cuda", "--dtype bfloat16: only with --device cuda (the CPU samples "
+                                                          "in float32)");
+#if !TESSERA_WITH_CUDA
+  TESSERA_CHECK(device == "cpu", "--device cuda: this llama-generate was built without CUDA (meson setup -Dcuda=enabled "
+                                 "where the CUDA toolkit is installed)");
+#endif
 
   const nn::ModelArgs a = train::read_saved_model_args(checkpoint);
   if (tokenizer.empty()) {
@@ -96,18 +118,15 @@ int run(const std::vector<std::string>& args) {
   const std::unique_ptr<io::Tokenizer> tok = data::make_tokenizer(tokenizer);
   TESSERA_CHECK(a.vocab_size >= tok->vocab_size(), checkpoint, ": vocabulary of ", a.vocab_size,
                 " is smaller than the tokenizer's (", tokenizer, ") ", tok->vocab_size());
-  nn::Transformer<float, Cpu> model(a);
-  train::load_saved_model(model, checkpoint);
-  o.context = a.max_seq_len;
-  if (chatting) {
-    const io::ChatFormat format = io::resolve_chat_format(chat_format, *tok, "--chat-format");
-    std::vector<io::ChatMessage> messages;
-    if (!system.empty()) messages.push_back({"system", system});
-    messages.push_back({"user", chat});
-    std::printf("%s\n", nn::generate_chat_reply(model, *tok, format, messages, o).c_str());
+#if TESSERA_WITH_CUDA
+  if (device == "cuda") {
+    std::printf("%s\n", llama_generate::sample_on_cuda(a, checkpoint, dtype == "bfloat16", *tok, r).c_str());
     return 0;
   }
-  std::printf("%s%s\n", prompt.c_str(), nn::generate_text(model, *tok, prompt, o).c_str());
+#endif
+  nn::Transformer<float, Cpu> model(a);
+  train::load_saved_model(model, checkpoint);
+  std::printf("%s\n", llama_generate::sample_text(model, *tok, r).c_str());
   return 0;
 }
 

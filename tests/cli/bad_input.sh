@@ -128,6 +128,17 @@ expect_error "generate: unknown option" "unknown option '--tempreature'" "$gener
 expect_error "generate: an unknown option last" "unknown option '--bogus'" "$generate" --checkpoint "$ckpt" --bogus
 expect_error "generate: an option for a value" "--checkpoint: missing value (got the option '--max-new-tokens')" \
   "$generate" --checkpoint --max-new-tokens 5
+expect_error "generate: an unknown device" "--device 'tpu': expected cpu or cuda" "$generate" --checkpoint "$ckpt" --device tpu
+expect_error "generate: bf16 on the CPU" "--dtype bfloat16: only with --device cuda" \
+  "$generate" --checkpoint "$ckpt" --dtype bfloat16
+# --device cuda where no GPU is visible: a build with CUDA says so, one without says what it lacks.
+if ldd "$generate" 2>/dev/null | grep -q 'libcudart'; then
+  no_gpu="CUDA backend: no CUDA device is visible"
+else
+  no_gpu="--device cuda: this llama-generate was built without CUDA"
+fi
+expect_error "generate: --device cuda without a GPU" "$no_gpu" \
+  env CUDA_VISIBLE_DEVICES= "$generate" --checkpoint "$ckpt" --device cuda
 
 # A checkpoint that was saved is never clobbered by a failed run.
 before=$(md5sum < "$ckpt")
