@@ -9,29 +9,15 @@
 //
 // In float32 the two modes must give the same tokens (exit status 1 otherwise); in bf16
 // the tokens that agree before the first difference are reported.
-#include <cuda_runtime.h>
-
 #include <cstdio>
 #include <exception>
 #include <string>
 
+#include "cuda_device.hpp"
 #include "generate.hpp"
 #include "machine.hpp"
-#include "tessera/backend/cuda/check.hpp"
 #include "tessera/backend/cuda/cuda.hpp"
 #include "tessera/nn/transformer.hpp"
-
-namespace {
-
-std::string device_name() {
-  int d = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&d));
-  cudaDeviceProp p{};
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
-  return p.name;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) try {
   using namespace tessera;
@@ -51,8 +37,8 @@ int main(int argc, char** argv) try {
   }
   const nn::ModelArgs a = bench::generate_args(o);
   cuda::require_device();
-  if (dtype == "float32") return bench::generate_rows<nn::Transformer<float, Cuda>>(o, a, device_name(), true);
-  return bench::generate_rows<nn::Transformer<bf16, Cuda>>(o, a, device_name(), false);
+  if (dtype == "float32") return bench::generate_rows<nn::Transformer<float, Cuda>>(o, a, bench::cuda_device_name(), true);
+  return bench::generate_rows<nn::Transformer<bf16, Cuda>>(o, a, bench::cuda_device_name(), false);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench-generate-gpu: error: %s\n", e.what());
   return 1;

@@ -82,6 +82,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cuda_device.hpp"
 #include "machine.hpp"
 #include "tessera/backend/cuda/cuda.hpp"
 #if TESSERA_HAVE_CUPTI
@@ -521,16 +522,8 @@ nlohmann::json profile_json(const Result& r) {
           {"busy_seconds", m.busy_seconds}, {"classes", classes}, {"costliest", top}, {"operations", operations}};
 }
 
-std::string device_name() {
-  int d = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&d));
-  cudaDeviceProp p{};
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
-  return p.name;
-}
-
 int run(const Options& o) {
-  const std::string device = device_name(), date = utc_date();
+  const std::string device = cuda_device_name(), date = utc_date();
   (void)cuda::device_allocator();  // created now, so that its mode is known
   std::printf("bench-train: %s, %s, commit %s | batch %lld x seq %lld, activation checkpointing %s, AdamW moments "
               "%s, peak %.0f TFLOP/s | memory: %s\n",

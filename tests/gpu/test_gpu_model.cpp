@@ -396,6 +396,16 @@ double logits_gap(const std::vector<float>& got, const std::vector<float>& want)
   }
   return gap / scale;
 }
+
+/// Each run's cached logits within `tolerance` of the whole prefix's, and 40 tokens generated.
+void check_decoded(const DecodeRun& run, double tolerance) {
+  REQUIRE(run.decodes);
+  for (std::size_t i = 0; i < run.cached.size(); ++i) {
+    CAPTURE(i);
+    CHECK(logits_gap(run.cached[i], run.whole[i]) <= tolerance);
+  }
+  CHECK(run.with_cache.size() == 40);
+}
 }  // namespace
 
 TEST_CASE("Transformer on Cuda decodes through a KV cache: the whole prefix's logits, and the CPU's text") {
@@ -420,25 +430,14 @@ TEST_CASE("Transformer on Cuda decodes through a KV cache: the whole prefix's lo
     {
       const train::JobConfig c = small_job();
       const DecodeRun gpu = cuda_decode(c, ids, steps, prompt, o);
-      REQUIRE(gpu.decodes);
-      for (std::size_t i = 0; i < steps.size(); ++i) {
-        CAPTURE(i);
-        CHECK(logits_gap(gpu.cached[i], gpu.whole[i]) <= 1e-5);
-      }
-      CHECK(gpu.with_cache.size() == 40);
+      check_decoded(gpu, 1e-5);
       CHECK(gpu.with_cache == gpu.without_cache);
       const DecodeRun cpu = decode_run<CpuModel>(c, ids, steps, prompt, o);
       CHECK(gpu.with_cache == cpu.with_cache);
     }
     {  // the binaries' block type over bf16: the attention after the cache's keys on tessera's kernels
       const train::JobConfig c = small_job({"--training.mixed_precision_param", "bfloat16"});
-      const DecodeRun gpu = cuda_bf16_decode(c, ids, steps, prompt, o);
-      REQUIRE(gpu.decodes);
-      for (std::size_t i = 0; i < steps.size(); ++i) {
-        CAPTURE(i);
-        CHECK(logits_gap(gpu.cached[i], gpu.whole[i]) <= 2e-2);
-      }
-      CHECK(gpu.with_cache.size() == 40);
+      check_decoded(cuda_bf16_decode(c, ids, steps, prompt, o), 2e-2);
     }
   }
 }
