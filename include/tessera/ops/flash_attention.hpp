@@ -337,8 +337,8 @@ struct FlashBackwardQueryRow {
 /// Decoding (AttentionShape::past > 0) the keys of a row are many and its queries few:
 /// the forward walks each row's keys in runs of kFlashSplitKeys, a run a block side by
 /// side (each run's o and log-sum-exp, as FlashForwardRow::finish writes them, into
-/// float scratch), then FlashMergeSplits combines the runs. Training's calls (past 0)
-/// walk every key in one run, as they always have.
+/// scratch in acc_t<T>), then FlashMergeSplits combines the runs. Training's calls (past
+/// 0) walk every key in one run, as they always have.
 inline constexpr std::int64_t kFlashSplitKeys = 128;  // a whole number of tiles at every head dim
 
 /// The runs a forward walks each row's keys in: one, or for a call after a KV cache's
@@ -488,8 +488,9 @@ void flash_check_driver(const AttentionShape& s, std::int64_t tile) {
 /// skipped, as the kernel skips them; full, every tile is visited): o (B*T, H*hd) and lse
 /// (B, H, T). After a KV cache's keys (s.past) the keys of each row are walked in the
 /// kernel's runs of `split_keys` (flash_key_splits: kFlashSplitKeys), each run's o and
-/// lse kept in float and the runs merged by FlashMergeSplits, as the kernel does. A
-/// reference driver for the functors, not a fast path.
+/// lse kept in acc_t<T> (float, as the kernel's scratch, for float and bf16) and the runs
+/// merged by FlashMergeSplits, as the kernel does. A reference driver for the functors,
+/// not a fast path.
 template <class T, int HD>
 void flash_attention_forward_rows(const AttentionShape& s, TensorView<const T> q, TensorView<const T> k,
                                   TensorView<const T> v, TensorView<T> o, acc_t<T>* lse, std::int64_t tile,
