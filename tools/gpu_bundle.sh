@@ -620,7 +620,7 @@ PY
       --training.steps 20 --checkpoint.enable false --job.dump_folder "$work/g" > "$work/train.log" 2>&1 ||
       { echo "generate: the debug model's run failed"; tail -n 5 "$work/train.log"; exit 1; }
     sample() { "$here/llama-generate" --checkpoint "$work/g/model.safetensors" --prompt "Nora" --max-new-tokens 64 \
-      --temperature 0 "$@" 2>&1; }
+      --temperature 0 "$@" 2>> "$out/generate-errors.txt"; }
     cpu=$(sample --device cpu); gpu=$(sample --device cuda); gpu16=$(sample --device cuda --dtype bfloat16)
     { echo "cpu:           $cpu"; echo "cuda float32:  $gpu"; echo "cuda bfloat16: $gpu16"; } | tee -a "$out/generate.txt"
     verdict="generate: llama-generate on the GPU writes the CPU's text"
