@@ -342,9 +342,9 @@ struct FlashBackwardQueryRow {
 inline constexpr std::int64_t kFlashSplitKeys = 128;  // a whole number of tiles at every head dim
 
 /// The runs a forward walks each row's keys in: one, or for a call after a KV cache's
-/// keys one per kFlashSplitKeys of them.
-inline std::int64_t flash_key_splits(const AttentionShape& s) {
-  return s.past > 0 ? (s.key_len() + kFlashSplitKeys - 1) / kFlashSplitKeys : 1;
+/// keys one per `split_keys` of them.
+inline std::int64_t flash_key_splits(const AttentionShape& s, std::int64_t split_keys = kFlashSplitKeys) {
+  return s.past > 0 ? (s.key_len() + split_keys - 1) / split_keys : 1;
 }
 
 /// The float scratch the runs' outputs take: for each run, as many o values and
@@ -500,7 +500,7 @@ void flash_attention_forward_rows(const AttentionShape& s, TensorView<const T> q
   detail::flash_check_driver<HD>(s, tile);
   TESSERA_CHECK(split_keys > 0, "flash attention: runs of ", split_keys, " keys");
   const std::int64_t t = s.seq_len, key_len = s.key_len();
-  const std::int64_t splits = s.past > 0 ? (key_len + split_keys - 1) / split_keys : 1;
+  const std::int64_t splits = flash_key_splits(s, split_keys);
   const std::int64_t run_keys = splits > 1 ? split_keys : key_len;
   const A scale = A(1) / sqrt_(static_cast<A>(HD));
   const std::int64_t cols = s.n_heads * HD, stats = s.batch * s.n_heads * t;
