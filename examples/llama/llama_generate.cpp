@@ -35,6 +35,9 @@
 #include "tessera/nn/transformer.hpp"
 #include "flags.hpp"
 #include "generate_run.hpp"
+#ifndef TESSERA_WITH_CUDA
+#define TESSERA_WITH_CUDA 0
+#endif
 #if TESSERA_WITH_CUDA
 #include "generate_cuda.hpp"
 #endif
@@ -60,7 +63,9 @@ int run(const std::vector<std::string>& args) {
                   "else the byte tokenizer. --chat answers MESSAGE in a chat format (llama3, llama2, or auto:\n"
                   "llama3 when the tokenizer has its header tokens), after the --system message if given.\n"
                   "--device cuda samples on one GPU (a build with CUDA), its weights in float32 or, with\n"
-                  "--dtype bfloat16, in bf16; the CPU samples in float32.\n");
+                  "--dtype bfloat16, in bf16; the CPU samples in float32.\n"
+                  "This build samples on: %s.\n",
+                  TESSERA_WITH_CUDA ? "cpu, cuda" : "cpu (built without CUDA)");
       return 0;
     }
     static const std::vector<std::string> known = {"--checkpoint", "--prompt",  "--chat",        "--system",

@@ -132,7 +132,9 @@ expect_error "generate: an unknown device" "--device 'tpu': expected cpu or cuda
 expect_error "generate: bf16 on the CPU" "--dtype bfloat16: only with --device cuda" \
   "$generate" --checkpoint "$ckpt" --dtype bfloat16
 # --device cuda where no GPU is visible: a build with CUDA says so, one without says what it lacks.
-if ldd "$generate" 2>/dev/null | grep -q 'libcudart'; then
+# The binary says whether it was built with CUDA (the runtime may be linked statically,
+# so the libraries it loads do not tell).
+if "$generate" --help | grep -q 'samples on: cpu, cuda'; then
   no_gpu="CUDA backend: no CUDA device is visible"
 else
   no_gpu="--device cuda: this llama-generate was built without CUDA"
