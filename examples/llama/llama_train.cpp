@@ -129,8 +129,9 @@ void usage() {
       "each process trains one GPU over NCCL. --thread-ranks N runs N ranks in this process (on the CPU,\n"
       "or sharing one GPU). --sample-tokens N: the text sampled from the trained model at the end, N\n"
       "tokens (default 300; 0: none). With several ranks rank 0 samples on the CPU from a float32 copy\n"
-      "of the whole model (4 bytes a parameter of host memory, a forward on the CPU a token): give 0\n"
-      "for a large model.\n\n%s",
+      "of the whole model (4 bytes a parameter of host memory, a forward on the CPU a token); by default\n"
+      "none is drawn from a copy over 8 GiB (a model over 2.1B parameters): llama-generate samples the\n"
+      "saved model.\n\n%s",
       train::config_help().c_str());
 }
 
@@ -163,7 +164,7 @@ int run(std::vector<std::string> args) {
     return count < 0 ? fallback : count;
   };
   const int thread_ranks = take_count("--thread-ranks", 1, 1, "ranks");
-  const int sample_tokens = take_count("--sample-tokens", 0, 300, "tokens");
+  const int sample_tokens = take_count("--sample-tokens", 0, -1, "tokens");  // -1: the default
   train::JobConfig c = train::load_config("", args);
   train::check_supported(c);
   if (c.job.print_config) std::printf("%s\n", train::to_toml(c).c_str());

@@ -41,6 +41,7 @@
 #include "tessera/nn/generate.hpp"
 #include "tessera/nn/transformer.hpp"
 #include "tessera/parallel/parallel.hpp"
+#include "tessera/train/closing_sample.hpp"
 #include "tessera/train/dynamic_model.hpp"
 #include "tessera/train/job_config.hpp"
 #include "tessera/train/rank_log.hpp"
@@ -64,7 +65,8 @@ struct RunInputs {
   /// Writes the tokenizer's file to the path given; false when it has none ("byte").
   std::function<bool(const std::string&)> save_tokenizer_file;
   double peak_flops = 0;              // per device, for MFU
-  std::int64_t sample_tokens = 300;   // the closing sample's length (--sample-tokens); 0: none
+  std::int64_t sample_tokens = -1;    // the closing sample's length (--sample-tokens); 0: none, -1: the
+                                      // default (train::closing_sample)
   std::string peak_text;              // "peak 77.0 GFLOP/s (measured sgemm, OpenBLAS Haswell kernels)"
   /// What each rank computes with, asked when the header is printed (after run_rank has
   /// set a thread rank's OpenMP team): "2 OpenMP threads each", "on one NVIDIA H200 ...".
@@ -616,18 +618,28 @@ int run_rank_steps(comm::Communicator world, const RunInputs& in) {
   // rank whose float8 GEMMs are emulated on the CPU: sampling reruns the forward for each
   // token, and each forward would cast every weight to float8 again in software (the
   // debug model's 300 tokens took 26 s, against 2.7 s from the copy). The copy samples
-  // with float32 GEMMs, as the sample of several ranks always has.
-  // --sample-tokens 0: none, and no copy.
-  if (in.sample_tokens == 0) return 0;
+  // with float32 GEMMs, as the sample of several ranks always has. By default none is
+  // drawn from a copy larger than 8 GiB (train/closing_sample.hpp); --sample-tokens 0:
+  // none, and no copy.
   const bool emulated_float8 = B::device == Device::cpu && train::float8_enabled(c) && c.float8.emulate;
+  const train::ClosingSample closing =
+      train::closing_sample(in.sample_tokens, world.size() > 1 || emulated_float8, a.num_params());
+  if (closing.tokens == 0) {
+    if (lead && !closing.declined.empty())
+      std::fprintf(stderr,
+                   "no closing sample: %s; `llama-generate --checkpoint %s` samples the saved model (--device cuda on "
+                   "one GPU), or --sample-tokens N draws it here\n",
+                   closing.declined.c_str(), final_path.c_str());
+    return 0;
+  }
   std::unique_ptr<nn::Transformer<float, Cpu>> whole;
-  if (world.size() > 1 || emulated_float8)
+  if (closing.cpu_copy)
     model.with_whole_parameters([&] {
       if (lead) whole = whole_copy_on_cpu(model, a);
     });
   if (lead) {
     nn::SampleOptions o;
-    o.max_new_tokens = in.sample_tokens;
+    o.max_new_tokens = closing.tokens;
     o.temperature = 0.7;
     o.seed = static_cast<std::uint64_t>(c.training.seed);
     o.context = c.training.seq_len;
