@@ -573,6 +573,10 @@ dataset = "c4_validation"
   CHECK_ERROR(parse("[model]\nname = \"llama3\"\nflavor = \"13B\"\n"), "'13B' is not a flavor of model.name",
               "8B");
   CHECK_ERROR(parse("[quantize.linear.mx]\nrecipe_name = \"mxfp8\"\n"), "unknown section [quantize.linear.mx]");
+  // An empty [quantize] or [quantize.linear] sets nothing (the first was a null dereference).
+  for (const char* empty : {"[quantize]\n", "[quantize.linear]\n", "[quantize]\n[quantize.linear]\n"})
+    CHECK(parse(empty) == parse(""));
+  CHECK_ERROR(parse("[quantize]\nlinear = 3\n"), "unknown section [quantize.linear]");
   CHECK_ERROR(parse("[quantize.linear.float8]\nemulate = true\n[float8]\nemulate = true\n"),
               "[quantize.linear.float8] and [float8] both set the float8 keys");
   // Its switches tessera reads but cannot turn on are refused by key, with the reason.

@@ -129,11 +129,13 @@ inline void apply_toml(JobConfig& c, Origins& origins, std::string_view text, st
       if (key.str() != "linear" || !linear)
         fail(position(source, key.source()), ": unknown section [quantize.", key.str(),
              "] (tessera reads torchtitan's [quantize.linear.float8], or [float8])");
-    for (auto&& [key, node] : *linear)
-      if (key.str() != "float8" || !node.is_table())
-        fail(position(source, key.source()), ": unknown section [quantize.linear.", key.str(),
-             "] (tessera's float8 recipes are [quantize.linear.float8]'s; MX formats need Blackwell GPUs)");
-    if (toml::table* float8 = (*linear)["float8"].as_table()) {
+    // An empty [quantize] (no [quantize.linear]) sets nothing, nor does an empty [quantize.linear].
+    if (linear)
+      for (auto&& [key, node] : *linear)
+        if (key.str() != "float8" || !node.is_table())
+          fail(position(source, key.source()), ": unknown section [quantize.linear.", key.str(),
+               "] (tessera's float8 recipes are [quantize.linear.float8]'s; MX formats need Blackwell GPUs)");
+    if (toml::table* float8 = linear ? (*linear)["float8"].as_table() : nullptr) {
       TESSERA_CHECK(!root.contains("float8"), where,
                     ": [quantize.linear.float8] and [float8] both set the float8 keys: keep one");
       toml::table moved = *float8;
