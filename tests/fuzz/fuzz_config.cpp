@@ -1,5 +1,7 @@
 // libFuzzer target: the job config reader (train::parse_config: TOML text, torchtitan's
-// schema and tessera's, every key's type and range, the flavor and the checks across keys).
+// schema and tessera's, every key's type and range, the flavor and the checks across keys)
+// and the command line's overrides. The input up to its first NUL byte is the TOML file;
+// after it, each line is one command-line word (--section.key, a value, --key=value).
 //
 // When the text is accepted, the config is written back (to_toml) and must read back to
 // the same config: what llama-train prints with job.print_config, and what a checkpoint
@@ -16,6 +18,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/train/config.hpp"
@@ -32,10 +35,19 @@ namespace {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tessera::train;
-  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  const std::size_t nul = input.find('\0');
+  const std::string_view text = input.substr(0, nul);
+  std::vector<std::string> args;
+  if (nul != std::string_view::npos)
+    for (std::string_view rest = input.substr(nul + 1); !rest.empty();) {
+      const std::size_t end = rest.find('\n');
+      args.emplace_back(rest.substr(0, end));
+      rest = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
+    }
   JobConfig c;
   try {
-    c = parse_config(text, "fuzz.toml");
+    c = parse_config(text, "fuzz.toml", args);
   } catch (const tessera::Error&) {
     return 0;  // refused with a message: the contract
   }

@@ -704,6 +704,16 @@ TEST_CASE("to_toml round trip") {
     CHECK(text.find("[parallelism]\n") < text.find("pipeline_parallel_split_points = []\n"));
     CHECK(parse_config(text, "dump.toml", {}) == c);
   }
+  SUBCASE("text from the command line: UTF-8 writes back, other bytes are refused by key") {
+    // fuzz_config found the second: the config written back was no TOML.
+    const JobConfig c = parse("", {"--job.description", "caf\xc3\xa9 \xe2\x9c\x93 \"q\" \\ \x01"});
+    CHECK(c.job.description == "caf\xc3\xa9 \xe2\x9c\x93 \"q\" \\ \x01");
+    CHECK(parse_config(to_toml(c), "dump.toml", {}) == c);
+    CHECK_ERROR(parse("", {"--job.description", "ab\xff"}),
+                "command line: --job.description: not UTF-8 text, got 'ab\xef\xbf\xbd'");
+    CHECK_ERROR(parse("", {"--float8.filter_fqns", "output,w1\x8c"}), "--float8.filter_fqns: not UTF-8 text");
+    CHECK_ERROR(parse("", {"--job.description=\xc3"}), "--job.description: not UTF-8 text");
+  }
   SUBCASE("a string list: one item, several, and back to empty") {
     for (const Args& args : {Args{"--parallelism.pipeline_parallel_split_points", "layers.5"},
                              Args{"--parallelism.pipeline_parallel_split_points=layers.2,layers.4"}}) {

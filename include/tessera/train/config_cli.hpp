@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/io/utf8.hpp"
 #include "tessera/train/config_field.hpp"
 #include "tessera/train/config_keys.hpp"
 #include "tessera/train/config_suggest.hpp"
@@ -101,6 +102,11 @@ inline Value value_from_text(const ConfigKey& key, const std::string& text, cons
     fail(where, ": --", key.name, ": expected ", expected_name(key.type), ", got '", text, "'");
   };
   if (key.optional && (text == "none" || text == "None")) return std::monostate{};
+  // A config's text is UTF-8, as TOML's is: other bytes would make the config it writes
+  // back (job.print_config, a run's folder) a file no TOML reader takes.
+  if ((key.type == KeyType::String || key.type == KeyType::StringList) && io::valid_utf8(text) != text)
+    fail(where, ": --", key.name, ": not UTF-8 text, got '", io::valid_utf8(text),
+         "' (U+FFFD marks the bytes that are not)");
   const char* first = text.data();
   const char* last = text.data() + text.size();
   switch (key.type) {
