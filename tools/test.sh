@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds tessera and runs every test: the whole suite in a release build, the CPU and CLI
 # suites again under AddressSanitizer and UndefinedBehaviorSanitizer, then the libFuzzer
-# targets (the safetensors parser, the tokenizer loader, the pipeline schedule reader and
-# the job config reader) side by side for FUZZ_SECONDS
+# targets (the safetensors parser, the tokenizer loader, the pipeline schedule reader, the
+# job config reader and the chat data reader) side by side for FUZZ_SECONDS
 # each (default 30). At the end (also after a failure) it prints each phase's wall time,
 # the doctest cases each build ran and the ten slowest compiles and tests, so a change
 # that slows CI shows at once (docs/testing.md has the budget: 20 minutes cold on two

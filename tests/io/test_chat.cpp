@@ -92,6 +92,10 @@ TEST_CASE("chat data: every bad line or conversation is one message naming its p
   CHECK(io::parse_chat_line(R"({"messages": [{"role": "user", "content": "é"}]})", "c.jsonl", 3).at(0).content == "é");
   CHECK_ERROR_CONTAINS(io::parse_chat_line("{\"messages\": [", "c.jsonl", 7), "c.jsonl:7: not a JSON object");
   CHECK_ERROR_CONTAINS(io::parse_chat_line("[1]", "c.jsonl", 2), "c.jsonl:2: not a JSON object");
+  // A number past a double is nlohmann's out_of_range, not a parse error (fuzz_chat found it
+  // escaping without the file's name).
+  CHECK_ERROR_CONTAINS(io::parse_chat_line("{\"messages\": [], \"n\": 1e400}", "c.jsonl", 3),
+                       "c.jsonl:3: not a JSON object");
   CHECK_ERROR_CONTAINS(io::parse_chat_line(R"({"text": "x"})", "c.jsonl", 2), "c.jsonl:2: no \"messages\" field");
   CHECK_ERROR_CONTAINS(io::parse_chat_line(R"({"messages": {}})", "c.jsonl", 2), "\"messages\" is not an array");
   CHECK_ERROR_CONTAINS(io::parse_chat_line(R"({"messages": [{"role": "user"}]})", "c.jsonl", 4),

@@ -266,7 +266,7 @@ inline std::vector<ChatMessage> parse_chat_line(std::string_view json_line, std:
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(json_line.begin(), json_line.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range: a number past a double
     fail(where, ": not a JSON object (", e.what(), ")");
   }
   TESSERA_CHECK(j.is_object(), where, ": not a JSON object");
