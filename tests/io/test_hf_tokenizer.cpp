@@ -275,6 +275,8 @@ TEST_CASE("tokenizer.json: bad input, one line naming the file and the key") {
     j = small_tokenizer();
     j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed";
     CHECK_ERROR_CONTAINS(parse(j), file + "pre_tokenizer.pretokenizers[0].behavior: \"Removed\" is not read");
+    j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = 3;  // not a string: named, not nlohmann's type_error
+    CHECK_ERROR_CONTAINS(parse(j), file + "pre_tokenizer.pretokenizers[0].behavior: \"3\" is not read");
     j = small_tokenizer();
     j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
     CHECK_ERROR_CONTAINS(parse(j), file + "pre_tokenizer.pretokenizers[1].add_prefix_space: true is not read");
@@ -321,6 +323,25 @@ TEST_CASE("tokenizer.json: bad input, one line naming the file and the key") {
         "tokenizer_config.json 'c/tokenizer_config.json': eos_token: '</s>' is not a token of 't'");
     CHECK_ERROR_CONTAINS(io::HfTokenizer::parse(j.dump(), "t", std::string_view("{"), "c/tokenizer_config.json"),
                          "tokenizer_config.json 'c/tokenizer_config.json': not JSON");
+  }
+  {  // The post-processor's BOS: its one id must be a token (fuzz_hf_tokenizer's finding: it was BOS unchecked).
+    json j = small_tokenizer();
+    const auto processor = [&j](json id) {
+      j["post_processor"] = {
+          {"type", "TemplateProcessing"},
+          {"single", json::array({{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                                  {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+          {"special_tokens", {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", json::array({id})}}}}}};
+    };
+    processor(257);
+    CHECK(parse(j).bos_id() == 257);
+    processor(259);
+    CHECK_ERROR_CONTAINS(parse(j), file + "post_processor.special_tokens: the BOS token's id 259 is outside the "
+                                          "vocabulary of 259");
+    j["post_processor"]["type"] = 5;  // not a string: no template, so the BOS is found by name
+    CHECK(parse(j).bos_id() == 257);
+    processor(-1);
+    CHECK_ERROR_CONTAINS(parse(j), file + "post_processor.special_tokens: '<|begin_of_text|>' has not exactly one id");
   }
 }
 

@@ -276,6 +276,122 @@ class HfTokenizer final : public Tokenizer {
   static HfTokenizer parse(std::string_view text, const std::string& source,
                            std::optional<std::string_view> config = std::nullopt,
                            const std::string& config_source = "") {
+    // Every value is checked for its type before it is read; should a check be missing,
+    // nlohmann's exception still becomes an error naming the file.
+    try {
+      return parse_checked(text, source, config, config_source);
+    } catch (const nlohmann::json::exception& e) {
+      fail("tokenizer.json '", source, "'", config ? " (or tokenizer_config.json '" + config_source + "')" : "",
+           ": a value of an unexpected type: ", e.what());
+    }
+  }
+
+  std::string_view kind() const override { return "tokenizer.json"; }
+  std::int64_t vocab_size() const override { return static_cast<std::int64_t>(d_->token_names.size()); }
+  std::uint32_t bos_id() const override { return d_->bos; }
+  std::uint32_t eos_id() const override { return d_->eos; }
+
+  /// The file the tokenizer came from, and its text as read.
+  const std::string& source() const { return d_->source; }
+  const std::string& json() const { return d_->json; }
+  /// The token's string as the file spells it (byte-level characters for a vocabulary token).
+  const std::string& token_name(std::uint32_t id) const {
+    check_id(id, std::nullopt);
+    return d_->token_names[id];
+  }
+  /// Whether `id` is a special added token.
+  bool is_special(std::uint32_t id) const {
+    check_id(id, std::nullopt);
+    return d_->is_special[id] != 0;
+  }
+  /// The added tokens, in the file's order.
+  const std::vector<detail::HfAddedToken>& added_tokens() const { return d_->added; }
+
+  std::vector<std::uint32_t> encode(std::string_view text, EncodeOptions options) const override {
+    std::vector<std::uint32_t> ids;
+    ids.reserve(text.size() / 3 + 2);
+    if (options.bos) ids.push_back(d_->bos);
+    // First pass: tokens with normalized false; the text between them (special tokens'
+    // text too, without allow_special) goes to the second pass.
+    std::size_t gap = 0;
+    for (std::size_t pos = 0; pos < text.size();) {
+      const auto m = d_->first_pass.find(text, pos);
+      if (m.length == 0) break;
+      pos = m.at + m.length;
+      const detail::HfAddedToken& t = d_->added[m.token];
+      if (t.special && !options.allow_special) continue;
+      second_pass(text.substr(gap, m.at - gap), options, ids);
+      ids.push_back(t.id);
+      gap = pos;
+    }
+    second_pass(text.substr(gap), options, ids);
+    if (options.eos) ids.push_back(d_->eos);
+    return ids;
+  }
+
+  /// Appends the BPE ids of `text` (no added tokens in it) to `ids`.
+  void encode_ordinary(std::string_view text, std::vector<std::uint32_t>& ids) const {
+    if (text.empty()) return;
+    std::vector<std::uint32_t> bounds;
+    const detail::HfTokenizerData& d = *d_;
+    const auto rank_of = [&d](std::string_view left, std::string_view right) {
+      const std::uint32_t a = d.id_of(left);
+      const std::uint32_t b = d.id_of(right);
+      if (a == detail::no_rank || b == detail::no_rank) return detail::no_rank;
+      auto it = d.merges.find((static_cast<std::uint64_t>(a) << 32) | b);
+      return it == d.merges.end() ? detail::no_rank : it->second.first;
+    };
+    const auto bpe = [&](std::string_view piece) {
+      if (d.ignore_merges) {
+        const std::uint32_t whole = d.id_of(piece);
+        if (whole != detail::no_rank) {
+          ids.push_back(whole);
+          return;
+        }
+      }
+      detail::append_merged_piece(piece, bounds, rank_of, [&d](std::string_view part) { return d.id_of(part); }, ids);
+    };
+    split(text, 0, bpe);
+  }
+
+  std::string decode(std::span<const std::uint32_t> ids) const override {
+    std::string text;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      check_id(ids[i], i);
+      if (!d_->is_special[ids[i]]) text += d_->token_bytes[ids[i]];
+    }
+    return text;
+  }
+
+  std::string token_text(std::uint32_t id) const override {
+    check_id(id, std::nullopt);
+    return d_->is_special[id] ? d_->token_names[id] : d_->token_bytes[id];
+  }
+
+  std::optional<std::uint32_t> special_id(std::string_view name) const override {
+    for (const detail::HfAddedToken& t : d_->added)
+      if (t.special && t.content == name) return t.id;
+    return std::nullopt;
+  }
+
+ private:
+  explicit HfTokenizer(std::shared_ptr<const detail::HfTokenizerData> d) : d_(std::move(d)) {}
+
+  static std::string read_text(const std::string& path, const char* what) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    TESSERA_CHECK(std::filesystem::exists(status), what, " '", path, "': no such file");
+    TESSERA_CHECK(std::filesystem::is_regular_file(status), what, " '", path, "': not a regular file");
+    std::ifstream in(path, std::ios::binary);
+    TESSERA_CHECK(in.is_open(), what, " '", path, "': cannot open for reading");
+    std::ostringstream text;
+    text << in.rdbuf();
+    TESSERA_CHECK(!in.bad(), what, " '", path, "': read error");
+    return text.str();
+  }
+
+  static HfTokenizer parse_checked(std::string_view text, const std::string& source,
+                                   std::optional<std::string_view> config, const std::string& config_source) {
     using nlohmann::json;
     auto d = std::make_shared<detail::HfTokenizerData>();
     d->source = source;
@@ -288,10 +404,6 @@ class HfTokenizer final : public Tokenizer {
       fail(where, "not JSON: ", e.what());
     }
     TESSERA_CHECK(j.is_object(), where, "not a JSON object");
-    const auto type_of = [](const json& v) -> std::string {
-      if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) return "";
-      return v["type"].get<std::string>();
-    };
     const auto is_true = [](const json& v, const char* key) {
       return v.is_object() && v.contains(key) && v[key].is_boolean() && v[key].get<bool>();
     };
@@ -356,8 +468,9 @@ class HfTokenizer final : public Tokenizer {
           TESSERA_CHECK(s.contains("pattern") && s["pattern"].is_object() && s["pattern"].contains("Regex") &&
                             s["pattern"]["Regex"].is_string(),
                         where, key, ".pattern: not read (a {\"Regex\": ...} pattern only)");
-          TESSERA_CHECK(s.value("behavior", std::string()) == "Isolated", where, key, ".behavior: \"",
-                        s.value("behavior", std::string()), "\" is not read (Isolated only)");
+          const std::string behavior = text_of(s, "behavior");
+          TESSERA_CHECK(behavior == "Isolated", where, key, ".behavior: \"", behavior,
+                        "\" is not read (Isolated only)");
           TESSERA_CHECK(!is_true(s, "invert"), where, key, ".invert: true is not read");
           add_split(*d, s["pattern"]["Regex"].get<std::string>(), where + key + ".pattern.Regex");
         } else if (t == "ByteLevel") {
@@ -535,6 +648,9 @@ class HfTokenizer final : public Tokenizer {
       return std::nullopt;
     };
     std::optional<std::uint32_t> bos = template_bos(j, where);
+    if (bos)
+      TESSERA_CHECK(*bos < n, where, "post_processor.special_tokens: the BOS token's id ", *bos,
+                    " is outside the vocabulary of ", n);
     if (!bos) {
       if (auto name = config_token("bos_token"))
         bos = named(*name, "tokenizer_config.json '" + config_source + "': bos_token");
@@ -555,108 +671,15 @@ class HfTokenizer final : public Tokenizer {
     return HfTokenizer(std::move(d));
   }
 
-  std::string_view kind() const override { return "tokenizer.json"; }
-  std::int64_t vocab_size() const override { return static_cast<std::int64_t>(d_->token_names.size()); }
-  std::uint32_t bos_id() const override { return d_->bos; }
-  std::uint32_t eos_id() const override { return d_->eos; }
-
-  /// The file the tokenizer came from, and its text as read.
-  const std::string& source() const { return d_->source; }
-  const std::string& json() const { return d_->json; }
-  /// The token's string as the file spells it (byte-level characters for a vocabulary token).
-  const std::string& token_name(std::uint32_t id) const {
-    check_id(id, std::nullopt);
-    return d_->token_names[id];
+  /// `v[key]`'s text: a string as it is, nothing for a key absent (or v not an object) or
+  /// null, any other value as JSON (so a message can show it).
+  static std::string text_of(const nlohmann::json& v, const char* key) {
+    if (!v.is_object() || !v.contains(key) || v[key].is_null()) return "";
+    return v[key].is_string() ? v[key].get<std::string>() : v[key].dump();
   }
-  /// Whether `id` is a special added token.
-  bool is_special(std::uint32_t id) const {
-    check_id(id, std::nullopt);
-    return d_->is_special[id] != 0;
-  }
-  /// The added tokens, in the file's order.
-  const std::vector<detail::HfAddedToken>& added_tokens() const { return d_->added; }
-
-  std::vector<std::uint32_t> encode(std::string_view text, EncodeOptions options) const override {
-    std::vector<std::uint32_t> ids;
-    ids.reserve(text.size() / 3 + 2);
-    if (options.bos) ids.push_back(d_->bos);
-    // First pass: tokens with normalized false; the text between them (special tokens'
-    // text too, without allow_special) goes to the second pass.
-    std::size_t gap = 0;
-    for (std::size_t pos = 0; pos < text.size();) {
-      const auto m = d_->first_pass.find(text, pos);
-      if (m.length == 0) break;
-      pos = m.at + m.length;
-      const detail::HfAddedToken& t = d_->added[m.token];
-      if (t.special && !options.allow_special) continue;
-      second_pass(text.substr(gap, m.at - gap), options, ids);
-      ids.push_back(t.id);
-      gap = pos;
-    }
-    second_pass(text.substr(gap), options, ids);
-    if (options.eos) ids.push_back(d_->eos);
-    return ids;
-  }
-
-  /// Appends the BPE ids of `text` (no added tokens in it) to `ids`.
-  void encode_ordinary(std::string_view text, std::vector<std::uint32_t>& ids) const {
-    if (text.empty()) return;
-    std::vector<std::uint32_t> bounds;
-    const detail::HfTokenizerData& d = *d_;
-    const auto rank_of = [&d](std::string_view left, std::string_view right) {
-      const std::uint32_t a = d.id_of(left);
-      const std::uint32_t b = d.id_of(right);
-      if (a == detail::no_rank || b == detail::no_rank) return detail::no_rank;
-      auto it = d.merges.find((static_cast<std::uint64_t>(a) << 32) | b);
-      return it == d.merges.end() ? detail::no_rank : it->second.first;
-    };
-    const auto bpe = [&](std::string_view piece) {
-      if (d.ignore_merges) {
-        const std::uint32_t whole = d.id_of(piece);
-        if (whole != detail::no_rank) {
-          ids.push_back(whole);
-          return;
-        }
-      }
-      detail::append_merged_piece(piece, bounds, rank_of, [&d](std::string_view part) { return d.id_of(part); }, ids);
-    };
-    split(text, 0, bpe);
-  }
-
-  std::string decode(std::span<const std::uint32_t> ids) const override {
-    std::string text;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      check_id(ids[i], i);
-      if (!d_->is_special[ids[i]]) text += d_->token_bytes[ids[i]];
-    }
-    return text;
-  }
-
-  std::string token_text(std::uint32_t id) const override {
-    check_id(id, std::nullopt);
-    return d_->is_special[id] ? d_->token_names[id] : d_->token_bytes[id];
-  }
-
-  std::optional<std::uint32_t> special_id(std::string_view name) const override {
-    for (const detail::HfAddedToken& t : d_->added)
-      if (t.special && t.content == name) return t.id;
-    return std::nullopt;
-  }
-
- private:
-  explicit HfTokenizer(std::shared_ptr<const detail::HfTokenizerData> d) : d_(std::move(d)) {}
-
-  static std::string read_text(const std::string& path, const char* what) {
-    std::error_code ec;
-    const auto status = std::filesystem::status(path, ec);
-    TESSERA_CHECK(std::filesystem::exists(status), what, " '", path, "': no such file");
-    TESSERA_CHECK(std::filesystem::is_regular_file(status), what, " '", path, "': not a regular file");
-    std::ifstream in(path, std::ios::binary);
-    TESSERA_CHECK(in.is_open(), what, " '", path, "': cannot open for reading");
-    std::ostringstream text;
-    text << in.rdbuf();
-    TESSERA_CHECK(!in.bad(), what, " '", path, "': read error");
-    return text.str();
+  /// An object's "type" when it is a string, else nothing.
+  static std::string type_of(const nlohmann::json& v) {
+    return v.is_object() && v.contains("type") && v["type"].is_string() ? v["type"].get<std::string>() : "";
   }
 
   static void add_split(detail::HfTokenizerData& d, const std::string& pattern, const std::string& where) {
@@ -676,12 +699,12 @@ class HfTokenizer final : public Tokenizer {
     if (!j.contains("post_processor") || !j["post_processor"].is_object()) return std::nullopt;
     std::vector<const nlohmann::json*> processors{&j["post_processor"]};
     const nlohmann::json& p = j["post_processor"];
-    if (p.value("type", std::string()) == "Sequence" && p.contains("processors") && p["processors"].is_array()) {
+    if (type_of(p) == "Sequence" && p.contains("processors") && p["processors"].is_array()) {
       processors.clear();
       for (const auto& q : p["processors"]) processors.push_back(&q);
     }
     for (const nlohmann::json* q : processors) {
-      if (!q->is_object() || q->value("type", std::string()) != "TemplateProcessing" || !q->contains("single"))
+      if (type_of(*q) != "TemplateProcessing" || !q->contains("single"))
         continue;
       const nlohmann::json& single = (*q)["single"];
       if (!single.is_array() || single.empty() || !single[0].is_object() || !single[0].contains("SpecialToken"))
