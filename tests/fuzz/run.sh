@@ -99,7 +99,7 @@ run_target() {
 
 # Build every target, then fuzz them side by side, each with FUZZ_JOBS processes and
 # reporting into its own file, printed in order once all have ended (CI has two cores,
-# which the seven targets share).
+# which the eight targets share).
 # The config reader links the system's toml++ as llama-train does (its header-only form
 # asserts on inputs the compiled library reports as syntax errors).
 toml_flags=$(pkg-config --cflags --libs tomlplusplus 2>/dev/null) || { echo "fuzz: pkg-config cannot find tomlplusplus (libtomlplusplus-dev)" >&2; exit 1; }
@@ -107,10 +107,12 @@ targets=(safetensors schedule_csv config token_shard)
 extra_flags=("" "" "$toml_flags" "")
 if [ -f include/tessera/io/tiktoken.hpp ]; then
   pcre_flags=$(pkg-config --cflags --libs libpcre2-8 2>/dev/null) || { echo "fuzz: pkg-config cannot find libpcre2-8 (libpcre2-dev)" >&2; exit 1; }
-  targets+=(tiktoken chat hf_tokenizer)
-  extra_flags+=("$pcre_flags" "$pcre_flags" "$pcre_flags")
+  # The model config reader's header reaches the SentencePiece wrapper (checkpoint/hf.hpp).
+  sp_flags=$(pkg-config --cflags --libs sentencepiece 2>/dev/null) || { echo "fuzz: pkg-config cannot find sentencepiece (libsentencepiece-dev)" >&2; exit 1; }
+  targets+=(tiktoken chat hf_tokenizer model_config)
+  extra_flags+=("$pcre_flags" "$pcre_flags" "$pcre_flags" "$pcre_flags $sp_flags")
 else
-  echo "== skipping fuzz_tiktoken, fuzz_chat and fuzz_hf_tokenizer: include/tessera/io/tiktoken.hpp does not exist"
+  echo "== skipping fuzz_tiktoken, fuzz_chat, fuzz_hf_tokenizer and fuzz_model_config: include/tessera/io/tiktoken.hpp does not exist"
 fi
 pids=()
 for i in "${!targets[@]}"; do
@@ -128,7 +130,7 @@ for i in "${!targets[@]}"; do
 done
 $build_only && exit 0
 
-declare -A max_len=([safetensors]=8192 [tiktoken]=16384 [schedule_csv]=2048 [config]=4096 [chat]=4096 [hf_tokenizer]=16384 [token_shard]=4096)
+declare -A max_len=([safetensors]=8192 [tiktoken]=16384 [schedule_csv]=2048 [config]=4096 [chat]=4096 [hf_tokenizer]=16384 [token_shard]=4096 [model_config]=2048)
 pids=()
 for t in "${targets[@]}"; do
   run_target "$t" "${max_len[$t]}" > "$build/report_$t.txt" 2>&1 &

@@ -91,6 +91,28 @@ TEST_CASE("Bad shapes are rejected with the fields named") {
   CHECK_THROWS_WITH_AS(a.validate(), doctest::Contains("n_kv_heads (5) does not divide n_heads (16)"), Error);
 }
 
+TEST_CASE("Sizes past 2^48 parameters are refused before anything counts them in integers") {
+  for (const ModelArgs& a : model_flavors()) CHECK_NOTHROW(a.validate());  // 405B is 1/700 of the bound
+  ModelArgs a = model_flavor("llama3.1_405b");
+  a.dim = std::int64_t{1} << 40;  // dim^2 overflows an int64 (a config.json's hidden_size, fuzz_model_config)
+  CHECK_THROWS_WITH_AS(a.validate("config.json"),
+                       doctest::Contains("config.json: the parameter count is 1.78601e+27, past the 2.81475e+14 "
+                                         "(2^48) parameters tessera takes for a whole model"),
+                       Error);
+  a = model_flavor("debugmodel");
+  a.vocab_size = std::int64_t{1} << 50;
+  CHECK_THROWS_WITH_AS(a.validate(), doctest::Contains("model: vocab_size is 1.1259e+15, past the"), Error);
+  a = model_flavor("debugmodel");
+  a.ffn_dim_multiplier = 1e300;  // the hidden size, a double, would not fit an int64
+  CHECK_THROWS_WITH_AS(a.validate(), doctest::Contains("model: the feed-forward hidden size is"), Error);
+  a = model_flavor("debugmodel");
+  a.n_layers = std::int64_t{1} << 30;  // 2^30 blocks of 0.8M parameters: 2^49.7
+  CHECK_THROWS_WITH_AS(a.validate(), doctest::Contains("model: the parameter count is"), Error);
+  a.n_layers = std::int64_t{1} << 20;  // 2^39.7: counted exactly
+  a.validate();
+  CHECK(a.num_params() > (std::int64_t{1} << 39));
+}
+
 TEST_CASE("Tied embeddings share one parameter") {
   ModelArgs a = model_flavor("debugmodel");
   a.n_layers = 1;

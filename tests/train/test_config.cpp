@@ -686,6 +686,9 @@ TEST_CASE("model shapes that do not divide are rejected") {
               "n_kv_heads (5) does not divide n_heads (16)");
   CHECK_ERROR(load_config("", {"--model.n_heads", "3"}), "command line: [model]",
               "n_heads (3) does not divide dim (256)");
+  // Past 2^48 parameters: refused before the parameter count overflows an int64.
+  CHECK_ERROR(parse("[model]\ndim = 1099511627776\n"), "job.toml: [model]",
+              "the parameter count is 8.70427e+25, past the 2.81475e+14 (2^48) parameters");
 }
 
 TEST_CASE("the folders a job writes to are named") {

@@ -4,10 +4,12 @@
 // validate() rejects shapes that do not divide, naming the fields involved.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -50,6 +52,11 @@ struct ModelArgs {
   bool tie_embeddings = false;
   bool depth_init = true;  // torchtitan: output projections scaled by layer depth
 
+  /// The largest model validate() lets through: 2^48 parameters (about 700 times Llama 3.1
+  /// 405B), so that the counts, bytes and FLOPs derived from a model's sizes stay far
+  /// inside 64-bit integers whatever a config file claims.
+  static constexpr double max_params = 281474976710656.0;
+
   std::int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   std::int64_t head_dim() const { return dim / n_heads; }
 
@@ -60,6 +67,18 @@ struct ModelArgs {
     auto hidden = static_cast<std::int64_t>(2 * (4 * dim) / 3);
     if (ffn_dim_multiplier > 0) hidden = static_cast<std::int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
     return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+  }
+
+  /// The parameter count in `N`'s arithmetic for a SwiGLU hidden size `ffn` (num_params in
+  /// integers; validate() in doubles, which cannot overflow, before any integer count).
+  template <class N>
+  N params_with(N ffn) const {
+    const N d = static_cast<N>(dim), h = static_cast<N>(n_heads), hd = static_cast<N>(head_dim());
+    const N kv = static_cast<N>(kv_heads()), v = static_cast<N>(vocab_size), layers = static_cast<N>(n_layers);
+    const N attn = d * h * hd + N(2) * d * kv * hd + h * hd * d;
+    const N block = attn + N(3) * d * ffn + N(2) * d;
+    const N head = tie_embeddings ? N(0) : v * d;
+    return v * d + layers * block + d + head;
   }
 
   /// Rejects arguments no model can be built from; `where` names their source.
@@ -73,6 +92,23 @@ struct ModelArgs {
     positive(vocab_size, "vocab_size");
     positive(multiple_of, "multiple_of");
     positive(max_seq_len, "max_seq_len");
+    // Sizes past 2^48 parameters are refused before anything counts in integers: the
+    // SwiGLU hidden size and the count are estimated in doubles first.
+    const auto within = [&](double v, const char* what) {
+      TESSERA_CHECK(v <= max_params, where, ": ", what, " is ", v, ", past the ", max_params,
+                    " (2^48) parameters tessera takes for a whole model");
+    };
+    for (auto [v, key] : {std::pair{dim, "dim"}, std::pair{n_layers, "n_layers"}, std::pair{n_heads, "n_heads"},
+                          std::pair{n_kv_heads, "n_kv_heads"}, std::pair{vocab_size, "vocab_size"},
+                          std::pair{multiple_of, "multiple_of"}, std::pair{ffn_hidden, "ffn_hidden"},
+                          std::pair{max_seq_len, "max_seq_len"}})
+      within(static_cast<double>(v), key);
+    TESSERA_CHECK(std::isfinite(ffn_dim_multiplier), where, ": ffn_dim_multiplier must be finite");
+    const double ffn = ffn_hidden > 0 ? static_cast<double>(ffn_hidden)
+                                      : static_cast<double>(multiple_of) +
+                                            std::max(ffn_dim_multiplier, 1.0) * 8.0 * static_cast<double>(dim) / 3.0;
+    within(ffn, "the feed-forward hidden size");
+    within(params_with<double>(ffn), "the parameter count");
     TESSERA_CHECK(ffn_hidden >= 0, where, ": ffn_hidden must not be negative, got ", ffn_hidden);
     TESSERA_CHECK(n_kv_heads >= 0, where, ": n_kv_heads must not be negative, got ", n_kv_heads);
     TESSERA_CHECK(dim % n_heads == 0, where, ": n_heads (", n_heads, ") does not divide dim (", dim, ")");
@@ -92,14 +128,7 @@ struct ModelArgs {
   }
 
   /// Parameters in the whole Llama model (nn::Transformer::num_params counts any block's).
-  std::int64_t num_params() const {
-    std::int64_t hd = head_dim(), kv = kv_heads();
-    std::int64_t attn = dim * n_heads * hd + 2 * dim * kv * hd + n_heads * hd * dim;
-    std::int64_t ffn = 3 * dim * ffn_hidden_dim();
-    std::int64_t block = attn + ffn + 2 * dim;
-    std::int64_t head = tie_embeddings ? 0 : vocab_size * dim;
-    return vocab_size * dim + n_layers * block + dim + head;
-  }
+  std::int64_t num_params() const { return params_with<std::int64_t>(ffn_hidden_dim()); }
 
   /// Parameters of the token embedding (torchtitan leaves them out of the FLOP count).
   std::int64_t num_embedding_params() const { return vocab_size * dim; }
@@ -107,7 +136,7 @@ struct ModelArgs {
   /// torchtitan's attention term of one layer, per token: 12 H hd T (q k^T and p v over
   /// the whole T x T square, forward and backward), with no causal halving.
   double attention_flops_per_token(std::int64_t seq_len) const {
-    return 12.0 * static_cast<double>(n_heads * head_dim() * seq_len);
+    return 12.0 * static_cast<double>(n_heads) * static_cast<double>(head_dim()) * static_cast<double>(seq_len);
   }
 
   /// Training FLOPs per token of the Llama model by torchtitan's formula, 6 N_non-embedding
