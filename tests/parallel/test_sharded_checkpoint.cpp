@@ -377,6 +377,64 @@ TEST_CASE("training checkpoints: a model-only folder cannot resume training") {
   CHECK_ERROR_CONTAINS(train_steps({}, c, 1, folder), "no training state in the metadata (a model-only checkpoint)");
 }
 
+TEST_CASE("sharded checkpoints: a file of another save, and a shape no tensor has, are refused by name") {
+  const train::JobConfig c = debug_job(2, 4, 1);
+  const comm::MeshShape fsdp2{1, 1, 2, 1};
+  tessera::test::TempDir dir;
+  const fs::path model = dir.file("model"), trained = dir.file("trained");
+  auto save_model = [&] {
+    on_layout({"FSDP 2", fsdp2}, c, [&](CpuDynamicModel& m, comm::Communicator&) {
+      m.init_weights(kSeed);
+      train::save_sharded_model(m, model.string());
+    });
+  };
+  auto load_error = [&](const std::string& expected) {
+    CpuDynamicModel m(c.model.args);
+    CHECK_ERROR_CONTAINS(train::load_sharded_model(m, model.string()), expected);
+  };
+  // Rank 1's file of a training checkpoint among a model's files: a training state
+  // against none (the message read a null state as an object, and nlohmann's
+  // type_error escaped without a file's name).
+  train_steps(fsdp2, c, 1, "", trained.string(), 1);
+  save_model();
+  const std::string rank1 = train::sharded::file_name(1, 2);
+  fs::copy_file(trained / rank1, model / rank1, fs::copy_options::overwrite_existing);
+  load_error(rank1 + ": saved at step 1 (data position ");
+  load_error(train::sharded::file_name(0, 2) +
+             " was saved with no training state (a model saved alone): the files come from different saves");
+
+  // A shape whose element count overflows an int64, written into both files' indexes with
+  // their CRC-32C made right: refused naming the parameter, before any count overflows.
+  save_model();
+  for (int r = 0; r < 2; ++r) {
+    const fs::path file = model / train::sharded::file_name(r, 2);
+    std::string bytes;
+    {
+      std::ifstream in(file, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    std::uint64_t header_bytes = 0;
+    std::memcpy(&header_bytes, bytes.data(), 8);  // little-endian, as the host
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_bytes));
+    nlohmann::json& meta = header["__metadata__"];
+    nlohmann::json shapes = nlohmann::json::parse(meta["tessera.shapes"].get<std::string>());
+    shapes["norm.weight"] = {std::int64_t{1} << 40, std::int64_t{1} << 40};
+    meta["tessera.shapes"] = shapes.dump();
+    std::map<std::string, std::string> strings;
+    for (const auto& [key, value] : meta.items()) strings[key] = value.get<std::string>();
+    meta["tessera.index_crc32c"] = std::to_string(train::sharded::index_crc(strings));
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    const std::uint64_t size = text.size();
+    std::string out(8, '\0');
+    std::memcpy(out.data(), &size, 8);
+    out += text;
+    out += bytes.substr(8 + header_bytes);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << out;
+  }
+  load_error("parameter 'norm.weight' has shape [1099511627776, 1099511627776], which no tensor has");
+}
+
 TEST_CASE("training checkpoints: an asynchronous save is the same checkpoint, committed once every rank wrote") {
   const train::JobConfig c = debug_job(2, 4, 6);
   const comm::MeshShape fsdp2{1, 1, 2, 1};

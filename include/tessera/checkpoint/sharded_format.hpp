@@ -39,6 +39,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <span>
@@ -158,6 +159,15 @@ inline std::uint32_t index_crc(const std::map<std::string, std::string>& meta) {
   return crc;
 }
 
+/// How a file's training state reads in an error: "saved at step 3 (data position 12)",
+/// or "saved with no training state (a model saved alone)" for a model's save.
+inline std::string saved_with(const nlohmann::json& state) {
+  if (state.is_null()) return "saved with no training state (a model saved alone)";
+  if (!state.is_object()) return "saved with the training state " + state.dump();
+  return "saved at step " + state.value("step", nlohmann::json()).dump() + " (data position " +
+         state.value("data_position", nlohmann::json()).dump() + ")";
+}
+
 inline Index read_index(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path folder(dir);
@@ -216,11 +226,8 @@ inline Index read_index(const std::string& dir) {
     // a file from another save (copied in, or left by another run) would mix two models.
     const nlohmann::json state = field("tessera.state");
     if (r > 0)
-      TESSERA_CHECK(state == index.state, f.path(), ": saved at step ", state.value("step", nlohmann::json()).dump(),
-                    " (data position ", state.value("data_position", nlohmann::json()).dump(), "), where ",
-                    index.files.front().path(), " was saved at step ", index.state.value("step", nlohmann::json()).dump(),
-                    " (data position ", index.state.value("data_position", nlohmann::json()).dump(),
-                    "): the files come from different saves");
+      TESSERA_CHECK(state == index.state, f.path(), ": ", saved_with(state), ", where ", index.files.front().path(),
+                    " was ", saved_with(index.state), ": the files come from different saves");
     if (r == 0) {
       index.model_args = field("tessera.model_args");
       const nlohmann::json families = field("tessera.families");
@@ -283,8 +290,15 @@ inline Index read_index(const std::string& dir) {
                         : std::to_string(next) + " to " + std::to_string(run.global - 1) + " are missing");
       next = run.global + run.length;
     }
+    // The shape's element count, refused where it is no tensor's (a negative size, or a
+    // count past int64: the runs, each a stored tensor's, could never reach it).
     std::int64_t numel = 1;
-    for (std::int64_t d : index.shapes.at(name)) numel *= d;
+    for (std::int64_t d : index.shapes.at(name)) {
+      TESSERA_CHECK(d >= 0 && (d == 0 || numel <= std::numeric_limits<std::int64_t>::max() / d), dir,
+                    ": parameter '", name, "' has shape ", io::detail::shape_str(index.shapes.at(name)),
+                    ", which no tensor has");
+      numel *= d;
+    }
     TESSERA_CHECK(next == numel, dir, ": parameter '", name, "': elements ", next, " to ", numel - 1, " are missing");
   }
   for (const auto& [name, shape] : index.shapes)
