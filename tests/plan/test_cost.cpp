@@ -561,7 +561,10 @@ TEST_CASE("machine profiles: a figure missing, not positive or without its sourc
       "attention.cudnn_bf16_hd64_forward.points must have increasing seq_len");
   CHECK_ERROR_CONTAINS(
       plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, 0]]\nsource = \"t\"\n", "gpu.toml"),
-      "seq_len, tflops must be positive, got [1024, 0]");
+      "seq_len, tflops must be positive and finite, got [1024, 0]");
+  CHECK_ERROR_CONTAINS(
+      plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, inf]]\nsource = \"t\"\n", "gpu.toml"),
+      "seq_len, tflops must be positive and finite, got [1024, inf]");
   CHECK_ERROR_CONTAINS(plan::parse_machine(base + "[attention.cudnn_bf16_hd64_backward]\npoints = [[1024, 5]]\n", "gpu.toml"),
                        "attention.cudnn_bf16_hd64_backward has no source");
   CHECK_ERROR_CONTAINS(plan::load_machine("/nonexistent/gpu.toml"), "/nonexistent/gpu.toml: cannot open the machine profile");
@@ -583,7 +586,7 @@ TEST_CASE("machine profiles: the float8 rates come together, each a sourced figu
   CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = [[100.0, 0.4], [1.0, 0.05]]"), "gpu.toml"),
                        "gemm.fp8_efficiency.points must have increasing gflop");
   CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = [[1.0, 1.5]]"), "gpu.toml"),
-                       "machine profile: gemm.fp8_efficiency.points[0]: gflop, fraction must be positive, the second at most 1");
+                       "machine profile: gemm.fp8_efficiency.points[0]: gflop, fraction must be positive and finite, the second at most 1");
   CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = [[1.0, 0.5, 3.0]]"), "gpu.toml"),
                        "gemm.fp8_efficiency.points[0] must be a pair [gflop, fraction] of numbers");
   CHECK_ERROR_CONTAINS(plan::parse_machine(base + peak + curve("points = [[1.0, 0.5]]", ""), "gpu.toml"),

@@ -252,9 +252,11 @@ inline std::vector<std::array<double, 2>> read_points(const toml::table& t, std:
     std::optional<double> y = p && p->size() == 2 ? (*p)[1].value<double>() : std::nullopt;
     TESSERA_CHECK(x && y, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[", i, "] must be a pair [",
                   pair, "] of numbers");
-    TESSERA_CHECK(*x > 0 && *y > 0 && *y <= y_max, where(origin, (*pts)[i]), ": machine profile: ", name, ".points[",
-                  i, "]: ", pair, " must be positive", y_max < 1e300 ? tessera::detail::concat(", the second at most ", y_max) : "",
-                  ", got [", *x, ", ", *y, "]");
+    // Finite too: TOML spells inf and nan, and an infinite rate would price a kernel at no time.
+    TESSERA_CHECK(std::isfinite(*x) && std::isfinite(*y) && *x > 0 && *y > 0 && *y <= y_max, where(origin, (*pts)[i]),
+                  ": machine profile: ", name, ".points[", i, "]: ", pair, " must be positive and finite",
+                  y_max < 1e300 ? tessera::detail::concat(", the second at most ", y_max) : "", ", got [", *x, ", ", *y,
+                  "]");
     TESSERA_CHECK(out.empty() || *x > out.back()[0], where(origin, (*pts)[i]), ": machine profile: ", name,
                   ".points must have increasing ", pair.substr(0, pair.find(',')));
     out.push_back({*x, *y});
