@@ -192,7 +192,14 @@ source = "s"
   CHECK(plan::parse_machine(with_nics + "[network.nics_per_node]\nvalue = 4\nsource = \"s\"\n", "x.toml")
             .network->nics_per_node->value == 4);
   CHECK_THROWS_WITH_AS(plan::parse_machine(with_nics + "[network.nics_per_node]\nvalue = 2.5\nsource = \"s\"\n", "x.toml"),
-                       "x.toml: machine profile: network.nics_per_node must be a whole number, got 2.5", Error);
+                       "x.toml: machine profile: network.nics_per_node must be a whole number up to 65536, got 2.5",
+                       Error);
+  // Counts the planner takes as ints: past any machine's, refused (a cast of 1e10 to int is undefined).
+  std::string huge = with_nics;
+  huge.replace(huge.find("value = 8"), 9, "value = 1e10");
+  CHECK_THROWS_WITH_AS(plan::parse_machine(huge, "x.toml"),
+                       "x.toml: machine profile: network.gpus_per_node must be a whole number up to 65536, got 1e+10",
+                       Error);
   CHECK_THROWS_WITH_AS(plan::parse_machine(with_nics + "[network.nics_per_node]\nvalue = 4\n", "x.toml"),
                        doctest::Contains("network.nics_per_node has no source"), Error);
   // A GEMM beside held SMs, measured: optional; ratios of at least 1, fewer SMs held than

@@ -539,6 +539,9 @@ TEST_CASE("machine profiles: a figure missing, not positive or without its sourc
   CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[compute.sm_count]\nvalue = 100", "[compute.sm_count]\nvalue = \"many\""),
                                            "gpu.toml"),
                        "gpu.toml:19: machine profile: compute.sm_count.value must be a number");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[compute.sm_count]\nvalue = 100", "[compute.sm_count]\nvalue = 100.5"),
+                                           "gpu.toml"),
+                       "gpu.toml: machine profile: compute.sm_count must be a whole number up to 65536, got 100.5");
   CHECK_ERROR_CONTAINS(
       plan::parse_machine(edited("points = [[1.0, 0.1], [100.0, 0.5]]", "points = [[100.0, 0.1], [1.0, 0.5]]"), "gpu.toml"),
       "gemm.bf16_efficiency.points must have increasing gflop");

@@ -431,7 +431,13 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
                 ": machine profile: memory.reserved_bytes must be less than memory.capacity_bytes");
   m.bf16_tflops = read_rate(root, origin, "compute", "bf16_tflops");
   m.fp32_tflops = read_rate(root, origin, "compute", "fp32_tflops");
+  // Counts the planner takes as ints: whole numbers, and no more than any machine has.
+  const auto count = [&](const Sourced& v, const char* key, double most) {
+    TESSERA_CHECK(v.value == std::floor(v.value) && v.value <= most, origin, ": machine profile: ", key,
+                  " must be a whole number up to ", most, ", got ", v.value);
+  };
   m.sm_count = read_rate(root, origin, "compute", "sm_count");
+  count(m.sm_count, "compute.sm_count", 65536);
   m.boost_clock_ghz = read_rate(root, origin, "compute", "boost_clock_ghz");
   m.shared_memory_bytes_per_clock_per_sm = read_rate(root, origin, "compute", "shared_memory_bytes_per_clock_per_sm");
   m.gemm_bf16 = read_curve(root, origin, "gemm", "bf16_efficiency");
@@ -475,16 +481,14 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
   if (root.get("network")) {
     Network n;
     n.gpus_per_node = read_rate(root, origin, "network", "gpus_per_node");
-    TESSERA_CHECK(n.gpus_per_node.value == std::floor(n.gpus_per_node.value), origin,
-                  ": machine profile: network.gpus_per_node must be a whole number, got ", n.gpus_per_node.value);
+    count(n.gpus_per_node, "network.gpus_per_node", 65536);
     n.nvlink_gbs = read_rate(root, origin, "network", "nvlink_gbs");
     n.nvlink_latency_us = read_rate(root, origin, "network", "nvlink_latency_us");
     n.network_gbs = read_rate(root, origin, "network", "network_gbs");
     n.network_latency_us = read_rate(root, origin, "network", "network_latency_us");
     if (root.get_as<toml::table>("network")->get("nics_per_node")) {
       n.nics_per_node = read_rate(root, origin, "network", "nics_per_node");
-      TESSERA_CHECK(n.nics_per_node->value == std::floor(n.nics_per_node->value), origin,
-                    ": machine profile: network.nics_per_node must be a whole number, got ", n.nics_per_node->value);
+      count(*n.nics_per_node, "network.nics_per_node", 65536);
     }
     m.network = n;
   }
