@@ -12,14 +12,10 @@
 // Contract: reading either succeeds or throws tessera::Error naming the file. Any other
 // exception, a crash, a leak, undefined behaviour, a timeout, or a broken invariant
 // above (reported on stderr, then abort) is a finding.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <string_view>
 
@@ -28,10 +24,10 @@
 #include "tessera/checkpoint/hf.hpp"
 #include "tessera/checkpoint/model.hpp"
 #include "tessera/core/error.hpp"
+#include "scratch_file.hpp"
 
 namespace {
 
-namespace fs = std::filesystem;
 using tessera::nn::ModelArgs;
 
 [[noreturn]] void finding(const char* what, std::string_view detail = {}) {
@@ -40,26 +36,13 @@ using tessera::nn::ModelArgs;
   std::abort();
 }
 
-/// A scratch directory private to this process, in /dev/shm when there is one.
-const fs::path& scratch_dir() {
-  static const fs::path dir = [] {
-    const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::getenv("TMPDIR");
-    fs::path d = fs::path(base != nullptr ? base : "/tmp") / ("tessera-fuzz-model-config-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(scratch_dir(), ec);
-    });
-    return d;
-  }();
-  return dir;
+/// The folder each input is written to, as its config.json.
+const fuzz::ScratchFile& scratch() {
+  static const fuzz::ScratchFile file("model-config", "", "config.json");
+  return file;
 }
 
-void write_config(std::string_view text) {
-  std::ofstream out(scratch_dir() / "config.json", std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) finding("cannot write the scratch config.json");
-}
+void write_config(std::string_view text) { scratch().write(text.data(), text.size()); }
 
 /// What a run computes from the arguments: UBSan reports an overflow here.
 volatile double sink;
@@ -86,18 +69,18 @@ bool names(const tessera::Error& e, std::string_view what) { return std::string_
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  const std::string file = (scratch_dir() / "config.json").string();
+  const std::string& file = scratch().path();
 
   // config.json
   write_config(text);
   try {
-    const ModelArgs a = tessera::train::read_hf_config(scratch_dir().string());
+    const ModelArgs a = tessera::train::read_hf_config(scratch().folder());
     use(a);
     const std::string back = tessera::train::hf_config_json(a, tessera::DType::bf16).dump();
     write_config(back);
     ModelArgs b;
     try {
-      b = tessera::train::read_hf_config(scratch_dir().string());
+      b = tessera::train::read_hf_config(scratch().folder());
     } catch (const tessera::Error& e) {
       finding("the config.json written back is refused:", e.what());
     }

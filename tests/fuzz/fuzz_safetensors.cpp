@@ -8,9 +8,6 @@
 //
 // Contract: open and read either succeed or throw tessera::Error. Any other exception,
 // a crash, a leak, undefined behaviour or a timeout is a finding.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -21,37 +18,14 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/io/safetensors.hpp"
+#include "scratch_file.hpp"
 
 namespace {
 
-/// A scratch file private to this process, in /dev/shm when there is one.
-const std::string& scratch_path() {
-  static const std::string path = [] {
-    const char* dir = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::getenv("TMPDIR");
-    std::string p = std::string(dir != nullptr ? dir : "/tmp") + "/tessera-fuzz-safetensors-" +
-                    std::to_string(::getpid()) + ".safetensors";
-    std::atexit([] { ::unlink(scratch_path().c_str()); });
-    return p;
-  }();
-  return path;
-}
-
-void write_scratch(const std::uint8_t* data, std::size_t size) {
-  const int fd = ::open(scratch_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    std::perror("fuzz_safetensors: cannot open the scratch file");
-    std::abort();
-  }
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n <= 0) {
-      std::perror("fuzz_safetensors: cannot write the scratch file");
-      std::abort();
-    }
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  ::close(fd);
+/// The file each input is written to.
+const fuzz::ScratchFile& scratch() {
+  static const fuzz::ScratchFile file("safetensors", ".safetensors");
+  return file;
 }
 
 /// Folds values into a sink the optimiser cannot drop, so every element is really read.
@@ -72,9 +46,9 @@ void consume(const std::vector<T>& values) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tessera::io;
-  write_scratch(data, size);
+  scratch().write(data, size);
   try {
-    const SafetensorsFile file = SafetensorsFile::open(scratch_path());
+    const SafetensorsFile file = SafetensorsFile::open(scratch().path());
     sink = sink + file.metadata().size();
     for (const TensorEntry& e : file.tensors()) {
       sink = sink + file.raw(e.name).size();

@@ -19,9 +19,6 @@
 //
 // Any other exception, a crash, a leak, undefined behaviour, a timeout, or a broken
 // invariant above (reported on stderr, then abort) is a finding.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +33,7 @@
 #include "tessera/io/crc32.hpp"
 #include "tessera/io/mapped_token_shard.hpp"
 #include "tessera/io/token_shard.hpp"
+#include "scratch_file.hpp"
 
 namespace {
 
@@ -47,37 +45,13 @@ namespace io = tessera::io;
   std::abort();
 }
 
-/// A scratch file private to this process, in /dev/shm when there is one.
-const std::string& scratch_path() {
-  static const std::string path = [] {
-    const char* dir = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::getenv("TMPDIR");
-    std::string p = std::string(dir != nullptr ? dir : "/tmp") + "/tessera-fuzz-token-shard-" +
-                    std::to_string(::getpid()) + ".u32";
-    std::atexit([] { ::unlink(scratch_path().c_str()); });
-    return p;
-  }();
-  return path;
+/// The file each input is written to; named *.u32, so read_token_file reads a file
+/// without the magic as a headerless array.
+const fuzz::ScratchFile& scratch() {
+  static const fuzz::ScratchFile file("token-shard", ".u32");
+  return file;
 }
-
-void write_scratch(const std::vector<unsigned char>& bytes) {
-  const int fd = ::open(scratch_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    std::perror("fuzz_token_shard: cannot open the scratch file");
-    std::abort();
-  }
-  const unsigned char* data = bytes.data();
-  std::size_t size = bytes.size();
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n <= 0) {
-      std::perror("fuzz_token_shard: cannot write the scratch file");
-      std::abort();
-    }
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-}
+const std::string& scratch_path() { return scratch().path(); }
 
 io::TokenShardHeader layout_of(const std::vector<unsigned char>& f, std::uint64_t count) {
   io::TokenShardHeader h;
@@ -168,7 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<unsigned char> file(data + 1, data + size);
   if (switches & 2) fit_count(file);
   if (switches & 1) fix_crcs(file);
-  write_scratch(file);
+  scratch().write(file.data(), file.size());
 
   std::optional<io::TokenStream> whole;
   try {
