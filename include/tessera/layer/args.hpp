@@ -1,7 +1,8 @@
 // Llama model arguments, the flavors torchtitan and Meta ship, and their derived sizes.
 //
 // A flavor is a named ModelArgs; a config may override any field after picking one.
-// validate() rejects shapes that do not divide, naming the fields involved.
+// validate() rejects shapes that do not divide, naming the fields involved, and models past
+// 2^48 parameters (max_params), before anything counts them in integers.
 #pragma once
 
 #include <algorithm>
