@@ -443,6 +443,9 @@ TEST_CASE("cost: packed documents run cuDNN's variable-length attention where th
   CHECK(ampere.cc_major == 0);
   REQUIRE(hopper.cc_major == 9);
   CHECK(hopper.cc_minor == 0);
+  const plan::Machine blackwell =
+      plan::parse_machine(edited("device = \"cuda\"", "device = \"cuda\"\ncompute_capability = \"10.0\""), "b.toml");
+  CHECK(blackwell.cc_major == 10);
   plan::Machine hopper_rated = ampere;
   hopper_rated.cc_major = 9;
   CHECK(plan::choose_attention("auto", DType::bf16, 128, hopper_rated, true).kernel == plan::AttentionKernel::cudnn);
@@ -454,7 +457,7 @@ TEST_CASE("cost: packed documents run cuDNN's variable-length attention where th
   CHECK(ring.why.find("under context parallelism") != std::string::npos);
   CHECK(plan::choose_attention("auto", DType::bf16, 128, hopper_rated, false, true).kernel ==
         plan::AttentionKernel::cudnn);
-  for (const char* bad : {"9", "nine", "9.0.1", "9.10"}) {
+  for (const char* bad : {"9", "nine", "9.0.1", "9.10", "99999999999.0", "-1.0", ".0", "9.x"}) {
     CAPTURE(bad);
     CHECK_ERROR_CONTAINS(
         plan::parse_machine(edited("device = \"cuda\"", std::string("device = \"cuda\"\ncompute_capability = \"") + bad + "\""),
@@ -542,6 +545,9 @@ TEST_CASE("machine profiles: a figure missing, not positive or without its sourc
   CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[compute.sm_count]\nvalue = 100", "[compute.sm_count]\nvalue = 100.5"),
                                            "gpu.toml"),
                        "gpu.toml: machine profile: compute.sm_count must be a whole number up to 65536, got 100.5");
+  CHECK_ERROR_CONTAINS(plan::parse_machine(edited("[memory.capacity_bytes]\nvalue = 1e10", "[memory.capacity_bytes]\nvalue = 1e30"),
+                                           "gpu.toml"),
+                       "gpu.toml: machine profile: memory.capacity_bytes must be at most 2^60 (1 EiB), got 1e+30");
   CHECK_ERROR_CONTAINS(
       plan::parse_machine(edited("points = [[1.0, 0.1], [100.0, 0.5]]", "points = [[100.0, 0.1], [1.0, 0.5]]"), "gpu.toml"),
       "gemm.bf16_efficiency.points must have increasing gflop");

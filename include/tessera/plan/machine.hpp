@@ -67,6 +67,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -413,11 +414,19 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
   TESSERA_CHECK(device && device->get() == "cuda", origin, ": machine profile: machine.device must be \"cuda\" (the CPU's "
                 "profile is measured: --machine cpu)");
   if (const toml::node* cc = head->get("compute_capability")) {
+    // "<major>.<minor>": a major of one to three digits, a minor of one (from_chars, not
+    // sscanf, whose %d is undefined past an int).
     const auto* text = cc->as_string();
     int major = 0, minor = 0;
-    char end = 0;
-    const bool ok = text && std::sscanf(text->get().c_str(), "%d.%d%c", &major, &minor, &end) == 2 && major >= 1 &&
-                    minor >= 0 && minor <= 9;
+    bool ok = false;
+    if (text) {
+      const std::string& t = text->get();
+      const std::size_t dot = t.find('.');
+      ok = dot != std::string::npos && dot >= 1 && dot <= 3 && t.size() == dot + 2 &&
+           std::from_chars(t.data(), t.data() + dot, major).ptr == t.data() + dot &&
+           std::from_chars(t.data() + dot + 1, t.data() + t.size(), minor).ptr == t.data() + t.size() && major >= 1 &&
+           minor >= 0;
+    }
     TESSERA_CHECK(ok, detail::where(origin, *cc),
                   ": machine profile: machine.compute_capability must be a string such as \"9.0\"");
     m.cc_major = major;
@@ -426,6 +435,9 @@ inline Machine parse_machine(std::string_view text, std::string_view origin,
   using detail::read_curve;
   using detail::read_rate;
   m.capacity_bytes = read_rate(root, origin, "memory", "capacity_bytes");
+  // The planner holds a device's bytes in a size_t: no GPU comes near an exbibyte.
+  TESSERA_CHECK(m.capacity_bytes.value <= 0x1p60, origin, ": machine profile: memory.capacity_bytes must be at most ",
+                "2^60 (1 EiB), got ", m.capacity_bytes.value);
   m.reserved_bytes = read_rate(root, origin, "memory", "reserved_bytes");
   TESSERA_CHECK(m.reserved_bytes.value < m.capacity_bytes.value, origin,
                 ": machine profile: memory.reserved_bytes must be less than memory.capacity_bytes");
