@@ -72,6 +72,8 @@ run_target() {
   cp -n tests/fuzz/corpus/"$target"/* "$corpus"/ 2>/dev/null
   # The config reader also starts from the shipped configs (not copied into the corpus).
   [ "$target" = config ] && cp -n examples/configs/*.toml "$corpus"/ 2>/dev/null
+  # The machine profile reader starts from the shipped profiles too.
+  [ "$target" = machine ] && cp -n examples/machines/*.toml "$corpus"/ 2>/dev/null
   local args=(-max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
               -artifact_prefix="$findings/")
   [ -f "tests/fuzz/$target.dict" ] && args+=(-dict="tests/fuzz/$target.dict")
@@ -99,12 +101,12 @@ run_target() {
 
 # Build every target, then fuzz them side by side, each with FUZZ_JOBS processes and
 # reporting into its own file, printed in order once all have ended (CI has two cores,
-# which the eight targets share).
-# The config reader links the system's toml++ as llama-train does (its header-only form
+# which the nine targets share).
+# The config and machine profile readers link the system's toml++ as llama-train does (its header-only form
 # asserts on inputs the compiled library reports as syntax errors).
 toml_flags=$(pkg-config --cflags --libs tomlplusplus 2>/dev/null) || { echo "fuzz: pkg-config cannot find tomlplusplus (libtomlplusplus-dev)" >&2; exit 1; }
-targets=(safetensors schedule_csv config token_shard)
-extra_flags=("" "" "$toml_flags" "")
+targets=(safetensors schedule_csv config token_shard machine)
+extra_flags=("" "" "$toml_flags" "" "$toml_flags")
 if [ -f include/tessera/io/tiktoken.hpp ]; then
   pcre_flags=$(pkg-config --cflags --libs libpcre2-8 2>/dev/null) || { echo "fuzz: pkg-config cannot find libpcre2-8 (libpcre2-dev)" >&2; exit 1; }
   # The model config reader's header reaches the SentencePiece wrapper (checkpoint/hf.hpp).
@@ -130,7 +132,7 @@ for i in "${!targets[@]}"; do
 done
 $build_only && exit 0
 
-declare -A max_len=([safetensors]=8192 [tiktoken]=16384 [schedule_csv]=2048 [config]=4096 [chat]=4096 [hf_tokenizer]=16384 [token_shard]=4096 [model_config]=2048)
+declare -A max_len=([safetensors]=8192 [tiktoken]=16384 [schedule_csv]=2048 [config]=4096 [chat]=4096 [hf_tokenizer]=16384 [token_shard]=4096 [model_config]=2048 [machine]=16384)
 pids=()
 for t in "${targets[@]}"; do
   run_target "$t" "${max_len[$t]}" > "$build/report_$t.txt" 2>&1 &
