@@ -312,19 +312,12 @@ class HfTokenizer final : public Tokenizer {
     ids.reserve(text.size() / 3 + 2);
     if (options.bos) ids.push_back(d_->bos);
     // First pass: tokens with normalized false; the text between them (special tokens'
-    // text too, without allow_special) goes to the second pass.
-    std::size_t gap = 0;
-    for (std::size_t pos = 0; pos < text.size();) {
-      const auto m = d_->first_pass.find(text, pos);
-      if (m.length == 0) break;
-      pos = m.at + m.length;
-      const detail::HfAddedToken& t = d_->added[m.token];
-      if (t.special && !options.allow_special) continue;
-      second_pass(text.substr(gap, m.at - gap), options, ids);
-      ids.push_back(t.id);
-      gap = pos;
-    }
-    second_pass(text.substr(gap), options, ids);
+    // text too, without allow_special) goes to the second pass: tokens with normalized
+    // true, and BPE on what is left.
+    split_on_added(d_->first_pass, text, options, ids, [&](std::string_view between) {
+      split_on_added(d_->second_pass, between, options, ids,
+                     [&](std::string_view rest) { encode_ordinary(rest, ids); });
+    });
     if (options.eos) ids.push_back(d_->eos);
     return ids;
   }
@@ -731,20 +724,23 @@ class HfTokenizer final : public Tokenizer {
     fail("tokenizer.json '", d_->source, "': token id ", id, " is outside the vocabulary of ", vocab_size());
   }
 
-  /// Added tokens with normalized true, then BPE on the rest.
-  void second_pass(std::string_view text, EncodeOptions options, std::vector<std::uint32_t>& ids) const {
+  /// Appends the ids of `text`: the added tokens `matcher` finds (special ones only with
+  /// allow_special), and `between(piece)` for the text before, between and after them.
+  template <class F>
+  void split_on_added(const detail::HfTokenMatcher& matcher, std::string_view text, EncodeOptions options,
+                      std::vector<std::uint32_t>& ids, F&& between) const {
     std::size_t gap = 0;
     for (std::size_t pos = 0; pos < text.size();) {
-      const auto m = d_->second_pass.find(text, pos);
+      const auto m = matcher.find(text, pos);
       if (m.length == 0) break;
       pos = m.at + m.length;
       const detail::HfAddedToken& t = d_->added[m.token];
       if (t.special && !options.allow_special) continue;
-      encode_ordinary(text.substr(gap, m.at - gap), ids);
+      between(text.substr(gap, m.at - gap));
       ids.push_back(t.id);
       gap = pos;
     }
-    encode_ordinary(text.substr(gap), ids);
+    between(text.substr(gap));
   }
 
   /// Calls f on each piece of `text` after the split patterns from `level` on.
